@@ -1,0 +1,115 @@
+/*
+ * common.h — what every file of train_dbrx shares: error-checking macros that name the file and
+ * line, checked file I/O, a deterministic random number generator, timing, and `real`, the
+ * scalar type of the CPU reference backend.
+ */
+#pragma once
+#include <cerrno>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+// The CPU reference computes in `real`. The product builds it as float (FP32, the spec's CPU
+// numerics); the finite-difference gradient test compiles the very same code with
+// -DCPU_REAL=double so that its central differences are accurate to ~1e-10 and a wrong
+// gradient cannot hide inside the tolerance.
+#ifndef CPU_REAL
+#define CPU_REAL float
+#endif
+typedef CPU_REAL real;
+
+// ----------------------------------------------------------------------------------------------
+// errors. Exit codes: 1 = runtime failure (I/O, MPI, CUDA), 2 = bad input (flags, data, config).
+
+#define EXIT_RUNTIME 1
+#define EXIT_BAD_INPUT 2
+
+// Print one line "error: <message>" and exit with `code`. Used for bad input that the user can fix.
+[[noreturn]] inline void fail(int code, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    exit(code);
+}
+
+// A failed check of a call: names the source file and line of the call.
+[[noreturn]] inline void fail_at(const char* file, int line, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error at %s:%d: ", file, line);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    exit(EXIT_RUNTIME);
+}
+
+#define CHECK(cond, ...) do { if (!(cond)) fail_at(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+
+// ----------------------------------------------------------------------------------------------
+// checked file I/O: every call is checked and a failure names the path and the caller's line.
+
+inline FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
+    FILE* f = fopen(path, mode);
+    if (!f) fail_at(file, line, "cannot open '%s' (mode %s): %s", path, mode, strerror(errno));
+    return f;
+}
+inline void fread_check(void* p, size_t size, size_t n, FILE* f, const char* what, const char* file, int line) {
+    size_t got = fread(p, size, n, f);
+    if (got != n) fail_at(file, line, "short read of %s: wanted %zu items, got %zu (%s)", what, n, got,
+                          feof(f) ? "end of file" : strerror(errno));
+}
+inline void fwrite_check(const void* p, size_t size, size_t n, FILE* f, const char* what, const char* file, int line) {
+    size_t put = fwrite(p, size, n, f);
+    if (put != n) fail_at(file, line, "short write of %s: wanted %zu items, wrote %zu (%s)", what, n, put, strerror(errno));
+}
+inline void fclose_check(FILE* f, const char* what, const char* file, int line) {
+    if (fclose(f) != 0) fail_at(file, line, "closing %s failed: %s", what, strerror(errno));
+}
+inline void* malloc_check(size_t n, const char* file, int line) {
+    void* p = malloc(n ? n : 1);
+    if (!p) fail_at(file, line, "out of host memory allocating %zu bytes", n);
+    return p;
+}
+#define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
+#define freadCheck(p, size, n, f, what) fread_check(p, size, n, f, what, __FILE__, __LINE__)
+#define fwriteCheck(p, size, n, f, what) fwrite_check(p, size, n, f, what, __FILE__, __LINE__)
+#define fcloseCheck(f, what) fclose_check(f, what, __FILE__, __LINE__)
+#define mallocCheck(n) malloc_check(n, __FILE__, __LINE__)
+
+// ----------------------------------------------------------------------------------------------
+// deterministic RNG: splitmix64 stream + Box-Muller. The same seed gives the same numbers on
+// every machine and compiler (no std:: distributions, whose output is implementation-defined).
+
+typedef struct { uint64_t state; } Rng;
+
+inline uint64_t rng_u64(Rng* r) {
+    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+// uniform in [0, 1) with 53 random bits
+inline double rng_uniform(Rng* r) { return (double)(rng_u64(r) >> 11) * (1.0 / 9007199254740992.0); }
+inline double rng_normal(Rng* r) {
+    double u1 = rng_uniform(r), u2 = rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+// ----------------------------------------------------------------------------------------------
+// wall-clock time in seconds
+
+inline double now_seconds() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

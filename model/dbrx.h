@@ -1,0 +1,331 @@
+/*
+ * dbrx.h — the DBRX model on the CPU reference backend: the parameter table (Hugging Face names,
+ * shapes, sharding units), the activations saved for the backward pass, and the four calls of a
+ * training step: dbrx_forward, dbrx_backward, dbrx_zero_grad, dbrx_update.
+ *
+ * One block (pre-LayerNorm), N = B*T tokens:
+ *   h   = norm_1(x)                                (N, d)
+ *   qkv = rope(clamp(h @ Wqkv^T, +-clip_qkv))      (N, d + 2*kv*hd)
+ *   x   = x + attention(qkv) @ Wo^T                (N, d)     causal GQA
+ *   h   = norm_2(x)
+ *   p   = softmax(h @ Wr^T); w, e = topk(p); w /= sum(w)
+ *   x   = x + sum_j w_j * expert_{e_j}(h)           dropless SwiGLU experts
+ * then norm_f, lm_head (untied), cross-entropy; plus the load-balancing loss (and the z-loss).
+ */
+#pragma once
+#include <vector>
+#include "config.h"
+#include "matmul.cuh"
+#include "embedding.cuh"
+#include "layernorm.cuh"
+#include "attention.cuh"
+#include "router.cuh"
+#include "moe.cuh"
+#include "classifier.cuh"
+#include "adamw.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// parameters: one flat buffer, laid out unit by unit (unit 0 = wte, unit 1+l = block l,
+// unit L+1 = norm_f + lm_head) so that a sharding unit is one contiguous range.
+
+typedef struct {
+    char name[96];    // Hugging Face DbrxForCausalLM name
+    size_t offset;    // into the parameter buffer, in elements
+    size_t numel;
+    int rows, cols;   // cols == 0 for a vector
+    int unit;         // sharding unit
+    int decay;        // 1: a matrix, gets weight decay; 0: a LayerNorm weight
+} ParamInfo;
+
+typedef struct { real *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; } BlockParams;
+typedef struct { real* wte; std::vector<BlockParams> blocks; real* norm_f; real* lm_head; } ParamTensors;
+
+// the table of every parameter tensor, in buffer order
+static inline std::vector<ParamInfo> dbrx_param_table(const DbrxConfig* c) {
+    std::vector<ParamInfo> t;
+    size_t off = 0;
+    auto add = [&](const char* name, int rows, int cols, int unit, int decay) {
+        ParamInfo p;
+        snprintf(p.name, sizeof(p.name), "%s", name);
+        p.offset = off; p.rows = rows; p.cols = cols; p.unit = unit; p.decay = decay;
+        p.numel = (size_t)rows * (cols ? cols : 1);
+        off += p.numel;
+        t.push_back(p);
+    };
+    int d = c->d_model, EF = c->n_experts * c->ffn_hidden;
+    char nm[96];
+    add("transformer.wte.weight", c->vocab_size, d, 0, 1);
+    for (int l = 0; l < c->n_layers; l++) {
+        const char* pre = "transformer.blocks";
+        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.norm_1.weight", pre, l);      add(nm, d, 0, 1 + l, 0);
+        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.attn.Wqkv.weight", pre, l);  add(nm, qkv_dim(c), d, 1 + l, 1);
+        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.attn.out_proj.weight", pre, l); add(nm, d, d, 1 + l, 1);
+        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.norm_2.weight", pre, l);      add(nm, d, 0, 1 + l, 0);
+        snprintf(nm, sizeof nm, "%s.%d.ffn.router.layer.weight", pre, l);          add(nm, c->n_experts, d, 1 + l, 1);
+        snprintf(nm, sizeof nm, "%s.%d.ffn.experts.mlp.w1", pre, l);               add(nm, EF, d, 1 + l, 1);
+        snprintf(nm, sizeof nm, "%s.%d.ffn.experts.mlp.v1", pre, l);               add(nm, EF, d, 1 + l, 1);
+        snprintf(nm, sizeof nm, "%s.%d.ffn.experts.mlp.w2", pre, l);               add(nm, EF, d, 1 + l, 1);
+    }
+    add("transformer.norm_f.weight", d, 0, c->n_layers + 1, 0);
+    add("lm_head.weight", c->vocab_size, d, c->n_layers + 1, 1);
+    return t;
+}
+
+// pointer views of a flat buffer laid out by the table
+static inline ParamTensors param_views(real* base, const DbrxConfig* c, const std::vector<ParamInfo>& t) {
+    ParamTensors p;
+    size_t i = 0;
+    p.wte = base + t[i++].offset;
+    p.blocks.resize(c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        BlockParams& b = p.blocks[l];
+        b.norm1 = base + t[i++].offset; b.wqkv = base + t[i++].offset; b.wo = base + t[i++].offset;
+        b.norm2 = base + t[i++].offset; b.router = base + t[i++].offset; b.w1 = base + t[i++].offset;
+        b.v1 = base + t[i++].offset; b.w2 = base + t[i++].offset;
+    }
+    p.norm_f = base + t[i++].offset;
+    p.lm_head = base + t[i++].offset;
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// activations saved by the forward pass for the backward pass, per block
+
+typedef struct {
+    real *ln1, *ln1_mean, *ln1_rstd;   // (N, d), (N), (N)
+    real *qkv_pre, *qkv;               // (N, qkv_dim): before the clamp, after clamp + RoPE
+    real *att;                         // (B, H, T, T) softmax probabilities
+    real *atty;                        // (N, d) attention output before out_proj
+    real *resid_mid;                   // (N, d) x after the attention residual
+    real *ln2, *ln2_mean, *ln2_rstd;   // (N, d), (N), (N)
+    real *router_logits, *probs, *lse; // (N, E), (N, E), (N)
+    real *topk_w;                      // (N, k)
+    int *topk_idx, *counts, *offsets;  // (N, k), (E), (E + 1)
+    int *row_token, *slot_row;         // (N*k), (N*k)
+    real *xe, *g, *u, *act, *ye;       // (N*k, d), (N*k, F) x3, (N*k, d)
+} BlockActs;
+
+typedef struct {
+    DbrxConfig cfg;
+    std::vector<ParamInfo> table;
+    size_t num_params;
+    real *params, *grads, *m, *v;   // each num_params; m, v are the AdamW moments
+    ParamTensors p, g;              // views of params and grads
+
+    int B, T;                       // the micro-batch the activations are sized for
+    std::vector<BlockActs> acts;
+    std::vector<real*> resid;       // L+1 of (N, d): the input of block l, and the final output
+    real *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;   // (N, d), (N), (N), (N, V), (N)
+    real *rope_cos, *rope_sin;      // (T, hd/2)
+    // backward scratch, reused by every block
+    real *dresid, *dln, *dqkv, *datty, *drouter, *dtopk_w, *dxe, *dye, *da, *dg, *du;
+    std::vector<void*> allocations;
+    size_t activation_bytes;
+
+    // results of the last forward pass
+    double ce_loss, lbl_loss, z_loss;
+    double imbalance;               // max over layers of (max / mean tokens per expert)
+} Dbrx;
+
+// Walks the activation buffers: allocates them when `m` is given, and returns their total bytes
+// either way (the --dry-run memory estimate uses the same walk, so it cannot drift).
+static inline size_t dbrx_activations(Dbrx* m, const DbrxConfig* c, int B, int T) {
+    size_t bytes = 0;
+    size_t N = (size_t)B * T, d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden;
+    size_t qd = qkv_dim(c), V = c->vocab_size;
+    auto take_real = [&](real** p, size_t n) {
+        bytes += n * sizeof(real);
+        if (m) { *p = (real*)mallocCheck(n * sizeof(real)); m->allocations.push_back(*p); }
+    };
+    auto take_int = [&](int** p, size_t n) {
+        bytes += n * sizeof(int);
+        if (m) { *p = (int*)mallocCheck(n * sizeof(int)); m->allocations.push_back(*p); }
+    };
+    BlockActs dummy;
+    real* dummy_real;
+    for (int l = 0; l < c->n_layers; l++) {
+        BlockActs* a = m ? &m->acts[l] : &dummy;
+        take_real(&a->ln1, N * d); take_real(&a->ln1_mean, N); take_real(&a->ln1_rstd, N);
+        take_real(&a->qkv_pre, N * qd); take_real(&a->qkv, N * qd);
+        take_real(&a->att, (size_t)B * c->n_heads * T * T);
+        take_real(&a->atty, N * d); take_real(&a->resid_mid, N * d);
+        take_real(&a->ln2, N * d); take_real(&a->ln2_mean, N); take_real(&a->ln2_rstd, N);
+        take_real(&a->router_logits, N * E); take_real(&a->probs, N * E); take_real(&a->lse, N);
+        take_real(&a->topk_w, N * k);
+        take_int(&a->topk_idx, N * k); take_int(&a->counts, E); take_int(&a->offsets, E + 1);
+        take_int(&a->row_token, N * k); take_int(&a->slot_row, N * k);
+        take_real(&a->xe, N * k * d); take_real(&a->g, N * k * F); take_real(&a->u, N * k * F);
+        take_real(&a->act, N * k * F); take_real(&a->ye, N * k * d);
+    }
+    for (int l = 0; l <= c->n_layers; l++) take_real(m ? &m->resid[l] : &dummy_real, N * d);
+    take_real(m ? &m->lnf : &dummy_real, N * d); take_real(m ? &m->lnf_mean : &dummy_real, N);
+    take_real(m ? &m->lnf_rstd : &dummy_real, N); take_real(m ? &m->logits : &dummy_real, N * V);
+    take_real(m ? &m->losses : &dummy_real, N);
+    take_real(m ? &m->rope_cos : &dummy_real, (size_t)T * c->head_dim / 2);
+    take_real(m ? &m->rope_sin : &dummy_real, (size_t)T * c->head_dim / 2);
+    take_real(m ? &m->dresid : &dummy_real, N * d); take_real(m ? &m->dln : &dummy_real, N * d);
+    take_real(m ? &m->dqkv : &dummy_real, N * qd); take_real(m ? &m->datty : &dummy_real, N * d);
+    take_real(m ? &m->drouter : &dummy_real, N * E); take_real(m ? &m->dtopk_w : &dummy_real, N * k);
+    take_real(m ? &m->dxe : &dummy_real, N * k * d); take_real(m ? &m->dye : &dummy_real, N * k * d);
+    take_real(m ? &m->da : &dummy_real, N * k * F); take_real(m ? &m->dg : &dummy_real, N * k * F);
+    take_real(m ? &m->du : &dummy_real, N * k * F);
+    return bytes;
+}
+
+// Initialisation (HF DbrxForCausalLM's): every matrix normal(0, init_std), LayerNorm weights 1.
+// Drawn in table order from one stream seeded by `seed`, so a seed fixes the model everywhere.
+static inline void dbrx_init_params(Dbrx* m, uint64_t seed) {
+    Rng rng = {seed};
+    for (const ParamInfo& t : m->table) {
+        real* p = m->params + t.offset;
+        if (t.cols == 0) { for (size_t i = 0; i < t.numel; i++) p[i] = 1; continue; }
+        for (size_t i = 0; i < t.numel; i++) p[i] = (real)(m->cfg.init_std * rng_normal(&rng));
+    }
+}
+
+// builds the model for micro-batches of (B, T): parameters, gradients, moments, activations
+static inline void dbrx_build(Dbrx* m, const DbrxConfig* cfg, int B, int T, uint64_t seed) {
+    config_validate(cfg);
+    if (T > cfg->max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", T, cfg->max_seq_len);
+    m->cfg = *cfg;
+    m->table = dbrx_param_table(cfg);
+    m->num_params = m->table.back().offset + m->table.back().numel;
+    if ((int64_t)m->num_params != params_total(cfg))
+        fail_at(__FILE__, __LINE__, "parameter table (%zu) disagrees with params_total (%lld)", m->num_params,
+                (long long)params_total(cfg));
+    size_t bytes = m->num_params * sizeof(real);
+    m->params = (real*)mallocCheck(bytes);
+    m->grads = (real*)calloc(m->num_params, sizeof(real));
+    m->m = (real*)calloc(m->num_params, sizeof(real));
+    m->v = (real*)calloc(m->num_params, sizeof(real));
+    CHECK(m->grads && m->m && m->v, "out of host memory for %zu parameters", m->num_params);
+    m->p = param_views(m->params, cfg, m->table);
+    m->g = param_views(m->grads, cfg, m->table);
+    dbrx_init_params(m, seed);
+    m->B = B; m->T = T;
+    m->acts.resize(cfg->n_layers);
+    m->resid.resize(cfg->n_layers + 1);
+    m->activation_bytes = dbrx_activations(m, cfg, B, T);
+    rope_tables(m->rope_cos, m->rope_sin, T, cfg->head_dim, cfg->rope_theta);
+}
+
+static inline void dbrx_free(Dbrx* m) {
+    for (void* p : m->allocations) free(p);
+    m->allocations.clear();
+    free(m->params); free(m->grads); free(m->m); free(m->v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// forward: inputs, targets (B, T) token ids. Returns the cross-entropy; sets ce/lbl/z/imbalance.
+
+static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets) {
+    const DbrxConfig* c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
+    int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers;
+    embedding_forward(m->resid[0], inputs, m->p.wte, N, d);
+    m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
+    for (int l = 0; l < L; l++) {
+        const BlockParams& w = m->p.blocks[l];
+        BlockActs* a = &m->acts[l];
+        real* x = m->resid[l];
+        // attention half
+        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
+        matmul_forward(a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
+        rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
+        attention_forward(a->atty, a->att, a->qkv, B, T, H, KV, hd);
+        matmul_forward(a->resid_mid, a->atty, w.wo, N, d, d);
+        for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
+        // MoE half
+        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
+        matmul_forward(a->router_logits, a->ln2, w.router, N, d, E);
+        router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k);
+        moe_dispatch(a->offsets, a->row_token, a->slot_row, a->topk_idx, a->counts, N, E, k);
+        moe_gather(a->xe, a->ln2, a->row_token, N * k, d);
+        experts_forward(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets, E, d, F);
+        real* out = m->resid[l + 1];
+        memcpy(out, a->resid_mid, (size_t)N * d * sizeof(real));
+        moe_combine_forward(out, a->ye, a->topk_w, a->slot_row, N, k, d);
+        // auxiliary losses and the load statistic
+        m->lbl_loss += lbl_forward(a->probs, a->counts, N, E, k, L, c->moe_loss_weight);
+        m->z_loss += zloss_forward(a->lse, N, L, c->z_loss_weight);
+        int maxc = 0;
+        for (int e = 0; e < E; e++) if (a->counts[e] > maxc) maxc = a->counts[e];
+        double imb = (double)maxc / ((double)N * k / E);
+        if (imb > m->imbalance) m->imbalance = imb;
+    }
+    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], m->p.norm_f, N, d, c->ln_eps);
+    matmul_forward(m->logits, m->lnf, m->p.lm_head, N, d, c->vocab_size);
+    m->ce_loss = crossentropy_forward(m->losses, m->logits, targets, N, c->vocab_size);
+    return m->ce_loss;
+}
+
+// backward of dloss * (ce + lbl + z) of the last forward; gradients are ACCUMULATED into m->grads
+// (dloss = 1 / grad_accum). Overwrites m->logits with dlogits.
+static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets, float dloss) {
+    const DbrxConfig* c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
+    int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
+    size_t Nd = (size_t)N * d;
+    crossentropy_backward(m->logits, targets, N, V, (real)(dloss / N));
+    memset(m->dln, 0, Nd * sizeof(real));
+    matmul_backward(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V);
+    memset(m->dresid, 0, Nd * sizeof(real));
+    layernorm_backward(m->dresid, m->g.norm_f, m->dln, m->resid[L], m->p.norm_f, m->lnf_mean, m->lnf_rstd, N, d);
+    for (int l = L - 1; l >= 0; l--) {
+        const BlockParams& w = m->p.blocks[l];
+        const BlockParams& gw = m->g.blocks[l];
+        BlockActs* a = &m->acts[l];
+        // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
+        // MoE half
+        moe_combine_backward(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
+        experts_backward(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act,
+                         w.w1, w.v1, w.w2, a->offsets, E, d, F);
+        memset(m->dln, 0, Nd * sizeof(real));
+        moe_gather_backward(m->dln, m->dxe, a->slot_row, N, k, d);
+        router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
+                        c->moe_loss_weight, c->z_loss_weight, dloss);
+        matmul_backward(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E);
+        layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
+        // attention half: dresid is now d loss / d resid_mid
+        memset(m->datty, 0, Nd * sizeof(real));
+        matmul_backward(m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
+        attention_backward(m->dqkv, m->datty, a->qkv, a->att, B, T, H, KV, hd);
+        rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
+        clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
+        memset(m->dln, 0, Nd * sizeof(real));
+        matmul_backward(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
+        layernorm_backward(m->dresid, gw.norm1, m->dln, m->resid[l], w.norm1, a->ln1_mean, a->ln1_rstd, N, d);
+    }
+    embedding_backward(m->g.wte, m->dresid, inputs, N, d);
+}
+
+static inline void dbrx_zero_grad(Dbrx* m) { memset(m->grads, 0, m->num_params * sizeof(real)); }
+
+// L2 norm of all gradients. Fixed-size chunks summed in order: the result does not depend on the
+// number of threads.
+static inline double dbrx_grad_norm(const Dbrx* m) {
+    const size_t chunk = 1 << 16;
+    size_t nchunks = (m->num_params + chunk - 1) / chunk;
+    std::vector<double> partial(nchunks);
+    #pragma omp parallel for
+    for (size_t i = 0; i < nchunks; i++) {
+        size_t lo = i * chunk, hi = lo + chunk < m->num_params ? lo + chunk : m->num_params;
+        partial[i] = grad_sumsq(m->grads + lo, hi - lo);
+    }
+    double total = 0;
+    for (double p : partial) total += p;
+    return sqrt(total);
+}
+
+typedef struct { float lr, beta1, beta2, eps, weight_decay, grad_clip; } AdamWConfig;
+
+// one optimizer step t (1-based) with global-norm clipping; returns the norm before clipping
+static inline double dbrx_update(Dbrx* m, const AdamWConfig* o, float lr, int t) {
+    double norm = dbrx_grad_norm(m);
+    float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
+    for (const ParamInfo& p : m->table)
+        adamw_update(m->params + p.offset, m->grads + p.offset, m->m + p.offset, m->v + p.offset, p.numel, lr,
+                     o->beta1, o->beta2, o->eps, p.decay ? o->weight_decay : 0.0f, scale, t);
+    return norm;
+}

@@ -1,0 +1,136 @@
+# Parity test: C++ DBRX engine vs the independent float64 PyTorch reference (dbrx_torch_reference.py).
+#
+# Usage: /usr/bin/python3 test/test_pytorch_parity.py DUMPFILE
+#
+# Checks, one output line each, then "N passed, M failed":
+#   - every expected record is present (inputs, targets, every weight, logits, ce_loss, lbl_loss,
+#     z_loss, grad/<weight> for every weight, train_ce, train_lbl) and no unexpected record exists
+#     (so every weight in the dump has a grad record), with the expected shapes;
+#   - logits, ce_loss, lbl_loss, z_loss and every grad/<name>: per-tensor relative error
+#         rel = max|ours - ref| / max(max|ref|, 1e-30)  <=  1e-4
+#   - train_ce, train_lbl: every step within 1e-5 absolute of the reference's AdamW run.
+# Exit status: 0 all passed, 1 some check failed, 2 unreadable/bad dump file or bad usage.
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+
+sys.dont_write_bytecode = True  # keep test/ free of __pycache__
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dbrx_torch_reference as ref  # noqa: E402
+
+REL_TOL = 1e-4
+TRAIN_ABS_TOL = 1e-5
+CONFIG_KEYS = ["d_model", "n_heads", "kv_heads", "head_dim", "n_layers", "ffn_hidden", "n_experts",
+               "top_k", "vocab_size", "rope_theta", "clip_qkv", "ln_eps", "moe_loss_weight",
+               "z_loss_weight", "B", "T", "lr", "warmup_steps", "train_steps", "lr_floor_frac",
+               "beta1", "beta2", "adam_eps", "weight_decay", "grad_clip"]
+
+
+def main(argv):
+    if len(argv) != 2:
+        print("usage: %s DUMPFILE" % argv[0])
+        return 2
+    try:
+        dump = ref.read_dump(argv[1])
+        if "config" not in dump or not isinstance(dump["config"], str):
+            raise ref.DumpError("no text 'config' record")
+        cfg = json.loads(dump["config"])
+        missing = [k for k in CONFIG_KEYS if k not in cfg]
+        if missing:
+            raise ref.DumpError("config lacks keys: %s" % ", ".join(missing))
+    except (OSError, ValueError, UnicodeDecodeError, struct.error, ref.DumpError) as e:
+        print("error: cannot read dump %s: %s" % (argv[1], e))
+        return 2
+
+    passed, failed = [0], [0]
+
+    def report(ok, name, msg):
+        print("%s %s  %s" % ("ok  " if ok else "FAIL", name, msg))
+        (passed if ok else failed)[0] += 1
+
+    B, T, V = cfg["B"], cfg["T"], cfg["vocab_size"]
+    shapes = ref.weight_shapes(cfg)
+    wnames = [n for n, _ in shapes]
+    expected = {"inputs": (B, T), "targets": (B, T)}
+    expected.update(shapes)
+    expected.update({"logits": (B, T, V), "ce_loss": (1,), "lbl_loss": (1,), "z_loss": (1,)})
+    expected.update({"grad/" + n: s for n, s in shapes})
+    expected.update({"train_ce": (cfg["train_steps"],), "train_lbl": (cfg["train_steps"],)})
+
+    # --- presence and shapes ---
+    bad = set()
+    for name, shape in expected.items():
+        if name not in dump:
+            report(False, name, "missing record")
+            bad.add(name)
+        elif isinstance(dump[name], str) or tuple(dump[name].shape) != tuple(shape):
+            got = "text" if isinstance(dump[name], str) else tuple(dump[name].shape)
+            report(False, name, "shape %s, expected %s" % (got, tuple(shape)))
+            bad.add(name)
+    for name in dump:
+        if name != "config" and name not in expected:
+            why = "grad of unknown weight" if name.startswith("grad/") else "unexpected record (weight without grad?)"
+            report(False, name, why)
+    for name in ("inputs", "targets"):
+        if name not in bad and (dump[name].min() < 0 or dump[name].max() >= V):
+            report(False, name, "token id out of range [0, %d)" % V)
+            bad.add(name)
+    needed = ["inputs", "targets"] + wnames
+    if any(n in bad for n in needed):
+        report(False, "reference", "not computed: inputs, targets or weights missing/malformed")
+        print("%d passed, %d failed" % (passed[0], failed[0]))
+        return 1
+
+    # --- forward / backward at the initial weights (float64) ---
+    torch.set_grad_enabled(True)
+    stats = {}
+    params = ref.params_from_dump(dump, cfg)
+    logits, ce, lbl, z, grads = ref.loss_and_grads(params, cfg, dump["inputs"], dump["targets"], stats)
+    print("info router min top-k probability margin %.3g (near 0: expert choice may differ by rounding)"
+          % stats["topk_margin"])
+
+    def compare(name, r):
+        if name in bad:
+            return
+        ours = np.asarray(dump[name], dtype=np.float64)
+        r = np.asarray(r, dtype=np.float64).reshape(ours.shape)
+        err = float(np.max(np.abs(ours - r))) if ours.size else 0.0
+        rel = err / max(float(np.max(np.abs(r))) if r.size else 0.0, 1e-30)
+        ok = bool(rel <= REL_TOL)  # NaN -> fail
+        report(ok, name, "rel %.2e" % rel + ("" if ok else " (max abs err %.3e, tol %.0e)" % (err, REL_TOL)))
+
+    compare("logits", logits.numpy())
+    compare("ce_loss", ce.numpy())
+    compare("lbl_loss", lbl.numpy())
+    compare("z_loss", z.numpy())
+    for n in wnames:
+        compare("grad/" + n, grads[n].numpy())
+
+    # --- AdamW steps on the same batch ---
+    if "train_ce" not in bad or "train_lbl" not in bad:
+        params = ref.params_from_dump(dump, cfg)
+        ces, lbls = ref.train_steps(params, cfg, dump["inputs"], dump["targets"])
+        for name, r in (("train_ce", ces), ("train_lbl", lbls)):
+            if name in bad:
+                continue
+            ours = np.asarray(dump[name], dtype=np.float64)
+            diff = np.abs(ours - np.asarray(r))
+            worst = int(np.nanargmax(diff)) if diff.size and not np.all(np.isnan(diff)) else 0
+            ok = bool(np.all(diff <= TRAIN_ABS_TOL))
+            msg = "max abs %.2e over %d steps" % (float(np.max(diff)) if diff.size else 0.0, diff.size)
+            if not ok:
+                first = int(np.argmax(~(diff <= TRAIN_ABS_TOL)))
+                msg += " (first bad step %d: ours %.8g ref %.8g; worst step %d; tol %.0e)" % (
+                    first, ours[first], r[first], worst, TRAIN_ABS_TOL)
+            report(ok, name, msg)
+
+    print("%d passed, %d failed" % (passed[0], failed[0]))
+    return 1 if failed[0] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

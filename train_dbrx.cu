@@ -1,0 +1,356 @@
+/*
+ * train_dbrx.cu — trains a DBRX-style Mixture-of-Experts transformer. main() parses the flags,
+ * builds the model, and runs the training loop: for every step, grad_accum micro-batches of
+ * forward + backward, an all-reduce of the gradients across MPI ranks, global-norm clipping and
+ * AdamW; a validation loss every --val-every steps; one log line per step and a JSONL log.
+ *
+ * The model itself, with every piece of the DBRX block, is model/dbrx.h:
+ *   embedding (model/embedding.cuh) -> L x [ norm_1 (layernorm.cuh) -> Wqkv (matmul.cuh)
+ *   -> clip_qkv, RoPE, causal GQA attention (attention.cuh) -> out_proj -> residual
+ *   -> norm_2 -> router, top-k, LBL, z-loss (router.cuh) -> dropless SwiGLU experts (moe.cuh)
+ *   -> residual ] -> norm_f -> lm_head -> cross-entropy (classifier.cuh); AdamW in adamw.cuh.
+ *
+ *   make && mpirun -np 1 ./train_dbrx --model dbrx-tiny
+ */
+#include <omp.h>
+#include <string>
+#include <vector>
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#endif
+#include "model/common.h"
+#include "model/config.h"
+#include "model/dbrx.h"
+#include "data/dataloader.h"
+#include "parallel/comm.h"
+
+// ---------------------------------------------------------------------------------------------
+// flags
+
+typedef struct {
+    std::string model = "dbrx-tiny";
+    int steps = 200, batch = 8, seq = 0, grad_accum = 1, warmup = 10, val_every = 50, val_steps = 8;
+    float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
+    float grad_clip = 1.0f, peak_tflops = 0.0f;
+    int seed = 1337;
+    std::string data = "data/sotu/sotu_train_*.bin", val_data = "data/sotu/sotu_val_*.bin";
+    std::string log = "", device = "auto";
+    bool dry_run = false, help = false;
+} TrainArgs;
+
+enum FlagType { F_INT, F_FLOAT, F_STR, F_BOOL };
+typedef struct { const char* name; const char* alias; FlagType type; void* ptr; const char* help; } Flag;
+
+static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
+    return {
+        {"--model", "", F_STR, &a->model, "preset: dbrx-132b dbrx-73b dbrx-35b dbrx-18b dbrx-9b dbrx-1b dbrx-tiny"},
+        {"--d-model", "", F_INT, &c->d_model, "model width d (head_dim follows as d / n_heads)"},
+        {"--n-heads", "", F_INT, &c->n_heads, "query heads"},
+        {"--kv-heads", "", F_INT, &c->kv_heads, "key/value heads (GQA)"},
+        {"--n-layers", "", F_INT, &c->n_layers, "transformer blocks"},
+        {"--ffn-hidden", "", F_INT, &c->ffn_hidden, "hidden size F of one expert"},
+        {"--experts", "", F_INT, &c->n_experts, "experts per MoE layer"},
+        {"--top-k", "", F_INT, &c->top_k, "experts per token"},
+        {"--vocab", "", F_INT, &c->vocab_size, "vocabulary size (padded)"},
+        {"--max-seq", "", F_INT, &c->max_seq_len, "max sequence length of the model"},
+        {"--rope-theta", "", F_FLOAT, &c->rope_theta, "RoPE base"},
+        {"--clip-qkv", "", F_FLOAT, &c->clip_qkv, "clamp of the fused qkv output (<= 0: off)"},
+        {"--ln-eps", "", F_FLOAT, &c->ln_eps, "LayerNorm epsilon"},
+        {"--moe-loss-weight", "", F_FLOAT, &c->moe_loss_weight, "load-balancing loss weight"},
+        {"--z-loss-weight", "", F_FLOAT, &c->z_loss_weight, "router z-loss weight"},
+        {"--init-std", "", F_FLOAT, &c->init_std, "std of the normal init of every matrix"},
+        {"--steps", "-x", F_INT, &a->steps, "optimizer steps (the LR schedule spans them)"},
+        {"--batch", "-b", F_INT, &a->batch, "micro-batch size in sequences, per rank"},
+        {"--seq", "-t", F_INT, &a->seq, "sequence length (default: min(model max_seq, 2048))"},
+        {"--grad-accum", "", F_INT, &a->grad_accum, "micro-batches per optimizer step"},
+        {"--lr", "-l", F_FLOAT, &a->lr, "peak learning rate"},
+        {"--warmup", "-u", F_INT, &a->warmup, "linear warmup steps"},
+        {"--lr-floor", "-q", F_FLOAT, &a->lr_floor, "final LR as a fraction of the peak (cosine floor)"},
+        {"--weight-decay", "-c", F_FLOAT, &a->weight_decay, "AdamW decoupled weight decay (matrices only)"},
+        {"--beta1", "", F_FLOAT, &a->beta1, "AdamW beta1"},
+        {"--beta2", "", F_FLOAT, &a->beta2, "AdamW beta2"},
+        {"--adam-eps", "", F_FLOAT, &a->adam_eps, "AdamW epsilon"},
+        {"--grad-clip", "", F_FLOAT, &a->grad_clip, "global gradient-norm clip (<= 0: off)"},
+        {"--seed", "", F_INT, &a->seed, "seed of the initialisation"},
+        {"--data", "-i", F_STR, &a->data, "glob of training shards"},
+        {"--val-data", "-j", F_STR, &a->val_data, "glob of validation shards ('' to skip validation)"},
+        {"--val-every", "-v", F_INT, &a->val_every, "validate every N steps (0: never)"},
+        {"--val-steps", "-m", F_INT, &a->val_steps, "validation batches"},
+        {"--log", "-o", F_STR, &a->log, "JSONL log file (one object per step and per validation)"},
+        {"--device", "", F_STR, &a->device, "auto | cpu | cuda"},
+        {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: measured from the CPU)"},
+        {"--dry-run", "", F_BOOL, &a->dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
+        {"--help", "-h", F_BOOL, &a->help, "this text"},
+    };
+}
+
+static void print_help(const std::vector<Flag>& flags) {
+    printf("usage: [mpirun -np N] ./train_dbrx [flags]    (flags take --flag value or --flag=value)\n\n");
+    for (const Flag& f : flags) {
+        std::string left = std::string(f.alias[0] ? std::string(f.alias) + ", " : "    ") + f.name;
+        if (f.type != F_BOOL) left += f.type == F_STR ? " S" : f.type == F_INT ? " N" : " X";
+        printf("  %-24s %s\n", left.c_str(), f.help);
+    }
+}
+
+static void set_flag(const Flag& f, const char* value) {
+    char* end = NULL;
+    errno = 0;
+    switch (f.type) {
+    case F_INT: {
+        long v = strtol(value, &end, 10);
+        if (!*value || *end || errno || v < -2147483647L || v > 2147483647L)
+            fail(EXIT_BAD_INPUT, "%s expects an integer, got '%s'", f.name, value);
+        *(int*)f.ptr = (int)v;
+        break;
+    }
+    case F_FLOAT: {
+        float v = strtof(value, &end);
+        if (!*value || *end || errno || !std::isfinite(v)) fail(EXIT_BAD_INPUT, "%s expects a number, got '%s'", f.name, value);
+        *(float*)f.ptr = v;
+        break;
+    }
+    case F_STR: *(std::string*)f.ptr = value; break;
+    case F_BOOL: *(bool*)f.ptr = true; break;
+    }
+}
+
+// Two passes: the preset first (so it can be named anywhere), then every flag over it.
+static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
+    std::vector<Flag> flags = make_flags(a, c);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 1; i < argc; i++) {
+            std::string arg = argv[i], value;
+            bool has_inline = false;
+            size_t eq = arg.find('=');
+            if (arg.rfind("--", 0) == 0 && eq != std::string::npos) { value = arg.substr(eq + 1); arg = arg.substr(0, eq); has_inline = true; }
+            const Flag* f = NULL;
+            for (const Flag& g : flags) if (arg == g.name || (g.alias[0] && arg == g.alias)) f = &g;
+            if (!f) fail(EXIT_BAD_INPUT, "unknown flag '%s' (see --help)", argv[i]);
+            if (f->type == F_BOOL) {
+                if (has_inline) fail(EXIT_BAD_INPUT, "%s takes no value", f->name);
+                if (pass == 1) set_flag(*f, "");
+                continue;
+            }
+            if (!has_inline) {
+                if (i + 1 >= argc) fail(EXIT_BAD_INPUT, "%s needs a value", f->name);
+                value = argv[++i];
+            }
+            bool is_model = (f->ptr == &a->model);
+            if (pass == 0 && is_model) set_flag(*f, value.c_str());
+            if (pass == 1 && !is_model) set_flag(*f, value.c_str());
+        }
+        if (pass == 0) {
+            if (a->help) break;
+            if (!model_preset_lookup(a->model.c_str(), c)) {
+                const ModelPreset* p;
+                int n = model_presets(&p);
+                std::string names;
+                for (int j = 0; j < n; j++) names += std::string(j ? ", " : "") + p[j].name;
+                fail(EXIT_BAD_INPUT, "unknown --model '%s' (presets: %s)", a->model.c_str(), names.c_str());
+            }
+        }
+    }
+    // help is a flag of pass 1; look for it directly so that --help works with any other flags
+    for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) a->help = true;
+    if (a->help) { print_help(flags); exit(0); }
+    c->head_dim = c->d_model / (c->n_heads > 0 ? c->n_heads : 1);
+    if (a->seq == 0) a->seq = c->max_seq_len < 2048 ? c->max_seq_len : 2048;
+    if (a->steps <= 0) fail(EXIT_BAD_INPUT, "--steps %d must be positive", a->steps);
+    if (a->batch <= 0) fail(EXIT_BAD_INPUT, "--batch %d must be positive", a->batch);
+    if (a->seq <= 0) fail(EXIT_BAD_INPUT, "--seq %d must be positive", a->seq);
+    if (a->grad_accum <= 0) fail(EXIT_BAD_INPUT, "--grad-accum %d must be positive", a->grad_accum);
+    if (!(a->lr > 0)) fail(EXIT_BAD_INPUT, "--lr %g must be positive", a->lr);
+    if (a->warmup < 0) fail(EXIT_BAD_INPUT, "--warmup %d must be >= 0", a->warmup);
+    if (!(a->lr_floor >= 0 && a->lr_floor <= 1)) fail(EXIT_BAD_INPUT, "--lr-floor %g must be in [0, 1]", a->lr_floor);
+    if (!(a->beta1 >= 0 && a->beta1 < 1) || !(a->beta2 >= 0 && a->beta2 < 1))
+        fail(EXIT_BAD_INPUT, "--beta1 %g and --beta2 %g must be in [0, 1)", a->beta1, a->beta2);
+    if (!(a->adam_eps > 0)) fail(EXIT_BAD_INPUT, "--adam-eps %g must be positive", a->adam_eps);
+    if (!(a->weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", a->weight_decay);
+    if (a->val_every < 0 || a->val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0 and --val-steps %d > 0", a->val_every, a->val_steps);
+    if (a->peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->peak_tflops);
+    if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
+        fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
+}
+
+// 131596523520 -> "131,596,523,520"
+static std::string with_commas(int64_t n) {
+    std::string s = std::to_string(n), out;
+    int lead = (int)s.size() % 3;
+    for (size_t i = 0; i < s.size(); i++) {
+        if (i && (int)(i % 3) == lead % 3 && s[0] != '-') out += ',';
+        out += s[i];
+    }
+    return out;
+}
+
+static void print_config(const char* preset, const DbrxConfig* c) {
+    printf("model %s: d %d, heads %d (kv %d, head_dim %d), layers %d, experts %d top-%d (ffn %d), vocab %d, "
+           "max_seq %d, rope_theta %g, clip_qkv %g, moe_loss_weight %g, z_loss_weight %g\n",
+           preset, c->d_model, c->n_heads, c->kv_heads, c->head_dim, c->n_layers, c->n_experts, c->top_k,
+           c->ffn_hidden, c->vocab_size, c->max_seq_len, c->rope_theta, c->clip_qkv, c->moe_loss_weight,
+           c->z_loss_weight);
+    printf("parameters: total %s, active %s\n", with_commas(params_total(c)).c_str(), with_commas(params_active(c)).c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
+// MFU peak of the CPU: threads x clock x FP32 FLOPs per cycle per core (2 FMA units: 64 with
+// AVX-512, 32 with AVX2+FMA, 8 otherwise). The clock is /proc/cpuinfo's "cpu MHz".
+
+static double cpu_peak_flops(int threads, std::string* how) {
+    FILE* f = fopen("/proc/cpuinfo", "r");
+    double mhz = 0;
+    int per_cycle = 8;
+    const char* isa = "SSE";
+    if (f) {
+        char line[4096];
+        while (fgets(line, sizeof line, f)) {
+            if (mhz == 0 && !strncmp(line, "cpu MHz", 7)) { const char* p = strchr(line, ':'); if (p) mhz = atof(p + 1); }
+            if (!strncmp(line, "flags", 5)) {
+                if (strstr(line, " avx512f")) { per_cycle = 64; isa = "AVX-512"; }
+                else if (strstr(line, " avx2") && strstr(line, " fma")) { per_cycle = 32; isa = "AVX2+FMA"; }
+            }
+        }
+        fclose(f);
+    }
+    if (mhz <= 0) mhz = 2000;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%d threads x %.2f GHz x %d FP32 FLOP/cycle (%s)", threads, mhz / 1000, per_cycle, isa);
+    *how = buf;
+    return threads * mhz * 1e6 * per_cycle;
+}
+
+// mean cross-entropy over the first `steps` batches of the validation set, averaged over ranks
+static double evaluate(Dbrx* model, DataLoader* val, int steps, const Comm* comm) {
+    dataloader_reset(val);
+    double acc = 0;
+    for (int i = 0; i < steps; i++) {
+        dataloader_next(val);
+        acc += dbrx_forward(model, val->inputs.data(), val->targets.data());
+    }
+    acc /= steps;
+    comm_allreduce_sum(&acc, 1);
+    return acc / comm->world;
+}
+
+int main(int argc, char** argv) {
+    TrainArgs args;
+    DbrxConfig cfg;
+    parse_args(argc, argv, &args, &cfg);
+    config_validate(&cfg);
+    if (args.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", args.seq, cfg.max_seq_len);
+
+    if (args.dry_run) {
+        print_config(args.model.c_str(), &cfg);
+        double fpt = flops_per_token(&cfg, args.seq);
+        printf("training FLOPs per token: %.4g (6 * N_active + 12 * L * d * S, S = %d)\n", fpt, args.seq);
+        double act = (double)dbrx_activations(NULL, &cfg, args.batch, args.seq);
+        double p = (double)params_total(&cfg);
+        printf("memory per rank (no sharding yet: every rank holds the whole model), micro-batch %d x %d:\n", args.batch, args.seq);
+        printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
+               16 * p / (1 << 30), act / (1 << 30), (16 * p + act) / (1 << 30));
+        printf("  cuda bf16: fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations (bf16) %.2f GiB\n",
+               18 * p / (1 << 30), act / 2 / (1 << 30));
+        return 0;
+    }
+
+    // device: the CUDA training path arrives with the CUDA backend; today every build trains on the CPU
+    int gpus = 0;
+#ifdef __CUDACC__
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+#endif
+    if (args.device == "cuda")
+        fail(EXIT_BAD_INPUT, "--device cuda: this build has no CUDA training path yet (%d GPU(s) visible); use --device cpu", gpus);
+
+    Comm comm = comm_init(&argc, &argv);
+    int threads = omp_get_max_threads();
+    if (comm.rank == 0) {
+        printf("device: cpu%s, %d OpenMP thread(s) per rank, %d rank(s)\n",
+               args.device == "auto" ? (gpus ? " (auto: the CUDA path is not built yet)" : " (auto: no GPU)") : "", threads, comm.world);
+        print_config(args.model.c_str(), &cfg);
+    }
+
+    Dbrx model;
+    dbrx_build(&model, &cfg, args.batch, args.seq, (uint64_t)args.seed);
+    DataLoader train, val;
+    dataloader_init(&train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size);
+    bool do_val = !args.val_data.empty() && args.val_every > 0;
+    if (do_val) dataloader_init(&val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size);
+
+    std::string peak_how = "--peak-tflops";
+    double peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * cpu_peak_flops(threads, &peak_how);
+    int64_t tokens_per_step = (int64_t)args.batch * args.seq * args.grad_accum * comm.world;
+    double fpt = flops_per_token(&cfg, args.seq);
+    FILE* logf = NULL;
+    if (comm.rank == 0) {
+        printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
+               args.batch, args.seq, args.grad_accum, comm.world, (long long)tokens_per_step, args.steps, args.lr,
+               args.warmup, args.lr_floor);
+        printf("mfu: %.4g FLOPs/token (6 N_active + 12 L d S) against a peak of %.3f TFLOP/s (%s%s)\n", fpt, peak / 1e12,
+               comm.world > 1 ? "all ranks: " : "", peak_how.c_str());
+        printf("activations %.1f MiB, parameters+grads+moments %.1f MiB per rank\n", model.activation_bytes / 1048576.0,
+               16.0 * model.num_params / 1048576.0);
+        if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), "w");
+        fflush(stdout);
+    }
+
+    AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
+    for (int step = 0; step < args.steps; step++) {
+        if (do_val && step % args.val_every == 0) {
+            double vl = evaluate(&model, &val, args.val_steps, &comm);
+            if (comm.rank == 0) {
+                printf("val  %5d | val_loss %.6f\n", step, vl);
+                if (logf) { fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(logf); }
+            }
+        }
+        double t0 = now_seconds();
+        dbrx_zero_grad(&model);
+        double metrics[4] = {0, 0, 0, 0};   // ce, lbl, z, imbalance
+        for (int micro = 0; micro < args.grad_accum; micro++) {
+            dataloader_next(&train);
+            dbrx_forward(&model, train.inputs.data(), train.targets.data());
+            dbrx_backward(&model, train.inputs.data(), train.targets.data(), 1.0f / args.grad_accum);
+            metrics[0] += model.ce_loss / args.grad_accum;
+            metrics[1] += model.lbl_loss / args.grad_accum;
+            metrics[2] += model.z_loss / args.grad_accum;
+            metrics[3] += model.imbalance / args.grad_accum;
+        }
+        if (comm.world > 1) {   // data parallel: average gradients and metrics over the ranks
+            comm_allreduce_sum(model.grads, model.num_params);
+            real inv = (real)1 / comm.world;
+            for (size_t i = 0; i < model.num_params; i++) model.grads[i] *= inv;
+            comm_allreduce_sum(metrics, 4);
+            for (double& x : metrics) x /= comm.world;
+        }
+        float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
+        double gnorm = dbrx_update(&model, &opt, lr, step + 1);
+        double dt = now_seconds() - t0;
+        double tok_s = tokens_per_step / dt, mfu = fpt * tok_s / peak;
+        if (!std::isfinite(metrics[0]) || !std::isfinite(gnorm))
+            fail(EXIT_RUNTIME, "step %d: loss %g / grad norm %g is not finite; stopping", step + 1, metrics[0], gnorm);
+        if (comm.rank == 0) {
+            printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f\n",
+                   step + 1, args.steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
+            fflush(stdout);
+            if (logf) {
+                fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
+                        "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f}\n",
+                        step + 1, metrics[0], metrics[1], metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3]);
+                fflush(logf);
+            }
+        }
+    }
+    if (do_val) {
+        double vl = evaluate(&model, &val, args.val_steps, &comm);
+        if (comm.rank == 0) {
+            printf("val  %5d | val_loss %.6f\n", args.steps, vl);
+            if (logf) fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", args.steps, vl);
+        }
+    }
+    if (logf) fcloseCheck(logf, args.log.c_str());
+    dataloader_free(&train);
+    if (do_val) dataloader_free(&val);
+    dbrx_free(&model);
+    comm_finalize();
+    return 0;
+}
