@@ -52,7 +52,7 @@ typedef CPU_REAL real;
     exit(EXIT_RUNTIME);
 }
 
-#define CHECK(cond, ...) do { if (!(cond)) fail_at(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+#define ENSURE(cond, ...) do { if (!(cond)) fail_at(__FILE__, __LINE__, __VA_ARGS__); } while (0)
 
 // ----------------------------------------------------------------------------------------------
 // checked file I/O: every call is checked and a failure names the path and the caller's line.

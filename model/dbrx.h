@@ -198,7 +198,7 @@ static inline void dbrx_build(Dbrx* m, const DbrxConfig* cfg, int B, int T, uint
     m->grads = (real*)calloc(m->num_params, sizeof(real));
     m->m = (real*)calloc(m->num_params, sizeof(real));
     m->v = (real*)calloc(m->num_params, sizeof(real));
-    CHECK(m->grads && m->m && m->v, "out of host memory for %zu parameters", m->num_params);
+    ENSURE(m->grads && m->m && m->v, "out of host memory for %zu parameters", m->num_params);
     m->p = param_views(m->params, cfg, m->table);
     m->g = param_views(m->grads, cfg, m->table);
     dbrx_init_params(m, seed);

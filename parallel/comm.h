@@ -12,7 +12,7 @@
     char msg_[MPI_MAX_ERROR_STRING]; int len_ = 0; MPI_Error_string(rc_, msg_, &len_); \
     fail_at(__FILE__, __LINE__, "MPI error: %s", msg_); } } while (0)
 
-typedef struct { int rank, world, local_rank; } Comm;
+typedef struct { int rank, world, local_rank, local_size; } Comm;
 
 static inline Comm comm_init(int* argc, char*** argv) {
     Comm c;
@@ -23,6 +23,7 @@ static inline Comm comm_init(int* argc, char*** argv) {
     MPI_Comm node;
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c.rank, MPI_INFO_NULL, &node));
     MPI_CHECK(MPI_Comm_rank(node, &c.local_rank));
+    MPI_CHECK(MPI_Comm_size(node, &c.local_size));
     MPI_CHECK(MPI_Comm_free(&node));
     return c;
 }

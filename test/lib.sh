@@ -1,0 +1,15 @@
+# lib.sh — helpers shared by the shell tests: `pass`/`fail` record one check each; counts are
+# appended to $RESULTS (one "pass"/"fail" line per check) so run_all.sh can total them.
+RESULTS=${RESULTS:-/dev/null}
+pass() { echo "ok   $*"; echo pass >> "$RESULTS"; }
+fail() { echo "FAIL $*"; echo fail >> "$RESULTS"; }
+# expect_exit CODE NAME CMD...: runs CMD, checks its exit code, and that stderr is one line
+expect_exit() {
+    local code=$1 name=$2; shift 2
+    local err; err=$(mktemp)
+    "$@" >/dev/null 2>"$err"; local rc=$?
+    local lines; lines=$(grep -c . "$err")
+    if [ "$rc" = "$code" ] && [ "$lines" = 1 ]; then pass "$name (exit $rc: $(cat "$err"))"
+    else fail "$name: exit $rc (want $code), stderr $lines line(s): $(head -c 400 "$err")"; fi
+    LAST_ERR=$(cat "$err"); rm -f "$err"
+}
