@@ -1,5 +1,5 @@
 # Independent PyTorch reference of the DBRX Mixture-of-Experts transformer, written only from the
-# specification (/work/shared/dbrx-reference.md) plus the test conventions, WITHOUT reading the C++
+# DBRX specification (the public model card, config and modeling facts) plus the test conventions, WITHOUT reading the C++
 # engine. It is a test oracle: it reads a dump written by the C++ side (weights, batch, results),
 # recomputes forward, losses, gradients and a few AdamW steps in float64, and the parity script
 # (test_pytorch_parity.py) compares the two.
