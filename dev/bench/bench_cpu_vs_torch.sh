@@ -134,6 +134,13 @@ torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/nul
     echo "| round | impl | tok/s | ms/step |"
     echo "|---|---|---|---|"
     printf '%s\n' "${ROWS[@]}"
+    if (( THREADS > 1 && OPENBLAS_THREADS > 1 )); then
+        echo
+        echo "Note: Debian's OpenBLAS is the pthreads build. Both programs run OpenMP threads *and* OpenBLAS threads"
+        echo "here, and the two pools spin-wait on the same cores, so these numbers are contention-bound and vary a"
+        echo "lot from run to run. \`OPENBLAS_THREADS=1\` (single-threaded GEMMs, OpenMP for the rest) was 2-5x"
+        echo "faster for both on the 2-core machine this was written on."
+    fi
     if (( ${#NOTES[@]} )); then
         echo
         echo "Caution:"
