@@ -263,15 +263,13 @@ int main(int argc, char** argv) {
         fail(EXIT_BAD_INPUT, "--device cuda: this build has no CUDA training path yet (%d GPU(s) visible); use --device cpu", gpus);
 
     Comm comm = comm_init(&argc, &argv);
-    // ranks on one node share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets its
-    // share, and OpenBLAS (called between parallel regions) uses the same threads count
+    // ranks on one node share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets its share
     int threads = omp_get_max_threads();
     if (!getenv("OMP_NUM_THREADS") && comm.local_size > 1) {
         threads = omp_get_num_procs() / comm.local_size;
         if (threads < 1) threads = 1;
         omp_set_num_threads(threads);
     }
-    openblas_set_num_threads(threads);
     if (comm.rank == 0) {
         printf("device: cpu%s, %d OpenMP thread(s) per rank, %d rank(s)\n",
                args.device == "auto" ? (gpus ? " (auto: the CUDA path is not built yet)" : " (auto: no GPU)") : "", threads, comm.world);

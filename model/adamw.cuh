@@ -6,9 +6,11 @@
 #pragma once
 #include "common.h"
 
-// sum of squares of grad (n), accumulated in double so the norm does not depend on thread count
+// sum of squares of grad (n), accumulated in double (the caller fixes the chunking, so the norm
+// does not depend on the thread count)
 static inline double grad_sumsq(const real* grad, size_t n) {
     double acc = 0;
+    #pragma omp simd reduction(+ : acc)
     for (size_t i = 0; i < n; i++) acc += (double)grad[i] * grad[i];
     return acc;
 }
@@ -27,7 +29,7 @@ static inline float lr_schedule(int s, int total, float lr_max, int warmup, floa
 static inline void adamw_update(real* param, const real* grad, real* m, real* v, size_t n, float lr, float beta1,
                                 float beta2, float eps, float weight_decay, float grad_scale, int t) {
     real bc1 = (real)(1.0 - std::pow((double)beta1, t)), bc2 = (real)(1.0 - std::pow((double)beta2, t));
-    #pragma omp parallel for
+    #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) {
         real g = grad[i] * grad_scale;
         m[i] = beta1 * m[i] + (1 - beta1) * g;

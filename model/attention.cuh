@@ -95,6 +95,7 @@ static inline void attention_forward(real* out, real* att, const real* qkv, int 
                 for (int t2 = 0; t2 <= t; t2++) {
                     const real* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
                     real s = 0;
+                    #pragma omp simd reduction(+ : s)
                     for (int i = 0; i < hd; i++) s += q[i] * k[i];
                     s *= scale;
                     p[t2] = s;
@@ -139,6 +140,7 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
                             const real* v = qkv + ((size_t)b * T + t2) * qkv_dim + C + KV * hd + kvh * hd;
                             real* dv = dqkv + ((size_t)b * T + t2) * qkv_dim + C + KV * hd + kvh * hd;
                             real s = 0;
+                            #pragma omp simd reduction(+ : s)
                             for (int i = 0; i < hd; i++) { s += dy[i] * v[i]; dv[i] += p[t2] * dy[i]; }
                             dp[t2] = s;
                             pdp += p[t2] * s;

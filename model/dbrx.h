@@ -14,6 +14,7 @@
  */
 #pragma once
 #include <vector>
+#include <cblas.h>
 #include "config.h"
 #include "matmul.cuh"
 #include "embedding.cuh"
@@ -186,6 +187,9 @@ static inline void dbrx_init_params(Dbrx* m, uint64_t seed) {
 // builds the model for micro-batches of (B, T): parameters, gradients, moments, activations
 static inline void dbrx_build(Dbrx* m, const DbrxConfig* cfg, int B, int T, uint64_t seed) {
     config_validate(cfg);
+    // the CPU backend parallelises with OpenMP itself (model/matmul.cuh): OpenBLAS must not start a
+    // second pool of spinning threads on the same cores
+    openblas_set_num_threads(1);
     if (T > cfg->max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", T, cfg->max_seq_len);
     m->cfg = *cfg;
     m->table = dbrx_param_table(cfg);
@@ -302,17 +306,24 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
 
 static inline void dbrx_zero_grad(Dbrx* m) { memset(m->grads, 0, m->num_params * sizeof(real)); }
 
-// L2 norm of all gradients. Fixed-size chunks summed in order: the result does not depend on the
-// number of threads.
-static inline double dbrx_grad_norm(const Dbrx* m) {
+// The flat parameter buffer in fixed chunks of at most 64K elements that never straddle two tensors,
+// so that the optimizer runs as one parallel loop whose result does not depend on the thread count.
+typedef struct { size_t offset, n; int decay; } ParamChunk;
+static inline std::vector<ParamChunk> param_chunks(const std::vector<ParamInfo>& table) {
+    std::vector<ParamChunk> chunks;
     const size_t chunk = 1 << 16;
-    size_t nchunks = (m->num_params + chunk - 1) / chunk;
-    std::vector<double> partial(nchunks);
-    #pragma omp parallel for
-    for (size_t i = 0; i < nchunks; i++) {
-        size_t lo = i * chunk, hi = lo + chunk < m->num_params ? lo + chunk : m->num_params;
-        partial[i] = grad_sumsq(m->grads + lo, hi - lo);
-    }
+    for (const ParamInfo& p : table)
+        for (size_t lo = 0; lo < p.numel; lo += chunk)
+            chunks.push_back({p.offset + lo, p.numel - lo < chunk ? p.numel - lo : chunk, p.decay});
+    return chunks;
+}
+
+// L2 norm of all gradients: per-chunk sums added in chunk order
+static inline double dbrx_grad_norm(const Dbrx* m) {
+    std::vector<ParamChunk> chunks = param_chunks(m->table);
+    std::vector<double> partial(chunks.size());
+    #pragma omp parallel for schedule(dynamic, 4)
+    for (size_t i = 0; i < chunks.size(); i++) partial[i] = grad_sumsq(m->grads + chunks[i].offset, chunks[i].n);
     double total = 0;
     for (double p : partial) total += p;
     return sqrt(total);
@@ -324,8 +335,12 @@ typedef struct { float lr, beta1, beta2, eps, weight_decay, grad_clip; } AdamWCo
 static inline double dbrx_update(Dbrx* m, const AdamWConfig* o, float lr, int t) {
     double norm = dbrx_grad_norm(m);
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
-    for (const ParamInfo& p : m->table)
-        adamw_update(m->params + p.offset, m->grads + p.offset, m->m + p.offset, m->v + p.offset, p.numel, lr,
-                     o->beta1, o->beta2, o->eps, p.decay ? o->weight_decay : 0.0f, scale, t);
+    std::vector<ParamChunk> chunks = param_chunks(m->table);
+    #pragma omp parallel for schedule(dynamic, 4)
+    for (size_t i = 0; i < chunks.size(); i++) {
+        const ParamChunk& c = chunks[i];
+        adamw_update(m->params + c.offset, m->grads + c.offset, m->m + c.offset, m->v + c.offset, c.n, lr,
+                     o->beta1, o->beta2, o->eps, c.decay ? o->weight_decay : 0.0f, scale, t);
+    }
     return norm;
 }

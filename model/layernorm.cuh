@@ -50,11 +50,21 @@ static inline void layernorm_backward(real* dinp, real* dweight, const real* dou
             dx[c] += s * (dn - dn_mean - n * dn_n_mean);
         }
     }
-    // the weight gradient reduces over tokens: one thread per channel keeps it race-free and ordered
+    // the weight gradient reduces over tokens: fixed blocks of 32 tokens each write a partial row,
+    // and the partials are added in block order, so the sum never depends on the thread count
+    const int blk = 32, nblk = (N + blk - 1) / blk;
+    real* partial = (real*)mallocCheck((size_t)nblk * C * sizeof(real));
     #pragma omp parallel for
-    for (int c = 0; c < C; c++) {
-        real acc = 0;
-        for (int t = 0; t < N; t++) acc += dout[(size_t)t * C + c] * (inp[(size_t)t * C + c] - mean[t]) * rstd[t];
-        dweight[c] += acc;
+    for (int b = 0; b < nblk; b++) {
+        real* acc = partial + (size_t)b * C;
+        for (int c = 0; c < C; c++) acc[c] = 0;
+        for (int t = b * blk; t < N && t < (b + 1) * blk; t++) {
+            const real* x = inp + (size_t)t * C;
+            const real* dy = dout + (size_t)t * C;
+            for (int c = 0; c < C; c++) acc[c] += dy[c] * (x[c] - mean[t]) * rstd[t];
+        }
     }
+    for (int b = 0; b < nblk; b++)
+        for (int c = 0; c < C; c++) dweight[c] += partial[(size_t)b * C + c];
+    free(partial);
 }

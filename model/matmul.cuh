@@ -8,20 +8,39 @@
  */
 #pragma once
 #include <cblas.h>
+#include <omp.h>
 #include "common.h"
 
-// C (M,N) = alpha * op(A) (M,K) * op(B) (K,N) + beta * C, all row-major
-static inline void gemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                            const float* B, int ldb, float beta, float* C, int ldc) {
-    if (M == 0 || N == 0) return;
+// single-threaded CBLAS calls, float or double to match `real`
+static inline void cblas_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                              const float* B, int ldb, float beta, float* C, int ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
                 alpha, A, lda, B, ldb, beta, C, ldc);
 }
-static inline void gemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
-                            const double* B, int ldb, double beta, double* C, int ldc) {
-    if (M == 0 || N == 0) return;
+static inline void cblas_gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
+                              const double* B, int ldb, double beta, double* C, int ldc) {
     cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
                 alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// C (M,N) = alpha * op(A) (M,K) * op(B) (K,N) + beta * C, all row-major.
+// OpenBLAS runs single-threaded (train_dbrx sets it so): its own thread pool and OpenMP's would
+// spin against each other on the same cores. Parallelism is ours instead: outside a parallel region
+// the rows of C are split into one block per OpenMP thread; inside one (e.g. the loop over experts)
+// the call runs on its thread as it is. No reduction over K is ever split between threads.
+static inline void gemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, real alpha, const real* A, int lda,
+                            const real* B, int ldb, real beta, real* C, int ldc) {
+    if (M == 0 || N == 0) return;
+    int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (threads == 1 || M < 64) { cblas_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); return; }
+    int rows = (M + threads - 1) / threads;
+    #pragma omp parallel for num_threads(threads)
+    for (int i0 = 0; i0 < M; i0 += rows) {
+        int m = M - i0 < rows ? M - i0 : rows;
+        // row block of op(A): rows of A, or columns of A when it is transposed
+        const real* a = trans_a ? A + i0 : A + (size_t)i0 * lda;
+        cblas_gemm(trans_a, trans_b, m, N, K, alpha, a, lda, B, ldb, beta, C + (size_t)i0 * ldc, ldc);
+    }
 }
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T

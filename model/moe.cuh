@@ -60,9 +60,12 @@ static inline void swiglu_backward(real* dg, real* du, const real* da, const rea
     }
 }
 
-// all experts, rows grouped by expert: g, u, a (rows, F), ye (rows, C) from xe (rows, C)
+// all experts, rows grouped by expert: g, u, a (rows, F), ye (rows, C) from xe (rows, C).
+// The experts run in parallel, one per thread at a time (their GEMMs are single-threaded inside
+// the parallel loop): each writes only its own rows, so the result is the same in any order.
 static inline void experts_forward(real* ye, real* g, real* u, real* a, const real* xe, const real* w1,
                                    const real* v1, const real* w2, const int* offsets, int E, int C, int F) {
+    #pragma omp parallel for schedule(dynamic, 1)
     for (int e = 0; e < E; e++) {
         int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
         if (n == 0) continue;
@@ -80,6 +83,7 @@ static inline void experts_backward(real* dxe, real* dw1, real* dv1, real* dw2, 
                                     const real* w1, const real* v1, const real* w2, const int* offsets,
                                     int E, int C, int F) {
     memset(dxe, 0, (size_t)offsets[E] * C * sizeof(real));
+    #pragma omp parallel for schedule(dynamic, 1)   // experts own disjoint rows and weights
     for (int e = 0; e < E; e++) {
         int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
         if (n == 0) continue;
