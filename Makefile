@@ -22,7 +22,7 @@ NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
 HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h checkpoint/*.h)
 
-.PHONY: all deps check-deps data train test test-build clean
+.PHONY: all deps check-deps check-test-deps data train test test-build clean
 all: train_dbrx
 
 # A missing dependency stops the build with one line naming the Debian package.
@@ -31,6 +31,10 @@ check-deps:
 	@echo '#include <cblas.h>' | $(CXX) -E -x c++ - >/dev/null 2>&1 || { echo "error: cblas.h not found: apt-get install libopenblas-dev"; exit 1; }
 	@test -n "$(MPICXX)" || { echo "error: mpicxx not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	@echo '#include <omp.h>' | $(CXX) -fopenmp -E -x c++ - >/dev/null 2>&1 || { echo "error: OpenMP (omp.h) not found: apt-get install g++ (libgomp)"; exit 1; }
+
+check-test-deps: check-deps
+	@test -f /usr/include/doctest/doctest.h || { echo "error: doctest.h not found: apt-get install doctest-dev"; exit 1; }
+	@$(PYTHON) -c 'import torch, numpy' 2>/dev/null || { echo "error: $(PYTHON) cannot import torch: apt-get install python3-torch python3-numpy"; exit 1; }
 
 ifneq ($(NVCC),)
 train_dbrx: train_dbrx.cu $(HEADERS) | check-deps
@@ -59,12 +63,12 @@ train: train_dbrx
 # tests (doctest); built with g++ whatever builds the binary, for speed
 
 TEST_FLAGS := -std=c++17 -O2 -march=native -fopenmp -Wall -Wextra -Werror -I/usr/include/doctest
-test/test_ops: test/test_ops.cpp $(HEADERS) | check-deps
+test/test_ops: test/test_ops.cpp $(HEADERS) | check-test-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/test_ops.cpp -lopenblas -lm
 # the gradient check compiles the CPU reference in double precision
-test/test_gradcheck: test/test_gradcheck.cpp $(HEADERS) | check-deps
+test/test_gradcheck: test/test_gradcheck.cpp $(HEADERS) | check-test-deps
 	$(CXX) $(TEST_FLAGS) -DCPU_REAL=double -o $@ test/test_gradcheck.cpp -lopenblas -lm
-test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-deps
+test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-test-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/dump_reference.cpp -lopenblas -lm
 
 test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference
