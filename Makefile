@@ -71,10 +71,15 @@ test/test_gradcheck: test/test_gradcheck.cpp $(HEADERS) | check-test-deps
 test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-test-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/dump_reference.cpp -lopenblas -lm
 
-test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference
+# the FP8 test checks our conversions against cuda_fp8.h's host code: built only where the CUDA headers are
+CUDA_INC := $(firstword $(wildcard /usr/local/cuda/include/cuda_fp8.h))
+test/test_fp8: test/test_fp8.cpp $(HEADERS) | check-test-deps
+	$(CXX) $(TEST_FLAGS) -isystem $(dir $(CUDA_INC)) -o $@ test/test_fp8.cpp -lopenblas -lm
+
+test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference $(if $(CUDA_INC),test/test_fp8)
 
 test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference
+	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_fp8

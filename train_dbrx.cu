@@ -34,7 +34,8 @@ typedef struct {
     float grad_clip = 1.0f, peak_tflops = 0.0f;
     int seed = 1337;
     std::string data = "data/sotu/sotu_train_*.bin", val_data = "data/sotu/sotu_val_*.bin";
-    std::string log = "", device = "auto";
+    std::string log = "", device = "auto", fp8 = "off";
+    int fp8_history = 16, fp8_margin = 0, fp8_log_every = 0;
     bool dry_run = false, help = false;
 } TrainArgs;
 
@@ -78,6 +79,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--val-steps", "-m", F_INT, &a->val_steps, "validation batches"},
         {"--log", "-o", F_STR, &a->log, "JSONL log file (one object per step and per validation)"},
         {"--device", "", F_STR, &a->device, "auto | cpu | cuda"},
+        {"--fp8", "", F_STR, &a->fp8, "FP8 GEMMs in the blocks: off | delayed | current | block (CPU: emulated)"},
+        {"--fp8-amax-history", "", F_INT, &a->fp8_history, "delayed scaling: amax history length"},
+        {"--fp8-margin", "", F_INT, &a->fp8_margin, "FP8 scales are backed off by 2^margin"},
+        {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
         {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: measured from the CPU)"},
         {"--dry-run", "", F_BOOL, &a->dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
         {"--help", "-h", F_BOOL, &a->help, "this text"},
@@ -169,6 +174,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (!(a->weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", a->weight_decay);
     if (a->val_every < 0 || a->val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0 and --val-steps %d > 0", a->val_every, a->val_steps);
     if (a->peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->peak_tflops);
+    fp8_recipe_parse(a->fp8.c_str());
+    if (a->fp8_margin < 0 || a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-margin %d and --fp8-log-every %d must be >= 0", a->fp8_margin, a->fp8_log_every);
     if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
         fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
 }
@@ -278,6 +285,8 @@ int main(int argc, char** argv) {
 
     Dbrx model;
     dbrx_build(&model, &cfg, args.batch, args.seq, (uint64_t)args.seed);
+    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
+    dbrx_enable_fp8(&model, &fp8);
     DataLoader train, val;
     dataloader_init(&train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size);
     bool do_val = !args.val_data.empty() && args.val_every > 0;
@@ -327,6 +336,24 @@ int main(int argc, char** argv) {
             for (size_t i = 0; i < model.num_params; i++) model.grads[i] *= inv;
             comm_allreduce_sum(metrics, 4);
             for (double& x : metrics) x /= comm.world;
+        }
+        std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(&model);
+        if (!fp8_metas.empty()) {
+            // the amax of a tensor is the max over every rank that holds a piece of it
+            std::vector<float> amax, amax_local;
+            for (Fp8MetaRef& r : fp8_metas) amax.push_back(r.meta->amax);
+            amax_local = amax;
+            if (comm.world > 1) comm_allreduce_max(amax.data(), amax.size());
+            for (size_t i = 0; i < amax.size(); i++) fp8_metas[i].meta->amax = amax[i];
+            if (logf && args.fp8_log_every > 0 && (step + 1) % args.fp8_log_every == 0) {
+                fprintf(logf, "{\"step\": %d, \"fp8\": {", step + 1);
+                for (size_t i = 0; i < fp8_metas.size(); i++) {
+                    const Fp8Meta* mt = fp8_metas[i].meta;
+                    fprintf(logf, "%s\"%s\": {\"amax\": %.6g, \"amax_rank0\": %.6g, \"scale\": %.6g, \"saturated\": %lld}",
+                            i ? ", " : "", fp8_metas[i].name.c_str(), mt->amax, amax_local[i], mt->scale, mt->saturated);
+                }
+                fprintf(logf, "}}\n");
+            }
         }
         float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
         double gnorm = dbrx_update(&model, &opt, lr, step + 1);

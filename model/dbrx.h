@@ -24,6 +24,7 @@
 #include "moe.cuh"
 #include "classifier.cuh"
 #include "adamw.cuh"
+#include "fp8.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // parameters: one flat buffer, laid out unit by unit (unit 0 = wte, unit 1+l = block l,
@@ -123,6 +124,14 @@ typedef struct {
     std::vector<void*> allocations;
     size_t activation_bytes;
 
+    // FP8 (--fp8, off unless dbrx_enable_fp8): the recipe, every block's operand state, and scratch
+    // for the fake-quantised operands (activation-sized fq_x, fq_dy, fq_dy2, fq_dz, fq_dz2;
+    // weight-sized fq_w, fq_w2, fq_w3); fp8_wseg (E+1) = e*F, the experts' row ranges in w1/v1/w2
+    Fp8Config fp8;
+    std::vector<Fp8BlockState> fp8_state;
+    real *fq_x, *fq_dy, *fq_dy2, *fq_dz, *fq_dz2, *fq_w, *fq_w2, *fq_w3;
+    std::vector<int> fp8_wseg;
+
     // results of the last forward pass
     double ce_loss, lbl_loss, z_loss;
     double imbalance;               // max over layers of (max / mean tokens per expert)
@@ -207,10 +216,56 @@ static inline void dbrx_build(Dbrx* m, const DbrxConfig* cfg, int B, int T, uint
     m->g = param_views(m->grads, cfg, m->table);
     dbrx_init_params(m, seed);
     m->B = B; m->T = T;
+    m->fp8.recipe = FP8_OFF;
     m->acts.resize(cfg->n_layers);
     m->resid.resize(cfg->n_layers + 1);
     m->activation_bytes = dbrx_activations(m, cfg, B, T);
     rope_tables(m->rope_cos, m->rope_sin, T, cfg->head_dim, cfg->rope_theta);
+}
+
+// Switches the five GEMMs of every block (Wqkv, out_proj, w1, v1, w2) to FP8 numerics, emulated:
+// their operands are fake-quantised (model/fp8.cuh) around the FP32 GEMMs.
+static inline void dbrx_enable_fp8(Dbrx* m, const Fp8Config* cfg) {
+    const DbrxConfig* c = &m->cfg;
+    m->fp8 = *cfg;
+    if (cfg->recipe == FP8_OFF) return;
+    if (cfg->history_len < 1 || cfg->history_len > FP8_MAX_HISTORY)
+        fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", cfg->history_len, FP8_MAX_HISTORY);
+    size_t N = (size_t)m->B * m->T, k = c->top_k, d = c->d_model, F = c->ffn_hidden, qd = qkv_dim(c);
+    size_t act = N * qd, w = qd * d;
+    if (N * k * (d > F ? d : F) > act) act = N * k * (d > F ? d : F);
+    if ((size_t)c->n_experts * F * d > w) w = (size_t)c->n_experts * F * d;
+    real** bufs[] = {&m->fq_x, &m->fq_dy, &m->fq_dy2, &m->fq_dz, &m->fq_dz2, &m->fq_w, &m->fq_w2, &m->fq_w3};
+    for (int i = 0; i < 8; i++) {
+        *bufs[i] = (real*)mallocCheck((i < 5 ? act : w) * sizeof(real));
+        m->allocations.push_back(*bufs[i]);
+    }
+    m->fp8_state.resize(c->n_layers);
+    for (Fp8BlockState& b : m->fp8_state)
+        for (Fp8Linear* q : {&b.qkv, &b.proj, &b.w1, &b.v1, &b.w2})
+            for (Fp8Meta* mt : {&q->x, &q->w, &q->dy}) fp8_meta_init(mt);
+    m->fp8_wseg.resize(c->n_experts + 1);
+    for (int e = 0; e <= c->n_experts; e++) m->fp8_wseg[e] = e * c->ffn_hidden;
+}
+
+// every FP8 operand state with its name and format, in a fixed order (for the end-of-step update,
+// the amax reduction across ranks and the log)
+typedef struct { std::string name; Fp8Meta* meta; Fp8Format fmt; } Fp8MetaRef;
+static inline std::vector<Fp8MetaRef> dbrx_fp8_metas(Dbrx* m) {
+    std::vector<Fp8MetaRef> refs;
+    if (m->fp8.recipe == FP8_OFF) return refs;
+    const char* lin[5] = {"qkv", "proj", "w1", "v1", "w2"};
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        Fp8BlockState& b = m->fp8_state[l];
+        Fp8Linear* q[5] = {&b.qkv, &b.proj, &b.w1, &b.v1, &b.w2};
+        for (int i = 0; i < 5; i++) {
+            std::string pre = "blocks." + std::to_string(l) + "." + lin[i];
+            if (i != 3) refs.push_back({pre + ".x", &q[i]->x, FP8_E4M3});   // v1 reuses w1's input
+            refs.push_back({pre + ".w", &q[i]->w, FP8_E4M3});
+            refs.push_back({pre + ".dy", &q[i]->dy, FP8_E5M2});
+        }
+    }
+    return refs;
 }
 
 static inline void dbrx_free(Dbrx* m) {
@@ -234,11 +289,14 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         real* x = m->resid[l];
         // attention half
         layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
-        matmul_forward(a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        Fp8BlockState* q8 = m->fp8.recipe != FP8_OFF ? &m->fp8_state[l] : NULL;
+        if (q8) fp8_matmul_forward(a->qkv_pre, a->ln1, w.wqkv, N, d, qd, &q8->qkv, &m->fp8, m->fq_x, m->fq_w);
+        else matmul_forward(a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         attention_forward(a->atty, a->att, a->qkv, B, T, H, KV, hd);
-        matmul_forward(a->resid_mid, a->atty, w.wo, N, d, d);
+        if (q8) fp8_matmul_forward(a->resid_mid, a->atty, w.wo, N, d, d, &q8->proj, &m->fp8, m->fq_x, m->fq_w);
+        else matmul_forward(a->resid_mid, a->atty, w.wo, N, d, d);
         for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
         // MoE half
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
@@ -246,7 +304,21 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k);
         moe_dispatch(a->offsets, a->row_token, a->slot_row, a->topk_idx, a->counts, N, E, k);
         moe_gather(a->xe, a->ln2, a->row_token, N * k, d);
-        experts_forward(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets, E, d, F);
+        const real *xe = a->xe, *w1 = w.w1, *v1 = w.v1, *act = a->act, *w2 = w.w2;
+        if (q8) {   // E4M3 operands: xe in 1x128 tiles along d, each expert's weights in 128x128 blocks
+            const int* ws = m->fp8_wseg.data();
+            fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 1, 128);
+            fp8_operand_grouped(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8, FP8_E4M3, 128, 128);
+            fp8_operand_grouped(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8, FP8_E4M3, 128, 128);
+            xe = m->fq_x; w1 = m->fq_w; v1 = m->fq_w2;
+        }
+        experts_up_forward(a->g, a->u, a->act, xe, w1, v1, a->offsets, E, d, F);
+        if (q8) {   // the SwiGLU output in 1x128 tiles along F (the down GEMM's reduction)
+            fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 1, 128);
+            fp8_operand_grouped(m->fq_w3, w.w2, m->fp8_wseg.data(), E, d, &q8->w2.w, &m->fp8, FP8_E4M3, 128, 128);
+            act = m->fq_x; w2 = m->fq_w3;
+        }
+        experts_down_forward(a->ye, act, w2, a->offsets, E, d, F);
         real* out = m->resid[l + 1];
         memcpy(out, a->resid_mid, (size_t)N * d * sizeof(real));
         moe_combine_forward(out, a->ye, a->topk_w, a->slot_row, N, k, d);
@@ -283,8 +355,36 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
         // MoE half
         moe_combine_backward(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
-        experts_backward(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act,
-                         w.w1, w.v1, w.w2, a->offsets, E, d, F);
+        Fp8BlockState* q8 = m->fp8.recipe != FP8_OFF ? &m->fp8_state[l] : NULL;
+        bool block8 = m->fp8.recipe == FP8_BLOCK;
+        const int* ws = m->fp8_wseg.data();
+        // down: dgrad da = dye @ w2_e^T reduces over d, wgrad dw2_e += a^T @ dye over the tokens
+        const real *dye_d = m->dye, *dye_w = m->dye, *w2 = w.w2, *act_w = a->act;
+        if (q8) {
+            fp8_operand_grouped(m->fq_dy, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 1, 128);
+            fp8_operand_grouped(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8, FP8_E4M3, 128, 128);
+            if (block8) fp8_operand_grouped(m->fq_dy2, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 128, 1);
+            fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 128, 1);
+            dye_d = m->fq_dy; dye_w = block8 ? m->fq_dy2 : m->fq_dy; w2 = m->fq_w3; act_w = m->fq_x;
+        }
+        experts_down_backward(m->da, gw.w2, dye_d, w2, act_w, dye_w, a->offsets, E, d, F);
+        swiglu_backward(m->dg, m->du, m->da, a->g, a->u, (size_t)N * k * F);
+        // up: dgrad dxe = dg @ w1_e + du @ v1_e reduces over F, wgrad over the tokens
+        const real *dg_d = m->dg, *du_d = m->du, *dg_w = m->dg, *du_w = m->du, *w1 = w.w1, *v1 = w.v1, *xe_w = a->xe;
+        if (q8) {
+            fp8_operand_grouped(m->fq_dy, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 1, 128);
+            fp8_operand_grouped(m->fq_dz, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 1, 128);
+            fp8_operand_grouped(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8, FP8_E4M3, 128, 128);
+            fp8_operand_grouped(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8, FP8_E4M3, 128, 128);
+            if (block8) {
+                fp8_operand_grouped(m->fq_dy2, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 128, 1);
+                fp8_operand_grouped(m->fq_dz2, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 128, 1);
+            }
+            fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 128, 1);
+            dg_d = m->fq_dy; du_d = m->fq_dz; w1 = m->fq_w; v1 = m->fq_w2; xe_w = m->fq_x;
+            dg_w = block8 ? m->fq_dy2 : m->fq_dy; du_w = block8 ? m->fq_dz2 : m->fq_dz;
+        }
+        experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, a->offsets, E, d, F);
         memset(m->dln, 0, Nd * sizeof(real));
         moe_gather_backward(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
@@ -293,12 +393,16 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         memset(m->datty, 0, Nd * sizeof(real));
-        matmul_backward(m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
+        if (q8) fp8_matmul_backward(m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d, &q8->proj, &m->fp8, m->fq_x,
+                                    m->fq_w, m->fq_dy, m->fq_dy2);
+        else matmul_backward(m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
         attention_backward(m->dqkv, m->datty, a->qkv, a->att, B, T, H, KV, hd);
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));
-        matmul_backward(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
+        if (q8) fp8_matmul_backward(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, &q8->qkv, &m->fp8, m->fq_x,
+                                    m->fq_w, m->fq_dy, m->fq_dy2);
+        else matmul_backward(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward(m->dresid, gw.norm1, m->dln, m->resid[l], w.norm1, a->ln1_mean, a->ln1_rstd, N, d);
     }
     embedding_backward(m->g.wte, m->dresid, inputs, N, d);
@@ -342,5 +446,7 @@ static inline double dbrx_update(Dbrx* m, const AdamWConfig* o, float lr, int t)
         adamw_update(m->params + c.offset, m->grads + c.offset, m->m + c.offset, m->v + c.offset, c.n, lr,
                      o->beta1, o->beta2, o->eps, c.decay ? o->weight_decay : 0.0f, scale, t);
     }
+    // FP8 delayed scaling: this step's amaxes join the histories and set the next step's scales
+    for (Fp8MetaRef& r : dbrx_fp8_metas(m)) fp8_meta_step(r.meta, &m->fp8, r.fmt);
     return norm;
 }

@@ -60,11 +60,14 @@ static inline void swiglu_backward(real* dg, real* du, const real* da, const rea
     }
 }
 
-// all experts, rows grouped by expert: g, u, a (rows, F), ye (rows, C) from xe (rows, C).
-// The experts run in parallel, one per thread at a time (their GEMMs are single-threaded inside
-// the parallel loop): each writes only its own rows, so the result is the same in any order.
-static inline void experts_forward(real* ye, real* g, real* u, real* a, const real* xe, const real* w1,
-                                   const real* v1, const real* w2, const int* offsets, int E, int C, int F) {
+// The experts, rows grouped by expert, in two halves so that the FP8 path can quantise the SwiGLU
+// output between them:  up: g = xe @ w1_e^T, u = xe @ v1_e^T, a = silu(g) * u;  down: ye = a @ w2_e.
+// The experts run in parallel, one per thread at a time (their GEMMs are single-threaded inside the
+// parallel loop); each writes only its own rows and weight gradients, so any order gives the same result.
+
+// g, u, a (rows, F) from xe (rows, C)
+static inline void experts_up_forward(real* g, real* u, real* a, const real* xe, const real* w1, const real* v1,
+                                      const int* offsets, int E, int C, int F) {
     #pragma omp parallel for schedule(dynamic, 1)
     for (int e = 0; e < E; e++) {
         int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
@@ -73,30 +76,50 @@ static inline void experts_forward(real* ye, real* g, real* u, real* a, const re
         matmul_forward(g + (size_t)r0 * F, xe + (size_t)r0 * C, w1 + wo, n, C, F);
         matmul_forward(u + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F);
         swiglu_forward(a + (size_t)r0 * F, g + (size_t)r0 * F, u + (size_t)r0 * F, (size_t)n * F);
-        gemm_cpu(false, false, n, C, F, 1.0, a + (size_t)r0 * F, F, w2 + wo, C, 0.0, ye + (size_t)r0 * C, C);
     }
 }
 
-// dxe (rows, C) overwritten; dw1, dv1, dw2 (E*F, C) accumulated. da, dg, du (rows, F) are scratch.
-static inline void experts_backward(real* dxe, real* dw1, real* dv1, real* dw2, real* da, real* dg, real* du,
-                                    const real* dye, const real* xe, const real* g, const real* u, const real* a,
-                                    const real* w1, const real* v1, const real* w2, const int* offsets,
-                                    int E, int C, int F) {
-    memset(dxe, 0, (size_t)offsets[E] * C * sizeof(real));
-    #pragma omp parallel for schedule(dynamic, 1)   // experts own disjoint rows and weights
+// ye (rows, C) = a (rows, F) @ w2_e (F, C), expert by expert
+static inline void experts_down_forward(real* ye, const real* a, const real* w2, const int* offsets, int E, int C, int F) {
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
+        if (n == 0) continue;
+        gemm_cpu(false, false, n, C, F, 1.0, a + (size_t)r0 * F, F, w2 + (size_t)e * F * C, C, 0.0, ye + (size_t)r0 * C, C);
+    }
+}
+
+// da (rows, F) overwritten, dw2 (E*F, C) accumulated. The operands are named by their use so that
+// FP8 can hand each GEMM its own quantisation: dgrad da = dye @ w2_e^T, wgrad dw2_e += a^T @ dye.
+static inline void experts_down_backward(real* da, real* dw2, const real* dye_dgrad, const real* w2,
+                                         const real* a_wgrad, const real* dye_wgrad, const int* offsets,
+                                         int E, int C, int F) {
+    #pragma omp parallel for schedule(dynamic, 1)
     for (int e = 0; e < E; e++) {
         int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
         if (n == 0) continue;
         size_t wo = (size_t)e * F * C;
-        const real* dy = dye + (size_t)r0 * C;
-        real* da_e = da + (size_t)r0 * F;
-        // ye = a @ w2_e:  da = dye @ w2_e^T,  dw2_e += a^T @ dye
-        gemm_cpu(false, true, n, F, C, 1.0, dy, C, w2 + wo, C, 0.0, da_e, F);
-        gemm_cpu(true, false, F, C, n, 1.0, a + (size_t)r0 * F, F, dy, C, 1.0, dw2 + wo, C);
-        swiglu_backward(dg + (size_t)r0 * F, du + (size_t)r0 * F, da_e, g + (size_t)r0 * F, u + (size_t)r0 * F,
-                        (size_t)n * F);
-        matmul_backward(dxe + (size_t)r0 * C, dw1 + wo, dg + (size_t)r0 * F, xe + (size_t)r0 * C, w1 + wo, n, C, F);
-        matmul_backward(dxe + (size_t)r0 * C, dv1 + wo, du + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F);
+        gemm_cpu(false, true, n, F, C, 1.0, dye_dgrad + (size_t)r0 * C, C, w2 + wo, C, 0.0, da + (size_t)r0 * F, F);
+        gemm_cpu(true, false, F, C, n, 1.0, a_wgrad + (size_t)r0 * F, F, dye_wgrad + (size_t)r0 * C, C, 1.0, dw2 + wo, C);
+    }
+}
+
+// dxe (rows, C) overwritten; dw1, dv1 (E*F, C) accumulated, from dg, du (rows, F):
+//   dgrad dxe = dg @ w1_e + du @ v1_e;  wgrad dw1_e += dg^T @ xe, dv1_e += du^T @ xe
+static inline void experts_up_backward(real* dxe, real* dw1, real* dv1, const real* dg_dgrad, const real* du_dgrad,
+                                       const real* w1, const real* v1, const real* dg_wgrad, const real* du_wgrad,
+                                       const real* xe_wgrad, const int* offsets, int E, int C, int F) {
+    memset(dxe, 0, (size_t)offsets[E] * C * sizeof(real));
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
+        if (n == 0) continue;
+        size_t wo = (size_t)e * F * C;
+        real* dx = dxe + (size_t)r0 * C;
+        matmul_backward(dx, NULL, dg_dgrad + (size_t)r0 * F, NULL, w1 + wo, n, C, F);
+        matmul_backward(dx, NULL, du_dgrad + (size_t)r0 * F, NULL, v1 + wo, n, C, F);
+        matmul_backward(NULL, dw1 + wo, dg_wgrad + (size_t)r0 * F, xe_wgrad + (size_t)r0 * C, NULL, n, C, F);
+        matmul_backward(NULL, dv1 + wo, du_wgrad + (size_t)r0 * F, xe_wgrad + (size_t)r0 * C, NULL, n, C, F);
     }
 }
 

@@ -36,6 +36,10 @@ static inline void comm_allreduce_sum(float* x, size_t n) {
     for (size_t i = 0; i < n; i += chunk)
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x + i, (int)(n - i < chunk ? n - i : chunk), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
 }
+// in-place maximum over all ranks (FP8 amax)
+static inline void comm_allreduce_max(float* x, size_t n) {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD));
+}
 static inline void comm_allreduce_sum(double* x, size_t n) {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
 }

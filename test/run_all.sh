@@ -20,6 +20,10 @@ doctest_run() {
 echo "== unit tests (CPU reference ops)"; doctest_run ./test/test_ops
 echo "== finite-difference gradient check (double precision)"; doctest_run ./test/test_gradcheck
 
+echo "== FP8 numerics (conversions against cuda_fp8.h, recipes)"
+if [ -x ./test/test_fp8 ]; then doctest_run ./test/test_fp8; else echo "skipped: test_fp8 (no CUDA headers, the conversion oracle)"; fi
+bash test/test_fp8.sh
+
 echo "== PyTorch parity (float64 autograd reference)"
 ./test/dump_reference /tmp/dbrx_parity_dump.$$.bin || fail "dump_reference"
 out=$($PY test/test_pytorch_parity.py /tmp/dbrx_parity_dump.$$.bin 2>&1); rc=$?

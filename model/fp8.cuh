@@ -1,0 +1,232 @@
+/*
+ * fp8.cuh — FP8 numerics: the E4M3 / E5M2 formats, quantisation with per-tensor or per-tile scales,
+ * and the scaling recipes (delayed, current, block), as the CPU reference.
+ *
+ * A tensor x is stored in FP8 as q = cvt(x * s) with a scale s chosen so that the largest |x| maps
+ * near the format's maximum; a GEMM on FP8 operands multiplies by the dequantisation factors 1/s.
+ * On the CPU we emulate exactly that: fake-quantise (x -> cvt(x * s) / s) the operands, then run the
+ * ordinary FP32 GEMM — the same values an FP8 GEMM with FP32 accumulation sees.
+ *   E4M3 (weights, activations): 4 exponent bits, 3 mantissa, bias 7, max 448, no infinities
+ *   E5M2 (gradients):            5 exponent bits, 2 mantissa, bias 15, max 57344
+ * Conversions round to nearest even and saturate to +-max (CUDA's __NV_SATFINITE); NaN -> 0x7F. They
+ * are bit-exact with cuda_fp8.h's __nv_cvt_float_to_fp8 (test/test_fp8.cpp checks every BF16 input).
+ * Recipes (--fp8):
+ *   delayed  scale = max / (max of the amax history) / 2^margin; this step's amax joins the history
+ *            after the step (TransformerEngine's delayed scaling; E4M3 forward, E5M2 gradients)
+ *   current  scale = max / amax(x of this step) / 2^margin
+ *   block    one scale per 1x128 tile of activations / gradients (along the GEMM's reduction
+ *            dimension) and per 128x128 block of weights, from that tile's own amax
+ */
+#pragma once
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "common.h"
+#include "matmul.cuh"
+
+typedef enum { FP8_E4M3 = 0, FP8_E5M2 = 1 } Fp8Format;
+typedef enum { FP8_OFF = 0, FP8_DELAYED, FP8_CURRENT, FP8_BLOCK } Fp8Recipe;
+
+static inline float fp8_max(Fp8Format f) { return f == FP8_E4M3 ? 448.0f : 57344.0f; }
+
+// float -> FP8 bits, round to nearest even, saturating
+static inline uint8_t fp8_from_float(float x, Fp8Format f) {
+    const int M = f == FP8_E4M3 ? 3 : 2, bias = f == FP8_E4M3 ? 7 : 15;
+    const uint8_t max_code = f == FP8_E4M3 ? 0x7E : 0x7B;
+    if (std::isnan(x)) return 0x7F;
+    uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+    float a = std::fabs(x);
+    if (a >= fp8_max(f)) return sign | max_code;
+    if (a == 0.0f) return sign;
+    int e;
+    std::frexp(a, &e);                   // a = frac * 2^e, frac in [0.5, 1): unbiased exponent e - 1
+    int E = e - 1 < 1 - bias ? 1 - bias : e - 1;   // below the normal range: subnormal spacing
+    float ulp = std::ldexp(1.0f, E - M);
+    int q = (int)std::nearbyint(a / ulp);           // exact scaling; nearbyint rounds half to even
+    if (q == (2 << M)) { q = 1 << M; E += 1; }      // rounding carried into the next binade
+    if (q < (1 << M)) return sign | (uint8_t)q;     // subnormal: exponent field 0
+    return sign | (uint8_t)(((E + bias) << M) | (q - (1 << M)));
+}
+
+// FP8 bits -> float
+static inline float fp8_to_float(uint8_t v, Fp8Format f) {
+    const int M = f == FP8_E4M3 ? 3 : 2, bias = f == FP8_E4M3 ? 7 : 15, emax = f == FP8_E4M3 ? 15 : 31;
+    int exp = (v & 0x7F) >> M, mant = v & ((1 << M) - 1);
+    float sign = (v & 0x80) ? -1.0f : 1.0f;
+    if (f == FP8_E4M3 && exp == emax && mant == (1 << M) - 1) return NAN;
+    if (f == FP8_E5M2 && exp == emax) return mant == 0 ? sign * INFINITY : NAN;
+    if (exp == 0) return sign * std::ldexp((float)mant, 1 - bias - M);
+    return sign * std::ldexp((float)((1 << M) | mant), exp - bias - M);
+}
+
+// the scale that maps `amax` to the format's maximum, backed off by 2^margin; 1 for an all-zero
+// (or non-finite) tensor, so that nothing is divided by zero
+static inline float fp8_scale_for(float amax, Fp8Format f, int margin) {
+    if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
+    return std::ldexp(fp8_max(f) / amax, -margin);
+}
+
+// out = dequantize(quantize(in * scale)) for a (rows, cols) sub-matrix with leading dimension ld;
+// returns how many values saturated (|in * scale| > max)
+static inline long long fp8_fake_quant(real* out, const real* in, int rows, int cols, int ld, float scale, Fp8Format f) {
+    long long saturated = 0;
+    float inv = 1.0f / scale, mx = fp8_max(f);
+    #pragma omp parallel for reduction(+ : saturated) if (rows >= 64)
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            float x = (float)in[(size_t)r * ld + c] * scale;
+            saturated += std::fabs(x) > mx;
+            out[(size_t)r * ld + c] = (real)(fp8_to_float(fp8_from_float(x, f), f) * inv);
+        }
+    return saturated;
+}
+
+static inline float amax_of(const real* in, int rows, int cols, int ld) {
+    float amax = 0.0f;
+    #pragma omp parallel for reduction(max : amax) if (rows >= 64)
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) amax = std::fmax(amax, std::fabs((float)in[(size_t)r * ld + c]));
+    return amax;
+}
+
+// Block scaling: every (tile_rows, tile_cols) tile of the (rows, cols) matrix gets the scale of its
+// own amax. Tiles: 1x128 (activations, gradients along the reduction dimension), 128x1 (the same
+// tensors when the reduction runs over rows, as in wgrad), 128x128 (weights).
+static inline long long fp8_fake_quant_tiles(real* out, const real* in, int rows, int cols, int ld, int tile_rows,
+                                             int tile_cols, Fp8Format f) {
+    long long saturated = 0;
+    int nr = (rows + tile_rows - 1) / tile_rows, nc = (cols + tile_cols - 1) / tile_cols;
+    #pragma omp parallel for collapse(2) reduction(+ : saturated)
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nc; j++) {
+            int r0 = i * tile_rows, c0 = j * tile_cols;
+            int h = rows - r0 < tile_rows ? rows - r0 : tile_rows, w = cols - c0 < tile_cols ? cols - c0 : tile_cols;
+            const real* src = in + (size_t)r0 * ld + c0;
+            float s = fp8_scale_for(amax_of(src, h, w, ld), f, 0);
+            saturated += fp8_fake_quant(out + (size_t)r0 * ld + c0, src, h, w, ld, s, f);
+        }
+    return saturated;
+}
+
+// ---------------------------------------------------------------------------------------------
+// per-tensor scaling state of one GEMM operand
+
+#define FP8_MAX_HISTORY 1024
+
+typedef struct {
+    Fp8Recipe recipe;
+    int history_len;   // delayed: amax history window (--fp8-amax-history)
+    int margin;        // scale backed off by 2^margin (--fp8-margin)
+} Fp8Config;
+
+typedef struct {
+    float scale;          // the scale used by this step (delayed: decided before the step)
+    float amax;           // amax seen this step (max over the micro-batches)
+    float history[FP8_MAX_HISTORY];
+    int filled;           // history entries in use (the window is history[0 .. filled))
+    long long saturated;  // values that saturated this step
+} Fp8Meta;
+
+static inline void fp8_meta_init(Fp8Meta* m) {
+    memset(m, 0, sizeof(*m));
+    m->scale = 1.0f;
+}
+
+// the scale for this step's quantisation of x (rows, cols, ld) under per-tensor recipes
+static inline float fp8_meta_scale(Fp8Meta* m, const Fp8Config* c, Fp8Format f, float amax_now) {
+    m->amax = std::fmax(m->amax, amax_now);
+    if (c->recipe == FP8_CURRENT) return fp8_scale_for(amax_now, f, c->margin);
+    return m->scale;   // delayed: fixed for the whole step
+}
+
+// end of step (delayed): roll this step's amax into the history (newest at the end) and derive the
+// scale of the next step from the history's maximum. `amax` must already be reduced across the
+// ranks that share the tensor. The very first step has no history: it uses the step's own amax.
+static inline void fp8_meta_step(Fp8Meta* m, const Fp8Config* c, Fp8Format f) {
+    if (c->recipe != FP8_DELAYED) { m->amax = 0; m->saturated = 0; return; }
+    if (m->filled == c->history_len) {
+        memmove(m->history, m->history + 1, (c->history_len - 1) * sizeof(float));
+        m->filled--;
+    }
+    m->history[m->filled++] = m->amax;
+    float hmax = 0;
+    for (int i = 0; i < m->filled; i++) hmax = std::fmax(hmax, m->history[i]);
+    m->scale = fp8_scale_for(hmax, f, c->margin);
+    m->amax = 0;
+    m->saturated = 0;
+}
+
+static inline Fp8Recipe fp8_recipe_parse(const char* s) {
+    if (!strcmp(s, "off")) return FP8_OFF;
+    if (!strcmp(s, "delayed")) return FP8_DELAYED;
+    if (!strcmp(s, "current")) return FP8_CURRENT;
+    if (!strcmp(s, "block")) return FP8_BLOCK;
+    fail(EXIT_BAD_INPUT, "--fp8 '%s' must be off, delayed, current or block", s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// a linear layer's three operands under FP8: x (E4M3), w (E4M3) and the output gradient dy (E5M2)
+
+typedef struct { Fp8Meta x, w, dy; } Fp8Linear;
+
+// Fake-quantises operand `in` (rows, cols, ld) into `out`. For block scaling, tile_rows x tile_cols
+// are the tile; per-tensor recipes ignore them. With delayed scaling the very first step has no
+// history yet, so it quantises with the current amax (and records it).
+static inline void fp8_operand(real* out, const real* in, int rows, int cols, int ld, Fp8Meta* m, const Fp8Config* c,
+                               Fp8Format f, int tile_rows, int tile_cols) {
+    if (c->recipe == FP8_BLOCK) {
+        m->amax = std::fmax(m->amax, amax_of(in, rows, cols, ld));
+        m->saturated += fp8_fake_quant_tiles(out, in, rows, cols, ld, tile_rows, tile_cols, f);
+        return;
+    }
+    float amax = amax_of(in, rows, cols, ld);
+    float s = fp8_meta_scale(m, c, f, amax);
+    if (c->recipe == FP8_DELAYED && m->filled == 0) s = fp8_scale_for(amax, f, c->margin);
+    m->saturated += fp8_fake_quant(out, in, rows, cols, ld, s, f);
+}
+
+// An operand stacked by expert: segment e is rows seg[e] .. seg[e+1]-1 (tokens grouped by expert,
+// or expert e's F rows of w1/v1/w2). Block scaling tiles each segment on its own, so that no tile
+// straddles two experts; per-tensor recipes scale the whole stack with one scale.
+static inline void fp8_operand_grouped(real* out, const real* in, const int* seg, int E, int cols, Fp8Meta* m,
+                                       const Fp8Config* c, Fp8Format f, int tile_rows, int tile_cols) {
+    if (c->recipe != FP8_BLOCK) {
+        fp8_operand(out + (size_t)seg[0] * cols, in + (size_t)seg[0] * cols, seg[E] - seg[0], cols, cols, m, c, f,
+                    tile_rows, tile_cols);
+        return;
+    }
+    for (int e = 0; e < E; e++)
+        fp8_operand(out + (size_t)seg[e] * cols, in + (size_t)seg[e] * cols, seg[e + 1] - seg[e], cols, cols, m, c, f,
+                    tile_rows, tile_cols);
+}
+
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T on E4M3 operands: inp in 1x128 tiles and weight in
+// 128x128 blocks along the reduction dimension C. qx (N, C), qw (OC, C) are scratch.
+static inline void fp8_matmul_forward(real* out, const real* inp, const real* weight, int N, int C, int OC,
+                                      Fp8Linear* st, const Fp8Config* cfg, real* qx, real* qw) {
+    fp8_operand(qx, inp, N, C, C, &st->x, cfg, FP8_E4M3, 1, 128);
+    fp8_operand(qw, weight, OC, C, C, &st->w, cfg, FP8_E4M3, 128, 128);
+    matmul_forward(out, qx, qw, N, C, OC);
+}
+
+// dgrad dinp += dy @ weight reduces over OC: dy (E5M2) in 1x128 tiles; wgrad dweight += dy^T @ inp
+// reduces over the N tokens, so block scaling re-tiles dy and inp along N (128x1).
+// qx (N, C), qw (OC, C), qdy, qdy2 (N, OC) are scratch.
+static inline void fp8_matmul_backward(real* dinp, real* dweight, const real* dout, const real* inp, const real* weight,
+                                       int N, int C, int OC, Fp8Linear* st, const Fp8Config* cfg, real* qx, real* qw,
+                                       real* qdy, real* qdy2) {
+    fp8_operand(qdy, dout, N, OC, OC, &st->dy, cfg, FP8_E5M2, 1, 128);
+    fp8_operand(qw, weight, OC, C, C, &st->w, cfg, FP8_E4M3, 128, 128);
+    matmul_backward(dinp, NULL, qdy, NULL, qw, N, C, OC);
+    const real* dy_wgrad = qdy;
+    if (cfg->recipe == FP8_BLOCK) {
+        fp8_operand(qdy2, dout, N, OC, OC, &st->dy, cfg, FP8_E5M2, 128, 1);
+        dy_wgrad = qdy2;
+    }
+    fp8_operand(qx, inp, N, C, C, &st->x, cfg, FP8_E4M3, 128, 1);
+    matmul_backward(NULL, dweight, dy_wgrad, qx, NULL, N, C, OC);
+}
+
+// the FP8 state of one block's five GEMMs (v1 reads the same quantised input as w1: its x is unused)
+typedef struct { Fp8Linear qkv, proj, w1, v1, w2; } Fp8BlockState;
