@@ -60,6 +60,29 @@ static inline float fp8_to_float(uint8_t v, Fp8Format f) {
     return sign * std::ldexp((float)((1 << M) | mant), exp - bias - M);
 }
 
+// The FP8 value nearest to y (round to nearest even, saturating): fp8_to_float(fp8_from_float(y)),
+// computed with float arithmetic for speed — the fake quantisation runs on every GEMM operand.
+//   normal range: round the float's mantissa to M bits in place (a carry moves into the exponent);
+//   subnormal range: adding and subtracting C = 1.5 * 2^(23 + e_ulp) rounds to a multiple of 2^e_ulp.
+static inline float fp8_round(float y, Fp8Format f) {
+    const int M = f == FP8_E4M3 ? 3 : 2, bias = f == FP8_E4M3 ? 7 : 15;
+    const float mx = fp8_max(f), min_normal = std::ldexp(1.0f, 1 - bias);
+    float a = std::fabs(y);
+    if (!(a < mx)) return std::isnan(y) ? y : std::copysign(mx, y);
+    if (a < min_normal) {
+        const float C = std::ldexp(1.5f, 23 + 1 - bias - M);
+        return (y + C) - C;
+    }
+    uint32_t u;
+    memcpy(&u, &y, 4);
+    const int drop = 23 - M;
+    u += ((1u << (drop - 1)) - 1) + ((u >> drop) & 1);
+    u &= ~((1u << drop) - 1);
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
 // the scale that maps `amax` to the format's maximum, backed off by 2^margin; 1 for an all-zero
 // (or non-finite) tensor, so that nothing is divided by zero
 static inline float fp8_scale_for(float amax, Fp8Format f, int margin) {
@@ -77,7 +100,7 @@ static inline long long fp8_fake_quant(real* out, const real* in, int rows, int 
         for (int c = 0; c < cols; c++) {
             float x = (float)in[(size_t)r * ld + c] * scale;
             saturated += std::fabs(x) > mx;
-            out[(size_t)r * ld + c] = (real)(fp8_to_float(fp8_from_float(x, f), f) * inv);
+            out[(size_t)r * ld + c] = (real)(fp8_round(x, f) * inv);
         }
     return saturated;
 }

@@ -41,6 +41,21 @@ TEST_CASE("float -> FP8 matches cuda_fp8.h for every BF16 input") {
     }
 }
 
+TEST_CASE("the fast rounding (fake quantisation) equals decode(encode(x))") {
+    Rng rng = {9};
+    for (Fp8Format f : {FP8_E4M3, FP8_E5M2}) {
+        for (uint32_t b = 0; b < 65536; b++) {
+            float x = bf16_bits_to_float((uint16_t)b);
+            if (std::isnan(x)) { CHECK(std::isnan(fp8_round(x, f))); continue; }
+            REQUIRE(fp8_round(x, f) == fp8_to_float(fp8_from_float(x, f), f));
+        }
+        for (int i = 0; i < 1000000; i++) {   // full float32 mantissas, every magnitude from 2^-30 to 2^20
+            float x = (float)(std::ldexp(rng_uniform(&rng) * 2 - 1, (int)(rng_u64(&rng) % 50) - 30));
+            REQUIRE(fp8_round(x, f) == fp8_to_float(fp8_from_float(x, f), f));
+        }
+    }
+}
+
 TEST_CASE("FP8 -> float matches cuda_fp8.h for all 256 codes") {
     for (Fp8Format f : {FP8_E4M3, FP8_E5M2}) {
         __nv_fp8_interpretation_t cf = f == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2;
