@@ -78,10 +78,11 @@ test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-deps
 test/test_data: test/test_data.cpp $(HEADERS) | check-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/test_data.cpp
 # libFuzzer target of the shard, state and --data parsers (clang, Debian package clang)
-test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h
+test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h dev/data/tokenizer.h dev/data/unicode_classes.h
+	@command -v clang++ >/dev/null || { echo "error: clang++ not found: apt-get install clang libclang-rt-14-dev"; exit 1; }
 	clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -o $@ test/fuzz_data.cpp
 
-test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data dev/data/tokenize
+test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data test/fuzz_data dev/data/tokenize
 
 test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) bash test/run_all.sh

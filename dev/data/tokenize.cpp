@@ -270,6 +270,7 @@ typedef struct {
     std::string raw;       // the file or line as read
     std::vector<uint32_t> tokens;
     std::string error;
+    int64_t text_bytes;    // of the document's text
 } Doc;
 
 static std::string read_file(const std::string& path) {
@@ -321,14 +322,16 @@ int main(int argc, char** argv) {
     Split splits[2];   // train, val
     const char* split_names[2] = {"train", "val"};
     for (int k = 0; k < 2; k++) { splits[k].prefix = a.out_dir + "/" + a.name + "_" + split_names[k] + "_"; splits[k].shards = 0; splits[k].tokens = 0; }
-    int64_t docs_seen = 0, docs_split[2] = {0, 0}, bytes_done = 0;
+    int64_t docs_seen = 0, docs_split[2] = {0, 0}, bytes_done = 0, text_bytes = 0;
     bool tty = !a.quiet && isatty(2);
     double t0 = now_seconds(), last_print = 0;
     const size_t BATCH_BYTES = 8 << 20;
     std::vector<Doc> batch;
     size_t batch_bytes = 0;
 
+    double t_encode = 0;   // wall time of the parallel sections (JSON parsing + tokenizing)
     auto run_batch = [&]() {
+        double t_batch = now_seconds();
 #pragma omp parallel for schedule(dynamic, 1)
         for (size_t d = 0; d < batch.size(); d++) {
             Doc& doc = batch[d];
@@ -341,11 +344,13 @@ int main(int argc, char** argv) {
                 src = &text;
             }
             const uint8_t* s = (const uint8_t*)src->data();
+            doc.text_bytes = (int64_t)src->size();
             doc.tokens.reserve(cl100k ? src->size() / 3 + 16 : src->size() + 1);
             doc.tokens.push_back(eot);
             if (cl100k) cl100k_encode(&ranks, s, src->size(), a.allow_special, &doc.tokens);
             else for (size_t i = 0; i < src->size(); i++) doc.tokens.push_back(s[i]);
         }
+        t_encode += now_seconds() - t_batch;
         for (Doc& doc : batch) {
             if (!doc.error.empty()) {
                 if (doc.line) bad_input("%s:%lld: %s", a.files[doc.file].c_str(), (long long)doc.line, doc.error.c_str());
@@ -356,6 +361,7 @@ int main(int argc, char** argv) {
             docs_split[k]++;
             splits[k].buf.insert(splits[k].buf.end(), doc.tokens.begin(), doc.tokens.end());
             splits[k].tokens += (int64_t)doc.tokens.size();
+            text_bytes += doc.text_bytes;
             split_flush(&splits[k], a.shard_tokens, version, false);
         }
         batch.clear();
@@ -371,7 +377,7 @@ int main(int argc, char** argv) {
     };
     auto add_doc = [&](int file, int64_t line, std::string&& raw) {
         batch_bytes += raw.size();
-        batch.push_back({file, line, std::move(raw), {}, ""});
+        batch.push_back({file, line, std::move(raw), {}, "", 0});
         if (batch_bytes >= BATCH_BYTES || batch.size() >= 65536) run_batch();
     };
 
@@ -412,8 +418,13 @@ int main(int argc, char** argv) {
         if (docs_split[k] || k == 0)
             printf("%s: %lld documents, %lld tokens -> %s*.bin (%d shard%s)\n", split_names[k], (long long)docs_split[k],
                    (long long)splits[k].tokens, splits[k].prefix.c_str(), splits[k].shards, splits[k].shards == 1 ? "" : "s");
-    printf("tokenized %.2f MB in %.2f s: %.2f MB/s, %.3g tokens/s, %d thread%s (%s)\n", total_bytes / 1e6, dt,
-           total_bytes / 1e6 / (dt > 0 ? dt : 1e-9), (splits[0].tokens + splits[1].tokens) / (dt > 0 ? dt : 1e-9), threads,
-           threads == 1 ? "" : "s", a.tokenizer.c_str());
+    // throughput in MB of the documents' text (UTF-8): of the whole run (start-up, reading, writing
+    // and fsyncing the shards included), and of the encoding alone (parallel sections, wall time)
+    int64_t tokens = splits[0].tokens + splits[1].tokens;
+    double te = t_encode > 0 ? t_encode : 1e-9;
+    printf("tokenized %.2f MB of text (%.2f MB of input), %lld tokens in %.2f s: %.2f MB/s overall, encoding %.2f MB/s "
+           "(%.3g tokens/s), %d thread%s (%s)\n", text_bytes / 1e6, total_bytes / 1e6, (long long)tokens, dt,
+           text_bytes / 1e6 / (dt > 0 ? dt : 1e-9), text_bytes / 1e6 / te, tokens / te, threads, threads == 1 ? "" : "s",
+           a.tokenizer.c_str());
     return 0;
 }
