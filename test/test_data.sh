@@ -183,7 +183,8 @@ open(f"{d}/state", "wb").write(b'\1{"version": 1, "seed": 7, "position": 5, "bat
 open(f"{d}/spec", "wb").write(b"\2web=/d/a_*.bin:0.7,code=/d/b:c*.bin:0.3\n100:web=1,code=0;200:code=1,web=1")
 open(f"{d}/text", "wb").write("\3Hello it's 12345 \u4e2d\u6587 \U0001F600\u200d  \n\n x\r\n 'RE \u00a0\ufeff".encode() + b"\xff\xc3")
 PY
-    out=$(./test/fuzz_data -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$tmp/fuzz" 2>&1); rc=$?
+    mkdir -p test/fuzz_artifacts   # a finding is kept there (git-ignored): ./test/fuzz_data FILE replays it
+    out=$(./test/fuzz_data -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 -artifact_prefix=test/fuzz_artifacts/ "$tmp/fuzz" 2>&1); rc=$?
     runs=$(grep -oE "stat::number_of_executed_units: *[0-9]+" <<<"$out" | grep -oE "[0-9]+$")
     [ "$rc" = 0 ] && [ -n "$runs" ] && pass "libFuzzer ${FUZZ_SECONDS}s: $runs inputs, no finding" \
         || fail "libFuzzer finding (exit $rc): $(grep -E "ERROR|invariant|SUMMARY" <<<"$out" | head -5)"

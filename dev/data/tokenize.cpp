@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 2; k++) { splits[k].prefix = a.out_dir + "/" + a.name + "_" + split_names[k] + "_"; splits[k].shards = 0; splits[k].tokens = 0; }
     int64_t docs_seen = 0, docs_split[2] = {0, 0}, bytes_done = 0, text_bytes = 0;
     bool tty = !a.quiet && isatty(2);
-    double t0 = now_seconds(), last_print = 0;
+    double t0 = now_seconds(), last_print = -1;
     const size_t BATCH_BYTES = 8 << 20;
     std::vector<Doc> batch;
     size_t batch_bytes = 0;
