@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_all.sh — the whole test suite (make test): unit tests, the finite-difference gradient check,
-# PyTorch parity, the command line and bad input, the data loader and tools, end-to-end training, and the builds (the CUDA
-# build with nvcc for sm_90a when nvcc is present). Ends with one line "N passed, M failed".
+# PyTorch parity, the command line and bad input, the data loader and tools, end-to-end training,
+# and the builds (the CUDA build with nvcc for sm_90a when nvcc is present). Ends with one line
+# "N passed, M failed".
 cd "$(dirname "$0")/.." || exit 1
 export RESULTS; RESULTS=$(mktemp)
 source test/lib.sh
