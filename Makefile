@@ -60,6 +60,14 @@ train: train_dbrx
 	bash dev/mpirun.sh -np $(NP) ./train_dbrx --model dbrx-tiny --log train_log.jsonl
 
 # ---------------------------------------------------------------------------------------------
+# data tools: the tokenizer (dev/data/tokenize) and the loader benchmark
+
+dev/data/tokenize: dev/data/tokenize.cpp dev/data/tokenizer.h dev/data/unicode_classes.h data/shard.h model/common.h
+	$(CXX) -std=c++17 -O3 -march=native -fopenmp -Wall -Wextra -Werror -o $@ dev/data/tokenize.cpp
+dev/data/bench_loader: dev/data/bench_loader.cpp data/dataloader.h data/shard.h model/common.h
+	$(CXX) -std=c++17 -O3 -march=native -Wall -Wextra -Werror -o $@ dev/data/bench_loader.cpp
+
+# ---------------------------------------------------------------------------------------------
 # tests (doctest); built with g++ whatever builds the binary, for speed
 
 TEST_FLAGS := -std=c++17 -O2 -march=native -fopenmp -Wall -Wextra -Werror -I/usr/include/doctest
@@ -75,11 +83,19 @@ test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-test-deps
 CUDA_INC := $(firstword $(wildcard /usr/local/cuda/include/cuda_fp8.h))
 test/test_fp8: test/test_fp8.cpp $(HEADERS) | check-test-deps
 	$(CXX) $(TEST_FLAGS) -isystem $(dir $(CUDA_INC)) -o $@ test/test_fp8.cpp -lopenblas -lm
+test/test_data: test/test_data.cpp $(HEADERS) | check-deps
+	$(CXX) $(TEST_FLAGS) -o $@ test/test_data.cpp
+# libFuzzer target of the shard, state and --data parsers (clang, Debian package clang)
+test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h dev/data/tokenizer.h dev/data/unicode_classes.h
+	@command -v clang++ >/dev/null || { echo "error: clang++ not found: apt-get install clang libclang-rt-14-dev"; exit 1; }
+	clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -o $@ test/fuzz_data.cpp
 
-test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference $(if $(CUDA_INC),test/test_fp8)
+test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data test/fuzz_data dev/data/tokenize \
+            $(if $(CUDA_INC),test/test_fp8)
 
 test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_fp8
+	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
+	      dev/data/tokenize dev/data/bench_loader test/test_fp8

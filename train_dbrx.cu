@@ -32,8 +32,8 @@ typedef struct {
     int steps = 200, batch = 8, seq = 0, grad_accum = 1, warmup = 10, val_every = 50, val_steps = 8;
     float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
     float grad_clip = 1.0f, peak_tflops = 0.0f;
-    int seed = 1337;
-    std::string data = "data/sotu/sotu_train_*.bin", val_data = "data/sotu/sotu_val_*.bin";
+    int seed = 1337, data_seed = -1;
+    std::string data = "data/sotu/sotu_train_*.bin", val_data = "data/sotu/sotu_val_*.bin", data_schedule = "";
     std::string log = "", device = "auto", fp8 = "off";
     int fp8_history = 16, fp8_margin = 0, fp8_log_every = 0;
     bool dry_run = false, help = false;
@@ -73,7 +73,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--adam-eps", "", F_FLOAT, &a->adam_eps, "AdamW epsilon"},
         {"--grad-clip", "", F_FLOAT, &a->grad_clip, "global gradient-norm clip (<= 0: off)"},
         {"--seed", "", F_INT, &a->seed, "seed of the initialisation"},
-        {"--data", "-i", F_STR, &a->data, "glob of training shards"},
+        {"--data", "-i", F_STR, &a->data, "training shards: a glob, or a mixture NAME=GLOB:WEIGHT,... (data/README.md)"},
+        {"--data-schedule", "", F_STR, &a->data_schedule, "mixture weights from a step on: STEP:NAME=W,...[;STEP:...]"},
+        {"--data-seed", "", F_INT, &a->data_seed, "seed of the data order (default: --seed)"},
         {"--val-data", "-j", F_STR, &a->val_data, "glob of validation shards ('' to skip validation)"},
         {"--val-every", "-v", F_INT, &a->val_every, "validate every N steps (0: never)"},
         {"--val-steps", "-m", F_INT, &a->val_steps, "validation batches"},
@@ -288,9 +290,12 @@ int main(int argc, char** argv) {
     Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
     dbrx_enable_fp8(&model, &fp8);
     DataLoader train, val;
-    dataloader_init(&train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size);
+    DataLoaderOptions data_opt = {(uint64_t)(args.data_seed >= 0 ? args.data_seed : args.seed), 1, args.grad_accum,
+                                  args.data_schedule.c_str()};
+    dataloader_init(&train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, &data_opt);
     bool do_val = !args.val_data.empty() && args.val_every > 0;
-    if (do_val) dataloader_init(&val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size);
+    if (do_val) dataloader_init(&val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
+    if (comm.rank == 0) printf("%s%s", dataloader_describe(&train, "--data").c_str(), do_val ? dataloader_describe(&val, "--val-data").c_str() : "");
 
     std::string peak_how = "--peak-tflops";
     double peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * cpu_peak_flops(threads, &peak_how);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_all.sh — the whole test suite (make test): unit tests, the finite-difference gradient check,
-# PyTorch parity, the command line and bad input, end-to-end training, and the builds (the CUDA
-# build with nvcc for sm_90a when nvcc is present). Ends with one line "N passed, M failed".
+# PyTorch parity, the command line and bad input, the data loader and tools, end-to-end training,
+# and the builds (the CUDA build with nvcc for sm_90a when nvcc is present). Ends with one line
+# "N passed, M failed".
 cd "$(dirname "$0")/.." || exit 1
 export RESULTS; RESULTS=$(mktemp)
 source test/lib.sh
@@ -37,6 +38,8 @@ rm -f /tmp/dbrx_parity_dump.$$.bin
 echo "== command line and bad input"; bash test/test_cli.sh
 echo "== dataset"
 [ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
+echo "== data loader: order, ranks, resume, mixtures (doctest)"; doctest_run ./test/test_data
+echo "== data tools: tokenizer parity with js-tiktoken, mixtures in training, bad input, fuzzing"; bash test/test_data.sh
 echo "== training"; bash test/test_train.sh
 
 echo "== builds"

