@@ -18,6 +18,8 @@ doctest_run() {
     for _ in $(seq 1 "${f:-0}"); do echo fail >> "$RESULTS"; done
     [ "$rc" = 0 ] && [ -n "$p" ] || { [ "${f:-0}" != 0 ] || fail "$1 exited $rc"; }
 }
+echo "== dataset (the default one: several tests train on it)"
+[ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
 echo "== unit tests (CPU reference ops)"; doctest_run ./test/test_ops
 echo "== finite-difference gradient check (double precision)"; doctest_run ./test/test_gradcheck
 
@@ -36,8 +38,6 @@ for _ in $(seq 1 "${f:-0}"); do echo fail >> "$RESULTS"; done
 rm -f /tmp/dbrx_parity_dump.$$.bin
 
 echo "== command line and bad input"; bash test/test_cli.sh
-echo "== dataset"
-[ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
 echo "== data loader: order, ranks, resume, mixtures (doctest)"; doctest_run ./test/test_data
 echo "== data tools: tokenizer parity with js-tiktoken, mixtures in training, bad input, fuzzing"; bash test/test_data.sh
 echo "== training"; bash test/test_train.sh
