@@ -22,7 +22,7 @@ NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
 HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h checkpoint/*.h)
 
-.PHONY: all deps check-deps data train test test-build clean
+.PHONY: all deps check-deps data train test test-build emu-build clean
 all: train_dbrx
 
 # A missing dependency stops the build with one line naming the Debian package.
@@ -67,10 +67,24 @@ test/test_gradcheck: test/test_gradcheck.cpp $(HEADERS) | check-deps
 test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/dump_reference.cpp -lopenblas -lm
 
-test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference
+# ---------------------------------------------------------------------------------------------
+# CUDA backend (see model/CUDA.md). The emulated builds compile the very same kernel source with
+# g++ -DSIMT_EMULATION against test/simt/simt.h and run it on the CPU; they need only the CUDA
+# headers (cuda_bf16.h, ...), not a GPU, and link no CUDA library.
+CUDA_HOME ?= /usr/local/cuda
+HAVE_CUDA_HEADERS := $(wildcard $(CUDA_HOME)/include/cuda_bf16.h)
+SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -Wextra -Werror -DSIMT_EMULATION \
+              -isystem $(CUDA_HOME)/include -I/usr/include/doctest
+SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
+EMU_TESTS := test/test_simt
+test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp
+emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS))
+
+test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference emu-build
 
 test: test-build
-	@PYTHON=$(PYTHON) NVCC=$(NVCC) bash test/run_all.sh
+	@PYTHON=$(PYTHON) NVCC=$(NVCC) HAVE_CUDA_HEADERS=$(HAVE_CUDA_HEADERS) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference
+	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference $(EMU_TESTS)

@@ -20,6 +20,13 @@ doctest_run() {
 echo "== unit tests (CPU reference ops)"; doctest_run ./test/test_ops
 echo "== finite-difference gradient check (double precision)"; doctest_run ./test/test_gradcheck
 
+# CUDA backend under the SIMT emulator (g++ -DSIMT_EMULATION): the kernels run on the CPU
+if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
+    echo "== SIMT emulator"; SIMT_THREADS=2 doctest_run ./test/test_simt
+else
+    echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"
+fi
+
 echo "== PyTorch parity (float64 autograd reference)"
 ./test/dump_reference /tmp/dbrx_parity_dump.$$.bin || fail "dump_reference"
 out=$($PY test/test_pytorch_parity.py /tmp/dbrx_parity_dump.$$.bin 2>&1); rc=$?
