@@ -76,9 +76,13 @@ HAVE_CUDA_HEADERS := $(wildcard $(CUDA_HOME)/include/cuda_bf16.h)
 SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -Wextra -Werror -DSIMT_EMULATION \
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
-EMU_TESTS := test/test_simt
+EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda
 test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp
+test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_kernels.cpp -lopenblas -lm
+test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_step_cuda.cpp -lopenblas -lm
 emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS))
 
 test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference emu-build

@@ -22,7 +22,12 @@ echo "== finite-difference gradient check (double precision)"; doctest_run ./tes
 
 # CUDA backend under the SIMT emulator (g++ -DSIMT_EMULATION): the kernels run on the CPU
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
+    # passive OpenMP waits: spinning idle OpenMP threads would compete with the emulator's thread
+    export OMP_WAIT_POLICY=passive
     echo "== SIMT emulator"; SIMT_THREADS=2 doctest_run ./test/test_simt
+    echo "== CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)"; doctest_run ./test/test_kernels
+    echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
+    unset OMP_WAIT_POLICY
 else
     echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"
 fi

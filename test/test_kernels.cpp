@@ -336,9 +336,10 @@ TEST_CASE("causal GQA attention forward (output, logsumexp) and backward") {
 }
 
 TEST_CASE("router: softmax, top-k, renormalisation, histogram, LBL and z-loss, backward") {
-    for (auto s : {std::vector<int>{1, 4, 1}, {37, 16, 4}, {130, 8, 2}, {300, 16, 4}}) {
-        int N = s[0], E = s[1], k = s[2], L = 3;
+    for (auto s : {std::vector<int>{1, 4, 1, 0}, {37, 16, 4, 0}, {130, 8, 2, 0}, {300, 16, 4, 0}, {65, 16, 4, 1}}) {
+        int N = s[0], E = s[1], k = s[2], L = 3, ties = s[3];
         std::vector<float> logits = randn((size_t)N * E, N * E, 1.5);
+        if (ties) for (float& z : logits) z = std::floor(z);   // many equal probabilities: ties to the lower index
         std::vector<float> probs((size_t)N * E), lse(N), w((size_t)N * k);
         std::vector<int> idx((size_t)N * k), counts(E);
         router_forward(probs.data(), lse.data(), idx.data(), w.data(), counts.data(), logits.data(), N, E, k);

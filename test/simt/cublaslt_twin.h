@@ -41,7 +41,7 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
         for (int j = 0; j < n; j++)
             for (int p = 0; p < k; p++)
                 b_cols[(size_t)j * k + p] = twin_load(B, b_type, ob + (trans_b ? (size_t)p * ldb + j : (size_t)j * ldb + p));
-        #pragma omp parallel for reduction(max : amax)
+        #pragma omp parallel for reduction(max : amax) if ((double)m * n * k > 1e7)
         for (int j = 0; j < n; j++)
             for (int i = 0; i < m; i++) {
                 const float* x = &a_rows[(size_t)i * k];

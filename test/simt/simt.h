@@ -158,9 +158,10 @@ inline unsigned atomicXor(unsigned* p, unsigned v) { return __atomic_fetch_xor(p
 // fibers: the context switch
 
 #if defined(__x86_64__)
-// simt_switch(save, load): saves the callee-saved registers, MXCSR and the x87 control word on the
-// current stack, stores the stack pointer in *save, and resumes the context whose stack pointer is
-// `load`. Weak, so that every translation unit may carry it.
+// simt_switch(save, load): saves the callee-saved registers on the current stack, stores the stack
+// pointer in *save, and resumes the context whose stack pointer is `load`. (MXCSR and the x87
+// control word are not switched: kernels do not change them.) Weak, so that every translation
+// unit may carry it.
 extern "C" void simt_switch(void** save, void* load);
 __asm__(
     ".text\n"
@@ -169,10 +170,8 @@ __asm__(
     "simt_switch:\n"
     "  endbr64\n"
     "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
     "  movq %rsp, (%rdi)\n"
     "  movq %rsi, %rsp\n"
-    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
     "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
     "  ret\n"
     ".size simt_switch,.-simt_switch\n");
@@ -258,6 +257,7 @@ struct Sched {
     std::vector<int> ready;
     size_t ready_head = 0;
     int nthreads = 0, nexited = 0, nbarrier = 0;
+    dim3 shape = dim3(0, 0, 0);   // the block shape the fibers' thread indices were computed for
     const char* barrier_file = nullptr;
     int barrier_line = 0;
     unsigned warp_arrived[32];
@@ -325,7 +325,7 @@ inline void make_ready(Sched* s, int i) {
                        std::to_string(s->nbarrier) + " thread(s) wait at __syncthreads() at " + s->barrier_file + ":" +
                        std::to_string(s->barrier_line));
     // a lane that leaves while others of its warp wait for it in a warp operation
-    for (int l = 0; l < 32; l++) {
+    for (int l = 0; s->warp_arrived[lin / 32] && l < 32; l++) {
         int j = (lin / 32) * 32 + l;
         if (j >= s->nthreads || s->fibers[j].state != AT_WARP) continue;
         if (s->fibers[j].mask & (1u << (lin % 32)))
@@ -351,6 +351,7 @@ inline void fiber_entry_uc() { fiber_entry(); }
 inline void ensure_capacity(Sched* s, int n) {
     size_t want_stack = options().stack_bytes;
     if (n <= s->capacity && want_stack == s->stack_bytes) return;
+    s->shape = dim3(0, 0, 0);
     if (s->stacks) munmap(s->stacks, (size_t)s->capacity * s->stack_stride);
     long page = sysconf(_SC_PAGESIZE);
     s->stack_bytes = want_stack;
@@ -377,18 +378,24 @@ inline bool run_block(Sched* s, int nthreads) {
     s->ready_head = 0;
     memset(s->warp_arrived, 0, sizeof s->warp_arrived);
     memset(s->warp_exited, 0, sizeof s->warp_exited);
+    bool same_shape = s->shape.x == blockDim.x && s->shape.y == blockDim.y && s->shape.z == blockDim.z;
+    s->shape = blockDim;
+    s->ready.resize(nthreads);
     for (int i = 0; i < nthreads; i++) {
         Fiber& f = s->fibers[i];
-        f.tid.x = i % blockDim.x;
-        f.tid.y = (i / blockDim.x) % blockDim.y;
-        f.tid.z = i / (blockDim.x * blockDim.y);
+        if (!same_shape) {
+            f.tid.x = i % blockDim.x;
+            f.tid.y = (i / blockDim.x) % blockDim.y;
+            f.tid.z = i / (blockDim.x * blockDim.y);
+        }
         f.state = READY;
 #if defined(__x86_64__)
-        uint64_t* sp = (uint64_t*)(((uintptr_t)(f.stack + s->stack_bytes)) & ~(uintptr_t)15);
+        // the stack tops are staggered by 64 bytes per fiber (mod 4 KiB): with equal page offsets
+        // every fiber's top frame would fall into the same L1 cache set
+        uint64_t* sp = (uint64_t*)(((uintptr_t)(f.stack + s->stack_bytes - (i % 64) * 64)) & ~(uintptr_t)15);
         *--sp = 0;                                   // fiber_entry's (never used) return address
         *--sp = (uint64_t)(uintptr_t)&fiber_entry;   // where simt_switch's `ret` goes
         for (int r = 0; r < 6; r++) *--sp = 0;       // rbp rbx r12 r13 r14 r15
-        *--sp = 0x1F80ull | (0x037Full << 32);       // MXCSR default, x87 control word default
         f.sp = sp;
 #else
         getcontext(&f.ctx);
@@ -397,7 +404,7 @@ inline bool run_block(Sched* s, int nthreads) {
         f.ctx.uc_link = NULL;
         makecontext(&f.ctx, fiber_entry_uc, 0);
 #endif
-        s->ready.push_back(i);
+        s->ready[i] = i;
     }
     while (s->ready_head < s->ready.size()) {
         int i;
@@ -512,10 +519,10 @@ inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int widt
         snprintf(b, sizeof b, "mask 0x%08x names lanes that have exited (0x%08x): warp divergence", mask, mask & s->warp_exited[w]);
         err(b);
     }
-    for (int j = 0; j < 32; j++) {   // lanes already waiting in this mask must be in the same operation
-        if (!(s->warp_arrived[w] >> j & 1)) continue;
+    if (unsigned waiting = s->warp_arrived[w] & mask) {   // lanes already waiting in this mask: the same operation
+        int j = __builtin_ctz(waiting);
         const Fiber& o = s->fibers[w * 32 + j];
-        if ((o.mask & mask) && (o.mask != mask || o.op != op)) {
+        if (o.mask != mask || o.op != op) {
             char b[256];
             snprintf(b, sizeof b, "lane %d waits in %s (mask 0x%08x) at %s:%d with mask 0x%08x: divergent warp operations",
                      j, warp_op_names[o.op], o.mask, o.file, o.line, mask);
@@ -578,6 +585,12 @@ inline unsigned activemask() {
 // ---------------------------------------------------------------------------------------------
 // the launch
 
+inline double now() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 struct Runtime {
     std::mutex mu;
     cudaError_t last_error = cudaSuccess;
@@ -585,6 +598,15 @@ struct Runtime {
     std::map<const void*, int> max_dynamic_smem;   // cudaFuncAttributeMaxDynamicSharedMemorySize
     std::map<void*, size_t> allocations;
     size_t allocated = 0;
+    std::map<std::string, std::pair<long long, double>> profile;   // kernel -> launches, seconds (SIMT_PROFILE=1)
+    ~Runtime() {
+        if (profile.empty()) return;
+        std::vector<std::pair<double, std::string>> rows;
+        for (auto& p : profile) rows.push_back({p.second.second, p.first});
+        std::sort(rows.rbegin(), rows.rend());
+        fprintf(stderr, "simt profile (emulated seconds per kernel):\n");
+        for (auto& r : rows) fprintf(stderr, "  %9.3f s %8lld launches  %s\n", r.first, profile[r.second].first, r.second.c_str());
+    }
 };
 inline Runtime& runtime() { static Runtime r; return r; }
 
@@ -628,6 +650,7 @@ inline void run_grid(const char* kernel, const void* fn, const char* file, int l
         std::lock_guard<std::mutex> g(rt.mu);
         launch_id = rt.launches++;
     }
+    double t_start = now();
     long long nblocks = (long long)grid.x * grid.y * grid.z;
     int nt = (int)std::min<long long>(o.os_threads, nblocks);
     std::string first_error;
@@ -655,6 +678,13 @@ inline void run_grid(const char* kernel, const void* fn, const char* file, int l
         }
     }
     if (!first_error.empty()) raise(first_error);
+    static const bool prof = getenv("SIMT_PROFILE") && atoi(getenv("SIMT_PROFILE")) > 0;
+    if (prof) {
+        std::lock_guard<std::mutex> g(rt.mu);
+        auto& p = rt.profile[kernel];
+        p.first++;
+        p.second += now() - t_start;
+    }
 }
 
 // LAUNCH's emulated half: the arguments are converted to the kernel's parameter types once, as a
@@ -670,11 +700,6 @@ inline void launch(const char* name, const char* file, int line, void (*kernel)(
              [](void* p) { (*(decltype(call)*)p)(); }, &call);
 }
 
-inline double now() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 }  // namespace simt
 
