@@ -4,7 +4,8 @@
 #   make          build ./train_dbrx
 #   make data     prepare the default dataset (State of the Union addresses, byte-level tokens)
 #   make train    train the default model (dbrx-tiny) with mpirun
-#   make test     build and run the whole test suite
+#   make test     build and run the whole test suite (the CUDA kernels under the SIMT emulator)
+#   make test-gpu run the CUDA kernel and training-step tests on a real GPU (SANITIZER=1: memcheck)
 
 CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
@@ -20,9 +21,10 @@ CXXFLAGS := -std=c++17 -O3 -march=native -fopenmp -Wall -Wextra -Werror $(MPI_CF
 LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
-HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h checkpoint/*.h)
+HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h checkpoint/*.h) train_cuda.cuh
+CUDA_LIBS := -lcublasLt -lgomp
 
-.PHONY: all deps check-deps data train test test-build emu-build clean
+.PHONY: all deps check-deps data train test test-build emu-build gpu-build test-gpu clean
 all: train_dbrx
 
 # A missing dependency stops the build with one line naming the Debian package.
@@ -34,7 +36,7 @@ check-deps:
 
 ifneq ($(NVCC),)
 train_dbrx: train_dbrx.cu $(HEADERS) | check-deps
-	$(NVCC) $(NVCCFLAGS) -o $@ train_dbrx.cu $(LDLIBS) -lgomp
+	$(NVCC) $(NVCCFLAGS) -o $@ train_dbrx.cu $(LDLIBS) $(CUDA_LIBS)
 else
 train_dbrx: train_dbrx.cu $(HEADERS) | check-deps
 	@echo "nvcc not found: building the CPU-only binary with $(CXX)"
@@ -83,12 +85,31 @@ test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_kernels.cpp -lopenblas -lm
 test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_step_cuda.cpp -lopenblas -lm
-emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS))
+# the training binary on the emulated CUDA backend (--device cuda runs the CUDA path on the CPU)
+train_dbrx_emu: train_dbrx.cu $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -x c++ -o $@ train_dbrx.cu $(LDLIBS)
+emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu)
 
-test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference emu-build
+# the real CUDA builds of the tests (make test compiles them; make test-gpu runs them on a device,
+# under compute-sanitizer with SANITIZER=1)
+NVCC_TEST_FLAGS := -std=c++17 -O2 -arch=$(GPU_ARCH) -Werror all-warnings -Xcompiler -fopenmp,-Wall,-Wextra,-Werror \
+                   -isystem /usr/include/doctest
+GPU_TESTS := test/test_kernels_gpu test/test_step_cuda_gpu
+test/test_kernels_gpu: test/test_kernels.cpp $(HEADERS)
+	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_kernels.cpp -lopenblas $(CUDA_LIBS)
+test/test_step_cuda_gpu: test/test_step_cuda.cpp $(HEADERS)
+	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_step_cuda.cpp -lopenblas $(CUDA_LIBS)
+gpu-build: $(if $(NVCC),$(GPU_TESTS))
+
+test-gpu: train_dbrx $(GPU_TESTS)
+	@test -n "$(NVCC)" || { echo "error: make test-gpu needs nvcc"; exit 1; }
+	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_kernels_gpu
+	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_step_cuda_gpu
+
+test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference emu-build gpu-build
 
 test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) HAVE_CUDA_HEADERS=$(HAVE_CUDA_HEADERS) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference $(EMU_TESTS)
+	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu test/test_ops test/test_gradcheck test/dump_reference $(EMU_TESTS) $(GPU_TESTS)

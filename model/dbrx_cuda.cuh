@@ -163,10 +163,11 @@ static inline std::string gib(double bytes) {
 [[noreturn]] static inline void dbrx_gpu_out_of_memory(const DbrxConfig* c, int B, int T, size_t need, size_t param_bytes) {
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
-    fail(EXIT_RUNTIME, "out of GPU memory: the model needs %s per GPU (%.3gB parameters x 18 B (fp32 master, grads, AdamW "
+    double np = (double)params_total(c);
+    fail(EXIT_RUNTIME, "out of GPU memory: the model needs %s per GPU (%.2f%s parameters x 18 B (fp32 master, grads, AdamW "
          "moments, bf16 copy) = %s, activations and scratch %s for micro-batch %d x %d); the GPU has %s free of %s. Lower "
          "--batch or --seq, or use a smaller --model (sharding over GPUs comes with ZeRO-3)", gib((double)need).c_str(),
-         (double)params_total(c), gib((double)param_bytes).c_str(), gib((double)(need - param_bytes)).c_str(), B, T,
+         np >= 1e9 ? np / 1e9 : np / 1e6, np >= 1e9 ? "B" : "M", gib((double)param_bytes).c_str(), gib((double)(need - param_bytes)).c_str(), B, T,
          gib((double)free_b).c_str(), gib((double)total).c_str());
 }
 

@@ -46,12 +46,21 @@ echo "== command line and bad input"; bash test/test_cli.sh
 echo "== dataset"
 [ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
 echo "== training"; bash test/test_train.sh
+if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
+    echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
+else
+    echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
+fi
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
-    pass "CUDA build: train_dbrx compiled by $NVCC for sm_90a with warnings as errors"
+    # make test-build compiled these with nvcc for sm_90a, warnings as errors, linked against cuBLASLt
+    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
+        if [ -x "$b" ]; then pass "CUDA build: $b compiled by nvcc for sm_90a, warnings as errors"
+        else fail "CUDA build: $b missing or stale"; fi
+    done
 else
-    echo "skipped: CUDA build (nvcc not found); train_dbrx was built by g++ (CPU only)"
+    echo "skipped: CUDA build with nvcc (nvcc not found): train_dbrx was built by g++ (CPU only), the GPU tests and dev/cuda programs were not compiled"
 fi
 [ -x ./train_dbrx_cpu ] && ./train_dbrx_cpu --dry-run >/dev/null && pass "CPU-only g++ build" || fail "CPU-only g++ build"
 
