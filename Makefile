@@ -22,7 +22,7 @@ LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
 HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h checkpoint/*.h) train_cuda.cuh
-CUDA_LIBS := -lcublasLt -lgomp
+CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
 .PHONY: all deps check-deps data train test test-build emu-build gpu-build test-gpu clean
 all: train_dbrx
@@ -88,7 +88,7 @@ test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) | check-deps
 # the training binary on the emulated CUDA backend (--device cuda runs the CUDA path on the CPU)
 train_dbrx_emu: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -x c++ -o $@ train_dbrx.cu $(LDLIBS)
-emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu)
+emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu $(DEV_CUDA_EMU))
 
 # the real CUDA builds of the tests (make test compiles them; make test-gpu runs them on a device,
 # under compute-sanitizer with SANITIZER=1)
@@ -99,7 +99,17 @@ test/test_kernels_gpu: test/test_kernels.cpp $(HEADERS)
 	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_kernels.cpp -lopenblas $(CUDA_LIBS)
 test/test_step_cuda_gpu: test/test_step_cuda.cpp $(HEADERS)
 	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_step_cuda.cpp -lopenblas $(CUDA_LIBS)
-gpu-build: $(if $(NVCC),$(GPU_TESTS))
+
+# dev/cuda microbenchmarks: nvcc builds time them on a GPU; the _emu builds validate them under the
+# emulator at a small size (make test runs those)
+DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
+DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
+DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
+$(DEV_CUDA): dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS)
+	$(NVCC) $(NVCC_TEST_FLAGS) -O3 -o $@ $< -lopenblas $(CUDA_LIBS)
+$(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ $< -lopenblas -lm
+gpu-build: $(if $(NVCC),$(GPU_TESTS) $(DEV_CUDA))
 
 test-gpu: train_dbrx $(GPU_TESTS)
 	@test -n "$(NVCC)" || { echo "error: make test-gpu needs nvcc"; exit 1; }
@@ -112,4 +122,4 @@ test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) HAVE_CUDA_HEADERS=$(HAVE_CUDA_HEADERS) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu test/test_ops test/test_gradcheck test/dump_reference $(EMU_TESTS) $(GPU_TESTS)
+	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu test/test_ops test/test_gradcheck test/dump_reference $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU)

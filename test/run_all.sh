@@ -27,6 +27,11 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== SIMT emulator"; SIMT_THREADS=2 doctest_run ./test/test_simt
     echo "== CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)"; doctest_run ./test/test_kernels
     echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
+    echo "== dev/cuda microbenchmarks, validation only (SIMT emulator)"
+    for b in dev/cuda/*_emu; do
+        out=$("$b" 2>&1); rc=$?
+        [ "$rc" = 0 ] && pass "$b: every version validated against the CPU reference" || fail "$b (exit $rc): $(grep FAIL <<<"$out" | head -3)"
+    done
     unset OMP_WAIT_POLICY
 else
     echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"
