@@ -4,7 +4,8 @@
 #   make          build ./train_dbrx
 #   make data     prepare the default dataset (State of the Union addresses, byte-level tokens)
 #   make train    train the default model (dbrx-tiny) with mpirun
-#   make test     build and run the whole test suite
+#   make test     build and run the whole test suite (the CUDA kernels under the SIMT emulator)
+#   make test-gpu run the CUDA kernel and training-step tests on a real GPU (SANITIZER=1: memcheck)
 
 CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
@@ -20,9 +21,10 @@ CXXFLAGS := -std=c++17 -O3 -march=native -fopenmp -Wall -Wextra -Werror $(MPI_CF
 LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
-HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h checkpoint/*.h)
+HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h checkpoint/*.h) train_cuda.cuh
+CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
-.PHONY: all deps check-deps check-test-deps data train test test-build clean
+.PHONY: all deps check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu clean
 all: train_dbrx
 
 # A missing dependency stops the build with one line naming the Debian package.
@@ -38,7 +40,7 @@ check-test-deps: check-deps
 
 ifneq ($(NVCC),)
 train_dbrx: train_dbrx.cu $(HEADERS) | check-deps
-	$(NVCC) $(NVCCFLAGS) -o $@ train_dbrx.cu $(LDLIBS) -lgomp
+	$(NVCC) $(NVCCFLAGS) -o $@ train_dbrx.cu $(LDLIBS) $(CUDA_LIBS)
 else
 train_dbrx: train_dbrx.cu $(HEADERS) | check-deps
 	@echo "nvcc not found: building the CPU-only binary with $(CXX)"
@@ -90,12 +92,60 @@ test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h
 	@command -v clang++ >/dev/null || { echo "error: clang++ not found: apt-get install clang libclang-rt-14-dev"; exit 1; }
 	clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -o $@ test/fuzz_data.cpp
 
-test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data test/fuzz_data dev/data/tokenize \
-            $(if $(CUDA_INC),test/test_fp8)
+
+# ---------------------------------------------------------------------------------------------
+# CUDA backend (see model/CUDA.md). The emulated builds compile the very same kernel source with
+# g++ -DSIMT_EMULATION against test/simt/simt.h and run it on the CPU; they need only the CUDA
+# headers (cuda_bf16.h, ...), not a GPU, and link no CUDA library.
+CUDA_HOME ?= /usr/local/cuda
+HAVE_CUDA_HEADERS := $(wildcard $(CUDA_HOME)/include/cuda_bf16.h)
+SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -Wextra -Werror -DSIMT_EMULATION \
+              -isystem $(CUDA_HOME)/include -I/usr/include/doctest
+SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
+EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda
+test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp
+test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_kernels.cpp -lopenblas -lm
+test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_step_cuda.cpp -lopenblas -lm
+# the training binary on the emulated CUDA backend (--device cuda runs the CUDA path on the CPU)
+train_dbrx_emu: train_dbrx.cu $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -x c++ -o $@ train_dbrx.cu $(LDLIBS)
+emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu $(DEV_CUDA_EMU))
+
+# the real CUDA builds of the tests (make test compiles them; make test-gpu runs them on a device,
+# under compute-sanitizer with SANITIZER=1)
+NVCC_TEST_FLAGS := -std=c++17 -O2 -arch=$(GPU_ARCH) -Werror all-warnings -Xcompiler -fopenmp,-Wall,-Wextra,-Werror \
+                   -isystem /usr/include/doctest
+GPU_TESTS := test/test_kernels_gpu test/test_step_cuda_gpu
+test/test_kernels_gpu: test/test_kernels.cpp $(HEADERS)
+	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_kernels.cpp -lopenblas $(CUDA_LIBS)
+test/test_step_cuda_gpu: test/test_step_cuda.cpp $(HEADERS)
+	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_step_cuda.cpp -lopenblas $(CUDA_LIBS)
+
+# dev/cuda microbenchmarks: nvcc builds time them on a GPU; the _emu builds validate them under the
+# emulator at a small size (make test runs those)
+DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
+DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
+DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
+$(DEV_CUDA): dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS)
+	$(NVCC) $(filter-out -O2,$(NVCC_TEST_FLAGS)) -O3 -o $@ $< -lopenblas $(CUDA_LIBS)
+$(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ $< -lopenblas -lm
+gpu-build: $(if $(NVCC),$(GPU_TESTS) $(DEV_CUDA))
+
+test-gpu: train_dbrx $(GPU_TESTS)
+	@test -n "$(NVCC)" || { echo "error: make test-gpu needs nvcc"; exit 1; }
+	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_kernels_gpu
+	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_step_cuda_gpu
+
+test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
+            dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) emu-build gpu-build
 
 test: test-build
-	@PYTHON=$(PYTHON) NVCC=$(NVCC) bash test/run_all.sh
+	@PYTHON=$(PYTHON) NVCC=$(NVCC) HAVE_CUDA_HEADERS=$(HAVE_CUDA_HEADERS) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
-	      dev/data/tokenize dev/data/bench_loader test/test_fp8
+	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu test/test_ops test/test_gradcheck test/dump_reference test/test_data \
+	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU)

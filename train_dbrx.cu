@@ -3,6 +3,8 @@
  * builds the model, and runs the training loop: for every step, grad_accum micro-batches of
  * forward + backward, an all-reduce of the gradients across MPI ranks, global-norm clipping and
  * AdamW; a validation loss every --val-every steps; one log line per step and a JSONL log.
+ * --device cuda (or auto, when a GPU is visible) runs the same loop on the CUDA backend instead
+ * (train_cuda.cuh, model/dbrx_cuda.cuh).
  *
  * The model itself, with every piece of the DBRX block, is model/dbrx.h:
  *   embedding (model/embedding.cuh) -> L x [ norm_1 (layernorm.cuh) -> Wqkv (matmul.cuh)
@@ -15,9 +17,6 @@
 #include <omp.h>
 #include <string>
 #include <vector>
-#ifdef __CUDACC__
-#include <cuda_runtime.h>
-#endif
 #include "model/common.h"
 #include "model/config.h"
 #include "model/dbrx.h"
@@ -230,6 +229,18 @@ static double cpu_peak_flops(int threads, std::string* how) {
 }
 
 // mean cross-entropy over the first `steps` batches of the validation set, averaged over ranks
+// opens the training set (seeded, rank-independent order; mixtures and schedule) and, unless
+// validation is off, the validation set (fixed order); returns whether there is validation
+static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Comm& comm, DataLoader* train, DataLoader* val) {
+    DataLoaderOptions data_opt = {(uint64_t)(args.data_seed >= 0 ? args.data_seed : args.seed), 1, args.grad_accum,
+                                  args.data_schedule.c_str()};
+    dataloader_init(train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, &data_opt);
+    bool do_val = !args.val_data.empty() && args.val_every > 0;
+    if (do_val) dataloader_init(val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
+    if (comm.rank == 0) printf("%s%s", dataloader_describe(train, "--data").c_str(), do_val ? dataloader_describe(val, "--val-data").c_str() : "");
+    return do_val;
+}
+
 static double evaluate(Dbrx* model, DataLoader* val, int steps, const Comm* comm) {
     dataloader_reset(val);
     double acc = 0;
@@ -241,6 +252,15 @@ static double evaluate(Dbrx* model, DataLoader* val, int steps, const Comm* comm
     comm_allreduce_sum(&acc, 1);
     return acc / comm->world;
 }
+
+// --- CUDA backend (nvcc, or g++ -DSIMT_EMULATION for train_dbrx_emu): its training loop -------
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#define HAVE_CUDA_BACKEND 1
+#include "train_cuda.cuh"
+#else
+#define HAVE_CUDA_BACKEND 0
+#endif
+// ---------------------------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
     TrainArgs args;
@@ -258,20 +278,40 @@ int main(int argc, char** argv) {
         printf("memory per rank (no sharding yet: every rank holds the whole model), micro-batch %d x %d:\n", args.batch, args.seq);
         printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
                16 * p / (1 << 30), act / (1 << 30), (16 * p + act) / (1 << 30));
+#if HAVE_CUDA_BACKEND
+        size_t pb = 0, gpu_bytes = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, &pb);
+        printf("  cuda bf16: fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations and "
+               "scratch %.2f GiB, total %.2f GiB per GPU\n", pb / 1073741824.0, (gpu_bytes - pb) / 1073741824.0, gpu_bytes / 1073741824.0);
+#else
         printf("  cuda bf16: fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations (bf16) %.2f GiB\n",
                18 * p / (1 << 30), act / 2 / (1 << 30));
+#endif
         return 0;
     }
 
-    // device: the CUDA training path arrives with the CUDA backend; today every build trains on the CPU
+    // --- device: --device auto picks CUDA when the build has it and a GPU is visible, and says so
     int gpus = 0;
-#ifdef __CUDACC__
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+#if HAVE_CUDA_BACKEND
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess) { (void)cudaGetLastError(); gpus = 0; }
 #endif
-    if (args.device == "cuda")
-        fail(EXIT_BAD_INPUT, "--device cuda: this build has no CUDA training path yet (%d GPU(s) visible); use --device cpu", gpus);
+    if (args.device == "cuda" && !HAVE_CUDA_BACKEND)
+        fail(EXIT_BAD_INPUT, "--device cuda: this binary was built by g++ without CUDA (build it where nvcc is installed: make); use --device cpu");
+    if (args.device == "cuda" && gpus == 0) fail(EXIT_BAD_INPUT, "--device cuda: no CUDA device is visible; use --device cpu");
+    bool use_cuda = args.device == "cuda" || (args.device == "auto" && gpus > 0);
 
     Comm comm = comm_init(&argc, &argv);
+    const char* why = args.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
+    if (use_cuda && comm.world > 1) {   // one GPU for now: multi-GPU comes with the NCCL communicator (ZeRO-3)
+        if (args.device == "cuda")
+            fail(EXIT_BAD_INPUT, "--device cuda runs one process on one GPU for now (%d ranks given): run without mpirun, "
+                 "or use --device cpu for MPI data parallelism", comm.world);
+        use_cuda = false;
+        why = " (auto: the CUDA path runs one rank, and there are several)";
+    }
+#if HAVE_CUDA_BACKEND
+    if (use_cuda) return train_cuda(args, cfg, comm, why);
+#endif
+    // ---------------------------------------------------------------------------------------------
     // ranks on one node share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets its share
     int threads = omp_get_max_threads();
     if (!getenv("OMP_NUM_THREADS") && comm.local_size > 1) {
@@ -280,8 +320,7 @@ int main(int argc, char** argv) {
         omp_set_num_threads(threads);
     }
     if (comm.rank == 0) {
-        printf("device: cpu%s, %d OpenMP thread(s) per rank, %d rank(s)\n",
-               args.device == "auto" ? (gpus ? " (auto: the CUDA path is not built yet)" : " (auto: no GPU)") : "", threads, comm.world);
+        printf("device: cpu%s, %d OpenMP thread(s) per rank, %d rank(s)\n", why, threads, comm.world);
         print_config(args.model.c_str(), &cfg);
     }
 
@@ -290,12 +329,7 @@ int main(int argc, char** argv) {
     Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
     dbrx_enable_fp8(&model, &fp8);
     DataLoader train, val;
-    DataLoaderOptions data_opt = {(uint64_t)(args.data_seed >= 0 ? args.data_seed : args.seed), 1, args.grad_accum,
-                                  args.data_schedule.c_str()};
-    dataloader_init(&train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, &data_opt);
-    bool do_val = !args.val_data.empty() && args.val_every > 0;
-    if (do_val) dataloader_init(&val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
-    if (comm.rank == 0) printf("%s%s", dataloader_describe(&train, "--data").c_str(), do_val ? dataloader_describe(&val, "--val-data").c_str() : "");
+    bool do_val = open_datasets(args, cfg, comm, &train, &val);
 
     std::string peak_how = "--peak-tflops";
     double peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * cpu_peak_flops(threads, &peak_how);

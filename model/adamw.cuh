@@ -38,3 +38,60 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
         param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
     }
 }
+
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// CUDA: fp32 master weights, fp32 moments and gradients; the update writes the master weight and
+// its BF16 working copy (round to nearest even). The global gradient norm: a fixed grid of blocks
+// (independent of the device) each sums the squares of a fixed slice, the host adds the partial
+// sums in double, in order. Deterministic.
+#include "cuda_common.h"
+
+__global__ void adamw_kernel(float* param, floatX* param_bf16, const float* grad, float* m, float* v, size_t n, float lr,
+                             float beta1, float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = grad[i] * grad_scale;
+        float mi = beta1 * m[i] + (1 - beta1) * g;
+        float vi = beta2 * v[i] + (1 - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2, p = param[i];
+        p -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * p);
+        param[i] = p;
+        param_bf16[i] = __float2bfloat16(p);
+    }
+}
+
+// t is the 1-based step count; the arguments of adamw_update, plus the BF16 copy
+static inline void adamw_update_gpu(float* param, floatX* param_bf16, const float* grad, float* m, float* v, size_t n,
+                                    float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                                    int t, cudaStream_t stream = 0) {
+    float bc1 = (float)(1.0 - pow((double)beta1, t)), bc2 = (float)(1.0 - pow((double)beta2, t));
+    int blocks = (int)std::min<size_t>((n + 255) / 256, 4096);
+    if (n == 0) return;
+    LAUNCH(adamw_kernel, blocks, 256, 0, stream, param, param_bf16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+           grad_scale, bc1, bc2);
+}
+
+#define GRAD_NORM_BLOCKS 256
+// partial (GRAD_NORM_BLOCKS): block b sums grad[i]^2 over i = b*blockDim + tid + k*gridDim*blockDim
+__global__ void grad_sumsq_kernel(float* partial, const float* grad, size_t n) {
+    __shared__ float scratch[32];
+    float acc = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc += grad[i] * grad[i];
+    float total = block_sum(acc, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// sum of squares of grad (n), as grad_sumsq; partial: GRAD_NORM_BLOCKS floats of device scratch
+static inline double grad_sumsq_gpu(const float* grad, size_t n, float* partial, cudaStream_t stream = 0) {
+    LAUNCH(grad_sumsq_kernel, GRAD_NORM_BLOCKS, 512, 0, stream, partial, grad, n);
+    float host[GRAD_NORM_BLOCKS];
+    cudaCheck(cudaMemcpyAsync(host, partial, sizeof host, cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    double acc = 0;
+    for (int b = 0; b < GRAD_NORM_BLOCKS; b++) acc += host[b];
+    return acc;
+}
+#endif  // __CUDACC__ || SIMT_EMULATION

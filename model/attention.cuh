@@ -155,3 +155,227 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
         free(dp);
     }
 }
+
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// CUDA. clip_qkv + RoPE is one fused kernel each way. Attention is a correct, simple version with
+// the interface a fused flash-style kernel will keep (later work): the forward saves only the
+// output and the logsumexp of every score row (B, H, T), never the (T, T) probabilities; the
+// backward recomputes the probabilities from q, k and the logsumexp.
+//   forward:  one warp per query row (b, h, t), lanes split head_dim, an online softmax over the
+//             keys t2 <= t (fp32);
+//   backward: D = rowsum(dout * out);  ds = p (dp - D), dp = dout . v
+//             dq: one warp per query row, summing over its keys;
+//             dk, dv: one warp per (b, kv head, key row t2), summing over the query rows t >= t2 of
+//             the kv head's whole group of query heads (GQA). Each output row has one owner: no
+//             atomics, deterministic.
+#include "cuda_common.h"
+
+// qkv (B, T, qkv_dim) = rope(clamp(qkv_pre)); cos_t, sin_t (T, hd/2). One thread per rotated pair.
+__global__ void clip_rope_forward_kernel(floatX* qkv, const floatX* qkv_pre, const float* cos_t, const float* sin_t,
+                                         int B, int T, int H, int KV, int hd, float clip) {
+    int half = hd / 2, heads = H + 2 * KV;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * heads * half) return;
+    int i = idx % half;
+    int h = (idx / half) % heads;
+    size_t bt = idx / ((size_t)half * heads);
+    int t = bt % T;
+    size_t base = bt * heads * hd + (size_t)h * hd;
+    float x1 = __bfloat162float(qkv_pre[base + i]), x2 = __bfloat162float(qkv_pre[base + i + half]);
+    if (clip > 0) { x1 = fminf(fmaxf(x1, -clip), clip); x2 = fminf(fmaxf(x2, -clip), clip); }
+    float y1 = x1, y2 = x2;
+    if (h < H + KV) {   // query and key heads rotate, value heads do not
+        float c = cos_t[t * half + i], s = sin_t[t * half + i];
+        y1 = x1 * c - x2 * s;
+        y2 = x2 * c + x1 * s;
+    }
+    qkv[base + i] = __float2bfloat16(y1);
+    qkv[base + i + half] = __float2bfloat16(y2);
+}
+
+// dqkv (B, T, qkv_dim), in place: gradient w.r.t. the rotated values on entry, w.r.t. the
+// pre-clamp values on return (inverse rotation, then zero where the clamp was active)
+__global__ void clip_rope_backward_kernel(floatX* dqkv, const floatX* qkv_pre, const float* cos_t, const float* sin_t,
+                                          int B, int T, int H, int KV, int hd, float clip) {
+    int half = hd / 2, heads = H + 2 * KV;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * heads * half) return;
+    int i = idx % half;
+    int h = (idx / half) % heads;
+    size_t bt = idx / ((size_t)half * heads);
+    int t = bt % T;
+    size_t base = bt * heads * hd + (size_t)h * hd;
+    float d1 = __bfloat162float(dqkv[base + i]), d2 = __bfloat162float(dqkv[base + i + half]);
+    if (h < H + KV) {
+        float c = cos_t[t * half + i], s = -sin_t[t * half + i];
+        float r1 = d1 * c - d2 * s, r2 = d2 * c + d1 * s;
+        d1 = r1; d2 = r2;
+    }
+    if (clip > 0) {
+        float p1 = __bfloat162float(qkv_pre[base + i]), p2 = __bfloat162float(qkv_pre[base + i + half]);
+        if (p1 < -clip || p1 > clip) d1 = 0.0f;
+        if (p2 < -clip || p2 > clip) d2 = 0.0f;
+    }
+    dqkv[base + i] = __float2bfloat16(d1);
+    dqkv[base + i + half] = __float2bfloat16(d2);
+}
+
+static inline void clip_rope_forward_gpu(floatX* qkv, const floatX* qkv_pre, const float* cos_t, const float* sin_t, int B,
+                                         int T, int H, int KV, int hd, float clip, cudaStream_t stream = 0) {
+    const int block = 256;
+    LAUNCH(clip_rope_forward_kernel, ceil_div((long long)B * T * (H + 2 * KV) * (hd / 2), block), block, 0, stream, qkv,
+           qkv_pre, cos_t, sin_t, B, T, H, KV, hd, clip);
+}
+static inline void clip_rope_backward_gpu(floatX* dqkv, const floatX* qkv_pre, const float* cos_t, const float* sin_t, int B,
+                                          int T, int H, int KV, int hd, float clip, cudaStream_t stream = 0) {
+    const int block = 256;
+    LAUNCH(clip_rope_backward_kernel, ceil_div((long long)B * T * (H + 2 * KV) * (hd / 2), block), block, 0, stream, dqkv,
+           qkv_pre, cos_t, sin_t, B, T, H, KV, hd, clip);
+}
+
+// head_dim up to 32 * ATT_MAX_PER_LANE
+#define ATT_MAX_PER_LANE 8
+
+// out (B, T, H*hd), lse (B, H, T) from qkv (B, T, qkv_dim) after clip and RoPE
+__global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    int lane = threadIdx.x % 32;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;   // (b, h, t)
+    if (row >= (size_t)B * H * T) return;
+    int t = row % T, h = (row / T) % H, b = row / ((size_t)T * H);
+    int qkv_dim = (H + 2 * KV) * hd, C = H * hd, kvh = h / (H / KV);
+    float scale = 1.0f / sqrtf((float)hd);
+    const floatX* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
+    float qr[ATT_MAX_PER_LANE], o[ATT_MAX_PER_LANE];
+    for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
+        int i = lane + 32 * j;
+        qr[j] = i < hd ? __bfloat162float(q[i]) : 0.0f;
+        o[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int t2 = 0; t2 <= t; t2++) {
+        const floatX* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
+        const floatX* v = k + KV * hd;
+        float s = 0.0f;
+        for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) s += qr[j] * __bfloat162float(k[i]); }
+        s = warp_sum(s) * scale;
+        float m_new = fmaxf(m, s), corr = expf(m - m_new), p = expf(s - m_new);
+        l = l * corr + p;
+        for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) o[j] = o[j] * corr + p * __bfloat162float(v[i]); }
+        m = m_new;
+    }
+    floatX* y = out + ((size_t)b * T + t) * C + h * hd;
+    for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) y[i] = __float2bfloat16(o[j] / l); }
+    if (lane == 0) lse[row] = m + logf(l);
+}
+
+// dq rows of dqkv (overwritten) and D (B, H, T) = rowsum(dout * out), one warp per query row
+__global__ void attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
+                                             const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    int lane = threadIdx.x % 32;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= (size_t)B * H * T) return;
+    int t = row % T, h = (row / T) % H, b = row / ((size_t)T * H);
+    int qkv_dim = (H + 2 * KV) * hd, C = H * hd, kvh = h / (H / KV);
+    float scale = 1.0f / sqrtf((float)hd);
+    const floatX* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
+    const floatX* dy = dout + ((size_t)b * T + t) * C + h * hd;
+    const floatX* y = out + ((size_t)b * T + t) * C + h * hd;
+    float qr[ATT_MAX_PER_LANE], dyr[ATT_MAX_PER_LANE], dq[ATT_MAX_PER_LANE];
+    float d = 0.0f;
+    for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
+        int i = lane + 32 * j;
+        qr[j] = i < hd ? __bfloat162float(q[i]) : 0.0f;
+        dyr[j] = i < hd ? __bfloat162float(dy[i]) : 0.0f;
+        if (i < hd) d += dyr[j] * __bfloat162float(y[i]);
+        dq[j] = 0.0f;
+    }
+    d = warp_sum(d);
+    float L = lse[row];
+    for (int t2 = 0; t2 <= t; t2++) {
+        const floatX* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
+        const floatX* v = k + KV * hd;
+        float s = 0.0f, dp = 0.0f;
+        for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
+            int i = lane + 32 * j;
+            if (i < hd) { s += qr[j] * __bfloat162float(k[i]); dp += dyr[j] * __bfloat162float(v[i]); }
+        }
+        s = warp_sum(s) * scale;
+        dp = warp_sum(dp);
+        float p = expf(s - L), ds = p * (dp - d) * scale;
+        for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) dq[j] += ds * __bfloat162float(k[i]); }
+    }
+    floatX* dqo = dqkv + ((size_t)b * T + t) * qkv_dim + h * hd;
+    for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) dqo[i] = __float2bfloat16(dq[j]); }
+    if (lane == 0) Dbuf[row] = d;
+}
+
+// dk, dv rows of dqkv (overwritten): one warp per (b, kv head, key row t2)
+__global__ void attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const float* lse, const float* Dbuf,
+                                              const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    int lane = threadIdx.x % 32;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;   // (b, kvh, t2)
+    if (row >= (size_t)B * KV * T) return;
+    int t2 = row % T, kvh = (row / T) % KV, b = row / ((size_t)T * KV);
+    int qkv_dim = (H + 2 * KV) * hd, C = H * hd, group = H / KV;
+    float scale = 1.0f / sqrtf((float)hd);
+    const floatX* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
+    const floatX* v = k + KV * hd;
+    float kr[ATT_MAX_PER_LANE], vr[ATT_MAX_PER_LANE], dk[ATT_MAX_PER_LANE], dv[ATT_MAX_PER_LANE];
+    for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
+        int i = lane + 32 * j;
+        kr[j] = i < hd ? __bfloat162float(k[i]) : 0.0f;
+        vr[j] = i < hd ? __bfloat162float(v[i]) : 0.0f;
+        dk[j] = 0.0f;
+        dv[j] = 0.0f;
+    }
+    for (int h = kvh * group; h < (kvh + 1) * group; h++)
+        for (int t = t2; t < T; t++) {
+            const floatX* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
+            const floatX* dy = dout + ((size_t)b * T + t) * C + h * hd;
+            float s = 0.0f, dp = 0.0f;
+            for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
+                int i = lane + 32 * j;
+                if (i < hd) { s += __bfloat162float(q[i]) * kr[j]; dp += __bfloat162float(dy[i]) * vr[j]; }
+            }
+            s = warp_sum(s) * scale;
+            dp = warp_sum(dp);
+            size_t r = ((size_t)b * H + h) * T + t;
+            float p = expf(s - lse[r]), ds = p * (dp - Dbuf[r]) * scale;
+            for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
+                int i = lane + 32 * j;
+                if (i < hd) { dk[j] += ds * __bfloat162float(q[i]); dv[j] += p * __bfloat162float(dy[i]); }
+            }
+        }
+    floatX* dko = dqkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
+    floatX* dvo = dko + KV * hd;
+    for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
+        int i = lane + 32 * j;
+        if (i < hd) { dko[i] = __float2bfloat16(dk[j]); dvo[i] = __float2bfloat16(dv[j]); }
+    }
+}
+
+static inline void attention_check_shape(int H, int KV, int hd) {
+    if (hd > 32 * ATT_MAX_PER_LANE || H % KV != 0)
+        fail(EXIT_BAD_INPUT, "attention: head_dim %d > %d or n_heads %d not a multiple of kv_heads %d is not supported "
+             "by the CUDA kernels", hd, 32 * ATT_MAX_PER_LANE, H, KV);
+}
+
+// out (B, T, H*hd) bf16, lse (B, H, T) fp32 from qkv (B, T, qkv_dim)
+static inline void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
+                                         cudaStream_t stream = 0) {
+    attention_check_shape(H, KV, hd);
+    const int block = 128, warps = block / 32;
+    LAUNCH(attention_forward_kernel, ceil_div((long long)B * H * T, warps), block, 0, stream, out, lse, qkv, B, T, H, KV, hd);
+}
+// dqkv (B, T, qkv_dim) overwritten; Dbuf (B, H, T) fp32 scratch
+static inline void attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
+                                          const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
+    attention_check_shape(H, KV, hd);
+    const int block = 128, warps = block / 32;
+    LAUNCH(attention_backward_dq_kernel, ceil_div((long long)B * H * T, warps), block, 0, stream, dqkv, Dbuf, dout, out, lse,
+           qkv, B, T, H, KV, hd);
+    LAUNCH(attention_backward_dkv_kernel, ceil_div((long long)B * KV * T, warps), block, 0, stream, dqkv, dout, lse, Dbuf,
+           qkv, B, T, H, KV, hd);
+}
+#endif  // __CUDACC__ || SIMT_EMULATION

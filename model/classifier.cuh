@@ -35,3 +35,41 @@ static inline void crossentropy_backward(real* logits, const int* targets, int N
         z[targets[t]] -= dloss;
     }
 }
+
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// CUDA: the fused classifier. One block per position: an online softmax (max and sum in one read
+// of the row), the loss, and, when asked, the gradient written over the logits in the same kernel:
+//   dlogits = (softmax(logits) - onehot(target)) * dloss
+// so the (N, V) logits are read twice and written once, and never held in fp32.
+#include "cuda_common.h"
+
+// losses (N) from logits (N, V); with write_grad the logits are replaced by their gradient
+__global__ void classifier_fused_kernel(floatX* logits, float* losses, const int* targets, int V, float dloss, int write_grad) {
+    __shared__ float scratch[32];
+    int row = blockIdx.x;
+    floatX* z = logits + (size_t)row * V;
+    int target = targets[row];
+    float z_target = __bfloat162float(z[target]);   // read before any thread overwrites the row
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float x = __bfloat162float(z[i]);
+        if (x > m) { s = s * expf(m - x) + 1.0f; m = x; }
+        else s += expf(x - m);
+    }
+    float M = block_max(m, scratch);
+    float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), scratch);   // (the barriers inside order the reads above before the writes below)
+    float lse = M + logf(S);
+    if (threadIdx.x == 0) losses[row] = lse - z_target;
+    if (!write_grad) return;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float p = expf(__bfloat162float(z[i]) - lse);
+        z[i] = __float2bfloat16((p - (i == target ? 1.0f : 0.0f)) * dloss);
+    }
+}
+
+static inline void classifier_fused_gpu(floatX* logits, float* losses, const int* targets, int N, int V, float dloss,
+                                        bool write_grad, cudaStream_t stream = 0) {
+    LAUNCH(classifier_fused_kernel, N, 512, 0, stream, logits, losses, targets, V, dloss, write_grad ? 1 : 0);
+}
+#endif  // __CUDACC__ || SIMT_EMULATION

@@ -19,3 +19,64 @@ static inline void embedding_backward(real* dwte, const real* dout, const int* t
     for (int c = 0; c < C; c++)
         for (int t = 0; t < N; t++) dwte[(size_t)tokens[t] * C + c] += dout[(size_t)t * C + c];
 }
+
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// CUDA. Forward: one thread per output element. Backward without float atomics: the host sorts
+// the micro-batch's tokens (a counting sort, O(N + V), the tokens are on the host anyway) into
+// "for each distinct token, its positions in order"; one thread per (distinct token, channel)
+// sums its positions in that order and adds the sum to the fp32 gradient row. Deterministic.
+#include <vector>
+#include "cuda_common.h"
+
+// out (N, C) = wte[tokens]; wte (V, C)
+__global__ void embedding_forward_kernel(floatX* out, const int* tokens, const floatX* wte, int N, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    size_t t = i / C, c = i % C;
+    out[i] = wte[(size_t)tokens[t] * C + c];
+}
+
+static inline void embedding_forward_gpu(floatX* out, const int* tokens, const floatX* wte, int N, int C, cudaStream_t stream = 0) {
+    const int block = 256;
+    LAUNCH(embedding_forward_kernel, ceil_div((long long)N * C, block), block, 0, stream, out, tokens, wte, N, C);
+}
+
+// the bucket plan of one micro-batch (host side): unique (U) distinct tokens in increasing order,
+// offsets (U + 1) into positions (N), the positions of each token in increasing order
+typedef struct { std::vector<int> unique, offsets, positions; } EmbeddingPlan;
+
+static inline void embedding_plan_build(EmbeddingPlan* p, const int* tokens, int N, int V) {
+    std::vector<int> count(V + 1, 0);
+    for (int t = 0; t < N; t++) count[tokens[t] + 1]++;
+    for (int v = 0; v < V; v++) count[v + 1] += count[v];   // count[v] = first position slot of token v
+    p->positions.assign(N, 0);
+    std::vector<int> cursor(count.begin(), count.end() - 1);
+    for (int t = 0; t < N; t++) p->positions[cursor[tokens[t]]++] = t;
+    p->unique.clear();
+    p->offsets.clear();
+    for (int v = 0; v < V; v++)
+        if (count[v + 1] > count[v]) { p->unique.push_back(v); p->offsets.push_back(count[v]); }
+    p->offsets.push_back(N);
+}
+
+// dwte (V, C) += for each distinct token u, the sum over its positions of dout (N, C) rows
+__global__ void embedding_backward_kernel(float* dwte, const float* dout, const int* unique, const int* offsets,
+                                          const int* positions, int C) {
+    int u = blockIdx.y;
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0.0f;
+    for (int p = offsets[u]; p < offsets[u + 1]; p++) acc += dout[(size_t)positions[p] * C + c];
+    dwte[(size_t)unique[u] * C + c] += acc;
+}
+
+// d_unique, d_offsets, d_positions: device copies of the plan's vectors (sizes U, U + 1, N)
+static inline void embedding_backward_gpu(float* dwte, const float* dout, const int* d_unique, const int* d_offsets,
+                                          const int* d_positions, int U, int C, cudaStream_t stream = 0) {
+    if (U == 0) return;
+    const int block = 128;
+    LAUNCH(embedding_backward_kernel, dim3(ceil_div(C, block), U), block, 0, stream, dwte, dout, d_unique, d_offsets,
+           d_positions, C);
+}
+#endif  // __CUDACC__ || SIMT_EMULATION

@@ -68,3 +68,101 @@ static inline void layernorm_backward(real* dinp, real* dweight, const real* dou
         for (int c = 0; c < C; c++) dweight[c] += partial[(size_t)b * C + c];
     free(partial);
 }
+
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// CUDA: BF16 in and out, FP32 statistics. Forward and the input gradient: one warp per row.
+// The weight gradient reduces over tokens without atomics: each block sums a fixed chunk of rows
+// per channel into a scratch row, then one pass adds the chunks up in order. Deterministic.
+#include "cuda_common.h"
+
+// out (N, C), mean (N), rstd (N) from inp (N, C), weight (C)
+__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                                         int N, int C, float eps) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= N) return;   // a whole warp leaves: no barrier follows
+    const floatX* x = inp + (size_t)row * C;
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += 32) sum += __bfloat162float(x[c]);
+    float m = warp_sum(sum) / C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += 32) { float d = __bfloat162float(x[c]) - m; var += d * d; }
+    float s = rsqrtf(warp_sum(var) / C + eps);
+    floatX* y = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32)
+        y[c] = __float2bfloat16((__bfloat162float(x[c]) - m) * s * __bfloat162float(weight[c]));
+    if (lane == 0) { mean[row] = m; rstd[row] = s; }
+}
+
+static inline void layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                                         int N, int C, float eps, cudaStream_t stream = 0) {
+    const int block = 256, rows_per_block = block / 32;
+    LAUNCH(layernorm_forward_kernel, ceil_div(N, rows_per_block), block, 0, stream, out, mean, rstd, inp, weight, N, C, eps);
+}
+
+// dinp (N, C) += rstd * (dn - mean(dn) - n * mean(dn * n)),  n = (x - mean) * rstd, dn = dout * w.
+// dinp_bf16 (optional): a BF16 copy of the updated dinp, for the GEMMs that read it next.
+__global__ void layernorm_backward_dinp_kernel(float* dinp, floatX* dinp_bf16, const float* dout, const floatX* inp,
+                                               const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= N) return;
+    const floatX* x = inp + (size_t)row * C;
+    const float* dy = dout + (size_t)row * C;
+    float m = mean[row], s = rstd[row];
+    float dn_sum = 0.0f, dn_n_sum = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
+        dn_sum += dn;
+        dn_n_sum += dn * n;
+    }
+    float dn_mean = warp_sum(dn_sum) / C, dn_n_mean = warp_sum(dn_n_sum) / C;
+    float* dx = dinp + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) {
+        float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
+        float v = dx[c] + s * (dn - dn_mean - n * dn_n_mean);
+        dx[c] = v;
+        if (dinp_bf16) dinp_bf16[(size_t)row * C + c] = __float2bfloat16(v);
+    }
+}
+
+// partial (chunks, C): chunk j holds sum over rows [j*rows_per_chunk, ...) of dout * n, per channel
+__global__ void layernorm_backward_dweight_partial_kernel(float* partial, const float* dout, const floatX* inp,
+                                                          const float* mean, const float* rstd, int N, int C,
+                                                          int rows_per_chunk) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    int r0 = blockIdx.y * rows_per_chunk, r1 = min(r0 + rows_per_chunk, N);
+    float acc = 0.0f;
+    for (int t = r0; t < r1; t++)
+        acc += dout[(size_t)t * C + c] * (__bfloat162float(inp[(size_t)t * C + c]) - mean[t]) * rstd[t];
+    partial[(size_t)blockIdx.y * C + c] = acc;
+}
+
+// out (C) += sum over the rows of partial (rows, C), in row order
+__global__ void column_sum_kernel(float* out, const float* partial, int rows, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0.0f;
+    for (int r = 0; r < rows; r++) acc += partial[(size_t)r * C + c];
+    out[c] += acc;
+}
+
+static const int LN_ROWS_PER_CHUNK = 32;
+// floats of scratch layernorm_backward_gpu needs
+static inline size_t layernorm_backward_scratch(int N, int C) { return (size_t)ceil_div(N, LN_ROWS_PER_CHUNK) * C; }
+
+// dinp (fp32) += ..., dinp_bf16 (optional) = bf16(dinp), dweight (fp32) += ... from dout (fp32)
+static inline void layernorm_backward_gpu(float* dinp, floatX* dinp_bf16, float* dweight, float* scratch, const float* dout,
+                                          const floatX* inp, const floatX* weight, const float* mean, const float* rstd,
+                                          int N, int C, cudaStream_t stream = 0) {
+    const int block = 256, rows_per_block = block / 32;
+    LAUNCH(layernorm_backward_dinp_kernel, ceil_div(N, rows_per_block), block, 0, stream, dinp, dinp_bf16, dout, inp,
+           weight, mean, rstd, N, C);
+    int chunks = ceil_div(N, LN_ROWS_PER_CHUNK);
+    LAUNCH(layernorm_backward_dweight_partial_kernel, dim3(ceil_div(C, 128), chunks), 128, 0, stream, scratch, dout, inp,
+           mean, rstd, N, C, LN_ROWS_PER_CHUNK);
+    LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, stream, dweight, scratch, chunks, C);
+}
+#endif  // __CUDACC__ || SIMT_EMULATION

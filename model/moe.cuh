@@ -148,3 +148,191 @@ static inline void moe_combine_backward(real* dye, real* dtopk_w, const real* do
             dtopk_w[t * k + j] = dot;
         }
 }
+
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// CUDA. Dispatch: the expert histogram comes from the router (router_forward_gpu); offsets are
+// its exclusive scan; the permutation is the CPU's stable counting sort, one block per expert
+// scanning the N*k assignments in order with a block-wide prefix sum (ballots + shared memory),
+// so row_token and slot_row are identical to the CPU's. Expert GEMMs: one cuBLASLt GEMM per
+// expert and projection over its rows; the host needs the expert offsets to issue them, so
+// moe_dispatch_gpu copies the (E + 1) offsets to the host: one small synchronising copy per layer
+// (a grouped GEMM that reads the offsets on the device is later work). Gather-backward and
+// combine are one owner per output element, summing the token's k slots in order: deterministic.
+#include "cuda_common.h"
+
+__global__ void moe_offsets_kernel(int* offsets, const int* counts, int E) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    offsets[0] = 0;
+    for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + counts[e];
+}
+
+// row_token (N*k), slot_row (N*k): block e places expert e's assignments, in (token, slot) order,
+// at rows offsets[e], offsets[e] + 1, ... (blockDim.x a multiple of 32)
+__global__ void moe_permute_kernel(int* row_token, int* slot_row, const int* topk_idx, const int* offsets, int N, int k) {
+    __shared__ int warp_counts[32];
+    int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    int total = N * k, running = offsets[e];
+    for (int start = 0; start < total; start += blockDim.x) {
+        int i = start + threadIdx.x;
+        bool mine = i < total && topk_idx[i] == e;
+        unsigned ballot = __ballot_sync(0xffffffffu, mine);
+        int before_in_warp = __popc(ballot & ((1u << lane) - 1u));
+        if (lane == 0) warp_counts[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, chunk = 0;
+        for (int w = 0; w < nwarps; w++) { if (w < warp) before += warp_counts[w]; chunk += warp_counts[w]; }
+        if (mine) {
+            int r = running + before + before_in_warp;
+            row_token[r] = i / k;
+            slot_row[i] = r;
+        }
+        running += chunk;
+        __syncthreads();   // warp_counts is rewritten by the next chunk
+    }
+}
+
+// offsets (device, E + 1), row_token, slot_row from topk_idx (N, k) and counts (device, E);
+// offsets_host (E + 1) receives a copy of the offsets
+static inline void moe_dispatch_gpu(int* offsets, int* row_token, int* slot_row, int* offsets_host, const int* topk_idx,
+                                    const int* counts, int N, int E, int k, cudaStream_t stream = 0) {
+    LAUNCH(moe_offsets_kernel, 1, 32, 0, stream, offsets, counts, E);
+    LAUNCH(moe_permute_kernel, E, 256, 0, stream, row_token, slot_row, topk_idx, offsets, N, k);
+    cudaCheck(cudaMemcpyAsync(offsets_host, offsets, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+}
+
+// xe (rows, C) = x[row_token]
+__global__ void moe_gather_kernel(floatX* xe, const floatX* x, const int* row_token, int rows, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * C) return;
+    size_t r = i / C, c = i % C;
+    xe[i] = x[(size_t)row_token[r] * C + c];
+}
+// dx (N, C) = sum over the token's slots j (in order) of dxe[slot_row[t, j]]   (overwrites dx)
+__global__ void moe_gather_backward_kernel(float* dx, const float* dxe, const int* slot_row, int N, int k, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    size_t t = i / C, c = i % C;
+    float acc = 0.0f;
+    for (int j = 0; j < k; j++) acc += dxe[(size_t)slot_row[t * k + j] * C + c];
+    dx[i] = acc;
+}
+
+// a = silu(g) * u
+__global__ void swiglu_forward_kernel(floatX* a, const floatX* g, const floatX* u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gv = __bfloat162float(g[i]);
+    a[i] = __float2bfloat16(gv / (1.0f + expf(-gv)) * __bfloat162float(u[i]));
+}
+// dg = da * u * s (1 + g (1 - s)), du = da * g * s, s = sigmoid(g)
+__global__ void swiglu_backward_kernel(floatX* dg, floatX* du, const floatX* da, const floatX* g, const floatX* u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gv = __bfloat162float(g[i]), uv = __bfloat162float(u[i]), d = __bfloat162float(da[i]);
+    float s = 1.0f / (1.0f + expf(-gv));
+    dg[i] = __float2bfloat16(d * uv * s * (1.0f + gv * (1.0f - s)));
+    du[i] = __float2bfloat16(d * gv * s);
+}
+
+// out (N, C) = resid (N, C) + sum_j topk_w[t, j] * ye[slot_row[t, j]]   (the residual add, fused)
+__global__ void moe_combine_forward_kernel(floatX* out, const floatX* resid, const floatX* ye, const float* topk_w,
+                                           const int* slot_row, int N, int k, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    size_t t = i / C, c = i % C;
+    float acc = __bfloat162float(resid[i]);
+    for (int j = 0; j < k; j++) acc += topk_w[t * k + j] * __bfloat162float(ye[(size_t)slot_row[t * k + j] * C + c]);
+    out[i] = __float2bfloat16(acc);
+}
+// dye (N*k, C) = w * dout[t];  dtopk_w (N, k) = dout[t] . ye[row]: one warp per (t, j)
+__global__ void moe_combine_backward_kernel(floatX* dye, float* dtopk_w, const float* dout, const floatX* ye,
+                                            const float* topk_w, const int* slot_row, int N, int k, int C) {
+    int lane = threadIdx.x % 32;
+    size_t slot = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (slot >= (size_t)N * k) return;
+    size_t t = slot / k, r = slot_row[slot];
+    float w = topk_w[slot], dot = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float dy = dout[t * C + c];
+        dye[r * C + c] = __float2bfloat16(w * dy);
+        dot += dy * __bfloat162float(ye[r * C + c]);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) dtopk_w[slot] = dot;
+}
+
+static inline void moe_gather_gpu(floatX* xe, const floatX* x, const int* row_token, int rows, int C, cudaStream_t stream = 0) {
+    if (rows == 0) return;
+    LAUNCH(moe_gather_kernel, ceil_div((long long)rows * C, 256), 256, 0, stream, xe, x, row_token, rows, C);
+}
+static inline void moe_gather_backward_gpu(float* dx, const float* dxe, const int* slot_row, int N, int k, int C,
+                                           cudaStream_t stream = 0) {
+    LAUNCH(moe_gather_backward_kernel, ceil_div((long long)N * C, 256), 256, 0, stream, dx, dxe, slot_row, N, k, C);
+}
+static inline void swiglu_forward_gpu(floatX* a, const floatX* g, const floatX* u, size_t n, cudaStream_t stream = 0) {
+    if (n == 0) return;
+    LAUNCH(swiglu_forward_kernel, ceil_div((long long)n, 256), 256, 0, stream, a, g, u, n);
+}
+static inline void swiglu_backward_gpu(floatX* dg, floatX* du, const floatX* da, const floatX* g, const floatX* u, size_t n,
+                                       cudaStream_t stream = 0) {
+    if (n == 0) return;
+    LAUNCH(swiglu_backward_kernel, ceil_div((long long)n, 256), 256, 0, stream, dg, du, da, g, u, n);
+}
+static inline void moe_combine_forward_gpu(floatX* out, const floatX* resid, const floatX* ye, const float* topk_w,
+                                           const int* slot_row, int N, int k, int C, cudaStream_t stream = 0) {
+    LAUNCH(moe_combine_forward_kernel, ceil_div((long long)N * C, 256), 256, 0, stream, out, resid, ye, topk_w, slot_row, N, k, C);
+}
+static inline void moe_combine_backward_gpu(floatX* dye, float* dtopk_w, const float* dout, const floatX* ye,
+                                            const float* topk_w, const int* slot_row, int N, int k, int C,
+                                            cudaStream_t stream = 0) {
+    LAUNCH(moe_combine_backward_kernel, ceil_div((long long)N * k, 4), 128, 0, stream, dye, dtopk_w, dout, ye, topk_w,
+           slot_row, N, k, C);
+}
+
+// all experts, rows grouped by expert (offsets_host, E + 1, on the host): g, u, a (rows, F),
+// ye (rows, C) from xe (rows, C); w1, v1, w2 (E*F, C)
+static inline void experts_forward_gpu(floatX* ye, floatX* g, floatX* u, floatX* a, const floatX* xe, const floatX* w1,
+                                       const floatX* v1, const floatX* w2, const int* offsets_host, int E, int C, int F,
+                                       cudaStream_t stream = 0) {
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets_host[e], n = offsets_host[e + 1] - offsets_host[e];
+        if (n == 0) continue;
+        size_t wo = (size_t)e * F * C;
+        matmul_forward_gpu(g + (size_t)r0 * F, xe + (size_t)r0 * C, w1 + wo, n, C, F, stream);
+        matmul_forward_gpu(u + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F, stream);
+    }
+    swiglu_forward_gpu(a, g, u, (size_t)offsets_host[E] * F, stream);
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets_host[e], n = offsets_host[e + 1] - offsets_host[e];
+        if (n == 0) continue;
+        // ye_e (n, C) = a_e (n, F) @ w2_e (F, C)
+        gemm_gpu(false, false, n, C, F, 1.0f, a + (size_t)r0 * F, F, w2 + (size_t)e * F * C, C, 0.0f, ye + (size_t)r0 * C, C, stream);
+    }
+}
+
+// dxe (rows, C) fp32 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated; da, dg, du (rows, F) scratch
+static inline void experts_backward_gpu(float* dxe, float* dw1, float* dv1, float* dw2, floatX* da, floatX* dg, floatX* du,
+                                        const floatX* dye, const floatX* xe, const floatX* g, const floatX* u, const floatX* a,
+                                        const floatX* w1, const floatX* v1, const floatX* w2, const int* offsets_host,
+                                        int E, int C, int F, cudaStream_t stream = 0) {
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets_host[e], n = offsets_host[e + 1] - offsets_host[e];
+        if (n == 0) continue;
+        size_t wo = (size_t)e * F * C;
+        const floatX* dy = dye + (size_t)r0 * C;
+        // ye = a @ w2_e:  da = dye @ w2_e^T,  dw2_e += a^T @ dye
+        gemm_gpu(false, true, n, F, C, 1.0f, dy, C, w2 + wo, C, 0.0f, da + (size_t)r0 * F, F, stream);
+        gemm_gpu(true, false, F, C, n, 1.0f, a + (size_t)r0 * F, F, dy, C, 1.0f, dw2 + wo, C, stream);
+    }
+    swiglu_backward_gpu(dg, du, da, g, u, (size_t)offsets_host[E] * F, stream);
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets_host[e], n = offsets_host[e + 1] - offsets_host[e];
+        if (n == 0) continue;
+        size_t wo = (size_t)e * F * C;
+        matmul_backward_gpu(dxe + (size_t)r0 * C, dw1 + wo, dg + (size_t)r0 * F, xe + (size_t)r0 * C, w1 + wo, n, C, F, 0.0f, stream);
+        matmul_backward_gpu(dxe + (size_t)r0 * C, dv1 + wo, du + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F, 1.0f, stream);
+    }
+}
+#endif  // __CUDACC__ || SIMT_EMULATION

@@ -91,3 +91,116 @@ static inline void router_backward(real* dlogits, const real* dtopk_w, const rea
         for (int e = 0; e < E; e++) dz[e] = p[e] * (dz[e] - pdp) + z_coef * lse[t] * p[e];
     }
 }
+
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// CUDA, all in fp32 (the router logits come out of a BF16 GEMM with an fp32 output). The forward
+// is one thread per token running the CPU's very algorithm (softmax, top-k by repeated arg-max with
+// ties to the lower index, L1 renormalisation). The expert counts are an integer histogram
+// (atomics on integers: exact). The LBL and z-loss need per-expert sums of the probabilities and
+// the sum of lse^2: one block per column, a fixed-order block reduction; the host finishes the two
+// scalars in double (it copies the counts anyway, see moe.cuh). The backward is one thread per
+// token, the CPU's formula, writing the logit gradient in BF16 for the router's GEMMs.
+#include "cuda_common.h"
+
+// probs (N, E), lse (N), topk_idx (N, k), topk_w (N, k) from logits (N, E)
+__global__ void router_forward_kernel(float* probs, float* lse, int* topk_idx, float* topk_w, const float* logits,
+                                      int N, int E, int k) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    const float* z = logits + (size_t)t * E;
+    float* p = probs + (size_t)t * E;
+    float maxv = z[0];
+    for (int e = 1; e < E; e++) if (z[e] > maxv) maxv = z[e];
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) { p[e] = expf(z[e] - maxv); sum += p[e]; }
+    for (int e = 0; e < E; e++) p[e] /= sum;
+    lse[t] = maxv + logf(sum);
+    int* idx = topk_idx + (size_t)t * k;
+    float* w = topk_w + (size_t)t * k;
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken |= (idx[i] == e);
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        idx[j] = best;
+        w[j] = p[best];
+        wsum += p[best];
+    }
+    for (int j = 0; j < k; j++) w[j] /= wsum;
+}
+
+// counts (E), zeroed by the caller, += the number of assignments to each expert
+__global__ void expert_histogram_kernel(int* counts, const int* topk_idx, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(&counts[topk_idx[i]], 1);
+}
+
+// stats (E + 1): stats[e] = sum_t probs[t, e] for block e < E; stats[E] = sum_t lse[t]^2
+__global__ void router_stats_kernel(float* stats, const float* probs, const float* lse, int N, int E) {
+    __shared__ float scratch[32];
+    int e = blockIdx.x;
+    float acc = 0.0f;
+    for (int t = threadIdx.x; t < N; t += blockDim.x) acc += e < E ? probs[(size_t)t * E + e] : lse[t] * lse[t];
+    float total = block_sum(acc, scratch);
+    if (threadIdx.x == 0) stats[e] = total;
+}
+
+// dlogits (N, E) bf16, the CPU's router_backward: renormalisation, LBL (counts) and z-loss terms
+__global__ void router_backward_kernel(floatX* dlogits, const float* dtopk_w, const float* probs, const float* lse,
+                                       const int* topk_idx, const float* topk_w, const int* counts, int N, int E, int k,
+                                       float lbl_coef, float z_coef) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    const float* p = probs + (size_t)t * E;
+    const int* idx = topk_idx + (size_t)t * k;
+    const float* w = topk_w + (size_t)t * k;
+    const float* dw = dtopk_w + (size_t)t * k;
+    float S = 0.0f, dw_w = 0.0f;
+    for (int j = 0; j < k; j++) { S += p[idx[j]]; dw_w += dw[j] * w[j]; }
+    // dp[e] = lbl_coef * counts[e] + sum over the slots j routed to e of (dw_j - dw_w) / S
+    float pdp = 0.0f;
+    for (int e = 0; e < E; e++) {
+        float dp = lbl_coef * counts[e];
+        for (int j = 0; j < k; j++) if (idx[j] == e) dp += (dw[j] - dw_w) / S;
+        pdp += p[e] * dp;
+    }
+    for (int e = 0; e < E; e++) {
+        float dp = lbl_coef * counts[e];
+        for (int j = 0; j < k; j++) if (idx[j] == e) dp += (dw[j] - dw_w) / S;
+        dlogits[(size_t)t * E + e] = __float2bfloat16(p[e] * (dp - pdp) + z_coef * lse[t] * p[e]);
+    }
+}
+
+// forward: probs, lse, topk_idx, topk_w, counts (device, E) and stats (device, E + 1)
+static inline void router_forward_gpu(float* probs, float* lse, int* topk_idx, float* topk_w, int* counts, float* stats,
+                                      const float* logits, int N, int E, int k, cudaStream_t stream = 0) {
+    LAUNCH(router_forward_kernel, ceil_div(N, 128), 128, 0, stream, probs, lse, topk_idx, topk_w, logits, N, E, k);
+    cudaCheck(cudaMemsetAsync(counts, 0, E * sizeof(int), stream));
+    LAUNCH(expert_histogram_kernel, ceil_div((long long)N * k, 256), 256, 0, stream, counts, topk_idx, N * k);
+    LAUNCH(router_stats_kernel, E + 1, 256, 0, stream, stats, probs, lse, N, E);
+}
+
+// this layer's LBL and z-loss terms from the host copies of counts (E) and stats (E + 1): the
+// formulas of lbl_forward and zloss_forward
+static inline double lbl_from_stats(const int* counts, const float* stats, int N, int E, int k, int L, float weight) {
+    double acc = 0;
+    for (int e = 0; e < E; e++) acc += counts[e] * ((double)stats[e] / N);
+    return (double)weight * E / ((double)L * N * k) * acc;
+}
+static inline double zloss_from_stats(const float* stats, int N, int E, int L, float weight) {
+    return (double)weight / L * (double)stats[E] / N;
+}
+
+static inline void router_backward_gpu(floatX* dlogits, const float* dtopk_w, const float* probs, const float* lse,
+                                       const int* topk_idx, const float* topk_w, const int* counts, int N, int E, int k,
+                                       int L, float lbl_weight, float z_weight, float dloss, cudaStream_t stream = 0) {
+    float lbl_coef = (float)((double)lbl_weight * E / ((double)L * N * k) / N * dloss);
+    float z_coef = (float)((double)z_weight / L * 2.0 / N * dloss);
+    LAUNCH(router_backward_kernel, ceil_div(N, 128), 128, 0, stream, dlogits, dtopk_w, probs, lse, topk_idx, topk_w, counts,
+           N, E, k, lbl_coef, z_coef);
+}
+#endif  // __CUDACC__ || SIMT_EMULATION

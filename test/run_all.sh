@@ -27,6 +27,23 @@ echo "== FP8 numerics (conversions against cuda_fp8.h, recipes)"
 if [ -x ./test/test_fp8 ]; then doctest_run ./test/test_fp8; else echo "skipped: test_fp8 (no CUDA headers, the conversion oracle)"; fi
 bash test/test_fp8.sh
 
+# CUDA backend under the SIMT emulator (g++ -DSIMT_EMULATION): the kernels run on the CPU
+if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
+    # passive OpenMP waits: spinning idle OpenMP threads would compete with the emulator's thread
+    export OMP_WAIT_POLICY=passive
+    echo "== SIMT emulator"; SIMT_THREADS=2 doctest_run ./test/test_simt
+    echo "== CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)"; doctest_run ./test/test_kernels
+    echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
+    echo "== dev/cuda microbenchmarks, validation only (SIMT emulator)"
+    for b in dev/cuda/*_emu; do
+        out=$("$b" 2>&1); rc=$?
+        [ "$rc" = 0 ] && pass "$b: every version validated against the CPU reference" || fail "$b (exit $rc): $(grep FAIL <<<"$out" | head -3)"
+    done
+    unset OMP_WAIT_POLICY
+else
+    echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"
+fi
+
 echo "== PyTorch parity (float64 autograd reference)"
 ./test/dump_reference /tmp/dbrx_parity_dump.$$.bin || fail "dump_reference"
 out=$($PY test/test_pytorch_parity.py /tmp/dbrx_parity_dump.$$.bin 2>&1); rc=$?
@@ -41,12 +58,21 @@ echo "== command line and bad input"; bash test/test_cli.sh
 echo "== data loader: order, ranks, resume, mixtures (doctest)"; doctest_run ./test/test_data
 echo "== data tools: tokenizer parity with js-tiktoken, mixtures in training, bad input, fuzzing"; bash test/test_data.sh
 echo "== training"; bash test/test_train.sh
+if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
+    echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
+else
+    echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
+fi
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
-    pass "CUDA build: train_dbrx compiled by $NVCC for sm_90a with warnings as errors"
+    # make test-build compiled these with nvcc for sm_90a, warnings as errors, linked against cuBLASLt
+    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
+        if [ -x "$b" ]; then pass "CUDA build: $b compiled by nvcc for sm_90a, warnings as errors"
+        else fail "CUDA build: $b missing or stale"; fi
+    done
 else
-    echo "skipped: CUDA build (nvcc not found); train_dbrx was built by g++ (CPU only)"
+    echo "skipped: CUDA build with nvcc (nvcc not found): train_dbrx was built by g++ (CPU only), the GPU tests and dev/cuda programs were not compiled"
 fi
 [ -x ./train_dbrx_cpu ] && ./train_dbrx_cpu --dry-run >/dev/null && pass "CPU-only g++ build" || fail "CPU-only g++ build"
 

@@ -1,0 +1,134 @@
+/*
+ * common.h — the harness of the dev/cuda microbenchmarks (llm.c style): random inputs, validation
+ * of a kernel version against the CPU reference op, timing with CUDA events over many repeats
+ * with the L2 cache flushed before each, and the result as GB/s or TFLOP/s with the percentage of
+ * the H100 SXM roofline (HBM3 3.35 TB/s, dense BF16 989.4 TFLOP/s).
+ * Built with nvcc it validates and times; built with g++ -DSIMT_EMULATION (make test) it runs the
+ * kernels under the SIMT emulator at a small size and validates only.
+ */
+#pragma once
+#include <cmath>
+#include <functional>
+#include <vector>
+#include "../../model/cuda_common.h"
+
+static const double H100_HBM_GBS = 3350.0;
+static const double H100_BF16_TFLOPS = 989.4;
+
+#if defined(SIMT_EMULATION)
+static const bool EMULATED = true;
+#else
+static const bool EMULATED = false;
+#endif
+
+static inline int g_failures = 0;
+
+static inline std::vector<float> make_random(size_t n, uint64_t seed, double scale = 1.0) {
+    Rng r = {seed * 0x9E3779B97F4A7C15ull + 3};
+    std::vector<float> v(n);
+    for (float& x : v) x = (float)(scale * rng_normal(&r));
+    return v;
+}
+static inline std::vector<float> round_bf16(std::vector<float> v) {
+    for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
+    return v;
+}
+template <typename T> static inline T* to_device(const std::vector<T>& v) {
+    T* p = deviceAlloc(T, v.size());
+    cudaCheck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+static inline floatX* to_device_bf16v(const std::vector<float>& v) {
+    floatX* p = deviceAlloc(floatX, v.size());
+    to_device_bf16(p, v.data(), v.size());
+    return p;
+}
+
+// |got - want| <= rtol |want| + atol max|want| everywhere; prints one line, counts a failure
+static inline void validate(const char* what, const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol) {
+    double maxw = 0, worst = 0;
+    size_t bad = 0, at = 0;
+    for (float w : want) maxw = std::fmax(maxw, std::fabs(w));
+    for (size_t i = 0; i < got.size(); i++) {
+        double lim = rtol * std::fabs(want[i]) + atol * maxw + 1e-30, err = std::fabs((double)got[i] - want[i]);
+        if (!(err <= lim)) bad++;
+        double x = std::isnan(err) ? 1e30 : err / lim;
+        if (x > worst) { worst = x; at = i; }
+    }
+    if (bad) { g_failures++; printf("  %-34s FAIL: %zu of %zu out of tolerance, worst [%zu] %g vs %g\n", what, bad, got.size(), at, got[at], want[at]); }
+    else printf("  %-34s ok (worst error %.2f of the tolerance)\n", what, worst);
+}
+static inline std::vector<float> from_device_f32(const float* p, size_t n) {
+    std::vector<float> v(n);
+    cudaCheck(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+}
+static inline std::vector<float> from_device_bf16v(const floatX* p, size_t n) {
+    std::vector<float> v(n);
+    from_device_bf16(v.data(), p, n);
+    return v;
+}
+
+// Mean milliseconds of `run` over `repeats` launches, each after an L2 flush (a write of twice the
+// L2 size), timed with CUDA events. Under the emulator: not timed (returns 0).
+static inline float time_ms(int repeats, const std::function<void()>& run) {
+    if (EMULATED) return 0.0f;
+    static char* flush = nullptr;
+    static size_t flush_bytes = 0;
+    if (!flush) {
+        int l2 = 0;
+        cudaCheck(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+        flush_bytes = 2 * (size_t)l2;
+        cudaCheck(cudaMalloc((void**)&flush, flush_bytes));
+    }
+    run();   // warm-up
+    cudaEvent_t a, b;
+    cudaCheck(cudaEventCreate(&a));
+    cudaCheck(cudaEventCreate(&b));
+    float total = 0;
+    for (int i = 0; i < repeats; i++) {
+        cudaCheck(cudaMemset(flush, i & 0xFF, flush_bytes));
+        cudaCheck(cudaEventRecord(a, 0));
+        run();
+        cudaCheck(cudaEventRecord(b, 0));
+        cudaCheck(cudaEventSynchronize(b));
+        float ms = 0;
+        cudaCheck(cudaEventElapsedTime(&ms, a, b));
+        total += ms;
+    }
+    cudaCheck(cudaEventDestroy(a));
+    cudaCheck(cudaEventDestroy(b));
+    return total / repeats;
+}
+
+// one line per version: time, bandwidth and its share of the HBM roofline
+static inline void report_bandwidth(const char* what, double bytes, float ms) {
+    if (EMULATED) return;
+    double gbs = bytes / (ms * 1e-3) / 1e9;
+    printf("  %-34s %9.4f ms  %8.1f GB/s  %5.1f%% of H100 HBM3\n", what, ms, gbs, 100.0 * gbs / H100_HBM_GBS);
+}
+static inline void report_flops(const char* what, double flops, float ms) {
+    if (EMULATED) return;
+    double tf = flops / (ms * 1e-3) / 1e12;
+    printf("  %-34s %9.4f ms  %8.1f TFLOP/s  %5.1f%% of H100 BF16 dense\n", what, ms, tf, 100.0 * tf / H100_BF16_TFLOPS);
+}
+
+static inline void print_header(const char* name, const char* shape) {
+#if defined(SIMT_EMULATION)
+    if (!getenv("SIMT_SCHEDULE")) simt::set_schedule(true, 7);
+    printf("%s, %s: SIMT emulator (validation only)\n", name, shape);
+#else
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("%s, %s: %s\n", name, shape, prop.name);
+#endif
+}
+static inline int finish() {
+    printf(g_failures ? "%d validation(s) FAILED\n" : "all versions validated\n", g_failures);
+    return g_failures ? 1 : 0;
+}
+
+// 16-byte vectors of BF16 (8 values), for the vectorised versions: C % 8 == 0, aligned rows
+struct alignas(16) Pack8 { floatX v[8]; };
+__device__ __forceinline__ Pack8 load8(const floatX* p) { return *(const Pack8*)p; }
+__device__ __forceinline__ void store8(floatX* p, const Pack8& x) { *(Pack8*)p = x; }

@@ -1,0 +1,102 @@
+/*
+ * moe.cu — the router and the dropless MoE data movement (N tokens, E experts, top-k, width C,
+ * expert hidden F), the model's kernels (model/router.cuh, model/moe.cuh) unless numbered:
+ *   router forward (softmax, top-k, renormalise; histogram; LBL/z-loss column sums)
+ *   dispatch (offsets + the stable permutation, one block per expert), gather, gather backward,
+ *   SwiGLU forward v1 (model, scalar) and v2 (16-byte loads), combine forward (+ residual) and backward.
+ * Memory-bound: each line gives GB/s for the bytes the kernel must move.
+ *   make dev/cuda/moe && ./dev/cuda/moe        (N 16384, E 16, k 4, C 1024, F 1792: dbrx-1b)
+ */
+#include "common.h"
+#include "../../model/router.cuh"
+#include "../../model/moe.cuh"
+
+__global__ void swiglu_forward_v2(floatX* a, const floatX* g, const floatX* u, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i >= n) return;
+    Pack8 gv = load8(g + i), uv = load8(u + i), out;
+    for (int j = 0; j < 8; j++) {
+        float x = __bfloat162float(gv.v[j]);
+        out.v[j] = __float2bfloat16(x / (1.0f + expf(-x)) * __bfloat162float(uv.v[j]));
+    }
+    store8(a + i, out);
+}
+
+int main() {
+    int N = EMULATED ? 123 : 16384, E = 16, k = 4, C = EMULATED ? 64 : 1024, F = EMULATED ? 96 : 1792, R = N * k;
+    char shape[96];
+    snprintf(shape, sizeof shape, "N %d, E %d, k %d, C %d, F %d", N, E, k, C, F);
+    print_header("moe", shape);
+    // router
+    std::vector<float> logits = make_random((size_t)N * E, 1, 1.5), probs((size_t)N * E), lse(N), w((size_t)N * k);
+    std::vector<int> idx((size_t)N * k), counts(E);
+    router_forward(probs.data(), lse.data(), idx.data(), w.data(), counts.data(), logits.data(), N, E, k);
+    float *dlogits = to_device(logits), *dprobs = deviceAlloc(float, probs.size()), *dlse = deviceAlloc(float, N);
+    float *dw = deviceAlloc(float, w.size()), *dstats = deviceAlloc(float, E + 1);
+    int *didx = deviceAlloc(int, idx.size()), *dcounts = deviceAlloc(int, E);
+    auto router = [&] { router_forward_gpu(dprobs, dlse, didx, dw, dcounts, dstats, dlogits, N, E, k); };
+    router();
+    validate("router forward: probs", from_device_f32(dprobs, probs.size()), probs, 1e-4, 1e-5);
+    validate("router forward: top-k weights", from_device_f32(dw, w.size()), w, 1e-4, 1e-5);
+    report_bandwidth("router forward", (double)N * E * 4 * 3 + (double)N * k * 8, time_ms(20, router));
+    // dispatch
+    std::vector<int> offsets(E + 1), row_token(R), slot_row(R), off_host(E + 1);
+    moe_dispatch(offsets.data(), row_token.data(), slot_row.data(), idx.data(), counts.data(), N, E, k);
+    int *doff = deviceAlloc(int, E + 1), *drt = deviceAlloc(int, R), *dsr = deviceAlloc(int, R);
+    auto dispatch = [&] { moe_dispatch_gpu(doff, drt, dsr, off_host.data(), didx, dcounts, N, E, k); };
+    dispatch();
+    std::vector<int> got(R);
+    cudaCheck(cudaMemcpy(got.data(), drt, R * sizeof(int), cudaMemcpyDeviceToHost));
+    validate("dispatch: row_token", std::vector<float>(got.begin(), got.end()), std::vector<float>(row_token.begin(), row_token.end()), 0, 0);
+    report_bandwidth("dispatch (E blocks scan N*k)", (double)E * R * 4 + 2.0 * R * 4, time_ms(20, dispatch));
+    // gather and its backward
+    std::vector<float> x = round_bf16(make_random((size_t)N * C, 2)), xe((size_t)R * C);
+    moe_gather(xe.data(), x.data(), row_token.data(), R, C);
+    floatX *dx = to_device_bf16v(x), *dxe = deviceAlloc(floatX, xe.size());
+    auto gather = [&] { moe_gather_gpu(dxe, dx, drt, R, C); };
+    gather();
+    validate("gather", from_device_bf16v(dxe, xe.size()), xe, 0, 0);
+    report_bandwidth("gather", 2.0 * R * C * 2, time_ms(20, gather));
+    std::vector<float> dxe32 = make_random((size_t)R * C, 3), dxh((size_t)N * C, 0.0f);
+    moe_gather_backward(dxh.data(), dxe32.data(), slot_row.data(), N, k, C);
+    float *ddxe = to_device(dxe32), *ddx = deviceAlloc(float, dxh.size());
+    auto gather_bwd = [&] { moe_gather_backward_gpu(ddx, ddxe, dsr, N, k, C); };
+    gather_bwd();
+    validate("gather backward", from_device_f32(ddx, dxh.size()), dxh, 1e-5, 1e-6);
+    report_bandwidth("gather backward", (double)R * C * 4 + (double)N * C * 4, time_ms(20, gather_bwd));
+    // SwiGLU
+    size_t n = (size_t)R * F;
+    std::vector<float> g = round_bf16(make_random(n, 4, 2.0)), u = round_bf16(make_random(n, 5)), a(n);
+    swiglu_forward(a.data(), g.data(), u.data(), n);
+    floatX *dg = to_device_bf16v(g), *du = to_device_bf16v(u), *da = deviceAlloc(floatX, n);
+    std::function<void()> sw[2] = {
+        [&] { swiglu_forward_gpu(da, dg, du, n); },
+        [&] { LAUNCH(swiglu_forward_v2, ceil_div((long long)n / 8, 256), 256, 0, 0, da, dg, du, n); },
+    };
+    const char* swn[2] = {"swiglu forward v1 (model)", "swiglu forward v2 (16 B loads)"};
+    for (int v = 0; v < 2; v++) {
+        cudaCheck(cudaMemset(da, 0xFF, n * sizeof(floatX)));
+        sw[v]();
+        validate(swn[v], from_device_bf16v(da, n), a, 1e-2, 1e-2);
+        report_bandwidth(swn[v], 3.0 * n * 2, time_ms(20, sw[v]));
+    }
+    // combine (+ residual) and its backward
+    std::vector<float> resid = round_bf16(make_random((size_t)N * C, 6)), ye = round_bf16(make_random((size_t)R * C, 7));
+    std::vector<float> out = resid;
+    moe_combine_forward(out.data(), ye.data(), w.data(), slot_row.data(), N, k, C);
+    floatX *dres = to_device_bf16v(resid), *dye = to_device_bf16v(ye), *dout = deviceAlloc(floatX, out.size());
+    auto comb = [&] { moe_combine_forward_gpu(dout, dres, dye, dw, dsr, N, k, C); };
+    comb();
+    validate("combine forward", from_device_bf16v(dout, out.size()), out, 1e-2, 1e-2);
+    report_bandwidth("combine forward", (double)R * C * 2 + 2.0 * N * C * 2, time_ms(20, comb));
+    std::vector<float> dy = make_random((size_t)N * C, 8), dyeh((size_t)R * C), dwh((size_t)N * k);
+    moe_combine_backward(dyeh.data(), dwh.data(), dy.data(), ye.data(), w.data(), slot_row.data(), N, k, C);
+    float *ddy = to_device(dy), *ddw = deviceAlloc(float, dwh.size());
+    floatX* ddye = deviceAlloc(floatX, dyeh.size());
+    auto comb_bwd = [&] { moe_combine_backward_gpu(ddye, ddw, ddy, dye, dw, dsr, N, k, C); };
+    comb_bwd();
+    validate("combine backward: dye", from_device_bf16v(ddye, dyeh.size()), dyeh, 1e-2, 1e-2);
+    validate("combine backward: dtopk_w", from_device_f32(ddw, dwh.size()), dwh, 1e-4, 1e-5);
+    report_bandwidth("combine backward", (double)R * C * (4 + 2 + 2), time_ms(20, comb_bwd));
+    return finish();
+}

@@ -1,0 +1,108 @@
+/*
+ * cuda_common.h — what every CUDA kernel file shares, in the real build (nvcc) and in the emulated
+ * one (g++ -DSIMT_EMULATION, test/simt/simt.h): the BF16 storage type, error checks that name the
+ * file and line, the one launch helper of both builds, warp and block reductions, and device
+ * buffers. Included by the model's .cuh files only under `#if defined(__CUDACC__) || defined(SIMT_EMULATION)`,
+ * so the g++ CPU-only build never sees it.
+ */
+#pragma once
+#if defined(SIMT_EMULATION)
+#include "../test/simt/simt.h"
+#else
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#endif
+#include <vector>
+#include "common.h"
+
+// storage type of activations and working weights; accumulation is always fp32
+typedef __nv_bfloat16 floatX;
+
+// ---------------------------------------------------------------------------------------------
+// errors: every CUDA call is checked, and a failure names the caller's file and line
+
+inline void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) fail_at(file, line, "CUDA error %s: %s", cudaGetErrorName(err), cudaGetErrorString(err));
+}
+#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
+
+// LAUNCH(kernel, grid, block, smem, stream, args...): the one way kernels are launched. The real
+// build launches with <<<>>> and checks the launch; the emulated build runs the same kernel under
+// the SIMT emulator (a launch-configuration error sets cudaGetLastError there too).
+#if defined(SIMT_EMULATION)
+#define LAUNCH(kernel, grid, block, smem, stream, ...) do { \
+    simt::launch(#kernel, __FILE__, __LINE__, kernel, dim3(grid), dim3(block), smem, stream, __VA_ARGS__); \
+    cudaCheck(cudaGetLastError()); } while (0)
+#else
+#define LAUNCH(kernel, grid, block, smem, stream, ...) do { \
+    kernel<<<grid, block, smem, stream>>>(__VA_ARGS__); \
+    cudaCheck(cudaGetLastError()); } while (0)
+#endif
+
+inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+// ---------------------------------------------------------------------------------------------
+// reductions. Every lane of the warp gets the result (butterfly), and the order of the additions
+// is fixed, so the result does not depend on scheduling.
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` is 32 floats of shared memory, free again when the function returns.
+__device__ inline float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    v = warp_sum(v);
+    __syncthreads();   // scratch may be reused by the caller right after
+    return v;
+}
+__device__ inline float block_max(float v, float* scratch) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : -INFINITY;
+    v = warp_max(v);
+    __syncthreads();
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// device memory helpers (host side)
+
+template <typename T> inline T* device_alloc(size_t n, const char* file, int line) {
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, (n ? n : 1) * sizeof(T));
+    if (err != cudaSuccess) {
+        size_t free_b = 0, total = 0;
+        (void)cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total);
+        fail_at(file, line, "out of GPU memory allocating %.1f MiB (%.1f of %.1f MiB free): %s", n * sizeof(T) / 1048576.0,
+                free_b / 1048576.0, total / 1048576.0, cudaGetErrorString(err));
+    }
+    return (T*)p;
+}
+#define deviceAlloc(T, n) device_alloc<T>((n), __FILE__, __LINE__)
+
+// host float <-> device bf16 (round to nearest even, the CUDA conversion)
+inline void to_device_bf16(floatX* dst, const float* src, size_t n) {
+    std::vector<floatX> tmp(n);
+    for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16(src[i]);
+    cudaCheck(cudaMemcpy(dst, tmp.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+}
+inline void from_device_bf16(float* dst, const floatX* src, size_t n) {
+    std::vector<floatX> tmp(n);
+    cudaCheck(cudaMemcpy(tmp.data(), src, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) dst[i] = __bfloat162float(tmp[i]);
+}

@@ -1,0 +1,343 @@
+/*
+ * dbrx_cuda.cuh — the DBRX model on the CUDA backend: the same forward and backward, in the same
+ * order, as model/dbrx.h (the CPU reference, the spec), with every op's CUDA kernels (model/<op>.cuh)
+ * and cuBLASLt GEMMs. Numerics:
+ *   parameters  fp32 master weights + AdamW moments + fp32 gradients (16 B/param) and a BF16
+ *               working copy (2 B/param) that the forward and backward read;
+ *   activations BF16, except the LayerNorm statistics, the router (logits, probabilities, top-k
+ *               weights: fp32, as the reference requires), the attention logsumexp and the
+ *               losses (fp32); the residual-stream gradient and the LayerNorm input gradients
+ *               are accumulated in fp32.
+ * One GPU (no data parallelism yet: the multi-GPU path is the communicator's, issue 4).
+ * In the emulated build (SIMT_EMULATION) "device" memory is host memory and the kernels run under
+ * the SIMT emulator, so the whole step is tested in CI (test/test_step_cuda.cpp).
+ */
+#pragma once
+#include <string>
+#include <vector>
+#include "dbrx.h"
+#include "residual.cuh"
+#include "cuda_common.h"
+
+template <typename T> struct BlockViews { T *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; };
+template <typename T> struct ModelViews { T* wte; std::vector<BlockViews<T>> blocks; T* norm_f; T* lm_head; };
+
+// pointer views of a flat (device) buffer laid out by the parameter table, as param_views
+template <typename T> static inline ModelViews<T> model_views(T* base, const DbrxConfig* c, const std::vector<ParamInfo>& t) {
+    ModelViews<T> p;
+    size_t i = 0;
+    p.wte = base + t[i++].offset;
+    p.blocks.resize(c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        BlockViews<T>& b = p.blocks[l];
+        b.norm1 = base + t[i++].offset; b.wqkv = base + t[i++].offset; b.wo = base + t[i++].offset;
+        b.norm2 = base + t[i++].offset; b.router = base + t[i++].offset; b.w1 = base + t[i++].offset;
+        b.v1 = base + t[i++].offset; b.w2 = base + t[i++].offset;
+    }
+    p.norm_f = base + t[i++].offset;
+    p.lm_head = base + t[i++].offset;
+    return p;
+}
+
+// activations saved by the forward pass, per block (N = B*T tokens, R = N*k routed rows)
+typedef struct {
+    floatX *ln1; float *ln1_mean, *ln1_rstd;     // (N, d), (N), (N)
+    floatX *qkv_pre, *qkv;                       // (N, qkv_dim): before the clamp, after clamp + RoPE
+    float* att_lse;                              // (B, H, T) logsumexp of every score row
+    floatX *atty, *resid_mid;                    // (N, d)
+    floatX *ln2; float *ln2_mean, *ln2_rstd;     // (N, d), (N), (N)
+    float *router_logits, *probs, *lse, *topk_w; // (N, E), (N, E), (N), (N, k)
+    float* router_stats;                         // (E + 1): column sums of probs, sum of lse^2
+    int *topk_idx, *counts, *offsets;            // (N, k), (E), (E + 1)
+    int *row_token, *slot_row;                   // (R), (R)
+    floatX *xe, *g, *u, *act, *ye;               // (R, d), (R, F) x3, (R, d)
+    std::vector<int> offsets_host, counts_host;  // host copies (the expert GEMMs are issued from the host)
+} BlockActsGPU;
+
+typedef struct {
+    DbrxConfig cfg;
+    std::vector<ParamInfo> table;
+    size_t num_params;
+    float *master, *grads, *m, *v;     // fp32, num_params each
+    floatX* params;                    // the BF16 working copy
+    ModelViews<floatX> p;
+    ModelViews<float> g;
+
+    int B, T;
+    std::vector<BlockActsGPU> acts;
+    std::vector<floatX*> resid;        // L + 1 of (N, d)
+    floatX* lnf; float *lnf_mean, *lnf_rstd;   // (N, d), (N), (N)
+    floatX* logits;                    // (N, V): the logits, replaced by their gradient in training
+    float* losses;                     // (N)
+    float *rope_cos, *rope_sin;        // (T, hd/2)
+    int *inputs, *targets;             // (N) on the device
+    int *emb_unique, *emb_offsets, *emb_positions;   // the embedding-backward plan (N, N + 1, N)
+    int emb_U;
+    // scratch shared by the blocks
+    floatX* attproj;                   // (N, d) out_proj output before the residual add
+    float *dresid, *dln;               // (N, d) fp32
+    floatX *dresid_bf16, *datty, *dqkv, *drouter;   // (N, d), (N, d), (N, qkv_dim), (N, E)
+    float *dtopk_w, *dxe, *att_D, *ln_scratch, *norm_partial;
+    floatX *dye, *da, *dg, *du;        // (R, d), (R, F) x3
+    std::vector<void*> allocations;
+    size_t param_bytes, activation_bytes;
+    float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
+
+    // results of the last forward pass
+    double ce_loss, lbl_loss, z_loss, imbalance;
+} DbrxGPU;
+
+// Walks every device buffer of the model: allocates it when `m` is given, and adds up the bytes
+// either way, so the memory estimate (dry run, out-of-memory message) is the allocation itself.
+static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, int T, size_t* param_bytes) {
+    size_t bytes = 0, N = (size_t)B * T, d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden;
+    size_t R = N * k, qd = qkv_dim(c), V = c->vocab_size, P = (size_t)params_total(c);
+    auto take = [&](void** p, size_t n) {
+        bytes += n;
+        if (m) {
+            cudaError_t err = cudaMalloc(p, n ? n : 1);
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError();
+                *p = nullptr;
+                return false;
+            }
+            m->allocations.push_back(*p);
+        }
+        return true;
+    };
+    bool ok = true;
+    DbrxGPU sizing;   // without `m`, the walk fills the pointers of a throw-away model
+    DbrxGPU* mm = m ? m : &sizing;
+    if (!m) { sizing.acts.resize(c->n_layers); sizing.resid.resize(c->n_layers + 1); }
+#define TAKE(ptr, type, n) ok = take((void**)&(ptr), (size_t)(n) * sizeof(type)) && ok
+    // parameters: fp32 master, gradients, two moments; BF16 working copy
+    TAKE(mm->master, float, P); TAKE(mm->grads, float, P); TAKE(mm->m, float, P); TAKE(mm->v, float, P);
+    TAKE(mm->params, floatX, P);
+    if (param_bytes) *param_bytes = bytes;
+    for (int l = 0; l < c->n_layers; l++) {
+        BlockActsGPU& a = mm->acts[l];
+        TAKE(a.ln1, floatX, N * d); TAKE(a.ln1_mean, float, N); TAKE(a.ln1_rstd, float, N);
+        TAKE(a.qkv_pre, floatX, N * qd); TAKE(a.qkv, floatX, N * qd);
+        TAKE(a.att_lse, float, (size_t)B * c->n_heads * T);
+        TAKE(a.atty, floatX, N * d); TAKE(a.resid_mid, floatX, N * d);
+        TAKE(a.ln2, floatX, N * d); TAKE(a.ln2_mean, float, N); TAKE(a.ln2_rstd, float, N);
+        TAKE(a.router_logits, float, N * E); TAKE(a.probs, float, N * E); TAKE(a.lse, float, N);
+        TAKE(a.topk_w, float, N * k); TAKE(a.router_stats, float, E + 1);
+        TAKE(a.topk_idx, int, N * k); TAKE(a.counts, int, E); TAKE(a.offsets, int, E + 1);
+        TAKE(a.row_token, int, R); TAKE(a.slot_row, int, R);
+        TAKE(a.xe, floatX, R * d); TAKE(a.g, floatX, R * F); TAKE(a.u, floatX, R * F);
+        TAKE(a.act, floatX, R * F); TAKE(a.ye, floatX, R * d);
+    }
+    for (int l = 0; l <= c->n_layers; l++) TAKE(mm->resid[l], floatX, N * d);
+    TAKE(mm->lnf, floatX, N * d); TAKE(mm->lnf_mean, float, N); TAKE(mm->lnf_rstd, float, N);
+    TAKE(mm->logits, floatX, N * V); TAKE(mm->losses, float, N);
+    TAKE(mm->rope_cos, float, (size_t)T * c->head_dim / 2); TAKE(mm->rope_sin, float, (size_t)T * c->head_dim / 2);
+    TAKE(mm->inputs, int, N); TAKE(mm->targets, int, N);
+    TAKE(mm->emb_unique, int, N); TAKE(mm->emb_offsets, int, N + 1); TAKE(mm->emb_positions, int, N);
+    TAKE(mm->attproj, floatX, N * d);
+    TAKE(mm->dresid, float, N * d); TAKE(mm->dln, float, N * d);
+    TAKE(mm->dresid_bf16, floatX, N * d); TAKE(mm->datty, floatX, N * d);
+    TAKE(mm->dqkv, floatX, N * qd); TAKE(mm->drouter, floatX, N * E);
+    TAKE(mm->dtopk_w, float, N * k); TAKE(mm->dxe, float, R * d);
+    TAKE(mm->att_D, float, (size_t)B * c->n_heads * T);
+    TAKE(mm->ln_scratch, float, layernorm_backward_scratch((int)N, (int)d));
+    TAKE(mm->norm_partial, float, GRAD_NORM_BLOCKS);
+    TAKE(mm->dye, floatX, R * d); TAKE(mm->da, floatX, R * F); TAKE(mm->dg, floatX, R * F); TAKE(mm->du, floatX, R * F);
+#undef TAKE
+    if (!ok) return 0;
+    return bytes;
+}
+
+// the device memory the model needs (parameters, optimizer state, activations, scratch), in bytes
+static inline size_t dbrx_gpu_memory_estimate(const DbrxConfig* c, int B, int T, size_t* param_bytes) {
+    return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes);
+}
+
+static inline std::string gib(double bytes) {
+    char b[32];
+    snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+    return b;
+}
+
+// Out of memory: one clear line with the estimate and what to change (exit 1).
+[[noreturn]] static inline void dbrx_gpu_out_of_memory(const DbrxConfig* c, int B, int T, size_t need, size_t param_bytes) {
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    double np = (double)params_total(c);
+    fail(EXIT_RUNTIME, "out of GPU memory: the model needs %s per GPU (%.2f%s parameters x 18 B (fp32 master, grads, AdamW "
+         "moments, bf16 copy) = %s, activations and scratch %s for micro-batch %d x %d); the GPU has %s free of %s. Lower "
+         "--batch or --seq, or use a smaller --model (sharding over GPUs comes with ZeRO-3)", gib((double)need).c_str(),
+         np >= 1e9 ? np / 1e9 : np / 1e6, np >= 1e9 ? "B" : "M", gib((double)param_bytes).c_str(), gib((double)(need - param_bytes)).c_str(), B, T,
+         gib((double)free_b).c_str(), gib((double)total).c_str());
+}
+
+// Builds the model for micro-batches of (B, T) on the current device. The parameters are the CPU
+// reference's initialisation (dbrx_init_params, the same seed gives the same model on both backends).
+static inline void dbrx_gpu_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, uint64_t seed) {
+    config_validate(cfg);
+    if (T > cfg->max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", T, cfg->max_seq_len);
+    attention_check_shape(cfg->n_heads, cfg->kv_heads, cfg->head_dim);
+    m->cfg = *cfg;
+    m->table = dbrx_param_table(cfg);
+    m->num_params = m->table.back().offset + m->table.back().numel;
+    m->B = B; m->T = T;
+    m->acts.assign(cfg->n_layers, BlockActsGPU());
+    m->resid.assign(cfg->n_layers + 1, nullptr);
+    size_t param_bytes = 0, need = dbrx_gpu_memory_estimate(cfg, B, T, &param_bytes);
+    size_t free_b = 0, total = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total));
+    if (need > free_b) dbrx_gpu_out_of_memory(cfg, B, T, need, param_bytes);
+    if (dbrx_gpu_buffers(m, cfg, B, T, &m->param_bytes) == 0) dbrx_gpu_out_of_memory(cfg, B, T, need, param_bytes);
+    m->activation_bytes = need - m->param_bytes;
+    for (BlockActsGPU& a : m->acts) { a.offsets_host.assign(cfg->n_experts + 1, 0); a.counts_host.assign(cfg->n_experts, 0); }
+    m->p = model_views(m->params, cfg, m->table);
+    m->g = model_views(m->grads, cfg, m->table);
+    // initialisation: the CPU reference's, on the host, then uploaded
+    Dbrx host;
+    host.cfg = *cfg;
+    host.table = m->table;
+    host.params = (real*)mallocCheck(m->num_params * sizeof(real));
+    dbrx_init_params(&host, seed);
+    std::vector<float> master(host.params, host.params + m->num_params);
+    free(host.params);
+    cudaCheck(cudaMemcpy(m->master, master.data(), m->num_params * sizeof(float), cudaMemcpyHostToDevice));
+    to_device_bf16(m->params, master.data(), m->num_params);
+    cudaCheck(cudaMemset(m->grads, 0, m->num_params * sizeof(float)));
+    cudaCheck(cudaMemset(m->m, 0, m->num_params * sizeof(float)));
+    cudaCheck(cudaMemset(m->v, 0, m->num_params * sizeof(float)));
+    std::vector<real> c((size_t)T * cfg->head_dim / 2), s((size_t)T * cfg->head_dim / 2);
+    rope_tables(c.data(), s.data(), T, cfg->head_dim, cfg->rope_theta);
+    std::vector<float> cf(c.begin(), c.end()), sf(s.begin(), s.end());
+    cudaCheck(cudaMemcpy(m->rope_cos, cf.data(), cf.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(m->rope_sin, sf.data(), sf.size() * sizeof(float), cudaMemcpyHostToDevice));
+    m->last_dloss = 0;
+    m->ce_loss = m->lbl_loss = m->z_loss = m->imbalance = 0;
+}
+
+static inline void dbrx_gpu_free(DbrxGPU* m) {
+    for (void* p : m->allocations) cudaCheck(cudaFree(p));
+    m->allocations.clear();
+}
+
+// sets the master weights (host, num_params) and their BF16 copy
+static inline void dbrx_gpu_set_params(DbrxGPU* m, const float* host) {
+    cudaCheck(cudaMemcpy(m->master, host, m->num_params * sizeof(float), cudaMemcpyHostToDevice));
+    to_device_bf16(m->params, host, m->num_params);
+}
+
+// ---------------------------------------------------------------------------------------------
+// forward: inputs, targets (B, T) token ids on the host. Returns the cross-entropy; sets
+// ce/lbl/z/imbalance. dloss > 0 (training: 1 / grad_accum) makes the fused classifier leave the
+// gradient of dloss * mean cross-entropy in m->logits for dbrx_gpu_backward; 0 = evaluation.
+
+static inline double dbrx_gpu_forward(DbrxGPU* m, const int* inputs, const int* targets, float dloss) {
+    const DbrxConfig* c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
+    int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
+    cudaCheck(cudaMemcpy(m->inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(m->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice));
+    if (dloss > 0) {   // the embedding backward's plan, from the host copy of the tokens
+        EmbeddingPlan plan;
+        embedding_plan_build(&plan, inputs, N, V);
+        m->emb_U = (int)plan.unique.size();
+        cudaCheck(cudaMemcpy(m->emb_unique, plan.unique.data(), plan.unique.size() * sizeof(int), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(m->emb_offsets, plan.offsets.data(), plan.offsets.size() * sizeof(int), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(m->emb_positions, plan.positions.data(), plan.positions.size() * sizeof(int), cudaMemcpyHostToDevice));
+    }
+    embedding_forward_gpu(m->resid[0], m->inputs, m->p.wte, N, d);
+    m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
+    std::vector<float> stats(E + 1);
+    for (int l = 0; l < L; l++) {
+        const BlockViews<floatX>& w = m->p.blocks[l];
+        BlockActsGPU* a = &m->acts[l];
+        floatX* x = m->resid[l];
+        // attention half
+        layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
+        matmul_forward_gpu(a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
+        attention_forward_gpu(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+        matmul_forward_gpu(m->attproj, a->atty, w.wo, N, d, d);
+        residual_forward_gpu(a->resid_mid, x, m->attproj, (size_t)N * d);
+        // MoE half
+        layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
+        matmul_forward_gpu(a->router_logits, a->ln2, w.router, N, d, E);
+        router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k);
+        moe_dispatch_gpu(a->offsets, a->row_token, a->slot_row, a->offsets_host.data(), a->topk_idx, a->counts, N, E, k);
+        moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
+        experts_forward_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets_host.data(), E, d, F);
+        moe_combine_forward_gpu(m->resid[l + 1], a->resid_mid, a->ye, a->topk_w, a->slot_row, N, k, d);
+        // auxiliary losses and the load statistic (the counts follow from the offsets already on the host)
+        cudaCheck(cudaMemcpy(stats.data(), a->router_stats, (E + 1) * sizeof(float), cudaMemcpyDeviceToHost));
+        int maxc = 0;
+        for (int e = 0; e < E; e++) {
+            a->counts_host[e] = a->offsets_host[e + 1] - a->offsets_host[e];
+            if (a->counts_host[e] > maxc) maxc = a->counts_host[e];
+        }
+        m->lbl_loss += lbl_from_stats(a->counts_host.data(), stats.data(), N, E, k, L, c->moe_loss_weight);
+        m->z_loss += zloss_from_stats(stats.data(), N, E, L, c->z_loss_weight);
+        double imb = (double)maxc / ((double)N * k / E);
+        if (imb > m->imbalance) m->imbalance = imb;
+    }
+    layernorm_forward_gpu(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], m->p.norm_f, N, d, c->ln_eps);
+    matmul_forward_gpu(m->logits, m->lnf, m->p.lm_head, N, d, V);
+    classifier_fused_gpu(m->logits, m->losses, m->targets, N, V, dloss / N, dloss > 0);
+    std::vector<float> losses(N);
+    cudaCheck(cudaMemcpy(losses.data(), m->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
+    double mean = 0;
+    for (int t = 0; t < N; t++) mean += losses[t];
+    m->ce_loss = mean / N;
+    m->last_dloss = dloss;
+    return m->ce_loss;
+}
+
+// backward of dloss * (ce + lbl + z) of the last forward (which must have been given the same
+// dloss); gradients are ACCUMULATED into m->grads, as dbrx_backward does.
+static inline void dbrx_gpu_backward(DbrxGPU* m, float dloss) {
+    const DbrxConfig* c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
+    int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
+    ENSURE(m->last_dloss == dloss && dloss > 0, "dbrx_gpu_backward(dloss %g) after a forward with dloss %g", dloss, m->last_dloss);
+    // m->logits holds dlogits (the fused classifier wrote them)
+    matmul_backward_gpu(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f);
+    cudaCheck(cudaMemset(m->dresid, 0, (size_t)N * d * sizeof(float)));
+    layernorm_backward_gpu(m->dresid, (floatX*)nullptr, m->g.norm_f, m->ln_scratch, m->dln, m->resid[L], m->p.norm_f,
+                           m->lnf_mean, m->lnf_rstd, N, d);
+    for (int l = L - 1; l >= 0; l--) {
+        const BlockViews<floatX>& w = m->p.blocks[l];
+        const BlockViews<float>& gw = m->g.blocks[l];
+        BlockActsGPU* a = &m->acts[l];
+        // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
+        // MoE half
+        moe_combine_backward_gpu(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
+        experts_backward_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1,
+                             w.w2, a->offsets_host.data(), E, d, F);
+        moe_gather_backward_gpu(m->dln, m->dxe, a->slot_row, N, k, d);
+        router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
+                            c->moe_loss_weight, c->z_loss_weight, dloss);
+        matmul_backward_gpu(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E, 1.0f);
+        layernorm_backward_gpu(m->dresid, m->dresid_bf16, gw.norm2, m->ln_scratch, m->dln, a->resid_mid, w.norm2, a->ln2_mean,
+                               a->ln2_rstd, N, d);
+        // attention half: dresid is now d loss / d resid_mid
+        matmul_backward_gpu(m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d, 0.0f);
+        attention_backward_gpu(m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+        clip_rope_backward_gpu(m->dqkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
+        matmul_backward_gpu(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, 0.0f);
+        layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gw.norm1, m->ln_scratch, m->dln, m->resid[l], w.norm1, a->ln1_mean,
+                               a->ln1_rstd, N, d);
+    }
+    embedding_backward_gpu(m->g.wte, m->dresid, m->emb_unique, m->emb_offsets, m->emb_positions, m->emb_U, d);
+}
+
+static inline void dbrx_gpu_zero_grad(DbrxGPU* m) { cudaCheck(cudaMemset(m->grads, 0, m->num_params * sizeof(float))); }
+
+static inline double dbrx_gpu_grad_norm(DbrxGPU* m) { return sqrt(grad_sumsq_gpu(m->grads, m->num_params, m->norm_partial)); }
+
+// one optimizer step t (1-based) with global-norm clipping; returns the norm before clipping
+static inline double dbrx_gpu_update(DbrxGPU* m, const AdamWConfig* o, float lr, int t) {
+    double norm = dbrx_gpu_grad_norm(m);
+    float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
+    for (const ParamInfo& p : m->table)
+        adamw_update_gpu(m->master + p.offset, m->params + p.offset, m->grads + p.offset, m->m + p.offset, m->v + p.offset,
+                         p.numel, lr, o->beta1, o->beta2, o->eps, p.decay ? o->weight_decay : 0.0f, scale, t);
+    return norm;
+}

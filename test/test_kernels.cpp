@@ -1,0 +1,577 @@
+/*
+ * test_kernels.cpp — every CUDA kernel of the training step against its CPU reference op
+ * (model/<op>.cuh), on fresh random inputs, outputs poisoned (NaN) beforehand, several shapes including
+ * sizes that are not multiples of the block size. One source, two builds:
+ *   make test      g++ -DSIMT_EMULATION: the kernels run under the SIMT emulator, random schedule;
+ *   make test-gpu  nvcc: the same checks on a real device (cuBLASLt instead of its twin).
+ *
+ * Inputs are rounded to BF16 first and the CPU reference gets the very same rounded values, so
+ * the differences come only from the kernel's own arithmetic. Tolerances, |got - want| <=
+ * rtol * |want| + atol * max|want| for every element:
+ *   TOL_BF16  rtol 1e-2, atol 1e-2: outputs stored in BF16 (one rounding is <= 2^-9 relative,
+ *             plus FP32 summation in another order, plus BF16 intermediates such as the recomputed
+ *             attention probabilities); gradients that cancel get the atol part.
+ *   TOL_F32   rtol 1e-4, atol 1e-5: FP32 outputs from the same BF16 inputs (summation order, and
+ *             on a GPU the last-bit differences of expf/rsqrtf).
+ *   exact     integer outputs (top-k indices, counts, offsets, permutations) and copies.
+ */
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest.h>
+#include <algorithm>
+#include <vector>
+#include "../model/dbrx.h"
+#include "../model/residual.cuh"
+
+struct Tol { double rtol, atol; };
+static const Tol TOL_BF16 = {1e-2, 1e-2};
+static const Tol TOL_F32 = {1e-4, 1e-5};
+
+static std::vector<float> randn(size_t n, uint64_t seed, double scale = 1.0) {
+    Rng r = {seed * 0x9E3779B97F4A7C15ull + 1};
+    std::vector<float> v(n);
+    for (float& x : v) x = (float)(scale * rng_normal(&r));
+    return v;
+}
+static std::vector<float> bf16_round(std::vector<float> v) {
+    for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
+    return v;
+}
+static std::vector<int> randint(size_t n, int hi, uint64_t seed) {
+    Rng r = {seed + 77};
+    std::vector<int> v(n);
+    for (int& x : v) x = (int)(rng_u64(&r) % (uint64_t)hi);
+    return v;
+}
+
+// device buffers: allocated poisoned (0xFF bytes: NaN in floats and bf16, -1 in ints)
+template <typename T> static T* dev_poisoned(size_t n) {
+    T* p = deviceAlloc(T, n);
+    cudaCheck(cudaMemset(p, 0xFF, (n ? n : 1) * sizeof(T)));
+    return p;
+}
+static floatX* dev_bf16(const std::vector<float>& v) {
+    floatX* p = dev_poisoned<floatX>(v.size());
+    to_device_bf16(p, v.data(), v.size());
+    return p;
+}
+template <typename T> static T* dev_copy(const std::vector<T>& v) {
+    T* p = dev_poisoned<T>(v.size());
+    cudaCheck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+static std::vector<float> get_bf16(const floatX* p, size_t n) {
+    std::vector<float> v(n);
+    from_device_bf16(v.data(), p, n);
+    return v;
+}
+template <typename T> static std::vector<T> get(const T* p, size_t n) {
+    std::vector<T> v(n);
+    cudaCheck(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// every element within tolerance (a NaN never is); reports the worst element
+static void expect_close(const char* what, const std::vector<float>& got, const std::vector<float>& want, Tol tol) {
+    REQUIRE(got.size() == want.size());
+    double maxw = 0;
+    for (float w : want) maxw = std::max(maxw, (double)std::fabs(w));
+    size_t bad = 0, worst = 0;
+    double worst_excess = -1;
+    for (size_t i = 0; i < got.size(); i++) {
+        double err = std::fabs((double)got[i] - want[i]), lim = tol.rtol * std::fabs(want[i]) + tol.atol * maxw + 1e-30;
+        bool ok = err <= lim;
+        if (!ok) bad++;
+        double excess = std::isnan(err) ? 1e30 : err / lim;
+        if (excess > worst_excess) { worst_excess = excess; worst = i; }
+    }
+    INFO(what << ": " << bad << " of " << got.size() << " elements out of tolerance; worst [" << worst << "] got "
+              << got[worst] << " want " << want[worst] << " (max |want| " << maxw << ")");
+    CHECK(bad == 0);
+}
+template <typename T> static void expect_equal(const char* what, const std::vector<T>& got, const std::vector<T>& want) {
+    REQUIRE(got.size() == want.size());
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < got.size(); i++) if (!(got[i] == want[i])) { if (!bad) first = i; bad++; }
+    INFO(what << ": " << bad << " of " << got.size() << " differ, first at [" << first << "]");
+    CHECK(bad == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// the column-major reference of matmul_cublaslt, in double
+static std::vector<double> naive_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const std::vector<float>& A, int lda,
+                                      long long sa, const std::vector<float>& B, int ldb, long long sb, double beta,
+                                      const std::vector<float>& D0, int ldd, long long sd, int batch) {
+    std::vector<double> D(D0.begin(), D0.end());
+    for (int b = 0; b < batch; b++)
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double acc = 0;
+                for (int p = 0; p < k; p++) {
+                    double a = A[b * sa + (ta ? (size_t)i * lda + p : (size_t)p * lda + i)];
+                    double bb = B[b * sb + (tb ? (size_t)p * ldb + j : (size_t)j * ldb + p)];
+                    acc += a * bb;
+                }
+                size_t di = b * sd + (size_t)j * ldd + i;
+                D[di] = alpha * acc + beta * D0[di];
+            }
+    return D;
+}
+
+TEST_CASE("matmul wrapper: every transpose, leading dimensions, strided batches, alpha/beta, BF16/FP32 out") {
+    int seed = 0;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (auto shape : {std::vector<int>{5, 7, 3, 1}, {33, 17, 40, 3}, {64, 48, 32, 2}}) {
+                int m = shape[0], n = shape[1], k = shape[2], batch = shape[3];
+                int lda = (ta ? k : m) + 3, ldb = (tb ? n : k) + 1, ldd = m + 2;
+                long long sa = (long long)lda * (ta ? m : k) + 5, sb = (long long)ldb * (tb ? k : n), sd = (long long)ldd * n + 7;
+                std::vector<float> A = bf16_round(randn(sa * batch, ++seed)), B = bf16_round(randn(sb * batch, ++seed));
+                for (int out_f32 = 0; out_f32 < 2; out_f32++) {
+                    std::vector<float> D0 = bf16_round(randn(sd * batch, ++seed));
+                    float alpha = 0.75f, beta = out_f32 ? 0.5f : 0.0f;
+                    std::vector<double> want = naive_gemm(ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, beta, D0, ldd, sd, batch);
+                    floatX* dA = dev_bf16(A);
+                    floatX* dB = dev_bf16(B);
+                    std::vector<float> got(D0.size()), wantf(D0.size());
+                    if (out_f32) {
+                        float* dD = dev_copy(D0);
+                        matmul_cublaslt(ta, tb, m, n, k, alpha, dA, CUDA_R_16BF, lda, sa, dB, CUDA_R_16BF, ldb, sb, beta, dD,
+                                        CUDA_R_32F, ldd, sd, batch, nullptr, 0, __FILE__, __LINE__);
+                        got = get(dD, D0.size());
+                        cudaCheck(cudaFree(dD));
+                    } else {
+                        floatX* dD = dev_bf16(D0);   // beta = 0: D's old values (here, random) must not matter
+                        matmul_cublaslt(ta, tb, m, n, k, alpha, dA, CUDA_R_16BF, lda, sa, dB, CUDA_R_16BF, ldb, sb, beta, dD,
+                                        CUDA_R_16BF, ldd, sd, batch, nullptr, 0, __FILE__, __LINE__);
+                        got = get_bf16(dD, D0.size());
+                        cudaCheck(cudaFree(dD));
+                    }
+                    // compare only the m x n block of every batch; the padding must be untouched
+                    std::vector<float> g1, w1;
+                    for (int b = 0; b < batch; b++)
+                        for (int j = 0; j < n; j++)
+                            for (int i = 0; i < m; i++) {
+                                size_t di = b * sd + (size_t)j * ldd + i;
+                                g1.push_back(got[di]);
+                                w1.push_back((float)want[di]);
+                                got[di] = D0[di];
+                            }
+                    INFO("trans " << ta << tb << " m " << m << " n " << n << " k " << k << " batch " << batch << " fp32 out " << out_f32);
+                    expect_close("D", g1, w1, out_f32 ? TOL_F32 : TOL_BF16);
+                    expect_equal("padding", got, D0);
+                    cudaCheck(cudaFree(dA)); cudaCheck(cudaFree(dB));
+                }
+            }
+}
+
+TEST_CASE("matmul wrapper: FP8 E4M3 operands with scale pointers and amax (the TN layout)") {
+    const int m = 32, n = 48, k = 64;
+    std::vector<float> A = randn((size_t)k * m, 301, 2.0), B = randn((size_t)k * n, 302, 2.0);
+    std::vector<__nv_fp8_e4m3> A8(A.size()), B8(B.size());
+    for (size_t i = 0; i < A.size(); i++) { A8[i] = __nv_fp8_e4m3(A[i]); A[i] = (float)A8[i]; }
+    for (size_t i = 0; i < B.size(); i++) { B8[i] = __nv_fp8_e4m3(B[i]); B[i] = (float)B8[i]; }
+    float scales[3] = {0.5f, 0.25f, 1.0f};   // a_scale, b_scale, (amax out)
+    float* dscales = dev_copy(std::vector<float>(scales, scales + 3));
+    __nv_fp8_e4m3* dA = dev_copy(A8);
+    __nv_fp8_e4m3* dB = dev_copy(B8);
+    float* dD = dev_poisoned<float>((size_t)m * n);
+    MatmulOptions opt = {dscales, dscales + 1, nullptr, dscales + 2, 0};
+    matmul_cublaslt(true, false, m, n, k, 1.0f, dA, CUDA_R_8F_E4M3, k, 0, dB, CUDA_R_8F_E4M3, k, 0, 0.0f, dD, CUDA_R_32F, m, 0, 1,
+                    &opt, 0, __FILE__, __LINE__);
+    std::vector<double> want = naive_gemm(true, false, m, n, k, 0.125, A, k, 0, B, k, 0, 0.0, std::vector<float>((size_t)m * n, 0.0f), m, 0, 1);
+    std::vector<float> wantf(want.begin(), want.end());
+    expect_close("fp8 D", get(dD, (size_t)m * n), wantf, TOL_F32);
+    double amax = 0;
+    for (double w : want) amax = std::max(amax, std::fabs(w));
+    CHECK(get(dscales + 2, 1)[0] == doctest::Approx(amax).epsilon(1e-5));
+    cudaCheck(cudaFree(dscales)); cudaCheck(cudaFree(dA)); cudaCheck(cudaFree(dB)); cudaCheck(cudaFree(dD));
+}
+
+TEST_CASE("matmul_forward_gpu / matmul_backward_gpu match the CPU matmul_forward / matmul_backward") {
+    for (auto s : {std::vector<int>{1, 8, 16}, {37, 64, 24}, {130, 96, 200}}) {
+        int N = s[0], C = s[1], OC = s[2];
+        std::vector<float> inp = bf16_round(randn((size_t)N * C, N)), w = bf16_round(randn((size_t)OC * C, C, 0.1));
+        std::vector<float> dout = bf16_round(randn((size_t)N * OC, OC));
+        std::vector<float> out((size_t)N * OC), dinp = randn((size_t)N * C, 5), dw = randn((size_t)OC * C, 6);
+        floatX *d_inp = dev_bf16(inp), *d_w = dev_bf16(w), *d_dout = dev_bf16(dout), *d_out = dev_poisoned<floatX>(out.size());
+        float *d_dinp = dev_copy(dinp), *d_dw = dev_copy(dw);
+        matmul_forward(out.data(), inp.data(), w.data(), N, C, OC);
+        matmul_forward_gpu(d_out, d_inp, d_w, N, C, OC);
+        expect_close("out", get_bf16(d_out, out.size()), out, TOL_BF16);
+        matmul_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+        matmul_backward_gpu(d_dinp, d_dw, d_dout, d_inp, d_w, N, C, OC, 1.0f);
+        expect_close("dinp", get(d_dinp, dinp.size()), dinp, TOL_F32);
+        expect_close("dweight", get(d_dw, dw.size()), dw, TOL_F32);
+        for (void* p : {(void*)d_inp, (void*)d_w, (void*)d_dout, (void*)d_out, (void*)d_dinp, (void*)d_dw}) cudaCheck(cudaFree(p));
+    }
+}
+
+TEST_CASE("embedding forward and deterministic backward") {
+    for (auto s : {std::vector<int>{7, 33, 11}, {64, 128, 384}, {300, 130, 257}}) {
+        int N = s[0], C = s[1], V = s[2];
+        std::vector<int> tok = randint(N, V / 3 + 1, N);   // few distinct tokens: many repeats
+        std::vector<float> wte = bf16_round(randn((size_t)V * C, V)), dout = randn((size_t)N * C, C);
+        std::vector<float> dwte = randn((size_t)V * C, 3), out((size_t)N * C);
+        int* d_tok = dev_copy(tok);
+        floatX *d_wte = dev_bf16(wte), *d_out = dev_poisoned<floatX>(out.size());
+        float *d_dout = dev_copy(dout), *d_dwte = dev_copy(dwte);
+        embedding_forward(out.data(), tok.data(), wte.data(), N, C);
+        embedding_forward_gpu(d_out, d_tok, d_wte, N, C);
+        expect_equal("out", get_bf16(d_out, out.size()), out);
+        EmbeddingPlan plan;
+        embedding_plan_build(&plan, tok.data(), N, V);
+        int *d_u = dev_copy(plan.unique), *d_o = dev_copy(plan.offsets), *d_p = dev_copy(plan.positions);
+        embedding_backward(dwte.data(), dout.data(), tok.data(), N, C);
+        embedding_backward_gpu(d_dwte, d_dout, d_u, d_o, d_p, (int)plan.unique.size(), C);
+        expect_close("dwte", get(d_dwte, dwte.size()), dwte, TOL_F32);
+        for (void* p : {(void*)d_tok, (void*)d_wte, (void*)d_out, (void*)d_dout, (void*)d_dwte, (void*)d_u, (void*)d_o, (void*)d_p})
+            cudaCheck(cudaFree(p));
+    }
+}
+
+TEST_CASE("layernorm forward and backward") {
+    for (auto s : {std::vector<int>{1, 32}, {7, 100}, {67, 128}, {130, 257}}) {
+        int N = s[0], C = s[1];
+        std::vector<float> x = bf16_round(randn((size_t)N * C, N + C, 2.0)), w = bf16_round(randn(C, C));
+        for (size_t i = 0; i < x.size(); i++) x[i] += (float)(i % C) * 0.01f;   // a non-zero mean
+        x = bf16_round(x);
+        std::vector<float> out((size_t)N * C), mean(N), rstd(N);
+        layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+        floatX *d_x = dev_bf16(x), *d_w = dev_bf16(w), *d_out = dev_poisoned<floatX>(out.size());
+        float *d_mean = dev_poisoned<float>(N), *d_rstd = dev_poisoned<float>(N);
+        layernorm_forward_gpu(d_out, d_mean, d_rstd, d_x, d_w, N, C, 1e-5f);
+        expect_close("out", get_bf16(d_out, out.size()), out, TOL_BF16);
+        expect_close("mean", get(d_mean, N), mean, TOL_F32);
+        expect_close("rstd", get(d_rstd, N), rstd, TOL_F32);
+
+        std::vector<float> dout = randn((size_t)N * C, 9), dinp = randn((size_t)N * C, 10), dw = randn(C, 11);
+        float *d_dout = dev_copy(dout), *d_dinp = dev_copy(dinp), *d_dw = dev_copy(dw);
+        float* d_scratch = dev_poisoned<float>(layernorm_backward_scratch(N, C));
+        floatX* d_dinp16 = dev_poisoned<floatX>(dinp.size());
+        layernorm_backward(dinp.data(), dw.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+        layernorm_backward_gpu(d_dinp, d_dinp16, d_dw, d_scratch, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
+        expect_close("dinp", get(d_dinp, dinp.size()), dinp, TOL_F32);
+        expect_close("dinp bf16 copy", get_bf16(d_dinp16, dinp.size()), dinp, TOL_BF16);
+        expect_close("dweight", get(d_dw, C), dw, TOL_F32);
+        for (void* p : {(void*)d_x, (void*)d_w, (void*)d_out, (void*)d_mean, (void*)d_rstd, (void*)d_dout, (void*)d_dinp,
+                        (void*)d_dw, (void*)d_scratch, (void*)d_dinp16})
+            cudaCheck(cudaFree(p));
+    }
+}
+
+TEST_CASE("residual add") {
+    for (size_t n : {(size_t)1, (size_t)1000, (size_t)4099}) {
+        std::vector<float> x = bf16_round(randn(n, n)), y = bf16_round(randn(n, n + 1)), out(n);
+        residual_forward(out.data(), x.data(), y.data(), n);
+        floatX *dx = dev_bf16(x), *dy = dev_bf16(y), *dout = dev_poisoned<floatX>(n);
+        residual_forward_gpu(dout, dx, dy, n);
+        expect_close("out", get_bf16(dout, n), out, TOL_BF16);
+        cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dy)); cudaCheck(cudaFree(dout));
+    }
+}
+
+TEST_CASE("clip_qkv + RoPE, fused, forward and backward") {
+    for (auto s : {std::vector<int>{1, 5, 2, 1, 8}, {2, 37, 4, 2, 16}, {2, 64, 4, 2, 32}})
+        for (float clip : {0.5f, 0.0f}) {
+            int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd;
+            size_t n = (size_t)B * T * qd;
+            std::vector<float> pre = bf16_round(randn(n, T + hd, 0.6)), cos_t((size_t)T * hd / 2), sin_t((size_t)T * hd / 2);
+            rope_tables(cos_t.data(), sin_t.data(), T, hd, 10000.0f);
+            std::vector<float> qkv(n);
+            clip_forward(qkv.data(), pre.data(), n, clip);
+            rope_forward(qkv.data(), cos_t.data(), sin_t.data(), B, T, H, KV, hd);
+            floatX *d_pre = dev_bf16(pre), *d_qkv = dev_poisoned<floatX>(n);
+            float *d_cos = dev_copy(cos_t), *d_sin = dev_copy(sin_t);
+            clip_rope_forward_gpu(d_qkv, d_pre, d_cos, d_sin, B, T, H, KV, hd, clip);
+            expect_close("qkv", get_bf16(d_qkv, n), qkv, TOL_BF16);
+            std::vector<float> dq = bf16_round(randn(n, 5));
+            floatX* d_dq = dev_bf16(dq);
+            rope_backward(dq.data(), cos_t.data(), sin_t.data(), B, T, H, KV, hd);
+            clip_backward(dq.data(), pre.data(), n, clip);
+            clip_rope_backward_gpu(d_dq, d_pre, d_cos, d_sin, B, T, H, KV, hd, clip);
+            expect_close("dqkv", get_bf16(d_dq, n), dq, TOL_BF16);
+            for (void* p : {(void*)d_pre, (void*)d_qkv, (void*)d_cos, (void*)d_sin, (void*)d_dq}) cudaCheck(cudaFree(p));
+        }
+}
+
+TEST_CASE("causal GQA attention forward (output, logsumexp) and backward") {
+    for (auto s : {std::vector<int>{1, 1, 1, 1, 2}, {2, 13, 4, 2, 8}, {1, 70, 4, 4, 40}, {2, 64, 4, 2, 32}, {1, 33, 8, 2, 64}}) {
+        int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd, C = H * hd;
+        std::vector<float> qkv = bf16_round(randn((size_t)B * T * qd, T * hd, 1.5));
+        std::vector<float> out((size_t)B * T * C), att((size_t)B * H * T * T);
+        attention_forward(out.data(), att.data(), qkv.data(), B, T, H, KV, hd);
+        // the logsumexp of every score row, in double, straight from q and k
+        std::vector<float> lse((size_t)B * H * T);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    double m = -1e300, acc = 0;
+                    std::vector<double> sc(t + 1);
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        double d = 0;
+                        for (int i = 0; i < hd; i++)
+                            d += (double)qkv[((size_t)b * T + t) * qd + h * hd + i] * qkv[((size_t)b * T + t2) * qd + C + (h / (H / KV)) * hd + i];
+                        sc[t2] = d / std::sqrt((double)hd);
+                        m = std::max(m, sc[t2]);
+                    }
+                    for (double x : sc) acc += std::exp(x - m);
+                    lse[((size_t)b * H + h) * T + t] = (float)(m + std::log(acc));
+                }
+        floatX *d_qkv = dev_bf16(qkv), *d_out = dev_poisoned<floatX>(out.size());
+        float* d_lse = dev_poisoned<float>(lse.size());
+        attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd);
+        INFO("B " << B << " T " << T << " H " << H << " KV " << KV << " hd " << hd);
+        expect_close("out", get_bf16(d_out, out.size()), out, TOL_BF16);
+        expect_close("lse", get(d_lse, lse.size()), lse, TOL_F32);
+        // backward: the CPU reference from the same qkv, its own probabilities, and the same dout
+        std::vector<float> dout = bf16_round(randn(out.size(), 17)), dqkv(qkv.size());
+        attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, H, KV, hd);
+        floatX *d_dout = dev_bf16(dout), *d_dqkv = dev_poisoned<floatX>(qkv.size());
+        float* d_D = dev_poisoned<float>(lse.size());
+        attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd);
+        expect_close("dqkv", get_bf16(d_dqkv, dqkv.size()), dqkv, TOL_BF16);
+        for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_lse, (void*)d_dout, (void*)d_dqkv, (void*)d_D}) cudaCheck(cudaFree(p));
+    }
+}
+
+TEST_CASE("router: softmax, top-k, renormalisation, histogram, LBL and z-loss, backward") {
+    for (auto s : {std::vector<int>{1, 4, 1, 0}, {37, 16, 4, 0}, {130, 8, 2, 0}, {300, 16, 4, 0}, {65, 16, 4, 1}}) {
+        int N = s[0], E = s[1], k = s[2], L = 3, ties = s[3];
+        std::vector<float> logits = randn((size_t)N * E, N * E, 1.5);
+        if (ties) for (float& z : logits) z = std::floor(z);   // many equal probabilities: ties to the lower index
+        std::vector<float> probs((size_t)N * E), lse(N), w((size_t)N * k);
+        std::vector<int> idx((size_t)N * k), counts(E);
+        router_forward(probs.data(), lse.data(), idx.data(), w.data(), counts.data(), logits.data(), N, E, k);
+        float *d_logits = dev_copy(logits), *d_probs = dev_poisoned<float>(probs.size()), *d_lse = dev_poisoned<float>(N);
+        float *d_w = dev_poisoned<float>(w.size()), *d_stats = dev_poisoned<float>(E + 1);
+        int *d_idx = dev_poisoned<int>(idx.size()), *d_counts = dev_poisoned<int>(E);
+        router_forward_gpu(d_probs, d_lse, d_idx, d_w, d_counts, d_stats, d_logits, N, E, k);
+        INFO("N " << N << " E " << E << " k " << k);
+        expect_close("probs", get(d_probs, probs.size()), probs, TOL_F32);
+        expect_close("lse", get(d_lse, N), lse, TOL_F32);
+        expect_equal("topk_idx", get(d_idx, idx.size()), idx);
+        expect_close("topk_w", get(d_w, w.size()), w, TOL_F32);
+        std::vector<int> hc = get(d_counts, E);
+        expect_equal("counts", hc, counts);
+        std::vector<float> stats = get(d_stats, E + 1);
+        CHECK(lbl_from_stats(hc.data(), stats.data(), N, E, k, L, 0.05f) ==
+              doctest::Approx(lbl_forward(probs.data(), counts.data(), N, E, k, L, 0.05f)).epsilon(1e-5));
+        CHECK(zloss_from_stats(stats.data(), N, E, L, 0.01f) == doctest::Approx(zloss_forward(lse.data(), N, L, 0.01f)).epsilon(1e-5));
+        std::vector<float> dw = randn(w.size(), 31), dlogits((size_t)N * E);
+        float* d_dw = dev_copy(dw);
+        floatX* d_dlogits = dev_poisoned<floatX>(dlogits.size());
+        router_backward(dlogits.data(), dw.data(), probs.data(), lse.data(), idx.data(), w.data(), counts.data(), N, E, k, L,
+                        0.05f, 0.01f, 0.5f);
+        router_backward_gpu(d_dlogits, d_dw, d_probs, d_lse, d_idx, d_w, d_counts, N, E, k, L, 0.05f, 0.01f, 0.5f);
+        expect_close("dlogits", get_bf16(d_dlogits, dlogits.size()), dlogits, TOL_BF16);
+        for (void* p : {(void*)d_logits, (void*)d_probs, (void*)d_lse, (void*)d_w, (void*)d_stats, (void*)d_idx, (void*)d_counts,
+                        (void*)d_dw, (void*)d_dlogits})
+            cudaCheck(cudaFree(p));
+    }
+}
+
+TEST_CASE("MoE dispatch (histogram, offsets, permutation), gather and its backward") {
+    for (auto s : {std::vector<int>{1, 4, 1, 8}, {37, 16, 4, 24}, {300, 16, 4, 40}, {129, 5, 2, 33}}) {
+        int N = s[0], E = s[1], k = s[2], C = s[3];
+        // top-k indices: k distinct experts per token, skewed so that some experts get nothing
+        std::vector<int> idx((size_t)N * k), counts(E, 0);
+        Rng r = {(uint64_t)N * 13 + E};
+        for (int t = 0; t < N; t++)
+            for (int j = 0; j < k; j++) {
+                int e;
+                bool again;
+                do {
+                    e = (int)((rng_u64(&r) % (uint64_t)E) * (rng_u64(&r) % (uint64_t)E) / E);
+                    again = false;
+                    for (int i = 0; i < j; i++) again |= idx[t * k + i] == e;
+                } while (again);
+                idx[t * k + j] = e;
+                counts[e]++;
+            }
+        std::vector<int> offsets(E + 1), row_token((size_t)N * k), slot_row((size_t)N * k);
+        moe_dispatch(offsets.data(), row_token.data(), slot_row.data(), idx.data(), counts.data(), N, E, k);
+        int *d_idx = dev_copy(idx), *d_counts = dev_copy(counts), *d_off = dev_poisoned<int>(E + 1);
+        int *d_rt = dev_poisoned<int>(row_token.size()), *d_sr = dev_poisoned<int>(slot_row.size());
+        std::vector<int> off_host(E + 1, -7);
+        moe_dispatch_gpu(d_off, d_rt, d_sr, off_host.data(), d_idx, d_counts, N, E, k);
+        INFO("N " << N << " E " << E << " k " << k);
+        expect_equal("offsets", get(d_off, E + 1), offsets);
+        expect_equal("offsets (host copy)", off_host, offsets);
+        expect_equal("row_token", get(d_rt, row_token.size()), row_token);
+        expect_equal("slot_row", get(d_sr, slot_row.size()), slot_row);
+        std::vector<float> x = bf16_round(randn((size_t)N * C, 4)), xe((size_t)N * k * C);
+        moe_gather(xe.data(), x.data(), row_token.data(), N * k, C);
+        floatX *d_x = dev_bf16(x), *d_xe = dev_poisoned<floatX>(xe.size());
+        moe_gather_gpu(d_xe, d_x, d_rt, N * k, C);
+        expect_equal("xe", get_bf16(d_xe, xe.size()), xe);
+        std::vector<float> dxe = randn(xe.size(), 8), dx((size_t)N * C, 0.0f);
+        moe_gather_backward(dx.data(), dxe.data(), slot_row.data(), N, k, C);
+        float *d_dxe = dev_copy(dxe), *d_dx = dev_poisoned<float>(dx.size());
+        moe_gather_backward_gpu(d_dx, d_dxe, d_sr, N, k, C);
+        expect_close("dx", get(d_dx, dx.size()), dx, TOL_F32);
+        for (void* p : {(void*)d_idx, (void*)d_counts, (void*)d_off, (void*)d_rt, (void*)d_sr, (void*)d_x, (void*)d_xe, (void*)d_dxe,
+                        (void*)d_dx})
+            cudaCheck(cudaFree(p));
+    }
+}
+
+TEST_CASE("SwiGLU forward and backward") {
+    for (size_t n : {(size_t)1, (size_t)1000, (size_t)4099}) {
+        std::vector<float> g = bf16_round(randn(n, n, 3.0)), u = bf16_round(randn(n, n + 1)), a(n);
+        swiglu_forward(a.data(), g.data(), u.data(), n);
+        floatX *d_g = dev_bf16(g), *d_u = dev_bf16(u), *d_a = dev_poisoned<floatX>(n);
+        swiglu_forward_gpu(d_a, d_g, d_u, n);
+        expect_close("a", get_bf16(d_a, n), a, TOL_BF16);
+        std::vector<float> da = bf16_round(randn(n, 3)), dg(n), du(n);
+        swiglu_backward(dg.data(), du.data(), da.data(), g.data(), u.data(), n);
+        floatX *d_da = dev_bf16(da), *d_dg = dev_poisoned<floatX>(n), *d_du = dev_poisoned<floatX>(n);
+        swiglu_backward_gpu(d_dg, d_du, d_da, d_g, d_u, n);
+        expect_close("dg", get_bf16(d_dg, n), dg, TOL_BF16);
+        expect_close("du", get_bf16(d_du, n), du, TOL_BF16);
+        for (void* p : {(void*)d_g, (void*)d_u, (void*)d_a, (void*)d_da, (void*)d_dg, (void*)d_du}) cudaCheck(cudaFree(p));
+    }
+}
+
+// a routing of N tokens to k of E experts through the CPU router: idx, w, counts, offsets, ...
+struct Routing {
+    std::vector<float> w;
+    std::vector<int> idx, counts, offsets, row_token, slot_row;
+};
+static Routing make_routing(int N, int E, int k, uint64_t seed) {
+    Routing r;
+    std::vector<float> logits = randn((size_t)N * E, seed, 2.0), probs((size_t)N * E), lse(N);
+    r.w.resize((size_t)N * k); r.idx.resize((size_t)N * k); r.counts.resize(E); r.offsets.resize(E + 1);
+    r.row_token.resize((size_t)N * k); r.slot_row.resize((size_t)N * k);
+    router_forward(probs.data(), lse.data(), r.idx.data(), r.w.data(), r.counts.data(), logits.data(), N, E, k);
+    moe_dispatch(r.offsets.data(), r.row_token.data(), r.slot_row.data(), r.idx.data(), r.counts.data(), N, E, k);
+    return r;
+}
+
+TEST_CASE("weighted combine (with the residual add) forward and backward") {
+    for (auto s : {std::vector<int>{1, 4, 2, 8}, {37, 16, 4, 33}, {100, 8, 2, 64}}) {
+        int N = s[0], E = s[1], k = s[2], C = s[3];
+        Routing r = make_routing(N, E, k, N + C);
+        std::vector<float> resid = bf16_round(randn((size_t)N * C, 1)), ye = bf16_round(randn((size_t)N * k * C, 2));
+        std::vector<float> out = resid;
+        moe_combine_forward(out.data(), ye.data(), r.w.data(), r.slot_row.data(), N, k, C);
+        floatX *d_resid = dev_bf16(resid), *d_ye = dev_bf16(ye), *d_out = dev_poisoned<floatX>(out.size());
+        float* d_w = dev_copy(r.w);
+        int* d_sr = dev_copy(r.slot_row);
+        moe_combine_forward_gpu(d_out, d_resid, d_ye, d_w, d_sr, N, k, C);
+        expect_close("out", get_bf16(d_out, out.size()), out, TOL_BF16);
+        std::vector<float> dout = randn((size_t)N * C, 3), dye(ye.size()), dw((size_t)N * k);
+        moe_combine_backward(dye.data(), dw.data(), dout.data(), ye.data(), r.w.data(), r.slot_row.data(), N, k, C);
+        float *d_dout = dev_copy(dout), *d_dw = dev_poisoned<float>(dw.size());
+        floatX* d_dye = dev_poisoned<floatX>(dye.size());
+        moe_combine_backward_gpu(d_dye, d_dw, d_dout, d_ye, d_w, d_sr, N, k, C);
+        expect_close("dye", get_bf16(d_dye, dye.size()), dye, TOL_BF16);
+        expect_close("dtopk_w", get(d_dw, dw.size()), dw, TOL_F32);
+        for (void* p : {(void*)d_resid, (void*)d_ye, (void*)d_out, (void*)d_w, (void*)d_sr, (void*)d_dout, (void*)d_dw, (void*)d_dye})
+            cudaCheck(cudaFree(p));
+    }
+}
+
+TEST_CASE("expert GEMMs + SwiGLU, forward and backward, with empty experts") {
+    for (auto s : {std::vector<int>{13, 8, 2, 32, 48}, {40, 4, 2, 24, 40}}) {
+        int N = s[0], E = s[1], k = s[2], C = s[3], F = s[4], rows = N * k;
+        Routing r = make_routing(N, E, k, 5 + N);
+        int empty = 0;
+        for (int e = 0; e < E; e++) empty += r.counts[e] == 0;
+        std::vector<float> xe = bf16_round(randn((size_t)rows * C, 1)), w1 = bf16_round(randn((size_t)E * F * C, 2, 0.2)),
+                           v1 = bf16_round(randn((size_t)E * F * C, 3, 0.2)), w2 = bf16_round(randn((size_t)E * F * C, 4, 0.2));
+        std::vector<float> ye((size_t)rows * C), g((size_t)rows * F), u((size_t)rows * F), a((size_t)rows * F);
+        experts_up_forward(g.data(), u.data(), a.data(), xe.data(), w1.data(), v1.data(), r.offsets.data(), E, C, F);
+        experts_down_forward(ye.data(), a.data(), w2.data(), r.offsets.data(), E, C, F);
+        floatX *d_xe = dev_bf16(xe), *d_w1 = dev_bf16(w1), *d_v1 = dev_bf16(v1), *d_w2 = dev_bf16(w2);
+        floatX *d_ye = dev_poisoned<floatX>(ye.size()), *d_g = dev_poisoned<floatX>(g.size()), *d_u = dev_poisoned<floatX>(u.size()),
+               *d_a = dev_poisoned<floatX>(a.size());
+        experts_forward_gpu(d_ye, d_g, d_u, d_a, d_xe, d_w1, d_v1, d_w2, r.offsets.data(), E, C, F);
+        INFO("N " << N << " E " << E << " k " << k << " (" << empty << " experts without tokens)");
+        expect_close("g", get_bf16(d_g, g.size()), g, TOL_BF16);
+        expect_close("u", get_bf16(d_u, u.size()), u, TOL_BF16);
+        expect_close("ye", get_bf16(d_ye, ye.size()), ye, TOL_BF16);
+        // the backward from the GPU's own (BF16) activations, given to the CPU as well
+        std::vector<float> gg = get_bf16(d_g, g.size()), uu = get_bf16(d_u, u.size()), aa = get_bf16(d_a, a.size());
+        std::vector<float> dye = bf16_round(randn(ye.size(), 6)), dxe(xe.size()), da(a.size()), dg(a.size()), du(a.size());
+        std::vector<float> dw1 = randn(w1.size(), 7, 0.1), dv1 = randn(w1.size(), 8, 0.1), dw2 = randn(w1.size(), 9, 0.1);
+        float *d_dw1 = dev_copy(dw1), *d_dv1 = dev_copy(dv1), *d_dw2 = dev_copy(dw2), *d_dxe = dev_poisoned<float>(dxe.size());
+        floatX *d_dye = dev_bf16(dye), *d_da = dev_poisoned<floatX>(a.size()), *d_dg = dev_poisoned<floatX>(a.size()),
+               *d_du = dev_poisoned<floatX>(a.size());
+        experts_down_backward(da.data(), dw2.data(), dye.data(), w2.data(), aa.data(), dye.data(), r.offsets.data(), E, C, F);
+        swiglu_backward(dg.data(), du.data(), da.data(), gg.data(), uu.data(), (size_t)rows * F);
+        experts_up_backward(dxe.data(), dw1.data(), dv1.data(), dg.data(), du.data(), w1.data(), v1.data(), dg.data(), du.data(),
+                            xe.data(), r.offsets.data(), E, C, F);
+        experts_backward_gpu(d_dxe, d_dw1, d_dv1, d_dw2, d_da, d_dg, d_du, d_dye, d_xe, d_g, d_u, d_a, d_w1, d_v1, d_w2,
+                             r.offsets.data(), E, C, F);
+        expect_close("dxe", get(d_dxe, dxe.size()), dxe, TOL_BF16);
+        expect_close("dw1", get(d_dw1, dw1.size()), dw1, TOL_BF16);
+        expect_close("dv1", get(d_dv1, dv1.size()), dv1, TOL_BF16);
+        expect_close("dw2", get(d_dw2, dw2.size()), dw2, TOL_F32);
+        for (void* p : {(void*)d_xe, (void*)d_w1, (void*)d_v1, (void*)d_w2, (void*)d_ye, (void*)d_g, (void*)d_u, (void*)d_a,
+                        (void*)d_dw1, (void*)d_dv1, (void*)d_dw2, (void*)d_dxe, (void*)d_dye, (void*)d_da, (void*)d_dg, (void*)d_du})
+            cudaCheck(cudaFree(p));
+    }
+}
+
+TEST_CASE("fused classifier: softmax, cross-entropy and dlogits in one kernel") {
+    for (auto s : {std::vector<int>{1, 5}, {7, 384}, {33, 1000}, {3, 100352}}) {
+        int N = s[0], V = s[1];
+        std::vector<float> logits = bf16_round(randn((size_t)N * V, N + V, 3.0)), losses(N);
+        std::vector<int> targets = randint(N, V, V);
+        double mean = crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V);
+        floatX* d_logits = dev_bf16(logits);
+        float* d_losses = dev_poisoned<float>(N);
+        int* d_t = dev_copy(targets);
+        float dloss = 1.0f / N;
+        classifier_fused_gpu(d_logits, d_losses, d_t, N, V, dloss, false);   // validation: logits left alone
+        expect_equal("logits untouched", get_bf16(d_logits, logits.size()), logits);
+        classifier_fused_gpu(d_logits, d_losses, d_t, N, V, dloss, true);
+        std::vector<float> gl = get(d_losses, N);
+        INFO("N " << N << " V " << V);
+        expect_close("losses", gl, losses, TOL_F32);
+        double gm = 0;
+        for (float l : gl) gm += l;
+        CHECK(gm / N == doctest::Approx(mean).epsilon(1e-5));
+        crossentropy_backward(logits.data(), targets.data(), N, V, dloss);
+        expect_close("dlogits", get_bf16(d_logits, logits.size()), logits, TOL_BF16);
+        cudaCheck(cudaFree(d_logits)); cudaCheck(cudaFree(d_losses)); cudaCheck(cudaFree(d_t));
+    }
+}
+
+TEST_CASE("global gradient norm and AdamW (fp32 master -> bf16 weights)") {
+    float* d_partial = dev_poisoned<float>(GRAD_NORM_BLOCKS);
+    for (size_t n : {(size_t)1, (size_t)1000, (size_t)1000003}) {
+        std::vector<float> grad = randn(n, n, 0.01), p = randn(n, n + 1, 0.02), m = randn(n, n + 2, 1e-3), v = randn(n, n + 3, 1e-3);
+        for (float& x : v) x = x * x;
+        float* d_grad = dev_copy(grad);
+        CHECK(grad_sumsq_gpu(d_grad, n, d_partial) == doctest::Approx(grad_sumsq(grad.data(), n)).epsilon(1e-5));
+        float *d_p = dev_copy(p), *d_m = dev_copy(m), *d_v = dev_copy(v);
+        floatX* d_p16 = dev_poisoned<floatX>(n);
+        for (int t : {1, 7}) {
+            adamw_update(p.data(), grad.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+            adamw_update_gpu(d_p, d_p16, d_grad, d_m, d_v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        }
+        std::vector<float> gp = get(d_p, n);
+        expect_close("master", gp, p, TOL_F32);
+        expect_close("m", get(d_m, n), m, TOL_F32);
+        expect_close("v", get(d_v, n), v, TOL_F32);
+        expect_equal("bf16 weights = round(master)", get_bf16(d_p16, n), bf16_round(gp));
+        for (void* q : {(void*)d_grad, (void*)d_p, (void*)d_m, (void*)d_v, (void*)d_p16}) cudaCheck(cudaFree(q));
+    }
+    cudaCheck(cudaFree(d_partial));
+}
+
+int main(int argc, char** argv) {
+#if defined(SIMT_EMULATION)
+    if (!getenv("SIMT_SCHEDULE")) simt::set_schedule(true, 20240601);
+    printf("kernels under the SIMT emulator, %s schedule (seed %llu)\n", simt::options().random ? "random" : "sequential",
+           (unsigned long long)simt::options().seed);
+#else
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("kernels on %s\n", prop.name);
+#endif
+    doctest::Context ctx(argc, argv);
+    return ctx.run();
+}

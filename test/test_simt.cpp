@@ -1,0 +1,300 @@
+/*
+ * test_simt.cpp — tests of the SIMT emulator itself (test/simt/simt.h): a block reduction with
+ * barriers and shuffles, a shared-memory transpose, the semantics of every warp operation, atomics
+ * across blocks on several OS threads, a kernel with a missing __syncthreads() that the random
+ * schedule catches (and the sequential one does not), and the errors a GPU would hang on:
+ * barrier divergence, divergent warp operations, deadlock, bad launch configurations.
+ * Built with g++ -DSIMT_EMULATION only.
+ */
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest.h>
+#include "../model/cuda_common.h"
+
+// ---------------------------------------------------------------------------------------------
+// kernels under test
+
+// out[blockIdx.x] = sum of in[blockIdx.x * n .. +n), with block_sum (barriers + shuffles)
+__global__ void block_sum_kernel(float* out, const float* in, int n) {
+    __shared__ float scratch[32];
+    const float* x = in + (size_t)blockIdx.x * n;
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
+    float total = block_sum(acc, scratch);
+    if (threadIdx.x == 0) out[blockIdx.x] = total;
+}
+
+// out (cols, rows) = in (rows, cols)^T through a 32 x 33 shared tile, block (32, 8)
+__global__ void transpose_kernel(float* out, const float* in, int rows, int cols) {
+    __shared__ float tile[32][33];
+    int x = blockIdx.x * 32 + threadIdx.x, y0 = blockIdx.y * 32;
+    for (int j = threadIdx.y; j < 32; j += 8)
+        if (x < cols && y0 + j < rows) tile[j][threadIdx.x] = in[(size_t)(y0 + j) * cols + x];
+    __syncthreads();
+    int ox = blockIdx.y * 32 + threadIdx.x, oy0 = blockIdx.x * 32;
+    for (int j = threadIdx.y; j < 32; j += 8)
+        if (ox < rows && oy0 + j < cols) out[(size_t)(oy0 + j) * rows + ox] = tile[threadIdx.x][j];
+}
+
+// out[t] = in[t - 1] (out[0] = 0) through dynamic shared memory; `with_barrier` = 0 drops the
+// barrier between the write and the read: the bug the random schedule must expose
+__global__ void shift_kernel(float* out, const float* in, int with_barrier) {
+    extern __shared__ __align__(16) char dynamic_smem[];
+    float* buf = (float*)dynamic_smem;
+    int t = threadIdx.x;
+    buf[t] = in[blockIdx.x * blockDim.x + t];
+    if (with_barrier) __syncthreads();
+    out[blockIdx.x * blockDim.x + t] = t > 0 ? buf[t - 1] : 0.0f;
+}
+
+// every warp operation, results per lane: out (blockDim.x, 8)
+__global__ void warp_ops_kernel(int* out) {
+    int lane = threadIdx.x % 32;
+    int* o = out + threadIdx.x * 8;
+    o[0] = __shfl_sync(0xffffffffu, lane * 10, 5);               // everyone reads lane 5
+    o[1] = __shfl_sync(0xffffffffu, lane * 10, lane + 3, 8);     // within groups of 8, index mod 8
+    o[2] = __shfl_xor_sync(0xffffffffu, lane * 10, 1);
+    o[3] = __shfl_down_sync(0xffffffffu, lane * 10, 4);          // lanes 28..31 keep their own
+    o[4] = __shfl_up_sync(0xffffffffu, lane * 10, 2, 16);        // lanes 0,1,16,17 keep their own
+    o[5] = (int)__ballot_sync(0xffffffffu, lane % 3 == 0);
+    o[6] = __any_sync(0xffffffffu, lane == 7) + 2 * __all_sync(0xffffffffu, lane < 32) + 4 * __all_sync(0xffffffffu, lane < 31);
+    __syncwarp();
+    unsigned half = lane < 16 ? 0x0000ffffu : 0xffff0000u;        // two independent half-warp groups
+    o[7] = __shfl_xor_sync(half, lane, 8);
+}
+
+// histogram of in (n) into counts (bins) with integer atomics
+__global__ void histogram_kernel(int* counts, const int* in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(&counts[in[i]], 1);
+}
+
+// broken kernels: each should be reported, never hang
+__global__ void early_exit_barrier_kernel(float* out) {
+    if (threadIdx.x >= 16) return;              // the classic bug: half the block leaves...
+    __syncthreads();                            // ...and the rest waits here forever on a GPU
+    out[threadIdx.x] = 1.0f;
+}
+__global__ void two_barriers_kernel(float* out) {
+    if (threadIdx.x % 2) { __syncthreads(); out[threadIdx.x] = 1.0f; }
+    else { __syncthreads(); out[threadIdx.x] = 2.0f; }
+}
+__global__ void shuffle_exited_lane_kernel(float* out) {
+    if (threadIdx.x == 3) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+__global__ void deadlock_kernel(float* out) {
+    if (threadIdx.x < 32) out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);   // warp 0 complete: fine
+    if (threadIdx.x == 40) out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);  // waits for warp 1...
+    else __syncthreads();                                                              // ...which waits here
+}
+__global__ void big_smem_kernel(float* out) {
+    extern __shared__ __align__(16) char dynamic_smem[];
+    float* buf = (float*)dynamic_smem;
+    buf[threadIdx.x] = 1.0f;
+    out[threadIdx.x] = buf[threadIdx.x];
+}
+
+// ---------------------------------------------------------------------------------------------
+
+static std::vector<float> random_floats(size_t n, uint64_t seed) {
+    Rng r = {seed};
+    std::vector<float> v(n);
+    for (float& x : v) x = (float)rng_normal(&r);
+    return v;
+}
+
+template <typename T> static T* upload(const std::vector<T>& v) {
+    T* d = deviceAlloc(T, v.size());
+    cudaCheck(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename T> static std::vector<T> download(const T* d, size_t n) {
+    std::vector<T> v(n);
+    cudaCheck(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// the message of the simt::Error a call raises ("" if none)
+template <typename F> static std::string error_of(F f) {
+    simt::set_throw_errors(true);
+    std::string msg;
+    try { f(); } catch (const simt::Error& e) { msg = e.what(); }
+    simt::set_throw_errors(false);
+    return msg;
+}
+
+TEST_CASE("block reduction with barriers and shuffles, every block size, random schedule") {
+    simt::set_schedule(true, 7);
+    for (int threads : {32, 64, 96, 256, 1024})
+        for (int n : {1, 31, 1000, 4099}) {
+            const int blocks = 3;
+            std::vector<float> x = random_floats((size_t)blocks * n, threads + n);
+            float* dx = upload(x);
+            float* dout = deviceAlloc(float, blocks);
+            LAUNCH(block_sum_kernel, blocks, threads, 0, 0, dout, dx, n);
+            std::vector<float> out = download(dout, blocks);
+            for (int b = 0; b < blocks; b++) {
+                double want = 0;
+                for (int i = 0; i < n; i++) want += x[(size_t)b * n + i];
+                CHECK(out[b] == doctest::Approx(want).epsilon(1e-5).scale(n));
+            }
+            cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dout));
+        }
+    simt::set_schedule(false, 0);
+}
+
+TEST_CASE("shared-memory transpose, sizes not multiples of the tile") {
+    simt::set_schedule(true, 11);
+    for (auto rc : {std::pair<int, int>{32, 32}, {45, 70}, {1, 33}, {100, 7}}) {
+        int rows = rc.first, cols = rc.second;
+        std::vector<float> x = random_floats((size_t)rows * cols, rows * 1000 + cols);
+        float* dx = upload(x);
+        float* dout = deviceAlloc(float, (size_t)rows * cols);
+        LAUNCH(transpose_kernel, dim3(ceil_div(cols, 32), ceil_div(rows, 32)), dim3(32, 8), 0, 0, dout, dx, rows, cols);
+        std::vector<float> out = download(dout, (size_t)rows * cols);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) REQUIRE(out[(size_t)c * rows + r] == x[(size_t)r * cols + c]);
+        cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dout));
+    }
+    simt::set_schedule(false, 0);
+}
+
+TEST_CASE("a missing __syncthreads() gives a wrong result under the random schedule") {
+    const int threads = 128, blocks = 4, n = threads * blocks;
+    std::vector<float> x = random_floats(n, 5);
+    float* dx = upload(x);
+    float* dout = deviceAlloc(float, n);
+    auto run = [&](bool random, int with_barrier) {
+        simt::set_schedule(random, 3);
+        LAUNCH(shift_kernel, blocks, threads, threads * sizeof(float), 0, dout, dx, with_barrier);
+        std::vector<float> out = download(dout, n);
+        int wrong = 0;
+        for (int b = 0; b < blocks; b++)
+            for (int t = 0; t < threads; t++) wrong += out[b * threads + t] != (t > 0 ? x[b * threads + t - 1] : 0.0f);
+        return wrong;
+    };
+    CHECK(run(true, 1) == 0);     // with the barrier: right under any order
+    CHECK(run(false, 1) == 0);
+    CHECK(run(false, 0) == 0);    // index order happens to hide the bug...
+    int wrong = run(true, 0);     // ...the random order exposes it
+    CHECK(wrong > n / 8);
+    MESSAGE("missing barrier: " << wrong << " of " << n << " outputs wrong under the random schedule");
+    cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dout));
+    simt::set_schedule(false, 0);
+}
+
+TEST_CASE("warp shuffles and votes follow the CUDA semantics") {
+    simt::set_schedule(true, 99);
+    const int threads = 64;
+    int* dout = deviceAlloc(int, threads * 8);
+    LAUNCH(warp_ops_kernel, 1, threads, 0, 0, dout);
+    std::vector<int> out = download(dout, threads * 8);
+    unsigned ballot = 0;
+    for (int l = 0; l < 32; l++) if (l % 3 == 0) ballot |= 1u << l;
+    for (int t = 0; t < threads; t++) {
+        int l = t % 32;
+        const int* o = &out[t * 8];
+        CHECK(o[0] == 50);
+        CHECK(o[1] == ((l & ~7) + ((l + 3) & 7)) * 10);
+        CHECK(o[2] == (l ^ 1) * 10);
+        CHECK(o[3] == (l + 4 < 32 ? l + 4 : l) * 10);
+        CHECK(o[4] == ((l % 16) < 2 ? l : l - 2) * 10);
+        CHECK((unsigned)o[5] == ballot);
+        CHECK(o[6] == 1 + 2);
+        CHECK(o[7] == (l ^ 8));
+    }
+    cudaCheck(cudaFree(dout));
+    simt::set_schedule(false, 0);
+}
+
+TEST_CASE("integer atomics across blocks running on two OS threads") {
+    simt::set_os_threads(2);
+    const int n = 10007, bins = 13;
+    std::vector<int> in(n), want(bins, 0);
+    Rng r = {17};
+    for (int& v : in) { v = (int)(rng_u64(&r) % bins); want[v]++; }
+    int* din = upload(in);
+    int* dcounts = deviceAlloc(int, bins);
+    cudaCheck(cudaMemset(dcounts, 0, bins * sizeof(int)));
+    LAUNCH(histogram_kernel, ceil_div(n, 256), 256, 0, 0, dcounts, din, n);
+    CHECK(download(dcounts, bins) == want);
+    cudaCheck(cudaFree(din)); cudaCheck(cudaFree(dcounts));
+    simt::set_os_threads(1);
+}
+
+TEST_CASE("barrier divergence, divergent warp operations and deadlock are reported, not hung on") {
+    float* dout = deviceAlloc(float, 64);
+    std::string e = error_of([&] { LAUNCH(early_exit_barrier_kernel, 2, 32, 0, 0, dout); });
+    CHECK(e.find("barrier divergence in kernel early_exit_barrier_kernel") != std::string::npos);
+    CHECK(e.find("block (0,0,0)") != std::string::npos);
+    MESSAGE(e);
+    e = error_of([&] { LAUNCH(two_barriers_kernel, 1, 64, 0, 0, dout); });
+    CHECK(e.find("barrier divergence") != std::string::npos);
+    CHECK(e.find("waits at __syncthreads() at") != std::string::npos);
+    e = error_of([&] { LAUNCH(shuffle_exited_lane_kernel, 1, 32, 0, 0, dout); });
+    CHECK(e.find("warp divergence") != std::string::npos);
+    MESSAGE(e);
+    e = error_of([&] { LAUNCH(deadlock_kernel, 1, 64, 0, 0, dout); });
+    CHECK(e.find("deadlock in kernel deadlock_kernel") != std::string::npos);
+    MESSAGE(e);
+    // the emulator is usable again after an error
+    LAUNCH(big_smem_kernel, 1, 32, 128, 0, dout);
+    CHECK(download(dout, 1)[0] == 1.0f);
+    cudaCheck(cudaFree(dout));
+}
+
+TEST_CASE("launch configuration errors set cudaGetLastError, as on the GPU") {
+    float* dout = deviceAlloc(float, 2048);
+    simt::launch("big_smem_kernel", __FILE__, __LINE__, big_smem_kernel, dim3(1), dim3(2048), 0, 0, dout);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    CHECK(cudaGetLastError() == cudaSuccess);   // and the error is cleared by reading it
+    simt::launch("big_smem_kernel", __FILE__, __LINE__, big_smem_kernel, dim3(1), dim3(256), 64 * 1024, 0, dout);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);   // > 48 KiB without the attribute
+    cudaCheck(cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+    LAUNCH(big_smem_kernel, 1, 256, 64 * 1024, 0, dout);
+    CHECK(download(dout, 256)[255] == 1.0f);
+    cudaCheck(cudaFree(dout));
+}
+
+TEST_CASE("the random schedule is reproducible: same seed, same interleaving") {
+    const int threads = 128, n = threads * 2;
+    std::vector<float> x = random_floats(n, 8);
+    float* dx = upload(x);
+    float* dout = deviceAlloc(float, n);
+    std::vector<float> runs[3];
+    for (int r = 0; r < 3; r++) {
+        simt::set_schedule(true, r < 2 ? 21 : 22);
+        LAUNCH(shift_kernel, 2, threads, threads * sizeof(float), 0, dout, dx, 0);   // racy on purpose
+        runs[r] = download(dout, n);
+    }
+    CHECK(memcmp(runs[0].data(), runs[1].data(), n * sizeof(float)) == 0);
+    CHECK(memcmp(runs[0].data(), runs[2].data(), n * sizeof(float)) != 0);
+    cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dout));
+    simt::set_schedule(false, 0);
+}
+
+TEST_CASE("device memory: cudaMalloc poisons, the emulated size limit gives cudaErrorMemoryAllocation") {
+    float* p = deviceAlloc(float, 4);
+    std::vector<float> v = download(p, 4);
+    CHECK(std::isnan(v[0]));
+    cudaCheck(cudaFree(p));
+    void* q = nullptr;
+    CHECK(cudaMalloc(&q, simt::options().device_memory + 1) == cudaErrorMemoryAllocation);
+    CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+}
+
+TEST_CASE("BF16 conversion of the CUDA headers' host path rounds to nearest even") {
+    // 1 + 2^-8 is halfway between two bf16 values: ties go to the even mantissa (1.0)
+    CHECK(__bfloat162float(__float2bfloat16(1.0f + 0.00390625f)) == 1.0f);
+    CHECK(__bfloat162float(__float2bfloat16(1.0f + 3 * 0.00390625f)) == 1.0f + 4 * 0.00390625f);
+    CHECK(__bfloat162float(__float2bfloat16(-3.0f)) == -3.0f);
+    CHECK(std::isnan(__bfloat162float(__float2bfloat16(NAN))));
+    Rng r = {4};
+    for (int i = 0; i < 100000; i++) {   // against the bit formula of round-to-nearest-even
+        float f = (float)(rng_normal(&r) * 100);
+        uint32_t u; memcpy(&u, &f, 4);
+        uint32_t rounded = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
+        float want; memcpy(&want, &rounded, 4);
+        REQUIRE(__bfloat162float(__float2bfloat16(f)) == want);
+    }
+}

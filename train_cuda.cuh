@@ -1,0 +1,105 @@
+/*
+ * train_cuda.cuh — the training loop of train_dbrx.cu on the CUDA backend (model/dbrx_cuda.cuh):
+ * the same steps, schedule, validation, console lines and JSONL log as the CPU loop, on one GPU.
+ * Included by train_dbrx.cu (after its flags and helpers) when the build has CUDA: nvcc, or g++
+ * with -DSIMT_EMULATION (train_dbrx_emu: the same loop on the SIMT emulator, for the tests).
+ * Multi-GPU (NCCL, ZeRO-3) belongs to the communicator of parallel/ and is not wired here yet:
+ * the CUDA path runs one process.
+ */
+#pragma once
+#include "model/dbrx_cuda.cuh"
+
+// dense BF16 peak of the GPUs we know (the MFU denominator); 0 if unknown
+static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
+    struct { const char* name; double tflops; } known[] = {{"H100", 989.4}, {"H200", 989.4}, {"H800", 989.4}, {"A100", 312.0}};
+    for (auto& k : known)
+        if (strstr(prop.name, k.name)) { *how = std::string(k.name) + " dense BF16"; return k.tflops * 1e12; }
+    *how = "unknown GPU: pass --peak-tflops";
+    return 0.0;
+}
+
+// mean cross-entropy over the first `steps` batches of the validation set
+static double evaluate_cuda(DbrxGPU* model, DataLoader* val, int steps) {
+    dataloader_reset(val);
+    double acc = 0;
+    for (int i = 0; i < steps; i++) {
+        dataloader_next(val);
+        acc += dbrx_gpu_forward(model, val->inputs.data(), val->targets.data(), 0.0f);
+    }
+    return acc / steps;
+}
+
+static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, const Comm& comm, const char* why) {
+    cudaCheck(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("device: cuda:0 %s (%.1f GiB)%s, 1 rank\n", prop.name, prop.totalGlobalMem / 1073741824.0, why);
+    print_config(args.model.c_str(), &cfg);
+
+    DbrxGPU model;
+    dbrx_gpu_build(&model, &cfg, args.batch, args.seq, (uint64_t)args.seed);
+    DataLoader train, val;
+    bool do_val = open_datasets(args, cfg, comm, &train, &val);
+
+    std::string peak_how = "--peak-tflops";
+    double peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : gpu_peak_flops(prop, &peak_how);
+    int64_t tokens_per_step = (int64_t)args.batch * args.seq * args.grad_accum;
+    double fpt = flops_per_token(&cfg, args.seq);
+    printf("batch: %d x %d tokens x %d accum x 1 rank = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n", args.batch,
+           args.seq, args.grad_accum, (long long)tokens_per_step, args.steps, args.lr, args.warmup, args.lr_floor);
+    printf("mfu: %.4g FLOPs/token (6 N_active + 12 L d S) against a peak of %.1f TFLOP/s (%s)\n", fpt, peak / 1e12, peak_how.c_str());
+    printf("GPU memory: parameters + fp32 grads + AdamW moments + bf16 copy %.1f MiB, activations and scratch %.1f MiB\n",
+           model.param_bytes / 1048576.0, model.activation_bytes / 1048576.0);
+    FILE* logf = args.log.empty() ? NULL : fopenCheck(args.log.c_str(), "w");
+    fflush(stdout);
+
+    AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
+    float dloss = 1.0f / args.grad_accum;
+    for (int step = 0; step < args.steps; step++) {
+        if (do_val && step % args.val_every == 0) {
+            double vl = evaluate_cuda(&model, &val, args.val_steps);
+            printf("val  %5d | val_loss %.6f\n", step, vl);
+            if (logf) { fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(logf); }
+        }
+        cudaCheck(cudaDeviceSynchronize());
+        double t0 = now_seconds();
+        dbrx_gpu_zero_grad(&model);
+        double metrics[4] = {0, 0, 0, 0};   // ce, lbl, z, imbalance
+        for (int micro = 0; micro < args.grad_accum; micro++) {
+            dataloader_next(&train);
+            dbrx_gpu_forward(&model, train.inputs.data(), train.targets.data(), dloss);
+            dbrx_gpu_backward(&model, dloss);
+            metrics[0] += model.ce_loss / args.grad_accum;
+            metrics[1] += model.lbl_loss / args.grad_accum;
+            metrics[2] += model.z_loss / args.grad_accum;
+            metrics[3] += model.imbalance / args.grad_accum;
+        }
+        float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
+        double gnorm = dbrx_gpu_update(&model, &opt, lr, step + 1);
+        cudaCheck(cudaDeviceSynchronize());
+        double dt = now_seconds() - t0;
+        double tok_s = tokens_per_step / dt, mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
+        if (!std::isfinite(metrics[0]) || !std::isfinite(gnorm))
+            fail(EXIT_RUNTIME, "step %d: loss %g / grad norm %g is not finite; stopping", step + 1, metrics[0], gnorm);
+        printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f\n",
+               step + 1, args.steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
+        fflush(stdout);
+        if (logf) {
+            fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
+                    "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f}\n",
+                    step + 1, metrics[0], metrics[1], metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3]);
+            fflush(logf);
+        }
+    }
+    if (do_val) {
+        double vl = evaluate_cuda(&model, &val, args.val_steps);
+        printf("val  %5d | val_loss %.6f\n", args.steps, vl);
+        if (logf) fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", args.steps, vl);
+    }
+    if (logf) fcloseCheck(logf, args.log.c_str());
+    dataloader_free(&train);
+    if (do_val) dataloader_free(&val);
+    dbrx_gpu_free(&model);
+    comm_finalize();
+    return 0;
+}
