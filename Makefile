@@ -103,6 +103,9 @@ SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda
+DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
+DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
+DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
 test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp
 test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
@@ -126,9 +129,6 @@ test/test_step_cuda_gpu: test/test_step_cuda.cpp $(HEADERS)
 
 # dev/cuda microbenchmarks: nvcc builds time them on a GPU; the _emu builds validate them under the
 # emulator at a small size (make test runs those)
-DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
-DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
-DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
 $(DEV_CUDA): dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS)
 	$(NVCC) $(filter-out -O2,$(NVCC_TEST_FLAGS)) -O3 -o $@ $< -lopenblas $(CUDA_LIBS)
 $(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
