@@ -23,6 +23,7 @@
 #include "model/dbrx.h"
 #include "data/dataloader.h"
 #include "parallel/comm.h"
+#include "parallel/zero.h"
 
 // ---------------------------------------------------------------------------------------------
 // flags
@@ -35,6 +36,8 @@ typedef struct {
     int seed = 1337;
     std::string data = "data/sotu/sotu_train_*.bin", val_data = "data/sotu/sotu_val_*.bin";
     std::string log = "", device = "auto";
+    int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
+    float comm_timeout = 300;
     bool dry_run = false, help = false;
 } TrainArgs;
 
@@ -78,6 +81,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--val-steps", "-m", F_INT, &a->val_steps, "validation batches"},
         {"--log", "-o", F_STR, &a->log, "JSONL log file (one object per step and per validation)"},
         {"--device", "", F_STR, &a->device, "auto | cpu | cuda"},
+        {"--shard-group-size", "", F_INT, &a->shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
+                                                                 "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
+                                                                 "ZeRO-3; 1: data parallel; else HSDP)"},
+        {"--comm-timeout", "", F_FLOAT, &a->comm_timeout, "seconds a collective may make no progress before the run stops"},
         {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: measured from the CPU)"},
         {"--dry-run", "", F_BOOL, &a->dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
         {"--help", "-h", F_BOOL, &a->help, "this text"},
@@ -169,6 +176,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (!(a->weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", a->weight_decay);
     if (a->val_every < 0 || a->val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0 and --val-steps %d > 0", a->val_every, a->val_steps);
     if (a->peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->peak_tflops);
+    if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
+    if (!(a->comm_timeout > 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be positive", a->comm_timeout);
     if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
         fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
 }
@@ -221,7 +230,7 @@ static double cpu_peak_flops(int threads, std::string* how) {
 }
 
 // mean cross-entropy over the first `steps` batches of the validation set, averaged over ranks
-static double evaluate(Dbrx* model, DataLoader* val, int steps, const Comm* comm) {
+static double evaluate(Dbrx* model, DataLoader* val, int steps, Comm* comm) {
     dataloader_reset(val);
     double acc = 0;
     for (int i = 0; i < steps; i++) {
@@ -229,7 +238,7 @@ static double evaluate(Dbrx* model, DataLoader* val, int steps, const Comm* comm
         acc += dbrx_forward(model, val->inputs.data(), val->targets.data());
     }
     acc /= steps;
-    comm_allreduce_sum(&acc, 1);
+    comm_all_reduce(&comm->world_group, &acc, 1, COMM_F64);
     return acc / comm->world;
 }
 
@@ -246,11 +255,14 @@ int main(int argc, char** argv) {
         printf("training FLOPs per token: %.4g (6 * N_active + 12 * L * d * S, S = %d)\n", fpt, args.seq);
         double act = (double)dbrx_activations(NULL, &cfg, args.batch, args.seq);
         double p = (double)params_total(&cfg);
-        printf("memory per rank (no sharding yet: every rank holds the whole model), micro-batch %d x %d:\n", args.batch, args.seq);
-        printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
-               16 * p / (1 << 30), act / (1 << 30), (16 * p + act) / (1 << 30));
-        printf("  cuda bf16: fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations (bf16) %.2f GiB\n",
-               18 * p / (1 << 30), act / 2 / (1 << 30));
+        // sharded over S ranks (ZeRO-3/HSDP): the fp32 state is 1/S of the model's (plus padding)
+        int S = args.shard_group_size > 0 ? args.shard_group_size : 1;
+        printf("memory per rank, shard group of %d rank(s)%s, micro-batch %d x %d:\n", S,
+               args.shard_group_size > 0 ? "" : " (--shard-group-size S to see S ranks)", args.batch, args.seq);
+        printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param / S = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
+               16 * p / S / (1 << 30), act / (1 << 30), (16 * p / S + act) / (1 << 30));
+        printf("  cuda bf16: fp32 master+grads+moments 16 B/param / S = %.2f GiB, activations (bf16) %.2f GiB\n",
+               16 * p / S / (1 << 30), act / 2 / (1 << 30));
         return 0;
     }
 
@@ -263,6 +275,7 @@ int main(int argc, char** argv) {
         fail(EXIT_BAD_INPUT, "--device cuda: this build has no CUDA training path yet (%d GPU(s) visible); use --device cpu", gpus);
 
     Comm comm = comm_init(&argc, &argv);
+    comm_set_timeout(args.comm_timeout);
     // ranks on one node share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets its
     // share, and OpenBLAS (called between parallel regions) uses the same threads count
     int threads = omp_get_max_threads();
@@ -279,7 +292,13 @@ int main(int argc, char** argv) {
     }
 
     Dbrx model;
-    dbrx_build(&model, &cfg, args.batch, args.seq, (uint64_t)args.seed);
+    dbrx_build_shape(&model, &cfg, args.batch, args.seq);
+    Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
+    zero_init(&zero, &model, &comm, args.shard_group_size, (uint64_t)args.seed);
+    printf("zero: rank %d: rank %d of %d in shard group %d, replica %d of %d; master+grads+moments %lld bytes allocated, "
+           "%lld bytes measured (resident growth); working buffers %lld bytes\n", comm.rank, zero.shard.rank, zero.S,
+           comm.rank / zero.S, zero.replica.rank, zero.R, (long long)zero.state_bytes, zero.state_rss, (long long)zero.work_bytes);
+    fflush(stdout);
     DataLoader train, val;
     dataloader_init(&train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size);
     bool do_val = !args.val_data.empty() && args.val_every > 0;
@@ -296,13 +315,25 @@ int main(int argc, char** argv) {
                args.warmup, args.lr_floor);
         printf("mfu: %.4g FLOPs/token (6 N_active + 12 L d S) against a peak of %.3f TFLOP/s (%s%s)\n", fpt, peak / 1e12,
                comm.world > 1 ? "all ranks: " : "", peak_how.c_str());
-        printf("activations %.1f MiB, parameters+grads+moments %.1f MiB per rank\n", model.activation_bytes / 1048576.0,
-               16.0 * model.num_params / 1048576.0);
+        printf("activations %.1f MiB, parameters+grads+moments %.1f MiB per rank (%s, shard group %d, %d replica(s))\n",
+               model.activation_bytes / 1048576.0, zero.state_bytes / 1048576.0,
+               zero.S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zero.R == 1 ? "ZeRO-3" : "HSDP",
+               zero.S, zero.R);
         if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), "w");
         fflush(stdout);
     }
 
     AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
+    // test hook: DBRX_DEBUG_KILL="R:S" makes rank R SIGKILL itself in the middle of step S ("R:S:stop":
+    // SIGSTOP, a rank that hangs)
+    int kill_rank = -1, kill_step = -1, kill_sig = SIGKILL;
+    if (const char* k = getenv("DBRX_DEBUG_KILL")) {
+        if (sscanf(k, "%d:%d", &kill_rank, &kill_step) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_KILL '%s' is not R:S[:stop]", k);
+        if (strstr(k, ":stop")) kill_sig = SIGSTOP;
+    }
+    uint64_t step_bytes_total = 0;
+    int steps_done = 0;
+    bool stopped = false;
     for (int step = 0; step < args.steps; step++) {
         if (do_val && step % args.val_every == 0) {
             double vl = evaluate(&model, &val, args.val_steps, &comm);
@@ -312,27 +343,32 @@ int main(int argc, char** argv) {
             }
         }
         double t0 = now_seconds();
-        dbrx_zero_grad(&model);
-        double metrics[4] = {0, 0, 0, 0};   // ce, lbl, z, imbalance
+        uint64_t bytes0 = zero_bytes_sent(&zero);
+        zero_zero_grad(&zero);
+        double metrics[5] = {0, 0, 0, 0, 0};   // ce, lbl, z, imbalance, stop requested (summed over ranks)
         for (int micro = 0; micro < args.grad_accum; micro++) {
             dataloader_next(&train);
             dbrx_forward(&model, train.inputs.data(), train.targets.data());
+            if (comm.rank == kill_rank && step + 1 == kill_step) raise(kill_sig);
             dbrx_backward(&model, train.inputs.data(), train.targets.data(), 1.0f / args.grad_accum);
             metrics[0] += model.ce_loss / args.grad_accum;
             metrics[1] += model.lbl_loss / args.grad_accum;
             metrics[2] += model.z_loss / args.grad_accum;
             metrics[3] += model.imbalance / args.grad_accum;
         }
-        if (comm.world > 1) {   // data parallel: average gradients and metrics over the ranks
-            comm_allreduce_sum(model.grads, model.num_params);
-            real inv = (real)1 / comm.world;
-            for (size_t i = 0; i < model.num_params; i++) model.grads[i] *= inv;
-            comm_allreduce_sum(metrics, 4);
-            for (double& x : metrics) x /= comm.world;
+        // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
+        zero_reduce_grads(&zero);
+        metrics[4] = g_comm_stop_signal ? 1 : 0;
+        if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
+            comm_all_reduce(&comm.world_group, metrics, 5, COMM_F64);
+            for (int i = 0; i < 4; i++) metrics[i] /= comm.world;
         }
         float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
-        double gnorm = dbrx_update(&model, &opt, lr, step + 1);
+        double gnorm = zero_update(&zero, &opt, lr, step + 1);
         double dt = now_seconds() - t0;
+        uint64_t step_bytes = zero_bytes_sent(&zero) - bytes0;
+        step_bytes_total += step_bytes;
+        steps_done++;
         double tok_s = tokens_per_step / dt, mfu = fpt * tok_s / peak;
         if (!std::isfinite(metrics[0]) || !std::isfinite(gnorm))
             fail(EXIT_RUNTIME, "step %d: loss %g / grad norm %g is not finite; stopping", step + 1, metrics[0], gnorm);
@@ -341,14 +377,25 @@ int main(int argc, char** argv) {
                    step + 1, args.steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
             fflush(stdout);
             if (logf) {
-                fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
-                        "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f}\n",
-                        step + 1, metrics[0], metrics[1], metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3]);
+                fprintf(logf, "{\"step\": %d, \"loss\": %.17g, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
+                        "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f, \"comm_bytes\": %llu}\n",
+                        step + 1, metrics[0], metrics[1], metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3],
+                        (unsigned long long)step_bytes);
                 fflush(logf);
             }
         }
+        if (metrics[4] > 0) {
+            if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
+            stopped = true;
+            break;
+        }
     }
-    if (do_val) {
+    if (comm.world > 1) {   // what each rank sent, for the communication-volume check (parallel/README.md)
+        printf("comm: rank %d sent %llu bytes in %d training steps (%.1f bytes/step)\n", comm.rank,
+               (unsigned long long)step_bytes_total, steps_done, steps_done ? (double)step_bytes_total / steps_done : 0.0);
+        fflush(stdout);
+    }
+    if (do_val && !stopped) {
         double vl = evaluate(&model, &val, args.val_steps, &comm);
         if (comm.rank == 0) {
             printf("val  %5d | val_loss %.6f\n", args.steps, vl);
@@ -358,6 +405,7 @@ int main(int argc, char** argv) {
     if (logf) fcloseCheck(logf, args.log.c_str());
     dataloader_free(&train);
     if (do_val) dataloader_free(&val);
+    zero_free(&zero);
     dbrx_free(&model);
     comm_finalize();
     return 0;
