@@ -20,7 +20,7 @@ CXXFLAGS := -std=c++17 -O3 -march=native -fopenmp -Wall -Wextra -Werror $(MPI_CF
 LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
-HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h checkpoint/*.h)
+HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h)
 
 .PHONY: all deps check-deps data train test test-build clean
 all: train_dbrx
@@ -34,11 +34,21 @@ check-deps:
 
 ifneq ($(NVCC),)
 train_dbrx: train_dbrx.cu $(HEADERS) | check-deps
-	$(NVCC) $(NVCCFLAGS) -o $@ train_dbrx.cu $(LDLIBS) -lgomp
+	$(NVCC) $(NVCCFLAGS) -o $@ train_dbrx.cu $(LDLIBS) -lnccl -lgomp
 else
 train_dbrx: train_dbrx.cu $(HEADERS) | check-deps
 	@echo "nvcc not found: building the CPU-only binary with $(CXX)"
 	$(CXX) $(CXXFLAGS) -x c++ -o $@ train_dbrx.cu $(LDLIBS)
+endif
+
+# the collective-bandwidth benchmark over the communicator (parallel/README.md); MPI on the CPU,
+# and NCCL on the GPU when built by nvcc
+ifneq ($(NVCC),)
+dev/comm_bench: dev/comm_bench.cu $(HEADERS) | check-deps
+	$(NVCC) $(NVCCFLAGS) -o $@ dev/comm_bench.cu $(LDLIBS) -lnccl -lgomp
+else
+dev/comm_bench: dev/comm_bench.cu $(HEADERS) | check-deps
+	$(CXX) $(CXXFLAGS) -x c++ -o $@ dev/comm_bench.cu $(LDLIBS)
 endif
 
 # the CPU-only build of the same source with g++ (what a machine without nvcc builds)
@@ -67,10 +77,10 @@ test/test_gradcheck: test/test_gradcheck.cpp $(HEADERS) | check-deps
 test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/dump_reference.cpp -lopenblas -lm
 
-test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference
+test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference dev/comm_bench
 
 test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference
+	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference dev/comm_bench

@@ -24,6 +24,9 @@
 #include "data/dataloader.h"
 #include "parallel/comm.h"
 #include "parallel/zero.h"
+#ifdef __CUDACC__
+#include "parallel/zero_gpu.cuh"   // the GPU side of ZeRO-3/HSDP, for the CUDA training path
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // flags

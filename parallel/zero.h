@@ -65,8 +65,10 @@ static inline long long zero_rss_bytes() {
 static inline void zero_unit_begin(void* ctx, int unit, int phase);
 static inline void zero_unit_end(void* ctx, int unit, int phase);
 
-// S = 0 means the whole world (ZeRO-3). Every rank calls this with the same S.
-static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t seed) {
+// The groups and the layout; no storage. S = 0 means the whole world (ZeRO-3). Every rank calls this
+// with the same S. use_nccl: the groups get NCCL communicators (the GPU path, parallel/zero_gpu.cuh).
+static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, Comm* comm, int S,
+                                    int use_nccl) {
     int W = comm->world;
     if (S == 0) S = W;
     if (S < 0 || S > W || W % S != 0) {
@@ -77,15 +79,16 @@ static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t s
     }
     z->S = S; z->W = W; z->R = W / S;
     z->world = &comm->world_group;
-    z->model = model;
+    z->model = NULL;
+    z->master = z->grad = z->m = z->v = NULL;
+    z->work[0] = z->work[1] = z->gwork = NULL;
+    z->state_bytes = z->work_bytes = 0;
+    z->state_rss = 0;
     // shard groups: S consecutive ranks; replica groups: the same place in every shard group
-    z->shard = comm_split(z->world, comm->rank / S, comm->rank, "shard", 0);
-    z->replica = comm_split(z->world, comm->rank % S, comm->rank, "replica", 0);
+    z->shard = comm_split(z->world, comm->rank / S, comm->rank, "shard", use_nccl);
+    z->replica = comm_split(z->world, comm->rank % S, comm->rank, "replica", use_nccl);
     int s = z->shard.rank;
 
-    // layout
-    const DbrxConfig* c = &model->cfg;
-    const std::vector<ParamInfo>& t = model->table;
     z->n_units = dbrx_num_units(c);
     z->unit_off.assign(z->n_units, 0); z->unit_numel.assign(z->n_units, 0);
     for (const ParamInfo& p : t) {
@@ -109,6 +112,17 @@ static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t s
         size_t a = p.offset > lo ? p.offset : lo, b = p.offset + p.numel < hi ? p.offset + p.numel : hi;
         if (a < b) z->segs.push_back(ShardSegment{z->shard_off[u] + (a - lo), a, b - a, p.decay});
     }
+    z->slot_unit[0] = z->slot_unit[1] = -1;
+}
+
+// The CPU path: the groups, the layout, and this rank's shard of the state in host memory, initialised
+// as the unsharded model would be (seed); installs the hooks on `model` when S > 1.
+static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t seed) {
+    const DbrxConfig* c = &model->cfg;
+    const std::vector<ParamInfo>& t = model->table;
+    zero_init_layout(z, c, t, comm, S, 0);
+    S = z->S;
+    z->model = model;
 
     // the sharded state: allocated and touched here, so that the growth of the resident set measures it
     long long rss0 = zero_rss_bytes();
@@ -121,7 +135,6 @@ static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t s
     z->state_rss = zero_rss_bytes() - rss0;
     z->state_bytes = 4 * bytes;
 
-    z->slot_unit[0] = z->slot_unit[1] = -1;
     model->g.blocks.resize(c->n_layers);
     model->p.blocks.resize(c->n_layers);
     if (S == 1) {   // the shard is the whole model: the unsharded code path, no hooks
@@ -139,10 +152,12 @@ static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t s
 }
 
 static inline void zero_free(Zero* z) {
-    if (z->S == 1) z->model->params = z->model->grads = z->model->m = z->model->v = NULL;   // ours, freed here
+    if (z->model) {
+        if (z->S == 1) z->model->params = z->model->grads = z->model->m = z->model->v = NULL;   // ours, freed here
+        z->model->hooks = UnitHooks{NULL, NULL, NULL};
+    }
     free(z->master); free(z->grad); free(z->m); free(z->v);
-    if (z->S > 1) { free(z->work[0]); free(z->work[1]); free(z->gwork); }
-    z->model->hooks = UnitHooks{NULL, NULL, NULL};
+    free(z->work[0]); free(z->work[1]); free(z->gwork);
     comm_group_free(&z->shard);
     comm_group_free(&z->replica);
 }

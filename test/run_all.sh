@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_all.sh — the whole test suite (make test): unit tests, the finite-difference gradient check,
-# PyTorch parity, the command line and bad input, end-to-end training, and the builds (the CUDA
-# build with nvcc for sm_90a when nvcc is present). Ends with one line "N passed, M failed".
+# PyTorch parity, the command line and bad input, end-to-end training, sharded training (ZeRO-3/HSDP),
+# and the builds (the CUDA build with nvcc for sm_90a when nvcc is present). Ends with one line "N passed, M failed".
 cd "$(dirname "$0")/.." || exit 1
 export RESULTS; RESULTS=$(mktemp)
 source test/lib.sh
@@ -34,6 +34,7 @@ echo "== command line and bad input"; bash test/test_cli.sh
 echo "== dataset"
 [ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
 echo "== training"; bash test/test_train.sh
+echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
