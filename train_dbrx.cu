@@ -1,8 +1,10 @@
 /*
  * train_dbrx.cu — trains a DBRX-style Mixture-of-Experts transformer. main() parses the flags,
  * builds the model, and runs the training loop: for every step, grad_accum micro-batches of
- * forward + backward, an all-reduce of the gradients across MPI ranks, global-norm clipping and
- * AdamW; a validation loss every --val-every steps; one log line per step and a JSONL log.
+ * forward + backward (under ZeRO-3/HSDP each unit's parameters are gathered before it runs and its
+ * gradients reduce-scattered after: parallel/zero.h), the gradients summed across replicas,
+ * global-norm clipping and AdamW on this rank's shard; a validation loss every --val-every steps;
+ * one log line per step and a JSONL log.
  *
  * The model itself, with every piece of the DBRX block, is model/dbrx.h:
  *   embedding (model/embedding.cuh) -> L x [ norm_1 (layernorm.cuh) -> Wqkv (matmul.cuh)
@@ -11,6 +13,7 @@
  *   -> residual ] -> norm_f -> lm_head -> cross-entropy (classifier.cuh); AdamW in adamw.cuh.
  *
  *   make && mpirun -np 1 ./train_dbrx --model dbrx-tiny
+ *   mpirun -np 4 ./train_dbrx --model dbrx-tiny --shard-group-size 2     (HSDP: 2 shard groups of 2)
  */
 #include <omp.h>
 #include <string>
