@@ -27,6 +27,9 @@
 #include "data/dataloader.h"
 #include "parallel/comm.h"
 #include "parallel/zero.h"
+#include "checkpoint/ckpt.h"
+#include "checkpoint/hf.h"
+#include "checkpoint/loader_state.h"
 #ifdef __CUDACC__
 #include "parallel/zero_gpu.cuh"   // the GPU side of ZeRO-3/HSDP, for the CUDA training path
 #endif
@@ -44,6 +47,10 @@ typedef struct {
     std::string log = "", device = "auto";
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
     float comm_timeout = 300;
+    // checkpoints and Hugging Face interop (checkpoint/)
+    std::string ckpt_dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16", dump_logits = "";
+    int ckpt_every = 0, ckpt_keep = 3, ckpt_keep_every = 0, stop_after = -1;
+    float export_max_file_gb = 5;
     bool dry_run = false, help = false;
 } TrainArgs;
 
@@ -91,6 +98,17 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
         {"--comm-timeout", "", F_FLOAT, &a->comm_timeout, "seconds a collective may make no progress before the run stops"},
+        {"--ckpt-dir", "", F_STR, &a->ckpt_dir, "checkpoint directory: saves every --ckpt-every steps, at the end, and on SIGTERM/SIGINT/SIGUSR1"},
+        {"--ckpt-every", "", F_INT, &a->ckpt_every, "save a checkpoint every N steps (0: only on the way out)"},
+        {"--ckpt-keep", "", F_INT, &a->ckpt_keep, "keep the last K checkpoints"},
+        {"--ckpt-keep-every", "", F_INT, &a->ckpt_keep_every, "also keep every checkpoint whose step is a multiple of M (0: none)"},
+        {"--resume", "", F_STR, &a->resume, "auto (the newest valid checkpoint in --ckpt-dir; none: start fresh) or a checkpoint directory"},
+        {"--stop-after", "", F_INT, &a->stop_after, "run at most N steps of the schedule in this invocation, then save and exit"},
+        {"--init-hf", "", F_STR, &a->init_hf, "initialise the weights from a Hugging Face DBRX export (config.json + safetensors)"},
+        {"--export-hf", "", F_STR, &a->export_hf, "at the end, export the weights as config.json + safetensors (DbrxForCausalLM)"},
+        {"--export-dtype", "", F_STR, &a->export_dtype, "bf16 | fp32 (fp32: export -> import is bit-exact)"},
+        {"--export-max-file-gb", "", F_FLOAT, &a->export_max_file_gb, "split the export into files of at most this size"},
+        {"--dump-logits", "", F_STR, &a->dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: measured from the CPU)"},
         {"--dry-run", "", F_BOOL, &a->dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
         {"--help", "-h", F_BOOL, &a->help, "this text"},
@@ -183,6 +201,15 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->val_every < 0 || a->val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0 and --val-steps %d > 0", a->val_every, a->val_steps);
     if (a->peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->peak_tflops);
     if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
+    if (a->ckpt_every < 0 || a->ckpt_keep < 1 || a->ckpt_keep_every < 0)
+        fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt_every,
+             a->ckpt_keep_every, a->ckpt_keep);
+    if (a->ckpt_every > 0 && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--ckpt-every needs --ckpt-dir");
+    if (a->resume == "auto" && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--resume auto needs --ckpt-dir");
+    if (a->stop_after < -1) fail(EXIT_BAD_INPUT, "--stop-after %d must be >= 0", a->stop_after);
+    if (a->export_dtype != "bf16" && a->export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->export_dtype.c_str());
+    if (!(a->export_max_file_gb > 0)) fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be positive", a->export_max_file_gb);
+    if (!a->dump_logits.empty() && a->val_data.empty()) fail(EXIT_BAD_INPUT, "--dump-logits needs --val-data");
     if (!(a->comm_timeout > 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be positive", a->comm_timeout);
     if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
         fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
@@ -308,7 +335,35 @@ int main(int argc, char** argv) {
     DataLoader train, val;
     dataloader_init(&train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size);
     bool do_val = !args.val_data.empty() && args.val_every > 0;
-    if (do_val) dataloader_init(&val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size);
+    bool have_val = do_val || !args.dump_logits.empty();
+    if (have_val) dataloader_init(&val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size);
+
+    // ---- checkpoints and Hugging Face import (checkpoint/): where training starts from
+    AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
+    Checkpointer ck;
+    ckpt_init(&ck, args.ckpt_dir, args.ckpt_every, args.ckpt_keep, args.ckpt_keep_every);
+    RunInfo run = {args.steps, args.warmup, args.seed, args.batch, args.seq, args.grad_accum, args.lr, args.lr_floor, opt};
+    TrainProgress prog;
+    prog.rng.state = (uint64_t)args.seed ^ 0x7261696E5F646278ull;
+    if (!args.init_hf.empty()) {
+        hf_import(args.init_hf, &zero, &cfg, model.table, &comm);
+        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
+    }
+    bool resumed = false;
+    if (!args.resume.empty()) {
+        JsonValue man;
+        std::string from;
+        if (ckpt_resume(&ck, args.resume, &zero, &cfg, &prog, &man, &from, &comm)) {
+            std::string err;
+            if (!ckpt_loader_state_restore(&train, prog.loader, &err))
+                fail(EXIT_BAD_INPUT, "%s/manifest.json: the data loader state %s", from.c_str(), err.c_str());
+            ckpt_warn_changes(&man, &run, comm.world, comm.rank);
+            ck.last_saved_step = prog.step;
+            resumed = true;
+            if (comm.rank == 0) printf("resume: %s (step %d, %lld tokens seen); continuing at step %d of %d\n", from.c_str(),
+                                       prog.step, (long long)prog.tokens, prog.step + 1, args.steps);
+        }
+    }
 
     std::string peak_how = "--peak-tflops";
     double peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * cpu_peak_flops(threads, &peak_how);
@@ -325,11 +380,10 @@ int main(int argc, char** argv) {
                model.activation_bytes / 1048576.0, zero.state_bytes / 1048576.0,
                zero.S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zero.R == 1 ? "ZeRO-3" : "HSDP",
                zero.S, zero.R);
-        if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), "w");
+        if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), resumed ? "a" : "w");   // a resumed run appends
         fflush(stdout);
     }
 
-    AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
     // test hook: DBRX_DEBUG_KILL="R:S" makes rank R SIGKILL itself in the middle of step S ("R:S:stop":
     // SIGSTOP, a rank that hangs)
     int kill_rank = -1, kill_step = -1, kill_sig = SIGKILL;
@@ -340,7 +394,22 @@ int main(int argc, char** argv) {
     uint64_t step_bytes_total = 0;
     int steps_done = 0;
     bool stopped = false;
-    for (int step = 0; step < args.steps; step++) {
+    auto report_save = [&](const SaveReport& r) {   // rank 0: one line, and one JSONL object
+        if (comm.rank != 0 || r.step < 0) return;
+        if (r.ok) printf("ckpt: step %d -> %s: blocked %.2f ms (shard copied to host memory), written in the background in %.1f ms, "
+                         "%.1f MiB, %.1f ms from start to commit\n", r.step, r.path.c_str(), r.blocked_ms, r.write_ms,
+                         r.bytes / 1048576.0, r.total_ms);
+        if (logf) { fprintf(logf, "{\"ckpt_step\": %d, \"ok\": %s, \"blocked_ms\": %.3f, \"write_ms\": %.3f, \"total_ms\": %.3f, "
+                            "\"bytes\": %llu}\n", r.step, r.ok ? "true" : "false", r.blocked_ms, r.write_ms, r.total_ms,
+                            (unsigned long long)r.bytes); fflush(logf); }
+        fflush(stdout);
+    };
+    for (int step = prog.step; step < args.steps; step++) {
+        if (args.stop_after >= 0 && steps_done >= args.stop_after) {
+            if (comm.rank == 0) printf("stop: --stop-after %d reached at step %d of %d\n", args.stop_after, step, args.steps);
+            stopped = true;
+            break;
+        }
         if (do_val && step % args.val_every == 0) {
             double vl = evaluate(&model, &val, args.val_steps, &comm);
             if (comm.rank == 0) {
@@ -390,10 +459,33 @@ int main(int argc, char** argv) {
                 fflush(logf);
             }
         }
+        prog.step = step + 1;
+        prog.tokens += tokens_per_step;
+        if (ck.pending) report_save(ckpt_poll(&ck, &zero, &comm, false));
+        bool last = prog.step == args.steps || metrics[4] > 0 || (args.stop_after >= 0 && steps_done >= args.stop_after);
+        if (ck.every > 0 && prog.step % ck.every == 0 && !last) {   // (the last step is saved on the way out)
+            prog.loader = ckpt_loader_state_save(&train);
+            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
+            ckpt_start_save(&ck, &zero, &cfg, &prog, &run, &comm, &prev);
+            report_save(prev);
+        }
         if (metrics[4] > 0) {
             if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
             stopped = true;
             break;
+        }
+    }
+    // on the way out (the end, --stop-after, a signal): a checkpoint of where we are, waited for
+    bool save_failed = false;
+    if (!ck.dir.empty()) {
+        if (ck.pending) report_save(ckpt_wait_commit(&ck, &zero, &comm));
+        if (ck.last_saved_step != prog.step) {
+            prog.loader = ckpt_loader_state_save(&train);
+            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
+            ckpt_start_save(&ck, &zero, &cfg, &prog, &run, &comm, &prev);
+            SaveReport r = ckpt_wait_commit(&ck, &zero, &comm);
+            report_save(r);
+            save_failed = !r.ok;
         }
     }
     if (comm.world > 1) {   // what each rank sent, for the communication-volume check (parallel/README.md)
@@ -401,18 +493,36 @@ int main(int argc, char** argv) {
                (unsigned long long)step_bytes_total, steps_done, steps_done ? (double)step_bytes_total / steps_done : 0.0);
         fflush(stdout);
     }
-    if (do_val && !stopped) {
+    if (do_val && !stopped && steps_done > 0) {
         double vl = evaluate(&model, &val, args.val_steps, &comm);
         if (comm.rank == 0) {
             printf("val  %5d | val_loss %.6f\n", args.steps, vl);
             if (logf) fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", args.steps, vl);
         }
     }
+    if (!args.export_hf.empty()) {
+        hf_export(args.export_hf, &zero, &cfg, model.table, args.export_dtype, (uint64_t)(args.export_max_file_gb * 1e9), &comm);
+        if (comm.rank == 0) printf("export: %s (%s, DbrxForCausalLM)\n", args.export_hf.c_str(), args.export_dtype.c_str());
+    }
+    if (!args.dump_logits.empty()) {   // logits of the first validation batch, for dev/hf_logits.py
+        dataloader_reset(&val);
+        dataloader_next(&val);
+        dbrx_forward(&model, val.inputs.data(), val.targets.data());
+        if (comm.rank == 0) {
+            std::vector<float> logits(model.logits, model.logits + (size_t)args.batch * args.seq * cfg.vocab_size);
+            st_write_host(args.dump_logits, {{"inputs", "I32", {args.batch, args.seq}, val.inputs.data()},
+                                             {"targets", "I32", {args.batch, args.seq}, val.targets.data()},
+                                             {"logits", "F32", {args.batch, args.seq, cfg.vocab_size}, logits.data()}});
+            printf("dump: inputs and logits of the first validation batch -> %s\n", args.dump_logits.c_str());
+        }
+    }
     if (logf) fcloseCheck(logf, args.log.c_str());
+    ckpt_free(&ck);
     dataloader_free(&train);
-    if (do_val) dataloader_free(&val);
+    if (have_val) dataloader_free(&val);
     zero_free(&zero);
     dbrx_free(&model);
     comm_finalize();
+    if (save_failed) { fprintf(stderr, "error: the last checkpoint could not be saved (see the warnings above)\n"); return EXIT_RUNTIME; }
     return 0;
 }

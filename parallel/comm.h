@@ -177,7 +177,7 @@ static inline void comm_write_str(char* buf, int* n, const char* s) { while (*s 
     _exit(EXIT_RUNTIME);
 }
 
-// SIGTERM/SIGINT. mpirun sends SIGTERM to the survivors when a rank dies: if a rank on this node is
+// SIGTERM/SIGINT/SIGUSR1. mpirun sends SIGTERM to the survivors when a rank dies: if a rank on this node is
 // gone, say which and exit 1 now. Otherwise it is a request to stop (the training loop checks
 // g_comm_stop_signal at the end of each step).
 static inline void comm_on_signal(int sig) {
@@ -249,6 +249,7 @@ static inline Comm comm_init(int* argc, char*** argv) {
     sa.sa_flags = SA_RESTART;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);   // mpirun forwards SIGUSR1 to the ranks (it answers SIGTERM by killing them)
     comm_group_init_world(&c.world_group);
     return c;
 }
