@@ -77,10 +77,14 @@ test/test_gradcheck: test/test_gradcheck.cpp $(HEADERS) | check-deps
 test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/dump_reference.cpp -lopenblas -lm
 
-test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference dev/comm_bench
+# checkpoint building blocks (CRC-32C, JSON, conversions, layouts); MPI headers for parallel/zero.h
+test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) | check-deps
+	$(CXX) $(TEST_FLAGS) $(MPI_CFLAGS) -o $@ test/test_checkpoint.cpp -lopenblas $(MPI_LIBS) -lm
+
+test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference dev/comm_bench test/test_checkpoint
 
 test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference dev/comm_bench
+	rm -f train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference dev/comm_bench test/test_checkpoint

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_all.sh — the whole test suite (make test): unit tests, the finite-difference gradient check,
 # PyTorch parity, the command line and bad input, end-to-end training, sharded training (ZeRO-3/HSDP),
-# and the builds (the CUDA build with nvcc for sm_90a when nvcc is present). Ends with one line "N passed, M failed".
+# checkpoints, and the builds (the CUDA build with nvcc for sm_90a when nvcc is present). Ends with one line "N passed, M failed".
 cd "$(dirname "$0")/.." || exit 1
 export RESULTS; RESULTS=$(mktemp)
 source test/lib.sh
@@ -19,6 +19,7 @@ doctest_run() {
 }
 echo "== unit tests (CPU reference ops)"; doctest_run ./test/test_ops
 echo "== finite-difference gradient check (double precision)"; doctest_run ./test/test_gradcheck
+echo "== checkpoint building blocks"; doctest_run ./test/test_checkpoint
 
 echo "== PyTorch parity (float64 autograd reference)"
 ./test/dump_reference /tmp/dbrx_parity_dump.$$.bin || fail "dump_reference"
@@ -35,6 +36,7 @@ echo "== dataset"
 [ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
 echo "== training"; bash test/test_train.sh
 echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
+echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
