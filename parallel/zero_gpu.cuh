@@ -15,6 +15,9 @@
  *   zero_gpu_unit_end(zg, u, phase)        -> releases the slot; in backward, reduce-scatters g into the
  *                                             gradient shard on the communication stream
  *   zero_gpu_reduce_grads(zg)              -> after the last micro-batch: all-reduce across replicas, / W
+ * Checkpoints and Hugging Face import fill z's host shards, which zero_gpu_init copies up; before a save
+ * or an export, zero_gpu_to_host copies the device shards down (checkpoint/ckpt.h then copies them to its
+ * staging buffer and writes in the background).
  * STATUS: compiled by nvcc in the CUDA build; not run (no GPU was available while writing it). The
  * optimizer step on the shard (norm, AdamW over zg->z->segs) belongs to the GPU training path.
  */
@@ -66,8 +69,9 @@ static inline void zero_gpu_refresh_bf16(ZeroGpu* zg) {
     zg->slot_unit[0] = zg->slot_unit[1] = -1;
 }
 
-// Copies the host shard of `z` (zero_init's, or a checkpoint's) to the device and sets up the slots.
-static inline void zero_gpu_init(ZeroGpu* zg, Zero* z, const real* host_master, cudaStream_t compute) {
+// Copies the host shards of `z` (master, m, v: zero_init's, a checkpoint's or an import's) to the device
+// and sets up the slots.
+static inline void zero_gpu_init(ZeroGpu* zg, Zero* z, cudaStream_t compute) {
     ENSURE(z->shard.nccl && z->replica.nccl, "zero_gpu_init: the shard group has no NCCL communicator (zero_init_layout use_nccl)");
     zg->z = z;
     zg->compute = compute;
@@ -77,10 +81,10 @@ static inline void zero_gpu_init(ZeroGpu* zg, Zero* z, const real* host_master, 
     ZCUDA_CHECK(cudaMalloc((void**)&zg->m, bytes));
     ZCUDA_CHECK(cudaMalloc((void**)&zg->v, bytes));
     ZCUDA_CHECK(cudaMalloc((void**)&zg->master_bf16, n * sizeof(__nv_bfloat16)));
-    ZCUDA_CHECK(cudaMemcpy(zg->master, host_master, bytes, cudaMemcpyHostToDevice));
+    ZCUDA_CHECK(cudaMemcpy(zg->master, z->master, bytes, cudaMemcpyHostToDevice));
+    ZCUDA_CHECK(cudaMemcpy(zg->m, z->m, bytes, cudaMemcpyHostToDevice));
+    ZCUDA_CHECK(cudaMemcpy(zg->v, z->v, bytes, cudaMemcpyHostToDevice));
     ZCUDA_CHECK(cudaMemset(zg->grad, 0, bytes));
-    ZCUDA_CHECK(cudaMemset(zg->m, 0, bytes));
-    ZCUDA_CHECK(cudaMemset(zg->v, 0, bytes));
     for (int i = 0; i < 2; i++) {
         ZCUDA_CHECK(cudaMalloc((void**)&zg->work[i], z->work_numel * sizeof(__nv_bfloat16)));
         ZCUDA_CHECK(cudaMalloc((void**)&zg->gwork[i], z->work_numel * sizeof(float)));
@@ -168,6 +172,17 @@ static inline void zero_gpu_reduce_grads(ZeroGpu* zg) {
     }
     ZCUDA_CHECK(cudaEventRecord(zg->shard_done, last));
     ZCUDA_CHECK(cudaStreamWaitEvent(zg->compute, zg->shard_done, 0));
+}
+
+// the device shards -> the host shards of z (before a checkpoint save or an export, which read z->master,
+// z->m, z->v); waits for the compute stream
+static inline void zero_gpu_to_host(ZeroGpu* zg) {
+    Zero* z = zg->z;
+    size_t bytes = z->shard_total * sizeof(float);
+    ZCUDA_CHECK(cudaStreamSynchronize(zg->compute));
+    ZCUDA_CHECK(cudaMemcpy(z->master, zg->master, bytes, cudaMemcpyDeviceToHost));
+    ZCUDA_CHECK(cudaMemcpy(z->m, zg->m, bytes, cudaMemcpyDeviceToHost));
+    ZCUDA_CHECK(cudaMemcpy(z->v, zg->v, bytes, cudaMemcpyDeviceToHost));
 }
 
 static inline void zero_gpu_free(ZeroGpu* zg) {

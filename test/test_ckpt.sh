@@ -38,6 +38,15 @@ PY
     if [ $? = 0 ]; then pass "$name: $(cat "$tmp/cmp")"; else fail "$name: $(cat "$tmp/cmp")"; fi
 }
 waitlog() { local i n; for i in $(seq 1 600); do n=$(grep -c '"loss"' "$1" 2>/dev/null); [ "${n:-0}" -ge "$2" ] && return 0; sleep 0.1; done; return 1; }
+children() {  # pids whose parent is $1 (from /proc: no procps needed)
+    local parent=$1 f st
+    for f in /proc/[0-9]*/stat; do
+        st=$(cat "$f" 2>/dev/null) || continue
+        st=${st##*) }   # after the command name, which may hold spaces: "S ppid ..."
+        set -- $st
+        [ "$2" = "$parent" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+    done
+}
 resume_step() {  # the step a --resume auto of DIR starts from ("fresh" or the number)
     local out; out=$($BIN "${T[@]}" --ckpt-dir "$1" --resume auto --stop-after 0 2>&1)
     if grep -q "starting fresh" <<<"$out"; then echo fresh; else sed -nE 's/^resume: .* \(step ([0-9]+),.*/\1/p' <<<"$out"; fi
@@ -115,7 +124,7 @@ else fail "2 ranks, damaged shard 1: exit $rc: $(grep -E 'warning|resume|error' 
 # --- crashes while saving, and a full disk
 for point in shard manifest rename; do
     rm -rf "$tmp/c"; cp -r "$tmp/good" "$tmp/c"
-    (DBRX_DEBUG_CKPT_KILL=8:$point $BIN "${T[@]}" --ckpt-dir "$tmp/c" --resume auto --ckpt-every 2 --stop-after 4 > /dev/null 2>&1) 2>/dev/null; rc=$?
+    (DBRX_DEBUG_CKPT_KILL=8:$point $BIN "${T[@]}" --ckpt-dir "$tmp/c" --resume auto --ckpt-every 2 --stop-after 4 > /dev/null 2>&1; exit $?) 2>/dev/null; rc=$?
     got=$(resume_step "$tmp/c")
     want=6; [ "$point" = rename ] && want=8   # renamed = complete: the new one is valid, the pointer is not needed
     if [ "$rc" = 137 ] && [ "$got" = "$want" ] && [ "$(cat "$tmp/c/latest")" = step_00000006 ]; then
@@ -149,7 +158,7 @@ sigtest() {  # name, launcher..., then: how to signal (a function of $P)
     else fail "$name: exit $rc, $n steps logged, resumes from '$got': $(tail -2 "$tmp/s.out")"; fi
 }
 sigtest "SIGTERM (one process)" 'kill -TERM $P' $BIN
-sigtest "SIGTERM to the ranks under mpirun (as a scheduler does)" 'kill -TERM $(pgrep -P $P)' $MPI -np 2 $BIN
+sigtest "SIGTERM to the ranks under mpirun (as a scheduler does)" 'kill -TERM $(children $P)' $MPI -np 2 $BIN
 sigtest "SIGUSR1 to mpirun (forwarded to the ranks)" 'kill -USR1 $P' $MPI -np 2 $BIN
 
 # --- Hugging Face export and import
