@@ -21,7 +21,7 @@ CXXFLAGS := -std=c++17 -O3 -march=native -fopenmp -Wall -Wextra -Werror $(MPI_CF
 LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
-HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h checkpoint/*.h) train_cuda.cuh
+HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
 .PHONY: all deps check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu clean
@@ -45,6 +45,16 @@ else
 train_dbrx: train_dbrx.cu $(HEADERS) | check-deps
 	@echo "nvcc not found: building the CPU-only binary with $(CXX)"
 	$(CXX) $(CXXFLAGS) -x c++ -o $@ train_dbrx.cu $(LDLIBS)
+endif
+
+# the collective-bandwidth benchmark over the communicator (parallel/README.md); MPI on the CPU,
+# and NCCL on the GPU when built by nvcc
+ifneq ($(NVCC),)
+dev/comm_bench: dev/comm_bench.cu $(HEADERS) | check-deps
+	$(NVCC) $(NVCCFLAGS) -o $@ dev/comm_bench.cu $(LDLIBS) -lnccl -lgomp
+else
+dev/comm_bench: dev/comm_bench.cu $(HEADERS) | check-deps
+	$(CXX) $(CXXFLAGS) -x c++ -o $@ dev/comm_bench.cu $(LDLIBS)
 endif
 
 # the CPU-only build of the same source with g++ (what a machine without nvcc builds)
@@ -140,12 +150,17 @@ test-gpu: train_dbrx $(GPU_TESTS)
 	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_kernels_gpu
 	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_step_cuda_gpu
 
+# checkpoint building blocks (CRC-32C, JSON, conversions, layouts); MPI headers for parallel/zero.h
+test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) | check-deps
+	$(CXX) $(TEST_FLAGS) $(MPI_CFLAGS) -o $@ test/test_checkpoint.cpp -lopenblas $(MPI_LIBS) -lm
+
 test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
-            dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) emu-build gpu-build
+            dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) dev/comm_bench test/test_checkpoint emu-build gpu-build
 
 test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) HAVE_CUDA_HEADERS=$(HAVE_CUDA_HEADERS) bash test/run_all.sh
 
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu test/test_ops test/test_gradcheck test/dump_reference test/test_data \
-	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU)
+	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
+	      dev/comm_bench test/test_checkpoint

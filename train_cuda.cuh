@@ -39,7 +39,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, const Comm& 
     DbrxGPU model;
     dbrx_gpu_build(&model, &cfg, args.batch, args.seq, (uint64_t)args.seed);
     DataLoader train, val;
-    bool do_val = open_datasets(args, cfg, comm, &train, &val);
+    bool do_val = open_datasets(args, cfg, comm, &train, &val) && args.val_every > 0;
 
     std::string peak_how = "--peak-tflops";
     double peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : gpu_peak_flops(prop, &peak_how);

@@ -1,10 +1,11 @@
 /*
  * train_dbrx.cu — trains a DBRX-style Mixture-of-Experts transformer. main() parses the flags,
  * builds the model, and runs the training loop: for every step, grad_accum micro-batches of
- * forward + backward, an all-reduce of the gradients across MPI ranks, global-norm clipping and
- * AdamW; a validation loss every --val-every steps; one log line per step and a JSONL log.
- * --device cuda (or auto, when a GPU is visible) runs the same loop on the CUDA backend instead
- * (train_cuda.cuh, model/dbrx_cuda.cuh).
+ * forward + backward (under ZeRO-3/HSDP each unit's parameters are gathered before it runs and its
+ * gradients reduce-scattered after: parallel/zero.h), the gradients summed across replicas,
+ * global-norm clipping and AdamW on this rank's shard; a validation loss every --val-every steps;
+ * one log line per step and a JSONL log. --device cuda (or auto, when a GPU is visible) runs the
+ * same loop on the CUDA backend instead (train_cuda.cuh, model/dbrx_cuda.cuh).
  *
  * The model itself, with every piece of the DBRX block, is model/dbrx.h:
  *   embedding (model/embedding.cuh) -> L x [ norm_1 (layernorm.cuh) -> Wqkv (matmul.cuh)
@@ -13,6 +14,7 @@
  *   -> residual ] -> norm_f -> lm_head -> cross-entropy (classifier.cuh); AdamW in adamw.cuh.
  *
  *   make && mpirun -np 1 ./train_dbrx --model dbrx-tiny
+ *   mpirun -np 4 ./train_dbrx --model dbrx-tiny --shard-group-size 2     (HSDP: 2 shard groups of 2)
  */
 #include <omp.h>
 #include <string>
@@ -22,6 +24,13 @@
 #include "model/dbrx.h"
 #include "data/dataloader.h"
 #include "parallel/comm.h"
+#include "parallel/zero.h"
+#include "checkpoint/ckpt.h"
+#include "checkpoint/hf.h"
+#include "checkpoint/loader_state.h"
+#ifdef __CUDACC__
+#include "parallel/zero_gpu.cuh"   // the GPU side of ZeRO-3/HSDP, for the CUDA training path
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // flags
@@ -35,6 +44,12 @@ typedef struct {
     std::string data = "data/sotu/sotu_train_*.bin", val_data = "data/sotu/sotu_val_*.bin", data_schedule = "";
     std::string log = "", device = "auto", fp8 = "off";
     int fp8_history = 16, fp8_margin = 0, fp8_log_every = 0;
+    int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
+    float comm_timeout = 300;
+    // checkpoints and Hugging Face interop (checkpoint/)
+    std::string ckpt_dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16", dump_logits = "";
+    int ckpt_every = 0, ckpt_keep = 3, ckpt_keep_every = 0, stop_after = -1;
+    float export_max_file_gb = 5;
     bool dry_run = false, help = false;
 } TrainArgs;
 
@@ -84,6 +99,21 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--fp8-amax-history", "", F_INT, &a->fp8_history, "delayed scaling: amax history length"},
         {"--fp8-margin", "", F_INT, &a->fp8_margin, "FP8 scales are backed off by 2^margin"},
         {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
+        {"--shard-group-size", "", F_INT, &a->shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
+                                                                 "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
+                                                                 "ZeRO-3; 1: data parallel; else HSDP)"},
+        {"--comm-timeout", "", F_FLOAT, &a->comm_timeout, "seconds a collective may make no progress before the run stops"},
+        {"--ckpt-dir", "", F_STR, &a->ckpt_dir, "checkpoint directory: saves every --ckpt-every steps, at the end, and on SIGTERM/SIGINT/SIGUSR1"},
+        {"--ckpt-every", "", F_INT, &a->ckpt_every, "save a checkpoint every N steps (0: only on the way out)"},
+        {"--ckpt-keep", "", F_INT, &a->ckpt_keep, "keep the last K checkpoints"},
+        {"--ckpt-keep-every", "", F_INT, &a->ckpt_keep_every, "also keep every checkpoint whose step is a multiple of M (0: none)"},
+        {"--resume", "", F_STR, &a->resume, "auto (the newest valid checkpoint in --ckpt-dir; none: start fresh) or a checkpoint directory"},
+        {"--stop-after", "", F_INT, &a->stop_after, "run at most N steps of the schedule in this invocation, then save and exit"},
+        {"--init-hf", "", F_STR, &a->init_hf, "initialise the weights from a Hugging Face DBRX export (config.json + safetensors)"},
+        {"--export-hf", "", F_STR, &a->export_hf, "at the end, export the weights as config.json + safetensors (DbrxForCausalLM)"},
+        {"--export-dtype", "", F_STR, &a->export_dtype, "bf16 | fp32 (fp32: export -> import is bit-exact)"},
+        {"--export-max-file-gb", "", F_FLOAT, &a->export_max_file_gb, "split the export into files of at most this size"},
+        {"--dump-logits", "", F_STR, &a->dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: measured from the CPU)"},
         {"--dry-run", "", F_BOOL, &a->dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
         {"--help", "-h", F_BOOL, &a->help, "this text"},
@@ -177,6 +207,17 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->peak_tflops);
     fp8_recipe_parse(a->fp8.c_str());
     if (a->fp8_margin < 0 || a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-margin %d and --fp8-log-every %d must be >= 0", a->fp8_margin, a->fp8_log_every);
+    if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
+    if (a->ckpt_every < 0 || a->ckpt_keep < 1 || a->ckpt_keep_every < 0)
+        fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt_every,
+             a->ckpt_keep_every, a->ckpt_keep);
+    if (a->ckpt_every > 0 && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--ckpt-every needs --ckpt-dir");
+    if (a->resume == "auto" && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--resume auto needs --ckpt-dir");
+    if (a->stop_after < -1) fail(EXIT_BAD_INPUT, "--stop-after %d must be >= 0", a->stop_after);
+    if (a->export_dtype != "bf16" && a->export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->export_dtype.c_str());
+    if (!(a->export_max_file_gb > 0)) fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be positive", a->export_max_file_gb);
+    if (!a->dump_logits.empty() && a->val_data.empty()) fail(EXIT_BAD_INPUT, "--dump-logits needs --val-data");
+    if (!(a->comm_timeout > 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be positive", a->comm_timeout);
     if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
         fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
 }
@@ -228,20 +269,20 @@ static double cpu_peak_flops(int threads, std::string* how) {
     return threads * mhz * 1e6 * per_cycle;
 }
 
-// mean cross-entropy over the first `steps` batches of the validation set, averaged over ranks
-// opens the training set (seeded, rank-independent order; mixtures and schedule) and, unless
-// validation is off, the validation set (fixed order); returns whether there is validation
+// Opens the training set (seeded, rank-independent order; mixtures and schedule) and, when there is
+// validation or --dump-logits, the validation set (fixed order); returns whether it opened the latter.
 static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Comm& comm, DataLoader* train, DataLoader* val) {
     DataLoaderOptions data_opt = {(uint64_t)(args.data_seed >= 0 ? args.data_seed : args.seed), 1, args.grad_accum,
                                   args.data_schedule.c_str()};
     dataloader_init(train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, &data_opt);
-    bool do_val = !args.val_data.empty() && args.val_every > 0;
-    if (do_val) dataloader_init(val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
-    if (comm.rank == 0) printf("%s%s", dataloader_describe(train, "--data").c_str(), do_val ? dataloader_describe(val, "--val-data").c_str() : "");
-    return do_val;
+    bool have_val = !args.val_data.empty() && (args.val_every > 0 || !args.dump_logits.empty());
+    if (have_val) dataloader_init(val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
+    if (comm.rank == 0) printf("%s%s", dataloader_describe(train, "--data").c_str(), have_val ? dataloader_describe(val, "--val-data").c_str() : "");
+    return have_val;
 }
 
-static double evaluate(Dbrx* model, DataLoader* val, int steps, const Comm* comm) {
+// mean cross-entropy over the first `steps` batches of the validation set, averaged over ranks
+static double evaluate(Dbrx* model, DataLoader* val, int steps, Comm* comm) {
     dataloader_reset(val);
     double acc = 0;
     for (int i = 0; i < steps; i++) {
@@ -249,7 +290,7 @@ static double evaluate(Dbrx* model, DataLoader* val, int steps, const Comm* comm
         acc += dbrx_forward(model, val->inputs.data(), val->targets.data());
     }
     acc /= steps;
-    comm_allreduce_sum(&acc, 1);
+    comm_all_reduce(&comm->world_group, &acc, 1, COMM_F64);
     return acc / comm->world;
 }
 
@@ -275,16 +316,20 @@ int main(int argc, char** argv) {
         printf("training FLOPs per token: %.4g (6 * N_active + 12 * L * d * S, S = %d)\n", fpt, args.seq);
         double act = (double)dbrx_activations(NULL, &cfg, args.batch, args.seq);
         double p = (double)params_total(&cfg);
-        printf("memory per rank (no sharding yet: every rank holds the whole model), micro-batch %d x %d:\n", args.batch, args.seq);
-        printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
-               16 * p / (1 << 30), act / (1 << 30), (16 * p + act) / (1 << 30));
+        // sharded over S ranks (ZeRO-3/HSDP): the fp32 state is 1/S of the model's (plus padding)
+        int S = args.shard_group_size > 0 ? args.shard_group_size : 1;
+        printf("memory per rank, shard group of %d rank(s)%s, micro-batch %d x %d:\n", S,
+               args.shard_group_size > 0 ? "" : " (--shard-group-size S to see S ranks)", args.batch, args.seq);
+        printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param / S = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
+               16 * p / S / (1 << 30), act / (1 << 30), (16 * p / S + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
         size_t pb = 0, gpu_bytes = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, &pb);
-        printf("  cuda bf16: fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations and "
-               "scratch %.2f GiB, total %.2f GiB per GPU\n", pb / 1073741824.0, (gpu_bytes - pb) / 1073741824.0, gpu_bytes / 1073741824.0);
+        printf("  cuda bf16 (one GPU, the CUDA path does not shard yet): fp32 master+grads+moments 16 B/param + bf16 weights "
+               "2 B/param = %.2f GiB, activations and scratch %.2f GiB, total %.2f GiB\n", pb / 1073741824.0,
+               (gpu_bytes - pb) / 1073741824.0, gpu_bytes / 1073741824.0);
 #else
-        printf("  cuda bf16: fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations (bf16) %.2f GiB\n",
-               18 * p / (1 << 30), act / 2 / (1 << 30));
+        printf("  cuda bf16: fp32 master+grads+moments 16 B/param / S + bf16 weights 2 B/param = %.2f GiB, activations (bf16) %.2f GiB\n",
+               (16 * p / S + 2 * p) / (1 << 30), act / 2 / (1 << 30));
 #endif
         return 0;
     }
@@ -300,6 +345,7 @@ int main(int argc, char** argv) {
     bool use_cuda = args.device == "cuda" || (args.device == "auto" && gpus > 0);
 
     Comm comm = comm_init(&argc, &argv);
+    comm_set_timeout(args.comm_timeout);
     const char* why = args.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
     if (use_cuda && comm.world > 1) {   // one GPU for now: multi-GPU comes with the NCCL communicator (ZeRO-3)
         if (args.device == "cuda")
@@ -307,6 +353,12 @@ int main(int argc, char** argv) {
                  "or use --device cpu for MPI data parallelism", comm.world);
         use_cuda = false;
         why = " (auto: the CUDA path runs one rank, and there are several)";
+    }
+    if (use_cuda) {   // what the CUDA path does not do yet is refused, not ignored
+        const char* missing = args.fp8 != "off" ? "--fp8" : !args.ckpt_dir.empty() ? "--ckpt-dir" : !args.resume.empty() ? "--resume"
+                            : !args.init_hf.empty() ? "--init-hf" : !args.export_hf.empty() ? "--export-hf"
+                            : !args.dump_logits.empty() ? "--dump-logits" : NULL;
+        if (missing) fail(EXIT_BAD_INPUT, "%s is not supported on the CUDA path yet; use --device cpu", missing);
     }
 #if HAVE_CUDA_BACKEND
     if (use_cuda) return train_cuda(args, cfg, comm, why);
@@ -325,11 +377,45 @@ int main(int argc, char** argv) {
     }
 
     Dbrx model;
-    dbrx_build(&model, &cfg, args.batch, args.seq, (uint64_t)args.seed);
+    dbrx_build_shape(&model, &cfg, args.batch, args.seq);
+    Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
+    zero_init(&zero, &model, &comm, args.shard_group_size, (uint64_t)args.seed);
+    printf("zero: rank %d: rank %d of %d in shard group %d, replica %d of %d; master+grads+moments %lld bytes allocated, "
+           "%lld bytes measured (resident growth); working buffers %lld bytes\n", comm.rank, zero.shard.rank, zero.S,
+           comm.rank / zero.S, zero.replica.rank, zero.R, (long long)zero.state_bytes, zero.state_rss, (long long)zero.work_bytes);
+    fflush(stdout);
     Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
     dbrx_enable_fp8(&model, &fp8);
     DataLoader train, val;
-    bool do_val = open_datasets(args, cfg, comm, &train, &val);
+    bool have_val = open_datasets(args, cfg, comm, &train, &val);
+    bool do_val = have_val && args.val_every > 0;
+
+    // ---- checkpoints and Hugging Face import (checkpoint/): where training starts from
+    AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
+    Checkpointer ck;
+    ckpt_init(&ck, args.ckpt_dir, args.ckpt_every, args.ckpt_keep, args.ckpt_keep_every);
+    RunInfo run = {args.steps, args.warmup, args.seed, args.batch, args.seq, args.grad_accum, args.lr, args.lr_floor, opt};
+    TrainProgress prog;
+    prog.rng.state = (uint64_t)args.seed ^ 0x7261696E5F646278ull;
+    if (!args.init_hf.empty()) {
+        hf_import(args.init_hf, &zero, &cfg, model.table, &comm);
+        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
+    }
+    bool resumed = false;
+    if (!args.resume.empty()) {
+        JsonValue man;
+        std::string from;
+        if (ckpt_resume(&ck, args.resume, &zero, &cfg, &prog, &man, &from, &comm)) {
+            std::string err;
+            if (!ckpt_loader_state_restore(&train, prog.loader, &err))
+                fail(EXIT_BAD_INPUT, "%s/manifest.json: the data loader state %s", from.c_str(), err.c_str());
+            ckpt_warn_changes(&man, &run, comm.world, comm.rank);
+            ck.last_saved_step = prog.step;
+            resumed = true;
+            if (comm.rank == 0) printf("resume: %s (step %d, %lld tokens seen); continuing at step %d of %d\n", from.c_str(),
+                                       prog.step, (long long)prog.tokens, prog.step + 1, args.steps);
+        }
+    }
 
     std::string peak_how = "--peak-tflops";
     double peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * cpu_peak_flops(threads, &peak_how);
@@ -342,14 +428,40 @@ int main(int argc, char** argv) {
                args.warmup, args.lr_floor);
         printf("mfu: %.4g FLOPs/token (6 N_active + 12 L d S) against a peak of %.3f TFLOP/s (%s%s)\n", fpt, peak / 1e12,
                comm.world > 1 ? "all ranks: " : "", peak_how.c_str());
-        printf("activations %.1f MiB, parameters+grads+moments %.1f MiB per rank\n", model.activation_bytes / 1048576.0,
-               16.0 * model.num_params / 1048576.0);
-        if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), "w");
+        printf("activations %.1f MiB, parameters+grads+moments %.1f MiB per rank (%s, shard group %d, %d replica(s))\n",
+               model.activation_bytes / 1048576.0, zero.state_bytes / 1048576.0,
+               zero.S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zero.R == 1 ? "ZeRO-3" : "HSDP",
+               zero.S, zero.R);
+        if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), resumed ? "a" : "w");   // a resumed run appends
         fflush(stdout);
     }
 
-    AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
-    for (int step = 0; step < args.steps; step++) {
+    // test hook: DBRX_DEBUG_KILL="R:S" makes rank R SIGKILL itself in the middle of step S ("R:S:stop":
+    // SIGSTOP, a rank that hangs)
+    int kill_rank = -1, kill_step = -1, kill_sig = SIGKILL;
+    if (const char* k = getenv("DBRX_DEBUG_KILL")) {
+        if (sscanf(k, "%d:%d", &kill_rank, &kill_step) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_KILL '%s' is not R:S[:stop]", k);
+        if (strstr(k, ":stop")) kill_sig = SIGSTOP;
+    }
+    uint64_t step_bytes_total = 0;
+    int steps_done = 0;
+    bool stopped = false;
+    auto report_save = [&](const SaveReport& r) {   // rank 0: one line, and one JSONL object
+        if (comm.rank != 0 || r.step < 0) return;
+        if (r.ok) printf("ckpt: step %d -> %s: blocked %.2f ms (shard copied to host memory), written in the background in %.1f ms, "
+                         "%.1f MiB, %.1f ms from start to commit\n", r.step, r.path.c_str(), r.blocked_ms, r.write_ms,
+                         r.bytes / 1048576.0, r.total_ms);
+        if (logf) { fprintf(logf, "{\"ckpt_step\": %d, \"ok\": %s, \"blocked_ms\": %.3f, \"write_ms\": %.3f, \"total_ms\": %.3f, "
+                            "\"bytes\": %llu}\n", r.step, r.ok ? "true" : "false", r.blocked_ms, r.write_ms, r.total_ms,
+                            (unsigned long long)r.bytes); fflush(logf); }
+        fflush(stdout);
+    };
+    for (int step = prog.step; step < args.steps; step++) {
+        if (args.stop_after >= 0 && steps_done >= args.stop_after) {
+            if (comm.rank == 0) printf("stop: --stop-after %d reached at step %d of %d\n", args.stop_after, step, args.steps);
+            stopped = true;
+            break;
+        }
         if (do_val && step % args.val_every == 0) {
             double vl = evaluate(&model, &val, args.val_steps, &comm);
             if (comm.rank == 0) {
@@ -358,23 +470,25 @@ int main(int argc, char** argv) {
             }
         }
         double t0 = now_seconds();
-        dbrx_zero_grad(&model);
-        double metrics[4] = {0, 0, 0, 0};   // ce, lbl, z, imbalance
+        uint64_t bytes0 = zero_bytes_sent(&zero);
+        zero_zero_grad(&zero);
+        double metrics[5] = {0, 0, 0, 0, 0};   // ce, lbl, z, imbalance, stop requested (summed over ranks)
         for (int micro = 0; micro < args.grad_accum; micro++) {
             dataloader_next(&train);
             dbrx_forward(&model, train.inputs.data(), train.targets.data());
+            if (comm.rank == kill_rank && step + 1 == kill_step) raise(kill_sig);
             dbrx_backward(&model, train.inputs.data(), train.targets.data(), 1.0f / args.grad_accum);
             metrics[0] += model.ce_loss / args.grad_accum;
             metrics[1] += model.lbl_loss / args.grad_accum;
             metrics[2] += model.z_loss / args.grad_accum;
             metrics[3] += model.imbalance / args.grad_accum;
         }
-        if (comm.world > 1) {   // data parallel: average gradients and metrics over the ranks
-            comm_allreduce_sum(model.grads, model.num_params);
-            real inv = (real)1 / comm.world;
-            for (size_t i = 0; i < model.num_params; i++) model.grads[i] *= inv;
-            comm_allreduce_sum(metrics, 4);
-            for (double& x : metrics) x /= comm.world;
+        // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
+        zero_reduce_grads(&zero);
+        metrics[4] = g_comm_stop_signal ? 1 : 0;
+        if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
+            comm_all_reduce(&comm.world_group, metrics, 5, COMM_F64);
+            for (int i = 0; i < 4; i++) metrics[i] /= comm.world;
         }
         std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(&model);
         if (!fp8_metas.empty()) {
@@ -382,7 +496,7 @@ int main(int argc, char** argv) {
             std::vector<float> amax, amax_local;
             for (Fp8MetaRef& r : fp8_metas) amax.push_back(r.meta->amax);
             amax_local = amax;
-            if (comm.world > 1) comm_allreduce_max(amax.data(), amax.size());
+            comm_all_reduce_max_f32(&comm.world_group, amax.data(), amax.size());
             for (size_t i = 0; i < amax.size(); i++) fp8_metas[i].meta->amax = amax[i];
             if (logf && args.fp8_log_every > 0 && (step + 1) % args.fp8_log_every == 0) {
                 fprintf(logf, "{\"step\": %d, \"fp8\": {", step + 1);
@@ -395,8 +509,11 @@ int main(int argc, char** argv) {
             }
         }
         float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
-        double gnorm = dbrx_update(&model, &opt, lr, step + 1);
+        double gnorm = zero_update(&zero, &opt, lr, step + 1);
         double dt = now_seconds() - t0;
+        uint64_t step_bytes = zero_bytes_sent(&zero) - bytes0;
+        step_bytes_total += step_bytes;
+        steps_done++;
         double tok_s = tokens_per_step / dt, mfu = fpt * tok_s / peak;
         if (!std::isfinite(metrics[0]) || !std::isfinite(gnorm))
             fail(EXIT_RUNTIME, "step %d: loss %g / grad norm %g is not finite; stopping", step + 1, metrics[0], gnorm);
@@ -405,24 +522,77 @@ int main(int argc, char** argv) {
                    step + 1, args.steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
             fflush(stdout);
             if (logf) {
-                fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
-                        "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f}\n",
-                        step + 1, metrics[0], metrics[1], metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3]);
+                fprintf(logf, "{\"step\": %d, \"loss\": %.17g, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
+                        "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f, \"comm_bytes\": %llu}\n",
+                        step + 1, metrics[0], metrics[1], metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3],
+                        (unsigned long long)step_bytes);
                 fflush(logf);
             }
         }
+        prog.step = step + 1;
+        prog.tokens += tokens_per_step;
+        if (ck.pending) report_save(ckpt_poll(&ck, &zero, &comm, false));
+        bool last = prog.step == args.steps || metrics[4] > 0 || (args.stop_after >= 0 && steps_done >= args.stop_after);
+        if (ck.every > 0 && prog.step % ck.every == 0 && !last) {   // (the last step is saved on the way out)
+            prog.loader = ckpt_loader_state_save(&train);
+            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
+            ckpt_start_save(&ck, &zero, &cfg, &prog, &run, &comm, &prev);
+            report_save(prev);
+        }
+        if (metrics[4] > 0) {
+            if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
+            stopped = true;
+            break;
+        }
     }
-    if (do_val) {
+    // on the way out (the end, --stop-after, a signal): a checkpoint of where we are, waited for
+    bool save_failed = false;
+    if (!ck.dir.empty()) {
+        if (ck.pending) report_save(ckpt_wait_commit(&ck, &zero, &comm));
+        if (ck.last_saved_step != prog.step) {
+            prog.loader = ckpt_loader_state_save(&train);
+            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
+            ckpt_start_save(&ck, &zero, &cfg, &prog, &run, &comm, &prev);
+            SaveReport r = ckpt_wait_commit(&ck, &zero, &comm);
+            report_save(r);
+            save_failed = !r.ok;
+        }
+    }
+    if (comm.world > 1) {   // what each rank sent, for the communication-volume check (parallel/README.md)
+        printf("comm: rank %d sent %llu bytes in %d training steps (%.1f bytes/step)\n", comm.rank,
+               (unsigned long long)step_bytes_total, steps_done, steps_done ? (double)step_bytes_total / steps_done : 0.0);
+        fflush(stdout);
+    }
+    if (do_val && !stopped && steps_done > 0) {
         double vl = evaluate(&model, &val, args.val_steps, &comm);
         if (comm.rank == 0) {
             printf("val  %5d | val_loss %.6f\n", args.steps, vl);
             if (logf) fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", args.steps, vl);
         }
     }
+    if (!args.export_hf.empty()) {
+        hf_export(args.export_hf, &zero, &cfg, model.table, args.export_dtype, (uint64_t)(args.export_max_file_gb * 1e9), &comm);
+        if (comm.rank == 0) printf("export: %s (%s, DbrxForCausalLM)\n", args.export_hf.c_str(), args.export_dtype.c_str());
+    }
+    if (!args.dump_logits.empty()) {   // logits of the first validation batch, for dev/hf_logits.py
+        dataloader_reset(&val);
+        dataloader_next(&val);
+        dbrx_forward(&model, val.inputs.data(), val.targets.data());
+        if (comm.rank == 0) {
+            std::vector<float> logits(model.logits, model.logits + (size_t)args.batch * args.seq * cfg.vocab_size);
+            st_write_host(args.dump_logits, {{"inputs", "I32", {args.batch, args.seq}, val.inputs.data()},
+                                             {"targets", "I32", {args.batch, args.seq}, val.targets.data()},
+                                             {"logits", "F32", {args.batch, args.seq, cfg.vocab_size}, logits.data()}});
+            printf("dump: inputs and logits of the first validation batch -> %s\n", args.dump_logits.c_str());
+        }
+    }
     if (logf) fcloseCheck(logf, args.log.c_str());
+    ckpt_free(&ck);
     dataloader_free(&train);
-    if (do_val) dataloader_free(&val);
+    if (have_val) dataloader_free(&val);
+    zero_free(&zero);
     dbrx_free(&model);
     comm_finalize();
+    if (save_failed) { fprintf(stderr, "error: the last checkpoint could not be saved (see the warnings above)\n"); return EXIT_RUNTIME; }
     return 0;
 }

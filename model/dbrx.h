@@ -73,22 +73,44 @@ static inline std::vector<ParamInfo> dbrx_param_table(const DbrxConfig* c) {
     return t;
 }
 
+// first table entry of each unit, and the unit count (L + 2)
+static inline int dbrx_num_units(const DbrxConfig* c) { return c->n_layers + 2; }
+static inline size_t unit_first_entry(int unit, const DbrxConfig* c) {
+    return unit == 0 ? 0 : unit <= c->n_layers ? 1 + 8 * (size_t)(unit - 1) : 1 + 8 * (size_t)c->n_layers;
+}
+
+// Points the views of one sharding unit into `unit_base`, a buffer laid out as that unit's range of
+// the flat buffer (a sharded run gathers a unit into a working buffer and points the views there).
+static inline void unit_views(ParamTensors* p, real* unit_base, int unit, const DbrxConfig* c,
+                              const std::vector<ParamInfo>& t) {
+    size_t i = unit_first_entry(unit, c), start = t[i].offset;
+    auto at = [&](size_t j) { return unit_base + (t[j].offset - start); };
+    if (unit == 0) { p->wte = at(i); return; }
+    if (unit == c->n_layers + 1) { p->norm_f = at(i); p->lm_head = at(i + 1); return; }
+    BlockParams& b = p->blocks[unit - 1];
+    b.norm1 = at(i); b.wqkv = at(i + 1); b.wo = at(i + 2); b.norm2 = at(i + 3);
+    b.router = at(i + 4); b.w1 = at(i + 5); b.v1 = at(i + 6); b.w2 = at(i + 7);
+}
+
 // pointer views of a flat buffer laid out by the table
 static inline ParamTensors param_views(real* base, const DbrxConfig* c, const std::vector<ParamInfo>& t) {
     ParamTensors p;
-    size_t i = 0;
-    p.wte = base + t[i++].offset;
     p.blocks.resize(c->n_layers);
-    for (int l = 0; l < c->n_layers; l++) {
-        BlockParams& b = p.blocks[l];
-        b.norm1 = base + t[i++].offset; b.wqkv = base + t[i++].offset; b.wo = base + t[i++].offset;
-        b.norm2 = base + t[i++].offset; b.router = base + t[i++].offset; b.w1 = base + t[i++].offset;
-        b.v1 = base + t[i++].offset; b.w2 = base + t[i++].offset;
-    }
-    p.norm_f = base + t[i++].offset;
-    p.lm_head = base + t[i++].offset;
+    for (int u = 0; u < dbrx_num_units(c); u++) unit_views(&p, base + t[unit_first_entry(u, c)].offset, u, c, t);
     return p;
 }
+
+// ---------------------------------------------------------------------------------------------
+// sharding hooks: dbrx_forward/dbrx_backward announce each unit before they read its parameters or
+// write its gradients, and after. A sharded run (parallel/zero.h) gathers the unit's parameters in
+// `begin` and reduce-scatters its gradients in `end`; unsharded, the hooks are NULL and cost nothing.
+
+enum { UNIT_FORWARD, UNIT_BACKWARD, UNIT_BACKWARD_GRADS_ONLY };   // the last: reads no parameter (embedding)
+typedef struct {
+    void (*begin)(void* ctx, int unit, int phase);
+    void (*end)(void* ctx, int unit, int phase);
+    void* ctx;
+} UnitHooks;
 
 // ---------------------------------------------------------------------------------------------
 // activations saved by the forward pass for the backward pass, per block
@@ -123,6 +145,7 @@ typedef struct {
     real *dresid, *dln, *dqkv, *datty, *drouter, *dtopk_w, *dxe, *dye, *da, *dg, *du;
     std::vector<void*> allocations;
     size_t activation_bytes;
+    UnitHooks hooks;                // sharding hooks (all NULL: unsharded)
 
     // FP8 (--fp8, off unless dbrx_enable_fp8): the recipe, every block's operand state, and scratch
     // for the fake-quantised operands (activation-sized fq_x, fq_dy, fq_dy2, fq_dz, fq_dz2;
@@ -184,17 +207,29 @@ static inline size_t dbrx_activations(Dbrx* m, const DbrxConfig* c, int B, int T
 
 // Initialisation (HF DbrxForCausalLM's): every matrix normal(0, init_std), LayerNorm weights 1.
 // Drawn in table order from one stream seeded by `seed`, so a seed fixes the model everywhere.
-static inline void dbrx_init_params(Dbrx* m, uint64_t seed) {
-    Rng rng = {seed};
-    for (const ParamInfo& t : m->table) {
-        real* p = m->params + t.offset;
-        if (t.cols == 0) { for (size_t i = 0; i < t.numel; i++) p[i] = 1; continue; }
-        for (size_t i = 0; i < t.numel; i++) p[i] = (real)(m->cfg.init_std * rng_normal(&rng));
+// Fills dst (hi - lo) with the elements [lo, hi) of the flat parameter buffer: splitmix64's state is a
+// counter (two draws per matrix element), so a rank can initialise its shard alone.
+static inline void dbrx_init_range(real* dst, size_t lo, size_t hi, const DbrxConfig* c,
+                                   const std::vector<ParamInfo>& table, uint64_t seed) {
+    uint64_t draws = 0;   // draws taken by the matrices before the current tensor
+    for (const ParamInfo& t : table) {
+        size_t a = t.offset > lo ? t.offset : lo, b = t.offset + t.numel < hi ? t.offset + t.numel : hi;
+        if (a < b) {
+            real* p = dst + (a - lo);
+            if (t.cols == 0) for (size_t i = 0; i < b - a; i++) p[i] = 1;
+            else {
+                Rng rng = {seed + (draws + 2 * (a - t.offset)) * 0x9E3779B97F4A7C15ull};
+                for (size_t i = 0; i < b - a; i++) p[i] = (real)(c->init_std * rng_normal(&rng));
+            }
+        }
+        if (t.cols != 0) draws += 2 * t.numel;
     }
 }
+static inline void dbrx_init_params(Dbrx* m, uint64_t seed) { dbrx_init_range(m->params, 0, m->num_params, &m->cfg, m->table, seed); }
 
-// builds the model for micro-batches of (B, T): parameters, gradients, moments, activations
-static inline void dbrx_build(Dbrx* m, const DbrxConfig* cfg, int B, int T, uint64_t seed) {
+// everything but the parameter, gradient and moment buffers: the table and the activations for
+// micro-batches of (B, T). (A sharded run owns those buffers: parallel/zero.h.)
+static inline void dbrx_build_shape(Dbrx* m, const DbrxConfig* cfg, int B, int T) {
     config_validate(cfg);
     // the CPU backend parallelises with OpenMP itself (model/matmul.cuh): OpenBLAS must not start a
     // second pool of spinning threads on the same cores
@@ -206,6 +241,19 @@ static inline void dbrx_build(Dbrx* m, const DbrxConfig* cfg, int B, int T, uint
     if ((int64_t)m->num_params != params_total(cfg))
         fail_at(__FILE__, __LINE__, "parameter table (%zu) disagrees with params_total (%lld)", m->num_params,
                 (long long)params_total(cfg));
+    m->params = m->grads = m->m = m->v = NULL;
+    m->hooks = UnitHooks{NULL, NULL, NULL};
+    m->B = B; m->T = T;
+    m->fp8.recipe = FP8_OFF;
+    m->acts.resize(cfg->n_layers);
+    m->resid.resize(cfg->n_layers + 1);
+    m->activation_bytes = dbrx_activations(m, cfg, B, T);
+    rope_tables(m->rope_cos, m->rope_sin, T, cfg->head_dim, cfg->rope_theta);
+}
+
+// builds the model for micro-batches of (B, T): parameters, gradients, moments, activations
+static inline void dbrx_build(Dbrx* m, const DbrxConfig* cfg, int B, int T, uint64_t seed) {
+    dbrx_build_shape(m, cfg, B, T);
     size_t bytes = m->num_params * sizeof(real);
     m->params = (real*)mallocCheck(bytes);
     m->grads = (real*)calloc(m->num_params, sizeof(real));
@@ -215,12 +263,6 @@ static inline void dbrx_build(Dbrx* m, const DbrxConfig* cfg, int B, int T, uint
     m->p = param_views(m->params, cfg, m->table);
     m->g = param_views(m->grads, cfg, m->table);
     dbrx_init_params(m, seed);
-    m->B = B; m->T = T;
-    m->fp8.recipe = FP8_OFF;
-    m->acts.resize(cfg->n_layers);
-    m->resid.resize(cfg->n_layers + 1);
-    m->activation_bytes = dbrx_activations(m, cfg, B, T);
-    rope_tables(m->rope_cos, m->rope_sin, T, cfg->head_dim, cfg->rope_theta);
 }
 
 // Switches the five GEMMs of every block (Wqkv, out_proj, w1, v1, w2) to FP8 numerics, emulated:
@@ -274,6 +316,9 @@ static inline void dbrx_free(Dbrx* m) {
     free(m->params); free(m->grads); free(m->m); free(m->v);
 }
 
+static inline void unit_begin(Dbrx* m, int unit, int phase) { if (m->hooks.begin) m->hooks.begin(m->hooks.ctx, unit, phase); }
+static inline void unit_end(Dbrx* m, int unit, int phase) { if (m->hooks.end) m->hooks.end(m->hooks.ctx, unit, phase); }
+
 // ---------------------------------------------------------------------------------------------
 // forward: inputs, targets (B, T) token ids. Returns the cross-entropy; sets ce/lbl/z/imbalance.
 
@@ -281,9 +326,12 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
     int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers;
+    unit_begin(m, 0, UNIT_FORWARD);
     embedding_forward(m->resid[0], inputs, m->p.wte, N, d);
+    unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
     for (int l = 0; l < L; l++) {
+        unit_begin(m, 1 + l, UNIT_FORWARD);
         const BlockParams& w = m->p.blocks[l];
         BlockActs* a = &m->acts[l];
         real* x = m->resid[l];
@@ -329,9 +377,12 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         for (int e = 0; e < E; e++) if (a->counts[e] > maxc) maxc = a->counts[e];
         double imb = (double)maxc / ((double)N * k / E);
         if (imb > m->imbalance) m->imbalance = imb;
+        unit_end(m, 1 + l, UNIT_FORWARD);
     }
+    unit_begin(m, L + 1, UNIT_FORWARD);
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], m->p.norm_f, N, d, c->ln_eps);
     matmul_forward(m->logits, m->lnf, m->p.lm_head, N, d, c->vocab_size);
+    unit_end(m, L + 1, UNIT_FORWARD);
     m->ce_loss = crossentropy_forward(m->losses, m->logits, targets, N, c->vocab_size);
     return m->ce_loss;
 }
@@ -344,11 +395,14 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
     int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
     size_t Nd = (size_t)N * d;
     crossentropy_backward(m->logits, targets, N, V, (real)(dloss / N));
+    unit_begin(m, L + 1, UNIT_BACKWARD);
     memset(m->dln, 0, Nd * sizeof(real));
     matmul_backward(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V);
     memset(m->dresid, 0, Nd * sizeof(real));
     layernorm_backward(m->dresid, m->g.norm_f, m->dln, m->resid[L], m->p.norm_f, m->lnf_mean, m->lnf_rstd, N, d);
+    unit_end(m, L + 1, UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
+        unit_begin(m, 1 + l, UNIT_BACKWARD);
         const BlockParams& w = m->p.blocks[l];
         const BlockParams& gw = m->g.blocks[l];
         BlockActs* a = &m->acts[l];
@@ -404,8 +458,11 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
                                     m->fq_w, m->fq_dy, m->fq_dy2);
         else matmul_backward(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward(m->dresid, gw.norm1, m->dln, m->resid[l], w.norm1, a->ln1_mean, a->ln1_rstd, N, d);
+        unit_end(m, 1 + l, UNIT_BACKWARD);
     }
+    unit_begin(m, 0, UNIT_BACKWARD_GRADS_ONLY);
     embedding_backward(m->g.wte, m->dresid, inputs, N, d);
+    unit_end(m, 0, UNIT_BACKWARD_GRADS_ONLY);
 }
 
 static inline void dbrx_zero_grad(Dbrx* m) { memset(m->grads, 0, m->num_params * sizeof(real)); }
@@ -433,6 +490,12 @@ static inline double dbrx_grad_norm(const Dbrx* m) {
     return sqrt(total);
 }
 
+// FP8 delayed scaling, after every optimizer step: this step's amaxes (already reduced across the
+// ranks) join the histories and set the next step's scales
+static inline void dbrx_fp8_end_step(Dbrx* m) {
+    for (Fp8MetaRef& r : dbrx_fp8_metas(m)) fp8_meta_step(r.meta, &m->fp8, r.fmt);
+}
+
 typedef struct { float lr, beta1, beta2, eps, weight_decay, grad_clip; } AdamWConfig;
 
 // one optimizer step t (1-based) with global-norm clipping; returns the norm before clipping
@@ -446,7 +509,6 @@ static inline double dbrx_update(Dbrx* m, const AdamWConfig* o, float lr, int t)
         adamw_update(m->params + c.offset, m->grads + c.offset, m->m + c.offset, m->v + c.offset, c.n, lr,
                      o->beta1, o->beta2, o->eps, c.decay ? o->weight_decay : 0.0f, scale, t);
     }
-    // FP8 delayed scaling: this step's amaxes join the histories and set the next step's scales
-    for (Fp8MetaRef& r : dbrx_fp8_metas(m)) fp8_meta_step(r.meta, &m->fp8, r.fmt);
+    dbrx_fp8_end_step(m);
     return norm;
 }

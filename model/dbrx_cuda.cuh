@@ -193,13 +193,9 @@ static inline void dbrx_gpu_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int 
     m->p = model_views(m->params, cfg, m->table);
     m->g = model_views(m->grads, cfg, m->table);
     // initialisation: the CPU reference's, on the host, then uploaded
-    Dbrx host;
-    host.cfg = *cfg;
-    host.table = m->table;
-    host.params = (real*)mallocCheck(m->num_params * sizeof(real));
-    dbrx_init_params(&host, seed);
-    std::vector<float> master(host.params, host.params + m->num_params);
-    free(host.params);
+    std::vector<real> host(m->num_params);
+    dbrx_init_range(host.data(), 0, m->num_params, cfg, m->table, seed);
+    std::vector<float> master(host.begin(), host.end());
     cudaCheck(cudaMemcpy(m->master, master.data(), m->num_params * sizeof(float), cudaMemcpyHostToDevice));
     to_device_bf16(m->params, master.data(), m->num_params);
     cudaCheck(cudaMemset(m->grads, 0, m->num_params * sizeof(float)));

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run_all.sh — the whole test suite (make test): unit tests, the finite-difference gradient check,
 # PyTorch parity, the command line and bad input, the data loader and tools, end-to-end training,
-# and the builds (the CUDA build with nvcc for sm_90a when nvcc is present). Ends with one line
-# "N passed, M failed".
+# sharded training (ZeRO-3/HSDP), checkpoints, and the builds (the CUDA build with nvcc for sm_90a
+# when nvcc is present). Ends with one line "N passed, M failed".
 cd "$(dirname "$0")/.." || exit 1
 export RESULTS; RESULTS=$(mktemp)
 source test/lib.sh
@@ -22,6 +22,7 @@ echo "== dataset (the default one: several tests train on it)"
 [ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
 echo "== unit tests (CPU reference ops)"; doctest_run ./test/test_ops
 echo "== finite-difference gradient check (double precision)"; doctest_run ./test/test_gradcheck
+echo "== checkpoint building blocks"; doctest_run ./test/test_checkpoint
 
 echo "== FP8 numerics (conversions against cuda_fp8.h, recipes)"
 if [ -x ./test/test_fp8 ]; then doctest_run ./test/test_fp8; else echo "skipped: test_fp8 (no CUDA headers, the conversion oracle)"; fi
@@ -63,6 +64,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
 fi
+echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
+echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then

@@ -99,13 +99,10 @@ static StepResult cpu_step(const DbrxConfig& c, const std::vector<float>& params
 
 // the initial parameters of the seed, rounded to BF16 (what both backends compute with)
 static std::vector<float> initial_params(const DbrxConfig& c) {
-    Dbrx m;
-    m.cfg = c;
-    m.table = dbrx_param_table(&c);
-    size_t n = m.table.back().offset + m.table.back().numel;
+    std::vector<ParamInfo> table = dbrx_param_table(&c);
+    size_t n = table.back().offset + table.back().numel;
     std::vector<float> p(n);
-    m.params = p.data();
-    dbrx_init_params(&m, SEED);
+    dbrx_init_range(p.data(), 0, n, &c, table, SEED);
     for (float& x : p) x = __bfloat162float(__float2bfloat16(x));
     return p;
 }

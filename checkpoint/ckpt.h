@@ -1,0 +1,583 @@
+/*
+ * ckpt.h — sharded, atomic, verified checkpoints that resume exactly and load under another topology.
+ *
+ * A checkpoint is one directory per step, DIR/step_00000010/:
+ *   shard_00000.bin ... shard_<S-1>.bin   one per shard rank of the first replica: a 64-byte header, then
+ *                                         the rank's fp32 master weights, AdamW m and v (each the shard
+ *                                         layout of parallel/zero.h, padding included)
+ *   manifest.json                         format version, model config, step, tokens seen, LR schedule
+ *                                         position, optimizer, data loader state, RNG state, topology,
+ *                                         size and CRC-32C of every file, and its own CRC-32C
+ * Atomic: everything is written into DIR/.tmp-step_00000010, fsynced, the directory renamed, then the
+ * pointer DIR/latest replaced (written aside, fsynced, renamed). A crash or a full disk at any moment
+ * leaves the previous checkpoint intact. Retention: the last --ckpt-keep plus every --ckpt-keep-every-th.
+ * Asynchronous: the training loop blocks only while the shard is copied to host memory; a thread
+ * writes it; ckpt_poll (every step) finds out when every writer is done and commits.
+ * Verified: on load the manifest's own CRC and every file's size and CRC are checked; a bad checkpoint
+ * is reported and the next older one tried (--resume auto); none valid is an error, none at all a fresh
+ * start. Reshard: a rank reads, from the old files, the ranges its new shard needs (any old and new
+ * shard group size); under HSDP the first replica reads and broadcasts to the others.
+ * Everything here is collective: every rank calls the same functions at the same steps.
+ */
+#pragma once
+#include <signal.h>
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+#include "../model/dbrx.h"
+#include "../parallel/comm.h"
+#include "../parallel/zero.h"
+#include "crc32c.h"
+#include "files.h"
+#include "json.h"
+
+#define CKPT_FORMAT_VERSION 1
+#define CKPT_HEADER_BYTES 64
+static const char CKPT_MAGIC[8] = {'D', 'B', 'R', 'X', 'C', 'K', 'P', 'T'};
+
+// the run's place in training, saved and restored with the weights
+typedef struct {
+    int step = 0;               // optimizer steps completed
+    int64_t tokens = 0;         // tokens trained on
+    Rng rng = {0};              // the run's random stream (nothing stochastic draws from it yet; kept exact)
+    std::string loader;         // the data loader's state, a JSON value (checkpoint/loader_state.h)
+} TrainProgress;
+
+// settings the manifest records for the reader (and that a resume warns about when they change)
+typedef struct {
+    int total_steps, warmup, seed, batch, seq, grad_accum;
+    float lr, lr_floor;
+    AdamWConfig opt;
+} RunInfo;
+
+typedef struct {
+    std::string dir;
+    int every = 0, keep = 3, keep_every = 0;
+    int last_saved_step = -1;
+    bool cleaned = false;
+    // the save in flight
+    bool pending = false, writer = false;
+    int step = -1;
+    std::string name, tmp_dir, manifest_head;
+    std::thread thread;
+    std::atomic<int> done{0};
+    std::string error;
+    uint32_t crc = 0;
+    uint64_t bytes = 0;
+    float* staging = NULL;
+    size_t staging_n = 0;
+    double blocked_s = 0, write_s = 0, t_start = 0;
+    int debug_kill_step = -1;   // DBRX_DEBUG_CKPT_KILL="STEP:POINT": SIGKILL at POINT of this step's save
+    std::string debug_kill_point;
+} Checkpointer;
+
+// what a finished save reports (rank 0)
+typedef struct { bool ok; int step; double blocked_ms, write_ms, total_ms; uint64_t bytes; std::string path; } SaveReport;
+
+static inline void ckpt_init(Checkpointer* ck, const std::string& dir, int every, int keep, int keep_every) {
+    ck->dir = dir; ck->every = every; ck->keep = keep; ck->keep_every = keep_every;
+    signal(SIGXFSZ, SIG_IGN);   // a file-size limit makes write() fail (EFBIG) like a full disk, not kill us
+    if (const char* k = getenv("DBRX_DEBUG_CKPT_KILL")) {
+        char point[32] = "";
+        if (sscanf(k, "%d:%31s", &ck->debug_kill_step, point) != 2)
+            fail(EXIT_BAD_INPUT, "DBRX_DEBUG_CKPT_KILL '%s' is not STEP:shard|manifest|rename", k);
+        ck->debug_kill_point = point;
+    }
+}
+static inline void ckpt_debug_kill(Checkpointer* ck, int step, const char* point) {
+    if (step == ck->debug_kill_step && ck->debug_kill_point == point) {
+        fprintf(stderr, "debug: SIGKILL during the save of step %d (%s)\n", step, point);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+}
+
+static inline std::string ckpt_step_name(int step) { char b[32]; snprintf(b, sizeof b, "step_%08d", step); return b; }
+static inline std::string ckpt_shard_name(int s) { char b[32]; snprintf(b, sizeof b, "shard_%05d.bin", s); return b; }
+
+// ---------------------------------------------------------------------------------------------
+// the model config as JSON, and the comparison a resume makes
+
+static inline std::string ckpt_config_json(const DbrxConfig* c) {
+    char b[1024];
+    snprintf(b, sizeof b, "{\"d_model\": %d, \"n_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"n_layers\": %d, "
+             "\"ffn_hidden\": %d, \"n_experts\": %d, \"top_k\": %d, \"vocab_size\": %d, \"max_seq_len\": %d, "
+             "\"rope_theta\": %s, \"clip_qkv\": %s, \"ln_eps\": %s, \"moe_loss_weight\": %s, "
+             "\"z_loss_weight\": %s, \"init_std\": %s}", c->d_model, c->n_heads, c->kv_heads, c->head_dim,
+             c->n_layers, c->ffn_hidden, c->n_experts, c->top_k, c->vocab_size, c->max_seq_len, json_float(c->rope_theta).c_str(),
+             json_float(c->clip_qkv).c_str(), json_float(c->ln_eps).c_str(), json_float(c->moe_loss_weight).c_str(),
+             json_float(c->z_loss_weight).c_str(), json_float(c->init_std).c_str());
+    return b;
+}
+
+// "" if the saved config (JSON object) matches, else the mismatched fields. init_std is not compared
+// (it only shapes an initialisation the checkpoint replaces).
+static inline std::string ckpt_config_mismatch(const JsonValue* saved, const DbrxConfig* c) {
+    struct { const char* name; double run; } fields[] = {
+        {"d_model", (double)c->d_model}, {"n_heads", (double)c->n_heads}, {"kv_heads", (double)c->kv_heads},
+        {"head_dim", (double)c->head_dim}, {"n_layers", (double)c->n_layers}, {"ffn_hidden", (double)c->ffn_hidden},
+        {"n_experts", (double)c->n_experts}, {"top_k", (double)c->top_k}, {"vocab_size", (double)c->vocab_size},
+        {"max_seq_len", (double)c->max_seq_len}, {"rope_theta", (double)c->rope_theta}, {"clip_qkv", (double)c->clip_qkv},
+        {"ln_eps", (double)c->ln_eps}, {"moe_loss_weight", (double)c->moe_loss_weight},
+        {"z_loss_weight", (double)c->z_loss_weight}};
+    std::string out;
+    for (auto& f : fields) {
+        double v;
+        const JsonValue* j = json_get(saved, f.name);
+        bool ok = json_double(j, &v) && (float)v == (float)f.run;
+        if (!ok) {
+            char b[160];
+            snprintf(b, sizeof b, "%s%s %s (checkpoint) vs %g (this run)", out.empty() ? "" : ", ", f.name,
+                     j ? j->text.c_str() : "missing", f.run);
+            out += b;
+        }
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// saving
+
+// the manifest without its "files" and its own checksum (rank 0 completes it at commit)
+static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cfg, const TrainProgress* prog,
+                                             const RunInfo* run) {
+    std::string units;
+    for (int u = 0; u < z->n_units; u++) units += (u ? ", " : "") + std::to_string(z->unit_numel[u]);
+    char b[2048];
+    snprintf(b, sizeof b,
+             "{\n  \"format\": \"train_dbrx checkpoint\",\n  \"format_version\": %d,\n  \"step\": %d,\n  \"tokens_seen\": %lld,\n"
+             "  \"lr_schedule\": {\"kind\": \"linear_warmup_cosine\", \"position\": %d, \"total_steps\": %d, \"warmup_steps\": %d, "
+             "\"lr\": %s, \"lr_floor\": %s},\n"
+             "  \"optimizer\": {\"kind\": \"adamw\", \"t\": %d, \"beta1\": %s, \"beta2\": %s, \"eps\": %s, "
+             "\"weight_decay\": %s, \"grad_clip\": %s},\n"
+             "  \"rng\": {\"kind\": \"splitmix64\", \"seed\": %d, \"state\": %llu},\n",
+             CKPT_FORMAT_VERSION, prog->step, (long long)prog->tokens, prog->step, run->total_steps, run->warmup,
+             json_float(run->lr).c_str(), json_float(run->lr_floor).c_str(), prog->step, json_float(run->opt.beta1).c_str(),
+             json_float(run->opt.beta2).c_str(), json_float(run->opt.eps).c_str(), json_float(run->opt.weight_decay).c_str(),
+             json_float(run->opt.grad_clip).c_str(), run->seed, (unsigned long long)prog->rng.state);
+    std::string m = b;
+    m += "  \"data_loader\": " + prog->loader + ",\n";
+    m += "  \"model\": " + ckpt_config_json(cfg) + ",\n";
+    snprintf(b, sizeof b, "  \"topology\": {\"world\": %d, \"shard_group_size\": %d, \"replicas\": %d, \"batch\": %d, "
+             "\"seq\": %d, \"grad_accum\": %d, \"dtype\": \"float32\", \"arrays\": [\"master\", \"adam_m\", \"adam_v\"], "
+             "\"header_bytes\": %d, \"unit_numel\": [", z->W, z->S, z->R, run->batch, run->seq, run->grad_accum, CKPT_HEADER_BYTES);
+    m += b + units + "]},\n";
+    return m;
+}
+
+static inline void ckpt_header(char* h, int shard_rank, int S, int n_units, size_t shard_total, int step) {
+    memset(h, 0, CKPT_HEADER_BYTES);
+    memcpy(h, CKPT_MAGIC, 8);
+    uint32_t v[4] = {CKPT_FORMAT_VERSION, (uint32_t)shard_rank, (uint32_t)S, (uint32_t)n_units};
+    memcpy(h + 8, v, 16);
+    uint64_t w[2] = {(uint64_t)shard_total, (uint64_t)step};
+    memcpy(h + 24, w, 16);
+}
+
+// the writer thread: header + staging -> path, checksummed as it goes, fsynced
+static inline void ckpt_write_thread(Checkpointer* ck, std::string path, int shard_rank, int S, int n_units, size_t shard_total,
+                                     int step) {
+    double t0 = now_seconds();
+    char h[CKPT_HEADER_BYTES];
+    ckpt_header(h, shard_rank, S, n_units, shard_total, step);
+    std::string err;
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    uint32_t crc = 0;
+    uint64_t bytes = 0;
+    if (fd < 0) err = sys_err("create " + path);
+    if (err.empty()) { err = write_all(fd, h, sizeof h, path); crc = crc32c_update(crc, h, sizeof h); bytes += sizeof h; }
+    const size_t chunk = (size_t)16 << 20;
+    size_t total = ck->staging_n * sizeof(float);
+    const char* p = (const char*)ck->staging;
+    for (size_t off = 0; err.empty() && off < total; off += chunk) {
+        size_t n = total - off < chunk ? total - off : chunk;
+        crc = crc32c_update(crc, p + off, n);
+        err = write_all(fd, p + off, n, path);
+#ifdef __linux__
+        // start the write-back of this chunk now: the disk works while we checksum the next one, and the
+        // final fsync has little left to do (no burst of dirty pages at the end)
+        if (err.empty()) sync_file_range(fd, (off_t)(CKPT_HEADER_BYTES + off), (off_t)n, SYNC_FILE_RANGE_WRITE);
+#endif
+        bytes += n;
+        if (off + n >= total / 2 && off < total / 2) ckpt_debug_kill(ck, step, "shard");
+    }
+    if (err.empty() && fsync(fd) != 0) err = sys_err("fsync " + path);
+    if (fd >= 0 && close(fd) != 0 && err.empty()) err = sys_err("close " + path);
+    ck->error = err;
+    ck->crc = crc;
+    ck->bytes = bytes;
+    ck->write_s = now_seconds() - t0;
+    ck->done.store(1);
+}
+
+// Starts the save of `prog->step` (collective). Blocks only to copy this rank's shard to host memory;
+// the file is written by a thread. A save still in flight is finished first.
+static inline SaveReport ckpt_wait_commit(Checkpointer* ck, Zero* z, Comm* comm);
+static inline void ckpt_start_save(Checkpointer* ck, Zero* z, const DbrxConfig* cfg, const TrainProgress* prog,
+                                   const RunInfo* run, Comm* comm, SaveReport* previous) {
+    if (ck->pending) *previous = ckpt_wait_commit(ck, z, comm);
+    ck->t_start = now_seconds();
+    ck->step = prog->step;
+    ck->name = ckpt_step_name(prog->step);
+    ck->tmp_dir = ck->dir + "/.tmp-" + ck->name;
+    // rank 0 clears what a crashed save may have left at this step, then every writer has the directory
+    int ok = 1;
+    if (comm->rank == 0) {
+        std::string err = mkdir_p(ck->dir);
+        if (err.empty() && !ck->cleaned) {   // what crashed saves and removals left behind
+            for (auto& d : list_numbered_dirs(ck->dir, ".tmp-step_")) rm_rf(ck->dir + "/" + d.second);
+            for (auto& d : list_numbered_dirs(ck->dir, ".trash-step_")) rm_rf(ck->dir + "/" + d.second);
+            ck->cleaned = true;
+        }
+        if (err.empty()) err = rm_rf(ck->tmp_dir);
+        if (err.empty()) err = mkdir_p(ck->tmp_dir);
+        if (!err.empty()) { fprintf(stderr, "warning: checkpoint step %d not saved: %s\n", prog->step, err.c_str()); ok = 0; }
+        ck->manifest_head = ckpt_manifest_head(z, cfg, prog, run);
+    }
+    comm_all_reduce(&comm->world_group, &ok, 1, COMM_I32);
+    if (ok != comm->world) { ck->pending = false; return; }
+    // the first replica writes: ranks 0..S-1 (shard groups are consecutive ranks)
+    ck->writer = z->replica.rank == 0;
+    ck->done.store(0);
+    ck->error.clear();
+    ck->pending = true;
+    if (!ck->writer) return;
+    size_t n = 3 * z->shard_total;
+    if (ck->staging_n != n) { free(ck->staging); ck->staging = (float*)mallocCheck(n * sizeof(float)); ck->staging_n = n; }
+    double t0 = now_seconds();
+    memcpy(ck->staging, z->master, z->shard_total * sizeof(float));
+    memcpy(ck->staging + z->shard_total, z->m, z->shard_total * sizeof(float));
+    memcpy(ck->staging + 2 * z->shard_total, z->v, z->shard_total * sizeof(float));
+    ck->blocked_s = now_seconds() - t0;
+    ck->thread = std::thread(ckpt_write_thread, ck, ck->tmp_dir + "/" + ckpt_shard_name(z->shard.rank), z->shard.rank, z->S,
+                             z->n_units, z->shard_total, prog->step);
+}
+
+// rank 0: manifest, rename, latest, retention. Returns "" or the error.
+static inline std::string ckpt_commit(Checkpointer* ck, const Zero* z, const std::vector<int64_t>& info) {
+    std::string m = ck->manifest_head + "  \"files\": [\n";
+    for (int s = 0; s < z->S; s++) {
+        char b[256];
+        snprintf(b, sizeof b, "    {\"name\": \"%s\", \"shard_rank\": %d, \"bytes\": %lld, \"crc32c\": \"%08x\"}%s\n",
+                 ckpt_shard_name(s).c_str(), s, (long long)info[5 * s + 3], (unsigned)info[5 * s + 2], s + 1 < z->S ? "," : "");
+        m += b;
+    }
+    m += "  ],\n  \"manifest_crc32c\": \"00000000\"\n}\n";
+    char crc[16];
+    snprintf(crc, sizeof crc, "%08x", crc32c_update(0, m.data(), m.size()));
+    m.replace(m.rfind("00000000"), 8, crc);
+    std::string path = ck->tmp_dir + "/manifest.json", err;
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return sys_err("create " + path);
+    err = write_all(fd, m.data(), m.size(), path);
+    if (err.empty() && fsync(fd) != 0) err = sys_err("fsync " + path);
+    if (close(fd) != 0 && err.empty()) err = sys_err("close " + path);
+    if (err.empty()) err = fsync_path(ck->tmp_dir);
+    if (!err.empty()) return err;
+    ckpt_debug_kill(ck, ck->step, "manifest");
+    // a directory for this step from an earlier, abandoned line of training goes aside first
+    std::string final_dir = ck->dir + "/" + ck->name;
+    if (path_exists(final_dir)) {
+        std::string trash = ck->dir + "/.trash-" + ck->name;
+        if (!(err = rm_rf(trash)).empty()) return err;
+        if (rename(final_dir.c_str(), trash.c_str()) != 0) return sys_err("rename " + final_dir);
+    }
+    if (rename(ck->tmp_dir.c_str(), final_dir.c_str()) != 0) return sys_err("rename " + ck->tmp_dir);
+    if (!(err = fsync_path(ck->dir)).empty()) return err;
+    ckpt_debug_kill(ck, ck->step, "rename");
+    if (!(err = write_file_atomic(ck->dir + "/latest", ck->name + "\n")).empty()) return err;
+    // retention: the newest `keep`, and every keep_every-th step; the rest go aside, then away
+    std::vector<std::pair<long long, std::string>> all = list_numbered_dirs(ck->dir, "step_");
+    for (size_t i = 0; i < all.size(); i++) {
+        bool keep = (int)i < ck->keep || (ck->keep_every > 0 && all[i].first % ck->keep_every == 0) || all[i].second == ck->name;
+        if (keep) continue;
+        std::string from = ck->dir + "/" + all[i].second, trash = ck->dir + "/.trash-" + all[i].second;
+        if (rename(from.c_str(), trash.c_str()) == 0) rm_rf(trash);
+    }
+    rm_rf(ck->dir + "/.trash-" + ck->name);
+    return "";
+}
+
+// every rank: is the save in flight written everywhere? If so, commit it. Collective (an all-gather of
+// 40 bytes per rank) while a save is in flight; nothing otherwise. wait: block until it is written.
+static inline SaveReport ckpt_poll(Checkpointer* ck, Zero* z, Comm* comm, bool wait) {
+    SaveReport rep = {false, -1, 0, 0, 0, 0, ""};
+    if (!ck->pending) return rep;
+    if (wait && ck->writer && ck->thread.joinable()) ck->thread.join();
+    int64_t mine[5] = {(!ck->writer || ck->done.load()) ? 1 : 0, ck->error.empty() ? 0 : 1, ck->crc, (int64_t)ck->bytes,
+                       (int64_t)(ck->write_s * 1e6)};
+    std::vector<int64_t> all((size_t)5 * comm->world);
+    comm_all_gather(&comm->world_group, mine, all.data(), 5 * sizeof(int64_t), COMM_BYTE);
+    for (int r = 0; r < comm->world; r++) if (!all[5 * r]) return rep;   // not yet: ask again next step
+    if (ck->writer && ck->thread.joinable()) ck->thread.join();
+    if (ck->writer && !ck->error.empty()) fprintf(stderr, "warning: rank %d: checkpoint step %d: %s\n", comm->rank, ck->step, ck->error.c_str());
+    rep.step = ck->step;
+    rep.blocked_ms = ck->blocked_s * 1e3;
+    rep.path = ck->dir + "/" + ck->name;
+    int failed = 0;
+    for (int r = 0; r < comm->world; r++) {
+        failed += all[5 * r + 1] ? 1 : 0;
+        rep.bytes += (uint64_t)all[5 * r + 3];
+        if (all[5 * r + 4] / 1e3 > rep.write_ms) rep.write_ms = all[5 * r + 4] / 1e3;
+    }
+    std::string err;
+    if (comm->rank == 0) {
+        if (failed) err = std::to_string(failed) + " shard file(s) could not be written";
+        else err = ckpt_commit(ck, z, all);
+        if (!err.empty()) {
+            fprintf(stderr, "warning: checkpoint step %d failed (%s); the previous checkpoint is kept\n", ck->step, err.c_str());
+            rm_rf(ck->tmp_dir);
+        }
+    }
+    int ok = err.empty() ? 1 : 0;
+    comm_broadcast(&comm->world_group, &ok, sizeof ok, 0);
+    rep.ok = ok;
+    rep.total_ms = (now_seconds() - ck->t_start) * 1e3;
+    if (ok) ck->last_saved_step = ck->step;
+    ck->pending = false;
+    return rep;
+}
+static inline SaveReport ckpt_wait_commit(Checkpointer* ck, Zero* z, Comm* comm) { return ckpt_poll(ck, z, comm, true); }
+
+static inline void ckpt_free(Checkpointer* ck) {
+    if (ck->thread.joinable()) ck->thread.join();
+    free(ck->staging);
+    ck->staging = NULL;
+    ck->staging_n = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// loading
+
+// Reads and checks DIR/manifest.json: its own CRC, the format. Returns "" or what is wrong.
+static inline std::string ckpt_read_manifest(const std::string& dir, std::string* text, JsonValue* man) {
+    std::string path = dir + "/manifest.json";
+    if (!path_exists(path)) return "missing manifest.json";
+    std::string err = read_file(path, text);
+    if (!err.empty()) return err;
+    size_t at = text->rfind("\"manifest_crc32c\": \"");
+    if (at == std::string::npos || at + 28 > text->size()) return "manifest.json has no manifest_crc32c";
+    std::string saved = text->substr(at + 20, 8), zeroed = *text;
+    zeroed.replace(at + 20, 8, "00000000");
+    char crc[16];
+    snprintf(crc, sizeof crc, "%08x", crc32c_update(0, zeroed.data(), zeroed.size()));
+    if (saved != crc) return "manifest.json checksum mismatch (stored " + saved + ", computed " + crc + ")";
+    std::string perr;
+    if (!json_parse(text->data(), text->size(), man, &perr)) return "manifest.json: " + perr;
+    int version = 0;
+    if (!json_int(json_get(man, "format_version"), &version) || version != CKPT_FORMAT_VERSION)
+        return "manifest.json: format_version is not " + std::to_string(CKPT_FORMAT_VERSION);
+    return "";
+}
+
+// one copy of a range of an old shard file into this rank's new shard
+typedef struct { uint64_t file_off, bytes; float* dst; } CopySeg;
+
+// Reads checkpoint `dir` into z (this rank's shard of master, m, v) and prog. Returns "" or what is
+// wrong with it (the same on every rank). cfg mismatch is an error exit (not a reason to fall back).
+static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const DbrxConfig* cfg, TrainProgress* prog,
+                                        JsonValue* man_out, Comm* comm) {
+    std::string text, why = ckpt_read_manifest(dir, &text, man_out);
+    const JsonValue* man = man_out;
+    // every rank read the same manifest; agree anyway (a rank may see a different file system state)
+    int bad = why.empty() ? 0 : 1;
+    comm_all_reduce(&comm->world_group, &bad, 1, COMM_I32);
+    if (bad) return why.empty() ? "manifest unreadable on another rank" : why;
+    std::string mism = ckpt_config_mismatch(json_get(man, "model"), cfg);
+    if (!mism.empty()) {
+        if (comm->rank == 0) fail(EXIT_BAD_INPUT, "checkpoint %s does not match this run's model: %s", dir.c_str(), mism.c_str());
+        exit(EXIT_BAD_INPUT);
+    }
+    const JsonValue* topo = json_get(man, "topology");
+    const JsonValue* files = json_get(man, "files");
+    int S_old = 0;
+    std::string fmt_err;
+    if (!json_int(json_get(topo, "shard_group_size"), &S_old) || S_old <= 0 || !files || files->kind != JsonValue::ARR ||
+        (int)files->items.size() != S_old)
+        fmt_err = "manifest.json: topology and files disagree";
+    const JsonValue* un = json_get(topo, "unit_numel");
+    if (fmt_err.empty() && (!un || un->kind != JsonValue::ARR || (int)un->items.size() != z->n_units)) fmt_err = "manifest.json: unit_numel";
+    for (int u = 0; fmt_err.empty() && u < z->n_units; u++) {
+        uint64_t n;
+        if (!json_u64(&un->items[u], &n) || n != z->unit_numel[u]) fmt_err = "manifest.json: unit sizes differ from the model";
+    }
+    if (!fmt_err.empty()) return fmt_err;
+    // the old layout
+    std::vector<size_t> c_old(z->n_units), off_old(z->n_units);
+    size_t total_old = 0;
+    for (int u = 0; u < z->n_units; u++) {
+        c_old[u] = (z->unit_numel[u] + S_old - 1) / S_old;
+        off_old[u] = total_old;
+        total_old += c_old[u];
+    }
+    uint64_t expect_bytes = CKPT_HEADER_BYTES + 3ull * total_old * sizeof(float);
+    std::vector<int> file_bad(S_old + 1, 0);
+    std::vector<std::string> file_names(S_old);
+    std::vector<uint64_t> file_bytes(S_old);
+    std::vector<uint32_t> file_crc(S_old);
+    for (int f = 0; f < S_old; f++) {
+        const JsonValue* e = &files->items[f];
+        uint64_t bytes, crc;
+        const JsonValue* nm = json_get(e, "name");
+        const JsonValue* cv = json_get(e, "crc32c");
+        if (!nm || !json_u64(json_get(e, "bytes"), &bytes) || !cv || cv->text.size() != 8) return "manifest.json: files[" + std::to_string(f) + "]";
+        crc = strtoull(cv->text.c_str(), NULL, 16);
+        file_names[f] = nm->text; file_bytes[f] = bytes; file_crc[f] = (uint32_t)crc;
+        if (bytes != expect_bytes || nm->text != ckpt_shard_name(f)) return "manifest.json: files[" + std::to_string(f) + "] is not the expected shard";
+    }
+    std::string local_err;
+    // rank 0 checks every file's presence and size (cheap); the readers check the contents
+    if (comm->rank == 0)
+        for (int f = 0; f < S_old; f++) {
+            struct stat st;
+            std::string p = dir + "/" + file_names[f];
+            if (stat(p.c_str(), &st) != 0) { file_bad[f] = 1; local_err = p + ": missing"; }
+            else if ((uint64_t)st.st_size != file_bytes[f]) {
+                file_bad[f] = 1;
+                local_err = p + ": " + std::to_string(st.st_size) + " bytes, the manifest says " + std::to_string(file_bytes[f]) + " (truncated?)";
+            }
+        }
+    // the first replica reads: for each old file, the pieces of this rank's new shard it holds
+    memset(z->master, 0, z->shard_total * sizeof(float));
+    memset(z->m, 0, z->shard_total * sizeof(float));
+    memset(z->v, 0, z->shard_total * sizeof(float));
+    bool reader = z->replica.rank == 0;
+    float* arrays[3] = {z->master, z->m, z->v};
+    int s = z->shard.rank;
+    for (int f = 0; reader && f < S_old && local_err.empty(); f++) {
+        std::vector<CopySeg> segs;
+        for (int u = 0; u < z->n_units; u++) {
+            size_t n = z->unit_numel[u];
+            size_t olo = f * c_old[u], ohi = std::min((f + 1) * c_old[u], n);
+            size_t nlo = s * z->shard_numel[u], nhi = std::min((s + 1) * z->shard_numel[u], n);
+            size_t lo = std::max(olo, nlo), hi = std::min(ohi, nhi);
+            if (lo >= hi) continue;
+            for (int a = 0; a < 3; a++)
+                segs.push_back(CopySeg{CKPT_HEADER_BYTES + 4ull * (a * total_old + off_old[u] + (lo - olo)), 4ull * (hi - lo),
+                                       arrays[a] + z->shard_off[u] + (lo - nlo)});
+        }
+        if (segs.empty()) continue;
+        std::sort(segs.begin(), segs.end(), [](const CopySeg& a, const CopySeg& b) { return a.file_off < b.file_off; });
+        // stream the whole file once: checksum everything, keep the pieces
+        std::string p = dir + "/" + file_names[f];
+        int fd = open(p.c_str(), O_RDONLY);
+        if (fd < 0) { file_bad[f] = 1; local_err = p + ": missing (" + strerror(errno) + ")"; break; }
+        const size_t chunk = (size_t)16 << 20;
+        std::vector<char> buf(chunk);
+        uint32_t crc = 0;
+        size_t next = 0;
+        std::string err;
+        for (uint64_t off = 0; err.empty() && off < file_bytes[f]; off += chunk) {
+            size_t n = (size_t)std::min<uint64_t>(chunk, file_bytes[f] - off);
+            err = pread_all(fd, buf.data(), n, off, p);
+            if (!err.empty()) break;
+            if (off == 0) {
+                char h[CKPT_HEADER_BYTES];
+                ckpt_header(h, f, S_old, z->n_units, total_old, 0);
+                if (n < CKPT_HEADER_BYTES || memcmp(buf.data(), h, 24) != 0 || memcmp(buf.data() + 24, h + 24, 8) != 0)
+                    err = p + ": bad header (not shard " + std::to_string(f) + " of " + std::to_string(S_old) + ")";
+            }
+            crc = crc32c_update(crc, buf.data(), n);
+            // copy every piece's part that lies in [off, off + n); pieces are sorted and disjoint
+            for (size_t i = next; i < segs.size() && segs[i].file_off < off + n; i++) {
+                const CopySeg& g = segs[i];
+                uint64_t a = std::max<uint64_t>(g.file_off, off), e = std::min<uint64_t>(g.file_off + g.bytes, off + n);
+                if (a < e) memcpy((char*)g.dst + (a - g.file_off), buf.data() + (a - off), e - a);
+                if (g.file_off + g.bytes <= off + n) next = i + 1;
+            }
+        }
+        // the file's true length must also match (a longer file is not the one the manifest describes)
+        struct stat st;
+        if (err.empty() && (fstat(fd, &st) != 0 || (uint64_t)st.st_size != file_bytes[f]))
+            err = p + ": size differs from the manifest";
+        close(fd);
+        if (err.empty() && crc != file_crc[f]) {
+            char b[64];
+            snprintf(b, sizeof b, "%08x, the manifest says %08x", crc, file_crc[f]);
+            err = p + ": checksum mismatch (computed " + b + ")";
+        }
+        if (!err.empty()) { file_bad[f] = 1; local_err = err; }
+    }
+    if (!local_err.empty()) fprintf(stderr, "warning: rank %d: %s\n", comm->rank, local_err.c_str());
+    comm_all_reduce(&comm->world_group, file_bad.data(), file_bad.size(), COMM_I32);
+    std::string bad_files;
+    for (int f = 0; f < S_old; f++) if (file_bad[f]) bad_files += (bad_files.empty() ? "" : ", ") + file_names[f];
+    if (!bad_files.empty()) return "bad or missing " + bad_files;
+    // the other replicas get the first replica's shards
+    if (z->R > 1) {
+        comm_broadcast(&z->replica, z->master, z->shard_total * sizeof(float), 0);
+        comm_broadcast(&z->replica, z->m, z->shard_total * sizeof(float), 0);
+        comm_broadcast(&z->replica, z->v, z->shard_total * sizeof(float), 0);
+    }
+    z->slot_unit[0] = z->slot_unit[1] = -1;
+    // the run's place
+    int64_t tokens = 0;
+    uint64_t rng = 0;
+    const JsonValue* loader = json_get(man, "data_loader");
+    if (!json_int(json_get(man, "step"), &prog->step) || !json_i64(json_get(man, "tokens_seen"), &tokens) ||
+        !json_u64(json_get(json_get(man, "rng"), "state"), &rng) || !loader)
+        return "manifest.json: step, tokens_seen, rng or data_loader missing";
+    prog->tokens = tokens;
+    prog->rng.state = rng;
+    prog->loader = text.substr(loader->begin, loader->end - loader->begin);
+    return "";
+}
+
+// --resume: "auto" = the newest valid checkpoint in ck->dir (none: start fresh, say so), else a
+// checkpoint directory (invalid: error). Returns 1 if loaded. Collective.
+static inline int ckpt_resume(Checkpointer* ck, const std::string& resume, Zero* z, const DbrxConfig* cfg, TrainProgress* prog,
+                              JsonValue* manifest, std::string* loaded, Comm* comm) {
+    std::vector<std::string> candidates;
+    if (resume == "auto") {
+        if (ck->dir.empty()) fail(EXIT_BAD_INPUT, "--resume auto needs --ckpt-dir");
+        for (auto& d : list_numbered_dirs(ck->dir, "step_")) candidates.push_back(ck->dir + "/" + d.second);
+        if (candidates.empty()) {
+            if (comm->rank == 0) printf("resume: no checkpoint in %s: starting fresh\n", ck->dir.c_str());
+            return 0;
+        }
+    } else {
+        if (!path_exists(resume)) fail(EXIT_BAD_INPUT, "--resume %s: no such checkpoint directory", resume.c_str());
+        candidates.push_back(resume);
+    }
+    for (const std::string& dir : candidates) {
+        std::string why = ckpt_try_load(dir, z, cfg, prog, manifest, comm);
+        if (why.empty()) {
+            *loaded = dir;
+            return 1;
+        }
+        if (comm->rank == 0) fprintf(stderr, "warning: checkpoint %s is not valid (%s)%s\n", dir.c_str(), why.c_str(),
+                                     resume == "auto" && dir != candidates.back() ? "; trying an older one" : "");
+    }
+    if (comm->rank == 0)
+        fail(EXIT_BAD_INPUT, "%s: no valid checkpoint (%zu tried) — refusing to load damaged state", resume == "auto" ?
+             ck->dir.c_str() : resume.c_str(), candidates.size());
+    exit(EXIT_BAD_INPUT);
+}
+
+// Rank 0 warns when the resumed run's schedule, optimizer or global batch differ from the checkpoint's:
+// training goes on, but it no longer continues the saved run exactly.
+static inline void ckpt_warn_changes(const JsonValue* man, const RunInfo* run, int world, int rank) {
+    if (rank != 0) return;
+    const JsonValue* lr = json_get(man, "lr_schedule");
+    const JsonValue* op = json_get(man, "optimizer");
+    const JsonValue* tp = json_get(man, "topology");
+    int b = 0, a = 0, w = 0, seq = 0;
+    json_int(json_get(tp, "batch"), &b); json_int(json_get(tp, "grad_accum"), &a); json_int(json_get(tp, "world"), &w);
+    json_int(json_get(tp, "seq"), &seq);
+    struct { const JsonValue* v; double run; const char* what; } f[] = {
+        {json_get(lr, "total_steps"), (double)run->total_steps, "--steps"}, {json_get(lr, "warmup_steps"), (double)run->warmup, "--warmup"},
+        {json_get(lr, "lr"), (double)run->lr, "--lr"}, {json_get(lr, "lr_floor"), (double)run->lr_floor, "--lr-floor"},
+        {json_get(op, "beta1"), (double)run->opt.beta1, "--beta1"}, {json_get(op, "beta2"), (double)run->opt.beta2, "--beta2"},
+        {json_get(op, "eps"), (double)run->opt.eps, "--adam-eps"}, {json_get(op, "weight_decay"), (double)run->opt.weight_decay, "--weight-decay"},
+        {json_get(op, "grad_clip"), (double)run->opt.grad_clip, "--grad-clip"}};
+    for (auto& x : f) {
+        double v;
+        if (json_double(x.v, &v) && (float)v != (float)x.run)
+            printf("warning: resume: %s is %g, the checkpoint was saved with %g: the run will not continue it exactly\n", x.what,
+                   x.run, v);
+    }
+    if ((long long)b * a * w != (long long)run->batch * run->grad_accum * world || seq != run->seq)
+        printf("warning: resume: the global batch is %d x %d x %d ranks of %d tokens, the checkpoint's was %d x %d x %d of %d\n",
+               run->batch, run->grad_accum, world, run->seq, b, a, w, seq);
+}

@@ -1,0 +1,258 @@
+/*
+ * zero.h — ZeRO-3 and HSDP: the fp32 master weights, gradients and AdamW moments exist only as each
+ * rank's shard.
+ *
+ * The unit of sharding is the model's sharding unit (model/dbrx.h: 0 = wte, 1+l = block l,
+ * L+1 = norm_f + lm_head), each one contiguous range of the flat parameter buffer. A unit's range of
+ * n elements is padded to S * ceil(n / S) and split evenly: shard rank s owns [s*c, (s+1)*c), c = ceil(n/S)
+ * (no divisibility requirement on tensor sizes; the padding is zero and is never updated).
+ *
+ * The world of W ranks is cut into W / S shard groups of S consecutive ranks (HSDP; S = W is ZeRO-3,
+ * S = 1 plain data parallelism). Ranks with the same place in their shard group form a replica group.
+ *   forward, per unit:   all-gather the unit's parameters (shard group) into a working slot, run, release
+ *   backward, per unit:  all-gather again (but the last unit, kept from its forward, and the embedding,
+ *                        whose backward reads no parameter), run into a zeroed full-size gradient buffer,
+ *                        reduce-scatter it (shard group) and add the result into the gradient shard
+ *   end of the step:     all-reduce the gradient shard across the replica group, scale by 1 / W,
+ *                        global-norm clipping (sum of squares all-reduced in the shard group), AdamW on
+ *                        the shard.
+ * Two working slots (unit u uses slot u % 2): while unit u runs, the next unit's gather goes to the other
+ * slot (prefetch; on the CPU it completes at once, on the GPU it runs on the communication stream).
+ * With S = 1 nothing is gathered: the model's buffers are the full shard, the hooks are not installed,
+ * and the step is the unsharded one plus an all-reduce of the gradients across the replicas.
+ */
+#pragma once
+#include <vector>
+#include "../model/dbrx.h"
+#include "comm.h"
+
+// a piece of one parameter tensor inside this rank's shard: where it lies in the shard and in the
+// flat buffer, and whether it gets weight decay
+typedef struct { size_t shard_off, flat_off, numel; int decay; } ShardSegment;
+
+typedef struct {
+    int S, R, W;                       // shard group size, replicas (= W / S), world size
+    CommGroup shard, replica;          // this rank's shard group and replica group
+    CommGroup* world;
+    int n_units;
+    std::vector<size_t> unit_off, unit_numel;   // each unit's range of the flat buffer
+    std::vector<size_t> shard_numel;            // ceil(unit_numel / S): each unit's shard length
+    std::vector<size_t> shard_off;              // where each unit's shard lies in this rank's shard buffers
+    size_t shard_total;                         // elements in this rank's shard buffers
+    size_t work_numel;                          // S * max shard_numel: one working slot
+    std::vector<ShardSegment> segs;             // the tensors' pieces in this rank's shard, in order
+    real *master, *grad, *m, *v;                // shard_total each (S = 1: the model's full buffers)
+    real *work[2];                              // gathered parameters of two units (S > 1)
+    real *gwork;                                // the full gradient of the unit in backward (S > 1)
+    int slot_unit[2];                           // unit held by each slot, -1: none
+    Dbrx* model;
+    size_t state_bytes;                         // master + grad + m + v, allocated
+    long long state_rss;                        // the same, measured: resident-memory growth while allocating them
+    size_t work_bytes;
+} Zero;
+
+// resident set size of this process in bytes (/proc/self/status VmRSS)
+static inline long long zero_rss_bytes() {
+    FILE* f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kb = -1;
+    while (fgets(line, sizeof line, f)) if (!strncmp(line, "VmRSS:", 6)) kb = atoll(line + 6);
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+static inline void zero_unit_begin(void* ctx, int unit, int phase);
+static inline void zero_unit_end(void* ctx, int unit, int phase);
+
+// The groups and the layout; no storage. S = 0 means the whole world (ZeRO-3). Every rank calls this
+// with the same S. use_nccl: the groups get NCCL communicators (the GPU path, parallel/zero_gpu.cuh).
+static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, Comm* comm, int S,
+                                    int use_nccl) {
+    int W = comm->world;
+    if (S == 0) S = W;
+    if (S < 0 || S > W || W % S != 0) {
+        if (comm->rank == 0)
+            fail(EXIT_BAD_INPUT, "--shard-group-size %d must divide the number of ranks %d (S = %d: ZeRO-3, S = 1: data "
+                 "parallel, else HSDP with %d / S replicas)", S, W, W, W);
+        exit(EXIT_BAD_INPUT);
+    }
+    z->S = S; z->W = W; z->R = W / S;
+    z->world = &comm->world_group;
+    z->model = NULL;
+    z->master = z->grad = z->m = z->v = NULL;
+    z->work[0] = z->work[1] = z->gwork = NULL;
+    z->state_bytes = z->work_bytes = 0;
+    z->state_rss = 0;
+    // shard groups: S consecutive ranks; replica groups: the same place in every shard group
+    z->shard = comm_split(z->world, comm->rank / S, comm->rank, "shard", use_nccl);
+    z->replica = comm_split(z->world, comm->rank % S, comm->rank, "replica", use_nccl);
+    int s = z->shard.rank;
+
+    z->n_units = dbrx_num_units(c);
+    z->unit_off.assign(z->n_units, 0); z->unit_numel.assign(z->n_units, 0);
+    for (const ParamInfo& p : t) {
+        if (z->unit_numel[p.unit] == 0) z->unit_off[p.unit] = p.offset;
+        z->unit_numel[p.unit] += p.numel;
+    }
+    z->shard_numel.resize(z->n_units); z->shard_off.resize(z->n_units);
+    z->shard_total = 0;
+    size_t max_shard = 0;
+    for (int u = 0; u < z->n_units; u++) {
+        z->shard_numel[u] = (z->unit_numel[u] + S - 1) / S;
+        z->shard_off[u] = z->shard_total;
+        z->shard_total += z->shard_numel[u];
+        if (z->shard_numel[u] > max_shard) max_shard = z->shard_numel[u];
+    }
+    z->work_numel = max_shard * S;
+    z->segs.clear();
+    for (const ParamInfo& p : t) {   // intersect each tensor with this rank's part of its unit
+        int u = p.unit;
+        size_t lo = z->unit_off[u] + (size_t)s * z->shard_numel[u], hi = lo + z->shard_numel[u];
+        size_t a = p.offset > lo ? p.offset : lo, b = p.offset + p.numel < hi ? p.offset + p.numel : hi;
+        if (a < b) z->segs.push_back(ShardSegment{z->shard_off[u] + (a - lo), a, b - a, p.decay});
+    }
+    z->slot_unit[0] = z->slot_unit[1] = -1;
+}
+
+// The CPU path: the groups, the layout, and this rank's shard of the state in host memory, initialised
+// as the unsharded model would be (seed); installs the hooks on `model` when S > 1.
+static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t seed) {
+    const DbrxConfig* c = &model->cfg;
+    const std::vector<ParamInfo>& t = model->table;
+    zero_init_layout(z, c, t, comm, S, 0);
+    S = z->S;
+    z->model = model;
+
+    // the sharded state: allocated and touched here, so that the growth of the resident set measures it
+    long long rss0 = zero_rss_bytes();
+    size_t bytes = z->shard_total * sizeof(real);
+    z->master = (real*)mallocCheck(bytes); z->grad = (real*)mallocCheck(bytes);
+    z->m = (real*)mallocCheck(bytes); z->v = (real*)mallocCheck(bytes);
+    memset(z->master, 0, bytes); memset(z->grad, 0, bytes); memset(z->m, 0, bytes); memset(z->v, 0, bytes);
+    for (const ShardSegment& g : z->segs)   // this rank's part of the initialisation, drawn alone
+        dbrx_init_range(z->master + g.shard_off, g.flat_off, g.flat_off + g.numel, c, t, seed);
+    z->state_rss = zero_rss_bytes() - rss0;
+    z->state_bytes = 4 * bytes;
+
+    model->g.blocks.resize(c->n_layers);
+    model->p.blocks.resize(c->n_layers);
+    if (S == 1) {   // the shard is the whole model: the unsharded code path, no hooks
+        model->params = z->master; model->grads = z->grad; model->m = z->m; model->v = z->v;
+        model->p = param_views(model->params, c, t);
+        model->g = param_views(model->grads, c, t);
+        z->work[0] = z->work[1] = z->gwork = NULL;
+        z->work_bytes = 0;
+    } else {
+        for (int i = 0; i < 2; i++) z->work[i] = (real*)mallocCheck(z->work_numel * sizeof(real));
+        z->gwork = (real*)mallocCheck(z->work_numel * sizeof(real));
+        z->work_bytes = 3 * z->work_numel * sizeof(real);
+        model->hooks = UnitHooks{zero_unit_begin, zero_unit_end, z};
+    }
+}
+
+static inline void zero_free(Zero* z) {
+    if (z->model) {
+        if (z->S == 1) z->model->params = z->model->grads = z->model->m = z->model->v = NULL;   // ours, freed here
+        z->model->hooks = UnitHooks{NULL, NULL, NULL};
+    }
+    free(z->master); free(z->grad); free(z->m); free(z->v);
+    free(z->work[0]); free(z->work[1]); free(z->gwork);
+    comm_group_free(&z->shard);
+    comm_group_free(&z->replica);
+}
+
+// bytes this rank has sent in every group the training uses
+static inline uint64_t zero_bytes_sent(const Zero* z) { return z->world->bytes_sent + z->shard.bytes_sent + z->replica.bytes_sent; }
+
+// ---------------------------------------------------------------------------------------------
+// gathering and reduce-scattering one unit
+
+// Starts gathering unit u's parameters into its slot (u % 2). On the CPU (MPI) it completes here; the
+// GPU path issues it on the communication stream and zero_wait_unit orders the compute stream after it.
+static inline void zero_gather_unit_async(Zero* z, int u) {
+    int slot = u & 1;
+    if (z->slot_unit[slot] == u) return;   // already there (the last unit, kept for its backward; a prefetch)
+    comm_all_gather(&z->shard, z->master + z->shard_off[u], z->work[slot], z->shard_numel[u], COMM_F32);
+    z->slot_unit[slot] = u;
+}
+static inline void zero_wait_unit(Zero* z, int u) { (void)z; (void)u; }
+static inline void zero_release_unit(Zero* z, int u) { if (z->slot_unit[u & 1] == u) z->slot_unit[u & 1] = -1; }
+
+// the full gradient of unit u (in gwork) -> reduce-scatter in the shard group -> added into the shard
+static inline void zero_reduce_scatter_unit(Zero* z, int u) {
+    size_t n = z->shard_numel[u];
+    comm_reduce_scatter_inplace(&z->shard, z->gwork, n, COMM_F32);
+    const real* mine = z->gwork + (size_t)z->shard.rank * n;
+    real* g = z->grad + z->shard_off[u];
+    for (size_t i = 0; i < n; i++) g[i] += mine[i];
+}
+
+// the unit after u in this pass whose parameters will be needed (-1: none)
+static inline int zero_next_unit(const Zero* z, int u, int phase) {
+    if (phase == UNIT_FORWARD) return u + 1 < z->n_units ? u + 1 : -1;
+    return u - 1 >= 1 ? u - 1 : -1;   // the embedding's backward reads no parameter
+}
+
+static inline void zero_unit_begin(void* ctx, int u, int phase) {
+    Zero* z = (Zero*)ctx;
+    const DbrxConfig* c = &z->model->cfg;
+    if (phase != UNIT_BACKWARD_GRADS_ONLY) {
+        zero_gather_unit_async(z, u);
+        zero_wait_unit(z, u);
+        unit_views(&z->model->p, z->work[u & 1], u, c, z->model->table);
+        int next = zero_next_unit(z, u, phase);
+        if (next >= 0) zero_gather_unit_async(z, next);   // prefetch into the other slot
+    }
+    if (phase != UNIT_FORWARD) {   // gradients accumulate into a zeroed full-size buffer (padding included)
+        memset(z->gwork, 0, (size_t)z->S * z->shard_numel[u] * sizeof(real));
+        unit_views(&z->model->g, z->gwork, u, c, z->model->table);
+    }
+}
+
+static inline void zero_unit_end(void* ctx, int u, int phase) {
+    Zero* z = (Zero*)ctx;
+    if (phase != UNIT_FORWARD) zero_reduce_scatter_unit(z, u);
+    // released after use, but for the last unit after its forward: its backward follows at once
+    if (!(phase == UNIT_FORWARD && u == z->n_units - 1)) zero_release_unit(z, u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the step
+
+static inline void zero_zero_grad(Zero* z) { memset(z->grad, 0, z->shard_total * sizeof(real)); }
+
+// After the micro-batches: sum the gradient shards across the replicas, and average over the world
+// (each rank's gradient is the mean over its own tokens).
+static inline void zero_reduce_grads(Zero* z) {
+    if (z->R > 1) comm_all_reduce(&z->replica, z->grad, z->shard_total, COMM_F32);
+    if (z->W > 1) {
+        real inv = (real)1 / z->W;
+        for (size_t i = 0; i < z->shard_total; i++) z->grad[i] *= inv;
+    }
+}
+
+// global L2 norm of the gradient: S = 1 as unsharded; else the shard's sum of squares (fixed-size
+// chunks in order) all-reduced in the shard group (replicas hold the same gradient)
+static inline double zero_grad_norm(Zero* z) {
+    if (z->S == 1) return dbrx_grad_norm(z->model);
+    const size_t chunk = 1 << 16;
+    double sumsq = 0;
+    for (size_t lo = 0; lo < z->shard_total; lo += chunk)
+        sumsq += grad_sumsq(z->grad + lo, (lo + chunk < z->shard_total ? lo + chunk : z->shard_total) - lo);
+    comm_all_reduce(&z->shard, &sumsq, 1, COMM_F64);
+    return sqrt(sumsq);
+}
+
+// one AdamW step t (1-based) on this rank's shard, with global-norm clipping; returns the norm
+static inline double zero_update(Zero* z, const AdamWConfig* o, float lr, int t) {
+    z->slot_unit[0] = z->slot_unit[1] = -1;   // the gathered copies are stale after the update
+    if (z->S == 1) return dbrx_update(z->model, o, lr, t);
+    double norm = zero_grad_norm(z);
+    float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
+    for (const ShardSegment& g : z->segs)
+        adamw_update(z->master + g.shard_off, z->grad + g.shard_off, z->m + g.shard_off, z->v + g.shard_off, g.numel,
+                     lr, o->beta1, o->beta2, o->eps, g.decay ? o->weight_decay : 0.0f, scale, t);
+    dbrx_fp8_end_step(z->model);
+    return norm;
+}

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# test_ckpt.sh — checkpoints (checkpoint/README.md), on the CPU:
+#   * exact resume: 20 steps in one go and 10 steps + --stop-after + --resume auto + 10 steps give
+#     bit-identical losses (one process, and 2 ranks with ZeRO-3);
+#   * reshard: saved by 4 ranks ZeRO-3, continued by 2 ranks; saved by HSDP 2x2, continued by 1 rank;
+#     saved by 1 rank, continued by 4 ranks ZeRO-3: the same losses as the uninterrupted run (1e-5);
+#   * every kind of damage: a flipped byte, a truncated shard, a missing shard, a missing or corrupt
+#     manifest -> a warning naming it and the newest valid older checkpoint; none valid -> exit 2;
+#     a checkpoint of another model -> exit 2 listing the mismatched fields; nothing saved -> fresh start;
+#   * SIGKILL while saving (writing the shard, after the manifest, after the rename) and a full disk
+#     (a file-size limit): the previous checkpoint stays loadable;
+#   * retention (--ckpt-keep, --ckpt-keep-every) and the latest pointer;
+#   * SIGTERM (one process; the ranks under mpirun) and SIGUSR1 (to mpirun): save, exit 0;
+#   * Hugging Face: fp32 export -> import (2 ranks) -> export is byte-identical, also bf16 and split
+#     exports; dev/hf_logits.py (PyTorch) reproduces train_dbrx's logits from the export; an export of
+#     another model -> exit 2 listing the fields.
+cd "$(dirname "$0")/.." || exit 1
+source test/lib.sh
+BIN=${BIN:-./train_dbrx}
+PY=${PYTHON:-/usr/bin/python3}
+MPI="bash dev/mpirun.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1
+
+losses() { $PY -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1" 2>/dev/null; }
+# same_losses NAME TOL REF PARTS...: the concatenated losses of PARTS equal REF's (TOL 0: bit-identical)
+same_losses() {
+    local name=$1 tol=$2 ref=$3; shift 3
+    local got="" p; for p in "$@"; do got="$got $(losses "$p")"; done
+    $PY - "$tol" "$(losses "$ref")" "$got" <<'PY' > "$tmp/cmp" 2>&1
+import sys
+tol, a, b = float(sys.argv[1]), [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
+d = max((abs(x - y) for x, y in zip(a, b)), default=float("nan"))
+ok = len(a) == len(b) == 20 and all((x == y) if tol == 0 else abs(x - y) <= tol for x, y in zip(a, b))
+print("%d + resumed steps, max |diff| %.2g" % (len(b), d))
+sys.exit(0 if ok else 1)
+PY
+    if [ $? = 0 ]; then pass "$name: $(cat "$tmp/cmp")"; else fail "$name: $(cat "$tmp/cmp")"; fi
+}
+waitlog() { local i n; for i in $(seq 1 600); do n=$(grep -c '"loss"' "$1" 2>/dev/null); [ "${n:-0}" -ge "$2" ] && return 0; sleep 0.1; done; return 1; }
+children() {  # pids whose parent is $1 (from /proc: no procps needed)
+    local parent=$1 f st
+    for f in /proc/[0-9]*/stat; do
+        st=$(cat "$f" 2>/dev/null) || continue
+        st=${st##*) }   # after the command name, which may hold spaces: "S ppid ..."
+        set -- $st
+        [ "$2" = "$parent" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+    done
+}
+resume_step() {  # the step a --resume auto of DIR starts from ("fresh" or the number)
+    local out; out=$($BIN "${T[@]}" --ckpt-dir "$1" --resume auto --stop-after 0 2>&1)
+    if grep -q "starting fresh" <<<"$out"; then echo fresh; else sed -nE 's/^resume: .* \(step ([0-9]+),.*/\1/p' <<<"$out"; fi
+}
+
+T=(--model dbrx-tiny --n-layers 2 --seq 64 --batch 2 --steps 20 --val-every 0)
+
+# --- exact resume
+$BIN "${T[@]}" --log "$tmp/full.jsonl" > /dev/null 2>&1 || fail "one process, 20 steps"
+$BIN "${T[@]}" --ckpt-dir "$tmp/r1" --ckpt-every 4 --stop-after 10 --log "$tmp/r1a.jsonl" > "$tmp/r1a.out" 2>&1 || fail "first half: $(tail -2 "$tmp/r1a.out")"
+$BIN "${T[@]}" --ckpt-dir "$tmp/r1" --resume auto --log "$tmp/r1b.jsonl" > "$tmp/r1b.out" 2>&1 || fail "second half: $(tail -2 "$tmp/r1b.out")"
+grep -q "resume: .*step_00000010 (step 10" "$tmp/r1b.out" || fail "resume did not start from step 10: $(grep resume "$tmp/r1b.out")"
+same_losses "one process: 20 steps = 10 + stop + resume + 10, bit-identical" 0 "$tmp/full.jsonl" "$tmp/r1a.jsonl" "$tmp/r1b.jsonl"
+$MPI -np 2 $BIN "${T[@]}" --batch 1 --log "$tmp/z2full.jsonl" > /dev/null 2>&1 || fail "2 ranks, 20 steps"
+$MPI -np 2 $BIN "${T[@]}" --batch 1 --ckpt-dir "$tmp/r2" --stop-after 10 --log "$tmp/r2a.jsonl" > /dev/null 2>&1 || fail "2 ranks, first half"
+$MPI -np 2 $BIN "${T[@]}" --batch 1 --ckpt-dir "$tmp/r2" --resume auto --log "$tmp/r2b.jsonl" > /dev/null 2>&1 || fail "2 ranks, second half"
+same_losses "2 ranks ZeRO-3: 20 steps = 10 + stop + resume + 10, bit-identical" 0 "$tmp/z2full.jsonl" "$tmp/r2a.jsonl" "$tmp/r2b.jsonl"
+
+# --- reshard (d_model 130 and 15 experts: no unit divides evenly, the shards are padded)
+U=(--model dbrx-tiny --n-layers 2 --d-model 130 --n-heads 5 --kv-heads 1 --experts 15 --seq 64 --steps 20 --val-every 0 --batch 1)
+$BIN "${U[@]}" --grad-accum 4 --log "$tmp/ufull.jsonl" > /dev/null 2>&1 || fail "reshard reference"
+reshard() {  # name, np_a, S_a, accum_a, np_b, S_b, accum_b
+    local name=$1
+    $MPI -np "$2" $BIN "${U[@]}" --shard-group-size "$3" --grad-accum "$4" --ckpt-dir "$tmp/$name" --stop-after 10 \
+        --log "$tmp/$name.a.jsonl" > "$tmp/$name.a.out" 2>&1 || fail "$name (save): $(grep -i error "$tmp/$name.a.out" | head -2)"
+    $MPI -np "$5" $BIN "${U[@]}" --shard-group-size "$6" --grad-accum "$7" --ckpt-dir "$tmp/$name" --resume auto \
+        --log "$tmp/$name.b.jsonl" > "$tmp/$name.b.out" 2>&1 || fail "$name (load): $(grep -i error "$tmp/$name.b.out" | head -2)"
+    grep -q "warning" "$tmp/$name.b.out" && fail "$name: warnings on load: $(grep warning "$tmp/$name.b.out" | head -2)"
+    same_losses "reshard $name: same losses as one uninterrupted process (1e-5)" 1e-5 "$tmp/ufull.jsonl" "$tmp/$name.a.jsonl" "$tmp/$name.b.jsonl"
+}
+reshard "4-ranks-ZeRO-3-to-2-ranks" 4 4 1 2 2 2
+reshard "HSDP-2x2-to-1-rank" 4 2 1 1 1 4
+reshard "1-rank-to-4-ranks-ZeRO-3" 1 1 4 4 4 1
+
+# --- damage: each kind on its own copy of three good checkpoints (steps 2, 4, 6)
+$BIN "${T[@]}" --ckpt-dir "$tmp/good" --ckpt-every 2 --stop-after 6 > /dev/null 2>&1 || fail "make checkpoints"
+damage() {  # name, expected resume step, command run in the copy's directory
+    local name=$1 want=$2; shift 2
+    rm -rf "$tmp/d"; cp -r "$tmp/good" "$tmp/d"
+    (cd "$tmp/d" && eval "$@")
+    local out; out=$($BIN "${T[@]}" --ckpt-dir "$tmp/d" --resume auto --stop-after 0 2>&1); local rc=$?
+    local got; got=$(sed -nE 's/^resume: .* \(step ([0-9]+),.*/\1/p' <<<"$out")
+    if [ "$rc" = 0 ] && [ "$got" = "$want" ] && grep -q "warning: checkpoint .*step_00000006 is not valid" <<<"$out"; then
+        pass "$name: $(grep -m1 'warning: checkpoint' <<<"$out" | sed "s|$tmp/d/||g" | cut -c1-110) -> resumed from step $got"
+    else fail "$name: exit $rc, resumed from '$got' (want $want): $(head -c 400 <<<"$out")"; fi
+}
+flip() { $PY -c "import sys; f=open(sys.argv[1],'r+b'); f.seek(int(sys.argv[2])); b=f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0]^1]))" "$@"; }
+damage "flipped byte in a shard (weights)" 4 flip step_00000006/shard_00000.bin 1000000
+damage "flipped byte in a shard (AdamW v)" 4 flip step_00000006/shard_00000.bin 35000000
+damage "flipped byte in the manifest" 4 flip step_00000006/manifest.json 300
+damage "truncated shard" 4 truncate -s 20000000 step_00000006/shard_00000.bin
+damage "missing shard" 4 rm step_00000006/shard_00000.bin
+damage "missing manifest" 4 rm step_00000006/manifest.json
+damage "two newest damaged" 2 "rm step_00000006/manifest.json; flip step_00000004/shard_00000.bin 64"
+rm -rf "$tmp/d"; cp -r "$tmp/good" "$tmp/d"; for s in 2 4 6; do flip "$tmp/d/step_0000000$s/shard_00000.bin" 100; done
+out=$($BIN "${T[@]}" --ckpt-dir "$tmp/d" --resume auto --stop-after 0 2>&1 >/dev/null); rc=$?
+[ "$rc" = 2 ] && [ "$(grep -c 'is not valid' <<<"$out")" = 3 ] && tail -1 <<<"$out" | grep -q "^error: .*: no valid checkpoint (3 tried)" \
+    && pass "every checkpoint damaged: 3 warnings, then exit 2: $(tail -1 <<<"$out" | sed "s|$tmp/||")" || fail "all damaged: exit $rc: $out"
+out=$($BIN "${T[@]}" --resume "$tmp/d/step_00000004" --stop-after 0 2>&1 >/dev/null); rc=$?
+[ "$rc" = 2 ] && tail -1 <<<"$out" | grep -q "^error: .*step_00000004: no valid checkpoint" \
+    && pass "an explicit damaged checkpoint: exit 2, no fallback" || fail "explicit damaged: exit $rc: $out"
+out=$($BIN "${T[@]}" --n-layers 3 --d-model 64 --ckpt-dir "$tmp/good" --resume auto --stop-after 0 2>&1); rc=$?
+if [ "$rc" = 2 ] && grep -q "does not match this run's model: d_model 128 (checkpoint) vs 64 (this run), head_dim 32 (checkpoint) vs 16 (this run), n_layers 2 (checkpoint) vs 3 (this run)" <<<"$out"; then
+    pass "another model's checkpoint: exit 2 listing d_model, head_dim, n_layers"
+else fail "another model's checkpoint: exit $rc: $(grep error <<<"$out")"; fi
+# a damaged shard written by rank 1 of 2: rank 1 finds it, both ranks fall back together
+$MPI -np 2 $BIN "${T[@]}" --batch 1 --ckpt-dir "$tmp/g2" --ckpt-every 2 --stop-after 4 > /dev/null 2>&1
+flip "$tmp/g2/step_00000004/shard_00001.bin" 5000
+out=$($MPI -np 2 $BIN "${T[@]}" --batch 1 --ckpt-dir "$tmp/g2" --resume auto --stop-after 0 2>&1); rc=$?
+if [ "$rc" = 0 ] && grep -q "warning: rank 1: .*shard_00001.bin: checksum mismatch" <<<"$out" && grep -q "resume: .*(step 2," <<<"$out"; then
+    pass "2 ranks: rank 1's shard damaged -> found by rank 1, both resume from step 2"
+else fail "2 ranks, damaged shard 1: exit $rc: $(grep -E 'warning|resume|error' <<<"$out" | head -4)"; fi
+[ "$(resume_step "$tmp/none")" = fresh ] && pass "nothing to resume: starts fresh, says so" || fail "no checkpoint: not a fresh start"
+
+# --- crashes while saving, and a full disk
+for point in shard manifest rename; do
+    rm -rf "$tmp/c"; cp -r "$tmp/good" "$tmp/c"
+    (DBRX_DEBUG_CKPT_KILL=8:$point $BIN "${T[@]}" --ckpt-dir "$tmp/c" --resume auto --ckpt-every 2 --stop-after 4 > /dev/null 2>&1; exit $?) 2>/dev/null; rc=$?
+    got=$(resume_step "$tmp/c")
+    want=6; [ "$point" = rename ] && want=8   # renamed = complete: the new one is valid, the pointer is not needed
+    if [ "$rc" = 137 ] && [ "$got" = "$want" ] && [ "$(cat "$tmp/c/latest")" = step_00000006 ]; then
+        pass "SIGKILL during the save of step 8 ($point): resumes from step $got, latest still step_00000006"
+    else fail "SIGKILL during the save ($point): exit $rc, resumes from '$got' (want $want), latest $(cat "$tmp/c/latest")"; fi
+done
+rm -rf "$tmp/c"; cp -r "$tmp/good" "$tmp/c"
+(ulimit -f 20000; $BIN "${T[@]}" --ckpt-dir "$tmp/c" --resume auto --ckpt-every 2 --stop-after 2 > "$tmp/full.out" 2>&1); rc=$?
+got=$(resume_step "$tmp/c")
+if [ "$rc" = 1 ] && [ "$got" = 6 ] && grep -q "warning: checkpoint step 8 failed" "$tmp/full.out" && ! ls -a "$tmp/c" | grep -q tmp; then
+    pass "disk full while saving (file-size limit): warning, exit 1, nothing half-written left, step 6 still loads"
+else fail "disk full: exit $rc, resumes from '$got': $(grep -E 'warn|error' "$tmp/full.out" | head -3)"; fi
+
+# --- retention and the latest pointer
+$BIN "${T[@]}" --ckpt-dir "$tmp/keep" --ckpt-every 1 --ckpt-keep 2 --ckpt-keep-every 4 --stop-after 9 > /dev/null 2>&1
+kept=$(ls "$tmp/keep" | tr '\n' ' ')
+[ "$kept" = "latest step_00000004 step_00000008 step_00000009 " ] && [ "$(cat "$tmp/keep/latest")" = step_00000009 ] \
+    && pass "retention: keep 2 + every 4th of 9 saves -> $kept" || fail "retention: $kept"
+
+# --- signals: save where we are, exit 0
+sigtest() {  # name, launcher..., then: how to signal (a function of $P)
+    local name=$1 how=$2; shift 2
+    rm -rf "$tmp/s" "$tmp/s.jsonl"
+    "$@" "${T[@]}" --steps 400 --batch 1 --ckpt-dir "$tmp/s" --log "$tmp/s.jsonl" > "$tmp/s.out" 2>&1 & P=$!
+    waitlog "$tmp/s.jsonl" 3 || fail "$name: no progress"
+    eval "$how"
+    wait $P; local rc=$?
+    local n; n=$(grep -c '"loss"' "$tmp/s.jsonl")
+    local got; got=$(resume_step "$tmp/s")
+    if [ "$rc" = 0 ] && [ "$got" = "$n" ] && [ "$n" -lt 400 ]; then pass "$name: saved step $n and exited 0"
+    else fail "$name: exit $rc, $n steps logged, resumes from '$got': $(tail -2 "$tmp/s.out")"; fi
+}
+sigtest "SIGTERM (one process)" 'kill -TERM $P' $BIN
+sigtest "SIGTERM to the ranks under mpirun (as a scheduler does)" 'kill -TERM $(children $P)' $MPI -np 2 $BIN
+sigtest "SIGUSR1 to mpirun (forwarded to the ranks)" 'kill -USR1 $P' $MPI -np 2 $BIN
+
+# --- Hugging Face export and import
+$BIN "${T[@]}" --steps 3 --export-hf "$tmp/hfA" --export-dtype fp32 --dump-logits "$tmp/logitsA.st" > "$tmp/hf.out" 2>&1 || fail "export: $(tail -2 "$tmp/hf.out")"
+$MPI -np 2 $BIN "${T[@]}" --batch 1 --init-hf "$tmp/hfA" --stop-after 0 --export-hf "$tmp/hfB" --export-dtype fp32 > "$tmp/hf2.out" 2>&1 || fail "import: $(tail -2 "$tmp/hf2.out")"
+cmp -s "$tmp/hfA/model.safetensors" "$tmp/hfB/model.safetensors" && cmp -s "$tmp/hfA/config.json" "$tmp/hfB/config.json" \
+    && pass "fp32 export -> import on 2 ranks (each reads only its shard) -> export: byte-identical" || fail "fp32 round trip differs"
+out=$($PY dev/hf_logits.py "$tmp/hfA" "$tmp/logitsA.st" --tol 1e-4 2>&1) && pass "PyTorch on the fp32 export reproduces the logits: ${out#*\): }" || fail "hf_logits fp32: $out"
+$MPI -np 2 $BIN "${T[@]}" --batch 1 --init-hf "$tmp/hfA" --stop-after 0 --export-hf "$tmp/hfC" --export-max-file-gb 0.004 > /dev/null 2>&1
+$BIN "${T[@]}" --init-hf "$tmp/hfC" --stop-after 0 --export-hf "$tmp/hfD" --export-max-file-gb 0.004 --dump-logits "$tmp/logitsC.st" > /dev/null 2>&1
+nfiles=$(ls "$tmp/hfC" | grep -c "^model-.*-of-.*safetensors$")
+same=1; for f in "$tmp"/hfC/model*; do cmp -s "$f" "$tmp/hfD/$(basename "$f")" || same=0; done
+[ "$nfiles" -ge 2 ] && [ -f "$tmp/hfC/model.safetensors.index.json" ] && [ "$same" = 1 ] \
+    && pass "bf16 export split into $nfiles files + index -> import -> export: byte-identical" || fail "bf16 split round trip ($nfiles files, same $same)"
+out=$($PY dev/hf_logits.py "$tmp/hfC" "$tmp/logitsC.st" --tol 1e-4 2>&1) && pass "PyTorch on the bf16 split export reproduces the logits of the imported model: ${out#*\): }" || fail "hf_logits bf16: $out"
+out=$($BIN "${T[@]}" --n-layers 3 --init-hf "$tmp/hfA" --stop-after 0 2>&1); rc=$?
+[ "$rc" = 2 ] && grep -q "config.json does not match this run's model: n_layers 2 (config.json) vs 3 (this run)" <<<"$out" \
+    && pass "an export of another model: exit 2 listing the fields" || fail "HF config mismatch: exit $rc: $(grep error <<<"$out")"
+$PY - "$tmp/hfA/model.safetensors" <<'PY'
+import sys
+p = sys.argv[1]; b = open(p, "rb").read(); open(p, "wb").write(b[:len(b) // 2])
+PY
+expect_exit 2 "a truncated safetensors file: clear error" $BIN "${T[@]}" --init-hf "$tmp/hfA" --stop-after 0
