@@ -29,25 +29,27 @@ typedef CPU_REAL real;
 #define EXIT_BAD_INPUT 2
 
 // Print one line "error: <message>" and exit with `code`. Used for bad input that the user can fix.
+// The line is formatted first and written with one call: ranks sharing a terminal must not
+// interleave pieces of their messages.
 [[noreturn]] inline void fail(int code, const char* fmt, ...) {
+    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "error: %s\n", msg);
     fflush(stderr);
     exit(code);
 }
 
 // A failed check of a call: names the source file and line of the call.
 [[noreturn]] inline void fail_at(const char* file, int line, const char* fmt, ...) {
+    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "error at %s:%d: ", file, line);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "error at %s:%d: %s\n", file, line, msg);
     fflush(stderr);
     exit(EXIT_RUNTIME);
 }
