@@ -80,7 +80,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--val-steps", "-m", F_INT, &a->val_steps, "validation batches"},
         {"--log", "-o", F_STR, &a->log, "JSONL log file (one object per step and per validation)"},
         {"--device", "", F_STR, &a->device, "auto | cpu | cuda"},
-        {"--fp8", "", F_STR, &a->fp8, "FP8 GEMMs in the blocks: off | delayed | current | block (CPU: emulated)"},
+        {"--fp8", "", F_STR, &a->fp8, "FP8 GEMMs in the blocks: off | delayed | current | block (CPU: emulated; CUDA: cuBLASLt FP8)"},
         {"--fp8-amax-history", "", F_INT, &a->fp8_history, "delayed scaling: amax history length"},
         {"--fp8-margin", "", F_INT, &a->fp8_margin, "FP8 scales are backed off by 2^margin"},
         {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
@@ -279,7 +279,8 @@ int main(int argc, char** argv) {
         printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
                16 * p / (1 << 30), act / (1 << 30), (16 * p + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
-        size_t pb = 0, gpu_bytes = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, &pb);
+        Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
+        size_t pb = 0, gpu_bytes = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, &pb, &fp8);
         printf("  cuda bf16: fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations and "
                "scratch %.2f GiB, total %.2f GiB per GPU\n", pb / 1073741824.0, (gpu_bytes - pb) / 1073741824.0, gpu_bytes / 1073741824.0);
 #else
