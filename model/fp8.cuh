@@ -90,16 +90,25 @@ static inline float fp8_scale_for(float amax, Fp8Format f, int margin) {
     return std::ldexp(fp8_max(f) / amax, -margin);
 }
 
+// A value x * s saturates when the cast clips it: it lies beyond the rounding range of the largest
+// finite value (E4M3: above 464, half-way to the next code, which would be NaN; ties go to 448;
+// E5M2: 61440 and above, which round to infinity). x * s = max itself, which current and block
+// scaling produce for the amax element (up to a float rounding), is not a saturation.
+static inline bool fp8_saturates(float xs, Fp8Format f) {
+    float a = std::fabs(xs);
+    return f == FP8_E4M3 ? a > 464.0f : a >= 61440.0f;
+}
+
 // out = dequantize(quantize(in * scale)) for a (rows, cols) sub-matrix with leading dimension ld;
-// returns how many values saturated (|in * scale| > max)
+// returns how many values saturated (fp8_saturates)
 static inline long long fp8_fake_quant(real* out, const real* in, int rows, int cols, int ld, float scale, Fp8Format f) {
     long long saturated = 0;
-    float inv = 1.0f / scale, mx = fp8_max(f);
+    float inv = 1.0f / scale;
     #pragma omp parallel for reduction(+ : saturated) if (rows >= 64)
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             float x = (float)in[(size_t)r * ld + c] * scale;
-            saturated += std::fabs(x) > mx;
+            saturated += fp8_saturates(x, f);
             out[(size_t)r * ld + c] = (real)(fp8_round(x, f) * inv);
         }
     return saturated;
@@ -263,7 +272,7 @@ typedef struct { Fp8Linear qkv, proj, w1, v1, w2; } Fp8BlockState;
 //     __NV_SATFINITE, bit-exact with fp8_from_float above), row-wise (rows, cols) and/or the
 //     transposed copy (cols, rows) that the GEMMs reducing over rows read (Hopper's FP8 GEMMs are
 //     TN only: every operand must be contiguous along the reduction);
-//   - the count of saturated values, |x * s| > max (integer atomics);
+//   - the count of saturated values, fp8_saturates(x * s) (integer atomics);
 //   - the dequantisation factors 1 / s the GEMMs take (layouts of model/matmul.cuh).
 // Modes:
 //   FP8Q_AMAX    amax only (the first pass of current scaling)
@@ -321,6 +330,11 @@ __device__ __forceinline__ float fp8_scale_for_dev(float amax, int fmt, int marg
     if (!(amax > 0.0f) || !(amax <= 3.40282347e38f)) return 1.0f;   // zero, NaN or infinite: 1, as on the host
     return ldexpf(fp8_max_dev(fmt) / amax, -margin);
 }
+// fp8_saturates on the device
+__device__ __forceinline__ int fp8_saturates_dev(float v, int fmt) {
+    float a = fabsf(v);
+    return fmt == FP8_E4M3 ? a > 464.0f : a >= 61440.0f;
+}
 __device__ __forceinline__ __nv_fp8_storage_t fp8_cvt_dev(float v, int fmt) {
     return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
 }
@@ -350,7 +364,6 @@ __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX
     const int lt = t - tiles_before, row0 = seg0 + lt * 128, h = min(128, len - lt * 128);
     const int valid = seg.valid ? seg.valid[s] : len, vh = max(0, min(h, valid - lt * 128));
     const int c0 = blockIdx.x * 128, w = min(128, cols - c0);
-    const float fmax_ = fp8_max_dev(fmt);
     float s_tensor = 1.0f;
     if (MODE == FP8Q_TENSOR) s_tensor = amax_in ? fp8_scale_for_dev(__uint_as_float(*amax_in), fmt, margin) : *scale;
 
@@ -392,7 +405,7 @@ __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX
         for (int r = warp; r < h; r += nwarps)
             for (int c = lane; c < w; c += 32) {
                 float v = __bfloat162float(tile[r][c]) * row_s[r];
-                sat += fabsf(v) > fmax_;
+                sat += fp8_saturates_dev(v, fmt);
                 out.q[(size_t)(row0 + r) * cols + c0 + c] = fp8_cvt_dev(v, fmt);
             }
     // qt (cols, rows): a warp per column, coalesced along the rows. Per-tensor and weight scales
@@ -401,7 +414,7 @@ __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX
         for (int c = warp; c < w; c += nwarps)
             for (int r = lane; r < h; r += 32) {
                 float v = __bfloat162float(tile[r][c]) * col_s[c];
-                if (MODE == FP8Q_ACT || !out.q) sat += fabsf(v) > fmax_;
+                if (MODE == FP8Q_ACT || !out.q) sat += fp8_saturates_dev(v, fmt);
                 out.qt[(size_t)(c0 + c) * rows + row0 + r] = fp8_cvt_dev(v, fmt);
             }
     float sat_block = block_sum((float)sat, scratch);   // < 2^24 per block: exact

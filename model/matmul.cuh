@@ -145,9 +145,10 @@ static inline void matmul_validate_fp8(bool trans_a, bool trans_b, int m, int n,
                                        cudaDataType_t d_type, int batch, const MatmulOptions* opt, const char* file, int line) {
     const char* an = opt && opt->a_name ? opt->a_name : "A";
     const char* bn = opt && opt->b_name ? opt->b_name : "B";
-    char as[160], bs[160];   // "name (e4m3, stored k x m = 128 x 256, ld 128)"
-    snprintf(as, sizeof as, "'%s' (%s, %d x %d stored %s, ld %d)", an, dtype_name(a_type), m, k, trans_a ? "k-contiguous" : "m-contiguous", lda);
-    snprintf(bs, sizeof bs, "'%s' (%s, %d x %d stored %s, ld %d)", bn, dtype_name(b_type), k, n, trans_b ? "n-contiguous" : "k-contiguous", ldb);
+    // "'name' (e4m3, 256 x 128, k-contiguous, ld 128)": the operand as op(A) (m x k) / op(B)^T (n x k)
+    char as[200], bs[200];
+    snprintf(as, sizeof as, "'%s' (%s, %d x %d, %s, ld %d)", an, dtype_name(a_type), m, k, trans_a ? "k-contiguous" : "m-contiguous", lda);
+    snprintf(bs, sizeof bs, "'%s' (%s, %d x %d, %s, ld %d)", bn, dtype_name(b_type), n, k, trans_b ? "n-contiguous" : "k-contiguous", ldb);
     if (a_type == CUDA_R_8F_E5M2 && b_type == CUDA_R_8F_E5M2)
         fail_at(file, line, "FP8 matmul: E5M2 x E5M2 is not supported by cuBLASLt (A %s, B %s): one operand must be E4M3", as, bs);
     if (!trans_a || trans_b)
@@ -169,6 +170,9 @@ static inline void matmul_validate_fp8(bool trans_a, bool trans_b, int m, int n,
         fail_at(file, line, "FP8 matmul: A %s and B %s are both in 128x128 blocks: cuBLAS takes 1x128 x 128x128, 128x128 x 1x128 "
                 "or 1x128 x 1x128", as, bs);
     if (!opt->a_scale || !opt->b_scale) fail_at(file, line, "FP8 matmul: block scaling of A %s / B %s without scale tensors", as, bs);
+    if ((uintptr_t)opt->a_scale % 16 || (uintptr_t)opt->b_scale % 16)
+        fail_at(file, line, "FP8 matmul: the block scales of A %s / B %s are not 16-byte aligned (%p, %p)", as, bs, opt->a_scale, opt->b_scale);
+    if (opt->fast_accum) fail_at(file, line, "FP8 matmul: FAST_ACCUM with block scales (A %s, B %s): block scaling accumulates per 128-chunk", as, bs);
     if (batch != 1) fail_at(file, line, "FP8 matmul: block scaling of A %s, B %s with %d strided batches (one matrix only)", as, bs, batch);
     if (m % 8) fail_at(file, line, "FP8 matmul: block-scaled A %s: m %d must be a multiple of 8", as, m);
     if (bm == MATMUL_SCALE_VEC128 && n % 8) fail_at(file, line, "FP8 matmul: B %s in 1x128 tiles: n %d must be a multiple of 8", bs, n);
@@ -350,12 +354,14 @@ typedef struct {
 
 // ROW-major FP8 GEMM, the one layout Hopper runs: C (M, N) = alpha * A (M, K) @ B (N, K)^T + beta * C,
 // both operands K-contiguous, FP32 accumulation, C bf16 or fp32 (ldc). Column-major this is
-// C^T (N, M) = B (TN) A^T, so B is cuBLAS's A. fast_accum: forward GEMMs only.
+// C^T (N, M) = B (TN) A^T, so B is cuBLAS's A. fast_accum: forward GEMMs only, and per-tensor scaling
+// only (block-scaled kernels promote every 128-long chunk anyway; the flag is dropped for them).
 #define gemm_fp8_gpu(...) gemm_fp8_gpu_at(__FILE__, __LINE__, __VA_ARGS__)
 template <typename TC>
 static inline void gemm_fp8_gpu_at(const char* file, int line, int M, int N, int K, float alpha, const Fp8GemmOperand& A,
                                    const Fp8GemmOperand& B, float beta, TC* C, int ldc, int fast_accum, cudaStream_t stream = 0) {
-    MatmulOptions opt = {B.scale, A.scale, nullptr, nullptr, fast_accum, B.scale_mode, A.scale_mode, B.name, A.name};
+    int fa = fast_accum && A.scale_mode == MATMUL_SCALE_TENSOR;
+    MatmulOptions opt = {B.scale, A.scale, nullptr, nullptr, fa, B.scale_mode, A.scale_mode, B.name, A.name};
     matmul_cublaslt(true, false, N, M, K, alpha, B.data, B.type, B.ld, 0, A.data, A.type, A.ld, 0, beta, C, CudaType<TC>::value,
                     ldc, 0, 1, &opt, stream, file, line);
 }
