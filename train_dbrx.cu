@@ -282,7 +282,8 @@ int main(int argc, char** argv) {
         Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
         size_t pb = 0, gpu_bytes = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, &pb, &fp8);
         printf("  cuda bf16: fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations and "
-               "scratch %.2f GiB, total %.2f GiB per GPU\n", pb / 1073741824.0, (gpu_bytes - pb) / 1073741824.0, gpu_bytes / 1073741824.0);
+               "scratch%s %.2f GiB, total %.2f GiB per GPU\n", pb / 1073741824.0, fp8.recipe != FP8_OFF ? " (with the FP8 operands)" : "",
+               (gpu_bytes - pb) / 1073741824.0, gpu_bytes / 1073741824.0);
 #else
         printf("  cuda bf16: fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations (bf16) %.2f GiB\n",
                18 * p / (1 << 30), act / 2 / (1 << 30));

@@ -16,6 +16,9 @@
  *   current  scale = max / amax(x of this step) / 2^margin
  *   block    one scale per 1x128 tile of activations / gradients (along the GEMM's reduction
  *            dimension) and per 128x128 block of weights, from that tile's own amax
+ * The CUDA side (below, under the kernels' guard): the quantisation kernel that casts BF16 tensors to
+ * FP8 with these scales, writing the transposed copy Hopper's TN-only FP8 GEMMs need; the model's
+ * use of it is model/dbrx_fp8_cuda.cuh.
  */
 #pragma once
 #include <cmath>
