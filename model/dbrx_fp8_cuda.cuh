@@ -74,6 +74,8 @@ static inline void fp8_gpu_setup(Fp8GPU* f, const Fp8Config* cfg, const DbrxConf
     f->cfg = cfg ? *cfg : Fp8Config{FP8_OFF, 16, 0};
     f->nslots = 0;
     f->collected = false;
+    f->names.clear();
+    f->fmts.clear();
     if (!fp8_on(f)) return;
     if (cfg->history_len < 1 || cfg->history_len > FP8_MAX_HISTORY)
         fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", cfg->history_len, FP8_MAX_HISTORY);

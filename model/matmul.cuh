@@ -203,7 +203,7 @@ static inline cublasLtHandle_t cublaslt_handle(void** workspace) {
 
 // FP8 block scaling (the VEC128 / BLK128x128 scale modes) needs cuBLAS 12.9 or newer, at compile
 // time and in the library loaded at run time, and a Hopper GPU (sm_90). Returns false and says why.
-static inline bool matmul_fp8_block_supported(std::string* why) {
+static inline bool matmul_fp8_block_check(std::string* why) {
     char buf[256];
 #if CUBLAS_VERSION < 120900
     snprintf(buf, sizeof buf, "built against cuBLAS %d, which lacks the 1x128 / 128x128 block-scale modes (12.9+): "
@@ -230,6 +230,14 @@ static inline bool matmul_fp8_block_supported(std::string* why) {
     }
     return true;
 #endif
+}
+static inline bool matmul_fp8_block_supported(std::string* why) {
+    static int known = -1;   // the answer does not change within the process: asked once
+    static std::string reason;
+    if (known >= 0) { *why = reason; return known; }
+    known = matmul_fp8_block_check(&reason);
+    *why = reason;
+    return known;
 }
 
 // the largest power of two (<= 256) dividing the address: what the heuristic may assume
