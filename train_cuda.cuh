@@ -4,7 +4,8 @@
  * Included by train_dbrx.cu (after its flags and helpers) when the build has CUDA: nvcc, or g++
  * with -DSIMT_EMULATION (train_dbrx_emu: the same loop on the SIMT emulator, for the tests).
  * Multi-GPU (NCCL, ZeRO-3) belongs to the communicator of parallel/ and is not wired here yet:
- * the CUDA path runs one process.
+ * the CUDA path runs one process. --fp8 runs the block GEMMs in FP8 (model/dbrx_fp8_cuda.cuh), with
+ * the same amax reduction hook and --fp8-log-every JSONL lines as the CPU loop.
  */
 #pragma once
 #include "model/dbrx_cuda.cuh"
@@ -29,15 +30,28 @@ static double evaluate_cuda(DbrxGPU* model, DataLoader* val, int steps) {
     return acc / steps;
 }
 
-static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, const Comm& comm, const char* why) {
+static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, const char* why) {
     cudaCheck(cudaSetDevice(0));
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: cuda:0 %s (%.1f GiB)%s, 1 rank\n", prop.name, prop.totalGlobalMem / 1073741824.0, why);
     print_config(args.model.c_str(), &cfg);
 
+    // --fp8: the block GEMMs in FP8 (model/dbrx_fp8_cuda.cuh); refused where the device cannot
+    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
+    if (fp8.recipe != FP8_OFF) {
+        if (prop.major * 10 + prop.minor < 89)
+            fail(EXIT_BAD_INPUT, "--fp8 %s: FP8 GEMMs need an sm_89 or newer GPU (Ada, Hopper); this one is sm_%d%d: use --fp8 off",
+                 args.fp8.c_str(), prop.major, prop.minor);
+        std::string why;
+        if (fp8.recipe == FP8_BLOCK && !matmul_fp8_block_supported(&why)) fail(EXIT_BAD_INPUT, "--fp8 block: %s", why.c_str());
+        printf("fp8: %s scaling on the block GEMMs (Wqkv, out_proj, experts w1/v1/w2; forward, dgrad, wgrad): E4M3 weights "
+               "and activations, E5M2 gradients%s\n", args.fp8.c_str(),
+               fp8.recipe == FP8_DELAYED ? (", amax history " + std::to_string(fp8.history_len) + ", margin " + std::to_string(fp8.margin)).c_str()
+               : fp8.recipe == FP8_CURRENT ? (", margin " + std::to_string(fp8.margin)).c_str() : ", 1x128 activation / gradient tiles, 128x128 weight blocks");
+    }
     DbrxGPU model;
-    dbrx_gpu_build(&model, &cfg, args.batch, args.seq, (uint64_t)args.seed);
+    dbrx_gpu_build(&model, &cfg, args.batch, args.seq, (uint64_t)args.seed, &fp8);
     DataLoader train, val;
     bool do_val = open_datasets(args, cfg, comm, &train, &val) && args.val_every > 0;
 
@@ -73,6 +87,18 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, const Comm& 
             metrics[1] += model.lbl_loss / args.grad_accum;
             metrics[2] += model.z_loss / args.grad_accum;
             metrics[3] += model.imbalance / args.grad_accum;
+        }
+        if (fp8_on(&model.fp8)) {
+            // the amax of a tensor is the max over every rank that holds a piece of it (one rank on
+            // the CUDA path today: the hook is where ZeRO-3 / data parallelism reduce)
+            Fp8GPU* f = &model.fp8;
+            fp8_gpu_collect(f);
+            std::vector<float> amax(f->nslots), amax_local;
+            for (int i = 0; i < f->nslots; i++) amax[i] = f->metas[i].amax;
+            amax_local = amax;
+            comm_all_reduce_max_f32(&comm.world_group, amax.data(), amax.size());
+            for (int i = 0; i < f->nslots; i++) f->metas[i].amax = amax[i];
+            if (logf && args.fp8_log_every > 0 && (step + 1) % args.fp8_log_every == 0) fp8_gpu_log(f, logf, step + 1, amax_local);
         }
         float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
         double gnorm = dbrx_gpu_update(&model, &opt, lr, step + 1);

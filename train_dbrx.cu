@@ -95,7 +95,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--val-steps", "-m", F_INT, &a->val_steps, "validation batches"},
         {"--log", "-o", F_STR, &a->log, "JSONL log file (one object per step and per validation)"},
         {"--device", "", F_STR, &a->device, "auto | cpu | cuda"},
-        {"--fp8", "", F_STR, &a->fp8, "FP8 GEMMs in the blocks: off | delayed | current | block (CPU: emulated)"},
+        {"--fp8", "", F_STR, &a->fp8, "FP8 GEMMs in the blocks: off | delayed | current | block (CPU: emulated; CUDA: cuBLASLt FP8)"},
         {"--fp8-amax-history", "", F_INT, &a->fp8_history, "delayed scaling: amax history length"},
         {"--fp8-margin", "", F_INT, &a->fp8_margin, "FP8 scales are backed off by 2^margin"},
         {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
@@ -323,9 +323,10 @@ int main(int argc, char** argv) {
         printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param / S = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
                16 * p / S / (1 << 30), act / (1 << 30), (16 * p / S + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
-        size_t pb = 0, gpu_bytes = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, &pb);
-        printf("  cuda bf16 (one GPU, the CUDA path does not shard yet): fp32 master+grads+moments 16 B/param + bf16 weights "
-               "2 B/param = %.2f GiB, activations and scratch %.2f GiB, total %.2f GiB\n", pb / 1073741824.0,
+        Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
+        size_t pb = 0, gpu_bytes = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, &pb, &fp8);
+        printf("  cuda bf16 (one GPU, the CUDA path does not shard yet): fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations and "
+               "scratch%s %.2f GiB, total %.2f GiB\n", pb / 1073741824.0, fp8.recipe != FP8_OFF ? " (with the FP8 operands)" : "",
                (gpu_bytes - pb) / 1073741824.0, gpu_bytes / 1073741824.0);
 #else
         printf("  cuda bf16: fp32 master+grads+moments 16 B/param / S + bf16 weights 2 B/param = %.2f GiB, activations (bf16) %.2f GiB\n",
@@ -355,7 +356,7 @@ int main(int argc, char** argv) {
         why = " (auto: the CUDA path runs one rank, and there are several)";
     }
     if (use_cuda) {   // what the CUDA path does not do yet is refused, not ignored
-        const char* missing = args.fp8 != "off" ? "--fp8" : !args.ckpt_dir.empty() ? "--ckpt-dir" : !args.resume.empty() ? "--resume"
+        const char* missing = !args.ckpt_dir.empty() ? "--ckpt-dir" : !args.resume.empty() ? "--resume"
                             : !args.init_hf.empty() ? "--init-hf" : !args.export_hf.empty() ? "--export-hf"
                             : !args.dump_logits.empty() ? "--dump-logits" : NULL;
         if (missing) fail(EXIT_BAD_INPUT, "%s is not supported on the CUDA path yet; use --device cpu", missing);

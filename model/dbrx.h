@@ -225,7 +225,10 @@ static inline void dbrx_init_range(real* dst, size_t lo, size_t hi, const DbrxCo
         if (t.cols != 0) draws += 2 * t.numel;
     }
 }
-static inline void dbrx_init_params(Dbrx* m, uint64_t seed) { dbrx_init_range(m->params, 0, m->num_params, &m->cfg, m->table, seed); }
+// the whole flat buffer m->params, laid out by m->table
+static inline void dbrx_init_params(Dbrx* m, uint64_t seed) {
+    dbrx_init_range(m->params, 0, m->table.back().offset + m->table.back().numel, &m->cfg, m->table, seed);
+}
 
 // everything but the parameter, gradient and moment buffers: the table and the activations for
 // micro-batches of (B, T). (A sharded run owns those buffers: parallel/zero.h.)

@@ -8,6 +8,8 @@
  *               weights: fp32, as the reference requires), the attention logsumexp and the
  *               losses (fp32); the residual-stream gradient and the LayerNorm input gradients
  *               are accumulated in fp32.
+ * FP8 (--fp8, model/dbrx_fp8_cuda.cuh): the five GEMMs of every block on FP8 operands; the routed
+ * rows are then padded per expert to multiples of 16 (fp8_pad_routing).
  * One GPU (no data parallelism yet: the multi-GPU path is the communicator's, issue 4).
  * In the emulated build (SIMT_EMULATION) "device" memory is host memory and the kernels run under
  * the SIMT emulator, so the whole step is tested in CI (test/test_step_cuda.cpp).
@@ -18,6 +20,7 @@
 #include "dbrx.h"
 #include "residual.cuh"
 #include "cuda_common.h"
+#include "dbrx_fp8_cuda.cuh"
 
 template <typename T> struct BlockViews { T *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; };
 template <typename T> struct ModelViews { T* wte; std::vector<BlockViews<T>> blocks; T* norm_f; T* lm_head; };
@@ -82,6 +85,7 @@ typedef struct {
     std::vector<void*> allocations;
     size_t param_bytes, activation_bytes;
     float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
+    Fp8GPU fp8;                        // --fp8: the FP8 state (recipe FP8_OFF: unused)
 
     // results of the last forward pass
     double ce_loss, lbl_loss, z_loss, imbalance;
@@ -89,9 +93,13 @@ typedef struct {
 
 // Walks every device buffer of the model: allocates it when `m` is given, and adds up the bytes
 // either way, so the memory estimate (dry run, out-of-memory message) is the allocation itself.
-static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, int T, size_t* param_bytes) {
+// With FP8 (fp8 != NULL, recipe not off) the routed-row buffers have room for the padded layout,
+// and the FP8 scratch and state are included.
+static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, int T, size_t* param_bytes,
+                                      const Fp8Config* fp8 = nullptr) {
+    bool with_fp8 = fp8 && fp8->recipe != FP8_OFF;
     size_t bytes = 0, N = (size_t)B * T, d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden;
-    size_t R = N * k, qd = qkv_dim(c), V = c->vocab_size, P = (size_t)params_total(c);
+    size_t R = N * k + (with_fp8 ? fp8_row_padding(c) : 0), qd = qkv_dim(c), V = c->vocab_size, P = (size_t)params_total(c);
     auto take = [&](void** p, size_t n) {
         bytes += n;
         if (m) {
@@ -108,7 +116,7 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     bool ok = true;
     DbrxGPU sizing;   // without `m`, the walk fills the pointers of a throw-away model
     DbrxGPU* mm = m ? m : &sizing;
-    if (!m) { sizing.acts.resize(c->n_layers); sizing.resid.resize(c->n_layers + 1); }
+    if (!m) { sizing.acts.resize(c->n_layers); sizing.resid.resize(c->n_layers + 1); sizing.fp8.cfg.recipe = FP8_OFF; }
 #define TAKE(ptr, type, n) ok = take((void**)&(ptr), (size_t)(n) * sizeof(type)) && ok
     // parameters: fp32 master, gradients, two moments; BF16 working copy
     TAKE(mm->master, float, P); TAKE(mm->grads, float, P); TAKE(mm->m, float, P); TAKE(mm->v, float, P);
@@ -143,14 +151,19 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     TAKE(mm->ln_scratch, float, layernorm_backward_scratch((int)N, (int)d));
     TAKE(mm->norm_partial, float, GRAD_NORM_BLOCKS);
     TAKE(mm->dye, floatX, R * d); TAKE(mm->da, floatX, R * F); TAKE(mm->dg, floatX, R * F); TAKE(mm->du, floatX, R * F);
+    if (with_fp8) {
+        if (!m) fp8_gpu_setup(&mm->fp8, fp8, c, B, T);   // the sizing walk: the slots only
+        fp8_gpu_buffers(&mm->fp8, c, B, T, [&](void** p, size_t n) { ok = take(p, n) && ok; });
+    }
 #undef TAKE
     if (!ok) return 0;
     return bytes;
 }
 
 // the device memory the model needs (parameters, optimizer state, activations, scratch), in bytes
-static inline size_t dbrx_gpu_memory_estimate(const DbrxConfig* c, int B, int T, size_t* param_bytes) {
-    return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes);
+static inline size_t dbrx_gpu_memory_estimate(const DbrxConfig* c, int B, int T, size_t* param_bytes,
+                                              const Fp8Config* fp8 = nullptr) {
+    return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes, fp8);
 }
 
 static inline std::string gib(double bytes) {
@@ -173,7 +186,8 @@ static inline std::string gib(double bytes) {
 
 // Builds the model for micro-batches of (B, T) on the current device. The parameters are the CPU
 // reference's initialisation (dbrx_init_params, the same seed gives the same model on both backends).
-static inline void dbrx_gpu_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, uint64_t seed) {
+// fp8: the FP8 recipe of the block GEMMs (NULL or FP8_OFF: BF16).
+static inline void dbrx_gpu_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, uint64_t seed, const Fp8Config* fp8 = nullptr) {
     config_validate(cfg);
     if (T > cfg->max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", T, cfg->max_seq_len);
     attention_check_shape(cfg->n_heads, cfg->kv_heads, cfg->head_dim);
@@ -183,11 +197,13 @@ static inline void dbrx_gpu_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int 
     m->B = B; m->T = T;
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
-    size_t param_bytes = 0, need = dbrx_gpu_memory_estimate(cfg, B, T, &param_bytes);
+    fp8_gpu_setup(&m->fp8, fp8, cfg, B, T);
+    size_t param_bytes = 0, need = dbrx_gpu_memory_estimate(cfg, B, T, &param_bytes, fp8);
     size_t free_b = 0, total = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total));
     if (need > free_b) dbrx_gpu_out_of_memory(cfg, B, T, need, param_bytes);
-    if (dbrx_gpu_buffers(m, cfg, B, T, &m->param_bytes) == 0) dbrx_gpu_out_of_memory(cfg, B, T, need, param_bytes);
+    if (dbrx_gpu_buffers(m, cfg, B, T, &m->param_bytes, fp8) == 0) dbrx_gpu_out_of_memory(cfg, B, T, need, param_bytes);
+    fp8_gpu_reset(&m->fp8);
     m->activation_bytes = need - m->param_bytes;
     for (BlockActsGPU& a : m->acts) { a.offsets_host.assign(cfg->n_experts + 1, 0); a.counts_host.assign(cfg->n_experts, 0); }
     m->p = model_views(m->params, cfg, m->table);
@@ -249,18 +265,27 @@ static inline double dbrx_gpu_forward(DbrxGPU* m, const int* inputs, const int* 
         floatX* x = m->resid[l];
         // attention half
         layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
-        matmul_forward_gpu(a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        bool q8 = fp8_on(&m->fp8);
+        if (q8) fp8_matmul_forward_gpu(&m->fp8, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        else matmul_forward_gpu(a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         attention_forward_gpu(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
-        matmul_forward_gpu(m->attproj, a->atty, w.wo, N, d, d);
+        if (q8) fp8_matmul_forward_gpu(&m->fp8, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
+        else matmul_forward_gpu(m->attproj, a->atty, w.wo, N, d, d);
         residual_forward_gpu(a->resid_mid, x, m->attproj, (size_t)N * d);
         // MoE half
         layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
         matmul_forward_gpu(a->router_logits, a->ln2, w.router, N, d, E);
         router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k);
         moe_dispatch_gpu(a->offsets, a->row_token, a->slot_row, a->offsets_host.data(), a->topk_idx, a->counts, N, E, k);
-        moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
-        experts_forward_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets_host.data(), E, d, F);
+        if (q8) {   // FP8: every expert's rows padded to a multiple of 16 (slot_row remapped in place)
+            const int* row_token = fp8_pad_routing(&m->fp8, l, a->slot_row, a->row_token, a->offsets, a->offsets_host.data(), N * k, E);
+            moe_gather_gpu(a->xe, a->ln2, row_token, m->fp8.routing[l].poff[E], d);
+            fp8_experts_forward_gpu(&m->fp8, l, a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, E, d, F);
+        } else {
+            moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
+            experts_forward_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets_host.data(), E, d, F);
+        }
         moe_combine_forward_gpu(m->resid[l + 1], a->resid_mid, a->ye, a->topk_w, a->slot_row, N, k, d);
         // auxiliary losses and the load statistic (the counts follow from the offsets already on the host)
         cudaCheck(cudaMemcpy(stats.data(), a->router_stats, (E + 1) * sizeof(float), cudaMemcpyDeviceToHost));
@@ -305,8 +330,11 @@ static inline void dbrx_gpu_backward(DbrxGPU* m, float dloss) {
         // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
         // MoE half
         moe_combine_backward_gpu(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
-        experts_backward_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1,
-                             w.w2, a->offsets_host.data(), E, d, F);
+        bool q8 = fp8_on(&m->fp8);
+        if (q8) fp8_experts_backward_gpu(&m->fp8, l, m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u,
+                                         a->act, w.w1, w.v1, w.w2, E, d, F);
+        else experts_backward_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1,
+                                  w.w2, a->offsets_host.data(), E, d, F);
         moe_gather_backward_gpu(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
                             c->moe_loss_weight, c->z_loss_weight, dloss);
@@ -314,10 +342,12 @@ static inline void dbrx_gpu_backward(DbrxGPU* m, float dloss) {
         layernorm_backward_gpu(m->dresid, m->dresid_bf16, gw.norm2, m->ln_scratch, m->dln, a->resid_mid, w.norm2, a->ln2_mean,
                                a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
-        matmul_backward_gpu(m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d, 0.0f);
+        if (q8) fp8_matmul_backward_gpu(&m->fp8, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d, 0.0f);
+        else matmul_backward_gpu(m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d, 0.0f);
         attention_backward_gpu(m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         clip_rope_backward_gpu(m->dqkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
-        matmul_backward_gpu(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, 0.0f);
+        if (q8) fp8_matmul_backward_gpu(&m->fp8, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, 0.0f);
+        else matmul_backward_gpu(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, 0.0f);
         layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gw.norm1, m->ln_scratch, m->dln, m->resid[l], w.norm1, a->ln1_mean,
                                a->ln1_rstd, N, d);
     }
@@ -335,5 +365,7 @@ static inline double dbrx_gpu_update(DbrxGPU* m, const AdamWConfig* o, float lr,
     for (const ParamInfo& p : m->table)
         adamw_update_gpu(m->master + p.offset, m->params + p.offset, m->grads + p.offset, m->m + p.offset, m->v + p.offset,
                          p.numel, lr, o->beta1, o->beta2, o->eps, p.decay ? o->weight_decay : 0.0f, scale, t);
+    // FP8 delayed scaling: this step's amaxes join the histories and set the next step's scales
+    fp8_gpu_step(&m->fp8);
     return norm;
 }

@@ -16,6 +16,9 @@
  *   current  scale = max / amax(x of this step) / 2^margin
  *   block    one scale per 1x128 tile of activations / gradients (along the GEMM's reduction
  *            dimension) and per 128x128 block of weights, from that tile's own amax
+ * The CUDA side (below, under the kernels' guard): the quantisation kernel that casts BF16 tensors to
+ * FP8 with these scales, writing the transposed copy Hopper's TN-only FP8 GEMMs need; the model's
+ * use of it is model/dbrx_fp8_cuda.cuh.
  */
 #pragma once
 #include <cmath>
@@ -90,16 +93,25 @@ static inline float fp8_scale_for(float amax, Fp8Format f, int margin) {
     return std::ldexp(fp8_max(f) / amax, -margin);
 }
 
+// A value x * s saturates when the cast clips it: it lies beyond the rounding range of the largest
+// finite value (E4M3: above 464, half-way to the next code, which would be NaN; ties go to 448;
+// E5M2: 61440 and above, which round to infinity). x * s = max itself, which current and block
+// scaling produce for the amax element (up to a float rounding), is not a saturation.
+static inline bool fp8_saturates(float xs, Fp8Format f) {
+    float a = std::fabs(xs);
+    return f == FP8_E4M3 ? a > 464.0f : a >= 61440.0f;
+}
+
 // out = dequantize(quantize(in * scale)) for a (rows, cols) sub-matrix with leading dimension ld;
-// returns how many values saturated (|in * scale| > max)
+// returns how many values saturated (fp8_saturates)
 static inline long long fp8_fake_quant(real* out, const real* in, int rows, int cols, int ld, float scale, Fp8Format f) {
     long long saturated = 0;
-    float inv = 1.0f / scale, mx = fp8_max(f);
+    float inv = 1.0f / scale;
     #pragma omp parallel for reduction(+ : saturated) if (rows >= 64)
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             float x = (float)in[(size_t)r * ld + c] * scale;
-            saturated += std::fabs(x) > mx;
+            saturated += fp8_saturates(x, f);
             out[(size_t)r * ld + c] = (real)(fp8_round(x, f) * inv);
         }
     return saturated;
@@ -253,3 +265,196 @@ static inline void fp8_matmul_backward(real* dinp, real* dweight, const real* do
 
 // the FP8 state of one block's five GEMMs (v1 reads the same quantised input as w1: its x is unused)
 typedef struct { Fp8Linear qkv, proj, w1, v1, w2; } Fp8BlockState;
+
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// CUDA: the quantisation kernel. One pass over a BF16 tensor x (rows, cols), row-major:
+//   - amax: max |x| over the valid rows (block maxima, then one integer atomicMax on the float's
+//     bits: max is exact and order-independent, so the result is deterministic);
+//   - the FP8 codes q = cvt(x * s) (round to nearest even, saturating: __nv_cvt_float_to_fp8 with
+//     __NV_SATFINITE, bit-exact with fp8_from_float above), row-wise (rows, cols) and/or the
+//     transposed copy (cols, rows) that the GEMMs reducing over rows read (Hopper's FP8 GEMMs are
+//     TN only: every operand must be contiguous along the reduction);
+//   - the count of saturated values, fp8_saturates(x * s) (integer atomics);
+//   - the dequantisation factors 1 / s the GEMMs take (layouts of model/matmul.cuh).
+// Modes:
+//   FP8Q_AMAX    amax only (the first pass of current scaling)
+//   FP8Q_TENSOR  one scale s: from `scale`, or fp8_scale_for(*amax_in, margin) (current scaling)
+//   FP8Q_ACT     block scaling of an activation / gradient: q in 1x128 tiles along cols (the
+//                reduction of dgrad / forward), qt in 128x1 tiles along rows (wgrad's), each tile
+//                scaled by its own amax (margin 0, as fp8_fake_quant_tiles)
+//   FP8Q_WEIGHT  block scaling of a weight: 128x128 blocks, one scale for q and qt alike
+// Rows come in segments (the experts of a stacked tensor): tiles never straddle two segments and
+// start at each segment's first row, as the CPU's per-expert tiling does; the rows of a segment
+// past its `valid` count are padding: read as 0, written as 0, outside the amax.
+// One CUDA block per tile of <= 128 rows (within a segment) x 128 cols, staged in shared memory
+// so that both copies are written from it.
+
+typedef enum { FP8Q_AMAX = 0, FP8Q_TENSOR, FP8Q_ACT, FP8Q_WEIGHT } Fp8QuantMode;
+
+// the rows of a tensor in segments: segment s is rows start[s] .. start[s+1]-1, of which the first
+// valid[s] hold data. start == NULL: nseg segments of seg_len rows; valid == NULL: all valid.
+typedef struct {
+    const int* start;   // device (nseg + 1)
+    const int* valid;   // device (nseg)
+    int nseg, seg_len;
+    int row_tiles;      // sum over the segments of ceil(len / 128): the grid's y (host)
+} Fp8Segments;
+
+static inline Fp8Segments fp8_uniform_segments(int nseg, int seg_len) {
+    return {nullptr, nullptr, nseg, seg_len, nseg * ((seg_len + 127) / 128)};
+}
+
+// the outputs of one quantisation; any pointer may be NULL (not written)
+typedef struct {
+    __nv_fp8_storage_t* q;       // (rows, cols)
+    __nv_fp8_storage_t* qt;      // (cols, rows)
+    float* sinv;                 // FP8Q_TENSOR: one float, 1 / s; block modes: the factors of q's tiles
+    float* sinv_t;               // block modes: the factors of qt's tiles
+    unsigned int* amax;          // max |x| (as float bits), max-accumulated
+    unsigned long long* saturated;   // accumulated
+} Fp8QuantOut;
+
+// the number of dequantisation factors of q / qt in the block modes (per segment, the layouts of
+// matmul.cuh: q's are the factors of an operand with `len` rows of k = cols, qt's of one with
+// `cols` rows of k = len; VEC128 for activations, BLK128 for weights), given the segment lengths
+static inline size_t fp8_block_scale_count(Fp8QuantMode mode, bool transposed, const std::vector<int>& seg_len, int cols) {
+    size_t n = 0;
+    for (int len : seg_len) {
+        int outer = transposed ? cols : len, k = transposed ? len : cols;
+        n += matmul_scale_count(mode == FP8Q_WEIGHT ? MATMUL_SCALE_BLK128 : MATMUL_SCALE_VEC128, outer, k);
+    }
+    return n;
+}
+
+__device__ __forceinline__ float fp8_max_dev(int fmt) { return fmt == FP8_E4M3 ? 448.0f : 57344.0f; }
+// fp8_scale_for on the device: the same float operations, so the same scale as the host's
+__device__ __forceinline__ float fp8_scale_for_dev(float amax, int fmt, int margin) {
+    if (!(amax > 0.0f) || !(amax <= 3.40282347e38f)) return 1.0f;   // zero, NaN or infinite: 1, as on the host
+    return ldexpf(fp8_max_dev(fmt) / amax, -margin);
+}
+// fp8_saturates on the device
+__device__ __forceinline__ int fp8_saturates_dev(float v, int fmt) {
+    float a = fabsf(v);
+    return fmt == FP8_E4M3 ? a > 464.0f : a >= 61440.0f;
+}
+__device__ __forceinline__ __nv_fp8_storage_t fp8_cvt_dev(float v, int fmt) {
+    return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+#define FP8Q_THREADS 256
+template <int MODE>
+__global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX* __restrict__ x, int rows, int cols,
+                                                                     Fp8Segments seg, int fmt, const float* scale,
+                                                                     const unsigned int* amax_in, int margin, Fp8QuantOut out) {
+    __shared__ floatX tile[128][130];
+    __shared__ float row_s[128], col_s[128];   // scales of the tile's rows (q) and columns (qt)
+    __shared__ float scratch[32];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = FP8Q_THREADS / 32;
+    // the segment and the tile within it; base_t: the scale offset of the segment's qt factors (weights)
+    int t = blockIdx.y, s = 0, tiles_before = 0, seg0 = 0, len = 0;
+    long long base_t = 0;
+    const int nct = (cols + 127) / 128;
+    for (s = 0; s < seg.nseg; s++) {
+        seg0 = seg.start ? seg.start[s] : s * seg.seg_len;
+        len = (seg.start ? seg.start[s + 1] : (s + 1) * seg.seg_len) - seg0;
+        int nt = (len + 127) / 128;
+        if (t < tiles_before + nt) break;
+        tiles_before += nt;
+        base_t += (long long)nct * ((nt + 3) / 4 * 4);
+    }
+    if (s == seg.nseg) return;   // cannot happen with row_tiles from the same segments
+    const int lt = t - tiles_before, row0 = seg0 + lt * 128, h = min(128, len - lt * 128);
+    const int valid = seg.valid ? seg.valid[s] : len, vh = max(0, min(h, valid - lt * 128));
+    const int c0 = blockIdx.x * 128, w = min(128, cols - c0);
+    float s_tensor = 1.0f;
+    if (MODE == FP8Q_TENSOR) s_tensor = amax_in ? fp8_scale_for_dev(__uint_as_float(*amax_in), fmt, margin) : *scale;
+
+    // load the tile (padding rows as 0); the thread's amax
+    float amax = 0.0f;
+    for (int r = warp; r < h; r += nwarps)
+        for (int c = lane; c < w; c += 32) {
+            floatX v = r < vh ? x[(size_t)(row0 + r) * cols + c0 + c] : __float2bfloat16(0.0f);
+            tile[r][c] = v;
+            amax = fmaxf(amax, fabsf(__bfloat162float(v)));
+        }
+    amax = block_max(amax, scratch);   // (its barriers also publish the tile)
+    if (tid == 0 && out.amax) atomicMax(out.amax, __float_as_uint(amax));
+    if (MODE == FP8Q_AMAX) return;
+
+    // the scales: of every row of q and every column of qt
+    if (MODE == FP8Q_ACT) {
+        for (int r = warp; r < h; r += nwarps) {
+            float m = 0.0f;
+            for (int c = lane; c < w; c += 32) m = fmaxf(m, fabsf(__bfloat162float(tile[r][c])));
+            m = warp_max(m);
+            if (lane == 0) row_s[r] = fp8_scale_for_dev(m, fmt, 0);
+        }
+        for (int c = warp; c < w; c += nwarps) {
+            float m = 0.0f;
+            for (int r = lane; r < h; r += 32) m = fmaxf(m, fabsf(__bfloat162float(tile[r][c])));
+            m = warp_max(m);
+            if (lane == 0) col_s[c] = fp8_scale_for_dev(m, fmt, 0);
+        }
+    } else {   // one scale for the tile (weights) or the tensor
+        float sc = MODE == FP8Q_WEIGHT ? fp8_scale_for_dev(amax, fmt, 0) : s_tensor;
+        for (int i = tid; i < 128; i += FP8Q_THREADS) { row_s[i] = sc; col_s[i] = sc; }
+    }
+    __syncthreads();
+
+    // q, row-wise: a warp per row, coalesced along the columns
+    int sat = 0;
+    if (out.q)
+        for (int r = warp; r < h; r += nwarps)
+            for (int c = lane; c < w; c += 32) {
+                float v = __bfloat162float(tile[r][c]) * row_s[r];
+                sat += fp8_saturates_dev(v, fmt);
+                out.q[(size_t)(row0 + r) * cols + c0 + c] = fp8_cvt_dev(v, fmt);
+            }
+    // qt (cols, rows): a warp per column, coalesced along the rows. Per-tensor and weight scales
+    // give the same values as q: their saturations are counted once.
+    if (out.qt)
+        for (int c = warp; c < w; c += nwarps)
+            for (int r = lane; r < h; r += 32) {
+                float v = __bfloat162float(tile[r][c]) * col_s[c];
+                if (MODE == FP8Q_ACT || !out.q) sat += fp8_saturates_dev(v, fmt);
+                out.qt[(size_t)(c0 + c) * rows + row0 + r] = fp8_cvt_dev(v, fmt);
+            }
+    float sat_block = block_sum((float)sat, scratch);   // < 2^24 per block: exact
+    if (tid == 0 && out.saturated && sat_block > 0) atomicAdd(out.saturated, (unsigned long long)sat_block);
+
+    // the dequantisation factors, in the layouts the GEMMs read (model/matmul.cuh)
+    if (MODE == FP8Q_TENSOR) {
+        if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && out.sinv) out.sinv[0] = 1.0f / s_tensor;
+    } else if (MODE == FP8Q_ACT) {
+        // q: per segment an operand of `len` rows of k = cols in 1x128 tiles: [kb * len + row], after
+        // the segments before it (cols-tiles x their rows); qt: `cols` rows of k = len
+        if (out.sinv)
+            for (int r = tid; r < h; r += FP8Q_THREADS)
+                out.sinv[(size_t)nct * seg0 + matmul_scale_vec128_index(lt * 128 + r, c0, len)] = 1.0f / row_s[r];
+        if (out.sinv_t)
+            for (int c = tid; c < w; c += FP8Q_THREADS)
+                out.sinv_t[(size_t)tiles_before * cols + matmul_scale_vec128_index(c0 + c, lt * 128, cols)] = 1.0f / col_s[c];
+    } else if (tid == 0) {   // FP8Q_WEIGHT: q's blocks are (row tile, col tile); qt's the transpose
+        int kb_pad = (nct + 3) / 4 * 4, nt = (len + 127) / 128;
+        if (out.sinv) out.sinv[(size_t)tiles_before * kb_pad + matmul_scale_blk128_index(lt * 128, c0, cols)] = 1.0f / row_s[0];
+        if (out.sinv_t) out.sinv_t[base_t + matmul_scale_blk128_index(c0, lt * 128, len)] = 1.0f / row_s[0];
+        (void)nt;
+    }
+}
+
+// Launches one quantisation of x (rows, cols) [BF16] in `mode` (see above). Per tensor, the scale
+// is *scale, or computed from *amax_in (current scaling: fp8_scale_for(amax, fmt, margin)).
+static inline void fp8_quantize_gpu(const Fp8QuantOut& out, const floatX* x, int rows, int cols, const Fp8Segments& seg,
+                                    Fp8Format fmt, Fp8QuantMode mode, const float* scale, const unsigned int* amax_in,
+                                    int margin, cudaStream_t stream = 0) {
+    if (rows == 0 || cols == 0 || seg.row_tiles == 0) return;
+    dim3 grid(ceil_div(cols, 128), seg.row_tiles);
+    switch (mode) {
+    case FP8Q_AMAX: LAUNCH(fp8_quantize_kernel<FP8Q_AMAX>, grid, FP8Q_THREADS, 0, stream, x, rows, cols, seg, (int)fmt, scale, amax_in, margin, out); break;
+    case FP8Q_TENSOR: LAUNCH(fp8_quantize_kernel<FP8Q_TENSOR>, grid, FP8Q_THREADS, 0, stream, x, rows, cols, seg, (int)fmt, scale, amax_in, margin, out); break;
+    case FP8Q_ACT: LAUNCH(fp8_quantize_kernel<FP8Q_ACT>, grid, FP8Q_THREADS, 0, stream, x, rows, cols, seg, (int)fmt, scale, amax_in, margin, out); break;
+    case FP8Q_WEIGHT: LAUNCH(fp8_quantize_kernel<FP8Q_WEIGHT>, grid, FP8Q_THREADS, 0, stream, x, rows, cols, seg, (int)fmt, scale, amax_in, margin, out); break;
+    }
+}
+#endif  // __CUDACC__ || SIMT_EMULATION

@@ -63,17 +63,50 @@ static inline void matmul_backward(real* dinp, real* dweight, const real* dout, 
 // which implements the same semantics (layouts, transposes, leading dimensions, strided batches,
 // alpha/beta, FP8 scales and amax).
 #include <library_types.h>
+#include <string>
 #include "cuda_common.h"
 
-// The FP8 extension point. Callers that pass NULL (today's BF16 callers) get the defaults; FP8
-// callers later set the operand types to CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2 and these pointers.
+// FP8 GEMMs (Hopper): A and B are E4M3 or E5M2 (not both E5M2), TN only (every operand contiguous
+// along the reduction dimension k), FP32 accumulation, BF16 or FP32 output. The scale pointers carry
+// DEQUANTISATION factors (1 / the quantisation scale), in one of three layouts. For an operand
+// stored k-contiguous with `outer` = m (A) or n (B) rows of k:
+//   MATMUL_SCALE_TENSOR  one float for the whole operand
+//   MATMUL_SCALE_VEC128  one float per 1 x 128 tile along k (cuBLAS's CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F):
+//                        the factor of element (o, p) is scale[(p / 128) * outer + o]  (outer index fastest)
+//   MATMUL_SCALE_BLK128  one float per 128 x 128 block (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F):
+//                        scale[(o / 128) * round_up(ceil(k / 128), 4) + p / 128]  (k blocks fastest, padded to 4)
+// Block scaling (cuBLAS 12.9+, sm_90): both operands block-scaled, not both BLK128; the outer size of a
+// VEC128 operand and of A is a multiple of 8 (what cuBLAS's kernels require; TransformerEngine's checks).
+typedef enum { MATMUL_SCALE_TENSOR = 0, MATMUL_SCALE_VEC128 = 1, MATMUL_SCALE_BLK128 = 2 } MatmulScaleMode;
+
+// The FP8 options; BF16 callers pass NULL.
 typedef struct {
-    const float* a_scale;   // device, dequantisation factor of A (1 / its quantisation scale); NULL = 1
+    const float* a_scale;   // device, dequantisation factor(s) of A (layout: a_scale_mode); NULL = 1
     const float* b_scale;   // device, same for B
     const float* d_scale;   // device, quantisation scale of an FP8 D; NULL = 1
     float* amax_d;          // device, if set receives max |alpha op(A) op(B) + beta C| (before d_scale)
-    int fast_accum;         // FP8 forward GEMMs only (Hopper FAST_ACCUM)
+    int fast_accum;         // FP8 forward GEMMs only (Hopper FAST_ACCUM); dgrad/wgrad accumulate promoted
+    int a_scale_mode, b_scale_mode;   // MatmulScaleMode
+    const char* a_name;     // names of the operands for error messages (NULL: "A", "B")
+    const char* b_name;
 } MatmulOptions;
+
+#if defined(__CUDACC__)
+#define MATMUL_HD __host__ __device__
+#else
+#define MATMUL_HD
+#endif
+// where the dequantisation factor of element (o, p) of a block-scaled operand lives (layouts above)
+MATMUL_HD static inline size_t matmul_scale_vec128_index(int o, int p, int outer) { return (size_t)(p / 128) * outer + o; }
+MATMUL_HD static inline size_t matmul_scale_blk128_index(int o, int p, int k) {
+    return (size_t)(o / 128) * (((k + 127) / 128 + 3) / 4 * 4) + p / 128;
+}
+// the number of factors of an operand (outer rows of k) in each layout
+static inline size_t matmul_scale_count(int mode, int outer, int k) {
+    if (mode == MATMUL_SCALE_VEC128) return (size_t)((k + 127) / 128) * outer;
+    if (mode == MATMUL_SCALE_BLK128) return (size_t)((outer + 127) / 128) * (((k + 127) / 128 + 3) / 4 * 4);
+    return 1;
+}
 
 static inline const char* dtype_name(cudaDataType_t t) {
     switch (t) {
@@ -84,14 +117,17 @@ static inline const char* dtype_name(cudaDataType_t t) {
     default: return "unsupported";
     }
 }
+static inline const char* scale_mode_name(int m) {
+    return m == MATMUL_SCALE_VEC128 ? "1x128 tiles" : m == MATMUL_SCALE_BLK128 ? "128x128 blocks" : "per tensor";
+}
+static inline bool is_fp8_type(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
 
 // Shapes and types the wrapper accepts, in both builds: one failure message, naming the caller.
 static inline void matmul_validate(bool trans_a, bool trans_b, int m, int n, int k, cudaDataType_t a_type, int lda,
                                    cudaDataType_t b_type, int ldb, cudaDataType_t d_type, int ldd, int batch,
                                    const char* file, int line) {
-    bool a8 = a_type == CUDA_R_8F_E4M3 || a_type == CUDA_R_8F_E5M2, b8 = b_type == CUDA_R_8F_E4M3 || b_type == CUDA_R_8F_E5M2;
-    bool ok_types = (a_type == CUDA_R_16BF && b_type == CUDA_R_16BF) ||
-                    (a8 && b8 && !(a_type == CUDA_R_8F_E5M2 && b_type == CUDA_R_8F_E5M2) && trans_a && !trans_b);
+    bool a8 = is_fp8_type(a_type), b8 = is_fp8_type(b_type);
+    bool ok_types = (a_type == CUDA_R_16BF && b_type == CUDA_R_16BF) || (a8 && b8);
     ok_types = ok_types && (d_type == CUDA_R_16BF || d_type == CUDA_R_32F);
     if (!ok_types)
         fail_at(file, line, "matmul: unsupported types A %s B %s D %s (trans %c%c)", dtype_name(a_type), dtype_name(b_type),
@@ -100,6 +136,46 @@ static inline void matmul_validate(bool trans_a, bool trans_b, int m, int n, int
         ldd < m || ldd < 1)
         fail_at(file, line, "matmul: bad shape m %d n %d k %d lda %d ldb %d ldd %d batch %d (trans %c%c)", m, n, k, lda, ldb,
                 ldd, batch, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N');
+}
+
+// The FP8 rules (cuBLASLt on Hopper), in both builds, so that the emulator fails where the device
+// would: every message names the operand and its shape. Pointers: 16-byte aligned.
+static inline void matmul_validate_fp8(bool trans_a, bool trans_b, int m, int n, int k, const void* A, cudaDataType_t a_type,
+                                       int lda, const void* B, cudaDataType_t b_type, int ldb, const void* D,
+                                       cudaDataType_t d_type, int batch, const MatmulOptions* opt, const char* file, int line) {
+    const char* an = opt && opt->a_name ? opt->a_name : "A";
+    const char* bn = opt && opt->b_name ? opt->b_name : "B";
+    // "'name' (e4m3, 256 x 128, k-contiguous, ld 128)": the operand as op(A) (m x k) / op(B)^T (n x k)
+    char as[200], bs[200];
+    snprintf(as, sizeof as, "'%s' (%s, %d x %d, %s, ld %d)", an, dtype_name(a_type), m, k, trans_a ? "k-contiguous" : "m-contiguous", lda);
+    snprintf(bs, sizeof bs, "'%s' (%s, %d x %d, %s, ld %d)", bn, dtype_name(b_type), n, k, trans_b ? "n-contiguous" : "k-contiguous", ldb);
+    if (a_type == CUDA_R_8F_E5M2 && b_type == CUDA_R_8F_E5M2)
+        fail_at(file, line, "FP8 matmul: E5M2 x E5M2 is not supported by cuBLASLt (A %s, B %s): one operand must be E4M3", as, bs);
+    if (!trans_a || trans_b)
+        fail_at(file, line, "FP8 matmul: Hopper runs only the TN layout (A transposed, B not: both contiguous along k), got "
+                "trans %c%c for A %s, B %s: pass the transposed FP8 copy", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', as, bs);
+    if (k % 16 || lda % 16)
+        fail_at(file, line, "FP8 matmul: A %s: k %d and the leading dimension must be multiples of 16", as, k);
+    if (ldb % 16) fail_at(file, line, "FP8 matmul: B %s: the leading dimension must be a multiple of 16", bs);
+    if ((uintptr_t)A % 16) fail_at(file, line, "FP8 matmul: A %s is not 16-byte aligned (%p)", as, A);
+    if ((uintptr_t)B % 16) fail_at(file, line, "FP8 matmul: B %s is not 16-byte aligned (%p)", bs, B);
+    if ((uintptr_t)D % 16) fail_at(file, line, "FP8 matmul: D (%s, %d x %d) is not 16-byte aligned (%p)", dtype_name(d_type), m, n, D);
+    int am = opt ? opt->a_scale_mode : MATMUL_SCALE_TENSOR, bm = opt ? opt->b_scale_mode : MATMUL_SCALE_TENSOR;
+    if (am < 0 || am > 2 || bm < 0 || bm > 2) fail_at(file, line, "FP8 matmul: unknown scale modes %d, %d", am, bm);
+    if ((am == MATMUL_SCALE_TENSOR) != (bm == MATMUL_SCALE_TENSOR))
+        fail_at(file, line, "FP8 matmul: A %s scaled %s but B %s scaled %s: both per tensor, or both block-scaled", as,
+                scale_mode_name(am), bs, scale_mode_name(bm));
+    if (am == MATMUL_SCALE_TENSOR) return;
+    if (am == MATMUL_SCALE_BLK128 && bm == MATMUL_SCALE_BLK128)
+        fail_at(file, line, "FP8 matmul: A %s and B %s are both in 128x128 blocks: cuBLAS takes 1x128 x 128x128, 128x128 x 1x128 "
+                "or 1x128 x 1x128", as, bs);
+    if (!opt->a_scale || !opt->b_scale) fail_at(file, line, "FP8 matmul: block scaling of A %s / B %s without scale tensors", as, bs);
+    if ((uintptr_t)opt->a_scale % 16 || (uintptr_t)opt->b_scale % 16)
+        fail_at(file, line, "FP8 matmul: the block scales of A %s / B %s are not 16-byte aligned (%p, %p)", as, bs, opt->a_scale, opt->b_scale);
+    if (opt->fast_accum) fail_at(file, line, "FP8 matmul: FAST_ACCUM with block scales (A %s, B %s): block scaling accumulates per 128-chunk", as, bs);
+    if (batch != 1) fail_at(file, line, "FP8 matmul: block scaling of A %s, B %s with %d strided batches (one matrix only)", as, bs, batch);
+    if (m % 8) fail_at(file, line, "FP8 matmul: block-scaled A %s: m %d must be a multiple of 8", as, m);
+    if (bm == MATMUL_SCALE_VEC128 && n % 8) fail_at(file, line, "FP8 matmul: B %s in 1x128 tiles: n %d must be a multiple of 8", bs, n);
 }
 
 #if defined(SIMT_EMULATION)
@@ -123,6 +199,45 @@ static inline cublasLtHandle_t cublaslt_handle(void** workspace) {
     }
     *workspace = ws;
     return handle;
+}
+
+// FP8 block scaling (the VEC128 / BLK128x128 scale modes) needs cuBLAS 12.9 or newer, at compile
+// time and in the library loaded at run time, and a Hopper GPU (sm_90). Returns false and says why.
+static inline bool matmul_fp8_block_check(std::string* why) {
+    char buf[256];
+#if CUBLAS_VERSION < 120900
+    snprintf(buf, sizeof buf, "built against cuBLAS %d, which lacks the 1x128 / 128x128 block-scale modes (12.9+): "
+             "use --fp8 current or --fp8 delayed", (int)CUBLAS_VERSION);
+    *why = buf;
+    return false;
+#else
+    size_t v = cublasLtGetVersion();
+    if (v < 120900) {
+        snprintf(buf, sizeof buf, "the cuBLASLt loaded at run time is %zu, which lacks the 1x128 / 128x128 block-scale modes "
+                 "(12.9+): use --fp8 current or --fp8 delayed, or a newer CUDA", v);
+        *why = buf;
+        return false;
+    }
+    int dev = 0, major = 0, minor = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9) {
+        snprintf(buf, sizeof buf, "cuBLAS's FP8 block scaling (1x128 / 128x128 FP32 scales) runs on sm_90 (Hopper); this GPU is "
+                 "sm_%d%d: use --fp8 current or --fp8 delayed", major, minor);
+        *why = buf;
+        return false;
+    }
+    return true;
+#endif
+}
+static inline bool matmul_fp8_block_supported(std::string* why) {
+    static int known = -1;   // the answer does not change within the process: asked once
+    static std::string reason;
+    if (known >= 0) { *why = reason; return known; }
+    known = matmul_fp8_block_check(&reason);
+    *why = reason;
+    return known;
 }
 
 // the largest power of two (<= 256) dividing the address: what the heuristic may assume
@@ -155,6 +270,8 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
                                    const char* file, int line) {
     matmul_validate(trans_a, trans_b, m, n, k, a_type, lda, b_type, ldb, d_type, ldd, batch, file, line);
     if (m == 0 || n == 0) return;
+    bool fp8 = is_fp8_type(a_type);
+    if (fp8) matmul_validate_fp8(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, batch, opt, file, line);
     void* ws;
     cublasLtHandle_t h = cublaslt_handle(&ws);
     cublasLtMatmulDesc_t desc;
@@ -170,6 +287,19 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
         if (opt->fast_accum) {
             int8_t fa = 1;
             cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
+        }
+        if (fp8 && opt->a_scale_mode != MATMUL_SCALE_TENSOR) {   // block scaling (validated above)
+            std::string why;
+            if (!matmul_fp8_block_supported(&why)) fail_at(file, line, "FP8 matmul with block scales: %s", why.c_str());
+#if CUBLAS_VERSION >= 120900
+            int32_t sm[2];
+            for (int i = 0; i < 2; i++) {
+                int mode = i ? opt->b_scale_mode : opt->a_scale_mode;
+                sm[i] = mode == MATMUL_SCALE_VEC128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+            }
+            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm[0], sizeof sm[0]));
+            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm[1], sizeof sm[1]));
+#endif
         }
     }
     cublasLtMatrixLayout_t la, lb, ld;
@@ -217,6 +347,31 @@ static inline void gemm_gpu_at(const char* file, int line, bool trans_a, bool tr
                                cudaStream_t stream = 0) {
     matmul_cublaslt(trans_b, trans_a, N, M, K, alpha, B, CUDA_R_16BF, ldb, 0, A, CUDA_R_16BF, lda, 0, beta, C,
                     CudaType<TC>::value, ldc, 0, 1, nullptr, stream, file, line);
+}
+
+// One FP8 GEMM operand: the FP8 data, K-contiguous (row-major rows of K with leading dimension ld),
+// its dequantisation factors and their layout (MatmulScaleMode), and a name for error messages.
+typedef struct {
+    const void* data;
+    cudaDataType_t type;    // CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2
+    int ld;
+    const float* scale;     // device dequantisation factor(s)
+    int scale_mode;
+    const char* name;
+} Fp8GemmOperand;
+
+// ROW-major FP8 GEMM, the one layout Hopper runs: C (M, N) = alpha * A (M, K) @ B (N, K)^T + beta * C,
+// both operands K-contiguous, FP32 accumulation, C bf16 or fp32 (ldc). Column-major this is
+// C^T (N, M) = B (TN) A^T, so B is cuBLAS's A. fast_accum: forward GEMMs only, and per-tensor scaling
+// only (block-scaled kernels promote every 128-long chunk anyway; the flag is dropped for them).
+#define gemm_fp8_gpu(...) gemm_fp8_gpu_at(__FILE__, __LINE__, __VA_ARGS__)
+template <typename TC>
+static inline void gemm_fp8_gpu_at(const char* file, int line, int M, int N, int K, float alpha, const Fp8GemmOperand& A,
+                                   const Fp8GemmOperand& B, float beta, TC* C, int ldc, int fast_accum, cudaStream_t stream = 0) {
+    int fa = fast_accum && A.scale_mode == MATMUL_SCALE_TENSOR;
+    MatmulOptions opt = {B.scale, A.scale, nullptr, nullptr, fa, B.scale_mode, A.scale_mode, B.name, A.name};
+    matmul_cublaslt(true, false, N, M, K, alpha, B.data, B.type, B.ld, 0, A.data, A.type, A.ld, 0, beta, C, CudaType<TC>::value,
+                    ldc, 0, 1, &opt, stream, file, line);
 }
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T          (cuBLAS "TN": every operand contiguous in C)

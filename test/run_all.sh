@@ -35,6 +35,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== SIMT emulator"; SIMT_THREADS=2 doctest_run ./test/test_simt
     echo "== CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)"; doctest_run ./test/test_kernels
     echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
+    echo "== FP8 on the CUDA backend: quantize kernels, FP8 GEMMs, training steps vs the CPU FP8 emulation (SIMT emulator)"
+    doctest_run ./test/test_fp8_cuda
     echo "== dev/cuda microbenchmarks, validation only (SIMT emulator)"
     for b in dev/cuda/*_emu; do
         out=$("$b" 2>&1); rc=$?
@@ -61,6 +63,7 @@ echo "== data tools: tokenizer parity with js-tiktoken, mixtures in training, ba
 echo "== training"; bash test/test_train.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
+    echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
 fi
@@ -70,7 +73,7 @@ echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
     # make test-build compiled these with nvcc for sm_90a, warnings as errors, linked against cuBLASLt
-    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
+    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
         if [ -x "$b" ]; then pass "CUDA build: $b compiled by nvcc for sm_90a, warnings as errors"
         else fail "CUDA build: $b missing or stale"; fi
     done

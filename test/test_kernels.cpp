@@ -176,7 +176,7 @@ TEST_CASE("matmul wrapper: FP8 E4M3 operands with scale pointers and amax (the T
     __nv_fp8_e4m3* dA = dev_copy(A8);
     __nv_fp8_e4m3* dB = dev_copy(B8);
     float* dD = dev_poisoned<float>((size_t)m * n);
-    MatmulOptions opt = {dscales, dscales + 1, nullptr, dscales + 2, 0};
+    MatmulOptions opt = {dscales, dscales + 1, nullptr, dscales + 2, 0, MATMUL_SCALE_TENSOR, MATMUL_SCALE_TENSOR, nullptr, nullptr};
     matmul_cublaslt(true, false, m, n, k, 1.0f, dA, CUDA_R_8F_E4M3, k, 0, dB, CUDA_R_8F_E4M3, k, 0, 0.0f, dD, CUDA_R_32F, m, 0, 1,
                     &opt, 0, __FILE__, __LINE__);
     std::vector<double> want = naive_gemm(true, false, m, n, k, 0.125, A, k, 0, B, k, 0, 0.0, std::vector<float>((size_t)m * n, 0.0f), m, 0, 1);

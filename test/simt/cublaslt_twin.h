@@ -1,10 +1,18 @@
 /*
  * cublaslt_twin.h — the emulated twin of model/matmul.cuh's matmul_cublaslt: the same function,
  * the same semantics as cuBLASLt's cublasLtMatmul with CUBLAS_COMPUTE_32F, computed on the CPU.
- *   D (m, n) = alpha * a_scale * b_scale * op(A) (m, k) @ op(B) (k, n) + beta * D   (column-major)
+ *   D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * D   (column-major)
  *   op(X) = X^T when trans; A stored (k, m) with lda >= k when trans_a, else (m, k) with lda >= m;
  *   `batch` matrices, each operand advancing by its stride; amax_d = max |result| before d_scale;
  *   an FP32 accumulator per output element, summed in k order; the output rounded to nearest even.
+ * FP8 operands (E4M3 / E5M2) follow cuBLASLt's FP8 rules, checked by matmul_validate_fp8 as on the
+ * device: a non-TN call or E5M2 x E5M2 fails. They are dequantised by their scales:
+ *   per tensor   D = alpha * a_scale * b_scale * sum_p A8 B8
+ *   block scales (1x128 tiles / 128x128 blocks along k, layouts in matmul.cuh) every 128-long chunk
+ *                of k is summed in FP32 on the FP8 values and added times a_scale(i, chunk) *
+ *                b_scale(j, chunk) — what Hopper's block-scaled kernels do (promotion per chunk).
+ * FAST_ACCUM has no numeric effect here (the device's reduced-precision accumulation is not
+ * modelled): the twin always accumulates in FP32.
  * Included by model/matmul.cuh under SIMT_EMULATION only (it needs matmul_validate, MatmulOptions).
  */
 #pragma once
@@ -19,6 +27,14 @@ static inline float twin_load(const void* p, cudaDataType_t t, size_t i) {
     }
 }
 
+// the emulator has every scale mode (the device needs cuBLAS 12.9+ and sm_90 for block scaling)
+static inline bool matmul_fp8_block_supported(std::string* why) { (void)why; return true; }
+
+// the dequantisation factor of element (o, p) of an operand with `outer` rows of k (block modes)
+static inline float twin_block_scale(const float* s, int mode, int o, int p, int outer, int k) {
+    return mode == MATMUL_SCALE_VEC128 ? s[matmul_scale_vec128_index(o, p, outer)] : s[matmul_scale_blk128_index(o, p, k)];
+}
+
 static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* A,
                                    cudaDataType_t a_type, int lda, long long stride_a, const void* B, cudaDataType_t b_type,
                                    int ldb, long long stride_b, float beta, void* D, cudaDataType_t d_type, int ldd,
@@ -27,12 +43,25 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     (void)stream;
     matmul_validate(trans_a, trans_b, m, n, k, a_type, lda, b_type, ldb, d_type, ldd, batch, file, line);
     if (m == 0 || n == 0) return;
+    bool fp8 = is_fp8_type(a_type);
+    if (fp8) matmul_validate_fp8(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, batch, opt, file, line);
+    bool blocks = fp8 && opt && opt->a_scale_mode != MATMUL_SCALE_TENSOR;
     float scale = alpha;
-    if (opt && opt->a_scale) scale *= *opt->a_scale;
-    if (opt && opt->b_scale) scale *= *opt->b_scale;
+    if (!blocks && opt && opt->a_scale) scale *= *opt->a_scale;
+    if (!blocks && opt && opt->b_scale) scale *= *opt->b_scale;
     float d_scale = (opt && opt->d_scale) ? *opt->d_scale : 1.0f;
     float amax = 0.0f;
+    const int nchunks = (k + 127) / 128;
     std::vector<float> a_rows((size_t)m * k), b_cols((size_t)n * k);   // op(A) row i, op(B) column j, contiguous in k
+    std::vector<float> sa, sb;   // block scaling: the factor of op(A) row i / op(B) column j for every chunk of k
+    if (blocks) {
+        sa.resize((size_t)m * nchunks);
+        sb.resize((size_t)n * nchunks);
+        for (int i = 0; i < m; i++)
+            for (int c = 0; c < nchunks; c++) sa[(size_t)i * nchunks + c] = twin_block_scale(opt->a_scale, opt->a_scale_mode, i, c * 128, m, k);
+        for (int j = 0; j < n; j++)
+            for (int c = 0; c < nchunks; c++) sb[(size_t)j * nchunks + c] = twin_block_scale(opt->b_scale, opt->b_scale_mode, j, c * 128, n, k);
+    }
     for (int b = 0; b < batch; b++) {
         const size_t oa = (size_t)b * stride_a, ob = (size_t)b * stride_b, od = (size_t)b * stride_d;
         for (int i = 0; i < m; i++)
@@ -47,7 +76,15 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
                 const float* x = &a_rows[(size_t)i * k];
                 const float* y = &b_cols[(size_t)j * k];
                 float acc = 0.0f;
-                for (int p = 0; p < k; p++) acc += x[p] * y[p];
+                if (blocks) {
+                    for (int c = 0; c < nchunks; c++) {
+                        float part = 0.0f;
+                        for (int p = c * 128; p < k && p < c * 128 + 128; p++) part += x[p] * y[p];
+                        acc += part * (sa[(size_t)i * nchunks + c] * sb[(size_t)j * nchunks + c]);
+                    }
+                } else {
+                    for (int p = 0; p < k; p++) acc += x[p] * y[p];
+                }
                 size_t di = od + (size_t)j * ldd + i;
                 float r = scale * acc;
                 if (beta != 0.0f) r += beta * twin_load(D, d_type, di);   // beta == 0: D is not read (may hold NaN)

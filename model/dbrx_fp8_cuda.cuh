@@ -1,0 +1,444 @@
+/*
+ * dbrx_fp8_cuda.cuh — FP8 training on the CUDA backend: the five GEMMs of every block (Wqkv,
+ * out_proj, and the experts' w1, v1, w2; forward, dgrad and wgrad) on cuBLASLt FP8 operands, with
+ * the CPU reference's recipes and tiling (model/fp8.cuh, model/dbrx.h):
+ *   forward   out = x @ W^T        E4M3 x E4M3, fast accumulation, x in 1x128 tiles, W in 128x128
+ *   dgrad     dx  = dy @ W         E5M2 x E4M3, promoted accumulation, dy in 1x128 tiles
+ *   wgrad     dW += dy^T @ x       E5M2 x E4M3, promoted accumulation, dy and x in 128x1 tiles
+ * Hopper's FP8 GEMMs are TN only: each operand is read contiguous along the GEMM's reduction, so the
+ * quantisation kernel writes the transposed copy where the reduction runs over rows (dgrad's W,
+ * wgrad's dy and x). Operands are quantised from the BF16 tensors at their point of use, into
+ * scratch buffers shared by the blocks (as the CPU's fake quantisation does).
+ *
+ * Per-tensor bookkeeping: every operand (layer, linear, x | w | dy) has a slot with its Fp8Meta on
+ * the host (the CPU's struct and fp8_meta_step) and, on the device, the delayed recipe's scale, the
+ * dequantisation factor of its last quantisation, this step's amax (max over the micro-batches) and
+ * saturation count. Once per step the amaxes come back to the host (one copy), are reduced across
+ * the ranks that share the tensor, logged, and roll into the histories; the new scales go up in one
+ * copy. The slots are named and ordered as dbrx_fp8_metas names the CPU's (v1's input is w1's).
+ *
+ * Experts: the FP8 GEMMs need every token count they see as a dimension to be a multiple of 16
+ * (wgrad's reduction, leading dimensions) or 8 (block scaling's outer sizes). With FP8 on, the
+ * routed rows are therefore laid out with every expert's rows padded to a multiple of 16
+ * (fp8_pad_routing: the dispatch's slot -> row map is remapped in place, the gather reads a padded
+ * row -> token map); the padding rows are never read by the combine and are quantised as zeros,
+ * so they add nothing to any GEMM.
+ */
+#pragma once
+#include <array>
+#include <functional>
+#include <string>
+#include <vector>
+#include "fp8.cuh"
+#include "moe.cuh"
+
+// one scratch FP8 operand: the row-wise codes, the transposed codes, and (block scaling) their factors
+typedef struct { __nv_fp8_storage_t *q, *qt; float *sinv, *sinv_t; } Fp8Buf;
+
+// the padded expert layout of one layer's routed rows (FP8 only)
+typedef struct {
+    std::vector<int> poff;   // host (E + 1): expert e owns padded rows poff[e] .. poff[e+1]-1
+    std::vector<int> len;    // host (E): padded rows of each expert
+    int* seg;                // device (2E + 1): poff, then the valid (routed) rows of every expert
+    int* row_token;          // device (R + 15 E): padded row -> token (padding: token 0, never used)
+    int row_tiles;
+} Fp8Routing;
+
+enum { FP8_LIN_QKV = 0, FP8_LIN_PROJ, FP8_LIN_W1, FP8_LIN_V1, FP8_LIN_W2 };
+enum { FP8_OP_X = 0, FP8_OP_W, FP8_OP_DY };
+
+typedef struct {
+    Fp8Config cfg;                              // recipe FP8_OFF: nothing below is used
+    int nslots;
+    std::vector<std::string> names;             // per slot, as dbrx_fp8_metas names the CPU's
+    std::vector<Fp8Format> fmts;
+    std::vector<Fp8Meta> metas;                 // host bookkeeping (delayed: the amax history)
+    std::vector<std::array<int, 15>> slot;      // per layer: [linear * 3 + op] -> slot (v1's x: w1's)
+    float *scale, *scale_inv;                   // device (nslots): delayed scales; 1 / scale of the last cast
+    unsigned int *amax, *tmp_amax;              // device (nslots) float bits; (1) current scaling's pass
+    unsigned long long* sat;                    // device (nslots)
+    std::vector<float> last_scale;              // host (nslots): per-tensor scale of the last cast (log)
+    Fp8Buf act, grad, w, w2;                    // scratch: activations, gradients, weights (w2: v1's)
+    std::vector<Fp8Routing> routing;            // per layer
+    bool collected;                             // amaxes of this step already on the host
+} Fp8GPU;
+
+static inline bool fp8_on(const Fp8GPU* f) { return f->cfg.recipe != FP8_OFF; }
+static inline int fp8_slot(const Fp8GPU* f, int layer, int lin, int op) { return f->slot[layer][lin * 3 + op]; }
+
+// the extra expert rows of the padded layout (every expert rounded up to 16 rows)
+static inline size_t fp8_row_padding(const DbrxConfig* c) { return (size_t)15 * c->n_experts; }
+
+// Checks the shapes FP8 needs and names the slots. Bad input: one line, exit 2.
+static inline void fp8_gpu_setup(Fp8GPU* f, const Fp8Config* cfg, const DbrxConfig* c, int B, int T) {
+    f->cfg = cfg ? *cfg : Fp8Config{FP8_OFF, 16, 0};
+    f->nslots = 0;
+    f->collected = false;
+    f->names.clear();
+    f->fmts.clear();
+    if (!fp8_on(f)) return;
+    if (cfg->history_len < 1 || cfg->history_len > FP8_MAX_HISTORY)
+        fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", cfg->history_len, FP8_MAX_HISTORY);
+    if (((long long)B * T) % 16)
+        fail(EXIT_BAD_INPUT, "--fp8 on the GPU needs batch x seq (%d x %d = %lld tokens) to be a multiple of 16: the FP8 "
+             "GEMMs reduce over the tokens in wgrad, and cuBLASLt wants that dimension in multiples of 16", B, T, (long long)B * T);
+    int qd = qkv_dim(c);
+    if (c->d_model % 16 || c->ffn_hidden % 16 || qd % 16)
+        fail(EXIT_BAD_INPUT, "--fp8 on the GPU needs d_model (%d), ffn_hidden (%d) and the qkv width (%d) to be multiples of 16 "
+             "(cuBLASLt's FP8 leading dimensions)", c->d_model, c->ffn_hidden, qd);
+    const char* lin[5] = {"qkv", "proj", "w1", "v1", "w2"};
+    const char* op[3] = {"x", "w", "dy"};
+    f->slot.assign(c->n_layers, std::array<int, 15>());
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < 5; i++)
+            for (int o = 0; o < 3; o++) {
+                if (i == FP8_LIN_V1 && o == FP8_OP_X) { f->slot[l][i * 3 + o] = f->slot[l][FP8_LIN_W1 * 3 + o]; continue; }
+                f->slot[l][i * 3 + o] = f->nslots++;
+                f->names.push_back("blocks." + std::to_string(l) + "." + lin[i] + "." + op[o]);
+                f->fmts.push_back(o == FP8_OP_DY ? FP8_E5M2 : FP8_E4M3);
+            }
+    f->metas.resize(f->nslots);
+    for (Fp8Meta& m : f->metas) fp8_meta_init(&m);
+    f->last_scale.assign(f->nslots, 1.0f);
+}
+
+// Bounds of the scale-factor arrays of a tensor of `rows` in `nseg` segments (fp8_block_scale_count
+// for any segment lengths): row-wise (q) or transposed (qt) factors, activation or weight tiles.
+static inline size_t fp8_scale_bound(size_t rows, size_t cols, size_t nseg, bool weight, bool transposed) {
+    size_t nct = (cols + 127) / 128, tiles = rows / 128 + nseg;   // >= the sum of ceil(len / 128)
+    if (!weight) return transposed ? tiles * cols : nct * rows;
+    return transposed ? nct * (rows / 128 + 4 * nseg) : tiles * ((nct + 3) / 4 * 4);
+}
+
+// Walks the FP8 buffers of the model: `take(ptr, bytes)` allocates (or only counts) each one.
+static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T, const std::function<void(void**, size_t)>& take) {
+    if (!fp8_on(f)) return;
+    size_t N = (size_t)B * T, d = c->d_model, F = c->ffn_hidden, E = c->n_experts, qd = qkv_dim(c);
+    size_t Rp = N * c->top_k + fp8_row_padding(c);
+    struct Shape { size_t rows, cols, nseg; };
+    auto buf = [&](Fp8Buf* b, std::vector<Shape> shapes, bool weight) {
+        size_t elems = 0, sq = 0, st = 0;
+        for (const Shape& s : shapes) {
+            elems = std::max(elems, s.rows * s.cols);
+            sq = std::max(sq, fp8_scale_bound(s.rows, s.cols, s.nseg, weight, false));
+            st = std::max(st, fp8_scale_bound(s.rows, s.cols, s.nseg, weight, true));
+        }
+        take((void**)&b->q, elems);
+        take((void**)&b->qt, elems);
+        b->sinv = b->sinv_t = nullptr;
+        if (f->cfg.recipe == FP8_BLOCK) { take((void**)&b->sinv, sq * sizeof(float)); take((void**)&b->sinv_t, st * sizeof(float)); }
+    };
+    buf(&f->act, {{N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
+    buf(&f->grad, {{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
+    buf(&f->w, {{qd, d, 1}, {d, d, 1}, {E * F, d, E}}, true);
+    buf(&f->w2, {{E * F, d, E}}, true);
+    size_t n = f->nslots;
+    take((void**)&f->scale, n * sizeof(float));
+    take((void**)&f->scale_inv, n * sizeof(float));
+    take((void**)&f->amax, n * sizeof(unsigned int));
+    take((void**)&f->tmp_amax, sizeof(unsigned int));
+    take((void**)&f->sat, n * sizeof(unsigned long long));
+    f->routing.resize(c->n_layers);
+    for (Fp8Routing& r : f->routing) {
+        take((void**)&r.seg, (2 * E + 1) * sizeof(int));
+        take((void**)&r.row_token, Rp * sizeof(int));
+    }
+}
+
+// the device state of a fresh model: scales 1, nothing seen yet
+static inline void fp8_gpu_reset(Fp8GPU* f) {
+    if (!fp8_on(f)) return;
+    std::vector<float> ones(f->nslots, 1.0f);
+    cudaCheck(cudaMemcpy(f->scale, ones.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(f->scale_inv, ones.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(f->amax, 0, f->nslots * sizeof(unsigned int)));
+    cudaCheck(cudaMemset(f->sat, 0, f->nslots * sizeof(unsigned long long)));
+    for (Fp8Meta& m : f->metas) fp8_meta_init(&m);
+    f->collected = false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the padded expert layout
+
+// slot -> row of the dispatch, remapped to the padded rows (expert e's rows move by poff[e] - off[e])
+__global__ void fp8_pad_slots_kernel(int* slot_row, const int* offsets, const int* seg, int R, int E) {
+    int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= R) return;
+    int r = slot_row[s], e = 0;
+    while (e + 1 < E && offsets[e + 1] <= r) e++;
+    slot_row[s] = r - offsets[e] + seg[e];
+}
+// padded row -> token: the dispatch's row_token where the row holds a routed token, else token 0
+__global__ void fp8_pad_rows_kernel(int* row_token_pad, const int* row_token, const int* offsets, const int* seg, int Rp, int E) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= Rp) return;
+    int e = 0;
+    while (e + 1 < E && seg[e + 1] <= p) e++;
+    int j = p - seg[e];
+    row_token_pad[p] = j < offsets[e + 1] - offsets[e] ? row_token[offsets[e] + j] : 0;
+}
+
+// Builds layer `layer`'s padded layout from the dispatch's offsets (host and device copies), remaps
+// slot_row (R = N k) in place; returns the padded row -> token map for the gather.
+static inline const int* fp8_pad_routing(Fp8GPU* f, int layer, int* slot_row, const int* row_token, const int* offsets,
+                                         const int* offsets_host, int R, int E, cudaStream_t stream = 0) {
+    Fp8Routing& rt = f->routing[layer];
+    rt.poff.assign(E + 1, 0);
+    rt.len.assign(E, 0);
+    std::vector<int> seg(2 * E + 1);
+    rt.row_tiles = 0;
+    for (int e = 0; e < E; e++) {
+        int n = offsets_host[e + 1] - offsets_host[e];
+        rt.len[e] = (n + 15) / 16 * 16;
+        rt.poff[e + 1] = rt.poff[e] + rt.len[e];
+        rt.row_tiles += (rt.len[e] + 127) / 128;
+        seg[E + 1 + e] = n;
+    }
+    for (int e = 0; e <= E; e++) seg[e] = rt.poff[e];
+    cudaCheck(cudaMemcpyAsync(rt.seg, seg.data(), seg.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+    LAUNCH(fp8_pad_slots_kernel, ceil_div(R, 256), 256, 0, stream, slot_row, offsets, (const int*)rt.seg, R, E);
+    int Rp = rt.poff[E];
+    if (Rp > 0) LAUNCH(fp8_pad_rows_kernel, ceil_div(Rp, 256), 256, 0, stream, rt.row_token, row_token, offsets, (const int*)rt.seg, Rp, E);
+    return rt.row_token;
+}
+
+static inline Fp8Segments fp8_expert_segments(const Fp8Routing& rt) {
+    int E = (int)rt.len.size();
+    return {rt.seg, rt.seg + E + 1, E, 0, rt.row_tiles};
+}
+
+// ---------------------------------------------------------------------------------------------
+// quantisation of one operand under the recipe, and the GEMM operands it yields
+
+// Quantises x (rows, cols) into `buf`: the row-wise codes (want_q) and/or the transposed copy
+// (want_qt). The slot's amax and saturation count accumulate. weight: 128x128 blocks under the
+// block recipe. Per tensor: delayed uses the slot's scale, except before the first history entry
+// (then, as current scaling, this tensor's own amax, as the CPU's fp8_operand).
+static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const floatX* x, int rows, int cols,
+                                        const Fp8Segments& seg, Fp8Buf* buf, bool want_q, bool want_qt, cudaStream_t stream = 0) {
+    Fp8Format fmt = f->fmts[slot];
+    Fp8QuantOut out = {want_q ? buf->q : nullptr, want_qt ? buf->qt : nullptr, nullptr, nullptr, f->amax + slot, f->sat + slot};
+    if (f->cfg.recipe == FP8_BLOCK) {
+        out.sinv = want_q ? buf->sinv : nullptr;
+        out.sinv_t = want_qt ? buf->sinv_t : nullptr;
+        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, weight ? FP8Q_WEIGHT : FP8Q_ACT, nullptr, nullptr, 0, stream);
+        return;
+    }
+    out.sinv = f->scale_inv + slot;
+    if (f->cfg.recipe == FP8_CURRENT || f->metas[slot].filled == 0) {
+        Fp8QuantOut first = {nullptr, nullptr, nullptr, nullptr, f->tmp_amax, nullptr};
+        cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, sizeof(unsigned int), stream));
+        fp8_quantize_gpu(first, x, rows, cols, seg, fmt, FP8Q_AMAX, nullptr, nullptr, 0, stream);
+        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, nullptr, f->tmp_amax, f->cfg.margin, stream);
+    } else {
+        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
+    }
+}
+
+// The scale-factor offset of segment `e` of a quantised tensor (segment starts `start`, E + 1, host;
+// `cols` columns) in the layouts the kernel writes: row-wise (q) or transposed (qt), activation tiles
+// or weight blocks.
+static inline size_t fp8_scale_offset(const std::vector<int>& start, int e, int cols, bool weight, bool transposed) {
+    size_t nct = (cols + 127) / 128, off = 0;
+    for (int s = 0; s < e; s++) {
+        size_t len = start[s + 1] - start[s], nt = (len + 127) / 128;
+        if (!weight) off += transposed ? nt * cols : nct * len;
+        else off += transposed ? nct * ((nt + 3) / 4 * 4) : nt * ((nct + 3) / 4 * 4);
+    }
+    return off;
+}
+
+// A GEMM operand from a quantised buffer: rows [r0, ...) of the row-wise codes (ld = cols), or
+// columns [r0, ...) of the transposed ones (ld = rows of the tensor); scale factors at `scale_off`
+static inline Fp8GemmOperand fp8_operand_of(const Fp8GPU* f, int slot, const Fp8Buf& b, bool weight, bool transposed,
+                                            size_t r0, int ld, size_t scale_off) {
+    Fp8GemmOperand o;
+    o.data = (transposed ? b.qt : b.q) + (transposed ? r0 : r0 * (size_t)ld);
+    o.type = f->fmts[slot] == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+    o.ld = ld;
+    if (f->cfg.recipe == FP8_BLOCK) {
+        o.scale = (transposed ? b.sinv_t : b.sinv) + scale_off;
+        o.scale_mode = weight ? MATMUL_SCALE_BLK128 : MATMUL_SCALE_VEC128;
+    } else {
+        o.scale = f->scale_inv + slot;
+        o.scale_mode = MATMUL_SCALE_TENSOR;
+    }
+    o.name = f->names[slot].c_str();
+    return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the linear layers of attention: the FP8 twins of matmul_forward_gpu / matmul_backward_gpu
+
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T
+template <typename TO>
+static inline void fp8_matmul_forward_gpu(Fp8GPU* f, int layer, int lin, TO* out, const floatX* inp, const floatX* weight,
+                                          int N, int C, int OC, cudaStream_t stream = 0) {
+    int sx = fp8_slot(f, layer, lin, FP8_OP_X), sw = fp8_slot(f, layer, lin, FP8_OP_W);
+    fp8_quantize_operand(f, sx, false, inp, N, C, fp8_uniform_segments(1, N), &f->act, true, false, stream);
+    fp8_quantize_operand(f, sw, true, weight, OC, C, fp8_uniform_segments(1, OC), &f->w, true, false, stream);
+    gemm_fp8_gpu(N, OC, C, 1.0f, fp8_operand_of(f, sx, f->act, false, false, 0, C, 0), fp8_operand_of(f, sw, f->w, true, false, 0, C, 0),
+                 0.0f, out, OC, 1, stream);
+}
+
+// dinp (N, C) = dinp_beta * dinp + dout (N, OC) @ weight (OC, C);  dweight (OC, C) += dout^T @ inp
+template <typename TI>
+static inline void fp8_matmul_backward_gpu(Fp8GPU* f, int layer, int lin, TI* dinp, float* dweight, const floatX* dout,
+                                           const floatX* inp, const floatX* weight, int N, int C, int OC, float dinp_beta,
+                                           cudaStream_t stream = 0) {
+    int sx = fp8_slot(f, layer, lin, FP8_OP_X), sw = fp8_slot(f, layer, lin, FP8_OP_W), sg = fp8_slot(f, layer, lin, FP8_OP_DY);
+    fp8_quantize_operand(f, sg, false, dout, N, OC, fp8_uniform_segments(1, N), &f->grad, true, true, stream);
+    fp8_quantize_operand(f, sw, true, weight, OC, C, fp8_uniform_segments(1, OC), &f->w, false, true, stream);
+    // dgrad reduces over OC: dout row-wise, the weight transposed (C, OC)
+    gemm_fp8_gpu(N, C, OC, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, 0, OC, 0), fp8_operand_of(f, sw, f->w, true, true, 0, OC, 0),
+                 dinp_beta, dinp, C, 0, stream);
+    // wgrad reduces over the N tokens: both transposed, dout^T (OC, N) and inp^T (C, N)
+    fp8_quantize_operand(f, sx, false, inp, N, C, fp8_uniform_segments(1, N), &f->act, false, true, stream);
+    gemm_fp8_gpu(OC, C, N, 1.0f, fp8_operand_of(f, sg, f->grad, false, true, 0, N, 0), fp8_operand_of(f, sx, f->act, false, true, 0, N, 0),
+                 1.0f, dweight, C, 0, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the experts, on the padded layout: the FP8 twins of experts_forward_gpu / experts_backward_gpu.
+// Expert e's rows are poff[e] .. poff[e+1]-1; its weights rows e F .. (e+1) F - 1 of w1, v1, w2.
+
+static inline std::vector<int> fp8_weight_starts(int E, int F) {
+    std::vector<int> s(E + 1);
+    for (int e = 0; e <= E; e++) s[e] = e * F;
+    return s;
+}
+
+static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, floatX* g, floatX* u, floatX* a, const floatX* xe,
+                                           const floatX* w1, const floatX* v1, const floatX* w2, int E, int C, int F,
+                                           cudaStream_t stream = 0) {
+    const Fp8Routing& rt = f->routing[layer];
+    const std::vector<int>& p = rt.poff;
+    std::vector<int> ws = fp8_weight_starts(E, F);
+    int Rp = p[E], EF = E * F;
+    Fp8Segments sx = fp8_expert_segments(rt), sw = fp8_uniform_segments(E, F);
+    int s_x1 = fp8_slot(f, layer, FP8_LIN_W1, FP8_OP_X), s_w1 = fp8_slot(f, layer, FP8_LIN_W1, FP8_OP_W);
+    int s_v1 = fp8_slot(f, layer, FP8_LIN_V1, FP8_OP_W), s_x2 = fp8_slot(f, layer, FP8_LIN_W2, FP8_OP_X);
+    int s_w2 = fp8_slot(f, layer, FP8_LIN_W2, FP8_OP_W);
+    // up: g_e, u_e (n, F) = xe_e (n, C) @ w1_e, v1_e (F, C)^T
+    fp8_quantize_operand(f, s_x1, false, xe, Rp, C, sx, &f->act, true, false, stream);
+    fp8_quantize_operand(f, s_w1, true, w1, EF, C, sw, &f->w, true, false, stream);
+    fp8_quantize_operand(f, s_v1, true, v1, EF, C, sw, &f->w2, true, false, stream);
+    for (int e = 0; e < E; e++) {
+        if (rt.len[e] == 0) continue;
+        Fp8GemmOperand x = fp8_operand_of(f, s_x1, f->act, false, false, p[e], C, fp8_scale_offset(p, e, C, false, false));
+        size_t wo = fp8_scale_offset(ws, e, C, true, false);
+        gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_w1, f->w, true, false, (size_t)e * F, C, wo), 0.0f,
+                     g + (size_t)p[e] * F, F, 1, stream);
+        gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_v1, f->w2, true, false, (size_t)e * F, C, wo), 0.0f,
+                     u + (size_t)p[e] * F, F, 1, stream);
+    }
+    swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
+    // down: ye_e (n, C) = a_e (n, F) @ w2_e (F, C): reduces over F, so w2_e is read transposed (C, F)
+    fp8_quantize_operand(f, s_x2, false, a, Rp, F, sx, &f->act, true, false, stream);
+    fp8_quantize_operand(f, s_w2, true, w2, EF, C, sw, &f->w, false, true, stream);
+    for (int e = 0; e < E; e++) {
+        if (rt.len[e] == 0) continue;
+        gemm_fp8_gpu(rt.len[e], C, F, 1.0f, fp8_operand_of(f, s_x2, f->act, false, false, p[e], F, fp8_scale_offset(p, e, F, false, false)),
+                     fp8_operand_of(f, s_w2, f->w, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)), 0.0f,
+                     ye + (size_t)p[e] * C, C, 1, stream);
+    }
+}
+
+// dxe (rows, C) fp32 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated; da, dg, du (rows, F) scratch
+static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, float* dxe, float* dw1, float* dv1, float* dw2, floatX* da,
+                                            floatX* dg, floatX* du, const floatX* dye, const floatX* xe, const floatX* g,
+                                            const floatX* u, const floatX* a, const floatX* w1, const floatX* v1, const floatX* w2,
+                                            int E, int C, int F, cudaStream_t stream = 0) {
+    const Fp8Routing& rt = f->routing[layer];
+    const std::vector<int>& p = rt.poff;
+    std::vector<int> ws = fp8_weight_starts(E, F);
+    int Rp = p[E], EF = E * F;
+    Fp8Segments sx = fp8_expert_segments(rt), sw = fp8_uniform_segments(E, F);
+    auto slot = [&](int lin, int op) { return fp8_slot(f, layer, lin, op); };
+    // down: da_e = dye_e @ w2_e^T (reduces over C: dye row-wise, w2 row-wise), dw2_e += a_e^T @ dye_e
+    fp8_quantize_operand(f, slot(FP8_LIN_W2, FP8_OP_DY), false, dye, Rp, C, sx, &f->grad, true, true, stream);
+    fp8_quantize_operand(f, slot(FP8_LIN_W2, FP8_OP_W), true, w2, EF, C, sw, &f->w, true, false, stream);
+    fp8_quantize_operand(f, slot(FP8_LIN_W2, FP8_OP_X), false, a, Rp, F, sx, &f->act, false, true, stream);
+    for (int e = 0; e < E; e++) {
+        if (rt.len[e] == 0) continue;
+        int sg = slot(FP8_LIN_W2, FP8_OP_DY);
+        gemm_fp8_gpu(rt.len[e], F, C, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, p[e], C, fp8_scale_offset(p, e, C, false, false)),
+                     fp8_operand_of(f, slot(FP8_LIN_W2, FP8_OP_W), f->w, true, false, (size_t)e * F, C, fp8_scale_offset(ws, e, C, true, false)),
+                     0.0f, da + (size_t)p[e] * F, F, 0, stream);
+        gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, slot(FP8_LIN_W2, FP8_OP_X), f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
+                     fp8_operand_of(f, sg, f->grad, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
+                     dw2 + (size_t)e * F * C, C, 0, stream);
+    }
+    swiglu_backward_gpu(dg, du, da, g, u, (size_t)Rp * F, stream);
+    // up: dxe_e = dg_e @ w1_e + du_e @ v1_e (reduces over F: the weights transposed (C, F)),
+    //     dw1_e += dg_e^T @ xe_e, dv1_e += du_e^T @ xe_e (over the tokens: all transposed)
+    fp8_quantize_operand(f, slot(FP8_LIN_W1, FP8_OP_X), false, xe, Rp, C, sx, &f->act, false, true, stream);
+    const floatX* dys[2] = {dg, du};
+    const floatX* wts[2] = {w1, v1};
+    float* dws[2] = {dw1, dv1};
+    for (int i = 0; i < 2; i++) {
+        int lin = i ? FP8_LIN_V1 : FP8_LIN_W1, sg = slot(lin, FP8_OP_DY), swt = slot(lin, FP8_OP_W), sxe = slot(FP8_LIN_W1, FP8_OP_X);
+        fp8_quantize_operand(f, sg, false, dys[i], Rp, F, sx, &f->grad, true, true, stream);
+        fp8_quantize_operand(f, swt, true, wts[i], EF, C, sw, &f->w, false, true, stream);
+        for (int e = 0; e < E; e++) {
+            if (rt.len[e] == 0) continue;
+            gemm_fp8_gpu(rt.len[e], C, F, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, p[e], F, fp8_scale_offset(p, e, F, false, false)),
+                         fp8_operand_of(f, swt, f->w, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)),
+                         i ? 1.0f : 0.0f, dxe + (size_t)p[e] * C, C, 0, stream);
+            gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sg, f->grad, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
+                         fp8_operand_of(f, sxe, f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
+                         dws[i] + (size_t)e * F * C, C, 0, stream);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the end of a step
+
+// Brings this step's amaxes, saturation counts and last dequantisation factors to the host metas
+// (one copy each). Then the caller may reduce the amaxes across ranks (fp8_gpu_amaxes) and log.
+static inline void fp8_gpu_collect(Fp8GPU* f) {
+    if (!fp8_on(f) || f->collected) return;
+    int n = f->nslots;
+    std::vector<unsigned int> amax(n);
+    std::vector<unsigned long long> sat(n);
+    std::vector<float> sinv(n);
+    cudaCheck(cudaMemcpy(amax.data(), f->amax, n * sizeof(unsigned int), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(sat.data(), f->sat, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(sinv.data(), f->scale_inv, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++) {
+        float a;
+        memcpy(&a, &amax[i], sizeof a);
+        f->metas[i].amax = a;
+        f->metas[i].saturated = (long long)sat[i];
+        f->last_scale[i] = f->cfg.recipe == FP8_BLOCK ? 1.0f : 1.0f / sinv[i];
+    }
+    f->collected = true;
+}
+
+// End of step: this step's (rank-reduced) amaxes roll into the histories (fp8_meta_step, the CPU's),
+// the next step's scales go to the device, the step's amax and saturation counters restart.
+static inline void fp8_gpu_step(Fp8GPU* f) {
+    if (!fp8_on(f)) return;
+    fp8_gpu_collect(f);
+    std::vector<float> scale(f->nslots);
+    for (int i = 0; i < f->nslots; i++) {
+        fp8_meta_step(&f->metas[i], &f->cfg, f->fmts[i]);
+        scale[i] = f->metas[i].scale;
+    }
+    cudaCheck(cudaMemcpy(f->scale, scale.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(f->amax, 0, f->nslots * sizeof(unsigned int)));
+    cudaCheck(cudaMemset(f->sat, 0, f->nslots * sizeof(unsigned long long)));
+    f->collected = false;
+}
+
+// One JSONL line with every FP8 tensor's statistics of the step (after the reduction across ranks):
+// {"step": S, "fp8": {"blocks.0.qkv.x": {"amax": .., "amax_rank0": .., "scale": .., "saturated": ..}, ...}}
+// scale: the per-tensor scale of the tensor's last quantisation (block recipe: 1, the scales are per tile).
+static inline void fp8_gpu_log(const Fp8GPU* f, FILE* log, int step, const std::vector<float>& amax_rank0) {
+    fprintf(log, "{\"step\": %d, \"fp8\": {", step);
+    for (int i = 0; i < f->nslots; i++)
+        fprintf(log, "%s\"%s\": {\"amax\": %.6g, \"amax_rank0\": %.6g, \"scale\": %.6g, \"saturated\": %lld}", i ? ", " : "",
+                f->names[i].c_str(), f->metas[i].amax, amax_rank0[i], f->last_scale[i], f->metas[i].saturated);
+    fprintf(log, "}}\n");
+}
