@@ -107,15 +107,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
         double tok_s = tokens_per_step / dt, mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
         if (!std::isfinite(metrics[0]) || !std::isfinite(gnorm))
             fail(EXIT_RUNTIME, "step %d: loss %g / grad norm %g is not finite; stopping", step + 1, metrics[0], gnorm);
-        printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f\n",
-               step + 1, args.steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
-        fflush(stdout);
-        if (logf) {
-            fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
-                    "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f}\n",
-                    step + 1, metrics[0], metrics[1], metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3]);
-            fflush(logf);
-        }
+        report_step(logf, step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, -1);
     }
     if (do_val) {
         double vl = evaluate_cuda(&model, &val, args.val_steps);

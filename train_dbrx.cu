@@ -269,6 +269,23 @@ static double cpu_peak_flops(int threads, std::string* how) {
     return threads * mhz * 1e6 * per_cycle;
 }
 
+// One optimizer step's line on the console and its object in the JSONL log. metrics: ce, lbl, z-loss,
+// imbalance. The loss is logged at full precision so that runs can be compared bit for bit;
+// comm_bytes < 0: not logged.
+static void report_step(FILE* logf, int step, int steps, const double* metrics, double gnorm, float lr, double dt,
+                        double tok_s, double mfu, long long comm_bytes) {
+    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f\n",
+           step, steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
+    fflush(stdout);
+    if (!logf) return;
+    fprintf(logf, "{\"step\": %d, \"loss\": %.17g, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
+            "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f", step, metrics[0], metrics[1],
+            metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3]);
+    if (comm_bytes >= 0) fprintf(logf, ", \"comm_bytes\": %lld", comm_bytes);
+    fprintf(logf, "}\n");
+    fflush(logf);
+}
+
 // Opens the training set (seeded, rank-independent order; mixtures and schedule) and, when there is
 // validation or --dump-logits, the validation set (fixed order); returns whether it opened the latter.
 static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Comm& comm, DataLoader* train, DataLoader* val) {
@@ -519,16 +536,7 @@ int main(int argc, char** argv) {
         if (!std::isfinite(metrics[0]) || !std::isfinite(gnorm))
             fail(EXIT_RUNTIME, "step %d: loss %g / grad norm %g is not finite; stopping", step + 1, metrics[0], gnorm);
         if (comm.rank == 0) {
-            printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f\n",
-                   step + 1, args.steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
-            fflush(stdout);
-            if (logf) {
-                fprintf(logf, "{\"step\": %d, \"loss\": %.17g, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
-                        "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f, \"comm_bytes\": %llu}\n",
-                        step + 1, metrics[0], metrics[1], metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3],
-                        (unsigned long long)step_bytes);
-                fflush(logf);
-            }
+            report_step(logf, step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, (long long)step_bytes);
         }
         prog.step = step + 1;
         prog.tokens += tokens_per_step;
