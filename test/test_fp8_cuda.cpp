@@ -28,28 +28,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "../model/dbrx_cuda.cuh"
+#include "cuda_test_helpers.h"
 
-static std::vector<float> randn(size_t n, uint64_t seed, double scale = 1.0) {
-    Rng r = {seed * 0x9E3779B97F4A7C15ull + 5};
-    std::vector<float> v(n);
-    for (float& x : v) x = (float)(scale * rng_normal(&r));
-    return v;
-}
-template <typename T> static T* dev_copy(const std::vector<T>& v) {
-    T* p = deviceAlloc(T, v.size());
-    cudaCheck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-}
-template <typename T> static std::vector<T> get(const T* p, size_t n) {
-    std::vector<T> v(n);
-    cudaCheck(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-}
-template <typename T> static T* dev_poisoned(size_t n) {
-    T* p = deviceAlloc(T, n);
-    cudaCheck(cudaMemset(p, 0xFF, (n ? n : 1) * sizeof(T)));
-    return p;
-}
 static float bits_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 
 // A BF16 test tensor (rows, cols) whose rows span many binades (so that block scales differ from
@@ -559,12 +539,6 @@ static double worst_rel_l2(const DbrxConfig& c, const std::vector<float>& got, c
     return worst;
 }
 
-static std::vector<float> get_bf16(const floatX* p, size_t n) {
-    std::vector<floatX> h = get(p, n);
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
-    return v;
-}
 
 // |got - want| <= rtol |want| + atol max|want| everywhere; returns the worst ratio to the bound
 static double close_ratio(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol) {

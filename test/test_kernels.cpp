@@ -21,17 +21,12 @@
 #include <vector>
 #include "../model/dbrx.h"
 #include "../model/residual.cuh"
+#include "cuda_test_helpers.h"
 
 struct Tol { double rtol, atol; };
 static const Tol TOL_BF16 = {1e-2, 1e-2};
 static const Tol TOL_F32 = {1e-4, 1e-5};
 
-static std::vector<float> randn(size_t n, uint64_t seed, double scale = 1.0) {
-    Rng r = {seed * 0x9E3779B97F4A7C15ull + 1};
-    std::vector<float> v(n);
-    for (float& x : v) x = (float)(scale * rng_normal(&r));
-    return v;
-}
 static std::vector<float> bf16_round(std::vector<float> v) {
     for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
     return v;
@@ -43,31 +38,10 @@ static std::vector<int> randint(size_t n, int hi, uint64_t seed) {
     return v;
 }
 
-// device buffers: allocated poisoned (0xFF bytes: NaN in floats and bf16, -1 in ints)
-template <typename T> static T* dev_poisoned(size_t n) {
-    T* p = deviceAlloc(T, n);
-    cudaCheck(cudaMemset(p, 0xFF, (n ? n : 1) * sizeof(T)));
-    return p;
-}
 static floatX* dev_bf16(const std::vector<float>& v) {
     floatX* p = dev_poisoned<floatX>(v.size());
     to_device_bf16(p, v.data(), v.size());
     return p;
-}
-template <typename T> static T* dev_copy(const std::vector<T>& v) {
-    T* p = dev_poisoned<T>(v.size());
-    cudaCheck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-}
-static std::vector<float> get_bf16(const floatX* p, size_t n) {
-    std::vector<float> v(n);
-    from_device_bf16(v.data(), p, n);
-    return v;
-}
-template <typename T> static std::vector<T> get(const T* p, size_t n) {
-    std::vector<T> v(n);
-    cudaCheck(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
 }
 
 // every element within tolerance (a NaN never is); reports the worst element
