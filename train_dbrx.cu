@@ -50,7 +50,7 @@ typedef struct {
     std::string ckpt_dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16", dump_logits = "";
     int ckpt_every = 0, ckpt_keep = 3, ckpt_keep_every = 0, stop_after = -1;
     float export_max_file_gb = 5;
-    bool dry_run = false, help = false;
+    bool dry_run = false, help = false, fp8_gather = false;
 } TrainArgs;
 
 enum FlagType { F_INT, F_FLOAT, F_STR, F_BOOL };
@@ -99,6 +99,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--fp8-amax-history", "", F_INT, &a->fp8_history, "delayed scaling: amax history length"},
         {"--fp8-margin", "", F_INT, &a->fp8_margin, "FP8 scales are backed off by 2^margin"},
         {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
+        {"--fp8-gather", "", F_BOOL, &a->fp8_gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales"},
         {"--shard-group-size", "", F_INT, &a->shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
@@ -207,6 +208,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->peak_tflops);
     fp8_recipe_parse(a->fp8.c_str());
     if (a->fp8_margin < 0 || a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-margin %d and --fp8-log-every %d must be >= 0", a->fp8_margin, a->fp8_log_every);
+    if (a->fp8_gather && a->fp8 == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
     if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
     if (a->ckpt_every < 0 || a->ckpt_keep < 1 || a->ckpt_keep_every < 0)
         fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt_every,
@@ -340,7 +342,7 @@ int main(int argc, char** argv) {
         printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param / S = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
                16 * p / S / (1 << 30), act / (1 << 30), (16 * p / S + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
-        Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
+        Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
         size_t pb = 0, gpu_bytes = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, &pb, &fp8);
         printf("  cuda bf16 (one GPU, the CUDA path does not shard yet): fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations and "
                "scratch%s %.2f GiB, total %.2f GiB\n", pb / 1073741824.0, fp8.recipe != FP8_OFF ? " (with the FP8 operands)" : "",
@@ -402,8 +404,15 @@ int main(int argc, char** argv) {
            "%lld bytes measured (resident growth); working buffers %lld bytes\n", comm.rank, zero.shard.rank, zero.S,
            comm.rank / zero.S, zero.replica.rank, zero.R, (long long)zero.state_bytes, zero.state_rss, (long long)zero.work_bytes);
     fflush(stdout);
-    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin};
+    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
     dbrx_enable_fp8(&model, &fp8);
+    if (args.fp8_gather) {
+        if (zero_enable_fp8_gather(&zero))
+            printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, %lld bytes of send/receive buffers\n",
+                   comm.rank, (long long)(zero.fp8.send.size() + zero.fp8.recv.size()));
+        else if (comm.rank == 0)
+            printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds the whole model, nothing is gathered\n");
+    }
     DataLoader train, val;
     bool have_val = open_datasets(args, cfg, comm, &train, &val);
     bool do_val = have_val && args.val_every > 0;

@@ -359,15 +359,15 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         if (q8) {   // E4M3 operands: xe in 1x128 tiles along d, each expert's weights in 128x128 blocks
             const int* ws = m->fp8_wseg.data();
             fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 1, 128);
-            fp8_operand_grouped(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8, FP8_E4M3, 128, 128);
-            fp8_operand_grouped(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8, FP8_E4M3, 128, 128);
-            xe = m->fq_x; w1 = m->fq_w; v1 = m->fq_w2;
+            w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
+            v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
+            xe = m->fq_x;
         }
         experts_up_forward(a->g, a->u, a->act, xe, w1, v1, a->offsets, E, d, F);
         if (q8) {   // the SwiGLU output in 1x128 tiles along F (the down GEMM's reduction)
             fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 1, 128);
-            fp8_operand_grouped(m->fq_w3, w.w2, m->fp8_wseg.data(), E, d, &q8->w2.w, &m->fp8, FP8_E4M3, 128, 128);
-            act = m->fq_x; w2 = m->fq_w3;
+            w2 = fp8_weight_operand(m->fq_w3, w.w2, m->fp8_wseg.data(), E, d, &q8->w2.w, &m->fp8);
+            act = m->fq_x;
         }
         experts_down_forward(a->ye, act, w2, a->offsets, E, d, F);
         real* out = m->resid[l + 1];
@@ -419,10 +419,10 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         const real *dye_d = m->dye, *dye_w = m->dye, *w2 = w.w2, *act_w = a->act;
         if (q8) {
             fp8_operand_grouped(m->fq_dy, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 1, 128);
-            fp8_operand_grouped(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8, FP8_E4M3, 128, 128);
+            w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8);
             if (block8) fp8_operand_grouped(m->fq_dy2, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 128, 1);
             fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 128, 1);
-            dye_d = m->fq_dy; dye_w = block8 ? m->fq_dy2 : m->fq_dy; w2 = m->fq_w3; act_w = m->fq_x;
+            dye_d = m->fq_dy; dye_w = block8 ? m->fq_dy2 : m->fq_dy; act_w = m->fq_x;
         }
         experts_down_backward(m->da, gw.w2, dye_d, w2, act_w, dye_w, a->offsets, E, d, F);
         swiglu_backward(m->dg, m->du, m->da, a->g, a->u, (size_t)N * k * F);
@@ -431,14 +431,14 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         if (q8) {
             fp8_operand_grouped(m->fq_dy, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 1, 128);
             fp8_operand_grouped(m->fq_dz, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 1, 128);
-            fp8_operand_grouped(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8, FP8_E4M3, 128, 128);
-            fp8_operand_grouped(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8, FP8_E4M3, 128, 128);
+            w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
+            v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
             if (block8) {
                 fp8_operand_grouped(m->fq_dy2, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 128, 1);
                 fp8_operand_grouped(m->fq_dz2, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 128, 1);
             }
             fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 128, 1);
-            dg_d = m->fq_dy; du_d = m->fq_dz; w1 = m->fq_w; v1 = m->fq_w2; xe_w = m->fq_x;
+            dg_d = m->fq_dy; du_d = m->fq_dz; xe_w = m->fq_x;
             dg_w = block8 ? m->fq_dy2 : m->fq_dy; du_w = block8 ? m->fq_dz2 : m->fq_dz;
         }
         experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, a->offsets, E, d, F);

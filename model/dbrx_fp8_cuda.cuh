@@ -71,7 +71,7 @@ static inline size_t fp8_row_padding(const DbrxConfig* c) { return (size_t)15 * 
 
 // Checks the shapes FP8 needs and names the slots. Bad input: one line, exit 2.
 static inline void fp8_gpu_setup(Fp8GPU* f, const Fp8Config* cfg, const DbrxConfig* c, int B, int T) {
-    f->cfg = cfg ? *cfg : Fp8Config{FP8_OFF, 16, 0};
+    f->cfg = cfg ? *cfg : Fp8Config{FP8_OFF, 16, 0, 0};
     f->nslots = 0;
     f->collected = false;
     f->names.clear();

@@ -153,6 +153,8 @@ typedef struct {
     Fp8Recipe recipe;
     int history_len;   // delayed: amax history window (--fp8-amax-history)
     int margin;        // scale backed off by 2^margin (--fp8-margin)
+    int weights_quantized;   // the block weights arrive fake-quantised, their amax recorded: ZeRO-3's FP8
+                             // all-gather (--fp8-gather, parallel/zero_fp8.h) quantised the shards before sending
 } Fp8Config;
 
 typedef struct {
@@ -236,13 +238,25 @@ static inline void fp8_operand_grouped(real* out, const real* in, const int* seg
                     tile_rows, tile_cols);
 }
 
+// A block weight (rows seg[0] .. seg[E]-1, experts stacked) as its GEMMs read it: fake-quantised
+// into `qw` in 128x128 blocks per expert (block recipe) or with the tensor's scale — or, when the
+// weights arrived already quantised (cfg->weights_quantized: ZeRO-3's FP8 all-gather quantised each
+// shard with these very scales and recorded the amax), the weight itself: quantising it again would
+// give the same values but the wrong amax.
+static inline const real* fp8_weight_operand(real* qw, const real* w, const int* seg, int E, int cols, Fp8Meta* m,
+                                             const Fp8Config* c) {
+    if (c->weights_quantized) return w;
+    fp8_operand_grouped(qw, w, seg, E, cols, m, c, FP8_E4M3, 128, 128);
+    return qw;
+}
+
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T on E4M3 operands: inp in 1x128 tiles and weight in
 // 128x128 blocks along the reduction dimension C. qx (N, C), qw (OC, C) are scratch.
 static inline void fp8_matmul_forward(real* out, const real* inp, const real* weight, int N, int C, int OC,
                                       Fp8Linear* st, const Fp8Config* cfg, real* qx, real* qw) {
+    const int seg[2] = {0, OC};
     fp8_operand(qx, inp, N, C, C, &st->x, cfg, FP8_E4M3, 1, 128);
-    fp8_operand(qw, weight, OC, C, C, &st->w, cfg, FP8_E4M3, 128, 128);
-    matmul_forward(out, qx, qw, N, C, OC);
+    matmul_forward(out, qx, fp8_weight_operand(qw, weight, seg, 1, C, &st->w, cfg), N, C, OC);
 }
 
 // dgrad dinp += dy @ weight reduces over OC: dy (E5M2) in 1x128 tiles; wgrad dweight += dy^T @ inp
@@ -251,9 +265,9 @@ static inline void fp8_matmul_forward(real* out, const real* inp, const real* we
 static inline void fp8_matmul_backward(real* dinp, real* dweight, const real* dout, const real* inp, const real* weight,
                                        int N, int C, int OC, Fp8Linear* st, const Fp8Config* cfg, real* qx, real* qw,
                                        real* qdy, real* qdy2) {
+    const int seg[2] = {0, OC};
     fp8_operand(qdy, dout, N, OC, OC, &st->dy, cfg, FP8_E5M2, 1, 128);
-    fp8_operand(qw, weight, OC, C, C, &st->w, cfg, FP8_E4M3, 128, 128);
-    matmul_backward(dinp, NULL, qdy, NULL, qw, N, C, OC);
+    matmul_backward(dinp, NULL, qdy, NULL, fp8_weight_operand(qw, weight, seg, 1, C, &st->w, cfg), N, C, OC);
     const real* dy_wgrad = qdy;
     if (cfg->recipe == FP8_BLOCK) {
         fp8_operand(qdy2, dout, N, OC, OC, &st->dy, cfg, FP8_E5M2, 128, 1);

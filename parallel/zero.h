@@ -25,6 +25,7 @@
 #include <vector>
 #include "../model/dbrx.h"
 #include "comm.h"
+#include "zero_fp8.h"
 
 // a piece of one parameter tensor inside this rank's shard: where it lies in the shard and in the
 // flat buffer, and whether it gets weight decay
@@ -49,6 +50,7 @@ typedef struct {
     size_t state_bytes;                         // master + grad + m + v, allocated
     long long state_rss;                        // the same, measured: resident-memory growth while allocating them
     size_t work_bytes;
+    ZeroFp8 fp8;                                // --fp8-gather: the blocks' FP8 matrices gathered as E4M3 codes
 } Zero;
 
 // resident set size of this process in bytes (/proc/self/status VmRSS)
@@ -113,6 +115,7 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
         if (a < b) z->segs.push_back(ShardSegment{z->shard_off[u] + (a - lo), a, b - a, p.decay});
     }
     z->slot_unit[0] = z->slot_unit[1] = -1;
+    z->fp8.on = 0;
 }
 
 // The CPU path: the groups, the layout, and this rank's shard of the state in host memory, initialised
@@ -162,6 +165,17 @@ static inline void zero_free(Zero* z) {
     comm_group_free(&z->replica);
 }
 
+// --fp8-gather, after dbrx_enable_fp8: the blocks' FP8 matrices are gathered as E4M3 codes with their
+// scales (parallel/zero_fp8.h) and the model takes them as they are. Returns 0 when there is nothing to
+// gather (S = 1: every rank holds the whole model), 1 when on.
+static inline int zero_enable_fp8_gather(Zero* z) {
+    if (z->S == 1 || z->model->fp8.recipe == FP8_OFF) return 0;
+    zero_fp8_init(&z->fp8, z->model, z->S, z->shard.rank, z->unit_off, z->shard_numel);
+    z->model->fp8.weights_quantized = 1;
+    z->work_bytes += z->fp8.send.size() + z->fp8.recv.size();
+    return 1;
+}
+
 // bytes this rank has sent in every group the training uses
 static inline uint64_t zero_bytes_sent(const Zero* z) { return z->world->bytes_sent + z->shard.bytes_sent + z->replica.bytes_sent; }
 
@@ -173,7 +187,12 @@ static inline uint64_t zero_bytes_sent(const Zero* z) { return z->world->bytes_s
 static inline void zero_gather_unit_async(Zero* z, int u) {
     int slot = u & 1;
     if (z->slot_unit[slot] == u) return;   // already there (the last unit, kept for its backward; a prefetch)
-    comm_all_gather(&z->shard, z->master + z->shard_off[u], z->work[slot], z->shard_numel[u], COMM_F32);
+    if (z->fp8.on && !z->fp8.tensors[u].empty()) {   // a block under --fp8-gather: E4M3 codes (zero_fp8.h)
+        if (!z->fp8.ready) zero_fp8_prepare(&z->fp8, &z->shard, z->master, z->shard_off);
+        zero_fp8_gather_unit(&z->fp8, &z->shard, u, z->work[slot]);
+    } else {
+        comm_all_gather(&z->shard, z->master + z->shard_off[u], z->work[slot], z->shard_numel[u], COMM_F32);
+    }
     z->slot_unit[slot] = u;
 }
 static inline void zero_wait_unit(Zero* z, int u) { (void)z; (void)u; }
@@ -247,6 +266,7 @@ static inline double zero_grad_norm(Zero* z) {
 // one AdamW step t (1-based) on this rank's shard, with global-norm clipping; returns the norm
 static inline double zero_update(Zero* z, const AdamWConfig* o, float lr, int t) {
     z->slot_unit[0] = z->slot_unit[1] = -1;   // the gathered copies are stale after the update
+    z->fp8.ready = 0;                          // and so are the FP8 codes
     if (z->S == 1) return dbrx_update(z->model, o, lr, t);
     double norm = zero_grad_norm(z);
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;

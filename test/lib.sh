@@ -13,3 +13,12 @@ expect_exit() {
     else fail "$name: exit $rc (want $code), stderr $lines line(s): $(head -c 400 "$err")"; fi
     LAST_ERR=$(cat "$err"); rm -f "$err"
 }
+# verdicts FILE N: records FILE's "pass ..." / "fail ..." lines (written by a checker script) as checks,
+# and one failure if there are fewer than N of them (the checker crashed or skipped some)
+verdicts() {
+    local file=$1 want=$2 n=0 verdict rest
+    while read -r verdict rest; do
+        n=$((n + 1)); [ "$verdict" = pass ] && pass "$rest" || fail "$rest"
+    done < "$file"
+    [ "$n" -ge "$want" ] || fail "$file: $n of $want verdicts (the checker failed: see its output above)"
+}

@@ -108,7 +108,7 @@ TEST_CASE("fake quantisation: within half an ulp; block scaling keeps small tile
 }
 
 TEST_CASE("delayed scaling: the amax history rolls, the margin backs the scale off") {
-    Fp8Config c = {FP8_DELAYED, 3, 0};
+    Fp8Config c = {FP8_DELAYED, 3, 0, 0};
     Fp8Meta m;
     fp8_meta_init(&m);
     float amaxes[5] = {1, 4, 2, 1, 1}, want_hmax[5] = {1, 4, 4, 4, 2};
@@ -118,7 +118,7 @@ TEST_CASE("delayed scaling: the amax history rolls, the margin backs the scale o
         CHECK(m.scale == doctest::Approx(448.0f / want_hmax[i]));
         CHECK(m.filled == (i + 1 < 3 ? i + 1 : 3));
     }
-    Fp8Config c2 = {FP8_DELAYED, 3, 2};
+    Fp8Config c2 = {FP8_DELAYED, 3, 2, 0};
     fp8_meta_init(&m);
     fp8_meta_scale(&m, &c2, FP8_E5M2, 8.0f);
     fp8_meta_step(&m, &c2, FP8_E5M2);
@@ -126,7 +126,7 @@ TEST_CASE("delayed scaling: the amax history rolls, the margin backs the scale o
     // the scale used inside a step is the one decided before it (not this step's amax)
     CHECK(fp8_meta_scale(&m, &c2, FP8_E5M2, 1000.0f) == doctest::Approx(57344.0f / 8 / 4));
     // current scaling uses this step's amax
-    Fp8Config cur = {FP8_CURRENT, 1, 0};
+    Fp8Config cur = {FP8_CURRENT, 1, 0, 0};
     CHECK(fp8_meta_scale(&m, &cur, FP8_E4M3, 2.0f) == doctest::Approx(224.0f));
 }
 
@@ -143,7 +143,7 @@ TEST_CASE("a training step with each FP8 recipe stays near FP32 and differs from
     for (Fp8Recipe r : {FP8_OFF, FP8_DELAYED, FP8_CURRENT, FP8_BLOCK}) {
         Dbrx m;
         dbrx_build(&m, &c, B, T, 21);
-        Fp8Config fc = {r, 16, 0};
+        Fp8Config fc = {r, 16, 0, 0};
         dbrx_enable_fp8(&m, &fc);
         dbrx_zero_grad(&m);
         double loss = dbrx_forward(&m, in.data(), tg.data());

@@ -477,7 +477,7 @@ struct Fp8Step {
 // `steps` training steps (forward, backward; an AdamW update between them) with the recipe
 static Fp8Step gpu_run(const DbrxConfig& c, const std::vector<float>& params, Fp8Recipe recipe, int steps) {
     DbrxGPU g;
-    Fp8Config fc = {recipe, 16, 0};
+    Fp8Config fc = {recipe, 16, 0, 0};
     dbrx_gpu_build(&g, &c, SB, ST, SEED, &fc);
     dbrx_gpu_set_params(&g, params.data());
     Fp8Step r;
@@ -501,7 +501,7 @@ static Fp8Step gpu_run(const DbrxConfig& c, const std::vector<float>& params, Fp
 static Fp8Step cpu_run(const DbrxConfig& c, const std::vector<float>& params, Fp8Recipe recipe, int steps) {
     Dbrx m;
     dbrx_build(&m, &c, SB, ST, SEED);
-    Fp8Config fc = {recipe, 16, 0};
+    Fp8Config fc = {recipe, 16, 0, 0};
     dbrx_enable_fp8(&m, &fc);
     for (size_t i = 0; i < m.num_params; i++) m.params[i] = params[i];
     Fp8Step r;
@@ -571,7 +571,7 @@ static Replay replay_block0(Fp8Recipe gpu_recipe, Fp8Recipe cpu_recipe, int step
         dbrx_init_params(&m, SEED + 1);
     }
     DbrxGPU g;
-    Fp8Config fc = {gpu_recipe, 16, 0};
+    Fp8Config fc = {gpu_recipe, 16, 0, 0};
     dbrx_gpu_build(&g, &c, SB, ST, SEED, &fc);
     dbrx_gpu_set_params(&g, params.data());
     for (int s = 0; s < steps; s++) {
@@ -631,7 +631,7 @@ static Replay replay_block0(Fp8Recipe gpu_recipe, Fp8Recipe cpu_recipe, int step
     dbrx_gpu_free(&g);
 
     // the CPU reference's FP8 GEMMs (model/fp8.cuh; the experts as model/dbrx.h runs them)
-    Fp8Config cc = {cpu_recipe, 16, 0};
+    Fp8Config cc = {cpu_recipe, 16, 0, 0};
     std::map<std::string, std::vector<float>> cpu;
     size_t big = (size_t)std::max(R * std::max(d, F), E * F * d);
     std::vector<real> q1(big), q2(big), q3(big), q4(big), q5(big);

@@ -10,6 +10,8 @@
 #   * bytes sent per rank per step, counted by the communicator, equal the README's formula within 1%;
 #   * a rank SIGKILLed mid-step: every other rank prints "lost rank R" and the job exits non-zero within
 #     60 s; a rank that hangs (SIGSTOP): the job exits non-zero after --comm-timeout;
+#   * --fp8-gather: each recipe's losses, grad norms and FP8 amax/scale bit-identical to --fp8 without it,
+#     bytes sent per step as the README's formula with 1-byte FP8 pieces;
 #   * --shard-group-size that does not divide the ranks: exit 2 with a clear message;
 #   * the collective benchmark runs, checks its results, and --expect-busbw fails when a size falls short.
 cd "$(dirname "$0")/.." || exit 1
@@ -72,7 +74,7 @@ with open(os.path.join(tmp, "results"), "w") as out:
         kind = "bit-identical" if tol == 0 else "max |diff| %.1e <= %g" % (diff, tol)
         out.write("%s %s: 10 steps, %s\n" % ("pass" if ok else "fail", what, kind if ok else "max |diff| %.3g, %d vs %d steps" % (diff, len(a), len(b))))
 PY
-while read -r verdict rest; do [ "$verdict" = pass ] && pass "$rest" || fail "$rest"; done < "$tmp/results"
+verdicts "$tmp/results" 8
 grep -h "^step    10" "$tmp/ref4.out" | sed 's/^/   one process: /'
 
 # --- memory: master + grads + moments per rank, measured, against the one-process figure / S
@@ -91,7 +93,7 @@ for name, S, world in [("np2_zero", 2, 2), ("np3_zero", 3, 3), ("np4_zero", 4, 4
         "pass" if ok else "fail", name, "/".join("%.2f" % (m[r][1] / 2**20) for r in sorted(m)),
         "/".join("%.3f" % x for x in ratios), full / 2**20, S))
 PY
-while read -r verdict rest; do [ "$verdict" = pass ] && pass "$rest" || fail "$rest"; done < "$tmp/mem"
+verdicts "$tmp/mem" 5
 
 # --- bytes sent per rank per step against the formula of parallel/README.md
 $PY - "$tmp" <<'PY' > "$tmp/bytes"
@@ -116,7 +118,75 @@ for name, cfg, S, W, A in [("np2_zero", U, 2, 2, 2), ("np2_ddp", U, 1, 2, 2), ("
     print("%s %s: bytes sent per rank per step %s, formula %.0f (S=%d, R=%d, grad-accum %d)" % (
         "pass" if ok else "fail", name, "/".join("%.0f" % got[r] for r in sorted(got)), want, S, W // S, A))
 PY
-while read -r verdict rest; do [ "$verdict" = pass ] && pass "$rest" || fail "$rest"; done < "$tmp/bytes"
+verdicts "$tmp/bytes" 7
+
+# --- --fp8-gather (parallel/zero_fp8.h): the blocks' FP8 matrices gathered as E4M3 codes. The codes
+# are the ones the GEMMs use anyway, so every recipe gives the losses, gradient norms and FP8 amax/scale
+# of the run without it, bit for bit (same world size), while the gathers send 1 byte per FP8 parameter.
+G=(--steps 6 --fp8-log-every 1)
+for cfg in "delayed 3 3" "current 4 2" "block 3 3"; do
+    read -r recipe np S <<<"$cfg"
+    runp f8_${recipe} "$np" "${U[@]}" "${G[@]}" --fp8 "$recipe" --shard-group-size "$S"
+    runp f8g_${recipe} "$np" "${U[@]}" "${G[@]}" --fp8 "$recipe" --shard-group-size "$S" --fp8-gather
+done
+$PY - "$tmp" <<'PY' > "$tmp/fp8g"
+import json, os, re, sys
+tmp = sys.argv[1]
+def log(name):
+    p = os.path.join(tmp, name + ".jsonl")
+    rows = [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+    steps = [(r["loss"], r["grad_norm"]) for r in rows if "loss" in r]
+    # every tensor's amax and scale (the weights' saturated counts are counted once per step with the gather)
+    fp8 = [{k: (v["amax"], v["scale"]) for k, v in r["fp8"].items()} for r in rows if "fp8" in r]
+    return steps, fp8
+def sent(name):
+    return {int(r): float(v) for r, v in re.findall(r"comm: rank (\d+) sent \d+ bytes in \d+ training steps \(([\d.]+) bytes/step\)",
+                                                   open(os.path.join(tmp, name + ".out")).read())}
+# bytes per rank per step with the FP8 gather: the formula of parallel/README.md with each block's gather
+# replaced by its packed pieces (1 byte per FP8-matrix element, 4 per other element, the longest piece
+# over the ranks), plus the once-per-step amax all-reduce (as an all-gather) and saturation all-reduce
+def volume_fp8(d, L, V, E, F, H, kv, S, W, A, recipe):
+    hd = d // H; qd = d + 2 * kv * hd
+    tensors = [(d, 0), (qd * d, 1), (d * d, 1), (d, 0), (E * d, 0), (E * F * d, 1), (E * F * d, 1), (E * F * d, 1)]
+    n_block = sum(n for n, _ in tensors)
+    c = lambda n: -(-n // S)
+    def piece():
+        best = 0
+        for r in range(S):
+            lo, hi, off, b = r * c(n_block), (r + 1) * c(n_block), 0, 0
+            for n, q in tensors:
+                b += max(0, min(hi, off + n) - max(lo, off)) * (1 if q else 4); off += n
+            best = max(best, b)
+        return best
+    cb = lambda rows, cols: -(-rows // 128) * -(-cols // 128)
+    groups = L * ((cb(qd, d) + cb(d, d) + 3 * E * cb(F, d)) if recipe == "block" else 5)
+    R = W // S
+    P = S * (c(V * d) + c(d + V * d) + L * c(n_block))
+    return (A * ((S - 1) * 4 * (c(V * d) + c(d + V * d)) + 2 * L * (S - 1) * piece() + (S - 1) / S * 4 * P)
+            + 2 * (R - 1) / R * 4 * P / S + (S - 1) * 4 * groups + 2 * (S - 1) / S * 8 * 5 * L)
+U = dict(d=130, L=2, V=384, E=15, F=224, H=5, kv=1)
+for recipe, np_, S in [("delayed", 3, 3), ("current", 4, 2), ("block", 3, 3)]:
+    (a, fa), (b, fb) = log("f8_" + recipe), log("f8g_" + recipe)
+    same = len(a) == 6 and a == b and len(fa) == 6 and fa == fb
+    print("%s --fp8 %s, np %d S %d: with --fp8-gather losses, grad norms and every FP8 amax/scale of 6 steps %s" % (
+        "pass" if same else "fail", recipe, np_, S, "bit-identical" if same else "differ: %s vs %s" % (a[:2], b[:2])))
+    g, f = sent("f8g_" + recipe), sent("f8_" + recipe)
+    want = volume_fp8(S=S, W=np_, A=1, recipe=recipe, **U)
+    ok = len(g) == np_ and all(abs(v / want - 1) < 0.01 for v in g.values()) and max(g.values()) < min(f.values())
+    print("%s --fp8 %s --fp8-gather: bytes sent per rank per step %s (formula %.0f), without: %s" % (
+        "pass" if ok else "fail", recipe, "/".join("%.0f" % g[r] for r in sorted(g)), want, "/".join("%.0f" % f[r] for r in sorted(f))))
+# the comparison can fail: FP8 off is not FP8 with the gather
+off = log("np3_zero")[0][:6]
+print("%s negative control: --fp8 delayed --fp8-gather differs from --fp8 off (%s vs %s)" % (
+    "pass" if off and off != log("f8g_delayed")[0] else "fail", off[-1:], log("f8g_delayed")[0][-1:]))
+PY
+verdicts "$tmp/fp8g" 7
+$MPI -np 2 $BIN "${U[@]}" --steps 1 --fp8-gather > "$tmp/bad.out" 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "error: --fp8-gather needs --fp8 delayed|current|block" "$tmp/bad.out" && pass "--fp8-gather without --fp8: exit 2" \
+    || fail "--fp8-gather without --fp8: exit $rc: $(head -2 "$tmp/bad.out")"
+$MPI -np 2 $BIN "${U[@]}" --steps 1 --fp8 current --fp8-gather --shard-group-size 1 > "$tmp/ddp.out" 2>&1; rc=$?
+[ "$rc" = 0 ] && grep -q "note: --fp8-gather has no effect with --shard-group-size 1" "$tmp/ddp.out" && pass "--fp8-gather under DDP: runs, says it has no effect" \
+    || fail "--fp8-gather under DDP: exit $rc: $(grep -v '^step' "$tmp/ddp.out" | head -3)"
 
 # --- a lost rank: SIGKILL mid-step; no hang, every survivor names it
 lost_rank_test() {  # np, S, victim, step

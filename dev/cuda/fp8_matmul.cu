@@ -119,7 +119,7 @@ int main() {
             auto dgrad = [&] { gemm_fp8_gpu(N, C, OC, 1.0f, q8_operand(qg, false, block, false, "dy"), q8_operand(qw, true, block, true, "w^T"), 0.0f, ddi, C, 0); };
             auto wgrad = [&] { gemm_fp8_gpu(OC, C, N, 1.0f, q8_operand(qg, true, block, false, "dy^T"), q8_operand(qx, true, block, false, "x^T"), 1.0f, ddw, C, 0); };
             if (EMULATED) {   // against the CPU reference's FP8 GEMMs on the same BF16 inputs
-                Fp8Config cfg = {block ? FP8_BLOCK : FP8_CURRENT, 16, 0};
+                Fp8Config cfg = {block ? FP8_BLOCK : FP8_CURRENT, 16, 0, 0};
                 Fp8Linear st;
                 fp8_meta_init(&st.x); fp8_meta_init(&st.w); fp8_meta_init(&st.dy);
                 size_t big = std::max((size_t)N * std::max(C, OC), (size_t)OC * C);
