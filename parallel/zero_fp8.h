@@ -65,29 +65,52 @@ static inline size_t fp8g_group(const Fp8GatherMatrix* M, size_t i, int block) {
     return M->group0 + (e * M->row_blocks + rr / 128) * M->col_blocks + c / 128;
 }
 
-// The three element-wise operations on a piece [a, b) (flat indices) of matrix M, x = its values:
+// Calls fn(i, n, group) for the runs of consecutive elements [i, i + n) of the piece [a, b) (flat
+// indices) of matrix M that share a scale group: the whole piece per tensor, at most 128 columns of a row
+// under block scaling. The loops inside then read one scale.
+template <typename Fn>
+static inline void fp8g_runs(const Fp8GatherMatrix* M, size_t a, size_t b, int block, Fn fn) {
+    if (!block) { if (a < b) fn(a, b - a, M->group0); return; }
+    for (size_t i = a; i < b;) {
+        size_t k = i - M->off, c = k % M->cols;
+        size_t n = 128 - c % 128;                    // to the end of this 128-column block
+        if (n > M->cols - c) n = M->cols - c;        // or of the row
+        if (n > b - i) n = b - i;
+        fn(i, n, fp8g_group(M, k, 1));
+        i += n;
+    }
+}
+
+// The three element-wise operations on a piece [a, b) of matrix M, x = its values (x[0] is element a):
 // the amax of every scale group it touches (max-accumulated), the codes (returns the saturated count),
 // and the decoding of codes back to values. These are the CPU reference of the GPU side's kernels.
 static inline void fp8g_piece_amax(const Fp8GatherMatrix* M, size_t a, size_t b, const real* x, float* amax, int block) {
-    for (size_t i = a; i < b; i++) {
-        size_t gi = fp8g_group(M, i - M->off, block);
-        amax[gi] = std::fmax(amax[gi], std::fabs((float)x[i - a]));
-    }
+    fp8g_runs(M, a, b, block, [&](size_t i, size_t n, size_t g) {
+        float m = amax[g];
+        for (size_t j = 0; j < n; j++) m = std::fmax(m, std::fabs((float)x[i - a + j]));
+        amax[g] = m;
+    });
 }
 static inline long long fp8g_piece_encode(const Fp8GatherMatrix* M, size_t a, size_t b, const real* x, const float* scale,
                                           uint8_t* codes, int block) {
     long long sat = 0;
-    for (size_t i = a; i < b; i++) {
-        float xs = (float)x[i - a] * scale[fp8g_group(M, i - M->off, block)];
-        sat += fp8_saturates(xs, FP8_E4M3);
-        codes[i - a] = fp8_from_float(xs, FP8_E4M3);
-    }
+    fp8g_runs(M, a, b, block, [&](size_t i, size_t n, size_t g) {
+        const float s = scale[g];
+        for (size_t j = i - a; j < i - a + n; j++) {
+            float xs = (float)x[j] * s;
+            sat += fp8_saturates(xs, FP8_E4M3);
+            codes[j] = fp8_from_float(xs, FP8_E4M3);
+        }
+    });
     return sat;
 }
 // value = the code's E4M3 value / scale: decode[] maps both zeros to +0, as fp8_round does
 static inline void fp8g_piece_decode(const Fp8GatherMatrix* M, size_t a, size_t b, const uint8_t* codes, const float* inv,
                                      const float* decode, real* y, int block) {
-    for (size_t i = a; i < b; i++) y[i - a] = (real)(decode[codes[i - a]] * inv[fp8g_group(M, i - M->off, block)]);
+    fp8g_runs(M, a, b, block, [&](size_t i, size_t n, size_t g) {
+        const float v = inv[g];
+        for (size_t j = i - a; j < i - a + n; j++) y[j] = (real)(decode[codes[j]] * v);
+    });
 }
 
 // the bytes a rank's shard [lo, hi) of a unit takes packed: 1 per FP8-matrix element, 4 per other
