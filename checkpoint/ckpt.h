@@ -6,8 +6,9 @@
  *                                         the rank's fp32 master weights, AdamW m and v (each the shard
  *                                         layout of parallel/zero.h, padding included)
  *   manifest.json                         format version, model config, step, tokens seen, LR schedule
- *                                         position, optimizer, data loader state, RNG state, topology,
- *                                         size and CRC-32C of every file, and its own CRC-32C
+ *                                         position, optimizer, data loader state, RNG state, FP8 scaling
+ *                                         state (checkpoint/fp8_state.h), topology, size and CRC-32C of
+ *                                         every file, and its own CRC-32C
  * Atomic: everything is written into DIR/.tmp-step_00000010, fsynced, the directory renamed, then the
  * pointer DIR/latest replaced (written aside, fsynced, renamed). A crash or a full disk at any moment
  * leaves the previous checkpoint intact. Retention: the last --ckpt-keep plus every --ckpt-keep-every-th.
@@ -30,9 +31,13 @@
 #include "../parallel/zero.h"
 #include "crc32c.h"
 #include "files.h"
+#include "fp8_state.h"
 #include "json.h"
 
-#define CKPT_FORMAT_VERSION 1
+// the manifest's format: 2 added "fp8" (the FP8 scaling state); 1 (without it) is still read
+#define CKPT_FORMAT_VERSION 2
+#define CKPT_FORMAT_VERSION_MIN 1
+#define CKPT_SHARD_VERSION 1   // the shard files' header and layout (unchanged since version 1)
 #define CKPT_HEADER_BYTES 64
 static const char CKPT_MAGIC[8] = {'D', 'B', 'R', 'X', 'C', 'K', 'P', 'T'};
 
@@ -159,6 +164,7 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
     std::string m = b;
     m += "  \"data_loader\": " + prog->loader + ",\n";
     m += "  \"model\": " + ckpt_config_json(cfg) + ",\n";
+    m += "  \"fp8\": " + ckpt_fp8_state_json(z->model) + ",\n";
     snprintf(b, sizeof b, "  \"topology\": {\"world\": %d, \"shard_group_size\": %d, \"replicas\": %d, \"batch\": %d, "
              "\"seq\": %d, \"grad_accum\": %d, \"dtype\": \"float32\", \"arrays\": [\"master\", \"adam_m\", \"adam_v\"], "
              "\"header_bytes\": %d, \"unit_numel\": [", z->W, z->S, z->R, run->batch, run->seq, run->grad_accum, CKPT_HEADER_BYTES);
@@ -169,7 +175,7 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
 static inline void ckpt_header(char* h, int shard_rank, int S, int n_units, size_t shard_total, int step) {
     memset(h, 0, CKPT_HEADER_BYTES);
     memcpy(h, CKPT_MAGIC, 8);
-    uint32_t v[4] = {CKPT_FORMAT_VERSION, (uint32_t)shard_rank, (uint32_t)S, (uint32_t)n_units};
+    uint32_t v[4] = {CKPT_SHARD_VERSION, (uint32_t)shard_rank, (uint32_t)S, (uint32_t)n_units};
     memcpy(h + 8, v, 16);
     uint64_t w[2] = {(uint64_t)shard_total, (uint64_t)step};
     memcpy(h + 24, w, 16);
@@ -366,8 +372,9 @@ static inline std::string ckpt_read_manifest(const std::string& dir, std::string
     std::string perr;
     if (!json_parse(text->data(), text->size(), man, &perr)) return "manifest.json: " + perr;
     int version = 0;
-    if (!json_int(json_get(man, "format_version"), &version) || version != CKPT_FORMAT_VERSION)
-        return "manifest.json: format_version is not " + std::to_string(CKPT_FORMAT_VERSION);
+    if (!json_int(json_get(man, "format_version"), &version) || version < CKPT_FORMAT_VERSION_MIN || version > CKPT_FORMAT_VERSION)
+        return "manifest.json: format_version is not one this program reads (" + std::to_string(CKPT_FORMAT_VERSION_MIN) + " to " +
+               std::to_string(CKPT_FORMAT_VERSION) + ")";
     return "";
 }
 
@@ -521,6 +528,16 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     prog->tokens = tokens;
     prog->rng.state = rng;
     prog->loader = text.substr(loader->begin, loader->end - loader->begin);
+    // the FP8 scaling state (format_version 2 on; before it there is none): malformed = damaged
+    int version = 0;
+    json_int(json_get(man, "format_version"), &version);
+    const JsonValue* fp8 = json_get(man, "fp8");
+    if (version >= 2 && !fp8) return "manifest.json: fp8 missing";
+    std::string notes, fp8_err = ckpt_fp8_state_restore(z->model, fp8, &notes);
+    int fp8_bad = fp8_err.empty() ? 0 : 1;
+    comm_all_reduce(&comm->world_group, &fp8_bad, 1, COMM_I32);
+    if (fp8_bad) return fp8_err.empty() ? "the FP8 state is malformed on another rank" : fp8_err;
+    if (comm->rank == 0) printf("%s", notes.c_str());
     return "";
 }
 

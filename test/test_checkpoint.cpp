@@ -2,8 +2,9 @@
  * test_checkpoint.cpp — unit tests of the checkpoint building blocks: CRC-32C against its published
  * check value (hardware and table paths), the JSON reader on good and malformed input, shortest float
  * formatting, bf16/f16 conversions against their bit patterns, the safetensors export layout, the
- * config comparison, and that a rank's shard of the initialisation drawn alone equals the same range
- * of the whole model's.
+ * config comparison, that a rank's shard of the initialisation drawn alone equals the same range
+ * of the whole model's, and the FP8 scaling state's round trip through its manifest section
+ * (bit-exact, history length and margin changes, malformed sections refused).
  */
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest.h>
@@ -156,4 +157,112 @@ TEST_CASE("a shard of the initialisation drawn alone equals that range of the wh
         dbrx_init_range(part.data(), lo, hi, &c, t, 1234);
         CHECK(memcmp(part.data(), whole.data() + lo, (hi - lo) * sizeof(real)) == 0);
     }
+}
+
+// a dbrx-tiny of one layer with FP8 on (activations for a (1, 8) micro-batch)
+static void fp8_model(Dbrx* m, Fp8Recipe recipe, int history, int margin) {
+    DbrxConfig c;
+    model_preset_lookup("dbrx-tiny", &c);
+    c.n_layers = 1;
+    dbrx_build_shape(m, &c, 1, 8);
+    Fp8Config f = {};   // (value-initialised: fields added later stay zero)
+    f.recipe = recipe; f.history_len = history; f.margin = margin;
+    dbrx_enable_fp8(m, &f);
+}
+static uint32_t bits_of(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static std::string fp8_restore_text(Dbrx* m, const std::string& text, std::string* notes) {
+    JsonValue v;
+    std::string err;
+    REQUIRE(json_parse(text.data(), text.size(), &v, &err));
+    return ckpt_fp8_state_restore(m, &v, notes);
+}
+
+TEST_CASE("fp8 state: every scale and amax history entry round-trips bit for bit; other settings are noted") {
+    Dbrx a, b;
+    fp8_model(&a, FP8_DELAYED, 16, 0);
+    fp8_model(&b, FP8_DELAYED, 16, 0);
+    std::vector<Fp8MetaRef> ma = dbrx_fp8_metas(&a), mb = dbrx_fp8_metas(&b);
+    REQUIRE(ma.size() == 14);
+    // awkward values: random bit patterns of every magnitude, subnormals, the largest float, an infinity
+    Rng r = {5};
+    const float odd[] = {1.17549435e-38f, 1.4e-45f, 3.40282347e+38f, INFINITY, 0.1f, 0.0f};
+    for (size_t i = 0; i < ma.size(); i++) {
+        Fp8Meta* mt = ma[i].meta;
+        mt->filled = i == 13 ? 16 : (int)i;   // empty, partly filled and full histories
+        for (int k = 0; k < mt->filled; k++) {
+            uint32_t u = (uint32_t)rng_u64(&r) & 0x7FFFFFFFu;
+            float x;
+            memcpy(&x, &u, 4);
+            mt->history[k] = std::isfinite(x) ? x : odd[k % 6];
+        }
+        if (i >= 1 && i <= 6) mt->history[0] = odd[i - 1];
+        mt->scale = fp8_scale_for(mt->history[0], ma[i].fmt, 0);
+    }
+    std::string text = ckpt_fp8_state_json(&a), notes;
+    CHECK(text.find("\"inf\"") != std::string::npos);
+    CHECK(fp8_restore_text(&b, text, &notes) == "");
+    CHECK(notes == "");
+    for (size_t i = 0; i < ma.size(); i++) {
+        CHECK(mb[i].meta->filled == ma[i].meta->filled);
+        CHECK(bits_of(mb[i].meta->scale) == bits_of(ma[i].meta->scale));
+        for (int k = 0; k < ma[i].meta->filled; k++) CHECK(bits_of(mb[i].meta->history[k]) == bits_of(ma[i].meta->history[k]));
+    }
+    // a shorter history keeps the newest entries and derives the scale from them (margin 1 as well)
+    Dbrx c;
+    fp8_model(&c, FP8_DELAYED, 4, 1);
+    notes.clear();
+    CHECK(fp8_restore_text(&c, text, &notes) == "");
+    CHECK(notes.find("--fp8-amax-history is 4, the checkpoint's was 16: each amax history keeps its newest 4 entries") != std::string::npos);
+    CHECK(notes.find("--fp8-margin is 1, the checkpoint's was 0") != std::string::npos);
+    std::vector<Fp8MetaRef> mc = dbrx_fp8_metas(&c);
+    const Fp8Meta* src = ma[7].meta;   // 7 entries saved
+    REQUIRE(src->filled == 7);
+    CHECK(mc[7].meta->filled == 4);
+    float hmax = 0;
+    for (int k = 0; k < 4; k++) {
+        CHECK(bits_of(mc[7].meta->history[k]) == bits_of(src->history[3 + k]));
+        hmax = std::fmax(hmax, src->history[3 + k]);
+    }
+    CHECK(bits_of(mc[7].meta->scale) == bits_of(fp8_scale_for(hmax, mc[7].fmt, 1)));
+    // another recipe: a note, nothing carried over
+    Dbrx d;
+    fp8_model(&d, FP8_CURRENT, 16, 0);
+    notes.clear();
+    CHECK(fp8_restore_text(&d, text, &notes) == "");
+    CHECK(notes == "note: resume: the checkpoint was saved with --fp8 delayed, this run uses --fp8 current: its delayed-scaling state is not used\n");
+    for (Dbrx* m : {&a, &b, &c, &d}) dbrx_free(m);
+}
+
+TEST_CASE("fp8 state: a malformed section is an error and changes nothing") {
+    Dbrx a, b;
+    fp8_model(&a, FP8_DELAYED, 16, 0);
+    fp8_model(&b, FP8_DELAYED, 16, 0);
+    for (Fp8MetaRef& r : dbrx_fp8_metas(&a)) { r.meta->filled = 2; r.meta->history[0] = 1.5f; r.meta->history[1] = 2.5f; r.meta->scale = 3; }
+    std::string good = ckpt_fp8_state_json(&a), notes;
+    auto edit = [&](const std::string& from, const std::string& to) {
+        std::string t = good;
+        size_t at = t.find(from);
+        REQUIRE(at != std::string::npos);
+        return t.replace(at, from.size(), to);
+    };
+    const std::pair<std::string, std::string> bad[] = {
+        {"\"filled\": 2", "\"filled\": 3"}, {"\"filled\": 2", "\"filled\": 17"}, {"\"recipe\": \"delayed\"", "\"recipe\": \"late\""},
+        {"\"amax_history_len\": 16", "\"amax_history_len\": 0"}, {"[1.5, 2.5]", "[1.5, \"x\"]"}, {"\"scale\": 3", "\"scale\": \"3\""},
+        {"blocks.0.qkv.x", "blocks.0.qkv.y"}, {"\"margin\": 0", "\"margin\": -1"}};
+    for (auto& e : bad) {
+        std::string err = fp8_restore_text(&b, edit(e.first, e.second), &notes);
+        CHECK_MESSAGE(err.rfind("manifest.json: fp8", 0) == 0, e.second);
+    }
+    // one operand too few
+    std::string t = good;
+    size_t last = t.rfind(",\n    {");
+    REQUIRE(last != std::string::npos);
+    t = t.substr(0, last) + "\n  ]}";
+    CHECK(fp8_restore_text(&b, t, &notes) == "manifest.json: fp8: 13 operands, the model has 14");
+    for (Fp8MetaRef& r : dbrx_fp8_metas(&b)) CHECK((r.meta->filled == 0 && r.meta->scale == 1.0f));
+    CHECK(notes == "");
+    CHECK(fp8_restore_text(&b, good, &notes) == "");
+    for (Fp8MetaRef& r : dbrx_fp8_metas(&b)) CHECK((r.meta->filled == 2 && r.meta->history[1] == 2.5f && r.meta->scale == 3.0f));
+    dbrx_free(&a);
+    dbrx_free(&b);
 }

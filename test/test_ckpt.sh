@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # test_ckpt.sh — checkpoints (checkpoint/README.md), on the CPU:
 #   * exact resume: 20 steps in one go and 10 steps + --stop-after + --resume auto + 10 steps give
-#     bit-identical losses (one process, and 2 ranks with ZeRO-3);
+#     bit-identical losses (one process, and 2 ranks with ZeRO-3); the same with --fp8 delayed (the amax
+#     histories and scales are in the manifest; 1 and 2 ranks), current and block; negative controls: the
+#     FP8 state dropped (a format_version 1 manifest) or cut (--fp8-amax-history 4) -> a note, other losses;
+#     a malformed fp8 section -> treated as damage; saved without FP8, resumed with delayed -> a note;
 #   * reshard: saved by 4 ranks ZeRO-3, continued by 2 ranks; saved by HSDP 2x2, continued by 1 rank;
 #     saved by 1 rank, continued by 4 ranks ZeRO-3: the same losses as the uninterrupted run (1e-5);
 #   * every kind of damage: a flipped byte, a truncated shard, a missing shard, a missing or corrupt
@@ -23,19 +26,23 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1
 
 losses() { $PY -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1" 2>/dev/null; }
-# same_losses NAME TOL REF PARTS...: the concatenated losses of PARTS equal REF's (TOL 0: bit-identical)
-same_losses() {
-    local name=$1 tol=$2 ref=$3; shift 3
+# cmp_losses TOL REF PARTS...: exit 0 if the concatenated losses of PARTS equal REF's (TOL 0: bit-identical),
+# 1 if not, 2 if either is not 20 steps; a summary in $tmp/cmp
+cmp_losses() {
+    local tol=$1 ref=$2; shift 2
     local got="" p; for p in "$@"; do got="$got $(losses "$p")"; done
     $PY - "$tol" "$(losses "$ref")" "$got" <<'PY' > "$tmp/cmp" 2>&1
 import sys
 tol, a, b = float(sys.argv[1]), [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
 d = max((abs(x - y) for x, y in zip(a, b)), default=float("nan"))
-ok = len(a) == len(b) == 20 and all((x == y) if tol == 0 else abs(x - y) <= tol for x, y in zip(a, b))
 print("%d + resumed steps, max |diff| %.2g" % (len(b), d))
-sys.exit(0 if ok else 1)
+sys.exit(2 if not len(a) == len(b) == 20 else 0 if all((x == y) if tol == 0 else abs(x - y) <= tol for x, y in zip(a, b)) else 1)
 PY
-    if [ $? = 0 ]; then pass "$name: $(cat "$tmp/cmp")"; else fail "$name: $(cat "$tmp/cmp")"; fi
+}
+# same_losses NAME TOL REF PARTS...: the check passes if they are equal
+same_losses() {
+    local name=$1; shift
+    if cmp_losses "$@"; then pass "$name: $(cat "$tmp/cmp")"; else fail "$name: $(cat "$tmp/cmp")"; fi
 }
 waitlog() { local i n; for i in $(seq 1 600); do n=$(grep -c '"loss"' "$1" 2>/dev/null); [ "${n:-0}" -ge "$2" ] && return 0; sleep 0.1; done; return 1; }
 children() {  # pids whose parent is $1 (from /proc: no procps needed)
@@ -64,6 +71,72 @@ $MPI -np 2 $BIN "${T[@]}" --batch 1 --log "$tmp/z2full.jsonl" > /dev/null 2>&1 |
 $MPI -np 2 $BIN "${T[@]}" --batch 1 --ckpt-dir "$tmp/r2" --stop-after 10 --log "$tmp/r2a.jsonl" > /dev/null 2>&1 || fail "2 ranks, first half"
 $MPI -np 2 $BIN "${T[@]}" --batch 1 --ckpt-dir "$tmp/r2" --resume auto --log "$tmp/r2b.jsonl" > /dev/null 2>&1 || fail "2 ranks, second half"
 same_losses "2 ranks ZeRO-3: 20 steps = 10 + stop + resume + 10, bit-identical" 0 "$tmp/z2full.jsonl" "$tmp/r2a.jsonl" "$tmp/r2b.jsonl"
+
+# --- the FP8 scaling state (checkpoint/fp8_state.h): delayed scaling's amax histories and scales resume exactly
+# recrc MANIFEST PYTHON-EXPR: rewrites the manifest's text t by the expression and checksums it again (CRC-32C)
+recrc() {
+    $PY - "$@" <<'PY'
+import re, sys
+p, expr = sys.argv[1], sys.argv[2]
+t = eval(expr, {"re": re, "t": open(p).read()})
+def crc32c(b):
+    c = 0xFFFFFFFF
+    for x in b:
+        c ^= x
+        for _ in range(8): c = (c >> 1) ^ (0x82F63B78 & -(c & 1))
+    return c ^ 0xFFFFFFFF
+i = t.rindex('"manifest_crc32c": "') + 20
+t = t[:i] + "00000000" + t[i + 8:]
+open(p, "w").write(t[:i] + "%08x" % crc32c(t.encode()) + t[i + 8:])
+PY
+}
+fp8_resume() {  # recipe, ranks, extra launcher words...: 20 steps vs 10 + stop + resume + 10
+    local r=$1 np=$2 d="$tmp/f_$1_$2"; shift 2
+    local F=("${T[@]}" --fp8 "$r" --batch $((2 / np)))
+    "$@" $BIN "${F[@]}" --log "$d.full.jsonl" > /dev/null 2>&1 || fail "--fp8 $r, $np rank(s), 20 steps"
+    "$@" $BIN "${F[@]}" --ckpt-dir "$d" --ckpt-every 5 --stop-after 10 --log "$d.a.jsonl" > /dev/null 2>&1 || fail "--fp8 $r: first half"
+    cp -r "$d" "$d.orig"   # for the negative controls
+    "$@" $BIN "${F[@]}" --ckpt-dir "$d" --resume auto --log "$d.b.jsonl" > "$d.b.out" 2>&1 || fail "--fp8 $r: second half"
+    grep -q "resume: .*step_00000010 (step 10" "$d.b.out" && ! grep -q "note" "$d.b.out" || fail "--fp8 $r: resume: $(grep -E 'note|resume' "$d.b.out")"
+    same_losses "--fp8 $r, $np rank(s): 20 steps = 10 + stop + resume + 10, bit-identical" 0 "$d.full.jsonl" "$d.a.jsonl" "$d.b.jsonl"
+}
+fp8_resume delayed 1
+fp8_resume delayed 2 $MPI -np 2
+fp8_resume current 1
+fp8_resume block 1
+grep -q '"fp8": {"recipe": "delayed", "amax_history_len": 16, "margin": 0, "metas": \[' "$tmp/f_delayed_1/step_00000010/manifest.json" \
+    && [ "$(grep -c '"name": "blocks\.[01]\..*"filled": 10, "amax_history": \[' "$tmp/f_delayed_1/step_00000010/manifest.json")" = 28 ] \
+    && pass "--fp8 delayed: the manifest holds the 28 operands' scales and 10-entry amax histories" \
+    || fail "--fp8 delayed: manifest fp8 section: $(grep -A2 '"fp8"' "$tmp/f_delayed_1/step_00000010/manifest.json" | cut -c1-200)"
+# negative controls: the same comparison, the saved state not (or not all) used -> the losses differ
+D=("${T[@]}" --fp8 delayed --batch 2)
+fp8_control() {  # name, expected note, then extra flags for the resumed run (after $tmp/fc is set up)
+    local name=$1 note=$2; shift 2
+    rm -f "$tmp/fc.jsonl"   # (a resumed run appends to its log)
+    $BIN "${D[@]}" --ckpt-dir "$tmp/fc" --resume auto --log "$tmp/fc.jsonl" "$@" > "$tmp/fc.out" 2>&1
+    cmp_losses 0 "$tmp/f_delayed_1.full.jsonl" "$tmp/f_delayed_1.a.jsonl" "$tmp/fc.jsonl"; local rc=$?
+    if [ "$rc" = 1 ] && grep -q "^note: resume: $note" "$tmp/fc.out" && grep -q "resume: .*step_00000010 (step 10" "$tmp/fc.out"; then
+        pass "negative control, $name: '$(grep -m1 '^note' "$tmp/fc.out" | cut -c1-120)', the losses differ ($(cat "$tmp/cmp"))"
+    else fail "negative control, $name: comparison $rc ($(cat "$tmp/cmp")): $(grep -E 'note|resume|warn|error' "$tmp/fc.out" | head -3)"; fi
+}
+rm -rf "$tmp/fc"; cp -r "$tmp/f_delayed_1.orig" "$tmp/fc"
+recrc "$tmp/fc/step_00000010/manifest.json" \
+    're.sub(r"  \"fp8\": \{.*?\n  \]\},\n", "", t, flags=re.S).replace("\"format_version\": 2", "\"format_version\": 1")'
+grep -q '"fp8"' "$tmp/fc/step_00000010/manifest.json" && fail "the fp8 section was not removed"
+fp8_control "a format_version 1 checkpoint (no FP8 state: it still loads)" "the checkpoint holds no FP8 scaling state"
+rm -rf "$tmp/fc"; cp -r "$tmp/f_delayed_1.orig" "$tmp/fc"
+fp8_control "resumed with --fp8-amax-history 4 (of 16)" "--fp8-amax-history is 4, the checkpoint's was 16: each amax history keeps its newest 4 entries" --fp8-amax-history 4
+# a malformed fp8 section (with a valid checksum) is damage: the next older checkpoint is used
+rm -rf "$tmp/fc"; cp -r "$tmp/f_delayed_1.orig" "$tmp/fc"
+recrc "$tmp/fc/step_00000010/manifest.json" 't.replace("\"filled\": 10", "\"filled\": 11", 1)'
+out=$($BIN "${D[@]}" --ckpt-dir "$tmp/fc" --resume auto --stop-after 0 2>&1); rc=$?
+if [ "$rc" = 0 ] && grep -q "warning: checkpoint .*step_00000010 is not valid (manifest.json: fp8: metas\[0\]: filled 11 disagrees" <<<"$out" \
+    && grep -q "resume: .*step_00000005 (step 5," <<<"$out"; then
+    pass "a malformed fp8 section (checksum valid): $(grep -m1 warning <<<"$out" | sed "s|$tmp/||" | cut -c1-130) -> step 5"
+else fail "malformed fp8 section: exit $rc: $(grep -E 'warning|resume|error' <<<"$out" | head -3)"; fi
+out=$($BIN "${D[@]}" --ckpt-dir "$tmp/r1" --resume auto --stop-after 0 2>&1)
+grep -q "^note: resume: the checkpoint was saved with --fp8 off, this run uses --fp8 delayed: the amax histories start empty" <<<"$out" \
+    && pass "saved with --fp8 off, resumed with --fp8 delayed: a note, fresh histories" || fail "--fp8 off -> delayed: $(grep -E 'note|resume' <<<"$out")"
 
 # --- reshard (d_model 130 and 15 experts: no unit divides evenly, the shards are padded)
 U=(--model dbrx-tiny --n-layers 2 --d-model 130 --n-heads 5 --kv-heads 1 --experts 15 --seq 64 --steps 20 --val-every 0 --batch 1)
