@@ -20,7 +20,9 @@
  * decode into the unit's FP32 working slot: code -> fp8_to_float(code) / scale, exactly the value the
  * fake quantisation (fp8_fake_quant) gives, floats copied. The model takes those weights as they are
  * (Fp8Config.weights_quantized). Same world size, same losses as --fp8 without --fp8-gather, bit for bit.
- * The GPU side (model/CUDA.md) would gather the codes the same way and feed them to cuBLASLt directly.
+ * The GPU side would gather the codes the same way and feed them to cuBLASLt directly: its kernels are
+ * at the end of this file, next to their CPU reference (tested under emulation, not wired into the GPU
+ * training loop yet; model/CUDA.md).
  */
 #pragma once
 #include <cmath>
@@ -56,6 +58,17 @@ typedef struct {
     std::vector<uint8_t> send, recv;
     float decode[256];                        // E4M3 code -> value (+0 for both zeros, as fp8_round)
 } ZeroFp8;
+
+// matrix (rows, cols) at `off` in segments of seg_rows rows, its scale groups from group0 on
+static inline Fp8GatherMatrix fp8g_matrix(size_t off, int rows, int cols, int seg_rows, size_t group0, int block, Fp8Meta* meta) {
+    Fp8GatherMatrix M;
+    M.off = off; M.rows = rows; M.cols = cols; M.seg_rows = seg_rows;
+    M.row_blocks = (seg_rows + 127) / 128; M.col_blocks = (cols + 127) / 128;
+    M.group0 = group0;
+    M.groups = block ? (size_t)(rows / seg_rows) * M.row_blocks * M.col_blocks : 1;
+    M.meta = meta;
+    return M;
+}
 
 // the scale group of element i (row-major index inside the matrix)
 static inline size_t fp8g_group(const Fp8GatherMatrix* M, size_t i, int block) {
@@ -149,13 +162,8 @@ static inline void zero_fp8_init(ZeroFp8* f, Dbrx* m, int S, int s, const std::v
                       : ends(".mlp.w1") ? &b->w1.w : ends(".mlp.v1") ? &b->v1.w : ends(".mlp.w2") ? &b->w2.w : NULL;
         int mat = -1;
         if (meta) {
-            Fp8GatherMatrix M;
-            M.off = p.offset; M.rows = p.rows; M.cols = p.cols;
-            M.seg_rows = ends(".attn.Wqkv.weight") || ends(".attn.out_proj.weight") ? p.rows : c->ffn_hidden;
-            M.row_blocks = (M.seg_rows + 127) / 128; M.col_blocks = (M.cols + 127) / 128;
-            M.group0 = groups;
-            M.groups = block ? (size_t)(M.rows / M.seg_rows) * M.row_blocks * M.col_blocks : 1;
-            M.meta = meta;
+            int seg_rows = ends(".attn.Wqkv.weight") || ends(".attn.out_proj.weight") ? p.rows : c->ffn_hidden;
+            Fp8GatherMatrix M = fp8g_matrix(p.offset, p.rows, p.cols, seg_rows, groups, block, meta);
             groups += M.groups;
             mat = (int)f->mats.size();
             f->mats.push_back(M);
@@ -258,3 +266,211 @@ static inline void zero_fp8_gather_unit(ZeroFp8* f, CommGroup* g, int u, real* w
         }
     }
 }
+
+
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// CUDA: the GPU side's building blocks. On the GPU the gathered codes are not decoded: a block
+// matrix's codes, gathered into one buffer in the matrix's row-major order (rows, C), experts stacked,
+// are the very bytes fp8_quantize_gpu writes as `q` for the whole weight with the same scales
+// (FP8Q_TENSOR with the agreed scale, FP8Q_WEIGHT), so the model's GEMM operand (fp8_operand_of on
+// Fp8GPU's `w` buffer) changes only its pointer. Per step, as zero_fp8_prepare on the CPU:
+//   fp8g_piece_amax_gpu    1. the amax of every scale group this rank's piece touches
+//                          2. (the all-reduce max of the amax array in the shard group: NCCL, float max)
+//   fp8g_scales_gpu        3. scale and 1/s of every group from its amax (current, block; delayed: the host's)
+//   fp8g_piece_encode_gpu  4. the piece's E4M3 codes and saturated count
+// and per gathered matrix:
+//   fp8g_factors_gpu       the agreed 1/s in the layout the GEMM reads (q's `sinv`; per tensor one float)
+//   fp8_transpose_gpu      dgrad's W^T: the codes transposed and the block factors re-indexed, the bytes
+//                          fp8_quantize_gpu writes as `qt` and `sinv_t`
+// The values may be FP32 (the master shard: the CPU path's codes) or BF16 (its bf16 copy: then the
+// codes are those of the GPU's --fp8 without the gather, which quantises the BF16 weights).
+// The weights' scale groups tile each expert's rows from its first row (Fp8Segments of E segments of
+// F rows, fp8_uniform_segments): the experts' weights are never padded (only the routed token rows
+// are, the padded expert layout of model/dbrx_fp8_cuda.cuh).
+
+// a piece [a, b) of a matrix (indices relative to the matrix) as the kernels walk it: one CUDA block
+// per 128x128 tile of the scale groups' grid that the piece touches. Tile (blockIdx.x, blockIdx.y) is
+// column block blockIdx.x of row block k = k0 + blockIdx.y, k = e * row_blocks + (block within expert e).
+typedef struct {
+    size_t a, b;
+    int cols, seg_rows, row_blocks, col_blocks;
+    size_t group0;
+    int k0, block;
+} Fp8gPiece;
+
+// the launch of a piece: its tiles' row blocks k0 .. k0 + *nk - 1 (those of its first and last rows)
+static inline Fp8gPiece fp8g_piece(const Fp8GatherMatrix* M, size_t a, size_t b, int block, int* nk) {
+    Fp8gPiece p = {a - M->off, b - M->off, M->cols, M->seg_rows, M->row_blocks, M->col_blocks, M->group0, 0, block};
+    auto k_of = [&](size_t r) { return (int)((r / M->seg_rows) * M->row_blocks + (r % M->seg_rows) / 128); };
+    p.k0 = k_of(p.a / M->cols);
+    *nk = k_of((p.b - 1) / M->cols) - p.k0 + 1;
+    return p;
+}
+
+__device__ __forceinline__ float fp8g_value(float v) { return v; }
+__device__ __forceinline__ float fp8g_value(floatX v) { return __bfloat162float(v); }
+
+// the tile of this CUDA block: its rows [*r_lo, *r_hi), first column *c0 and width *w, its scale group
+__device__ __forceinline__ size_t fp8g_tile(const Fp8gPiece& p, size_t* r_lo, size_t* r_hi, int* c0, int* w) {
+    const int k = p.k0 + blockIdx.y, cb = blockIdx.x, e = k / p.row_blocks, rb = k % p.row_blocks;
+    const size_t seg_end = (size_t)(e + 1) * p.seg_rows;
+    *r_lo = (size_t)e * p.seg_rows + (size_t)rb * 128;
+    *r_hi = *r_lo + 128 < seg_end ? *r_lo + 128 : seg_end;
+    *c0 = cb * 128;
+    *w = min(128, p.cols - *c0);
+    return p.block ? p.group0 + (size_t)k * p.col_blocks + cb : p.group0;
+}
+
+#define FP8G_THREADS 256
+
+// amax[group] = max(amax[group], max |x| over the tile's elements in the piece): a block maximum, then
+// one integer atomicMax on the float's bits (non-negative floats order as their bits: exact, any order)
+template <typename T>
+__global__ void __launch_bounds__(FP8G_THREADS) fp8g_piece_amax_kernel(const T* __restrict__ x, Fp8gPiece p, float* amax) {
+    __shared__ float scratch[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = FP8G_THREADS / 32;
+    size_t r_lo, r_hi;
+    int c0, w;
+    const size_t group = fp8g_tile(p, &r_lo, &r_hi, &c0, &w);
+    float m = 0.0f;
+    for (size_t r = r_lo + warp; r < r_hi; r += nwarps)   // a warp per row, coalesced along it
+        for (int c = lane; c < w; c += 32) {
+            size_t i = r * p.cols + c0 + c;
+            if (i >= p.a && i < p.b) m = fmaxf(m, fabsf(fp8g_value(x[i - p.a])));
+        }
+    m = block_max(m, scratch);
+    if (threadIdx.x == 0 && m > 0.0f) atomicMax((unsigned int*)&amax[group], __float_as_uint(m));
+}
+
+// codes[i - a] = cvt(x * scale[group]) (E4M3, saturating: fp8_from_float), the saturations counted
+template <typename T>
+__global__ void __launch_bounds__(FP8G_THREADS) fp8g_piece_encode_kernel(const T* __restrict__ x, Fp8gPiece p, const float* scale,
+                                                                         __nv_fp8_storage_t* codes, unsigned long long* saturated) {
+    __shared__ float scratch[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = FP8G_THREADS / 32;
+    size_t r_lo, r_hi;
+    int c0, w;
+    const size_t group = fp8g_tile(p, &r_lo, &r_hi, &c0, &w);
+    const float s = scale[group];
+    int sat = 0;
+    for (size_t r = r_lo + warp; r < r_hi; r += nwarps)
+        for (int c = lane; c < w; c += 32) {
+            size_t i = r * p.cols + c0 + c;
+            if (i < p.a || i >= p.b) continue;
+            float v = fp8g_value(x[i - p.a]) * s;
+            sat += fp8_saturates_dev(v, FP8_E4M3);
+            codes[i - p.a] = fp8_cvt_dev(v, FP8_E4M3);
+        }
+    float n = block_sum((float)sat, scratch);   // <= 16384 per tile: exact
+    if (threadIdx.x == 0 && n > 0.0f) atomicAdd(saturated, (unsigned long long)n);
+}
+
+// Step 1 on the device: fp8g_piece_amax of the piece [a, b) (flat indices) of M, x its values (device,
+// b - a of them), max-accumulated into amax (device, per scale group; non-negative, e.g. zeroed)
+template <typename T>
+static inline void fp8g_piece_amax_gpu(const Fp8GatherMatrix* M, size_t a, size_t b, const T* x, float* amax, int block,
+                                       cudaStream_t stream = 0) {
+    if (a >= b) return;
+    int nk;
+    Fp8gPiece p = fp8g_piece(M, a, b, block, &nk);
+    LAUNCH(fp8g_piece_amax_kernel<T>, dim3(M->col_blocks, nk), FP8G_THREADS, 0, stream, x, p, amax);
+}
+
+// Step 4 on the device: fp8g_piece_encode, codes (device, b - a) from the groups' scales (device);
+// the saturated count is added to *saturated (device)
+template <typename T>
+static inline void fp8g_piece_encode_gpu(const Fp8GatherMatrix* M, size_t a, size_t b, const T* x, const float* scale,
+                                         __nv_fp8_storage_t* codes, unsigned long long* saturated, int block, cudaStream_t stream = 0) {
+    if (a >= b) return;
+    int nk;
+    Fp8gPiece p = fp8g_piece(M, a, b, block, &nk);
+    LAUNCH(fp8g_piece_encode_kernel<T>, dim3(M->col_blocks, nk), FP8G_THREADS, 0, stream, x, p, scale, codes, saturated);
+}
+
+// Step 3 on the device for n groups: scale = fp8_scale_for(amax, E4M3, margin) (current scaling: the
+// tensor's margin; block: 0), inv = 1 / scale — the host's float operations, so the same numbers
+__global__ void fp8g_scales_kernel(const float* amax, float* scale, float* inv, size_t n, int margin) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float s = fp8_scale_for_dev(amax[i], FP8_E4M3, margin);
+    scale[i] = s;
+    inv[i] = 1.0f / s;
+}
+static inline void fp8g_scales_gpu(const float* amax, float* scale, float* inv, size_t n, int margin, cudaStream_t stream = 0) {
+    if (n == 0) return;
+    LAUNCH(fp8g_scales_kernel, ceil_div(n, 256), 256, 0, stream, amax, scale, inv, n, margin);
+}
+
+// q's BLK128 factors (fp8_quantize_gpu's FP8Q_WEIGHT `sinv`): per expert an operand of seg_rows rows
+// of k = cols, the experts' arrays one after another (fp8_scale_offset); group k * col_blocks + cb
+// is block (rb, cb) of expert e (k = e * row_blocks + rb). The padding columns are not written.
+__global__ void fp8g_factors_kernel(const float* inv, float* sinv, int groups, int row_blocks, int col_blocks, int cols) {
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= groups) return;
+    int k = g / col_blocks, cb = g % col_blocks, e = k / row_blocks, rb = k % row_blocks;
+    size_t seg_off = (size_t)e * row_blocks * ((col_blocks + 3) / 4 * 4);
+    sinv[seg_off + matmul_scale_blk128_index(rb * 128, cb * 128, cols)] = inv[g];
+}
+
+// The dequantisation factors of M's gathered codes, in the layout its GEMM operand reads, from the
+// agreed per-group 1/s (inv, device, all groups): per tensor the one float 1/s (the slot's scale_inv
+// for fp8_operand_of), block the BLK128 array fp8_quantize_gpu writes as `sinv` for FP8Q_WEIGHT
+// (fp8_block_scale_count(FP8Q_WEIGHT, false, {seg_rows} x E, cols) floats).
+static inline void fp8g_factors_gpu(const Fp8GatherMatrix* M, const float* inv, float* sinv, int block, cudaStream_t stream = 0) {
+    if (!block) {
+        cudaCheck(cudaMemcpyAsync(sinv, inv + M->group0, sizeof(float), cudaMemcpyDeviceToDevice, stream));
+        return;
+    }
+    LAUNCH(fp8g_factors_kernel, ceil_div(M->groups, 256), 256, 0, stream, inv + M->group0, sinv, (int)M->groups, M->row_blocks,
+           M->col_blocks, M->cols);
+}
+
+// qt (cols, rows) = q (rows, cols)^T, FP8 codes: one CUDA block per 64x64 tile, read along q's rows
+// into shared memory and written along qt's rows
+#define FP8T_TILE 64
+__global__ void __launch_bounds__(FP8G_THREADS) fp8_transpose_kernel(__nv_fp8_storage_t* __restrict__ qt,
+                                                                      const __nv_fp8_storage_t* __restrict__ q, int rows, int cols) {
+    __shared__ __nv_fp8_storage_t tile[FP8T_TILE][FP8T_TILE + 1];
+    const int r0 = blockIdx.y * FP8T_TILE, c0 = blockIdx.x * FP8T_TILE;
+    const int h = min(FP8T_TILE, rows - r0), w = min(FP8T_TILE, cols - c0);
+    for (int i = threadIdx.x; i < FP8T_TILE * FP8T_TILE; i += FP8G_THREADS) {
+        int r = i / FP8T_TILE, c = i % FP8T_TILE;
+        if (r < h && c < w) tile[r][c] = q[(size_t)(r0 + r) * cols + c0 + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < FP8T_TILE * FP8T_TILE; i += FP8G_THREADS) {
+        int c = i / FP8T_TILE, r = i % FP8T_TILE;
+        if (r < h && c < w) qt[(size_t)(c0 + c) * rows + r0 + r] = tile[r][c];
+    }
+}
+
+// qt's BLK128 factors from q's, segments of seg_rows rows: per segment, qt's operand has `cols` rows
+// of k = seg_rows, and its block (cb, rb) is q's block (rb, cb) (fp8_quantize_gpu's `sinv_t`)
+__global__ void fp8_transpose_factors_kernel(float* sinv_t, const float* sinv, int nseg, int seg_rows, int cols) {
+    const int row_blocks = (seg_rows + 127) / 128, col_blocks = (cols + 127) / 128;
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= nseg * row_blocks * col_blocks) return;
+    int e = g / (row_blocks * col_blocks), rb = g / col_blocks % row_blocks, cb = g % col_blocks;
+    size_t off = (size_t)e * row_blocks * ((col_blocks + 3) / 4 * 4), off_t = (size_t)e * col_blocks * ((row_blocks + 3) / 4 * 4);
+    sinv_t[off_t + matmul_scale_blk128_index(cb * 128, rb * 128, seg_rows)] = sinv[off + matmul_scale_blk128_index(rb * 128, cb * 128, cols)];
+}
+
+// dgrad's operand W^T from the gathered row-wise codes q (rows, cols), experts of seg_rows rows
+// stacked: qt (cols, rows) — the whole stack transposed, so expert e's W_e^T is columns e * seg_rows ..
+// of qt with ld = rows, exactly the model's transposed weight operand (fp8_operand_of(..., transposed,
+// e * F, ld E F, fp8_scale_offset(..., true, true))), which fp8_quantize_gpu writes as `qt`. Block
+// scaling: sinv_t (q's factors sinv re-indexed, its `sinv_t` layout; padding not written); per tensor
+// pass sinv = sinv_t = NULL: the transposed copy has the same one factor.
+static inline void fp8_transpose_gpu(__nv_fp8_storage_t* qt, float* sinv_t, const __nv_fp8_storage_t* q, const float* sinv, int rows,
+                                     int cols, int seg_rows, cudaStream_t stream = 0) {
+    if (rows == 0 || cols == 0) return;
+    ENSURE(seg_rows > 0 && rows % seg_rows == 0, "fp8_transpose_gpu: %d rows are not segments of %d", rows, seg_rows);
+    ENSURE(ceil_div(rows, FP8T_TILE) <= 65535, "fp8_transpose_gpu: %d rows exceed the grid", rows);
+    LAUNCH(fp8_transpose_kernel, dim3(ceil_div(cols, FP8T_TILE), ceil_div(rows, FP8T_TILE)), FP8G_THREADS, 0, stream, qt, q, rows, cols);
+    if (sinv && sinv_t) {
+        int n = rows / seg_rows * ((seg_rows + 127) / 128) * ((cols + 127) / 128);
+        LAUNCH(fp8_transpose_factors_kernel, ceil_div(n, 256), 256, 0, stream, sinv_t, sinv, rows / seg_rows, seg_rows, cols);
+    }
+}
+#endif  // __CUDACC__ || SIMT_EMULATION

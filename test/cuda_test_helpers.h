@@ -6,7 +6,7 @@
 #include <vector>
 #include "../model/cuda_common.h"
 
-static std::vector<float> randn(size_t n, uint64_t seed, double scale = 1.0) {
+static inline std::vector<float> randn(size_t n, uint64_t seed, double scale = 1.0) {
     Rng r = {seed * 0x9E3779B97F4A7C15ull + 1};
     std::vector<float> v(n);
     for (float& x : v) x = (float)(scale * rng_normal(&r));
@@ -30,7 +30,7 @@ template <typename T> static std::vector<T> get(const T* p, size_t n) {
     cudaCheck(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
     return v;
 }
-static std::vector<float> get_bf16(const floatX* p, size_t n) {
+static inline std::vector<float> get_bf16(const floatX* p, size_t n) {
     std::vector<float> v(n);
     from_device_bf16(v.data(), p, n);
     return v;

@@ -37,6 +37,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
     echo "== FP8 on the CUDA backend: quantize kernels, FP8 GEMMs, training steps vs the CPU FP8 emulation (SIMT emulator)"
     doctest_run ./test/test_fp8_cuda
+    echo "== ZeRO-3's FP8 all-gather on the GPU: piece amax/codes vs the CPU path, gathered operands vs the quantize kernel (SIMT emulator)"
+    doctest_run ./test/test_zero_fp8_cuda
     echo "== dev/cuda microbenchmarks, validation only (SIMT emulator)"
     for b in dev/cuda/*_emu; do
         out=$("$b" 2>&1); rc=$?
@@ -73,7 +75,7 @@ echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
     # make test-build compiled these with nvcc for sm_90a, warnings as errors, linked against cuBLASLt
-    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
+    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
         if [ -x "$b" ]; then pass "CUDA build: $b compiled by nvcc for sm_90a, warnings as errors"
         else fail "CUDA build: $b missing or stale"; fi
     done
