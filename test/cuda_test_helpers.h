@@ -1,8 +1,10 @@
 /*
  * cuda_test_helpers.h — what the CUDA tests share (built under the SIMT emulator or by nvcc):
- * seeded random inputs, device buffers allocated poisoned, and copies to and from the device.
+ * seeded random inputs, device buffers allocated poisoned, copies to and from the device, and main().
+ * Include it after <doctest.h> (with DOCTEST_CONFIG_IMPLEMENT defined).
  */
 #pragma once
+#include <cstdlib>
 #include <vector>
 #include "../model/cuda_common.h"
 
@@ -34,4 +36,21 @@ static inline std::vector<float> get_bf16(const floatX* p, size_t n) {
     std::vector<float> v(n);
     from_device_bf16(v.data(), p, n);
     return v;
+}
+
+// A test program's main: under the emulator a random thread schedule (seeded; SIMT_SCHEDULE overrides
+// it), so that a missing barrier shows up; on a GPU the device's name. Then the doctest cases.
+static inline int cuda_test_main(int argc, char** argv, const char* what, uint64_t schedule_seed) {
+#if defined(SIMT_EMULATION)
+    if (!getenv("SIMT_SCHEDULE")) simt::set_schedule(true, schedule_seed);
+    printf("%s under the SIMT emulator, %s schedule (seed %llu)\n", what, simt::options().random ? "random" : "sequential",
+           (unsigned long long)simt::options().seed);
+#else
+    (void)schedule_seed;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("%s on %s\n", what, prop.name);
+#endif
+    doctest::Context ctx(argc, argv);
+    return ctx.run();
 }

@@ -766,15 +766,4 @@ TEST_CASE("two runs of an FP8 step (block recipe) under two thread schedules are
     CHECK(memcmp(a.amax.data(), b.amax.data(), a.amax.size() * sizeof(float)) == 0);
 }
 
-int main(int argc, char** argv) {
-#if defined(SIMT_EMULATION)
-    if (!getenv("SIMT_SCHEDULE")) simt::set_schedule(true, 20240807);
-    printf("FP8 under the SIMT emulator, %s schedule\n", simt::options().random ? "random" : "sequential");
-#else
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("FP8 on %s\n", prop.name);
-#endif
-    doctest::Context ctx(argc, argv);
-    return ctx.run();
-}
+int main(int argc, char** argv) { return cuda_test_main(argc, argv, "FP8", 20240807); }

@@ -536,16 +536,4 @@ TEST_CASE("global gradient norm and AdamW (fp32 master -> bf16 weights)") {
     cudaCheck(cudaFree(d_partial));
 }
 
-int main(int argc, char** argv) {
-#if defined(SIMT_EMULATION)
-    if (!getenv("SIMT_SCHEDULE")) simt::set_schedule(true, 20240601);
-    printf("kernels under the SIMT emulator, %s schedule (seed %llu)\n", simt::options().random ? "random" : "sequential",
-           (unsigned long long)simt::options().seed);
-#else
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("kernels on %s\n", prop.name);
-#endif
-    doctest::Context ctx(argc, argv);
-    return ctx.run();
-}
+int main(int argc, char** argv) { return cuda_test_main(argc, argv, "kernels", 20240601); }

@@ -27,6 +27,7 @@
 #include <set>
 #include <vector>
 #include "../model/dbrx_cuda.cuh"
+#include "cuda_test_helpers.h"
 
 static DbrxConfig tiny() {
     DbrxConfig c;
@@ -223,15 +224,4 @@ TEST_CASE("two runs of the CUDA step are bit-identical") {
     CHECK(memcmp(a.grads.data(), b.grads.data(), a.grads.size() * sizeof(float)) == 0);
 }
 
-int main(int argc, char** argv) {
-#if defined(SIMT_EMULATION)
-    if (!getenv("SIMT_SCHEDULE")) simt::set_schedule(true, 20240602);
-    printf("training step under the SIMT emulator, %s schedule\n", simt::options().random ? "random" : "sequential");
-#else
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("training step on %s\n", prop.name);
-#endif
-    doctest::Context ctx(argc, argv);
-    return ctx.run();
-}
+int main(int argc, char** argv) { return cuda_test_main(argc, argv, "training step", 20240602); }

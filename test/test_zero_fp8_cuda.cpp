@@ -309,15 +309,4 @@ TEST_CASE("negative controls: a wrong scale, transposed factors not re-indexed")
     CHECK(flat.bad_sinv_t > 0);
 }
 
-int main(int argc, char** argv) {
-#if defined(SIMT_EMULATION)
-    if (!getenv("SIMT_SCHEDULE")) simt::set_schedule(true, 20240901);
-    printf("ZeRO-3 FP8 gather kernels under the SIMT emulator, %s schedule\n", simt::options().random ? "random" : "sequential");
-#else
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("ZeRO-3 FP8 gather kernels on %s\n", prop.name);
-#endif
-    doctest::Context ctx(argc, argv);
-    return ctx.run();
-}
+int main(int argc, char** argv) { return cuda_test_main(argc, argv, "ZeRO-3 FP8 gather kernels", 20240901); }
