@@ -28,9 +28,6 @@
 #include "checkpoint/ckpt.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/loader_state.h"
-#ifdef __CUDACC__
-#include "parallel/zero_gpu.cuh"   // the GPU side of ZeRO-3/HSDP, for the CUDA training path
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // flags
@@ -301,19 +298,296 @@ static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Co
 }
 
 // mean cross-entropy over the first `steps` batches of the validation set, averaged over ranks
-static double evaluate(Dbrx* model, DataLoader* val, int steps, Comm* comm) {
+template <typename Model>
+static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
     dataloader_reset(val);
     double acc = 0;
     for (int i = 0; i < steps; i++) {
         dataloader_next(val);
-        acc += dbrx_forward(model, val->inputs.data(), val->targets.data());
+        acc += dbrx_forward(model, val->inputs.data(), val->targets.data(), 0.0f);
     }
     acc /= steps;
     comm_all_reduce(&comm->world_group, &acc, 1, COMM_F64);
     return acc / comm->world;
 }
 
-// --- CUDA backend (nvcc, or g++ -DSIMT_EMULATION for train_dbrx_emu): its training loop -------
+// ---------------------------------------------------------------------------------------------
+// THE TRAINING LOOP, written once for both backends. Model is Dbrx (CPU, model/dbrx.h) or DbrxGPU
+// (CUDA, model/dbrx_cuda.cuh); Store is the parameter store that owns the weights, gradients and AdamW
+// moments: Zero (host memory, MPI: parallel/zero.h) or ZeroGpu (device memory, NCCL:
+// parallel/zero_gpu.cuh). Both pairs answer the same calls:
+//   model  dbrx_forward, dbrx_backward, dbrx_fp8_metas, dbrx_fp8_collect, dbrx_fp8_log_scale,
+//          dbrx_logits_to_host, dbrx_sync
+//   store  zero_zero_grad, zero_reduce_grads, zero_update, zero_bytes_sent, zero_to_host, zero_from_host,
+//          zero_layout (the layout and host shards that checkpoints and Hugging Face interop read)
+// The backend's set-up (train_cpu below, train_cuda in train_cuda.cuh) builds them and calls this.
+
+typedef struct { double peak; std::string peak_how; std::string memory_line; } BackendInfo;
+
+template <typename Model, typename Store>
+static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store, const BackendInfo& info) {
+    Zero* zl = zero_layout(store);
+    DataLoader train, val;
+    bool have_val = open_datasets(args, cfg, comm, &train, &val);
+    bool do_val = have_val && args.val_every > 0;
+
+    // ---- checkpoints and Hugging Face import (checkpoint/): where training starts from
+    AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
+    Checkpointer ck;
+    ckpt_init(&ck, args.ckpt_dir, args.ckpt_every, args.ckpt_keep, args.ckpt_keep_every);
+    RunInfo run = {args.steps, args.warmup, args.seed, args.batch, args.seq, args.grad_accum, args.lr, args.lr_floor, opt};
+    TrainProgress prog;
+    prog.rng.state = (uint64_t)args.seed ^ 0x7261696E5F646278ull;
+    if (!args.init_hf.empty()) {
+        hf_import(args.init_hf, zl, &cfg, model->table, &comm);
+        zero_from_host(store);
+        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
+    }
+    bool resumed = false;
+    if (!args.resume.empty()) {
+        JsonValue man;
+        std::string from;
+        if (ckpt_resume(&ck, args.resume, zl, &cfg, &prog, &man, &from, &comm)) {
+            zero_from_host(store);
+            std::string err;
+            if (!ckpt_loader_state_restore(&train, prog.loader, &err))
+                fail(EXIT_BAD_INPUT, "%s/manifest.json: the data loader state %s", from.c_str(), err.c_str());
+            ckpt_warn_changes(&man, &run, comm.world, comm.rank);
+            ck.last_saved_step = prog.step;
+            resumed = true;
+            if (comm.rank == 0) printf("resume: %s (step %d, %lld tokens seen); continuing at step %d of %d\n", from.c_str(),
+                                       prog.step, (long long)prog.tokens, prog.step + 1, args.steps);
+        }
+    }
+
+    int64_t tokens_per_step = (int64_t)args.batch * args.seq * args.grad_accum * comm.world;
+    double fpt = flops_per_token(&cfg, args.seq), peak = info.peak;
+    FILE* logf = NULL;
+    if (comm.rank == 0) {
+        printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
+               args.batch, args.seq, args.grad_accum, comm.world, (long long)tokens_per_step, args.steps, args.lr,
+               args.warmup, args.lr_floor);
+        printf("mfu: %.4g FLOPs/token (6 N_active + 12 L d S) against a peak of %.3f TFLOP/s (%s%s)\n", fpt, peak / 1e12,
+               comm.world > 1 ? "all ranks: " : "", info.peak_how.c_str());
+        printf("%s (%s, shard group %d, %d replica(s))\n", info.memory_line.c_str(),
+               zl->S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zl->R == 1 ? "ZeRO-3" : "HSDP", zl->S, zl->R);
+        if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), resumed ? "a" : "w");   // a resumed run appends
+        fflush(stdout);
+    }
+
+    // test hook: DBRX_DEBUG_KILL="R:S" makes rank R SIGKILL itself in the middle of step S ("R:S:stop":
+    // SIGSTOP, a rank that hangs)
+    int kill_rank = -1, kill_step = -1, kill_sig = SIGKILL;
+    if (const char* k = getenv("DBRX_DEBUG_KILL")) {
+        if (sscanf(k, "%d:%d", &kill_rank, &kill_step) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_KILL '%s' is not R:S[:stop]", k);
+        if (strstr(k, ":stop")) kill_sig = SIGSTOP;
+    }
+    uint64_t step_bytes_total = 0;
+    int steps_done = 0;
+    bool stopped = false;
+    auto report_save = [&](const SaveReport& r) {   // rank 0: one line, and one JSONL object
+        if (comm.rank != 0 || r.step < 0) return;
+        if (r.ok) printf("ckpt: step %d -> %s: blocked %.2f ms (shard copied to host memory), written in the background in %.1f ms, "
+                         "%.1f MiB, %.1f ms from start to commit\n", r.step, r.path.c_str(), r.blocked_ms, r.write_ms,
+                         r.bytes / 1048576.0, r.total_ms);
+        if (logf) { fprintf(logf, "{\"ckpt_step\": %d, \"ok\": %s, \"blocked_ms\": %.3f, \"write_ms\": %.3f, \"total_ms\": %.3f, "
+                            "\"bytes\": %llu}\n", r.step, r.ok ? "true" : "false", r.blocked_ms, r.write_ms, r.total_ms,
+                            (unsigned long long)r.bytes); fflush(logf); }
+        fflush(stdout);
+    };
+    auto start_save = [&](SaveReport* prev) {   // this rank's shard to host memory, then written in the background
+        prog.loader = ckpt_loader_state_save(&train);
+        zero_to_host(store);
+        ckpt_start_save(&ck, zl, &cfg, &prog, &run, &comm, prev);
+    };
+    for (int step = prog.step; step < args.steps; step++) {
+        if (args.stop_after >= 0 && steps_done >= args.stop_after) {
+            if (comm.rank == 0) printf("stop: --stop-after %d reached at step %d of %d\n", args.stop_after, step, args.steps);
+            stopped = true;
+            break;
+        }
+        if (do_val && step % args.val_every == 0) {
+            double vl = evaluate(model, &val, args.val_steps, &comm);
+            if (comm.rank == 0) {
+                printf("val  %5d | val_loss %.6f\n", step, vl);
+                if (logf) { fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(logf); }
+            }
+        }
+        dbrx_sync(model);
+        double t0 = now_seconds();
+        uint64_t bytes0 = zero_bytes_sent(store);
+        zero_zero_grad(store);
+        double metrics[5] = {0, 0, 0, 0, 0};   // ce, lbl, z, imbalance, stop requested (summed over ranks)
+        float dloss = 1.0f / args.grad_accum;
+        for (int micro = 0; micro < args.grad_accum; micro++) {
+            dataloader_next(&train);
+            dbrx_forward(model, train.inputs.data(), train.targets.data(), dloss);
+            if (comm.rank == kill_rank && step + 1 == kill_step) raise(kill_sig);
+            dbrx_backward(model, train.inputs.data(), train.targets.data(), dloss);
+            metrics[0] += model->ce_loss / args.grad_accum;
+            metrics[1] += model->lbl_loss / args.grad_accum;
+            metrics[2] += model->z_loss / args.grad_accum;
+            metrics[3] += model->imbalance / args.grad_accum;
+        }
+        // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
+        zero_reduce_grads(store);
+        metrics[4] = g_comm_stop_signal ? 1 : 0;
+        if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
+            comm_all_reduce(&comm.world_group, metrics, 5, COMM_F64);
+            for (int i = 0; i < 4; i++) metrics[i] /= comm.world;
+        }
+        std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(model);
+        if (!fp8_metas.empty()) {
+            // the amax of a tensor is the max over every rank that holds a piece of it
+            dbrx_fp8_collect(model);
+            std::vector<float> amax, amax_local;
+            for (Fp8MetaRef& r : fp8_metas) amax.push_back(r.meta->amax);
+            amax_local = amax;
+            comm_all_reduce_max_f32(&comm.world_group, amax.data(), amax.size());
+            for (size_t i = 0; i < amax.size(); i++) fp8_metas[i].meta->amax = amax[i];
+            if (logf && args.fp8_log_every > 0 && (step + 1) % args.fp8_log_every == 0) {
+                fprintf(logf, "{\"step\": %d, \"fp8\": {", step + 1);
+                for (size_t i = 0; i < fp8_metas.size(); i++) {
+                    const Fp8Meta* mt = fp8_metas[i].meta;
+                    fprintf(logf, "%s\"%s\": {\"amax\": %.6g, \"amax_rank0\": %.6g, \"scale\": %.6g, \"saturated\": %lld}",
+                            i ? ", " : "", fp8_metas[i].name.c_str(), mt->amax, amax_local[i], dbrx_fp8_log_scale(model, (int)i),
+                            mt->saturated);
+                }
+                fprintf(logf, "}}\n");
+            }
+        }
+        float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
+        double gnorm = zero_update(store, &opt, lr, step + 1);
+        dbrx_sync(model);
+        double dt = now_seconds() - t0;
+        uint64_t step_bytes = zero_bytes_sent(store) - bytes0;
+        step_bytes_total += step_bytes;
+        steps_done++;
+        double tok_s = tokens_per_step / dt, mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
+        if (!std::isfinite(metrics[0]) || !std::isfinite(gnorm))
+            fail(EXIT_RUNTIME, "step %d: loss %g / grad norm %g is not finite; stopping", step + 1, metrics[0], gnorm);
+        if (comm.rank == 0) report_step(logf, step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, (long long)step_bytes);
+        prog.step = step + 1;
+        prog.tokens += tokens_per_step;
+        if (ck.pending) report_save(ckpt_poll(&ck, zl, &comm, false));
+        bool last = prog.step == args.steps || metrics[4] > 0 || (args.stop_after >= 0 && steps_done >= args.stop_after);
+        if (ck.every > 0 && prog.step % ck.every == 0 && !last) {   // (the last step is saved on the way out)
+            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
+            start_save(&prev);
+            report_save(prev);
+        }
+        if (metrics[4] > 0) {
+            if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
+            stopped = true;
+            break;
+        }
+    }
+    // on the way out (the end, --stop-after, a signal): a checkpoint of where we are, waited for
+    bool save_failed = false;
+    if (!ck.dir.empty()) {
+        if (ck.pending) report_save(ckpt_wait_commit(&ck, zl, &comm));
+        if (ck.last_saved_step != prog.step) {
+            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
+            start_save(&prev);
+            SaveReport r = ckpt_wait_commit(&ck, zl, &comm);
+            report_save(r);
+            save_failed = !r.ok;
+        }
+    }
+    if (comm.world > 1) {   // what each rank sent, for the communication-volume check (parallel/README.md)
+        printf("comm: rank %d sent %llu bytes in %d training steps (%.1f bytes/step)\n", comm.rank,
+               (unsigned long long)step_bytes_total, steps_done, steps_done ? (double)step_bytes_total / steps_done : 0.0);
+        fflush(stdout);
+    }
+    if (do_val && !stopped && steps_done > 0) {
+        double vl = evaluate(model, &val, args.val_steps, &comm);
+        if (comm.rank == 0) {
+            printf("val  %5d | val_loss %.6f\n", args.steps, vl);
+            if (logf) fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", args.steps, vl);
+        }
+    }
+    if (!args.export_hf.empty()) {
+        zero_to_host(store);
+        hf_export(args.export_hf, zl, &cfg, model->table, args.export_dtype, (uint64_t)(args.export_max_file_gb * 1e9), &comm);
+        if (comm.rank == 0) printf("export: %s (%s, DbrxForCausalLM)\n", args.export_hf.c_str(), args.export_dtype.c_str());
+    }
+    if (!args.dump_logits.empty()) {   // logits of the first validation batch, for dev/hf_logits.py
+        dataloader_reset(&val);
+        dataloader_next(&val);
+        dbrx_forward(model, val.inputs.data(), val.targets.data(), 0.0f);
+        if (comm.rank == 0) {
+            std::vector<float> logits;
+            dbrx_logits_to_host(model, &logits);
+            st_write_host(args.dump_logits, {{"inputs", "I32", {args.batch, args.seq}, val.inputs.data()},
+                                             {"targets", "I32", {args.batch, args.seq}, val.targets.data()},
+                                             {"logits", "F32", {args.batch, args.seq, cfg.vocab_size}, logits.data()}});
+            printf("dump: inputs and logits of the first validation batch -> %s\n", args.dump_logits.c_str());
+        }
+    }
+    if (logf) fcloseCheck(logf, args.log.c_str());
+    ckpt_free(&ck);
+    dataloader_free(&train);
+    if (have_val) dataloader_free(&val);
+    if (save_failed) { fprintf(stderr, "error: the last checkpoint could not be saved (see the warnings above)\n"); return EXIT_RUNTIME; }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the CPU backend's set-up: OpenMP threads per rank, the model, the store over MPI, FP8
+
+// the CPU model's answers to the loop's calls that only the GPU model needs to do work for
+static inline void dbrx_sync(Dbrx* m) { (void)m; }
+static inline void dbrx_fp8_collect(Dbrx* m) { (void)m; }   // the amaxes are on the host already
+static inline float dbrx_fp8_log_scale(Dbrx* m, int i) { return dbrx_fp8_metas(m)[i].meta->scale; }
+static inline void dbrx_logits_to_host(Dbrx* m, std::vector<float>* out) {
+    out->assign(m->logits, m->logits + (size_t)m->B * m->T * m->cfg.vocab_size);
+}
+
+static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, const char* why) {
+    // ranks on one node share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets its share
+    int threads = omp_get_max_threads();
+    if (!getenv("OMP_NUM_THREADS") && comm.local_size > 1) {
+        threads = omp_get_num_procs() / comm.local_size;
+        if (threads < 1) threads = 1;
+        omp_set_num_threads(threads);
+    }
+    if (comm.rank == 0) {
+        printf("device: cpu%s, %d OpenMP thread(s) per rank, %d rank(s)\n", why, threads, comm.world);
+        print_config(args.model.c_str(), &cfg);
+    }
+    Dbrx model;
+    dbrx_build_shape(&model, &cfg, args.batch, args.seq);
+    Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
+    zero_init(&zero, &model, &comm, args.shard_group_size, (uint64_t)args.seed);
+    printf("zero: rank %d: rank %d of %d in shard group %d, replica %d of %d; master+grads+moments %lld bytes allocated, "
+           "%lld bytes measured (resident growth); working buffers %lld bytes\n", comm.rank, zero.shard.rank, zero.S,
+           comm.rank / zero.S, zero.replica.rank, zero.R, (long long)zero.state_bytes, zero.state_rss, (long long)zero.work_bytes);
+    fflush(stdout);
+    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
+    dbrx_enable_fp8(&model, &fp8);
+    zero.fp8_cfg = &model.fp8;   // the FP8 scaling state that checkpoints carry
+    zero.fp8_metas = dbrx_fp8_metas(&model);
+    if (args.fp8_gather) {
+        if (zero_enable_fp8_gather(&zero))
+            printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, %lld bytes of send/receive buffers\n",
+                   comm.rank, (long long)(zero.fp8.send.size() + zero.fp8.recv.size()));
+        else if (comm.rank == 0)
+            printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds the whole model, nothing is gathered\n");
+    }
+    BackendInfo info;
+    info.peak_how = "--peak-tflops";
+    info.peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * cpu_peak_flops(threads, &info.peak_how);
+    char line[256];
+    snprintf(line, sizeof line, "activations %.1f MiB, parameters+grads+moments %.1f MiB per rank", model.activation_bytes / 1048576.0,
+             zero.state_bytes / 1048576.0);
+    info.memory_line = line;
+    int rc = train(args, cfg, comm, &model, &zero, info);
+    zero_free(&zero);
+    dbrx_free(&model);
+    return rc;
+}
+
+// --- CUDA backend (nvcc, or g++ -DSIMT_EMULATION for train_dbrx_emu): its device set-up ---------
 #if defined(__CUDACC__) || defined(SIMT_EMULATION)
 #define HAVE_CUDA_BACKEND 1
 #include "train_cuda.cuh"
@@ -343,13 +617,14 @@ int main(int argc, char** argv) {
                16 * p / S / (1 << 30), act / (1 << 30), (16 * p / S + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
         Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
-        size_t pb = 0, gpu_bytes = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, &pb, &fp8);
-        printf("  cuda bf16 (one GPU, the CUDA path does not shard yet): fp32 master+grads+moments 16 B/param + bf16 weights 2 B/param = %.2f GiB, activations and "
-               "scratch%s %.2f GiB, total %.2f GiB\n", pb / 1073741824.0, fp8.recipe != FP8_OFF ? " (with the FP8 operands)" : "",
-               (gpu_bytes - pb) / 1073741824.0, gpu_bytes / 1073741824.0);
+        size_t acts = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, nullptr, &fp8, false);
+        size_t store = zero_gpu_estimate_bytes(&cfg, S);
+        printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param / S%s = %.2f GiB, activations and scratch%s %.2f GiB, "
+               "total %.2f GiB\n", S > 1 ? " + two gathered bf16 units and two fp32 gradient units" : "", store / 1073741824.0,
+               fp8.recipe != FP8_OFF ? " (with the FP8 operands)" : "", acts / 1073741824.0, (store + acts) / 1073741824.0);
 #else
-        printf("  cuda bf16: fp32 master+grads+moments 16 B/param / S + bf16 weights 2 B/param = %.2f GiB, activations (bf16) %.2f GiB\n",
-               (16 * p / S + 2 * p) / (1 << 30), act / 2 / (1 << 30));
+        printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param / S = %.2f GiB (+ gathered units when S > 1), activations (bf16) %.2f GiB\n",
+               18 * p / S / (1 << 30), act / 2 / (1 << 30));
 #endif
         return 0;
     }
@@ -367,250 +642,14 @@ int main(int argc, char** argv) {
     Comm comm = comm_init(&argc, &argv);
     comm_set_timeout(args.comm_timeout);
     const char* why = args.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
-    if (use_cuda && comm.world > 1) {   // one GPU for now: multi-GPU comes with the NCCL communicator (ZeRO-3)
-        if (args.device == "cuda")
-            fail(EXIT_BAD_INPUT, "--device cuda runs one process on one GPU for now (%d ranks given): run without mpirun, "
-                 "or use --device cpu for MPI data parallelism", comm.world);
-        use_cuda = false;
-        why = " (auto: the CUDA path runs one rank, and there are several)";
-    }
-    if (use_cuda) {   // what the CUDA path does not do yet is refused, not ignored
-        const char* missing = !args.ckpt_dir.empty() ? "--ckpt-dir" : !args.resume.empty() ? "--resume"
-                            : !args.init_hf.empty() ? "--init-hf" : !args.export_hf.empty() ? "--export-hf"
-                            : !args.dump_logits.empty() ? "--dump-logits" : NULL;
-        if (missing) fail(EXIT_BAD_INPUT, "%s is not supported on the CUDA path yet; use --device cpu", missing);
-    }
+    int rc;
 #if HAVE_CUDA_BACKEND
-    if (use_cuda) return train_cuda(args, cfg, comm, why);
+    if (use_cuda) rc = train_cuda(args, cfg, comm, why);
+    else
+#else
+    (void)use_cuda;
 #endif
-    // ---------------------------------------------------------------------------------------------
-    // ranks on one node share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets its share
-    int threads = omp_get_max_threads();
-    if (!getenv("OMP_NUM_THREADS") && comm.local_size > 1) {
-        threads = omp_get_num_procs() / comm.local_size;
-        if (threads < 1) threads = 1;
-        omp_set_num_threads(threads);
-    }
-    if (comm.rank == 0) {
-        printf("device: cpu%s, %d OpenMP thread(s) per rank, %d rank(s)\n", why, threads, comm.world);
-        print_config(args.model.c_str(), &cfg);
-    }
-
-    Dbrx model;
-    dbrx_build_shape(&model, &cfg, args.batch, args.seq);
-    Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
-    zero_init(&zero, &model, &comm, args.shard_group_size, (uint64_t)args.seed);
-    printf("zero: rank %d: rank %d of %d in shard group %d, replica %d of %d; master+grads+moments %lld bytes allocated, "
-           "%lld bytes measured (resident growth); working buffers %lld bytes\n", comm.rank, zero.shard.rank, zero.S,
-           comm.rank / zero.S, zero.replica.rank, zero.R, (long long)zero.state_bytes, zero.state_rss, (long long)zero.work_bytes);
-    fflush(stdout);
-    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
-    dbrx_enable_fp8(&model, &fp8);
-    if (args.fp8_gather) {
-        if (zero_enable_fp8_gather(&zero))
-            printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, %lld bytes of send/receive buffers\n",
-                   comm.rank, (long long)(zero.fp8.send.size() + zero.fp8.recv.size()));
-        else if (comm.rank == 0)
-            printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds the whole model, nothing is gathered\n");
-    }
-    DataLoader train, val;
-    bool have_val = open_datasets(args, cfg, comm, &train, &val);
-    bool do_val = have_val && args.val_every > 0;
-
-    // ---- checkpoints and Hugging Face import (checkpoint/): where training starts from
-    AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
-    Checkpointer ck;
-    ckpt_init(&ck, args.ckpt_dir, args.ckpt_every, args.ckpt_keep, args.ckpt_keep_every);
-    RunInfo run = {args.steps, args.warmup, args.seed, args.batch, args.seq, args.grad_accum, args.lr, args.lr_floor, opt};
-    TrainProgress prog;
-    prog.rng.state = (uint64_t)args.seed ^ 0x7261696E5F646278ull;
-    if (!args.init_hf.empty()) {
-        hf_import(args.init_hf, &zero, &cfg, model.table, &comm);
-        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
-    }
-    bool resumed = false;
-    if (!args.resume.empty()) {
-        JsonValue man;
-        std::string from;
-        if (ckpt_resume(&ck, args.resume, &zero, &cfg, &prog, &man, &from, &comm)) {
-            std::string err;
-            if (!ckpt_loader_state_restore(&train, prog.loader, &err))
-                fail(EXIT_BAD_INPUT, "%s/manifest.json: the data loader state %s", from.c_str(), err.c_str());
-            ckpt_warn_changes(&man, &run, comm.world, comm.rank);
-            ck.last_saved_step = prog.step;
-            resumed = true;
-            if (comm.rank == 0) printf("resume: %s (step %d, %lld tokens seen); continuing at step %d of %d\n", from.c_str(),
-                                       prog.step, (long long)prog.tokens, prog.step + 1, args.steps);
-        }
-    }
-
-    std::string peak_how = "--peak-tflops";
-    double peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * cpu_peak_flops(threads, &peak_how);
-    int64_t tokens_per_step = (int64_t)args.batch * args.seq * args.grad_accum * comm.world;
-    double fpt = flops_per_token(&cfg, args.seq);
-    FILE* logf = NULL;
-    if (comm.rank == 0) {
-        printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
-               args.batch, args.seq, args.grad_accum, comm.world, (long long)tokens_per_step, args.steps, args.lr,
-               args.warmup, args.lr_floor);
-        printf("mfu: %.4g FLOPs/token (6 N_active + 12 L d S) against a peak of %.3f TFLOP/s (%s%s)\n", fpt, peak / 1e12,
-               comm.world > 1 ? "all ranks: " : "", peak_how.c_str());
-        printf("activations %.1f MiB, parameters+grads+moments %.1f MiB per rank (%s, shard group %d, %d replica(s))\n",
-               model.activation_bytes / 1048576.0, zero.state_bytes / 1048576.0,
-               zero.S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zero.R == 1 ? "ZeRO-3" : "HSDP",
-               zero.S, zero.R);
-        if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), resumed ? "a" : "w");   // a resumed run appends
-        fflush(stdout);
-    }
-
-    // test hook: DBRX_DEBUG_KILL="R:S" makes rank R SIGKILL itself in the middle of step S ("R:S:stop":
-    // SIGSTOP, a rank that hangs)
-    int kill_rank = -1, kill_step = -1, kill_sig = SIGKILL;
-    if (const char* k = getenv("DBRX_DEBUG_KILL")) {
-        if (sscanf(k, "%d:%d", &kill_rank, &kill_step) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_KILL '%s' is not R:S[:stop]", k);
-        if (strstr(k, ":stop")) kill_sig = SIGSTOP;
-    }
-    uint64_t step_bytes_total = 0;
-    int steps_done = 0;
-    bool stopped = false;
-    auto report_save = [&](const SaveReport& r) {   // rank 0: one line, and one JSONL object
-        if (comm.rank != 0 || r.step < 0) return;
-        if (r.ok) printf("ckpt: step %d -> %s: blocked %.2f ms (shard copied to host memory), written in the background in %.1f ms, "
-                         "%.1f MiB, %.1f ms from start to commit\n", r.step, r.path.c_str(), r.blocked_ms, r.write_ms,
-                         r.bytes / 1048576.0, r.total_ms);
-        if (logf) { fprintf(logf, "{\"ckpt_step\": %d, \"ok\": %s, \"blocked_ms\": %.3f, \"write_ms\": %.3f, \"total_ms\": %.3f, "
-                            "\"bytes\": %llu}\n", r.step, r.ok ? "true" : "false", r.blocked_ms, r.write_ms, r.total_ms,
-                            (unsigned long long)r.bytes); fflush(logf); }
-        fflush(stdout);
-    };
-    for (int step = prog.step; step < args.steps; step++) {
-        if (args.stop_after >= 0 && steps_done >= args.stop_after) {
-            if (comm.rank == 0) printf("stop: --stop-after %d reached at step %d of %d\n", args.stop_after, step, args.steps);
-            stopped = true;
-            break;
-        }
-        if (do_val && step % args.val_every == 0) {
-            double vl = evaluate(&model, &val, args.val_steps, &comm);
-            if (comm.rank == 0) {
-                printf("val  %5d | val_loss %.6f\n", step, vl);
-                if (logf) { fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(logf); }
-            }
-        }
-        double t0 = now_seconds();
-        uint64_t bytes0 = zero_bytes_sent(&zero);
-        zero_zero_grad(&zero);
-        double metrics[5] = {0, 0, 0, 0, 0};   // ce, lbl, z, imbalance, stop requested (summed over ranks)
-        for (int micro = 0; micro < args.grad_accum; micro++) {
-            dataloader_next(&train);
-            dbrx_forward(&model, train.inputs.data(), train.targets.data());
-            if (comm.rank == kill_rank && step + 1 == kill_step) raise(kill_sig);
-            dbrx_backward(&model, train.inputs.data(), train.targets.data(), 1.0f / args.grad_accum);
-            metrics[0] += model.ce_loss / args.grad_accum;
-            metrics[1] += model.lbl_loss / args.grad_accum;
-            metrics[2] += model.z_loss / args.grad_accum;
-            metrics[3] += model.imbalance / args.grad_accum;
-        }
-        // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
-        zero_reduce_grads(&zero);
-        metrics[4] = g_comm_stop_signal ? 1 : 0;
-        if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
-            comm_all_reduce(&comm.world_group, metrics, 5, COMM_F64);
-            for (int i = 0; i < 4; i++) metrics[i] /= comm.world;
-        }
-        std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(&model);
-        if (!fp8_metas.empty()) {
-            // the amax of a tensor is the max over every rank that holds a piece of it
-            std::vector<float> amax, amax_local;
-            for (Fp8MetaRef& r : fp8_metas) amax.push_back(r.meta->amax);
-            amax_local = amax;
-            comm_all_reduce_max_f32(&comm.world_group, amax.data(), amax.size());
-            for (size_t i = 0; i < amax.size(); i++) fp8_metas[i].meta->amax = amax[i];
-            if (logf && args.fp8_log_every > 0 && (step + 1) % args.fp8_log_every == 0) {
-                fprintf(logf, "{\"step\": %d, \"fp8\": {", step + 1);
-                for (size_t i = 0; i < fp8_metas.size(); i++) {
-                    const Fp8Meta* mt = fp8_metas[i].meta;
-                    fprintf(logf, "%s\"%s\": {\"amax\": %.6g, \"amax_rank0\": %.6g, \"scale\": %.6g, \"saturated\": %lld}",
-                            i ? ", " : "", fp8_metas[i].name.c_str(), mt->amax, amax_local[i], mt->scale, mt->saturated);
-                }
-                fprintf(logf, "}}\n");
-            }
-        }
-        float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
-        double gnorm = zero_update(&zero, &opt, lr, step + 1);
-        double dt = now_seconds() - t0;
-        uint64_t step_bytes = zero_bytes_sent(&zero) - bytes0;
-        step_bytes_total += step_bytes;
-        steps_done++;
-        double tok_s = tokens_per_step / dt, mfu = fpt * tok_s / peak;
-        if (!std::isfinite(metrics[0]) || !std::isfinite(gnorm))
-            fail(EXIT_RUNTIME, "step %d: loss %g / grad norm %g is not finite; stopping", step + 1, metrics[0], gnorm);
-        if (comm.rank == 0) {
-            report_step(logf, step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, (long long)step_bytes);
-        }
-        prog.step = step + 1;
-        prog.tokens += tokens_per_step;
-        if (ck.pending) report_save(ckpt_poll(&ck, &zero, &comm, false));
-        bool last = prog.step == args.steps || metrics[4] > 0 || (args.stop_after >= 0 && steps_done >= args.stop_after);
-        if (ck.every > 0 && prog.step % ck.every == 0 && !last) {   // (the last step is saved on the way out)
-            prog.loader = ckpt_loader_state_save(&train);
-            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
-            ckpt_start_save(&ck, &zero, &cfg, &prog, &run, &comm, &prev);
-            report_save(prev);
-        }
-        if (metrics[4] > 0) {
-            if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
-            stopped = true;
-            break;
-        }
-    }
-    // on the way out (the end, --stop-after, a signal): a checkpoint of where we are, waited for
-    bool save_failed = false;
-    if (!ck.dir.empty()) {
-        if (ck.pending) report_save(ckpt_wait_commit(&ck, &zero, &comm));
-        if (ck.last_saved_step != prog.step) {
-            prog.loader = ckpt_loader_state_save(&train);
-            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
-            ckpt_start_save(&ck, &zero, &cfg, &prog, &run, &comm, &prev);
-            SaveReport r = ckpt_wait_commit(&ck, &zero, &comm);
-            report_save(r);
-            save_failed = !r.ok;
-        }
-    }
-    if (comm.world > 1) {   // what each rank sent, for the communication-volume check (parallel/README.md)
-        printf("comm: rank %d sent %llu bytes in %d training steps (%.1f bytes/step)\n", comm.rank,
-               (unsigned long long)step_bytes_total, steps_done, steps_done ? (double)step_bytes_total / steps_done : 0.0);
-        fflush(stdout);
-    }
-    if (do_val && !stopped && steps_done > 0) {
-        double vl = evaluate(&model, &val, args.val_steps, &comm);
-        if (comm.rank == 0) {
-            printf("val  %5d | val_loss %.6f\n", args.steps, vl);
-            if (logf) fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", args.steps, vl);
-        }
-    }
-    if (!args.export_hf.empty()) {
-        hf_export(args.export_hf, &zero, &cfg, model.table, args.export_dtype, (uint64_t)(args.export_max_file_gb * 1e9), &comm);
-        if (comm.rank == 0) printf("export: %s (%s, DbrxForCausalLM)\n", args.export_hf.c_str(), args.export_dtype.c_str());
-    }
-    if (!args.dump_logits.empty()) {   // logits of the first validation batch, for dev/hf_logits.py
-        dataloader_reset(&val);
-        dataloader_next(&val);
-        dbrx_forward(&model, val.inputs.data(), val.targets.data());
-        if (comm.rank == 0) {
-            std::vector<float> logits(model.logits, model.logits + (size_t)args.batch * args.seq * cfg.vocab_size);
-            st_write_host(args.dump_logits, {{"inputs", "I32", {args.batch, args.seq}, val.inputs.data()},
-                                             {"targets", "I32", {args.batch, args.seq}, val.targets.data()},
-                                             {"logits", "F32", {args.batch, args.seq, cfg.vocab_size}, logits.data()}});
-            printf("dump: inputs and logits of the first validation batch -> %s\n", args.dump_logits.c_str());
-        }
-    }
-    if (logf) fcloseCheck(logf, args.log.c_str());
-    ckpt_free(&ck);
-    dataloader_free(&train);
-    if (have_val) dataloader_free(&val);
-    zero_free(&zero);
-    dbrx_free(&model);
+    rc = train_cpu(args, cfg, comm, why);
     comm_finalize();
-    if (save_failed) { fprintf(stderr, "error: the last checkpoint could not be saved (see the warnings above)\n"); return EXIT_RUNTIME; }
-    return 0;
+    return rc;
 }

@@ -164,7 +164,7 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
     std::string m = b;
     m += "  \"data_loader\": " + prog->loader + ",\n";
     m += "  \"model\": " + ckpt_config_json(cfg) + ",\n";
-    m += "  \"fp8\": " + ckpt_fp8_state_json(z->model) + ",\n";
+    m += "  \"fp8\": " + ckpt_fp8_state_json(z->fp8_cfg, z->fp8_metas) + ",\n";
     snprintf(b, sizeof b, "  \"topology\": {\"world\": %d, \"shard_group_size\": %d, \"replicas\": %d, \"batch\": %d, "
              "\"seq\": %d, \"grad_accum\": %d, \"dtype\": \"float32\", \"arrays\": [\"master\", \"adam_m\", \"adam_v\"], "
              "\"header_bytes\": %d, \"unit_numel\": [", z->W, z->S, z->R, run->batch, run->seq, run->grad_accum, CKPT_HEADER_BYTES);
@@ -533,7 +533,7 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     json_int(json_get(man, "format_version"), &version);
     const JsonValue* fp8 = json_get(man, "fp8");
     if (version >= 2 && !fp8) return "manifest.json: fp8 missing";
-    std::string notes, fp8_err = ckpt_fp8_state_restore(z->model, fp8, &notes);
+    std::string notes, fp8_err = ckpt_fp8_state_restore(z->fp8_cfg, z->fp8_metas, fp8, &notes);
     int fp8_bad = fp8_err.empty() ? 0 : 1;
     comm_all_reduce(&comm->world_group, &fp8_bad, 1, COMM_I32);
     if (fp8_bad) return fp8_err.empty() ? "the FP8 state is malformed on another rank" : fp8_err;

@@ -40,12 +40,15 @@ static inline bool ckpt_fp8_parse_float(const JsonValue* v, float* out) {
 }
 
 // The model's FP8 state as a JSON object (one line per operand). FP8 off: the recipe and no operands.
-static inline std::string ckpt_fp8_state_json(Dbrx* m) {
+// cfg and metas are the model's on either backend (dbrx_fp8_metas of a Dbrx or a DbrxGPU: the same
+// names in the same order); cfg NULL: FP8 off.
+static inline std::string ckpt_fp8_state_json(const Fp8Config* cfg, const std::vector<Fp8MetaRef>& metas) {
+    Fp8Config off = {FP8_OFF, 16, 0, 0};
+    if (!cfg) cfg = &off;
     char b[256];
     snprintf(b, sizeof b, "{\"recipe\": \"%s\", \"amax_history_len\": %d, \"margin\": %d, \"metas\": [",
-             CKPT_FP8_RECIPES[m->fp8.recipe], m->fp8.history_len, m->fp8.margin);
+             CKPT_FP8_RECIPES[cfg->recipe], cfg->history_len, cfg->margin);
     std::string s = b;
-    std::vector<Fp8MetaRef> metas = dbrx_fp8_metas(m);
     for (size_t i = 0; i < metas.size(); i++) {
         const Fp8Meta* mt = metas[i].meta;
         s += "\n    {\"name\": " + json_quote(metas[i].name) + ", \"scale\": " + ckpt_fp8_float(mt->scale) +
@@ -63,8 +66,10 @@ typedef struct { std::string name; float scale; std::vector<float> history; } Ck
 // was saved). Returns "" or what is malformed (the checkpoint is then treated as damaged); nothing is
 // changed unless the whole value is well-formed. Lines for the reader about what could not be carried
 // over (another recipe, history length or margin; no state saved) are appended to *notes.
-static inline std::string ckpt_fp8_state_restore(Dbrx* m, const JsonValue* fp8, std::string* notes) {
-    const Fp8Config* run = &m->fp8;
+static inline std::string ckpt_fp8_state_restore(const Fp8Config* cfg, const std::vector<Fp8MetaRef>& metas,
+                                                 const JsonValue* fp8, std::string* notes) {
+    Fp8Config off = {FP8_OFF, 16, 0, 0};
+    const Fp8Config* run = cfg ? cfg : &off;
     const char* run_name = CKPT_FP8_RECIPES[run->recipe];
     if (!fp8) {
         if (run->recipe == FP8_DELAYED)
@@ -97,7 +102,6 @@ static inline std::string ckpt_fp8_state_restore(Dbrx* m, const JsonValue* fp8, 
         for (int k = 0; k < filled; k++)
             if (!ckpt_fp8_parse_float(&h->items[k], &saved[i].history[k])) return where + ": amax_history holds a non-number";
     }
-    std::vector<Fp8MetaRef> metas = dbrx_fp8_metas(m);
     if (recipe == run->recipe && saved.size() != metas.size())
         return "manifest.json: fp8: " + std::to_string(saved.size()) + " operands, the model has " + std::to_string(metas.size());
     for (size_t i = 0; recipe == run->recipe && i < metas.size(); i++)
@@ -136,4 +140,10 @@ static inline std::string ckpt_fp8_state_restore(Dbrx* m, const JsonValue* fp8, 
         }
     }
     return "";
+}
+
+// the CPU model's state (the tests)
+static inline std::string ckpt_fp8_state_json(Dbrx* m) { return ckpt_fp8_state_json(&m->fp8, dbrx_fp8_metas(m)); }
+static inline std::string ckpt_fp8_state_restore(Dbrx* m, const JsonValue* fp8, std::string* notes) {
+    return ckpt_fp8_state_restore(&m->fp8, dbrx_fp8_metas(m), fp8, notes);
 }

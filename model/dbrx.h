@@ -324,8 +324,11 @@ static inline void unit_end(Dbrx* m, int unit, int phase) { if (m->hooks.end) m-
 
 // ---------------------------------------------------------------------------------------------
 // forward: inputs, targets (B, T) token ids. Returns the cross-entropy; sets ce/lbl/z/imbalance.
+// dloss: the training loop's 1 / grad_accum, or 0 for evaluation; the CPU needs it only in the
+// backward (the GPU's fused classifier takes it here), so the two backends share one signature.
 
-static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets) {
+static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets, float dloss = 0.0f) {
+    (void)dloss;
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
     int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers;

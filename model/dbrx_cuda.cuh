@@ -25,20 +25,24 @@
 template <typename T> struct BlockViews { T *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; };
 template <typename T> struct ModelViews { T* wte; std::vector<BlockViews<T>> blocks; T* norm_f; T* lm_head; };
 
+// Points the views of one sharding unit into `unit_base`, a buffer laid out as that unit's range of
+// the flat buffer (as unit_views does on the CPU: a sharded run gathers a unit into a working slot).
+template <typename T> static inline void model_unit_views(ModelViews<T>* p, T* unit_base, int unit, const DbrxConfig* c,
+                                                          const std::vector<ParamInfo>& t) {
+    size_t i = unit_first_entry(unit, c), start = t[i].offset;
+    auto at = [&](size_t j) { return unit_base + (t[j].offset - start); };
+    if (unit == 0) { p->wte = at(i); return; }
+    if (unit == c->n_layers + 1) { p->norm_f = at(i); p->lm_head = at(i + 1); return; }
+    BlockViews<T>& b = p->blocks[unit - 1];
+    b.norm1 = at(i); b.wqkv = at(i + 1); b.wo = at(i + 2); b.norm2 = at(i + 3);
+    b.router = at(i + 4); b.w1 = at(i + 5); b.v1 = at(i + 6); b.w2 = at(i + 7);
+}
+
 // pointer views of a flat (device) buffer laid out by the parameter table, as param_views
 template <typename T> static inline ModelViews<T> model_views(T* base, const DbrxConfig* c, const std::vector<ParamInfo>& t) {
     ModelViews<T> p;
-    size_t i = 0;
-    p.wte = base + t[i++].offset;
     p.blocks.resize(c->n_layers);
-    for (int l = 0; l < c->n_layers; l++) {
-        BlockViews<T>& b = p.blocks[l];
-        b.norm1 = base + t[i++].offset; b.wqkv = base + t[i++].offset; b.wo = base + t[i++].offset;
-        b.norm2 = base + t[i++].offset; b.router = base + t[i++].offset; b.w1 = base + t[i++].offset;
-        b.v1 = base + t[i++].offset; b.w2 = base + t[i++].offset;
-    }
-    p.norm_f = base + t[i++].offset;
-    p.lm_head = base + t[i++].offset;
+    for (int u = 0; u < dbrx_num_units(c); u++) model_unit_views(&p, base + t[unit_first_entry(u, c)].offset, u, c, t);
     return p;
 }
 
@@ -61,10 +65,15 @@ typedef struct {
     DbrxConfig cfg;
     std::vector<ParamInfo> table;
     size_t num_params;
-    float *master, *grads, *m, *v;     // fp32, num_params each
-    floatX* params;                    // the BF16 working copy
+    // the parameters: the model reads p (BF16) and accumulates into g (fp32). Who owns the memory
+    // behind the views is the parameter store's business (parallel/zero_gpu.cuh): the whole model
+    // (one GPU, data parallel) or one unit at a time in a gathered slot (ZeRO-3/HSDP, via the hooks).
+    // dbrx_build (tests, one GPU without a store) allocates them here: master, grads, m, v, params.
+    float *master, *grads, *m, *v;     // fp32, num_params each (dbrx_build only; NULL under a store)
+    floatX* params;                    // the BF16 working copy (dbrx_build only)
     ModelViews<floatX> p;
     ModelViews<float> g;
+    UnitHooks hooks;                   // the store's per-unit calls (model/dbrx.h); NULL: nothing to gather
 
     int B, T;
     std::vector<BlockActsGPU> acts;
@@ -96,7 +105,7 @@ typedef struct {
 // With FP8 (fp8 != NULL, recipe not off) the routed-row buffers have room for the padded layout,
 // and the FP8 scratch and state are included.
 static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, int T, size_t* param_bytes,
-                                      const Fp8Config* fp8 = nullptr) {
+                                      const Fp8Config* fp8 = nullptr, bool with_params = true) {
     bool with_fp8 = fp8 && fp8->recipe != FP8_OFF;
     size_t bytes = 0, N = (size_t)B * T, d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden;
     size_t R = N * k + (with_fp8 ? fp8_row_padding(c) : 0), qd = qkv_dim(c), V = c->vocab_size, P = (size_t)params_total(c);
@@ -118,9 +127,11 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     DbrxGPU* mm = m ? m : &sizing;
     if (!m) { sizing.acts.resize(c->n_layers); sizing.resid.resize(c->n_layers + 1); sizing.fp8.cfg.recipe = FP8_OFF; }
 #define TAKE(ptr, type, n) ok = take((void**)&(ptr), (size_t)(n) * sizeof(type)) && ok
-    // parameters: fp32 master, gradients, two moments; BF16 working copy
-    TAKE(mm->master, float, P); TAKE(mm->grads, float, P); TAKE(mm->m, float, P); TAKE(mm->v, float, P);
-    TAKE(mm->params, floatX, P);
+    // parameters: fp32 master, gradients, two moments; BF16 working copy (unless a store owns them)
+    if (with_params) {
+        TAKE(mm->master, float, P); TAKE(mm->grads, float, P); TAKE(mm->m, float, P); TAKE(mm->v, float, P);
+        TAKE(mm->params, floatX, P);
+    }
     if (param_bytes) *param_bytes = bytes;
     for (int l = 0; l < c->n_layers; l++) {
         BlockActsGPU& a = mm->acts[l];
@@ -160,10 +171,11 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     return bytes;
 }
 
-// the device memory the model needs (parameters, optimizer state, activations, scratch), in bytes
+// the device memory the model needs (parameters, optimizer state, activations, scratch), in bytes;
+// with_params false: activations and scratch only (a parameter store owns the rest)
 static inline size_t dbrx_gpu_memory_estimate(const DbrxConfig* c, int B, int T, size_t* param_bytes,
-                                              const Fp8Config* fp8 = nullptr) {
-    return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes, fp8);
+                                              const Fp8Config* fp8 = nullptr, bool with_params = true) {
+    return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes, fp8, with_params);
 }
 
 static inline std::string gib(double bytes) {
@@ -172,22 +184,25 @@ static inline std::string gib(double bytes) {
     return b;
 }
 
-// Out of memory: one clear line with the estimate and what to change (exit 1).
+// Out of memory: one clear line with the estimate and what to change (exit 1). param_bytes: the
+// parameter state's share of `need` (a store's shard, or the whole model's).
 [[noreturn]] static inline void dbrx_gpu_out_of_memory(const DbrxConfig* c, int B, int T, size_t need, size_t param_bytes) {
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
-    double np = (double)params_total(c);
-    fail(EXIT_RUNTIME, "out of GPU memory: the model needs %s per GPU (%.2f%s parameters x 18 B (fp32 master, grads, AdamW "
-         "moments, bf16 copy) = %s, activations and scratch %s for micro-batch %d x %d); the GPU has %s free of %s. Lower "
-         "--batch or --seq, or use a smaller --model (sharding over GPUs comes with ZeRO-3)", gib((double)need).c_str(),
-         np >= 1e9 ? np / 1e9 : np / 1e6, np >= 1e9 ? "B" : "M", gib((double)param_bytes).c_str(), gib((double)(need - param_bytes)).c_str(), B, T,
-         gib((double)free_b).c_str(), gib((double)total).c_str());
+    fail(EXIT_RUNTIME, "out of GPU memory: the run needs %s per GPU (parameter state %s: fp32 master, grads, AdamW moments "
+         "and bf16 copy of this rank's shard plus the gathered slots; activations and scratch %s for micro-batch %d x %d of "
+         "a %.2f%s-parameter model); the GPU has %s free of %s. Lower --batch or --seq, shard over more GPUs (mpirun -np, "
+         "--shard-group-size), or use a smaller --model", gib((double)need).c_str(), gib((double)param_bytes).c_str(),
+         gib((double)(need - param_bytes)).c_str(), B, T, (double)params_total(c) >= 1e9 ? params_total(c) / 1e9 : params_total(c) / 1e6,
+         (double)params_total(c) >= 1e9 ? "B" : "M", gib((double)free_b).c_str(), gib((double)total).c_str());
 }
 
-// Builds the model for micro-batches of (B, T) on the current device. The parameters are the CPU
-// reference's initialisation (dbrx_init_params, the same seed gives the same model on both backends).
-// fp8: the FP8 recipe of the block GEMMs (NULL or FP8_OFF: BF16).
-static inline void dbrx_gpu_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, uint64_t seed, const Fp8Config* fp8 = nullptr) {
+// Everything but the parameter state: the table, the activations and scratch for micro-batches of
+// (B, T), the FP8 state, the RoPE tables; on the current device. The views p and g are set by the
+// parameter store (parallel/zero_gpu.cuh) or by dbrx_build. store_bytes: what the store will
+// allocate, for the out-of-memory check.
+static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, const Fp8Config* fp8 = nullptr,
+                                    size_t store_bytes = 0) {
     config_validate(cfg);
     if (T > cfg->max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", T, cfg->max_seq_len);
     attention_check_shape(cfg->n_heads, cfg->kv_heads, cfg->head_dim);
@@ -195,28 +210,23 @@ static inline void dbrx_gpu_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int 
     m->table = dbrx_param_table(cfg);
     m->num_params = m->table.back().offset + m->table.back().numel;
     m->B = B; m->T = T;
+    m->master = m->grads = m->m = m->v = nullptr;
+    m->params = nullptr;
+    m->hooks = UnitHooks{NULL, NULL, NULL};
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
+    m->p.blocks.resize(cfg->n_layers);
+    m->g.blocks.resize(cfg->n_layers);
     fp8_gpu_setup(&m->fp8, fp8, cfg, B, T);
-    size_t param_bytes = 0, need = dbrx_gpu_memory_estimate(cfg, B, T, &param_bytes, fp8);
+    size_t acts = dbrx_gpu_memory_estimate(cfg, B, T, nullptr, fp8, false);
     size_t free_b = 0, total = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total));
-    if (need > free_b) dbrx_gpu_out_of_memory(cfg, B, T, need, param_bytes);
-    if (dbrx_gpu_buffers(m, cfg, B, T, &m->param_bytes, fp8) == 0) dbrx_gpu_out_of_memory(cfg, B, T, need, param_bytes);
+    if (acts + store_bytes > free_b) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
+    if (dbrx_gpu_buffers(m, cfg, B, T, nullptr, fp8, false) == 0) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
     fp8_gpu_reset(&m->fp8);
-    m->activation_bytes = need - m->param_bytes;
+    m->param_bytes = 0;
+    m->activation_bytes = acts;
     for (BlockActsGPU& a : m->acts) { a.offsets_host.assign(cfg->n_experts + 1, 0); a.counts_host.assign(cfg->n_experts, 0); }
-    m->p = model_views(m->params, cfg, m->table);
-    m->g = model_views(m->grads, cfg, m->table);
-    // initialisation: the CPU reference's, on the host, then uploaded
-    std::vector<real> host(m->num_params);
-    dbrx_init_range(host.data(), 0, m->num_params, cfg, m->table, seed);
-    std::vector<float> master(host.begin(), host.end());
-    cudaCheck(cudaMemcpy(m->master, master.data(), m->num_params * sizeof(float), cudaMemcpyHostToDevice));
-    to_device_bf16(m->params, master.data(), m->num_params);
-    cudaCheck(cudaMemset(m->grads, 0, m->num_params * sizeof(float)));
-    cudaCheck(cudaMemset(m->m, 0, m->num_params * sizeof(float)));
-    cudaCheck(cudaMemset(m->v, 0, m->num_params * sizeof(float)));
     std::vector<real> c((size_t)T * cfg->head_dim / 2), s((size_t)T * cfg->head_dim / 2);
     rope_tables(c.data(), s.data(), T, cfg->head_dim, cfg->rope_theta);
     std::vector<float> cf(c.begin(), c.end()), sf(s.begin(), s.end());
@@ -226,23 +236,58 @@ static inline void dbrx_gpu_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int 
     m->ce_loss = m->lbl_loss = m->z_loss = m->imbalance = 0;
 }
 
-static inline void dbrx_gpu_free(DbrxGPU* m) {
+// The model with its own parameter state, for one GPU without a store (the tests): dbrx_build_shape,
+// then fp32 master, gradients, moments and the BF16 copy of the whole model, initialised as the CPU
+// reference is (dbrx_init_range: the same seed gives the same model on both backends).
+static inline void dbrx_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, uint64_t seed, const Fp8Config* fp8 = nullptr) {
+    size_t P = (size_t)params_total(cfg);
+    dbrx_build_shape(m, cfg, B, T, fp8, P * (4 * sizeof(float) + sizeof(floatX)));
+    m->master = deviceAlloc(float, P); m->grads = deviceAlloc(float, P);
+    m->m = deviceAlloc(float, P); m->v = deviceAlloc(float, P);
+    m->params = deviceAlloc(floatX, P);
+    for (void* q : {(void*)m->master, (void*)m->grads, (void*)m->m, (void*)m->v, (void*)m->params}) m->allocations.push_back(q);
+    m->param_bytes = P * (4 * sizeof(float) + sizeof(floatX));
+    m->p = model_views(m->params, cfg, m->table);
+    m->g = model_views(m->grads, cfg, m->table);
+    std::vector<real> host(m->num_params);
+    dbrx_init_range(host.data(), 0, m->num_params, cfg, m->table, seed);
+    std::vector<float> master(host.begin(), host.end());
+    cudaCheck(cudaMemcpy(m->master, master.data(), m->num_params * sizeof(float), cudaMemcpyHostToDevice));
+    to_device_bf16(m->params, master.data(), m->num_params);
+    cudaCheck(cudaMemset(m->grads, 0, m->num_params * sizeof(float)));
+    cudaCheck(cudaMemset(m->m, 0, m->num_params * sizeof(float)));
+    cudaCheck(cudaMemset(m->v, 0, m->num_params * sizeof(float)));
+}
+
+static inline void dbrx_free(DbrxGPU* m) {
     for (void* p : m->allocations) cudaCheck(cudaFree(p));
     m->allocations.clear();
 }
 
-// sets the master weights (host, num_params) and their BF16 copy
-static inline void dbrx_gpu_set_params(DbrxGPU* m, const float* host) {
+// sets the master weights (host, num_params) and their BF16 copy (dbrx_build's model)
+static inline void dbrx_set_params(DbrxGPU* m, const float* host) {
     cudaCheck(cudaMemcpy(m->master, host, m->num_params * sizeof(float), cudaMemcpyHostToDevice));
     to_device_bf16(m->params, host, m->num_params);
+}
+
+static inline void unit_begin(DbrxGPU* m, int unit, int phase) { if (m->hooks.begin) m->hooks.begin(m->hooks.ctx, unit, phase); }
+static inline void unit_end(DbrxGPU* m, int unit, int phase) { if (m->hooks.end) m->hooks.end(m->hooks.ctx, unit, phase); }
+
+// every FP8 operand state with its name and format, in the order of the CPU's dbrx_fp8_metas (the
+// host bookkeeping: fp8_gpu_collect brings this step's amaxes into it)
+static inline std::vector<Fp8MetaRef> dbrx_fp8_metas(DbrxGPU* m) {
+    std::vector<Fp8MetaRef> refs;
+    if (!fp8_on(&m->fp8)) return refs;
+    for (int i = 0; i < m->fp8.nslots; i++) refs.push_back({m->fp8.names[i], &m->fp8.metas[i], m->fp8.fmts[i]});
+    return refs;
 }
 
 // ---------------------------------------------------------------------------------------------
 // forward: inputs, targets (B, T) token ids on the host. Returns the cross-entropy; sets
 // ce/lbl/z/imbalance. dloss > 0 (training: 1 / grad_accum) makes the fused classifier leave the
-// gradient of dloss * mean cross-entropy in m->logits for dbrx_gpu_backward; 0 = evaluation.
+// gradient of dloss * mean cross-entropy in m->logits for dbrx_backward; 0 = evaluation.
 
-static inline double dbrx_gpu_forward(DbrxGPU* m, const int* inputs, const int* targets, float dloss) {
+static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targets, float dloss) {
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
     int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
@@ -256,10 +301,13 @@ static inline double dbrx_gpu_forward(DbrxGPU* m, const int* inputs, const int* 
         cudaCheck(cudaMemcpy(m->emb_offsets, plan.offsets.data(), plan.offsets.size() * sizeof(int), cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(m->emb_positions, plan.positions.data(), plan.positions.size() * sizeof(int), cudaMemcpyHostToDevice));
     }
+    unit_begin(m, 0, UNIT_FORWARD);
     embedding_forward_gpu(m->resid[0], m->inputs, m->p.wte, N, d);
+    unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
     std::vector<float> stats(E + 1);
     for (int l = 0; l < L; l++) {
+        unit_begin(m, 1 + l, UNIT_FORWARD);
         const BlockViews<floatX>& w = m->p.blocks[l];
         BlockActsGPU* a = &m->acts[l];
         floatX* x = m->resid[l];
@@ -298,9 +346,12 @@ static inline double dbrx_gpu_forward(DbrxGPU* m, const int* inputs, const int* 
         m->z_loss += zloss_from_stats(stats.data(), N, E, L, c->z_loss_weight);
         double imb = (double)maxc / ((double)N * k / E);
         if (imb > m->imbalance) m->imbalance = imb;
+        unit_end(m, 1 + l, UNIT_FORWARD);
     }
+    unit_begin(m, L + 1, UNIT_FORWARD);
     layernorm_forward_gpu(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], m->p.norm_f, N, d, c->ln_eps);
     matmul_forward_gpu(m->logits, m->lnf, m->p.lm_head, N, d, V);
+    unit_end(m, L + 1, UNIT_FORWARD);
     classifier_fused_gpu(m->logits, m->losses, m->targets, N, V, dloss / N, dloss > 0);
     std::vector<float> losses(N);
     cudaCheck(cudaMemcpy(losses.data(), m->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
@@ -312,18 +363,23 @@ static inline double dbrx_gpu_forward(DbrxGPU* m, const int* inputs, const int* 
 }
 
 // backward of dloss * (ce + lbl + z) of the last forward (which must have been given the same
-// dloss); gradients are ACCUMULATED into m->grads, as dbrx_backward does.
-static inline void dbrx_gpu_backward(DbrxGPU* m, float dloss) {
+// dloss); gradients are ACCUMULATED into the views g, as on the CPU. inputs and targets are the
+// forward's (already on the device: unused here, the signature is the CPU's).
+static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targets, float dloss) {
+    (void)inputs; (void)targets;
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
     int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
-    ENSURE(m->last_dloss == dloss && dloss > 0, "dbrx_gpu_backward(dloss %g) after a forward with dloss %g", dloss, m->last_dloss);
+    ENSURE(m->last_dloss == dloss && dloss > 0, "dbrx_backward(dloss %g) after a forward with dloss %g", dloss, m->last_dloss);
     // m->logits holds dlogits (the fused classifier wrote them)
+    unit_begin(m, L + 1, UNIT_BACKWARD);
     matmul_backward_gpu(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f);
     cudaCheck(cudaMemset(m->dresid, 0, (size_t)N * d * sizeof(float)));
     layernorm_backward_gpu(m->dresid, (floatX*)nullptr, m->g.norm_f, m->ln_scratch, m->dln, m->resid[L], m->p.norm_f,
                            m->lnf_mean, m->lnf_rstd, N, d);
+    unit_end(m, L + 1, UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
+        unit_begin(m, 1 + l, UNIT_BACKWARD);
         const BlockViews<floatX>& w = m->p.blocks[l];
         const BlockViews<float>& gw = m->g.blocks[l];
         BlockActsGPU* a = &m->acts[l];
@@ -350,17 +406,19 @@ static inline void dbrx_gpu_backward(DbrxGPU* m, float dloss) {
         else matmul_backward_gpu(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, 0.0f);
         layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gw.norm1, m->ln_scratch, m->dln, m->resid[l], w.norm1, a->ln1_mean,
                                a->ln1_rstd, N, d);
+        unit_end(m, 1 + l, UNIT_BACKWARD);
     }
+    unit_begin(m, 0, UNIT_BACKWARD_GRADS_ONLY);
     embedding_backward_gpu(m->g.wte, m->dresid, m->emb_unique, m->emb_offsets, m->emb_positions, m->emb_U, d);
+    unit_end(m, 0, UNIT_BACKWARD_GRADS_ONLY);
 }
 
-static inline void dbrx_gpu_zero_grad(DbrxGPU* m) { cudaCheck(cudaMemset(m->grads, 0, m->num_params * sizeof(float))); }
+// dbrx_build's model (one GPU, no store): zero the gradients, and one optimizer step t (1-based) with
+// global-norm clipping, returning the norm before clipping. A store does both on its shard.
+static inline void dbrx_zero_grad(DbrxGPU* m) { cudaCheck(cudaMemset(m->grads, 0, m->num_params * sizeof(float))); }
 
-static inline double dbrx_gpu_grad_norm(DbrxGPU* m) { return sqrt(grad_sumsq_gpu(m->grads, m->num_params, m->norm_partial)); }
-
-// one optimizer step t (1-based) with global-norm clipping; returns the norm before clipping
-static inline double dbrx_gpu_update(DbrxGPU* m, const AdamWConfig* o, float lr, int t) {
-    double norm = dbrx_gpu_grad_norm(m);
+static inline double dbrx_update(DbrxGPU* m, const AdamWConfig* o, float lr, int t) {
+    double norm = sqrt(grad_sumsq_gpu(m->grads, m->num_params, m->norm_partial));
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     for (const ParamInfo& p : m->table)
         adamw_update_gpu(m->master + p.offset, m->params + p.offset, m->grads + p.offset, m->m + p.offset, m->v + p.offset,

@@ -432,6 +432,14 @@ static inline void fp8_gpu_step(Fp8GPU* f) {
     f->collected = false;
 }
 
+// The host metas' scales -> the device (after a checkpoint restored them: checkpoint/fp8_state.h)
+static inline void fp8_gpu_upload_scales(Fp8GPU* f) {
+    if (!fp8_on(f)) return;
+    std::vector<float> scale(f->nslots);
+    for (int i = 0; i < f->nslots; i++) scale[i] = f->metas[i].scale;
+    cudaCheck(cudaMemcpy(f->scale, scale.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
+}
+
 // One JSONL line with every FP8 tensor's statistics of the step (after the reduction across ranks):
 // {"step": S, "fp8": {"blocks.0.qkv.x": {"amax": .., "amax_rank0": .., "scale": .., "saturated": ..}, ...}}
 // scale: the per-tensor scale of the tensor's last quantisation (block recipe: 1, the scales are per tile).

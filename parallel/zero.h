@@ -51,6 +51,10 @@ typedef struct {
     long long state_rss;                        // the same, measured: resident-memory growth while allocating them
     size_t work_bytes;
     ZeroFp8 fp8;                                // --fp8-gather: the blocks' FP8 matrices gathered as E4M3 codes
+    // the model's FP8 scaling state, which checkpoints save with the shards (checkpoint/fp8_state.h):
+    // either backend's, attached by the training loop once FP8 is set up (NULL, empty: FP8 off)
+    const Fp8Config* fp8_cfg;
+    std::vector<Fp8MetaRef> fp8_metas;
 } Zero;
 
 // resident set size of this process in bytes (/proc/self/status VmRSS)
@@ -116,6 +120,8 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     }
     z->slot_unit[0] = z->slot_unit[1] = -1;
     z->fp8.on = 0;
+    z->fp8_cfg = NULL;
+    z->fp8_metas.clear();
 }
 
 // The CPU path: the groups, the layout, and this rank's shard of the state in host memory, initialised
@@ -175,6 +181,13 @@ static inline int zero_enable_fp8_gather(Zero* z) {
     z->work_bytes += z->fp8.send.size() + z->fp8.recv.size();
     return 1;
 }
+
+// the layout and the host shards that checkpoints and Hugging Face interop read (the GPU store has one too)
+static inline Zero* zero_layout(Zero* z) { return z; }
+
+// host shards <-> the store's working state: the CPU store's state is its host shards
+static inline void zero_to_host(Zero* z) { (void)z; }
+static inline void zero_from_host(Zero* z) { (void)z; }
 
 // bytes this rank has sent in every group the training uses
 static inline uint64_t zero_bytes_sent(const Zero* z) { return z->world->bytes_sent + z->shard.bytes_sent + z->replica.bytes_sent; }

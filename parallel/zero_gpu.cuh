@@ -1,53 +1,56 @@
 /*
- * zero_gpu.cuh — the GPU side of ZeRO-3/HSDP. parallel/zero.h has the layout (units, shards,
- * segments), the groups and the CPU path; this file keeps the state in device memory and overlaps the
- * communication with compute:
- *   - fp32 master, gradient and AdamW moment shards in device memory, plus a bf16 copy of the master
- *     shard (the all-gather's input; refreshed by zero_gpu_refresh_bf16 after every optimizer step);
- *   - two bf16 working slots (unit u in slot u % 2) and two fp32 gradient slots;
- *   - gathers and reduce-scatters run on the shard group's NCCL stream (the communication stream) and
- *     are ordered against the compute stream with events: while unit u computes, unit u+1 (forward)
- *     or u-1 (backward) is gathered into the other slot.
- * Use from a GPU forward/backward, per unit, the same calls the CPU hooks make:
- *   p = zero_gpu_unit_begin(zg, u, phase)  -> the unit's bf16 parameters (its range of the flat buffer);
- *                                             also starts the next unit's gather
- *   g = zero_gpu_unit_grads(zg, u)         -> a zeroed fp32 buffer for the unit's gradients (backward)
- *   zero_gpu_unit_end(zg, u, phase)        -> releases the slot; in backward, reduce-scatters g into the
- *                                             gradient shard on the communication stream
- *   zero_gpu_reduce_grads(zg)              -> after the last micro-batch: all-reduce across replicas, / W
- * Checkpoints and Hugging Face import fill z's host shards, which zero_gpu_init copies up; before a save
- * or an export, zero_gpu_to_host copies the device shards down (checkpoint/ckpt.h then copies them to its
- * staging buffer and writes in the background).
- * STATUS: compiled by nvcc in the CUDA build; not run (no GPU was available while writing it). The
- * optimizer step on the shard (norm, AdamW over zg->z->segs) belongs to the GPU training path.
+ * zero_gpu.cuh — the parameter store of the CUDA path: ZeRO-3/HSDP (and, with S = 1, plain data
+ * parallelism) with the state in device memory and the collectives on NCCL. parallel/zero.h has the
+ * layout (units, shards, segments) and the groups, and is the store of the CPU path; this file is the
+ * same store with the same calls (zero_init, zero_zero_grad, zero_reduce_grads, zero_update,
+ * zero_bytes_sent, zero_to_host, zero_from_host, zero_free), overloaded on ZeroGpu, so that the one
+ * training loop of train_dbrx.cu drives either. The model (model/dbrx_cuda.cuh) knows nothing of it:
+ * it announces its units through the hooks, as the CPU model does.
+ *
+ *   state      fp32 master, gradient and AdamW moment shards on the device, and a BF16 copy of the
+ *              master shard (what the all-gathers send; AdamW writes it with the master). Host copies of
+ *              master, m and v (Zero's) exist only for checkpoints and Hugging Face import/export:
+ *              zero_to_host before a save or an export, zero_from_host after a load or an import.
+ *   S > 1      two BF16 working slots (unit u in slot u % 2) and two fp32 gradient slots. Gathers and
+ *              reduce-scatters run on the shard group's NCCL stream (the communication stream) and are
+ *              ordered against the compute stream with events: while unit u computes, unit u+1 (forward)
+ *              or u-1 (backward) is gathered into the other slot, and unit u's gradient is reduce-scattered
+ *              while unit u-1's backward runs. Gradients are reduced in FP32 (parallel/README.md: bytes
+ *              and the accuracy trade-off).
+ *   S = 1      the shard is the whole model: the model's views point into the store's buffers, nothing
+ *              is gathered, and the gradients are all-reduced across the replicas after the micro-batches.
+ *   the step   gradient shards all-reduced across the replica group and scaled by 1 / W; the global norm
+ *              from a device sum of squares, all-reduced (fp64) in the shard group on the device, read
+ *              once by the host (the clip scale and the log line); AdamW per tensor segment of the shard.
+ * Under the SIMT emulator (train_dbrx_emu) the NCCL calls go to the NCCL twin (test/simt/nccl_twin.h)
+ * and run between processes over MPI, so this file executes in CI under mpirun.
  */
 #pragma once
-#include <cuda_bf16.h>
 #include "zero.h"
-
-#define ZCUDA_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) \
-    fail_at(__FILE__, __LINE__, "CUDA error: %s", cudaGetErrorString(e_)); } while (0)
+#include "../model/dbrx_cuda.cuh"
 
 typedef struct {
-    Zero* z;                          // layout and groups (zero_init_layout with use_nccl = 1)
-    float *master, *grad, *m, *v;     // device, z->shard_total each
-    __nv_bfloat16* master_bf16;       // device, z->shard_total: what the all-gathers send
-    __nv_bfloat16* work[2];           // device, z->work_numel each: gathered units
-    float* gwork[2];                  // device, z->work_numel each: full gradients of units in backward
+    Zero z;                           // layout, groups (NCCL), host shards for checkpoints and import/export
+    DbrxGPU* model;
+    float *master, *grad, *m, *v;     // device, z.shard_total each
+    floatX* master_bf16;              // device, z.shard_total: the all-gathers' input (S = 1: the model's weights)
+    floatX* work[2];                  // device, z.work_numel each: gathered units (S > 1)
+    float* gwork[2];                  // device, z.work_numel each: full gradients of units in backward (S > 1)
     int slot_unit[2];
+    float* norm_partial;              // device (GRAD_NORM_BLOCKS): partial sums of squares
+    double* norm_sumsq;               // device (1): this rank's sum of squares, then the group's
     cudaStream_t compute;             // the model's stream
     cudaEvent_t gathered[2];          // comm -> compute: slot filled
     cudaEvent_t slot_free[2];         // compute -> comm: slot no longer read
     cudaEvent_t grads_ready[2];       // compute -> comm: gradient slot written
     cudaEvent_t grads_reduced[2];     // comm -> compute: gradient slot reduced, may be reused
-    cudaEvent_t bf16_ready;           // compute -> comm: master_bf16 refreshed
-    cudaEvent_t shard_done;           // shard stream -> replica stream / compute
+    cudaEvent_t bf16_ready;           // compute -> comm: master_bf16 up to date
+    cudaEvent_t comm_done;            // comm -> compute / the other comm stream
+    size_t device_bytes;              // what the store allocated on the device
+    long long shard_bytes_measured;   // the five shard arrays, measured by the device's free memory
+    std::vector<void*> allocations;
 } ZeroGpu;
 
-__global__ void zero_f32_to_bf16_kernel(__nv_bfloat16* out, const float* in, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16(in[i]);
-}
 __global__ void zero_accumulate_kernel(float* acc, const float* x, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         acc[i] += x[i];
@@ -56,143 +59,273 @@ __global__ void zero_scale_kernel(float* x, float s, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] *= s;
 }
+__global__ void zero_f32_to_bf16_kernel(floatX* out, const float* in, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(in[i]);
+}
+// one thread adds the partial sums in order, in double: the same result on every device
+__global__ void zero_sum_partials_kernel(double* out, const float* partial, int n) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double acc = 0;
+    for (int b = 0; b < n; b++) acc += partial[b];
+    *out = acc;
+}
 static inline int zero_grid(size_t n) { size_t b = (n + 255) / 256; return (int)(b < 4096 ? (b ? b : 1) : 4096); }
 
-static inline cudaStream_t zero_gpu_comm_stream(ZeroGpu* zg) { return zg->z->shard.stream; }
+static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }
 
-// after the optimizer step (on the compute stream): the bf16 copy the gathers send, and the slots are stale
+// device memory of the store for a layout: 4 fp32 shards + the BF16 shard, and for S > 1 the slots
+static inline size_t zero_gpu_bytes(const Zero* z) {
+    size_t b = z->shard_total * (4 * sizeof(float) + sizeof(floatX)) + GRAD_NORM_BLOCKS * sizeof(float) + sizeof(double);
+    if (z->S > 1) b += 2 * z->work_numel * (sizeof(floatX) + sizeof(float));
+    return b;
+}
+
+// the same, before the groups exist: from the parameter table and S (the model's memory check, --dry-run)
+static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S) {
+    std::vector<size_t> unit(dbrx_num_units(c), 0);
+    for (const ParamInfo& p : dbrx_param_table(c)) unit[p.unit] += p.numel;
+    Zero z;
+    z.S = S;
+    z.shard_total = 0;
+    size_t max_shard = 0;
+    for (size_t n : unit) { z.shard_total += (n + S - 1) / S; max_shard = std::max(max_shard, (n + S - 1) / S); }
+    z.work_numel = max_shard * S;
+    return zero_gpu_bytes(&z);
+}
+
+static inline void zero_gpu_unit_begin(void* ctx, int u, int phase);
+static inline void zero_gpu_unit_end(void* ctx, int u, int phase);
+static inline void zero_from_host(ZeroGpu* zg);
+
+// The store of the CUDA path: the groups (NCCL communicators on shard and replica groups), the layout,
+// this rank's shard initialised as the unsharded model would be (seed) in host memory and uploaded.
+// Installs the hooks on `model` when S > 1, else points its views at the whole-model buffers. The
+// model is built first (dbrx_build_shape), with the store's bytes in its memory check.
+static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed) {
+    Zero* z = &zg->z;
+    const DbrxConfig* c = &model->cfg;
+    const std::vector<ParamInfo>& t = model->table;
+    zero_init_layout(z, c, t, comm, S, 1);
+    zg->model = model;
+    zg->compute = 0;
+    // host shards (checkpoints, import/export): master, m, v
+    size_t n = z->shard_total, bytes = n * sizeof(float);
+    z->master = (real*)mallocCheck(bytes); z->m = (real*)mallocCheck(bytes); z->v = (real*)mallocCheck(bytes);
+    z->grad = NULL;
+    memset(z->master, 0, bytes); memset(z->m, 0, bytes); memset(z->v, 0, bytes);
+    for (const ShardSegment& g : z->segs)   // this rank's part of the initialisation, drawn alone
+        dbrx_init_range(z->master + g.shard_off, g.flat_off, g.flat_off + g.numel, c, t, seed);
+    // device state: the shards, measured as the drop in the device's free memory (the emulator's allocator
+    // counts exactly; a real GPU in its allocation granularity), then the slots
+    zg->allocations.clear();
+    auto take = [&](void** p, size_t b) { *p = (void*)deviceAlloc(char, b); zg->allocations.push_back(*p); };
+    size_t free0 = 0, free1 = 0, total = 0;
+    cudaCheck(cudaMemGetInfo(&free0, &total));
+    take((void**)&zg->master, bytes); take((void**)&zg->grad, bytes); take((void**)&zg->m, bytes); take((void**)&zg->v, bytes);
+    take((void**)&zg->master_bf16, n * sizeof(floatX));
+    cudaCheck(cudaMemGetInfo(&free1, &total));
+    zg->shard_bytes_measured = (long long)free0 - (long long)free1;
+    take((void**)&zg->norm_partial, GRAD_NORM_BLOCKS * sizeof(float));
+    take((void**)&zg->norm_sumsq, sizeof(double));
+    zg->work[0] = zg->work[1] = nullptr;
+    zg->gwork[0] = zg->gwork[1] = nullptr;
+    for (int i = 0; i < 2; i++) {
+        if (z->S > 1) {
+            take((void**)&zg->work[i], z->work_numel * sizeof(floatX));
+            take((void**)&zg->gwork[i], z->work_numel * sizeof(float));
+        }
+        cudaCheck(cudaEventCreateWithFlags(&zg->gathered[i], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&zg->slot_free[i], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&zg->grads_ready[i], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&zg->grads_reduced[i], cudaEventDisableTiming));
+        // recorded once, so that the first waits on them are satisfied
+        cudaCheck(cudaEventRecord(zg->slot_free[i], zg->compute));
+        cudaCheck(cudaEventRecord(zg->grads_reduced[i], zg->compute));
+        zg->slot_unit[i] = -1;
+    }
+    cudaCheck(cudaEventCreateWithFlags(&zg->bf16_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&zg->comm_done, cudaEventDisableTiming));
+    zg->device_bytes = zero_gpu_bytes(z);
+    z->state_bytes = zg->device_bytes;
+    z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) : 0;
+    z->state_rss = 0;
+    cudaCheck(cudaMemset(zg->grad, 0, bytes));
+    if (z->S == 1) {   // the shard is the whole model: the model reads and writes the store's buffers directly
+        model->p = model_views(zg->master_bf16, c, t);
+        model->g = model_views(zg->grad, c, t);
+        model->hooks = UnitHooks{NULL, NULL, NULL};
+    } else {
+        model->hooks = UnitHooks{zero_gpu_unit_begin, zero_gpu_unit_end, zg};
+    }
+    zero_from_host(zg);
+}
+
+// the BF16 copy of the master shard, after the master changed other than by AdamW (a load)
 static inline void zero_gpu_refresh_bf16(ZeroGpu* zg) {
-    size_t n = zg->z->shard_total;
-    zero_f32_to_bf16_kernel<<<zero_grid(n), 256, 0, zg->compute>>>(zg->master_bf16, zg->master, n);
-    ZCUDA_CHECK(cudaGetLastError());
-    ZCUDA_CHECK(cudaEventRecord(zg->bf16_ready, zg->compute));
+    size_t n = zg->z.shard_total;
+    LAUNCH(zero_f32_to_bf16_kernel, zero_grid(n), 256, 0, zg->compute, zg->master_bf16, zg->master, n);
+    cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     zg->slot_unit[0] = zg->slot_unit[1] = -1;
 }
 
-// Copies the host shards of `z` (master, m, v: zero_init's, a checkpoint's or an import's) to the device
-// and sets up the slots.
-static inline void zero_gpu_init(ZeroGpu* zg, Zero* z, cudaStream_t compute) {
-    ENSURE(z->shard.nccl && z->replica.nccl, "zero_gpu_init: the shard group has no NCCL communicator (zero_init_layout use_nccl)");
-    zg->z = z;
-    zg->compute = compute;
-    size_t n = z->shard_total, bytes = n * sizeof(float);
-    ZCUDA_CHECK(cudaMalloc((void**)&zg->master, bytes));
-    ZCUDA_CHECK(cudaMalloc((void**)&zg->grad, bytes));
-    ZCUDA_CHECK(cudaMalloc((void**)&zg->m, bytes));
-    ZCUDA_CHECK(cudaMalloc((void**)&zg->v, bytes));
-    ZCUDA_CHECK(cudaMalloc((void**)&zg->master_bf16, n * sizeof(__nv_bfloat16)));
-    ZCUDA_CHECK(cudaMemcpy(zg->master, z->master, bytes, cudaMemcpyHostToDevice));
-    ZCUDA_CHECK(cudaMemcpy(zg->m, z->m, bytes, cudaMemcpyHostToDevice));
-    ZCUDA_CHECK(cudaMemcpy(zg->v, z->v, bytes, cudaMemcpyHostToDevice));
-    ZCUDA_CHECK(cudaMemset(zg->grad, 0, bytes));
-    for (int i = 0; i < 2; i++) {
-        ZCUDA_CHECK(cudaMalloc((void**)&zg->work[i], z->work_numel * sizeof(__nv_bfloat16)));
-        ZCUDA_CHECK(cudaMalloc((void**)&zg->gwork[i], z->work_numel * sizeof(float)));
-        ZCUDA_CHECK(cudaEventCreateWithFlags(&zg->gathered[i], cudaEventDisableTiming));
-        ZCUDA_CHECK(cudaEventCreateWithFlags(&zg->slot_free[i], cudaEventDisableTiming));
-        ZCUDA_CHECK(cudaEventCreateWithFlags(&zg->grads_ready[i], cudaEventDisableTiming));
-        ZCUDA_CHECK(cudaEventCreateWithFlags(&zg->grads_reduced[i], cudaEventDisableTiming));
-        // recorded once, so that the first waits on them are satisfied
-        ZCUDA_CHECK(cudaEventRecord(zg->slot_free[i], compute));
-        ZCUDA_CHECK(cudaEventRecord(zg->grads_reduced[i], compute));
-        zg->slot_unit[i] = -1;
-    }
-    ZCUDA_CHECK(cudaEventCreateWithFlags(&zg->bf16_ready, cudaEventDisableTiming));
-    ZCUDA_CHECK(cudaEventCreateWithFlags(&zg->shard_done, cudaEventDisableTiming));
+// host shards (master, m, v: a checkpoint's, an import's, or zero_init's) -> device
+static inline void zero_from_host(ZeroGpu* zg) {
+    Zero* z = &zg->z;
+    size_t bytes = z->shard_total * sizeof(float);
+    cudaCheck(cudaMemcpy(zg->master, z->master, bytes, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(zg->m, z->m, bytes, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(zg->v, z->v, bytes, cudaMemcpyHostToDevice));
     zero_gpu_refresh_bf16(zg);
+    // the FP8 scales may have been restored with them (checkpoint/fp8_state.h): up to the device
+    fp8_gpu_upload_scales(&zg->model->fp8);
 }
 
-// issues unit u's all-gather on the communication stream (no-op if its slot holds it)
+// device shards -> host shards of z (before a checkpoint save or an export, which read z.master, z.m, z.v)
+static inline void zero_to_host(ZeroGpu* zg) {
+    Zero* z = &zg->z;
+    size_t bytes = z->shard_total * sizeof(float);
+    cudaCheck(cudaStreamSynchronize(zg->compute));
+    cudaCheck(cudaMemcpy(z->master, zg->master, bytes, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(z->m, zg->m, bytes, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(z->v, zg->v, bytes, cudaMemcpyDeviceToHost));
+}
+
+// ---------------------------------------------------------------------------------------------
+// gathering and reduce-scattering one unit (S > 1)
+
+// issues unit u's all-gather on the communication stream (nothing if its slot holds it)
 static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) {
-    Zero* z = zg->z;
+    Zero* z = &zg->z;
     int slot = u & 1;
     if (zg->slot_unit[slot] == u) return;
-    cudaStream_t comm = zero_gpu_comm_stream(zg);
-    ZCUDA_CHECK(cudaStreamWaitEvent(comm, zg->slot_free[slot], 0));   // the compute stream is done reading it
-    ZCUDA_CHECK(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));        // the shard is up to date
+    cudaStream_t comm = zero_comm_stream(zg);
+    cudaCheck(cudaStreamWaitEvent(comm, zg->slot_free[slot], 0));   // the compute stream is done reading it
+    cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));        // the shard is up to date
     comm_all_gather(&z->shard, zg->master_bf16 + z->shard_off[u], zg->work[slot], z->shard_numel[u], COMM_BF16);
-    ZCUDA_CHECK(cudaEventRecord(zg->gathered[slot], comm));
+    cudaCheck(cudaEventRecord(zg->gathered[slot], comm));
     zg->slot_unit[slot] = u;
 }
 // orders the compute stream after unit u's gather
-static inline void zero_gpu_wait_unit(ZeroGpu* zg, int u) { ZCUDA_CHECK(cudaStreamWaitEvent(zg->compute, zg->gathered[u & 1], 0)); }
+static inline void zero_gpu_wait_unit(ZeroGpu* zg, int u) { cudaCheck(cudaStreamWaitEvent(zg->compute, zg->gathered[u & 1], 0)); }
 static inline void zero_gpu_release_unit(ZeroGpu* zg, int u) {
     if (zg->slot_unit[u & 1] != u) return;
-    ZCUDA_CHECK(cudaEventRecord(zg->slot_free[u & 1], zg->compute));
+    cudaCheck(cudaEventRecord(zg->slot_free[u & 1], zg->compute));
     zg->slot_unit[u & 1] = -1;
 }
 
-static inline const __nv_bfloat16* zero_gpu_unit_begin(ZeroGpu* zg, int u, int phase) {
-    if (phase == UNIT_BACKWARD_GRADS_ONLY) return NULL;
-    zero_gpu_gather_unit_async(zg, u);
-    zero_gpu_wait_unit(zg, u);
-    int next = zero_next_unit(zg->z, u, phase);
-    if (next >= 0) zero_gpu_gather_unit_async(zg, next);   // overlaps this unit's compute
-    return zg->work[u & 1];
-}
-
-// a zeroed gradient buffer for unit u, once the previous reduce-scatter out of its slot has finished
-static inline float* zero_gpu_unit_grads(ZeroGpu* zg, int u) {
+static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
+    ZeroGpu* zg = (ZeroGpu*)ctx;
+    Zero* z = &zg->z;
+    DbrxGPU* model = zg->model;
     int slot = u & 1;
-    ZCUDA_CHECK(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
-    ZCUDA_CHECK(cudaMemsetAsync(zg->gwork[slot], 0, (size_t)zg->z->S * zg->z->shard_numel[u] * sizeof(float), zg->compute));
-    return zg->gwork[slot];
+    if (phase != UNIT_BACKWARD_GRADS_ONLY) {
+        zero_gpu_gather_unit_async(zg, u);
+        zero_gpu_wait_unit(zg, u);
+        model_unit_views(&model->p, zg->work[slot], u, &model->cfg, model->table);
+        int next = zero_next_unit(z, u, phase);
+        if (next >= 0) zero_gpu_gather_unit_async(zg, next);   // overlaps this unit's compute
+    }
+    if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it has finished
+        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
+        cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, (size_t)z->S * z->shard_numel[u] * sizeof(float), zg->compute));
+        model_unit_views(&model->g, zg->gwork[slot], u, &model->cfg, model->table);
+    }
 }
 
-static inline void zero_gpu_unit_end(ZeroGpu* zg, int u, int phase) {
-    Zero* z = zg->z;
+static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
+    ZeroGpu* zg = (ZeroGpu*)ctx;
+    Zero* z = &zg->z;
     if (phase != UNIT_FORWARD) {   // reduce-scatter the unit's gradient on the communication stream
         int slot = u & 1;
-        cudaStream_t comm = zero_gpu_comm_stream(zg);
+        cudaStream_t comm = zero_comm_stream(zg);
         size_t n = z->shard_numel[u];
-        ZCUDA_CHECK(cudaEventRecord(zg->grads_ready[slot], zg->compute));
-        ZCUDA_CHECK(cudaStreamWaitEvent(comm, zg->grads_ready[slot], 0));
+        cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
+        cudaCheck(cudaStreamWaitEvent(comm, zg->grads_ready[slot], 0));
         comm_reduce_scatter_inplace(&z->shard, zg->gwork[slot], n, COMM_F32);
-        zero_accumulate_kernel<<<zero_grid(n), 256, 0, comm>>>(zg->grad + z->shard_off[u], zg->gwork[slot] + (size_t)z->shard.rank * n, n);
-        ZCUDA_CHECK(cudaGetLastError());
-        ZCUDA_CHECK(cudaEventRecord(zg->grads_reduced[slot], comm));
+        LAUNCH(zero_accumulate_kernel, zero_grid(n), 256, 0, comm, zg->grad + z->shard_off[u], zg->gwork[slot] + (size_t)z->shard.rank * n, n);
+        cudaCheck(cudaEventRecord(zg->grads_reduced[slot], comm));
     }
+    // released after use, but for the last unit after its forward: its backward follows at once
     if (!(phase == UNIT_FORWARD && u == z->n_units - 1)) zero_gpu_release_unit(zg, u);
 }
 
-// after the last micro-batch's backward: all-reduce the gradient shard across the replicas (on the
-// replica group's stream, after the shard stream), scale by 1 / W; the compute stream waits for it
-static inline void zero_gpu_reduce_grads(ZeroGpu* zg) {
-    Zero* z = zg->z;
-    cudaStream_t last = zero_gpu_comm_stream(zg);
+// ---------------------------------------------------------------------------------------------
+// the step
+
+static inline void zero_zero_grad(ZeroGpu* zg) {
+    cudaCheck(cudaMemsetAsync(zg->grad, 0, zg->z.shard_total * sizeof(float), zg->compute));
+}
+
+// After the micro-batches: all-reduce the gradient shard across the replicas (on the replica group's
+// stream, after the shard stream's reduce-scatters), scale by 1 / W; the compute stream waits for it.
+static inline void zero_reduce_grads(ZeroGpu* zg) {
+    Zero* z = &zg->z;
+    cudaStream_t last = zg->compute;
+    if (z->S > 1) last = zero_comm_stream(zg);
     if (z->R > 1) {
-        ZCUDA_CHECK(cudaEventRecord(zg->shard_done, last));
-        ZCUDA_CHECK(cudaStreamWaitEvent(z->replica.stream, zg->shard_done, 0));
+        cudaCheck(cudaEventRecord(zg->comm_done, last));
+        cudaCheck(cudaStreamWaitEvent(z->replica.stream, zg->comm_done, 0));
         comm_all_reduce(&z->replica, zg->grad, z->shard_total, COMM_F32);
         last = z->replica.stream;
     }
-    if (z->W > 1) {
-        zero_scale_kernel<<<zero_grid(z->shard_total), 256, 0, last>>>(zg->grad, 1.0f / z->W, z->shard_total);
-        ZCUDA_CHECK(cudaGetLastError());
+    if (z->W > 1) LAUNCH(zero_scale_kernel, zero_grid(z->shard_total), 256, 0, last, zg->grad, 1.0f / z->W, z->shard_total);
+    cudaCheck(cudaEventRecord(zg->comm_done, last));
+    cudaCheck(cudaStreamWaitEvent(zg->compute, zg->comm_done, 0));
+}
+
+// global L2 norm of the gradient: the shard's sum of squares on the device, all-reduced in the shard
+// group on the device (replicas hold the same gradient), read by the host once
+static inline double zero_grad_norm(ZeroGpu* zg) {
+    Zero* z = &zg->z;
+    LAUNCH(grad_sumsq_kernel, GRAD_NORM_BLOCKS, 512, 0, zg->compute, zg->norm_partial, zg->grad, z->shard_total);
+    LAUNCH(zero_sum_partials_kernel, 1, 32, 0, zg->compute, zg->norm_sumsq, zg->norm_partial, GRAD_NORM_BLOCKS);
+    if (z->S > 1) {
+        cudaStream_t comm = zero_comm_stream(zg);
+        cudaCheck(cudaEventRecord(zg->comm_done, zg->compute));
+        cudaCheck(cudaStreamWaitEvent(comm, zg->comm_done, 0));
+        comm_all_reduce(&z->shard, zg->norm_sumsq, 1, COMM_F64);
+        comm_sync(&z->shard);   // the watchdog's wait: a lost rank ends here, named, not in a blocking copy
     }
-    ZCUDA_CHECK(cudaEventRecord(zg->shard_done, last));
-    ZCUDA_CHECK(cudaStreamWaitEvent(zg->compute, zg->shard_done, 0));
+    if (z->R > 1) comm_sync(&z->replica);
+    double sumsq = 0;
+    cudaCheck(cudaMemcpy(&sumsq, zg->norm_sumsq, sizeof sumsq, cudaMemcpyDeviceToHost));
+    return sqrt(sumsq);
 }
 
-// the device shards -> the host shards of z (before a checkpoint save or an export, which read z->master,
-// z->m, z->v); waits for the compute stream
-static inline void zero_gpu_to_host(ZeroGpu* zg) {
-    Zero* z = zg->z;
-    size_t bytes = z->shard_total * sizeof(float);
-    ZCUDA_CHECK(cudaStreamSynchronize(zg->compute));
-    ZCUDA_CHECK(cudaMemcpy(z->master, zg->master, bytes, cudaMemcpyDeviceToHost));
-    ZCUDA_CHECK(cudaMemcpy(z->m, zg->m, bytes, cudaMemcpyDeviceToHost));
-    ZCUDA_CHECK(cudaMemcpy(z->v, zg->v, bytes, cudaMemcpyDeviceToHost));
+// one AdamW step t (1-based) on this rank's shard, with global-norm clipping; returns the norm. AdamW
+// writes the BF16 copy with the master (the next step's gathers send it; with S = 1 the model reads it).
+static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, int t) {
+    Zero* z = &zg->z;
+    double norm = zero_grad_norm(zg);
+    float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
+    for (const ShardSegment& g : z->segs)
+        adamw_update_gpu(zg->master + g.shard_off, zg->master_bf16 + g.shard_off, zg->grad + g.shard_off, zg->m + g.shard_off,
+                         zg->v + g.shard_off, g.numel, lr, o->beta1, o->beta2, o->eps, g.decay ? o->weight_decay : 0.0f, scale, t,
+                         zg->compute);
+    cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
+    zg->slot_unit[0] = zg->slot_unit[1] = -1;   // the gathered copies are stale
+    fp8_gpu_step(&zg->model->fp8);              // FP8 delayed scaling: the amaxes join the histories
+    return norm;
 }
 
-static inline void zero_gpu_free(ZeroGpu* zg) {
-    ZCUDA_CHECK(cudaFree(zg->master)); ZCUDA_CHECK(cudaFree(zg->grad));
-    ZCUDA_CHECK(cudaFree(zg->m)); ZCUDA_CHECK(cudaFree(zg->v)); ZCUDA_CHECK(cudaFree(zg->master_bf16));
+static inline uint64_t zero_bytes_sent(const ZeroGpu* zg) { return zero_bytes_sent(&zg->z); }
+static inline Zero* zero_layout(ZeroGpu* zg) { return &zg->z; }
+
+static inline void zero_free(ZeroGpu* zg) {
+    Zero* z = &zg->z;
+    cudaCheck(cudaDeviceSynchronize());
+    for (void* p : zg->allocations) cudaCheck(cudaFree(p));
+    zg->allocations.clear();
     for (int i = 0; i < 2; i++) {
-        ZCUDA_CHECK(cudaFree(zg->work[i])); ZCUDA_CHECK(cudaFree(zg->gwork[i]));
-        ZCUDA_CHECK(cudaEventDestroy(zg->gathered[i])); ZCUDA_CHECK(cudaEventDestroy(zg->slot_free[i]));
-        ZCUDA_CHECK(cudaEventDestroy(zg->grads_ready[i])); ZCUDA_CHECK(cudaEventDestroy(zg->grads_reduced[i]));
+        cudaCheck(cudaEventDestroy(zg->gathered[i])); cudaCheck(cudaEventDestroy(zg->slot_free[i]));
+        cudaCheck(cudaEventDestroy(zg->grads_ready[i])); cudaCheck(cudaEventDestroy(zg->grads_reduced[i]));
     }
-    ZCUDA_CHECK(cudaEventDestroy(zg->bf16_ready));
-    ZCUDA_CHECK(cudaEventDestroy(zg->shard_done));
+    cudaCheck(cudaEventDestroy(zg->bf16_ready));
+    cudaCheck(cudaEventDestroy(zg->comm_done));
+    zg->model->hooks = UnitHooks{NULL, NULL, NULL};
+    free(z->master); free(z->m); free(z->v);
+    z->master = z->m = z->v = NULL;
+    comm_group_free(&z->shard);
+    comm_group_free(&z->replica);
 }

@@ -478,16 +478,16 @@ struct Fp8Step {
 static Fp8Step gpu_run(const DbrxConfig& c, const std::vector<float>& params, Fp8Recipe recipe, int steps) {
     DbrxGPU g;
     Fp8Config fc = {recipe, 16, 0, 0};
-    dbrx_gpu_build(&g, &c, SB, ST, SEED, &fc);
-    dbrx_gpu_set_params(&g, params.data());
+    dbrx_build(&g, &c, SB, ST, SEED, &fc);
+    dbrx_set_params(&g, params.data());
     Fp8Step r;
     for (int s = 0; s < steps; s++) {
         std::vector<int> in, tg;
         batch(&in, &tg, 40 + s);
-        if (s) dbrx_gpu_update(&g, &OPT, OPT.lr, s);
-        dbrx_gpu_zero_grad(&g);
-        r.ce.push_back(dbrx_gpu_forward(&g, in.data(), tg.data(), 1.0f));
-        dbrx_gpu_backward(&g, 1.0f);
+        if (s) dbrx_update(&g, &OPT, OPT.lr, s);
+        dbrx_zero_grad(&g);
+        r.ce.push_back(dbrx_forward(&g, in.data(), tg.data(), 1.0f));
+        dbrx_backward(&g, in.data(), tg.data(), 1.0f);
     }
     r.grads = get(g.grads, g.num_params);
     if (fp8_on(&g.fp8)) {
@@ -495,7 +495,7 @@ static Fp8Step gpu_run(const DbrxConfig& c, const std::vector<float>& params, Fp
         r.names = g.fp8.names;
         for (const Fp8Meta& m : g.fp8.metas) r.amax.push_back(m.amax);
     }
-    dbrx_gpu_free(&g);
+    dbrx_free(&g);
     return r;
 }
 static Fp8Step cpu_run(const DbrxConfig& c, const std::vector<float>& params, Fp8Recipe recipe, int steps) {
@@ -572,15 +572,15 @@ static Replay replay_block0(Fp8Recipe gpu_recipe, Fp8Recipe cpu_recipe, int step
     }
     DbrxGPU g;
     Fp8Config fc = {gpu_recipe, 16, 0, 0};
-    dbrx_gpu_build(&g, &c, SB, ST, SEED, &fc);
-    dbrx_gpu_set_params(&g, params.data());
+    dbrx_build(&g, &c, SB, ST, SEED, &fc);
+    dbrx_set_params(&g, params.data());
     for (int s = 0; s < steps; s++) {
         std::vector<int> in, tg;
         batch(&in, &tg, 60 + s);
-        if (s) dbrx_gpu_update(&g, &OPT, OPT.lr, s);
-        dbrx_gpu_zero_grad(&g);
-        dbrx_gpu_forward(&g, in.data(), tg.data(), 1.0f);
-        dbrx_gpu_backward(&g, 1.0f);
+        if (s) dbrx_update(&g, &OPT, OPT.lr, s);
+        dbrx_zero_grad(&g);
+        dbrx_forward(&g, in.data(), tg.data(), 1.0f);
+        dbrx_backward(&g, in.data(), tg.data(), 1.0f);
     }
     const BlockActsGPU& a = g.acts[0];
     const BlockViews<floatX>& w = g.p.blocks[0];
@@ -628,7 +628,7 @@ static Replay replay_block0(Fp8Recipe gpu_recipe, Fp8Recipe cpu_recipe, int step
             if (fp8_on(&g.fp8)) *mt = g.fp8.metas[fp8_slot(&g.fp8, 0, i, o)];
             mt->amax = 0;
         }
-    dbrx_gpu_free(&g);
+    dbrx_free(&g);
 
     // the CPU reference's FP8 GEMMs (model/fp8.cuh; the experts as model/dbrx.h runs them)
     Fp8Config cc = {cpu_recipe, 16, 0, 0};

@@ -56,13 +56,13 @@ struct StepResult {
 static StepResult gpu_step(const DbrxConfig& c, const std::vector<float>& params, const std::vector<int>& in,
                            const std::vector<int>& tg) {
     DbrxGPU g;
-    dbrx_gpu_build(&g, &c, B, T, SEED);
-    dbrx_gpu_set_params(&g, params.data());
+    dbrx_build(&g, &c, B, T, SEED);
+    dbrx_set_params(&g, params.data());
     StepResult r;
-    dbrx_gpu_zero_grad(&g);
-    r.ce = dbrx_gpu_forward(&g, in.data(), tg.data(), 1.0f);
+    dbrx_zero_grad(&g);
+    r.ce = dbrx_forward(&g, in.data(), tg.data(), 1.0f);
     r.lbl = g.lbl_loss;
-    dbrx_gpu_backward(&g, 1.0f);
+    dbrx_backward(&g, in.data(), tg.data(), 1.0f);
     r.grads.resize(g.num_params);
     cudaCheck(cudaMemcpy(r.grads.data(), g.grads, g.num_params * sizeof(float), cudaMemcpyDeviceToHost));
     for (int l = 0; l < c.n_layers; l++) {
@@ -70,9 +70,9 @@ static StepResult gpu_step(const DbrxConfig& c, const std::vector<float>& params
         cudaCheck(cudaMemcpy(idx.data(), g.acts[l].topk_idx, idx.size() * sizeof(int), cudaMemcpyDeviceToHost));
         r.topk.push_back(idx);
     }
-    r.norm = dbrx_gpu_update(&g, &OPT, OPT.lr, 1);
-    r.ce_after = dbrx_gpu_forward(&g, in.data(), tg.data(), 0.0f);
-    dbrx_gpu_free(&g);
+    r.norm = dbrx_update(&g, &OPT, OPT.lr, 1);
+    r.ce_after = dbrx_forward(&g, in.data(), tg.data(), 0.0f);
+    dbrx_free(&g);
     return r;
 }
 
