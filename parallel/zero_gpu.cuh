@@ -70,6 +70,8 @@ __global__ void zero_sum_partials_kernel(double* out, const float* partial, int 
     for (int b = 0; b < n; b++) acc += partial[b];
     *out = acc;
 }
+// DBRX_DEBUG_PLANT=reduce_scatter_chunk: a planted bug for the tests' negative control
+static const bool g_zero_debug_plant_rs = getenv("DBRX_DEBUG_PLANT") && !strcmp(getenv("DBRX_DEBUG_PLANT"), "reduce_scatter_chunk");
 static inline int zero_grid(size_t n) { size_t b = (n + 255) / 256; return (int)(b < 4096 ? (b ? b : 1) : 4096); }
 
 static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }
@@ -243,7 +245,9 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
         cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
         cudaCheck(cudaStreamWaitEvent(comm, zg->grads_ready[slot], 0));
         comm_reduce_scatter_inplace(&z->shard, zg->gwork[slot], n, COMM_F32);
-        LAUNCH(zero_accumulate_kernel, zero_grid(n), 256, 0, comm, zg->grad + z->shard_off[u], zg->gwork[slot] + (size_t)z->shard.rank * n, n);
+        // (test/test_zero_gpu.sh's negative control plants an error here: the neighbour's chunk)
+        int chunk = g_zero_debug_plant_rs ? (z->shard.rank + 1) % z->S : z->shard.rank;
+        LAUNCH(zero_accumulate_kernel, zero_grid(n), 256, 0, comm, zg->grad + z->shard_off[u], zg->gwork[slot] + (size_t)chunk * n, n);
         cudaCheck(cudaEventRecord(zg->grads_reduced[slot], comm));
     }
     // released after use, but for the last unit after its forward: its backward follows at once

@@ -22,3 +22,14 @@ verdicts() {
     done < "$file"
     [ "$n" -ge "$want" ] || fail "$file: $n of $want verdicts (the checker failed: see its output above)"
 }
+# waitlog FILE N: waits (up to 60 s) until the JSONL log FILE holds N step lines
+waitlog() { local i n; for i in $(seq 1 600); do n=$(grep -c '"loss"' "$1" 2>/dev/null); [ "${n:-0}" -ge "$2" ] && return 0; sleep 0.1; done; return 1; }
+children() {  # pids whose parent is $1 (from /proc: no procps needed)
+    local parent=$1 f st
+    for f in /proc/[0-9]*/stat; do
+        st=$(cat "$f" 2>/dev/null) || continue
+        st=${st##*) }   # after the command name, which may hold spaces: "S ppid ..."
+        set -- $st
+        [ "$2" = "$parent" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+    done
+}

@@ -44,16 +44,6 @@ same_losses() {
     local name=$1; shift
     if cmp_losses "$@"; then pass "$name: $(cat "$tmp/cmp")"; else fail "$name: $(cat "$tmp/cmp")"; fi
 }
-waitlog() { local i n; for i in $(seq 1 600); do n=$(grep -c '"loss"' "$1" 2>/dev/null); [ "${n:-0}" -ge "$2" ] && return 0; sleep 0.1; done; return 1; }
-children() {  # pids whose parent is $1 (from /proc: no procps needed)
-    local parent=$1 f st
-    for f in /proc/[0-9]*/stat; do
-        st=$(cat "$f" 2>/dev/null) || continue
-        st=${st##*) }   # after the command name, which may hold spaces: "S ppid ..."
-        set -- $st
-        [ "$2" = "$parent" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
-    done
-}
 resume_step() {  # the step a --resume auto of DIR starts from ("fresh" or the number)
     local out; out=$($BIN "${T[@]}" --ckpt-dir "$1" --resume auto --stop-after 0 2>&1)
     if grep -q "starting fresh" <<<"$out"; then echo fresh; else sed -nE 's/^resume: .* \(step ([0-9]+),.*/\1/p' <<<"$out"; fi
