@@ -4,8 +4,9 @@
  * forward + backward (under ZeRO-3/HSDP each unit's parameters are gathered before it runs and its
  * gradients reduce-scattered after: parallel/zero.h), the gradients summed across replicas,
  * global-norm clipping and AdamW on this rank's shard; a validation loss every --val-every steps;
- * one log line per step and a JSONL log. --device cuda (or auto, when a GPU is visible) runs the
- * same loop on the CUDA backend instead (train_cuda.cuh, model/dbrx_cuda.cuh).
+ * one log line per step and a JSONL log. The loop (train, below) is written once for both backends:
+ * --device cuda (or auto, when a GPU is visible) runs it on the CUDA model (model/dbrx_cuda.cuh) with
+ * the device parameter store (parallel/zero_gpu.cuh, NCCL); train_cuda.cuh has the device set-up.
  *
  * The model itself, with every piece of the DBRX block, is model/dbrx.h:
  *   embedding (model/embedding.cuh) -> L x [ norm_1 (layernorm.cuh) -> Wqkv (matmul.cuh)
@@ -91,12 +92,12 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--val-every", "-v", F_INT, &a->val_every, "validate every N steps (0: never)"},
         {"--val-steps", "-m", F_INT, &a->val_steps, "validation batches"},
         {"--log", "-o", F_STR, &a->log, "JSONL log file (one object per step and per validation)"},
-        {"--device", "", F_STR, &a->device, "auto | cpu | cuda"},
+        {"--device", "", F_STR, &a->device, "auto | cpu | cuda (cuda: one process per GPU under mpirun, the GPU from the node-local rank)"},
         {"--fp8", "", F_STR, &a->fp8, "FP8 GEMMs in the blocks: off | delayed | current | block (CPU: emulated; CUDA: cuBLASLt FP8)"},
         {"--fp8-amax-history", "", F_INT, &a->fp8_history, "delayed scaling: amax history length"},
         {"--fp8-margin", "", F_INT, &a->fp8_margin, "FP8 scales are backed off by 2^margin"},
         {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
-        {"--fp8-gather", "", F_BOOL, &a->fp8_gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales"},
+        {"--fp8-gather", "", F_BOOL, &a->fp8_gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales (CPU path only: the CUDA path's device store gathers BF16 and says so)"},
         {"--shard-group-size", "", F_INT, &a->shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
@@ -112,7 +113,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--export-dtype", "", F_STR, &a->export_dtype, "bf16 | fp32 (fp32: export -> import is bit-exact)"},
         {"--export-max-file-gb", "", F_FLOAT, &a->export_max_file_gb, "split the export into files of at most this size"},
         {"--dump-logits", "", F_STR, &a->dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
-        {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: measured from the CPU)"},
+        {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: the CPU's from its clock and ISA; the GPU's dense BF16 peak when known)"},
         {"--dry-run", "", F_BOOL, &a->dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
         {"--help", "-h", F_BOOL, &a->help, "this text"},
     };

@@ -7,7 +7,8 @@
 #   * --device auto picks the (emulated) GPU and says so; the CPU-only build refuses --device cuda
 #     and the nvcc build without a GPU says no device is visible (exit 2, one line);
 #   * out of GPU memory: one line with the memory estimate and what to change (exit 1);
-#   * several MPI ranks with --device cuda: refused with one line naming the fix.
+#   * more ranks on a node than it has GPUs: refused with one line naming the fix.
+# (Several ranks on the CUDA path, checkpoints and interop there: test/test_zero_gpu.sh.)
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -48,8 +49,9 @@ if [ -n "${NVCC:-}" ] && ! nvidia-smi >/dev/null 2>&1; then
 fi
 
 expect_exit 1 "out of GPU memory: one clear line" env SIMT_DEVICE_MEMORY=20000000 ./train_dbrx_emu --device cuda --model dbrx-tiny --steps 1
-grep -q "out of GPU memory: the model needs .* per GPU .*Lower --batch or --seq" <<<"$LAST_ERR" || fail "the OOM message gives the estimate and the fix: $LAST_ERR"
+grep -q "out of GPU memory: the run needs .* per GPU .*Lower --batch or --seq" <<<"$LAST_ERR" || fail "the OOM message gives the estimate and the fix: $LAST_ERR"
 
-out=$(bash dev/mpirun.sh -np 2 ./train_dbrx_emu --device cuda "${small[@]}" 2>&1); rc=$?
-if [ "$rc" != 0 ] && grep -q "error: --device cuda runs one process on one GPU for now" <<<"$out"; then pass "mpirun -np 2 --device cuda: refused with one line (exit $rc)"
-else fail "mpirun -np 2 --device cuda: exit $rc: $(head -3 <<<"$out")"; fi
+out=$(SIMT_DEVICES=1 bash dev/mpirun.sh -np 2 ./train_dbrx_emu --device cuda "${small[@]}" 2>&1); rc=$?
+if [ "$rc" != 0 ] && grep -q "error: --device cuda: 2 ranks on this node, 1 GPU(s) visible: run one rank per GPU" <<<"$out"; then
+    pass "mpirun -np 2 --device cuda on a node with 1 GPU: refused with one line (exit $rc)"
+else fail "mpirun -np 2 --device cuda, 1 GPU: exit $rc: $(head -3 <<<"$out")"; fi

@@ -14,6 +14,7 @@
 #   * checkpoints on the GPU path: 4 steps = 2 + stop + resume + 2 bit-identically (np 2, ZeRO-3); a GPU
 #     checkpoint of np 4 resumed on np 2 (reshard), and on the CPU backend; a CPU checkpoint resumed on the
 #     GPU; SIGINT saves and exits 0;
+#   * --fp8 delayed on the device store: np 2 = one process, and a resume carries the FP8 state exactly;
 #   * Hugging Face interop on the GPU path: --export-hf from a GPU run, --init-hf + --dump-logits on the GPU
 #     and on the CPU give the same logits within BF16 tolerance;
 #   * a rank SIGKILLed and a rank stopped (hung) under mpirun -np 2 --device cuda: the job exits non-zero,
@@ -150,6 +151,18 @@ check("CPU checkpoint resumed on the GPU path", L("cg"), L("cfull")[2:], 1e-2)
 PY
 verdicts "$tmp/ckv" 3
 for f in r4.out r4cpu.out cg.out; do grep -q "^resume: .*(step 2," "$tmp/$f" || fail "$f did not resume from step 2: $(grep -E 'resume|error' "$tmp/$f" | head -2)"; done
+
+# --fp8 delayed on the device store: np 2 ZeRO-3 gives one GPU process's losses, and its checkpoint
+# carries the FP8 scaling state (amax histories, scales: uploaded to the device on resume) bit-exactly
+F=(--model dbrx-tiny --n-layers 2 --seq 32 --val-every 0 --batch 2 --steps 4 --fp8 delayed)
+run1 f_ref ./train_dbrx_emu "${F[@]}" --device cuda --grad-accum 2
+runp f_full 2 "${F[@]}" --shard-group-size 2
+runp f_half 2 "${F[@]}" --shard-group-size 2 --ckpt-dir "$tmp/ckf" --stop-after 2
+runp f_half 2 "${F[@]}" --shard-group-size 2 --ckpt-dir "$tmp/ckf" --resume auto
+[ "$(losses "$tmp/f_full.jsonl")" = "$(losses "$tmp/f_ref.jsonl")" ] && pass "--fp8 delayed, np 2 ZeRO-3 on the device: the losses of one GPU process"     || fail "--fp8 delayed np 2: $(losses "$tmp/f_full.jsonl") vs $(losses "$tmp/f_ref.jsonl")"
+[ "$(losses "$tmp/f_full.jsonl")" = "$(losses "$tmp/f_half.jsonl")" ] && grep -q '"recipe": "delayed"' "$tmp/ckf/step_00000002/manifest.json" \
+    && pass "--fp8 delayed on the GPU path: 2 + save + resume + 2 = 4 steps bit-identically (the FP8 state in the checkpoint)" \
+    || fail "--fp8 delayed GPU resume: $(losses "$tmp/f_full.jsonl") vs $(losses "$tmp/f_half.jsonl")"
 
 # SIGINT to the rank (as Ctrl-C in a terminal reaches it): the GPU path saves where it is and exits 0
 ./train_dbrx_emu "${C[@]}" --device cuda --steps 400 --ckpt-dir "$tmp/sig" --log "$tmp/sig.jsonl" > "$tmp/sig.out" 2>&1 & P=$!
