@@ -112,7 +112,7 @@ HAVE_CUDA_HEADERS := $(wildcard $(CUDA_HOME)/include/cuda_bf16.h)
 SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -Wextra -Werror -DSIMT_EMULATION \
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
-EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda
+EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -127,6 +127,9 @@ test/test_fp8_cuda: test/test_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
 # parallel/zero_fp8.h's kernels (ZeRO-3's FP8 all-gather): MPI headers for parallel/comm.h
 test/test_zero_fp8_cuda: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_zero_fp8_cuda.cpp -lopenblas $(MPI_LIBS) -lm
+# the NCCL twin (test/simt/nccl_twin.h) and parallel/comm.h's NCCL path over it, under mpirun
+test/test_nccl_twin: test/test_nccl_twin.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_nccl_twin.cpp $(MPI_LIBS) -lm
 # the training binary on the emulated CUDA backend (--device cuda runs the CUDA path on the CPU)
 train_dbrx_emu: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -x c++ -o $@ train_dbrx.cu $(LDLIBS)

@@ -21,7 +21,6 @@ static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
 
 // the GPU model's answers to the loop's calls (model/dbrx_cuda.cuh has the step itself)
 static inline void dbrx_sync(DbrxGPU* m) { (void)m; cudaCheck(cudaDeviceSynchronize()); }
-static inline void dbrx_fp8_collect(DbrxGPU* m) { fp8_gpu_collect(&m->fp8); }   // this step's amaxes to the host
 // the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)
 static inline float dbrx_fp8_log_scale(DbrxGPU* m, int i) { return m->fp8.last_scale[i]; }
 static inline void dbrx_logits_to_host(DbrxGPU* m, std::vector<float>* out) {

@@ -317,10 +317,10 @@ static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
 // (CUDA, model/dbrx_cuda.cuh); Store is the parameter store that owns the weights, gradients and AdamW
 // moments: Zero (host memory, MPI: parallel/zero.h) or ZeroGpu (device memory, NCCL:
 // parallel/zero_gpu.cuh). Both pairs answer the same calls:
-//   model  dbrx_forward, dbrx_backward, dbrx_fp8_metas, dbrx_fp8_collect, dbrx_fp8_log_scale,
-//          dbrx_logits_to_host, dbrx_sync
-//   store  zero_zero_grad, zero_reduce_grads, zero_update, zero_bytes_sent, zero_to_host, zero_from_host,
-//          zero_layout (the layout and host shards that checkpoints and Hugging Face interop read)
+//   model  dbrx_forward, dbrx_backward, dbrx_fp8_metas, dbrx_fp8_log_scale, dbrx_logits_to_host, dbrx_sync
+//   store  zero_zero_grad, zero_reduce_grads, zero_update, zero_fp8_amax_reduce, zero_bytes_sent,
+//          zero_to_host, zero_from_host, zero_layout (the layout and host shards that checkpoints and
+//          Hugging Face interop read)
 // The backend's set-up (train_cpu below, train_cuda in train_cuda.cuh) builds them and calls this.
 
 typedef struct { double peak; std::string peak_how; std::string memory_line; } BackendInfo;
@@ -439,14 +439,12 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         }
         std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(model);
         if (!fp8_metas.empty()) {
-            // the amax of a tensor is the max over every rank that holds a piece of it
-            dbrx_fp8_collect(model);
-            std::vector<float> amax, amax_local;
-            for (Fp8MetaRef& r : fp8_metas) amax.push_back(r.meta->amax);
-            amax_local = amax;
-            comm_all_reduce_max_f32(&comm.world_group, amax.data(), amax.size());
-            for (size_t i = 0; i < amax.size(); i++) fp8_metas[i].meta->amax = amax[i];
-            if (logf && args.fp8_log_every > 0 && (step + 1) % args.fp8_log_every == 0) {
+            // the amax of a tensor is the max over every rank that holds a piece of it (the store reduces
+            // them: on the host over MPI, or on the device over NCCL)
+            bool log_fp8 = logf && args.fp8_log_every > 0 && (step + 1) % args.fp8_log_every == 0;
+            std::vector<float> amax_local;
+            zero_fp8_amax_reduce(store, fp8_metas, log_fp8 ? &amax_local : NULL);
+            if (log_fp8) {
                 fprintf(logf, "{\"step\": %d, \"fp8\": {", step + 1);
                 for (size_t i = 0; i < fp8_metas.size(); i++) {
                     const Fp8Meta* mt = fp8_metas[i].meta;
@@ -538,7 +536,6 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
 
 // the CPU model's answers to the loop's calls that only the GPU model needs to do work for
 static inline void dbrx_sync(Dbrx* m) { (void)m; }
-static inline void dbrx_fp8_collect(Dbrx* m) { (void)m; }   // the amaxes are on the host already
 static inline float dbrx_fp8_log_scale(Dbrx* m, int i) { return dbrx_fp8_metas(m)[i].meta->scale; }
 static inline void dbrx_logits_to_host(Dbrx* m, std::vector<float>* out) {
     out->assign(m->logits, m->logits + (size_t)m->B * m->T * m->cfg.vocab_size);

@@ -299,17 +299,8 @@ typedef struct { std::string name; Fp8Meta* meta; Fp8Format fmt; } Fp8MetaRef;
 static inline std::vector<Fp8MetaRef> dbrx_fp8_metas(Dbrx* m) {
     std::vector<Fp8MetaRef> refs;
     if (m->fp8.recipe == FP8_OFF) return refs;
-    const char* lin[5] = {"qkv", "proj", "w1", "v1", "w2"};
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        Fp8BlockState& b = m->fp8_state[l];
-        Fp8Linear* q[5] = {&b.qkv, &b.proj, &b.w1, &b.v1, &b.w2};
-        for (int i = 0; i < 5; i++) {
-            std::string pre = "blocks." + std::to_string(l) + "." + lin[i];
-            if (i != 3) refs.push_back({pre + ".x", &q[i]->x, FP8_E4M3});   // v1 reuses w1's input
-            refs.push_back({pre + ".w", &q[i]->w, FP8_E4M3});
-            refs.push_back({pre + ".dy", &q[i]->dy, FP8_E5M2});
-        }
-    }
+    for (const Fp8Operand& o : fp8_operand_table(m->cfg.n_layers))   // model/fp8.cuh: the table both backends share
+        refs.push_back({o.name, fp8_block_meta(&m->fp8_state[o.layer], o.lin, o.op), o.fmt});
     return refs;
 }
 
@@ -323,6 +314,87 @@ static inline void unit_begin(Dbrx* m, int unit, int phase) { if (m->hooks.begin
 static inline void unit_end(Dbrx* m, int unit, int phase) { if (m->hooks.end) m->hooks.end(m->hooks.ctx, unit, phase); }
 
 // ---------------------------------------------------------------------------------------------
+// The block's five GEMMs, each one call that picks its numerics: FP32, or under --fp8 the same GEMM on
+// fake-quantised operands (model/fp8.cuh) with the operand state of layer l (m->fp8_state[l]).
+// Wqkv and out_proj are block_linear_*; the experts' w1, v1, w2 are block_experts_*.
+
+static inline Fp8BlockState* block_fp8(Dbrx* m, int l) { return m->fp8.recipe != FP8_OFF ? &m->fp8_state[l] : NULL; }
+
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T; q: the linear's FP8 state (NULL: FP32)
+static inline void block_linear_forward(Dbrx* m, Fp8Linear* q, real* out, const real* inp, const real* weight, int N, int C, int OC) {
+    if (q) fp8_matmul_forward(out, inp, weight, N, C, OC, q, &m->fp8, m->fq_x, m->fq_w);
+    else matmul_forward(out, inp, weight, N, C, OC);
+}
+// dinp += dout @ weight, dweight += dout^T @ inp
+static inline void block_linear_backward(Dbrx* m, Fp8Linear* q, real* dinp, real* dweight, const real* dout, const real* inp,
+                                         const real* weight, int N, int C, int OC) {
+    if (q) fp8_matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC, q, &m->fp8, m->fq_x, m->fq_w, m->fq_dy, m->fq_dy2);
+    else matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC);
+}
+
+// The SwiGLU experts over the routed rows of block l (grouped by expert: a->offsets):
+// g, u, act = up(xe); ye = down(act). Under FP8: E4M3 operands, xe and act in 1x128 tiles along the
+// GEMM's reduction, each expert's weights in 128x128 blocks.
+static inline void block_experts_forward(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
+    const DbrxConfig* c = &m->cfg;
+    int E = c->n_experts, d = c->d_model, F = c->ffn_hidden;
+    Fp8BlockState* q8 = block_fp8(m, l);
+    const real *xe = a->xe, *w1 = w.w1, *v1 = w.v1, *act = a->act, *w2 = w.w2;
+    const int* ws = m->fp8_wseg.data();
+    if (q8) {
+        fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 1, 128);
+        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
+        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
+        xe = m->fq_x;
+    }
+    experts_up_forward(a->g, a->u, a->act, xe, w1, v1, a->offsets, E, d, F);
+    if (q8) {
+        fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 1, 128);
+        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8);
+        act = m->fq_x;
+    }
+    experts_down_forward(a->ye, act, w2, a->offsets, E, d, F);
+}
+
+// Backward of block_experts_forward from dye (m->dye): the weight gradients into gw, dxe (m->dxe).
+// Under FP8: E5M2 gradients, in 1x128 tiles for dgrad (reduction along the row) and re-tiled 128x1
+// for wgrad under block scaling (reduction over the tokens).
+static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const BlockParams& w, const BlockParams& gw) {
+    const DbrxConfig* c = &m->cfg;
+    int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, N = m->B * m->T, k = c->top_k;
+    Fp8BlockState* q8 = block_fp8(m, l);
+    bool block8 = m->fp8.recipe == FP8_BLOCK;
+    const int* ws = m->fp8_wseg.data();
+    // down: dgrad da = dye @ w2_e^T reduces over d, wgrad dw2_e += a^T @ dye over the tokens
+    const real *dye_d = m->dye, *dye_w = m->dye, *w2 = w.w2, *act_w = a->act;
+    if (q8) {
+        fp8_operand_grouped(m->fq_dy, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 1, 128);
+        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8);
+        if (block8) fp8_operand_grouped(m->fq_dy2, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 128, 1);
+        fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 128, 1);
+        dye_d = m->fq_dy; dye_w = block8 ? m->fq_dy2 : m->fq_dy; act_w = m->fq_x;
+    }
+    experts_down_backward(m->da, gw.w2, dye_d, w2, act_w, dye_w, a->offsets, E, d, F);
+    swiglu_backward(m->dg, m->du, m->da, a->g, a->u, (size_t)N * k * F);
+    // up: dgrad dxe = dg @ w1_e + du @ v1_e reduces over F, wgrad over the tokens
+    const real *dg_d = m->dg, *du_d = m->du, *dg_w = m->dg, *du_w = m->du, *w1 = w.w1, *v1 = w.v1, *xe_w = a->xe;
+    if (q8) {
+        fp8_operand_grouped(m->fq_dy, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 1, 128);
+        fp8_operand_grouped(m->fq_dz, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 1, 128);
+        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
+        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
+        if (block8) {
+            fp8_operand_grouped(m->fq_dy2, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 128, 1);
+            fp8_operand_grouped(m->fq_dz2, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 128, 1);
+        }
+        fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 128, 1);
+        dg_d = m->fq_dy; du_d = m->fq_dz; xe_w = m->fq_x;
+        dg_w = block8 ? m->fq_dy2 : m->fq_dy; du_w = block8 ? m->fq_dz2 : m->fq_dz;
+    }
+    experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, a->offsets, E, d, F);
+}
+
+// ---------------------------------------------------------------------------------------------
 // forward: inputs, targets (B, T) token ids. Returns the cross-entropy; sets ce/lbl/z/imbalance.
 // dloss: the training loop's 1 / grad_accum, or 0 for evaluation; the CPU needs it only in the
 // backward (the GPU's fused classifier takes it here), so the two backends share one signature.
@@ -331,7 +403,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
     (void)dloss;
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
-    int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers;
+    int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers;
     unit_begin(m, 0, UNIT_FORWARD);
     embedding_forward(m->resid[0], inputs, m->p.wte, N, d);
     unit_end(m, 0, UNIT_FORWARD);
@@ -343,14 +415,12 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         real* x = m->resid[l];
         // attention half
         layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
-        Fp8BlockState* q8 = m->fp8.recipe != FP8_OFF ? &m->fp8_state[l] : NULL;
-        if (q8) fp8_matmul_forward(a->qkv_pre, a->ln1, w.wqkv, N, d, qd, &q8->qkv, &m->fp8, m->fq_x, m->fq_w);
-        else matmul_forward(a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        Fp8BlockState* q8 = block_fp8(m, l);
+        block_linear_forward(m, q8 ? &q8->qkv : NULL, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         attention_forward(a->atty, a->att, a->qkv, B, T, H, KV, hd);
-        if (q8) fp8_matmul_forward(a->resid_mid, a->atty, w.wo, N, d, d, &q8->proj, &m->fp8, m->fq_x, m->fq_w);
-        else matmul_forward(a->resid_mid, a->atty, w.wo, N, d, d);
+        block_linear_forward(m, q8 ? &q8->proj : NULL, a->resid_mid, a->atty, w.wo, N, d, d);
         for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
         // MoE half
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
@@ -358,21 +428,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k);
         moe_dispatch(a->offsets, a->row_token, a->slot_row, a->topk_idx, a->counts, N, E, k);
         moe_gather(a->xe, a->ln2, a->row_token, N * k, d);
-        const real *xe = a->xe, *w1 = w.w1, *v1 = w.v1, *act = a->act, *w2 = w.w2;
-        if (q8) {   // E4M3 operands: xe in 1x128 tiles along d, each expert's weights in 128x128 blocks
-            const int* ws = m->fp8_wseg.data();
-            fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 1, 128);
-            w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
-            v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
-            xe = m->fq_x;
-        }
-        experts_up_forward(a->g, a->u, a->act, xe, w1, v1, a->offsets, E, d, F);
-        if (q8) {   // the SwiGLU output in 1x128 tiles along F (the down GEMM's reduction)
-            fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 1, 128);
-            w2 = fp8_weight_operand(m->fq_w3, w.w2, m->fp8_wseg.data(), E, d, &q8->w2.w, &m->fp8);
-            act = m->fq_x;
-        }
-        experts_down_forward(a->ye, act, w2, a->offsets, E, d, F);
+        block_experts_forward(m, l, a, w);
         real* out = m->resid[l + 1];
         memcpy(out, a->resid_mid, (size_t)N * d * sizeof(real));
         moe_combine_forward(out, a->ye, a->topk_w, a->slot_row, N, k, d);
@@ -398,7 +454,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
 static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets, float dloss) {
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
-    int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
+    int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
     size_t Nd = (size_t)N * d;
     crossentropy_backward(m->logits, targets, N, V, (real)(dloss / N));
     unit_begin(m, L + 1, UNIT_BACKWARD);
@@ -415,36 +471,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
         // MoE half
         moe_combine_backward(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
-        Fp8BlockState* q8 = m->fp8.recipe != FP8_OFF ? &m->fp8_state[l] : NULL;
-        bool block8 = m->fp8.recipe == FP8_BLOCK;
-        const int* ws = m->fp8_wseg.data();
-        // down: dgrad da = dye @ w2_e^T reduces over d, wgrad dw2_e += a^T @ dye over the tokens
-        const real *dye_d = m->dye, *dye_w = m->dye, *w2 = w.w2, *act_w = a->act;
-        if (q8) {
-            fp8_operand_grouped(m->fq_dy, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 1, 128);
-            w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8);
-            if (block8) fp8_operand_grouped(m->fq_dy2, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 128, 1);
-            fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 128, 1);
-            dye_d = m->fq_dy; dye_w = block8 ? m->fq_dy2 : m->fq_dy; act_w = m->fq_x;
-        }
-        experts_down_backward(m->da, gw.w2, dye_d, w2, act_w, dye_w, a->offsets, E, d, F);
-        swiglu_backward(m->dg, m->du, m->da, a->g, a->u, (size_t)N * k * F);
-        // up: dgrad dxe = dg @ w1_e + du @ v1_e reduces over F, wgrad over the tokens
-        const real *dg_d = m->dg, *du_d = m->du, *dg_w = m->dg, *du_w = m->du, *w1 = w.w1, *v1 = w.v1, *xe_w = a->xe;
-        if (q8) {
-            fp8_operand_grouped(m->fq_dy, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 1, 128);
-            fp8_operand_grouped(m->fq_dz, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 1, 128);
-            w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
-            v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
-            if (block8) {
-                fp8_operand_grouped(m->fq_dy2, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 128, 1);
-                fp8_operand_grouped(m->fq_dz2, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 128, 1);
-            }
-            fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 128, 1);
-            dg_d = m->fq_dy; du_d = m->fq_dz; xe_w = m->fq_x;
-            dg_w = block8 ? m->fq_dy2 : m->fq_dy; du_w = block8 ? m->fq_dz2 : m->fq_dz;
-        }
-        experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, a->offsets, E, d, F);
+        block_experts_backward(m, l, a, w, gw);
         memset(m->dln, 0, Nd * sizeof(real));
         moe_gather_backward(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
@@ -453,16 +480,13 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         memset(m->datty, 0, Nd * sizeof(real));
-        if (q8) fp8_matmul_backward(m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d, &q8->proj, &m->fp8, m->fq_x,
-                                    m->fq_w, m->fq_dy, m->fq_dy2);
-        else matmul_backward(m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
+        Fp8BlockState* q8 = block_fp8(m, l);
+        block_linear_backward(m, q8 ? &q8->proj : NULL, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
         attention_backward(m->dqkv, m->datty, a->qkv, a->att, B, T, H, KV, hd);
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));
-        if (q8) fp8_matmul_backward(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, &q8->qkv, &m->fp8, m->fq_x,
-                                    m->fq_w, m->fq_dy, m->fq_dy2);
-        else matmul_backward(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
+        block_linear_backward(m, q8 ? &q8->qkv : NULL, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward(m->dresid, gw.norm1, m->dln, m->resid[l], w.norm1, a->ln1_mean, a->ln1_rstd, N, d);
         unit_end(m, 1 + l, UNIT_BACKWARD);
     }

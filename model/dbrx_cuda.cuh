@@ -283,6 +283,48 @@ static inline std::vector<Fp8MetaRef> dbrx_fp8_metas(DbrxGPU* m) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The block's five GEMMs, each one call that picks its numerics (as model/dbrx.h's): BF16 cuBLASLt,
+// or under --fp8 cuBLASLt FP8 on operands quantised with layer l's slots (model/dbrx_fp8_cuda.cuh).
+
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T; lin: FP8_LIN_QKV or FP8_LIN_PROJ
+template <typename TO>
+static inline void block_linear_forward(DbrxGPU* m, int l, int lin, TO* out, const floatX* inp, const floatX* weight, int N, int C, int OC) {
+    if (fp8_on(&m->fp8)) fp8_matmul_forward_gpu(&m->fp8, l, lin, out, inp, weight, N, C, OC);
+    else matmul_forward_gpu(out, inp, weight, N, C, OC);
+}
+// dinp (N, C) = dout @ weight, dweight += dout^T @ inp
+template <typename TI>
+static inline void block_linear_backward(DbrxGPU* m, int l, int lin, TI* dinp, float* dweight, const floatX* dout, const floatX* inp,
+                                         const floatX* weight, int N, int C, int OC) {
+    if (fp8_on(&m->fp8)) fp8_matmul_backward_gpu(&m->fp8, l, lin, dinp, dweight, dout, inp, weight, N, C, OC, 0.0f);
+    else matmul_backward_gpu(dinp, dweight, dout, inp, weight, N, C, OC, 0.0f);
+}
+
+// The routed rows of block l gathered from ln2 (xe), and the SwiGLU experts over them (ye). Under FP8
+// every expert's rows are padded to a multiple of 16 first (slot_row remapped in place).
+static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w) {
+    const DbrxConfig* c = &m->cfg;
+    int N = m->B * m->T, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->ffn_hidden;
+    if (fp8_on(&m->fp8)) {
+        const int* row_token = fp8_pad_routing(&m->fp8, l, a->slot_row, a->row_token, a->offsets, a->offsets_host.data(), N * k, E);
+        moe_gather_gpu(a->xe, a->ln2, row_token, m->fp8.routing[l].poff[E], d);
+        fp8_experts_forward_gpu(&m->fp8, l, a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, E, d, F);
+    } else {
+        moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
+        experts_forward_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets_host.data(), E, d, F);
+    }
+}
+// Backward of block_experts_forward from dye (m->dye): the weight gradients into gw, dxe (m->dxe).
+static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w, const BlockViews<float>& gw) {
+    const DbrxConfig* c = &m->cfg;
+    int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
+    if (fp8_on(&m->fp8)) fp8_experts_backward_gpu(&m->fp8, l, m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g,
+                                                  a->u, a->act, w.w1, w.v1, w.w2, E, d, F);
+    else experts_backward_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1, w.w2,
+                              a->offsets_host.data(), E, d, F);
+}
+
+// ---------------------------------------------------------------------------------------------
 // forward: inputs, targets (B, T) token ids on the host. Returns the cross-entropy; sets
 // ce/lbl/z/imbalance. dloss > 0 (training: 1 / grad_accum) makes the fused classifier leave the
 // gradient of dloss * mean cross-entropy in m->logits for dbrx_backward; 0 = evaluation.
@@ -290,7 +332,7 @@ static inline std::vector<Fp8MetaRef> dbrx_fp8_metas(DbrxGPU* m) {
 static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targets, float dloss) {
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
-    int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
+    int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
     cudaCheck(cudaMemcpy(m->inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(m->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice));
     if (dloss > 0) {   // the embedding backward's plan, from the host copy of the tokens
@@ -313,27 +355,17 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         floatX* x = m->resid[l];
         // attention half
         layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
-        bool q8 = fp8_on(&m->fp8);
-        if (q8) fp8_matmul_forward_gpu(&m->fp8, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
-        else matmul_forward_gpu(a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         attention_forward_gpu(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
-        if (q8) fp8_matmul_forward_gpu(&m->fp8, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
-        else matmul_forward_gpu(m->attproj, a->atty, w.wo, N, d, d);
+        block_linear_forward(m, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
         residual_forward_gpu(a->resid_mid, x, m->attproj, (size_t)N * d);
         // MoE half
         layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
         matmul_forward_gpu(a->router_logits, a->ln2, w.router, N, d, E);
         router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k);
         moe_dispatch_gpu(a->offsets, a->row_token, a->slot_row, a->offsets_host.data(), a->topk_idx, a->counts, N, E, k);
-        if (q8) {   // FP8: every expert's rows padded to a multiple of 16 (slot_row remapped in place)
-            const int* row_token = fp8_pad_routing(&m->fp8, l, a->slot_row, a->row_token, a->offsets, a->offsets_host.data(), N * k, E);
-            moe_gather_gpu(a->xe, a->ln2, row_token, m->fp8.routing[l].poff[E], d);
-            fp8_experts_forward_gpu(&m->fp8, l, a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, E, d, F);
-        } else {
-            moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
-            experts_forward_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets_host.data(), E, d, F);
-        }
+        block_experts_forward(m, l, a, w);
         moe_combine_forward_gpu(m->resid[l + 1], a->resid_mid, a->ye, a->topk_w, a->slot_row, N, k, d);
         // auxiliary losses and the load statistic (the counts follow from the offsets already on the host)
         cudaCheck(cudaMemcpy(stats.data(), a->router_stats, (E + 1) * sizeof(float), cudaMemcpyDeviceToHost));
@@ -369,7 +401,7 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
     (void)inputs; (void)targets;
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
-    int E = c->n_experts, k = c->top_k, F = c->ffn_hidden, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
+    int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
     ENSURE(m->last_dloss == dloss && dloss > 0, "dbrx_backward(dloss %g) after a forward with dloss %g", dloss, m->last_dloss);
     // m->logits holds dlogits (the fused classifier wrote them)
     unit_begin(m, L + 1, UNIT_BACKWARD);
@@ -386,11 +418,7 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
         // MoE half
         moe_combine_backward_gpu(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
-        bool q8 = fp8_on(&m->fp8);
-        if (q8) fp8_experts_backward_gpu(&m->fp8, l, m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u,
-                                         a->act, w.w1, w.v1, w.w2, E, d, F);
-        else experts_backward_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1,
-                                  w.w2, a->offsets_host.data(), E, d, F);
+        block_experts_backward(m, l, a, w, gw);
         moe_gather_backward_gpu(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
                             c->moe_loss_weight, c->z_loss_weight, dloss);
@@ -398,12 +426,10 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         layernorm_backward_gpu(m->dresid, m->dresid_bf16, gw.norm2, m->ln_scratch, m->dln, a->resid_mid, w.norm2, a->ln2_mean,
                                a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
-        if (q8) fp8_matmul_backward_gpu(&m->fp8, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d, 0.0f);
-        else matmul_backward_gpu(m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d, 0.0f);
+        block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d);
         attention_backward_gpu(m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         clip_rope_backward_gpu(m->dqkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
-        if (q8) fp8_matmul_backward_gpu(&m->fp8, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, 0.0f);
-        else matmul_backward_gpu(m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, 0.0f);
+        block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gw.norm1, m->ln_scratch, m->dln, m->resid[l], w.norm1, a->ln1_mean,
                                a->ln1_rstd, N, d);
         unit_end(m, 1 + l, UNIT_BACKWARD);

@@ -44,8 +44,6 @@ typedef struct {
     int row_tiles;
 } Fp8Routing;
 
-enum { FP8_LIN_QKV = 0, FP8_LIN_PROJ, FP8_LIN_W1, FP8_LIN_V1, FP8_LIN_W2 };
-enum { FP8_OP_X = 0, FP8_OP_W, FP8_OP_DY };
 
 typedef struct {
     Fp8Config cfg;                              // recipe FP8_OFF: nothing below is used
@@ -86,17 +84,14 @@ static inline void fp8_gpu_setup(Fp8GPU* f, const Fp8Config* cfg, const DbrxConf
     if (c->d_model % 16 || c->ffn_hidden % 16 || qd % 16)
         fail(EXIT_BAD_INPUT, "--fp8 on the GPU needs d_model (%d), ffn_hidden (%d) and the qkv width (%d) to be multiples of 16 "
              "(cuBLASLt's FP8 leading dimensions)", c->d_model, c->ffn_hidden, qd);
-    const char* lin[5] = {"qkv", "proj", "w1", "v1", "w2"};
-    const char* op[3] = {"x", "w", "dy"};
     f->slot.assign(c->n_layers, std::array<int, 15>());
-    for (int l = 0; l < c->n_layers; l++)
-        for (int i = 0; i < 5; i++)
-            for (int o = 0; o < 3; o++) {
-                if (i == FP8_LIN_V1 && o == FP8_OP_X) { f->slot[l][i * 3 + o] = f->slot[l][FP8_LIN_W1 * 3 + o]; continue; }
-                f->slot[l][i * 3 + o] = f->nslots++;
-                f->names.push_back("blocks." + std::to_string(l) + "." + lin[i] + "." + op[o]);
-                f->fmts.push_back(o == FP8_OP_DY ? FP8_E5M2 : FP8_E4M3);
-            }
+    for (const Fp8Operand& o : fp8_operand_table(c->n_layers)) {   // one slot per operand, in the table's order
+        f->slot[o.layer][o.lin * 3 + o.op] = f->nslots++;
+        f->names.push_back(o.name);
+        f->fmts.push_back(o.fmt);
+    }
+    for (int l = 0; l < c->n_layers; l++)   // v1 reads w1's input
+        f->slot[l][FP8_LIN_V1 * 3 + FP8_OP_X] = f->slot[l][FP8_LIN_W1 * 3 + FP8_OP_X];
     f->metas.resize(f->nslots);
     for (Fp8Meta& m : f->metas) fp8_meta_init(&m);
     f->last_scale.assign(f->nslots, 1.0f);

@@ -280,6 +280,31 @@ static inline void fp8_matmul_backward(real* dinp, real* dweight, const real* do
 // the FP8 state of one block's five GEMMs (v1 reads the same quantised input as w1: its x is unused)
 typedef struct { Fp8Linear qkv, proj, w1, v1, w2; } Fp8BlockState;
 
+// THE TABLE OF FP8 OPERANDS, one for both backends (the CPU's Fp8BlockState, the GPU's slots in
+// model/dbrx_fp8_cuda.cuh), the checkpoints' FP8 state and the logs: per layer, per linear (Wqkv,
+// out_proj, w1, v1, w2), its input x and weight w (E4M3) and output gradient dy (E5M2), named
+// "blocks.L.<linear>.<operand>". v1 reads w1's input, so "v1.x" is not an operand of its own.
+enum { FP8_LIN_QKV = 0, FP8_LIN_PROJ, FP8_LIN_W1, FP8_LIN_V1, FP8_LIN_W2, FP8_NLIN };
+enum { FP8_OP_X = 0, FP8_OP_W, FP8_OP_DY };
+typedef struct { int layer, lin, op; std::string name; Fp8Format fmt; } Fp8Operand;
+static inline std::vector<Fp8Operand> fp8_operand_table(int n_layers) {
+    const char* lin[FP8_NLIN] = {"qkv", "proj", "w1", "v1", "w2"};
+    const char* op[3] = {"x", "w", "dy"};
+    std::vector<Fp8Operand> t;
+    for (int l = 0; l < n_layers; l++)
+        for (int i = 0; i < FP8_NLIN; i++)
+            for (int o = 0; o < 3; o++) {
+                if (i == FP8_LIN_V1 && o == FP8_OP_X) continue;
+                t.push_back({l, i, o, "blocks." + std::to_string(l) + "." + lin[i] + "." + op[o], o == FP8_OP_DY ? FP8_E5M2 : FP8_E4M3});
+            }
+    return t;
+}
+// the CPU's state of one operand of the table
+static inline Fp8Meta* fp8_block_meta(Fp8BlockState* b, int lin, int op) {
+    Fp8Linear* q[FP8_NLIN] = {&b->qkv, &b->proj, &b->w1, &b->v1, &b->w2};
+    return op == FP8_OP_X ? &q[lin]->x : op == FP8_OP_W ? &q[lin]->w : &q[lin]->dy;
+}
+
 #if defined(__CUDACC__) || defined(SIMT_EMULATION)
 // ---------------------------------------------------------------------------------------------
 // CUDA: the quantisation kernel. One pass over a BF16 tensor x (rows, cols), row-major:

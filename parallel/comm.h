@@ -6,8 +6,11 @@
  *        are counted where they are handed to MPI, not estimated, (2) the summation order of a
  *        reduction is fixed and documented (parallel/README.md), and (3) every wait has a watchdog
  *        that names a lost rank instead of hanging.
- *   NCCL (device buffers, stream-ordered on the group's stream; compiled by nvcc only): ncclUniqueId
- *        broadcast over the group's MPI communicator, one NCCL communicator per group.
+ *   NCCL (device buffers, stream-ordered on the group's stream): ncclUniqueId broadcast over the group's
+ *        MPI communicator, one NCCL communicator per group. Compiled by nvcc against NCCL; under the SIMT
+ *        emulator (g++ -DSIMT_EMULATION) against NCCL's twin, test/simt/nccl_twin.h, which runs the same
+ *        calls on the CPU over MPI, so that this path is executed in CI. There the bytes sent are measured
+ *        by the twin; on NCCL they are NCCL's ring volume (a formula: NCCL does not report them).
  * Collectives: all_gather, reduce_scatter (sum), all_reduce (sum), broadcast, barrier, all_to_all,
  * and comm_split for sub-groups (HSDP's shard and replica groups).
  *
@@ -30,6 +33,11 @@
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <nccl.h>
+#define COMM_HAVE_NCCL 1
+#elif defined(SIMT_EMULATION)
+// the emulator's CUDA runtime and the NCCL twin: the NCCL path below, run on the CPU over MPI
+#include "../test/simt/simt.h"
+#include "../test/simt/nccl_twin.h"
 #define COMM_HAVE_NCCL 1
 #endif
 
@@ -64,6 +72,8 @@ typedef struct {
     cudaStream_t stream;         // the group's communication stream; NCCL collectives are ordered on it
 #endif
     uint64_t bytes_sent;         // payload bytes this rank has sent in this group's collectives
+    uint64_t nccl_formula_bytes; // NCCL groups: the same count from NCCL's ring formulas (under the emulator
+                                 // bytes_sent is the twin's measurement instead: tests compare the two)
     uint64_t calls;              // collectives issued
     std::vector<char> scratch;   // the ring's receive buffer (MPI)
     std::vector<char> staging;   // copy of an out-of-place reduce-scatter's input (MPI)
@@ -204,6 +214,7 @@ static inline void comm_group_init_world(CommGroup* g) {
     for (int i = 0; i < g->size; i++) g->members[i] = i;
     g->nccl = 0;
     g->bytes_sent = 0;
+    g->nccl_formula_bytes = 0;
     g->calls = 0;
 }
 
@@ -389,6 +400,29 @@ static inline ncclDataType_t nccl_type(CommType t) {
     switch (t) { case COMM_F32: return ncclFloat32; case COMM_F64: return ncclFloat64; case COMM_BF16: return ncclBfloat16;
                  case COMM_I32: return ncclInt32; default: return ncclInt8; }
 }
+
+// Bytes of a NCCL collective. NCCL does not say what it sent: bytes_sent gets `formula`, the per-rank
+// volume of NCCL's ring, issued as
+//     uint64_t mark = comm_nccl_mark(g);  nccl...(...);  comm_nccl_count(g, mark, formula);
+// Under the emulator the twin counts the bytes it hands to MPI, and bytes_sent gets that measured delta
+// instead; nccl_formula_bytes keeps the formula's sum in both builds, so that a test compares the two.
+static inline uint64_t comm_nccl_mark(CommGroup* g) {
+#ifdef SIMT_EMULATION
+    return nccl_twin_bytes_sent(g->nc);
+#else
+    (void)g;
+    return 0;
+#endif
+}
+static inline void comm_nccl_count(CommGroup* g, uint64_t mark, uint64_t formula) {
+    g->nccl_formula_bytes += formula;
+#ifdef SIMT_EMULATION
+    g->bytes_sent += nccl_twin_bytes_sent(g->nc) - mark;
+#else
+    (void)mark;
+    g->bytes_sent += formula;
+#endif
+}
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -401,8 +435,9 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
+        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclAllGather(send, recv, count * es, ncclInt8, g->nc, g->stream));
-        g->bytes_sent += (uint64_t)(g->size - 1) * bytes;   // NCCL's ring volume (not observable from here)
+        comm_nccl_count(g, mark, (uint64_t)(g->size - 1) * bytes);   // ring: S-1 chunks out
         return;
     }
 #endif
@@ -419,8 +454,9 @@ static inline void comm_reduce_scatter_inplace(CommGroup* g, void* buf, size_t c
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
         char* own = (char*)buf + (size_t)g->rank * count * comm_type_size(t);
+        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclReduceScatter(buf, own, count, nccl_type(t), ncclSum, g->nc, g->stream));
-        g->bytes_sent += (uint64_t)(g->size - 1) * count * comm_type_size(t);
+        comm_nccl_count(g, mark, (uint64_t)(g->size - 1) * count * comm_type_size(t));
         return;
     }
 #endif
@@ -433,8 +469,9 @@ static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* rec
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
         g->calls++;
+        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, g->nc, g->stream));
-        g->bytes_sent += (uint64_t)(g->size - 1) * bytes;
+        comm_nccl_count(g, mark, (uint64_t)(g->size - 1) * bytes);
         return;
     }
 #endif
@@ -451,8 +488,12 @@ static inline void comm_all_reduce(CommGroup* g, void* buf, size_t count, CommTy
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
+        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, g->nc, g->stream));
-        g->bytes_sent += (uint64_t)(2.0 * (g->size - 1) / g->size * count * comm_type_size(t));
+        // reduce-scatter + all-gather: 2 (S-1) / S of the buffer. The twin's measurement equals it when S
+        // divides count; otherwise its uneven chunks make a rank's differ by less than two chunks (the sum
+        // over the ranks is still exact)
+        comm_nccl_count(g, mark, (uint64_t)2 * (g->size - 1) * count * comm_type_size(t) / g->size);
         return;
     }
 #endif
@@ -471,13 +512,27 @@ static inline void comm_all_reduce_max_f32(CommGroup* g, float* buf, size_t coun
         for (size_t i = 0; i < count; i++) buf[i] = std::fmax(buf[i], all[(size_t)r * count + i]);
 }
 
+#ifdef COMM_HAVE_NCCL
+// buf (count non-negative floats as their bits, device memory: a NCCL group) <- the element-wise
+// maximum over ranks, on the device: non-negative floats order as their bit patterns, so an integer
+// max is the float max, exact and the same on every rank (the GPU's FP8 amaxes are kept as bits)
+static inline void comm_all_reduce_max_bits_dev(CommGroup* g, unsigned int* buf, size_t count) {
+    ENSURE(g->nccl, "comm_all_reduce_max_bits_dev: group %s has no NCCL communicator", g->name.c_str());
+    g->calls++;
+    uint64_t mark = comm_nccl_mark(g);
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclUint32, ncclMax, g->nc, g->stream));
+    comm_nccl_count(g, mark, (uint64_t)2 * (g->size - 1) * count * 4 / g->size);
+}
+#endif
+
 // buf (bytes) from group rank `root` to all: a chain root -> root+1 -> ..., pipelined in pieces
 static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
+        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclInt8, root, g->nc, g->stream));
-        if (ring_mod(g->rank + 1 - root, g->size) != 0) g->bytes_sent += bytes;   // all but the chain's last
+        comm_nccl_count(g, mark, ring_mod(g->rank + 1 - root, g->size) != 0 ? bytes : 0);   // all but the chain's last
         return;
     }
 #endif
@@ -509,13 +564,14 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, void* recv, s
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
+        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclGroupStart());
         for (int p = 0; p < g->size; p++) {
             NCCL_CHECK(ncclSend((const char*)send + p * bytes, bytes, ncclInt8, p, g->nc, g->stream));
             NCCL_CHECK(ncclRecv((char*)recv + p * bytes, bytes, ncclInt8, p, g->nc, g->stream));
         }
         NCCL_CHECK(ncclGroupEnd());
-        g->bytes_sent += (uint64_t)(g->size - 1) * bytes;
+        comm_nccl_count(g, mark, (uint64_t)(g->size - 1) * bytes);   // the chunk to itself stays on the GPU
         return;
     }
 #endif
@@ -573,6 +629,31 @@ static inline void comm_barrier(CommGroup* g) {
 // ---------------------------------------------------------------------------------------------
 // sub-groups
 
+#ifdef SIMT_EMULATION
+// The NCCL twin's watchdog: called about once a second while one of its waits makes no progress. What
+// comm_wait does for MPI: a rank of this node gone -> "lost rank R"; no progress for --comm-timeout
+// seconds -> abort the communicator and exit naming the rank waited for. (On a GPU, comm_sync does it.)
+static inline void comm_nccl_twin_watchdog(int peer_world_rank, const char* op, double waited_s) {
+    ncclComm_t nc = nccl_twin_waiting_comm();
+    char name[64];
+    snprintf(name, sizeof name, "%s", nccl_twin_get_name(nc));   // copied: the abort below frees nc
+    int lost = comm_find_lost_rank();
+    if (lost >= 0) {
+        char what[160];
+        snprintf(what, sizeof what, "during NCCL %s in group %s", op, name);
+        comm_die_lost(lost, what);
+    }
+    if (waited_s > g_comm_timeout) {
+        comm_mark_exiting();
+        ncclCommAbort(nc);
+        fprintf(stderr, "error: rank %d: NCCL %s in group %s made no progress for %.0f s waiting for rank %d: a rank was lost "
+                "or hangs (--comm-timeout); communicator aborted; exiting\n", g_comm_rank, op, name, waited_s, peer_world_rank);
+        fflush(stderr);
+        _exit(EXIT_RUNTIME);
+    }
+}
+#endif
+
 // Splits `parent` into groups of the ranks with equal `color`, ordered by `key` (MPI_Comm_split).
 // use_nccl: also create the group's NCCL communicator (rank 0 of the group makes the ncclUniqueId and
 // broadcasts it over the group's MPI communicator) and its communication stream.
@@ -587,6 +668,7 @@ static inline CommGroup comm_split(CommGroup* parent, int color, int key, const 
     g.members.resize(g.size);
     MPI_CHECK(MPI_Allgather(&me, 1, MPI_INT, g.members.data(), 1, MPI_INT, g.mpi));
     g.bytes_sent = 0;
+    g.nccl_formula_bytes = 0;
     g.calls = 0;
     g.nccl = 0;
     if (use_nccl) {
@@ -594,7 +676,16 @@ static inline CommGroup comm_split(CommGroup* parent, int color, int key, const 
         ncclUniqueId id;
         if (g.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
         MPI_CHECK(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, g.mpi));
+#ifdef SIMT_EMULATION
+        // the twin connects the ranks over the group's MPI communicator (NCCL: its own sockets, found from
+        // the id); it still checks that every rank holds the same id
+        nccl_twin_bootstrap(g.mpi);
+#endif
         NCCL_CHECK(ncclCommInitRank(&g.nc, g.size, id, g.rank));
+#ifdef SIMT_EMULATION
+        nccl_twin_set_name(g.nc, name);
+        nccl_twin_set_watchdog(comm_nccl_twin_watchdog);
+#endif
         CUDA_CHECK_COMM(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
         g.nccl = 1;
 #else

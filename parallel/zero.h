@@ -182,6 +182,17 @@ static inline int zero_enable_fp8_gather(Zero* z) {
     return 1;
 }
 
+// FP8: the amax of every operand becomes the max over all ranks (every rank holds a piece of the data
+// or of the weights). metas: the model's (dbrx_fp8_metas); amax_local, if given, gets this rank's own
+// amaxes first (the log's amax_rank0). On the CPU the amaxes are host floats: one all-gather over the world.
+static inline void zero_fp8_amax_reduce(Zero* z, std::vector<Fp8MetaRef>& metas, std::vector<float>* amax_local) {
+    std::vector<float> amax;
+    for (Fp8MetaRef& r : metas) amax.push_back(r.meta->amax);
+    if (amax_local) *amax_local = amax;
+    comm_all_reduce_max_f32(z->world, amax.data(), amax.size());
+    for (size_t i = 0; i < amax.size(); i++) metas[i].meta->amax = amax[i];
+}
+
 // the layout and the host shards that checkpoints and Hugging Face interop read (the GPU store has one too)
 static inline Zero* zero_layout(Zero* z) { return z; }
 

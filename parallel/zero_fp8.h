@@ -158,8 +158,9 @@ static inline void zero_fp8_init(ZeroFp8* f, Dbrx* m, int S, int s, const std::v
         const char* name = p.name;
         size_t len = strlen(name);
         auto ends = [&](const char* suf) { size_t k = strlen(suf); return len >= k && !strcmp(name + len - k, suf); };
-        Fp8Meta* meta = ends(".attn.Wqkv.weight") ? &b->qkv.w : ends(".attn.out_proj.weight") ? &b->proj.w
-                      : ends(".mlp.w1") ? &b->w1.w : ends(".mlp.v1") ? &b->v1.w : ends(".mlp.w2") ? &b->w2.w : NULL;
+        int lin = ends(".attn.Wqkv.weight") ? FP8_LIN_QKV : ends(".attn.out_proj.weight") ? FP8_LIN_PROJ
+                : ends(".mlp.w1") ? FP8_LIN_W1 : ends(".mlp.v1") ? FP8_LIN_V1 : ends(".mlp.w2") ? FP8_LIN_W2 : -1;
+        Fp8Meta* meta = lin >= 0 ? fp8_block_meta(b, lin, FP8_OP_W) : NULL;   // the weight operand of the table (model/fp8.cuh)
         int mat = -1;
         if (meta) {
             int seg_rows = ends(".attn.Wqkv.weight") || ends(".attn.out_proj.weight") ? p.rows : c->ffn_hidden;

@@ -313,6 +313,31 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
     return norm;
 }
 
+// FP8: the amax of every operand becomes the max over all ranks, on the device: the slots' amax array
+// (float bits) max-reduced in the shard group, then across the replicas (together: the world), then
+// brought to the host metas once (fp8_gpu_collect). amax_local, if given, gets this rank's own first
+// (one more copy, only on the steps that log them).
+static inline void zero_fp8_amax_reduce(ZeroGpu* zg, std::vector<Fp8MetaRef>& metas, std::vector<float>* amax_local) {
+    Fp8GPU* f = &zg->model->fp8;
+    Zero* z = &zg->z;
+    if (amax_local) {
+        fp8_gpu_collect(f);
+        amax_local->clear();
+        for (Fp8MetaRef& r : metas) amax_local->push_back(r.meta->amax);
+        f->collected = false;
+    }
+    cudaStream_t last = zg->compute;
+    for (CommGroup* g : {&z->shard, &z->replica}) {
+        if (g->size == 1) continue;
+        cudaCheck(cudaEventRecord(zg->comm_done, last));
+        cudaCheck(cudaStreamWaitEvent(g->stream, zg->comm_done, 0));
+        comm_all_reduce_max_bits_dev(g, f->amax, f->nslots);
+        comm_sync(g);   // the watchdog's wait (the host reads the result next)
+        last = g->stream;
+    }
+    fp8_gpu_collect(f);
+}
+
 static inline uint64_t zero_bytes_sent(const ZeroGpu* zg) { return zero_bytes_sent(&zg->z); }
 static inline Zero* zero_layout(ZeroGpu* zg) { return &zg->z; }
 

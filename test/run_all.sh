@@ -39,6 +39,29 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     doctest_run ./test/test_fp8_cuda
     echo "== ZeRO-3's FP8 all-gather on the GPU: piece amax/codes vs the CPU path, gathered operands vs the quantize kernel (SIMT emulator)"
     doctest_run ./test/test_zero_fp8_cuda
+    echo "== the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)"
+    for np in 1 2 3 4; do   # every rank runs every case; one check per run
+        out=$(timeout 120 bash dev/mpirun.sh -np "$np" ./test/test_nccl_twin 2>&1); rc=$?
+        ok=$(grep -cE '^rank [0-9]+: \[doctest\] test cases: .*\| +0 failed' <<<"$out")
+        if [ "$rc" = 0 ] && [ "$ok" = "$np" ]; then pass "test_nccl_twin -np $np: $(grep -m1 -oE 'test cases: +[0-9]+' <<<"$out" | grep -oE '[0-9]+') test cases passed on each of $np rank(s)"
+        else fail "test_nccl_twin -np $np (exit $rc, $ok of $np ranks passed): $(grep -E 'ERROR|error' <<<"$out" | head -3)"; fi
+    done
+    # negative control: the twin's planted bug (its reduce-scatter ring run backwards) must fail the order check
+    out=$(NCCL_TWIN_DEBUG_PLANT=reduce_order timeout 120 bash dev/mpirun.sh -np 4 ./test/test_nccl_twin -tc='summation order*' 2>&1); rc=$?
+    if [ "$rc" != 0 ] && grep -q "first element off the ring order" <<<"$out"; then pass "test_nccl_twin: a planted change of the summation order fails the order check (exit $rc)"
+    else fail "test_nccl_twin: the planted change of the summation order went unnoticed (exit $rc)"; fi
+    # a hung rank (SIGSTOP) under the NCCL path: rank 0's watchdog aborts and exits, naming it
+    pidf=$(mktemp); t0=$(date +%s)
+    NCCL_TWIN_TEST_HANG=1 NCCL_TWIN_TEST_PIDFILE=$pidf timeout 60 bash dev/mpirun.sh -np 2 ./test/test_nccl_twin > "$pidf.out" 2>&1; rc=$?
+    dt=$(( $(date +%s) - t0 ))
+    for f in "$pidf".[0-9]*; do   # nothing left stopped behind
+        p=$(cat "$f" 2>/dev/null)
+        if [ -n "$p" ] && grep -q test_nccl_twin "/proc/$p/cmdline" 2>/dev/null; then kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; fi
+    done
+    if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$dt" -lt 20 ] && grep -q "error: rank 0: NCCL AllReduce in group world made no progress for .* waiting for rank 1" "$pidf.out"; then
+        pass "NCCL path, a hung rank (SIGSTOP): exit $rc after ${dt} s, the watchdog names rank 1"
+    else fail "NCCL path, a hung rank: exit $rc after ${dt} s: $(grep -i error "$pidf.out" | head -3)"; fi
+    rm -f "$pidf" "$pidf".*
     echo "== dev/cuda microbenchmarks, validation only (SIMT emulator)"
     for b in dev/cuda/*_emu; do
         out=$("$b" 2>&1); rc=$?
@@ -66,6 +89,8 @@ echo "== training"; bash test/test_train.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
     echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
+    echo "== the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures"
+    bash test/test_zero_gpu.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
 fi

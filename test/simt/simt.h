@@ -757,6 +757,11 @@ inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) { mem
 inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = nullptr; return cudaSuccess; }
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { *s = nullptr; return cudaSuccess; }
+// streams are synchronous here (work runs when issued): a stream is always drained
+inline cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+// an event is complete when recorded (work runs when issued): nothing to wait for
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaGetLastError(void) { cudaError_t e = simt::runtime().last_error; simt::runtime().last_error = cudaSuccess; return e; }
 inline cudaError_t cudaPeekAtLastError(void) { return simt::runtime().last_error; }
@@ -780,9 +785,18 @@ inline const char* cudaGetErrorString(cudaError_t e) {
     default: return "emulated CUDA error";
     }
 }
-inline cudaError_t cudaGetDeviceCount(int* n) { *n = 1; return cudaSuccess; }
-inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
-inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
+// An emulated node has SIMT_DEVICES GPUs (default 8, as an HGX node), so that one process per GPU
+// under mpirun picks its device from its node-local rank as on a real node. Every process is its own
+// device: the "device" it selects only names it (its memory is the process's own).
+inline int device_count() { const char* e = getenv("SIMT_DEVICES"); int n = e ? atoi(e) : 8; return n > 0 ? n : 1; }
+inline thread_local int current_device = 0;
+inline cudaError_t cudaGetDeviceCount(int* n) { *n = device_count(); return cudaSuccess; }
+inline cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= device_count()) return simt::runtime().last_error = cudaErrorInvalidDevice;
+    current_device = d;
+    return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* d) { *d = current_device; return cudaSuccess; }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "SIMT emulator (CPU)");
@@ -823,6 +837,7 @@ inline cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr
     return cudaSuccess;
 }
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = new CUevent_st{0}; return cudaSuccess; }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { *e = new CUevent_st{0}; return cudaSuccess; }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { e->t = simt::now(); return cudaSuccess; }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
