@@ -305,6 +305,7 @@ static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
     double acc = 0;
     for (int i = 0; i < steps; i++) {
         dataloader_next(val);
+        comm_heartbeat();
         acc += dbrx_forward(model, val->inputs.data(), val->targets.data(), 0.0f);
     }
     acc /= steps;
@@ -407,6 +408,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             stopped = true;
             break;
         }
+        comm_watch(1);   // the step watchdog (parallel/comm.h) is armed while the step talks to the GPU
         if (do_val && step % args.val_every == 0) {
             double vl = evaluate(model, &val, args.val_steps, &comm);
             if (comm.rank == 0) {
@@ -422,6 +424,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         float dloss = 1.0f / args.grad_accum;
         for (int micro = 0; micro < args.grad_accum; micro++) {
             dataloader_next(&train);
+            comm_heartbeat();
             dbrx_forward(model, train.inputs.data(), train.targets.data(), dloss);
             if (comm.rank == kill_rank && step + 1 == kill_step) raise(kill_sig);
             dbrx_backward(model, train.inputs.data(), train.targets.data(), dloss);
@@ -458,6 +461,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
         double gnorm = zero_update(store, &opt, lr, step + 1);
         dbrx_sync(model);
+        comm_watch(0);
         double dt = now_seconds() - t0;
         uint64_t step_bytes = zero_bytes_sent(store) - bytes0;
         step_bytes_total += step_bytes;
@@ -498,6 +502,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
                (unsigned long long)step_bytes_total, steps_done, steps_done ? (double)step_bytes_total / steps_done : 0.0);
         fflush(stdout);
     }
+    comm_watch(1);   // the last evaluation and the logits dump talk to the GPU too
     if (do_val && !stopped && steps_done > 0) {
         double vl = evaluate(model, &val, args.val_steps, &comm);
         if (comm.rank == 0) {
@@ -506,6 +511,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         }
     }
     if (!args.export_hf.empty()) {
+        comm_watch(0);
         zero_to_host(store);
         hf_export(args.export_hf, zl, &cfg, model->table, args.export_dtype, (uint64_t)(args.export_max_file_gb * 1e9), &comm);
         if (comm.rank == 0) printf("export: %s (%s, DbrxForCausalLM)\n", args.export_hf.c_str(), args.export_dtype.c_str());
@@ -523,6 +529,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             printf("dump: inputs and logits of the first validation batch -> %s\n", args.dump_logits.c_str());
         }
     }
+    comm_watch(0);
     if (logf) fcloseCheck(logf, args.log.c_str());
     ckpt_free(&ck);
     dataloader_free(&train);

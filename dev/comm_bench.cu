@@ -137,17 +137,17 @@ static void selftest_group(CommGroup* g) {
         // all_gather of count per rank
         std::vector<float> send(count), recv(count * s);
         for (size_t i = 0; i < count; i++) send[i] = pattern(r, i);
-        uint64_t b0 = g->bytes_sent;
+        uint64_t b0 = comm_bytes_sent(g);
         comm_all_gather(g, send.data(), recv.data(), count, COMM_F32);
-        bool ok = g->bytes_sent - b0 == (uint64_t)(s - 1) * count * 4;
+        bool ok = comm_bytes_sent(g) - b0 == (uint64_t)(s - 1) * count * 4;
         for (size_t i = 0; i < recv.size(); i++) ok = ok && recv[i] == pattern((int)(i / count), i % count);
         st_check(g, ok, "all_gather values and bytes", (long long)count);
         // reduce_scatter: send holds s * count
         std::vector<float> big(count * s), out(count);
         for (size_t i = 0; i < big.size(); i++) big[i] = pattern(r, i);
-        b0 = g->bytes_sent;
+        b0 = comm_bytes_sent(g);
         comm_reduce_scatter(g, big.data(), out.data(), count, COMM_F32);
-        ok = g->bytes_sent - b0 == (uint64_t)(s - 1) * count * 4;
+        ok = comm_bytes_sent(g) - b0 == (uint64_t)(s - 1) * count * 4;
         for (size_t i = 0; i < count; i++) {
             float want = 0;
             for (int q = 0; q < s; q++) want += pattern(q, (size_t)r * count + i);
@@ -158,9 +158,9 @@ static void selftest_group(CommGroup* g) {
         // all_reduce of count (any count: chunks need not be equal) in double
         std::vector<double> x(count);
         for (size_t i = 0; i < count; i++) x[i] = pattern(r, i);
-        b0 = g->bytes_sent;
+        b0 = comm_bytes_sent(g);
         comm_all_reduce(g, x.data(), count, COMM_F64);
-        ok = g->bytes_sent - b0 == ring_phase_bytes(count, s, r, 8, 1) + ring_phase_bytes(count, s, r, 8, 0);
+        ok = comm_bytes_sent(g) - b0 == ring_phase_bytes(count, s, r, 8, 1) + ring_phase_bytes(count, s, r, 8, 0);
         for (size_t i = 0; i < count; i++) {
             double want = 0;
             for (int q = 0; q < s; q++) want += pattern(q, i);
@@ -170,17 +170,17 @@ static void selftest_group(CommGroup* g) {
         // broadcast from the last rank
         std::vector<int> bc(count);
         for (size_t i = 0; i < count; i++) bc[i] = r == s - 1 ? (int)(i * 7 + 1) : -1;
-        b0 = g->bytes_sent;
+        b0 = comm_bytes_sent(g);
         comm_broadcast(g, bc.data(), count * 4, s - 1);
-        ok = g->bytes_sent - b0 == (s > 1 && r != s - 2 ? count * 4 : 0);   // every rank of the chain but its end
+        ok = comm_bytes_sent(g) - b0 == (s > 1 && r != s - 2 ? count * 4 : 0);   // every rank of the chain but its end
         for (size_t i = 0; i < count; i++) ok = ok && bc[i] == (int)(i * 7 + 1);
         st_check(g, ok, "broadcast values and bytes", (long long)count);
         // all_to_all: chunk j of rank r goes to rank j
         std::vector<int> a2a(count * s), back(count * s);
         for (int j = 0; j < s; j++) for (size_t i = 0; i < count; i++) a2a[j * count + i] = (int)(r * 1000003 + j * 7919 + i);
-        b0 = g->bytes_sent;
+        b0 = comm_bytes_sent(g);
         comm_all_to_all(g, a2a.data(), back.data(), count, COMM_I32);
-        ok = g->bytes_sent - b0 == (uint64_t)(s - 1) * count * 4;
+        ok = comm_bytes_sent(g) - b0 == (uint64_t)(s - 1) * count * 4;
         for (int j = 0; j < s; j++) for (size_t i = 0; i < count; i++) ok = ok && back[j * count + i] == (int)(j * 1000003 + r * 7919 + i);
         st_check(g, ok, "all_to_all values and bytes", (long long)count);
     }

@@ -27,7 +27,10 @@
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
+#include <atomic>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 #include "../model/common.h"
 #ifdef __CUDACC__
@@ -402,28 +405,27 @@ static inline ncclDataType_t nccl_type(CommType t) {
 }
 
 // Bytes of a NCCL collective. NCCL does not say what it sent: bytes_sent gets `formula`, the per-rank
-// volume of NCCL's ring, issued as
-//     uint64_t mark = comm_nccl_mark(g);  nccl...(...);  comm_nccl_count(g, mark, formula);
-// Under the emulator the twin counts the bytes it hands to MPI, and bytes_sent gets that measured delta
-// instead; nccl_formula_bytes keeps the formula's sum in both builds, so that a test compares the two.
-static inline uint64_t comm_nccl_mark(CommGroup* g) {
-#ifdef SIMT_EMULATION
-    return nccl_twin_bytes_sent(g->nc);
-#else
-    (void)g;
-    return 0;
-#endif
-}
-static inline void comm_nccl_count(CommGroup* g, uint64_t mark, uint64_t formula) {
+// volume of NCCL's ring, issued as  nccl...(...); comm_nccl_count(g, formula);
+// Under the emulator the twin counts the bytes it hands to MPI when an operation runs (on a deferred
+// stream: when the stream is waited for), and comm_bytes_sent reads that measurement instead;
+// nccl_formula_bytes keeps the formula's sum in both builds, so that a test compares the two.
+static inline void comm_nccl_count(CommGroup* g, uint64_t formula) {
     g->nccl_formula_bytes += formula;
-#ifdef SIMT_EMULATION
-    g->bytes_sent += nccl_twin_bytes_sent(g->nc) - mark;
-#else
-    (void)mark;
+#ifndef SIMT_EMULATION
     g->bytes_sent += formula;
 #endif
 }
 #endif
+
+// Payload bytes this rank has sent in g's collectives: counted where they are handed to MPI (MPI groups),
+// NCCL's ring formula (NCCL groups), or under the emulator the NCCL twin's measurement of what has run
+// (read it when the group's stream has been waited for: queued operations count once they run).
+static inline uint64_t comm_bytes_sent(const CommGroup* g) {
+#ifdef SIMT_EMULATION
+    if (g->nccl) return g->bytes_sent + nccl_twin_bytes_sent(g->nc);
+#endif
+    return g->bytes_sent;
+}
 
 // ---------------------------------------------------------------------------------------------
 // the collectives. MPI: host buffers, complete on return. NCCL: device buffers, enqueued on g->stream
@@ -435,9 +437,8 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
-        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclAllGather(send, recv, count * es, ncclInt8, g->nc, g->stream));
-        comm_nccl_count(g, mark, (uint64_t)(g->size - 1) * bytes);   // ring: S-1 chunks out
+        comm_nccl_count(g, (uint64_t)(g->size - 1) * bytes);   // ring: S-1 chunks out
         return;
     }
 #endif
@@ -454,9 +455,8 @@ static inline void comm_reduce_scatter_inplace(CommGroup* g, void* buf, size_t c
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
         char* own = (char*)buf + (size_t)g->rank * count * comm_type_size(t);
-        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclReduceScatter(buf, own, count, nccl_type(t), ncclSum, g->nc, g->stream));
-        comm_nccl_count(g, mark, (uint64_t)(g->size - 1) * count * comm_type_size(t));
+        comm_nccl_count(g, (uint64_t)(g->size - 1) * count * comm_type_size(t));
         return;
     }
 #endif
@@ -469,9 +469,8 @@ static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* rec
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
         g->calls++;
-        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, g->nc, g->stream));
-        comm_nccl_count(g, mark, (uint64_t)(g->size - 1) * bytes);
+        comm_nccl_count(g, (uint64_t)(g->size - 1) * bytes);
         return;
     }
 #endif
@@ -488,12 +487,11 @@ static inline void comm_all_reduce(CommGroup* g, void* buf, size_t count, CommTy
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
-        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, g->nc, g->stream));
         // reduce-scatter + all-gather: 2 (S-1) / S of the buffer. The twin's measurement equals it when S
         // divides count; otherwise its uneven chunks make a rank's differ by less than two chunks (the sum
         // over the ranks is still exact)
-        comm_nccl_count(g, mark, (uint64_t)2 * (g->size - 1) * count * comm_type_size(t) / g->size);
+        comm_nccl_count(g, (uint64_t)2 * (g->size - 1) * count * comm_type_size(t) / g->size);
         return;
     }
 #endif
@@ -519,9 +517,8 @@ static inline void comm_all_reduce_max_f32(CommGroup* g, float* buf, size_t coun
 static inline void comm_all_reduce_max_bits_dev(CommGroup* g, unsigned int* buf, size_t count) {
     ENSURE(g->nccl, "comm_all_reduce_max_bits_dev: group %s has no NCCL communicator", g->name.c_str());
     g->calls++;
-    uint64_t mark = comm_nccl_mark(g);
     NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclUint32, ncclMax, g->nc, g->stream));
-    comm_nccl_count(g, mark, (uint64_t)2 * (g->size - 1) * count * 4 / g->size);
+    comm_nccl_count(g, (uint64_t)2 * (g->size - 1) * count * 4 / g->size);
 }
 #endif
 
@@ -530,9 +527,8 @@ static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int roo
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
-        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclInt8, root, g->nc, g->stream));
-        comm_nccl_count(g, mark, ring_mod(g->rank + 1 - root, g->size) != 0 ? bytes : 0);   // all but the chain's last
+        comm_nccl_count(g, ring_mod(g->rank + 1 - root, g->size) != 0 ? bytes : 0);   // all but the chain's last
         return;
     }
 #endif
@@ -564,14 +560,13 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, void* recv, s
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
-        uint64_t mark = comm_nccl_mark(g);
         NCCL_CHECK(ncclGroupStart());
         for (int p = 0; p < g->size; p++) {
             NCCL_CHECK(ncclSend((const char*)send + p * bytes, bytes, ncclInt8, p, g->nc, g->stream));
             NCCL_CHECK(ncclRecv((char*)recv + p * bytes, bytes, ncclInt8, p, g->nc, g->stream));
         }
         NCCL_CHECK(ncclGroupEnd());
-        comm_nccl_count(g, mark, (uint64_t)(g->size - 1) * bytes);   // the chunk to itself stays on the GPU
+        comm_nccl_count(g, (uint64_t)(g->size - 1) * bytes);   // the chunk to itself stays on the GPU
         return;
     }
 #endif
@@ -614,6 +609,81 @@ static inline void comm_sync(CommGroup* g) {
 #else
     (void)g;
 #endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// the step watchdog (NCCL groups). With the collectives on the GPU, the host can block in a CUDA call
+// (a copy, a synchronisation) behind a collective that cannot finish — a peer hung, or lost on another
+// node — and never reach comm_sync's checks. A thread watches instead: while armed (the training loop
+// arms it around the work that talks to the GPU: the steps and evaluation) it checks every half second
+// the groups' asynchronous NCCL errors, the ranks on this node and the heartbeat (comm_heartbeat, every
+// micro-batch); with no heartbeat for --comm-timeout + 10 s (the grace lets comm_sync, which can name
+// the rank it waits for, speak first) it aborts the communicators and exits, saying so.
+static std::atomic<double> g_comm_heartbeat{0};
+static std::atomic<int> g_comm_watch_armed{0};
+static std::mutex g_comm_watch_mu;
+static std::vector<CommGroup*> g_comm_watched;   // under g_comm_watch_mu
+static inline void comm_heartbeat() { g_comm_heartbeat.store(now_seconds()); }
+static inline void comm_watch(int on) { comm_heartbeat(); g_comm_watch_armed.store(on); }
+
+static inline void comm_watchdog_check() {
+#ifdef COMM_HAVE_NCCL
+    std::lock_guard<std::mutex> lock(g_comm_watch_mu);
+    if (!g_comm_watch_armed.load() || g_comm_watched.empty()) return;
+    ncclResult_t err = ncclSuccess;
+    const char* group = "";
+    for (CommGroup* g : g_comm_watched) {
+        ncclResult_t e = ncclSuccess;
+        if (ncclCommGetAsyncError(g->nc, &e) == ncclSuccess && e != ncclSuccess) { err = e; group = g->name.c_str(); }
+    }
+    int lost = comm_find_lost_rank();
+    double idle = now_seconds() - g_comm_heartbeat.load();
+    if (err == ncclSuccess && lost < 0 && idle <= g_comm_timeout + 10) return;
+    comm_mark_exiting();
+#ifndef SIMT_EMULATION   // (the NCCL twin's communicators belong to the thread that is blocked in them)
+    for (CommGroup* g : g_comm_watched) ncclCommAbort(g->nc);
+#endif
+    if (lost >= 0) comm_die_lost(lost, "(step watchdog: NCCL communicators aborted)");
+    char msg[512];
+    if (err != ncclSuccess)
+        snprintf(msg, sizeof msg, "error: rank %d: NCCL reports an asynchronous error in group %s (%s): a rank was lost or "
+                 "failed; communicators aborted; exiting\n", g_comm_rank, group, ncclGetErrorString(err));
+    else
+        snprintf(msg, sizeof msg, "error: rank %d: the GPU step made no progress for %.0f s: a NCCL collective cannot complete, "
+                 "a rank was lost or hangs (--comm-timeout %.0f); communicators aborted; exiting\n", g_comm_rank, idle, g_comm_timeout);
+    ssize_t ignored = write(2, msg, strlen(msg));
+    (void)ignored;
+    _exit(EXIT_RUNTIME);
+#endif
+}
+
+// watch these groups (their NCCL ones) from now on; the thread starts with the first
+static inline void comm_watchdog_start(const std::vector<CommGroup*>& groups) {
+#ifdef COMM_HAVE_NCCL
+    static bool started = false;
+    {
+        std::lock_guard<std::mutex> lock(g_comm_watch_mu);
+        for (CommGroup* g : groups) if (g->nccl) g_comm_watched.push_back(g);
+        if (started || g_comm_watched.empty()) return;
+        started = true;
+    }
+    comm_heartbeat();
+    std::thread([]() {
+        for (;;) {
+            struct timespec ts = {0, 500000000};
+            nanosleep(&ts, NULL);
+            comm_watchdog_check();
+        }
+    }).detach();
+#else
+    (void)groups;
+#endif
+}
+// before the watched groups are freed
+static inline void comm_watchdog_stop() {
+    std::lock_guard<std::mutex> lock(g_comm_watch_mu);
+    g_comm_watched.clear();
+    g_comm_watch_armed.store(0);
 }
 
 // all ranks of the group arrive (NCCL: after the group's stream has drained)
@@ -684,7 +754,9 @@ static inline CommGroup comm_split(CommGroup* parent, int color, int key, const 
         NCCL_CHECK(ncclCommInitRank(&g.nc, g.size, id, g.rank));
 #ifdef SIMT_EMULATION
         nccl_twin_set_name(g.nc, name);
-        nccl_twin_set_watchdog(comm_nccl_twin_watchdog);
+        // DBRX_DEBUG_TWIN_BLOCKS=1 (a test hook): no watchdog inside the twin's waits, so that a stuck
+        // collective blocks the host as a GPU's CUDA call would, and only the step watchdog can end it
+        if (!getenv("DBRX_DEBUG_TWIN_BLOCKS")) nccl_twin_set_watchdog(comm_nccl_twin_watchdog);
 #endif
         CUDA_CHECK_COMM(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
         g.nccl = 1;

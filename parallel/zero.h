@@ -201,7 +201,9 @@ static inline void zero_to_host(Zero* z) { (void)z; }
 static inline void zero_from_host(Zero* z) { (void)z; }
 
 // bytes this rank has sent in every group the training uses
-static inline uint64_t zero_bytes_sent(const Zero* z) { return z->world->bytes_sent + z->shard.bytes_sent + z->replica.bytes_sent; }
+static inline uint64_t zero_bytes_sent(const Zero* z) {
+    return comm_bytes_sent(z->world) + comm_bytes_sent(&z->shard) + comm_bytes_sent(&z->replica);
+}
 
 // ---------------------------------------------------------------------------------------------
 // gathering and reduce-scattering one unit

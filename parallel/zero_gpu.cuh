@@ -70,8 +70,10 @@ __global__ void zero_sum_partials_kernel(double* out, const float* partial, int 
     for (int b = 0; b < n; b++) acc += partial[b];
     *out = acc;
 }
-// DBRX_DEBUG_PLANT=reduce_scatter_chunk: a planted bug for the tests' negative control
-static const bool g_zero_debug_plant_rs = getenv("DBRX_DEBUG_PLANT") && !strcmp(getenv("DBRX_DEBUG_PLANT"), "reduce_scatter_chunk");
+// DBRX_DEBUG_PLANT=reduce_scatter_chunk | skip_gather_wait: planted bugs for the tests' negative controls
+static inline bool zero_debug_plant(const char* what) { const char* p = getenv("DBRX_DEBUG_PLANT"); return p && !strcmp(p, what); }
+static const bool g_zero_debug_plant_rs = zero_debug_plant("reduce_scatter_chunk");
+static const bool g_zero_debug_skip_wait = zero_debug_plant("skip_gather_wait");
 static inline int zero_grid(size_t n) { size_t b = (n + 255) / 256; return (int)(b < 4096 ? (b ? b : 1) : 4096); }
 
 static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }
@@ -161,6 +163,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         model->hooks = UnitHooks{zero_gpu_unit_begin, zero_gpu_unit_end, zg};
     }
     zero_from_host(zg);
+    comm_watchdog_start({&z->shard, &z->replica});   // a host blocked behind a stuck collective still ends
 }
 
 // the BF16 copy of the master shard, after the master changed other than by AdamW (a load)
@@ -187,7 +190,7 @@ static inline void zero_from_host(ZeroGpu* zg) {
 static inline void zero_to_host(ZeroGpu* zg) {
     Zero* z = &zg->z;
     size_t bytes = z->shard_total * sizeof(float);
-    cudaCheck(cudaStreamSynchronize(zg->compute));
+    cudaCheck(cudaDeviceSynchronize());   // every stream: the communication streams are non-blocking
     cudaCheck(cudaMemcpy(z->master, zg->master, bytes, cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(z->m, zg->m, bytes, cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(z->v, zg->v, bytes, cudaMemcpyDeviceToHost));
@@ -223,7 +226,7 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
     int slot = u & 1;
     if (phase != UNIT_BACKWARD_GRADS_ONLY) {
         zero_gpu_gather_unit_async(zg, u);
-        zero_gpu_wait_unit(zg, u);
+        if (!g_zero_debug_skip_wait) zero_gpu_wait_unit(zg, u);   // (the negative control skips it)
         model_unit_views(&model->p, zg->work[slot], u, &model->cfg, model->table);
         int next = zero_next_unit(z, u, phase);
         if (next >= 0) zero_gpu_gather_unit_async(zg, next);   // overlaps this unit's compute
@@ -250,8 +253,11 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
         LAUNCH(zero_accumulate_kernel, zero_grid(n), 256, 0, comm, zg->grad + z->shard_off[u], zg->gwork[slot] + (size_t)chunk * n, n);
         cudaCheck(cudaEventRecord(zg->grads_reduced[slot], comm));
     }
-    // released after use, but for the last unit after its forward: its backward follows at once
+    // released after use, but for the last unit after its forward: its backward follows at once, and keeps
+    // using the slot. The slot's event is recorded all the same: after a forward-only pass (evaluation)
+    // the next gather into that slot must wait for this unit's compute to be done reading it.
     if (!(phase == UNIT_FORWARD && u == z->n_units - 1)) zero_gpu_release_unit(zg, u);
+    else cudaCheck(cudaEventRecord(zg->slot_free[u & 1], zg->compute));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,6 +350,7 @@ static inline Zero* zero_layout(ZeroGpu* zg) { return &zg->z; }
 static inline void zero_free(ZeroGpu* zg) {
     Zero* z = &zg->z;
     cudaCheck(cudaDeviceSynchronize());
+    comm_watchdog_stop();
     for (void* p : zg->allocations) cudaCheck(cudaFree(p));
     zg->allocations.clear();
     for (int i = 0; i < 2; i++) {

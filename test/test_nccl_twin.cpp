@@ -212,17 +212,18 @@ TEST_CASE("comm_all_gather on NCCL: every type, uneven counts, every group; byte
                     want.insert(want.end(), v.begin(), v.end());
                 }
                 want.push_back(0xEE);   // nothing written past the end
-                uint64_t b0 = g.bytes_sent, f0 = g.nccl_formula_bytes;
+                uint64_t b0 = comm_bytes_sent(&g), f0 = g.nccl_formula_bytes;
                 comm_all_gather(&g, mine.data(), got.data(), n, t);
                 comm_sync(&g);
                 INFO("group ", g.name, " (", g.size, " ranks), count ", n, ", ", comm_type_name(t));
                 CHECK(got == want);
-                CHECK(g.bytes_sent - b0 == (uint64_t)(g.size - 1) * bytes);
-                CHECK(g.nccl_formula_bytes - f0 == g.bytes_sent - b0);
+                CHECK(comm_bytes_sent(&g) - b0 == (uint64_t)(g.size - 1) * bytes);
+                CHECK(g.nccl_formula_bytes - f0 == comm_bytes_sent(&g) - b0);
                 // in place: this rank's chunk already in the output
                 std::vector<unsigned char> buf(bytes * g.size, 0xEE);
                 memcpy(buf.data() + (size_t)g.rank * bytes, mine.data(), bytes);
                 comm_all_gather(&g, buf.data() + (size_t)g.rank * bytes, buf.data(), n, t);
+                comm_sync(&g);   // stream-ordered: the result is there once the stream is waited for
                 want.pop_back();
                 CHECK(buf == want);
             }
@@ -241,15 +242,15 @@ template <typename T> static void check_reduce_scatter(CommGroup* g, size_t n, u
     for (size_t i = 0; i < in.size(); i++) in[i] = x(r, i);
     for (size_t i = 0; i < n; i++) want[i] = ref_reduce<T>(S, r, ncclSum, [&](int gr) { return x(gr, (size_t)r * n + i); });
     std::vector<T> orig = in, out(n + 1);
-    uint64_t b0 = g->bytes_sent, f0 = g->nccl_formula_bytes;
+    uint64_t b0 = comm_bytes_sent(g), f0 = g->nccl_formula_bytes;
     comm_reduce_scatter(g, in.data(), out.data(), n, ct);
     comm_sync(g);
     INFO("group ", g->name, " (", S, " ranks), count ", n, ", ", comm_type_name(ct));
     out.pop_back();
     CHECK(first_diff(out, want) == -1);
     CHECK(first_diff(in, orig) == -1);   // the input is left intact
-    CHECK(g->bytes_sent - b0 == (uint64_t)(S - 1) * n * sizeof(T));
-    CHECK(g->nccl_formula_bytes - f0 == g->bytes_sent - b0);
+    CHECK(comm_bytes_sent(g) - b0 == (uint64_t)(S - 1) * n * sizeof(T));
+    CHECK(g->nccl_formula_bytes - f0 == comm_bytes_sent(g) - b0);
     // in place: chunk `rank` of the buffer gets the result
     comm_reduce_scatter_inplace(g, in.data(), n, ct);
     comm_sync(g);
@@ -279,10 +280,10 @@ template <typename T> static void check_all_reduce(CommGroup* g, size_t n, uint6
     for (size_t i = 0; i < n; i++) buf[i] = x(r, i);
     size_t c = ref_chunk_elems(n, S);
     for (size_t i = 0; i < n; i++) want[i] = ref_reduce<T>(S, (int)(i / c), ncclSum, [&](int gr) { return x(gr, i); });
-    uint64_t b0 = g->bytes_sent, f0 = g->nccl_formula_bytes;
+    uint64_t b0 = comm_bytes_sent(g), f0 = g->nccl_formula_bytes;
     comm_all_reduce(g, buf.data(), n, ct);
     comm_sync(g);
-    uint64_t sent = g->bytes_sent - b0, formula = g->nccl_formula_bytes - f0;
+    uint64_t sent = comm_bytes_sent(g) - b0, formula = g->nccl_formula_bytes - f0;
     INFO("group ", g->name, " (", S, " ranks), count ", n, ", ", comm_type_name(ct));
     long d = first_diff(buf, want);
     CHECK(d == -1);
@@ -351,14 +352,14 @@ TEST_CASE("comm_broadcast on NCCL from every root: 0, 1, 13 bytes and 3 MiB + 5 
                     want[i] = (unsigned char)bits_of(g.members[root], i, 51);
                     buf[i] = g.rank == root ? want[i] : (unsigned char)0xEE;
                 }
-                uint64_t b0 = g.bytes_sent, f0 = g.nccl_formula_bytes;
+                uint64_t b0 = comm_bytes_sent(&g), f0 = g.nccl_formula_bytes;
                 comm_broadcast(&g, buf.data(), bytes, root);
                 comm_sync(&g);
                 INFO("group ", g.name, " (", g.size, " ranks), ", bytes, " bytes from root ", root);
                 CHECK(buf == want);
                 bool last = (g.rank + 1) % g.size == root;
-                CHECK(g.bytes_sent - b0 == (last ? 0 : bytes));
-                CHECK(g.nccl_formula_bytes - f0 == g.bytes_sent - b0);
+                CHECK(comm_bytes_sent(&g) - b0 == (last ? 0 : bytes));
+                CHECK(g.nccl_formula_bytes - f0 == comm_bytes_sent(&g) - b0);
             }
         }
     free_groups(&gs);
@@ -374,12 +375,12 @@ TEST_CASE("comm_all_to_all on NCCL (grouped ncclSend/ncclRecv, including to itse
             std::vector<float> send((size_t)S * n), recv((size_t)S * n, -1.0f), want((size_t)S * n);
             for (int p = 0; p < S; p++)
                 for (size_t i = 0; i < n; i++) { send[(size_t)p * n + i] = v(r, p, i); want[(size_t)p * n + i] = v(p, r, i); }
-            uint64_t b0 = g.bytes_sent;
+            uint64_t b0 = comm_bytes_sent(&g);
             comm_all_to_all(&g, send.data(), recv.data(), n, COMM_F32);
             comm_sync(&g);
             INFO("group ", g.name, " (", S, " ranks), count ", n);
             CHECK(first_diff(recv, want) == -1);
-            CHECK(g.bytes_sent - b0 == (uint64_t)(S - 1) * n * 4);
+            CHECK(comm_bytes_sent(&g) - b0 == (uint64_t)(S - 1) * n * 4);
         }
     free_groups(&gs);
 }
@@ -448,6 +449,29 @@ template <typename T> static void check_nccl_all_reduce(ncclComm_t nc, CommGroup
 template <typename T> static void check_all_ops(ncclComm_t nc, CommGroup* g, uint64_t salt) {
     for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg})
         for (size_t n : {(size_t)0, (size_t)1, (size_t)10, (size_t)257}) check_nccl_all_reduce<T>(nc, g, op, n, salt + (uint64_t)op);
+}
+
+TEST_CASE("stream order: a collective on the group's stream runs when the stream is waited for; bytes count once it ran") {
+    CommGroup g = comm_world_nccl(g_comm);
+    const int S = g.size, n = 960;   // divisible by 1..4 ranks: the ring's chunks are even
+    std::vector<float> buf(n, 1.0f + g.rank);
+    uint64_t b0 = comm_bytes_sent(&g);
+    comm_all_reduce(&g, buf.data(), n, COMM_F32);                 // queued on g.stream
+    CHECK(buf[n - 1] == 1.0f + g.rank);                             // not run yet: the stream was not waited for
+    CHECK(comm_bytes_sent(&g) == b0);
+    cudaEvent_t e = nullptr;
+    REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+    REQUIRE(cudaEventRecord(e, g.stream) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(0, e, 0) == cudaSuccess);          // the compute stream waits: it runs now
+    CHECK(buf[n - 1] == S * (S + 1) / 2.0f);
+    CHECK(comm_bytes_sent(&g) - b0 == 2 * (uint64_t)(S - 1) * n * 4 / S);
+    // two collectives queued in order, then comm_sync: both, in issue order
+    comm_all_reduce(&g, buf.data(), n, COMM_F32);
+    comm_broadcast(&g, buf.data(), sizeof(float), 0);
+    comm_sync(&g);
+    CHECK(buf[0] == (float)S * S * (S + 1) / 2.0f);
+    REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+    comm_group_free(&g);
 }
 
 TEST_CASE("ncclAllReduce: sum, prod, max, min, avg on every data type, in place and not") {
@@ -611,6 +635,7 @@ TEST_CASE("unique id: the same id is accepted; a mismatched, foreign or missing 
     CommGroup g = comm_world_nccl(g_comm);
     int one = 1;
     comm_all_reduce(&g, &one, 1, COMM_I32);
+    comm_sync(&g);
     CHECK(one == S);
     comm_group_free(&g);
 }

@@ -3,7 +3,8 @@
  * barriers and shuffles, a shared-memory transpose, the semantics of every warp operation, atomics
  * across blocks on several OS threads, a kernel with a missing __syncthreads() that the random
  * schedule catches (and the sequential one does not), and the errors a GPU would hang on:
- * barrier divergence, divergent warp operations, deadlock, bad launch configurations.
+ * barrier divergence, divergent warp operations, deadlock, bad launch configurations; the deferred
+ * streams (work on a created stream runs when it is waited for, in order, across event waits).
  * Built with g++ -DSIMT_EMULATION only.
  */
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -297,4 +298,57 @@ TEST_CASE("BF16 conversion of the CUDA headers' host path rounds to nearest even
         float want; memcpy(&want, &rounded, 4);
         REQUIRE(__bfloat162float(__float2bfloat16(f)) == want);
     }
+}
+
+// out[i] = in[i] + add, one thread per element
+__global__ void add_kernel(float* out, const float* in, float add, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] + add;
+}
+
+TEST_CASE("streams: the null stream runs at once; a created stream defers until waited for, in order, across event waits") {
+    const int n = 100;
+    float *a = nullptr, *b = nullptr;
+    REQUIRE(cudaMalloc((void**)&a, n * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMalloc((void**)&b, n * sizeof(float)) == cudaSuccess);
+    cudaStream_t s1 = nullptr, s2 = nullptr;
+    cudaEvent_t e1 = nullptr, e2 = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming) == cudaSuccess);
+    REQUIRE(cudaEventCreateWithFlags(&e2, cudaEventDisableTiming) == cudaSuccess);
+    // the null stream: done when issued
+    cudaCheck(cudaMemsetAsync(a, 0, n * sizeof(float), 0));
+    CHECK(a[7] == 0.0f);
+    // s1: a = 1 (queued), b = a + 1 on s2 after s1's event: nothing has run yet
+    LAUNCH(add_kernel, 1, 128, 0, s1, a, a, 1.0f, n);
+    cudaCheck(cudaEventRecord(e1, s1));
+    LAUNCH(add_kernel, 1, 128, 0, s1, a, a, 10.0f, n);   // after the event: not needed by s2
+    cudaCheck(cudaStreamWaitEvent(s2, e1, 0));
+    LAUNCH(add_kernel, 1, 128, 0, s2, b, a, 1.0f, n);
+    cudaCheck(cudaEventRecord(e2, s2));
+    CHECK(a[7] == 0.0f);
+    // the null stream waits for s2's event: s2 runs, and first s1 up to e1 (not the +10)
+    cudaCheck(cudaStreamWaitEvent(0, e2, 0));
+    CHECK(a[7] == 1.0f);
+    CHECK(b[7] == 2.0f);
+    // the rest of s1 runs when the host asks for it
+    CHECK(cudaStreamQuery(s1) == cudaSuccess);
+    CHECK(a[7] == 11.0f);
+    // a queued copy and a queued set, then cudaDeviceSynchronize runs every stream
+    cudaCheck(cudaMemsetAsync(b, 0, n * sizeof(float), s2));
+    cudaCheck(cudaMemcpyAsync(b, a, sizeof(float), cudaMemcpyDeviceToDevice, s2));
+    CHECK(b[0] == 2.0f);
+    cudaCheck(cudaDeviceSynchronize());
+    CHECK(b[0] == 11.0f);
+    CHECK(b[7] == 0.0f);
+    // negative control of the schedule: without the wait, the reader sees what was there before
+    LAUNCH(add_kernel, 1, 128, 0, s1, a, a, 100.0f, n);
+    LAUNCH(add_kernel, 1, 128, 0, 0, b, a, 0.0f, n);
+    CHECK(b[7] == 11.0f);
+    cudaCheck(cudaStreamSynchronize(s1));
+    CHECK(a[7] == 111.0f);
+    cudaCheck(cudaEventDestroy(e1)); cudaCheck(cudaEventDestroy(e2));
+    cudaCheck(cudaStreamDestroy(s1)); cudaCheck(cudaStreamDestroy(s2));
+    cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b));
 }

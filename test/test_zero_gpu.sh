@@ -11,6 +11,8 @@
 #     formula of parallel/README.md with BF16 gathers and FP32 reduce-scatters (within 1%);
 #   * the device memory of master+grads+moments+bf16 shard per rank, measured by the emulated allocator,
 #     is 1/S of one process's (within 3%: the padding);
+#   * negative controls: a planted reduce-scatter error, and a skipped wait for a prefetched gather (the
+#     emulator's streams run their work only when waited for), both caught;
 #   * checkpoints on the GPU path: 4 steps = 2 + stop + resume + 2 bit-identically (np 2, ZeRO-3); a GPU
 #     checkpoint of np 4 resumed on np 2 (reshard), and on the CPU backend; a CPU checkpoint resumed on the
 #     GPU; SIGINT saves and exits 0;
@@ -18,7 +20,8 @@
 #   * Hugging Face interop on the GPU path: --export-hf from a GPU run, --init-hf + --dump-logits on the GPU
 #     and on the CPU give the same logits within BF16 tolerance;
 #   * a rank SIGKILLed and a rank stopped (hung) under mpirun -np 2 --device cuda: the job exits non-zero,
-#     naming the rank, within the timeout.
+#     naming the rank, within the timeout; and with the host blocked inside the stuck collective (as on a
+#     GPU, where comm_sync is not reached), the step watchdog thread ends it.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 PY=${PYTHON:-/usr/bin/python3}
@@ -117,6 +120,19 @@ a, b = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.a
 assert len(a) == len(b) == 3 and max(abs(x - y) / y for x, y in zip(a, b)) > 2e-3, (a, b)
 PY
 
+# negative control of the stream ordering: the emulator's created streams run their work only when waited
+# for (test/simt/simt.h), so a unit whose compute does not wait for its gather's event reads a slot not yet
+# gathered (poison, or another unit's weights): the run must fail or give other losses
+DBRX_DEBUG_PLANT=skip_gather_wait $MPI -np 2 ./train_dbrx_emu --device cuda "${G[@]}" --grad-accum 2 --shard-group-size 2 \
+    --log "$tmp/nowait.jsonl" > "$tmp/nowait.out" 2>&1; rc=$?
+if [ "$rc" != 0 ] || ! $PY - "$tmp/nowait.jsonl" "$tmp/gpu_ref.jsonl" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
+sys.exit(0 if a == b else 1)
+PY
+then pass "negative control: a skipped wait for the prefetched gather is caught (exit $rc: $(grep -m1 error "$tmp/nowait.out" | cut -c1-80))"
+else fail "negative control: the skipped gather wait went unnoticed (the emulator ran the gather early?)"; fi
+
 # --- checkpoints on the GPU path (the CPU path's format: the fp32 master shards and moments)
 C=(--model dbrx-tiny --n-layers 2 --seq 32 --val-every 0 --batch 1 --steps 4)
 losses() { $PY -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1"; }
@@ -197,3 +213,13 @@ dt=$(( $(date +%s) - t0 ))
 [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$dt" -lt 60 ] && grep -q "waiting for rank 1" "$tmp/hang.out" \
     && pass "GPU path: a hung rank (SIGSTOP): exit $rc after ${dt} s, the watchdog names rank 1" \
     || fail "GPU path, hung rank: exit $rc after ${dt} s: $(grep -i error "$tmp/hang.out" | head -3)"
+# the same hang with the host blocked inside the collective (DBRX_DEBUG_TWIN_BLOCKS: no watchdog in the
+# twin's waits, as a GPU's host blocks in a CUDA call behind a stuck NCCL kernel): the step watchdog
+# thread (parallel/comm.h) ends it after --comm-timeout + 10 s
+t0=$(date +%s)
+DBRX_DEBUG_TWIN_BLOCKS=1 DBRX_DEBUG_KILL=1:2:stop timeout 120 $MPI -np 2 ./train_dbrx_emu --device cuda "${C[@]}" --shard-group-size 2 \
+    --comm-timeout 3 > "$tmp/hang2.out" 2>&1; rc=$?
+dt=$(( $(date +%s) - t0 ))
+[ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$dt" -lt 60 ] && grep -q "error: rank 0: the GPU step made no progress for .* s: a NCCL collective cannot complete" "$tmp/hang2.out" \
+    && pass "GPU path, a hung rank with the host blocked in the collective: the step watchdog exits $rc after ${dt} s" \
+    || fail "GPU path, host blocked behind a hung rank: exit $rc after ${dt} s: $(grep -i error "$tmp/hang2.out" | head -3)"

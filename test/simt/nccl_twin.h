@@ -15,8 +15,9 @@
  *   - Bootstrap: NCCL connects the ranks of a unique id over its own sockets; the twin cannot find them
  *     from the id, so the caller hands it the group's MPI communicator first (nccl_twin_bootstrap).
  *     ncclCommInitRank still checks the id: every rank must hold the same bytes (an all-gather of a hash).
- *   - Buffers are host memory (the emulator's device memory) and the stream is ignored: the emulator's
- *     streams are synchronous, so an operation runs when it is issued, or at ncclGroupEnd inside a group.
+ *   - Buffers are host memory (the emulator's device memory). An operation runs on its stream: on the
+ *     null stream when it is issued (at ncclGroupEnd inside a group), on a stream of cudaStreamCreate*
+ *     when that stream is waited for (simt.h's deferred streams), in issue order, as NCCL does.
  *   - Algorithms: rings over nonblocking MPI point-to-point messages, with a fixed summation order:
  *       reduce-scatter, chunk j (its owner is rank j), S ranks, x_i = rank i's chunk j:
  *           ((x_{j+1} + x_{j+2}) + ...) + x_j          (indices mod S)
@@ -96,6 +97,7 @@ typedef struct {
     ncclRedOp_t op;
     int peer;                      // broadcast: the root; send/recv: the peer
     ncclComm_t comm;
+    cudaStream_t stream;           // where it runs: the emulator's deferred streams (simt.h) run it when waited for
 } NcclTwinOp;
 
 typedef void (*NcclTwinWatchdog)(int peer_world_rank, const char* op, double waited_s);
@@ -639,11 +641,27 @@ static inline ncclResult_t nccl_twin_run(const std::vector<NcclTwinOp>& ops) {
     return res;
 }
 
-// issues one operation: queued inside a group, else run now (the emulator's streams are synchronous)
+// Runs operations on their stream: now on the null stream; on a deferred stream (test/simt/simt.h) when
+// the stream is waited for, as NCCL runs them when the stream gets there. A deferred operation that fails
+// has no caller left to tell: it records the error for ncclCommGetAsyncError (comm_sync reads it) and, as
+// nothing may read a half-done buffer, ends the process with one line.
+static inline ncclResult_t nccl_twin_run_on(const std::vector<NcclTwinOp>& ops, cudaStream_t stream) {
+    if (!stream) return nccl_twin_run(ops);
+    simt::stream_enqueue(stream, [ops]() {
+        ncclResult_t r = nccl_twin_run(ops);
+        if (r == ncclSuccess) return;
+        for (const NcclTwinOp& o : ops) if (o.comm && !o.comm->aborted) o.comm->async_error = r;
+        fprintf(stderr, "error: nccl twin: a stream-ordered NCCL operation failed (%s); exiting\n", ncclGetErrorString(r));
+        fflush(stderr);
+        _exit(1);
+    });
+    return ncclSuccess;
+}
+
+// issues one operation: queued inside a group, else run on its stream
 static inline ncclResult_t nccl_twin_issue(const NcclTwinOp& o) {
     if (g_nccl_twin_group_depth > 0) { g_nccl_twin_queue.push_back(o); return ncclSuccess; }
-    std::vector<NcclTwinOp> one(1, o);
-    return nccl_twin_run(one);
+    return nccl_twin_run_on(std::vector<NcclTwinOp>(1, o), o.stream);
 }
 
 // the checks NCCL makes when an operation is issued
@@ -795,14 +813,13 @@ static inline ncclResult_t ncclCommCuDevice(const ncclComm_t c, int* device) {
 // recvbuff + rank * sendcount.
 static inline ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                                          ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     NCCL_TWIN_TRY(nccl_twin_check(comm, datatype, ncclSum, "ncclAllGather"));
     size_t bytes = sendcount * nccl_twin_type_size(datatype);
     char* own = (char*)recvbuff + (size_t)comm->rank * bytes;
     if (sendbuff != own && nccl_twin_overlap(sendbuff, bytes, recvbuff, bytes * comm->nranks))
         NCCL_TWIN_FAIL(ncclInvalidArgument, comm, "ncclAllGather: sendbuff overlaps recvbuff but is not its chunk %d (in place)",
                        comm->rank);
-    NcclTwinOp o = {NCCL_TWIN_ALL_GATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm};
+    NcclTwinOp o = {NCCL_TWIN_ALL_GATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream};
     return nccl_twin_issue(o);
 }
 
@@ -810,40 +827,37 @@ static inline ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, s
 // recvcount). In place: recvbuff == sendbuff + rank * recvcount.
 static inline ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     NCCL_TWIN_TRY(nccl_twin_check(comm, datatype, op, "ncclReduceScatter"));
     size_t bytes = recvcount * nccl_twin_type_size(datatype);
     if (recvbuff != (const char*)sendbuff + (size_t)comm->rank * bytes &&
         nccl_twin_overlap(sendbuff, bytes * comm->nranks, recvbuff, bytes))
         NCCL_TWIN_FAIL(ncclInvalidArgument, comm, "ncclReduceScatter: recvbuff overlaps sendbuff but is not its chunk %d (in place)",
                        comm->rank);
-    NcclTwinOp o = {NCCL_TWIN_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm};
+    NcclTwinOp o = {NCCL_TWIN_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream};
     return nccl_twin_issue(o);
 }
 
 // recvbuff (count) <- the reduction over ranks of sendbuff (count); in place when they are equal
 static inline ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     NCCL_TWIN_TRY(nccl_twin_check(comm, datatype, op, "ncclAllReduce"));
     size_t bytes = count * nccl_twin_type_size(datatype);
     if (sendbuff != recvbuff && nccl_twin_overlap(sendbuff, bytes, recvbuff, bytes))
         NCCL_TWIN_FAIL(ncclInvalidArgument, comm, "ncclAllReduce: sendbuff and recvbuff overlap without being equal");
-    NcclTwinOp o = {NCCL_TWIN_ALL_REDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm};
+    NcclTwinOp o = {NCCL_TWIN_ALL_REDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm, stream};
     return nccl_twin_issue(o);
 }
 
 // recvbuff (count) on every rank <- sendbuff of `root` (read on the root only); in place when equal
 static inline ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                                          ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     NCCL_TWIN_TRY(nccl_twin_check(comm, datatype, ncclSum, "ncclBroadcast"));
     if (root < 0 || root >= comm->nranks)
         NCCL_TWIN_FAIL(ncclInvalidArgument, comm, "ncclBroadcast: root %d of %d ranks", root, comm->nranks);
     size_t bytes = count * nccl_twin_type_size(datatype);
     if (comm->rank == root && sendbuff != recvbuff && nccl_twin_overlap(sendbuff, bytes, recvbuff, bytes))
         NCCL_TWIN_FAIL(ncclInvalidArgument, comm, "ncclBroadcast: sendbuff and recvbuff overlap without being equal");
-    NcclTwinOp o = {NCCL_TWIN_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm};
+    NcclTwinOp o = {NCCL_TWIN_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream};
     return nccl_twin_issue(o);
 }
 static inline ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
@@ -853,18 +867,16 @@ static inline ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t da
 // point-to-point: matched in order per peer; inside a group they run together at ncclGroupEnd
 static inline ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                                     cudaStream_t stream) {
-    (void)stream;
     NCCL_TWIN_TRY(nccl_twin_check(comm, datatype, ncclSum, "ncclSend"));
     if (peer < 0 || peer >= comm->nranks) NCCL_TWIN_FAIL(ncclInvalidArgument, comm, "ncclSend: peer %d of %d ranks", peer, comm->nranks);
-    NcclTwinOp o = {NCCL_TWIN_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm};
+    NcclTwinOp o = {NCCL_TWIN_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm, stream};
     return nccl_twin_issue(o);
 }
 static inline ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                                     cudaStream_t stream) {
-    (void)stream;
     NCCL_TWIN_TRY(nccl_twin_check(comm, datatype, ncclSum, "ncclRecv"));
     if (peer < 0 || peer >= comm->nranks) NCCL_TWIN_FAIL(ncclInvalidArgument, comm, "ncclRecv: peer %d of %d ranks", peer, comm->nranks);
-    NcclTwinOp o = {NCCL_TWIN_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm};
+    NcclTwinOp o = {NCCL_TWIN_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm, stream};
     return nccl_twin_issue(o);
 }
 
@@ -878,5 +890,8 @@ static inline ncclResult_t ncclGroupEnd() {
     if (--g_nccl_twin_group_depth > 0) return ncclSuccess;
     std::vector<NcclTwinOp> ops;
     ops.swap(g_nccl_twin_queue);
-    return nccl_twin_run(ops);
+    // the group runs as one, on its operations' stream (a group that mixes streams runs on the first)
+    cudaStream_t stream = nullptr;
+    for (const NcclTwinOp& o : ops) if (o.stream) { stream = o.stream; break; }
+    return nccl_twin_run_on(ops, stream);
 }

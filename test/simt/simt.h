@@ -51,6 +51,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
 #include <ctime>
 #include <map>
 #include <mutex>
@@ -689,15 +692,50 @@ inline void run_grid(const char* kernel, const void* fn, const char* file, int l
 
 // LAUNCH's emulated half: the arguments are converted to the kernel's parameter types once, as a
 // real launch does, and every thread calls the kernel with its own copy of them.
+}  // namespace simt
+
+// Streams. The null stream (0: the model's) runs its work when it is issued. A stream made by
+// cudaStreamCreate* DEFERS its work: kernels, async copies and sets, event records and NCCL operations
+// (test/simt/nccl_twin.h) issued on it are queued, and run in order only when something waits for them:
+// cudaStreamSynchronize, cudaStreamQuery, cudaDeviceSynchronize, cudaEventSynchronize, or
+// cudaStreamWaitEvent on an event recorded on it (another deferred stream that waits runs it when its own
+// queue reaches the wait). A GPU may run such work any time after it is issued; running it as late as the
+// waits allow is the schedule that exposes a missing wait: the work that should have waited reads what
+// was there before (a working slot not yet gathered, a gradient not yet reduced). Launch-configuration
+// errors of a deferred kernel surface when it runs.
+struct CUstream_st { std::deque<std::function<void()>> queue; uint64_t issued = 0, done = 0; };
+namespace simt {
+inline std::vector<CUstream_st*>& streams() { static std::vector<CUstream_st*> v; return v; }
+// runs s's queued work until its op number `upto` has run
+inline void stream_run(CUstream_st* s, uint64_t upto) {
+    while (s && s->done < upto && !s->queue.empty()) {
+        std::function<void()> fn = std::move(s->queue.front());
+        s->queue.pop_front();
+        s->done++;   // counted first: a wait inside fn on this stream's earlier work finds it done
+        fn();
+    }
+}
+inline void stream_enqueue(cudaStream_t s, std::function<void()> fn) {
+    if (!s) { fn(); return; }
+    s->queue.push_back(std::move(fn));
+    s->issued++;
+}
+inline void streams_run_all() {
+    for (bool again = true; again;) {
+        again = false;
+        for (CUstream_st* s : streams()) if (!s->queue.empty()) { stream_run(s, s->issued); again = true; }
+    }
+}
 template <typename... KArgs, typename... Args>
 inline void launch(const char* name, const char* file, int line, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                    size_t smem, cudaStream_t stream, Args&&... args) {
-    (void)stream;
     static_assert(sizeof...(KArgs) == sizeof...(Args), "LAUNCH: wrong number of kernel arguments");
-    std::tuple<std::decay_t<KArgs>...> params(std::forward<Args>(args)...);
-    auto call = [&]() { std::apply(kernel, params); };
-    run_grid(name, (const void*)kernel, file, line, grid, block, smem,
-             [](void* p) { (*(decltype(call)*)p)(); }, &call);
+    auto params = std::make_shared<std::tuple<std::decay_t<KArgs>...>>(std::forward<Args>(args)...);
+    auto run = [=]() {   // on a deferred stream it runs later: the converted arguments are kept by value
+        auto call = [&]() { std::apply(kernel, *params); };
+        run_grid(name, (const void*)kernel, file, line, grid, block, smem, [](void* p) { (*(decltype(call)*)p)(); }, &call);
+    };
+    stream_enqueue(stream, run);
 }
 
 
@@ -722,7 +760,7 @@ template <typename T> inline cudaError_t cudaFuncSetAttribute(T* entry, cudaFunc
 // ---------------------------------------------------------------------------------------------
 // the CUDA runtime calls, on host memory (the emulated build links no CUDA library)
 
-struct CUevent_st { double t; };
+struct CUevent_st { double t; CUstream_st* s; uint64_t seq; };   // s, seq: the op of the record (s NULL: done)
 
 extern "C" {
 inline cudaError_t cudaMalloc(void** p, size_t n) {
@@ -751,18 +789,38 @@ inline cudaError_t cudaFree(void* p) {
 inline cudaError_t cudaMallocHost(void** p, size_t n) { *p = malloc(n ? n : 1); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
 inline cudaError_t cudaFreeHost(void* p) { free(p); return cudaSuccess; }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) { if (n) memmove(dst, src, n); return cudaSuccess; }
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t) { if (n) memmove(dst, src, n); return cudaSuccess; }
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
+    simt::stream_enqueue(s, [=]() { if (n) memmove(dst, src, n); });
+    return cudaSuccess;
+}
 inline cudaError_t cudaMemset(void* p, int v, size_t n) { memset(p, v, n); return cudaSuccess; }
-inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) { memset(p, v, n); return cudaSuccess; }
-inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = nullptr; return cudaSuccess; }
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { *s = nullptr; return cudaSuccess; }
-// streams are synchronous here (work runs when issued): a stream is always drained
-inline cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-// an event is complete when recorded (work runs when issued): nothing to wait for
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
-inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
+    simt::stream_enqueue(s, [=]() { memset(p, v, n); });
+    return cudaSuccess;
+}
+inline cudaError_t cudaDeviceSynchronize(void) { simt::streams_run_all(); return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = new CUstream_st(); simt::streams().push_back(*s); return cudaSuccess; }
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
+// the host asks whether s is done: it runs what s has queued (see Streams above), and then it is
+inline cudaError_t cudaStreamQuery(cudaStream_t s) { if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
+// s waits for e: the null stream runs e's stream up to e now; a deferred stream when it gets there
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+    CUstream_st* es = e->s;
+    uint64_t seq = e->seq;
+    if (!es || es == s) return cudaSuccess;   // recorded on the null stream (done), or in order on s itself
+    if (!s) simt::stream_run(es, seq);        // the null stream waits now
+    else simt::stream_enqueue(s, [es, seq]() { simt::stream_run(es, seq); });
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s) return cudaSuccess;
+    simt::stream_run(s, s->issued);   // as CUDA: the work already issued completes
+    auto& v = simt::streams();
+    v.erase(std::remove(v.begin(), v.end(), s), v.end());
+    delete s;
+    return cudaSuccess;
+}
 inline cudaError_t cudaGetLastError(void) { cudaError_t e = simt::runtime().last_error; simt::runtime().last_error = cudaSuccess; return e; }
 inline cudaError_t cudaPeekAtLastError(void) { return simt::runtime().last_error; }
 inline const char* cudaGetErrorName(cudaError_t e) {
@@ -836,11 +894,17 @@ inline cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr
     }
     return cudaSuccess;
 }
-inline cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = new CUevent_st{0}; return cudaSuccess; }
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { *e = new CUevent_st{0}; return cudaSuccess; }
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = new CUevent_st{0, nullptr, 0}; return cudaSuccess; }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { *e = new CUevent_st{0, nullptr, 0}; return cudaSuccess; }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { e->t = simt::now(); return cudaSuccess; }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!s) { e->t = simt::now(); e->s = nullptr; e->seq = 0; return cudaSuccess; }
+    simt::stream_enqueue(s, [e]() { e->t = simt::now(); });
+    e->s = s;
+    e->seq = s->issued;   // the wait runs s up to this record
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { if (e->s) simt::stream_run(e->s, e->seq); return cudaSuccess; }
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)((b->t - a->t) * 1e3); return cudaSuccess; }
 inline cudaError_t cudaRuntimeGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }
 inline cudaError_t cudaDriverGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }
