@@ -701,8 +701,12 @@ inline void run_grid(const char* kernel, const void* fn, const char* file, int l
 // cudaStreamWaitEvent on an event recorded on it (another deferred stream that waits runs it when its own
 // queue reaches the wait). A GPU may run such work any time after it is issued; running it as late as the
 // waits allow is the schedule that exposes a missing wait: the work that should have waited reads what
-// was there before (a working slot not yet gathered, a gradient not yet reduced). Launch-configuration
-// errors of a deferred kernel surface when it runs.
+// was there before (a working slot not yet gathered, a gradient not yet reduced). It exposes one direction
+// only: the null stream never runs late, so a communication stream that forgets to wait for the compute
+// (a slot still being read) is not caught here. Launch-configuration errors of a deferred kernel surface
+// when it runs. Under mpirun the NCCL twin's collectives run when their rank waits for them, so every rank
+// must wait at the same points (the training step does: the same program on every rank); a GPU's NCCL
+// kernels would progress without the wait.
 struct CUstream_st { std::deque<std::function<void()>> queue; uint64_t issued = 0, done = 0; };
 namespace simt {
 inline std::vector<CUstream_st*>& streams() { static std::vector<CUstream_st*> v; return v; }
