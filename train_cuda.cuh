@@ -59,8 +59,6 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
                    fp8.recipe == FP8_DELAYED ? (", amax history " + std::to_string(fp8.history_len) + ", margin " + std::to_string(fp8.margin)).c_str()
                    : fp8.recipe == FP8_CURRENT ? (", margin " + std::to_string(fp8.margin)).c_str() : ", 1x128 activation / gradient tiles, 128x128 weight blocks");
     }
-    if (args.fp8_gather && comm.rank == 0)   // the kernels exist (parallel/zero_fp8.h); the device store does not use them yet
-        printf("note: --fp8-gather has no effect on the CUDA path yet: the device store gathers BF16 weights (2 bytes/param)\n");
 
     DbrxGPU model;
     int S = args.shard_group_size > 0 ? args.shard_group_size : comm.world;
@@ -70,6 +68,12 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     Zero* z = &store.z;
     store.z.fp8_cfg = &model.fp8.cfg;   // the FP8 scaling state that checkpoints carry
     store.z.fp8_metas = dbrx_fp8_metas(&model);
+    if (args.fp8_gather) {   // the blocks' FP8 weights gathered as E4M3 codes (parallel/zero_gpu.cuh)
+        if (zero_enable_fp8_gather(&store))
+            printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, the norms and router as BF16\n", comm.rank);
+        else if (comm.rank == 0)
+            printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds the whole model, nothing is gathered\n");
+    }
     printf("zero: rank %d (cuda:%d): rank %d of %d in shard group %d, replica %d of %d; master+grads+moments+bf16 shard %lld bytes "
            "allocated, %lld bytes measured (device free memory); gathered slots %lld bytes\n", comm.rank, dev, z->shard.rank, z->S,
            comm.rank / z->S, z->replica.rank, z->R, (long long)(z->shard_total * (4 * sizeof(float) + sizeof(floatX))),

@@ -97,7 +97,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--fp8-amax-history", "", F_INT, &a->fp8_history, "delayed scaling: amax history length"},
         {"--fp8-margin", "", F_INT, &a->fp8_margin, "FP8 scales are backed off by 2^margin"},
         {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
-        {"--fp8-gather", "", F_BOOL, &a->fp8_gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales (CPU path only: the CUDA path's device store gathers BF16 and says so)"},
+        {"--fp8-gather", "", F_BOOL, &a->fp8_gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales"},
         {"--shard-group-size", "", F_INT, &a->shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},

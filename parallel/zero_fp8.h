@@ -20,9 +20,9 @@
  * decode into the unit's FP32 working slot: code -> fp8_to_float(code) / scale, exactly the value the
  * fake quantisation (fp8_fake_quant) gives, floats copied. The model takes those weights as they are
  * (Fp8Config.weights_quantized). Same world size, same losses as --fp8 without --fp8-gather, bit for bit.
- * The GPU side would gather the codes the same way and feed them to cuBLASLt directly: its kernels are
- * at the end of this file, next to their CPU reference (tested under emulation, not wired into the GPU
- * training loop yet; model/CUDA.md).
+ * The GPU side's kernels are at the end of this file, next to their CPU reference: the device store
+ * (parallel/zero_gpu.cuh) gathers the codes the same way and decodes them into its BF16 slot, which the
+ * GPU model quantises back to the same codes (model/CUDA.md).
  */
 #pragma once
 #include <cmath>
@@ -425,6 +425,39 @@ static inline void fp8g_factors_gpu(const Fp8GatherMatrix* M, const float* inv, 
     }
     LAUNCH(fp8g_factors_kernel, ceil_div(M->groups, 256), 256, 0, stream, inv + M->group0, sinv, (int)M->groups, M->row_blocks,
            M->col_blocks, M->cols);
+}
+
+// The device store's decoding (parallel/zero_gpu.cuh): a gathered matrix's codes (its whole rows x cols,
+// row-major) back to BF16 weights, y = bf16(e4m3(code) * inv[group]) — fp8g_piece_decode's value, rounded
+// to BF16. With the agreed scale the model's own quantisation of y gives the same codes again (y is
+// within 2^-9 of code / s, half an E4M3 step is at least 2^-5 of it), and a block's largest y is its amax.
+__global__ void fp8g_decode_bf16_kernel(floatX* __restrict__ y, const __nv_fp8_storage_t* __restrict__ codes, Fp8gPiece p,
+                                        const float* inv) {
+    size_t n = p.b - p.a;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / p.cols, c = i % p.cols;
+        size_t g = p.group0;
+        if (p.block) g += ((r / p.seg_rows) * p.row_blocks + (r % p.seg_rows) / 128) * p.col_blocks + c / 128;
+        __half_raw h = __nv_cvt_fp8_to_halfraw(codes[i], __NV_E4M3);
+        y[i] = __float2bfloat16(__half2float(__half(h)) * inv[g]);
+    }
+}
+static inline void fp8g_decode_bf16_gpu(const Fp8GatherMatrix* M, const __nv_fp8_storage_t* codes, const float* inv, floatX* y,
+                                        int block, cudaStream_t stream = 0) {
+    int nk;
+    Fp8gPiece p = fp8g_piece(M, M->off, M->off + (size_t)M->rows * M->cols, block, &nk);
+    size_t n = (size_t)M->rows * M->cols;
+    LAUNCH(fp8g_decode_bf16_kernel, (int)std::min<size_t>((n + 255) / 256, 4096), 256, 0, stream, y, codes, p, inv);
+}
+
+// the tensor's amax (the max of its groups' amaxes, non-negative) as float bits into *out (a slot of
+// Fp8GPU::amax): one block
+__global__ void fp8g_tensor_amax_kernel(unsigned int* out, const float* amax, size_t groups) {
+    __shared__ float scratch[32];
+    float m = 0.0f;
+    for (size_t i = threadIdx.x; i < groups; i += blockDim.x) m = fmaxf(m, amax[i]);
+    m = block_max(m, scratch);
+    if (threadIdx.x == 0) *out = __float_as_uint(m);
 }
 
 // qt (cols, rows) = q (rows, cols)^T, FP8 codes: one CUDA block per 64x64 tile, read along q's rows

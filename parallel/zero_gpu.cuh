@@ -27,7 +27,27 @@
  */
 #pragma once
 #include "zero.h"
+#include "zero_fp8.h"
 #include "../model/dbrx_cuda.cuh"
+
+// --fp8-gather on the device: the blocks' five FP8 matrices travel as E4M3 codes (1 byte/param), the
+// rest of a block (norms, router) as BF16; the working slot is decoded back to BF16 (zero_fp8.h's GPU
+// kernels). A non-FP8 run: `n` elements between a rank's shard (or its packed side piece) and the unit.
+typedef struct { int rank; size_t src, dst, n; } Fp8SideRun;
+typedef struct {
+    int on, ready, block;
+    std::vector<Fp8GatherMatrix> mats;          // the FP8 matrices (flat offsets; meta unused here)
+    std::vector<int> mat_unit, mat_slot;        // per matrix: its unit, the model's weight slot (Fp8GPU)
+    std::vector<std::vector<int>> unit_mats;    // per unit: its matrices
+    size_t groups;                              // scale groups of all matrices
+    float *amax, *scale, *inv;                  // device, per group
+    unsigned long long* sat;                    // device (1): the encode's saturation count (not used by the model)
+    __nv_fp8_storage_t *codes_send, *codes_recv;   // device: per block unit this rank's c codes by flat position; S * max c
+    floatX *side_send, *side_recv;              // device: per block unit this rank's non-FP8 elements; S * max side
+    std::vector<size_t> codes_off, side_off, side_len;   // per unit
+    std::vector<std::vector<Fp8SideRun>> pack, unpack;   // per unit: shard -> side piece (this rank); pieces -> unit (all)
+    cudaEvent_t codes_ready;                    // compute -> comm: this step's codes and side pieces packed
+} ZeroGpuFp8;
 
 typedef struct {
     Zero z;                           // layout, groups (NCCL), host shards for checkpoints and import/export
@@ -48,6 +68,7 @@ typedef struct {
     cudaEvent_t comm_done;            // comm -> compute / the other comm stream
     size_t device_bytes;              // what the store allocated on the device
     long long shard_bytes_measured;   // the five shard arrays, measured by the device's free memory
+    ZeroGpuFp8 fp8;                   // --fp8-gather (off: fp8.on == 0)
     std::vector<void*> allocations;
 } ZeroGpu;
 
@@ -70,10 +91,12 @@ __global__ void zero_sum_partials_kernel(double* out, const float* partial, int 
     for (int b = 0; b < n; b++) acc += partial[b];
     *out = acc;
 }
-// DBRX_DEBUG_PLANT=reduce_scatter_chunk | skip_gather_wait: planted bugs for the tests' negative controls
+// DBRX_DEBUG_PLANT=reduce_scatter_chunk | skip_gather_wait | fp8_gather_scale: planted bugs for the tests'
+// negative controls
 static inline bool zero_debug_plant(const char* what) { const char* p = getenv("DBRX_DEBUG_PLANT"); return p && !strcmp(p, what); }
 static const bool g_zero_debug_plant_rs = zero_debug_plant("reduce_scatter_chunk");
 static const bool g_zero_debug_skip_wait = zero_debug_plant("skip_gather_wait");
+static const bool g_zero_debug_plant_fp8 = zero_debug_plant("fp8_gather_scale");
 static inline int zero_grid(size_t n) { size_t b = (n + 255) / 256; return (int)(b < 4096 ? (b ? b : 1) : 4096); }
 
 static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }
@@ -151,6 +174,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     cudaCheck(cudaEventCreateWithFlags(&zg->bf16_ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&zg->comm_done, cudaEventDisableTiming));
     zg->device_bytes = zero_gpu_bytes(z);
+    zg->fp8.on = 0;
     z->state_bytes = zg->device_bytes;
     z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) : 0;
     z->state_rss = 0;
@@ -199,6 +223,157 @@ static inline void zero_to_host(ZeroGpu* zg) {
 // ---------------------------------------------------------------------------------------------
 // gathering and reduce-scattering one unit (S > 1)
 
+// ---------------------------------------------------------------------------------------------
+// --fp8-gather on the device (the CPU path's scheme, parallel/zero_fp8.h, with its GPU kernels). Once
+// per step, before the first gather: the amax of every scale group over this rank's piece of the five
+// matrices (from the BF16 shard the model would read), max-reduced in the shard group on the device; the
+// scales (current and block from it; delayed: the weight slot's history scale, the model's); the codes
+// of this rank's piece, at their flat positions in a c-byte piece, and its non-FP8 elements (norms,
+// router) packed as BF16. A block unit's gather is then a byte all-gather of the codes and a small BF16
+// one, decoded into the unit's BF16 slot on the communication stream. The model quantises that slot as
+// always, with the same scales, and gets the same codes: the losses are those of --fp8 without it. The
+// weight slots' amax is set to the true tensor amax at the end of the step (zero_fp8_amax_reduce).
+
+// the piece [a, b) of matrix M in this rank's range [lo, lo + c) of its unit (a >= b: none)
+static inline void fp8g_my_piece(const Fp8GatherMatrix* M, size_t lo, size_t c, size_t* a, size_t* b) {
+    size_t end = M->off + (size_t)M->rows * M->cols;
+    *a = M->off > lo ? M->off : lo;
+    *b = end < lo + c ? end : lo + c;
+}
+
+// Sets it up after zero_init, for a model with FP8 on. Returns 0 when there is nothing to gather (S = 1).
+static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
+    Zero* z = &zg->z;
+    DbrxGPU* m = zg->model;
+    ZeroGpuFp8* f = &zg->fp8;
+    if (z->S == 1 || !fp8_on(&m->fp8)) return 0;
+    const DbrxConfig* c = &m->cfg;
+    f->block = m->fp8.cfg.recipe == FP8_BLOCK;
+    f->groups = 0;
+    f->mats.clear(); f->mat_unit.clear(); f->mat_slot.clear();
+    f->unit_mats.assign(z->n_units, {});
+    std::vector<std::vector<std::pair<size_t, size_t>>> plain(z->n_units);   // per unit: non-FP8 tensors (off, numel)
+    for (const ParamInfo& p : m->table) {
+        int l = p.unit - 1;
+        if (l < 0 || l >= c->n_layers) continue;   // the embedding and the head: no FP8 GEMM, gathered in BF16
+        size_t len = strlen(p.name);
+        auto ends = [&](const char* suf) { size_t k = strlen(suf); return len >= k && !strcmp(p.name + len - k, suf); };
+        int lin = ends(".attn.Wqkv.weight") ? FP8_LIN_QKV : ends(".attn.out_proj.weight") ? FP8_LIN_PROJ
+                : ends(".mlp.w1") ? FP8_LIN_W1 : ends(".mlp.v1") ? FP8_LIN_V1 : ends(".mlp.w2") ? FP8_LIN_W2 : -1;
+        if (lin < 0) { plain[p.unit].push_back({p.offset, p.numel}); continue; }
+        int seg_rows = lin == FP8_LIN_QKV || lin == FP8_LIN_PROJ ? p.rows : c->ffn_hidden;
+        Fp8GatherMatrix M = fp8g_matrix(p.offset, p.rows, p.cols, seg_rows, f->groups, f->block, NULL);
+        f->groups += M.groups;
+        f->unit_mats[p.unit].push_back((int)f->mats.size());
+        f->mats.push_back(M);
+        f->mat_unit.push_back(p.unit);
+        f->mat_slot.push_back(fp8_slot(&m->fp8, l, lin, FP8_OP_W));
+    }
+    // per block unit: the code piece (c bytes) and the side runs of the norms and the router, every rank's
+    f->codes_off.assign(z->n_units, 0); f->side_off.assign(z->n_units, 0); f->side_len.assign(z->n_units, 0);
+    f->pack.assign(z->n_units, {}); f->unpack.assign(z->n_units, {});
+    size_t codes_total = 0, side_total = 0, max_c = 0, max_side = 0;
+    for (int u = 0; u < z->n_units; u++) {
+        if (f->unit_mats[u].empty()) continue;
+        size_t cu = z->shard_numel[u];
+        for (int r = 0; r < z->S; r++) {
+            size_t lo = z->unit_off[u] + (size_t)r * cu, count = 0;
+            for (auto& t : plain[u]) {
+                size_t a = t.first > lo ? t.first : lo, b = t.first + t.second < lo + cu ? t.first + t.second : lo + cu;
+                if (a >= b) continue;
+                f->unpack[u].push_back(Fp8SideRun{r, count, a - z->unit_off[u], b - a});
+                if (r == z->shard.rank) f->pack[u].push_back(Fp8SideRun{r, z->shard_off[u] + (a - lo), count, b - a});
+                count += b - a;
+            }
+            f->side_len[u] = std::max(f->side_len[u], count);
+        }
+        f->codes_off[u] = codes_total; codes_total += cu;
+        f->side_off[u] = side_total; side_total += f->side_len[u];
+        max_c = std::max(max_c, cu); max_side = std::max(max_side, f->side_len[u]);
+    }
+    auto take = [&](void** p, size_t b) { *p = (void*)deviceAlloc(char, b); zg->allocations.push_back(*p); zg->device_bytes += b; };
+    take((void**)&f->amax, f->groups * sizeof(float)); take((void**)&f->scale, f->groups * sizeof(float));
+    take((void**)&f->inv, f->groups * sizeof(float)); take((void**)&f->sat, sizeof(unsigned long long));
+    take((void**)&f->codes_send, codes_total); take((void**)&f->codes_recv, max_c * z->S);
+    take((void**)&f->side_send, side_total * sizeof(floatX)); take((void**)&f->side_recv, max_side * z->S * sizeof(floatX));
+    cudaCheck(cudaEventCreateWithFlags(&f->codes_ready, cudaEventDisableTiming));
+    f->on = 1;
+    f->ready = 0;
+    return 1;
+}
+
+// This step's scales and codes (collective over the shard group; the first gather of the step calls it)
+static inline void zero_fp8_prepare(ZeroGpu* zg) {
+    Zero* z = &zg->z;
+    ZeroGpuFp8* f = &zg->fp8;
+    Fp8GPU* mf = &zg->model->fp8;
+    cudaStream_t cs = zg->compute;
+    // 1. the amax of our piece of every matrix (block: of every 128x128 block), from the BF16 shard
+    cudaCheck(cudaMemsetAsync(f->amax, 0, f->groups * sizeof(float), cs));
+    for (size_t k = 0; k < f->mats.size(); k++) {
+        int u = f->mat_unit[k];
+        size_t lo = z->unit_off[u] + (size_t)z->shard.rank * z->shard_numel[u], a, b;
+        fp8g_my_piece(&f->mats[k], lo, z->shard_numel[u], &a, &b);
+        if (a < b) fp8g_piece_amax_gpu(&f->mats[k], a, b, zg->master_bf16 + z->shard_off[u] + (a - lo), f->amax, f->block, cs);
+    }
+    // 2. the true amaxes on every rank of the shard group
+    cudaStream_t comm = zero_comm_stream(zg);
+    cudaCheck(cudaEventRecord(zg->comm_done, cs));
+    cudaCheck(cudaStreamWaitEvent(comm, zg->comm_done, 0));
+    comm_all_reduce_max_bits_dev(&z->shard, (unsigned int*)f->amax, f->groups);
+    cudaCheck(cudaEventRecord(zg->comm_done, comm));
+    cudaCheck(cudaStreamWaitEvent(cs, zg->comm_done, 0));
+    // 3. the scales the model would use for the whole weight
+    for (size_t k = 0; k < f->mats.size(); k++) {
+        const Fp8GatherMatrix& M = f->mats[k];
+        const Fp8Meta& meta = mf->metas[f->mat_slot[k]];
+        if (f->block) fp8g_scales_gpu(f->amax + M.group0, f->scale + M.group0, f->inv + M.group0, M.groups, 0, cs);
+        else if (mf->cfg.recipe == FP8_CURRENT || meta.filled == 0)
+            fp8g_scales_gpu(f->amax + M.group0, f->scale + M.group0, f->inv + M.group0, 1, mf->cfg.margin, cs);
+        else {   // delayed: the history's scale, as the model's weight slot has it
+            float sc = g_zero_debug_plant_fp8 ? 2 * meta.scale : meta.scale;   // (the tests' planted bug: a wrong scale)
+            float si[2] = {sc, 1.0f / sc};
+            cudaCheck(cudaMemcpy(f->scale + M.group0, &si[0], sizeof(float), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(f->inv + M.group0, &si[1], sizeof(float), cudaMemcpyHostToDevice));
+        }
+    }
+    // 4. our codes at their flat positions, and the norms and router as BF16
+    for (size_t k = 0; k < f->mats.size(); k++) {
+        int u = f->mat_unit[k];
+        size_t lo = z->unit_off[u] + (size_t)z->shard.rank * z->shard_numel[u], a, b;
+        fp8g_my_piece(&f->mats[k], lo, z->shard_numel[u], &a, &b);
+        if (a < b) fp8g_piece_encode_gpu(&f->mats[k], a, b, zg->master_bf16 + z->shard_off[u] + (a - lo), f->scale,
+                                         f->codes_send + f->codes_off[u] + (a - lo), f->sat, f->block, cs);
+    }
+    for (int u = 0; u < z->n_units; u++)
+        for (const Fp8SideRun& r : f->pack[u])
+            cudaCheck(cudaMemcpyAsync(f->side_send + f->side_off[u] + r.dst, zg->master_bf16 + r.src, r.n * sizeof(floatX),
+                                      cudaMemcpyDeviceToDevice, cs));
+    cudaCheck(cudaEventRecord(f->codes_ready, cs));
+    f->ready = 1;
+}
+
+// block unit u into `slot` on the communication stream: the codes and the side pieces gathered, decoded
+static inline void zero_fp8_gather_unit(ZeroGpu* zg, int u, int slot) {
+    Zero* z = &zg->z;
+    ZeroGpuFp8* f = &zg->fp8;
+    cudaStream_t comm = zero_comm_stream(zg);
+    if (!f->ready) zero_fp8_prepare(zg);
+    cudaCheck(cudaStreamWaitEvent(comm, f->codes_ready, 0));
+    size_t cu = z->shard_numel[u], sl = f->side_len[u];
+    comm_all_gather(&z->shard, f->codes_send + f->codes_off[u], f->codes_recv, cu, COMM_BYTE);
+    if (sl) comm_all_gather(&z->shard, f->side_send + f->side_off[u], f->side_recv, sl, COMM_BF16);
+    // the received codes are indexed by flat position from the unit's start (the pieces are consecutive)
+    for (int k : f->unit_mats[u]) {
+        const Fp8GatherMatrix& M = f->mats[k];
+        size_t at = M.off - z->unit_off[u];
+        fp8g_decode_bf16_gpu(&M, f->codes_recv + at, f->inv, zg->work[slot] + at, f->block, comm);
+    }
+    for (const Fp8SideRun& r : f->unpack[u])
+        cudaCheck(cudaMemcpyAsync(zg->work[slot] + r.dst, f->side_recv + (size_t)r.rank * sl + r.src, r.n * sizeof(floatX),
+                                  cudaMemcpyDeviceToDevice, comm));
+}
+
 // issues unit u's all-gather on the communication stream (nothing if its slot holds it)
 static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) {
     Zero* z = &zg->z;
@@ -207,7 +382,8 @@ static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) {
     cudaStream_t comm = zero_comm_stream(zg);
     cudaCheck(cudaStreamWaitEvent(comm, zg->slot_free[slot], 0));   // the compute stream is done reading it
     cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));        // the shard is up to date
-    comm_all_gather(&z->shard, zg->master_bf16 + z->shard_off[u], zg->work[slot], z->shard_numel[u], COMM_BF16);
+    if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) zero_fp8_gather_unit(zg, u, slot);   // a block under --fp8-gather
+    else comm_all_gather(&z->shard, zg->master_bf16 + z->shard_off[u], zg->work[slot], z->shard_numel[u], COMM_BF16);
     cudaCheck(cudaEventRecord(zg->gathered[slot], comm));
     zg->slot_unit[slot] = u;
 }
@@ -315,6 +491,7 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
                          zg->compute);
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     zg->slot_unit[0] = zg->slot_unit[1] = -1;   // the gathered copies are stale
+    zg->fp8.ready = 0;                          // and so are the FP8 codes
     fp8_gpu_step(&zg->model->fp8);              // FP8 delayed scaling: the amaxes join the histories
     return norm;
 }
@@ -326,6 +503,12 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
 static inline void zero_fp8_amax_reduce(ZeroGpu* zg, std::vector<Fp8MetaRef>& metas, std::vector<float>* amax_local) {
     Fp8GPU* f = &zg->model->fp8;
     Zero* z = &zg->z;
+    if (zg->fp8.on && zg->fp8.ready) {   // --fp8-gather: the weights' amax is the true one, agreed in the prepare
+        for (size_t k = 0; k < zg->fp8.mats.size(); k++) {
+            const Fp8GatherMatrix& M = zg->fp8.mats[k];
+            LAUNCH(fp8g_tensor_amax_kernel, 1, 256, 0, zg->compute, f->amax + zg->fp8.mat_slot[k], zg->fp8.amax + M.group0, M.groups);
+        }
+    }
     if (amax_local) {
         fp8_gpu_collect(f);
         amax_local->clear();
@@ -359,6 +542,7 @@ static inline void zero_free(ZeroGpu* zg) {
     }
     cudaCheck(cudaEventDestroy(zg->bf16_ready));
     cudaCheck(cudaEventDestroy(zg->comm_done));
+    if (zg->fp8.on) cudaCheck(cudaEventDestroy(zg->fp8.codes_ready));
     zg->model->hooks = UnitHooks{NULL, NULL, NULL};
     free(z->master); free(z->m); free(z->v);
     z->master = z->m = z->v = NULL;

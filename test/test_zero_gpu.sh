@@ -17,6 +17,8 @@
 #     checkpoint of np 4 resumed on np 2 (reshard), and on the CPU backend; a CPU checkpoint resumed on the
 #     GPU; SIGINT saves and exits 0;
 #   * --fp8 delayed on the device store: np 2 = one process, and a resume carries the FP8 state exactly;
+#   * --fp8-gather on the device store, each recipe: bit-identical to --fp8 without it, bytes per step
+#     against the formula;
 #   * Hugging Face interop on the GPU path: --export-hf from a GPU run, --init-hf + --dump-logits on the GPU
 #     and on the CPU give the same logits within BF16 tolerance;
 #   * a rank SIGKILLed and a rank stopped (hung) under mpirun -np 2 --device cuda: the job exits non-zero,
@@ -170,7 +172,7 @@ for f in r4.out r4cpu.out cg.out; do grep -q "^resume: .*(step 2," "$tmp/$f" || 
 
 # --fp8 delayed on the device store: np 2 ZeRO-3 gives one GPU process's losses, and its checkpoint
 # carries the FP8 scaling state (amax histories, scales: uploaded to the device on resume) bit-exactly
-F=(--model dbrx-tiny --n-layers 2 --seq 32 --val-every 0 --batch 2 --steps 4 --fp8 delayed)
+F=(--model dbrx-tiny --n-layers 2 --seq 32 --val-every 0 --batch 2 --steps 4 --fp8 delayed --fp8-log-every 1)
 run1 f_ref ./train_dbrx_emu "${F[@]}" --device cuda --grad-accum 2
 runp f_full 2 "${F[@]}" --shard-group-size 2
 runp f_half 2 "${F[@]}" --shard-group-size 2 --ckpt-dir "$tmp/ckf" --stop-after 2
@@ -179,6 +181,63 @@ runp f_half 2 "${F[@]}" --shard-group-size 2 --ckpt-dir "$tmp/ckf" --resume auto
 [ "$(losses "$tmp/f_full.jsonl")" = "$(losses "$tmp/f_half.jsonl")" ] && grep -q '"recipe": "delayed"' "$tmp/ckf/step_00000002/manifest.json" \
     && pass "--fp8 delayed on the GPU path: 2 + save + resume + 2 = 4 steps bit-identically (the FP8 state in the checkpoint)" \
     || fail "--fp8 delayed GPU resume: $(losses "$tmp/f_full.jsonl") vs $(losses "$tmp/f_half.jsonl")"
+
+# --fp8-gather on the device store: the blocks' FP8 matrices travel as E4M3 codes, the norms and router
+# as BF16, decoded into the BF16 slot; the model quantises it with the same scales to the same codes, so
+# losses, gradient norms and every FP8 amax/scale equal --fp8 without it, bit for bit; bytes per step
+# against the formula (the gathers of the blocks at 1 byte per element of a c-element piece plus the
+# longest rank's norms/router piece at 2 bytes)
+runp fg_delayed 2 "${F[@]}" --shard-group-size 2 --fp8-gather
+DBRX_DEBUG_PLANT=fp8_gather_scale runp fg_planted 2 "${F[@]}" --shard-group-size 2 --fp8-gather
+for r in current block; do
+    runp f_$r 2 "${F[@]}" --steps 3 --fp8 $r --shard-group-size 2
+    runp fg_$r 2 "${F[@]}" --steps 3 --fp8 $r --shard-group-size 2 --fp8-gather
+done
+$PY - "$tmp" <<'PY' > "$tmp/fg"
+import json, os, re, sys
+tmp = sys.argv[1]
+def log(name):
+    rows = [json.loads(l) for l in open(os.path.join(tmp, name + ".jsonl"))]
+    return ([(r["loss"], r["grad_norm"]) for r in rows if "loss" in r],
+            [{k: (v["amax"], v["scale"]) for k, v in r["fp8"].items()} for r in rows if "fp8" in r])
+def sent(name):
+    return {int(r): float(v) for r, v in re.findall(r"comm: rank (\d+) sent \d+ bytes in \d+ training steps \(([\d.]+) bytes/step\)",
+                                                   open(os.path.join(tmp, name + ".out")).read())}
+d, L, V, E, F, H, kv, S, A = 128, 2, 384, 16, 224, 4, 2, 2, 1
+hd = d // H; qd = d + 2 * kv * hd
+tensors = [(d, 0), (qd * d, 1), (d * d, 1), (d, 0), (E * d, 0), (E * F * d, 1), (E * F * d, 1), (E * F * d, 1)]
+nb = sum(n for n, _ in tensors); c = lambda n: -(-n // S)
+def side():   # the longest rank's norms + router elements
+    best = 0
+    for r in range(S):
+        lo, hi, off, k = r * c(nb), (r + 1) * c(nb), 0, 0
+        for n, q in tensors:
+            if not q: k += max(0, min(hi, off + n) - max(lo, off))
+            off += n
+        best = max(best, k)
+    return best
+P = S * (c(V * d) + c(d + V * d) + L * c(nb))
+def groups(block):
+    cb = lambda rows, cols: -(-rows // 128) * -(-cols // 128)
+    return L * ((cb(qd, d) + cb(d, d) + 3 * E * cb(F, d)) if block else 5)
+def volume(block):
+    gathers = (S - 1) * (2 * (c(V * d) + c(d + V * d)) + 2 * L * (c(nb) + 2 * side()))   # forward: all units; backward: the blocks
+    return A * (gathers + (S - 1) / S * 4 * P) + 2 * (S - 1) / S * 4 * groups(block)
+for recipe, ref in [("delayed", "f_full"), ("current", "f_current"), ("block", "f_block")]:
+    (a, fa), (b, fb) = log(ref), log("fg_" + recipe)
+    same = len(a) >= 3 and a == b and len(fa) == len(a) and fa == fb
+    print("%s --fp8 %s on the device store, np 2 ZeRO-3: with --fp8-gather losses, grad norms and every FP8 amax/scale of %d steps %s" % (
+        "pass" if same else "fail", recipe, len(a), "bit-identical" if same else "differ: %s vs %s" % (a[:1], b[:1])))
+    g, f = sent("fg_" + recipe), sent(ref)
+    want = volume(recipe == "block")
+    ok = len(g) == 2 and all(abs(v / want - 1) < 0.01 for v in g.values()) and max(g.values()) < min(f.values())
+    print("%s --fp8 %s --fp8-gather: bytes per rank per step %s (without: %s), formula %.0f" % ("pass" if ok else "fail", recipe,
+          "/".join("%.0f" % g[r] for r in sorted(g)), "/".join("%.0f" % f[r] for r in sorted(f)), want))
+PY
+verdicts "$tmp/fg" 6
+[ "$(losses "$tmp/fg_planted.jsonl")" != "$(losses "$tmp/f_full.jsonl")" ] \
+    && pass "negative control: --fp8-gather with a planted factor of 2 in the delayed weight scale breaks the bit-identity" \
+    || fail "negative control: the planted FP8 gather scale went unnoticed"
 
 # SIGINT to the rank (as Ctrl-C in a terminal reaches it): the GPU path saves where it is and exits 0
 ./train_dbrx_emu "${C[@]}" --device cuda --steps 400 --ckpt-dir "$tmp/sig" --log "$tmp/sig.jsonl" > "$tmp/sig.out" 2>&1 & P=$!
