@@ -22,7 +22,7 @@ static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
 // the GPU model's answers to the loop's calls (model/dbrx_cuda.cuh has the step itself)
 static inline void dbrx_sync(DbrxGPU* m) { (void)m; cudaCheck(cudaDeviceSynchronize()); }
 // the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)
-static inline float dbrx_fp8_log_scale(DbrxGPU* m, int i) { return m->fp8.last_scale[i]; }
+static inline float dbrx_fp8_log_scale(DbrxGPU* m, const Fp8MetaRef& r, int i) { (void)r; return m->fp8.last_scale[i]; }
 static inline void dbrx_logits_to_host(DbrxGPU* m, std::vector<float>* out) {
     out->resize((size_t)m->B * m->T * m->cfg.vocab_size);
     from_device_bf16(out->data(), m->logits, out->size());

@@ -68,6 +68,29 @@ static inline long long zero_rss_bytes() {
     return kb < 0 ? -1 : kb * 1024;
 }
 
+// The units and their shards for S ranks, with no groups and no storage (the GPU store's memory
+// estimate uses it before the groups exist): unit_off, unit_numel, shard_numel, shard_off, shard_total,
+// work_numel.
+static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S) {
+    z->S = S;
+    z->n_units = dbrx_num_units(c);
+    z->unit_off.assign(z->n_units, 0); z->unit_numel.assign(z->n_units, 0);
+    for (const ParamInfo& p : t) {
+        if (z->unit_numel[p.unit] == 0) z->unit_off[p.unit] = p.offset;
+        z->unit_numel[p.unit] += p.numel;
+    }
+    z->shard_numel.resize(z->n_units); z->shard_off.resize(z->n_units);
+    z->shard_total = 0;
+    size_t max_shard = 0;
+    for (int u = 0; u < z->n_units; u++) {
+        z->shard_numel[u] = (z->unit_numel[u] + S - 1) / S;
+        z->shard_off[u] = z->shard_total;
+        z->shard_total += z->shard_numel[u];
+        if (z->shard_numel[u] > max_shard) max_shard = z->shard_numel[u];
+    }
+    z->work_numel = max_shard * S;
+}
+
 static inline void zero_unit_begin(void* ctx, int unit, int phase);
 static inline void zero_unit_end(void* ctx, int unit, int phase);
 
@@ -94,23 +117,7 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     z->shard = comm_split(z->world, comm->rank / S, comm->rank, "shard", use_nccl);
     z->replica = comm_split(z->world, comm->rank % S, comm->rank, "replica", use_nccl);
     int s = z->shard.rank;
-
-    z->n_units = dbrx_num_units(c);
-    z->unit_off.assign(z->n_units, 0); z->unit_numel.assign(z->n_units, 0);
-    for (const ParamInfo& p : t) {
-        if (z->unit_numel[p.unit] == 0) z->unit_off[p.unit] = p.offset;
-        z->unit_numel[p.unit] += p.numel;
-    }
-    z->shard_numel.resize(z->n_units); z->shard_off.resize(z->n_units);
-    z->shard_total = 0;
-    size_t max_shard = 0;
-    for (int u = 0; u < z->n_units; u++) {
-        z->shard_numel[u] = (z->unit_numel[u] + S - 1) / S;
-        z->shard_off[u] = z->shard_total;
-        z->shard_total += z->shard_numel[u];
-        if (z->shard_numel[u] > max_shard) max_shard = z->shard_numel[u];
-    }
-    z->work_numel = max_shard * S;
+    zero_unit_layout(z, c, t, S);
     z->segs.clear();
     for (const ParamInfo& p : t) {   // intersect each tensor with this rank's part of its unit
         int u = p.unit;

@@ -137,6 +137,19 @@ static inline size_t fp8g_packed_bytes(const std::vector<Fp8GatherTensor>& ts, s
     return bytes;
 }
 
+// The FP8 linear a block's parameter tensor is the weight of (FP8_LIN_*), or -1 (norms, router), and
+// the rows of its scale segments (the experts' w1/v1/w2: F rows each; Wqkv and out_proj: one segment).
+// Both FP8 gathers (this file's, and the device store's) find their matrices with them.
+static inline int fp8g_linear_of(const ParamInfo* p) {
+    size_t len = strlen(p->name);
+    auto ends = [&](const char* suf) { size_t k = strlen(suf); return len >= k && !strcmp(p->name + len - k, suf); };
+    return ends(".attn.Wqkv.weight") ? FP8_LIN_QKV : ends(".attn.out_proj.weight") ? FP8_LIN_PROJ
+         : ends(".mlp.w1") ? FP8_LIN_W1 : ends(".mlp.v1") ? FP8_LIN_V1 : ends(".mlp.w2") ? FP8_LIN_W2 : -1;
+}
+static inline int fp8g_seg_rows(const ParamInfo* p, int lin, const DbrxConfig* c) {
+    return lin == FP8_LIN_QKV || lin == FP8_LIN_PROJ ? p->rows : c->ffn_hidden;
+}
+
 // Sets up the FP8 gather for a model whose FP8 recipe is already enabled (dbrx_enable_fp8): the
 // matrices, their scale groups, every unit's piece size. unit_off / shard_numel: zero.h's layout.
 static inline void zero_fp8_init(ZeroFp8* f, Dbrx* m, int S, int s, const std::vector<size_t>& unit_off,
@@ -155,15 +168,11 @@ static inline void zero_fp8_init(ZeroFp8* f, Dbrx* m, int S, int s, const std::v
         int l = p.unit - 1;
         if (l < 0 || l >= c->n_layers) continue;   // the embedding and the head: no FP8 GEMM
         Fp8BlockState* b = &m->fp8_state[l];
-        const char* name = p.name;
-        size_t len = strlen(name);
-        auto ends = [&](const char* suf) { size_t k = strlen(suf); return len >= k && !strcmp(name + len - k, suf); };
-        int lin = ends(".attn.Wqkv.weight") ? FP8_LIN_QKV : ends(".attn.out_proj.weight") ? FP8_LIN_PROJ
-                : ends(".mlp.w1") ? FP8_LIN_W1 : ends(".mlp.v1") ? FP8_LIN_V1 : ends(".mlp.w2") ? FP8_LIN_W2 : -1;
+        int lin = fp8g_linear_of(&p);
         Fp8Meta* meta = lin >= 0 ? fp8_block_meta(b, lin, FP8_OP_W) : NULL;   // the weight operand of the table (model/fp8.cuh)
         int mat = -1;
         if (meta) {
-            int seg_rows = ends(".attn.Wqkv.weight") || ends(".attn.out_proj.weight") ? p.rows : c->ffn_hidden;
+            int seg_rows = fp8g_seg_rows(&p, lin, c);
             Fp8GatherMatrix M = fp8g_matrix(p.offset, p.rows, p.cols, seg_rows, groups, block, meta);
             groups += M.groups;
             mat = (int)f->mats.size();
@@ -450,14 +459,15 @@ static inline void fp8g_decode_bf16_gpu(const Fp8GatherMatrix* M, const __nv_fp8
     LAUNCH(fp8g_decode_bf16_kernel, (int)std::min<size_t>((n + 255) / 256, 4096), 256, 0, stream, y, codes, p, inv);
 }
 
-// the tensor's amax (the max of its groups' amaxes, non-negative) as float bits into *out (a slot of
-// Fp8GPU::amax): one block
-__global__ void fp8g_tensor_amax_kernel(unsigned int* out, const float* amax, size_t groups) {
+// every matrix's tensor amax (the max of its groups' amaxes, non-negative) as float bits into its slot
+// of Fp8GPU::amax: a block per matrix; mats (3 per matrix): the slot, the first group, the group count
+__global__ void fp8g_tensor_amax_kernel(unsigned int* slot_amax, const size_t* mats, const float* amax) {
     __shared__ float scratch[32];
+    const size_t* mt = mats + 3 * blockIdx.x;
     float m = 0.0f;
-    for (size_t i = threadIdx.x; i < groups; i += blockDim.x) m = fmaxf(m, amax[i]);
+    for (size_t i = threadIdx.x; i < mt[2]; i += blockDim.x) m = fmaxf(m, amax[mt[1] + i]);
     m = block_max(m, scratch);
-    if (threadIdx.x == 0) *out = __float_as_uint(m);
+    if (threadIdx.x == 0) slot_amax[mt[0]] = __float_as_uint(m);
 }
 
 // qt (cols, rows) = q (rows, cols)^T, FP8 codes: one CUDA block per 64x64 tile, read along q's rows

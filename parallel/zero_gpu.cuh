@@ -42,6 +42,7 @@ typedef struct {
     size_t groups;                              // scale groups of all matrices
     float *amax, *scale, *inv;                  // device, per group
     unsigned long long* sat;                    // device (1): the encode's saturation count (not used by the model)
+    size_t* mat_table;                          // device (3 per matrix): its weight slot, first group, group count
     __nv_fp8_storage_t *codes_send, *codes_recv;   // device: per block unit this rank's c codes by flat position; S * max c
     floatX *side_send, *side_recv;              // device: per block unit this rank's non-FP8 elements; S * max side
     std::vector<size_t> codes_off, side_off, side_len;   // per unit
@@ -110,14 +111,8 @@ static inline size_t zero_gpu_bytes(const Zero* z) {
 
 // the same, before the groups exist: from the parameter table and S (the model's memory check, --dry-run)
 static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S) {
-    std::vector<size_t> unit(dbrx_num_units(c), 0);
-    for (const ParamInfo& p : dbrx_param_table(c)) unit[p.unit] += p.numel;
     Zero z;
-    z.S = S;
-    z.shard_total = 0;
-    size_t max_shard = 0;
-    for (size_t n : unit) { z.shard_total += (n + S - 1) / S; max_shard = std::max(max_shard, (n + S - 1) / S); }
-    z.work_numel = max_shard * S;
+    zero_unit_layout(&z, c, dbrx_param_table(c), S);
     return zero_gpu_bytes(&z);
 }
 
@@ -256,12 +251,9 @@ static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
     for (const ParamInfo& p : m->table) {
         int l = p.unit - 1;
         if (l < 0 || l >= c->n_layers) continue;   // the embedding and the head: no FP8 GEMM, gathered in BF16
-        size_t len = strlen(p.name);
-        auto ends = [&](const char* suf) { size_t k = strlen(suf); return len >= k && !strcmp(p.name + len - k, suf); };
-        int lin = ends(".attn.Wqkv.weight") ? FP8_LIN_QKV : ends(".attn.out_proj.weight") ? FP8_LIN_PROJ
-                : ends(".mlp.w1") ? FP8_LIN_W1 : ends(".mlp.v1") ? FP8_LIN_V1 : ends(".mlp.w2") ? FP8_LIN_W2 : -1;
+        int lin = fp8g_linear_of(&p);
         if (lin < 0) { plain[p.unit].push_back({p.offset, p.numel}); continue; }
-        int seg_rows = lin == FP8_LIN_QKV || lin == FP8_LIN_PROJ ? p.rows : c->ffn_hidden;
+        int seg_rows = fp8g_seg_rows(&p, lin, c);
         Fp8GatherMatrix M = fp8g_matrix(p.offset, p.rows, p.cols, seg_rows, f->groups, f->block, NULL);
         f->groups += M.groups;
         f->unit_mats[p.unit].push_back((int)f->mats.size());
@@ -296,6 +288,10 @@ static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
     take((void**)&f->inv, f->groups * sizeof(float)); take((void**)&f->sat, sizeof(unsigned long long));
     take((void**)&f->codes_send, codes_total); take((void**)&f->codes_recv, max_c * z->S);
     take((void**)&f->side_send, side_total * sizeof(floatX)); take((void**)&f->side_recv, max_side * z->S * sizeof(floatX));
+    std::vector<size_t> table;
+    for (size_t k = 0; k < f->mats.size(); k++) table.insert(table.end(), {(size_t)f->mat_slot[k], f->mats[k].group0, f->mats[k].groups});
+    take((void**)&f->mat_table, table.size() * sizeof(size_t));
+    cudaCheck(cudaMemcpy(f->mat_table, table.data(), table.size() * sizeof(size_t), cudaMemcpyHostToDevice));
     cudaCheck(cudaEventCreateWithFlags(&f->codes_ready, cudaEventDisableTiming));
     f->on = 1;
     f->ready = 0;
@@ -323,18 +319,25 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
     comm_all_reduce_max_bits_dev(&z->shard, (unsigned int*)f->amax, f->groups);
     cudaCheck(cudaEventRecord(zg->comm_done, comm));
     cudaCheck(cudaStreamWaitEvent(cs, zg->comm_done, 0));
-    // 3. the scales the model would use for the whole weight
-    for (size_t k = 0; k < f->mats.size(); k++) {
-        const Fp8GatherMatrix& M = f->mats[k];
-        const Fp8Meta& meta = mf->metas[f->mat_slot[k]];
-        if (f->block) fp8g_scales_gpu(f->amax + M.group0, f->scale + M.group0, f->inv + M.group0, M.groups, 0, cs);
-        else if (mf->cfg.recipe == FP8_CURRENT || meta.filled == 0)
-            fp8g_scales_gpu(f->amax + M.group0, f->scale + M.group0, f->inv + M.group0, 1, mf->cfg.margin, cs);
-        else {   // delayed: the history's scale, as the model's weight slot has it
+    // 3. the scales the model would use for the whole weight: from the amaxes (block: margin 0; current,
+    // and delayed before its history has an entry: --fp8-margin), in one launch over every group; then,
+    // delayed, each weight slot's history scale where it has one (per tensor: group k is matrix k)
+    fp8g_scales_gpu(f->amax, f->scale, f->inv, f->groups, f->block ? 0 : mf->cfg.margin, cs);
+    if (mf->cfg.recipe == FP8_DELAYED) {
+        size_t n = f->mats.size();
+        std::vector<float> host(2 * n);
+        bool all = true;
+        for (size_t k = 0; k < n; k++) {
+            const Fp8Meta& meta = mf->metas[f->mat_slot[k]];
             float sc = g_zero_debug_plant_fp8 ? 2 * meta.scale : meta.scale;   // (the tests' planted bug: a wrong scale)
-            float si[2] = {sc, 1.0f / sc};
-            cudaCheck(cudaMemcpy(f->scale + M.group0, &si[0], sizeof(float), cudaMemcpyHostToDevice));
-            cudaCheck(cudaMemcpy(f->inv + M.group0, &si[1], sizeof(float), cudaMemcpyHostToDevice));
+            host[k] = sc; host[n + k] = 1.0f / sc;
+            all = all && meta.filled > 0;
+        }
+        // the histories fill together (every slot steps at once), so it is all of them or none of them
+        if (all) {
+            cudaCheck(cudaMemcpyAsync(f->scale, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, cs));
+            cudaCheck(cudaMemcpyAsync(f->inv, host.data() + n, n * sizeof(float), cudaMemcpyHostToDevice, cs));
+            cudaCheck(cudaStreamSynchronize(cs));   // (host is a local)
         }
     }
     // 4. our codes at their flat positions, and the norms and router as BF16
@@ -503,12 +506,8 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
 static inline void zero_fp8_amax_reduce(ZeroGpu* zg, std::vector<Fp8MetaRef>& metas, std::vector<float>* amax_local) {
     Fp8GPU* f = &zg->model->fp8;
     Zero* z = &zg->z;
-    if (zg->fp8.on && zg->fp8.ready) {   // --fp8-gather: the weights' amax is the true one, agreed in the prepare
-        for (size_t k = 0; k < zg->fp8.mats.size(); k++) {
-            const Fp8GatherMatrix& M = zg->fp8.mats[k];
-            LAUNCH(fp8g_tensor_amax_kernel, 1, 256, 0, zg->compute, f->amax + zg->fp8.mat_slot[k], zg->fp8.amax + M.group0, M.groups);
-        }
-    }
+    if (zg->fp8.on && zg->fp8.ready)   // --fp8-gather: the weights' amax is the true one, agreed in the prepare
+        LAUNCH(fp8g_tensor_amax_kernel, (int)zg->fp8.mats.size(), 256, 0, zg->compute, f->amax, zg->fp8.mat_table, zg->fp8.amax);
     if (amax_local) {
         fp8_gpu_collect(f);
         amax_local->clear();
