@@ -34,10 +34,13 @@
 #include "fp8_state.h"
 #include "json.h"
 
-// the manifest's format: 2 added "fp8" (the FP8 scaling state); 1 (without it) is still read
-#define CKPT_FORMAT_VERSION 2
+// the manifest's format: 2 added "fp8" (the FP8 scaling state); 3 the experts as units of their own,
+// split in runs ("unit_runs", parallel/zero.h). 1 and 2 (each unit one run) are still read.
+#define CKPT_FORMAT_VERSION 3
 #define CKPT_FORMAT_VERSION_MIN 1
-#define CKPT_SHARD_VERSION 1   // the shard files' header and layout (unchanged since version 1)
+// the shard files' header (unchanged since version 1): a file holds a rank's shard in the layout the
+// manifest describes (format 3: the pieces of the runs; 1 and 2: of whole units)
+#define CKPT_SHARD_VERSION 1
 #define CKPT_HEADER_BYTES 64
 static const char CKPT_MAGIC[8] = {'D', 'B', 'R', 'X', 'C', 'K', 'P', 'T'};
 
@@ -147,8 +150,13 @@ static inline std::string ckpt_config_mismatch(const JsonValue* saved, const Dbr
 // the manifest without its "files" and its own checksum (rank 0 completes it at commit)
 static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cfg, const TrainProgress* prog,
                                              const RunInfo* run) {
-    std::string units;
-    for (int u = 0; u < z->n_units; u++) units += (u ? ", " : "") + std::to_string(z->unit_numel[u]);
+    std::string units, runs;
+    for (int u = 0; u < z->n_units; u++) {
+        units += (u ? ", " : "") + std::to_string(z->unit_numel[u]);
+        runs += u ? ", [" : "[";
+        for (size_t k = 0; k < z->runs[u].size(); k++) runs += (k ? ", " : "") + std::to_string(z->runs[u][k].numel);
+        runs += "]";
+    }
     char b[2048];
     snprintf(b, sizeof b,
              "{\n  \"format\": \"train_dbrx checkpoint\",\n  \"format_version\": %d,\n  \"step\": %d,\n  \"tokens_seen\": %lld,\n"
@@ -168,7 +176,7 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
     snprintf(b, sizeof b, "  \"topology\": {\"world\": %d, \"shard_group_size\": %d, \"replicas\": %d, \"batch\": %d, "
              "\"seq\": %d, \"grad_accum\": %d, \"dtype\": \"float32\", \"arrays\": [\"master\", \"adam_m\", \"adam_v\"], "
              "\"header_bytes\": %d, \"unit_numel\": [", z->W, z->S, z->R, run->batch, run->seq, run->grad_accum, CKPT_HEADER_BYTES);
-    m += b + units + "]},\n";
+    m += b + units + "], \"unit_runs\": [" + runs + "]},\n";
     return m;
 }
 
@@ -403,21 +411,33 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     if (!json_int(json_get(topo, "shard_group_size"), &S_old) || S_old <= 0 || !files || files->kind != JsonValue::ARR ||
         (int)files->items.size() != S_old)
         fmt_err = "manifest.json: topology and files disagree";
-    const JsonValue* un = json_get(topo, "unit_numel");
-    if (fmt_err.empty() && (!un || un->kind != JsonValue::ARR || (int)un->items.size() != z->n_units)) fmt_err = "manifest.json: unit_numel";
-    for (int u = 0; fmt_err.empty() && u < z->n_units; u++) {
-        uint64_t n;
-        if (!json_u64(&un->items[u], &n) || n != z->unit_numel[u]) fmt_err = "manifest.json: unit sizes differ from the model";
+    // the old layout, from the manifest alone: format 3 lists every unit's runs, 1 and 2 the units' sizes
+    // (each unit one run). Any layout of the same parameters loads into any other.
+    int version = 0;
+    json_int(json_get(man, "format_version"), &version);
+    std::vector<std::vector<size_t>> runs_old;
+    const JsonValue* ul = json_get(topo, version >= 3 ? "unit_runs" : "unit_numel");
+    if (fmt_err.empty() && (!ul || ul->kind != JsonValue::ARR || ul->items.empty())) fmt_err = "manifest.json: unit_runs / unit_numel";
+    size_t params_old = 0, params = 0;
+    for (size_t u = 0; fmt_err.empty() && u < ul->items.size(); u++) {
+        const JsonValue* it = &ul->items[u];
+        runs_old.emplace_back();
+        if (version < 3) it = NULL;   // a unit's size: one run
+        size_t n_runs = it ? (it->kind == JsonValue::ARR ? it->items.size() : 0) : 1;
+        if (n_runs == 0) fmt_err = "manifest.json: unit_runs[" + std::to_string(u) + "]";
+        for (size_t k = 0; fmt_err.empty() && k < n_runs; k++) {
+            uint64_t n;
+            if (!json_u64(it ? &it->items[k] : &ul->items[u], &n) || n == 0) fmt_err = "manifest.json: unit sizes";
+            else { runs_old.back().push_back((size_t)n); params_old += n; }
+        }
     }
+    for (int u = 0; u < z->n_units; u++) params += z->unit_numel[u];
+    if (fmt_err.empty() && params_old != params)
+        fmt_err = "manifest.json: the units hold " + std::to_string(params_old) + " parameters, the model " + std::to_string(params);
     if (!fmt_err.empty()) return fmt_err;
-    // the old layout
-    std::vector<size_t> c_old(z->n_units), off_old(z->n_units);
-    size_t total_old = 0;
-    for (int u = 0; u < z->n_units; u++) {
-        c_old[u] = (z->unit_numel[u] + S_old - 1) / S_old;
-        off_old[u] = total_old;
-        total_old += c_old[u];
-    }
+    Zero old;
+    zero_layout_from_runs(&old, runs_old, S_old);
+    size_t total_old = old.shard_total;
     uint64_t expect_bytes = CKPT_HEADER_BYTES + 3ull * total_old * sizeof(float);
     std::vector<int> file_bad(S_old + 1, 0);
     std::vector<std::string> file_names(S_old);
@@ -445,24 +465,33 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
                 local_err = p + ": " + std::to_string(st.st_size) + " bytes, the manifest says " + std::to_string(file_bytes[f]) + " (truncated?)";
             }
         }
+    // this rank's pieces of the new layout: (flat lo, flat hi, place in its shard buffers), in flat order
+    typedef struct { size_t lo, hi, at; } Piece;
+    auto pieces_of = [](const Zero* L, int r) {
+        std::vector<Piece> p;
+        for (int u = 0; u < L->n_units; u++)
+            zero_unit_pieces(L, u, r, [&](size_t lo, size_t hi, size_t at) { if (lo < hi) p.push_back(Piece{lo, hi, L->shard_off[u] + at}); });
+        std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
+        return p;
+    };
+    std::vector<Piece> mine = pieces_of(z, z->shard.rank);
     // the first replica reads: for each old file, the pieces of this rank's new shard it holds
     memset(z->master, 0, z->shard_total * sizeof(float));
     memset(z->m, 0, z->shard_total * sizeof(float));
     memset(z->v, 0, z->shard_total * sizeof(float));
     bool reader = z->replica.rank == 0;
     float* arrays[3] = {z->master, z->m, z->v};
-    int s = z->shard.rank;
     for (int f = 0; reader && f < S_old && local_err.empty(); f++) {
         std::vector<CopySeg> segs;
-        for (int u = 0; u < z->n_units; u++) {
-            size_t n = z->unit_numel[u];
-            size_t olo = f * c_old[u], ohi = std::min((f + 1) * c_old[u], n);
-            size_t nlo = s * z->shard_numel[u], nhi = std::min((s + 1) * z->shard_numel[u], n);
-            size_t lo = std::max(olo, nlo), hi = std::min(ohi, nhi);
-            if (lo >= hi) continue;
-            for (int a = 0; a < 3; a++)
-                segs.push_back(CopySeg{CKPT_HEADER_BYTES + 4ull * (a * total_old + off_old[u] + (lo - olo)), 4ull * (hi - lo),
-                                       arrays[a] + z->shard_off[u] + (lo - nlo)});
+        std::vector<Piece> theirs = pieces_of(&old, f);
+        for (size_t i = 0, j = 0; i < theirs.size() && j < mine.size();) {   // the overlaps of two sorted, disjoint lists
+            const Piece &o = theirs[i], &n = mine[j];
+            size_t lo = std::max(o.lo, n.lo), hi = std::min(o.hi, n.hi);
+            if (lo < hi)
+                for (int a = 0; a < 3; a++)
+                    segs.push_back(CopySeg{CKPT_HEADER_BYTES + 4ull * (a * total_old + o.at + (lo - o.lo)), 4ull * (hi - lo),
+                                           arrays[a] + n.at + (lo - n.lo)});
+            if (o.hi <= n.hi) i++; else j++;
         }
         if (segs.empty()) continue;
         std::sort(segs.begin(), segs.end(), [](const CopySeg& a, const CopySeg& b) { return a.file_off < b.file_off; });
@@ -481,7 +510,7 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
             if (!err.empty()) break;
             if (off == 0) {
                 char h[CKPT_HEADER_BYTES];
-                ckpt_header(h, f, S_old, z->n_units, total_old, 0);
+                ckpt_header(h, f, S_old, old.n_units, total_old, 0);
                 if (n < CKPT_HEADER_BYTES || memcmp(buf.data(), h, 24) != 0 || memcmp(buf.data() + 24, h + 24, 8) != 0)
                     err = p + ": bad header (not shard " + std::to_string(f) + " of " + std::to_string(S_old) + ")";
             }
@@ -529,8 +558,6 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     prog->rng.state = rng;
     prog->loader = text.substr(loader->begin, loader->end - loader->begin);
     // the FP8 scaling state (format_version 2 on; before it there is none): malformed = damaged
-    int version = 0;
-    json_int(json_get(man, "format_version"), &version);
     const JsonValue* fp8 = json_get(man, "fp8");
     if (version >= 2 && !fp8) return "manifest.json: fp8 missing";
     std::string notes, fp8_err = ckpt_fp8_state_restore(z->fp8_cfg, z->fp8_metas, fp8, &notes);

@@ -27,8 +27,13 @@
 #include "fp8.cuh"
 
 // ---------------------------------------------------------------------------------------------
-// parameters: one flat buffer, laid out unit by unit (unit 0 = wte, unit 1+l = block l,
-// unit L+1 = norm_f + lm_head) so that a sharding unit is one contiguous range.
+// parameters: one flat buffer, laid out unit by unit so that a sharding unit is one contiguous range:
+//   unit 0        wte
+//   unit 1 + 2l   block l without its experts: norm_1, Wqkv, out_proj, norm_2, router
+//   unit 2 + 2l   block l's experts: w1, v1, w2, each (E * F, d) with the experts stacked
+//   unit 2L + 1   norm_f + lm_head
+// The experts are a unit of their own so that a store can shard them along the expert dimension
+// (parallel/zero.h) and expert parallelism can place them as whole experts.
 
 typedef struct {
     char name[96];    // Hugging Face DbrxForCausalLM name
@@ -41,6 +46,15 @@ typedef struct {
 
 typedef struct { real *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; } BlockParams;
 typedef struct { real* wte; std::vector<BlockParams> blocks; real* norm_f; real* lm_head; } ParamTensors;
+
+// the sharding units of block l, of the final norm and head, and their count (2L + 2)
+static inline int dbrx_block_unit(int l) { return 1 + 2 * l; }
+static inline int dbrx_experts_unit(int l) { return 2 + 2 * l; }
+static inline int dbrx_head_unit(const DbrxConfig* c) { return 2 * c->n_layers + 1; }
+static inline int dbrx_num_units(const DbrxConfig* c) { return 2 * c->n_layers + 2; }
+static inline bool dbrx_is_experts_unit(int unit, const DbrxConfig* c) { return unit >= 2 && unit <= 2 * c->n_layers && unit % 2 == 0; }
+// the layer a unit belongs to (-1: the embedding, the head)
+static inline int dbrx_unit_layer(int unit, const DbrxConfig* c) { return unit >= 1 && unit <= 2 * c->n_layers ? (unit - 1) / 2 : -1; }
 
 // the table of every parameter tensor, in buffer order
 static inline std::vector<ParamInfo> dbrx_param_table(const DbrxConfig* c) {
@@ -56,27 +70,30 @@ static inline std::vector<ParamInfo> dbrx_param_table(const DbrxConfig* c) {
     };
     int d = c->d_model, EF = c->n_experts * c->ffn_hidden;
     char nm[96];
+    // (the units, in the order above)
     add("transformer.wte.weight", c->vocab_size, d, 0, 1);
     for (int l = 0; l < c->n_layers; l++) {
         const char* pre = "transformer.blocks";
-        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.norm_1.weight", pre, l);      add(nm, d, 0, 1 + l, 0);
-        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.attn.Wqkv.weight", pre, l);  add(nm, qkv_dim(c), d, 1 + l, 1);
-        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.attn.out_proj.weight", pre, l); add(nm, d, d, 1 + l, 1);
-        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.norm_2.weight", pre, l);      add(nm, d, 0, 1 + l, 0);
-        snprintf(nm, sizeof nm, "%s.%d.ffn.router.layer.weight", pre, l);          add(nm, c->n_experts, d, 1 + l, 1);
-        snprintf(nm, sizeof nm, "%s.%d.ffn.experts.mlp.w1", pre, l);               add(nm, EF, d, 1 + l, 1);
-        snprintf(nm, sizeof nm, "%s.%d.ffn.experts.mlp.v1", pre, l);               add(nm, EF, d, 1 + l, 1);
-        snprintf(nm, sizeof nm, "%s.%d.ffn.experts.mlp.w2", pre, l);               add(nm, EF, d, 1 + l, 1);
+        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.norm_1.weight", pre, l);      add(nm, d, 0, dbrx_block_unit(l), 0);
+        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.attn.Wqkv.weight", pre, l);  add(nm, qkv_dim(c), d, dbrx_block_unit(l), 1);
+        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.attn.out_proj.weight", pre, l); add(nm, d, d, dbrx_block_unit(l), 1);
+        snprintf(nm, sizeof nm, "%s.%d.norm_attn_norm.norm_2.weight", pre, l);      add(nm, d, 0, dbrx_block_unit(l), 0);
+        snprintf(nm, sizeof nm, "%s.%d.ffn.router.layer.weight", pre, l);          add(nm, c->n_experts, d, dbrx_block_unit(l), 1);
+        snprintf(nm, sizeof nm, "%s.%d.ffn.experts.mlp.w1", pre, l);               add(nm, EF, d, dbrx_experts_unit(l), 1);
+        snprintf(nm, sizeof nm, "%s.%d.ffn.experts.mlp.v1", pre, l);               add(nm, EF, d, dbrx_experts_unit(l), 1);
+        snprintf(nm, sizeof nm, "%s.%d.ffn.experts.mlp.w2", pre, l);               add(nm, EF, d, dbrx_experts_unit(l), 1);
     }
-    add("transformer.norm_f.weight", d, 0, c->n_layers + 1, 0);
-    add("lm_head.weight", c->vocab_size, d, c->n_layers + 1, 1);
+    add("transformer.norm_f.weight", d, 0, dbrx_head_unit(c), 0);
+    add("lm_head.weight", c->vocab_size, d, dbrx_head_unit(c), 1);
     return t;
 }
 
-// first table entry of each unit, and the unit count (L + 2)
-static inline int dbrx_num_units(const DbrxConfig* c) { return c->n_layers + 2; }
+// first table entry of each unit (8 tensors per block: 5 in its block unit, then 3 experts)
 static inline size_t unit_first_entry(int unit, const DbrxConfig* c) {
-    return unit == 0 ? 0 : unit <= c->n_layers ? 1 + 8 * (size_t)(unit - 1) : 1 + 8 * (size_t)c->n_layers;
+    if (unit == 0) return 0;
+    int l = dbrx_unit_layer(unit, c);
+    if (l < 0) return 1 + 8 * (size_t)c->n_layers;
+    return 1 + 8 * (size_t)l + (dbrx_is_experts_unit(unit, c) ? 5 : 0);
 }
 
 // Points the views of one sharding unit into `unit_base`, a buffer laid out as that unit's range of
@@ -86,10 +103,10 @@ static inline void unit_views(ParamTensors* p, real* unit_base, int unit, const 
     size_t i = unit_first_entry(unit, c), start = t[i].offset;
     auto at = [&](size_t j) { return unit_base + (t[j].offset - start); };
     if (unit == 0) { p->wte = at(i); return; }
-    if (unit == c->n_layers + 1) { p->norm_f = at(i); p->lm_head = at(i + 1); return; }
-    BlockParams& b = p->blocks[unit - 1];
-    b.norm1 = at(i); b.wqkv = at(i + 1); b.wo = at(i + 2); b.norm2 = at(i + 3);
-    b.router = at(i + 4); b.w1 = at(i + 5); b.v1 = at(i + 6); b.w2 = at(i + 7);
+    if (unit == dbrx_head_unit(c)) { p->norm_f = at(i); p->lm_head = at(i + 1); return; }
+    BlockParams& b = p->blocks[dbrx_unit_layer(unit, c)];
+    if (dbrx_is_experts_unit(unit, c)) { b.w1 = at(i); b.v1 = at(i + 1); b.w2 = at(i + 2); return; }
+    b.norm1 = at(i); b.wqkv = at(i + 1); b.wo = at(i + 2); b.norm2 = at(i + 3); b.router = at(i + 4);
 }
 
 // pointer views of a flat buffer laid out by the table
@@ -409,8 +426,8 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
     unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
     for (int l = 0; l < L; l++) {
-        unit_begin(m, 1 + l, UNIT_FORWARD);
-        const BlockParams& w = m->p.blocks[l];
+        unit_begin(m, dbrx_block_unit(l), UNIT_FORWARD);
+        const BlockParams& w = m->p.blocks[l];   // (a reference: the experts' views are set when their unit begins)
         BlockActs* a = &m->acts[l];
         real* x = m->resid[l];
         // attention half
@@ -428,7 +445,10 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k);
         moe_dispatch(a->offsets, a->row_token, a->slot_row, a->topk_idx, a->counts, N, E, k);
         moe_gather(a->xe, a->ln2, a->row_token, N * k, d);
+        unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
+        unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
         block_experts_forward(m, l, a, w);
+        unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         real* out = m->resid[l + 1];
         memcpy(out, a->resid_mid, (size_t)N * d * sizeof(real));
         moe_combine_forward(out, a->ye, a->topk_w, a->slot_row, N, k, d);
@@ -439,12 +459,11 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         for (int e = 0; e < E; e++) if (a->counts[e] > maxc) maxc = a->counts[e];
         double imb = (double)maxc / ((double)N * k / E);
         if (imb > m->imbalance) m->imbalance = imb;
-        unit_end(m, 1 + l, UNIT_FORWARD);
     }
-    unit_begin(m, L + 1, UNIT_FORWARD);
+    unit_begin(m, dbrx_head_unit(c), UNIT_FORWARD);
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], m->p.norm_f, N, d, c->ln_eps);
     matmul_forward(m->logits, m->lnf, m->p.lm_head, N, d, c->vocab_size);
-    unit_end(m, L + 1, UNIT_FORWARD);
+    unit_end(m, dbrx_head_unit(c), UNIT_FORWARD);
     m->ce_loss = crossentropy_forward(m->losses, m->logits, targets, N, c->vocab_size);
     return m->ce_loss;
 }
@@ -457,14 +476,14 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
     int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
     size_t Nd = (size_t)N * d;
     crossentropy_backward(m->logits, targets, N, V, (real)(dloss / N));
-    unit_begin(m, L + 1, UNIT_BACKWARD);
+    unit_begin(m, dbrx_head_unit(c), UNIT_BACKWARD);
     memset(m->dln, 0, Nd * sizeof(real));
     matmul_backward(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V);
     memset(m->dresid, 0, Nd * sizeof(real));
     layernorm_backward(m->dresid, m->g.norm_f, m->dln, m->resid[L], m->p.norm_f, m->lnf_mean, m->lnf_rstd, N, d);
-    unit_end(m, L + 1, UNIT_BACKWARD);
+    unit_end(m, dbrx_head_unit(c), UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
-        unit_begin(m, 1 + l, UNIT_BACKWARD);
+        unit_begin(m, dbrx_experts_unit(l), UNIT_BACKWARD);
         const BlockParams& w = m->p.blocks[l];
         const BlockParams& gw = m->g.blocks[l];
         BlockActs* a = &m->acts[l];
@@ -472,6 +491,8 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         // MoE half
         moe_combine_backward(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
         block_experts_backward(m, l, a, w, gw);
+        unit_end(m, dbrx_experts_unit(l), UNIT_BACKWARD);
+        unit_begin(m, dbrx_block_unit(l), UNIT_BACKWARD);
         memset(m->dln, 0, Nd * sizeof(real));
         moe_gather_backward(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
@@ -488,7 +509,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         memset(m->dln, 0, Nd * sizeof(real));
         block_linear_backward(m, q8 ? &q8->qkv : NULL, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward(m->dresid, gw.norm1, m->dln, m->resid[l], w.norm1, a->ln1_mean, a->ln1_rstd, N, d);
-        unit_end(m, 1 + l, UNIT_BACKWARD);
+        unit_end(m, dbrx_block_unit(l), UNIT_BACKWARD);
     }
     unit_begin(m, 0, UNIT_BACKWARD_GRADS_ONLY);
     embedding_backward(m->g.wte, m->dresid, inputs, N, d);

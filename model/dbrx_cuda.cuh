@@ -32,10 +32,10 @@ template <typename T> static inline void model_unit_views(ModelViews<T>* p, T* u
     size_t i = unit_first_entry(unit, c), start = t[i].offset;
     auto at = [&](size_t j) { return unit_base + (t[j].offset - start); };
     if (unit == 0) { p->wte = at(i); return; }
-    if (unit == c->n_layers + 1) { p->norm_f = at(i); p->lm_head = at(i + 1); return; }
-    BlockViews<T>& b = p->blocks[unit - 1];
-    b.norm1 = at(i); b.wqkv = at(i + 1); b.wo = at(i + 2); b.norm2 = at(i + 3);
-    b.router = at(i + 4); b.w1 = at(i + 5); b.v1 = at(i + 6); b.w2 = at(i + 7);
+    if (unit == dbrx_head_unit(c)) { p->norm_f = at(i); p->lm_head = at(i + 1); return; }
+    BlockViews<T>& b = p->blocks[dbrx_unit_layer(unit, c)];
+    if (dbrx_is_experts_unit(unit, c)) { b.w1 = at(i); b.v1 = at(i + 1); b.w2 = at(i + 2); return; }
+    b.norm1 = at(i); b.wqkv = at(i + 1); b.wo = at(i + 2); b.norm2 = at(i + 3); b.router = at(i + 4);
 }
 
 // pointer views of a flat (device) buffer laid out by the parameter table, as param_views
@@ -349,8 +349,8 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
     std::vector<float> stats(E + 1);
     for (int l = 0; l < L; l++) {
-        unit_begin(m, 1 + l, UNIT_FORWARD);
-        const BlockViews<floatX>& w = m->p.blocks[l];
+        unit_begin(m, dbrx_block_unit(l), UNIT_FORWARD);
+        const BlockViews<floatX>& w = m->p.blocks[l];   // (a reference: the experts' views are set when their unit begins)
         BlockActsGPU* a = &m->acts[l];
         floatX* x = m->resid[l];
         // attention half
@@ -365,7 +365,10 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         matmul_forward_gpu(a->router_logits, a->ln2, w.router, N, d, E);
         router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k);
         moe_dispatch_gpu(a->offsets, a->row_token, a->slot_row, a->offsets_host.data(), a->topk_idx, a->counts, N, E, k);
+        unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
+        unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
         block_experts_forward(m, l, a, w);
+        unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         moe_combine_forward_gpu(m->resid[l + 1], a->resid_mid, a->ye, a->topk_w, a->slot_row, N, k, d);
         // auxiliary losses and the load statistic (the counts follow from the offsets already on the host)
         cudaCheck(cudaMemcpy(stats.data(), a->router_stats, (E + 1) * sizeof(float), cudaMemcpyDeviceToHost));
@@ -378,12 +381,11 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         m->z_loss += zloss_from_stats(stats.data(), N, E, L, c->z_loss_weight);
         double imb = (double)maxc / ((double)N * k / E);
         if (imb > m->imbalance) m->imbalance = imb;
-        unit_end(m, 1 + l, UNIT_FORWARD);
     }
-    unit_begin(m, L + 1, UNIT_FORWARD);
+    unit_begin(m, dbrx_head_unit(c), UNIT_FORWARD);
     layernorm_forward_gpu(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], m->p.norm_f, N, d, c->ln_eps);
     matmul_forward_gpu(m->logits, m->lnf, m->p.lm_head, N, d, V);
-    unit_end(m, L + 1, UNIT_FORWARD);
+    unit_end(m, dbrx_head_unit(c), UNIT_FORWARD);
     classifier_fused_gpu(m->logits, m->losses, m->targets, N, V, dloss / N, dloss > 0);
     std::vector<float> losses(N);
     cudaCheck(cudaMemcpy(losses.data(), m->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
@@ -404,14 +406,14 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
     int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
     ENSURE(m->last_dloss == dloss && dloss > 0, "dbrx_backward(dloss %g) after a forward with dloss %g", dloss, m->last_dloss);
     // m->logits holds dlogits (the fused classifier wrote them)
-    unit_begin(m, L + 1, UNIT_BACKWARD);
+    unit_begin(m, dbrx_head_unit(c), UNIT_BACKWARD);
     matmul_backward_gpu(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f);
     cudaCheck(cudaMemset(m->dresid, 0, (size_t)N * d * sizeof(float)));
     layernorm_backward_gpu(m->dresid, (floatX*)nullptr, m->g.norm_f, m->ln_scratch, m->dln, m->resid[L], m->p.norm_f,
                            m->lnf_mean, m->lnf_rstd, N, d);
-    unit_end(m, L + 1, UNIT_BACKWARD);
+    unit_end(m, dbrx_head_unit(c), UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
-        unit_begin(m, 1 + l, UNIT_BACKWARD);
+        unit_begin(m, dbrx_experts_unit(l), UNIT_BACKWARD);
         const BlockViews<floatX>& w = m->p.blocks[l];
         const BlockViews<float>& gw = m->g.blocks[l];
         BlockActsGPU* a = &m->acts[l];
@@ -419,6 +421,8 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         // MoE half
         moe_combine_backward_gpu(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
         block_experts_backward(m, l, a, w, gw);
+        unit_end(m, dbrx_experts_unit(l), UNIT_BACKWARD);
+        unit_begin(m, dbrx_block_unit(l), UNIT_BACKWARD);
         moe_gather_backward_gpu(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
                             c->moe_loss_weight, c->z_loss_weight, dloss);
@@ -432,7 +436,7 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gw.norm1, m->ln_scratch, m->dln, m->resid[l], w.norm1, a->ln1_mean,
                                a->ln1_rstd, N, d);
-        unit_end(m, 1 + l, UNIT_BACKWARD);
+        unit_end(m, dbrx_block_unit(l), UNIT_BACKWARD);
     }
     unit_begin(m, 0, UNIT_BACKWARD_GRADS_ONLY);
     embedding_backward_gpu(m->g.wte, m->dresid, m->emb_unique, m->emb_offsets, m->emb_positions, m->emb_U, d);

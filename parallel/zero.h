@@ -2,11 +2,19 @@
  * zero.h — ZeRO-3 and HSDP: the fp32 master weights, gradients and AdamW moments exist only as each
  * rank's shard.
  *
- * The unit of sharding is the model's sharding unit (model/dbrx.h: 0 = wte, 1+l = block l,
- * L+1 = norm_f + lm_head), each one contiguous range of the flat parameter buffer. A unit's range of
- * n elements is padded to S * ceil(n / S) and split evenly: shard rank s owns [s*c, (s+1)*c), c = ceil(n/S)
- * (no divisibility requirement on tensor sizes; the padding is zero and is never updated).
- *
+ * The unit of sharding is the model's sharding unit (model/dbrx.h: the embedding; each block without its
+ * experts; each block's experts; norm_f + lm_head), each one contiguous range of the flat parameter
+ * buffer, made of runs that are split evenly over the S ranks of a shard group: run k of n_k elements is
+ * padded to S * c_k, c_k = ceil(n_k / S), and shard rank s owns [s*c_k, (s+1)*c_k) of it; its shard of
+ * the unit is its pieces of the runs, one after the other.
+ *   a unit without experts   one run, the whole unit (no divisibility requirement; the padding is zero
+ *                            and is never updated)
+ *   a block's experts        one run per tensor (w1, v1, w2: (E*F, d), the experts stacked), when S divides
+ *                            E*F: each rank holds the same rows of the three, whole experts when S divides
+ *                            E (rank s: experts [s*E/S, (s+1)*E/S)), so that expert parallelism can place
+ *                            the same units. Else (S does not divide E*F) one run, as the other units.
+ * A gather is one all-gather per run into the unit's place in a working slot (the unit's flat layout,
+ * which the model's views read), a reduce-scatter one per run out of the full gradient of the unit.
  * The world of W ranks is cut into W / S shard groups of S consecutive ranks (HSDP; S = W is ZeRO-3,
  * S = 1 plain data parallelism). Ranks with the same place in their shard group form a replica group.
  *   forward, per unit:   all-gather the unit's parameters (shard group) into a working slot, run, release
@@ -25,11 +33,13 @@
 #include <vector>
 #include "../model/dbrx.h"
 #include "comm.h"
+#include "shard_runs.h"
 #include "zero_fp8.h"
 
 // a piece of one parameter tensor inside this rank's shard: where it lies in the shard and in the
 // flat buffer, and whether it gets weight decay
 typedef struct { size_t shard_off, flat_off, numel; int decay; } ShardSegment;
+
 
 typedef struct {
     int S, R, W;                       // shard group size, replicas (= W / S), world size
@@ -37,7 +47,8 @@ typedef struct {
     CommGroup* world;
     int n_units;
     std::vector<size_t> unit_off, unit_numel;   // each unit's range of the flat buffer
-    std::vector<size_t> shard_numel;            // ceil(unit_numel / S): each unit's shard length
+    std::vector<std::vector<ShardRun>> runs;    // each unit's runs
+    std::vector<size_t> shard_numel;            // sum of its runs' chunks: each unit's shard length
     std::vector<size_t> shard_off;              // where each unit's shard lies in this rank's shard buffers
     size_t shard_total;                         // elements in this rank's shard buffers
     size_t work_numel;                          // S * max shard_numel: one working slot
@@ -68,28 +79,55 @@ static inline long long zero_rss_bytes() {
     return kb < 0 ? -1 : kb * 1024;
 }
 
-// The units and their shards for S ranks, with no groups and no storage (the GPU store's memory
-// estimate uses it before the groups exist): unit_off, unit_numel, shard_numel, shard_off, shard_total,
-// work_numel.
-static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S) {
+// The layout from the runs' sizes, unit by unit (the runs of all units tile the flat buffer in order),
+// for S ranks: unit_off, unit_numel, runs, shard_numel, shard_off, shard_total, work_numel. No groups, no
+// storage. A checkpoint's layout is rebuilt from its manifest with it (checkpoint/ckpt.h).
+static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<size_t>>& run_numel, int S) {
     z->S = S;
-    z->n_units = dbrx_num_units(c);
+    z->n_units = (int)run_numel.size();
     z->unit_off.assign(z->n_units, 0); z->unit_numel.assign(z->n_units, 0);
-    for (const ParamInfo& p : t) {
-        if (z->unit_numel[p.unit] == 0) z->unit_off[p.unit] = p.offset;
-        z->unit_numel[p.unit] += p.numel;
-    }
-    z->shard_numel.resize(z->n_units); z->shard_off.resize(z->n_units);
+    z->runs.assign(z->n_units, {});
+    z->shard_numel.assign(z->n_units, 0); z->shard_off.assign(z->n_units, 0);
     z->shard_total = 0;
-    size_t max_shard = 0;
+    size_t flat = 0, max_shard = 0;
     for (int u = 0; u < z->n_units; u++) {
-        z->shard_numel[u] = (z->unit_numel[u] + S - 1) / S;
+        z->unit_off[u] = flat;
         z->shard_off[u] = z->shard_total;
+        for (size_t n : run_numel[u]) {
+            size_t chunk = (n + S - 1) / S;
+            z->runs[u].push_back(ShardRun{flat, n, chunk, z->shard_numel[u]});
+            z->shard_numel[u] += chunk;
+            z->unit_numel[u] += n;
+            flat += n;
+        }
         z->shard_total += z->shard_numel[u];
         if (z->shard_numel[u] > max_shard) max_shard = z->shard_numel[u];
     }
     z->work_numel = max_shard * S;
 }
+
+// The model's runs for S ranks (the top comment): a block's experts one run per tensor when S divides
+// their rows (E*F), every other unit (and the experts otherwise) one run.
+static inline std::vector<std::vector<size_t>> zero_unit_runs(const DbrxConfig* c, const std::vector<ParamInfo>& t, int S) {
+    std::vector<std::vector<size_t>> runs(dbrx_num_units(c));
+    bool split = ((size_t)c->n_experts * c->ffn_hidden) % S == 0;
+    for (const ParamInfo& p : t) {
+        std::vector<size_t>& r = runs[p.unit];
+        if (split && dbrx_is_experts_unit(p.unit, c)) r.push_back(p.numel);
+        else if (r.empty()) r.push_back(p.numel);
+        else r[0] += p.numel;
+    }
+    return runs;
+}
+
+// The units and their shards for S ranks, with no groups and no storage (the GPU store's memory
+// estimate uses it before the groups exist).
+static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S) {
+    zero_layout_from_runs(z, zero_unit_runs(c, t, S), S);
+}
+
+// the pieces of unit u that shard rank r holds (shard_run_pieces)
+template <typename Fn> static inline void zero_unit_pieces(const Zero* z, int u, int r, Fn fn) { shard_run_pieces(z->runs[u], r, fn); }
 
 static inline void zero_unit_begin(void* ctx, int unit, int phase);
 static inline void zero_unit_end(void* ctx, int unit, int phase);
@@ -119,12 +157,11 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     int s = z->shard.rank;
     zero_unit_layout(z, c, t, S);
     z->segs.clear();
-    for (const ParamInfo& p : t) {   // intersect each tensor with this rank's part of its unit
-        int u = p.unit;
-        size_t lo = z->unit_off[u] + (size_t)s * z->shard_numel[u], hi = lo + z->shard_numel[u];
-        size_t a = p.offset > lo ? p.offset : lo, b = p.offset + p.numel < hi ? p.offset + p.numel : hi;
-        if (a < b) z->segs.push_back(ShardSegment{z->shard_off[u] + (a - lo), a, b - a, p.decay});
-    }
+    for (const ParamInfo& p : t)   // intersect each tensor with this rank's pieces of its unit
+        zero_unit_pieces(z, p.unit, s, [&](size_t lo, size_t hi, size_t at) {
+            size_t a = p.offset > lo ? p.offset : lo, b = p.offset + p.numel < hi ? p.offset + p.numel : hi;
+            if (a < b) z->segs.push_back(ShardSegment{z->shard_off[p.unit] + at + (a - lo), a, b - a, p.decay});
+        });
     z->slot_unit[0] = z->slot_unit[1] = -1;
     z->fp8.on = 0;
     z->fp8_cfg = NULL;
@@ -183,7 +220,7 @@ static inline void zero_free(Zero* z) {
 // gather (S = 1: every rank holds the whole model), 1 when on.
 static inline int zero_enable_fp8_gather(Zero* z) {
     if (z->S == 1 || z->model->fp8.recipe == FP8_OFF) return 0;
-    zero_fp8_init(&z->fp8, z->model, z->S, z->shard.rank, z->unit_off, z->shard_numel);
+    zero_fp8_init(&z->fp8, z->model, z->S, z->shard.rank, z->unit_off, z->runs);
     z->model->fp8.weights_quantized = 1;
     z->work_bytes += z->fp8.send.size() + z->fp8.recv.size();
     return 1;
@@ -223,21 +260,25 @@ static inline void zero_gather_unit_async(Zero* z, int u) {
     if (z->fp8.on && !z->fp8.tensors[u].empty()) {   // a block under --fp8-gather: E4M3 codes (zero_fp8.h)
         if (!z->fp8.ready) zero_fp8_prepare(&z->fp8, &z->shard, z->master, z->shard_off);
         zero_fp8_gather_unit(&z->fp8, &z->shard, u, z->work[slot]);
-    } else {
-        comm_all_gather(&z->shard, z->master + z->shard_off[u], z->work[slot], z->shard_numel[u], COMM_F32);
+    } else {   // each run into its place in the unit
+        for (const ShardRun& r : z->runs[u])
+            comm_all_gather(&z->shard, z->master + z->shard_off[u] + r.shard_rel, z->work[slot] + (r.flat_off - z->unit_off[u]),
+                            r.chunk, COMM_F32);
     }
     z->slot_unit[slot] = u;
 }
 static inline void zero_wait_unit(Zero* z, int u) { (void)z; (void)u; }
 static inline void zero_release_unit(Zero* z, int u) { if (z->slot_unit[u & 1] == u) z->slot_unit[u & 1] = -1; }
 
-// the full gradient of unit u (in gwork) -> reduce-scatter in the shard group -> added into the shard
+// the full gradient of unit u (in gwork) -> reduce-scatter in the shard group, run by run -> added into the shard
 static inline void zero_reduce_scatter_unit(Zero* z, int u) {
-    size_t n = z->shard_numel[u];
-    comm_reduce_scatter_inplace(&z->shard, z->gwork, n, COMM_F32);
-    const real* mine = z->gwork + (size_t)z->shard.rank * n;
-    real* g = z->grad + z->shard_off[u];
-    for (size_t i = 0; i < n; i++) g[i] += mine[i];
+    for (const ShardRun& r : z->runs[u]) {
+        real* full = z->gwork + (r.flat_off - z->unit_off[u]);
+        comm_reduce_scatter_inplace(&z->shard, full, r.chunk, COMM_F32);
+        const real* mine = full + (size_t)z->shard.rank * r.chunk;
+        real* g = z->grad + z->shard_off[u] + r.shard_rel;
+        for (size_t i = 0; i < r.chunk; i++) g[i] += mine[i];
+    }
 }
 
 // the unit after u in this pass whose parameters will be needed (-1: none)

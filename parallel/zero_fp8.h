@@ -13,10 +13,10 @@
  *      the same on every rank — this is how the amax/scale travel with the codes;
  *   3. the scales from them, and the tensor's amax into its Fp8Meta, as if the model had quantised the
  *      whole weight (delayed scaling's history needs it);
- *   4. this rank's shard of every block unit packed into a send buffer, in flat order: a 1-byte code
+ *   4. this rank's shard of every unit of a block packed into a send buffer, in the shard's order: a 1-byte code
  *      for each element of an FP8 matrix, the 4-byte float for every other element; the saturated
  *      counts summed over the shard group (so counted once per step, not at every use).
- * Gathering a block unit: all-gather the packed pieces (each rank's padded to the longest of them) and
+ * Gathering a unit of a block: all-gather the packed pieces (each rank's padded to the longest of them) and
  * decode into the unit's FP32 working slot: code -> fp8_to_float(code) / scale, exactly the value the
  * fake quantisation (fp8_fake_quant) gives, floats copied. The model takes those weights as they are
  * (Fp8Config.weights_quantized). Same world size, same losses as --fp8 without --fp8-gather, bit for bit.
@@ -30,8 +30,9 @@
 #include <vector>
 #include "../model/dbrx.h"
 #include "comm.h"
+#include "shard_runs.h"
 
-// one FP8 weight matrix of a block unit: (rows, cols) row-major at `off` in the flat buffer, in
+// one FP8 weight matrix of a block: (rows, cols) row-major at `off` in the flat buffer, in
 // segments of seg_rows rows (the experts of w1/v1/w2; Wqkv and out_proj: one segment)
 typedef struct {
     size_t off;
@@ -49,8 +50,9 @@ typedef struct {
     int ready;                                // this step's codes are packed (cleared by the update)
     Fp8Config cfg;
     int S, s;                                 // shard group size, this rank's place in it
-    std::vector<size_t> unit_off, chunk;      // per unit: flat offset, shard length c = ceil(n / S)
-    std::vector<std::vector<Fp8GatherTensor>> tensors;   // per unit (block units only; others empty)
+    std::vector<size_t> unit_off;             // per unit: flat offset
+    std::vector<std::vector<ShardRun>> runs;  // per unit: its runs (zero.h's layout)
+    std::vector<std::vector<Fp8GatherTensor>> tensors;   // per unit (a block's units only; others empty)
     std::vector<Fp8GatherMatrix> mats;
     std::vector<float> amax, scale, inv;      // per scale group
     std::vector<double> saturated;            // per matrix, this step
@@ -126,14 +128,24 @@ static inline void fp8g_piece_decode(const Fp8GatherMatrix* M, size_t a, size_t 
     });
 }
 
-// the bytes a rank's shard [lo, hi) of a unit takes packed: 1 per FP8-matrix element, 4 per other
-// element; the padding past the last tensor is not sent
-static inline size_t fp8g_packed_bytes(const std::vector<Fp8GatherTensor>& ts, size_t lo, size_t hi) {
+// Calls fn(t, a, b, pos) for the part [a, b) of each tensor of a unit that shard rank r holds, in the
+// order of the rank's shard (its pieces of the runs, each in flat order); pos: where a lies in the rank's
+// shard of the unit. The padding is not visited.
+template <typename Fn>
+static inline void fp8g_rank_parts(const std::vector<Fp8GatherTensor>& ts, const std::vector<ShardRun>& runs, int r, Fn fn) {
+    shard_run_pieces(runs, r, [&](size_t lo, size_t hi, size_t at) {
+        for (const Fp8GatherTensor& t : ts) {
+            size_t a = t.off > lo ? t.off : lo, b = t.off + t.numel < hi ? t.off + t.numel : hi;
+            if (a < b) fn(t, a, b, at + (a - lo));
+        }
+    });
+}
+
+// the bytes rank r's shard of a unit takes packed: 1 per FP8-matrix element, 4 per other element; the
+// padding is not sent
+static inline size_t fp8g_packed_bytes(const std::vector<Fp8GatherTensor>& ts, const std::vector<ShardRun>& runs, int r) {
     size_t bytes = 0;
-    for (const Fp8GatherTensor& t : ts) {
-        size_t a = t.off > lo ? t.off : lo, b = t.off + t.numel < hi ? t.off + t.numel : hi;
-        if (a < b) bytes += (b - a) * (t.mat >= 0 ? 1 : sizeof(float));
-    }
+    fp8g_rank_parts(ts, runs, r, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t) { bytes += (b - a) * (t.mat >= 0 ? 1 : sizeof(float)); });
     return bytes;
 }
 
@@ -151,22 +163,22 @@ static inline int fp8g_seg_rows(const ParamInfo* p, int lin, const DbrxConfig* c
 }
 
 // Sets up the FP8 gather for a model whose FP8 recipe is already enabled (dbrx_enable_fp8): the
-// matrices, their scale groups, every unit's piece size. unit_off / shard_numel: zero.h's layout.
+// matrices, their scale groups, every unit's piece size. unit_off / runs: zero.h's layout.
 static inline void zero_fp8_init(ZeroFp8* f, Dbrx* m, int S, int s, const std::vector<size_t>& unit_off,
-                                 const std::vector<size_t>& shard_numel) {
+                                 const std::vector<std::vector<ShardRun>>& runs) {
     const DbrxConfig* c = &m->cfg;
     f->on = 1; f->ready = 0;
     f->cfg = m->fp8;
     f->S = S; f->s = s;
-    f->unit_off = unit_off; f->chunk = shard_numel;
+    f->unit_off = unit_off; f->runs = runs;
     int n_units = (int)unit_off.size();
     f->tensors.assign(n_units, {});
     f->mats.clear();
     int block = f->cfg.recipe == FP8_BLOCK;
     size_t groups = 0;
     for (const ParamInfo& p : m->table) {
-        int l = p.unit - 1;
-        if (l < 0 || l >= c->n_layers) continue;   // the embedding and the head: no FP8 GEMM
+        int l = dbrx_unit_layer(p.unit, c);
+        if (l < 0) continue;   // the embedding and the head: no FP8 GEMM
         Fp8BlockState* b = &m->fp8_state[l];
         int lin = fp8g_linear_of(&p);
         Fp8Meta* meta = lin >= 0 ? fp8_block_meta(b, lin, FP8_OP_W) : NULL;   // the weight operand of the table (model/fp8.cuh)
@@ -187,8 +199,7 @@ static inline void zero_fp8_init(ZeroFp8* f, Dbrx* m, int S, int s, const std::v
     for (int u = 0; u < n_units; u++) {
         if (f->tensors[u].empty()) continue;
         for (int r = 0; r < S; r++) {   // every rank's piece: the gather needs equal sizes, so the longest
-            size_t lo = unit_off[u] + (size_t)r * shard_numel[u];
-            size_t b = fp8g_packed_bytes(f->tensors[u], lo, lo + shard_numel[u]);
+            size_t b = fp8g_packed_bytes(f->tensors[u], runs[u], r);
             if (b > f->piece[u]) f->piece[u] = b;
         }
         f->send_off[u] = send_total;
@@ -207,14 +218,10 @@ static inline void zero_fp8_prepare(ZeroFp8* f, CommGroup* g, const real* master
     std::fill(f->amax.begin(), f->amax.end(), 0.0f);
     std::fill(f->saturated.begin(), f->saturated.end(), 0.0);
     // 1. the amax of our piece of every matrix (block: of every block)
-    for (size_t u = 0; u < f->tensors.size(); u++) {
-        size_t lo = f->unit_off[u] + (size_t)f->s * f->chunk[u], hi = lo + f->chunk[u];
-        for (const Fp8GatherTensor& t : f->tensors[u]) {
-            size_t a = t.off > lo ? t.off : lo, b = t.off + t.numel < hi ? t.off + t.numel : hi;
-            if (t.mat < 0 || a >= b) continue;
-            fp8g_piece_amax(&f->mats[t.mat], a, b, master + shard_off[u] + (a - lo), f->amax.data(), block);
-        }
-    }
+    for (size_t u = 0; u < f->tensors.size(); u++)
+        fp8g_rank_parts(f->tensors[u], f->runs[u], f->s, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t pos) {
+            if (t.mat >= 0) fp8g_piece_amax(&f->mats[t.mat], a, b, master + shard_off[u] + pos, f->amax.data(), block);
+        });
     // 2. the true amax of every tensor / block on every rank
     comm_all_reduce_max_f32(g, f->amax.data(), f->amax.size());
     // 3. the scales (as fp8_operand would choose them for the whole weight), the tensors' amax
@@ -234,46 +241,39 @@ static inline void zero_fp8_prepare(ZeroFp8* f, CommGroup* g, const real* master
     }
     // 4. pack: codes for the FP8 matrices, floats for the rest
     for (size_t u = 0; u < f->tensors.size(); u++) {
-        if (f->tensors[u].empty()) continue;
-        size_t lo = f->unit_off[u] + (size_t)f->s * f->chunk[u], hi = lo + f->chunk[u];
         uint8_t* out = f->send.data() + f->send_off[u];
-        for (const Fp8GatherTensor& t : f->tensors[u]) {
-            size_t a = t.off > lo ? t.off : lo, b = t.off + t.numel < hi ? t.off + t.numel : hi;
-            if (a >= b) continue;
-            const real* x = master + shard_off[u] + (a - lo);
+        fp8g_rank_parts(f->tensors[u], f->runs[u], f->s, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t pos) {
+            const real* x = master + shard_off[u] + pos;
             if (t.mat < 0) {
                 for (size_t i = 0; i < b - a; i++, out += sizeof(float)) { float v = (float)x[i]; memcpy(out, &v, sizeof v); }
-                continue;
+                return;
             }
             f->saturated[t.mat] += (double)fp8g_piece_encode(&f->mats[t.mat], a, b, x, f->scale.data(), out, block);
             out += b - a;
-        }
+        });
     }
     comm_all_reduce(g, f->saturated.data(), f->saturated.size(), COMM_F64);
     for (size_t k = 0; k < f->mats.size(); k++) f->mats[k].meta->saturated += (long long)f->saturated[k];
     f->ready = 1;
 }
 
-// Gathers block unit u into `work` (the unit's S * chunk floats, in flat order from unit_off[u]):
+// Gathers unit u of a block into `work` (the unit in flat order from unit_off[u]):
 // the packed pieces of every rank, decoded. Collective over the shard group.
 static inline void zero_fp8_gather_unit(ZeroFp8* f, CommGroup* g, int u, real* work) {
     const int block = f->cfg.recipe == FP8_BLOCK;
     size_t P = f->piece[u];
     comm_all_gather(g, f->send.data() + f->send_off[u], f->recv.data(), P, COMM_BYTE);
     for (int r = 0; r < f->S; r++) {
-        size_t lo = f->unit_off[u] + (size_t)r * f->chunk[u], hi = lo + f->chunk[u];
         const uint8_t* in = f->recv.data() + (size_t)r * P;
-        for (const Fp8GatherTensor& t : f->tensors[u]) {
-            size_t a = t.off > lo ? t.off : lo, b = t.off + t.numel < hi ? t.off + t.numel : hi;
-            if (a >= b) continue;
+        fp8g_rank_parts(f->tensors[u], f->runs[u], r, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t) {
             real* y = work + (a - f->unit_off[u]);
             if (t.mat < 0) {
                 for (size_t i = 0; i < b - a; i++, in += sizeof(float)) { float v; memcpy(&v, in, sizeof v); y[i] = (real)v; }
-                continue;
+                return;
             }
             fp8g_piece_decode(&f->mats[t.mat], a, b, in, f->inv.data(), f->decode, y, block);
             in += b - a;
-        }
+        });
     }
 }
 

@@ -43,8 +43,8 @@ typedef struct {
     float *amax, *scale, *inv;                  // device, per group
     unsigned long long* sat;                    // device (1): the encode's saturation count (not used by the model)
     size_t* mat_table;                          // device (3 per matrix): its weight slot, first group, group count
-    __nv_fp8_storage_t *codes_send, *codes_recv;   // device: per block unit this rank's c codes by flat position; S * max c
-    floatX *side_send, *side_recv;              // device: per block unit this rank's non-FP8 elements; S * max side
+    __nv_fp8_storage_t *codes_send, *codes_recv;   // device: per unit of a block this rank's codes by shard position; S * max shard
+    floatX *side_send, *side_recv;              // device: per unit of a block this rank's non-FP8 elements; S * max side
     std::vector<size_t> codes_off, side_off, side_len;   // per unit
     std::vector<std::vector<Fp8SideRun>> pack, unpack;   // per unit: shard -> side piece (this rank); pieces -> unit (all)
     cudaEvent_t codes_ready;                    // compute -> comm: this step's codes and side pieces packed
@@ -223,17 +223,21 @@ static inline void zero_to_host(ZeroGpu* zg) {
 // per step, before the first gather: the amax of every scale group over this rank's piece of the five
 // matrices (from the BF16 shard the model would read), max-reduced in the shard group on the device; the
 // scales (current and block from it; delayed: the weight slot's history scale, the model's); the codes
-// of this rank's piece, at their flat positions in a c-byte piece, and its non-FP8 elements (norms,
-// router) packed as BF16. A block unit's gather is then a byte all-gather of the codes and a small BF16
-// one, decoded into the unit's BF16 slot on the communication stream. The model quantises that slot as
+// of this rank's shard of each unit, at their shard positions in a byte piece as long as the shard, and
+// its non-FP8 elements (norms, router) packed as BF16. A gather of a block's unit is then a byte
+// all-gather of the codes per run (into the unit's flat order) and a small BF16 one, decoded into the
+// unit's BF16 slot on the communication stream. The model quantises that slot as
 // always, with the same scales, and gets the same codes: the losses are those of --fp8 without it. The
 // weight slots' amax is set to the true tensor amax at the end of the step (zero_fp8_amax_reduce).
 
-// the piece [a, b) of matrix M in this rank's range [lo, lo + c) of its unit (a >= b: none)
-static inline void fp8g_my_piece(const Fp8GatherMatrix* M, size_t lo, size_t c, size_t* a, size_t* b) {
+// Calls fn(a, b, pos) for each part [a, b) of matrix M of unit u that this rank holds; pos: where a lies in
+// the rank's shard of the unit
+template <typename Fn> static inline void fp8g_my_parts(const Zero* z, const Fp8GatherMatrix* M, int u, Fn fn) {
     size_t end = M->off + (size_t)M->rows * M->cols;
-    *a = M->off > lo ? M->off : lo;
-    *b = end < lo + c ? end : lo + c;
+    zero_unit_pieces(z, u, z->shard.rank, [&](size_t lo, size_t hi, size_t at) {
+        size_t a = M->off > lo ? M->off : lo, b = end < hi ? end : hi;
+        if (a < b) fn(a, b, at + (a - lo));
+    });
 }
 
 // Sets it up after zero_init, for a model with FP8 on. Returns 0 when there is nothing to gather (S = 1).
@@ -249,8 +253,8 @@ static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
     f->unit_mats.assign(z->n_units, {});
     std::vector<std::vector<std::pair<size_t, size_t>>> plain(z->n_units);   // per unit: non-FP8 tensors (off, numel)
     for (const ParamInfo& p : m->table) {
-        int l = p.unit - 1;
-        if (l < 0 || l >= c->n_layers) continue;   // the embedding and the head: no FP8 GEMM, gathered in BF16
+        int l = dbrx_unit_layer(p.unit, c);
+        if (l < 0) continue;   // the embedding and the head: no FP8 GEMM, gathered in BF16
         int lin = fp8g_linear_of(&p);
         if (lin < 0) { plain[p.unit].push_back({p.offset, p.numel}); continue; }
         int seg_rows = fp8g_seg_rows(&p, lin, c);
@@ -261,7 +265,8 @@ static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
         f->mat_unit.push_back(p.unit);
         f->mat_slot.push_back(fp8_slot(&m->fp8, l, lin, FP8_OP_W));
     }
-    // per block unit: the code piece (c bytes) and the side runs of the norms and the router, every rank's
+    // per unit of a block: the code piece (its shard's length in bytes) and the side runs of the norms and
+    // the router, every rank's
     f->codes_off.assign(z->n_units, 0); f->side_off.assign(z->n_units, 0); f->side_len.assign(z->n_units, 0);
     f->pack.assign(z->n_units, {}); f->unpack.assign(z->n_units, {});
     size_t codes_total = 0, side_total = 0, max_c = 0, max_side = 0;
@@ -269,14 +274,16 @@ static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
         if (f->unit_mats[u].empty()) continue;
         size_t cu = z->shard_numel[u];
         for (int r = 0; r < z->S; r++) {
-            size_t lo = z->unit_off[u] + (size_t)r * cu, count = 0;
-            for (auto& t : plain[u]) {
-                size_t a = t.first > lo ? t.first : lo, b = t.first + t.second < lo + cu ? t.first + t.second : lo + cu;
-                if (a >= b) continue;
-                f->unpack[u].push_back(Fp8SideRun{r, count, a - z->unit_off[u], b - a});
-                if (r == z->shard.rank) f->pack[u].push_back(Fp8SideRun{r, z->shard_off[u] + (a - lo), count, b - a});
-                count += b - a;
-            }
+            size_t count = 0;
+            zero_unit_pieces(z, u, r, [&](size_t lo, size_t hi, size_t at) {
+                for (auto& t : plain[u]) {
+                    size_t a = t.first > lo ? t.first : lo, b = t.first + t.second < hi ? t.first + t.second : hi;
+                    if (a >= b) continue;
+                    f->unpack[u].push_back(Fp8SideRun{r, count, a - z->unit_off[u], b - a});
+                    if (r == z->shard.rank) f->pack[u].push_back(Fp8SideRun{r, z->shard_off[u] + at + (a - lo), count, b - a});
+                    count += b - a;
+                }
+            });
             f->side_len[u] = std::max(f->side_len[u], count);
         }
         f->codes_off[u] = codes_total; codes_total += cu;
@@ -308,9 +315,9 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
     cudaCheck(cudaMemsetAsync(f->amax, 0, f->groups * sizeof(float), cs));
     for (size_t k = 0; k < f->mats.size(); k++) {
         int u = f->mat_unit[k];
-        size_t lo = z->unit_off[u] + (size_t)z->shard.rank * z->shard_numel[u], a, b;
-        fp8g_my_piece(&f->mats[k], lo, z->shard_numel[u], &a, &b);
-        if (a < b) fp8g_piece_amax_gpu(&f->mats[k], a, b, zg->master_bf16 + z->shard_off[u] + (a - lo), f->amax, f->block, cs);
+        fp8g_my_parts(z, &f->mats[k], u, [&](size_t a, size_t b, size_t pos) {
+            fp8g_piece_amax_gpu(&f->mats[k], a, b, zg->master_bf16 + z->shard_off[u] + pos, f->amax, f->block, cs);
+        });
     }
     // 2. the true amaxes on every rank of the shard group
     cudaStream_t comm = zero_comm_stream(zg);
@@ -340,13 +347,13 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
             cudaCheck(cudaStreamSynchronize(cs));   // (host is a local)
         }
     }
-    // 4. our codes at their flat positions, and the norms and router as BF16
+    // 4. our codes at their shard positions, and the norms and router as BF16
     for (size_t k = 0; k < f->mats.size(); k++) {
         int u = f->mat_unit[k];
-        size_t lo = z->unit_off[u] + (size_t)z->shard.rank * z->shard_numel[u], a, b;
-        fp8g_my_piece(&f->mats[k], lo, z->shard_numel[u], &a, &b);
-        if (a < b) fp8g_piece_encode_gpu(&f->mats[k], a, b, zg->master_bf16 + z->shard_off[u] + (a - lo), f->scale,
-                                         f->codes_send + f->codes_off[u] + (a - lo), f->sat, f->block, cs);
+        fp8g_my_parts(z, &f->mats[k], u, [&](size_t a, size_t b, size_t pos) {
+            fp8g_piece_encode_gpu(&f->mats[k], a, b, zg->master_bf16 + z->shard_off[u] + pos, f->scale,
+                                  f->codes_send + f->codes_off[u] + pos, f->sat, f->block, cs);
+        });
     }
     for (int u = 0; u < z->n_units; u++)
         for (const Fp8SideRun& r : f->pack[u])
@@ -356,17 +363,18 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
     f->ready = 1;
 }
 
-// block unit u into `slot` on the communication stream: the codes and the side pieces gathered, decoded
+// unit u of a block into `slot` on the communication stream: the codes and the side pieces gathered, decoded
 static inline void zero_fp8_gather_unit(ZeroGpu* zg, int u, int slot) {
     Zero* z = &zg->z;
     ZeroGpuFp8* f = &zg->fp8;
     cudaStream_t comm = zero_comm_stream(zg);
     if (!f->ready) zero_fp8_prepare(zg);
     cudaCheck(cudaStreamWaitEvent(comm, f->codes_ready, 0));
-    size_t cu = z->shard_numel[u], sl = f->side_len[u];
-    comm_all_gather(&z->shard, f->codes_send + f->codes_off[u], f->codes_recv, cu, COMM_BYTE);
+    size_t sl = f->side_len[u];
+    for (const ShardRun& r : z->runs[u])   // each run's codes into its place: the received codes are in the unit's flat order
+        comm_all_gather(&z->shard, f->codes_send + f->codes_off[u] + r.shard_rel, f->codes_recv + (r.flat_off - z->unit_off[u]),
+                        r.chunk, COMM_BYTE);
     if (sl) comm_all_gather(&z->shard, f->side_send + f->side_off[u], f->side_recv, sl, COMM_BF16);
-    // the received codes are indexed by flat position from the unit's start (the pieces are consecutive)
     for (int k : f->unit_mats[u]) {
         const Fp8GatherMatrix& M = f->mats[k];
         size_t at = M.off - z->unit_off[u];
@@ -386,7 +394,10 @@ static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) {
     cudaCheck(cudaStreamWaitEvent(comm, zg->slot_free[slot], 0));   // the compute stream is done reading it
     cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));        // the shard is up to date
     if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) zero_fp8_gather_unit(zg, u, slot);   // a block under --fp8-gather
-    else comm_all_gather(&z->shard, zg->master_bf16 + z->shard_off[u], zg->work[slot], z->shard_numel[u], COMM_BF16);
+    else
+        for (const ShardRun& r : z->runs[u])   // each run into its place in the unit
+            comm_all_gather(&z->shard, zg->master_bf16 + z->shard_off[u] + r.shard_rel, zg->work[slot] + (r.flat_off - z->unit_off[u]),
+                            r.chunk, COMM_BF16);
     cudaCheck(cudaEventRecord(zg->gathered[slot], comm));
     zg->slot_unit[slot] = u;
 }
@@ -423,13 +434,16 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
     if (phase != UNIT_FORWARD) {   // reduce-scatter the unit's gradient on the communication stream
         int slot = u & 1;
         cudaStream_t comm = zero_comm_stream(zg);
-        size_t n = z->shard_numel[u];
         cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
         cudaCheck(cudaStreamWaitEvent(comm, zg->grads_ready[slot], 0));
-        comm_reduce_scatter_inplace(&z->shard, zg->gwork[slot], n, COMM_F32);
         // (test/test_zero_gpu.sh's negative control plants an error here: the neighbour's chunk)
-        int chunk = g_zero_debug_plant_rs ? (z->shard.rank + 1) % z->S : z->shard.rank;
-        LAUNCH(zero_accumulate_kernel, zero_grid(n), 256, 0, comm, zg->grad + z->shard_off[u], zg->gwork[slot] + (size_t)chunk * n, n);
+        int mine = g_zero_debug_plant_rs ? (z->shard.rank + 1) % z->S : z->shard.rank;
+        for (const ShardRun& r : z->runs[u]) {   // run by run, out of the unit's full gradient
+            float* full = zg->gwork[slot] + (r.flat_off - z->unit_off[u]);
+            comm_reduce_scatter_inplace(&z->shard, full, r.chunk, COMM_F32);
+            LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, comm, zg->grad + z->shard_off[u] + r.shard_rel,
+                   full + (size_t)mine * r.chunk, r.chunk);
+        }
         cudaCheck(cudaEventRecord(zg->grads_reduced[slot], comm));
     }
     // released after use, but for the last unit after its forward: its backward follows at once, and keeps

@@ -3,8 +3,10 @@
  * check value (hardware and table paths), the JSON reader on good and malformed input, shortest float
  * formatting, bf16/f16 conversions against their bit patterns, the safetensors export layout, the
  * config comparison, that a rank's shard of the initialisation drawn alone equals the same range
- * of the whole model's, and the FP8 scaling state's round trip through its manifest section
- * (bit-exact, history length and margin changes, malformed sections refused).
+ * of the whole model's, the FP8 scaling state's round trip through its manifest section
+ * (bit-exact, history length and margin changes, malformed sections refused), the sharding layout (a
+ * block's experts sharded along the expert dimension), and checkpoints written under other layouts
+ * (format 2: whole blocks as units; format 3: runs) loading to the right flat positions.
  */
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest.h>
@@ -265,4 +267,159 @@ TEST_CASE("fp8 state: a malformed section is an error and changes nothing") {
     for (Fp8MetaRef& r : dbrx_fp8_metas(&b)) CHECK((r.meta->filled == 2 && r.meta->history[1] == 2.5f && r.meta->scale == 3.0f));
     dbrx_free(&a);
     dbrx_free(&b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the sharding layout (parallel/zero.h) and checkpoints written under other layouts
+
+TEST_CASE("zero layout: a block's experts are a unit of their own, sharded along the expert dimension") {
+    DbrxConfig c;
+    model_preset_lookup("dbrx-tiny", &c);   // E 16
+    std::vector<ParamInfo> t = dbrx_param_table(&c);
+    int E = c.n_experts, F = c.ffn_hidden, d = c.d_model;
+    for (int S : {2, 4, 8, 16}) {
+        Zero z;
+        zero_unit_layout(&z, &c, t, S);
+        REQUIRE(z.n_units == 2 * c.n_layers + 2);
+        for (int l = 0; l < c.n_layers; l++) {
+            int u = dbrx_experts_unit(l);
+            REQUIRE(z.runs[u].size() == 3);   // w1, v1, w2
+            CHECK(z.runs[dbrx_block_unit(l)].size() == 1);
+            const ParamInfo& w1 = t[unit_first_entry(u, &c)];
+            CHECK(std::string(w1.name).find("mlp.w1") != std::string::npos);
+            for (int r = 0; r < S; r++) {   // rank r: experts [r*E/S, (r+1)*E/S) of each of the three, nothing else
+                int k = 0;
+                shard_run_pieces(z.runs[u], r, [&](size_t lo, size_t hi, size_t at) {
+                    const ParamInfo& p = t[unit_first_entry(u, &c) + k];
+                    size_t per = (size_t)(E / S) * F * d;
+                    CHECK(lo == p.offset + r * per);
+                    CHECK(hi == lo + per);
+                    CHECK(at == k * per);
+                    k++;
+                });
+                CHECK(k == 3);
+            }
+        }
+    }
+    // S not dividing E*F (16 * 256 here: 3 does not divide it): the experts are one padded run, as the other units
+    Zero z;
+    zero_unit_layout(&z, &c, t, 3);
+    CHECK(((size_t)E * F) % 3 != 0);
+    CHECK(z.runs[dbrx_experts_unit(0)].size() == 1);
+    CHECK(z.shard_numel[dbrx_experts_unit(0)] == (3 * (size_t)E * F * d + 2) / 3);
+}
+
+// Writes a checkpoint of master/m/v = pattern(flat index) under layout `runs` for S_old shard ranks, as
+// format `version` (2: the units' sizes, whole units; 3: the runs): what an older build (2) or another
+// topology (3) leaves on disk.
+static float pattern(size_t i, int a) { return a == 0 ? (float)(i % 1000003) : a == 1 ? -(float)(i % 999983) : (float)(i % 7919) + 0.5f; }
+static void write_layout_checkpoint(const std::string& dir, const DbrxConfig* c, const std::vector<std::vector<size_t>>& runs, int S_old,
+                                    int version) {
+    Zero old;
+    zero_layout_from_runs(&old, runs, S_old);
+    old.W = S_old; old.R = 1;
+    old.fp8_cfg = NULL;
+    REQUIRE(mkdir_p(dir).empty());
+    std::string files;
+    for (int f = 0; f < S_old; f++) {
+        std::vector<float> data(3 * old.shard_total, 0.0f);
+        for (int u = 0; u < old.n_units; u++)
+            shard_run_pieces(old.runs[u], f, [&](size_t lo, size_t hi, size_t at) {
+                for (size_t i = lo; i < hi; i++)
+                    for (int a = 0; a < 3; a++) data[a * old.shard_total + old.shard_off[u] + at + (i - lo)] = pattern(i, a);
+            });
+        char h[CKPT_HEADER_BYTES];
+        ckpt_header(h, f, S_old, old.n_units, old.shard_total, 7);
+        std::string bytes(h, sizeof h);
+        bytes.append((const char*)data.data(), data.size() * sizeof(float));
+        REQUIRE(write_file_atomic(dir + "/" + ckpt_shard_name(f), bytes).empty());
+        char b[256];
+        snprintf(b, sizeof b, "    {\"name\": \"%s\", \"shard_rank\": %d, \"bytes\": %zu, \"crc32c\": \"%08x\"}%s\n", ckpt_shard_name(f).c_str(), f,
+                 bytes.size(), crc32c_update(0, bytes.data(), bytes.size()), f + 1 < S_old ? "," : "");
+        files += b;
+    }
+    TrainProgress prog;
+    prog.step = 7; prog.tokens = 700; prog.loader = "{}";
+    RunInfo run = {10, 1, 1, 1, 8, 1, 1e-3f, 0.0f, AdamWConfig{}};
+    std::string m = ckpt_manifest_head(&old, c, &prog, &run);
+    if (version < 3) {   // an older build's manifest: no runs
+        size_t a = m.find(", \"unit_runs\""), b = m.find("]]", a);
+        REQUIRE(a != std::string::npos); REQUIRE(b != std::string::npos);
+        m.erase(a, b + 2 - a);
+        size_t v = m.find("\"format_version\": 3");
+        REQUIRE(v != std::string::npos);
+        m.replace(v, 19, "\"format_version\": " + std::to_string(version));
+    }
+    m += "  \"files\": [\n" + files + "  ],\n  \"manifest_crc32c\": \"00000000\"\n}\n";
+    char crc[16];
+    snprintf(crc, sizeof crc, "%08x", crc32c_update(0, m.data(), m.size()));
+    m.replace(m.rfind("00000000"), 8, crc);
+    REQUIRE(write_file_atomic(dir + "/manifest.json", m).empty());
+}
+
+TEST_CASE("checkpoints load under any layout: format 2 (whole units, before the experts were units) and 3 (runs)") {
+    int argc = 1;
+    char name[] = "test_checkpoint";
+    char* args[] = {name, NULL};
+    char** argv = args;
+    Comm comm = comm_init(&argc, &argv);
+    DbrxConfig c;
+    model_preset_lookup("dbrx-tiny", &c);
+    c.n_layers = 2;
+    std::vector<ParamInfo> t = dbrx_param_table(&c);
+    size_t n = t.back().offset + t.back().numel;
+    // the layout before this format: L + 2 units (a block with its experts), each one run
+    std::vector<std::vector<size_t>> legacy(c.n_layers + 2);
+    for (const ParamInfo& p : t) {
+        int u = p.unit == 0 ? 0 : p.unit == dbrx_head_unit(&c) ? c.n_layers + 1 : 1 + dbrx_unit_layer(p.unit, &c);
+        if (legacy[u].empty()) legacy[u].push_back(0);
+        legacy[u][0] += p.numel;
+    }
+    char tmpl[] = "/tmp/test_checkpoint_layout.XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != NULL);
+    std::string root = tmpl;
+    struct { const char* what; std::vector<std::vector<size_t>> runs; int S, version; } cases[] = {
+        {"format 2, whole units, S 3", legacy, 3, 2},
+        {"format 3, the experts in runs, S 4", zero_unit_runs(&c, t, 4), 4, 3},
+        {"format 3, S 3 (the experts one padded run)", zero_unit_runs(&c, t, 3), 3, 3},
+    };
+    for (auto& k : cases) {
+        CAPTURE(k.what);
+        std::string dir = root + "/" + std::to_string(k.S) + "_" + std::to_string(k.version) + "_" + std::to_string(k.runs.size());
+        write_layout_checkpoint(dir, &c, k.runs, k.S, k.version);
+        Zero z;
+        zero_init_layout(&z, &c, t, &comm, 1, 0);   // this process: the whole model, today's units
+        z.master = (real*)mallocCheck(z.shard_total * sizeof(real));
+        z.m = (real*)mallocCheck(z.shard_total * sizeof(real));
+        z.v = (real*)mallocCheck(z.shard_total * sizeof(real));
+        TrainProgress prog;
+        JsonValue man;
+        std::string err = ckpt_try_load(dir, &z, &c, &prog, &man, &comm);
+        CHECK(err == "");
+        CHECK(prog.step == 7);
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; i++)   // S = 1: the shard is the flat buffer
+            wrong += z.master[i] != pattern(i, 0) || z.m[i] != pattern(i, 1) || z.v[i] != pattern(i, 2);
+        CHECK(wrong == 0);
+        free(z.master); free(z.m); free(z.v);
+        comm_group_free(&z.shard); comm_group_free(&z.replica);
+    }
+    // a layout that does not hold the model's parameters is refused, naming both counts
+    std::vector<std::vector<size_t>> short_runs = legacy;
+    short_runs[1][0] -= 1;
+    short_runs.back()[0] += 0;
+    write_layout_checkpoint(root + "/bad", &c, short_runs, 2, 2);
+    Zero z;
+    zero_init_layout(&z, &c, t, &comm, 1, 0);
+    z.master = (real*)mallocCheck(z.shard_total * sizeof(real));
+    z.m = (real*)mallocCheck(z.shard_total * sizeof(real));
+    z.v = (real*)mallocCheck(z.shard_total * sizeof(real));
+    TrainProgress prog;
+    JsonValue man;
+    std::string err = ckpt_try_load(root + "/bad", &z, &c, &prog, &man, &comm);
+    CHECK(err.find("the units hold " + std::to_string(n - 1) + " parameters, the model " + std::to_string(n)) != std::string::npos);
+    free(z.master); free(z.m); free(z.v);
+    comm_group_free(&z.shard); comm_group_free(&z.replica);
+    rm_rf(root);
+    comm_finalize();
 }

@@ -101,10 +101,13 @@ import os, re, sys
 tmp = sys.argv[1]
 def volume(d, L, V, E, F, H, kv, S, W, A, b=4):
     hd = d // H; qd = d + 2 * kv * hd
-    block = d + qd * d + d * d + d + E * d + 3 * E * F * d
-    units = [V * d] + [block] * L + [d + V * d]
     pad = lambda n: S * -(-n // S)                      # n rounded up to a multiple of S
-    P = sum(pad(n) for n in units); Pb = sum(pad(n) for n in units[1:-1])
+    # the units: wte; per block, the block without its experts and its experts (one run per tensor when
+    # S divides E*F: no padding; else one padded run); norm_f + lm_head
+    block = d + qd * d + d * d + d + E * d
+    experts = 3 * E * F * d if (E * F) % S == 0 else pad(3 * E * F * d)
+    Pb = L * (pad(block) + experts)
+    P = pad(V * d) + Pb + pad(d + V * d)
     R = W // S
     return A * (S - 1) / S * b * (2 * P + Pb) + 2 * (R - 1) / R * b * P / S
 U = dict(d=130, L=2, V=384, E=15, F=224, H=5, kv=1)
@@ -147,22 +150,29 @@ def sent(name):
 # over the ranks), plus the once-per-step amax all-reduce (as an all-gather) and saturation all-reduce
 def volume_fp8(d, L, V, E, F, H, kv, S, W, A, recipe):
     hd = d // H; qd = d + 2 * kv * hd
-    tensors = [(d, 0), (qd * d, 1), (d * d, 1), (d, 0), (E * d, 0), (E * F * d, 1), (E * F * d, 1), (E * F * d, 1)]
-    n_block = sum(n for n, _ in tensors)
     c = lambda n: -(-n // S)
-    def piece():
+    # a block's two units: (tensors (numel, FP8?), split into one run per tensor?)
+    block = [(d, 0), (qd * d, 1), (d * d, 1), (d, 0), (E * d, 0)]
+    experts = [(E * F * d, 1)] * 3
+    split = (E * F) % S == 0
+    def piece(tensors, per_tensor):   # the longest rank's packed shard: 1 byte per FP8 element, 4 per other
+        runs = [[t] for t in tensors] if per_tensor else [tensors]
         best = 0
         for r in range(S):
-            lo, hi, off, b = r * c(n_block), (r + 1) * c(n_block), 0, 0
-            for n, q in tensors:
-                b += max(0, min(hi, off + n) - max(lo, off)) * (1 if q else 4); off += n
+            b = 0
+            for run in runs:
+                n_run = sum(n for n, _ in run); lo, hi, off = r * c(n_run), (r + 1) * c(n_run), 0
+                for n, q in run:
+                    b += max(0, min(hi, off + n) - max(lo, off)) * (1 if q else 4); off += n
             best = max(best, b)
         return best
+    shard_block = c(sum(n for n, _ in block)) + (3 * c(E * F * d) if split else c(3 * E * F * d))
     cb = lambda rows, cols: -(-rows // 128) * -(-cols // 128)
     groups = L * ((cb(qd, d) + cb(d, d) + 3 * E * cb(F, d)) if recipe == "block" else 5)
     R = W // S
-    P = S * (c(V * d) + c(d + V * d) + L * c(n_block))
-    return (A * ((S - 1) * 4 * (c(V * d) + c(d + V * d)) + 2 * L * (S - 1) * piece() + (S - 1) / S * 4 * P)
+    P = S * (c(V * d) + c(d + V * d) + L * shard_block)
+    return (A * ((S - 1) * 4 * (c(V * d) + c(d + V * d)) + 2 * L * (S - 1) * (piece(block, 0) + piece(experts, split))
+                 + (S - 1) / S * 4 * P)
             + 2 * (R - 1) / R * 4 * P / S + (S - 1) * 4 * groups + 2 * (S - 1) / S * 8 * 5 * L)
 U = dict(d=130, L=2, V=384, E=15, F=224, H=5, kv=1)
 for recipe, np_, S in [("delayed", 3, 3), ("current", 4, 2), ("block", 3, 3)]:

@@ -82,10 +82,13 @@ import os, re, sys
 tmp = sys.argv[1]
 def volume(d, L, V, E, F, H, kv, S, W, A):
     hd = d // H; qd = d + 2 * kv * hd
-    block = d + qd * d + d * d + d + E * d + 3 * E * F * d
-    units = [V * d] + [block] * L + [d + V * d]
     pad = lambda n: S * -(-n // S)
-    P = sum(pad(n) for n in units); Pb = sum(pad(n) for n in units[1:-1])
+    # the units: wte; per block, the block without its experts and its experts (one run per tensor when
+    # S divides E*F: no padding; else one padded run); norm_f + lm_head
+    block = d + qd * d + d * d + d + E * d
+    experts = 3 * E * F * d if (E * F) % S == 0 else pad(3 * E * F * d)
+    Pb = L * (pad(block) + experts)
+    P = pad(V * d) + Pb + pad(d + V * d)
     R = W // S
     # per micro-batch: BF16 gathers of every unit (forward) and of the blocks again (backward), FP32
     # reduce-scatter of every unit's gradient; per step: FP32 all-reduce of the gradient shard across replicas
@@ -205,8 +208,11 @@ def sent(name):
                                                    open(os.path.join(tmp, name + ".out")).read())}
 d, L, V, E, F, H, kv, S, A = 128, 2, 384, 16, 224, 4, 2, 2, 1
 hd = d // H; qd = d + 2 * kv * hd
-tensors = [(d, 0), (qd * d, 1), (d * d, 1), (d, 0), (E * d, 0), (E * F * d, 1), (E * F * d, 1), (E * F * d, 1)]
+# a block's two units: the block without its experts (one run), its experts (one run per tensor: S divides E*F)
+tensors = [(d, 0), (qd * d, 1), (d * d, 1), (d, 0), (E * d, 0)]
 nb = sum(n for n, _ in tensors); c = lambda n: -(-n // S)
+assert (E * F) % S == 0
+ne = 3 * c(E * F * d)   # the experts' shard: all FP8 codes, no side piece
 def side():   # the longest rank's norms + router elements
     best = 0
     for r in range(S):
@@ -216,12 +222,12 @@ def side():   # the longest rank's norms + router elements
             off += n
         best = max(best, k)
     return best
-P = S * (c(V * d) + c(d + V * d) + L * c(nb))
+P = S * (c(V * d) + c(d + V * d) + L * (c(nb) + ne))
 def groups(block):
     cb = lambda rows, cols: -(-rows // 128) * -(-cols // 128)
     return L * ((cb(qd, d) + cb(d, d) + 3 * E * cb(F, d)) if block else 5)
 def volume(block):
-    gathers = (S - 1) * (2 * (c(V * d) + c(d + V * d)) + 2 * L * (c(nb) + 2 * side()))   # forward: all units; backward: the blocks
+    gathers = (S - 1) * (2 * (c(V * d) + c(d + V * d)) + 2 * L * (c(nb) + 2 * side() + ne))   # forward: all units; backward: the blocks'
     return A * (gathers + (S - 1) / S * 4 * P) + 2 * (S - 1) / S * 4 * groups(block)
 for recipe, ref in [("delayed", "f_full"), ("current", "f_current"), ("block", "f_block")]:
     (a, fa), (b, fb) = log(ref), log("fg_" + recipe)
