@@ -29,6 +29,7 @@
 #include "checkpoint/ckpt.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/loader_state.h"
+#include "checkpoint/spike_guard.h"
 
 // ---------------------------------------------------------------------------------------------
 // flags
@@ -46,7 +47,10 @@ typedef struct {
     float comm_timeout = 300;
     // checkpoints and Hugging Face interop (checkpoint/)
     std::string ckpt_dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16", dump_logits = "";
-    int ckpt_every = 0, ckpt_keep = 3, ckpt_keep_every = 0, stop_after = -1;
+    int ckpt_every = 0, ckpt_keep = 3, ckpt_keep_every = 0, stop_after = -1, ckpt_confirm = 0;
+    // the spike guard (checkpoint/spike_guard.h)
+    float spike_loss_sigma = 6, spike_gnorm_factor = 10;
+    int spike_window = 50, max_skips = 5;
     float export_max_file_gb = 5;
     bool dry_run = false, help = false, fp8_gather = false;
 } TrainArgs;
@@ -106,6 +110,11 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--ckpt-every", "", F_INT, &a->ckpt_every, "save a checkpoint every N steps (0: only on the way out)"},
         {"--ckpt-keep", "", F_INT, &a->ckpt_keep, "keep the last K checkpoints"},
         {"--ckpt-keep-every", "", F_INT, &a->ckpt_keep_every, "also keep every checkpoint whose step is a multiple of M (0: none)"},
+        {"--ckpt-confirm", "", F_INT, &a->ckpt_confirm, "a checkpoint counts toward --ckpt-keep once the run trained N steps past it with none skipped (0: --ckpt-every, or 1)"},
+        {"--spike-loss-sigma", "", F_FLOAT, &a->spike_loss_sigma, "skip a step whose loss exceeds the mean of the last --spike-window steps by K std (and 5%) (0: off)"},
+        {"--spike-gnorm-factor", "", F_FLOAT, &a->spike_gnorm_factor, "skip a step whose grad norm exceeds M x the median of the last --spike-window steps (0: off)"},
+        {"--spike-window", "", F_INT, &a->spike_window, "steps the spike guard's statistics and skip count span"},
+        {"--max-skips", "", F_INT, &a->max_skips, "stop when this many of the last --spike-window steps were skipped (non-finite steps are always skipped)"},
         {"--resume", "", F_STR, &a->resume, "auto (the newest valid checkpoint in --ckpt-dir; none: start fresh) or a checkpoint directory"},
         {"--stop-after", "", F_INT, &a->stop_after, "run at most N steps of the schedule in this invocation, then save and exit"},
         {"--init-hf", "", F_STR, &a->init_hf, "initialise the weights from a Hugging Face DBRX export (config.json + safetensors)"},
@@ -214,6 +223,12 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->ckpt_every > 0 && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--ckpt-every needs --ckpt-dir");
     if (a->resume == "auto" && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--resume auto needs --ckpt-dir");
     if (a->stop_after < -1) fail(EXIT_BAD_INPUT, "--stop-after %d must be >= 0", a->stop_after);
+    if (a->ckpt_confirm < 0) fail(EXIT_BAD_INPUT, "--ckpt-confirm %d must be >= 0", a->ckpt_confirm);
+    if (!(a->spike_loss_sigma >= 0)) fail(EXIT_BAD_INPUT, "--spike-loss-sigma %g must be >= 0 (0: off)", a->spike_loss_sigma);
+    if (!(a->spike_gnorm_factor == 0 || a->spike_gnorm_factor > 1))
+        fail(EXIT_BAD_INPUT, "--spike-gnorm-factor %g must be 0 (off) or > 1", a->spike_gnorm_factor);
+    if (a->spike_window < 1 || a->max_skips < 1)
+        fail(EXIT_BAD_INPUT, "--spike-window %d and --max-skips %d must be >= 1", a->spike_window, a->max_skips);
     if (a->export_dtype != "bf16" && a->export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->export_dtype.c_str());
     if (!(a->export_max_file_gb > 0)) fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be positive", a->export_max_file_gb);
     if (!a->dump_logits.empty() && a->val_data.empty()) fail(EXIT_BAD_INPUT, "--dump-logits needs --val-data");
@@ -272,15 +287,25 @@ static double cpu_peak_flops(int threads, std::string* how) {
 // One optimizer step's line on the console and its object in the JSONL log. metrics: ce, lbl, z-loss,
 // imbalance. The loss is logged at full precision so that runs can be compared bit for bit;
 // comm_bytes < 0: not logged.
+// a number for the JSONL log: JSON has no nan or inf, so a non-finite value is null
+static std::string json_number_or_null(double x, const char* fmt) {
+    if (!std::isfinite(x)) return "null";
+    char b[64];
+    snprintf(b, sizeof b, fmt, x);
+    return b;
+}
+
 static void report_step(FILE* logf, int step, int steps, const double* metrics, double gnorm, float lr, double dt,
                         double tok_s, double mfu, long long comm_bytes) {
     printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f\n",
            step, steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
     fflush(stdout);
     if (!logf) return;
-    fprintf(logf, "{\"step\": %d, \"loss\": %.17g, \"lbl\": %.6f, \"z_loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, "
-            "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %.4f", step, metrics[0], metrics[1],
-            metrics[2], gnorm, lr, dt * 1000, tok_s, mfu, metrics[3]);
+    auto num = json_number_or_null;
+    fprintf(logf, "{\"step\": %d, \"loss\": %s, \"lbl\": %s, \"z_loss\": %s, \"grad_norm\": %s, \"lr\": %s, "
+            "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %s", step, num(metrics[0], "%.17g").c_str(),
+            num(metrics[1], "%.6f").c_str(), num(metrics[2], "%.6f").c_str(), num(gnorm, "%.6f").c_str(), num(lr, "%.6e").c_str(),
+            dt * 1000, tok_s, mfu, num(metrics[3], "%.4f").c_str());
     if (comm_bytes >= 0) fprintf(logf, ", \"comm_bytes\": %lld", comm_bytes);
     fprintf(logf, "}\n");
     fflush(logf);
@@ -345,6 +370,9 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         zero_from_host(store);
         if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
     }
+    SpikeGuard guard;
+    spike_guard_init(&guard, args.spike_loss_sigma, args.spike_gnorm_factor, args.spike_window, args.max_skips);
+    ck.confirm = args.ckpt_confirm > 0 ? args.ckpt_confirm : args.ckpt_every > 0 ? args.ckpt_every : 1;
     bool resumed = false;
     if (!args.resume.empty()) {
         JsonValue man;
@@ -354,8 +382,11 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             std::string err;
             if (!ckpt_loader_state_restore(&train, prog.loader, &err))
                 fail(EXIT_BAD_INPUT, "%s/manifest.json: the data loader state %s", from.c_str(), err.c_str());
+            if (!prog.guard.empty() && !(err = spike_guard_restore(&guard, prog.guard)).empty())
+                fail(EXIT_BAD_INPUT, "%s/manifest.json: %s", from.c_str(), err.c_str());
             ckpt_warn_changes(&man, &run, comm.world, comm.rank);
             ck.last_saved_step = prog.step;
+            ck.confirmed_step = prog.step;   // what a run resumes from counts as good
             resumed = true;
             if (comm.rank == 0) printf("resume: %s (step %d, %lld tokens seen); continuing at step %d of %d\n", from.c_str(),
                                        prog.step, (long long)prog.tokens, prog.step + 1, args.steps);
@@ -384,6 +415,21 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         if (sscanf(k, "%d:%d", &kill_rank, &kill_step) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_KILL '%s' is not R:S[:stop]", k);
         if (strstr(k, ":stop")) kill_sig = SIGSTOP;
     }
+    // test hook: DBRX_DEBUG_SPIKE="S:F" multiplies the gradients of step S by F (a spike, or nan); "S+:F" of
+    // every step from S on
+    int spike_step = -1;
+    bool spike_on = false;
+    float spike_factor = 1;
+    if (const char* k = getenv("DBRX_DEBUG_SPIKE")) {
+        char* end = NULL;
+        spike_step = (int)strtol(k, &end, 10);
+        spike_on = *end == '+';
+        if (spike_on) end++;
+        if (*end != ':' || spike_step < 1) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SPIKE '%s' is not STEP[+]:FACTOR", k);
+        spike_factor = strtof(end + 1, NULL);
+    }
+    std::vector<int> saved_steps = {prog.step};   // candidates for confirmation (checkpoint/ckpt.h)
+    int last_skipped = 0;
     std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(model);   // every FP8 operand's state (empty: FP8 off)
     uint64_t step_bytes_total = 0;
     int steps_done = 0;
@@ -398,11 +444,20 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
                             (unsigned long long)r.bytes); fflush(logf); }
         fflush(stdout);
     };
-    auto start_save = [&](SaveReport* prev) {   // this rank's shard to host memory, then written in the background
+    // this rank's shard to host memory, then written in the background; never a non-finite state (false)
+    auto start_save = [&](SaveReport* prev) {
         prog.loader = ckpt_loader_state_save(&train);
+        prog.guard = spike_guard_json(&guard);
         zero_to_host(store);
+        if (!zero_host_state_finite(zl)) {
+            if (comm.rank == 0) fprintf(stderr, "warning: step %d: the weights or AdamW moments are not finite: not saved\n", prog.step);
+            return false;
+        }
         ckpt_start_save(&ck, zl, &cfg, &prog, &run, &comm, prev);
+        saved_steps.push_back(prog.step);
+        return true;
     };
+    bool guard_stop = false;
     for (int step = prog.step; step < args.steps; step++) {
         if (args.stop_after >= 0 && steps_done >= args.stop_after) {
             if (comm.rank == 0) printf("stop: --stop-after %d reached at step %d of %d\n", args.stop_after, step, args.steps);
@@ -414,7 +469,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             double vl = evaluate(model, &val, args.val_steps, &comm);
             if (comm.rank == 0) {
                 printf("val  %5d | val_loss %.6f\n", step, vl);
-                if (logf) { fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(logf); }
+                if (logf) { fprintf(logf, "{\"step\": %d, \"val_loss\": %s}\n", step, json_number_or_null(vl, "%.6f").c_str()); fflush(logf); }
             }
         }
         dbrx_sync(model);
@@ -458,8 +513,14 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
                 fprintf(logf, "}}\n");
             }
         }
+        // the spike guard, before the update: a non-finite or spiking step is skipped (no update; the
+        // data moves on), its FP8 amaxes dropped
+        if (spike_step > 0 && (step + 1 == spike_step || (spike_on && step + 1 > spike_step))) zero_scale_grads(store, spike_factor);
         float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
-        double gnorm = zero_update(store, &opt, lr, step + 1);
+        double gnorm = zero_grad_norm(store);
+        std::string skip_why = spike_guard_check(&guard, metrics[0], metrics[1] + metrics[2], gnorm);
+        if (skip_why.empty()) zero_update(store, &opt, lr, step + 1, gnorm);
+        else zero_skip_update(store);
         dbrx_sync(model);
         comm_watch(0);
         double dt = now_seconds() - t0;
@@ -467,17 +528,38 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         step_bytes_total += step_bytes;
         steps_done++;
         double tok_s = tokens_per_step / dt, mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
-        if (!std::isfinite(metrics[0]) || !std::isfinite(gnorm))
-            fail(EXIT_RUNTIME, "step %d: loss %g / grad norm %g is not finite; stopping", step + 1, metrics[0], gnorm);
         if (comm.rank == 0) report_step(logf, step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, (long long)step_bytes);
+        bool skipped = !skip_why.empty();
+        guard_stop = spike_guard_record(&guard, step + 1, skipped, metrics[0], gnorm);
+        if (skipped) {
+            last_skipped = step + 1;
+            if (comm.rank == 0) {
+                printf("guard: step %d skipped (%s): no update, the data moves on; %zu of the last %d steps skipped\n", step + 1,
+                       skip_why.c_str(), guard.skipped.size(), guard.window);
+                if (logf) { fprintf(logf, "{\"step\": %d, \"skipped\": true, \"reason\": %s}\n", step + 1, json_quote(skip_why).c_str());
+                            fflush(logf); }
+                fflush(stdout);
+            }
+        }
         prog.step = step + 1;
         prog.tokens += tokens_per_step;
+        // the newest checkpoint the run has now trained ck.confirm steps past without a skipped step is known good
+        int confirmed = ck.confirmed_step;
+        for (int s : saved_steps) if (s > confirmed && s + ck.confirm <= prog.step && last_skipped <= s) confirmed = s;
+        if (confirmed != ck.confirmed_step) {
+            ck.confirmed_step = confirmed;
+            if (comm.rank == 0 && !ck.dir.empty()) ckpt_retain(&ck);
+        }
+        if (guard_stop) {
+            if (comm.rank == 0) fprintf(stderr, "error: the spike guard skipped %zu of the last %d steps (the last, step %d: %s); stopping "
+                                        "without saving\n", guard.skipped.size(), guard.window, step + 1, skip_why.c_str());
+            break;
+        }
         if (ck.pending) report_save(ckpt_poll(&ck, zl, &comm, false));
         bool last = prog.step == args.steps || metrics[4] > 0 || (args.stop_after >= 0 && steps_done >= args.stop_after);
         if (ck.every > 0 && prog.step % ck.every == 0 && !last) {   // (the last step is saved on the way out)
             SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
-            start_save(&prev);
-            report_save(prev);
+            if (start_save(&prev)) report_save(prev);
         }
         if (metrics[4] > 0) {
             if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
@@ -485,34 +567,57 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             break;
         }
     }
-    // on the way out (the end, --stop-after, a signal): a checkpoint of where we are, waited for
+    // the final validation, before the save: weights whose validation loss is not finite are not saved
+    bool diverged = false;
+    if (do_val && !stopped && !guard_stop && steps_done > 0) {
+        comm_watch(1);
+        double vl = evaluate(model, &val, args.val_steps, &comm);
+        comm_watch(0);
+        if (comm.rank == 0) {
+            printf("val  %5d | val_loss %.6f\n", args.steps, vl);
+            if (logf) fprintf(logf, "{\"step\": %d, \"val_loss\": %s}\n", args.steps, json_number_or_null(vl, "%.6f").c_str());
+        }
+        diverged = !std::isfinite(vl);
+    }
+    // on the way out (the end, --stop-after, a signal): a checkpoint of where we are, waited for. After the
+    // spike guard stopped the run: nothing saved, and the checkpoints not known good set aside
     bool save_failed = false;
     if (!ck.dir.empty()) {
         if (ck.pending) report_save(ckpt_wait_commit(&ck, zl, &comm));
-        if (ck.last_saved_step != prog.step) {
+        if (guard_stop) {
+            if (comm.rank == 0) {
+                std::string good = ckpt_set_aside_unconfirmed(&ck);
+                fprintf(stderr, "error: %s; resume with --resume auto (after lowering --lr, or with other data), or a set-aside "
+                        "checkpoint with --resume DIR\n", good.c_str());
+            }
+        } else if (diverged) {
+            if (comm.rank == 0) fprintf(stderr, "warning: step %d: the validation loss is not finite: not saved\n", prog.step);
+        } else if (ck.last_saved_step != prog.step) {
             SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
-            start_save(&prev);
-            SaveReport r = ckpt_wait_commit(&ck, zl, &comm);
+            SaveReport r = prev;
+            if (start_save(&prev)) r = ckpt_wait_commit(&ck, zl, &comm);
             report_save(r);
             save_failed = !r.ok;
         }
+    }
+    if (guard_stop) {
+        ckpt_free(&ck);
+        if (logf) fcloseCheck(logf, args.log.c_str());
+        return EXIT_RUNTIME;
     }
     if (comm.world > 1) {   // what each rank sent, for the communication-volume check (parallel/README.md)
         printf("comm: rank %d sent %llu bytes in %d training steps (%.1f bytes/step)\n", comm.rank,
                (unsigned long long)step_bytes_total, steps_done, steps_done ? (double)step_bytes_total / steps_done : 0.0);
         fflush(stdout);
     }
-    comm_watch(1);   // the last evaluation and the logits dump talk to the GPU too
-    if (do_val && !stopped && steps_done > 0) {
-        double vl = evaluate(model, &val, args.val_steps, &comm);
-        if (comm.rank == 0) {
-            printf("val  %5d | val_loss %.6f\n", args.steps, vl);
-            if (logf) fprintf(logf, "{\"step\": %d, \"val_loss\": %.6f}\n", args.steps, vl);
-        }
-    }
+    comm_watch(1);   // the logits dump talks to the GPU too
     if (!args.export_hf.empty()) {
         comm_watch(0);
         zero_to_host(store);
+        if (!zero_host_state_finite(zl)) {
+            if (comm.rank == 0) fprintf(stderr, "error: --export-hf %s: the weights are not finite: not exported\n", args.export_hf.c_str());
+            return EXIT_RUNTIME;
+        }
         hf_export(args.export_hf, zl, &cfg, model->table, args.export_dtype, (uint64_t)(args.export_max_file_gb * 1e9), &comm);
         if (comm.rank == 0) printf("export: %s (%s, DbrxForCausalLM)\n", args.export_hf.c_str(), args.export_dtype.c_str());
     }
@@ -535,6 +640,11 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     dataloader_free(&train);
     if (have_val) dataloader_free(&val);
     if (save_failed) { fprintf(stderr, "error: the last checkpoint could not be saved (see the warnings above)\n"); return EXIT_RUNTIME; }
+    if (diverged) {
+        if (comm.rank == 0) fprintf(stderr, "error: the final validation loss is not finite: the weights diverged%s\n",
+                                    ck.dir.empty() ? "" : " (not saved)");
+        return EXIT_RUNTIME;
+    }
     return 0;
 }
 

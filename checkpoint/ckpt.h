@@ -50,6 +50,7 @@ typedef struct {
     int64_t tokens = 0;         // tokens trained on
     Rng rng = {0};              // the run's random stream (nothing stochastic draws from it yet; kept exact)
     std::string loader;         // the data loader's state, a JSON value (checkpoint/loader_state.h)
+    std::string guard;          // the spike guard's statistics, a JSON value (checkpoint/spike_guard.h; "": none)
 } TrainProgress;
 
 // settings the manifest records for the reader (and that a resume warns about when they change)
@@ -63,6 +64,10 @@ typedef struct {
     std::string dir;
     int every = 0, keep = 3, keep_every = 0;
     int last_saved_step = -1;
+    // the newest step known good: the run trained `confirm` steps past it with no step skipped by the spike
+    // guard (or it was resumed from). Only checkpoints up to it count toward `keep`: the newer ones are
+    // never deleted, so a divergence cannot remove the last good checkpoints.
+    int confirmed_step = 0, confirm = 1;
     bool cleaned = false;
     // the save in flight
     bool pending = false, writer = false;
@@ -171,6 +176,7 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
              json_float(run->opt.grad_clip).c_str(), run->seed, (unsigned long long)prog->rng.state);
     std::string m = b;
     m += "  \"data_loader\": " + prog->loader + ",\n";
+    if (!prog->guard.empty()) m += "  \"spike_guard\": " + prog->guard + ",\n";
     m += "  \"model\": " + ckpt_config_json(cfg) + ",\n";
     m += "  \"fp8\": " + ckpt_fp8_state_json(z->fp8_cfg, z->fp8_metas) + ",\n";
     snprintf(b, sizeof b, "  \"topology\": {\"world\": %d, \"shard_group_size\": %d, \"replicas\": %d, \"batch\": %d, "
@@ -268,6 +274,41 @@ static inline void ckpt_start_save(Checkpointer* ck, Zero* z, const DbrxConfig* 
                              z->n_units, z->shard_total, prog->step);
 }
 
+// Retention (rank 0): every checkpoint newer than the confirmed step (not yet known good), the newest
+// `keep` of the others, and every keep_every-th step; the rest go aside, then away. Called at every
+// commit and whenever the confirmed step moves on.
+static inline void ckpt_retain(Checkpointer* ck) {
+    std::vector<std::pair<long long, std::string>> all = list_numbered_dirs(ck->dir, "step_");   // newest first
+    int confirmed_kept = 0;
+    for (size_t i = 0; i < all.size(); i++) {
+        bool unconfirmed = all[i].first > ck->confirmed_step;
+        bool keep = unconfirmed || confirmed_kept < ck->keep || (ck->keep_every > 0 && all[i].first % ck->keep_every == 0) ||
+                    all[i].second == ck->name;
+        if (!unconfirmed && confirmed_kept < ck->keep) confirmed_kept++;
+        if (keep) continue;
+        std::string from = ck->dir + "/" + all[i].second, trash = ck->dir + "/.trash-" + all[i].second;
+        if (rename(from.c_str(), trash.c_str()) == 0) rm_rf(trash);
+    }
+}
+
+// After the spike guard stopped a run (rank 0): the checkpoints newer than the confirmed step go aside
+// as suspect-step_* (kept for inspection; --resume auto no longer finds them) and `latest` points at the
+// newest one left. Returns a line saying where a restart resumes.
+static inline std::string ckpt_set_aside_unconfirmed(Checkpointer* ck) {
+    std::string newest;
+    for (auto& d : list_numbered_dirs(ck->dir, "step_")) {   // newest first
+        if (d.first <= ck->confirmed_step) { if (newest.empty()) newest = d.second; continue; }
+        std::string from = ck->dir + "/" + d.second, to = ck->dir + "/suspect-" + d.second;
+        rm_rf(to);
+        if (rename(from.c_str(), to.c_str()) != 0) fprintf(stderr, "warning: %s\n", sys_err("rename " + from).c_str());
+        else fprintf(stderr, "guard: %s set aside as %s (saved after the newest checkpoint known good)\n", from.c_str(), to.c_str());
+    }
+    std::string err;
+    if (newest.empty()) { unlink((ck->dir + "/latest").c_str()); return "no checkpoint known good is left in " + ck->dir; }
+    if (!(err = write_file_atomic(ck->dir + "/latest", newest + "\n")).empty()) fprintf(stderr, "warning: %s\n", err.c_str());
+    return "the newest checkpoint known good is " + ck->dir + "/" + newest + " (latest points at it)";
+}
+
 // rank 0: manifest, rename, latest, retention. Returns "" or the error.
 static inline std::string ckpt_commit(Checkpointer* ck, const Zero* z, const std::vector<int64_t>& info) {
     std::string m = ck->manifest_head + "  \"files\": [\n";
@@ -301,14 +342,7 @@ static inline std::string ckpt_commit(Checkpointer* ck, const Zero* z, const std
     if (!(err = fsync_path(ck->dir)).empty()) return err;
     ckpt_debug_kill(ck, ck->step, "rename");
     if (!(err = write_file_atomic(ck->dir + "/latest", ck->name + "\n")).empty()) return err;
-    // retention: the newest `keep`, and every keep_every-th step; the rest go aside, then away
-    std::vector<std::pair<long long, std::string>> all = list_numbered_dirs(ck->dir, "step_");
-    for (size_t i = 0; i < all.size(); i++) {
-        bool keep = (int)i < ck->keep || (ck->keep_every > 0 && all[i].first % ck->keep_every == 0) || all[i].second == ck->name;
-        if (keep) continue;
-        std::string from = ck->dir + "/" + all[i].second, trash = ck->dir + "/.trash-" + all[i].second;
-        if (rename(from.c_str(), trash.c_str()) == 0) rm_rf(trash);
-    }
+    ckpt_retain(ck);
     rm_rf(ck->dir + "/.trash-" + ck->name);
     return "";
 }
@@ -540,6 +574,18 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     std::string bad_files;
     for (int f = 0; f < S_old; f++) if (file_bad[f]) bad_files += (bad_files.empty() ? "" : ", ") + file_names[f];
     if (!bad_files.empty()) return "bad or missing " + bad_files;
+    // a checkpoint holding a non-finite weight or moment is damage too, whatever its checksums say (this
+    // program never writes one: the training loop checks before it saves)
+    int nonfinite = 0;
+    if (reader)
+        for (float* a : arrays) {
+            size_t bad = 0;
+            #pragma omp parallel for reduction(+ : bad)
+            for (size_t i = 0; i < z->shard_total; i++) bad += !std::isfinite(a[i]);
+            nonfinite += bad > 0;
+        }
+    comm_all_reduce(&comm->world_group, &nonfinite, 1, COMM_I32);
+    if (nonfinite) return "non-finite values in the weights or the AdamW moments";
     // the other replicas get the first replica's shards
     if (z->R > 1) {
         comm_broadcast(&z->replica, z->master, z->shard_total * sizeof(float), 0);
@@ -557,6 +603,8 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     prog->tokens = tokens;
     prog->rng.state = rng;
     prog->loader = text.substr(loader->begin, loader->end - loader->begin);
+    const JsonValue* guard = json_get(man, "spike_guard");   // (absent before the guard existed)
+    prog->guard = guard ? text.substr(guard->begin, guard->end - guard->begin) : "";
     // the FP8 scaling state (format_version 2 on; before it there is none): malformed = damaged
     const JsonValue* fp8 = json_get(man, "fp8");
     if (version >= 2 && !fp8) return "manifest.json: fp8 missing";

@@ -547,11 +547,18 @@ static inline void dbrx_fp8_end_step(Dbrx* m) {
     for (Fp8MetaRef& r : dbrx_fp8_metas(m)) fp8_meta_step(r.meta, &m->fp8, r.fmt);
 }
 
+// A skipped step (checkpoint/spike_guard.h): this step's amaxes are dropped, not added to the histories
+// (a spike's, or a non-finite one, would set the scales of the next steps)
+static inline void dbrx_fp8_discard_step(Dbrx* m) {
+    for (Fp8MetaRef& r : dbrx_fp8_metas(m)) { r.meta->amax = 0; r.meta->saturated = 0; }
+}
+
 typedef struct { float lr, beta1, beta2, eps, weight_decay, grad_clip; } AdamWConfig;
 
-// one optimizer step t (1-based) with global-norm clipping; returns the norm before clipping
-static inline double dbrx_update(Dbrx* m, const AdamWConfig* o, float lr, int t) {
-    double norm = dbrx_grad_norm(m);
+// one optimizer step t (1-based) with global-norm clipping; returns the norm before clipping (norm >= 0:
+// already computed by the caller, dbrx_grad_norm)
+static inline double dbrx_update(Dbrx* m, const AdamWConfig* o, float lr, int t, double norm = -1) {
+    if (norm < 0) norm = dbrx_grad_norm(m);
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     std::vector<ParamChunk> chunks = param_chunks(m->table);
     #pragma omp parallel for schedule(dynamic, 4)

@@ -427,6 +427,16 @@ static inline void fp8_gpu_step(Fp8GPU* f) {
     f->collected = false;
 }
 
+// A step the spike guard skipped: its amaxes and saturation counts are dropped, the histories and scales
+// stay as they were
+static inline void fp8_gpu_discard_step(Fp8GPU* f) {
+    if (!fp8_on(f)) return;
+    for (int i = 0; i < f->nslots; i++) { f->metas[i].amax = 0; f->metas[i].saturated = 0; }
+    cudaCheck(cudaMemset(f->amax, 0, f->nslots * sizeof(unsigned int)));
+    cudaCheck(cudaMemset(f->sat, 0, f->nslots * sizeof(unsigned long long)));
+    f->collected = false;
+}
+
 // The host metas' scales -> the device (after a checkpoint restored them: checkpoint/fp8_state.h)
 static inline void fp8_gpu_upload_scales(Fp8GPU* f) {
     if (!fp8_on(f)) return;

@@ -244,6 +244,19 @@ static inline Zero* zero_layout(Zero* z) { return z; }
 static inline void zero_to_host(Zero* z) { (void)z; }
 static inline void zero_from_host(Zero* z) { (void)z; }
 
+// Are the host shards (master, m, v: after zero_to_host) finite on every rank? Collective (world).
+static inline bool zero_host_state_finite(Zero* z) {
+    int bad = 0;
+    for (const real* a : {z->master, z->m, z->v}) {
+        size_t n = 0;
+        #pragma omp parallel for reduction(+ : n)
+        for (size_t i = 0; i < z->shard_total; i++) n += !std::isfinite(a[i]);
+        bad += n > 0;
+    }
+    comm_all_reduce(z->world, &bad, 1, COMM_I32);
+    return bad == 0;
+}
+
 // bytes this rank has sent in every group the training uses
 static inline uint64_t zero_bytes_sent(const Zero* z) {
     return comm_bytes_sent(z->world) + comm_bytes_sent(&z->shard) + comm_bytes_sent(&z->replica);
@@ -337,16 +350,27 @@ static inline double zero_grad_norm(Zero* z) {
     return sqrt(sumsq);
 }
 
-// one AdamW step t (1-based) on this rank's shard, with global-norm clipping; returns the norm
-static inline double zero_update(Zero* z, const AdamWConfig* o, float lr, int t) {
+// one AdamW step t (1-based) on this rank's shard, with global-norm clipping by `norm` (zero_grad_norm's,
+// which the training loop's spike guard reads first); returns it
+static inline double zero_update(Zero* z, const AdamWConfig* o, float lr, int t, double norm) {
     z->slot_unit[0] = z->slot_unit[1] = -1;   // the gathered copies are stale after the update
     z->fp8.ready = 0;                          // and so are the FP8 codes
-    if (z->S == 1) return dbrx_update(z->model, o, lr, t);
-    double norm = zero_grad_norm(z);
+    if (z->S == 1) return dbrx_update(z->model, o, lr, t, norm);
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     for (const ShardSegment& g : z->segs)
         adamw_update(z->master + g.shard_off, z->grad + g.shard_off, z->m + g.shard_off, z->v + g.shard_off, g.numel,
                      lr, o->beta1, o->beta2, o->eps, g.decay ? o->weight_decay : 0.0f, scale, t);
     dbrx_fp8_end_step(z->model);
     return norm;
+}
+
+// a step the spike guard skips: no update; its FP8 amaxes are dropped
+static inline void zero_skip_update(Zero* z) {
+    z->fp8.ready = 0;
+    dbrx_fp8_discard_step(z->model);
+}
+
+// the gradient shard times f (DBRX_DEBUG_SPIKE: the tests' injected spike or NaN)
+static inline void zero_scale_grads(Zero* z, float f) {
+    for (size_t i = 0; i < z->shard_total; i++) z->grad[i] *= f;
 }

@@ -496,11 +496,10 @@ static inline double zero_grad_norm(ZeroGpu* zg) {
     return sqrt(sumsq);
 }
 
-// one AdamW step t (1-based) on this rank's shard, with global-norm clipping; returns the norm. AdamW
-// writes the BF16 copy with the master (the next step's gathers send it; with S = 1 the model reads it).
-static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, int t) {
+// one AdamW step t (1-based) on this rank's shard, with global-norm clipping by `norm` (zero_grad_norm's,
+// which the training loop's spike guard reads first); returns it. AdamW writes the BF16 copy with the master (the next step's gathers send it; with S = 1 the model reads it).
+static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, int t, double norm) {
     Zero* z = &zg->z;
-    double norm = zero_grad_norm(zg);
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     for (const ShardSegment& g : z->segs)
         adamw_update_gpu(zg->master + g.shard_off, zg->master_bf16 + g.shard_off, zg->grad + g.shard_off, zg->m + g.shard_off,
@@ -511,6 +510,17 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
     zg->fp8.ready = 0;                          // and so are the FP8 codes
     fp8_gpu_step(&zg->model->fp8);              // FP8 delayed scaling: the amaxes join the histories
     return norm;
+}
+
+// a step the spike guard skips: no update; its FP8 amaxes are dropped
+static inline void zero_skip_update(ZeroGpu* zg) {
+    zg->fp8.ready = 0;
+    fp8_gpu_discard_step(&zg->model->fp8);
+}
+
+// the gradient shard times f (DBRX_DEBUG_SPIKE: the tests' injected spike or NaN)
+static inline void zero_scale_grads(ZeroGpu* zg, float f) {
+    LAUNCH(zero_scale_kernel, zero_grid(zg->z.shard_total), 256, 0, zg->compute, zg->grad, f, zg->z.shard_total);
 }
 
 // FP8: the amax of every operand becomes the max over all ranks, on the device: the slots' amax array

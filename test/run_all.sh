@@ -96,6 +96,7 @@ else
 fi
 echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
 echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
+echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then

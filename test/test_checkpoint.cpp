@@ -312,7 +312,11 @@ TEST_CASE("zero layout: a block's experts are a unit of their own, sharded along
 // Writes a checkpoint of master/m/v = pattern(flat index) under layout `runs` for S_old shard ranks, as
 // format `version` (2: the units' sizes, whole units; 3: the runs): what an older build (2) or another
 // topology (3) leaves on disk.
-static float pattern(size_t i, int a) { return a == 0 ? (float)(i % 1000003) : a == 1 ? -(float)(i % 999983) : (float)(i % 7919) + 0.5f; }
+static size_t g_poison = (size_t)-1;   // an element written as NaN (in AdamW v)
+static float pattern(size_t i, int a) {
+    if (i == g_poison && a == 2) return NAN;
+    return a == 0 ? (float)(i % 1000003) : a == 1 ? -(float)(i % 999983) : (float)(i % 7919) + 0.5f;
+}
 static void write_layout_checkpoint(const std::string& dir, const DbrxConfig* c, const std::vector<std::vector<size_t>>& runs, int S_old,
                                     int version) {
     Zero old;
@@ -357,7 +361,8 @@ static void write_layout_checkpoint(const std::string& dir, const DbrxConfig* c,
     REQUIRE(write_file_atomic(dir + "/manifest.json", m).empty());
 }
 
-TEST_CASE("checkpoints load under any layout: format 2 (whole units, before the experts were units) and 3 (runs)") {
+TEST_CASE("checkpoints load under any layout: format 2 (whole units, before the experts were units) and 3 (runs); "
+          "a wrong layout or a NaN is refused") {
     int argc = 1;
     char name[] = "test_checkpoint";
     char* args[] = {name, NULL};
@@ -418,6 +423,12 @@ TEST_CASE("checkpoints load under any layout: format 2 (whole units, before the 
     JsonValue man;
     std::string err = ckpt_try_load(root + "/bad", &z, &c, &prog, &man, &comm);
     CHECK(err.find("the units hold " + std::to_string(n - 1) + " parameters, the model " + std::to_string(n)) != std::string::npos);
+    // a NaN in the moments, with valid checksums: damage, refused (the loader falls back to an older one)
+    g_poison = n / 2;
+    write_layout_checkpoint(root + "/nan", &c, zero_unit_runs(&c, t, 2), 2, 3);
+    g_poison = (size_t)-1;
+    err = ckpt_try_load(root + "/nan", &z, &c, &prog, &man, &comm);
+    CHECK(err == "non-finite values in the weights or the AdamW moments");
     free(z.master); free(z.m); free(z.v);
     comm_group_free(&z.shard); comm_group_free(&z.replica);
     rm_rf(root);
