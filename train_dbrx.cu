@@ -18,6 +18,9 @@
  *   mpirun -np 4 ./train_dbrx --model dbrx-tiny --shard-group-size 2     (HSDP: 2 shard groups of 2)
  */
 #include <omp.h>
+#include <unistd.h>
+#include <algorithm>
+#include <deque>
 #include <string>
 #include <vector>
 #include "model/common.h"
@@ -44,7 +47,7 @@ typedef struct {
     std::string log = "", device = "auto", fp8 = "off";
     int fp8_history = 16, fp8_margin = 0, fp8_log_every = 0;
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
-    float comm_timeout = 300;
+    float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
     // checkpoints and Hugging Face interop (checkpoint/)
     std::string ckpt_dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16", dump_logits = "";
     int ckpt_every = 0, ckpt_keep = 3, ckpt_keep_every = 0, stop_after = -1, ckpt_confirm = 0;
@@ -105,7 +108,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--shard-group-size", "", F_INT, &a->shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
-        {"--comm-timeout", "", F_FLOAT, &a->comm_timeout, "seconds a collective may make no progress before the run stops"},
+        {"--comm-timeout", "", F_FLOAT, &a->comm_timeout, "seconds a collective may make no progress before the run stops, naming the rank "
+                                                           "that does not respond (0: auto: 600 until step 1 is done and around checkpoints, then 60)"},
         {"--ckpt-dir", "", F_STR, &a->ckpt_dir, "checkpoint directory: saves every --ckpt-every steps, at the end, and on SIGTERM/SIGINT/SIGUSR1"},
         {"--ckpt-every", "", F_INT, &a->ckpt_every, "save a checkpoint every N steps (0: only on the way out)"},
         {"--ckpt-keep", "", F_INT, &a->ckpt_keep, "keep the last K checkpoints"},
@@ -232,7 +236,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->export_dtype != "bf16" && a->export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->export_dtype.c_str());
     if (!(a->export_max_file_gb > 0)) fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be positive", a->export_max_file_gb);
     if (!a->dump_logits.empty() && a->val_data.empty()) fail(EXIT_BAD_INPUT, "--dump-logits needs --val-data");
-    if (!(a->comm_timeout > 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be positive", a->comm_timeout);
+    if (!(a->comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->comm_timeout);
     if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
         fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
 }
@@ -296,7 +300,7 @@ static std::string json_number_or_null(double x, const char* fmt) {
 }
 
 static void report_step(FILE* logf, int step, int steps, const double* metrics, double gnorm, float lr, double dt,
-                        double tok_s, double mfu, long long comm_bytes) {
+                        double tok_s, double mfu, long long comm_bytes, const std::vector<double>* busy) {
     printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f\n",
            step, steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
     fflush(stdout);
@@ -307,6 +311,15 @@ static void report_step(FILE* logf, int step, int steps, const double* metrics, 
             num(metrics[1], "%.6f").c_str(), num(metrics[2], "%.6f").c_str(), num(gnorm, "%.6f").c_str(), num(lr, "%.6e").c_str(),
             dt * 1000, tok_s, mfu, num(metrics[3], "%.4f").c_str());
     if (comm_bytes >= 0) fprintf(logf, ", \"comm_bytes\": %lld", comm_bytes);
+    if (busy) {   // each rank's busy time (the step less its time blocked in collectives): every rank's up to 64, else the max
+        if (busy->size() <= 64) {
+            fprintf(logf, ", \"rank_busy_ms\": [");
+            for (size_t r = 0; r < busy->size(); r++) fprintf(logf, "%s%.2f", r ? ", " : "", (*busy)[r] * 1000);
+            fprintf(logf, "]");
+        }
+        size_t slowest = std::max_element(busy->begin(), busy->end()) - busy->begin();
+        fprintf(logf, ", \"max_busy_ms\": %.2f, \"slowest_rank\": %zu", (*busy)[slowest] * 1000, slowest);
+    }
     fprintf(logf, "}\n");
     fflush(logf);
 }
@@ -404,6 +417,9 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
                comm.world > 1 ? "all ranks: " : "", info.peak_how.c_str());
         printf("%s (%s, shard group %d, %d replica(s))\n", info.memory_line.c_str(),
                zl->S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zl->R == 1 ? "ZeRO-3" : "HSDP", zl->S, zl->R);
+        if (args.comm_timeout > 0) printf("comm: --comm-timeout %g s\n", args.comm_timeout);
+        else printf("comm: --comm-timeout auto: %d s until step 1 is done and around checkpoints, %d s otherwise\n", COMM_TIMEOUT_LONG,
+                    COMM_TIMEOUT_STEADY);
         if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), resumed ? "a" : "w");   // a resumed run appends
         fflush(stdout);
     }
@@ -428,6 +444,18 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         if (*end != ':' || spike_step < 1) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SPIKE '%s' is not STEP[+]:FACTOR", k);
         spike_factor = strtof(end + 1, NULL);
     }
+    // test hook: DBRX_DEBUG_SLOW_RANK="R:MS" makes rank R sleep MS ms in every step (a straggler)
+    int slow_rank = -1, slow_ms = 0;
+    if (const char* k = getenv("DBRX_DEBUG_SLOW_RANK"))
+        if (sscanf(k, "%d:%d", &slow_rank, &slow_ms) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SLOW_RANK '%s' is not R:MS", k);
+    // stragglers: each rank's busy time per step (the step less its time blocked in collectives), gathered;
+    // a rank above 1.2 x the median in 8 of the last 10 steps is named (parallel/README.md)
+    std::vector<double> busy_all(comm.world);
+    std::vector<std::deque<char>> slow_hist(comm.world);
+    int straggler_said = -100;
+    auto long_timeout = [&](bool on) {   // --comm-timeout auto: generous around checkpoint saves
+        if (args.comm_timeout == 0) comm_set_timeout(on ? COMM_TIMEOUT_LONG : COMM_TIMEOUT_STEADY);
+    };
     std::vector<int> saved_steps = {prog.step};   // candidates for confirmation (checkpoint/ckpt.h)
     int last_skipped = 0;
     std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(model);   // every FP8 operand's state (empty: FP8 off)
@@ -446,6 +474,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     };
     // this rank's shard to host memory, then written in the background; never a non-finite state (false)
     auto start_save = [&](SaveReport* prev) {
+        comm_phase("checkpoint save of step %d", prog.step);
         prog.loader = ckpt_loader_state_save(&train);
         prog.guard = spike_guard_json(&guard);
         zero_to_host(store);
@@ -465,7 +494,9 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             break;
         }
         comm_watch(1);   // the step watchdog (parallel/comm.h) is armed while the step talks to the GPU
+        comm_phase_prefix("step %d", step + 1);   // the heartbeat: where this rank is (parallel/comm.h)
         if (do_val && step % args.val_every == 0) {
+            comm_phase("validation");
             double vl = evaluate(model, &val, args.val_steps, &comm);
             if (comm.rank == 0) {
                 printf("val  %5d | val_loss %.6f\n", step, vl);
@@ -473,16 +504,20 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             }
         }
         dbrx_sync(model);
-        double t0 = now_seconds();
+        double t0 = now_seconds(), wait0 = g_comm_wait_s;
         uint64_t bytes0 = zero_bytes_sent(store);
         zero_zero_grad(store);
         double metrics[5] = {0, 0, 0, 0, 0};   // ce, lbl, z, imbalance, stop requested (summed over ranks)
         float dloss = 1.0f / args.grad_accum;
         for (int micro = 0; micro < args.grad_accum; micro++) {
+            comm_phase("data, micro-batch %d", micro);
             dataloader_next(&train);
             comm_heartbeat();
+            comm_phase("forward, micro-batch %d", micro);
             dbrx_forward(model, train.inputs.data(), train.targets.data(), dloss);
             if (comm.rank == kill_rank && step + 1 == kill_step) raise(kill_sig);
+            if (comm.rank == slow_rank) usleep(slow_ms * 1000);
+            comm_phase("backward, micro-batch %d", micro);
             dbrx_backward(model, train.inputs.data(), train.targets.data(), dloss);
             metrics[0] += model->ce_loss / args.grad_accum;
             metrics[1] += model->lbl_loss / args.grad_accum;
@@ -490,6 +525,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             metrics[3] += model->imbalance / args.grad_accum;
         }
         // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
+        comm_phase("gradient reduction");
         zero_reduce_grads(store);
         metrics[4] = g_comm_stop_signal ? 1 : 0;
         if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
@@ -517,18 +553,39 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         // data moves on), its FP8 amaxes dropped
         if (spike_step > 0 && (step + 1 == spike_step || (spike_on && step + 1 > spike_step))) zero_scale_grads(store, spike_factor);
         float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
+        comm_phase("gradient norm and optimizer");
         double gnorm = zero_grad_norm(store);
         std::string skip_why = spike_guard_check(&guard, metrics[0], metrics[1] + metrics[2], gnorm);
         if (skip_why.empty()) zero_update(store, &opt, lr, step + 1, gnorm);
         else zero_skip_update(store);
         dbrx_sync(model);
         comm_watch(0);
-        double dt = now_seconds() - t0;
+        double dt = now_seconds() - t0, busy = dt - (g_comm_wait_s - wait0);
+        if (comm.world > 1) {   // every rank's busy time, and the stragglers among them
+            comm_all_gather(&comm.world_group, &busy, busy_all.data(), 1, COMM_F64);
+            std::vector<double> sorted = busy_all;
+            std::nth_element(sorted.begin(), sorted.begin() + comm.world / 2, sorted.end());
+            double med = sorted[comm.world / 2];
+            for (int r = 0; r < comm.world; r++) {
+                slow_hist[r].push_back(busy_all[r] > 1.2 * med && busy_all[r] - med > 1e-3);
+                if (slow_hist[r].size() > 10) slow_hist[r].pop_front();
+                int n_slow = 0;
+                for (char x : slow_hist[r]) n_slow += x;
+                if (comm.rank == 0 && n_slow >= 8 && step + 1 - straggler_said >= 10) {
+                    printf("straggler: rank %d was busy %.1f ms against a median of %.1f ms, slower than 1.2 x the median in %d of the "
+                           "last 10 steps\n", r, busy_all[r] * 1000, med * 1000, n_slow);
+                    if (logf) fprintf(logf, "{\"step\": %d, \"straggler\": %d, \"busy_ms\": %.3f, \"median_busy_ms\": %.3f}\n", step + 1, r,
+                                      busy_all[r] * 1000, med * 1000);
+                    straggler_said = step + 1;
+                }
+            }
+        }
         uint64_t step_bytes = zero_bytes_sent(store) - bytes0;
         step_bytes_total += step_bytes;
         steps_done++;
         double tok_s = tokens_per_step / dt, mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
-        if (comm.rank == 0) report_step(logf, step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, (long long)step_bytes);
+        if (comm.rank == 0) report_step(logf, step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, (long long)step_bytes,
+                                        comm.world > 1 ? &busy_all : NULL);
         bool skipped = !skip_why.empty();
         guard_stop = spike_guard_record(&guard, step + 1, skipped, metrics[0], gnorm);
         if (skipped) {
@@ -559,8 +616,10 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         bool last = prog.step == args.steps || metrics[4] > 0 || (args.stop_after >= 0 && steps_done >= args.stop_after);
         if (ck.every > 0 && prog.step % ck.every == 0 && !last) {   // (the last step is saved on the way out)
             SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
+            long_timeout(true);
             if (start_save(&prev)) report_save(prev);
         }
+        long_timeout(false);   // (auto: from the end of the first step on, the steady timeout)
         if (metrics[4] > 0) {
             if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
             stopped = true;
@@ -569,7 +628,9 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     }
     // the final validation, before the save: weights whose validation loss is not finite are not saved
     bool diverged = false;
+    comm_phase_prefix("after step %d", prog.step);
     if (do_val && !stopped && !guard_stop && steps_done > 0) {
+        comm_phase("validation");
         comm_watch(1);
         double vl = evaluate(model, &val, args.val_steps, &comm);
         comm_watch(0);
@@ -582,6 +643,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     // on the way out (the end, --stop-after, a signal): a checkpoint of where we are, waited for. After the
     // spike guard stopped the run: nothing saved, and the checkpoints not known good set aside
     bool save_failed = false;
+    long_timeout(true);   // (auto: the rest is checkpoints, export and the like)
     if (!ck.dir.empty()) {
         if (ck.pending) report_save(ckpt_wait_commit(&ck, zl, &comm));
         if (guard_stop) {
@@ -755,7 +817,7 @@ int main(int argc, char** argv) {
     bool use_cuda = args.device == "cuda" || (args.device == "auto" && gpus > 0);
 
     Comm comm = comm_init(&argc, &argv);
-    comm_set_timeout(args.comm_timeout);
+    comm_set_timeout(args.comm_timeout > 0 ? args.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)
     const char* why = args.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
     int rc;
 #if HAVE_CUDA_BACKEND

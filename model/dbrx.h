@@ -56,6 +56,13 @@ static inline bool dbrx_is_experts_unit(int unit, const DbrxConfig* c) { return 
 // the layer a unit belongs to (-1: the embedding, the head)
 static inline int dbrx_unit_layer(int unit, const DbrxConfig* c) { return unit >= 1 && unit <= 2 * c->n_layers ? (unit - 1) / 2 : -1; }
 
+// a unit in words, for messages: "embedding", "block 3", "block 3 experts", "norm_f + lm_head"
+static inline std::string dbrx_unit_name(int unit, const DbrxConfig* c) {
+    if (unit == 0) return "embedding";
+    if (unit == dbrx_head_unit(c)) return "norm_f + lm_head";
+    return "block " + std::to_string(dbrx_unit_layer(unit, c)) + (dbrx_is_experts_unit(unit, c) ? " experts" : "");
+}
+
 // the table of every parameter tensor, in buffer order
 static inline std::vector<ParamInfo> dbrx_param_table(const DbrxConfig* c) {
     std::vector<ParamInfo> t;

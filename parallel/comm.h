@@ -98,7 +98,18 @@ static int g_comm_nlocal = 0;
 static int g_comm_local_rank[COMM_MAX_LOCAL];     // world rank of each rank on this node
 static int g_comm_local_pid[COMM_MAX_LOCAL];
 static unsigned long long g_comm_local_start[COMM_MAX_LOCAL];   // /proc/<pid>/stat field 22
-static volatile int* g_comm_exiting = NULL;       // node-shared: [i] = 1 once local rank i exits over a failure it saw
+// One per rank of this node, in node-shared memory: the failure flag, and the heartbeat — what the rank is
+// doing and since when (comm_phase) — so that when a rank stops answering, its node peers can say where.
+typedef struct {
+    volatile int exiting;     // 1 once the rank exits over a failure it saw
+    volatile double since;    // now_seconds() at the last comm_phase
+    char phase[160];
+} CommLocalSlot;
+static CommLocalSlot* g_comm_slots = NULL;        // [local index]
+static int g_comm_my_local = 0;
+static int g_comm_world_size = 1;
+static MPI_Comm g_comm_probe = MPI_COMM_NULL;     // a duplicate of the world: the hang agreement's messages only
+static char g_comm_phase_prefix[48] = "";
 static MPI_Win g_comm_win = MPI_WIN_NULL;
 static MPI_Comm g_comm_node = MPI_COMM_NULL;
 static double g_comm_timeout = 600;               // seconds without progress before giving up
@@ -146,7 +157,7 @@ static inline int comm_proc_alive(int pid, unsigned long long expect_start, unsi
 // failure it detected marks itself first, so that it is not taken for the lost one), or -1. Signal-safe.
 static inline int comm_find_lost_rank() {
     for (int i = 0; i < g_comm_nlocal; i++)
-        if (g_comm_local_rank[i] != g_comm_rank && !(g_comm_exiting && g_comm_exiting[i]) &&
+        if (g_comm_local_rank[i] != g_comm_rank && !(g_comm_slots && g_comm_slots[i].exiting) &&
             !comm_proc_alive(g_comm_local_pid[i], g_comm_local_start[i], NULL))
             return i;
     return -1;
@@ -154,8 +165,7 @@ static inline int comm_find_lost_rank() {
 
 // this process is about to exit over a failure (signal-safe)
 static inline void comm_mark_exiting() {
-    if (!g_comm_exiting) return;
-    for (int i = 0; i < g_comm_nlocal; i++) if (g_comm_local_rank[i] == g_comm_rank) g_comm_exiting[i] = 1;
+    if (g_comm_slots) g_comm_slots[g_comm_my_local].exiting = 1;
 }
 
 static inline void comm_write_int(char* buf, int* n, long long v) {
@@ -239,14 +249,19 @@ static inline Comm comm_init(int* argc, char*** argv) {
     long long mine[3] = {c.rank, (long long)getpid(), (long long)start};
     std::vector<long long> all((size_t)3 * c.local_size);
     MPI_CHECK(MPI_Allgather(mine, 3, MPI_LONG_LONG, all.data(), 3, MPI_LONG_LONG, node));
-    // one int per local rank in node-shared memory: "exiting over a failure I detected"
-    int* base = NULL;
-    MPI_CHECK(MPI_Win_allocate_shared(sizeof(int), sizeof(int), MPI_INFO_NULL, node, &base, &g_comm_win));
+    // a CommLocalSlot per local rank in node-shared memory: "exiting over a failure I detected", the heartbeat
+    CommLocalSlot* base = NULL;
+    MPI_CHECK(MPI_Win_allocate_shared(sizeof(CommLocalSlot), sizeof(CommLocalSlot), MPI_INFO_NULL, node, &base, &g_comm_win));
     MPI_Aint wsize;
     int disp;
     MPI_CHECK(MPI_Win_shared_query(g_comm_win, 0, &wsize, &disp, &base));
-    if (c.local_size <= COMM_MAX_LOCAL) g_comm_exiting = base;
-    if (g_comm_exiting) g_comm_exiting[c.local_rank] = 0;
+    if (c.local_size <= COMM_MAX_LOCAL) g_comm_slots = base;
+    g_comm_my_local = c.local_rank;
+    if (g_comm_slots) { g_comm_slots[c.local_rank].exiting = 0; g_comm_slots[c.local_rank].since = now_seconds();
+                        snprintf(g_comm_slots[c.local_rank].phase, sizeof g_comm_slots[0].phase, "start-up"); }
+    g_comm_world_size = c.world;
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_comm_probe));
+    MPI_CHECK(MPI_Comm_set_errhandler(g_comm_probe, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Barrier(node));
     g_comm_node = node;
     g_comm_rank = c.rank;
@@ -269,12 +284,145 @@ static inline Comm comm_init(int* argc, char*** argv) {
 }
 
 static inline void comm_set_timeout(double seconds) { g_comm_timeout = seconds; }
+// --comm-timeout 0 (auto): the long one for the first step (start-up, the first collectives, NCCL set-up,
+// a checkpoint load) and around checkpoint saves (a writer may be slower than the others, who wait for
+// it); the steady one after: tens of seconds, so a hang is found quickly
+#define COMM_TIMEOUT_LONG 600
+#define COMM_TIMEOUT_STEADY 60
 
 static inline void comm_finalize() {
-    g_comm_exiting = NULL;
+    g_comm_slots = NULL;
+    MPI_CHECK(MPI_Comm_free(&g_comm_probe));
     MPI_CHECK(MPI_Win_free(&g_comm_win));
     MPI_CHECK(MPI_Comm_free(&g_comm_node));
     MPI_CHECK(MPI_Finalize());
+}
+
+// ---------------------------------------------------------------------------------------------
+// the heartbeat and the hang agreement
+
+// Where this rank is: "<prefix>, <what>" (the prefix, e.g. "step 12", from comm_phase_prefix). A copy into
+// node-shared memory, cheap enough for every unit of every pass; read when this rank stops answering.
+static inline void comm_phase_prefix(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_comm_phase_prefix, sizeof g_comm_phase_prefix, fmt, ap);
+    va_end(ap);
+}
+static inline void comm_phase(const char* fmt, ...) {
+    if (!g_comm_slots) return;
+    CommLocalSlot* s = &g_comm_slots[g_comm_my_local];
+    char what[96];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    snprintf(s->phase, sizeof s->phase, "%s%s%s", g_comm_phase_prefix, g_comm_phase_prefix[0] ? ", " : "", what);
+    s->since = now_seconds();
+}
+
+// A hang: every survivor must name the same rank. The first rank whose wait times out probes every rank
+// (on g_comm_probe); a rank waiting in a collective answers (comm_serve_probes runs in every wait loop);
+// a hung or lost rank cannot. The culprit is the lowest rank that does not answer within a few seconds;
+// the finder sends its verdict to every rank that answered, and each of them prints it and exits, so the
+// survivors agree whoever times out first. The culprit's last phase comes from the node-shared heartbeat
+// when it runs on the finder's node.
+enum { COMM_TAG_PROBE = 9001, COMM_TAG_REPLY = 9002, COMM_TAG_VERDICT = 9003 };
+typedef struct { int culprit, finder; char text[440]; } CommVerdict;
+static double g_comm_probe_window = 3.0;   // seconds to wait for the answers
+
+// answers probes; exits with the verdict if one arrived
+static inline void comm_serve_probes() {
+    if (g_comm_probe == MPI_COMM_NULL) return;
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, COMM_TAG_VERDICT, g_comm_probe, &flag, &st) == MPI_SUCCESS && flag) {
+        static CommVerdict v;
+        if (MPI_Recv(&v, sizeof v, MPI_BYTE, st.MPI_SOURCE, COMM_TAG_VERDICT, g_comm_probe, MPI_STATUS_IGNORE) == MPI_SUCCESS) {
+            v.text[sizeof v.text - 1] = 0;
+            comm_mark_exiting();
+            fprintf(stderr, "error: rank %d: %s (found by rank %d); exiting\n", g_comm_rank, v.text, v.finder);
+            fflush(stderr);
+            _exit(EXIT_RUNTIME);
+        }
+    }
+    for (;;) {
+        flag = 0;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, COMM_TAG_PROBE, g_comm_probe, &flag, &st) != MPI_SUCCESS || !flag) return;
+        int who = -1;
+        if (MPI_Recv(&who, 1, MPI_INT, st.MPI_SOURCE, COMM_TAG_PROBE, g_comm_probe, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+        MPI_Request r;
+        if (MPI_Isend(&g_comm_rank, 1, MPI_INT, st.MPI_SOURCE, COMM_TAG_REPLY, g_comm_probe, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+    }
+}
+
+// A wait of `op` in `group` made no progress for `waited` seconds (peer: the rank it waited for). Agrees
+// on the culprit with the other survivors (above), says so, and exits 1.
+[[noreturn]] static inline void comm_hang_verdict(const char* op, const char* group, double waited, int peer) {
+    comm_serve_probes();   // another rank may have decided already
+    int W = g_comm_world_size;
+    static const int me = g_comm_rank;
+    std::vector<char> answered(W, 0);
+    answered[g_comm_rank] = 1;
+    for (int p = 0; p < W; p++) {
+        if (p == g_comm_rank) continue;
+        MPI_Request r;
+        if (MPI_Isend(&me, 1, MPI_INT, p, COMM_TAG_PROBE, g_comm_probe, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+    }
+    int n = 1;
+    double t0 = now_seconds();
+    while (n < W && now_seconds() - t0 < g_comm_probe_window) {
+        comm_serve_probes();
+        int flag = 0;
+        MPI_Status st;
+        while (MPI_Iprobe(MPI_ANY_SOURCE, COMM_TAG_REPLY, g_comm_probe, &flag, &st) == MPI_SUCCESS && flag) {
+            int who = -1;
+            MPI_Recv(&who, 1, MPI_INT, st.MPI_SOURCE, COMM_TAG_REPLY, g_comm_probe, MPI_STATUS_IGNORE);
+            if (!answered[st.MPI_SOURCE]) { answered[st.MPI_SOURCE] = 1; n++; }
+        }
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    static CommVerdict v;
+    v.finder = g_comm_rank;
+    v.culprit = -1;
+    for (int p = 0; p < W && v.culprit < 0; p++) if (!answered[p]) v.culprit = p;
+    char where[200] = "unknown: it runs on another node";
+    for (int i = 0; i < g_comm_nlocal; i++)
+        if (g_comm_local_rank[i] == v.culprit && g_comm_slots) {
+            char phase[sizeof g_comm_slots[0].phase];
+            memcpy(phase, g_comm_slots[i].phase, sizeof phase);
+            phase[sizeof phase - 1] = 0;
+            snprintf(where, sizeof where, "%.0f s ago: %s", now_seconds() - g_comm_slots[i].since, phase);
+        }
+    char waiting[40] = "";
+    if (peer >= 0) snprintf(waiting, sizeof waiting, " waiting for rank %d", peer);
+    if (v.culprit >= 0)
+        snprintf(v.text, sizeof v.text, "%s in group %s made no progress for %.0f s%s: rank %d does not respond (hung or lost; "
+                 "%d of %d ranks answered; --comm-timeout); its last phase, %s", op, group, waited, waiting, v.culprit, n, W, where);
+    else
+        snprintf(v.text, sizeof v.text, "%s in group %s made no progress for %.0f s%s, yet every rank answers: the ranks are in "
+                 "different collectives (a code path taken by some ranks only)", op, group, waited, waiting);
+    std::vector<MPI_Request> sends;
+    for (int p = 0; p < W; p++) {
+        if (p == g_comm_rank || !answered[p]) continue;
+        MPI_Request r;
+        if (MPI_Isend(&v, sizeof v, MPI_BYTE, p, COMM_TAG_VERDICT, g_comm_probe, &r) == MPI_SUCCESS) sends.push_back(r);
+    }
+    for (double t1 = now_seconds(); !sends.empty() && now_seconds() - t1 < 2.0;) {   // delivered, or give up
+        int done = 0;
+        MPI_Testall((int)sends.size(), sends.data(), &done, MPI_STATUSES_IGNORE);
+        if (done) break;
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    comm_mark_exiting();
+    fprintf(stderr, "error: rank %d: %s; exiting\n", g_comm_rank, v.text);
+    fflush(stderr);
+    // stay a moment: the others print the verdict before the launcher tears the job down
+    struct timespec ts = {0, 500000000};
+    nanosleep(&ts, NULL);
+    _exit(EXIT_RUNTIME);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -282,8 +430,10 @@ static inline void comm_finalize() {
 
 // Waits for `n` requests. Yields the core while waiting (ranks may share cores); every second checks
 // the ranks of this node; after g_comm_timeout seconds without completion, gives up naming `peer`.
+static double g_comm_wait_s = 0;   // seconds this rank spent blocked in collectives (the straggler statistic)
 static inline void comm_wait(CommGroup* g, MPI_Request* reqs, int n, int peer, const char* op) {
-    double t0 = 0, last_check = 0;
+    double t0 = 0, last_check = 0, last_serve = 0, tw = now_seconds();
+    struct WaitTimer { double t; ~WaitTimer() { g_comm_wait_s += now_seconds() - t; } } timer{tw};
     for (long spins = 0;; spins++) {
         int done = 0;
         int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
@@ -303,6 +453,7 @@ static inline void comm_wait(CommGroup* g, MPI_Request* reqs, int n, int peer, c
         nanosleep(&ts, NULL);
         double now = now_seconds();
         if (t0 == 0) { t0 = now; last_check = now; }
+        if (now - last_serve >= 0.01) { last_serve = now; comm_serve_probes(); }
         if (now - last_check >= 1.0) {
             last_check = now;
             int lost = comm_find_lost_rank();
@@ -311,14 +462,7 @@ static inline void comm_wait(CommGroup* g, MPI_Request* reqs, int n, int peer, c
                 snprintf(what, sizeof what, "during %s in group %s", op, g->name.c_str());
                 comm_die_lost(lost, what);
             }
-            if (now - t0 > g_comm_timeout) {
-                comm_mark_exiting();
-                fprintf(stderr, "error: rank %d: %s in group %s made no progress for %.0f s waiting for rank %d: "
-                        "a rank was lost or hangs (--comm-timeout); exiting\n", g_comm_rank, op, g->name.c_str(),
-                        now - t0, g->members[peer]);
-                fflush(stderr);
-                _exit(EXIT_RUNTIME);
-            }
+            if (now - t0 > g_comm_timeout) comm_hang_verdict(op, g->name.c_str(), now - t0, g->members[peer]);
         }
     }
 }
@@ -584,7 +728,8 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, void* recv, s
 static inline void comm_sync(CommGroup* g) {
 #ifdef COMM_HAVE_NCCL
     if (!g->nccl) return;
-    double t0 = now_seconds(), last_check = t0;
+    double t0 = now_seconds(), last_check = t0, last_serve = t0;
+    struct WaitTimer { double t; ~WaitTimer() { g_comm_wait_s += now_seconds() - t; } } timer{t0};
     for (;;) {
         cudaError_t e = cudaStreamQuery(g->stream);
         if (e == cudaSuccess) return;
@@ -594,10 +739,12 @@ static inline void comm_sync(CommGroup* g) {
         double now = now_seconds();
         int lost = -1;
         if (now - last_check >= 1.0) { last_check = now; lost = comm_find_lost_rank(); }
+        if (now - last_serve >= 0.01) { last_serve = now; comm_serve_probes(); }
         if (async_err != ncclSuccess || lost >= 0 || now - t0 > g_comm_timeout) {
             comm_mark_exiting();
             ncclCommAbort(g->nc);
             if (lost >= 0) comm_die_lost(lost, "(NCCL communicator aborted)");
+            if (async_err == ncclSuccess) comm_hang_verdict("a NCCL collective", g->name.c_str(), now - t0, -1);
             fprintf(stderr, "error: rank %d: NCCL collective in group %s did not complete (%s, %.0f s); communicator "
                     "aborted; a rank was lost or hangs; exiting\n", g_comm_rank, g->name.c_str(),
                     async_err != ncclSuccess ? ncclGetErrorString(async_err) : "timeout", now - t0);
@@ -713,13 +860,13 @@ static inline void comm_nccl_twin_watchdog(int peer_world_rank, const char* op, 
         snprintf(what, sizeof what, "during NCCL %s in group %s", op, name);
         comm_die_lost(lost, what);
     }
+    comm_serve_probes();
     if (waited_s > g_comm_timeout) {
         comm_mark_exiting();
         ncclCommAbort(nc);
-        fprintf(stderr, "error: rank %d: NCCL %s in group %s made no progress for %.0f s waiting for rank %d: a rank was lost "
-                "or hangs (--comm-timeout); communicator aborted; exiting\n", g_comm_rank, op, name, waited_s, peer_world_rank);
-        fflush(stderr);
-        _exit(EXIT_RUNTIME);
+        char what[96];
+        snprintf(what, sizeof what, "NCCL %s", op);
+        comm_hang_verdict(what, name, waited_s, peer_world_rank);
     }
 }
 #endif

@@ -300,9 +300,12 @@ static inline int zero_next_unit(const Zero* z, int u, int phase) {
     return u - 1 >= 1 ? u - 1 : -1;   // the embedding's backward reads no parameter
 }
 
+static const char* const g_unit_phase_name[] = {"forward", "backward", "backward"};
+
 static inline void zero_unit_begin(void* ctx, int u, int phase) {
     Zero* z = (Zero*)ctx;
     const DbrxConfig* c = &z->model->cfg;
+    comm_phase("%s of unit %d (%s)", g_unit_phase_name[phase], u, dbrx_unit_name(u, c).c_str());   // the heartbeat
     if (phase != UNIT_BACKWARD_GRADS_ONLY) {
         zero_gather_unit_async(z, u);
         zero_wait_unit(z, u);

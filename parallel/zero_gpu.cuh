@@ -413,6 +413,7 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
     ZeroGpu* zg = (ZeroGpu*)ctx;
     Zero* z = &zg->z;
     DbrxGPU* model = zg->model;
+    comm_phase("%s of unit %d (%s)", g_unit_phase_name[phase], u, dbrx_unit_name(u, &model->cfg).c_str());   // the heartbeat (host side)
     int slot = u & 1;
     if (phase != UNIT_BACKWARD_GRADS_ONLY) {
         zero_gpu_gather_unit_async(zg, u);

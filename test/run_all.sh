@@ -97,6 +97,7 @@ fi
 echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
 echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
 echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh
+echo "== hangs (every survivor names the same rank and its phase) and stragglers"; bash test/test_hang.sh
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
