@@ -96,6 +96,7 @@ else
 fi
 echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
 echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
+echo "== automatic restart (dev/supervise.sh): random kills, the same step failing, exit 2, signals"; bash test/test_supervise.sh
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
