@@ -98,6 +98,7 @@ echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
 echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
 echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh
 echo "== hangs (every survivor names the same rank and its phase) and stragglers"; bash test/test_hang.sh
+echo "== automatic restart (dev/supervise.sh): random kills, the same step failing, exit 2, signals"; bash test/test_supervise.sh
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
