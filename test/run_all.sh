@@ -97,6 +97,7 @@ fi
 echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
 echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
 echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh
+echo "== the health check: GEMM, collectives, forward on every rank; a slow rank named, the job stopped"; bash test/test_health.sh
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
