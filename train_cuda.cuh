@@ -81,8 +81,19 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     fflush(stdout);
 
     BackendInfo info;
-    info.peak_how = "--peak-tflops";
-    info.peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * gpu_peak_flops(prop, &info.peak_how);
+    std::string gpu_how;
+    double gpu_peak = gpu_peak_flops(prop, &gpu_how);   // one GPU's (0: unknown)
+    info.peak_how = args.peak_tflops > 0 ? "--peak-tflops" : gpu_how;
+    info.peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * gpu_peak;
+    // the health check's GEMM: BF16 cuBLASLt, 8192^3 (512 MiB of device memory while it runs); its floor is 25%
+    // of a known GPU's dense BF16 peak (an H100 runs this GEMM at 60-75% of it). Under the emulator the rate
+    // means nothing and the size is small: only the median rank bounds it
+#ifdef SIMT_EMULATION
+    const int health_n = 128;
+#else
+    const int health_n = 8192;
+#endif
+    info.health = {"bf16 cuBLASLt (fp32 accumulate)", health_gemm_gpu, health_n, gpu_peak, 0.25, gpu_how, 1};
     char line[256];
     snprintf(line, sizeof line, "GPU memory per rank: parameter state %.1f MiB, activations and scratch %.1f MiB",
              store.device_bytes / 1048576.0, model.activation_bytes / 1048576.0);

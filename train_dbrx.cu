@@ -4,7 +4,9 @@
  * forward + backward (under ZeRO-3/HSDP each unit's parameters are gathered before it runs and its
  * gradients reduce-scattered after: parallel/zero.h), the gradients summed across replicas,
  * global-norm clipping and AdamW on this rank's shard; a validation loss every --val-every steps;
- * one log line per step and a JSONL log. The loop (train, below) is written once for both backends:
+ * one log line per step and a JSONL log; with --health-check, first a health check on every rank
+ * (parallel/health.h: GEMM, collectives, forward), which stops the job when a rank fails it.
+ * The loop (train, below) is written once for both backends:
  * --device cuda (or auto, when a GPU is visible) runs it on the CUDA model (model/dbrx_cuda.cuh) with
  * the device parameter store (parallel/zero_gpu.cuh, NCCL); train_cuda.cuh has the device set-up.
  *
@@ -33,6 +35,7 @@
 #include "checkpoint/hf.h"
 #include "checkpoint/loader_state.h"
 #include "checkpoint/spike_guard.h"
+#include "parallel/health.h"
 
 // ---------------------------------------------------------------------------------------------
 // flags
@@ -55,6 +58,10 @@ typedef struct {
     float spike_loss_sigma = 6, spike_gnorm_factor = 10;
     int spike_window = 50, max_skips = 5;
     float export_max_file_gb = 5;
+    // the health check (parallel/health.h)
+    bool health_check = false, health_check_only = false;
+    float health_min_tflops = 0, health_min_busbw = 0;
+    int health_gemm_size = 0, health_comm_mib = 16;
     bool dry_run = false, help = false, fp8_gather = false;
 } TrainArgs;
 
@@ -126,6 +133,17 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--export-dtype", "", F_STR, &a->export_dtype, "bf16 | fp32 (fp32: export -> import is bit-exact)"},
         {"--export-max-file-gb", "", F_FLOAT, &a->export_max_file_gb, "split the export into files of at most this size"},
         {"--dump-logits", "", F_STR, &a->dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
+        {"--health-check", "", F_BOOL, &a->health_check, "before training, on every rank: a GEMM of known result and its TFLOP/s, all-reduce "
+                                                          "and all-gather results and busbw, a NaN-free forward; a rank out of range is named "
+                                                          "and the job stops (exit 1)"},
+        {"--health-check-only", "", F_BOOL, &a->health_check_only, "the checks of --health-check, then exit: 0 all passed, 1 not (needs no data)"},
+        {"--health-min-tflops", "", F_FLOAT, &a->health_min_tflops, "health check: a rank whose GEMM runs below X TFLOP/s fails (0: a fraction "
+                                                                    "of the device's known peak; always: half the median rank)"},
+        {"--health-min-busbw", "", F_FLOAT, &a->health_min_busbw, "health check: all-reduce or all-gather bus bandwidth below X GB/s fails "
+                                                                  "(0: results checked, bandwidth reported)"},
+        {"--health-gemm-size", "", F_INT, &a->health_gemm_size, "health check: the GEMM is N x N x N (0: 512 on the CPU, 8192 on a GPU; a "
+                                                                "multiple of 16)"},
+        {"--health-comm-mib", "", F_INT, &a->health_comm_mib, "health check: MiB of the all-reduce and all-gather buffers"},
         {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: the CPU's from its clock and ISA; the GPU's dense BF16 peak when known)"},
         {"--dry-run", "", F_BOOL, &a->dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
         {"--help", "-h", F_BOOL, &a->help, "this text"},
@@ -239,6 +257,16 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (!(a->comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->comm_timeout);
     if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
         fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
+    if (!(a->health_min_tflops >= 0)) fail(EXIT_BAD_INPUT, "--health-min-tflops %g must be >= 0 (0: the device's default)", a->health_min_tflops);
+    if (!(a->health_min_busbw >= 0)) fail(EXIT_BAD_INPUT, "--health-min-busbw %g must be >= 0 (0: no bound)", a->health_min_busbw);
+    if (a->health_gemm_size != 0 && (a->health_gemm_size < 16 || a->health_gemm_size > 32768 || a->health_gemm_size % 16))
+        fail(EXIT_BAD_INPUT, "--health-gemm-size %d must be 0 (the default) or a multiple of 16 in [16, 32768]", a->health_gemm_size);
+    if (a->health_comm_mib < 1 || a->health_comm_mib > 65536) fail(EXIT_BAD_INPUT, "--health-comm-mib %d must be in [1, 65536]", a->health_comm_mib);
+    if (!a->health_check && !a->health_check_only) {   // a bound without the check would be silently ignored
+        const char* orphan = a->health_min_tflops != 0 ? "--health-min-tflops" : a->health_min_busbw != 0 ? "--health-min-busbw"
+                           : a->health_gemm_size != 0 ? "--health-gemm-size" : a->health_comm_mib != 16 ? "--health-comm-mib" : NULL;
+        if (orphan) fail(EXIT_BAD_INPUT, "%s needs --health-check or --health-check-only", orphan);
+    }
 }
 
 // 131596523520 -> "131,596,523,520"
@@ -362,11 +390,22 @@ static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
 //          Hugging Face interop read)
 // The backend's set-up (train_cpu below, train_cuda in train_cuda.cuh) builds them and calls this.
 
-typedef struct { double peak; std::string peak_how; std::string memory_line; } BackendInfo;
+typedef struct { double peak; std::string peak_how; std::string memory_line; HealthBackend health; } BackendInfo;
+
+static HealthOptions health_options(const TrainArgs& a) {
+    return {a.health_min_tflops, a.health_min_busbw, a.health_gemm_size, a.health_comm_mib, a.batch, a.seq};
+}
 
 template <typename Model, typename Store>
 static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store, const BackendInfo& info) {
     Zero* zl = zero_layout(store);
+    if (args.health_check_only) {   // the standalone health check: the initialised model, no data, no training
+        comm_watch(1);
+        bool ok = health_check(health_options(args), info.health, &comm, model, store);
+        comm_watch(0);
+        if (!ok) comm_agreed_failure();   // every rank reached the same verdict: all exit 1 together
+        return ok ? 0 : EXIT_RUNTIME;
+    }
     DataLoader train, val;
     bool have_val = open_datasets(args, cfg, comm, &train, &val);
     bool do_val = have_val && args.val_every > 0;
@@ -403,6 +442,21 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             resumed = true;
             if (comm.rank == 0) printf("resume: %s (step %d, %lld tokens seen); continuing at step %d of %d\n", from.c_str(),
                                        prog.step, (long long)prog.tokens, prog.step + 1, args.steps);
+        }
+    }
+
+    // the health check, on the weights training starts from: every rank stops (exit 1) if any rank fails it
+    if (args.health_check) {
+        comm_watch(1);
+        bool ok = health_check(health_options(args), info.health, &comm, model, store);
+        comm_watch(0);
+        if (!ok) {
+            if (comm.rank == 0) { printf("health: FAILED: not training\n"); fflush(stdout); }
+            comm_agreed_failure();   // every rank reached the same verdict: all exit 1 together
+            ckpt_free(&ck);
+            dataloader_free(&train);
+            if (have_val) dataloader_free(&val);
+            return EXIT_RUNTIME;
         }
     }
 
@@ -752,8 +806,14 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
             printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds the whole model, nothing is gathered\n");
     }
     BackendInfo info;
-    info.peak_how = "--peak-tflops";
-    info.peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * cpu_peak_flops(threads, &info.peak_how);
+    std::string rank_peak_how;
+    double rank_peak = cpu_peak_flops(threads, &rank_peak_how);   // one rank's
+    info.peak_how = args.peak_tflops > 0 ? "--peak-tflops" : rank_peak_how;
+    info.peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * rank_peak;
+    // the health check's GEMM: the CPU GEMM the model uses, fp32, on this rank's threads; its floor is 5% of
+    // the FP32 peak (OpenBLAS reaches most of it on a quiet core; ranks sharing cores get their share)
+    info.health = {"fp32 gemm_cpu (OpenBLAS, " + std::to_string(threads) + " thread(s))", health_gemm_cpu, 512, rank_peak, 0.05,
+                   rank_peak_how, 0};
     char line[256];
     snprintf(line, sizeof line, "activations %.1f MiB, parameters+grads+moments %.1f MiB per rank", model.activation_bytes / 1048576.0,
              zero.state_bytes / 1048576.0);

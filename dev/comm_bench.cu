@@ -17,6 +17,7 @@
 #include <vector>
 #include "../model/common.h"
 #include "../parallel/comm.h"
+#include "../parallel/comm_check.h"
 
 typedef struct {
     std::string op = "all", backend = "mpi";
@@ -64,49 +65,8 @@ static void parse(int argc, char** argv, BenchArgs* a) {
     if (a->min_bytes > a->max_bytes) fail(EXIT_BAD_INPUT, "--min-bytes %zu is larger than --max-bytes %zu", a->min_bytes, a->max_bytes);
 }
 
-// buffers: host (MPI) or device (NCCL); the check reads them back to the host
-typedef struct { float *send, *recv; int device; } Buffers;
-
-static void* buf_alloc(size_t bytes, int device) {
-#ifdef __CUDACC__
-    if (device) { void* p; CUDA_CHECK_COMM(cudaMalloc(&p, bytes ? bytes : 1)); return p; }
-#endif
-    (void)device;
-    return mallocCheck(bytes);
-}
-static void buf_free(void* p, int device) {
-#ifdef __CUDACC__
-    if (device) { CUDA_CHECK_COMM(cudaFree(p)); return; }
-#endif
-    (void)device;
-    free(p);
-}
-static void to_buf(void* dst, const std::vector<float>& src, int device) {
-#ifdef __CUDACC__
-    if (device) { CUDA_CHECK_COMM(cudaMemcpy(dst, src.data(), src.size() * 4, cudaMemcpyHostToDevice)); return; }
-#endif
-    (void)device;
-    memcpy(dst, src.data(), src.size() * 4);
-}
-static std::vector<float> from_buf(const void* src, size_t n, int device) {
-    std::vector<float> out(n);
-#ifdef __CUDACC__
-    if (device) { CUDA_CHECK_COMM(cudaMemcpy(out.data(), src, n * 4, cudaMemcpyDeviceToHost)); return out; }
-#endif
-    (void)device;
-    memcpy(out.data(), src, n * 4);
-    return out;
-}
-
-// one operation on `count` floats per rank-chunk (all_reduce: the whole buffer)
-static void run_op(CommGroup* g, const std::string& op, Buffers* b, size_t count) {
-    if (op == "all_reduce") comm_all_reduce(g, b->recv, count, COMM_F32);
-    else if (op == "all_gather") comm_all_gather(g, b->send, b->recv, count, COMM_F32);
-    else comm_reduce_scatter(g, b->send, b->recv, count, COMM_F32);
-}
-
-// value rank r puts at element i: small integers, so that sums are exact in float
-static inline float pattern(int r, size_t i) { return (float)((r + 1) * 3 + (int)(i % 13)); }
+// value rank r puts at element i (small integers: sums are exact in float)
+static inline float pattern(int r, size_t i) { return comm_check_pattern(r, i); }
 
 // ---------------------------------------------------------------------------------------------
 // --selftest (MPI backend, host buffers)
@@ -233,51 +193,15 @@ int main(int argc, char** argv) {
         if (r == 0) printf("#\n# %-14s %14s %12s %12s %12s %12s %8s\n", op.c_str(), "size(B)", "count(elem)", "time(us)",
                            "algbw(GB/s)", "busbw(GB/s)", "#wrong");
         for (size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes *= 2) {
-            // whole-buffer elements, a multiple of n for the chunked collectives (as nccl-tests rounds)
-            size_t total = bytes / 4;
-            if (op != "all_reduce") total = total / n * n;
-            if (total == 0) continue;
-            size_t chunk = op == "all_reduce" ? total : total / n;   // the count argument
-            Buffers b;
-            b.device = device;
-            size_t send_n = op == "all_gather" ? chunk : total, recv_n = op == "reduce_scatter" ? chunk : total;
-            b.send = (float*)buf_alloc(send_n * 4, device);
-            b.recv = (float*)buf_alloc(recv_n * 4, device);
-            std::vector<float> init(op == "all_reduce" ? recv_n : send_n);
-            for (size_t i = 0; i < init.size(); i++) init[i] = pattern(r, i);
-            to_buf(op == "all_reduce" ? b.recv : b.send, init, device);
-            for (int i = 0; i < a.warmup; i++) run_op(&g, op, &b, chunk);
-            comm_barrier(&g);
-            double t0 = now_seconds();
-            for (int i = 0; i < a.iters; i++) run_op(&g, op, &b, chunk);
-            comm_sync(&g);
-            double t = (now_seconds() - t0) / a.iters;
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-            // correctness: one more operation on fresh data, every element checked
-            to_buf(op == "all_reduce" ? b.recv : b.send, init, device);
-            run_op(&g, op, &b, chunk);
-            comm_sync(&g);
-            std::vector<float> out = from_buf(b.recv, recv_n, device);
-            long long wrong = 0;
-            for (size_t i = 0; i < recv_n; i++) {
-                float want;
-                if (op == "all_reduce") { want = 0; for (int q = 0; q < n; q++) want += pattern(q, i); }
-                else if (op == "all_gather") want = pattern((int)(i / chunk), i % chunk);
-                else { want = 0; for (int q = 0; q < n; q++) want += pattern(q, (size_t)r * chunk + i); }
-                if (out[i] != want) wrong++;
-            }
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
-            double size = (double)total * 4, algbw = size / t / 1e9;
-            double factor = op == "all_reduce" ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
-            double busbw = algbw * factor;
-            bool is_short = a.expect_busbw > 0 && busbw < a.expect_busbw;
+            // timed and checked in parallel/comm_check.h (shared with the health check of train_dbrx)
+            CollectiveResult c = comm_check_collective(&g, &comm.world_group, op, bytes, a.warmup, a.iters, device);
+            if (c.total == 0) continue;
+            bool is_short = a.expect_busbw > 0 && c.busbw < a.expect_busbw;
             if (r == 0)
-                printf("  %-14s %14.0f %12zu %12.2f %12.3f %12.3f %8lld%s\n", "", size, total, t * 1e6, algbw, busbw, wrong,
-                       is_short ? "  < expected" : "");
+                printf("  %-14s %14.0f %12zu %12.2f %12.3f %12.3f %8lld%s\n", "", (double)c.bytes, c.total, c.seconds * 1e6, c.algbw,
+                       c.busbw, c.wrong, is_short ? "  < expected" : "");
             short_sizes += is_short;
-            wrong_total += wrong > 0;
-            buf_free(b.send, device);
-            buf_free(b.recv, device);
+            wrong_total += c.wrong > 0;
             if (bytes > a.max_bytes / 2) break;   // no overflow past the top
         }
     }

@@ -168,6 +168,16 @@ static inline void comm_mark_exiting() {
     if (g_comm_slots) g_comm_slots[g_comm_my_local].exiting = 1;
 }
 
+// Every rank has agreed to exit with a failure (the health check's verdict, reached from the same numbers
+// on every rank). The launcher answers the first non-zero exit by sending SIGTERM to the others, which may
+// still be in comm_finalize, where the node's exiting flags are no longer readable: from now on a rank
+// that is gone exited with the rest and was not lost, and the signal changes nothing.
+static volatile sig_atomic_t g_comm_agreed_exit = 0;
+static inline void comm_agreed_failure() {
+    comm_mark_exiting();
+    g_comm_agreed_exit = 1;
+}
+
 static inline void comm_write_int(char* buf, int* n, long long v) {
     char d[24];
     int nd = 0;
@@ -204,6 +214,7 @@ static inline void comm_write_str(char* buf, int* n, const char* s) { while (*s 
 // gone, say which and exit 1 now. Otherwise it is a request to stop (the training loop checks
 // g_comm_stop_signal at the end of each step).
 static inline void comm_on_signal(int sig) {
+    if (g_comm_agreed_exit) return;   // exiting already, with every other rank (comm_agreed_failure)
     int lost = comm_find_lost_rank();
     if (lost >= 0) comm_die_lost(lost, sig == SIGTERM ? "(SIGTERM from the launcher)" : "(signal)");
     if (g_comm_stop_signal) {   // a second signal: the user insists

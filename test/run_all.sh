@@ -99,6 +99,7 @@ echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; 
 echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh
 echo "== hangs (every survivor names the same rank and its phase) and stragglers"; bash test/test_hang.sh
 echo "== automatic restart (dev/supervise.sh): random kills, the same step failing, exit 2, signals"; bash test/test_supervise.sh
+echo "== the health check: GEMM, collectives, forward on every rank; a slow rank named, the job stopped"; bash test/test_health.sh
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
