@@ -719,6 +719,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     if (guard_stop) {
         ckpt_free(&ck);
         if (logf) fcloseCheck(logf, args.log.c_str());
+        comm_agreed_failure();   // every rank took the same decision: all exit 1 together
         return EXIT_RUNTIME;
     }
     if (comm.world > 1) {   // what each rank sent, for the communication-volume check (parallel/README.md)
@@ -757,6 +758,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     if (have_val) dataloader_free(&val);
     if (save_failed) { fprintf(stderr, "error: the last checkpoint could not be saved (see the warnings above)\n"); return EXIT_RUNTIME; }
     if (diverged) {
+        comm_agreed_failure();   // every rank saw the same validation loss
         if (comm.rank == 0) fprintf(stderr, "error: the final validation loss is not finite: the weights diverged%s\n",
                                     ck.dir.empty() ? "" : " (not saved)");
         return EXIT_RUNTIME;
