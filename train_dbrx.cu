@@ -20,9 +20,11 @@
  *   mpirun -np 4 ./train_dbrx --model dbrx-tiny --shard-group-size 2     (HSDP: 2 shard groups of 2)
  */
 #include <omp.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 #include <algorithm>
 #include <deque>
+#include <new>
 #include <string>
 #include <vector>
 #include "model/common.h"
@@ -63,7 +65,13 @@ typedef struct {
     float health_min_tflops = 0, health_min_busbw = 0;
     int health_gemm_size = 0, health_comm_mib = 16;
     bool dry_run = false, help = false, fp8_gather = false;
+    std::vector<std::string> given;   // the flags on the command line: a default is never taken for an explicit value
 } TrainArgs;
+
+static bool flag_given(const TrainArgs* a, const char* name) {
+    for (const std::string& g : a->given) if (g == name) return true;
+    return false;
+}
 
 enum FlagType { F_INT, F_FLOAT, F_STR, F_BOOL };
 typedef struct { const char* name; const char* alias; FlagType type; void* ptr; const char* help; } Flag;
@@ -204,7 +212,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
             }
             bool is_model = (f->ptr == &a->model);
             if (pass == 0 && is_model) set_flag(*f, value.c_str());
-            if (pass == 1 && !is_model) set_flag(*f, value.c_str());
+            if (pass == 1 && !is_model) { set_flag(*f, value.c_str()); a->given.push_back(f->name); }
         }
         if (pass == 0) {
             if (a->help) break;
@@ -221,7 +229,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) a->help = true;
     if (a->help) { print_help(flags); exit(0); }
     c->head_dim = c->d_model / (c->n_heads > 0 ? c->n_heads : 1);
-    if (a->seq == 0) a->seq = c->max_seq_len < 2048 ? c->max_seq_len : 2048;
+    // --seq left out: the model's max_seq, at most 2048. Given, it must be positive (0 is no sentinel)
+    if (!flag_given(a, "--seq")) a->seq = c->max_seq_len < 2048 ? c->max_seq_len : 2048;
     if (a->steps <= 0) fail(EXIT_BAD_INPUT, "--steps %d must be positive", a->steps);
     if (a->batch <= 0) fail(EXIT_BAD_INPUT, "--batch %d must be positive", a->batch);
     if (a->seq <= 0) fail(EXIT_BAD_INPUT, "--seq %d must be positive", a->seq);
@@ -233,10 +242,15 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
         fail(EXIT_BAD_INPUT, "--beta1 %g and --beta2 %g must be in [0, 1)", a->beta1, a->beta2);
     if (!(a->adam_eps > 0)) fail(EXIT_BAD_INPUT, "--adam-eps %g must be positive", a->adam_eps);
     if (!(a->weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", a->weight_decay);
-    if (a->val_every < 0 || a->val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0 and --val-steps %d > 0", a->val_every, a->val_steps);
+    if (a->val_every < 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0", a->val_every);
+    if (a->val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-steps %d must be positive", a->val_steps);
     if (a->peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->peak_tflops);
     fp8_recipe_parse(a->fp8.c_str());
-    if (a->fp8_margin < 0 || a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-margin %d and --fp8-log-every %d must be >= 0", a->fp8_margin, a->fp8_log_every);
+    if (a->fp8_history < 1 || a->fp8_history > FP8_MAX_HISTORY)
+        fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", a->fp8_history, FP8_MAX_HISTORY);
+    // a scale backed off by more than 2^64 is below any amax's reciprocal that float holds: all zeros
+    if (a->fp8_margin < 0 || a->fp8_margin > 64) fail(EXIT_BAD_INPUT, "--fp8-margin %d must be in [0, 64]", a->fp8_margin);
+    if (a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-log-every %d must be >= 0", a->fp8_log_every);
     if (a->fp8_gather && a->fp8 == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
     if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
     if (a->ckpt_every < 0 || a->ckpt_keep < 1 || a->ckpt_keep_every < 0)
@@ -244,7 +258,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
              a->ckpt_keep_every, a->ckpt_keep);
     if (a->ckpt_every > 0 && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--ckpt-every needs --ckpt-dir");
     if (a->resume == "auto" && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--resume auto needs --ckpt-dir");
-    if (a->stop_after < -1) fail(EXIT_BAD_INPUT, "--stop-after %d must be >= 0", a->stop_after);
+    if (flag_given(a, "--stop-after") && a->stop_after < 0) fail(EXIT_BAD_INPUT, "--stop-after %d must be >= 0", a->stop_after);
+    if (flag_given(a, "--data-seed") && a->data_seed < 0)
+        fail(EXIT_BAD_INPUT, "--data-seed %d must be >= 0 (leave it out to use --seed)", a->data_seed);
     if (a->ckpt_confirm < 0) fail(EXIT_BAD_INPUT, "--ckpt-confirm %d must be >= 0", a->ckpt_confirm);
     if (!(a->spike_loss_sigma >= 0)) fail(EXIT_BAD_INPUT, "--spike-loss-sigma %g must be >= 0 (0: off)", a->spike_loss_sigma);
     if (!(a->spike_gnorm_factor == 0 || a->spike_gnorm_factor > 1))
@@ -252,7 +268,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->spike_window < 1 || a->max_skips < 1)
         fail(EXIT_BAD_INPUT, "--spike-window %d and --max-skips %d must be >= 1", a->spike_window, a->max_skips);
     if (a->export_dtype != "bf16" && a->export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->export_dtype.c_str());
-    if (!(a->export_max_file_gb > 0)) fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be positive", a->export_max_file_gb);
+    // (at most a petabyte: the byte count is converted to 64 bits)
+    if (!(a->export_max_file_gb > 0 && a->export_max_file_gb <= 1e6))
+        fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be in (0, 1e6]", a->export_max_file_gb);
     if (!a->dump_logits.empty() && a->val_data.empty()) fail(EXIT_BAD_INPUT, "--dump-logits needs --val-data");
     if (!(a->comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->comm_timeout);
     if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
@@ -287,6 +305,83 @@ static void print_config(const char* preset, const DbrxConfig* c) {
            c->ffn_hidden, c->vocab_size, c->max_seq_len, c->rope_theta, c->clip_qkv, c->moe_loss_weight,
            c->z_loss_weight);
     printf("parameters: total %s, active %s\n", with_commas(params_total(c)).c_str(), with_commas(params_active(c)).c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
+// shapes and memory estimates for any flags: never wrapped, never negative, and instant
+
+// f(cfg) for cfg's number of layers, from f at 1, 2 and 3 layers. Every memory walk (dbrx_activations,
+// dbrx_gpu_memory_estimate, zero_gpu_estimate_bytes) is affine in the layers (each block the same buffers),
+// and walking 2^31 layers one at a time takes minutes; the sum is taken in long double, where it cannot
+// wrap. The callers have bounded one layer's walk (shape_validate), so the three walks cannot wrap either.
+template <typename F>
+static long double per_layers(const DbrxConfig* c, F f) {
+    if (c->n_layers <= 3) return (long double)f(c);
+    DbrxConfig x = *c;
+    size_t e[3];
+    for (int l = 1; l <= 3; l++) { x.n_layers = l; e[l - 1] = f(&x); }
+    ENSURE(e[2] - e[1] == e[1] - e[0], "memory walk not affine in the layers (%zu, %zu, %zu bytes for 1, 2, 3)", e[0], e[1], e[2]);
+    return (long double)e[0] + (long double)(c->n_layers - 1) * (long double)(e[1] - e[0]);
+}
+// the CPU model's activation bytes for micro-batches of B x T (the walk that allocates them)
+static long double activation_bytes(const DbrxConfig* c, int B, int T) {
+    return per_layers(c, [&](const DbrxConfig* x) { return dbrx_activations(NULL, x, B, T); });
+}
+
+// The micro-batch against the model: token rows are 32-bit ints in the kernels, and no buffer may be
+// beyond any memory (2^50 elements, 4 PiB of floats; the whole activations 2^60 bytes): so that every walk
+// and size of a run (or of --dry-run) fits in 64 bits. One line naming the flags, exit 2.
+static void shape_validate(const DbrxConfig* c, int B, int T) {
+    long long rows = (long long)B * T * c->top_k;
+    if (rows > INT32_MAX)
+        fail(EXIT_BAD_INPUT, "--batch %d x --seq %d x --top-k %d = %lld routed token rows do not fit in 32 bits (at most %d): "
+             "lower --batch or --seq", B, T, c->top_k, rows, INT32_MAX);
+    long double N = (long double)B * T, widest = c->vocab_size;
+    for (long double w : {(long double)c->d_model, (long double)qkv_dim(c), (long double)c->n_experts,
+                          (long double)c->top_k * c->d_model, (long double)c->top_k * c->ffn_hidden})
+        widest = std::max(widest, w);
+    long double biggest = std::max(N * widest, N * c->n_heads * T);   // (N, width) or the attention (B, H, T, T)
+    if (biggest > (long double)(1ull << 50))
+        fail(EXIT_BAD_INPUT, "--batch %d x --seq %d: one activation buffer would hold %.3Lg elements (more than 2^50) for this "
+             "model (--d-model %d, --vocab %d, --n-heads %d): lower --batch or --seq", B, T, biggest, c->d_model,
+             c->vocab_size, c->n_heads);
+    long double act = activation_bytes(c, B, T);
+    if (act > (long double)(1ull << 60))
+        fail(EXIT_BAD_INPUT, "--n-layers %d with --batch %d x --seq %d: the activations would need %.3Lg bytes (more than 2^60): "
+             "lower --n-layers, --batch or --seq", c->n_layers, B, T, act);
+}
+
+// Before the CPU run allocates: a run whose parameter state and activations cannot fit in this node's
+// memory (RAM + swap, for all its ranks) is refused with one line (exit 2) instead of dying of an
+// allocation failure, or of the kernel's OOM killer, halfway through its set-up. A lower bound (working
+// buffers and FP8 scratch not counted), so it refuses only what cannot run. Collective.
+static void host_memory_check(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm) {
+    int S = args.shard_group_size > 0 && args.shard_group_size <= comm.world ? args.shard_group_size : comm.world;
+    long double act = activation_bytes(&cfg, args.batch, args.seq), state = 16.0L * params_total(&cfg) / S;
+    long double need = (act + state) * comm.local_size, have = -1;
+    struct sysinfo si;
+    if (sysinfo(&si) == 0) have = ((long double)si.totalram + (long double)si.totalswap) * si.mem_unit;
+    else fprintf(stderr, "warning: sysinfo: %s: the host memory is not checked before allocating\n", strerror(errno));
+    int bad = have > 0 && need > have ? 1 : 0, any = bad;
+    if (comm.world > 1) comm_all_reduce(&comm.world_group, &any, 1, COMM_I32);
+    if (!any) return;
+    if (bad && comm.local_rank == 0)
+        fail(EXIT_BAD_INPUT, "the run needs at least %.2Lf GiB of host memory per rank (activations %.2Lf GiB for --batch %d x --seq %d, "
+             "parameters+grads+AdamW moments 16 B/param / %d = %.2Lf GiB) x %d rank(s) on this node, more than its %.2Lf GiB "
+             "(RAM + swap): lower --batch or --seq, shard over more ranks, or use a smaller model", (act + state) / 1073741824.0L,
+             act / 1073741824.0L, args.batch, args.seq, S, state / 1073741824.0L, comm.local_size, have / 1073741824.0L);
+    exit(EXIT_BAD_INPUT);
+}
+
+// Out of host memory in any allocation (operator new, in any thread): one line, exit 1, instead of an
+// uncaught std::bad_alloc. Only async-signal-safe calls: the heap may be in any state.
+[[noreturn]] static void on_out_of_memory() {
+    comm_mark_exiting();
+    static const char m[] = "error: out of host memory: an allocation failed (the model, --batch or --seq is too large for "
+                            "this machine; --dry-run shows the estimate)\n";
+    ssize_t ignored = write(2, m, sizeof m - 1);
+    (void)ignored;
+    _exit(EXIT_RUNTIME);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -788,6 +883,7 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
         printf("device: cpu%s, %d OpenMP thread(s) per rank, %d rank(s)\n", why, threads, comm.world);
         print_config(args.model.c_str(), &cfg);
     }
+    host_memory_check(args, cfg, comm);
     Dbrx model;
     dbrx_build_shape(&model, &cfg, args.batch, args.seq);
     Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
@@ -835,18 +931,19 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
 #endif
 // ---------------------------------------------------------------------------------------------
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
     TrainArgs args;
     DbrxConfig cfg;
     parse_args(argc, argv, &args, &cfg);
     config_validate(&cfg);
-    if (args.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", args.seq, cfg.max_seq_len);
+    if (args.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d (--max-seq)", args.seq, cfg.max_seq_len);
+    shape_validate(&cfg, args.batch, args.seq);
 
-    if (args.dry_run) {
+    if (args.dry_run) {   // (every number below is bounded by the checks above, and computed without walking the layers)
         print_config(args.model.c_str(), &cfg);
         double fpt = flops_per_token(&cfg, args.seq);
         printf("training FLOPs per token: %.4g (6 * N_active + 12 * L * d * S, S = %d)\n", fpt, args.seq);
-        double act = (double)dbrx_activations(NULL, &cfg, args.batch, args.seq);
+        double act = (double)activation_bytes(&cfg, args.batch, args.seq);
         double p = (double)params_total(&cfg);
         // sharded over S ranks (ZeRO-3/HSDP): the fp32 state is 1/S of the model's (plus padding)
         int S = args.shard_group_size > 0 ? args.shard_group_size : 1;
@@ -856,8 +953,9 @@ int main(int argc, char** argv) {
                16 * p / S / (1 << 30), act / (1 << 30), (16 * p / S + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
         Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
-        size_t acts = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, nullptr, &fp8, false);
-        size_t store = zero_gpu_estimate_bytes(&cfg, S);
+        double acts = (double)per_layers(&cfg, [&](const DbrxConfig* x) {
+            return dbrx_gpu_memory_estimate(x, args.batch, args.seq, nullptr, &fp8, false); });
+        double store = (double)per_layers(&cfg, [&](const DbrxConfig* x) { return zero_gpu_estimate_bytes(x, S); });
         printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param / S%s = %.2f GiB, activations and scratch%s %.2f GiB, "
                "total %.2f GiB\n", S > 1 ? " + two gathered bf16 units and two fp32 gradient units" : "", store / 1073741824.0,
                fp8.recipe != FP8_OFF ? " (with the FP8 operands)" : "", acts / 1073741824.0, (store + acts) / 1073741824.0);
@@ -891,4 +989,16 @@ int main(int argc, char** argv) {
     rc = train_cpu(args, cfg, comm, why);
     comm_finalize();
     return rc;
+}
+
+int main(int argc, char** argv) {
+    std::set_new_handler(on_out_of_memory);
+    // what operator new does not report through the handler: a size beyond what a container can hold
+    try {
+        return run_main(argc, argv);
+    } catch (const std::length_error& e) {
+        fail(EXIT_RUNTIME, "out of host memory: an allocation is larger than any machine's (%s)", e.what());
+    } catch (const std::bad_alloc&) {
+        on_out_of_memory();
+    }
 }
