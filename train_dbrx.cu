@@ -509,6 +509,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
     Checkpointer ck;
     ckpt_init(&ck, args.ckpt_dir, args.ckpt_every, args.ckpt_keep, args.ckpt_keep_every);
+    ckpt_check_dir(&ck, zl, args.resume == "auto", &comm);   // before anything is trained: a directory that cannot take a save
     RunInfo run = {args.steps, args.warmup, args.seed, args.batch, args.seq, args.grad_accum, args.lr, args.lr_floor, opt};
     TrainProgress prog;
     prog.rng.state = (uint64_t)args.seed ^ 0x7261696E5F646278ull;

@@ -22,6 +22,7 @@
  */
 #pragma once
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -108,6 +109,93 @@ static inline void ckpt_debug_kill(Checkpointer* ck, int step, const char* point
 
 static inline std::string ckpt_step_name(int step) { char b[32]; snprintf(b, sizeof b, "step_%08d", step); return b; }
 static inline std::string ckpt_shard_name(int s) { char b[32]; snprintf(b, sizeof b, "shard_%05d.bin", s); return b; }
+
+// ---------------------------------------------------------------------------------------------
+// start-up: the directory can take checkpoints, and `latest` names the newest complete one
+
+static inline std::string ckpt_read_manifest(const std::string& dir, std::string* text, JsonValue* man);
+
+// rank 0: DIR/latest := name (written aside, fsynced, renamed) unless it names it already, with one log
+// line saying what it named. "" or the error.
+static inline std::string ckpt_point_latest(const std::string& dir, const std::string& name) {
+    std::string path = dir + "/latest", cur;
+    bool had = path_exists(path);
+    if (had && !read_file(path, &cur).empty()) cur = "?";
+    while (!cur.empty() && (cur.back() == '\n' || cur.back() == '\r' || cur.back() == ' ')) cur.pop_back();
+    if (cur == name) return "";
+    bool printable = cur.size() <= 64;
+    for (char c : cur) printable = printable && c >= 0x20 && c < 0x7f;
+    std::string err = write_file_atomic(path, name + "\n");
+    if (err.empty()) {
+        printf("ckpt: %s/latest %s%s%s; the newest complete checkpoint is %s: latest rewritten\n", dir.c_str(),
+               had ? "named '" : "was missing", had ? (printable ? cur.c_str() : "(unreadable)") : "", had ? "'" : "", name.c_str());
+        fflush(stdout);
+    }
+    return err;
+}
+
+// writes a 4 KiB file into dir, fsyncs it, removes it and fsyncs dir: "" or the reason it cannot
+static inline std::string ckpt_probe_write(const std::string& dir) {
+    std::string p = dir + "/.probe-" + std::to_string((long long)getpid());
+    int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return "cannot write a test file (" + sys_err("create " + p) + ")";
+    char block[4096];
+    memset(block, 0, sizeof block);
+    std::string err = write_all(fd, block, sizeof block, p);
+    if (err.empty() && fsync(fd) != 0) err = sys_err("fsync " + p);
+    if (close(fd) != 0 && err.empty()) err = sys_err("close " + p);
+    if (unlink(p.c_str()) != 0 && err.empty()) err = sys_err("remove " + p);
+    if (err.empty()) err = fsync_path(dir);
+    return err.empty() ? "" : "cannot write a test file (" + err + ")";
+}
+
+// Before step 1 (collective; rank 0 looks, every rank learns the verdict): --ckpt-dir must be a
+// directory (created if missing) in which a file can be written, fsynced and removed, and DIR/latest,
+// if there, must be a file. Otherwise one line naming the directory and the reason, and every rank
+// exits 2 — rather than train for hours and fail at the first save. Less free space than one
+// checkpoint (the S shard files of this run's layout) is a warning naming both. Unless --resume auto
+// (which points it at the checkpoint it loads), `latest` is pointed at the newest complete checkpoint
+// (its manifest verifies): a kill between the rename of a step directory and the update of `latest`
+// leaves `latest` one save behind.
+static inline void ckpt_check_dir(Checkpointer* ck, const Zero* z, bool resume_auto, Comm* comm) {
+    if (ck->dir.empty()) return;
+    std::string err;
+    if (comm->rank == 0) {
+        const std::string& d = ck->dir;
+        struct stat st;
+        if (stat(d.c_str(), &st) == 0) { if (!S_ISDIR(st.st_mode)) err = "it exists and is not a directory"; }
+        else if (errno != ENOENT && errno != ENOTDIR) err = sys_err("stat " + d);   // (those: mkdir says why)
+        if (err.empty()) { std::string e = mkdir_p(d); if (!e.empty()) err = "cannot create it (" + e + ")"; }
+        std::string latest = d + "/latest";
+        if (err.empty() && stat(latest.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+            err = latest + " is " + (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
+                  " (it must be a file naming the newest checkpoint)";
+        if (err.empty()) err = ckpt_probe_write(d);
+        if (err.empty()) {
+            uint64_t need = (uint64_t)z->S * (CKPT_HEADER_BYTES + 3ull * z->shard_total * sizeof(float));
+            struct statvfs vf;
+            if (statvfs(d.c_str(), &vf) != 0) fprintf(stderr, "warning: --ckpt-dir %s: %s: free space not checked\n", d.c_str(), strerror(errno));
+            else if ((uint64_t)vf.f_bavail * vf.f_frsize < need)
+                fprintf(stderr, "warning: --ckpt-dir %s: %llu bytes free, one checkpoint needs %llu bytes: saves will fail "
+                        "unless space is freed\n", d.c_str(), (unsigned long long)vf.f_bavail * vf.f_frsize, (unsigned long long)need);
+        }
+        if (err.empty() && !resume_auto)
+            for (auto& c : list_numbered_dirs(d, "step_")) {
+                std::string text;
+                JsonValue man;
+                if (!ckpt_read_manifest(d + "/" + c.second, &text, &man).empty()) continue;
+                std::string e = ckpt_point_latest(d, c.second);
+                if (!e.empty()) err = "cannot repair latest (" + e + ")";
+                break;
+            }
+    }
+    int bad = err.empty() ? 0 : 1;
+    comm_broadcast(&comm->world_group, &bad, sizeof bad, 0);
+    if (bad) {
+        if (comm->rank == 0) fail(EXIT_BAD_INPUT, "--ckpt-dir %s: %s", ck->dir.c_str(), err.c_str());
+        exit(EXIT_BAD_INPUT);
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // the model config as JSON, and the comparison a resume makes
@@ -636,6 +724,12 @@ static inline int ckpt_resume(Checkpointer* ck, const std::string& resume, Zero*
         std::string why = ckpt_try_load(dir, z, cfg, prog, manifest, comm);
         if (why.empty()) {
             *loaded = dir;
+            // `latest` names the newest valid checkpoint: the one just loaded (a save killed after its
+            // rename left it one behind; a damaged newer one is passed over)
+            if (resume == "auto" && comm->rank == 0) {
+                std::string err = ckpt_point_latest(ck->dir, dir.substr(ck->dir.size() + 1));
+                if (!err.empty()) fprintf(stderr, "warning: --ckpt-dir %s: latest not repaired: %s\n", ck->dir.c_str(), err.c_str());
+            }
             return 1;
         }
         if (comm->rank == 0) fprintf(stderr, "warning: checkpoint %s is not valid (%s)%s\n", dir.c_str(), why.c_str(),
