@@ -229,6 +229,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) a->help = true;
     if (a->help) { print_help(flags); exit(0); }
     c->head_dim = c->d_model / (c->n_heads > 0 ? c->n_heads : 1);
+    config_validate(c);   // the model first: a run flag's default may derive from it (--seq from --max-seq)
     // --seq left out: the model's max_seq, at most 2048. Given, it must be positive (0 is no sentinel)
     if (!flag_given(a, "--seq")) a->seq = c->max_seq_len < 2048 ? c->max_seq_len : 2048;
     if (a->steps <= 0) fail(EXIT_BAD_INPUT, "--steps %d must be positive", a->steps);
@@ -935,8 +936,7 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
 static int run_main(int argc, char** argv) {
     TrainArgs args;
     DbrxConfig cfg;
-    parse_args(argc, argv, &args, &cfg);
-    config_validate(&cfg);
+    parse_args(argc, argv, &args, &cfg);   // (validates the model too)
     if (args.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d (--max-seq)", args.seq, cfg.max_seq_len);
     shape_validate(&cfg, args.batch, args.seq);
 
