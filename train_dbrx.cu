@@ -366,6 +366,7 @@ static void host_memory_check(const TrainArgs& args, const DbrxConfig& cfg, Comm
     int bad = have > 0 && need > have ? 1 : 0, any = bad;
     if (comm.world > 1) comm_all_reduce(&comm.world_group, &any, 1, COMM_I32);
     if (!any) return;
+    comm_agreed_failure();   // every rank exits with the same verdict: none of them is a lost rank
     if (bad && comm.local_rank == 0)
         fail(EXIT_BAD_INPUT, "the run needs at least %.2Lf GiB of host memory per rank (activations %.2Lf GiB for --batch %d x --seq %d, "
              "parameters+grads+AdamW moments 16 B/param / %d = %.2Lf GiB) x %d rank(s) on this node, more than its %.2Lf GiB "

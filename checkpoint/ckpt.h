@@ -192,6 +192,7 @@ static inline void ckpt_check_dir(Checkpointer* ck, const Zero* z, bool resume_a
     int bad = err.empty() ? 0 : 1;
     comm_broadcast(&comm->world_group, &bad, sizeof bad, 0);
     if (bad) {
+        comm_agreed_failure();   // every rank exits with the same verdict: none of them is a lost rank
         if (comm->rank == 0) fail(EXIT_BAD_INPUT, "--ckpt-dir %s: %s", ck->dir.c_str(), err.c_str());
         exit(EXIT_BAD_INPUT);
     }
