@@ -51,9 +51,10 @@ expect_exit 2 "negative steps" $BIN --steps -1
 # --seq 0 used to mean 256)
 for fv in "--seq 0" "--seq -1" "--steps 0" "--batch 0" "--batch -3" "--grad-accum 0" "--val-steps 0" "--d-model 0" \
           "--n-heads 0" "--kv-heads 0" "--n-layers 0" "--n-layers -1" "--ffn-hidden 0" "--experts 0" "--top-k 0" "--vocab 0" \
-          "--max-seq 0" "--fp8-amax-history 0" "--ckpt-keep 0" "--comm-timeout 0" "--export-max-file-gb 0" "--warmup -1" \
+          "--max-seq 0" "--fp8-amax-history 0" "--ckpt-keep 0" "--comm-timeout -1" "--export-max-file-gb 0" "--warmup -1" \
           "--val-every -1" "--fp8-margin -1" "--fp8-margin 65" "--fp8-log-every -1" "--shard-group-size -1" "--ckpt-every -1" \
-          "--ckpt-keep-every -1" "--stop-after -1" "--data-seed -1" "--export-max-file-gb 1e7"; do
+          "--ckpt-keep-every -1" "--stop-after -1" "--data-seed -1" "--export-max-file-gb 1e7" "--ckpt-confirm -1" \
+          "--spike-window 0" "--max-skips 0" "--health-comm-mib 0" "--health-gemm-size -16"; do
     set -- $fv
     expect_exit 2 "$fv" $BIN --dry-run "$1" "$2"
     grep -q -- "$1 $2\b\|$1 $(printf '%g' "$2" 2>/dev/null)\b" <<<"$LAST_ERR" || fail "$fv: the error does not name the flag and value: $LAST_ERR"
