@@ -62,7 +62,7 @@ typedef struct {
     float export_max_file_gb = 5;
     // the health check (parallel/health.h)
     bool health_check = false, health_check_only = false;
-    float health_min_tflops = 0, health_min_busbw = 0;
+    float health_min_tflops = 0, health_min_busbw = 0, health_gemm_ratio = 0.5f;
     int health_gemm_size = 0, health_comm_mib = 16;
     bool dry_run = false, help = false, fp8_gather = false;
     std::vector<std::string> given;   // the flags on the command line: a default is never taken for an explicit value
@@ -146,9 +146,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                           "and the job stops (exit 1)"},
         {"--health-check-only", "", F_BOOL, &a->health_check_only, "the checks of --health-check, then exit: 0 all passed, 1 not (needs no data)"},
         {"--health-min-tflops", "", F_FLOAT, &a->health_min_tflops, "health check: a rank whose GEMM runs below X TFLOP/s fails (0: a fraction "
-                                                                    "of the device's known peak; always: half the median rank)"},
+                                                                    "of the device's known peak; always: --health-gemm-ratio x the median rank)"},
         {"--health-min-busbw", "", F_FLOAT, &a->health_min_busbw, "health check: all-reduce or all-gather bus bandwidth below X GB/s fails "
                                                                   "(0: results checked, bandwidth reported)"},
+        {"--health-gemm-ratio", "", F_FLOAT, &a->health_gemm_ratio, "health check: a rank whose GEMM runs below R x the median rank's fails"},
         {"--health-gemm-size", "", F_INT, &a->health_gemm_size, "health check: the GEMM is N x N x N (0: 512 on the CPU, 8192 on a GPU; a "
                                                                 "multiple of 16)"},
         {"--health-comm-mib", "", F_INT, &a->health_comm_mib, "health check: MiB of the all-reduce and all-gather buffers"},
@@ -277,6 +278,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
         fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
     if (!(a->health_min_tflops >= 0)) fail(EXIT_BAD_INPUT, "--health-min-tflops %g must be >= 0 (0: the device's default)", a->health_min_tflops);
+    if (!(a->health_gemm_ratio > 0 && a->health_gemm_ratio <= 1))
+        fail(EXIT_BAD_INPUT, "--health-gemm-ratio %g must be in (0, 1]", a->health_gemm_ratio);
     if (!(a->health_min_busbw >= 0)) fail(EXIT_BAD_INPUT, "--health-min-busbw %g must be >= 0 (0: no bound)", a->health_min_busbw);
     if (a->health_gemm_size != 0 && (a->health_gemm_size < 16 || a->health_gemm_size > 32768 || a->health_gemm_size % 16))
         fail(EXIT_BAD_INPUT, "--health-gemm-size %d must be 0 (the default) or a multiple of 16 in [16, 32768]", a->health_gemm_size);
@@ -490,7 +493,7 @@ static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
 typedef struct { double peak; std::string peak_how; std::string memory_line; HealthBackend health; } BackendInfo;
 
 static HealthOptions health_options(const TrainArgs& a) {
-    return {a.health_min_tflops, a.health_min_busbw, a.health_gemm_size, a.health_comm_mib, a.batch, a.seq};
+    return {a.health_min_tflops, a.health_min_busbw, a.health_gemm_size, a.health_comm_mib, a.batch, a.seq, a.health_gemm_ratio};
 }
 
 template <typename Model, typename Store>
