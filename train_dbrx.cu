@@ -416,9 +416,6 @@ static double cpu_peak_flops(int threads, std::string* how) {
     return threads * mhz * 1e6 * per_cycle;
 }
 
-// One optimizer step's line on the console and its object in the JSONL log. metrics: ce, lbl, z-loss,
-// imbalance. The loss is logged at full precision so that runs can be compared bit for bit;
-// comm_bytes < 0: not logged.
 // a number for the JSONL log: JSON has no nan or inf, so a non-finite value is null
 static std::string json_number_or_null(double x, const char* fmt) {
     if (!std::isfinite(x)) return "null";
@@ -427,26 +424,64 @@ static std::string json_number_or_null(double x, const char* fmt) {
     return b;
 }
 
-static void report_step(FILE* logf, int step, int steps, const double* metrics, double gnorm, float lr, double dt,
-                        double tok_s, double mfu, long long comm_bytes, const std::vector<double>* busy) {
-    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f\n",
-           step, steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
+// 1234567 -> "1.23M" (tokens on the step line)
+static std::string human_count(double n) {
+    char b[32];
+    if (n >= 1e12) snprintf(b, sizeof b, "%.2fT", n / 1e12);
+    else if (n >= 1e9) snprintf(b, sizeof b, "%.2fB", n / 1e9);
+    else if (n >= 1e6) snprintf(b, sizeof b, "%.2fM", n / 1e6);
+    else if (n >= 1e3) snprintf(b, sizeof b, "%.1fK", n / 1e3);
+    else snprintf(b, sizeof b, "%.0f", n);
+    return b;
+}
+// 3725 s -> "1h02m"
+static std::string human_time(double s) {
+    char b[32];
+    long t = (long)(s + 0.5);
+    if (t >= 86400) snprintf(b, sizeof b, "%ldd%02ldh", t / 86400, t % 86400 / 3600);
+    else if (t >= 3600) snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, t % 3600 / 60);
+    else if (t >= 60) snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(b, sizeof b, "%lds", t);
+    return b;
+}
+
+// what one optimizer step reports. metrics: ce, lbl, z-loss, imbalance; mfu by the Megatron/PaLM count,
+// mfu_foundry by LLM Foundry's (model/config.h); comm_bytes < 0: not logged; busy: each rank's busy time
+// (NULL: one rank); tokens: seen after this step; eta: seconds left
+typedef struct {
+    int step, steps;
+    const double* metrics;
+    double gnorm, lr, dt, tok_s, mfu, mfu_foundry;
+    long long comm_bytes;
+    const std::vector<double>* busy;
+    int64_t tokens;
+    double eta;
+} StepReport;
+
+// One optimizer step's line on the console and its object in the JSONL log. The loss is logged at full
+// precision so that runs can be compared bit for bit.
+static void report_step(FILE* logf, const StepReport& r) {
+    const double* m = r.metrics;
+    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f | %s tok | eta %s\n",
+           r.step, r.steps, m[0], m[1], r.gnorm, r.lr, r.dt * 1000, r.tok_s, 100 * r.mfu, m[3], human_count((double)r.tokens).c_str(),
+           human_time(r.eta).c_str());
     fflush(stdout);
     if (!logf) return;
     auto num = json_number_or_null;
     fprintf(logf, "{\"step\": %d, \"loss\": %s, \"lbl\": %s, \"z_loss\": %s, \"grad_norm\": %s, \"lr\": %s, "
-            "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %s", step, num(metrics[0], "%.17g").c_str(),
-            num(metrics[1], "%.6f").c_str(), num(metrics[2], "%.6f").c_str(), num(gnorm, "%.6f").c_str(), num(lr, "%.6e").c_str(),
-            dt * 1000, tok_s, mfu, num(metrics[3], "%.4f").c_str());
-    if (comm_bytes >= 0) fprintf(logf, ", \"comm_bytes\": %lld", comm_bytes);
-    if (busy) {   // each rank's busy time (the step less its time blocked in collectives): every rank's up to 64, else the max
-        if (busy->size() <= 64) {
+            "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"mfu_foundry\": %.5f, \"imbalance\": %s, \"tokens\": %lld, \"eta_s\": %.1f",
+            r.step, num(m[0], "%.17g").c_str(), num(m[1], "%.6f").c_str(), num(m[2], "%.6f").c_str(), num(r.gnorm, "%.6f").c_str(),
+            num(r.lr, "%.6e").c_str(), r.dt * 1000, r.tok_s, r.mfu, r.mfu_foundry, num(m[3], "%.4f").c_str(), (long long)r.tokens, r.eta);
+    if (r.comm_bytes >= 0) fprintf(logf, ", \"comm_bytes\": %lld", r.comm_bytes);
+    if (r.busy) {   // each rank's busy time (the step less its time blocked in collectives): every rank's up to 64, else the max
+        const std::vector<double>& busy = *r.busy;
+        if (busy.size() <= 64) {
             fprintf(logf, ", \"rank_busy_ms\": [");
-            for (size_t r = 0; r < busy->size(); r++) fprintf(logf, "%s%.2f", r ? ", " : "", (*busy)[r] * 1000);
+            for (size_t k = 0; k < busy.size(); k++) fprintf(logf, "%s%.2f", k ? ", " : "", busy[k] * 1000);
             fprintf(logf, "]");
         }
-        size_t slowest = std::max_element(busy->begin(), busy->end()) - busy->begin();
-        fprintf(logf, ", \"max_busy_ms\": %.2f, \"slowest_rank\": %zu", (*busy)[slowest] * 1000, slowest);
+        size_t slowest = std::max_element(busy.begin(), busy.end()) - busy.begin();
+        fprintf(logf, ", \"max_busy_ms\": %.2f, \"slowest_rank\": %zu", busy[slowest] * 1000, slowest);
     }
     fprintf(logf, "}\n");
     fflush(logf);
@@ -562,14 +597,15 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     }
 
     int64_t tokens_per_step = (int64_t)args.batch * args.seq * args.grad_accum * comm.world;
-    double fpt = flops_per_token(&cfg, args.seq), peak = info.peak;
+    double fpt = flops_per_token(&cfg, args.seq), fpt_foundry = flops_per_token_foundry(&cfg, args.seq), peak = info.peak;
     FILE* logf = NULL;
     if (comm.rank == 0) {
         printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
                args.batch, args.seq, args.grad_accum, comm.world, (long long)tokens_per_step, args.steps, args.lr,
                args.warmup, args.lr_floor);
-        printf("mfu: %.4g FLOPs/token (6 N_active + 12 L d S) against a peak of %.3f TFLOP/s (%s%s)\n", fpt, peak / 1e12,
-               comm.world > 1 ? "all ranks: " : "", info.peak_how.c_str());
+        printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
+               "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, peak / 1e12, comm.world > 1 ? "all ranks: " : "",
+               info.peak_how.c_str(), fpt_foundry);
         printf("%s (%s, shard group %d, %d replica(s))\n", info.memory_line.c_str(),
                zl->S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zl->R == 1 ? "ZeRO-3" : "HSDP", zl->S, zl->R);
         if (args.comm_timeout > 0) printf("comm: --comm-timeout %g s\n", args.comm_timeout);
@@ -612,6 +648,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         if (args.comm_timeout == 0) comm_set_timeout(on ? COMM_TIMEOUT_LONG : COMM_TIMEOUT_STEADY);
     };
     std::vector<int> saved_steps = {prog.step};   // candidates for confirmation (checkpoint/ckpt.h)
+    double time_steps = 0, first_dt = 0;           // for the time left
     int last_skipped = 0;
     std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(model);   // every FP8 operand's state (empty: FP8 off)
     uint64_t step_bytes_total = 0;
@@ -739,8 +776,15 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         step_bytes_total += step_bytes;
         steps_done++;
         double tok_s = tokens_per_step / dt, mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
-        if (comm.rank == 0) report_step(logf, step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, (long long)step_bytes,
-                                        comm.world > 1 ? &busy_all : NULL);
+        // the time left: the mean step time of this invocation so far (the first step, with its set-up, left out
+        // once there are others) times the steps to go
+        time_steps += dt;
+        if (steps_done == 2) time_steps -= first_dt;
+        if (steps_done == 1) first_dt = dt;
+        double eta = (steps_done > 1 ? time_steps / (steps_done - 1) : dt) * (args.steps - step - 1);
+        StepReport rep = {step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, peak > 0 ? fpt_foundry * tok_s / peak : 0.0,
+                          (long long)step_bytes, comm.world > 1 ? &busy_all : NULL, prog.tokens + tokens_per_step, eta};
+        if (comm.rank == 0) report_step(logf, rep);
         bool skipped = !skip_why.empty();
         guard_stop = spike_guard_record(&guard, step + 1, skipped, metrics[0], gnorm);
         if (skipped) {
@@ -946,8 +990,9 @@ static int run_main(int argc, char** argv) {
 
     if (args.dry_run) {   // (every number below is bounded by the checks above, and computed without walking the layers)
         print_config(args.model.c_str(), &cfg);
-        double fpt = flops_per_token(&cfg, args.seq);
-        printf("training FLOPs per token: %.4g (6 * N_active + 12 * L * d * S, S = %d)\n", fpt, args.seq);
+        printf("training FLOPs per token (S = %d): %.4g = " FLOPS_PER_TOKEN_FORMULA ", the MFU count; %.4g = "
+               FLOPS_PER_TOKEN_FOUNDRY_FORMULA ", %.0f%% more\n", args.seq, flops_per_token(&cfg, args.seq),
+               flops_per_token_foundry(&cfg, args.seq), 100 * (flops_per_token_foundry(&cfg, args.seq) / flops_per_token(&cfg, args.seq) - 1));
         double act = (double)activation_bytes(&cfg, args.batch, args.seq);
         double p = (double)params_total(&cfg);
         // sharded over S ranks (ZeRO-3/HSDP): the fp32 state is 1/S of the model's (plus padding)

@@ -598,6 +598,7 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
         return p;
     };
     std::vector<Piece> mine = pieces_of(z, z->shard.rank);
+    double t_start = now_seconds(), t_said = t_start;
     // the first replica reads: for each old file, the pieces of this rank's new shard it holds
     memset(z->master, 0, z->shard_total * sizeof(float));
     memset(z->m, 0, z->shard_total * sizeof(float));
@@ -629,6 +630,12 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
         std::string err;
         for (uint64_t off = 0; err.empty() && off < file_bytes[f]; off += chunk) {
             size_t n = (size_t)std::min<uint64_t>(chunk, file_bytes[f] - off);
+            if (comm->rank == 0 && now_seconds() - t_said >= 10) {   // progress of a large load, every 10 s (rank 0's files)
+                t_said = now_seconds();
+                printf("resume: reading %s: %s %.2f of %.2f GB (%.0f%%), %.0f s\n", dir.c_str(), file_names[f].c_str(), off / 1e9,
+                       file_bytes[f] / 1e9, 100.0 * off / file_bytes[f], t_said - t_start);
+                fflush(stdout);
+            }
             err = pread_all(fd, buf.data(), n, off, p);
             if (!err.empty()) break;
             if (off == 0) {

@@ -224,6 +224,9 @@ static inline void hf_import(const std::string& dir, Zero* z, const DbrxConfig* 
     std::map<std::string, int> fds;
     std::vector<char> buf;
     const size_t chunk_elems = (size_t)8 << 20;
+    // progress (rank 0, its own pieces): a line every 10 s, so that a large import shows it is moving
+    double t_start = now_seconds(), t_said = t_start, total = 0, read = 0;
+    for (const ShardSegment& g : z->segs) total += (double)g.numel * st_dtype_bytes(st[param_at(table, g.flat_off)->name].dtype);
     for (const ShardSegment& g : z->segs) {   // this rank's pieces, tensor by tensor
         const ParamInfo* p = param_at(table, g.flat_off);
         const StTensor& t = st[p->name];
@@ -244,6 +247,13 @@ static inline void hf_import(const std::string& dir, Zero* z, const DbrxConfig* 
             else {
                 const uint16_t* h = (const uint16_t*)buf.data();
                 for (size_t i = 0; i < n; i++) dst[i] = t.dtype == "BF16" ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+            }
+            read += (double)n * es;
+            if (comm->rank == 0 && now_seconds() - t_said >= 10) {
+                t_said = now_seconds();
+                printf("init: read %.2f of %.2f GB of this rank's shard (%.0f%%) in %.0f s\n", read / 1e9, total / 1e9, 100 * read / total,
+                       t_said - t_start);
+                fflush(stdout);
             }
         }
     }

@@ -139,8 +139,24 @@ static inline int64_t params_active(const DbrxConfig* c) {
          + 2ll * c->vocab_size * c->d_model + c->d_model;
 }
 
-// Training FLOPs per token, LLM Foundry's count: 6 * N_active + 12 * L * d * S (forward + backward,
-// no causal discount). N_active includes the embedding table as LLM Foundry does.
+// Training FLOPs per token for MFU, counted as Megatron-LM and PaLM count them: matmuls only — not the
+// embedding lookup (a gather), not the norms, softmax or router top-k — with attention as executed under
+// the causal mask (query t attends to t + 1 keys: (S + 1) / 2 on average), forward + backward = 3 x the
+// forward:   6 * N_matmul + 6 * L * d * (S + 1)
+// N_matmul: the GEMM weights one token goes through (per block Wqkv, out_proj, the router and k experts'
+// w1, v1, w2; and lm_head).
+static inline int64_t params_matmul_active(const DbrxConfig* c) {
+    return c->n_layers * (params_attention(c) + (int64_t)c->d_model * c->n_experts + c->top_k * params_one_expert(c))
+         + (int64_t)c->vocab_size * c->d_model;
+}
 static inline double flops_per_token(const DbrxConfig* c, int seq_len) {
+    return 6.0 * (double)params_matmul_active(c) + 6.0 * c->n_layers * (double)c->d_model * (seq_len + 1.0);
+}
+#define FLOPS_PER_TOKEN_FORMULA "6 N_matmul + 6 L d (S + 1): matmuls only, no embedding lookup, causal attention (Megatron/PaLM)"
+
+// The same as LLM Foundry counts it, for comparison with its numbers: 6 * N_active + 12 * L * d * S (the
+// embedding table counted as a matmul, attention without the causal discount). It overstates the work.
+static inline double flops_per_token_foundry(const DbrxConfig* c, int seq_len) {
     return 6.0 * (double)params_active(c) + 12.0 * c->n_layers * (double)c->d_model * seq_len;
 }
+#define FLOPS_PER_TOKEN_FOUNDRY_FORMULA "6 N_active + 12 L d S (LLM Foundry)"

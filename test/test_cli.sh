@@ -7,6 +7,7 @@
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 BIN=${BIN:-./train_dbrx}
+PY=${PYTHON:-/usr/bin/python3}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # --- parameter counts: dbrx-132b exactly as published; the LLM Foundry sizes to their 2 decimals
@@ -21,6 +22,30 @@ for row in "dbrx-73b 73.51 20.66" "dbrx-35b 35.65 10.29" "dbrx-18b 18.61 5.53" "
 done
 $BIN --model dbrx-132b --dry-run | grep -q "FLOPs per token" && pass "dry-run prints FLOPs per token" || fail "dry-run FLOPs"
 $BIN --model dbrx-132b --dry-run | grep -q "memory per rank" && pass "dry-run prints memory per rank" || fail "dry-run memory"
+# the MFU count (matmuls only, causal attention: Megatron/PaLM) and LLM Foundry's, recomputed here from the
+# printed shape; dbrx-1b's MFU count is ~74% of LLM Foundry's (issue 15's figure)
+for m in dbrx-132b:4096 dbrx-1b:2048 dbrx-tiny:256; do
+    $BIN --model "${m%%:*}" --seq "${m##*:}" --dry-run > "$tmp/flops.out" 2>&1
+    r=$($PY - "$tmp/flops.out" "${m%%:*}" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+g = lambda k: int(re.search(k + r" (\d+)", t).group(1))
+d, L, E, F, V = g("d"), g("layers"), g("experts"), g(r"\(ffn"), g("vocab")
+H, kv = g("heads"), g(r"\(kv"); k = int(re.search(r"top-(\d+)", t).group(1)); hd = d // H
+S = int(re.search(r"\(S = (\d+)\)", t).group(1))
+attn = d * (d + 2 * kv * hd) + d * d
+n_matmul = L * (attn + d * E + k * 3 * F * d) + V * d
+n_active = L * (attn + 2 * d + d * E + k * 3 * F * d) + 2 * V * d + d
+mfu, foundry = 6 * n_matmul + 6 * L * d * (S + 1), 6 * n_active + 12 * L * d * S
+got = [float(x) for x in re.findall(r"(\d\.\d+e\+\d+) = 6", t)]
+ok = len(got) == 2 and abs(got[0] / mfu - 1) < 1e-3 and abs(got[1] / foundry - 1) < 1e-3
+if sys.argv[2] == "dbrx-1b": ok = ok and 0.73 < mfu / foundry < 0.75
+print("%s %s S %d: MFU count %.4g (recomputed %.4g), LLM Foundry's %.4g (%.4g), ratio %.3f" % ("pass" if ok else "fail", sys.argv[2], S,
+      got[0] if got else 0, mfu, got[1] if len(got) > 1 else 0, foundry, mfu / foundry))
+PY
+)
+    [ "${r%% *}" = pass ] && pass "${r#* }" || fail "FLOPs per token: $r"
+done
 # a flag overrides the preset
 $BIN --model dbrx-tiny --n-layers 8 --dry-run | grep -q "layers 8," && pass "flags override the preset" || fail "override"
 
