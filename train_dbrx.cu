@@ -73,7 +73,7 @@ static bool flag_given(const TrainArgs* a, const char* name) {
     return false;
 }
 
-enum FlagType { F_INT, F_FLOAT, F_STR, F_BOOL };
+enum FlagType { F_INT, F_FLOAT, F_STR, F_BOOL, F_SETTING };   // F_SETTING: a positive number, or off (DBRX_OFF)
 typedef struct { const char* name; const char* alias; FlagType type; void* ptr; const char* help; } Flag;
 
 static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
@@ -89,7 +89,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--vocab", "", F_INT, &c->vocab_size, "vocabulary size (padded)"},
         {"--max-seq", "", F_INT, &c->max_seq_len, "max sequence length of the model"},
         {"--rope-theta", "", F_FLOAT, &c->rope_theta, "RoPE base"},
-        {"--clip-qkv", "", F_FLOAT, &c->clip_qkv, "clamp of the fused qkv output (<= 0: off)"},
+        {"--clip-qkv", "", F_SETTING, &c->clip_qkv, "clamp of the fused qkv output to +-X, or off (HF clip_qkv null)"},
+        {"--moe-normalize-expert-weights", "", F_SETTING, &c->moe_norm_p, "divide the top-k router weights by their p-norm, "
+                                                                          "p = X >= 1 (DBRX: 1), or off (HF null: not renormalised)"},
         {"--ln-eps", "", F_FLOAT, &c->ln_eps, "LayerNorm epsilon"},
         {"--moe-loss-weight", "", F_FLOAT, &c->moe_loss_weight, "load-balancing loss weight"},
         {"--z-loss-weight", "", F_FLOAT, &c->z_loss_weight, "router z-loss weight"},
@@ -163,7 +165,7 @@ static void print_help(const std::vector<Flag>& flags) {
     printf("usage: [mpirun -np N] ./train_dbrx [flags]    (flags take --flag value or --flag=value)\n\n");
     for (const Flag& f : flags) {
         std::string left = std::string(f.alias[0] ? std::string(f.alias) + ", " : "    ") + f.name;
-        if (f.type != F_BOOL) left += f.type == F_STR ? " S" : f.type == F_INT ? " N" : " X";
+        if (f.type != F_BOOL) left += f.type == F_STR ? " S" : f.type == F_INT ? " N" : f.type == F_SETTING ? " X|off" : " X";
         printf("  %-24s %s\n", left.c_str(), f.help);
     }
 }
@@ -182,6 +184,14 @@ static void set_flag(const Flag& f, const char* value) {
     case F_FLOAT: {
         float v = strtof(value, &end);
         if (!*value || *end || errno || !std::isfinite(v)) fail(EXIT_BAD_INPUT, "%s expects a number, got '%s'", f.name, value);
+        *(float*)f.ptr = v;
+        break;
+    }
+    case F_SETTING: {   // "off" is the only way to say off: 0 or a negative number is refused, never read as off
+        if (!strcmp(value, "off")) { *(float*)f.ptr = DBRX_OFF; break; }
+        float v = strtof(value, &end);
+        if (!*value || *end || errno || !std::isfinite(v) || !(v > 0))
+            fail(EXIT_BAD_INPUT, "%s expects a positive number or 'off' (the only way to turn it off), got '%s'", f.name, value);
         *(float*)f.ptr = v;
         break;
     }
@@ -302,12 +312,33 @@ static std::string with_commas(int64_t n) {
     return out;
 }
 
+// The banner. A model whose shape flags changed the preset is named "custom (from PRESET: the flags)", so
+// that the line never claims a preset the run does not train.
 static void print_config(const char* preset, const DbrxConfig* c) {
+    DbrxConfig p;
+    std::string name = preset, changed;
+    if (model_preset_lookup(preset, &p)) {
+        auto num = [&](const char* flag, double run, double was) {
+            if ((float)run != (float)was) { char b[96]; snprintf(b, sizeof b, "%s%s %g", changed.empty() ? "" : " ", flag, run); changed += b; }
+        };
+        auto setting = [&](const char* flag, float run, float was) {
+            if (dbrx_is_off(run) != dbrx_is_off(was) || (!dbrx_is_off(run) && run != was))
+                changed += std::string(changed.empty() ? "" : " ") + flag + " " + dbrx_setting_str(run);
+        };
+        num("--d-model", c->d_model, p.d_model); num("--n-heads", c->n_heads, p.n_heads); num("--kv-heads", c->kv_heads, p.kv_heads);
+        num("--n-layers", c->n_layers, p.n_layers); num("--ffn-hidden", c->ffn_hidden, p.ffn_hidden);
+        num("--experts", c->n_experts, p.n_experts); num("--top-k", c->top_k, p.top_k); num("--vocab", c->vocab_size, p.vocab_size);
+        num("--max-seq", c->max_seq_len, p.max_seq_len); num("--rope-theta", c->rope_theta, p.rope_theta);
+        setting("--clip-qkv", c->clip_qkv, p.clip_qkv); setting("--moe-normalize-expert-weights", c->moe_norm_p, p.moe_norm_p);
+        num("--ln-eps", c->ln_eps, p.ln_eps); num("--moe-loss-weight", c->moe_loss_weight, p.moe_loss_weight);
+        num("--z-loss-weight", c->z_loss_weight, p.z_loss_weight); num("--init-std", c->init_std, p.init_std);
+        if (!changed.empty()) name = "custom (from " + name + ": " + changed + ")";
+    }
     printf("model %s: d %d, heads %d (kv %d, head_dim %d), layers %d, experts %d top-%d (ffn %d), vocab %d, "
-           "max_seq %d, rope_theta %g, clip_qkv %g, moe_loss_weight %g, z_loss_weight %g\n",
-           preset, c->d_model, c->n_heads, c->kv_heads, c->head_dim, c->n_layers, c->n_experts, c->top_k,
-           c->ffn_hidden, c->vocab_size, c->max_seq_len, c->rope_theta, c->clip_qkv, c->moe_loss_weight,
-           c->z_loss_weight);
+           "max_seq %d, rope_theta %g, clip_qkv %s, moe_normalize_expert_weights %s, moe_loss_weight %g, z_loss_weight %g\n",
+           name.c_str(), c->d_model, c->n_heads, c->kv_heads, c->head_dim, c->n_layers, c->n_experts, c->top_k,
+           c->ffn_hidden, c->vocab_size, c->max_seq_len, c->rope_theta, dbrx_setting_str(c->clip_qkv).c_str(),
+           dbrx_setting_str(c->moe_norm_p).c_str(), c->moe_loss_weight, c->z_loss_weight);
     printf("parameters: total %s, active %s\n", with_commas(params_total(c)).c_str(), with_commas(params_active(c)).c_str());
 }
 

@@ -201,16 +201,32 @@ static inline void ckpt_check_dir(Checkpointer* ck, const Zero* z, bool resume_a
 // ---------------------------------------------------------------------------------------------
 // the model config as JSON, and the comparison a resume makes
 
+// The optional settings (clip_qkv, moe_normalize_expert_weights) are a number or null (off).
+static inline std::string ckpt_setting_json(float v) { return dbrx_is_off(v) ? "null" : json_float(v); }
+
 static inline std::string ckpt_config_json(const DbrxConfig* c) {
     char b[1024];
     snprintf(b, sizeof b, "{\"d_model\": %d, \"n_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"n_layers\": %d, "
              "\"ffn_hidden\": %d, \"n_experts\": %d, \"top_k\": %d, \"vocab_size\": %d, \"max_seq_len\": %d, "
-             "\"rope_theta\": %s, \"clip_qkv\": %s, \"ln_eps\": %s, \"moe_loss_weight\": %s, "
-             "\"z_loss_weight\": %s, \"init_std\": %s}", c->d_model, c->n_heads, c->kv_heads, c->head_dim,
-             c->n_layers, c->ffn_hidden, c->n_experts, c->top_k, c->vocab_size, c->max_seq_len, json_float(c->rope_theta).c_str(),
-             json_float(c->clip_qkv).c_str(), json_float(c->ln_eps).c_str(), json_float(c->moe_loss_weight).c_str(),
-             json_float(c->z_loss_weight).c_str(), json_float(c->init_std).c_str());
+             "\"rope_theta\": %s, \"clip_qkv\": %s, \"moe_normalize_expert_weights\": %s, \"ln_eps\": %s, "
+             "\"moe_loss_weight\": %s, \"z_loss_weight\": %s, \"init_std\": %s}", c->d_model, c->n_heads, c->kv_heads,
+             c->head_dim, c->n_layers, c->ffn_hidden, c->n_experts, c->top_k, c->vocab_size, c->max_seq_len,
+             json_float(c->rope_theta).c_str(), ckpt_setting_json(c->clip_qkv).c_str(), ckpt_setting_json(c->moe_norm_p).c_str(),
+             json_float(c->ln_eps).c_str(), json_float(c->moe_loss_weight).c_str(), json_float(c->z_loss_weight).c_str(),
+             json_float(c->init_std).c_str());
     return b;
+}
+
+// A saved optional setting: null is off (DBRX_OFF); a number is the value, except that a clip_qkv <= 0
+// is off too (before off had its own representation, train_dbrx read --clip-qkv <= 0 as off and saved the
+// number: such a checkpoint has no clamp); absent: `absent`. false: not a number or null.
+static inline bool ckpt_saved_setting(const JsonValue* j, bool nonpositive_is_off, float absent, float* out) {
+    double v;
+    if (!j) { *out = absent; return true; }
+    if (j->kind == JsonValue::NUL) { *out = DBRX_OFF; return true; }
+    if (!json_double(j, &v)) return false;
+    *out = nonpositive_is_off && v <= 0 ? DBRX_OFF : (float)v;
+    return true;
 }
 
 // "" if the saved config (JSON object) matches, else the mismatched fields. init_std is not compared
@@ -220,7 +236,7 @@ static inline std::string ckpt_config_mismatch(const JsonValue* saved, const Dbr
         {"d_model", (double)c->d_model}, {"n_heads", (double)c->n_heads}, {"kv_heads", (double)c->kv_heads},
         {"head_dim", (double)c->head_dim}, {"n_layers", (double)c->n_layers}, {"ffn_hidden", (double)c->ffn_hidden},
         {"n_experts", (double)c->n_experts}, {"top_k", (double)c->top_k}, {"vocab_size", (double)c->vocab_size},
-        {"max_seq_len", (double)c->max_seq_len}, {"rope_theta", (double)c->rope_theta}, {"clip_qkv", (double)c->clip_qkv},
+        {"max_seq_len", (double)c->max_seq_len}, {"rope_theta", (double)c->rope_theta},
         {"ln_eps", (double)c->ln_eps}, {"moe_loss_weight", (double)c->moe_loss_weight},
         {"z_loss_weight", (double)c->z_loss_weight}};
     std::string out;
@@ -231,8 +247,24 @@ static inline std::string ckpt_config_mismatch(const JsonValue* saved, const Dbr
         if (!ok) {
             char b[160];
             snprintf(b, sizeof b, "%s%s %s (checkpoint) vs %g (this run)", out.empty() ? "" : ", ", f.name,
-                     j ? j->text.c_str() : "missing", f.run);
+                     json_show(j).c_str(), f.run);
             out += b;
+        }
+    }
+    // clip_qkv: absent is damage (every format has it); moe_normalize_expert_weights: absent in the
+    // checkpoints written before the setting existed, which all renormalised by the sum (p = 1)
+    struct { const char* name; float run; bool nonpositive_is_off; float absent; } opt[] = {
+        {"clip_qkv", c->clip_qkv, true, NAN}, {"moe_normalize_expert_weights", c->moe_norm_p, false, 1.0f}};
+    for (auto& f : opt) {
+        const JsonValue* j = json_get(saved, f.name);
+        float v = NAN;
+        bool ok = ckpt_saved_setting(j, f.nonpositive_is_off, f.absent, &v) && !std::isnan(v) &&
+                  (dbrx_is_off(v) ? dbrx_is_off(f.run) : v == f.run);
+        if (!ok) {
+            std::string saved_as = json_show(j);
+            if (j && j->kind == JsonValue::NUM && dbrx_is_off(v)) saved_as += " (off)";   // a legacy clip_qkv <= 0
+            out += std::string(out.empty() ? "" : ", ") + f.name + " " + saved_as + " (checkpoint) vs " + dbrx_setting_str(f.run) +
+                   " (this run)";
         }
     }
     return out;

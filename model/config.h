@@ -4,6 +4,7 @@
  */
 #pragma once
 #include <cstring>
+#include <string>
 #include "common.h"
 
 typedef struct {
@@ -18,12 +19,27 @@ typedef struct {
     int vocab_size;    // V (padded)
     int max_seq_len;   // longest sequence the model is configured for
     float rope_theta;
-    float clip_qkv;    // clamp of the fused qkv output; <= 0 disables it
+    float clip_qkv;    // clamp of the fused qkv output to +-clip_qkv (> 0), or DBRX_OFF: no clamp (HF null)
+    float moe_norm_p;  // moe_normalize_expert_weights: the top-k weights are divided by their p-norm (p >= 1;
+                       // DBRX: 1, the L1 renormalisation), or DBRX_OFF: used as they are (HF null)
     float ln_eps;
     float moe_loss_weight;  // load-balancing loss weight (DBRX: 0.05)
     float z_loss_weight;    // router z-loss weight (DBRX: 0)
     float init_std;         // normal(0, init_std) for every matrix; LayerNorm weights 1
 } DbrxConfig;
+
+// "off" of the optional settings clip_qkv and moe_norm_p (Hugging Face's null). A negative sentinel, so
+// that no legal value means off: an explicit 0 is refused (config_validate), where the original DBRX code
+// would clamp q, k and v to +-0, or divide by torch.norm's p = 0 "norm" (the count of non-zero weights).
+#define DBRX_OFF (-1.0f)
+static inline bool dbrx_is_off(float v) { return v < 0.0f; }
+// an optional setting for messages and the banner: "off" or the number
+static inline std::string dbrx_setting_str(float v) {
+    if (dbrx_is_off(v)) return "off";
+    char b[32];
+    snprintf(b, sizeof b, "%g", v);
+    return b;
+}
 
 typedef struct { const char* name; DbrxConfig cfg; const char* about; } ModelPreset;
 
@@ -32,7 +48,7 @@ static inline DbrxConfig dbrx_shape(int d, int heads, int layers, int seq) {
     DbrxConfig c;
     c.d_model = d; c.n_heads = heads; c.kv_heads = 8; c.head_dim = d / heads; c.n_layers = layers;
     c.ffn_hidden = d * 7 / 4; c.n_experts = 16; c.top_k = 4; c.vocab_size = 100352;
-    c.max_seq_len = seq; c.rope_theta = 500000.0f; c.clip_qkv = 8.0f; c.ln_eps = 1e-5f;
+    c.max_seq_len = seq; c.rope_theta = 500000.0f; c.clip_qkv = 8.0f; c.moe_norm_p = 1.0f; c.ln_eps = 1e-5f;
     c.moe_loss_weight = 0.05f; c.z_loss_weight = 0.0f; c.init_std = 0.02f;
     return c;
 }
@@ -114,6 +130,12 @@ static inline void config_validate(const DbrxConfig* c) {
              c->ffn_hidden, c->vocab_size);
     if (!(c->rope_theta > 0.0f)) fail(EXIT_BAD_INPUT, "--rope-theta %g must be positive", c->rope_theta);
     if (!(c->ln_eps > 0.0f)) fail(EXIT_BAD_INPUT, "--ln-eps %g must be positive", c->ln_eps);
+    if (!(c->clip_qkv > 0.0f || c->clip_qkv == DBRX_OFF) || !std::isfinite(c->clip_qkv))
+        fail(EXIT_BAD_INPUT, "--clip-qkv %g must be positive, or off (no clamp); a clamp at 0 would zero every q, k and v",
+             c->clip_qkv);
+    if (!(c->moe_norm_p >= 1.0f || c->moe_norm_p == DBRX_OFF) || !std::isfinite(c->moe_norm_p))
+        fail(EXIT_BAD_INPUT, "--moe-normalize-expert-weights %g must be a p-norm's p >= 1 (DBRX: 1), or off (the top-k "
+             "weights used as they are)", c->moe_norm_p);
     if (!(c->moe_loss_weight >= 0.0f) || !(c->z_loss_weight >= 0.0f))
         fail(EXIT_BAD_INPUT, "--moe-loss-weight %g and --z-loss-weight %g must be >= 0", c->moe_loss_weight, c->z_loss_weight);
     if (!(c->init_std > 0.0f)) fail(EXIT_BAD_INPUT, "--init-std %g must be positive", c->init_std);

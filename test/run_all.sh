@@ -72,15 +72,18 @@ else
     echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"
 fi
 
-echo "== PyTorch parity (float64 autograd reference)"
-./test/dump_reference /tmp/dbrx_parity_dump.$$.bin || fail "dump_reference"
+# once for each renormalisation of the top-k router weights: DBRX's (the sum, p = 1), none (HF null), L2
+for norm in 1 off 2; do
+echo "== PyTorch parity (float64 autograd reference), moe_normalize_expert_weights $norm"
+./test/dump_reference /tmp/dbrx_parity_dump.$$.bin $norm || fail "dump_reference $norm"
 out=$($PY test/test_pytorch_parity.py /tmp/dbrx_parity_dump.$$.bin 2>&1); rc=$?
 echo "$out" | sed 's/^/   /'
 p=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1/p'); f=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\2/p')
 for _ in $(seq 1 "${p:-0}"); do echo pass >> "$RESULTS"; done
 for _ in $(seq 1 "${f:-0}"); do echo fail >> "$RESULTS"; done
-[ -n "$p" ] || fail "parity test did not run (exit $rc)"
+[ -n "$p" ] || fail "parity test did not run (moe_normalize_expert_weights $norm, exit $rc)"
 rm -f /tmp/dbrx_parity_dump.$$.bin
+done
 
 echo "== command line and bad input"; bash test/test_cli.sh
 echo "== data loader: order, ranks, resume, mixtures (doctest)"; doctest_run ./test/test_data

@@ -20,7 +20,10 @@
 #   * SIGTERM (one process; the ranks under mpirun) and SIGUSR1 (to mpirun): save, exit 0;
 #   * Hugging Face: fp32 export -> import (2 ranks) -> export is byte-identical, also bf16 and split
 #     exports; dev/hf_logits.py (PyTorch) reproduces train_dbrx's logits from the export; an export of
-#     another model -> exit 2 listing the fields.
+#     another model -> exit 2 listing the fields; clip_qkv and moe_normalize_expert_weights off -> null
+#     in config.json, round trip, PyTorch logits (also p = 2); null vs a run with them on, clip_qkv 0,
+#     p 0.5, uniform_expert_assignment true -> exit 2 naming the field; p absent -> 1; a split export
+#     without its index -> the shards found by name (one missing, or none at all -> exit 2).
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 BIN=${BIN:-./train_dbrx}
@@ -314,3 +317,65 @@ import sys
 p = sys.argv[1]; b = open(p, "rb").read(); open(p, "wb").write(b[:len(b) // 2])
 PY
 expect_exit 2 "a truncated safetensors file: clear error" $BIN "${T[@]}" --init-hf "$tmp/hfA" --stop-after 0
+
+# --- Hugging Face: the settings as the original DBRX code reads them
+# off (no clamp, top-k weights not renormalised) is null in config.json, and the run must say off too
+OFF=(--clip-qkv off --moe-normalize-expert-weights off)
+$BIN "${T[@]}" "${OFF[@]}" --steps 3 --export-hf "$tmp/hfN" --export-dtype fp32 --dump-logits "$tmp/logitsN.st" > "$tmp/hfN.out" 2>&1 \
+    || fail "export with clip_qkv and the renormalisation off: $(tail -2 "$tmp/hfN.out")"
+grep -q '"clip_qkv": null' "$tmp/hfN/config.json" && grep -q '"moe_normalize_expert_weights": null' "$tmp/hfN/config.json" \
+    && pass "export: --clip-qkv off and --moe-normalize-expert-weights off are written as null" \
+    || fail "export of off: $(grep -o '"clip_qkv": [^,]*\|"moe_normalize_expert_weights": [^,]*' "$tmp/hfN/config.json")"
+grep -q "^model custom (from dbrx-tiny: --n-layers 2 --clip-qkv off --moe-normalize-expert-weights off): .*clip_qkv off, moe_normalize_expert_weights off," "$tmp/hfN.out" \
+    && pass "banner: a preset changed by flags is named custom, with the flags" || fail "banner: $(grep '^model' "$tmp/hfN.out")"
+$BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfN" --stop-after 0 --export-hf "$tmp/hfN2" --export-dtype fp32 > "$tmp/hfN2.out" 2>&1
+cmp -s "$tmp/hfN/model.safetensors" "$tmp/hfN2/model.safetensors" && cmp -s "$tmp/hfN/config.json" "$tmp/hfN2/config.json" \
+    && pass "off settings: export -> import -> export byte-identical" || fail "off round trip: $(tail -2 "$tmp/hfN2.out")"
+out=$($PY dev/hf_logits.py "$tmp/hfN" "$tmp/logitsN.st" --tol 1e-4 2>&1) \
+    && pass "PyTorch without the clamp and the renormalisation (config null) reproduces the logits: ${out#*\): }" || fail "hf_logits off: $out"
+$BIN "${T[@]}" --moe-normalize-expert-weights 2 --steps 3 --export-hf "$tmp/hfP" --export-dtype fp32 --dump-logits "$tmp/logitsP.st" > /dev/null 2>&1
+grep -q '"moe_normalize_expert_weights": 2,' "$tmp/hfP/config.json" && out=$($PY dev/hf_logits.py "$tmp/hfP" "$tmp/logitsP.st" --tol 1e-4 2>&1) \
+    && pass "PyTorch with the top-k weights over their L2 norm (moe_normalize_expert_weights 2) reproduces the logits: ${out#*\): }" \
+    || fail "hf_logits p = 2: $out"
+out=$($BIN "${T[@]}" --init-hf "$tmp/hfN" --stop-after 0 2>&1); rc=$?
+[ "$rc" = 2 ] && grep -q "attn_config.clip_qkv null (config.json) vs 8 (this run), ffn_config.moe_normalize_expert_weights null (config.json) vs 1 (this run)" <<<"$out" \
+    && pass "null settings imported by a run with the clamp and the renormalisation: exit 2 naming both" || fail "null vs on: exit $rc: $(grep error <<<"$out")"
+# config.json edited: clip_qkv 0 (the original would clamp to 0), p < 1, uniform_expert_assignment true
+hfedit() {  # hfedit SRC DST SECTION KEY VALUE(JSON, or "delete"): a copy of SRC's export with one field changed
+    rm -rf "$2"; cp -r "$1" "$2"
+    $PY - "$2/config.json" "$3" "$4" "$5" <<'PY'
+import json, sys
+path, section, key, value = sys.argv[1:]
+c = json.load(open(path))
+if value == "delete": c[section].pop(key, None)
+else: c[section][key] = json.loads(value)
+json.dump(c, open(path, "w"), indent=2)
+PY
+}
+hfedit "$tmp/hfN" "$tmp/hfX" attn_config clip_qkv 0
+expect_exit 2 "config.json clip_qkv 0 (not 'off': the original clamps to 0): refused" $BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfX" --stop-after 0
+grep -q "config.json: attn_config.clip_qkv 0 must be a positive number or null" <<<"$LAST_ERR" || fail "clip_qkv 0: the error names the field: $LAST_ERR"
+hfedit "$tmp/hfN" "$tmp/hfX" ffn_config moe_normalize_expert_weights 0.5
+expect_exit 2 "config.json moe_normalize_expert_weights 0.5: refused" $BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfX" --stop-after 0
+grep -q "config.json: ffn_config.moe_normalize_expert_weights 0.5 must be a number >= 1" <<<"$LAST_ERR" || fail "p 0.5: the error names the field: $LAST_ERR"
+hfedit "$tmp/hfN" "$tmp/hfX" ffn_config uniform_expert_assignment true
+expect_exit 2 "config.json uniform_expert_assignment true: refused" $BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfX" --stop-after 0
+grep -q "config.json: ffn_config.uniform_expert_assignment true: " <<<"$LAST_ERR" || fail "uniform_expert_assignment: the error names the field: $LAST_ERR"
+hfedit "$tmp/hfN" "$tmp/hfX" ffn_config moe_normalize_expert_weights delete
+out=$($BIN "${T[@]}" --clip-qkv off --init-hf "$tmp/hfX" --stop-after 0 2>&1) \
+    && pass "config.json without moe_normalize_expert_weights: DbrxConfig's default 1 (a run with p 1 imports it)" || fail "absent p: $(grep error <<<"$out")"
+
+# --- Hugging Face: a split export without model.safetensors.index.json
+rm -rf "$tmp/hfE"; cp -r "$tmp/hfC" "$tmp/hfE"; rm "$tmp/hfE/model.safetensors.index.json"
+$BIN "${T[@]}" --init-hf "$tmp/hfE" --stop-after 0 --export-hf "$tmp/hfF" --export-max-file-gb 0.004 > "$tmp/hfE.out" 2>&1
+same=1; for f in "$tmp"/hfC/model*; do cmp -s "$f" "$tmp/hfF/$(basename "$f")" || same=0; done
+[ "$same" = 1 ] && grep -q "note: --init-hf .*: no model.safetensors.index.json: the $nfiles shards model-\*-of-0000$nfiles.safetensors" "$tmp/hfE.out" \
+    && pass "a split export without its index: the $nfiles shards found by name, imported, re-exported byte-identical" \
+    || fail "split export without index: $(grep -E 'note|error' "$tmp/hfE.out")"
+rm "$tmp/hfE/model-00002-of-0000$nfiles.safetensors"
+expect_exit 2 "a split export without its index and a shard: clear error" $BIN "${T[@]}" --init-hf "$tmp/hfE" --stop-after 0
+grep -q "no model.safetensors.index.json, and shard model-00002-of-0000$nfiles.safetensors of the $nfiles is missing" <<<"$LAST_ERR" \
+    || fail "missing shard: the error names it: $LAST_ERR"
+rm -f "$tmp"/hfE/model-*.safetensors
+expect_exit 2 "an export directory without safetensors files: clear error" $BIN "${T[@]}" --init-hf "$tmp/hfE" --stop-after 0
+grep -q "no model.safetensors, no model.safetensors.index.json, and no other \*.safetensors file" <<<"$LAST_ERR" || fail "no files: $LAST_ERR"

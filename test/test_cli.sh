@@ -46,14 +46,19 @@ PY
 )
     [ "${r%% *}" = pass ] && pass "${r#* }" || fail "FLOPs per token: $r"
 done
-# a flag overrides the preset
+# a flag overrides the preset, and the banner says so
 $BIN --model dbrx-tiny --n-layers 8 --dry-run | grep -q "layers 8," && pass "flags override the preset" || fail "override"
+line=$($BIN --model dbrx-tiny --n-layers 8 --clip-qkv off --dry-run | grep "^model")
+grep -q "^model custom (from dbrx-tiny: --n-layers 8 --clip-qkv off): .*clip_qkv off, moe_normalize_expert_weights 1," <<<"$line" \
+    && pass "a preset changed by flags is 'custom (from PRESET: the flags)'" || fail "custom banner: $line"
+$BIN --model dbrx-tiny --dry-run | grep -q "^model dbrx-tiny: " && pass "the preset as it is keeps its name" || fail "preset banner"
 
 # --- help lists every flag the README promises
 help=$($BIN --help)
 missing=""
 for f in --model --steps --batch --seq --grad-accum --lr --seed --device --data --val-data --dry-run --help \
          --d-model --n-heads --kv-heads --n-layers --ffn-hidden --experts --top-k --vocab --rope-theta --clip-qkv \
+         --moe-normalize-expert-weights \
          --moe-loss-weight --z-loss-weight --warmup --weight-decay --grad-clip --val-every --log; do
     grep -q -- "$f" <<<"$help" || missing="$missing $f"
 done
@@ -71,6 +76,14 @@ expect_exit 2 "odd head_dim" $BIN --d-model 12 --n-heads 4 --dry-run
 expect_exit 2 "seq > max_seq" $BIN --seq 512 --dry-run
 expect_exit 2 "bad device" $BIN --device tpu
 expect_exit 2 "negative steps" $BIN --steps -1
+# off is spelled 'off': a 0 is not off (the original DBRX code would clamp to 0), nor a negative number
+expect_exit 2 "--clip-qkv 0" $BIN --clip-qkv 0 --dry-run
+grep -q "expects a positive number or 'off'" <<<"$LAST_ERR" || fail "--clip-qkv 0: $LAST_ERR"
+expect_exit 2 "--clip-qkv -1" $BIN --clip-qkv -1 --dry-run
+expect_exit 2 "--moe-normalize-expert-weights 0" $BIN --moe-normalize-expert-weights 0 --dry-run
+expect_exit 2 "--moe-normalize-expert-weights 0.5 (not a norm)" $BIN --moe-normalize-expert-weights 0.5 --dry-run
+$BIN --clip-qkv off --moe-normalize-expert-weights off --dry-run > /dev/null && pass "--clip-qkv off, --moe-normalize-expert-weights off" \
+    || fail "off settings refused"
 
 # --- every size/count flag: a value out of its range is refused, naming the flag (no silent default:
 # --seq 0 used to mean 256)
