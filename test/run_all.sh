@@ -106,6 +106,13 @@ echo "== the health check: GEMM, collectives, forward on every rank; a slow rank
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
+    # train_dbrx was built with ptxas's spill warnings as errors: no kernel of the step spills registers;
+    # the negative control: a kernel that must spill fails the same flags, named
+    out=$("$NVCC" ${NVCC_NOSPILL_FLAGS:--Xptxas -warn-spills,-Werror} -c test/spill_probe.cu -o /tmp/spill_probe.$$.o 2>&1); rc=$?
+    rm -f /tmp/spill_probe.$$.o
+    if [ "$rc" != 0 ] && grep -q "Registers are spilled to local memory in function '.*spill_probe" <<<"$out"; then
+        pass "no-spill rule: train_dbrx's kernels spill no registers (ptxas -warn-spills as an error); a spilling kernel fails the build ($(grep -m1 -o '[0-9]* bytes spill stores' <<<"$out"))"
+    else fail "no-spill rule: the spilling probe compiled (exit $rc): $(head -2 <<<"$out")"; fi
     # make test-build compiled these with nvcc for sm_90a, warnings as errors, linked against cuBLASLt
     for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
         if [ -x "$b" ]; then pass "CUDA build: $b compiled by nvcc for sm_90a, warnings as errors"
