@@ -52,6 +52,7 @@ typedef struct {
     std::string log = "", device = "auto", fp8 = "off";
     int fp8_history = 16, fp8_margin = 0, fp8_log_every = 0;
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
+    int expert_parallel = 1;       // EP degree (parallel/zero.h): the experts split over groups of this many ranks
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
     // checkpoints and Hugging Face interop (checkpoint/)
     std::string ckpt_dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16", dump_logits = "";
@@ -122,6 +123,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--fp8-margin", "", F_INT, &a->fp8_margin, "FP8 scales are backed off by 2^margin"},
         {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
         {"--fp8-gather", "", F_BOOL, &a->fp8_gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales"},
+        {"--expert-parallel", "", F_INT, &a->expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
+                                                              "(N divides the experts and the shard group size), tokens exchanged all-to-all"},
         {"--shard-group-size", "", F_INT, &a->shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
@@ -265,6 +268,10 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-log-every %d must be >= 0", a->fp8_log_every);
     if (a->fp8_gather && a->fp8 == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
     if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
+    if (a->expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->expert_parallel);
+    if (a->expert_parallel > 1 && a->fp8 != "off")
+        fail(EXIT_BAD_INPUT, "--expert-parallel %d with --fp8 %s: the FP8 expert GEMMs do not take expert parallelism yet",
+             a->expert_parallel, a->fp8.c_str());
     if (a->ckpt_every < 0 || a->ckpt_keep < 1 || a->ckpt_keep_every < 0)
         fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt_every,
              a->ckpt_keep_every, a->ckpt_keep);
@@ -487,14 +494,17 @@ typedef struct {
     const std::vector<double>* busy;
     int64_t tokens;
     double eta;
+    double ep_recv_max, ep_recv_mean;   // expert parallelism: rows received per rank in its busiest layer (< 0: no EP)
 } StepReport;
 
 // One optimizer step's line on the console and its object in the JSONL log. The loss is logged at full
 // precision so that runs can be compared bit for bit.
 static void report_step(FILE* logf, const StepReport& r) {
     const double* m = r.metrics;
-    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f | %s tok | eta %s\n",
-           r.step, r.steps, m[0], m[1], r.gnorm, r.lr, r.dt * 1000, r.tok_s, 100 * r.mfu, m[3], human_count((double)r.tokens).c_str(),
+    char ep[64] = "";
+    if (r.ep_recv_max >= 0) snprintf(ep, sizeof ep, " | ep recv %.2fx", r.ep_recv_mean > 0 ? r.ep_recv_max / r.ep_recv_mean : 0.0);
+    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f%s | %s tok | eta %s\n",
+           r.step, r.steps, m[0], m[1], r.gnorm, r.lr, r.dt * 1000, r.tok_s, 100 * r.mfu, m[3], ep, human_count((double)r.tokens).c_str(),
            human_time(r.eta).c_str());
     fflush(stdout);
     if (!logf) return;
@@ -504,6 +514,7 @@ static void report_step(FILE* logf, const StepReport& r) {
             r.step, num(m[0], "%.17g").c_str(), num(m[1], "%.6f").c_str(), num(m[2], "%.6f").c_str(), num(r.gnorm, "%.6f").c_str(),
             num(r.lr, "%.6e").c_str(), r.dt * 1000, r.tok_s, r.mfu, r.mfu_foundry, num(m[3], "%.4f").c_str(), (long long)r.tokens, r.eta);
     if (r.comm_bytes >= 0) fprintf(logf, ", \"comm_bytes\": %lld", r.comm_bytes);
+    if (r.ep_recv_max >= 0) fprintf(logf, ", \"ep_recv_max\": %.0f, \"ep_recv_mean\": %.1f", r.ep_recv_max, r.ep_recv_mean);
     if (r.busy) {   // each rank's busy time (the step less its time blocked in collectives): every rank's up to 64, else the max
         const std::vector<double>& busy = *r.busy;
         if (busy.size() <= 64) {
@@ -731,6 +742,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         uint64_t bytes0 = zero_bytes_sent(store);
         zero_zero_grad(store);
         double metrics[5] = {0, 0, 0, 0, 0};   // ce, lbl, z, imbalance, stop requested (summed over ranks)
+        double ep_recv = 0;                    // EP: the most rows this rank's experts took in one layer
         float dloss = 1.0f / args.grad_accum;
         for (int micro = 0; micro < args.grad_accum; micro++) {
             comm_phase("data, micro-batch %d", micro);
@@ -746,6 +758,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             metrics[1] += model->lbl_loss / args.grad_accum;
             metrics[2] += model->z_loss / args.grad_accum;
             metrics[3] += model->imbalance / args.grad_accum;
+            ep_recv = std::max(ep_recv, (double)dbrx_ep_recv_rows(model));
         }
         // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
         comm_phase("gradient reduction");
@@ -813,8 +826,16 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         if (steps_done == 2) time_steps -= first_dt;
         if (steps_done == 1) first_dt = dt;
         double eta = (steps_done > 1 ? time_steps / (steps_done - 1) : dt) * (args.steps - step - 1);
+        double ep_max = -1, ep_mean = -1;
+        if (zl->ep_n > 1) {   // rows received per rank, max and mean over the ranks
+            std::vector<double> all(comm.world);
+            comm_all_gather(&comm.world_group, &ep_recv, all.data(), 1, COMM_F64);
+            ep_max = *std::max_element(all.begin(), all.end());
+            ep_mean = 0;
+            for (double x : all) ep_mean += x / comm.world;
+        }
         StepReport rep = {step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, peak > 0 ? fpt_foundry * tok_s / peak : 0.0,
-                          (long long)step_bytes, comm.world > 1 ? &busy_all : NULL, prog.tokens + tokens_per_step, eta};
+                          (long long)step_bytes, comm.world > 1 ? &busy_all : NULL, prog.tokens + tokens_per_step, eta, ep_max, ep_mean};
         if (comm.rank == 0) report_step(logf, rep);
         bool skipped = !skip_why.empty();
         guard_stop = spike_guard_record(&guard, step + 1, skipped, metrics[0], gnorm);
@@ -898,6 +919,13 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         comm_agreed_failure();   // every rank took the same decision: all exit 1 together
         return EXIT_RUNTIME;
     }
+    if (zl->ep_n > 1) {   // the expert-parallel exchange of this rank, for the byte formula (parallel/README.md)
+        long long out = 0, in = 0, counts = 0;
+        dbrx_ep_totals(model, &out, &in, &counts);
+        printf("ep: rank %d sent %llu bytes in its expert-parallel group: %lld count messages, %lld rows out, %lld rows in\n", comm.rank,
+               (unsigned long long)comm_bytes_sent(&zl->ep), counts, out, in);
+        fflush(stdout);
+    }
     if (comm.world > 1) {   // what each rank sent, for the communication-volume check (parallel/README.md)
         printf("comm: rank %d sent %llu bytes in %d training steps (%.1f bytes/step)\n", comm.rank,
                (unsigned long long)step_bytes_total, steps_done, steps_done ? (double)step_bytes_total / steps_done : 0.0);
@@ -945,6 +973,12 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
 // ---------------------------------------------------------------------------------------------
 // the CPU backend's set-up: OpenMP threads per rank, the model, the store over MPI, FP8
 
+// expert parallelism's statistics (the GPU path does not run EP yet)
+static inline int dbrx_ep_recv_rows(const Dbrx* m) { return m->ep_recv_max; }
+static inline void dbrx_ep_totals(const Dbrx* m, long long* out, long long* in, long long* counts) {
+    *out = m->ep_rows_out; *in = m->ep_rows_in; *counts = m->ep_count_sends;
+}
+
 // the CPU model's answers to the loop's calls that only the GPU model needs to do work for
 static inline void dbrx_sync(Dbrx* m) { (void)m; }
 static inline float dbrx_fp8_log_scale(Dbrx* m, const Fp8MetaRef& r, int i) { (void)m; (void)i; return r.meta->scale; }
@@ -968,7 +1002,7 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
     Dbrx model;
     dbrx_build_shape(&model, &cfg, args.batch, args.seq);
     Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
-    zero_init(&zero, &model, &comm, args.shard_group_size, (uint64_t)args.seed);
+    zero_init(&zero, &model, &comm, args.shard_group_size, (uint64_t)args.seed, args.expert_parallel);
     printf("zero: rank %d: rank %d of %d in shard group %d, replica %d of %d; master+grads+moments %lld bytes allocated, "
            "%lld bytes measured (resident growth); working buffers %lld bytes\n", comm.rank, zero.shard.rank, zero.S,
            comm.rank / zero.S, zero.replica.rank, zero.R, (long long)zero.state_bytes, zero.state_rss, (long long)zero.work_bytes);

@@ -280,7 +280,12 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
     for (int u = 0; u < z->n_units; u++) {
         units += (u ? ", " : "") + std::to_string(z->unit_numel[u]);
         runs += u ? ", [" : "[";
-        for (size_t k = 0; k < z->runs[u].size(); k++) runs += (k ? ", " : "") + std::to_string(z->runs[u][k].numel);
+        for (size_t k = 0; k < z->runs[u].size(); k++) {   // a run: its size; under EP [flat offset, size, owner]
+            const ShardRun& r = z->runs[u][k];
+            runs += k ? ", " : "";
+            if (r.owner < 0) runs += std::to_string(r.numel);
+            else runs += "[" + std::to_string(r.flat_off) + ", " + std::to_string(r.numel) + ", " + std::to_string(r.owner) + "]";
+        }
         runs += "]";
     }
     char b[2048];
@@ -302,7 +307,8 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
     m += "  \"fp8\": " + ckpt_fp8_state_json(z->fp8_cfg, z->fp8_metas) + ",\n";
     snprintf(b, sizeof b, "  \"topology\": {\"world\": %d, \"shard_group_size\": %d, \"replicas\": %d, \"batch\": %d, "
              "\"seq\": %d, \"grad_accum\": %d, \"dtype\": \"float32\", \"arrays\": [\"master\", \"adam_m\", \"adam_v\"], "
-             "\"header_bytes\": %d, \"unit_numel\": [", z->W, z->S, z->R, run->batch, run->seq, run->grad_accum, CKPT_HEADER_BYTES);
+             "\"header_bytes\": %d, \"expert_parallel\": %d, \"unit_numel\": [", z->W, z->S, z->R, run->batch, run->seq, run->grad_accum,
+             CKPT_HEADER_BYTES, z->ep_n);
     m += b + units + "], \"unit_runs\": [" + runs + "]},\n";
     return m;
 }
@@ -570,28 +576,41 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     // (each unit one run). Any layout of the same parameters loads into any other.
     int version = 0;
     json_int(json_get(man, "format_version"), &version);
-    std::vector<std::vector<size_t>> runs_old;
+    std::vector<std::vector<RunSpec>> runs_old;
+    int ep_old = 1;   // expert parallelism: a run [flat offset, size, owner] belongs to one EP rank (absent: 1)
+    const JsonValue* epv = json_get(topo, "expert_parallel");
+    if (epv && (!json_int(epv, &ep_old) || ep_old < 1 || S_old % ep_old)) fmt_err = "manifest.json: expert_parallel";
     const JsonValue* ul = json_get(topo, version >= 3 ? "unit_runs" : "unit_numel");
     if (fmt_err.empty() && (!ul || ul->kind != JsonValue::ARR || ul->items.empty())) fmt_err = "manifest.json: unit_runs / unit_numel";
-    size_t params_old = 0, params = 0;
+    size_t params_old = 0, params = 0, flat = 0;
     for (size_t u = 0; fmt_err.empty() && u < ul->items.size(); u++) {
         const JsonValue* it = &ul->items[u];
         runs_old.emplace_back();
         if (version < 3) it = NULL;   // a unit's size: one run
         size_t n_runs = it ? (it->kind == JsonValue::ARR ? it->items.size() : 0) : 1;
         if (n_runs == 0) fmt_err = "manifest.json: unit_runs[" + std::to_string(u) + "]";
+        size_t unit_end = flat;
         for (size_t k = 0; fmt_err.empty() && k < n_runs; k++) {
-            uint64_t n;
-            if (!json_u64(it ? &it->items[k] : &ul->items[u], &n) || n == 0) fmt_err = "manifest.json: unit sizes";
-            else { runs_old.back().push_back((size_t)n); params_old += n; }
+            const JsonValue* e = it ? &it->items[k] : &ul->items[u];
+            uint64_t n = 0, off = flat;
+            int owner = -1;
+            bool ok = e->kind == JsonValue::ARR ? (e->items.size() == 3 && json_u64(&e->items[0], &off) && json_u64(&e->items[1], &n) &&
+                                                   json_int(&e->items[2], &owner) && owner >= 0 && owner < ep_old)
+                                                : json_u64(e, &n);
+            if (!ok || n == 0) { fmt_err = "manifest.json: unit sizes"; break; }
+            runs_old.back().push_back(RunSpec{(size_t)off, (size_t)n, owner});
+            params_old += n;
+            if (owner < 0) flat += n;
+            unit_end = std::max(unit_end, (size_t)(off + n));
         }
+        flat = std::max(flat, unit_end);   // (an EP unit's runs are not in flat order: the unit ends at its last element)
     }
     for (int u = 0; u < z->n_units; u++) params += z->unit_numel[u];
     if (fmt_err.empty() && params_old != params)
         fmt_err = "manifest.json: the units hold " + std::to_string(params_old) + " parameters, the model " + std::to_string(params);
     if (!fmt_err.empty()) return fmt_err;
     Zero old;
-    zero_layout_from_runs(&old, runs_old, S_old);
+    zero_layout_from_runs(&old, runs_old, S_old, ep_old);
     size_t total_old = old.shard_total;
     uint64_t expect_bytes = CKPT_HEADER_BYTES + 3ull * total_old * sizeof(float);
     std::vector<int> file_bad(S_old + 1, 0);

@@ -107,12 +107,17 @@ static inline size_t unit_first_entry(int unit, const DbrxConfig* c) {
 // Points the views of one sharding unit into `unit_base`, a buffer laid out as that unit's range of
 // the flat buffer (a sharded run gathers a unit into a working buffer and points the views there).
 static inline void unit_views(ParamTensors* p, real* unit_base, int unit, const DbrxConfig* c,
-                              const std::vector<ParamInfo>& t) {
+                              const std::vector<ParamInfo>& t, int ep_n = 1) {
     size_t i = unit_first_entry(unit, c), start = t[i].offset;
     auto at = [&](size_t j) { return unit_base + (t[j].offset - start); };
     if (unit == 0) { p->wte = at(i); return; }
     if (unit == dbrx_head_unit(c)) { p->norm_f = at(i); p->lm_head = at(i + 1); return; }
     BlockParams& b = p->blocks[dbrx_unit_layer(unit, c)];
+    if (dbrx_is_experts_unit(unit, c) && ep_n > 1) {   // expert parallelism: this rank's E/n experts of each, back to back
+        size_t local = (size_t)(c->n_experts / ep_n) * c->ffn_hidden * c->d_model;
+        b.w1 = unit_base; b.v1 = unit_base + local; b.w2 = unit_base + 2 * local;
+        return;
+    }
     if (dbrx_is_experts_unit(unit, c)) { b.w1 = at(i); b.v1 = at(i + 1); b.w2 = at(i + 2); return; }
     b.norm1 = at(i); b.wqkv = at(i + 1); b.wo = at(i + 2); b.norm2 = at(i + 3); b.router = at(i + 4);
 }
@@ -137,6 +142,67 @@ typedef struct {
     void* ctx;
 } UnitHooks;
 
+// Expert parallelism (--expert-parallel n; parallel/zero.h sets it up): the experts of every MoE layer
+// are split over an EP group of n ranks, EP rank r holding experts [r*E/n, (r+1)*E/n) (its experts
+// unit's views hold only those, w1/v1/w2 each (E/n * F, d)). After routing, the model sends every routed
+// row to the rank that owns its expert and gets the results back, through `all_to_allv` — the store's
+// transport (MPI on the CPU, NCCL on the GPU), as the unit hooks are its gathers. n == 1: everything
+// local, the hook unused. host: the buffers are host memory (the counts), even on the GPU path.
+typedef struct {
+    int n = 1, rank = 0;
+    void (*all_to_allv)(void* ctx, const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes, int host) = NULL;
+    void* ctx = NULL;
+} ExpertParallel;
+
+// The exchange of one MoE layer, planned from the counts, kept for the backward. Rows to peer p are
+// the rows of its experts, contiguous in xe (grouped by expert); rows from peer q arrive grouped by my
+// experts; perm puts them expert-major (local expert j: every peer's rows for it, in peer order).
+typedef struct {
+    std::vector<int> recv_counts;              // (n * E/n): [q][j] rows peer q routes to my expert j
+    std::vector<size_t> send_rows, recv_rows;  // (n)
+    std::vector<int> loffsets, perm;           // (E/n + 1), (R): expert-major row i = received row perm[i]
+    int R;                                     // rows received (every peer's, for my experts)
+} EpPlan;
+
+// Plans the exchange from this rank's counts (E): the counts go to their owners first (one small
+// all-to-all), so that every rank knows what it will receive.
+static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* counts, const int* offsets, int E) {
+    int n = ep->n, El = E / n;
+    pl->recv_counts.assign((size_t)n * El, 0);
+    std::vector<size_t> cb(n, El * sizeof(int));
+    ep->all_to_allv(ep->ctx, counts, cb.data(), pl->recv_counts.data(), cb.data(), 1);
+    pl->send_rows.assign(n, 0); pl->recv_rows.assign(n, 0);
+    for (int p = 0; p < n; p++) pl->send_rows[p] = offsets[(p + 1) * El] - offsets[p * El];
+    for (int q = 0; q < n; q++) for (int j = 0; j < El; j++) pl->recv_rows[q] += pl->recv_counts[(size_t)q * El + j];
+    pl->loffsets.assign(El + 1, 0);
+    for (int j = 0; j < El; j++) {
+        int rows = 0;
+        for (int q = 0; q < n; q++) rows += pl->recv_counts[(size_t)q * El + j];
+        pl->loffsets[j + 1] = pl->loffsets[j] + rows;
+    }
+    pl->R = pl->loffsets[El];
+    pl->perm.resize(pl->R);
+    std::vector<int> qstart(n + 1, 0);   // where peer q's rows start among the received ones
+    for (int q = 0; q < n; q++) qstart[q + 1] = qstart[q] + (int)pl->recv_rows[q];
+    for (int j = 0, i = 0; j < El; j++)
+        for (int q = 0; q < n; q++) {
+            int r0 = qstart[q];
+            for (int jj = 0; jj < j; jj++) r0 += pl->recv_counts[(size_t)q * El + jj];
+            for (int r = 0; r < pl->recv_counts[(size_t)q * El + j]; r++) pl->perm[i++] = r0 + r;
+        }
+}
+
+// rows of `row_bytes`: send blocks by send_rows, receive by recv_rows (or the reverse, back = 1)
+static inline void ep_exchange(const ExpertParallel* ep, const EpPlan* pl, const void* send, void* recv, size_t row_bytes, int back) {
+    int n = ep->n;
+    std::vector<size_t> sb(n), rb(n);
+    for (int p = 0; p < n; p++) {
+        sb[p] = (back ? pl->recv_rows[p] : pl->send_rows[p]) * row_bytes;
+        rb[p] = (back ? pl->send_rows[p] : pl->recv_rows[p]) * row_bytes;
+    }
+    ep->all_to_allv(ep->ctx, send, sb.data(), recv, rb.data(), 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // activations saved by the forward pass for the backward pass, per block
 
@@ -152,6 +218,9 @@ typedef struct {
     int *topk_idx, *counts, *offsets;  // (N, k), (E), (E + 1)
     int *row_token, *slot_row;         // (N*k), (N*k)
     real *xe, *g, *u, *act, *ye;       // (N*k, d), (N*k, F) x3, (N*k, d)
+    // expert parallelism: the exchange, and my experts' rows (R of them: every peer's) and activations
+    EpPlan ep;
+    std::vector<real> ep_xl, ep_g, ep_u, ep_act;   // (R, d), (R, F) x3
 } BlockActs;
 
 typedef struct {
@@ -171,6 +240,12 @@ typedef struct {
     std::vector<void*> allocations;
     size_t activation_bytes;
     UnitHooks hooks;                // sharding hooks (all NULL: unsharded)
+    ExpertParallel ep;              // expert parallelism (n == 1: every expert here)
+    std::vector<real> ep_buf, ep_buf2, ep_da, ep_dg, ep_du;   // EP scratch, grown as needed (dropless)
+    int ep_recv_max;                // the most rows this rank's experts received in one layer, last forward
+    long long ep_rows_out, ep_rows_in, ep_count_sends;   // rows sent to / received from other EP ranks, count messages:
+                                                          // totals over every forward (the test's byte formula)
+    int debug_route_first;          // DBRX_DEBUG_ROUTE_FIRST: every token routed to experts 0..k-1 (forced imbalance)
 
     // FP8 (--fp8, off unless dbrx_enable_fp8): the recipe, every block's operand state, and scratch
     // for the fake-quantised operands (activation-sized fq_x, fq_dy, fq_dy2, fq_dz, fq_dz2;
@@ -271,6 +346,9 @@ static inline void dbrx_build_shape(Dbrx* m, const DbrxConfig* cfg, int B, int T
                 (long long)params_total(cfg));
     m->params = m->grads = m->m = m->v = NULL;
     m->hooks = UnitHooks{NULL, NULL, NULL};
+    m->ep = ExpertParallel();
+    m->ep_recv_max = 0; m->ep_rows_out = m->ep_rows_in = m->ep_count_sends = 0;
+    m->debug_route_first = getenv("DBRX_DEBUG_ROUTE_FIRST") != NULL;
     m->B = B; m->T = T;
     m->fp8.recipe = FP8_OFF;
     m->acts.resize(cfg->n_layers);
@@ -360,7 +438,9 @@ static inline void block_linear_backward(Dbrx* m, Fp8Linear* q, real* dinp, real
 // The SwiGLU experts over the routed rows of block l (grouped by expert: a->offsets):
 // g, u, act = up(xe); ye = down(act). Under FP8: E4M3 operands, xe and act in 1x128 tiles along the
 // GEMM's reduction, each expert's weights in 128x128 blocks.
+static inline void block_experts_forward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w);
 static inline void block_experts_forward(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
+    if (m->ep.n > 1) { block_experts_forward_ep(m, l, a, w); return; }
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden;
     Fp8BlockState* q8 = block_fp8(m, l);
@@ -381,10 +461,54 @@ static inline void block_experts_forward(Dbrx* m, int l, BlockActs* a, const Blo
     experts_down_forward(a->ye, act, w2, a->offsets, E, d, F);
 }
 
+// The experts under expert parallelism: the rows of xe go to their experts' ranks, this rank runs its
+// experts over every peer's rows, the results come back into ye in xe's layout (the combine is as
+// without EP). FP32 only (FP8 with EP is refused at set-up).
+static inline void block_experts_forward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
+    const DbrxConfig* c = &m->cfg;
+    int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, El = E / m->ep.n;
+    (void)l;
+    EpPlan* pl = &a->ep;
+    ep_plan(&m->ep, pl, a->counts, a->offsets, E);
+    size_t R = pl->R;
+    if (pl->R > m->ep_recv_max) m->ep_recv_max = pl->R;
+    for (int p = 0; p < m->ep.n; p++)
+        if (p != m->ep.rank) { m->ep_rows_out += pl->send_rows[p]; m->ep_rows_in += pl->recv_rows[p]; m->ep_count_sends++; }
+    m->ep_buf.resize(std::max<size_t>(R, 1) * d);
+    ep_exchange(&m->ep, pl, a->xe, m->ep_buf.data(), d * sizeof(real), 0);        // (R, d) in peer order
+    a->ep_xl.resize(R * d); a->ep_g.resize(R * F); a->ep_u.resize(R * F); a->ep_act.resize(R * F);
+    moe_gather(a->ep_xl.data(), m->ep_buf.data(), pl->perm.data(), (int)R, d);   // expert-major
+    experts_up_forward(a->ep_g.data(), a->ep_u.data(), a->ep_act.data(), a->ep_xl.data(), w.w1, w.v1, pl->loffsets.data(), El, d, F);
+    m->ep_buf2.resize(std::max<size_t>(R, 1) * d);
+    experts_down_forward(m->ep_buf2.data(), a->ep_act.data(), w.w2, pl->loffsets.data(), El, d, F);   // (R, d) expert-major
+    for (size_t i = 0; i < R; i++) memcpy(&m->ep_buf[(size_t)pl->perm[i] * d], &m->ep_buf2[i * d], d * sizeof(real));
+    ep_exchange(&m->ep, pl, m->ep_buf.data(), a->ye, d * sizeof(real), 1);       // back, in xe's layout
+}
+// Its backward: dye's rows to the experts' ranks, the experts' backward there (weight gradients of my
+// experts, from every peer's rows), dxe back in xe's layout.
+static inline void block_experts_backward_ep(Dbrx* m, BlockActs* a, const BlockParams& w, const BlockParams& gw) {
+    const DbrxConfig* c = &m->cfg;
+    int d = c->d_model, F = c->ffn_hidden, El = c->n_experts / m->ep.n;
+    EpPlan* pl = &a->ep;
+    size_t R = pl->R;
+    m->ep_buf.resize(std::max<size_t>(R, 1) * d); m->ep_buf2.resize(std::max<size_t>(R, 1) * d);
+    ep_exchange(&m->ep, pl, m->dye, m->ep_buf.data(), d * sizeof(real), 0);
+    moe_gather(m->ep_buf2.data(), m->ep_buf.data(), pl->perm.data(), (int)R, d);   // dy, expert-major
+    m->ep_da.resize(R * F); m->ep_dg.resize(R * F); m->ep_du.resize(R * F);
+    const int* lo = pl->loffsets.data();
+    experts_down_backward(m->ep_da.data(), gw.w2, m->ep_buf2.data(), w.w2, a->ep_act.data(), m->ep_buf2.data(), lo, El, d, F);
+    swiglu_backward(m->ep_dg.data(), m->ep_du.data(), m->ep_da.data(), a->ep_g.data(), a->ep_u.data(), R * F);
+    experts_up_backward(m->ep_buf2.data(), gw.w1, gw.v1, m->ep_dg.data(), m->ep_du.data(), w.w1, w.v1, m->ep_dg.data(),
+                        m->ep_du.data(), a->ep_xl.data(), lo, El, d, F);                  // dx, expert-major
+    for (size_t i = 0; i < R; i++) memcpy(&m->ep_buf[(size_t)pl->perm[i] * d], &m->ep_buf2[i * d], d * sizeof(real));
+    ep_exchange(&m->ep, pl, m->ep_buf.data(), m->dxe, d * sizeof(real), 1);
+}
+
 // Backward of block_experts_forward from dye (m->dye): the weight gradients into gw, dxe (m->dxe).
 // Under FP8: E5M2 gradients, in 1x128 tiles for dgrad (reduction along the row) and re-tiled 128x1
 // for wgrad under block scaling (reduction over the tokens).
 static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const BlockParams& w, const BlockParams& gw) {
+    if (m->ep.n > 1) { block_experts_backward_ep(m, a, w, gw); return; }
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, N = m->B * m->T, k = c->top_k;
     Fp8BlockState* q8 = block_fp8(m, l);
@@ -433,6 +557,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
     embedding_forward(m->resid[0], inputs, m->p.wte, N, d);
     unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
+    m->ep_recv_max = 0;
     for (int l = 0; l < L; l++) {
         unit_begin(m, dbrx_block_unit(l), UNIT_FORWARD);
         const BlockParams& w = m->p.blocks[l];   // (a reference: the experts' views are set when their unit begins)
@@ -450,6 +575,8 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         // MoE half
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
         matmul_forward(a->router_logits, a->ln2, w.router, N, d, E);
+        if (m->debug_route_first)   // (the tests' forced imbalance: experts 0..k-1, one EP rank's, take every token)
+            for (int t = 0; t < N; t++) for (int e = 0; e < k; e++) a->router_logits[(size_t)t * E + e] += 30;
         router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k, c->moe_norm_p);
         moe_dispatch(a->offsets, a->row_token, a->slot_row, a->topk_idx, a->counts, N, E, k);
         moe_gather(a->xe, a->ln2, a->row_token, N * k, d);

@@ -27,6 +27,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -731,6 +732,56 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, void* recv, s
         int dst = ring_mod(r + k, s), src = ring_mod(r - k, s);
         comm_sendrecv(g, (const char*)send + (size_t)dst * bytes, bytes, dst, (char*)recv + (size_t)src * bytes, bytes,
                       src, "all_to_all");
+    }
+}
+
+// All-to-all with variable sizes (expert parallelism's token exchange): to rank p go send_bytes[p]
+// bytes, the blocks one after the other in rank order in `send`; from rank q come recv_bytes[q] bytes into
+// `recv`, likewise. Both sides must agree on the sizes (exchange the counts first). host: the MPI path
+// even for an NCCL group (host buffers, e.g. the counts). Pairwise exchange, as comm_all_to_all.
+static inline void comm_all_to_allv(CommGroup* g, const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes,
+                                    bool host = false) {
+    int s = g->size, r = g->rank;
+    std::vector<size_t> so(s + 1, 0), ro(s + 1, 0);
+    for (int p = 0; p < s; p++) { so[p + 1] = so[p] + send_bytes[p]; ro[p + 1] = ro[p] + recv_bytes[p]; }
+    g->calls++;
+#ifdef COMM_HAVE_NCCL
+    if (g->nccl && !host) {
+        uint64_t sent = 0;
+        NCCL_CHECK(ncclGroupStart());
+        for (int p = 0; p < s; p++) {
+            if (send_bytes[p]) NCCL_CHECK(ncclSend((const char*)send + so[p], send_bytes[p], ncclInt8, p, g->nc, g->stream));
+            if (recv_bytes[p]) NCCL_CHECK(ncclRecv((char*)recv + ro[p], recv_bytes[p], ncclInt8, p, g->nc, g->stream));
+            if (p != r) sent += send_bytes[p];
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        comm_nccl_count(g, sent);
+        return;
+    }
+#else
+    (void)host;
+#endif
+    if (send_bytes[r] != recv_bytes[r])
+        fail_at(__FILE__, __LINE__, "all_to_allv in group %s: rank %d sends itself %zu bytes but expects %zu", g->name.c_str(), r,
+                send_bytes[r], recv_bytes[r]);
+    memmove((char*)recv + ro[r], (const char*)send + so[r], send_bytes[r]);
+    const size_t piece = (size_t)1 << 30;   // MPI counts are int: a block goes in pieces, as many on both sides
+    for (int k = 1; k < s; k++) {
+        int dst = ring_mod(r + k, s), src = ring_mod(r - k, s);
+        std::vector<MPI_Request> reqs;
+        for (size_t off = 0; off < recv_bytes[src]; off += piece) {
+            MPI_Request q;
+            MPI_CHECK(MPI_Irecv((char*)recv + ro[src] + off, (int)std::min(piece, recv_bytes[src] - off), MPI_BYTE, src, 10, g->mpi, &q));
+            reqs.push_back(q);
+        }
+        for (size_t off = 0; off < send_bytes[dst]; off += piece) {
+            MPI_Request q;
+            size_t n = std::min(piece, send_bytes[dst] - off);
+            MPI_CHECK(MPI_Isend((const char*)send + so[dst] + off, (int)n, MPI_BYTE, dst, 10, g->mpi, &q));
+            reqs.push_back(q);
+            g->bytes_sent += n;
+        }
+        if (!reqs.empty()) comm_wait(g, reqs.data(), (int)reqs.size(), src, "all_to_allv");
     }
 }
 

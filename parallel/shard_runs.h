@@ -1,22 +1,35 @@
 /*
- * shard_runs.h — a run: the piece of a sharding unit that is split evenly over the S ranks of a shard
- * group (parallel/zero.h's layout), and the pieces a rank holds. Shared by the store (zero.h), its FP8
- * gather (zero_fp8.h) and the device store (zero_gpu.cuh).
+ * shard_runs.h — a run: the piece of a sharding unit that is split evenly over ranks of a shard group
+ * (parallel/zero.h's layout), and the pieces a rank holds. Shared by the store (zero.h), its FP8
+ * gather (zero_fp8.h), the device store (zero_gpu.cuh) and the checkpoint loader.
+ *   owner < 0    the run is split over all S ranks of the shard group: shard rank r holds piece r
+ *   owner = o    expert parallelism (--expert-parallel n): the run belongs to the EP rank o (a slice of
+ *                one expert tensor: EP rank o's experts) and is split over the S/n ranks of the shard
+ *                group that have EP rank o (r % n == o): shard rank r holds piece r / n
  */
 #pragma once
 #include <cstddef>
 #include <vector>
 
-// flat range [flat_off, flat_off + numel), split into S pieces of `chunk` = ceil(numel / S) elements
-// (the last padded); a rank's piece lies at shard_rel in its shard of the unit
-typedef struct { size_t flat_off, numel, chunk, shard_rel; } ShardRun;
+// flat range [flat_off, flat_off + numel), split into pieces of `chunk` = ceil(numel / parts) elements
+// (the last padded); a holder's piece lies at shard_rel in its shard of the unit, and the whole run at
+// slot_off in the unit's gathered working slot
+typedef struct {
+    size_t flat_off, numel, chunk, shard_rel, slot_off;
+    int owner, ep_n;   // owner: -1, or the EP rank it belongs to (of ep_n)
+} ShardRun;
+
+// does shard rank r hold a piece of the run, and which
+static inline bool shard_run_held(const ShardRun& run, int r) { return run.owner < 0 || r % run.ep_n == run.owner; }
+static inline int shard_run_piece(const ShardRun& run, int r) { return run.owner < 0 ? r : r / run.ep_n; }
 
 // Calls fn(lo, hi, at) for the piece of each run that shard rank r holds: flat range [lo, hi) (shorter
 // than chunk only for the padded last piece; lo >= hi: all padding), `at` its place in the rank's shard
 // of the unit.
 template <typename Fn> static inline void shard_run_pieces(const std::vector<ShardRun>& runs, int r, Fn fn) {
     for (const ShardRun& run : runs) {
-        size_t lo = run.flat_off + (size_t)r * run.chunk, end = run.flat_off + run.numel;
+        if (!shard_run_held(run, r)) continue;
+        size_t lo = run.flat_off + (size_t)shard_run_piece(run, r) * run.chunk, end = run.flat_off + run.numel;
         size_t hi = lo + run.chunk < end ? lo + run.chunk : end;
         fn(lo, hi, run.shard_rel);
     }

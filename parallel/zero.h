@@ -48,7 +48,14 @@ typedef struct {
     int n_units;
     std::vector<size_t> unit_off, unit_numel;   // each unit's range of the flat buffer
     std::vector<std::vector<ShardRun>> runs;    // each unit's runs
+    // expert parallelism (--expert-parallel n, parallel/README.md): EP rank = shard rank % n; the EP group
+    // (n consecutive ranks) exchanges routed rows; the experts' runs are sharded over the expert shard group
+    // (the shard group's ranks with the same EP rank, S/n of them)
+    int ep_n, ep_rank;
+    CommGroup ep, expert_shard;
+    std::vector<char> unit_ep;                  // per unit: 1 = a block's experts, placed by EP
     std::vector<size_t> shard_numel;            // sum of its runs' chunks: each unit's shard length
+    std::vector<size_t> slot_numel;             // each unit's gathered length in a working slot (padding included)
     std::vector<size_t> shard_off;              // where each unit's shard lies in this rank's shard buffers
     size_t shard_total;                         // elements in this rank's shard buffers
     size_t work_numel;                          // S * max shard_numel: one working slot
@@ -79,52 +86,81 @@ static inline long long zero_rss_bytes() {
     return kb < 0 ? -1 : kb * 1024;
 }
 
-// The layout from the runs' sizes, unit by unit (the runs of all units tile the flat buffer in order),
-// for S ranks: unit_off, unit_numel, runs, shard_numel, shard_off, shard_total, work_numel. No groups, no
-// storage. A checkpoint's layout is rebuilt from its manifest with it (checkpoint/ckpt.h).
-static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<size_t>>& run_numel, int S) {
+// A run as the layout is given it: a flat range, and the EP rank it belongs to (-1: all ranks)
+typedef struct { size_t flat_off, numel; int owner; } RunSpec;
+
+// The layout from the runs, unit by unit, for S ranks and EP degree n: unit_off, unit_numel, runs,
+// shard_numel, shard_off, shard_total, work_numel (one rank's view: every rank holds as many elements of
+// a unit). No groups, no storage. A checkpoint's layout is rebuilt from its manifest with it.
+static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<RunSpec>>& specs, int S, int n = 1) {
     z->S = S;
-    z->n_units = (int)run_numel.size();
+    z->ep_n = n;
+    z->n_units = (int)specs.size();
     z->unit_off.assign(z->n_units, 0); z->unit_numel.assign(z->n_units, 0);
     z->runs.assign(z->n_units, {});
-    z->shard_numel.assign(z->n_units, 0); z->shard_off.assign(z->n_units, 0);
+    z->unit_ep.assign(z->n_units, 0);
+    z->shard_numel.assign(z->n_units, 0); z->shard_off.assign(z->n_units, 0); z->slot_numel.assign(z->n_units, 0);
     z->shard_total = 0;
-    size_t flat = 0, max_shard = 0;
+    size_t max_slot = 0;
     for (int u = 0; u < z->n_units; u++) {
-        z->unit_off[u] = flat;
         z->shard_off[u] = z->shard_total;
-        for (size_t n : run_numel[u]) {
-            size_t chunk = (n + S - 1) / S;
-            z->runs[u].push_back(ShardRun{flat, n, chunk, z->shard_numel[u]});
-            z->shard_numel[u] += chunk;
-            z->unit_numel[u] += n;
-            flat += n;
+        z->unit_off[u] = specs[u].empty() ? 0 : specs[u][0].flat_off;
+        for (const RunSpec& r : specs[u]) z->unit_off[u] = std::min(z->unit_off[u], r.flat_off);
+        std::vector<size_t> held(n + 1, 0), slot(n + 1, 0);   // per owner (index n: -1): shard and slot so far
+        for (const RunSpec& r : specs[u]) {
+            int parts = r.owner < 0 ? S : S / n, o = r.owner < 0 ? n : r.owner;
+            ShardRun run;
+            run.flat_off = r.flat_off; run.numel = r.numel; run.chunk = (r.numel + parts - 1) / parts;
+            run.owner = r.owner; run.ep_n = n;
+            run.shard_rel = held[o];
+            run.slot_off = r.owner < 0 ? r.flat_off - z->unit_off[u] : slot[o];
+            held[o] += run.chunk;
+            slot[o] += run.chunk * parts;
+            z->runs[u].push_back(run);
+            z->unit_numel[u] += r.numel;
+            if (r.owner >= 0) z->unit_ep[u] = 1;
         }
+        // every holder's shard of the unit is as long (EP: each owner has runs of the same sizes)
+        z->shard_numel[u] = z->unit_ep[u] ? held[0] : held[n];
+        size_t slot_len = 0;
+        for (const ShardRun& r : z->runs[u])
+            if (r.owner <= 0) slot_len = std::max(slot_len, r.slot_off + r.chunk * (r.owner < 0 ? S : S / n));
         z->shard_total += z->shard_numel[u];
-        if (z->shard_numel[u] > max_shard) max_shard = z->shard_numel[u];
+        z->slot_numel[u] = slot_len;
+        max_slot = std::max(max_slot, slot_len);
     }
-    z->work_numel = max_shard * S;
+    z->work_numel = max_slot;
 }
 
-// The model's runs for S ranks (the top comment): a block's experts one run per tensor when S divides
-// their rows (E*F), every other unit (and the experts otherwise) one run.
-static inline std::vector<std::vector<size_t>> zero_unit_runs(const DbrxConfig* c, const std::vector<ParamInfo>& t, int S) {
-    std::vector<std::vector<size_t>> runs(dbrx_num_units(c));
+// The model's runs for S ranks and EP degree n (the top comment): every unit one run but a block's
+// experts: without EP one run per tensor when S divides their rows (E*F), else one run; with EP one run
+// per tensor and EP rank (its E/n experts' rows), split over the S/n ranks with that EP rank.
+static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1) {
+    std::vector<std::vector<RunSpec>> runs(dbrx_num_units(c));
     bool split = ((size_t)c->n_experts * c->ffn_hidden) % S == 0;
     for (const ParamInfo& p : t) {
-        std::vector<size_t>& r = runs[p.unit];
-        if (split && dbrx_is_experts_unit(p.unit, c)) r.push_back(p.numel);
-        else if (r.empty()) r.push_back(p.numel);
-        else r[0] += p.numel;
+        std::vector<RunSpec>& r = runs[p.unit];
+        bool experts = dbrx_is_experts_unit(p.unit, c);
+        if (experts && n > 1) {   // (runs in tensor order, then EP rank: each owner's w1, v1, w2 are its slot's three)
+            size_t local = p.numel / n;
+            for (int o = 0; o < n; o++) r.push_back(RunSpec{p.offset + o * local, local, o});
+        } else if (split && experts) r.push_back(RunSpec{p.offset, p.numel, -1});
+        else if (r.empty()) r.push_back(RunSpec{p.offset, p.numel, -1});
+        else r[0].numel += p.numel;
     }
     return runs;
 }
 
 // The units and their shards for S ranks, with no groups and no storage (the GPU store's memory
 // estimate uses it before the groups exist).
-static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S) {
-    zero_layout_from_runs(z, zero_unit_runs(c, t, S), S);
+static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1) {
+    zero_layout_from_runs(z, zero_unit_runs(c, t, S, n), S, n);
 }
+
+// the group a unit's gathers and reduce-scatters run in (EP experts: the expert shard group), and whether
+// this rank holds a piece of a run
+static inline CommGroup* zero_unit_group(Zero* z, int u) { return z->unit_ep[u] ? &z->expert_shard : &z->shard; }
+static inline bool zero_run_mine(const Zero* z, const ShardRun& r) { return shard_run_held(r, z->shard.rank); }
 
 // the pieces of unit u that shard rank r holds (shard_run_pieces)
 template <typename Fn> static inline void zero_unit_pieces(const Zero* z, int u, int r, Fn fn) { shard_run_pieces(z->runs[u], r, fn); }
@@ -135,13 +171,31 @@ static inline void zero_unit_end(void* ctx, int unit, int phase);
 // The groups and the layout; no storage. S = 0 means the whole world (ZeRO-3). Every rank calls this
 // with the same S. use_nccl: the groups get NCCL communicators (the GPU path, parallel/zero_gpu.cuh).
 static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, Comm* comm, int S,
-                                    int use_nccl) {
+                                    int use_nccl, int ep_n = 1) {
     int W = comm->world;
     if (S == 0) S = W;
     if (S < 0 || S > W || W % S != 0) {
         if (comm->rank == 0)
             fail(EXIT_BAD_INPUT, "--shard-group-size %d must divide the number of ranks %d (S = %d: ZeRO-3, S = 1: data "
                  "parallel, else HSDP with %d / S replicas)", S, W, W, W);
+        exit(EXIT_BAD_INPUT);
+    }
+    // expert parallelism: EP groups of n consecutive ranks inside a shard group, each holding E/n experts,
+    // sharded over the shard group's S/n ranks with the same EP rank (parallel/README.md)
+    const char* ep_err = NULL;
+    char ep_buf[256];
+    if (ep_n < 1) ep_err = "must be >= 1";
+    else if (c->n_experts % ep_n) { snprintf(ep_buf, sizeof ep_buf, "must divide the %d experts", c->n_experts); ep_err = ep_buf; }
+    else if (S % ep_n) {
+        snprintf(ep_buf, sizeof ep_buf, "must divide the shard group size %d (an EP group lies in a shard group; --shard-group-size)", S);
+        ep_err = ep_buf;
+    } else if (ep_n > 1 && ((size_t)(c->n_experts / ep_n) * c->ffn_hidden) % (S / ep_n)) {
+        snprintf(ep_buf, sizeof ep_buf, "leaves %d experts x %d rows per EP rank, not divisible over the %d ranks that shard them",
+                 c->n_experts / ep_n, c->ffn_hidden, S / ep_n);
+        ep_err = ep_buf;
+    }
+    if (ep_err) {
+        if (comm->rank == 0) fail(EXIT_BAD_INPUT, "--expert-parallel %d %s", ep_n, ep_err);
         exit(EXIT_BAD_INPUT);
     }
     z->S = S; z->W = W; z->R = W / S;
@@ -155,7 +209,13 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     z->shard = comm_split(z->world, comm->rank / S, comm->rank, "shard", use_nccl);
     z->replica = comm_split(z->world, comm->rank % S, comm->rank, "replica", use_nccl);
     int s = z->shard.rank;
-    zero_unit_layout(z, c, t, S);
+    z->ep_n = ep_n;
+    z->ep_rank = s % ep_n;
+    if (ep_n > 1) {
+        z->ep = comm_split(z->world, comm->rank / ep_n, comm->rank, "expert_parallel", use_nccl);
+        z->expert_shard = comm_split(z->world, (comm->rank / S) * ep_n + z->ep_rank, comm->rank, "expert_shard", use_nccl);
+    }
+    zero_unit_layout(z, c, t, S, ep_n);
     z->segs.clear();
     for (const ParamInfo& p : t)   // intersect each tensor with this rank's pieces of its unit
         zero_unit_pieces(z, p.unit, s, [&](size_t lo, size_t hi, size_t at) {
@@ -170,10 +230,15 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
 
 // The CPU path: the groups, the layout, and this rank's shard of the state in host memory, initialised
 // as the unsharded model would be (seed); installs the hooks on `model` when S > 1.
-static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t seed) {
+static inline void zero_ep_all_to_allv(void* ctx, const void* send, const size_t* sb, void* recv, const size_t* rb, int host) {
+    comm_all_to_allv(&((Zero*)ctx)->ep, send, sb, recv, rb, host);
+}
+
+static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t seed, int ep_n = 1) {
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
-    zero_init_layout(z, c, t, comm, S, 0);
+    zero_init_layout(z, c, t, comm, S, 0, ep_n);
+    if (ep_n > 1) { model->ep.n = ep_n; model->ep.rank = z->ep_rank; model->ep.all_to_allv = zero_ep_all_to_allv; model->ep.ctx = z; }
     S = z->S;
     z->model = model;
 
@@ -213,6 +278,7 @@ static inline void zero_free(Zero* z) {
     free(z->work[0]); free(z->work[1]); free(z->gwork);
     comm_group_free(&z->shard);
     comm_group_free(&z->replica);
+    if (z->ep_n > 1) { comm_group_free(&z->ep); comm_group_free(&z->expert_shard); }
 }
 
 // --fp8-gather, after dbrx_enable_fp8: the blocks' FP8 matrices are gathered as E4M3 codes with their
@@ -220,6 +286,7 @@ static inline void zero_free(Zero* z) {
 // gather (S = 1: every rank holds the whole model), 1 when on.
 static inline int zero_enable_fp8_gather(Zero* z) {
     if (z->S == 1 || z->model->fp8.recipe == FP8_OFF) return 0;
+    if (z->ep_n > 1) fail(EXIT_BAD_INPUT, "--fp8-gather with --expert-parallel is not supported yet");
     zero_fp8_init(&z->fp8, z->model, z->S, z->shard.rank, z->unit_off, z->runs);
     z->model->fp8.weights_quantized = 1;
     z->work_bytes += z->fp8.send.size() + z->fp8.recv.size();
@@ -259,7 +326,9 @@ static inline bool zero_host_state_finite(Zero* z) {
 
 // bytes this rank has sent in every group the training uses
 static inline uint64_t zero_bytes_sent(const Zero* z) {
-    return comm_bytes_sent(z->world) + comm_bytes_sent(&z->shard) + comm_bytes_sent(&z->replica);
+    uint64_t b = comm_bytes_sent(z->world) + comm_bytes_sent(&z->shard) + comm_bytes_sent(&z->replica);
+    if (z->ep_n > 1) b += comm_bytes_sent(&z->ep) + comm_bytes_sent(&z->expert_shard);
+    return b;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -273,10 +342,11 @@ static inline void zero_gather_unit_async(Zero* z, int u) {
     if (z->fp8.on && !z->fp8.tensors[u].empty()) {   // a block under --fp8-gather: E4M3 codes (zero_fp8.h)
         if (!z->fp8.ready) zero_fp8_prepare(&z->fp8, &z->shard, z->master, z->shard_off);
         zero_fp8_gather_unit(&z->fp8, &z->shard, u, z->work[slot]);
-    } else {   // each run into its place in the unit
+    } else {   // each run into its place in the unit (EP: this rank's experts' runs, in the expert shard group)
+        CommGroup* g = zero_unit_group(z, u);
         for (const ShardRun& r : z->runs[u])
-            comm_all_gather(&z->shard, z->master + z->shard_off[u] + r.shard_rel, z->work[slot] + (r.flat_off - z->unit_off[u]),
-                            r.chunk, COMM_F32);
+            if (zero_run_mine(z, r))
+                comm_all_gather(g, z->master + z->shard_off[u] + r.shard_rel, z->work[slot] + r.slot_off, r.chunk, COMM_F32);
     }
     z->slot_unit[slot] = u;
 }
@@ -285,10 +355,12 @@ static inline void zero_release_unit(Zero* z, int u) { if (z->slot_unit[u & 1] =
 
 // the full gradient of unit u (in gwork) -> reduce-scatter in the shard group, run by run -> added into the shard
 static inline void zero_reduce_scatter_unit(Zero* z, int u) {
+    CommGroup* grp = zero_unit_group(z, u);
     for (const ShardRun& r : z->runs[u]) {
-        real* full = z->gwork + (r.flat_off - z->unit_off[u]);
-        comm_reduce_scatter_inplace(&z->shard, full, r.chunk, COMM_F32);
-        const real* mine = full + (size_t)z->shard.rank * r.chunk;
+        if (!zero_run_mine(z, r)) continue;
+        real* full = z->gwork + r.slot_off;
+        comm_reduce_scatter_inplace(grp, full, r.chunk, COMM_F32);
+        const real* mine = full + (size_t)grp->rank * r.chunk;
         real* g = z->grad + z->shard_off[u] + r.shard_rel;
         for (size_t i = 0; i < r.chunk; i++) g[i] += mine[i];
     }
@@ -309,13 +381,13 @@ static inline void zero_unit_begin(void* ctx, int u, int phase) {
     if (phase != UNIT_BACKWARD_GRADS_ONLY) {
         zero_gather_unit_async(z, u);
         zero_wait_unit(z, u);
-        unit_views(&z->model->p, z->work[u & 1], u, c, z->model->table);
+        unit_views(&z->model->p, z->work[u & 1], u, c, z->model->table, z->ep_n);
         int next = zero_next_unit(z, u, phase);
         if (next >= 0) zero_gather_unit_async(z, next);   // prefetch into the other slot
     }
     if (phase != UNIT_FORWARD) {   // gradients accumulate into a zeroed full-size buffer (padding included)
-        memset(z->gwork, 0, (size_t)z->S * z->shard_numel[u] * sizeof(real));
-        unit_views(&z->model->g, z->gwork, u, c, z->model->table);
+        memset(z->gwork, 0, z->slot_numel[u] * sizeof(real));
+        unit_views(&z->model->g, z->gwork, u, c, z->model->table, z->ep_n);
     }
 }
 

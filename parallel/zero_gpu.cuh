@@ -372,8 +372,7 @@ static inline void zero_fp8_gather_unit(ZeroGpu* zg, int u, int slot) {
     cudaCheck(cudaStreamWaitEvent(comm, f->codes_ready, 0));
     size_t sl = f->side_len[u];
     for (const ShardRun& r : z->runs[u])   // each run's codes into its place: the received codes are in the unit's flat order
-        comm_all_gather(&z->shard, f->codes_send + f->codes_off[u] + r.shard_rel, f->codes_recv + (r.flat_off - z->unit_off[u]),
-                        r.chunk, COMM_BYTE);
+        comm_all_gather(&z->shard, f->codes_send + f->codes_off[u] + r.shard_rel, f->codes_recv + r.slot_off, r.chunk, COMM_BYTE);
     if (sl) comm_all_gather(&z->shard, f->side_send + f->side_off[u], f->side_recv, sl, COMM_BF16);
     for (int k : f->unit_mats[u]) {
         const Fp8GatherMatrix& M = f->mats[k];
@@ -396,8 +395,9 @@ static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) {
     if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) zero_fp8_gather_unit(zg, u, slot);   // a block under --fp8-gather
     else
         for (const ShardRun& r : z->runs[u])   // each run into its place in the unit
-            comm_all_gather(&z->shard, zg->master_bf16 + z->shard_off[u] + r.shard_rel, zg->work[slot] + (r.flat_off - z->unit_off[u]),
-                            r.chunk, COMM_BF16);
+            if (zero_run_mine(z, r))
+                comm_all_gather(zero_unit_group(z, u), zg->master_bf16 + z->shard_off[u] + r.shard_rel, zg->work[slot] + r.slot_off,
+                                r.chunk, COMM_BF16);
     cudaCheck(cudaEventRecord(zg->gathered[slot], comm));
     zg->slot_unit[slot] = u;
 }
@@ -424,7 +424,7 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
     }
     if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it has finished
         cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
-        cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, (size_t)z->S * z->shard_numel[u] * sizeof(float), zg->compute));
+        cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), zg->compute));
         model_unit_views(&model->g, zg->gwork[slot], u, &model->cfg, model->table);
     }
 }
@@ -438,10 +438,12 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
         cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
         cudaCheck(cudaStreamWaitEvent(comm, zg->grads_ready[slot], 0));
         // (test/test_zero_gpu.sh's negative control plants an error here: the neighbour's chunk)
-        int mine = g_zero_debug_plant_rs ? (z->shard.rank + 1) % z->S : z->shard.rank;
+        CommGroup* grp = zero_unit_group(z, u);
+        int mine = g_zero_debug_plant_rs ? (grp->rank + 1) % grp->size : grp->rank;
         for (const ShardRun& r : z->runs[u]) {   // run by run, out of the unit's full gradient
-            float* full = zg->gwork[slot] + (r.flat_off - z->unit_off[u]);
-            comm_reduce_scatter_inplace(&z->shard, full, r.chunk, COMM_F32);
+            if (!zero_run_mine(z, r)) continue;
+            float* full = zg->gwork[slot] + r.slot_off;
+            comm_reduce_scatter_inplace(grp, full, r.chunk, COMM_F32);
             LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, comm, zg->grad + z->shard_off[u] + r.shard_rel,
                    full + (size_t)mine * r.chunk, r.chunk);
         }

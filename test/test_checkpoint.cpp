@@ -399,10 +399,10 @@ static float pattern(size_t i, int a) {
     if (i == g_poison && a == 2) return NAN;
     return a == 0 ? (float)(i % 1000003) : a == 1 ? -(float)(i % 999983) : (float)(i % 7919) + 0.5f;
 }
-static void write_layout_checkpoint(const std::string& dir, const DbrxConfig* c, const std::vector<std::vector<size_t>>& runs, int S_old,
-                                    int version) {
+static void write_layout_checkpoint(const std::string& dir, const DbrxConfig* c, const std::vector<std::vector<RunSpec>>& runs, int S_old,
+                                    int version, int ep = 1) {
     Zero old;
-    zero_layout_from_runs(&old, runs, S_old);
+    zero_layout_from_runs(&old, runs, S_old, ep);
     old.W = S_old; old.R = 1;
     old.fp8_cfg = NULL;
     REQUIRE(mkdir_p(dir).empty());
@@ -456,24 +456,27 @@ TEST_CASE("checkpoints load under any layout: format 2 (whole units, before the 
     std::vector<ParamInfo> t = dbrx_param_table(&c);
     size_t n = t.back().offset + t.back().numel;
     // the layout before this format: L + 2 units (a block with its experts), each one run
-    std::vector<std::vector<size_t>> legacy(c.n_layers + 2);
+    std::vector<std::vector<RunSpec>> legacy(c.n_layers + 2);
     for (const ParamInfo& p : t) {
         int u = p.unit == 0 ? 0 : p.unit == dbrx_head_unit(&c) ? c.n_layers + 1 : 1 + dbrx_unit_layer(p.unit, &c);
-        if (legacy[u].empty()) legacy[u].push_back(0);
-        legacy[u][0] += p.numel;
+        if (legacy[u].empty()) legacy[u].push_back(RunSpec{p.offset, 0, -1});
+        legacy[u][0].numel += p.numel;
     }
     char tmpl[] = "/tmp/test_checkpoint_layout.XXXXXX";
     REQUIRE(mkdtemp(tmpl) != NULL);
     std::string root = tmpl;
-    struct { const char* what; std::vector<std::vector<size_t>> runs; int S, version; } cases[] = {
-        {"format 2, whole units, S 3", legacy, 3, 2},
-        {"format 3, the experts in runs, S 4", zero_unit_runs(&c, t, 4), 4, 3},
-        {"format 3, S 3 (the experts one padded run)", zero_unit_runs(&c, t, 3), 3, 3},
+    struct { const char* what; std::vector<std::vector<RunSpec>> runs; int S, version, ep; } cases[] = {
+        {"format 2, whole units, S 3", legacy, 3, 2, 1},
+        {"format 3, the experts in runs, S 4", zero_unit_runs(&c, t, 4), 4, 3, 1},
+        {"format 3, S 3 (the experts one padded run)", zero_unit_runs(&c, t, 3), 3, 3, 1},
+        {"format 3, expert parallel 2 over S 4 (each EP rank's experts over 2 ranks)", zero_unit_runs(&c, t, 4, 2), 4, 3, 2},
+        {"format 3, expert parallel 4 over S 4", zero_unit_runs(&c, t, 4, 4), 4, 3, 4},
     };
     for (auto& k : cases) {
         CAPTURE(k.what);
-        std::string dir = root + "/" + std::to_string(k.S) + "_" + std::to_string(k.version) + "_" + std::to_string(k.runs.size());
-        write_layout_checkpoint(dir, &c, k.runs, k.S, k.version);
+        std::string dir = root + "/" + std::to_string(k.S) + "_" + std::to_string(k.version) + "_" + std::to_string(k.runs.size()) + "_" +
+                          std::to_string(k.ep);
+        write_layout_checkpoint(dir, &c, k.runs, k.S, k.version, k.ep);
         Zero z;
         zero_init_layout(&z, &c, t, &comm, 1, 0);   // this process: the whole model, today's units
         z.master = (real*)mallocCheck(z.shard_total * sizeof(real));
@@ -492,9 +495,8 @@ TEST_CASE("checkpoints load under any layout: format 2 (whole units, before the 
         comm_group_free(&z.shard); comm_group_free(&z.replica);
     }
     // a layout that does not hold the model's parameters is refused, naming both counts
-    std::vector<std::vector<size_t>> short_runs = legacy;
-    short_runs[1][0] -= 1;
-    short_runs.back()[0] += 0;
+    std::vector<std::vector<RunSpec>> short_runs = legacy;
+    short_runs[1][0].numel -= 1;
     write_layout_checkpoint(root + "/bad", &c, short_runs, 2, 2);
     Zero z;
     zero_init_layout(&z, &c, t, &comm, 1, 0);

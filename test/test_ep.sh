@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# test_ep.sh — expert parallelism (--expert-parallel N; model/dbrx.h's exchange, parallel/zero.h's placement):
+#   * mpirun -np 4 with EP 2 and EP 4 under ZeRO-3 (S = 4), and EP 2 under HSDP 2x2, against one process
+#     with the same global batch: losses within 1e-5;
+#   * a forced extreme imbalance (DBRX_DEBUG_ROUTE_FIRST: every token to experts 0..k-1, all EP rank 0's)
+#     trains without losing a token: rank 0 receives every routed row, the others none, no error;
+#   * the bytes each rank sends in its EP group equal the formula from its routing counts, exactly:
+#     count messages x E/N x 4 B + 2 x d x 4 B x (rows out + rows in)  (forward rows and results back,
+#     backward gradients and input gradients back);
+#   * a checkpoint under EP 4 resumes bit-identically under EP 4, within 1e-5 under EP 2 and one process;
+#   * the step line and the log carry the rows received per rank (max, mean);
+#   * bad degrees (not dividing the experts, the shard group, or with --fp8) exit 2 with one line.
+cd "$(dirname "$0")/.." || exit 1
+source test/lib.sh
+BIN=${BIN:-./train_dbrx}
+PY=${PYTHON:-/usr/bin/python3}
+MPI="bash dev/mpirun.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1
+T=(--model dbrx-tiny --n-layers 2 --seq 64 --val-every 0 --batch 1 --steps 6)
+
+losses() { $PY -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1"; }
+# close NAME TOL A B: the losses of logs A and B (B may be two resumed parts appended) within TOL
+close() {
+    $PY - "$@" <<'PY'
+import json, sys
+name, tol, a, b = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+def L(f):
+    d = {}
+    for l in open(f):
+        r = json.loads(l)
+        if "loss" in r: d[r["step"]] = r["loss"]
+    return [d[s] for s in sorted(d)]
+x, y = L(a), L(b)
+diff = max(abs(p - q) for p, q in zip(x, y)) if x and len(x) == len(y) else float("inf")
+ok = diff <= tol if tol > 0 else x == y
+print("%s %s: %d steps, max |diff| %.1e %s %g" % ("pass" if ok else "fail", name, len(y), diff, "<=" if tol > 0 else "==", tol))
+PY
+}
+verdict() { local r; r=$(close "$@"); [ "${r%% *}" = pass ] && pass "${r#* }" || fail "${r#* }"; }
+
+$BIN "${T[@]}" --grad-accum 4 --log "$tmp/one.jsonl" > "$tmp/one.out" 2>&1 || fail "one process: $(tail -2 "$tmp/one.out")"
+for cfg in "2 4" "4 4" "2 2"; do
+    set -- $cfg
+    name="np 4 EP $1 (shard group $2)"
+    $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --shard-group-size "$2" --log "$tmp/ep$1_$2.jsonl" > "$tmp/ep$1_$2.out" 2>&1 \
+        || fail "$name: $(grep -i error "$tmp/ep$1_$2.out" | head -2)"
+    verdict "$name vs one process" 1e-5 "$tmp/one.jsonl" "$tmp/ep$1_$2.jsonl"
+done
+grep -q '"ep_recv_max": [0-9]*, "ep_recv_mean": [0-9.]*' "$tmp/ep2_4.jsonl" && grep -q "| ep recv [0-9.]*x |" "$tmp/ep2_4.out" \
+    && pass "the rows received per rank (max, mean) are on the step line and in the log" || fail "EP receive statistics missing"
+
+# --- the bytes of the exchange, from each rank's own counts
+$PY - "$tmp/ep2_4.out" "$tmp/ep2_2.out" <<'PY' > "$tmp/bytes"
+import re, sys
+d, E, f = 128, 16, 4
+for path, n in ((sys.argv[1], 2), (sys.argv[2], 2)):
+    rows = re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in",
+                      open(path).read())
+    ok = len(rows) == 4
+    for r, b, c, o, i in rows:
+        want = int(c) * (E // n) * 4 + 2 * d * f * (int(o) + int(i))
+        ok = ok and int(b) == want
+    print("%s EP %d (%s): bytes sent in the EP group equal counts x E/N x 4 + 2 x d x 4 x (rows out + in) on every rank: %s" % (
+        "pass" if ok else "fail", n, path.split("/")[-1], ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
+PY
+verdicts "$tmp/bytes" 2
+
+# --- a forced extreme imbalance: every token to EP rank 0's experts
+DBRX_DEBUG_ROUTE_FIRST=1 $MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --log "$tmp/imb.jsonl" > "$tmp/imb.out" 2>&1; rc=$?
+r0=$(grep -o "ep: rank 0 sent .*" "$tmp/imb.out"); others=$(grep -c "ep: rank [123] sent .* 0 rows in$" "$tmp/imb.out")
+# 6 steps x 2 layers x 4 ranks x 64 tokens x top-4 rows reach rank 0, 3/4 of them from the other ranks
+if [ "$rc" = 0 ] && [ "$others" = 3 ] && grep -q ", $((6 * 2 * 3 * 64 * 4)) rows in$" <<<"$r0" && [ "$(grep -c '"loss"' "$tmp/imb.jsonl")" = 6 ] \
+    && ! grep -q "nan" "$tmp/imb.jsonl"; then
+    pass "forced imbalance (every token to EP rank 0's experts): 6 steps, rank 0 took all $((6 * 2 * 3 * 64 * 4)) rows from its peers, the others none, finite losses"
+else fail "forced imbalance: exit $rc: $r0; $(grep -i error "$tmp/imb.out" | head -2)"; fi
+
+# --- checkpoints: saved under EP 4, resumed under EP 4 (bit-identical), EP 2 and one process (1e-5)
+$MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --ckpt-dir "$tmp/ck" --stop-after 3 --log "$tmp/part.jsonl" > "$tmp/part.out" 2>&1 \
+    || fail "EP 4 save: $(grep -i error "$tmp/part.out" | head -2)"
+grep -q '"expert_parallel": 4' "$tmp/ck/step_00000003/manifest.json" || fail "the manifest does not record expert_parallel 4"
+for to in "4 4" "2 4" "1 1"; do
+    set -- $to
+    cp -r "$tmp/ck" "$tmp/ck_$1"; cp "$tmp/part.jsonl" "$tmp/res_$1.jsonl"
+    if [ "$2" = 1 ]; then $BIN "${T[@]}" --grad-accum 4 --ckpt-dir "$tmp/ck_$1" --resume auto --log "$tmp/res_$1.jsonl" > "$tmp/res_$1.out" 2>&1
+    else $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --ckpt-dir "$tmp/ck_$1" --resume auto --log "$tmp/res_$1.jsonl" > "$tmp/res_$1.out" 2>&1; fi
+    grep -q "resume: .*step_00000003" "$tmp/res_$1.out" || fail "resume under EP $1: $(grep -iE 'error|warning' "$tmp/res_$1.out" | head -2)"
+done
+verdict "EP 4 checkpoint resumed under EP 4 (3 + 3 steps) vs uninterrupted EP 4" 0 "$tmp/ep4_4.jsonl" "$tmp/res_4.jsonl"
+verdict "EP 4 checkpoint resumed under EP 2 vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_2.jsonl"
+verdict "EP 4 checkpoint resumed by one process (no EP) vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_1.jsonl"
+
+# --- bad degrees
+$MPI -np 4 $BIN "${T[@]}" --expert-parallel 3 > "$tmp/bad.out" 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "^error: --expert-parallel 3 must divide the 16 experts" "$tmp/bad.out" \
+    && pass "--expert-parallel 3 (16 experts): exit 2, $(grep -m1 error "$tmp/bad.out")" || fail "EP 3: exit $rc: $(grep -m1 error "$tmp/bad.out")"
+$MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --shard-group-size 2 > "$tmp/bad.out" 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "^error: --expert-parallel 4 must divide the shard group size 2" "$tmp/bad.out" \
+    && pass "--expert-parallel 4 over shard groups of 2: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "EP 4 S 2: exit $rc: $(grep -m1 error "$tmp/bad.out")"
+expect_exit 2 "--expert-parallel 0" $BIN "${T[@]}" --expert-parallel 0
+expect_exit 2 "--expert-parallel 2 with --fp8 delayed" $BIN "${T[@]}" --expert-parallel 2 --fp8 delayed
