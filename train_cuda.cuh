@@ -10,9 +10,11 @@
 #include "model/dbrx_cuda.cuh"
 #include "parallel/zero_gpu.cuh"
 
-// expert parallelism's statistics: the CUDA path refuses --expert-parallel > 1 for now (train_cuda)
-static inline int dbrx_ep_recv_rows(const DbrxGPU* m) { (void)m; return 0; }
-static inline void dbrx_ep_totals(const DbrxGPU* m, long long* out, long long* in, long long* counts) { (void)m; *out = *in = *counts = 0; }
+// expert parallelism's statistics (as the CPU model's, train_dbrx.cu)
+static inline int dbrx_ep_recv_rows(const DbrxGPU* m) { return m->ep_recv_max; }
+static inline void dbrx_ep_totals(const DbrxGPU* m, long long* out, long long* in, long long* counts) {
+    *out = m->ep_rows_out; *in = m->ep_rows_in; *counts = m->ep_count_sends;
+}
 
 // dense BF16 peak of the GPUs we know (the MFU denominator); 0 if unknown
 static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
@@ -64,14 +66,11 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
                    : fp8.recipe == FP8_CURRENT ? (", margin " + std::to_string(fp8.margin)).c_str() : ", 1x128 activation / gradient tiles, 128x128 weight blocks");
     }
 
-    if (args.expert_parallel > 1)
-        fail(EXIT_BAD_INPUT, "--expert-parallel %d: the CUDA path does not run expert parallelism yet (the CPU path does: --device cpu)",
-             args.expert_parallel);
     DbrxGPU model;
     int S = args.shard_group_size > 0 ? args.shard_group_size : comm.world;
     dbrx_build_shape(&model, &cfg, args.batch, args.seq, &fp8, zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1));
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
-    zero_init(&store, &model, &comm, args.shard_group_size, (uint64_t)args.seed);
+    zero_init(&store, &model, &comm, args.shard_group_size, (uint64_t)args.seed, args.expert_parallel);
     Zero* z = &store.z;
     store.z.fp8_cfg = &model.fp8.cfg;   // the FP8 scaling state that checkpoints carry
     store.z.fp8_metas = dbrx_fp8_metas(&model);

@@ -1,6 +1,6 @@
 /*
  * comm_bench.cu — collective bandwidth over train_dbrx's communicator (parallel/comm.h), in the
- * manner of nccl-tests: all_reduce, all_gather and reduce_scatter of float32 from --min-bytes to
+ * manner of nccl-tests: all_reduce, all_gather, reduce_scatter and all_to_all of float32 from --min-bytes to
  * --max-bytes (doubling), time per operation, algbw and busbw with nccl-tests' formulas:
  *   size S = the bytes of the whole buffer (all_reduce: the buffer; all_gather: the gathered output;
  *            reduce_scatter: the input), n = ranks, t = time of one operation (the slowest rank's mean)
@@ -42,7 +42,7 @@ static void parse(int argc, char** argv, BenchArgs* a) {
     for (int i = 1; i < argc; i++) {
         std::string f = argv[i];
         if (f == "--help" || f == "-h") {
-            printf("usage: mpirun -np N dev/comm_bench [--op all|all_reduce|all_gather|reduce_scatter] [--backend mpi|nccl]\n"
+            printf("usage: mpirun -np N dev/comm_bench [--op all|all_reduce|all_gather|reduce_scatter|all_to_all] [--backend mpi|nccl]\n"
                    "       [-b|--min-bytes 8] [-e|--max-bytes 1G] [-n|--iters 20] [-w|--warmup 5] [--expect-busbw GB/s]\n");
             exit(0);
         }
@@ -58,8 +58,8 @@ static void parse(int argc, char** argv, BenchArgs* a) {
         else if (f == "--expect-busbw") a->expect_busbw = atof(v);
         else fail(EXIT_BAD_INPUT, "unknown flag '%s' (see --help)", f.c_str());
     }
-    if (a->op != "all" && a->op != "all_reduce" && a->op != "all_gather" && a->op != "reduce_scatter")
-        fail(EXIT_BAD_INPUT, "--op '%s' must be all, all_reduce, all_gather or reduce_scatter", a->op.c_str());
+    if (a->op != "all" && a->op != "all_reduce" && a->op != "all_gather" && a->op != "reduce_scatter" && a->op != "all_to_all")
+        fail(EXIT_BAD_INPUT, "--op '%s' must be all, all_reduce, all_gather, reduce_scatter or all_to_all", a->op.c_str());
     if (a->backend != "mpi" && a->backend != "nccl") fail(EXIT_BAD_INPUT, "--backend '%s' must be mpi or nccl", a->backend.c_str());
     if (a->iters <= 0 || a->warmup < 0) fail(EXIT_BAD_INPUT, "--iters must be > 0 and --warmup >= 0");
     if (a->min_bytes > a->max_bytes) fail(EXIT_BAD_INPUT, "--min-bytes %zu is larger than --max-bytes %zu", a->min_bytes, a->max_bytes);
@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
     if (a.backend == "nccl") { g = comm_world_nccl(&comm); device = 1; }
     int n = g.size, r = g.rank;
     std::vector<std::string> ops;
-    if (a.op == "all") ops = {"all_reduce", "all_gather", "reduce_scatter"};
+    if (a.op == "all") ops = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
     else ops = {a.op};
     if (r == 0) {
         printf("# comm_bench: %d rank(s), backend %s, float32, %d warmup + %d timed iterations per size\n", n,

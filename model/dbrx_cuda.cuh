@@ -28,12 +28,17 @@ template <typename T> struct ModelViews { T* wte; std::vector<BlockViews<T>> blo
 // Points the views of one sharding unit into `unit_base`, a buffer laid out as that unit's range of
 // the flat buffer (as unit_views does on the CPU: a sharded run gathers a unit into a working slot).
 template <typename T> static inline void model_unit_views(ModelViews<T>* p, T* unit_base, int unit, const DbrxConfig* c,
-                                                          const std::vector<ParamInfo>& t) {
+                                                          const std::vector<ParamInfo>& t, int ep_n = 1) {
     size_t i = unit_first_entry(unit, c), start = t[i].offset;
     auto at = [&](size_t j) { return unit_base + (t[j].offset - start); };
     if (unit == 0) { p->wte = at(i); return; }
     if (unit == dbrx_head_unit(c)) { p->norm_f = at(i); p->lm_head = at(i + 1); return; }
     BlockViews<T>& b = p->blocks[dbrx_unit_layer(unit, c)];
+    if (dbrx_is_experts_unit(unit, c) && ep_n > 1) {   // expert parallelism: this rank's E/n experts of each, back to back
+        size_t local = (size_t)(c->n_experts / ep_n) * c->ffn_hidden * c->d_model;
+        b.w1 = unit_base; b.v1 = unit_base + local; b.w2 = unit_base + 2 * local;
+        return;
+    }
     if (dbrx_is_experts_unit(unit, c)) { b.w1 = at(i); b.v1 = at(i + 1); b.w2 = at(i + 2); return; }
     b.norm1 = at(i); b.wqkv = at(i + 1); b.wo = at(i + 2); b.norm2 = at(i + 3); b.router = at(i + 4);
 }
@@ -45,6 +50,31 @@ template <typename T> static inline ModelViews<T> model_views(T* base, const Dbr
     for (int u = 0; u < dbrx_num_units(c); u++) model_unit_views(&p, base + t[unit_first_entry(u, c)].offset, u, c, t);
     return p;
 }
+
+// A device buffer that grows (expert parallelism's received rows: their number changes every step, and
+// no token is dropped). Growing says how much it needs when the device has not got it.
+template <typename T> struct EpDev {
+    T* p = nullptr;
+    size_t cap = 0;
+    T* get(size_t n, const char* what) {
+        if (n <= cap) return p;
+        // (cudaFree waits for the device's work on the old buffer itself; no synchronisation here, which
+        // would be taken at a rank-dependent moment — ranks grow their buffers at different steps — and
+        // the emulator's collectives run when their rank waits: every rank must wait at the same points)
+        size_t free_b = 0, total_b = 0;
+        cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+        size_t want = n * sizeof(T), have = cap * sizeof(T);
+        if (want > free_b + have)
+            fail(EXIT_RUNTIME, "expert parallelism: %s needs %.1f MiB for %zu elements (the routed rows this rank's experts took), "
+                 "the device has %.1f MiB free: the routing is too imbalanced for this memory (fewer tokens per micro-batch, or more EP "
+                 "ranks)", what, want / 1048576.0, n, (free_b + have) / 1048576.0);
+        if (p) cudaCheck(cudaFree(p));
+        cudaCheck(cudaMalloc((void**)&p, want));
+        cap = n;
+        return p;
+    }
+    void release() { if (p) cudaCheck(cudaFree(p)); p = nullptr; cap = 0; }
+};
 
 // activations saved by the forward pass, per block (N = B*T tokens, R = N*k routed rows)
 typedef struct {
@@ -59,6 +89,10 @@ typedef struct {
     int *row_token, *slot_row;                   // (R), (R)
     floatX *xe, *g, *u, *act, *ye;               // (R, d), (R, F) x3, (R, d)
     std::vector<int> offsets_host, counts_host;  // host copies (the expert GEMMs are issued from the host)
+    // expert parallelism (model/dbrx.h: ExpertParallel, EpPlan): the exchange, and my experts' R rows
+    EpPlan ep;
+    EpDev<floatX> ep_xl, ep_g, ep_u, ep_act;     // (R, d), (R, F) x3: grown as needed
+    EpDev<int> ep_perm, ep_inv;                  // (R): expert-major row i = received row perm[i]; inv its inverse
 } BlockActsGPU;
 
 typedef struct {
@@ -95,6 +129,11 @@ typedef struct {
     size_t param_bytes, activation_bytes;
     float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
     Fp8GPU fp8;                        // --fp8: the FP8 state (recipe FP8_OFF: unused)
+    ExpertParallel ep;                 // expert parallelism (model/dbrx.h; n == 1: every expert here)
+    EpDev<floatX> ep_x, ep_y, ep_da, ep_dg, ep_du;   // EP scratch: (R, d) x2, (R, F) x3
+    EpDev<float> ep_dx, ep_dxr;        // (R, d) fp32 input gradients, expert-major and in peer order
+    int ep_recv_max;                   // as the CPU model's
+    long long ep_rows_out, ep_rows_in, ep_count_sends;
 
     // results of the last forward pass
     double ce_loss, lbl_loss, z_loss, imbalance;
@@ -213,6 +252,8 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->master = m->grads = m->m = m->v = nullptr;
     m->params = nullptr;
     m->hooks = UnitHooks{NULL, NULL, NULL};
+    m->ep = ExpertParallel();
+    m->ep_recv_max = 0; m->ep_rows_out = m->ep_rows_in = m->ep_count_sends = 0;
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
     m->p.blocks.resize(cfg->n_layers);
@@ -262,6 +303,8 @@ static inline void dbrx_build(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, u
 static inline void dbrx_free(DbrxGPU* m) {
     for (void* p : m->allocations) cudaCheck(cudaFree(p));
     m->allocations.clear();
+    for (BlockActsGPU& a : m->acts) { a.ep_xl.release(); a.ep_g.release(); a.ep_u.release(); a.ep_act.release(); a.ep_perm.release(); a.ep_inv.release(); }
+    m->ep_x.release(); m->ep_y.release(); m->ep_da.release(); m->ep_dg.release(); m->ep_du.release(); m->ep_dx.release(); m->ep_dxr.release();
 }
 
 // sets the master weights (host, num_params) and their BF16 copy (dbrx_build's model)
@@ -300,9 +343,65 @@ static inline void block_linear_backward(DbrxGPU* m, int l, int lin, TI* dinp, f
     else matmul_backward_gpu(dinp, dweight, dout, inp, weight, N, C, OC, 0.0f);
 }
 
+// Expert parallelism (as block_experts_forward_ep on the CPU): xe's rows to their experts' ranks, this
+// rank's experts over every peer's rows, the results back into ye in xe's layout. The plan comes from the
+// counts on the host (the expert GEMMs are issued from the host anyway); the rows travel over NCCL.
+static inline void block_experts_forward_ep(DbrxGPU* m, BlockActsGPU* a, const BlockViews<floatX>& w) {
+    const DbrxConfig* c = &m->cfg;
+    int N = m->B * m->T, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->ffn_hidden, El = E / m->ep.n;
+    moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
+    std::vector<int> counts(E);
+    for (int e = 0; e < E; e++) counts[e] = a->offsets_host[e + 1] - a->offsets_host[e];
+    EpPlan* pl = &a->ep;
+    ep_plan(&m->ep, pl, counts.data(), a->offsets_host.data(), E);
+    size_t R = pl->R;
+    if (pl->R > m->ep_recv_max) m->ep_recv_max = pl->R;
+    for (int p = 0; p < m->ep.n; p++)
+        if (p != m->ep.rank) { m->ep_rows_out += pl->send_rows[p]; m->ep_rows_in += pl->recv_rows[p]; m->ep_count_sends++; }
+    std::vector<int> inv(R);
+    for (size_t i = 0; i < R; i++) inv[pl->perm[i]] = (int)i;
+    int* perm_d = a->ep_perm.get(R, "the expert-parallel row order");
+    int* inv_d = a->ep_inv.get(R, "the expert-parallel row order");
+    if (R) {
+        cudaCheck(cudaMemcpy(perm_d, pl->perm.data(), R * sizeof(int), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(inv_d, inv.data(), R * sizeof(int), cudaMemcpyHostToDevice));
+    }
+    floatX* xr = m->ep_x.get(R * d, "the received rows");
+    floatX* xl = a->ep_xl.get(R * d, "the received rows (kept for the backward)");
+    floatX* g = a->ep_g.get(R * F, "the experts' activations");
+    floatX* u = a->ep_u.get(R * F, "the experts' activations");
+    floatX* act = a->ep_act.get(R * F, "the experts' activations");
+    floatX* yl = m->ep_y.get(R * d, "the experts' outputs");
+    ep_exchange(&m->ep, pl, a->xe, xr, d * sizeof(floatX), 0);          // (R, d) in peer order
+    moe_gather_gpu(xl, xr, perm_d, (int)R, d);                           // expert-major
+    experts_forward_gpu(yl, g, u, act, xl, w.w1, w.v1, w.w2, pl->loffsets.data(), El, d, F);
+    moe_gather_gpu(xr, yl, inv_d, (int)R, d);                            // back in peer order
+    ep_exchange(&m->ep, pl, xr, a->ye, d * sizeof(floatX), 1);           // and home, in xe's layout
+}
+static inline void block_experts_backward_ep(DbrxGPU* m, BlockActsGPU* a, const BlockViews<floatX>& w, const BlockViews<float>& gw) {
+    const DbrxConfig* c = &m->cfg;
+    int d = c->d_model, F = c->ffn_hidden, El = c->n_experts / m->ep.n;
+    EpPlan* pl = &a->ep;
+    size_t R = pl->R;
+    floatX* dyr = m->ep_x.get(R * d, "the received rows");
+    floatX* dyl = m->ep_y.get(R * d, "the experts' outputs");
+    float* dxl = m->ep_dx.get(R * d, "the experts' input gradients");
+    float* dxr = m->ep_dxr.get(R * d, "the experts' input gradients");
+    floatX* da = m->ep_da.get(R * F, "the experts' gradients");
+    floatX* dg = m->ep_dg.get(R * F, "the experts' gradients");
+    floatX* du = m->ep_du.get(R * F, "the experts' gradients");
+    ep_exchange(&m->ep, pl, m->dye, dyr, d * sizeof(floatX), 0);
+    moe_gather_gpu(dyl, dyr, a->ep_perm.p, (int)R, d);
+    experts_backward_gpu(dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->ep_xl.p, a->ep_g.p, a->ep_u.p, a->ep_act.p, w.w1, w.v1, w.w2,
+                         pl->loffsets.data(), El, d, F);
+    moe_gather_gpu(dxr, dxl, a->ep_inv.p, (int)R, d);
+    ep_exchange(&m->ep, pl, dxr, m->dxe, d * sizeof(float), 1);
+}
+
 // The routed rows of block l gathered from ln2 (xe), and the SwiGLU experts over them (ye). Under FP8
 // every expert's rows are padded to a multiple of 16 first (slot_row remapped in place).
 static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w) {
+    if (m->ep.n > 1) { block_experts_forward_ep(m, a, w); return; }
     const DbrxConfig* c = &m->cfg;
     int N = m->B * m->T, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->ffn_hidden;
     if (fp8_on(&m->fp8)) {
@@ -316,6 +415,7 @@ static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, con
 }
 // Backward of block_experts_forward from dye (m->dye): the weight gradients into gw, dxe (m->dxe).
 static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w, const BlockViews<float>& gw) {
+    if (m->ep.n > 1) { block_experts_backward_ep(m, a, w, gw); return; }
     const DbrxConfig* c = &m->cfg;
     int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
     if (fp8_on(&m->fp8)) fp8_experts_backward_gpu(&m->fp8, l, m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g,
@@ -347,6 +447,7 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
     embedding_forward_gpu(m->resid[0], m->inputs, m->p.wte, N, d);
     unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
+    m->ep_recv_max = 0;
     std::vector<float> stats(E + 1);
     for (int l = 0; l < L; l++) {
         unit_begin(m, dbrx_block_unit(l), UNIT_FORWARD);

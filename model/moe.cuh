@@ -202,8 +202,9 @@ static inline void moe_dispatch_gpu(int* offsets, int* row_token, int* slot_row,
     cudaCheck(cudaStreamSynchronize(stream));
 }
 
-// xe (rows, C) = x[row_token]
-__global__ void moe_gather_kernel(floatX* xe, const floatX* x, const int* row_token, int rows, int C) {
+// xe (rows, C) = x[row_token]   (BF16 activations; fp32 for expert parallelism's input gradients)
+template <typename T>
+__global__ void moe_gather_kernel(T* xe, const T* x, const int* row_token, int rows, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * C) return;
     size_t r = i / C, c = i % C;
@@ -263,9 +264,10 @@ __global__ void moe_combine_backward_kernel(floatX* dye, float* dtopk_w, const f
     if (lane == 0) dtopk_w[slot] = dot;
 }
 
-static inline void moe_gather_gpu(floatX* xe, const floatX* x, const int* row_token, int rows, int C, cudaStream_t stream = 0) {
+template <typename T>
+static inline void moe_gather_gpu(T* xe, const T* x, const int* row_token, int rows, int C, cudaStream_t stream = 0) {
     if (rows == 0) return;
-    LAUNCH(moe_gather_kernel, ceil_div((long long)rows * C, 256), 256, 0, stream, xe, x, row_token, rows, C);
+    LAUNCH(moe_gather_kernel<T>, ceil_div((long long)rows * C, 256), 256, 0, stream, xe, x, row_token, rows, C);
 }
 static inline void moe_gather_backward_gpu(float* dx, const float* dxe, const int* slot_row, int N, int k, int C,
                                            cudaStream_t stream = 0) {

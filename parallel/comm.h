@@ -74,6 +74,7 @@ typedef struct {
 #ifdef COMM_HAVE_NCCL
     ncclComm_t nc;
     cudaStream_t stream;         // the group's communication stream; NCCL collectives are ordered on it
+    int owns_stream;             // 0: another group's stream, shared (comm_share_stream)
 #endif
     uint64_t bytes_sent;         // payload bytes this rank has sent in this group's collectives
     uint64_t nccl_formula_bytes; // NCCL groups: the same count from NCCL's ring formulas (under the emulator
@@ -968,6 +969,7 @@ static inline CommGroup comm_split(CommGroup* parent, int color, int key, const 
         if (!getenv("DBRX_DEBUG_TWIN_BLOCKS")) nccl_twin_set_watchdog(comm_nccl_twin_watchdog);
 #endif
         CUDA_CHECK_COMM(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+        g.owns_stream = 1;
         g.nccl = 1;
 #else
         fail(EXIT_BAD_INPUT, "this build has no NCCL (it was built without nvcc)");
@@ -987,9 +989,22 @@ static inline CommGroup comm_world_nccl(Comm* c) {
     return comm_split(&c->world_group, 0, c->rank, "world", 1);
 }
 
+// g's collectives from now on on `other`'s stream (ordered with other's, under the same events); its own
+// stream is released. Both groups' collectives must then be issued in the same order on every rank.
+static inline void comm_share_stream(CommGroup* g, const CommGroup* other) {
+#ifdef COMM_HAVE_NCCL
+    if (!g->nccl || !other->nccl) return;
+    if (g->owns_stream) CUDA_CHECK_COMM(cudaStreamDestroy(g->stream));
+    g->stream = other->stream;
+    g->owns_stream = 0;
+#else
+    (void)g; (void)other;
+#endif
+}
+
 static inline void comm_group_free(CommGroup* g) {
 #ifdef COMM_HAVE_NCCL
-    if (g->nccl) { NCCL_CHECK(ncclCommDestroy(g->nc)); CUDA_CHECK_COMM(cudaStreamDestroy(g->stream)); }
+    if (g->nccl) { NCCL_CHECK(ncclCommDestroy(g->nc)); if (g->owns_stream) CUDA_CHECK_COMM(cudaStreamDestroy(g->stream)); }
 #endif
     if (g->mpi != MPI_COMM_WORLD) MPI_CHECK(MPI_Comm_free(&g->mpi));
 }

@@ -3,7 +3,8 @@
  * the health check (parallel/health.h) measures once before training. nccl-tests' definitions:
  *   size S = the bytes of the whole buffer (all_reduce: the buffer; all_gather: the gathered output;
  *            reduce_scatter: the input), n = ranks, t = time of one operation (the slowest rank's mean)
- *   algbw = S / t;  busbw = algbw * 2(n-1)/n (all_reduce), algbw * (n-1)/n (all_gather, reduce_scatter)
+ *   algbw = S / t;  busbw = algbw * 2(n-1)/n (all_reduce), algbw * (n-1)/n (all_gather, reduce_scatter,
+ *   all_to_all: S = one rank's send buffer, of which (n-1)/n leaves the rank)
  * and after the timed operations one more on fresh data, every element compared with the exact result
  * (the values are small integers, so every sum is exact in float32 whatever the order).
  * Buffers are host memory for an MPI group and device memory for a NCCL group (device = 1; the NCCL
@@ -18,7 +19,7 @@
 static inline float comm_check_pattern(int r, size_t i) { return (float)((r + 1) * 3 + (int)(i % 13)); }
 
 static inline bool comm_check_op_known(const std::string& op) {
-    return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter";
+    return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" || op == "all_to_all";
 }
 
 static inline void* comm_buf_alloc(size_t bytes, int device) {
@@ -65,7 +66,10 @@ typedef struct {
 static inline void comm_check_run_op(CommGroup* g, const std::string& op, float* send, float* recv, size_t count) {
     if (op == "all_reduce") comm_all_reduce(g, recv, count, COMM_F32);
     else if (op == "all_gather") comm_all_gather(g, send, recv, count, COMM_F32);
-    else comm_reduce_scatter(g, send, recv, count, COMM_F32);
+    else if (op == "all_to_all") {   // expert parallelism's exchange (comm_all_to_allv), equal blocks here
+        std::vector<size_t> b(g->size, count * sizeof(float));
+        comm_all_to_allv(g, send, b.data(), recv, b.data());
+    } else comm_reduce_scatter(g, send, recv, count, COMM_F32);
 }
 
 // `op` over g on a whole buffer of about `bytes` (rounded down to a multiple of n floats for the chunked
@@ -103,6 +107,7 @@ static inline CollectiveResult comm_check_collective(CommGroup* g, CommGroup* ho
         float want;
         if (op == "all_reduce") { want = 0; for (int q = 0; q < n; q++) want += comm_check_pattern(q, i); }
         else if (op == "all_gather") want = comm_check_pattern((int)(i / chunk), i % chunk);
+        else if (op == "all_to_all") want = comm_check_pattern((int)(i / chunk), (size_t)r * chunk + i % chunk);
         else { want = 0; for (int q = 0; q < n; q++) want += comm_check_pattern(q, (size_t)r * chunk + i); }
         if (out[i] != want) wrong++;
     }

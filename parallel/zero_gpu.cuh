@@ -67,6 +67,7 @@ typedef struct {
     cudaEvent_t grads_reduced[2];     // comm -> compute: gradient slot reduced, may be reused
     cudaEvent_t bf16_ready;           // compute -> comm: master_bf16 up to date
     cudaEvent_t comm_done;            // comm -> compute / the other comm stream
+    cudaEvent_t ep_ready, ep_done;    // expert parallelism: compute -> the EP group's stream -> compute
     size_t device_bytes;              // what the store allocated on the device
     long long shard_bytes_measured;   // the five shard arrays, measured by the device's free memory
     ZeroGpuFp8 fp8;                   // --fp8-gather (off: fp8.on == 0)
@@ -124,11 +125,32 @@ static inline void zero_from_host(ZeroGpu* zg);
 // this rank's shard initialised as the unsharded model would be (seed) in host memory and uploaded.
 // Installs the hooks on `model` when S > 1, else points its views at the whole-model buffers. The
 // model is built first (dbrx_build_shape), with the store's bytes in its memory check.
-static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed) {
+// expert parallelism's row exchange for the model (ExpertParallel): the counts over MPI on the host; the
+// rows over NCCL on the EP group's stream, ordered after the compute stream's work and before its next
+static inline void zero_gpu_ep_all_to_allv(void* ctx, const void* send, const size_t* sb, void* recv, const size_t* rb, int host) {
+    ZeroGpu* zg = (ZeroGpu*)ctx;
+    CommGroup* g = &zg->z.ep;
+    if (host) { comm_all_to_allv(g, send, sb, recv, rb, true); return; }
+    cudaCheck(cudaEventRecord(zg->ep_ready, zg->compute));
+    cudaCheck(cudaStreamWaitEvent(g->stream, zg->ep_ready, 0));
+    comm_all_to_allv(g, send, sb, recv, rb, false);
+    cudaCheck(cudaEventRecord(zg->ep_done, g->stream));
+    cudaCheck(cudaStreamWaitEvent(zg->compute, zg->ep_done, 0));
+}
+
+static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1) {
     Zero* z = &zg->z;
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
-    zero_init_layout(z, c, t, comm, S, 1);
+    zero_init_layout(z, c, t, comm, S, 1, ep_n);
+    if (ep_n > 1) {
+        // the experts' gathers and reduce-scatters (the expert shard group) go on the shard group's stream,
+        // under the same events as every other unit's
+        comm_share_stream(&z->expert_shard, &z->shard);
+        cudaCheck(cudaEventCreateWithFlags(&zg->ep_ready, cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&zg->ep_done, cudaEventDisableTiming));
+        model->ep.n = ep_n; model->ep.rank = z->ep_rank; model->ep.all_to_allv = zero_gpu_ep_all_to_allv; model->ep.ctx = zg;
+    }
     zg->model = model;
     zg->compute = 0;
     // host shards (checkpoints, import/export): master, m, v
@@ -418,14 +440,14 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
     if (phase != UNIT_BACKWARD_GRADS_ONLY) {
         zero_gpu_gather_unit_async(zg, u);
         if (!g_zero_debug_skip_wait) zero_gpu_wait_unit(zg, u);   // (the negative control skips it)
-        model_unit_views(&model->p, zg->work[slot], u, &model->cfg, model->table);
+        model_unit_views(&model->p, zg->work[slot], u, &model->cfg, model->table, z->ep_n);
         int next = zero_next_unit(z, u, phase);
         if (next >= 0) zero_gpu_gather_unit_async(zg, next);   // overlaps this unit's compute
     }
     if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it has finished
         cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
         cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), zg->compute));
-        model_unit_views(&model->g, zg->gwork[slot], u, &model->cfg, model->table);
+        model_unit_views(&model->g, zg->gwork[slot], u, &model->cfg, model->table, z->ep_n);
     }
 }
 
@@ -569,9 +591,11 @@ static inline void zero_free(ZeroGpu* zg) {
     cudaCheck(cudaEventDestroy(zg->bf16_ready));
     cudaCheck(cudaEventDestroy(zg->comm_done));
     if (zg->fp8.on) cudaCheck(cudaEventDestroy(zg->fp8.codes_ready));
+    if (z->ep_n > 1) { cudaCheck(cudaEventDestroy(zg->ep_ready)); cudaCheck(cudaEventDestroy(zg->ep_done)); }
     zg->model->hooks = UnitHooks{NULL, NULL, NULL};
     free(z->master); free(z->m); free(z->v);
     z->master = z->m = z->v = NULL;
+    if (z->ep_n > 1) { comm_group_free(&z->ep); comm_group_free(&z->expert_shard); }
     comm_group_free(&z->shard);
     comm_group_free(&z->replica);
 }

@@ -232,7 +232,7 @@ expect_exit 2 "negative --shard-group-size" $BIN --shard-group-size -1 --dry-run
 # --- the collective benchmark: results checked, and the health check
 out=$($MPI -np 2 dev/comm_bench -b 8 -e 1M -n 2 -w 1 2>&1); rc=$?
 rows=$(grep -cE "^ +[0-9]+ +[0-9]+ " <<<"$out")
-if [ "$rc" = 0 ] && [ "$rows" = 54 ] && ! grep -q FAILED <<<"$out"; then pass "comm_bench: 3 collectives x 18 sizes (8 B..1 MiB), every result correct"
+if [ "$rc" = 0 ] && [ "$rows" = 72 ] && ! grep -q FAILED <<<"$out"; then pass "comm_bench: 4 collectives (all_to_all included) x 18 sizes (8 B..1 MiB), every result correct"
 else fail "comm_bench: exit $rc, $rows rows: $(tail -3 <<<"$out")"; fi
 out=$($MPI -np 2 dev/comm_bench --op all_reduce -b 1M -e 1M -n 2 -w 1 --expect-busbw 1000000 2>&1); rc=$?
 [ "$rc" = 1 ] && grep -q "1 size(s) below the expected busbw" <<<"$out" && pass "comm_bench --expect-busbw: exit 1 when a size falls short" \
