@@ -88,3 +88,31 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// fragments of tiles in shared memory (bf16, row stride `ld` elements, rows 16-byte aligned), for
+// one m16n8k16 step. Each is one ldmatrix_x4 whose lane addresses follow the layouts above.
+
+// A fragment of the 16x16 block at (row0, col0) of a row-major tile
+__device__ __forceinline__ void frag_a(uint32_t a[4], const floatX* tile, int ld, int row0, int col0) {
+    int lane = threadIdx.x % 32;
+    ldmatrix_x4(a, tile + (size_t)(row0 + lane % 16) * ld + col0 + 8 * (lane / 16));
+}
+// B fragments of two adjacent n-tiles, B (16 x 16: k0.., n0..) read from a tile stored n-major
+// (row n holds k contiguous, as K in Q K^T): b[0..1] for n0..n0+7, b[2..3] for n0+8..n0+15
+__device__ __forceinline__ void frag_b_nmajor(uint32_t b[4], const floatX* tile, int ld, int n0, int k0) {
+    int lane = threadIdx.x % 32;
+    ldmatrix_x4(b, tile + (size_t)(n0 + lane % 8 + 8 * (lane / 16)) * ld + k0 + 8 * (lane / 8 % 2));
+}
+// the same from a tile stored k-major (row k holds n contiguous, as V in P V): .trans
+__device__ __forceinline__ void frag_b_kmajor(uint32_t b[4], const floatX* tile, int ld, int k0, int n0) {
+    int lane = threadIdx.x % 32;
+    ldmatrix_x4_trans(b, tile + (size_t)(k0 + lane % 8 + 8 * (lane / 8 % 2)) * ld + n0 + 8 * (lane / 16));
+}
+// the A fragment of a 16x16 block whose two 16x8 halves are accumulators c0 (columns 0..7) and c1
+__device__ __forceinline__ void frag_a_from_acc(uint32_t a[4], const float c0[4], const float c1[4]) {
+    a[0] = pack_bf16x2(c0[0], c0[1]);
+    a[1] = pack_bf16x2(c0[2], c0[3]);
+    a[2] = pack_bf16x2(c1[0], c1[1]);
+    a[3] = pack_bf16x2(c1[2], c1[3]);
+}
