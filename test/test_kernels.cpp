@@ -272,7 +272,8 @@ TEST_CASE("clip_qkv + RoPE, fused, forward and backward") {
 // head_dim 32, 64 and 128 run the flash kernels (tensor cores), the others the warp-per-row kernels
 TEST_CASE("causal GQA attention forward (output, logsumexp) and backward") {
     for (auto s : {std::vector<int>{1, 1, 1, 1, 2}, {2, 13, 4, 2, 8}, {1, 70, 4, 4, 40}, {2, 64, 4, 2, 32}, {1, 33, 8, 2, 64},
-                   {1, 1, 4, 2, 128}, {2, 17, 4, 2, 128}, {1, 129, 8, 1, 128}, {1, 256, 4, 2, 128}, {1, 100, 8, 1, 64}}) {
+                   {1, 1, 4, 2, 128}, {2, 17, 4, 2, 128}, {1, 129, 8, 1, 128}, {1, 256, 4, 2, 128}, {1, 100, 8, 1, 64},
+                   {1, 70, 4, 4, 64}}) {
         int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd, C = H * hd;
         std::vector<float> qkv = bf16_round(randn((size_t)B * T * qd, T * hd, 1.5));
         std::vector<float> out((size_t)B * T * C), lse((size_t)B * H * T);

@@ -13,9 +13,11 @@
  * on the first batch row only.
  * FLOPs counted: causal forward 4 B H hd T(T+1)/2 (S and P V); backward 2.5x that (FlashAttention's
  * convention; the flash dq kernel recomputes S and dP, so it executes 3.5x).
- *   make dev/cuda/attention && ./dev/cuda/attention [-v N] [-b B] [-t T] [-h H] [-k KV] [-d hd]
- *     -v N: forward vN and backward vN only (0: all, the default); default shape B 8, T 2048, H 8,
- *     KV 2, hd 128 (dbrx-1b). Under the emulator (attention_emu) a list of small shapes, validation only.
+ *   make dev/cuda/attention && ./dev/cuda/attention [-f N] [-g N] [-b B] [-t T] [-h H] [-k KV] [-d hd]
+ *     -f N / -g N: only forward / backward version N (0: all, the default; -1: none); default shape
+ *     B 8, T 2048, H 8, KV 2, hd 128 (dbrx-1b). The flash pair at dbrx-132b's attention shape:
+ *     ./dev/cuda/attention -f 3 -g 2 -b 8 -t 4096 -h 48 -k 8 -d 128
+ *   Under the emulator (attention_emu) a list of small shapes, validation only.
  */
 #include "common.h"
 #include "../../model/attention.cuh"
@@ -62,7 +64,7 @@ __global__ void attention_forward_v2(floatX* out, float* lse, const floatX* qkv,
 }
 
 // validates (and on a GPU times) the selected versions at one shape
-static void run_shape(int only, int B, int T, int H, int KV, int hd) {
+static void run_shape(int only_f, int only_g, int B, int T, int H, int KV, int hd) {
     int qd = (H + 2 * KV) * hd, C = H * hd;
     printf("B %d, T %d, H %d, KV %d, hd %d\n", B, T, H, KV, hd);
     std::vector<float> qkv = round_bf16(make_random((size_t)B * T * qd, 1, 1.5));
@@ -91,7 +93,7 @@ static void run_shape(int only, int B, int T, int H, int KV, int hd) {
     };
     const char* bnames[NB] = {"backward v1 (warp per row)", "backward v2 (flash, tensor cores)"};
     for (int v = 0; v < NF; v++) {
-        if ((only && only != v + 1) || (v == 2 && !flash)) continue;
+        if ((only_f && only_f != v + 1) || (v == 2 && !flash)) continue;
         cudaCheck(cudaMemset(dy, 0xFF, (size_t)B * T * C * sizeof(floatX)));
         cudaCheck(cudaMemset(dlse, 0xFF, (size_t)B * H * T * sizeof(float)));
         fwd[v]();
@@ -101,7 +103,7 @@ static void run_shape(int only, int B, int T, int H, int KV, int hd) {
     }
     // the backward reads out and lse: the forward of the same kind (v1's for v1, flash for v2)
     for (int v = 0; v < NB; v++) {
-        if ((only && only != v + 1) || (v == 1 && !flash)) continue;
+        if ((only_g && only_g != v + 1) || (v == 1 && !flash)) continue;
         fwd[v == 0 ? 0 : 2]();
         cudaCheck(cudaMemset(ddq, 0xFF, qkv.size() * sizeof(floatX)));
         bwd[v]();
@@ -112,17 +114,19 @@ static void run_shape(int only, int B, int T, int H, int KV, int hd) {
 }
 
 int main(int argc, char** argv) {
-    int only = 0, B = 8, T = 2048, H = 8, KV = 2, hd = 128;
+    int only_f = 0, only_g = 0, B = 8, T = 2048, H = 8, KV = 2, hd = 128;
     bool shape_given = false;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        int x = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "-v")) only = x;
+    for (int i = 1; i < argc; i += 2) {
+        int x = i + 1 < argc ? atoi(argv[i + 1]) : 0;
+        if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
+        if (!strcmp(argv[i], "-f")) only_f = x;
+        else if (!strcmp(argv[i], "-g")) only_g = x;
         else if (!strcmp(argv[i], "-b")) { B = x; shape_given = true; }
         else if (!strcmp(argv[i], "-t")) { T = x; shape_given = true; }
         else if (!strcmp(argv[i], "-h")) { H = x; shape_given = true; }
         else if (!strcmp(argv[i], "-k")) { KV = x; shape_given = true; }
         else if (!strcmp(argv[i], "-d")) { hd = x; shape_given = true; }
-        else { fprintf(stderr, "usage: %s [-v N] [-b B] [-t T] [-h H] [-k KV] [-d hd]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [-f N] [-g N] [-b B] [-t T] [-h H] [-k KV] [-d hd]\n", argv[0]); return 2; }
     }
     print_header("attention", "causal GQA");
     if (EMULATED && !shape_given) {
@@ -130,9 +134,9 @@ int main(int argc, char** argv) {
         // (flash) and 40 (v1, v2 only); B 2 where the batch offsets matter
         const int shapes[][5] = {{1, 70, 4, 2, 64}, {1, 1, 4, 2, 64}, {2, 17, 4, 2, 128}, {1, 129, 8, 1, 128},
                                  {1, 256, 4, 2, 128}, {2, 45, 4, 2, 32}, {1, 45, 4, 2, 40}};
-        for (const auto& s : shapes) run_shape(only, s[0], s[1], s[2], s[3], s[4]);
+        for (const auto& s : shapes) run_shape(only_f, only_g, s[0], s[1], s[2], s[3], s[4]);
     } else {
-        run_shape(only, B, T, H, KV, hd);
+        run_shape(only_f, only_g, B, T, H, KV, hd);
     }
     return finish();
 }
