@@ -13,6 +13,9 @@
  *     votes (__ballot_sync, __any_sync, __all_sync) and __syncwarp() are a rendezvous of the lanes
  *     named in the mask, in 32-lane warps. Blocks run one after another (or on SIMT_THREADS OS
  *     threads, each block on one).
+ *   - The tensor-core instructions of model/tensor_core.cuh (test/simt/tensor_core.h): mma.sync
+ *     m16n8k16 BF16 and ldmatrix are warp collectives computing the PTX ISA's per-lane fragment
+ *     layouts; cp.async copies land when their thread's cp.async.wait_group covers them.
  *   - Static __shared__ variables are thread_local statics: one instance per OS thread, hence per
  *     running block. Dynamic shared memory is declared, as in the real build,
  *         extern __shared__ __align__(16) char dynamic_smem[];
