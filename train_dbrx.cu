@@ -20,9 +20,11 @@
  *   mpirun -np 4 ./train_dbrx --model dbrx-tiny --shard-group-size 2     (HSDP: 2 shard groups of 2)
  */
 #include <omp.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 #include <algorithm>
 #include <deque>
+#include <new>
 #include <string>
 #include <vector>
 #include "model/common.h"
@@ -60,12 +62,18 @@ typedef struct {
     float export_max_file_gb = 5;
     // the health check (parallel/health.h)
     bool health_check = false, health_check_only = false;
-    float health_min_tflops = 0, health_min_busbw = 0;
+    float health_min_tflops = 0, health_min_busbw = 0, health_gemm_ratio = 0.5f;
     int health_gemm_size = 0, health_comm_mib = 16;
     bool dry_run = false, help = false, fp8_gather = false;
+    std::vector<std::string> given;   // the flags on the command line: a default is never taken for an explicit value
 } TrainArgs;
 
-enum FlagType { F_INT, F_FLOAT, F_STR, F_BOOL };
+static bool flag_given(const TrainArgs* a, const char* name) {
+    for (const std::string& g : a->given) if (g == name) return true;
+    return false;
+}
+
+enum FlagType { F_INT, F_FLOAT, F_STR, F_BOOL, F_SETTING };   // F_SETTING: a positive number, or off (DBRX_OFF)
 typedef struct { const char* name; const char* alias; FlagType type; void* ptr; const char* help; } Flag;
 
 static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
@@ -81,7 +89,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--vocab", "", F_INT, &c->vocab_size, "vocabulary size (padded)"},
         {"--max-seq", "", F_INT, &c->max_seq_len, "max sequence length of the model"},
         {"--rope-theta", "", F_FLOAT, &c->rope_theta, "RoPE base"},
-        {"--clip-qkv", "", F_FLOAT, &c->clip_qkv, "clamp of the fused qkv output (<= 0: off)"},
+        {"--clip-qkv", "", F_SETTING, &c->clip_qkv, "clamp of the fused qkv output to +-X, or off (HF clip_qkv null)"},
+        {"--moe-normalize-expert-weights", "", F_SETTING, &c->moe_norm_p, "divide the top-k router weights by their p-norm, "
+                                                                          "p = X >= 1 (DBRX: 1), or off (HF null: not renormalised)"},
         {"--ln-eps", "", F_FLOAT, &c->ln_eps, "LayerNorm epsilon"},
         {"--moe-loss-weight", "", F_FLOAT, &c->moe_loss_weight, "load-balancing loss weight"},
         {"--z-loss-weight", "", F_FLOAT, &c->z_loss_weight, "router z-loss weight"},
@@ -138,9 +148,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                           "and the job stops (exit 1)"},
         {"--health-check-only", "", F_BOOL, &a->health_check_only, "the checks of --health-check, then exit: 0 all passed, 1 not (needs no data)"},
         {"--health-min-tflops", "", F_FLOAT, &a->health_min_tflops, "health check: a rank whose GEMM runs below X TFLOP/s fails (0: a fraction "
-                                                                    "of the device's known peak; always: half the median rank)"},
+                                                                    "of the device's known peak; always: --health-gemm-ratio x the median rank)"},
         {"--health-min-busbw", "", F_FLOAT, &a->health_min_busbw, "health check: all-reduce or all-gather bus bandwidth below X GB/s fails "
                                                                   "(0: results checked, bandwidth reported)"},
+        {"--health-gemm-ratio", "", F_FLOAT, &a->health_gemm_ratio, "health check: a rank whose GEMM runs below R x the median rank's fails"},
         {"--health-gemm-size", "", F_INT, &a->health_gemm_size, "health check: the GEMM is N x N x N (0: 512 on the CPU, 8192 on a GPU; a "
                                                                 "multiple of 16)"},
         {"--health-comm-mib", "", F_INT, &a->health_comm_mib, "health check: MiB of the all-reduce and all-gather buffers"},
@@ -154,7 +165,7 @@ static void print_help(const std::vector<Flag>& flags) {
     printf("usage: [mpirun -np N] ./train_dbrx [flags]    (flags take --flag value or --flag=value)\n\n");
     for (const Flag& f : flags) {
         std::string left = std::string(f.alias[0] ? std::string(f.alias) + ", " : "    ") + f.name;
-        if (f.type != F_BOOL) left += f.type == F_STR ? " S" : f.type == F_INT ? " N" : " X";
+        if (f.type != F_BOOL) left += f.type == F_STR ? " S" : f.type == F_INT ? " N" : f.type == F_SETTING ? " X|off" : " X";
         printf("  %-24s %s\n", left.c_str(), f.help);
     }
 }
@@ -173,6 +184,14 @@ static void set_flag(const Flag& f, const char* value) {
     case F_FLOAT: {
         float v = strtof(value, &end);
         if (!*value || *end || errno || !std::isfinite(v)) fail(EXIT_BAD_INPUT, "%s expects a number, got '%s'", f.name, value);
+        *(float*)f.ptr = v;
+        break;
+    }
+    case F_SETTING: {   // "off" is the only way to say off: 0 or a negative number is refused, never read as off
+        if (!strcmp(value, "off")) { *(float*)f.ptr = DBRX_OFF; break; }
+        float v = strtof(value, &end);
+        if (!*value || *end || errno || !std::isfinite(v) || !(v > 0))
+            fail(EXIT_BAD_INPUT, "%s expects a positive number or 'off' (the only way to turn it off), got '%s'", f.name, value);
         *(float*)f.ptr = v;
         break;
     }
@@ -204,7 +223,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
             }
             bool is_model = (f->ptr == &a->model);
             if (pass == 0 && is_model) set_flag(*f, value.c_str());
-            if (pass == 1 && !is_model) set_flag(*f, value.c_str());
+            if (pass == 1 && !is_model) { set_flag(*f, value.c_str()); a->given.push_back(f->name); }
         }
         if (pass == 0) {
             if (a->help) break;
@@ -221,7 +240,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) a->help = true;
     if (a->help) { print_help(flags); exit(0); }
     c->head_dim = c->d_model / (c->n_heads > 0 ? c->n_heads : 1);
-    if (a->seq == 0) a->seq = c->max_seq_len < 2048 ? c->max_seq_len : 2048;
+    config_validate(c);   // the model first: a run flag's default may derive from it (--seq from --max-seq)
+    // --seq left out: the model's max_seq, at most 2048. Given, it must be positive (0 is no sentinel)
+    if (!flag_given(a, "--seq")) a->seq = c->max_seq_len < 2048 ? c->max_seq_len : 2048;
     if (a->steps <= 0) fail(EXIT_BAD_INPUT, "--steps %d must be positive", a->steps);
     if (a->batch <= 0) fail(EXIT_BAD_INPUT, "--batch %d must be positive", a->batch);
     if (a->seq <= 0) fail(EXIT_BAD_INPUT, "--seq %d must be positive", a->seq);
@@ -233,10 +254,15 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
         fail(EXIT_BAD_INPUT, "--beta1 %g and --beta2 %g must be in [0, 1)", a->beta1, a->beta2);
     if (!(a->adam_eps > 0)) fail(EXIT_BAD_INPUT, "--adam-eps %g must be positive", a->adam_eps);
     if (!(a->weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", a->weight_decay);
-    if (a->val_every < 0 || a->val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0 and --val-steps %d > 0", a->val_every, a->val_steps);
+    if (a->val_every < 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0", a->val_every);
+    if (a->val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-steps %d must be positive", a->val_steps);
     if (a->peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->peak_tflops);
     fp8_recipe_parse(a->fp8.c_str());
-    if (a->fp8_margin < 0 || a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-margin %d and --fp8-log-every %d must be >= 0", a->fp8_margin, a->fp8_log_every);
+    if (a->fp8_history < 1 || a->fp8_history > FP8_MAX_HISTORY)
+        fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", a->fp8_history, FP8_MAX_HISTORY);
+    // a scale backed off by more than 2^64 is below any amax's reciprocal that float holds: all zeros
+    if (a->fp8_margin < 0 || a->fp8_margin > 64) fail(EXIT_BAD_INPUT, "--fp8-margin %d must be in [0, 64]", a->fp8_margin);
+    if (a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-log-every %d must be >= 0", a->fp8_log_every);
     if (a->fp8_gather && a->fp8 == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
     if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
     if (a->ckpt_every < 0 || a->ckpt_keep < 1 || a->ckpt_keep_every < 0)
@@ -244,7 +270,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
              a->ckpt_keep_every, a->ckpt_keep);
     if (a->ckpt_every > 0 && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--ckpt-every needs --ckpt-dir");
     if (a->resume == "auto" && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--resume auto needs --ckpt-dir");
-    if (a->stop_after < -1) fail(EXIT_BAD_INPUT, "--stop-after %d must be >= 0", a->stop_after);
+    if (flag_given(a, "--stop-after") && a->stop_after < 0) fail(EXIT_BAD_INPUT, "--stop-after %d must be >= 0", a->stop_after);
+    if (flag_given(a, "--data-seed") && a->data_seed < 0)
+        fail(EXIT_BAD_INPUT, "--data-seed %d must be >= 0 (leave it out to use --seed)", a->data_seed);
     if (a->ckpt_confirm < 0) fail(EXIT_BAD_INPUT, "--ckpt-confirm %d must be >= 0", a->ckpt_confirm);
     if (!(a->spike_loss_sigma >= 0)) fail(EXIT_BAD_INPUT, "--spike-loss-sigma %g must be >= 0 (0: off)", a->spike_loss_sigma);
     if (!(a->spike_gnorm_factor == 0 || a->spike_gnorm_factor > 1))
@@ -252,12 +280,16 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->spike_window < 1 || a->max_skips < 1)
         fail(EXIT_BAD_INPUT, "--spike-window %d and --max-skips %d must be >= 1", a->spike_window, a->max_skips);
     if (a->export_dtype != "bf16" && a->export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->export_dtype.c_str());
-    if (!(a->export_max_file_gb > 0)) fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be positive", a->export_max_file_gb);
+    // (at most a petabyte: the byte count is converted to 64 bits)
+    if (!(a->export_max_file_gb > 0 && a->export_max_file_gb <= 1e6))
+        fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be in (0, 1e6]", a->export_max_file_gb);
     if (!a->dump_logits.empty() && a->val_data.empty()) fail(EXIT_BAD_INPUT, "--dump-logits needs --val-data");
     if (!(a->comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->comm_timeout);
     if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
         fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
     if (!(a->health_min_tflops >= 0)) fail(EXIT_BAD_INPUT, "--health-min-tflops %g must be >= 0 (0: the device's default)", a->health_min_tflops);
+    if (!(a->health_gemm_ratio > 0 && a->health_gemm_ratio <= 1))
+        fail(EXIT_BAD_INPUT, "--health-gemm-ratio %g must be in (0, 1]", a->health_gemm_ratio);
     if (!(a->health_min_busbw >= 0)) fail(EXIT_BAD_INPUT, "--health-min-busbw %g must be >= 0 (0: no bound)", a->health_min_busbw);
     if (a->health_gemm_size != 0 && (a->health_gemm_size < 16 || a->health_gemm_size > 32768 || a->health_gemm_size % 16))
         fail(EXIT_BAD_INPUT, "--health-gemm-size %d must be 0 (the default) or a multiple of 16 in [16, 32768]", a->health_gemm_size);
@@ -280,13 +312,112 @@ static std::string with_commas(int64_t n) {
     return out;
 }
 
+// The banner. A model whose shape flags changed the preset is named "custom (from PRESET: the flags)", so
+// that the line never claims a preset the run does not train.
 static void print_config(const char* preset, const DbrxConfig* c) {
+    DbrxConfig p;
+    std::string name = preset, changed;
+    if (model_preset_lookup(preset, &p)) {
+        auto num = [&](const char* flag, double run, double was) {
+            if ((float)run != (float)was) { char b[96]; snprintf(b, sizeof b, "%s%s %g", changed.empty() ? "" : " ", flag, run); changed += b; }
+        };
+        auto setting = [&](const char* flag, float run, float was) {
+            if (dbrx_is_off(run) != dbrx_is_off(was) || (!dbrx_is_off(run) && run != was))
+                changed += std::string(changed.empty() ? "" : " ") + flag + " " + dbrx_setting_str(run);
+        };
+        num("--d-model", c->d_model, p.d_model); num("--n-heads", c->n_heads, p.n_heads); num("--kv-heads", c->kv_heads, p.kv_heads);
+        num("--n-layers", c->n_layers, p.n_layers); num("--ffn-hidden", c->ffn_hidden, p.ffn_hidden);
+        num("--experts", c->n_experts, p.n_experts); num("--top-k", c->top_k, p.top_k); num("--vocab", c->vocab_size, p.vocab_size);
+        num("--max-seq", c->max_seq_len, p.max_seq_len); num("--rope-theta", c->rope_theta, p.rope_theta);
+        setting("--clip-qkv", c->clip_qkv, p.clip_qkv); setting("--moe-normalize-expert-weights", c->moe_norm_p, p.moe_norm_p);
+        num("--ln-eps", c->ln_eps, p.ln_eps); num("--moe-loss-weight", c->moe_loss_weight, p.moe_loss_weight);
+        num("--z-loss-weight", c->z_loss_weight, p.z_loss_weight); num("--init-std", c->init_std, p.init_std);
+        if (!changed.empty()) name = "custom (from " + name + ": " + changed + ")";
+    }
     printf("model %s: d %d, heads %d (kv %d, head_dim %d), layers %d, experts %d top-%d (ffn %d), vocab %d, "
-           "max_seq %d, rope_theta %g, clip_qkv %g, moe_loss_weight %g, z_loss_weight %g\n",
-           preset, c->d_model, c->n_heads, c->kv_heads, c->head_dim, c->n_layers, c->n_experts, c->top_k,
-           c->ffn_hidden, c->vocab_size, c->max_seq_len, c->rope_theta, c->clip_qkv, c->moe_loss_weight,
-           c->z_loss_weight);
+           "max_seq %d, rope_theta %g, clip_qkv %s, moe_normalize_expert_weights %s, moe_loss_weight %g, z_loss_weight %g\n",
+           name.c_str(), c->d_model, c->n_heads, c->kv_heads, c->head_dim, c->n_layers, c->n_experts, c->top_k,
+           c->ffn_hidden, c->vocab_size, c->max_seq_len, c->rope_theta, dbrx_setting_str(c->clip_qkv).c_str(),
+           dbrx_setting_str(c->moe_norm_p).c_str(), c->moe_loss_weight, c->z_loss_weight);
     printf("parameters: total %s, active %s\n", with_commas(params_total(c)).c_str(), with_commas(params_active(c)).c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
+// shapes and memory estimates for any flags: never wrapped, never negative, and instant
+
+// f(cfg) for cfg's number of layers, from f at 1, 2 and 3 layers. Every memory walk (dbrx_activations,
+// dbrx_gpu_memory_estimate, zero_gpu_estimate_bytes) is affine in the layers (each block the same buffers),
+// and walking 2^31 layers one at a time takes minutes; the sum is taken in long double, where it cannot
+// wrap. The callers have bounded one layer's walk (shape_validate), so the three walks cannot wrap either.
+template <typename F>
+static long double per_layers(const DbrxConfig* c, F f) {
+    if (c->n_layers <= 3) return (long double)f(c);
+    DbrxConfig x = *c;
+    size_t e[3];
+    for (int l = 1; l <= 3; l++) { x.n_layers = l; e[l - 1] = f(&x); }
+    ENSURE(e[2] - e[1] == e[1] - e[0], "memory walk not affine in the layers (%zu, %zu, %zu bytes for 1, 2, 3)", e[0], e[1], e[2]);
+    return (long double)e[0] + (long double)(c->n_layers - 1) * (long double)(e[1] - e[0]);
+}
+// the CPU model's activation bytes for micro-batches of B x T (the walk that allocates them)
+static long double activation_bytes(const DbrxConfig* c, int B, int T) {
+    return per_layers(c, [&](const DbrxConfig* x) { return dbrx_activations(NULL, x, B, T); });
+}
+
+// The micro-batch against the model: token rows are 32-bit ints in the kernels, and no buffer may be
+// beyond any memory (2^50 elements, 4 PiB of floats; the whole activations 2^60 bytes): so that every walk
+// and size of a run (or of --dry-run) fits in 64 bits. One line naming the flags, exit 2.
+static void shape_validate(const DbrxConfig* c, int B, int T) {
+    long long rows = (long long)B * T * c->top_k;
+    if (rows > INT32_MAX)
+        fail(EXIT_BAD_INPUT, "--batch %d x --seq %d x --top-k %d = %lld routed token rows do not fit in 32 bits (at most %d): "
+             "lower --batch or --seq", B, T, c->top_k, rows, INT32_MAX);
+    long double N = (long double)B * T, widest = c->vocab_size;
+    for (long double w : {(long double)c->d_model, (long double)qkv_dim(c), (long double)c->n_experts,
+                          (long double)c->top_k * c->d_model, (long double)c->top_k * c->ffn_hidden})
+        widest = std::max(widest, w);
+    long double biggest = std::max(N * widest, N * c->n_heads * T);   // (N, width) or the attention (B, H, T, T)
+    if (biggest > (long double)(1ull << 50))
+        fail(EXIT_BAD_INPUT, "--batch %d x --seq %d: one activation buffer would hold %.3Lg elements (more than 2^50) for this "
+             "model (--d-model %d, --vocab %d, --n-heads %d): lower --batch or --seq", B, T, biggest, c->d_model,
+             c->vocab_size, c->n_heads);
+    long double act = activation_bytes(c, B, T);
+    if (act > (long double)(1ull << 60))
+        fail(EXIT_BAD_INPUT, "--n-layers %d with --batch %d x --seq %d: the activations would need %.3Lg bytes (more than 2^60): "
+             "lower --n-layers, --batch or --seq", c->n_layers, B, T, act);
+}
+
+// Before the CPU run allocates: a run whose parameter state and activations cannot fit in this node's
+// memory (RAM + swap, for all its ranks) is refused with one line (exit 2) instead of dying of an
+// allocation failure, or of the kernel's OOM killer, halfway through its set-up. A lower bound (working
+// buffers and FP8 scratch not counted), so it refuses only what cannot run. Collective.
+static void host_memory_check(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm) {
+    int S = args.shard_group_size > 0 && args.shard_group_size <= comm.world ? args.shard_group_size : comm.world;
+    long double act = activation_bytes(&cfg, args.batch, args.seq), state = 16.0L * params_total(&cfg) / S;
+    long double need = (act + state) * comm.local_size, have = -1;
+    struct sysinfo si;
+    if (sysinfo(&si) == 0) have = ((long double)si.totalram + (long double)si.totalswap) * si.mem_unit;
+    else fprintf(stderr, "warning: sysinfo: %s: the host memory is not checked before allocating\n", strerror(errno));
+    int bad = have > 0 && need > have ? 1 : 0, any = bad;
+    if (comm.world > 1) comm_all_reduce(&comm.world_group, &any, 1, COMM_I32);
+    if (!any) return;
+    comm_agreed_failure();   // every rank exits with the same verdict: none of them is a lost rank
+    if (bad && comm.local_rank == 0)
+        fail(EXIT_BAD_INPUT, "the run needs at least %.2Lf GiB of host memory per rank (activations %.2Lf GiB for --batch %d x --seq %d, "
+             "parameters+grads+AdamW moments 16 B/param / %d = %.2Lf GiB) x %d rank(s) on this node, more than its %.2Lf GiB "
+             "(RAM + swap): lower --batch or --seq, shard over more ranks, or use a smaller model", (act + state) / 1073741824.0L,
+             act / 1073741824.0L, args.batch, args.seq, S, state / 1073741824.0L, comm.local_size, have / 1073741824.0L);
+    exit(EXIT_BAD_INPUT);
+}
+
+// Out of host memory in any allocation (operator new, in any thread): one line, exit 1, instead of an
+// uncaught std::bad_alloc. Only async-signal-safe calls: the heap may be in any state.
+[[noreturn]] static void on_out_of_memory() {
+    comm_mark_exiting();
+    static const char m[] = "error: out of host memory: an allocation failed (the model, --batch or --seq is too large for "
+                            "this machine; --dry-run shows the estimate)\n";
+    ssize_t ignored = write(2, m, sizeof m - 1);
+    (void)ignored;
+    _exit(EXIT_RUNTIME);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,9 +447,6 @@ static double cpu_peak_flops(int threads, std::string* how) {
     return threads * mhz * 1e6 * per_cycle;
 }
 
-// One optimizer step's line on the console and its object in the JSONL log. metrics: ce, lbl, z-loss,
-// imbalance. The loss is logged at full precision so that runs can be compared bit for bit;
-// comm_bytes < 0: not logged.
 // a number for the JSONL log: JSON has no nan or inf, so a non-finite value is null
 static std::string json_number_or_null(double x, const char* fmt) {
     if (!std::isfinite(x)) return "null";
@@ -327,26 +455,64 @@ static std::string json_number_or_null(double x, const char* fmt) {
     return b;
 }
 
-static void report_step(FILE* logf, int step, int steps, const double* metrics, double gnorm, float lr, double dt,
-                        double tok_s, double mfu, long long comm_bytes, const std::vector<double>* busy) {
-    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f\n",
-           step, steps, metrics[0], metrics[1], gnorm, lr, dt * 1000, tok_s, 100 * mfu, metrics[3]);
+// 1234567 -> "1.23M" (tokens on the step line)
+static std::string human_count(double n) {
+    char b[32];
+    if (n >= 1e12) snprintf(b, sizeof b, "%.2fT", n / 1e12);
+    else if (n >= 1e9) snprintf(b, sizeof b, "%.2fB", n / 1e9);
+    else if (n >= 1e6) snprintf(b, sizeof b, "%.2fM", n / 1e6);
+    else if (n >= 1e3) snprintf(b, sizeof b, "%.1fK", n / 1e3);
+    else snprintf(b, sizeof b, "%.0f", n);
+    return b;
+}
+// 3725 s -> "1h02m"
+static std::string human_time(double s) {
+    char b[32];
+    long t = (long)(s + 0.5);
+    if (t >= 86400) snprintf(b, sizeof b, "%ldd%02ldh", t / 86400, t % 86400 / 3600);
+    else if (t >= 3600) snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, t % 3600 / 60);
+    else if (t >= 60) snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(b, sizeof b, "%lds", t);
+    return b;
+}
+
+// what one optimizer step reports. metrics: ce, lbl, z-loss, imbalance; mfu by the Megatron/PaLM count,
+// mfu_foundry by LLM Foundry's (model/config.h); comm_bytes < 0: not logged; busy: each rank's busy time
+// (NULL: one rank); tokens: seen after this step; eta: seconds left
+typedef struct {
+    int step, steps;
+    const double* metrics;
+    double gnorm, lr, dt, tok_s, mfu, mfu_foundry;
+    long long comm_bytes;
+    const std::vector<double>* busy;
+    int64_t tokens;
+    double eta;
+} StepReport;
+
+// One optimizer step's line on the console and its object in the JSONL log. The loss is logged at full
+// precision so that runs can be compared bit for bit.
+static void report_step(FILE* logf, const StepReport& r) {
+    const double* m = r.metrics;
+    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f | %s tok | eta %s\n",
+           r.step, r.steps, m[0], m[1], r.gnorm, r.lr, r.dt * 1000, r.tok_s, 100 * r.mfu, m[3], human_count((double)r.tokens).c_str(),
+           human_time(r.eta).c_str());
     fflush(stdout);
     if (!logf) return;
     auto num = json_number_or_null;
     fprintf(logf, "{\"step\": %d, \"loss\": %s, \"lbl\": %s, \"z_loss\": %s, \"grad_norm\": %s, \"lr\": %s, "
-            "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"imbalance\": %s", step, num(metrics[0], "%.17g").c_str(),
-            num(metrics[1], "%.6f").c_str(), num(metrics[2], "%.6f").c_str(), num(gnorm, "%.6f").c_str(), num(lr, "%.6e").c_str(),
-            dt * 1000, tok_s, mfu, num(metrics[3], "%.4f").c_str());
-    if (comm_bytes >= 0) fprintf(logf, ", \"comm_bytes\": %lld", comm_bytes);
-    if (busy) {   // each rank's busy time (the step less its time blocked in collectives): every rank's up to 64, else the max
-        if (busy->size() <= 64) {
+            "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"mfu_foundry\": %.5f, \"imbalance\": %s, \"tokens\": %lld, \"eta_s\": %.1f",
+            r.step, num(m[0], "%.17g").c_str(), num(m[1], "%.6f").c_str(), num(m[2], "%.6f").c_str(), num(r.gnorm, "%.6f").c_str(),
+            num(r.lr, "%.6e").c_str(), r.dt * 1000, r.tok_s, r.mfu, r.mfu_foundry, num(m[3], "%.4f").c_str(), (long long)r.tokens, r.eta);
+    if (r.comm_bytes >= 0) fprintf(logf, ", \"comm_bytes\": %lld", r.comm_bytes);
+    if (r.busy) {   // each rank's busy time (the step less its time blocked in collectives): every rank's up to 64, else the max
+        const std::vector<double>& busy = *r.busy;
+        if (busy.size() <= 64) {
             fprintf(logf, ", \"rank_busy_ms\": [");
-            for (size_t r = 0; r < busy->size(); r++) fprintf(logf, "%s%.2f", r ? ", " : "", (*busy)[r] * 1000);
+            for (size_t k = 0; k < busy.size(); k++) fprintf(logf, "%s%.2f", k ? ", " : "", busy[k] * 1000);
             fprintf(logf, "]");
         }
-        size_t slowest = std::max_element(busy->begin(), busy->end()) - busy->begin();
-        fprintf(logf, ", \"max_busy_ms\": %.2f, \"slowest_rank\": %zu", (*busy)[slowest] * 1000, slowest);
+        size_t slowest = std::max_element(busy.begin(), busy.end()) - busy.begin();
+        fprintf(logf, ", \"max_busy_ms\": %.2f, \"slowest_rank\": %zu", busy[slowest] * 1000, slowest);
     }
     fprintf(logf, "}\n");
     fflush(logf);
@@ -393,7 +559,7 @@ static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
 typedef struct { double peak; std::string peak_how; std::string memory_line; HealthBackend health; } BackendInfo;
 
 static HealthOptions health_options(const TrainArgs& a) {
-    return {a.health_min_tflops, a.health_min_busbw, a.health_gemm_size, a.health_comm_mib, a.batch, a.seq};
+    return {a.health_min_tflops, a.health_min_busbw, a.health_gemm_size, a.health_comm_mib, a.batch, a.seq, a.health_gemm_ratio};
 }
 
 template <typename Model, typename Store>
@@ -414,6 +580,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
     Checkpointer ck;
     ckpt_init(&ck, args.ckpt_dir, args.ckpt_every, args.ckpt_keep, args.ckpt_keep_every);
+    ckpt_check_dir(&ck, zl, args.resume == "auto", &comm);   // before anything is trained: a directory that cannot take a save
     RunInfo run = {args.steps, args.warmup, args.seed, args.batch, args.seq, args.grad_accum, args.lr, args.lr_floor, opt};
     TrainProgress prog;
     prog.rng.state = (uint64_t)args.seed ^ 0x7261696E5F646278ull;
@@ -461,14 +628,15 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     }
 
     int64_t tokens_per_step = (int64_t)args.batch * args.seq * args.grad_accum * comm.world;
-    double fpt = flops_per_token(&cfg, args.seq), peak = info.peak;
+    double fpt = flops_per_token(&cfg, args.seq), fpt_foundry = flops_per_token_foundry(&cfg, args.seq), peak = info.peak;
     FILE* logf = NULL;
     if (comm.rank == 0) {
         printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
                args.batch, args.seq, args.grad_accum, comm.world, (long long)tokens_per_step, args.steps, args.lr,
                args.warmup, args.lr_floor);
-        printf("mfu: %.4g FLOPs/token (6 N_active + 12 L d S) against a peak of %.3f TFLOP/s (%s%s)\n", fpt, peak / 1e12,
-               comm.world > 1 ? "all ranks: " : "", info.peak_how.c_str());
+        printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
+               "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, peak / 1e12, comm.world > 1 ? "all ranks: " : "",
+               info.peak_how.c_str(), fpt_foundry);
         printf("%s (%s, shard group %d, %d replica(s))\n", info.memory_line.c_str(),
                zl->S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zl->R == 1 ? "ZeRO-3" : "HSDP", zl->S, zl->R);
         if (args.comm_timeout > 0) printf("comm: --comm-timeout %g s\n", args.comm_timeout);
@@ -511,6 +679,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         if (args.comm_timeout == 0) comm_set_timeout(on ? COMM_TIMEOUT_LONG : COMM_TIMEOUT_STEADY);
     };
     std::vector<int> saved_steps = {prog.step};   // candidates for confirmation (checkpoint/ckpt.h)
+    double time_steps = 0, first_dt = 0;           // for the time left
     int last_skipped = 0;
     std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(model);   // every FP8 operand's state (empty: FP8 off)
     uint64_t step_bytes_total = 0;
@@ -638,8 +807,15 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         step_bytes_total += step_bytes;
         steps_done++;
         double tok_s = tokens_per_step / dt, mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
-        if (comm.rank == 0) report_step(logf, step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, (long long)step_bytes,
-                                        comm.world > 1 ? &busy_all : NULL);
+        // the time left: the mean step time of this invocation so far (the first step, with its set-up, left out
+        // once there are others) times the steps to go
+        time_steps += dt;
+        if (steps_done == 2) time_steps -= first_dt;
+        if (steps_done == 1) first_dt = dt;
+        double eta = (steps_done > 1 ? time_steps / (steps_done - 1) : dt) * (args.steps - step - 1);
+        StepReport rep = {step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, peak > 0 ? fpt_foundry * tok_s / peak : 0.0,
+                          (long long)step_bytes, comm.world > 1 ? &busy_all : NULL, prog.tokens + tokens_per_step, eta};
+        if (comm.rank == 0) report_step(logf, rep);
         bool skipped = !skip_why.empty();
         guard_stop = spike_guard_record(&guard, step + 1, skipped, metrics[0], gnorm);
         if (skipped) {
@@ -788,6 +964,7 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
         printf("device: cpu%s, %d OpenMP thread(s) per rank, %d rank(s)\n", why, threads, comm.world);
         print_config(args.model.c_str(), &cfg);
     }
+    host_memory_check(args, cfg, comm);
     Dbrx model;
     dbrx_build_shape(&model, &cfg, args.batch, args.seq);
     Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
@@ -835,18 +1012,19 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
 #endif
 // ---------------------------------------------------------------------------------------------
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
     TrainArgs args;
     DbrxConfig cfg;
-    parse_args(argc, argv, &args, &cfg);
-    config_validate(&cfg);
-    if (args.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", args.seq, cfg.max_seq_len);
+    parse_args(argc, argv, &args, &cfg);   // (validates the model too)
+    if (args.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d (--max-seq)", args.seq, cfg.max_seq_len);
+    shape_validate(&cfg, args.batch, args.seq);
 
-    if (args.dry_run) {
+    if (args.dry_run) {   // (every number below is bounded by the checks above, and computed without walking the layers)
         print_config(args.model.c_str(), &cfg);
-        double fpt = flops_per_token(&cfg, args.seq);
-        printf("training FLOPs per token: %.4g (6 * N_active + 12 * L * d * S, S = %d)\n", fpt, args.seq);
-        double act = (double)dbrx_activations(NULL, &cfg, args.batch, args.seq);
+        printf("training FLOPs per token (S = %d): %.4g = " FLOPS_PER_TOKEN_FORMULA ", the MFU count; %.4g = "
+               FLOPS_PER_TOKEN_FOUNDRY_FORMULA ", %.0f%% more\n", args.seq, flops_per_token(&cfg, args.seq),
+               flops_per_token_foundry(&cfg, args.seq), 100 * (flops_per_token_foundry(&cfg, args.seq) / flops_per_token(&cfg, args.seq) - 1));
+        double act = (double)activation_bytes(&cfg, args.batch, args.seq);
         double p = (double)params_total(&cfg);
         // sharded over S ranks (ZeRO-3/HSDP): the fp32 state is 1/S of the model's (plus padding)
         int S = args.shard_group_size > 0 ? args.shard_group_size : 1;
@@ -856,8 +1034,9 @@ int main(int argc, char** argv) {
                16 * p / S / (1 << 30), act / (1 << 30), (16 * p / S + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
         Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
-        size_t acts = dbrx_gpu_memory_estimate(&cfg, args.batch, args.seq, nullptr, &fp8, false);
-        size_t store = zero_gpu_estimate_bytes(&cfg, S);
+        double acts = (double)per_layers(&cfg, [&](const DbrxConfig* x) {
+            return dbrx_gpu_memory_estimate(x, args.batch, args.seq, nullptr, &fp8, false); });
+        double store = (double)per_layers(&cfg, [&](const DbrxConfig* x) { return zero_gpu_estimate_bytes(x, S); });
         printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param / S%s = %.2f GiB, activations and scratch%s %.2f GiB, "
                "total %.2f GiB\n", S > 1 ? " + two gathered bf16 units and two fp32 gradient units" : "", store / 1073741824.0,
                fp8.recipe != FP8_OFF ? " (with the FP8 operands)" : "", acts / 1073741824.0, (store + acts) / 1073741824.0);
@@ -891,4 +1070,16 @@ int main(int argc, char** argv) {
     rc = train_cpu(args, cfg, comm, why);
     comm_finalize();
     return rc;
+}
+
+int main(int argc, char** argv) {
+    std::set_new_handler(on_out_of_memory);
+    // what operator new does not report through the handler: a size beyond what a container can hold
+    try {
+        return run_main(argc, argv);
+    } catch (const std::length_error& e) {
+        fail(EXIT_RUNTIME, "out of host memory: an allocation is larger than any machine's (%s)", e.what());
+    } catch (const std::bad_alloc&) {
+        on_out_of_memory();
+    }
 }

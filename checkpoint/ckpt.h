@@ -22,6 +22,7 @@
  */
 #pragma once
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -110,18 +111,122 @@ static inline std::string ckpt_step_name(int step) { char b[32]; snprintf(b, siz
 static inline std::string ckpt_shard_name(int s) { char b[32]; snprintf(b, sizeof b, "shard_%05d.bin", s); return b; }
 
 // ---------------------------------------------------------------------------------------------
+// start-up: the directory can take checkpoints, and `latest` names the newest complete one
+
+static inline std::string ckpt_read_manifest(const std::string& dir, std::string* text, JsonValue* man);
+
+// rank 0: DIR/latest := name (written aside, fsynced, renamed) unless it names it already, with one log
+// line saying what it named. "" or the error.
+static inline std::string ckpt_point_latest(const std::string& dir, const std::string& name) {
+    std::string path = dir + "/latest", cur;
+    bool had = path_exists(path);
+    if (had && !read_file(path, &cur).empty()) cur = "?";
+    while (!cur.empty() && (cur.back() == '\n' || cur.back() == '\r' || cur.back() == ' ')) cur.pop_back();
+    if (cur == name) return "";
+    bool printable = cur.size() <= 64;
+    for (char c : cur) printable = printable && c >= 0x20 && c < 0x7f;
+    std::string err = write_file_atomic(path, name + "\n");
+    if (err.empty()) {
+        printf("ckpt: %s/latest %s%s%s; the newest complete checkpoint is %s: latest rewritten\n", dir.c_str(),
+               had ? "named '" : "was missing", had ? (printable ? cur.c_str() : "(unreadable)") : "", had ? "'" : "", name.c_str());
+        fflush(stdout);
+    }
+    return err;
+}
+
+// writes a 4 KiB file into dir, fsyncs it, removes it and fsyncs dir: "" or the reason it cannot
+static inline std::string ckpt_probe_write(const std::string& dir) {
+    std::string p = dir + "/.probe-" + std::to_string((long long)getpid());
+    int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return "cannot write a test file (" + sys_err("create " + p) + ")";
+    char block[4096];
+    memset(block, 0, sizeof block);
+    std::string err = write_all(fd, block, sizeof block, p);
+    if (err.empty() && fsync(fd) != 0) err = sys_err("fsync " + p);
+    if (close(fd) != 0 && err.empty()) err = sys_err("close " + p);
+    if (unlink(p.c_str()) != 0 && err.empty()) err = sys_err("remove " + p);
+    if (err.empty()) err = fsync_path(dir);
+    return err.empty() ? "" : "cannot write a test file (" + err + ")";
+}
+
+// Before step 1 (collective; rank 0 looks, every rank learns the verdict): --ckpt-dir must be a
+// directory (created if missing) in which a file can be written, fsynced and removed, and DIR/latest,
+// if there, must be a file. Otherwise one line naming the directory and the reason, and every rank
+// exits 2 — rather than train for hours and fail at the first save. Less free space than one
+// checkpoint (the S shard files of this run's layout) is a warning naming both. Unless --resume auto
+// (which points it at the checkpoint it loads), `latest` is pointed at the newest complete checkpoint
+// (its manifest verifies): a kill between the rename of a step directory and the update of `latest`
+// leaves `latest` one save behind.
+static inline void ckpt_check_dir(Checkpointer* ck, const Zero* z, bool resume_auto, Comm* comm) {
+    if (ck->dir.empty()) return;
+    std::string err;
+    if (comm->rank == 0) {
+        const std::string& d = ck->dir;
+        struct stat st;
+        if (stat(d.c_str(), &st) == 0) { if (!S_ISDIR(st.st_mode)) err = "it exists and is not a directory"; }
+        else if (errno != ENOENT && errno != ENOTDIR) err = sys_err("stat " + d);   // (those: mkdir says why)
+        if (err.empty()) { std::string e = mkdir_p(d); if (!e.empty()) err = "cannot create it (" + e + ")"; }
+        std::string latest = d + "/latest";
+        if (err.empty() && stat(latest.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+            err = latest + " is " + (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
+                  " (it must be a file naming the newest checkpoint)";
+        if (err.empty()) err = ckpt_probe_write(d);
+        if (err.empty()) {
+            uint64_t need = (uint64_t)z->S * (CKPT_HEADER_BYTES + 3ull * z->shard_total * sizeof(float));
+            struct statvfs vf;
+            if (statvfs(d.c_str(), &vf) != 0) fprintf(stderr, "warning: --ckpt-dir %s: %s: free space not checked\n", d.c_str(), strerror(errno));
+            else if ((uint64_t)vf.f_bavail * vf.f_frsize < need)
+                fprintf(stderr, "warning: --ckpt-dir %s: %llu bytes free, one checkpoint needs %llu bytes: saves will fail "
+                        "unless space is freed\n", d.c_str(), (unsigned long long)vf.f_bavail * vf.f_frsize, (unsigned long long)need);
+        }
+        if (err.empty() && !resume_auto)
+            for (auto& c : list_numbered_dirs(d, "step_")) {
+                std::string text;
+                JsonValue man;
+                if (!ckpt_read_manifest(d + "/" + c.second, &text, &man).empty()) continue;
+                std::string e = ckpt_point_latest(d, c.second);
+                if (!e.empty()) err = "cannot repair latest (" + e + ")";
+                break;
+            }
+    }
+    int bad = err.empty() ? 0 : 1;
+    comm_broadcast(&comm->world_group, &bad, sizeof bad, 0);
+    if (bad) {
+        comm_agreed_failure();   // every rank exits with the same verdict: none of them is a lost rank
+        if (comm->rank == 0) fail(EXIT_BAD_INPUT, "--ckpt-dir %s: %s", ck->dir.c_str(), err.c_str());
+        exit(EXIT_BAD_INPUT);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // the model config as JSON, and the comparison a resume makes
+
+// The optional settings (clip_qkv, moe_normalize_expert_weights) are a number or null (off).
+static inline std::string ckpt_setting_json(float v) { return dbrx_is_off(v) ? "null" : json_float(v); }
 
 static inline std::string ckpt_config_json(const DbrxConfig* c) {
     char b[1024];
     snprintf(b, sizeof b, "{\"d_model\": %d, \"n_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"n_layers\": %d, "
              "\"ffn_hidden\": %d, \"n_experts\": %d, \"top_k\": %d, \"vocab_size\": %d, \"max_seq_len\": %d, "
-             "\"rope_theta\": %s, \"clip_qkv\": %s, \"ln_eps\": %s, \"moe_loss_weight\": %s, "
-             "\"z_loss_weight\": %s, \"init_std\": %s}", c->d_model, c->n_heads, c->kv_heads, c->head_dim,
-             c->n_layers, c->ffn_hidden, c->n_experts, c->top_k, c->vocab_size, c->max_seq_len, json_float(c->rope_theta).c_str(),
-             json_float(c->clip_qkv).c_str(), json_float(c->ln_eps).c_str(), json_float(c->moe_loss_weight).c_str(),
-             json_float(c->z_loss_weight).c_str(), json_float(c->init_std).c_str());
+             "\"rope_theta\": %s, \"clip_qkv\": %s, \"moe_normalize_expert_weights\": %s, \"ln_eps\": %s, "
+             "\"moe_loss_weight\": %s, \"z_loss_weight\": %s, \"init_std\": %s}", c->d_model, c->n_heads, c->kv_heads,
+             c->head_dim, c->n_layers, c->ffn_hidden, c->n_experts, c->top_k, c->vocab_size, c->max_seq_len,
+             json_float(c->rope_theta).c_str(), ckpt_setting_json(c->clip_qkv).c_str(), ckpt_setting_json(c->moe_norm_p).c_str(),
+             json_float(c->ln_eps).c_str(), json_float(c->moe_loss_weight).c_str(), json_float(c->z_loss_weight).c_str(),
+             json_float(c->init_std).c_str());
     return b;
+}
+
+// A saved optional setting: null is off (DBRX_OFF); a number is the value, except that a clip_qkv <= 0
+// is off too (before off had its own representation, train_dbrx read --clip-qkv <= 0 as off and saved the
+// number: such a checkpoint has no clamp); absent: `absent`. false: not a number or null.
+static inline bool ckpt_saved_setting(const JsonValue* j, bool nonpositive_is_off, float absent, float* out) {
+    double v;
+    if (!j) { *out = absent; return true; }
+    if (j->kind == JsonValue::NUL) { *out = DBRX_OFF; return true; }
+    if (!json_double(j, &v)) return false;
+    *out = nonpositive_is_off && v <= 0 ? DBRX_OFF : (float)v;
+    return true;
 }
 
 // "" if the saved config (JSON object) matches, else the mismatched fields. init_std is not compared
@@ -131,7 +236,7 @@ static inline std::string ckpt_config_mismatch(const JsonValue* saved, const Dbr
         {"d_model", (double)c->d_model}, {"n_heads", (double)c->n_heads}, {"kv_heads", (double)c->kv_heads},
         {"head_dim", (double)c->head_dim}, {"n_layers", (double)c->n_layers}, {"ffn_hidden", (double)c->ffn_hidden},
         {"n_experts", (double)c->n_experts}, {"top_k", (double)c->top_k}, {"vocab_size", (double)c->vocab_size},
-        {"max_seq_len", (double)c->max_seq_len}, {"rope_theta", (double)c->rope_theta}, {"clip_qkv", (double)c->clip_qkv},
+        {"max_seq_len", (double)c->max_seq_len}, {"rope_theta", (double)c->rope_theta},
         {"ln_eps", (double)c->ln_eps}, {"moe_loss_weight", (double)c->moe_loss_weight},
         {"z_loss_weight", (double)c->z_loss_weight}};
     std::string out;
@@ -142,8 +247,24 @@ static inline std::string ckpt_config_mismatch(const JsonValue* saved, const Dbr
         if (!ok) {
             char b[160];
             snprintf(b, sizeof b, "%s%s %s (checkpoint) vs %g (this run)", out.empty() ? "" : ", ", f.name,
-                     j ? j->text.c_str() : "missing", f.run);
+                     json_show(j).c_str(), f.run);
             out += b;
+        }
+    }
+    // clip_qkv: absent is damage (every format has it); moe_normalize_expert_weights: absent in the
+    // checkpoints written before the setting existed, which all renormalised by the sum (p = 1)
+    struct { const char* name; float run; bool nonpositive_is_off; float absent; } opt[] = {
+        {"clip_qkv", c->clip_qkv, true, NAN}, {"moe_normalize_expert_weights", c->moe_norm_p, false, 1.0f}};
+    for (auto& f : opt) {
+        const JsonValue* j = json_get(saved, f.name);
+        float v = NAN;
+        bool ok = ckpt_saved_setting(j, f.nonpositive_is_off, f.absent, &v) && !std::isnan(v) &&
+                  (dbrx_is_off(v) ? dbrx_is_off(f.run) : v == f.run);
+        if (!ok) {
+            std::string saved_as = json_show(j);
+            if (j && j->kind == JsonValue::NUM && dbrx_is_off(v)) saved_as += " (off)";   // a legacy clip_qkv <= 0
+            out += std::string(out.empty() ? "" : ", ") + f.name + " " + saved_as + " (checkpoint) vs " + dbrx_setting_str(f.run) +
+                   " (this run)";
         }
     }
     return out;
@@ -509,6 +630,7 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
         return p;
     };
     std::vector<Piece> mine = pieces_of(z, z->shard.rank);
+    double t_start = now_seconds(), t_said = t_start;
     // the first replica reads: for each old file, the pieces of this rank's new shard it holds
     memset(z->master, 0, z->shard_total * sizeof(float));
     memset(z->m, 0, z->shard_total * sizeof(float));
@@ -540,6 +662,12 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
         std::string err;
         for (uint64_t off = 0; err.empty() && off < file_bytes[f]; off += chunk) {
             size_t n = (size_t)std::min<uint64_t>(chunk, file_bytes[f] - off);
+            if (comm->rank == 0 && now_seconds() - t_said >= 10) {   // progress of a large load, every 10 s (rank 0's files)
+                t_said = now_seconds();
+                printf("resume: reading %s: %s %.2f of %.2f GB (%.0f%%), %.0f s\n", dir.c_str(), file_names[f].c_str(), off / 1e9,
+                       file_bytes[f] / 1e9, 100.0 * off / file_bytes[f], t_said - t_start);
+                fflush(stdout);
+            }
             err = pread_all(fd, buf.data(), n, off, p);
             if (!err.empty()) break;
             if (off == 0) {
@@ -636,6 +764,12 @@ static inline int ckpt_resume(Checkpointer* ck, const std::string& resume, Zero*
         std::string why = ckpt_try_load(dir, z, cfg, prog, manifest, comm);
         if (why.empty()) {
             *loaded = dir;
+            // `latest` names the newest valid checkpoint: the one just loaded (a save killed after its
+            // rename left it one behind; a damaged newer one is passed over)
+            if (resume == "auto" && comm->rank == 0) {
+                std::string err = ckpt_point_latest(ck->dir, dir.substr(ck->dir.size() + 1));
+                if (!err.empty()) fprintf(stderr, "warning: --ckpt-dir %s: latest not repaired: %s\n", ck->dir.c_str(), err.c_str());
+            }
             return 1;
         }
         if (comm->rank == 0) fprintf(stderr, "warning: checkpoint %s is not valid (%s)%s\n", dir.c_str(), why.c_str(),

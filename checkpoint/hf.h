@@ -80,10 +80,75 @@ static inline std::string st_read_header(const std::string& path, std::map<std::
     return "";
 }
 
-// every tensor of an export directory (one file, or several with model.safetensors.index.json)
-static inline std::string st_read_dir(const std::string& dir, std::map<std::string, StTensor>* out) {
+// the safetensors files of a directory without an index: the Hub's shards model-<i>-of-<n>.safetensors
+// (all n of them, i = 1..n, with the digits the names use) if there are any, else every *.safetensors
+// file; "" or what is missing
+static inline std::string st_list_unindexed(const std::string& dir, std::vector<std::string>* files, std::string* how) {
+    DIR* d = opendir(dir.c_str());
+    if (!d) return sys_err("open directory " + dir);
+    std::vector<std::string> names;
+    while (struct dirent* e = readdir(d)) names.push_back(e->d_name);
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    std::map<int, std::vector<int>> shards;   // n -> the i present
+    int width = 5;
+    std::vector<std::string> others;
+    for (const std::string& n : names) {
+        if (n.size() <= 12 || n.compare(n.size() - 12, 12, ".safetensors") != 0) continue;
+        int i = 0, total = 0, used = 0;
+        if (sscanf(n.c_str(), "model-%d-of-%d.safetensors%n", &i, &total, &used) == 2 && used == (int)n.size() && i >= 1 &&
+            total >= 1 && i <= total) {
+            shards[total].push_back(i);
+            width = (int)(n.find("-of-") - 6);
+        } else others.push_back(n);
+    }
+    if (shards.size() > 1)
+        return dir + ": no model.safetensors.index.json, and shards of " + std::to_string(shards.size()) +
+               " different splits (model-*-of-" + std::to_string(shards.begin()->first) + " and -of-" +
+               std::to_string(shards.rbegin()->first) + "): which belong together is not clear";
+    if (shards.size() == 1) {
+        int total = shards.begin()->first;
+        std::vector<int>& have = shards.begin()->second;
+        for (int i = 1; i <= total; i++) {
+            char b[96];
+            snprintf(b, sizeof b, "model-%0*d-of-%0*d.safetensors", width, i, width, total);
+            if (std::find(have.begin(), have.end(), i) == have.end())
+                return dir + ": no model.safetensors.index.json, and shard " + b + " of the " + std::to_string(total) +
+                       " is missing";
+            files->push_back(b);
+        }
+        *how = "no model.safetensors.index.json: the " + std::to_string(total) + " shards model-*-of-" + files->back().substr(6 + width + 4);
+        return "";
+    }
+    if (others.empty())
+        return dir + ": no model.safetensors, no model.safetensors.index.json, and no other *.safetensors file";
+    *files = others;
+    *how = "no model.safetensors.index.json: every *.safetensors file of the directory (" + std::to_string(others.size()) + ")";
+    return "";
+}
+
+// every tensor of an export directory: the files of model.safetensors.index.json when there is one,
+// else model.safetensors, else the shards (or *.safetensors files) found in it (st_list_unindexed,
+// *how says so; a tensor in two of them is refused)
+static inline std::string st_read_dir(const std::string& dir, std::map<std::string, StTensor>* out, std::string* how = NULL) {
     std::string index = dir + "/model.safetensors.index.json";
-    if (!path_exists(index)) return st_read_header(dir + "/model.safetensors", out);
+    if (!path_exists(index) && path_exists(dir + "/model.safetensors")) return st_read_header(dir + "/model.safetensors", out);
+    if (!path_exists(index)) {
+        std::vector<std::string> files;
+        std::string said, err = st_list_unindexed(dir, &files, &said);
+        if (!err.empty()) return err;
+        if (how) *how = said;
+        for (const std::string& f : files) {
+            std::map<std::string, StTensor> one;
+            if (!(err = st_read_header(dir + "/" + f, &one)).empty()) return err;
+            for (auto& t : one) {
+                auto dup = out->find(t.first);
+                if (dup != out->end()) return dir + ": tensor " + t.first + " is in both " + dup->second.file + " and " + t.second.file;
+                (*out)[t.first] = t.second;
+            }
+        }
+        return "";
+    }
     std::string text, err = read_file(index, &text), perr;
     if (!err.empty()) return err;
     JsonValue j;
@@ -120,25 +185,55 @@ static inline float f16_to_f32(uint16_t h) {
 // config.json
 
 static inline std::string hf_config_json(const DbrxConfig* c, const char* dtype) {
-    std::string clip = c->clip_qkv > 0 ? json_float(c->clip_qkv) : "null";
+    // off is null, as DbrxConfig reads it (a clip_qkv of 0 would clamp to 0; an absent
+    // moe_normalize_expert_weights would be HF's default 1)
+    std::string clip = dbrx_is_off(c->clip_qkv) ? "null" : json_float(c->clip_qkv);
+    std::string norm = dbrx_is_off(c->moe_norm_p) ? "null" : json_float(c->moe_norm_p);
     char b[2048];
     snprintf(b, sizeof b,
              "{\n  \"architectures\": [\"DbrxForCausalLM\"],\n  \"model_type\": \"dbrx\",\n  \"d_model\": %d,\n  \"n_heads\": %d,\n"
              "  \"n_layers\": %d,\n  \"max_seq_len\": %d,\n  \"vocab_size\": %d,\n"
              "  \"attn_config\": {\"kv_n_heads\": %d, \"clip_qkv\": %s, \"rope_theta\": %s, \"attn_pdrop\": 0.0},\n"
              "  \"ffn_config\": {\"ffn_hidden_size\": %d, \"moe_num_experts\": %d, \"moe_top_k\": %d, \"moe_jitter_eps\": null, "
-             "\"moe_loss_weight\": %s, \"moe_normalize_expert_weights\": 1, \"ffn_act_fn\": {\"name\": \"silu\"}},\n"
+             "\"moe_loss_weight\": %s, \"moe_normalize_expert_weights\": %s, \"ffn_act_fn\": {\"name\": \"silu\"}},\n"
              "  \"tie_word_embeddings\": false,\n  \"initializer_range\": %s,\n  \"resid_pdrop\": 0.0,\n  \"emb_pdrop\": 0.0,\n"
              "  \"torch_dtype\": \"%s\",\n  \"use_cache\": true,\n"
              "  \"train_dbrx\": {\"ln_eps\": %s, \"z_loss_weight\": %s}\n}\n",
              c->d_model, c->n_heads, c->n_layers, c->max_seq_len, c->vocab_size, c->kv_heads, clip.c_str(),
              json_float(c->rope_theta).c_str(), c->ffn_hidden, c->n_experts, c->top_k, json_float(c->moe_loss_weight).c_str(),
-             json_float(c->init_std).c_str(), dtype, json_float(c->ln_eps).c_str(), json_float(c->z_loss_weight).c_str());
+             norm.c_str(), json_float(c->init_std).c_str(), dtype, json_float(c->ln_eps).c_str(), json_float(c->z_loss_weight).c_str());
     return b;
 }
 
+// "" if the settings of config.json are ones train_dbrx implements as the original DBRX code reads
+// them, else the first that is not (bad input: the caller exits 2 naming the file):
+//   attn_config.clip_qkv: null or absent (no clamp) or > 0. The original clamps to +-clip_qkv for any
+//     number, so 0 would zero every q, k and v: refused rather than read as "off" (only null is off);
+//   ffn_config.moe_normalize_expert_weights: a p >= 1 (the top-k weights divided by their p-norm), null
+//     (not renormalised), or absent (DbrxFFNConfig's default, 1);
+//   ffn_config.uniform_expert_assignment: true (MegaBlocks' benchmarking mode: experts assigned round
+//     robin, the router ignored) is not implemented.
+static inline std::string hf_config_check(const JsonValue* j) {
+    const JsonValue* attn = json_get(j, "attn_config");
+    const JsonValue* ffn = json_get(j, "ffn_config");
+    const JsonValue* clip = json_get(attn, "clip_qkv");
+    double v;
+    if (clip && clip->kind != JsonValue::NUL && !(json_double(clip, &v) && v > 0 && std::isfinite((float)v)))
+        return "attn_config.clip_qkv " + json_show(clip) + " must be a positive number or null (no clamp): the original DBRX "
+               "code clamps q, k and v to +-clip_qkv for every number, so 0 would zero them all";
+    const JsonValue* norm = json_get(ffn, "moe_normalize_expert_weights");
+    if (norm && norm->kind != JsonValue::NUL && !(json_double(norm, &v) && v >= 1 && std::isfinite((float)v)))
+        return "ffn_config.moe_normalize_expert_weights " + json_show(norm) + " must be a number >= 1 (the p of the p-norm "
+               "the top-k router weights are divided by; DBRX: 1) or null (no renormalisation)";
+    const JsonValue* uni = json_get(ffn, "uniform_expert_assignment");
+    if (uni && !(uni->kind == JsonValue::NUL || (uni->kind == JsonValue::BOOL && !uni->b)))
+        return "ffn_config.uniform_expert_assignment " + json_show(uni) + ": train_dbrx routes every token by its router; "
+               "the uniform (round-robin) expert assignment is not implemented (false or absent expected)";
+    return "";
+}
+
 // "" if config.json describes the run's model, else the mismatched fields (HF defaults where it is silent:
-// LayerNorm eps 1e-5 and no z-loss, as DbrxForCausalLM)
+// LayerNorm eps 1e-5 and no z-loss, as DbrxForCausalLM). Call hf_config_check first.
 static inline std::string hf_config_mismatch(const JsonValue* j, const DbrxConfig* c) {
     const JsonValue* attn = json_get(j, "attn_config");
     const JsonValue* ffn = json_get(j, "ffn_config");
@@ -150,14 +245,12 @@ static inline std::string hf_config_mismatch(const JsonValue* j, const DbrxConfi
         {"max_seq_len", json_get(j, "max_seq_len"), (double)c->max_seq_len, NAN},
         {"vocab_size", json_get(j, "vocab_size"), (double)c->vocab_size, NAN},
         {"attn_config.kv_n_heads", json_get(attn, "kv_n_heads"), (double)c->kv_heads, NAN},
-        {"attn_config.clip_qkv", json_get(attn, "clip_qkv"), (double)(c->clip_qkv > 0 ? c->clip_qkv : 0), 0},
         {"attn_config.rope_theta", json_get(attn, "rope_theta"), (double)c->rope_theta, 10000},
         {"ffn_config.ffn_hidden_size", json_get(ffn, "ffn_hidden_size"), (double)c->ffn_hidden, NAN},
         {"ffn_config.moe_num_experts", json_get(ffn, "moe_num_experts"), (double)c->n_experts, NAN},
         {"ffn_config.moe_top_k", json_get(ffn, "moe_top_k"), (double)c->top_k, NAN},
         {"ffn_config.moe_loss_weight", json_get(ffn, "moe_loss_weight"), (double)c->moe_loss_weight, 0.01},
         {"ffn_config.moe_jitter_eps (train_dbrx has no jitter)", json_get(ffn, "moe_jitter_eps"), 0, 0},
-        {"ffn_config.moe_normalize_expert_weights", json_get(ffn, "moe_normalize_expert_weights"), 1, 1},
         {"train_dbrx.ln_eps", json_get(ours, "ln_eps"), (double)c->ln_eps, 1e-5},
         {"train_dbrx.z_loss_weight", json_get(ours, "z_loss_weight"), (double)c->z_loss_weight, 0},
     };
@@ -170,9 +263,23 @@ static inline std::string hf_config_mismatch(const JsonValue* j, const DbrxConfi
         if (!ok) {
             char b[200];
             snprintf(b, sizeof b, "%s%s %s (config.json) vs %g (this run)", out.empty() ? "" : ", ", x.name,
-                     present ? x.v->text.c_str() : x.v ? "null" : "missing", x.run);
+                     json_show(x.v).c_str(), x.run);
             out += b;
         }
+    }
+    // the optional settings: null is off; absent is DbrxConfig's default (clip_qkv: none; the
+    // renormalisation: p = 1)
+    struct { const char* name; const JsonValue* v; float run; float absent; } o[] = {
+        {"attn_config.clip_qkv", json_get(attn, "clip_qkv"), c->clip_qkv, DBRX_OFF},
+        {"ffn_config.moe_normalize_expert_weights", json_get(ffn, "moe_normalize_expert_weights"), c->moe_norm_p, 1.0f},
+    };
+    for (auto& x : o) {
+        double v = 0;
+        float hf = !x.v ? x.absent : x.v->kind == JsonValue::NUL ? DBRX_OFF : json_double(x.v, &v) ? (float)v : NAN;
+        bool ok = dbrx_is_off(hf) ? dbrx_is_off(x.run) : hf == x.run;
+        if (!ok) out += std::string(out.empty() ? "" : ", ") + x.name + " " +
+                        (x.v ? json_show(x.v) : "absent (DbrxConfig's default: " + dbrx_setting_str(hf) + ")") +
+                        " (config.json) vs " + dbrx_setting_str(x.run) + " (this run)";
     }
     const JsonValue* act = json_get(json_get(ffn, "ffn_act_fn"), "name");
     if (act && act->text != "silu") out += std::string(out.empty() ? "" : ", ") + "ffn_config.ffn_act_fn " + act->text + " (train_dbrx: silu)";
@@ -203,10 +310,14 @@ static inline void hf_import(const std::string& dir, Zero* z, const DbrxConfig* 
     if (!err.empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", dir.c_str(), err.c_str());
     JsonValue j;
     if (!json_parse(text.data(), text.size(), &j, &perr)) fail(EXIT_BAD_INPUT, "--init-hf %s/config.json: %s", dir.c_str(), perr.c_str());
+    std::string bad = hf_config_check(&j);
+    if (!bad.empty()) fail(EXIT_BAD_INPUT, "--init-hf %s/config.json: %s", dir.c_str(), bad.c_str());
     std::string mism = hf_config_mismatch(&j, cfg);
     if (!mism.empty()) fail(EXIT_BAD_INPUT, "--init-hf %s/config.json does not match this run's model: %s", dir.c_str(), mism.c_str());
     std::map<std::string, StTensor> st;
-    if (!(err = st_read_dir(dir, &st)).empty()) fail(EXIT_BAD_INPUT, "--init-hf %s", err.c_str());
+    std::string how;
+    if (!(err = st_read_dir(dir, &st, &how)).empty()) fail(EXIT_BAD_INPUT, "--init-hf %s", err.c_str());
+    if (!how.empty() && comm->rank == 0) printf("note: --init-hf %s: %s\n", dir.c_str(), how.c_str());
     for (const ParamInfo& p : table) {
         auto it = st.find(p.name);
         if (it == st.end()) fail(EXIT_BAD_INPUT, "--init-hf %s: tensor %s is missing", dir.c_str(), p.name);
@@ -224,6 +335,9 @@ static inline void hf_import(const std::string& dir, Zero* z, const DbrxConfig* 
     std::map<std::string, int> fds;
     std::vector<char> buf;
     const size_t chunk_elems = (size_t)8 << 20;
+    // progress (rank 0, its own pieces): a line every 10 s, so that a large import shows it is moving
+    double t_start = now_seconds(), t_said = t_start, total = 0, read = 0;
+    for (const ShardSegment& g : z->segs) total += (double)g.numel * st_dtype_bytes(st[param_at(table, g.flat_off)->name].dtype);
     for (const ShardSegment& g : z->segs) {   // this rank's pieces, tensor by tensor
         const ParamInfo* p = param_at(table, g.flat_off);
         const StTensor& t = st[p->name];
@@ -244,6 +358,13 @@ static inline void hf_import(const std::string& dir, Zero* z, const DbrxConfig* 
             else {
                 const uint16_t* h = (const uint16_t*)buf.data();
                 for (size_t i = 0; i < n; i++) dst[i] = t.dtype == "BF16" ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+            }
+            read += (double)n * es;
+            if (comm->rank == 0 && now_seconds() - t_said >= 10) {
+                t_said = now_seconds();
+                printf("init: read %.2f of %.2f GB of this rank's shard (%.0f%%) in %.0f s\n", read / 1e9, total / 1e9, 100 * read / total,
+                       t_said - t_start);
+                fflush(stdout);
             }
         }
     }

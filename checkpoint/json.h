@@ -173,6 +173,18 @@ static inline bool json_double(const JsonValue* v, double* out) {
     return true;
 }
 
+// a value as it reads in a message: the number or string as written, true, false, null; "missing" for none
+static inline std::string json_show(const JsonValue* v) {
+    if (!v) return "missing";
+    switch (v->kind) {
+    case JsonValue::NUL: return "null";
+    case JsonValue::BOOL: return v->b ? "true" : "false";
+    case JsonValue::NUM: return v->text;
+    case JsonValue::STR: return "\"" + v->text + "\"";
+    default: return v->kind == JsonValue::ARR ? "[...]" : "{...}";
+    }
+}
+
 // "text" with the characters JSON needs escaped
 static inline std::string json_quote(const std::string& s) {
     std::string o = "\"";

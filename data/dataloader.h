@@ -369,7 +369,21 @@ static inline void dataloader_init(DataLoader* dl, const char* spec, const char*
     dl->row_source.assign((size_t)B, 0);
 }
 
+// A shard that changed on disk since it was opened (rewritten, replaced, truncated: data/shard.h) is
+// no longer the data that was validated, and a resume would not see what this run saw: one line naming
+// it, exit 2. Asked at the start of every epoch of a source, and at every reset (validation passes):
+// a few stat() calls per epoch.
+static inline void data_source_check(const DataSource* s) {
+    for (const Shard& sh : s->shards) {
+        std::string why = shard_unchanged(&sh);
+        if (!why.empty())
+            fail(EXIT_BAD_INPUT, "%s: the shard changed while training was running: %s (restore it, or restart the run)",
+                 sh.path.c_str(), why.c_str());
+    }
+}
+
 static inline void dataloader_reset(DataLoader* dl) {
+    for (const DataSource& s : dl->sources) data_source_check(&s);
     dl->position = 0;
     dl->batches = 0;
     std::fill(dl->source_position.begin(), dl->source_position.end(), 0);
@@ -390,7 +404,10 @@ static inline int dataloader_next(DataLoader* dl) {
     for (int64_t j = 0; j < GB; j++) {
         int src = data_pick_source(dl, st, dl->position + j);
         int64_t p = dl->source_position[src]++;
-        if (p > 0 && p % dl->sources[src].total_windows == 0) wrapped = 1;
+        if (p > 0 && p % dl->sources[src].total_windows == 0) {   // a new epoch of this source
+            wrapped = 1;
+            data_source_check(&dl->sources[src]);
+        }
         if (j >= lo && j < lo + dl->B) {
             int64_t row = j - lo;
             data_read_window(dl, src, p, &dl->inputs[row * dl->T], &dl->targets[row * dl->T]);

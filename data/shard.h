@@ -16,9 +16,16 @@
  * of exiting, so that the fuzzer (test/fuzz_data.cpp) can drive it with arbitrary bytes;
  * shard_open() maps a file (never reads it whole) and turns any problem into one line + exit 2.
  * shard_write() writes a shard aside, fsyncs it and renames it into place.
+ *
+ * A mapped file can change under a running job. Truncated, reading a page past its new end raises
+ * SIGBUS: the handler installed by shard_open names the shard the address falls in, in one line, and
+ * exits 2 (any other SIGBUS goes to the handler that was there before). Rewritten or replaced, the
+ * mapping no longer holds what was validated: shard_unchanged() compares the file with what was opened
+ * (device, inode, size, modification time); the loader asks at the start of every epoch.
  */
 #pragma once
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -90,23 +97,93 @@ static inline int64_t shard_find_bad_token(const uint8_t* payload, int bytes_per
     return -1;
 }
 
+// ---------------------------------------------------------------------------------------------
+// the SIGBUS guard: every mapped shard's address range and path, in a list the handler can walk
+// (nodes are made and unlinked only by the thread that opens and closes shards, outside the handler)
+
+typedef struct ShardMapEntry {
+    uintptr_t lo, hi;             // the mapping [lo, hi)
+    struct ShardMapEntry* volatile next;
+    char path[1];                 // allocated to the path's length
+} ShardMapEntry;
+static ShardMapEntry* volatile g_shard_maps = NULL;
+static struct sigaction g_shard_sigbus_prev;
+static bool g_shard_sigbus_installed = false;
+
+static inline void shard_write_u64(char* buf, size_t* n, uint64_t v) {   // decimal, signal-safe
+    char d[24];
+    int nd = 0;
+    do { d[nd++] = (char)('0' + v % 10); v /= 10; } while (v > 0);
+    while (nd > 0) buf[(*n)++] = d[--nd];
+}
+
+static inline void shard_on_sigbus(int sig, siginfo_t* info, void* ctx) {
+    uintptr_t a = (uintptr_t)info->si_addr;
+    const ShardMapEntry* hit = NULL;
+    for (const ShardMapEntry* e = g_shard_maps; e && info->si_code > 0; e = e->next)
+        if (a >= e->lo && a < e->hi) hit = e;
+    if (!hit) {   // not ours: the previous disposition takes it (the faulting access runs again, or re-raise)
+        sigaction(SIGBUS, &g_shard_sigbus_prev, NULL);
+        if (info->si_code <= 0) raise(sig);
+        (void)ctx;
+        return;
+    }
+    char msg[4608];
+    size_t n = 0;
+    auto put = [&](const char* s) { while (*s && n < sizeof msg - 2) msg[n++] = *s++; };
+    put("error: ");
+    put(hit->path);
+    put(": SIGBUS reading byte ");
+    shard_write_u64(msg, &n, (uint64_t)(a - hit->lo));
+    put(" of the memory-mapped shard: the file was truncated or replaced while training was running (it was ");
+    shard_write_u64(msg, &n, (uint64_t)(hit->hi - hit->lo));
+    put(" bytes when opened)\n");
+    ssize_t ignored = write(2, msg, n);
+    (void)ignored;
+    _exit(EXIT_BAD_INPUT);
+}
+
 typedef struct {
     std::string path;
     ShardInfo info;
     const uint8_t* payload;   // mapped tokens
     void* map;
     size_t map_bytes;
+    ShardMapEntry* guard;     // its entry in the SIGBUS guard's list
+    // the file as opened: a change of any of these while the job runs is a changed shard
+    dev_t dev;
+    ino_t ino;
+    int64_t mtime_ns;
 } Shard;
+
+static inline void shard_guard_add(Shard* s);
+
+static inline int64_t shard_mtime_ns(const struct stat* st) { return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec; }
+
+// a file type in words, for "not a regular file"
+static inline const char* shard_file_type(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
 
 // Opens, validates and maps one shard; any problem is bad input: one line naming the file, exit 2.
 static inline Shard shard_open(const char* path) {
     Shard s;
     s.path = path;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) fail(EXIT_BAD_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    s.map = NULL;
+    s.guard = NULL;
+    // only regular files: stat first, so that a FIFO (whose open() waits for a writer) or a device is
+    // never opened; O_NONBLOCK too, in case the path is swapped for one between the two calls
     struct stat st;
+    if (stat(path, &st) != 0) fail(EXIT_BAD_INPUT, "%s: cannot stat: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) fail(EXIT_BAD_INPUT, "%s: not a regular file (%s)", path, shard_file_type(st.st_mode));
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) fail(EXIT_BAD_INPUT, "%s: cannot open: %s", path, strerror(errno));
     if (fstat(fd, &st) != 0) fail(EXIT_BAD_INPUT, "%s: cannot stat: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) fail(EXIT_BAD_INPUT, "%s: not a regular file", path);
+    if (!S_ISREG(st.st_mode)) fail(EXIT_BAD_INPUT, "%s: not a regular file (%s)", path, shard_file_type(st.st_mode));
+    s.dev = st.st_dev;
+    s.ino = st.st_ino;
+    s.mtime_ns = shard_mtime_ns(&st);
     int64_t size = st.st_size;
     uint8_t head[SHARD_HEADER_BYTES] = {0};
     ssize_t got = pread(fd, head, sizeof head, 0);
@@ -117,14 +194,57 @@ static inline Shard shard_open(const char* path) {
     if (!shard_check(head, size, &s.info, err, sizeof err)) fail(EXIT_BAD_INPUT, "%s: %s", path, err);
     void* map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) fail(EXIT_RUNTIME, "%s: mmap of %lld bytes failed: %s", path, (long long)size, strerror(errno));
-    close(fd);
+    if (close(fd) != 0) fail(EXIT_RUNTIME, "%s: close: %s", path, strerror(errno));
     s.map = map;
     s.map_bytes = (size_t)size;
     s.payload = (const uint8_t*)map + SHARD_HEADER_BYTES;
+    shard_guard_add(&s);
     return s;
 }
 
+// Installs the SIGBUS handler (once, keeping the previous one for other faults) and lists the mapping.
+static inline void shard_guard_add(Shard* s) {
+    if (!g_shard_sigbus_installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = shard_on_sigbus;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &g_shard_sigbus_prev) != 0)
+            fail(EXIT_RUNTIME, "sigaction(SIGBUS): %s", strerror(errno));
+        g_shard_sigbus_installed = true;
+    }
+    ShardMapEntry* e = (ShardMapEntry*)mallocCheck(sizeof(ShardMapEntry) + s->path.size());
+    e->lo = (uintptr_t)s->map;
+    e->hi = e->lo + s->map_bytes;
+    memcpy(e->path, s->path.c_str(), s->path.size() + 1);
+    e->next = g_shard_maps;
+    g_shard_maps = e;   // linked in complete: the handler sees the old list or the new one
+    s->guard = e;
+}
+
+// "" if the file at s->path is still the one opened and mapped (device, inode, size, modification
+// time), else what changed
+static inline std::string shard_unchanged(const Shard* s) {
+    struct stat st;
+    if (stat(s->path.c_str(), &st) != 0) return std::string("it is gone (") + strerror(errno) + ")";
+    char b[256];
+    if (st.st_dev != s->dev || st.st_ino != s->ino) return "it was replaced by another file";
+    if ((uint64_t)st.st_size != s->map_bytes) {
+        snprintf(b, sizeof b, "its size went from %zu to %lld bytes", s->map_bytes, (long long)st.st_size);
+        return b;
+    }
+    if (shard_mtime_ns(&st) != s->mtime_ns) return "it was modified (same size, new modification time)";
+    return "";
+}
+
 static inline void shard_close(Shard* s) {
+    if (s->guard) {   // unlinked before the unmap: the range may be reused by the next mapping
+        for (ShardMapEntry* volatile* p = &g_shard_maps; *p; p = &(*p)->next)
+            if (*p == s->guard) { *p = s->guard->next; break; }
+        free(s->guard);
+        s->guard = NULL;
+    }
     if (s->map) munmap(s->map, s->map_bytes);
     s->map = NULL;
 }

@@ -60,13 +60,16 @@ def load_export(d):
 
 
 def reference_config(hf):
-    """HF DbrxConfig fields -> the reference's config (LayerNorm eps 1e-5 and no z-loss unless train_dbrx says)."""
+    """HF DbrxConfig fields -> the reference's config (LayerNorm eps 1e-5 and no z-loss unless train_dbrx says).
+    clip_qkv: null or absent is no clamp; moe_normalize_expert_weights: null is no renormalisation, absent is
+    DbrxFFNConfig's default 1."""
     a, f, ours = hf["attn_config"], hf["ffn_config"], hf.get("train_dbrx", {})
     return {"d_model": hf["d_model"], "n_heads": hf["n_heads"], "kv_heads": a["kv_n_heads"],
             "head_dim": hf["d_model"] // hf["n_heads"], "n_layers": hf["n_layers"], "vocab_size": hf["vocab_size"],
             "n_experts": f["moe_num_experts"],
             "ffn_hidden": f["ffn_hidden_size"], "top_k": f["moe_top_k"], "ln_eps": ours.get("ln_eps", 1e-5),
-            "clip_qkv": a.get("clip_qkv") or 0, "rope_theta": a.get("rope_theta", 10000.0),
+            "clip_qkv": a.get("clip_qkv"), "rope_theta": a.get("rope_theta", 10000.0),
+            "moe_normalize_expert_weights": f.get("moe_normalize_expert_weights", 1.0),
             "moe_loss_weight": f.get("moe_loss_weight", 0.01), "z_loss_weight": ours.get("z_loss_weight", 0.0)}
 
 

@@ -10,18 +10,20 @@
 
 // ---------------------------------------------------------------------------------------------
 // clip_qkv: out = clamp(inp, -clip, clip). Backward passes the gradient where -clip <= x <= clip
-// (the clamp's own inclusive semantics) and zeroes it where the value was clamped.
+// (the clamp's own inclusive semantics) and zeroes it where the value was clamped. A negative clip
+// (DBRX_OFF, Hugging Face's clip_qkv null) is no clamp; every clip >= 0 clamps, as the original's
+// clamp(min=-clip, max=clip) does (config_validate refuses 0 before it gets here).
 
 static inline void clip_forward(real* out, const real* inp, size_t n, float clip) {
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         real x = inp[i];
-        out[i] = clip > 0 ? std::fmin(std::fmax(x, (real)-clip), (real)clip) : x;
+        out[i] = clip >= 0 ? std::fmin(std::fmax(x, (real)-clip), (real)clip) : x;
     }
 }
 // dinout (n): gradient w.r.t. the clamp's output on entry, w.r.t. its input on return
 static inline void clip_backward(real* dinout, const real* inp, size_t n, float clip) {
-    if (clip <= 0) return;
+    if (clip < 0) return;
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++)
         if (inp[i] < -clip || inp[i] > clip) dinout[i] = 0;
@@ -33,15 +35,31 @@ static inline void clip_backward(real* dinout, const real* inp, size_t n, float 
 //   out[i]        = x[i] * cos - x[i + hd/2] * sin
 //   out[i + hd/2] = x[i + hd/2] * cos + x[i] * sin
 
-// cos, sin (T, hd/2)
+// inv_freq_i, bit for bit as the original DBRX code computes it in fp32:
+//   1.0 / (theta ** (torch.arange(0, hd, 2).float() / hd))
+// three fp32 roundings: the exponent 2i/hd, the power, the reciprocal. (Rounding theta^(-2i/hd) once
+// from double differs by an ulp in 18 of the 64 frequencies at hd 128, theta 5e5, which moves the
+// angle at position 32k by up to 2e-3 rad.) The power is computed in double and rounded once to fp32,
+// i.e. the correctly rounded fp32 power, which is what torch's fp32 pow returns for these arguments
+// (test/test_pytorch_parity.py checks every frequency of hd 128, theta 5e5 against torch, bit for bit).
+static inline float rope_inv_freq(int i, int hd, float theta) {
+    float e = (float)(2 * i) / (float)hd;
+    float pw = (float)std::pow((double)theta, (double)e);
+    return 1.0f / pw;
+}
+
+// cos, sin (T, hd/2). The angle is the fp32 product p * inv_freq_i (the original multiplies fp32
+// positions by the fp32 frequencies, one rounding); cos and sin of that fp32 angle are computed in
+// double and rounded to fp32, within an ulp of torch's fp32 cos/sin (which are not correctly rounded
+// either way, and differ between its CPU and CUDA kernels).
 static inline void rope_tables(real* cos_t, real* sin_t, int T, int hd, float theta) {
     int half = hd / 2;
     for (int i = 0; i < half; i++) {
-        float inv_freq = (float)std::pow((double)theta, -2.0 * i / hd);
+        float inv_freq = rope_inv_freq(i, hd, theta);
         for (int p = 0; p < T; p++) {
             float angle = (float)p * inv_freq;
-            cos_t[p * half + i] = (real)(float)std::cos((double)angle);
-            sin_t[p * half + i] = (real)(float)std::sin((double)angle);
+            cos_t[(size_t)p * half + i] = (real)(float)std::cos((double)angle);
+            sin_t[(size_t)p * half + i] = (real)(float)std::sin((double)angle);
         }
     }
 }
@@ -200,7 +218,7 @@ __global__ void clip_rope_forward_kernel(floatX* qkv, const floatX* qkv_pre, con
     int t = bt % T;
     size_t base = bt * heads * hd + (size_t)h * hd;
     float x1 = __bfloat162float(qkv_pre[base + i]), x2 = __bfloat162float(qkv_pre[base + i + half]);
-    if (clip > 0) { x1 = fminf(fmaxf(x1, -clip), clip); x2 = fminf(fmaxf(x2, -clip), clip); }
+    if (clip >= 0) { x1 = fminf(fmaxf(x1, -clip), clip); x2 = fminf(fmaxf(x2, -clip), clip); }   // (< 0: off)
     float y1 = x1, y2 = x2;
     if (h < H + KV) {   // query and key heads rotate, value heads do not
         float c = cos_t[t * half + i], s = sin_t[t * half + i];
@@ -229,7 +247,7 @@ __global__ void clip_rope_backward_kernel(floatX* dqkv, const floatX* qkv_pre, c
         float r1 = d1 * c - d2 * s, r2 = d2 * c + d1 * s;
         d1 = r1; d2 = r2;
     }
-    if (clip > 0) {
+    if (clip >= 0) {
         float p1 = __bfloat162float(qkv_pre[base + i]), p2 = __bfloat162float(qkv_pre[base + i + half]);
         if (p1 < -clip || p1 > clip) d1 = 0.0f;
         if (p2 < -clip || p2 > clip) d2 = 0.0f;

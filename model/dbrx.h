@@ -5,10 +5,11 @@
  *
  * One block (pre-LayerNorm), N = B*T tokens:
  *   h   = norm_1(x)                                (N, d)
- *   qkv = rope(clamp(h @ Wqkv^T, +-clip_qkv))      (N, d + 2*kv*hd)
+ *   qkv = rope(clamp(h @ Wqkv^T, +-clip_qkv))      (N, d + 2*kv*hd)   (clip_qkv off: no clamp)
  *   x   = x + attention(qkv) @ Wo^T                (N, d)     causal GQA
  *   h   = norm_2(x)
- *   p   = softmax(h @ Wr^T); w, e = topk(p); w /= sum(w)
+ *   p   = softmax(h @ Wr^T); w, e = topk(p); w /= ||w||_P   (P = moe_normalize_expert_weights: DBRX 1,
+ *                                                           i.e. w /= sum(w); off: w as it is)
  *   x   = x + sum_j w_j * expert_{e_j}(h)           dropless SwiGLU experts
  * then norm_f, lm_head (untied), cross-entropy; plus the load-balancing loss (and the z-loss).
  */
@@ -449,7 +450,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         // MoE half
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
         matmul_forward(a->router_logits, a->ln2, w.router, N, d, E);
-        router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k);
+        router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k, c->moe_norm_p);
         moe_dispatch(a->offsets, a->row_token, a->slot_row, a->topk_idx, a->counts, N, E, k);
         moe_gather(a->xe, a->ln2, a->row_token, N * k, d);
         unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
@@ -503,7 +504,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         memset(m->dln, 0, Nd * sizeof(real));
         moe_gather_backward(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
-                        c->moe_loss_weight, c->z_loss_weight, dloss);
+                        c->moe_loss_weight, c->z_loss_weight, dloss, c->moe_norm_p);
         matmul_backward(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E);
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid

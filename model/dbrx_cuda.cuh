@@ -363,7 +363,8 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         // MoE half
         layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
         matmul_forward_gpu(a->router_logits, a->ln2, w.router, N, d, E);
-        router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k);
+        router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k,
+                           c->moe_norm_p);
         moe_dispatch_gpu(a->offsets, a->row_token, a->slot_row, a->offsets_host.data(), a->topk_idx, a->counts, N, E, k);
         unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
@@ -425,7 +426,7 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         unit_begin(m, dbrx_block_unit(l), UNIT_BACKWARD);
         moe_gather_backward_gpu(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
-                            c->moe_loss_weight, c->z_loss_weight, dloss);
+                            c->moe_loss_weight, c->z_loss_weight, dloss, c->moe_norm_p);
         matmul_backward_gpu(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E, 1.0f);
         layernorm_backward_gpu(m->dresid, m->dresid_bf16, gw.norm2, m->ln_scratch, m->dln, a->resid_mid, w.norm2, a->ln2_mean,
                                a->ln2_rstd, N, d);

@@ -1,6 +1,9 @@
 /*
  * router.cuh — the MoE router and its auxiliary losses.
- *   p = softmax(h @ Wr^T) over ALL E experts (fp32); w, e = topk(p, k); w = w / sum(w)
+ *   p = softmax(h @ Wr^T) over ALL E experts (fp32); w, e = topk(p, k); w = w / ||w||_P
+ * P is the config's moe_normalize_expert_weights (norm_p below): ||w||_P = (sum_j w_j^P)^(1/P), the
+ * original DBRX code's torch.norm(w, p=P); DBRX uses P = 1 (w / sum(w), computed as that very sum).
+ * norm_p DBRX_OFF (HF null): no renormalisation, w = the top-k probabilities as they are.
  * Top-k ties go to the lower expert index. The slots of a token are ordered by descending
  * probability (ties: lower index first).
  * Load-balancing loss (MegaBlocks, as LLM Foundry trains DBRX), per MoE layer over its N tokens:
@@ -11,10 +14,22 @@
  */
 #pragma once
 #include "common.h"
+#include "config.h"   // DBRX_OFF
 
-// probs (N, E), lse (N), topk_idx (N, k), topk_w (N, k), counts (E) from logits (N, E)
+// ||v||_P of a token's k top probabilities v_j = p[idx[j]] (P >= 1; P = 1: their plain sum, in slot
+// order), the divisor of the renormalisation; 1 when it is off (norm_p DBRX_OFF)
+static inline real topk_norm(const real* p, const int* idx, int k, float norm_p) {
+    if (dbrx_is_off(norm_p)) return 1;
+    real s = 0;
+    if (norm_p == 1.0f) { for (int j = 0; j < k; j++) s += p[idx[j]]; return s; }
+    for (int j = 0; j < k; j++) s += std::pow(p[idx[j]], (real)norm_p);
+    return std::pow(s, (real)(1.0 / norm_p));
+}
+
+// probs (N, E), lse (N), topk_idx (N, k), topk_w (N, k), counts (E) from logits (N, E);
+// norm_p: the renormalisation of the top-k weights (see the top of the file)
 static inline void router_forward(real* probs, real* lse, int* topk_idx, real* topk_w, int* counts,
-                                  const real* logits, int N, int E, int k) {
+                                  const real* logits, int N, int E, int k, float norm_p) {
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
         const real* z = logits + (size_t)t * E;
@@ -28,7 +43,6 @@ static inline void router_forward(real* probs, real* lse, int* topk_idx, real* t
         // top-k by repeated arg-max; a strict '>' scanning upward keeps the lower index on ties
         int* idx = topk_idx + (size_t)t * k;
         real* w = topk_w + (size_t)t * k;
-        real wsum = 0;
         for (int j = 0; j < k; j++) {
             int best = -1;
             for (int e = 0; e < E; e++) {
@@ -38,9 +52,11 @@ static inline void router_forward(real* probs, real* lse, int* topk_idx, real* t
             }
             idx[j] = best;
             w[j] = p[best];
-            wsum += p[best];
         }
-        for (int j = 0; j < k; j++) w[j] /= wsum;  // L1 renormalisation
+        if (!dbrx_is_off(norm_p)) {
+            real S = topk_norm(p, idx, k, norm_p);
+            for (int j = 0; j < k; j++) w[j] /= S;
+        }
     }
     for (int e = 0; e < E; e++) counts[e] = 0;
     for (size_t i = 0; i < (size_t)N * k; i++) counts[topk_idx[i]]++;
@@ -67,12 +83,14 @@ static inline double zloss_forward(const real* lse, int N, int L, float weight) 
 // dlogits (N, E) = gradient of the router logits (overwritten), from:
 //   dtopk_w (N, k)  gradient of the renormalised weights (from the combine),
 //   the LBL and z-loss terms of this layer, each scaled by `dloss` (1 / grad_accum).
-//   renorm: w_j = p_j / S  =>  dp_j = (dw_j - sum_i dw_i w_i) / S
+//   renorm: w_j = p_j / S, S = (sum_i p_i^P)^(1/P), dS/dp_j = (p_j / S)^(P-1) = w_j^(P-1)
+//           =>  dp_j = (dw_j - (sum_i dw_i w_i) w_j^(P-1)) / S     (P = 1: (dw_j - sum_i dw_i w_i) / S)
+//           off: w_j = p_j  =>  dp_j = dw_j
 //   LBL:    dp[t, e] += w_lb * E / (L N k) * c[e] / N
 //   softmax: dz = p * (dp - sum(p * dp));   z-loss: dz += w_z / L * 2 lse / N * p
 static inline void router_backward(real* dlogits, const real* dtopk_w, const real* probs, const real* lse,
                                    const int* topk_idx, const real* topk_w, const int* counts, int N, int E, int k,
-                                   int L, float lbl_weight, float z_weight, float dloss) {
+                                   int L, float lbl_weight, float z_weight, float dloss, float norm_p) {
     real lbl_coef = (real)((double)lbl_weight * E / ((double)L * N * k) / N * dloss);
     real z_coef = (real)((double)z_weight / L * 2.0 / N * dloss);
     #pragma omp parallel for
@@ -83,9 +101,16 @@ static inline void router_backward(real* dlogits, const real* dtopk_w, const rea
         const real* dw = dtopk_w + (size_t)t * k;
         real* dz = dlogits + (size_t)t * E;
         for (int e = 0; e < E; e++) dz[e] = lbl_coef * counts[e];  // dz holds dp for now
-        real S = 0, dw_w = 0;
-        for (int j = 0; j < k; j++) { S += p[idx[j]]; dw_w += dw[j] * w[j]; }
-        for (int j = 0; j < k; j++) dz[idx[j]] += (dw[j] - dw_w) / S;
+        if (dbrx_is_off(norm_p)) {
+            for (int j = 0; j < k; j++) dz[idx[j]] += dw[j];
+        } else {
+            real S = topk_norm(p, idx, k, norm_p), dw_w = 0;
+            for (int j = 0; j < k; j++) dw_w += dw[j] * w[j];
+            for (int j = 0; j < k; j++) {
+                real g = norm_p == 1.0f ? (real)1 : std::pow(w[j], (real)(norm_p - 1.0f));
+                dz[idx[j]] += (dw[j] - dw_w * g) / S;
+            }
+        }
         real pdp = 0;
         for (int e = 0; e < E; e++) pdp += p[e] * dz[e];
         for (int e = 0; e < E; e++) dz[e] = p[e] * (dz[e] - pdp) + z_coef * lse[t] * p[e];
@@ -96,16 +121,25 @@ static inline void router_backward(real* dlogits, const real* dtopk_w, const rea
 // ---------------------------------------------------------------------------------------------
 // CUDA, all in fp32 (the router logits come out of a BF16 GEMM with an fp32 output). The forward
 // is one thread per token running the CPU's very algorithm (softmax, top-k by repeated arg-max with
-// ties to the lower index, L1 renormalisation). The expert counts are an integer histogram
+// ties to the lower index, the p-norm renormalisation or none: topk_norm_dev is topk_norm). The expert counts are an integer histogram
 // (atomics on integers: exact). The LBL and z-loss need per-expert sums of the probabilities and
 // the sum of lse^2: one block per column, a fixed-order block reduction; the host finishes the two
 // scalars in double (it copies the counts anyway, see moe.cuh). The backward is one thread per
 // token, the CPU's formula, writing the logit gradient in BF16 for the router's GEMMs.
 #include "cuda_common.h"
 
+// the CPU's topk_norm: ||p[idx[0..k)]||_P (P = 1: the plain sum in slot order), 1 when off
+__device__ inline float topk_norm_dev(const float* p, const int* idx, int k, float norm_p) {
+    if (norm_p < 0.0f) return 1.0f;
+    float s = 0.0f;
+    if (norm_p == 1.0f) { for (int j = 0; j < k; j++) s += p[idx[j]]; return s; }
+    for (int j = 0; j < k; j++) s += powf(p[idx[j]], norm_p);
+    return powf(s, 1.0f / norm_p);
+}
+
 // probs (N, E), lse (N), topk_idx (N, k), topk_w (N, k) from logits (N, E)
 __global__ void router_forward_kernel(float* probs, float* lse, int* topk_idx, float* topk_w, const float* logits,
-                                      int N, int E, int k) {
+                                      int N, int E, int k, float norm_p) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= N) return;
     const float* z = logits + (size_t)t * E;
@@ -118,7 +152,6 @@ __global__ void router_forward_kernel(float* probs, float* lse, int* topk_idx, f
     lse[t] = maxv + logf(sum);
     int* idx = topk_idx + (size_t)t * k;
     float* w = topk_w + (size_t)t * k;
-    float wsum = 0.0f;
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int e = 0; e < E; e++) {
@@ -128,9 +161,11 @@ __global__ void router_forward_kernel(float* probs, float* lse, int* topk_idx, f
         }
         idx[j] = best;
         w[j] = p[best];
-        wsum += p[best];
     }
-    for (int j = 0; j < k; j++) w[j] /= wsum;
+    if (norm_p >= 0.0f) {
+        float S = topk_norm_dev(p, idx, k, norm_p);
+        for (int j = 0; j < k; j++) w[j] /= S;
+    }
 }
 
 // counts (E), zeroed by the caller, += the number of assignments to each expert
@@ -149,36 +184,44 @@ __global__ void router_stats_kernel(float* stats, const float* probs, const floa
     if (threadIdx.x == 0) stats[e] = total;
 }
 
+// the renormalisation's part of dp for slot j (the CPU's router_backward): (dw_j - dw_w w_j^(P-1)) / S,
+// dw_j when the renormalisation is off
+__device__ inline float renorm_dp(const float* dw, const float* w, int j, float dw_w, float S, float norm_p) {
+    if (norm_p < 0.0f) return dw[j];
+    float g = norm_p == 1.0f ? 1.0f : powf(w[j], norm_p - 1.0f);
+    return (dw[j] - dw_w * g) / S;
+}
+
 // dlogits (N, E) bf16, the CPU's router_backward: renormalisation, LBL (counts) and z-loss terms
 __global__ void router_backward_kernel(floatX* dlogits, const float* dtopk_w, const float* probs, const float* lse,
                                        const int* topk_idx, const float* topk_w, const int* counts, int N, int E, int k,
-                                       float lbl_coef, float z_coef) {
+                                       float lbl_coef, float z_coef, float norm_p) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= N) return;
     const float* p = probs + (size_t)t * E;
     const int* idx = topk_idx + (size_t)t * k;
     const float* w = topk_w + (size_t)t * k;
     const float* dw = dtopk_w + (size_t)t * k;
-    float S = 0.0f, dw_w = 0.0f;
-    for (int j = 0; j < k; j++) { S += p[idx[j]]; dw_w += dw[j] * w[j]; }
-    // dp[e] = lbl_coef * counts[e] + sum over the slots j routed to e of (dw_j - dw_w) / S
+    float S = topk_norm_dev(p, idx, k, norm_p), dw_w = 0.0f;
+    for (int j = 0; j < k; j++) dw_w += dw[j] * w[j];
+    // dp[e] = lbl_coef * counts[e] + the renormalisation's part of every slot j routed to e
     float pdp = 0.0f;
     for (int e = 0; e < E; e++) {
         float dp = lbl_coef * counts[e];
-        for (int j = 0; j < k; j++) if (idx[j] == e) dp += (dw[j] - dw_w) / S;
+        for (int j = 0; j < k; j++) if (idx[j] == e) dp += renorm_dp(dw, w, j, dw_w, S, norm_p);
         pdp += p[e] * dp;
     }
     for (int e = 0; e < E; e++) {
         float dp = lbl_coef * counts[e];
-        for (int j = 0; j < k; j++) if (idx[j] == e) dp += (dw[j] - dw_w) / S;
+        for (int j = 0; j < k; j++) if (idx[j] == e) dp += renorm_dp(dw, w, j, dw_w, S, norm_p);
         dlogits[(size_t)t * E + e] = __float2bfloat16(p[e] * (dp - pdp) + z_coef * lse[t] * p[e]);
     }
 }
 
-// forward: probs, lse, topk_idx, topk_w, counts (device, E) and stats (device, E + 1)
+// forward: probs, lse, topk_idx, topk_w, counts (device, E) and stats (device, E + 1); norm_p as on the CPU
 static inline void router_forward_gpu(float* probs, float* lse, int* topk_idx, float* topk_w, int* counts, float* stats,
-                                      const float* logits, int N, int E, int k, cudaStream_t stream = 0) {
-    LAUNCH(router_forward_kernel, ceil_div(N, 128), 128, 0, stream, probs, lse, topk_idx, topk_w, logits, N, E, k);
+                                      const float* logits, int N, int E, int k, float norm_p, cudaStream_t stream = 0) {
+    LAUNCH(router_forward_kernel, ceil_div(N, 128), 128, 0, stream, probs, lse, topk_idx, topk_w, logits, N, E, k, norm_p);
     cudaCheck(cudaMemsetAsync(counts, 0, E * sizeof(int), stream));
     LAUNCH(expert_histogram_kernel, ceil_div((long long)N * k, 256), 256, 0, stream, counts, topk_idx, N * k);
     LAUNCH(router_stats_kernel, E + 1, 256, 0, stream, stats, probs, lse, N, E);
@@ -197,10 +240,11 @@ static inline double zloss_from_stats(const float* stats, int N, int E, int L, f
 
 static inline void router_backward_gpu(floatX* dlogits, const float* dtopk_w, const float* probs, const float* lse,
                                        const int* topk_idx, const float* topk_w, const int* counts, int N, int E, int k,
-                                       int L, float lbl_weight, float z_weight, float dloss, cudaStream_t stream = 0) {
+                                       int L, float lbl_weight, float z_weight, float dloss, float norm_p,
+                                       cudaStream_t stream = 0) {
     float lbl_coef = (float)((double)lbl_weight * E / ((double)L * N * k) / N * dloss);
     float z_coef = (float)((double)z_weight / L * 2.0 / N * dloss);
     LAUNCH(router_backward_kernel, ceil_div(N, 128), 128, 0, stream, dlogits, dtopk_w, probs, lse, topk_idx, topk_w, counts,
-           N, E, k, lbl_coef, z_coef);
+           N, E, k, lbl_coef, z_coef, norm_p);
 }
 #endif  // __CUDACC__ || SIMT_EMULATION

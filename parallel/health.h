@@ -37,6 +37,7 @@ typedef struct {
     int gemm_n;           // --health-gemm-size (0: the backend's default)
     int comm_mib;         // --health-comm-mib
     int batch, seq;       // the forward's shape: the training's micro-batch
+    double median_ratio;  // --health-gemm-ratio: a rank below this x the median rank's GEMM rate is named
 } HealthOptions;
 
 // one rank's GEMM measurement
@@ -53,9 +54,7 @@ typedef struct {
     int device;                            // 1: the collectives run on device buffers over NCCL
 } HealthBackend;
 
-static const double HEALTH_MEDIAN_RATIO = 0.5;   // a rank below this x the median rank's GEMM rate is named
 static const double HEALTH_LOSS_RTOL = 1e-4;     // the forward loss of every rank within this of the median's
-static const int HEALTH_SLOW_FACTOR = 8;         // DBRX_DEBUG_SLOW_GEMM: GEMMs done per GEMM counted
 
 // The known-result GEMM C (n, n) = A (n, n) B (n, n), row-major: A[i][k] = (i + k) % 7 - 3,
 // B[k][j] = (k + 2j) % 11 - 5. Products are at most 15 in magnitude, so |C| <= 15 n < 2^24 for n <= 32768:
@@ -155,13 +154,17 @@ static inline HealthGemm health_gemm_gpu(int n, int slow) {
 }
 #endif
 
-// DBRX_DEBUG_SLOW_GEMM=R: the rank whose GEMM is made slow (-1: none)
-static inline int health_debug_slow_rank() {
+// DBRX_DEBUG_SLOW_GEMM=R[:F]: the rank whose GEMM is made slow (-1: none), doing F GEMMs (default 8) for
+// every one it counts
+static inline int health_debug_slow_rank(int* factor) {
     const char* s = getenv("DBRX_DEBUG_SLOW_GEMM");
+    *factor = 8;
     if (!s) return -1;
     char* end = NULL;
-    long r = strtol(s, &end, 10);
-    if (!*s || *end || r < 0 || r > 1000000) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SLOW_GEMM '%s' is not a rank", s);
+    long r = strtol(s, &end, 10), f = 8;
+    if (*end == ':') { char* e2 = NULL; f = strtol(end + 1, &e2, 10); end = (e2 == end + 1) ? end : e2; }
+    if (!*s || *end || r < 0 || r > 1000000 || f < 1 || f > 1000) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SLOW_GEMM '%s' is not R[:F]", s);
+    *factor = (int)f;
     return (int)r;
 }
 
@@ -198,7 +201,8 @@ static bool health_check(const HealthOptions& o, const HealthBackend& be, Comm* 
 
     // ---- the GEMM
     int n = o.gemm_n > 0 ? o.gemm_n : be.gemm_n;
-    int slow = health_debug_slow_rank() == me ? HEALTH_SLOW_FACTOR : 1;
+    int slow_factor = 1;
+    int slow = health_debug_slow_rank(&slow_factor) == me ? slow_factor : 1;
     HealthGemm gm = be.gemm(n, slow);
     comm_heartbeat();
 
@@ -239,7 +243,7 @@ static bool health_check(const HealthOptions& o, const HealthBackend& be, Comm* 
         exact += at(r, 1) == 0;
         if (rates[r] < rates[slowest]) slowest = r;
     }
-    double median = health_median(rates), rel_floor = W > 1 ? HEALTH_MEDIAN_RATIO * median : 0;
+    double median = health_median(rates), rel_floor = W > 1 ? o.median_ratio * median : 0;
     double abs_floor = o.min_tflops > 0 ? o.min_tflops * 1e12 : be.peak > 0 ? be.floor_frac * be.peak : 0;
     std::string abs_what;
     if (o.min_tflops > 0) abs_what = "--health-min-tflops";
@@ -255,12 +259,12 @@ static bool health_check(const HealthOptions& o, const HealthBackend& be, Comm* 
             health_error(&errors, r, W, "gemm %.4g TFLOP/s (vs >= %.4g: %s)", rates[r] / 1e12, abs_floor / 1e12, abs_what.c_str());
         else if (rates[r] < rel_floor)
             health_error(&errors, r, W, "gemm %.4g TFLOP/s (vs >= %.4g: %.1f x the median %.4g of %d ranks)", rates[r] / 1e12,
-                         rel_floor / 1e12, HEALTH_MEDIAN_RATIO, median / 1e12, W);
+                         rel_floor / 1e12, o.median_ratio, median / 1e12, W);
     }
     size_t n_gemm_err = errors.size();
     {
         std::string expect;
-        if (rel_floor > 0) { snprintf(buf, sizeof buf, ">= %.4g (%.1f x median)", rel_floor / 1e12, HEALTH_MEDIAN_RATIO); expect = buf; }
+        if (rel_floor > 0) { snprintf(buf, sizeof buf, ">= %.4g (%.1f x median)", rel_floor / 1e12, o.median_ratio); expect = buf; }
         if (abs_floor > 0) {
             snprintf(buf, sizeof buf, "%s>= %.4g (%s)", expect.empty() ? "" : ", ", abs_floor / 1e12, abs_what.c_str());
             expect += buf;

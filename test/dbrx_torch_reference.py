@@ -141,7 +141,11 @@ def forward(params, cfg, inputs, targets, stats=None):
             ps = torch.sort(p.detach(), dim=-1, descending=True).values
             margin = min(margin, float((ps[:, k - 1] - ps[:, k]).min()))
         wk = p.gather(1, idx)
-        wk = wk / wk.sum(dim=-1, keepdim=True)
+        # moe_normalize_expert_weights: the top-k weights over their p-norm (DBRX: p = 1, i.e. their sum);
+        # None (the HF config's null): used as they are
+        pn = cfg.get("moe_normalize_expert_weights", 1.0)
+        if pn is not None:
+            wk = wk / torch.norm(wk, p=float(pn), dim=-1, keepdim=True)
         wdense = torch.zeros_like(p).scatter(1, idx, wk)         # [N, E], zero for unrouted experts
         w1 = params[b + "ffn.experts.mlp.w1"].reshape(E, Fh, d)
         v1 = params[b + "ffn.experts.mlp.v1"].reshape(E, Fh, d)

@@ -2,19 +2,28 @@
  * dump_reference.cpp — runs the CPU reference on a small DBRX config with a fixed batch and writes
  * everything the PyTorch parity test compares (test/test_pytorch_parity.py): the config, the batch,
  * the initial weights (Hugging Face names), the logits, the three losses, every gradient of the
- * total loss, and the CE / LBL losses of `train_steps` AdamW steps on the same batch.
- *   dump_reference OUT.bin
+ * total loss, and the CE / LBL losses of `train_steps` AdamW steps on the same batch; and the RoPE
+ * tables of DBRX's own shape (head_dim 128, theta 5e5) at positions up to 32767, which the test
+ * compares with the original DBRX code's fp32 computation in torch.
+ *   dump_reference OUT.bin [P|off]     P: moe_normalize_expert_weights (default 1, DBRX's; off: none)
  */
 #include <string>
 #include "../model/dbrx.h"
 #include "tensor_dump.h"
 
 int main(int argc, char** argv) {
-    if (argc != 2) fail(EXIT_BAD_INPUT, "usage: dump_reference OUT.bin");
+    if (argc != 2 && argc != 3) fail(EXIT_BAD_INPUT, "usage: dump_reference OUT.bin [P|off]");
     DbrxConfig c;
     c.d_model = 32; c.n_heads = 4; c.kv_heads = 2; c.head_dim = 8; c.n_layers = 2; c.ffn_hidden = 24;
     c.n_experts = 8; c.top_k = 2; c.vocab_size = 64; c.max_seq_len = 16; c.rope_theta = 10000.0f;
     c.clip_qkv = 0.5f;   // small, with init_std 0.1, so a good share of the qkv values is clamped
+    c.moe_norm_p = 1.0f;
+    if (argc == 3 && !strcmp(argv[2], "off")) c.moe_norm_p = DBRX_OFF;
+    else if (argc == 3) {
+        char* end = NULL;
+        c.moe_norm_p = strtof(argv[2], &end);
+        if (*end || !(c.moe_norm_p >= 1)) fail(EXIT_BAD_INPUT, "dump_reference: moe_normalize_expert_weights '%s' is not a p >= 1 or off", argv[2]);
+    }
     c.ln_eps = 1e-5f; c.moe_loss_weight = 0.05f; c.z_loss_weight = 0.001f; c.init_std = 0.1f;
     const int B = 2, T = 16, steps = 10, warmup = 2;
     AdamWConfig opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
@@ -31,12 +40,13 @@ int main(int argc, char** argv) {
     char cfg[1024];
     snprintf(cfg, sizeof cfg,
              "{\"d_model\": %d, \"n_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"n_layers\": %d, \"ffn_hidden\": %d, "
-             "\"n_experts\": %d, \"top_k\": %d, \"vocab_size\": %d, \"rope_theta\": %.9g, \"clip_qkv\": %.9g, \"ln_eps\": %.9g, "
+             "\"n_experts\": %d, \"top_k\": %d, \"vocab_size\": %d, \"rope_theta\": %.9g, \"clip_qkv\": %.9g, "
+             "\"moe_normalize_expert_weights\": %s, \"ln_eps\": %.9g, "
              "\"moe_loss_weight\": %.9g, \"z_loss_weight\": %.9g, \"B\": %d, \"T\": %d, \"lr\": %.9g, \"warmup_steps\": %d, "
              "\"train_steps\": %d, \"lr_floor_frac\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"adam_eps\": %.9g, "
              "\"weight_decay\": %.9g, \"grad_clip\": %.9g}",
              c.d_model, c.n_heads, c.kv_heads, c.head_dim, c.n_layers, c.ffn_hidden, c.n_experts, c.top_k, c.vocab_size,
-             c.rope_theta, c.clip_qkv, c.ln_eps, c.moe_loss_weight, c.z_loss_weight, B, T, opt.lr, warmup, steps,
+             c.rope_theta, c.clip_qkv, dbrx_is_off(c.moe_norm_p) ? "null" : std::to_string(c.moe_norm_p).c_str(), c.ln_eps, c.moe_loss_weight, c.z_loss_weight, B, T, opt.lr, warmup, steps,
              lr_floor, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip);
     dump_text(f, "config", cfg);
     dump_record(f, "inputs", 1, {B, T}, inputs.data(), 4);
@@ -68,6 +78,26 @@ int main(int argc, char** argv) {
     }
     dump_record(f, "train_ce", 0, {steps}, train_ce.data(), 4);
     dump_record(f, "train_lbl", 0, {steps}, train_lbl.data(), 4);
+
+    // RoPE at DBRX's shape: every frequency, and the tables (rope_tables, which both backends use) at
+    // positions from 0 to 32767, where an ulp of a frequency has moved the angle the most
+    const int rhd = 128, rhalf = rhd / 2, rT = 32768;
+    const float rtheta = 500000.0f;
+    std::vector<float> inv(rhalf);
+    for (int i = 0; i < rhalf; i++) inv[i] = rope_inv_freq(i, rhd, rtheta);
+    std::vector<real> ct((size_t)rT * rhalf), st((size_t)rT * rhalf);
+    rope_tables(ct.data(), st.data(), rT, rhd, rtheta);
+    std::vector<int> pos = {0, 1, 2, 3, 7, 100, 1000, 2047, 4095, 8191, 10000, 16384, 20000, 24575, 30000, 32766, 32767};
+    std::vector<float> pc, ps;
+    for (int p : pos) {
+        pc.insert(pc.end(), ct.begin() + (size_t)p * rhalf, ct.begin() + (size_t)(p + 1) * rhalf);
+        ps.insert(ps.end(), st.begin() + (size_t)p * rhalf, st.begin() + (size_t)(p + 1) * rhalf);
+    }
+    const int64_t P = (int64_t)pos.size();
+    dump_record(f, "rope/inv_freq", 0, {rhalf}, inv.data(), 4);
+    dump_record(f, "rope/positions", 1, {P}, pos.data(), 4);
+    dump_record(f, "rope/cos", 0, {P, rhalf}, pc.data(), 4);
+    dump_record(f, "rope/sin", 0, {P, rhalf}, ps.data(), 4);
     fcloseCheck(f, argv[1]);
     dbrx_free(&m);
     return 0;

@@ -72,15 +72,18 @@ else
     echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"
 fi
 
-echo "== PyTorch parity (float64 autograd reference)"
-./test/dump_reference /tmp/dbrx_parity_dump.$$.bin || fail "dump_reference"
+# once for each renormalisation of the top-k router weights: DBRX's (the sum, p = 1), none (HF null), L2
+for norm in 1 off 2; do
+echo "== PyTorch parity (float64 autograd reference), moe_normalize_expert_weights $norm"
+./test/dump_reference /tmp/dbrx_parity_dump.$$.bin $norm || fail "dump_reference $norm"
 out=$($PY test/test_pytorch_parity.py /tmp/dbrx_parity_dump.$$.bin 2>&1); rc=$?
 echo "$out" | sed 's/^/   /'
 p=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1/p'); f=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\2/p')
 for _ in $(seq 1 "${p:-0}"); do echo pass >> "$RESULTS"; done
 for _ in $(seq 1 "${f:-0}"); do echo fail >> "$RESULTS"; done
-[ -n "$p" ] || fail "parity test did not run (exit $rc)"
+[ -n "$p" ] || fail "parity test did not run (moe_normalize_expert_weights $norm, exit $rc)"
 rm -f /tmp/dbrx_parity_dump.$$.bin
+done
 
 echo "== command line and bad input"; bash test/test_cli.sh
 echo "== data loader: order, ranks, resume, mixtures (doctest)"; doctest_run ./test/test_data
@@ -103,6 +106,13 @@ echo "== the health check: GEMM, collectives, forward on every rank; a slow rank
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
+    # train_dbrx was built with ptxas's spill warnings as errors: no kernel of the step spills registers;
+    # the negative control: a kernel that must spill fails the same flags, named
+    out=$("$NVCC" ${NVCC_NOSPILL_FLAGS:--Xptxas -warn-spills,-Werror} -c test/spill_probe.cu -o /tmp/spill_probe.$$.o 2>&1); rc=$?
+    rm -f /tmp/spill_probe.$$.o
+    if [ "$rc" != 0 ] && grep -q "Registers are spilled to local memory in function '.*spill_probe" <<<"$out"; then
+        pass "no-spill rule: train_dbrx's kernels spill no registers (ptxas -warn-spills as an error); a spilling kernel fails the build ($(grep -m1 -o '[0-9]* bytes spill stores' <<<"$out"))"
+    else fail "no-spill rule: the spilling probe compiled (exit $rc): $(head -2 <<<"$out")"; fi
     # make test-build compiled these with nvcc for sm_90a, warnings as errors, linked against cuBLASLt
     for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
         if [ -x "$b" ]; then pass "CUDA build: $b compiled by nvcc for sm_90a, warnings as errors"

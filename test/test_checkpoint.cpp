@@ -144,6 +144,88 @@ TEST_CASE("config comparison lists every mismatched field") {
     CHECK(mh.find("attn_config.rope_theta") != std::string::npos);
 }
 
+static JsonValue parsed(const std::string& text) {
+    JsonValue v;
+    std::string err;
+    REQUIRE_MESSAGE(json_parse(text.data(), text.size(), &v, &err), err);
+    return v;
+}
+// text with the first occurrence of `from` replaced by `to`
+static std::string edited(std::string text, const std::string& from, const std::string& to) {
+    size_t at = text.find(from);
+    REQUIRE_MESSAGE(at != std::string::npos, from);
+    return text.replace(at, from.size(), to);
+}
+
+TEST_CASE("clip_qkv and moe_normalize_expert_weights: off is null in checkpoints and exports; old checkpoints still load") {
+    DbrxConfig c;
+    model_preset_lookup("dbrx-tiny", &c);
+    DbrxConfig off = c;
+    off.clip_qkv = DBRX_OFF;
+    off.moe_norm_p = DBRX_OFF;
+    // checkpoint manifests: off round-trips as null; each setting compared
+    std::string saved = ckpt_config_json(&off);
+    CHECK(saved.find("\"clip_qkv\": null") != std::string::npos);
+    CHECK(saved.find("\"moe_normalize_expert_weights\": null") != std::string::npos);
+    JsonValue v = parsed(saved);
+    CHECK(ckpt_config_mismatch(&v, &off) == "");
+    std::string m = ckpt_config_mismatch(&v, &c);
+    CHECK(m.find("clip_qkv null (checkpoint) vs 8 (this run)") != std::string::npos);
+    CHECK(m.find("moe_normalize_expert_weights null (checkpoint) vs 1 (this run)") != std::string::npos);
+    // a checkpoint of the program before: clip_qkv 0 (or any number <= 0) meant off, and there was no
+    // moe_normalize_expert_weights (it renormalised by the sum: p = 1)
+    std::string old = edited(edited(ckpt_config_json(&c), "\"clip_qkv\": 8", "\"clip_qkv\": 0"),
+                             "\"moe_normalize_expert_weights\": 1, ", "");
+    v = parsed(old);
+    DbrxConfig clip_off = c;
+    clip_off.clip_qkv = DBRX_OFF;
+    CHECK(ckpt_config_mismatch(&v, &clip_off) == "");
+    CHECK(ckpt_config_mismatch(&v, &c) == "clip_qkv 0 (off) (checkpoint) vs 8 (this run)");
+    v = parsed(edited(old, "\"clip_qkv\": 0", "\"clip_qkv\": -1"));
+    CHECK(ckpt_config_mismatch(&v, &clip_off) == "");
+    DbrxConfig l2 = clip_off;
+    l2.moe_norm_p = 2.0f;
+    CHECK(ckpt_config_mismatch(&v, &l2) == "moe_normalize_expert_weights missing (checkpoint) vs 2 (this run)");
+
+    // Hugging Face config.json: off is null, and reads back as off
+    std::string hf = hf_config_json(&off, "float32");
+    CHECK(hf.find("\"clip_qkv\": null") != std::string::npos);
+    CHECK(hf.find("\"moe_normalize_expert_weights\": null") != std::string::npos);
+    v = parsed(hf);
+    CHECK(hf_config_check(&v) == "");
+    CHECK(hf_config_mismatch(&v, &off) == "");
+    m = hf_config_mismatch(&v, &c);
+    CHECK(m.find("attn_config.clip_qkv null (config.json) vs 8 (this run)") != std::string::npos);
+    CHECK(m.find("ffn_config.moe_normalize_expert_weights null (config.json) vs 1 (this run)") != std::string::npos);
+    std::string hf2 = hf_config_json(&l2, "float32");
+    CHECK(hf2.find("\"moe_normalize_expert_weights\": 2") != std::string::npos);
+    v = parsed(hf2);
+    CHECK(hf_config_mismatch(&v, &l2) == "");
+    // absent: DbrxConfig's defaults (no clamp; p = 1)
+    std::string dflt = edited(edited(hf, "\"clip_qkv\": null, ", ""), "\"moe_normalize_expert_weights\": null, ", "");
+    v = parsed(dflt);
+    CHECK(hf_config_check(&v) == "");
+    DbrxConfig hf_default = c;
+    hf_default.clip_qkv = DBRX_OFF;
+    CHECK(hf_config_mismatch(&v, &hf_default) == "");
+    CHECK(hf_config_mismatch(&v, &off) == "ffn_config.moe_normalize_expert_weights absent (DbrxConfig's default: 1) (config.json) vs off (this run)");
+    // what the original would do differently, or train_dbrx does not implement: refused, the field named
+    for (const char* bad : {"0", "-8", "\"8\"", "true"}) {
+        v = parsed(edited(hf, "\"clip_qkv\": null", std::string("\"clip_qkv\": ") + bad));
+        INFO("clip_qkv " << bad);
+        CHECK(hf_config_check(&v).rfind(std::string("attn_config.clip_qkv ") + bad + " must be a positive number or null", 0) == 0);
+    }
+    for (const char* bad : {"0", "0.5", "-1", "true"}) {
+        v = parsed(edited(hf, "\"moe_normalize_expert_weights\": null", std::string("\"moe_normalize_expert_weights\": ") + bad));
+        INFO("moe_normalize_expert_weights " << bad);
+        CHECK(hf_config_check(&v).rfind(std::string("ffn_config.moe_normalize_expert_weights ") + bad + " must be a number >= 1", 0) == 0);
+    }
+    v = parsed(edited(hf, "\"moe_top_k\"", "\"uniform_expert_assignment\": true, \"moe_top_k\""));
+    CHECK(hf_config_check(&v).rfind("ffn_config.uniform_expert_assignment true: ", 0) == 0);
+    v = parsed(edited(hf, "\"moe_top_k\"", "\"uniform_expert_assignment\": false, \"moe_top_k\""));
+    CHECK(hf_config_check(&v) == "");
+}
+
 TEST_CASE("a shard of the initialisation drawn alone equals that range of the whole model's") {
     DbrxConfig c;
     model_preset_lookup("dbrx-tiny", &c);

@@ -12,11 +12,18 @@
 #     a checkpoint of another model -> exit 2 listing the mismatched fields; nothing saved -> fresh start;
 #   * SIGKILL while saving (writing the shard, after the manifest, after the rename) and a full disk
 #     (a file-size limit): the previous checkpoint stays loadable;
-#   * retention (--ckpt-keep, --ckpt-keep-every) and the latest pointer;
+#   * retention (--ckpt-keep, --ckpt-keep-every) and the latest pointer; latest repaired on start (set back
+#     by hand as a kill after the rename leaves it, missing, the newest damaged; 1 and 2 ranks; without
+#     --resume auto); --ckpt-dir checked before step 1 (a file, below a file, latest a directory, /proc:
+#     one line, exit 2, also on 2 ranks together; created with its parents; free space below one
+#     checkpoint on a 1 MiB tmpfs: a warning, where mounting is allowed);
 #   * SIGTERM (one process; the ranks under mpirun) and SIGUSR1 (to mpirun): save, exit 0;
 #   * Hugging Face: fp32 export -> import (2 ranks) -> export is byte-identical, also bf16 and split
 #     exports; dev/hf_logits.py (PyTorch) reproduces train_dbrx's logits from the export; an export of
-#     another model -> exit 2 listing the fields.
+#     another model -> exit 2 listing the fields; clip_qkv and moe_normalize_expert_weights off -> null
+#     in config.json, round trip, PyTorch logits (also p = 2); null vs a run with them on, clip_qkv 0,
+#     p 0.5, uniform_expert_assignment true -> exit 2 naming the field; p absent -> 1; a split export
+#     without its index -> the shards found by name (one missing, or none at all -> exit 2).
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 BIN=${BIN:-./train_dbrx}
@@ -188,11 +195,13 @@ else fail "2 ranks, damaged shard 1: exit $rc: $(grep -E 'warning|resume|error' 
 for point in shard manifest rename; do
     rm -rf "$tmp/c"; cp -r "$tmp/good" "$tmp/c"
     (DBRX_DEBUG_CKPT_KILL=8:$point $BIN "${T[@]}" --ckpt-dir "$tmp/c" --resume auto --ckpt-every 2 --stop-after 4 > /dev/null 2>&1; exit $?) 2>/dev/null; rc=$?
+    before=$(cat "$tmp/c/latest")
     got=$(resume_step "$tmp/c")
-    want=6; [ "$point" = rename ] && want=8   # renamed = complete: the new one is valid, the pointer is not needed
-    if [ "$rc" = 137 ] && [ "$got" = "$want" ] && [ "$(cat "$tmp/c/latest")" = step_00000006 ]; then
-        pass "SIGKILL during the save of step 8 ($point): resumes from step $got, latest still step_00000006"
-    else fail "SIGKILL during the save ($point): exit $rc, resumes from '$got' (want $want), latest $(cat "$tmp/c/latest")"; fi
+    # renamed = complete: the new one is valid; the kill left latest one behind, and the resume repairs it
+    want=6 wantl=step_00000006; [ "$point" = rename ] && want=8 wantl=step_00000008
+    if [ "$rc" = 137 ] && [ "$before" = step_00000006 ] && [ "$got" = "$want" ] && [ "$(cat "$tmp/c/latest")" = $wantl ]; then
+        pass "SIGKILL during the save of step 8 ($point): latest left at step_00000006, resumes from step $got, latest then $wantl"
+    else fail "SIGKILL during the save ($point): exit $rc, latest $before, resumes from '$got' (want $want), latest then $(cat "$tmp/c/latest") (want $wantl)"; fi
 done
 rm -rf "$tmp/c"; cp -r "$tmp/good" "$tmp/c"
 (ulimit -f 20000; $BIN "${T[@]}" --ckpt-dir "$tmp/c" --resume auto --ckpt-every 2 --stop-after 2 > "$tmp/full.out" 2>&1); rc=$?
@@ -200,6 +209,67 @@ got=$(resume_step "$tmp/c")
 if [ "$rc" = 1 ] && [ "$got" = 6 ] && grep -q "warning: checkpoint step 8 failed" "$tmp/full.out" && ! ls -a "$tmp/c" | grep -q tmp; then
     pass "disk full while saving (file-size limit): warning, exit 1, nothing half-written left, step 6 still loads"
 else fail "disk full: exit $rc, resumes from '$got': $(grep -E 'warn|error' "$tmp/full.out" | head -3)"; fi
+
+# --- the latest pointer repaired on start: a kill between the rename of a step directory and the update of
+# latest (simulated: latest set back by hand) leaves it on an older step; --resume auto resumes from the newest
+# and rewrites latest (rank 0, one line); a damaged newest one is passed over and latest names the one loaded
+latest_repair() {  # name, want step, want latest, then launcher words; the copy is prepared in $tmp/lr
+    local name=$1 want=$2 wantl=$3; shift 3
+    local out; out=$("$@" $BIN "${T[@]}" --batch 1 --ckpt-dir "$tmp/lr" --resume auto --stop-after 0 2>&1); local rc=$?
+    local got; got=$(sed -nE 's/^resume: .* \(step ([0-9]+),.*/\1/p' <<<"$out")
+    local lines; lines=$(grep -c "latest rewritten" <<<"$out")
+    if [ "$rc" = 0 ] && [ "$got" = "$want" ] && [ "$(cat "$tmp/lr/latest")" = "$wantl" ] && [ "$lines" = 1 ] \
+        && ! ls -a "$tmp/lr" | grep -q probe; then
+        pass "latest repaired, $name: resumed from step $got, '$(grep -m1 'latest rewritten' <<<"$out" | sed "s|$tmp/||" | cut -c1-120)'"
+    else fail "latest repair, $name: exit $rc, resumed from '$got' (want $want), latest $(cat "$tmp/lr/latest") (want $wantl), $lines repair line(s): $(grep -E 'ckpt|error|warn' <<<"$out" | head -3)"; fi
+}
+rm -rf "$tmp/lr"; cp -r "$tmp/good" "$tmp/lr"; echo step_00000002 > "$tmp/lr/latest"
+latest_repair "latest set back to step 2" 6 step_00000006
+rm -rf "$tmp/lr"; cp -r "$tmp/good" "$tmp/lr"; echo step_00000004 > "$tmp/lr/latest"
+latest_repair "2 ranks, latest set back to step 4" 6 step_00000006 $MPI -np 2
+rm -rf "$tmp/lr"; cp -r "$tmp/good" "$tmp/lr"; rm "$tmp/lr/latest"
+latest_repair "latest missing" 6 step_00000006
+rm -rf "$tmp/lr"; cp -r "$tmp/good" "$tmp/lr"; flip "$tmp/lr/step_00000006/shard_00000.bin" 1000000
+latest_repair "the newest (step 6) damaged: latest names step 4" 4 step_00000004
+# the pointer already right: nothing rewritten (a negative control of the repair line)
+rm -rf "$tmp/lr"; cp -r "$tmp/good" "$tmp/lr"
+out=$($BIN "${T[@]}" --ckpt-dir "$tmp/lr" --resume auto --stop-after 0 2>&1)
+! grep -q "latest rewritten" <<<"$out" && [ "$(cat "$tmp/lr/latest")" = step_00000006 ] \
+    && pass "latest already names the newest: left alone" || fail "latest already right: $(grep -E 'latest|error' <<<"$out" | head -2)"
+# without --resume auto, latest is pointed at the newest checkpoint whose manifest verifies, before step 1
+rm -rf "$tmp/lr"; cp -r "$tmp/good" "$tmp/lr"; echo step_00000002 > "$tmp/lr/latest"; rm "$tmp/lr/step_00000006/manifest.json"
+out=$($BIN "${T[@]}" --ckpt-dir "$tmp/lr" --resume "$tmp/lr/step_00000002" --stop-after 0 2>&1); rc=$?
+[ "$rc" = 0 ] && grep -q "latest named 'step_00000002'; the newest complete checkpoint is step_00000004: latest rewritten" <<<"$out" \
+    && [ "$(cat "$tmp/lr/latest")" = step_00000004 ] && pass "no --resume auto: latest pointed at the newest complete checkpoint (step 4; step 6 has no manifest)" \
+    || fail "latest repair without --resume auto: exit $rc, latest $(cat "$tmp/lr/latest"): $(grep -E 'latest|error' <<<"$out" | head -2)"
+
+# --- --ckpt-dir checked before step 1: one line naming the directory and the reason, exit 2, no step run
+C=("${T[@]}" --steps 2)
+: > "$tmp/afile"
+expect_exit 2 "--ckpt-dir is a file" $BIN "${C[@]}" --ckpt-dir "$tmp/afile"
+grep -q -- "--ckpt-dir $tmp/afile: it exists and is not a directory" <<<"$LAST_ERR" || fail "file as --ckpt-dir: $LAST_ERR"
+expect_exit 2 "--ckpt-dir below a file" $BIN "${C[@]}" --ckpt-dir "$tmp/afile/sub"
+grep -q "cannot create it (mkdir .*Not a directory)" <<<"$LAST_ERR" || fail "--ckpt-dir below a file: $LAST_ERR"
+mkdir -p "$tmp/ldir/latest"
+expect_exit 2 "--ckpt-dir whose latest is a directory" $BIN "${C[@]}" --ckpt-dir "$tmp/ldir"
+grep -q "ldir/latest is a directory" <<<"$LAST_ERR" || fail "latest a directory: $LAST_ERR"
+# a directory no file can be written in (/proc: refused even to root)
+expect_exit 2 "--ckpt-dir where no file can be written (/proc)" $BIN "${C[@]}" --ckpt-dir /proc
+grep -q -- "--ckpt-dir /proc: cannot write a test file" <<<"$LAST_ERR" || fail "unwritable --ckpt-dir: $LAST_ERR"
+$BIN "${C[@]}" --ckpt-dir "$tmp/fresh/a/b" --stop-after 0 > /dev/null 2>&1 && [ -d "$tmp/fresh/a/b" ] && ! ls -a "$tmp/fresh/a/b" | grep -q probe \
+    && pass "--ckpt-dir created (parents too), the test file removed" || fail "--ckpt-dir not created: $(ls -a "$tmp/fresh/a/b" 2>&1)"
+# two ranks: rank 0 looks, both exit 2 together (none left waiting)
+out=$(timeout -s KILL 60 $MPI -np 2 $BIN "${C[@]}" --batch 1 --ckpt-dir "$tmp/afile" 2>&1 >/dev/null); rc=$?
+[ "$rc" = 2 ] && [ "$(grep -c '^error: --ckpt-dir' <<<"$out")" = 1 ] && pass "2 ranks, --ckpt-dir a file: one line, exit 2" \
+    || fail "2 ranks, bad --ckpt-dir: exit $rc: $(head -c 300 <<<"$out")"
+# less free space than one checkpoint: a warning naming both numbers (a 1 MiB tmpfs, where mounting is allowed)
+mkdir -p "$tmp/small"
+if mount -t tmpfs -o size=1m tmpfs "$tmp/small" 2>/dev/null; then
+    out=$($BIN "${C[@]}" --ckpt-dir "$tmp/small" --stop-after 0 2>&1); rc=$?
+    umount "$tmp/small"
+    grep -qE "^warning: --ckpt-dir $tmp/small: [0-9]+ bytes free, one checkpoint needs [0-9]+ bytes" <<<"$out" \
+        && pass "free space below one checkpoint: $(grep -m1 'bytes free' <<<"$out" | sed "s|$tmp/||")" || fail "free-space warning: exit $rc: $(head -c 300 <<<"$out")"
+else echo "skipped: the free-space warning (mounting a 1 MiB tmpfs is not allowed here)"; fi
 
 # --- retention and the latest pointer
 $BIN "${T[@]}" --ckpt-dir "$tmp/keep" --ckpt-every 1 --ckpt-keep 2 --ckpt-keep-every 4 --stop-after 9 > /dev/null 2>&1
@@ -247,3 +317,65 @@ import sys
 p = sys.argv[1]; b = open(p, "rb").read(); open(p, "wb").write(b[:len(b) // 2])
 PY
 expect_exit 2 "a truncated safetensors file: clear error" $BIN "${T[@]}" --init-hf "$tmp/hfA" --stop-after 0
+
+# --- Hugging Face: the settings as the original DBRX code reads them
+# off (no clamp, top-k weights not renormalised) is null in config.json, and the run must say off too
+OFF=(--clip-qkv off --moe-normalize-expert-weights off)
+$BIN "${T[@]}" "${OFF[@]}" --steps 3 --export-hf "$tmp/hfN" --export-dtype fp32 --dump-logits "$tmp/logitsN.st" > "$tmp/hfN.out" 2>&1 \
+    || fail "export with clip_qkv and the renormalisation off: $(tail -2 "$tmp/hfN.out")"
+grep -q '"clip_qkv": null' "$tmp/hfN/config.json" && grep -q '"moe_normalize_expert_weights": null' "$tmp/hfN/config.json" \
+    && pass "export: --clip-qkv off and --moe-normalize-expert-weights off are written as null" \
+    || fail "export of off: $(grep -o '"clip_qkv": [^,]*\|"moe_normalize_expert_weights": [^,]*' "$tmp/hfN/config.json")"
+grep -q "^model custom (from dbrx-tiny: --n-layers 2 --clip-qkv off --moe-normalize-expert-weights off): .*clip_qkv off, moe_normalize_expert_weights off," "$tmp/hfN.out" \
+    && pass "banner: a preset changed by flags is named custom, with the flags" || fail "banner: $(grep '^model' "$tmp/hfN.out")"
+$BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfN" --stop-after 0 --export-hf "$tmp/hfN2" --export-dtype fp32 > "$tmp/hfN2.out" 2>&1
+cmp -s "$tmp/hfN/model.safetensors" "$tmp/hfN2/model.safetensors" && cmp -s "$tmp/hfN/config.json" "$tmp/hfN2/config.json" \
+    && pass "off settings: export -> import -> export byte-identical" || fail "off round trip: $(tail -2 "$tmp/hfN2.out")"
+out=$($PY dev/hf_logits.py "$tmp/hfN" "$tmp/logitsN.st" --tol 1e-4 2>&1) \
+    && pass "PyTorch without the clamp and the renormalisation (config null) reproduces the logits: ${out#*\): }" || fail "hf_logits off: $out"
+$BIN "${T[@]}" --moe-normalize-expert-weights 2 --steps 3 --export-hf "$tmp/hfP" --export-dtype fp32 --dump-logits "$tmp/logitsP.st" > /dev/null 2>&1
+grep -q '"moe_normalize_expert_weights": 2,' "$tmp/hfP/config.json" && out=$($PY dev/hf_logits.py "$tmp/hfP" "$tmp/logitsP.st" --tol 1e-4 2>&1) \
+    && pass "PyTorch with the top-k weights over their L2 norm (moe_normalize_expert_weights 2) reproduces the logits: ${out#*\): }" \
+    || fail "hf_logits p = 2: $out"
+out=$($BIN "${T[@]}" --init-hf "$tmp/hfN" --stop-after 0 2>&1); rc=$?
+[ "$rc" = 2 ] && grep -q "attn_config.clip_qkv null (config.json) vs 8 (this run), ffn_config.moe_normalize_expert_weights null (config.json) vs 1 (this run)" <<<"$out" \
+    && pass "null settings imported by a run with the clamp and the renormalisation: exit 2 naming both" || fail "null vs on: exit $rc: $(grep error <<<"$out")"
+# config.json edited: clip_qkv 0 (the original would clamp to 0), p < 1, uniform_expert_assignment true
+hfedit() {  # hfedit SRC DST SECTION KEY VALUE(JSON, or "delete"): a copy of SRC's export with one field changed
+    rm -rf "$2"; cp -r "$1" "$2"
+    $PY - "$2/config.json" "$3" "$4" "$5" <<'PY'
+import json, sys
+path, section, key, value = sys.argv[1:]
+c = json.load(open(path))
+if value == "delete": c[section].pop(key, None)
+else: c[section][key] = json.loads(value)
+json.dump(c, open(path, "w"), indent=2)
+PY
+}
+hfedit "$tmp/hfN" "$tmp/hfX" attn_config clip_qkv 0
+expect_exit 2 "config.json clip_qkv 0 (not 'off': the original clamps to 0): refused" $BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfX" --stop-after 0
+grep -q "config.json: attn_config.clip_qkv 0 must be a positive number or null" <<<"$LAST_ERR" || fail "clip_qkv 0: the error names the field: $LAST_ERR"
+hfedit "$tmp/hfN" "$tmp/hfX" ffn_config moe_normalize_expert_weights 0.5
+expect_exit 2 "config.json moe_normalize_expert_weights 0.5: refused" $BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfX" --stop-after 0
+grep -q "config.json: ffn_config.moe_normalize_expert_weights 0.5 must be a number >= 1" <<<"$LAST_ERR" || fail "p 0.5: the error names the field: $LAST_ERR"
+hfedit "$tmp/hfN" "$tmp/hfX" ffn_config uniform_expert_assignment true
+expect_exit 2 "config.json uniform_expert_assignment true: refused" $BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfX" --stop-after 0
+grep -q "config.json: ffn_config.uniform_expert_assignment true: " <<<"$LAST_ERR" || fail "uniform_expert_assignment: the error names the field: $LAST_ERR"
+hfedit "$tmp/hfN" "$tmp/hfX" ffn_config moe_normalize_expert_weights delete
+out=$($BIN "${T[@]}" --clip-qkv off --init-hf "$tmp/hfX" --stop-after 0 2>&1) \
+    && pass "config.json without moe_normalize_expert_weights: DbrxConfig's default 1 (a run with p 1 imports it)" || fail "absent p: $(grep error <<<"$out")"
+
+# --- Hugging Face: a split export without model.safetensors.index.json
+rm -rf "$tmp/hfE"; cp -r "$tmp/hfC" "$tmp/hfE"; rm "$tmp/hfE/model.safetensors.index.json"
+$BIN "${T[@]}" --init-hf "$tmp/hfE" --stop-after 0 --export-hf "$tmp/hfF" --export-max-file-gb 0.004 > "$tmp/hfE.out" 2>&1
+same=1; for f in "$tmp"/hfC/model*; do cmp -s "$f" "$tmp/hfF/$(basename "$f")" || same=0; done
+[ "$same" = 1 ] && grep -q "note: --init-hf .*: no model.safetensors.index.json: the $nfiles shards model-\*-of-0000$nfiles.safetensors" "$tmp/hfE.out" \
+    && pass "a split export without its index: the $nfiles shards found by name, imported, re-exported byte-identical" \
+    || fail "split export without index: $(grep -E 'note|error' "$tmp/hfE.out")"
+rm "$tmp/hfE/model-00002-of-0000$nfiles.safetensors"
+expect_exit 2 "a split export without its index and a shard: clear error" $BIN "${T[@]}" --init-hf "$tmp/hfE" --stop-after 0
+grep -q "no model.safetensors.index.json, and shard model-00002-of-0000$nfiles.safetensors of the $nfiles is missing" <<<"$LAST_ERR" \
+    || fail "missing shard: the error names it: $LAST_ERR"
+rm -f "$tmp"/hfE/model-*.safetensors
+expect_exit 2 "an export directory without safetensors files: clear error" $BIN "${T[@]}" --init-hf "$tmp/hfE" --stop-after 0
+grep -q "no model.safetensors, no model.safetensors.index.json, and no other \*.safetensors file" <<<"$LAST_ERR" || fail "no files: $LAST_ERR"

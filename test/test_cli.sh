@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # test_cli.sh — the command line: published parameter counts of the presets (--dry-run), --help,
-# and every kind of bad input (flags, shapes, data files): one line on stderr and exit code 2.
+# and every kind of bad input (flags, shapes, data files): one line on stderr and exit code 2. Every
+# size/count flag out of range names itself (--seq 0 is refused, not 256); --dry-run on huge shapes
+# answers within 2 s with counts equal to Python's big integers and no negative number, or refuses the
+# shape naming the flag; a run larger than the host memory is refused before it allocates.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 BIN=${BIN:-./train_dbrx}
+PY=${PYTHON:-/usr/bin/python3}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # --- parameter counts: dbrx-132b exactly as published; the LLM Foundry sizes to their 2 decimals
@@ -18,14 +22,43 @@ for row in "dbrx-73b 73.51 20.66" "dbrx-35b 35.65 10.29" "dbrx-18b 18.61 5.53" "
 done
 $BIN --model dbrx-132b --dry-run | grep -q "FLOPs per token" && pass "dry-run prints FLOPs per token" || fail "dry-run FLOPs"
 $BIN --model dbrx-132b --dry-run | grep -q "memory per rank" && pass "dry-run prints memory per rank" || fail "dry-run memory"
-# a flag overrides the preset
+# the MFU count (matmuls only, causal attention: Megatron/PaLM) and LLM Foundry's, recomputed here from the
+# printed shape; dbrx-1b's MFU count is ~74% of LLM Foundry's (issue 15's figure)
+for m in dbrx-132b:4096 dbrx-1b:2048 dbrx-tiny:256; do
+    $BIN --model "${m%%:*}" --seq "${m##*:}" --dry-run > "$tmp/flops.out" 2>&1
+    r=$($PY - "$tmp/flops.out" "${m%%:*}" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+g = lambda k: int(re.search(k + r" (\d+)", t).group(1))
+d, L, E, F, V = g("d"), g("layers"), g("experts"), g(r"\(ffn"), g("vocab")
+H, kv = g("heads"), g(r"\(kv"); k = int(re.search(r"top-(\d+)", t).group(1)); hd = d // H
+S = int(re.search(r"\(S = (\d+)\)", t).group(1))
+attn = d * (d + 2 * kv * hd) + d * d
+n_matmul = L * (attn + d * E + k * 3 * F * d) + V * d
+n_active = L * (attn + 2 * d + d * E + k * 3 * F * d) + 2 * V * d + d
+mfu, foundry = 6 * n_matmul + 6 * L * d * (S + 1), 6 * n_active + 12 * L * d * S
+got = [float(x) for x in re.findall(r"(\d\.\d+e\+\d+) = 6", t)]
+ok = len(got) == 2 and abs(got[0] / mfu - 1) < 1e-3 and abs(got[1] / foundry - 1) < 1e-3
+if sys.argv[2] == "dbrx-1b": ok = ok and 0.73 < mfu / foundry < 0.75
+print("%s %s S %d: MFU count %.4g (recomputed %.4g), LLM Foundry's %.4g (%.4g), ratio %.3f" % ("pass" if ok else "fail", sys.argv[2], S,
+      got[0] if got else 0, mfu, got[1] if len(got) > 1 else 0, foundry, mfu / foundry))
+PY
+)
+    [ "${r%% *}" = pass ] && pass "${r#* }" || fail "FLOPs per token: $r"
+done
+# a flag overrides the preset, and the banner says so
 $BIN --model dbrx-tiny --n-layers 8 --dry-run | grep -q "layers 8," && pass "flags override the preset" || fail "override"
+line=$($BIN --model dbrx-tiny --n-layers 8 --clip-qkv off --dry-run | grep "^model")
+grep -q "^model custom (from dbrx-tiny: --n-layers 8 --clip-qkv off): .*clip_qkv off, moe_normalize_expert_weights 1," <<<"$line" \
+    && pass "a preset changed by flags is 'custom (from PRESET: the flags)'" || fail "custom banner: $line"
+$BIN --model dbrx-tiny --dry-run | grep -q "^model dbrx-tiny: " && pass "the preset as it is keeps its name" || fail "preset banner"
 
 # --- help lists every flag the README promises
 help=$($BIN --help)
 missing=""
 for f in --model --steps --batch --seq --grad-accum --lr --seed --device --data --val-data --dry-run --help \
          --d-model --n-heads --kv-heads --n-layers --ffn-hidden --experts --top-k --vocab --rope-theta --clip-qkv \
+         --moe-normalize-expert-weights \
          --moe-loss-weight --z-loss-weight --warmup --weight-decay --grad-clip --val-every --log; do
     grep -q -- "$f" <<<"$help" || missing="$missing $f"
 done
@@ -43,6 +76,74 @@ expect_exit 2 "odd head_dim" $BIN --d-model 12 --n-heads 4 --dry-run
 expect_exit 2 "seq > max_seq" $BIN --seq 512 --dry-run
 expect_exit 2 "bad device" $BIN --device tpu
 expect_exit 2 "negative steps" $BIN --steps -1
+# off is spelled 'off': a 0 is not off (the original DBRX code would clamp to 0), nor a negative number
+expect_exit 2 "--clip-qkv 0" $BIN --clip-qkv 0 --dry-run
+grep -q "expects a positive number or 'off'" <<<"$LAST_ERR" || fail "--clip-qkv 0: $LAST_ERR"
+expect_exit 2 "--clip-qkv -1" $BIN --clip-qkv -1 --dry-run
+expect_exit 2 "--moe-normalize-expert-weights 0" $BIN --moe-normalize-expert-weights 0 --dry-run
+expect_exit 2 "--moe-normalize-expert-weights 0.5 (not a norm)" $BIN --moe-normalize-expert-weights 0.5 --dry-run
+$BIN --clip-qkv off --moe-normalize-expert-weights off --dry-run > /dev/null && pass "--clip-qkv off, --moe-normalize-expert-weights off" \
+    || fail "off settings refused"
+
+# --- every size/count flag: a value out of its range is refused, naming the flag (no silent default:
+# --seq 0 used to mean 256)
+for fv in "--seq 0" "--seq -1" "--steps 0" "--batch 0" "--batch -3" "--grad-accum 0" "--val-steps 0" "--d-model 0" \
+          "--n-heads 0" "--kv-heads 0" "--n-layers 0" "--n-layers -1" "--ffn-hidden 0" "--experts 0" "--top-k 0" "--vocab 0" \
+          "--max-seq 0" "--fp8-amax-history 0" "--ckpt-keep 0" "--comm-timeout -1" "--export-max-file-gb 0" "--warmup -1" \
+          "--val-every -1" "--fp8-margin -1" "--fp8-margin 65" "--fp8-log-every -1" "--shard-group-size -1" "--ckpt-every -1" \
+          "--ckpt-keep-every -1" "--stop-after -1" "--data-seed -1" "--export-max-file-gb 1e7" "--ckpt-confirm -1" \
+          "--spike-window 0" "--max-skips 0" "--health-comm-mib 0" "--health-gemm-size -16"; do
+    set -- $fv
+    expect_exit 2 "$fv" $BIN --dry-run "$1" "$2"
+    grep -q -- "$1 $2\b\|$1 $(printf '%g' "$2" 2>/dev/null)\b" <<<"$LAST_ERR" || fail "$fv: the error does not name the flag and value: $LAST_ERR"
+done
+# the defaults still apply when a flag is left out: --seq = min(max_seq, 2048), --data-seed = --seed
+$BIN --dry-run | grep -q "S = 256)" && pass "--seq left out: the model's max_seq (256)" || fail "--seq default"
+$BIN --dry-run --data-seed 0 >/dev/null && pass "--data-seed 0 accepted" || fail "--data-seed 0 refused"
+
+# --- huge shapes: --dry-run answers at once (one walk of 2^31 layers took minutes), with no negative or
+# wrapped number; a shape whose counts do not fit is refused with one line naming the flag
+dry() {  # name, flags...: runs --dry-run under a 10 s limit into $tmp/dry.out / $tmp/dry.err, sets RC and MS
+    local t0; t0=$(date +%s%N)
+    timeout -s KILL 10 $BIN --dry-run "$@" > "$tmp/dry.out" 2> "$tmp/dry.err"; RC=$?
+    MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+}
+for fv in "--d-model 1073741824" "--experts 2147483647" "--batch 2147483647" "--d-model 536870912" \
+          "--seq 2147483647 --max-seq 2147483647" "--ffn-hidden 2147483647" "--batch 1048576 --vocab 2147483647" \
+          "--n-layers 2147483647 --model dbrx-132b"; do
+    dry $fv
+    set -- $fv
+    if [ "$RC" = 2 ] && [ "$(grep -c . "$tmp/dry.err")" = 1 ] && grep -q -- "$1 $2" "$tmp/dry.err" && [ "$MS" -lt 2000 ]; then
+        pass "--dry-run $fv: refused in $MS ms: $(cat "$tmp/dry.err")"
+    else fail "--dry-run $fv: exit $RC in $MS ms: $(head -c 300 "$tmp/dry.err")"; fi
+done
+# shapes that fit: the counts exactly as 128-bit arithmetic gives them, nothing negative, under 2 s
+for fv in "--n-layers 2147483647" "--vocab 2147483647" "--batch 1000000" "--d-model 1048576 --n-heads 8192 --kv-heads 8192" \
+          "--n-layers 2147483647 --shard-group-size 7 --fp8 delayed" "--model dbrx-132b --n-layers 10000000"; do
+    dry $fv
+    want=$(/usr/bin/python3 - $fv <<'PY'
+import sys
+a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+big = a.get("--model") == "dbrx-132b"
+d = int(a.get("--d-model", 6144 if big else 128)); H = int(a.get("--n-heads", 48 if big else 4))
+kv = int(a.get("--kv-heads", 8 if big else 2)); L = int(a.get("--n-layers", 40 if big else 4))
+F = int(a.get("--ffn-hidden", 10752 if big else 224)); E = 16; k = 4; V = int(a.get("--vocab", 100352 if big else 384))
+hd = d // H
+def total(x): return L * (d * (d + 2 * kv * hd) + d * d + 2 * d + d * E + x * 3 * F * d) + 2 * V * d + d
+print("parameters: total {:,}, active {:,}".format(total(E), total(k)))
+PY
+)
+    if [ "$RC" = 0 ] && grep -qx "$want" "$tmp/dry.out" && ! grep -qE '(^|[ =(])-[0-9]' "$tmp/dry.out" \
+        && grep -q "memory per rank" "$tmp/dry.out" && [ "$MS" -lt 2000 ]; then
+        pass "--dry-run $fv: $MS ms, $(grep -o 'total [0-9,]*' "$tmp/dry.out" | head -1) parameters, no negative number"
+    else fail "--dry-run $fv: exit $RC in $MS ms, want '$want': $(head -c 400 "$tmp/dry.out") $(head -c 200 "$tmp/dry.err")"; fi
+done
+# a run that cannot fit in this machine's memory is refused before it allocates: one line, exit 2, at once
+# (2e9 layers of dbrx-tiny: 45 PB of parameter state)
+dry_t0=$(date +%s%N)
+expect_exit 2 "a run larger than the host memory" timeout -s KILL 20 $BIN --n-layers 2000000000 --steps 1 --val-every 0
+grep -q "host memory per rank" <<<"$LAST_ERR" || fail "host memory refusal: $LAST_ERR"
+[ $(( ($(date +%s%N) - dry_t0) / 1000000 )) -lt 10000 ] || fail "host memory refusal took more than 10 s"
 
 # --- bad data: each names the file
 mk() { /usr/bin/python3 - "$@" <<'PY'

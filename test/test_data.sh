@@ -9,6 +9,9 @@
 #   * train_dbrx: --data mixtures and --data-schedule (valid ones train, bad ones exit 2 naming the
 #     flag), version-2 (uint32) shards, cl100k shards with a 100352 vocabulary, and token ids
 #     beyond the model's vocabulary;
+#   * shards that are not regular files (a FIFO as --data and --val-data: refused, never blocking; a
+#     directory) and shards changed under a running job (truncated: SIGBUS named; rewritten in place,
+#     replaced: found at the next epoch): one line, exit 2;
 #   * a short libFuzzer run over the shard, state and flag parsers and the pre-tokenizer.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -170,6 +173,51 @@ if [ -f "$tmp/tk/p_train_000000.bin" ]; then
         && pass "train_dbrx trains on cl100k shards with --vocab 100352" || fail "cl100k shards: $(tail -2 <<<"$out")"
     expect_exit 2 "cl100k shards with the byte vocabulary: token >= vocab" run --data "$tmp/tk/p_train_000000.bin" --steps 1
 fi
+
+# --- shards that are not regular files, or that change under a running job
+mkfifo "$tmp/fifo.bin"; mkdir -p "$tmp/adir.bin"
+# (SIGKILL at the limit: a process blocked in open() of a FIFO would take SIGTERM as a request to stop)
+expect_exit 2 "a FIFO as --data is refused, not opened (it would block)" timeout -s KILL 10 $BIN --steps 1 --val-every 0 --data "$tmp/fifo.bin"
+grep -q "fifo.bin: not a regular file (a FIFO)" <<<"$LAST_ERR" || fail "FIFO message: $LAST_ERR"
+expect_exit 2 "a FIFO as --val-data" timeout -s KILL 10 $BIN --steps 1 --val-every 1 --val-data "$tmp/fifo.bin"
+expect_exit 2 "a directory matched by the --data glob" timeout -s KILL 10 $BIN --steps 1 --val-every 0 --data "$tmp/adir.*"
+grep -q "adir.bin: not a regular file (a directory)" <<<"$LAST_ERR" || fail "directory message: $LAST_ERR"
+$PY - "$tmp" <<'PY'
+import array, struct, sys
+d = sys.argv[1]
+def shard(path, n):
+    t = array.array("H", range(250)) * (n // 250 + 1)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, 2, *([0] * 252)))
+        f.write(t[:n].tobytes())
+shard(f"{d}/big.bin", 4000000)     # 62499 windows of 64: no epoch ends in this test
+for name in ("small_a", "small_b", "small_c"): shard(f"{d}/{name}.bin", 1000)   # 15 windows: an epoch every 8 steps
+PY
+# live NAME WANT-REGEX SHARD ACTION: trains on SHARD in the background; after 2 steps runs ACTION (on the
+# shard); the job must then end by itself with exit 2 and one stderr line matching WANT-REGEX
+live() {
+    local name=$1 want=$2 shard=$3 action=$4
+    rm -f "$tmp/live.jsonl"
+    $BIN --model dbrx-tiny --n-layers 1 --d-model 64 --n-heads 2 --kv-heads 1 --ffn-hidden 64 --batch 2 --seq 64 --steps 100000 \
+         --val-every 0 --data "$shard" --log "$tmp/live.jsonl" > /dev/null 2> "$tmp/live.err" & local P=$!
+    waitlog "$tmp/live.jsonl" 2 || fail "$name: no progress"
+    eval "$action"
+    local i; for i in $(seq 1 300); do kill -0 $P 2>/dev/null || break; sleep 0.1; done
+    if kill -0 $P 2>/dev/null; then kill -9 $P; wait $P 2>/dev/null; fail "$name: still running 30 s later"; return; fi
+    wait $P; local rc=$?
+    if [ "$rc" = 2 ] && [ "$(grep -c . "$tmp/live.err")" = 1 ] && grep -qE "$want" "$tmp/live.err"; then
+        pass "$name: exit 2 after $(grep -c '"loss"' "$tmp/live.jsonl") steps: $(sed "s|$tmp/||" "$tmp/live.err")"
+    else fail "$name: exit $rc: $(head -c 400 "$tmp/live.err")"; fi
+}
+live "a shard truncated while training (SIGBUS in the mapping)" \
+     "^error: $tmp/big.bin: SIGBUS reading byte [0-9]+ of the memory-mapped shard: the file was truncated .* \(it was 8001024 bytes when opened\)" \
+     "$tmp/big.bin" 'truncate -s 100000 "$tmp/big.bin"'
+live "a shard rewritten in place while training (found at the next epoch)" \
+     "^error: $tmp/small_a.bin: the shard changed while training was running: it was modified" \
+     "$tmp/small_a.bin" '$PY -c "import os, sys; p = sys.argv[1]; st = os.stat(p); f = open(p, \"r+b\"); f.seek(3000); f.write(bytes(2)); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))" "$tmp/small_a.bin"'
+live "a shard replaced while training (found at the next epoch)" \
+     "^error: $tmp/small_b.bin: the shard changed while training was running: it was replaced by another file" \
+     "$tmp/small_b.bin" 'cp "$tmp/small_c.bin" "$tmp/small_b.tmp" && mv "$tmp/small_b.tmp" "$tmp/small_b.bin"'
 
 # --- libFuzzer: shard, state and flag parsers, pre-tokenizer
 if [ -x ./test/fuzz_data ]; then

@@ -1,5 +1,6 @@
 /*
- * test_gradcheck.cpp — finite-difference check of the hand-written backward pass. Built with
+ * test_gradcheck.cpp — finite-difference check of the hand-written backward pass, for each way of
+ * renormalising the top-k router weights (moe_normalize_expert_weights 1, off, 2). Built with
  * -DCPU_REAL=double, so the whole CPU reference runs in double precision: central differences
  * with h = 1e-5 are then accurate to ~1e-10 and the tolerance below (1e-7 + 1e-5 |g|) is far
  * tighter than any real gradient bug (a wrong term is off by the size of the gradient itself).
@@ -18,6 +19,7 @@ static DbrxConfig small_config() {
     c.d_model = 16; c.n_heads = 4; c.kv_heads = 2; c.head_dim = 4; c.n_layers = 2; c.ffn_hidden = 12;
     c.n_experts = 4; c.top_k = 2; c.vocab_size = 32; c.max_seq_len = 8; c.rope_theta = 10000.0f;
     c.clip_qkv = 0.9f;   // with init_std 0.25 a good share of qkv values is clamped: the clamp path is checked too
+    c.moe_norm_p = 1.0f;
     c.ln_eps = 1e-5f; c.moe_loss_weight = 0.05f; c.z_loss_weight = 0.01f; c.init_std = 0.25f;
     return c;
 }
@@ -27,8 +29,11 @@ static double total_loss(Dbrx* m, const int* in, const int* tg) {
     return m->ce_loss + m->lbl_loss + m->z_loss;
 }
 
-TEST_CASE("finite differences match the backward pass for every parameter tensor") {
+// the whole check for one renormalisation of the top-k router weights (moe_normalize_expert_weights)
+static void gradcheck(float norm_p) {
     DbrxConfig c = small_config();
+    c.moe_norm_p = norm_p;
+    INFO("moe_normalize_expert_weights " << dbrx_setting_str(norm_p));
     const int B = 2, T = 8, N = B * T;
     Dbrx m;
     dbrx_build(&m, &c, B, T, 3);
@@ -82,6 +87,16 @@ TEST_CASE("finite differences match the backward pass for every parameter tensor
         CHECK_MESSAGE(max_g > 1e-4, p.name << ": sampled gradients are all ~0, the check would prove nothing");
     }
     dbrx_free(&m);
+}
+
+TEST_CASE("finite differences match the backward pass for every parameter tensor (top-k weights / their sum: DBRX)") {
+    gradcheck(1.0f);
+}
+TEST_CASE("finite differences match the backward pass for every parameter tensor (top-k weights not renormalised)") {
+    gradcheck(DBRX_OFF);
+}
+TEST_CASE("finite differences match the backward pass for every parameter tensor (top-k weights / their L2 norm)") {
+    gradcheck(2.0f);
 }
 
 TEST_CASE("rows of wte that the batch does not use get exactly zero gradient") {

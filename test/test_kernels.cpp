@@ -247,7 +247,7 @@ TEST_CASE("residual add") {
 
 TEST_CASE("clip_qkv + RoPE, fused, forward and backward") {
     for (auto s : {std::vector<int>{1, 5, 2, 1, 8}, {2, 37, 4, 2, 16}, {2, 64, 4, 2, 32}})
-        for (float clip : {0.5f, 0.0f}) {
+        for (float clip : {0.5f, DBRX_OFF, 0.0f}) {   // a clamp, none (HF null), and a clamp to +-0 (the op's, as the original's)
             int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd;
             size_t n = (size_t)B * T * qd;
             std::vector<float> pre = bf16_round(randn(n, T + hd, 0.6)), cos_t((size_t)T * hd / 2), sin_t((size_t)T * hd / 2);
@@ -295,19 +295,20 @@ TEST_CASE("causal GQA attention forward (output, logsumexp) and backward") {
     }
 }
 
-TEST_CASE("router: softmax, top-k, renormalisation, histogram, LBL and z-loss, backward") {
+TEST_CASE("router: softmax, top-k, renormalisation (L1, L2, none), histogram, LBL and z-loss, backward") {
+    for (float norm_p : {1.0f, DBRX_OFF, 2.0f})
     for (auto s : {std::vector<int>{1, 4, 1, 0}, {37, 16, 4, 0}, {130, 8, 2, 0}, {300, 16, 4, 0}, {65, 16, 4, 1}}) {
         int N = s[0], E = s[1], k = s[2], L = 3, ties = s[3];
         std::vector<float> logits = randn((size_t)N * E, N * E, 1.5);
         if (ties) for (float& z : logits) z = std::floor(z);   // many equal probabilities: ties to the lower index
         std::vector<float> probs((size_t)N * E), lse(N), w((size_t)N * k);
         std::vector<int> idx((size_t)N * k), counts(E);
-        router_forward(probs.data(), lse.data(), idx.data(), w.data(), counts.data(), logits.data(), N, E, k);
+        router_forward(probs.data(), lse.data(), idx.data(), w.data(), counts.data(), logits.data(), N, E, k, norm_p);
         float *d_logits = dev_copy(logits), *d_probs = dev_poisoned<float>(probs.size()), *d_lse = dev_poisoned<float>(N);
         float *d_w = dev_poisoned<float>(w.size()), *d_stats = dev_poisoned<float>(E + 1);
         int *d_idx = dev_poisoned<int>(idx.size()), *d_counts = dev_poisoned<int>(E);
-        router_forward_gpu(d_probs, d_lse, d_idx, d_w, d_counts, d_stats, d_logits, N, E, k);
-        INFO("N " << N << " E " << E << " k " << k);
+        router_forward_gpu(d_probs, d_lse, d_idx, d_w, d_counts, d_stats, d_logits, N, E, k, norm_p);
+        INFO("N " << N << " E " << E << " k " << k << " moe_normalize_expert_weights " << dbrx_setting_str(norm_p));
         expect_close("probs", get(d_probs, probs.size()), probs, TOL_F32);
         expect_close("lse", get(d_lse, N), lse, TOL_F32);
         expect_equal("topk_idx", get(d_idx, idx.size()), idx);
@@ -322,8 +323,8 @@ TEST_CASE("router: softmax, top-k, renormalisation, histogram, LBL and z-loss, b
         float* d_dw = dev_copy(dw);
         floatX* d_dlogits = dev_poisoned<floatX>(dlogits.size());
         router_backward(dlogits.data(), dw.data(), probs.data(), lse.data(), idx.data(), w.data(), counts.data(), N, E, k, L,
-                        0.05f, 0.01f, 0.5f);
-        router_backward_gpu(d_dlogits, d_dw, d_probs, d_lse, d_idx, d_w, d_counts, N, E, k, L, 0.05f, 0.01f, 0.5f);
+                        0.05f, 0.01f, 0.5f, norm_p);
+        router_backward_gpu(d_dlogits, d_dw, d_probs, d_lse, d_idx, d_w, d_counts, N, E, k, L, 0.05f, 0.01f, 0.5f, norm_p);
         expect_close("dlogits", get_bf16(d_dlogits, dlogits.size()), dlogits, TOL_BF16);
         for (void* p : {(void*)d_logits, (void*)d_probs, (void*)d_lse, (void*)d_w, (void*)d_stats, (void*)d_idx, (void*)d_counts,
                         (void*)d_dw, (void*)d_dlogits})
@@ -403,7 +404,7 @@ static Routing make_routing(int N, int E, int k, uint64_t seed) {
     std::vector<float> logits = randn((size_t)N * E, seed, 2.0), probs((size_t)N * E), lse(N);
     r.w.resize((size_t)N * k); r.idx.resize((size_t)N * k); r.counts.resize(E); r.offsets.resize(E + 1);
     r.row_token.resize((size_t)N * k); r.slot_row.resize((size_t)N * k);
-    router_forward(probs.data(), lse.data(), r.idx.data(), r.w.data(), r.counts.data(), logits.data(), N, E, k);
+    router_forward(probs.data(), lse.data(), r.idx.data(), r.w.data(), r.counts.data(), logits.data(), N, E, k, 1.0f);
     moe_dispatch(r.offsets.data(), r.row_token.data(), r.slot_row.data(), r.idx.data(), r.counts.data(), N, E, k);
     return r;
 }

@@ -1,6 +1,7 @@
 /*
  * test_ops.cpp — unit tests of single operations of the CPU reference against direct formulas:
- * the load-balancing loss, the clip_qkv gradient, RoPE, top-k tie-breaking, the MoE dispatch
+ * the load-balancing loss, the clip_qkv gradient (and off), RoPE, top-k tie-breaking, the top-k
+ * weights' renormalisation (moe_normalize_expert_weights p, or none), the MoE dispatch
  * permutation, causality of attention, the LR schedule and determinism of the training step.
  */
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -14,7 +15,7 @@ TEST_CASE("load-balancing loss equals its weight for perfectly balanced routing"
     int idx[N * k], counts[E];
     for (int t = 0; t < N; t++)
         for (int e = 0; e < E; e++) logits[t * E + e] = (e == t) ? 3.0f : (e == (t + 1) % E) ? 2.0f : -1.0f * e;
-    router_forward(probs, lse, idx, w, counts, logits, N, E, k);
+    router_forward(probs, lse, idx, w, counts, logits, N, E, k, 1.0f);
     for (int e = 0; e < E; e++) CHECK(counts[e] == N * k / E);
     for (float weight : {0.05f, 0.1f}) {
         CHECK(lbl_forward(probs, counts, N, E, k, 1, weight) == doctest::Approx(weight).epsilon(1e-6));
@@ -24,7 +25,7 @@ TEST_CASE("load-balancing loss equals its weight for perfectly balanced routing"
     // and collapsed routing (every token to experts 0 and 1, with the probability mass there) costs more
     for (int t = 0; t < N; t++)
         for (int e = 0; e < E; e++) logits[t * E + e] = e < 2 ? 4.0f : 0.0f;
-    router_forward(probs, lse, idx, w, counts, logits, N, E, k);
+    router_forward(probs, lse, idx, w, counts, logits, N, E, k, 1.0f);
     CHECK(counts[0] == N); CHECK(counts[1] == N); CHECK(counts[2] == 0);
     CHECK(lbl_forward(probs, counts, N, E, k, 1, 0.05f) > 0.05 * 1.5);
 }
@@ -33,18 +34,18 @@ TEST_CASE("top-k ties go to the lower expert index, weights renormalised") {
     const int E = 5, k = 2;
     real logits[E] = {1.0f, 3.0f, 3.0f, 3.0f, 0.0f}, probs[E], lse[1], w[k];
     int idx[k], counts[E];
-    router_forward(probs, lse, idx, w, counts, logits, 1, E, k);
+    router_forward(probs, lse, idx, w, counts, logits, 1, E, k, 1.0f);
     CHECK(idx[0] == 1); CHECK(idx[1] == 2);
     CHECK(w[0] + w[1] == doctest::Approx(1.0f));
     CHECK(w[0] == doctest::Approx(0.5f));
     real flat[E] = {0, 0, 0, 0, 0};
     int idx3[3];
     real w3[3];
-    router_forward(probs, lse, idx3, w3, counts, flat, 1, E, 3);
+    router_forward(probs, lse, idx3, w3, counts, flat, 1, E, 3, 1.0f);
     CHECK(idx3[0] == 0); CHECK(idx3[1] == 1); CHECK(idx3[2] == 2);
     // and the order of the slots follows the probability, not the index
     real mixed[E] = {0.5f, 0.1f, 2.0f, 0.1f, 1.0f};
-    router_forward(probs, lse, idx3, w3, counts, mixed, 1, E, 3);
+    router_forward(probs, lse, idx3, w3, counts, mixed, 1, E, 3, 1.0f);
     CHECK(idx3[0] == 2); CHECK(idx3[1] == 4); CHECK(idx3[2] == 0);
     CHECK(lse[0] == doctest::Approx(std::log(std::exp(0.5) + 2 * std::exp(0.1) + std::exp(2.0) + std::exp(1.0))));
 }
@@ -57,9 +58,48 @@ TEST_CASE("clip_qkv: clamps the value, gradient zero where clamped, kept at the 
     clip_backward(d, x, 6, 0.5f);
     real dexpect[6] = {0, 1, 1, 1, 0, 1};
     for (int i = 0; i < 6; i++) CHECK(d[i] == dexpect[i]);
-    real d2[2] = {1, 1}, x2[2] = {100, -100};   // clip <= 0 disables the clamp
-    clip_backward(d2, x2, 2, 0.0f);
+    real d2[2] = {1, 1}, x2[2] = {100, -100}, y2[2];   // DBRX_OFF (HF null) disables the clamp
+    clip_forward(y2, x2, 2, DBRX_OFF);
+    CHECK(y2[0] == 100); CHECK(y2[1] == -100);
+    clip_backward(d2, x2, 2, DBRX_OFF);
     CHECK(d2[0] == 1); CHECK(d2[1] == 1);
+    // the op clamps for every clip >= 0, as the original's clamp(-clip, clip) does: 0 is not "off"
+    // (config_validate refuses a clip_qkv of 0 before a model is built)
+    clip_forward(y2, x2, 2, 0.0f);
+    CHECK(y2[0] == 0); CHECK(y2[1] == 0);
+    clip_backward(d2, x2, 2, 0.0f);
+    CHECK(d2[0] == 0); CHECK(d2[1] == 0);
+}
+
+TEST_CASE("top-k weights: divided by their p-norm (moe_normalize_expert_weights p), or left as they are (off)") {
+    const int E = 6, k = 3;
+    real logits[E] = {0.3f, 2.0f, -1.0f, 1.2f, 0.9f, 0.1f}, probs[E], lse[1], w[k];
+    int idx[k], counts[E];
+    for (float p : {1.0f, 2.0f, 3.5f, DBRX_OFF}) {
+        INFO("p " << dbrx_setting_str(p));
+        router_forward(probs, lse, idx, w, counts, logits, 1, E, k, p);
+        CHECK(idx[0] == 1); CHECK(idx[1] == 3); CHECK(idx[2] == 4);
+        double norm = 0;
+        for (int j = 0; j < k; j++) norm += dbrx_is_off(p) ? 0 : std::pow((double)probs[idx[j]], (double)p);
+        norm = dbrx_is_off(p) ? 1 : std::pow(norm, 1.0 / p);
+        for (int j = 0; j < k; j++) CHECK(w[j] == doctest::Approx(probs[idx[j]] / norm).epsilon(1e-6));
+        double wn = 0;   // the renormalised weights have unit p-norm
+        for (int j = 0; j < k; j++) wn += std::pow((double)w[j], dbrx_is_off(p) ? 1.0 : (double)p);
+        if (!dbrx_is_off(p)) CHECK(wn == doctest::Approx(1.0).epsilon(1e-6));
+        else CHECK(wn < 1.0);   // off: the top-k probabilities, which sum to less than 1
+    }
+}
+
+TEST_CASE("the optional settings: the presets have DBRX's (clip 8, p 1); config_validate accepts them and off") {
+    DbrxConfig c;
+    REQUIRE(model_preset_lookup("dbrx-tiny", &c));
+    CHECK(c.clip_qkv == 8.0f);
+    CHECK(c.moe_norm_p == 1.0f);   // DBRX's released config: moe_normalize_expert_weights 1
+    // (config_validate exits; what it accepts is checked here, what it refuses by test/test_cli.sh)
+    for (float v : {8.0f, DBRX_OFF}) { c.clip_qkv = v; config_validate(&c); }
+    for (float v : {1.0f, 2.0f, DBRX_OFF}) { c.moe_norm_p = v; config_validate(&c); }
+    CHECK(dbrx_setting_str(DBRX_OFF) == "off");
+    CHECK(dbrx_setting_str(8.0f) == "8");
 }
 
 TEST_CASE("RoPE matches the direct NeoX formula and its backward is the inverse rotation") {

@@ -8,7 +8,12 @@
 #     (so every weight in the dump has a grad record), with the expected shapes;
 #   - logits, ce_loss, lbl_loss, z_loss and every grad/<name>: per-tensor relative error
 #         rel = max|ours - ref| / max(max|ref|, 1e-30)  <=  1e-4
-#   - train_ce, train_lbl: every step within 1e-5 absolute of the reference's AdamW run.
+#   - train_ce, train_lbl: every step within 1e-5 absolute of the reference's AdamW run;
+#   - RoPE at DBRX's shape (head_dim 128, theta 5e5), against the original DBRX code's own computation in
+#     torch fp32 (inv_freq = 1 / (theta ** (arange(0, hd, 2).float() / hd)), angle = inv_freq @ position,
+#     cos/sin in fp32): every inv_freq bit-identical; cos and sin at positions 0..32767 within one fp32
+#     ulp and 1.2e-7 absolute (2^-23: torch's fp32 cos/sin are not correctly rounded, ours are).
+# The config's moe_normalize_expert_weights (a p, or null: no renormalisation; absent: 1) is the model's.
 # Exit status: 0 all passed, 1 some check failed, 2 unreadable/bad dump file or bad usage.
 import json
 import os
@@ -24,6 +29,8 @@ import dbrx_torch_reference as ref  # noqa: E402
 
 REL_TOL = 1e-4
 TRAIN_ABS_TOL = 1e-5
+ROPE_HD, ROPE_THETA = 128, 500000.0
+ROPE_ABS_TOL = 2.0 ** -23
 CONFIG_KEYS = ["d_model", "n_heads", "kv_heads", "head_dim", "n_layers", "ffn_hidden", "n_experts",
                "top_k", "vocab_size", "rope_theta", "clip_qkv", "ln_eps", "moe_loss_weight",
                "z_loss_weight", "B", "T", "lr", "warmup_steps", "train_steps", "lr_floor_frac",
@@ -60,6 +67,9 @@ def main(argv):
     expected.update({"logits": (B, T, V), "ce_loss": (1,), "lbl_loss": (1,), "z_loss": (1,)})
     expected.update({"grad/" + n: s for n, s in shapes})
     expected.update({"train_ce": (cfg["train_steps"],), "train_lbl": (cfg["train_steps"],)})
+    n_pos = dump["rope/positions"].shape[0] if "rope/positions" in dump and not isinstance(dump["rope/positions"], str) else 0
+    expected.update({"rope/inv_freq": (ROPE_HD // 2,), "rope/positions": (n_pos,), "rope/cos": (n_pos, ROPE_HD // 2),
+                     "rope/sin": (n_pos, ROPE_HD // 2)})
 
     # --- presence and shapes ---
     bad = set()
@@ -90,8 +100,8 @@ def main(argv):
     stats = {}
     params = ref.params_from_dump(dump, cfg)
     logits, ce, lbl, z, grads = ref.loss_and_grads(params, cfg, dump["inputs"], dump["targets"], stats)
-    print("info router min top-k probability margin %.3g (near 0: expert choice may differ by rounding)"
-          % stats["topk_margin"])
+    print("info moe_normalize_expert_weights %s; router min top-k probability margin %.3g (near 0: expert choice may "
+          "differ by rounding)" % (cfg.get("moe_normalize_expert_weights", 1.0), stats["topk_margin"]))
 
     def compare(name, r):
         if name in bad:
@@ -128,8 +138,35 @@ def main(argv):
                     first, ours[first], r[first], worst, TRAIN_ABS_TOL)
             report(ok, name, msg)
 
+    # --- RoPE tables against the original DBRX code's fp32 computation ---
+    if not any(n in bad for n in ("rope/inv_freq", "rope/positions", "rope/cos", "rope/sin")):
+        check_rope(dump, report)
+
     print("%d passed, %d failed" % (passed[0], failed[0]))
     return 1 if failed[0] else 0
+
+
+def check_rope(dump, report):
+    """The inv_freq and cos/sin tables as DbrxRotaryEmbedding computes them (fp32 throughout)."""
+    hd, theta = ROPE_HD, ROPE_THETA
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    pos = torch.as_tensor(np.asarray(dump["rope/positions"], dtype=np.int64))
+    freqs = (inv[None, :, None].float() @ pos[None, None, :].float()).transpose(1, 2)[0]   # [P, hd/2], fp32
+    cos, sin = freqs.cos().numpy(), freqs.sin().numpy()
+    ours = np.asarray(dump["rope/inv_freq"], dtype=np.float32)
+    differ = int(np.sum(ours.view(np.int32) != inv.numpy().view(np.int32)))
+    report(differ == 0, "rope/inv_freq", "hd %d, theta %g: %d of %d frequencies differ from torch fp32 (bit for bit)"
+           % (hd, theta, differ, hd // 2))
+    for name, ref in (("rope/cos", cos), ("rope/sin", sin)):
+        got = np.asarray(dump[name], dtype=np.float32)
+        err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
+        # ulps apart where both have the same sign (across 0 the absolute bound alone applies)
+        same = (np.signbit(got) == np.signbit(ref))
+        dist = np.abs(got.view(np.int32).astype(np.int64) - ref.view(np.int32).astype(np.int64))
+        ulps = int(np.max(np.where(same, dist, 0)))
+        ok = err <= ROPE_ABS_TOL and ulps <= 1
+        report(ok, name, "positions %d..%d: max |ours - torch fp32| %.2e (tol %.2e), max %d ulp"
+               % (int(pos.min()), int(pos.max()), err, ROPE_ABS_TOL, ulps))
 
 
 if __name__ == "__main__":

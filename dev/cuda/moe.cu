@@ -30,11 +30,11 @@ int main() {
     // router
     std::vector<float> logits = make_random((size_t)N * E, 1, 1.5), probs((size_t)N * E), lse(N), w((size_t)N * k);
     std::vector<int> idx((size_t)N * k), counts(E);
-    router_forward(probs.data(), lse.data(), idx.data(), w.data(), counts.data(), logits.data(), N, E, k);
+    router_forward(probs.data(), lse.data(), idx.data(), w.data(), counts.data(), logits.data(), N, E, k, 1.0f);
     float *dlogits = to_device(logits), *dprobs = deviceAlloc(float, probs.size()), *dlse = deviceAlloc(float, N);
     float *dw = deviceAlloc(float, w.size()), *dstats = deviceAlloc(float, E + 1);
     int *didx = deviceAlloc(int, idx.size()), *dcounts = deviceAlloc(int, E);
-    auto router = [&] { router_forward_gpu(dprobs, dlse, didx, dw, dcounts, dstats, dlogits, N, E, k); };
+    auto router = [&] { router_forward_gpu(dprobs, dlse, didx, dw, dcounts, dstats, dlogits, N, E, k, 1.0f); };
     router();
     validate("router forward: probs", from_device_f32(dprobs, probs.size()), probs, 1e-4, 1e-5);
     validate("router forward: top-k weights", from_device_f32(dw, w.size()), w, 1e-4, 1e-5);
