@@ -96,72 +96,85 @@ static inline void rope_backward(real* dqkv, const real* cos_t, const real* sin_
 
 // ---------------------------------------------------------------------------------------------
 // causal GQA attention
-//   out (B, T, H*hd), att (B, H, T, T) softmax probabilities (row t holds t+1 valid entries),
-//   from qkv (B, T, qkv_dim) after clip and RoPE.
+//   out (B, T, H*hd) and lse (B, H, T), the logsumexp of every row of scaled scores, from qkv
+//   (B, T, qkv_dim) after clip and RoPE. The (T, T) probabilities are never stored: the backward
+//   recomputes p[t][t2] = exp(scale q_t . k_t2 - lse[t]), the contract of the GPU kernels too.
 
-static inline void attention_forward(real* out, real* att, const real* qkv, int B, int T, int H, int KV, int hd) {
+static inline void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int H, int KV, int hd) {
     int qkv_dim = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
     real scale = (real)1 / std::sqrt((real)hd);
-    #pragma omp parallel for collapse(3)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
-                int kvh = h / group;
-                const real* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
-                real* p = att + (((size_t)b * H + h) * T + t) * T;
-                real maxv = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const real* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
-                    real s = 0;
-                    #pragma omp simd reduction(+ : s)
-                    for (int i = 0; i < hd; i++) s += q[i] * k[i];
-                    s *= scale;
-                    p[t2] = s;
-                    if (s > maxv) maxv = s;
+    #pragma omp parallel
+    {
+        real* p = (real*)mallocCheck((size_t)T * sizeof(real));
+        #pragma omp for collapse(3)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    int kvh = h / group;
+                    const real* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
+                    real maxv = -INFINITY;
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        const real* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
+                        real s = 0;
+                        #pragma omp simd reduction(+ : s)
+                        for (int i = 0; i < hd; i++) s += q[i] * k[i];
+                        s *= scale;
+                        p[t2] = s;
+                        if (s > maxv) maxv = s;
+                    }
+                    real sum = 0;
+                    for (int t2 = 0; t2 <= t; t2++) { p[t2] = std::exp(p[t2] - maxv); sum += p[t2]; }
+                    lse[((size_t)b * H + h) * T + t] = maxv + std::log(sum);
+                    real* o = out + ((size_t)b * T + t) * C + h * hd;
+                    for (int i = 0; i < hd; i++) o[i] = 0;
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        const real* v = qkv + ((size_t)b * T + t2) * qkv_dim + C + KV * hd + kvh * hd;
+                        real pt = p[t2] / sum;
+                        for (int i = 0; i < hd; i++) o[i] += pt * v[i];
+                    }
                 }
-                real sum = 0;
-                for (int t2 = 0; t2 <= t; t2++) { p[t2] = std::exp(p[t2] - maxv); sum += p[t2]; }
-                for (int t2 = 0; t2 <= t; t2++) p[t2] /= sum;
-                for (int t2 = t + 1; t2 < T; t2++) p[t2] = 0;
-                real* o = out + ((size_t)b * T + t) * C + h * hd;
-                for (int i = 0; i < hd; i++) o[i] = 0;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const real* v = qkv + ((size_t)b * T + t2) * qkv_dim + C + KV * hd + kvh * hd;
-                    for (int i = 0; i < hd; i++) o[i] += p[t2] * v[i];
-                }
-            }
+        free(p);
+    }
 }
 
-// dqkv (B, T, qkv_dim) = gradient of the attention inputs (overwritten), from dout (B, T, H*hd).
-//   dp[t2] = dout . v[t2];  ds = p * (dp - sum(p * dp));  dq += scale ds k;  dk += scale ds q;  dv += p dout
+// dqkv (B, T, qkv_dim) = gradient of the attention inputs (overwritten), from dout (B, T, H*hd) and
+// the forward's lse:
+//   p[t2] = exp(scale q . k[t2] - lse);  dp[t2] = dout . v[t2];  ds = p * (dp - sum(p * dp));
+//   dq += scale ds k;  dk += scale ds q;  dv += p dout
 // One thread per (batch, kv head) owns that kv head's dk, dv and its query heads' dq: race-free
 // and the summation order is fixed.
-static inline void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* att,
+static inline void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* lse,
                                       int B, int T, int H, int KV, int hd) {
     int qkv_dim = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
     real scale = (real)1 / std::sqrt((real)hd);
     memset(dqkv, 0, (size_t)B * T * qkv_dim * sizeof(real));
     #pragma omp parallel
     {
+        real* p = (real*)mallocCheck((size_t)T * sizeof(real));
         real* dp = (real*)mallocCheck((size_t)T * sizeof(real));
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++)
             for (int kvh = 0; kvh < KV; kvh++)
                 for (int h = kvh * group; h < (kvh + 1) * group; h++)
                     for (int t = 0; t < T; t++) {
-                        const real* p = att + (((size_t)b * H + h) * T + t) * T;
+                        real row_lse = lse[((size_t)b * H + h) * T + t];
                         const real* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
                         const real* dy = dout + ((size_t)b * T + t) * C + h * hd;
                         real* dq = dqkv + ((size_t)b * T + t) * qkv_dim + h * hd;
                         real pdp = 0;
                         for (int t2 = 0; t2 <= t; t2++) {
-                            const real* v = qkv + ((size_t)b * T + t2) * qkv_dim + C + KV * hd + kvh * hd;
+                            const real* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
+                            const real* v = k + KV * hd;
                             real* dv = dqkv + ((size_t)b * T + t2) * qkv_dim + C + KV * hd + kvh * hd;
                             real s = 0;
                             #pragma omp simd reduction(+ : s)
-                            for (int i = 0; i < hd; i++) { s += dy[i] * v[i]; dv[i] += p[t2] * dy[i]; }
-                            dp[t2] = s;
-                            pdp += p[t2] * s;
+                            for (int i = 0; i < hd; i++) s += q[i] * k[i];
+                            p[t2] = std::exp(s * scale - row_lse);
+                            real d = 0;
+                            #pragma omp simd reduction(+ : d)
+                            for (int i = 0; i < hd; i++) { d += dy[i] * v[i]; dv[i] += p[t2] * dy[i]; }
+                            dp[t2] = d;
+                            pdp += p[t2] * d;
                         }
                         for (int t2 = 0; t2 <= t; t2++) {
                             real ds = p[t2] * (dp[t2] - pdp) * scale;
@@ -170,16 +183,18 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
                             for (int i = 0; i < hd; i++) { dq[i] += ds * k[i]; dk[i] += ds * q[i]; }
                         }
                     }
+        free(p);
         free(dp);
     }
 }
 
 #if defined(__CUDACC__) || defined(SIMT_EMULATION)
 // ---------------------------------------------------------------------------------------------
-// CUDA. clip_qkv + RoPE is one fused kernel each way. Attention is a correct, simple version with
-// the interface a fused flash-style kernel will keep (later work): the forward saves only the
-// output and the logsumexp of every score row (B, H, T), never the (T, T) probabilities; the
-// backward recomputes the probabilities from q, k and the logsumexp.
+// CUDA. clip_qkv + RoPE is one fused kernel each way. Attention: the flash kernels on tensor cores
+// (attention_flash.cuh) for head_dim 32, 64 and 128, and for any other head_dim these simple ones,
+// with the same contract as the CPU reference: the forward saves only the output and the
+// logsumexp of every score row (B, H, T), never the (T, T) probabilities; the backward recomputes
+// the probabilities from q, k and the logsumexp.
 //   forward:  one warp per query row (b, h, t), lanes split head_dim, an online softmax over the
 //             keys t2 <= t (fp32);
 //   backward: D = rowsum(dout * out);  ds = p (dp - D), dp = dout . v
@@ -188,6 +203,8 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
 //             the kv head's whole group of query heads (GQA). Each output row has one owner: no
 //             atomics, deterministic.
 #include "cuda_common.h"
+#include <initializer_list>
+#include "attention_flash.cuh"
 
 // qkv (B, T, qkv_dim) = rope(clamp(qkv_pre)); cos_t, sin_t (T, hd/2). One thread per rotated pair.
 __global__ void clip_rope_forward_kernel(floatX* qkv, const floatX* qkv_pre, const float* cos_t, const float* sin_t,
@@ -379,21 +396,39 @@ static inline void attention_check_shape(int H, int KV, int hd) {
              "by the CUDA kernels", hd, 32 * ATT_MAX_PER_LANE, H, KV);
 }
 
-// out (B, T, H*hd) bf16, lse (B, H, T) fp32 from qkv (B, T, qkv_dim)
-static inline void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
-                                         cudaStream_t stream = 0) {
+// the warp-per-row kernels (any head_dim up to 256): out (B, T, H*hd) bf16, lse (B, H, T) fp32 from qkv (B, T, qkv_dim)
+static inline void attention_forward_rows_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
+                                              cudaStream_t stream = 0) {
     attention_check_shape(H, KV, hd);
     const int block = 128, warps = block / 32;
     LAUNCH(attention_forward_kernel, ceil_div((long long)B * H * T, warps), block, 0, stream, out, lse, qkv, B, T, H, KV, hd);
 }
 // dqkv (B, T, qkv_dim) overwritten; Dbuf (B, H, T) fp32 scratch
-static inline void attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                          const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
+static inline void attention_backward_rows_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
+                                               const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
     attention_check_shape(H, KV, hd);
     const int block = 128, warps = block / 32;
     LAUNCH(attention_backward_dq_kernel, ceil_div((long long)B * H * T, warps), block, 0, stream, dqkv, Dbuf, dout, out, lse,
            qkv, B, T, H, KV, hd);
     LAUNCH(attention_backward_dkv_kernel, ceil_div((long long)B * KV * T, warps), block, 0, stream, dqkv, dout, lse, Dbuf,
            qkv, B, T, H, KV, hd);
+}
+// The model's attention: the flash kernels (tensor cores, attention_flash.cuh) for head_dim 32, 64 and
+// 128, the warp-per-row kernels otherwise. Same contract either way.
+static inline bool attention_use_flash(int H, int KV, int hd, std::initializer_list<const void*> ptrs) {
+    if (!flash_attention_supported(hd) || H % KV != 0) return false;
+    for (const void* p : ptrs) if ((uintptr_t)p % 16) return false;   // 16-byte copies and stores
+    return true;
+}
+static inline void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
+                                         cudaStream_t stream = 0) {
+    if (attention_use_flash(H, KV, hd, {out, qkv})) flash_attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
+    else attention_forward_rows_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
+}
+static inline void attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
+                                          const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
+    if (attention_use_flash(H, KV, hd, {dqkv, dout, out, qkv}))
+        flash_attention_backward_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
+    else attention_backward_rows_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
 }
 #endif  // __CUDACC__ || SIMT_EMULATION

@@ -209,7 +209,7 @@ static inline void ep_exchange(const ExpertParallel* ep, const EpPlan* pl, const
 typedef struct {
     real *ln1, *ln1_mean, *ln1_rstd;   // (N, d), (N), (N)
     real *qkv_pre, *qkv;               // (N, qkv_dim): before the clamp, after clamp + RoPE
-    real *att;                         // (B, H, T, T) softmax probabilities
+    real *att_lse;                     // (B, H, T) logsumexp of every attention score row
     real *atty;                        // (N, d) attention output before out_proj
     real *resid_mid;                   // (N, d) x after the attention residual
     real *ln2, *ln2_mean, *ln2_rstd;   // (N, d), (N), (N)
@@ -280,7 +280,7 @@ static inline size_t dbrx_activations(Dbrx* m, const DbrxConfig* c, int B, int T
         BlockActs* a = m ? &m->acts[l] : &dummy;
         take_real(&a->ln1, N * d); take_real(&a->ln1_mean, N); take_real(&a->ln1_rstd, N);
         take_real(&a->qkv_pre, N * qd); take_real(&a->qkv, N * qd);
-        take_real(&a->att, (size_t)B * c->n_heads * T * T);
+        take_real(&a->att_lse, (size_t)B * c->n_heads * T);
         take_real(&a->atty, N * d); take_real(&a->resid_mid, N * d);
         take_real(&a->ln2, N * d); take_real(&a->ln2_mean, N); take_real(&a->ln2_rstd, N);
         take_real(&a->router_logits, N * E); take_real(&a->probs, N * E); take_real(&a->lse, N);
@@ -569,7 +569,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         block_linear_forward(m, q8 ? &q8->qkv : NULL, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
-        attention_forward(a->atty, a->att, a->qkv, B, T, H, KV, hd);
+        attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         block_linear_forward(m, q8 ? &q8->proj : NULL, a->resid_mid, a->atty, w.wo, N, d, d);
         for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
         // MoE half
@@ -638,7 +638,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         memset(m->datty, 0, Nd * sizeof(real));
         Fp8BlockState* q8 = block_fp8(m, l);
         block_linear_backward(m, q8 ? &q8->proj : NULL, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
-        attention_backward(m->dqkv, m->datty, a->qkv, a->att, B, T, H, KV, hd);
+        attention_backward(m->dqkv, m->datty, a->qkv, a->att_lse, B, T, H, KV, hd);
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));

@@ -151,12 +151,12 @@ TEST_CASE("MoE dispatch: a stable permutation into expert order and back") {
 
 TEST_CASE("attention is causal: a future token does not change earlier outputs") {
     const int B = 1, T = 12, H = 4, KV = 2, hd = 8, qd = (H + 2 * KV) * hd;
-    std::vector<real> qkv(B * T * qd), out1(B * T * H * hd), out2(B * T * H * hd), att(B * H * T * T);
+    std::vector<real> qkv(B * T * qd), out1(B * T * H * hd), out2(B * T * H * hd), lse(B * H * T);
     Rng rng = {2};
     for (real& v : qkv) v = (real)rng_normal(&rng);
-    attention_forward(out1.data(), att.data(), qkv.data(), B, T, H, KV, hd);
+    attention_forward(out1.data(), lse.data(), qkv.data(), B, T, H, KV, hd);
     for (int i = 0; i < qd; i++) qkv[(T - 1) * qd + i] += 1.0f;   // change the last token only
-    attention_forward(out2.data(), att.data(), qkv.data(), B, T, H, KV, hd);
+    attention_forward(out2.data(), lse.data(), qkv.data(), B, T, H, KV, hd);
     for (int i = 0; i < (T - 1) * H * hd; i++) REQUIRE(out1[i] == out2[i]);
     bool last_changed = false;
     for (int i = (T - 1) * H * hd; i < T * H * hd; i++) last_changed |= out1[i] != out2[i];

@@ -10,6 +10,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest.h>
 #include "../model/cuda_common.h"
+#include "../model/tensor_core.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // kernels under test
@@ -351,4 +352,195 @@ TEST_CASE("streams: the null stream runs at once; a created stream defers until 
     cudaCheck(cudaEventDestroy(e1)); cudaCheck(cudaEventDestroy(e2));
     cudaCheck(cudaStreamDestroy(s1)); cudaCheck(cudaStreamDestroy(s2));
     cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b));
+}
+
+// ---------------------------------------------------------------------------------------------
+// the warp-level matrix instructions (model/tensor_core.cuh, emulated by test/simt/tensor_core.h),
+// each against a scalar reference of the PTX ISA's documented fragment layout
+
+// one warp: d = a b + c with a (16, 16) row-major bf16, b (16, 8) as B[k][n] row-major bf16, c, d
+// (16, 8) fp32; every lane gathers its fragments by the documented layout with scalar loads, and
+// scatters its fragment of d the same way
+__global__ void mma_kernel(float* d, const floatX* a, const floatX* b, const float* c) {
+    int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    auto A = [&](int r, int k) { return __bfloat16_as_ushort(a[r * 16 + k]); };
+    auto B = [&](int k, int n) { return __bfloat16_as_ushort(b[k * 8 + n]); };
+    uint32_t af[4] = {A(g, 2 * t) | (uint32_t)A(g, 2 * t + 1) << 16, A(g + 8, 2 * t) | (uint32_t)A(g + 8, 2 * t + 1) << 16,
+                      A(g, 2 * t + 8) | (uint32_t)A(g, 2 * t + 9) << 16, A(g + 8, 2 * t + 8) | (uint32_t)A(g + 8, 2 * t + 9) << 16};
+    uint32_t bf[2] = {B(2 * t, g) | (uint32_t)B(2 * t + 1, g) << 16, B(2 * t + 8, g) | (uint32_t)B(2 * t + 9, g) << 16};
+    float cf[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
+    float df[4];
+    mma_m16n8k16_bf16_f32(df, af, bf, cf);
+    d[g * 8 + 2 * t] = df[0]; d[g * 8 + 2 * t + 1] = df[1];
+    d[(g + 8) * 8 + 2 * t] = df[2]; d[(g + 8) * 8 + 2 * t + 1] = df[3];
+}
+
+// one warp: ldmatrix from a (32, 16) b16 array staged in shared memory; lane l supplies the row
+// address &tile[rows[l]][cols[l]] (cols 0 or 8); variant: 0..2 x1, x2, x4; 3..5 the same with
+// .trans. For x1 and x2 the lanes whose address is not used pass NULL. out (32 lanes, 4 regs)
+__global__ void ldmatrix_kernel(uint32_t* out, const uint16_t* m, const int* rows, const int* cols, int variant) {
+    __shared__ __align__(16) uint16_t tile[32][16];
+    int lane = threadIdx.x;
+    for (int i = lane; i < 32 * 16; i += 32) tile[i / 16][i % 16] = m[i];
+    __syncwarp();
+    int nmat = 1 << (variant % 3);
+    const void* p = lane < 8 * nmat ? &tile[rows[lane]][cols[lane]] : nullptr;
+    uint32_t r[4] = {0, 0, 0, 0};
+    switch (variant) {
+    case 0: ldmatrix_x1(r, p); break;
+    case 1: ldmatrix_x2(r, p); break;
+    case 2: ldmatrix_x4(r, p); break;
+    case 3: ldmatrix_x1_trans(r, p); break;
+    case 4: ldmatrix_x2_trans(r, p); break;
+    case 5: ldmatrix_x4_trans(r, p); break;
+    }
+    for (int i = 0; i < 4; i++) out[lane * 4 + i] = r[i];
+}
+
+// cp.async through dynamic shared memory, 64 threads, 16 bytes each per region, then each thread
+// reads its neighbour's chunk (so the copy must have landed and the barrier passed). in (512 words),
+// out (768 words). mode 0: wait_group 0 (right); 1: no wait (the bug: stale data); 2: two groups,
+// wait_group 1 lands the older only, the newer after wait_group 0 (out[512..]); 3: zero fill, thread
+// t reads 4 (t % 5) bytes of its 16
+__global__ void cp_async_kernel(uint32_t* out, const uint32_t* in, int mode) {
+    extern __shared__ __align__(16) char dynamic_smem[];
+    uint32_t* buf = (uint32_t*)dynamic_smem;   // (2, 64 threads, 4 words)
+    int t = threadIdx.x, u = (t + 1) % 64;
+    if (mode == 3) cp_async_16_zfill(buf + 4 * t, in + 4 * t, 4 * (t % 5));
+    else cp_async_16(buf + 4 * t, in + 4 * t);
+    cp_async_commit();
+    if (mode == 2) { cp_async_16(buf + 256 + 4 * t, in + 256 + 4 * t); cp_async_commit(); cp_async_wait<1>(); }
+    else if (mode != 1) cp_async_wait<0>();
+    __syncthreads();
+    // the second region: the thread's own chunk (a neighbour may already be past its wait_group 0)
+    for (int j = 0; j < 4; j++) { out[4 * t + j] = buf[4 * u + j]; out[256 + 4 * t + j] = buf[256 + 4 * t + j]; }
+    if (mode == 2) {
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int j = 0; j < 4; j++) out[512 + 4 * t + j] = buf[256 + 4 * u + j];
+    }
+}
+
+// misuse: lane 3 leaves before the mma; a misaligned ldmatrix row address
+__global__ void mma_exited_lane_kernel(float* d) {
+    if (threadIdx.x == 3) return;
+    uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    float c[4] = {0, 0, 0, 0};
+    mma_m16n8k16_bf16_f32(c, a, b, c);
+    d[threadIdx.x] = c[0];
+}
+__global__ void ldmatrix_misaligned_kernel(uint32_t* out) {
+    __shared__ __align__(16) uint16_t tile[8][16];
+    uint32_t r[1];
+    ldmatrix_x1(r, &tile[threadIdx.x % 8][threadIdx.x == 5 ? 1 : 0]);
+    out[threadIdx.x] = r[0];
+}
+
+TEST_CASE("mma.sync m16n8k16 bf16: fragments of the documented layout give D = A B + C") {
+    simt::set_schedule(true, 41);
+    for (int trial = 0; trial < 4; trial++) {
+        std::vector<float> a = random_floats(16 * 16, 100 + trial), b = random_floats(16 * 8, 200 + trial);
+        std::vector<float> c = random_floats(16 * 8, 300 + trial);
+        if (trial == 3) for (float& x : a) x *= 1e4f;   // large products: the fp32 rounding of the sum shows
+        std::vector<floatX> ab(a.size()), bb(b.size());
+        for (size_t i = 0; i < a.size(); i++) { ab[i] = __float2bfloat16(a[i]); a[i] = __bfloat162float(ab[i]); }
+        for (size_t i = 0; i < b.size(); i++) { bb[i] = __float2bfloat16(b[i]); b[i] = __bfloat162float(bb[i]); }
+        floatX *da = upload(ab), *db = upload(bb);
+        float *dc = upload(c), *dd = deviceAlloc(float, 16 * 8);
+        LAUNCH(mma_kernel, 1, 32, 0, 0, dd, da, db, dc);
+        std::vector<float> d = download(dd, 16 * 8);
+        int exact = 0, close = 0, close_transposed = 0;
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < 8; j++) {
+                float acc = c[i * 8 + j];   // the emulator's documented order: fp32, k ascending
+                double ref = c[i * 8 + j], mag = std::fabs(c[i * 8 + j]), ref_t = c[i * 8 + j];
+                for (int k = 0; k < 16; k++) {
+                    acc += a[i * 16 + k] * b[k * 8 + j];
+                    ref += (double)a[i * 16 + k] * b[k * 8 + j];
+                    mag += std::fabs((double)a[i * 16 + k] * b[k * 8 + j]);
+                    ref_t += (double)a[k * 16 + i] * b[k * 8 + j];   // the layout misread: A transposed
+                }
+                double tol = 16 * 6e-8 * mag;   // 16 fp32 roundings of partial sums
+                exact += d[i * 8 + j] == acc;
+                close += std::fabs(d[i * 8 + j] - ref) <= tol;
+                close_transposed += std::fabs(d[i * 8 + j] - ref_t) <= tol;
+            }
+        CHECK(exact == 128);
+        CHECK(close == 128);
+        CHECK(close_transposed < 8);   // the check can tell layouts apart
+        cudaCheck(cudaFree(da)); cudaCheck(cudaFree(db)); cudaCheck(cudaFree(dc)); cudaCheck(cudaFree(dd));
+    }
+    simt::set_schedule(false, 0);
+}
+
+TEST_CASE("ldmatrix x1, x2, x4, with and without .trans: lane l gets row l/4, columns 2(l%4)+{0,1} of each 8x8 matrix") {
+    simt::set_schedule(true, 43);
+    std::vector<uint16_t> m(32 * 16);
+    for (int i = 0; i < 32 * 16; i++) m[i] = (uint16_t)(i * 7 + 1);   // distinct tags
+    Rng r = {5};
+    std::vector<int> rows(32), cols(32);
+    for (int l = 0; l < 32; l++) { rows[l] = (int)(rng_u64(&r) % 32); cols[l] = 8 * (int)(rng_u64(&r) % 2); }
+    uint16_t* dm = upload(m);
+    int *drows = upload(rows), *dcols = upload(cols);
+    uint32_t* dout = deviceAlloc(uint32_t, 32 * 4);
+    for (int variant = 0; variant < 6; variant++) {
+        LAUNCH(ldmatrix_kernel, 1, 32, 0, 0, dout, dm, drows, dcols, variant);
+        std::vector<uint32_t> out = download(dout, 32 * 4);
+        int nmat = 1 << (variant % 3), wrong = 0;
+        bool trans = variant >= 3;
+        // M_i[row][col]: row `row` of matrix i is at the address lane 8 i + row supplied
+        auto M = [&](int i, int row, int col) { int l = 8 * i + row; return (uint32_t)m[rows[l] * 16 + cols[l] + col]; };
+        for (int l = 0; l < 32; l++)
+            for (int i = 0; i < nmat; i++) {
+                uint32_t want = trans ? M(i, 2 * (l % 4), l / 4) | M(i, 2 * (l % 4) + 1, l / 4) << 16
+                                      : M(i, l / 4, 2 * (l % 4)) | M(i, l / 4, 2 * (l % 4) + 1) << 16;
+                wrong += out[l * 4 + i] != want;
+            }
+        INFO("variant " << variant);
+        CHECK(wrong == 0);
+    }
+    cudaCheck(cudaFree(dm)); cudaCheck(cudaFree(drows)); cudaCheck(cudaFree(dcols)); cudaCheck(cudaFree(dout));
+    simt::set_schedule(false, 0);
+}
+
+TEST_CASE("cp.async: copies land at cp.async.wait_group, group by group; without the wait the reader sees stale data") {
+    std::vector<uint32_t> in(512);
+    for (int i = 0; i < 512; i++) in[i] = 0x1000u + (uint32_t)i;
+    uint32_t* din = upload(in);
+    uint32_t* dout = deviceAlloc(uint32_t, 768);
+    auto run = [&](int mode) {
+        simt::set_schedule(true, 47 + mode);
+        cudaCheck(cudaMemset(dout, 0, 768 * sizeof(uint32_t)));
+        LAUNCH(cp_async_kernel, 2, 64, 2 * 256 * sizeof(uint32_t), 0, dout, din, mode);
+        return download(dout, 768);
+    };
+    auto chunk = [&](const std::vector<uint32_t>& out, int base, int t, int j) { return out[base + 4 * t + j]; };
+    const uint32_t stale = 0xFFFFFFFFu;   // the poison of shared memory at block start
+    int wrong[4] = {0, 0, 0, 0};
+    std::vector<uint32_t> o0 = run(0), o1 = run(1), o2 = run(2), o3 = run(3);
+    for (int t = 0; t < 64; t++)
+        for (int j = 0; j < 4; j++) {
+            int u = (t + 1) % 64;
+            wrong[0] += chunk(o0, 0, t, j) != in[4 * u + j];
+            wrong[1] += chunk(o1, 0, t, j) != stale;
+            wrong[2] += chunk(o2, 0, t, j) != in[4 * u + j] || chunk(o2, 256, t, j) != stale || chunk(o2, 512, t, j) != in[256 + 4 * u + j];
+            wrong[3] += chunk(o3, 0, t, j) != (j < u % 5 ? in[4 * u + j] : 0u);
+        }
+    CHECK(wrong[0] == 0);
+    CHECK(wrong[1] == 0);   // the negative control: no wait, nothing landed
+    CHECK(wrong[2] == 0);
+    CHECK(wrong[3] == 0);
+    cudaCheck(cudaFree(din)); cudaCheck(cudaFree(dout));
+    simt::set_schedule(false, 0);
+}
+
+TEST_CASE("tensor-core instructions: a missing lane and a misaligned row address are reported") {
+    float* dd = deviceAlloc(float, 32);
+    std::string e = error_of([&] { LAUNCH(mma_exited_lane_kernel, 1, 32, 0, 0, dd); });
+    CHECK(e.find("mma.sync.m16n8k16") != std::string::npos);
+    MESSAGE(e);
+    e = error_of([&] { LAUNCH(ldmatrix_misaligned_kernel, 1, 32, 0, 0, (uint32_t*)dd); });
+    CHECK(e.find("lane 5 supplies the row address") != std::string::npos);
+    MESSAGE(e);
+    cudaCheck(cudaFree(dd));
 }

@@ -18,7 +18,9 @@
  *     every differing assignment must be a near-tie (the two CPU probabilities within 1%), at
  *     most 1% of the assignments may differ, and only the experts a token moved between (not
  *     compared: their gradients are sums over different tokens) and that layer's router and
- *     norm_2 (held to 1e-1) are exempt from 3e-2;
+ *     norm_2 (held to 1e-1) are exempt from 3e-2; so are, held to 1e-1, the experts of the layers
+ *     below that the moved token went to (its gradient there is another one: with few tokens per
+ *     expert, one token's different gradient is a few percent of the expert's);
  *   - the same with the top-k router weights not renormalised (moe_normalize_expert_weights off:
  *     zeroed and random router) and divided by their L2 norm (zeroed router);
  *   - two runs of the step (under the emulator with two different random schedules) are
@@ -147,7 +149,7 @@ static void compare_steps(bool zero_router, uint64_t data_seed, float norm_p = 1
 
     // routing: the experts a token was moved between, per layer
     int N = B * T, k = c.top_k, E = c.n_experts, moved = 0;
-    std::vector<std::set<int>> touched(c.n_layers);
+    std::vector<std::set<int>> touched(c.n_layers), below(c.n_layers);
     for (int l = 0; l < c.n_layers; l++)
         for (int t = 0; t < N; t++) {
             std::set<int> a(cpu.topk[l].begin() + t * k, cpu.topk[l].begin() + (t + 1) * k);
@@ -163,6 +165,10 @@ static void compare_steps(bool zero_router, uint64_t data_seed, float norm_p = 1
                 touched[l].insert(e);
                 moved++;
             }
+            // the token's gradient is a different one in every layer below l as well: the experts it
+            // went to there sum it in
+            for (int l0 = 0; l0 < l; l0++)
+                for (int j = 0; j < k; j++) below[l0].insert(cpu.topk[l0][t * k + j]);
         }
     MESSAGE("assignments routed differently from the CPU: " << moved << " of " << c.n_layers * N * k);
     if (zero_router) CHECK(moved == 0);
@@ -190,6 +196,11 @@ static void compare_steps(bool zero_router, uint64_t data_seed, float norm_p = 1
             double sref, srel = rel_l2(gpu.grads, cpu.grads, p.offset + e * slice, p.offset + (e + 1) * slice, &sref);
             if (touched[layer].count(e)) {   // a token moved in or out: a different sum, nothing to hold it to
                 MESSAGE(p.name << " expert " << e << " (a token routed differently): relative L2 error " << srel);
+                continue;
+            }
+            if (below[layer].count(e)) {   // one of its tokens has another gradient: held to the looser 1e-1
+                MESSAGE(p.name << " expert " << e << " (a token routed differently in a later layer): relative L2 error " << srel);
+                CHECK(srel < 1e-1);
                 continue;
             }
             INFO(p.name << " expert " << e << ": relative L2 error " << srel << " (|g_cpu| " << sref << ")");

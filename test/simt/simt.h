@@ -13,6 +13,9 @@
  *     votes (__ballot_sync, __any_sync, __all_sync) and __syncwarp() are a rendezvous of the lanes
  *     named in the mask, in 32-lane warps. Blocks run one after another (or on SIMT_THREADS OS
  *     threads, each block on one).
+ *   - The tensor-core instructions of model/tensor_core.cuh (test/simt/tensor_core.h): mma.sync
+ *     m16n8k16 BF16 and ldmatrix are warp collectives computing the PTX ISA's per-lane fragment
+ *     layouts; cp.async copies land when their thread's cp.async.wait_group covers them.
  *   - Static __shared__ variables are thread_local statics: one instance per OS thread, hence per
  *     running block. Dynamic shared memory is declared, as in the real build,
  *         extern __shared__ __align__(16) char dynamic_smem[];
@@ -187,9 +190,18 @@ namespace simt {
 struct Error : std::runtime_error { using std::runtime_error::runtime_error; };
 
 enum FiberState { READY, RUNNING, AT_BARRIER, AT_WARP, EXITED };
-enum WarpOp { OP_SHFL_IDX, OP_SHFL_XOR, OP_SHFL_DOWN, OP_SHFL_UP, OP_BALLOT, OP_SYNCWARP };
+enum WarpOp { OP_SHFL_IDX, OP_SHFL_XOR, OP_SHFL_DOWN, OP_SHFL_UP, OP_BALLOT, OP_SYNCWARP, OP_COLLECTIVE };
 static const char* const warp_op_names[] = {"__shfl_sync", "__shfl_xor_sync", "__shfl_down_sync", "__shfl_up_sync",
-                                            "__ballot_sync/__any_sync/__all_sync", "__syncwarp"};
+                                            "__ballot_sync/__any_sync/__all_sync", "__syncwarp", "a warp-collective instruction"};
+
+// A warp-collective instruction (mma.sync, ldmatrix; test/simt/tensor_core.h): every lane brings a
+// pointer to its own operands and results; the last lane to arrive runs the instruction for the
+// whole warp (lanes[j]: lane j's pointer, NULL outside the mask), writing every lane's results.
+typedef void (*WarpCollective)(void* const lanes[32]);
+
+// a cp.async copy a thread has issued and that has not landed yet (test/simt/tensor_core.h):
+// 16 bytes to dst, the first src_bytes of them from src and the rest zeros
+struct AsyncCopy { void* dst; const void* src; int bytes, src_bytes; };
 
 struct Fiber {
     void* sp;                      // saved stack pointer (x86-64)
@@ -205,7 +217,14 @@ struct Fiber {
     uint64_t value, result;
     const char* file;
     int line;
+    WarpCollective collective;     // op == OP_COLLECTIVE: the instruction, and its name for messages
+    const char* collective_name;
+    // cp.async: the copies issued since the last commit, and the committed groups, oldest first.
+    // They land when the thread waits for them (cp.async.wait_group), never earlier.
+    std::vector<AsyncCopy> async_open;
+    std::deque<std::vector<AsyncCopy>> async_groups;
 };
+inline const char* op_name(const Fiber& f) { return f.op == OP_COLLECTIVE ? f.collective_name : warp_op_names[f.op]; }
 
 struct Options {
     bool random = false;
@@ -334,7 +353,7 @@ inline void make_ready(Sched* s, int i) {
         if (s->fibers[j].mask & (1u << (lin % 32)))
             fiber_error(s, std::string("warp divergence in ") + where(s) + ": " + thread_name(f) +
                            " exited while lane " + std::to_string(l) + " waits for it in " +
-                           warp_op_names[s->fibers[j].op] + " at " + s->fibers[j].file + ":" +
+                           op_name(s->fibers[j]) + " at " + s->fibers[j].file + ":" +
                            std::to_string(s->fibers[j].line));
     }
     to_main(s);
@@ -392,6 +411,8 @@ inline bool run_block(Sched* s, int nthreads) {
             f.tid.z = i / (blockDim.x * blockDim.y);
         }
         f.state = READY;
+        f.async_open.clear();   // copies a thread of the previous block left unwaited never land here
+        f.async_groups.clear();
 #if defined(__x86_64__)
         // the stack tops are staggered by 64 bytes per fiber (mod 4 KiB): with equal page offsets
         // every fiber's top frame would fall into the same L1 cache set
@@ -446,7 +467,7 @@ inline bool run_block(Sched* s, int nthreads) {
     std::string msg = "deadlock in " + where(s) + ": " + std::to_string(at_barrier) + " thread(s) wait at __syncthreads()";
     if (at_barrier) msg += std::string(" at ") + s->barrier_file + ":" + std::to_string(s->barrier_line);
     msg += ", " + std::to_string(at_warp) + " at a warp operation";
-    if (w) msg += std::string(" (") + warp_op_names[w->op] + " at " + w->file + ":" + std::to_string(w->line) + ")";
+    if (w) msg += std::string(" (") + op_name(*w) + " at " + w->file + ":" + std::to_string(w->line) + ")";
     msg += ", " + std::to_string(s->nexited) + " exited";
     s->error = msg;
     return false;
@@ -490,23 +511,25 @@ inline uint64_t warp_result(Sched* s, int w, int l) {
             if ((f.mask >> j & 1) && s->fibers[w * 32 + j].value) bits |= 1ull << j;
         return bits;
     }
-    case OP_SYNCWARP: return 0;
+    case OP_SYNCWARP: case OP_COLLECTIVE: return 0;
     }
     if (!(f.mask >> src & 1))
         fiber_error(s, std::string("warp error in ") + where(s) + ": lane " + std::to_string(l) + " of warp " +
                        std::to_string(w) + " reads lane " + std::to_string(src) + " which is not in the mask in " +
-                       warp_op_names[f.op] + " at " + f.file + ":" + std::to_string(f.line));
+                       op_name(f) + " at " + f.file + ":" + std::to_string(f.line));
     return s->fibers[w * 32 + src].value;
 }
 
-inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
+inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line,
+                        WarpCollective collective = nullptr, const char* collective_name = nullptr) {
     Sched* s = tls_sched;
     int me = s->current, w = me / 32, lane = me % 32;
     Fiber& f = s->fibers[me];
     int lanes = std::min(32, s->nthreads - w * 32);
     unsigned present = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1);
+    const char* name = op == OP_COLLECTIVE ? collective_name : warp_op_names[op];
     auto err = [&](const std::string& what) {
-        fiber_error(s, std::string("warp error in ") + where(s) + ": " + warp_op_names[op] + " at " + file + ":" +
+        fiber_error(s, std::string("warp error in ") + where(s) + ": " + name + " at " + file + ":" +
                        std::to_string(line) + ", lane " + std::to_string(lane) + " of warp " + std::to_string(w) +
                        ": " + what);
     };
@@ -525,19 +548,26 @@ inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int widt
     if (unsigned waiting = s->warp_arrived[w] & mask) {   // lanes already waiting in this mask: the same operation
         int j = __builtin_ctz(waiting);
         const Fiber& o = s->fibers[w * 32 + j];
-        if (o.mask != mask || o.op != op) {
+        if (o.mask != mask || o.op != op || o.collective != collective) {
             char b[256];
             snprintf(b, sizeof b, "lane %d waits in %s (mask 0x%08x) at %s:%d with mask 0x%08x: divergent warp operations",
-                     j, warp_op_names[o.op], o.mask, o.file, o.line, mask);
+                     j, op_name(o), o.mask, o.file, o.line, mask);
             err(b);
         }
     }
     f.op = op; f.mask = mask; f.value = value; f.arg = arg; f.width = width; f.file = file; f.line = line;
+    f.collective = collective; f.collective_name = collective_name;
     f.state = AT_WARP;
     s->warp_arrived[w] |= 1u << lane;
     if ((s->warp_arrived[w] & mask) == mask) {   // the last lane of the mask: everybody's result, then go on
-        for (int j = 0; j < 32; j++)
-            if (mask >> j & 1) s->fibers[w * 32 + j].result = warp_result(s, w, j);
+        if (op == OP_COLLECTIVE) {
+            void* ptrs[32];
+            for (int j = 0; j < 32; j++) ptrs[j] = mask >> j & 1 ? (void*)(uintptr_t)s->fibers[w * 32 + j].value : nullptr;
+            collective(ptrs);
+        } else {
+            for (int j = 0; j < 32; j++)
+                if (mask >> j & 1) s->fibers[w * 32 + j].result = warp_result(s, w, j);
+        }
         s->warp_arrived[w] &= ~mask;
         for (int j = 0; j < 32; j++)
             if ((mask >> j & 1) && j != lane) make_ready(s, w * 32 + j);
@@ -913,3 +943,6 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b)
 inline cudaError_t cudaRuntimeGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }
 inline cudaError_t cudaDriverGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }
 }
+
+// the warp-level matrix instructions (mma.sync, ldmatrix) and cp.async: model/tensor_core.cuh's emulated half
+#include "tensor_core.h"
