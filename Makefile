@@ -21,7 +21,8 @@ CXXFLAGS := -std=c++17 -O3 -march=native -fopenmp -Wall -Wextra -Werror $(MPI_CF
 LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
-HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh
+HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh \
+            dev/data/tokenizer.h dev/data/unicode_classes.h
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
 .PHONY: all deps check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu clean
