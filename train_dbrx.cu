@@ -1168,32 +1168,43 @@ static void generate_setup(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
         fail(EXIT_RUNTIME, "--generate: cannot set stdout aside for the text: %s", strerror(errno));
     bool model_given = false;
     for (int i = 1; i < argc; i++) model_given |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
-    if (!model_given) {
-        DbrxConfig saved = *c;
-        std::string from, err, text, perr;
-        JsonValue j;
-        if (!a->init_hf.empty()) {
-            from = a->init_hf + "/config.json";
-            if (!(err = read_file(from, &text)).empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", a->init_hf.c_str(), err.c_str());
-            if (!json_parse(text.data(), text.size(), &j, &perr)) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", from.c_str(), perr.c_str());
-            if ((err = hf_config_check(&j)).empty()) err = hf_config_read(&j, &saved);
-            if (!err.empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", from.c_str(), err.c_str());
-        } else {   // the checkpoint named, or (auto) the newest one whose manifest reads; none: --model's (the load says why)
-            std::vector<std::string> dirs;
-            if (a->resume != "auto") dirs.push_back(a->resume);
-            else for (auto& d : list_numbered_dirs(a->ckpt_dir, "step_")) dirs.push_back(a->ckpt_dir + "/" + d.second);
-            for (const std::string& d : dirs) {
-                if (!ckpt_read_manifest(d, &text, &j).empty()) continue;
-                if (!(err = ckpt_config_read(json_get(&j, "model"), &saved)).empty())
-                    fail(EXIT_BAD_INPUT, "--resume %s/manifest.json: %s", d.c_str(), err.c_str());
-                from = d;
-                break;
-            }
+    // the config the weights come with; what cannot be loaded is said here, in one line, before anything is built
+    DbrxConfig saved = *c;
+    std::string from, err, text, perr;
+    JsonValue j;
+    const JsonValue* model_json = NULL;
+    if (!a->init_hf.empty()) {
+        from = a->init_hf + "/config.json";
+        if (!(err = read_file(from, &text)).empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", a->init_hf.c_str(), err.c_str());
+        if (!json_parse(text.data(), text.size(), &j, &perr)) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", from.c_str(), perr.c_str());
+        if ((err = hf_config_check(&j)).empty()) err = hf_config_read(&j, &saved);
+        if (!err.empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", from.c_str(), err.c_str());
+        model_json = &j;
+    } else {   // the checkpoint named, or (auto) the newest one whose manifest reads (the load verifies it all)
+        std::vector<std::string> dirs;
+        if (a->resume != "auto") {
+            if (!path_exists(a->resume)) fail(EXIT_BAD_INPUT, "--resume %s: no such checkpoint directory", a->resume.c_str());
+            dirs.push_back(a->resume);
+        } else {
+            for (auto& d : list_numbered_dirs(a->ckpt_dir, "step_")) dirs.push_back(a->ckpt_dir + "/" + d.second);
+            if (dirs.empty()) fail(EXIT_BAD_INPUT, "--generate --resume auto: no checkpoint in --ckpt-dir %s", a->ckpt_dir.c_str());
         }
-        if (!from.empty()) {
+        for (const std::string& d : dirs) {
+            if (!ckpt_read_manifest(d, &text, &j).empty()) continue;
+            model_json = json_get(&j, "model");
+            if (!(err = ckpt_config_read(model_json, &saved)).empty())
+                fail(EXIT_BAD_INPUT, "--resume %s/manifest.json: %s", d.c_str(), err.c_str());
+            from = d;
+            break;
+        }
+    }
+    if (model_json) {
+        if (!model_given) {
             parse_args(argc, argv, a, c, &saved);
             a->model = "from " + from;   // (the banner names where the model came from)
         }
+        std::string mism = a->init_hf.empty() ? ckpt_config_mismatch(model_json, c) : hf_config_mismatch(model_json, c);
+        if (!mism.empty()) fail(EXIT_BAD_INPUT, "%s does not match the model of the flags: %s", from.c_str(), mism.c_str());
     }
     a->batch = a->seq = 1;
     if (a->fp8 != "off") {
