@@ -2,7 +2,8 @@
  * attention.cuh — DBRX attention after the fused Wqkv projection:
  *   clip_qkv clamp of the whole fused output, NeoX-style RoPE on q and k, and causal GQA
  *   attention (softmax in fp32). K and V are never repeated: query head h reads kv head
- *   h / (H / kv) in place.
+ *   h / (H / kv) in place. For generation, the attention of one new position over a KV cache
+ *   (attention_decode_forward / attention_decode_gpu).
  * Layout of one token's fused row (qkv_dim = d + 2*kv*hd):  [ Q: H*hd | K: kv*hd | V: kv*hd ].
  */
 #pragma once

@@ -9,8 +9,9 @@
 #   * sampling at temperature 1 (top-k 20, a seed): the same text with 1 and 2 ranks (ZeRO-3), on each
 #     backend (rank 0 draws and broadcasts, the logits are the same: the gathered weights are);
 #   * samples during training change nothing: the losses with --sample-every are bit-identical to those
-#     without, on the CPU (1 rank, ZeRO-3 2 ranks) and the emulated GPU (1 rank, ZeRO-3 2 ranks), and
-#     only rank 0 prints them;
+#     without, on the CPU (1 rank, ZeRO-3 2 ranks) and the emulated GPU (1 rank, ZeRO-3 2 ranks), also with
+#     --fp8 delayed --fp8-gather (the samples' GEMMs are not FP8 and leave the scaling state alone), and only
+#     rank 0 prints them;
 #   * the cl100k tokenizer (DBRX's): a model with DBRX's vocabulary picks it by itself, encodes the
 #     prompt's special tokens, and writes text (when dev/data/.cache has the ranks);
 #   * bad flags: one line, exit 2.
@@ -92,9 +93,9 @@ fi
 
 # ---- samples during training leave the training alone: bit-identical losses; rank 0 prints
 losses() { $PY -c "import json,sys; print([json.loads(l)['loss'] for l in open(sys.argv[1]) if '\"loss\"' in l])" "$1"; }
-same_losses() {   # same_losses NAME NP RUNNER...: the run with --sample-every 1 against the run without
+same_losses() {   # same_losses NAME NP RUNNER...: the run with --sample-every 1 against the run without (flags: + $extra)
     local name=$1 np=$2; shift 2
-    local short=("${model[@]}" --seq 32 --batch 2 --steps 3 --data "$tmp/mem_train_*.bin" --val-data '')
+    local short=("${model[@]}" --seq 32 --batch 2 --steps 3 --data "$tmp/mem_train_*.bin" --val-data '' $extra)
     OMP_NUM_THREADS=1 "$@" "${short[@]}" --log "$tmp/a.jsonl" > "$tmp/a.out" 2>&1
     OMP_NUM_THREADS=1 "$@" "${short[@]}" --sample-every 1 --sample-len 8 --log "$tmp/b.jsonl" > "$tmp/b.out" 2>&1
     local la lb n; la=$(losses "$tmp/a.jsonl"); lb=$(losses "$tmp/b.jsonl"); n=$(grep -c '^sample [123]: ' "$tmp/b.out")
@@ -103,9 +104,12 @@ same_losses() {   # same_losses NAME NP RUNNER...: the run with --sample-every 1
 }
 same_losses "training (cpu)" 1 $BIN
 same_losses "training, ZeRO-3 np 2 (cpu)" 2 bash dev/mpirun.sh -np 2 $BIN
+extra="--fp8 delayed --fp8-gather" same_losses "training --fp8 delayed --fp8-gather, ZeRO-3 np 2 (cpu)" 2 bash dev/mpirun.sh -np 2 $BIN
 if [ $have_emu = 1 ]; then
     same_losses "training (emulated cuda)" 1 $EMU --device cuda
     same_losses "training, ZeRO-3 np 2 (emulated cuda)" 2 bash dev/mpirun.sh -np 2 $EMU --device cuda
+    extra="--fp8 delayed --fp8-gather" same_losses "training --fp8 delayed --fp8-gather, ZeRO-3 np 2 (emulated cuda)" 2 \
+        bash dev/mpirun.sh -np 2 $EMU --device cuda
 fi
 
 # ---- the cl100k tokenizer: a model with DBRX's vocabulary (its weights as initialised: --stop-after 0 saves step 0)
