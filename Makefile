@@ -24,7 +24,8 @@ LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 NVCC_NOSPILL := -Xptxas -warn-spills,-Werror
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
-HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh
+HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh \
+            dev/data/tokenizer.h dev/data/unicode_classes.h
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
 .PHONY: all deps check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu clean
@@ -115,7 +116,8 @@ HAVE_CUDA_HEADERS := $(wildcard $(CUDA_HOME)/include/cuda_bf16.h)
 SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -Wextra -Werror -DSIMT_EMULATION \
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
-EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin
+EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
+             test/test_decode
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -125,6 +127,9 @@ test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_kernels.cpp -lopenblas -lm
 test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_step_cuda.cpp -lopenblas -lm
+# generation: the KV-cache step on both backends against the full forward, the sampler, the tokenizer's decoding
+test/test_decode: test/test_decode.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_decode.cpp -lopenblas -lm
 test/test_fp8_cuda: test/test_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_fp8_cuda.cpp -lopenblas -lm
 # parallel/zero_fp8.h's kernels (ZeRO-3's FP8 all-gather): MPI headers for parallel/comm.h
@@ -142,11 +147,13 @@ emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu $(DEV_CUDA_EMU)
 # under compute-sanitizer with SANITIZER=1)
 NVCC_TEST_FLAGS := -std=c++17 -O2 -arch=$(GPU_ARCH) -Werror all-warnings -Xcompiler -fopenmp,-Wall,-Wextra,-Werror \
                    -isystem /usr/include/doctest
-GPU_TESTS := test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu
+GPU_TESTS := test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu test/test_decode_gpu
 test/test_kernels_gpu: test/test_kernels.cpp $(HEADERS)
 	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_kernels.cpp -lopenblas $(CUDA_LIBS)
 test/test_step_cuda_gpu: test/test_step_cuda.cpp $(HEADERS)
 	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_step_cuda.cpp -lopenblas $(CUDA_LIBS)
+test/test_decode_gpu: test/test_decode.cpp $(HEADERS)
+	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_decode.cpp -lopenblas $(CUDA_LIBS)
 test/test_fp8_cuda_gpu: test/test_fp8_cuda.cpp $(HEADERS)
 	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_fp8_cuda.cpp -lopenblas $(CUDA_LIBS)
 test/test_zero_fp8_cuda_gpu: test/test_zero_fp8_cuda.cpp $(HEADERS)
@@ -166,6 +173,7 @@ test-gpu: train_dbrx $(GPU_TESTS)
 	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_step_cuda_gpu
 	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_fp8_cuda_gpu
 	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_zero_fp8_cuda_gpu
+	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_decode_gpu
 
 # checkpoint building blocks (CRC-32C, JSON, conversions, layouts); MPI headers for parallel/zero.h
 test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) | check-deps

@@ -104,7 +104,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     snprintf(line, sizeof line, "GPU memory per rank: parameter state %.1f MiB, activations and scratch %.1f MiB",
              store.device_bytes / 1048576.0, model.activation_bytes / 1048576.0);
     info.memory_line = line;
-    int rc = train(args, cfg, comm, &model, &store, info);
+    int rc = args.generate ? generate_run(args, cfg, comm, &model, &store) : train(args, cfg, comm, &model, &store, info);
     zero_free(&store);
     dbrx_free(&model);
     return rc;

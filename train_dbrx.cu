@@ -38,6 +38,8 @@
 #include "checkpoint/loader_state.h"
 #include "checkpoint/spike_guard.h"
 #include "parallel/health.h"
+#include "model/sample.h"
+#include "dev/data/tokenizer.h"
 
 // ---------------------------------------------------------------------------------------------
 // flags
@@ -66,6 +68,13 @@ typedef struct {
     float health_min_tflops = 0, health_min_busbw = 0, health_gemm_ratio = 0.5f;
     int health_gemm_size = 0, health_comm_mib = 16;
     bool dry_run = false, help = false, fp8_gather = false;
+    // generation (model/sample.h, dbrx_decode_step): samples during training, or --generate
+    int sample_every = 0, sample_len = 64, sample_top_k = 0, sample_seed = -1;
+    float temperature = 1.0f;
+    std::string prompt = "", tokenizer = "auto", tokenizer_ranks = "dev/data/.cache/cl100k_base.tiktoken";
+    bool generate = false;
+    const Tokenizer* tok = nullptr;   // set by run_main when there is something to sample
+    std::vector<int> prompt_ids;      // the end-of-text token, then the prompt's tokens
     std::vector<std::string> given;   // the flags on the command line: a default is never taken for an explicit value
 } TrainArgs;
 
@@ -159,6 +168,17 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                                 "multiple of 16)"},
         {"--health-comm-mib", "", F_INT, &a->health_comm_mib, "health check: MiB of the all-reduce and all-gather buffers"},
         {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: the CPU's from its clock and ISA; the GPU's dense BF16 peak when known)"},
+        {"--sample-every", "", F_INT, &a->sample_every, "every N steps rank 0 prints a sample continuing --prompt (and logs it) (0: never)"},
+        {"--sample-len", "", F_INT, &a->sample_len, "tokens a sample (or --generate) writes at most (it ends early at the end-of-text token)"},
+        {"--temperature", "", F_FLOAT, &a->temperature, "sampling temperature (0: greedy, the most likely token)"},
+        {"--sample-top-k", "", F_INT, &a->sample_top_k, "sample among the K most likely tokens only (0: all)"},
+        {"--sample-seed", "", F_INT, &a->sample_seed, "seed of the sampler (default: --seed)"},
+        {"--prompt", "", F_STR, &a->prompt, "text the samples continue, after the end-of-text token that starts every document ('': that token alone)"},
+        {"--tokenizer", "", F_STR, &a->tokenizer, "auto | bytes | cl100k: how samples are encoded and decoded (auto: cl100k when --vocab holds "
+                                                   "DBRX's 100280 ids, else bytes)"},
+        {"--tokenizer-ranks", "", F_STR, &a->tokenizer_ranks, "the cl100k ranks (.tiktoken; dev/data/setup_tiktoken.sh writes the default)"},
+        {"--generate", "", F_BOOL, &a->generate, "no training: load --resume DIR or --init-hf DIR, write the continuation of --prompt to "
+                                                 "stdout (the model's shape from the checkpoint or config.json), exit"},
         {"--dry-run", "", F_BOOL, &a->dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
         {"--help", "-h", F_BOOL, &a->help, "this text"},
     };
@@ -204,7 +224,8 @@ static void set_flag(const Flag& f, const char* value) {
 }
 
 // Two passes: the preset first (so it can be named anywhere), then every flag over it.
-static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
+// base: the model to start from instead of --model's preset (--generate: the checkpoint's), NULL: the preset
+static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const DbrxConfig* base = NULL) {
     std::vector<Flag> flags = make_flags(a, c);
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 1; i < argc; i++) {
@@ -230,6 +251,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
         }
         if (pass == 0) {
             if (a->help) break;
+            if (base) { *c = *base; continue; }
             if (!model_preset_lookup(a->model.c_str(), c)) {
                 const ModelPreset* p;
                 int n = model_presets(&p);
@@ -301,6 +323,20 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (a->health_gemm_size != 0 && (a->health_gemm_size < 16 || a->health_gemm_size > 32768 || a->health_gemm_size % 16))
         fail(EXIT_BAD_INPUT, "--health-gemm-size %d must be 0 (the default) or a multiple of 16 in [16, 32768]", a->health_gemm_size);
     if (a->health_comm_mib < 1 || a->health_comm_mib > 65536) fail(EXIT_BAD_INPUT, "--health-comm-mib %d must be in [1, 65536]", a->health_comm_mib);
+    if (a->sample_every < 0) fail(EXIT_BAD_INPUT, "--sample-every %d must be >= 0 (0: never)", a->sample_every);
+    if (a->sample_len <= 0) fail(EXIT_BAD_INPUT, "--sample-len %d must be positive", a->sample_len);
+    if (!(a->temperature >= 0)) fail(EXIT_BAD_INPUT, "--temperature %g must be >= 0 (0: greedy)", a->temperature);
+    if (a->sample_top_k < 0) fail(EXIT_BAD_INPUT, "--sample-top-k %d must be >= 0 (0: all tokens)", a->sample_top_k);
+    if (flag_given(a, "--sample-seed") && a->sample_seed < 0)
+        fail(EXIT_BAD_INPUT, "--sample-seed %d must be >= 0 (leave it out to use --seed)", a->sample_seed);
+    if (a->tokenizer != "auto" && a->tokenizer != "bytes" && a->tokenizer != "cl100k")
+        fail(EXIT_BAD_INPUT, "--tokenizer '%s' must be auto, bytes or cl100k", a->tokenizer.c_str());
+    if (a->generate && a->resume.empty() && a->init_hf.empty())
+        fail(EXIT_BAD_INPUT, "--generate needs the weights: --resume DIR (a checkpoint) or --init-hf DIR (a Hugging Face export)");
+    if (a->generate && !a->resume.empty() && !a->init_hf.empty())
+        fail(EXIT_BAD_INPUT, "--generate takes one source of weights: --resume or --init-hf, not both");
+    if (a->generate && (a->health_check || a->health_check_only || a->dry_run))
+        fail(EXIT_BAD_INPUT, "--generate runs no training: leave out %s", a->dry_run ? "--dry-run" : "--health-check");
     if (!a->health_check && !a->health_check_only) {   // a bound without the check would be silently ignored
         const char* orphan = a->health_min_tflops != 0 ? "--health-min-tflops" : a->health_min_busbw != 0 ? "--health-min-busbw"
                            : a->health_gemm_size != 0 ? "--health-gemm-size" : a->health_comm_mib != 16 ? "--health-comm-mib" : NULL;
@@ -554,6 +590,58 @@ static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
     acc /= steps;
     comm_all_reduce(&comm->world_group, &acc, 1, COMM_F64);
     return acc / comm->world;
+}
+
+// ---------------------------------------------------------------------------------------------
+// generation, on both backends (the model's dbrx_decode_step: model/dbrx.h, model/dbrx_cuda.cuh)
+
+// The continuation of prompt (ids, non-empty): the prompt runs through the KV cache one position at a
+// time (prefill), then each new token is drawn from the last position's logits (model/sample.h) and fed
+// back, until max_new tokens or the end-of-text token (which ends a document; it is not returned).
+// Collective: every rank runs every step (under ZeRO-3/HSDP the weights are gathered unit by unit through
+// the model's hooks), rank 0 draws and broadcasts each token, so all ranks feed the same sequence.
+template <typename Model>
+static std::vector<int> generate_tokens(Model* model, const Tokenizer* tok, const std::vector<int>& prompt, int max_new,
+                                        float temperature, int top_k, uint64_t seed, Comm* comm) {
+    dbrx_decode_alloc(model, (int)prompt.size() + max_new);
+    Rng rng = {seed};
+    int V = model->cfg.vocab_size, pos = 0;
+    std::vector<int> out;
+    const float* logits = nullptr;
+    for (int t : prompt) logits = dbrx_decode_step(model, t, pos++);
+    for (int i = 0; i < max_new; i++) {
+        comm_heartbeat();
+        int next = comm->rank == 0 ? sample_token(logits, V, tok->valid.data(), temperature, top_k, &rng) : 0;
+        if (comm->world > 1) comm_broadcast(&comm->world_group, &next, sizeof next, 0);
+        if (next == tok->eot) break;
+        out.push_back(next);
+        if (i + 1 < max_new) logits = dbrx_decode_step(model, next, pos++);
+    }
+    return out;
+}
+
+// the sampler's seed of the sample after `step` (--sample-seed, else --seed): a resumed run draws the same
+static uint64_t sample_seed(const TrainArgs& a, int step) {
+    uint64_t base = (uint64_t)(a.sample_seed >= 0 ? a.sample_seed : a.seed);
+    return base * 0x9E3779B97F4A7C15ull + 0x73616D706C65ull + (uint64_t)step;
+}
+
+// --sample-every: rank 0 prints "sample STEP: TEXT" (control characters escaped) and logs the text
+template <typename Model>
+static void sample_during_training(const TrainArgs& args, Model* model, Comm* comm, int step, FILE* logf) {
+    comm_phase("sample after step %d", step);
+    double t0 = now_seconds();
+    std::vector<int> ids = generate_tokens(model, args.tok, args.prompt_ids, args.sample_len, args.temperature, args.sample_top_k,
+                                           sample_seed(args, step), comm);
+    if (comm->rank != 0) return;
+    std::string text = tokenizer_decode(args.tok, ids);
+    printf("sample %d: %s%s\n", step, text_printable(args.prompt).c_str(), text_printable(text).c_str());
+    printf("sample %d: %zu tokens in %.1f ms\n", step, ids.size(), (now_seconds() - t0) * 1000);
+    fflush(stdout);
+    if (logf) {
+        fprintf(logf, "{\"step\": %d, \"sample\": %s}\n", step, json_quote(text_utf8(text)).c_str());
+        fflush(logf);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -851,6 +939,11 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         }
         prog.step = step + 1;
         prog.tokens += tokens_per_step;
+        if (args.sample_every > 0 && prog.step % args.sample_every == 0) {   // (collective; the step's numbers are out)
+            comm_watch(1);
+            sample_during_training(args, model, &comm, prog.step, logf);
+            comm_watch(0);
+        }
         // the newest checkpoint the run has now trained ck.confirm steps past without a skipped step is known good
         int confirmed = ck.confirmed_step;
         for (int s : saved_steps) if (s > confirmed && s + ck.confirm <= prog.step && last_skipped <= s) confirmed = s;
@@ -971,6 +1064,58 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
 }
 
 // ---------------------------------------------------------------------------------------------
+// --generate: load the weights (a checkpoint, or a Hugging Face export), write the continuation of the
+// prompt to stdout, exit. Both backends, any number of ranks (collective: the store gathers the units).
+
+static FILE* g_generate_out = NULL;   // the process's stdout; everything else goes to stderr in --generate
+
+template <typename Model, typename Store>
+static int generate_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store) {
+    Zero* zl = zero_layout(store);
+    if (!args.init_hf.empty()) {
+        hf_import(args.init_hf, zl, &cfg, model->table, &comm);
+        zero_from_host(store);
+        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
+    } else {
+        Checkpointer ck;
+        ckpt_init(&ck, args.ckpt_dir, 0, 1, 0);
+        TrainProgress prog;
+        JsonValue man;
+        std::string from;
+        if (!ckpt_resume(&ck, args.resume, zl, &cfg, &prog, &man, &from, &comm)) {   // (auto, and none there)
+            comm_agreed_failure();
+            if (comm.rank == 0) fail(EXIT_BAD_INPUT, "--generate --resume auto: no checkpoint in --ckpt-dir %s", args.ckpt_dir.c_str());
+            exit(EXIT_BAD_INPUT);
+        }
+        zero_from_host(store);
+        ckpt_free(&ck);
+        if (comm.rank == 0) printf("resume: weights from %s (step %d)\n", from.c_str(), prog.step);
+    }
+    if (comm.rank == 0) {
+        printf("generate: %zu prompt tokens (the end-of-text token first), at most %d new, temperature %g%s, %s tokenizer\n",
+               args.prompt_ids.size(), args.sample_len, args.temperature,
+               args.sample_top_k > 0 ? (", top-" + std::to_string(args.sample_top_k)).c_str() : "",
+               args.tok->kind == TOKENIZER_BYTES ? "bytes" : "cl100k");
+        fflush(stdout);
+    }
+    comm_watch(1);
+    double t0 = now_seconds();
+    std::vector<int> ids = generate_tokens(model, args.tok, args.prompt_ids, args.sample_len, args.temperature, args.sample_top_k,
+                                           sample_seed(args, 0), &comm);
+    double dt = now_seconds() - t0;
+    comm_watch(0);
+    if (comm.rank == 0) {
+        std::string text = args.prompt + tokenizer_decode(args.tok, ids) + "\n";
+        fwriteCheck(text.data(), 1, text.size(), g_generate_out, "the generated text");
+        if (fflush(g_generate_out) != 0) fail(EXIT_RUNTIME, "writing the generated text to stdout: %s", strerror(errno));
+        printf("generate: %zu tokens in %.2f s (%zu positions through the KV cache, %.1f per second)\n", ids.size(), dt,
+               args.prompt_ids.size() + ids.size(), (args.prompt_ids.size() + ids.size()) / (dt > 0 ? dt : 1e-9));
+        fflush(stdout);
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // the CPU backend's set-up: OpenMP threads per rank, the model, the store over MPI, FP8
 
 // expert parallelism's statistics (the GPU path does not run EP yet)
@@ -1031,7 +1176,7 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
     snprintf(line, sizeof line, "activations %.1f MiB, parameters+grads+moments %.1f MiB per rank", model.activation_bytes / 1048576.0,
              zero.state_bytes / 1048576.0);
     info.memory_line = line;
-    int rc = train(args, cfg, comm, &model, &zero, info);
+    int rc = args.generate ? generate_run(args, cfg, comm, &model, &zero) : train(args, cfg, comm, &model, &zero, info);
     zero_free(&zero);
     dbrx_free(&model);
     return rc;
@@ -1046,10 +1191,95 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
 #endif
 // ---------------------------------------------------------------------------------------------
 
+// --generate: the model is the checkpoint's (its manifest) or the export's (config.json) unless --model
+// names a preset; the shape flags given apply over it (a load that does not match them exits 2). No
+// training activations (batch 1 x 1), no FP8 (generation's GEMMs are BF16/FP32). stdout gets the text
+// alone: the rest of the output goes to stderr.
+static void generate_setup(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
+    fflush(stdout);
+    int fd = dup(1);
+    if (fd < 0 || dup2(2, 1) < 0 || !(g_generate_out = fdopen(fd, "w")))
+        fail(EXIT_RUNTIME, "--generate: cannot set stdout aside for the text: %s", strerror(errno));
+    bool model_given = false;
+    for (int i = 1; i < argc; i++) model_given |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
+    // the config the weights come with; what cannot be loaded is said here, in one line, before anything is built
+    DbrxConfig saved = *c;
+    std::string from, err, text, perr;
+    JsonValue j;
+    const JsonValue* model_json = NULL;
+    if (!a->init_hf.empty()) {
+        from = a->init_hf + "/config.json";
+        if (!(err = read_file(from, &text)).empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", a->init_hf.c_str(), err.c_str());
+        if (!json_parse(text.data(), text.size(), &j, &perr)) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", from.c_str(), perr.c_str());
+        if ((err = hf_config_check(&j)).empty()) err = hf_config_read(&j, &saved);
+        if (!err.empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", from.c_str(), err.c_str());
+        model_json = &j;
+    } else {   // the checkpoint named, or (auto) the newest one whose manifest reads (the load verifies it all)
+        std::vector<std::string> dirs;
+        if (a->resume != "auto") {
+            if (!path_exists(a->resume)) fail(EXIT_BAD_INPUT, "--resume %s: no such checkpoint directory", a->resume.c_str());
+            dirs.push_back(a->resume);
+        } else {
+            for (auto& d : list_numbered_dirs(a->ckpt_dir, "step_")) dirs.push_back(a->ckpt_dir + "/" + d.second);
+            if (dirs.empty()) fail(EXIT_BAD_INPUT, "--generate --resume auto: no checkpoint in --ckpt-dir %s", a->ckpt_dir.c_str());
+        }
+        for (const std::string& d : dirs) {
+            if (!ckpt_read_manifest(d, &text, &j).empty()) continue;
+            model_json = json_get(&j, "model");
+            if (!(err = ckpt_config_read(model_json, &saved)).empty())
+                fail(EXIT_BAD_INPUT, "--resume %s/manifest.json: %s", d.c_str(), err.c_str());
+            from = d;
+            break;
+        }
+    }
+    if (model_json) {
+        if (!model_given) {
+            parse_args(argc, argv, a, c, &saved);
+            a->model = "from " + from;   // (the banner names where the model came from)
+        }
+        std::string mism = a->init_hf.empty() ? ckpt_config_mismatch(model_json, c) : hf_config_mismatch(model_json, c);
+        if (!mism.empty()) fail(EXIT_BAD_INPUT, "%s does not match the model of the flags: %s", from.c_str(), mism.c_str());
+    }
+    a->batch = a->seq = 1;
+    if (a->fp8 != "off") {
+        fprintf(stderr, "note: --generate: the GEMMs run in BF16 (cuda) / FP32 (cpu); --fp8 %s does not apply\n", a->fp8.c_str());
+        a->fp8 = "off";
+        a->fp8_gather = false;
+    }
+}
+
+// The tokenizer and the prompt's ids when something is sampled (--sample-every, --generate): bad input
+// (a vocabulary that does not hold the tokenizer's ids, no ranks file, a prompt too long) exits 2 here,
+// before anything is built.
+static void sampling_setup(TrainArgs* a, const DbrxConfig* c) {
+    static Tokenizer tok;
+    TokenizerKind kind = a->tokenizer == "bytes" ? TOKENIZER_BYTES : a->tokenizer == "cl100k" ? TOKENIZER_CL100K
+                       : c->vocab_size >= CL100K_IDS ? TOKENIZER_CL100K : TOKENIZER_BYTES;
+    const char* name = kind == TOKENIZER_BYTES ? "bytes" : "cl100k";
+    int need = kind == TOKENIZER_BYTES ? BYTES_VOCAB : CL100K_IDS;
+    if (c->vocab_size < need)
+        fail(EXIT_BAD_INPUT, "--tokenizer %s%s needs a vocabulary of at least %d ids, the model has %d (--vocab)", name,
+             a->tokenizer == "auto" ? " (auto)" : "", need, c->vocab_size);
+    if (kind == TOKENIZER_CL100K && !path_exists(a->tokenizer_ranks))
+        fail(EXIT_BAD_INPUT, "--tokenizer-ranks %s: no such file (dev/data/setup_tiktoken.sh writes it; --tokenizer bytes for a byte-level model)",
+             a->tokenizer_ranks.c_str());
+    tokenizer_init(&tok, kind, a->tokenizer_ranks.c_str(), c->vocab_size);
+    a->prompt_ids = {tok.eot};   // every document of the shards starts with it (data/README.md)
+    for (int id : tokenizer_encode(&tok, a->prompt)) a->prompt_ids.push_back(id);
+    long long positions = (long long)a->prompt_ids.size() + a->sample_len;
+    if (positions > c->max_seq_len)
+        fail(EXIT_BAD_INPUT, "--sample-len %d: the prompt's %zu tokens (with the end-of-text token) and %d new ones need %lld positions, "
+             "more than the model's max_seq_len %d (--max-seq)", a->sample_len, a->prompt_ids.size(), a->sample_len, positions,
+             c->max_seq_len);
+    a->tok = &tok;
+}
+
 static int run_main(int argc, char** argv) {
     TrainArgs args;
     DbrxConfig cfg;
     parse_args(argc, argv, &args, &cfg);   // (validates the model too)
+    if (args.generate) generate_setup(argc, argv, &args, &cfg);
+    if (args.generate || args.sample_every > 0) sampling_setup(&args, &cfg);
     if (args.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d (--max-seq)", args.seq, cfg.max_seq_len);
     shape_validate(&cfg, args.batch, args.seq);
 

@@ -270,6 +270,31 @@ static inline std::string ckpt_config_mismatch(const JsonValue* saved, const Dbr
     return out;
 }
 
+// The model a checkpoint holds, from its manifest's "model" (--generate takes its shape from there):
+// "" or the first field that is missing or not a number.
+static inline std::string ckpt_config_read(const JsonValue* saved, DbrxConfig* c) {
+    struct { const char* name; int* v; } ints[] = {
+        {"d_model", &c->d_model}, {"n_heads", &c->n_heads}, {"kv_heads", &c->kv_heads}, {"head_dim", &c->head_dim},
+        {"n_layers", &c->n_layers}, {"ffn_hidden", &c->ffn_hidden}, {"n_experts", &c->n_experts}, {"top_k", &c->top_k},
+        {"vocab_size", &c->vocab_size}, {"max_seq_len", &c->max_seq_len}};
+    for (auto& f : ints)
+        if (!json_int(json_get(saved, f.name), f.v)) return std::string("model.") + f.name + " " + json_show(json_get(saved, f.name));
+    struct { const char* name; float* v; } floats[] = {
+        {"rope_theta", &c->rope_theta}, {"ln_eps", &c->ln_eps}, {"moe_loss_weight", &c->moe_loss_weight},
+        {"z_loss_weight", &c->z_loss_weight}, {"init_std", &c->init_std}};
+    for (auto& f : floats) {
+        double v;
+        if (!json_double(json_get(saved, f.name), &v)) return std::string("model.") + f.name + " " + json_show(json_get(saved, f.name));
+        *f.v = (float)v;
+    }
+    // (as ckpt_config_mismatch reads them: clip_qkv null or <= 0 is off; moe_normalize_expert_weights absent is 1)
+    if (!ckpt_saved_setting(json_get(saved, "clip_qkv"), true, NAN, &c->clip_qkv) || std::isnan(c->clip_qkv))
+        return "model.clip_qkv " + json_show(json_get(saved, "clip_qkv"));
+    if (!ckpt_saved_setting(json_get(saved, "moe_normalize_expert_weights"), false, 1.0f, &c->moe_norm_p))
+        return "model.moe_normalize_expert_weights " + json_show(json_get(saved, "moe_normalize_expert_weights"));
+    return "";
+}
+
 // ---------------------------------------------------------------------------------------------
 // saving
 

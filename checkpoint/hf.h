@@ -286,6 +286,42 @@ static inline std::string hf_config_mismatch(const JsonValue* j, const DbrxConfi
     return out;
 }
 
+// The model config.json describes (--generate takes its shape from there), read as hf_config_mismatch
+// compares it (the same defaults where it is silent). Call hf_config_check first. "" or the first field
+// that is missing or not a number.
+static inline std::string hf_config_read(const JsonValue* j, DbrxConfig* c) {
+    const JsonValue* attn = json_get(j, "attn_config");
+    const JsonValue* ffn = json_get(j, "ffn_config");
+    const JsonValue* ours = json_get(j, "train_dbrx");
+    struct { const char* name; const JsonValue* v; int* out; } ints[] = {
+        {"d_model", json_get(j, "d_model"), &c->d_model}, {"n_heads", json_get(j, "n_heads"), &c->n_heads},
+        {"n_layers", json_get(j, "n_layers"), &c->n_layers}, {"max_seq_len", json_get(j, "max_seq_len"), &c->max_seq_len},
+        {"vocab_size", json_get(j, "vocab_size"), &c->vocab_size}, {"attn_config.kv_n_heads", json_get(attn, "kv_n_heads"), &c->kv_heads},
+        {"ffn_config.ffn_hidden_size", json_get(ffn, "ffn_hidden_size"), &c->ffn_hidden},
+        {"ffn_config.moe_num_experts", json_get(ffn, "moe_num_experts"), &c->n_experts},
+        {"ffn_config.moe_top_k", json_get(ffn, "moe_top_k"), &c->top_k}};
+    for (auto& f : ints)
+        if (!json_int(f.v, f.out)) return std::string(f.name) + " " + json_show(f.v);
+    struct { const char* name; const JsonValue* v; float* out; double dflt; } floats[] = {
+        {"attn_config.rope_theta", json_get(attn, "rope_theta"), &c->rope_theta, 10000},
+        {"ffn_config.moe_loss_weight", json_get(ffn, "moe_loss_weight"), &c->moe_loss_weight, 0.01},
+        {"train_dbrx.ln_eps", json_get(ours, "ln_eps"), &c->ln_eps, 1e-5},
+        {"train_dbrx.z_loss_weight", json_get(ours, "z_loss_weight"), &c->z_loss_weight, 0},
+        {"initializer_range", json_get(j, "initializer_range"), &c->init_std, 0.02}};
+    for (auto& f : floats) {
+        double v = f.dflt;
+        if (f.v && f.v->kind != JsonValue::NUL && !json_double(f.v, &v)) return std::string(f.name) + " " + json_show(f.v);
+        *f.out = (float)v;
+    }
+    double v = 0;
+    const JsonValue* clip = json_get(attn, "clip_qkv");   // null or absent: off (checked > 0 otherwise)
+    c->clip_qkv = clip && clip->kind != JsonValue::NUL && json_double(clip, &v) ? (float)v : DBRX_OFF;
+    const JsonValue* norm = json_get(ffn, "moe_normalize_expert_weights");   // absent: 1; null: off
+    c->moe_norm_p = !norm ? 1.0f : norm->kind == JsonValue::NUL ? DBRX_OFF : json_double(norm, &v) ? (float)v : NAN;
+    c->head_dim = c->n_heads > 0 ? c->d_model / c->n_heads : 0;
+    return "";
+}
+
 // ---------------------------------------------------------------------------------------------
 // import
 

@@ -2,7 +2,8 @@
  * attention.cuh — DBRX attention after the fused Wqkv projection:
  *   clip_qkv clamp of the whole fused output, NeoX-style RoPE on q and k, and causal GQA
  *   attention (softmax in fp32). K and V are never repeated: query head h reads kv head
- *   h / (H / kv) in place.
+ *   h / (H / kv) in place. For generation, the attention of one new position over a KV cache
+ *   (attention_decode_forward / attention_decode_gpu).
  * Layout of one token's fused row (qkv_dim = d + 2*kv*hd):  [ Q: H*hd | K: kv*hd | V: kv*hd ].
  */
 #pragma once
@@ -185,6 +186,46 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
                     }
         free(p);
         free(dp);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// decoding with a KV cache (generation): the attention of one new position over the keys and values
+// of every position before it and its own, which the cache holds. The same arithmetic as
+// attention_forward's row t = pos, so that a cached step reproduces the full causal forward.
+//   cache (T_max, 2*KV*hd): row t2 = [K: KV*hd | V: KV*hd] of position t2, K after clip and RoPE
+//   (the K/V tail of that position's fused qkv row), rows 0..pos filled
+//   q (H*hd): the query heads of position pos (the head of its fused row), after clip and RoPE
+//   out (H*hd); att (H, pos+1) scratch: the softmax probabilities
+
+static inline void attention_decode_forward(real* out, real* att, const real* q, const real* cache, int pos, int H, int KV,
+                                            int hd) {
+    int group = H / KV, kvw = 2 * KV * hd;
+    real scale = (real)1 / std::sqrt((real)hd);
+    #pragma omp parallel for
+    for (int h = 0; h < H; h++) {
+        int kvh = h / group;
+        const real* qh = q + (size_t)h * hd;
+        real* p = att + (size_t)h * (pos + 1);
+        real maxv = -INFINITY;
+        for (int t2 = 0; t2 <= pos; t2++) {
+            const real* k = cache + (size_t)t2 * kvw + kvh * hd;
+            real s = 0;
+            #pragma omp simd reduction(+ : s)
+            for (int i = 0; i < hd; i++) s += qh[i] * k[i];
+            s *= scale;
+            p[t2] = s;
+            if (s > maxv) maxv = s;
+        }
+        real sum = 0;
+        for (int t2 = 0; t2 <= pos; t2++) { p[t2] = std::exp(p[t2] - maxv); sum += p[t2]; }
+        for (int t2 = 0; t2 <= pos; t2++) p[t2] /= sum;
+        real* o = out + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) o[i] = 0;
+        for (int t2 = 0; t2 <= pos; t2++) {
+            const real* v = cache + (size_t)t2 * kvw + KV * hd + kvh * hd;
+            for (int i = 0; i < hd; i++) o[i] += p[t2] * v[i];
+        }
     }
 }
 
@@ -430,5 +471,46 @@ static inline void attention_backward_gpu(floatX* dqkv, float* Dbuf, const float
     if (attention_use_flash(H, KV, hd, {dqkv, dout, out, qkv}))
         flash_attention_backward_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
     else attention_backward_rows_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
+}
+// Decoding: out (H*hd) of the query q (H*hd) of position pos over the cache (T_max, 2*KV*hd), rows
+// 0..pos (see attention_decode_forward). One warp per query head, lanes split head_dim, an online
+// softmax over the pos + 1 keys: the warp-per-row forward kernel's arithmetic for row t = pos (the flash
+// kernel, which the full forward uses at head_dim 32/64/128, sums in tiles: the two agree to BF16 rounding). (One warp walks all the keys: a split over
+// the keys for long contexts is later work.)
+__global__ void attention_decode_kernel(floatX* out, const floatX* q, const floatX* cache, int pos, int H, int KV, int hd) {
+    int lane = threadIdx.x % 32;
+    int h = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (h >= H) return;
+    int kvw = 2 * KV * hd, kvh = h / (H / KV);
+    float scale = 1.0f / sqrtf((float)hd);
+    const floatX* qh = q + (size_t)h * hd;
+    float qr[ATT_MAX_PER_LANE], o[ATT_MAX_PER_LANE];
+    for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
+        int i = lane + 32 * j;
+        qr[j] = i < hd ? __bfloat162float(qh[i]) : 0.0f;
+        o[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int t2 = 0; t2 <= pos; t2++) {
+        const floatX* k = cache + (size_t)t2 * kvw + kvh * hd;
+        const floatX* v = k + KV * hd;
+        float s = 0.0f;
+        for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) s += qr[j] * __bfloat162float(k[i]); }
+        s = warp_sum(s) * scale;
+        float m_new = fmaxf(m, s), corr = expf(m - m_new), p = expf(s - m_new);
+        l = l * corr + p;
+        for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) o[j] = o[j] * corr + p * __bfloat162float(v[i]); }
+        m = m_new;
+    }
+    floatX* y = out + (size_t)h * hd;
+    for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) y[i] = __float2bfloat16(o[j] / l); }
+}
+
+// out (H*hd) bf16 from q (H*hd) and cache rows 0..pos (T_max, 2*KV*hd)
+static inline void attention_decode_gpu(floatX* out, const floatX* q, const floatX* cache, int pos, int H, int KV, int hd,
+                                        cudaStream_t stream = 0) {
+    attention_check_shape(H, KV, hd);
+    const int block = 128, warps = block / 32;
+    LAUNCH(attention_decode_kernel, ceil_div(H, warps), block, 0, stream, out, q, cache, pos, H, KV, hd);
 }
 #endif  // __CUDACC__ || SIMT_EMULATION

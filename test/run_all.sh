@@ -35,6 +35,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== SIMT emulator"; SIMT_THREADS=2 doctest_run ./test/test_simt
     echo "== CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)"; doctest_run ./test/test_kernels
     echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
+    echo "== generation: the KV-cache step vs the full forward on both backends, the sampler, decoding (SIMT emulator)"
+    doctest_run ./test/test_decode
     echo "== FP8 on the CUDA backend: quantize kernels, FP8 GEMMs, training steps vs the CPU FP8 emulation (SIMT emulator)"
     doctest_run ./test/test_fp8_cuda
     echo "== ZeRO-3's FP8 all-gather on the GPU: piece amax/codes vs the CPU path, gathered operands vs the quantize kernel (SIMT emulator)"
@@ -89,6 +91,8 @@ echo "== command line and bad input"; bash test/test_cli.sh
 echo "== data loader: order, ranks, resume, mixtures (doctest)"; doctest_run ./test/test_data
 echo "== data tools: tokenizer parity with js-tiktoken, mixtures in training, bad input, fuzzing"; bash test/test_data.sh
 echo "== training"; bash test/test_train.sh
+echo "== generation: samples during training, --generate (checkpoint, Hugging Face export; cpu, emulated cuda; ZeRO-3), bad flags"
+OMP_WAIT_POLICY=passive bash test/test_generate.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
     echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
@@ -114,7 +118,7 @@ if [ -n "${NVCC:-}" ]; then
         pass "no-spill rule: train_dbrx's kernels spill no registers (ptxas -warn-spills as an error); a spilling kernel fails the build ($(grep -m1 -o '[0-9]* bytes spill stores' <<<"$out"))"
     else fail "no-spill rule: the spilling probe compiled (exit $rc): $(head -2 <<<"$out")"; fi
     # make test-build compiled these with nvcc for sm_90a, warnings as errors, linked against cuBLASLt
-    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
+    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu test/test_decode_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
         if [ -x "$b" ]; then pass "CUDA build: $b compiled by nvcc for sm_90a, warnings as errors"
         else fail "CUDA build: $b missing or stale"; fi
     done

@@ -28,6 +28,7 @@ enum { UC_OTHER = 0, UC_LETTER = 1, UC_NUMBER = 2, UC_SPACE = 3 };
 #define BYTES_EOT 256
 #define BYTES_VOCAB 257
 #define CL100K_EOT 100257
+#define CL100K_IDS 100280   // the ids of DBRX's tokenizer: the ranks and the specials, up to <|im_end|> 100279
 #define DBRX_VOCAB 100352
 
 typedef struct { const char* text; uint32_t id; } SpecialToken;
@@ -303,4 +304,112 @@ static inline void cl100k_encode(const BpeRanks* r, const uint8_t* s, size_t n, 
         }
     }
     cl100k_encode_ordinary(r, s + start, n - start, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tokenizer of generation (train_dbrx --sample-every, --generate): text -> ids for the prompt, ids
+// -> text for what the model writes, and which ids of the model's (padded) vocabulary are tokens at all.
+//   bytes:  ids 0..255 are the bytes, 256 end-of-text; the vocabulary's padding (257..V-1) is no token.
+//   cl100k: the ranks (the bytes of each id, from the .tiktoken file) and DBRX's specials; the ids in
+//           between (100256, 100261..100275) and the padding (100280..V-1) are no token.
+// Special tokens' text in a prompt is the special token (tiktoken's allowed_special="all"); for bytes,
+// "<|endoftext|>" is end-of-text, as the tokenize tool separates documents.
+
+enum TokenizerKind { TOKENIZER_BYTES, TOKENIZER_CL100K };
+
+typedef struct {
+    TokenizerKind kind;
+    int eot;                              // end-of-text: BYTES_EOT or CL100K_EOT
+    BpeRanks ranks;                       // cl100k: the encoder's
+    std::vector<std::string> text;        // cl100k: the bytes of every id (empty: no token)
+    std::vector<unsigned char> valid;     // (V) 1: a token of this tokenizer
+} Tokenizer;
+
+// vocab: the model's (padded) vocabulary size; it must hold every id of the tokenizer (bad input: the
+// caller has checked, with the flag's name). ranks_path: the cl100k ranks (.tiktoken).
+static inline void tokenizer_init(Tokenizer* t, TokenizerKind kind, const char* ranks_path, int vocab) {
+    unicode_init();
+    t->kind = kind;
+    t->valid.assign(vocab, 0);
+    if (kind == TOKENIZER_BYTES) {
+        t->eot = BYTES_EOT;
+        for (int i = 0; i < BYTES_VOCAB && i < vocab; i++) t->valid[i] = 1;
+        return;
+    }
+    t->eot = CL100K_EOT;
+    bpe_load(&t->ranks, ranks_path);
+    t->text.assign(DBRX_VOCAB, std::string());
+    for (size_t at = 0; at <= t->ranks.mask; at++) {   // every rank's bytes, from the hash table
+        uint64_t key = t->ranks.slot_key[at];
+        if (key == 0) continue;
+        key--;
+        int32_t r = t->ranks.slot_rank[at];
+        if (r >= DBRX_VOCAB) fail(EXIT_BAD_INPUT, "%s: rank %d is beyond DBRX's vocabulary (%d)", ranks_path, r, DBRX_VOCAB);
+        t->text[r].assign((const char*)t->ranks.arena.data() + (key >> 16), key & 0xffff);
+    }
+    for (int k = 0; k < DBRX_NUM_SPECIALS; k++) t->text[DBRX_SPECIALS[k].id] = DBRX_SPECIALS[k].text;
+    for (int i = 0; i < DBRX_VOCAB && i < vocab; i++) t->valid[i] = !t->text[i].empty();
+}
+
+// the ids of text (specials' text -> the special token)
+static inline std::vector<int> tokenizer_encode(const Tokenizer* t, const std::string& text) {
+    std::vector<int> ids;
+    if (t->kind == TOKENIZER_BYTES) {
+        static const char eot[] = "<|endoftext|>";
+        for (size_t i = 0; i < text.size(); i++) {
+            if (text.compare(i, sizeof eot - 1, eot) == 0) { ids.push_back(BYTES_EOT); i += sizeof eot - 2; continue; }
+            ids.push_back((unsigned char)text[i]);
+        }
+        return ids;
+    }
+    std::vector<uint32_t> out;
+    cl100k_encode(&t->ranks, (const uint8_t*)text.data(), text.size(), true, &out);
+    for (uint32_t x : out) ids.push_back((int)x);
+    return ids;
+}
+
+// the bytes of ids, one after the other (an id that is no token: "<|id N|>"; a sampler never draws one)
+static inline std::string tokenizer_decode(const Tokenizer* t, const std::vector<int>& ids) {
+    std::string s;
+    for (int id : ids) {
+        if (t->kind == TOKENIZER_BYTES && id >= 0 && id < 256) s.push_back((char)id);
+        else if (t->kind == TOKENIZER_BYTES && id == BYTES_EOT) s += "<|endoftext|>";
+        else if (t->kind == TOKENIZER_CL100K && id >= 0 && id < (int)t->text.size() && !t->text[id].empty()) s += t->text[id];
+        else s += "<|id " + std::to_string(id) + "|>";
+    }
+    return s;
+}
+
+// Text for a log line: valid UTF-8 kept, control characters and the backslash escaped (\n, \t, \r, \\,
+// else \xNN), and so is every byte that is not valid UTF-8 (a byte-level model can write any byte, and a
+// multi-byte character may be cut at the end of a sample). One line, printable, reversible.
+static inline std::string text_printable(const std::string& s) {
+    unicode_init();
+    std::string o;
+    const uint8_t* p = (const uint8_t*)s.data();
+    for (size_t i = 0; i < s.size();) {
+        uint32_t cp;
+        int cls, n = utf8_next(p + i, s.size() - i, &cp, &cls);
+        bool bad = cp == 0xFFFFFFFF;
+        if (!bad && cp >= 0x20 && cp != 0x7F && cp != '\\') { o.append(s, i, n); i += n; continue; }
+        char b[8];
+        if (cp == '\n') o += "\\n"; else if (cp == '\t') o += "\\t"; else if (cp == '\r') o += "\\r"; else if (cp == '\\') o += "\\\\";
+        else { snprintf(b, sizeof b, "\\x%02x", p[i]); o += b; }
+        i += 1;   // (an escaped character is one byte)
+    }
+    return o;
+}
+
+// valid UTF-8 for a JSON string: every byte that is not valid UTF-8 becomes U+FFFD
+static inline std::string text_utf8(const std::string& s) {
+    unicode_init();
+    std::string o;
+    const uint8_t* p = (const uint8_t*)s.data();
+    for (size_t i = 0; i < s.size();) {
+        uint32_t cp;
+        int cls, n = utf8_next(p + i, s.size() - i, &cp, &cls);
+        if (cp == 0xFFFFFFFF) o += "\xEF\xBF\xBD"; else o.append(s, i, n);
+        i += n;
+    }
+    return o;
 }
