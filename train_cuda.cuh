@@ -33,6 +33,17 @@ static inline void dbrx_logits_to_host(DbrxGPU* m, std::vector<float>* out) {
     out->resize((size_t)m->B * m->T * m->cfg.vocab_size);
     from_device_bf16(out->data(), m->logits, out->size());
 }
+// the per-token cross-entropy of the last forward (B * T, fp32 on the device)
+static inline void dbrx_losses_to_host(DbrxGPU* m, std::vector<float>* out) {
+    out->resize((size_t)m->B * m->T);
+    cudaCheck(cudaMemcpy(out->data(), m->losses, out->size() * sizeof(float), cudaMemcpyDeviceToHost));
+}
+// acc (L * E) += each layer's tokens per expert in the last forward (the host copies the forward keeps)
+static inline void dbrx_expert_counts_add(DbrxGPU* m, std::vector<double>* acc) {
+    int E = m->cfg.n_experts;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; e < E; e++) (*acc)[(size_t)l * E + e] += m->acts[l].counts_host[e];
+}
 
 static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, const char* why) {
     // one process per GPU: the node-local rank picks it

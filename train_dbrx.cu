@@ -31,6 +31,7 @@
 #include "model/config.h"
 #include "model/dbrx.h"
 #include "data/dataloader.h"
+#include "data/mc_eval.h"
 #include "parallel/comm.h"
 #include "parallel/zero.h"
 #include "checkpoint/ckpt.h"
@@ -53,6 +54,9 @@ typedef struct {
     std::string data = "data/sotu/sotu_train_*.bin", val_data = "data/sotu/sotu_val_*.bin", data_schedule = "";
     std::string log = "", device = "auto", fp8 = "off";
     int fp8_history = 16, fp8_margin = 0, fp8_log_every = 0;
+    // multiple-choice evaluation (data/mc_eval.h) and the experts' load in the log
+    std::string eval_mc = "", eval_mc_dump = "";
+    int eval_every = 0, log_every_experts = 0;
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
     int expert_parallel = 1;       // EP degree (parallel/zero.h): the experts split over groups of this many ranks
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
@@ -126,6 +130,13 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--val-every", "-v", F_INT, &a->val_every, "validate every N steps (0: never)"},
         {"--val-steps", "-m", F_INT, &a->val_steps, "validation batches"},
         {"--log", "-o", F_STR, &a->log, "JSONL log file (one object per step and per validation)"},
+        {"--eval-mc", "", F_STR, &a->eval_mc, "multiple-choice eval set (HellaSwag-style, llm.c's .bin; data/README.md): accuracy "
+                                              "every --eval-every steps and at the end"},
+        {"--eval-every", "", F_INT, &a->eval_every, "--eval-mc every N steps and at the end (default: --val-every; 0: only at the end)"},
+        {"--eval-mc-dump", "", F_STR, &a->eval_mc_dump, "write every --eval-mc example's per-completion summed losses and token counts "
+                                                        "to this JSONL file"},
+        {"--log-every-experts", "", F_INT, &a->log_every_experts, "log each layer's tokens per expert (summed over micro-batches and "
+                                                                  "ranks) to the JSONL log every N steps (0: never)"},
         {"--device", "", F_STR, &a->device, "auto | cpu | cuda (cuda: one process per GPU under mpirun, the GPU from the node-local rank)"},
         {"--fp8", "", F_STR, &a->fp8, "FP8 GEMMs in the blocks: off | delayed | current | block (CPU: emulated; CUDA: cuBLASLt FP8)"},
         {"--fp8-amax-history", "", F_INT, &a->fp8_history, "delayed scaling: amax history length"},
@@ -288,6 +299,12 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     // a scale backed off by more than 2^64 is below any amax's reciprocal that float holds: all zeros
     if (a->fp8_margin < 0 || a->fp8_margin > 64) fail(EXIT_BAD_INPUT, "--fp8-margin %d must be in [0, 64]", a->fp8_margin);
     if (a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-log-every %d must be >= 0", a->fp8_log_every);
+    if (a->eval_every < 0) fail(EXIT_BAD_INPUT, "--eval-every %d must be >= 0 (0: only at the end)", a->eval_every);
+    if (a->eval_mc.empty() && (flag_given(a, "--eval-every") || !a->eval_mc_dump.empty()))
+        fail(EXIT_BAD_INPUT, "%s needs --eval-mc", flag_given(a, "--eval-every") ? "--eval-every" : "--eval-mc-dump");
+    if (!flag_given(a, "--eval-every")) a->eval_every = a->val_every;
+    if (a->log_every_experts < 0) fail(EXIT_BAD_INPUT, "--log-every-experts %d must be >= 0", a->log_every_experts);
+    if (a->log_every_experts > 0 && a->log.empty()) fail(EXIT_BAD_INPUT, "--log-every-experts needs --log (the counts go to the JSONL log)");
     if (a->fp8_gather && a->fp8 == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
     if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
     if (a->expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->expert_parallel);
@@ -592,6 +609,78 @@ static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
     return acc / comm->world;
 }
 
+// Multiple-choice accuracy on --eval-mc (data/mc_eval.h): every completion is one row of a B x T batch
+// (context + completion; mc_row), scored by the sum of the per-token losses over the completion's tokens.
+// acc: the completion with the lowest total loss is the right one; acc_norm: the lowest mean loss per
+// token (mc_decide). Example i is rank i mod W's; a rank packs its examples' rows into batches, and
+// every rank runs as many forward passes as the busiest one (dummy rows of token 0 fill the rest:
+// under ZeRO-3 the forward is collective). The rows' sums are all-reduced (each row is one rank's, the
+// others add 0: exact), so every rank decides every example the same. The evaluation's FP8 amaxes are
+// dropped: it leaves no trace in training. dump (rank 0, or NULL): one JSON line per example.
+typedef struct { double acc, acc_norm; int n; } McResult;
+
+template <typename Model, typename Store>
+static McResult evaluate_mc(Model* model, Store* store, const McSet* set, int B, int T, Comm* comm, FILE* dump, int step) {
+    int W = comm->world, n = (int)set->ex.size();
+    std::vector<int64_t> row0(n + 1, 0);   // the first row of each example, over all examples
+    for (int i = 0; i < n; i++) row0[i + 1] = row0[i] + (int64_t)set->ex[i].endings.size();
+    int64_t calls = 0;                     // forward passes per rank: the busiest rank's
+    for (int q = 0; q < W; q++) {
+        int64_t rows = 0;
+        for (int i = q; i < n; i += W) rows += (int64_t)set->ex[i].endings.size();
+        calls = std::max(calls, (rows + B - 1) / B);
+    }
+    std::vector<std::pair<int, int>> mine;   // this rank's rows: (example, completion)
+    for (int i = comm->rank; i < n; i += W)
+        for (int c = 0; c < (int)set->ex[i].endings.size(); c++) mine.push_back({i, c});
+    std::vector<int> inputs((size_t)B * T), targets((size_t)B * T), first(B), count(B);
+    std::vector<float> losses;
+    std::vector<double> sum(row0[n], 0.0);
+    for (int64_t call = 0; call < calls; call++) {
+        for (int b = 0; b < B; b++) {
+            size_t k = (size_t)(call * B + b);
+            int* in = &inputs[(size_t)b * T];
+            int* tg = &targets[(size_t)b * T];
+            count[b] = 0;
+            if (k < mine.size()) mc_row(set, set->ex[mine[k].first], mine[k].second, T, in, tg, &first[b], &count[b]);
+            else { std::fill(in, in + T, 0); std::fill(tg, tg + T, 0); }
+        }
+        comm_heartbeat();
+        dbrx_forward(model, inputs.data(), targets.data(), 0.0f);
+        dbrx_losses_to_host(model, &losses);
+        for (int b = 0; b < B; b++) {
+            if (count[b] == 0) continue;
+            double s = 0;
+            for (int t = first[b]; t < first[b] + count[b]; t++) s += losses[(size_t)b * T + t];
+            const std::pair<int, int>& r = mine[(size_t)(call * B + b)];
+            sum[row0[r.first] + r.second] = s;
+        }
+    }
+    zero_skip_update(store);   // (no gradient was computed: this drops the forward passes' FP8 amaxes)
+    if (W > 1) comm_all_reduce(&comm->world_group, sum.data(), sum.size(), COMM_F64);
+    int right = 0, right_norm = 0;
+    std::vector<int> cnt;
+    for (int i = 0; i < n; i++) {
+        const McExample& e = set->ex[i];
+        int C = (int)e.endings.size(), pred, pred_norm;
+        cnt.resize(C);
+        for (int c = 0; c < C; c++) cnt[c] = std::min(e.endings[c].len, T);   // (mc_row's count)
+        mc_decide(&sum[row0[i]], cnt.data(), C, &pred, &pred_norm);
+        right += pred == e.label;
+        right_norm += pred_norm == e.label;
+        if (dump) {
+            fprintf(dump, "{\"step\": %d, \"example\": %d, \"label\": %d, \"pred\": %d, \"pred_norm\": %d, \"sum\": [", step, i, e.label,
+                    pred, pred_norm);
+            for (int c = 0; c < C; c++) fprintf(dump, "%s%s", c ? ", " : "", json_number_or_null(sum[row0[i] + c], "%.17g").c_str());
+            fprintf(dump, "], \"count\": [");
+            for (int c = 0; c < C; c++) fprintf(dump, "%s%d", c ? ", " : "", cnt[c]);
+            fprintf(dump, "]}\n");
+        }
+    }
+    if (dump) fflush(dump);
+    return {(double)right / n, (double)right_norm / n, n};
+}
+
 // ---------------------------------------------------------------------------------------------
 // generation, on both backends (the model's dbrx_decode_step: model/dbrx.h, model/dbrx_cuda.cuh)
 
@@ -649,7 +738,8 @@ static void sample_during_training(const TrainArgs& args, Model* model, Comm* co
 // (CUDA, model/dbrx_cuda.cuh); Store is the parameter store that owns the weights, gradients and AdamW
 // moments: Zero (host memory, MPI: parallel/zero.h) or ZeroGpu (device memory, NCCL:
 // parallel/zero_gpu.cuh). Both pairs answer the same calls:
-//   model  dbrx_forward, dbrx_backward, dbrx_fp8_metas, dbrx_fp8_log_scale, dbrx_logits_to_host, dbrx_sync
+//   model  dbrx_forward, dbrx_backward, dbrx_fp8_metas, dbrx_fp8_log_scale, dbrx_logits_to_host, dbrx_losses_to_host,
+//          dbrx_expert_counts_add, dbrx_sync
 //   store  zero_zero_grad, zero_reduce_grads, zero_update, zero_fp8_amax_reduce, zero_bytes_sent,
 //          zero_to_host, zero_from_host, zero_layout (the layout and host shards that checkpoints and
 //          Hugging Face interop read)
@@ -674,6 +764,29 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     DataLoader train, val;
     bool have_val = open_datasets(args, cfg, comm, &train, &val);
     bool do_val = have_val && args.val_every > 0;
+    McSet mc;   // --eval-mc: the multiple-choice set, on every rank (each scores its share of the examples)
+    bool do_mc = !args.eval_mc.empty();
+    if (do_mc) {
+        mc_load(&mc, args.eval_mc.c_str(), "--eval-mc", cfg.vocab_size);
+        int64_t cut = 0, busiest = 0;
+        for (const McExample& e : mc.ex)
+            for (const McSpan& c : e.endings) cut += e.ctx.len + c.len > args.seq + 1;
+        for (int q = 0; q < comm.world; q++) {
+            int64_t rows = 0;
+            for (size_t i = q; i < mc.ex.size(); i += comm.world) rows += (int64_t)mc.ex[i].endings.size();
+            busiest = std::max(busiest, rows);
+        }
+        if (comm.rank == 0) {
+            printf("eval-mc: %s: %zu examples, %d", args.eval_mc.c_str(), mc.ex.size(), mc.min_completions);
+            if (mc.max_completions != mc.min_completions) printf("-%d", mc.max_completions);
+            printf(" completions (version %d, uint%d tokens): %lld rows, %lld forward passes of %d x %d per rank per evaluation, "
+                   "%s\n", mc.version, mc.version == 1 ? 16 : 32, (long long)mc.rows, (long long)((busiest + args.batch - 1) / args.batch),
+                   args.batch, args.seq, args.eval_every > 0 ? ("every " + std::to_string(args.eval_every) + " steps and at the end").c_str()
+                   : "at the end");
+            if (cut) printf("eval-mc: %lld of %lld rows are longer than --seq %d + 1 tokens: their context is cut from the left\n",
+                            (long long)cut, (long long)mc.rows, args.seq);
+        }
+    }
 
     // ---- checkpoints and Hugging Face import (checkpoint/): where training starts from
     AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
@@ -728,7 +841,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
 
     int64_t tokens_per_step = (int64_t)args.batch * args.seq * args.grad_accum * comm.world;
     double fpt = flops_per_token(&cfg, args.seq), fpt_foundry = flops_per_token_foundry(&cfg, args.seq), peak = info.peak;
-    FILE* logf = NULL;
+    FILE *logf = NULL, *mc_dump = NULL;
     if (comm.rank == 0) {
         printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
                args.batch, args.seq, args.grad_accum, comm.world, (long long)tokens_per_step, args.steps, args.lr,
@@ -742,6 +855,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         else printf("comm: --comm-timeout auto: %d s until step 1 is done and around checkpoints, %d s otherwise\n", COMM_TIMEOUT_LONG,
                     COMM_TIMEOUT_STEADY);
         if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), resumed ? "a" : "w");   // a resumed run appends
+        if (!args.eval_mc_dump.empty()) mc_dump = fopenCheck(args.eval_mc_dump.c_str(), resumed ? "a" : "w");
         fflush(stdout);
     }
 
@@ -808,6 +922,17 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         saved_steps.push_back(prog.step);
         return true;
     };
+    auto run_mc = [&](int at) {   // --eval-mc: one line, and one JSONL object
+        comm_phase("multiple-choice evaluation");
+        double t_mc = now_seconds();
+        McResult r = evaluate_mc(model, store, &mc, args.batch, args.seq, &comm, mc_dump, at);
+        if (comm.rank != 0) return;
+        printf("mc   %5d | acc %.4f | acc_norm %.4f | %d examples | %.1f s\n", at, r.acc, r.acc_norm, r.n, now_seconds() - t_mc);
+        if (logf) { fprintf(logf, "{\"step\": %d, \"mc_acc\": %.6f, \"mc_acc_norm\": %.6f, \"mc_n\": %d}\n", at, r.acc, r.acc_norm, r.n);
+                    fflush(logf); }
+        fflush(stdout);
+    };
+    std::vector<double> expert_counts;   // --log-every-experts: (L, E) tokens per expert of the step
     bool guard_stop = false;
     for (int step = prog.step; step < args.steps; step++) {
         if (args.stop_after >= 0 && steps_done >= args.stop_after) {
@@ -817,6 +942,8 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         }
         comm_watch(1);   // the step watchdog (parallel/comm.h) is armed while the step talks to the GPU
         comm_phase_prefix("step %d", step + 1);   // the heartbeat: where this rank is (parallel/comm.h)
+        // (before validation: the evaluation drops its FP8 amaxes, and validation's are kept, as without it)
+        if (do_mc && args.eval_every > 0 && step % args.eval_every == 0) run_mc(step);
         if (do_val && step % args.val_every == 0) {
             comm_phase("validation");
             double vl = evaluate(model, &val, args.val_steps, &comm);
@@ -831,6 +958,8 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         zero_zero_grad(store);
         double metrics[5] = {0, 0, 0, 0, 0};   // ce, lbl, z, imbalance, stop requested (summed over ranks)
         double ep_recv = 0;                    // EP: the most rows this rank's experts took in one layer
+        bool log_experts = args.log_every_experts > 0 && (step + 1) % args.log_every_experts == 0;
+        expert_counts.assign(log_experts ? (size_t)cfg.n_layers * cfg.n_experts : 0, 0.0);
         float dloss = 1.0f / args.grad_accum;
         for (int micro = 0; micro < args.grad_accum; micro++) {
             comm_phase("data, micro-batch %d", micro);
@@ -838,6 +967,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             comm_heartbeat();
             comm_phase("forward, micro-batch %d", micro);
             dbrx_forward(model, train.inputs.data(), train.targets.data(), dloss);
+            if (log_experts) dbrx_expert_counts_add(model, &expert_counts);
             if (comm.rank == kill_rank && step + 1 == kill_step) raise(kill_sig);
             if (comm.rank == slow_rank) usleep(slow_ms * 1000);
             comm_phase("backward, micro-batch %d", micro);
@@ -855,6 +985,18 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
             comm_all_reduce(&comm.world_group, metrics, 5, COMM_F64);
             for (int i = 0; i < 4; i++) metrics[i] /= comm.world;
+        }
+        if (log_experts) {   // tokens per expert and layer, over the step's micro-batches and all ranks
+            if (comm.world > 1) comm_all_reduce(&comm.world_group, expert_counts.data(), expert_counts.size(), COMM_F64);
+            if (logf) {
+                fprintf(logf, "{\"step\": %d, \"expert_counts\": [", step + 1);
+                for (int l = 0; l < cfg.n_layers; l++) {
+                    fprintf(logf, "%s[", l ? ", " : "");
+                    for (int e = 0; e < cfg.n_experts; e++) fprintf(logf, "%s%.0f", e ? ", " : "", expert_counts[(size_t)l * cfg.n_experts + e]);
+                    fprintf(logf, "]");
+                }
+                fprintf(logf, "]}\n");
+            }
         }
         if (!fp8_metas.empty()) {
             // the amax of a tensor is the max over every rank that holds a piece of it (the store reduces
@@ -984,6 +1126,11 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         }
         diverged = !std::isfinite(vl);
     }
+    if (do_mc && !stopped && !guard_stop && steps_done > 0) {
+        comm_watch(1);
+        run_mc(prog.step);
+        comm_watch(0);
+    }
     // on the way out (the end, --stop-after, a signal): a checkpoint of where we are, waited for. After the
     // spike guard stopped the run: nothing saved, and the checkpoints not known good set aside
     bool save_failed = false;
@@ -1050,6 +1197,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     }
     comm_watch(0);
     if (logf) fcloseCheck(logf, args.log.c_str());
+    if (mc_dump) fcloseCheck(mc_dump, args.eval_mc_dump.c_str());
     ckpt_free(&ck);
     dataloader_free(&train);
     if (have_val) dataloader_free(&val);
@@ -1129,6 +1277,14 @@ static inline void dbrx_sync(Dbrx* m) { (void)m; }
 static inline float dbrx_fp8_log_scale(Dbrx* m, const Fp8MetaRef& r, int i) { (void)m; (void)i; return r.meta->scale; }
 static inline void dbrx_logits_to_host(Dbrx* m, std::vector<float>* out) {
     out->assign(m->logits, m->logits + (size_t)m->B * m->T * m->cfg.vocab_size);
+}
+// the per-token cross-entropy of the last forward (B * T)
+static inline void dbrx_losses_to_host(Dbrx* m, std::vector<float>* out) { out->assign(m->losses, m->losses + (size_t)m->B * m->T); }
+// acc (L * E) += each layer's tokens per expert in the last forward (top-k assignments: k per token)
+static inline void dbrx_expert_counts_add(Dbrx* m, std::vector<double>* acc) {
+    int E = m->cfg.n_experts;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; e < E; e++) (*acc)[(size_t)l * E + e] += m->acts[l].counts[e];
 }
 
 static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, const char* why) {

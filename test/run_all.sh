@@ -93,6 +93,8 @@ echo "== data tools: tokenizer parity with js-tiktoken, mixtures in training, ba
 echo "== training"; bash test/test_train.sh
 echo "== generation: samples during training, --generate (checkpoint, Hugging Face export; cpu, emulated cuda; ZeRO-3), bad flags"
 OMP_WAIT_POLICY=passive bash test/test_generate.sh
+echo "== multiple-choice evaluation (--eval-mc): known answers, scores from the logits, ranks, bad files"; bash test/test_mc_eval.sh
+echo "== run plots (dev/plot_run.py) and the expert counts they read (--log-every-experts)"; bash test/test_plot.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
     echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
