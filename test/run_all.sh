@@ -104,6 +104,7 @@ else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
 fi
 echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
+echo "== expert parallelism (all-to-all of routed tokens; CPU and emulated GPU; checkpoints across EP degrees)"; bash test/test_ep.sh
 echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
 echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh
 echo "== hangs (every survivor names the same rank and its phase) and stragglers"; bash test/test_hang.sh

@@ -130,3 +130,4 @@ $MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --shard-group-size 2 > "$tmp/bad.o
     && pass "--expert-parallel 4 over shard groups of 2: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "EP 4 S 2: exit $rc: $(grep -m1 error "$tmp/bad.out")"
 expect_exit 2 "--expert-parallel 0" $BIN "${T[@]}" --expert-parallel 0
 expect_exit 2 "--expert-parallel 2 with --fp8 delayed" $BIN "${T[@]}" --expert-parallel 2 --fp8 delayed
+expect_exit 2 "--expert-parallel 2 with --sample-every 5" $BIN "${T[@]}" --expert-parallel 2 --sample-every 5
