@@ -101,6 +101,32 @@ static inline void rope_backward(real* dqkv, const real* cos_t, const real* sin_
 //   (B, T, qkv_dim) after clip and RoPE. The (T, T) probabilities are never stored: the backward
 //   recomputes p[t][t2] = exp(scale q_t . k_t2 - lse[t]), the contract of the GPU kernels too.
 
+// One query row: o (hd) = softmax(scale q . k[t2]) v[t2] over t2 < n, the keys and values `stride`
+// elements apart (k0, v0: the first); p (n) scratch. Returns the logsumexp of the scaled scores. The causal
+// forward's row t is n = t + 1 over qkv; the decode step's is n = pos + 1 over the KV cache: one arithmetic.
+static inline real attention_row(real* o, real* p, const real* q, const real* k0, const real* v0, size_t stride, int n, int hd,
+                                 real scale) {
+    real maxv = -INFINITY;
+    for (int t2 = 0; t2 < n; t2++) {
+        const real* k = k0 + (size_t)t2 * stride;
+        real s = 0;
+        #pragma omp simd reduction(+ : s)
+        for (int i = 0; i < hd; i++) s += q[i] * k[i];
+        s *= scale;
+        p[t2] = s;
+        if (s > maxv) maxv = s;
+    }
+    real sum = 0;
+    for (int t2 = 0; t2 < n; t2++) { p[t2] = std::exp(p[t2] - maxv); sum += p[t2]; }
+    for (int i = 0; i < hd; i++) o[i] = 0;
+    for (int t2 = 0; t2 < n; t2++) {
+        const real* v = v0 + (size_t)t2 * stride;
+        real pt = p[t2] / sum;
+        for (int i = 0; i < hd; i++) o[i] += pt * v[i];
+    }
+    return maxv + std::log(sum);
+}
+
 static inline void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int H, int KV, int hd) {
     int qkv_dim = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
     real scale = (real)1 / std::sqrt((real)hd);
@@ -112,27 +138,10 @@ static inline void attention_forward(real* out, real* lse, const real* qkv, int 
             for (int h = 0; h < H; h++)
                 for (int t = 0; t < T; t++) {
                     int kvh = h / group;
-                    const real* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
-                    real maxv = -INFINITY;
-                    for (int t2 = 0; t2 <= t; t2++) {
-                        const real* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
-                        real s = 0;
-                        #pragma omp simd reduction(+ : s)
-                        for (int i = 0; i < hd; i++) s += q[i] * k[i];
-                        s *= scale;
-                        p[t2] = s;
-                        if (s > maxv) maxv = s;
-                    }
-                    real sum = 0;
-                    for (int t2 = 0; t2 <= t; t2++) { p[t2] = std::exp(p[t2] - maxv); sum += p[t2]; }
-                    lse[((size_t)b * H + h) * T + t] = maxv + std::log(sum);
-                    real* o = out + ((size_t)b * T + t) * C + h * hd;
-                    for (int i = 0; i < hd; i++) o[i] = 0;
-                    for (int t2 = 0; t2 <= t; t2++) {
-                        const real* v = qkv + ((size_t)b * T + t2) * qkv_dim + C + KV * hd + kvh * hd;
-                        real pt = p[t2] / sum;
-                        for (int i = 0; i < hd; i++) o[i] += pt * v[i];
-                    }
+                    const real* row0 = qkv + (size_t)b * T * qkv_dim;   // this sequence's first row
+                    lse[((size_t)b * H + h) * T + t] =
+                        attention_row(out + ((size_t)b * T + t) * C + h * hd, p, row0 + (size_t)t * qkv_dim + h * hd,
+                                      row0 + C + kvh * hd, row0 + C + KV * hd + kvh * hd, qkv_dim, t + 1, hd, scale);
                 }
         free(p);
     }
@@ -196,7 +205,7 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
 //   cache (T_max, 2*KV*hd): row t2 = [K: KV*hd | V: KV*hd] of position t2, K after clip and RoPE
 //   (the K/V tail of that position's fused qkv row), rows 0..pos filled
 //   q (H*hd): the query heads of position pos (the head of its fused row), after clip and RoPE
-//   out (H*hd); att (H, pos+1) scratch: the softmax probabilities
+//   out (H*hd); att (H, pos+1) scratch
 
 static inline void attention_decode_forward(real* out, real* att, const real* q, const real* cache, int pos, int H, int KV,
                                             int hd) {
@@ -205,27 +214,8 @@ static inline void attention_decode_forward(real* out, real* att, const real* q,
     #pragma omp parallel for
     for (int h = 0; h < H; h++) {
         int kvh = h / group;
-        const real* qh = q + (size_t)h * hd;
-        real* p = att + (size_t)h * (pos + 1);
-        real maxv = -INFINITY;
-        for (int t2 = 0; t2 <= pos; t2++) {
-            const real* k = cache + (size_t)t2 * kvw + kvh * hd;
-            real s = 0;
-            #pragma omp simd reduction(+ : s)
-            for (int i = 0; i < hd; i++) s += qh[i] * k[i];
-            s *= scale;
-            p[t2] = s;
-            if (s > maxv) maxv = s;
-        }
-        real sum = 0;
-        for (int t2 = 0; t2 <= pos; t2++) { p[t2] = std::exp(p[t2] - maxv); sum += p[t2]; }
-        for (int t2 = 0; t2 <= pos; t2++) p[t2] /= sum;
-        real* o = out + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) o[i] = 0;
-        for (int t2 = 0; t2 <= pos; t2++) {
-            const real* v = cache + (size_t)t2 * kvw + KV * hd + kvh * hd;
-            for (int i = 0; i < hd; i++) o[i] += p[t2] * v[i];
-        }
+        attention_row(out + (size_t)h * hd, att + (size_t)h * (pos + 1), q + (size_t)h * hd, cache + kvh * hd,
+                      cache + KV * hd + kvh * hd, kvw, pos + 1, hd, scale);
     }
 }
 

@@ -27,6 +27,18 @@ assert len(loss) == 100
 assert last10 < 0.6 * first, (first, last10)
 assert val[-1] < 0.6 * val[0], val
 PY
+# progress: every step line says the tokens seen and the time left, the log has them exactly (tokens =
+# step x batch 8 x seq 256), the time left falls to 0 at the last step
+$PY - "$tmp/train.jsonl" "$tmp/train.out" <<'PY' && pass "progress: the step line and the log carry the tokens seen (step x 2048) and the time left" \
+    || fail "progress: tokens or time left missing or wrong"
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert all(r["tokens"] == r["step"] * 8 * 256 for r in rows), [r["tokens"] for r in rows[:3]]
+assert rows[-1]["eta_s"] == 0 and rows[0]["eta_s"] > 0, (rows[0]["eta_s"], rows[-1]["eta_s"])
+lines = [l for l in open(sys.argv[2]) if l.startswith("step ")]
+assert len(lines) == 100 and all(re.search(r"\| [0-9.]+[KMBT]? tok \| eta [0-9dhms]+$", l.strip()) for l in lines), lines[-1]
+assert lines[-1].strip().endswith("204.8K tok | eta 0s"), lines[-1]
+PY
 
 # determinism: the same run twice, bit-identical log (but for the timings)
 for r in 1 2; do
