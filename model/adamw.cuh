@@ -73,6 +73,40 @@ static inline void adamw_update_gpu(float* param, floatX* param_bf16, const floa
            grad_scale, bc1, bc2);
 }
 
+// One launch for many tensors (the parameter store's shard: its segments, each one tensor's piece, at
+// seg_off with seg_n elements, decay 1: a matrix, weight decay; 0: a norm): block (x, y) strides over
+// segment y. The same arithmetic per element as adamw_kernel, so the result is bit-identical to one
+// launch per segment; the elements outside every segment (the shards' padding) are not touched.
+__global__ void adamw_multi_kernel(float* param, floatX* param_bf16, const float* grad, float* m, float* v, const size_t* seg_off,
+                                   const size_t* seg_n, const int* seg_decay, float lr, float beta1, float beta2, float eps,
+                                   float weight_decay, float grad_scale, float bc1, float bc2) {
+    size_t off = seg_off[blockIdx.y], n = seg_n[blockIdx.y];
+    float wd = seg_decay[blockIdx.y] ? weight_decay : 0.0f;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        size_t i = off + j;
+        float g = grad[i] * grad_scale;
+        float mi = beta1 * m[i] + (1 - beta1) * g;
+        float vi = beta2 * v[i] + (1 - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2, p = param[i];
+        p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+        param[i] = p;
+        param_bf16[i] = __float2bfloat16(p);
+    }
+}
+
+// the segments' table on the device (seg_off, seg_n, seg_decay: nseg each), their longest n
+static inline void adamw_multi_update_gpu(float* param, floatX* param_bf16, const float* grad, float* m, float* v, const size_t* seg_off,
+                                          const size_t* seg_n, const int* seg_decay, int nseg, size_t max_n, float lr, float beta1,
+                                          float beta2, float eps, float weight_decay, float grad_scale, int t, cudaStream_t stream = 0) {
+    if (nseg == 0) return;
+    float bc1 = (float)(1.0 - pow((double)beta1, t)), bc2 = (float)(1.0 - pow((double)beta2, t));
+    int bx = (int)std::max<size_t>(1, std::min<size_t>((max_n + 255) / 256, 512));
+    LAUNCH(adamw_multi_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m, v, seg_off, seg_n, seg_decay, lr, beta1, beta2,
+           eps, weight_decay, grad_scale, bc1, bc2);
+}
+
 #define GRAD_NORM_BLOCKS 256
 // partial (GRAD_NORM_BLOCKS): block b sums grad[i]^2 over i = b*blockDim + tid + k*gridDim*blockDim
 __global__ void grad_sumsq_kernel(float* partial, const float* grad, size_t n) {

@@ -21,7 +21,7 @@
  *              is gathered, and the gradients are all-reduced across the replicas after the micro-batches.
  *   the step   gradient shards all-reduced across the replica group and scaled by 1 / W; the global norm
  *              from a device sum of squares, all-reduced (fp64) in the shard group on the device, read
- *              once by the host (the clip scale and the log line); AdamW per tensor segment of the shard.
+ *              once by the host (the clip scale and the log line); AdamW over every tensor segment of the shard in one launch.
  * Under the SIMT emulator (train_dbrx_emu) the NCCL calls go to the NCCL twin (test/simt/nccl_twin.h)
  * and run between processes over MPI, so this file executes in CI under mpirun.
  */
@@ -59,6 +59,10 @@ typedef struct {
     float* gwork[2];                  // device, z.work_numel each: full gradients of units in backward (S > 1)
     int slot_unit[2];
     float* norm_partial;              // device (GRAD_NORM_BLOCKS): partial sums of squares
+    size_t *seg_off, *seg_n;          // device (nseg): the shard's segments, for AdamW's one launch
+    int* seg_decay;
+    int nseg;
+    size_t seg_max;
     double* norm_sumsq;               // device (1): this rank's sum of squares, then the group's
     cudaStream_t compute;             // the model's stream
     cudaEvent_t gathered[2];          // comm -> compute: slot filled
@@ -171,6 +175,24 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     cudaCheck(cudaMemGetInfo(&free1, &total));
     zg->shard_bytes_measured = (long long)free0 - (long long)free1;
     take((void**)&zg->norm_partial, GRAD_NORM_BLOCKS * sizeof(float));
+    {   // AdamW's segment table: one launch per step for the whole shard (adamw_multi_update_gpu)
+        std::vector<size_t> off, num;
+        std::vector<int> dec;
+        zg->seg_max = 0;
+        for (const ShardSegment& g : z->segs) {
+            off.push_back(g.shard_off); num.push_back(g.numel); dec.push_back(g.decay);
+            zg->seg_max = std::max(zg->seg_max, g.numel);
+        }
+        zg->nseg = (int)off.size();
+        take((void**)&zg->seg_off, std::max<size_t>(1, off.size()) * sizeof(size_t));
+        take((void**)&zg->seg_n, std::max<size_t>(1, num.size()) * sizeof(size_t));
+        take((void**)&zg->seg_decay, std::max<size_t>(1, dec.size()) * sizeof(int));
+        if (zg->nseg) {
+            cudaCheck(cudaMemcpy(zg->seg_off, off.data(), off.size() * sizeof(size_t), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(zg->seg_n, num.data(), num.size() * sizeof(size_t), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(zg->seg_decay, dec.data(), dec.size() * sizeof(int), cudaMemcpyHostToDevice));
+        }
+    }
     take((void**)&zg->norm_sumsq, sizeof(double));
     zg->work[0] = zg->work[1] = nullptr;
     zg->gwork[0] = zg->gwork[1] = nullptr;
@@ -522,14 +544,12 @@ static inline double zero_grad_norm(ZeroGpu* zg) {
 }
 
 // one AdamW step t (1-based) on this rank's shard, with global-norm clipping by `norm` (zero_grad_norm's,
-// which the training loop's spike guard reads first); returns it. AdamW writes the BF16 copy with the master (the next step's gathers send it; with S = 1 the model reads it).
+// which the training loop's spike guard reads first); returns it. AdamW writes the BF16 copy with the
+// master (the next step's gathers send it; with S = 1 the model reads it).
 static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, int t, double norm) {
-    Zero* z = &zg->z;
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
-    for (const ShardSegment& g : z->segs)
-        adamw_update_gpu(zg->master + g.shard_off, zg->master_bf16 + g.shard_off, zg->grad + g.shard_off, zg->m + g.shard_off,
-                         zg->v + g.shard_off, g.numel, lr, o->beta1, o->beta2, o->eps, g.decay ? o->weight_decay : 0.0f, scale, t,
-                         zg->compute);
+    adamw_multi_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off, zg->seg_n, zg->seg_decay, zg->nseg,
+                           zg->seg_max, lr, o->beta1, o->beta2, o->eps, o->weight_decay, scale, t, zg->compute);   // one launch
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     zg->slot_unit[0] = zg->slot_unit[1] = -1;   // the gathered copies are stale
     zg->fp8.ready = 0;                          // and so are the FP8 codes
