@@ -47,19 +47,24 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
 // sums in double, in order. Deterministic.
 #include "cuda_common.h"
 
+// one element's update: the moments, the master weight and its BF16 copy
+__device__ inline void adamw_element(float* param, floatX* param_bf16, const float* grad, float* m, float* v, size_t i, float lr,
+                                     float beta1, float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2) {
+    float g = grad[i] * grad_scale;
+    float mi = beta1 * m[i] + (1 - beta1) * g;
+    float vi = beta2 * v[i] + (1 - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float mhat = mi / bc1, vhat = vi / bc2, p = param[i];
+    p -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * p);
+    param[i] = p;
+    param_bf16[i] = __float2bfloat16(p);
+}
+
 __global__ void adamw_kernel(float* param, floatX* param_bf16, const float* grad, float* m, float* v, size_t n, float lr,
                              float beta1, float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = grad[i] * grad_scale;
-        float mi = beta1 * m[i] + (1 - beta1) * g;
-        float vi = beta2 * v[i] + (1 - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2, p = param[i];
-        p -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * p);
-        param[i] = p;
-        param_bf16[i] = __float2bfloat16(p);
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        adamw_element(param, param_bf16, grad, m, v, i, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2);
 }
 
 // t is the 1-based step count; the arguments of adamw_update, plus the BF16 copy
@@ -82,18 +87,8 @@ __global__ void adamw_multi_kernel(float* param, floatX* param_bf16, const float
                                    float weight_decay, float grad_scale, float bc1, float bc2) {
     size_t off = seg_off[blockIdx.y], n = seg_n[blockIdx.y];
     float wd = seg_decay[blockIdx.y] ? weight_decay : 0.0f;
-    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
-        size_t i = off + j;
-        float g = grad[i] * grad_scale;
-        float mi = beta1 * m[i] + (1 - beta1) * g;
-        float vi = beta2 * v[i] + (1 - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2, p = param[i];
-        p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
-        param[i] = p;
-        param_bf16[i] = __float2bfloat16(p);
-    }
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+        adamw_element(param, param_bf16, grad, m, v, off + j, lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2);
 }
 
 // the segments' table on the device (seg_off, seg_n, seg_decay: nseg each), their longest n

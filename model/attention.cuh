@@ -303,15 +303,13 @@ static inline void clip_rope_backward_gpu(floatX* dqkv, const floatX* qkv_pre, c
 // head_dim up to 32 * ATT_MAX_PER_LANE
 #define ATT_MAX_PER_LANE 8
 
-// out (B, T, H*hd), lse (B, H, T) from qkv (B, T, qkv_dim) after clip and RoPE
-__global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+// One query row, one warp: y (hd) = softmax(scale q . k[t2]) v[t2] over t2 < n, keys `stride` apart from
+// k0 and each value kv_off after its key; lanes split head_dim, an online softmax (fp32). Returns the
+// row's logsumexp. The causal forward's row t (n = t + 1 over qkv) and the decode step's (n = pos + 1
+// over the KV cache): one arithmetic, as attention_row on the CPU.
+__device__ inline float attention_row_warp(floatX* y, const floatX* q, const floatX* k0, size_t stride, size_t kv_off, int n, int hd) {
     int lane = threadIdx.x % 32;
-    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;   // (b, h, t)
-    if (row >= (size_t)B * H * T) return;
-    int t = row % T, h = (row / T) % H, b = row / ((size_t)T * H);
-    int qkv_dim = (H + 2 * KV) * hd, C = H * hd, kvh = h / (H / KV);
     float scale = 1.0f / sqrtf((float)hd);
-    const floatX* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
     float qr[ATT_MAX_PER_LANE], o[ATT_MAX_PER_LANE];
     for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
         int i = lane + 32 * j;
@@ -319,9 +317,9 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* 
         o[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int t2 = 0; t2 <= t; t2++) {
-        const floatX* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
-        const floatX* v = k + KV * hd;
+    for (int t2 = 0; t2 < n; t2++) {
+        const floatX* k = k0 + (size_t)t2 * stride;
+        const floatX* v = k + kv_off;
         float s = 0.0f;
         for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) s += qr[j] * __bfloat162float(k[i]); }
         s = warp_sum(s) * scale;
@@ -330,9 +328,20 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* 
         for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) o[j] = o[j] * corr + p * __bfloat162float(v[i]); }
         m = m_new;
     }
-    floatX* y = out + ((size_t)b * T + t) * C + h * hd;
     for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) y[i] = __float2bfloat16(o[j] / l); }
-    if (lane == 0) lse[row] = m + logf(l);
+    return m + logf(l);
+}
+
+// out (B, T, H*hd), lse (B, H, T) from qkv (B, T, qkv_dim) after clip and RoPE
+__global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;   // (b, h, t)
+    if (row >= (size_t)B * H * T) return;
+    int t = row % T, h = (row / T) % H, b = row / ((size_t)T * H);
+    int qkv_dim = (H + 2 * KV) * hd, C = H * hd, kvh = h / (H / KV);
+    const floatX* seq = qkv + (size_t)b * T * qkv_dim;   // this sequence's first row
+    float row_lse = attention_row_warp(out + ((size_t)b * T + t) * C + h * hd, seq + (size_t)t * qkv_dim + h * hd, seq + C + kvh * hd,
+                                       qkv_dim, (size_t)KV * hd, t + 1, hd);
+    if (threadIdx.x % 32 == 0) lse[row] = row_lse;
 }
 
 // dq rows of dqkv (overwritten) and D (B, H, T) = rowsum(dout * out), one warp per query row
@@ -468,32 +477,10 @@ static inline void attention_backward_gpu(floatX* dqkv, float* Dbuf, const float
 // kernel, which the full forward uses at head_dim 32/64/128, sums in tiles: the two agree to BF16 rounding). (One warp walks all the keys: a split over
 // the keys for long contexts is later work.)
 __global__ void attention_decode_kernel(floatX* out, const floatX* q, const floatX* cache, int pos, int H, int KV, int hd) {
-    int lane = threadIdx.x % 32;
     int h = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (h >= H) return;
-    int kvw = 2 * KV * hd, kvh = h / (H / KV);
-    float scale = 1.0f / sqrtf((float)hd);
-    const floatX* qh = q + (size_t)h * hd;
-    float qr[ATT_MAX_PER_LANE], o[ATT_MAX_PER_LANE];
-    for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
-        int i = lane + 32 * j;
-        qr[j] = i < hd ? __bfloat162float(qh[i]) : 0.0f;
-        o[j] = 0.0f;
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (int t2 = 0; t2 <= pos; t2++) {
-        const floatX* k = cache + (size_t)t2 * kvw + kvh * hd;
-        const floatX* v = k + KV * hd;
-        float s = 0.0f;
-        for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) s += qr[j] * __bfloat162float(k[i]); }
-        s = warp_sum(s) * scale;
-        float m_new = fmaxf(m, s), corr = expf(m - m_new), p = expf(s - m_new);
-        l = l * corr + p;
-        for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) o[j] = o[j] * corr + p * __bfloat162float(v[i]); }
-        m = m_new;
-    }
-    floatX* y = out + (size_t)h * hd;
-    for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) y[i] = __float2bfloat16(o[j] / l); }
+    int kvh = h / (H / KV);
+    attention_row_warp(out + (size_t)h * hd, q + (size_t)h * hd, cache + (size_t)kvh * hd, (size_t)2 * KV * hd, (size_t)KV * hd, pos + 1, hd);
 }
 
 // out (H*hd) bf16 from q (H*hd) and cache rows 0..pos (T_max, 2*KV*hd)
