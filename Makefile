@@ -28,7 +28,7 @@ HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cu
             dev/data/tokenizer.h dev/data/unicode_classes.h
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
-.PHONY: all deps check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu clean
+.PHONY: all deps check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu bench-gpu clean
 all: train_dbrx
 
 # A missing dependency stops the build with one line naming the Debian package.
@@ -174,6 +174,12 @@ test-gpu: train_dbrx $(GPU_TESTS)
 	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_fp8_cuda_gpu
 	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_zero_fp8_cuda_gpu
 	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_decode_gpu
+
+# the GPU benchmarks against their targets (dev/bench/bench_gpu.sh): attention, expert GEMMs, memory-bound
+# kernels, dbrx-1b end to end; appended to dev/bench/results_gpu.md
+bench-gpu: train_dbrx $(DEV_CUDA) dev/comm_bench
+	@test -n "$(NVCC)" || { echo "error: make bench-gpu needs nvcc and a GPU"; exit 1; }
+	bash dev/bench/bench_gpu.sh
 
 # checkpoint building blocks (CRC-32C, JSON, conversions, layouts); MPI headers for parallel/zero.h
 test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) | check-deps

@@ -69,6 +69,11 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         out=$("$b" 2>&1); rc=$?
         [ "$rc" = 0 ] && pass "$b: every version validated against the CPU reference" || fail "$b (exit $rc): $(grep FAIL <<<"$out" | head -3)"
     done
+    # make bench-gpu's commands and flags, at a tiny shape on the emulated builds (no timings): the
+    # benchmark a lent GPU runs must not have rotted
+    out=$(bash dev/bench/bench_gpu.sh --emulated 2>&1); rc=$?
+    [ "$rc" = 0 ] && pass "make bench-gpu's commands run on the emulated builds (attention, expert GEMMs, memory-bound kernels, end to end BF16 and FP8)" \
+        || fail "bench_gpu.sh --emulated (exit $rc): $(grep -E 'FAILED|bench-gpu:' <<<"$out" | head -3)"
     unset OMP_WAIT_POLICY
 else
     echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"

@@ -5,11 +5,83 @@
  * accumulation. 2 M N K FLOPs each, against the dense BF16 peak.
  * Under the emulator the shapes shrink 64x and the results are validated against the CPU GEMM.
  *   make dev/cuda/matmul && ./dev/cuda/matmul
+ * With -x: the experts at DBRX-132B's shapes (E 16, 2048 rows per expert, d 6144, F 10752) through the
+ * model's expert path (experts_forward_gpu / experts_backward_gpu: one cuBLASLt GEMM per expert and
+ * projection), against one dense GEMM of the same total size (E*2048 rows); make bench-gpu's target is
+ * >= 70% of the dense rate. Under the emulator (E 4, ragged rows, d 64, F 96) validated against the
+ * CPU experts (experts_up_forward, ..., model/moe.cuh).
  */
 #include "common.h"
 #include "../../model/matmul.cuh"
+#include "../../model/moe.cuh"
 
-int main() {
+// the expert layer's GEMMs (forward: w1, v1, w2 per expert, with the SwiGLU between; backward: their
+// dgrads and wgrads) against the dense GEMM of the same total size
+static int expert_gemms() {
+    const int E = EMULATED ? 4 : 16, C = EMULATED ? 64 : 6144, F = EMULATED ? 96 : 10752;
+    char shape[96];
+    snprintf(shape, sizeof shape, "E %d, %s rows per expert, d %d, F %d", E, EMULATED ? "ragged" : "2048", C, F);
+    print_header("expert GEMMs (cuBLASLt)", shape);
+    std::vector<int> offsets(E + 1, 0);
+    for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + (EMULATED ? (e == 1 ? 0 : 5 + 7 * e) : 2048);
+    const int R = offsets[E];
+    std::vector<float> xe = round_bf16(make_random((size_t)R * C, 1)), dye = round_bf16(make_random((size_t)R * C, 2));
+    std::vector<float> w1 = round_bf16(make_random((size_t)E * F * C, 3, 0.02)), v1 = round_bf16(make_random((size_t)E * F * C, 4, 0.02));
+    std::vector<float> w2 = round_bf16(make_random((size_t)E * F * C, 5, 0.02));
+    floatX *d_xe = to_device_bf16v(xe), *d_dye = to_device_bf16v(dye), *d_w1 = to_device_bf16v(w1), *d_v1 = to_device_bf16v(v1);
+    floatX *d_w2 = to_device_bf16v(w2), *d_ye = deviceAlloc(floatX, (size_t)R * C);
+    floatX *g = deviceAlloc(floatX, (size_t)R * F), *u = deviceAlloc(floatX, (size_t)R * F), *a = deviceAlloc(floatX, (size_t)R * F);
+    floatX *da = deviceAlloc(floatX, (size_t)R * F), *dg = deviceAlloc(floatX, (size_t)R * F), *du = deviceAlloc(floatX, (size_t)R * F);
+    float *dxe = deviceAlloc(float, (size_t)R * C), *dw1 = deviceAlloc(float, (size_t)E * F * C), *dv1 = deviceAlloc(float, (size_t)E * F * C);
+    float *dw2 = deviceAlloc(float, (size_t)E * F * C);
+    for (float* p : {dw1, dv1, dw2}) cudaCheck(cudaMemset(p, 0, (size_t)E * F * C * sizeof(float)));
+    auto fwd = [&] { experts_forward_gpu(d_ye, g, u, a, d_xe, d_w1, d_v1, d_w2, offsets.data(), E, C, F); };
+    auto bwd = [&] { experts_backward_gpu(dxe, dw1, dv1, dw2, da, dg, du, d_dye, d_xe, g, u, a, d_w1, d_v1, d_w2, offsets.data(), E, C, F); };
+    if (EMULATED) {   // the CPU experts on the same BF16 inputs
+        std::vector<float> cg((size_t)R * F), cu((size_t)R * F), ca((size_t)R * F), cye((size_t)R * C), cda((size_t)R * F);
+        std::vector<float> cdg((size_t)R * F), cdu((size_t)R * F), cdxe((size_t)R * C), cdw1((size_t)E * F * C, 0.0f);
+        std::vector<float> cdv1((size_t)E * F * C, 0.0f), cdw2((size_t)E * F * C, 0.0f);
+        experts_up_forward(cg.data(), cu.data(), ca.data(), xe.data(), w1.data(), v1.data(), offsets.data(), E, C, F);
+        experts_down_forward(cye.data(), ca.data(), w2.data(), offsets.data(), E, C, F);
+        fwd(); bwd();
+        // the backward from the GPU's own (BF16) activations, so that only the GEMMs are compared
+        std::vector<float> ga = from_device_bf16v(a, ca.size()), gg = from_device_bf16v(g, cg.size()), gu = from_device_bf16v(u, cu.size());
+        experts_down_backward(cda.data(), cdw2.data(), dye.data(), w2.data(), ga.data(), dye.data(), offsets.data(), E, C, F);
+        swiglu_backward(cdg.data(), cdu.data(), round_bf16(cda).data(), gg.data(), gu.data(), cda.size());
+        std::vector<float> bdg = round_bf16(cdg), bdu = round_bf16(cdu);
+        experts_up_backward(cdxe.data(), cdw1.data(), cdv1.data(), bdg.data(), bdu.data(), w1.data(), v1.data(), bdg.data(), bdu.data(),
+                            xe.data(), offsets.data(), E, C, F);
+        validate("experts forward (ye)", from_device_bf16v(d_ye, cye.size()), cye, 2e-2, 2e-2);
+        validate("experts backward (dxe)", from_device_f32(dxe, cdxe.size()), cdxe, 1e-4, 1e-5);
+        validate("experts backward (dw1)", from_device_f32(dw1, cdw1.size()), cdw1, 1e-4, 1e-5);
+        validate("experts backward (dv1)", from_device_f32(dv1, cdv1.size()), cdv1, 1e-4, 1e-5);
+        validate("experts backward (dw2)", from_device_f32(dw2, cdw2.size()), cdw2, 1e-4, 1e-5);
+    }
+    // one dense GEMM of the same total size: (R, C) @ (C, F), and its dgrad + wgrad
+    floatX* dense_out = deviceAlloc(floatX, (size_t)R * F);
+    float* dense_dw = deviceAlloc(float, (size_t)F * C);
+    auto dense_fwd = [&] { matmul_forward_gpu(dense_out, d_xe, d_w1, R, C, F); };
+    auto dense_bwd = [&] { matmul_backward_gpu(dxe, dense_dw, g, d_xe, d_w1, R, C, F, 0.0f); };
+    double gemm = 2.0 * R * C * F;
+    float t_ef = time_ms(5, fwd), t_eb = time_ms(5, bwd), t_df = time_ms(5, dense_fwd), t_db = time_ms(5, dense_bwd);
+    report_flops("experts forward (3 GEMMs / expert)", 3 * gemm, t_ef);
+    report_flops("experts backward (6 GEMMs / expert)", 6 * gemm, t_eb);
+    report_flops("dense forward (1 GEMM)", gemm, t_df);
+    report_flops("dense backward (dgrad + wgrad)", 2 * gemm, t_db);
+    if (!EMULATED) {
+        double fwd_ratio = (3 * gemm / t_ef) / (gemm / t_df), bwd_ratio = (6 * gemm / t_eb) / (2 * gemm / t_db);
+        printf("  experts forward at %.1f%% of the dense GEMM rate, backward at %.1f%%; together %.1f%% of the dense GEMM rate\n",
+               100 * fwd_ratio, 100 * bwd_ratio, 100 * (9 * gemm / (t_ef + t_eb)) / (3 * gemm / (t_df + t_db)));
+    }
+    for (void* p : {(void*)d_xe, (void*)d_dye, (void*)d_w1, (void*)d_v1, (void*)d_w2, (void*)d_ye, (void*)g, (void*)u, (void*)a, (void*)da,
+                    (void*)dg, (void*)du, (void*)dxe, (void*)dw1, (void*)dv1, (void*)dw2, (void*)dense_out, (void*)dense_dw})
+        cudaCheck(cudaFree(p));
+    return finish();
+}
+
+int main(int argc, char** argv) {
+    if (argc == 2 && !strcmp(argv[1], "-x")) return expert_gemms();
+    if (argc > 1) { fprintf(stderr, "usage: %s [-x]   (-x: the experts at DBRX-132B's shapes against a dense GEMM)\n", argv[0]); return 2; }
     print_header("matmul (cuBLASLt)", "dbrx-1b GEMMs");
     struct { const char* name; int N, C, OC; } shapes[] = {
         {"Wqkv (16384 x 1024 -> 1536)", 16384, 1024, 1536},

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# bench_gpu.sh — the GPU benchmarks of the fast training step in one command (`make bench-gpu`), each
+# against its target:
+#   1. attention, causal, at DBRX-132B's shape (B 8, H 48, KV 8, T 4096, hd 128): the flash kernels
+#      (dev/cuda/attention -f 3 -g 2). FlashAttention-2 publishes ~330-350 TFLOP/s forward on an H100;
+#      targets >= 300 forward, >= 220 backward (FLOPs: 4 B H hd T(T+1)/2 forward, 2.5x that backward).
+#   2. expert GEMMs at DBRX-132B's shapes (2048 tokens per expert, d 6144, F 10752) through the model's
+#      expert path, against one dense cuBLASLt GEMM of the same total size: target >= 70%.
+#   3. memory-bound kernels (LayerNorm, the MoE data movement, embedding, classifier, AdamW): GB/s
+#      against the device's HBM peak: target >= 70%.
+#   4. end to end: dbrx-1b on one GPU, batch 8 x 2048, BF16 (and FP8 delayed scaling): the median MFU of
+#      the last 10 of 30 steps, by the convention train_dbrx prints (matmul FLOPs only, causal
+#      attention: 6 N_matmul + 6 L d (S+1) per token); target >= 35% BF16.
+#   5. with more than one GPU: the all-to-all(v) bus bandwidth of dev/comm_bench (nccl-tests' convention).
+# The tables are appended to dev/bench/results_gpu.md with the GPU's name, the date and the commit;
+# the raw output of every command goes to dev/bench/gpu_runs/ (ignored by git).
+#   make bench-gpu                      (needs: nvcc, a GPU, make data)
+#   bash dev/bench/bench_gpu.sh --emulated
+#       runs every command of the benchmark at a tiny shape on the SIMT emulator's builds (no timings):
+#       the test suite uses it so that the benchmark's commands and flags stay valid without a GPU.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+EMU=0; [ "${1:-}" = "--emulated" ] && EMU=1
+fail() { echo "bench-gpu: $*" >&2; exit 1; }
+if [ "$EMU" = 0 ]; then
+    command -v nvidia-smi > /dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU 0" \
+        || fail "no GPU here (nvidia-smi lists none): nothing measured; run it on a GPU node"
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); ngpu=$(nvidia-smi -L | grep -c "^GPU ")
+    sfx=""; train=./train_dbrx; out=dev/bench/results_gpu.md; raw=dev/bench/gpu_runs
+else
+    gpu="SIMT emulator (validation of the commands only)"; ngpu=1
+    sfx=_emu; train=./train_dbrx_emu; out=$(mktemp); raw=$(mktemp -d)
+fi
+mkdir -p "$raw"
+for b in attention layernorm moe embedding classifier adamw matmul; do
+    [ -x "dev/cuda/$b$sfx" ] || fail "dev/cuda/$b$sfx is not built (make dev/cuda/$b$sfx)"
+done
+[ -x "$train" ] || fail "$train is not built"
+[ -f data/sotu/sotu_val_000000.bin ] || fail "no dataset: run make data"
+
+# runs a command, keeping its output in $raw/NAME.txt; a failure is reported and the run goes on
+bench() {  # name, command...
+    local name=$1; shift
+    if ! "$@" > "$raw/$name.txt" 2>&1; then echo "| $name | FAILED (exit $?): $(grep -m1 -iE 'error|fail' "$raw/$name.txt") | | |"; return 1; fi
+}
+# "| what | value | target | ok? |" rows from the lines of a dev/cuda output that carry UNIT (TFLOP/s or GB/s)
+rows() {  # file, unit, target (percent of the peak, or an absolute TFLOP/s with abs:N), filter regex
+    awk -v unit="$2" -v target="$3" -v filt="$4" '
+        $0 ~ filt && index($0, unit) {
+            n = split($0, f, /  +/); name = f[2]
+            for (i = 1; i <= NF; i++) if ($i == unit) { val = $(i - 1) }
+            match($0, /[0-9.]+% of/); pct = substr($0, RSTART, RLENGTH - 3)
+            if (target ~ /^abs:/) { t = substr(target, 5); ok = (val + 0 >= t + 0) ? "yes" : "no"; tgt = ">= " t " " unit }
+            else { ok = (pct + 0 >= target + 0) ? "yes" : "no"; tgt = ">= " target "%" }
+            printf "| %s | %s %s (%s) | %s | %s |\n", name, val, unit, pct, tgt, ok
+        }' "$1"
+}
+median_mfu() {  # jsonl -> "mfu% tok/s ms" over the last 10 steps
+    /usr/bin/python3 -c "
+import json, statistics, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if '\"mfu\"' in l][-10:]
+if not r: sys.exit(1)
+print('%.1f %.0f %.1f' % (100 * statistics.median(x['mfu'] for x in r), statistics.median(x['tok_per_s'] for x in r), statistics.median(x['ms'] for x in r)))" "$1"
+}
+
+if [ "$EMU" = 0 ]; then
+    ATT=(-f 3 -g 2 -b 8 -t 4096 -h 48 -k 8 -d 128); E2E=(--model dbrx-1b --batch 8 --seq 2048 --steps 30 --warmup 5)
+else   # the same flags at a shape the emulator runs in seconds
+    ATT=(-f 3 -g 2 -b 1 -t 40 -h 4 -k 2 -d 128); E2E=(--model dbrx-tiny --batch 2 --seq 32 --steps 3 --warmup 1)
+fi
+rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+{
+echo; echo "## $(date -u +%Y-%m-%d) — $gpu (commit $rev), make bench-gpu"; echo
+echo "| benchmark | measured | target | met |"; echo "|---|---|---|---|"
+# 1. attention
+if bench attention "dev/cuda/attention$sfx" "${ATT[@]}"; then
+    rows "$raw/attention.txt" TFLOP/s abs:300 "forward v3"
+    rows "$raw/attention.txt" TFLOP/s abs:220 "backward v2"
+fi
+# 2. expert GEMMs against the dense GEMM of the same total size
+if bench expert_gemm "dev/cuda/matmul$sfx" -x; then
+    rows "$raw/expert_gemm.txt" TFLOP/s 0 "experts|dense"
+    awk '/of the dense GEMM/ { for (i = 1; i <= NF; i++) if ($i ~ /%$/) p = $i; sub("%", "", p);
+         printf "| expert GEMMs / dense | %s%% | >= 70%% | %s |\n", p, (p + 0 >= 70 ? "yes" : "no") }' "$raw/expert_gemm.txt"
+fi
+# 3. memory-bound kernels
+for b in layernorm moe embedding classifier adamw; do
+    bench "$b" "dev/cuda/$b$sfx" && rows "$raw/$b.txt" GB/s 70 "."
+done
+# 4. end to end on one GPU, BF16 and FP8
+for prec in off delayed; do
+    log="$raw/e2e_fp8_$prec.jsonl"; rm -f "$log"
+    if bench "e2e_fp8_$prec" "$train" --device cuda "${E2E[@]}" --fp8 "$prec" --val-every 0 --log "$log"; then
+        if read -r mfu toks ms < <(median_mfu "$log"); then
+            tgt=">= 35%"; ok=$(/usr/bin/python3 -c "print('yes' if $mfu >= 35 else 'no')"); [ "$prec" = off ] || { tgt="(BF16's target is the bar)"; ok="-"; }
+            echo "| ${E2E[1]} end to end, --fp8 $prec | MFU $mfu%, $toks tok/s, $ms ms/step | $tgt | $ok |"
+        else echo "| ${E2E[1]} end to end, --fp8 $prec | no step in the log | | |"; fi
+    fi
+done
+grep -m1 "^mfu:" "$raw/e2e_fp8_off.txt" | sed 's/^/\nMFU convention, as train_dbrx prints it: /'
+# 5. all-to-all over the GPUs of this node
+if [ "$ngpu" -gt 1 ] && [ "$EMU" = 0 ]; then
+    bench all_to_all bash dev/mpirun.sh -np "$ngpu" ./dev/comm_bench --op all_to_all \
+        && { echo; echo "all-to-all(v), $ngpu GPUs:"; echo '```'; cat "$raw/all_to_all.txt"; echo '```'; }
+fi
+[ "$EMU" = 1 ] && echo "(emulated: the commands ran and validated; no timings)"
+} | tee -a "$out"
+if [ "$EMU" = 1 ]; then
+    # every command ran: no FAILED row, and the end-to-end logs have their steps
+    ! grep -q "FAILED" "$out" && [ -s "$raw/e2e_fp8_off.jsonl" ] && [ -s "$raw/e2e_fp8_delayed.jsonl" ]; rc=$?
+    rm -rf "$out" "$raw"; exit $rc
+fi
+echo "bench-gpu: appended to $out; raw outputs in $raw/"
