@@ -13,6 +13,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #endif
+#include <cstdint>
+#include <initializer_list>
 #include <vector>
 #include "common.h"
 
@@ -41,6 +43,27 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
 #endif
 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+// ---------------------------------------------------------------------------------------------
+// W consecutive BF16 values moved in one access, converted to / from fp32 registers. W = 8 is one
+// 16-byte load or store (128-bit: a quarter of the instructions of 4-byte ones, full sectors per
+// warp); the pointer must be 16-byte aligned. W = 1 is the scalar fallback for odd widths.
+template <int W> struct alignas(2 * W) Bf16Vec { floatX v[W]; };
+template <int W> __device__ __forceinline__ void load_bf16(float* f, const floatX* p) {
+    Bf16Vec<W> x = *(const Bf16Vec<W>*)p;
+    for (int j = 0; j < W; j++) f[j] = __bfloat162float(x.v[j]);
+}
+template <int W> __device__ __forceinline__ void store_bf16(floatX* p, const float* f) {
+    Bf16Vec<W> x;
+    for (int j = 0; j < W; j++) x.v[j] = __float2bfloat16(f[j]);
+    *(Bf16Vec<W>*)p = x;
+}
+// true when rows of C BF16 values starting at every pointer given can be read 8 at a time
+inline bool bf16_rows_vec8(int C, std::initializer_list<const void*> ptrs) {
+    if (C % 8) return false;
+    for (const void* p : ptrs) if ((uintptr_t)p % 16) return false;
+    return true;
+}
 
 // ---------------------------------------------------------------------------------------------
 // reductions. Every lane of the warp gets the result (butterfly), and the order of the additions

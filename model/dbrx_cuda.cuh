@@ -487,9 +487,8 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         attention_forward_gpu(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         block_linear_forward(m, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
-        residual_forward_gpu(a->resid_mid, x, m->attproj, (size_t)N * d);
-        // MoE half
-        layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
+        // MoE half: resid_mid = x + attproj and its LayerNorm, in one kernel
+        residual_layernorm_forward_gpu(a->ln2, a->resid_mid, a->ln2_mean, a->ln2_rstd, x, m->attproj, w.norm2, N, d, c->ln_eps);
         matmul_forward_gpu(a->router_logits, a->ln2, w.router, N, d, E);
         router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k,
                            c->moe_norm_p);
@@ -655,9 +654,8 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
         cudaCheck(cudaMemcpyAsync(s->kv[l] + (size_t)pos * kvw, s->qkv + (size_t)H * hd, kvw * sizeof(floatX), cudaMemcpyDeviceToDevice, 0));
         attention_decode_gpu(s->atty, s->qkv, s->kv[l], pos, H, KV, hd);
         matmul_forward_gpu(s->attproj, s->atty, w.wo, 1, d, d);
-        residual_forward_gpu(s->resid_mid, s->x, s->attproj, (size_t)d);
         // MoE half: the token's k experts (the dispatch brings the offsets to the host, as in the forward)
-        layernorm_forward_gpu(s->ln, s->ln_mean, s->ln_rstd, s->resid_mid, w.norm2, 1, d, c->ln_eps);
+        residual_layernorm_forward_gpu(s->ln, s->resid_mid, s->ln_mean, s->ln_rstd, s->x, s->attproj, w.norm2, 1, d, c->ln_eps);
         matmul_forward_gpu(s->router_logits, s->ln, w.router, 1, d, E);
         router_forward_gpu(s->probs, s->lse, s->topk_idx, s->topk_w, s->counts, s->router_stats, s->router_logits, 1, E, k,
                            c->moe_norm_p);

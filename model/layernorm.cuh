@@ -76,29 +76,61 @@ static inline void layernorm_backward(real* dinp, real* dweight, const real* dou
 // per channel into a scratch row, then one pass adds the chunks up in order. Deterministic.
 #include "cuda_common.h"
 
-// out (N, C), mean (N), rstd (N) from inp (N, C), weight (C)
-__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
-                                         int N, int C, float eps) {
+// out (N, C), mean (N), rstd (N) from inp (N, C), weight (C). With `add` (N, C) the residual add is
+// fused in: resid = bf16(inp + add) is written and normalised (rounded first, exactly as the unfused
+// residual kernel then the norm computed it), which saves a launch and a round trip of the row through
+// HBM. W values per access: 8 (16-byte loads and stores) when the rows allow it, else 1. A lane
+// re-reads only what it wrote itself, so the warp needs no barrier between the passes.
+template <int W>
+__global__ void layernorm_forward_kernel(floatX* out, floatX* resid, float* mean, float* rstd, const floatX* inp,
+                                         const floatX* add, const floatX* weight, int N, int C, float eps) {
     int lane = threadIdx.x % 32;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;   // a whole warp leaves: no barrier follows
-    const floatX* x = inp + (size_t)row * C;
-    float sum = 0.0f;
-    for (int c = lane; c < C; c += 32) sum += __bfloat162float(x[c]);
+    size_t base = (size_t)row * C;
+    const floatX* x = add ? resid + base : inp + base;   // the row that is normalised
+    float v[W], sum = 0.0f;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        load_bf16<W>(v, inp + base + c);
+        if (add) {
+            float a[W];
+            load_bf16<W>(a, add + base + c);
+            for (int j = 0; j < W; j++) v[j] = __bfloat162float(__float2bfloat16(v[j] + a[j]));
+            store_bf16<W>(resid + base + c, v);
+        }
+        for (int j = 0; j < W; j++) sum += v[j];
+    }
     float m = warp_sum(sum) / C;
     float var = 0.0f;
-    for (int c = lane; c < C; c += 32) { float d = __bfloat162float(x[c]) - m; var += d * d; }
+    for (int c = lane * W; c < C; c += 32 * W) {
+        load_bf16<W>(v, x + c);
+        for (int j = 0; j < W; j++) { float dv = v[j] - m; var += dv * dv; }
+    }
     float s = rsqrtf(warp_sum(var) / C + eps);
-    floatX* y = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32)
-        y[c] = __float2bfloat16((__bfloat162float(x[c]) - m) * s * __bfloat162float(weight[c]));
+    for (int c = lane * W; c < C; c += 32 * W) {
+        float wv[W];
+        load_bf16<W>(v, x + c);
+        load_bf16<W>(wv, weight + c);
+        for (int j = 0; j < W; j++) v[j] = (v[j] - m) * s * wv[j];
+        store_bf16<W>(out + base + c, v);
+    }
     if (lane == 0) { mean[row] = m; rstd[row] = s; }
 }
 
+// resid (N, C) = inp + add, out (N, C) = layernorm(resid): the residual add of the attention half fused
+// into the norm of the MoE half. add == nullptr: a plain layernorm of inp (resid unused).
+static inline void residual_layernorm_forward_gpu(floatX* out, floatX* resid, float* mean, float* rstd, const floatX* inp,
+                                                  const floatX* add, const floatX* weight, int N, int C, float eps,
+                                                  cudaStream_t stream = 0) {
+    const int block = 256, rows_per_block = block / 32;
+    if (bf16_rows_vec8(C, {out, resid, inp, add, weight}))
+        LAUNCH(layernorm_forward_kernel<8>, ceil_div(N, rows_per_block), block, 0, stream, out, resid, mean, rstd, inp, add, weight, N, C, eps);
+    else
+        LAUNCH(layernorm_forward_kernel<1>, ceil_div(N, rows_per_block), block, 0, stream, out, resid, mean, rstd, inp, add, weight, N, C, eps);
+}
 static inline void layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
                                          int N, int C, float eps, cudaStream_t stream = 0) {
-    const int block = 256, rows_per_block = block / 32;
-    LAUNCH(layernorm_forward_kernel, ceil_div(N, rows_per_block), block, 0, stream, out, mean, rstd, inp, weight, N, C, eps);
+    residual_layernorm_forward_gpu(out, nullptr, mean, rstd, inp, nullptr, weight, N, C, eps, stream);
 }
 
 // dinp (N, C) += rstd * (dn - mean(dn) - n * mean(dn * n)),  n = (x - mean) * rstd, dn = dout * w.

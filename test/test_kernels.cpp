@@ -234,14 +234,26 @@ TEST_CASE("layernorm forward and backward") {
     }
 }
 
-TEST_CASE("residual add") {
-    for (size_t n : {(size_t)1, (size_t)1000, (size_t)4099}) {
-        std::vector<float> x = bf16_round(randn(n, n)), y = bf16_round(randn(n, n + 1)), out(n);
-        residual_forward(out.data(), x.data(), y.data(), n);
-        floatX *dx = dev_bf16(x), *dy = dev_bf16(y), *dout = dev_poisoned<floatX>(n);
-        residual_forward_gpu(dout, dx, dy, n);
+TEST_CASE("residual add fused into the layernorm after it") {
+    // 16-byte rows (C % 8 == 0) and the scalar fallback; the residual sum is rounded to BF16 before the
+    // norm reads it, as the CPU reference's BF16 activations are
+    for (auto s : {std::vector<int>{1, 64}, {9, 104}, {33, 128}, {5, 100}, {3, 257}}) {
+        int N = s[0], C = s[1];
+        size_t n = (size_t)N * C;
+        std::vector<float> x = bf16_round(randn(n, N + C, 2.0)), y = bf16_round(randn(n, N + C + 1)), w = bf16_round(randn(C, C + 2));
+        std::vector<float> resid(n), out(n), mean(N), rstd(N);
+        residual_forward(resid.data(), x.data(), y.data(), n);
+        resid = bf16_round(resid);
+        layernorm_forward(out.data(), mean.data(), rstd.data(), resid.data(), w.data(), N, C, 1e-5f);
+        floatX *dx = dev_bf16(x), *dy = dev_bf16(y), *dw = dev_bf16(w), *dres = dev_poisoned<floatX>(n), *dout = dev_poisoned<floatX>(n);
+        float *dmean = dev_poisoned<float>(N), *drstd = dev_poisoned<float>(N);
+        residual_layernorm_forward_gpu(dout, dres, dmean, drstd, dx, dy, dw, N, C, 1e-5f);
+        std::vector<float> got_res = get_bf16(dres, n);
+        CHECK_MESSAGE(got_res == resid, "the residual sum differs from bf16(x + y)");
         expect_close("out", get_bf16(dout, n), out, TOL_BF16);
-        cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dy)); cudaCheck(cudaFree(dout));
+        expect_close("mean", get(dmean, N), mean, TOL_F32);
+        expect_close("rstd", get(drstd, N), rstd, TOL_F32);
+        for (void* p : {(void*)dx, (void*)dy, (void*)dw, (void*)dres, (void*)dout, (void*)dmean, (void*)drstd}) cudaCheck(cudaFree(p));
     }
 }
 

@@ -1,20 +1,19 @@
 /*
  * embedding.cu — the small memory-bound kernels of the step, the model's versions:
  *   embedding forward (gather of BF16 rows), embedding backward (deterministic: host-sorted
- *   buckets, one thread per (distinct token, channel)), the residual add, clip_qkv + RoPE forward
+ *   buckets, one thread per (distinct token, channel)), clip_qkv + RoPE forward
  *   and backward (fused).
  *   make dev/cuda/embedding && ./dev/cuda/embedding    (N 16384 tokens, C 1024, V 100352; qkv of dbrx-1b)
  */
 #include "common.h"
 #include "../../model/embedding.cuh"
-#include "../../model/residual.cuh"
 #include "../../model/attention.cuh"
 
 int main() {
     int N = EMULATED ? 150 : 16384, C = EMULATED ? 64 : 1024, V = EMULATED ? 300 : 100352;
     char shape[64];
     snprintf(shape, sizeof shape, "N %d, C %d, V %d", N, C, V);
-    print_header("embedding, residual, rope", shape);
+    print_header("embedding, rope", shape);
     std::vector<int> tok(N);
     Rng r = {3};
     for (int& t : tok) t = (int)(rng_u64(&r) % (uint64_t)(V / 4));   // repeats, as in text
@@ -37,14 +36,6 @@ int main() {
     bwd();
     validate("embedding backward", from_device_f32(ddw, dw.size()), dw, 1e-5, 1e-6);
     report_bandwidth("embedding backward", (double)N * C * 4 + 2.0 * plan.unique.size() * C * 4, time_ms(20, bwd));
-
-    std::vector<float> a = round_bf16(make_random((size_t)N * C, 4)), b = round_bf16(make_random((size_t)N * C, 5)), s((size_t)N * C);
-    residual_forward(s.data(), a.data(), b.data(), s.size());
-    floatX *da = to_device_bf16v(a), *db = to_device_bf16v(b), *ds = deviceAlloc(floatX, s.size());
-    auto res = [&] { residual_forward_gpu(ds, da, db, s.size()); };
-    res();
-    validate("residual add", from_device_bf16v(ds, s.size()), s, 1e-2, 1e-2);
-    report_bandwidth("residual add", 3.0 * N * C * 2, time_ms(20, res));
 
     int B = EMULATED ? 2 : 8, T = N / B, H = EMULATED ? 4 : 8, KV = 2, hd = EMULATED ? 16 : 128, qd = (H + 2 * KV) * hd;
     std::vector<float> pre = round_bf16(make_random((size_t)B * T * qd, 6, 4.0)), qkv(pre.size());
