@@ -307,6 +307,64 @@ TEST_CASE("causal GQA attention forward (output, logsumexp) and backward") {
     }
 }
 
+// DBRX's attention shapes (head_dim 128): T 512, its 48:8 query/KV grouping (6 queries per KV head,
+// not a power of two) at an odd T, the first and last query rows of T 2048 against the reference, and
+// bit-identical results under two different thread schedules
+TEST_CASE("flash attention at DBRX's shapes: T 512, GQA 48:8, rows of T 2048, determinism") {
+    for (auto s : {std::vector<int>{1, 512, 2, 1, 128}, {1, 37, 48, 8, 128}, {1, 2048, 1, 1, 128}}) {
+        int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd, C = H * hd;
+        INFO("B " << B << " T " << T << " H " << H << " KV " << KV << " hd " << hd);
+        std::vector<float> qkv = bf16_round(randn((size_t)B * T * qd, T + H, 1.5));
+        std::vector<float> dout = bf16_round(randn((size_t)B * T * C, 23));
+        std::vector<float> first[3];
+#if defined(SIMT_EMULATION)
+        const bool was_random = simt::options().random;
+        const uint64_t was_seed = simt::options().seed;
+#endif
+        for (int run = 0; run < 2; run++) {
+#if defined(SIMT_EMULATION)
+            simt::set_schedule(true, 1000 + 77 * run);   // (on a GPU: two runs of the hardware's own schedule)
+#endif
+            floatX *d_qkv = dev_bf16(qkv), *d_out = dev_poisoned<floatX>((size_t)B * T * C), *d_dout = dev_bf16(dout);
+            float *d_lse = dev_poisoned<float>((size_t)B * H * T), *d_D = dev_poisoned<float>((size_t)B * H * T);
+            floatX* d_dqkv = dev_poisoned<floatX>(qkv.size());
+            attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd);
+            attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd);
+            std::vector<float> got[3] = {get_bf16(d_out, (size_t)B * T * C), get(d_lse, (size_t)B * H * T), get_bf16(d_dqkv, qkv.size())};
+            if (run == 0) {
+                if (T <= 512) {   // the whole reference
+                    std::vector<float> out((size_t)B * T * C), lse((size_t)B * H * T), dqkv(qkv.size());
+                    attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd);
+                    attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, H, KV, hd);
+                    expect_close("out", got[0], out, TOL_BF16);
+                    expect_close("lse", got[1], lse, TOL_F32);
+                    expect_close("dqkv", got[2], dqkv, TOL_BF16);
+                } else {          // T 2048: the reference forward of the first and last 8 query rows (causal: row t sees 0..t)
+                    for (int t0 : {0, T - 8}) {
+                        int Tp = t0 + 8;   // the prefix up to the last row checked is its own causal problem
+                        std::vector<float> pre(qkv.begin(), qkv.begin() + (size_t)Tp * qd), out((size_t)Tp * C), lse((size_t)H * Tp);
+                        attention_forward(out.data(), lse.data(), pre.data(), 1, Tp, H, KV, hd);
+                        std::vector<float> go(got[0].begin() + (size_t)t0 * C, got[0].begin() + (size_t)Tp * C);
+                        std::vector<float> wo(out.begin() + (size_t)t0 * C, out.end());
+                        expect_close("out rows", go, wo, TOL_BF16);
+                        std::vector<float> gl(got[1].begin() + t0, got[1].begin() + Tp), wl(lse.begin() + t0, lse.end());
+                        expect_close("lse rows", gl, wl, TOL_F32);
+                    }
+                }
+                for (int i = 0; i < 3; i++) first[i] = got[i];
+            } else {
+                for (int i = 0; i < 3; i++)
+                    CHECK_MESSAGE(memcmp(first[i].data(), got[i].data(), got[i].size() * sizeof(float)) == 0,
+                                  "output " << i << " (out, lse, dqkv) differs between two thread schedules");
+            }
+            for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_lse, (void*)d_dout, (void*)d_dqkv, (void*)d_D}) cudaCheck(cudaFree(p));
+        }
+#if defined(SIMT_EMULATION)
+        simt::set_schedule(was_random, was_seed);
+#endif
+    }
+}
+
 TEST_CASE("router: softmax, top-k, renormalisation (L1, L2, none), histogram, LBL and z-loss, backward") {
     for (float norm_p : {1.0f, DBRX_OFF, 2.0f})
     for (auto s : {std::vector<int>{1, 4, 1, 0}, {37, 16, 4, 0}, {130, 8, 2, 0}, {300, 16, 4, 0}, {65, 16, 4, 1}}) {
