@@ -44,32 +44,40 @@ static inline void crossentropy_backward(real* logits, const int* targets, int N
 // so the (N, V) logits are read twice and written once, and never held in fp32.
 #include "cuda_common.h"
 
-// losses (N) from logits (N, V); with write_grad the logits are replaced by their gradient
+// losses (N) from logits (N, V); with write_grad the logits are replaced by their gradient.
+// W logits per access: 8 (16-byte loads and stores) when the rows allow it, else 1.
+template <int W>
 __global__ void classifier_fused_kernel(floatX* logits, float* losses, const int* targets, int V, float dloss, int write_grad) {
     __shared__ float scratch[32];
     int row = blockIdx.x;
     floatX* z = logits + (size_t)row * V;
     int target = targets[row];
     float z_target = __bfloat162float(z[target]);   // read before any thread overwrites the row
-    float m = -INFINITY, s = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float x = __bfloat162float(z[i]);
-        if (x > m) { s = s * expf(m - x) + 1.0f; m = x; }
-        else s += expf(x - m);
+    float m = -INFINITY, s = 0.0f, x[W];
+    for (int i = threadIdx.x * W; i < V; i += blockDim.x * W) {
+        load_bf16<W>(x, z + i);
+        for (int j = 0; j < W; j++) {
+            if (x[j] > m) { s = s * expf(m - x[j]) + 1.0f; m = x[j]; }
+            else s += expf(x[j] - m);
+        }
     }
     float M = block_max(m, scratch);
     float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), scratch);   // (the barriers inside order the reads above before the writes below)
     float lse = M + logf(S);
     if (threadIdx.x == 0) losses[row] = lse - z_target;
     if (!write_grad) return;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float p = expf(__bfloat162float(z[i]) - lse);
-        z[i] = __float2bfloat16((p - (i == target ? 1.0f : 0.0f)) * dloss);
+    for (int i = threadIdx.x * W; i < V; i += blockDim.x * W) {
+        load_bf16<W>(x, z + i);
+        for (int j = 0; j < W; j++) x[j] = (expf(x[j] - lse) - (i + j == target ? 1.0f : 0.0f)) * dloss;
+        store_bf16<W>(z + i, x);
     }
 }
 
 static inline void classifier_fused_gpu(floatX* logits, float* losses, const int* targets, int N, int V, float dloss,
                                         bool write_grad, cudaStream_t stream = 0) {
-    LAUNCH(classifier_fused_kernel, N, 512, 0, stream, logits, losses, targets, V, dloss, write_grad ? 1 : 0);
+    if (bf16_rows_vec8(V, {logits}))
+        LAUNCH(classifier_fused_kernel<8>, N, 512, 0, stream, logits, losses, targets, V, dloss, write_grad ? 1 : 0);
+    else
+        LAUNCH(classifier_fused_kernel<1>, N, 512, 0, stream, logits, losses, targets, V, dloss, write_grad ? 1 : 0);
 }
 #endif  // __CUDACC__ || SIMT_EMULATION
