@@ -11,7 +11,8 @@
 #   4. end to end: dbrx-1b on one GPU, batch 8 x 2048, BF16 (and FP8 delayed scaling): the median MFU of
 #      the last 10 of 30 steps, by the convention train_dbrx prints (matmul FLOPs only, causal
 #      attention: 6 N_matmul + 6 L d (S+1) per token); target >= 35% BF16.
-#   5. with more than one GPU: the all-to-all(v) bus bandwidth of dev/comm_bench (nccl-tests' convention).
+#   5. with more than one GPU: the all-to-all(v) bus bandwidth of dev/comm_bench (nccl-tests' convention),
+#      and dbrx-1b with ZeRO-3 over every GPU, expert parallelism over all of them (at most 16) against none.
 # The tables are appended to dev/bench/results_gpu.md with the GPU's name, the date and the commit;
 # the raw output of every command goes to dev/bench/gpu_runs/ (ignored by git).
 #   make bench-gpu                      (needs: nvcc, a GPU, make data)
@@ -98,16 +99,27 @@ for prec in off delayed; do
     fi
 done
 grep -m1 "^mfu:" "$raw/e2e_fp8_off.txt" | sed 's/^/\nMFU convention, as train_dbrx prints it: /'
-# 5. all-to-all over the GPUs of this node
-if [ "$ngpu" -gt 1 ] && [ "$EMU" = 0 ]; then
-    bench all_to_all bash dev/mpirun.sh -np "$ngpu" ./dev/comm_bench --op all_to_all \
-        && { echo; echo "all-to-all(v), $ngpu GPUs:"; echo '```'; cat "$raw/all_to_all.txt"; echo '```'; }
+# 5. all-to-all over the GPUs of this node, and expert parallelism over them against none (ZeRO-3 over
+#    all GPUs in both): the step time, and the tokens each rank's experts received (max/mean)
+np=$ngpu; [ "$EMU" = 1 ] && np=2
+if [ "$np" -gt 1 ]; then
+    ep=$np; [ "$ep" -gt 16 ] && ep=16
+    if [ "$EMU" = 0 ]; then
+        bench all_to_all bash dev/mpirun.sh -np "$np" ./dev/comm_bench --op all_to_all \
+            && { echo; echo "all-to-all(v), $np GPUs:"; echo '```'; cat "$raw/all_to_all.txt"; echo '```'; echo; }
+    fi
+    for e in 1 "$ep"; do
+        log="$raw/ep_$e.jsonl"; rm -f "$log"
+        if bench "ep_$e" bash dev/mpirun.sh -np "$np" "$train" --device cuda "${E2E[@]}" --expert-parallel "$e" --val-every 0 --log "$log"; then
+            read -r mfu toks ms < <(median_mfu "$log") && echo "| ${E2E[1]}, $np GPUs ZeRO-3, --expert-parallel $e | $ms ms/step, $toks tok/s, MFU $mfu% | EP $ep faster than EP 1 | see the two rows |"
+        fi
+    done
 fi
 [ "$EMU" = 1 ] && echo "(emulated: the commands ran and validated; no timings)"
 } | tee -a "$out"
 if [ "$EMU" = 1 ]; then
     # every command ran: no FAILED row, and the end-to-end logs have their steps
-    ! grep -q "FAILED" "$out" && [ -s "$raw/e2e_fp8_off.jsonl" ] && [ -s "$raw/e2e_fp8_delayed.jsonl" ]; rc=$?
+    ! grep -q "FAILED" "$out" && [ -s "$raw/e2e_fp8_off.jsonl" ] && [ -s "$raw/e2e_fp8_delayed.jsonl" ] && [ -s "$raw/ep_2.jsonl" ]; rc=$?
     rm -rf "$out" "$raw"; exit $rc
 fi
 echo "bench-gpu: appended to $out; raw outputs in $raw/"
