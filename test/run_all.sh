@@ -34,6 +34,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     export OMP_WAIT_POLICY=passive
     echo "== SIMT emulator"; SIMT_THREADS=2 doctest_run ./test/test_simt
     echo "== CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)"; doctest_run ./test/test_kernels
+    echo "== race detection: the kernels' shared/global accesses checked between barriers, negative controls (SIMT emulator)"
+    doctest_run ./test/test_race
     echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
     echo "== generation: the KV-cache step vs the full forward on both backends, the sampler, decoding (SIMT emulator)"
     doctest_run ./test/test_decode

@@ -29,6 +29,14 @@
  *     SIMT_SCHEDULE=random:SEED (or simt::set_schedule) picks a random ready thread every time, so a
  *     missing __syncthreads() shows up as a wrong result. Per block the order is a function of the
  *     seed, the launch count and the block index only: runs are reproducible.
+ *     SIMT_SCHEDULE=warp_ahead[:W] (or simt::set_schedule_warp_ahead) is the adversary: warp W (default
+ *     0) runs whenever one of its threads can, so it reaches its next barrier before any other thread
+ *     runs; the other threads run in reverse index order.
+ *   - Race detection (test/simt/race.h, built with -DSIMT_RACE_DETECT and g++ -fsanitize=thread, linked
+ *     without it): every load and store of a kernel is recorded per block and barrier epoch; two threads
+ *     touching the same byte, one writing, with no barrier or warp synchronisation between them, fail
+ *     the launch naming the kernel, the block, both threads and both source lines. The ordering is the
+ *     program's, not the schedule's: a race is caught under any schedule, the sequential one included.
  *   - The CUDA runtime calls the project uses (cudaMalloc, cudaMemcpy, events, ...) are implemented
  *     on host memory; cudaMalloc poisons with 0xFF. SIMT_DEVICE_MEMORY=BYTES sets the emulated
  *     device size (default 80 GiB), so the out-of-memory path can be tested.
