@@ -35,6 +35,13 @@ static int line_of(const char* file, const char* after, const char* text) {
     return -1;
 }
 static bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+// the controls run their blocks on one OS thread: which block reports first is then fixed (with SIMT_THREADS
+// blocks run in parallel and the first to fail wins)
+struct OneOsThread {
+    int saved = simt::options().os_threads;
+    OneOsThread() { simt::set_os_threads(1); }
+    ~OneOsThread() { simt::set_os_threads(saved); }
+};
 
 // ---------------------------------------------------------------------------------------------
 // synthetic kernels
@@ -80,6 +87,7 @@ __global__ void bf16_pairs_kernel(floatX* out) {
 }
 
 TEST_CASE("race detector: synthetic races are reported with the kernel, both threads and both lines; their twins are not") {
+    OneOsThread one;
     simt::set_schedule(false, 0);
     float* d = dev_poisoned<float>(64);
     std::string msg = error_of([&] { LAUNCH(shared_neighbour_kernel, 1, 64, 0, 0, d, 0); });
@@ -133,6 +141,7 @@ TEST_CASE("race detector: the classifier's block_max without its trailing barrie
     float* d_losses = dev_poisoned<float>(N);
     int* d_targets = dev_copy(targets);
     auto run = [&] { classifier_fused_gpu(d_logits, d_losses, d_targets, N, V, 1.0f, false); };
+    OneOsThread one;
     simt::set_schedule(false, 0);
     CHECK(error_of(run) == "");   // the kernel as it is
     expect_close("losses", get(d_losses, N), want, TOL_F32);
@@ -148,6 +157,16 @@ TEST_CASE("race detector: the classifier's block_max without its trailing barrie
     CHECK(contains(msg, " read at model/cuda_common.h:" + std::to_string(l_read) + " (block_max, inlined at model/classifier.cuh:"));
     CHECK(contains(msg, "thread (0,0,0) write at model/cuda_common.h:" + std::to_string(l_write) + " (block_sum, inlined at model/classifier.cuh:"));
     CHECK(error_of(run) == msg);   // deterministic
+    for (int seed = 1; seed <= 10; seed++) {   // and under every schedule (the pair's order may differ)
+        simt::set_schedule(true, seed);
+        std::string m = error_of(run);
+        CHECK(contains(m, "race in kernel classifier_fused_kernel"));
+        CHECK(contains(m, "model/cuda_common.h:" + std::to_string(l_read) + " (block_max"));
+        CHECK(contains(m, "model/cuda_common.h:" + std::to_string(l_write) + " (block_sum"));
+    }
+    simt::set_schedule_warp_ahead(3);
+    CHECK(contains(error_of(run), "race in kernel classifier_fused_kernel"));
+    simt::set_schedule(false, 0);
 
     // why the schedules alone miss it: with detection off the values are right under the sequential and
     // random schedules; the adversarial schedule (one warp ahead to its next barrier) gets them wrong
@@ -178,6 +197,7 @@ TEST_CASE("race detector: flash attention forward without its end-of-tile barrie
     float* d_lse = dev_poisoned<float>((size_t)B * H * T);
     REQUIRE(flash_attention_supported(hd));
     auto run = [&] { attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd); };
+    OneOsThread one;
     simt::set_schedule(false, 0);
     CHECK(error_of(run) == "");
     simt::race_drop_barrier_set("flash_forward_tile", true);
