@@ -31,6 +31,10 @@
  * caller by addr2line when a race is reported (so build with -g).
  * Negative controls may drop named barriers at run time: DROPPABLE_SYNCTHREADS(name) in the kernels
  * (model/cuda_common.h) is a plain __syncthreads() unless simt::race_drop_barrier(name) is set.
+ *
+ * Not checked: races between blocks (each block has its own shadow, reset when it starts), an atomic
+ * against a plain access, memory fences as ordering (only barriers and warp rendezvous order threads).
+ * Compiler-generated guards of thread_local statics are not kernel memory (race_is_tls_guard).
  */
 #pragma once
 #include <dlfcn.h>
@@ -48,8 +52,11 @@ struct RaceAccess {
     uint8_t mask;         // bytes of the granule
     uint8_t write;
 };
-// the shadow of one 8-byte granule in the current epoch: up to two writers and two readers (distinct
-// threads); a third distinct reader is only counted (it is never needed to prove a race with the others)
+// the shadow of one 8-byte granule in the current epoch: two writers and two readers (distinct threads).
+// A third thread's access takes the second slot: the first and the newest are kept, and of any two
+// distinct threads at least one differs from a later accessor, so a race is lost only when the evicted
+// access was the one unordered with it (a thread's repeated accesses merge their byte masks and keep the
+// newest warp clock)
 struct RaceEntry {
     uintptr_t key;        // granule address / 8
     uint32_t epoch;
