@@ -3,7 +3,8 @@
  * g++ -fsanitize=thread, linked without libtsan (Makefile): every load and store of the kernels is checked.
  *   1. Every case of test_kernels.cpp (included below): the model's kernels with shared memory and
  *      intra-block cooperation run with every access checked, and must report no race.
- *   2. Synthetic races (shared memory across warps, within a warp, global memory within a block) are
+ *   2. Synthetic races (shared memory across warps, within a warp, after a __syncwarp the reader was not
+ *      part of, global memory within a block) are
  *      reported naming the kernel, both threads and both source lines; their synchronised twins and
  *      shared-memory atomics are not.
  *   3. Negative controls on the model's own kernels, under the default sequential schedule: the trailing
@@ -61,6 +62,13 @@ __global__ void warp_neighbour_kernel(float* out, int sync) {
     if (sync) __syncwarp();
     out[threadIdx.x] = buf[threadIdx.x ^ 1];
 }
+// a __syncwarp over lanes 0..15 orders lane 0's write before lane `reader`'s read only if the reader was in it
+__global__ void half_warp_kernel(float* out, int reader) {
+    __shared__ float buf[32];
+    if (threadIdx.x == 0) buf[0] = 7.0f;
+    if (threadIdx.x < 16) __syncwarp(0x0000ffffu);
+    if ((int)threadIdx.x == reader) out[0] = buf[0];
+}
 // global memory within a block: thread 0 writes, thread 40 reads
 static const int L_G_WRITE = __LINE__ + 3;
 static const int L_G_READ = __LINE__ + 4;
@@ -105,6 +113,12 @@ TEST_CASE("race detector: synthetic races are reported with the kernel, both thr
     CHECK(contains(msg, "race in kernel warp_neighbour_kernel"));
     CHECK(contains(msg, "thread (1,0,0) write"));
     CHECK(error_of([&] { LAUNCH(warp_neighbour_kernel, 1, 32, 0, 0, d, 1); }) == "");
+    CHECK(error_of([&] { LAUNCH(half_warp_kernel, 1, 32, 0, 0, d, 3); }) == "");
+    CHECK(get(d, 1)[0] == 7.0f);
+    msg = error_of([&] { LAUNCH(half_warp_kernel, 1, 32, 0, 0, d, 20); });
+    CHECK(contains(msg, "race in kernel half_warp_kernel"));
+    CHECK(contains(msg, "thread (0,0,0) write"));
+    CHECK(contains(msg, "thread (20,0,0) read"));
 
     msg = error_of([&] { LAUNCH(global_flag_kernel, 1, 64, 0, 0, d, 0); });
     INFO(msg);
