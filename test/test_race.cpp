@@ -4,9 +4,8 @@
  *   1. Every case of test_kernels.cpp (included below): the model's kernels with shared memory and
  *      intra-block cooperation run with every access checked, and must report no race.
  *   2. Synthetic races (shared memory across warps, within a warp, after a __syncwarp the reader was not
- *      part of, global memory within a block) are
- *      reported naming the kernel, both threads and both source lines; their synchronised twins and
- *      shared-memory atomics are not.
+ *      part of, global memory within a block) are reported naming the kernel, both threads and both
+ *      source lines; their synchronised twins, shared-memory atomics and adjacent bf16 stores are not.
  *   3. Negative controls on the model's own kernels, under the default sequential schedule: the trailing
  *      barrier of block_max dropped (the classifier's block_max then races with its block_sum) and the
  *      end-of-tile barrier of the flash attention forward dropped (the next tile's cp.async overwrites a
