@@ -117,7 +117,7 @@ SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
-             test/test_decode
+             test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -135,6 +135,24 @@ test/test_fp8_cuda: test/test_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
 # parallel/zero_fp8.h's kernels (ZeRO-3's FP8 all-gather): MPI headers for parallel/comm.h
 test/test_zero_fp8_cuda: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_zero_fp8_cuda.cpp -lopenblas $(MPI_LIBS) -lm
+# the race detector (test/simt/race.h): ThreadSanitizer's instrumentation calls (-fsanitize=thread at compile
+# time) go to the emulator's own __tsan_* functions; linked without -fsanitize=thread, so without libtsan.
+# -g: a race names its source lines (addr2line)
+RACE_FLAGS := $(SIMT_FLAGS) -g -DSIMT_RACE_DETECT -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
+test/test_race: test/test_race.cpp test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_race.cpp
+	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	rm -f $@.o
+# the FP8 kernels (quantize, padding, factors) under the race detector: test_fp8_cuda's source, instrumented
+test/test_race_fp8: test/test_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_fp8_cuda.cpp
+	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	rm -f $@.o
+# ZeRO-3's FP8 all-gather kernels (parallel/zero_fp8.h) under the race detector
+test/test_race_zero_fp8: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) $(MPI_CFLAGS) -c -o $@.o test/test_zero_fp8_cuda.cpp
+	$(CXX) -fopenmp -o $@ $@.o -lopenblas $(MPI_LIBS) -lm
+	rm -f $@.o
 # the NCCL twin (test/simt/nccl_twin.h) and parallel/comm.h's NCCL path over it, under mpirun
 test/test_nccl_twin: test/test_nccl_twin.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_nccl_twin.cpp $(MPI_LIBS) -lm

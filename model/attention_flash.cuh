@@ -164,7 +164,7 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T
                 mma_m16n8k16_bf16_f32(o[n + 1], pf, vf + 2, o[n + 1]);
             }
         }
-        __syncthreads();   // every warp is done with buffer j % 2 before iteration j + 1 refills it
+        DROPPABLE_SYNCTHREADS("flash_forward_tile");   // every warp is done with buffer j % 2 before iteration j + 1 refills it
     }
     // the row sums of the quads; O / l through the warp's own Q rows (read by no one else) to 16-byte stores
     for (int r = 0; r < 2; r++) {

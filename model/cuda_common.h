@@ -44,6 +44,14 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 
+// A barrier the race detector's negative controls may remove at run time (test/test_race.cpp drops it by
+// name to show the race it prevents is caught); a plain __syncthreads() in every other build.
+#if defined(SIMT_RACE_DETECT)
+#define DROPPABLE_SYNCTHREADS(name) do { if (!simt::race_drop_barrier(name)) __syncthreads(); } while (0)
+#else
+#define DROPPABLE_SYNCTHREADS(name) __syncthreads()
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // W consecutive BF16 values moved in one access, converted to / from fp32 registers. W = 8 is one
 // 16-byte load or store (128-bit: a quarter of the instructions of 4-byte ones, full sectors per
@@ -97,7 +105,7 @@ __device__ inline float block_max(float v, float* scratch) {
     __syncthreads();
     v = lane < nwarps ? scratch[lane] : -INFINITY;
     v = warp_max(v);
-    __syncthreads();
+    DROPPABLE_SYNCTHREADS("block_max");   // scratch may be reused by the caller right after
     return v;
 }
 

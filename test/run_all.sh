@@ -8,9 +8,9 @@ export RESULTS; RESULTS=$(mktemp)
 source test/lib.sh
 PY=${PYTHON:-/usr/bin/python3}
 
-# doctest binaries: every test case counts
+# doctest binaries: every test case counts (arguments after the binary go to it)
 doctest_run() {
-    local out; out=$("$1" 2>&1); local rc=$?
+    local out; out=$("$@" 2>&1); local rc=$?
     echo "$out" | grep -E "^\[doctest\] (test cases|assertions)|ERROR" | sed "s|^|   $1: |"
     local p f; p=$(echo "$out" | sed -nE 's/^\[doctest\] test cases: *[0-9]+ \| *([0-9]+) passed \| *([0-9]+) failed.*/\1/p')
     f=$(echo "$out" | sed -nE 's/^\[doctest\] test cases: *[0-9]+ \| *([0-9]+) passed \| *([0-9]+) failed.*/\2/p')
@@ -34,6 +34,11 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     export OMP_WAIT_POLICY=passive
     echo "== SIMT emulator"; SIMT_THREADS=2 doctest_run ./test/test_simt
     echo "== CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)"; doctest_run ./test/test_kernels
+    echo "== race detection: the kernels' shared/global accesses checked between barriers, negative controls (SIMT emulator)"
+    doctest_run ./test/test_race
+    # the FP8 kernels and a whole training step per recipe (the step's kernels) under the detector
+    doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
+    doctest_run ./test/test_race_zero_fp8   # ZeRO-3's FP8 all-gather kernels
     echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
     echo "== generation: the KV-cache step vs the full forward on both backends, the sampler, decoding (SIMT emulator)"
     doctest_run ./test/test_decode

@@ -2,7 +2,8 @@
  * test_simt.cpp — tests of the SIMT emulator itself (test/simt/simt.h): a block reduction with
  * barriers and shuffles, a shared-memory transpose, the semantics of every warp operation, atomics
  * across blocks on several OS threads, a kernel with a missing __syncthreads() that the random
- * schedule catches (and the sequential one does not), and the errors a GPU would hang on:
+ * schedule catches (and the sequential one does not), the adversarial warp_ahead schedule (its order,
+ * and the same missing barrier caught), and the errors a GPU would hang on:
  * barrier divergence, divergent warp operations, deadlock, bad launch configurations; the deferred
  * streams (work on a created stream runs when it is waited for, in order, across event waits).
  * Built with g++ -DSIMT_EMULATION only.
@@ -183,6 +184,45 @@ TEST_CASE("a missing __syncthreads() gives a wrong result under the random sched
     MESSAGE("missing barrier: " << wrong << " of " << n << " outputs wrong under the random schedule");
     cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dout));
     simt::set_schedule(false, 0);
+}
+
+// the order in which the threads of a block reach two points, with a barrier between them
+__global__ void arrival_order_kernel(int* order, int* counter) {
+    order[threadIdx.x] = atomicAdd(counter, 1);
+    __syncthreads();
+    order[blockDim.x + threadIdx.x] = atomicAdd(counter, 1);
+}
+
+TEST_CASE("the adversarial schedule warp_ahead: one warp runs ahead to its next barrier, the others in reverse order") {
+    const int threads = 128;
+    int* dorder = deviceAlloc(int, 2 * threads);
+    int* dcount = deviceAlloc(int, 1);
+    cudaCheck(cudaMemset(dcount, 0, sizeof(int)));
+    simt::set_schedule_warp_ahead(1);
+    LAUNCH(arrival_order_kernel, 1, threads, 0, 0, dorder, dcount);
+    std::vector<int> order = download(dorder, 2 * threads);
+    for (int phase = 0; phase < 2; phase++)   // warp 1 in lane order, then 127 .. 64, then 31 .. 0
+        for (int t = 0; t < threads; t++) {
+            int want = t / 32 == 1 ? t - 32 : t >= 64 ? 32 + (threads - 1 - t) : 32 + 64 + (31 - t);
+            CHECK(order[phase * threads + t] == phase * threads + want);
+        }
+    // the missing barrier of shift_kernel, which the sequential order hides, is exposed at once
+    const int blocks = 2, n = threads * blocks;
+    std::vector<float> x = random_floats(n, 6);
+    float* dx = upload(x);
+    float* dout = deviceAlloc(float, n);
+    auto wrong = [&](int with_barrier) {
+        LAUNCH(shift_kernel, blocks, threads, threads * sizeof(float), 0, dout, dx, with_barrier);
+        std::vector<float> out = download(dout, n);
+        int w = 0;
+        for (int i = 0; i < n; i++) w += out[i] != (i % threads > 0 ? x[i - 1] : 0.0f);
+        return w;
+    };
+    CHECK(wrong(1) == 0);
+    CHECK(wrong(0) > n / 2);
+    simt::set_schedule(false, 0);
+    CHECK(wrong(0) == 0);   // (the sequential order)
+    cudaCheck(cudaFree(dorder)); cudaCheck(cudaFree(dcount)); cudaCheck(cudaFree(dx)); cudaCheck(cudaFree(dout));
 }
 
 TEST_CASE("warp shuffles and votes follow the CUDA semantics") {

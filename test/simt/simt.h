@@ -29,6 +29,14 @@
  *     SIMT_SCHEDULE=random:SEED (or simt::set_schedule) picks a random ready thread every time, so a
  *     missing __syncthreads() shows up as a wrong result. Per block the order is a function of the
  *     seed, the launch count and the block index only: runs are reproducible.
+ *     SIMT_SCHEDULE=warp_ahead[:W] (or simt::set_schedule_warp_ahead) is the adversary: warp W (default
+ *     0) runs whenever one of its threads can, so it reaches its next barrier before any other thread
+ *     runs; the other threads run in reverse index order.
+ *   - Race detection (test/simt/race.h, built with -DSIMT_RACE_DETECT and g++ -fsanitize=thread, linked
+ *     without it): every load and store of a kernel is recorded per block and barrier epoch; two threads
+ *     touching the same byte, one writing, with no barrier or warp synchronisation between them, fail
+ *     the launch naming the kernel, the block, both threads and both source lines. The ordering is the
+ *     program's, not the schedule's: a race is caught under any schedule, the sequential one included.
  *   - The CUDA runtime calls the project uses (cudaMalloc, cudaMemcpy, events, ...) are implemented
  *     on host memory; cudaMalloc poisons with 0xFF. SIMT_DEVICE_MEMORY=BYTES sets the emulated
  *     device size (default 80 GiB), so the out-of-memory path can be tested.
@@ -200,8 +208,9 @@ static const char* const warp_op_names[] = {"__shfl_sync", "__shfl_xor_sync", "_
 typedef void (*WarpCollective)(void* const lanes[32]);
 
 // a cp.async copy a thread has issued and that has not landed yet (test/simt/tensor_core.h):
-// 16 bytes to dst, the first src_bytes of them from src and the rest zeros
-struct AsyncCopy { void* dst; const void* src; int bytes, src_bytes; };
+// 16 bytes to dst, the first src_bytes of them from src and the rest zeros; pc: where it was issued (race
+// detection)
+struct AsyncCopy { void* dst; const void* src; int bytes, src_bytes; const void* pc; };
 
 struct Fiber {
     void* sp;                      // saved stack pointer (x86-64)
@@ -219,6 +228,7 @@ struct Fiber {
     int line;
     WarpCollective collective;     // op == OP_COLLECTIVE: the instruction, and its name for messages
     const char* collective_name;
+    const void* race_pc;           // race detection: where this lane issued its collective
     // cp.async: the copies issued since the last commit, and the committed groups, oldest first.
     // They land when the thread waits for them (cp.async.wait_group), never earlier.
     std::vector<AsyncCopy> async_open;
@@ -229,6 +239,7 @@ inline const char* op_name(const Fiber& f) { return f.op == OP_COLLECTIVE ? f.co
 struct Options {
     bool random = false;
     uint64_t seed = 0;
+    int warp_ahead = -1;           // >= 0: the adversarial schedule (SIMT_SCHEDULE=warp_ahead[:W])
     bool throw_errors = false;
     int os_threads = 1;            // blocks run in parallel on this many OS threads
     size_t stack_bytes = 64 * 1024;
@@ -242,8 +253,9 @@ inline Options& options() {
         o.loaded = true;
         const char* s = getenv("SIMT_SCHEDULE");
         if (s && !strncmp(s, "random", 6)) { o.random = true; o.seed = s[6] == ':' ? strtoull(s + 7, NULL, 10) : 1; }
+        else if (s && !strncmp(s, "warp_ahead", 10)) o.warp_ahead = s[10] == ':' ? atoi(s + 11) : 0;
         else if (s && *s && strcmp(s, "sequential") != 0) {
-            fprintf(stderr, "error: SIMT_SCHEDULE='%s' must be 'sequential' or 'random:SEED'\n", s);
+            fprintf(stderr, "error: SIMT_SCHEDULE='%s' must be 'sequential', 'random:SEED' or 'warp_ahead[:W]'\n", s);
             exit(2);
         }
         const char* t = getenv("SIMT_THREADS");
@@ -288,6 +300,7 @@ struct Sched {
     void* body_arg = nullptr;
     uint64_t rng = 0;
     bool random = false;
+    int warp_ahead = -1;           // SIMT_SCHEDULE=warp_ahead:W
     std::string error;             // set inside a fiber, raised by the scheduler
     const char* kernel = "";
     const char* launch_file = "";
@@ -331,12 +344,25 @@ inline void to_main(Sched* s) {
     __builtin_unreachable();
 }
 
+#if defined(SIMT_RACE_DETECT)
+}  // namespace simt
+#include "race.h"
+namespace simt {
+#define SIMT_RACE_QUIET simt::RaceQuiet race_quiet_
+// an emulated instruction that reports its caller as the access site: not inlined into the kernel
+#define SIMT_RACE_SITE __attribute__((noinline))
+#else
+#define SIMT_RACE_QUIET
+#define SIMT_RACE_SITE
+#endif
+
 inline void make_ready(Sched* s, int i) {
     s->fibers[i].state = READY;
     s->ready.push_back(i);
 }
 
 [[noreturn]] inline void fiber_exit(Sched* s) {
+    SIMT_RACE_QUIET;
     Fiber& f = s->fibers[s->current];
     int lin = s->current;
     f.state = EXITED;
@@ -430,9 +456,24 @@ inline bool run_block(Sched* s, int nthreads) {
 #endif
         s->ready[i] = i;
     }
+#if defined(SIMT_RACE_DETECT)
+    race_block_start(s, nthreads);
+#endif
     while (s->ready_head < s->ready.size()) {
         int i;
-        if (s->random) {
+        if (s->warp_ahead >= 0) {
+            // the adversary: warp `warp_ahead` first whenever it can run, then the others in reverse index
+            // order, so that one warp runs ahead to its next barrier (or warp operation) and the last
+            // threads of the block overtake the first ones
+            size_t pick = s->ready_head;
+            for (size_t k = s->ready_head; k < s->ready.size(); k++) {
+                int c = s->ready[k], p = s->ready[pick];
+                bool ca = c / 32 == s->warp_ahead, pa = p / 32 == s->warp_ahead;
+                if (ca != pa ? ca : ca ? c < p : c > p) pick = k;
+            }
+            i = s->ready[pick];
+            s->ready[pick] = s->ready[s->ready_head];
+        } else if (s->random) {
             size_t n = s->ready.size() - s->ready_head;
             s->rng = mix64(s->rng);
             size_t pick = s->ready_head + (size_t)(s->rng % n);
@@ -449,10 +490,16 @@ inline bool run_block(Sched* s, int nthreads) {
         s->current = i;
         s->fibers[i].state = RUNNING;
         threadIdx = s->fibers[i].tid;
+#if defined(SIMT_RACE_DETECT)
+        race_set_active(true);
+#endif
 #if defined(__x86_64__)
         simt_switch(&s->main_sp, s->fibers[i].sp);
 #else
         swapcontext(&s->main_ctx, &s->fibers[i].ctx);
+#endif
+#if defined(SIMT_RACE_DETECT)
+        race_set_active(false);
 #endif
         if (!s->error.empty()) return false;
     }
@@ -477,6 +524,7 @@ inline bool run_block(Sched* s, int nthreads) {
 // barriers and warp operations (called from inside a fiber)
 
 inline void syncthreads(const char* file, int line) {
+    SIMT_RACE_QUIET;
     Sched* s = tls_sched;
     Fiber& f = s->fibers[s->current];
     if (s->nexited > 0)
@@ -491,6 +539,9 @@ inline void syncthreads(const char* file, int line) {
     f.state = AT_BARRIER;
     if (++s->nbarrier == s->nthreads) {   // the last to arrive releases the block
         s->nbarrier = 0;
+#if defined(SIMT_RACE_DETECT)
+        race_barrier();   // everything before the barrier is ordered before everything after it
+#endif
         for (int i = 0; i < s->nthreads; i++) make_ready(s, i);
     }
     to_main(s);
@@ -522,6 +573,7 @@ inline uint64_t warp_result(Sched* s, int w, int l) {
 
 inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line,
                         WarpCollective collective = nullptr, const char* collective_name = nullptr) {
+    SIMT_RACE_QUIET;
     Sched* s = tls_sched;
     int me = s->current, w = me / 32, lane = me % 32;
     Fiber& f = s->fibers[me];
@@ -568,6 +620,9 @@ inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int widt
             for (int j = 0; j < 32; j++)
                 if (mask >> j & 1) s->fibers[w * 32 + j].result = warp_result(s, w, j);
         }
+#if defined(SIMT_RACE_DETECT)
+        race_warp_sync(w, mask);   // (after a collective's own accesses, which are the lanes' before the meeting)
+#endif
         s->warp_arrived[w] &= ~mask;
         for (int j = 0; j < 32; j++)
             if ((mask >> j & 1) && j != lane) make_ready(s, w * 32 + j);
@@ -609,6 +664,7 @@ struct SyncwarpAt {   // __syncwarp() and __syncwarp(mask) through one macro
 };
 // the lanes of the calling warp that exist and have not exited
 inline unsigned activemask() {
+    SIMT_RACE_QUIET;
     Sched* s = tls_sched;
     int w = s->current / 32, lanes = std::min(32, s->nthreads - w * 32);
     unsigned present = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1);
@@ -647,8 +703,27 @@ inline Runtime& runtime() { static Runtime r; return r; }
 inline void set_schedule(bool random, uint64_t seed) {
     options().random = random;
     options().seed = seed;
+    options().warp_ahead = -1;
     runtime().launches = 0;
 }
+
+// the adversarial schedule: warp w runs first whenever it can, the others in reverse order (w < 0: off)
+inline void set_schedule_warp_ahead(int w) {
+    options().random = false;
+    options().warp_ahead = w;
+    runtime().launches = 0;
+}
+
+#if defined(SIMT_RACE_DETECT)
+inline bool race_is_global(const void* p) {
+    Runtime& rt = runtime();
+    std::lock_guard<std::mutex> g(rt.mu);
+    auto it = rt.allocations.upper_bound((void*)p);
+    if (it == rt.allocations.begin()) return false;
+    --it;
+    return (const char*)p < (const char*)it->first + it->second;
+}
+#endif
 
 [[noreturn]] inline void raise(const std::string& msg) {
     if (options().throw_errors) throw Error(msg);
@@ -697,6 +772,7 @@ inline void run_grid(const char* kernel, const void* fn, const char* file, int l
         s->kernel = kernel; s->launch_file = file; s->launch_line = line;
         s->body = body; s->body_arg = arg;
         s->random = o.random;
+        s->warp_ahead = o.warp_ahead;
         s->rng = mix64(o.seed ^ mix64(launch_id * 0x100000001b3ull + (uint64_t)b));
         blockDim = block;
         gridDim = grid;

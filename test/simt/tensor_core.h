@@ -78,6 +78,7 @@ inline void mma_m16n8k16_bf16_collective(void* const lanes[32]) {
 inline void mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], const char* file,
                                   int line) {
     MmaLane x;
+    SIMT_RACE_QUIET;
     memcpy(x.a, a, sizeof x.a);
     memcpy(x.b, b, sizeof x.b);
     memcpy(x.c, c, sizeof x.c);
@@ -102,6 +103,13 @@ template <int NMAT, bool TRANS> inline void ldmatrix_collective(void* const lane
                 fiber_error(s, std::string("warp error in ") + where(s) + ": ldmatrix at " + s->fibers[s->current].file + ":" +
                                std::to_string(s->fibers[s->current].line) + b);
             }
+#if defined(SIMT_RACE_DETECT)
+            {   // the lane that supplies the row reads it
+                Sched* s = tls_sched;
+                int tid = s->current / 32 * 32 + 8 * i + r;
+                race_collective_access(p, 16, false, tid, s->fibers[tid].race_pc, s->fibers[tid].collective_name);
+            }
+#endif
             memcpy(M[i][r], p, 16);
         }
     for (int l = 0; l < 32; l++) {
@@ -115,12 +123,16 @@ template <int NMAT, bool TRANS> inline void ldmatrix_collective(void* const lane
     }
 }
 
-template <int NMAT, bool TRANS> inline void ldmatrix(uint32_t* r, const void* smem_row, const char* file, int line) {
+template <int NMAT, bool TRANS> SIMT_RACE_SITE inline void ldmatrix(uint32_t* r, const void* smem_row, const char* file, int line) {
     static_assert(NMAT == 1 || NMAT == 2 || NMAT == 4, "ldmatrix loads 1, 2 or 4 matrices");
     static const char* const names[2][5] = {{"", "ldmatrix.x1", "ldmatrix.x2", "", "ldmatrix.x4"},
                                             {"", "ldmatrix.x1.trans", "ldmatrix.x2.trans", "", "ldmatrix.x4.trans"}};
+    SIMT_RACE_QUIET;
     LdmatrixLane x;
     x.addr = smem_row;
+#if defined(SIMT_RACE_DETECT)
+    tls_sched->fibers[tls_sched->current].race_pc = __builtin_return_address(0);   // this lane's read is reported there
+#endif
     warp_op(OP_COLLECTIVE, 0xffffffffu, (uint64_t)(uintptr_t)&x, 0, 32, file, line, ldmatrix_collective<NMAT, TRANS>,
             names[TRANS][NMAT]);
     for (int i = 0; i < NMAT; i++) r[i] = x.r[i];
@@ -129,19 +141,30 @@ template <int NMAT, bool TRANS> inline void ldmatrix(uint32_t* r, const void* sm
 // --- cp.async ---------------------------------------------------------------------------------
 
 inline void async_error(const char* what, const char* file, int line) {
+    SIMT_RACE_QUIET;
     Sched* s = tls_sched;
     fiber_error(s, std::string("cp.async error in ") + where(s) + " at " + file + ":" + std::to_string(line) + ", " +
                    thread_name(s->fibers[s->current]) + ": " + what);
 }
 
 // 16 bytes from global src to shared dst; only the first src_bytes (0..16) are read, the rest zero
-inline void cp_async_16(void* dst, const void* src, int src_bytes, const char* file, int line) {
+SIMT_RACE_SITE inline void cp_async_16(void* dst, const void* src, int src_bytes, const char* file, int line) {
+    SIMT_RACE_QUIET;
     if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) async_error("a 16-byte copy needs 16-byte aligned addresses", file, line);
     if (src_bytes < 0 || src_bytes > 16) async_error("src-size must be 0..16", file, line);
     Sched* s = tls_sched;
-    s->fibers[s->current].async_open.push_back(AsyncCopy{dst, src, 16, src_bytes});
+#if defined(SIMT_RACE_DETECT)
+    // the destination may be written any time from now to the wait: a write now, and again when it lands
+    const void* pc = __builtin_return_address(0);
+    race_collective_access(dst, 16, true, s->current, pc, "cp.async");
+    if (src_bytes) race_collective_access(src, src_bytes, false, s->current, pc, "cp.async");
+#else
+    const void* pc = nullptr;
+#endif
+    s->fibers[s->current].async_open.push_back(AsyncCopy{dst, src, 16, src_bytes, pc});
 }
 inline void cp_async_commit() {
+    SIMT_RACE_QUIET;
     Sched* s = tls_sched;
     Fiber& f = s->fibers[s->current];
     f.async_groups.push_back(std::move(f.async_open));   // an empty group is legal (and completes trivially)
@@ -149,10 +172,14 @@ inline void cp_async_commit() {
 }
 // every committed group of this thread but the newest n lands now
 inline void cp_async_wait(int n) {
+    SIMT_RACE_QUIET;
     Sched* s = tls_sched;
     Fiber& f = s->fibers[s->current];
     while ((int)f.async_groups.size() > n) {
         for (const AsyncCopy& c : f.async_groups.front()) {
+#if defined(SIMT_RACE_DETECT)
+            race_collective_access(c.dst, c.bytes, true, s->current, c.pc, "cp.async landing");
+#endif
             if (c.src_bytes) memcpy(c.dst, c.src, c.src_bytes);
             memset((char*)c.dst + c.src_bytes, 0, c.bytes - c.src_bytes);
         }
