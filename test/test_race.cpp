@@ -167,8 +167,10 @@ TEST_CASE("race detector: the classifier's block_max without its trailing barrie
     CHECK(contains(msg, "race in kernel classifier_fused_kernel"));
     CHECK(contains(msg, "block (0,0,0)"));
     // (block_max's read of another warp's slot, by a thread the sequential order runs early, then block_sum's write)
-    CHECK(contains(msg, " read at model/cuda_common.h:" + std::to_string(l_read) + " (block_max, inlined at model/classifier.cuh:"));
-    CHECK(contains(msg, "thread (0,0,0) write at model/cuda_common.h:" + std::to_string(l_write) + " (block_sum, inlined at model/classifier.cuh:"));
+    // (whether the compiler inlined block_max into the kernel decides if the chain "inlined at
+    // model/classifier.cuh:..." follows the function's name)
+    CHECK(contains(msg, " read at model/cuda_common.h:" + std::to_string(l_read) + " (block_max"));
+    CHECK(contains(msg, " write at model/cuda_common.h:" + std::to_string(l_write) + " (block_sum"));
     CHECK(error_of(run) == msg);   // deterministic
     for (int seed = 1; seed <= 10; seed++) {   // and under every schedule (the pair's order may differ)
         simt::set_schedule(true, seed);

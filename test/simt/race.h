@@ -191,6 +191,7 @@ inline std::string race_site(const RaceAccess& a) {
         return f.compare(0, 5, "void ") == 0 ? f.substr(5) : f;   // a kernel's return type
     };
     std::string where = race_short_path(lines[1]);
+    if (lines.size() == 2) where += " (" + fn(0) + ")";   // a function the compiler did not inline: no chain to the kernel
     if (lines.size() >= 4) {
         where += " (" + fn(0);
         for (size_t i = 2; i + 1 < lines.size() && i < 8; i += 2)
