@@ -154,11 +154,12 @@ static inline void moe_combine_backward(real* dye, real* dtopk_w, const real* do
 // CUDA. Dispatch: the expert histogram comes from the router (router_forward_gpu); offsets are
 // its exclusive scan; the permutation is the CPU's stable counting sort, one block per expert
 // scanning the N*k assignments in order with a block-wide prefix sum (ballots + shared memory),
-// so row_token and slot_row are identical to the CPU's. Expert GEMMs: one cuBLASLt GEMM per
-// expert and projection over its rows; the host needs the expert offsets to issue them, so
-// moe_dispatch_gpu copies the (E + 1) offsets to the host: one small synchronising copy per layer
-// (a grouped GEMM that reads the offsets on the device is later work). Gather-backward and
-// combine are one owner per output element, summing the token's k slots in order: deterministic.
+// so row_token and slot_row are identical to the CPU's. Expert GEMMs: cuBLASLt GEMMs per expert
+// over its rows (w1 and v1 batched together, below); the host needs the expert offsets to issue
+// them, so moe_dispatch_gpu copies the (E + 1) offsets to the host: one small synchronising copy
+// per MoE layer, kept rather than a device-side grouped GEMM (the numbers: model/CUDA.md, "The expert
+// GEMMs"). Gather-backward and combine are one owner per output element, summing the token's k
+// slots in order: deterministic.
 #include "cuda_common.h"
 
 __global__ void moe_offsets_kernel(int* offsets, const int* counts, int E) {
