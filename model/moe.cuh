@@ -297,7 +297,8 @@ static inline void moe_combine_backward_gpu(floatX* dye, float* dtopk_w, const f
 // w1 and v1 as one GEMM: they are two tensors (the checkpoint's and HF's layout, kept), so expert e's
 // w1_e and v1_e are not one (2F, C) matrix, but they sit at the same offset of two equally shaped
 // tensors: one strided-batched GEMM of 2 does both products of the expert's rows (xe read with stride
-// 0, the weights with stride v1 - w1, the outputs g and u with stride u - g), and so does the weight
+// 0 — cuBLASLt's default batch stride: every batch reads the same matrix —, the weights with stride
+// v1 - w1, the outputs g and u with stride u - g), and so does the weight
 // gradient (dw1_e, dv1_e from dg_e, du_e against the same xe_e). The input gradient dg w1_e + du v1_e
 // is a sum of two products: one GEMM would need [dg | du] and [w1_e; v1_e] each contiguous along 2F,
 // which neither is, so it stays two GEMMs (the second accumulating, beta 1). The batch strides are

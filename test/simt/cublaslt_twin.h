@@ -54,10 +54,10 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
         MatmulKey key = matmul_key(trans_a, trans_b, m, n, k, a_type, lda, stride_a, A, b_type, ldb, stride_b, B, d_type, ldd,
                                    stride_d, D, batch, opt, &qn, &qk);
         if (!matmul_plan_cache_enabled() || plans.emplace(key, 0).second) {
-            simt::counters().plan_creations++;
-            simt::counters().heuristic_queries++;
+            simt::count(&simt::counters().plan_creations);
+            simt::count(&simt::counters().heuristic_queries);
         }
-        simt::counters().gemms++;
+        simt::count(&simt::counters().gemms);
     }
     bool blocks = fp8 && opt && opt->a_scale_mode != MATMUL_SCALE_TENSOR;
     float scale = alpha;

@@ -770,7 +770,7 @@ inline void launch(const char* name, const char* file, int line, void (*kernel)(
         auto call = [&]() { std::apply(kernel, *params); };
         run_grid(name, (const void*)kernel, file, line, grid, block, smem, [](void* p) { (*(decltype(call)*)p)(); }, &call);
     };
-    counters().launches++;
+    count_launch();
     stream_enqueue(stream, run);
 }
 
@@ -839,8 +839,8 @@ inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
     simt::stream_enqueue(s, [=]() { memset(p, v, n); });
     return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize(void) { simt::counters().syncs++; simt::streams_run_all(); return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { simt::counters().syncs++; if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize(void) { simt::count_sync(); simt::streams_run_all(); return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { simt::count_sync(); if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = new CUstream_st(); simt::streams().push_back(*s); return cudaSuccess; }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
 // the host asks whether s is done: it runs what s has queued (see Streams above), and then it is
@@ -945,7 +945,7 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     e->seq = s->issued;   // the wait runs s up to this record
     return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { simt::counters().syncs++; if (e->s) simt::stream_run(e->s, e->seq); return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { simt::count_sync(); if (e->s) simt::stream_run(e->s, e->seq); return cudaSuccess; }
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)((b->t - a->t) * 1e3); return cudaSuccess; }
 inline cudaError_t cudaRuntimeGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }
 inline cudaError_t cudaDriverGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }
