@@ -651,7 +651,8 @@ static inline void dbrx_decode_alloc(DbrxGPU* m, int T_max) {
     DTAKE(s->router_stats, float, E + 1);
     DTAKE(s->topk_idx, int, k); DTAKE(s->counts, int, E); DTAKE(s->offsets, int, E + 1); DTAKE(s->row_token, int, k);
     DTAKE(s->slot_row, int, k);
-    DTAKE(s->xe, floatX, k * d); DTAKE(s->g, floatX, k * F); DTAKE(s->u, floatX, k * F); DTAKE(s->act, floatX, k * F);
+    DTAKE(s->xe, floatX, k * d); DTAKE(s->g, floatX, 2 * k * F); DTAKE(s->act, floatX, k * F);
+    s->u = s->g + k * F;   // (one buffer: w1 and v1 as one batched GEMM, model/moe.cuh)
     DTAKE(s->ye, floatX, k * d); DTAKE(s->logits, float, c->vocab_size);
 #undef DTAKE
     // the training tables' values (model/attention.cuh's rope_tables), for T_max positions

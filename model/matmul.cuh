@@ -181,20 +181,21 @@ static inline void matmul_validate_fp8(bool trans_a, bool trans_b, int m, int n,
 // ---------------------------------------------------------------------------------------------
 // The plan cache (both builds). cuBLASLt's descriptors, layouts and the heuristic's algorithm are made
 // once per GEMM description and reused: a heuristic query costs tens of microseconds of host time, and
-// the experts issue ~6 GEMMs per expert and layer, so a step of dbrx-1b would otherwise spend more time
-// asking than launching. The key is the whole description: transposes, types, m, n, k, the leading
+// the experts issue 7 GEMMs per expert and layer (9 before w1 and v1 were paired), ~1,100 GEMMs per
+// micro-step of dbrx-1b, so a step would otherwise spend more host time asking than launching. The key is the whole description: transposes, types, m, n, k, the leading
 // dimensions, batch and strides, the pointer alignments the heuristic may assume (capped at 16 bytes:
 // no kernel asks more, and a row slice's alignment above 16 changes with its first row), and the FP8
 // options (which scale pointers are set, their modes, FAST_ACCUM; the pointers themselves are set on
 // the cached descriptor at every call). The expert GEMMs' row count changes with the routing every
-// step: the token dimension is keyed by its power-of-two bucket (from 64; n, and k for the weight gradient: the
-// dimension that is a layout's column count, so the bucket never exceeds a leading dimension; where it
-// is a row count the bucket is capped by the ld). The heuristic is asked once per bucket, at the
+// step: the token dimension is keyed by its bucket (a quarter octave, from 64: matmul_bucket; n, and k
+// for the weight gradient: the dimension that is a layout's column count, so the bucket never exceeds a
+// leading dimension; where it is a row count the bucket is capped by the ld). The heuristic is asked once per bucket, at the
 // bucket's size, and every call runs the exact shape with that algorithm: an algorithm valid for a
 // shape is valid for a smaller one with the same layouts (less workspace for a split-K reduction);
 // should cuBLASLt refuse it anyway, the call asks again for the exact shape (a fallback, not the
-// steady state). So the queries are bounded by (GEMM sites) x log2(tokens) and a steady-state step
-// makes none: the emulated twin counts them (simt::counters()), tested in test/test_step_cuda.cpp.
+// steady state). So the queries are bounded by 4 x (GEMM sites) x log2(tokens / 64), and a
+// steady-state step makes none: the emulated twin counts them (simt::counters()), tested in
+// test/test_step_cuda.cpp and test/test_cuda_train.sh.
 // MATMUL_PLAN_CACHE=0 turns the cache off: every call queries (the test's negative control).
 #include <array>
 #include <map>
@@ -210,12 +211,15 @@ static inline uint32_t matmul_alignment(const void* p) {
     while (al > 1 && ((uintptr_t)p % al)) al >>= 1;
     return al;
 }
-// the token dimension's bucket: the next power of two from 64 up, capped (a row count must stay <= its ld).
-// From 64: Hopper's BF16 kernels tile the token dimension by 64 to 256, so below 64 rows every choice
-// computes one partly filled tile, and experts with few rows (and the decode step's one) share a plan.
+// the token dimension's bucket: x rounded up to a quarter of an octave (p, 1.25 p, 1.5 p, 1.75 p, 2 p: at
+// most 25% above x, so the heuristic's answer fits the shape it runs, and a dense GEMM's 3 x 2^k tokens
+// is its own bucket), from 64 up, capped (a row count must stay <= its ld). From 64: Hopper's BF16
+// kernels tile the token dimension by 64 to 256, so below 64 rows every choice computes one partly filled
+// tile, and experts with few rows (and the decode step's one) share a plan.
 static inline long long matmul_bucket(int x, long long cap) {
-    long long b = 64;
-    while (b < x) b <<= 1;
+    long long p = 64;
+    while (2 * p < x) p <<= 1;   // p < x <= 2 p (or x <= 64)
+    long long q = p / 4, b = x <= 64 ? 64 : (x + q - 1) / q * q;
     return b < cap ? b : (cap > x ? cap : x);
 }
 // the key of a call; *qn, *qk: the n and k the heuristic is asked with (the buckets)
