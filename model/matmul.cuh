@@ -182,20 +182,21 @@ static inline void matmul_validate_fp8(bool trans_a, bool trans_b, int m, int n,
 // The plan cache (both builds). cuBLASLt's descriptors, layouts and the heuristic's algorithm are made
 // once per GEMM description and reused: a heuristic query costs tens of microseconds of host time, and
 // the experts issue 7 GEMMs per expert and layer (9 before w1 and v1 were paired), ~1,100 GEMMs per
-// micro-step of dbrx-1b, so a step would otherwise spend more host time asking than launching. The key is the whole description: transposes, types, m, n, k, the leading
-// dimensions, batch and strides, the pointer alignments the heuristic may assume (capped at 16 bytes:
-// no kernel asks more, and a row slice's alignment above 16 changes with its first row), and the FP8
-// options (which scale pointers are set, their modes, FAST_ACCUM; the pointers themselves are set on
-// the cached descriptor at every call). The expert GEMMs' row count changes with the routing every
-// step: the token dimension is keyed by its bucket (a quarter octave, from 64: matmul_bucket; n, and k
-// for the weight gradient: the dimension that is a layout's column count, so the bucket never exceeds a
-// leading dimension; where it is a row count the bucket is capped by the ld). The heuristic is asked once per bucket, at the
-// bucket's size, and every call runs the exact shape with that algorithm: an algorithm valid for a
-// shape is valid for a smaller one with the same layouts (less workspace for a split-K reduction);
-// should cuBLASLt refuse it anyway, the call asks again for the exact shape (a fallback, not the
-// steady state). So the queries are bounded by 4 x (GEMM sites) x log2(tokens / 64), and a
-// steady-state step makes none: the emulated twin counts them (simt::counters()), tested in
-// test/test_step_cuda.cpp and test/test_cuda_train.sh.
+// micro-step of dbrx-1b, so a step would otherwise spend more host time asking than launching.
+// The key is the whole description: transposes, types, m, n, k, the leading dimensions, batch and
+// strides, the pointer alignments the heuristic may assume (of every matrix of a strided batch; capped
+// at 16 bytes: no kernel asks more, and a row slice's alignment above 16 changes with its first row),
+// and the FP8 options (which scale pointers are set, their modes, FAST_ACCUM; the pointers themselves
+// are set on the cached descriptor at every call). The expert GEMMs' row count changes with the routing
+// every step: the token dimension is keyed by its bucket (a quarter octave, from 64: matmul_bucket; n,
+// and k for the weight gradient: the dimension that is a layout's column count, so the bucket never
+// exceeds a leading dimension; where it is a row count the bucket is capped by the ld). The heuristic
+// is asked once per bucket, at the bucket's size, and every call runs the exact shape with that
+// algorithm, which is expected to take the smaller shape (the same layouts, no more split-K workspace);
+// cublasLtMatmul checks every call, and should it refuse, the call asks again for the exact shape and
+// keeps that answer for the bucket (a fallback, not the steady state). So the queries are bounded by 4 x (GEMM sites) x
+// log2(tokens / 64), and a steady-state step makes none: the emulated twin counts them
+// (simt::counters()), tested in test/test_step_cuda.cpp and test/test_cuda_train.sh.
 // MATMUL_PLAN_CACHE=0 turns the cache off: every call queries (the test's negative control).
 #include <array>
 #include <map>
@@ -209,6 +210,13 @@ static inline bool matmul_plan_cache_enabled() {   // (read at every call, ~100 
 static inline uint32_t matmul_alignment(const void* p) {
     uint32_t al = 16;
     while (al > 1 && ((uintptr_t)p % al)) al >>= 1;
+    return al;
+}
+// the alignment every matrix of a strided batch keeps: its first's, and that of the stride in bytes
+static inline uint32_t matmul_batch_alignment(const void* p, cudaDataType_t t, long long stride, int batch) {
+    size_t bytes = t == CUDA_R_32F ? 4 : t == CUDA_R_16BF ? 2 : 1;
+    uint32_t al = matmul_alignment(p);
+    if (batch > 1) al = std::min(al, matmul_alignment((const void*)(uintptr_t)(stride * (long long)bytes)));
     return al;
 }
 // the token dimension's bucket: x rounded up to a quarter of an octave (p, 1.25 p, 1.5 p, 1.75 p, 2 p: at
@@ -231,7 +239,8 @@ static inline MatmulKey matmul_key(bool trans_a, bool trans_b, int m, int n, int
     *qn = matmul_bucket(n, trans_b ? ldb : big);                                      // B (n, k) when transposed: n its rows
     *qk = matmul_bucket(k, std::min<long long>(trans_a ? lda : big, trans_b ? big : ldb));   // A (k, m) / B (k, n): k their rows
     MatmulKey key = {trans_a, trans_b, m, *qn, *qk, a_type, b_type, d_type, lda, ldb, ldd, batch, stride_a, stride_b, stride_d,
-                     matmul_alignment(A), matmul_alignment(B), matmul_alignment(D), 0, 0, 0, 0, 0, 0};
+                     matmul_batch_alignment(A, a_type, stride_a, batch), matmul_batch_alignment(B, b_type, stride_b, batch),
+                     matmul_batch_alignment(D, d_type, stride_d, batch), 0, 0, 0, 0, 0, 0};
     if (opt) {
         key[18] = (opt->a_scale ? 1 : 0) | (opt->b_scale ? 2 : 0) | (opt->d_scale ? 4 : 0) | (opt->amax_d ? 8 : 0);
         key[19] = opt->fast_accum; key[20] = opt->a_scale_mode; key[21] = opt->b_scale_mode;
