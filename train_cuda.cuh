@@ -26,7 +26,23 @@ static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
 }
 
 // the GPU model's answers to the loop's calls (model/dbrx_cuda.cuh has the step itself)
-static inline void dbrx_sync(DbrxGPU* m) { (void)m; cudaCheck(cudaDeviceSynchronize()); }
+static inline void dbrx_sync(DbrxGPU* m) {
+    (void)m;
+    cudaCheck(cudaDeviceSynchronize());
+#if defined(SIMT_EMULATION)
+    // SIMT_STEP_COUNTERS=1: what the host asked of the device since the previous dbrx_sync, which the loop
+    // calls before and after every step (so every second line is one whole step, its closing sync included):
+    // the training loop's side of the step budget (model/CUDA.md, "Host round trips in one step";
+    // test/test_cuda_train.sh)
+    static const bool print = getenv("SIMT_STEP_COUNTERS") && atoi(getenv("SIMT_STEP_COUNTERS")) > 0;
+    if (print) {
+        const simt::Counters& k = simt::counters();
+        fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld\n", k.syncs,
+                k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries);
+        simt::counters_reset();
+    }
+#endif
+}
 // the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)
 static inline float dbrx_fp8_log_scale(DbrxGPU* m, const Fp8MetaRef& r, int i) { (void)r; return m->fp8.last_scale[i]; }
 static inline void dbrx_logits_to_host(DbrxGPU* m, std::vector<float>* out) {

@@ -43,8 +43,8 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
 // ---------------------------------------------------------------------------------------------
 // CUDA: fp32 master weights, fp32 moments and gradients; the update writes the master weight and
 // its BF16 working copy (round to nearest even). The global gradient norm: a fixed grid of blocks
-// (independent of the device) each sums the squares of a fixed slice, the host adds the partial
-// sums in double, in order. Deterministic.
+// (independent of the device) each sums the squares of a fixed slice, one thread adds the partial
+// sums in double, in order, and the host reads that one number. Deterministic.
 #include "cuda_common.h"
 
 // one element's update: the moments, the master weight and its BF16 copy
@@ -103,6 +103,7 @@ static inline void adamw_multi_update_gpu(float* param, floatX* param_bf16, cons
 }
 
 #define GRAD_NORM_BLOCKS 256
+#define GRAD_NORM_SCRATCH (GRAD_NORM_BLOCKS + 2)   // floats: the partials, then their sum (a double)
 // partial (GRAD_NORM_BLOCKS): block b sums grad[i]^2 over i = b*blockDim + tid + k*gridDim*blockDim
 __global__ void grad_sumsq_kernel(float* partial, const float* grad, size_t n) {
     __shared__ float scratch[32];
@@ -113,14 +114,23 @@ __global__ void grad_sumsq_kernel(float* partial, const float* grad, size_t n) {
     if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-// sum of squares of grad (n), as grad_sumsq; partial: GRAD_NORM_BLOCKS floats of device scratch
-static inline double grad_sumsq_gpu(const float* grad, size_t n, float* partial, cudaStream_t stream = 0) {
-    LAUNCH(grad_sumsq_kernel, GRAD_NORM_BLOCKS, 512, 0, stream, partial, grad, n);
-    float host[GRAD_NORM_BLOCKS];
-    cudaCheck(cudaMemcpyAsync(host, partial, sizeof host, cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
+// *out = the partials added in double, in order (one thread: 256 additions)
+__global__ void grad_sumsq_finish_kernel(double* out, const float* partial) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
     double acc = 0;
-    for (int b = 0; b < GRAD_NORM_BLOCKS; b++) acc += host[b];
+    for (int b = 0; b < GRAD_NORM_BLOCKS; b++) acc += partial[b];
+    *out = acc;
+}
+
+// sum of squares of grad (n), as grad_sumsq; scratch: GRAD_NORM_SCRATCH floats of device memory.
+// The host's one read (8 bytes, synchronising) is what the clipping scale needs.
+static inline double grad_sumsq_gpu(const float* grad, size_t n, float* scratch, cudaStream_t stream = 0) {
+    LAUNCH(grad_sumsq_kernel, GRAD_NORM_BLOCKS, 512, 0, stream, scratch, grad, n);
+    double* sum = (double*)(scratch + GRAD_NORM_BLOCKS);
+    LAUNCH(grad_sumsq_finish_kernel, 1, 32, 0, stream, sum, scratch);
+    double acc = 0;
+    cudaCheck(cudaMemcpyAsync(&acc, sum, sizeof acc, cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
     return acc;
 }
 #endif  // __CUDACC__ || SIMT_EMULATION

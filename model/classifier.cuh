@@ -80,4 +80,22 @@ static inline void classifier_fused_gpu(floatX* logits, float* losses, const int
     else
         LAUNCH(classifier_fused_kernel<1>, N, 512, 0, stream, logits, losses, targets, V, dloss, write_grad ? 1 : 0);
 }
+
+// *mean = the mean of losses (N), on the device, so that the host reads one number instead of N: one
+// block, each thread sums a fixed strided slice in double, then a fixed tree: the same order every run
+__global__ void loss_mean_kernel(double* mean, const float* losses, int N) {
+    __shared__ double part[256];
+    double acc = 0;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) acc += losses[i];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *mean = part[0] / N;
+}
+static inline void loss_mean_gpu(double* mean, const float* losses, int N, cudaStream_t stream = 0) {
+    LAUNCH(loss_mean_kernel, 1, 256, 0, stream, mean, losses, N);
+}
 #endif  // __CUDACC__ || SIMT_EMULATION

@@ -84,7 +84,7 @@ typedef struct {
     floatX *atty, *resid_mid;                    // (N, d)
     floatX *ln2; float *ln2_mean, *ln2_rstd;     // (N, d), (N), (N)
     float *router_logits, *probs, *lse, *topk_w; // (N, E), (N, E), (N), (N, k)
-    float* router_stats;                         // (E + 1): column sums of probs, sum of lse^2
+    float* router_stats;                         // (E + 1): column sums of probs, sum of lse^2 (in DbrxGPU::step_out)
     int *topk_idx, *counts, *offsets;            // (N, k), (E), (E + 1)
     int *row_token, *slot_row;                   // (R), (R)
     floatX *xe, *g, *u, *act, *ye;               // (R, d), (R, F) x3, (R, d)
@@ -136,7 +136,11 @@ typedef struct {
     float *rope_cos, *rope_sin;        // (T, hd/2)
     int *inputs, *targets;             // (N) on the device
     int *emb_unique, *emb_offsets, *emb_positions;   // the embedding-backward plan (N, N + 1, N)
-    int emb_U;
+    int emb_U;                         // (the five are one device buffer of 5 N + 1 ints, filled by one copy)
+    int* host_in;                      // its pinned host staging copy (the copy does not wait for the device)
+    float* step_out;                   // (2 + L (E + 1)) device: the mean loss (a double) and every layer's router
+                                       // statistics, brought to the host by one copy per forward
+    std::vector<float> step_out_host;
     // scratch shared by the blocks
     floatX* attproj;                   // (N, d) out_proj output before the residual add
     float *dresid, *dln;               // (N, d) fp32
@@ -199,18 +203,25 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
         TAKE(a.atty, floatX, N * d); TAKE(a.resid_mid, floatX, N * d);
         TAKE(a.ln2, floatX, N * d); TAKE(a.ln2_mean, float, N); TAKE(a.ln2_rstd, float, N);
         TAKE(a.router_logits, float, N * E); TAKE(a.probs, float, N * E); TAKE(a.lse, float, N);
-        TAKE(a.topk_w, float, N * k); TAKE(a.router_stats, float, E + 1);
+        TAKE(a.topk_w, float, N * k);
         TAKE(a.topk_idx, int, N * k); TAKE(a.counts, int, E); TAKE(a.offsets, int, E + 1);
         TAKE(a.row_token, int, R); TAKE(a.slot_row, int, R);
-        TAKE(a.xe, floatX, R * d); TAKE(a.g, floatX, R * F); TAKE(a.u, floatX, R * F);
+        // g and u (and dg, du below) one buffer: u = g + R F, so that w1 and v1 run as one batched GEMM (model/moe.cuh)
+        TAKE(a.xe, floatX, R * d); TAKE(a.g, floatX, 2 * R * F);
+        if (m) a.u = a.g + R * F;
         TAKE(a.act, floatX, R * F); TAKE(a.ye, floatX, R * d);
     }
+    TAKE(mm->step_out, float, 2 + (size_t)c->n_layers * (E + 1));
+    if (m) for (int l = 0; l < c->n_layers; l++) mm->acts[l].router_stats = mm->step_out + 2 + (size_t)l * (E + 1);
     for (int l = 0; l <= c->n_layers; l++) TAKE(mm->resid[l], floatX, N * d);
     TAKE(mm->lnf, floatX, N * d); TAKE(mm->lnf_mean, float, N); TAKE(mm->lnf_rstd, float, N);
     TAKE(mm->logits, floatX, N * V); TAKE(mm->losses, float, N);
     TAKE(mm->rope_cos, float, (size_t)T * c->head_dim / 2); TAKE(mm->rope_sin, float, (size_t)T * c->head_dim / 2);
-    TAKE(mm->inputs, int, N); TAKE(mm->targets, int, N);
-    TAKE(mm->emb_unique, int, N); TAKE(mm->emb_offsets, int, N + 1); TAKE(mm->emb_positions, int, N);
+    TAKE(mm->inputs, int, 5 * N + 1);   // inputs, targets, the embedding plan's unique, offsets, positions
+    if (m) {
+        mm->targets = mm->inputs + N;
+        mm->emb_unique = mm->inputs + 2 * N; mm->emb_offsets = mm->inputs + 3 * N; mm->emb_positions = mm->inputs + 4 * N + 1;
+    }
     TAKE(mm->attproj, floatX, N * d);
     TAKE(mm->dresid, float, N * d); TAKE(mm->dln, float, N * d);
     TAKE(mm->dresid_bf16, floatX, N * d); TAKE(mm->datty, floatX, N * d);
@@ -218,8 +229,9 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     TAKE(mm->dtopk_w, float, N * k); TAKE(mm->dxe, float, R * d);
     TAKE(mm->att_D, float, (size_t)B * c->n_heads * T);
     TAKE(mm->ln_scratch, float, layernorm_backward_scratch((int)N, (int)d));
-    TAKE(mm->norm_partial, float, GRAD_NORM_BLOCKS);
-    TAKE(mm->dye, floatX, R * d); TAKE(mm->da, floatX, R * F); TAKE(mm->dg, floatX, R * F); TAKE(mm->du, floatX, R * F);
+    TAKE(mm->norm_partial, float, GRAD_NORM_SCRATCH);
+    TAKE(mm->dye, floatX, R * d); TAKE(mm->da, floatX, R * F); TAKE(mm->dg, floatX, 2 * R * F);
+    if (m) mm->du = mm->dg + R * F;
     if (with_fp8) {
         if (!m) fp8_gpu_setup(&mm->fp8, fp8, c, B, T);   // the sizing walk: the slots only
         fp8_gpu_buffers(&mm->fp8, c, B, T, [&](void** p, size_t n) { ok = take(p, n) && ok; });
@@ -271,6 +283,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->master = m->grads = m->m = m->v = nullptr;
     m->params = nullptr;
     m->hooks = UnitHooks{NULL, NULL, NULL};
+    m->host_in = nullptr;
     m->ep = ExpertParallel();
     m->ep_recv_max = 0; m->ep_rows_out = m->ep_rows_in = m->ep_count_sends = 0;
     m->acts.assign(cfg->n_layers, BlockActsGPU());
@@ -284,6 +297,8 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     if (acts + store_bytes > free_b) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
     if (dbrx_gpu_buffers(m, cfg, B, T, nullptr, fp8, false) == 0) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
     fp8_gpu_reset(&m->fp8);
+    cudaCheck(cudaMallocHost((void**)&m->host_in, (5 * (size_t)B * T + 1) * sizeof(int)));
+    m->step_out_host.assign(2 + (size_t)cfg->n_layers * (cfg->n_experts + 1), 0.0f);
     m->param_bytes = 0;
     m->activation_bytes = acts;
     for (BlockActsGPU& a : m->acts) { a.offsets_host.assign(cfg->n_experts + 1, 0); a.counts_host.assign(cfg->n_experts, 0); }
@@ -330,6 +345,8 @@ static inline void dbrx_free(DbrxGPU* m) {
     dbrx_decode_free(m);
     for (void* p : m->allocations) cudaCheck(cudaFree(p));
     m->allocations.clear();
+    if (m->host_in) cudaCheck(cudaFreeHost(m->host_in));
+    m->host_in = nullptr;
     for (BlockActsGPU& a : m->acts) { a.ep_xl.release(); a.ep_g.release(); a.ep_u.release(); a.ep_act.release(); a.ep_perm.release(); a.ep_inv.release(); }
     m->ep_x.release(); m->ep_y.release(); m->ep_da.release(); m->ep_dg.release(); m->ep_du.release(); m->ep_dx.release(); m->ep_dxr.release();
 }
@@ -460,22 +477,32 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
     int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
-    cudaCheck(cudaMemcpy(m->inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(m->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice));
-    if (dloss > 0) {   // the embedding backward's plan, from the host copy of the tokens
+    // The tokens and, in training, the embedding backward's plan (built on the host, which has the tokens:
+    // a counting sort over the vocabulary) travel in one asynchronous copy from the pinned staging buffer.
+    // Reusing that buffer in the next forward is safe: this forward's first synchronisation (the expert
+    // offsets of layer 0) comes after the copy on the same stream.
+    int* hin = m->host_in;
+    memcpy(hin, inputs, N * sizeof(int));
+    memcpy(hin + N, targets, N * sizeof(int));
+    size_t in_ints = 2 * (size_t)N;
+    if (dloss > 0) {
         EmbeddingPlan plan;
         embedding_plan_build(&plan, inputs, N, V);
         m->emb_U = (int)plan.unique.size();
-        cudaCheck(cudaMemcpy(m->emb_unique, plan.unique.data(), plan.unique.size() * sizeof(int), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(m->emb_offsets, plan.offsets.data(), plan.offsets.size() * sizeof(int), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(m->emb_positions, plan.positions.data(), plan.positions.size() * sizeof(int), cudaMemcpyHostToDevice));
+        memcpy(hin + 2 * N, plan.unique.data(), plan.unique.size() * sizeof(int));
+        memcpy(hin + 3 * N, plan.offsets.data(), plan.offsets.size() * sizeof(int));
+        memcpy(hin + 4 * N + 1, plan.positions.data(), plan.positions.size() * sizeof(int));
+        in_ints = 5 * (size_t)N + 1;
     }
+    cudaCheck(cudaMemcpyAsync(m->inputs, hin, in_ints * sizeof(int), cudaMemcpyHostToDevice, 0));
     unit_begin(m, 0, UNIT_FORWARD);
     embedding_forward_gpu(m->resid[0], m->inputs, m->p.wte, N, d);
     unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
     m->ep_recv_max = 0;
-    std::vector<float> stats(E + 1);
+    // DBRX_DEBUG_PLANT=step_sync: one more synchronisation per layer, the step budget test's negative control
+    const char* plant = getenv("DBRX_DEBUG_PLANT");
+    bool plant_sync = plant && strcmp(plant, "step_sync") == 0;
     for (int l = 0; l < L; l++) {
         unit_begin(m, dbrx_block_unit(l), UNIT_FORWARD);
         const BlockViews<floatX>& w = m->p.blocks[l];   // (a reference: the experts' views are set when their unit begins)
@@ -498,28 +525,34 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         block_experts_forward(m, l, a, w);
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         moe_combine_forward_gpu(m->resid[l + 1], a->resid_mid, a->ye, a->topk_w, a->slot_row, N, k, d);
-        // auxiliary losses and the load statistic (the counts follow from the offsets already on the host)
-        cudaCheck(cudaMemcpy(stats.data(), a->router_stats, (E + 1) * sizeof(float), cudaMemcpyDeviceToHost));
-        int maxc = 0;
-        for (int e = 0; e < E; e++) {
-            a->counts_host[e] = a->offsets_host[e + 1] - a->offsets_host[e];
-            if (a->counts_host[e] > maxc) maxc = a->counts_host[e];
-        }
-        m->lbl_loss += lbl_from_stats(a->counts_host.data(), stats.data(), N, E, k, L, c->moe_loss_weight);
-        m->z_loss += zloss_from_stats(stats.data(), N, E, L, c->z_loss_weight);
-        double imb = (double)maxc / ((double)N * k / E);
-        if (imb > m->imbalance) m->imbalance = imb;
+        if (plant_sync) cudaCheck(cudaStreamSynchronize(0));
     }
     unit_begin(m, dbrx_head_unit(c), UNIT_FORWARD);
     layernorm_forward_gpu(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], m->p.norm_f, N, d, c->ln_eps);
     matmul_forward_gpu(m->logits, m->lnf, m->p.lm_head, N, d, V);
     unit_end(m, dbrx_head_unit(c), UNIT_FORWARD);
     classifier_fused_gpu(m->logits, m->losses, m->targets, N, V, dloss / N, dloss > 0);
-    std::vector<float> losses(N);
-    cudaCheck(cudaMemcpy(losses.data(), m->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
-    double mean = 0;
-    for (int t = 0; t < N; t++) mean += losses[t];
-    m->ce_loss = mean / N;
+    // one copy brings the mean loss and every layer's router statistics (the forward's last synchronisation)
+    loss_mean_gpu((double*)m->step_out, m->losses, N);
+    std::vector<float>& so = m->step_out_host;
+    cudaCheck(cudaMemcpy(so.data(), m->step_out, so.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double mean;
+    memcpy(&mean, so.data(), sizeof mean);
+    m->ce_loss = mean;
+    // auxiliary losses and the load statistic (the counts follow from the offsets already on the host)
+    for (int l = 0; l < L; l++) {
+        BlockActsGPU* a = &m->acts[l];
+        const float* stats = so.data() + 2 + (size_t)l * (E + 1);
+        int maxc = 0;
+        for (int e = 0; e < E; e++) {
+            a->counts_host[e] = a->offsets_host[e + 1] - a->offsets_host[e];
+            if (a->counts_host[e] > maxc) maxc = a->counts_host[e];
+        }
+        m->lbl_loss += lbl_from_stats(a->counts_host.data(), stats, N, E, k, L, c->moe_loss_weight);
+        m->z_loss += zloss_from_stats(stats, N, E, L, c->z_loss_weight);
+        double imb = (double)maxc / ((double)N * k / E);
+        if (imb > m->imbalance) m->imbalance = imb;
+    }
     m->last_dloss = dloss;
     return m->ce_loss;
 }
@@ -617,7 +650,8 @@ static inline void dbrx_decode_alloc(DbrxGPU* m, int T_max) {
     DTAKE(s->router_stats, float, E + 1);
     DTAKE(s->topk_idx, int, k); DTAKE(s->counts, int, E); DTAKE(s->offsets, int, E + 1); DTAKE(s->row_token, int, k);
     DTAKE(s->slot_row, int, k);
-    DTAKE(s->xe, floatX, k * d); DTAKE(s->g, floatX, k * F); DTAKE(s->u, floatX, k * F); DTAKE(s->act, floatX, k * F);
+    DTAKE(s->xe, floatX, k * d); DTAKE(s->g, floatX, 2 * k * F); DTAKE(s->act, floatX, k * F);
+    s->u = s->g + k * F;   // (one buffer: w1 and v1 as one batched GEMM, model/moe.cuh)
     DTAKE(s->ye, floatX, k * d); DTAKE(s->logits, float, c->vocab_size);
 #undef DTAKE
     // the training tables' values (model/attention.cuh's rope_tables), for T_max positions

@@ -178,6 +178,76 @@ static inline void matmul_validate_fp8(bool trans_a, bool trans_b, int m, int n,
     if (bm == MATMUL_SCALE_VEC128 && n % 8) fail_at(file, line, "FP8 matmul: B %s in 1x128 tiles: n %d must be a multiple of 8", bs, n);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The plan cache (both builds). cuBLASLt's descriptors, layouts and the heuristic's algorithm are made
+// once per GEMM description and reused: a heuristic query costs tens of microseconds of host time, and
+// the experts issue 7 GEMMs per expert and layer (9 before w1 and v1 were paired), ~1,100 GEMMs per
+// micro-step of dbrx-1b, so a step would otherwise spend more host time asking than launching.
+// The key is the whole description: transposes, types, m, n, k, the leading dimensions, batch and
+// strides, the pointer alignments the heuristic may assume (of every matrix of a strided batch; capped
+// at 16 bytes: no kernel asks more, and a row slice's alignment above 16 changes with its first row),
+// and the FP8 options (which scale pointers are set, their modes, FAST_ACCUM; the pointers themselves
+// are set on the cached descriptor at every call). The expert GEMMs' row count changes with the routing
+// every step: the token dimension is keyed by its bucket (a quarter octave, from 64: matmul_bucket; n,
+// and k for the weight gradient: the dimension that is a layout's column count, so the bucket never
+// exceeds a leading dimension; where it is a row count the bucket is capped by the ld). The heuristic
+// is asked once per bucket, at the bucket's size, and every call runs the exact shape with that
+// algorithm, which is expected to take the smaller shape (the same layouts, no more split-K workspace);
+// cublasLtMatmul checks every call, and should it refuse, the call asks again for the exact shape and
+// keeps that answer for the bucket (a fallback, not the steady state). So the queries are bounded by 4 x (GEMM sites) x
+// log2(tokens / 64), and a steady-state step makes none: the emulated twin counts them
+// (simt::counters()), tested in test/test_step_cuda.cpp and test/test_cuda_train.sh.
+// MATMUL_PLAN_CACHE=0 turns the cache off: every call queries (the test's negative control).
+#include <array>
+#include <map>
+typedef std::array<long long, 24> MatmulKey;
+
+static inline bool matmul_plan_cache_enabled() {   // (read at every call, ~100 ns: a test switches it)
+    const char* e = getenv("MATMUL_PLAN_CACHE");
+    return !(e && strcmp(e, "0") == 0);
+}
+// the alignment (bytes) the heuristic may assume: the largest power of two <= 16 dividing the address
+static inline uint32_t matmul_alignment(const void* p) {
+    uint32_t al = 16;
+    while (al > 1 && ((uintptr_t)p % al)) al >>= 1;
+    return al;
+}
+// the alignment every matrix of a strided batch keeps: its first's, and that of the stride in bytes
+static inline uint32_t matmul_batch_alignment(const void* p, cudaDataType_t t, long long stride, int batch) {
+    size_t bytes = t == CUDA_R_32F ? 4 : t == CUDA_R_16BF ? 2 : 1;
+    uint32_t al = matmul_alignment(p);
+    if (batch > 1) al = std::min(al, matmul_alignment((const void*)(uintptr_t)(stride * (long long)bytes)));
+    return al;
+}
+// the token dimension's bucket: x rounded up to a quarter of an octave (p, 1.25 p, 1.5 p, 1.75 p, 2 p: at
+// most 25% above x, so the heuristic's answer fits the shape it runs, and a dense GEMM's 3 x 2^k tokens
+// is its own bucket), from 64 up, capped (a row count must stay <= its ld). From 64: Hopper's BF16
+// kernels tile the token dimension by 64 to 256, so below 64 rows every choice computes one partly filled
+// tile, and experts with few rows (and the decode step's one) share a plan.
+static inline long long matmul_bucket(int x, long long cap) {
+    long long p = 64;
+    while (2 * p < x) p <<= 1;   // p < x <= 2 p (or x <= 64)
+    long long q = p / 4, b = x <= 64 ? 64 : (x + q - 1) / q * q;
+    return b < cap ? b : (cap > x ? cap : x);
+}
+// the key of a call; *qn, *qk: the n and k the heuristic is asked with (the buckets)
+static inline MatmulKey matmul_key(bool trans_a, bool trans_b, int m, int n, int k, cudaDataType_t a_type, int lda,
+                                   long long stride_a, const void* A, cudaDataType_t b_type, int ldb, long long stride_b,
+                                   const void* B, cudaDataType_t d_type, int ldd, long long stride_d, const void* D, int batch,
+                                   const MatmulOptions* opt, long long* qn, long long* qk) {
+    long long big = 1ll << 40;
+    *qn = matmul_bucket(n, trans_b ? ldb : big);                                      // B (n, k) when transposed: n its rows
+    *qk = matmul_bucket(k, std::min<long long>(trans_a ? lda : big, trans_b ? big : ldb));   // A (k, m) / B (k, n): k their rows
+    MatmulKey key = {trans_a, trans_b, m, *qn, *qk, a_type, b_type, d_type, lda, ldb, ldd, batch, stride_a, stride_b, stride_d,
+                     matmul_batch_alignment(A, a_type, stride_a, batch), matmul_batch_alignment(B, b_type, stride_b, batch),
+                     matmul_batch_alignment(D, d_type, stride_d, batch), 0, 0, 0, 0, 0, 0};
+    if (opt) {
+        key[18] = (opt->a_scale ? 1 : 0) | (opt->b_scale ? 2 : 0) | (opt->d_scale ? 4 : 0) | (opt->amax_d ? 8 : 0);
+        key[19] = opt->fast_accum; key[20] = opt->a_scale_mode; key[21] = opt->b_scale_mode;
+    }
+    return key;
+}
+
 #if defined(SIMT_EMULATION)
 #include "../test/simt/cublaslt_twin.h"
 #else
@@ -240,15 +310,7 @@ static inline bool matmul_fp8_block_supported(std::string* why) {
     return known;
 }
 
-// the largest power of two (<= 256) dividing the address: what the heuristic may assume
-static inline uint32_t pointer_alignment(const void* p) {
-    uintptr_t a = (uintptr_t)p;
-    uint32_t al = 256;
-    while (al > 1 && (a % al)) al >>= 1;
-    return al;
-}
-
-static inline void layout_create(cublasLtMatrixLayout_t* l, cudaDataType_t t, int rows, int cols, int ld, int batch,
+static inline void layout_create(cublasLtMatrixLayout_t* l, cudaDataType_t t, long long rows, long long cols, int ld, int batch,
                                  long long stride) {
     cublasCheck(cublasLtMatrixLayoutCreate(l, t, rows, cols, ld));
     if (batch > 1) {
@@ -258,11 +320,90 @@ static inline void layout_create(cublasLtMatrixLayout_t* l, cudaDataType_t t, in
         cublasCheck(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s));
     }
 }
+static inline void layout_resize(cublasLtMatrixLayout_t l, long long rows, long long cols) {
+    uint64_t r = (uint64_t)rows, c = (uint64_t)cols;
+    cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof r));
+    cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof c));
+}
+
+// One cached plan (see the plan cache above): the descriptor, the three layouts, the algorithm.
+typedef struct {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+} MatmulPlan;
+
+static inline void matmul_plan_destroy(MatmulPlan* p) {
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->ld));
+    cublasCheck(cublasLtMatmulDescDestroy(p->desc));
+}
+
+// the heuristic's best algorithm for the plan's layouts as they are now; false if it has none
+static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key) {
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    size_t wsb = cublaslt_workspace_bytes;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    uint32_t al_a = (uint32_t)key[15], al_b = (uint32_t)key[16], al_d = (uint32_t)key[17];
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heur, &found));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    if (found) p->algo = heur.algo;
+    return found != 0;
+}
+
+// a new plan: descriptor (transposes, FP8 modes; the pointers are set per call), layouts at the
+// bucketed n and k, and the heuristic's algorithm for them
+static inline void matmul_plan_create(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, long long qn, long long qk,
+                                      const MatmulOptions* opt, const char* file, int line) {
+    bool trans_a = key[0], trans_b = key[1];
+    long long m = key[2];
+    int lda = (int)key[8], ldb = (int)key[9], ldd = (int)key[10], batch = (int)key[11];
+    cudaDataType_t a_type = (cudaDataType_t)key[5], b_type = (cudaDataType_t)key[6], d_type = (cudaDataType_t)key[7];
+    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (opt && opt->fast_accum) {
+        int8_t fa = 1;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
+    }
+    if (opt && is_fp8_type(a_type) && opt->a_scale_mode != MATMUL_SCALE_TENSOR) {   // block scaling (validated)
+        std::string why;
+        if (!matmul_fp8_block_supported(&why)) fail_at(file, line, "FP8 matmul with block scales: %s", why.c_str());
+#if CUBLAS_VERSION >= 120900
+        int32_t sm[2];
+        for (int i = 0; i < 2; i++) {
+            int mode = i ? opt->b_scale_mode : opt->a_scale_mode;
+            sm[i] = mode == MATMUL_SCALE_VEC128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+        }
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm[0], sizeof sm[0]));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm[1], sizeof sm[1]));
+#endif
+    }
+    layout_create(&p->la, a_type, trans_a ? qk : m, trans_a ? m : qk, lda, batch, key[12]);
+    layout_create(&p->lb, b_type, trans_b ? qn : qk, trans_b ? qk : qn, ldb, batch, key[13]);
+    layout_create(&p->ld, d_type, m, qn, ldd, batch, key[14]);
+    if (!matmul_plan_query(p, h, key))
+        fail_at(file, line, "cuBLASLt has no algorithm for m %lld n %lld k %lld (trans %c%c, A %s B %s D %s, lda %d ldb %d ldd %d, batch %d)",
+                m, qn, qk, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', dtype_name(a_type), dtype_name(b_type), dtype_name(d_type),
+                lda, ldb, ldd, batch);
+}
+
+static inline std::map<MatmulKey, MatmulPlan>& matmul_plans() { static std::map<MatmulKey, MatmulPlan> plans; return plans; }
 
 // D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * D — COLUMN-major, cuBLAS conventions:
 // A is stored (k, m) with lda >= k when trans_a, else (m, k) with lda >= m (likewise B); C is D.
-// `batch` matrices, each operand advancing by its stride (elements). Descriptors are made per
-// call (a few microseconds; caching them is later work).
+// `batch` matrices, each operand advancing by its stride (elements). The descriptors, layouts and
+// algorithm come from the plan cache (above); per call only the exact shape and the FP8 pointers are
+// set on them.
 static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* A,
                                    cudaDataType_t a_type, int lda, long long stride_a, const void* B, cudaDataType_t b_type,
                                    int ldb, long long stride_b, float beta, void* D, cudaDataType_t d_type, int ldd,
@@ -274,63 +415,43 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     if (fp8) matmul_validate_fp8(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, batch, opt, file, line);
     void* ws;
     cublasLtHandle_t h = cublaslt_handle(&ws);
-    cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (opt) {
-        if (opt->a_scale) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &opt->a_scale, sizeof(void*)));
-        if (opt->b_scale) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &opt->b_scale, sizeof(void*)));
-        if (opt->d_scale) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &opt->d_scale, sizeof(void*)));
-        if (opt->amax_d) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &opt->amax_d, sizeof(void*)));
-        if (opt->fast_accum) {
-            int8_t fa = 1;
-            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
+    long long qn, qk;
+    MatmulKey key = matmul_key(trans_a, trans_b, m, n, k, a_type, lda, stride_a, A, b_type, ldb, stride_b, B, d_type, ldd, stride_d, D,
+                               batch, opt, &qn, &qk);
+    bool cached = matmul_plan_cache_enabled();
+    MatmulPlan local, *p = &local;
+    if (cached) {
+        auto it = matmul_plans().find(key);
+        if (it == matmul_plans().end()) {
+            matmul_plan_create(&local, h, key, qn, qk, opt, file, line);
+            it = matmul_plans().emplace(key, local).first;
         }
-        if (fp8 && opt->a_scale_mode != MATMUL_SCALE_TENSOR) {   // block scaling (validated above)
-            std::string why;
-            if (!matmul_fp8_block_supported(&why)) fail_at(file, line, "FP8 matmul with block scales: %s", why.c_str());
-#if CUBLAS_VERSION >= 120900
-            int32_t sm[2];
-            for (int i = 0; i < 2; i++) {
-                int mode = i ? opt->b_scale_mode : opt->a_scale_mode;
-                sm[i] = mode == MATMUL_SCALE_VEC128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-            }
-            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm[0], sizeof sm[0]));
-            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm[1], sizeof sm[1]));
-#endif
-        }
+        p = &it->second;
+    } else {
+        matmul_plan_create(&local, h, key, qn, qk, opt, file, line);
     }
-    cublasLtMatrixLayout_t la, lb, ld;
-    layout_create(&la, a_type, trans_a ? k : m, trans_a ? m : k, lda, batch, stride_a);
-    layout_create(&lb, b_type, trans_b ? n : k, trans_b ? k : n, ldb, batch, stride_b);
-    layout_create(&ld, d_type, m, n, ldd, batch, stride_d);
-    cublasLtMatmulPreference_t pref;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    // this call's shape and pointers on the plan's objects
+    layout_resize(p->la, trans_a ? k : m, trans_a ? m : k);
+    layout_resize(p->lb, trans_b ? n : k, trans_b ? k : n);
+    layout_resize(p->ld, m, n);
+    if (opt) {
+        const void* ptrs[4] = {opt->a_scale, opt->b_scale, opt->d_scale, opt->amax_d};
+        const cublasLtMatmulDescAttributes_t attrs[4] = {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                         CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER};
+        for (int i = 0; i < 4; i++)
+            if (ptrs[i]) cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, attrs[i], &ptrs[i], sizeof(void*)));
+    }
     size_t wsb = cublaslt_workspace_bytes;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
-    uint32_t al_a = pointer_alignment(A), al_b = pointer_alignment(B), al_d = pointer_alignment(D);
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
-    cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found));
-    if (found == 0)
-        fail_at(file, line, "cuBLASLt has no algorithm for m %d n %d k %d (trans %c%c, A %s B %s D %s, lda %d ldb %d ldd %d, batch %d)",
-                m, n, k, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', dtype_name(a_type), dtype_name(b_type), dtype_name(d_type),
-                lda, ldb, ldd, batch);
-    cublasStatus_t st = cublasLtMatmul(h, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo, ws, wsb, stream);
+    cublasStatus_t st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo, ws, wsb, stream);
+    if ((st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) && (qn != n || qk != k)) {
+        // the bucket's algorithm does not take this exact shape: ask for it (and keep that answer for the bucket)
+        if (matmul_plan_query(p, h, key))
+            st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo, ws, wsb, stream);
+    }
     if (st != CUBLAS_STATUS_SUCCESS)
         fail_at(file, line, "cuBLASLt matmul m %d n %d k %d (trans %c%c) failed: %s: %s", m, n, k, trans_a ? 'T' : 'N',
                 trans_b ? 'T' : 'N', cublasLtGetStatusName(st), cublasLtGetStatusString(st));
-    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    cublasCheck(cublasLtMatrixLayoutDestroy(la));
-    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
-    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
-    cublasCheck(cublasLtMatmulDescDestroy(desc));
+    if (!cached) matmul_plan_destroy(&local);
 }
 #endif  // SIMT_EMULATION
 
@@ -347,6 +468,17 @@ static inline void gemm_gpu_at(const char* file, int line, bool trans_a, bool tr
                                cudaStream_t stream = 0) {
     matmul_cublaslt(trans_b, trans_a, N, M, K, alpha, B, CUDA_R_16BF, ldb, 0, A, CUDA_R_16BF, lda, 0, beta, C,
                     CudaType<TC>::value, ldc, 0, 1, nullptr, stream, file, line);
+}
+
+// `batch` GEMMs in one call, operand b at A + b sa, B + b sb, C + b sc (elements; a stride 0 reuses the
+// operand): the experts' w1 and v1 products of the same rows (model/moe.cuh)
+#define gemm_gpu_batched(...) gemm_gpu_batched_at(__FILE__, __LINE__, __VA_ARGS__)
+template <typename TC>
+static inline void gemm_gpu_batched_at(const char* file, int line, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                                       const floatX* A, int lda, long long sa, const floatX* B, int ldb, long long sb, float beta,
+                                       TC* C, int ldc, long long sc, int batch, cudaStream_t stream = 0) {
+    matmul_cublaslt(trans_b, trans_a, N, M, K, alpha, B, CUDA_R_16BF, ldb, sb, A, CUDA_R_16BF, lda, sa, beta, C,
+                    CudaType<TC>::value, ldc, sc, batch, nullptr, stream, file, line);
 }
 
 // One FP8 GEMM operand: the FP8 data, K-contiguous (row-major rows of K with leading dimension ld),

@@ -154,11 +154,12 @@ static inline void moe_combine_backward(real* dye, real* dtopk_w, const real* do
 // CUDA. Dispatch: the expert histogram comes from the router (router_forward_gpu); offsets are
 // its exclusive scan; the permutation is the CPU's stable counting sort, one block per expert
 // scanning the N*k assignments in order with a block-wide prefix sum (ballots + shared memory),
-// so row_token and slot_row are identical to the CPU's. Expert GEMMs: one cuBLASLt GEMM per
-// expert and projection over its rows; the host needs the expert offsets to issue them, so
-// moe_dispatch_gpu copies the (E + 1) offsets to the host: one small synchronising copy per layer
-// (a grouped GEMM that reads the offsets on the device is later work). Gather-backward and
-// combine are one owner per output element, summing the token's k slots in order: deterministic.
+// so row_token and slot_row are identical to the CPU's. Expert GEMMs: cuBLASLt GEMMs per expert
+// over its rows (w1 and v1 batched together, below); the host needs the expert offsets to issue
+// them, so moe_dispatch_gpu copies the (E + 1) offsets to the host: one small synchronising copy
+// per MoE layer, kept rather than a device-side grouped GEMM (the numbers: model/CUDA.md, "The expert
+// GEMMs"). Gather-backward and combine are one owner per output element, summing the token's k
+// slots in order: deterministic.
 #include "cuda_common.h"
 
 __global__ void moe_offsets_kernel(int* offsets, const int* counts, int E) {
@@ -293,15 +294,50 @@ static inline void moe_combine_backward_gpu(floatX* dye, float* dtopk_w, const f
            slot_row, N, k, C);
 }
 
+// w1 and v1 as one GEMM: they are two tensors (the checkpoint's and HF's layout, kept), so expert e's
+// w1_e and v1_e are not one (2F, C) matrix, but they sit at the same offset of two equally shaped
+// tensors: one strided-batched GEMM of 2 does both products of the expert's rows (xe read with stride
+// 0 — cuBLASLt's default batch stride: every batch reads the same matrix —, the weights with stride
+// v1 - w1, the outputs g and u with stride u - g), and so does the weight
+// gradient (dw1_e, dv1_e from dg_e, du_e against the same xe_e). The input gradient dg w1_e + du v1_e
+// is a sum of two products: one GEMM would need [dg | du] and [w1_e; v1_e] each contiguous along 2F,
+// which neither is, so it stays two GEMMs (the second accumulating, beta 1). The batch strides are
+// positive: when the second tensors of both pairs lie below the first, the batch runs (v1, w1) and
+// (u, g); mixed directions take two GEMMs. The same arithmetic per output element either way.
+static inline long long elem_distance(const void* first, const void* second, size_t elem) {
+    long long d = (long long)((const char*)second - (const char*)first);
+    return d % (long long)elem == 0 ? d / (long long)elem : 0;
+}
+// pairs (p0, p1) and (q0, q1) as batches of 2: the strides, and whether the batch starts at the second
+// of each pair (*swap); false: no common direction
+static inline bool pair_strides(const void* p0, const void* p1, size_t pe, const void* q0, const void* q1, size_t qe, long long* sp,
+                                long long* sq, bool* swap) {
+    *sp = elem_distance(p0, p1, pe);
+    *sq = elem_distance(q0, q1, qe);
+    *swap = *sp < 0;
+    if (*swap) { *sp = -*sp; *sq = -*sq; }
+    return *sp > 0 && *sq > 0;
+}
+
 // all experts, rows grouped by expert (offsets_host, E + 1, on the host): g, u, a (rows, F),
 // ye (rows, C) from xe (rows, C); w1, v1, w2 (E*F, C)
 static inline void experts_forward_gpu(floatX* ye, floatX* g, floatX* u, floatX* a, const floatX* xe, const floatX* w1,
                                        const floatX* v1, const floatX* w2, const int* offsets_host, int E, int C, int F,
                                        cudaStream_t stream = 0) {
+    long long sw, so;
+    bool swap;
+    bool pair = pair_strides(w1, v1, sizeof(floatX), g, u, sizeof(floatX), &sw, &so, &swap);
+    const floatX* wb = swap ? v1 : w1;   // the batch's first weight and output
+    floatX* ob = swap ? u : g;
     for (int e = 0; e < E; e++) {
         int r0 = offsets_host[e], n = offsets_host[e + 1] - offsets_host[e];
         if (n == 0) continue;
         size_t wo = (size_t)e * F * C;
+        if (pair) {   // [g_e | u_e] = xe_e @ [w1_e | v1_e]^T
+            gemm_gpu_batched(false, true, n, F, C, 1.0f, xe + (size_t)r0 * C, C, 0, wb + wo, C, sw, 0.0f, ob + (size_t)r0 * F, F, so, 2,
+                             stream);
+            continue;
+        }
         matmul_forward_gpu(g + (size_t)r0 * F, xe + (size_t)r0 * C, w1 + wo, n, C, F, stream);
         matmul_forward_gpu(u + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F, stream);
     }
@@ -329,12 +365,25 @@ static inline void experts_backward_gpu(float* dxe, float* dw1, float* dv1, floa
         gemm_gpu(true, false, F, C, n, 1.0f, a + (size_t)r0 * F, F, dy, C, 1.0f, dw2 + wo, C, stream);
     }
     swiglu_backward_gpu(dg, du, da, g, u, (size_t)offsets_host[E] * F, stream);
+    long long sd, sg;
+    bool swap;
+    bool pair = pair_strides(dg, du, sizeof(floatX), dw1, dv1, sizeof(float), &sd, &sg, &swap);
+    const floatX* db = swap ? du : dg;   // the batch's first activation gradient and weight gradient
+    float* gb = swap ? dv1 : dw1;
     for (int e = 0; e < E; e++) {
         int r0 = offsets_host[e], n = offsets_host[e + 1] - offsets_host[e];
         if (n == 0) continue;
         size_t wo = (size_t)e * F * C;
-        matmul_backward_gpu(dxe + (size_t)r0 * C, dw1 + wo, dg + (size_t)r0 * F, xe + (size_t)r0 * C, w1 + wo, n, C, F, 0.0f, stream);
-        matmul_backward_gpu(dxe + (size_t)r0 * C, dv1 + wo, du + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F, 1.0f, stream);
+        if (!pair) {
+            matmul_backward_gpu(dxe + (size_t)r0 * C, dw1 + wo, dg + (size_t)r0 * F, xe + (size_t)r0 * C, w1 + wo, n, C, F, 0.0f, stream);
+            matmul_backward_gpu(dxe + (size_t)r0 * C, dv1 + wo, du + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F, 1.0f, stream);
+            continue;
+        }
+        // dxe_e = dg_e @ w1_e + du_e @ v1_e (two GEMMs, see above); [dw1_e | dv1_e] += [dg_e | du_e]^T @ xe_e (one)
+        matmul_backward_gpu(dxe + (size_t)r0 * C, (float*)nullptr, dg + (size_t)r0 * F, nullptr, w1 + wo, n, C, F, 0.0f, stream);
+        matmul_backward_gpu(dxe + (size_t)r0 * C, (float*)nullptr, du + (size_t)r0 * F, nullptr, v1 + wo, n, C, F, 1.0f, stream);
+        gemm_gpu_batched(true, false, F, C, n, 1.0f, db + (size_t)r0 * F, F, sd, xe + (size_t)r0 * C, C, 0, 1.0f, gb + wo, C, sg, 2,
+                         stream);
     }
 }
 #endif  // __CUDACC__ || SIMT_EMULATION

@@ -55,3 +55,38 @@ out=$(SIMT_DEVICES=1 bash dev/mpirun.sh -np 2 ./train_dbrx_emu --device cuda "${
 if [ "$rc" != 0 ] && grep -q "error: --device cuda: 2 ranks on this node, 1 GPU(s) visible: run one rank per GPU" <<<"$out"; then
     pass "mpirun -np 2 --device cuda on a node with 1 GPU: refused with one line (exit $rc)"
 else fail "mpirun -np 2 --device cuda, 1 GPU: exit $rc: $(head -3 <<<"$out")"; fi
+
+# The step budget in the training loop (model/CUDA.md, "Host round trips in one step"): SIMT_STEP_COUNTERS=1
+# prints the emulator's counters at every dbrx_sync (before and after each step). Per step of G micro-batches,
+# L layers, E experts, N tokens, BF16, one rank: syncs G (L + 1) + 2 (the offsets per layer and the forward's
+# one read; the norm's read; the step's closing sync), kernels G (8 + 26 L) + 3, H2D 4 G (5 N + 1) bytes,
+# D2H G (4 L (E + 1) + 4 (2 + L (E + 1))) + 8 bytes, no heuristic query after the first step. Negative control:
+# DBRX_DEBUG_PLANT=step_sync (one more sync per layer) must break it.
+budget() {   # budget NAME E L G [env...]: exit 0 iff every step after the first is within the budget
+    local name=$1 E=$2 L=$3 G=$4; shift 4
+    env SIMT_STEP_COUNTERS=1 "$@" ./train_dbrx_emu --device cuda --model dbrx-tiny --n-layers "$L" --experts "$E" --top-k 2 --batch 2 \
+        --seq 32 --steps 3 --val-every 0 --grad-accum "$G" 2>&1 | grep "^simt counters" > "$tmp/budget_$name.txt"
+    $PY - "$tmp/budget_$name.txt" "$name" "$E" "$L" "$G" <<'PY'
+import re, sys
+f, name, E, L, G = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+N = 64
+rows = [list(map(int, re.findall(r"(?<![a-z])\d+", l))) for l in open(f)]   # (not the 2 of h2d, d2h)
+steps = rows[1::2]   # every second line closes a step
+want = [G * (L + 1) + 2, G * (8 + 26 * L) + 3, None, 4 * G * (5 * N + 1), G, G * (4 * L * (E + 1) + 4 * (2 + L * (E + 1))) + 8,
+        G * (L + 1) + 1, 0]
+names = ["syncs", "kernels", "gemms", "h2d bytes", "h2d copies", "d2h bytes", "d2h copies", "heuristic queries"]
+bad = []
+assert len(steps) == 3, "%d step lines" % len(steps)
+assert steps[0][7] > 0, "the first step made no plan"
+for s, r in enumerate(steps[1:], 2):
+    for i, w in enumerate(want):
+        if w is not None and r[i] != w: bad.append("step %d: %s %d, budget %d" % (s, names[i], r[i], w))
+print("   %s: step 3: syncs %d, kernels %d, GEMMs %d, H2D %d B, D2H %d B, heuristic queries %d" % (name, *[steps[2][i] for i in (0, 1, 2, 3, 5, 7)]))
+if bad: print("   " + "; ".join(bad[:3]))
+sys.exit(1 if bad else 0)
+PY
+}
+budget e4 4 2 2 && budget e8 8 2 2 && budget l3 4 3 1 && pass "training loop: syncs, kernels, copies per step within the budget (E 4 and 8, L 2 and 3, grad-accum 2 and 1), no heuristic query after step 1" \
+    || fail "training loop: the step budget"
+budget planted 4 2 2 DBRX_DEBUG_PLANT=step_sync && fail "a planted sync per layer went unnoticed by the step budget" \
+    || pass "negative control: a planted sync per layer breaks the step budget"

@@ -571,7 +571,7 @@ TEST_CASE("fused classifier: softmax, cross-entropy and dlogits in one kernel") 
 }
 
 TEST_CASE("global gradient norm and AdamW (fp32 master -> bf16 weights)") {
-    float* d_partial = dev_poisoned<float>(GRAD_NORM_BLOCKS);
+    float* d_partial = dev_poisoned<float>(GRAD_NORM_SCRATCH);
     for (size_t n : {(size_t)1, (size_t)1000, (size_t)1000003}) {
         std::vector<float> grad = randn(n, n, 0.01), p = randn(n, n + 1, 0.02), m = randn(n, n + 2, 1e-3), v = randn(n, n + 3, 1e-3);
         for (float& x : v) x = x * x;

@@ -253,4 +253,111 @@ TEST_CASE("two runs of the CUDA step are bit-identical") {
     CHECK(memcmp(a.grads.data(), b.grads.data(), a.grads.size() * sizeof(float)) == 0);
 }
 
+#if defined(SIMT_EMULATION)
+// ---------------------------------------------------------------------------------------------
+// The step's budget (model/CUDA.md, "Host round trips in one step"): the emulator's counters
+// (test/simt/counters.h) over whole training steps (forward, backward, dbrx_update) of a small model.
+
+// what one step asked of the device, and the experts that had rows (summed over the layers)
+struct StepCount { simt::Counters c; int busy_experts; };
+
+static std::vector<StepCount> count_steps(int E, int L, int steps) {
+    DbrxConfig c = tiny();
+    c.n_experts = E; c.n_layers = L; c.top_k = 2;
+    DbrxGPU g;
+    dbrx_build(&g, &c, B, T, SEED);
+    std::vector<int> in, tg;
+    batch(&in, &tg, 9);
+    std::vector<StepCount> out;
+    for (int s = 0; s < steps; s++) {
+        simt::counters_reset();
+        dbrx_zero_grad(&g);
+        dbrx_forward(&g, in.data(), tg.data(), 1.0f);
+        dbrx_backward(&g, in.data(), tg.data(), 1.0f);
+        dbrx_update(&g, &OPT, OPT.lr, s + 1);
+        StepCount sc = {simt::counters(), 0};
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < E; e++) sc.busy_experts += g.acts[l].counts_host[e] > 0;
+        out.push_back(sc);
+    }
+    dbrx_free(&g);
+    return out;
+}
+
+// The documented budget of one BF16 step with one micro-batch of N tokens (model/CUDA.md):
+//   syncs      L + 2: the expert offsets of each MoE layer, the forward's one read (mean loss and every
+//              layer's router statistics), the gradient norm's read
+//   H2D        one copy: the tokens, the targets and the embedding-backward plan, 4 (5 N + 1) bytes
+//   D2H        L + 2 copies: offsets 4 (E + 1) per layer, 4 (2 + L (E + 1)) for the loss and statistics, 8 for the norm
+//   kernels    STEP_KERNELS + LAYER_KERNELS L: not a function of E
+//   GEMMs      STEP_GEMMS + LAYER_GEMMS L + 7 per expert with rows (w1+v1 and w2 forward; w2 dgrad and wgrad, the
+//              two input-gradient GEMMs and the w1+v1 weight gradient)
+static const long long STEP_KERNELS = 13, LAYER_KERNELS = 34, STEP_GEMMS = 3, LAYER_GEMMS = 9;
+
+// every way the step exceeds the budget, one line each (empty: within it)
+static std::vector<std::string> over_budget(const StepCount& s, int E, int L) {
+    std::vector<std::string> why;
+    long long N = B * T;
+    auto want = [&](const char* what, long long got, long long bound) {
+        if (got != bound) why.push_back(std::string(what) + " " + std::to_string(got) + ", budget " + std::to_string(bound));
+    };
+    want("syncs", s.c.syncs, L + 2);
+    want("H2D bytes", s.c.h2d_bytes, 4 * (5 * N + 1));
+    want("H2D copies", s.c.h2d_copies, 1);
+    want("D2H bytes", s.c.d2h_bytes, 4LL * L * (E + 1) + 4 * (2 + (long long)L * (E + 1)) + 8);
+    want("D2H copies", s.c.d2h_copies, L + 2);
+    want("kernels", s.c.launches, STEP_KERNELS + LAYER_KERNELS * L);
+    want("GEMMs", s.c.gemms, STEP_GEMMS + LAYER_GEMMS * L + 7LL * s.busy_experts);
+    return why;
+}
+
+static void print(const char* what, const StepCount& s) {
+    MESSAGE(std::string(what) << ": syncs " << s.c.syncs << ", kernels " << s.c.launches << ", GEMMs " << s.c.gemms << " (" << s.busy_experts
+                 << " busy experts), H2D " << s.c.h2d_bytes << " B in " << s.c.h2d_copies << ", D2H " << s.c.d2h_bytes << " B in "
+                 << s.c.d2h_copies << ", heuristic queries " << s.c.heuristic_queries << ", plans made " << s.c.plan_creations);
+}
+
+TEST_CASE("the step's host round trips, launches and copies stay within the documented budget") {
+    std::vector<StepCount> e4 = count_steps(4, 2, 3), e8 = count_steps(8, 2, 3), l3 = count_steps(4, 3, 2);
+    for (int s = 0; s < 3; s++) { print("E 4, L 2", e4[s]); print("E 8, L 2", e8[s]); }
+    for (int s = 0; s < 2; s++) print("E 4, L 3", l3[s]);
+    for (auto* v : {&e4, &e8, &l3}) {
+        int E = v == &e8 ? 8 : 4, L = v == &l3 ? 3 : 2;
+        for (const StepCount& s : *v) {
+            std::vector<std::string> why = over_budget(s, E, L);
+            INFO("E " << E << ", L " << L << ": " << (why.empty() ? std::string("within") : why[0]));
+            CHECK(why.empty());
+        }
+    }
+    // the number of experts changes no synchronisation and no kernel launch; a layer adds one sync
+    CHECK(e4[1].c.syncs == e8[1].c.syncs);
+    CHECK(e4[1].c.launches == e8[1].c.launches);
+    CHECK(l3[1].c.syncs - e4[1].c.syncs == 1);
+    // the plan cache: the first step makes the plans, the steady state asks cuBLASLt's heuristic nothing
+    CHECK(e4[0].c.heuristic_queries > 0);
+    CHECK(e4[0].c.heuristic_queries < e4[0].c.gemms);
+    for (auto* v : {&e4, &e8, &l3})
+        for (size_t s = 1; s < v->size(); s++) {
+            CHECK((*v)[s].c.heuristic_queries == 0);
+            CHECK((*v)[s].c.plan_creations == 0);
+        }
+
+    // negative controls: a planted synchronisation per layer breaks the budget (and says so); without the
+    // plan cache every GEMM asks the heuristic, every step
+    setenv("DBRX_DEBUG_PLANT", "step_sync", 1);
+    std::vector<StepCount> planted = count_steps(4, 2, 1);
+    unsetenv("DBRX_DEBUG_PLANT");
+    std::vector<std::string> why = over_budget(planted[0], 4, 2);
+    REQUIRE(why.size() == 1);
+    CHECK(why[0] == "syncs 6, budget 4");
+    setenv("MATMUL_PLAN_CACHE", "0", 1);
+    std::vector<StepCount> uncached = count_steps(4, 2, 2);
+    unsetenv("MATMUL_PLAN_CACHE");
+    print("E 4, L 2, MATMUL_PLAN_CACHE=0", uncached[1]);
+    CHECK(uncached[1].c.heuristic_queries == uncached[1].c.gemms);
+    CHECK(uncached[1].c.plan_creations == uncached[1].c.gemms);
+    CHECK(over_budget(uncached[1], 4, 2).empty());   // the same work otherwise
+}
+#endif
+
 int main(int argc, char** argv) { return cuda_test_main(argc, argv, "training step", 20240602); }

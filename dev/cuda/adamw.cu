@@ -2,7 +2,7 @@
  * adamw.cu — the optimizer step over n parameters and the global gradient norm:
  *   AdamW v1  grid-stride, scalar (the model's kernel, model/adamw.cuh)
  *   AdamW v2  grid-stride over float4 (n % 4 == 0)
- *   grad norm (the model's: fixed grid, block sums, host adds the partials in double)
+ *   grad norm (the model's: fixed grid, block sums, one thread adds the partials in double)
  * Bytes per parameter for AdamW: grad 4 + m, v, master 3 x (4 read + 4 write) + bf16 copy 2 = 30 B.
  *   make dev/cuda/adamw && ./dev/cuda/adamw      (n = 2^28: 1 GiB per fp32 array, far beyond L2)
  */
@@ -32,7 +32,7 @@ int main() {
     print_header("adamw", shape);
     std::vector<float> g = make_random(n, 1, 0.01), p = make_random(n, 2, 0.02), m = make_random(n, 3, 1e-3), v = make_random(n, 4, 1e-3);
     for (float& x : v) x = x * x;
-    float *dg = to_device(g), *dp = to_device(p), *dm = to_device(m), *dv = to_device(v), *partial = deviceAlloc(float, GRAD_NORM_BLOCKS);
+    float *dg = to_device(g), *dp = to_device(p), *dm = to_device(m), *dv = to_device(v), *partial = deviceAlloc(float, GRAD_NORM_SCRATCH);
     floatX* dp16 = deviceAlloc(floatX, n);
     double want = grad_sumsq(g.data(), n), got = grad_sumsq_gpu(dg, n, partial);
     validate("grad norm^2 (model)", {(float)got}, {(float)want}, 1e-5, 0);

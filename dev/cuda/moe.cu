@@ -5,6 +5,11 @@
  *   dispatch (offsets + the stable permutation, one block per expert), gather, gather backward,
  *   SwiGLU forward v1 (model, scalar) and v2 (16-byte loads), combine forward (+ residual) and backward.
  * Memory-bound: each line gives GB/s for the bytes the kernel must move.
+ * The expert layer's GEMMs (model/CUDA.md, "The expert GEMMs: one sync per MoE layer"): experts_forward_gpu
+ * (w1+v1 as one batched GEMM per expert, SwiGLU, w2) with the dispatch's synchronising offsets copy
+ * before it, the same without the copy (offsets already on the host), w1 and v1 as two GEMMs, and one
+ * dense GEMM of the same FLOPs (all R rows against one expert: what a grouped GEMM reading the offsets
+ * on the device could approach). TFLOP/s; the first two lines' difference is the sync's cost.
  *   make dev/cuda/moe && ./dev/cuda/moe        (N 16384, E 16, k 4, C 1024, F 1792: dbrx-1b)
  */
 #include "common.h"
@@ -98,5 +103,48 @@ int main() {
     validate("combine backward: dye", from_device_bf16v(ddye, dyeh.size()), dyeh, 1e-2, 1e-2);
     validate("combine backward: dtopk_w", from_device_f32(ddw, dwh.size()), dwh, 1e-4, 1e-5);
     report_bandwidth("combine backward", (double)R * C * (4 + 2 + 2), time_ms(20, comb_bwd));
+
+    // the expert layer: w1 and v1 adjacent tensors (the model's layout), g and u (R, F), ye (R, C)
+    size_t wn = (size_t)E * F * C;
+    std::vector<float> wts = round_bf16(make_random(3 * wn, 9, 0.05)), gh((size_t)R * F), uh((size_t)R * F), ah((size_t)R * F);
+    std::vector<float> yeh((size_t)R * C);
+    experts_up_forward(gh.data(), uh.data(), ah.data(), xe.data(), wts.data(), wts.data() + wn, offsets.data(), E, C, F);
+    experts_down_forward(yeh.data(), ah.data(), wts.data() + 2 * wn, offsets.data(), E, C, F);
+    floatX *dwts = to_device_bf16v(wts), *dgg = deviceAlloc(floatX, 2 * n), *duu = dgg + n, *daa = deviceAlloc(floatX, n);
+    floatX* dyy = deviceAlloc(floatX, (size_t)R * C);
+    floatX *dw1 = dwts, *dv1 = dwts + wn, *dw2 = dwts + 2 * wn;
+    auto experts_sync = [&] { dispatch(); experts_forward_gpu(dyy, dgg, duu, daa, dxe, dw1, dv1, dw2, off_host.data(), E, C, F); };
+    auto experts = [&] { experts_forward_gpu(dyy, dgg, duu, daa, dxe, dw1, dv1, dw2, off_host.data(), E, C, F); };
+    auto experts_two = [&] {   // w1 and v1 as two GEMMs per expert (the model before the batched pair)
+        for (int e = 0; e < E; e++) {
+            int r0 = off_host[e], ne = off_host[e + 1] - off_host[e];
+            if (ne == 0) continue;
+            matmul_forward_gpu(dgg + (size_t)r0 * F, dxe + (size_t)r0 * C, dw1 + (size_t)e * F * C, ne, C, F);
+            matmul_forward_gpu(duu + (size_t)r0 * F, dxe + (size_t)r0 * C, dv1 + (size_t)e * F * C, ne, C, F);
+        }
+        swiglu_forward_gpu(daa, dgg, duu, n);
+        for (int e = 0; e < E; e++) {
+            int r0 = off_host[e], ne = off_host[e + 1] - off_host[e];
+            if (ne == 0) continue;
+            gemm_gpu(false, false, ne, C, F, 1.0f, daa + (size_t)r0 * F, F, dw2 + (size_t)e * F * C, C, 0.0f, dyy + (size_t)r0 * C, C);
+        }
+    };
+    auto dense = [&] {   // the same FLOPs in one launch per projection: every row against expert 0
+        gemm_gpu_batched(false, true, R, F, C, 1.0f, dxe, C, 0, dw1, C, (long long)wn, 0.0f, dgg, F, (long long)n, 2);
+        swiglu_forward_gpu(daa, dgg, duu, n);
+        gemm_gpu(false, false, R, C, F, 1.0f, daa, F, dw2, C, 0.0f, dyy, C);
+    };
+    const char* exn[4] = {"experts fwd: sync + per-expert GEMMs", "experts fwd: per-expert GEMMs", "experts fwd: w1, v1 two GEMMs",
+                          "experts fwd: dense, same FLOPs"};
+    std::function<void()> exf[4] = {experts_sync, experts, experts_two, dense};
+    double flops = 2.0 * R * C * F * 3;
+    for (int v = 0; v < 4; v++) {
+        cudaCheck(cudaMemset(dyy, 0xFF, (size_t)R * C * sizeof(floatX)));
+        exf[v]();
+        cudaCheck(cudaDeviceSynchronize());
+        if (v < 3) validate(exn[v], from_device_bf16v(dyy, yeh.size()), yeh, 2e-2, 2e-2);
+        report_flops(exn[v], flops, time_ms(20, exf[v]));
+    }
+    if (!EMULATED) printf("  (%d experts: %d GEMM launches per expert forward, 1 synchronising copy per layer)\n", E, 2);
     return finish();
 }

@@ -13,6 +13,9 @@
  *                b_scale(j, chunk) — what Hopper's block-scaled kernels do (promotion per chunk).
  * FAST_ACCUM has no numeric effect here (the device's reduced-precision accumulation is not
  * modelled): the twin always accumulates in FP32.
+ * The plan cache (model/matmul.cuh) is the same map with the same keys as on the device; a plan
+ * holds nothing here, but making one counts a descriptor set and a heuristic query
+ * (simt::counters(): plan_creations, heuristic_queries), and every matmul counts as a GEMM launch.
  * Included by model/matmul.cuh under SIMT_EMULATION only (it needs matmul_validate, MatmulOptions).
  */
 #pragma once
@@ -45,6 +48,17 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     if (m == 0 || n == 0) return;
     bool fp8 = is_fp8_type(a_type);
     if (fp8) matmul_validate_fp8(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, batch, opt, file, line);
+    {   // the device's plan cache, counted: a miss (or no cache) makes a plan and asks the heuristic once
+        static std::map<MatmulKey, int> plans;
+        long long qn, qk;
+        MatmulKey key = matmul_key(trans_a, trans_b, m, n, k, a_type, lda, stride_a, A, b_type, ldb, stride_b, B, d_type, ldd,
+                                   stride_d, D, batch, opt, &qn, &qk);
+        if (!matmul_plan_cache_enabled() || plans.emplace(key, 0).second) {
+            simt::count(&simt::counters().plan_creations);
+            simt::count(&simt::counters().heuristic_queries);
+        }
+        simt::count(&simt::counters().gemms);
+    }
     bool blocks = fp8 && opt && opt->a_scale_mode != MATMUL_SCALE_TENSOR;
     float scale = alpha;
     if (!blocks && opt && opt->a_scale) scale *= *opt->a_scale;

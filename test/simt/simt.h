@@ -80,6 +80,7 @@
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
+#include "counters.h"   // launches, syncs and copies per step (the step's budget)
 
 // ---------------------------------------------------------------------------------------------
 // built-in variables and device functions
@@ -845,6 +846,7 @@ inline void launch(const char* name, const char* file, int line, void (*kernel)(
         auto call = [&]() { std::apply(kernel, *params); };
         run_grid(name, (const void*)kernel, file, line, grid, block, smem, [](void* p) { (*(decltype(call)*)p)(); }, &call);
     };
+    count_launch();
     stream_enqueue(stream, run);
 }
 
@@ -898,8 +900,13 @@ inline cudaError_t cudaFree(void* p) {
 }
 inline cudaError_t cudaMallocHost(void** p, size_t n) { *p = malloc(n ? n : 1); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
 inline cudaError_t cudaFreeHost(void* p) { free(p); return cudaSuccess; }
-inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) { if (n) memmove(dst, src, n); return cudaSuccess; }
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    simt::count_copy((int)kind, n, true);
+    if (n) memmove(dst, src, n);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
+    simt::count_copy((int)kind, n, false);
     simt::stream_enqueue(s, [=]() { if (n) memmove(dst, src, n); });
     return cudaSuccess;
 }
@@ -908,8 +915,8 @@ inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
     simt::stream_enqueue(s, [=]() { memset(p, v, n); });
     return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize(void) { simt::streams_run_all(); return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize(void) { simt::count_sync(); simt::streams_run_all(); return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { simt::count_sync(); if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = new CUstream_st(); simt::streams().push_back(*s); return cudaSuccess; }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
 // the host asks whether s is done: it runs what s has queued (see Streams above), and then it is
@@ -1014,7 +1021,7 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     e->seq = s->issued;   // the wait runs s up to this record
     return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { if (e->s) simt::stream_run(e->s, e->seq); return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { simt::count_sync(); if (e->s) simt::stream_run(e->s, e->seq); return cudaSuccess; }
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)((b->t - a->t) * 1e3); return cudaSuccess; }
 inline cudaError_t cudaRuntimeGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }
 inline cudaError_t cudaDriverGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }
