@@ -762,11 +762,14 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
         }
     comm_all_reduce(&comm->world_group, &nonfinite, 1, COMM_I32);
     if (nonfinite) return "non-finite values in the weights or the AdamW moments";
-    // the other replicas get the first replica's shards
+    // the other replicas get the first replica's shards: host buffers, so over the group's MPI communicator
+    // also on the GPU path (a NCCL group's collectives take device buffers, on its stream)
     if (z->expert_replica->size > 1) {
-        comm_broadcast(z->expert_replica, z->master, z->shard_total * sizeof(float), 0);
-        comm_broadcast(z->expert_replica, z->m, z->shard_total * sizeof(float), 0);
-        comm_broadcast(z->expert_replica, z->v, z->shard_total * sizeof(float), 0);
+        CommGroup* g = z->expert_replica;
+        int nccl = g->nccl;
+        g->nccl = 0;
+        for (float* a : arrays) comm_broadcast(g, a, z->shard_total * sizeof(float), 0);
+        g->nccl = nccl;
     }
     z->slot_unit[0] = z->slot_unit[1] = -1;
     // the run's place
