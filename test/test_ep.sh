@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # test_ep.sh — expert parallelism (--expert-parallel N; model/dbrx.h's exchange, parallel/zero.h's placement):
-#   * mpirun -np 4 with EP 2 and EP 4 under ZeRO-3 (S = 4), and EP 2 under HSDP 2x2, against one process
-#     with the same global batch: losses within 1e-5;
+#   * mpirun -np 4 with EP 2 and EP 4 under ZeRO-3 (S = 4), EP 2 under HSDP 2x2, and EP 2 and EP 4 under
+#     data parallelism (S = 1: the non-expert weights replicated, each rank its experts whole), against one
+#     process with the same global batch: losses within 1e-5; under data parallelism each rank's state is
+#     16 B x (P - P_experts x (N-1)/N), from the model's shape;
 #   * a forced extreme imbalance (DBRX_DEBUG_ROUTE_FIRST: every token to experts 0..k-1, all EP rank 0's)
 #     trains without losing a token: rank 0 receives every routed row, the others none, no error;
 #   * the bytes each rank sends in its EP group equal the formula from its routing counts, exactly:
 #     count messages x E/N x 4 B + 2 x d x 4 B x (rows out + rows in)  (forward rows and results back,
 #     backward gradients and input gradients back);
-#   * a checkpoint under EP 4 resumes bit-identically under EP 4, within 1e-5 under EP 2 and one process;
+#   * a checkpoint under EP 4 resumes bit-identically under EP 4, within 1e-5 under EP 2, one process and
+#     data parallel EP 2; one under data parallel EP 2 (saved as ZeRO-3 over the EP group: each parameter
+#     once) bit-identically under the same, within 1e-5 under EP 4 (ZeRO-3) and one process;
 #   * the emulated CUDA path (NCCL twin): EP 2 and EP 4 give the losses of the run without EP (BF16 bound
-#     2e-3; measured identical), its bytes match the formula with BF16 rows and fp32 input gradients, and
-#     an EP 4 checkpoint resumes bit-identically;
+#     2e-3; measured identical), under ZeRO-3 and under data parallelism, its bytes match the formula with
+#     BF16 rows and fp32 input gradients, and EP 4 and data parallel EP 2 checkpoints resume bit-identically;
 #   * the step line and the log carry the rows received per rank (max, mean);
-#   * bad degrees (not dividing the experts, the shard group, or with --fp8) exit 2 with one line.
+#   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism) exit 2 with one line.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 BIN=${BIN:-./train_dbrx}
@@ -43,9 +47,9 @@ PY
 verdict() { local r; r=$(close "$@"); [ "${r%% *}" = pass ] && pass "${r#* }" || fail "${r#* }"; }
 
 $BIN "${T[@]}" --grad-accum 4 --log "$tmp/one.jsonl" > "$tmp/one.out" 2>&1 || fail "one process: $(tail -2 "$tmp/one.out")"
-for cfg in "2 4" "4 4" "2 2"; do
+for cfg in "2 4" "4 4" "2 2" "2 1" "4 1"; do
     set -- $cfg
-    name="np 4 EP $1 (shard group $2)"
+    name="np 4 EP $1 (shard group $2$([ "$2" = 1 ] && echo ": data parallel"))"
     $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --shard-group-size "$2" --log "$tmp/ep$1_$2.jsonl" > "$tmp/ep$1_$2.out" 2>&1 \
         || fail "$name: $(grep -i error "$tmp/ep$1_$2.out" | head -2)"
     verdict "$name vs one process" 1e-5 "$tmp/one.jsonl" "$tmp/ep$1_$2.jsonl"
@@ -53,21 +57,37 @@ done
 grep -q '"ep_recv_max": [0-9]*, "ep_recv_mean": [0-9.]*' "$tmp/ep2_4.jsonl" && grep -q "| ep recv [0-9.]*x |" "$tmp/ep2_4.out" \
     && pass "the rows received per rank (max, mean) are on the step line and in the log" || fail "EP receive statistics missing"
 
+# --- the state each rank holds under data parallelism with EP: all but (N-1)/N of the experts
+$PY - "$tmp/one.out" "$tmp/ep2_1.out" "$tmp/ep4_1.out" <<'PY' > "$tmp/state"
+import re, sys
+L, d, E, F = 2, 128, 16, 224   # dbrx-tiny with --n-layers 2
+state = lambda p: [int(b) for b in re.findall(r"master\+grads\+moments (\d+) bytes allocated", open(p).read())]
+P = state(sys.argv[1])[0] // 16
+for path, n in ((sys.argv[2], 2), (sys.argv[3], 4)):
+    want = 16 * (P - L * 3 * E * F * d * (n - 1) // n)
+    got = state(path)
+    print("%s data parallel EP %d: every rank's state is 16 B x (P - P_experts x %d/%d) = %d bytes: %s" % (
+        "pass" if len(got) == 4 and all(g == want for g in got) else "fail", n, n - 1, n, want, got))
+PY
+verdicts "$tmp/state" 2
+
 # --- the bytes of the exchange, from each rank's own counts
-$PY - "$tmp/ep2_4.out" "$tmp/ep2_2.out" <<'PY' > "$tmp/bytes"
+$PY - "$tmp/ep2_4.out" "$tmp/ep2_2.out" "$tmp/ep2_1.out" <<'PY' > "$tmp/bytes"
 import re, sys
 d, E, f = 128, 16, 4
-for path, n in ((sys.argv[1], 2), (sys.argv[2], 2)):
+# (data parallel: + the gradient norm's expert part, one float64 all-reduced in the EP group per step, 2 (N-1)/N x 8 B)
+for path, n, norm in ((sys.argv[1], 2, 0), (sys.argv[2], 2, 0), (sys.argv[3], 2, 6 * 8)):
     rows = re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in",
                       open(path).read())
     ok = len(rows) == 4
     for r, b, c, o, i in rows:
-        want = int(c) * (E // n) * 4 + 2 * d * f * (int(o) + int(i))
+        want = int(c) * (E // n) * 4 + 2 * d * f * (int(o) + int(i)) + norm
         ok = ok and int(b) == want
-    print("%s EP %d (%s): bytes sent in the EP group equal counts x E/N x 4 + 2 x d x 4 x (rows out + in) on every rank: %s" % (
-        "pass" if ok else "fail", n, path.split("/")[-1], ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
+    print("%s EP %d (%s): bytes sent in the EP group equal counts x E/N x 4 + 2 x d x 4 x (rows out + in)%s on every rank: %s" % (
+        "pass" if ok else "fail", n, path.split("/")[-1], " + 6 x 8 (norm)" if norm else "",
+        ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
 PY
-verdicts "$tmp/bytes" 2
+verdicts "$tmp/bytes" 3
 
 # --- a forced extreme imbalance: every token to EP rank 0's experts
 DBRX_DEBUG_ROUTE_FIRST=1 $MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --log "$tmp/imb.jsonl" > "$tmp/imb.out" 2>&1; rc=$?
@@ -82,16 +102,31 @@ else fail "forced imbalance: exit $rc: $r0; $(grep -i error "$tmp/imb.out" | hea
 $MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --ckpt-dir "$tmp/ck" --stop-after 3 --log "$tmp/part.jsonl" > "$tmp/part.out" 2>&1 \
     || fail "EP 4 save: $(grep -i error "$tmp/part.out" | head -2)"
 grep -q '"expert_parallel": 4' "$tmp/ck/step_00000003/manifest.json" || fail "the manifest does not record expert_parallel 4"
-for to in "4 4" "2 4" "1 1"; do
-    set -- $to
-    cp -r "$tmp/ck" "$tmp/ck_$1"; cp "$tmp/part.jsonl" "$tmp/res_$1.jsonl"
-    if [ "$2" = 1 ]; then $BIN "${T[@]}" --grad-accum 4 --ckpt-dir "$tmp/ck_$1" --resume auto --log "$tmp/res_$1.jsonl" > "$tmp/res_$1.out" 2>&1
-    else $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --ckpt-dir "$tmp/ck_$1" --resume auto --log "$tmp/res_$1.jsonl" > "$tmp/res_$1.out" 2>&1; fi
-    grep -q "resume: .*step_00000003" "$tmp/res_$1.out" || fail "resume under EP $1: $(grep -iE 'error|warning' "$tmp/res_$1.out" | head -2)"
-done
-verdict "EP 4 checkpoint resumed under EP 4 (3 + 3 steps) vs uninterrupted EP 4" 0 "$tmp/ep4_4.jsonl" "$tmp/res_4.jsonl"
-verdict "EP 4 checkpoint resumed under EP 2 vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_2.jsonl"
-verdict "EP 4 checkpoint resumed by one process (no EP) vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_1.jsonl"
+# resume SRC EP S: the checkpoint in $tmp/SRC (step 3) resumed under EP degree EP, shard group S (EP 1: one process)
+resume() {
+    local to="$1_$2_$3"
+    cp -r "$tmp/$1" "$tmp/ck_$to"; cp "$tmp/$1.jsonl" "$tmp/res_$to.jsonl"
+    if [ "$2" = 1 ]; then $BIN "${T[@]}" --grad-accum 4 --ckpt-dir "$tmp/ck_$to" --resume auto --log "$tmp/res_$to.jsonl" > "$tmp/res_$to.out" 2>&1
+    else $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$2" --shard-group-size "$3" --ckpt-dir "$tmp/ck_$to" --resume auto \
+        --log "$tmp/res_$to.jsonl" > "$tmp/res_$to.out" 2>&1; fi
+    grep -q "resume: .*step_00000003" "$tmp/res_$to.out" || fail "$1 resumed under EP $2 S $3: $(grep -iE 'error|warning' "$tmp/res_$to.out" | head -2)"
+}
+cp "$tmp/part.jsonl" "$tmp/ck.jsonl"
+for to in "4 4" "2 4" "1 1" "2 1"; do resume ck $to; done
+verdict "EP 4 checkpoint resumed under EP 4 (3 + 3 steps) vs uninterrupted EP 4" 0 "$tmp/ep4_4.jsonl" "$tmp/res_ck_4_4.jsonl"
+verdict "EP 4 checkpoint resumed under EP 2 vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_ck_2_4.jsonl"
+verdict "EP 4 checkpoint resumed by one process (no EP) vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_ck_1_1.jsonl"
+verdict "EP 4 checkpoint resumed under data parallel EP 2 vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_ck_2_1.jsonl"
+# saved under data parallel EP 2: the files are those of ZeRO-3 over the EP group (2 shards, each parameter once)
+$MPI -np 4 $BIN "${T[@]}" --expert-parallel 2 --shard-group-size 1 --ckpt-dir "$tmp/dk" --stop-after 3 --log "$tmp/dk.jsonl" > "$tmp/dk.out" 2>&1 \
+    || fail "data parallel EP 2 save: $(grep -i error "$tmp/dk.out" | head -2)"
+[ "$(ls "$tmp/dk/step_00000003" | grep -c '^shard_')" = 2 ] && grep -q '"shard_group_size": 2, "replicas": 2, .*"expert_parallel": 2' "$tmp/dk/step_00000003/manifest.json" \
+    && pass "data parallel EP 2 saves 2 shard files (ZeRO-3 over the EP group: each parameter once)" \
+    || fail "data parallel EP 2 checkpoint files: $(ls "$tmp/dk/step_00000003")"
+for to in "2 1" "4 4" "1 1"; do resume dk $to; done
+verdict "data parallel EP 2 checkpoint resumed under the same (3 + 3 steps) vs uninterrupted" 0 "$tmp/ep2_1.jsonl" "$tmp/res_dk_2_1.jsonl"
+verdict "data parallel EP 2 checkpoint resumed under EP 4 (ZeRO-3) vs uninterrupted" 1e-5 "$tmp/ep2_1.jsonl" "$tmp/res_dk_4_4.jsonl"
+verdict "data parallel EP 2 checkpoint resumed by one process vs uninterrupted" 1e-5 "$tmp/ep2_1.jsonl" "$tmp/res_dk_1_1.jsonl"
 
 # --- the CUDA path under the emulator (the NCCL twin): the same exchange, rows as BF16 (input gradients
 # back as fp32), NCCL send/recv on the EP group's stream; the counts over MPI on the host
@@ -105,6 +140,15 @@ if [ -x "$EMU" ]; then
             || fail "emulated GPU EP $ep: $(grep -i error "$tmp/g$ep.out" | head -2)"
         verdict "emulated GPU np 4 EP $ep vs np 4 without EP (BF16)" 2e-3 "$tmp/g0.jsonl" "$tmp/g$ep.jsonl"
     done
+    # data parallel with EP 2 (the non-expert weights replicated, each rank its experts whole), against
+    # data parallel without EP; saved after 2 steps and resumed under the same
+    $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --log "$tmp/gd0.jsonl" > "$tmp/gd0.out" 2>&1 || fail "emulated GPU data parallel: $(grep -i error "$tmp/gd0.out" | head -2)"
+    $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --log "$tmp/gd2.jsonl" > "$tmp/gd2.out" 2>&1 \
+        || fail "emulated GPU data parallel EP 2: $(grep -i error "$tmp/gd2.out" | head -2)"
+    verdict "emulated GPU np 4 data parallel EP 2 vs data parallel without EP (BF16)" 2e-3 "$tmp/gd0.jsonl" "$tmp/gd2.jsonl"
+    $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --ckpt-dir "$tmp/gdk" --stop-after 2 --log "$tmp/gdres.jsonl" > "$tmp/gdres.out" 2>&1
+    $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --ckpt-dir "$tmp/gdk" --resume auto --log "$tmp/gdres.jsonl" > "$tmp/gdres2.out" 2>&1
+    verdict "emulated GPU data parallel EP 2: 2 + save + resume + 2 steps vs uninterrupted" 0 "$tmp/gd2.jsonl" "$tmp/gdres.jsonl"
     $PY - "$tmp/g2.out" <<'PY' > "$tmp/gbytes"
 import re, sys
 d, E, n = 64, 4, 2
@@ -128,6 +172,9 @@ $MPI -np 4 $BIN "${T[@]}" --expert-parallel 3 > "$tmp/bad.out" 2>&1; rc=$?
 $MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --shard-group-size 2 > "$tmp/bad.out" 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "^error: --expert-parallel 4 must divide the shard group size 2" "$tmp/bad.out" \
     && pass "--expert-parallel 4 over shard groups of 2: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "EP 4 S 2: exit $rc: $(grep -m1 error "$tmp/bad.out")"
+$MPI -np 4 $BIN "${T[@]}" --expert-parallel 8 --shard-group-size 1 > "$tmp/bad.out" 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "^error: --expert-parallel 8 must divide the number of ranks 4" "$tmp/bad.out" \
+    && pass "data parallel --expert-parallel 8 on 4 ranks: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "DP EP 8 np 4: exit $rc: $(grep -m1 error "$tmp/bad.out")"
 expect_exit 2 "--expert-parallel 0" $BIN "${T[@]}" --expert-parallel 0
 expect_exit 2 "--expert-parallel 2 with --fp8 delayed" $BIN "${T[@]}" --expert-parallel 2 --fp8 delayed
 expect_exit 2 "--expert-parallel 2 with --sample-every 5" $BIN "${T[@]}" --expert-parallel 2 --sample-every 5
