@@ -341,9 +341,6 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--health-gemm-size %d must be 0 (the default) or a multiple of 16 in [16, 32768]", a->health_gemm_size);
     if (a->health_comm_mib < 1 || a->health_comm_mib > 65536) fail(EXIT_BAD_INPUT, "--health-comm-mib %d must be in [1, 65536]", a->health_comm_mib);
     if (a->sample_every < 0) fail(EXIT_BAD_INPUT, "--sample-every %d must be >= 0 (0: never)", a->sample_every);
-    if (a->expert_parallel > 1 && (a->sample_every > 0 || a->generate))
-        fail(EXIT_BAD_INPUT, "--expert-parallel %d with %s: generation's one-token step does not exchange tokens between EP ranks yet",
-             a->expert_parallel, a->generate ? "--generate" : "--sample-every");
     if (a->sample_len <= 0) fail(EXIT_BAD_INPUT, "--sample-len %d must be positive", a->sample_len);
     if (!(a->temperature >= 0)) fail(EXIT_BAD_INPUT, "--temperature %g must be >= 0 (0: greedy)", a->temperature);
     if (a->sample_top_k < 0) fail(EXIT_BAD_INPUT, "--sample-top-k %d must be >= 0 (0: all tokens)", a->sample_top_k);

@@ -488,26 +488,32 @@ static inline void block_experts_forward(Dbrx* m, int l, BlockActs* a, const Blo
 
 // The experts under expert parallelism: the rows of xe go to their experts' ranks, this rank runs its
 // experts over every peer's rows, the results come back into ye in xe's layout (the combine is as
-// without EP). FP32 only (FP8 with EP is refused at set-up).
-static inline void block_experts_forward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
+// without EP). FP32 only (FP8 with EP is refused at set-up). xe's rows are grouped by expert (counts,
+// offsets); a's plan and expert-major buffers are kept for the backward. Collective in the EP group:
+// the training forward's rows, or the decode step's k rows of its one token (dbrx_decode_step).
+static inline void experts_forward_ep_rows(Dbrx* m, BlockActs* a, const int* counts, const int* offsets, const real* xe, real* ye,
+                                           const BlockParams& w) {
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, El = E / m->ep.n;
-    (void)l;
     EpPlan* pl = &a->ep;
-    ep_plan(&m->ep, pl, a->counts, a->offsets, E);
+    ep_plan(&m->ep, pl, counts, offsets, E);
     size_t R = pl->R;
     if (pl->R > m->ep_recv_max) m->ep_recv_max = pl->R;
     for (int p = 0; p < m->ep.n; p++)
         if (p != m->ep.rank) { m->ep_rows_out += pl->send_rows[p]; m->ep_rows_in += pl->recv_rows[p]; m->ep_count_sends++; }
     m->ep_buf.resize(std::max<size_t>(R, 1) * d);
-    ep_exchange(&m->ep, pl, a->xe, m->ep_buf.data(), d * sizeof(real), 0);        // (R, d) in peer order
+    ep_exchange(&m->ep, pl, xe, m->ep_buf.data(), d * sizeof(real), 0);           // (R, d) in peer order
     a->ep_xl.resize(R * d); a->ep_g.resize(R * F); a->ep_u.resize(R * F); a->ep_act.resize(R * F);
     moe_gather(a->ep_xl.data(), m->ep_buf.data(), pl->perm.data(), (int)R, d);   // expert-major
     experts_up_forward(a->ep_g.data(), a->ep_u.data(), a->ep_act.data(), a->ep_xl.data(), w.w1, w.v1, pl->loffsets.data(), El, d, F);
     m->ep_buf2.resize(std::max<size_t>(R, 1) * d);
     experts_down_forward(m->ep_buf2.data(), a->ep_act.data(), w.w2, pl->loffsets.data(), El, d, F);   // (R, d) expert-major
     for (size_t i = 0; i < R; i++) memcpy(&m->ep_buf[(size_t)pl->perm[i] * d], &m->ep_buf2[i * d], d * sizeof(real));
-    ep_exchange(&m->ep, pl, m->ep_buf.data(), a->ye, d * sizeof(real), 1);       // back, in xe's layout
+    ep_exchange(&m->ep, pl, m->ep_buf.data(), ye, d * sizeof(real), 1);          // back, in xe's layout
+}
+static inline void block_experts_forward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
+    (void)l;
+    experts_forward_ep_rows(m, a, a->counts, a->offsets, a->xe, a->ye, w);
 }
 // Its backward: dye's rows to the experts' ranks, the experts' backward there (weight gradients of my
 // experts, from every peer's rows), dxe back in xe's layout.
@@ -800,8 +806,14 @@ static inline const real* dbrx_decode_step(Dbrx* m, int token, int pos) {
         moe_gather(s->xe, s->ln, s->row_token, k, d);
         unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
-        experts_up_forward(s->g, s->u, s->act, s->xe, w.w1, w.v1, s->offsets, E, d, c->ffn_hidden);
-        experts_down_forward(s->ye, s->act, w.w2, s->offsets, E, d, c->ffn_hidden);
+        if (m->ep.n > 1) {   // EP: the k rows to their experts' ranks; every rank of the EP group runs this step (its
+            // own copy of the same token), so each takes part in every exchange (the training forward's
+            // plan and buffers of layer l serve as scratch: nothing reads them between steps)
+            experts_forward_ep_rows(m, &m->acts[l], s->counts, s->offsets, s->xe, s->ye, w);
+        } else {
+            experts_up_forward(s->g, s->u, s->act, s->xe, w.w1, w.v1, s->offsets, E, d, c->ffn_hidden);
+            experts_down_forward(s->ye, s->act, w.w2, s->offsets, E, d, c->ffn_hidden);
+        }
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         memcpy(s->x, s->resid_mid, (size_t)d * sizeof(real));
         moe_combine_forward(s->x, s->ye, s->topk_w, s->slot_row, 1, k, d);

@@ -373,14 +373,16 @@ static inline void block_linear_backward(DbrxGPU* m, int l, int lin, TI* dinp, f
 // Expert parallelism (as block_experts_forward_ep on the CPU): xe's rows to their experts' ranks, this
 // rank's experts over every peer's rows, the results back into ye in xe's layout. The plan comes from the
 // counts on the host (the expert GEMMs are issued from the host anyway); the rows travel over NCCL.
-static inline void block_experts_forward_ep(DbrxGPU* m, BlockActsGPU* a, const BlockViews<floatX>& w) {
+// xe's rows grouped by expert (offsets on the host); a's plan and buffers are kept for the backward.
+// Collective in the EP group: the training forward's rows, or the decode step's k rows of its token.
+static inline void experts_forward_ep_rows(DbrxGPU* m, BlockActsGPU* a, const int* offsets_host, const floatX* xe, floatX* ye,
+                                           const BlockViews<floatX>& w) {
     const DbrxConfig* c = &m->cfg;
-    int N = m->B * m->T, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->ffn_hidden, El = E / m->ep.n;
-    moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
+    int d = c->d_model, E = c->n_experts, F = c->ffn_hidden, El = E / m->ep.n;
     std::vector<int> counts(E);
-    for (int e = 0; e < E; e++) counts[e] = a->offsets_host[e + 1] - a->offsets_host[e];
+    for (int e = 0; e < E; e++) counts[e] = offsets_host[e + 1] - offsets_host[e];
     EpPlan* pl = &a->ep;
-    ep_plan(&m->ep, pl, counts.data(), a->offsets_host.data(), E);
+    ep_plan(&m->ep, pl, counts.data(), offsets_host, E);
     size_t R = pl->R;
     if (pl->R > m->ep_recv_max) m->ep_recv_max = pl->R;
     for (int p = 0; p < m->ep.n; p++)
@@ -399,11 +401,16 @@ static inline void block_experts_forward_ep(DbrxGPU* m, BlockActsGPU* a, const B
     floatX* u = a->ep_u.get(R * F, "the experts' activations");
     floatX* act = a->ep_act.get(R * F, "the experts' activations");
     floatX* yl = m->ep_y.get(R * d, "the experts' outputs");
-    ep_exchange(&m->ep, pl, a->xe, xr, d * sizeof(floatX), 0);          // (R, d) in peer order
+    ep_exchange(&m->ep, pl, xe, xr, d * sizeof(floatX), 0);             // (R, d) in peer order
     moe_gather_gpu(xl, xr, perm_d, (int)R, d);                           // expert-major
     experts_forward_gpu(yl, g, u, act, xl, w.w1, w.v1, w.w2, pl->loffsets.data(), El, d, F);
     moe_gather_gpu(xr, yl, inv_d, (int)R, d);                            // back in peer order
-    ep_exchange(&m->ep, pl, xr, a->ye, d * sizeof(floatX), 1);           // and home, in xe's layout
+    ep_exchange(&m->ep, pl, xr, ye, d * sizeof(floatX), 1);              // and home, in xe's layout
+}
+static inline void block_experts_forward_ep(DbrxGPU* m, BlockActsGPU* a, const BlockViews<floatX>& w) {
+    const DbrxConfig* c = &m->cfg;
+    moe_gather_gpu(a->xe, a->ln2, a->row_token, m->B * m->T * c->top_k, c->d_model);
+    experts_forward_ep_rows(m, a, a->offsets_host.data(), a->xe, a->ye, w);
 }
 static inline void block_experts_backward_ep(DbrxGPU* m, BlockActsGPU* a, const BlockViews<floatX>& w, const BlockViews<float>& gw) {
     const DbrxConfig* c = &m->cfg;
@@ -665,7 +672,10 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
         unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
         moe_gather_gpu(s->xe, s->ln, s->row_token, k, d);
-        experts_forward_gpu(s->ye, s->g, s->u, s->act, s->xe, w.w1, w.v1, w.w2, s->offsets_host.data(), E, d, F);
+        if (m->ep.n > 1)   // EP: every rank of the EP group runs this step; layer l's training plan and buffers as scratch
+            experts_forward_ep_rows(m, &m->acts[l], s->offsets_host.data(), s->xe, s->ye, w);
+        else
+            experts_forward_gpu(s->ye, s->g, s->u, s->act, s->xe, w.w1, w.v1, w.w2, s->offsets_host.data(), E, d, F);
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         moe_combine_forward_gpu(s->x, s->resid_mid, s->ye, s->topk_w, s->slot_row, 1, k, d);   // (x is free again: in place)
     }
