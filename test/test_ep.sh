@@ -15,6 +15,9 @@
 #   * the emulated CUDA path (NCCL twin): EP 2 and EP 4 give the losses of the run without EP (BF16 bound
 #     2e-3; measured identical), under ZeRO-3 and under data parallelism, its bytes match the formula with
 #     BF16 rows and fp32 input gradients, and EP 4 and data parallel EP 2 checkpoints resume bit-identically;
+#   * generation under EP (the decode step's rows through the exchange): --generate under EP 4 (ZeRO-3) and
+#     data parallel EP 2 writes one process's text; on the emulated GPU --sample-every under data parallel
+#     EP 2 samples the text of the run without EP;
 #   * the step line and the log carry the rows received per rank (max, mean);
 #   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism) exit 2 with one line.
 cd "$(dirname "$0")/.." || exit 1
@@ -128,6 +131,19 @@ verdict "data parallel EP 2 checkpoint resumed under the same (3 + 3 steps) vs u
 verdict "data parallel EP 2 checkpoint resumed under EP 4 (ZeRO-3) vs uninterrupted" 1e-5 "$tmp/ep2_1.jsonl" "$tmp/res_dk_4_4.jsonl"
 verdict "data parallel EP 2 checkpoint resumed by one process vs uninterrupted" 1e-5 "$tmp/ep2_1.jsonl" "$tmp/res_dk_1_1.jsonl"
 
+# --- generation under EP: the decode step's rows go through the exchange; the same weights (the EP 4 run's
+# step 6) give one process's text under EP 4 (ZeRO-3) and data parallel EP 2 (temperature 0.8: every token a draw)
+GEN=(--model dbrx-tiny --n-layers 2 --seq 64 --generate --resume "$tmp/ck_ck_4_4/step_00000006" --prompt The --sample-len 24 --temperature 0.8)
+$BIN "${GEN[@]}" > "$tmp/gen1.txt" 2> "$tmp/gen1.err" || fail "generate, one process: $(tail -1 "$tmp/gen1.err")"
+for cfg in "4 4" "2 1"; do
+    set -- $cfg
+    $MPI -np 4 $BIN "${GEN[@]}" --expert-parallel "$1" --shard-group-size "$2" > "$tmp/gen_$1_$2.txt" 2> "$tmp/gen_$1_$2.err" \
+        || fail "generate under EP $1 S $2: $(grep -i error "$tmp/gen_$1_$2.err" | head -1)"
+    [ -s "$tmp/gen1.txt" ] && cmp -s "$tmp/gen1.txt" "$tmp/gen_$1_$2.txt" && grep -q "generate: 24 tokens" "$tmp/gen_$1_$2.err" \
+        && pass "--generate under np 4 EP $1 (shard group $2): 24 tokens, the text of one process" \
+        || fail "--generate under EP $1 S $2: $(od -c "$tmp/gen_$1_$2.txt" | head -2) vs $(od -c "$tmp/gen1.txt" | head -2)"
+done
+
 # --- the CUDA path under the emulator (the NCCL twin): the same exchange, rows as BF16 (input gradients
 # back as fp32), NCCL send/recv on the EP group's stream; the counts over MPI on the host
 EMU=${EMU:-./train_dbrx_emu}
@@ -142,10 +158,16 @@ if [ -x "$EMU" ]; then
     done
     # data parallel with EP 2 (the non-expert weights replicated, each rank its experts whole), against
     # data parallel without EP; saved after 2 steps and resumed under the same
-    $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --log "$tmp/gd0.jsonl" > "$tmp/gd0.out" 2>&1 || fail "emulated GPU data parallel: $(grep -i error "$tmp/gd0.out" | head -2)"
-    $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --log "$tmp/gd2.jsonl" > "$tmp/gd2.out" 2>&1 \
+    # (with a sample after steps 2 and 4: the decode step's rows through the exchange, the same text)
+    SMP=(--sample-every 2 --sample-len 12 --prompt The --temperature 0.8)
+    $MPI -np 4 "$EMU" "${G[@]}" "${SMP[@]}" --shard-group-size 1 --log "$tmp/gd0.jsonl" > "$tmp/gd0.out" 2>&1 \
+        || fail "emulated GPU data parallel: $(grep -i error "$tmp/gd0.out" | head -2)"
+    $MPI -np 4 "$EMU" "${G[@]}" "${SMP[@]}" --shard-group-size 1 --expert-parallel 2 --log "$tmp/gd2.jsonl" > "$tmp/gd2.out" 2>&1 \
         || fail "emulated GPU data parallel EP 2: $(grep -i error "$tmp/gd2.out" | head -2)"
     verdict "emulated GPU np 4 data parallel EP 2 vs data parallel without EP (BF16)" 2e-3 "$tmp/gd0.jsonl" "$tmp/gd2.jsonl"
+    s0=$(grep '"sample"' "$tmp/gd0.jsonl"); s2=$(grep '"sample"' "$tmp/gd2.jsonl")
+    [ "$(grep -c . <<<"$s0")" = 2 ] && [ "$s0" = "$s2" ] && pass "emulated GPU --sample-every under data parallel EP 2: the samples of the run without EP" \
+        || fail "emulated GPU samples under EP: $s2 vs $s0"
     $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --ckpt-dir "$tmp/gdk" --stop-after 2 --log "$tmp/gdres.jsonl" > "$tmp/gdres.out" 2>&1
     $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --ckpt-dir "$tmp/gdk" --resume auto --log "$tmp/gdres.jsonl" > "$tmp/gdres2.out" 2>&1
     verdict "emulated GPU data parallel EP 2: 2 + save + resume + 2 steps vs uninterrupted" 0 "$tmp/gd2.jsonl" "$tmp/gdres.jsonl"
@@ -177,4 +199,3 @@ $MPI -np 4 $BIN "${T[@]}" --expert-parallel 8 --shard-group-size 1 > "$tmp/bad.o
     && pass "data parallel --expert-parallel 8 on 4 ranks: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "DP EP 8 np 4: exit $rc: $(grep -m1 error "$tmp/bad.out")"
 expect_exit 2 "--expert-parallel 0" $BIN "${T[@]}" --expert-parallel 0
 expect_exit 2 "--expert-parallel 2 with --fp8 delayed" $BIN "${T[@]}" --expert-parallel 2 --fp8 delayed
-expect_exit 2 "--expert-parallel 2 with --sample-every 5" $BIN "${T[@]}" --expert-parallel 2 --sample-every 5
