@@ -144,7 +144,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
         {"--fp8-gather", "", F_BOOL, &a->fp8_gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales"},
         {"--expert-parallel", "", F_INT, &a->expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
-                                                              "(N divides the experts and the shard group size), tokens exchanged all-to-all"},
+                                                              "(N divides the experts, and the shard group size, or the ranks with "
+                                                              "--shard-group-size 1), tokens exchanged all-to-all"},
         {"--shard-group-size", "", F_INT, &a->shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},

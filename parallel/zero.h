@@ -28,6 +28,10 @@
  * slot (prefetch; on the CPU it completes at once, on the GPU it runs on the communication stream).
  * With S = 1 nothing is gathered: the model's buffers are the full shard, the hooks are not installed,
  * and the step is the unsharded one plus an all-reduce of the gradients across the replicas.
+ * Expert parallelism (EP degree n) places the experts' runs by EP rank over the layout group of
+ * P = max(S, n) ranks: the shard group when n divides S; under data parallelism (S = 1) the EP group,
+ * each rank then holding the non-expert units and its experts whole, the model's views straight onto
+ * its shard (parallel/README.md, "EP under data parallelism").
  */
 #pragma once
 #include <algorithm>
