@@ -19,7 +19,10 @@
 #     data parallel EP 2 writes one process's text; on the emulated GPU --sample-every under data parallel
 #     EP 2 samples the text of the run without EP;
 #   * the step line and the log carry the rows received per rank (max, mean);
-#   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism) exit 2 with one line.
+#   * --fp8 with EP on the CPU path: block scaling's step 1 (loss, every operand's amax) is that of FP8 without
+#     EP, 4 steps within 2e-3; under delayed scaling every weight's step-1 amax equals that without EP;
+#   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism) and
+#     --fp8-gather with EP exit 2 with one line.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 BIN=${BIN:-./train_dbrx}
@@ -144,6 +147,44 @@ for cfg in "4 4" "2 1"; do
         || fail "--generate under EP $1 S $2: $(od -c "$tmp/gen_$1_$2.txt" | head -2) vs $(od -c "$tmp/gen1.txt" | head -2)"
 done
 
+# --- FP8 with EP (the CPU path): the operands over the local experts and the received rows, the per-tensor
+# amaxes max-reduced over the world. Block scaling's forward tiles (1x128 rows, 128x128 per expert) do not
+# depend on where a row is computed: step 1's loss and every operand's amax are those of FP8 without EP
+# (FP8 against FP32 differs by ~3e-3 at step 1); later steps differ within FP8's rounding (the 128x1 wgrad
+# tiles group other rows). Delayed scaling: each weight's amax (a rank sees only its experts) is the
+# whole tensor's, as without EP.
+F8=(--model dbrx-tiny --n-layers 2 --seq 64 --val-every 0 --batch 1 --steps 4 --fp8-log-every 1)
+for run in "block 1 4" "block 2 4" "block 4 1" "delayed 1 4" "delayed 2 1"; do
+    set -- $run
+    $MPI -np 4 $BIN "${F8[@]}" --fp8 "$1" --expert-parallel "$2" --shard-group-size "$3" --log "$tmp/f8_$1_$2_$3.jsonl" > "$tmp/f8.out" 2>&1 \
+        || fail "--fp8 $1 EP $2 S $3: $(grep -i error "$tmp/f8.out" | head -2)"
+done
+$PY - "$tmp" <<'PY' > "$tmp/f8"
+import json, sys
+t = sys.argv[1]
+def L(name):
+    loss, fp8 = {}, {}
+    for l in open("%s/f8_%s.jsonl" % (t, name)):
+        r = json.loads(l)
+        if "loss" in r: loss[r["step"]] = r["loss"]
+        if "fp8" in r: fp8[r["step"]] = {k: v["amax"] for k, v in r["fp8"].items()}
+    return [loss[s] for s in sorted(loss)], fp8
+b0, fb0 = L("block_1_4")
+for name, what in (("block_2_4", "EP 2 (ZeRO-3)"), ("block_4_1", "data parallel EP 4")):
+    b, fb = L(name)
+    d1 = abs(b[0] - b0[0]); dn = max(abs(x - y) for x, y in zip(b, b0)) if len(b) == len(b0) == 4 else 1
+    am = max(abs(fb[1][k] - fb0[1][k]) / fb0[1][k] for k in fb0[1]) if fb0.get(1) and fb.get(1) and len(fb[1]) == len(fb0[1]) else 1
+    ok = d1 <= 1e-6 and am <= 1e-5 and dn <= 2e-3
+    print("%s --fp8 block np 4 %s vs without EP: step 1 loss |diff| %.1e <= 1e-6, its %d amaxes within %.1e <= 1e-5 (relative), 4 steps within %.1e <= 2e-3" % (
+        "pass" if ok else "fail", what, d1, len(fb0.get(1, {})), am, dn))
+_, fd0 = L("delayed_1_4"); _, fd = L("delayed_2_1")
+w = [k for k in fd0.get(1, {}) if k.endswith(".w")]
+ok = len(w) == 10 and all(fd[1][k] == fd0[1][k] for k in w)
+print("%s --fp8 delayed np 4 data parallel EP 2: step 1's amax of all %d weights (each rank quantises only its experts) equals that without EP" % (
+    "pass" if ok else "fail", len(w)))
+PY
+verdicts "$tmp/f8" 3
+
 # --- the CUDA path under the emulator (the NCCL twin): the same exchange, rows as BF16 (input gradients
 # back as fp32), NCCL send/recv on the EP group's stream; the counts over MPI on the host
 EMU=${EMU:-./train_dbrx_emu}
@@ -185,6 +226,7 @@ PY
     $MPI -np 4 "$EMU" "${G[@]}" --expert-parallel 4 --ckpt-dir "$tmp/gck" --stop-after 2 --log "$tmp/gres.jsonl" > "$tmp/gres.out" 2>&1
     $MPI -np 4 "$EMU" "${G[@]}" --expert-parallel 4 --ckpt-dir "$tmp/gck" --resume auto --log "$tmp/gres.jsonl" > "$tmp/gres2.out" 2>&1
     verdict "emulated GPU EP 4: 2 + save + resume + 2 steps vs uninterrupted" 0 "$tmp/g4.jsonl" "$tmp/gres.jsonl"
+    expect_exit 2 "--fp8 delayed with EP on the CUDA path" "$EMU" "${G[@]}" --expert-parallel 2 --fp8 delayed
 fi
 
 # --- bad degrees
@@ -198,4 +240,4 @@ $MPI -np 4 $BIN "${T[@]}" --expert-parallel 8 --shard-group-size 1 > "$tmp/bad.o
 [ "$rc" = 2 ] && grep -q "^error: --expert-parallel 8 must divide the number of ranks 4" "$tmp/bad.out" \
     && pass "data parallel --expert-parallel 8 on 4 ranks: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "DP EP 8 np 4: exit $rc: $(grep -m1 error "$tmp/bad.out")"
 expect_exit 2 "--expert-parallel 0" $BIN "${T[@]}" --expert-parallel 0
-expect_exit 2 "--expert-parallel 2 with --fp8 delayed" $BIN "${T[@]}" --expert-parallel 2 --fp8 delayed
+expect_exit 2 "--expert-parallel 2 with --fp8-gather" $BIN "${T[@]}" --expert-parallel 2 --fp8 delayed --fp8-gather
