@@ -1477,9 +1477,6 @@ static int run_main(int argc, char** argv) {
         fail(EXIT_BAD_INPUT, "--device cuda: this binary was built by g++ without CUDA (build it where nvcc is installed: make); use --device cpu");
     if (args.device == "cuda" && gpus == 0) fail(EXIT_BAD_INPUT, "--device cuda: no CUDA device is visible; use --device cpu");
     bool use_cuda = args.device == "cuda" || (args.device == "auto" && gpus > 0);
-    if (use_cuda && args.expert_parallel > 1 && args.fp8 != "off")   // (the CPU path has it: model/dbrx.h)
-        fail(EXIT_BAD_INPUT, "--expert-parallel %d with --fp8 %s on the CUDA path: its FP8 expert GEMMs do not take expert "
-             "parallelism yet (--device cpu does)", args.expert_parallel, args.fp8.c_str());
 
     Comm comm = comm_init(&argc, &argv);
     comm_set_timeout(args.comm_timeout > 0 ? args.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)

@@ -19,8 +19,9 @@
 #     data parallel EP 2 writes one process's text; on the emulated GPU --sample-every under data parallel
 #     EP 2 samples the text of the run without EP;
 #   * the step line and the log carry the rows received per rank (max, mean);
-#   * --fp8 with EP on the CPU path: block scaling's step 1 (loss, every operand's amax) is that of FP8 without
-#     EP, 4 steps within 2e-3; under delayed scaling every weight's step-1 amax equals that without EP;
+#   * --fp8 with EP: block scaling's step 1 (loss, every operand's amax) is that of FP8 without EP, later
+#     steps within 2e-3 (CPU: EP 2 ZeRO-3 and data parallel EP 4; emulated GPU: data parallel EP 2); under
+#     delayed scaling every weight's step-1 amax equals that without EP (CPU);
 #   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism) and
 #     --fp8-gather with EP exit 2 with one line.
 cd "$(dirname "$0")/.." || exit 1
@@ -226,7 +227,28 @@ PY
     $MPI -np 4 "$EMU" "${G[@]}" --expert-parallel 4 --ckpt-dir "$tmp/gck" --stop-after 2 --log "$tmp/gres.jsonl" > "$tmp/gres.out" 2>&1
     $MPI -np 4 "$EMU" "${G[@]}" --expert-parallel 4 --ckpt-dir "$tmp/gck" --resume auto --log "$tmp/gres.jsonl" > "$tmp/gres2.out" 2>&1
     verdict "emulated GPU EP 4: 2 + save + resume + 2 steps vs uninterrupted" 0 "$tmp/g4.jsonl" "$tmp/gres.jsonl"
-    expect_exit 2 "--fp8 delayed with EP on the CUDA path" "$EMU" "${G[@]}" --expert-parallel 2 --fp8 delayed
+    # FP8 (block scaling) under data parallel EP 2: the local experts' cuBLASLt FP8 GEMMs on the received rows
+    # in a padded layout of their own; step 1 (loss, every operand's amax) as without EP, as on the CPU
+    for ep in 1 2; do
+        $MPI -np 4 "$EMU" "${G[@]}" --steps 2 --fp8 block --fp8-log-every 1 --shard-group-size 1 --expert-parallel $ep --log "$tmp/gf$ep.jsonl" \
+            > "$tmp/gf$ep.out" 2>&1 || fail "emulated GPU --fp8 block EP $ep: $(grep -i error "$tmp/gf$ep.out" | head -2)"
+    done
+    $PY - "$tmp/gf1.jsonl" "$tmp/gf2.jsonl" <<'PY' > "$tmp/gf8"
+import json, sys
+def L(p):
+    loss, fp8 = {}, {}
+    for l in open(p):
+        r = json.loads(l)
+        if "loss" in r: loss[r["step"]] = r["loss"]
+        if "fp8" in r: fp8[r["step"]] = {k: v["amax"] for k, v in r["fp8"].items()}
+    return [loss[s] for s in sorted(loss)], fp8
+(a, fa), (b, fb) = L(sys.argv[1]), L(sys.argv[2])
+ok = len(a) == len(b) == 2 and abs(a[0] - b[0]) <= 1e-6 and fa.get(1) and fa[1] == fb.get(1) and abs(a[1] - b[1]) <= 2e-3
+print("%s emulated GPU --fp8 block np 4 data parallel EP 2 vs without EP: step 1 loss %s vs %s, its %d amaxes %s, step 2 within %.1e <= 2e-3" % (
+    "pass" if ok else "fail", a[0] if a else None, b[0] if b else None, len(fa.get(1, {})), "equal" if fa.get(1) == fb.get(1) else "differ",
+    abs(a[-1] - b[-1]) if a and b else 1))
+PY
+    verdicts "$tmp/gf8" 1
 fi
 
 # --- bad degrees
