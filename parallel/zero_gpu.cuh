@@ -238,7 +238,10 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         model->hooks = UnitHooks{zero_gpu_unit_begin, zero_gpu_unit_end, zg};
     }
     zero_from_host(zg);
-    comm_watchdog_start({&z->shard, &z->replica});   // a host blocked behind a stuck collective still ends
+    std::vector<CommGroup*> watched = {&z->shard, &z->replica};   // a host blocked behind a stuck collective still ends
+    if (ep_n > 1) { watched.push_back(&z->ep); watched.push_back(&z->expert_shard); }
+    if (z->P != z->S) watched.push_back(&z->expert_replica_own);
+    comm_watchdog_start(watched);
 }
 
 // the BF16 copy of the master shard, after the master changed other than by AdamW (a load)
