@@ -411,7 +411,7 @@ static inline void ckpt_start_save(Checkpointer* ck, Zero* z, const DbrxConfig* 
     if (ok != comm->world) { ck->pending = false; return; }
     // the first replica writes: ranks 0..P-1 (layout groups are consecutive ranks; P = S but under data
     // parallelism with EP, where the files are those of ZeRO-3 over the EP group: zero_file_layout)
-    ck->writer = z->expert_replica->rank == 0;
+    ck->writer = zero_expert_replica(z)->rank == 0;
     ck->done.store(0);
     ck->error.clear();
     ck->pending = true;
@@ -683,7 +683,7 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     memset(z->master, 0, z->shard_total * sizeof(float));
     memset(z->m, 0, z->shard_total * sizeof(float));
     memset(z->v, 0, z->shard_total * sizeof(float));
-    bool reader = z->expert_replica->rank == 0;   // (the replica group, but under data parallelism with EP)
+    bool reader = zero_expert_replica(z)->rank == 0;   // (the replica group, but under data parallelism with EP)
     float* arrays[3] = {z->master, z->m, z->v};
     for (int f = 0; reader && f < S_old && local_err.empty(); f++) {
         std::vector<CopySeg> segs;
@@ -764,8 +764,8 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     if (nonfinite) return "non-finite values in the weights or the AdamW moments";
     // the other replicas get the first replica's shards: host buffers, so over the group's MPI communicator
     // also on the GPU path (a NCCL group's collectives take device buffers, on its stream)
-    if (z->expert_replica->size > 1) {
-        CommGroup* g = z->expert_replica;
+    if (zero_expert_replica(z)->size > 1) {
+        CommGroup* g = zero_expert_replica(z);
         int nccl = g->nccl;
         g->nccl = 0;
         for (float* a : arrays) comm_broadcast(g, a, z->shard_total * sizeof(float), 0);

@@ -373,9 +373,6 @@ static inline void block_linear_backward(DbrxGPU* m, int l, int lin, TI* dinp, f
     else matmul_backward_gpu(dinp, dweight, dout, inp, weight, N, C, OC, 0.0f);
 }
 
-// Expert parallelism (as block_experts_forward_ep on the CPU): xe's rows to their experts' ranks, this
-// rank's experts over every peer's rows, the results back into ye in xe's layout. The plan comes from the
-// counts on the host (the expert GEMMs are issued from the host anyway); the rows travel over NCCL.
 // EP under --fp8: the model's activation and gradient FP8 scratch swapped with buffers for Rp received
 // rows in El segments (the expert GEMMs quantise into f->act and f->grad); swapped back after
 static inline void ep_fp8_scratch_swap(DbrxGPU* m, size_t Rp, int El) {
@@ -403,6 +400,9 @@ static inline void ep_fp8_scratch_unswap(DbrxGPU* m) {
     }
 }
 
+// Expert parallelism (as block_experts_forward_ep on the CPU): xe's rows to their experts' ranks, this
+// rank's experts over every peer's rows, the results back into ye in xe's layout. The plan comes from the
+// counts on the host (the expert GEMMs are issued from the host anyway); the rows travel over NCCL.
 // xe's rows grouped by expert (offsets on the host); a's plan and buffers are kept for the backward.
 // Collective in the EP group: the training forward's rows, or the decode step's k rows of its token.
 // Under --fp8 (layer l >= 0; the decode step passes -1: BF16) the local experts' FP8 GEMMs run on the

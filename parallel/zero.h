@@ -61,8 +61,7 @@ typedef struct {
     // across which the experts' gradients are summed (the replica group when P = S; it is its own group
     // under data parallelism, where the non-expert gradients are summed over the world)
     int ep_n, ep_rank, P, lrank;
-    CommGroup ep, expert_shard, expert_replica_own;
-    CommGroup* expert_replica;                  // &replica when P = S, else &expert_replica_own
+    CommGroup ep, expert_shard, expert_replica_own;   // (the last: P != S only; zero_expert_replica)
     std::vector<char> unit_ep;                  // per unit: 1 = a block's experts, placed by EP
     std::vector<size_t> shard_numel;            // sum of its runs' chunks: each unit's shard length
     std::vector<size_t> slot_numel;             // each unit's gathered length in a working slot (padding included)
@@ -168,6 +167,10 @@ static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vec
     zero_layout_from_runs(z, zero_unit_runs(c, t, S, n), S, n);
 }
 
+// the ranks that hold the same shard as this one (the expert replica group): the replica group, but under
+// data parallelism with EP (P != S) the W/n ranks with the same EP rank
+static inline CommGroup* zero_expert_replica(Zero* z) { return z->P == z->S ? &z->replica : &z->expert_replica_own; }
+
 // The layout of a checkpoint's files: the store's own, but under data parallelism with EP (P = n > S = 1)
 // that of ZeRO-3 over the EP group (S = P = n): each of the n writers saves its experts and 1/n of every
 // other unit, so that every parameter is saved once, and the files are those of an EP-n ZeRO-3 run
@@ -257,15 +260,12 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     z->P = S > ep_n ? S : ep_n;
     z->lrank = comm->rank % z->P;   // (S = P: the shard rank)
     z->ep_rank = z->lrank % ep_n;
-    z->expert_replica = &z->replica;
     if (ep_n > 1) {
         z->ep = comm_split(z->world, comm->rank / ep_n, comm->rank, "expert_parallel", use_nccl);
         z->expert_shard = comm_split(z->world, (comm->rank / z->P) * ep_n + z->ep_rank, comm->rank, "expert_shard", use_nccl);
     }
-    if (z->P != S) {   // data parallel with EP: the ranks holding the same experts
+    if (z->P != S)   // data parallel with EP: the ranks holding the same experts
         z->expert_replica_own = comm_split(z->world, z->lrank, comm->rank, "expert_replica", use_nccl);
-        z->expert_replica = &z->expert_replica_own;
-    }
     zero_unit_layout(z, c, t, S, ep_n);
     z->segs.clear();
     for (const ParamInfo& p : t)   // intersect each tensor with this rank's pieces of its unit
@@ -469,7 +469,7 @@ static inline void zero_zero_grad(Zero* z) { memset(z->grad, 0, z->shard_total *
 static inline void zero_reduce_grads(Zero* z) {
     if (z->P != z->S) {   // data parallel with EP: non-expert units over the world, experts over their replicas
         for (int u = 0; u < z->n_units; u++) {
-            CommGroup* g = z->unit_ep[u] ? z->expert_replica : &z->replica;
+            CommGroup* g = z->unit_ep[u] ? zero_expert_replica(z) : &z->replica;
             if (g->size > 1) comm_all_reduce(g, z->grad + z->shard_off[u], z->shard_numel[u], COMM_F32);
         }
     } else if (z->R > 1) comm_all_reduce(&z->replica, z->grad, z->shard_total, COMM_F32);

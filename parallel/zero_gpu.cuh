@@ -530,7 +530,7 @@ static inline void zero_reduce_grads(ZeroGpu* zg) {
     if (z->S > 1) last = zero_comm_stream(zg);
     if (z->P != z->S) {   // data parallel with EP: non-expert units over the world, then experts over their replicas
         for (int ex = 0; ex < 2; ex++) {
-            CommGroup* g = ex ? z->expert_replica : &z->replica;
+            CommGroup* g = ex ? zero_expert_replica(z) : &z->replica;
             if (g->size == 1) continue;
             cudaCheck(cudaEventRecord(zg->comm_done, last));
             cudaCheck(cudaStreamWaitEvent(g->stream, zg->comm_done, 0));
@@ -565,7 +565,7 @@ static inline double zero_grad_norm(ZeroGpu* zg) {
         comm_all_reduce(&z->ep, zg->norm_units + U, U, COMM_F64);
         comm_sync(&z->ep);
         if (z->R > 1) comm_sync(&z->replica);
-        if (z->expert_replica->size > 1) comm_sync(z->expert_replica);
+        if (zero_expert_replica(z)->size > 1) comm_sync(zero_expert_replica(z));
         std::vector<double> h(2 * U);
         cudaCheck(cudaMemcpy(h.data(), zg->norm_units, 2 * U * sizeof(double), cudaMemcpyDeviceToHost));
         double sumsq = 0;
