@@ -219,9 +219,11 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     int W = comm->world;
     if (S == 0) S = W;
     if (S < 0 || S > W || W % S != 0) {
+        comm_agreed_failure();   // every rank exits over the same verdict: none of them is a lost rank
         if (comm->rank == 0)
             fail(EXIT_BAD_INPUT, "--shard-group-size %d must divide the number of ranks %d (S = %d: ZeRO-3, S = 1: data "
                  "parallel, else HSDP with %d / S replicas)", S, W, W, W);
+        usleep(2000000);   // rank 0 says why first: the launcher ends the job at the first non-zero exit
         exit(EXIT_BAD_INPUT);
     }
     // expert parallelism: EP groups of n consecutive ranks inside a shard group, each holding E/n experts,
@@ -243,7 +245,9 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
         ep_err = ep_buf;
     }
     if (ep_err) {
+        comm_agreed_failure();
         if (comm->rank == 0) fail(EXIT_BAD_INPUT, "--expert-parallel %d %s", ep_n, ep_err);
+        usleep(2000000);   // (as above)
         exit(EXIT_BAD_INPUT);
     }
     z->S = S; z->W = W; z->R = W / S;

@@ -15,6 +15,7 @@
 #   * the emulated CUDA path (NCCL twin): EP 2 and EP 4 give the losses of the run without EP (BF16 bound
 #     2e-3; measured identical), under ZeRO-3 and under data parallelism, its bytes match the formula with
 #     BF16 rows and fp32 input gradients, and EP 4 and data parallel EP 2 checkpoints resume bit-identically;
+#   * --export-hf under data parallel EP 2 holds one process's weights (within 1e-5);
 #   * generation under EP (the decode step's rows through the exchange): --generate under EP 4 (ZeRO-3) and
 #     data parallel EP 2 writes one process's text; on the emulated GPU --sample-every under data parallel
 #     EP 2 samples the text of the run without EP;
@@ -53,16 +54,35 @@ PY
 }
 verdict() { local r; r=$(close "$@"); [ "${r%% *}" = pass ] && pass "${r#* }" || fail "${r#* }"; }
 
-$BIN "${T[@]}" --grad-accum 4 --log "$tmp/one.jsonl" > "$tmp/one.out" 2>&1 || fail "one process: $(tail -2 "$tmp/one.out")"
+$BIN "${T[@]}" --grad-accum 4 --log "$tmp/one.jsonl" --export-dtype fp32 --export-hf "$tmp/hf_one" > "$tmp/one.out" 2>&1 \
+    || fail "one process: $(tail -2 "$tmp/one.out")"
 for cfg in "2 4" "4 4" "2 2" "2 1" "4 1"; do
     set -- $cfg
     name="np 4 EP $1 (shard group $2$([ "$2" = 1 ] && echo ": data parallel"))"
-    $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --shard-group-size "$2" --log "$tmp/ep$1_$2.jsonl" > "$tmp/ep$1_$2.out" 2>&1 \
+    hf=(); [ "$1 $2" = "2 1" ] && hf=(--export-dtype fp32 --export-hf "$tmp/hf_ep2_1")   # (written by the EP group's ranks, below)
+    $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --shard-group-size "$2" "${hf[@]}" --log "$tmp/ep$1_$2.jsonl" > "$tmp/ep$1_$2.out" 2>&1 \
         || fail "$name: $(grep -i error "$tmp/ep$1_$2.out" | head -2)"
     verdict "$name vs one process" 1e-5 "$tmp/one.jsonl" "$tmp/ep$1_$2.jsonl"
 done
 grep -q '"ep_recv_max": [0-9]*, "ep_recv_mean": [0-9.]*' "$tmp/ep2_4.jsonl" && grep -q "| ep recv [0-9.]*x |" "$tmp/ep2_4.out" \
     && pass "the rows received per rank (max, mean) are on the step line and in the log" || fail "EP receive statistics missing"
+
+# --- the Hugging Face export under data parallel EP 2 (each of the EP group's ranks writes its experts) holds
+# one process's weights
+$PY - "$tmp/hf_one/model.safetensors" "$tmp/hf_ep2_1/model.safetensors" <<'PY' > "$tmp/hf"
+import array, json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        a = array.array("f"); a.frombytes(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]); out[k] = a
+    return out
+A, B = load(sys.argv[1]), load(sys.argv[2])
+d = max(max(abs(x - y) for x, y in zip(A[k], B[k])) for k in A) if A.keys() == B.keys() else float("inf")
+print("%s --export-hf under np 4 data parallel EP 2: %d tensors, max |diff| %.1e <= 1e-5 against one process's export" % (
+    "pass" if d <= 1e-5 else "fail", len(B), d))
+PY
+verdicts "$tmp/hf" 1
 
 # --- the state each rank holds under data parallelism with EP: all but (N-1)/N of the experts
 $PY - "$tmp/one.out" "$tmp/ep2_1.out" "$tmp/ep4_1.out" <<'PY' > "$tmp/state"
