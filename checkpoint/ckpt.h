@@ -172,7 +172,7 @@ static inline void ckpt_check_dir(Checkpointer* ck, const Zero* z, bool resume_a
                   " (it must be a file naming the newest checkpoint)";
         if (err.empty()) err = ckpt_probe_write(d);
         if (err.empty()) {
-            uint64_t need = (uint64_t)z->S * (CKPT_HEADER_BYTES + 3ull * z->shard_total * sizeof(float));
+            uint64_t need = (uint64_t)z->P * (CKPT_HEADER_BYTES + 3ull * z->shard_total * sizeof(float));
             struct statvfs vf;
             if (statvfs(d.c_str(), &vf) != 0) fprintf(stderr, "warning: --ckpt-dir %s: %s: free space not checked\n", d.c_str(), strerror(errno));
             else if ((uint64_t)vf.f_bavail * vf.f_frsize < need)
@@ -332,7 +332,7 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
     m += "  \"fp8\": " + ckpt_fp8_state_json(z->fp8_cfg, z->fp8_metas) + ",\n";
     snprintf(b, sizeof b, "  \"topology\": {\"world\": %d, \"shard_group_size\": %d, \"replicas\": %d, \"batch\": %d, "
              "\"seq\": %d, \"grad_accum\": %d, \"dtype\": \"float32\", \"arrays\": [\"master\", \"adam_m\", \"adam_v\"], "
-             "\"header_bytes\": %d, \"expert_parallel\": %d, \"unit_numel\": [", z->W, z->S, z->R, run->batch, run->seq, run->grad_accum,
+             "\"header_bytes\": %d, \"expert_parallel\": %d, \"unit_numel\": [", z->W, z->P, z->W / z->P, run->batch, run->seq, run->grad_accum,
              CKPT_HEADER_BYTES, z->ep_n);
     m += b + units + "], \"unit_runs\": [" + runs + "]},\n";
     return m;
@@ -409,21 +409,25 @@ static inline void ckpt_start_save(Checkpointer* ck, Zero* z, const DbrxConfig* 
     }
     comm_all_reduce(&comm->world_group, &ok, 1, COMM_I32);
     if (ok != comm->world) { ck->pending = false; return; }
-    // the first replica writes: ranks 0..S-1 (shard groups are consecutive ranks)
-    ck->writer = z->replica.rank == 0;
+    // the first replica writes: ranks 0..P-1 (layout groups are consecutive ranks; P = S but under data
+    // parallelism with EP, where the files are those of ZeRO-3 over the EP group: zero_file_layout)
+    ck->writer = zero_expert_replica(z)->rank == 0;
     ck->done.store(0);
     ck->error.clear();
     ck->pending = true;
     if (!ck->writer) return;
-    size_t n = 3 * z->shard_total;
+    Zero file;
+    if (z->P != z->S) zero_file_layout(z, &file);
+    size_t total = z->P != z->S ? file.shard_total : z->shard_total, n = 3 * total;
     if (ck->staging_n != n) { free(ck->staging); ck->staging = (float*)mallocCheck(n * sizeof(float)); ck->staging_n = n; }
     double t0 = now_seconds();
-    memcpy(ck->staging, z->master, z->shard_total * sizeof(float));
-    memcpy(ck->staging + z->shard_total, z->m, z->shard_total * sizeof(float));
-    memcpy(ck->staging + 2 * z->shard_total, z->v, z->shard_total * sizeof(float));
+    const float* arrays[3] = {z->master, z->m, z->v};
+    for (int a = 0; a < 3; a++)
+        if (z->P != z->S) zero_copy_pieces(z, z->lrank, arrays[a], &file, z->lrank, ck->staging + a * total);
+        else memcpy(ck->staging + a * total, arrays[a], total * sizeof(float));
     ck->blocked_s = now_seconds() - t0;
-    ck->thread = std::thread(ckpt_write_thread, ck, ck->tmp_dir + "/" + ckpt_shard_name(z->shard.rank), z->shard.rank, z->S,
-                             z->n_units, z->shard_total, prog->step);
+    ck->thread = std::thread(ckpt_write_thread, ck, ck->tmp_dir + "/" + ckpt_shard_name(z->lrank), z->lrank, z->P,
+                             z->n_units, total, prog->step);
 }
 
 // Retention (rank 0): every checkpoint newer than the confirmed step (not yet known good), the newest
@@ -464,10 +468,10 @@ static inline std::string ckpt_set_aside_unconfirmed(Checkpointer* ck) {
 // rank 0: manifest, rename, latest, retention. Returns "" or the error.
 static inline std::string ckpt_commit(Checkpointer* ck, const Zero* z, const std::vector<int64_t>& info) {
     std::string m = ck->manifest_head + "  \"files\": [\n";
-    for (int s = 0; s < z->S; s++) {
+    for (int s = 0; s < z->P; s++) {
         char b[256];
         snprintf(b, sizeof b, "    {\"name\": \"%s\", \"shard_rank\": %d, \"bytes\": %lld, \"crc32c\": \"%08x\"}%s\n",
-                 ckpt_shard_name(s).c_str(), s, (long long)info[5 * s + 3], (unsigned)info[5 * s + 2], s + 1 < z->S ? "," : "");
+                 ckpt_shard_name(s).c_str(), s, (long long)info[5 * s + 3], (unsigned)info[5 * s + 2], s + 1 < z->P ? "," : "");
         m += b;
     }
     m += "  ],\n  \"manifest_crc32c\": \"00000000\"\n}\n";
@@ -673,13 +677,13 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
         std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
         return p;
     };
-    std::vector<Piece> mine = pieces_of(z, z->shard.rank);
+    std::vector<Piece> mine = pieces_of(z, z->lrank);
     double t_start = now_seconds(), t_said = t_start;
     // the first replica reads: for each old file, the pieces of this rank's new shard it holds
     memset(z->master, 0, z->shard_total * sizeof(float));
     memset(z->m, 0, z->shard_total * sizeof(float));
     memset(z->v, 0, z->shard_total * sizeof(float));
-    bool reader = z->replica.rank == 0;
+    bool reader = zero_expert_replica(z)->rank == 0;   // (the replica group, but under data parallelism with EP)
     float* arrays[3] = {z->master, z->m, z->v};
     for (int f = 0; reader && f < S_old && local_err.empty(); f++) {
         std::vector<CopySeg> segs;
@@ -758,11 +762,14 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
         }
     comm_all_reduce(&comm->world_group, &nonfinite, 1, COMM_I32);
     if (nonfinite) return "non-finite values in the weights or the AdamW moments";
-    // the other replicas get the first replica's shards
-    if (z->R > 1) {
-        comm_broadcast(&z->replica, z->master, z->shard_total * sizeof(float), 0);
-        comm_broadcast(&z->replica, z->m, z->shard_total * sizeof(float), 0);
-        comm_broadcast(&z->replica, z->v, z->shard_total * sizeof(float), 0);
+    // the other replicas get the first replica's shards: host buffers, so over the group's MPI communicator
+    // also on the GPU path (a NCCL group's collectives take device buffers, on its stream)
+    if (zero_expert_replica(z)->size > 1) {
+        CommGroup* g = zero_expert_replica(z);
+        int nccl = g->nccl;
+        g->nccl = 0;
+        for (float* a : arrays) comm_broadcast(g, a, z->shard_total * sizeof(float), 0);
+        g->nccl = nccl;
     }
     z->slot_unit[0] = z->slot_unit[1] = -1;
     // the run's place

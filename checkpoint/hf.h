@@ -488,8 +488,9 @@ static inline void hf_export(const std::string& dir, Zero* z, const DbrxConfig* 
     int bad = err.empty() ? 0 : 1;
     comm_all_reduce(&comm->world_group, &bad, 1, COMM_I32);
     if (bad) { if (comm->rank == 0) fail(EXIT_RUNTIME, "--export-hf %s: %s", dir.c_str(), err.c_str()); exit(EXIT_RUNTIME); }
-    // the first replica writes its pieces of every tensor where they belong
-    if (z->replica.rank == 0) {
+    // the first replica writes its pieces of every tensor where they belong (data parallel with EP: the EP
+    // group's ranks, each its experts; the non-expert tensors, which each holds whole, the same bytes n times)
+    if (zero_expert_replica(z)->rank == 0) {
         std::map<std::string, int> fds;
         std::vector<char> buf;
         const size_t chunk_elems = (size_t)8 << 20;

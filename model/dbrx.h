@@ -257,6 +257,7 @@ typedef struct {
     UnitHooks hooks;                // sharding hooks (all NULL: unsharded)
     ExpertParallel ep;              // expert parallelism (n == 1: every expert here)
     std::vector<real> ep_buf, ep_buf2, ep_da, ep_dg, ep_du;   // EP scratch, grown as needed (dropless)
+    std::vector<real> ep_fq[5];   // EP under --fp8: the received rows' quantised operands (the fq_* hold N k rows only)
     int ep_recv_max;                // the most rows this rank's experts received in one layer, last forward
     long long ep_rows_out, ep_rows_in, ep_count_sends;   // rows sent to / received from other EP ranks, count messages:
                                                           // totals over every forward (the test's byte formula)
@@ -486,33 +487,64 @@ static inline void block_experts_forward(Dbrx* m, int l, BlockActs* a, const Blo
     experts_down_forward(a->ye, act, w2, a->offsets, E, d, F);
 }
 
+// scratch operand i of n elements for EP under FP8 (grown, never shrunk)
+static inline real* ep_fq(Dbrx* m, int i, size_t n) {
+    if (m->ep_fq[i].size() < n) m->ep_fq[i].resize(n);
+    return m->ep_fq[i].data();
+}
+
 // The experts under expert parallelism: the rows of xe go to their experts' ranks, this rank runs its
 // experts over every peer's rows, the results come back into ye in xe's layout (the combine is as
-// without EP). FP32 only (FP8 with EP is refused at set-up).
-static inline void block_experts_forward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
+// without EP). xe's rows are grouped by expert (counts, offsets); a's plan and expert-major buffers are
+// kept for the backward. Collective in the EP group: the training forward's rows, or the decode step's k
+// rows of its one token (dbrx_decode_step). Under FP8 (q8): the operands as without EP, over this rank's
+// E/n experts and the rows it received (the amaxes are per tensor; the training loop max-reduces them
+// over the world, so a tensor's is that of all its experts and rows, as without EP).
+static inline void experts_forward_ep_rows(Dbrx* m, BlockActs* a, const int* counts, const int* offsets, const real* xe, real* ye,
+                                           const BlockParams& w, Fp8BlockState* q8) {
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, El = E / m->ep.n;
-    (void)l;
     EpPlan* pl = &a->ep;
-    ep_plan(&m->ep, pl, a->counts, a->offsets, E);
+    ep_plan(&m->ep, pl, counts, offsets, E);
     size_t R = pl->R;
     if (pl->R > m->ep_recv_max) m->ep_recv_max = pl->R;
     for (int p = 0; p < m->ep.n; p++)
         if (p != m->ep.rank) { m->ep_rows_out += pl->send_rows[p]; m->ep_rows_in += pl->recv_rows[p]; m->ep_count_sends++; }
     m->ep_buf.resize(std::max<size_t>(R, 1) * d);
-    ep_exchange(&m->ep, pl, a->xe, m->ep_buf.data(), d * sizeof(real), 0);        // (R, d) in peer order
+    ep_exchange(&m->ep, pl, xe, m->ep_buf.data(), d * sizeof(real), 0);           // (R, d) in peer order
     a->ep_xl.resize(R * d); a->ep_g.resize(R * F); a->ep_u.resize(R * F); a->ep_act.resize(R * F);
     moe_gather(a->ep_xl.data(), m->ep_buf.data(), pl->perm.data(), (int)R, d);   // expert-major
-    experts_up_forward(a->ep_g.data(), a->ep_u.data(), a->ep_act.data(), a->ep_xl.data(), w.w1, w.v1, pl->loffsets.data(), El, d, F);
+    const int *lo = pl->loffsets.data(), *ws = m->fp8_wseg.data();   // (ws: the first El + 1 are the local experts' rows)
+    const real *xq = a->ep_xl.data(), *w1 = w.w1, *v1 = w.v1, *w2 = w.w2, *actq = a->ep_act.data();
+    if (q8) {
+        real* fx = ep_fq(m, 0, R * d);
+        fp8_operand_grouped(fx, a->ep_xl.data(), lo, El, d, &q8->w1.x, &m->fp8, FP8_E4M3, 1, 128);
+        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, El, d, &q8->w1.w, &m->fp8);
+        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, El, d, &q8->v1.w, &m->fp8);
+        xq = fx;
+    }
+    experts_up_forward(a->ep_g.data(), a->ep_u.data(), a->ep_act.data(), xq, w1, v1, lo, El, d, F);
+    if (q8) {
+        real* fa = ep_fq(m, 0, R * F);
+        fp8_operand_grouped(fa, a->ep_act.data(), lo, El, F, &q8->w2.x, &m->fp8, FP8_E4M3, 1, 128);
+        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, El, d, &q8->w2.w, &m->fp8);
+        actq = fa;
+    }
     m->ep_buf2.resize(std::max<size_t>(R, 1) * d);
-    experts_down_forward(m->ep_buf2.data(), a->ep_act.data(), w.w2, pl->loffsets.data(), El, d, F);   // (R, d) expert-major
+    experts_down_forward(m->ep_buf2.data(), actq, w2, lo, El, d, F);   // (R, d) expert-major
     for (size_t i = 0; i < R; i++) memcpy(&m->ep_buf[(size_t)pl->perm[i] * d], &m->ep_buf2[i * d], d * sizeof(real));
-    ep_exchange(&m->ep, pl, m->ep_buf.data(), a->ye, d * sizeof(real), 1);       // back, in xe's layout
+    ep_exchange(&m->ep, pl, m->ep_buf.data(), ye, d * sizeof(real), 1);          // back, in xe's layout
+}
+static inline void block_experts_forward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
+    experts_forward_ep_rows(m, a, a->counts, a->offsets, a->xe, a->ye, w, block_fp8(m, l));
 }
 // Its backward: dye's rows to the experts' ranks, the experts' backward there (weight gradients of my
-// experts, from every peer's rows), dxe back in xe's layout.
-static inline void block_experts_backward_ep(Dbrx* m, BlockActs* a, const BlockParams& w, const BlockParams& gw) {
+// experts, from every peer's rows), dxe back in xe's layout. Under FP8 the operands of
+// block_experts_backward, over the local experts and received rows.
+static inline void block_experts_backward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w, const BlockParams& gw) {
     const DbrxConfig* c = &m->cfg;
+    Fp8BlockState* q8 = block_fp8(m, l);
+    bool block8 = m->fp8.recipe == FP8_BLOCK;
     int d = c->d_model, F = c->ffn_hidden, El = c->n_experts / m->ep.n;
     EpPlan* pl = &a->ep;
     size_t R = pl->R;
@@ -520,11 +552,37 @@ static inline void block_experts_backward_ep(Dbrx* m, BlockActs* a, const BlockP
     ep_exchange(&m->ep, pl, m->dye, m->ep_buf.data(), d * sizeof(real), 0);
     moe_gather(m->ep_buf2.data(), m->ep_buf.data(), pl->perm.data(), (int)R, d);   // dy, expert-major
     m->ep_da.resize(R * F); m->ep_dg.resize(R * F); m->ep_du.resize(R * F);
-    const int* lo = pl->loffsets.data();
-    experts_down_backward(m->ep_da.data(), gw.w2, m->ep_buf2.data(), w.w2, a->ep_act.data(), m->ep_buf2.data(), lo, El, d, F);
+    const int *lo = pl->loffsets.data(), *ws = m->fp8_wseg.data();
+    const real* dy = m->ep_buf2.data();   // expert-major
+    const real *dy_d = dy, *dy_w = dy, *w2 = w.w2, *act_w = a->ep_act.data();
+    if (q8) {
+        real *q1 = ep_fq(m, 1, R * d), *q0 = ep_fq(m, 0, R * F);
+        fp8_operand_grouped(q1, dy, lo, El, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 1, 128);
+        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, El, d, &q8->w2.w, &m->fp8);
+        if (block8) fp8_operand_grouped(ep_fq(m, 2, R * d), dy, lo, El, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 128, 1);
+        fp8_operand_grouped(q0, a->ep_act.data(), lo, El, F, &q8->w2.x, &m->fp8, FP8_E4M3, 128, 1);
+        dy_d = q1; dy_w = block8 ? m->ep_fq[2].data() : q1; act_w = q0;
+    }
+    experts_down_backward(m->ep_da.data(), gw.w2, dy_d, w2, act_w, dy_w, lo, El, d, F);
     swiglu_backward(m->ep_dg.data(), m->ep_du.data(), m->ep_da.data(), a->ep_g.data(), a->ep_u.data(), R * F);
-    experts_up_backward(m->ep_buf2.data(), gw.w1, gw.v1, m->ep_dg.data(), m->ep_du.data(), w.w1, w.v1, m->ep_dg.data(),
-                        m->ep_du.data(), a->ep_xl.data(), lo, El, d, F);                  // dx, expert-major
+    const real *dg = m->ep_dg.data(), *du = m->ep_du.data();
+    const real *dg_d = dg, *du_d = du, *dg_w = dg, *du_w = du, *w1 = w.w1, *v1 = w.v1, *xe_w = a->ep_xl.data();
+    if (q8) {
+        real *q1 = ep_fq(m, 1, R * F), *q3 = ep_fq(m, 3, R * F);
+        fp8_operand_grouped(q1, dg, lo, El, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 1, 128);
+        fp8_operand_grouped(q3, du, lo, El, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 1, 128);
+        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, El, d, &q8->w1.w, &m->fp8);
+        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, El, d, &q8->v1.w, &m->fp8);
+        if (block8) {
+            fp8_operand_grouped(ep_fq(m, 2, R * F), dg, lo, El, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 128, 1);
+            fp8_operand_grouped(ep_fq(m, 4, R * F), du, lo, El, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 128, 1);
+        }
+        real* q0 = ep_fq(m, 0, R * d);
+        fp8_operand_grouped(q0, a->ep_xl.data(), lo, El, d, &q8->w1.x, &m->fp8, FP8_E4M3, 128, 1);
+        dg_d = q1; du_d = q3; xe_w = q0;
+        dg_w = block8 ? m->ep_fq[2].data() : q1; du_w = block8 ? m->ep_fq[4].data() : q3;
+    }
+    experts_up_backward(m->ep_buf2.data(), gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, lo, El, d, F);   // dx, expert-major
     for (size_t i = 0; i < R; i++) memcpy(&m->ep_buf[(size_t)pl->perm[i] * d], &m->ep_buf2[i * d], d * sizeof(real));
     ep_exchange(&m->ep, pl, m->ep_buf.data(), m->dxe, d * sizeof(real), 1);
 }
@@ -533,7 +591,7 @@ static inline void block_experts_backward_ep(Dbrx* m, BlockActs* a, const BlockP
 // Under FP8: E5M2 gradients, in 1x128 tiles for dgrad (reduction along the row) and re-tiled 128x1
 // for wgrad under block scaling (reduction over the tokens).
 static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const BlockParams& w, const BlockParams& gw) {
-    if (m->ep.n > 1) { block_experts_backward_ep(m, a, w, gw); return; }
+    if (m->ep.n > 1) { block_experts_backward_ep(m, l, a, w, gw); return; }
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, N = m->B * m->T, k = c->top_k;
     Fp8BlockState* q8 = block_fp8(m, l);
@@ -800,8 +858,14 @@ static inline const real* dbrx_decode_step(Dbrx* m, int token, int pos) {
         moe_gather(s->xe, s->ln, s->row_token, k, d);
         unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
-        experts_up_forward(s->g, s->u, s->act, s->xe, w.w1, w.v1, s->offsets, E, d, c->ffn_hidden);
-        experts_down_forward(s->ye, s->act, w.w2, s->offsets, E, d, c->ffn_hidden);
+        if (m->ep.n > 1) {   // EP: the k rows to their experts' ranks; every rank of the EP group runs this step (its
+            // own copy of the same token), so each takes part in every exchange (the training forward's
+            // plan and buffers of layer l serve as scratch: nothing reads them between steps)
+            experts_forward_ep_rows(m, &m->acts[l], s->counts, s->offsets, s->xe, s->ye, w, NULL);   // (FP32, as below)
+        } else {
+            experts_up_forward(s->g, s->u, s->act, s->xe, w.w1, w.v1, s->offsets, E, d, c->ffn_hidden);
+            experts_down_forward(s->ye, s->act, w.w2, s->offsets, E, d, c->ffn_hidden);
+        }
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         memcpy(s->x, s->resid_mid, (size_t)d * sizeof(real));
         moe_combine_forward(s->x, s->ye, s->topk_w, s->slot_row, 1, k, d);

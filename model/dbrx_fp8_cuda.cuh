@@ -197,6 +197,41 @@ static inline const int* fp8_pad_routing(Fp8GPU* f, int layer, int* slot_row, co
     return rt.row_token;
 }
 
+// Expert parallelism: layer `layer`'s padded layout over the El local experts from the received rows'
+// expert-major offsets loff (El + 1, host): every expert's rows rounded up to 16, as fp8_pad_routing.
+// Fills map (padded row -> expert-major row; padding: row 0, quantised as zero) and inv (expert-major
+// row -> padded row). Returns the padded row count.
+static inline int fp8_local_routing(Fp8GPU* f, int layer, const int* loff, int El, std::vector<int>* map, std::vector<int>* inv,
+                                    cudaStream_t stream = 0) {
+    Fp8Routing& rt = f->routing[layer];
+    rt.poff.assign(El + 1, 0);
+    rt.len.assign(El, 0);
+    std::vector<int> seg(2 * El + 1);
+    rt.row_tiles = 0;
+    for (int e = 0; e < El; e++) {
+        int n = loff[e + 1] - loff[e];
+        rt.len[e] = (n + 15) / 16 * 16;
+        rt.poff[e + 1] = rt.poff[e] + rt.len[e];
+        rt.row_tiles += (rt.len[e] + 127) / 128;
+        seg[El + 1 + e] = n;
+    }
+    for (int e = 0; e <= El; e++) seg[e] = rt.poff[e];
+    cudaCheck(cudaMemcpyAsync(rt.seg, seg.data(), seg.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+    map->assign(rt.poff[El], 0);
+    inv->assign(loff[El], 0);
+    for (int e = 0; e < El; e++)
+        for (int j = 0; j < loff[e + 1] - loff[e]; j++) { (*map)[rt.poff[e] + j] = loff[e] + j; (*inv)[loff[e] + j] = rt.poff[e] + j; }
+    return rt.poff[El];
+}
+
+// the element counts of activation / gradient scratch (Fp8Buf) for rows routed rows in nseg expert
+// segments of d or F columns: codes, row-wise factors, transposed factors (block scaling)
+static inline void fp8_expert_scratch_sizes(size_t rows, size_t d, size_t F, size_t nseg, size_t* elems, size_t* sq, size_t* st) {
+    *elems = rows * std::max(d, F);
+    *sq = std::max(fp8_scale_bound(rows, d, nseg, false, false), fp8_scale_bound(rows, F, nseg, false, false));
+    *st = std::max(fp8_scale_bound(rows, d, nseg, false, true), fp8_scale_bound(rows, F, nseg, false, true));
+}
+
 static inline Fp8Segments fp8_expert_segments(const Fp8Routing& rt) {
     int E = (int)rt.len.size();
     return {rt.seg, rt.seg + E + 1, E, 0, rt.row_tiles};

@@ -4,8 +4,11 @@
  * gather (zero_fp8.h), the device store (zero_gpu.cuh) and the checkpoint loader.
  *   owner < 0    the run is split over all S ranks of the shard group: shard rank r holds piece r
  *   owner = o    expert parallelism (--expert-parallel n): the run belongs to the EP rank o (a slice of
- *                one expert tensor: EP rank o's experts) and is split over the S/n ranks of the shard
- *                group that have EP rank o (r % n == o): shard rank r holds piece r / n
+ *                one expert tensor: EP rank o's experts) and is split over the P/n ranks of the layout
+ *                group that have EP rank o (r % n == o): layout rank r holds piece r / n
+ * The layout group is the shard group (P = S) when n divides S; under data parallelism with EP (S = 1 < n)
+ * it is the EP group (P = n): every rank holds the non-expert runs whole (r % 1 = piece 0) and its experts
+ * whole (P/n = 1 piece). "r" below is the rank in the layout group (Zero.lrank).
  */
 #pragma once
 #include <cstddef>
@@ -17,11 +20,12 @@
 typedef struct {
     size_t flat_off, numel, chunk, shard_rel, slot_off;
     int owner, ep_n;   // owner: -1, or the EP rank it belongs to (of ep_n)
+    int parts;         // pieces it is split into: S (owner -1) or P/n
 } ShardRun;
 
-// does shard rank r hold a piece of the run, and which
+// does layout rank r hold a piece of the run, and which
 static inline bool shard_run_held(const ShardRun& run, int r) { return run.owner < 0 || r % run.ep_n == run.owner; }
-static inline int shard_run_piece(const ShardRun& run, int r) { return run.owner < 0 ? r : r / run.ep_n; }
+static inline int shard_run_piece(const ShardRun& run, int r) { return run.owner < 0 ? r % run.parts : r / run.ep_n; }
 
 // Calls fn(lo, hi, at) for the piece of each run that shard rank r holds: flat range [lo, hi) (shorter
 // than chunk only for the padded last piece; lo >= hi: all padding), `at` its place in the rank's shard

@@ -28,8 +28,13 @@
  * slot (prefetch; on the CPU it completes at once, on the GPU it runs on the communication stream).
  * With S = 1 nothing is gathered: the model's buffers are the full shard, the hooks are not installed,
  * and the step is the unsharded one plus an all-reduce of the gradients across the replicas.
+ * Expert parallelism (EP degree n) places the experts' runs by EP rank over the layout group of
+ * P = max(S, n) ranks: the shard group when n divides S; under data parallelism (S = 1) the EP group,
+ * each rank then holding the non-expert units and its experts whole, the model's views straight onto
+ * its shard (parallel/README.md, "EP under data parallelism").
  */
 #pragma once
+#include <algorithm>
 #include <vector>
 #include "../model/dbrx.h"
 #include "comm.h"
@@ -48,11 +53,15 @@ typedef struct {
     int n_units;
     std::vector<size_t> unit_off, unit_numel;   // each unit's range of the flat buffer
     std::vector<std::vector<ShardRun>> runs;    // each unit's runs
-    // expert parallelism (--expert-parallel n, parallel/README.md): EP rank = shard rank % n; the EP group
-    // (n consecutive ranks) exchanges routed rows; the experts' runs are sharded over the expert shard group
-    // (the shard group's ranks with the same EP rank, S/n of them)
-    int ep_n, ep_rank;
-    CommGroup ep, expert_shard;
+    // expert parallelism (--expert-parallel n, parallel/README.md): the layout group is P = max(S, n)
+    // consecutive ranks (the shard group when n divides S; the EP group under data parallelism, S = 1 < n),
+    // lrank a rank's place in it, EP rank = lrank % n; the EP group (n consecutive ranks) exchanges routed
+    // rows; the experts' runs are sharded over the expert shard group (the layout group's ranks with the
+    // same EP rank, P/n of them); ranks with the same lrank hold the same shard: the expert replica group,
+    // across which the experts' gradients are summed (the replica group when P = S; it is its own group
+    // under data parallelism, where the non-expert gradients are summed over the world)
+    int ep_n, ep_rank, P, lrank;
+    CommGroup ep, expert_shard, expert_replica_own;   // (the last: P != S only; zero_expert_replica)
     std::vector<char> unit_ep;                  // per unit: 1 = a block's experts, placed by EP
     std::vector<size_t> shard_numel;            // sum of its runs' chunks: each unit's shard length
     std::vector<size_t> slot_numel;             // each unit's gathered length in a working slot (padding included)
@@ -95,6 +104,7 @@ typedef struct { size_t flat_off, numel; int owner; } RunSpec;
 static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<RunSpec>>& specs, int S, int n = 1) {
     z->S = S;
     z->ep_n = n;
+    z->P = S > n ? S : n;   // (n divides S, or S = 1)
     z->n_units = (int)specs.size();
     z->unit_off.assign(z->n_units, 0); z->unit_numel.assign(z->n_units, 0);
     z->runs.assign(z->n_units, {});
@@ -108,10 +118,10 @@ static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<
         for (const RunSpec& r : specs[u]) z->unit_off[u] = std::min(z->unit_off[u], r.flat_off);
         std::vector<size_t> held(n + 1, 0), slot(n + 1, 0);   // per owner (index n: -1): shard and slot so far
         for (const RunSpec& r : specs[u]) {
-            int parts = r.owner < 0 ? S : S / n, o = r.owner < 0 ? n : r.owner;
+            int parts = r.owner < 0 ? S : z->P / n, o = r.owner < 0 ? n : r.owner;
             ShardRun run;
             run.flat_off = r.flat_off; run.numel = r.numel; run.chunk = (r.numel + parts - 1) / parts;
-            run.owner = r.owner; run.ep_n = n;
+            run.owner = r.owner; run.ep_n = n; run.parts = parts;
             run.shard_rel = held[o];
             run.slot_off = r.owner < 0 ? r.flat_off - z->unit_off[u] : slot[o];
             held[o] += run.chunk;
@@ -124,7 +134,7 @@ static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<
         z->shard_numel[u] = z->unit_ep[u] ? held[0] : held[n];
         size_t slot_len = 0;
         for (const ShardRun& r : z->runs[u])
-            if (r.owner <= 0) slot_len = std::max(slot_len, r.slot_off + r.chunk * (r.owner < 0 ? S : S / n));
+            if (r.owner <= 0) slot_len = std::max(slot_len, r.slot_off + r.chunk * r.parts);
         z->shard_total += z->shard_numel[u];
         z->slot_numel[u] = slot_len;
         max_slot = std::max(max_slot, slot_len);
@@ -157,12 +167,46 @@ static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vec
     zero_layout_from_runs(z, zero_unit_runs(c, t, S, n), S, n);
 }
 
+// the ranks that hold the same shard as this one (the expert replica group): the replica group, but under
+// data parallelism with EP (P != S) the W/n ranks with the same EP rank
+static inline CommGroup* zero_expert_replica(Zero* z) { return z->P == z->S ? &z->replica : &z->expert_replica_own; }
+
+// The layout of a checkpoint's files: the store's own, but under data parallelism with EP (P = n > S = 1)
+// that of ZeRO-3 over the EP group (S = P = n): each of the n writers saves its experts and 1/n of every
+// other unit, so that every parameter is saved once, and the files are those of an EP-n ZeRO-3 run
+// (any layout loads into any other).
+static inline void zero_file_layout(const Zero* z, Zero* f) {
+    std::vector<std::vector<RunSpec>> specs(z->n_units);
+    for (int u = 0; u < z->n_units; u++)
+        for (const ShardRun& r : z->runs[u]) specs[u].push_back(RunSpec{r.flat_off, r.numel, r.owner});
+    zero_layout_from_runs(f, specs, z->P, z->ep_n);
+}
+
+// Copies every element that layout rank rf of `from` holds (in src, its shard buffer) and layout rank rt
+// of `to` holds too into its place in dst (rt's shard buffer): the overlaps of two sorted piece lists.
+static inline void zero_copy_pieces(const Zero* from, int rf, const real* src, const Zero* to, int rt, real* dst) {
+    typedef struct { size_t lo, hi, at; } Pc;
+    auto list = [](const Zero* L, int r) {
+        std::vector<Pc> p;
+        for (int u = 0; u < L->n_units; u++)
+            shard_run_pieces(L->runs[u], r, [&](size_t lo, size_t hi, size_t at) { if (lo < hi) p.push_back(Pc{lo, hi, L->shard_off[u] + at}); });
+        std::sort(p.begin(), p.end(), [](const Pc& a, const Pc& b) { return a.lo < b.lo; });
+        return p;
+    };
+    std::vector<Pc> a = list(from, rf), b = list(to, rt);
+    for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+        size_t lo = std::max(a[i].lo, b[j].lo), hi = std::min(a[i].hi, b[j].hi);
+        if (lo < hi) memcpy(dst + b[j].at + (lo - b[j].lo), src + a[i].at + (lo - a[i].lo), (hi - lo) * sizeof(real));
+        if (a[i].hi <= b[j].hi) i++; else j++;
+    }
+}
+
 // the group a unit's gathers and reduce-scatters run in (EP experts: the expert shard group), and whether
 // this rank holds a piece of a run
 static inline CommGroup* zero_unit_group(Zero* z, int u) { return z->unit_ep[u] ? &z->expert_shard : &z->shard; }
-static inline bool zero_run_mine(const Zero* z, const ShardRun& r) { return shard_run_held(r, z->shard.rank); }
+static inline bool zero_run_mine(const Zero* z, const ShardRun& r) { return shard_run_held(r, z->lrank); }
 
-// the pieces of unit u that shard rank r holds (shard_run_pieces)
+// the pieces of unit u that layout rank r holds (shard_run_pieces)
 template <typename Fn> static inline void zero_unit_pieces(const Zero* z, int u, int r, Fn fn) { shard_run_pieces(z->runs[u], r, fn); }
 
 static inline void zero_unit_begin(void* ctx, int unit, int phase);
@@ -175,9 +219,11 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     int W = comm->world;
     if (S == 0) S = W;
     if (S < 0 || S > W || W % S != 0) {
+        comm_agreed_failure();   // every rank exits over the same verdict: none of them is a lost rank
         if (comm->rank == 0)
             fail(EXIT_BAD_INPUT, "--shard-group-size %d must divide the number of ranks %d (S = %d: ZeRO-3, S = 1: data "
                  "parallel, else HSDP with %d / S replicas)", S, W, W, W);
+        usleep(2000000);   // rank 0 says why first: the launcher ends the job at the first non-zero exit
         exit(EXIT_BAD_INPUT);
     }
     // expert parallelism: EP groups of n consecutive ranks inside a shard group, each holding E/n experts,
@@ -186,16 +232,22 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     char ep_buf[256];
     if (ep_n < 1) ep_err = "must be >= 1";
     else if (c->n_experts % ep_n) { snprintf(ep_buf, sizeof ep_buf, "must divide the %d experts", c->n_experts); ep_err = ep_buf; }
-    else if (S % ep_n) {
-        snprintf(ep_buf, sizeof ep_buf, "must divide the shard group size %d (an EP group lies in a shard group; --shard-group-size)", S);
+    else if (S == 1 && W % ep_n) {
+        snprintf(ep_buf, sizeof ep_buf, "must divide the number of ranks %d (data parallel: EP groups of consecutive ranks)", W);
         ep_err = ep_buf;
-    } else if (ep_n > 1 && ((size_t)(c->n_experts / ep_n) * c->ffn_hidden) % (S / ep_n)) {
+    } else if (S > 1 && S % ep_n) {
+        snprintf(ep_buf, sizeof ep_buf, "must divide the shard group size %d (an EP group lies in a shard group; or "
+                 "--shard-group-size 1: data parallel with EP)", S);
+        ep_err = ep_buf;
+    } else if (ep_n > 1 && S > 1 && ((size_t)(c->n_experts / ep_n) * c->ffn_hidden) % (S / ep_n)) {
         snprintf(ep_buf, sizeof ep_buf, "leaves %d experts x %d rows per EP rank, not divisible over the %d ranks that shard them",
                  c->n_experts / ep_n, c->ffn_hidden, S / ep_n);
         ep_err = ep_buf;
     }
     if (ep_err) {
+        comm_agreed_failure();
         if (comm->rank == 0) fail(EXIT_BAD_INPUT, "--expert-parallel %d %s", ep_n, ep_err);
+        usleep(2000000);   // (as above)
         exit(EXIT_BAD_INPUT);
     }
     z->S = S; z->W = W; z->R = W / S;
@@ -208,17 +260,20 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     // shard groups: S consecutive ranks; replica groups: the same place in every shard group
     z->shard = comm_split(z->world, comm->rank / S, comm->rank, "shard", use_nccl);
     z->replica = comm_split(z->world, comm->rank % S, comm->rank, "replica", use_nccl);
-    int s = z->shard.rank;
     z->ep_n = ep_n;
-    z->ep_rank = s % ep_n;
+    z->P = S > ep_n ? S : ep_n;
+    z->lrank = comm->rank % z->P;   // (S = P: the shard rank)
+    z->ep_rank = z->lrank % ep_n;
     if (ep_n > 1) {
         z->ep = comm_split(z->world, comm->rank / ep_n, comm->rank, "expert_parallel", use_nccl);
-        z->expert_shard = comm_split(z->world, (comm->rank / S) * ep_n + z->ep_rank, comm->rank, "expert_shard", use_nccl);
+        z->expert_shard = comm_split(z->world, (comm->rank / z->P) * ep_n + z->ep_rank, comm->rank, "expert_shard", use_nccl);
     }
+    if (z->P != S)   // data parallel with EP: the ranks holding the same experts
+        z->expert_replica_own = comm_split(z->world, z->lrank, comm->rank, "expert_replica", use_nccl);
     zero_unit_layout(z, c, t, S, ep_n);
     z->segs.clear();
     for (const ParamInfo& p : t)   // intersect each tensor with this rank's pieces of its unit
-        zero_unit_pieces(z, p.unit, s, [&](size_t lo, size_t hi, size_t at) {
+        zero_unit_pieces(z, p.unit, z->lrank, [&](size_t lo, size_t hi, size_t at) {
             size_t a = p.offset > lo ? p.offset : lo, b = p.offset + p.numel < hi ? p.offset + p.numel : hi;
             if (a < b) z->segs.push_back(ShardSegment{z->shard_off[p.unit] + at + (a - lo), a, b - a, p.decay});
         });
@@ -255,10 +310,18 @@ static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t s
 
     model->g.blocks.resize(c->n_layers);
     model->p.blocks.resize(c->n_layers);
-    if (S == 1) {   // the shard is the whole model: the unsharded code path, no hooks
+    if (z->P == 1) {   // the shard is the whole model: the unsharded code path, no hooks
         model->params = z->master; model->grads = z->grad; model->m = z->m; model->v = z->v;
         model->p = param_views(model->params, c, t);
         model->g = param_views(model->grads, c, t);
+        z->work[0] = z->work[1] = z->gwork = NULL;
+        z->work_bytes = 0;
+    } else if (S == 1) {   // data parallel with EP: every unit's shard is its slot (all whole), no hooks
+        model->params = model->grads = model->m = model->v = NULL;   // no flat buffer: the store updates its shard
+        for (int u = 0; u < z->n_units; u++) {
+            unit_views(&model->p, z->master + z->shard_off[u], u, c, t, ep_n);
+            unit_views(&model->g, z->grad + z->shard_off[u], u, c, t, ep_n);
+        }
         z->work[0] = z->work[1] = z->gwork = NULL;
         z->work_bytes = 0;
     } else {
@@ -271,7 +334,7 @@ static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t s
 
 static inline void zero_free(Zero* z) {
     if (z->model) {
-        if (z->S == 1) z->model->params = z->model->grads = z->model->m = z->model->v = NULL;   // ours, freed here
+        if (z->S == 1) z->model->params = z->model->grads = z->model->m = z->model->v = NULL;   // ours, freed here (or none)
         z->model->hooks = UnitHooks{NULL, NULL, NULL};
     }
     free(z->master); free(z->grad); free(z->m); free(z->v);
@@ -279,6 +342,7 @@ static inline void zero_free(Zero* z) {
     comm_group_free(&z->shard);
     comm_group_free(&z->replica);
     if (z->ep_n > 1) { comm_group_free(&z->ep); comm_group_free(&z->expert_shard); }
+    if (z->P != z->S) comm_group_free(&z->expert_replica_own);
 }
 
 // --fp8-gather, after dbrx_enable_fp8: the blocks' FP8 matrices are gathered as E4M3 codes with their
@@ -328,6 +392,7 @@ static inline bool zero_host_state_finite(Zero* z) {
 static inline uint64_t zero_bytes_sent(const Zero* z) {
     uint64_t b = comm_bytes_sent(z->world) + comm_bytes_sent(&z->shard) + comm_bytes_sent(&z->replica);
     if (z->ep_n > 1) b += comm_bytes_sent(&z->ep) + comm_bytes_sent(&z->expert_shard);
+    if (z->P != z->S) b += comm_bytes_sent(&z->expert_replica_own);
     return b;
 }
 
@@ -406,7 +471,12 @@ static inline void zero_zero_grad(Zero* z) { memset(z->grad, 0, z->shard_total *
 // After the micro-batches: sum the gradient shards across the replicas, and average over the world
 // (each rank's gradient is the mean over its own tokens).
 static inline void zero_reduce_grads(Zero* z) {
-    if (z->R > 1) comm_all_reduce(&z->replica, z->grad, z->shard_total, COMM_F32);
+    if (z->P != z->S) {   // data parallel with EP: non-expert units over the world, experts over their replicas
+        for (int u = 0; u < z->n_units; u++) {
+            CommGroup* g = z->unit_ep[u] ? zero_expert_replica(z) : &z->replica;
+            if (g->size > 1) comm_all_reduce(g, z->grad + z->shard_off[u], z->shard_numel[u], COMM_F32);
+        }
+    } else if (z->R > 1) comm_all_reduce(&z->replica, z->grad, z->shard_total, COMM_F32);
     if (z->W > 1) {
         real inv = (real)1 / z->W;
         for (size_t i = 0; i < z->shard_total; i++) z->grad[i] *= inv;
@@ -416,8 +486,17 @@ static inline void zero_reduce_grads(Zero* z) {
 // global L2 norm of the gradient: S = 1 as unsharded; else the shard's sum of squares (fixed-size
 // chunks in order) all-reduced in the shard group (replicas hold the same gradient)
 static inline double zero_grad_norm(Zero* z) {
-    if (z->S == 1) return dbrx_grad_norm(z->model);
+    if (z->P == 1) return dbrx_grad_norm(z->model);
     const size_t chunk = 1 << 16;
+    if (z->P != z->S) {   // data parallel with EP: every rank has the non-expert gradient; the EP group the experts'
+        double dense = 0, experts = 0;
+        for (int u = 0; u < z->n_units; u++)
+            for (size_t lo = 0; lo < z->shard_numel[u]; lo += chunk)
+                (z->unit_ep[u] ? experts : dense) +=
+                    grad_sumsq(z->grad + z->shard_off[u] + lo, (lo + chunk < z->shard_numel[u] ? lo + chunk : z->shard_numel[u]) - lo);
+        comm_all_reduce(&z->ep, &experts, 1, COMM_F64);
+        return sqrt(dense + experts);
+    }
     double sumsq = 0;
     for (size_t lo = 0; lo < z->shard_total; lo += chunk)
         sumsq += grad_sumsq(z->grad + lo, (lo + chunk < z->shard_total ? lo + chunk : z->shard_total) - lo);
@@ -430,7 +509,7 @@ static inline double zero_grad_norm(Zero* z) {
 static inline double zero_update(Zero* z, const AdamWConfig* o, float lr, int t, double norm) {
     z->slot_unit[0] = z->slot_unit[1] = -1;   // the gathered copies are stale after the update
     z->fp8.ready = 0;                          // and so are the FP8 codes
-    if (z->S == 1) return dbrx_update(z->model, o, lr, t, norm);
+    if (z->P == 1) return dbrx_update(z->model, o, lr, t, norm);
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     for (const ShardSegment& g : z->segs)
         adamw_update(z->master + g.shard_off, z->grad + g.shard_off, z->m + g.shard_off, z->v + g.shard_off, g.numel,

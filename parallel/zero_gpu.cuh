@@ -64,6 +64,7 @@ typedef struct {
     int nseg;
     size_t seg_max;
     double* norm_sumsq;               // device (1): this rank's sum of squares, then the group's
+    double* norm_units;               // device (2 x units), data parallel with EP: per unit, non-expert | expert
     cudaStream_t compute;             // the model's stream
     cudaEvent_t gathered[2];          // comm -> compute: slot filled
     cudaEvent_t slot_free[2];         // compute -> comm: slot no longer read
@@ -194,6 +195,11 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         }
     }
     take((void**)&zg->norm_sumsq, sizeof(double));
+    zg->norm_units = nullptr;
+    if (z->P != z->S) {   // (each entry is written by its own unit; the other half stays zero)
+        take((void**)&zg->norm_units, 2 * z->n_units * sizeof(double));
+        cudaCheck(cudaMemset(zg->norm_units, 0, 2 * z->n_units * sizeof(double)));
+    }
     zg->work[0] = zg->work[1] = nullptr;
     zg->gwork[0] = zg->gwork[1] = nullptr;
     for (int i = 0; i < 2; i++) {
@@ -218,15 +224,24 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) : 0;
     z->state_rss = 0;
     cudaCheck(cudaMemset(zg->grad, 0, bytes));
-    if (z->S == 1) {   // the shard is the whole model: the model reads and writes the store's buffers directly
+    if (z->P == 1) {   // the shard is the whole model: the model reads and writes the store's buffers directly
         model->p = model_views(zg->master_bf16, c, t);
         model->g = model_views(zg->grad, c, t);
+        model->hooks = UnitHooks{NULL, NULL, NULL};
+    } else if (z->S == 1) {   // data parallel with EP: every unit's shard is its slot (all whole), read directly
+        for (int u = 0; u < z->n_units; u++) {
+            model_unit_views(&model->p, zg->master_bf16 + z->shard_off[u], u, c, t, ep_n);
+            model_unit_views(&model->g, zg->grad + z->shard_off[u], u, c, t, ep_n);
+        }
         model->hooks = UnitHooks{NULL, NULL, NULL};
     } else {
         model->hooks = UnitHooks{zero_gpu_unit_begin, zero_gpu_unit_end, zg};
     }
     zero_from_host(zg);
-    comm_watchdog_start({&z->shard, &z->replica});   // a host blocked behind a stuck collective still ends
+    std::vector<CommGroup*> watched = {&z->shard, &z->replica};   // a host blocked behind a stuck collective still ends
+    if (ep_n > 1) { watched.push_back(&z->ep); watched.push_back(&z->expert_shard); }
+    if (z->P != z->S) watched.push_back(&z->expert_replica_own);
+    comm_watchdog_start(watched);
 }
 
 // the BF16 copy of the master shard, after the master changed other than by AdamW (a load)
@@ -513,7 +528,17 @@ static inline void zero_reduce_grads(ZeroGpu* zg) {
     Zero* z = &zg->z;
     cudaStream_t last = zg->compute;
     if (z->S > 1) last = zero_comm_stream(zg);
-    if (z->R > 1) {
+    if (z->P != z->S) {   // data parallel with EP: non-expert units over the world, then experts over their replicas
+        for (int ex = 0; ex < 2; ex++) {
+            CommGroup* g = ex ? zero_expert_replica(z) : &z->replica;
+            if (g->size == 1) continue;
+            cudaCheck(cudaEventRecord(zg->comm_done, last));
+            cudaCheck(cudaStreamWaitEvent(g->stream, zg->comm_done, 0));
+            for (int u = 0; u < z->n_units; u++)
+                if (z->unit_ep[u] == ex) comm_all_reduce(g, zg->grad + z->shard_off[u], z->shard_numel[u], COMM_F32);
+            last = g->stream;
+        }
+    } else if (z->R > 1) {
         cudaCheck(cudaEventRecord(zg->comm_done, last));
         cudaCheck(cudaStreamWaitEvent(z->replica.stream, zg->comm_done, 0));
         comm_all_reduce(&z->replica, zg->grad, z->shard_total, COMM_F32);
@@ -528,6 +553,25 @@ static inline void zero_reduce_grads(ZeroGpu* zg) {
 // group on the device (replicas hold the same gradient), read by the host once
 static inline double zero_grad_norm(ZeroGpu* zg) {
     Zero* z = &zg->z;
+    if (z->P != z->S) {   // data parallel with EP: every rank has the non-expert gradient; the EP group the experts'
+        int U = z->n_units;
+        for (int u = 0; u < U; u++) {
+            LAUNCH(grad_sumsq_kernel, GRAD_NORM_BLOCKS, 512, 0, zg->compute, zg->norm_partial, zg->grad + z->shard_off[u], z->shard_numel[u]);
+            LAUNCH(zero_sum_partials_kernel, 1, 32, 0, zg->compute, zg->norm_units + (z->unit_ep[u] ? U : 0) + u, zg->norm_partial,
+                   GRAD_NORM_BLOCKS);
+        }
+        cudaCheck(cudaEventRecord(zg->comm_done, zg->compute));
+        cudaCheck(cudaStreamWaitEvent(z->ep.stream, zg->comm_done, 0));
+        comm_all_reduce(&z->ep, zg->norm_units + U, U, COMM_F64);
+        comm_sync(&z->ep);
+        if (z->R > 1) comm_sync(&z->replica);
+        if (zero_expert_replica(z)->size > 1) comm_sync(zero_expert_replica(z));
+        std::vector<double> h(2 * U);
+        cudaCheck(cudaMemcpy(h.data(), zg->norm_units, 2 * U * sizeof(double), cudaMemcpyDeviceToHost));
+        double sumsq = 0;
+        for (double x : h) sumsq += x;
+        return sqrt(sumsq);
+    }
     LAUNCH(grad_sumsq_kernel, GRAD_NORM_BLOCKS, 512, 0, zg->compute, zg->norm_partial, zg->grad, z->shard_total);
     LAUNCH(zero_sum_partials_kernel, 1, 32, 0, zg->compute, zg->norm_sumsq, zg->norm_partial, GRAD_NORM_BLOCKS);
     if (z->S > 1) {
@@ -616,6 +660,7 @@ static inline void zero_free(ZeroGpu* zg) {
     free(z->master); free(z->m); free(z->v);
     z->master = z->m = z->v = NULL;
     if (z->ep_n > 1) { comm_group_free(&z->ep); comm_group_free(&z->expert_shard); }
+    if (z->P != z->S) comm_group_free(&z->expert_replica_own);
     comm_group_free(&z->shard);
     comm_group_free(&z->replica);
 }

@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
 # test_ep.sh — expert parallelism (--expert-parallel N; model/dbrx.h's exchange, parallel/zero.h's placement):
-#   * mpirun -np 4 with EP 2 and EP 4 under ZeRO-3 (S = 4), and EP 2 under HSDP 2x2, against one process
-#     with the same global batch: losses within 1e-5;
+#   * mpirun -np 4 with EP 2 and EP 4 under ZeRO-3 (S = 4), EP 2 under HSDP 2x2, and EP 2 and EP 4 under
+#     data parallelism (S = 1: the non-expert weights replicated, each rank its experts whole), against one
+#     process with the same global batch: losses within 1e-5; under data parallelism each rank's state is
+#     16 B x (P - P_experts x (N-1)/N), from the model's shape;
 #   * a forced extreme imbalance (DBRX_DEBUG_ROUTE_FIRST: every token to experts 0..k-1, all EP rank 0's)
 #     trains without losing a token: rank 0 receives every routed row, the others none, no error;
 #   * the bytes each rank sends in its EP group equal the formula from its routing counts, exactly:
 #     count messages x E/N x 4 B + 2 x d x 4 B x (rows out + rows in)  (forward rows and results back,
 #     backward gradients and input gradients back);
-#   * a checkpoint under EP 4 resumes bit-identically under EP 4, within 1e-5 under EP 2 and one process;
+#   * a checkpoint under EP 4 resumes bit-identically under EP 4, within 1e-5 under EP 2, one process and
+#     data parallel EP 2; one under data parallel EP 2 (saved as ZeRO-3 over the EP group: each parameter
+#     once) bit-identically under the same, within 1e-5 under EP 4 (ZeRO-3) and one process;
 #   * the emulated CUDA path (NCCL twin): EP 2 and EP 4 give the losses of the run without EP (BF16 bound
-#     2e-3; measured identical), its bytes match the formula with BF16 rows and fp32 input gradients, and
-#     an EP 4 checkpoint resumes bit-identically;
+#     2e-3; measured identical), under ZeRO-3 and under data parallelism, its bytes match the formula with
+#     BF16 rows and fp32 input gradients, and EP 4 and data parallel EP 2 checkpoints resume bit-identically;
+#   * --export-hf under data parallel EP 2 holds one process's weights (within 1e-5);
+#   * generation under EP (the decode step's rows through the exchange): --generate under EP 4 (ZeRO-3) and
+#     data parallel EP 2 writes one process's text; on the emulated GPU --sample-every under data parallel
+#     EP 2 samples the text of the run without EP;
 #   * the step line and the log carry the rows received per rank (max, mean);
-#   * bad degrees (not dividing the experts, the shard group, or with --fp8) exit 2 with one line.
+#   * --fp8 with EP: block scaling's step 1 (loss, every operand's amax) is that of FP8 without EP, later
+#     steps within 2e-3 (CPU: EP 2 ZeRO-3 and data parallel EP 4; emulated GPU: data parallel EP 2); under
+#     delayed scaling every weight's step-1 amax equals that without EP (CPU);
+#   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism) and
+#     --fp8-gather with EP exit 2 with one line.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 BIN=${BIN:-./train_dbrx}
@@ -42,32 +54,67 @@ PY
 }
 verdict() { local r; r=$(close "$@"); [ "${r%% *}" = pass ] && pass "${r#* }" || fail "${r#* }"; }
 
-$BIN "${T[@]}" --grad-accum 4 --log "$tmp/one.jsonl" > "$tmp/one.out" 2>&1 || fail "one process: $(tail -2 "$tmp/one.out")"
-for cfg in "2 4" "4 4" "2 2"; do
+$BIN "${T[@]}" --grad-accum 4 --log "$tmp/one.jsonl" --export-dtype fp32 --export-hf "$tmp/hf_one" > "$tmp/one.out" 2>&1 \
+    || fail "one process: $(tail -2 "$tmp/one.out")"
+for cfg in "2 4" "4 4" "2 2" "2 1" "4 1"; do
     set -- $cfg
-    name="np 4 EP $1 (shard group $2)"
-    $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --shard-group-size "$2" --log "$tmp/ep$1_$2.jsonl" > "$tmp/ep$1_$2.out" 2>&1 \
+    name="np 4 EP $1 (shard group $2$([ "$2" = 1 ] && echo ": data parallel"))"
+    hf=(); [ "$1 $2" = "2 1" ] && hf=(--export-dtype fp32 --export-hf "$tmp/hf_ep2_1")   # (written by the EP group's ranks, below)
+    $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --shard-group-size "$2" "${hf[@]}" --log "$tmp/ep$1_$2.jsonl" > "$tmp/ep$1_$2.out" 2>&1 \
         || fail "$name: $(grep -i error "$tmp/ep$1_$2.out" | head -2)"
     verdict "$name vs one process" 1e-5 "$tmp/one.jsonl" "$tmp/ep$1_$2.jsonl"
 done
 grep -q '"ep_recv_max": [0-9]*, "ep_recv_mean": [0-9.]*' "$tmp/ep2_4.jsonl" && grep -q "| ep recv [0-9.]*x |" "$tmp/ep2_4.out" \
     && pass "the rows received per rank (max, mean) are on the step line and in the log" || fail "EP receive statistics missing"
 
+# --- the Hugging Face export under data parallel EP 2 (each of the EP group's ranks writes its experts) holds
+# one process's weights
+$PY - "$tmp/hf_one/model.safetensors" "$tmp/hf_ep2_1/model.safetensors" <<'PY' > "$tmp/hf"
+import array, json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        a = array.array("f"); a.frombytes(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]); out[k] = a
+    return out
+A, B = load(sys.argv[1]), load(sys.argv[2])
+d = max(max(abs(x - y) for x, y in zip(A[k], B[k])) for k in A) if A.keys() == B.keys() else float("inf")
+print("%s --export-hf under np 4 data parallel EP 2: %d tensors, max |diff| %.1e <= 1e-5 against one process's export" % (
+    "pass" if d <= 1e-5 else "fail", len(B), d))
+PY
+verdicts "$tmp/hf" 1
+
+# --- the state each rank holds under data parallelism with EP: all but (N-1)/N of the experts
+$PY - "$tmp/one.out" "$tmp/ep2_1.out" "$tmp/ep4_1.out" <<'PY' > "$tmp/state"
+import re, sys
+L, d, E, F = 2, 128, 16, 224   # dbrx-tiny with --n-layers 2
+state = lambda p: [int(b) for b in re.findall(r"master\+grads\+moments (\d+) bytes allocated", open(p).read())]
+P = state(sys.argv[1])[0] // 16
+for path, n in ((sys.argv[2], 2), (sys.argv[3], 4)):
+    want = 16 * (P - L * 3 * E * F * d * (n - 1) // n)
+    got = state(path)
+    print("%s data parallel EP %d: every rank's state is 16 B x (P - P_experts x %d/%d) = %d bytes: %s" % (
+        "pass" if len(got) == 4 and all(g == want for g in got) else "fail", n, n - 1, n, want, got))
+PY
+verdicts "$tmp/state" 2
+
 # --- the bytes of the exchange, from each rank's own counts
-$PY - "$tmp/ep2_4.out" "$tmp/ep2_2.out" <<'PY' > "$tmp/bytes"
+$PY - "$tmp/ep2_4.out" "$tmp/ep2_2.out" "$tmp/ep2_1.out" <<'PY' > "$tmp/bytes"
 import re, sys
 d, E, f = 128, 16, 4
-for path, n in ((sys.argv[1], 2), (sys.argv[2], 2)):
+# (data parallel: + the gradient norm's expert part, one float64 all-reduced in the EP group per step, 2 (N-1)/N x 8 B)
+for path, n, norm in ((sys.argv[1], 2, 0), (sys.argv[2], 2, 0), (sys.argv[3], 2, 6 * 8)):
     rows = re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in",
                       open(path).read())
     ok = len(rows) == 4
     for r, b, c, o, i in rows:
-        want = int(c) * (E // n) * 4 + 2 * d * f * (int(o) + int(i))
+        want = int(c) * (E // n) * 4 + 2 * d * f * (int(o) + int(i)) + norm
         ok = ok and int(b) == want
-    print("%s EP %d (%s): bytes sent in the EP group equal counts x E/N x 4 + 2 x d x 4 x (rows out + in) on every rank: %s" % (
-        "pass" if ok else "fail", n, path.split("/")[-1], ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
+    print("%s EP %d (%s): bytes sent in the EP group equal counts x E/N x 4 + 2 x d x 4 x (rows out + in)%s on every rank: %s" % (
+        "pass" if ok else "fail", n, path.split("/")[-1], " + 6 x 8 (norm)" if norm else "",
+        ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
 PY
-verdicts "$tmp/bytes" 2
+verdicts "$tmp/bytes" 3
 
 # --- a forced extreme imbalance: every token to EP rank 0's experts
 DBRX_DEBUG_ROUTE_FIRST=1 $MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --log "$tmp/imb.jsonl" > "$tmp/imb.out" 2>&1; rc=$?
@@ -82,16 +129,82 @@ else fail "forced imbalance: exit $rc: $r0; $(grep -i error "$tmp/imb.out" | hea
 $MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --ckpt-dir "$tmp/ck" --stop-after 3 --log "$tmp/part.jsonl" > "$tmp/part.out" 2>&1 \
     || fail "EP 4 save: $(grep -i error "$tmp/part.out" | head -2)"
 grep -q '"expert_parallel": 4' "$tmp/ck/step_00000003/manifest.json" || fail "the manifest does not record expert_parallel 4"
-for to in "4 4" "2 4" "1 1"; do
-    set -- $to
-    cp -r "$tmp/ck" "$tmp/ck_$1"; cp "$tmp/part.jsonl" "$tmp/res_$1.jsonl"
-    if [ "$2" = 1 ]; then $BIN "${T[@]}" --grad-accum 4 --ckpt-dir "$tmp/ck_$1" --resume auto --log "$tmp/res_$1.jsonl" > "$tmp/res_$1.out" 2>&1
-    else $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --ckpt-dir "$tmp/ck_$1" --resume auto --log "$tmp/res_$1.jsonl" > "$tmp/res_$1.out" 2>&1; fi
-    grep -q "resume: .*step_00000003" "$tmp/res_$1.out" || fail "resume under EP $1: $(grep -iE 'error|warning' "$tmp/res_$1.out" | head -2)"
+# resume SRC EP S: the checkpoint in $tmp/SRC (step 3) resumed under EP degree EP, shard group S (EP 1: one process)
+resume() {
+    local to="$1_$2_$3"
+    cp -r "$tmp/$1" "$tmp/ck_$to"; cp "$tmp/$1.jsonl" "$tmp/res_$to.jsonl"
+    if [ "$2" = 1 ]; then $BIN "${T[@]}" --grad-accum 4 --ckpt-dir "$tmp/ck_$to" --resume auto --log "$tmp/res_$to.jsonl" > "$tmp/res_$to.out" 2>&1
+    else $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$2" --shard-group-size "$3" --ckpt-dir "$tmp/ck_$to" --resume auto \
+        --log "$tmp/res_$to.jsonl" > "$tmp/res_$to.out" 2>&1; fi
+    grep -q "resume: .*step_00000003" "$tmp/res_$to.out" || fail "$1 resumed under EP $2 S $3: $(grep -iE 'error|warning' "$tmp/res_$to.out" | head -2)"
+}
+cp "$tmp/part.jsonl" "$tmp/ck.jsonl"
+for to in "4 4" "2 4" "1 1" "2 1"; do resume ck $to; done
+verdict "EP 4 checkpoint resumed under EP 4 (3 + 3 steps) vs uninterrupted EP 4" 0 "$tmp/ep4_4.jsonl" "$tmp/res_ck_4_4.jsonl"
+verdict "EP 4 checkpoint resumed under EP 2 vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_ck_2_4.jsonl"
+verdict "EP 4 checkpoint resumed by one process (no EP) vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_ck_1_1.jsonl"
+verdict "EP 4 checkpoint resumed under data parallel EP 2 vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_ck_2_1.jsonl"
+# saved under data parallel EP 2: the files are those of ZeRO-3 over the EP group (2 shards, each parameter once)
+$MPI -np 4 $BIN "${T[@]}" --expert-parallel 2 --shard-group-size 1 --ckpt-dir "$tmp/dk" --stop-after 3 --log "$tmp/dk.jsonl" > "$tmp/dk.out" 2>&1 \
+    || fail "data parallel EP 2 save: $(grep -i error "$tmp/dk.out" | head -2)"
+[ "$(ls "$tmp/dk/step_00000003" | grep -c '^shard_')" = 2 ] && grep -q '"shard_group_size": 2, "replicas": 2, .*"expert_parallel": 2' "$tmp/dk/step_00000003/manifest.json" \
+    && pass "data parallel EP 2 saves 2 shard files (ZeRO-3 over the EP group: each parameter once)" \
+    || fail "data parallel EP 2 checkpoint files: $(ls "$tmp/dk/step_00000003")"
+for to in "2 1" "4 4" "1 1"; do resume dk $to; done
+verdict "data parallel EP 2 checkpoint resumed under the same (3 + 3 steps) vs uninterrupted" 0 "$tmp/ep2_1.jsonl" "$tmp/res_dk_2_1.jsonl"
+verdict "data parallel EP 2 checkpoint resumed under EP 4 (ZeRO-3) vs uninterrupted" 1e-5 "$tmp/ep2_1.jsonl" "$tmp/res_dk_4_4.jsonl"
+verdict "data parallel EP 2 checkpoint resumed by one process vs uninterrupted" 1e-5 "$tmp/ep2_1.jsonl" "$tmp/res_dk_1_1.jsonl"
+
+# --- generation under EP: the decode step's rows go through the exchange; the same weights (the EP 4 run's
+# step 6) give one process's text under EP 4 (ZeRO-3) and data parallel EP 2 (temperature 0.8: every token a draw)
+GEN=(--model dbrx-tiny --n-layers 2 --seq 64 --generate --resume "$tmp/ck_ck_4_4/step_00000006" --prompt The --sample-len 24 --temperature 0.8)
+$BIN "${GEN[@]}" > "$tmp/gen1.txt" 2> "$tmp/gen1.err" || fail "generate, one process: $(tail -1 "$tmp/gen1.err")"
+for cfg in "4 4" "2 1"; do
+    set -- $cfg
+    $MPI -np 4 $BIN "${GEN[@]}" --expert-parallel "$1" --shard-group-size "$2" > "$tmp/gen_$1_$2.txt" 2> "$tmp/gen_$1_$2.err" \
+        || fail "generate under EP $1 S $2: $(grep -i error "$tmp/gen_$1_$2.err" | head -1)"
+    [ -s "$tmp/gen1.txt" ] && cmp -s "$tmp/gen1.txt" "$tmp/gen_$1_$2.txt" && grep -q "generate: 24 tokens" "$tmp/gen_$1_$2.err" \
+        && pass "--generate under np 4 EP $1 (shard group $2): 24 tokens, the text of one process" \
+        || fail "--generate under EP $1 S $2: $(od -c "$tmp/gen_$1_$2.txt" | head -2) vs $(od -c "$tmp/gen1.txt" | head -2)"
 done
-verdict "EP 4 checkpoint resumed under EP 4 (3 + 3 steps) vs uninterrupted EP 4" 0 "$tmp/ep4_4.jsonl" "$tmp/res_4.jsonl"
-verdict "EP 4 checkpoint resumed under EP 2 vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_2.jsonl"
-verdict "EP 4 checkpoint resumed by one process (no EP) vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_1.jsonl"
+
+# --- FP8 with EP (the CPU path): the operands over the local experts and the received rows, the per-tensor
+# amaxes max-reduced over the world. Block scaling's forward tiles (1x128 rows, 128x128 per expert) do not
+# depend on where a row is computed: step 1's loss and every operand's amax are those of FP8 without EP
+# (FP8 against FP32 differs by ~3e-3 at step 1); later steps differ within FP8's rounding (the 128x1 wgrad
+# tiles group other rows). Delayed scaling: each weight's amax (a rank sees only its experts) is the
+# whole tensor's, as without EP.
+F8=(--model dbrx-tiny --n-layers 2 --seq 64 --val-every 0 --batch 1 --steps 4 --fp8-log-every 1)
+for run in "block 1 4" "block 2 4" "block 4 1" "delayed 1 4" "delayed 2 1"; do
+    set -- $run
+    $MPI -np 4 $BIN "${F8[@]}" --fp8 "$1" --expert-parallel "$2" --shard-group-size "$3" --log "$tmp/f8_$1_$2_$3.jsonl" > "$tmp/f8.out" 2>&1 \
+        || fail "--fp8 $1 EP $2 S $3: $(grep -i error "$tmp/f8.out" | head -2)"
+done
+$PY - "$tmp" <<'PY' > "$tmp/f8"
+import json, sys
+t = sys.argv[1]
+def L(name):
+    loss, fp8 = {}, {}
+    for l in open("%s/f8_%s.jsonl" % (t, name)):
+        r = json.loads(l)
+        if "loss" in r: loss[r["step"]] = r["loss"]
+        if "fp8" in r: fp8[r["step"]] = {k: v["amax"] for k, v in r["fp8"].items()}
+    return [loss[s] for s in sorted(loss)], fp8
+b0, fb0 = L("block_1_4")
+for name, what in (("block_2_4", "EP 2 (ZeRO-3)"), ("block_4_1", "data parallel EP 4")):
+    b, fb = L(name)
+    d1 = abs(b[0] - b0[0]); dn = max(abs(x - y) for x, y in zip(b, b0)) if len(b) == len(b0) == 4 else 1
+    am = max(abs(fb[1][k] - fb0[1][k]) / fb0[1][k] for k in fb0[1]) if fb0.get(1) and fb.get(1) and len(fb[1]) == len(fb0[1]) else 1
+    ok = d1 <= 1e-6 and am <= 1e-5 and dn <= 2e-3
+    print("%s --fp8 block np 4 %s vs without EP: step 1 loss |diff| %.1e <= 1e-6, its %d amaxes within %.1e <= 1e-5 (relative), 4 steps within %.1e <= 2e-3" % (
+        "pass" if ok else "fail", what, d1, len(fb0.get(1, {})), am, dn))
+_, fd0 = L("delayed_1_4"); _, fd = L("delayed_2_1")
+w = [k for k in fd0.get(1, {}) if k.endswith(".w")]
+ok = len(w) == 10 and all(fd[1][k] == fd0[1][k] for k in w)
+print("%s --fp8 delayed np 4 data parallel EP 2: step 1's amax of all %d weights (each rank quantises only its experts) equals that without EP" % (
+    "pass" if ok else "fail", len(w)))
+PY
+verdicts "$tmp/f8" 3
 
 # --- the CUDA path under the emulator (the NCCL twin): the same exchange, rows as BF16 (input gradients
 # back as fp32), NCCL send/recv on the EP group's stream; the counts over MPI on the host
@@ -105,6 +218,21 @@ if [ -x "$EMU" ]; then
             || fail "emulated GPU EP $ep: $(grep -i error "$tmp/g$ep.out" | head -2)"
         verdict "emulated GPU np 4 EP $ep vs np 4 without EP (BF16)" 2e-3 "$tmp/g0.jsonl" "$tmp/g$ep.jsonl"
     done
+    # data parallel with EP 2 (the non-expert weights replicated, each rank its experts whole), against
+    # data parallel without EP; saved after 2 steps and resumed under the same
+    # (with a sample after steps 2 and 4: the decode step's rows through the exchange, the same text)
+    SMP=(--sample-every 2 --sample-len 12 --prompt The --temperature 0.8)
+    $MPI -np 4 "$EMU" "${G[@]}" "${SMP[@]}" --shard-group-size 1 --log "$tmp/gd0.jsonl" > "$tmp/gd0.out" 2>&1 \
+        || fail "emulated GPU data parallel: $(grep -i error "$tmp/gd0.out" | head -2)"
+    $MPI -np 4 "$EMU" "${G[@]}" "${SMP[@]}" --shard-group-size 1 --expert-parallel 2 --log "$tmp/gd2.jsonl" > "$tmp/gd2.out" 2>&1 \
+        || fail "emulated GPU data parallel EP 2: $(grep -i error "$tmp/gd2.out" | head -2)"
+    verdict "emulated GPU np 4 data parallel EP 2 vs data parallel without EP (BF16)" 2e-3 "$tmp/gd0.jsonl" "$tmp/gd2.jsonl"
+    s0=$(grep '"sample"' "$tmp/gd0.jsonl"); s2=$(grep '"sample"' "$tmp/gd2.jsonl")
+    [ "$(grep -c . <<<"$s0")" = 2 ] && [ "$s0" = "$s2" ] && pass "emulated GPU --sample-every under data parallel EP 2: the samples of the run without EP" \
+        || fail "emulated GPU samples under EP: $s2 vs $s0"
+    $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --ckpt-dir "$tmp/gdk" --stop-after 2 --log "$tmp/gdres.jsonl" > "$tmp/gdres.out" 2>&1
+    $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --ckpt-dir "$tmp/gdk" --resume auto --log "$tmp/gdres.jsonl" > "$tmp/gdres2.out" 2>&1
+    verdict "emulated GPU data parallel EP 2: 2 + save + resume + 2 steps vs uninterrupted" 0 "$tmp/gd2.jsonl" "$tmp/gdres.jsonl"
     $PY - "$tmp/g2.out" <<'PY' > "$tmp/gbytes"
 import re, sys
 d, E, n = 64, 4, 2
@@ -119,6 +247,28 @@ PY
     $MPI -np 4 "$EMU" "${G[@]}" --expert-parallel 4 --ckpt-dir "$tmp/gck" --stop-after 2 --log "$tmp/gres.jsonl" > "$tmp/gres.out" 2>&1
     $MPI -np 4 "$EMU" "${G[@]}" --expert-parallel 4 --ckpt-dir "$tmp/gck" --resume auto --log "$tmp/gres.jsonl" > "$tmp/gres2.out" 2>&1
     verdict "emulated GPU EP 4: 2 + save + resume + 2 steps vs uninterrupted" 0 "$tmp/g4.jsonl" "$tmp/gres.jsonl"
+    # FP8 (block scaling) under data parallel EP 2: the local experts' cuBLASLt FP8 GEMMs on the received rows
+    # in a padded layout of their own; step 1 (loss, every operand's amax) as without EP, as on the CPU
+    for ep in 1 2; do
+        $MPI -np 4 "$EMU" "${G[@]}" --steps 2 --fp8 block --fp8-log-every 1 --shard-group-size 1 --expert-parallel $ep --log "$tmp/gf$ep.jsonl" \
+            > "$tmp/gf$ep.out" 2>&1 || fail "emulated GPU --fp8 block EP $ep: $(grep -i error "$tmp/gf$ep.out" | head -2)"
+    done
+    $PY - "$tmp/gf1.jsonl" "$tmp/gf2.jsonl" <<'PY' > "$tmp/gf8"
+import json, sys
+def L(p):
+    loss, fp8 = {}, {}
+    for l in open(p):
+        r = json.loads(l)
+        if "loss" in r: loss[r["step"]] = r["loss"]
+        if "fp8" in r: fp8[r["step"]] = {k: v["amax"] for k, v in r["fp8"].items()}
+    return [loss[s] for s in sorted(loss)], fp8
+(a, fa), (b, fb) = L(sys.argv[1]), L(sys.argv[2])
+ok = len(a) == len(b) == 2 and abs(a[0] - b[0]) <= 1e-6 and fa.get(1) and fa[1] == fb.get(1) and abs(a[1] - b[1]) <= 2e-3
+print("%s emulated GPU --fp8 block np 4 data parallel EP 2 vs without EP: step 1 loss %s vs %s, its %d amaxes %s, step 2 within %.1e <= 2e-3" % (
+    "pass" if ok else "fail", a[0] if a else None, b[0] if b else None, len(fa.get(1, {})), "equal" if fa.get(1) == fb.get(1) else "differ",
+    abs(a[-1] - b[-1]) if a and b else 1))
+PY
+    verdicts "$tmp/gf8" 1
 fi
 
 # --- bad degrees
@@ -128,6 +278,8 @@ $MPI -np 4 $BIN "${T[@]}" --expert-parallel 3 > "$tmp/bad.out" 2>&1; rc=$?
 $MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --shard-group-size 2 > "$tmp/bad.out" 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "^error: --expert-parallel 4 must divide the shard group size 2" "$tmp/bad.out" \
     && pass "--expert-parallel 4 over shard groups of 2: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "EP 4 S 2: exit $rc: $(grep -m1 error "$tmp/bad.out")"
+$MPI -np 4 $BIN "${T[@]}" --expert-parallel 8 --shard-group-size 1 > "$tmp/bad.out" 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "^error: --expert-parallel 8 must divide the number of ranks 4" "$tmp/bad.out" \
+    && pass "data parallel --expert-parallel 8 on 4 ranks: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "DP EP 8 np 4: exit $rc: $(grep -m1 error "$tmp/bad.out")"
 expect_exit 2 "--expert-parallel 0" $BIN "${T[@]}" --expert-parallel 0
-expect_exit 2 "--expert-parallel 2 with --fp8 delayed" $BIN "${T[@]}" --expert-parallel 2 --fp8 delayed
-expect_exit 2 "--expert-parallel 2 with --sample-every 5" $BIN "${T[@]}" --expert-parallel 2 --sample-every 5
+expect_exit 2 "--expert-parallel 2 with --fp8-gather" $BIN "${T[@]}" --expert-parallel 2 --fp8 delayed --fp8-gather
