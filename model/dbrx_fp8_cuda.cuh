@@ -173,24 +173,31 @@ __global__ void fp8_pad_rows_kernel(int* row_token_pad, const int* row_token, co
     row_token_pad[p] = j < offsets[e + 1] - offsets[e] ? row_token[offsets[e] + j] : 0;
 }
 
+// The padded layout of E experts whose rows start at offsets_host (E + 1, host): each expert's rows
+// rounded up to a multiple of 16 (poff, len, row_tiles of 128), and its device table seg: the padded
+// offsets (E + 1), then the real row counts (E).
+static inline void fp8_routing_layout(Fp8Routing* rt, const int* offsets_host, int E, cudaStream_t stream) {
+    rt->poff.assign(E + 1, 0);
+    rt->len.assign(E, 0);
+    std::vector<int> seg(2 * E + 1);
+    rt->row_tiles = 0;
+    for (int e = 0; e < E; e++) {
+        int n = offsets_host[e + 1] - offsets_host[e];
+        rt->len[e] = (n + 15) / 16 * 16;
+        rt->poff[e + 1] = rt->poff[e] + rt->len[e];
+        rt->row_tiles += (rt->len[e] + 127) / 128;
+        seg[E + 1 + e] = n;
+    }
+    for (int e = 0; e <= E; e++) seg[e] = rt->poff[e];
+    cudaCheck(cudaMemcpyAsync(rt->seg, seg.data(), seg.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+}
+
 // Builds layer `layer`'s padded layout from the dispatch's offsets (host and device copies), remaps
 // slot_row (R = N k) in place; returns the padded row -> token map for the gather.
 static inline const int* fp8_pad_routing(Fp8GPU* f, int layer, int* slot_row, const int* row_token, const int* offsets,
                                          const int* offsets_host, int R, int E, cudaStream_t stream = 0) {
     Fp8Routing& rt = f->routing[layer];
-    rt.poff.assign(E + 1, 0);
-    rt.len.assign(E, 0);
-    std::vector<int> seg(2 * E + 1);
-    rt.row_tiles = 0;
-    for (int e = 0; e < E; e++) {
-        int n = offsets_host[e + 1] - offsets_host[e];
-        rt.len[e] = (n + 15) / 16 * 16;
-        rt.poff[e + 1] = rt.poff[e] + rt.len[e];
-        rt.row_tiles += (rt.len[e] + 127) / 128;
-        seg[E + 1 + e] = n;
-    }
-    for (int e = 0; e <= E; e++) seg[e] = rt.poff[e];
-    cudaCheck(cudaMemcpyAsync(rt.seg, seg.data(), seg.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+    fp8_routing_layout(&rt, offsets_host, E, stream);
     LAUNCH(fp8_pad_slots_kernel, ceil_div(R, 256), 256, 0, stream, slot_row, offsets, (const int*)rt.seg, R, E);
     int Rp = rt.poff[E];
     if (Rp > 0) LAUNCH(fp8_pad_rows_kernel, ceil_div(Rp, 256), 256, 0, stream, rt.row_token, row_token, offsets, (const int*)rt.seg, Rp, E);
@@ -204,19 +211,7 @@ static inline const int* fp8_pad_routing(Fp8GPU* f, int layer, int* slot_row, co
 static inline int fp8_local_routing(Fp8GPU* f, int layer, const int* loff, int El, std::vector<int>* map, std::vector<int>* inv,
                                     cudaStream_t stream = 0) {
     Fp8Routing& rt = f->routing[layer];
-    rt.poff.assign(El + 1, 0);
-    rt.len.assign(El, 0);
-    std::vector<int> seg(2 * El + 1);
-    rt.row_tiles = 0;
-    for (int e = 0; e < El; e++) {
-        int n = loff[e + 1] - loff[e];
-        rt.len[e] = (n + 15) / 16 * 16;
-        rt.poff[e + 1] = rt.poff[e] + rt.len[e];
-        rt.row_tiles += (rt.len[e] + 127) / 128;
-        seg[El + 1 + e] = n;
-    }
-    for (int e = 0; e <= El; e++) seg[e] = rt.poff[e];
-    cudaCheck(cudaMemcpyAsync(rt.seg, seg.data(), seg.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+    fp8_routing_layout(&rt, loff, El, stream);
     map->assign(rt.poff[El], 0);
     inv->assign(loff[El], 0);
     for (int e = 0; e < El; e++)
