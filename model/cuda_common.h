@@ -66,11 +66,35 @@ template <int W> __device__ __forceinline__ void store_bf16(floatX* p, const flo
     for (int j = 0; j < W; j++) x.v[j] = __float2bfloat16(f[j]);
     *(Bf16Vec<W>*)p = x;
 }
-// true when rows of C BF16 values starting at every pointer given can be read 8 at a time
-inline bool bf16_rows_vec8(int C, std::initializer_list<const void*> ptrs) {
-    if (C % 8) return false;
+// true when every pointer given is 16-byte aligned (nullptr counts as aligned: an absent operand)
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
     for (const void* p : ptrs) if ((uintptr_t)p % 16) return false;
     return true;
+}
+// true when rows of C BF16 values starting at every pointer given can be read 8 at a time
+inline bool bf16_rows_vec8(int C, std::initializer_list<const void*> ptrs) { return C % 8 == 0 && aligned16(ptrs); }
+
+// rows[r] of a table, for any element type: out (rows, C) = src[idx[r]] (C elements each). Moved in
+// units U: int4 (16 bytes per thread) when the rows are 16-byte multiples and aligned, else the
+// element itself. (The embedding lookup and the MoE's row gathers.)
+template <typename U>
+__global__ void gather_rows_kernel(U* out, const U* src, const int* idx, int rows, int units_per_row) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * units_per_row) return;
+    size_t r = i / units_per_row, c = i % units_per_row;
+    out[i] = src[(size_t)idx[r] * units_per_row + c];
+}
+template <typename T>
+inline void gather_rows_gpu(T* out, const T* src, const int* idx, int rows, int C, cudaStream_t stream = 0) {
+    if (rows == 0) return;
+    size_t row_bytes = (size_t)C * sizeof(T);
+    if (row_bytes % 16 == 0 && aligned16({out, src})) {
+        int units = (int)(row_bytes / 16);
+        LAUNCH(gather_rows_kernel<int4>, ceil_div((long long)rows * units, 256), 256, 0, stream, (int4*)out, (const int4*)src, idx,
+               rows, units);
+    } else {
+        LAUNCH(gather_rows_kernel<T>, ceil_div((long long)rows * C, 256), 256, 0, stream, out, src, idx, rows, C);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -203,14 +203,6 @@ static inline void moe_dispatch_gpu(int* offsets, int* row_token, int* slot_row,
     cudaCheck(cudaStreamSynchronize(stream));
 }
 
-// xe (rows, C) = x[row_token]   (BF16 activations; fp32 for expert parallelism's input gradients)
-template <typename T>
-__global__ void moe_gather_kernel(T* xe, const T* x, const int* row_token, int rows, int C) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows * C) return;
-    size_t r = i / C, c = i % C;
-    xe[i] = x[(size_t)row_token[r] * C + c];
-}
 // dx (N, C) = sum over the token's slots j (in order) of dxe[slot_row[t, j]]   (overwrites dx)
 __global__ void moe_gather_backward_kernel(float* dx, const float* dxe, const int* slot_row, int N, int k, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -221,32 +213,51 @@ __global__ void moe_gather_backward_kernel(float* dx, const float* dxe, const in
     dx[i] = acc;
 }
 
-// a = silu(g) * u
+// a = silu(g) * u; W elements per thread (8: 16-byte accesses, when n and the pointers allow it)
+template <int W>
 __global__ void swiglu_forward_kernel(floatX* a, const floatX* g, const floatX* u, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * W;
     if (i >= n) return;
-    float gv = __bfloat162float(g[i]);
-    a[i] = __float2bfloat16(gv / (1.0f + expf(-gv)) * __bfloat162float(u[i]));
+    float gv[W], uv[W];
+    load_bf16<W>(gv, g + i);
+    load_bf16<W>(uv, u + i);
+    for (int j = 0; j < W; j++) gv[j] = gv[j] / (1.0f + expf(-gv[j])) * uv[j];
+    store_bf16<W>(a + i, gv);
 }
 // dg = da * u * s (1 + g (1 - s)), du = da * g * s, s = sigmoid(g)
+template <int W>
 __global__ void swiglu_backward_kernel(floatX* dg, floatX* du, const floatX* da, const floatX* g, const floatX* u, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * W;
     if (i >= n) return;
-    float gv = __bfloat162float(g[i]), uv = __bfloat162float(u[i]), d = __bfloat162float(da[i]);
-    float s = 1.0f / (1.0f + expf(-gv));
-    dg[i] = __float2bfloat16(d * uv * s * (1.0f + gv * (1.0f - s)));
-    du[i] = __float2bfloat16(d * gv * s);
+    float gv[W], uv[W], d[W], og[W], ou[W];
+    load_bf16<W>(gv, g + i);
+    load_bf16<W>(uv, u + i);
+    load_bf16<W>(d, da + i);
+    for (int j = 0; j < W; j++) {
+        float s = 1.0f / (1.0f + expf(-gv[j]));
+        og[j] = d[j] * uv[j] * s * (1.0f + gv[j] * (1.0f - s));
+        ou[j] = d[j] * gv[j] * s;
+    }
+    store_bf16<W>(dg + i, og);
+    store_bf16<W>(du + i, ou);
 }
 
-// out (N, C) = resid (N, C) + sum_j topk_w[t, j] * ye[slot_row[t, j]]   (the residual add, fused)
+// out (N, C) = resid (N, C) + sum_j topk_w[t, j] * ye[slot_row[t, j]]   (the residual add, fused);
+// W channels per thread (8: 16-byte accesses when C and the pointers allow it)
+template <int W>
 __global__ void moe_combine_forward_kernel(floatX* out, const floatX* resid, const floatX* ye, const float* topk_w,
                                            const int* slot_row, int N, int k, int C) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * W;
     if (i >= (size_t)N * C) return;
     size_t t = i / C, c = i % C;
-    float acc = __bfloat162float(resid[i]);
-    for (int j = 0; j < k; j++) acc += topk_w[t * k + j] * __bfloat162float(ye[(size_t)slot_row[t * k + j] * C + c]);
-    out[i] = __float2bfloat16(acc);
+    float acc[W], y[W];
+    load_bf16<W>(acc, resid + i);
+    for (int j = 0; j < k; j++) {
+        float w = topk_w[t * k + j];
+        load_bf16<W>(y, ye + (size_t)slot_row[t * k + j] * C + c);
+        for (int q = 0; q < W; q++) acc[q] += w * y[q];
+    }
+    store_bf16<W>(out + i, acc);
 }
 // dye (N*k, C) = w * dout[t];  dtopk_w (N, k) = dout[t] . ye[row]: one warp per (t, j)
 __global__ void moe_combine_backward_kernel(floatX* dye, float* dtopk_w, const float* dout, const floatX* ye,
@@ -265,10 +276,10 @@ __global__ void moe_combine_backward_kernel(floatX* dye, float* dtopk_w, const f
     if (lane == 0) dtopk_w[slot] = dot;
 }
 
+// xe (rows, C) = x[row_token]   (BF16 activations; fp32 for expert parallelism's input gradients)
 template <typename T>
 static inline void moe_gather_gpu(T* xe, const T* x, const int* row_token, int rows, int C, cudaStream_t stream = 0) {
-    if (rows == 0) return;
-    LAUNCH(moe_gather_kernel<T>, ceil_div((long long)rows * C, 256), 256, 0, stream, xe, x, row_token, rows, C);
+    gather_rows_gpu(xe, x, row_token, rows, C, stream);
 }
 static inline void moe_gather_backward_gpu(float* dx, const float* dxe, const int* slot_row, int N, int k, int C,
                                            cudaStream_t stream = 0) {
@@ -276,16 +287,25 @@ static inline void moe_gather_backward_gpu(float* dx, const float* dxe, const in
 }
 static inline void swiglu_forward_gpu(floatX* a, const floatX* g, const floatX* u, size_t n, cudaStream_t stream = 0) {
     if (n == 0) return;
-    LAUNCH(swiglu_forward_kernel, ceil_div((long long)n, 256), 256, 0, stream, a, g, u, n);
+    if (n % 8 == 0 && aligned16({a, g, u}))
+        LAUNCH(swiglu_forward_kernel<8>, ceil_div((long long)n / 8, 256), 256, 0, stream, a, g, u, n);
+    else
+        LAUNCH(swiglu_forward_kernel<1>, ceil_div((long long)n, 256), 256, 0, stream, a, g, u, n);
 }
 static inline void swiglu_backward_gpu(floatX* dg, floatX* du, const floatX* da, const floatX* g, const floatX* u, size_t n,
                                        cudaStream_t stream = 0) {
     if (n == 0) return;
-    LAUNCH(swiglu_backward_kernel, ceil_div((long long)n, 256), 256, 0, stream, dg, du, da, g, u, n);
+    if (n % 8 == 0 && aligned16({dg, du, da, g, u}))
+        LAUNCH(swiglu_backward_kernel<8>, ceil_div((long long)n / 8, 256), 256, 0, stream, dg, du, da, g, u, n);
+    else
+        LAUNCH(swiglu_backward_kernel<1>, ceil_div((long long)n, 256), 256, 0, stream, dg, du, da, g, u, n);
 }
 static inline void moe_combine_forward_gpu(floatX* out, const floatX* resid, const floatX* ye, const float* topk_w,
                                            const int* slot_row, int N, int k, int C, cudaStream_t stream = 0) {
-    LAUNCH(moe_combine_forward_kernel, ceil_div((long long)N * C, 256), 256, 0, stream, out, resid, ye, topk_w, slot_row, N, k, C);
+    if (bf16_rows_vec8(C, {out, resid, ye}))
+        LAUNCH(moe_combine_forward_kernel<8>, ceil_div((long long)N * C / 8, 256), 256, 0, stream, out, resid, ye, topk_w, slot_row, N, k, C);
+    else
+        LAUNCH(moe_combine_forward_kernel<1>, ceil_div((long long)N * C, 256), 256, 0, stream, out, resid, ye, topk_w, slot_row, N, k, C);
 }
 static inline void moe_combine_backward_gpu(floatX* dye, float* dtopk_w, const float* dout, const floatX* ye,
                                             const float* topk_w, const int* slot_row, int N, int k, int C,

@@ -3,7 +3,7 @@
  * expert hidden F), the model's kernels (model/router.cuh, model/moe.cuh) unless numbered:
  *   router forward (softmax, top-k, renormalise; histogram; LBL/z-loss column sums)
  *   dispatch (offsets + the stable permutation, one block per expert), gather, gather backward,
- *   SwiGLU forward v1 (model, scalar) and v2 (16-byte loads), combine forward (+ residual) and backward.
+ *   SwiGLU forward v1 (scalar) and v2 (16-byte accesses, the model's), combine forward (+ residual) and backward.
  * Memory-bound: each line gives GB/s for the bytes the kernel must move.
  * The expert layer's GEMMs (model/CUDA.md, "The expert GEMMs: one sync per MoE layer"): experts_forward_gpu
  * (w1+v1 as one batched GEMM per expert, SwiGLU, w2) with the dispatch's synchronising offsets copy
@@ -15,17 +15,6 @@
 #include "common.h"
 #include "../../model/router.cuh"
 #include "../../model/moe.cuh"
-
-__global__ void swiglu_forward_v2(floatX* a, const floatX* g, const floatX* u, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (i >= n) return;
-    Pack8 gv = load8(g + i), uv = load8(u + i), out;
-    for (int j = 0; j < 8; j++) {
-        float x = __bfloat162float(gv.v[j]);
-        out.v[j] = __float2bfloat16(x / (1.0f + expf(-x)) * __bfloat162float(uv.v[j]));
-    }
-    store8(a + i, out);
-}
 
 int main() {
     int N = EMULATED ? 123 : 16384, E = 16, k = 4, C = EMULATED ? 64 : 1024, F = EMULATED ? 96 : 1792, R = N * k;
@@ -75,10 +64,10 @@ int main() {
     swiglu_forward(a.data(), g.data(), u.data(), n);
     floatX *dg = to_device_bf16v(g), *du = to_device_bf16v(u), *da = deviceAlloc(floatX, n);
     std::function<void()> sw[2] = {
+        [&] { LAUNCH(swiglu_forward_kernel<1>, ceil_div((long long)n, 256), 256, 0, 0, da, dg, du, n); },
         [&] { swiglu_forward_gpu(da, dg, du, n); },
-        [&] { LAUNCH(swiglu_forward_v2, ceil_div((long long)n / 8, 256), 256, 0, 0, da, dg, du, n); },
     };
-    const char* swn[2] = {"swiglu forward v1 (model)", "swiglu forward v2 (16 B loads)"};
+    const char* swn[2] = {"swiglu forward v1 (scalar)", "swiglu forward v2 (16 B, model)"};
     for (int v = 0; v < 2; v++) {
         cudaCheck(cudaMemset(da, 0xFF, n * sizeof(floatX)));
         sw[v]();
