@@ -250,6 +250,10 @@ static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const 
         return;
     }
     out.sinv = f->scale_inv + slot;
+    if (weight && f->cfg.weights_quantized) {   // --fp8-gather: the slot holds the whole tensor's agreed scale (parallel/zero_gpu.cuh)
+        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
+        return;
+    }
     if (f->cfg.recipe == FP8_CURRENT || f->metas[slot].filled == 0) {
         Fp8QuantOut first = {nullptr, nullptr, nullptr, nullptr, f->tmp_amax, nullptr};
         cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, sizeof(unsigned int), stream));
