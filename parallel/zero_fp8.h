@@ -20,6 +20,10 @@
  * decode into the unit's FP32 working slot: code -> fp8_to_float(code) / scale, exactly the value the
  * fake quantisation (fp8_fake_quant) gives, floats copied. The model takes those weights as they are
  * (Fp8Config.weights_quantized). Same world size, same losses as --fp8 without --fp8-gather, bit for bit.
+ * Expert parallelism: a block's experts unit is gathered in the expert shard group (the layout ranks with
+ * this rank's EP rank: ZeroFp8.members), each part decoded at its place in the compact slot of this
+ * rank's experts (ShardRun.slot_off); the amaxes are still agreed in the shard group, which holds every
+ * expert once, so the scales and codes are those of the run without EP (parallel/README.md).
  * The GPU side's kernels are at the end of this file, next to their CPU reference: the device store
  * (parallel/zero_gpu.cuh) gathers the codes the same way and decodes them into its BF16 slot, which the
  * GPU model quantises back to the same codes (model/CUDA.md).
