@@ -105,7 +105,8 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
         if (zero_enable_fp8_gather(&store))
             printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, the norms and router as BF16\n", comm.rank);
         else if (comm.rank == 0)
-            printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds the whole model, nothing is gathered\n");
+            printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds its units whole (with --expert-parallel, "
+                   "its experts), nothing is gathered\n");
     }
     printf("zero: rank %d (cuda:%d): rank %d of %d in shard group %d, replica %d of %d; master+grads+moments+bf16 shard %lld bytes "
            "allocated, %lld bytes measured (device free memory); gathered slots %lld bytes\n", comm.rank, dev, z->shard.rank, z->S,

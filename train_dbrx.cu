@@ -1000,7 +1000,8 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
             printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, %lld bytes of send/receive buffers\n",
                    comm.rank, (long long)(zero.fp8.send.size() + zero.fp8.recv.size()));
         else if (comm.rank == 0)
-            printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds the whole model, nothing is gathered\n");
+            printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds its units whole (with --expert-parallel, "
+                   "its experts), nothing is gathered\n");
     }
     BackendInfo info;
     std::string rank_peak_how;

@@ -275,9 +275,6 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->fp8_gather && a->fp8 == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
     if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
     if (a->expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->expert_parallel);
-    if (a->expert_parallel > 1 && a->fp8_gather)
-        fail(EXIT_BAD_INPUT, "--expert-parallel %d with --fp8-gather: the experts' E4M3 gather does not follow the EP placement yet",
-             a->expert_parallel);
     if (a->ckpt_every < 0 || a->ckpt_keep < 1 || a->ckpt_keep_every < 0)
         fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt_every,
              a->ckpt_keep_every, a->ckpt_keep);

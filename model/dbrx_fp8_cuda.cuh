@@ -238,7 +238,9 @@ static inline Fp8Segments fp8_expert_segments(const Fp8Routing& rt) {
 // Quantises x (rows, cols) into `buf`: the row-wise codes (want_q) and/or the transposed copy
 // (want_qt). The slot's amax and saturation count accumulate. weight: 128x128 blocks under the
 // block recipe. Per tensor: delayed uses the slot's scale, except before the first history entry
-// (then, as current scaling, this tensor's own amax, as the CPU's fp8_operand).
+// (then, as current scaling, this tensor's own amax, as the CPU's fp8_operand); a weight under
+// --fp8-gather (cfg.weights_quantized) the slot's scale, which the store set to the whole tensor's agreed
+// one (parallel/zero_gpu.cuh): under expert parallelism this rank's weights are only its experts.
 static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const floatX* x, int rows, int cols,
                                         const Fp8Segments& seg, Fp8Buf* buf, bool want_q, bool want_qt, cudaStream_t stream = 0) {
     Fp8Format fmt = f->fmts[slot];
@@ -250,6 +252,10 @@ static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const 
         return;
     }
     out.sinv = f->scale_inv + slot;
+    if (weight && f->cfg.weights_quantized) {   // --fp8-gather: the slot holds the whole tensor's agreed scale (parallel/zero_gpu.cuh)
+        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
+        return;
+    }
     if (f->cfg.recipe == FP8_CURRENT || f->metas[slot].filled == 0) {
         Fp8QuantOut first = {nullptr, nullptr, nullptr, nullptr, f->tmp_amax, nullptr};
         cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, sizeof(unsigned int), stream));

@@ -345,13 +345,27 @@ static inline void zero_free(Zero* z) {
     if (z->P != z->S) comm_group_free(&z->expert_replica_own);
 }
 
+// the layout ranks of the group unit u is gathered in, in the group's rank order (ZeroFp8.members): the
+// shard group's, or for a block's experts under EP the expert shard group's (the layout ranks with this
+// rank's EP rank o: o, o + n, ..., whose pieces make o's experts; comm_split orders them by world rank)
+static inline std::vector<int> zero_unit_members(const Zero* z, int u) {
+    std::vector<int> r;
+    if (z->unit_ep[u]) for (int k = z->ep_rank; k < z->P; k += z->ep_n) r.push_back(k);
+    else for (int k = 0; k < z->S; k++) r.push_back(k);
+    return r;
+}
+
 // --fp8-gather, after dbrx_enable_fp8: the blocks' FP8 matrices are gathered as E4M3 codes with their
-// scales (parallel/zero_fp8.h) and the model takes them as they are. Returns 0 when there is nothing to
-// gather (S = 1: every rank holds the whole model), 1 when on.
+// scales (parallel/zero_fp8.h) and the model takes them as they are. Under expert parallelism a block's
+// experts are gathered in the expert shard group, into the compact slot of this rank's experts, with the
+// scales of the whole tensors (agreed in the shard group): the values the run without EP gathers.
+// Returns 0 when there is nothing to gather (S = 1: every rank holds its units whole, its experts too
+// under data parallelism with EP), 1 when on.
 static inline int zero_enable_fp8_gather(Zero* z) {
     if (z->S == 1 || z->model->fp8.recipe == FP8_OFF) return 0;
-    if (z->ep_n > 1) fail(EXIT_BAD_INPUT, "--fp8-gather with --expert-parallel is not supported yet");
-    zero_fp8_init(&z->fp8, z->model, z->S, z->shard.rank, z->unit_off, z->runs);
+    std::vector<std::vector<int>> members(z->n_units);
+    for (int u = 0; u < z->n_units; u++) members[u] = zero_unit_members(z, u);
+    zero_fp8_init(&z->fp8, z->model, z->S, z->lrank, z->unit_off, z->runs, members);
     z->model->fp8.weights_quantized = 1;
     z->work_bytes += z->fp8.send.size() + z->fp8.recv.size();
     return 1;
@@ -404,9 +418,9 @@ static inline uint64_t zero_bytes_sent(const Zero* z) {
 static inline void zero_gather_unit_async(Zero* z, int u) {
     int slot = u & 1;
     if (z->slot_unit[slot] == u) return;   // already there (the last unit, kept for its backward; a prefetch)
-    if (z->fp8.on && !z->fp8.tensors[u].empty()) {   // a block under --fp8-gather: E4M3 codes (zero_fp8.h)
+    if (z->fp8.on && !z->fp8.tensors[u].empty()) {   // a block under --fp8-gather: E4M3 codes (zero_fp8.h; EP: the expert shard group's)
         if (!z->fp8.ready) zero_fp8_prepare(&z->fp8, &z->shard, z->master, z->shard_off);
-        zero_fp8_gather_unit(&z->fp8, &z->shard, u, z->work[slot]);
+        zero_fp8_gather_unit(&z->fp8, zero_unit_group(z, u), u, z->work[slot]);
     } else {   // each run into its place in the unit (EP: this rank's experts' runs, in the expert shard group)
         CommGroup* g = zero_unit_group(z, u);
         for (const ShardRun& r : z->runs[u])

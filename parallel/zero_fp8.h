@@ -20,11 +20,16 @@
  * decode into the unit's FP32 working slot: code -> fp8_to_float(code) / scale, exactly the value the
  * fake quantisation (fp8_fake_quant) gives, floats copied. The model takes those weights as they are
  * (Fp8Config.weights_quantized). Same world size, same losses as --fp8 without --fp8-gather, bit for bit.
+ * Expert parallelism: a block's experts unit is gathered in the expert shard group (the layout ranks with
+ * this rank's EP rank: ZeroFp8.members), each part decoded at its place in the compact slot of this
+ * rank's experts (ShardRun.slot_off); the amaxes are still agreed in the shard group, which holds every
+ * expert once, so the scales and codes are those of the run without EP (parallel/README.md).
  * The GPU side's kernels are at the end of this file, next to their CPU reference: the device store
  * (parallel/zero_gpu.cuh) gathers the codes the same way and decodes them into its BF16 slot, which the
  * GPU model quantises back to the same codes (model/CUDA.md).
  */
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -49,9 +54,13 @@ typedef struct {
     int on;                                   // S > 1 and --fp8-gather
     int ready;                                // this step's codes are packed (cleared by the update)
     Fp8Config cfg;
-    int S, s;                                 // shard group size, this rank's place in it
+    int S, s;                                 // shard group size, this rank's place in the layout group (zero.h's lrank)
     std::vector<size_t> unit_off;             // per unit: flat offset
     std::vector<std::vector<ShardRun>> runs;  // per unit: its runs (zero.h's layout)
+    // per unit: the layout ranks of the group its gather runs in, in the group's rank order: the shard
+    // group (0 .. S-1), or under expert parallelism for a block's experts the expert shard group (the
+    // ranks with this rank's EP rank o: o, o + n, o + 2n, ...), whose pieces make this rank's experts
+    std::vector<std::vector<int>> members;
     std::vector<std::vector<Fp8GatherTensor>> tensors;   // per unit (a block's units only; others empty)
     std::vector<Fp8GatherMatrix> mats;
     std::vector<float> amax, scale, inv;      // per scale group
@@ -128,24 +137,28 @@ static inline void fp8g_piece_decode(const Fp8GatherMatrix* M, size_t a, size_t 
     });
 }
 
-// Calls fn(t, a, b, pos) for the part [a, b) of each tensor of a unit that shard rank r holds, in the
-// order of the rank's shard (its pieces of the runs, each in flat order); pos: where a lies in the rank's
-// shard of the unit. The padding is not visited.
+// Calls fn(t, a, b, pos, spos) for the part [a, b) of each tensor of a unit that layout rank r holds, in
+// the order of the rank's shard (its pieces of the runs, each in flat order); pos: where a lies in the
+// rank's shard of the unit, spos: in the unit's gathered working slot (the unit's flat order, or under
+// expert parallelism the compact slot of the EP rank's experts: ShardRun.slot_off). The padding is not visited.
 template <typename Fn>
 static inline void fp8g_rank_parts(const std::vector<Fp8GatherTensor>& ts, const std::vector<ShardRun>& runs, int r, Fn fn) {
-    shard_run_pieces(runs, r, [&](size_t lo, size_t hi, size_t at) {
+    for (const ShardRun& run : runs) {
+        if (!shard_run_held(run, r)) continue;
+        size_t lo = run.flat_off + (size_t)shard_run_piece(run, r) * run.chunk, end = run.flat_off + run.numel;
+        size_t hi = lo + run.chunk < end ? lo + run.chunk : end;
         for (const Fp8GatherTensor& t : ts) {
             size_t a = t.off > lo ? t.off : lo, b = t.off + t.numel < hi ? t.off + t.numel : hi;
-            if (a < b) fn(t, a, b, at + (a - lo));
+            if (a < b) fn(t, a, b, run.shard_rel + (a - lo), run.slot_off + (a - run.flat_off));
         }
-    });
+    }
 }
 
 // the bytes rank r's shard of a unit takes packed: 1 per FP8-matrix element, 4 per other element; the
 // padding is not sent
 static inline size_t fp8g_packed_bytes(const std::vector<Fp8GatherTensor>& ts, const std::vector<ShardRun>& runs, int r) {
     size_t bytes = 0;
-    fp8g_rank_parts(ts, runs, r, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t) { bytes += (b - a) * (t.mat >= 0 ? 1 : sizeof(float)); });
+    fp8g_rank_parts(ts, runs, r, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t, size_t) { bytes += (b - a) * (t.mat >= 0 ? 1 : sizeof(float)); });
     return bytes;
 }
 
@@ -163,14 +176,15 @@ static inline int fp8g_seg_rows(const ParamInfo* p, int lin, const DbrxConfig* c
 }
 
 // Sets up the FP8 gather for a model whose FP8 recipe is already enabled (dbrx_enable_fp8): the
-// matrices, their scale groups, every unit's piece size. unit_off / runs: zero.h's layout.
+// matrices, their scale groups, every unit's piece size. unit_off / runs: zero.h's layout; s: this
+// rank's layout rank; members: per unit, its gather group's layout ranks (ZeroFp8.members).
 static inline void zero_fp8_init(ZeroFp8* f, Dbrx* m, int S, int s, const std::vector<size_t>& unit_off,
-                                 const std::vector<std::vector<ShardRun>>& runs) {
+                                 const std::vector<std::vector<ShardRun>>& runs, const std::vector<std::vector<int>>& members) {
     const DbrxConfig* c = &m->cfg;
     f->on = 1; f->ready = 0;
     f->cfg = m->fp8;
     f->S = S; f->s = s;
-    f->unit_off = unit_off; f->runs = runs;
+    f->unit_off = unit_off; f->runs = runs; f->members = members;
     int n_units = (int)unit_off.size();
     f->tensors.assign(n_units, {});
     f->mats.clear();
@@ -195,31 +209,34 @@ static inline void zero_fp8_init(ZeroFp8* f, Dbrx* m, int S, int s, const std::v
     f->amax.assign(groups, 0.0f); f->scale.assign(groups, 1.0f); f->inv.assign(groups, 1.0f);
     f->saturated.assign(f->mats.size(), 0.0);
     f->piece.assign(n_units, 0); f->send_off.assign(n_units, 0);
-    size_t send_total = 0, max_piece = 0;
+    size_t send_total = 0, max_recv = 0;
     for (int u = 0; u < n_units; u++) {
         if (f->tensors[u].empty()) continue;
-        for (int r = 0; r < S; r++) {   // every rank's piece: the gather needs equal sizes, so the longest
+        for (int r : members[u]) {   // every member's piece: the gather needs equal sizes, so the longest
             size_t b = fp8g_packed_bytes(f->tensors[u], runs[u], r);
             if (b > f->piece[u]) f->piece[u] = b;
         }
         f->send_off[u] = send_total;
         send_total += f->piece[u];
-        if (f->piece[u] > max_piece) max_piece = f->piece[u];
+        max_recv = std::max(max_recv, f->piece[u] * members[u].size());
     }
     f->send.assign(send_total, 0);
-    f->recv.assign(max_piece * S, 0);
+    f->recv.assign(max_recv, 0);
     for (int v = 0; v < 256; v++) f->decode[v] = (v & 0x7F) == 0 ? 0.0f : fp8_to_float((uint8_t)v, FP8_E4M3);
 }
 
 // Steps 1-4 of the top comment: agree on the scales, pack this rank's shards. master: this rank's
-// shard buffer (zero.h's layout: unit u's shard at shard_off[u]). Collective over the shard group.
+// shard buffer (zero.h's layout: unit u's shard at shard_off[u]). Collective over the shard group g:
+// under expert parallelism too, since a tensor's scale is the whole tensor's (every expert's) and the
+// shard group holds every expert once (its EP ranks' expert shard groups together), so the max of the
+// amaxes and the sum of the saturation counts over it are the whole tensor's, as without EP.
 static inline void zero_fp8_prepare(ZeroFp8* f, CommGroup* g, const real* master, const std::vector<size_t>& shard_off) {
     const int block = f->cfg.recipe == FP8_BLOCK;
     std::fill(f->amax.begin(), f->amax.end(), 0.0f);
     std::fill(f->saturated.begin(), f->saturated.end(), 0.0);
     // 1. the amax of our piece of every matrix (block: of every block)
     for (size_t u = 0; u < f->tensors.size(); u++)
-        fp8g_rank_parts(f->tensors[u], f->runs[u], f->s, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t pos) {
+        fp8g_rank_parts(f->tensors[u], f->runs[u], f->s, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t pos, size_t) {
             if (t.mat >= 0) fp8g_piece_amax(&f->mats[t.mat], a, b, master + shard_off[u] + pos, f->amax.data(), block);
         });
     // 2. the true amax of every tensor / block on every rank
@@ -242,7 +259,7 @@ static inline void zero_fp8_prepare(ZeroFp8* f, CommGroup* g, const real* master
     // 4. pack: codes for the FP8 matrices, floats for the rest
     for (size_t u = 0; u < f->tensors.size(); u++) {
         uint8_t* out = f->send.data() + f->send_off[u];
-        fp8g_rank_parts(f->tensors[u], f->runs[u], f->s, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t pos) {
+        fp8g_rank_parts(f->tensors[u], f->runs[u], f->s, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t pos, size_t) {
             const real* x = master + shard_off[u] + pos;
             if (t.mat < 0) {
                 for (size_t i = 0; i < b - a; i++, out += sizeof(float)) { float v = (float)x[i]; memcpy(out, &v, sizeof v); }
@@ -257,16 +274,19 @@ static inline void zero_fp8_prepare(ZeroFp8* f, CommGroup* g, const real* master
     f->ready = 1;
 }
 
-// Gathers unit u of a block into `work` (the unit in flat order from unit_off[u]):
-// the packed pieces of every rank, decoded. Collective over the shard group.
+// Gathers unit u of a block into `work` (its working slot: the unit in flat order from unit_off[u],
+// or the compact slot of this EP rank's experts): the packed pieces of every member of the unit's group,
+// decoded. Collective over g, the unit's group (zero_unit_group: the shard group, or the expert shard group).
 static inline void zero_fp8_gather_unit(ZeroFp8* f, CommGroup* g, int u, real* work) {
     const int block = f->cfg.recipe == FP8_BLOCK;
     size_t P = f->piece[u];
+    ENSURE(g->size == (int)f->members[u].size(), "zero_fp8_gather_unit: unit %d's group has %d ranks, its layout %d", u, g->size,
+           (int)f->members[u].size());
     comm_all_gather(g, f->send.data() + f->send_off[u], f->recv.data(), P, COMM_BYTE);
-    for (int r = 0; r < f->S; r++) {
-        const uint8_t* in = f->recv.data() + (size_t)r * P;
-        fp8g_rank_parts(f->tensors[u], f->runs[u], r, [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t) {
-            real* y = work + (a - f->unit_off[u]);
+    for (int j = 0; j < g->size; j++) {
+        const uint8_t* in = f->recv.data() + (size_t)j * P;
+        fp8g_rank_parts(f->tensors[u], f->runs[u], f->members[u][j], [&](const Fp8GatherTensor& t, size_t a, size_t b, size_t, size_t spos) {
+            real* y = work + spos;
             if (t.mat < 0) {
                 for (size_t i = 0; i < b - a; i++, in += sizeof(float)) { float v; memcpy(&v, in, sizeof v); y[i] = (real)v; }
                 return;
@@ -436,27 +456,39 @@ static inline void fp8g_factors_gpu(const Fp8GatherMatrix* M, const float* inv, 
            M->col_blocks, M->cols);
 }
 
-// The device store's decoding (parallel/zero_gpu.cuh): a gathered matrix's codes (its whole rows x cols,
-// row-major) back to BF16 weights, y = bf16(e4m3(code) * inv[group]) — fp8g_piece_decode's value, rounded
-// to BF16. With the agreed scale the model's own quantisation of y gives the same codes again (y is
-// within 2^-9 of code / s, half an E4M3 step is at least 2^-5 of it), and a block's largest y is its amax.
+// The device store's decoding (parallel/zero_gpu.cuh): a gathered piece [a, b) of a matrix (flat indices,
+// whole rows: the matrix, or under expert parallelism the rows of one EP rank's experts) from its codes
+// back to BF16 weights, y = bf16(e4m3(code) * inv[group]) — fp8g_piece_decode's value, rounded to BF16.
+// With the agreed scale the model's own quantisation of y gives the same codes again (y is within 2^-9 of
+// code / s, half an E4M3 step is at least 2^-5 of it), and a block's largest y is its amax.
 __global__ void fp8g_decode_bf16_kernel(floatX* __restrict__ y, const __nv_fp8_storage_t* __restrict__ codes, Fp8gPiece p,
                                         const float* inv) {
     size_t n = p.b - p.a;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / p.cols, c = i % p.cols;
+        size_t r = (p.a + i) / p.cols, c = (p.a + i) % p.cols;   // (the group from the element's place in the matrix)
         size_t g = p.group0;
         if (p.block) g += ((r / p.seg_rows) * p.row_blocks + (r % p.seg_rows) / 128) * p.col_blocks + c / 128;
         __half_raw h = __nv_cvt_fp8_to_halfraw(codes[i], __NV_E4M3);
         y[i] = __float2bfloat16(__half2float(__half(h)) * inv[g]);
     }
 }
-static inline void fp8g_decode_bf16_gpu(const Fp8GatherMatrix* M, const __nv_fp8_storage_t* codes, const float* inv, floatX* y,
-                                        int block, cudaStream_t stream = 0) {
+// codes and y: the piece's first element
+static inline void fp8g_decode_bf16_gpu(const Fp8GatherMatrix* M, size_t a, size_t b, const __nv_fp8_storage_t* codes, const float* inv,
+                                        floatX* y, int block, cudaStream_t stream = 0) {
+    if (a >= b) return;
     int nk;
-    Fp8gPiece p = fp8g_piece(M, M->off, M->off + (size_t)M->rows * M->cols, block, &nk);
-    size_t n = (size_t)M->rows * M->cols;
+    Fp8gPiece p = fp8g_piece(M, a, b, block, &nk);
+    size_t n = b - a;
     LAUNCH(fp8g_decode_bf16_kernel, (int)std::min<size_t>((n + 255) / 256, 4096), 256, 0, stream, y, codes, p, inv);
+}
+
+// --fp8-gather with a per-tensor recipe: each weight slot's scale in the model (Fp8GPU::scale) becomes the
+// scale the store agreed for the whole tensor (a block per matrix; mats as below), which the model then
+// quantises the gathered weights with (Fp8Config.weights_quantized): under expert parallelism a rank's own
+// amax would be its experts' only, and another scale would quantise the decoded codes a second time
+__global__ void fp8g_weight_scales_kernel(float* slot_scale, const size_t* mats, const float* scale) {
+    const size_t* mt = mats + 3 * blockIdx.x;
+    if (threadIdx.x == 0) slot_scale[mt[0]] = scale[mt[1]];
 }
 
 // every matrix's tensor amax (the max of its groups' amaxes, non-negative) as float bits into its slot

@@ -32,7 +32,8 @@
 
 // --fp8-gather on the device: the blocks' five FP8 matrices travel as E4M3 codes (1 byte/param), the
 // rest of a block (norms, router) as BF16; the working slot is decoded back to BF16 (zero_fp8.h's GPU
-// kernels). A non-FP8 run: `n` elements between a rank's shard (or its packed side piece) and the unit.
+// kernels). A non-FP8 run: `n` elements between a rank's shard (or its packed side piece) and the unit's
+// slot; rank: the member of the unit's gather group whose side piece it is.
 typedef struct { int rank; size_t src, dst, n; } Fp8SideRun;
 typedef struct {
     int on, ready, block;
@@ -43,7 +44,7 @@ typedef struct {
     float *amax, *scale, *inv;                  // device, per group
     unsigned long long* sat;                    // device (1): the encode's saturation count (not used by the model)
     size_t* mat_table;                          // device (3 per matrix): its weight slot, first group, group count
-    __nv_fp8_storage_t *codes_send, *codes_recv;   // device: per unit of a block this rank's codes by shard position; S * max shard
+    __nv_fp8_storage_t *codes_send, *codes_recv;   // device: per unit of a block this rank's codes by shard position; the largest slot
     floatX *side_send, *side_recv;              // device: per unit of a block this rank's non-FP8 elements; S * max side
     std::vector<size_t> codes_off, side_off, side_len;   // per unit
     std::vector<std::vector<Fp8SideRun>> pack, unpack;   // per unit: shard -> side piece (this rank); pieces -> unit (all)
@@ -293,7 +294,7 @@ static inline void zero_to_host(ZeroGpu* zg) {
 // the rank's shard of the unit
 template <typename Fn> static inline void fp8g_my_parts(const Zero* z, const Fp8GatherMatrix* M, int u, Fn fn) {
     size_t end = M->off + (size_t)M->rows * M->cols;
-    zero_unit_pieces(z, u, z->shard.rank, [&](size_t lo, size_t hi, size_t at) {
+    zero_unit_pieces(z, u, z->lrank, [&](size_t lo, size_t hi, size_t at) {
         size_t a = M->off > lo ? M->off : lo, b = end < hi ? end : hi;
         if (a < b) fn(a, b, at + (a - lo));
     });
@@ -304,7 +305,7 @@ static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
     Zero* z = &zg->z;
     DbrxGPU* m = zg->model;
     ZeroGpuFp8* f = &zg->fp8;
-    if (z->S == 1 || !fp8_on(&m->fp8)) return 0;
+    if (z->S == 1 || !fp8_on(&m->fp8)) return 0;   // (S = 1, also under EP: every rank holds its units whole)
     const DbrxConfig* c = &m->cfg;
     f->block = m->fp8.cfg.recipe == FP8_BLOCK;
     f->groups = 0;
@@ -325,40 +326,46 @@ static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
         f->mat_slot.push_back(fp8_slot(&m->fp8, l, lin, FP8_OP_W));
     }
     // per unit of a block: the code piece (its shard's length in bytes) and the side runs of the norms and
-    // the router, every rank's
+    // the router, of every member of the unit's gather group (the shard group; a block's experts under EP:
+    // the expert shard group, whose runs land in the compact slot of this rank's experts, ShardRun.slot_off)
     f->codes_off.assign(z->n_units, 0); f->side_off.assign(z->n_units, 0); f->side_len.assign(z->n_units, 0);
     f->pack.assign(z->n_units, {}); f->unpack.assign(z->n_units, {});
-    size_t codes_total = 0, side_total = 0, max_c = 0, max_side = 0;
+    size_t codes_total = 0, side_total = 0, max_slot = 0, max_side = 0;
     for (int u = 0; u < z->n_units; u++) {
         if (f->unit_mats[u].empty()) continue;
-        size_t cu = z->shard_numel[u];
-        for (int r = 0; r < z->S; r++) {
+        std::vector<int> members = zero_unit_members(z, u);
+        for (int j = 0; j < (int)members.size(); j++) {
+            int r = members[j];
             size_t count = 0;
-            zero_unit_pieces(z, u, r, [&](size_t lo, size_t hi, size_t at) {
+            for (const ShardRun& run : z->runs[u]) {
+                if (!shard_run_held(run, r)) continue;
+                size_t lo = run.flat_off + (size_t)shard_run_piece(run, r) * run.chunk, end = run.flat_off + run.numel;
+                size_t hi = lo + run.chunk < end ? lo + run.chunk : end;
                 for (auto& t : plain[u]) {
                     size_t a = t.first > lo ? t.first : lo, b = t.first + t.second < hi ? t.first + t.second : hi;
                     if (a >= b) continue;
-                    f->unpack[u].push_back(Fp8SideRun{r, count, a - z->unit_off[u], b - a});
-                    if (r == z->shard.rank) f->pack[u].push_back(Fp8SideRun{r, z->shard_off[u] + at + (a - lo), count, b - a});
+                    f->unpack[u].push_back(Fp8SideRun{j, count, run.slot_off + (a - run.flat_off), b - a});
+                    if (r == z->lrank) f->pack[u].push_back(Fp8SideRun{j, z->shard_off[u] + run.shard_rel + (a - lo), count, b - a});
                     count += b - a;
                 }
-            });
+            }
             f->side_len[u] = std::max(f->side_len[u], count);
         }
-        f->codes_off[u] = codes_total; codes_total += cu;
+        f->codes_off[u] = codes_total; codes_total += z->shard_numel[u];
         f->side_off[u] = side_total; side_total += f->side_len[u];
-        max_c = std::max(max_c, cu); max_side = std::max(max_side, f->side_len[u]);
+        max_slot = std::max(max_slot, z->slot_numel[u]); max_side = std::max(max_side, f->side_len[u]);
     }
     auto take = [&](void** p, size_t b) { *p = (void*)deviceAlloc(char, b); zg->allocations.push_back(*p); zg->device_bytes += b; };
     take((void**)&f->amax, f->groups * sizeof(float)); take((void**)&f->scale, f->groups * sizeof(float));
     take((void**)&f->inv, f->groups * sizeof(float)); take((void**)&f->sat, sizeof(unsigned long long));
-    take((void**)&f->codes_send, codes_total); take((void**)&f->codes_recv, max_c * z->S);
+    take((void**)&f->codes_send, codes_total); take((void**)&f->codes_recv, max_slot);
     take((void**)&f->side_send, side_total * sizeof(floatX)); take((void**)&f->side_recv, max_side * z->S * sizeof(floatX));
     std::vector<size_t> table;
     for (size_t k = 0; k < f->mats.size(); k++) table.insert(table.end(), {(size_t)f->mat_slot[k], f->mats[k].group0, f->mats[k].groups});
     take((void**)&f->mat_table, table.size() * sizeof(size_t));
     cudaCheck(cudaMemcpy(f->mat_table, table.data(), table.size() * sizeof(size_t), cudaMemcpyHostToDevice));
     cudaCheck(cudaEventCreateWithFlags(&f->codes_ready, cudaEventDisableTiming));
+    m->fp8.cfg.weights_quantized = 1;   // per tensor: the model quantises the weights with the agreed scales (zero_fp8_prepare)
     f->on = 1;
     f->ready = 0;
     return 1;
@@ -406,6 +413,9 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
             cudaCheck(cudaStreamSynchronize(cs));   // (host is a local)
         }
     }
+    // the model's weight slots get the agreed per-tensor scales: it quantises the gathered weights with them
+    // (Fp8Config.weights_quantized; under EP its own amax would be its experts' only)
+    if (!f->block) LAUNCH(fp8g_weight_scales_kernel, (int)f->mats.size(), 32, 0, cs, mf->scale, f->mat_table, f->scale);
     // 4. our codes at their shard positions, and the norms and router as BF16
     for (size_t k = 0; k < f->mats.size(); k++) {
         int u = f->mat_unit[k];
@@ -422,21 +432,30 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
     f->ready = 1;
 }
 
-// unit u of a block into `slot` on the communication stream: the codes and the side pieces gathered, decoded
+// unit u of a block into `slot` on the communication stream: the codes and the side pieces gathered in the
+// unit's group (a block's experts under EP: the expert shard group, into the compact slot of this rank's
+// experts), decoded
 static inline void zero_fp8_gather_unit(ZeroGpu* zg, int u, int slot) {
     Zero* z = &zg->z;
     ZeroGpuFp8* f = &zg->fp8;
     cudaStream_t comm = zero_comm_stream(zg);
     if (!f->ready) zero_fp8_prepare(zg);
     cudaCheck(cudaStreamWaitEvent(comm, f->codes_ready, 0));
+    CommGroup* g = zero_unit_group(z, u);
     size_t sl = f->side_len[u];
-    for (const ShardRun& r : z->runs[u])   // each run's codes into its place: the received codes are in the unit's flat order
-        comm_all_gather(&z->shard, f->codes_send + f->codes_off[u] + r.shard_rel, f->codes_recv + r.slot_off, r.chunk, COMM_BYTE);
-    if (sl) comm_all_gather(&z->shard, f->side_send + f->side_off[u], f->side_recv, sl, COMM_BF16);
-    for (int k : f->unit_mats[u]) {
-        const Fp8GatherMatrix& M = f->mats[k];
-        size_t at = M.off - z->unit_off[u];
-        fp8g_decode_bf16_gpu(&M, f->codes_recv + at, f->inv, zg->work[slot] + at, f->block, comm);
+    for (const ShardRun& r : z->runs[u])   // each run's codes into its place in the slot
+        if (zero_run_mine(z, r))
+            comm_all_gather(g, f->codes_send + f->codes_off[u] + r.shard_rel, f->codes_recv + r.slot_off, r.chunk, COMM_BYTE);
+    if (sl) comm_all_gather(g, f->side_send + f->side_off[u], f->side_recv, sl, COMM_BF16);
+    for (const ShardRun& r : z->runs[u]) {   // each run's part of each matrix, decoded at its place in the slot
+        if (!zero_run_mine(z, r)) continue;
+        for (int k : f->unit_mats[u]) {
+            const Fp8GatherMatrix& M = f->mats[k];
+            size_t a = std::max(M.off, r.flat_off), b = std::min(M.off + (size_t)M.rows * M.cols, r.flat_off + r.numel);
+            if (a >= b) continue;
+            size_t at = r.slot_off + (a - r.flat_off);
+            fp8g_decode_bf16_gpu(&M, a, b, f->codes_recv + at, f->inv, zg->work[slot] + at, f->block, comm);
+        }
     }
     for (const Fp8SideRun& r : f->unpack[u])
         cudaCheck(cudaMemcpyAsync(zg->work[slot] + r.dst, f->side_recv + (size_t)r.rank * sl + r.src, r.n * sizeof(floatX),

@@ -23,8 +23,16 @@
 #   * --fp8 with EP: block scaling's step 1 (loss, every operand's amax) is that of FP8 without EP, later
 #     steps within 2e-3 (CPU: EP 2 ZeRO-3 and data parallel EP 4; emulated GPU: data parallel EP 2); under
 #     delayed scaling every weight's step-1 amax equals that without EP (CPU);
-#   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism) and
-#     --fp8-gather with EP exit 2 with one line.
+#   * --fp8-gather with EP (the experts' E4M3 codes gathered in the expert shard group, with the whole
+#     tensors' scales): every weight's step-1 amax/scale/saturation equals the run without EP (delayed and
+#     block; CPU: EP 2 ZeRO-3 and HSDP 2x2; emulated GPU: block ZeRO-3, where step 1's loss and every
+#     operand's amax are exact too, and delayed HSDP 2x2), later steps within 2e-3; block under EP 2 with
+#     the gather bit-identical to without; delayed without the gather (the rank's own experts' scales) is
+#     farther from the run without EP (negative control); the bytes the experts' gathers save (3 per element
+#     over S/N - 1 peers), exactly on every rank; a save resumes bit-identically (CPU and emulated GPU); under
+#     data parallel EP 2 nothing is gathered (a note, bit-identical to without);
+#   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism) exit 2
+#     with one line.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 BIN=${BIN:-./train_dbrx}
@@ -175,10 +183,10 @@ done
 # tiles group other rows). Delayed scaling: each weight's amax (a rank sees only its experts) is the
 # whole tensor's, as without EP.
 F8=(--model dbrx-tiny --n-layers 2 --seq 64 --val-every 0 --batch 1 --steps 4 --fp8-log-every 1)
-for run in "block 1 4" "block 2 4" "block 4 1" "delayed 1 4" "delayed 2 1"; do
+for run in "block 1 4" "block 2 4" "block 4 1" "delayed 1 4" "delayed 2 1" "delayed 2 4"; do
     set -- $run
-    $MPI -np 4 $BIN "${F8[@]}" --fp8 "$1" --expert-parallel "$2" --shard-group-size "$3" --log "$tmp/f8_$1_$2_$3.jsonl" > "$tmp/f8.out" 2>&1 \
-        || fail "--fp8 $1 EP $2 S $3: $(grep -i error "$tmp/f8.out" | head -2)"
+    $MPI -np 4 $BIN "${F8[@]}" --fp8 "$1" --expert-parallel "$2" --shard-group-size "$3" --log "$tmp/f8_$1_$2_$3.jsonl" > "$tmp/f8_$1_$2_$3.out" 2>&1 \
+        || fail "--fp8 $1 EP $2 S $3: $(grep -i error "$tmp/f8_$1_$2_$3.out" | head -2)"
 done
 $PY - "$tmp" <<'PY' > "$tmp/f8"
 import json, sys
@@ -205,6 +213,74 @@ print("%s --fp8 delayed np 4 data parallel EP 2: step 1's amax of all %d weights
     "pass" if ok else "fail", len(w)))
 PY
 verdicts "$tmp/f8" 3
+
+# --- --fp8-gather with EP (the CPU path, parallel/zero_fp8.h): a block's experts travel as E4M3 codes in the
+# expert shard group, into the compact slot of the rank's experts, quantised with the scales of the whole
+# tensors (their amaxes agreed in the shard group, which holds every expert once): the weights gathered are
+# those the run without EP gathers. Exact: every weight's step-1 amax, scale and saturation count (the log);
+# block scaling (per-expert weight blocks) also gives the losses of EP without the gather bit for bit, and
+# step 1's loss of the run without EP within 1e-6 (FP32 sums in another order). Later steps within 2e-3:
+# FP8's rounding of the activations, which under EP a rank quantises over the rows it received (delayed's
+# step-1 activation scales; block's 128x1 wgrad tiles). Negative control: without the gather, delayed
+# scaling under EP quantises step 1's weights with the amax of the rank's own experts: another step-1 loss.
+# Bytes: the non-expert units save what they save without EP; the experts save 3 bytes per element over
+# S/N - 1 peers instead of S - 1. Data parallel EP 2: nothing to gather, bit-identical to without, a note.
+for run in "block 1 4" "block 2 4" "delayed 1 4" "delayed 2 4" "delayed 1 2" "delayed 2 2" "delayed 2 1"; do
+    set -- $run
+    $MPI -np 4 $BIN "${F8[@]}" --fp8 "$1" --fp8-gather --expert-parallel "$2" --shard-group-size "$3" --log "$tmp/g8_$1_$2_$3.jsonl" \
+        > "$tmp/g8_$1_$2_$3.out" 2>&1 || fail "--fp8 $1 --fp8-gather EP $2 S $3: $(grep -i error "$tmp/g8_$1_$2_$3.out" | head -2)"
+done
+# saved after 2 steps under EP 2 ZeRO-3 with --fp8 delayed --fp8-gather, resumed under the same
+$MPI -np 4 $BIN "${F8[@]}" --fp8 delayed --fp8-gather --expert-parallel 2 --ckpt-dir "$tmp/g8k" --stop-after 2 --log "$tmp/g8res.jsonl" > "$tmp/g8res.out" 2>&1
+$MPI -np 4 $BIN "${F8[@]}" --fp8 delayed --fp8-gather --expert-parallel 2 --ckpt-dir "$tmp/g8k" --resume auto --log "$tmp/g8res.jsonl" > "$tmp/g8res2.out" 2>&1
+verdict "--fp8 delayed --fp8-gather EP 2 (ZeRO-3): 2 + save + resume + 2 steps vs uninterrupted" 0 "$tmp/g8_delayed_2_4.jsonl" "$tmp/g8res.jsonl"
+grep -q "note: --fp8-gather has no effect with --shard-group-size 1: every rank holds its units whole (with --expert-parallel, its experts)" \
+    "$tmp/g8_delayed_2_1.out" && pass "--fp8-gather under data parallel EP 2: runs, says nothing is gathered" \
+    || fail "--fp8-gather under data parallel EP 2: $(grep -iE 'note|error' "$tmp/g8_delayed_2_1.out" | head -2)"
+$PY - "$tmp" <<'PY' > "$tmp/g8"
+import json, re, sys
+t = sys.argv[1]
+def L(name):
+    loss, fp8 = {}, {}
+    for l in open("%s/%s.jsonl" % (t, name)):
+        r = json.loads(l)
+        if "loss" in r: loss[r["step"]] = (r["loss"], r["grad_norm"])
+        if "fp8" in r: fp8[r["step"]] = r["fp8"]
+    return [loss[s][0] for s in sorted(loss)], [loss[s] for s in sorted(loss)], fp8
+def weights_equal(fa, fb):   # every weight's step-1 amax, amax_rank0, scale and saturation count
+    w = [k for k in fa.get(1, {}) if k.endswith(".w")]
+    return len(w) == 10 and all(fa[1][k] == fb.get(1, {}).get(k) for k in w)
+for recipe, S, what in (("block", 4, "ZeRO-3"), ("delayed", 4, "ZeRO-3"), ("delayed", 2, "HSDP 2x2")):
+    a, _, fa = L("g8_%s_1_%d" % (recipe, S)); b, _, fb = L("g8_%s_2_%d" % (recipe, S))
+    d1 = abs(a[0] - b[0]) if a and b else 1
+    dn = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) == 4 else 1
+    tol1 = 1e-6 if recipe == "block" else 2e-4
+    ok = weights_equal(fa, fb) and d1 <= tol1 and dn <= 2e-3
+    print("%s --fp8 %s --fp8-gather np 4 EP 2 %s vs without EP: step 1's 10 weights' amax/scale/saturation equal, step 1 loss |diff| %.1e <= %g, 4 steps within %.1e <= 2e-3" % (
+        "pass" if ok else "fail", recipe, what, d1, tol1, dn))
+_, x, _ = L("f8_block_2_4"); _, y, _ = L("g8_block_2_4")
+print("%s --fp8 block EP 2 (ZeRO-3): with --fp8-gather losses and grad norms of 4 steps bit-identical to without (the experts' weight blocks are per expert)" % (
+    "pass" if len(x) == 4 and x == y else "fail"))
+a, _, _ = L("g8_delayed_1_4"); b, _, _ = L("g8_delayed_2_4"); c, _, _ = L("f8_delayed_2_4")
+ok = len(c) == 4 and abs(b[0] - a[0]) < abs(c[0] - a[0]) and c[0] != b[0]
+print("%s negative control: --fp8 delayed under EP 2 without the gather (step 1's weight scales from the rank's own experts) is farther from the run without EP at step 1: |diff| %.1e vs %.1e with it" % (
+    "pass" if ok else "fail", abs(c[0] - a[0]) if c and a else 1, abs(b[0] - a[0]) if b and a else 1))
+_, x, fx = L("f8_delayed_2_1"); _, y, fy = L("g8_delayed_2_1")
+print("%s --fp8 delayed data parallel EP 2: with --fp8-gather (nothing to gather) losses, grad norms and FP8 state of 4 steps bit-identical to without" % (
+    "pass" if len(x) == 4 and x == y and fx == fy else "fail"))
+def sent(name):
+    return {int(r): float(v) for r, v in re.findall(r"comm: rank (\d+) sent \d+ bytes in \d+ training steps \(([\d.]+) bytes/step\)",
+                                                   open("%s/%s.out" % (t, name)).read())}
+# per rank per step: (no gather - gather) without EP, less (no gather - gather) under EP = the experts' gathers (forward and
+# backward, L layers, 3 tensors of chunk E F d / S elements each, 3 bytes saved per element) over S - 1 vs S / N - 1 peers
+d, E, F, L_, S, N = 128, 16, 224, 2, 4, 2
+want = 2 * L_ * 3 * (E * F * d // S) * 3 * ((S - 1) - (S // N - 1))
+f0, g0, f2, g2 = sent("f8_block_1_4"), sent("g8_block_1_4"), sent("f8_block_2_4"), sent("g8_block_2_4")
+ok = all(len(m) == 4 for m in (f0, g0, f2, g2)) and all((f0[r] - g0[r]) - (f2[r] - g2[r]) == want for r in range(4))
+print("%s --fp8 block --fp8-gather EP 2 (ZeRO-3): bytes saved per rank per step %s, without EP %s: the experts' gathers save %d less (S/N - 1 peers), on every rank" % (
+    "pass" if ok else "fail", "/".join("%.0f" % (f2[r] - g2[r]) for r in sorted(g2)), "/".join("%.0f" % (f0[r] - g0[r]) for r in sorted(g0)), want))
+PY
+verdicts "$tmp/g8" 7
 
 # --- the CUDA path under the emulator (the NCCL twin): the same exchange, rows as BF16 (input gradients
 # back as fp32), NCCL send/recv on the EP group's stream; the counts over MPI on the host
@@ -269,6 +345,42 @@ print("%s emulated GPU --fp8 block np 4 data parallel EP 2 vs without EP: step 1
     abs(a[-1] - b[-1]) if a and b else 1))
 PY
     verdicts "$tmp/gf8" 1
+    # --fp8-gather with EP on the device store: the experts' codes gathered in the expert shard group and decoded
+    # into the compact BF16 slot of the rank's experts; the model quantises them with the agreed whole-tensor
+    # scales (per tensor: Fp8Config.weights_quantized; block: the per-expert blocks' own), so the GEMMs read
+    # the codes of the run without EP: step 1's loss and every operand's amax and scale exactly (block, ZeRO-3),
+    # every weight's step-1 amax/scale/saturation (delayed, HSDP 2x2; its step-1 activation scales are the
+    # received rows'), step 2 within 2e-3; a save after step 1 resumes bit-identically
+    for run in "block 1 4" "block 2 4" "delayed 1 2" "delayed 2 2"; do
+        set -- $run
+        $MPI -np 4 "$EMU" "${G[@]}" --steps 2 --fp8 "$1" --fp8-gather --fp8-log-every 1 --expert-parallel "$2" --shard-group-size "$3" \
+            --log "$tmp/gg_$1_$2_$3.jsonl" > "$tmp/gg.out" 2>&1 || fail "emulated GPU --fp8 $1 --fp8-gather EP $2 S $3: $(grep -i error "$tmp/gg.out" | head -2)"
+    done
+    GR=("${G[@]}" --steps 2 --fp8 delayed --fp8-gather --fp8-log-every 1 --expert-parallel 2 --shard-group-size 2 --ckpt-dir "$tmp/ggk" --log "$tmp/ggres.jsonl")
+    $MPI -np 4 "$EMU" "${GR[@]}" --stop-after 1 > "$tmp/ggres.out" 2>&1
+    $MPI -np 4 "$EMU" "${GR[@]}" --resume auto > "$tmp/ggres2.out" 2>&1
+    verdict "emulated GPU --fp8 delayed --fp8-gather EP 2 (HSDP 2x2): 1 + save + resume + 1 steps vs uninterrupted" 0 "$tmp/gg_delayed_2_2.jsonl" "$tmp/ggres.jsonl"
+    $PY - "$tmp" <<'PY' > "$tmp/gg8"
+import json, sys
+def L(name):
+    loss, fp8 = {}, {}
+    for l in open("%s/gg_%s.jsonl" % (sys.argv[1], name)):
+        r = json.loads(l)
+        if "loss" in r: loss[r["step"]] = r["loss"]
+        if "fp8" in r: fp8[r["step"]] = {k: {x: y for x, y in v.items() if x != "amax_rank0"} for k, v in r["fp8"].items()}
+    return [loss[s] for s in sorted(loss)], fp8
+for recipe, S, what in (("block", 4, "ZeRO-3"), ("delayed", 2, "HSDP 2x2")):
+    (a, fa), (b, fb) = L("%s_1_%d" % (recipe, S)), L("%s_2_%d" % (recipe, S))
+    w = [k for k in fa.get(1, {}) if k.endswith(".w")]
+    same = fa.get(1) == fb.get(1) if recipe == "block" else len(w) == 10 and all(fa[1][k] == fb.get(1, {}).get(k) for k in w)
+    d1 = abs(a[0] - b[0]) if a and b else 1
+    ok = len(a) == len(b) == 2 and same and (d1 == 0 if recipe == "block" else d1 <= 2e-4) and abs(a[1] - b[1]) <= 2e-3
+    print("%s emulated GPU --fp8 %s --fp8-gather np 4 EP 2 %s vs without EP: step 1 loss %r vs %r, %s, step 2 within %.1e <= 2e-3" % (
+        "pass" if ok else "fail", recipe, what, a[0] if a else None, b[0] if b else None,
+        "every operand's amax and scale equal" if recipe == "block" else "the 10 weights' amax/scale/saturation equal",
+        abs(a[-1] - b[-1]) if a and b else 1))
+PY
+    verdicts "$tmp/gg8" 2
 fi
 
 # --- bad degrees
@@ -282,4 +394,3 @@ $MPI -np 4 $BIN "${T[@]}" --expert-parallel 8 --shard-group-size 1 > "$tmp/bad.o
 [ "$rc" = 2 ] && grep -q "^error: --expert-parallel 8 must divide the number of ranks 4" "$tmp/bad.out" \
     && pass "data parallel --expert-parallel 8 on 4 ranks: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "DP EP 8 np 4: exit $rc: $(grep -m1 error "$tmp/bad.out")"
 expect_exit 2 "--expert-parallel 0" $BIN "${T[@]}" --expert-parallel 0
-expect_exit 2 "--expert-parallel 2 with --fp8-gather" $BIN "${T[@]}" --expert-parallel 2 --fp8 delayed --fp8-gather
