@@ -203,7 +203,7 @@ static inline void moe_dispatch_gpu(int* offsets, int* row_token, int* slot_row,
     cudaCheck(cudaStreamSynchronize(stream));
 }
 
-// xe (rows, C) = x[row_token]   (BF16 activations; fp32 for expert parallelism's input gradients)
+// xe (rows, C) = x[row_token]   (BF16 activations, and expert parallelism's BF16 input gradients)
 template <typename T>
 __global__ void moe_gather_kernel(T* xe, const T* x, const int* row_token, int rows, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -211,13 +211,15 @@ __global__ void moe_gather_kernel(T* xe, const T* x, const int* row_token, int r
     size_t r = i / C, c = i % C;
     xe[i] = x[(size_t)row_token[r] * C + c];
 }
-// dx (N, C) = sum over the token's slots j (in order) of dxe[slot_row[t, j]]   (overwrites dx)
-__global__ void moe_gather_backward_kernel(float* dx, const float* dxe, const int* slot_row, int N, int k, int C) {
+// dx (N, C) fp32 = sum over the token's slots j (in order) of the BF16 rows dxe[slot_row[t, j]], summed in
+// fp32 (overwrites dx): the rows are BF16 (model/CUDA.md, "The routed input gradient in BF16"), the sum joins
+// the fp32 residual-stream gradient
+__global__ void moe_gather_backward_kernel(float* dx, const floatX* dxe, const int* slot_row, int N, int k, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) return;
     size_t t = i / C, c = i % C;
     float acc = 0.0f;
-    for (int j = 0; j < k; j++) acc += dxe[(size_t)slot_row[t * k + j] * C + c];
+    for (int j = 0; j < k; j++) acc += __bfloat162float(dxe[(size_t)slot_row[t * k + j] * C + c]);
     dx[i] = acc;
 }
 
@@ -270,7 +272,7 @@ static inline void moe_gather_gpu(T* xe, const T* x, const int* row_token, int r
     if (rows == 0) return;
     LAUNCH(moe_gather_kernel<T>, ceil_div((long long)rows * C, 256), 256, 0, stream, xe, x, row_token, rows, C);
 }
-static inline void moe_gather_backward_gpu(float* dx, const float* dxe, const int* slot_row, int N, int k, int C,
+static inline void moe_gather_backward_gpu(float* dx, const floatX* dxe, const int* slot_row, int N, int k, int C,
                                            cudaStream_t stream = 0) {
     LAUNCH(moe_gather_backward_kernel, ceil_div((long long)N * C, 256), 256, 0, stream, dx, dxe, slot_row, N, k, C);
 }
@@ -350,8 +352,12 @@ static inline void experts_forward_gpu(floatX* ye, floatX* g, floatX* u, floatX*
     }
 }
 
-// dxe (rows, C) fp32 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated; da, dg, du (rows, F) scratch
-static inline void experts_backward_gpu(float* dxe, float* dw1, float* dv1, float* dw2, floatX* da, floatX* dg, floatX* du,
+// dxe (rows, C) BF16 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated; da, dg, du (rows, F) scratch.
+// dxe = dg w1_e + du v1_e is two GEMMs, each accumulating in fp32: the first writes BF16, the second adds
+// its product to that BF16 C and rounds again. Two roundings of a BF16 output, no fp32 scratch: measured
+// as close to the CPU's fp32 gradients as one rounding, and as the fp32 dxe before (model/CUDA.md, "The
+// routed input gradient in BF16").
+static inline void experts_backward_gpu(floatX* dxe, float* dw1, float* dv1, float* dw2, floatX* da, floatX* dg, floatX* du,
                                         const floatX* dye, const floatX* xe, const floatX* g, const floatX* u, const floatX* a,
                                         const floatX* w1, const floatX* v1, const floatX* w2, const int* offsets_host,
                                         int E, int C, int F, cudaStream_t stream = 0) {
