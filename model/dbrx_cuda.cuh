@@ -145,15 +145,15 @@ typedef struct {
     floatX* attproj;                   // (N, d) out_proj output before the residual add
     float *dresid, *dln;               // (N, d) fp32
     floatX *dresid_bf16, *datty, *dqkv, *drouter;   // (N, d), (N, d), (N, qkv_dim), (N, E)
-    float *dtopk_w, *dxe, *att_D, *ln_scratch, *norm_partial;
-    floatX *dye, *da, *dg, *du;        // (R, d), (R, F) x3
+    float *dtopk_w, *att_D, *ln_scratch, *norm_partial;
+    floatX *dxe, *dye, *da, *dg, *du;  // (R, d) x2, (R, F) x3: the routed rows' gradients, BF16 (dxe: model/CUDA.md)
     std::vector<void*> allocations;
     size_t param_bytes, activation_bytes;
     float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
     Fp8GPU fp8;                        // --fp8: the FP8 state (recipe FP8_OFF: unused)
     ExpertParallel ep;                 // expert parallelism (model/dbrx.h; n == 1: every expert here)
     EpDev<floatX> ep_x, ep_y, ep_da, ep_dg, ep_du;   // EP scratch: (R, d) x2, (R, F) x3
-    EpDev<float> ep_dx, ep_dxr;        // (R, d) fp32 input gradients, expert-major and in peer order
+    EpDev<floatX> ep_dx, ep_dxr;       // (R, d) BF16 input gradients, expert-major and in peer order
     EpDev<__nv_fp8_storage_t> ep_f8q[4];   // EP under --fp8: activation and gradient codes (q, qt) of the received rows
     EpDev<float> ep_f8s[4];            // and their block-scaling factors (the model's Fp8Buf hold N k + 15 E rows)
     int ep_recv_max;                   // as the CPU model's
@@ -228,7 +228,7 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     TAKE(mm->dresid, float, N * d); TAKE(mm->dln, float, N * d);
     TAKE(mm->dresid_bf16, floatX, N * d); TAKE(mm->datty, floatX, N * d);
     TAKE(mm->dqkv, floatX, N * qd); TAKE(mm->drouter, floatX, N * E);
-    TAKE(mm->dtopk_w, float, N * k); TAKE(mm->dxe, float, R * d);
+    TAKE(mm->dtopk_w, float, N * k); TAKE(mm->dxe, floatX, R * d);
     TAKE(mm->att_D, float, (size_t)B * c->n_heads * T);
     TAKE(mm->ln_scratch, float, layernorm_backward_scratch((int)N, (int)d));
     TAKE(mm->norm_partial, float, GRAD_NORM_SCRATCH);
@@ -483,8 +483,8 @@ static inline void block_experts_backward_ep(DbrxGPU* m, int l, BlockActsGPU* a,
     size_t Rc = f8 ? (size_t)m->fp8.routing[l].poff[El] : R;   // the forward's layout (FP8: padded)
     floatX* dyr = m->ep_x.get(R * d, "the received rows");
     floatX* dyl = m->ep_y.get(Rc * d, "the experts' outputs");
-    float* dxl = m->ep_dx.get(Rc * d, "the experts' input gradients");
-    float* dxr = m->ep_dxr.get(R * d, "the experts' input gradients");
+    floatX* dxl = m->ep_dx.get(Rc * d, "the experts' input gradients");
+    floatX* dxr = m->ep_dxr.get(R * d, "the experts' input gradients");
     floatX* da = m->ep_da.get(Rc * F, "the experts' gradients");
     floatX* dg = m->ep_dg.get(Rc * F, "the experts' gradients");
     floatX* du = m->ep_du.get(Rc * F, "the experts' gradients");
@@ -499,7 +499,7 @@ static inline void block_experts_backward_ep(DbrxGPU* m, int l, BlockActsGPU* a,
         experts_backward_gpu(dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->ep_xl.p, a->ep_g.p, a->ep_u.p, a->ep_act.p, w.w1, w.v1, w.w2,
                              pl->loffsets.data(), El, d, F);
     if (R) moe_gather_gpu(dxr, dxl, a->ep_inv.p, (int)R, d);
-    ep_exchange(&m->ep, pl, dxr, m->dxe, d * sizeof(float), 1);
+    ep_exchange(&m->ep, pl, dxr, m->dxe, d * sizeof(floatX), 1);   // BF16 rows: half the bytes of fp32
 }
 
 // The routed rows of block l gathered from ln2 (xe), and the SwiGLU experts over them (ye). Under FP8

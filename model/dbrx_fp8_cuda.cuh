@@ -375,8 +375,9 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
     }
 }
 
-// dxe (rows, C) fp32 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated; da, dg, du (rows, F) scratch
-static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, float* dxe, float* dw1, float* dv1, float* dw2, floatX* da,
+// dxe (rows, C) BF16 overwritten (the second GEMM adds to the first's BF16 output, as experts_backward_gpu);
+// dw1, dv1, dw2 (E*F, C) fp32 accumulated; da, dg, du (rows, F) scratch
+static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, float* dw1, float* dv1, float* dw2, floatX* da,
                                             floatX* dg, floatX* du, const floatX* dye, const floatX* xe, const floatX* g,
                                             const floatX* u, const floatX* a, const floatX* w1, const floatX* v1, const floatX* w2,
                                             int E, int C, int F, cudaStream_t stream = 0) {

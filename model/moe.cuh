@@ -203,14 +203,21 @@ static inline void moe_dispatch_gpu(int* offsets, int* row_token, int* slot_row,
     cudaCheck(cudaStreamSynchronize(stream));
 }
 
-// dx (N, C) = sum over the token's slots j (in order) of dxe[slot_row[t, j]]   (overwrites dx)
-__global__ void moe_gather_backward_kernel(float* dx, const float* dxe, const int* slot_row, int N, int k, int C) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+// dx (N, C) fp32 = sum over the token's slots j (in order) of the BF16 rows dxe[slot_row[t, j]], summed in
+// fp32 (overwrites dx): the rows are BF16 (model/CUDA.md, "The routed input gradient in BF16"), the sum joins
+// the fp32 residual-stream gradient. W channels per thread (8: 16-byte reads when C and dxe allow it).
+template <int W>
+__global__ void moe_gather_backward_kernel(float* dx, const floatX* dxe, const int* slot_row, int N, int k, int C) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * W;
     if (i >= (size_t)N * C) return;
     size_t t = i / C, c = i % C;
-    float acc = 0.0f;
-    for (int j = 0; j < k; j++) acc += dxe[(size_t)slot_row[t * k + j] * C + c];
-    dx[i] = acc;
+    float acc[W], row[W];
+    for (int q = 0; q < W; q++) acc[q] = 0.0f;
+    for (int j = 0; j < k; j++) {
+        load_bf16<W>(row, dxe + (size_t)slot_row[t * k + j] * C + c);
+        for (int q = 0; q < W; q++) acc[q] += row[q];
+    }
+    for (int q = 0; q < W; q++) dx[i + q] = acc[q];
 }
 
 // a = silu(g) * u; W elements per thread (8: 16-byte accesses, when n and the pointers allow it)
@@ -276,14 +283,17 @@ __global__ void moe_combine_backward_kernel(floatX* dye, float* dtopk_w, const f
     if (lane == 0) dtopk_w[slot] = dot;
 }
 
-// xe (rows, C) = x[row_token]   (BF16 activations; fp32 for expert parallelism's input gradients)
+// xe (rows, C) = x[row_token]   (BF16 activations, and expert parallelism's BF16 input gradients)
 template <typename T>
 static inline void moe_gather_gpu(T* xe, const T* x, const int* row_token, int rows, int C, cudaStream_t stream = 0) {
     gather_rows_gpu(xe, x, row_token, rows, C, stream);
 }
-static inline void moe_gather_backward_gpu(float* dx, const float* dxe, const int* slot_row, int N, int k, int C,
+static inline void moe_gather_backward_gpu(float* dx, const floatX* dxe, const int* slot_row, int N, int k, int C,
                                            cudaStream_t stream = 0) {
-    LAUNCH(moe_gather_backward_kernel, ceil_div((long long)N * C, 256), 256, 0, stream, dx, dxe, slot_row, N, k, C);
+    if (bf16_rows_vec8(C, {dxe}))
+        LAUNCH(moe_gather_backward_kernel<8>, ceil_div((long long)N * C / 8, 256), 256, 0, stream, dx, dxe, slot_row, N, k, C);
+    else
+        LAUNCH(moe_gather_backward_kernel<1>, ceil_div((long long)N * C, 256), 256, 0, stream, dx, dxe, slot_row, N, k, C);
 }
 static inline void swiglu_forward_gpu(floatX* a, const floatX* g, const floatX* u, size_t n, cudaStream_t stream = 0) {
     if (n == 0) return;
@@ -370,8 +380,12 @@ static inline void experts_forward_gpu(floatX* ye, floatX* g, floatX* u, floatX*
     }
 }
 
-// dxe (rows, C) fp32 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated; da, dg, du (rows, F) scratch
-static inline void experts_backward_gpu(float* dxe, float* dw1, float* dv1, float* dw2, floatX* da, floatX* dg, floatX* du,
+// dxe (rows, C) BF16 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated; da, dg, du (rows, F) scratch.
+// dxe = dg w1_e + du v1_e is two GEMMs, each accumulating in fp32: the first writes BF16, the second adds
+// its product to that BF16 C and rounds again. Two roundings of a BF16 output, no fp32 scratch: measured
+// as close to the CPU's fp32 gradients as one rounding, and as the fp32 dxe before (model/CUDA.md, "The
+// routed input gradient in BF16").
+static inline void experts_backward_gpu(floatX* dxe, float* dw1, float* dv1, float* dw2, floatX* da, floatX* dg, floatX* du,
                                         const floatX* dye, const floatX* xe, const floatX* g, const floatX* u, const floatX* a,
                                         const floatX* w1, const floatX* v1, const floatX* w2, const int* offsets_host,
                                         int E, int C, int F, cudaStream_t stream = 0) {

@@ -14,7 +14,7 @@
 #     once) bit-identically under the same, within 1e-5 under EP 4 (ZeRO-3) and one process;
 #   * the emulated CUDA path (NCCL twin): EP 2 and EP 4 give the losses of the run without EP (BF16 bound
 #     2e-3; measured identical), under ZeRO-3 and under data parallelism, its bytes match the formula with
-#     BF16 rows and fp32 input gradients, and EP 4 and data parallel EP 2 checkpoints resume bit-identically;
+#     BF16 rows and BF16 input gradients (2 x d x 2 B x (rows out + rows in): half the CPU's), and EP 4 and data parallel EP 2 checkpoints resume bit-identically;
 #   * --export-hf under data parallel EP 2 holds one process's weights (within 1e-5);
 #   * generation under EP (the decode step's rows through the exchange): --generate under EP 4 (ZeRO-3) and
 #     data parallel EP 2 writes one process's text; on the emulated GPU --sample-every under data parallel
@@ -314,9 +314,9 @@ import re, sys
 d, E, n = 64, 4, 2
 rows = re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in",
                   open(sys.argv[1]).read())
-# counts (int32, MPI) + forward rows out and results back (BF16) + backward gradients out (BF16) and input gradients back (fp32)
-ok = len(rows) == 4 and all(int(b) == int(c) * (E // n) * 4 + d * (2 * 2 * int(o) + (2 + 4) * int(i)) for r, b, c, o, i in rows)
-print("%s emulated GPU EP 2: bytes in the EP group = counts x E/N x 4 + d x (2 x 2 x rows out + (2 + 4) x rows in) on every rank: %s" % (
+# counts (int32, MPI) + forward rows out and results back (BF16) + backward gradients out and input gradients back (BF16)
+ok = len(rows) == 4 and all(int(b) == int(c) * (E // n) * 4 + 2 * d * 2 * (int(o) + int(i)) for r, b, c, o, i in rows)
+print("%s emulated GPU EP 2: bytes in the EP group = counts x E/N x 4 + 2 x d x 2 x (rows out + rows in) on every rank: %s" % (
     "pass" if ok else "fail", ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
 PY
     verdicts "$tmp/gbytes" 1

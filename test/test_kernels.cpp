@@ -436,9 +436,11 @@ TEST_CASE("MoE dispatch (histogram, offsets, permutation), gather and its backwa
         floatX *d_x = dev_bf16(x), *d_xe = dev_poisoned<floatX>(xe.size());
         moe_gather_gpu(d_xe, d_x, d_rt, N * k, C);
         expect_equal("xe", get_bf16(d_xe, xe.size()), xe);
-        std::vector<float> dxe = randn(xe.size(), 8), dx((size_t)N * C, 0.0f);
+        // the routed rows' gradients are BF16, their sum per token fp32
+        std::vector<float> dxe = bf16_round(randn(xe.size(), 8)), dx((size_t)N * C, 0.0f);
         moe_gather_backward(dx.data(), dxe.data(), slot_row.data(), N, k, C);
-        float *d_dxe = dev_copy(dxe), *d_dx = dev_poisoned<float>(dx.size());
+        floatX* d_dxe = dev_bf16(dxe);
+        float* d_dx = dev_poisoned<float>(dx.size());
         moe_gather_backward_gpu(d_dx, d_dxe, d_sr, N, k, C);
         expect_close("dx", get(d_dx, dx.size()), dx, TOL_F32);
         for (void* p : {(void*)d_idx, (void*)d_counts, (void*)d_off, (void*)d_rt, (void*)d_sr, (void*)d_x, (void*)d_xe, (void*)d_dxe,
@@ -526,8 +528,8 @@ TEST_CASE("expert GEMMs + SwiGLU, forward and backward, with empty experts") {
         std::vector<float> gg = get_bf16(d_g, g.size()), uu = get_bf16(d_u, u.size()), aa = get_bf16(d_a, a.size());
         std::vector<float> dye = bf16_round(randn(ye.size(), 6)), dxe(xe.size()), da(a.size()), dg(a.size()), du(a.size());
         std::vector<float> dw1 = randn(w1.size(), 7, 0.1), dv1 = randn(w1.size(), 8, 0.1), dw2 = randn(w1.size(), 9, 0.1);
-        float *d_dw1 = dev_copy(dw1), *d_dv1 = dev_copy(dv1), *d_dw2 = dev_copy(dw2), *d_dxe = dev_poisoned<float>(dxe.size());
-        floatX *d_dye = dev_bf16(dye), *d_da = dev_poisoned<floatX>(a.size()), *d_dg = dev_poisoned<floatX>(a.size()),
+        float *d_dw1 = dev_copy(dw1), *d_dv1 = dev_copy(dv1), *d_dw2 = dev_copy(dw2);
+        floatX *d_dxe = dev_poisoned<floatX>(dxe.size()), *d_dye = dev_bf16(dye), *d_da = dev_poisoned<floatX>(a.size()), *d_dg = dev_poisoned<floatX>(a.size()),
                *d_du = dev_poisoned<floatX>(a.size());
         experts_down_backward(da.data(), dw2.data(), dye.data(), w2.data(), aa.data(), dye.data(), r.offsets.data(), E, C, F);
         swiglu_backward(dg.data(), du.data(), da.data(), gg.data(), uu.data(), (size_t)rows * F);
@@ -535,7 +537,7 @@ TEST_CASE("expert GEMMs + SwiGLU, forward and backward, with empty experts") {
                             xe.data(), r.offsets.data(), E, C, F);
         experts_backward_gpu(d_dxe, d_dw1, d_dv1, d_dw2, d_da, d_dg, d_du, d_dye, d_xe, d_g, d_u, d_a, d_w1, d_v1, d_w2,
                              r.offsets.data(), E, C, F);
-        expect_close("dxe", get(d_dxe, dxe.size()), dxe, TOL_BF16);
+        expect_close("dxe", get_bf16(d_dxe, dxe.size()), dxe, TOL_BF16);
         expect_close("dw1", get(d_dw1, dw1.size()), dw1, TOL_BF16);
         expect_close("dv1", get(d_dv1, dv1.size()), dv1, TOL_BF16);
         expect_close("dw2", get(d_dw2, dw2.size()), dw2, TOL_F32);

@@ -32,7 +32,8 @@ static int expert_gemms() {
     floatX *d_w2 = to_device_bf16v(w2), *d_ye = deviceAlloc(floatX, (size_t)R * C);
     floatX *g = deviceAlloc(floatX, (size_t)R * F), *u = deviceAlloc(floatX, (size_t)R * F), *a = deviceAlloc(floatX, (size_t)R * F);
     floatX *da = deviceAlloc(floatX, (size_t)R * F), *dg = deviceAlloc(floatX, (size_t)R * F), *du = deviceAlloc(floatX, (size_t)R * F);
-    float *dxe = deviceAlloc(float, (size_t)R * C), *dw1 = deviceAlloc(float, (size_t)E * F * C), *dv1 = deviceAlloc(float, (size_t)E * F * C);
+    floatX* dxe = deviceAlloc(floatX, (size_t)R * C);
+    float *dw1 = deviceAlloc(float, (size_t)E * F * C), *dv1 = deviceAlloc(float, (size_t)E * F * C);
     float *dw2 = deviceAlloc(float, (size_t)E * F * C);
     for (float* p : {dw1, dv1, dw2}) cudaCheck(cudaMemset(p, 0, (size_t)E * F * C * sizeof(float)));
     auto fwd = [&] { experts_forward_gpu(d_ye, g, u, a, d_xe, d_w1, d_v1, d_w2, offsets.data(), E, C, F); };
@@ -52,7 +53,7 @@ static int expert_gemms() {
         experts_up_backward(cdxe.data(), cdw1.data(), cdv1.data(), bdg.data(), bdu.data(), w1.data(), v1.data(), bdg.data(), bdu.data(),
                             xe.data(), offsets.data(), E, C, F);
         validate("experts forward (ye)", from_device_bf16v(d_ye, cye.size()), cye, 2e-2, 2e-2);
-        validate("experts backward (dxe)", from_device_f32(dxe, cdxe.size()), cdxe, 1e-4, 1e-5);
+        validate("experts backward (dxe, BF16)", from_device_bf16v(dxe, cdxe.size()), cdxe, 1e-2, 1e-2);
         validate("experts backward (dw1)", from_device_f32(dw1, cdw1.size()), cdw1, 1e-4, 1e-5);
         validate("experts backward (dv1)", from_device_f32(dv1, cdv1.size()), cdv1, 1e-4, 1e-5);
         validate("experts backward (dw2)", from_device_f32(dw2, cdw2.size()), cdw2, 1e-4, 1e-5);

@@ -51,13 +51,14 @@ int main() {
     gather();
     validate("gather", from_device_bf16v(dxe, xe.size()), xe, 0, 0);
     report_bandwidth("gather", 2.0 * R * C * 2, time_ms(20, gather));
-    std::vector<float> dxe32 = make_random((size_t)R * C, 3), dxh((size_t)N * C, 0.0f);
-    moe_gather_backward(dxh.data(), dxe32.data(), slot_row.data(), N, k, C);
-    float *ddxe = to_device(dxe32), *ddx = deviceAlloc(float, dxh.size());
+    std::vector<float> dxeb = round_bf16(make_random((size_t)R * C, 3)), dxh((size_t)N * C, 0.0f);   // BF16 rows, fp32 sums
+    moe_gather_backward(dxh.data(), dxeb.data(), slot_row.data(), N, k, C);
+    floatX* ddxe = to_device_bf16v(dxeb);
+    float* ddx = deviceAlloc(float, dxh.size());
     auto gather_bwd = [&] { moe_gather_backward_gpu(ddx, ddxe, dsr, N, k, C); };
     gather_bwd();
     validate("gather backward", from_device_f32(ddx, dxh.size()), dxh, 1e-5, 1e-6);
-    report_bandwidth("gather backward", (double)R * C * 4 + (double)N * C * 4, time_ms(20, gather_bwd));
+    report_bandwidth("gather backward", (double)R * C * 2 + (double)N * C * 4, time_ms(20, gather_bwd));
     // SwiGLU
     size_t n = (size_t)R * F;
     std::vector<float> g = round_bf16(make_random(n, 4, 2.0)), u = round_bf16(make_random(n, 5)), a(n);
