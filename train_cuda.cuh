@@ -95,7 +95,8 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
 
     DbrxGPU model;
     int S = args.shard_group_size > 0 ? args.shard_group_size : comm.world;
-    dbrx_build_shape(&model, &cfg, args.batch, args.seq, &fp8, zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1));
+    dbrx_build_shape(&model, &cfg, args.batch, args.seq, &fp8,
+                     zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, args.expert_parallel));
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
     zero_init(&store, &model, &comm, args.shard_group_size, (uint64_t)args.seed, args.expert_parallel);
     Zero* z = &store.z;

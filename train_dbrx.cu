@@ -1124,29 +1124,39 @@ static int run_main(int argc, char** argv) {
     shape_validate(&cfg, args.batch, args.seq);
 
     if (args.dry_run) {   // (every number below is bounded by the checks above, and computed without walking the layers)
+        int S = args.shard_group_size > 0 ? args.shard_group_size : 1, n = args.expert_parallel;
+        if (n > 1 && (cfg.n_experts % n || (S > 1 && S % n)))
+            fail(EXIT_BAD_INPUT, "--expert-parallel %d must divide the experts (%d) and, under ZeRO-3/HSDP, --shard-group-size %d",
+                 n, cfg.n_experts, S);
         print_config(args.model.c_str(), &cfg);
         printf("training FLOPs per token (S = %d): %.4g = " FLOPS_PER_TOKEN_FORMULA ", the MFU count; %.4g = "
                FLOPS_PER_TOKEN_FOUNDRY_FORMULA ", %.0f%% more\n", args.seq, flops_per_token(&cfg, args.seq),
                flops_per_token_foundry(&cfg, args.seq), 100 * (flops_per_token_foundry(&cfg, args.seq) / flops_per_token(&cfg, args.seq) - 1));
         double act = (double)activation_bytes(&cfg, args.batch, args.seq);
         double p = (double)params_total(&cfg);
-        // sharded over S ranks (ZeRO-3/HSDP): the fp32 state is 1/S of the model's (plus padding)
-        int S = args.shard_group_size > 0 ? args.shard_group_size : 1;
-        printf("memory per rank, shard group of %d rank(s)%s, micro-batch %d x %d:\n", S,
-               args.shard_group_size > 0 ? "" : " (--shard-group-size S to see S ranks)", args.batch, args.seq);
-        printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param / S = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
-               16 * p / S / (1 << 30), act / (1 << 30), (16 * p / S + act) / (1 << 30));
+        // this rank's shard under S ranks (ZeRO-3/HSDP) and EP degree n, from the store's own layout (with its
+        // padding; under data parallelism with EP: the non-expert units whole, 1/n of the experts)
+        double shard = (double)per_layers(&cfg, [&](const DbrxConfig* x) {
+            Zero lz;
+            zero_unit_layout(&lz, x, dbrx_param_table(x), S, n);
+            return lz.shard_total; });
+        printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
+               args.shard_group_size > 0 ? "" : " (--shard-group-size S to see S ranks)",
+               n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.batch, args.seq);
+        printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param of this rank's shard (%s of %s params) = %.2f GiB, "
+               "activations %.2f GiB, total %.2f GiB\n", with_commas((int64_t)shard).c_str(), with_commas((int64_t)p).c_str(),
+               16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
         Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
         double acts = (double)per_layers(&cfg, [&](const DbrxConfig* x) {
             return dbrx_gpu_memory_estimate(x, args.batch, args.seq, nullptr, &fp8, false); });
-        double store = (double)per_layers(&cfg, [&](const DbrxConfig* x) { return zero_gpu_estimate_bytes(x, S); });
-        printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param / S%s = %.2f GiB, activations and scratch%s %.2f GiB, "
+        double store = (double)per_layers(&cfg, [&](const DbrxConfig* x) { return zero_gpu_estimate_bytes(x, S, n); });
+        printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param of the shard%s = %.2f GiB, activations and scratch%s %.2f GiB, "
                "total %.2f GiB\n", S > 1 ? " + two gathered bf16 units and two fp32 gradient units" : "", store / 1073741824.0,
                fp8.recipe != FP8_OFF ? " (with the FP8 operands)" : "", acts / 1073741824.0, (store + acts) / 1073741824.0);
 #else
-        printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param / S = %.2f GiB (+ gathered units when S > 1), activations (bf16) %.2f GiB\n",
-               18 * p / S / (1 << 30), act / 2 / (1 << 30));
+        printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param of the shard = %.2f GiB (+ gathered units when S > 1), activations (bf16) %.2f GiB\n",
+               18 * shard / (1 << 30), act / 2 / (1 << 30));
 #endif
         return 0;
     }

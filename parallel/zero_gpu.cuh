@@ -116,10 +116,12 @@ static inline size_t zero_gpu_bytes(const Zero* z) {
     return b;
 }
 
-// the same, before the groups exist: from the parameter table and S (the model's memory check, --dry-run)
-static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S) {
+// the same, before the groups exist: from the parameter table, S and the EP degree n (the model's memory
+// check, --dry-run); a degree that does not fit is left to zero_init to refuse (estimated as none)
+static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S, int n = 1) {
+    if (n < 1 || c->n_experts % n || (S > 1 && S % n)) n = 1;
     Zero z;
-    zero_unit_layout(&z, c, dbrx_param_table(c), S);
+    zero_unit_layout(&z, c, dbrx_param_table(c), S, n);
     return zero_gpu_bytes(&z);
 }
 

@@ -92,19 +92,25 @@ print("%s --export-hf under np 4 data parallel EP 2: %d tensors, max |diff| %.1e
 PY
 verdicts "$tmp/hf" 1
 
-# --- the state each rank holds under data parallelism with EP: all but (N-1)/N of the experts
-$PY - "$tmp/one.out" "$tmp/ep2_1.out" "$tmp/ep4_1.out" <<'PY' > "$tmp/state"
+# --- the state each rank holds under data parallelism with EP: all but (N-1)/N of the experts; and what
+# --dry-run says it will be before any rank exists
+for n in 2 4; do $BIN "${T[@]}" --shard-group-size 1 --expert-parallel "$n" --dry-run > "$tmp/dry_$n.out" 2>&1; done
+$PY - "$tmp/one.out" "$tmp/ep2_1.out" "$tmp/ep4_1.out" "$tmp/dry_2.out" "$tmp/dry_4.out" <<'PY' > "$tmp/state"
 import re, sys
 L, d, E, F = 2, 128, 16, 224   # dbrx-tiny with --n-layers 2
 state = lambda p: [int(b) for b in re.findall(r"master\+grads\+moments (\d+) bytes allocated", open(p).read())]
 P = state(sys.argv[1])[0] // 16
-for path, n in ((sys.argv[2], 2), (sys.argv[3], 4)):
+for path, dry, n in ((sys.argv[2], sys.argv[4], 2), (sys.argv[3], sys.argv[5], 4)):
     want = 16 * (P - L * 3 * E * F * d * (n - 1) // n)
     got = state(path)
     print("%s data parallel EP %d: every rank's state is 16 B x (P - P_experts x %d/%d) = %d bytes: %s" % (
         "pass" if len(got) == 4 and all(g == want for g in got) else "fail", n, n - 1, n, want, got))
+    m = re.search(r"16 B/param of this rank's shard \(([\d,]+) of", open(dry).read())
+    said = 16 * int(m.group(1).replace(",", "")) if m else None
+    print("%s --dry-run --shard-group-size 1 --expert-parallel %d: the state per rank it announces, %s bytes, is the one allocated" % (
+        "pass" if said == want else "fail", n, said))
 PY
-verdicts "$tmp/state" 2
+verdicts "$tmp/state" 4
 
 # --- the bytes of the exchange, from each rank's own counts
 $PY - "$tmp/ep2_4.out" "$tmp/ep2_2.out" "$tmp/ep2_1.out" <<'PY' > "$tmp/bytes"
