@@ -202,10 +202,13 @@ static inline void matmul_validate_fp8(bool trans_a, bool trans_b, int m, int n,
 #include <map>
 typedef std::array<long long, 24> MatmulKey;
 
-static inline bool matmul_plan_cache_enabled() {   // (read at every call, ~100 ns: a test switches it)
-    const char* e = getenv("MATMUL_PLAN_CACHE");
-    return !(e && strcmp(e, "0") == 0);
+// (the environment is read once, not on every GEMM; the test's negative control switches it in-process)
+static inline bool& matmul_plan_cache_flag() {
+    static bool on = [] { const char* e = getenv("MATMUL_PLAN_CACHE"); return !(e && strcmp(e, "0") == 0); }();
+    return on;
 }
+static inline bool matmul_plan_cache_enabled() { return matmul_plan_cache_flag(); }
+static inline void matmul_plan_cache_set(bool on) { matmul_plan_cache_flag() = on; }
 // the alignment (bytes) the heuristic may assume: the largest power of two <= 16 dividing the address
 static inline uint32_t matmul_alignment(const void* p) {
     uint32_t al = 16;

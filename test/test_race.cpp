@@ -15,14 +15,7 @@
 #include "test_kernels.cpp"
 #include <fstream>
 
-// the message of the simt::Error a call raises ("" if none)
-template <typename F> static std::string error_of(F f) {
-    simt::set_throw_errors(true);
-    std::string msg;
-    try { f(); } catch (const simt::Error& e) { msg = e.what(); }
-    simt::set_throw_errors(false);
-    return msg;
-}
+using simt::error_of;   // the message of the simt::Error a call raises
 // the line number of the first line of `file` containing `text`, after the line containing `after`
 static int line_of(const char* file, const char* after, const char* text) {
     std::ifstream in(file);

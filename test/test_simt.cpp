@@ -117,14 +117,7 @@ template <typename T> static std::vector<T> download(const T* d, size_t n) {
     return v;
 }
 
-// the message of the simt::Error a call raises ("" if none)
-template <typename F> static std::string error_of(F f) {
-    simt::set_throw_errors(true);
-    std::string msg;
-    try { f(); } catch (const simt::Error& e) { msg = e.what(); }
-    simt::set_throw_errors(false);
-    return msg;
-}
+using simt::error_of;   // the message of the simt::Error a call raises
 
 TEST_CASE("block reduction with barriers and shuffles, every block size, random schedule") {
     simt::set_schedule(true, 7);

@@ -350,9 +350,9 @@ TEST_CASE("the step's host round trips, launches and copies stay within the docu
     std::vector<std::string> why = over_budget(planted[0], 4, 2);
     REQUIRE(why.size() == 1);
     CHECK(why[0] == "syncs 6, budget 4");
-    setenv("MATMUL_PLAN_CACHE", "0", 1);
+    matmul_plan_cache_set(false);   // (what MATMUL_PLAN_CACHE=0 does)
     std::vector<StepCount> uncached = count_steps(4, 2, 2);
-    unsetenv("MATMUL_PLAN_CACHE");
+    matmul_plan_cache_set(true);
     print("E 4, L 2, MATMUL_PLAN_CACHE=0", uncached[1]);
     CHECK(uncached[1].c.heuristic_queries == uncached[1].c.gemms);
     CHECK(uncached[1].c.plan_creations == uncached[1].c.gemms);

@@ -269,6 +269,14 @@ inline Options& options() {
     return o;
 }
 inline void set_throw_errors(bool on) { options().throw_errors = on; }
+// for tests: the message of the simt::Error that f() raises ("" if none)
+template <typename F> inline std::string error_of(F f) {
+    set_throw_errors(true);
+    std::string msg;
+    try { f(); } catch (const Error& e) { msg = e.what(); }
+    set_throw_errors(false);
+    return msg;
+}
 inline void set_os_threads(int n) { options().os_threads = n > 0 ? n : 1; }
 
 inline uint64_t mix64(uint64_t z) {
