@@ -40,6 +40,7 @@
 #include "checkpoint/spike_guard.h"
 #include "parallel/health.h"
 #include "model/sample.h"
+#include "model/debug_hooks.h"
 #include "dev/data/tokenizer.h"
 
 #include "train_flags.h"   // TrainArgs, the flag table, parse_args
@@ -1115,6 +1116,7 @@ static void sampling_setup(TrainArgs* a, const DbrxConfig* c) {
 }
 
 static int run_main(int argc, char** argv) {
+    debug_hooks_read();   // the tests' DBRX_DEBUG_* switches, once (model/debug_hooks.h)
     TrainArgs args;
     DbrxConfig cfg;
     parse_args(argc, argv, &args, &cfg);   // (validates the model too)

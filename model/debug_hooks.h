@@ -1,0 +1,82 @@
+/*
+ * debug_hooks.h — the tests' fault-injection switches, read from the environment ONCE at start-up
+ * (debug_hooks_read, called by main) into one struct, g_debug_hooks, that the few places acting on them
+ * consult. Nothing else in the product calls getenv for a DBRX_DEBUG_* variable, and nothing on a hot
+ * path reads the environment. A malformed value is one line naming the variable, exit 2.
+ *
+ *   DBRX_DEBUG_KILL="R:S[:stop]"     rank R SIGKILLs (":stop": SIGSTOPs) itself in the middle of step S
+ *   DBRX_DEBUG_SPIKE="S[+]:F"        the gradients of step S (with "+": of every step from S on) times F
+ *   DBRX_DEBUG_SLOW_RANK="R:MS"      rank R sleeps MS ms in every step (a straggler)
+ *   DBRX_DEBUG_SLOW_GEMM="R[:F]"     the health check: rank R's GEMM does F (8) GEMMs for every one it counts
+ *   DBRX_DEBUG_ROUTE_FIRST=1         every token routed to experts 0..k-1 (a forced imbalance)
+ *   DBRX_DEBUG_CKPT_KILL="S:POINT"   SIGKILL at POINT (shard|manifest|rename) of step S's checkpoint save
+ *   DBRX_DEBUG_TWIN_BLOCKS=1         the NCCL twin's waits have no watchdog (a stuck collective blocks)
+ *   DBRX_DEBUG_PLANT=NAME            a planted bug, the negative control of a test: step_sync (one more
+ *                                    synchronisation per layer), reduce_scatter_chunk, skip_gather_wait,
+ *                                    fp8_gather_scale (ZeRO-3 on the GPU)
+ */
+#pragma once
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <string>
+#include "common.h"
+
+typedef enum { PLANT_NONE = 0, PLANT_STEP_SYNC, PLANT_REDUCE_SCATTER_CHUNK, PLANT_SKIP_GATHER_WAIT, PLANT_FP8_GATHER_SCALE } DebugPlant;
+
+typedef struct {
+    int kill_rank = -1, kill_step = -1, kill_signal = SIGKILL;
+    int spike_step = -1;             // < 1: no spike
+    bool spike_from = false;         // every step from spike_step on
+    float spike_factor = 1;
+    int slow_rank = -1, slow_ms = 0;
+    int slow_gemm_rank = -1, slow_gemm_factor = 8;
+    bool route_first = false;
+    int ckpt_kill_step = -1;
+    std::string ckpt_kill_point;
+    bool twin_blocks = false;
+    DebugPlant plant = PLANT_NONE;
+} DebugHooks;
+
+inline DebugHooks g_debug_hooks;   // (all off until debug_hooks_read)
+
+// parses every DBRX_DEBUG_* variable into g_debug_hooks (a test that sets one later calls it again)
+static inline void debug_hooks_read() {
+    DebugHooks h;
+    if (const char* k = getenv("DBRX_DEBUG_KILL")) {
+        if (sscanf(k, "%d:%d", &h.kill_rank, &h.kill_step) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_KILL '%s' is not R:S[:stop]", k);
+        if (strstr(k, ":stop")) h.kill_signal = SIGSTOP;
+    }
+    if (const char* k = getenv("DBRX_DEBUG_SPIKE")) {
+        char* end = NULL;
+        h.spike_step = (int)strtol(k, &end, 10);
+        h.spike_from = *end == '+';
+        if (h.spike_from) end++;
+        if (*end != ':' || h.spike_step < 1) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SPIKE '%s' is not STEP[+]:FACTOR", k);
+        h.spike_factor = strtof(end + 1, NULL);
+    }
+    if (const char* k = getenv("DBRX_DEBUG_SLOW_RANK"))
+        if (sscanf(k, "%d:%d", &h.slow_rank, &h.slow_ms) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SLOW_RANK '%s' is not R:MS", k);
+    if (const char* s = getenv("DBRX_DEBUG_SLOW_GEMM")) {
+        char* end = NULL;
+        long r = strtol(s, &end, 10), f = 8;
+        if (*end == ':') { char* e2 = NULL; f = strtol(end + 1, &e2, 10); end = (e2 == end + 1) ? end : e2; }
+        if (!*s || *end || r < 0 || r > 1000000 || f < 1 || f > 1000) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SLOW_GEMM '%s' is not R[:F]", s);
+        h.slow_gemm_rank = (int)r;
+        h.slow_gemm_factor = (int)f;
+    }
+    h.route_first = getenv("DBRX_DEBUG_ROUTE_FIRST") != NULL;
+    if (const char* k = getenv("DBRX_DEBUG_CKPT_KILL")) {
+        char point[32] = "";
+        if (sscanf(k, "%d:%31s", &h.ckpt_kill_step, point) != 2)
+            fail(EXIT_BAD_INPUT, "DBRX_DEBUG_CKPT_KILL '%s' is not STEP:shard|manifest|rename", k);
+        h.ckpt_kill_point = point;
+    }
+    h.twin_blocks = getenv("DBRX_DEBUG_TWIN_BLOCKS") != NULL;
+    if (const char* p = getenv("DBRX_DEBUG_PLANT")) {
+        h.plant = !strcmp(p, "step_sync") ? PLANT_STEP_SYNC : !strcmp(p, "reduce_scatter_chunk") ? PLANT_REDUCE_SCATTER_CHUNK
+                : !strcmp(p, "skip_gather_wait") ? PLANT_SKIP_GATHER_WAIT : !strcmp(p, "fp8_gather_scale") ? PLANT_FP8_GATHER_SCALE
+                : PLANT_NONE;
+    }
+    g_debug_hooks = h;
+}
