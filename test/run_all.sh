@@ -101,6 +101,8 @@ echo "== command line and bad input"; bash test/test_cli.sh
 echo "== data loader: order, ranks, resume, mixtures (doctest)"; doctest_run ./test/test_data
 echo "== data tools: tokenizer parity with js-tiktoken, mixtures in training, bad input, fuzzing"; bash test/test_data.sh
 echo "== training"; bash test/test_train.sh
+echo "== behaviour unchanged: losses, gradient norms and checkpoints of fixed runs bit-identical to test/golden/unchanged.txt"
+bash test/test_unchanged.sh
 echo "== generation: samples during training, --generate (checkpoint, Hugging Face export; cpu, emulated cuda; ZeRO-3), bad flags"
 OMP_WAIT_POLICY=passive bash test/test_generate.sh
 echo "== multiple-choice evaluation (--eval-mc): known answers, scores from the logits, ranks, bad files"; bash test/test_mc_eval.sh
