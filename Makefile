@@ -24,8 +24,7 @@ LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 NVCC_NOSPILL := -Xptxas -warn-spills,-Werror
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
-HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh train_flags.h \
-            dev/data/tokenizer.h dev/data/unicode_classes.h
+HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh train_flags.h
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
 .PHONY: all deps check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu bench-gpu clean
@@ -78,7 +77,7 @@ train: train_dbrx
 # ---------------------------------------------------------------------------------------------
 # data tools: the tokenizer (dev/data/tokenize) and the loader benchmark
 
-dev/data/tokenize: dev/data/tokenize.cpp dev/data/tokenizer.h dev/data/unicode_classes.h data/shard.h model/common.h
+dev/data/tokenize: dev/data/tokenize.cpp data/tokenizer.h data/unicode_classes.h data/shard.h model/common.h
 	$(CXX) -std=c++17 -O3 -march=native -fopenmp -Wall -Wextra -Werror -o $@ dev/data/tokenize.cpp
 dev/data/bench_loader: dev/data/bench_loader.cpp data/dataloader.h data/shard.h model/common.h
 	$(CXX) -std=c++17 -O3 -march=native -Wall -Wextra -Werror -o $@ dev/data/bench_loader.cpp
@@ -102,7 +101,7 @@ test/test_fp8: test/test_fp8.cpp $(HEADERS) | check-test-deps
 test/test_data: test/test_data.cpp $(HEADERS) | check-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/test_data.cpp
 # libFuzzer target of the shard, state and --data parsers (clang, Debian package clang)
-test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h dev/data/tokenizer.h dev/data/unicode_classes.h
+test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h data/tokenizer.h data/unicode_classes.h
 	@command -v clang++ >/dev/null || { echo "error: clang++ not found: apt-get install clang libclang-rt-14-dev"; exit 1; }
 	clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -o $@ test/fuzz_data.cpp
 

@@ -41,7 +41,7 @@
 #include "parallel/health.h"
 #include "model/sample.h"
 #include "model/debug_hooks.h"
-#include "dev/data/tokenizer.h"
+#include "data/tokenizer.h"
 
 #include "train_flags.h"   // TrainArgs, the flag table, parse_args
 

@@ -9,7 +9,7 @@
 #include <vector>
 #include "model/common.h"
 #include "model/config.h"
-#include "dev/data/tokenizer.h"
+#include "data/tokenizer.h"
 
 typedef struct {
     std::string model = "dbrx-tiny";

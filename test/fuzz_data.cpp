@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 #include "../data/dataloader.h"
-#include "../dev/data/tokenizer.h"
+#include "../data/tokenizer.h"
 
 #define FUZZ_ASSERT(c) do { if (!(c)) { fprintf(stderr, "invariant failed: %s\n", #c); abort(); } } while (0)
 

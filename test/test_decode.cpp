@@ -1,7 +1,7 @@
 /*
  * test_decode.cpp — generation with the KV cache (dbrx_decode_step) on the CPU reference and on the CUDA
  * backend (built with g++ -DSIMT_EMULATION: the kernels under the SIMT emulator; or by nvcc, make
- * test-gpu), the sampler (model/sample.h) and the tokenizer's decoding (dev/data/tokenizer.h).
+ * test-gpu), the sampler (model/sample.h) and the tokenizer's decoding (data/tokenizer.h).
  *
  * The cache cannot drift: a random-initialised model (clip_qkv clamping a good part of q, k, v, GQA 4:2,
  * 4 experts top-2) generates greedily from a prompt, one position at a time through the cache; then one
@@ -19,7 +19,7 @@
 #include <vector>
 #include "../model/dbrx_cuda.cuh"
 #include "../model/sample.h"
-#include "../dev/data/tokenizer.h"
+#include "../data/tokenizer.h"
 #include "cuda_test_helpers.h"
 
 static DbrxConfig small_model(float clip, float norm_p) {

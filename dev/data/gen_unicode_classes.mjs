@@ -1,7 +1,7 @@
-// gen_unicode_classes.mjs — writes dev/data/unicode_classes.h: the code point classes the cl100k
+// gen_unicode_classes.mjs — writes data/unicode_classes.h: the code point classes the cl100k
 // pre-tokenisation regex uses (\p{L}, \p{N}, \s), taken from node's own regular expressions, so that
 // the C++ tokenizer classifies exactly as the JavaScript reference (js-tiktoken) does.
-//   node dev/data/gen_unicode_classes.mjs > dev/data/unicode_classes.h
+//   node dev/data/gen_unicode_classes.mjs > data/unicode_classes.h
 const L = /\p{L}/u, N = /\p{N}/u, S = /\s/u;
 const ranges = [];   // [first, last, class]
 for (let cp = 0; cp <= 0x10ffff; cp++) {

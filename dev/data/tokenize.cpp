@@ -9,7 +9,7 @@
  * order. Every document is written as end-of-text followed by its tokens, so an end-of-text token
  * separates documents. With --val-every N, documents 0, N, 2N, ... go to NAME_val_*.bin, the others
  * to NAME_train_*.bin (N = 0: all to train); shards hold --shard-tokens tokens (the last fewer).
- * Tokenizers (dev/data/tokenizer.h): bytes (version-1 uint16 shards) and cl100k, the DBRX tokenizer
+ * Tokenizers (data/tokenizer.h): bytes (version-1 uint16 shards) and cl100k, the DBRX tokenizer
  * (version-2 uint32 shards). Documents are tokenized in parallel, in batches, and written in order.
  * A progress line goes to stderr on a terminal; one summary line with the throughput to stdout.
  * Bad input (flags, unreadable file, bad JSON, missing field) is one line naming the file (and
@@ -23,7 +23,7 @@
 #include <vector>
 #include "../../model/common.h"
 #include "../../data/shard.h"
-#include "tokenizer.h"
+#include "../../data/tokenizer.h"
 
 typedef struct {
     std::string tokenizer = "", out_dir = "", name = "", jsonl_field = "", json_field = "", ranks = "";

@@ -1,5 +1,5 @@
 /*
- * tokenizer.h — the two tokenizers of dev/data/tokenize:
+ * tokenizer.h — the two tokenizers of dev/data/tokenize and of sampling (--sample-every, --generate):
  *   bytes:  one token per UTF-8 byte (0..255), end-of-text 256 (vocabulary 257, dbrx-tiny pads to 384);
  *   cl100k: the DBRX tokenizer, GPT-4's cl100k_base byte-level BPE (ranks from a .tiktoken file)
  *           plus DBRX's added special tokens; end-of-text 100257, vocabulary padded to 100352.
@@ -20,7 +20,7 @@
 #include <queue>
 #include <string>
 #include <vector>
-#include "../../model/common.h"
+#include "../model/common.h"
 #include "unicode_classes.h"
 
 enum { UC_OTHER = 0, UC_LETTER = 1, UC_NUMBER = 2, UC_SPACE = 3 };
