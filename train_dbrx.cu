@@ -43,7 +43,12 @@
 #include "model/debug_hooks.h"
 #include "data/tokenizer.h"
 
-#include "train_flags.h"   // TrainArgs, the flag table, parse_args
+#include "train_flags.h"        // TrainArgs, the flag table, parse_args
+#include "train_log.h"          // the console lines and the JSONL log
+#include "train_observers.h"    // stragglers, expert counts, FP8 log, EP statistics
+#include "train_step.h"         // one optimizer step
+#include "train_eval.h"         // validation, multiple choice, samples, --generate
+#include "train_checkpoint.h"   // resume, saves, known-good checkpoints
 
 // 131596523520 -> "131,596,523,520"
 static std::string with_commas(int64_t n) {
@@ -191,81 +196,6 @@ static double cpu_peak_flops(int threads, std::string* how) {
     return threads * mhz * 1e6 * per_cycle;
 }
 
-// a number for the JSONL log: JSON has no nan or inf, so a non-finite value is null
-static std::string json_number_or_null(double x, const char* fmt) {
-    if (!std::isfinite(x)) return "null";
-    char b[64];
-    snprintf(b, sizeof b, fmt, x);
-    return b;
-}
-
-// 1234567 -> "1.23M" (tokens on the step line)
-static std::string human_count(double n) {
-    char b[32];
-    if (n >= 1e12) snprintf(b, sizeof b, "%.2fT", n / 1e12);
-    else if (n >= 1e9) snprintf(b, sizeof b, "%.2fB", n / 1e9);
-    else if (n >= 1e6) snprintf(b, sizeof b, "%.2fM", n / 1e6);
-    else if (n >= 1e3) snprintf(b, sizeof b, "%.1fK", n / 1e3);
-    else snprintf(b, sizeof b, "%.0f", n);
-    return b;
-}
-// 3725 s -> "1h02m"
-static std::string human_time(double s) {
-    char b[32];
-    long t = (long)(s + 0.5);
-    if (t >= 86400) snprintf(b, sizeof b, "%ldd%02ldh", t / 86400, t % 86400 / 3600);
-    else if (t >= 3600) snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, t % 3600 / 60);
-    else if (t >= 60) snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(b, sizeof b, "%lds", t);
-    return b;
-}
-
-// what one optimizer step reports. metrics: ce, lbl, z-loss, imbalance; mfu by the Megatron/PaLM count,
-// mfu_foundry by LLM Foundry's (model/config.h); comm_bytes < 0: not logged; busy: each rank's busy time
-// (NULL: one rank); tokens: seen after this step; eta: seconds left
-typedef struct {
-    int step, steps;
-    const double* metrics;
-    double gnorm, lr, dt, tok_s, mfu, mfu_foundry;
-    long long comm_bytes;
-    const std::vector<double>* busy;
-    int64_t tokens;
-    double eta;
-    double ep_recv_max, ep_recv_mean;   // expert parallelism: rows received per rank in its busiest layer (< 0: no EP)
-} StepReport;
-
-// One optimizer step's line on the console and its object in the JSONL log. The loss is logged at full
-// precision so that runs can be compared bit for bit.
-static void report_step(FILE* logf, const StepReport& r) {
-    const double* m = r.metrics;
-    char ep[64] = "";
-    if (r.ep_recv_max >= 0) snprintf(ep, sizeof ep, " | ep recv %.2fx", r.ep_recv_mean > 0 ? r.ep_recv_max / r.ep_recv_mean : 0.0);
-    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f%s | %s tok | eta %s\n",
-           r.step, r.steps, m[0], m[1], r.gnorm, r.lr, r.dt * 1000, r.tok_s, 100 * r.mfu, m[3], ep, human_count((double)r.tokens).c_str(),
-           human_time(r.eta).c_str());
-    fflush(stdout);
-    if (!logf) return;
-    auto num = json_number_or_null;
-    fprintf(logf, "{\"step\": %d, \"loss\": %s, \"lbl\": %s, \"z_loss\": %s, \"grad_norm\": %s, \"lr\": %s, "
-            "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"mfu_foundry\": %.5f, \"imbalance\": %s, \"tokens\": %lld, \"eta_s\": %.1f",
-            r.step, num(m[0], "%.17g").c_str(), num(m[1], "%.6f").c_str(), num(m[2], "%.6f").c_str(), num(r.gnorm, "%.6f").c_str(),
-            num(r.lr, "%.6e").c_str(), r.dt * 1000, r.tok_s, r.mfu, r.mfu_foundry, num(m[3], "%.4f").c_str(), (long long)r.tokens, r.eta);
-    if (r.comm_bytes >= 0) fprintf(logf, ", \"comm_bytes\": %lld", r.comm_bytes);
-    if (r.ep_recv_max >= 0) fprintf(logf, ", \"ep_recv_max\": %.0f, \"ep_recv_mean\": %.1f", r.ep_recv_max, r.ep_recv_mean);
-    if (r.busy) {   // each rank's busy time (the step less its time blocked in collectives): every rank's up to 64, else the max
-        const std::vector<double>& busy = *r.busy;
-        if (busy.size() <= 64) {
-            fprintf(logf, ", \"rank_busy_ms\": [");
-            for (size_t k = 0; k < busy.size(); k++) fprintf(logf, "%s%.2f", k ? ", " : "", busy[k] * 1000);
-            fprintf(logf, "]");
-        }
-        size_t slowest = std::max_element(busy.begin(), busy.end()) - busy.begin();
-        fprintf(logf, ", \"max_busy_ms\": %.2f, \"slowest_rank\": %zu", busy[slowest] * 1000, slowest);
-    }
-    fprintf(logf, "}\n");
-    fflush(logf);
-}
-
 // Opens the training set (seeded, rank-independent order; mixtures and schedule) and, when there is
 // validation or --dump-logits, the validation set (fixed order); returns whether it opened the latter.
 static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Comm& comm, DataLoader* train, DataLoader* val) {
@@ -278,348 +208,92 @@ static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Co
     return have_val;
 }
 
-// mean cross-entropy over the first `steps` batches of the validation set, averaged over ranks
-template <typename Model>
-static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
-    dataloader_reset(val);
-    double acc = 0;
-    for (int i = 0; i < steps; i++) {
-        dataloader_next(val);
-        comm_heartbeat();
-        acc += dbrx_forward(model, val->inputs.data(), val->targets.data(), 0.0f);
-    }
-    acc /= steps;
-    comm_all_reduce(&comm->world_group, &acc, 1, COMM_F64);
-    return acc / comm->world;
-}
-
-// Multiple-choice accuracy on --eval-mc (data/mc_eval.h): every completion is one row of a B x T batch
-// (context + completion; mc_row), scored by the sum of the per-token losses over the completion's tokens.
-// acc: the completion with the lowest total loss is the right one; acc_norm: the lowest mean loss per
-// token (mc_decide). Example i is rank i mod W's; a rank packs its examples' rows into batches, and
-// every rank runs as many forward passes as the busiest one (dummy rows of token 0 fill the rest:
-// under ZeRO-3 the forward is collective). The rows' sums are all-reduced (each row is one rank's, the
-// others add 0: exact), so every rank decides every example the same. The evaluation's FP8 amaxes are
-// dropped: it leaves no trace in training. dump (rank 0, or NULL): one JSON line per example.
-typedef struct { double acc, acc_norm; int n; } McResult;
-
-template <typename Model, typename Store>
-static McResult evaluate_mc(Model* model, Store* store, const McSet* set, int B, int T, Comm* comm, FILE* dump, int step) {
-    int W = comm->world, n = (int)set->ex.size();
-    std::vector<int64_t> row0(n + 1, 0);   // the first row of each example, over all examples
-    for (int i = 0; i < n; i++) row0[i + 1] = row0[i] + (int64_t)set->ex[i].endings.size();
-    int64_t calls = 0;                     // forward passes per rank: the busiest rank's
-    for (int q = 0; q < W; q++) {
-        int64_t rows = 0;
-        for (int i = q; i < n; i += W) rows += (int64_t)set->ex[i].endings.size();
-        calls = std::max(calls, (rows + B - 1) / B);
-    }
-    std::vector<std::pair<int, int>> mine;   // this rank's rows: (example, completion)
-    for (int i = comm->rank; i < n; i += W)
-        for (int c = 0; c < (int)set->ex[i].endings.size(); c++) mine.push_back({i, c});
-    std::vector<int> inputs((size_t)B * T), targets((size_t)B * T), first(B), count(B);
-    std::vector<float> losses;
-    std::vector<double> sum(row0[n], 0.0);
-    for (int64_t call = 0; call < calls; call++) {
-        for (int b = 0; b < B; b++) {
-            size_t k = (size_t)(call * B + b);
-            int* in = &inputs[(size_t)b * T];
-            int* tg = &targets[(size_t)b * T];
-            count[b] = 0;
-            if (k < mine.size()) mc_row(set, set->ex[mine[k].first], mine[k].second, T, in, tg, &first[b], &count[b]);
-            else { std::fill(in, in + T, 0); std::fill(tg, tg + T, 0); }
-        }
-        comm_heartbeat();
-        dbrx_forward(model, inputs.data(), targets.data(), 0.0f);
-        dbrx_losses_to_host(model, &losses);
-        for (int b = 0; b < B; b++) {
-            if (count[b] == 0) continue;
-            double s = 0;
-            for (int t = first[b]; t < first[b] + count[b]; t++) s += losses[(size_t)b * T + t];
-            const std::pair<int, int>& r = mine[(size_t)(call * B + b)];
-            sum[row0[r.first] + r.second] = s;
-        }
-    }
-    zero_skip_update(store);   // (no gradient was computed: this drops the forward passes' FP8 amaxes)
-    if (W > 1) comm_all_reduce(&comm->world_group, sum.data(), sum.size(), COMM_F64);
-    int right = 0, right_norm = 0;
-    std::vector<int> cnt;
-    for (int i = 0; i < n; i++) {
-        const McExample& e = set->ex[i];
-        int C = (int)e.endings.size(), pred, pred_norm;
-        cnt.resize(C);
-        for (int c = 0; c < C; c++) cnt[c] = std::min(e.endings[c].len, T);   // (mc_row's count)
-        mc_decide(&sum[row0[i]], cnt.data(), C, &pred, &pred_norm);
-        right += pred == e.label;
-        right_norm += pred_norm == e.label;
-        if (dump) {
-            fprintf(dump, "{\"step\": %d, \"example\": %d, \"label\": %d, \"pred\": %d, \"pred_norm\": %d, \"sum\": [", step, i, e.label,
-                    pred, pred_norm);
-            for (int c = 0; c < C; c++) fprintf(dump, "%s%s", c ? ", " : "", json_number_or_null(sum[row0[i] + c], "%.17g").c_str());
-            fprintf(dump, "], \"count\": [");
-            for (int c = 0; c < C; c++) fprintf(dump, "%s%d", c ? ", " : "", cnt[c]);
-            fprintf(dump, "]}\n");
-        }
-    }
-    if (dump) fflush(dump);
-    return {(double)right / n, (double)right_norm / n, n};
-}
-
-// ---------------------------------------------------------------------------------------------
-// generation, on both backends (the model's dbrx_decode_step: model/dbrx.h, model/dbrx_cuda.cuh)
-
-// The continuation of prompt (ids, non-empty): the prompt runs through the KV cache one position at a
-// time (prefill), then each new token is drawn from the last position's logits (model/sample.h) and fed
-// back, until max_new tokens or the end-of-text token (which ends a document; it is not returned).
-// Collective: every rank runs every step (under ZeRO-3/HSDP the weights are gathered unit by unit through
-// the model's hooks), rank 0 draws and broadcasts each token, so all ranks feed the same sequence.
-template <typename Model>
-static std::vector<int> generate_tokens(Model* model, const Tokenizer* tok, const std::vector<int>& prompt, int max_new,
-                                        float temperature, int top_k, uint64_t seed, Comm* comm) {
-    dbrx_decode_alloc(model, (int)prompt.size() + max_new);
-    Rng rng = {seed};
-    int V = model->cfg.vocab_size, pos = 0;
-    std::vector<int> out;
-    const float* logits = nullptr;
-    for (int t : prompt) logits = dbrx_decode_step(model, t, pos++);
-    for (int i = 0; i < max_new; i++) {
-        comm_heartbeat();
-        int next = comm->rank == 0 ? sample_token(logits, V, tok->valid.data(), temperature, top_k, &rng) : 0;
-        if (comm->world > 1) comm_broadcast(&comm->world_group, &next, sizeof next, 0);
-        if (next == tok->eot) break;
-        out.push_back(next);
-        if (i + 1 < max_new) logits = dbrx_decode_step(model, next, pos++);
-    }
-    return out;
-}
-
-// the sampler's seed of the sample after `step` (--sample-seed, else --seed): a resumed run draws the same
-static uint64_t sample_seed(const TrainArgs& a, int step) {
-    uint64_t base = (uint64_t)(a.sample_seed >= 0 ? a.sample_seed : a.seed);
-    return base * 0x9E3779B97F4A7C15ull + 0x73616D706C65ull + (uint64_t)step;
-}
-
-// --sample-every: rank 0 prints "sample STEP: TEXT" (control characters escaped) and logs the text
-template <typename Model>
-static void sample_during_training(const TrainArgs& args, Model* model, Comm* comm, int step, FILE* logf) {
-    comm_phase("sample after step %d", step);
-    double t0 = now_seconds();
-    std::vector<int> ids = generate_tokens(model, args.tok, args.prompt_ids, args.sample_len, args.temperature, args.sample_top_k,
-                                           sample_seed(args, step), comm);
-    if (comm->rank != 0) return;
-    std::string text = tokenizer_decode(args.tok, ids);
-    printf("sample %d: %s%s\n", step, text_printable(args.prompt).c_str(), text_printable(text).c_str());
-    printf("sample %d: %zu tokens in %.1f ms\n", step, ids.size(), (now_seconds() - t0) * 1000);
-    fflush(stdout);
-    if (logf) {
-        fprintf(logf, "{\"step\": %d, \"sample\": %s}\n", step, json_quote(text_utf8(text)).c_str());
-        fflush(logf);
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // THE TRAINING LOOP, written once for both backends. Model is Dbrx (CPU, model/dbrx.h) or DbrxGPU
 // (CUDA, model/dbrx_cuda.cuh); Store is the parameter store that owns the weights, gradients and AdamW
 // moments: Zero (host memory, MPI: parallel/zero.h) or ZeroGpu (device memory, NCCL:
-// parallel/zero_gpu.cuh). Both pairs answer the same calls:
-//   model  dbrx_forward, dbrx_backward, dbrx_fp8_metas, dbrx_fp8_log_scale, dbrx_logits_to_host, dbrx_losses_to_host,
-//          dbrx_expert_counts_add, dbrx_sync
-//   store  zero_zero_grad, zero_reduce_grads, zero_update, zero_fp8_amax_reduce, zero_bytes_sent,
-//          zero_to_host, zero_from_host, zero_layout (the layout and host shards that checkpoints and
-//          Hugging Face interop read)
-// The backend's set-up (train_cpu below, train_cuda in train_cuda.cuh) builds them and calls this.
+// parallel/zero_gpu.cuh). model/api.h is the contract both pairs keep. The backend's set-up (train_cpu
+// below, train_cuda in train_cuda.cuh) builds them and calls this. Its parts, beside this file:
+//   train_step.h        one optimizer step: micro-batches forward/backward, reduction, norm, guard, update
+//   train_observers.h   stragglers, expert counts, FP8 log, EP statistics, time left
+//   train_eval.h        validation, multiple choice, samples, --generate
+//   train_checkpoint.h  resume, saves, known-good checkpoints
+//   train_log.h         every console line and JSONL object
 
 typedef struct { double peak; std::string peak_how; std::string memory_line; HealthBackend health; } BackendInfo;
 
-static HealthOptions health_options(const TrainArgs& a) {
-    return {a.health_min_tflops, a.health_min_busbw, a.health_gemm_size, a.health_comm_mib, a.batch, a.seq, a.health_gemm_ratio};
+// rank 0's lines before the first step: the batch, the MFU convention, memory, the communication timeout
+static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero* zl, const BackendInfo& info, int64_t tokens_per_step,
+                             double fpt, double fpt_foundry) {
+    printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
+           args.batch, args.seq, args.grad_accum, comm.world, (long long)tokens_per_step, args.steps, args.lr, args.warmup, args.lr_floor);
+    printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
+           "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, info.peak / 1e12, comm.world > 1 ? "all ranks: " : "",
+           info.peak_how.c_str(), fpt_foundry);
+    printf("%s (%s, shard group %d, %d replica(s))\n", info.memory_line.c_str(),
+           zl->S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zl->R == 1 ? "ZeRO-3" : "HSDP", zl->S, zl->R);
+    if (args.comm_timeout > 0) printf("comm: --comm-timeout %g s\n", args.comm_timeout);
+    else printf("comm: --comm-timeout auto: %d s until step 1 is done and around checkpoints, %d s otherwise\n", COMM_TIMEOUT_LONG,
+                COMM_TIMEOUT_STEADY);
+}
+
+// the health check on every rank (parallel/health.h): every rank reaches the same verdict, and on failure
+// all of them exit 1 together (failed_line: rank 0 says it first, or NULL)
+template <typename Model, typename Store>
+static bool health_gate(const TrainArgs& a, const BackendInfo& info, Comm& comm, Model* model, Store* store, const char* failed_line) {
+    HealthOptions opt = {a.health_min_tflops, a.health_min_busbw, a.health_gemm_size, a.health_comm_mib, a.batch, a.seq,
+                         a.health_gemm_ratio};
+    comm_watch(1);
+    bool ok = health_check(opt, info.health, &comm, model, store);
+    comm_watch(0);
+    if (ok) return true;
+    if (comm.rank == 0 && failed_line) { printf("%s\n", failed_line); fflush(stdout); }
+    comm_agreed_failure();
+    return false;
 }
 
 template <typename Model, typename Store>
 static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store, const BackendInfo& info) {
     Zero* zl = zero_layout(store);
-    if (args.health_check_only) {   // the standalone health check: the initialised model, no data, no training
-        comm_watch(1);
-        bool ok = health_check(health_options(args), info.health, &comm, model, store);
-        comm_watch(0);
-        if (!ok) comm_agreed_failure();   // every rank reached the same verdict: all exit 1 together
-        return ok ? 0 : EXIT_RUNTIME;
-    }
+    if (args.health_check_only)   // the standalone health check: the initialised model, no data, no training
+        return health_gate(args, info, comm, model, store, NULL) ? 0 : EXIT_RUNTIME;
+
+    // ---- set-up: data, evaluations, where training starts from, the health check, the banner and the log
     DataLoader train, val;
     bool have_val = open_datasets(args, cfg, comm, &train, &val);
-    bool do_val = have_val && args.val_every > 0;
-    McSet mc;   // --eval-mc: the multiple-choice set, on every rank (each scores its share of the examples)
-    bool do_mc = !args.eval_mc.empty();
-    if (do_mc) {
-        mc_load(&mc, args.eval_mc.c_str(), "--eval-mc", cfg.vocab_size);
-        int64_t cut = 0, busiest = 0;
-        for (const McExample& e : mc.ex)
-            for (const McSpan& c : e.endings) cut += e.ctx.len + c.len > args.seq + 1;
-        for (int q = 0; q < comm.world; q++) {
-            int64_t rows = 0;
-            for (size_t i = q; i < mc.ex.size(); i += comm.world) rows += (int64_t)mc.ex[i].endings.size();
-            busiest = std::max(busiest, rows);
-        }
-        if (comm.rank == 0) {
-            printf("eval-mc: %s: %zu examples, %d", args.eval_mc.c_str(), mc.ex.size(), mc.min_completions);
-            if (mc.max_completions != mc.min_completions) printf("-%d", mc.max_completions);
-            printf(" completions (version %d, uint%d tokens): %lld rows, %lld forward passes of %d x %d per rank per evaluation, "
-                   "%s\n", mc.version, mc.version == 1 ? 16 : 32, (long long)mc.rows, (long long)((busiest + args.batch - 1) / args.batch),
-                   args.batch, args.seq, args.eval_every > 0 ? ("every " + std::to_string(args.eval_every) + " steps and at the end").c_str()
-                   : "at the end");
-            if (cut) printf("eval-mc: %lld of %lld rows are longer than --seq %d + 1 tokens: their context is cut from the left\n",
-                            (long long)cut, (long long)mc.rows, args.seq);
-        }
-    }
-
-    // ---- checkpoints and Hugging Face import (checkpoint/): where training starts from
+    bool do_val = have_val && args.val_every > 0, do_mc = !args.eval_mc.empty();
+    McSet mc;
+    if (do_mc) mc_setup(&mc, args, cfg, comm);
     AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
-    Checkpointer ck;
-    ckpt_init(&ck, args.ckpt_dir, args.ckpt_every, args.ckpt_keep, args.ckpt_keep_every);
-    ckpt_check_dir(&ck, zl, args.resume == "auto", &comm);   // before anything is trained: a directory that cannot take a save
-    RunInfo run = {args.steps, args.warmup, args.seed, args.batch, args.seq, args.grad_accum, args.lr, args.lr_floor, opt};
-    TrainProgress prog;
-    prog.rng.state = (uint64_t)args.seed ^ 0x7261696E5F646278ull;
-    if (!args.init_hf.empty()) {
-        hf_import(args.init_hf, zl, &cfg, model->table, &comm);
-        zero_from_host(store);
-        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
-    }
     SpikeGuard guard;
     spike_guard_init(&guard, args.spike_loss_sigma, args.spike_gnorm_factor, args.spike_window, args.max_skips);
-    ck.confirm = args.ckpt_confirm > 0 ? args.ckpt_confirm : args.ckpt_every > 0 ? args.ckpt_every : 1;
-    bool resumed = false;
-    if (!args.resume.empty()) {
-        JsonValue man;
-        std::string from;
-        if (ckpt_resume(&ck, args.resume, zl, &cfg, &prog, &man, &from, &comm)) {
-            zero_from_host(store);
-            std::string err;
-            if (!ckpt_loader_state_restore(&train, prog.loader, &err))
-                fail(EXIT_BAD_INPUT, "%s/manifest.json: the data loader state %s", from.c_str(), err.c_str());
-            if (!prog.guard.empty() && !(err = spike_guard_restore(&guard, prog.guard)).empty())
-                fail(EXIT_BAD_INPUT, "%s/manifest.json: %s", from.c_str(), err.c_str());
-            ckpt_warn_changes(&man, &run, comm.world, comm.rank);
-            ck.last_saved_step = prog.step;
-            ck.confirmed_step = prog.step;   // what a run resumes from counts as good
-            resumed = true;
-            if (comm.rank == 0) printf("resume: %s (step %d, %lld tokens seen); continuing at step %d of %d\n", from.c_str(),
-                                       prog.step, (long long)prog.tokens, prog.step + 1, args.steps);
-        }
+    RunCheckpoints rc;
+    TrainProgress prog;
+    bool resumed = run_ckpt_begin(&rc, args, cfg, opt, model, store, &train, &guard, &prog, comm);
+    if (args.health_check && !health_gate(args, info, comm, model, store, "health: FAILED: not training")) {
+        ckpt_free(&rc.ck);
+        dataloader_free(&train);
+        if (have_val) dataloader_free(&val);
+        return EXIT_RUNTIME;
     }
-
-    // the health check, on the weights training starts from: every rank stops (exit 1) if any rank fails it
-    if (args.health_check) {
-        comm_watch(1);
-        bool ok = health_check(health_options(args), info.health, &comm, model, store);
-        comm_watch(0);
-        if (!ok) {
-            if (comm.rank == 0) { printf("health: FAILED: not training\n"); fflush(stdout); }
-            comm_agreed_failure();   // every rank reached the same verdict: all exit 1 together
-            ckpt_free(&ck);
-            dataloader_free(&train);
-            if (have_val) dataloader_free(&val);
-            return EXIT_RUNTIME;
-        }
-    }
-
     int64_t tokens_per_step = (int64_t)args.batch * args.seq * args.grad_accum * comm.world;
     double fpt = flops_per_token(&cfg, args.seq), fpt_foundry = flops_per_token_foundry(&cfg, args.seq), peak = info.peak;
-    FILE *logf = NULL, *mc_dump = NULL;
+    RunLog log = {NULL, ""};
+    FILE* mc_dump = NULL;
     if (comm.rank == 0) {
-        printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
-               args.batch, args.seq, args.grad_accum, comm.world, (long long)tokens_per_step, args.steps, args.lr,
-               args.warmup, args.lr_floor);
-        printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
-               "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, peak / 1e12, comm.world > 1 ? "all ranks: " : "",
-               info.peak_how.c_str(), fpt_foundry);
-        printf("%s (%s, shard group %d, %d replica(s))\n", info.memory_line.c_str(),
-               zl->S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zl->R == 1 ? "ZeRO-3" : "HSDP", zl->S, zl->R);
-        if (args.comm_timeout > 0) printf("comm: --comm-timeout %g s\n", args.comm_timeout);
-        else printf("comm: --comm-timeout auto: %d s until step 1 is done and around checkpoints, %d s otherwise\n", COMM_TIMEOUT_LONG,
-                    COMM_TIMEOUT_STEADY);
-        if (!args.log.empty()) logf = fopenCheck(args.log.c_str(), resumed ? "a" : "w");   // a resumed run appends
+        print_run_banner(args, comm, zl, info, tokens_per_step, fpt, fpt_foundry);
+        run_log_open(&log, args.log, resumed);
         if (!args.eval_mc_dump.empty()) mc_dump = fopenCheck(args.eval_mc_dump.c_str(), resumed ? "a" : "w");
         fflush(stdout);
     }
-
-    // test hook: DBRX_DEBUG_KILL="R:S" makes rank R SIGKILL itself in the middle of step S ("R:S:stop":
-    // SIGSTOP, a rank that hangs)
-    int kill_rank = -1, kill_step = -1, kill_sig = SIGKILL;
-    if (const char* k = getenv("DBRX_DEBUG_KILL")) {
-        if (sscanf(k, "%d:%d", &kill_rank, &kill_step) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_KILL '%s' is not R:S[:stop]", k);
-        if (strstr(k, ":stop")) kill_sig = SIGSTOP;
-    }
-    // test hook: DBRX_DEBUG_SPIKE="S:F" multiplies the gradients of step S by F (a spike, or nan); "S+:F" of
-    // every step from S on
-    int spike_step = -1;
-    bool spike_on = false;
-    float spike_factor = 1;
-    if (const char* k = getenv("DBRX_DEBUG_SPIKE")) {
-        char* end = NULL;
-        spike_step = (int)strtol(k, &end, 10);
-        spike_on = *end == '+';
-        if (spike_on) end++;
-        if (*end != ':' || spike_step < 1) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SPIKE '%s' is not STEP[+]:FACTOR", k);
-        spike_factor = strtof(end + 1, NULL);
-    }
-    // test hook: DBRX_DEBUG_SLOW_RANK="R:MS" makes rank R sleep MS ms in every step (a straggler)
-    int slow_rank = -1, slow_ms = 0;
-    if (const char* k = getenv("DBRX_DEBUG_SLOW_RANK"))
-        if (sscanf(k, "%d:%d", &slow_rank, &slow_ms) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SLOW_RANK '%s' is not R:MS", k);
-    // stragglers: each rank's busy time per step (the step less its time blocked in collectives), gathered;
-    // a rank above 1.2 x the median in 8 of the last 10 steps is named (parallel/README.md)
-    std::vector<double> busy_all(comm.world);
-    std::vector<std::deque<char>> slow_hist(comm.world);
-    int straggler_said = -100;
-    auto long_timeout = [&](bool on) {   // --comm-timeout auto: generous around checkpoint saves
-        if (args.comm_timeout == 0) comm_set_timeout(on ? COMM_TIMEOUT_LONG : COMM_TIMEOUT_STEADY);
-    };
-    std::vector<int> saved_steps = {prog.step};   // candidates for confirmation (checkpoint/ckpt.h)
-    double time_steps = 0, first_dt = 0;           // for the time left
-    int last_skipped = 0;
+    StepObservers obs;
+    observers_init(&obs, args, cfg, comm);
     std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(model);   // every FP8 operand's state (empty: FP8 off)
-    uint64_t step_bytes_total = 0;
-    int steps_done = 0;
-    bool stopped = false;
-    auto report_save = [&](const SaveReport& r) {   // rank 0: one line, and one JSONL object
-        if (comm.rank != 0 || r.step < 0) return;
-        if (r.ok) printf("ckpt: step %d -> %s: blocked %.2f ms (shard copied to host memory), written in the background in %.1f ms, "
-                         "%.1f MiB, %.1f ms from start to commit\n", r.step, r.path.c_str(), r.blocked_ms, r.write_ms,
-                         r.bytes / 1048576.0, r.total_ms);
-        if (logf) { fprintf(logf, "{\"ckpt_step\": %d, \"ok\": %s, \"blocked_ms\": %.3f, \"write_ms\": %.3f, \"total_ms\": %.3f, "
-                            "\"bytes\": %llu}\n", r.step, r.ok ? "true" : "false", r.blocked_ms, r.write_ms, r.total_ms,
-                            (unsigned long long)r.bytes); fflush(logf); }
-        fflush(stdout);
-    };
-    // this rank's shard to host memory, then written in the background; never a non-finite state (false)
-    auto start_save = [&](SaveReport* prev) {
-        comm_phase("checkpoint save of step %d", prog.step);
-        prog.loader = ckpt_loader_state_save(&train);
-        prog.guard = spike_guard_json(&guard);
-        zero_to_host(store);
-        if (!zero_host_state_finite(zl)) {
-            if (comm.rank == 0) fprintf(stderr, "warning: step %d: the weights or AdamW moments are not finite: not saved\n", prog.step);
-            return false;
-        }
-        ckpt_start_save(&ck, zl, &cfg, &prog, &run, &comm, prev);
-        saved_steps.push_back(prog.step);
-        return true;
-    };
-    auto run_mc = [&](int at) {   // --eval-mc: one line, and one JSONL object
-        comm_phase("multiple-choice evaluation");
-        double t_mc = now_seconds();
-        McResult r = evaluate_mc(model, store, &mc, args.batch, args.seq, &comm, mc_dump, at);
-        if (comm.rank != 0) return;
-        printf("mc   %5d | acc %.4f | acc_norm %.4f | %d examples | %.1f s\n", at, r.acc, r.acc_norm, r.n, now_seconds() - t_mc);
-        if (logf) { fprintf(logf, "{\"step\": %d, \"mc_acc\": %.6f, \"mc_acc_norm\": %.6f, \"mc_n\": %d}\n", at, r.acc, r.acc_norm, r.n);
-                    fflush(logf); }
-        fflush(stdout);
-    };
-    std::vector<double> expert_counts;   // --log-every-experts: (L, E) tokens per expert of the step
-    bool guard_stop = false;
+
+    // ---- the loop: evaluations, one step, what the observers saw, samples, checkpoints
+    bool stopped = false, guard_stop = false;
     for (int step = prog.step; step < args.steps; step++) {
-        if (args.stop_after >= 0 && steps_done >= args.stop_after) {
+        if (args.stop_after >= 0 && obs.steps_done >= args.stop_after) {
             if (comm.rank == 0) printf("stop: --stop-after %d reached at step %d of %d\n", args.stop_after, step, args.steps);
             stopped = true;
             break;
@@ -627,237 +301,72 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         comm_watch(1);   // the step watchdog (parallel/comm.h) is armed while the step talks to the GPU
         comm_phase_prefix("step %d", step + 1);   // the heartbeat: where this rank is (parallel/comm.h)
         // (before validation: the evaluation drops its FP8 amaxes, and validation's are kept, as without it)
-        if (do_mc && args.eval_every > 0 && step % args.eval_every == 0) run_mc(step);
+        if (do_mc && args.eval_every > 0 && step % args.eval_every == 0) run_mc(model, store, &mc, args, &comm, mc_dump, step, &log);
         if (do_val && step % args.val_every == 0) {
             comm_phase("validation");
             double vl = evaluate(model, &val, args.val_steps, &comm);
-            if (comm.rank == 0) {
-                printf("val  %5d | val_loss %.6f\n", step, vl);
-                if (logf) { fprintf(logf, "{\"step\": %d, \"val_loss\": %s}\n", step, json_number_or_null(vl, "%.6f").c_str()); fflush(logf); }
-            }
+            if (comm.rank == 0) report_val(&log, step, vl);
         }
-        dbrx_sync(model);
-        double t0 = now_seconds(), wait0 = g_comm_wait_s;
-        uint64_t bytes0 = zero_bytes_sent(store);
-        zero_zero_grad(store);
-        double metrics[5] = {0, 0, 0, 0, 0};   // ce, lbl, z, imbalance, stop requested (summed over ranks)
-        double ep_recv = 0;                    // EP: the most rows this rank's experts took in one layer
-        bool log_experts = args.log_every_experts > 0 && (step + 1) % args.log_every_experts == 0;
-        expert_counts.assign(log_experts ? (size_t)cfg.n_layers * cfg.n_experts : 0, 0.0);
-        float dloss = 1.0f / args.grad_accum;
-        for (int micro = 0; micro < args.grad_accum; micro++) {
-            comm_phase("data, micro-batch %d", micro);
-            dataloader_next(&train);
-            comm_heartbeat();
-            comm_phase("forward, micro-batch %d", micro);
-            dbrx_forward(model, train.inputs.data(), train.targets.data(), dloss);
-            if (log_experts) dbrx_expert_counts_add(model, &expert_counts);
-            if (comm.rank == kill_rank && step + 1 == kill_step) raise(kill_sig);
-            if (comm.rank == slow_rank) usleep(slow_ms * 1000);
-            comm_phase("backward, micro-batch %d", micro);
-            dbrx_backward(model, train.inputs.data(), train.targets.data(), dloss);
-            metrics[0] += model->ce_loss / args.grad_accum;
-            metrics[1] += model->lbl_loss / args.grad_accum;
-            metrics[2] += model->z_loss / args.grad_accum;
-            metrics[3] += model->imbalance / args.grad_accum;
-            ep_recv = std::max(ep_recv, (double)dbrx_ep_recv_rows(model));
-        }
-        // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
-        comm_phase("gradient reduction");
-        zero_reduce_grads(store);
-        metrics[4] = g_comm_stop_signal ? 1 : 0;
-        if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
-            comm_all_reduce(&comm.world_group, metrics, 5, COMM_F64);
-            for (int i = 0; i < 4; i++) metrics[i] /= comm.world;
-        }
-        if (log_experts) {   // tokens per expert and layer, over the step's micro-batches and all ranks
-            if (comm.world > 1) comm_all_reduce(&comm.world_group, expert_counts.data(), expert_counts.size(), COMM_F64);
-            if (logf) {
-                fprintf(logf, "{\"step\": %d, \"expert_counts\": [", step + 1);
-                for (int l = 0; l < cfg.n_layers; l++) {
-                    fprintf(logf, "%s[", l ? ", " : "");
-                    for (int e = 0; e < cfg.n_experts; e++) fprintf(logf, "%s%.0f", e ? ", " : "", expert_counts[(size_t)l * cfg.n_experts + e]);
-                    fprintf(logf, "]");
-                }
-                fprintf(logf, "]}\n");
-            }
-        }
-        if (!fp8_metas.empty()) {
-            // the amax of a tensor is the max over every rank that holds a piece of it (the store reduces
-            // them: on the host over MPI, or on the device over NCCL)
-            bool log_fp8 = logf && args.fp8_log_every > 0 && (step + 1) % args.fp8_log_every == 0;
-            std::vector<float> amax_local;
-            zero_fp8_amax_reduce(store, fp8_metas, log_fp8 ? &amax_local : NULL);
-            if (log_fp8) {
-                fprintf(logf, "{\"step\": %d, \"fp8\": {", step + 1);
-                for (size_t i = 0; i < fp8_metas.size(); i++) {
-                    const Fp8Meta* mt = fp8_metas[i].meta;
-                    fprintf(logf, "%s\"%s\": {\"amax\": %.6g, \"amax_rank0\": %.6g, \"scale\": %.6g, \"saturated\": %lld}",
-                            i ? ", " : "", fp8_metas[i].name.c_str(), mt->amax, amax_local[i], dbrx_fp8_log_scale(model, fp8_metas[i], (int)i),
-                            mt->saturated);
-                }
-                fprintf(logf, "}}\n");
-            }
-        }
-        // the spike guard, before the update: a non-finite or spiking step is skipped (no update; the
-        // data moves on), its FP8 amaxes dropped
-        if (spike_step > 0 && (step + 1 == spike_step || (spike_on && step + 1 > spike_step))) zero_scale_grads(store, spike_factor);
-        float lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
-        comm_phase("gradient norm and optimizer");
-        double gnorm = zero_grad_norm(store);
-        std::string skip_why = spike_guard_check(&guard, metrics[0], metrics[1] + metrics[2], gnorm);
-        if (skip_why.empty()) zero_update(store, &opt, lr, step + 1, gnorm);
-        else zero_skip_update(store);
-        dbrx_sync(model);
+        StepResult r = train_step(args, model, store, &train, &opt, &guard, fp8_metas, step, comm, &obs, &log);
         comm_watch(0);
-        double dt = now_seconds() - t0, busy = dt - (g_comm_wait_s - wait0);
-        if (comm.world > 1) {   // every rank's busy time, and the stragglers among them
-            comm_all_gather(&comm.world_group, &busy, busy_all.data(), 1, COMM_F64);
-            std::vector<double> sorted = busy_all;
-            std::nth_element(sorted.begin(), sorted.begin() + comm.world / 2, sorted.end());
-            double med = sorted[comm.world / 2];
-            for (int r = 0; r < comm.world; r++) {
-                slow_hist[r].push_back(busy_all[r] > 1.2 * med && busy_all[r] - med > 1e-3);
-                if (slow_hist[r].size() > 10) slow_hist[r].pop_front();
-                int n_slow = 0;
-                for (char x : slow_hist[r]) n_slow += x;
-                if (comm.rank == 0 && n_slow >= 8 && step + 1 - straggler_said >= 10) {
-                    printf("straggler: rank %d was busy %.1f ms against a median of %.1f ms, slower than 1.2 x the median in %d of the "
-                           "last 10 steps\n", r, busy_all[r] * 1000, med * 1000, n_slow);
-                    if (logf) fprintf(logf, "{\"step\": %d, \"straggler\": %d, \"busy_ms\": %.3f, \"median_busy_ms\": %.3f}\n", step + 1, r,
-                                      busy_all[r] * 1000, med * 1000);
-                    straggler_said = step + 1;
-                }
-            }
-        }
-        uint64_t step_bytes = zero_bytes_sent(store) - bytes0;
-        step_bytes_total += step_bytes;
-        steps_done++;
-        double tok_s = tokens_per_step / dt, mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
-        // the time left: the mean step time of this invocation so far (the first step, with its set-up, left out
-        // once there are others) times the steps to go
-        time_steps += dt;
-        if (steps_done == 2) time_steps -= first_dt;
-        if (steps_done == 1) first_dt = dt;
-        double eta = (steps_done > 1 ? time_steps / (steps_done - 1) : dt) * (args.steps - step - 1);
-        double ep_max = -1, ep_mean = -1;
-        if (zl->ep_n > 1) {   // rows received per rank, max and mean over the ranks
-            std::vector<double> all(comm.world);
-            comm_all_gather(&comm.world_group, &ep_recv, all.data(), 1, COMM_F64);
-            ep_max = *std::max_element(all.begin(), all.end());
-            ep_mean = 0;
-            for (double x : all) ep_mean += x / comm.world;
-        }
-        StepReport rep = {step + 1, args.steps, metrics, gnorm, lr, dt, tok_s, mfu, peak > 0 ? fpt_foundry * tok_s / peak : 0.0,
-                          (long long)step_bytes, comm.world > 1 ? &busy_all : NULL, prog.tokens + tokens_per_step, eta, ep_max, ep_mean};
-        if (comm.rank == 0) report_step(logf, rep);
-        bool skipped = !skip_why.empty();
-        guard_stop = spike_guard_record(&guard, step + 1, skipped, metrics[0], gnorm);
-        if (skipped) {
-            last_skipped = step + 1;
-            if (comm.rank == 0) {
-                printf("guard: step %d skipped (%s): no update, the data moves on; %zu of the last %d steps skipped\n", step + 1,
-                       skip_why.c_str(), guard.skipped.size(), guard.window);
-                if (logf) { fprintf(logf, "{\"step\": %d, \"skipped\": true, \"reason\": %s}\n", step + 1, json_quote(skip_why).c_str());
-                            fflush(logf); }
-                fflush(stdout);
-            }
-        }
+        observers_after_step(&obs, store, r.bytes0, step + 1, r.dt, r.busy, r.ep_recv, args.steps - step - 1, comm, &log);
+        double tok_s = tokens_per_step / r.dt;
+        StepReport rep = {step + 1, args.steps, r.metrics, r.gnorm, r.lr, r.dt, tok_s, peak > 0 ? fpt * tok_s / peak : 0.0,
+                          peak > 0 ? fpt_foundry * tok_s / peak : 0.0, (long long)obs.step_bytes,
+                          comm.world > 1 ? &obs.stragglers.busy_all : NULL, prog.tokens + tokens_per_step, obs.eta, obs.ep_max, obs.ep_mean};
+        if (comm.rank == 0) report_step(&log, rep);
+        bool skipped = !r.skip_why.empty();
+        guard_stop = spike_guard_record(&guard, step + 1, skipped, r.metrics[0], r.gnorm);
+        if (skipped && comm.rank == 0) report_skip(&log, step + 1, r.skip_why, guard.skipped.size(), guard.window);
         prog.step = step + 1;
         prog.tokens += tokens_per_step;
         if (args.sample_every > 0 && prog.step % args.sample_every == 0) {   // (collective; the step's numbers are out)
             comm_watch(1);
-            sample_during_training(args, model, &comm, prog.step, logf);
+            sample_during_training(args, model, &comm, prog.step, &log);
             comm_watch(0);
         }
-        // the newest checkpoint the run has now trained ck.confirm steps past without a skipped step is known good
-        int confirmed = ck.confirmed_step;
-        for (int s : saved_steps) if (s > confirmed && s + ck.confirm <= prog.step && last_skipped <= s) confirmed = s;
-        if (confirmed != ck.confirmed_step) {
-            ck.confirmed_step = confirmed;
-            if (comm.rank == 0 && !ck.dir.empty()) ckpt_retain(&ck);
-        }
+        run_ckpt_confirm(&rc, prog.step, skipped, comm);
         if (guard_stop) {
             if (comm.rank == 0) fprintf(stderr, "error: the spike guard skipped %zu of the last %d steps (the last, step %d: %s); stopping "
-                                        "without saving\n", guard.skipped.size(), guard.window, step + 1, skip_why.c_str());
+                                        "without saving\n", guard.skipped.size(), guard.window, step + 1, r.skip_why.c_str());
             break;
         }
-        if (ck.pending) report_save(ckpt_poll(&ck, zl, &comm, false));
-        bool last = prog.step == args.steps || metrics[4] > 0 || (args.stop_after >= 0 && steps_done >= args.stop_after);
-        if (ck.every > 0 && prog.step % ck.every == 0 && !last) {   // (the last step is saved on the way out)
-            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
-            long_timeout(true);
-            if (start_save(&prev)) report_save(prev);
-        }
-        long_timeout(false);   // (auto: from the end of the first step on, the steady timeout)
-        if (metrics[4] > 0) {
+        bool last = prog.step == args.steps || r.metrics[4] > 0 || (args.stop_after >= 0 && obs.steps_done >= args.stop_after);
+        run_ckpt_after_step(&rc, args, store, cfg, &prog, &train, &guard, last, comm, &log);
+        if (r.metrics[4] > 0) {
             if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
             stopped = true;
             break;
         }
     }
-    // the final validation, before the save: weights whose validation loss is not finite are not saved
-    bool diverged = false;
+
+    // ---- the end: the final evaluations, the last checkpoint, export
+    // (the final validation before the save: weights whose validation loss is not finite are not saved)
+    bool diverged = false, finished = !stopped && !guard_stop && obs.steps_done > 0;
     comm_phase_prefix("after step %d", prog.step);
-    if (do_val && !stopped && !guard_stop && steps_done > 0) {
+    if (do_val && finished) {
         comm_phase("validation");
         comm_watch(1);
         double vl = evaluate(model, &val, args.val_steps, &comm);
         comm_watch(0);
-        if (comm.rank == 0) {
-            printf("val  %5d | val_loss %.6f\n", args.steps, vl);
-            if (logf) fprintf(logf, "{\"step\": %d, \"val_loss\": %s}\n", args.steps, json_number_or_null(vl, "%.6f").c_str());
-        }
+        if (comm.rank == 0) report_val(&log, args.steps, vl, false);
         diverged = !std::isfinite(vl);
     }
-    if (do_mc && !stopped && !guard_stop && steps_done > 0) {
+    if (do_mc && finished) {
         comm_watch(1);
-        run_mc(prog.step);
+        run_mc(model, store, &mc, args, &comm, mc_dump, prog.step, &log);
         comm_watch(0);
     }
-    // on the way out (the end, --stop-after, a signal): a checkpoint of where we are, waited for. After the
-    // spike guard stopped the run: nothing saved, and the checkpoints not known good set aside
-    bool save_failed = false;
-    long_timeout(true);   // (auto: the rest is checkpoints, export and the like)
-    if (!ck.dir.empty()) {
-        if (ck.pending) report_save(ckpt_wait_commit(&ck, zl, &comm));
-        if (guard_stop) {
-            if (comm.rank == 0) {
-                std::string good = ckpt_set_aside_unconfirmed(&ck);
-                fprintf(stderr, "error: %s; resume with --resume auto (after lowering --lr, or with other data), or a set-aside "
-                        "checkpoint with --resume DIR\n", good.c_str());
-            }
-        } else if (diverged) {
-            if (comm.rank == 0) fprintf(stderr, "warning: step %d: the validation loss is not finite: not saved\n", prog.step);
-        } else if (ck.last_saved_step != prog.step) {
-            SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
-            SaveReport r = prev;
-            if (start_save(&prev)) r = ckpt_wait_commit(&ck, zl, &comm);
-            report_save(r);
-            save_failed = !r.ok;
-        }
-    }
+    comm_timeout_long(args, true);   // (auto: the rest is checkpoints, export and the like)
+    bool saved = run_ckpt_end(&rc, store, cfg, &prog, &train, &guard, guard_stop, diverged, comm, &log);
     if (guard_stop) {
-        ckpt_free(&ck);
-        if (logf) fcloseCheck(logf, args.log.c_str());
+        ckpt_free(&rc.ck);
+        run_log_close(&log);
         comm_agreed_failure();   // every rank took the same decision: all exit 1 together
         return EXIT_RUNTIME;
     }
-    if (zl->ep_n > 1) {   // the expert-parallel exchange of this rank, for the byte formula (parallel/README.md)
-        long long out = 0, in = 0, counts = 0;
-        dbrx_ep_totals(model, &out, &in, &counts);
-        printf("ep: rank %d sent %llu bytes in its expert-parallel group: %lld count messages, %lld rows out, %lld rows in\n", comm.rank,
-               (unsigned long long)comm_bytes_sent(&zl->ep), counts, out, in);
-        fflush(stdout);
-    }
-    if (comm.world > 1) {   // what each rank sent, for the communication-volume check (parallel/README.md)
-        printf("comm: rank %d sent %llu bytes in %d training steps (%.1f bytes/step)\n", comm.rank,
-               (unsigned long long)step_bytes_total, steps_done, steps_done ? (double)step_bytes_total / steps_done : 0.0);
-        fflush(stdout);
-    }
-    comm_watch(1);   // the logits dump talks to the GPU too
+    observers_at_end(&obs, model, zl, comm);
     if (!args.export_hf.empty()) {
-        comm_watch(0);
         zero_to_host(store);
         if (!zero_host_state_finite(zl)) {
             if (comm.rank == 0) fprintf(stderr, "error: --export-hf %s: the weights are not finite: not exported\n", args.export_hf.c_str());
@@ -866,83 +375,22 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         hf_export(args.export_hf, zl, &cfg, model->table, args.export_dtype, (uint64_t)(args.export_max_file_gb * 1e9), &comm);
         if (comm.rank == 0) printf("export: %s (%s, DbrxForCausalLM)\n", args.export_hf.c_str(), args.export_dtype.c_str());
     }
-    if (!args.dump_logits.empty()) {   // logits of the first validation batch, for dev/hf_logits.py
-        dataloader_reset(&val);
-        dataloader_next(&val);
-        dbrx_forward(model, val.inputs.data(), val.targets.data(), 0.0f);
-        if (comm.rank == 0) {
-            std::vector<float> logits;
-            dbrx_logits_to_host(model, &logits);
-            st_write_host(args.dump_logits, {{"inputs", "I32", {args.batch, args.seq}, val.inputs.data()},
-                                             {"targets", "I32", {args.batch, args.seq}, val.targets.data()},
-                                             {"logits", "F32", {args.batch, args.seq, cfg.vocab_size}, logits.data()}});
-            printf("dump: inputs and logits of the first validation batch -> %s\n", args.dump_logits.c_str());
-        }
+    if (!args.dump_logits.empty()) {   // (talks to the GPU too: watched)
+        comm_watch(1);
+        dump_logits(model, &val, args, cfg, comm);
+        comm_watch(0);
     }
-    comm_watch(0);
-    if (logf) fcloseCheck(logf, args.log.c_str());
+    run_log_close(&log);
     if (mc_dump) fcloseCheck(mc_dump, args.eval_mc_dump.c_str());
-    ckpt_free(&ck);
+    ckpt_free(&rc.ck);
     dataloader_free(&train);
     if (have_val) dataloader_free(&val);
-    if (save_failed) { fprintf(stderr, "error: the last checkpoint could not be saved (see the warnings above)\n"); return EXIT_RUNTIME; }
+    if (!saved) { fprintf(stderr, "error: the last checkpoint could not be saved (see the warnings above)\n"); return EXIT_RUNTIME; }
     if (diverged) {
         comm_agreed_failure();   // every rank saw the same validation loss
         if (comm.rank == 0) fprintf(stderr, "error: the final validation loss is not finite: the weights diverged%s\n",
-                                    ck.dir.empty() ? "" : " (not saved)");
+                                    rc.ck.dir.empty() ? "" : " (not saved)");
         return EXIT_RUNTIME;
-    }
-    return 0;
-}
-
-// ---------------------------------------------------------------------------------------------
-// --generate: load the weights (a checkpoint, or a Hugging Face export), write the continuation of the
-// prompt to stdout, exit. Both backends, any number of ranks (collective: the store gathers the units).
-
-static FILE* g_generate_out = NULL;   // the process's stdout; everything else goes to stderr in --generate
-
-template <typename Model, typename Store>
-static int generate_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store) {
-    Zero* zl = zero_layout(store);
-    if (!args.init_hf.empty()) {
-        hf_import(args.init_hf, zl, &cfg, model->table, &comm);
-        zero_from_host(store);
-        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
-    } else {
-        Checkpointer ck;
-        ckpt_init(&ck, args.ckpt_dir, 0, 1, 0);
-        TrainProgress prog;
-        JsonValue man;
-        std::string from;
-        if (!ckpt_resume(&ck, args.resume, zl, &cfg, &prog, &man, &from, &comm)) {   // (auto, and none there)
-            comm_agreed_failure();
-            if (comm.rank == 0) fail(EXIT_BAD_INPUT, "--generate --resume auto: no checkpoint in --ckpt-dir %s", args.ckpt_dir.c_str());
-            exit(EXIT_BAD_INPUT);
-        }
-        zero_from_host(store);
-        ckpt_free(&ck);
-        if (comm.rank == 0) printf("resume: weights from %s (step %d)\n", from.c_str(), prog.step);
-    }
-    if (comm.rank == 0) {
-        printf("generate: %zu prompt tokens (the end-of-text token first), at most %d new, temperature %g%s, %s tokenizer\n",
-               args.prompt_ids.size(), args.sample_len, args.temperature,
-               args.sample_top_k > 0 ? (", top-" + std::to_string(args.sample_top_k)).c_str() : "",
-               args.tok->kind == TOKENIZER_BYTES ? "bytes" : "cl100k");
-        fflush(stdout);
-    }
-    comm_watch(1);
-    double t0 = now_seconds();
-    std::vector<int> ids = generate_tokens(model, args.tok, args.prompt_ids, args.sample_len, args.temperature, args.sample_top_k,
-                                           sample_seed(args, 0), &comm);
-    double dt = now_seconds() - t0;
-    comm_watch(0);
-    if (comm.rank == 0) {
-        std::string text = args.prompt + tokenizer_decode(args.tok, ids) + "\n";
-        fwriteCheck(text.data(), 1, text.size(), g_generate_out, "the generated text");
-        if (fflush(g_generate_out) != 0) fail(EXIT_RUNTIME, "writing the generated text to stdout: %s", strerror(errno));
-        printf("generate: %zu tokens in %.2f s (%zu positions through the KV cache, %.1f per second)\n", ids.size(), dt,
-               args.prompt_ids.size() + ids.size(), (args.prompt_ids.size() + ids.size()) / (dt > 0 ? dt : 1e-9));
-        fflush(stdout);
     }
     return 0;
 }

@@ -34,6 +34,7 @@
 #include "files.h"
 #include "fp8_state.h"
 #include "json.h"
+#include "../model/debug_hooks.h"
 
 // the manifest's format: 2 added "fp8" (the FP8 scaling state); 3 the experts as units of their own,
 // split in runs ("unit_runs", parallel/zero.h). 1 and 2 (each unit one run) are still read.
@@ -82,7 +83,7 @@ typedef struct {
     float* staging = NULL;
     size_t staging_n = 0;
     double blocked_s = 0, write_s = 0, t_start = 0;
-    int debug_kill_step = -1;   // DBRX_DEBUG_CKPT_KILL="STEP:POINT": SIGKILL at POINT of this step's save
+    int debug_kill_step = -1;   // DBRX_DEBUG_CKPT_KILL (model/debug_hooks.h): SIGKILL at POINT of this step's save
     std::string debug_kill_point;
 } Checkpointer;
 
@@ -92,12 +93,8 @@ typedef struct { bool ok; int step; double blocked_ms, write_ms, total_ms; uint6
 static inline void ckpt_init(Checkpointer* ck, const std::string& dir, int every, int keep, int keep_every) {
     ck->dir = dir; ck->every = every; ck->keep = keep; ck->keep_every = keep_every;
     signal(SIGXFSZ, SIG_IGN);   // a file-size limit makes write() fail (EFBIG) like a full disk, not kill us
-    if (const char* k = getenv("DBRX_DEBUG_CKPT_KILL")) {
-        char point[32] = "";
-        if (sscanf(k, "%d:%31s", &ck->debug_kill_step, point) != 2)
-            fail(EXIT_BAD_INPUT, "DBRX_DEBUG_CKPT_KILL '%s' is not STEP:shard|manifest|rename", k);
-        ck->debug_kill_point = point;
-    }
+    ck->debug_kill_step = g_debug_hooks.ckpt_kill_step;   // (the tests' killed save: model/debug_hooks.h)
+    ck->debug_kill_point = g_debug_hooks.ckpt_kill_point;
 }
 static inline void ckpt_debug_kill(Checkpointer* ck, int step, const char* point) {
     if (step == ck->debug_kill_step && ck->debug_kill_point == point) {

@@ -17,6 +17,7 @@
  */
 #pragma once
 #include <signal.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <string>
@@ -79,4 +80,18 @@ static inline void debug_hooks_read() {
                 : PLANT_NONE;
     }
     g_debug_hooks = h;
+}
+
+// the training step's seams (train_step.h), after each micro-batch's forward of step (1-based) `step`:
+// the killed or stopped rank, and the slow one
+static inline void debug_after_forward(int rank, int step) {
+    const DebugHooks& h = g_debug_hooks;
+    if (rank == h.kill_rank && step == h.kill_step) raise(h.kill_signal);
+    if (rank == h.slow_rank) usleep(h.slow_ms * 1000);
+}
+// whether step (1-based) `step`'s gradients are multiplied by *factor (a spike, or nan)
+static inline bool debug_spike(int step, float* factor) {
+    const DebugHooks& h = g_debug_hooks;
+    *factor = h.spike_factor;
+    return h.spike_step > 0 && (step == h.spike_step || (h.spike_from && step > h.spike_step));
 }

@@ -30,6 +30,7 @@
 #include "../model/matmul.cuh"
 #include "comm.h"
 #include "comm_check.h"
+#include "../model/debug_hooks.h"
 
 typedef struct {
     double min_tflops;    // --health-min-tflops (0: not given)
@@ -154,18 +155,11 @@ static inline HealthGemm health_gemm_gpu(int n, int slow) {
 }
 #endif
 
-// DBRX_DEBUG_SLOW_GEMM=R[:F]: the rank whose GEMM is made slow (-1: none), doing F GEMMs (default 8) for
-// every one it counts
+// DBRX_DEBUG_SLOW_GEMM=R[:F] (model/debug_hooks.h): the rank whose GEMM is made slow (-1: none), doing F
+// GEMMs (default 8) for every one it counts
 static inline int health_debug_slow_rank(int* factor) {
-    const char* s = getenv("DBRX_DEBUG_SLOW_GEMM");
-    *factor = 8;
-    if (!s) return -1;
-    char* end = NULL;
-    long r = strtol(s, &end, 10), f = 8;
-    if (*end == ':') { char* e2 = NULL; f = strtol(end + 1, &e2, 10); end = (e2 == end + 1) ? end : e2; }
-    if (!*s || *end || r < 0 || r > 1000000 || f < 1 || f > 1000) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SLOW_GEMM '%s' is not R[:F]", s);
-    *factor = (int)f;
-    return (int)r;
+    *factor = g_debug_hooks.slow_gemm_factor;
+    return g_debug_hooks.slow_gemm_rank;
 }
 
 // the upper median: with two ranks the faster one, so that the slower is measured against it

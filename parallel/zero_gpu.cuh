@@ -28,6 +28,7 @@
 #pragma once
 #include "zero.h"
 #include "zero_fp8.h"
+#include "../model/debug_hooks.h"
 #include "../model/dbrx_cuda.cuh"
 
 // --fp8-gather on the device: the blocks' five FP8 matrices travel as E4M3 codes (1 byte/param), the
@@ -99,12 +100,6 @@ __global__ void zero_sum_partials_kernel(double* out, const float* partial, int 
     for (int b = 0; b < n; b++) acc += partial[b];
     *out = acc;
 }
-// DBRX_DEBUG_PLANT=reduce_scatter_chunk | skip_gather_wait | fp8_gather_scale: planted bugs for the tests'
-// negative controls
-static inline bool zero_debug_plant(const char* what) { const char* p = getenv("DBRX_DEBUG_PLANT"); return p && !strcmp(p, what); }
-static const bool g_zero_debug_plant_rs = zero_debug_plant("reduce_scatter_chunk");
-static const bool g_zero_debug_skip_wait = zero_debug_plant("skip_gather_wait");
-static const bool g_zero_debug_plant_fp8 = zero_debug_plant("fp8_gather_scale");
 static inline int zero_grid(size_t n) { size_t b = (n + 255) / 256; return (int)(b < 4096 ? (b ? b : 1) : 4096); }
 
 static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }
@@ -404,7 +399,7 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
         bool all = true;
         for (size_t k = 0; k < n; k++) {
             const Fp8Meta& meta = mf->metas[f->mat_slot[k]];
-            float sc = g_zero_debug_plant_fp8 ? 2 * meta.scale : meta.scale;   // (the tests' planted bug: a wrong scale)
+            float sc = g_debug_hooks.plant == PLANT_FP8_GATHER_SCALE ? 2 * meta.scale : meta.scale;   // (the tests' planted bug: a wrong scale)
             host[k] = sc; host[n + k] = 1.0f / sc;
             all = all && meta.filled > 0;
         }
@@ -497,7 +492,7 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
     int slot = u & 1;
     if (phase != UNIT_BACKWARD_GRADS_ONLY) {
         zero_gpu_gather_unit_async(zg, u);
-        if (!g_zero_debug_skip_wait) zero_gpu_wait_unit(zg, u);   // (the negative control skips it)
+        if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait_unit(zg, u);   // (the negative control skips it)
         model_unit_views(&model->p, zg->work[slot], u, &model->cfg, model->table, z->ep_n);
         int next = zero_next_unit(z, u, phase);
         if (next >= 0) zero_gpu_gather_unit_async(zg, next);   // overlaps this unit's compute
@@ -519,7 +514,7 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
         cudaCheck(cudaStreamWaitEvent(comm, zg->grads_ready[slot], 0));
         // (test/test_zero_gpu.sh's negative control plants an error here: the neighbour's chunk)
         CommGroup* grp = zero_unit_group(z, u);
-        int mine = g_zero_debug_plant_rs ? (grp->rank + 1) % grp->size : grp->rank;
+        int mine = g_debug_hooks.plant == PLANT_REDUCE_SCATTER_CHUNK ? (grp->rank + 1) % grp->size : grp->rank;
         for (const ShardRun& r : z->runs[u]) {   // run by run, out of the unit's full gradient
             if (!zero_run_mine(z, r)) continue;
             float* full = zg->gwork[slot] + r.slot_off;

@@ -1,0 +1,144 @@
+/*
+ * train_checkpoint.h — the training loop's checkpoints (the format and its writer: checkpoint/ckpt.h):
+ *   run_ckpt_begin      where training starts: the directory checked, --init-hf, --resume (weights,
+ *                       data loader position, spike guard statistics)
+ *   run_ckpt_save       this rank's shard to host memory, then written in the background
+ *   run_ckpt_confirm    the newest checkpoint the run has trained --ckpt-confirm steps past without a
+ *                       skipped step is known good (only known-good ones count toward --ckpt-keep)
+ *   run_ckpt_after_step a finished background save reported; every --ckpt-every steps a new one
+ *   run_ckpt_end        on the way out (the end, --stop-after, a signal): a checkpoint of where we are,
+ *                       waited for; after the spike guard stopped the run, nothing saved and the
+ *                       checkpoints not known good set aside
+ * Included by train_dbrx.cu only.
+ */
+#pragma once
+#include <string>
+#include <vector>
+#include "checkpoint/ckpt.h"
+#include "checkpoint/hf.h"
+#include "checkpoint/loader_state.h"
+#include "checkpoint/spike_guard.h"
+#include "train_log.h"
+
+typedef struct {
+    Checkpointer ck;
+    RunInfo run;                    // what the manifest records of the run (a resume warns on changes)
+    std::vector<int> saved_steps;   // candidates for confirmation
+    int last_skipped;               // the last step the spike guard skipped
+} RunCheckpoints;
+
+// --comm-timeout auto: generous around checkpoint saves (and until the first step is done), steady otherwise
+static void comm_timeout_long(const TrainArgs& args, bool on) {
+    if (args.comm_timeout == 0) comm_set_timeout(on ? COMM_TIMEOUT_LONG : COMM_TIMEOUT_STEADY);
+}
+
+// Returns whether the run resumed from a checkpoint. prog: the step, tokens and RNG training starts from.
+template <typename Model, typename Store>
+static bool run_ckpt_begin(RunCheckpoints* rc, const TrainArgs& args, const DbrxConfig& cfg, const AdamWConfig& opt, Model* model,
+                           Store* store, DataLoader* train, SpikeGuard* guard, TrainProgress* prog, Comm& comm) {
+    Zero* zl = zero_layout(store);
+    Checkpointer* ck = &rc->ck;
+    ckpt_init(ck, args.ckpt_dir, args.ckpt_every, args.ckpt_keep, args.ckpt_keep_every);
+    ckpt_check_dir(ck, zl, args.resume == "auto", &comm);   // before anything is trained: a directory that cannot take a save
+    rc->run = {args.steps, args.warmup, args.seed, args.batch, args.seq, args.grad_accum, args.lr, args.lr_floor, opt};
+    prog->rng.state = (uint64_t)args.seed ^ 0x7261696E5F646278ull;
+    if (!args.init_hf.empty()) {
+        hf_import(args.init_hf, zl, &cfg, model->table, &comm);
+        zero_from_host(store);
+        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
+    }
+    ck->confirm = args.ckpt_confirm > 0 ? args.ckpt_confirm : args.ckpt_every > 0 ? args.ckpt_every : 1;
+    bool resumed = false;
+    if (!args.resume.empty()) {
+        JsonValue man;
+        std::string from;
+        if (ckpt_resume(ck, args.resume, zl, &cfg, prog, &man, &from, &comm)) {
+            zero_from_host(store);
+            std::string err;
+            if (!ckpt_loader_state_restore(train, prog->loader, &err))
+                fail(EXIT_BAD_INPUT, "%s/manifest.json: the data loader state %s", from.c_str(), err.c_str());
+            if (!prog->guard.empty() && !(err = spike_guard_restore(guard, prog->guard)).empty())
+                fail(EXIT_BAD_INPUT, "%s/manifest.json: %s", from.c_str(), err.c_str());
+            ckpt_warn_changes(&man, &rc->run, comm.world, comm.rank);
+            ck->last_saved_step = prog->step;
+            ck->confirmed_step = prog->step;   // what a run resumes from counts as good
+            resumed = true;
+            if (comm.rank == 0) printf("resume: %s (step %d, %lld tokens seen); continuing at step %d of %d\n", from.c_str(),
+                                       prog->step, (long long)prog->tokens, prog->step + 1, args.steps);
+        }
+    }
+    rc->saved_steps = {prog->step};
+    rc->last_skipped = 0;
+    return resumed;
+}
+
+// this rank's shard to host memory, then written in the background; never a non-finite state (false)
+template <typename Store>
+static bool run_ckpt_save(RunCheckpoints* rc, Store* store, const DbrxConfig& cfg, TrainProgress* prog, DataLoader* train,
+                          SpikeGuard* guard, Comm& comm, SaveReport* prev) {
+    Zero* zl = zero_layout(store);
+    comm_phase("checkpoint save of step %d", prog->step);
+    prog->loader = ckpt_loader_state_save(train);
+    prog->guard = spike_guard_json(guard);
+    zero_to_host(store);
+    if (!zero_host_state_finite(zl)) {
+        if (comm.rank == 0) fprintf(stderr, "warning: step %d: the weights or AdamW moments are not finite: not saved\n", prog->step);
+        return false;
+    }
+    ckpt_start_save(&rc->ck, zl, &cfg, prog, &rc->run, &comm, prev);
+    rc->saved_steps.push_back(prog->step);
+    return true;
+}
+
+// after step `step` (skipped: by the spike guard)
+static void run_ckpt_confirm(RunCheckpoints* rc, int step, bool skipped, const Comm& comm) {
+    Checkpointer* ck = &rc->ck;
+    if (skipped) rc->last_skipped = step;
+    int confirmed = ck->confirmed_step;
+    for (int s : rc->saved_steps) if (s > confirmed && s + ck->confirm <= step && rc->last_skipped <= s) confirmed = s;
+    if (confirmed != ck->confirmed_step) {
+        ck->confirmed_step = confirmed;
+        if (comm.rank == 0 && !ck->dir.empty()) ckpt_retain(ck);
+    }
+}
+
+// after a step that does not end the run (last: it does; its checkpoint is saved on the way out)
+template <typename Store>
+static void run_ckpt_after_step(RunCheckpoints* rc, const TrainArgs& args, Store* store, const DbrxConfig& cfg, TrainProgress* prog,
+                                DataLoader* train, SpikeGuard* guard, bool last, Comm& comm, RunLog* log) {
+    Checkpointer* ck = &rc->ck;
+    Zero* zl = zero_layout(store);
+    if (ck->pending) { SaveReport r = ckpt_poll(ck, zl, &comm, false); if (comm.rank == 0) report_save(log, r); }
+    if (ck->every > 0 && prog->step % ck->every == 0 && !last) {
+        SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
+        comm_timeout_long(args, true);
+        if (run_ckpt_save(rc, store, cfg, prog, train, guard, comm, &prev) && comm.rank == 0) report_save(log, prev);
+    }
+    comm_timeout_long(args, false);   // (auto: from the end of the first step on, the steady timeout)
+}
+
+// on the way out; returns false when the last checkpoint could not be saved
+template <typename Store>
+static bool run_ckpt_end(RunCheckpoints* rc, Store* store, const DbrxConfig& cfg, TrainProgress* prog, DataLoader* train,
+                         SpikeGuard* guard, bool guard_stop, bool diverged, Comm& comm, RunLog* log) {
+    Checkpointer* ck = &rc->ck;
+    Zero* zl = zero_layout(store);
+    if (ck->dir.empty()) return true;
+    if (ck->pending) { SaveReport r = ckpt_wait_commit(ck, zl, &comm); if (comm.rank == 0) report_save(log, r); }
+    if (guard_stop) {
+        if (comm.rank == 0) {
+            std::string good = ckpt_set_aside_unconfirmed(ck);
+            fprintf(stderr, "error: %s; resume with --resume auto (after lowering --lr, or with other data), or a set-aside "
+                    "checkpoint with --resume DIR\n", good.c_str());
+        }
+    } else if (diverged) {
+        if (comm.rank == 0) fprintf(stderr, "warning: step %d: the validation loss is not finite: not saved\n", prog->step);
+    } else if (ck->last_saved_step != prog->step) {
+        SaveReport prev = {false, -1, 0, 0, 0, 0, ""};
+        SaveReport r = prev;
+        if (run_ckpt_save(rc, store, cfg, prog, train, guard, comm, &prev)) r = ckpt_wait_commit(ck, zl, &comm);
+        if (comm.rank == 0) report_save(log, r);
+        return r.ok;
+    }
+    return true;
+}

@@ -1,0 +1,81 @@
+/*
+ * train_step.h — one optimizer step, written once for both backends (Model/Store: model/api.h):
+ *   zero the gradients
+ *   for each of grad_accum micro-batches: next batch -> forward -> backward (gradients accumulate;
+ *     under ZeRO-3/HSDP each unit's weights are gathered before it runs and its gradients
+ *     reduce-scattered after it: the store's unit hooks, parallel/zero.h)
+ *   reduce the gradients across replicas (/ W), the metrics across ranks, the FP8 amaxes
+ *   global gradient norm -> the spike guard decides -> AdamW on this rank's shard, or skip
+ * Included by train_dbrx.cu only.
+ */
+#pragma once
+#include <string>
+#include <vector>
+#include "model/debug_hooks.h"
+#include "train_observers.h"
+
+typedef struct {
+    double metrics[5];      // ce, lbl, z-loss, imbalance (means over micro-batches and ranks), a stop requested (any rank)
+    double gnorm;           // the global gradient norm, before clipping
+    float lr;
+    std::string skip_why;   // why the spike guard skipped the update ("": updated)
+    double ep_recv;         // expert parallelism: the most rows this rank's experts took in one layer
+    double dt, busy;        // seconds: the step, and the part not blocked in collectives
+    uint64_t bytes0;        // bytes the store had sent when the step began
+} StepResult;
+
+// step: 0-based (the schedule's); observers: the loop's watchers (train_observers.h)
+template <typename Model, typename Store>
+static StepResult train_step(const TrainArgs& args, Model* model, Store* store, DataLoader* data, const AdamWConfig* opt,
+                             SpikeGuard* guard, std::vector<Fp8MetaRef>& fp8_metas, int step, Comm& comm,
+                             StepObservers* obs, RunLog* log) {
+    StepResult r = {};
+    observers_begin_step(obs, step, log);
+    dbrx_sync(model);
+    double t0 = now_seconds(), wait0 = g_comm_wait_s;
+    r.bytes0 = zero_bytes_sent(store);
+    zero_zero_grad(store);
+    float dloss = 1.0f / args.grad_accum;   // each micro-batch's share of the step's mean loss
+    for (int micro = 0; micro < args.grad_accum; micro++) {
+        comm_phase("data, micro-batch %d", micro);
+        dataloader_next(data);
+        comm_heartbeat();
+        comm_phase("forward, micro-batch %d", micro);
+        dbrx_forward(model, data->inputs.data(), data->targets.data(), dloss);
+        observers_after_forward(obs, model);
+        debug_after_forward(comm.rank, step + 1);   // (the tests' killed, stopped or slow rank: model/debug_hooks.h)
+        comm_phase("backward, micro-batch %d", micro);
+        dbrx_backward(model, data->inputs.data(), data->targets.data(), dloss);
+        r.metrics[0] += model->ce_loss / args.grad_accum;
+        r.metrics[1] += model->lbl_loss / args.grad_accum;
+        r.metrics[2] += model->z_loss / args.grad_accum;
+        r.metrics[3] += model->imbalance / args.grad_accum;
+        r.ep_recv = std::max(r.ep_recv, (double)dbrx_ep_recv_rows(model));
+    }
+    // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
+    comm_phase("gradient reduction");
+    zero_reduce_grads(store);
+    r.metrics[4] = g_comm_stop_signal ? 1 : 0;
+    if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
+        comm_all_reduce(&comm.world_group, r.metrics, 5, COMM_F64);
+        for (int i = 0; i < 4; i++) r.metrics[i] /= comm.world;
+    }
+    // the amax of an FP8 tensor is the max over every rank that holds a piece of it (the store reduces
+    // them: on the host over MPI, or on the device over NCCL)
+    if (!fp8_metas.empty()) zero_fp8_amax_reduce(store, fp8_metas, obs->fp8.on ? &obs->fp8.amax_rank0 : NULL);
+    observers_before_update(obs, model, fp8_metas, step, comm, log);
+    float spike;
+    if (debug_spike(step + 1, &spike)) zero_scale_grads(store, spike);   // (the tests' injected spike or NaN)
+    // the spike guard, before the update: a non-finite or spiking step is skipped (no update; the data
+    // moves on), its FP8 amaxes dropped
+    r.lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
+    comm_phase("gradient norm and optimizer");
+    r.gnorm = zero_grad_norm(store);
+    r.skip_why = spike_guard_check(guard, r.metrics[0], r.metrics[1] + r.metrics[2], r.gnorm);
+    if (r.skip_why.empty()) zero_update(store, opt, r.lr, step + 1, r.gnorm);
+    else zero_skip_update(store);
+    dbrx_sync(model);
+    r.dt = now_seconds() - t0;
+    r.busy = r.dt - (g_comm_wait_s - wait0);
+    return r;
+}
