@@ -29,7 +29,7 @@ typedef struct {
 
 // --comm-timeout auto: generous around checkpoint saves (and until the first step is done), steady otherwise
 static void comm_timeout_long(const TrainArgs& args, bool on) {
-    if (args.comm_timeout == 0) comm_set_timeout(on ? COMM_TIMEOUT_LONG : COMM_TIMEOUT_STEADY);
+    if (args.parallel.comm_timeout == 0) comm_set_timeout(on ? COMM_TIMEOUT_LONG : COMM_TIMEOUT_STEADY);
 }
 
 // Returns whether the run resumed from a checkpoint. prog: the step, tokens and RNG training starts from.
@@ -38,21 +38,21 @@ static bool run_ckpt_begin(RunCheckpoints* rc, const TrainArgs& args, const Dbrx
                            Store* store, DataLoader* train, SpikeGuard* guard, TrainProgress* prog, Comm& comm) {
     Zero* zl = zero_layout(store);
     Checkpointer* ck = &rc->ck;
-    ckpt_init(ck, args.ckpt_dir, args.ckpt_every, args.ckpt_keep, args.ckpt_keep_every);
-    ckpt_check_dir(ck, zl, args.resume == "auto", &comm);   // before anything is trained: a directory that cannot take a save
-    rc->run = {args.steps, args.warmup, args.seed, args.batch, args.seq, args.grad_accum, args.lr, args.lr_floor, opt};
-    prog->rng.state = (uint64_t)args.seed ^ 0x7261696E5F646278ull;
-    if (!args.init_hf.empty()) {
-        hf_import(args.init_hf, zl, &cfg, model->table, &comm);
+    ckpt_init(ck, args.ckpt.dir, args.ckpt.every, args.ckpt.keep, args.ckpt.keep_every);
+    ckpt_check_dir(ck, zl, args.ckpt.resume == "auto", &comm);   // before anything is trained: a directory that cannot take a save
+    rc->run = {args.run.steps, args.optim.warmup, args.run.seed, args.run.batch, args.run.seq, args.run.grad_accum, args.optim.lr, args.optim.lr_floor, opt};
+    prog->rng.state = (uint64_t)args.run.seed ^ 0x7261696E5F646278ull;
+    if (!args.ckpt.init_hf.empty()) {
+        hf_import(args.ckpt.init_hf, zl, &cfg, model->table, &comm);
         zero_from_host(store);
-        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
+        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.ckpt.init_hf.c_str());
     }
-    ck->confirm = args.ckpt_confirm > 0 ? args.ckpt_confirm : args.ckpt_every > 0 ? args.ckpt_every : 1;
+    ck->confirm = args.ckpt.confirm > 0 ? args.ckpt.confirm : args.ckpt.every > 0 ? args.ckpt.every : 1;
     bool resumed = false;
-    if (!args.resume.empty()) {
+    if (!args.ckpt.resume.empty()) {
         JsonValue man;
         std::string from;
-        if (ckpt_resume(ck, args.resume, zl, &cfg, prog, &man, &from, &comm)) {
+        if (ckpt_resume(ck, args.ckpt.resume, zl, &cfg, prog, &man, &from, &comm)) {
             zero_from_host(store);
             std::string err;
             if (!ckpt_loader_state_restore(train, prog->loader, &err))
@@ -64,7 +64,7 @@ static bool run_ckpt_begin(RunCheckpoints* rc, const TrainArgs& args, const Dbrx
             ck->confirmed_step = prog->step;   // what a run resumes from counts as good
             resumed = true;
             if (comm.rank == 0) printf("resume: %s (step %d, %lld tokens seen); continuing at step %d of %d\n", from.c_str(),
-                                       prog->step, (long long)prog->tokens, prog->step + 1, args.steps);
+                                       prog->step, (long long)prog->tokens, prog->step + 1, args.run.steps);
         }
     }
     rc->saved_steps = {prog->step};

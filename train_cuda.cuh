@@ -75,34 +75,34 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     if (comm.rank == 0) {
         printf("device: cuda:%d %s (%.1f GiB)%s, %d rank(s), one GPU each\n", dev, prop.name, prop.totalGlobalMem / 1073741824.0, why,
                comm.world);
-        print_config(args.model.c_str(), &cfg);
+        print_config(args.run.model.c_str(), &cfg);
     }
 
     // --fp8: the block GEMMs in FP8 (model/dbrx_fp8_cuda.cuh); refused where the device cannot
-    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
+    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.recipe.c_str()), args.fp8.history, args.fp8.margin, 0};
     if (fp8.recipe != FP8_OFF) {
         if (prop.major * 10 + prop.minor < 89)
             fail(EXIT_BAD_INPUT, "--fp8 %s: FP8 GEMMs need an sm_89 or newer GPU (Ada, Hopper); this one is sm_%d%d: use --fp8 off",
-                 args.fp8.c_str(), prop.major, prop.minor);
+                 args.fp8.recipe.c_str(), prop.major, prop.minor);
         std::string why_not;
         if (fp8.recipe == FP8_BLOCK && !matmul_fp8_block_supported(&why_not)) fail(EXIT_BAD_INPUT, "--fp8 block: %s", why_not.c_str());
         if (comm.rank == 0)
             printf("fp8: %s scaling on the block GEMMs (Wqkv, out_proj, experts w1/v1/w2; forward, dgrad, wgrad): E4M3 weights "
-                   "and activations, E5M2 gradients%s\n", args.fp8.c_str(),
+                   "and activations, E5M2 gradients%s\n", args.fp8.recipe.c_str(),
                    fp8.recipe == FP8_DELAYED ? (", amax history " + std::to_string(fp8.history_len) + ", margin " + std::to_string(fp8.margin)).c_str()
                    : fp8.recipe == FP8_CURRENT ? (", margin " + std::to_string(fp8.margin)).c_str() : ", 1x128 activation / gradient tiles, 128x128 weight blocks");
     }
 
     DbrxGPU model;
-    int S = args.shard_group_size > 0 ? args.shard_group_size : comm.world;
-    dbrx_build_shape(&model, &cfg, args.batch, args.seq, &fp8,
-                     zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, args.expert_parallel));
+    int S = args.parallel.shard_group_size > 0 ? args.parallel.shard_group_size : comm.world;
+    dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq, &fp8,
+                     zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, args.parallel.expert_parallel));
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
-    zero_init(&store, &model, &comm, args.shard_group_size, (uint64_t)args.seed, args.expert_parallel);
+    zero_init(&store, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, args.parallel.expert_parallel);
     Zero* z = &store.z;
     store.z.fp8_cfg = &model.fp8.cfg;   // the FP8 scaling state that checkpoints carry
     store.z.fp8_metas = dbrx_fp8_metas(&model);
-    if (args.fp8_gather) {   // the blocks' FP8 weights gathered as E4M3 codes (parallel/zero_gpu.cuh)
+    if (args.fp8.gather) {   // the blocks' FP8 weights gathered as E4M3 codes (parallel/zero_gpu.cuh)
         if (zero_enable_fp8_gather(&store))
             printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, the norms and router as BF16\n", comm.rank);
         else if (comm.rank == 0)
@@ -118,8 +118,8 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     BackendInfo info;
     std::string gpu_how;
     double gpu_peak = gpu_peak_flops(prop, &gpu_how);   // one GPU's (0: unknown)
-    info.peak_how = args.peak_tflops > 0 ? "--peak-tflops" : gpu_how;
-    info.peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * gpu_peak;
+    info.peak_how = args.run.peak_tflops > 0 ? "--peak-tflops" : gpu_how;
+    info.peak = args.run.peak_tflops > 0 ? args.run.peak_tflops * 1e12 : comm.world * gpu_peak;
     // the health check's GEMM: BF16 cuBLASLt, 8192^3 (512 MiB of device memory while it runs); its floor is 25%
     // of a known GPU's dense BF16 peak (an H100 runs this GEMM at 60-75% of it). Under the emulator the rate
     // means nothing and the size is small: only the median rank bounds it
@@ -133,7 +133,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     snprintf(line, sizeof line, "GPU memory per rank: parameter state %.1f MiB, activations and scratch %.1f MiB",
              store.device_bytes / 1048576.0, model.activation_bytes / 1048576.0);
     info.memory_line = line;
-    int rc = args.generate ? generate_run(args, cfg, comm, &model, &store) : train(args, cfg, comm, &model, &store, info);
+    int rc = args.sample.generate ? generate_run(args, cfg, comm, &model, &store) : train(args, cfg, comm, &model, &store, info);
     zero_free(&store);
     dbrx_free(&model);
     return rc;

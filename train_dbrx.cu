@@ -140,8 +140,8 @@ static void shape_validate(const DbrxConfig* c, int B, int T) {
 // allocation failure, or of the kernel's OOM killer, halfway through its set-up. A lower bound (working
 // buffers and FP8 scratch not counted), so it refuses only what cannot run. Collective.
 static void host_memory_check(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm) {
-    int S = args.shard_group_size > 0 && args.shard_group_size <= comm.world ? args.shard_group_size : comm.world;
-    long double act = activation_bytes(&cfg, args.batch, args.seq), state = 16.0L * params_total(&cfg) / S;
+    int S = args.parallel.shard_group_size > 0 && args.parallel.shard_group_size <= comm.world ? args.parallel.shard_group_size : comm.world;
+    long double act = activation_bytes(&cfg, args.run.batch, args.run.seq), state = 16.0L * params_total(&cfg) / S;
     long double need = (act + state) * comm.local_size, have = -1;
     struct sysinfo si;
     if (sysinfo(&si) == 0) have = ((long double)si.totalram + (long double)si.totalswap) * si.mem_unit;
@@ -154,7 +154,7 @@ static void host_memory_check(const TrainArgs& args, const DbrxConfig& cfg, Comm
         fail(EXIT_BAD_INPUT, "the run needs at least %.2Lf GiB of host memory per rank (activations %.2Lf GiB for --batch %d x --seq %d, "
              "parameters+grads+AdamW moments 16 B/param / %d = %.2Lf GiB) x %d rank(s) on this node, more than its %.2Lf GiB "
              "(RAM + swap): lower --batch or --seq, shard over more ranks, or use a smaller model", (act + state) / 1073741824.0L,
-             act / 1073741824.0L, args.batch, args.seq, S, state / 1073741824.0L, comm.local_size, have / 1073741824.0L);
+             act / 1073741824.0L, args.run.batch, args.run.seq, S, state / 1073741824.0L, comm.local_size, have / 1073741824.0L);
     exit(EXIT_BAD_INPUT);
 }
 
@@ -199,11 +199,11 @@ static double cpu_peak_flops(int threads, std::string* how) {
 // Opens the training set (seeded, rank-independent order; mixtures and schedule) and, when there is
 // validation or --dump-logits, the validation set (fixed order); returns whether it opened the latter.
 static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Comm& comm, DataLoader* train, DataLoader* val) {
-    DataLoaderOptions data_opt = {(uint64_t)(args.data_seed >= 0 ? args.data_seed : args.seed), 1, args.grad_accum,
-                                  args.data_schedule.c_str()};
-    dataloader_init(train, args.data.c_str(), "--data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, &data_opt);
-    bool have_val = !args.val_data.empty() && (args.val_every > 0 || !args.dump_logits.empty());
-    if (have_val) dataloader_init(val, args.val_data.c_str(), "--val-data", args.batch, args.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
+    DataLoaderOptions data_opt = {(uint64_t)(args.data.seed >= 0 ? args.data.seed : args.run.seed), 1, args.run.grad_accum,
+                                  args.data.schedule.c_str()};
+    dataloader_init(train, args.data.train.c_str(), "--data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, &data_opt);
+    bool have_val = !args.data.val.empty() && (args.eval.val_every > 0 || !args.eval.dump_logits.empty());
+    if (have_val) dataloader_init(val, args.data.val.c_str(), "--val-data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
     if (comm.rank == 0) printf("%s%s", dataloader_describe(train, "--data").c_str(), have_val ? dataloader_describe(val, "--val-data").c_str() : "");
     return have_val;
 }
@@ -226,13 +226,13 @@ typedef struct { double peak; std::string peak_how; std::string memory_line; Hea
 static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero* zl, const BackendInfo& info, int64_t tokens_per_step,
                              double fpt, double fpt_foundry) {
     printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
-           args.batch, args.seq, args.grad_accum, comm.world, (long long)tokens_per_step, args.steps, args.lr, args.warmup, args.lr_floor);
+           args.run.batch, args.run.seq, args.run.grad_accum, comm.world, (long long)tokens_per_step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor);
     printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
            "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, info.peak / 1e12, comm.world > 1 ? "all ranks: " : "",
            info.peak_how.c_str(), fpt_foundry);
     printf("%s (%s, shard group %d, %d replica(s))\n", info.memory_line.c_str(),
            zl->S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zl->R == 1 ? "ZeRO-3" : "HSDP", zl->S, zl->R);
-    if (args.comm_timeout > 0) printf("comm: --comm-timeout %g s\n", args.comm_timeout);
+    if (args.parallel.comm_timeout > 0) printf("comm: --comm-timeout %g s\n", args.parallel.comm_timeout);
     else printf("comm: --comm-timeout auto: %d s until step 1 is done and around checkpoints, %d s otherwise\n", COMM_TIMEOUT_LONG,
                 COMM_TIMEOUT_STEADY);
 }
@@ -241,8 +241,8 @@ static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero
 // all of them exit 1 together (failed_line: rank 0 says it first, or NULL)
 template <typename Model, typename Store>
 static bool health_gate(const TrainArgs& a, const BackendInfo& info, Comm& comm, Model* model, Store* store, const char* failed_line) {
-    HealthOptions opt = {a.health_min_tflops, a.health_min_busbw, a.health_gemm_size, a.health_comm_mib, a.batch, a.seq,
-                         a.health_gemm_ratio};
+    HealthOptions opt = {a.health.min_tflops, a.health.min_busbw, a.health.gemm_size, a.health.comm_mib, a.run.batch, a.run.seq,
+                         a.health.gemm_ratio};
     comm_watch(1);
     bool ok = health_check(opt, info.health, &comm, model, store);
     comm_watch(0);
@@ -255,35 +255,35 @@ static bool health_gate(const TrainArgs& a, const BackendInfo& info, Comm& comm,
 template <typename Model, typename Store>
 static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store, const BackendInfo& info) {
     Zero* zl = zero_layout(store);
-    if (args.health_check_only)   // the standalone health check: the initialised model, no data, no training
+    if (args.health.check_only)   // the standalone health check: the initialised model, no data, no training
         return health_gate(args, info, comm, model, store, NULL) ? 0 : EXIT_RUNTIME;
 
     // ---- set-up: data, evaluations, where training starts from, the health check, the banner and the log
     DataLoader train, val;
     bool have_val = open_datasets(args, cfg, comm, &train, &val);
-    bool do_val = have_val && args.val_every > 0, do_mc = !args.eval_mc.empty();
+    bool do_val = have_val && args.eval.val_every > 0, do_mc = !args.eval.mc.empty();
     McSet mc;
     if (do_mc) mc_setup(&mc, args, cfg, comm);
-    AdamWConfig opt = {args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip};
+    AdamWConfig opt = {args.optim.lr, args.optim.beta1, args.optim.beta2, args.optim.adam_eps, args.optim.weight_decay, args.optim.grad_clip};
     SpikeGuard guard;
-    spike_guard_init(&guard, args.spike_loss_sigma, args.spike_gnorm_factor, args.spike_window, args.max_skips);
+    spike_guard_init(&guard, args.guard.loss_sigma, args.guard.gnorm_factor, args.guard.window, args.guard.max_skips);
     RunCheckpoints rc;
     TrainProgress prog;
     bool resumed = run_ckpt_begin(&rc, args, cfg, opt, model, store, &train, &guard, &prog, comm);
-    if (args.health_check && !health_gate(args, info, comm, model, store, "health: FAILED: not training")) {
+    if (args.health.check && !health_gate(args, info, comm, model, store, "health: FAILED: not training")) {
         ckpt_free(&rc.ck);
         dataloader_free(&train);
         if (have_val) dataloader_free(&val);
         return EXIT_RUNTIME;
     }
-    int64_t tokens_per_step = (int64_t)args.batch * args.seq * args.grad_accum * comm.world;
-    double fpt = flops_per_token(&cfg, args.seq), fpt_foundry = flops_per_token_foundry(&cfg, args.seq), peak = info.peak;
+    int64_t tokens_per_step = (int64_t)args.run.batch * args.run.seq * args.run.grad_accum * comm.world;
+    double fpt = flops_per_token(&cfg, args.run.seq), fpt_foundry = flops_per_token_foundry(&cfg, args.run.seq), peak = info.peak;
     RunLog log = {NULL, ""};
     FILE* mc_dump = NULL;
     if (comm.rank == 0) {
         print_run_banner(args, comm, zl, info, tokens_per_step, fpt, fpt_foundry);
-        run_log_open(&log, args.log, resumed);
-        if (!args.eval_mc_dump.empty()) mc_dump = fopenCheck(args.eval_mc_dump.c_str(), resumed ? "a" : "w");
+        run_log_open(&log, args.run.log, resumed);
+        if (!args.eval.mc_dump.empty()) mc_dump = fopenCheck(args.eval.mc_dump.c_str(), resumed ? "a" : "w");
         fflush(stdout);
     }
     StepObservers obs;
@@ -292,26 +292,26 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
 
     // ---- the loop: evaluations, one step, what the observers saw, samples, checkpoints
     bool stopped = false, guard_stop = false;
-    for (int step = prog.step; step < args.steps; step++) {
-        if (args.stop_after >= 0 && obs.steps_done >= args.stop_after) {
-            if (comm.rank == 0) printf("stop: --stop-after %d reached at step %d of %d\n", args.stop_after, step, args.steps);
+    for (int step = prog.step; step < args.run.steps; step++) {
+        if (args.run.stop_after >= 0 && obs.steps_done >= args.run.stop_after) {
+            if (comm.rank == 0) printf("stop: --stop-after %d reached at step %d of %d\n", args.run.stop_after, step, args.run.steps);
             stopped = true;
             break;
         }
         comm_watch(1);   // the step watchdog (parallel/comm.h) is armed while the step talks to the GPU
         comm_phase_prefix("step %d", step + 1);   // the heartbeat: where this rank is (parallel/comm.h)
         // (before validation: the evaluation drops its FP8 amaxes, and validation's are kept, as without it)
-        if (do_mc && args.eval_every > 0 && step % args.eval_every == 0) run_mc(model, store, &mc, args, &comm, mc_dump, step, &log);
-        if (do_val && step % args.val_every == 0) {
+        if (do_mc && args.eval.every > 0 && step % args.eval.every == 0) run_mc(model, store, &mc, args, &comm, mc_dump, step, &log);
+        if (do_val && step % args.eval.val_every == 0) {
             comm_phase("validation");
-            double vl = evaluate(model, &val, args.val_steps, &comm);
+            double vl = evaluate(model, &val, args.eval.val_steps, &comm);
             if (comm.rank == 0) report_val(&log, step, vl);
         }
         StepResult r = train_step(args, model, store, &train, &opt, &guard, fp8_metas, step, comm, &obs, &log);
         comm_watch(0);
-        observers_after_step(&obs, store, r.bytes0, step + 1, r.dt, r.busy, r.ep_recv, args.steps - step - 1, comm, &log);
+        observers_after_step(&obs, store, r.bytes0, step + 1, r.dt, r.busy, r.ep_recv, args.run.steps - step - 1, comm, &log);
         double tok_s = tokens_per_step / r.dt;
-        StepReport rep = {step + 1, args.steps, r.metrics, r.gnorm, r.lr, r.dt, tok_s, peak > 0 ? fpt * tok_s / peak : 0.0,
+        StepReport rep = {step + 1, args.run.steps, r.metrics, r.gnorm, r.lr, r.dt, tok_s, peak > 0 ? fpt * tok_s / peak : 0.0,
                           peak > 0 ? fpt_foundry * tok_s / peak : 0.0, (long long)obs.step_bytes,
                           comm.world > 1 ? &obs.stragglers.busy_all : NULL, prog.tokens + tokens_per_step, obs.eta, obs.ep_max, obs.ep_mean};
         if (comm.rank == 0) report_step(&log, rep);
@@ -320,7 +320,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         if (skipped && comm.rank == 0) report_skip(&log, step + 1, r.skip_why, guard.skipped.size(), guard.window);
         prog.step = step + 1;
         prog.tokens += tokens_per_step;
-        if (args.sample_every > 0 && prog.step % args.sample_every == 0) {   // (collective; the step's numbers are out)
+        if (args.sample.every > 0 && prog.step % args.sample.every == 0) {   // (collective; the step's numbers are out)
             comm_watch(1);
             sample_during_training(args, model, &comm, prog.step, &log);
             comm_watch(0);
@@ -331,7 +331,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
                                         "without saving\n", guard.skipped.size(), guard.window, step + 1, r.skip_why.c_str());
             break;
         }
-        bool last = prog.step == args.steps || r.metrics[4] > 0 || (args.stop_after >= 0 && obs.steps_done >= args.stop_after);
+        bool last = prog.step == args.run.steps || r.metrics[4] > 0 || (args.run.stop_after >= 0 && obs.steps_done >= args.run.stop_after);
         run_ckpt_after_step(&rc, args, store, cfg, &prog, &train, &guard, last, comm, &log);
         if (r.metrics[4] > 0) {
             if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
@@ -347,9 +347,9 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     if (do_val && finished) {
         comm_phase("validation");
         comm_watch(1);
-        double vl = evaluate(model, &val, args.val_steps, &comm);
+        double vl = evaluate(model, &val, args.eval.val_steps, &comm);
         comm_watch(0);
-        if (comm.rank == 0) report_val(&log, args.steps, vl, false);
+        if (comm.rank == 0) report_val(&log, args.run.steps, vl, false);
         diverged = !std::isfinite(vl);
     }
     if (do_mc && finished) {
@@ -366,22 +366,22 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         return EXIT_RUNTIME;
     }
     observers_at_end(&obs, model, zl, comm);
-    if (!args.export_hf.empty()) {
+    if (!args.ckpt.export_hf.empty()) {
         zero_to_host(store);
         if (!zero_host_state_finite(zl)) {
-            if (comm.rank == 0) fprintf(stderr, "error: --export-hf %s: the weights are not finite: not exported\n", args.export_hf.c_str());
+            if (comm.rank == 0) fprintf(stderr, "error: --export-hf %s: the weights are not finite: not exported\n", args.ckpt.export_hf.c_str());
             return EXIT_RUNTIME;
         }
-        hf_export(args.export_hf, zl, &cfg, model->table, args.export_dtype, (uint64_t)(args.export_max_file_gb * 1e9), &comm);
-        if (comm.rank == 0) printf("export: %s (%s, DbrxForCausalLM)\n", args.export_hf.c_str(), args.export_dtype.c_str());
+        hf_export(args.ckpt.export_hf, zl, &cfg, model->table, args.ckpt.export_dtype, (uint64_t)(args.ckpt.export_max_file_gb * 1e9), &comm);
+        if (comm.rank == 0) printf("export: %s (%s, DbrxForCausalLM)\n", args.ckpt.export_hf.c_str(), args.ckpt.export_dtype.c_str());
     }
-    if (!args.dump_logits.empty()) {   // (talks to the GPU too: watched)
+    if (!args.eval.dump_logits.empty()) {   // (talks to the GPU too: watched)
         comm_watch(1);
         dump_logits(model, &val, args, cfg, comm);
         comm_watch(0);
     }
     run_log_close(&log);
-    if (mc_dump) fcloseCheck(mc_dump, args.eval_mc_dump.c_str());
+    if (mc_dump) fcloseCheck(mc_dump, args.eval.mc_dump.c_str());
     ckpt_free(&rc.ck);
     dataloader_free(&train);
     if (have_val) dataloader_free(&val);
@@ -429,22 +429,22 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
     }
     if (comm.rank == 0) {
         printf("device: cpu%s, %d OpenMP thread(s) per rank, %d rank(s)\n", why, threads, comm.world);
-        print_config(args.model.c_str(), &cfg);
+        print_config(args.run.model.c_str(), &cfg);
     }
     host_memory_check(args, cfg, comm);
     Dbrx model;
-    dbrx_build_shape(&model, &cfg, args.batch, args.seq);
+    dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq);
     Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
-    zero_init(&zero, &model, &comm, args.shard_group_size, (uint64_t)args.seed, args.expert_parallel);
+    zero_init(&zero, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, args.parallel.expert_parallel);
     printf("zero: rank %d: rank %d of %d in shard group %d, replica %d of %d; master+grads+moments %lld bytes allocated, "
            "%lld bytes measured (resident growth); working buffers %lld bytes\n", comm.rank, zero.shard.rank, zero.S,
            comm.rank / zero.S, zero.replica.rank, zero.R, (long long)zero.state_bytes, zero.state_rss, (long long)zero.work_bytes);
     fflush(stdout);
-    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
+    Fp8Config fp8 = {fp8_recipe_parse(args.fp8.recipe.c_str()), args.fp8.history, args.fp8.margin, 0};
     dbrx_enable_fp8(&model, &fp8);
     zero.fp8_cfg = &model.fp8;   // the FP8 scaling state that checkpoints carry
     zero.fp8_metas = dbrx_fp8_metas(&model);
-    if (args.fp8_gather) {
+    if (args.fp8.gather) {
         if (zero_enable_fp8_gather(&zero))
             printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, %lld bytes of send/receive buffers\n",
                    comm.rank, (long long)(zero.fp8.send.size() + zero.fp8.recv.size()));
@@ -455,8 +455,8 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
     BackendInfo info;
     std::string rank_peak_how;
     double rank_peak = cpu_peak_flops(threads, &rank_peak_how);   // one rank's
-    info.peak_how = args.peak_tflops > 0 ? "--peak-tflops" : rank_peak_how;
-    info.peak = args.peak_tflops > 0 ? args.peak_tflops * 1e12 : comm.world * rank_peak;
+    info.peak_how = args.run.peak_tflops > 0 ? "--peak-tflops" : rank_peak_how;
+    info.peak = args.run.peak_tflops > 0 ? args.run.peak_tflops * 1e12 : comm.world * rank_peak;
     // the health check's GEMM: the CPU GEMM the model uses, fp32, on this rank's threads; its floor is 5% of
     // the FP32 peak (OpenBLAS reaches most of it on a quiet core; ranks sharing cores get their share)
     info.health = {"fp32 gemm_cpu (OpenBLAS, " + std::to_string(threads) + " thread(s))", health_gemm_cpu, 512, rank_peak, 0.05,
@@ -465,7 +465,7 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
     snprintf(line, sizeof line, "activations %.1f MiB, parameters+grads+moments %.1f MiB per rank", model.activation_bytes / 1048576.0,
              zero.state_bytes / 1048576.0);
     info.memory_line = line;
-    int rc = args.generate ? generate_run(args, cfg, comm, &model, &zero) : train(args, cfg, comm, &model, &zero, info);
+    int rc = args.sample.generate ? generate_run(args, cfg, comm, &model, &zero) : train(args, cfg, comm, &model, &zero, info);
     zero_free(&zero);
     dbrx_free(&model);
     return rc;
@@ -496,21 +496,21 @@ static void generate_setup(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     std::string from, err, text, perr;
     JsonValue j;
     const JsonValue* model_json = NULL;
-    if (!a->init_hf.empty()) {
-        from = a->init_hf + "/config.json";
-        if (!(err = read_file(from, &text)).empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", a->init_hf.c_str(), err.c_str());
+    if (!a->ckpt.init_hf.empty()) {
+        from = a->ckpt.init_hf + "/config.json";
+        if (!(err = read_file(from, &text)).empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", a->ckpt.init_hf.c_str(), err.c_str());
         if (!json_parse(text.data(), text.size(), &j, &perr)) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", from.c_str(), perr.c_str());
         if ((err = hf_config_check(&j)).empty()) err = hf_config_read(&j, &saved);
         if (!err.empty()) fail(EXIT_BAD_INPUT, "--init-hf %s: %s", from.c_str(), err.c_str());
         model_json = &j;
     } else {   // the checkpoint named, or (auto) the newest one whose manifest reads (the load verifies it all)
         std::vector<std::string> dirs;
-        if (a->resume != "auto") {
-            if (!path_exists(a->resume)) fail(EXIT_BAD_INPUT, "--resume %s: no such checkpoint directory", a->resume.c_str());
-            dirs.push_back(a->resume);
+        if (a->ckpt.resume != "auto") {
+            if (!path_exists(a->ckpt.resume)) fail(EXIT_BAD_INPUT, "--resume %s: no such checkpoint directory", a->ckpt.resume.c_str());
+            dirs.push_back(a->ckpt.resume);
         } else {
-            for (auto& d : list_numbered_dirs(a->ckpt_dir, "step_")) dirs.push_back(a->ckpt_dir + "/" + d.second);
-            if (dirs.empty()) fail(EXIT_BAD_INPUT, "--generate --resume auto: no checkpoint in --ckpt-dir %s", a->ckpt_dir.c_str());
+            for (auto& d : list_numbered_dirs(a->ckpt.dir, "step_")) dirs.push_back(a->ckpt.dir + "/" + d.second);
+            if (dirs.empty()) fail(EXIT_BAD_INPUT, "--generate --resume auto: no checkpoint in --ckpt-dir %s", a->ckpt.dir.c_str());
         }
         for (const std::string& d : dirs) {
             if (!ckpt_read_manifest(d, &text, &j).empty()) continue;
@@ -524,16 +524,16 @@ static void generate_setup(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
     if (model_json) {
         if (!model_given) {
             parse_args(argc, argv, a, c, &saved);
-            a->model = "from " + from;   // (the banner names where the model came from)
+            a->run.model = "from " + from;   // (the banner names where the model came from)
         }
-        std::string mism = a->init_hf.empty() ? ckpt_config_mismatch(model_json, c) : hf_config_mismatch(model_json, c);
+        std::string mism = a->ckpt.init_hf.empty() ? ckpt_config_mismatch(model_json, c) : hf_config_mismatch(model_json, c);
         if (!mism.empty()) fail(EXIT_BAD_INPUT, "%s does not match the model of the flags: %s", from.c_str(), mism.c_str());
     }
-    a->batch = a->seq = 1;
-    if (a->fp8 != "off") {
-        fprintf(stderr, "note: --generate: the GEMMs run in BF16 (cuda) / FP32 (cpu); --fp8 %s does not apply\n", a->fp8.c_str());
-        a->fp8 = "off";
-        a->fp8_gather = false;
+    a->run.batch = a->run.seq = 1;
+    if (a->fp8.recipe != "off") {
+        fprintf(stderr, "note: --generate: the GEMMs run in BF16 (cuda) / FP32 (cpu); --fp8 %s does not apply\n", a->fp8.recipe.c_str());
+        a->fp8.recipe = "off";
+        a->fp8.gather = false;
     }
 }
 
@@ -542,25 +542,25 @@ static void generate_setup(int argc, char** argv, TrainArgs* a, DbrxConfig* c) {
 // before anything is built.
 static void sampling_setup(TrainArgs* a, const DbrxConfig* c) {
     static Tokenizer tok;
-    TokenizerKind kind = a->tokenizer == "bytes" ? TOKENIZER_BYTES : a->tokenizer == "cl100k" ? TOKENIZER_CL100K
+    TokenizerKind kind = a->sample.tokenizer == "bytes" ? TOKENIZER_BYTES : a->sample.tokenizer == "cl100k" ? TOKENIZER_CL100K
                        : c->vocab_size >= CL100K_IDS ? TOKENIZER_CL100K : TOKENIZER_BYTES;
     const char* name = kind == TOKENIZER_BYTES ? "bytes" : "cl100k";
     int need = kind == TOKENIZER_BYTES ? BYTES_VOCAB : CL100K_IDS;
     if (c->vocab_size < need)
         fail(EXIT_BAD_INPUT, "--tokenizer %s%s needs a vocabulary of at least %d ids, the model has %d (--vocab)", name,
-             a->tokenizer == "auto" ? " (auto)" : "", need, c->vocab_size);
-    if (kind == TOKENIZER_CL100K && !path_exists(a->tokenizer_ranks))
+             a->sample.tokenizer == "auto" ? " (auto)" : "", need, c->vocab_size);
+    if (kind == TOKENIZER_CL100K && !path_exists(a->sample.tokenizer_ranks))
         fail(EXIT_BAD_INPUT, "--tokenizer-ranks %s: no such file (dev/data/setup_tiktoken.sh writes it; --tokenizer bytes for a byte-level model)",
-             a->tokenizer_ranks.c_str());
-    tokenizer_init(&tok, kind, a->tokenizer_ranks.c_str(), c->vocab_size);
-    a->prompt_ids = {tok.eot};   // every document of the shards starts with it (data/README.md)
-    for (int id : tokenizer_encode(&tok, a->prompt)) a->prompt_ids.push_back(id);
-    long long positions = (long long)a->prompt_ids.size() + a->sample_len;
+             a->sample.tokenizer_ranks.c_str());
+    tokenizer_init(&tok, kind, a->sample.tokenizer_ranks.c_str(), c->vocab_size);
+    a->sample.prompt_ids = {tok.eot};   // every document of the shards starts with it (data/README.md)
+    for (int id : tokenizer_encode(&tok, a->sample.prompt)) a->sample.prompt_ids.push_back(id);
+    long long positions = (long long)a->sample.prompt_ids.size() + a->sample.len;
     if (positions > c->max_seq_len)
         fail(EXIT_BAD_INPUT, "--sample-len %d: the prompt's %zu tokens (with the end-of-text token) and %d new ones need %lld positions, "
-             "more than the model's max_seq_len %d (--max-seq)", a->sample_len, a->prompt_ids.size(), a->sample_len, positions,
+             "more than the model's max_seq_len %d (--max-seq)", a->sample.len, a->sample.prompt_ids.size(), a->sample.len, positions,
              c->max_seq_len);
-    a->tok = &tok;
+    a->sample.tok = &tok;
 }
 
 static int run_main(int argc, char** argv) {
@@ -568,21 +568,21 @@ static int run_main(int argc, char** argv) {
     TrainArgs args;
     DbrxConfig cfg;
     parse_args(argc, argv, &args, &cfg);   // (validates the model too)
-    if (args.generate) generate_setup(argc, argv, &args, &cfg);
-    if (args.generate || args.sample_every > 0) sampling_setup(&args, &cfg);
-    if (args.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d (--max-seq)", args.seq, cfg.max_seq_len);
-    shape_validate(&cfg, args.batch, args.seq);
+    if (args.sample.generate) generate_setup(argc, argv, &args, &cfg);
+    if (args.sample.generate || args.sample.every > 0) sampling_setup(&args, &cfg);
+    if (args.run.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d (--max-seq)", args.run.seq, cfg.max_seq_len);
+    shape_validate(&cfg, args.run.batch, args.run.seq);
 
-    if (args.dry_run) {   // (every number below is bounded by the checks above, and computed without walking the layers)
-        int S = args.shard_group_size > 0 ? args.shard_group_size : 1, n = args.expert_parallel;
+    if (args.run.dry_run) {   // (every number below is bounded by the checks above, and computed without walking the layers)
+        int S = args.parallel.shard_group_size > 0 ? args.parallel.shard_group_size : 1, n = args.parallel.expert_parallel;
         if (n > 1 && (cfg.n_experts % n || (S > 1 && S % n)))
             fail(EXIT_BAD_INPUT, "--expert-parallel %d must divide the experts (%d) and, under ZeRO-3/HSDP, --shard-group-size %d",
                  n, cfg.n_experts, S);
-        print_config(args.model.c_str(), &cfg);
+        print_config(args.run.model.c_str(), &cfg);
         printf("training FLOPs per token (S = %d): %.4g = " FLOPS_PER_TOKEN_FORMULA ", the MFU count; %.4g = "
-               FLOPS_PER_TOKEN_FOUNDRY_FORMULA ", %.0f%% more\n", args.seq, flops_per_token(&cfg, args.seq),
-               flops_per_token_foundry(&cfg, args.seq), 100 * (flops_per_token_foundry(&cfg, args.seq) / flops_per_token(&cfg, args.seq) - 1));
-        double act = (double)activation_bytes(&cfg, args.batch, args.seq);
+               FLOPS_PER_TOKEN_FOUNDRY_FORMULA ", %.0f%% more\n", args.run.seq, flops_per_token(&cfg, args.run.seq),
+               flops_per_token_foundry(&cfg, args.run.seq), 100 * (flops_per_token_foundry(&cfg, args.run.seq) / flops_per_token(&cfg, args.run.seq) - 1));
+        double act = (double)activation_bytes(&cfg, args.run.batch, args.run.seq);
         double p = (double)params_total(&cfg);
         // this rank's shard under S ranks (ZeRO-3/HSDP) and EP degree n, from the store's own layout (with its
         // padding; under data parallelism with EP: the non-expert units whole, 1/n of the experts)
@@ -591,15 +591,15 @@ static int run_main(int argc, char** argv) {
             zero_unit_layout(&lz, x, dbrx_param_table(x), S, n);
             return lz.shard_total; });
         printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
-               args.shard_group_size > 0 ? "" : " (--shard-group-size S to see S ranks)",
-               n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.batch, args.seq);
+               args.parallel.shard_group_size > 0 ? "" : " (--shard-group-size S to see S ranks)",
+               n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.run.batch, args.run.seq);
         printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param of this rank's shard (%s of %s params) = %.2f GiB, "
                "activations %.2f GiB, total %.2f GiB\n", with_commas((int64_t)shard).c_str(), with_commas((int64_t)p).c_str(),
                16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
-        Fp8Config fp8 = {fp8_recipe_parse(args.fp8.c_str()), args.fp8_history, args.fp8_margin, 0};
+        Fp8Config fp8 = {fp8_recipe_parse(args.fp8.recipe.c_str()), args.fp8.history, args.fp8.margin, 0};
         double acts = (double)per_layers(&cfg, [&](const DbrxConfig* x) {
-            return dbrx_gpu_memory_estimate(x, args.batch, args.seq, nullptr, &fp8, false); });
+            return dbrx_gpu_memory_estimate(x, args.run.batch, args.run.seq, nullptr, &fp8, false); });
         double store = (double)per_layers(&cfg, [&](const DbrxConfig* x) { return zero_gpu_estimate_bytes(x, S, n); });
         printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param of the shard%s = %.2f GiB, activations and scratch%s %.2f GiB, "
                "total %.2f GiB\n", S > 1 ? " + two gathered bf16 units and two fp32 gradient units" : "", store / 1073741824.0,
@@ -616,14 +616,14 @@ static int run_main(int argc, char** argv) {
 #if HAVE_CUDA_BACKEND
     if (cudaGetDeviceCount(&gpus) != cudaSuccess) { (void)cudaGetLastError(); gpus = 0; }
 #endif
-    if (args.device == "cuda" && !HAVE_CUDA_BACKEND)
+    if (args.run.device == "cuda" && !HAVE_CUDA_BACKEND)
         fail(EXIT_BAD_INPUT, "--device cuda: this binary was built by g++ without CUDA (build it where nvcc is installed: make); use --device cpu");
-    if (args.device == "cuda" && gpus == 0) fail(EXIT_BAD_INPUT, "--device cuda: no CUDA device is visible; use --device cpu");
-    bool use_cuda = args.device == "cuda" || (args.device == "auto" && gpus > 0);
+    if (args.run.device == "cuda" && gpus == 0) fail(EXIT_BAD_INPUT, "--device cuda: no CUDA device is visible; use --device cpu");
+    bool use_cuda = args.run.device == "cuda" || (args.run.device == "auto" && gpus > 0);
 
     Comm comm = comm_init(&argc, &argv);
-    comm_set_timeout(args.comm_timeout > 0 ? args.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)
-    const char* why = args.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
+    comm_set_timeout(args.parallel.comm_timeout > 0 ? args.parallel.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)
+    const char* why = args.run.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
     int rc;
 #if HAVE_CUDA_BACKEND
     if (use_cuda) rc = train_cuda(args, cfg, comm, why);

@@ -137,7 +137,7 @@ static std::vector<int> generate_tokens(Model* model, const Tokenizer* tok, cons
 
 // the sampler's seed of the sample after `step` (--sample-seed, else --seed): a resumed run draws the same
 static uint64_t sample_seed(const TrainArgs& a, int step) {
-    uint64_t base = (uint64_t)(a.sample_seed >= 0 ? a.sample_seed : a.seed);
+    uint64_t base = (uint64_t)(a.sample.seed >= 0 ? a.sample.seed : a.run.seed);
     return base * 0x9E3779B97F4A7C15ull + 0x73616D706C65ull + (uint64_t)step;
 }
 
@@ -146,33 +146,33 @@ template <typename Model>
 static void sample_during_training(const TrainArgs& args, Model* model, Comm* comm, int step, RunLog* log) {
     comm_phase("sample after step %d", step);
     double t0 = now_seconds();
-    std::vector<int> ids = generate_tokens(model, args.tok, args.prompt_ids, args.sample_len, args.temperature, args.sample_top_k,
+    std::vector<int> ids = generate_tokens(model, args.sample.tok, args.sample.prompt_ids, args.sample.len, args.sample.temperature, args.sample.top_k,
                                            sample_seed(args, step), comm);
     if (comm->rank != 0) return;
-    report_sample(log, step, args.prompt, tokenizer_decode(args.tok, ids), ids.size(), now_seconds() - t0);
+    report_sample(log, step, args.sample.prompt, tokenizer_decode(args.sample.tok, ids), ids.size(), now_seconds() - t0);
 }
 
 // --eval-mc: loads the set (every rank: each scores its share of the examples) and says what an
 // evaluation costs
 static void mc_setup(McSet* mc, const TrainArgs& args, const DbrxConfig& cfg, const Comm& comm) {
-    mc_load(mc, args.eval_mc.c_str(), "--eval-mc", cfg.vocab_size);
+    mc_load(mc, args.eval.mc.c_str(), "--eval-mc", cfg.vocab_size);
     int64_t cut = 0, busiest = 0;
     for (const McExample& e : mc->ex)
-        for (const McSpan& c : e.endings) cut += e.ctx.len + c.len > args.seq + 1;
+        for (const McSpan& c : e.endings) cut += e.ctx.len + c.len > args.run.seq + 1;
     for (int q = 0; q < comm.world; q++) {
         int64_t rows = 0;
         for (size_t i = q; i < mc->ex.size(); i += comm.world) rows += (int64_t)mc->ex[i].endings.size();
         busiest = std::max(busiest, rows);
     }
     if (comm.rank != 0) return;
-    printf("eval-mc: %s: %zu examples, %d", args.eval_mc.c_str(), mc->ex.size(), mc->min_completions);
+    printf("eval-mc: %s: %zu examples, %d", args.eval.mc.c_str(), mc->ex.size(), mc->min_completions);
     if (mc->max_completions != mc->min_completions) printf("-%d", mc->max_completions);
     printf(" completions (version %d, uint%d tokens): %lld rows, %lld forward passes of %d x %d per rank per evaluation, "
-           "%s\n", mc->version, mc->version == 1 ? 16 : 32, (long long)mc->rows, (long long)((busiest + args.batch - 1) / args.batch),
-           args.batch, args.seq, args.eval_every > 0 ? ("every " + std::to_string(args.eval_every) + " steps and at the end").c_str()
+           "%s\n", mc->version, mc->version == 1 ? 16 : 32, (long long)mc->rows, (long long)((busiest + args.run.batch - 1) / args.run.batch),
+           args.run.batch, args.run.seq, args.eval.every > 0 ? ("every " + std::to_string(args.eval.every) + " steps and at the end").c_str()
            : "at the end");
     if (cut) printf("eval-mc: %lld of %lld rows are longer than --seq %d + 1 tokens: their context is cut from the left\n",
-                    (long long)cut, (long long)mc->rows, args.seq);
+                    (long long)cut, (long long)mc->rows, args.run.seq);
 }
 
 // --eval-mc after `step` steps: one line, and one JSONL object (dump: rank 0's --eval-mc-dump, or NULL)
@@ -180,7 +180,7 @@ template <typename Model, typename Store>
 static void run_mc(Model* model, Store* store, const McSet* mc, const TrainArgs& args, Comm* comm, FILE* dump, int step, RunLog* log) {
     comm_phase("multiple-choice evaluation");
     double t0 = now_seconds();
-    McResult r = evaluate_mc(model, store, mc, args.batch, args.seq, comm, dump, step);
+    McResult r = evaluate_mc(model, store, mc, args.run.batch, args.run.seq, comm, dump, step);
     if (comm->rank == 0) report_mc(log, step, r.acc, r.acc_norm, r.n, now_seconds() - t0);
 }
 
@@ -193,10 +193,10 @@ static void dump_logits(Model* model, DataLoader* val, const TrainArgs& args, co
     if (comm.rank != 0) return;
     std::vector<float> logits;
     dbrx_logits_to_host(model, &logits);
-    st_write_host(args.dump_logits, {{"inputs", "I32", {args.batch, args.seq}, val->inputs.data()},
-                                     {"targets", "I32", {args.batch, args.seq}, val->targets.data()},
-                                     {"logits", "F32", {args.batch, args.seq, cfg.vocab_size}, logits.data()}});
-    printf("dump: inputs and logits of the first validation batch -> %s\n", args.dump_logits.c_str());
+    st_write_host(args.eval.dump_logits, {{"inputs", "I32", {args.run.batch, args.run.seq}, val->inputs.data()},
+                                     {"targets", "I32", {args.run.batch, args.run.seq}, val->targets.data()},
+                                     {"logits", "F32", {args.run.batch, args.run.seq, cfg.vocab_size}, logits.data()}});
+    printf("dump: inputs and logits of the first validation batch -> %s\n", args.eval.dump_logits.c_str());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -208,19 +208,19 @@ static FILE* g_generate_out = NULL;   // the process's stdout; everything else g
 template <typename Model, typename Store>
 static int generate_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store) {
     Zero* zl = zero_layout(store);
-    if (!args.init_hf.empty()) {
-        hf_import(args.init_hf, zl, &cfg, model->table, &comm);
+    if (!args.ckpt.init_hf.empty()) {
+        hf_import(args.ckpt.init_hf, zl, &cfg, model->table, &comm);
         zero_from_host(store);
-        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.init_hf.c_str());
+        if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.ckpt.init_hf.c_str());
     } else {
         Checkpointer ck;
-        ckpt_init(&ck, args.ckpt_dir, 0, 1, 0);
+        ckpt_init(&ck, args.ckpt.dir, 0, 1, 0);
         TrainProgress prog;
         JsonValue man;
         std::string from;
-        if (!ckpt_resume(&ck, args.resume, zl, &cfg, &prog, &man, &from, &comm)) {   // (auto, and none there)
+        if (!ckpt_resume(&ck, args.ckpt.resume, zl, &cfg, &prog, &man, &from, &comm)) {   // (auto, and none there)
             comm_agreed_failure();
-            if (comm.rank == 0) fail(EXIT_BAD_INPUT, "--generate --resume auto: no checkpoint in --ckpt-dir %s", args.ckpt_dir.c_str());
+            if (comm.rank == 0) fail(EXIT_BAD_INPUT, "--generate --resume auto: no checkpoint in --ckpt-dir %s", args.ckpt.dir.c_str());
             exit(EXIT_BAD_INPUT);
         }
         zero_from_host(store);
@@ -229,23 +229,23 @@ static int generate_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm
     }
     if (comm.rank == 0) {
         printf("generate: %zu prompt tokens (the end-of-text token first), at most %d new, temperature %g%s, %s tokenizer\n",
-               args.prompt_ids.size(), args.sample_len, args.temperature,
-               args.sample_top_k > 0 ? (", top-" + std::to_string(args.sample_top_k)).c_str() : "",
-               args.tok->kind == TOKENIZER_BYTES ? "bytes" : "cl100k");
+               args.sample.prompt_ids.size(), args.sample.len, args.sample.temperature,
+               args.sample.top_k > 0 ? (", top-" + std::to_string(args.sample.top_k)).c_str() : "",
+               args.sample.tok->kind == TOKENIZER_BYTES ? "bytes" : "cl100k");
         fflush(stdout);
     }
     comm_watch(1);
     double t0 = now_seconds();
-    std::vector<int> ids = generate_tokens(model, args.tok, args.prompt_ids, args.sample_len, args.temperature, args.sample_top_k,
+    std::vector<int> ids = generate_tokens(model, args.sample.tok, args.sample.prompt_ids, args.sample.len, args.sample.temperature, args.sample.top_k,
                                            sample_seed(args, 0), &comm);
     double dt = now_seconds() - t0;
     comm_watch(0);
     if (comm.rank == 0) {
-        std::string text = args.prompt + tokenizer_decode(args.tok, ids) + "\n";
+        std::string text = args.sample.prompt + tokenizer_decode(args.sample.tok, ids) + "\n";
         fwriteCheck(text.data(), 1, text.size(), g_generate_out, "the generated text");
         if (fflush(g_generate_out) != 0) fail(EXIT_RUNTIME, "writing the generated text to stdout: %s", strerror(errno));
         printf("generate: %zu tokens in %.2f s (%zu positions through the KV cache, %.1f per second)\n", ids.size(), dt,
-               args.prompt_ids.size() + ids.size(), (args.prompt_ids.size() + ids.size()) / (dt > 0 ? dt : 1e-9));
+               args.sample.prompt_ids.size() + ids.size(), (args.sample.prompt_ids.size() + ids.size()) / (dt > 0 ? dt : 1e-9));
         fflush(stdout);
     }
     return 0;

@@ -11,40 +11,58 @@
 #include "model/config.h"
 #include "data/tokenizer.h"
 
+// The flags by section (--help prints them so, with their defaults)
 typedef struct {
-    std::string model = "dbrx-tiny";
-    int steps = 200, batch = 8, seq = 0, grad_accum = 1, warmup = 10, val_every = 50, val_steps = 8;
-    float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
-    float grad_clip = 1.0f, peak_tflops = 0.0f;
-    int seed = 1337, data_seed = -1;
-    std::string data = "data/sotu/sotu_train_*.bin", val_data = "data/sotu/sotu_val_*.bin", data_schedule = "";
-    std::string log = "", device = "auto", fp8 = "off";
-    int fp8_history = 16, fp8_margin = 0, fp8_log_every = 0;
-    // multiple-choice evaluation (data/mc_eval.h) and the experts' load in the log
-    std::string eval_mc = "", eval_mc_dump = "";
-    int eval_every = 0, log_every_experts = 0;
+    std::string model = "dbrx-tiny", device = "auto", log = "";
+    int steps = 200, batch = 8, seq = 0, grad_accum = 1, seed = 1337, stop_after = -1;
+    int log_every_experts = 0;      // each layer's tokens per expert in the log
+    float peak_tflops = 0.0f;
+    bool dry_run = false, help = false;
+} RunArgs;
+typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
+                 int warmup = 10; } OptimArgs;
+typedef struct { std::string train = "data/sotu/sotu_train_*.bin", val = "data/sotu/sotu_val_*.bin", schedule = ""; int seed = -1; } DataArgs;
+typedef struct {
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
-    int expert_parallel = 1;       // EP degree (parallel/zero.h): the experts split over groups of this many ranks
+    int expert_parallel = 1;       // EP degree (parallel/expert_parallel.h): the experts split over groups of this many ranks
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
-    // checkpoints and Hugging Face interop (checkpoint/)
-    std::string ckpt_dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16", dump_logits = "";
-    int ckpt_every = 0, ckpt_keep = 3, ckpt_keep_every = 0, stop_after = -1, ckpt_confirm = 0;
-    // the spike guard (checkpoint/spike_guard.h)
-    float spike_loss_sigma = 6, spike_gnorm_factor = 10;
-    int spike_window = 50, max_skips = 5;
+} ParallelArgs;
+typedef struct {                   // checkpoints and Hugging Face interop (checkpoint/)
+    std::string dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16";
+    int every = 0, keep = 3, keep_every = 0, confirm = 0;
     float export_max_file_gb = 5;
-    // the health check (parallel/health.h)
-    bool health_check = false, health_check_only = false;
-    float health_min_tflops = 0, health_min_busbw = 0, health_gemm_ratio = 0.5f;
-    int health_gemm_size = 0, health_comm_mib = 16;
-    bool dry_run = false, help = false, fp8_gather = false;
-    // generation (model/sample.h, dbrx_decode_step): samples during training, or --generate
-    int sample_every = 0, sample_len = 64, sample_top_k = 0, sample_seed = -1;
+} CkptArgs;
+typedef struct { float loss_sigma = 6, gnorm_factor = 10; int window = 50, max_skips = 5; } GuardArgs;   // checkpoint/spike_guard.h
+typedef struct {                   // the health check (parallel/health.h)
+    bool check = false, check_only = false;
+    float min_tflops = 0, min_busbw = 0, gemm_ratio = 0.5f;
+    int gemm_size = 0, comm_mib = 16;
+} HealthArgs;
+typedef struct { std::string recipe = "off"; int history = 16, margin = 0, log_every = 0; bool gather = false; } Fp8Args;
+typedef struct {                   // generation (model/sample.h, dbrx_decode_step): samples during training, or --generate
+    int every = 0, len = 64, top_k = 0, seed = -1;
     float temperature = 1.0f;
     std::string prompt = "", tokenizer = "auto", tokenizer_ranks = "dev/data/.cache/cl100k_base.tiktoken";
     bool generate = false;
     const Tokenizer* tok = nullptr;   // set by run_main when there is something to sample
     std::vector<int> prompt_ids;      // the end-of-text token, then the prompt's tokens
+} SampleArgs;
+typedef struct {                   // validation, multiple-choice evaluation (data/mc_eval.h), the logits dump
+    int val_every = 50, val_steps = 8, every = 0;
+    std::string mc = "", mc_dump = "", dump_logits = "";
+} EvalArgs;
+
+typedef struct {
+    RunArgs run;
+    OptimArgs optim;
+    DataArgs data;
+    ParallelArgs parallel;
+    CkptArgs ckpt;
+    GuardArgs guard;
+    HealthArgs health;
+    Fp8Args fp8;
+    SampleArgs sample;
+    EvalArgs eval;
     std::vector<std::string> given;   // the flags on the command line: a default is never taken for an explicit value
 } TrainArgs;
 
@@ -53,12 +71,14 @@ static bool flag_given(const TrainArgs* a, const char* name) {
     return false;
 }
 
-enum FlagType { F_INT, F_FLOAT, F_STR, F_BOOL, F_SETTING };   // F_SETTING: a positive number, or off (DBRX_OFF)
+enum FlagType { F_INT, F_FLOAT, F_STR, F_BOOL, F_SETTING, F_SECTION };   // F_SETTING: a positive number, or off (DBRX_OFF);
+                                                                       // F_SECTION: the heading of the flags that follow
 typedef struct { const char* name; const char* alias; FlagType type; void* ptr; const char* help; } Flag;
 
 static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
     return {
-        {"--model", "", F_STR, &a->model, "preset: dbrx-132b dbrx-73b dbrx-35b dbrx-18b dbrx-9b dbrx-1b dbrx-tiny"},
+        {"", "", F_SECTION, NULL, "the model (the preset, and any of its numbers changed)"},
+        {"--model", "", F_STR, &a->run.model, "preset: dbrx-132b dbrx-73b dbrx-35b dbrx-18b dbrx-9b dbrx-1b dbrx-tiny"},
         {"--d-model", "", F_INT, &c->d_model, "model width d (head_dim follows as d / n_heads)"},
         {"--n-heads", "", F_INT, &c->n_heads, "query heads"},
         {"--kv-heads", "", F_INT, &c->kv_heads, "key/value heads (GQA)"},
@@ -76,98 +96,128 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--moe-loss-weight", "", F_FLOAT, &c->moe_loss_weight, "load-balancing loss weight"},
         {"--z-loss-weight", "", F_FLOAT, &c->z_loss_weight, "router z-loss weight"},
         {"--init-std", "", F_FLOAT, &c->init_std, "std of the normal init of every matrix"},
-        {"--steps", "-x", F_INT, &a->steps, "optimizer steps (the LR schedule spans them)"},
-        {"--batch", "-b", F_INT, &a->batch, "micro-batch size in sequences, per rank"},
-        {"--seq", "-t", F_INT, &a->seq, "sequence length (default: min(model max_seq, 2048))"},
-        {"--grad-accum", "", F_INT, &a->grad_accum, "micro-batches per optimizer step"},
-        {"--lr", "-l", F_FLOAT, &a->lr, "peak learning rate"},
-        {"--warmup", "-u", F_INT, &a->warmup, "linear warmup steps"},
-        {"--lr-floor", "-q", F_FLOAT, &a->lr_floor, "final LR as a fraction of the peak (cosine floor)"},
-        {"--weight-decay", "-c", F_FLOAT, &a->weight_decay, "AdamW decoupled weight decay (matrices only)"},
-        {"--beta1", "", F_FLOAT, &a->beta1, "AdamW beta1"},
-        {"--beta2", "", F_FLOAT, &a->beta2, "AdamW beta2"},
-        {"--adam-eps", "", F_FLOAT, &a->adam_eps, "AdamW epsilon"},
-        {"--grad-clip", "", F_FLOAT, &a->grad_clip, "global gradient-norm clip (<= 0: off)"},
-        {"--seed", "", F_INT, &a->seed, "seed of the initialisation"},
-        {"--data", "-i", F_STR, &a->data, "training shards: a glob, or a mixture NAME=GLOB:WEIGHT,... (data/README.md)"},
-        {"--data-schedule", "", F_STR, &a->data_schedule, "mixture weights from a step on: STEP:NAME=W,...[;STEP:...]"},
-        {"--data-seed", "", F_INT, &a->data_seed, "seed of the data order (default: --seed)"},
-        {"--val-data", "-j", F_STR, &a->val_data, "glob of validation shards ('' to skip validation)"},
-        {"--val-every", "-v", F_INT, &a->val_every, "validate every N steps (0: never)"},
-        {"--val-steps", "-m", F_INT, &a->val_steps, "validation batches"},
-        {"--log", "-o", F_STR, &a->log, "JSONL log file (one object per step and per validation)"},
-        {"--eval-mc", "", F_STR, &a->eval_mc, "multiple-choice eval set (HellaSwag-style, llm.c's .bin; data/README.md): accuracy "
-                                              "every --eval-every steps and at the end"},
-        {"--eval-every", "", F_INT, &a->eval_every, "--eval-mc every N steps and at the end (default: --val-every; 0: only at the end)"},
-        {"--eval-mc-dump", "", F_STR, &a->eval_mc_dump, "write every --eval-mc example's per-completion summed losses and token counts "
-                                                        "to this JSONL file"},
-        {"--log-every-experts", "", F_INT, &a->log_every_experts, "log each layer's tokens per expert (summed over micro-batches and "
+        {"", "", F_SECTION, NULL, "the run"},
+        {"--steps", "-x", F_INT, &a->run.steps, "optimizer steps (the LR schedule spans them)"},
+        {"--batch", "-b", F_INT, &a->run.batch, "micro-batch size in sequences, per rank"},
+        {"--seq", "-t", F_INT, &a->run.seq, "sequence length (default: min(model max_seq, 2048))"},
+        {"--grad-accum", "", F_INT, &a->run.grad_accum, "micro-batches per optimizer step"},
+        {"--seed", "", F_INT, &a->run.seed, "seed of the initialisation"},
+        {"--log", "-o", F_STR, &a->run.log, "JSONL log file (one object per step and per validation)"},
+        {"--log-every-experts", "", F_INT, &a->run.log_every_experts, "log each layer's tokens per expert (summed over micro-batches and "
                                                                   "ranks) to the JSONL log every N steps (0: never)"},
-        {"--device", "", F_STR, &a->device, "auto | cpu | cuda (cuda: one process per GPU under mpirun, the GPU from the node-local rank)"},
-        {"--fp8", "", F_STR, &a->fp8, "FP8 GEMMs in the blocks: off | delayed | current | block (CPU: emulated; CUDA: cuBLASLt FP8)"},
-        {"--fp8-amax-history", "", F_INT, &a->fp8_history, "delayed scaling: amax history length"},
-        {"--fp8-margin", "", F_INT, &a->fp8_margin, "FP8 scales are backed off by 2^margin"},
-        {"--fp8-log-every", "", F_INT, &a->fp8_log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
-        {"--fp8-gather", "", F_BOOL, &a->fp8_gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales"},
-        {"--expert-parallel", "", F_INT, &a->expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
+        {"--device", "", F_STR, &a->run.device, "auto | cpu | cuda (cuda: one process per GPU under mpirun, the GPU from the node-local rank)"},
+        {"--stop-after", "", F_INT, &a->run.stop_after, "run at most N steps of the schedule in this invocation, then save and exit (default: all of them)"},
+        {"--peak-tflops", "", F_FLOAT, &a->run.peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: the CPU's from its clock and ISA; the GPU's dense BF16 peak when known)"},
+        {"--dry-run", "", F_BOOL, &a->run.dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
+        {"--help", "-h", F_BOOL, &a->run.help, "this text"},
+        {"", "", F_SECTION, NULL, "the optimizer (AdamW, the LR schedule)"},
+        {"--lr", "-l", F_FLOAT, &a->optim.lr, "peak learning rate"},
+        {"--warmup", "-u", F_INT, &a->optim.warmup, "linear warmup steps"},
+        {"--lr-floor", "-q", F_FLOAT, &a->optim.lr_floor, "final LR as a fraction of the peak (cosine floor)"},
+        {"--weight-decay", "-c", F_FLOAT, &a->optim.weight_decay, "AdamW decoupled weight decay (matrices only)"},
+        {"--beta1", "", F_FLOAT, &a->optim.beta1, "AdamW beta1"},
+        {"--beta2", "", F_FLOAT, &a->optim.beta2, "AdamW beta2"},
+        {"--adam-eps", "", F_FLOAT, &a->optim.adam_eps, "AdamW epsilon"},
+        {"--grad-clip", "", F_FLOAT, &a->optim.grad_clip, "global gradient-norm clip (<= 0: off)"},
+        {"", "", F_SECTION, NULL, "data (data/README.md)"},
+        {"--data", "-i", F_STR, &a->data.train, "training shards: a glob, or a mixture NAME=GLOB:WEIGHT,... (data/README.md)"},
+        {"--data-schedule", "", F_STR, &a->data.schedule, "mixture weights from a step on: STEP:NAME=W,...[;STEP:...]"},
+        {"--data-seed", "", F_INT, &a->data.seed, "seed of the data order (default: --seed)"},
+        {"--val-data", "-j", F_STR, &a->data.val, "glob of validation shards ('' to skip validation)"},
+        {"", "", F_SECTION, NULL, "evaluation"},
+        {"--val-every", "-v", F_INT, &a->eval.val_every, "validate every N steps (0: never)"},
+        {"--val-steps", "-m", F_INT, &a->eval.val_steps, "validation batches"},
+        {"--eval-mc", "", F_STR, &a->eval.mc, "multiple-choice eval set (HellaSwag-style, llm.c's .bin; data/README.md): accuracy "
+                                              "every --eval-every steps and at the end"},
+        {"--eval-every", "", F_INT, &a->eval.every, "--eval-mc every N steps and at the end (default: --val-every; 0: only at the end)"},
+        {"--eval-mc-dump", "", F_STR, &a->eval.mc_dump, "write every --eval-mc example's per-completion summed losses and token counts "
+                                                        "to this JSONL file"},
+        {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
+        {"", "", F_SECTION, NULL, "parallelism (parallel/README.md)"},
+        {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
                                                               "(N divides the experts, and the shard group size, or the ranks with "
                                                               "--shard-group-size 1), tokens exchanged all-to-all"},
-        {"--shard-group-size", "", F_INT, &a->shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
+        {"--shard-group-size", "", F_INT, &a->parallel.shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
-        {"--comm-timeout", "", F_FLOAT, &a->comm_timeout, "seconds a collective may make no progress before the run stops, naming the rank "
+        {"--comm-timeout", "", F_FLOAT, &a->parallel.comm_timeout, "seconds a collective may make no progress before the run stops, naming the rank "
                                                            "that does not respond (0: auto: 600 until step 1 is done and around checkpoints, then 60)"},
-        {"--ckpt-dir", "", F_STR, &a->ckpt_dir, "checkpoint directory: saves every --ckpt-every steps, at the end, and on SIGTERM/SIGINT/SIGUSR1"},
-        {"--ckpt-every", "", F_INT, &a->ckpt_every, "save a checkpoint every N steps (0: only on the way out)"},
-        {"--ckpt-keep", "", F_INT, &a->ckpt_keep, "keep the last K checkpoints"},
-        {"--ckpt-keep-every", "", F_INT, &a->ckpt_keep_every, "also keep every checkpoint whose step is a multiple of M (0: none)"},
-        {"--ckpt-confirm", "", F_INT, &a->ckpt_confirm, "a checkpoint counts toward --ckpt-keep once the run trained N steps past it with none skipped (0: --ckpt-every, or 1)"},
-        {"--spike-loss-sigma", "", F_FLOAT, &a->spike_loss_sigma, "skip a step whose loss exceeds the mean of the last --spike-window steps by K std (and 5%) (0: off)"},
-        {"--spike-gnorm-factor", "", F_FLOAT, &a->spike_gnorm_factor, "skip a step whose grad norm exceeds M x the median of the last --spike-window steps (0: off)"},
-        {"--spike-window", "", F_INT, &a->spike_window, "steps the spike guard's statistics and skip count span"},
-        {"--max-skips", "", F_INT, &a->max_skips, "stop when this many of the last --spike-window steps were skipped (non-finite steps are always skipped)"},
-        {"--resume", "", F_STR, &a->resume, "auto (the newest valid checkpoint in --ckpt-dir; none: start fresh) or a checkpoint directory"},
-        {"--stop-after", "", F_INT, &a->stop_after, "run at most N steps of the schedule in this invocation, then save and exit"},
-        {"--init-hf", "", F_STR, &a->init_hf, "initialise the weights from a Hugging Face DBRX export (config.json + safetensors)"},
-        {"--export-hf", "", F_STR, &a->export_hf, "at the end, export the weights as config.json + safetensors (DbrxForCausalLM)"},
-        {"--export-dtype", "", F_STR, &a->export_dtype, "bf16 | fp32 (fp32: export -> import is bit-exact)"},
-        {"--export-max-file-gb", "", F_FLOAT, &a->export_max_file_gb, "split the export into files of at most this size"},
-        {"--dump-logits", "", F_STR, &a->dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
-        {"--health-check", "", F_BOOL, &a->health_check, "before training, on every rank: a GEMM of known result and its TFLOP/s, all-reduce "
+        {"", "", F_SECTION, NULL, "checkpoints and Hugging Face interop (checkpoint/README.md)"},
+        {"--ckpt-dir", "", F_STR, &a->ckpt.dir, "checkpoint directory: saves every --ckpt-every steps, at the end, and on SIGTERM/SIGINT/SIGUSR1"},
+        {"--ckpt-every", "", F_INT, &a->ckpt.every, "save a checkpoint every N steps (0: only on the way out)"},
+        {"--ckpt-keep", "", F_INT, &a->ckpt.keep, "keep the last K checkpoints"},
+        {"--ckpt-keep-every", "", F_INT, &a->ckpt.keep_every, "also keep every checkpoint whose step is a multiple of M (0: none)"},
+        {"--ckpt-confirm", "", F_INT, &a->ckpt.confirm, "a checkpoint counts toward --ckpt-keep once the run trained N steps past it with none skipped (0: --ckpt-every, or 1)"},
+        {"--resume", "", F_STR, &a->ckpt.resume, "auto (the newest valid checkpoint in --ckpt-dir; none: start fresh) or a checkpoint directory"},
+        {"--init-hf", "", F_STR, &a->ckpt.init_hf, "initialise the weights from a Hugging Face DBRX export (config.json + safetensors)"},
+        {"--export-hf", "", F_STR, &a->ckpt.export_hf, "at the end, export the weights as config.json + safetensors (DbrxForCausalLM)"},
+        {"--export-dtype", "", F_STR, &a->ckpt.export_dtype, "bf16 | fp32 (fp32: export -> import is bit-exact)"},
+        {"--export-max-file-gb", "", F_FLOAT, &a->ckpt.export_max_file_gb, "split the export into files of at most this size"},
+        {"", "", F_SECTION, NULL, "the loss-spike guard"},
+        {"--spike-loss-sigma", "", F_FLOAT, &a->guard.loss_sigma, "skip a step whose loss exceeds the mean of the last --spike-window steps by K std (and 5%) (0: off)"},
+        {"--spike-gnorm-factor", "", F_FLOAT, &a->guard.gnorm_factor, "skip a step whose grad norm exceeds M x the median of the last --spike-window steps (0: off)"},
+        {"--spike-window", "", F_INT, &a->guard.window, "steps the spike guard's statistics and skip count span"},
+        {"--max-skips", "", F_INT, &a->guard.max_skips, "stop when this many of the last --spike-window steps were skipped (non-finite steps are always skipped)"},
+        {"", "", F_SECTION, NULL, "the health check"},
+        {"--health-check", "", F_BOOL, &a->health.check, "before training, on every rank: a GEMM of known result and its TFLOP/s, all-reduce "
                                                           "and all-gather results and busbw, a NaN-free forward; a rank out of range is named "
                                                           "and the job stops (exit 1)"},
-        {"--health-check-only", "", F_BOOL, &a->health_check_only, "the checks of --health-check, then exit: 0 all passed, 1 not (needs no data)"},
-        {"--health-min-tflops", "", F_FLOAT, &a->health_min_tflops, "health check: a rank whose GEMM runs below X TFLOP/s fails (0: a fraction "
+        {"--health-check-only", "", F_BOOL, &a->health.check_only, "the checks of --health-check, then exit: 0 all passed, 1 not (needs no data)"},
+        {"--health-min-tflops", "", F_FLOAT, &a->health.min_tflops, "health check: a rank whose GEMM runs below X TFLOP/s fails (0: a fraction "
                                                                     "of the device's known peak; always: --health-gemm-ratio x the median rank)"},
-        {"--health-min-busbw", "", F_FLOAT, &a->health_min_busbw, "health check: all-reduce or all-gather bus bandwidth below X GB/s fails "
+        {"--health-min-busbw", "", F_FLOAT, &a->health.min_busbw, "health check: all-reduce or all-gather bus bandwidth below X GB/s fails "
                                                                   "(0: results checked, bandwidth reported)"},
-        {"--health-gemm-ratio", "", F_FLOAT, &a->health_gemm_ratio, "health check: a rank whose GEMM runs below R x the median rank's fails"},
-        {"--health-gemm-size", "", F_INT, &a->health_gemm_size, "health check: the GEMM is N x N x N (0: 512 on the CPU, 8192 on a GPU; a "
+        {"--health-gemm-ratio", "", F_FLOAT, &a->health.gemm_ratio, "health check: a rank whose GEMM runs below R x the median rank's fails"},
+        {"--health-gemm-size", "", F_INT, &a->health.gemm_size, "health check: the GEMM is N x N x N (0: 512 on the CPU, 8192 on a GPU; a "
                                                                 "multiple of 16)"},
-        {"--health-comm-mib", "", F_INT, &a->health_comm_mib, "health check: MiB of the all-reduce and all-gather buffers"},
-        {"--peak-tflops", "", F_FLOAT, &a->peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: the CPU's from its clock and ISA; the GPU's dense BF16 peak when known)"},
-        {"--sample-every", "", F_INT, &a->sample_every, "every N steps rank 0 prints a sample continuing --prompt (and logs it) (0: never)"},
-        {"--sample-len", "", F_INT, &a->sample_len, "tokens a sample (or --generate) writes at most (it ends early at the end-of-text token)"},
-        {"--temperature", "", F_FLOAT, &a->temperature, "sampling temperature (0: greedy, the most likely token)"},
-        {"--sample-top-k", "", F_INT, &a->sample_top_k, "sample among the K most likely tokens only (0: all)"},
-        {"--sample-seed", "", F_INT, &a->sample_seed, "seed of the sampler (default: --seed)"},
-        {"--prompt", "", F_STR, &a->prompt, "text the samples continue, after the end-of-text token that starts every document ('': that token alone)"},
-        {"--tokenizer", "", F_STR, &a->tokenizer, "auto | bytes | cl100k: how samples are encoded and decoded (auto: cl100k when --vocab holds "
+        {"--health-comm-mib", "", F_INT, &a->health.comm_mib, "health check: MiB of the all-reduce and all-gather buffers"},
+        {"", "", F_SECTION, NULL, "FP8 (model/README.md)"},
+        {"--fp8", "", F_STR, &a->fp8.recipe, "FP8 GEMMs in the blocks: off | delayed | current | block (CPU: emulated; CUDA: cuBLASLt FP8)"},
+        {"--fp8-amax-history", "", F_INT, &a->fp8.history, "delayed scaling: amax history length"},
+        {"--fp8-margin", "", F_INT, &a->fp8.margin, "FP8 scales are backed off by 2^margin"},
+        {"--fp8-log-every", "", F_INT, &a->fp8.log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
+        {"--fp8-gather", "", F_BOOL, &a->fp8.gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales"},
+        {"", "", F_SECTION, NULL, "sampling and --generate"},
+        {"--sample-every", "", F_INT, &a->sample.every, "every N steps rank 0 prints a sample continuing --prompt (and logs it) (0: never)"},
+        {"--sample-len", "", F_INT, &a->sample.len, "tokens a sample (or --generate) writes at most (it ends early at the end-of-text token)"},
+        {"--temperature", "", F_FLOAT, &a->sample.temperature, "sampling temperature (0: greedy, the most likely token)"},
+        {"--sample-top-k", "", F_INT, &a->sample.top_k, "sample among the K most likely tokens only (0: all)"},
+        {"--sample-seed", "", F_INT, &a->sample.seed, "seed of the sampler (default: --seed)"},
+        {"--prompt", "", F_STR, &a->sample.prompt, "text the samples continue, after the end-of-text token that starts every document ('': that token alone)"},
+        {"--tokenizer", "", F_STR, &a->sample.tokenizer, "auto | bytes | cl100k: how samples are encoded and decoded (auto: cl100k when --vocab holds "
                                                    "DBRX's 100280 ids, else bytes)"},
-        {"--tokenizer-ranks", "", F_STR, &a->tokenizer_ranks, "the cl100k ranks (.tiktoken; dev/data/setup_tiktoken.sh writes the default)"},
-        {"--generate", "", F_BOOL, &a->generate, "no training: load --resume DIR or --init-hf DIR, write the continuation of --prompt to "
+        {"--tokenizer-ranks", "", F_STR, &a->sample.tokenizer_ranks, "the cl100k ranks (.tiktoken; dev/data/setup_tiktoken.sh writes the default)"},
+        {"--generate", "", F_BOOL, &a->sample.generate, "no training: load --resume DIR or --init-hf DIR, write the continuation of --prompt to "
                                                  "stdout (the model's shape from the checkpoint or config.json), exit"},
-        {"--dry-run", "", F_BOOL, &a->dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
-        {"--help", "-h", F_BOOL, &a->help, "this text"},
     };
 }
 
+// a flag's value as --help shows its default ("" for a switch)
+static std::string flag_value_str(const Flag& f) {
+    char b[64];
+    switch (f.type) {
+    case F_INT: snprintf(b, sizeof b, "%d", *(const int*)f.ptr); return b;
+    case F_FLOAT: snprintf(b, sizeof b, "%g", *(const float*)f.ptr); return b;
+    case F_SETTING: return dbrx_setting_str(*(const float*)f.ptr);
+    case F_STR: return "'" + *(const std::string*)f.ptr + "'";
+    default: return "";
+    }
+}
+
+// every flag by section, with its default: the run's from a fresh TrainArgs, the model's from the default preset
 static void print_help(const std::vector<Flag>& flags) {
-    printf("usage: [mpirun -np N] ./train_dbrx [flags]    (flags take --flag value or --flag=value)\n\n");
-    for (const Flag& f : flags) {
+    TrainArgs d;
+    DbrxConfig dc;
+    model_preset_lookup(d.run.model.c_str(), &dc);
+    std::vector<Flag> defaults = make_flags(&d, &dc);
+    printf("usage: [mpirun -np N] ./train_dbrx [flags]    (flags take --flag value or --flag=value)\n");
+    for (size_t i = 0; i < flags.size(); i++) {
+        const Flag& f = flags[i];
+        if (f.type == F_SECTION) { printf("\n%s:\n", f.help); continue; }
         std::string left = std::string(f.alias[0] ? std::string(f.alias) + ", " : "    ") + f.name;
         if (f.type != F_BOOL) left += f.type == F_STR ? " S" : f.type == F_INT ? " N" : f.type == F_SETTING ? " X|off" : " X";
-        printf("  %-24s %s\n", left.c_str(), f.help);
+        std::string def = strstr(f.help, "default") ? "" : flag_value_str(defaults[i]);   // (a help that says its default: a sentinel)
+        printf("  %-24s %s%s\n", left.c_str(), f.help, def.empty() || def == "''" ? "" : (" [default " + def + "]").c_str());
     }
 }
 
@@ -198,6 +248,7 @@ static void set_flag(const Flag& f, const char* value) {
     }
     case F_STR: *(std::string*)f.ptr = value; break;
     case F_BOOL: *(bool*)f.ptr = true; break;
+    case F_SECTION: break;
     }
 }
 
@@ -212,7 +263,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
             size_t eq = arg.find('=');
             if (arg.rfind("--", 0) == 0 && eq != std::string::npos) { value = arg.substr(eq + 1); arg = arg.substr(0, eq); has_inline = true; }
             const Flag* f = NULL;
-            for (const Flag& g : flags) if (arg == g.name || (g.alias[0] && arg == g.alias)) f = &g;
+            for (const Flag& g : flags) if (g.type != F_SECTION && (arg == g.name || (g.alias[0] && arg == g.alias))) f = &g;
             if (!f) fail(EXIT_BAD_INPUT, "unknown flag '%s' (see --help)", argv[i]);
             if (f->type == F_BOOL) {
                 if (has_inline) fail(EXIT_BAD_INPUT, "%s takes no value", f->name);
@@ -223,104 +274,104 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
                 if (i + 1 >= argc) fail(EXIT_BAD_INPUT, "%s needs a value", f->name);
                 value = argv[++i];
             }
-            bool is_model = (f->ptr == &a->model);
+            bool is_model = (f->ptr == &a->run.model);
             if (pass == 0 && is_model) set_flag(*f, value.c_str());
             if (pass == 1 && !is_model) { set_flag(*f, value.c_str()); a->given.push_back(f->name); }
         }
         if (pass == 0) {
-            if (a->help) break;
+            if (a->run.help) break;
             if (base) { *c = *base; continue; }
-            if (!model_preset_lookup(a->model.c_str(), c)) {
+            if (!model_preset_lookup(a->run.model.c_str(), c)) {
                 const ModelPreset* p;
                 int n = model_presets(&p);
                 std::string names;
                 for (int j = 0; j < n; j++) names += std::string(j ? ", " : "") + p[j].name;
-                fail(EXIT_BAD_INPUT, "unknown --model '%s' (presets: %s)", a->model.c_str(), names.c_str());
+                fail(EXIT_BAD_INPUT, "unknown --model '%s' (presets: %s)", a->run.model.c_str(), names.c_str());
             }
         }
     }
     // help is a flag of pass 1; look for it directly so that --help works with any other flags
-    for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) a->help = true;
-    if (a->help) { print_help(flags); exit(0); }
+    for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) a->run.help = true;
+    if (a->run.help) { print_help(flags); exit(0); }
     c->head_dim = c->d_model / (c->n_heads > 0 ? c->n_heads : 1);
     config_validate(c);   // the model first: a run flag's default may derive from it (--seq from --max-seq)
     // --seq left out: the model's max_seq, at most 2048. Given, it must be positive (0 is no sentinel)
-    if (!flag_given(a, "--seq")) a->seq = c->max_seq_len < 2048 ? c->max_seq_len : 2048;
-    if (a->steps <= 0) fail(EXIT_BAD_INPUT, "--steps %d must be positive", a->steps);
-    if (a->batch <= 0) fail(EXIT_BAD_INPUT, "--batch %d must be positive", a->batch);
-    if (a->seq <= 0) fail(EXIT_BAD_INPUT, "--seq %d must be positive", a->seq);
-    if (a->grad_accum <= 0) fail(EXIT_BAD_INPUT, "--grad-accum %d must be positive", a->grad_accum);
-    if (!(a->lr > 0)) fail(EXIT_BAD_INPUT, "--lr %g must be positive", a->lr);
-    if (a->warmup < 0) fail(EXIT_BAD_INPUT, "--warmup %d must be >= 0", a->warmup);
-    if (!(a->lr_floor >= 0 && a->lr_floor <= 1)) fail(EXIT_BAD_INPUT, "--lr-floor %g must be in [0, 1]", a->lr_floor);
-    if (!(a->beta1 >= 0 && a->beta1 < 1) || !(a->beta2 >= 0 && a->beta2 < 1))
-        fail(EXIT_BAD_INPUT, "--beta1 %g and --beta2 %g must be in [0, 1)", a->beta1, a->beta2);
-    if (!(a->adam_eps > 0)) fail(EXIT_BAD_INPUT, "--adam-eps %g must be positive", a->adam_eps);
-    if (!(a->weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", a->weight_decay);
-    if (a->val_every < 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0", a->val_every);
-    if (a->val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-steps %d must be positive", a->val_steps);
-    if (a->peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->peak_tflops);
-    fp8_recipe_parse(a->fp8.c_str());
-    if (a->fp8_history < 1 || a->fp8_history > FP8_MAX_HISTORY)
-        fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", a->fp8_history, FP8_MAX_HISTORY);
+    if (!flag_given(a, "--seq")) a->run.seq = c->max_seq_len < 2048 ? c->max_seq_len : 2048;
+    if (a->run.steps <= 0) fail(EXIT_BAD_INPUT, "--steps %d must be positive", a->run.steps);
+    if (a->run.batch <= 0) fail(EXIT_BAD_INPUT, "--batch %d must be positive", a->run.batch);
+    if (a->run.seq <= 0) fail(EXIT_BAD_INPUT, "--seq %d must be positive", a->run.seq);
+    if (a->run.grad_accum <= 0) fail(EXIT_BAD_INPUT, "--grad-accum %d must be positive", a->run.grad_accum);
+    if (!(a->optim.lr > 0)) fail(EXIT_BAD_INPUT, "--lr %g must be positive", a->optim.lr);
+    if (a->optim.warmup < 0) fail(EXIT_BAD_INPUT, "--warmup %d must be >= 0", a->optim.warmup);
+    if (!(a->optim.lr_floor >= 0 && a->optim.lr_floor <= 1)) fail(EXIT_BAD_INPUT, "--lr-floor %g must be in [0, 1]", a->optim.lr_floor);
+    if (!(a->optim.beta1 >= 0 && a->optim.beta1 < 1) || !(a->optim.beta2 >= 0 && a->optim.beta2 < 1))
+        fail(EXIT_BAD_INPUT, "--beta1 %g and --beta2 %g must be in [0, 1)", a->optim.beta1, a->optim.beta2);
+    if (!(a->optim.adam_eps > 0)) fail(EXIT_BAD_INPUT, "--adam-eps %g must be positive", a->optim.adam_eps);
+    if (!(a->optim.weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", a->optim.weight_decay);
+    if (a->eval.val_every < 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0", a->eval.val_every);
+    if (a->eval.val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-steps %d must be positive", a->eval.val_steps);
+    if (a->run.peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->run.peak_tflops);
+    fp8_recipe_parse(a->fp8.recipe.c_str());
+    if (a->fp8.history < 1 || a->fp8.history > FP8_MAX_HISTORY)
+        fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", a->fp8.history, FP8_MAX_HISTORY);
     // a scale backed off by more than 2^64 is below any amax's reciprocal that float holds: all zeros
-    if (a->fp8_margin < 0 || a->fp8_margin > 64) fail(EXIT_BAD_INPUT, "--fp8-margin %d must be in [0, 64]", a->fp8_margin);
-    if (a->fp8_log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-log-every %d must be >= 0", a->fp8_log_every);
-    if (a->eval_every < 0) fail(EXIT_BAD_INPUT, "--eval-every %d must be >= 0 (0: only at the end)", a->eval_every);
-    if (a->eval_mc.empty() && (flag_given(a, "--eval-every") || !a->eval_mc_dump.empty()))
+    if (a->fp8.margin < 0 || a->fp8.margin > 64) fail(EXIT_BAD_INPUT, "--fp8-margin %d must be in [0, 64]", a->fp8.margin);
+    if (a->fp8.log_every < 0) fail(EXIT_BAD_INPUT, "--fp8-log-every %d must be >= 0", a->fp8.log_every);
+    if (a->eval.every < 0) fail(EXIT_BAD_INPUT, "--eval-every %d must be >= 0 (0: only at the end)", a->eval.every);
+    if (a->eval.mc.empty() && (flag_given(a, "--eval-every") || !a->eval.mc_dump.empty()))
         fail(EXIT_BAD_INPUT, "%s needs --eval-mc", flag_given(a, "--eval-every") ? "--eval-every" : "--eval-mc-dump");
-    if (!flag_given(a, "--eval-every")) a->eval_every = a->val_every;
-    if (a->log_every_experts < 0) fail(EXIT_BAD_INPUT, "--log-every-experts %d must be >= 0", a->log_every_experts);
-    if (a->log_every_experts > 0 && a->log.empty()) fail(EXIT_BAD_INPUT, "--log-every-experts needs --log (the counts go to the JSONL log)");
-    if (a->fp8_gather && a->fp8 == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
-    if (a->shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->shard_group_size);
-    if (a->expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->expert_parallel);
-    if (a->ckpt_every < 0 || a->ckpt_keep < 1 || a->ckpt_keep_every < 0)
-        fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt_every,
-             a->ckpt_keep_every, a->ckpt_keep);
-    if (a->ckpt_every > 0 && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--ckpt-every needs --ckpt-dir");
-    if (a->resume == "auto" && a->ckpt_dir.empty()) fail(EXIT_BAD_INPUT, "--resume auto needs --ckpt-dir");
-    if (flag_given(a, "--stop-after") && a->stop_after < 0) fail(EXIT_BAD_INPUT, "--stop-after %d must be >= 0", a->stop_after);
-    if (flag_given(a, "--data-seed") && a->data_seed < 0)
-        fail(EXIT_BAD_INPUT, "--data-seed %d must be >= 0 (leave it out to use --seed)", a->data_seed);
-    if (a->ckpt_confirm < 0) fail(EXIT_BAD_INPUT, "--ckpt-confirm %d must be >= 0", a->ckpt_confirm);
-    if (!(a->spike_loss_sigma >= 0)) fail(EXIT_BAD_INPUT, "--spike-loss-sigma %g must be >= 0 (0: off)", a->spike_loss_sigma);
-    if (!(a->spike_gnorm_factor == 0 || a->spike_gnorm_factor > 1))
-        fail(EXIT_BAD_INPUT, "--spike-gnorm-factor %g must be 0 (off) or > 1", a->spike_gnorm_factor);
-    if (a->spike_window < 1 || a->max_skips < 1)
-        fail(EXIT_BAD_INPUT, "--spike-window %d and --max-skips %d must be >= 1", a->spike_window, a->max_skips);
-    if (a->export_dtype != "bf16" && a->export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->export_dtype.c_str());
+    if (!flag_given(a, "--eval-every")) a->eval.every = a->eval.val_every;
+    if (a->run.log_every_experts < 0) fail(EXIT_BAD_INPUT, "--log-every-experts %d must be >= 0", a->run.log_every_experts);
+    if (a->run.log_every_experts > 0 && a->run.log.empty()) fail(EXIT_BAD_INPUT, "--log-every-experts needs --log (the counts go to the JSONL log)");
+    if (a->fp8.gather && a->fp8.recipe == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
+    if (a->parallel.shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->parallel.shard_group_size);
+    if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
+    if (a->ckpt.every < 0 || a->ckpt.keep < 1 || a->ckpt.keep_every < 0)
+        fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt.every,
+             a->ckpt.keep_every, a->ckpt.keep);
+    if (a->ckpt.every > 0 && a->ckpt.dir.empty()) fail(EXIT_BAD_INPUT, "--ckpt-every needs --ckpt-dir");
+    if (a->ckpt.resume == "auto" && a->ckpt.dir.empty()) fail(EXIT_BAD_INPUT, "--resume auto needs --ckpt-dir");
+    if (flag_given(a, "--stop-after") && a->run.stop_after < 0) fail(EXIT_BAD_INPUT, "--stop-after %d must be >= 0", a->run.stop_after);
+    if (flag_given(a, "--data-seed") && a->data.seed < 0)
+        fail(EXIT_BAD_INPUT, "--data-seed %d must be >= 0 (leave it out to use --seed)", a->data.seed);
+    if (a->ckpt.confirm < 0) fail(EXIT_BAD_INPUT, "--ckpt-confirm %d must be >= 0", a->ckpt.confirm);
+    if (!(a->guard.loss_sigma >= 0)) fail(EXIT_BAD_INPUT, "--spike-loss-sigma %g must be >= 0 (0: off)", a->guard.loss_sigma);
+    if (!(a->guard.gnorm_factor == 0 || a->guard.gnorm_factor > 1))
+        fail(EXIT_BAD_INPUT, "--spike-gnorm-factor %g must be 0 (off) or > 1", a->guard.gnorm_factor);
+    if (a->guard.window < 1 || a->guard.max_skips < 1)
+        fail(EXIT_BAD_INPUT, "--spike-window %d and --max-skips %d must be >= 1", a->guard.window, a->guard.max_skips);
+    if (a->ckpt.export_dtype != "bf16" && a->ckpt.export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->ckpt.export_dtype.c_str());
     // (at most a petabyte: the byte count is converted to 64 bits)
-    if (!(a->export_max_file_gb > 0 && a->export_max_file_gb <= 1e6))
-        fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be in (0, 1e6]", a->export_max_file_gb);
-    if (!a->dump_logits.empty() && a->val_data.empty()) fail(EXIT_BAD_INPUT, "--dump-logits needs --val-data");
-    if (!(a->comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->comm_timeout);
-    if (a->device != "auto" && a->device != "cpu" && a->device != "cuda")
-        fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->device.c_str());
-    if (!(a->health_min_tflops >= 0)) fail(EXIT_BAD_INPUT, "--health-min-tflops %g must be >= 0 (0: the device's default)", a->health_min_tflops);
-    if (!(a->health_gemm_ratio > 0 && a->health_gemm_ratio <= 1))
-        fail(EXIT_BAD_INPUT, "--health-gemm-ratio %g must be in (0, 1]", a->health_gemm_ratio);
-    if (!(a->health_min_busbw >= 0)) fail(EXIT_BAD_INPUT, "--health-min-busbw %g must be >= 0 (0: no bound)", a->health_min_busbw);
-    if (a->health_gemm_size != 0 && (a->health_gemm_size < 16 || a->health_gemm_size > 32768 || a->health_gemm_size % 16))
-        fail(EXIT_BAD_INPUT, "--health-gemm-size %d must be 0 (the default) or a multiple of 16 in [16, 32768]", a->health_gemm_size);
-    if (a->health_comm_mib < 1 || a->health_comm_mib > 65536) fail(EXIT_BAD_INPUT, "--health-comm-mib %d must be in [1, 65536]", a->health_comm_mib);
-    if (a->sample_every < 0) fail(EXIT_BAD_INPUT, "--sample-every %d must be >= 0 (0: never)", a->sample_every);
-    if (a->sample_len <= 0) fail(EXIT_BAD_INPUT, "--sample-len %d must be positive", a->sample_len);
-    if (!(a->temperature >= 0)) fail(EXIT_BAD_INPUT, "--temperature %g must be >= 0 (0: greedy)", a->temperature);
-    if (a->sample_top_k < 0) fail(EXIT_BAD_INPUT, "--sample-top-k %d must be >= 0 (0: all tokens)", a->sample_top_k);
-    if (flag_given(a, "--sample-seed") && a->sample_seed < 0)
-        fail(EXIT_BAD_INPUT, "--sample-seed %d must be >= 0 (leave it out to use --seed)", a->sample_seed);
-    if (a->tokenizer != "auto" && a->tokenizer != "bytes" && a->tokenizer != "cl100k")
-        fail(EXIT_BAD_INPUT, "--tokenizer '%s' must be auto, bytes or cl100k", a->tokenizer.c_str());
-    if (a->generate && a->resume.empty() && a->init_hf.empty())
+    if (!(a->ckpt.export_max_file_gb > 0 && a->ckpt.export_max_file_gb <= 1e6))
+        fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be in (0, 1e6]", a->ckpt.export_max_file_gb);
+    if (!a->eval.dump_logits.empty() && a->data.val.empty()) fail(EXIT_BAD_INPUT, "--dump-logits needs --val-data");
+    if (!(a->parallel.comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->parallel.comm_timeout);
+    if (a->run.device != "auto" && a->run.device != "cpu" && a->run.device != "cuda")
+        fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->run.device.c_str());
+    if (!(a->health.min_tflops >= 0)) fail(EXIT_BAD_INPUT, "--health-min-tflops %g must be >= 0 (0: the device's default)", a->health.min_tflops);
+    if (!(a->health.gemm_ratio > 0 && a->health.gemm_ratio <= 1))
+        fail(EXIT_BAD_INPUT, "--health-gemm-ratio %g must be in (0, 1]", a->health.gemm_ratio);
+    if (!(a->health.min_busbw >= 0)) fail(EXIT_BAD_INPUT, "--health-min-busbw %g must be >= 0 (0: no bound)", a->health.min_busbw);
+    if (a->health.gemm_size != 0 && (a->health.gemm_size < 16 || a->health.gemm_size > 32768 || a->health.gemm_size % 16))
+        fail(EXIT_BAD_INPUT, "--health-gemm-size %d must be 0 (the default) or a multiple of 16 in [16, 32768]", a->health.gemm_size);
+    if (a->health.comm_mib < 1 || a->health.comm_mib > 65536) fail(EXIT_BAD_INPUT, "--health-comm-mib %d must be in [1, 65536]", a->health.comm_mib);
+    if (a->sample.every < 0) fail(EXIT_BAD_INPUT, "--sample-every %d must be >= 0 (0: never)", a->sample.every);
+    if (a->sample.len <= 0) fail(EXIT_BAD_INPUT, "--sample-len %d must be positive", a->sample.len);
+    if (!(a->sample.temperature >= 0)) fail(EXIT_BAD_INPUT, "--temperature %g must be >= 0 (0: greedy)", a->sample.temperature);
+    if (a->sample.top_k < 0) fail(EXIT_BAD_INPUT, "--sample-top-k %d must be >= 0 (0: all tokens)", a->sample.top_k);
+    if (flag_given(a, "--sample-seed") && a->sample.seed < 0)
+        fail(EXIT_BAD_INPUT, "--sample-seed %d must be >= 0 (leave it out to use --seed)", a->sample.seed);
+    if (a->sample.tokenizer != "auto" && a->sample.tokenizer != "bytes" && a->sample.tokenizer != "cl100k")
+        fail(EXIT_BAD_INPUT, "--tokenizer '%s' must be auto, bytes or cl100k", a->sample.tokenizer.c_str());
+    if (a->sample.generate && a->ckpt.resume.empty() && a->ckpt.init_hf.empty())
         fail(EXIT_BAD_INPUT, "--generate needs the weights: --resume DIR (a checkpoint) or --init-hf DIR (a Hugging Face export)");
-    if (a->generate && !a->resume.empty() && !a->init_hf.empty())
+    if (a->sample.generate && !a->ckpt.resume.empty() && !a->ckpt.init_hf.empty())
         fail(EXIT_BAD_INPUT, "--generate takes one source of weights: --resume or --init-hf, not both");
-    if (a->generate && (a->health_check || a->health_check_only || a->dry_run))
-        fail(EXIT_BAD_INPUT, "--generate runs no training: leave out %s", a->dry_run ? "--dry-run" : "--health-check");
-    if (!a->health_check && !a->health_check_only) {   // a bound without the check would be silently ignored
-        const char* orphan = a->health_min_tflops != 0 ? "--health-min-tflops" : a->health_min_busbw != 0 ? "--health-min-busbw"
-                           : a->health_gemm_size != 0 ? "--health-gemm-size" : a->health_comm_mib != 16 ? "--health-comm-mib" : NULL;
+    if (a->sample.generate && (a->health.check || a->health.check_only || a->run.dry_run))
+        fail(EXIT_BAD_INPUT, "--generate runs no training: leave out %s", a->run.dry_run ? "--dry-run" : "--health-check");
+    if (!a->health.check && !a->health.check_only) {   // a bound without the check would be silently ignored
+        const char* orphan = a->health.min_tflops != 0 ? "--health-min-tflops" : a->health.min_busbw != 0 ? "--health-min-busbw"
+                           : a->health.gemm_size != 0 ? "--health-gemm-size" : a->health.comm_mib != 16 ? "--health-comm-mib" : NULL;
         if (orphan) fail(EXIT_BAD_INPUT, "%s needs --health-check or --health-check-only", orphan);
     }
 }

@@ -46,8 +46,8 @@ typedef struct {
 } StepObservers;
 
 static void observers_init(StepObservers* o, const TrainArgs& args, const DbrxConfig& cfg, const Comm& comm) {
-    o->experts = {args.log_every_experts, cfg.n_layers, cfg.n_experts, false, {}};
-    o->fp8 = {args.fp8_log_every, false, {}};
+    o->experts = {args.run.log_every_experts, cfg.n_layers, cfg.n_experts, false, {}};
+    o->fp8 = {args.fp8.log_every, false, {}};
     o->stragglers = {std::vector<double>(comm.world), std::vector<std::deque<char>>(comm.world), -100};
     o->ep_max = o->ep_mean = -1;
     o->step_bytes = o->bytes_total = 0;

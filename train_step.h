@@ -35,8 +35,8 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
     double t0 = now_seconds(), wait0 = g_comm_wait_s;
     r.bytes0 = zero_bytes_sent(store);
     zero_zero_grad(store);
-    float dloss = 1.0f / args.grad_accum;   // each micro-batch's share of the step's mean loss
-    for (int micro = 0; micro < args.grad_accum; micro++) {
+    float dloss = 1.0f / args.run.grad_accum;   // each micro-batch's share of the step's mean loss
+    for (int micro = 0; micro < args.run.grad_accum; micro++) {
         comm_phase("data, micro-batch %d", micro);
         dataloader_next(data);
         comm_heartbeat();
@@ -46,10 +46,10 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
         debug_after_forward(comm.rank, step + 1);   // (the tests' killed, stopped or slow rank: model/debug_hooks.h)
         comm_phase("backward, micro-batch %d", micro);
         dbrx_backward(model, data->inputs.data(), data->targets.data(), dloss);
-        r.metrics[0] += model->ce_loss / args.grad_accum;
-        r.metrics[1] += model->lbl_loss / args.grad_accum;
-        r.metrics[2] += model->z_loss / args.grad_accum;
-        r.metrics[3] += model->imbalance / args.grad_accum;
+        r.metrics[0] += model->ce_loss / args.run.grad_accum;
+        r.metrics[1] += model->lbl_loss / args.run.grad_accum;
+        r.metrics[2] += model->z_loss / args.run.grad_accum;
+        r.metrics[3] += model->imbalance / args.run.grad_accum;
         r.ep_recv = std::max(r.ep_recv, (double)dbrx_ep_recv_rows(model));
     }
     // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
@@ -68,7 +68,7 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
     if (debug_spike(step + 1, &spike)) zero_scale_grads(store, spike);   // (the tests' injected spike or NaN)
     // the spike guard, before the update: a non-finite or spiking step is skipped (no update; the data
     // moves on), its FP8 amaxes dropped
-    r.lr = lr_schedule(step, args.steps, args.lr, args.warmup, args.lr_floor);
+    r.lr = lr_schedule(step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor);
     comm_phase("gradient norm and optimizer");
     r.gnorm = zero_grad_norm(store);
     r.skip_why = spike_guard_check(guard, r.metrics[0], r.metrics[1] + r.metrics[2], r.gnorm);
