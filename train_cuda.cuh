@@ -10,12 +10,6 @@
 #include "model/dbrx_cuda.cuh"
 #include "parallel/zero_gpu.cuh"
 
-// expert parallelism's statistics (as the CPU model's, train_dbrx.cu)
-static inline int dbrx_ep_recv_rows(const DbrxGPU* m) { return m->ep_recv_max; }
-static inline void dbrx_ep_totals(const DbrxGPU* m, long long* out, long long* in, long long* counts) {
-    *out = m->ep_rows_out; *in = m->ep_rows_in; *counts = m->ep_count_sends;
-}
-
 // dense BF16 peak of the GPUs we know (the MFU denominator); 0 if unknown
 static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
     struct { const char* name; double tflops; } known[] = {{"H100", 989.4}, {"H200", 989.4}, {"H800", 989.4}, {"A100", 312.0}};

@@ -950,12 +950,6 @@ static int generate_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm
 // ---------------------------------------------------------------------------------------------
 // the CPU backend's set-up: OpenMP threads per rank, the model, the store over MPI, FP8
 
-// expert parallelism's statistics, the CPU model's (the GPU model has its own: train_cuda.cuh)
-static inline int dbrx_ep_recv_rows(const Dbrx* m) { return m->ep_recv_max; }
-static inline void dbrx_ep_totals(const Dbrx* m, long long* out, long long* in, long long* counts) {
-    *out = m->ep_rows_out; *in = m->ep_rows_in; *counts = m->ep_count_sends;
-}
-
 // the CPU model's answers to the loop's calls that only the GPU model needs to do work for
 static inline void dbrx_sync(Dbrx* m) { (void)m; }
 static inline float dbrx_fp8_log_scale(Dbrx* m, const Fp8MetaRef& r, int i) { (void)m; (void)i; return r.meta->scale; }

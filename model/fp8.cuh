@@ -154,7 +154,7 @@ typedef struct {
     int history_len;   // delayed: amax history window (--fp8-amax-history)
     int margin;        // scale backed off by 2^margin (--fp8-margin)
     int weights_quantized;   // the block weights arrive fake-quantised, their amax recorded: ZeRO-3's FP8
-                             // all-gather (--fp8-gather, parallel/zero_fp8.h) quantised the shards before sending
+                             // all-gather (--fp8-gather, the FP8 gather under parallel/) quantised the shards before sending
 } Fp8Config;
 
 typedef struct {
