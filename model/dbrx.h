@@ -27,6 +27,7 @@
 #include "adamw.cuh"
 #include "fp8.cuh"
 #include "debug_hooks.h"
+#include "api.h"
 
 // ---------------------------------------------------------------------------------------------
 // parameters: one flat buffer, laid out unit by unit so that a sharding unit is one contiguous range:
@@ -719,3 +720,23 @@ static inline const real* dbrx_decode_step(Dbrx* m, int token, int pos) {
     unit_end(m, dbrx_head_unit(c), UNIT_FORWARD);
     return s->logits;
 }
+
+// ---------------------------------------------------------------------------------------------
+// the rest of the training loop's calls (model/api.h): the ones only the GPU model has work for, and
+// the last forward's results for the host
+
+static inline void dbrx_sync(Dbrx* m) { (void)m; }
+static inline float dbrx_fp8_log_scale(Dbrx* m, const Fp8MetaRef& r, int i) { (void)m; (void)i; return r.meta->scale; }
+static inline void dbrx_logits_to_host(Dbrx* m, std::vector<float>* out) {
+    out->assign(m->logits, m->logits + (size_t)m->B * m->T * m->cfg.vocab_size);
+}
+// the per-token cross-entropy of the last forward (B * T)
+static inline void dbrx_losses_to_host(Dbrx* m, std::vector<float>* out) { out->assign(m->losses, m->losses + (size_t)m->B * m->T); }
+// acc (L * E) += each layer's tokens per expert in the last forward (top-k assignments: k per token)
+static inline void dbrx_expert_counts_add(Dbrx* m, std::vector<double>* acc) {
+    int E = m->cfg.n_experts;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; e < E; e++) (*acc)[(size_t)l * E + e] += m->acts[l].counts[e];
+}
+
+DBRX_CHECK_MODEL_CONTRACT(Dbrx);

@@ -10,7 +10,10 @@
  *               are accumulated in fp32.
  * FP8 (--fp8, model/dbrx_fp8_cuda.cuh): the five GEMMs of every block on FP8 operands; the routed
  * rows are then padded per expert to multiples of 16 (fp8_pad_routing).
- * One GPU (no data parallelism yet: the multi-GPU path is the communicator's, issue 4).
+ * One GPU per process: the GPU parameter store (under parallel/: ZeRO-3/HSDP or data parallel over NCCL)
+ * owns the weights behind the views and gathers them unit by unit through the unit hooks; expert
+ * parallelism (parallel/expert_parallel_cuda.cuh) runs the experts through the experts' dispatcher.
+ * The calls the training loop makes of it are model/api.h's (checked at the end of this file).
  * In the emulated build (SIMT_EMULATION) "device" memory is host memory and the kernels run under
  * the SIMT emulator, so the whole step is tested in CI (test/test_step_cuda.cpp).
  */
@@ -634,3 +637,43 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
     cudaCheck(cudaMemcpy(s->logits_host.data(), s->logits, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost));
     return s->logits_host.data();
 }
+
+// ---------------------------------------------------------------------------------------------
+// the rest of the training loop's calls (model/api.h): the device synchronisation, the FP8 scales to log,
+// and the last forward's results brought to the host
+static inline void dbrx_sync(DbrxGPU* m) {
+    (void)m;
+    cudaCheck(cudaDeviceSynchronize());
+#if defined(SIMT_EMULATION)
+    // SIMT_STEP_COUNTERS=1: what the host asked of the device since the previous dbrx_sync, which the loop
+    // calls before and after every step (so every second line is one whole step, its closing sync included):
+    // the training loop's side of the step budget (model/CUDA.md, "Host round trips in one step";
+    // test/test_cuda_train.sh)
+    static const bool print = getenv("SIMT_STEP_COUNTERS") && atoi(getenv("SIMT_STEP_COUNTERS")) > 0;
+    if (print) {
+        const simt::Counters& k = simt::counters();
+        fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld\n", k.syncs,
+                k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries);
+        simt::counters_reset();
+    }
+#endif
+}
+// the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)
+static inline float dbrx_fp8_log_scale(DbrxGPU* m, const Fp8MetaRef& r, int i) { (void)r; return m->fp8.last_scale[i]; }
+static inline void dbrx_logits_to_host(DbrxGPU* m, std::vector<float>* out) {
+    out->resize((size_t)m->B * m->T * m->cfg.vocab_size);
+    from_device_bf16(out->data(), m->logits, out->size());
+}
+// the per-token cross-entropy of the last forward (B * T, fp32 on the device)
+static inline void dbrx_losses_to_host(DbrxGPU* m, std::vector<float>* out) {
+    out->resize((size_t)m->B * m->T);
+    cudaCheck(cudaMemcpy(out->data(), m->losses, out->size() * sizeof(float), cudaMemcpyDeviceToHost));
+}
+// acc (L * E) += each layer's tokens per expert in the last forward (the host copies the forward keeps)
+static inline void dbrx_expert_counts_add(DbrxGPU* m, std::vector<double>* acc) {
+    int E = m->cfg.n_experts;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; e < E; e++) (*acc)[(size_t)l * E + e] += m->acts[l].counts_host[e];
+}
+
+DBRX_CHECK_MODEL_CONTRACT(DbrxGPU);

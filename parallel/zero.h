@@ -549,3 +549,5 @@ static inline void zero_skip_update(Zero* z) {
 static inline void zero_scale_grads(Zero* z, float f) {
     for (size_t i = 0; i < z->shard_total; i++) z->grad[i] *= f;
 }
+
+DBRX_CHECK_STORE_CONTRACT(Zero, Dbrx);

@@ -690,3 +690,5 @@ static inline void zero_free(ZeroGpu* zg) {
     comm_group_free(&z->shard);
     comm_group_free(&z->replica);
 }
+
+DBRX_CHECK_STORE_CONTRACT(ZeroGpu, DbrxGPU);
