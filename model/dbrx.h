@@ -389,21 +389,32 @@ static inline void unit_begin(Dbrx* m, int unit, int phase) { if (m->hooks.begin
 static inline void unit_end(Dbrx* m, int unit, int phase) { if (m->hooks.end) m->hooks.end(m->hooks.ctx, unit, phase); }
 
 // ---------------------------------------------------------------------------------------------
-// The block's five GEMMs, each one call that picks its numerics: FP32, or under --fp8 the same GEMM on
-// fake-quantised operands (model/fp8.cuh) with the operand state of layer l (m->fp8_state[l]).
-// Wqkv and out_proj are block_linear_*; the experts' w1, v1, w2 are block_experts_*.
+// The block's five GEMMs, each one call whose numerics the block's FP8 policy picks (model/fp8.cuh:
+// Fp8Policy): FP32, or under --fp8 the same GEMM on fake-quantised operands with the operand state of
+// layer l (m->fp8_state[l]). Wqkv and out_proj are block_linear_* (lin: FP8_LIN_QKV, FP8_LIN_PROJ, as
+// the GPU model's); the experts' w1, v1, w2 are block_experts_*.
 
 static inline Fp8BlockState* block_fp8(Dbrx* m, int l) { return m->fp8.recipe != FP8_OFF ? &m->fp8_state[l] : NULL; }
+static inline Fp8Policy block_fp8_policy(Dbrx* m, int l) { return Fp8Policy{&m->fp8, block_fp8(m, l)}; }
+// a linear's FP8 state under the policy (NULL: FP32)
+static inline Fp8Linear* fp8_policy_linear(const Fp8Policy* p, int lin) {
+    if (!p->st) return NULL;
+    Fp8Linear* q[FP8_NLIN] = {&p->st->qkv, &p->st->proj, &p->st->w1, &p->st->v1, &p->st->w2};
+    return q[lin];
+}
 
-// out (N, OC) = inp (N, C) @ weight (OC, C)^T; q: the linear's FP8 state (NULL: FP32)
-static inline void block_linear_forward(Dbrx* m, Fp8Linear* q, real* out, const real* inp, const real* weight, int N, int C, int OC) {
-    if (q) fp8_matmul_forward(out, inp, weight, N, C, OC, q, &m->fp8, m->fq_x, m->fq_w);
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T
+static inline void block_linear_forward(Dbrx* m, int l, int lin, real* out, const real* inp, const real* weight, int N, int C, int OC) {
+    Fp8Policy p = block_fp8_policy(m, l);
+    if (Fp8Linear* q = fp8_policy_linear(&p, lin)) fp8_matmul_forward(out, inp, weight, N, C, OC, q, p.cfg, m->fq_x, m->fq_w);
     else matmul_forward(out, inp, weight, N, C, OC);
 }
 // dinp += dout @ weight, dweight += dout^T @ inp
-static inline void block_linear_backward(Dbrx* m, Fp8Linear* q, real* dinp, real* dweight, const real* dout, const real* inp,
+static inline void block_linear_backward(Dbrx* m, int l, int lin, real* dinp, real* dweight, const real* dout, const real* inp,
                                          const real* weight, int N, int C, int OC) {
-    if (q) fp8_matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC, q, &m->fp8, m->fq_x, m->fq_w, m->fq_dy, m->fq_dy2);
+    Fp8Policy p = block_fp8_policy(m, l);
+    if (Fp8Linear* q = fp8_policy_linear(&p, lin))
+        fp8_matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC, q, p.cfg, m->fq_x, m->fq_w, m->fq_dy, m->fq_dy2);
     else matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC);
 }
 
@@ -415,22 +426,15 @@ static inline void block_experts_forward(Dbrx* m, int l, BlockActs* a, const Blo
     if (m->experts.forward) { m->experts.forward(m->experts.ctx, l, a->counts, a->offsets, a->xe, a->ye, 1); return; }
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden;
-    Fp8BlockState* q8 = block_fp8(m, l);
-    const real *xe = a->xe, *w1 = w.w1, *v1 = w.v1, *act = a->act, *w2 = w.w2;
-    const int* ws = m->fp8_wseg.data();
-    if (q8) {
-        fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 1, 128);
-        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
-        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
-        xe = m->fq_x;
-    }
-    experts_up_forward(a->g, a->u, a->act, xe, w1, v1, a->offsets, E, d, F);
-    if (q8) {
-        fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 1, 128);
-        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8);
-        act = m->fq_x;
-    }
-    experts_down_forward(a->ye, act, w2, a->offsets, E, d, F);
+    Fp8Policy p = block_fp8_policy(m, l);
+    const int *o = a->offsets, *ws = m->fp8_wseg.data();   // (the rows of the routed rows' and of the weights' experts)
+    const real* xe = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_X, m->fq_x, a->xe, o, E, d, 1, 128);
+    const real* w1 = fp8_policy_weight(&p, FP8_LIN_W1, m->fq_w, w.w1, ws, E, d);
+    const real* v1 = fp8_policy_weight(&p, FP8_LIN_V1, m->fq_w2, w.v1, ws, E, d);
+    experts_up_forward(a->g, a->u, a->act, xe, w1, v1, o, E, d, F);
+    const real* act = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_X, m->fq_x, a->act, o, E, F, 1, 128);
+    const real* w2 = fp8_policy_weight(&p, FP8_LIN_W2, m->fq_w3, w.w2, ws, E, d);
+    experts_down_forward(a->ye, act, w2, o, E, d, F);
 }
 
 // Backward of block_experts_forward from dye (m->dye): the weight gradients into gw, dxe (m->dxe).
@@ -440,36 +444,24 @@ static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const Bl
     if (m->experts.backward) { m->experts.backward(m->experts.ctx, l, m->dye, m->dxe); return; }
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, N = m->B * m->T, k = c->top_k;
-    Fp8BlockState* q8 = block_fp8(m, l);
-    bool block8 = m->fp8.recipe == FP8_BLOCK;
-    const int* ws = m->fp8_wseg.data();
+    Fp8Policy p = block_fp8_policy(m, l);
+    const int *o = a->offsets, *ws = m->fp8_wseg.data();
     // down: dgrad da = dye @ w2_e^T reduces over d, wgrad dw2_e += a^T @ dye over the tokens
-    const real *dye_d = m->dye, *dye_w = m->dye, *w2 = w.w2, *act_w = a->act;
-    if (q8) {
-        fp8_operand_grouped(m->fq_dy, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 1, 128);
-        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8);
-        if (block8) fp8_operand_grouped(m->fq_dy2, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 128, 1);
-        fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 128, 1);
-        dye_d = m->fq_dy; dye_w = block8 ? m->fq_dy2 : m->fq_dy; act_w = m->fq_x;
-    }
-    experts_down_backward(m->da, gw.w2, dye_d, w2, act_w, dye_w, a->offsets, E, d, F);
+    const real* dye_d = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_DY, m->fq_dy, m->dye, o, E, d, 1, 128);
+    const real* w2 = fp8_policy_weight(&p, FP8_LIN_W2, m->fq_w3, w.w2, ws, E, d);
+    const real* dye_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_W2, m->fq_dy2, m->dye, dye_d, o, E, d);
+    const real* act_w = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_X, m->fq_x, a->act, o, E, F, 128, 1);
+    experts_down_backward(m->da, gw.w2, dye_d, w2, act_w, dye_w, o, E, d, F);
     swiglu_backward(m->dg, m->du, m->da, a->g, a->u, (size_t)N * k * F);
     // up: dgrad dxe = dg @ w1_e + du @ v1_e reduces over F, wgrad over the tokens
-    const real *dg_d = m->dg, *du_d = m->du, *dg_w = m->dg, *du_w = m->du, *w1 = w.w1, *v1 = w.v1, *xe_w = a->xe;
-    if (q8) {
-        fp8_operand_grouped(m->fq_dy, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 1, 128);
-        fp8_operand_grouped(m->fq_dz, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 1, 128);
-        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
-        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
-        if (block8) {
-            fp8_operand_grouped(m->fq_dy2, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 128, 1);
-            fp8_operand_grouped(m->fq_dz2, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 128, 1);
-        }
-        fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 128, 1);
-        dg_d = m->fq_dy; du_d = m->fq_dz; xe_w = m->fq_x;
-        dg_w = block8 ? m->fq_dy2 : m->fq_dy; du_w = block8 ? m->fq_dz2 : m->fq_dz;
-    }
-    experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, a->offsets, E, d, F);
+    const real* dg_d = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_DY, m->fq_dy, m->dg, o, E, F, 1, 128);
+    const real* du_d = fp8_policy_grouped(&p, FP8_LIN_V1, FP8_OP_DY, m->fq_dz, m->du, o, E, F, 1, 128);
+    const real* w1 = fp8_policy_weight(&p, FP8_LIN_W1, m->fq_w, w.w1, ws, E, d);
+    const real* v1 = fp8_policy_weight(&p, FP8_LIN_V1, m->fq_w2, w.v1, ws, E, d);
+    const real* dg_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_W1, m->fq_dy2, m->dg, dg_d, o, E, F);
+    const real* du_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_V1, m->fq_dz2, m->du, du_d, o, E, F);
+    const real* xe_w = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_X, m->fq_x, a->xe, o, E, d, 128, 1);
+    experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, o, E, d, F);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -493,12 +485,11 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         real* x = m->resid[l];
         // attention half
         layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
-        Fp8BlockState* q8 = block_fp8(m, l);
-        block_linear_forward(m, q8 ? &q8->qkv : NULL, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
-        block_linear_forward(m, q8 ? &q8->proj : NULL, a->resid_mid, a->atty, w.wo, N, d, d);
+        block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
         for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
         // MoE half
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
@@ -564,13 +555,12 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         memset(m->datty, 0, Nd * sizeof(real));
-        Fp8BlockState* q8 = block_fp8(m, l);
-        block_linear_backward(m, q8 ? &q8->proj : NULL, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
+        block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
         attention_backward(m->dqkv, m->datty, a->qkv, a->att_lse, B, T, H, KV, hd);
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));
-        block_linear_backward(m, q8 ? &q8->qkv : NULL, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
+        block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward(m->dresid, gw.norm1, m->dln, m->resid[l], w.norm1, a->ln1_mean, a->ln1_rstd, N, d);
         unit_end(m, dbrx_block_unit(l), UNIT_BACKWARD);
     }

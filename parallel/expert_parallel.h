@@ -109,8 +109,10 @@ typedef struct {
     EpStats stats;
 } EpDispatch;
 
-// scratch operand i of n elements under FP8 (grown, never shrunk)
-static inline real* ep_fq(EpDispatch* D, int i, size_t n) {
+// scratch operand i of n elements under FP8 (grown, never shrunk; NULL, and nothing grown, when the
+// policy p does not quantise: FP32, or wgrad-only copies (block_only) under a per-tensor recipe)
+static inline real* ep_fq(EpDispatch* D, const Fp8Policy* p, int i, size_t n, bool block_only = false) {
+    if (!p->st || (block_only && p->cfg->recipe != FP8_BLOCK)) return NULL;
     if (D->fq[i].size() < n) D->fq[i].resize(n);
     return D->fq[i].data();
 }
@@ -120,11 +122,11 @@ static inline real* ep_fq(EpDispatch* D, int i, size_t n) {
 // as without EP). xe's rows are grouped by expert (counts, offsets); layer l's plan and expert-major
 // buffers are kept for the backward. Collective in the EP group: the training forward's rows, or the
 // decode step's k rows of its one token (dbrx_decode_step; layer l's training plan and buffers serve as
-// scratch: nothing reads them between steps). Under FP8 (q8): the operands as without EP, over this
+// scratch: nothing reads them between steps). Under FP8 (policy p): the operands as without EP, over this
 // rank's E/n experts and the rows it received (the amaxes are per tensor; the training loop max-reduces
 // them over the world, so a tensor's is that of all its experts and rows, as without EP).
 static inline void ep_experts_forward_rows(EpDispatch* D, int l, const int* counts, const int* offsets, const real* xe, real* ye,
-                                           Fp8BlockState* q8) {
+                                           const Fp8Policy* p) {
     Dbrx* m = D->model;
     const DbrxConfig* c = &m->cfg;
     const BlockParams& w = m->p.blocks[l];
@@ -139,21 +141,12 @@ static inline void ep_experts_forward_rows(EpDispatch* D, int l, const int* coun
     a->xl.resize(R * d); a->g.resize(R * F); a->u.resize(R * F); a->act.resize(R * F);
     moe_gather(a->xl.data(), D->buf.data(), pl->perm.data(), (int)R, d);   // expert-major
     const int *lo = pl->loffsets.data(), *ws = m->fp8_wseg.data();   // (ws: the first El + 1 are the local experts' rows)
-    const real *xq = a->xl.data(), *w1 = w.w1, *v1 = w.v1, *w2 = w.w2, *actq = a->act.data();
-    if (q8) {
-        real* fx = ep_fq(D, 0, R * d);
-        fp8_operand_grouped(fx, a->xl.data(), lo, El, d, &q8->w1.x, &m->fp8, FP8_E4M3, 1, 128);
-        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, El, d, &q8->w1.w, &m->fp8);
-        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, El, d, &q8->v1.w, &m->fp8);
-        xq = fx;
-    }
+    const real* xq = fp8_policy_grouped(p, FP8_LIN_W1, FP8_OP_X, ep_fq(D, p, 0, R * d), a->xl.data(), lo, El, d, 1, 128);
+    const real* w1 = fp8_policy_weight(p, FP8_LIN_W1, m->fq_w, w.w1, ws, El, d);
+    const real* v1 = fp8_policy_weight(p, FP8_LIN_V1, m->fq_w2, w.v1, ws, El, d);
     experts_up_forward(a->g.data(), a->u.data(), a->act.data(), xq, w1, v1, lo, El, d, F);
-    if (q8) {
-        real* fa = ep_fq(D, 0, R * F);
-        fp8_operand_grouped(fa, a->act.data(), lo, El, F, &q8->w2.x, &m->fp8, FP8_E4M3, 1, 128);
-        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, El, d, &q8->w2.w, &m->fp8);
-        actq = fa;
-    }
+    const real* actq = fp8_policy_grouped(p, FP8_LIN_W2, FP8_OP_X, ep_fq(D, p, 0, R * F), a->act.data(), lo, El, F, 1, 128);
+    const real* w2 = fp8_policy_weight(p, FP8_LIN_W2, m->fq_w3, w.w2, ws, El, d);
     D->buf2.resize(std::max<size_t>(R, 1) * d);
     experts_down_forward(D->buf2.data(), actq, w2, lo, El, d, F);   // (R, d) expert-major
     for (size_t i = 0; i < R; i++) memcpy(&D->buf[(size_t)pl->perm[i] * d], &D->buf2[i * d], d * sizeof(real));
@@ -165,7 +158,8 @@ static inline void ep_experts_forward_rows(EpDispatch* D, int l, const int* coun
 static inline void ep_experts_forward(void* ctx, int l, const int* counts, const int* offsets, const real* xe, real* ye, int train) {
     EpDispatch* D = (EpDispatch*)ctx;
     if (train && l == 0) D->stats.recv_max = 0;
-    ep_experts_forward_rows(D, l, counts, offsets, xe, ye, train ? block_fp8(D->model, l) : NULL);
+    Fp8Policy p = train ? block_fp8_policy(D->model, l) : Fp8Policy{&D->model->fp8, NULL};   // (generation: FP32)
+    ep_experts_forward_rows(D, l, counts, offsets, xe, ye, &p);
 }
 
 // Its backward (ExpertHooks::backward): dye's rows to the experts' ranks, the experts' backward there
@@ -178,8 +172,7 @@ static inline void ep_experts_backward(void* ctx, int l, const real* dye, real* 
     const BlockParams& w = m->p.blocks[l];
     const BlockParams& gw = m->g.blocks[l];
     EpLayer* a = &D->layers[l];
-    Fp8BlockState* q8 = block_fp8(m, l);
-    bool block8 = m->fp8.recipe == FP8_BLOCK;
+    Fp8Policy p = block_fp8_policy(m, l);
     int d = c->d_model, F = c->ffn_hidden, El = c->n_experts / D->ep.n;
     EpPlan* pl = &a->plan;
     size_t R = pl->R;
@@ -189,34 +182,21 @@ static inline void ep_experts_backward(void* ctx, int l, const real* dye, real* 
     D->da.resize(R * F); D->dg.resize(R * F); D->du.resize(R * F);
     const int *lo = pl->loffsets.data(), *ws = m->fp8_wseg.data();
     const real* dy = D->buf2.data();   // expert-major
-    const real *dy_d = dy, *dy_w = dy, *w2 = w.w2, *act_w = a->act.data();
-    if (q8) {
-        real *q1 = ep_fq(D, 1, R * d), *q0 = ep_fq(D, 0, R * F);
-        fp8_operand_grouped(q1, dy, lo, El, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 1, 128);
-        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, El, d, &q8->w2.w, &m->fp8);
-        if (block8) fp8_operand_grouped(ep_fq(D, 2, R * d), dy, lo, El, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 128, 1);
-        fp8_operand_grouped(q0, a->act.data(), lo, El, F, &q8->w2.x, &m->fp8, FP8_E4M3, 128, 1);
-        dy_d = q1; dy_w = block8 ? D->fq[2].data() : q1; act_w = q0;
-    }
+    // (the operands of block_experts_backward, in its order, over the local experts and received rows)
+    const real* dy_d = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_DY, ep_fq(D, &p, 1, R * d), dy, lo, El, d, 1, 128);
+    const real* w2 = fp8_policy_weight(&p, FP8_LIN_W2, m->fq_w3, w.w2, ws, El, d);
+    const real* dy_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_W2, ep_fq(D, &p, 2, R * d, true), dy, dy_d, lo, El, d);
+    const real* act_w = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_X, ep_fq(D, &p, 0, R * F), a->act.data(), lo, El, F, 128, 1);
     experts_down_backward(D->da.data(), gw.w2, dy_d, w2, act_w, dy_w, lo, El, d, F);
     swiglu_backward(D->dg.data(), D->du.data(), D->da.data(), a->g.data(), a->u.data(), R * F);
     const real *dg = D->dg.data(), *du = D->du.data();
-    const real *dg_d = dg, *du_d = du, *dg_w = dg, *du_w = du, *w1 = w.w1, *v1 = w.v1, *xe_w = a->xl.data();
-    if (q8) {
-        real *q1 = ep_fq(D, 1, R * F), *q3 = ep_fq(D, 3, R * F);
-        fp8_operand_grouped(q1, dg, lo, El, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 1, 128);
-        fp8_operand_grouped(q3, du, lo, El, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 1, 128);
-        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, El, d, &q8->w1.w, &m->fp8);
-        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, El, d, &q8->v1.w, &m->fp8);
-        if (block8) {
-            fp8_operand_grouped(ep_fq(D, 2, R * F), dg, lo, El, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 128, 1);
-            fp8_operand_grouped(ep_fq(D, 4, R * F), du, lo, El, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 128, 1);
-        }
-        real* q0 = ep_fq(D, 0, R * d);
-        fp8_operand_grouped(q0, a->xl.data(), lo, El, d, &q8->w1.x, &m->fp8, FP8_E4M3, 128, 1);
-        dg_d = q1; du_d = q3; xe_w = q0;
-        dg_w = block8 ? D->fq[2].data() : q1; du_w = block8 ? D->fq[4].data() : q3;
-    }
+    const real* dg_d = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_DY, ep_fq(D, &p, 1, R * F), dg, lo, El, F, 1, 128);
+    const real* du_d = fp8_policy_grouped(&p, FP8_LIN_V1, FP8_OP_DY, ep_fq(D, &p, 3, R * F), du, lo, El, F, 1, 128);
+    const real* w1 = fp8_policy_weight(&p, FP8_LIN_W1, m->fq_w, w.w1, ws, El, d);
+    const real* v1 = fp8_policy_weight(&p, FP8_LIN_V1, m->fq_w2, w.v1, ws, El, d);
+    const real* dg_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_W1, ep_fq(D, &p, 2, R * F, true), dg, dg_d, lo, El, F);
+    const real* du_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_V1, ep_fq(D, &p, 4, R * F, true), du, du_d, lo, El, F);
+    const real* xe_w = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_X, ep_fq(D, &p, 0, R * d), a->xl.data(), lo, El, d, 128, 1);
     experts_up_backward(D->buf2.data(), gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, lo, El, d, F);   // dx, expert-major
     for (size_t i = 0; i < R; i++) memcpy(&D->buf[(size_t)pl->perm[i] * d], &D->buf2[i * d], d * sizeof(real));
     ep_exchange(&D->ep, pl, D->buf.data(), dxe, d * sizeof(real), 1);
