@@ -1,7 +1,8 @@
 /*
  * dbrx.h — the DBRX model on the CPU reference backend: the parameter table (Hugging Face names,
  * shapes, sharding units), the activations saved for the backward pass, and the four calls of a
- * training step: dbrx_forward, dbrx_backward, dbrx_zero_grad, dbrx_update.
+ * training step: dbrx_forward, dbrx_backward, dbrx_zero_grad, dbrx_update; and the rest of what the
+ * training loop asks of a model (model/api.h, the contract both backends answer, checked at the end).
  *
  * One block (pre-LayerNorm), N = B*T tokens:
  *   h   = norm_1(x)                                (N, d)
