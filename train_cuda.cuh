@@ -10,12 +10,6 @@
 #include "model/dbrx_cuda.cuh"
 #include "parallel/zero_gpu.cuh"
 
-// expert parallelism's statistics (as the CPU model's, train_dbrx.cu)
-static inline int dbrx_ep_recv_rows(const DbrxGPU* m) { return m->ep_recv_max; }
-static inline void dbrx_ep_totals(const DbrxGPU* m, long long* out, long long* in, long long* counts) {
-    *out = m->ep_rows_out; *in = m->ep_rows_in; *counts = m->ep_count_sends;
-}
-
 // dense BF16 peak of the GPUs we know (the MFU denominator); 0 if unknown
 static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
     struct { const char* name; double tflops; } known[] = {{"H100", 989.4}, {"H200", 989.4}, {"H800", 989.4}, {"A100", 312.0}};
@@ -23,42 +17,6 @@ static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
         if (strstr(prop.name, k.name)) { *how = std::string(k.name) + " dense BF16"; return k.tflops * 1e12; }
     *how = "unknown GPU: pass --peak-tflops";
     return 0.0;
-}
-
-// the GPU model's answers to the loop's calls (model/dbrx_cuda.cuh has the step itself)
-static inline void dbrx_sync(DbrxGPU* m) {
-    (void)m;
-    cudaCheck(cudaDeviceSynchronize());
-#if defined(SIMT_EMULATION)
-    // SIMT_STEP_COUNTERS=1: what the host asked of the device since the previous dbrx_sync, which the loop
-    // calls before and after every step (so every second line is one whole step, its closing sync included):
-    // the training loop's side of the step budget (model/CUDA.md, "Host round trips in one step";
-    // test/test_cuda_train.sh)
-    static const bool print = getenv("SIMT_STEP_COUNTERS") && atoi(getenv("SIMT_STEP_COUNTERS")) > 0;
-    if (print) {
-        const simt::Counters& k = simt::counters();
-        fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld\n", k.syncs,
-                k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries);
-        simt::counters_reset();
-    }
-#endif
-}
-// the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)
-static inline float dbrx_fp8_log_scale(DbrxGPU* m, const Fp8MetaRef& r, int i) { (void)r; return m->fp8.last_scale[i]; }
-static inline void dbrx_logits_to_host(DbrxGPU* m, std::vector<float>* out) {
-    out->resize((size_t)m->B * m->T * m->cfg.vocab_size);
-    from_device_bf16(out->data(), m->logits, out->size());
-}
-// the per-token cross-entropy of the last forward (B * T, fp32 on the device)
-static inline void dbrx_losses_to_host(DbrxGPU* m, std::vector<float>* out) {
-    out->resize((size_t)m->B * m->T);
-    cudaCheck(cudaMemcpy(out->data(), m->losses, out->size() * sizeof(float), cudaMemcpyDeviceToHost));
-}
-// acc (L * E) += each layer's tokens per expert in the last forward (the host copies the forward keeps)
-static inline void dbrx_expert_counts_add(DbrxGPU* m, std::vector<double>* acc) {
-    int E = m->cfg.n_experts;
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        for (int e = 0; e < E; e++) (*acc)[(size_t)l * E + e] += m->acts[l].counts_host[e];
 }
 
 static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, const char* why) {

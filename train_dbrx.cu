@@ -398,27 +398,6 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
 // ---------------------------------------------------------------------------------------------
 // the CPU backend's set-up: OpenMP threads per rank, the model, the store over MPI, FP8
 
-// expert parallelism's statistics, the CPU model's (the GPU model has its own: train_cuda.cuh)
-static inline int dbrx_ep_recv_rows(const Dbrx* m) { return m->ep_recv_max; }
-static inline void dbrx_ep_totals(const Dbrx* m, long long* out, long long* in, long long* counts) {
-    *out = m->ep_rows_out; *in = m->ep_rows_in; *counts = m->ep_count_sends;
-}
-
-// the CPU model's answers to the loop's calls that only the GPU model needs to do work for
-static inline void dbrx_sync(Dbrx* m) { (void)m; }
-static inline float dbrx_fp8_log_scale(Dbrx* m, const Fp8MetaRef& r, int i) { (void)m; (void)i; return r.meta->scale; }
-static inline void dbrx_logits_to_host(Dbrx* m, std::vector<float>* out) {
-    out->assign(m->logits, m->logits + (size_t)m->B * m->T * m->cfg.vocab_size);
-}
-// the per-token cross-entropy of the last forward (B * T)
-static inline void dbrx_losses_to_host(Dbrx* m, std::vector<float>* out) { out->assign(m->losses, m->losses + (size_t)m->B * m->T); }
-// acc (L * E) += each layer's tokens per expert in the last forward (top-k assignments: k per token)
-static inline void dbrx_expert_counts_add(Dbrx* m, std::vector<double>* acc) {
-    int E = m->cfg.n_experts;
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        for (int e = 0; e < E; e++) (*acc)[(size_t)l * E + e] += m->acts[l].counts[e];
-}
-
 static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, const char* why) {
     // ranks on one node share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets its share
     int threads = omp_get_max_threads();

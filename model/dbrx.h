@@ -1,7 +1,8 @@
 /*
  * dbrx.h — the DBRX model on the CPU reference backend: the parameter table (Hugging Face names,
  * shapes, sharding units), the activations saved for the backward pass, and the four calls of a
- * training step: dbrx_forward, dbrx_backward, dbrx_zero_grad, dbrx_update.
+ * training step: dbrx_forward, dbrx_backward, dbrx_zero_grad, dbrx_update; and the rest of what the
+ * training loop asks of a model (model/api.h, the contract both backends answer, checked at the end).
  *
  * One block (pre-LayerNorm), N = B*T tokens:
  *   h   = norm_1(x)                                (N, d)
@@ -26,6 +27,8 @@
 #include "classifier.cuh"
 #include "adamw.cuh"
 #include "fp8.cuh"
+#include "debug_hooks.h"
+#include "api.h"
 
 // ---------------------------------------------------------------------------------------------
 // parameters: one flat buffer, laid out unit by unit so that a sharding unit is one contiguous range:
@@ -142,66 +145,21 @@ typedef struct {
     void* ctx;
 } UnitHooks;
 
-// Expert parallelism (--expert-parallel n; parallel/zero.h sets it up): the experts of every MoE layer
-// are split over an EP group of n ranks, EP rank r holding experts [r*E/n, (r+1)*E/n) (its experts
-// unit's views hold only those, w1/v1/w2 each (E/n * F, d)). After routing, the model sends every routed
-// row to the rank that owns its expert and gets the results back, through `all_to_allv` — the store's
-// transport (MPI on the CPU, NCCL on the GPU), as the unit hooks are its gathers. n == 1: everything
-// local, the hook unused. host: the buffers are host memory (the counts), even on the GPU path.
+// The experts' dispatcher: a layer's routed rows may be computed on other ranks than this one. Expert
+// parallelism (--expert-parallel n > 1: parallel/expert_parallel.h) installs it, so that the token
+// exchange stays out of the model's arithmetic as the unit hooks keep sharding out of it; NULL: every
+// expert is here and block_experts_forward/backward run them.
 typedef struct {
-    int n = 1, rank = 0;
-    void (*all_to_allv)(void* ctx, const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes, int host) = NULL;
-    void* ctx = NULL;
-} ExpertParallel;
-
-// The exchange of one MoE layer, planned from the counts, kept for the backward. Rows to peer p are
-// the rows of its experts, contiguous in xe (grouped by expert); rows from peer q arrive grouped by my
-// experts; perm puts them expert-major (local expert j: every peer's rows for it, in peer order).
-typedef struct {
-    std::vector<int> recv_counts;              // (n * E/n): [q][j] rows peer q routes to my expert j
-    std::vector<size_t> send_rows, recv_rows;  // (n)
-    std::vector<int> loffsets, perm;           // (E/n + 1), (R): expert-major row i = received row perm[i]
-    int R;                                     // rows received (every peer's, for my experts)
-} EpPlan;
-
-// Plans the exchange from this rank's counts (E): the counts go to their owners first (one small
-// all-to-all), so that every rank knows what it will receive.
-static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* counts, const int* offsets, int E) {
-    int n = ep->n, El = E / n;
-    pl->recv_counts.assign((size_t)n * El, 0);
-    std::vector<size_t> cb(n, El * sizeof(int));
-    ep->all_to_allv(ep->ctx, counts, cb.data(), pl->recv_counts.data(), cb.data(), 1);
-    pl->send_rows.assign(n, 0); pl->recv_rows.assign(n, 0);
-    for (int p = 0; p < n; p++) pl->send_rows[p] = offsets[(p + 1) * El] - offsets[p * El];
-    for (int q = 0; q < n; q++) for (int j = 0; j < El; j++) pl->recv_rows[q] += pl->recv_counts[(size_t)q * El + j];
-    pl->loffsets.assign(El + 1, 0);
-    for (int j = 0; j < El; j++) {
-        int rows = 0;
-        for (int q = 0; q < n; q++) rows += pl->recv_counts[(size_t)q * El + j];
-        pl->loffsets[j + 1] = pl->loffsets[j] + rows;
-    }
-    pl->R = pl->loffsets[El];
-    pl->perm.resize(pl->R);
-    std::vector<int> qstart(n + 1, 0);   // where peer q's rows start among the received ones
-    for (int q = 0; q < n; q++) qstart[q + 1] = qstart[q] + (int)pl->recv_rows[q];
-    for (int j = 0, i = 0; j < El; j++)
-        for (int q = 0; q < n; q++) {
-            int r0 = qstart[q];
-            for (int jj = 0; jj < j; jj++) r0 += pl->recv_counts[(size_t)q * El + jj];
-            for (int r = 0; r < pl->recv_counts[(size_t)q * El + j]; r++) pl->perm[i++] = r0 + r;
-        }
-}
-
-// rows of `row_bytes`: send blocks by send_rows, receive by recv_rows (or the reverse, back = 1)
-static inline void ep_exchange(const ExpertParallel* ep, const EpPlan* pl, const void* send, void* recv, size_t row_bytes, int back) {
-    int n = ep->n;
-    std::vector<size_t> sb(n), rb(n);
-    for (int p = 0; p < n; p++) {
-        sb[p] = (back ? pl->recv_rows[p] : pl->send_rows[p]) * row_bytes;
-        rb[p] = (back ? pl->send_rows[p] : pl->recv_rows[p]) * row_bytes;
-    }
-    ep->all_to_allv(ep->ctx, send, sb.data(), recv, rb.data(), 0);
-}
+    // ye (rows, d) = the experts of layer l over xe (rows, d), xe grouped by expert (counts (E), offsets
+    // (E + 1)). train 1: the training (or evaluation) forward, whose state the backward reads, FP8 numerics
+    // under --fp8; 0: generation's one token (dbrx_decode_step: FP32).
+    // Collective over the ranks that hold the experts: each of them calls it, layer by layer.
+    void (*forward)(void* ctx, int l, const int* counts, const int* offsets, const real* xe, real* ye, int train);
+    // backward of layer l's last training forward: dxe (N k, d) from dye (N k, d); the experts' weight
+    // gradients accumulated into the model's g views
+    void (*backward)(void* ctx, int l, const real* dye, real* dxe);
+    void* ctx;
+} ExpertHooks;
 
 // ---------------------------------------------------------------------------------------------
 // activations saved by the forward pass for the backward pass, per block
@@ -218,9 +176,6 @@ typedef struct {
     int *topk_idx, *counts, *offsets;  // (N, k), (E), (E + 1)
     int *row_token, *slot_row;         // (N*k), (N*k)
     real *xe, *g, *u, *act, *ye;       // (N*k, d), (N*k, F) x3, (N*k, d)
-    // expert parallelism: the exchange, and my experts' rows (R of them: every peer's) and activations
-    EpPlan ep;
-    std::vector<real> ep_xl, ep_g, ep_u, ep_act;   // (R, d), (R, F) x3
 } BlockActs;
 
 // Generation (dbrx_decode_step): one position at a time over a KV cache, batch 1. The cache of layer l
@@ -255,13 +210,7 @@ typedef struct {
     std::vector<void*> allocations;
     size_t activation_bytes;
     UnitHooks hooks;                // sharding hooks (all NULL: unsharded)
-    ExpertParallel ep;              // expert parallelism (n == 1: every expert here)
-    std::vector<real> ep_buf, ep_buf2, ep_da, ep_dg, ep_du;   // EP scratch, grown as needed (dropless)
-    std::vector<real> ep_fq[5];   // EP under --fp8: the received rows' quantised operands (the fq_* hold N k rows only)
-    int ep_recv_max;                // the most rows this rank's experts received in one layer, last forward
-    long long ep_rows_out, ep_rows_in, ep_count_sends;   // rows sent to / received from other EP ranks, count messages:
-                                                          // totals over every forward (the test's byte formula)
-    int debug_route_first;          // DBRX_DEBUG_ROUTE_FIRST: every token routed to experts 0..k-1 (forced imbalance)
+    ExpertHooks experts;            // the experts' dispatcher (all NULL: every expert here)
 
     // FP8 (--fp8, off unless dbrx_enable_fp8): the recipe, every block's operand state, and scratch
     // for the fake-quantised operands (activation-sized fq_x, fq_dy, fq_dy2, fq_dz, fq_dz2;
@@ -364,9 +313,7 @@ static inline void dbrx_build_shape(Dbrx* m, const DbrxConfig* cfg, int B, int T
                 (long long)params_total(cfg));
     m->params = m->grads = m->m = m->v = NULL;
     m->hooks = UnitHooks{NULL, NULL, NULL};
-    m->ep = ExpertParallel();
-    m->ep_recv_max = 0; m->ep_rows_out = m->ep_rows_in = m->ep_count_sends = 0;
-    m->debug_route_first = getenv("DBRX_DEBUG_ROUTE_FIRST") != NULL;
+    m->experts = ExpertHooks{NULL, NULL, NULL};
     m->B = B; m->T = T;
     m->dec.T_max = 0;
     m->fp8.recipe = FP8_OFF;
@@ -443,187 +390,79 @@ static inline void unit_begin(Dbrx* m, int unit, int phase) { if (m->hooks.begin
 static inline void unit_end(Dbrx* m, int unit, int phase) { if (m->hooks.end) m->hooks.end(m->hooks.ctx, unit, phase); }
 
 // ---------------------------------------------------------------------------------------------
-// The block's five GEMMs, each one call that picks its numerics: FP32, or under --fp8 the same GEMM on
-// fake-quantised operands (model/fp8.cuh) with the operand state of layer l (m->fp8_state[l]).
-// Wqkv and out_proj are block_linear_*; the experts' w1, v1, w2 are block_experts_*.
+// The block's five GEMMs, each one call whose numerics the block's FP8 policy picks (model/fp8.cuh:
+// Fp8Policy): FP32, or under --fp8 the same GEMM on fake-quantised operands with the operand state of
+// layer l (m->fp8_state[l]). Wqkv and out_proj are block_linear_* (lin: FP8_LIN_QKV, FP8_LIN_PROJ, as
+// the GPU model's); the experts' w1, v1, w2 are block_experts_*.
 
 static inline Fp8BlockState* block_fp8(Dbrx* m, int l) { return m->fp8.recipe != FP8_OFF ? &m->fp8_state[l] : NULL; }
+static inline Fp8Policy block_fp8_policy(Dbrx* m, int l) { return Fp8Policy{&m->fp8, block_fp8(m, l)}; }
+// a linear's FP8 state under the policy (NULL: FP32)
+static inline Fp8Linear* fp8_policy_linear(const Fp8Policy* p, int lin) {
+    if (!p->st) return NULL;
+    Fp8Linear* q[FP8_NLIN] = {&p->st->qkv, &p->st->proj, &p->st->w1, &p->st->v1, &p->st->w2};
+    return q[lin];
+}
 
-// out (N, OC) = inp (N, C) @ weight (OC, C)^T; q: the linear's FP8 state (NULL: FP32)
-static inline void block_linear_forward(Dbrx* m, Fp8Linear* q, real* out, const real* inp, const real* weight, int N, int C, int OC) {
-    if (q) fp8_matmul_forward(out, inp, weight, N, C, OC, q, &m->fp8, m->fq_x, m->fq_w);
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T
+static inline void block_linear_forward(Dbrx* m, int l, int lin, real* out, const real* inp, const real* weight, int N, int C, int OC) {
+    Fp8Policy p = block_fp8_policy(m, l);
+    if (Fp8Linear* q = fp8_policy_linear(&p, lin)) fp8_matmul_forward(out, inp, weight, N, C, OC, q, p.cfg, m->fq_x, m->fq_w);
     else matmul_forward(out, inp, weight, N, C, OC);
 }
 // dinp += dout @ weight, dweight += dout^T @ inp
-static inline void block_linear_backward(Dbrx* m, Fp8Linear* q, real* dinp, real* dweight, const real* dout, const real* inp,
+static inline void block_linear_backward(Dbrx* m, int l, int lin, real* dinp, real* dweight, const real* dout, const real* inp,
                                          const real* weight, int N, int C, int OC) {
-    if (q) fp8_matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC, q, &m->fp8, m->fq_x, m->fq_w, m->fq_dy, m->fq_dy2);
+    Fp8Policy p = block_fp8_policy(m, l);
+    if (Fp8Linear* q = fp8_policy_linear(&p, lin))
+        fp8_matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC, q, p.cfg, m->fq_x, m->fq_w, m->fq_dy, m->fq_dy2);
     else matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC);
 }
 
 // The SwiGLU experts over the routed rows of block l (grouped by expert: a->offsets):
 // g, u, act = up(xe); ye = down(act). Under FP8: E4M3 operands, xe and act in 1x128 tiles along the
 // GEMM's reduction, each expert's weights in 128x128 blocks.
-static inline void block_experts_forward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w);
+// A dispatcher (m->experts) takes the rows instead (expert parallelism: parallel/expert_parallel.h).
 static inline void block_experts_forward(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
-    if (m->ep.n > 1) { block_experts_forward_ep(m, l, a, w); return; }
+    if (m->experts.forward) { m->experts.forward(m->experts.ctx, l, a->counts, a->offsets, a->xe, a->ye, 1); return; }
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden;
-    Fp8BlockState* q8 = block_fp8(m, l);
-    const real *xe = a->xe, *w1 = w.w1, *v1 = w.v1, *act = a->act, *w2 = w.w2;
-    const int* ws = m->fp8_wseg.data();
-    if (q8) {
-        fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 1, 128);
-        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
-        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
-        xe = m->fq_x;
-    }
-    experts_up_forward(a->g, a->u, a->act, xe, w1, v1, a->offsets, E, d, F);
-    if (q8) {
-        fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 1, 128);
-        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8);
-        act = m->fq_x;
-    }
-    experts_down_forward(a->ye, act, w2, a->offsets, E, d, F);
-}
-
-// scratch operand i of n elements for EP under FP8 (grown, never shrunk)
-static inline real* ep_fq(Dbrx* m, int i, size_t n) {
-    if (m->ep_fq[i].size() < n) m->ep_fq[i].resize(n);
-    return m->ep_fq[i].data();
-}
-
-// The experts under expert parallelism: the rows of xe go to their experts' ranks, this rank runs its
-// experts over every peer's rows, the results come back into ye in xe's layout (the combine is as
-// without EP). xe's rows are grouped by expert (counts, offsets); a's plan and expert-major buffers are
-// kept for the backward. Collective in the EP group: the training forward's rows, or the decode step's k
-// rows of its one token (dbrx_decode_step). Under FP8 (q8): the operands as without EP, over this rank's
-// E/n experts and the rows it received (the amaxes are per tensor; the training loop max-reduces them
-// over the world, so a tensor's is that of all its experts and rows, as without EP).
-static inline void experts_forward_ep_rows(Dbrx* m, BlockActs* a, const int* counts, const int* offsets, const real* xe, real* ye,
-                                           const BlockParams& w, Fp8BlockState* q8) {
-    const DbrxConfig* c = &m->cfg;
-    int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, El = E / m->ep.n;
-    EpPlan* pl = &a->ep;
-    ep_plan(&m->ep, pl, counts, offsets, E);
-    size_t R = pl->R;
-    if (pl->R > m->ep_recv_max) m->ep_recv_max = pl->R;
-    for (int p = 0; p < m->ep.n; p++)
-        if (p != m->ep.rank) { m->ep_rows_out += pl->send_rows[p]; m->ep_rows_in += pl->recv_rows[p]; m->ep_count_sends++; }
-    m->ep_buf.resize(std::max<size_t>(R, 1) * d);
-    ep_exchange(&m->ep, pl, xe, m->ep_buf.data(), d * sizeof(real), 0);           // (R, d) in peer order
-    a->ep_xl.resize(R * d); a->ep_g.resize(R * F); a->ep_u.resize(R * F); a->ep_act.resize(R * F);
-    moe_gather(a->ep_xl.data(), m->ep_buf.data(), pl->perm.data(), (int)R, d);   // expert-major
-    const int *lo = pl->loffsets.data(), *ws = m->fp8_wseg.data();   // (ws: the first El + 1 are the local experts' rows)
-    const real *xq = a->ep_xl.data(), *w1 = w.w1, *v1 = w.v1, *w2 = w.w2, *actq = a->ep_act.data();
-    if (q8) {
-        real* fx = ep_fq(m, 0, R * d);
-        fp8_operand_grouped(fx, a->ep_xl.data(), lo, El, d, &q8->w1.x, &m->fp8, FP8_E4M3, 1, 128);
-        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, El, d, &q8->w1.w, &m->fp8);
-        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, El, d, &q8->v1.w, &m->fp8);
-        xq = fx;
-    }
-    experts_up_forward(a->ep_g.data(), a->ep_u.data(), a->ep_act.data(), xq, w1, v1, lo, El, d, F);
-    if (q8) {
-        real* fa = ep_fq(m, 0, R * F);
-        fp8_operand_grouped(fa, a->ep_act.data(), lo, El, F, &q8->w2.x, &m->fp8, FP8_E4M3, 1, 128);
-        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, El, d, &q8->w2.w, &m->fp8);
-        actq = fa;
-    }
-    m->ep_buf2.resize(std::max<size_t>(R, 1) * d);
-    experts_down_forward(m->ep_buf2.data(), actq, w2, lo, El, d, F);   // (R, d) expert-major
-    for (size_t i = 0; i < R; i++) memcpy(&m->ep_buf[(size_t)pl->perm[i] * d], &m->ep_buf2[i * d], d * sizeof(real));
-    ep_exchange(&m->ep, pl, m->ep_buf.data(), ye, d * sizeof(real), 1);          // back, in xe's layout
-}
-static inline void block_experts_forward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
-    experts_forward_ep_rows(m, a, a->counts, a->offsets, a->xe, a->ye, w, block_fp8(m, l));
-}
-// Its backward: dye's rows to the experts' ranks, the experts' backward there (weight gradients of my
-// experts, from every peer's rows), dxe back in xe's layout. Under FP8 the operands of
-// block_experts_backward, over the local experts and received rows.
-static inline void block_experts_backward_ep(Dbrx* m, int l, BlockActs* a, const BlockParams& w, const BlockParams& gw) {
-    const DbrxConfig* c = &m->cfg;
-    Fp8BlockState* q8 = block_fp8(m, l);
-    bool block8 = m->fp8.recipe == FP8_BLOCK;
-    int d = c->d_model, F = c->ffn_hidden, El = c->n_experts / m->ep.n;
-    EpPlan* pl = &a->ep;
-    size_t R = pl->R;
-    m->ep_buf.resize(std::max<size_t>(R, 1) * d); m->ep_buf2.resize(std::max<size_t>(R, 1) * d);
-    ep_exchange(&m->ep, pl, m->dye, m->ep_buf.data(), d * sizeof(real), 0);
-    moe_gather(m->ep_buf2.data(), m->ep_buf.data(), pl->perm.data(), (int)R, d);   // dy, expert-major
-    m->ep_da.resize(R * F); m->ep_dg.resize(R * F); m->ep_du.resize(R * F);
-    const int *lo = pl->loffsets.data(), *ws = m->fp8_wseg.data();
-    const real* dy = m->ep_buf2.data();   // expert-major
-    const real *dy_d = dy, *dy_w = dy, *w2 = w.w2, *act_w = a->ep_act.data();
-    if (q8) {
-        real *q1 = ep_fq(m, 1, R * d), *q0 = ep_fq(m, 0, R * F);
-        fp8_operand_grouped(q1, dy, lo, El, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 1, 128);
-        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, El, d, &q8->w2.w, &m->fp8);
-        if (block8) fp8_operand_grouped(ep_fq(m, 2, R * d), dy, lo, El, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 128, 1);
-        fp8_operand_grouped(q0, a->ep_act.data(), lo, El, F, &q8->w2.x, &m->fp8, FP8_E4M3, 128, 1);
-        dy_d = q1; dy_w = block8 ? m->ep_fq[2].data() : q1; act_w = q0;
-    }
-    experts_down_backward(m->ep_da.data(), gw.w2, dy_d, w2, act_w, dy_w, lo, El, d, F);
-    swiglu_backward(m->ep_dg.data(), m->ep_du.data(), m->ep_da.data(), a->ep_g.data(), a->ep_u.data(), R * F);
-    const real *dg = m->ep_dg.data(), *du = m->ep_du.data();
-    const real *dg_d = dg, *du_d = du, *dg_w = dg, *du_w = du, *w1 = w.w1, *v1 = w.v1, *xe_w = a->ep_xl.data();
-    if (q8) {
-        real *q1 = ep_fq(m, 1, R * F), *q3 = ep_fq(m, 3, R * F);
-        fp8_operand_grouped(q1, dg, lo, El, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 1, 128);
-        fp8_operand_grouped(q3, du, lo, El, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 1, 128);
-        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, El, d, &q8->w1.w, &m->fp8);
-        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, El, d, &q8->v1.w, &m->fp8);
-        if (block8) {
-            fp8_operand_grouped(ep_fq(m, 2, R * F), dg, lo, El, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 128, 1);
-            fp8_operand_grouped(ep_fq(m, 4, R * F), du, lo, El, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 128, 1);
-        }
-        real* q0 = ep_fq(m, 0, R * d);
-        fp8_operand_grouped(q0, a->ep_xl.data(), lo, El, d, &q8->w1.x, &m->fp8, FP8_E4M3, 128, 1);
-        dg_d = q1; du_d = q3; xe_w = q0;
-        dg_w = block8 ? m->ep_fq[2].data() : q1; du_w = block8 ? m->ep_fq[4].data() : q3;
-    }
-    experts_up_backward(m->ep_buf2.data(), gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, lo, El, d, F);   // dx, expert-major
-    for (size_t i = 0; i < R; i++) memcpy(&m->ep_buf[(size_t)pl->perm[i] * d], &m->ep_buf2[i * d], d * sizeof(real));
-    ep_exchange(&m->ep, pl, m->ep_buf.data(), m->dxe, d * sizeof(real), 1);
+    Fp8Policy p = block_fp8_policy(m, l);
+    const int *o = a->offsets, *ws = m->fp8_wseg.data();   // (the rows of the routed rows' and of the weights' experts)
+    const real* xe = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_X, m->fq_x, a->xe, o, E, d, 1, 128);
+    const real* w1 = fp8_policy_weight(&p, FP8_LIN_W1, m->fq_w, w.w1, ws, E, d);
+    const real* v1 = fp8_policy_weight(&p, FP8_LIN_V1, m->fq_w2, w.v1, ws, E, d);
+    experts_up_forward(a->g, a->u, a->act, xe, w1, v1, o, E, d, F);
+    const real* act = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_X, m->fq_x, a->act, o, E, F, 1, 128);
+    const real* w2 = fp8_policy_weight(&p, FP8_LIN_W2, m->fq_w3, w.w2, ws, E, d);
+    experts_down_forward(a->ye, act, w2, o, E, d, F);
 }
 
 // Backward of block_experts_forward from dye (m->dye): the weight gradients into gw, dxe (m->dxe).
 // Under FP8: E5M2 gradients, in 1x128 tiles for dgrad (reduction along the row) and re-tiled 128x1
 // for wgrad under block scaling (reduction over the tokens).
 static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const BlockParams& w, const BlockParams& gw) {
-    if (m->ep.n > 1) { block_experts_backward_ep(m, l, a, w, gw); return; }
+    if (m->experts.backward) { m->experts.backward(m->experts.ctx, l, m->dye, m->dxe); return; }
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, N = m->B * m->T, k = c->top_k;
-    Fp8BlockState* q8 = block_fp8(m, l);
-    bool block8 = m->fp8.recipe == FP8_BLOCK;
-    const int* ws = m->fp8_wseg.data();
+    Fp8Policy p = block_fp8_policy(m, l);
+    const int *o = a->offsets, *ws = m->fp8_wseg.data();
     // down: dgrad da = dye @ w2_e^T reduces over d, wgrad dw2_e += a^T @ dye over the tokens
-    const real *dye_d = m->dye, *dye_w = m->dye, *w2 = w.w2, *act_w = a->act;
-    if (q8) {
-        fp8_operand_grouped(m->fq_dy, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 1, 128);
-        w2 = fp8_weight_operand(m->fq_w3, w.w2, ws, E, d, &q8->w2.w, &m->fp8);
-        if (block8) fp8_operand_grouped(m->fq_dy2, m->dye, a->offsets, E, d, &q8->w2.dy, &m->fp8, FP8_E5M2, 128, 1);
-        fp8_operand_grouped(m->fq_x, a->act, a->offsets, E, F, &q8->w2.x, &m->fp8, FP8_E4M3, 128, 1);
-        dye_d = m->fq_dy; dye_w = block8 ? m->fq_dy2 : m->fq_dy; act_w = m->fq_x;
-    }
-    experts_down_backward(m->da, gw.w2, dye_d, w2, act_w, dye_w, a->offsets, E, d, F);
+    const real* dye_d = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_DY, m->fq_dy, m->dye, o, E, d, 1, 128);
+    const real* w2 = fp8_policy_weight(&p, FP8_LIN_W2, m->fq_w3, w.w2, ws, E, d);
+    const real* dye_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_W2, m->fq_dy2, m->dye, dye_d, o, E, d);
+    const real* act_w = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_X, m->fq_x, a->act, o, E, F, 128, 1);
+    experts_down_backward(m->da, gw.w2, dye_d, w2, act_w, dye_w, o, E, d, F);
     swiglu_backward(m->dg, m->du, m->da, a->g, a->u, (size_t)N * k * F);
     // up: dgrad dxe = dg @ w1_e + du @ v1_e reduces over F, wgrad over the tokens
-    const real *dg_d = m->dg, *du_d = m->du, *dg_w = m->dg, *du_w = m->du, *w1 = w.w1, *v1 = w.v1, *xe_w = a->xe;
-    if (q8) {
-        fp8_operand_grouped(m->fq_dy, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 1, 128);
-        fp8_operand_grouped(m->fq_dz, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 1, 128);
-        w1 = fp8_weight_operand(m->fq_w, w.w1, ws, E, d, &q8->w1.w, &m->fp8);
-        v1 = fp8_weight_operand(m->fq_w2, w.v1, ws, E, d, &q8->v1.w, &m->fp8);
-        if (block8) {
-            fp8_operand_grouped(m->fq_dy2, m->dg, a->offsets, E, F, &q8->w1.dy, &m->fp8, FP8_E5M2, 128, 1);
-            fp8_operand_grouped(m->fq_dz2, m->du, a->offsets, E, F, &q8->v1.dy, &m->fp8, FP8_E5M2, 128, 1);
-        }
-        fp8_operand_grouped(m->fq_x, a->xe, a->offsets, E, d, &q8->w1.x, &m->fp8, FP8_E4M3, 128, 1);
-        dg_d = m->fq_dy; du_d = m->fq_dz; xe_w = m->fq_x;
-        dg_w = block8 ? m->fq_dy2 : m->fq_dy; du_w = block8 ? m->fq_dz2 : m->fq_dz;
-    }
-    experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, a->offsets, E, d, F);
+    const real* dg_d = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_DY, m->fq_dy, m->dg, o, E, F, 1, 128);
+    const real* du_d = fp8_policy_grouped(&p, FP8_LIN_V1, FP8_OP_DY, m->fq_dz, m->du, o, E, F, 1, 128);
+    const real* w1 = fp8_policy_weight(&p, FP8_LIN_W1, m->fq_w, w.w1, ws, E, d);
+    const real* v1 = fp8_policy_weight(&p, FP8_LIN_V1, m->fq_w2, w.v1, ws, E, d);
+    const real* dg_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_W1, m->fq_dy2, m->dg, dg_d, o, E, F);
+    const real* du_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_V1, m->fq_dz2, m->du, du_d, o, E, F);
+    const real* xe_w = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_X, m->fq_x, a->xe, o, E, d, 128, 1);
+    experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, o, E, d, F);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -640,7 +479,6 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
     embedding_forward(m->resid[0], inputs, m->p.wte, N, d);
     unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
-    m->ep_recv_max = 0;
     for (int l = 0; l < L; l++) {
         unit_begin(m, dbrx_block_unit(l), UNIT_FORWARD);
         const BlockParams& w = m->p.blocks[l];   // (a reference: the experts' views are set when their unit begins)
@@ -648,17 +486,16 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         real* x = m->resid[l];
         // attention half
         layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
-        Fp8BlockState* q8 = block_fp8(m, l);
-        block_linear_forward(m, q8 ? &q8->qkv : NULL, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
-        block_linear_forward(m, q8 ? &q8->proj : NULL, a->resid_mid, a->atty, w.wo, N, d, d);
+        block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
         for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
         // MoE half
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
         matmul_forward(a->router_logits, a->ln2, w.router, N, d, E);
-        if (m->debug_route_first)   // (the tests' forced imbalance: experts 0..k-1, one EP rank's, take every token)
+        if (g_debug_hooks.route_first)   // (the tests' forced imbalance: experts 0..k-1, one EP rank's, take every token)
             for (int t = 0; t < N; t++) for (int e = 0; e < k; e++) a->router_logits[(size_t)t * E + e] += 30;
         router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k, c->moe_norm_p);
         moe_dispatch(a->offsets, a->row_token, a->slot_row, a->topk_idx, a->counts, N, E, k);
@@ -719,13 +556,12 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         memset(m->datty, 0, Nd * sizeof(real));
-        Fp8BlockState* q8 = block_fp8(m, l);
-        block_linear_backward(m, q8 ? &q8->proj : NULL, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
+        block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
         attention_backward(m->dqkv, m->datty, a->qkv, a->att_lse, B, T, H, KV, hd);
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));
-        block_linear_backward(m, q8 ? &q8->qkv : NULL, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
+        block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward(m->dresid, gw.norm1, m->dln, m->resid[l], w.norm1, a->ln1_mean, a->ln1_rstd, N, d);
         unit_end(m, dbrx_block_unit(l), UNIT_BACKWARD);
     }
@@ -858,10 +694,9 @@ static inline const real* dbrx_decode_step(Dbrx* m, int token, int pos) {
         moe_gather(s->xe, s->ln, s->row_token, k, d);
         unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
-        if (m->ep.n > 1) {   // EP: the k rows to their experts' ranks; every rank of the EP group runs this step (its
-            // own copy of the same token), so each takes part in every exchange (the training forward's
-            // plan and buffers of layer l serve as scratch: nothing reads them between steps)
-            experts_forward_ep_rows(m, &m->acts[l], s->counts, s->offsets, s->xe, s->ye, w, NULL);   // (FP32, as below)
+        if (m->experts.forward) {   // a dispatcher (EP): the k rows to their experts' ranks; every rank of the EP group
+            // runs this step (its own copy of the same token), so each takes part in every exchange
+            m->experts.forward(m->experts.ctx, l, s->counts, s->offsets, s->xe, s->ye, 0);   // (FP32, as below)
         } else {
             experts_up_forward(s->g, s->u, s->act, s->xe, w.w1, w.v1, s->offsets, E, d, c->ffn_hidden);
             experts_down_forward(s->ye, s->act, w.w2, s->offsets, E, d, c->ffn_hidden);
@@ -876,3 +711,23 @@ static inline const real* dbrx_decode_step(Dbrx* m, int token, int pos) {
     unit_end(m, dbrx_head_unit(c), UNIT_FORWARD);
     return s->logits;
 }
+
+// ---------------------------------------------------------------------------------------------
+// the rest of the training loop's calls (model/api.h): the ones only the GPU model has work for, and
+// the last forward's results for the host
+
+static inline void dbrx_sync(Dbrx* m) { (void)m; }
+static inline float dbrx_fp8_log_scale(Dbrx* m, const Fp8MetaRef& r, int i) { (void)m; (void)i; return r.meta->scale; }
+static inline void dbrx_logits_to_host(Dbrx* m, std::vector<float>* out) {
+    out->assign(m->logits, m->logits + (size_t)m->B * m->T * m->cfg.vocab_size);
+}
+// the per-token cross-entropy of the last forward (B * T)
+static inline void dbrx_losses_to_host(Dbrx* m, std::vector<float>* out) { out->assign(m->losses, m->losses + (size_t)m->B * m->T); }
+// acc (L * E) += each layer's tokens per expert in the last forward (top-k assignments: k per token)
+static inline void dbrx_expert_counts_add(Dbrx* m, std::vector<double>* acc) {
+    int E = m->cfg.n_experts;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; e < E; e++) (*acc)[(size_t)l * E + e] += m->acts[l].counts[e];
+}
+
+DBRX_CHECK_MODEL_CONTRACT(Dbrx);

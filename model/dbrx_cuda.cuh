@@ -10,7 +10,10 @@
  *               are accumulated in fp32.
  * FP8 (--fp8, model/dbrx_fp8_cuda.cuh): the five GEMMs of every block on FP8 operands; the routed
  * rows are then padded per expert to multiples of 16 (fp8_pad_routing).
- * One GPU (no data parallelism yet: the multi-GPU path is the communicator's, issue 4).
+ * One GPU per process: the GPU parameter store (under parallel/: ZeRO-3/HSDP or data parallel over NCCL)
+ * owns the weights behind the views and gathers them unit by unit through the unit hooks; expert
+ * parallelism (parallel/expert_parallel_cuda.cuh) runs the experts through the experts' dispatcher.
+ * The calls the training loop makes of it are model/api.h's (checked at the end of this file).
  * In the emulated build (SIMT_EMULATION) "device" memory is host memory and the kernels run under
  * the SIMT emulator, so the whole step is tested in CI (test/test_step_cuda.cpp).
  */
@@ -51,31 +54,6 @@ template <typename T> static inline ModelViews<T> model_views(T* base, const Dbr
     return p;
 }
 
-// A device buffer that grows (expert parallelism's received rows: their number changes every step, and
-// no token is dropped). Growing says how much it needs when the device has not got it.
-template <typename T> struct EpDev {
-    T* p = nullptr;
-    size_t cap = 0;
-    T* get(size_t n, const char* what) {
-        if (n <= cap) return p;
-        // (cudaFree waits for the device's work on the old buffer itself; no synchronisation here, which
-        // would be taken at a rank-dependent moment — ranks grow their buffers at different steps — and
-        // the emulator's collectives run when their rank waits: every rank must wait at the same points)
-        size_t free_b = 0, total_b = 0;
-        cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-        size_t want = n * sizeof(T), have = cap * sizeof(T);
-        if (want > free_b + have)
-            fail(EXIT_RUNTIME, "expert parallelism: %s needs %.1f MiB for %zu elements (the routed rows this rank's experts took), "
-                 "the device has %.1f MiB free: the routing is too imbalanced for this memory (fewer tokens per micro-batch, or more EP "
-                 "ranks)", what, want / 1048576.0, n, (free_b + have) / 1048576.0);
-        if (p) cudaCheck(cudaFree(p));
-        cudaCheck(cudaMalloc((void**)&p, want));
-        cap = n;
-        return p;
-    }
-    void release() { if (p) cudaCheck(cudaFree(p)); p = nullptr; cap = 0; }
-};
-
 // activations saved by the forward pass, per block (N = B*T tokens, R = N*k routed rows)
 typedef struct {
     floatX *ln1; float *ln1_mean, *ln1_rstd;     // (N, d), (N), (N)
@@ -89,11 +67,18 @@ typedef struct {
     int *row_token, *slot_row;                   // (R), (R)
     floatX *xe, *g, *u, *act, *ye;               // (R, d), (R, F) x3, (R, d)
     std::vector<int> offsets_host, counts_host;  // host copies (the expert GEMMs are issued from the host)
-    // expert parallelism (model/dbrx.h: ExpertParallel, EpPlan): the exchange, and my experts' R rows
-    EpPlan ep;
-    EpDev<floatX> ep_xl, ep_g, ep_u, ep_act;     // (R, d), (R, F) x3: grown as needed
-    EpDev<int> ep_perm, ep_inv;                  // (R): expert-major row i = received row perm[i]; inv its inverse
 } BlockActsGPU;
+
+// The experts' dispatcher (model/dbrx.h's ExpertHooks, on the device): expert parallelism
+// (parallel/expert_parallel_cuda.cuh) installs it; NULL: every expert is here.
+typedef struct {
+    // ye (rows, d) = the experts of layer l over xe (rows, d) grouped by expert (offsets_host (E + 1), on
+    // the host); train 1: the training forward (FP8 under --fp8), 0: generation's one token (BF16)
+    void (*forward)(void* ctx, int l, const int* offsets_host, const floatX* xe, floatX* ye, int train);
+    // backward of layer l's last training forward: dxe (N k, d) from dye (N k, d), weight gradients into g
+    void (*backward)(void* ctx, int l, const floatX* dye, floatX* dxe);
+    void* ctx;
+} ExpertHooksGPU;
 
 // Generation's KV cache and one token's scratch on the device (model/dbrx.h's DbrxDecode; batch 1): the
 // cache in BF16, as the full forward's qkv that it reproduces.
@@ -118,7 +103,7 @@ typedef struct {
     std::vector<ParamInfo> table;
     size_t num_params;
     // the parameters: the model reads p (BF16) and accumulates into g (fp32). Who owns the memory
-    // behind the views is the parameter store's business (parallel/zero_gpu.cuh): the whole model
+    // behind the views is the parameter store's business (the GPU store under parallel/): the whole model
     // (one GPU, data parallel) or one unit at a time in a gathered slot (ZeRO-3/HSDP, via the hooks).
     // dbrx_build (tests, one GPU without a store) allocates them here: master, grads, m, v, params.
     float *master, *grads, *m, *v;     // fp32, num_params each (dbrx_build only; NULL under a store)
@@ -151,13 +136,7 @@ typedef struct {
     size_t param_bytes, activation_bytes;
     float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
     Fp8GPU fp8;                        // --fp8: the FP8 state (recipe FP8_OFF: unused)
-    ExpertParallel ep;                 // expert parallelism (model/dbrx.h; n == 1: every expert here)
-    EpDev<floatX> ep_x, ep_y, ep_da, ep_dg, ep_du;   // EP scratch: (R, d) x2, (R, F) x3
-    EpDev<floatX> ep_dx, ep_dxr;       // (R, d) BF16 input gradients, expert-major and in peer order
-    EpDev<__nv_fp8_storage_t> ep_f8q[4];   // EP under --fp8: activation and gradient codes (q, qt) of the received rows
-    EpDev<float> ep_f8s[4];            // and their block-scaling factors (the model's Fp8Buf hold N k + 15 E rows)
-    int ep_recv_max;                   // as the CPU model's
-    long long ep_rows_out, ep_rows_in, ep_count_sends;
+    ExpertHooksGPU experts;            // the experts' dispatcher (all NULL: every expert here)
     DbrxDecodeGPU dec;                 // generation's KV cache and scratch (dbrx_decode_alloc)
 
     // results of the last forward pass
@@ -271,7 +250,7 @@ static inline std::string gib(double bytes) {
 
 // Everything but the parameter state: the table, the activations and scratch for micro-batches of
 // (B, T), the FP8 state, the RoPE tables; on the current device. The views p and g are set by the
-// parameter store (parallel/zero_gpu.cuh) or by dbrx_build. store_bytes: what the store will
+// parameter store (the GPU store under parallel/) or by dbrx_build. store_bytes: what the store will
 // allocate, for the out-of-memory check.
 static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, const Fp8Config* fp8 = nullptr,
                                     size_t store_bytes = 0) {
@@ -286,8 +265,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->params = nullptr;
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->host_in = nullptr;
-    m->ep = ExpertParallel();
-    m->ep_recv_max = 0; m->ep_rows_out = m->ep_rows_in = m->ep_count_sends = 0;
+    m->experts = ExpertHooksGPU{NULL, NULL, NULL};
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
     m->p.blocks.resize(cfg->n_layers);
@@ -349,9 +327,6 @@ static inline void dbrx_free(DbrxGPU* m) {
     m->allocations.clear();
     if (m->host_in) cudaCheck(cudaFreeHost(m->host_in));
     m->host_in = nullptr;
-    for (BlockActsGPU& a : m->acts) { a.ep_xl.release(); a.ep_g.release(); a.ep_u.release(); a.ep_act.release(); a.ep_perm.release(); a.ep_inv.release(); }
-    m->ep_x.release(); m->ep_y.release(); m->ep_da.release(); m->ep_dg.release(); m->ep_du.release(); m->ep_dx.release(); m->ep_dxr.release();
-    for (int i = 0; i < 4; i++) { m->ep_f8q[i].release(); m->ep_f8s[i].release(); }
 }
 
 // sets the master weights (host, num_params) and their BF16 copy (dbrx_build's model)
@@ -390,124 +365,17 @@ static inline void block_linear_backward(DbrxGPU* m, int l, int lin, TI* dinp, f
     else matmul_backward_gpu(dinp, dweight, dout, inp, weight, N, C, OC, 0.0f);
 }
 
-// EP under --fp8: the model's activation and gradient FP8 scratch swapped with buffers for Rp received
-// rows in El segments (the expert GEMMs quantise into f->act and f->grad); swapped back after
-static inline void ep_fp8_scratch_swap(DbrxGPU* m, size_t Rp, int El) {
-    const DbrxConfig* c = &m->cfg;
-    size_t elems, sq, st;
-    fp8_expert_scratch_sizes(std::max<size_t>(Rp, 1), c->d_model, c->ffn_hidden, El, &elems, &sq, &st);
-    bool blk = m->fp8.cfg.recipe == FP8_BLOCK;
-    Fp8Buf* bufs[2] = {&m->fp8.act, &m->fp8.grad};
-    for (int i = 0; i < 2; i++) {
-        Fp8Buf mine = {m->ep_f8q[2 * i].get(elems, "the received rows' FP8 codes"), m->ep_f8q[2 * i + 1].get(elems, "the received rows' FP8 codes"),
-                       blk ? m->ep_f8s[2 * i].get(sq, "the received rows' FP8 scales") : nullptr,
-                       blk ? m->ep_f8s[2 * i + 1].get(st, "the received rows' FP8 scales") : nullptr};
-        Fp8Buf t = *bufs[i];
-        *bufs[i] = mine;
-        m->ep_f8q[2 * i].p = t.q; m->ep_f8q[2 * i + 1].p = t.qt; m->ep_f8s[2 * i].p = t.sinv; m->ep_f8s[2 * i + 1].p = t.sinv_t;
-    }
-}
-// (the swap back: the same exchange of pointers; the capacities stay with the EP buffers)
-static inline void ep_fp8_scratch_unswap(DbrxGPU* m) {
-    Fp8Buf* bufs[2] = {&m->fp8.act, &m->fp8.grad};
-    for (int i = 0; i < 2; i++) {
-        Fp8Buf t = *bufs[i];
-        *bufs[i] = {m->ep_f8q[2 * i].p, m->ep_f8q[2 * i + 1].p, m->ep_f8s[2 * i].p, m->ep_f8s[2 * i + 1].p};
-        m->ep_f8q[2 * i].p = t.q; m->ep_f8q[2 * i + 1].p = t.qt; m->ep_f8s[2 * i].p = t.sinv; m->ep_f8s[2 * i + 1].p = t.sinv_t;
-    }
-}
-
-// Expert parallelism (as block_experts_forward_ep on the CPU): xe's rows to their experts' ranks, this
-// rank's experts over every peer's rows, the results back into ye in xe's layout. The plan comes from the
-// counts on the host (the expert GEMMs are issued from the host anyway); the rows travel over NCCL.
-// xe's rows grouped by expert (offsets on the host); a's plan and buffers are kept for the backward.
-// Collective in the EP group: the training forward's rows, or the decode step's k rows of its token.
-// Under --fp8 (layer l >= 0; the decode step passes -1: BF16) the local experts' FP8 GEMMs run on the
-// received rows in a padded layout of their own (fp8_local_routing): ep_perm maps a padded row to a
-// received row, ep_inv a received row (expert-major) to its padded row.
-static inline void experts_forward_ep_rows(DbrxGPU* m, BlockActsGPU* a, const int* offsets_host, const floatX* xe, floatX* ye,
-                                           const BlockViews<floatX>& w, int l = -1) {
-    const DbrxConfig* c = &m->cfg;
-    int d = c->d_model, E = c->n_experts, F = c->ffn_hidden, El = E / m->ep.n;
-    std::vector<int> counts(E);
-    for (int e = 0; e < E; e++) counts[e] = offsets_host[e + 1] - offsets_host[e];
-    EpPlan* pl = &a->ep;
-    ep_plan(&m->ep, pl, counts.data(), offsets_host, E);
-    size_t R = pl->R;
-    if (pl->R > m->ep_recv_max) m->ep_recv_max = pl->R;
-    for (int p = 0; p < m->ep.n; p++)
-        if (p != m->ep.rank) { m->ep_rows_out += pl->send_rows[p]; m->ep_rows_in += pl->recv_rows[p]; m->ep_count_sends++; }
-    bool f8 = l >= 0 && fp8_on(&m->fp8);
-    std::vector<int> inv(R), perm = pl->perm;
-    for (size_t i = 0; i < R; i++) inv[pl->perm[i]] = (int)i;
-    size_t Rc = R;   // rows the experts compute: R, or under FP8 the padded layout's
-    if (f8) {        // padded row -> received row = perm[map]; received row -> padded row = pinv[inv]
-        std::vector<int> map, pinv;
-        Rc = fp8_local_routing(&m->fp8, l, pl->loffsets.data(), El, &map, &pinv);
-        perm.assign(Rc, 0);
-        for (size_t p = 0; p < Rc; p++) perm[p] = R ? pl->perm[map[p]] : 0;
-        for (size_t i = 0; i < R; i++) inv[i] = pinv[inv[i]];
-    }
-    int* perm_d = a->ep_perm.get(Rc, "the expert-parallel row order");
-    int* inv_d = a->ep_inv.get(R, "the expert-parallel row order");
-    if (Rc) cudaCheck(cudaMemcpy(perm_d, perm.data(), Rc * sizeof(int), cudaMemcpyHostToDevice));
-    if (R) cudaCheck(cudaMemcpy(inv_d, inv.data(), R * sizeof(int), cudaMemcpyHostToDevice));
-    floatX* xr = m->ep_x.get(R * d, "the received rows");
-    floatX* xl = a->ep_xl.get(Rc * d, "the received rows (kept for the backward)");
-    floatX* g = a->ep_g.get(Rc * F, "the experts' activations");
-    floatX* u = a->ep_u.get(Rc * F, "the experts' activations");
-    floatX* act = a->ep_act.get(Rc * F, "the experts' activations");
-    floatX* yl = m->ep_y.get(Rc * d, "the experts' outputs");
-    ep_exchange(&m->ep, pl, xe, xr, d * sizeof(floatX), 0);             // (R, d) in peer order
-    if (R) moe_gather_gpu(xl, xr, perm_d, (int)Rc, d);                   // expert-major (FP8: padded)
-    if (f8 && Rc) {
-        ep_fp8_scratch_swap(m, Rc, El);
-        fp8_experts_forward_gpu(&m->fp8, l, yl, g, u, act, xl, w.w1, w.v1, w.w2, El, d, F);
-        ep_fp8_scratch_unswap(m);
-    } else if (!f8)
-        experts_forward_gpu(yl, g, u, act, xl, w.w1, w.v1, w.w2, pl->loffsets.data(), El, d, F);
-    if (R) moe_gather_gpu(xr, yl, inv_d, (int)R, d);                     // back in peer order
-    ep_exchange(&m->ep, pl, xr, ye, d * sizeof(floatX), 1);              // and home, in xe's layout
-}
-static inline void block_experts_forward_ep(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w) {
-    const DbrxConfig* c = &m->cfg;
-    moe_gather_gpu(a->xe, a->ln2, a->row_token, m->B * m->T * c->top_k, c->d_model);
-    experts_forward_ep_rows(m, a, a->offsets_host.data(), a->xe, a->ye, w, l);
-}
-static inline void block_experts_backward_ep(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w, const BlockViews<float>& gw) {
-    const DbrxConfig* c = &m->cfg;
-    int d = c->d_model, F = c->ffn_hidden, El = c->n_experts / m->ep.n;
-    EpPlan* pl = &a->ep;
-    size_t R = pl->R;
-    bool f8 = fp8_on(&m->fp8);
-    size_t Rc = f8 ? (size_t)m->fp8.routing[l].poff[El] : R;   // the forward's layout (FP8: padded)
-    floatX* dyr = m->ep_x.get(R * d, "the received rows");
-    floatX* dyl = m->ep_y.get(Rc * d, "the experts' outputs");
-    floatX* dxl = m->ep_dx.get(Rc * d, "the experts' input gradients");
-    floatX* dxr = m->ep_dxr.get(R * d, "the experts' input gradients");
-    floatX* da = m->ep_da.get(Rc * F, "the experts' gradients");
-    floatX* dg = m->ep_dg.get(Rc * F, "the experts' gradients");
-    floatX* du = m->ep_du.get(Rc * F, "the experts' gradients");
-    ep_exchange(&m->ep, pl, m->dye, dyr, d * sizeof(floatX), 0);
-    if (R) moe_gather_gpu(dyl, dyr, a->ep_perm.p, (int)Rc, d);
-    if (f8 && Rc) {
-        ep_fp8_scratch_swap(m, Rc, El);
-        fp8_experts_backward_gpu(&m->fp8, l, dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->ep_xl.p, a->ep_g.p, a->ep_u.p, a->ep_act.p,
-                                 w.w1, w.v1, w.w2, El, d, F);
-        ep_fp8_scratch_unswap(m);
-    } else if (!f8)
-        experts_backward_gpu(dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->ep_xl.p, a->ep_g.p, a->ep_u.p, a->ep_act.p, w.w1, w.v1, w.w2,
-                             pl->loffsets.data(), El, d, F);
-    if (R) moe_gather_gpu(dxr, dxl, a->ep_inv.p, (int)R, d);
-    ep_exchange(&m->ep, pl, dxr, m->dxe, d * sizeof(floatX), 1);   // BF16 rows: half the bytes of fp32
-}
-
 // The routed rows of block l gathered from ln2 (xe), and the SwiGLU experts over them (ye). Under FP8
-// every expert's rows are padded to a multiple of 16 first (slot_row remapped in place).
+// every expert's rows are padded to a multiple of 16 first (slot_row remapped in place). A dispatcher
+// (m->experts: expert parallelism) takes the gathered rows instead.
 static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w) {
-    if (m->ep.n > 1) { block_experts_forward_ep(m, l, a, w); return; }
     const DbrxConfig* c = &m->cfg;
     int N = m->B * m->T, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->ffn_hidden;
+    if (m->experts.forward) {
+        moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
+        m->experts.forward(m->experts.ctx, l, a->offsets_host.data(), a->xe, a->ye, 1);
+        return;
+    }
     if (fp8_on(&m->fp8)) {
         const int* row_token = fp8_pad_routing(&m->fp8, l, a->slot_row, a->row_token, a->offsets, a->offsets_host.data(), N * k, E);
         moe_gather_gpu(a->xe, a->ln2, row_token, m->fp8.routing[l].poff[E], d);
@@ -519,7 +387,7 @@ static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, con
 }
 // Backward of block_experts_forward from dye (m->dye): the weight gradients into gw, dxe (m->dxe).
 static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w, const BlockViews<float>& gw) {
-    if (m->ep.n > 1) { block_experts_backward_ep(m, l, a, w, gw); return; }
+    if (m->experts.backward) { m->experts.backward(m->experts.ctx, l, m->dye, m->dxe); return; }
     const DbrxConfig* c = &m->cfg;
     int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
     if (fp8_on(&m->fp8)) fp8_experts_backward_gpu(&m->fp8, l, m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g,
@@ -559,10 +427,8 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
     embedding_forward_gpu(m->resid[0], m->inputs, m->p.wte, N, d);
     unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
-    m->ep_recv_max = 0;
     // DBRX_DEBUG_PLANT=step_sync: one more synchronisation per layer, the step budget test's negative control
-    const char* plant = getenv("DBRX_DEBUG_PLANT");
-    bool plant_sync = plant && strcmp(plant, "step_sync") == 0;
+    bool plant_sync = g_debug_hooks.plant == PLANT_STEP_SYNC;
     for (int l = 0; l < L; l++) {
         unit_begin(m, dbrx_block_unit(l), UNIT_FORWARD);
         const BlockViews<floatX>& w = m->p.blocks[l];   // (a reference: the experts' views are set when their unit begins)
@@ -757,8 +623,8 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
         unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
         moe_gather_gpu(s->xe, s->ln, s->row_token, k, d);
-        if (m->ep.n > 1)   // EP: every rank of the EP group runs this step; layer l's training plan and buffers as scratch
-            experts_forward_ep_rows(m, &m->acts[l], s->offsets_host.data(), s->xe, s->ye, w);
+        if (m->experts.forward)   // a dispatcher (EP): every rank of the EP group runs this step
+            m->experts.forward(m->experts.ctx, l, s->offsets_host.data(), s->xe, s->ye, 0);
         else
             experts_forward_gpu(s->ye, s->g, s->u, s->act, s->xe, w.w1, w.v1, w.w2, s->offsets_host.data(), E, d, F);
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
@@ -771,3 +637,43 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
     cudaCheck(cudaMemcpy(s->logits_host.data(), s->logits, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost));
     return s->logits_host.data();
 }
+
+// ---------------------------------------------------------------------------------------------
+// the rest of the training loop's calls (model/api.h): the device synchronisation, the FP8 scales to log,
+// and the last forward's results brought to the host
+static inline void dbrx_sync(DbrxGPU* m) {
+    (void)m;
+    cudaCheck(cudaDeviceSynchronize());
+#if defined(SIMT_EMULATION)
+    // SIMT_STEP_COUNTERS=1: what the host asked of the device since the previous dbrx_sync, which the loop
+    // calls before and after every step (so every second line is one whole step, its closing sync included):
+    // the training loop's side of the step budget (model/CUDA.md, "Host round trips in one step";
+    // test/test_cuda_train.sh)
+    static const bool print = getenv("SIMT_STEP_COUNTERS") && atoi(getenv("SIMT_STEP_COUNTERS")) > 0;
+    if (print) {
+        const simt::Counters& k = simt::counters();
+        fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld\n", k.syncs,
+                k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries);
+        simt::counters_reset();
+    }
+#endif
+}
+// the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)
+static inline float dbrx_fp8_log_scale(DbrxGPU* m, const Fp8MetaRef& r, int i) { (void)r; return m->fp8.last_scale[i]; }
+static inline void dbrx_logits_to_host(DbrxGPU* m, std::vector<float>* out) {
+    out->resize((size_t)m->B * m->T * m->cfg.vocab_size);
+    from_device_bf16(out->data(), m->logits, out->size());
+}
+// the per-token cross-entropy of the last forward (B * T, fp32 on the device)
+static inline void dbrx_losses_to_host(DbrxGPU* m, std::vector<float>* out) {
+    out->resize((size_t)m->B * m->T);
+    cudaCheck(cudaMemcpy(out->data(), m->losses, out->size() * sizeof(float), cudaMemcpyDeviceToHost));
+}
+// acc (L * E) += each layer's tokens per expert in the last forward (the host copies the forward keeps)
+static inline void dbrx_expert_counts_add(DbrxGPU* m, std::vector<double>* acc) {
+    int E = m->cfg.n_experts;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; e < E; e++) (*acc)[(size_t)l * E + e] += m->acts[l].counts_host[e];
+}
+
+DBRX_CHECK_MODEL_CONTRACT(DbrxGPU);

@@ -240,7 +240,7 @@ static inline Fp8Segments fp8_expert_segments(const Fp8Routing& rt) {
 // block recipe. Per tensor: delayed uses the slot's scale, except before the first history entry
 // (then, as current scaling, this tensor's own amax, as the CPU's fp8_operand); a weight under
 // --fp8-gather (cfg.weights_quantized) the slot's scale, which the store set to the whole tensor's agreed
-// one (parallel/zero_gpu.cuh): under expert parallelism this rank's weights are only its experts.
+// one (the GPU store, under parallel/): under expert parallelism this rank's weights are only its experts.
 static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const floatX* x, int rows, int cols,
                                         const Fp8Segments& seg, Fp8Buf* buf, bool want_q, bool want_qt, cudaStream_t stream = 0) {
     Fp8Format fmt = f->fmts[slot];
@@ -252,7 +252,7 @@ static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const 
         return;
     }
     out.sinv = f->scale_inv + slot;
-    if (weight && f->cfg.weights_quantized) {   // --fp8-gather: the slot holds the whole tensor's agreed scale (parallel/zero_gpu.cuh)
+    if (weight && f->cfg.weights_quantized) {   // --fp8-gather: the slot holds the whole tensor's agreed scale (set by the GPU store)
         fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
         return;
     }

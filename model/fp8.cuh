@@ -154,7 +154,7 @@ typedef struct {
     int history_len;   // delayed: amax history window (--fp8-amax-history)
     int margin;        // scale backed off by 2^margin (--fp8-margin)
     int weights_quantized;   // the block weights arrive fake-quantised, their amax recorded: ZeRO-3's FP8
-                             // all-gather (--fp8-gather, parallel/zero_fp8.h) quantised the shards before sending
+                             // all-gather (--fp8-gather, the FP8 gather under parallel/) quantised the shards before sending
 } Fp8Config;
 
 typedef struct {
@@ -303,6 +303,37 @@ static inline std::vector<Fp8Operand> fp8_operand_table(int n_layers) {
 static inline Fp8Meta* fp8_block_meta(Fp8BlockState* b, int lin, int op) {
     Fp8Linear* q[FP8_NLIN] = {&b->qkv, &b->proj, &b->w1, &b->v1, &b->w2};
     return op == FP8_OP_X ? &q[lin]->x : op == FP8_OP_W ? &q[lin]->w : &q[lin]->dy;
+}
+
+// ---------------------------------------------------------------------------------------------
+// THE FP8 POLICY of one block on the CPU: the recipe and the block's operand states (st NULL: FP32).
+// A GEMM of the block asks it for each operand it reads, by (linear, operand) of the table above, and
+// gets the tensor itself (FP32) or its fake-quantised copy in the scratch it names: the call sites do
+// not fork on the recipe, and the format is the table's (x, w: E4M3; dy: E5M2).
+typedef struct { const Fp8Config* cfg; Fp8BlockState* st; } Fp8Policy;
+
+static inline Fp8Format fp8_operand_format(int op) { return op == FP8_OP_DY ? FP8_E5M2 : FP8_E4M3; }
+
+// An operand of the grouped GEMMs (rows grouped by expert: seg (E + 1), (seg[E], cols)) in tiles along
+// the GEMM's reduction: 1 x 128 when it runs along the row (forward, dgrad), 128 x 1 over the tokens (wgrad)
+static inline const real* fp8_policy_grouped(const Fp8Policy* p, int lin, int op, real* scratch, const real* in, const int* seg,
+                                             int E, int cols, int tile_rows, int tile_cols) {
+    if (!p->st) return in;
+    fp8_operand_grouped(scratch, in, seg, E, cols, fp8_block_meta(p->st, lin, op), p->cfg, fp8_operand_format(op), tile_rows, tile_cols);
+    return scratch;
+}
+// A gradient's wgrad copy: block scaling re-tiles it 128 x 1 (over the tokens) into `scratch`; the
+// per-tensor recipes (and FP32) read its dgrad copy `dgrad` again
+static inline const real* fp8_policy_grouped_wgrad(const Fp8Policy* p, int lin, real* scratch, const real* in, const real* dgrad,
+                                                   const int* seg, int E, int cols) {
+    if (!p->st || p->cfg->recipe != FP8_BLOCK) return dgrad;
+    return fp8_policy_grouped(p, lin, FP8_OP_DY, scratch, in, seg, E, cols, 128, 1);
+}
+// A weight as its GEMMs read it (fp8_weight_operand: 128 x 128 blocks per expert, or as it arrived
+// from ZeRO-3's FP8 gather)
+static inline const real* fp8_policy_weight(const Fp8Policy* p, int lin, real* scratch, const real* w, const int* seg, int E, int cols) {
+    if (!p->st) return w;
+    return fp8_weight_operand(scratch, w, seg, E, cols, fp8_block_meta(p->st, lin, FP8_OP_W), p->cfg);
 }
 
 #if defined(__CUDACC__) || defined(SIMT_EMULATION)

@@ -40,6 +40,7 @@
 #include "comm.h"
 #include "shard_runs.h"
 #include "zero_fp8.h"
+#include "expert_parallel.h"
 
 // a piece of one parameter tensor inside this rank's shard: where it lies in the shard and in the
 // flat buffer, and whether it gets weight decay
@@ -62,6 +63,7 @@ typedef struct {
     // under data parallelism, where the non-expert gradients are summed over the world)
     int ep_n, ep_rank, P, lrank;
     CommGroup ep, expert_shard, expert_replica_own;   // (the last: P != S only; zero_expert_replica)
+    EpDispatch* ep_dispatch;                    // the CPU model's experts dispatcher over `ep` (n > 1; NULL: none)
     std::vector<char> unit_ep;                  // per unit: 1 = a block's experts, placed by EP
     std::vector<size_t> shard_numel;            // sum of its runs' chunks: each unit's shard length
     std::vector<size_t> slot_numel;             // each unit's gathered length in a working slot (padding included)
@@ -264,6 +266,7 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     z->P = S > ep_n ? S : ep_n;
     z->lrank = comm->rank % z->P;   // (S = P: the shard rank)
     z->ep_rank = z->lrank % ep_n;
+    z->ep_dispatch = NULL;
     if (ep_n > 1) {
         z->ep = comm_split(z->world, comm->rank / ep_n, comm->rank, "expert_parallel", use_nccl);
         z->expert_shard = comm_split(z->world, (comm->rank / z->P) * ep_n + z->ep_rank, comm->rank, "expert_shard", use_nccl);
@@ -293,7 +296,10 @@ static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t s
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
     zero_init_layout(z, c, t, comm, S, 0, ep_n);
-    if (ep_n > 1) { model->ep.n = ep_n; model->ep.rank = z->ep_rank; model->ep.all_to_allv = zero_ep_all_to_allv; model->ep.ctx = z; }
+    if (ep_n > 1) {   // the model's experts run through the dispatcher, the rows over the EP group
+        z->ep_dispatch = new EpDispatch();
+        ep_install(z->ep_dispatch, model, ep_n, z->ep_rank, zero_ep_all_to_allv, z);
+    }
     S = z->S;
     z->model = model;
 
@@ -337,6 +343,7 @@ static inline void zero_free(Zero* z) {
         if (z->S == 1) z->model->params = z->model->grads = z->model->m = z->model->v = NULL;   // ours, freed here (or none)
         z->model->hooks = UnitHooks{NULL, NULL, NULL};
     }
+    if (z->ep_dispatch) { ep_uninstall(z->ep_dispatch); delete z->ep_dispatch; z->ep_dispatch = NULL; }
     free(z->master); free(z->grad); free(z->m); free(z->v);
     free(z->work[0]); free(z->work[1]); free(z->gwork);
     comm_group_free(&z->shard);
@@ -542,3 +549,5 @@ static inline void zero_skip_update(Zero* z) {
 static inline void zero_scale_grads(Zero* z, float f) {
     for (size_t i = 0; i < z->shard_total; i++) z->grad[i] *= f;
 }
+
+DBRX_CHECK_STORE_CONTRACT(Zero, Dbrx);

@@ -30,6 +30,7 @@
 #include "zero_fp8.h"
 #include "../model/debug_hooks.h"
 #include "../model/dbrx_cuda.cuh"
+#include "expert_parallel_cuda.cuh"
 
 // --fp8-gather on the device: the blocks' five FP8 matrices travel as E4M3 codes (1 byte/param), the
 // rest of a block (norms, router) as BF16; the working slot is decoded back to BF16 (zero_fp8.h's GPU
@@ -75,6 +76,7 @@ typedef struct {
     cudaEvent_t bf16_ready;           // compute -> comm: master_bf16 up to date
     cudaEvent_t comm_done;            // comm -> compute / the other comm stream
     cudaEvent_t ep_ready, ep_done;    // expert parallelism: compute -> the EP group's stream -> compute
+    EpDispatchGpu* ep_dispatch;       // the model's experts dispatcher over z.ep (EP degree > 1; NULL: none)
     size_t device_bytes;              // what the store allocated on the device
     long long shard_bytes_measured;   // the five shard arrays, measured by the device's free memory
     ZeroGpuFp8 fp8;                   // --fp8-gather (off: fp8.on == 0)
@@ -128,7 +130,7 @@ static inline void zero_from_host(ZeroGpu* zg);
 // this rank's shard initialised as the unsharded model would be (seed) in host memory and uploaded.
 // Installs the hooks on `model` when S > 1, else points its views at the whole-model buffers. The
 // model is built first (dbrx_build_shape), with the store's bytes in its memory check.
-// expert parallelism's row exchange for the model (ExpertParallel): the counts over MPI on the host; the
+// expert parallelism's row exchange for the dispatcher (ExpertParallel): the counts over MPI on the host; the
 // rows over NCCL on the EP group's stream, ordered after the compute stream's work and before its next
 static inline void zero_gpu_ep_all_to_allv(void* ctx, const void* send, const size_t* sb, void* recv, const size_t* rb, int host) {
     ZeroGpu* zg = (ZeroGpu*)ctx;
@@ -146,13 +148,15 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
     zero_init_layout(z, c, t, comm, S, 1, ep_n);
+    zg->ep_dispatch = NULL;
     if (ep_n > 1) {
         // the experts' gathers and reduce-scatters (the expert shard group) go on the shard group's stream,
         // under the same events as every other unit's
         comm_share_stream(&z->expert_shard, &z->shard);
         cudaCheck(cudaEventCreateWithFlags(&zg->ep_ready, cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&zg->ep_done, cudaEventDisableTiming));
-        model->ep.n = ep_n; model->ep.rank = z->ep_rank; model->ep.all_to_allv = zero_gpu_ep_all_to_allv; model->ep.ctx = zg;
+        zg->ep_dispatch = new EpDispatchGpu();   // the model's experts run through it, the rows over the EP group
+        ep_gpu_install(zg->ep_dispatch, model, ep_n, z->ep_rank, zero_gpu_ep_all_to_allv, zg);
     }
     zg->model = model;
     zg->compute = 0;
@@ -672,6 +676,7 @@ static inline void zero_free(ZeroGpu* zg) {
     cudaCheck(cudaEventDestroy(zg->comm_done));
     if (zg->fp8.on) cudaCheck(cudaEventDestroy(zg->fp8.codes_ready));
     if (z->ep_n > 1) { cudaCheck(cudaEventDestroy(zg->ep_ready)); cudaCheck(cudaEventDestroy(zg->ep_done)); }
+    if (zg->ep_dispatch) { ep_gpu_free(zg->ep_dispatch); delete zg->ep_dispatch; zg->ep_dispatch = NULL; }
     zg->model->hooks = UnitHooks{NULL, NULL, NULL};
     free(z->master); free(z->m); free(z->v);
     z->master = z->m = z->v = NULL;
@@ -680,3 +685,5 @@ static inline void zero_free(ZeroGpu* zg) {
     comm_group_free(&z->shard);
     comm_group_free(&z->replica);
 }
+
+DBRX_CHECK_STORE_CONTRACT(ZeroGpu, DbrxGPU);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_ep.sh — expert parallelism (--expert-parallel N; model/dbrx.h's exchange, parallel/zero.h's placement):
+# test_ep.sh — expert parallelism (--expert-parallel N; parallel/expert_parallel.h's exchange, parallel/zero.h's placement):
 #   * mpirun -np 4 with EP 2 and EP 4 under ZeRO-3 (S = 4), EP 2 under HSDP 2x2, and EP 2 and EP 4 under
 #     data parallelism (S = 1: the non-expert weights replicated, each rank its experts whole), against one
 #     process with the same global batch: losses within 1e-5; under data parallelism each rank's state is

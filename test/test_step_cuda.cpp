@@ -345,8 +345,10 @@ TEST_CASE("the step's host round trips, launches and copies stay within the docu
     // negative controls: a planted synchronisation per layer breaks the budget (and says so); without the
     // plan cache every GEMM asks the heuristic, every step
     setenv("DBRX_DEBUG_PLANT", "step_sync", 1);
+    debug_hooks_read();   // (the switches are read once, into g_debug_hooks: model/debug_hooks.h)
     std::vector<StepCount> planted = count_steps(4, 2, 1);
     unsetenv("DBRX_DEBUG_PLANT");
+    debug_hooks_read();
     std::vector<std::string> why = over_budget(planted[0], 4, 2);
     REQUIRE(why.size() == 1);
     CHECK(why[0] == "syncs 6, budget 4");

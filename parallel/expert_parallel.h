@@ -1,0 +1,235 @@
+/*
+ * expert_parallel.h — expert parallelism (--expert-parallel n > 1) on the CPU: the token dispatcher that
+ * runs a MoE layer's experts over an EP group of n ranks, apart from the experts' arithmetic (the model,
+ * model/dbrx.h), as Megatron-Core's token dispatcher lives apart from its experts. Defines
+ *   ExpertParallel   the transport: this rank's place in the EP group and the store's all-to-all
+ *   EpPlan, ep_plan  the exchange of one layer, planned from the routed rows' counts
+ *   ep_exchange      the rows of a plan, there (to the experts' ranks) or back
+ *   EpDispatch       the dispatcher's state: the plans and buffers kept for the backward, scratch, statistics
+ *   ep_install       hooks it into the model (Dbrx::experts), as parallel/zero.h hooks its gathers (UnitHooks)
+ *   dbrx_ep_recv_rows, dbrx_ep_totals   its statistics, for the training loop
+ * The experts of every MoE layer are split over the EP group, EP rank r holding experts
+ * [r*E/n, (r+1)*E/n) (its experts unit's views hold only those, w1/v1/w2 each (E/n * F, d)). After
+ * routing, the model hands the routed rows to the dispatcher, which sends every row to the rank that owns
+ * its expert, runs this rank's experts over every peer's rows, and sends the results back, through
+ * `all_to_allv` — the store's transport (MPI on the CPU, NCCL on the GPU: expert_parallel_cuda.cuh). The
+ * plan and the row exchange are the same for both backends; the experts' arithmetic is each backend's.
+ */
+#pragma once
+#include <algorithm>
+#include <vector>
+#include "../model/dbrx.h"
+
+// this rank's place in its EP group and the transport. host: the buffers are host memory (the counts),
+// even on the GPU path.
+typedef struct {
+    int n = 1, rank = 0;
+    void (*all_to_allv)(void* ctx, const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes, int host) = NULL;
+    void* ctx = NULL;
+} ExpertParallel;
+
+// The exchange of one MoE layer, planned from the counts, kept for the backward. Rows to peer p are
+// the rows of its experts, contiguous in xe (grouped by expert); rows from peer q arrive grouped by my
+// experts; perm puts them expert-major (local expert j: every peer's rows for it, in peer order).
+typedef struct {
+    std::vector<int> recv_counts;              // (n * E/n): [q][j] rows peer q routes to my expert j
+    std::vector<size_t> send_rows, recv_rows;  // (n)
+    std::vector<int> loffsets, perm;           // (E/n + 1), (R): expert-major row i = received row perm[i]
+    int R;                                     // rows received (every peer's, for my experts)
+} EpPlan;
+
+// Plans the exchange from this rank's counts (E): the counts go to their owners first (one small
+// all-to-all), so that every rank knows what it will receive.
+static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* counts, const int* offsets, int E) {
+    int n = ep->n, El = E / n;
+    pl->recv_counts.assign((size_t)n * El, 0);
+    std::vector<size_t> cb(n, El * sizeof(int));
+    ep->all_to_allv(ep->ctx, counts, cb.data(), pl->recv_counts.data(), cb.data(), 1);
+    pl->send_rows.assign(n, 0); pl->recv_rows.assign(n, 0);
+    for (int p = 0; p < n; p++) pl->send_rows[p] = offsets[(p + 1) * El] - offsets[p * El];
+    for (int q = 0; q < n; q++) for (int j = 0; j < El; j++) pl->recv_rows[q] += pl->recv_counts[(size_t)q * El + j];
+    pl->loffsets.assign(El + 1, 0);
+    for (int j = 0; j < El; j++) {
+        int rows = 0;
+        for (int q = 0; q < n; q++) rows += pl->recv_counts[(size_t)q * El + j];
+        pl->loffsets[j + 1] = pl->loffsets[j] + rows;
+    }
+    pl->R = pl->loffsets[El];
+    pl->perm.resize(pl->R);
+    std::vector<int> qstart(n + 1, 0);   // where peer q's rows start among the received ones
+    for (int q = 0; q < n; q++) qstart[q + 1] = qstart[q] + (int)pl->recv_rows[q];
+    for (int j = 0, i = 0; j < El; j++)
+        for (int q = 0; q < n; q++) {
+            int r0 = qstart[q];
+            for (int jj = 0; jj < j; jj++) r0 += pl->recv_counts[(size_t)q * El + jj];
+            for (int r = 0; r < pl->recv_counts[(size_t)q * El + j]; r++) pl->perm[i++] = r0 + r;
+        }
+}
+
+// rows of `row_bytes`: send blocks by send_rows, receive by recv_rows (or the reverse, back = 1)
+static inline void ep_exchange(const ExpertParallel* ep, const EpPlan* pl, const void* send, void* recv, size_t row_bytes, int back) {
+    int n = ep->n;
+    std::vector<size_t> sb(n), rb(n);
+    for (int p = 0; p < n; p++) {
+        sb[p] = (back ? pl->recv_rows[p] : pl->send_rows[p]) * row_bytes;
+        rb[p] = (back ? pl->send_rows[p] : pl->recv_rows[p]) * row_bytes;
+    }
+    ep->all_to_allv(ep->ctx, send, sb.data(), recv, rb.data(), 0);
+}
+
+// the rows exchanged by one rank: the statistics both backends' dispatchers keep
+typedef struct {
+    int recv_max;                                // the most rows this rank's experts received in one layer, last forward
+    long long rows_out, rows_in, count_sends;    // rows sent to / received from other EP ranks, count messages:
+                                                 // totals over every forward (the test's byte formula)
+} EpStats;
+
+// the statistics of one exchange planned: pl's rows to and from the other ranks
+static inline void ep_stats_add(EpStats* s, const ExpertParallel* ep, const EpPlan* pl) {
+    if (pl->R > s->recv_max) s->recv_max = pl->R;
+    for (int p = 0; p < ep->n; p++)
+        if (p != ep->rank) { s->rows_out += pl->send_rows[p]; s->rows_in += pl->recv_rows[p]; s->count_sends++; }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the CPU dispatcher
+
+// one layer's exchange and my experts' rows (R of them: every peer's) and activations, kept for the backward
+typedef struct {
+    EpPlan plan;
+    std::vector<real> xl, g, u, act;   // (R, d), (R, F) x3
+} EpLayer;
+
+typedef struct {
+    ExpertParallel ep;
+    Dbrx* model;
+    std::vector<EpLayer> layers;                    // (L)
+    std::vector<real> buf, buf2, da, dg, du;        // scratch, grown as needed (dropless)
+    std::vector<real> fq[5];                        // under --fp8: the received rows' quantised operands (the model's fq_* hold N k rows only)
+    EpStats stats;
+} EpDispatch;
+
+// scratch operand i of n elements under FP8 (grown, never shrunk; NULL, and nothing grown, when the
+// policy p does not quantise: FP32, or wgrad-only copies (block_only) under a per-tensor recipe)
+static inline real* ep_fq(EpDispatch* D, const Fp8Policy* p, int i, size_t n, bool block_only = false) {
+    if (!p->st || (block_only && p->cfg->recipe != FP8_BLOCK)) return NULL;
+    if (D->fq[i].size() < n) D->fq[i].resize(n);
+    return D->fq[i].data();
+}
+
+// The experts of layer l under expert parallelism: the rows of xe go to their experts' ranks, this rank
+// runs its experts over every peer's rows, the results come back into ye in xe's layout (the combine is
+// as without EP). xe's rows are grouped by expert (counts, offsets); layer l's plan and expert-major
+// buffers are kept for the backward. Collective in the EP group: the training forward's rows, or the
+// decode step's k rows of its one token (dbrx_decode_step; layer l's training plan and buffers serve as
+// scratch: nothing reads them between steps). Under FP8 (policy p): the operands as without EP, over this
+// rank's E/n experts and the rows it received (the amaxes are per tensor; the training loop max-reduces
+// them over the world, so a tensor's is that of all its experts and rows, as without EP).
+static inline void ep_experts_forward_rows(EpDispatch* D, int l, const int* counts, const int* offsets, const real* xe, real* ye,
+                                           const Fp8Policy* p) {
+    Dbrx* m = D->model;
+    const DbrxConfig* c = &m->cfg;
+    const BlockParams& w = m->p.blocks[l];
+    EpLayer* a = &D->layers[l];
+    int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, El = E / D->ep.n;
+    EpPlan* pl = &a->plan;
+    ep_plan(&D->ep, pl, counts, offsets, E);
+    size_t R = pl->R;
+    ep_stats_add(&D->stats, &D->ep, pl);
+    D->buf.resize(std::max<size_t>(R, 1) * d);
+    ep_exchange(&D->ep, pl, xe, D->buf.data(), d * sizeof(real), 0);           // (R, d) in peer order
+    a->xl.resize(R * d); a->g.resize(R * F); a->u.resize(R * F); a->act.resize(R * F);
+    moe_gather(a->xl.data(), D->buf.data(), pl->perm.data(), (int)R, d);   // expert-major
+    const int *lo = pl->loffsets.data(), *ws = m->fp8_wseg.data();   // (ws: the first El + 1 are the local experts' rows)
+    const real* xq = fp8_policy_grouped(p, FP8_LIN_W1, FP8_OP_X, ep_fq(D, p, 0, R * d), a->xl.data(), lo, El, d, 1, 128);
+    const real* w1 = fp8_policy_weight(p, FP8_LIN_W1, m->fq_w, w.w1, ws, El, d);
+    const real* v1 = fp8_policy_weight(p, FP8_LIN_V1, m->fq_w2, w.v1, ws, El, d);
+    experts_up_forward(a->g.data(), a->u.data(), a->act.data(), xq, w1, v1, lo, El, d, F);
+    const real* actq = fp8_policy_grouped(p, FP8_LIN_W2, FP8_OP_X, ep_fq(D, p, 0, R * F), a->act.data(), lo, El, F, 1, 128);
+    const real* w2 = fp8_policy_weight(p, FP8_LIN_W2, m->fq_w3, w.w2, ws, El, d);
+    D->buf2.resize(std::max<size_t>(R, 1) * d);
+    experts_down_forward(D->buf2.data(), actq, w2, lo, El, d, F);   // (R, d) expert-major
+    for (size_t i = 0; i < R; i++) memcpy(&D->buf[(size_t)pl->perm[i] * d], &D->buf2[i * d], d * sizeof(real));
+    ep_exchange(&D->ep, pl, D->buf.data(), ye, d * sizeof(real), 1);          // back, in xe's layout
+}
+
+// the model's experts forward hook (ExpertHooks::forward): train 1, the training forward (FP8 numerics
+// under --fp8, the rows-received maximum restarted at its first layer); 0, generation's token (FP32)
+static inline void ep_experts_forward(void* ctx, int l, const int* counts, const int* offsets, const real* xe, real* ye, int train) {
+    EpDispatch* D = (EpDispatch*)ctx;
+    if (train && l == 0) D->stats.recv_max = 0;
+    Fp8Policy p = train ? block_fp8_policy(D->model, l) : Fp8Policy{&D->model->fp8, NULL};   // (generation: FP32)
+    ep_experts_forward_rows(D, l, counts, offsets, xe, ye, &p);
+}
+
+// Its backward (ExpertHooks::backward): dye's rows to the experts' ranks, the experts' backward there
+// (weight gradients of my experts, from every peer's rows), dxe back in xe's layout. Under FP8 the
+// operands of block_experts_backward, over the local experts and received rows.
+static inline void ep_experts_backward(void* ctx, int l, const real* dye, real* dxe) {
+    EpDispatch* D = (EpDispatch*)ctx;
+    Dbrx* m = D->model;
+    const DbrxConfig* c = &m->cfg;
+    const BlockParams& w = m->p.blocks[l];
+    const BlockParams& gw = m->g.blocks[l];
+    EpLayer* a = &D->layers[l];
+    Fp8Policy p = block_fp8_policy(m, l);
+    int d = c->d_model, F = c->ffn_hidden, El = c->n_experts / D->ep.n;
+    EpPlan* pl = &a->plan;
+    size_t R = pl->R;
+    D->buf.resize(std::max<size_t>(R, 1) * d); D->buf2.resize(std::max<size_t>(R, 1) * d);
+    ep_exchange(&D->ep, pl, dye, D->buf.data(), d * sizeof(real), 0);
+    moe_gather(D->buf2.data(), D->buf.data(), pl->perm.data(), (int)R, d);   // dy, expert-major
+    D->da.resize(R * F); D->dg.resize(R * F); D->du.resize(R * F);
+    const int *lo = pl->loffsets.data(), *ws = m->fp8_wseg.data();
+    const real* dy = D->buf2.data();   // expert-major
+    // (the operands of block_experts_backward, in its order, over the local experts and received rows)
+    const real* dy_d = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_DY, ep_fq(D, &p, 1, R * d), dy, lo, El, d, 1, 128);
+    const real* w2 = fp8_policy_weight(&p, FP8_LIN_W2, m->fq_w3, w.w2, ws, El, d);
+    const real* dy_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_W2, ep_fq(D, &p, 2, R * d, true), dy, dy_d, lo, El, d);
+    const real* act_w = fp8_policy_grouped(&p, FP8_LIN_W2, FP8_OP_X, ep_fq(D, &p, 0, R * F), a->act.data(), lo, El, F, 128, 1);
+    experts_down_backward(D->da.data(), gw.w2, dy_d, w2, act_w, dy_w, lo, El, d, F);
+    swiglu_backward(D->dg.data(), D->du.data(), D->da.data(), a->g.data(), a->u.data(), R * F);
+    const real *dg = D->dg.data(), *du = D->du.data();
+    const real* dg_d = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_DY, ep_fq(D, &p, 1, R * F), dg, lo, El, F, 1, 128);
+    const real* du_d = fp8_policy_grouped(&p, FP8_LIN_V1, FP8_OP_DY, ep_fq(D, &p, 3, R * F), du, lo, El, F, 1, 128);
+    const real* w1 = fp8_policy_weight(&p, FP8_LIN_W1, m->fq_w, w.w1, ws, El, d);
+    const real* v1 = fp8_policy_weight(&p, FP8_LIN_V1, m->fq_w2, w.v1, ws, El, d);
+    const real* dg_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_W1, ep_fq(D, &p, 2, R * F, true), dg, dg_d, lo, El, F);
+    const real* du_w = fp8_policy_grouped_wgrad(&p, FP8_LIN_V1, ep_fq(D, &p, 4, R * F, true), du, du_d, lo, El, F);
+    const real* xe_w = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_X, ep_fq(D, &p, 0, R * d), a->xl.data(), lo, El, d, 128, 1);
+    experts_up_backward(D->buf2.data(), gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, lo, El, d, F);   // dx, expert-major
+    for (size_t i = 0; i < R; i++) memcpy(&D->buf[(size_t)pl->perm[i] * d], &D->buf2[i * d], d * sizeof(real));
+    ep_exchange(&D->ep, pl, D->buf.data(), dxe, d * sizeof(real), 1);
+}
+
+// Expert parallelism of degree n on `m`, this rank EP rank `rank`, the rows over `all_to_allv(ctx, ...)`
+// (the store's transport): the dispatcher hooked into the model's experts forward and backward.
+static inline void ep_install(EpDispatch* D, Dbrx* m, int n, int rank,
+                              void (*all_to_allv)(void*, const void*, const size_t*, void*, const size_t*, int), void* ctx) {
+    D->ep.n = n; D->ep.rank = rank; D->ep.all_to_allv = all_to_allv; D->ep.ctx = ctx;
+    D->model = m;
+    D->layers.assign(m->cfg.n_layers, EpLayer());
+    D->stats = EpStats{0, 0, 0, 0};
+    m->experts = ExpertHooks{ep_experts_forward, ep_experts_backward, D};
+}
+// (the model runs its own experts again)
+static inline void ep_uninstall(EpDispatch* D) {
+    if (D->model) D->model->experts = ExpertHooks{NULL, NULL, NULL};
+    D->model = NULL;
+}
+
+// the dispatcher installed on m (NULL: none, every expert here)
+static inline const EpDispatch* ep_dispatch_of(const Dbrx* m) {
+    return m->experts.forward == ep_experts_forward ? (const EpDispatch*)m->experts.ctx : NULL;
+}
+
+// expert parallelism's statistics, for the training loop (the GPU's: expert_parallel_cuda.cuh)
+static inline int dbrx_ep_recv_rows(const Dbrx* m) {
+    const EpDispatch* D = ep_dispatch_of(m);
+    return D ? D->stats.recv_max : 0;
+}
+static inline void dbrx_ep_totals(const Dbrx* m, long long* out, long long* in, long long* counts) {
+    const EpDispatch* D = ep_dispatch_of(m);
+    EpStats s = D ? D->stats : EpStats{0, 0, 0, 0};
+    *out = s.rows_out; *in = s.rows_in; *counts = s.count_sends;
+}
