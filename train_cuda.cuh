@@ -29,19 +29,7 @@ static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
 static inline void dbrx_sync(DbrxGPU* m) {
     (void)m;
     cudaCheck(cudaDeviceSynchronize());
-#if defined(SIMT_EMULATION)
-    // SIMT_STEP_COUNTERS=1: what the host asked of the device since the previous dbrx_sync, which the loop
-    // calls before and after every step (so every second line is one whole step, its closing sync included):
-    // the training loop's side of the step budget (model/CUDA.md, "Host round trips in one step";
-    // test/test_cuda_train.sh)
-    static const bool print = getenv("SIMT_STEP_COUNTERS") && atoi(getenv("SIMT_STEP_COUNTERS")) > 0;
-    if (print) {
-        const simt::Counters& k = simt::counters();
-        fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld\n", k.syncs,
-                k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries);
-        simt::counters_reset();
-    }
-#endif
+    platform_step_counters();   // the emulator's counters of this step (SIMT_STEP_COUNTERS=1; model/platform.h)
 }
 // the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)
 static inline float dbrx_fp8_log_scale(DbrxGPU* m, const Fp8MetaRef& r, int i) { (void)r; return m->fp8.last_scale[i]; }
@@ -123,11 +111,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     // the health check's GEMM: BF16 cuBLASLt, 8192^3 (512 MiB of device memory while it runs); its floor is 25%
     // of a known GPU's dense BF16 peak (an H100 runs this GEMM at 60-75% of it). Under the emulator the rate
     // means nothing and the size is small: only the median rank bounds it
-#ifdef SIMT_EMULATION
-    const int health_n = 128;
-#else
-    const int health_n = 8192;
-#endif
+    const int health_n = platform_emulated() ? 128 : 8192;
     info.health = {"bf16 cuBLASLt (fp32 accumulate)", health_gemm_gpu, health_n, gpu_peak, 0.25, gpu_how, 1};
     char line[256];
     snprintf(line, sizeof line, "GPU memory per rank: parameter state %.1f MiB, activations and scratch %.1f MiB",

@@ -11,7 +11,7 @@
  * FP8 (--fp8, model/dbrx_fp8_cuda.cuh): the five GEMMs of every block on FP8 operands; the routed
  * rows are then padded per expert to multiples of 16 (fp8_pad_routing).
  * One GPU (no data parallelism yet: the multi-GPU path is the communicator's, issue 4).
- * In the emulated build (SIMT_EMULATION) "device" memory is host memory and the kernels run under
+ * In the emulated build (train_dbrx_emu, make test) "device" memory is host memory and the kernels run under
  * the SIMT emulator, so the whole step is tested in CI (test/test_step_cuda.cpp).
  */
 #pragma once
