@@ -7,9 +7,9 @@
  *                                     (test/simt/cublaslt_twin.h) and NCCL (test/simt/nccl_twin.h), with
  *                                     the same semantics
  * Every product file reaches CUDA, cuBLASLt and NCCL through this header (common.h includes it), and it
- * is the only product file that includes a header of test/simt/. The places where the two CUDA platforms differ are
- * here too, as small functions or macros named for what differs; model/CUDA.md ("Where the emulator is
- * named") lists the few product files that still name SIMT_EMULATION, and why.
+ * is the only product file that includes a header of test/simt/. The places where the two CUDA platforms
+ * differ are here too, as small functions or macros named for what differs; model/CUDA.md ("Where the
+ * emulator is named") lists the few product files that still name SIMT_EMULATION, and why.
  *
  * Two parts, so the header has include guards of its own instead of #pragma once:
  *   the core (always): DBRX_HAVE_CUDA; the CUDA runtime, BF16/FP8 types and cuBLASLt; LAUNCH; the
