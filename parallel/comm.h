@@ -84,7 +84,7 @@ typedef struct {
     CommGroup world_group;
 } Comm;
 
-// the parts of the communicator (above: what each holds); they use the types above
+// the communicator's parts (the top comment says what each holds), after the types they use
 #include "comm_watchdog.h"
 #include "comm_mpi.h"
 #include "comm_nccl.h"
@@ -396,7 +396,6 @@ static inline void comm_barrier(CommGroup* g) {
 
 // ---------------------------------------------------------------------------------------------
 // sub-groups
-
 
 // Splits `parent` into groups of the ranks with equal `color`, ordered by `key` (MPI_Comm_split).
 // use_nccl: also create the group's NCCL communicator (rank 0 of the group makes the ncclUniqueId and

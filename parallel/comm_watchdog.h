@@ -359,6 +359,10 @@ static inline void comm_watchdog_stop() {
     g_comm_watch_armed.store(0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// the NCCL twin's watchdog (comm_split registers it with the platform; NCCL has no such hook, so in
+// the nvcc build it is never called)
+
 #ifdef COMM_HAVE_NCCL
 // The NCCL twin's watchdog: called about once a second while one of its waits makes no progress. What
 // comm_wait does for MPI: a rank of this node gone -> "lost rank R"; no progress for --comm-timeout
