@@ -77,9 +77,9 @@ train: train_dbrx
 # ---------------------------------------------------------------------------------------------
 # data tools: the tokenizer (dev/data/tokenize) and the loader benchmark
 
-dev/data/tokenize: dev/data/tokenize.cpp data/tokenizer.h data/unicode_classes.h data/shard.h model/common.h
+dev/data/tokenize: dev/data/tokenize.cpp data/tokenizer.h data/unicode_classes.h data/shard.h model/common.h model/platform.h
 	$(CXX) -std=c++17 -O3 -march=native -fopenmp -Wall -Wextra -Werror -o $@ dev/data/tokenize.cpp
-dev/data/bench_loader: dev/data/bench_loader.cpp data/dataloader.h data/shard.h model/common.h
+dev/data/bench_loader: dev/data/bench_loader.cpp data/dataloader.h data/shard.h model/common.h model/platform.h
 	$(CXX) -std=c++17 -O3 -march=native -Wall -Wextra -Werror -o $@ dev/data/bench_loader.cpp
 
 # ---------------------------------------------------------------------------------------------
@@ -101,7 +101,7 @@ test/test_fp8: test/test_fp8.cpp $(HEADERS) | check-test-deps
 test/test_data: test/test_data.cpp $(HEADERS) | check-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/test_data.cpp
 # libFuzzer target of the shard, state and --data parsers (clang, Debian package clang)
-test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h data/tokenizer.h data/unicode_classes.h
+test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h model/platform.h data/tokenizer.h data/unicode_classes.h
 	@command -v clang++ >/dev/null || { echo "error: clang++ not found: apt-get install clang libclang-rt-14-dev"; exit 1; }
 	clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -o $@ test/fuzz_data.cpp
 

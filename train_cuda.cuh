@@ -81,11 +81,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     // the health check's GEMM: BF16 cuBLASLt, 8192^3 (512 MiB of device memory while it runs); its floor is 25%
     // of a known GPU's dense BF16 peak (an H100 runs this GEMM at 60-75% of it). Under the emulator the rate
     // means nothing and the size is small: only the median rank bounds it
-#ifdef SIMT_EMULATION
-    const int health_n = 128;
-#else
-    const int health_n = 8192;
-#endif
+    const int health_n = platform_emulated() ? 128 : 8192;
     info.health = {"bf16 cuBLASLt (fp32 accumulate)", health_gemm_gpu, health_n, gpu_peak, 0.25, gpu_how, 1};
     char line[256];
     snprintf(line, sizeof line, "GPU memory per rank: parameter state %.1f MiB, activations and scratch %.1f MiB",

@@ -450,8 +450,8 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
     return rc;
 }
 
-// --- CUDA backend (nvcc, or g++ -DSIMT_EMULATION for train_dbrx_emu): its device set-up ---------
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+// --- CUDA backend (nvcc, or the emulator for train_dbrx_emu: model/platform.h): its device set-up ---
+#if DBRX_HAVE_CUDA
 #define HAVE_CUDA_BACKEND 1
 #include "train_cuda.cuh"
 #else

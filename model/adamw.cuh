@@ -39,7 +39,7 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
     }
 }
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA: fp32 master weights, fp32 moments and gradients; the update writes the master weight and
 // its BF16 working copy (round to nearest even). The global gradient norm: a fixed grid of blocks
@@ -133,4 +133,4 @@ static inline double grad_sumsq_gpu(const float* grad, size_t n, float* scratch,
     cudaCheck(cudaStreamSynchronize(stream));
     return acc;
 }
-#endif  // __CUDACC__ || SIMT_EMULATION
+#endif  // DBRX_HAVE_CUDA

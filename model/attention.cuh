@@ -219,7 +219,7 @@ static inline void attention_decode_forward(real* out, real* att, const real* q,
     }
 }
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA. clip_qkv + RoPE is one fused kernel each way. Attention: the flash kernels on tensor cores
 // (attention_flash.cuh) for head_dim 32, 64 and 128, and for any other head_dim these simple ones,
@@ -490,4 +490,4 @@ static inline void attention_decode_gpu(floatX* out, const floatX* q, const floa
     const int block = 128, warps = block / 32;
     LAUNCH(attention_decode_kernel, ceil_div(H, warps), block, 0, stream, out, q, cache, pos, H, KV, hd);
 }
-#endif  // __CUDACC__ || SIMT_EMULATION
+#endif  // DBRX_HAVE_CUDA

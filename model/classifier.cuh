@@ -36,7 +36,7 @@ static inline void crossentropy_backward(real* logits, const int* targets, int N
     }
 }
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA: the fused classifier. One block per position: an online softmax (max and sum in one read
 // of the row), the loss, and, when asked, the gradient written over the logits in the same kernel:
@@ -98,4 +98,4 @@ __global__ void loss_mean_kernel(double* mean, const float* losses, int N) {
 static inline void loss_mean_gpu(double* mean, const float* losses, int N, cudaStream_t stream = 0) {
     LAUNCH(loss_mean_kernel, 1, 256, 0, stream, mean, losses, N);
 }
-#endif  // __CUDACC__ || SIMT_EMULATION
+#endif  // DBRX_HAVE_CUDA

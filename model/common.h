@@ -1,7 +1,8 @@
 /*
  * common.h — what every file of train_dbrx shares: error-checking macros that name the file and
  * line, checked file I/O, a deterministic random number generator, timing, and `real`, the
- * scalar type of the CPU reference backend.
+ * scalar type of the CPU reference backend. It also brings in platform.h, which says whether the build
+ * has CUDA (DBRX_HAVE_CUDA) and, when it does, what it runs on.
  */
 #pragma once
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include "platform.h"   // DBRX_HAVE_CUDA; the CUDA runtime (real or emulated) when the build has it
 
 // The CPU reference computes in `real`. The product builds it as float (FP32, the spec's CPU
 // numerics); the finite-difference gradient test compiles the very same code with

@@ -1,22 +1,15 @@
 /*
  * cuda_common.h — what every CUDA kernel file shares, in the real build (nvcc) and in the emulated
- * one (g++ -DSIMT_EMULATION, test/simt/simt.h): the BF16 storage type, error checks that name the
- * file and line, the one launch helper of both builds, warp and block reductions, and device
- * buffers. Included by the model's .cuh files only under `#if defined(__CUDACC__) || defined(SIMT_EMULATION)`,
- * so the g++ CPU-only build never sees it.
+ * one (the same source on the SIMT emulator; model/platform.h brings in the runtime of either): the
+ * BF16 storage type, error checks that name the file and line, warp and block reductions, and device
+ * buffers. (LAUNCH, the one launch helper of both builds, is platform.h's.) Included by the model's
+ * .cuh files only under `#if DBRX_HAVE_CUDA`, so the g++ CPU-only build never sees it.
  */
 #pragma once
-#if defined(SIMT_EMULATION)
-#include "../test/simt/simt.h"
-#else
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
-#endif
 #include <cstdint>
 #include <initializer_list>
 #include <vector>
-#include "common.h"
+#include "common.h"   // platform.h: the CUDA runtime, LAUNCH, DROPPABLE_SYNCTHREADS
 
 // storage type of activations and working weights; accumulation is always fp32
 typedef __nv_bfloat16 floatX;
@@ -29,28 +22,7 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
 }
 #define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
 
-// LAUNCH(kernel, grid, block, smem, stream, args...): the one way kernels are launched. The real
-// build launches with <<<>>> and checks the launch; the emulated build runs the same kernel under
-// the SIMT emulator (a launch-configuration error sets cudaGetLastError there too).
-#if defined(SIMT_EMULATION)
-#define LAUNCH(kernel, grid, block, smem, stream, ...) do { \
-    simt::launch(#kernel, __FILE__, __LINE__, kernel, dim3(grid), dim3(block), smem, stream, __VA_ARGS__); \
-    cudaCheck(cudaGetLastError()); } while (0)
-#else
-#define LAUNCH(kernel, grid, block, smem, stream, ...) do { \
-    kernel<<<grid, block, smem, stream>>>(__VA_ARGS__); \
-    cudaCheck(cudaGetLastError()); } while (0)
-#endif
-
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
-
-// A barrier the race detector's negative controls may remove at run time (test/test_race.cpp drops it by
-// name to show the race it prevents is caught); a plain __syncthreads() in every other build.
-#if defined(SIMT_RACE_DETECT)
-#define DROPPABLE_SYNCTHREADS(name) do { if (!simt::race_drop_barrier(name)) __syncthreads(); } while (0)
-#else
-#define DROPPABLE_SYNCTHREADS(name) __syncthreads()
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // W consecutive BF16 values moved in one access, converted to / from fp32 registers. W = 8 is one

@@ -14,7 +14,7 @@
  * owns the weights behind the views and gathers them unit by unit through the unit hooks; expert
  * parallelism (parallel/expert_parallel_cuda.cuh) runs the experts through the experts' dispatcher.
  * The calls the training loop makes of it are model/api.h's (checked at the end of this file).
- * In the emulated build (SIMT_EMULATION) "device" memory is host memory and the kernels run under
+ * In the emulated build (train_dbrx_emu, make test) "device" memory is host memory and the kernels run under
  * the SIMT emulator, so the whole step is tested in CI (test/test_step_cuda.cpp).
  */
 #pragma once
@@ -644,19 +644,7 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
 static inline void dbrx_sync(DbrxGPU* m) {
     (void)m;
     cudaCheck(cudaDeviceSynchronize());
-#if defined(SIMT_EMULATION)
-    // SIMT_STEP_COUNTERS=1: what the host asked of the device since the previous dbrx_sync, which the loop
-    // calls before and after every step (so every second line is one whole step, its closing sync included):
-    // the training loop's side of the step budget (model/CUDA.md, "Host round trips in one step";
-    // test/test_cuda_train.sh)
-    static const bool print = getenv("SIMT_STEP_COUNTERS") && atoi(getenv("SIMT_STEP_COUNTERS")) > 0;
-    if (print) {
-        const simt::Counters& k = simt::counters();
-        fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld\n", k.syncs,
-                k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries);
-        simt::counters_reset();
-    }
-#endif
+    platform_step_counters();   // the emulator's counters of this step (SIMT_STEP_COUNTERS=1; model/platform.h)
 }
 // the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)
 static inline float dbrx_fp8_log_scale(DbrxGPU* m, const Fp8MetaRef& r, int i) { (void)r; return m->fp8.last_scale[i]; }

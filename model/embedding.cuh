@@ -20,7 +20,7 @@ static inline void embedding_backward(real* dwte, const real* dout, const int* t
         for (int t = 0; t < N; t++) dwte[(size_t)tokens[t] * C + c] += dout[(size_t)t * C + c];
 }
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA. Forward: one thread per output element. Backward without float atomics: the host sorts
 // the micro-batch's tokens (a counting sort, O(N + V), the tokens are on the host anyway) into
@@ -71,4 +71,4 @@ static inline void embedding_backward_gpu(float* dwte, const float* dout, const 
     LAUNCH(embedding_backward_kernel, dim3(ceil_div(C, block), U), block, 0, stream, dwte, dout, d_unique, d_offsets,
            d_positions, C);
 }
-#endif  // __CUDACC__ || SIMT_EMULATION
+#endif  // DBRX_HAVE_CUDA

@@ -336,7 +336,7 @@ static inline const real* fp8_policy_weight(const Fp8Policy* p, int lin, real* s
     return fp8_weight_operand(scratch, w, seg, E, cols, fp8_block_meta(p->st, lin, FP8_OP_W), p->cfg);
 }
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA: the quantisation kernel. One pass over a BF16 tensor x (rows, cols), row-major:
 //   - amax: max |x| over the valid rows (block maxima, then one integer atomicMax on the float's
@@ -527,4 +527,4 @@ static inline void fp8_quantize_gpu(const Fp8QuantOut& out, const floatX* x, int
     case FP8Q_WEIGHT: LAUNCH(fp8_quantize_kernel<FP8Q_WEIGHT>, grid, FP8Q_THREADS, 0, stream, x, rows, cols, seg, (int)fmt, scale, amax_in, margin, out); break;
     }
 }
-#endif  // __CUDACC__ || SIMT_EMULATION
+#endif  // DBRX_HAVE_CUDA

@@ -69,7 +69,7 @@ static inline void layernorm_backward(real* dinp, real* dweight, const real* dou
     free(partial);
 }
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA: BF16 in and out, FP32 statistics. Forward and the input gradient: one warp per row.
 // The weight gradient reduces over tokens without atomics: each block sums a fixed chunk of rows
@@ -197,4 +197,4 @@ static inline void layernorm_backward_gpu(float* dinp, floatX* dinp_bf16, float*
            mean, rstd, N, C, LN_ROWS_PER_CHUNK);
     LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, stream, dweight, scratch, chunks, C);
 }
-#endif  // __CUDACC__ || SIMT_EMULATION
+#endif  // DBRX_HAVE_CUDA

@@ -149,7 +149,7 @@ static inline void moe_combine_backward(real* dye, real* dtopk_w, const real* do
         }
 }
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA. Dispatch: the expert histogram comes from the router (router_forward_gpu); offsets are
 // its exclusive scan; the permutation is the CPU's stable counting sort, one block per expert
@@ -420,4 +420,4 @@ static inline void experts_backward_gpu(floatX* dxe, float* dw1, float* dv1, flo
                          stream);
     }
 }
-#endif  // __CUDACC__ || SIMT_EMULATION
+#endif  // DBRX_HAVE_CUDA

@@ -117,7 +117,7 @@ static inline void router_backward(real* dlogits, const real* dtopk_w, const rea
     }
 }
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA, all in fp32 (the router logits come out of a BF16 GEMM with an fp32 output). The forward
 // is one thread per token running the CPU's very algorithm (softmax, top-k by repeated arg-max with
@@ -247,4 +247,4 @@ static inline void router_backward_gpu(floatX* dlogits, const float* dtopk_w, co
     LAUNCH(router_backward_kernel, ceil_div(N, 128), 128, 0, stream, dlogits, dtopk_w, probs, lse, topk_idx, topk_w, counts,
            N, E, k, lbl_coef, z_coef, norm_p);
 }
-#endif  // __CUDACC__ || SIMT_EMULATION
+#endif  // DBRX_HAVE_CUDA

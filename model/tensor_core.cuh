@@ -5,9 +5,11 @@
  *   cp_async_16[_zfill], cp_async_commit, cp_async_wait<N>   asynchronous global -> shared copies
  *   pack_bf16x2             two floats -> one .b32 register of two bf16 (an A or B fragment register)
  * Under nvcc they are inline PTX (sm_80 and later); under SIMT_EMULATION they call the emulator's
- * implementations (test/simt/tensor_core.h), warp collectives computing exactly the per-lane fragment
- * layouts of the PTX ISA. The layouts (g = lane / 4, t = lane % 4; a .b32 register holds two bf16,
- * the lower-indexed element in its low half):
+ * implementations (its tensor_core.h, which model/platform.h brings in with the emulator), warp
+ * collectives computing exactly the per-lane fragment layouts of the PTX ISA. Both sets stay in this
+ * file, the emulator's under the names of the PTX they model (model/CUDA.md, "Where the emulator is
+ * named"). The layouts (g = lane / 4, t = lane % 4; a .b32 register holds two bf16, the lower-indexed
+ * element in its low half):
  *   A (16x16, row):  a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
  *   B (16x8, col):   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
  *   C, D (16x8):     c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]

@@ -123,7 +123,7 @@ static inline HealthGemm health_gemm_cpu(int n, int slow) {
     return g;
 }
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // the CUDA backend's GEMM: BF16 operands, FP32 accumulation and output (cuBLASLt through gemm_gpu, the
 // model's entry point); the small integers are exact in BF16
 static inline HealthGemm health_gemm_gpu(int n, int slow) {

@@ -298,7 +298,7 @@ static inline void zero_fp8_gather_unit(ZeroFp8* f, CommGroup* g, int u, real* w
 }
 
 
-#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA: the GPU side's building blocks. On the GPU the gathered codes are not decoded: a block
 // matrix's codes, gathered into one buffer in the matrix's row-major order (rows, C), experts stacked,
@@ -549,4 +549,4 @@ static inline void fp8_transpose_gpu(__nv_fp8_storage_t* qt, float* sinv_t, cons
         LAUNCH(fp8_transpose_factors_kernel, ceil_div(n, 256), 256, 0, stream, sinv_t, sinv, rows / seg_rows, seg_rows, cols);
     }
 }
-#endif  // __CUDACC__ || SIMT_EMULATION
+#endif  // DBRX_HAVE_CUDA

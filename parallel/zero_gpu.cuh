@@ -22,7 +22,7 @@
  *   the step   gradient shards all-reduced across the replica group and scaled by 1 / W; the global norm
  *              from a device sum of squares, all-reduced (fp64) in the shard group on the device, read
  *              once by the host (the clip scale and the log line); AdamW over every tensor segment of the shard in one launch.
- * Under the SIMT emulator (train_dbrx_emu) the NCCL calls go to the NCCL twin (test/simt/nccl_twin.h)
+ * Under the SIMT emulator (train_dbrx_emu) the NCCL calls go to the NCCL twin (model/platform.h picks it)
  * and run between processes over MPI, so this file executes in CI under mpirun.
  */
 #pragma once

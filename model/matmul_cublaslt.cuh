@@ -1,0 +1,212 @@
+/*
+ * matmul_cublaslt.cuh — matmul_cublaslt on the real cuBLASLt (nvcc builds): one handle and workspace for
+ * the process, the FP8 block-scaling capability check, and the plan cache's cuBLASLt objects (descriptor,
+ * layouts, the heuristic's algorithm) made, re-shaped per call and run. The emulated build runs the same
+ * function on cuBLASLt's CPU twin instead; model/platform.h picks which of the two model/matmul.cuh
+ * includes, after the declarations both build on (MatmulOptions, MatmulKey, matmul_key, matmul_validate).
+ * Not included on its own: include model/matmul.cuh.
+ */
+#pragma once
+#include <map>
+#include <string>
+
+inline void cublas_check(cublasStatus_t st, const char* file, int line) {
+    if (st != CUBLAS_STATUS_SUCCESS) fail_at(file, line, "cuBLAS error %s: %s", cublasLtGetStatusName(st), cublasLtGetStatusString(st));
+}
+#define cublasCheck(call) cublas_check((call), __FILE__, __LINE__)
+
+// one handle and a 32 MiB workspace (what Hopper's kernels want) for the process
+static const size_t cublaslt_workspace_bytes = 32ull << 20;
+static inline cublasLtHandle_t cublaslt_handle(void** workspace) {
+    static cublasLtHandle_t handle = nullptr;
+    static void* ws = nullptr;
+    if (!handle) {
+        cublasCheck(cublasLtCreate(&handle));
+        cudaCheck(cudaMalloc(&ws, cublaslt_workspace_bytes));
+    }
+    *workspace = ws;
+    return handle;
+}
+
+// FP8 block scaling (the VEC128 / BLK128x128 scale modes) needs cuBLAS 12.9 or newer, at compile
+// time and in the library loaded at run time, and a Hopper GPU (sm_90). Returns false and says why.
+static inline bool matmul_fp8_block_check(std::string* why) {
+    char buf[256];
+#if CUBLAS_VERSION < 120900
+    snprintf(buf, sizeof buf, "built against cuBLAS %d, which lacks the 1x128 / 128x128 block-scale modes (12.9+): "
+             "use --fp8 current or --fp8 delayed", (int)CUBLAS_VERSION);
+    *why = buf;
+    return false;
+#else
+    size_t v = cublasLtGetVersion();
+    if (v < 120900) {
+        snprintf(buf, sizeof buf, "the cuBLASLt loaded at run time is %zu, which lacks the 1x128 / 128x128 block-scale modes "
+                 "(12.9+): use --fp8 current or --fp8 delayed, or a newer CUDA", v);
+        *why = buf;
+        return false;
+    }
+    int dev = 0, major = 0, minor = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9) {
+        snprintf(buf, sizeof buf, "cuBLAS's FP8 block scaling (1x128 / 128x128 FP32 scales) runs on sm_90 (Hopper); this GPU is "
+                 "sm_%d%d: use --fp8 current or --fp8 delayed", major, minor);
+        *why = buf;
+        return false;
+    }
+    return true;
+#endif
+}
+static inline bool matmul_fp8_block_supported(std::string* why) {
+    static int known = -1;   // the answer does not change within the process: asked once
+    static std::string reason;
+    if (known >= 0) { *why = reason; return known; }
+    known = matmul_fp8_block_check(&reason);
+    *why = reason;
+    return known;
+}
+
+static inline void layout_create(cublasLtMatrixLayout_t* l, cudaDataType_t t, long long rows, long long cols, int ld, int batch,
+                                 long long stride) {
+    cublasCheck(cublasLtMatrixLayoutCreate(l, t, rows, cols, ld));
+    if (batch > 1) {
+        int32_t b = batch;
+        int64_t s = stride;
+        cublasCheck(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b));
+        cublasCheck(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s));
+    }
+}
+static inline void layout_resize(cublasLtMatrixLayout_t l, long long rows, long long cols) {
+    uint64_t r = (uint64_t)rows, c = (uint64_t)cols;
+    cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof r));
+    cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof c));
+}
+
+// One cached plan (see the plan cache above): the descriptor, the three layouts, the algorithm.
+typedef struct {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+} MatmulPlan;
+
+static inline void matmul_plan_destroy(MatmulPlan* p) {
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->ld));
+    cublasCheck(cublasLtMatmulDescDestroy(p->desc));
+}
+
+// the heuristic's best algorithm for the plan's layouts as they are now; false if it has none
+static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key) {
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    size_t wsb = cublaslt_workspace_bytes;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    uint32_t al_a = (uint32_t)key[15], al_b = (uint32_t)key[16], al_d = (uint32_t)key[17];
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heur, &found));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    if (found) p->algo = heur.algo;
+    return found != 0;
+}
+
+// a new plan: descriptor (transposes, FP8 modes; the pointers are set per call), layouts at the
+// bucketed n and k, and the heuristic's algorithm for them
+static inline void matmul_plan_create(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, long long qn, long long qk,
+                                      const MatmulOptions* opt, const char* file, int line) {
+    bool trans_a = key[0], trans_b = key[1];
+    long long m = key[2];
+    int lda = (int)key[8], ldb = (int)key[9], ldd = (int)key[10], batch = (int)key[11];
+    cudaDataType_t a_type = (cudaDataType_t)key[5], b_type = (cudaDataType_t)key[6], d_type = (cudaDataType_t)key[7];
+    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (opt && opt->fast_accum) {
+        int8_t fa = 1;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
+    }
+    if (opt && is_fp8_type(a_type) && opt->a_scale_mode != MATMUL_SCALE_TENSOR) {   // block scaling (validated)
+        std::string why;
+        if (!matmul_fp8_block_supported(&why)) fail_at(file, line, "FP8 matmul with block scales: %s", why.c_str());
+#if CUBLAS_VERSION >= 120900
+        int32_t sm[2];
+        for (int i = 0; i < 2; i++) {
+            int mode = i ? opt->b_scale_mode : opt->a_scale_mode;
+            sm[i] = mode == MATMUL_SCALE_VEC128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+        }
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm[0], sizeof sm[0]));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm[1], sizeof sm[1]));
+#endif
+    }
+    layout_create(&p->la, a_type, trans_a ? qk : m, trans_a ? m : qk, lda, batch, key[12]);
+    layout_create(&p->lb, b_type, trans_b ? qn : qk, trans_b ? qk : qn, ldb, batch, key[13]);
+    layout_create(&p->ld, d_type, m, qn, ldd, batch, key[14]);
+    if (!matmul_plan_query(p, h, key))
+        fail_at(file, line, "cuBLASLt has no algorithm for m %lld n %lld k %lld (trans %c%c, A %s B %s D %s, lda %d ldb %d ldd %d, batch %d)",
+                m, qn, qk, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', dtype_name(a_type), dtype_name(b_type), dtype_name(d_type),
+                lda, ldb, ldd, batch);
+}
+
+static inline std::map<MatmulKey, MatmulPlan>& matmul_plans() { static std::map<MatmulKey, MatmulPlan> plans; return plans; }
+
+// D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * D — COLUMN-major, cuBLAS conventions:
+// A is stored (k, m) with lda >= k when trans_a, else (m, k) with lda >= m (likewise B); C is D.
+// `batch` matrices, each operand advancing by its stride (elements). The descriptors, layouts and
+// algorithm come from the plan cache (above); per call only the exact shape and the FP8 pointers are
+// set on them.
+static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* A,
+                                   cudaDataType_t a_type, int lda, long long stride_a, const void* B, cudaDataType_t b_type,
+                                   int ldb, long long stride_b, float beta, void* D, cudaDataType_t d_type, int ldd,
+                                   long long stride_d, int batch, const MatmulOptions* opt, cudaStream_t stream,
+                                   const char* file, int line) {
+    matmul_validate(trans_a, trans_b, m, n, k, a_type, lda, b_type, ldb, d_type, ldd, batch, file, line);
+    if (m == 0 || n == 0) return;
+    bool fp8 = is_fp8_type(a_type);
+    if (fp8) matmul_validate_fp8(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, batch, opt, file, line);
+    void* ws;
+    cublasLtHandle_t h = cublaslt_handle(&ws);
+    long long qn, qk;
+    MatmulKey key = matmul_key(trans_a, trans_b, m, n, k, a_type, lda, stride_a, A, b_type, ldb, stride_b, B, d_type, ldd, stride_d, D,
+                               batch, opt, &qn, &qk);
+    bool cached = matmul_plan_cache_enabled();
+    MatmulPlan local, *p = &local;
+    if (cached) {
+        auto it = matmul_plans().find(key);
+        if (it == matmul_plans().end()) {
+            matmul_plan_create(&local, h, key, qn, qk, opt, file, line);
+            it = matmul_plans().emplace(key, local).first;
+        }
+        p = &it->second;
+    } else {
+        matmul_plan_create(&local, h, key, qn, qk, opt, file, line);
+    }
+    // this call's shape and pointers on the plan's objects
+    layout_resize(p->la, trans_a ? k : m, trans_a ? m : k);
+    layout_resize(p->lb, trans_b ? n : k, trans_b ? k : n);
+    layout_resize(p->ld, m, n);
+    if (opt) {
+        const void* ptrs[4] = {opt->a_scale, opt->b_scale, opt->d_scale, opt->amax_d};
+        const cublasLtMatmulDescAttributes_t attrs[4] = {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                         CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER};
+        for (int i = 0; i < 4; i++)
+            if (ptrs[i]) cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, attrs[i], &ptrs[i], sizeof(void*)));
+    }
+    size_t wsb = cublaslt_workspace_bytes;
+    cublasStatus_t st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo, ws, wsb, stream);
+    if ((st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) && (qn != n || qk != k)) {
+        // the bucket's algorithm does not take this exact shape: ask for it (and keep that answer for the bucket)
+        if (matmul_plan_query(p, h, key))
+            st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo, ws, wsb, stream);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS)
+        fail_at(file, line, "cuBLASLt matmul m %d n %d k %d (trans %c%c) failed: %s: %s", m, n, k, trans_a ? 'T' : 'N',
+                trans_b ? 'T' : 'N', cublasLtGetStatusName(st), cublasLtGetStatusString(st));
+    if (!cached) matmul_plan_destroy(&local);
+}

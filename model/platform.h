@@ -1,0 +1,156 @@
+/*
+ * platform.h — the one place that knows what the CUDA half of the product runs on. Three builds:
+ *   g++ (CPU reference only)          no CUDA: DBRX_HAVE_CUDA is 0 and this header defines nothing else
+ *   nvcc (sm_90a)                     the real CUDA runtime, cuBLASLt and NCCL
+ *   g++ -DSIMT_EMULATION (the emulated CUDA of make test and train_dbrx_emu)
+ *                                     the SIMT emulator, test/simt/simt.h, and its CPU twins of cuBLASLt
+ *                                     (test/simt/cublaslt_twin.h) and NCCL (test/simt/nccl_twin.h), with
+ *                                     the same semantics
+ * Every product file reaches CUDA, cuBLASLt and NCCL through this header (common.h includes it), and it
+ * is the only product file that includes a header of test/simt/. The places where the two CUDA platforms
+ * differ are here too, as small functions or macros named for what differs; model/CUDA.md ("Where the
+ * emulator is named") lists the few product files that still name SIMT_EMULATION, and why.
+ *
+ * Two parts, so the header has include guards of its own instead of #pragma once:
+ *   the core (always): DBRX_HAVE_CUDA; the CUDA runtime, BF16/FP8 types and cuBLASLt; LAUNCH; the
+ *     emulator's hooks (race-detector barriers, step counters) and its size for the health check.
+ *   the NCCL part, for the files that define PLATFORM_NCCL before including it (parallel/comm.h): NCCL,
+ *     or its twin, and what differs between them. It needs MPI's headers (the twin runs over MPI), which
+ *     the kernel tests are built without, so only the communicator asks for it.
+ */
+#ifndef DBRX_PLATFORM_H
+#define DBRX_PLATFORM_H
+
+// DBRX_HAVE_CUDA: 1 when the build has the CUDA backend (nvcc, or g++ against the emulator). The "CUDA half"
+// of every op file is `#if DBRX_HAVE_CUDA`, so that the CPU-only g++ build never sees it.
+#if defined(__CUDACC__) || defined(SIMT_EMULATION)
+#define DBRX_HAVE_CUDA 1
+#else
+#define DBRX_HAVE_CUDA 0
+#endif
+
+#if defined(SIMT_EMULATION)
+#include "../test/simt/simt.h"   // the CUDA runtime, the BF16/FP8 types and the kernels' built-ins, on the CPU
+// matmul_cublaslt, included by model/matmul.cuh after the declarations it builds on: cuBLASLt's twin
+#define PLATFORM_MATMUL_CUBLASLT "../test/simt/cublaslt_twin.h"
+#elif defined(__CUDACC__)
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cublasLt.h>
+#define PLATFORM_MATMUL_CUBLASLT "matmul_cublaslt.cuh"   // matmul_cublaslt on cuBLASLt
+#endif
+
+#if DBRX_HAVE_CUDA
+
+// true when the CUDA backend runs on the emulator: a value (not a rate) is all a measurement there means,
+// and the sizes that are for the device's speed (the health check's GEMM) are cut down
+#if defined(SIMT_EMULATION)
+constexpr bool platform_emulated() { return true; }
+#else
+constexpr bool platform_emulated() { return false; }
+#endif
+
+// LAUNCH(kernel, grid, block, smem, stream, args...): the one way kernels are launched. The real
+// build launches with <<<>>> and checks the launch; the emulated build runs the same kernel under
+// the SIMT emulator (a launch-configuration error sets cudaGetLastError there too). (cudaCheck:
+// model/cuda_common.h.)
+#if defined(SIMT_EMULATION)
+#define LAUNCH(kernel, grid, block, smem, stream, ...) do { \
+    simt::launch(#kernel, __FILE__, __LINE__, kernel, dim3(grid), dim3(block), smem, stream, __VA_ARGS__); \
+    cudaCheck(cudaGetLastError()); } while (0)
+#else
+#define LAUNCH(kernel, grid, block, smem, stream, ...) do { \
+    kernel<<<grid, block, smem, stream>>>(__VA_ARGS__); \
+    cudaCheck(cudaGetLastError()); } while (0)
+#endif
+
+// A barrier the race detector's negative controls may remove at run time (test/test_race.cpp drops it by
+// name to show the race it prevents is caught); a plain __syncthreads() in every other build.
+#if defined(SIMT_RACE_DETECT)
+#define DROPPABLE_SYNCTHREADS(name) do { if (!simt::race_drop_barrier(name)) __syncthreads(); } while (0)
+#else
+#define DROPPABLE_SYNCTHREADS(name) __syncthreads()
+#endif
+
+// SIMT_STEP_COUNTERS=1 (emulator only): prints what the host asked of the device since the previous call,
+// and starts counting again. The training loop calls it from dbrx_sync, before and after every step (so
+// every second line is one whole step, its closing sync included): the training loop's side of the step
+// budget (model/CUDA.md, "Host round trips in one step"; test/test_cuda_train.sh). Nothing on a GPU.
+static inline void platform_step_counters() {
+#if defined(SIMT_EMULATION)
+    static const bool print = getenv("SIMT_STEP_COUNTERS") && atoi(getenv("SIMT_STEP_COUNTERS")) > 0;
+    if (print) {
+        const simt::Counters& k = simt::counters();
+        fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld\n", k.syncs,
+                k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries);
+        simt::counters_reset();
+    }
+#endif
+}
+
+#endif  // DBRX_HAVE_CUDA
+#endif  // DBRX_PLATFORM_H
+
+// ---------------------------------------------------------------------------------------------
+// the NCCL part (PLATFORM_NCCL defined by the includer): NCCL, or under the emulator its twin, which runs
+// the same calls on the CPU over MPI; and the few things that differ between the two, as functions that
+// exist on both, so that parallel/comm.h has one code path.
+#if defined(PLATFORM_NCCL) && DBRX_HAVE_CUDA && !defined(DBRX_PLATFORM_NCCL_H)
+#define DBRX_PLATFORM_NCCL_H
+#include <mpi.h>
+#include <stdint.h>
+#if defined(SIMT_EMULATION)
+#include "../test/simt/nccl_twin.h"
+#else
+#include <nccl.h>
+#endif
+
+// called about once a second while a wait of the twin makes no progress (the world rank waited for, the
+// operation, the seconds waited), so that the caller can name a lost or hung rank
+typedef void (*PlatformNcclWatchdog)(int peer_world_rank, const char* op, double waited_s);
+
+#if defined(SIMT_EMULATION)
+
+// The twin counts every byte it hands to MPI; NCCL does not say what it sent (the communicator counts
+// NCCL's ring formula instead).
+constexpr bool platform_nccl_counts_bytes() { return true; }
+// what the communicator has sent so far (operations count once they have run)
+static inline uint64_t platform_nccl_bytes_sent(ncclComm_t nc) { return nccl_twin_bytes_sent(nc); }
+// The twin's communicators belong to the thread that is blocked in them: another thread (the step
+// watchdog) may not abort them. NCCL's may be aborted from any thread.
+constexpr bool platform_nccl_abort_from_any_thread() { return false; }
+// ncclCommInitRank. The twin connects the ranks over the group's MPI communicator (NCCL: its own sockets,
+// found from the id; the twin still checks that every rank holds the same id), and takes the group's name
+// for its messages.
+static inline ncclResult_t platform_nccl_comm_init(ncclComm_t* nc, int nranks, ncclUniqueId id, int rank, MPI_Comm mpi,
+                                                   const char* name) {
+    nccl_twin_bootstrap(mpi);
+    ncclResult_t r = ncclCommInitRank(nc, nranks, id, rank);
+    if (r == ncclSuccess) nccl_twin_set_name(*nc, name);
+    return r;
+}
+// the function the twin's waits call while they make no progress (NULL: none, a stuck collective blocks)
+static inline void platform_nccl_set_watchdog(PlatformNcclWatchdog fn) { nccl_twin_set_watchdog(fn); }
+// inside that function: the communicator that is waiting, and the name given to it
+static inline ncclComm_t platform_nccl_waiting_comm() { return nccl_twin_waiting_comm(); }
+static inline const char* platform_nccl_comm_name(ncclComm_t nc) { return nccl_twin_get_name(nc); }
+
+#else
+
+constexpr bool platform_nccl_counts_bytes() { return false; }
+static inline uint64_t platform_nccl_bytes_sent(ncclComm_t nc) { (void)nc; return 0; }
+constexpr bool platform_nccl_abort_from_any_thread() { return true; }
+static inline ncclResult_t platform_nccl_comm_init(ncclComm_t* nc, int nranks, ncclUniqueId id, int rank, MPI_Comm mpi,
+                                                   const char* name) {
+    (void)mpi; (void)name;
+    return ncclCommInitRank(nc, nranks, id, rank);
+}
+// NCCL's waits have no such hook (a stuck collective hangs on the stream: comm_sync and the step watchdog
+// poll it instead), so the function is never called
+static inline void platform_nccl_set_watchdog(PlatformNcclWatchdog fn) { (void)fn; }
+static inline ncclComm_t platform_nccl_waiting_comm() { return nullptr; }
+static inline const char* platform_nccl_comm_name(ncclComm_t nc) { (void)nc; return ""; }
+
+#endif
+#endif  // PLATFORM_NCCL
