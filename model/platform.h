@@ -146,7 +146,7 @@ static inline ncclResult_t platform_nccl_comm_init(ncclComm_t* nc, int nranks, n
     (void)mpi; (void)name;
     return ncclCommInitRank(nc, nranks, id, rank);
 }
-// NCCL's waits have no such hook (a stuck collective hangs on the stream: comm_sync and the step watchdog
+// NCCL's waits have no such hook (a stuck collective hangs on the stream: the communicator's sync and the step watchdog
 // poll it instead), so the function is never called
 static inline void platform_nccl_set_watchdog(PlatformNcclWatchdog fn) { (void)fn; }
 static inline ncclComm_t platform_nccl_waiting_comm() { return nullptr; }
