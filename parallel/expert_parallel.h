@@ -223,13 +223,16 @@ static inline const EpDispatch* ep_dispatch_of(const Dbrx* m) {
     return m->experts.forward == ep_experts_forward ? (const EpDispatch*)m->experts.ctx : NULL;
 }
 
-// expert parallelism's statistics, for the training loop (the GPU's: expert_parallel_cuda.cuh)
-static inline int dbrx_ep_recv_rows(const Dbrx* m) {
-    const EpDispatch* D = ep_dispatch_of(m);
+// expert parallelism's statistics, for the training loop: either backend's model (ep_dispatch_of has an
+// overload per model: the GPU's in expert_parallel_cuda.cuh)
+template <typename Model>
+static inline int dbrx_ep_recv_rows(const Model* m) {
+    const auto* D = ep_dispatch_of(m);
     return D ? D->stats.recv_max : 0;
 }
-static inline void dbrx_ep_totals(const Dbrx* m, long long* out, long long* in, long long* counts) {
-    const EpDispatch* D = ep_dispatch_of(m);
+template <typename Model>
+static inline void dbrx_ep_totals(const Model* m, long long* out, long long* in, long long* counts) {
+    const auto* D = ep_dispatch_of(m);
     EpStats s = D ? D->stats : EpStats{0, 0, 0, 0};
     *out = s.rows_out; *in = s.rows_in; *counts = s.count_sends;
 }

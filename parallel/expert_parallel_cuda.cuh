@@ -204,13 +204,3 @@ static inline const EpDispatchGpu* ep_dispatch_of(const DbrxGPU* m) {
     return m->experts.forward == ep_gpu_experts_forward ? (const EpDispatchGpu*)m->experts.ctx : NULL;
 }
 
-// expert parallelism's statistics, for the training loop (as the CPU model's: expert_parallel.h)
-static inline int dbrx_ep_recv_rows(const DbrxGPU* m) {
-    const EpDispatchGpu* D = ep_dispatch_of(m);
-    return D ? D->stats.recv_max : 0;
-}
-static inline void dbrx_ep_totals(const DbrxGPU* m, long long* out, long long* in, long long* counts) {
-    const EpDispatchGpu* D = ep_dispatch_of(m);
-    EpStats s = D ? D->stats : EpStats{0, 0, 0, 0};
-    *out = s.rows_out; *in = s.rows_in; *counts = s.count_sends;
-}
