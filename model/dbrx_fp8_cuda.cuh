@@ -482,13 +482,3 @@ static inline void fp8_gpu_upload_scales(Fp8GPU* f) {
     cudaCheck(cudaMemcpy(f->scale, scale.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
 }
 
-// One JSONL line with every FP8 tensor's statistics of the step (after the reduction across ranks):
-// {"step": S, "fp8": {"blocks.0.qkv.x": {"amax": .., "amax_rank0": .., "scale": .., "saturated": ..}, ...}}
-// scale: the per-tensor scale of the tensor's last quantisation (block recipe: 1, the scales are per tile).
-static inline void fp8_gpu_log(const Fp8GPU* f, FILE* log, int step, const std::vector<float>& amax_rank0) {
-    fprintf(log, "{\"step\": %d, \"fp8\": {", step);
-    for (int i = 0; i < f->nslots; i++)
-        fprintf(log, "%s\"%s\": {\"amax\": %.6g, \"amax_rank0\": %.6g, \"scale\": %.6g, \"saturated\": %lld}", i ? ", " : "",
-                f->names[i].c_str(), f->metas[i].amax, amax_rank0[i], f->last_scale[i], f->metas[i].saturated);
-    fprintf(log, "}}\n");
-}
