@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # supervise.sh — runs a training command and, when it fails, runs it again with --resume auto, so that a
-# long run survives crashes, lost ranks and killed nodes without a person watching (README.md, "Automatic
+# long run survives crashes, lost ranks and killed nodes without a person watching (checkpoint/README.md, "Automatic
 # restart"):
 #   dev/supervise.sh [--max-restarts N] [--backoff S] [--backoff-max S] [--max-same-step K] [--log FILE] \
 #       -- bash dev/mpirun.sh -np 8 ./train_dbrx ... --ckpt-dir D --ckpt-every 100

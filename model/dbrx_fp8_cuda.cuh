@@ -481,4 +481,3 @@ static inline void fp8_gpu_upload_scales(Fp8GPU* f) {
     for (int i = 0; i < f->nslots; i++) scale[i] = f->metas[i].scale;
     cudaCheck(cudaMemcpy(f->scale, scale.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
 }
-

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_generate.sh — generation (README.md, "Generation"), on the CPU backend ($BIN) and the emulated
+# test_generate.sh — generation (model/README.md, "Generation"), on the CPU backend ($BIN) and the emulated
 # CUDA backend ($EMU, --device cuda), one process and ZeRO-3 over 2 ranks:
 #   * a small model trained on one fixed text (a shard of that text repeated, each copy a document that
 #     starts with the end-of-text token) prints samples during training (--sample-every) that reproduce

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_supervise.sh — dev/supervise.sh, automatic restart (README.md, "Automatic restart"), on the CPU:
+# test_supervise.sh — dev/supervise.sh, automatic restart (checkpoint/README.md, "Automatic restart"), on the CPU:
 #   * a run SIGKILLed three times at random moments (from outside: any point of a step or of a save) is
 #     restarted three times with --resume auto, with the exponential back-off capped, and ends with the
 #     losses of an uninterrupted run, bit for bit (the last logged loss of every step);
