@@ -5,7 +5,7 @@
 # norms (the log's 6 decimals) and checkpoint shards (sha256 of every shard file of the last step) to
 # those recorded in test/golden/unchanged.txt.
 #
-# The golden file was recorded before the move (main at 06a4c3f, issue 20) on the project's machine:
+# The golden file was recorded before the move (builds of main at 6e2595f, issue 20) on the project's machine:
 # floating-point results depend on the CPU's vector ISA (-march=native) and on OpenBLAS's kernels, so
 # a machine of another kind re-records it there from a build of that commit:
 #   bash test/test_unchanged.sh --record BIN_CPU BIN_EMU     (writes test/golden/unchanged.txt)
