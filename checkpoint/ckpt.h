@@ -84,8 +84,6 @@ typedef struct {
     float* staging = NULL;
     size_t staging_n = 0;
     double blocked_s = 0, write_s = 0, t_start = 0;
-    int debug_kill_step = -1;   // DBRX_DEBUG_CKPT_KILL (model/debug_hooks.h): SIGKILL at POINT of this step's save
-    std::string debug_kill_point;
 } Checkpointer;
 
 // what a finished save reports (rank 0)
@@ -94,15 +92,6 @@ typedef struct { bool ok; int step; double blocked_ms, write_ms, total_ms; uint6
 static inline void ckpt_init(Checkpointer* ck, const std::string& dir, int every, int keep, int keep_every) {
     ck->dir = dir; ck->every = every; ck->keep = keep; ck->keep_every = keep_every;
     signal(SIGXFSZ, SIG_IGN);   // a file-size limit makes write() fail (EFBIG) like a full disk, not kill us
-    ck->debug_kill_step = g_debug_hooks.ckpt_kill_step;   // (the tests' killed save: model/debug_hooks.h)
-    ck->debug_kill_point = g_debug_hooks.ckpt_kill_point;
-}
-static inline void ckpt_debug_kill(Checkpointer* ck, int step, const char* point) {
-    if (step == ck->debug_kill_step && ck->debug_kill_point == point) {
-        fprintf(stderr, "debug: SIGKILL during the save of step %d (%s)\n", step, point);
-        fflush(stderr);
-        raise(SIGKILL);
-    }
 }
 
 static inline std::string ckpt_step_name(int step) { char b[32]; snprintf(b, sizeof b, "step_%08d", step); return b; }
@@ -371,7 +360,7 @@ static inline void ckpt_write_thread(Checkpointer* ck, std::string path, int sha
         if (err.empty()) sync_file_range(fd, (off_t)(CKPT_HEADER_BYTES + off), (off_t)n, SYNC_FILE_RANGE_WRITE);
 #endif
         bytes += n;
-        if (off + n >= total / 2 && off < total / 2) ckpt_debug_kill(ck, step, "shard");
+        if (off + n >= total / 2 && off < total / 2) debug_ckpt_kill(step, "shard");
     }
     if (err.empty() && fsync(fd) != 0) err = sys_err("fsync " + path);
     if (fd >= 0 && close(fd) != 0 && err.empty()) err = sys_err("close " + path);
@@ -485,7 +474,7 @@ static inline std::string ckpt_commit(Checkpointer* ck, const Zero* z, const std
     if (close(fd) != 0 && err.empty()) err = sys_err("close " + path);
     if (err.empty()) err = fsync_path(ck->tmp_dir);
     if (!err.empty()) return err;
-    ckpt_debug_kill(ck, ck->step, "manifest");
+    debug_ckpt_kill(ck->step, "manifest");
     // a directory for this step from an earlier, abandoned line of training goes aside first
     std::string final_dir = ck->dir + "/" + ck->name;
     if (path_exists(final_dir)) {
@@ -495,7 +484,7 @@ static inline std::string ckpt_commit(Checkpointer* ck, const Zero* z, const std
     }
     if (rename(ck->tmp_dir.c_str(), final_dir.c_str()) != 0) return sys_err("rename " + ck->tmp_dir);
     if (!(err = fsync_path(ck->dir)).empty()) return err;
-    ckpt_debug_kill(ck, ck->step, "rename");
+    debug_ckpt_kill(ck->step, "rename");
     if (!(err = write_file_atomic(ck->dir + "/latest", ck->name + "\n")).empty()) return err;
     ckpt_retain(ck);
     rm_rf(ck->dir + "/.trash-" + ck->name);

@@ -95,3 +95,12 @@ static inline bool debug_spike(int step, float* factor) {
     *factor = h.spike_factor;
     return h.spike_step > 0 && (step == h.spike_step || (h.spike_from && step > h.spike_step));
 }
+// checkpoint/ckpt.h's seam: SIGKILL at `point` (shard, manifest, rename) of step `step`'s save
+static inline void debug_ckpt_kill(int step, const char* point) {
+    const DebugHooks& h = g_debug_hooks;
+    if (step == h.ckpt_kill_step && h.ckpt_kill_point == point) {
+        fprintf(stderr, "debug: SIGKILL during the save of step %d (%s)\n", step, point);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+}

@@ -20,7 +20,7 @@
  * Every rank's results are all-gathered, so every rank reaches the same verdict from the same numbers and
  * no rank can go on alone. Rank 0 prints one line per check and, for every rank out of range, one line
  * "error: health check: rank R: <what> (<value> vs <expected>)" on stderr; the caller then stops (exit 1).
- * Test hook: DBRX_DEBUG_SLOW_GEMM=R makes rank R's GEMM do 8 GEMMs for every one it counts.
+ * Test hook: DBRX_DEBUG_SLOW_GEMM=R[:F] makes rank R's GEMM do F (8) GEMMs for every one it counts.
  */
 #pragma once
 #include <algorithm>
@@ -155,13 +155,6 @@ static inline HealthGemm health_gemm_gpu(int n, int slow) {
 }
 #endif
 
-// DBRX_DEBUG_SLOW_GEMM=R[:F] (model/debug_hooks.h): the rank whose GEMM is made slow (-1: none), doing F
-// GEMMs (default 8) for every one it counts
-static inline int health_debug_slow_rank(int* factor) {
-    *factor = g_debug_hooks.slow_gemm_factor;
-    return g_debug_hooks.slow_gemm_rank;
-}
-
 // the upper median: with two ranks the faster one, so that the slower is measured against it
 static inline double health_median(std::vector<double> v) {
     if (v.empty()) return 0;
@@ -195,8 +188,8 @@ static bool health_check(const HealthOptions& o, const HealthBackend& be, Comm* 
 
     // ---- the GEMM
     int n = o.gemm_n > 0 ? o.gemm_n : be.gemm_n;
-    int slow_factor = 1;
-    int slow = health_debug_slow_rank(&slow_factor) == me ? slow_factor : 1;
+    // (the tests' slow rank, DBRX_DEBUG_SLOW_GEMM: model/debug_hooks.h)
+    int slow = g_debug_hooks.slow_gemm_rank == me ? g_debug_hooks.slow_gemm_factor : 1;
     HealthGemm gm = be.gemm(n, slow);
     comm_heartbeat();
 
