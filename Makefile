@@ -202,8 +202,12 @@ bench-gpu: train_dbrx $(DEV_CUDA) dev/comm_bench
 test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) | check-deps
 	$(CXX) $(TEST_FLAGS) $(MPI_CFLAGS) -o $@ test/test_checkpoint.cpp -lopenblas $(MPI_LIBS) -lm
 
+# the GPU choice per launcher and the GPU peak table (parallel/gpu_select.h, model/gpu_peak.h): pure logic, on the CPU
+test/test_gpu_select: test/test_gpu_select.cpp parallel/gpu_select.h model/gpu_peak.h | check-test-deps
+	$(CXX) $(TEST_FLAGS) -o $@ test/test_gpu_select.cpp
+
 test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
-            dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) dev/comm_bench test/test_checkpoint emu-build gpu-build
+            dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) dev/comm_bench test/test_checkpoint test/test_gpu_select emu-build gpu-build
 
 test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) NVCC_NOSPILL_FLAGS="-arch=$(GPU_ARCH) -Werror all-warnings $(NVCC_NOSPILL)" \
@@ -212,4 +216,4 @@ test: test-build
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu test/test_ops test/test_gradcheck test/dump_reference test/test_data \
 	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
-	      dev/comm_bench test/test_checkpoint
+	      dev/comm_bench test/test_checkpoint test/test_gpu_select

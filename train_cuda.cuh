@@ -1,33 +1,28 @@
 /*
- * train_cuda.cuh — what is truly CUDA-specific in train_dbrx: the device set-up. One process per GPU,
- * the GPU chosen from the node-local rank; the FP8 capability checks; the model (model/dbrx_cuda.cuh)
- * and its parameter store (parallel/zero_gpu.cuh: ZeRO-3/HSDP or data parallel over NCCL, the state
- * in device memory); then the one training loop of train_dbrx.cu (train). Included by train_dbrx.cu
- * when the build has CUDA: nvcc, or g++ with -DSIMT_EMULATION (train_dbrx_emu: the same code on the
- * SIMT emulator, the NCCL calls on the NCCL twin, for the tests).
+ * train_cuda.cuh — what is truly CUDA-specific in train_dbrx: the device set-up. One process per GPU
+ * (which one: parallel/gpu_select.h, for any visibility: mpirun, srun, one GPU per task; its peak for
+ * MFU: model/gpu_peak.h); the FP8 capability checks; the model (model/dbrx_cuda.cuh) and its parameter
+ * store (parallel/zero_gpu.cuh: ZeRO-3/HSDP or data parallel over NCCL, the state in device memory);
+ * then the one training loop of train_dbrx.cu (train). Included by train_dbrx.cu when the build has
+ * CUDA: nvcc, or g++ with -DSIMT_EMULATION (train_dbrx_emu: the same code on the SIMT emulator, the
+ * NCCL calls on the NCCL twin, for the tests).
  */
 #pragma once
 #include "model/dbrx_cuda.cuh"
 #include "parallel/zero_gpu.cuh"
+#include "model/gpu_peak.h"
 
-// dense BF16 peak of the GPUs we know (the MFU denominator); 0 if unknown
-static double gpu_peak_flops(const cudaDeviceProp& prop, std::string* how) {
-    struct { const char* name; double tflops; } known[] = {{"H100", 989.4}, {"H200", 989.4}, {"H800", 989.4}, {"A100", 312.0}};
-    for (auto& k : known)
-        if (strstr(prop.name, k.name)) { *how = std::string(k.name) + " dense BF16"; return k.tflops * 1e12; }
-    *how = "unknown GPU: pass --peak-tflops";
-    return 0.0;
+// one GPU's dense BF16 peak (the MFU denominator; 0 if unknown), from its name, SMs and clock (model/gpu_peak.h)
+static double gpu_peak_flops(const cudaDeviceProp& prop, int dev, std::string* how) {
+    int khz = 0;
+    cudaCheck(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
+    return gpu_peak_bf16_dense(prop.name, prop.multiProcessorCount, khz, how);
 }
 
 static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, const char* why) {
-    // one process per GPU: the node-local rank picks it
-    int ndev = 0;
-    cudaCheck(cudaGetDeviceCount(&ndev));
-    if (comm.local_size > ndev)
-        fail(EXIT_BAD_INPUT, "--device cuda: %d ranks on this node, %d GPU(s) visible: run one rank per GPU (mpirun -np <GPUs>)",
-             comm.local_size, ndev);
-    int dev = comm.local_rank;
-    cudaCheck(cudaSetDevice(dev));
+    // one process per GPU, picked by parallel/gpu_select.h's rule (the NCCL world uses the same)
+    std::string dev_how;
+    int dev = comm_select_gpu(&comm, &dev_how);
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, dev));
     if (comm.rank == 0) {
@@ -35,6 +30,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
                comm.world);
         print_config(args.run.model.c_str(), &cfg);
     }
+    printf("gpu: rank %d: %s\n", comm.rank, dev_how.c_str());
 
     // --fp8: the block GEMMs in FP8 (model/dbrx_fp8_cuda.cuh); refused where the device cannot
     Fp8Config fp8 = {fp8_recipe_parse(args.fp8.recipe.c_str()), args.fp8.history, args.fp8.margin, 0};
@@ -75,7 +71,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
 
     BackendInfo info;
     std::string gpu_how;
-    double gpu_peak = gpu_peak_flops(prop, &gpu_how);   // one GPU's (0: unknown)
+    double gpu_peak = gpu_peak_flops(prop, dev, &gpu_how);   // one GPU's (0: unknown)
     info.peak_how = args.run.peak_tflops > 0 ? "--peak-tflops" : gpu_how;
     info.peak = args.run.peak_tflops > 0 ? args.run.peak_tflops * 1e12 : comm.world * gpu_peak;
     // the health check's GEMM: BF16 cuBLASLt, 8192^3 (512 MiB of device memory while it runs); its floor is 25%

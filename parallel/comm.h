@@ -42,6 +42,7 @@
 #include <vector>
 #include "../model/common.h"
 #include "../model/debug_hooks.h"   // g_debug_hooks.twin_blocks
+#include "gpu_select.h"              // the rank's GPU (comm_select_gpu)
 #if DBRX_HAVE_CUDA
 // NCCL, or under the emulator its twin (the NCCL path below, run on the CPU over MPI): platform.h's NCCL part
 #define PLATFORM_NCCL
@@ -436,13 +437,29 @@ static inline CommGroup comm_split(CommGroup* parent, int color, int key, const 
     return g;
 }
 
-// the world group on NCCL: the same ranks, with a NCCL communicator (GPU of a rank = its local rank)
+#ifdef COMM_HAVE_NCCL
+// this rank's GPU by parallel/gpu_select.h's rule, made current; decided once per process (the training
+// set-up and the NCCL world ask the same question), *how says how it was picked
+static inline int comm_select_gpu(const Comm* c, std::string* how = NULL) {
+    static int dev = -1;
+    static std::string why;
+    if (dev < 0) {
+        int ndev = 0;
+        CUDA_CHECK_COMM(cudaGetDeviceCount(&ndev));
+        const GpuLaunchEnv env = gpu_launch_env_read();
+        dev = gpu_select(ndev, c->local_rank, c->local_size, env, &why);
+        if (dev < 0) fail(EXIT_BAD_INPUT, "--device cuda: %s", why.c_str());
+    }
+    CUDA_CHECK_COMM(cudaSetDevice(dev));
+    if (how) *how = why;
+    return dev;
+}
+#endif
+
+// the world group on NCCL: the same ranks, with a NCCL communicator, each rank on its GPU (comm_select_gpu)
 static inline CommGroup comm_world_nccl(Comm* c) {
 #ifdef COMM_HAVE_NCCL
-    int ndev = 0;
-    CUDA_CHECK_COMM(cudaGetDeviceCount(&ndev));
-    if (ndev == 0) fail(EXIT_BAD_INPUT, "NCCL backend: no GPU visible");
-    CUDA_CHECK_COMM(cudaSetDevice(c->local_rank % ndev));
+    comm_select_gpu(c);
 #endif
     return comm_split(&c->world_group, 0, c->rank, "world", 1);
 }

@@ -25,6 +25,7 @@ layout=$(mktemp); { $PY test/check_layout.py; $PY test/check_layout.py --planted
 echo "== unit tests (CPU reference ops)"; doctest_run ./test/test_ops
 echo "== finite-difference gradient check (double precision)"; doctest_run ./test/test_gradcheck
 echo "== checkpoint building blocks"; doctest_run ./test/test_checkpoint
+echo "== the GPU a rank takes under each launcher, the GPU peak per exact device"; doctest_run ./test/test_gpu_select
 
 echo "== FP8 numerics (conversions against cuda_fp8.h, recipes)"
 if [ -x ./test/test_fp8 ]; then doctest_run ./test/test_fp8; else echo "skipped: test_fp8 (no CUDA headers, the conversion oracle)"; fi

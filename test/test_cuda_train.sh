@@ -7,7 +7,9 @@
 #   * --device auto picks the (emulated) GPU and says so; the CPU-only build refuses --device cuda
 #     and the nvcc build without a GPU says no device is visible (exit 2, one line);
 #   * out of GPU memory: one line with the memory estimate and what to change (exit 1);
-#   * more ranks on a node than it has GPUs: refused with one line naming the fix.
+#   * the GPU of each rank under mpirun: the node-local rank with every GPU visible, GPU 0 with one GPU
+#     per rank (CUDA_VISIBLE_DEVICES set); more ranks than GPUs, or the node's only GPU unbound: refused
+#     with one line naming the fix.
 # (Several ranks on the CUDA path, checkpoints and interop there: test/test_zero_gpu.sh.)
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -51,10 +53,25 @@ fi
 expect_exit 1 "out of GPU memory: one clear line" env SIMT_DEVICE_MEMORY=20000000 ./train_dbrx_emu --device cuda --model dbrx-tiny --steps 1
 grep -q "out of GPU memory: the run needs .* per GPU .*Lower --batch or --seq" <<<"$LAST_ERR" || fail "the OOM message gives the estimate and the fix: $LAST_ERR"
 
-out=$(SIMT_DEVICES=1 bash dev/mpirun.sh -np 2 ./train_dbrx_emu --device cuda "${small[@]}" 2>&1); rc=$?
-if [ "$rc" != 0 ] && grep -q "error: --device cuda: 2 ranks on this node, 1 GPU(s) visible: run one rank per GPU" <<<"$out"; then
-    pass "mpirun -np 2 --device cuda on a node with 1 GPU: refused with one line (exit $rc)"
-else fail "mpirun -np 2 --device cuda, 1 GPU: exit $rc: $(head -3 <<<"$out")"; fi
+# the GPU of each rank (parallel/gpu_select.h; every case of the rule: test/test_gpu_select.cpp). The emulated
+# node has SIMT_DEVICES GPUs (default 8); CUDA_VISIBLE_DEVICES is only read, as srun would have set it
+one=(--device cuda "${small[@]}" --steps 1 --val-every 0)
+out=$(env -u CUDA_VISIBLE_DEVICES bash dev/mpirun.sh -np 2 ./train_dbrx_emu "${one[@]}" 2>&1); rc=$?
+if [ "$rc" = 0 ] && grep -q "^gpu: rank 1: cuda:1 = node-local rank 1 of 2 (from mpirun" <<<"$out" && grep -q "^zero: rank 1 (cuda:1)" <<<"$out"; then
+    pass "mpirun -np 2, 8 GPUs visible: rank 1 trains on cuda:1, its node-local rank"
+else fail "mpirun -np 2, 8 GPUs: exit $rc: $(grep -E '^gpu:|error' <<<"$out" | head -3)"; fi
+out=$(SIMT_DEVICES=1 CUDA_VISIBLE_DEVICES=0 bash dev/mpirun.sh -np 2 ./train_dbrx_emu "${one[@]}" 2>&1); rc=$?
+if [ "$rc" = 0 ] && [ "$(grep -c "^gpu: rank [01]: cuda:0, the one GPU this rank sees (CUDA_VISIBLE_DEVICES=0" <<<"$out")" = 2 ]; then
+    pass "mpirun -np 2, one GPU per rank (CUDA_VISIBLE_DEVICES set, as srun --gpus-per-task=1 sets it): both train on cuda:0"
+else fail "mpirun -np 2, one GPU per rank: exit $rc: $(grep -E '^gpu:|error' <<<"$out" | head -3)"; fi
+out=$(SIMT_DEVICES=1 env -u CUDA_VISIBLE_DEVICES bash dev/mpirun.sh -np 2 ./train_dbrx_emu "${one[@]}" 2>&1); rc=$?
+if [ "$rc" != 0 ] && grep -q "error: --device cuda: 2 ranks on this node see the same single GPU (CUDA_VISIBLE_DEVICES unset): run one rank per GPU" <<<"$out"; then
+    pass "mpirun -np 2 on a node with 1 GPU, nothing binding it: refused with one line (exit $rc)"
+else fail "mpirun -np 2, 1 GPU, CUDA_VISIBLE_DEVICES unset: exit $rc: $(head -3 <<<"$out")"; fi
+out=$(SIMT_DEVICES=2 CUDA_VISIBLE_DEVICES=0,1 bash dev/mpirun.sh -np 3 ./train_dbrx_emu "${one[@]}" 2>&1); rc=$?
+if [ "$rc" != 0 ] && grep -q "error: --device cuda: 3 ranks on this node, 2 GPUs visible to each (CUDA_VISIBLE_DEVICES=0,1)" <<<"$out"; then
+    pass "mpirun -np 3 on 2 GPUs: refused with one line (exit $rc)"
+else fail "mpirun -np 3, 2 GPUs: exit $rc: $(head -3 <<<"$out")"; fi
 
 # The step budget in the training loop (model/CUDA.md, "Host round trips in one step"): SIMT_STEP_COUNTERS=1
 # prints the emulator's counters at every dbrx_sync (before and after each step). Per step of G micro-batches,

@@ -3,8 +3,8 @@
  * of a kernel version against the CPU reference op, timing with CUDA events over many repeats
  * with the L2 cache flushed before each, and the result as GB/s or TFLOP/s with the percentage of
  * the roofline: HBM from the device's own memory clock and bus width (H100 SXM 3.35 TB/s, H200
- * 4.8 TB/s), dense BF16 989.4 TFLOP/s (H100 and H200 SXM; the PCIe H100 has less: --peak in the
- * bench script's notes).
+ * 4.8 TB/s), dense BF16 from model/gpu_peak.h (the trainer's MFU denominator: 989.4 TFLOP/s on an
+ * H100 or H200 SXM, 756 on an H100 PCIe, 835 on the NVL boards).
  * Built with nvcc it validates and times; built with g++ -DSIMT_EMULATION (make test) it runs the
  * kernels under the SIMT emulator at a small size and validates only.
  */
@@ -13,9 +13,9 @@
 #include <functional>
 #include <vector>
 #include "../../model/cuda_common.h"
+#include "../../model/gpu_peak.h"   // the dense BF16 peak, as the trainer's MFU takes it
 
 static const double H100_HBM_GBS = 3350.0;     // when the device does not say (see hbm_peak_gbs)
-static const double H100_BF16_TFLOPS = 989.4;
 
 #if defined(SIMT_EMULATION)
 static const bool EMULATED = true;
@@ -122,10 +122,25 @@ static inline void report_bandwidth(const char* what, double bytes, float ms) {
     double gbs = bytes / (ms * 1e-3) / 1e9;
     printf("  %-34s %9.4f ms  %8.1f GB/s  %5.1f%% of HBM peak (%.0f GB/s)\n", what, ms, gbs, 100.0 * gbs / hbm_peak_gbs(), hbm_peak_gbs());
 }
+// the device's dense BF16 peak in TFLOP/s (model/gpu_peak.h; 0: a GPU it does not know)
+static inline double bf16_peak_tflops() {
+    static double peak = -1;
+    if (peak < 0) {
+        cudaDeviceProp prop;
+        int khz = 0;
+        cudaCheck(cudaGetDeviceProperties(&prop, 0));
+        cudaCheck(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+        std::string how;
+        peak = gpu_peak_bf16_dense(prop.name, prop.multiProcessorCount, khz, &how) / 1e12;
+        printf("BF16 peak: %s\n", how.c_str());
+    }
+    return peak;
+}
 static inline void report_flops(const char* what, double flops, float ms) {
     if (EMULATED) return;
-    double tf = flops / (ms * 1e-3) / 1e12;
-    printf("  %-34s %9.4f ms  %8.1f TFLOP/s  %5.1f%% of BF16 dense (989.4)\n", what, ms, tf, 100.0 * tf / H100_BF16_TFLOPS);
+    double tf = flops / (ms * 1e-3) / 1e12, peak = bf16_peak_tflops();
+    if (peak > 0) printf("  %-34s %9.4f ms  %8.1f TFLOP/s  %5.1f%% of BF16 dense (%.1f)\n", what, ms, tf, 100.0 * tf / peak, peak);
+    else printf("  %-34s %9.4f ms  %8.1f TFLOP/s\n", what, ms, tf);
 }
 
 static inline void print_header(const char* name, const char* shape) {

@@ -20,12 +20,12 @@
 #include "common.h"
 #include "../../model/fp8.cuh"
 
-static const double H100_FP8_TFLOPS = 1978.9;
-
+// Hopper's dense FP8 rate is twice its BF16 rate (H100 SXM 1978.9 TFLOP/s), the peak from model/gpu_peak.h
 static inline void report_fp8_flops(const char* what, double flops, float ms) {
     if (EMULATED) return;
-    double tf = flops / (ms * 1e-3) / 1e12;
-    printf("  %-34s %9.4f ms  %8.1f TFLOP/s  %5.1f%% of H100 FP8 dense\n", what, ms, tf, 100.0 * tf / H100_FP8_TFLOPS);
+    double tf = flops / (ms * 1e-3) / 1e12, peak = 2 * bf16_peak_tflops();
+    if (peak > 0) printf("  %-34s %9.4f ms  %8.1f TFLOP/s  %5.1f%% of FP8 dense (%.1f)\n", what, ms, tf, 100.0 * tf / peak, peak);
+    else printf("  %-34s %9.4f ms  %8.1f TFLOP/s\n", what, ms, tf);
 }
 
 // one quantised operand: codes, transposed codes, factors, and the bookkeeping outputs
