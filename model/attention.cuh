@@ -454,20 +454,22 @@ static inline void attention_backward_rows_gpu(floatX* dqkv, float* Dbuf, const 
            qkv, B, T, H, KV, hd);
 }
 // The model's attention: the flash kernels (tensor cores, attention_flash.cuh) for head_dim 32, 64 and
-// 128, the warp-per-row kernels otherwise. Same contract either way.
-static inline bool attention_use_flash(int H, int KV, int hd, std::initializer_list<const void*> ptrs) {
-    if (!flash_attention_supported(hd) || H % KV != 0) return false;
+// 128, the warp-per-row kernels otherwise (and for a micro-batch of more than 65,535 sequences: the
+// flash grids put the batch on gridDim.z, whose limit that is; the row kernels' grid is one-dimensional).
+// Same contract either way.
+static inline bool attention_use_flash(int B, int H, int KV, int hd, std::initializer_list<const void*> ptrs) {
+    if (!flash_attention_supported(hd) || H % KV != 0 || B > 65535) return false;
     for (const void* p : ptrs) if ((uintptr_t)p % 16) return false;   // 16-byte copies and stores
     return true;
 }
 static inline void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
                                          cudaStream_t stream = 0) {
-    if (attention_use_flash(H, KV, hd, {out, qkv})) flash_attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
+    if (attention_use_flash(B, H, KV, hd, {out, qkv})) flash_attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
     else attention_forward_rows_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
 }
 static inline void attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
                                           const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
-    if (attention_use_flash(H, KV, hd, {dqkv, dout, out, qkv}))
+    if (attention_use_flash(B, H, KV, hd, {dqkv, dout, out, qkv}))
         flash_attention_backward_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
     else attention_backward_rows_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
 }

@@ -368,7 +368,7 @@ typedef struct {
     const int* start;   // device (nseg + 1)
     const int* valid;   // device (nseg)
     int nseg, seg_len;
-    int row_tiles;      // sum over the segments of ceil(len / 128): the grid's y (host)
+    int row_tiles;      // sum over the segments of ceil(len / 128): the grid's x (host)
 } Fp8Segments;
 
 static inline Fp8Segments fp8_uniform_segments(int nseg, int seg_len) {
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX
     __shared__ float scratch[32];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = FP8Q_THREADS / 32;
     // the segment and the tile within it; base_t: the scale offset of the segment's qt factors (weights)
-    int t = blockIdx.y, s = 0, tiles_before = 0, seg0 = 0, len = 0;
+    int t = blockIdx.x, s = 0, tiles_before = 0, seg0 = 0, len = 0;   // (row tiles on x: y stops at 65,535 tiles, 8.4 M rows)
     long long base_t = 0;
     const int nct = (cols + 127) / 128;
     for (s = 0; s < seg.nseg; s++) {
@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX
     if (s == seg.nseg) return;   // cannot happen with row_tiles from the same segments
     const int lt = t - tiles_before, row0 = seg0 + lt * 128, h = min(128, len - lt * 128);
     const int valid = seg.valid ? seg.valid[s] : len, vh = max(0, min(h, valid - lt * 128));
-    const int c0 = blockIdx.x * 128, w = min(128, cols - c0);
+    const int c0 = blockIdx.y * 128, w = min(128, cols - c0);
     float s_tensor = 1.0f;
     if (MODE == FP8Q_TENSOR) s_tensor = amax_in ? fp8_scale_for_dev(__uint_as_float(*amax_in), fmt, margin) : *scale;
 
@@ -519,7 +519,7 @@ static inline void fp8_quantize_gpu(const Fp8QuantOut& out, const floatX* x, int
                                     Fp8Format fmt, Fp8QuantMode mode, const float* scale, const unsigned int* amax_in,
                                     int margin, cudaStream_t stream = 0) {
     if (rows == 0 || cols == 0 || seg.row_tiles == 0) return;
-    dim3 grid(ceil_div(cols, 128), seg.row_tiles);
+    dim3 grid(seg.row_tiles, ceil_div(cols, 128));   // the row tiles on x (2^31 - 1), the column tiles on y
     switch (mode) {
     case FP8Q_AMAX: LAUNCH(fp8_quantize_kernel<FP8Q_AMAX>, grid, FP8Q_THREADS, 0, stream, x, rows, cols, seg, (int)fmt, scale, amax_in, margin, out); break;
     case FP8Q_TENSOR: LAUNCH(fp8_quantize_kernel<FP8Q_TENSOR>, grid, FP8Q_THREADS, 0, stream, x, rows, cols, seg, (int)fmt, scale, amax_in, margin, out); break;

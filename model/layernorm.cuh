@@ -159,17 +159,18 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, floatX* dinp_bf16, c
     }
 }
 
-// partial (chunks, C): chunk j holds sum over rows [j*rows_per_chunk, ...) of dout * n, per channel
+// partial (chunks, C): chunk j holds sum over rows [j*rows_per_chunk, ...) of dout * n, per channel. The
+// chunks on gridDim.x (N / 32 of them: past gridDim.y's 65,535 at 2.1 M tokens), the channel blocks on y
 __global__ void layernorm_backward_dweight_partial_kernel(float* partial, const float* dout, const floatX* inp,
                                                           const float* mean, const float* rstd, int N, int C,
                                                           int rows_per_chunk) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    int r0 = blockIdx.y * rows_per_chunk, r1 = min(r0 + rows_per_chunk, N);
+    int r0 = blockIdx.x * rows_per_chunk, r1 = min(r0 + rows_per_chunk, N);
     float acc = 0.0f;
     for (int t = r0; t < r1; t++)
         acc += dout[(size_t)t * C + c] * (__bfloat162float(inp[(size_t)t * C + c]) - mean[t]) * rstd[t];
-    partial[(size_t)blockIdx.y * C + c] = acc;
+    partial[(size_t)blockIdx.x * C + c] = acc;
 }
 
 // out (C) += sum over the rows of partial (rows, C), in row order
@@ -193,7 +194,7 @@ static inline void layernorm_backward_gpu(float* dinp, floatX* dinp_bf16, float*
     LAUNCH(layernorm_backward_dinp_kernel, ceil_div(N, rows_per_block), block, 0, stream, dinp, dinp_bf16, dout, inp,
            weight, mean, rstd, N, C);
     int chunks = ceil_div(N, LN_ROWS_PER_CHUNK);
-    LAUNCH(layernorm_backward_dweight_partial_kernel, dim3(ceil_div(C, 128), chunks), 128, 0, stream, scratch, dout, inp,
+    LAUNCH(layernorm_backward_dweight_partial_kernel, dim3(chunks, ceil_div(C, 128)), 128, 0, stream, scratch, dout, inp,
            mean, rstd, N, C, LN_ROWS_PER_CHUNK);
     LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, stream, dweight, scratch, chunks, C);
 }

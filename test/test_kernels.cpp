@@ -204,6 +204,25 @@ TEST_CASE("embedding forward and deterministic backward") {
     }
 }
 
+// 80,000 distinct tokens of DBRX's 100,352-token vocabulary in one micro-batch (90,000 tokens, 10,000
+// of them repeats): one block per distinct token is past gridDim.y's 65,535, the limit the kernel once
+// hit; on gridDim.x it is not. A narrow C keeps it to seconds under the emulator.
+TEST_CASE("embedding backward with more distinct tokens than gridDim.y allows (DBRX vocabulary)") {
+    const int V = 100352, N = 90000, C = 8, distinct = 80000;
+    std::vector<int> tok(N);
+    for (int t = 0; t < N; t++) tok[t] = (int)((long long)(t % distinct) * 7919 % V);   // 7919 is prime to V = 2^11 7^2
+    std::vector<float> dout = randn((size_t)N * C, 17), dwte = randn((size_t)V * C, 5);
+    EmbeddingPlan plan;
+    embedding_plan_build(&plan, tok.data(), N, V);
+    REQUIRE(plan.unique.size() == (size_t)distinct);
+    float *d_dout = dev_copy(dout), *d_dwte = dev_copy(dwte);
+    int *d_u = dev_copy(plan.unique), *d_o = dev_copy(plan.offsets), *d_p = dev_copy(plan.positions);
+    embedding_backward(dwte.data(), dout.data(), tok.data(), N, C);
+    embedding_backward_gpu(d_dwte, d_dout, d_u, d_o, d_p, (int)plan.unique.size(), C);
+    expect_close("dwte", get(d_dwte, dwte.size()), dwte, TOL_F32);
+    for (void* p : {(void*)d_dout, (void*)d_dwte, (void*)d_u, (void*)d_o, (void*)d_p}) cudaCheck(cudaFree(p));
+}
+
 TEST_CASE("layernorm forward and backward") {
     for (auto s : {std::vector<int>{1, 32}, {7, 100}, {67, 128}, {130, 257}}) {
         int N = s[0], C = s[1];

@@ -285,6 +285,13 @@ TEST_CASE("launch configuration errors set cudaGetLastError, as on the GPU") {
     CHECK(cudaGetLastError() == cudaSuccess);   // and the error is cleared by reading it
     simt::launch("big_smem_kernel", __FILE__, __LINE__, big_smem_kernel, dim3(1), dim3(256), 64 * 1024, 0, dout);
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);   // > 48 KiB without the attribute
+    // the grid's limits (x 2^31 - 1, y and z 65,535) and the block's z (64), as CUDA's; nothing runs
+    for (dim3 g : {dim3(2147483648u), dim3(1, 65536), dim3(1, 1, 65536), dim3(0)}) {
+        simt::launch("big_smem_kernel", __FILE__, __LINE__, big_smem_kernel, g, dim3(32), 0, 0, dout);
+        CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    }
+    simt::launch("big_smem_kernel", __FILE__, __LINE__, big_smem_kernel, dim3(1), dim3(1, 1, 65), 0, 0, dout);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
     cudaCheck(cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
     LAUNCH(big_smem_kernel, 1, 256, 64 * 1024, 0, dout);
     CHECK(download(dout, 256)[255] == 1.0f);
