@@ -5,10 +5,21 @@
  *   heartbeat   where each rank is (comm_phase), in node-shared memory, read when it stops answering
  *   hang agreement  the first rank whose wait times out probes every rank; all survivors print the same
  *               verdict naming the rank that does not answer (comm_hang_verdict)
+ *   abort path  comm_exit_failed, the one exit of a rank that failed and has said why: a deadline thread,
+ *               then ncclCommAbort on every NCCL communicator, then _exit — so that no failure can leave a
+ *               rank waiting on NCCL. Why this design (PyTorch's ProcessGroupNCCL has the same three
+ *               parts): the communicators are non-blocking (comm_split), so no NCCL call holds a host
+ *               thread and an abort from whichever thread finds the failure ends a collective that another
+ *               thread waits for; the abort stops the communicator's kernels and proxy in NCCL's order
+ *               before the process goes; and since ncclCommAbort has been seen to hang itself (NVIDIA/nccl
+ *               issue 829), a thread started before it _exits the process after COMM_ABORT_DEADLINE_S.
+ *               parallel/README.md, "A watchdog that cannot hang".
  *   step watchdog   a thread that ends a GPU step blocked behind a NCCL collective that cannot finish
  *   the NCCL twin's watchdog, called from inside the twin's waits (emulated builds)
- * The MPI waits (comm_mpi.h) and the NCCL stream wait (comm_nccl.h) call into it. Part of the
- * communicator: parallel/comm.h includes it after CommGroup; include parallel/comm.h, not this file.
+ * The MPI waits (comm_mpi.h) and the NCCL waits (comm_nccl.h) call into it. Under the emulator every
+ * part runs against the NCCL twin, whose abort and ncclInProgress follow NCCL's (test/simt/nccl_twin.h).
+ * Part of the communicator: parallel/comm.h includes it after CommGroup; include parallel/comm.h, not
+ * this file.
  */
 #pragma once
 #include <mpi.h>

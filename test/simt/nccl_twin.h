@@ -120,11 +120,11 @@ struct ncclComm {
     int rank, nranks;
     std::vector<int> world_ranks;  // rank in this communicator -> rank in MPI_COMM_WORLD (for the watchdog)
     uint64_t bytes_sent;           // bytes handed to MPI_Isend
-    ncclResult_t async_error;      // what ncclCommGetAsyncError reports
+    std::atomic<ncclResult_t> async_error;   // what ncclCommGetAsyncError reports (any thread may ask)
     char name[64];                 // the caller's name for the group (nccl_twin_set_name)
     std::vector<char> scratch;     // the rings' receive buffers
     int blocking;                  // 0: a non-blocking communicator (ncclCommInitRankConfig)
-    int pending;                   // > 0: the state is ncclInProgress; polls of ncclCommGetAsyncError to the final one
+    std::atomic<int> pending;      // > 0: the state is ncclInProgress; polls of ncclCommGetAsyncError to the final one
     int finalized;                 // ncclCommFinalize was called
     std::atomic<int> busy;         // operations in progress (on the thread `owner`)
     pthread_t owner;
@@ -929,8 +929,10 @@ static inline ncclResult_t ncclCommAbort(ncclComm_t c) {
 // asynchronous error or ncclSuccess.
 static inline ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* err) {
     if (!c || !err) NCCL_TWIN_FAIL(ncclInvalidArgument, c, "ncclCommGetAsyncError: NULL argument");
-    if (c->pending > 0 && --c->pending > 0) { *err = ncclInProgress; return ncclSuccess; }
-    *err = c->async_error;
+    int p = c->pending.load();   // one step per poll, whichever thread polls (NCCL: its background progress)
+    while (p > 0 && !c->pending.compare_exchange_weak(p, p - 1)) {}
+    if (p > 1) { *err = ncclInProgress; return ncclSuccess; }
+    *err = c->async_error.load();
     return ncclSuccess;
 }
 static inline ncclResult_t ncclCommCount(const ncclComm_t c, int* count) {
