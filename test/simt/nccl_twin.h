@@ -722,8 +722,8 @@ static inline ncclResult_t nccl_twin_run_on(const std::vector<NcclTwinOp>& ops, 
     simt::stream_enqueue(stream, [ops]() {
         bool aborted = false;
         ncclResult_t r = nccl_twin_run(ops, &aborted);
-        // ended by ncclCommAbort (the communicator may be freed by now): the stream completes, as an aborted
-        // NCCL kernel returns, and the aborting caller decides what happens next
+        // ended by ncclCommAbort (possibly from another thread, during the run): the stream completes, as an
+        // aborted NCCL kernel returns, and the aborting caller decides what happens next
         if (r == ncclSuccess || aborted) return;
         for (const NcclTwinOp& o : ops) o.comm->async_error = r;
         fprintf(stderr, "error: nccl twin: a stream-ordered NCCL operation failed (%s); exiting\n", ncclGetErrorString(r));
@@ -1040,6 +1040,7 @@ static inline ncclResult_t ncclGroupEnd() {
     // non-blocking communicators in the group: each is in progress, and the group returns ncclInProgress
     bool in_progress = false;
     for (const NcclTwinOp& o : ops)
-        if (!o.comm->blocking && !o.comm->aborted.load() && r == ncclSuccess) in_progress = nccl_twin_done(o.comm, r) == ncclInProgress || in_progress;
+        if (!o.comm->blocking && !o.comm->aborted.load() && r == ncclSuccess)
+            in_progress = nccl_twin_done(o.comm, r) == ncclInProgress || in_progress;
     return in_progress ? ncclInProgress : r;
 }
