@@ -117,17 +117,14 @@ typedef void (*PlatformNcclWatchdog)(int peer_world_rank, const char* op, double
 constexpr bool platform_nccl_counts_bytes() { return true; }
 // what the communicator has sent so far (operations count once they have run)
 static inline uint64_t platform_nccl_bytes_sent(ncclComm_t nc) { return nccl_twin_bytes_sent(nc); }
-// The twin's communicators belong to the thread that is blocked in them: another thread (the step
-// watchdog) may not abort them. NCCL's may be aborted from any thread.
-constexpr bool platform_nccl_abort_from_any_thread() { return false; }
-// ncclCommInitRank. The twin connects the ranks over the group's MPI communicator (NCCL: its own sockets,
-// found from the id; the twin still checks that every rank holds the same id), and takes the group's name
-// for its messages.
-static inline ncclResult_t platform_nccl_comm_init(ncclComm_t* nc, int nranks, ncclUniqueId id, int rank, MPI_Comm mpi,
-                                                   const char* name) {
+// ncclCommInitRankConfig. The twin connects the ranks over the group's MPI communicator (NCCL: its own
+// sockets, found from the id; the twin still checks that every rank holds the same id), and takes the
+// group's name for its messages. (Non-blocking: may return ncclInProgress, as NCCL's.)
+static inline ncclResult_t platform_nccl_comm_init(ncclComm_t* nc, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config,
+                                                   MPI_Comm mpi, const char* name) {
     nccl_twin_bootstrap(mpi);
-    ncclResult_t r = ncclCommInitRank(nc, nranks, id, rank);
-    if (r == ncclSuccess) nccl_twin_set_name(*nc, name);
+    ncclResult_t r = ncclCommInitRankConfig(nc, nranks, id, rank, config);
+    if (r == ncclSuccess || r == ncclInProgress) nccl_twin_set_name(*nc, name);
     return r;
 }
 // the function the twin's waits call while they make no progress (NULL: none, a stuck collective blocks)
@@ -140,11 +137,10 @@ static inline const char* platform_nccl_comm_name(ncclComm_t nc) { return nccl_t
 
 constexpr bool platform_nccl_counts_bytes() { return false; }
 static inline uint64_t platform_nccl_bytes_sent(ncclComm_t nc) { (void)nc; return 0; }
-constexpr bool platform_nccl_abort_from_any_thread() { return true; }
-static inline ncclResult_t platform_nccl_comm_init(ncclComm_t* nc, int nranks, ncclUniqueId id, int rank, MPI_Comm mpi,
-                                                   const char* name) {
+static inline ncclResult_t platform_nccl_comm_init(ncclComm_t* nc, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config,
+                                                   MPI_Comm mpi, const char* name) {
     (void)mpi; (void)name;
-    return ncclCommInitRank(nc, nranks, id, rank);
+    return ncclCommInitRankConfig(nc, nranks, id, rank, config);
 }
 // NCCL's waits have no such hook (a stuck collective hangs on the stream: the communicator's sync and the step watchdog
 // poll it instead), so the function is never called

@@ -19,7 +19,8 @@
  * every second, and the SIGTERM that mpirun sends the survivors when a rank dies checks them too. A
  * dead rank is reported as "lost rank R" and the process exits with status 1. A wait with no progress
  * for --comm-timeout seconds (a rank on another node is gone, or hangs) exits the same way, naming
- * the rank it was waiting for. On NCCL the same timeout ends in ncclCommAbort.
+ * the rank that does not respond. On NCCL the communicators are non-blocking and the exit aborts them
+ * under a deadline (comm_watchdog.h, "the abort path"): no failure can leave a rank waiting on NCCL.
  *
  * The files, one job each (include this one: it includes the others after the types they use):
  *   comm.h           the interface: CommGroup and Comm, start-up, the collectives (each dispatched to MPI
@@ -193,7 +194,7 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
-        NCCL_CHECK(ncclAllGather(send, recv, count * es, ncclInt8, g->nc, g->stream));
+        NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclAllGather(send, recv, count * es, ncclInt8, g->nc, g->stream));
         comm_nccl_count(g, (uint64_t)(g->size - 1) * bytes);   // ring: S-1 chunks out
         return;
     }
@@ -211,7 +212,7 @@ static inline void comm_reduce_scatter_inplace(CommGroup* g, void* buf, size_t c
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
         char* own = (char*)buf + (size_t)g->rank * count * comm_type_size(t);
-        NCCL_CHECK(ncclReduceScatter(buf, own, count, nccl_type(t), ncclSum, g->nc, g->stream));
+        NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclReduceScatter(buf, own, count, nccl_type(t), ncclSum, g->nc, g->stream));
         comm_nccl_count(g, (uint64_t)(g->size - 1) * count * comm_type_size(t));
         return;
     }
@@ -225,7 +226,7 @@ static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* rec
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
         g->calls++;
-        NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, g->nc, g->stream));
+        NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, g->nc, g->stream));
         comm_nccl_count(g, (uint64_t)(g->size - 1) * bytes);
         return;
     }
@@ -243,7 +244,7 @@ static inline void comm_all_reduce(CommGroup* g, void* buf, size_t count, CommTy
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
-        NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, g->nc, g->stream));
+        NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, g->nc, g->stream));
         // reduce-scatter + all-gather: 2 (S-1) / S of the buffer. The twin's measurement equals it when S
         // divides count; otherwise its uneven chunks make a rank's differ by less than two chunks (the sum
         // over the ranks is still exact)
@@ -273,7 +274,7 @@ static inline void comm_all_reduce_max_f32(CommGroup* g, float* buf, size_t coun
 static inline void comm_all_reduce_max_bits_dev(CommGroup* g, unsigned int* buf, size_t count) {
     ENSURE(g->nccl, "comm_all_reduce_max_bits_dev: group %s has no NCCL communicator", g->name.c_str());
     g->calls++;
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclUint32, ncclMax, g->nc, g->stream));
+    NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclAllReduce(buf, buf, count, ncclUint32, ncclMax, g->nc, g->stream));
     comm_nccl_count(g, (uint64_t)2 * (g->size - 1) * count * 4 / g->size);
 }
 #endif
@@ -283,7 +284,7 @@ static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int roo
     g->calls++;
 #ifdef COMM_HAVE_NCCL
     if (g->nccl) {
-        NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclInt8, root, g->nc, g->stream));
+        NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclBroadcast(buf, buf, bytes, ncclInt8, root, g->nc, g->stream));
         comm_nccl_count(g, ring_mod(g->rank + 1 - root, g->size) != 0 ? bytes : 0);   // all but the chain's last
         return;
     }
@@ -298,11 +299,11 @@ static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int roo
         MPI_Request r;
         if (pos > 0) {
             MPI_CHECK(MPI_Irecv((char*)buf + off, (int)n, MPI_BYTE, prev, 8, g->mpi, &r));
-            comm_wait(g, &r, 1, prev, "broadcast");
+            comm_wait(g, &r, 1, &prev, "broadcast");
         }
         if (pos < s - 1) {
             MPI_CHECK(MPI_Isend((char*)buf + off, (int)n, MPI_BYTE, next, 8, g->mpi, &r));
-            comm_wait(g, &r, 1, next, "broadcast");
+            comm_wait(g, &r, 1, &next, "broadcast");
             g->bytes_sent += n;
         }
         if (bytes == 0) break;
@@ -318,10 +319,10 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, void* recv, s
     if (g->nccl) {
         NCCL_CHECK(ncclGroupStart());
         for (int p = 0; p < g->size; p++) {
-            NCCL_CHECK(ncclSend((const char*)send + p * bytes, bytes, ncclInt8, p, g->nc, g->stream));
-            NCCL_CHECK(ncclRecv((char*)recv + p * bytes, bytes, ncclInt8, p, g->nc, g->stream));
+            NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclSend((const char*)send + p * bytes, bytes, ncclInt8, p, g->nc, g->stream));
+            NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclRecv((char*)recv + p * bytes, bytes, ncclInt8, p, g->nc, g->stream));
         }
-        NCCL_CHECK(ncclGroupEnd());
+        NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclGroupEnd());
         comm_nccl_count(g, (uint64_t)(g->size - 1) * bytes);   // the chunk to itself stays on the GPU
         return;
     }
@@ -350,11 +351,11 @@ static inline void comm_all_to_allv(CommGroup* g, const void* send, const size_t
         uint64_t sent = 0;
         NCCL_CHECK(ncclGroupStart());
         for (int p = 0; p < s; p++) {
-            if (send_bytes[p]) NCCL_CHECK(ncclSend((const char*)send + so[p], send_bytes[p], ncclInt8, p, g->nc, g->stream));
-            if (recv_bytes[p]) NCCL_CHECK(ncclRecv((char*)recv + ro[p], recv_bytes[p], ncclInt8, p, g->nc, g->stream));
+            if (send_bytes[p]) NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclSend((const char*)send + so[p], send_bytes[p], ncclInt8, p, g->nc, g->stream));
+            if (recv_bytes[p]) NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclRecv((char*)recv + ro[p], recv_bytes[p], ncclInt8, p, g->nc, g->stream));
             if (p != r) sent += send_bytes[p];
         }
-        NCCL_CHECK(ncclGroupEnd());
+        NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclGroupEnd());
         comm_nccl_count(g, sent);
         return;
     }
@@ -369,19 +370,22 @@ static inline void comm_all_to_allv(CommGroup* g, const void* send, const size_t
     for (int k = 1; k < s; k++) {
         int dst = ring_mod(r + k, s), src = ring_mod(r - k, s);
         std::vector<MPI_Request> reqs;
+        std::vector<int> peers;
         for (size_t off = 0; off < recv_bytes[src]; off += piece) {
             MPI_Request q;
             MPI_CHECK(MPI_Irecv((char*)recv + ro[src] + off, (int)std::min(piece, recv_bytes[src] - off), MPI_BYTE, src, 10, g->mpi, &q));
             reqs.push_back(q);
+            peers.push_back(src);
         }
         for (size_t off = 0; off < send_bytes[dst]; off += piece) {
             MPI_Request q;
             size_t n = std::min(piece, send_bytes[dst] - off);
             MPI_CHECK(MPI_Isend((const char*)send + so[dst] + off, (int)n, MPI_BYTE, dst, 10, g->mpi, &q));
             reqs.push_back(q);
+            peers.push_back(dst);
             g->bytes_sent += n;
         }
-        if (!reqs.empty()) comm_wait(g, reqs.data(), (int)reqs.size(), src, "all_to_allv");
+        if (!reqs.empty()) comm_wait(g, reqs.data(), (int)reqs.size(), peers.data(), "all_to_allv");
     }
 }
 
@@ -392,7 +396,7 @@ static inline void comm_barrier(CommGroup* g) {
     if (g->size == 1) return;
     MPI_Request r;
     MPI_CHECK(MPI_Ibarrier(g->mpi, &r));
-    comm_wait(g, &r, 1, ring_mod(g->rank - 1, g->size), "barrier");
+    comm_wait(g, &r, 1, NULL, "barrier");   // (a barrier waits for every rank: none in particular)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -422,7 +426,15 @@ static inline CommGroup comm_split(CommGroup* parent, int color, int key, const 
         MPI_CHECK(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, g.mpi));
         // ncclCommInitRank. The twin first connects the ranks over the group's MPI communicator (NCCL: its own
         // sockets, found from the id; the twin still checks that every rank holds the same id), then names the group
-        NCCL_CHECK(platform_nccl_comm_init(&g.nc, g.size, id, g.rank, g.mpi, name));
+        // non-blocking (parallel/README.md, "A watchdog that cannot hang"): no NCCL call holds a host thread,
+        // and ncclCommAbort from the thread that finds a failure ends whatever the others are stuck in
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        NCCL_CHECK_NB(g.nc, name, platform_nccl_comm_init(&g.nc, g.size, id, g.rank, &config, g.mpi, name));
+        {
+            std::lock_guard<std::mutex> lock(g_comm_nccl_mu);
+            g_comm_nccl_comms.push_back(g.nc);
+        }
         // DBRX_DEBUG_TWIN_BLOCKS=1 (a test hook): no watchdog inside the twin's waits, so that a stuck
         // collective blocks the host as a GPU's CUDA call would, and only the step watchdog can end it
         // (NCCL's waits have no such hook: there this sets nothing)
@@ -479,7 +491,16 @@ static inline void comm_share_stream(CommGroup* g, const CommGroup* other) {
 
 static inline void comm_group_free(CommGroup* g) {
 #ifdef COMM_HAVE_NCCL
-    if (g->nccl) { NCCL_CHECK(ncclCommDestroy(g->nc)); if (g->owns_stream) CUDA_CHECK_COMM(cudaStreamDestroy(g->stream)); }
+    if (g->nccl) {
+        {
+            std::lock_guard<std::mutex> lock(g_comm_nccl_mu);
+            g_comm_nccl_comms.erase(std::remove(g_comm_nccl_comms.begin(), g_comm_nccl_comms.end(), g->nc), g_comm_nccl_comms.end());
+        }
+        // the orderly end of a non-blocking communicator: finalize (polled to its end), then destroy
+        NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclCommFinalize(g->nc));
+        NCCL_CHECK(ncclCommDestroy(g->nc));
+        if (g->owns_stream) CUDA_CHECK_COMM(cudaStreamDestroy(g->stream));
+    }
 #endif
     if (g->mpi != MPI_COMM_WORLD) MPI_CHECK(MPI_Comm_free(&g->mpi));
 }

@@ -18,41 +18,55 @@
 // ---------------------------------------------------------------------------------------------
 // MPI transport: nonblocking send/receive pairs with a watchdog wait
 
-// Waits for `n` requests. Yields the core while waiting (ranks may share cores); every second checks
-// the ranks of this node; after g_comm_timeout seconds without completion, gives up naming `peer`.
+// Waits for `n` requests; peers[i]: the group rank request i talks to (NULL: none in particular, e.g. a
+// barrier). Yields the core while waiting (ranks may share cores); every second checks the ranks of this
+// node; after g_comm_timeout seconds without progress, gives up naming the peer of the first request
+// still open (MPI_Testsome says which are: a send to a stopped rank can be what is left, not the receive).
 static double g_comm_wait_s = 0;   // seconds this rank spent blocked in collectives (the straggler statistic)
-static inline void comm_wait(CommGroup* g, MPI_Request* reqs, int n, int peer, const char* op) {
+static inline void comm_wait(CommGroup* g, MPI_Request* reqs, int n, const int* peers, const char* op) {
     double t0 = 0, last_check = 0, last_serve = 0, tw = now_seconds();
     struct WaitTimer { double t; ~WaitTimer() { g_comm_wait_s += now_seconds() - t; } } timer{tw};
+    int idx_small[8];
+    std::vector<int> idx_big(n > 8 ? n : 0);
+    int* idx = n > 8 ? idx_big.data() : idx_small;
+    int open = n;
     for (long spins = 0;; spins++) {
-        int done = 0;
-        int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        int got = 0;
+        int rc = MPI_Testsome(n, reqs, &got, idx, MPI_STATUSES_IGNORE);
+        int first = 0;   // the first request still open, and the world rank it talks to
+        while (first < n && reqs[first] == MPI_REQUEST_NULL) first++;
+        int peer = peers && first < n ? g->members[peers[first]] : -1;
         if (rc != MPI_SUCCESS) {
             char msg[MPI_MAX_ERROR_STRING];
             int len = 0;
             MPI_Error_string(rc, msg, &len);
             int lost = comm_find_lost_rank();
-            if (lost >= 0) comm_die_lost(lost, "(MPI error)");
+            if (lost >= 0) comm_lost_exit(lost, "(MPI error)");
             fail_at(__FILE__, __LINE__, "rank %d: %s in group %s failed talking to rank %d: %s", g_comm_rank, op,
-                    g->name.c_str(), g->members[peer], msg);
+                    g->name.c_str(), peer, msg);
         }
-        if (done) return;
+        if (got == MPI_UNDEFINED || (open -= got) == 0) return;
+        if (got > 0) t0 = 0;   // progress: the clock starts again
         if (spins < 64) continue;
         if (spins < 4096) { sched_yield(); continue; }
         struct timespec ts = {0, 50000};
         nanosleep(&ts, NULL);
         double now = now_seconds();
         if (t0 == 0) { t0 = now; last_check = now; }
-        if (now - last_serve >= 0.01) { last_serve = now; comm_serve_probes(); }
+        if (now - last_serve >= 0.01) {
+            last_serve = now;
+            comm_waiting(op, g->name.c_str(), t0, peer);
+            comm_serve_probes();
+        }
         if (now - last_check >= 1.0) {
             last_check = now;
             int lost = comm_find_lost_rank();
             if (lost >= 0) {
                 char what[160];
                 snprintf(what, sizeof what, "during %s in group %s", op, g->name.c_str());
-                comm_die_lost(lost, what);
+                comm_lost_exit(lost, what);
             }
-            if (now - t0 > g_comm_timeout) comm_hang_verdict(op, g->name.c_str(), now - t0, g->members[peer]);
+            if (now - t0 > g_comm_timeout) comm_hang_verdict(op, g->name.c_str(), now - t0, peer);
         }
     }
 }
@@ -67,7 +81,8 @@ static inline void comm_sendrecv(CommGroup* g, const void* sbuf, size_t sbytes, 
         MPI_Request r[2];
         MPI_CHECK(MPI_Irecv((char*)rbuf + ro, (int)rn, MPI_BYTE, src, 7, g->mpi, &r[0]));
         MPI_CHECK(MPI_Isend((const char*)sbuf + so, (int)sn, MPI_BYTE, dst, 7, g->mpi, &r[1]));
-        comm_wait(g, r, 2, src, op);
+        int peers[2] = {src, dst};
+        comm_wait(g, r, 2, peers, op);
         g->bytes_sent += sn;
         so += sn; ro += rn;
         if (sbytes == 0 && rbytes == 0) break;

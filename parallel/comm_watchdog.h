@@ -5,10 +5,21 @@
  *   heartbeat   where each rank is (comm_phase), in node-shared memory, read when it stops answering
  *   hang agreement  the first rank whose wait times out probes every rank; all survivors print the same
  *               verdict naming the rank that does not answer (comm_hang_verdict)
+ *   abort path  comm_exit_failed, the one exit of a rank that failed and has said why: a deadline thread,
+ *               then ncclCommAbort on every NCCL communicator, then _exit — so that no failure can leave a
+ *               rank waiting on NCCL. Why this design (PyTorch's ProcessGroupNCCL has the same three
+ *               parts): the communicators are non-blocking (comm_split), so no NCCL call holds a host
+ *               thread and an abort from whichever thread finds the failure ends a collective that another
+ *               thread waits for; the abort stops the communicator's kernels and proxy in NCCL's order
+ *               before the process goes; and since ncclCommAbort has been seen to hang itself (NVIDIA/nccl
+ *               issue 829), a thread started before it _exits the process after COMM_ABORT_DEADLINE_S.
+ *               parallel/README.md, "A watchdog that cannot hang".
  *   step watchdog   a thread that ends a GPU step blocked behind a NCCL collective that cannot finish
  *   the NCCL twin's watchdog, called from inside the twin's waits (emulated builds)
- * The MPI waits (comm_mpi.h) and the NCCL stream wait (comm_nccl.h) call into it. Part of the
- * communicator: parallel/comm.h includes it after CommGroup; include parallel/comm.h, not this file.
+ * The MPI waits (comm_mpi.h) and the NCCL waits (comm_nccl.h) call into it. Under the emulator every
+ * part runs against the NCCL twin, whose abort and ncclInProgress follow NCCL's (test/simt/nccl_twin.h).
+ * Part of the communicator: parallel/comm.h includes it after CommGroup; include parallel/comm.h, not
+ * this file.
  */
 #pragma once
 #include <mpi.h>
@@ -16,6 +27,7 @@
 #include <signal.h>
 #include <unistd.h>
 #include <atomic>
+#include <cerrno>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -181,15 +193,57 @@ static inline void comm_phase(const char* fmt, ...) {
     s->since = now_seconds();
 }
 
+// What this rank is waiting for now: set by the waits (comm_wait, comm_sync, the NCCL twin's watchdog)
+// when they serve probes, so that a rank that hears a verdict says its own wait, not the finder's.
+typedef struct {
+    const char* op;      // NULL: not in a wait
+    const char* group;
+    double since;        // now_seconds() when the wait began
+    int peer;            // world rank of the rank it waits for, -1: none in particular (a barrier, a stream)
+} CommWaitNow;
+static CommWaitNow g_comm_wait_now = {NULL, "", 0, -1};
+static inline void comm_waiting(const char* op, const char* group, double since, int peer) {
+    g_comm_wait_now.op = op;
+    g_comm_wait_now.group = group;
+    g_comm_wait_now.since = since;
+    g_comm_wait_now.peer = peer;
+}
+
+// the abort path (below): every NCCL communicator, a deadline, then _exit
+[[noreturn]] static inline void comm_exit_failed();
+
 // A hang: every survivor must name the same rank. The first rank whose wait times out probes every rank
 // (on g_comm_probe); a rank waiting in a collective answers (comm_serve_probes runs in every wait loop);
 // a hung or lost rank cannot. The culprit is the lowest rank that does not answer within a few seconds;
-// the finder sends its verdict to every rank that answered, and each of them prints it and exits, so the
-// survivors agree whoever times out first. The culprit's last phase comes from the node-shared heartbeat
-// when it runs on the finder's node.
+// the finder sends its verdict — the culprit, its last phase, and which ranks answered — to every rank
+// that answered, and each of them prints it with its own wait and exits, so the survivors agree whoever
+// times out first and each line names only ranks that are true for it: the rank it waits for (which,
+// when it is not the culprit, answered or did not) and the culprit. The culprit's last phase comes from
+// the node-shared heartbeat when it runs on the finder's node.
 enum { COMM_TAG_PROBE = 9001, COMM_TAG_REPLY = 9002, COMM_TAG_VERDICT = 9003 };
-typedef struct { int culprit, finder; char text[440]; } CommVerdict;
+typedef struct { int culprit, finder, answered_count, world; char where[200]; } CommVerdict;   // + world bytes: answered
 static double g_comm_probe_window = 3.0;   // seconds to wait for the answers
+
+// this rank's line for a verdict: its own wait (what, group, for how long, the rank it waits for) and the
+// culprit. answered[p]: rank p answered the finder's probe.
+static inline void comm_verdict_text(char* out, size_t n, const CommVerdict* v, const char* answered) {
+    const CommWaitNow* w = &g_comm_wait_now;
+    char waiting[96] = "";
+    int p = w->op ? w->peer : -1;
+    if (p >= 0 && p != g_comm_rank && p < v->world) {
+        if (v->culprit < 0 || p == v->culprit) snprintf(waiting, sizeof waiting, " waiting for rank %d", p);
+        else snprintf(waiting, sizeof waiting, " waiting for rank %d (%s)", p,
+                      answered[p] ? "which answers: it waits in turn" : "which does not answer either");
+    }
+    char head[200];
+    if (w->op) snprintf(head, sizeof head, "%s in group %s made no progress for %.0f s%s", w->op, w->group, now_seconds() - w->since, waiting);
+    else snprintf(head, sizeof head, "no progress");
+    if (v->culprit >= 0)
+        snprintf(out, n, "%s: rank %d does not respond (hung or lost; %d of %d ranks answered; --comm-timeout); its last phase, %s", head,
+                 v->culprit, v->answered_count, v->world, v->where);
+    else
+        snprintf(out, n, "%s, yet every rank answers: the ranks are in different collectives (a code path taken by some ranks only)", head);
+}
 
 // answers probes; exits with the verdict if one arrived
 static inline void comm_serve_probes() {
@@ -197,13 +251,20 @@ static inline void comm_serve_probes() {
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(MPI_ANY_SOURCE, COMM_TAG_VERDICT, g_comm_probe, &flag, &st) == MPI_SUCCESS && flag) {
-        static CommVerdict v;
-        if (MPI_Recv(&v, sizeof v, MPI_BYTE, st.MPI_SOURCE, COMM_TAG_VERDICT, g_comm_probe, MPI_STATUS_IGNORE) == MPI_SUCCESS) {
-            v.text[sizeof v.text - 1] = 0;
+        int bytes = 0;
+        MPI_Get_count(&st, MPI_BYTE, &bytes);
+        std::vector<char> buf(bytes > (int)sizeof(CommVerdict) ? bytes : sizeof(CommVerdict) + 1, 0);
+        if (MPI_Recv(buf.data(), bytes, MPI_BYTE, st.MPI_SOURCE, COMM_TAG_VERDICT, g_comm_probe, MPI_STATUS_IGNORE) == MPI_SUCCESS) {
+            CommVerdict v;
+            memcpy(&v, buf.data(), sizeof v);
+            v.where[sizeof v.where - 1] = 0;
+            if (v.world != g_comm_world_size || bytes != (int)sizeof v + v.world) v.world = 0;   // (malformed: name no peer)
+            char text[600];
+            comm_verdict_text(text, sizeof text, &v, buf.data() + sizeof v);
             comm_mark_exiting();
-            fprintf(stderr, "error: rank %d: %s (found by rank %d); exiting\n", g_comm_rank, v.text, v.finder);
+            fprintf(stderr, "error: rank %d: %s (found by rank %d); exiting\n", g_comm_rank, text, v.finder);
             fflush(stderr);
-            _exit(EXIT_RUNTIME);
+            comm_exit_failed();
         }
     }
     for (;;) {
@@ -216,13 +277,16 @@ static inline void comm_serve_probes() {
     }
 }
 
-// A wait of `op` in `group` made no progress for `waited` seconds (peer: the rank it waited for). Agrees
-// on the culprit with the other survivors (above), says so, and exits 1.
+// A wait of `op` in `group` made no progress for `waited` seconds (peer: the world rank it waited for, -1:
+// none in particular). Agrees on the culprit with the other survivors (above), says so, and exits 1.
 [[noreturn]] static inline void comm_hang_verdict(const char* op, const char* group, double waited, int peer) {
+    comm_waiting(op, group, now_seconds() - waited, peer);
     comm_serve_probes();   // another rank may have decided already
     int W = g_comm_world_size;
     static const int me = g_comm_rank;
-    std::vector<char> answered(W, 0);
+    static std::vector<char> msg;   // the verdict and, after it, W bytes: who answered (static: sent nonblocking)
+    msg.assign(sizeof(CommVerdict) + W, 0);
+    char* answered = msg.data() + sizeof(CommVerdict);
     answered[g_comm_rank] = 1;
     for (int p = 0; p < W; p++) {
         if (p == g_comm_rank) continue;
@@ -243,31 +307,27 @@ static inline void comm_serve_probes() {
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
     }
-    static CommVerdict v;
+    CommVerdict v;
+    memset(&v, 0, sizeof v);
     v.finder = g_comm_rank;
     v.culprit = -1;
+    v.answered_count = n;
+    v.world = W;
     for (int p = 0; p < W && v.culprit < 0; p++) if (!answered[p]) v.culprit = p;
-    char where[200] = "unknown: it runs on another node";
+    snprintf(v.where, sizeof v.where, "unknown: it runs on another node");
     for (int i = 0; i < g_comm_nlocal; i++)
         if (g_comm_local_rank[i] == v.culprit && g_comm_slots) {
             char phase[sizeof g_comm_slots[0].phase];
             memcpy(phase, g_comm_slots[i].phase, sizeof phase);
             phase[sizeof phase - 1] = 0;
-            snprintf(where, sizeof where, "%.0f s ago: %s", now_seconds() - g_comm_slots[i].since, phase);
+            snprintf(v.where, sizeof v.where, "%.0f s ago: %s", now_seconds() - g_comm_slots[i].since, phase);
         }
-    char waiting[40] = "";
-    if (peer >= 0) snprintf(waiting, sizeof waiting, " waiting for rank %d", peer);
-    if (v.culprit >= 0)
-        snprintf(v.text, sizeof v.text, "%s in group %s made no progress for %.0f s%s: rank %d does not respond (hung or lost; "
-                 "%d of %d ranks answered; --comm-timeout); its last phase, %s", op, group, waited, waiting, v.culprit, n, W, where);
-    else
-        snprintf(v.text, sizeof v.text, "%s in group %s made no progress for %.0f s%s, yet every rank answers: the ranks are in "
-                 "different collectives (a code path taken by some ranks only)", op, group, waited, waiting);
+    memcpy(msg.data(), &v, sizeof v);
     std::vector<MPI_Request> sends;
     for (int p = 0; p < W; p++) {
         if (p == g_comm_rank || !answered[p]) continue;
         MPI_Request r;
-        if (MPI_Isend(&v, sizeof v, MPI_BYTE, p, COMM_TAG_VERDICT, g_comm_probe, &r) == MPI_SUCCESS) sends.push_back(r);
+        if (MPI_Isend(msg.data(), (int)msg.size(), MPI_BYTE, p, COMM_TAG_VERDICT, g_comm_probe, &r) == MPI_SUCCESS) sends.push_back(r);
     }
     for (double t1 = now_seconds(); !sends.empty() && now_seconds() - t1 < 2.0;) {   // delivered, or give up
         int done = 0;
@@ -276,13 +336,97 @@ static inline void comm_serve_probes() {
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
     }
+    char text[600];
+    comm_verdict_text(text, sizeof text, &v, answered);
     comm_mark_exiting();
-    fprintf(stderr, "error: rank %d: %s; exiting\n", g_comm_rank, v.text);
+    fprintf(stderr, "error: rank %d: %s; exiting\n", g_comm_rank, text);
     fflush(stderr);
     // stay a moment: the others print the verdict before the launcher tears the job down
     struct timespec ts = {0, 500000000};
     nanosleep(&ts, NULL);
+    comm_exit_failed();
+}
+
+// ---------------------------------------------------------------------------------------------
+// the abort path: how a rank that has said why it fails ends, without ever waiting on NCCL for long.
+// Every NCCL communicator is non-blocking (comm_split: ncclConfig_t.blocking = 0), so no NCCL call holds
+// a host thread and ncclCommAbort, from whichever thread finds the failure, makes the kernels and the
+// proxy of a stuck collective give up rather than wait for a call on another thread to return. It is
+// called once, on every communicator, with a deadline: a thread started first _exits the process if the
+// abort has not returned within COMM_ABORT_DEADLINE_S (ncclCommAbort has been seen to hang itself,
+// NVIDIA/nccl issue 829; PyTorch's ProcessGroupNCCL has a heartbeat monitor for the same reason). Any other
+// thread that reaches the path meanwhile parks until the process ends. The message comes first (write(2),
+// no stdio: another thread may hold its lock), so the diagnosis is out whatever happens after.
+
+#define COMM_ABORT_DEADLINE_S 10
+static std::atomic<int> g_comm_aborting{0};       // 1: a thread is on the abort path; the others park
+#ifdef COMM_HAVE_NCCL
+static std::mutex g_comm_nccl_mu;
+static std::vector<ncclComm_t> g_comm_nccl_comms;  // every NCCL communicator alive (comm_split .. comm_group_free)
+#endif
+
+static inline void comm_say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline void comm_say(const char* fmt, ...) {
+    char msg[640];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg - 1, fmt, ap);
+    va_end(ap);
+    n = n < 0 ? 0 : n > (int)sizeof msg - 2 ? (int)sizeof msg - 2 : n;
+    msg[n++] = '\n';
+    ssize_t ignored = write(2, msg, (size_t)n);
+    (void)ignored;
+}
+
+// another thread is ending the process (comm_exit_failed): wait for it, touching nothing
+[[noreturn]] static inline void comm_park() {
+    for (;;) pause();
+}
+static inline void comm_park_if_aborting() {
+    if (g_comm_aborting.load()) comm_park();
+}
+
+// This rank fails and has said why: abort every NCCL communicator (deadline above), exit 1.
+[[noreturn]] static inline void comm_exit_failed() {
+    if (g_comm_aborting.exchange(1)) comm_park();
+    comm_mark_exiting();
+#ifdef COMM_HAVE_NCCL
+    std::vector<ncclComm_t> comms;
+    {
+        std::lock_guard<std::mutex> lock(g_comm_nccl_mu);
+        comms = g_comm_nccl_comms;
+    }
+    if (!comms.empty()) {
+        bool armed = false;
+        try {
+            std::thread([]() {
+                struct timespec ts = {COMM_ABORT_DEADLINE_S, 0}, rem;
+                while (nanosleep(&ts, &rem) != 0 && errno == EINTR) ts = rem;
+                comm_say("error: rank %d: ncclCommAbort did not return within %d s; exiting without it", g_comm_rank, COMM_ABORT_DEADLINE_S);
+                _exit(EXIT_RUNTIME);
+            }).detach();
+            armed = true;
+        } catch (...) {   // (no thread, no deadline: do not wait on NCCL at all)
+            comm_say("error: rank %d: cannot start the abort's deadline thread; exiting without ncclCommAbort", g_comm_rank);
+        }
+        if (armed) {
+            double t0 = now_seconds();
+            for (ncclComm_t nc : comms) ncclCommAbort(nc);
+            comm_say("error: rank %d: %zu NCCL communicator(s) aborted in %.1f s; exiting", g_comm_rank, comms.size(), now_seconds() - t0);
+        }
+    }
+#endif
     _exit(EXIT_RUNTIME);
+}
+
+// a rank of this node is gone: say so, then the abort path (comm_die_lost is the signal handler's version)
+[[noreturn]] static inline void comm_lost_exit(int local_index, const char* what) {
+    comm_mark_exiting();
+    comm_say("error: rank %d: lost rank %d (pid %d on this node is gone) %s; exiting", g_comm_rank, g_comm_local_rank[local_index],
+             g_comm_local_pid[local_index], what);
+    struct timespec ts = {0, 500000000};   // (as comm_die_lost: the other survivors must not take this rank for the lost one)
+    nanosleep(&ts, NULL);
+    comm_exit_failed();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -292,7 +436,8 @@ static inline void comm_serve_probes() {
 // arms it around the work that talks to the GPU: the steps and evaluation) it checks every half second
 // the groups' asynchronous NCCL errors, the ranks on this node and the heartbeat (comm_heartbeat, every
 // micro-batch); with no heartbeat for --comm-timeout + 10 s (the grace lets comm_sync, which can name
-// the rank it waits for, speak first) it aborts the communicators and exits, saying so.
+// the rank it waits for, speak first) it says so and takes the abort path, whose ncclCommAbort makes the
+// blocked call of the main thread return (the main thread then parks).
 static std::atomic<double> g_comm_heartbeat{0};
 static std::atomic<int> g_comm_watch_armed{0};
 static std::mutex g_comm_watch_mu;
@@ -303,30 +448,25 @@ static inline void comm_watch(int on) { comm_heartbeat(); g_comm_watch_armed.sto
 static inline void comm_watchdog_check() {
 #ifdef COMM_HAVE_NCCL
     std::lock_guard<std::mutex> lock(g_comm_watch_mu);
-    if (!g_comm_watch_armed.load() || g_comm_watched.empty()) return;
+    if (!g_comm_watch_armed.load() || g_comm_watched.empty() || g_comm_aborting.load()) return;
     ncclResult_t err = ncclSuccess;
     const char* group = "";
     for (CommGroup* g : g_comm_watched) {
         ncclResult_t e = ncclSuccess;
-        if (ncclCommGetAsyncError(g->nc, &e) == ncclSuccess && e != ncclSuccess) { err = e; group = g->name.c_str(); }
+        // (ncclInProgress: a non-blocking call of the main thread not finished yet, not an error)
+        if (ncclCommGetAsyncError(g->nc, &e) == ncclSuccess && e != ncclSuccess && e != ncclInProgress) { err = e; group = g->name.c_str(); }
     }
     int lost = comm_find_lost_rank();
     double idle = now_seconds() - g_comm_heartbeat.load();
     if (err == ncclSuccess && lost < 0 && idle <= g_comm_timeout + 10) return;
-    comm_mark_exiting();
-    if (platform_nccl_abort_from_any_thread())   // (not the NCCL twin's: they belong to the thread blocked in them)
-        for (CommGroup* g : g_comm_watched) ncclCommAbort(g->nc);
-    if (lost >= 0) comm_die_lost(lost, "(step watchdog: NCCL communicators aborted)");
-    char msg[512];
+    if (lost >= 0) comm_lost_exit(lost, "(step watchdog)");
     if (err != ncclSuccess)
-        snprintf(msg, sizeof msg, "error: rank %d: NCCL reports an asynchronous error in group %s (%s): a rank was lost or "
-                 "failed; communicators aborted; exiting\n", g_comm_rank, group, ncclGetErrorString(err));
+        comm_say("error: rank %d: NCCL reports an asynchronous error in group %s (%s): a rank was lost or failed; aborting the "
+                 "communicators", g_comm_rank, group, ncclGetErrorString(err));
     else
-        snprintf(msg, sizeof msg, "error: rank %d: the GPU step made no progress for %.0f s: a NCCL collective cannot complete, "
-                 "a rank was lost or hangs (--comm-timeout %.0f); communicators aborted; exiting\n", g_comm_rank, idle, g_comm_timeout);
-    ssize_t ignored = write(2, msg, strlen(msg));
-    (void)ignored;
-    _exit(EXIT_RUNTIME);
+        comm_say("error: rank %d: the GPU step made no progress for %.0f s: a NCCL collective cannot complete, a rank was lost or "
+                 "hangs (--comm-timeout %.0f); aborting the communicators", g_comm_rank, idle, g_comm_timeout);
+    comm_exit_failed();
 #endif
 }
 
@@ -366,24 +506,21 @@ static inline void comm_watchdog_stop() {
 #ifdef COMM_HAVE_NCCL
 // The NCCL twin's watchdog: called about once a second while one of its waits makes no progress. What
 // comm_wait does for MPI: a rank of this node gone -> "lost rank R"; no progress for --comm-timeout
-// seconds -> abort the communicator and exit naming the rank waited for. (On a GPU, comm_sync does it.)
+// seconds -> the hang agreement, then the abort path (its ncclCommAbort, from inside the twin's wait,
+// makes the wait give up as it unwinds). (On a GPU, comm_sync does it.)
 static inline void comm_nccl_twin_watchdog(int peer_world_rank, const char* op, double waited_s) {
     ncclComm_t nc = platform_nccl_waiting_comm();
-    char name[64];
-    snprintf(name, sizeof name, "%s", platform_nccl_comm_name(nc));   // copied: the abort below frees nc
+    static char name[64], what[96];   // (static: the wait record below points at them)
+    snprintf(name, sizeof name, "%s", platform_nccl_comm_name(nc));
+    snprintf(what, sizeof what, "NCCL %s", op);
+    comm_waiting(what, name, now_seconds() - waited_s, peer_world_rank);
     int lost = comm_find_lost_rank();
     if (lost >= 0) {
-        char what[160];
-        snprintf(what, sizeof what, "during NCCL %s in group %s", op, name);
-        comm_die_lost(lost, what);
+        char where[160];
+        snprintf(where, sizeof where, "during NCCL %s in group %s", op, name);
+        comm_lost_exit(lost, where);
     }
     comm_serve_probes();
-    if (waited_s > g_comm_timeout) {
-        comm_mark_exiting();
-        ncclCommAbort(nc);
-        char what[96];
-        snprintf(what, sizeof what, "NCCL %s", op);
-        comm_hang_verdict(what, name, waited_s, peer_world_rank);
-    }
+    if (waited_s > g_comm_timeout) comm_hang_verdict(what, name, waited_s, peer_world_rank);
 }
 #endif

@@ -7,7 +7,8 @@
  *   all-gather, reduce-scatter (in place and not), all-reduce (f32, f64, bf16, i32; sum, max, ...),
  *   broadcast from every root, all-to-all and grouped send/recv, counts 0, 1 and uneven ones, HSDP
  *   sub-groups, identical bits on every rank, the bytes measured against the ring formulas, the unique
- *   id check, argument errors, the watchdog and ncclCommAbort.
+ *   id check, argument errors, the watchdog and ncclCommAbort, non-blocking communicators (ncclInProgress,
+ *   ncclCommGetAsyncError, ncclCommFinalize) and an abort from another thread that ends a blocked wait.
  * Run with dev/mpirun.sh -np 1..4. Every rank's report is gathered to rank 0, which prints them.
  * NCCL_TWIN_DEBUG_PLANT=reduce_order (the twin's planted bug) must make "summation order" fail at -np 4.
  * NCCL_TWIN_TEST_HANG=1 (-np 2): rank 1 stops itself before an all-reduce; rank 0 must exit 1 after
@@ -16,6 +17,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
 #include <signal.h>
+#include <thread>
 #include <sstream>
 #include "../parallel/comm.h"   // first: the emulator's simt.h must precede the CUDA headers
 #include <cuda_fp16.h>
@@ -427,6 +429,18 @@ TEST_CASE("HSDP sub-groups on NCCL: shard gather/reduce-scatter, replica all-red
 // ---------------------------------------------------------------------------------------------
 // the twin's API directly
 
+// A call on a non-blocking communicator (comm_split makes them so): ncclInProgress is polled with
+// ncclCommGetAsyncError to the final state, as NCCL requires (a bound on the polls: the twin answers
+// ncclInProgress to one poll only, so more means a bug)
+static ncclResult_t settle(ncclComm_t nc, ncclResult_t r) {
+    for (int polls = 0; r == ncclInProgress && polls < 100; polls++) {
+        ncclResult_t state = ncclInternalError;
+        if (ncclCommGetAsyncError(nc, &state) != ncclSuccess) return ncclInternalError;
+        r = state;
+    }
+    return r;
+}
+
 template <typename T> static void check_nccl_all_reduce(ncclComm_t nc, CommGroup* g, ncclRedOp_t op, size_t n, uint64_t salt) {
     typedef Ref<T> R;
     int S = g->size, r = g->rank;
@@ -437,13 +451,13 @@ template <typename T> static void check_nccl_all_reduce(ncclComm_t nc, CommGroup
     size_t c = ref_chunk_elems(n, S);
     for (size_t i = 0; i < n; i++) want[i] = ref_reduce<T>(S, (int)(i / c), op, [&](int gr) { return x(gr, i); });
     std::vector<T> orig = send;
-    CHECK(ncclAllReduce(send.data(), recv.data(), n, nccl_of<T>(), op, nc, NULL) == ncclSuccess);
+    CHECK(settle(nc, ncclAllReduce(send.data(), recv.data(), n, nccl_of<T>(), op, nc, NULL)) == ncclSuccess);
     INFO("ncclAllReduce type ", (int)nccl_of<T>(), " op ", (int)op, " count ", n, " ranks ", S);
     CHECK(first_diff(recv, want) == -1);
     CHECK(first_diff(send, orig) == -1);
     CHECK(same_on_all(g, recv.data(), n * sizeof(T)));
     // in place gives the same bits
-    CHECK(ncclAllReduce(send.data(), send.data(), n, nccl_of<T>(), op, nc, NULL) == ncclSuccess);
+    CHECK(settle(nc, ncclAllReduce(send.data(), send.data(), n, nccl_of<T>(), op, nc, NULL)) == ncclSuccess);
     CHECK(first_diff(send, want) == -1);
 }
 template <typename T> static void check_all_ops(ncclComm_t nc, CommGroup* g, uint64_t salt) {
@@ -497,7 +511,7 @@ TEST_CASE("ncclAllGather, ncclReduceScatter (max), ncclBroadcast out of place; n
         std::vector<double> mine(n), all((size_t)S * n, -1.0), want;
         for (size_t i = 0; i < n; i++) mine[i] = Ref<double>::gen(r, i, 201, false);
         for (int p = 0; p < S; p++) for (size_t i = 0; i < n; i++) want.push_back(Ref<double>::gen(p, i, 201, false));
-        CHECK(ncclAllGather(mine.data(), all.data(), n, ncclFloat64, g.nc, NULL) == ncclSuccess);
+        CHECK(settle(g.nc, ncclAllGather(mine.data(), all.data(), n, ncclFloat64, g.nc, NULL)) == ncclSuccess);
         CHECK(first_diff(all, want) == -1);
         // reduce-scatter with max: order-free, so any ring must give the maximum
         std::vector<float> in((size_t)S * n), out(n), mx(n);
@@ -506,15 +520,15 @@ TEST_CASE("ncclAllGather, ncclReduceScatter (max), ncclBroadcast out of place; n
             mx[i] = -INFINITY;
             for (int p = 0; p < S; p++) mx[i] = std::fmax(mx[i], Ref<float>::gen(p, (size_t)r * n + i, 202, false));
         }
-        CHECK(ncclReduceScatter(in.data(), out.data(), n, ncclFloat32, ncclMax, g.nc, NULL) == ncclSuccess);
+        CHECK(settle(g.nc, ncclReduceScatter(in.data(), out.data(), n, ncclFloat32, ncclMax, g.nc, NULL)) == ncclSuccess);
         CHECK(first_diff(out, mx) == -1);
         for (int root = 0; root < S; root++) {
             std::vector<int64_t> src(n), dst(n, -7), exp(n);
             for (size_t i = 0; i < n; i++) { exp[i] = (int64_t)bits_of(root, i, 203); src[i] = r == root ? exp[i] : 0; }
-            CHECK(ncclBroadcast(src.data(), dst.data(), n, ncclInt64, root, g.nc, NULL) == ncclSuccess);
+            CHECK(settle(g.nc, ncclBroadcast(src.data(), dst.data(), n, ncclInt64, root, g.nc, NULL)) == ncclSuccess);
             CHECK(first_diff(dst, exp) == -1);
             if (r != root) CHECK(std::all_of(src.begin(), src.end(), [](int64_t v) { return v == 0; }));
-            CHECK(ncclBcast(src.data(), n, ncclInt64, root, g.nc, NULL) == ncclSuccess);
+            CHECK(settle(g.nc, ncclBcast(src.data(), n, ncclInt64, root, g.nc, NULL)) == ncclSuccess);
             CHECK(first_diff(src, exp) == -1);
         }
     }
@@ -542,9 +556,9 @@ TEST_CASE("grouped ncclSend/ncclRecv: all-to-all with variable counts, a ring sh
     for (int p = 0; p < S; p++) {   // every receive posted after every send on every rank: fine inside a group
         CHECK(ncclSend(out[p].data(), out[p].size(), ncclInt32, p, g.nc, NULL) == ncclSuccess);
     }
-    CHECK(ncclGroupEnd() == ncclSuccess);
+    CHECK(settle(g.nc, ncclGroupEnd()) == ncclSuccess);
     for (int p = S - 1; p >= 0; p--) CHECK(ncclRecv(in[p].data(), in[p].size(), ncclInt32, p, g.nc, NULL) == ncclSuccess);
-    CHECK(ncclGroupEnd() == ncclSuccess);
+    CHECK(settle(g.nc, ncclGroupEnd()) == ncclSuccess);
     long bad = 0;
     for (int p = 0; p < S; p++)
         for (size_t i = 0; i < in[p].size(); i++) bad += in[p][i] != v(p, r, i);
@@ -558,7 +572,7 @@ TEST_CASE("grouped ncclSend/ncclRecv: all-to-all with variable counts, a ring sh
     CHECK(ncclRecv(rb.data(), 10, ncclFloat32, left, g.nc, NULL) == ncclSuccess);
     CHECK(ncclSend(a.data(), 10, ncclFloat32, right, g.nc, NULL) == ncclSuccess);
     CHECK(ncclSend(b.data(), 10, ncclFloat32, right, g.nc, NULL) == ncclSuccess);
-    CHECK(ncclGroupEnd() == ncclSuccess);
+    CHECK(settle(g.nc, ncclGroupEnd()) == ncclSuccess);
     CHECK(ra == std::vector<float>(10, (float)left));
     CHECK(rb == std::vector<float>(10, (float)left + 0.5f));
     // a send to itself without its receive is refused (NCCL would hang)
@@ -640,6 +654,148 @@ TEST_CASE("unique id: the same id is accepted; a mismatched, foreign or missing 
     comm_group_free(&g);
 }
 
+// a communicator of the world's ranks made with the twin's API directly (not registered with comm.h)
+static ncclComm_t make_comm(MPI_Comm mpi, ncclConfig_t* config, ncclResult_t want) {
+    int S = 0, r = 0;
+    MPI_CHECK(MPI_Comm_size(mpi, &S));
+    MPI_CHECK(MPI_Comm_rank(mpi, &r));
+    ncclUniqueId id;
+    if (r == 0) CHECK(ncclGetUniqueId(&id) == ncclSuccess);
+    MPI_CHECK(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, mpi));
+    ncclComm_t nc = NULL;
+    nccl_twin_bootstrap(mpi);
+    CHECK(ncclCommInitRankConfig(&nc, S, id, r, config) == want);
+    return nc;
+}
+
+TEST_CASE("non-blocking communicator (ncclConfig_t.blocking = 0): ncclInProgress, polled to the end; blocking = 1 blocks") {
+    CommGroup& w = g_comm->world_group;
+    int S = w.size, r = w.rank;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t nc = make_comm(w.mpi, &cfg, ncclInProgress);
+    REQUIRE(nc != NULL);
+    // while the state is ncclInProgress every call but the poll is refused (NCCL: undefined)
+    float x = (float)(r + 1);
+    g_nccl_twin_quiet = 1;
+    CHECK(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, nc, NULL) == ncclInvalidUsage);
+    CHECK(ncclCommFinalize(nc) == ncclInvalidUsage);
+    g_nccl_twin_quiet = 0;
+    CHECK(strstr(ncclGetLastError(NULL), "state is ncclInProgress") != NULL);
+    CHECK(x == (float)(r + 1));   // nothing ran
+    ncclResult_t st = ncclSuccess;
+    CHECK(ncclCommGetAsyncError(nc, &st) == ncclSuccess);
+    CHECK(st == ncclInProgress);
+    CHECK(ncclCommGetAsyncError(nc, &st) == ncclSuccess);
+    CHECK(st == ncclSuccess);
+    CHECK(ncclCommGetAsyncError(nc, &st) == ncclSuccess);
+    CHECK(st == ncclSuccess);   // final: it stays
+    // a collective: ncclInProgress; polled to ncclSuccess, the result is there
+    CHECK(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, nc, NULL) == ncclInProgress);
+    CHECK(settle(nc, ncclInProgress) == ncclSuccess);
+    CHECK(x == (float)(S * (S + 1) / 2));
+    // a group: the operations inside return ncclSuccess, ncclGroupEnd ncclInProgress
+    int right = (r + 1) % S, left = (r + S - 1) % S;
+    float out = (float)r, in = -1.0f;
+    CHECK(ncclGroupStart() == ncclSuccess);
+    CHECK(ncclSend(&out, 1, ncclFloat32, right, nc, NULL) == ncclSuccess);
+    CHECK(ncclRecv(&in, 1, ncclFloat32, left, nc, NULL) == ncclSuccess);
+    CHECK(ncclGroupEnd() == ncclInProgress);
+    CHECK(settle(nc, ncclInProgress) == ncclSuccess);
+    CHECK(in == (float)left);
+    // an argument error comes back from the call itself and leaves the state final
+    g_nccl_twin_quiet = 1;
+    CHECK(ncclAllReduce(&x, &x, 1, (ncclDataType_t)42, ncclSum, nc, NULL) == ncclInvalidArgument);
+    g_nccl_twin_quiet = 0;
+    CHECK(ncclCommGetAsyncError(nc, &st) == ncclSuccess);
+    CHECK(st == ncclSuccess);
+    // the orderly end: finalize (in progress, polled), then destroy
+    CHECK(ncclCommFinalize(nc) == ncclInProgress);
+    CHECK(settle(nc, ncclInProgress) == ncclSuccess);
+    CHECK(ncclCommDestroy(nc) == ncclSuccess);
+    // blocking = 1, and blocking left unset by NCCL_CONFIG_INITIALIZER: every call returns its result
+    for (int blocking : {1, NCCL_CONFIG_UNDEF_INT}) {
+        ncclConfig_t b = NCCL_CONFIG_INITIALIZER;
+        b.blocking = blocking;
+        ncclComm_t bc = make_comm(w.mpi, &b, ncclSuccess);
+        REQUIRE(bc != NULL);
+        float y = 1.0f;
+        CHECK(ncclAllReduce(&y, &y, 1, ncclFloat32, ncclSum, bc, NULL) == ncclSuccess);
+        CHECK(y == (float)S);
+        CHECK(ncclCommFinalize(bc) == ncclSuccess);
+        CHECK(ncclCommDestroy(bc) == ncclSuccess);
+    }
+    // a config not made by NCCL_CONFIG_INITIALIZER, or blocking 2: refused on every rank, nothing made
+    g_nccl_twin_quiet = 1;
+    ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
+    bad.blocking = 2;
+    CHECK(make_comm(w.mpi, &bad, ncclInvalidArgument) == NULL);
+    bad = NCCL_CONFIG_INITIALIZER;
+    bad.magic = 0;
+    CHECK(make_comm(w.mpi, &bad, ncclInvalidArgument) == NULL);
+    g_nccl_twin_quiet = 0;
+    nccl_twin_bootstrap(MPI_COMM_NULL);   // (the refused inits left it set)
+}
+
+// NCCL's abort semantics: a thread blocked in an operation of the communicator — on the null stream, or
+// in a stream synchronisation that runs a deferred one — gives up when another thread calls
+// ncclCommAbort, which returns once it has unwound. No twin watchdog is set: without the abort the
+// operation would wait forever (the suite's timeout would fail it).
+TEST_CASE("ncclCommAbort from another thread ends an operation blocked on a peer that never comes") {
+    int W = g_comm->world, r = g_comm->rank;
+    if (W < 2) return;
+    // world ranks {W-1, 0}: world rank 0 waits for W-1, which never takes part
+    int color = (r == 0 || r == W - 1) ? 0 : 1;
+    MPI_Comm pair;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, r == W - 1 ? 0 : 1 + r, &pair));
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    if (color == 0) {
+        for (int deferred = 0; deferred < 2; deferred++) {
+            ncclComm_t nc = make_comm(pair, &cfg, ncclInProgress);
+            REQUIRE(settle(nc, ncclInProgress) == ncclSuccess);
+            if (r != 0) { CHECK(ncclCommAbort(nc) == ncclSuccess); MPI_CHECK(MPI_Barrier(pair)); continue; }
+            nccl_twin_set_watchdog(NULL);
+            cudaStream_t stream = NULL;
+            if (deferred) REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+            double t0 = now_seconds(), aborted_at = 0;
+            std::thread aborter([&]() {
+                struct timespec ts = {0, 500000000};
+                nanosleep(&ts, NULL);
+                CHECK(ncclCommAbort(nc) == ncclSuccess);
+                aborted_at = now_seconds() - t0;
+            });
+            std::vector<float> v(1000, 1.0f);
+            g_nccl_twin_quiet = 1;
+            ncclResult_t res = ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat32, ncclSum, nc, stream);
+            if (deferred) {   // issued at once; the stream's synchronisation runs it, and returns after the abort
+                CHECK(res == ncclInProgress);
+                CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+            } else {
+                CHECK(res == ncclRemoteError);
+            }
+            double returned_at = now_seconds() - t0;
+            aborter.join();
+            g_nccl_twin_quiet = 0;
+            INFO("deferred ", deferred, ": returned after ", returned_at, " s, the abort after ", aborted_at, " s");
+            CHECK(returned_at >= 0.45);
+            CHECK(returned_at < 3.0);
+            CHECK(aborted_at >= 0.45);
+            CHECK(aborted_at < 3.0);
+            if (!deferred) CHECK(strstr(ncclGetLastError(NULL), "aborted (ncclCommAbort)") != NULL);
+            // the communicator is gone for the caller: a new call is refused, not a hang
+            g_nccl_twin_quiet = 1;
+            CHECK(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat32, ncclSum, nc, NULL) == ncclInvalidUsage);
+            g_nccl_twin_quiet = 0;
+            if (stream) CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+            nccl_twin_set_watchdog(comm_nccl_twin_watchdog);
+            MPI_CHECK(MPI_Barrier(pair));
+        }
+    }
+    MPI_CHECK(MPI_Comm_free(&pair));
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+}
+
 static int g_watchdog_calls = 0, g_watchdog_peer = -1;
 static double g_watchdog_waited = 0;
 static std::string g_watchdog_op;
@@ -667,7 +823,7 @@ TEST_CASE("watchdog: called about once a second while a wait makes no progress, 
         float v = -1.0f;
         if (r == 0) {
             double t0 = MPI_Wtime();
-            CHECK(ncclRecv(&v, 1, ncclFloat32, 0, g.nc, NULL) == ncclSuccess);
+            CHECK(settle(g.nc, ncclRecv(&v, 1, ncclFloat32, 0, g.nc, NULL)) == ncclSuccess);
             CHECK(MPI_Wtime() - t0 >= 1.4);
             CHECK(v == 42.0f);
             CHECK(g_watchdog_calls >= 1);
@@ -678,7 +834,7 @@ TEST_CASE("watchdog: called about once a second while a wait makes no progress, 
             struct timespec ts = {1, 500000000};
             nanosleep(&ts, NULL);
             v = 42.0f;
-            CHECK(ncclSend(&v, 1, ncclFloat32, 1, g.nc, NULL) == ncclSuccess);
+            CHECK(settle(g.nc, ncclSend(&v, 1, ncclFloat32, 1, g.nc, NULL)) == ncclSuccess);
         }
         // a watchdog that aborts and returns: the receive fails with ncclRemoteError, nothing hangs
         if (r == 0) {

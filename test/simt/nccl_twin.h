@@ -3,14 +3,41 @@
  * semantics, computed on the CPU and carried between processes by MPI, so that the communicator's NCCL
  * path runs under the SIMT emulator (g++ -DSIMT_EMULATION) and mpirun in CI.
  *   types      ncclResult_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId, ncclComm_t (NCCL's values)
- *   set-up     ncclGetUniqueId, ncclCommInitRank, ncclCommDestroy, ncclCommAbort, ncclCommGetAsyncError,
+ *   set-up     ncclGetUniqueId, ncclCommInitRank, ncclCommInitRankConfig (ncclConfig_t, NCCL_CONFIG_INITIALIZER:
+ *              the blocking flag), ncclCommFinalize, ncclCommDestroy, ncclCommAbort, ncclCommGetAsyncError,
  *              ncclGetErrorString, ncclGetLastError, ncclCommCount, ncclCommUserRank, ncclCommCuDevice
  *   collectives ncclAllGather, ncclReduceScatter, ncclAllReduce, ncclBroadcast (ncclBcast), ncclSend,
  *              ncclRecv, ncclGroupStart, ncclGroupEnd
  *   twin only  nccl_twin_bootstrap, nccl_twin_set_name / nccl_twin_get_name, nccl_twin_bytes_sent,
  *              nccl_twin_set_watchdog, nccl_twin_waiting_comm, g_nccl_twin_quiet
  *   not here   ncclReduce, ncclCommSplit, FP8 data types, user reduction operators (ncclRedOpCreate*),
- *              nonblocking communicators (ncclCommInitRankConfig): comm.h uses none of them
+ *              the ncclConfig_t fields other than blocking: comm.h uses none of them
+ * Non-blocking communicators and abort, the model (NCCL user guide, "Non-blocking communicators" and
+ * "Fault tolerance"; NCCL 2.14+):
+ *   - ncclCommInitRankConfig with config->blocking = 0 makes a non-blocking communicator. On it, init,
+ *     every operation issued outside a group, ncclGroupEnd and ncclCommFinalize may return ncclInProgress;
+ *     the caller must then poll ncclCommGetAsyncError until it answers something other than ncclInProgress
+ *     (ncclSuccess, or the error) before it calls anything else on the communicator. The twin does its work
+ *     at the call (it has no background thread) and then always takes that path: the call returns
+ *     ncclInProgress and the next ncclCommGetAsyncError answers ncclInProgress once more before the real
+ *     state, so that the caller's polling runs on every call. A call made while the state is still
+ *     ncclInProgress is refused (ncclInvalidUsage, naming the rule) where NCCL's behaviour is undefined.
+ *     blocking = 1, or unset (NCCL_CONFIG_UNDEF_INT, as NCCL_CONFIG_INITIALIZER leaves it): blocking, as
+ *     ncclCommInitRank. Argument errors come back from the call itself in both modes, as in NCCL.
+ *   - ncclCommAbort may be called from any thread, also while another thread is blocked inside an
+ *     operation of the communicator (NCCL: the kernels and the proxy poll an abort flag). The twin's waits
+ *     poll the flag too: the blocked operation gives up (ncclRemoteError) within one poll (<= 50 us of
+ *     sleep), unwinds, and the abort then frees the communicator and returns. Called by the thread that is
+ *     itself inside the operation (the twin's watchdog), it marks the communicator, returns at once, and the
+ *     communicator is freed when the operation unwinds. An operation that failed on an aborted
+ *     communicator on a deferred stream ends quietly (the stream completes, as an aborted NCCL kernel
+ *     returns): what happens next is the aborting caller's decision. ncclCommAbort touches no MPI (its
+ *     peers may be gone; it may run on a thread MPI was not initialised for): the duplicated MPI
+ *     communicator is left to MPI_Finalize.
+ *   - ncclCommFinalize then ncclCommDestroy: the orderly end; Finalize marks the communicator (non-blocking:
+ *     ncclInProgress, then polled), Destroy frees it (collective over its ranks, as MPI_Comm_free is).
+ * Test hook: NCCL_TWIN_DEBUG_PLANT=abort_hangs makes ncclCommAbort block forever (an abort stuck behind a
+ * wedged GPU or network proxy, NVIDIA/nccl issue 829): the caller's deadline must end the process anyway.
  * Differences from NCCL, and why:
  *   - Bootstrap: NCCL connects the ranks of a unique id over its own sockets; the twin cannot find them
  *     from the id, so the caller hands it the group's MPI communicator first (nccl_twin_bootstrap).
@@ -35,7 +62,8 @@
  *       another rank: the bytes; to itself: a local copy, not counted.
  *   - Waits: loops over MPI_Testsome that yield the core; while a wait makes no progress, the watchdog
  *     (nccl_twin_set_watchdog) is called about once a second with the world rank waited for, so that the
- *     caller can name a lost or hung rank (real NCCL hangs; comm.h's comm_sync polls it instead).
+ *     caller can name a lost or hung rank (real NCCL hangs; comm.h's comm_sync polls it instead). Every
+ *     sleep of a wait checks the abort flag (above).
  * Test hook: NCCL_TWIN_DEBUG_PLANT=reduce_order runs the reduce-scatter ring backwards (the order becomes
  * ((x_{j-1} + x_{j-2}) + ...) + x_j): a planted bug that test/test_nccl_twin.cpp must catch. It shows from
  * S = 4 on: for S <= 3 the two orders differ only by commutation, which IEEE addition does not notice.
@@ -46,7 +74,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <limits.h>
+#include <pthread.h>
 #include <unistd.h>
+#include <atomic>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -72,16 +103,33 @@ typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4,
 #define NCCL_UNIQUE_ID_BYTES 128
 typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
 
+// ncclConfig_t: NCCL's first fields, in NCCL's order; the twin reads `blocking` only
+#define NCCL_CONFIG_UNDEF_INT INT_MIN
+typedef struct {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int blocking;                  // 0: non-blocking (ncclInProgress, see the top); 1 or unset: blocking
+    int cgaClusterSize, minCTAs, maxCTAs;
+} ncclConfig_t;
+#define NCCL_CONFIG_INITIALIZER {sizeof(ncclConfig_t), 0xcafebeef, 22800u, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
+                                 NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT}
+
 struct ncclComm {
     MPI_Comm mpi;                  // a duplicate of the bootstrap communicator: the twin's traffic is its own
     int rank, nranks;
     std::vector<int> world_ranks;  // rank in this communicator -> rank in MPI_COMM_WORLD (for the watchdog)
     uint64_t bytes_sent;           // bytes handed to MPI_Isend
-    ncclResult_t async_error;      // what ncclCommGetAsyncError reports
+    std::atomic<ncclResult_t> async_error;   // what ncclCommGetAsyncError reports (any thread may ask)
     char name[64];                 // the caller's name for the group (nccl_twin_set_name)
     std::vector<char> scratch;     // the rings' receive buffers
-    int busy;                      // operations in progress: an abort from the watchdog waits for them to unwind
-    int aborted;
+    int blocking;                  // 0: a non-blocking communicator (ncclCommInitRankConfig)
+    std::atomic<int> pending;      // > 0: the state is ncclInProgress; polls of ncclCommGetAsyncError to the final one
+    int finalized;                 // ncclCommFinalize was called
+    std::atomic<int> busy;         // operations in progress (on the thread `owner`)
+    pthread_t owner;
+    std::atomic<int> aborted;      // ncclCommAbort was called: every wait gives up at its next poll
+    std::atomic<int> abort_waits;  // an abort from another thread waits for busy == 0 and frees (not the owner)
 };
 typedef struct ncclComm* ncclComm_t;
 
@@ -413,6 +461,12 @@ static inline ncclResult_t nccl_twin_wait(ncclComm_t c, NcclTwinReqs* q, const c
         if (spins < 4096) { sched_yield(); continue; }
         struct timespec ts = {0, 50000};
         nanosleep(&ts, NULL);
+        if (c->aborted.load()) {   // ncclCommAbort, from the watchdog below or from another thread
+            c->async_error = ncclRemoteError;
+            res = nccl_twin_error(ncclRemoteError, c, __FILE__, __LINE__, "%s aborted (ncclCommAbort) while waiting for world rank %d",
+                                  op, peer);
+            break;
+        }
         double now = nccl_twin_now();
         if (stalled_since == 0) { stalled_since = now; last_call = now; }
         if (now - last_call < 1.0) continue;
@@ -422,12 +476,6 @@ static inline ncclResult_t nccl_twin_wait(ncclComm_t c, NcclTwinReqs* q, const c
             last_note = now;
             fprintf(stderr, "nccl twin: rank %d: %s in group %s waiting for rank %d for %.0f s\n", nccl_twin_world_rank(), op,
                     c->name, peer, now - stalled_since);
-        }
-        if (c->aborted) {
-            c->async_error = ncclRemoteError;
-            res = nccl_twin_error(ncclRemoteError, c, __FILE__, __LINE__, "%s aborted (ncclCommAbort) while waiting for world rank %d",
-                                  op, peer);
-            break;
         }
     }
     if (res != ncclSuccess) nccl_twin_drop(c, q);
@@ -615,12 +663,19 @@ static inline void nccl_twin_free(ncclComm_t c);
 
 // runs the queued operations of a group: the collectives in issue order, then the point-to-point ones.
 // Every rank issues the same collectives in the same order (NCCL's rule too), so this cannot deadlock.
-static inline ncclResult_t nccl_twin_run(const std::vector<NcclTwinOp>& ops) {
+// *aborted (if given): a communicator of the operations was aborted (read before it may be freed).
+static inline ncclResult_t nccl_twin_run(const std::vector<NcclTwinOp>& ops, bool* aborted = NULL) {
     ncclResult_t res = ncclSuccess;
-    for (const NcclTwinOp& o : ops) o.comm->busy++;
+    std::vector<ncclComm_t> comms;   // each communicator once
+    for (const NcclTwinOp& o : ops) {
+        bool seen = false;
+        for (ncclComm_t c : comms) seen = seen || c == o.comm;
+        if (!seen) comms.push_back(o.comm);
+    }
+    for (ncclComm_t c : comms) { c->owner = pthread_self(); c->busy++; }
     for (const NcclTwinOp& o : ops) {
         if (res != ncclSuccess) break;
-        if (o.comm->aborted) { res = ncclRemoteError; break; }
+        if (o.comm->aborted.load()) { res = ncclRemoteError; break; }
         switch (o.kind) {
         case NCCL_TWIN_ALL_GATHER: res = nccl_twin_run_all_gather(&o); break;
         case NCCL_TWIN_REDUCE_SCATTER: res = nccl_twin_run_reduce_scatter(&o); break;
@@ -630,15 +685,32 @@ static inline ncclResult_t nccl_twin_run(const std::vector<NcclTwinOp>& ops) {
         }
     }
     if (res == ncclSuccess) res = nccl_twin_run_p2p(ops);
-    // a communicator aborted while busy (the watchdog's ncclCommAbort) is freed once nothing uses it
-    for (const NcclTwinOp& o : ops) o.comm->busy--;
-    for (size_t i = 0; i < ops.size(); i++) {
-        ncclComm_t c = ops[i].comm;
-        bool first = true;
-        for (size_t k = 0; k < i; k++) first = first && ops[k].comm != c;
-        if (first && c->aborted && c->busy == 0) nccl_twin_free(c);
+    // A communicator aborted during the operation is freed once nothing uses it: here if this thread
+    // aborted it (the twin's watchdog), else by the aborting thread, which waits for busy == 0. The
+    // decision is read before busy drops: after that the other thread may free c at any moment.
+    for (ncclComm_t c : comms) {
+        bool was_aborted = c->aborted.load(), free_here = was_aborted && !c->abort_waits.load() && c->busy.load() == 1;
+        if (aborted && was_aborted) *aborted = true;
+        c->busy--;
+        if (free_here) nccl_twin_free(c);
     }
     return res;
+}
+
+// A non-blocking communicator whose last call returned ncclInProgress must be polled to a final state
+// before the next call (NCCL's rule; its behaviour otherwise is undefined, the twin's a refusal)
+static inline ncclResult_t nccl_twin_check_ready(ncclComm_t c, const char* what) {
+    if (c->pending > 0)
+        NCCL_TWIN_FAIL(ncclInvalidUsage, c, "%s while the communicator's state is ncclInProgress: poll ncclCommGetAsyncError until "
+                       "it is no longer ncclInProgress first", what);
+    return ncclSuccess;
+}
+// what a call that did its work returns: on a non-blocking communicator ncclInProgress, and the state
+// stays ncclInProgress for one more poll (the twin always takes the slow path: see the top)
+static inline ncclResult_t nccl_twin_done(ncclComm_t c, ncclResult_t r) {
+    if (r != ncclSuccess || c->blocking) return r;
+    c->pending = 2;   // polls to the final state: one more ncclInProgress, then the state
+    return ncclInProgress;
 }
 
 // Runs operations on their stream: now on the null stream; on a deferred stream (test/simt/simt.h) when
@@ -648,9 +720,12 @@ static inline ncclResult_t nccl_twin_run(const std::vector<NcclTwinOp>& ops) {
 static inline ncclResult_t nccl_twin_run_on(const std::vector<NcclTwinOp>& ops, cudaStream_t stream) {
     if (!stream) return nccl_twin_run(ops);
     simt::stream_enqueue(stream, [ops]() {
-        ncclResult_t r = nccl_twin_run(ops);
-        if (r == ncclSuccess) return;
-        for (const NcclTwinOp& o : ops) if (o.comm && !o.comm->aborted) o.comm->async_error = r;
+        bool aborted = false;
+        ncclResult_t r = nccl_twin_run(ops, &aborted);
+        // ended by ncclCommAbort (possibly from another thread, during the run): the stream completes, as an
+        // aborted NCCL kernel returns, and the aborting caller decides what happens next
+        if (r == ncclSuccess || aborted) return;
+        for (const NcclTwinOp& o : ops) o.comm->async_error = r;
         fprintf(stderr, "error: nccl twin: a stream-ordered NCCL operation failed (%s); exiting\n", ncclGetErrorString(r));
         fflush(stderr);
         _exit(1);
@@ -661,13 +736,17 @@ static inline ncclResult_t nccl_twin_run_on(const std::vector<NcclTwinOp>& ops, 
 // issues one operation: queued inside a group, else run on its stream
 static inline ncclResult_t nccl_twin_issue(const NcclTwinOp& o) {
     if (g_nccl_twin_group_depth > 0) { g_nccl_twin_queue.push_back(o); return ncclSuccess; }
-    return nccl_twin_run_on(std::vector<NcclTwinOp>(1, o), o.stream);
+    bool nonblocking = !o.comm->blocking;
+    ncclResult_t r = nccl_twin_run_on(std::vector<NcclTwinOp>(1, o), o.stream);
+    // (o.comm may be an aborted one now: it is kept, see nccl_twin_free)
+    return nonblocking ? nccl_twin_done(o.comm, r) : r;
 }
 
 // the checks NCCL makes when an operation is issued
 static inline ncclResult_t nccl_twin_check(ncclComm_t c, ncclDataType_t t, ncclRedOp_t op, const char* what) {
     if (!c) NCCL_TWIN_FAIL(ncclInvalidArgument, c, "%s: comm is NULL", what);
-    if (c->aborted) NCCL_TWIN_FAIL(ncclInvalidUsage, c, "%s on an aborted communicator", what);
+    if (c->aborted.load()) NCCL_TWIN_FAIL(ncclInvalidUsage, c, "%s on an aborted communicator", what);
+    NCCL_TWIN_TRY(nccl_twin_check_ready(c, what));
     if (nccl_twin_type_size(t) == 0) NCCL_TWIN_FAIL(ncclInvalidArgument, c, "%s: invalid data type %d", what, (int)t);
     if ((int)op < 0 || op >= ncclNumOps) NCCL_TWIN_FAIL(ncclInvalidArgument, c, "%s: invalid reduction operation %d", what, (int)op);
     return ncclSuccess;
@@ -720,8 +799,13 @@ static inline ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 // Duplicates the communicator set by nccl_twin_bootstrap (collective over it). Every rank then checks,
 // from an all-gather: the same id everywhere, nranks equal to its size, rank equal to the MPI rank; all
 // ranks return the same verdict (ncclInvalidArgument if any check failed anywhere).
-static inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+// config (ncclCommInitRankConfig; NULL: defaults): blocking = 0 makes it non-blocking (see the top).
+static inline ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
     if (!comm) NCCL_TWIN_FAIL(ncclInvalidArgument, NULL, "ncclCommInitRank: comm is NULL");
+    if (config && (config->magic != 0xcafebeef || config->size != sizeof(ncclConfig_t)))
+        NCCL_TWIN_FAIL(ncclInvalidArgument, NULL, "ncclCommInitRankConfig: config was not made by NCCL_CONFIG_INITIALIZER");
+    if (config && config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 && config->blocking != 1)
+        NCCL_TWIN_FAIL(ncclInvalidArgument, NULL, "ncclCommInitRankConfig: blocking %d (0 or 1)", config->blocking);
     *comm = NULL;
     if (g_nccl_twin_bootstrap == MPI_COMM_NULL)
         NCCL_TWIN_FAIL(ncclInvalidUsage, NULL, "ncclCommInitRank without nccl_twin_bootstrap: the twin connects the ranks over "
@@ -732,7 +816,12 @@ static inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUn
     c->bytes_sent = 0;
     c->async_error = ncclSuccess;
     c->name[0] = 0;
-    c->busy = c->aborted = 0;
+    c->busy = 0;
+    c->aborted = 0;
+    c->abort_waits = 0;
+    c->blocking = !(config && config->blocking == 0);
+    c->pending = 0;
+    c->finalized = 0;
     NCCL_TWIN_MPI(c, MPI_Comm_dup(boot, &c->mpi));
     NCCL_TWIN_MPI(c, MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN));   // errors come back to the twin
     NCCL_TWIN_MPI(c, MPI_Comm_rank(c->mpi, &c->rank));
@@ -760,37 +849,90 @@ static inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUn
                        "(rank %d of %d) on some rank", nranks, rank, me, size);
     }
     *comm = c;
-    return ncclSuccess;
+    return nccl_twin_done(c, ncclSuccess);
+}
+static inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+    return ncclCommInitRankConfig(comm, nranks, id, rank, NULL);
 }
 
+// An aborted communicator is kept, its buffers released: operations still queued on a deferred stream
+// find it aborted and end quietly, as the kernels NCCL launched before an abort do (a few hundred bytes
+// per abort; a process aborts its communicators when it is about to end)
 static inline void nccl_twin_free(ncclComm_t c) {
     if (g_nccl_twin_waiting == c) g_nccl_twin_waiting = NULL;
+    if (c->aborted.load()) { std::vector<char>().swap(c->scratch); return; }
     delete c;
+}
+
+// The orderly end, step one: every operation issued has completed (the twin runs them by the time their
+// stream is waited for, and a communicator's ranks finalize after waiting), so this marks it. Non-blocking:
+// ncclInProgress, then polled.
+static inline ncclResult_t ncclCommFinalize(ncclComm_t c) {
+    if (!c) NCCL_TWIN_FAIL(ncclInvalidArgument, c, "ncclCommFinalize: comm is NULL");
+    if (c->aborted.load()) NCCL_TWIN_FAIL(ncclInvalidUsage, c, "ncclCommFinalize on an aborted communicator");
+    NCCL_TWIN_TRY(nccl_twin_check_ready(c, "ncclCommFinalize"));
+    if (c->busy.load()) NCCL_TWIN_FAIL(ncclInvalidUsage, c, "ncclCommFinalize during an operation of the communicator");
+    c->finalized = 1;
+    return nccl_twin_done(c, ncclSuccess);
 }
 
 // releases the communicator (collective over its ranks, as MPI_Comm_free is)
 static inline ncclResult_t ncclCommDestroy(ncclComm_t c) {
     if (!c) return ncclSuccess;
-    if (c->busy) NCCL_TWIN_FAIL(ncclInvalidUsage, c, "ncclCommDestroy during an operation of the communicator");
+    if (c->aborted.load()) NCCL_TWIN_FAIL(ncclInvalidUsage, c, "ncclCommDestroy on an aborted communicator (ncclCommAbort frees it)");
+    NCCL_TWIN_TRY(nccl_twin_check_ready(c, "ncclCommDestroy"));
+    if (c->busy.load()) NCCL_TWIN_FAIL(ncclInvalidUsage, c, "ncclCommDestroy during an operation of the communicator");
     NCCL_TWIN_MPI(c, MPI_Comm_free(&c->mpi));
     nccl_twin_free(c);
     return ncclSuccess;
 }
 
-// Frees the communicator without talking to anyone (its peers may be gone): the duplicated MPI
-// communicator is left to MPI_Finalize, since freeing it is collective. Called from the watchdog during
-// one of the communicator's waits, it marks the communicator; the wait returns ncclRemoteError and the
-// communicator is freed when the operation unwinds.
+// the planted hang of the deadline's test (NCCL_TWIN_DEBUG_PLANT=abort_hangs), read once
+static inline int nccl_twin_plant_abort_hangs() {
+    static int plant = -1;
+    if (plant < 0) {
+        const char* p = getenv("NCCL_TWIN_DEBUG_PLANT");
+        plant = p && !strcmp(p, "abort_hangs");
+    }
+    return plant;
+}
+
+// Ends the communicator without talking to anyone (its peers may be gone), from any thread (see the top):
+// a wait of another thread inside one of its operations gives up at its next poll; this returns once that
+// operation has unwound. From the thread inside the operation (the twin's watchdog): marks it and returns;
+// the operation fails with ncclRemoteError and the communicator is released when it unwinds.
 static inline ncclResult_t ncclCommAbort(ncclComm_t c) {
     if (!c) return ncclSuccess;
+    if (nccl_twin_plant_abort_hangs()) {
+        const char* m = "nccl twin: NCCL_TWIN_DEBUG_PLANT=abort_hangs: ncclCommAbort blocks forever (a planted hang)\n";
+        ssize_t ignored = write(2, m, strlen(m));
+        (void)ignored;
+        for (;;) pause();
+    }
+    if (c->aborted.load()) return ncclSuccess;   // (aborted before: already released)
+    bool other_thread = c->busy.load() > 0 && !pthread_equal(c->owner, pthread_self());
+    if (other_thread) c->abort_waits = 1;        // before aborted: the owner must not release it too
     c->aborted = 1;
-    if (c->busy == 0) nccl_twin_free(c);
+    if (other_thread) {
+        while (c->busy.load() > 0) {
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+        nccl_twin_free(c);
+    } else if (c->busy.load() == 0) {
+        nccl_twin_free(c);
+    }
     return ncclSuccess;
 }
 
+// The state: ncclInProgress while a non-blocking call has not finished (see the top), else the first
+// asynchronous error or ncclSuccess.
 static inline ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* err) {
     if (!c || !err) NCCL_TWIN_FAIL(ncclInvalidArgument, c, "ncclCommGetAsyncError: NULL argument");
-    *err = c->async_error;
+    int p = c->pending.load();   // one step per poll, whichever thread polls (NCCL: its background progress)
+    while (p > 0 && !c->pending.compare_exchange_weak(p, p - 1)) {}
+    if (p > 1) { *err = ncclInProgress; return ncclSuccess; }
+    *err = c->async_error.load();
     return ncclSuccess;
 }
 static inline ncclResult_t ncclCommCount(const ncclComm_t c, int* count) {
@@ -893,5 +1035,12 @@ static inline ncclResult_t ncclGroupEnd() {
     // the group runs as one, on its operations' stream (a group that mixes streams runs on the first)
     cudaStream_t stream = nullptr;
     for (const NcclTwinOp& o : ops) if (o.stream) { stream = o.stream; break; }
-    return nccl_twin_run_on(ops, stream);
+    for (const NcclTwinOp& o : ops) NCCL_TWIN_TRY(nccl_twin_check_ready(o.comm, "ncclGroupEnd"));
+    ncclResult_t r = nccl_twin_run_on(ops, stream);
+    // non-blocking communicators in the group: each is in progress, and the group returns ncclInProgress
+    bool in_progress = false;
+    for (const NcclTwinOp& o : ops)
+        if (!o.comm->blocking && !o.comm->aborted.load() && r == ncclSuccess)
+            in_progress = nccl_twin_done(o.comm, r) == ncclInProgress || in_progress;
+    return in_progress ? ncclInProgress : r;
 }
