@@ -29,11 +29,22 @@
  *   the same 14-bit kind over at most 4 steps; the tests' bounds allow for that, the twin does not
  *   produce it (exact FP32 keeps the emulated runs' numerics those of the CPU reference).
  * The plan cache (model/matmul.cuh) is the same map with the same keys as on the device; a plan
- * holds nothing here, but making one counts a descriptor set and a heuristic query
+ * holds a fake algorithm, and making one counts a descriptor set and a heuristic query
  * (simt::counters(): plan_creations, heuristic_queries), and every matmul counts as a GEMM launch.
+ * Pinned algorithms (model/matmul_pins.h) as on the device: a plan takes the key's pinned algorithm
+ * when there is one, else the fake heuristic's, which names the process (word 0: a hash of the key,
+ * word 1: the process id), so that a restarted process that asked the heuristic again would record
+ * other algorithms than the run it resumes: the resume tests compare the saved tables. The twin's
+ * cublasLtMatmulAlgoCheck refuses an algorithm whose word 7 is not zero (what a test uses for one from
+ * another GPU).
  * Included by model/matmul.cuh under SIMT_EMULATION only (it needs matmul_validate, MatmulOptions).
  */
 #pragma once
+#include <unistd.h>
+#include "../../model/matmul_pins.h"
+
+// the library that chooses the algorithms, named in the saved tables
+static const bool matmul_pins_library_named = [] { matmul_pins().library = "twin 1"; return true; }();
 
 static inline float twin_load(const void* p, cudaDataType_t t, size_t i) {
     switch (t) {
@@ -70,18 +81,30 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
                                    long long stride_d, int batch, const MatmulOptions* opt, cudaStream_t stream,
                                    const char* file, int line) {
     (void)stream;
+    (void)matmul_pins_library_named;
     matmul_validate(trans_a, trans_b, m, n, k, a_type, lda, b_type, ldb, d_type, ldd, batch, file, line);
     if (m == 0 || n == 0) return;
     bool fp8 = is_fp8_type(a_type);
     if (fp8) matmul_validate_fp8(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, batch, opt, file, line);
-    {   // the device's plan cache, counted: a miss (or no cache) makes a plan and asks the heuristic once
-        static std::map<MatmulKey, int> plans;
+    {   // the device's plan cache, counted: a miss (or no cache) makes a plan, from a pin or the heuristic
+        static std::map<MatmulKey, MatmulAlgoWords> plans;
         long long qn, qk;
         MatmulKey key = matmul_key(trans_a, trans_b, m, n, k, a_type, lda, stride_a, A, b_type, ldb, stride_b, B, d_type, ldd,
                                    stride_d, D, batch, opt, &qn, &qk);
-        if (!matmul_plan_cache_enabled() || plans.emplace(key, 0).second) {
+        if (!matmul_plan_cache_enabled() || !plans.count(key)) {
             simt::count(&simt::counters().plan_creations);
-            simt::count(&simt::counters().heuristic_queries);
+            MatmulAlgoWords algo;
+            bool pinned = matmul_pin_find(key, &algo);
+            if (pinned && algo[7] != 0) { matmul_pin_refused("twin: CUBLAS_STATUS_NOT_SUPPORTED"); pinned = false; }
+            if (pinned) matmul_pins().pins_taken++;
+            else {
+                simt::count(&simt::counters().heuristic_queries);
+                uint64_t hsh = 1469598103934665603ull;   // FNV-1a of the key
+                for (long long v : key) { hsh ^= (uint64_t)v; hsh *= 1099511628211ull; }
+                algo = {hsh, (uint64_t)getpid(), 0, 0, 0, 0, 0, 0};
+            }
+            matmul_pin_record(key, algo);
+            if (matmul_plan_cache_enabled()) plans[key] = algo;
         }
         simt::count(&simt::counters().gemms);
     }
