@@ -9,6 +9,8 @@
  *                                         position, optimizer, data loader state, RNG state, FP8 scaling
  *                                         state (checkpoint/fp8_state.h), topology, size and CRC-32C of
  *                                         every file, and its own CRC-32C
+ *   gemm_plans_00000.txt ...              GPU builds: each rank's GEMM algorithms (model/matmul_pins.h),
+ *                                         listed in the manifest's "gemm_plans" with size and CRC-32C
  * Atomic: everything is written into DIR/.tmp-step_00000010, fsynced, the directory renamed, then the
  * pointer DIR/latest replaced (written aside, fsynced, renamed). A crash or a full disk at any moment
  * leaves the previous checkpoint intact. Retention: the last --ckpt-keep plus every --ckpt-keep-every-th.
@@ -36,6 +38,7 @@
 #include "fp8_state.h"
 #include "json.h"
 #include "../model/debug_hooks.h"
+#include "../model/matmul_pins.h"
 
 // the manifest's format: 2 added "fp8" (the FP8 scaling state); 3 the experts as units of their own,
 // split in runs ("unit_runs", parallel/zero.h). 1 and 2 (each unit one run) are still read.
@@ -81,6 +84,9 @@ typedef struct {
     std::string error;
     uint32_t crc = 0;
     uint64_t bytes = 0;
+    uint32_t plans_crc = 0;       // this rank's GEMM plan table (gemm_plans_<rank>.txt; 0 bytes: none)
+    uint64_t plans_bytes = 0;
+    std::string plans_error;
     float* staging = NULL;
     size_t staging_n = 0;
     double blocked_s = 0, write_s = 0, t_start = 0;
@@ -96,6 +102,7 @@ static inline void ckpt_init(Checkpointer* ck, const std::string& dir, int every
 
 static inline std::string ckpt_step_name(int step) { char b[32]; snprintf(b, sizeof b, "step_%08d", step); return b; }
 static inline std::string ckpt_shard_name(int s) { char b[32]; snprintf(b, sizeof b, "shard_%05d.bin", s); return b; }
+static inline std::string ckpt_plans_name(int r) { char b[32]; snprintf(b, sizeof b, "gemm_plans_%05d.txt", r); return b; }
 
 // ---------------------------------------------------------------------------------------------
 // start-up: the directory can take checkpoints, and `latest` names the newest complete one
@@ -397,6 +404,13 @@ static inline void ckpt_start_save(Checkpointer* ck, Zero* z, const DbrxConfig* 
     }
     comm_all_reduce(&comm->world_group, &ok, 1, COMM_I32);
     if (ok != comm->world) { ck->pending = false; return; }
+    // every rank: its GEMM algorithms (a few KB, written here; none in the CPU build), so that a resume
+    // reuses them (model/matmul_pins.h)
+    std::string plans = matmul_pins_text();
+    ck->plans_error.clear();
+    ck->plans_bytes = plans.size();
+    ck->plans_crc = crc32c_update(0, plans.data(), plans.size());
+    if (!plans.empty()) ck->plans_error = write_file_atomic(ck->tmp_dir + "/" + ckpt_plans_name(comm->rank), plans);
     // the first replica writes: ranks 0..P-1 (layout groups are consecutive ranks; P = S but under data
     // parallelism with EP, where the files are those of ZeRO-3 over the EP group: zero_file_layout)
     ck->writer = zero_expert_replica(z)->rank == 0;
@@ -454,15 +468,27 @@ static inline std::string ckpt_set_aside_unconfirmed(Checkpointer* ck) {
 }
 
 // rank 0: manifest, rename, latest, retention. Returns "" or the error.
+// info: CKPT_POLL_WORDS per rank (ckpt_poll)
+#define CKPT_POLL_WORDS 7
 static inline std::string ckpt_commit(Checkpointer* ck, const Zero* z, const std::vector<int64_t>& info) {
-    std::string m = ck->manifest_head + "  \"files\": [\n";
+    const int W = CKPT_POLL_WORDS;
+    std::string m = ck->manifest_head + "  \"files\": [\n", plans;
     for (int s = 0; s < z->P; s++) {
         char b[256];
         snprintf(b, sizeof b, "    {\"name\": \"%s\", \"shard_rank\": %d, \"bytes\": %lld, \"crc32c\": \"%08x\"}%s\n",
-                 ckpt_shard_name(s).c_str(), s, (long long)info[5 * s + 3], (unsigned)info[5 * s + 2], s + 1 < z->P ? "," : "");
+                 ckpt_shard_name(s).c_str(), s, (long long)info[W * s + 3], (unsigned)info[W * s + 2], s + 1 < z->P ? "," : "");
         m += b;
     }
-    m += "  ],\n  \"manifest_crc32c\": \"00000000\"\n}\n";
+    for (size_t r = 0; r < info.size() / W; r++) {   // the ranks' GEMM plan tables (GPU builds)
+        if (!info[W * r + 5]) continue;
+        char b[256];
+        snprintf(b, sizeof b, "%s    {\"name\": \"%s\", \"rank\": %zu, \"bytes\": %lld, \"crc32c\": \"%08x\"}", plans.empty() ? "" : ",\n",
+                 ckpt_plans_name((int)r).c_str(), r, (long long)info[W * r + 5], (unsigned)info[W * r + 6]);
+        plans += b;
+    }
+    m += "  ],\n";
+    if (!plans.empty()) m += "  \"gemm_plans\": [\n" + plans + "\n  ],\n";
+    m += "  \"manifest_crc32c\": \"00000000\"\n}\n";
     char crc[16];
     snprintf(crc, sizeof crc, "%08x", crc32c_update(0, m.data(), m.size()));
     m.replace(m.rfind("00000000"), 8, crc);
@@ -497,25 +523,28 @@ static inline SaveReport ckpt_poll(Checkpointer* ck, Zero* z, Comm* comm, bool w
     SaveReport rep = {false, -1, 0, 0, 0, 0, ""};
     if (!ck->pending) return rep;
     if (wait && ck->writer && ck->thread.joinable()) ck->thread.join();
-    int64_t mine[5] = {(!ck->writer || ck->done.load()) ? 1 : 0, ck->error.empty() ? 0 : 1, ck->crc, (int64_t)ck->bytes,
-                       (int64_t)(ck->write_s * 1e6)};
-    std::vector<int64_t> all((size_t)5 * comm->world);
-    comm_all_gather(&comm->world_group, mine, all.data(), 5 * sizeof(int64_t), COMM_BYTE);
-    for (int r = 0; r < comm->world; r++) if (!all[5 * r]) return rep;   // not yet: ask again next step
+    const int W = CKPT_POLL_WORDS;
+    bool done = !ck->writer || ck->done.load();
+    int64_t mine[CKPT_POLL_WORDS] = {done ? 1 : 0, (done && !ck->error.empty()) || !ck->plans_error.empty() ? 1 : 0, ck->crc,
+                                     (int64_t)ck->bytes, (int64_t)(ck->write_s * 1e6), (int64_t)ck->plans_bytes, ck->plans_crc};
+    std::vector<int64_t> all((size_t)W * comm->world);
+    comm_all_gather(&comm->world_group, mine, all.data(), W * sizeof(int64_t), COMM_BYTE);
+    for (int r = 0; r < comm->world; r++) if (!all[W * r]) return rep;   // not yet: ask again next step
     if (ck->writer && ck->thread.joinable()) ck->thread.join();
     if (ck->writer && !ck->error.empty()) fprintf(stderr, "warning: rank %d: checkpoint step %d: %s\n", comm->rank, ck->step, ck->error.c_str());
+    if (!ck->plans_error.empty()) fprintf(stderr, "warning: rank %d: checkpoint step %d: %s\n", comm->rank, ck->step, ck->plans_error.c_str());
     rep.step = ck->step;
     rep.blocked_ms = ck->blocked_s * 1e3;
     rep.path = ck->dir + "/" + ck->name;
     int failed = 0;
     for (int r = 0; r < comm->world; r++) {
-        failed += all[5 * r + 1] ? 1 : 0;
-        rep.bytes += (uint64_t)all[5 * r + 3];
-        if (all[5 * r + 4] / 1e3 > rep.write_ms) rep.write_ms = all[5 * r + 4] / 1e3;
+        failed += all[W * r + 1] ? 1 : 0;
+        rep.bytes += (uint64_t)all[W * r + 3] + (uint64_t)all[W * r + 5];
+        if (all[W * r + 4] / 1e3 > rep.write_ms) rep.write_ms = all[W * r + 4] / 1e3;
     }
     std::string err;
     if (comm->rank == 0) {
-        if (failed) err = std::to_string(failed) + " shard file(s) could not be written";
+        if (failed) err = std::to_string(failed) + " rank(s) could not write their files";
         else err = ckpt_commit(ck, z, all);
         if (!err.empty()) {
             fprintf(stderr, "warning: checkpoint step %d failed (%s); the previous checkpoint is kept\n", ck->step, err.c_str());

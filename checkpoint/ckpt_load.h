@@ -323,6 +323,46 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     return "";
 }
 
+// After a load, every rank: its GEMM algorithms from the checkpoint's "gemm_plans" (model/matmul_pins.h),
+// size and CRC-32C checked like the shard files. A table that is missing (a checkpoint of the CPU build or
+// from before tables were saved, or a rank the saving run did not have), damaged or from another library
+// is not used: one line, and the heuristic chooses (the weights are fine; only the last bits may differ).
+// The CPU build has no GEMM plans and ignores the tables.
+static inline void ckpt_plans_restore(const std::string& dir, const JsonValue* man, Comm* comm) {
+    if (matmul_pins().library.empty()) return;
+    const JsonValue* list = json_get(man, "gemm_plans");
+    std::string name, err, text;
+    uint64_t bytes = 0;
+    for (size_t i = 0; list && list->kind == JsonValue::ARR && i < list->items.size(); i++) {
+        const JsonValue* e = &list->items[i];
+        int r = -1;
+        if (!json_int(json_get(e, "rank"), &r) || r != comm->rank) continue;
+        const JsonValue* nm = json_get(e, "name");
+        const JsonValue* cv = json_get(e, "crc32c");
+        if (!nm || nm->kind != JsonValue::STR || nm->text != ckpt_plans_name(r) || !json_u64(json_get(e, "bytes"), &bytes) || !cv ||
+            cv->kind != JsonValue::STR)
+            err = "manifest.json: gemm_plans[" + std::to_string(i) + "] is malformed";
+        name = ckpt_plans_name(r);
+        if (err.empty()) err = read_file(dir + "/" + name, &text);
+        if (err.empty() && text.size() != bytes) err = name + ": " + std::to_string(text.size()) + " bytes, the manifest says " + std::to_string(bytes);
+        char crc[16];
+        snprintf(crc, sizeof crc, "%08x", crc32c_update(0, text.data(), text.size()));
+        if (err.empty() && cv->text != crc) err = name + ": CRC-32C " + crc + ", the manifest says " + cv->text;
+        break;
+    }
+    int n = 0;
+    if (!list) {   // none saved at all: one line for the run
+        if (comm->rank == 0) printf("note: resume: %s has no GEMM algorithms (saved by the CPU build or an older one): the heuristic "
+                                    "chooses them\n", dir.c_str());
+        return;
+    }
+    if (name.empty()) err = "the checkpoint has no GEMM algorithms for rank " + std::to_string(comm->rank);
+    else if (err.empty() && !(err = matmul_pins_load(text, &n)).empty()) err = name + ": " + err;
+    if (!err.empty()) fprintf(stderr, "note: resume: rank %d: %s: the heuristic chooses the GEMM algorithms (the run may differ from "
+                              "the saved one in the last bits)\n", comm->rank, err.c_str());
+    else if (comm->rank == 0) printf("resume: %d GEMM algorithms to reuse from %s/%s\n", n, dir.c_str(), name.c_str());
+}
+
 // --resume: "auto" = the newest valid checkpoint in ck->dir (none: start fresh, say so), else a
 // checkpoint directory (invalid: error). Returns 1 if loaded. Collective.
 static inline int ckpt_resume(Checkpointer* ck, const std::string& resume, Zero* z, const DbrxConfig* cfg, TrainProgress* prog,
@@ -343,6 +383,7 @@ static inline int ckpt_resume(Checkpointer* ck, const std::string& resume, Zero*
         std::string why = ckpt_try_load(dir, z, cfg, prog, manifest, comm);
         if (why.empty()) {
             *loaded = dir;
+            ckpt_plans_restore(dir, manifest, comm);
             // `latest` names the newest valid checkpoint: the one just loaded (a save killed after its
             // rename left it one behind; a damaged newer one is passed over)
             if (resume == "auto" && comm->rank == 0) {

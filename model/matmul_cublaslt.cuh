@@ -9,6 +9,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include "matmul_pins.h"
 
 inline void cublas_check(cublasStatus_t st, const char* file, int line) {
     if (st != CUBLAS_STATUS_SUCCESS) fail_at(file, line, "cuBLAS error %s: %s", cublasLtGetStatusName(st), cublasLtGetStatusString(st));
@@ -97,8 +98,37 @@ static inline void matmul_plan_destroy(MatmulPlan* p) {
     cublasCheck(cublasLtMatmulDescDestroy(p->desc));
 }
 
+// the library that chooses the algorithms, named in the saved tables (model/matmul_pins.h): a table saved
+// under another cuBLASLt version is not used
+static const bool matmul_pins_library_named = [] {
+    matmul_pins().library = "cublasLt " + std::to_string((unsigned long long)cublasLtGetVersion());
+    return true;
+}();
+
+static inline MatmulAlgoWords matmul_algo_words(const cublasLtMatmulAlgo_t& a) {
+    static_assert(sizeof(a.data) == sizeof(MatmulAlgoWords), "cublasLtMatmulAlgo_t is 8 uint64");
+    MatmulAlgoWords w;
+    memcpy(w.data(), a.data, sizeof w);
+    return w;
+}
+
+// the pinned algorithm of key, if cuBLASLt accepts it for the plan's layouts as they are now
+static inline bool matmul_plan_pinned(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, cublasLtMatmulAlgo_t* algo) {
+    MatmulAlgoWords w;
+    if (!matmul_pin_find(key, &w)) return false;
+    memcpy(algo->data, w.data(), sizeof w);
+    cublasLtMatmulHeuristicResult_t check;
+    cublasStatus_t st = cublasLtMatmulAlgoCheck(h, p->desc, p->la, p->lb, p->ld, p->ld, algo, &check);
+    if (st == CUBLAS_STATUS_SUCCESS && check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= cublaslt_workspace_bytes) {
+        matmul_pins().pins_taken++;
+        return true;
+    }
+    matmul_pin_refused(cublasLtGetStatusName(st != CUBLAS_STATUS_SUCCESS ? st : check.state));
+    return false;
+}
+
 // the heuristic's best algorithm for the plan's layouts as they are now; false if it has none
-static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key) {
+static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, cublasLtMatmulAlgo_t* algo) {
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     size_t wsb = cublaslt_workspace_bytes;
@@ -112,12 +142,13 @@ static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const Ma
     int found = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heur, &found));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    if (found) p->algo = heur.algo;
+    if (found) *algo = heur.algo;
     return found != 0;
 }
 
 // a new plan: descriptor (transposes, FP8 modes; the pointers are set per call), layouts at the
-// bucketed n and k, and the heuristic's algorithm for them
+// bucketed n and k, and the algorithm for them: the one pinned by the checkpoint resumed from, else the
+// heuristic's; recorded for the next checkpoint
 static inline void matmul_plan_create(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, long long qn, long long qk,
                                       const MatmulOptions* opt, const char* file, int line) {
     bool trans_a = key[0], trans_b = key[1];
@@ -148,13 +179,19 @@ static inline void matmul_plan_create(MatmulPlan* p, cublasLtHandle_t h, const M
     layout_create(&p->la, a_type, trans_a ? qk : m, trans_a ? m : qk, lda, batch, key[12]);
     layout_create(&p->lb, b_type, trans_b ? qn : qk, trans_b ? qk : qn, ldb, batch, key[13]);
     layout_create(&p->ld, d_type, m, qn, ldd, batch, key[14]);
-    if (!matmul_plan_query(p, h, key))
-        fail_at(file, line, "cuBLASLt has no algorithm for m %lld n %lld k %lld (trans %c%c, A %s B %s D %s, lda %d ldb %d ldd %d, batch %d)",
+    if (matmul_plan_pinned(p, h, key, &p->algo) || matmul_plan_query(p, h, key, &p->algo)) {
+        matmul_pin_record(key, matmul_algo_words(p->algo));
+        return;
+    }
+    fail_at(file, line, "cuBLASLt has no algorithm for m %lld n %lld k %lld (trans %c%c, A %s B %s D %s, lda %d ldb %d ldd %d, batch %d)",
                 m, qn, qk, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', dtype_name(a_type), dtype_name(b_type), dtype_name(d_type),
                 lda, ldb, ldd, batch);
 }
 
 static inline std::map<MatmulKey, MatmulPlan>& matmul_plans() { static std::map<MatmulKey, MatmulPlan> plans; return plans; }
+// the fallback's algorithms, per exact shape (key with the exact n and k, marked in key[22]): the
+// bucket's own algorithm stays what it was
+static inline std::map<MatmulKey, cublasLtMatmulAlgo_t>& matmul_exact_algos() { static std::map<MatmulKey, cublasLtMatmulAlgo_t> a; return a; }
 
 // D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * D — COLUMN-major, cuBLAS conventions:
 // A is stored (k, m) with lda >= k when trans_a, else (m, k) with lda >= m (likewise B); C is D.
@@ -176,6 +213,7 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     MatmulKey key = matmul_key(trans_a, trans_b, m, n, k, a_type, lda, stride_a, A, b_type, ldb, stride_b, B, d_type, ldd, stride_d, D,
                                batch, opt, &qn, &qk);
     bool cached = matmul_plan_cache_enabled();
+    (void)matmul_pins_library_named;
     MatmulPlan local, *p = &local;
     if (cached) {
         auto it = matmul_plans().find(key);
@@ -201,9 +239,19 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     size_t wsb = cublaslt_workspace_bytes;
     cublasStatus_t st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo, ws, wsb, stream);
     if ((st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) && (qn != n || qk != k)) {
-        // the bucket's algorithm does not take this exact shape: ask for it (and keep that answer for the bucket)
-        if (matmul_plan_query(p, h, key))
-            st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo, ws, wsb, stream);
+        // the bucket's algorithm does not take this exact shape: an algorithm for the exact shape, pinned or
+        // asked for once, kept (and saved) under the exact shape's key; the bucket keeps its own
+        MatmulKey exact = key;
+        exact[3] = n; exact[4] = k; exact[22] = 1;
+        auto it = matmul_exact_algos().find(exact);
+        cublasLtMatmulAlgo_t algo;
+        bool have = it != matmul_exact_algos().end();
+        if (have) algo = it->second;
+        else if ((have = matmul_plan_pinned(p, h, exact, &algo) || matmul_plan_query(p, h, exact, &algo))) {
+            if (cached) matmul_exact_algos()[exact] = algo;
+            matmul_pin_record(exact, matmul_algo_words(algo));
+        }
+        if (have) st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &algo, ws, wsb, stream);
     }
     if (st != CUBLAS_STATUS_SUCCESS)
         fail_at(file, line, "cuBLASLt matmul m %d n %d k %d (trans %c%c) failed: %s: %s", m, n, k, trans_a ? 'T' : 'N',

@@ -117,6 +117,7 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
     echo "== the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures"
     bash test/test_zero_gpu.sh
+    echo "== GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)"; bash test/test_gemm_pins.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
 fi

@@ -269,9 +269,31 @@ static std::vector<float> random_factors(size_t n, uint64_t seed) {
 
 struct GemmCase { Fp8Format fa, fb; int mode_a, mode_b; };
 
+// The accumulation error a GEMM may have on the device, per output, in units of |products| (dequantised):
+// FP32 sums over K <= 384 terms (4e-5 of sum |x y|), plus the tensor core's 14-bit accumulator
+// (test/simt/cublaslt_twin.h's model: after every k-step of 32 the running sum truncated to 14
+// significant bits, an error <= 2^-13 of the running sum of |products|, and as much again for the
+// alignment of the step's products inside the tensor core, so 2^-12 per step). FAST_ACCUM keeps one
+// running sum over all of k; without it (and with block scales) the sum is promoted to FP32 every 128,
+// so the running sum restarts at every chunk. prod: the K dequantised products of one output.
+static double accumulation_bound(const std::vector<double>& prod, bool fast) {
+    double mag = 0, steps = 0, run = 0;
+    for (size_t p = 0; p < prod.size(); p++) {
+        mag += std::fabs(prod[p]);
+        if (!fast && p % 128 == 0) run = 0;
+        run += std::fabs(prod[p]);
+        if ((p + 1) % 32 == 0 || p + 1 == prod.size()) steps += run;   // the running sum after each step
+    }
+    return mag * 4e-5 + steps * std::ldexp(1.0, -12);
+}
+
 // C (M, N) = A (M, K) @ B (N, K)^T, row-major, through gemm_fp8_gpu (the wrapper), against FP64 on
-// the dequantised operands (dequantised here from the documented layouts)
-static void check_fp8_gemm(const GemmCase& g, int M, int N, int K, bool fp32_out, uint64_t seed) {
+// the dequantised operands (dequantised here from the documented layouts). Returns how many outputs are
+// out of bounds. Negative controls: want_factor != 1 checks against a result scaled by it (what a wrong
+// scale in the code would give); fp32_bound: the bound of exact FP32 accumulation, without the tensor
+// core's 14-bit terms (FAST_ACCUM's error must exceed it somewhere).
+static long long check_fp8_gemm(const GemmCase& g, int M, int N, int K, bool fp32_out, int fast, uint64_t seed,
+                                double want_factor = 1.0, bool fp32_bound = false) {
     std::vector<uint8_t> a = random_codes((size_t)M * K, g.fa, seed), b = random_codes((size_t)N * K, g.fb, seed + 1);
     auto nfac = [&](int mode, int outer) {
         return mode == MATMUL_SCALE_TENSOR ? 1 : mode == MATMUL_SCALE_VEC128 ? vec128_count(outer, K) : blk128_count(outer, K);
@@ -282,18 +304,20 @@ static void check_fp8_gemm(const GemmCase& g, int M, int N, int K, bool fp32_out
     std::vector<float> sa = random_factors(nfac(g.mode_a, M), seed + 2), sb = random_factors(nfac(g.mode_b, N), seed + 3);
     std::vector<float> c0 = randn((size_t)M * N, seed + 4);
     float alpha = 0.75f, beta = fp32_out ? 1.0f : 0.0f;
-    std::vector<double> want((size_t)M * N), bound((size_t)M * N);
+    bool fast_used = fast && g.mode_a == MATMUL_SCALE_TENSOR;   // gemm_fp8_gpu drops FAST_ACCUM for block scales
+    std::vector<double> want((size_t)M * N), bound((size_t)M * N), prod(K);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             double acc = 0, mag = 0;
             for (int p = 0; p < K; p++) {
                 double x = (double)fp8_to_float(a[(size_t)i * K + p], g.fa) * factor(sa, g.mode_a, i, p, M);
                 double y = (double)fp8_to_float(b[(size_t)j * K + p], g.fb) * factor(sb, g.mode_b, j, p, N);
+                prod[p] = x * y;
                 acc += x * y;
                 mag += std::fabs(x * y);
             }
-            want[(size_t)i * N + j] = alpha * acc + beta * c0[(size_t)i * N + j];
-            bound[(size_t)i * N + j] = std::fabs(alpha) * mag * 4e-5 + 1e-30;   // FP32 accumulation over K <= 384 terms
+            want[(size_t)i * N + j] = want_factor * alpha * acc + beta * c0[(size_t)i * N + j];
+            bound[(size_t)i * N + j] = std::fabs(alpha) * (fp32_bound ? mag * 4e-5 : accumulation_bound(prod, fast_used)) + 1e-30;
         }
     uint8_t* da = dev_copy(a);
     uint8_t* db = dev_copy(b);
@@ -303,12 +327,12 @@ static void check_fp8_gemm(const GemmCase& g, int M, int N, int K, bool fp32_out
     std::vector<float> got;
     if (fp32_out) {
         float* dc = dev_copy(c0);
-        gemm_fp8_gpu(M, N, K, alpha, A, B, beta, dc, N, 0);
+        gemm_fp8_gpu(M, N, K, alpha, A, B, beta, dc, N, fast);
         got = get(dc, c0.size());
         cudaCheck(cudaFree(dc));
     } else {
         floatX* dc = dev_poisoned<floatX>(c0.size());   // beta 0: the old values are never read
-        gemm_fp8_gpu(M, N, K, alpha, A, B, beta, dc, N, 1);
+        gemm_fp8_gpu(M, N, K, alpha, A, B, beta, dc, N, fast);
         std::vector<floatX> h = get(dc, c0.size());
         for (floatX v : h) got.push_back(__bfloat162float(v));
         cudaCheck(cudaFree(dc));
@@ -321,10 +345,14 @@ static void check_fp8_gemm(const GemmCase& g, int M, int N, int K, bool fp32_out
         bad += !(err <= lim);
         worst = std::max(worst, err / lim);
     }
-    INFO("A " << (int)g.fa << " scale mode " << g.mode_a << ", B " << (int)g.fb << " scale mode " << g.mode_b << ", " << M << " x " << N
-              << " x " << K << (fp32_out ? ", fp32 out, beta 1" : ", bf16 out") << ": worst error " << worst << " of the bound");
-    CHECK(bad == 0);
+    if (want_factor == 1.0 && !fp32_bound) {
+        INFO("A " << (int)g.fa << " scale mode " << g.mode_a << ", B " << (int)g.fb << " scale mode " << g.mode_b << ", " << M << " x " << N
+                  << " x " << K << (fp32_out ? ", fp32 out, beta 1" : ", bf16 out") << (fast_used ? ", FAST_ACCUM" : "")
+                  << ": worst error " << worst << " of the bound");
+        CHECK(bad == 0);
+    }
     for (void* p : {(void*)da, (void*)db, (void*)dsa, (void*)dsb}) cudaCheck(cudaFree(p));
+    return bad;
 }
 
 TEST_CASE("FP8 GEMM (wrapper + twin) against FP64 on the dequantised operands: per-tensor and block scales, all type pairs") {
@@ -334,7 +362,30 @@ TEST_CASE("FP8 GEMM (wrapper + twin) against FP64 on the dequantised operands: p
         for (auto modes : {std::pair<int, int>{T, T}, {V, Bk}, {Bk, V}, {V, V}})
             for (auto shape : {std::vector<int>{48, 64, 384}, {136, 40, 272}})
                 for (int fp32 = 0; fp32 < 2; fp32++)
-                    check_fp8_gemm({types.first, types.second, modes.first, modes.second}, shape[0], shape[1], shape[2], fp32, ++seed);
+                    for (int fast = 0; fast < 2; fast++)
+                        check_fp8_gemm({types.first, types.second, modes.first, modes.second}, shape[0], shape[1], shape[2], fp32, fast, ++seed);
+}
+
+TEST_CASE("FP8 GEMM bounds catch a wrong scale; FAST_ACCUM's reduced accumulator exceeds the FP32 bound (twin and device)") {
+    const int T = MATMUL_SCALE_TENSOR, V = MATMUL_SCALE_VEC128, Bk = MATMUL_SCALE_BLK128;
+    // a result off by a factor (a scale applied twice, a missing chunk factor, a wrong format's scale: all far
+    // larger) fails the FAST_ACCUM bound and the promoted one; the smallest factor the bound catches somewhere
+    for (double f : {1.25, 1.0 + 1.0 / 64}) {
+        INFO("result scaled by " << f);
+        CHECK(check_fp8_gemm({FP8_E4M3, FP8_E4M3, T, T}, 48, 64, 384, true, 1, 901, f) > 0);
+        CHECK(check_fp8_gemm({FP8_E4M3, FP8_E4M3, T, T}, 48, 64, 384, false, 1, 902, f) > 0);
+        CHECK(check_fp8_gemm({FP8_E5M2, FP8_E4M3, V, Bk}, 136, 40, 272, true, 0, 903, f) > 0);
+    }
+    // the twin models FAST_ACCUM: with it the error exceeds what FP32 accumulation allows in some outputs,
+    // without it never (the twin sums in FP32). On the device both counts are printed, not checked: they
+    // measure the real accumulator (FAST_ACCUM's count > 0 confirms the reduced precision).
+    long long fast_over = check_fp8_gemm({FP8_E4M3, FP8_E4M3, T, T}, 48, 64, 384, true, 1, 904, 1.0, true);
+    long long promoted_over = check_fp8_gemm({FP8_E4M3, FP8_E4M3, T, T}, 48, 64, 384, true, 0, 904, 1.0, true);
+    MESSAGE("outputs (of 3072) over the FP32-accumulation bound: FAST_ACCUM " << fast_over << ", promoted " << promoted_over);
+#ifdef SIMT_EMULATION
+    CHECK(fast_over > 0);
+    CHECK(promoted_over == 0);
+#endif
 }
 
 // runs fn in a child process; returns its stderr and exit code (the wrapper's failures exit)
