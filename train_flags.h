@@ -32,7 +32,7 @@ typedef struct {                   // checkpoints and Hugging Face interop (chec
     int every = 0, keep = 3, keep_every = 0, confirm = 0;
     float export_max_file_gb = 5;
 } CkptArgs;
-typedef struct { float loss_sigma = 6, loss_rise = 1, gnorm_factor = 10; int window = 50, max_skips = 5; } GuardArgs;   // checkpoint/spike_guard.h
+typedef struct { float loss_sigma = 6, loss_rise = 1, gnorm_factor = 50; int window = 50, max_skips = 5; } GuardArgs;   // checkpoint/spike_guard.h
 typedef struct {                   // the health check (parallel/health.h)
     bool check = false, check_only = false;
     float min_tflops = 0, min_busbw = 0, gemm_ratio = 0.5f;
@@ -156,7 +156,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"", "", F_SECTION, NULL, "the loss-spike guard"},
         {"--spike-loss-sigma", "", F_FLOAT, &a->guard.loss_sigma, "skip a step whose loss exceeds the mean of the last --spike-window steps by K std and by --spike-loss-rise (0: off)"},
         {"--spike-loss-rise", "", F_FLOAT, &a->guard.loss_rise, "... and by R x that mean (1: the loss doubled; ordinary batches reach +51% at batch 1: checkpoint/README.md)"},
-        {"--spike-gnorm-factor", "", F_FLOAT, &a->guard.gnorm_factor, "skip a step whose grad norm exceeds M x the median of the last --spike-window steps (0: off)"},
+        {"--spike-gnorm-factor", "", F_FLOAT, &a->guard.gnorm_factor, "skip a step whose grad norm exceeds M x the median of the last --spike-window steps (0: off; ordinary steps reach 18x: checkpoint/README.md)"},
         {"--spike-window", "", F_INT, &a->guard.window, "steps the spike guard's statistics and skip count span"},
         {"--max-skips", "", F_INT, &a->guard.max_skips, "stop when this many of the last --spike-window steps were skipped (non-finite steps are always skipped)"},
         {"", "", F_SECTION, NULL, "the health check"},
