@@ -195,7 +195,7 @@ gpu-build: $(if $(NVCC),$(GPU_TESTS) $(DEV_CUDA))
 test-gpu:
 	@bash dev/test_gpu.sh --gpu-check
 	@test -n "$(NVCC)" || { echo "error: make test-gpu needs nvcc (the CUDA toolkit)"; exit 1; }
-	@$(MAKE) --no-print-directory check-test-deps train_dbrx $(GPU_TESTS) $(DEV_CUDA) dev/comm_bench
+	@$(MAKE) --no-print-directory check-test-deps data train_dbrx $(GPU_TESTS) $(DEV_CUDA) dev/comm_bench
 	@PYTHON=$(PYTHON) SANITIZER=$(SANITIZER) bash dev/test_gpu.sh
 
 # the GPU benchmarks against their targets (dev/bench/bench_gpu.sh): attention, expert GEMMs, memory-bound

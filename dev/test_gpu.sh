@@ -14,7 +14,7 @@
 # The report (a table: name, PASS/FAIL/SKIP, seconds, key number; then GO or NO-GO) is printed and written
 # to dev/bench/test_gpu_report.md (commit it after a GPU run); raw outputs go to dev/bench/gpu_runs/test_gpu/.
 # Exit status: 0 on GO, 1 on NO-GO, 1 with one line when no GPU is visible (--gpu-check: only that check).
-#   make test-gpu            (builds train_dbrx and the test programs with nvcc first; needs make data)
+#   make test-gpu            (builds train_dbrx, the test programs and dev/cuda with nvcc, and the dataset, first)
 # Overrides (test/test_gpu_report.sh uses them to check this script without a GPU):
 #   TEST_GPU_PLAN=FILE       the checks to run instead of the default list, one a line: NAME|SECONDS|KIND|COMMAND
 #                            (KIND: doctest, suite or cmd; COMMAND is evaluated by bash, and may call smoke)
@@ -62,8 +62,8 @@ PY
     rm -rf "$d"; return $rc
 }
 # bench_quick: bench_gpu.sh --quick; the key: attention forward, expert GEMMs / dense, end-to-end MFU
-bench_quick() {
-    local out; out=$(bash dev/bench/bench_gpu.sh --quick 2>&1); local rc=$?
+bench_quick() {   # (BENCH_GPU_MODE=--emulated: the same parsing over the emulated builds' table)
+    local out; out=$(bash dev/bench/bench_gpu.sh "${BENCH_GPU_MODE:---quick}" 2>&1); local rc=$?
     echo "$out"
     local att ex e2e
     att=$(grep -m1 "forward v3" <<<"$out" | awk -F'|' '{print $3}' | awk '{print $1}')
