@@ -1,11 +1,13 @@
 # Makefile — builds ./train_dbrx (nvcc for sm_90a when nvcc is present, else g++: the same
 # sources, CPU backend only), the tests, and the set-up targets of the README:
-#   make deps     install what is missing (Debian packages; needs root)
-#   make          build ./train_dbrx
-#   make data     prepare the default dataset (State of the Union addresses, byte-level tokens)
-#   make train    train the default model (dbrx-tiny) with mpirun
-#   make test     build and run the whole test suite (the CUDA kernels under the SIMT emulator)
-#   make test-gpu run the CUDA kernel and training-step tests on a real GPU (SANITIZER=1: memcheck)
+#   make deps      install what is missing to build, prepare the data and train (Debian packages; needs root)
+#   make deps-test install that and what the test suite needs (doctest, PyTorch, matplotlib, clang)
+#   make           build ./train_dbrx
+#   make data      prepare the default dataset (State of the Union addresses, byte-level tokens)
+#   make train     train the default model (dbrx-tiny) with mpirun
+#   make test      build and run the whole test suite (the CUDA kernels under the SIMT emulator)
+#   make test-gpu  every check that needs a real GPU, then a go/no-go report (dev/test_gpu.sh; SANITIZER=1:
+#                  the device test programs under compute-sanitizer memcheck)
 
 CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
@@ -27,7 +29,7 @@ NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
 HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh train_flags.h
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
-.PHONY: all deps check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu bench-gpu clean
+.PHONY: all deps deps-test check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu bench-gpu clean
 all: train_dbrx
 
 # A missing dependency stops the build with one line naming the Debian package.
@@ -40,6 +42,7 @@ check-deps:
 check-test-deps: check-deps
 	@test -f /usr/include/doctest/doctest.h || { echo "error: doctest.h not found: apt-get install doctest-dev"; exit 1; }
 	@$(PYTHON) -c 'import torch, numpy' 2>/dev/null || { echo "error: $(PYTHON) cannot import torch: apt-get install python3-torch python3-numpy"; exit 1; }
+	@$(PYTHON) -c 'import matplotlib' 2>/dev/null || { echo "error: $(PYTHON) cannot import matplotlib: apt-get install python3-matplotlib"; exit 1; }
 
 ifneq ($(NVCC),)
 train_dbrx: train_dbrx.cu $(HEADERS) | check-deps
@@ -66,6 +69,8 @@ train_dbrx_cpu: train_dbrx.cu $(HEADERS) | check-deps
 
 deps:
 	@bash dev/install_deps.sh
+deps-test:
+	@bash dev/install_deps.sh --test
 
 data:
 	@bash dev/data/prepare_sotu.sh
@@ -184,13 +189,14 @@ $(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS)
 	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ $< -lopenblas -lm
 gpu-build: $(if $(NVCC),$(GPU_TESTS) $(DEV_CUDA))
 
-test-gpu: train_dbrx $(GPU_TESTS)
-	@test -n "$(NVCC)" || { echo "error: make test-gpu needs nvcc"; exit 1; }
-	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_kernels_gpu
-	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_step_cuda_gpu
-	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_fp8_cuda_gpu
-	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_zero_fp8_cuda_gpu
-	$(if $(SANITIZER),compute-sanitizer --tool memcheck --error-exitcode 1) ./test/test_decode_gpu
+# the device test programs, the one-process shell suites on ./train_dbrx, a smoke run and the benchmarks'
+# sanity pass, each under a time limit, past failures; the report goes to dev/bench/test_gpu_report.md
+# (no GPU: one line and exit 1 before anything is built)
+test-gpu:
+	@bash dev/test_gpu.sh --gpu-check
+	@test -n "$(NVCC)" || { echo "error: make test-gpu needs nvcc (the CUDA toolkit)"; exit 1; }
+	@$(MAKE) --no-print-directory check-test-deps data train_dbrx $(GPU_TESTS) $(DEV_CUDA) dev/comm_bench
+	@PYTHON=$(PYTHON) SANITIZER=$(SANITIZER) bash dev/test_gpu.sh
 
 # the GPU benchmarks against their targets (dev/bench/bench_gpu.sh): attention, expert GEMMs, memory-bound
 # kernels, dbrx-1b end to end; appended to dev/bench/results_gpu.md

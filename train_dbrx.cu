@@ -266,7 +266,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     if (do_mc) mc_setup(&mc, args, cfg, comm);
     AdamWConfig opt = {args.optim.lr, args.optim.beta1, args.optim.beta2, args.optim.adam_eps, args.optim.weight_decay, args.optim.grad_clip};
     SpikeGuard guard;
-    spike_guard_init(&guard, args.guard.loss_sigma, args.guard.gnorm_factor, args.guard.window, args.guard.max_skips);
+    spike_guard_init(&guard, args.guard.loss_sigma, args.guard.gnorm_factor, args.guard.window, args.guard.max_skips, args.guard.loss_rise);
     RunCheckpoints rc;
     TrainProgress prog;
     bool resumed = run_ckpt_begin(&rc, args, cfg, opt, model, store, &train, &guard, &prog, comm);

@@ -195,7 +195,8 @@ static void dump_logits(Model* model, DataLoader* val, const TrainArgs& args, co
     dbrx_logits_to_host(model, &logits);
     st_write_host(args.eval.dump_logits, {{"inputs", "I32", {args.run.batch, args.run.seq}, val->inputs.data()},
                                      {"targets", "I32", {args.run.batch, args.run.seq}, val->targets.data()},
-                                     {"logits", "F32", {args.run.batch, args.run.seq, cfg.vocab_size}, logits.data()}});
+                                     {"logits", "F32", {args.run.batch, args.run.seq, cfg.vocab_size}, logits.data()}},
+                  {{"precision", args.fp8.recipe != "off" ? "fp8-" + args.fp8.recipe : std::is_same<Model, Dbrx>::value ? "fp32" : "bf16"}});
     printf("dump: inputs and logits of the first validation batch -> %s\n", args.eval.dump_logits.c_str());
 }
 

@@ -32,7 +32,7 @@ typedef struct {                   // checkpoints and Hugging Face interop (chec
     int every = 0, keep = 3, keep_every = 0, confirm = 0;
     float export_max_file_gb = 5;
 } CkptArgs;
-typedef struct { float loss_sigma = 6, gnorm_factor = 10; int window = 50, max_skips = 5; } GuardArgs;   // checkpoint/spike_guard.h
+typedef struct { float loss_sigma = 6, loss_rise = 1, gnorm_factor = 50; int window = 50, max_skips = 5; } GuardArgs;   // checkpoint/spike_guard.h
 typedef struct {                   // the health check (parallel/health.h)
     bool check = false, check_only = false;
     float min_tflops = 0, min_busbw = 0, gemm_ratio = 0.5f;
@@ -154,8 +154,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--export-dtype", "", F_STR, &a->ckpt.export_dtype, "bf16 | fp32 (fp32: export -> import is bit-exact)"},
         {"--export-max-file-gb", "", F_FLOAT, &a->ckpt.export_max_file_gb, "split the export into files of at most this size"},
         {"", "", F_SECTION, NULL, "the loss-spike guard"},
-        {"--spike-loss-sigma", "", F_FLOAT, &a->guard.loss_sigma, "skip a step whose loss exceeds the mean of the last --spike-window steps by K std (and 5%) (0: off)"},
-        {"--spike-gnorm-factor", "", F_FLOAT, &a->guard.gnorm_factor, "skip a step whose grad norm exceeds M x the median of the last --spike-window steps (0: off)"},
+        {"--spike-loss-sigma", "", F_FLOAT, &a->guard.loss_sigma, "skip a step whose loss exceeds the mean of the last --spike-window steps by K std and by --spike-loss-rise (0: off)"},
+        {"--spike-loss-rise", "", F_FLOAT, &a->guard.loss_rise, "... and by R x that mean (1: the loss doubled; ordinary batches reach +51% at batch 1: checkpoint/README.md)"},
+        {"--spike-gnorm-factor", "", F_FLOAT, &a->guard.gnorm_factor, "skip a step whose grad norm exceeds M x the median of the last --spike-window steps (0: off; ordinary steps reach 18x: checkpoint/README.md)"},
         {"--spike-window", "", F_INT, &a->guard.window, "steps the spike guard's statistics and skip count span"},
         {"--max-skips", "", F_INT, &a->guard.max_skips, "stop when this many of the last --spike-window steps were skipped (non-finite steps are always skipped)"},
         {"", "", F_SECTION, NULL, "the health check"},
@@ -336,6 +337,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--data-seed %d must be >= 0 (leave it out to use --seed)", a->data.seed);
     if (a->ckpt.confirm < 0) fail(EXIT_BAD_INPUT, "--ckpt-confirm %d must be >= 0", a->ckpt.confirm);
     if (!(a->guard.loss_sigma >= 0)) fail(EXIT_BAD_INPUT, "--spike-loss-sigma %g must be >= 0 (0: off)", a->guard.loss_sigma);
+    if (!(a->guard.loss_rise >= 0)) fail(EXIT_BAD_INPUT, "--spike-loss-rise %g must be >= 0", a->guard.loss_rise);
     if (!(a->guard.gnorm_factor == 0 || a->guard.gnorm_factor > 1))
         fail(EXIT_BAD_INPUT, "--spike-gnorm-factor %g must be 0 (off) or > 1", a->guard.gnorm_factor);
     if (a->guard.window < 1 || a->guard.max_skips < 1)

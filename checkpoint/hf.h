@@ -542,10 +542,14 @@ static inline void hf_export(const std::string& dir, Zero* z, const DbrxConfig* 
     if (bad) { if (comm->rank == 0) fail(EXIT_RUNTIME, "--export-hf %s: %s", dir.c_str(), err.c_str()); exit(EXIT_RUNTIME); }
 }
 
-// a small safetensors file from host buffers (one process): names, dtypes "F32"/"I32", shapes, data
+// a small safetensors file from host buffers (one process): names, dtypes "F32"/"I32", shapes, data; meta: string
+// pairs added to __metadata__ (safetensors allows only string values there)
 typedef struct { std::string name, dtype; std::vector<int64_t> shape; const void* data; } StHostTensor;
-static inline void st_write_host(const std::string& path, const std::vector<StHostTensor>& ts) {
-    std::string h = "{\"__metadata__\": {\"format\": \"pt\"}";
+static inline void st_write_host(const std::string& path, const std::vector<StHostTensor>& ts,
+                                 const std::vector<std::pair<std::string, std::string>>& meta = {}) {
+    std::string h = "{\"__metadata__\": {\"format\": \"pt\"";
+    for (const auto& kv : meta) h += ", " + json_quote(kv.first) + ": " + json_quote(kv.second);
+    h += "}";
     uint64_t off = 0;
     std::vector<uint64_t> bytes;
     for (const StHostTensor& t : ts) {

@@ -22,6 +22,7 @@ echo "== dataset (the default one: several tests train on it)"
 [ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
 echo "== the house rules (test/check_layout.py): includes, model/ free of parallelism, no getenv in the step, sizes"
 layout=$(mktemp); { $PY test/check_layout.py; $PY test/check_layout.py --planted; } > "$layout" 2>&1; verdicts "$layout" 7; rm -f "$layout"
+echo "== set-up: make deps / make deps-test package lists against the build's and scripts' messages"; bash test/test_deps.sh
 echo "== unit tests (CPU reference ops)"; doctest_run ./test/test_ops
 echo "== finite-difference gradient check (double precision)"; doctest_run ./test/test_gradcheck
 echo "== checkpoint building blocks"; doctest_run ./test/test_checkpoint
@@ -115,6 +116,8 @@ echo "== run plots (dev/plot_run.py) and the expert counts they read (--log-ever
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
     echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
+    echo "== make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run"
+    bash test/test_gpu_report.sh
     echo "== the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures"
     bash test/test_zero_gpu.sh
     echo "== GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)"; bash test/test_gemm_pins.sh

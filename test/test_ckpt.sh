@@ -301,7 +301,12 @@ $BIN "${T[@]}" --steps 3 --export-hf "$tmp/hfA" --export-dtype fp32 --dump-logit
 $MPI -np 2 $BIN "${T[@]}" --batch 1 --init-hf "$tmp/hfA" --stop-after 0 --export-hf "$tmp/hfB" --export-dtype fp32 > "$tmp/hf2.out" 2>&1 || fail "import: $(tail -2 "$tmp/hf2.out")"
 cmp -s "$tmp/hfA/model.safetensors" "$tmp/hfB/model.safetensors" && cmp -s "$tmp/hfA/config.json" "$tmp/hfB/config.json" \
     && pass "fp32 export -> import on 2 ranks (each reads only its shard) -> export: byte-identical" || fail "fp32 round trip differs"
-out=$($PY dev/hf_logits.py "$tmp/hfA" "$tmp/logitsA.st" --tol 1e-4 2>&1) && pass "PyTorch on the fp32 export reproduces the logits: ${out#*\): }" || fail "hf_logits fp32: $out"
+out=$($PY dev/hf_logits.py "$tmp/hfA" "$tmp/logitsA.st" 2>&1) && grep -q "tol 1.0e-04 (fp32 dump)" <<<"$out" \
+    && pass "PyTorch on the fp32 export reproduces the logits (the CPU dump's default tolerance): ${out#*\): }" || fail "hf_logits fp32: $out"
+$BIN "${T[@]}" --steps 1 --fp8 delayed --dump-logits "$tmp/logitsF.st" > "$tmp/hfF.out" 2>&1 || fail "FP8 dump: $(tail -2 "$tmp/hfF.out")"
+out=$($PY dev/hf_logits.py "$tmp/hfA" "$tmp/logitsF.st" 2>&1); rc=$?
+[ "$rc" = 1 ] && grep -q "a fp8-delayed dump has no default tolerance .*: pass --tol" <<<"$out" \
+    && pass "hf_logits on an FP8 run's dump without --tol: exit 1, names the dump's precision" || fail "hf_logits FP8 dump without --tol: exit $rc: $out"
 $MPI -np 2 $BIN "${T[@]}" --batch 1 --init-hf "$tmp/hfA" --stop-after 0 --export-hf "$tmp/hfC" --export-max-file-gb 0.004 > /dev/null 2>&1
 $BIN "${T[@]}" --init-hf "$tmp/hfC" --stop-after 0 --export-hf "$tmp/hfD" --export-max-file-gb 0.004 --dump-logits "$tmp/logitsC.st" > /dev/null 2>&1
 nfiles=$(ls "$tmp/hfC" | grep -c "^model-.*-of-.*safetensors$")

@@ -11,6 +11,8 @@
 #     loads it without a warning and finishes;
 #   * divergence (resumed with --lr 0.5, --ckpt-keep 3): the guard stops the run and a pre-divergence
 #     checkpoint is still there; --lr 3e38: nothing non-finite is saved (exit 1);
+#   * no false positive: 289 ordinary steps at batch 1 on the default data skip nothing, while the old
+#     defaults' rule (6 std and 5%), replayed on the run's log, would skip a step;
 #   * the same skip on the emulated GPU path (np 2 ZeRO-3, --fp8 delayed): the step's state unchanged;
 #   * bad guard flags: exit 2 with one line.
 # (A checkpoint holding a NaN with valid checksums is refused: test/test_checkpoint.cpp.)
@@ -39,7 +41,7 @@ state() { tail -c +65 "$1/step_$(printf %08d "$2")/shard_$(printf %05d "${3:-0}"
 # --- a spike, skipped
 $BIN "${U[@]}" --steps 16 --log "$tmp/clean.jsonl" > "$tmp/clean.out" 2>&1 || fail "clean run: $(tail -2 "$tmp/clean.out")"
 DBRX_DEBUG_SPIKE=12:1000 $BIN "${U[@]}" --steps 16 --ckpt-dir "$tmp/sp" --ckpt-every 1 --ckpt-keep 20 --log "$tmp/sp.jsonl" > "$tmp/sp.out" 2>&1; rc=$?
-if [ "$rc" = 0 ] && grep -q "^guard: step 12 skipped (grad norm spike: .* > 10 x median" "$tmp/sp.out" \
+if [ "$rc" = 0 ] && grep -q "^guard: step 12 skipped (grad norm spike: .* > 50 x median" "$tmp/sp.out" \
     && grep -q '"step": 12, "skipped": true, "reason": "grad norm spike' "$tmp/sp.jsonl" \
     && [ "$(state "$tmp/sp" 12)" = "$(state "$tmp/sp" 11)" ] && [ "$(state "$tmp/sp" 13)" != "$(state "$tmp/sp" 12)" ] \
     && [ "$(steps "$tmp/sp.jsonl" 1 11)" = "$(steps "$tmp/clean.jsonl" 1 11)" ] \
@@ -86,6 +88,25 @@ if [ "$rc" = 1 ] && ! ls "$tmp/inf" 2>/dev/null | grep -q '^step_' && grep -q "^
     pass "--lr 3e38 --steps 1: exit 1, the diverged weights not saved ($(grep -m1 -E '^error' "$tmp/inf.out" | cut -c1-90))"
 else fail "--lr 3e38: exit $rc, $(ls "$tmp/inf" 2>/dev/null | tr '\n' ' '): $(grep -E 'warning|error' "$tmp/inf.out" | head -2)"; fi
 
+# --- no false positive: ordinary training on the default data at batch 1 (the noisiest per-step loss: 256
+# tokens) holds a genuine high-loss step (step 289 with seed 3: +51% over the window's mean, z 11) that the
+# old defaults (6 std and 5%) skipped; the default guard (6 std and --spike-loss-rise 1) applies every step.
+# The replay below recomputes the old rule from the run's own log (the measurement: checkpoint/README.md)
+$BIN --model dbrx-tiny --batch 1 --seed 3 --steps 300 --stop-after 289 --val-every 0 --ckpt-dir "$tmp/fp" --log "$tmp/fp.jsonl" > "$tmp/fp.out" 2>&1; rc=$?
+old=$($PY - "$tmp/fp.jsonl" <<'PY'
+import json, sys
+L = [json.loads(l)["loss"] for l in open(sys.argv[1]) if '"loss"' in l]
+hits = []
+for i in range(10, len(L)):
+    h = L[max(0, i - 50):i]; m = sum(h) / len(h); sd = (sum((x - m) ** 2 for x in h) / len(h)) ** 0.5
+    if L[i] > m + max(6 * sd, 0.05 * m): hits.append("step %d (z %.1f, +%.0f%%)" % (i + 1, (L[i] - m) / sd, 100 * (L[i] / m - 1)))
+print("%d %s" % (len(L), ", ".join(hits)))
+PY
+)
+if [ "$rc" = 0 ] && ! grep -q "^guard" "$tmp/fp.out" && [ "${old%% *}" = 289 ] && [ -n "${old#* }" ] && [ "${old#* }" != "$old" ]; then
+    pass "no false positive: 289 ordinary steps at batch 1 on the default data, none skipped; the old 5% rule would have skipped ${old#* }"
+else fail "false positives: exit $rc, $(grep -c '^guard' "$tmp/fp.out") skipped: $(grep -m1 '^guard' "$tmp/fp.out"); old rule: $old"; fi
+
 # --- the emulated GPU path (the store's skip, gradient scaling and FP8 amax discard on the device)
 if [ -x "$EMU" ]; then
     G=(--device cuda --model dbrx-tiny --n-layers 2 --d-model 64 --n-heads 2 --kv-heads 1 --experts 4 --top-k 2 --ffn-hidden 64 --seq 32
@@ -103,4 +124,5 @@ expect_exit 2 "--spike-gnorm-factor 0.5" $BIN "${U[@]}" --spike-gnorm-factor 0.5
 expect_exit 2 "--max-skips 0" $BIN "${U[@]}" --max-skips 0
 expect_exit 2 "--spike-window 0" $BIN "${U[@]}" --spike-window 0
 expect_exit 2 "--spike-loss-sigma -1" $BIN "${U[@]}" --spike-loss-sigma -1
+expect_exit 2 "--spike-loss-rise -0.5" $BIN "${U[@]}" --spike-loss-rise -0.5
 expect_exit 2 "--ckpt-confirm -1" $BIN "${U[@]}" --ckpt-confirm -1

@@ -19,15 +19,21 @@
 #   bash dev/bench/bench_gpu.sh --emulated
 #       runs every command of the benchmark at a tiny shape on the SIMT emulator's builds (no timings):
 #       the test suite uses it so that the benchmark's commands and flags stay valid without a GPU.
+#   bash dev/bench/bench_gpu.sh --quick
+#       the sanity pass of make test-gpu (dev/test_gpu.sh): every single-GPU benchmark, end to end at 12
+#       steps instead of 30, no multi-GPU part; the table is printed, not appended to results_gpu.md, and
+#       the exit status is 1 if a command failed (a missed target is not a failure).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-EMU=0; [ "${1:-}" = "--emulated" ] && EMU=1
+EMU=0; QUICK=0
+case "${1:-}" in --emulated) EMU=1 ;; --quick) QUICK=1 ;; "") ;; *) echo "bench-gpu: unknown option '$1' (--emulated or --quick)" >&2; exit 2 ;; esac
 fail() { echo "bench-gpu: $*" >&2; exit 1; }
 if [ "$EMU" = 0 ]; then
     command -v nvidia-smi > /dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU 0" \
         || fail "no GPU here (nvidia-smi lists none): nothing measured; run it on a GPU node"
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); ngpu=$(nvidia-smi -L | grep -c "^GPU ")
     sfx=""; train=./train_dbrx; out=dev/bench/results_gpu.md; raw=dev/bench/gpu_runs
+    [ "$QUICK" = 1 ] && { out=$(mktemp); raw=$(mktemp -d); ngpu=1; }
 else
     gpu="SIMT emulator (validation of the commands only)"; ngpu=1
     sfx=_emu; train=./train_dbrx_emu; out=$(mktemp); raw=$(mktemp -d)
@@ -66,6 +72,7 @@ print('%.1f %.0f %.1f' % (100 * statistics.median(x['mfu'] for x in r), statisti
 
 if [ "$EMU" = 0 ]; then
     ATT=(-f 3 -g 2 -b 8 -t 4096 -h 48 -k 8 -d 128); E2E=(--model dbrx-1b --batch 8 --seq 2048 --steps 30 --warmup 5)
+    [ "$QUICK" = 1 ] && E2E=(--model dbrx-1b --batch 8 --seq 2048 --steps 12 --warmup 2)
 else   # the same flags at a shape the emulator runs in seconds
     ATT=(-f 3 -g 2 -b 1 -t 40 -h 4 -k 2 -d 128); E2E=(--model dbrx-tiny --batch 2 --seq 32 --steps 2 --warmup 1)
 fi
@@ -119,6 +126,10 @@ if [ "$np" -gt 1 ]; then
 fi
 [ "$EMU" = 1 ] && echo "(emulated: the commands ran and validated; no timings)"
 } | tee -a "$out"
+if [ "$QUICK" = 1 ]; then   # (make test-gpu reads the table from stdout)
+    ! grep -q "FAILED" "$out" && [ -s "$raw/e2e_fp8_off.jsonl" ]; rc=$?
+    rm -rf "$out" "$raw"; exit $rc
+fi
 if [ "$EMU" = 1 ]; then
     # every command ran: no FAILED row, and the end-to-end logs have their steps
     ! grep -q "FAILED" "$out" && [ -s "$raw/e2e_fp8_off.jsonl" ] && [ -s "$raw/e2e_fp8_delayed.jsonl" ] && [ -s "$raw/ep_2.jsonl" ]; rc=$?
