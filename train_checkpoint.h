@@ -9,10 +9,17 @@
  *   run_ckpt_end        on the way out (the end, --stop-after, a signal): a checkpoint of where we are,
  *                       waited for; after the spike guard stopped the run, nothing saved and the
  *                       checkpoints not known good set aside
+ *   stop_signals_install / stop_finalize   Ctrl-C under mpirun (below): the stop on a signal, saved and
+ *                       exited 0 within mpirun's grace period
  * Included by train_dbrx.cu only.
  */
 #pragma once
+#include <signal.h>
+#include <unistd.h>
+#include <algorithm>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 #include "checkpoint/ckpt.h"
 #include "checkpoint/hf.h"
@@ -141,4 +148,83 @@ static bool run_ckpt_end(RunCheckpoints* rc, Store* store, const DbrxConfig& cfg
         return r.ok;
     }
     return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ctrl-C under mpirun. A terminal's Ctrl-C reaches mpirun alone (each rank runs in a process group of its
+// own). OpenMPI 4.1's mpirun answers SIGINT or SIGTERM by aborting the job (orte odls kill_local_procs):
+// SIGCONT to every rank, a sleep of odls_base_sigkill_timeout seconds (default 1), SIGTERM, the same
+// sleep, SIGKILL, and it exits 1 whatever the ranks did. The ranks treat SIGTERM like SIGINT
+// (parallel/comm_watchdog.h, comm_on_signal: the flag every rank's step all-reduces, so that all stop
+// after the same step, and save). What outlasts the grace is MPI_Finalize: its PMIx fence waits for mpirun,
+// whose event loop sleeps, until mpirun's SIGKILL (seen: rank in PMIx_Finalize). So after a stop by
+// SIGINT/SIGTERM the finalize gets until the grace is nearly over, then the rank exits without it, with
+// the run's status: the checkpoint is committed and no rank has anything left to send.
+
+static volatile sig_atomic_t g_stop_sig = 0;   // the first SIGINT/SIGTERM/SIGUSR1 this process received
+static double g_stop_at = 0;                   // when (now_seconds)
+static char g_stop_phase[128] = "";            // this rank's phase then (the node-shared heartbeat)
+static double g_stop_grace = 1;                // mpirun's odls_base_sigkill_timeout (OMPI_MCA_ in the ranks' environment)
+
+// records the first stop signal (signal-safe: clock_gettime, a bounded copy), then the trainer's handler
+static void stop_on_signal(int sig) {
+    if (!g_stop_sig) {
+        g_stop_at = now_seconds();
+        size_t n = 0;
+        if (g_comm_slots)
+            for (const char* p = g_comm_slots[g_comm_my_local].phase; n + 1 < sizeof g_stop_phase && n < sizeof g_comm_slots[0].phase && p[n]; n++)
+                g_stop_phase[n] = p[n];
+        g_stop_phase[n] = 0;
+        g_stop_sig = sig;
+    }
+    comm_on_signal(sig);
+}
+
+// before MPI_Init (a signal during the start-up asks for a stop after step 1, it does not kill) and again
+// after comm_init (which installs comm_on_signal); grace: the environment's OMPI_MCA_odls_base_sigkill_timeout
+static void stop_signals_install(const char* grace) {
+    if (grace && atof(grace) > 0) g_stop_grace = atof(grace);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = stop_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int sig : {SIGTERM, SIGINT, SIGUSR1})
+        if (sigaction(sig, &sa, NULL) != 0) fail(EXIT_RUNTIME, "sigaction(%d): %s", sig, strerror(errno));
+}
+
+static const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
+
+// the loop's line when the ranks agreed to stop after `step`
+static void stop_report(int step, const Comm& comm) {
+    if (comm.rank != 0) return;
+    if (g_stop_sig) printf("stop: %s received%s%s: every rank stops after step %d and saves\n", stop_signal_name(g_stop_sig),
+                           g_stop_phase[0] ? " during " : "", g_stop_phase, step);
+    else printf("stop: another rank received a stop signal: every rank stops after step %d and saves\n", step);
+    fflush(stdout);
+}
+
+// comm_finalize, bounded after a stop by SIGINT/SIGTERM on any rank (above). mpirun SIGKILLs the other
+// ranks of a node as soon as one of them exits (the exit ends its sleep), so the ranks agree on when
+// (collective: the least time any rank has left before its SIGKILL, less 0.25 s, at least 0.1 s), and each
+// one that is still in MPI_Finalize then exits with rc.
+static void stop_finalize(int rc, Comm& comm) {
+    bool mine = g_stop_sig == SIGINT || g_stop_sig == SIGTERM;
+    float v[2] = {mine ? 1.0f : 0.0f, mine ? -(float)(g_stop_at + g_stop_grace - 0.25 - now_seconds()) : -1e9f};
+    if (comm.world > 1) comm_all_reduce_max_f32(&comm.world_group, v, 2);
+    if (v[0] == 0) { comm_finalize(); return; }
+    double budget = std::max(0.1, (double)-v[1]);
+    static std::atomic<bool> done(false);
+    bool say = comm.rank == 0;
+    std::thread([budget, rc, say]() {
+        usleep((useconds_t)(budget * 1e6));
+        if (done.load()) return;
+        static const char m[] = "note: MPI_Finalize waits for mpirun, which is ending the job: exiting without it (the checkpoint is saved)\n";
+        if (say) { ssize_t ignored = write(2, m, sizeof m - 1); (void)ignored; }
+        _exit(rc);
+    }).detach();
+    fflush(stdout);
+    fflush(stderr);
+    comm_finalize();
+    done.store(true);
 }

@@ -334,7 +334,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         bool last = prog.step == args.run.steps || r.metrics[4] > 0 || (args.run.stop_after >= 0 && obs.steps_done >= args.run.stop_after);
         run_ckpt_after_step(&rc, args, store, cfg, &prog, &train, &guard, last, comm, &log);
         if (r.metrics[4] > 0) {
-            if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
+            stop_report(step + 1, comm);
             stopped = true;
             break;
         }
@@ -600,7 +600,9 @@ static int run_main(int argc, char** argv) {
     if (args.run.device == "cuda" && gpus == 0) fail(EXIT_BAD_INPUT, "--device cuda: no CUDA device is visible; use --device cpu");
     bool use_cuda = args.run.device == "cuda" || (args.run.device == "auto" && gpus > 0);
 
+    stop_signals_install(getenv("OMPI_MCA_odls_base_sigkill_timeout"));   // (a signal during MPI_Init: a stop after step 1)
     Comm comm = comm_init(&argc, &argv);
+    stop_signals_install(NULL);   // (over comm_init's: the stop signal's time and phase recorded first)
     comm_set_timeout(args.parallel.comm_timeout > 0 ? args.parallel.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)
     const char* why = args.run.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
     int rc;
@@ -611,7 +613,7 @@ static int run_main(int argc, char** argv) {
     (void)use_cuda;
 #endif
     rc = train_cpu(args, cfg, comm, why);
-    comm_finalize();
+    stop_finalize(rc, comm);   // (comm_finalize; bounded after Ctrl-C under mpirun: train_checkpoint.h)
     return rc;
 }
 

@@ -39,7 +39,7 @@ GETENV_READERS = {
     "model/debug_hooks.h": "every DBRX_DEBUG_* switch, once, from main (debug_hooks_read)",
     "model/matmul.cuh": "MATMUL_PLAN_CACHE, once per process (a function-local static)",
     "model/platform.h": "SIMT_STEP_COUNTERS (emulated build only), once per process",
-    "train_dbrx.cu": "OMP_NUM_THREADS at the CPU backend's set-up (ranks share the node's cores unless it is set)",
+    "train_dbrx.cu": "OMP_NUM_THREADS at the CPU backend's set-up (ranks share the node's cores unless it is set); OMPI_MCA_odls_base_sigkill_timeout once before MPI_Init (mpirun's grace after Ctrl-C)",
 }
 # the training step and what it calls in the trainer: no getenv at all
 STEP_FILES = ["train_step.h", "train_observers.h", "train_log.h"]
