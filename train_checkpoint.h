@@ -195,29 +195,36 @@ static void stop_signals_install(const char* grace) {
 
 static const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
 
-// the loop's line when the ranks agreed to stop after `step`
-static void stop_report(int step, const Comm& comm) {
+// the loop's line when the ranks agreed to stop after `step`, and its JSONL object (the console lines
+// after a Ctrl-C may never reach the terminal: mpirun stops forwarding them while it ends the job)
+static void stop_report(int step, const Comm& comm, RunLog* log) {
     if (comm.rank != 0) return;
-    if (g_stop_sig) printf("stop: %s received%s%s: every rank stops after step %d and saves\n", stop_signal_name(g_stop_sig),
-                           g_stop_phase[0] ? " during " : "", g_stop_phase, step);
-    else printf("stop: another rank received a stop signal: every rank stops after step %d and saves\n", step);
+    std::string sig = g_stop_sig ? stop_signal_name(g_stop_sig) : "a stop signal on another rank";
+    printf("stop: %s received%s%s: every rank stops after step %d and saves\n", sig.c_str(), g_stop_phase[0] ? " during " : "",
+           g_stop_phase, step);
     fflush(stdout);
+    if (log->f) { fprintf(log->f, "{\"step\": %d, \"stop\": %s, \"during\": %s}\n", step, json_quote(sig).c_str(),
+                          json_quote(g_stop_phase).c_str()); fflush(log->f); }
 }
 
-// comm_finalize, bounded after a stop by SIGINT/SIGTERM on any rank (above). mpirun SIGKILLs the other
-// ranks of a node as soon as one of them exits (the exit ends its sleep), so the ranks agree on when
-// (collective: the least time any rank has left before its SIGKILL, less 0.25 s, at least 0.1 s), and each
-// one that is still in MPI_Finalize then exits with rc.
-static void stop_finalize(int rc, Comm& comm) {
-    bool mine = g_stop_sig == SIGINT || g_stop_sig == SIGTERM;
-    float v[2] = {mine ? 1.0f : 0.0f, mine ? -(float)(g_stop_at + g_stop_grace - 0.25 - now_seconds()) : -1e9f};
-    if (comm.world > 1) comm_all_reduce_max_f32(&comm.world_group, v, 2);
-    if (v[0] == 0) { comm_finalize(); return; }
-    double budget = std::max(0.1, (double)-v[1]);
+// comm_finalize, bounded after a stop by SIGINT/SIGTERM (above). mpirun SIGKILLs the other ranks of a
+// node as soon as one of them exits (the exit ends its sleep): so every rank of a node exits at the same
+// moment of the node's clock, 0.25 s before the SIGKILL would come (the SIGTERM reached them all within
+// microseconds), or on the next 0.1 s mark from the SIGTERM when that moment is past. Through
+// clock_nanosleep to an absolute time: no rank's lateness shifts its exit (what remains is the wake-up's delay on a
+// busy node, which the last 10 ms spent spinning absorb). A finalize that returns first
+// (the job is not ending: a scheduler's SIGTERM to the ranks) exits as usual.
+static void stop_finalize(int rc, const Comm& comm) {
+    if (g_stop_sig != SIGINT && g_stop_sig != SIGTERM) { comm_finalize(); return; }
+    double at = g_stop_at + g_stop_grace - 0.25, now = now_seconds();
+    if (at < now + 0.05) at += 0.1 * std::ceil((now + 0.05 - at) / 0.1);
     static std::atomic<bool> done(false);
     bool say = comm.rank == 0;
-    std::thread([budget, rc, say]() {
-        usleep((useconds_t)(budget * 1e6));
+    std::thread([at, rc, say]() {
+        double wake = at - 0.01;   // awake 10 ms early, then spinning: a busy core delays no rank's exit
+        struct timespec ts = {(time_t)wake, (long)((wake - (double)(time_t)wake) * 1e9)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+        while (now_seconds() < at && !done.load()) {}
         if (done.load()) return;
         static const char m[] = "note: MPI_Finalize waits for mpirun, which is ending the job: exiting without it (the checkpoint is saved)\n";
         if (say) { ssize_t ignored = write(2, m, sizeof m - 1); (void)ignored; }

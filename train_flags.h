@@ -1,10 +1,14 @@
 /*
  * train_flags.h — train_dbrx's command line: TrainArgs (every flag's value and default), the flag
  * table (name, alias, type, help: --help prints it), parse_args (parsing, and every check of a value
- * or a combination that can be made before the model exists: one line and exit 2), and flag_given.
+ * or a combination that can be made before the model exists: one line and exit 2), flag_given, and
+ * output_paths_problem (every output flag's path, checked before step 1).
  * Included by train_dbrx.cu only.
  */
 #pragma once
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <string>
 #include <vector>
 #include "model/common.h"
@@ -374,4 +378,63 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
                            : a->health.gemm_size != 0 ? "--health-gemm-size" : a->health.comm_mib != 16 ? "--health-comm-mib" : NULL;
         if (orphan) fail(EXIT_BAD_INPUT, "%s needs --health-check or --health-check-only", orphan);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every output path, before step 1 (run_main: rank 0 looks, every rank exits 2 with its verdict): what is
+// written only after training (--export-hf, --dump-logits) or at its first line (--log, --eval-mc-dump)
+// must not fail after hours of it. Nothing is left behind: a file that does not exist yet is created
+// (O_EXCL) and removed, one that exists is opened for appending and not written; a directory to create
+// (--export-hf) is probed with a file in the nearest directory that exists.
+
+// "" or why a file cannot be written at path
+static std::string output_file_problem(const std::string& path) {
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return "it is a directory";
+        int fd = open(path.c_str(), O_WRONLY | O_APPEND);
+        if (fd < 0) return std::string("it cannot be written (") + strerror(errno) + ")";
+        close(fd);
+        return "";
+    }
+    if (errno == ENOTDIR) return "a directory of the path is a file";
+    if (errno != ENOENT) return std::string("stat: ") + strerror(errno);
+    size_t slash = path.find_last_of('/');
+    std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    if (stat(dir.c_str(), &st) != 0) return "the directory " + dir + " does not exist";
+    if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return std::string("it cannot be created (") + strerror(errno) + ")";
+    close(fd);
+    if (unlink(path.c_str()) != 0) return std::string("the test file could not be removed (") + strerror(errno) + ")";
+    return "";
+}
+
+// "" or why the directory at path cannot be created or written in
+static std::string output_dir_problem(const std::string& path) {
+    std::string d = path;
+    struct stat st;
+    while (stat(d.c_str(), &st) != 0) {   // the nearest directory that exists (the export creates the rest)
+        if (errno == ENOTDIR) return "a directory of the path is a file";
+        if (errno != ENOENT) return std::string("stat ") + d + ": " + strerror(errno);
+        while (d.size() > 1 && d.back() == '/') d.pop_back();
+        size_t slash = d.find_last_of('/');
+        d = slash == std::string::npos ? "." : slash == 0 ? "/" : d.substr(0, slash);
+    }
+    if (!S_ISDIR(st.st_mode)) return (d == path ? std::string("it") : d) + " exists and is not a directory";
+    std::string probe = output_file_problem(d + "/.probe-" + std::to_string((long long)getpid()));
+    return probe.empty() ? "" : "no file can be written in " + d + " (" + probe + ")";
+}
+
+// the first output flag whose path is unusable: "--flag PATH: why", or ""
+static std::string output_paths_problem(const TrainArgs& a) {
+    const struct { const char* flag; const std::string& path; bool dir; } outs[] = {
+        {"--log", a.run.log, false}, {"--eval-mc-dump", a.eval.mc_dump, false}, {"--dump-logits", a.eval.dump_logits, false},
+        {"--export-hf", a.ckpt.export_hf, true}};
+    for (const auto& o : outs) {
+        if (o.path.empty()) continue;
+        std::string why = o.dir ? output_dir_problem(o.path) : output_file_problem(o.path);
+        if (!why.empty()) return std::string(o.flag) + " " + o.path + ": " + why;
+    }
+    return "";
 }
