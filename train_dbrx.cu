@@ -257,6 +257,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     Zero* zl = zero_layout(store);
     if (args.health.check_only)   // the standalone health check: the initialised model, no data, no training
         return health_gate(args, info, comm, model, store, NULL) ? 0 : EXIT_RUNTIME;
+    if (args.eval.only) return eval_only_run(args, cfg, comm, model, store);   // (train_eval.h)
 
     // ---- set-up: data, evaluations, where training starts from, the health check, the banner and the log
     DataLoader train, val;

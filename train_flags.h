@@ -54,6 +54,7 @@ typedef struct {                   // generation (model/sample.h, dbrx_decode_st
 typedef struct {                   // validation, multiple-choice evaluation (data/mc_eval.h), the logits dump
     int val_every = 50, val_steps = 8, every = 0;
     std::string mc = "", mc_dump = "", dump_logits = "";
+    bool only = false;             // --eval-only
 } EvalArgs;
 
 typedef struct {
@@ -136,6 +137,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--eval-every", "", F_INT, &a->eval.every, "--eval-mc every N steps and at the end (default: --val-every; 0: only at the end)"},
         {"--eval-mc-dump", "", F_STR, &a->eval.mc_dump, "write every --eval-mc example's per-completion summed losses and token counts "
                                                         "to this JSONL file"},
+        {"--eval-only", "", F_BOOL, &a->eval.only, "no training: load --resume DIR|auto or --init-hf DIR, then the validation loss "
+                                                  "(--val-data, --val-steps) and --eval-mc; print, log (--log), exit"},
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"", "", F_SECTION, NULL, "parallelism (parallel/README.md)"},
         {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
@@ -371,6 +374,15 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--generate needs the weights: --resume DIR (a checkpoint) or --init-hf DIR (a Hugging Face export)");
     if (a->sample.generate && !a->ckpt.resume.empty() && !a->ckpt.init_hf.empty())
         fail(EXIT_BAD_INPUT, "--generate takes one source of weights: --resume or --init-hf, not both");
+    if (a->eval.only) {
+        if (a->ckpt.resume.empty() == a->ckpt.init_hf.empty())
+            fail(EXIT_BAD_INPUT, "--eval-only needs one source of weights: --resume DIR|auto (a checkpoint) or --init-hf DIR (a Hugging Face export)");
+        if (a->data.val.empty() && a->eval.mc.empty()) fail(EXIT_BAD_INPUT, "--eval-only has nothing to evaluate: --val-data is '' and no --eval-mc");
+        const char* other = a->sample.generate ? "--generate" : a->health.check || a->health.check_only ? "--health-check"
+                          : a->run.dry_run ? "--dry-run" : !a->ckpt.export_hf.empty() ? "--export-hf" : !a->eval.dump_logits.empty() ? "--dump-logits"
+                          : flag_given(a, "--stop-after") ? "--stop-after" : NULL;
+        if (other) fail(EXIT_BAD_INPUT, "--eval-only runs no training: leave out %s", other);
+    }
     if (a->sample.generate && (a->health.check || a->health.check_only || a->run.dry_run))
         fail(EXIT_BAD_INPUT, "--generate runs no training: leave out %s", a->run.dry_run ? "--dry-run" : "--health-check");
     if (!a->health.check && !a->health.check_only) {   // a bound without the check would be silently ignored
