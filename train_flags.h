@@ -14,6 +14,7 @@
 #include "model/common.h"
 #include "model/config.h"
 #include "data/tokenizer.h"
+#include "model/debug_hooks.h"
 
 // The flags by section (--help prints them so, with their defaults)
 typedef struct {
@@ -21,7 +22,7 @@ typedef struct {
     int steps = 200, batch = 8, seq = 0, grad_accum = 1, seed = 1337, stop_after = -1;
     int log_every_experts = 0;      // each layer's tokens per expert in the log
     float peak_tflops = 0.0f;
-    bool dry_run = false, help = false;
+    bool dry_run = false, help = false, help_debug = false;
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -115,6 +116,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--peak-tflops", "", F_FLOAT, &a->run.peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: the CPU's from its clock and ISA; the GPU's dense BF16 peak when known)"},
         {"--dry-run", "", F_BOOL, &a->run.dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
+        {"--help-debug", "", F_BOOL, &a->run.help_debug, "the tests' fault-injection switches (DBRX_DEBUG_* environment variables): "
+                                                        "injected spikes and NaNs, killed, stopped or slow ranks, ..."},
         {"", "", F_SECTION, NULL, "the optimizer (AdamW, the LR schedule)"},
         {"--lr", "-l", F_FLOAT, &a->optim.lr, "peak learning rate"},
         {"--warmup", "-u", F_INT, &a->optim.warmup, "linear warmup steps"},
@@ -300,6 +303,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     // help is a flag of pass 1; look for it directly so that --help works with any other flags
     for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) a->run.help = true;
     if (a->run.help) { print_help(flags); exit(0); }
+    for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help-debug")) { debug_hooks_print(); exit(0); }
     c->head_dim = c->d_model / (c->n_heads > 0 ? c->n_heads : 1);
     config_validate(c);   // the model first: a run flag's default may derive from it (--seq from --max-seq)
     // --seq left out: the model's max_seq, at most 2048. Given, it must be positive (0 is no sentinel)

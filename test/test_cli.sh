@@ -65,6 +65,18 @@ for f in --model --steps --batch --seq --grad-accum --lr --seed --device --data 
 done
 [ -z "$missing" ] && pass "--help lists every flag" || fail "--help misses:$missing"
 
+# --- --help-debug: every DBRX_DEBUG_* switch the parser reads (model/debug_hooks.h's debug_env calls), and every one
+# a test sets, is listed with its value and effect; nothing else is
+read_names=$(grep -o 'debug_env("DBRX_DEBUG_[A-Z_]*")' model/debug_hooks.h | grep -o 'DBRX_DEBUG_[A-Z_]*' | sort -u)
+used_names=$(grep -ho 'DBRX_DEBUG_[A-Z_]*=' test/*.sh | tr -d = | sort -u)
+listed=$($BIN --help-debug | grep -o '^  DBRX_DEBUG_[A-Z_]*=[^ ]* ' | cut -d= -f1 | tr -d ' ' | sort -u)
+[ -n "$read_names" ] && [ "$listed" = "$read_names" ] && [ -z "$(comm -23 <(echo "$used_names") <(echo "$listed"))" ] \
+    && pass "--help-debug lists the $(wc -l <<<"$listed") switches the parser reads, and every one the tests set" \
+    || fail "--help-debug: listed '$(echo $listed)', read '$(echo $read_names)', set by tests '$(echo $used_names)'"
+$BIN --help | grep -q -- "--help-debug" && pass "--help points at --help-debug" || fail "--help lacks --help-debug"
+expect_exit 2 "an unknown DBRX_DEBUG_PLANT" env DBRX_DEBUG_PLANT=bogus $BIN --dry-run
+expect_exit 2 "a malformed DBRX_DEBUG_SPIKE" env DBRX_DEBUG_SPIKE=x $BIN --dry-run
+
 # --- bad flags and shapes
 expect_exit 2 "unknown flag" $BIN --bogus
 expect_exit 2 "unknown preset" $BIN --model dbrx-999b
