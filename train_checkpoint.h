@@ -14,7 +14,9 @@
  * Included by train_dbrx.cu only.
  */
 #pragma once
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <algorithm>
 #include <atomic>
@@ -208,24 +210,51 @@ static void stop_report(int step, const Comm& comm, RunLog* log) {
 }
 
 // comm_finalize, bounded after a stop by SIGINT/SIGTERM (above). mpirun SIGKILLs the other ranks of a
-// node as soon as one of them exits (the exit ends its sleep): so every rank of a node exits at the same
-// moment of the node's clock, 0.25 s before the SIGKILL would come (the SIGTERM reached them all within
-// microseconds), or on the next 0.1 s mark from the SIGTERM when that moment is past. Through
-// clock_nanosleep to an absolute time: no rank's lateness shifts its exit (what remains is the wake-up's delay on a
-// busy node, which the last 10 ms spent spinning absorb). A finalize that returns first
-// (the job is not ending: a scheduler's SIGTERM to the ranks) exits as usual.
-static void stop_finalize(int rc, const Comm& comm) {
-    if (g_stop_sig != SIGINT && g_stop_sig != SIGTERM) { comm_finalize(); return; }
+// node as soon as one of them exits (the exit ends its sleep), within tens of microseconds: so the ranks
+// of a node exit together. Each one's exit thread wakes 10 ms before a moment of the node's clock, 0.25 s
+// before the SIGKILL would come (the SIGTERM reached them all within microseconds; when that moment is
+// past, the next 0.1 s mark from the SIGTERM), spins, marks its arrival in a page the node's ranks share,
+// and exits once all of them have arrived: each is on a core then, none left behind by a late wake-up
+// (on a node with fewer free cores than ranks one may still lose its core at that moment: test_ctrlc.sh).
+// A finalize that returns first (the job is not ending: a scheduler's SIGTERM to the ranks) ends it as
+// usual. Collective (every rank decides the same: the flag is all-reduced).
+static void stop_finalize(int rc, Comm& comm) {
+    float any = g_stop_sig == SIGINT || g_stop_sig == SIGTERM ? 1.0f : 0.0f;
+    if (comm.world > 1) comm_all_reduce_max_f32(&comm.world_group, &any, 1);
+    if (any == 0) { comm_finalize(); return; }
+    // the node's page: a file in /dev/shm named after local rank 0's pid, mapped by all, then removed
+    std::atomic<int>* arrived = NULL;
+    if (comm.local_size > 1 && comm.local_size <= COMM_MAX_LOCAL) {
+        std::string name = "/dev/shm/dbrx-stop-" + std::to_string(g_comm_local_pid[0]);
+        void* p = MAP_FAILED;
+        for (int turn = 0; turn < 2; turn++) {   // local rank 0 creates it empty, then the others open it
+            if ((comm.local_rank == 0) == (turn == 0)) {
+                int fd = open(name.c_str(), O_RDWR | O_CREAT | (turn == 0 ? O_TRUNC : 0), 0600);
+                if (fd >= 0 && ftruncate(fd, 4096) == 0) p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                if (fd >= 0) close(fd);
+            }
+            comm_barrier(&comm.world_group);
+        }
+        if (comm.local_rank == 0) unlink(name.c_str());
+        if (p != MAP_FAILED) arrived = (std::atomic<int>*)p;
+        else fprintf(stderr, "warning: %s: %s: the ranks of this node exit without waiting for each other\n", name.c_str(), strerror(errno));
+    }
     double at = g_stop_at + g_stop_grace - 0.25, now = now_seconds();
     if (at < now + 0.05) at += 0.1 * std::ceil((now + 0.05 - at) / 0.1);
     static std::atomic<bool> done(false);
     bool say = comm.rank == 0;
-    std::thread([at, rc, say]() {
-        double wake = at - 0.01;   // awake 10 ms early, then spinning: a busy core delays no rank's exit
+    int n = comm.local_size;
+    std::thread([at, rc, say, arrived, n]() {
+        double wake = at - 0.01;
         struct timespec ts = {(time_t)wake, (long)((wake - (double)(time_t)wake) * 1e9)};
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
         while (now_seconds() < at && !done.load()) {}
         if (done.load()) return;
+        if (arrived) {   // (at most until the SIGKILL's moment: a rank that is gone does not hold the others)
+            arrived->fetch_add(1);
+            while (arrived->load() < n && now_seconds() < at + 0.2 && !done.load()) {}
+            if (done.load()) return;
+        }
         static const char m[] = "note: MPI_Finalize waits for mpirun, which is ending the job: exiting without it (the checkpoint is saved)\n";
         if (say) { ssize_t ignored = write(2, m, sizeof m - 1); (void)ignored; }
         _exit(rc);
