@@ -26,7 +26,7 @@ LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 NVCC_NOSPILL := -Xptxas -warn-spills,-Werror
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
-HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh train_flags.h
+HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh $(wildcard train_*.h)
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
 .PHONY: all deps deps-test check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu bench-gpu clean

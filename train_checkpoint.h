@@ -9,10 +9,19 @@
  *   run_ckpt_end        on the way out (the end, --stop-after, a signal): a checkpoint of where we are,
  *                       waited for; after the spike guard stopped the run, nothing saved and the
  *                       checkpoints not known good set aside
+ *   stop_signals_install / stop_finalize   Ctrl-C under mpirun (below): the stop on a signal, saved and
+ *                       exited 0 within mpirun's grace period
  * Included by train_dbrx.cu only.
  */
 #pragma once
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <algorithm>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 #include "checkpoint/ckpt.h"
 #include "checkpoint/hf.h"
@@ -141,4 +150,117 @@ static bool run_ckpt_end(RunCheckpoints* rc, Store* store, const DbrxConfig& cfg
         return r.ok;
     }
     return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ctrl-C under mpirun. A terminal's Ctrl-C reaches mpirun alone (each rank runs in a process group of its
+// own). OpenMPI 4.1's mpirun answers SIGINT or SIGTERM by aborting the job (orte odls kill_local_procs):
+// SIGCONT to every rank, a sleep of odls_base_sigkill_timeout seconds (default 1), SIGTERM, the same
+// sleep, SIGKILL, and it exits 1 whatever the ranks did. The ranks treat SIGTERM like SIGINT
+// (parallel/comm_watchdog.h, comm_on_signal: the flag every rank's step all-reduces, so that all stop
+// after the same step, and save). What outlasts the grace is MPI_Finalize: its PMIx fence waits for mpirun,
+// whose event loop sleeps, until mpirun's SIGKILL (seen: rank in PMIx_Finalize). So after a stop by
+// SIGINT/SIGTERM the finalize gets until the grace is nearly over, then the rank exits without it, with
+// the run's status: the checkpoint is committed and no rank has anything left to send.
+
+static volatile sig_atomic_t g_stop_sig = 0;   // the first SIGINT/SIGTERM/SIGUSR1 this process received
+static double g_stop_at = 0;                   // when (now_seconds)
+static char g_stop_phase[128] = "";            // this rank's phase then (the node-shared heartbeat)
+static double g_stop_grace = 1;                // mpirun's odls_base_sigkill_timeout (OMPI_MCA_ in the ranks' environment)
+
+// records the first stop signal (signal-safe: clock_gettime, a bounded copy), then the trainer's handler
+static void stop_on_signal(int sig) {
+    if (!g_stop_sig) {
+        g_stop_at = now_seconds();
+        size_t n = 0;
+        if (g_comm_slots)
+            for (const char* p = g_comm_slots[g_comm_my_local].phase; n + 1 < sizeof g_stop_phase && n < sizeof g_comm_slots[0].phase && p[n]; n++)
+                g_stop_phase[n] = p[n];
+        g_stop_phase[n] = 0;
+        g_stop_sig = sig;
+    }
+    comm_on_signal(sig);
+}
+
+// before MPI_Init (a signal during the start-up asks for a stop after step 1, it does not kill) and again
+// after comm_init (which installs comm_on_signal); grace: the environment's OMPI_MCA_odls_base_sigkill_timeout
+static void stop_signals_install(const char* grace) {
+    if (grace && atof(grace) > 0) g_stop_grace = atof(grace);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = stop_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int sig : {SIGTERM, SIGINT, SIGUSR1})
+        if (sigaction(sig, &sa, NULL) != 0) fail(EXIT_RUNTIME, "sigaction(%d): %s", sig, strerror(errno));
+}
+
+static const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
+
+// the loop's line when the ranks agreed to stop after `step`, and its JSONL object (the console lines
+// after a Ctrl-C may never reach the terminal: mpirun stops forwarding them while it ends the job)
+static void stop_report(int step, const Comm& comm, RunLog* log) {
+    if (comm.rank != 0) return;
+    std::string sig = g_stop_sig ? stop_signal_name(g_stop_sig) : "a stop signal on another rank";
+    printf("stop: %s received%s%s: every rank stops after step %d and saves\n", sig.c_str(), g_stop_phase[0] ? " during " : "",
+           g_stop_phase, step);
+    fflush(stdout);
+    if (log->f) { fprintf(log->f, "{\"step\": %d, \"stop\": %s, \"during\": %s}\n", step, json_quote(sig).c_str(),
+                          json_quote(g_stop_phase).c_str()); fflush(log->f); }
+}
+
+// comm_finalize, bounded after a stop by SIGINT/SIGTERM (above). mpirun SIGKILLs the other ranks of a
+// node as soon as one of them exits (the exit ends its sleep), within tens of microseconds: so the ranks
+// of a node exit together. Each one's exit thread wakes 10 ms before a moment of the node's clock, 0.25 s
+// before the SIGKILL would come (the SIGTERM reached them all within microseconds; when that moment is
+// past, the next 0.1 s mark from the SIGTERM), spins, marks its arrival in a page the node's ranks share,
+// and exits once all of them have arrived: each is on a core then, none left behind by a late wake-up
+// (on a node with fewer free cores than ranks one may still lose its core at that moment: test_ctrlc.sh).
+// A finalize that returns first (the job is not ending: a scheduler's SIGTERM to the ranks) ends it as
+// usual. Collective (every rank decides the same: the flag is all-reduced).
+static void stop_finalize(int rc, Comm& comm) {
+    float any = g_stop_sig == SIGINT || g_stop_sig == SIGTERM ? 1.0f : 0.0f;
+    if (comm.world > 1) comm_all_reduce_max_f32(&comm.world_group, &any, 1);
+    if (any == 0) { comm_finalize(); return; }
+    // the node's page: a file in /dev/shm named after local rank 0's pid, mapped by all, then removed
+    std::atomic<int>* arrived = NULL;
+    if (comm.local_size > 1 && comm.local_size <= COMM_MAX_LOCAL) {
+        std::string name = "/dev/shm/dbrx-stop-" + std::to_string(g_comm_local_pid[0]);
+        void* p = MAP_FAILED;
+        for (int turn = 0; turn < 2; turn++) {   // local rank 0 creates it empty, then the others open it
+            if ((comm.local_rank == 0) == (turn == 0)) {
+                int fd = open(name.c_str(), O_RDWR | O_CREAT | (turn == 0 ? O_TRUNC : 0), 0600);
+                if (fd >= 0 && ftruncate(fd, 4096) == 0) p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                if (fd >= 0) close(fd);
+            }
+            comm_barrier(&comm.world_group);
+        }
+        if (comm.local_rank == 0) unlink(name.c_str());
+        if (p != MAP_FAILED) arrived = (std::atomic<int>*)p;
+        else fprintf(stderr, "warning: %s: %s: the ranks of this node exit without waiting for each other\n", name.c_str(), strerror(errno));
+    }
+    double at = g_stop_at + g_stop_grace - 0.25, now = now_seconds();
+    if (at < now + 0.05) at += 0.1 * std::ceil((now + 0.05 - at) / 0.1);
+    static std::atomic<bool> done(false);
+    bool say = comm.rank == 0;
+    int n = comm.local_size;
+    std::thread([at, rc, say, arrived, n]() {
+        double wake = at - 0.01;
+        struct timespec ts = {(time_t)wake, (long)((wake - (double)(time_t)wake) * 1e9)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+        while (now_seconds() < at && !done.load()) {}
+        if (done.load()) return;
+        if (arrived) {   // (at most until the SIGKILL's moment: a rank that is gone does not hold the others)
+            arrived->fetch_add(1);
+            while (arrived->load() < n && now_seconds() < at + 0.2 && !done.load()) {}
+            if (done.load()) return;
+        }
+        static const char m[] = "note: MPI_Finalize waits for mpirun, which is ending the job: exiting without it (the checkpoint is saved)\n";
+        if (say) { ssize_t ignored = write(2, m, sizeof m - 1); (void)ignored; }
+        _exit(rc);
+    }).detach();
+    fflush(stdout);
+    fflush(stderr);
+    comm_finalize();
+    done.store(true);
 }

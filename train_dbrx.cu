@@ -257,6 +257,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     Zero* zl = zero_layout(store);
     if (args.health.check_only)   // the standalone health check: the initialised model, no data, no training
         return health_gate(args, info, comm, model, store, NULL) ? 0 : EXIT_RUNTIME;
+    if (args.eval.only) return eval_only_run(args, cfg, comm, model, store);   // (train_eval.h)
 
     // ---- set-up: data, evaluations, where training starts from, the health check, the banner and the log
     DataLoader train, val;
@@ -334,7 +335,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         bool last = prog.step == args.run.steps || r.metrics[4] > 0 || (args.run.stop_after >= 0 && obs.steps_done >= args.run.stop_after);
         run_ckpt_after_step(&rc, args, store, cfg, &prog, &train, &guard, last, comm, &log);
         if (r.metrics[4] > 0) {
-            if (comm.rank == 0) printf("stop requested (signal): stopping after step %d\n", step + 1);
+            stop_report(step + 1, comm, &log);
             stopped = true;
             break;
         }
@@ -600,7 +601,19 @@ static int run_main(int argc, char** argv) {
     if (args.run.device == "cuda" && gpus == 0) fail(EXIT_BAD_INPUT, "--device cuda: no CUDA device is visible; use --device cpu");
     bool use_cuda = args.run.device == "cuda" || (args.run.device == "auto" && gpus > 0);
 
+    stop_signals_install(getenv("OMPI_MCA_odls_base_sigkill_timeout"));   // (a signal during MPI_Init: a stop after step 1)
     Comm comm = comm_init(&argc, &argv);
+    stop_signals_install(NULL);   // (over comm_init's: the stop signal's time and phase recorded first)
+    {   // every output path before step 1 (train_flags.h): rank 0 looks, every rank exits 2 with its verdict
+        std::string why = comm.rank == 0 ? output_paths_problem(args) : "";
+        int bad = why.empty() ? 0 : 1;
+        comm_broadcast(&comm.world_group, &bad, sizeof bad, 0);
+        if (bad) {
+            comm_agreed_failure();
+            if (comm.rank == 0) fail(EXIT_BAD_INPUT, "%s", why.c_str());
+            exit(EXIT_BAD_INPUT);
+        }
+    }
     comm_set_timeout(args.parallel.comm_timeout > 0 ? args.parallel.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)
     const char* why = args.run.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
     int rc;
@@ -611,7 +624,7 @@ static int run_main(int argc, char** argv) {
     (void)use_cuda;
 #endif
     rc = train_cpu(args, cfg, comm, why);
-    comm_finalize();
+    stop_finalize(rc, comm);   // (comm_finalize; bounded after Ctrl-C under mpirun: train_checkpoint.h)
     return rc;
 }
 

@@ -5,6 +5,7 @@
  *   samples            generate_tokens through the KV cache (the model's dbrx_decode_step),
  *                      sample_during_training (--sample-every)
  *   --generate         generate_run: load the weights, write the continuation of --prompt to stdout, exit
+ *   --eval-only        eval_only_run: load the weights, validation loss and --eval-mc, print and log, exit
  *   --dump-logits      dump_logits: the first validation batch's inputs and logits, for dev/hf_logits.py
  * Included by train_dbrx.cu only.
  */
@@ -169,7 +170,7 @@ static void mc_setup(McSet* mc, const TrainArgs& args, const DbrxConfig& cfg, co
     if (mc->max_completions != mc->min_completions) printf("-%d", mc->max_completions);
     printf(" completions (version %d, uint%d tokens): %lld rows, %lld forward passes of %d x %d per rank per evaluation, "
            "%s\n", mc->version, mc->version == 1 ? 16 : 32, (long long)mc->rows, (long long)((busiest + args.run.batch - 1) / args.run.batch),
-           args.run.batch, args.run.seq, args.eval.every > 0 ? ("every " + std::to_string(args.eval.every) + " steps and at the end").c_str()
+           args.run.batch, args.run.seq, args.eval.only ? "once (--eval-only)" : args.eval.every > 0 ? ("every " + std::to_string(args.eval.every) + " steps and at the end").c_str()
            : "at the end");
     if (cut) printf("eval-mc: %lld of %lld rows are longer than --seq %d + 1 tokens: their context is cut from the left\n",
                     (long long)cut, (long long)mc->rows, args.run.seq);
@@ -206,28 +207,36 @@ static void dump_logits(Model* model, DataLoader* val, const TrainArgs& args, co
 
 static FILE* g_generate_out = NULL;   // the process's stdout; everything else goes to stderr in --generate
 
+// The weights of --generate and --eval-only: --init-hf DIR (a Hugging Face export) or --resume DIR|auto (a
+// checkpoint: the weights only, no optimizer or data state); the step they were saved at (0: an export)
 template <typename Model, typename Store>
-static int generate_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store) {
+static int load_weights(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store, const char* mode) {
     Zero* zl = zero_layout(store);
     if (!args.ckpt.init_hf.empty()) {
         hf_import(args.ckpt.init_hf, zl, &cfg, model->table, &comm);
         zero_from_host(store);
         if (comm.rank == 0) printf("init: weights from the Hugging Face export %s\n", args.ckpt.init_hf.c_str());
-    } else {
-        Checkpointer ck;
-        ckpt_init(&ck, args.ckpt.dir, 0, 1, 0);
-        TrainProgress prog;
-        JsonValue man;
-        std::string from;
-        if (!ckpt_resume(&ck, args.ckpt.resume, zl, &cfg, &prog, &man, &from, &comm)) {   // (auto, and none there)
-            comm_agreed_failure();
-            if (comm.rank == 0) fail(EXIT_BAD_INPUT, "--generate --resume auto: no checkpoint in --ckpt-dir %s", args.ckpt.dir.c_str());
-            exit(EXIT_BAD_INPUT);
-        }
-        zero_from_host(store);
-        ckpt_free(&ck);
-        if (comm.rank == 0) printf("resume: weights from %s (step %d)\n", from.c_str(), prog.step);
+        return 0;
     }
+    Checkpointer ck;
+    ckpt_init(&ck, args.ckpt.dir, 0, 1, 0);
+    TrainProgress prog;
+    JsonValue man;
+    std::string from;
+    if (!ckpt_resume(&ck, args.ckpt.resume, zl, &cfg, &prog, &man, &from, &comm)) {   // (auto, and none there)
+        comm_agreed_failure();
+        if (comm.rank == 0) fail(EXIT_BAD_INPUT, "%s --resume auto: no checkpoint in --ckpt-dir %s", mode, args.ckpt.dir.c_str());
+        exit(EXIT_BAD_INPUT);
+    }
+    zero_from_host(store);
+    ckpt_free(&ck);
+    if (comm.rank == 0) printf("resume: weights from %s (step %d)\n", from.c_str(), prog.step);
+    return prog.step;
+}
+
+template <typename Model, typename Store>
+static int generate_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store) {
+    load_weights(args, cfg, comm, model, store, "--generate");
     if (comm.rank == 0) {
         printf("generate: %zu prompt tokens (the end-of-text token first), at most %d new, temperature %g%s, %s tokenizer\n",
                args.sample.prompt_ids.size(), args.sample.len, args.sample.temperature,
@@ -252,3 +261,40 @@ static int generate_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm
     return 0;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// --eval-only: load the weights (load_weights), then the validation loss of --val-steps batches of
+// --val-data (unless it is '') and --eval-mc (when given), each printed and logged (--log) as training
+// logs them at the step the weights were saved at (0: an export), exit 0. Both backends, any ranks,
+// ZeRO-3/HSDP and EP: the same evaluate and evaluate_mc as training's, so at the same --batch, --seq and
+// number of ranks the loss is the one the training run logged at that step.
+template <typename Model, typename Store>
+static int eval_only_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store) {
+    int step = load_weights(args, cfg, comm, model, store, "--eval-only");
+    RunLog log = {NULL, ""};
+    FILE* mc_dump = NULL;
+    if (comm.rank == 0) {
+        run_log_open(&log, args.run.log, true);   // (appends: the training run's log may be the one named)
+        if (!args.eval.mc_dump.empty()) mc_dump = fopenCheck(args.eval.mc_dump.c_str(), "w");
+    }
+    comm_watch(1);
+    if (!args.data.val.empty()) {
+        DataLoader val;
+        dataloader_init(&val, args.data.val.c_str(), "--val-data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
+        if (comm.rank == 0) printf("%s", dataloader_describe(&val, "--val-data").c_str());
+        comm_phase("validation");
+        double vl = evaluate(model, &val, args.eval.val_steps, &comm);
+        if (comm.rank == 0) report_val(&log, step, vl);
+        dataloader_free(&val);
+    }
+    if (!args.eval.mc.empty()) {
+        McSet mc;
+        mc_setup(&mc, args, cfg, comm);
+        run_mc(model, store, &mc, args, &comm, mc_dump, step, &log);
+    }
+    comm_watch(0);
+    run_log_close(&log);
+    if (mc_dump) fcloseCheck(mc_dump, args.eval.mc_dump.c_str());
+    if (comm.rank == 0) fflush(stdout);
+    return 0;
+}

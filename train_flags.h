@@ -1,15 +1,20 @@
 /*
  * train_flags.h — train_dbrx's command line: TrainArgs (every flag's value and default), the flag
  * table (name, alias, type, help: --help prints it), parse_args (parsing, and every check of a value
- * or a combination that can be made before the model exists: one line and exit 2), and flag_given.
+ * or a combination that can be made before the model exists: one line and exit 2), flag_given, and
+ * output_paths_problem (every output flag's path, checked before step 1).
  * Included by train_dbrx.cu only.
  */
 #pragma once
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <string>
 #include <vector>
 #include "model/common.h"
 #include "model/config.h"
 #include "data/tokenizer.h"
+#include "model/debug_hooks.h"
 
 // The flags by section (--help prints them so, with their defaults)
 typedef struct {
@@ -17,7 +22,7 @@ typedef struct {
     int steps = 200, batch = 8, seq = 0, grad_accum = 1, seed = 1337, stop_after = -1;
     int log_every_experts = 0;      // each layer's tokens per expert in the log
     float peak_tflops = 0.0f;
-    bool dry_run = false, help = false;
+    bool dry_run = false, help = false, help_debug = false;
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -50,6 +55,7 @@ typedef struct {                   // generation (model/sample.h, dbrx_decode_st
 typedef struct {                   // validation, multiple-choice evaluation (data/mc_eval.h), the logits dump
     int val_every = 50, val_steps = 8, every = 0;
     std::string mc = "", mc_dump = "", dump_logits = "";
+    bool only = false;             // --eval-only
 } EvalArgs;
 
 typedef struct {
@@ -110,6 +116,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--peak-tflops", "", F_FLOAT, &a->run.peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: the CPU's from its clock and ISA; the GPU's dense BF16 peak when known)"},
         {"--dry-run", "", F_BOOL, &a->run.dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
+        {"--help-debug", "", F_BOOL, &a->run.help_debug, "the tests' fault-injection switches (DBRX_DEBUG_* environment variables): "
+                                                        "injected spikes and NaNs, killed, stopped or slow ranks, ..."},
         {"", "", F_SECTION, NULL, "the optimizer (AdamW, the LR schedule)"},
         {"--lr", "-l", F_FLOAT, &a->optim.lr, "peak learning rate"},
         {"--warmup", "-u", F_INT, &a->optim.warmup, "linear warmup steps"},
@@ -132,6 +140,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--eval-every", "", F_INT, &a->eval.every, "--eval-mc every N steps and at the end (default: --val-every; 0: only at the end)"},
         {"--eval-mc-dump", "", F_STR, &a->eval.mc_dump, "write every --eval-mc example's per-completion summed losses and token counts "
                                                         "to this JSONL file"},
+        {"--eval-only", "", F_BOOL, &a->eval.only, "no training: load --resume DIR|auto or --init-hf DIR, then the validation loss "
+                                                  "(--val-data, --val-steps) and --eval-mc; print, log (--log), exit"},
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"", "", F_SECTION, NULL, "parallelism (parallel/README.md)"},
         {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
@@ -294,6 +304,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     // help is a flag of pass 1; look for it directly so that --help works with any other flags
     for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) a->run.help = true;
     if (a->run.help) { print_help(flags); exit(0); }
+    for (int i = 1; i < argc; i++) if (!strcmp(argv[i], "--help-debug")) { debug_hooks_print(); exit(0); }
     c->head_dim = c->d_model / (c->n_heads > 0 ? c->n_heads : 1);
     config_validate(c);   // the model first: a run flag's default may derive from it (--seq from --max-seq)
     // --seq left out: the model's max_seq, at most 2048. Given, it must be positive (0 is no sentinel)
@@ -369,6 +380,15 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--generate needs the weights: --resume DIR (a checkpoint) or --init-hf DIR (a Hugging Face export)");
     if (a->sample.generate && !a->ckpt.resume.empty() && !a->ckpt.init_hf.empty())
         fail(EXIT_BAD_INPUT, "--generate takes one source of weights: --resume or --init-hf, not both");
+    if (a->eval.only) {
+        if (a->ckpt.resume.empty() == a->ckpt.init_hf.empty())
+            fail(EXIT_BAD_INPUT, "--eval-only needs one source of weights: --resume DIR|auto (a checkpoint) or --init-hf DIR (a Hugging Face export)");
+        if (a->data.val.empty() && a->eval.mc.empty()) fail(EXIT_BAD_INPUT, "--eval-only has nothing to evaluate: --val-data is '' and no --eval-mc");
+        const char* other = a->sample.generate ? "--generate" : a->health.check || a->health.check_only ? "--health-check"
+                          : a->run.dry_run ? "--dry-run" : !a->ckpt.export_hf.empty() ? "--export-hf" : !a->eval.dump_logits.empty() ? "--dump-logits"
+                          : flag_given(a, "--stop-after") ? "--stop-after" : NULL;
+        if (other) fail(EXIT_BAD_INPUT, "--eval-only runs no training: leave out %s", other);
+    }
     if (a->sample.generate && (a->health.check || a->health.check_only || a->run.dry_run))
         fail(EXIT_BAD_INPUT, "--generate runs no training: leave out %s", a->run.dry_run ? "--dry-run" : "--health-check");
     if (!a->health.check && !a->health.check_only) {   // a bound without the check would be silently ignored
@@ -376,4 +396,63 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
                            : a->health.gemm_size != 0 ? "--health-gemm-size" : a->health.comm_mib != 16 ? "--health-comm-mib" : NULL;
         if (orphan) fail(EXIT_BAD_INPUT, "%s needs --health-check or --health-check-only", orphan);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every output path, before step 1 (run_main: rank 0 looks, every rank exits 2 with its verdict): what is
+// written only after training (--export-hf, --dump-logits) or at its first line (--log, --eval-mc-dump)
+// must not fail after hours of it. Nothing is left behind: a file that does not exist yet is created
+// (O_EXCL) and removed, one that exists is opened for appending and not written; a directory to create
+// (--export-hf) is probed with a file in the nearest directory that exists.
+
+// "" or why a file cannot be written at path
+static std::string output_file_problem(const std::string& path) {
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return "it is a directory";
+        int fd = open(path.c_str(), O_WRONLY | O_APPEND);
+        if (fd < 0) return std::string("it cannot be written (") + strerror(errno) + ")";
+        close(fd);
+        return "";
+    }
+    if (errno == ENOTDIR) return "a directory of the path is a file";
+    if (errno != ENOENT) return std::string("stat: ") + strerror(errno);
+    size_t slash = path.find_last_of('/');
+    std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    if (stat(dir.c_str(), &st) != 0) return "the directory " + dir + " does not exist";
+    if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return std::string("it cannot be created (") + strerror(errno) + ")";
+    close(fd);
+    if (unlink(path.c_str()) != 0) return std::string("the test file could not be removed (") + strerror(errno) + ")";
+    return "";
+}
+
+// "" or why the directory at path cannot be created or written in
+static std::string output_dir_problem(const std::string& path) {
+    std::string d = path;
+    struct stat st;
+    while (stat(d.c_str(), &st) != 0) {   // the nearest directory that exists (the export creates the rest)
+        if (errno == ENOTDIR) return "a directory of the path is a file";
+        if (errno != ENOENT) return std::string("stat ") + d + ": " + strerror(errno);
+        while (d.size() > 1 && d.back() == '/') d.pop_back();
+        size_t slash = d.find_last_of('/');
+        d = slash == std::string::npos ? "." : slash == 0 ? "/" : d.substr(0, slash);
+    }
+    if (!S_ISDIR(st.st_mode)) return (d == path ? std::string("it") : d) + " exists and is not a directory";
+    std::string probe = output_file_problem(d + "/.probe-" + std::to_string((long long)getpid()));
+    return probe.empty() ? "" : "no file can be written in " + d + " (" + probe + ")";
+}
+
+// the first output flag whose path is unusable: "--flag PATH: why", or ""
+static std::string output_paths_problem(const TrainArgs& a) {
+    const struct { const char* flag; const std::string& path; bool dir; } outs[] = {
+        {"--log", a.run.log, false}, {"--eval-mc-dump", a.eval.mc_dump, false}, {"--dump-logits", a.eval.dump_logits, false},
+        {"--export-hf", a.ckpt.export_hf, true}};
+    for (const auto& o : outs) {
+        if (o.path.empty()) continue;
+        std::string why = o.dir ? output_dir_problem(o.path) : output_file_problem(o.path);
+        if (!why.empty()) return std::string(o.flag) + " " + o.path + ": " + why;
+    }
+    return "";
 }

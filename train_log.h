@@ -109,7 +109,7 @@ static void report_step(RunLog* log, const StepReport& r) {
 static void report_val(RunLog* log, int step, double vl, bool flush = true) {
     printf("val  %5d | val_loss %.6f\n", step, vl);
     if (!log->f) return;
-    fprintf(log->f, "{\"step\": %d, \"val_loss\": %s}\n", step, json_number_or_null(vl, "%.6f").c_str());
+    fprintf(log->f, "{\"step\": %d, \"val_loss\": %s}\n", step, json_number_or_null(vl, "%.17g").c_str());   // (full precision: comparable bit for bit)
     if (flush) fflush(log->f);
 }
 

@@ -4,16 +4,9 @@
  * consult. Nothing else in the product calls getenv for a DBRX_DEBUG_* variable, and nothing on a hot
  * path reads the environment. A malformed value is one line naming the variable, exit 2.
  *
- *   DBRX_DEBUG_KILL="R:S[:stop]"     rank R SIGKILLs (":stop": SIGSTOPs) itself in the middle of step S
- *   DBRX_DEBUG_SPIKE="S[+]:F"        the gradients of step S (with "+": of every step from S on) times F
- *   DBRX_DEBUG_SLOW_RANK="R:MS"      rank R sleeps MS ms in every step (a straggler)
- *   DBRX_DEBUG_SLOW_GEMM="R[:F]"     the health check: rank R's GEMM does F (8) GEMMs for every one it counts
- *   DBRX_DEBUG_ROUTE_FIRST=1         every token routed to experts 0..k-1 (a forced imbalance)
- *   DBRX_DEBUG_CKPT_KILL="S:POINT"   SIGKILL at POINT (shard|manifest|rename) of step S's checkpoint save
- *   DBRX_DEBUG_TWIN_BLOCKS=1         the NCCL twin's waits have no watchdog (a stuck collective blocks)
- *   DBRX_DEBUG_PLANT=NAME            a planted bug, the negative control of a test: step_sync (one more
- *                                    synchronisation per layer), reduce_scatter_chunk, skip_gather_wait,
- *                                    fp8_gather_scale (ZeRO-3 on the GPU)
+ * DEBUG_HOOK_DOCS below lists them, with their values and effects: `train_dbrx --help-debug` prints it, and
+ * debug_hooks_read reads a variable only through debug_env, which refuses a name the table lacks, so that
+ * the list cannot drift from what is read.
  */
 #pragma once
 #include <signal.h>
@@ -41,14 +34,44 @@ typedef struct {
 
 inline DebugHooks g_debug_hooks;   // (all off until debug_hooks_read)
 
+// every switch: the variable, its value, what it does (--help-debug prints this table)
+typedef struct { const char* name; const char* value; const char* help; } DebugHookDoc;
+static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
+    {"DBRX_DEBUG_KILL", "R:S[:stop]", "rank R SIGKILLs (\":stop\": SIGSTOPs) itself in the middle of step S (a lost or hung rank)"},
+    {"DBRX_DEBUG_SPIKE", "S[+]:F", "the gradients of step S (with \"+\": of every step from S on) times F (a spike; F = nan: a NaN step)"},
+    {"DBRX_DEBUG_SLOW_RANK", "R:MS", "rank R sleeps MS ms in every step (a straggler)"},
+    {"DBRX_DEBUG_SLOW_GEMM", "R[:F]", "the health check: rank R's GEMM does F (8) GEMMs for every one it counts (a slow GPU)"},
+    {"DBRX_DEBUG_ROUTE_FIRST", "1", "every token routed to experts 0..k-1 (a forced expert imbalance)"},
+    {"DBRX_DEBUG_CKPT_KILL", "S:POINT", "SIGKILL at POINT (shard | manifest | rename) of step S's checkpoint save"},
+    {"DBRX_DEBUG_TWIN_BLOCKS", "1", "the NCCL twin's waits have no watchdog (a stuck collective blocks; emulated builds)"},
+    {"DBRX_DEBUG_PLANT", "NAME", "a planted bug, the negative control of a test: step_sync (one more synchronisation per layer), "
+                                 "reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale (ZeRO-3 on the GPU)"},
+};
+
+// getenv of a switch the table lists (any other name is a programming error: exit 1 at start-up)
+static inline const char* debug_env(const char* name) {
+    for (const DebugHookDoc& d : DEBUG_HOOK_DOCS)
+        if (!strcmp(d.name, name)) return getenv(name);
+    fail(EXIT_RUNTIME, "model/debug_hooks.h: %s is read but not in DEBUG_HOOK_DOCS (--help-debug)", name);
+}
+
+// --help-debug
+static inline void debug_hooks_print() {
+    printf("test and fault-injection switches (environment variables, read once at start-up; test/README.md):\n");
+    for (const DebugHookDoc& d : DEBUG_HOOK_DOCS) {
+        std::string left = std::string(d.name) + "=" + d.value;
+        printf("  %-32s %s\n", left.c_str(), d.help);
+    }
+}
+
 // parses every DBRX_DEBUG_* variable into g_debug_hooks (a test that sets one later calls it again)
 static inline void debug_hooks_read() {
     DebugHooks h;
-    if (const char* k = getenv("DBRX_DEBUG_KILL")) {
+    if (const char* k = debug_env("DBRX_DEBUG_KILL")) {
         if (sscanf(k, "%d:%d", &h.kill_rank, &h.kill_step) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_KILL '%s' is not R:S[:stop]", k);
         if (strstr(k, ":stop")) h.kill_signal = SIGSTOP;
     }
-    if (const char* k = getenv("DBRX_DEBUG_SPIKE")) {
+    if (const char* k = debug_env("DBRX_DEBUG_SPIKE")) {
         char* end = NULL;
         h.spike_step = (int)strtol(k, &end, 10);
         h.spike_from = *end == '+';
@@ -56,9 +79,9 @@ static inline void debug_hooks_read() {
         if (*end != ':' || h.spike_step < 1) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SPIKE '%s' is not STEP[+]:FACTOR", k);
         h.spike_factor = strtof(end + 1, NULL);
     }
-    if (const char* k = getenv("DBRX_DEBUG_SLOW_RANK"))
+    if (const char* k = debug_env("DBRX_DEBUG_SLOW_RANK"))
         if (sscanf(k, "%d:%d", &h.slow_rank, &h.slow_ms) != 2) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_SLOW_RANK '%s' is not R:MS", k);
-    if (const char* s = getenv("DBRX_DEBUG_SLOW_GEMM")) {
+    if (const char* s = debug_env("DBRX_DEBUG_SLOW_GEMM")) {
         char* end = NULL;
         long r = strtol(s, &end, 10), f = 8;
         if (*end == ':') { char* e2 = NULL; f = strtol(end + 1, &e2, 10); end = (e2 == end + 1) ? end : e2; }
@@ -66,18 +89,20 @@ static inline void debug_hooks_read() {
         h.slow_gemm_rank = (int)r;
         h.slow_gemm_factor = (int)f;
     }
-    h.route_first = getenv("DBRX_DEBUG_ROUTE_FIRST") != NULL;
-    if (const char* k = getenv("DBRX_DEBUG_CKPT_KILL")) {
+    h.route_first = debug_env("DBRX_DEBUG_ROUTE_FIRST") != NULL;
+    if (const char* k = debug_env("DBRX_DEBUG_CKPT_KILL")) {
         char point[32] = "";
         if (sscanf(k, "%d:%31s", &h.ckpt_kill_step, point) != 2)
             fail(EXIT_BAD_INPUT, "DBRX_DEBUG_CKPT_KILL '%s' is not STEP:shard|manifest|rename", k);
         h.ckpt_kill_point = point;
     }
-    h.twin_blocks = getenv("DBRX_DEBUG_TWIN_BLOCKS") != NULL;
-    if (const char* p = getenv("DBRX_DEBUG_PLANT")) {
+    h.twin_blocks = debug_env("DBRX_DEBUG_TWIN_BLOCKS") != NULL;
+    if (const char* p = debug_env("DBRX_DEBUG_PLANT")) {
         h.plant = !strcmp(p, "step_sync") ? PLANT_STEP_SYNC : !strcmp(p, "reduce_scatter_chunk") ? PLANT_REDUCE_SCATTER_CHUNK
                 : !strcmp(p, "skip_gather_wait") ? PLANT_SKIP_GATHER_WAIT : !strcmp(p, "fp8_gather_scale") ? PLANT_FP8_GATHER_SCALE
                 : PLANT_NONE;
+        if (h.plant == PLANT_NONE)
+            fail(EXIT_BAD_INPUT, "DBRX_DEBUG_PLANT '%s' is not step_sync, reduce_scatter_chunk, skip_gather_wait or fp8_gather_scale", p);
     }
     g_debug_hooks = h;
 }

@@ -41,7 +41,7 @@ GETENV_READERS = {
     "model/platform.h": "SIMT_STEP_COUNTERS (emulated build only), once per process",
     "parallel/gpu_select.h": "the launcher's CUDA_VISIBLE_DEVICES, OMPI_COMM_WORLD_LOCAL_*, SLURM_LOCALID/STEP_TASKS_PER_NODE/NODEID, "
                              "once per process when the GPU is picked (comm_select_gpu)",
-    "train_dbrx.cu": "OMP_NUM_THREADS at the CPU backend's set-up (ranks share the node's cores unless it is set)",
+    "train_dbrx.cu": "OMP_NUM_THREADS at the CPU backend's set-up (ranks share the node's cores unless it is set); OMPI_MCA_odls_base_sigkill_timeout once before MPI_Init (mpirun's grace after Ctrl-C)",
 }
 # the training step and what it calls in the trainer: no getenv at all
 STEP_FILES = ["train_step.h", "train_observers.h", "train_log.h"]

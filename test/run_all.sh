@@ -112,6 +112,8 @@ bash test/test_unchanged.sh
 echo "== generation: samples during training, --generate (checkpoint, Hugging Face export; cpu, emulated cuda; ZeRO-3), bad flags"
 OMP_WAIT_POLICY=passive bash test/test_generate.sh
 echo "== multiple-choice evaluation (--eval-mc): known answers, scores from the logits, ranks, bad files"; bash test/test_mc_eval.sh
+echo "== --eval-only: a checkpoint's or an export's validation loss (bit-identical to training's; cpu, ZeRO-3, EP, emulated cuda) and --eval-mc"
+OMP_WAIT_POLICY=passive bash test/test_eval_only.sh
 echo "== run plots (dev/plot_run.py) and the expert counts they read (--log-every-experts)"; bash test/test_plot.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
@@ -127,6 +129,7 @@ fi
 echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
 echo "== expert parallelism (all-to-all of routed tokens; CPU and emulated GPU; checkpoints across EP degrees)"; bash test/test_ep.sh
 echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
+echo "== Ctrl-C through mpirun (SIGINT to mpirun, 10 runs on 1 and on 2 ranks): saved, loadable, every rank exits 0"; bash test/test_ctrlc.sh
 echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh
 echo "== hangs (every survivor names the same rank and its phase) and stragglers"; bash test/test_hang.sh
 echo "== automatic restart (dev/supervise.sh): random kills, the same step failing, exit 2, signals"; bash test/test_supervise.sh

@@ -65,6 +65,18 @@ for f in --model --steps --batch --seq --grad-accum --lr --seed --device --data 
 done
 [ -z "$missing" ] && pass "--help lists every flag" || fail "--help misses:$missing"
 
+# --- --help-debug: every DBRX_DEBUG_* switch the parser reads (model/debug_hooks.h's debug_env calls), and every one
+# a test sets, is listed with its value and effect; nothing else is
+read_names=$(grep -o 'debug_env("DBRX_DEBUG_[A-Z_]*")' model/debug_hooks.h | grep -o 'DBRX_DEBUG_[A-Z_]*' | sort -u)
+used_names=$(grep -ho 'DBRX_DEBUG_[A-Z_]*=' test/*.sh | tr -d = | sort -u)
+listed=$($BIN --help-debug | grep -o '^  DBRX_DEBUG_[A-Z_]*=[^ ]* ' | cut -d= -f1 | tr -d ' ' | sort -u)
+[ -n "$read_names" ] && [ "$listed" = "$read_names" ] && [ -z "$(comm -23 <(echo "$used_names") <(echo "$listed"))" ] \
+    && pass "--help-debug lists the $(wc -l <<<"$listed") switches the parser reads, and every one the tests set" \
+    || fail "--help-debug: listed '$(echo $listed)', read '$(echo $read_names)', set by tests '$(echo $used_names)'"
+$BIN --help | grep -q -- "--help-debug" && pass "--help points at --help-debug" || fail "--help lacks --help-debug"
+expect_exit 2 "an unknown DBRX_DEBUG_PLANT" env DBRX_DEBUG_PLANT=bogus $BIN --dry-run
+expect_exit 2 "a malformed DBRX_DEBUG_SPIKE" env DBRX_DEBUG_SPIKE=x $BIN --dry-run
+
 # --- bad flags and shapes
 expect_exit 2 "unknown flag" $BIN --bogus
 expect_exit 2 "unknown preset" $BIN --model dbrx-999b
@@ -173,5 +185,38 @@ expect_exit 2 "token id >= vocab" run --data "$tmp/vocab.bin"
 grep -q "offset 0" <<<"$LAST_ERR" || fail "vocab error names the offset: $LAST_ERR"
 expect_exit 2 "shard smaller than one sequence" run --data "$tmp/small.bin"
 expect_exit 2 "bad validation data" run --data "$tmp/good.bin" --val-data "$tmp/magic.bin" --val-every 1
+# --- every output path checked before step 1 (exit 2, one line naming the flag and the path), nothing left behind
+mkdir -p "$tmp/adir"; touch "$tmp/afile"
+for f in --log --eval-mc-dump --dump-logits; do
+    extra=(); [ $f = --eval-mc-dump ] && extra=(--eval-mc "$tmp/none.bin")
+    expect_exit 2 "$f in a directory that does not exist" run "${extra[@]}" $f "$tmp/nodir/out"
+    grep -q -- "^error: $f $tmp/nodir/out: the directory $tmp/nodir does not exist" <<<"$LAST_ERR" || fail "$f no dir: $LAST_ERR"
+    expect_exit 2 "$f a directory" run "${extra[@]}" $f "$tmp/adir"
+    grep -q -- "^error: $f $tmp/adir: it is a directory" <<<"$LAST_ERR" || fail "$f a directory: $LAST_ERR"
+    expect_exit 2 "$f below a file" run "${extra[@]}" $f "$tmp/afile/out"
+    grep -q -- "^error: $f $tmp/afile/out: " <<<"$LAST_ERR" || fail "$f below a file: $LAST_ERR"
+    expect_exit 2 "$f where no file can be created (/proc)" run "${extra[@]}" $f /proc/out
+    grep -q -- "^error: $f /proc/out: it cannot be created" <<<"$LAST_ERR" || fail "$f in /proc: $LAST_ERR"
+done
+expect_exit 2 "--export-hf a file" run --export-hf "$tmp/afile"
+grep -q -- "^error: --export-hf $tmp/afile: it exists and is not a directory" <<<"$LAST_ERR" || fail "--export-hf a file: $LAST_ERR"
+expect_exit 2 "--export-hf below a file" run --export-hf "$tmp/afile/a/b"
+grep -q -- "^error: --export-hf $tmp/afile/a/b: " <<<"$LAST_ERR" || fail "--export-hf below a file: $LAST_ERR"
+expect_exit 2 "--export-hf where nothing can be written (/proc)" run --export-hf /proc/x/y
+grep -q -- "^error: --export-hf /proc/x/y: no file can be written in /proc" <<<"$LAST_ERR" || fail "--export-hf in /proc: $LAST_ERR"
+# 2 ranks: rank 0 looks, both exit 2 together with one line
+out=$(timeout -s KILL 60 bash dev/mpirun.sh -np 2 $BIN --steps 1 --batch 1 --seq 128 --val-every 0 --log "$tmp/nodir/log" 2>&1 >/dev/null); rc=$?
+[ "$rc" = 2 ] && [ "$(grep -c '^error: --log' <<<"$out")" = 1 ] && pass "2 ranks, bad --log: one line, exit 2" \
+    || fail "2 ranks, bad --log: exit $rc: $(head -c 300 <<<"$out")"
+# good paths pass the check and leave nothing behind (the run then stops at its data: exit 2, nothing written)
+expect_exit 2 "good output paths, bad data" run --data "$tmp/none_*.bin" --log "$tmp/ok.jsonl" --dump-logits "$tmp/ok.st" \
+    --eval-mc "$tmp/none.bin" --eval-mc-dump "$tmp/ok.mc" --export-hf "$tmp/okhf/sub"
+grep -q "none_" <<<"$LAST_ERR" && [ -z "$(ls -A "$tmp" | grep -E '^ok|^\.probe')" ] && [ -z "$(ls -A "$tmp/adir")" ] \
+    && pass "the checks leave no file behind" || fail "left behind: $(ls -A "$tmp" | grep -E '^ok|^\.probe')"
+# an existing log is opened for appending by the check, not changed
+echo '{"old": 1}' > "$tmp/old.jsonl"
+expect_exit 2 "existing --log, bad data" run --data "$tmp/none_*.bin" --log "$tmp/old.jsonl"
+[ "$(cat "$tmp/old.jsonl")" = '{"old": 1}' ] && pass "an existing --log is not changed by the check" || fail "existing --log changed"
+
 # and the good file trains
 if run --data "$tmp/good.bin" >/dev/null 2>&1; then pass "a valid shard trains"; else fail "a valid shard does not train"; fi
