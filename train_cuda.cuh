@@ -23,6 +23,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     // one process per GPU, picked by parallel/gpu_select.h's rule (the NCCL world uses the same)
     std::string dev_how;
     int dev = comm_select_gpu(&comm, &dev_how);
+    matmul_pins().device_run = true;   // this run's GEMMs go through cuBLASLt: its checkpoints carry their algorithms
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, dev));
     if (comm.rank == 0) {

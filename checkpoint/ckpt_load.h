@@ -327,9 +327,9 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
 // size and CRC-32C checked like the shard files. A table that is missing (a checkpoint of the CPU build or
 // from before tables were saved, or a rank the saving run did not have), damaged or from another library
 // is not used: one line, and the heuristic chooses (the weights are fine; only the last bits may differ).
-// The CPU build has no GEMM plans and ignores the tables.
+// The CPU backend (either build) has no GEMM plans and ignores the tables.
 static inline void ckpt_plans_restore(const std::string& dir, const JsonValue* man, Comm* comm) {
-    if (matmul_pins().library.empty()) return;
+    if (!matmul_pins().device_run) return;
     const JsonValue* list = json_get(man, "gemm_plans");
     std::string name, err, text;
     uint64_t bytes = 0;

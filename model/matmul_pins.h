@@ -25,6 +25,8 @@ typedef struct {
     std::map<MatmulKey, MatmulAlgoWords> used;     // every plan of this process: key -> its algorithm
     std::map<MatmulKey, MatmulAlgoWords> pinned;   // loaded from the checkpoint resumed from
     std::string library;                           // the library that chose the algorithms (set by the backend)
+    bool device_run = false;                       // this run's GEMMs go through cuBLASLt (set by the CUDA set-up; an
+                                                   // nvcc build on --device cpu has a library but no plans)
     long long pins_taken = 0, pins_refused = 0;    // plans made from a pin; pins the library refused
     bool warned = false;
 } MatmulPins;
