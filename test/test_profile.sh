@@ -42,6 +42,30 @@ $PY test/check_trace.py "$tmp/cpu.json" --rank 0 --steps 2:3 --log "$tmp/cpu1.js
     --need validation --need "checkpoint save" > "$tmp/v_cpu" 2>&1
 verdicts "$tmp/v_cpu" 6
 same_losses cpu "$tmp/cpu0.jsonl" "$tmp/cpu1.jsonl"
+# negative controls: the checker fails a trace whose ranges overlap (a layer's range past its phase's end), one
+# without a phase (backward), and one whose step lasts other than the log says
+$PY - "$tmp/cpu.json" "$tmp" <<'PY'
+import json, sys
+src, d = sys.argv[1], sys.argv[2]
+def planted(name, change):
+    t = json.load(open(src))
+    change([e for e in t["traceEvents"] if e["ph"] == "X"], t)
+    json.dump(t, open("%s/planted_%s.json" % (d, name), "w"))
+def overlap(X, t):
+    fwd = next(e for e in X if e["name"] == "forward")
+    r = next(e for e in X if e["name"] == "layer 0 router" and fwd["ts"] <= e["ts"] <= fwd["ts"] + fwd["dur"])
+    r["dur"] = fwd["ts"] + fwd["dur"] - r["ts"] + 50
+def no_backward(X, t):
+    t["traceEvents"] = [e for e in t["traceEvents"] if e["name"] != "backward"]
+def long_step(X, t):
+    next(e for e in X if e["name"] == "step 2")["dur"] *= 1.5
+planted("overlap", overlap); planted("no_backward", no_backward); planted("long_step", long_step)
+PY
+for p in "overlap:nest properly" "no_backward:every range asked for" "long_step:lasts the time the log prints"; do
+    out=$($PY test/check_trace.py "$tmp/planted_${p%%:*}.json" --rank 0 --steps 2:3 --log "$tmp/cpu1.jsonl" "${PHASES[@]}" 2>&1)
+    grep -q "^fail .*${p#*:}" <<<"$out" && pass "check_trace.py catches a planted trace: ${p%%:*} ($(grep -c '^fail' <<<"$out") check(s) fail)" \
+        || fail "check_trace.py passed a planted trace (${p%%:*}): $out"
+done
 
 # --- bad input (the CPU build): exit 2, one line naming the flag, before step 1
 expect_exit 2 "--profile in a directory that does not exist" $BIN "${G[@]}" --profile "$tmp/nodir/t.json"
@@ -72,12 +96,19 @@ if [ -x "$EMU" ]; then
         verdicts "$tmp/v_emu$r" 6
     done
     same_losses "emulated ZeRO-3, 2 ranks" "$tmp/emu0.jsonl" "$tmp/emu1.jsonl"
-    # every rank's counters, line by line (each step's, and between steps), the same with --profile
+    # every rank's counters, line by line (each step's, and between steps), the same with --profile; the negative
+    # control: one more synchronisation per layer (DBRX_DEBUG_PLANT=step_sync) shows in them
+    counters() { grep -E "^\[[0-9]+,$2\]<stderr>: ?simt counters" "$1"; }
     for r in 0 1; do
-        a=$(grep -E "^\[[0-9]+,$r\]<stderr>: ?simt counters" "$tmp/emu0.out"); b=$(grep -E "^\[[0-9]+,$r\]<stderr>: ?simt counters" "$tmp/emu1.out")
+        a=$(counters "$tmp/emu0.out" $r); b=$(counters "$tmp/emu1.out" $r)
         [ -n "$a" ] && [ "$a" = "$b" ] && pass "emulated rank $r: the same launches, GEMMs, syncs and copies with --profile ($(grep -c . <<<"$a") counter lines)" \
             || fail "emulated rank $r: --profile changed the step's work: $(diff <(echo "$a") <(echo "$b") | head -4)"
     done
+    DBRX_DEBUG_PLANT=step_sync SIMT_STEP_COUNTERS=1 $MPI --tag-output -np 2 $EMU "${Z[@]}" --steps 2 --profile "$tmp/emu2.json" \
+        > "$tmp/emu2.out" 2>&1 || fail "emulated run with a planted sync: $(grep -v step "$tmp/emu2.out" | tail -2)"
+    a=$(counters "$tmp/emu0.out" 0 | sed -n 4p); b=$(counters "$tmp/emu2.out" 0 | sed -n 4p)
+    [ -n "$b" ] && [ "$a" != "$b" ] && pass "negative control: a planted sync per layer changes step 2's counters ($b)" \
+        || fail "negative control: the planted sync did not show in the counters: '$a' vs '$b'"
 else
     echo "skipped: the emulated CUDA backend ($EMU not built)"
 fi
