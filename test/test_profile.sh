@@ -5,7 +5,7 @@
 #   * the CPU backend, one rank, steps 2:3 (the default), with a validation and a checkpoint save in them;
 #   * the CUDA backend on the emulator (train_dbrx_emu --device cuda), 2 ranks under ZeRO-3: one file per
 #     rank (.rank<r>), the model's ranges on the compute stream, all-gathers and reduce-scatters on the
-#     communication stream;
+#     communication stream; 2 ranks data parallel with 2 micro-batches: the replicas' all-reduce on theirs;
 #   * profiling changes nothing: the losses and gradient norms of both runs bit-identical without
 #     --profile, and (emulator) the launches, GEMMs, synchronisations and copies of every step the same
 #     (SIMT_STEP_COUNTERS, the counters of the step budget: model/CUDA.md);
@@ -96,6 +96,12 @@ if [ -x "$EMU" ]; then
         verdicts "$tmp/v_emu$r" 6
     done
     same_losses "emulated ZeRO-3, 2 ranks" "$tmp/emu0.jsonl" "$tmp/emu1.jsonl"
+    # data parallel (S = 1) with 2 micro-batches: the replicas' gradient all-reduce on its own stream
+    $MPI -np 2 $EMU "${G[@]}" --device cuda --shard-group-size 1 --grad-accum 2 --steps 2 --profile "$tmp/ddp.json" --profile-steps 2 \
+        --log "$tmp/ddp.jsonl" > "$tmp/ddp.out" 2>&1 || fail "emulated DDP run with --profile: $(grep -v step "$tmp/ddp.out" | tail -2)"
+    $PY test/check_trace.py "$tmp/ddp.rank0.json" --rank 0 --steps 2:2 --log "$tmp/ddp.jsonl" "${PHASES[@]}" \
+        --need "replica group:all-reduce gradients" > "$tmp/v_ddp" 2>&1
+    verdicts "$tmp/v_ddp" 6
     # every rank's counters, line by line (each step's, and between steps), the same with --profile; the negative
     # control: one more synchronisation per layer (DBRX_DEBUG_PLANT=step_sync) shows in them
     counters() { grep -E "^\[[0-9]+,$2\]<stderr>: ?simt counters" "$1"; }
