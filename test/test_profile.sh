@@ -67,6 +67,12 @@ for p in "overlap:nest properly" "no_backward:every range asked for" "long_step:
         || fail "check_trace.py passed a planted trace (${p%%:*}): $out"
 done
 
+# a run that stops before its --profile-steps: a warning, and a valid trace without ranges
+$BIN "${G[@]}" --stop-after 1 --profile-steps 3 --profile "$tmp/early.json" > "$tmp/early.out" 2>&1
+grep -q "^warning: --profile: no step of --profile-steps 3:3 ran" "$tmp/early.out" \
+    && $PY -c "import json,sys; t=json.load(open(sys.argv[1])); sys.exit(any(e['ph'] == 'X' for e in t['traceEvents']))" "$tmp/early.json" \
+    && pass "stopped before --profile-steps 3: a warning, a valid trace without ranges" || fail "stopped before the traced steps: $(tail -3 "$tmp/early.out")"
+
 # --- bad input (the CPU build): exit 2, one line naming the flag, before step 1
 expect_exit 2 "--profile in a directory that does not exist" $BIN "${G[@]}" --profile "$tmp/nodir/t.json"
 grep -q -- "^error: --profile $tmp/nodir/t.json: the directory $tmp/nodir does not exist" <<<"$LAST_ERR" || fail "--profile no dir: $LAST_ERR"
