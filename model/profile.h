@@ -15,9 +15,10 @@
  * emulator's counters).
  *
  * Time base: the host's CLOCK_MONOTONIC (now_seconds), in microseconds, so that the ranks of one node
- * line up. A device range is placed on it by one reference event, recorded on the first device range's
- * stream at a known host time (the step begins with a synchronisation: the device is idle then), and
- * cudaEventElapsedTime from it.
+ * line up. A device range is placed on it by a reference event, recorded in each traced step on the null
+ * stream (the model's) at a known host time, when the step's first device range begins (the step begins
+ * with a synchronisation: the device is idle then), and cudaEventElapsedTime from it (float
+ * milliseconds: a reference per step keeps them short).
  * The callers name their ranges (the store's collectives too): nothing of parallel/ is named here.
  */
 #pragma once
@@ -40,6 +41,7 @@ typedef struct {
     std::string name;
     const char* cat;        // "step", "phase", "layer", "comm", "eval", "io"
     int tid, step;          // its track; the step (1-based) it was recorded in
+    int ref;                // a device range's reference event (Profiler.refs)
     double t0, t1;          // seconds, host clock (a device range's: from its events, at the read-back)
     void *e0, *e1;          // a device range's cudaEvent_t pair
     uint64_t nvtx;          // its NVTX range (nvcc build)
@@ -51,8 +53,9 @@ typedef struct {
     std::vector<ProfRange> ranges;
     std::vector<ProfTrack> tracks;           // by tid: 0 the host, then each stream in order of first use
     std::vector<std::vector<size_t>> open;   // by tid: the open ranges, innermost last
-    void* ref;                               // the reference event (cudaEvent_t) recorded at host time ref_t
-    double ref_t;
+    std::vector<void*> refs;                 // the reference events (cudaEvent_t), one per traced step with device ranges,
+    std::vector<double> refs_t;              // recorded at these host times
+    int ref_step;                            // the step of the last reference
     bool read;                               // the device ranges have their times
 } Profiler;
 
@@ -83,17 +86,19 @@ static inline int prof_tid(ProfTrack t) {
 static inline void prof_begin_v(ProfTrack t, const char* cat, const char* fmt, va_list ap) {
     char name[160];
     vsnprintf(name, sizeof name, fmt, ap);
-    ProfRange r = {name, cat, prof_tid(t), g_prof.step, now_seconds(), 0, nullptr, nullptr, 0};
+    ProfRange r = {name, cat, prof_tid(t), g_prof.step, -1, now_seconds(), 0, nullptr, nullptr, 0};
 #if DBRX_HAVE_CUDA
     if (t.device) {
         cudaStream_t s = (cudaStream_t)t.stream;
         cudaEvent_t e0, e1;
-        if (!g_prof.ref) {   // the time base of the device ranges (see the top)
+        if (g_prof.ref_step != g_prof.step) {   // this step's time base (see the top), on the model's stream
             cudaCheck(cudaEventCreate(&e0));
-            cudaCheck(cudaEventRecord(e0, s));
-            g_prof.ref_t = now_seconds();
-            g_prof.ref = (void*)e0;
+            cudaCheck(cudaEventRecord(e0, 0));
+            g_prof.refs_t.push_back(now_seconds());
+            g_prof.refs.push_back((void*)e0);
+            g_prof.ref_step = g_prof.step;
         }
+        r.ref = (int)g_prof.refs.size() - 1;
         cudaCheck(cudaEventCreate(&e0));
         cudaCheck(cudaEventCreate(&e1));
         cudaCheck(cudaEventRecord(e0, s));
@@ -148,7 +153,7 @@ static inline void prof_host_range(const char* cat, double t0, double t1, const 
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    g_prof.ranges.push_back(ProfRange{name, cat, 0, g_prof.step, t0, t1, nullptr, nullptr, 0});
+    g_prof.ranges.push_back(ProfRange{name, cat, 0, g_prof.step, -1, t0, t1, nullptr, nullptr, 0});
 }
 
 // After the last profiled step: the device ranges' times from their events, and the events released.
@@ -158,22 +163,22 @@ static inline void prof_read_device() {
     if (g_prof.read) return;
     g_prof.read = true;
 #if DBRX_HAVE_CUDA
-    cudaEvent_t ref = (cudaEvent_t)g_prof.ref;
-    if (!ref) return;   // no device range (the CPU backend: no CUDA call at all)
+    if (g_prof.refs.empty()) return;   // no device range (the CPU backend: no CUDA call at all)
     cudaCheck(cudaDeviceSynchronize());
     for (ProfRange& r : g_prof.ranges) {
         if (!r.e0) continue;
+        cudaEvent_t ref = (cudaEvent_t)g_prof.refs[r.ref];
         float ms0, ms1;
         cudaCheck(cudaEventElapsedTime(&ms0, ref, (cudaEvent_t)r.e0));
         cudaCheck(cudaEventElapsedTime(&ms1, ref, (cudaEvent_t)r.e1));
-        r.t0 = g_prof.ref_t + ms0 * 1e-3;
-        r.t1 = g_prof.ref_t + ms1 * 1e-3;
+        r.t0 = g_prof.refs_t[r.ref] + ms0 * 1e-3;
+        r.t1 = g_prof.refs_t[r.ref] + ms1 * 1e-3;
         cudaCheck(cudaEventDestroy((cudaEvent_t)r.e0));
         cudaCheck(cudaEventDestroy((cudaEvent_t)r.e1));
         r.e0 = r.e1 = nullptr;
     }
-    cudaCheck(cudaEventDestroy(ref));
-    g_prof.ref = nullptr;
+    for (void* e : g_prof.refs) cudaCheck(cudaEventDestroy((cudaEvent_t)e));
+    g_prof.refs.clear();
 #endif
 }
 
