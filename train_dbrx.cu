@@ -288,7 +288,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         fflush(stdout);
     }
     StepObservers obs;
-    observers_init(&obs, args, cfg, comm);
+    observers_init(&obs, args, cfg, comm);   // (and --profile's recorder: model/profile.h)
     std::vector<Fp8MetaRef> fp8_metas = dbrx_fp8_metas(model);   // every FP8 operand's state (empty: FP8 off)
 
     // ---- the loop: evaluations, one step, what the observers saw, samples, checkpoints
@@ -301,11 +301,13 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         }
         comm_watch(1);   // the step watchdog (parallel/comm.h) is armed while the step talks to the GPU
         comm_phase_prefix("step %d", step + 1);   // the heartbeat: where this rank is (parallel/comm.h)
+        prof_step_begin(step + 1);                 // (traced if one of --profile-steps)
         // (before validation: the evaluation drops its FP8 amaxes, and validation's are kept, as without it)
         if (do_mc && args.eval.every > 0 && step % args.eval.every == 0) run_mc(model, store, &mc, args, &comm, mc_dump, step, &log);
         if (do_val && step % args.eval.val_every == 0) {
             comm_phase("validation");
-            double vl = evaluate(model, &val, args.eval.val_steps, &comm);
+            double vl;
+            profile_host("eval", "validation", [&] { vl = evaluate(model, &val, args.eval.val_steps, &comm); });
             if (comm.rank == 0) report_val(&log, step, vl);
         }
         StepResult r = train_step(args, model, store, &train, &opt, &guard, fp8_metas, step, comm, &obs, &log);
@@ -333,13 +335,16 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
             break;
         }
         bool last = prog.step == args.run.steps || r.metrics[4] > 0 || (args.run.stop_after >= 0 && obs.steps_done >= args.run.stop_after);
-        run_ckpt_after_step(&rc, args, store, cfg, &prog, &train, &guard, last, comm, &log);
+        profile_host("io", rc.ck.every > 0 && prog.step % rc.ck.every == 0 && !last ? "checkpoint save" : NULL,
+                     [&] { run_ckpt_after_step(&rc, args, store, cfg, &prog, &train, &guard, last, comm, &log); });
         if (r.metrics[4] > 0) {
             stop_report(step + 1, comm, &log);
             stopped = true;
             break;
         }
+        profile_finish(args, comm, step + 1);   // (after the last of --profile-steps: the trace)
     }
+    profile_finish(args, comm);   // (a run stopped before it: what was traced)
 
     // ---- the end: the final evaluations, the last checkpoint, export
     // (the final validation before the save: weights whose validation loss is not finite are not saved)

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 #include <string>
 #include <vector>
 #include "model/common.h"
@@ -21,6 +22,8 @@ typedef struct {
     std::string model = "dbrx-tiny", device = "auto", log = "";
     int steps = 200, batch = 8, seq = 0, grad_accum = 1, seed = 1337, stop_after = -1;
     int log_every_experts = 0;      // each layer's tokens per expert in the log
+    std::string profile = "", profile_steps = "";   // --profile FILE, --profile-steps A:B (model/profile.h)
+    int profile_first = 0, profile_last = 0;       // the steps traced (1-based, inclusive), from --profile-steps
     float peak_tflops = 0.0f;
     bool dry_run = false, help = false, help_debug = false;
 } RunArgs;
@@ -188,6 +191,13 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--fp8-margin", "", F_INT, &a->fp8.margin, "FP8 scales are backed off by 2^margin"},
         {"--fp8-log-every", "", F_INT, &a->fp8.log_every, "log every FP8 tensor's amax/scale/saturation to the JSONL log every N steps (0: never)"},
         {"--fp8-gather", "", F_BOOL, &a->fp8.gather, "ZeRO-3/HSDP: all-gather the blocks' FP8 weights as E4M3 codes (1 byte/param) with their scales"},
+        {"", "", F_SECTION, NULL, "profiling (README.md, \"Profiling\")"},
+        {"--profile", "", F_STR, &a->run.profile, "write a trace of the --profile-steps to this file: Chrome trace-event JSON (open it in "
+                                                  "ui.perfetto.dev or chrome://tracing): the step's phases, each layer's attention, router and "
+                                                  "experts, the collectives; CPU: wall clock; CUDA: events on every stream, and NVTX ranges "
+                                                  "for nsys. Several ranks: one file per rank, .rank<r> before the extension"},
+        {"--profile-steps", "", F_STR, &a->run.profile_steps, "the steps --profile traces: A:B (1-based, inclusive) or A (default 2:3: "
+                                                              "step 1 warms up; within --steps)"},
         {"", "", F_SECTION, NULL, "sampling and --generate"},
         {"--sample-every", "", F_INT, &a->sample.every, "every N steps rank 0 prints a sample continuing --prompt (and logs it) (0: never)"},
         {"--sample-len", "", F_INT, &a->sample.len, "tokens a sample (or --generate) writes at most (it ends early at the end-of-text token)"},
@@ -261,6 +271,35 @@ static void set_flag(const Flag& f, const char* value) {
     case F_BOOL: *(bool*)f.ptr = true; break;
     case F_SECTION: break;
     }
+}
+
+// --profile-steps A:B or A against --steps (the default: 2:3, within --steps); --profile only for training
+static void profile_steps_parse(TrainArgs* a) {
+    RunArgs* r = &a->run;
+    if (r->profile.empty()) {
+        if (!r->profile_steps.empty()) fail(EXIT_BAD_INPUT, "--profile-steps needs --profile");
+        return;
+    }
+    const char* other = a->run.dry_run ? "--dry-run" : a->eval.only ? "--eval-only" : a->sample.generate ? "--generate"
+                      : a->health.check_only ? "--health-check-only" : NULL;
+    if (other) fail(EXIT_BAD_INPUT, "--profile traces training steps: leave out %s", other);
+    if (r->profile_steps.empty()) {
+        r->profile_first = std::min(2, r->steps);
+        r->profile_last = std::min(3, r->steps);
+        return;
+    }
+    int first = 0, last = 0, used = 0;
+    const char* v = r->profile_steps.c_str();
+    if (sscanf(v, "%d:%d%n", &first, &last, &used) != 2) {   // A alone
+        used = 0;
+        if (sscanf(v, "%d%n", &first, &used) == 1) last = first;
+    }
+    bool ok = used > 0 && v[used] == 0 && strspn(v, "0123456789:") == strlen(v);
+    if (!ok || first < 1 || last < first)
+        fail(EXIT_BAD_INPUT, "--profile-steps '%s' must be A:B with 1 <= A <= B, or A (the steps traced, 1-based)", v);
+    if (last > r->steps) fail(EXIT_BAD_INPUT, "--profile-steps %s goes past --steps %d", v, r->steps);
+    r->profile_first = first;
+    r->profile_last = last;
 }
 
 // Two passes: the preset first (so it can be named anywhere), then every flag over it.
@@ -391,6 +430,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     }
     if (a->sample.generate && (a->health.check || a->health.check_only || a->run.dry_run))
         fail(EXIT_BAD_INPUT, "--generate runs no training: leave out %s", a->run.dry_run ? "--dry-run" : "--health-check");
+    profile_steps_parse(a);
     if (!a->health.check && !a->health.check_only) {   // a bound without the check would be silently ignored
         const char* orphan = a->health.min_tflops != 0 ? "--health-min-tflops" : a->health.min_busbw != 0 ? "--health-min-busbw"
                            : a->health.gemm_size != 0 ? "--health-gemm-size" : a->health.comm_mib != 16 ? "--health-comm-mib" : NULL;
@@ -447,7 +487,7 @@ static std::string output_dir_problem(const std::string& path) {
 // the first output flag whose path is unusable: "--flag PATH: why", or ""
 static std::string output_paths_problem(const TrainArgs& a) {
     const struct { const char* flag; const std::string& path; bool dir; } outs[] = {
-        {"--log", a.run.log, false}, {"--eval-mc-dump", a.eval.mc_dump, false}, {"--dump-logits", a.eval.dump_logits, false},
+        {"--log", a.run.log, false}, {"--profile", a.run.profile, false}, {"--eval-mc-dump", a.eval.mc_dump, false}, {"--dump-logits", a.eval.dump_logits, false},
         {"--export-hf", a.ckpt.export_hf, true}};
     for (const auto& o : outs) {
         if (o.path.empty()) continue;

@@ -6,6 +6,10 @@
  *     reduce-scattered after it: the store's unit hooks, parallel/zero.h)
  *   reduce the gradients across replicas (/ W), the metrics across ranks, the FP8 amaxes
  *   global gradient norm -> the spike guard decides -> AdamW on this rank's shard, or skip
+ * Under --profile (model/profile.h) the step's phases are ranges: zero grad, data (the host's), forward,
+ * backward, gradient reduction, optimizer (on the model's track: the host's clock, or the CUDA model's
+ * stream), and the step itself (the host's, exactly the time the log prints); profile_* at the end
+ * name and write the trace files.
  * Included by train_dbrx.cu only.
  */
 #pragma once
@@ -33,19 +37,27 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
     observers_begin_step(obs, step, log);
     dbrx_sync(model);
     double t0 = now_seconds(), wait0 = g_comm_wait_s;
+    ProfTrack pt = dbrx_prof_track(model);
+    prof_begin(pt, "phase", "zero grad");
     r.bytes0 = zero_bytes_sent(store);
     zero_zero_grad(store);
+    prof_end(pt);
     float dloss = 1.0f / args.run.grad_accum;   // each micro-batch's share of the step's mean loss
     for (int micro = 0; micro < args.run.grad_accum; micro++) {
         comm_phase("data, micro-batch %d", micro);
+        prof_begin(PROF_HOST, "phase", "data");
         dataloader_next(data);
         comm_heartbeat();
+        prof_end(PROF_HOST);
         comm_phase("forward, micro-batch %d", micro);
+        prof_begin(pt, "phase", "forward");
         dbrx_forward(model, data->inputs.data(), data->targets.data(), dloss);
         observers_after_forward(obs, model);
         debug_after_forward(comm.rank, step + 1);   // (the tests' killed, stopped or slow rank: model/debug_hooks.h)
         comm_phase("backward, micro-batch %d", micro);
+        prof_next(pt, "phase", "backward");
         dbrx_backward(model, data->inputs.data(), data->targets.data(), dloss);
+        prof_end(pt);
         r.metrics[0] += model->ce_loss / args.run.grad_accum;
         r.metrics[1] += model->lbl_loss / args.run.grad_accum;
         r.metrics[2] += model->z_loss / args.run.grad_accum;
@@ -54,6 +66,7 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
     }
     // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
     comm_phase("gradient reduction");
+    prof_begin(pt, "phase", "gradient reduction");
     zero_reduce_grads(store);
     r.metrics[4] = g_comm_stop_signal ? 1 : 0;
     if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
@@ -70,12 +83,66 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
     // moves on), its FP8 amaxes dropped
     r.lr = lr_schedule(step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor);
     comm_phase("gradient norm and optimizer");
+    prof_next(pt, "phase", "optimizer");
     r.gnorm = zero_grad_norm(store);
     r.skip_why = spike_guard_check(guard, r.metrics[0], r.metrics[1] + r.metrics[2], r.gnorm);
     if (r.skip_why.empty()) zero_update(store, opt, r.lr, step + 1, r.gnorm);
     else zero_skip_update(store);
+    prof_end(pt);
     dbrx_sync(model);
     r.dt = now_seconds() - t0;
     r.busy = r.dt - (g_comm_wait_s - wait0);
+    prof_host_range("step", t0, t0 + r.dt, "step %d", step + 1);
     return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --profile FILE: this rank's trace file. One rank: FILE; several: one file per rank, ".rank<r>"
+// inserted before FILE's extension (trace.json -> trace.rank0.json, trace.rank1.json; no extension:
+// trace -> trace.rank0). Written atomically (checkpoint/files.h) after the last profiled step, or at the
+// end of the loop when the run stopped before it.
+
+static std::string profile_path(const std::string& file, int rank, int world) {
+    if (world == 1) return file;
+    size_t slash = file.find_last_of('/'), dot = file.find_last_of('.');
+    bool ext = dot != std::string::npos && dot > (slash == std::string::npos ? 0 : slash + 1);
+    std::string tag = ".rank" + std::to_string(rank);
+    return ext ? file.substr(0, dot) + tag + file.substr(dot) : file + tag;
+}
+
+static bool g_profile_written = false;
+
+// f() under --profile: a host range of category cat named `name` (NULL: f alone)
+template <typename F>
+static void profile_host(const char* cat, const char* name, F f) {
+    if (name) prof_begin(PROF_HOST, cat, "%s", name);
+    f();
+    if (name) prof_end(PROF_HOST);
+}
+
+// writes this rank's trace (after the closing synchronisation of the last profiled step)
+static void profile_write(const TrainArgs& args, const Comm& comm) {
+    g_prof.step = 0;
+    g_profile_written = true;
+    std::string path = profile_path(args.run.profile, comm.rank, comm.world);
+    size_t n = g_prof.ranges.size();
+    std::string err = write_file_atomic(path, prof_trace_json(comm.rank, comm.world));
+    if (!err.empty()) fail(EXIT_RUNTIME, "--profile %s: %s", path.c_str(), err.c_str());
+    if (comm.rank == 0) {
+        printf("profile: steps %d:%d, %zu ranges on rank 0, written to %s%s\n", args.run.profile_first, args.run.profile_last, n,
+               path.c_str(), comm.world > 1 ? " (and one file per rank)" : "");
+        fflush(stdout);
+    }
+}
+
+// after the last profiled step (step, 1-based: the iteration that ended), or after the loop (step 0: a run
+// that stopped before it writes what it recorded)
+static void profile_finish(const TrainArgs& args, const Comm& comm, int step = 0) {
+    g_prof.step = 0;
+    if (step > 0 && step < args.run.profile_last) return;
+    if (args.run.profile.empty() || g_profile_written) return;
+    if (comm.rank == 0 && g_prof.ranges.empty())
+        fprintf(stderr, "warning: --profile: no step of --profile-steps %d:%d ran in this invocation: the trace has no ranges\n",
+                args.run.profile_first, args.run.profile_last);
+    profile_write(args, comm);
 }

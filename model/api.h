@@ -36,6 +36,8 @@
  *   void dbrx_losses_to_host(m, std::vector<float>* out)     out (N): its per-token cross-entropy
  *   void dbrx_expert_counts_add(m, std::vector<double>* acc) acc (L * E) += its tokens per expert
  *   void dbrx_sync(m)                                         waits for the device (CPU: nothing)
+ *   ProfTrack dbrx_prof_track(m)                              where --profile times its ranges (model/profile.h): the
+ *       host's clock (CPU), its stream's events (CUDA)
  *   void dbrx_decode_alloc(m, int T_max)                      generation's KV cache for T_max positions
  *   const float* dbrx_decode_step(m, int token, int pos)      one position (V logits on the host, valid until
  *       the next step; the CPU's are `real`). Collective under a sharded store, as the forward.
@@ -94,6 +96,7 @@
     DBRX_API_IS(dbrx_losses_to_host(std::declval<Model*>(), std::declval<std::vector<float>*>()), void);                          \
     DBRX_API_IS(dbrx_expert_counts_add(std::declval<Model*>(), std::declval<std::vector<double>*>()), void);                      \
     DBRX_API_IS(dbrx_sync(std::declval<Model*>()), void);                                                                         \
+    DBRX_API_IS(dbrx_prof_track(std::declval<Model*>()), ProfTrack);                                                              \
     DBRX_API_IS(dbrx_decode_alloc(std::declval<Model*>(), 0), void);                                                              \
     static_assert(std::is_pointer<decltype(dbrx_decode_step(std::declval<Model*>(), 0, 0))>::value &&                            \
                   std::is_floating_point<std::remove_const_t<std::remove_pointer_t<decltype(dbrx_decode_step(std::declval<Model*>(), 0, 0))>>>::value, \

@@ -28,6 +28,7 @@
 #include "classifier.cuh"
 #include "adamw.cuh"
 #include "fp8.cuh"
+#include "profile.h"
 #include "debug_hooks.h"
 #include "api.h"
 
@@ -264,8 +265,23 @@ static inline void dbrx_free(Dbrx* m) {
     free(m->params); free(m->grads); free(m->m); free(m->v);
 }
 
-static inline void unit_begin(Dbrx* m, int unit, int phase) { if (m->hooks.begin) m->hooks.begin(m->hooks.ctx, unit, phase); }
-static inline void unit_end(Dbrx* m, int unit, int phase) { if (m->hooks.end) m->hooks.end(m->hooks.ctx, unit, phase); }
+// the store's per-unit calls; under --profile, ranges for its gathers (and prefetches) and reduce-scatters
+static inline void unit_begin(Dbrx* m, int unit, int phase) {
+    if (!m->hooks.begin) return;
+    bool timed = phase != UNIT_BACKWARD_GRADS_ONLY;
+    if (timed) prof_begin(PROF_HOST, "comm", "gather unit %d", unit);
+    m->hooks.begin(m->hooks.ctx, unit, phase);
+    if (timed) prof_end(PROF_HOST);
+}
+static inline void unit_end(Dbrx* m, int unit, int phase) {
+    if (!m->hooks.end) return;
+    bool timed = phase != UNIT_FORWARD;
+    if (timed) prof_begin(PROF_HOST, "comm", "reduce-scatter unit %d", unit);
+    m->hooks.end(m->hooks.ctx, unit, phase);
+    if (timed) prof_end(PROF_HOST);
+}
+// where --profile times this model's ranges: the host's clock (model/profile.h)
+static inline ProfTrack dbrx_prof_track(const Dbrx* m) { (void)m; return PROF_HOST; }
 
 // ---------------------------------------------------------------------------------------------
 // The block's five GEMMs, each one call whose numerics the block's FP8 policy picks (model/fp8.cuh:
@@ -354,7 +370,9 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
     int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers;
     unit_begin(m, 0, UNIT_FORWARD);
+    prof_begin(PROF_HOST, "layer", "embedding");
     embedding_forward(m->resid[0], inputs, m->p.wte, N, d);
+    prof_end(PROF_HOST);
     unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
     for (int l = 0; l < L; l++) {
@@ -363,6 +381,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         BlockActs* a = &m->acts[l];
         real* x = m->resid[l];
         // attention half
+        prof_begin(PROF_HOST, "layer", "layer %d attention", l);
         layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
         block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
@@ -371,6 +390,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
         for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
         // MoE half
+        prof_next(PROF_HOST, "layer", "layer %d router", l);
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
         matmul_forward(a->router_logits, a->ln2, w.router, N, d, E);
         if (g_debug_hooks.route_first)   // (the tests' forced imbalance: experts 0..k-1, one EP rank's, take every token)
@@ -378,8 +398,10 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k, c->moe_norm_p);
         moe_dispatch(a->offsets, a->row_token, a->slot_row, a->topk_idx, a->counts, N, E, k);
         moe_gather(a->xe, a->ln2, a->row_token, N * k, d);
+        prof_end(PROF_HOST);
         unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
+        prof_begin(PROF_HOST, "layer", "layer %d experts", l);
         block_experts_forward(m, l, a, w);
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         real* out = m->resid[l + 1];
@@ -392,12 +414,15 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         for (int e = 0; e < E; e++) if (a->counts[e] > maxc) maxc = a->counts[e];
         double imb = (double)maxc / ((double)N * k / E);
         if (imb > m->imbalance) m->imbalance = imb;
+        prof_end(PROF_HOST);
     }
     unit_begin(m, dbrx_head_unit(c), UNIT_FORWARD);
+    prof_begin(PROF_HOST, "layer", "lm_head + loss");
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], m->p.norm_f, N, d, c->ln_eps);
     matmul_forward(m->logits, m->lnf, m->p.lm_head, N, d, c->vocab_size);
     unit_end(m, dbrx_head_unit(c), UNIT_FORWARD);
     m->ce_loss = crossentropy_forward(m->losses, m->logits, targets, N, c->vocab_size);
+    prof_end(PROF_HOST);
     return m->ce_loss;
 }
 
@@ -408,12 +433,14 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
     int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
     size_t Nd = (size_t)N * d;
+    prof_begin(PROF_HOST, "layer", "lm_head + loss");
     crossentropy_backward(m->logits, targets, N, V, (real)(dloss / N));
     unit_begin(m, dbrx_head_unit(c), UNIT_BACKWARD);
     memset(m->dln, 0, Nd * sizeof(real));
     matmul_backward(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V);
     memset(m->dresid, 0, Nd * sizeof(real));
     layernorm_backward(m->dresid, m->g.norm_f, m->dln, m->resid[L], m->p.norm_f, m->lnf_mean, m->lnf_rstd, N, d);
+    prof_end(PROF_HOST);
     unit_end(m, dbrx_head_unit(c), UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
         unit_begin(m, dbrx_experts_unit(l), UNIT_BACKWARD);
@@ -422,10 +449,13 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         BlockActs* a = &m->acts[l];
         // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
         // MoE half
+        prof_begin(PROF_HOST, "layer", "layer %d experts", l);
         moe_combine_backward(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
         block_experts_backward(m, l, a, w, gw);
+        prof_end(PROF_HOST);
         unit_end(m, dbrx_experts_unit(l), UNIT_BACKWARD);
         unit_begin(m, dbrx_block_unit(l), UNIT_BACKWARD);
+        prof_begin(PROF_HOST, "layer", "layer %d router", l);
         memset(m->dln, 0, Nd * sizeof(real));
         moe_gather_backward(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
@@ -433,6 +463,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         matmul_backward(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E);
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
+        prof_next(PROF_HOST, "layer", "layer %d attention", l);
         memset(m->datty, 0, Nd * sizeof(real));
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
         attention_backward(m->dqkv, m->datty, a->qkv, a->att_lse, B, T, H, KV, hd);
@@ -441,10 +472,13 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         memset(m->dln, 0, Nd * sizeof(real));
         block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward(m->dresid, gw.norm1, m->dln, m->resid[l], w.norm1, a->ln1_mean, a->ln1_rstd, N, d);
+        prof_end(PROF_HOST);
         unit_end(m, dbrx_block_unit(l), UNIT_BACKWARD);
     }
     unit_begin(m, 0, UNIT_BACKWARD_GRADS_ONLY);
+    prof_begin(PROF_HOST, "layer", "embedding");
     embedding_backward(m->g.wte, m->dresid, inputs, N, d);
+    prof_end(PROF_HOST);
     unit_end(m, 0, UNIT_BACKWARD_GRADS_ONLY);
 }
 

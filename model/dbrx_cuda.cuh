@@ -337,6 +337,8 @@ static inline void dbrx_set_params(DbrxGPU* m, const float* host) {
 
 static inline void unit_begin(DbrxGPU* m, int unit, int phase) { if (m->hooks.begin) m->hooks.begin(m->hooks.ctx, unit, phase); }
 static inline void unit_end(DbrxGPU* m, int unit, int phase) { if (m->hooks.end) m->hooks.end(m->hooks.ctx, unit, phase); }
+// where --profile times this model's ranges: events on its stream, the null stream (model/profile.h)
+static inline ProfTrack dbrx_prof_track(const DbrxGPU* m) { (void)m; return prof_stream(0, "compute"); }
 
 // every FP8 operand state with its name and format, in the order of the CPU's dbrx_fp8_metas (the
 // host bookkeeping: fp8_gpu_collect brings this step's amaxes into it)
@@ -423,8 +425,11 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         in_ints = 5 * (size_t)N + 1;
     }
     cudaCheck(cudaMemcpyAsync(m->inputs, hin, in_ints * sizeof(int), cudaMemcpyHostToDevice, 0));
+    ProfTrack pt = dbrx_prof_track(m);   // (--profile: the ranges begin after the unit hooks' waits for the gathers)
     unit_begin(m, 0, UNIT_FORWARD);
+    prof_begin(pt, "layer", "embedding");
     embedding_forward_gpu(m->resid[0], m->inputs, m->p.wte, N, d);
+    prof_end(pt);
     unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;
     // DBRX_DEBUG_PLANT=step_sync: one more synchronisation per layer, the step budget test's negative control
@@ -435,31 +440,38 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         BlockActsGPU* a = &m->acts[l];
         floatX* x = m->resid[l];
         // attention half
+        prof_begin(pt, "layer", "layer %d attention", l);
         layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
         block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         attention_forward_gpu(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         block_linear_forward(m, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
         // MoE half: resid_mid = x + attproj and its LayerNorm, in one kernel
+        prof_next(pt, "layer", "layer %d router", l);
         residual_layernorm_forward_gpu(a->ln2, a->resid_mid, a->ln2_mean, a->ln2_rstd, x, m->attproj, w.norm2, N, d, c->ln_eps);
         matmul_forward_gpu(a->router_logits, a->ln2, w.router, N, d, E);
         router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k,
                            c->moe_norm_p);
         moe_dispatch_gpu(a->offsets, a->row_token, a->slot_row, a->offsets_host.data(), a->topk_idx, a->counts, N, E, k);
+        prof_end(pt);
         unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
+        prof_begin(pt, "layer", "layer %d experts", l);
         block_experts_forward(m, l, a, w);
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         moe_combine_forward_gpu(m->resid[l + 1], a->resid_mid, a->ye, a->topk_w, a->slot_row, N, k, d);
+        prof_end(pt);
         if (plant_sync) cudaCheck(cudaStreamSynchronize(0));
     }
     unit_begin(m, dbrx_head_unit(c), UNIT_FORWARD);
+    prof_begin(pt, "layer", "lm_head + loss");
     layernorm_forward_gpu(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], m->p.norm_f, N, d, c->ln_eps);
     matmul_forward_gpu(m->logits, m->lnf, m->p.lm_head, N, d, V);
     unit_end(m, dbrx_head_unit(c), UNIT_FORWARD);
     classifier_fused_gpu(m->logits, m->losses, m->targets, N, V, dloss / N, dloss > 0);
     // one copy brings the mean loss and every layer's router statistics (the forward's last synchronisation)
     loss_mean_gpu((double*)m->step_out, m->losses, N);
+    prof_end(pt);
     std::vector<float>& so = m->step_out_host;
     cudaCheck(cudaMemcpy(so.data(), m->step_out, so.size() * sizeof(float), cudaMemcpyDeviceToHost));
     double mean;
@@ -493,11 +505,14 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
     int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
     ENSURE(m->last_dloss == dloss && dloss > 0, "dbrx_backward(dloss %g) after a forward with dloss %g", dloss, m->last_dloss);
     // m->logits holds dlogits (the fused classifier wrote them)
+    ProfTrack pt = dbrx_prof_track(m);
     unit_begin(m, dbrx_head_unit(c), UNIT_BACKWARD);
+    prof_begin(pt, "layer", "lm_head + loss");
     matmul_backward_gpu(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f);
     cudaCheck(cudaMemset(m->dresid, 0, (size_t)N * d * sizeof(float)));
     layernorm_backward_gpu(m->dresid, (floatX*)nullptr, m->g.norm_f, m->ln_scratch, m->dln, m->resid[L], m->p.norm_f,
                            m->lnf_mean, m->lnf_rstd, N, d);
+    prof_end(pt);
     unit_end(m, dbrx_head_unit(c), UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
         unit_begin(m, dbrx_experts_unit(l), UNIT_BACKWARD);
@@ -506,10 +521,13 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         BlockActsGPU* a = &m->acts[l];
         // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
         // MoE half
+        prof_begin(pt, "layer", "layer %d experts", l);
         moe_combine_backward_gpu(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
         block_experts_backward(m, l, a, w, gw);
+        prof_end(pt);
         unit_end(m, dbrx_experts_unit(l), UNIT_BACKWARD);
         unit_begin(m, dbrx_block_unit(l), UNIT_BACKWARD);
+        prof_begin(pt, "layer", "layer %d router", l);
         moe_gather_backward_gpu(m->dln, m->dxe, a->slot_row, N, k, d);
         router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
                             c->moe_loss_weight, c->z_loss_weight, dloss, c->moe_norm_p);
@@ -517,16 +535,20 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         layernorm_backward_gpu(m->dresid, m->dresid_bf16, gw.norm2, m->ln_scratch, m->dln, a->resid_mid, w.norm2, a->ln2_mean,
                                a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
+        prof_next(pt, "layer", "layer %d attention", l);
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d);
         attention_backward_gpu(m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         clip_rope_backward_gpu(m->dqkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gw.norm1, m->ln_scratch, m->dln, m->resid[l], w.norm1, a->ln1_mean,
                                a->ln1_rstd, N, d);
+        prof_end(pt);
         unit_end(m, dbrx_block_unit(l), UNIT_BACKWARD);
     }
     unit_begin(m, 0, UNIT_BACKWARD_GRADS_ONLY);
+    prof_begin(pt, "layer", "embedding");
     embedding_backward_gpu(m->g.wte, m->dresid, m->emb_unique, m->emb_offsets, m->emb_positions, m->emb_U, d);
+    prof_end(pt);
     unit_end(m, 0, UNIT_BACKWARD_GRADS_ONLY);
 }
 

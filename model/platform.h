@@ -38,6 +38,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cublasLt.h>
+#include <nvtx3/nvToolsExt.h>   // header-only in CUDA 12+: NVTX ranges for nsys (model/profile.h)
 #define PLATFORM_MATMUL_CUBLASLT "matmul_cublaslt.cuh"   // matmul_cublaslt on cuBLASLt
 #endif
 
@@ -71,6 +72,15 @@ constexpr bool platform_emulated() { return false; }
 #define DROPPABLE_SYNCTHREADS(name) do { if (!simt::race_drop_barrier(name)) __syncthreads(); } while (0)
 #else
 #define DROPPABLE_SYNCTHREADS(name) __syncthreads()
+#endif
+
+// NVTX ranges (--profile, model/profile.h): nsys shows them by name; nothing under the emulator
+#if defined(SIMT_EMULATION)
+static inline uint64_t platform_nvtx_start(const char* name) { (void)name; return 0; }
+static inline void platform_nvtx_end(uint64_t id) { (void)id; }
+#else
+static inline uint64_t platform_nvtx_start(const char* name) { return nvtxRangeStartA(name); }
+static inline void platform_nvtx_end(uint64_t id) { nvtxRangeEnd(id); }
 #endif
 
 // SIMT_STEP_COUNTERS=1 (emulator only): prints what the host asked of the device since the previous call,

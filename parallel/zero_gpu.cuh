@@ -471,12 +471,14 @@ static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) {
     cudaStream_t comm = zero_comm_stream(zg);
     cudaCheck(cudaStreamWaitEvent(comm, zg->slot_free[slot], 0));   // the compute stream is done reading it
     cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));        // the shard is up to date
+    prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d", u);   // (--profile: model/profile.h)
     if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) zero_fp8_gather_unit(zg, u, slot);   // a block under --fp8-gather
     else
         for (const ShardRun& r : z->runs[u])   // each run into its place in the unit
             if (zero_run_mine(z, r))
                 comm_all_gather(zero_unit_group(z, u), zg->master_bf16 + z->shard_off[u] + r.shard_rel, zg->work[slot] + r.slot_off,
                                 r.chunk, COMM_BF16);
+    prof_end(prof_stream(comm, "communication (shard group)"));
     cudaCheck(cudaEventRecord(zg->gathered[slot], comm));
     zg->slot_unit[slot] = u;
 }
@@ -516,6 +518,7 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
         cudaStream_t comm = zero_comm_stream(zg);
         cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
         cudaCheck(cudaStreamWaitEvent(comm, zg->grads_ready[slot], 0));
+        prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "reduce-scatter unit %d", u);
         // (test/test_zero_gpu.sh's negative control plants an error here: the neighbour's chunk)
         CommGroup* grp = zero_unit_group(z, u);
         int mine = g_debug_hooks.plant == PLANT_REDUCE_SCATTER_CHUNK ? (grp->rank + 1) % grp->size : grp->rank;
@@ -526,6 +529,7 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
             LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, comm, zg->grad + z->shard_off[u] + r.shard_rel,
                    full + (size_t)mine * r.chunk, r.chunk);
         }
+        prof_end(prof_stream(comm, "communication (shard group)"));
         cudaCheck(cudaEventRecord(zg->grads_reduced[slot], comm));
     }
     // released after use, but for the last unit after its forward: its backward follows at once, and keeps
@@ -561,7 +565,9 @@ static inline void zero_reduce_grads(ZeroGpu* zg) {
     } else if (z->R > 1) {
         cudaCheck(cudaEventRecord(zg->comm_done, last));
         cudaCheck(cudaStreamWaitEvent(z->replica.stream, zg->comm_done, 0));
+        prof_begin(prof_stream(z->replica.stream, "communication (replica group)"), "comm", "all-reduce gradients");
         comm_all_reduce(&z->replica, zg->grad, z->shard_total, COMM_F32);
+        prof_end(prof_stream(z->replica.stream, "communication (replica group)"));
         last = z->replica.stream;
     }
     if (z->W > 1) LAUNCH(zero_scale_kernel, zero_grid(z->shard_total), 256, 0, last, zg->grad, 1.0f / z->W, z->shard_total);

@@ -115,6 +115,8 @@ echo "== multiple-choice evaluation (--eval-mc): known answers, scores from the 
 echo "== --eval-only: a checkpoint's or an export's validation loss (bit-identical to training's; cpu, ZeRO-3, EP, emulated cuda) and --eval-mc"
 OMP_WAIT_POLICY=passive bash test/test_eval_only.sh
 echo "== run plots (dev/plot_run.py) and the expert counts they read (--log-every-experts)"; bash test/test_plot.sh
+echo "== --profile: trace-event JSON of the CPU backend and of emulated ZeRO-3 on 2 ranks, checked; losses and the step's work unchanged"
+OMP_WAIT_POLICY=passive bash test/test_profile.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
     echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
