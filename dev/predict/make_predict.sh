@@ -7,7 +7,8 @@
 #   FLAGS: more trainer flags (e.g. --fp8 delayed); TRACE=FILE: the predicted timeline (the last run's) as a
 #   Chrome trace; EMU: the emulated binary (./train_dbrx_emu)
 # Each run is 2 training steps of the emulated binary with SIMT_WORKLOG (rank 0's log under mpirun); the predictor
-# takes step 2 (steady state: no GEMM plan is made in it).
+# takes step 2 (steady state: no GEMM plan is made in it). An emulated step of dbrx-1b takes minutes: the runs set
+# --comm-timeout 1e6 (the watchdog's 60 s after step 1 would end them).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 MODEL=${MODEL:-dbrx-1b} BATCH=${BATCH:-1} SEQ=${SEQ:-256} NP=${NP:-1} DEVICE=${DEVICE:-h100-sxm}
@@ -27,8 +28,8 @@ for l in $RUN_LAYERS; do
     echo "make predict: emulating 2 steps of $MODEL with $l layer(s), batch $BATCH x $SEQ, $NP rank(s) (slow: the GPU's work on the CPU)"
     # shellcheck disable=SC2086
     SIMT_WORKLOG="$tmp/wl_$l.jsonl" OMP_WAIT_POLICY=passive bash dev/mpirun.sh -np "$NP" "$EMU" --device cuda --model "$MODEL" \
-        --n-layers "$l" --batch "$BATCH" --seq "$SEQ" --steps 2 --val-every 0 $FLAGS > "$tmp/run_$l.txt" 2>&1 \
-        || { echo "error: make predict: the emulated run failed: $(tail -2 "$tmp/run_$l.txt")"; exit 1; }
+        --n-layers "$l" --batch "$BATCH" --seq "$SEQ" --steps 2 --val-every 0 --comm-timeout 1e6 $FLAGS > "$tmp/run_$l.txt" 2>&1 \
+        || { echo "error: make predict: the emulated run failed:"; grep -v '^ *$' "$tmp/run_$l.txt" | grep -iv "^step\|^-*$" | tail -6; exit 1; }
     f="$tmp/wl_$l.jsonl"; [ "$NP" -gt 1 ] && f="$f.0"
     logs+=("$f"); ran+=("$l")
 done
