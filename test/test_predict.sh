@@ -11,7 +11,8 @@
 #   - negative control on the real log: DBRX_DEBUG_PLANT=step_sync (one more sync per layer) adds L stream syncs
 #     per micro-batch and raises the predicted step by what the model accounts for them (the host's extra waits
 #     + one sync latency each);
-#   - predict.py's command line on that log: the step, the MFU, the table, a valid trace; bad input: one line, exit 2.
+#   - predict.py's command line on that log: the step, the MFU, the table, a valid trace; bad input: one line, exit 2;
+#   - ZeRO-3 on 2 ranks (NCCL twin): a log per rank, the collectives on the store's stream, their exposed time.
 # Alone: bash test/test_predict.sh (EMU= overrides ./train_dbrx_emu)
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -60,5 +61,23 @@ PY
         verdicts "$tmp/planted.txt" 2
     fi
 fi
+# two ranks, ZeRO-3 over the NCCL twin: one log per rank, the store's collectives on their own stream, costed
+if env SIMT_WORKLOG="$tmp/z.jsonl" bash dev/mpirun.sh -np 2 "$EMU" --device cuda --model dbrx-tiny --batch 2 --seq 32 --steps 2 \
+        --val-every 0 > "$tmp/z.out" 2>&1 && [ -s "$tmp/z.jsonl.0" ] && [ -s "$tmp/z.jsonl.1" ]; then
+    $PY - "$tmp/z.jsonl.0" <<'PY' > "$tmp/z.txt" 2>&1
+import sys
+sys.path.insert(0, "dev/predict")
+import predict as P
+st = P.one_step(P.read_log(sys.argv[1]), 2)
+cs = [it for it in st if it["t"] == "coll"]
+kinds = {it["kind"] for it in cs}
+ok = {"all_gather", "reduce_scatter"} <= kinds and all(it["stream"] != 0 and it["nranks"] == 2 for it in cs if it["comm"] == "shard")
+print(("pass" if ok else "fail") + " ZeRO-3 on 2 ranks: rank 0's step 2 logs %d collectives (%s), the store's on a stream of their own" % (len(cs), ", ".join(sorted(kinds))))
+r = P.simulate(st)
+print(("pass" if r["exposed_comm"] > 0 and any(x["bound"] in ("exposed-comm", "comm (hidden)") for x in P.sinks(r)) else "fail")
+      + " the prediction costs them: %.3f ms exposed communication of %.3f ms" % (r["exposed_comm"] * 1e3, r["step"] * 1e3))
+PY
+    verdicts "$tmp/z.txt" 2
+else fail "ZeRO-3 on 2 ranks with SIMT_WORKLOG: $(tail -2 "$tmp/z.out")"; fi
 expect_exit 2 "predict.py: a work log that is not JSON lines" $PY dev/predict/predict.py test/README.md
 expect_exit 2 "predict.py: an unknown device" $PY dev/predict/predict.py "$tmp/base.jsonl" --device a100
