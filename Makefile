@@ -6,6 +6,7 @@
 #   make data      prepare the default dataset (State of the Union addresses, byte-level tokens)
 #   make train     train the default model (dbrx-tiny) with mpirun
 #   make test      build and run the whole test suite (the CUDA kernels under the SIMT emulator)
+#   make predict   the predicted H100/H200 step of a configuration (MODEL=, BATCH=, SEQ=, NP=, DEVICE=) from the emulator
 #   make test-gpu  every check that needs a real GPU, then a go/no-go report (dev/test_gpu.sh; SANITIZER=1:
 #                  the device test programs under compute-sanitizer memcheck)
 
@@ -13,6 +14,11 @@ CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
 GPU_ARCH ?= sm_90a
 NP       ?= 1
+# make predict's configuration (dev/predict/make_predict.sh)
+MODEL    ?= dbrx-1b
+BATCH    ?= 1
+SEQ      ?= 256
+DEVICE   ?= h100-sxm
 
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 MPICXX := $(shell command -v mpicxx 2>/dev/null)
@@ -29,7 +35,7 @@ NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
 HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh $(wildcard train_*.h)
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
-.PHONY: all deps deps-test check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu bench-gpu clean
+.PHONY: all deps deps-test check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu bench-gpu predict clean
 all: train_dbrx
 
 # A missing dependency stops the build with one line naming the Debian package.
@@ -203,6 +209,11 @@ test-gpu:
 bench-gpu: train_dbrx $(DEV_CUDA) dev/comm_bench
 	@test -n "$(NVCC)" || { echo "error: make bench-gpu needs nvcc and a GPU"; exit 1; }
 	bash dev/bench/bench_gpu.sh
+
+# the predicted GPU step of one configuration from the emulator's work log (dev/predict/README.md): emulated runs
+# with SIMT_WORKLOG, then dev/predict/predict.py; MODEL, BATCH, SEQ, NP, DEVICE, RUN_LAYERS, FLAGS, TRACE
+predict: train_dbrx_emu
+	@MODEL=$(MODEL) BATCH=$(BATCH) SEQ=$(SEQ) NP=$(NP) DEVICE=$(DEVICE) PYTHON=$(PYTHON) bash dev/predict/make_predict.sh
 
 # checkpoint building blocks (CRC-32C, JSON, conversions, layouts); MPI headers for parallel/zero.h
 test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) | check-deps

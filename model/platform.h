@@ -86,9 +86,11 @@ static inline void platform_nvtx_end(uint64_t id) { nvtxRangeEnd(id); }
 // SIMT_STEP_COUNTERS=1 (emulator only): prints what the host asked of the device since the previous call,
 // and starts counting again. The training loop calls it from dbrx_sync, before and after every step (so
 // every second line is one whole step, its closing sync included): the training loop's side of the step
-// budget (model/CUDA.md, "Host round trips in one step"; test/test_cuda_train.sh). Nothing on a GPU.
+// budget (model/CUDA.md, "Host round trips in one step"; test/test_cuda_train.sh). With SIMT_WORKLOG=FILE it also
+// marks the same boundaries in the emulator's work log (dev/predict/predict.py takes one step between two). Nothing on a GPU.
 static inline void platform_step_counters() {
 #if defined(SIMT_EMULATION)
+    simt::worklog_mark("dbrx_sync");   // SIMT_WORKLOG=FILE: the step boundaries in the work log (test/simt/counters.h)
     static const bool print = getenv("SIMT_STEP_COUNTERS") && atoi(getenv("SIMT_STEP_COUNTERS")) > 0;
     if (print) {
         const simt::Counters& k = simt::counters();

@@ -120,6 +120,8 @@ OMP_WAIT_POLICY=passive bash test/test_profile.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
     echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
+    echo "== the step-time model (dev/predict/predict.py): hand-computed cases, negative controls, the emulator's work log of a step"
+    bash test/test_predict.sh
     echo "== make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run"
     bash test/test_gpu_report.sh
     echo "== the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures"

@@ -12,8 +12,20 @@
  *                   and descriptor sets made (steady-state steps make none)
  * simt::counters() reads them, simt::counters_reset() zeroes them. Host-side only, one process;
  * relaxed atomic additions (a helper thread, such as the communication watchdog, may copy too).
+ * The same calls feed the work log (SIMT_WORKLOG=FILE, below): every item one line, for the step-time model.
+ * Included by simt.h after the CUDA runtime's types (dim3).
  */
 #pragma once
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <type_traits>
 
 namespace simt {
 struct Counters {
@@ -24,13 +36,132 @@ struct Counters {
 inline Counters& counters() { static Counters c = {}; return c; }
 inline void counters_reset() { counters() = Counters{}; }
 inline void count(long long* field, long long v = 1) { __atomic_add_fetch(field, v, __ATOMIC_RELAXED); }
-inline void count_launch() { count(&counters().launches); }
-inline void count_sync() { count(&counters().syncs); }
-// a copy of `n` bytes of kind `kind` (cudaMemcpyKind: 1 host to device, 2 device to host); `blocking`: cudaMemcpy
-inline void count_copy(int kind, size_t n, bool blocking) {
+
+// ---------------------------------------------------------------------------------------------
+// The work log (SIMT_WORKLOG=FILE): one JSON line per device-work item, in the order the host issues it,
+// for the step-time model (dev/predict/predict.py). Every process writes its own file: FILE, or FILE.<rank>
+// under mpirun with more than one rank (OMPI_COMM_WORLD_RANK / _SIZE). Streams and events are numbered in
+// the order the log first sees them (stream 0: the null stream). The lines, by "t":
+//   kernel  name (LAUNCH's kernel expression), grid, block, smem, stream, args: the kernel's arguments after
+//           conversion to its parameter types (integers and floats by value, pointers as true / false for
+//           non-null / null, anything else null): the predictor's per-kernel byte formulas read them
+//   gemm    m, n, k, batch, a/b/d types, trans_a, trans_b, beta (C read when non-zero), fast_accum,
+//           scale modes, epilogue (always "none": the project's GEMMs have none), stream, flops = 2 m n k batch
+//   coll    kind (all_gather, reduce_scatter, all_reduce, broadcast, send, recv), comm (its name), nranks,
+//           world_ranks, count, elem_bytes, bytes (nccl-tests' size: the gathered / scattered whole for
+//           all_gather / reduce_scatter, the buffer for the others), rank (in comm), peer, group (> 0: inside ncclGroupStart
+//           .. End, the group's number), stream
+//   record  event, stream          wait  event, stream (the stream waits for the event's last record)
+//   sync    what: stream / device / event (the host waits), stream or event
+//   copy    kind h2d / d2h / d2d / h2h / memset, bytes, stream, blocking (cudaMemcpy: the host waits too)
+//   mark    name, n: the training loop's step boundaries (platform_step_counters at dbrx_sync)
+// Items are logged when the host issues them (a deferred stream runs them later), from the issuing thread.
+struct Worklog {
+    FILE* f = nullptr;
+    bool checked = false;
+    std::map<const void*, int> streams, events;
+    int marks = 0;
+    std::mutex mu;
+};
+inline Worklog& worklog() { static Worklog w; return w; }
+// the open log, or NULL when SIMT_WORKLOG is unset (checked once)
+inline FILE* worklog_file() {
+    Worklog& w = worklog();
+    if (!w.checked) {
+        w.checked = true;
+        const char* p = getenv("SIMT_WORKLOG");
+        if (p && *p) {
+            std::string path = p;
+            const char* rank = getenv("OMPI_COMM_WORLD_RANK");
+            const char* size = getenv("OMPI_COMM_WORLD_SIZE");
+            if (rank && size && atoi(size) > 1) path += std::string(".") + rank;
+            w.f = fopen(path.c_str(), "w");
+            if (!w.f) { fprintf(stderr, "error: SIMT_WORKLOG=%s: cannot open %s for writing\n", p, path.c_str()); exit(2); }
+        }
+    }
+    return w.f;
+}
+inline int worklog_id(std::map<const void*, int>& ids, const void* p, int first) {
+    if (!p) return 0;
+    auto it = ids.find(p);
+    if (it != ids.end()) return it->second;
+    int id = (int)ids.size() + first;
+    ids[p] = id;
+    return id;
+}
+inline int worklog_stream(const void* s) { return worklog_id(worklog().streams, s, 1); }
+inline int worklog_event(const void* e) { return worklog_id(worklog().events, e, 1); }
+// writes one line (a JSON object's fields, without the braces)
+inline void worklog_line(const std::string& fields) {
+    FILE* f = worklog_file();
+    if (!f) return;
+    fprintf(f, "{%s}\n", fields.c_str());
+    fflush(f);
+}
+inline std::string worklog_fmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string worklog_fmt(const char* fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+// one kernel argument as JSON (see the top)
+template <typename T> inline void worklog_arg(std::string* out, const T& v) {
+    if (!out->empty()) *out += ",";
+    if constexpr (std::is_same_v<T, bool>) *out += v ? "true" : "false";
+    else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) *out += std::to_string((long long)v);
+    else if constexpr (std::is_floating_point_v<T>) *out += std::isfinite((double)v) ? worklog_fmt("%.9g", (double)v) : "null";
+    else if constexpr (std::is_pointer_v<T>) *out += v ? "true" : "false";
+    else *out += "null";
+}
+template <typename Tuple> inline void worklog_kernel(const char* name, dim3 g, dim3 b, size_t smem, const void* stream, const Tuple& args) {
+    if (!worklog_file()) return;
+    std::lock_guard<std::mutex> lock(worklog().mu);
+    std::string a;
+    std::apply([&](const auto&... v) { (worklog_arg(&a, v), ...); }, args);
+    worklog_line(worklog_fmt("\"t\":\"kernel\",\"name\":\"%s\",\"grid\":[%u,%u,%u],\"block\":[%u,%u,%u],\"smem\":%zu,\"stream\":%d,\"args\":[",
+                             name, g.x, g.y, g.z, b.x, b.y, b.z, smem, worklog_stream(stream)) + a + "]");
+}
+inline void worklog_record(const void* event, const void* stream, bool wait) {
+    if (!worklog_file()) return;
+    std::lock_guard<std::mutex> lock(worklog().mu);
+    worklog_line(worklog_fmt("\"t\":\"%s\",\"event\":%d,\"stream\":%d", wait ? "wait" : "record", worklog_event(event), worklog_stream(stream)));
+}
+// what: "stream" (on `obj`, a stream), "device", "event" (obj: the event)
+inline void worklog_sync(const char* what, const void* obj) {
+    if (!worklog_file()) return;
+    std::lock_guard<std::mutex> lock(worklog().mu);
+    bool ev = !strcmp(what, "event");
+    worklog_line(worklog_fmt("\"t\":\"sync\",\"what\":\"%s\",\"%s\":%d", what, ev ? "event" : "stream", ev ? worklog_event(obj) : worklog_stream(obj)));
+}
+inline void worklog_copy(int kind, size_t n, const void* stream, bool blocking) {
+    if (!worklog_file()) return;
+    static const char* const kinds[] = {"h2h", "h2d", "d2h", "d2d", "default"};
+    std::lock_guard<std::mutex> lock(worklog().mu);
+    worklog_line(worklog_fmt("\"t\":\"copy\",\"kind\":\"%s\",\"bytes\":%zu,\"stream\":%d,\"blocking\":%s", kind < 0 ? "memset" : kind <= 4 ? kinds[kind] : "unknown",
+                             n, worklog_stream(stream), blocking ? "true" : "false"));
+}
+inline void worklog_mark(const char* name) {
+    if (!worklog_file()) return;
+    std::lock_guard<std::mutex> lock(worklog().mu);
+    worklog_line(worklog_fmt("\"t\":\"mark\",\"name\":\"%s\",\"n\":%d", name, ++worklog().marks));
+}
+
+// what: the call that makes the host wait, for the work log ("stream" on obj, "device", "event" obj)
+inline void count_sync(const char* what = "device", const void* obj = nullptr) {
+    if (strcmp(what, "copy")) worklog_sync(what, obj);   // (a blocking copy's line is the copy's)
+    count(&counters().syncs);
+}
+// a copy of `n` bytes of kind `kind` (cudaMemcpyKind: 1 host to device, 2 device to host; -1 a memset, not
+// counted) on `stream`; `blocking`: cudaMemcpy
+inline void count_copy(int kind, size_t n, bool blocking, const void* stream = nullptr) {
+    worklog_copy(kind, n, stream, blocking);
     Counters& c = counters();
     if (kind == 1) { count(&c.h2d_bytes, (long long)n); count(&c.h2d_copies); }
     if (kind == 2) { count(&c.d2h_bytes, (long long)n); count(&c.d2h_copies); }
-    if (blocking) count_sync();
+    if (blocking) count_sync("copy");
 }
+inline void count_launch() { count(&counters().launches); }
 }  // namespace simt

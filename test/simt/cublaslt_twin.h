@@ -30,7 +30,8 @@
  *   produce it (exact FP32 keeps the emulated runs' numerics those of the CPU reference).
  * The plan cache (model/matmul.cuh) is the same map with the same keys as on the device; a plan
  * holds a fake algorithm, and making one counts a descriptor set and a heuristic query
- * (simt::counters(): plan_creations, heuristic_queries), and every matmul counts as a GEMM launch.
+ * (simt::counters(): plan_creations, heuristic_queries), and every matmul counts as a GEMM launch and
+ * writes its line to the work log (SIMT_WORKLOG: shape, types, transposes, stream; test/simt/counters.h).
  * Pinned algorithms (model/matmul_pins.h) as on the device: a plan takes the key's pinned algorithm
  * when there is one, else the fake heuristic's, which names the process (word 0: a hash of the key,
  * word 1: the process id), so that a restarted process that asked the heuristic again would record
@@ -80,7 +81,6 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
                                    int ldb, long long stride_b, float beta, void* D, cudaDataType_t d_type, int ldd,
                                    long long stride_d, int batch, const MatmulOptions* opt, cudaStream_t stream,
                                    const char* file, int line) {
-    (void)stream;
     (void)matmul_pins_library_named;
     matmul_validate(trans_a, trans_b, m, n, k, a_type, lda, b_type, ldb, d_type, ldd, batch, file, line);
     if (m == 0 || n == 0) return;
@@ -107,6 +107,15 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
             if (matmul_plan_cache_enabled()) plans[key] = algo;
         }
         simt::count(&simt::counters().gemms);
+        if (simt::worklog_file()) {   // the work log's line (SIMT_WORKLOG: test/simt/counters.h)
+            std::lock_guard<std::mutex> lock(simt::worklog().mu);
+            simt::worklog_line(simt::worklog_fmt(
+                "\"t\":\"gemm\",\"m\":%d,\"n\":%d,\"k\":%d,\"batch\":%d,\"a\":\"%s\",\"b\":\"%s\",\"d\":\"%s\",\"trans_a\":%s,"
+                "\"trans_b\":%s,\"beta\":%.9g,\"fast_accum\":%d,\"a_scale_mode\":%d,\"b_scale_mode\":%d,\"epilogue\":\"none\","
+                "\"stream\":%d,\"flops\":%lld", m, n, k, batch, dtype_name(a_type), dtype_name(b_type), dtype_name(d_type),
+                trans_a ? "true" : "false", trans_b ? "true" : "false", (double)beta, opt ? opt->fast_accum : 0,
+                opt ? opt->a_scale_mode : 0, opt ? opt->b_scale_mode : 0, simt::worklog_stream(stream), 2ll * m * n * k * batch));
+        }
     }
     bool blocks = fp8 && opt && opt->a_scale_mode != MATMUL_SCALE_TENSOR;
     bool fast = fp8 && opt && opt->fast_accum && !blocks;   // (matmul_validate_fp8 refuses it with blocks)

@@ -8,6 +8,8 @@
  *              ncclGetErrorString, ncclGetLastError, ncclCommCount, ncclCommUserRank, ncclCommCuDevice
  *   collectives ncclAllGather, ncclReduceScatter, ncclAllReduce, ncclBroadcast (ncclBcast), ncclSend,
  *              ncclRecv, ncclGroupStart, ncclGroupEnd
+ *   work log   every operation's line when it is issued (SIMT_WORKLOG: kind, communicator, bytes, stream;
+ *              test/simt/counters.h)
  *   twin only  nccl_twin_bootstrap, nccl_twin_set_name / nccl_twin_get_name, nccl_twin_bytes_sent,
  *              nccl_twin_set_watchdog, nccl_twin_waiting_comm, g_nccl_twin_quiet
  *   not here   ncclReduce, ncclCommSplit, FP8 data types, user reduction operators (ncclRedOpCreate*),
@@ -155,6 +157,7 @@ inline uint64_t g_nccl_twin_ids = 0;                     // unique ids made by t
 inline NcclTwinWatchdog g_nccl_twin_watchdog = NULL;
 inline ncclComm_t g_nccl_twin_waiting = NULL;            // the communicator of the wait now in progress
 inline int g_nccl_twin_group_depth = 0;
+inline int g_nccl_twin_groups = 0;                        // outermost ncclGroupStart calls so far (the work log's group ids)
 inline std::vector<NcclTwinOp> g_nccl_twin_queue;
 inline char g_nccl_twin_last_error[512] = "";
 inline int g_nccl_twin_quiet = 0;                        // 1: errors are kept for ncclGetLastError, not printed
@@ -733,8 +736,24 @@ static inline ncclResult_t nccl_twin_run_on(const std::vector<NcclTwinOp>& ops, 
     return ncclSuccess;
 }
 
+// the work log's line of an operation (SIMT_WORKLOG: test/simt/counters.h), when it is issued
+static inline void nccl_twin_worklog(const NcclTwinOp& o) {
+    if (!simt::worklog_file()) return;
+    static const char* const kinds[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "send", "recv"};
+    size_t es = nccl_twin_type_size(o.type), n = (size_t)o.comm->nranks;
+    size_t bytes = o.count * es * (o.kind == NCCL_TWIN_ALL_GATHER || o.kind == NCCL_TWIN_REDUCE_SCATTER ? n : 1);
+    std::string wr;
+    for (int r : o.comm->world_ranks) wr += (wr.empty() ? "" : ",") + std::to_string(r);
+    std::lock_guard<std::mutex> lock(simt::worklog().mu);
+    simt::worklog_line(simt::worklog_fmt("\"t\":\"coll\",\"kind\":\"%s\",\"comm\":\"%s\",\"nranks\":%d,\"count\":%zu,\"elem_bytes\":%zu,"
+                                         "\"bytes\":%zu,\"rank\":%d,\"peer\":%d,\"group\":%d,\"stream\":%d,\"world_ranks\":[", kinds[o.kind],
+                                         o.comm->name, o.comm->nranks, o.count, es, bytes, o.comm->rank, o.peer, g_nccl_twin_group_depth > 0 ? g_nccl_twin_groups : 0,
+                                         simt::worklog_stream(o.stream)) + wr + "]");
+}
+
 // issues one operation: queued inside a group, else run on its stream
 static inline ncclResult_t nccl_twin_issue(const NcclTwinOp& o) {
+    nccl_twin_worklog(o);
     if (g_nccl_twin_group_depth > 0) { g_nccl_twin_queue.push_back(o); return ncclSuccess; }
     bool nonblocking = !o.comm->blocking;
     ncclResult_t r = nccl_twin_run_on(std::vector<NcclTwinOp>(1, o), o.stream);
@@ -1023,7 +1042,7 @@ static inline ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t
 }
 
 static inline ncclResult_t ncclGroupStart() {
-    g_nccl_twin_group_depth++;
+    if (g_nccl_twin_group_depth++ == 0) g_nccl_twin_groups++;
     return ncclSuccess;
 }
 // the outermost ncclGroupEnd runs what the group queued

@@ -855,6 +855,7 @@ inline void launch(const char* name, const char* file, int line, void (*kernel)(
         run_grid(name, (const void*)kernel, file, line, grid, block, smem, [](void* p) { (*(decltype(call)*)p)(); }, &call);
     };
     count_launch();
+    worklog_kernel(name, grid, block, smem, stream, *params);   // SIMT_WORKLOG (counters.h)
     stream_enqueue(stream, run);
 }
 
@@ -914,23 +915,25 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKi
     return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
-    simt::count_copy((int)kind, n, false);
+    simt::count_copy((int)kind, n, false, s);
     simt::stream_enqueue(s, [=]() { if (n) memmove(dst, src, n); });
     return cudaSuccess;
 }
-inline cudaError_t cudaMemset(void* p, int v, size_t n) { memset(p, v, n); return cudaSuccess; }
+inline cudaError_t cudaMemset(void* p, int v, size_t n) { simt::count_copy(-1, n, false); memset(p, v, n); return cudaSuccess; }
 inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
+    simt::count_copy(-1, n, false, s);
     simt::stream_enqueue(s, [=]() { memset(p, v, n); });
     return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize(void) { simt::count_sync(); simt::streams_run_all(); return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { simt::count_sync(); if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { simt::count_sync("stream", s); if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = new CUstream_st(); simt::streams().push_back(*s); return cudaSuccess; }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
 // the host asks whether s is done: it runs what s has queued (see Streams above), and then it is
 inline cudaError_t cudaStreamQuery(cudaStream_t s) { if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
 // s waits for e: the null stream runs e's stream up to e now; a deferred stream when it gets there
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+    simt::worklog_record(e, s, true);
     CUstream_st* es = e->s;
     uint64_t seq = e->seq;
     if (!es || es == s) return cudaSuccess;   // recorded on the null stream (done), or in order on s itself
@@ -1023,13 +1026,14 @@ inline cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = new CUevent_st{0, null
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { *e = new CUevent_st{0, nullptr, 0}; return cudaSuccess; }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    simt::worklog_record(e, s, false);
     if (!s) { e->t = simt::now(); e->s = nullptr; e->seq = 0; return cudaSuccess; }
     simt::stream_enqueue(s, [e]() { e->t = simt::now(); });
     e->s = s;
     e->seq = s->issued;   // the wait runs s up to this record
     return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { simt::count_sync(); if (e->s) simt::stream_run(e->s, e->seq); return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { simt::count_sync("event", e); if (e->s) simt::stream_run(e->s, e->seq); return cudaSuccess; }
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)((b->t - a->t) * 1e3); return cudaSuccess; }
 inline cudaError_t cudaRuntimeGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }
 inline cudaError_t cudaDriverGetVersion(int* v) { *v = CUDART_VERSION; return cudaSuccess; }

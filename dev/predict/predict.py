@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""predict.py — the step-time model (issue 22): the emulator's work log of one training step, turned into a
+predicted timeline on a named GPU. Python 3, standard library only.
+
+  predict.py LOG [--device h100-sxm|h100-pcie|h200] [--gpus-per-node 8] [--flops-per-token F --tokens T --ranks W]
+             [--step K] [--trace OUT.json] [--top N] [--json]
+  predict.py LOG_L1 LOG_L2 --layers L1,L2 --target-layers L ...   (two runs that differ only in their layer count:
+             every number extrapolated linearly in the layers, as --dry-run's memory estimate is)
+
+LOG: what the emulated binary writes with SIMT_WORKLOG=FILE (test/simt/counters.h lists the lines). One step is
+the work between two "mark" lines of the training loop's dbrx_sync (default: the last whole step).
+
+The model, item by item (every rate in RATES below, with its source or marked as an assumption):
+  gemm    max(2 m n k batch / (peak of the A type x efficiency of the shape class), bytes / (HBM x HBM_FRACTION)),
+          at least GEMM_MIN_US; bytes = A + B + D (+ C when beta != 0)
+  kernel  bytes / (HBM x HBM_FRACTION) where KERNELS has a formula for it (from the launch's logged arguments),
+          at least KERNEL_MIN_US; a kernel without a formula costs KERNEL_MIN_US ("no formula" in the table)
+  coll    bytes x the ring factor (all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast and p2p 1)
+          / the bus bandwidth of its placement (NVLink inside a node, InfiniBand across) + latency; a group of
+          sends and receives (all-to-all) as one item over max(bytes sent, bytes received) to other ranks
+  copy    bytes / PCIe (host <-> device), 2 bytes / HBM (device to device, memset 1x)
+The simulation: the host issues items in log order, paying HOST_US per call; each stream runs its items in order,
+an item starting when it is issued and its stream is free; an event records the point its stream has reached,
+a wait makes the stream wait for that point; a sync (stream, device, event, blocking copy) stops the host until
+that point, plus SYNC_US. Streams run concurrently without slowing each other (optimistic: a collective's SMs
+and HBM traffic are not taken from the compute). Exposed communication: collective time not overlapped by a
+kernel or GEMM on any stream. MFU as the project counts it (model/README.md: FLOPs per token x tokens / (time x
+peak x ranks), matmul FLOPs only) when --flops-per-token is given; else the GEMM FLOPs' share of the peak.
+Not modelled yet (dev/predict/README.md): attention and the other kernels without a byte formula beyond their
+minimum time, L2 reuse, wave quantisation, SM sharing between streams, host work other than the API calls
+(Python-free C++ loop: the data loader, MPI all-reduces of the metrics on the host).
+"""
+import argparse
+import json
+import re
+import sys
+
+# ---------------------------------------------------------------------------------------------------------
+# the rate table. Sources: [gpu_peak] model/gpu_peak.h (NVIDIA's dense BF16 numbers, half the sparse datasheet
+# figures); [ds-h100] NVIDIA H100 Tensor Core GPU datasheet (FP8 3,958 / 3,026 TFLOPS with sparsity for SXM /
+# PCIe, FP32 67 / 51 TFLOPS, HBM 3.35 / 2.0 TB/s, NVLink 900 / 600 GB/s); [ds-h200] NVIDIA H200 product page
+# (HBM3e 4.8 TB/s, the H100 SXM's compute, NVLink 900 GB/s); [cutlass] CUTLASS 3.5.1 on H100, BF16 GEMM at
+# M=N=K 8192 / 4096 / 1024: ~75% / ~70% / ~58% of peak (a third-party summary of NVIDIA's CUTLASS benchmarks,
+# mintlify.com/NVIDIA/cutlass/performance/benchmarks, read for the percentages only); [nccl-tests] 8x H100 SXM
+# all_reduce busbw 460-480 GB/s at large sizes (docs.alayanew.com, "NCCL-tests in practice"). "assumption":
+# no measurement found yet; make bench-gpu is to replace it (issue 22, item 3).
+RATES = {
+    "h100-sxm": {"bf16": 989.4e12, "fp8": 1978.9e12, "fp32": 66.9e12, "hbm": 3.35e12, "nvlink_busbw": 450e9,
+                 "src": "[gpu_peak] BF16; [ds-h100] FP8, FP32, HBM; [nccl-tests] NVLink busbw (460-480 measured, 450 used)"},
+    "h100-pcie": {"bf16": 756.0e12, "fp8": 1513.0e12, "fp32": 51.2e12, "hbm": 2.0e12, "nvlink_busbw": 200e9,
+                  "src": "[gpu_peak] BF16; [ds-h100] FP8, FP32, HBM; NVLink bridge pairs only: 200 GB/s busbw (assumption)"},
+    "h200": {"bf16": 989.4e12, "fp8": 1978.9e12, "fp32": 66.9e12, "hbm": 4.8e12, "nvlink_busbw": 450e9,
+             "src": "[gpu_peak] BF16; [ds-h200] HBM, NVLink; compute as H100 SXM"},
+}
+# GEMM efficiency (fraction of the type's dense peak) by the smallest of m, n, k: [cutlass] for >= 4096 and
+# >= 1024 (70% and 58% at 4096 / 1024, taken for the class below each); the two lower classes are assumptions
+GEMM_EFFICIENCY = [(4096, 0.70), (1024, 0.58), (256, 0.40), (64, 0.20), (0, 0.08)]
+HBM_FRACTION = 0.80        # memory-bound kernels and GEMMs reach this fraction of HBM bandwidth (assumption; the
+                           # project's own target is >= 70%: README, Benchmarks)
+KERNEL_MIN_US = 2.5        # the shortest kernel on the device, launch to completion (assumption)
+GEMM_MIN_US = 5.0          # the shortest cuBLASLt GEMM (assumption)
+HOST_US = {"kernel": 4.0, "gemm": 6.0, "coll": 5.0, "record": 1.0, "wait": 1.0, "copy": 4.0}   # host time per call (assumption, "~4 us a launch")
+SYNC_US = 5.0              # host wake-up after the device reached a sync point (assumption)
+PCIE_BW = 25e9             # host <-> device copies of pageable memory (assumption; PCIe Gen5 x16 is 64 GB/s a direction)
+COPY_MIN_US = 2.0
+IB_BUSBW = 45e9            # per GPU across nodes: InfiniBand 8 x 400 Gb/s per node = 50 GB/s per GPU, 90% of it (assumption)
+COLL_LATENCY_US = {"intra": 10.0, "inter": 25.0, "self": 2.0}   # (assumption)
+RING_FACTOR = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+               "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "send": lambda n: 1.0, "recv": lambda n: 1.0}
+
+
+def _ln_bytes(a):   # layernorm_forward_kernel(out, resid, mean, rstd, inp, add, weight, N, C, eps): BF16 rows
+    N, C = a[7], a[8]
+    return 2 * N * C * (2 + (1 if a[5] else 0) + (1 if a[1] else 0)) + 2 * C + 8 * N
+
+
+# Global-memory bytes of a kernel from its logged arguments (a: the list, pointers as true/false), by the kernel's
+# name without template arguments: what each thread reads and writes once (no L2 reuse counted)
+KERNELS = {
+    "adamw_kernel": lambda a: 30 * a[5],            # (param, param_bf16, grad, m, v, n, ...): p, m, v r+w 24, grad 4, bf16 2
+    "grad_sumsq_kernel": lambda a: 4 * a[2],        # (partial, grad, n)
+    "swiglu_forward_kernel": lambda a: 6 * a[3],    # (a, g, u, n): g, u read, a written, BF16
+    "swiglu_backward_kernel": lambda a: 10 * a[5],  # (dg, du, da, g, u, n): 3 read, 2 written
+    "zero_f32_to_bf16_kernel": lambda a: 6 * a[2],  # (out, in, n)
+    "layernorm_forward_kernel": _ln_bytes,
+    "classifier_fused_kernel": None,                # (logits, losses, targets, V, dloss, write_grad): needs N = grid.x
+}
+
+
+def kernel_bytes(item, ctx=None):
+    base = re.sub(r"<.*", "", item["name"]).strip()
+    a = item.get("args") or []
+    try:
+        if base == "adamw_multi_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass
+            n = (ctx or {}).get("shard_n")  # (grad_sumsq_kernel over the whole shard) gives their sum, padding included
+            return 30 * n if n else None
+        if base == "classifier_fused_kernel":
+            N, V = item["grid"][0], a[3]
+            return 2 * N * V * (2 if a[5] else 1) + 8 * N
+        f = KERNELS.get(base)
+        return f(a) if f else None
+    except (IndexError, TypeError):
+        return None
+
+
+def gemm_efficiency(m, n, k):
+    small = min(m, n, k)
+    for lim, eff in GEMM_EFFICIENCY:
+        if small >= lim:
+            return eff
+    return GEMM_EFFICIENCY[-1][1]
+
+
+SIZE = {"bf16": 2, "fp32": 4, "e4m3": 1, "e5m2": 1}
+
+
+def cost(item, dev, gpus_per_node, ctx=None):
+    """(device seconds, bound, flops, bytes) of one work item"""
+    r = RATES[dev]
+    t = item["t"]
+    if t == "gemm":
+        m, n, k, b = item["m"], item["n"], item["k"], item["batch"]
+        flops = 2.0 * m * n * k * b
+        peak = r["fp8"] if item["a"] in ("e4m3", "e5m2") else r["bf16"]
+        tc = flops / (peak * gemm_efficiency(m, n, k))
+        nbytes = b * (m * k * SIZE[item["a"]] + k * n * SIZE[item["b"]] + m * n * SIZE[item["d"]] * (2 if item["beta"] else 1))
+        tm = nbytes / (r["hbm"] * HBM_FRACTION)
+        d = max(tc, tm, GEMM_MIN_US * 1e-6)
+        return d, ("FLOPs" if d == tc else "bytes" if d == tm else "latency"), flops, nbytes
+    if t == "kernel":
+        nbytes = kernel_bytes(item, ctx)
+        if nbytes is None:
+            return KERNEL_MIN_US * 1e-6, "no formula", 0.0, None
+        tm = nbytes / (r["hbm"] * HBM_FRACTION)
+        d = max(tm, KERNEL_MIN_US * 1e-6)
+        return d, ("bytes" if d == tm else "latency"), 0.0, nbytes
+    if t == "coll":
+        n = item["nranks"]
+        if n <= 1:
+            return COLL_LATENCY_US["self"] * 1e-6, "latency", 0.0, 0
+        nodes = len({w // gpus_per_node for w in item.get("world_ranks", [])}) or 1
+        place = "intra" if nodes == 1 else "inter"
+        bw = r["nvlink_busbw"] if place == "intra" else IB_BUSBW
+        moved = item["bytes"] * RING_FACTOR[item["kind"]](n)
+        return moved / bw + COLL_LATENCY_US[place] * 1e-6, "comm", 0.0, item["bytes"]
+    if t == "copy":
+        nbytes = item["bytes"]
+        if item["kind"] in ("h2d", "d2h", "h2h", "default", "unknown"):
+            d = nbytes / PCIE_BW
+        else:
+            d = nbytes * (1 if item["kind"] == "memset" else 2) / (r["hbm"] * HBM_FRACTION)
+        return max(d, COPY_MIN_US * 1e-6), "bytes", 0.0, nbytes
+    raise ValueError("no cost for " + t)
+
+
+# ---------------------------------------------------------------------------------------------------------
+def die(msg):
+    """bad input: one line, exit 2"""
+    print("error: " + msg, file=sys.stderr)
+    sys.exit(2)
+
+
+def read_log(path):
+    items = []
+    try:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    items.append(json.loads(line))
+                except ValueError as e:
+                    die("%s:%d: not a work-log line (JSON: %s)" % (path, n, e))
+                if not isinstance(items[-1], dict) or "t" not in items[-1]:
+                    die("%s:%d: a work-log line without \"t\"" % (path, n))
+    except OSError as e:
+        die("%s: %s" % (path, e.strerror))
+    return items
+
+
+def one_step(items, step=None):
+    """the items of one step: between marks 2K-1 and 2K (the loop's dbrx_sync before and after step K; the
+    closing sync included). Default: the last whole step; no marks: everything"""
+    marks = [i for i, it in enumerate(items) if it["t"] == "mark"]
+    if not marks:
+        return items
+    steps = len(marks) // 2
+    if steps == 0:
+        die("the work log has %d step mark(s): no whole step (run at least one training step)" % len(marks))
+    k = steps if step is None else step
+    if not 1 <= k <= steps:
+        die("--step %d: the log holds steps 1..%d" % (k, steps))
+    return items[marks[2 * k - 2] + 1:marks[2 * k - 1]]
+
+
+def merge_groups(items):
+    """consecutive p2p operations of one NCCL group become one item (an all-to-all): bytes = the larger of what
+    this rank sends to and receives from other ranks"""
+    out = []
+    for it in items:
+        if it["t"] == "coll" and it.get("group", 0) > 0 and it["kind"] in ("send", "recv"):
+            prev = out[-1] if out else None
+            if prev and prev.get("_group") == it["group"]:
+                prev["_n"] += 1
+            else:
+                prev = dict(it, t="coll", kind="send", name="all_to_all (grouped send/recv)", _group=it["group"], _s=0, _r=0, _n=1)
+                out.append(prev)
+            if it["peer"] != it.get("rank", -1):
+                prev["_s" if it["kind"] == "send" else "_r"] += it["bytes"]
+            prev["bytes"] = max(prev["_s"], prev["_r"])
+            continue
+        out.append(it)
+    return out
+
+
+def label(it):
+    t = it["t"]
+    if t == "kernel":
+        return re.sub(r"<.*", "", it["name"])
+    if t == "gemm":
+        small = min(it["m"], it["n"], it["k"])
+        cls = next(lim for lim, _ in GEMM_EFFICIENCY if small >= lim)
+        return "gemm %s%s, min(m,n,k) >= %d%s" % (it["a"], "x" + it["b"] if it["b"] != it["a"] else "", cls,
+                                                   ", batched" if it["batch"] > 1 else "")
+    if t == "coll":
+        return it.get("name") or "%s (%s, %d ranks)" % (it["kind"], it.get("comm", "?"), it["nranks"])
+    if t == "copy":
+        return "copy %s%s" % (it["kind"], " (blocking)" if it.get("blocking") else "")
+    return t
+
+
+def simulate(items, dev="h100-sxm", gpus_per_node=8):
+    """the predicted timeline: returns dict(step, ops=[(item, start, end, bound, flops, bytes)], host_busy, ...)"""
+    host = 0.0
+    free = {}           # stream -> time its issued work completes
+    events = {}         # event -> the time its last record completes
+    ops = []
+    host_sync_wait = 0.0
+    # the critical path: each item's predecessor is what its start waited for (its stream's previous item or the
+    # event it waits on, else the host, whose own predecessor is the item its last sync waited for)
+    spred, epred, host_pred = {}, {}, None
+    ctx = {"shard_n": max([it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "grad_sumsq_kernel"
+                           and len(it.get("args") or []) > 2 and isinstance(it["args"][2], int)] or [0])}
+    for it in merge_groups(items):
+        t = it["t"]
+        if t in ("kernel", "gemm", "coll", "copy"):
+            host += HOST_US["copy" if t == "copy" else t] * 1e-6
+            d, bound, flops, nbytes = cost(it, dev, gpus_per_node, ctx)
+            s = it.get("stream", 0)
+            start = max(host, free.get(s, 0.0))
+            end = start + d
+            free[s] = end
+            ops.append({"item": it, "label": label(it), "stream": s, "start": start, "end": end, "bound": bound,
+                        "flops": flops, "bytes": nbytes, "pred": spred.get(s) if start > host else host_pred})
+            spred[s] = len(ops) - 1
+            if t == "copy" and it.get("blocking"):
+                host_sync_wait += max(0.0, end - host)
+                host = end + SYNC_US * 1e-6
+                host_pred = len(ops) - 1
+        elif t == "record":
+            host += HOST_US["record"] * 1e-6
+            events[it["event"]] = max(free.get(it["stream"], 0.0), host)
+            epred[it["event"]] = spred.get(it["stream"])
+        elif t == "wait":
+            host += HOST_US["wait"] * 1e-6
+            s = it["stream"]
+            if events.get(it["event"], 0.0) > free.get(s, 0.0):
+                free[s] = events[it["event"]]
+                spred[s] = epred.get(it["event"])
+        elif t == "sync":
+            what = it["what"]
+            until = (max(free.values()) if free else 0.0) if what == "device" else \
+                events.get(it.get("event"), 0.0) if what == "event" else free.get(it.get("stream", 0), 0.0)
+            if until > host:
+                host_sync_wait += until - host
+                host_pred = max((i for i, o in enumerate(ops) if o["end"] == until), default=host_pred)
+            host = max(host, until) + SYNC_US * 1e-6
+        elif t == "mark":
+            pass
+        else:
+            die("unknown work-log line type %r" % t)
+    step = max([host] + list(free.values()))
+    comp = sorted((o["start"], o["end"]) for o in ops if o["item"]["t"] in ("kernel", "gemm"))
+    for o in ops:   # exposed communication: collective time no kernel or GEMM overlaps
+        if o["item"]["t"] != "coll":
+            continue
+        covered, a, b = 0.0, o["start"], o["end"]
+        cur_s, cur_e = None, None
+        for s, e in comp:      # union of compute intervals clipped to [a, b]
+            if e <= a or s >= b:
+                continue
+            s, e = max(s, a), min(e, b)
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    covered += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        if cur_e is not None:
+            covered += cur_e - cur_s
+        o["exposed"] = (b - a) - covered
+    busy = []   # the time any stream is busy (union), and the GPU idle time it leaves
+    for s, e in sorted((o["start"], o["end"]) for o in ops):
+        if busy and s <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], e)
+        else:
+            busy.append([s, e])
+    gpu_busy = sum(e - s for s, e in busy)
+    path, i = [], (max(range(len(ops)), key=lambda j: ops[j]["end"]) if ops else None)
+    if ops and host > ops[i]["end"]:
+        i = host_pred
+    while i is not None and len(path) <= len(ops):
+        path.append(i)
+        i = ops[i]["pred"]
+    crit = {}
+    for j in path:
+        crit[ops[j]["label"]] = crit.get(ops[j]["label"], 0.0) + ops[j]["end"] - ops[j]["start"]
+    return {"critical": sorted(crit.items(), key=lambda kv: -kv[1]), "critical_device": sum(crit.values()),
+            "step": step, "ops": ops, "device": dev, "host_issue_end": host, "host_sync_wait": host_sync_wait,
+            "gpu_idle": step - gpu_busy, "exposed_comm": sum(o.get("exposed", 0.0) for o in ops),
+            "gemm_flops": sum(o["flops"] for o in ops if o["item"]["t"] == "gemm")}
+
+
+def sinks(res):
+    rows = {}
+    for o in res["ops"]:
+        r = rows.setdefault(o["label"], {"name": o["label"], "count": 0, "time": 0.0, "exposed": 0.0, "bounds": {}, "flops": 0.0})
+        r["count"] += 1
+        d = o["end"] - o["start"]
+        r["time"] += d
+        r["flops"] += o["flops"]
+        r["exposed"] += o.get("exposed", 0.0)
+        r["bounds"][o["bound"]] = r["bounds"].get(o["bound"], 0.0) + d
+    for r in rows.values():
+        b = max(r["bounds"], key=r["bounds"].get)
+        if b == "comm":
+            b = "exposed-comm" if r["exposed"] > 0.5 * r["time"] else "comm (hidden)"
+        r["bound"] = b
+    return sorted(rows.values(), key=lambda r: -r["time"])
+
+
+def extrapolate(a, b, l1, l2, lt):
+    """linear in the layer count through two simulated runs (l1, l2 layers) to lt layers"""
+    f = (lt - l1) / float(l2 - l1)
+    lin = lambda x, y: x + (y - x) * f
+    out = {k: lin(a[k], b[k]) for k in ("step", "exposed_comm", "gemm_flops", "host_sync_wait", "gpu_idle")}
+    ra, rb = {r["name"]: r for r in sinks(a)}, {r["name"]: r for r in sinks(b)}
+    rows = []
+    for name in set(ra) | set(rb):
+        x = ra.get(name, {"count": 0, "time": 0.0, "exposed": 0.0, "flops": 0.0, "bound": rb.get(name, {}).get("bound")})
+        y = rb.get(name, {"count": 0, "time": 0.0, "exposed": 0.0, "flops": 0.0, "bound": x["bound"]})
+        rows.append({"name": name, "count": round(lin(x["count"], y["count"])), "time": lin(x["time"], y["time"]),
+                     "exposed": lin(x["exposed"], y["exposed"]), "flops": lin(x["flops"], y["flops"]), "bound": y["bound"]})
+    out["sinks"] = sorted(rows, key=lambda r: -r["time"])
+    out["device"] = a["device"]
+    return out
+
+
+def report(res, rows, args, out=sys.stdout):
+    step = res["step"]
+    peak = RATES[res["device"]]["bf16"]
+    print("predicted step on %s (BF16 peak %.1f TFLOP/s): %.3f ms" % (res["device"], peak / 1e12, step * 1e3), file=out)
+    if args.flops_per_token and args.tokens:
+        mfu = args.flops_per_token * args.tokens / (step * peak * max(1, args.ranks))
+        print("MFU (the project's count: %.4g FLOPs/token x %d tokens / (%d GPU(s) x peak)): %.1f%%" %
+              (args.flops_per_token, args.tokens, max(1, args.ranks), 100 * mfu), file=out)
+    print("GEMM FLOPs %.4g = %.1f%% of this GPU's BF16 peak over the step" % (res["gemm_flops"], 100 * res["gemm_flops"] / (step * peak)), file=out)
+    print("exposed communication %.3f ms (%.1f%% of the step); GPU idle %.3f ms; host blocked in syncs %.3f ms" %
+          (res["exposed_comm"] * 1e3, 100 * res["exposed_comm"] / step if step else 0, res["gpu_idle"] * 1e3, res["host_sync_wait"] * 1e3), file=out)
+    if "critical" in res:
+        print("critical path: %.3f ms of device work (%s), %.3f ms host issue and sync latency" %
+              (res["critical_device"] * 1e3, ", ".join("%s %.3f ms" % (n, t * 1e3) for n, t in res["critical"][:4]),
+               (step - res["critical_device"]) * 1e3), file=out)
+    print("%-52s %7s %10s %7s  %s" % ("time sink", "count", "ms", "% step", "bound by"), file=out)
+    for r in rows[:args.top]:
+        print("%-52s %7d %10.3f %6.1f%%  %s" % (r["name"][:52], r["count"], r["time"] * 1e3, 100 * r["time"] / step, r["bound"]), file=out)
+    print("(device time per row, summed over streams: rows may overlap one another; a step is not their sum)", file=out)
+
+
+def trace(res, path):
+    ev = []
+    for o in res["ops"]:
+        it = o["item"]
+        ev.append({"name": o["label"] if it["t"] != "kernel" else it["name"], "ph": "X", "ts": o["start"] * 1e6,
+                   "dur": (o["end"] - o["start"]) * 1e6, "pid": 0, "tid": o["stream"],
+                   "args": {"bound": o["bound"], "flops": o["flops"], "bytes": o["bytes"]}})
+    for s in sorted({o["stream"] for o in res["ops"]}):
+        ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": "stream %d (predicted)" % s}})
+    with open(path, "w") as f:
+        json.dump({"traceEvents": ev}, f)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="predict a GPU training step from the emulator's work log (SIMT_WORKLOG)")
+    ap.error = die   # one line, exit 2
+    ap.add_argument("logs", nargs="+", help="the work log; two logs with --layers/--target-layers")
+    ap.add_argument("--device", default="h100-sxm", choices=sorted(RATES))
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--step", type=int, default=None, help="which step of the log (default: the last whole one)")
+    ap.add_argument("--flops-per-token", type=float, default=0.0, help="the MFU count (the trainer's start-up 'mfu:' line)")
+    ap.add_argument("--tokens", type=int, default=0, help="tokens per step over all ranks")
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--layers", default=None, help="L1,L2: the layer counts of the two logs")
+    ap.add_argument("--target-layers", type=int, default=None)
+    ap.add_argument("--trace", default=None, help="write the predicted timeline as Chrome trace JSON")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--json", action="store_true", help="print the summary as one JSON object instead")
+    args = ap.parse_args(argv)
+    if len(args.logs) > 2 or (len(args.logs) == 2) != (args.layers is not None and args.target_layers is not None):
+        ap.error("one log, or two logs with --layers L1,L2 and --target-layers L")
+    res = [simulate(one_step(read_log(p), args.step), args.device, args.gpus_per_node) for p in args.logs]
+    if len(res) == 2:
+        try:
+            l1, l2 = (int(x) for x in args.layers.split(","))
+        except ValueError:
+            ap.error("--layers %r: want L1,L2" % args.layers)
+        if l1 == l2:
+            ap.error("--layers: the two runs need different layer counts")
+        out = extrapolate(res[0], res[1], l1, l2, args.target_layers)
+        rows = out["sinks"]
+    else:
+        out, rows = res[0], sinks(res[0])
+    if args.trace:
+        trace(res[-1], args.trace)
+    if args.json:
+        summary = {k: out[k] for k in ("step", "exposed_comm", "gemm_flops", "host_sync_wait", "gpu_idle", "device")}
+        if args.flops_per_token and args.tokens:
+            summary["mfu"] = args.flops_per_token * args.tokens / (out["step"] * RATES[args.device]["bf16"] * max(1, args.ranks))
+        summary["sinks"] = [{k: r[k] for k in ("name", "count", "time", "exposed", "bound")} for r in rows]
+        print(json.dumps(summary))
+    else:
+        report(out, rows, args)
+
+
+if __name__ == "__main__":
+    main()

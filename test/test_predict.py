@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""test_predict.py — the step-time model (dev/predict/predict.py) on hand-computed cases, and the emulator's work log
+(SIMT_WORKLOG, test/simt/counters.h) of a real emulated step.
+
+  test_predict.py                     the model: a single GEMM, a memory-bound kernel, a collective, two streams
+                                      with and without an event (overlap / serialisation), a host sync that empties
+                                      the pipeline; negative controls: a reduce-scatter moved onto the compute stream,
+                                      a sync per layer, a kernel reading twice the bytes
+  test_predict.py --e2e LOG COUNTERS L d H KV E k F V TOKENS SEQ
+                                      a dbrx-tiny-shaped step's log: it parses, its GEMM FLOPs = the MFU formula's
+                                      matmul count (model/config.h: 6 N_matmul per token; the attention term is the
+                                      flash kernels', not cuBLASLt's), every launch / GEMM / sync of the emulator's
+                                      counters (SIMT_STEP_COUNTERS line of that step) is in the log
+Expected values are computed here from the rate table's documented constants (the formulas in predict.py's top
+comment), never from the model's own output. Prints one "pass ..." / "fail ..." line per check (lib.sh verdicts).
+"""
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev", "predict"))
+import predict as P  # noqa: E402
+
+US = 1e-6
+R = P.RATES["h100-sxm"]
+HBM = R["hbm"] * P.HBM_FRACTION
+
+
+def check(ok, what):
+    print(("pass " if ok else "fail ") + what)
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
+
+
+def K(name, n, stream=0):   # a swiglu_forward kernel over n elements: 6 n bytes (predict.KERNELS)
+    return {"t": "kernel", "name": name, "grid": [1, 1, 1], "block": [256, 1, 1], "smem": 0, "stream": stream,
+            "args": [True, True, True, n]}
+
+
+def SW(n, stream=0):
+    return K("swiglu_forward_kernel<8>", n, stream)
+
+
+SYNC = {"t": "sync", "what": "device", "stream": 0}
+
+
+def step(items, dev="h100-sxm"):
+    return P.simulate(items, dev)
+
+
+def model_cases():
+    # a single GEMM, 8192^3 BF16: FLOPs-bound at the >= 4096 class's efficiency
+    g = {"t": "gemm", "m": 8192, "n": 8192, "k": 8192, "batch": 1, "a": "bf16", "b": "bf16", "d": "bf16", "beta": 0, "stream": 0}
+    d = 2.0 * 8192 ** 3 / (989.4e12 * 0.70)
+    r = step([g, SYNC])
+    check(close(r["step"], 6 * US + d + 5 * US), "one GEMM 8192^3 BF16 on an H100 SXM: %.4f ms predicted = 6 us issue + 2 m n k / "
+          "(989.4 TFLOP/s x 0.70) + 5 us sync = %.4f ms" % (r["step"] * 1e3, (11 * US + d) * 1e3))
+    check(r["ops"][0]["bound"] == "FLOPs", "the GEMM is bound by FLOPs (%s)" % r["ops"][0]["bound"])
+    # the same GEMM as FP8: half the time of the compute
+    g8 = dict(g, a="e4m3", b="e4m3")
+    r8 = step([g8, SYNC])
+    check(close(r8["step"], 11 * US + 2.0 * 8192 ** 3 / (1978.9e12 * 0.70)), "the GEMM in FP8 at the FP8 peak (1978.9 TFLOP/s)")
+    # a memory-bound kernel: swiglu over 2^24 elements reads 2 and writes 1 BF16 each: 6 n bytes at 80% of 3.35 TB/s
+    n = 1 << 24
+    r = step([SW(n), SYNC])
+    d = 6.0 * n / HBM
+    check(close(r["step"], 4 * US + d + 5 * US), "swiglu_forward over 2^24: %.2f us = 4 us issue + 6 n B / (0.8 x 3.35 TB/s) + 5 us"
+          % (r["step"] / US))
+    check(r["ops"][0]["bytes"] == 6 * n and r["ops"][0]["bound"] == "bytes", "its bytes (6 n) and its bound (bytes)")
+    r2 = step([SW(2 * n), SYNC])
+    check(close(r2["step"] - r["step"], d), "negative control: a kernel reading twice the bytes takes %.2f us more (= its "
+          "first duration)" % ((r2["step"] - r["step"]) / US))
+    # a collective: all-reduce of 1 GiB BF16 over 8 GPUs of one node: 2 (n-1)/n x bytes / 450 GB/s + 10 us
+    c = {"t": "coll", "kind": "all_reduce", "comm": "world", "nranks": 8, "count": 1 << 29, "elem_bytes": 2,
+         "bytes": 1 << 30, "rank": 0, "peer": 0, "group": 0, "stream": 1, "world_ranks": list(range(8))}
+    r = step([c, SYNC])
+    d = (1 << 30) * 2 * 7 / 8 / 450e9 + 10 * US
+    check(close(r["step"], 5 * US + d + 5 * US), "all-reduce 1 GiB over 8 H100 SXM (NVLink): %.3f ms = 2(n-1)/n x 1 GiB / 450 GB/s "
+          "+ 10 us latency + 5 us issue + 5 us sync" % (r["step"] * 1e3))
+    check(close(r["exposed_comm"], d), "with no compute beside it, all of it is exposed (%.3f ms)" % (r["exposed_comm"] * 1e3))
+    c2 = dict(c, world_ranks=[0, 1, 2, 3, 8, 9, 10, 11])
+    r = step([c2, SYNC])
+    d2 = (1 << 30) * 2 * 7 / 8 / 45e9 + 25 * US
+    check(close(r["step"], 10 * US + d2), "the same over 2 nodes (InfiniBand, 45 GB/s busbw per GPU, 25 us): %.2f ms" % (r["step"] * 1e3))
+    # two streams: A (stream 0) and B (stream 1) overlap without an event; with A -> record -> wait -> B they serialise
+    da, db = 6.0 * n / HBM, 6.0 * (n // 2) / HBM
+    r = step([SW(n, 0), SW(n // 2, 1), SYNC])
+    want = max(4 * US + da, 8 * US + db) + 5 * US
+    check(close(r["step"], want), "two streams, no event: they overlap, step = max(A, B) + issue + sync = %.2f us" % (r["step"] / US))
+    ev = [SW(n, 0), {"t": "record", "event": 1, "stream": 0}, {"t": "wait", "event": 1, "stream": 1}, SW(n // 2, 1), SYNC]
+    r = step(ev)
+    want = 4 * US + da + db + 5 * US
+    check(close(r["step"], want), "two streams with an event between them: serialised, step = A + B + issue + sync = %.2f us" % (r["step"] / US))
+    # a host sync empties the pipeline: 10 GPU-bound kernels, then 10 more; a stream sync between them costs the
+    # host's wake-up and the next launch's issue, during which the GPU idles
+    ks = [SW(n) for _ in range(10)]
+    base = step(ks + ks + [SYNC])
+    synced = step(ks + [{"t": "sync", "what": "stream", "stream": 0}] + ks + [SYNC])
+    check(close(base["step"], 4 * US + 20 * da + 5 * US), "20 GPU-bound kernels back to back: step = 4 us + 20 x kernel + 5 us")
+    check(close(synced["step"] - base["step"], 5 * US + 4 * US), "a host sync between them drains the pipeline: +%.2f us = 5 us "
+          "sync + 4 us issue of the next kernel" % ((synced["step"] - base["step"]) / US))
+
+
+def negative_controls():
+    n = 1 << 24
+    dk = 6.0 * n / HBM
+    # a backward of 6 layers on stream 0; after each, its gradients' reduce-scatter on stream 1 (record / wait);
+    # the last waits on the compute stream before the optimizer kernel
+    rs = {"t": "coll", "kind": "reduce_scatter", "comm": "shard", "nranks": 8, "count": 1 << 23, "elem_bytes": 4,
+          "bytes": 8 << 26, "rank": 0, "peer": 0, "group": 0, "stream": 1, "world_ranks": list(range(8))}
+    drs = rs["bytes"] * 7 / 8 / 450e9 + 10 * US
+
+    def backward(rs_stream, layers=6):
+        items = []
+        for l in range(layers):
+            items += [SW(n), SW(n), {"t": "record", "event": 10 + l, "stream": 0}, {"t": "wait", "event": 10 + l, "stream": rs_stream},
+                      dict(rs, stream=rs_stream), {"t": "record", "event": 20 + l, "stream": rs_stream}]
+        items += [{"t": "wait", "event": 20 + layers - 1, "stream": 0}, SW(n), SYNC]
+        return items
+    a, b = step(backward(1)), step(backward(0))
+    hidden = sum(o["end"] - o["start"] - o["exposed"] for o in a["ops"] if o["item"]["t"] == "coll")
+    check(close(b["step"] - a["step"], hidden, 1e-6), "negative control: the reduce-scatters moved onto the compute stream add "
+          "%.3f ms = the communication the side stream hid (%.3f ms)" % ((b["step"] - a["step"]) * 1e3, hidden * 1e3))
+    check(close(b["exposed_comm"], 6 * drs, 1e-9), "on the compute stream every reduce-scatter is exposed: %.3f ms = 6 x %.3f ms"
+          % (b["exposed_comm"] * 1e3, drs * 1e3))
+    check(a["exposed_comm"] < b["exposed_comm"] and hidden > 0, "on the side stream part of it is hidden (%.3f ms exposed)" % (a["exposed_comm"] * 1e3))
+    # a sync per layer: 8 layers of 5 GPU-bound kernels; each planted stream sync costs 5 us sync + 4 us issue
+    layer = [SW(n) for _ in range(5)]
+    plain = sum((layer for _ in range(8)), []) + [SYNC]
+    planted = sum((layer + [{"t": "sync", "what": "stream", "stream": 0}] for _ in range(8)), []) + [SYNC]
+    d = step(planted)["step"] - step(plain)["step"]
+    check(close(d, (8 * 5 + 7 * 4) * US), "negative control: a sync per layer (8 layers) adds %.1f us = 8 x 5 us sync + 7 x 4 us issue "
+          "(the GPU idles while the host wakes and issues the next layer's first kernel)" % (d / US))
+    # the critical path through the serialised case is all device work but the issue and the sync
+    r = step([SW(n, 0), {"t": "record", "event": 1, "stream": 0}, {"t": "wait", "event": 1, "stream": 1}, SW(n, 1), SYNC])
+    check(close(r["critical_device"], 2 * dk), "critical path of A -> event -> B: both kernels (%.2f us)" % (r["critical_device"] / US))
+
+
+def chrome_trace():
+    import tempfile
+    r = step([SW(1 << 20, 0), SW(1 << 20, 1), SYNC])
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        path = f.name
+    P.trace(r, path)
+    t = json.load(open(path))
+    os.remove(path)
+    xs = [e for e in t["traceEvents"] if e["ph"] == "X"]
+    ok = len(xs) == 2 and all(set(("name", "ph", "ts", "dur", "pid", "tid")) <= set(e) for e in xs) and {e["tid"] for e in xs} == {0, 1}
+    check(ok, "the predicted timeline is Chrome trace JSON: 2 complete events on streams 0 and 1")
+
+
+def e2e(log, counters, L, d, H, KV, E, k, F, V, tokens, seq):
+    items = P.read_log(log)
+    marks = [i for i, it in enumerate(items) if it["t"] == "mark"]
+    check(len(marks) >= 4 and len(marks) % 2 == 0, "the work log parses: %d lines, %d step marks" % (len(items), len(marks)))
+    st = P.one_step(items, 2)
+    rows = [list(map(int, re.findall(r"(?<![a-z])\d+", l))) for l in open(counters) if l.startswith("simt counters")]
+    c = rows[3]   # the 4th counters line closes step 2 (before and after every step)
+    nk = sum(1 for it in st if it["t"] == "kernel")
+    ng = sum(1 for it in st if it["t"] == "gemm")
+    ns = sum(1 for it in st if it["t"] == "sync" or (it["t"] == "copy" and it.get("blocking")))
+    check(nk == c[1], "every launch of step 2 is in the log: %d kernels, the emulator counted %d" % (nk, c[1]))
+    check(ng == c[2], "every GEMM of step 2 is in the log: %d, counted %d" % (ng, c[2]))
+    check(ns == c[0], "every host sync of step 2 is in the log: %d, counted %d" % (ns, c[0]))
+    hd = d // H
+    n_matmul = L * (d * (H + 2 * KV) * hd + d * d + d * E + k * 3 * F * d) + V * d
+    want = 6.0 * n_matmul * tokens
+    got = sum(it["flops"] for it in st if it["t"] == "gemm")
+    check(got == want, "the step's GEMM FLOPs %d = 6 N_matmul x tokens = %d (model/config.h's MFU count less its attention "
+          "term 6 L d (S+1), which the flash kernels do; no recomputed GEMM)" % (got, want))
+    r = P.simulate(st)
+    check(r["step"] > 0 and len(r["ops"]) >= nk + ng, "the step simulates: %.3f ms predicted on an H100 SXM" % (r["step"] * 1e3))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--e2e":
+        a = sys.argv[2:]
+        e2e(a[0], a[1], *map(int, a[2:]))
+    else:
+        model_cases()
+        negative_controls()
+        chrome_trace()
