@@ -76,12 +76,7 @@ recrc() {
 import re, sys
 p, expr = sys.argv[1], sys.argv[2]
 t = eval(expr, {"re": re, "t": open(p).read()})
-def crc32c(b):
-    c = 0xFFFFFFFF
-    for x in b:
-        c ^= x
-        for _ in range(8): c = (c >> 1) ^ (0x82F63B78 & -(c & 1))
-    return c ^ 0xFFFFFFFF
+sys.path.insert(0, "test"); from crc32c import crc32c   # (test/crc32c.py)
 i = t.rindex('"manifest_crc32c": "') + 20
 t = t[:i] + "00000000" + t[i + 8:]
 open(p, "w").write(t[:i] + "%08x" % crc32c(t.encode()) + t[i + 8:])

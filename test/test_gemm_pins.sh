@@ -25,12 +25,7 @@ resume() {
     [ -z "${2:-}" ] || $PY - "$tmp/$1/step_00000002" "$2" <<'PY' || fail "edit $2"
 import json, os, sys
 d, edit = sys.argv[1:]
-def crc32c(b):
-    crc = 0xFFFFFFFF
-    for x in b:
-        crc ^= x
-        for _ in range(8): crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
-    return crc ^ 0xFFFFFFFF
+sys.path.insert(0, "test"); from crc32c import crc32c   # (test/crc32c.py)
 man = open(os.path.join(d, "manifest.json")).read()
 plans = os.path.join(d, "gemm_plans_00000.txt")
 if edit == "drop":   # as a checkpoint without a table: the entry and the file gone
@@ -57,12 +52,7 @@ check() {
     $PY - "$tmp" "$1" <<'PY'
 import json, os, sys
 tmp, case = sys.argv[1:]
-def crc32c(b):
-    crc = 0xFFFFFFFF
-    for x in b:
-        crc ^= x
-        for _ in range(8): crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
-    return crc ^ 0xFFFFFFFF
+sys.path.insert(0, "test"); from crc32c import crc32c   # (test/crc32c.py)
 def table(p):
     lines = open(p).read().splitlines()
     assert lines[0] == "train_dbrx gemm plans 1" and lines[1].startswith("library "), p
