@@ -35,7 +35,7 @@ def close(a, b, rel=1e-9):
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
 
 
-def K(name, n, stream=0):   # a swiglu_forward kernel over n elements: 6 n bytes (predict.KERNELS)
+def K(name, n, stream=0):   # a swiglu_forward kernel over n elements: 6 n bytes (kernel_cost.KERNELS)
     return {"t": "kernel", "name": name, "grid": [1, 1, 1], "block": [256, 1, 1], "smem": 0, "stream": stream,
             "args": [True, True, True, n]}
 

@@ -13,7 +13,7 @@ the work between two "mark" lines of the training loop's dbrx_sync (default: the
 The model, item by item (every rate in RATES below, with its source or marked as an assumption):
   gemm    max(2 m n k batch / (peak of the A type x efficiency of the shape class), bytes / (HBM x HBM_FRACTION)),
           at least GEMM_MIN_US; bytes = A + B + D (+ C when beta != 0)
-  kernel  bytes / (HBM x HBM_FRACTION) where KERNELS has a formula for it (from the launch's logged arguments),
+  kernel  bytes / (HBM x HBM_FRACTION) where kernel_cost.py has a formula for it (from the launch's logged arguments),
           at least KERNEL_MIN_US; a kernel without a formula costs KERNEL_MIN_US ("no formula" in the table)
   coll    bytes x the ring factor (all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast and p2p 1)
           / the bus bandwidth of its placement (NVLink inside a node, InfiniBand across) + latency; a group of
@@ -32,8 +32,12 @@ minimum time, L2 reuse, wave quantisation, SM sharing between streams, host work
 """
 import argparse
 import json
+import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_cost import kernel_bytes  # noqa: E402  (the per-kernel byte formulas)
 
 # ---------------------------------------------------------------------------------------------------------
 # the rate table. Sources: [gpu_peak] model/gpu_peak.h (NVIDIA's dense BF16 numbers, half the sparse datasheet
@@ -67,40 +71,6 @@ IB_BUSBW = 45e9            # per GPU across nodes: InfiniBand 8 x 400 Gb/s per n
 COLL_LATENCY_US = {"intra": 10.0, "inter": 25.0, "self": 2.0}   # (assumption)
 RING_FACTOR = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
                "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "send": lambda n: 1.0, "recv": lambda n: 1.0}
-
-
-def _ln_bytes(a):   # layernorm_forward_kernel(out, resid, mean, rstd, inp, add, weight, N, C, eps): BF16 rows
-    N, C = a[7], a[8]
-    return 2 * N * C * (2 + (1 if a[5] else 0) + (1 if a[1] else 0)) + 2 * C + 8 * N
-
-
-# Global-memory bytes of a kernel from its logged arguments (a: the list, pointers as true/false), by the kernel's
-# name without template arguments: what each thread reads and writes once (no L2 reuse counted)
-KERNELS = {
-    "adamw_kernel": lambda a: 30 * a[5],            # (param, param_bf16, grad, m, v, n, ...): p, m, v r+w 24, grad 4, bf16 2
-    "grad_sumsq_kernel": lambda a: 4 * a[2],        # (partial, grad, n)
-    "swiglu_forward_kernel": lambda a: 6 * a[3],    # (a, g, u, n): g, u read, a written, BF16
-    "swiglu_backward_kernel": lambda a: 10 * a[5],  # (dg, du, da, g, u, n): 3 read, 2 written
-    "zero_f32_to_bf16_kernel": lambda a: 6 * a[2],  # (out, in, n)
-    "layernorm_forward_kernel": _ln_bytes,
-    "classifier_fused_kernel": None,                # (logits, losses, targets, V, dloss, write_grad): needs N = grid.x
-}
-
-
-def kernel_bytes(item, ctx=None):
-    base = re.sub(r"<.*", "", item["name"]).strip()
-    a = item.get("args") or []
-    try:
-        if base == "adamw_multi_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass
-            n = (ctx or {}).get("shard_n")  # (grad_sumsq_kernel over the whole shard) gives their sum, padding included
-            return 30 * n if n else None
-        if base == "classifier_fused_kernel":
-            N, V = item["grid"][0], a[3]
-            return 2 * N * V * (2 if a[5] else 1) + 8 * N
-        f = KERNELS.get(base)
-        return f(a) if f else None
-    except (IndexError, TypeError):
-        return None
 
 
 def gemm_efficiency(m, n, k):
