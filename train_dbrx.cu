@@ -563,7 +563,7 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
              n, cfg.n_experts, gpus, S);
     long double capacity = 0;
     std::string device;
-    if (!args.run.plan_device.empty()) {
+    if (flag_given(&args, "--plan-device")) {
         if (!plan_device_parse(args.run.plan_device, &capacity, &device))
             fail(EXIT_BAD_INPUT, "--plan-device '%s' must be h100, h200 or the GiB of one GPU (a number > 0)", args.run.plan_device.c_str());
         device += ", --plan-device";
@@ -599,6 +599,8 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
            "activations %.2f GiB, total %.2f GiB\n", with_commas((int64_t)shard).c_str(), with_commas((int64_t)p).c_str(),
            16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
     memory_plan_print(&plan, &cfg, capacity, device.c_str());
+    if (args.fp8.gather) printf("  (not in the plan: --fp8-gather's code and scale buffers)\n");
+    if (args.health.check) printf("  (not in the plan: --health-check's GEMM operands, freed before training)\n");
     return 0;
 }
 
