@@ -6,7 +6,8 @@
 #   make data      prepare the default dataset (State of the Union addresses, byte-level tokens)
 #   make train     train the default model (dbrx-tiny) with mpirun
 #   make test      build and run the whole test suite (the CUDA kernels under the SIMT emulator)
-#   make predict   the predicted H100/H200 step of a configuration (MODEL=, BATCH=, SEQ=, NP=, DEVICE=) from the emulator
+#   make predict   the predicted H100/H200 step of a configuration (MODEL=, BATCH=, SEQ=, NP=, DEVICE=, FLAGS=) from the emulator
+#   make predict-record / bench-predict   re-record the recorded predictions / flag a step > 3% slower than recorded
 #   make test-gpu  every check that needs a real GPU, then a go/no-go report (dev/test_gpu.sh; SANITIZER=1:
 #                  the device test programs under compute-sanitizer memcheck)
 
@@ -35,7 +36,7 @@ NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
 HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh $(wildcard train_*.h)
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
-.PHONY: all deps deps-test check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu bench-gpu predict clean
+.PHONY: all deps deps-test check-deps check-test-deps data train test test-build emu-build gpu-build test-gpu bench-gpu predict predict-record bench-predict clean
 all: train_dbrx
 
 # A missing dependency stops the build with one line naming the Debian package.
@@ -209,7 +210,7 @@ test-gpu:
 
 # the GPU benchmarks against their targets (dev/bench/bench_gpu.sh): attention, expert GEMMs, memory-bound
 # kernels, dbrx-1b end to end; appended to dev/bench/results_gpu.md
-bench-gpu: train_dbrx $(DEV_CUDA) dev/comm_bench
+bench-gpu: train_dbrx train_dbrx_emu $(DEV_CUDA) dev/comm_bench
 	@test -n "$(NVCC)" || { echo "error: make bench-gpu needs nvcc and a GPU"; exit 1; }
 	bash dev/bench/bench_gpu.sh
 
@@ -217,6 +218,13 @@ bench-gpu: train_dbrx $(DEV_CUDA) dev/comm_bench
 # (SIMT_SHAPES_ONLY) with SIMT_WORKLOG, then dev/predict/predict.py; MODEL, BATCH, SEQ, NP, DEVICE, FLAGS, TRACE, JSON, RUN_LAYERS
 predict: train_dbrx_emu
 	@MODEL=$(MODEL) BATCH=$(BATCH) SEQ=$(SEQ) NP=$(NP) DEVICE=$(DEVICE) PYTHON=$(PYTHON) bash dev/predict/make_predict.sh
+
+# the recorded predictions (dev/predict/recorded.py; dev/bench/predicted.json and results_predicted.md): predict-record
+# re-records them all (minutes: 256 emulated ranks); bench-predict predicts them again and flags a step > 3% slower
+predict-record: train_dbrx_emu
+	$(PYTHON) dev/predict/recorded.py record
+bench-predict: train_dbrx_emu
+	$(PYTHON) dev/predict/recorded.py check
 
 # checkpoint building blocks (CRC-32C, JSON, conversions, layouts); MPI headers for parallel/zero.h
 test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) | check-deps

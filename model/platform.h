@@ -84,6 +84,16 @@ static inline bool platform_shapes_only() { return simt::options().shapes_only; 
 static inline bool platform_shapes_only() { return false; }
 #endif
 
+// --profile's ranges (model/profile.h) in the emulator's work log (SIMT_WORKLOG): the step-time model puts their
+// names on its predicted timeline (dev/predict). Nothing on a GPU (there, events and NVTX time them).
+#if defined(SIMT_EMULATION)
+static inline void platform_worklog_range(const char* name, bool begin, const void* stream, bool device) {
+    simt::worklog_range(name, begin, stream, device);
+}
+#else
+static inline void platform_worklog_range(const char*, bool, const void*, bool) {}
+#endif
+
 // NVTX ranges (--profile, model/profile.h): nsys shows them by name; nothing under the emulator
 #if defined(SIMT_EMULATION)
 static inline uint64_t platform_nvtx_start(const char* name) { (void)name; return 0; }

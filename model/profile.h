@@ -19,6 +19,8 @@
  * stream (the model's) at a known host time, when the step's first device range begins (the step begins
  * with a synchronisation: the device is idle then), and cudaEventElapsedTime from it (float
  * milliseconds: a reference per step keeps them short).
+ * Under the emulator the ranges also go to the work log (SIMT_WORKLOG): make predict TRACE=FILE puts them,
+ * with the same names, on the predicted GPU timeline (dev/predict/README.md).
  * The callers name their ranges (the store's collectives too): nothing of parallel/ is named here.
  */
 #pragma once
@@ -106,6 +108,7 @@ static inline void prof_begin_v(ProfTrack t, const char* cat, const char* fmt, v
         r.e1 = (void*)e1;
     }
     r.nvtx = platform_nvtx_start(name);
+    platform_worklog_range(name, true, t.stream, t.device);
 #endif
     g_prof.open[r.tid].push_back(g_prof.ranges.size());
     g_prof.ranges.push_back(r);
@@ -129,6 +132,7 @@ static inline void prof_end(ProfTrack t) {
 #if DBRX_HAVE_CUDA
     if (t.device) cudaCheck(cudaEventRecord((cudaEvent_t)r.e1, (cudaStream_t)t.stream));
     platform_nvtx_end(r.nvtx);
+    platform_worklog_range(r.name.c_str(), false, t.stream, t.device);
 #endif
     r.t1 = now_seconds();
 }

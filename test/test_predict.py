@@ -134,6 +134,18 @@ def negative_controls():
     d = step(planted)["step"] - step(plain)["step"]
     check(close(d, (8 * 5 + 7 * 4) * US), "negative control: a sync per layer (8 layers) adds %.1f us = 8 x 5 us sync + 7 x 4 us issue "
           "(the GPU idles while the host wakes and issues the next layer's first kernel)" % (d / US))
+    # --profile's ranges on the predicted timeline: a device range around kernel B on stream 1 spans B (it begins where
+    # stream 1 is when issued, after its wait for A), a host range spans the issue of both kernels
+    rg = lambda name, ph, s: {"t": "range", "name": name, "ph": ph, "stream": s}
+    r = step([rg("both", "B", -1), SW(n, 0), {"t": "record", "event": 1, "stream": 0}, {"t": "wait", "event": 1, "stream": 1},
+              rg("layer 0 experts", "B", 1), SW(n, 1), rg("layer 0 experts", "E", 1), rg("both", "E", -1), SYNC])
+    byname = {x["name"]: x for x in r["ranges"]}
+    b = [o for o in r["ops"] if o["stream"] == 1][0]
+    check(close(byname["layer 0 experts"]["start"], b["start"]) and close(byname["layer 0 experts"]["end"], b["end"])
+          and close(byname["both"]["end"] - byname["both"]["start"], 2 * 4 * US + 2 * US),
+          "a stream range spans its kernel (%.2f..%.2f us), a host range the host's issue of both kernels and the event "
+          "(%.1f us)" % (byname["layer 0 experts"]["start"] / US, byname["layer 0 experts"]["end"] / US,
+                         (byname["both"]["end"] - byname["both"]["start"]) / US))
     # the critical path through the serialised case is all device work but the issue and the sync
     r = step([SW(n, 0), {"t": "record", "event": 1, "stream": 0}, {"t": "wait", "event": 1, "stream": 1}, SW(n, 1), SYNC])
     check(close(r["critical_device"], 2 * dk), "critical path of A -> event -> B: both kernels (%.2f us)" % (r["critical_device"] / US))

@@ -57,9 +57,40 @@ if SIMT_SHAPES_ONLY=1 SIMT_WORKLOG="$tmp/1b.jsonl" SIMT_STEP_COUNTERS=1 "$EMU" -
     verdicts "$tmp/1b.txt" 6
 else fail "dbrx-1b 8 x 2048 shapes-only run: $(tail -2 "$tmp/1b.err")"; fi
 out=$(make -s predict MODEL=dbrx-1b BATCH=8 SEQ=2048 EMU="$EMU" 2>&1)
-if grep -q "^predicted step on h100-sxm" <<<"$out" && grep -q "^MFU" <<<"$out" && grep -q "^memory: .*fits in 80 GB" <<<"$out" \
+if grep -q "^predicted step on h100-sxm" <<<"$out" && grep -q "^MFU" <<<"$out" && grep -q "^memory (--dry-run.s plan per GPU): .* FITS" <<<"$out" \
    && grep -q "^critical path" <<<"$out"; then
     pass "make predict (dbrx-1b, 8 x 2048, H100 SXM): $(grep -m1 '^predicted' <<<"$out" | cut -c1-70); $(grep -m1 '^MFU' <<<"$out" | sed 's/.*: //')"
 else fail "make predict: $(head -5 <<<"$out")"; fi
 expect_exit 2 "make predict, a bad DEVICE" env DEVICE=a100 NP=1 bash dev/predict/make_predict.sh
 expect_exit 2 "make predict, a bad NP" env NP=0 bash dev/predict/make_predict.sh
+
+# --profile under the emulator and make predict TRACE=: the same named ranges, measured (here the emulator's wall
+# clock) and predicted, matched class by class by the calibration of make bench-gpu (dev/predict/calibrate.py)
+if "$EMU" --device cuda --model dbrx-tiny --batch 2 --seq 32 --steps 3 --val-every 0 --profile "$tmp/meas.json" --profile-steps 2:3 \
+        > "$tmp/meas.out" 2>&1 && env MODEL=dbrx-tiny BATCH=2 SEQ=32 TRACE="$tmp/pred.json" EMU="$EMU" bash dev/predict/make_predict.sh \
+        > "$tmp/pred.out" 2>&1; then
+    $PY dev/predict/calibrate.py "$tmp/meas.json" "$tmp/pred.json" --json > "$tmp/cal.json" 2> "$tmp/cal.err"
+    $PY - "$tmp/cal.json" "$tmp/pred.json" <<'PY' > "$tmp/cal.txt" 2>&1
+import json, sys
+c = json.load(open(sys.argv[1]))
+rows = {r["class"]: r for r in c["classes"]}
+want = {"forward", "backward", "optimizer", "layer N attention", "layer N router", "layer N experts", "lm_head + loss", "embedding"}
+both = [k for k, r in rows.items() if r["predicted_ms"] is not None and r["measured_ms"] is not None]
+print(("pass" if want <= set(both) and len(both) == len(rows) else "fail") + " calibrate.py matches every range class of the "
+      "emulated --profile trace with the predicted timeline's (%d classes: %s)" % (len(both), ", ".join(sorted(both))))
+print(("pass" if rows["layer N attention"]["count"] == 8 else "fail") + " 'layer N attention': 8 ranges per step (4 layers, "
+      "forward and backward) on the predicted timeline (%d)" % rows["layer N attention"]["count"])
+t = json.load(open(sys.argv[2]))
+step = t["otherData"]["predicted_step_ms"]
+r = [e for e in t["traceEvents"] if e.get("ph") == "X" and (e.get("args") or {}).get("predicted") and e["name"] in ("forward", "backward", "optimizer")]
+span = sum(e["dur"] for e in r) / 1e3
+print(("pass" if r and 0.5 * step < span <= step * (1 + 1e-9) else "fail") + " the predicted forward, backward and optimizer ranges "
+      "cover %.3f ms of the %.3f ms predicted step" % (span, step))
+PY
+    verdicts "$tmp/cal.txt" 3
+else fail "--profile / make predict TRACE= for the calibration check: $(tail -2 "$tmp/meas.out" "$tmp/pred.out")"; fi
+
+# CI keeps the recorded predictions current (dev/bench/predicted.json, results_predicted.md): the configurations that
+# emulate in seconds predict what is recorded (a change that moves one re-records it: make predict-record)
+$PY dev/predict/recorded.py current --cheap > "$tmp/rec.txt" 2>&1
+verdicts "$tmp/rec.txt" 7

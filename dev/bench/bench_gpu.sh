@@ -13,6 +13,8 @@
 #      attention: 6 N_matmul + 6 L d (S+1) per token); target >= 35% BF16.
 #   5. with more than one GPU: the all-to-all(v) bus bandwidth of dev/comm_bench (nccl-tests' convention),
 #      and dbrx-1b with ZeRO-3 over every GPU, expert parallelism over all of them (at most 16) against none.
+#   6. the step-time model's calibration: the BF16 step of 4. as --profile measured it against make predict's
+#      timeline of the same configuration, per range class (dev/predict/calibrate.py).
 # The tables are appended to dev/bench/results_gpu.md with the GPU's name, the date and the commit;
 # the raw output of every command goes to dev/bench/gpu_runs/ (ignored by git).
 #   make bench-gpu                      (needs: nvcc, a GPU, make data)
@@ -71,10 +73,10 @@ print('%.1f %.0f %.1f' % (100 * statistics.median(x['mfu'] for x in r), statisti
 }
 
 if [ "$EMU" = 0 ]; then
-    ATT=(-f 3 -g 2 -b 8 -t 4096 -h 48 -k 8 -d 128); E2E=(--model dbrx-1b --batch 8 --seq 2048 --steps 30 --warmup 5)
-    [ "$QUICK" = 1 ] && E2E=(--model dbrx-1b --batch 8 --seq 2048 --steps 12 --warmup 2)
+    ATT=(-f 3 -g 2 -b 8 -t 4096 -h 48 -k 8 -d 128); E2E=(--model dbrx-1b --batch 8 --seq 2048 --steps 30 --warmup 5); PSTEPS=21:22
+    [ "$QUICK" = 1 ] && { E2E=(--model dbrx-1b --batch 8 --seq 2048 --steps 12 --warmup 2); PSTEPS=9:10; }
 else   # the same flags at a shape the emulator runs in seconds
-    ATT=(-f 3 -g 2 -b 1 -t 40 -h 4 -k 2 -d 128); E2E=(--model dbrx-tiny --batch 2 --seq 32 --steps 2 --warmup 1)
+    ATT=(-f 3 -g 2 -b 1 -t 40 -h 4 -k 2 -d 128); E2E=(--model dbrx-tiny --batch 2 --seq 32 --steps 2 --warmup 1); PSTEPS=2:2
 fi
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 {
@@ -100,7 +102,8 @@ done
 # 4. end to end on one GPU, BF16 and FP8
 for prec in off delayed; do
     log="$raw/e2e_fp8_$prec.jsonl"; rm -f "$log"
-    if bench "e2e_fp8_$prec" "$train" --device cuda "${E2E[@]}" --fp8 "$prec" --val-every 0 --log "$log"; then
+    prof=(); [ "$prec" = off ] && prof=(--profile "$raw/e2e_profile.json" --profile-steps "$PSTEPS")   # (6. calibration)
+    if bench "e2e_fp8_$prec" "$train" --device cuda "${E2E[@]}" --fp8 "$prec" --val-every 0 --log "$log" "${prof[@]}"; then
         if read -r mfu toks ms < <(median_mfu "$log"); then
             tgt=">= 35%"; ok=$(/usr/bin/python3 -c "print('yes' if $mfu >= 35 else 'no')"); [ "$prec" = off ] || { tgt="(BF16's target is the bar)"; ok="-"; }
             echo "| ${E2E[1]} end to end, --fp8 $prec | MFU $mfu%, $toks tok/s, $ms ms/step | $tgt | $ok |"
@@ -108,6 +111,16 @@ for prec in off delayed; do
     fi
 done
 grep -m1 "^mfu:" "$raw/e2e_fp8_off.txt" | sed 's/^/\nMFU convention, as train_dbrx prints it: /'
+# 6. calibration of the step-time model (dev/predict): the BF16 step above as --profile measured it, against
+#    make predict's timeline of the same configuration, range class by range class (dev/predict/calibrate.py)
+dev_kind=h100-sxm; case "$gpu" in *H200*) dev_kind=h200 ;; *PCIe*|*PCIE*) dev_kind=h100-pcie ;; esac
+if bench predict env MODEL="${E2E[1]}" BATCH="${E2E[3]}" SEQ="${E2E[5]}" NP=1 DEVICE="$dev_kind" TRACE="$raw/e2e_predicted.json" \
+        bash dev/predict/make_predict.sh \
+   && bench calibrate /usr/bin/python3 dev/predict/calibrate.py "$raw/e2e_profile.json" "$raw/e2e_predicted.json" --markdown; then
+    echo; echo "The step-time model against this GPU (${E2E[1]}, batch ${E2E[3]} x ${E2E[5]}, BF16; predicted as $dev_kind by make predict;"
+    echo "measured by --profile, steps $PSTEPS; dev/predict/calibrate.py; the ratios correct predict.py's rate table):"; echo
+    cat "$raw/calibrate.txt"; echo
+fi
 # 5. all-to-all over the GPUs of this node, and expert parallelism over them against none (ZeRO-3 over
 #    all GPUs in both): the step time, and the tokens each rank's experts received (max/mean)
 np=$ngpu; [ "$EMU" = 1 ] && np=2
@@ -132,7 +145,8 @@ if [ "$QUICK" = 1 ]; then   # (make test-gpu reads the table from stdout)
 fi
 if [ "$EMU" = 1 ]; then
     # every command ran: no FAILED row, and the end-to-end logs have their steps
-    ! grep -q "FAILED" "$out" && [ -s "$raw/e2e_fp8_off.jsonl" ] && [ -s "$raw/e2e_fp8_delayed.jsonl" ] && [ -s "$raw/ep_2.jsonl" ]; rc=$?
+    ! grep -q "FAILED" "$out" && [ -s "$raw/e2e_fp8_off.jsonl" ] && [ -s "$raw/e2e_fp8_delayed.jsonl" ] && [ -s "$raw/ep_2.jsonl" ] \
+        && grep -q "^| layer N attention | 8 |" "$raw/calibrate.txt"; rc=$?
     rm -rf "$out" "$raw"; exit $rc
 fi
 echo "bench-gpu: appended to $out; raw outputs in $raw/"

@@ -221,6 +221,7 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
     # the critical path: each item's predecessor is what its start waited for (its stream's previous item or the
     # event it waits on, else the host, whose own predecessor is the item its last sync waited for)
     spred, epred, host_pred = {}, {}, None
+    ranges, open_ranges = [], {}   # --profile's ranges on the predicted timeline (stream -1: the host)
     ctx = {"shard_n": max([it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "grad_sumsq_kernel"
                            and len(it.get("args") or []) > 2 and isinstance(it["args"][2], int)] or [0])}
     for it in merge_groups(items):
@@ -257,6 +258,14 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
                 host_sync_wait += until - host
                 host_pred = max((i for i, o in enumerate(ops) if o["end"] == until), default=host_pred)
             host = max(host, until) + SYNC_US * 1e-6
+        elif t == "range":   # --profile's named ranges: where the stream (or the host) is when each begins and ends
+            s = it["stream"]
+            at = host if s < 0 else max(free.get(s, 0.0), host)
+            if it["ph"] == "B":
+                open_ranges.setdefault(s, []).append((it["name"], at))
+            elif open_ranges.get(s):
+                name, t0 = open_ranges[s].pop()
+                ranges.append({"name": name, "stream": s, "start": t0, "end": max(at, t0)})
         elif t == "mark":
             pass
         else:
@@ -298,7 +307,7 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
     for j in path:
         crit[ops[j]["label"]] = crit.get(ops[j]["label"], 0.0) + ops[j]["end"] - ops[j]["start"]
     return {"critical": sorted(crit.items(), key=lambda kv: -kv[1]), "critical_device": sum(crit.values()),
-            "step": step, "ops": ops, "device": dev, "host_issue_end": host, "host_sync_wait": host_sync_wait,
+            "step": step, "ops": ops, "ranges": ranges, "device": dev, "host_issue_end": host, "host_sync_wait": host_sync_wait,
             "gpu_idle": step - gpu_busy, "exposed_comm": sum(o.get("exposed", 0.0) for o in ops),
             "gemm_flops": sum(o["flops"] for o in ops if o["item"]["t"] == "gemm")}
 
@@ -367,6 +376,9 @@ def report(res, rows, args, out=sys.stdout):
     print("(device time per row, summed over streams: rows may overlap one another; a step is not their sum)", file=out)
 
 
+RANGE_TID = 1000   # the trace's tracks of --profile's ranges: 999 the host, 1000 + s stream s
+
+
 def trace(res, path):
     ev = []
     for o in res["ops"]:
@@ -376,8 +388,16 @@ def trace(res, path):
                    "args": {"bound": o["bound"], "flops": o["flops"], "bytes": o["bytes"]}})
     for s in sorted({o["stream"] for o in res["ops"]}):
         ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": "stream %d (predicted)" % s}})
+    # --profile's ranges (when the emulated run had --profile): the same names as on a GPU, at their predicted times
+    for r in res.get("ranges", []):
+        ev.append({"name": r["name"], "ph": "X", "ts": r["start"] * 1e6, "dur": (r["end"] - r["start"]) * 1e6, "pid": 0,
+                   "tid": RANGE_TID + max(r["stream"], -1), "args": {"predicted": True}})
+    for s in sorted({r["stream"] for r in res.get("ranges", [])}):
+        ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": RANGE_TID + s,
+                   "args": {"name": "ranges: host (predicted)" if s < 0 else "ranges: stream %d (predicted)" % s}})
     with open(path, "w") as f:
-        json.dump({"traceEvents": ev}, f)
+        json.dump({"traceEvents": ev, "otherData": {"predicted_step_ms": res["step"] * 1e3, "device": res["device"],
+                                                    "note": "predicted by dev/predict/predict.py, not measured"}}, f)
 
 
 def main(argv=None):

@@ -158,6 +158,17 @@ inline void worklog_mark(const char* name) {
     worklog_line(worklog_fmt("\"t\":\"mark\",\"name\":\"%s\",\"n\":%d", name, ++worklog().marks));
 }
 
+// a named range of --profile (model/profile.h) begins or ends: on a stream (the point the stream's work reaches
+// then, as an event's record) or on the host (stream -1). The step-time model places them on its predicted timeline.
+inline void worklog_range(const char* name, bool begin, const void* stream, bool device) {
+    if (!worklog_file()) return;
+    std::string n;
+    for (const char* c = name; *c; c++) { if (*c == '"' || *c == '\\') n += '\\'; n += (unsigned char)*c < 0x20 ? ' ' : *c; }
+    std::lock_guard<std::mutex> lock(worklog().mu);
+    worklog_line(worklog_fmt("\"t\":\"range\",\"name\":\"%s\",\"ph\":\"%s\",\"stream\":%d", n.c_str(), begin ? "B" : "E",
+                             device ? worklog_stream(stream) : -1));
+}
+
 // what: the call that makes the host wait, for the work log ("stream" on obj, "device", "event" obj)
 inline void count_sync(const char* what = "device", const void* obj = nullptr) {
     if (strcmp(what, "copy")) worklog_sync(what, obj);   // (a blocking copy's line is the copy's)

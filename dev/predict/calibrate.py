@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""calibrate.py — the step-time model against a measured step (issue 22, item 3): a GPU's --profile trace and the
+predicted trace of the same configuration (make predict TRACE=FILE, whose emulated run had --profile: the same range
+names at their predicted times), compared range class by range class. Python 3, standard library only.
+
+  calibrate.py MEASURED.json PREDICTED.json [--markdown] [--json]
+
+MEASURED: one rank's trace of the trainer's --profile (model/profile.h): on a GPU its device ranges are CUDA events
+on every stream; on the CPU backend or under the emulator they are wall clock (the comparison then checks only that
+the two traces name the same work). A class is a range name with its numbers replaced by N ("layer N attention",
+"reduce-scatter unit N"); its time per step is the sum of its ranges in one profiled step, averaged over the profiled
+steps (device tracks where the trace has them, else the host's). The step: the measured "step N" ranges against the
+prediction's step (the trace's otherData.predicted_step_ms).
+
+Prints, per class: count per step, predicted ms, measured ms, measured / predicted; then the step. The ratios are
+what the rate table (predict.py's RATES, GEMM_EFFICIENCY, HBM_FRACTION, ...) is to be corrected by: make bench-gpu
+records this table in dev/bench/results_gpu.md; the published starting values stay documented beside any change.
+"""
+import json
+import re
+import sys
+
+
+def die(msg):
+    print("error: " + msg, file=sys.stderr)
+    sys.exit(2)
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            t = json.load(f)
+    except (OSError, ValueError) as e:
+        die("%s: not a trace (%s)" % (path, e))
+    if not isinstance(t, dict) or not isinstance(t.get("traceEvents"), list):
+        die("%s: no traceEvents" % path)
+    return t
+
+
+def cls(name):
+    return re.sub(r"\d+", "N", name)
+
+
+def measured_classes(t):
+    """{class: (count per step, seconds per step)} and the mean step, from a --profile trace"""
+    ev = t["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    device = {tid for tid, n in names.items() if n.startswith("CUDA stream")}
+    per = {}    # class -> {step: [count, seconds]} on the device tracks, and separately on the host
+    steps, step_time = set(), []
+    for e in ev:
+        if e.get("ph") != "X":
+            continue
+        st = (e.get("args") or {}).get("step")
+        if e.get("cat") == "step":
+            step_time.append(e["dur"] * 1e-6)
+            continue
+        steps.add(st)
+        key = (cls(e["name"]), e["tid"] in device)
+        c = per.setdefault(key, {}).setdefault(st, [0, 0.0])
+        c[0] += 1
+        c[1] += e["dur"] * 1e-6
+    out = {}
+    for (c, dev), bystep in per.items():
+        if not dev and (c, True) in per:
+            continue   # the device's time where the trace has it
+        n = float(len(bystep))
+        out[c] = (sum(v[0] for v in bystep.values()) / n, sum(v[1] for v in bystep.values()) / n)
+    return out, (sum(step_time) / len(step_time) if step_time else None)
+
+
+def predicted_classes(t):
+    ev = t["traceEvents"]
+    out = {}
+    for e in ev:
+        if e.get("ph") == "X" and (e.get("args") or {}).get("predicted"):
+            c = out.setdefault(cls(e["name"]), [0, 0.0])
+            c[0] += 1
+            c[1] += e["dur"] * 1e-6
+    step = (t.get("otherData") or {}).get("predicted_step_ms")
+    return {k: tuple(v) for k, v in out.items()}, (step * 1e-3 if step else None)
+
+
+def main(argv=None):
+    args = list(sys.argv[1:] if argv is None else argv)
+    md, as_json = "--markdown" in args, "--json" in args
+    files = [a for a in args if not a.startswith("--")]
+    if len(files) != 2:
+        die("usage: calibrate.py MEASURED.json PREDICTED.json [--markdown] [--json]")
+    meas, mstep = measured_classes(load(files[0]))
+    pred, pstep = predicted_classes(load(files[1]))
+    if not pred:
+        die("%s: no predicted ranges (make predict TRACE=FILE writes them; its run has --profile)" % files[1])
+    rows = []
+    for c in sorted(set(meas) | set(pred), key=lambda k: -pred.get(k, (0, 0.0))[1]):
+        pc, pt = pred.get(c, (0, None))
+        mc, mt = meas.get(c, (0, None))
+        rows.append({"class": c, "count": pc or mc, "predicted_ms": pt * 1e3 if pt is not None else None,
+                     "measured_ms": mt * 1e3 if mt is not None else None,
+                     "ratio": mt / pt if mt is not None and pt else None})
+    step = {"predicted_ms": pstep * 1e3 if pstep else None, "measured_ms": mstep * 1e3 if mstep else None,
+            "ratio": mstep / pstep if mstep and pstep else None}
+    if as_json:
+        print(json.dumps({"classes": rows, "step": step}))
+        return
+    f = lambda x, p="%.3f": p % x if x is not None else "—"
+    if md:
+        print("| range class | count / step | predicted ms | measured ms | measured / predicted |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print("| %s | %d | %s | %s | %s |" % (r["class"], r["count"], f(r["predicted_ms"]), f(r["measured_ms"]),
+                                                 f(r["ratio"], "%.2f")))
+        print("| **step** | 1 | %s | %s | %s |" % (f(step["predicted_ms"]), f(step["measured_ms"]), f(step["ratio"], "%.2f")))
+    else:
+        print("%-36s %6s %12s %12s %9s" % ("range class", "count", "predicted ms", "measured ms", "meas/pred"))
+        for r in rows:
+            print("%-36s %6d %12s %12s %9s" % (r["class"][:36], r["count"], f(r["predicted_ms"]), f(r["measured_ms"]),
+                                               f(r["ratio"], "%.2f")))
+        print("%-36s %6d %12s %12s %9s" % ("step", 1, f(step["predicted_ms"]), f(step["measured_ms"]), f(step["ratio"], "%.2f")))
+    missing = [r["class"] for r in rows if r["predicted_ms"] is None or r["measured_ms"] is None]
+    if missing:
+        print("only in one of the traces: %s" % ", ".join(missing), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

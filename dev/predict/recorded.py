@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""recorded.py — the recorded predictions of the step-time model (issue 22, item 4): the configurations below, predicted
+by make predict (dev/predict/make_predict.sh, shapes-only emulation) and kept in dev/bench/predicted.json, with their
+table in dev/bench/results_predicted.md (between the "recorded:" markers). Python 3, standard library only.
+
+  recorded.py record              predict every configuration, write predicted.json and the table   (make predict-record)
+  recorded.py check [--cheap]     predict again and compare with the record: a step more than 3% slower is a regression
+                                  (exit 1); any other change is listed                             (make bench-predict)
+  recorded.py current --cheap     CI (test/test_predict_shapes.sh): the record is current, i.e. the configurations that
+                                  emulate in seconds predict what is recorded within 0.1% (exit 1 naming the stale ones:
+                                  a change that moves a prediction re-records it with make predict-record)
+Every number is a prediction of the model, not a measurement (dev/predict/README.md lists what it leaves out).
+"""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+RECORD = os.path.join(ROOT, "dev", "bench", "predicted.json")
+TABLE = os.path.join(ROOT, "dev", "bench", "results_predicted.md")
+BEGIN, END = "<!-- recorded: begin (dev/predict/recorded.py record) -->", "<!-- recorded: end -->"
+REGRESSION = 0.03    # a step this much slower than recorded is flagged
+CURRENT = 0.001      # CI: the recorded predictions within this of today's
+
+# name, MODEL, BATCH, SEQ, NP, DEVICE, FLAGS, RUN_LAYERS ("" = the model's own layers in one run), cheap (CI runs it)
+CONFIGS = [
+    ("dbrx-1b, 1 H100 SXM, BF16", "dbrx-1b", 8, 2048, 1, "h100-sxm", "", "", True),
+    ("dbrx-1b, 1 H100 SXM, BF16, --grad-accum 4", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--grad-accum 4", "", True),
+    ("dbrx-1b, 1 H100 SXM, FP8 delayed", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--fp8 delayed", "", True),
+    ("dbrx-1b, 1 H100 SXM, FP8 current", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--fp8 current", "", True),
+    ("dbrx-1b, 1 H100 SXM, FP8 block", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--fp8 block", "", True),
+    ("dbrx-1b, 1 H200, BF16", "dbrx-1b", 8, 2048, 1, "h200", "", "", True),
+    ("DBRX-132B width, 4 layers, 8 H100 (1 node): ZeRO-3 over 8, EP 8", "dbrx-132b", 1, 4096, 8, "h100-sxm",
+     "--n-layers 4 --shard-group-size 8 --expert-parallel 8", "", True),
+    ("DBRX-132B, 64 H100 (8 nodes): ZeRO-3 over 64, EP 8 in a node", "dbrx-132b", 1, 4096, 64, "h100-sxm",
+     "--shard-group-size 64 --expert-parallel 8", "2 4", False),
+    ("DBRX-132B, 256 H100 (32 nodes): HSDP 64 x 4 replicas, EP 8 in a node", "dbrx-132b", 1, 4096, 256, "h100-sxm",
+     "--shard-group-size 64 --expert-parallel 8", "2 4", False),
+]
+
+
+def predict(cfg):
+    name, model, batch, seq, np_, dev, flags, layers, _ = cfg
+    env = dict(os.environ, MODEL=model, BATCH=str(batch), SEQ=str(seq), NP=str(np_), DEVICE=dev, FLAGS=flags,
+               RUN_LAYERS=layers, JSON="1")
+    env.pop("TRACE", None)
+    p = subprocess.run(["bash", os.path.join(ROOT, "dev", "predict", "make_predict.sh")], cwd=ROOT, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        sys.exit("error: recorded.py: make predict failed for '%s': %s" % (name, (p.stderr or p.stdout).strip()[-400:]))
+    s = json.loads(lines[-1])
+    mem = next((ln.split(": ", 1)[1] for ln in lines if ln.startswith("memory (")), "")
+    top = [{"name": r["name"], "ms": round(r["time"] * 1e3, 3), "bound": r["bound"]} for r in s["sinks"][:4]]
+    return {"model": model, "batch": batch, "seq": seq, "gpus": np_, "device": dev, "flags": flags,
+            "layers_extrapolated_from": layers, "step_ms": round(s["step"] * 1e3, 3),
+            "mfu": round(s.get("mfu", 0.0), 4), "exposed_comm_ms": round(s["exposed_comm"] * 1e3, 3),
+            "memory": mem, "top_sinks": top}
+
+
+def table(rec):
+    out = ["| configuration | tokens / step | predicted step | MFU | exposed comm. | top time sinks (ms, bound by) | memory per GPU |",
+           "|---|---|---|---|---|---|---|"]
+    for name, r in rec.items():
+        accum = 4 if "--grad-accum 4" in r["flags"] else 1
+        sinks = "; ".join("%s %.1f (%s)" % (t["name"], t["ms"], t["bound"]) for t in r["top_sinks"][:3])
+        mem = r["memory"] or "?"
+        out.append("| %s%s | %d x %d x %d GPU(s)%s | %.1f ms | %.1f%% | %.1f ms | %s | %s |" % (
+            name, " (layers extrapolated from %s)" % r["layers_extrapolated_from"].replace(" ", " and ")
+            if r["layers_extrapolated_from"] else "", r["batch"], r["seq"], r["gpus"], " x 4 micro-batches" if accum > 1 else "",
+            r["step_ms"], 100 * r["mfu"], r["exposed_comm_ms"], sinks, mem))
+    return "\n".join(out)
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in ("record", "check", "current"):
+        sys.exit("usage: recorded.py record | check [--cheap] | current --cheap")
+    cmd, cheap = sys.argv[1], "--cheap" in sys.argv[2:]
+    configs = [c for c in CONFIGS if c[8] or not cheap]
+    if cmd == "record":
+        rec = {}
+        for c in configs:
+            print("predicting: %s" % c[0], file=sys.stderr)
+            rec[c[0]] = predict(c)
+        with open(RECORD + ".tmp", "w") as f:
+            json.dump(rec, f, indent=1)
+            f.write("\n")
+        os.replace(RECORD + ".tmp", RECORD)
+        md = open(TABLE).read()
+        if BEGIN not in md or END not in md:
+            sys.exit("error: %s: no '%s' ... '%s' markers" % (TABLE, BEGIN, END))
+        md = md[:md.index(BEGIN) + len(BEGIN)] + "\n" + table(rec) + "\n" + md[md.index(END):]
+        with open(TABLE + ".tmp", "w") as f:
+            f.write(md)
+        os.replace(TABLE + ".tmp", TABLE)
+        print("recorded %d predictions: %s and the table in %s" % (len(rec), RECORD, TABLE))
+        return
+    try:
+        rec = json.load(open(RECORD))
+    except (OSError, ValueError) as e:
+        sys.exit("error: %s: %s (make predict-record writes it)" % (RECORD, e))
+    bad = 0
+    for c in configs:
+        if c[0] not in rec:
+            print("fail %s: not recorded (make predict-record)" % c[0])
+            bad += 1
+            continue
+        now, was = predict(c), rec[c[0]]
+        ch = now["step_ms"] / was["step_ms"] - 1.0
+        if cmd == "current":
+            ok = abs(ch) <= CURRENT
+            print("%s the recorded prediction of %s is current: %.3f ms recorded, %.3f ms today (%+.2f%%)%s"
+                  % ("pass" if ok else "fail", c[0], was["step_ms"], now["step_ms"], 100 * ch,
+                     "" if ok else ": re-record it (make predict-record) with the change that moved it"))
+        else:
+            ok = ch <= REGRESSION
+            print("%s %s: %.3f ms recorded, %.3f ms predicted now (%+.1f%%)%s" % (
+                "ok  " if ok else "REGRESSION", c[0], was["step_ms"], now["step_ms"], 100 * ch,
+                "" if ok else ": more than %.0f%% slower than recorded" % (100 * REGRESSION)))
+        bad += 0 if ok else 1
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
