@@ -83,26 +83,28 @@ def _unit(name, default=4):   # gather_rows_kernel<int4> moves 16-byte units; <T
     return 16 if "int4" in name else default
 
 
-def _fp8_quantize(item, a):
+def _fp8_quantize(item, a, ctx):
     # fp8_quantize_kernel<MODE>(x, rows, cols, seg, fmt, scale, amax_in, margin, out): reads the segments' valid rows
-    # of x (BF16, all rows when no valid counts), writes q and / or qt (1 byte each), the factors, the amax
+    # of x (BF16; with valid counts, the padded expert layout, the routed rows: ctx "routed"), writes q and / or qt
+    # (1 byte each), the dequantisation factors, max-accumulates the amax
     rows, cols, seg, out = a[1], a[2], a[3], a[8]
     mode = re.search(r"<(\w+)>", item["name"])
     mode = mode.group(1) if mode else ""
-    q, qt, sinv, sinv_t = out[0], out[1], out[2], out[3]
+    q, qt, sinv, sinv_t, amax = out[0], out[1], out[2], out[3], out[4]
     nct = _cdiv(cols, 128)
-    rd = 2 * rows * cols
+    valid = ctx.get("routed", rows) if seg[1] else rows
+    rd = 2 * valid * cols + (4 * (seg[2] + 1) if seg[0] else 0) + (4 * seg[2] if seg[1] else 0) + (4 if amax else 0)
+    wr = 4 if amax else 0
     if mode == "FP8Q_AMAX":
-        return rd, 4
-    wr = rows * cols * ((1 if q else 0) + (1 if qt else 0))
-    tiles = seg[4] * nct   # row tiles x column tiles
+        return rd, wr
+    wr += rows * cols * ((1 if q else 0) + (1 if qt else 0))   # padding rows are written as zeros
     if mode == "FP8Q_TENSOR":
         wr += 4 if sinv else 0
         rd += 4   # the scale, or the amax it is made from
     elif mode == "FP8Q_ACT":    # one factor per (row, 128 columns) of q and per (column, 128 rows) of qt
         wr += 4 * (rows * nct if sinv else 0) + 4 * (cols * seg[4] if sinv_t else 0)
     else:                       # FP8Q_WEIGHT: one factor per 128 x 128 tile
-        wr += 4 * tiles * ((1 if sinv else 0) + (1 if sinv_t else 0))
+        wr += 4 * seg[4] * nct * ((1 if sinv else 0) + (1 if sinv_t else 0))
     return rd, wr
 
 
@@ -166,6 +168,9 @@ def kernel_context(items):
     n = [it["grid"][0] for it in items if it["t"] == "kernel" and it["name"].startswith("classifier_fused_kernel")]
     if n:
         ctx["tokens"] = max(n)
+    n = [it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "expert_histogram_kernel"]
+    if n:
+        ctx["routed"] = max(n)   # token x top-k rows routed to this rank's experts (without expert parallelism)
     return ctx
 
 
@@ -187,7 +192,7 @@ def kernel_rw(item, ctx=None):
             U, C, N = g[0], a[5], ctx.get("tokens", g[0])   # tokens: dwte rows += the sum of their positions' dout rows
             return 4 * U * C + 4 * N * C + 4 * U + 4 * (U + 1) + 4 * N, 4 * U * C, 0
         if base == "fp8_quantize_kernel":
-            rd, wr = _fp8_quantize(item, a)
+            rd, wr = _fp8_quantize(item, a, ctx)
             return rd, wr, 0
         if base in ("fp8g_piece_amax_kernel", "fp8g_piece_encode_kernel"):   # (x, piece [a, b, ...], ...)
             es = 4 if "<float>" in item["name"] else 2   # <T>: FP32 master or BF16 weights; the amax / scale per tile
