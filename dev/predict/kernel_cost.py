@@ -154,7 +154,7 @@ KERNELS = {
     "fp8g_factors_kernel": lambda a, g, x: (4 * a[2], 4 * a[2]),               # (inv, sinv, groups, ...): one factor each
     "fp8_transpose_kernel": lambda a, g, x: (a[2] * a[3], a[2] * a[3]),        # (qt, q, rows, cols): 1-byte codes
     "fp8_transpose_factors_kernel": lambda a, g, x: (4 * a[2] * _cdiv(a[3], 128) * _cdiv(a[4], 128),) * 2,  # one per tile
-    "fp8g_weight_scales_kernel": lambda a, g, x: (24 * g[0] + 4 * g[0], 4 * g[0]),  # a matrix table row (3 size_t) + its scale
+    "fp8g_weight_scales_kernel": lambda a, g, x: (20 * g[0], 4 * g[0]),      # per matrix: its slot and group (2 size_t), its scale
 }
 # data-dependent (CHECK "bound"): the formula is the traffic without cache hits on repeated rows
 BOUND = {"gather_rows_kernel", "fp8_pad_rows_kernel"}
@@ -171,6 +171,9 @@ def kernel_context(items):
     n = [it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "expert_histogram_kernel"]
     if n:
         ctx["routed"] = max(n)   # token x top-k rows routed to this rank's experts (without expert parallelism)
+    n = [it["args"][3] for it in items if it["t"] == "kernel" and it["name"] == "fp8g_scales_kernel"]
+    if n:
+        ctx["fp8g_groups"] = max(n)   # the FP8 all-gather's scale groups (--fp8-gather)
     return ctx
 
 
@@ -204,8 +207,9 @@ def kernel_rw(item, ctx=None):
         if base == "fp8g_decode_bf16_kernel":   # (y, codes, piece, inv): codes (1 byte) -> BF16
             n = a[2][1] - a[2][0]
             return n, 2 * n, 0
-        if base == "fp8g_tensor_amax_kernel":   # (slot_amax, mats, amax): a matrix's per-tile amaxes -> one
-            return None
+        if base == "fp8g_tensor_amax_kernel":   # (slot_amax, mats, amax): per matrix its table row (3 size_t) and
+            groups = ctx.get("fp8g_groups", g[0])   # its groups' amaxes (all groups: ctx) -> one amax
+            return 24 * g[0] + 4 * groups, 4 * g[0], 0
         if base == "fp8_pad_rows_kernel":       # (row_token_pad, row_token, offsets, seg, Rp, E)
             Rp, E = a[4], a[5]
             return 4 * Rp + 8 * (E + 1), 4 * Rp, 0
