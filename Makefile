@@ -16,8 +16,8 @@ GPU_ARCH ?= sm_90a
 NP       ?= 1
 # make predict's configuration (dev/predict/make_predict.sh)
 MODEL    ?= dbrx-1b
-BATCH    ?= 1
-SEQ      ?= 256
+BATCH    ?= 8
+SEQ      ?= 2048
 DEVICE   ?= h100-sxm
 
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -219,7 +219,7 @@ bench-gpu: train_dbrx $(DEV_CUDA) dev/comm_bench
 	bash dev/bench/bench_gpu.sh
 
 # the predicted GPU step of one configuration from the emulator's work log (dev/predict/README.md): emulated runs
-# with SIMT_WORKLOG, then dev/predict/predict.py; MODEL, BATCH, SEQ, NP, DEVICE, RUN_LAYERS, FLAGS, TRACE
+# (SIMT_SHAPES_ONLY) with SIMT_WORKLOG, then dev/predict/predict.py; MODEL, BATCH, SEQ, NP, DEVICE, FLAGS, TRACE, JSON, RUN_LAYERS
 predict: train_dbrx_emu
 	@MODEL=$(MODEL) BATCH=$(BATCH) SEQ=$(SEQ) NP=$(NP) DEVICE=$(DEVICE) PYTHON=$(PYTHON) bash dev/predict/make_predict.sh
 

@@ -201,6 +201,8 @@ static inline void moe_dispatch_gpu(int* offsets, int* row_token, int* slot_row,
     LAUNCH(moe_permute_kernel, E, 256, 0, stream, row_token, slot_row, topk_idx, offsets, N, k);
     cudaCheck(cudaMemcpyAsync(offsets_host, offsets, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream));
     cudaCheck(cudaStreamSynchronize(stream));
+    if (platform_shapes_only())   // the step-time model (model/platform.h): the N k rows spread evenly, as a balanced router would
+        for (int e = 0; e <= E; e++) offsets_host[e] = (int)((long long)N * k * e / E);
 }
 
 // dx (N, C) fp32 = sum over the token's slots j (in order) of the BF16 rows dxe[slot_row[t, j]], summed in

@@ -74,6 +74,16 @@ constexpr bool platform_emulated() { return false; }
 #define DROPPABLE_SYNCTHREADS(name) __syncthreads()
 #endif
 
+// The step-time model's shapes-only emulation (SIMT_SHAPES_ONLY=1, test/simt/simt.h; dev/predict/README.md):
+// the emulator records the step's work without doing it, so the product skips what only values need (its
+// host-side initialisation) and takes a balanced routing (moe_dispatch_gpu), the router having not run.
+// Always false on a GPU.
+#if defined(SIMT_EMULATION)
+static inline bool platform_shapes_only() { return simt::options().shapes_only; }
+#else
+static inline bool platform_shapes_only() { return false; }
+#endif
+
 // NVTX ranges (--profile, model/profile.h): nsys shows them by name; nothing under the emulator
 #if defined(SIMT_EMULATION)
 static inline uint64_t platform_nvtx_start(const char* name) { (void)name; return 0; }

@@ -164,9 +164,11 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     size_t n = z->shard_total, bytes = n * sizeof(float);
     z->master = (real*)mallocCheck(bytes); z->m = (real*)mallocCheck(bytes); z->v = (real*)mallocCheck(bytes);
     z->grad = NULL;
-    memset(z->master, 0, bytes); memset(z->m, 0, bytes); memset(z->v, 0, bytes);
-    for (const ShardSegment& g : z->segs)   // this rank's part of the initialisation, drawn alone
-        dbrx_init_range(z->master + g.shard_off, g.flat_off, g.flat_off + g.numel, c, t, seed);
+    if (!platform_shapes_only()) {   // (the step-time model's emulation needs no values: model/platform.h)
+        memset(z->master, 0, bytes); memset(z->m, 0, bytes); memset(z->v, 0, bytes);
+        for (const ShardSegment& g : z->segs)   // this rank's part of the initialisation, drawn alone
+            dbrx_init_range(z->master + g.shard_off, g.flat_off, g.flat_off + g.numel, c, t, seed);
+    }
     // device state: the shards, measured as the drop in the device's free memory (the emulator's allocator
     // counts exactly; a real GPU in its allocation granularity), then the slots
     zg->allocations.clear();

@@ -149,6 +149,17 @@ def read_log(path):
     return items
 
 
+def rank_logs(path):
+    """the logs of one run: PATH itself, or under mpirun PATH.0, PATH.1, ... (every rank's, in rank order)"""
+    if os.path.exists(path) or not os.path.exists(path + ".0"):
+        return [path]
+    out, r = [], 0
+    while os.path.exists("%s.%d" % (path, r)):
+        out.append("%s.%d" % (path, r))
+        r += 1
+    return out
+
+
 def one_step(items, step=None):
     """the items of one step: between marks 2K-1 and 2K (the loop's dbrx_sync before and after step K; the
     closing sync included). Default: the last whole step; no marks: everything"""
@@ -324,6 +335,11 @@ def extrapolate(a, b, l1, l2, lt):
                      "exposed": lin(x["exposed"], y["exposed"]), "flops": lin(x["flops"], y["flops"]), "bound": y["bound"]})
     out["sinks"] = sorted(rows, key=lambda r: -r["time"])
     out["device"] = a["device"]
+    out["critical"] = [(n, lin(dict(a["critical"]).get(n, 0.0), t)) for n, t in b["critical"]]
+    out["critical_device"] = lin(a["critical_device"], b["critical_device"])
+    for k in ("rank", "ranks_logged"):
+        out[k] = b.get(k, 0)
+    out["fastest"] = lin(a.get("fastest", a["step"]), b.get("fastest", b["step"]))
     return out
 
 
@@ -335,6 +351,9 @@ def report(res, rows, args, out=sys.stdout):
         mfu = args.flops_per_token * args.tokens / (step * peak * max(1, args.ranks))
         print("MFU (the project's count: %.4g FLOPs/token x %d tokens / (%d GPU(s) x peak)): %.1f%%" %
               (args.flops_per_token, args.tokens, max(1, args.ranks), 100 * mfu), file=out)
+    if res.get("ranks_logged", 1) > 1:
+        print("ranks: %d logs; the slowest, rank %d, sets the step (the fastest rank's alone: %.3f ms): the collectives wait for it"
+              % (res["ranks_logged"], res["rank"], res["fastest"] * 1e3), file=out)
     print("GEMM FLOPs %.4g = %.1f%% of this GPU's BF16 peak over the step" % (res["gemm_flops"], 100 * res["gemm_flops"] / (step * peak)), file=out)
     print("exposed communication %.3f ms (%.1f%% of the step); GPU idle %.3f ms; host blocked in syncs %.3f ms" %
           (res["exposed_comm"] * 1e3, 100 * res["exposed_comm"] / step if step else 0, res["gpu_idle"] * 1e3, res["host_sync_wait"] * 1e3), file=out)
@@ -379,7 +398,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if len(args.logs) > 2 or (len(args.logs) == 2) != (args.layers is not None and args.target_layers is not None):
         ap.error("one log, or two logs with --layers L1,L2 and --target-layers L")
-    res = [simulate(one_step(read_log(p), args.step), args.device, args.gpus_per_node) for p in args.logs]
+    res = []
+    for p in args.logs:   # each run: every rank's log, the slowest rank's prediction (the collectives wait for it)
+        per_rank = [simulate(one_step(read_log(f), args.step), args.device, args.gpus_per_node) for f in rank_logs(p)]
+        slow = max(range(len(per_rank)), key=lambda r: per_rank[r]["step"])
+        res.append(dict(per_rank[slow], rank=slow, ranks_logged=len(per_rank), fastest=min(r["step"] for r in per_rank)))
     if len(res) == 2:
         try:
             l1, l2 = (int(x) for x in args.layers.split(","))
@@ -395,6 +418,8 @@ def main(argv=None):
         trace(res[-1], args.trace)
     if args.json:
         summary = {k: out[k] for k in ("step", "exposed_comm", "gemm_flops", "host_sync_wait", "gpu_idle", "device")}
+        summary.update({"slowest_rank": out.get("rank", 0), "ranks_logged": out.get("ranks_logged", 1),
+                        "critical": [[n, t] for n, t in out.get("critical", [])[:8]]})
         if args.flops_per_token and args.tokens:
             summary["mfu"] = args.flops_per_token * args.tokens / (out["step"] * RATES[args.device]["bf16"] * max(1, args.ranks))
         summary["sinks"] = [{k: r[k] for k in ("name", "count", "time", "exposed", "bound")} for r in rows]

@@ -156,7 +156,11 @@ template <typename T> inline void worklog_arg(std::string* out, const T& v) {
     if (!out->empty()) *out += ",";
     if constexpr (std::is_same_v<T, bool>) *out += v ? "true" : "false";
     else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) *out += std::to_string((long long)v);
-    else if constexpr (std::is_floating_point_v<T>) *out += std::isfinite((double)v) ? worklog_fmt("%.9g", (double)v) : "null";
+    else if constexpr (std::is_floating_point_v<T>) {   // always with a '.' or an exponent: a reader tells 1.0f from 1
+        std::string f = std::isfinite((double)v) ? worklog_fmt("%.9g", (double)v) : "null";
+        if (f.find_first_of(".en") == std::string::npos) f += ".0";
+        *out += f;
+    }
     else if constexpr (std::is_pointer_v<T>) *out += v ? "true" : "false";
     else if constexpr (worklog_has_fields<T>::value) *out += worklog_fields(v);
     else *out += "null";

@@ -117,6 +117,7 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
                 opt ? opt->a_scale_mode : 0, opt ? opt->b_scale_mode : 0, simt::worklog_stream(stream), 2ll * m * n * k * batch));
         }
     }
+    if (simt::options().shapes_only) return;   // SIMT_SHAPES_ONLY (simt.h): checked and logged, not computed
     bool blocks = fp8 && opt && opt->a_scale_mode != MATMUL_SCALE_TENSOR;
     bool fast = fp8 && opt && opt->fast_accum && !blocks;   // (matmul_validate_fp8 refuses it with blocks)
     float scale = alpha;

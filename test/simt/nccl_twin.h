@@ -676,7 +676,12 @@ static inline ncclResult_t nccl_twin_run(const std::vector<NcclTwinOp>& ops, boo
         if (!seen) comms.push_back(o.comm);
     }
     for (ncclComm_t c : comms) { c->owner = pthread_self(); c->busy++; }
-    for (const NcclTwinOp& o : ops) {
+    // SIMT_SHAPES_ONLY (simt.h): only the small operations move their data (a send and its receive have the
+    // same size, a collective the same count on every rank: every rank keeps the same ones)
+    std::vector<NcclTwinOp> small;
+    for (const NcclTwinOp& o : ops)
+        if (simt::moves_data(o.count * nccl_twin_type_size(o.type))) small.push_back(o);
+    for (const NcclTwinOp& o : small) {
         if (res != ncclSuccess) break;
         if (o.comm->aborted.load()) { res = ncclRemoteError; break; }
         switch (o.kind) {
@@ -687,7 +692,7 @@ static inline ncclResult_t nccl_twin_run(const std::vector<NcclTwinOp>& ops, boo
         default: break;
         }
     }
-    if (res == ncclSuccess) res = nccl_twin_run_p2p(ops);
+    if (res == ncclSuccess) res = nccl_twin_run_p2p(small);
     // A communicator aborted during the operation is freed once nothing uses it: here if this thread
     // aborted it (the twin's watchdog), else by the aborting thread, which waits for busy == 0. The
     // decision is read before busy drops: after that the other thread may free c at any moment.

@@ -40,6 +40,13 @@
  *   - The CUDA runtime calls the project uses (cudaMalloc, cudaMemcpy, events, ...) are implemented
  *     on host memory; cudaMalloc poisons with 0xFF. SIMT_DEVICE_MEMORY=BYTES sets the emulated
  *     device size (default 80 GiB), so the out-of-memory path can be tested.
+ *   - SIMT_SHAPES_ONLY=1: the step-time model's mode (dev/predict/README.md). Every call is checked and
+ *     logged (SIMT_WORKLOG, the counters) as usual, but no kernel body runs, the cuBLASLt twin computes
+ *     nothing, and copies, memsets and NCCL operations above SIMT_SHAPES_SMALL bytes (4096) move no
+ *     data; device memory is reserved address space (mmap MAP_NORESERVE, zeros, no poison), so a model
+ *     of any size runs its real control flow in seconds and in little host memory. Values are
+ *     meaningless (zeros); the product asks platform_shapes_only() (model/platform.h) only to skip its
+ *     host-side initialisation and to take a balanced routing instead of the router's (which did not run).
  * One launch helper serves both builds: LAUNCH(kernel, grid, block, smem, stream, args...) in
  * model/cuda_common.h.
  */
@@ -251,6 +258,7 @@ struct Options {
     int os_threads = 1;            // blocks run in parallel on this many OS threads
     size_t stack_bytes = 64 * 1024;
     size_t device_memory = (size_t)80 << 30;
+    bool shapes_only = false;      // SIMT_SHAPES_ONLY=1 (above): record the work, do none of it
     bool loaded = false;
 };
 
@@ -271,6 +279,11 @@ inline Options& options() {
         if (k && atoi(k) >= 16) o.stack_bytes = (size_t)atoi(k) * 1024;
         const char* m = getenv("SIMT_DEVICE_MEMORY");
         if (m && strtoull(m, NULL, 10) > 0) o.device_memory = strtoull(m, NULL, 10);
+        const char* so = getenv("SIMT_SHAPES_ONLY");
+        if (so && *so && strcmp(so, "0") != 0) {
+            if (strcmp(so, "1") != 0) { fprintf(stderr, "error: SIMT_SHAPES_ONLY='%s' must be 0 or 1\n", so); exit(2); }
+            o.shapes_only = true;
+        }
     }
     return o;
 }
@@ -284,6 +297,26 @@ template <typename F> inline std::string error_of(F f) {
     return msg;
 }
 inline void set_os_threads(int n) { options().os_threads = n > 0 ? n : 1; }
+// SIMT_SHAPES_ONLY's device memory: one reserved region (32 TiB of address space, MAP_NORESERVE: a page exists
+// only once written), handed out upwards in 256-byte-aligned pieces and never reused, so that allocations made
+// one after another have increasing addresses, as cudaMalloc's do (the product's pair_strides batches two
+// experts' GEMMs when their buffers' distances have the same sign: the allocator's order shapes the step)
+inline void* shapes_alloc(size_t n) {
+    static char* base = nullptr;
+    static size_t used = 0, cap = (size_t)1 << 45;
+    if (!base) {
+        void* b = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (b == MAP_FAILED) return nullptr;
+        base = (char*)b;
+    }
+    size_t take = (std::max<size_t>(n, 1) + 255) & ~(size_t)255;
+    if (used + take > cap) return nullptr;
+    used += take;
+    return base + used - take;
+}
+// SIMT_SHAPES_ONLY: does an operation of n bytes move its data? (only the small ones: the host reads them)
+static const size_t SHAPES_SMALL = 4096;
+inline bool moves_data(size_t n) { return !options().shapes_only || n <= SHAPES_SMALL; }
 
 inline uint64_t mix64(uint64_t z) {
     z += 0x9E3779B97F4A7C15ull;
@@ -773,6 +806,7 @@ inline void run_grid(const char* kernel, const void* fn, const char* file, int l
         std::lock_guard<std::mutex> g(rt.mu);
         launch_id = rt.launches++;
     }
+    if (o.shapes_only) return;   // SIMT_SHAPES_ONLY: checked and counted, not run
     double t_start = now();
     long long nblocks = (long long)grid.x * grid.y * grid.z;
     int nt = (int)std::min<long long>(o.os_threads, nblocks);
@@ -906,8 +940,13 @@ inline cudaError_t cudaMalloc(void** p, size_t n) {
     std::lock_guard<std::mutex> g(rt.mu);
     if (rt.allocated + n > simt::options().device_memory) { *p = nullptr; rt.last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
     void* q = nullptr;
-    if (posix_memalign(&q, 256, n ? n : 1) != 0) { *p = nullptr; rt.last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
-    memset(q, 0xFF, n);   // poison: NaN for floats, -1 for ints
+    if (simt::options().shapes_only) {   // reserved address space: pages appear (zeros) only where written
+        if (!(q = simt::shapes_alloc(n))) { *p = nullptr; rt.last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
+    } else if (posix_memalign(&q, 256, n ? n : 1) != 0) {
+        *p = nullptr; rt.last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation;
+    } else {
+        memset(q, 0xFF, n);   // poison: NaN for floats, -1 for ints
+    }
     rt.allocations[q] = n;
     rt.allocated += n;
     *p = q;
@@ -920,26 +959,31 @@ inline cudaError_t cudaFree(void* p) {
     auto it = rt.allocations.find(p);
     if (it == rt.allocations.end()) return rt.last_error = cudaErrorInvalidValue;
     rt.allocated -= it->second;
+    if (simt::options().shapes_only) madvise(p, it->second, MADV_DONTNEED);   // (its address is not reused)
+    else free(p);
     rt.allocations.erase(it);
-    free(p);
     return cudaSuccess;
 }
 inline cudaError_t cudaMallocHost(void** p, size_t n) { *p = malloc(n ? n : 1); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
 inline cudaError_t cudaFreeHost(void* p) { free(p); return cudaSuccess; }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
     simt::count_copy((int)kind, n, true);
-    if (n) memmove(dst, src, n);
+    if (n && simt::moves_data(n)) memmove(dst, src, n);
     return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
     simt::count_copy((int)kind, n, false, s);
-    simt::stream_enqueue(s, [=]() { if (n) memmove(dst, src, n); });
+    simt::stream_enqueue(s, [=]() { if (n && simt::moves_data(n)) memmove(dst, src, n); });
     return cudaSuccess;
 }
-inline cudaError_t cudaMemset(void* p, int v, size_t n) { simt::count_copy(-1, n, false); memset(p, v, n); return cudaSuccess; }
+inline cudaError_t cudaMemset(void* p, int v, size_t n) {
+    simt::count_copy(-1, n, false);
+    if (simt::moves_data(n)) memset(p, v, n);
+    return cudaSuccess;
+}
 inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
     simt::count_copy(-1, n, false, s);
-    simt::stream_enqueue(s, [=]() { memset(p, v, n); });
+    simt::stream_enqueue(s, [=]() { if (simt::moves_data(n)) memset(p, v, n); });
     return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize(void) { simt::count_sync(); simt::streams_run_all(); return cudaSuccess; }

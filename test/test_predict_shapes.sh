@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# test_predict_shapes.sh — the step-time model's emulation at full size (SIMT_SHAPES_ONLY=1, test/simt/simt.h): the
+# shapes-only run asks the device for the same work as the real run (test/check_shapes_log.py), and at dbrx-1b's
+# full batch (8 x 2048 tokens, every width as the preset's) its step is the MFU formula's count; make predict on it.
+#   - dbrx-tiny at the production head_dim 128 (d 256, 2 heads, kv 1), BF16; --fp8 block; ZeRO-3 on 2 ranks; expert
+#     parallelism 2 (NCCL twin): step 2 of the real and of the shapes-only log, item by item (kernels, copies,
+#     collectives, events, syncs, sizes; the expert GEMMs' FLOPs, which only the routing splits differently);
+#   - negative control: a planted extra sync per layer (DBRX_DEBUG_PLANT=step_sync) in the shapes-only run fails it;
+#   - dbrx-1b, 8 x 2048, shapes only: the log's GEMM FLOPs equal the MFU formula (test/test_predict.py --e2e), every
+#     launch and GEMM the emulator counted is in it; make predict prints the step, the MFU and the memory verdict.
+# Alone: bash test/test_predict_shapes.sh (EMU= overrides ./train_dbrx_emu)
+cd "$(dirname "$0")/.." || exit 1
+source test/lib.sh
+PY=${PYTHON:-/usr/bin/python3}
+EMU=${EMU:-./train_dbrx_emu}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive OMP_NUM_THREADS=1
+if [ ! -x "$EMU" ]; then fail "$EMU is not built (make train_dbrx_emu)"; exit 0; fi
+
+# pair NAME NP [env...] -- FLAGS...: the real and the shapes-only run of the same configuration (2 steps)
+pair() {
+    local name=$1 np=$2; shift 2
+    local envs=() mode
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    for mode in 0 1; do
+        env SIMT_SHAPES_ONLY=$mode SIMT_WORKLOG="$tmp/$name.$mode.jsonl" ${envs[@]+"${envs[@]}"} bash dev/mpirun.sh -np "$np" \
+            "$EMU" --device cuda --model dbrx-tiny --batch 2 --seq 32 --steps 2 --val-every 0 "$@" > "$tmp/$name.$mode.out" 2>&1 \
+            || { fail "$name: the $([ $mode = 1 ] && echo shapes-only || echo real) run failed: $(grep -v '^ *$' "$tmp/$name.$mode.out" | tail -2)"; return 1; }
+        # the shapes-only run computes nothing: its losses are zeros (its values mean nothing)
+        [ $mode = 1 ] && ! grep -q "^step     2/2 | loss 0.000000" "$tmp/$name.$mode.out" && { fail "$name: the shapes-only run computed a loss"; return 1; }
+    done
+    local logs=() r
+    if [ "$np" = 1 ]; then logs=("$tmp/$name.0.jsonl" "$tmp/$name.1.jsonl")
+    else for r in $(seq 0 $((np - 1))); do logs+=("$tmp/$name.0.jsonl.$r" "$tmp/$name.1.jsonl.$r"); done; fi
+    $PY test/check_shapes_log.py "$name" $([ "$name" = fp8 ] && echo --fp8) "${logs[@]}" > "$tmp/$name.txt" 2>&1
+    verdicts "$tmp/$name.txt" $((3 * np + 1))
+}
+hd128=(--d-model 256 --n-heads 2 --kv-heads 1)
+pair bf16_hd128 1 -- "${hd128[@]}"
+pair fp8 1 -- --fp8 block
+pair zero3 2 -- "${hd128[@]}"
+pair ep2 2 -- --expert-parallel 2
+
+# negative control: one more stream sync per layer in the shapes-only run only
+SIMT_SHAPES_ONLY=1 SIMT_WORKLOG="$tmp/planted.jsonl" DBRX_DEBUG_PLANT=step_sync "$EMU" --device cuda --model dbrx-tiny --batch 2 \
+    --seq 32 --steps 2 --val-every 0 "${hd128[@]}" > "$tmp/planted.out" 2>&1
+$PY test/check_shapes_log.py planted "$tmp/bf16_hd128.0.jsonl" "$tmp/planted.jsonl" > "$tmp/planted.txt" 2>&1
+if grep -q "^fail planted: the same" "$tmp/planted.txt"; then pass "negative control: a planted sync per layer in the shapes-only run is caught ($(grep -m1 '^fail' "$tmp/planted.txt" | cut -c6-150))"
+else fail "negative control: the planted sync per layer was not caught: $(head -2 "$tmp/planted.txt")"; fi
+
+# dbrx-1b at its full batch, shapes only: the step's GEMM FLOPs against the MFU formula, the counters against the log
+if SIMT_SHAPES_ONLY=1 SIMT_WORKLOG="$tmp/1b.jsonl" SIMT_STEP_COUNTERS=1 "$EMU" --device cuda --model dbrx-1b --batch 8 --seq 2048 \
+        --steps 2 --val-every 0 --comm-timeout 1e6 > "$tmp/1b.out" 2> "$tmp/1b.err"; then
+    grep "^simt counters" "$tmp/1b.err" > "$tmp/1b.counters"
+    # dbrx-1b: L 9, d 1024, heads 8 (kv 2), E 16, top-4, F 1792, V 100352; 16384 tokens of 2048
+    $PY test/test_predict.py --e2e "$tmp/1b.jsonl" "$tmp/1b.counters" 9 1024 8 2 16 4 1792 100352 16384 2048 > "$tmp/1b.txt" 2>&1
+    verdicts "$tmp/1b.txt" 6
+else fail "dbrx-1b 8 x 2048 shapes-only run: $(tail -2 "$tmp/1b.err")"; fi
+out=$(make -s predict MODEL=dbrx-1b BATCH=8 SEQ=2048 EMU="$EMU" 2>&1)
+if grep -q "^predicted step on h100-sxm" <<<"$out" && grep -q "^MFU" <<<"$out" && grep -q "^memory: .*fits in 80 GB" <<<"$out" \
+   && grep -q "^critical path" <<<"$out"; then
+    pass "make predict (dbrx-1b, 8 x 2048, H100 SXM): $(grep -m1 '^predicted' <<<"$out" | cut -c1-70); $(grep -m1 '^MFU' <<<"$out" | sed 's/.*: //')"
+else fail "make predict: $(head -5 <<<"$out")"; fi
+expect_exit 2 "make predict, a bad DEVICE" env DEVICE=a100 NP=1 bash dev/predict/make_predict.sh
+expect_exit 2 "make predict, a bad NP" env NP=0 bash dev/predict/make_predict.sh
