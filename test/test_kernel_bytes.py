@@ -9,7 +9,7 @@ instrumented emulator counted ("rd", "wr": distinct bytes, test/simt/bytecount.h
 mma.sync ("mma"). dev/predict/kernel_cost.py's kernel_rw gives the formula's. For each kernel (by name, every launch
 of it in the log): CHECK "exact" (the default) passes when formula and count agree within TOL (2%) or SLACK bytes
 (a few scalars), read and written apart; "bound" (kernel_cost.BOUND: a gather by token id, whose repeated rows are
-read once) when the count lies between the written bytes and the formula; the mma FLOPs must be equal. A kernel in
+read once; under EP the rows an expert receives) when the count lies between the written bytes and the formula; the mma FLOPs must be equal. A kernel in
 the log without a formula fails: a new kernel must get one. Python 3, standard library only.
 """
 import json
@@ -39,7 +39,7 @@ def check_launch(it, ctx, rw=None):
     if rw is None:
         return "no formula"
     rd, wr, mma = rw
-    if base in K.BOUND:
+    if K.data_dependent(it, ctx):
         ok = it["wr"] <= it["rd"] + it["wr"] <= rd + wr + K.SLACK and agree(wr, it["wr"])
     else:
         ok = agree(rd, it["rd"]) and agree(wr, it["wr"])
@@ -66,7 +66,8 @@ def main(argv):
         for it in kernels(items):
             total += 1
             why = check_launch(it, ctx)
-            e = byname.setdefault(re.sub(r"<.*", "", it["name"]), [0, 0, None, 0, 0])
+            e = byname.setdefault(re.sub(r"<.*", "", it["name"]), [0, 0, None, 0, 0, set()])
+            e[5].add("bound" if K.data_dependent(it, ctx) else "exact")
             e[0] += 1
             e[3] += it["rd"]
             e[4] += it["wr"]
@@ -77,8 +78,8 @@ def main(argv):
         print("fail %s: no counted kernel lines in %s (not a train_dbrx_emu_count log?)" % (name, " ".join(logs)))
         return
     for k in sorted(byname):
-        n, bad, why, rd, wr = byname[k]
-        check = "bound" if k in K.BOUND else "exact"
+        n, bad, why, rd, wr, checks = byname[k]
+        check = "/".join(sorted(checks))
         if bad:
             print("fail %s: %s: %d of %d launches: %s" % (name, k, bad, n, why))
         else:

@@ -9,8 +9,9 @@ the quantity the instrumented emulator counts ("rd", "wr", "mma" on each kernel 
 log, test/simt/bytecount.h). test/test_kernel_bytes.sh checks formula against count for every kernel of emulated
 training steps (BF16, FP8, ZeRO-3, expert parallel); CHECK says how:
   exact   equal (up to SLACK bytes: a few scalars the formula leaves out, such as a histogram's counters)
-  bound   data-dependent: the count is at most the formula (a gather of rows by token id reads a repeated token's
-          row once; the formula, each row, is the DRAM traffic without the cache hits)
+  bound   data-dependent (data_dependent()): the count is at most the formula (a gather of rows by token id reads
+          a repeated token's row once; the formula, each row, is the DRAM traffic without the cache hits; under
+          expert parallelism the rows an expert receives are known on the device only: its padded segment is used)
 Python 3, standard library only.
 """
 import re
@@ -92,7 +93,7 @@ def _fp8_quantize(item, a, ctx):
     mode = mode.group(1) if mode else ""
     q, qt, sinv, sinv_t, amax = out[0], out[1], out[2], out[3], out[4]
     nct = _cdiv(cols, 128)
-    valid = ctx.get("routed", rows) if seg[1] else rows
+    valid = ctx.get("routed", rows) if seg[1] and not ctx.get("ep") else rows   # (EP: the received rows are data)
     rd = 2 * valid * cols + (4 * (seg[2] + 1) if seg[0] else 0) + (4 * seg[2] if seg[1] else 0) + (4 if amax else 0)
     wr = 4 if amax else 0
     if mode == "FP8Q_AMAX":
@@ -156,8 +157,17 @@ KERNELS = {
     "fp8_transpose_factors_kernel": lambda a, g, x: (4 * a[2] * _cdiv(a[3], 128) * _cdiv(a[4], 128),) * 2,  # one per tile
     "fp8g_weight_scales_kernel": lambda a, g, x: (20 * g[0], 4 * g[0]),      # per matrix: its slot and group (2 size_t), its scale
 }
-# data-dependent (CHECK "bound"): the formula is the traffic without cache hits on repeated rows
+# data-dependent (CHECK "bound"): the formula is the traffic without cache hits on repeated rows, or (under expert
+# parallelism) with every padded row of the experts' segments valid
 BOUND = {"gather_rows_kernel", "fp8_pad_rows_kernel"}
+
+
+def data_dependent(item, ctx):
+    base = re.sub(r"<.*", "", item["name"]).strip()
+    if base == "fp8_quantize_kernel":
+        seg = (item.get("args") or [None] * 4)[3]
+        return bool(ctx.get("ep") and isinstance(seg, list) and seg[1])
+    return base in BOUND
 
 
 def kernel_context(items):
@@ -171,6 +181,7 @@ def kernel_context(items):
     n = [it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "expert_histogram_kernel"]
     if n:
         ctx["routed"] = max(n)   # token x top-k rows routed to this rank's experts (without expert parallelism)
+    ctx["ep"] = any(it["t"] == "coll" and it.get("comm") == "expert_parallel" for it in items)
     n = [it["args"][3] for it in items if it["t"] == "kernel" and it["name"] == "fp8g_scales_kernel"]
     if n:
         ctx["fp8g_groups"] = max(n)   # the FP8 all-gather's scale groups (--fp8-gather)

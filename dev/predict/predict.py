@@ -37,7 +37,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_cost import kernel_bytes  # noqa: E402  (the per-kernel byte formulas)
+from kernel_cost import kernel_bytes, kernel_flops  # noqa: E402  (the per-kernel byte and mma FLOP formulas)
 
 # ---------------------------------------------------------------------------------------------------------
 # the rate table. Sources: [gpu_peak] model/gpu_peak.h (NVIDIA's dense BF16 numbers, half the sparse datasheet
@@ -98,12 +98,13 @@ def cost(item, dev, gpus_per_node, ctx=None):
         d = max(tc, tm, GEMM_MIN_US * 1e-6)
         return d, ("FLOPs" if d == tc else "bytes" if d == tm else "latency"), flops, nbytes
     if t == "kernel":
-        nbytes = kernel_bytes(item, ctx)
+        nbytes, flops = kernel_bytes(item, ctx), kernel_flops(item, ctx)
         if nbytes is None:
             return KERNEL_MIN_US * 1e-6, "no formula", 0.0, None
         tm = nbytes / (r["hbm"] * HBM_FRACTION)
-        d = max(tm, KERNEL_MIN_US * 1e-6)
-        return d, ("bytes" if d == tm else "latency"), 0.0, nbytes
+        tc = flops / r["bf16"]   # its mma.sync FLOPs (flash attention) at the dense BF16 peak
+        d = max(tm, tc, KERNEL_MIN_US * 1e-6)
+        return d, ("FLOPs" if d == tc else "bytes" if d == tm else "latency"), flops, nbytes
     if t == "coll":
         n = item["nranks"]
         if n <= 1:
