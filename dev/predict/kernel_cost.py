@@ -134,6 +134,8 @@ KERNELS = {
     "attention_forward_kernel": lambda a, g, x: _warp_attn(a, "fwd"),
     "attention_backward_dq_kernel": lambda a, g, x: _warp_attn(a, "dq"),
     "attention_backward_dkv_kernel": lambda a, g, x: _warp_attn(a, "dkv"),
+    # (out, q, cache, pos, H, KV, hd): generation's one query row per head against pos + 1 cached k and v rows
+    "attention_decode_kernel": lambda a, g, x: (2 * a[4] * a[6] + 2 * (a[3] + 1) * 2 * a[5] * a[6], 2 * a[4] * a[6]),
     # router and MoE (N tokens, E experts, top-k, C = d, n = rows x F)
     "router_forward_kernel": lambda a, g, x: (4 * a[5] * a[6], 4 * a[5] * a[6] + 4 * a[5] + 8 * a[5] * a[7]),  # logits -> probs, lse, idx, w
     "expert_histogram_kernel": lambda a, g, x: (4 * a[2], 0),                   # (counts, topk_idx, n): + E counters (SLACK)
