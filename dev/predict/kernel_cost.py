@@ -19,7 +19,6 @@ import re
 SLACK = 256          # bytes: scalars, counters and segment tables left out of a formula
 FLASH_BR = FLASH_BC = 64   # model/attention_flash.cuh: query rows / keys per tile (forward, dq)
 FLASH_BQ = 32              # queries per tile of the dk/dv kernel
-FP8T_TILE = 64             # parallel/zero_fp8.h (fp8_transpose_kernel)
 GRAD_NORM_BLOCKS = 256     # model/adamw.cuh
 
 
