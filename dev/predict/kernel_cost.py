@@ -1,8 +1,8 @@
 """kernel_cost.py — the global-memory bytes (read, written) and tensor-core FLOPs of each hand-written kernel, from
 the arguments the emulator's work log records for its launch (SIMT_WORKLOG, test/simt/counters.h: pointers as
 true/false, integers and floats by value, the FP8 structs as arrays) and its grid / dynamic shared memory.
-predict.py costs a kernel at max(bytes / (HBM x HBM_FRACTION), mma FLOPs / BF16 peak); a kernel without a formula
-here costs its minimum launch time only ("no formula" in predict's table).
+predict.py costs a kernel at max(bytes / (HBM x HBM_FRACTION), mma FLOPs / (BF16 peak x MMA_SYNC_FRACTION)); a kernel
+without a formula here costs its minimum launch time only ("no formula" in predict's table).
 
 Every formula states what the kernel must read and write, each byte once (the DRAM traffic with a perfect cache):
 the quantity the instrumented emulator counts ("rd", "wr", "mma" on each kernel line of a train_dbrx_emu_count
@@ -17,6 +17,10 @@ Python 3, standard library only.
 import re
 
 SLACK = 256          # bytes: scalars, counters and segment tables left out of a formula
+# the share of the dense BF16 peak that mma.sync kernels reach on Hopper (no wgmma / TMA): FlashAttention-2 runs at
+# about 35% of an H100's peak (Shah et al., FlashAttention-3, 2024, introduction; ~335 TFLOP/s in the FA2 paper).
+# An assumption for the project's flash kernels (the same algorithm on mma.sync) until make bench-gpu measures them
+MMA_SYNC_FRACTION = 0.35
 FLASH_BR = FLASH_BC = 64   # model/attention_flash.cuh: query rows / keys per tile (forward, dq)
 FLASH_BQ = 32              # queries per tile of the dk/dv kernel
 GRAD_NORM_BLOCKS = 256     # model/adamw.cuh
