@@ -214,12 +214,12 @@ def kernel_rw(item, ctx=None):
             rd, wr = _fp8_quantize(item, a, ctx)
             return rd, wr, 0
         if base in ("fp8g_piece_amax_kernel", "fp8g_piece_encode_kernel"):   # (x, piece [a, b, ...], ...)
-            es = 4 if "<float>" in item["name"] else 2   # <T>: FP32 master or BF16 weights; the amax / scale per tile
+            es = 2   # <T>: the store gathers from its BF16 copy of the shard (zero_gpu.cuh; FP32 only in tests)
             n = a[1][1] - a[1][0]
-            tiles = g[0] * g[1]
-            if base == "fp8g_piece_amax_kernel":
-                return es * n + 4 * tiles, 4 * tiles, 0
-            return es * n + 4 * tiles, n, 0
+            groups = g[0] * g[1] if a[1][8] else 1   # block scaling: a group per 128 x 128 tile; else the matrix's one
+            if base == "fp8g_piece_amax_kernel":     # max-accumulated: read and written
+                return es * n + 4 * groups, 4 * groups, 0
+            return es * n + 4 * groups, n, 0         # the codes; the group's scale read
         if base == "fp8g_decode_bf16_kernel":   # (y, codes, piece, inv): codes (1 byte) -> BF16
             n = a[2][1] - a[2][0]
             return n, 2 * n, 0
