@@ -127,7 +127,7 @@ SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
-             test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8
+             test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -163,6 +163,9 @@ test/test_race_zero_fp8: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) | check-dep
 	$(CXX) $(RACE_FLAGS) $(MPI_CFLAGS) -c -o $@.o test/test_zero_fp8_cuda.cpp
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas $(MPI_LIBS) -lm
 	rm -f $@.o
+# the --dry-run planner (parallel/memory_plan.h) against the model's walk, the store and the emulator's peak
+test/test_memory_plan: test/test_memory_plan.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_memory_plan.cpp -lopenblas $(MPI_LIBS) -lm
 # the NCCL twin (test/simt/nccl_twin.h) and parallel/comm.h's NCCL path over it, under mpirun
 test/test_nccl_twin: test/test_nccl_twin.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_nccl_twin.cpp $(MPI_LIBS) -lm

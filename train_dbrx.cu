@@ -34,6 +34,7 @@
 #include "data/mc_eval.h"
 #include "parallel/comm.h"
 #include "parallel/zero.h"
+#include "parallel/memory_plan.h"   // the --dry-run GPU plan
 #include "checkpoint/ckpt.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/loader_state.h"
@@ -548,6 +549,61 @@ static void sampling_setup(TrainArgs* a, const DbrxConfig* c) {
     a->sample.tok = &tok;
 }
 
+// --dry-run: the configuration, the FLOPs per token, the CPU run's memory per rank and the GPU plan
+// (parallel/memory_plan.h: every term, the total against the device, the verdict). Every number is bounded
+// by shape_validate and computed without walking the layers. Bad --plan-* values: one line, exit 2.
+static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
+    int n = args.parallel.expert_parallel, sgs = args.parallel.shard_group_size;
+    int gpus = args.run.plan_gpus > 0 ? args.run.plan_gpus : std::max(std::max(sgs, n), 1);
+    int S = sgs > 0 ? sgs : gpus;   // (0: ZeRO-3 over all the GPUs)
+    if (gpus % S)
+        fail(EXIT_BAD_INPUT, "--plan-gpus %d must be a multiple of --shard-group-size %d", gpus, S);
+    if (n > 1 && (cfg.n_experts % n || (S > 1 && S % n) || gpus % n))
+        fail(EXIT_BAD_INPUT, "--expert-parallel %d must divide the experts (%d), the GPUs (%d) and, under ZeRO-3/HSDP, --shard-group-size %d",
+             n, cfg.n_experts, gpus, S);
+    long double capacity = 0;
+    std::string device;
+    if (flag_given(&args, "--plan-device")) {
+        if (!plan_device_parse(args.run.plan_device, &capacity, &device))
+            fail(EXIT_BAD_INPUT, "--plan-device '%s' must be h100, h200 or the GiB of one GPU (a number > 0)", args.run.plan_device.c_str());
+        device += ", --plan-device";
+    } else {
+        int gpus_here = 0;
+        size_t free_b = 0, total_b = 0;
+#if HAVE_CUDA_BACKEND
+        if (cudaGetDeviceCount(&gpus_here) != cudaSuccess || (gpus_here > 0 && cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)) {
+            (void)cudaGetLastError();
+            gpus_here = 0;
+        }
+#endif
+        if (gpus_here > 0) {
+            capacity = (long double)free_b;
+            device = "the free memory of this machine's GPU 0 (" + std::to_string(total_b >> 20) + " MiB in all; --plan-device to plan another)";
+        } else {
+            plan_device_parse("h100", &capacity, &device);
+            device += ", the default without a visible GPU: --plan-device h200 or GiB for another";
+        }
+    }
+    print_config(args.run.model.c_str(), &cfg);
+    printf("training FLOPs per token (S = %d): %.4g = " FLOPS_PER_TOKEN_FORMULA ", the MFU count; %.4g = "
+           FLOPS_PER_TOKEN_FOUNDRY_FORMULA ", %.0f%% more\n", args.run.seq, flops_per_token(&cfg, args.run.seq),
+           flops_per_token_foundry(&cfg, args.run.seq), 100 * (flops_per_token_foundry(&cfg, args.run.seq) / flops_per_token(&cfg, args.run.seq) - 1));
+    double act = (double)activation_bytes(&cfg, args.run.batch, args.run.seq);
+    double p = (double)params_total(&cfg);
+    MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()));
+    double shard = (double)plan.shard_params;   // this rank's shard under S ranks and EP n, from the store's own layout
+    printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
+           sgs > 0 ? "" : " (--shard-group-size S to see S ranks)",
+           n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.run.batch, args.run.seq);
+    printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param of this rank's shard (%s of %s params) = %.2f GiB, "
+           "activations %.2f GiB, total %.2f GiB\n", with_commas((int64_t)shard).c_str(), with_commas((int64_t)p).c_str(),
+           16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
+    memory_plan_print(&plan, &cfg, capacity, device.c_str());
+    if (args.fp8.gather) printf("  (not in the plan: --fp8-gather's code and scale buffers)\n");
+    if (args.health.check) printf("  (not in the plan: --health-check's GEMM operands, freed before training)\n");
+    return 0;
+}
+
 static int run_main(int argc, char** argv) {
     debug_hooks_read();   // the tests' DBRX_DEBUG_* switches, once (model/debug_hooks.h)
     TrainArgs args;
@@ -558,43 +614,7 @@ static int run_main(int argc, char** argv) {
     if (args.run.seq > cfg.max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d (--max-seq)", args.run.seq, cfg.max_seq_len);
     shape_validate(&cfg, args.run.batch, args.run.seq);
 
-    if (args.run.dry_run) {   // (every number below is bounded by the checks above, and computed without walking the layers)
-        int S = args.parallel.shard_group_size > 0 ? args.parallel.shard_group_size : 1, n = args.parallel.expert_parallel;
-        if (n > 1 && (cfg.n_experts % n || (S > 1 && S % n)))
-            fail(EXIT_BAD_INPUT, "--expert-parallel %d must divide the experts (%d) and, under ZeRO-3/HSDP, --shard-group-size %d",
-                 n, cfg.n_experts, S);
-        print_config(args.run.model.c_str(), &cfg);
-        printf("training FLOPs per token (S = %d): %.4g = " FLOPS_PER_TOKEN_FORMULA ", the MFU count; %.4g = "
-               FLOPS_PER_TOKEN_FOUNDRY_FORMULA ", %.0f%% more\n", args.run.seq, flops_per_token(&cfg, args.run.seq),
-               flops_per_token_foundry(&cfg, args.run.seq), 100 * (flops_per_token_foundry(&cfg, args.run.seq) / flops_per_token(&cfg, args.run.seq) - 1));
-        double act = (double)activation_bytes(&cfg, args.run.batch, args.run.seq);
-        double p = (double)params_total(&cfg);
-        // this rank's shard under S ranks (ZeRO-3/HSDP) and EP degree n, from the store's own layout (with its
-        // padding; under data parallelism with EP: the non-expert units whole, 1/n of the experts)
-        double shard = (double)per_layers(&cfg, [&](const DbrxConfig* x) {
-            Zero lz;
-            zero_unit_layout(&lz, x, dbrx_param_table(x), S, n);
-            return lz.shard_total; });
-        printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
-               args.parallel.shard_group_size > 0 ? "" : " (--shard-group-size S to see S ranks)",
-               n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.run.batch, args.run.seq);
-        printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param of this rank's shard (%s of %s params) = %.2f GiB, "
-               "activations %.2f GiB, total %.2f GiB\n", with_commas((int64_t)shard).c_str(), with_commas((int64_t)p).c_str(),
-               16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
-#if HAVE_CUDA_BACKEND
-        Fp8Config fp8 = {fp8_recipe_parse(args.fp8.recipe.c_str()), args.fp8.history, args.fp8.margin, 0};
-        double acts = (double)per_layers(&cfg, [&](const DbrxConfig* x) {
-            return dbrx_gpu_memory_estimate(x, args.run.batch, args.run.seq, nullptr, &fp8, false); });
-        double store = (double)per_layers(&cfg, [&](const DbrxConfig* x) { return zero_gpu_estimate_bytes(x, S, n); });
-        printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param of the shard%s = %.2f GiB, activations and scratch%s %.2f GiB, "
-               "total %.2f GiB\n", S > 1 ? " + two gathered bf16 units and two fp32 gradient units" : "", store / 1073741824.0,
-               fp8.recipe != FP8_OFF ? " (with the FP8 operands)" : "", acts / 1073741824.0, (store + acts) / 1073741824.0);
-#else
-        printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param of the shard = %.2f GiB (+ gathered units when S > 1), activations (bf16) %.2f GiB\n",
-               18 * shard / (1 << 30), act / 2 / (1 << 30));
-#endif
-        return 0;
-    }
+    if (args.run.dry_run) return dry_run_report(args, cfg);
 
     // --- device: --device auto picks CUDA when the build has it and a GPU is visible, and says so
     int gpus = 0;

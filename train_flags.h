@@ -26,6 +26,8 @@ typedef struct {
     int profile_first = 0, profile_last = 0;       // the steps traced (1-based, inclusive), from --profile-steps
     float peak_tflops = 0.0f;
     bool dry_run = false, help = false, help_debug = false;
+    std::string plan_device = "";   // --dry-run's GPU plan (parallel/memory_plan.h): h100 | h200 | GiB ("": the visible GPU, else h100)
+    int plan_gpus = 0;              // ... and the run's GPUs (0: the shard group, or the EP degree)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -117,7 +119,12 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--device", "", F_STR, &a->run.device, "auto | cpu | cuda (cuda: one process per GPU under mpirun, the GPU from the node-local rank)"},
         {"--stop-after", "", F_INT, &a->run.stop_after, "run at most N steps of the schedule in this invocation, then save and exit (default: all of them)"},
         {"--peak-tflops", "", F_FLOAT, &a->run.peak_tflops, "peak FLOP/s for MFU, in TFLOP/s (default: the CPU's from its clock and ISA; the GPU's dense BF16 peak when known)"},
-        {"--dry-run", "", F_BOOL, &a->run.dry_run, "print config, parameter counts, FLOPs/token, memory per rank; exit"},
+        {"--dry-run", "", F_BOOL, &a->run.dry_run, "print config, parameter counts, FLOPs/token, memory per rank (the CPU's, and the "
+                                                   "GPU plan: every term, the total, FITS or DOES NOT FIT); exit"},
+        {"--plan-device", "", F_STR, &a->run.plan_device, "--dry-run's GPU plan against: h100 | h200 | the GiB of one GPU (default: the "
+                                                          "visible GPU's free memory, else h100)"},
+        {"--plan-gpus", "", F_INT, &a->run.plan_gpus, "--dry-run's GPU plan for a run on N GPUs (default: --shard-group-size, or "
+                                                      "--expert-parallel if more)"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
         {"--help-debug", "", F_BOOL, &a->run.help_debug, "the tests' fault-injection switches (DBRX_DEBUG_* environment variables): "
                                                         "injected spikes and NaNs, killed, stopped or slow ranks, ..."},
@@ -431,6 +438,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->sample.generate && (a->health.check || a->health.check_only || a->run.dry_run))
         fail(EXIT_BAD_INPUT, "--generate runs no training: leave out %s", a->run.dry_run ? "--dry-run" : "--health-check");
     profile_steps_parse(a);
+    if (!a->run.dry_run && (flag_given(a, "--plan-device") || flag_given(a, "--plan-gpus")))
+        fail(EXIT_BAD_INPUT, "%s plans a run: it needs --dry-run", flag_given(a, "--plan-device") ? "--plan-device" : "--plan-gpus");
+    if (flag_given(a, "--plan-gpus") && a->run.plan_gpus < 1) fail(EXIT_BAD_INPUT, "--plan-gpus %d must be >= 1", a->run.plan_gpus);
     if (!a->health.check && !a->health.check_only) {   // a bound without the check would be silently ignored
         const char* orphan = a->health.min_tflops != 0 ? "--health-min-tflops" : a->health.min_busbw != 0 ? "--health-min-busbw"
                            : a->health.gemm_size != 0 ? "--health-gemm-size" : a->health.comm_mib != 16 ? "--health-comm-mib" : NULL;

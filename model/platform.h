@@ -96,7 +96,8 @@ static inline void platform_nvtx_end(uint64_t id) { nvtxRangeEnd(id); }
 // SIMT_STEP_COUNTERS=1 (emulator only): prints what the host asked of the device since the previous call,
 // and starts counting again. The training loop calls it from dbrx_sync, before and after every step (so
 // every second line is one whole step, its closing sync included): the training loop's side of the step
-// budget (model/CUDA.md, "Host round trips in one step"; test/test_cuda_train.sh). With SIMT_WORKLOG=FILE it also
+// budget (model/CUDA.md, "Host round trips in one step"; test/test_cuda_train.sh), and a second line, the
+// emulated device memory's peak so far (the planner's allocations term, parallel/memory_plan.h). With SIMT_WORKLOG=FILE it also
 // marks the same boundaries in the emulator's work log (dev/predict/predict.py takes one step between two). Nothing on a GPU.
 static inline void platform_step_counters() {
 #if defined(SIMT_EMULATION)
@@ -107,6 +108,7 @@ static inline void platform_step_counters() {
         fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld\n", k.syncs,
                 k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries);
         simt::counters_reset();
+        fprintf(stderr, "simt peak device memory: %zu bytes\n", simt::peak_device_bytes());   // (since the start: the planner's allocations)
     }
 #endif
 }

@@ -52,6 +52,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     doctest_run ./test/test_fp8_cuda
     echo "== ZeRO-3's FP8 all-gather on the GPU: piece amax/codes vs the CPU path, gathered operands vs the quantize kernel (SIMT emulator)"
     doctest_run ./test/test_zero_fp8_cuda
+    echo "== the --dry-run planner: its terms by hand, against the model's walk and the store, the emulator's peak (SIMT emulator)"
+    doctest_run ./test/test_memory_plan
     echo "== the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)"
     for np in 1 2 3 4; do   # every rank runs every case; one check per run
         out=$(timeout 120 bash dev/mpirun.sh -np "$np" ./test/test_nccl_twin 2>&1); rc=$?

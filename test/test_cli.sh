@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_cli.sh — the command line: published parameter counts of the presets (--dry-run), --help,
 # and every kind of bad input (flags, shapes, data files): one line on stderr and exit code 2. Every
-# size/count flag out of range names itself (--seq 0 is refused, not 256); --dry-run on huge shapes
+# size/count flag out of range names itself (--seq 0 is refused, not 256); --dry-run's GPU plan (every term, a total, a
+# verdict that agrees with its numbers, the same on every build; bad --plan-* values refused); --dry-run on huge shapes
 # answers within 2 s with counts equal to Python's big integers and no negative number, or refuses the
 # shape naming the flag; a run larger than the host memory is refused before it allocates.
 cd "$(dirname "$0")/.." || exit 1
@@ -22,6 +23,48 @@ for row in "dbrx-73b 73.51 20.66" "dbrx-35b 35.65 10.29" "dbrx-18b 18.61 5.53" "
 done
 $BIN --model dbrx-132b --dry-run | grep -q "FLOPs per token" && pass "dry-run prints FLOPs per token" || fail "dry-run FLOPs"
 $BIN --model dbrx-132b --dry-run | grep -q "memory per rank" && pass "dry-run prints memory per rank" || fail "dry-run memory"
+# --- the GPU plan (parallel/memory_plan.h), on every build (the CPU-only one included): every term, a total
+# against the device, a verdict that agrees with the numbers it prints; DBRX-132B at seq 4096 on 64 H100s does
+# not fit (issue 23), dbrx-tiny does; a capacity given in GiB is the one compared against
+plan_check() {  # name, want verdict (FITS / DOES NOT FIT), want capacity bytes, flags...
+    local name=$1 want=$2 cap=$3; shift 3
+    $BIN --dry-run "$@" > "$tmp/plan.out" 2>&1
+    local r; r=$($PY - "$tmp/plan.out" "$want" "$cap" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+m = re.search(r"^plan bytes: allocations (\d+), total (\d+), capacity (\d+)$", t, re.M)
+v = re.search(r"^verdict: (FITS|DOES NOT FIT)", t, re.M)
+terms = [x for x in ("parameter state", "ZeRO working set", "activations", "routing buffers", "allocations", "CUDA context", "NCCL", "total ")
+         if x not in t]
+if not m or not v or terms: print("no plan, verdict or term %s" % terms); sys.exit()
+a, tot, cap = map(int, m.groups())
+ok = v.group(1) == sys.argv[2] and (tot <= cap) == (v.group(1) == "FITS") and a < tot and (sys.argv[3] == "-" or cap == int(sys.argv[3]))
+print("%s %s: total %.2f GiB of %.2f GiB" % ("ok" if ok else "bad", v.group(1), tot / 2**30, cap / 2**30))
+PY
+)
+    [ "${r%% *}" = ok ] && pass "--dry-run $name: the GPU plan says ${r#ok }" || fail "--dry-run $name: $r: $(head -c 300 "$tmp/plan.out")"
+}
+plan_check "dbrx-132b S 4096 on 64 H100s (shard group 64, EP 8)" "DOES NOT FIT" $((81559 * 1048576)) --model dbrx-132b --batch 1 \
+    --seq 4096 --shard-group-size 64 --expert-parallel 8 --plan-device h100
+plan_check "dbrx-tiny on an H200" FITS $((143771 * 1048576)) --plan-device h200
+plan_check "dbrx-tiny on 0.5 GiB" "DOES NOT FIT" $((1 << 29)) --plan-device 0.5 --plan-gpus 8 --shard-group-size 4 --expert-parallel 2
+plan_check "dbrx-tiny, the default device" FITS - --batch 2
+# the plan is the same whatever build prints it (the CPU-only g++ build has no CUDA headers)
+if [ -x ./train_dbrx_cpu ] && [ "$BIN" != ./train_dbrx_cpu ]; then
+    P=(--model dbrx-132b --batch 1 --seq 4096 --shard-group-size 64 --expert-parallel 8 --plan-device h100 --fp8 block --dry-run)
+    if [ -n "$($BIN "${P[@]}" | sed -n '/^GPU plan/,$p')" ] && diff <($BIN "${P[@]}" | sed -n '/^GPU plan/,$p') <(./train_dbrx_cpu "${P[@]}" | sed -n '/^GPU plan/,$p') >/dev/null
+    then pass "the GPU plan of $BIN and of ./train_dbrx_cpu are the same lines"; else fail "the GPU plan differs between $BIN and ./train_dbrx_cpu"; fi
+fi
+for fv in "--plan-device h300" "--plan-device 0" "--plan-device -4" "--plan-device nan" "--plan-device 80GB" "--plan-gpus 0" "--plan-gpus -2"; do
+    set -- $fv
+    expect_exit 2 "$fv" $BIN --dry-run "$1" "$2"
+    grep -q -- "$1 '*$2" <<<"$LAST_ERR" || fail "$fv: the error does not name the flag and value: $LAST_ERR"
+done
+expect_exit 2 "--plan-device ''" $BIN --dry-run --plan-device ""
+expect_exit 2 "--plan-gpus 6 with --shard-group-size 4" $BIN --dry-run --plan-gpus 6 --shard-group-size 4
+expect_exit 2 "--plan-gpus 6 with --expert-parallel 4" $BIN --dry-run --plan-gpus 6 --shard-group-size 1 --expert-parallel 4
+expect_exit 2 "--plan-device without --dry-run" $BIN --plan-device h100 --steps 1
+expect_exit 2 "--plan-gpus without --dry-run" $BIN --plan-gpus 8 --steps 1
 # the MFU count (matmuls only, causal attention: Megatron/PaLM) and LLM Foundry's, recomputed here from the
 # printed shape; dbrx-1b's MFU count is ~74% of LLM Foundry's (issue 15's figure)
 for m in dbrx-132b:4096 dbrx-1b:2048 dbrx-tiny:256; do

@@ -16,6 +16,8 @@
 #   * checkpoints on the GPU path: 4 steps = 2 + stop + resume + 2 bit-identically (np 2, ZeRO-3); a GPU
 #     checkpoint of np 4 resumed on np 2 (reshard), and on the CPU backend; a CPU checkpoint resumed on the
 #     GPU; SIGINT saves and exits 0;
+#   * the planner (--dry-run's GPU plan): every rank's emulated peak device memory is its allocations within 0.1%,
+#     for ZeRO-3, DDP, HSDP, --fp8 delayed and block (seq 16's plan is not: a negative control);
 #   * --fp8 delayed on the device store: np 2 = one process (without clipping), and a resume carries the FP8
 #     state exactly;
 #   * --fp8-gather on the device store, each recipe: bit-identical to --fp8 without it, bytes per step
@@ -47,10 +49,10 @@ runp() {  # name, np, flags...: the emulated GPU under mpirun
 run1 cpu_ref ./train_dbrx_cpu "${G[@]}" --device cpu --grad-accum 4
 run1 gpu_ref ./train_dbrx_emu "${G[@]}" --device cuda --grad-accum 4
 runp np1 1 "${G[@]}" --grad-accum 4
-runp np2_zero 2 "${G[@]}" --grad-accum 2 --shard-group-size 2
-runp np2_ddp 2 "${G[@]}" --grad-accum 2 --shard-group-size 1
+SIMT_STEP_COUNTERS=1 runp np2_zero 2 "${G[@]}" --grad-accum 2 --shard-group-size 2   # (+ the emulated peak memory: the planner, below)
+SIMT_STEP_COUNTERS=1 runp np2_ddp 2 "${G[@]}" --grad-accum 2 --shard-group-size 1
 runp np4_zero 4 "${G[@]}" --shard-group-size 4
-runp np4_hsdp 4 "${G[@]}" --shard-group-size 2
+SIMT_STEP_COUNTERS=1 runp np4_hsdp 4 "${G[@]}" --shard-group-size 2
 SIMT_SCHEDULE=random:7 runp np4_hsdp_again 4 "${G[@]}" --shard-group-size 2
 runp np4_ddp 4 "${G[@]}" --shard-group-size 1
 
@@ -181,7 +183,7 @@ for f in r4.out r4cpu.out cg.out; do grep -q "^resume: .*(step 2," "$tmp/$f" || 
 # its last bit (it did once dxe became BF16: losses 1.6e-7 apart at step 4)
 F=(--model dbrx-tiny --n-layers 2 --seq 32 --val-every 0 --batch 2 --steps 4 --fp8 delayed --fp8-log-every 1 --grad-clip 0)
 run1 f_ref ./train_dbrx_emu "${F[@]}" --device cuda --grad-accum 2
-runp f_full 2 "${F[@]}" --shard-group-size 2
+SIMT_STEP_COUNTERS=1 runp f_full 2 "${F[@]}" --shard-group-size 2
 runp f_half 2 "${F[@]}" --shard-group-size 2 --ckpt-dir "$tmp/ckf" --stop-after 2
 runp f_half 2 "${F[@]}" --shard-group-size 2 --ckpt-dir "$tmp/ckf" --resume auto
 [ "$(losses "$tmp/f_full.jsonl")" = "$(losses "$tmp/f_ref.jsonl")" ] && pass "--fp8 delayed, np 2 ZeRO-3 on the device: the losses of one GPU process"     || fail "--fp8 delayed np 2: $(losses "$tmp/f_full.jsonl") vs $(losses "$tmp/f_ref.jsonl")"
@@ -197,7 +199,7 @@ runp f_half 2 "${F[@]}" --shard-group-size 2 --ckpt-dir "$tmp/ckf" --resume auto
 runp fg_delayed 2 "${F[@]}" --shard-group-size 2 --fp8-gather
 DBRX_DEBUG_PLANT=fp8_gather_scale runp fg_planted 2 "${F[@]}" --shard-group-size 2 --fp8-gather
 for r in current block; do
-    runp f_$r 2 "${F[@]}" --steps 3 --fp8 $r --shard-group-size 2
+    SIMT_STEP_COUNTERS=1 runp f_$r 2 "${F[@]}" --steps 3 --fp8 $r --shard-group-size 2
     runp fg_$r 2 "${F[@]}" --steps 3 --fp8 $r --shard-group-size 2 --fp8-gather
 done
 $PY - "$tmp" <<'PY' > "$tmp/fg"
@@ -256,6 +258,32 @@ kill -INT $P; wait $P; rc=$?
 n=$(grep -c '"loss"' "$tmp/sig.jsonl")
 [ "$rc" = 0 ] && [ "$n" -lt 400 ] && [ "$(cat "$tmp/sig/latest" 2>/dev/null)" = "$(printf 'step_%08d' "$n")" ] \
     && pass "SIGINT on the GPU path: saved step $n and exited 0" || fail "SIGINT on the GPU path: exit $rc, $n steps, latest $(cat "$tmp/sig/latest" 2>/dev/null)"
+
+# --- the planner (parallel/memory_plan.h): every rank's peak of the emulated device memory over the run (the
+# emulator's allocator, SIMT_STEP_COUNTERS) is what --dry-run says the run allocates, for ZeRO-3, DDP, HSDP and
+# two FP8 recipes. Issue 23 asks for 2%; measured 320-380 bytes of 44-54 MB (7e-6: the store's segment tables),
+# so held to 0.1%; the plan of another micro-batch (seq 16, 1-2% less) is not it (negative control)
+for spec in "np2_zero 2 G --shard-group-size 2" "np2_ddp 2 G --shard-group-size 1" "np4_hsdp 4 G --shard-group-size 2" \
+            "f_full 2 F --shard-group-size 2" "f_block 2 F --fp8 block --shard-group-size 2"; do
+    set -- $spec
+    name=$1 np=$2 set_=$3; shift 3
+    [ "$set_" = G ] && flags=("${G[@]}") || flags=("${F[@]}")
+    plan=$(./train_dbrx_emu "${flags[@]}" "$@" --dry-run --plan-gpus "$np" | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
+    other=$(./train_dbrx_emu "${flags[@]}" "$@" --seq 16 --dry-run --plan-gpus "$np" | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
+    echo "$name $np $plan $other"
+done > "$tmp/plans"
+$PY - "$tmp" <<'PY' > "$tmp/planned"
+import os, re, sys
+tmp = sys.argv[1]
+for line in open(os.path.join(tmp, "plans")):
+    name, np, plan, other = line.split()
+    peaks = [int(x) for x in re.findall(r"^simt peak device memory: (\d+) bytes", open(os.path.join(tmp, name + ".out")).read(), re.M)]
+    top, plan, other = (max(peaks) if peaks else 0), int(plan), int(other)
+    ok = len(peaks) >= int(np) and abs(top / plan - 1) <= 0.001 and abs(top / other - 1) > 0.001
+    print("%s %s (np %s): the emulated peak per rank %d bytes, the --dry-run plan's allocations %d (%+.4f%%); seq 16's plan %d is not it" % (
+        "pass" if ok else "fail", name, np, top, plan, 100 * (top / plan - 1), other))
+PY
+verdicts "$tmp/planned" 5
 
 # --- Hugging Face interop on the GPU path: export (fp32) from np 2 ZeRO-3, PyTorch on the export
 # reproduces the GPU's logits; import on the GPU gives the exported weights back. The tolerance is the

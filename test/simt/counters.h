@@ -37,6 +37,11 @@ struct Counters {
 inline Counters& counters() { static Counters c = {}; return c; }
 inline void counters_reset() { counters() = Counters{}; }
 inline void count(long long* field, long long v = 1) { __atomic_add_fetch(field, v, __ATOMIC_RELAXED); }
+// The emulated device memory at its highest (bytes cudaMalloc'd and not yet freed) since the start or the
+// last peak_device_bytes_reset (simt.h): what the planner's allocations term predicts (parallel/memory_plan.h).
+// Kept apart from Counters (counters_reset does not touch it); updated under the runtime's lock by cudaMalloc.
+inline size_t& device_peak() { static size_t p = 0; return p; }
+inline void device_bytes_note(size_t allocated) { if (allocated > device_peak()) device_peak() = allocated; }
 
 // ---------------------------------------------------------------------------------------------
 // The work log (SIMT_WORKLOG=FILE): one JSON line per device-work item, in the order the host issues it,

@@ -746,6 +746,9 @@ struct Runtime {
     }
 };
 inline Runtime& runtime() { static Runtime r; return r; }
+// the peak of the emulated device memory (counters.h); the reset starts it again from what is allocated now
+inline size_t peak_device_bytes() { std::lock_guard<std::mutex> g(runtime().mu); return device_peak(); }
+inline void peak_device_bytes_reset() { std::lock_guard<std::mutex> g(runtime().mu); device_peak() = runtime().allocated; }
 
 // a new schedule: the stream of per-block orders starts again from `seed` at the next launch
 inline void set_schedule(bool random, uint64_t seed) {
@@ -949,6 +952,7 @@ inline cudaError_t cudaMalloc(void** p, size_t n) {
     }
     rt.allocations[q] = n;
     rt.allocated += n;
+    simt::device_bytes_note(rt.allocated);
     *p = q;
     return cudaSuccess;
 }

@@ -1,0 +1,254 @@
+/*
+ * memory_plan.h — the planner behind --dry-run: what one GPU of a CUDA run will hold, as a sum of named
+ * terms (MemoryPlan), computed by one function (memory_plan) from the model, the micro-batch and the
+ * topology, with no GPU and no walk of the layers. Pure host code: every build prints the same plan,
+ * the CPU-only g++ build included.
+ *
+ * The terms are the allocations the CUDA run makes, in closed form:
+ *   parameter state  the store's shard (parallel/zero_gpu.cuh, zero_gpu_bytes): fp32 master, gradients,
+ *                    AdamW m and v, the BF16 working copy, the grad-norm scratch; from the store's own
+ *                    layout (zero_unit_layout: padding and expert placement included)
+ *   working set      ZeRO-3/HSDP (S > 1): two gathered BF16 slots and two FP32 gradient slots of one unit
+ *   activations      model/dbrx_cuda.cuh's dbrx_gpu_buffers, by class: saved per layer (x L), the head,
+ *                    the backward scratch the blocks share, and the FP8 scratch and state (--fp8)
+ *   routing          the per-layer routing indices, and under expert parallelism the exchange's buffers
+ *                    (parallel/expert_parallel_cuda.cuh) at balanced routing: N k rows received per rank
+ * Their sum is `allocations`, what the run cudaMallocs (and what the emulator's allocator peaks at:
+ * test/test_memory_plan.cpp checks the classes against the walk itself, and the sum against the peak).
+ * On a real GPU the run needs more than it allocates; these margins are predicted, not measured here:
+ *   cuBLASLt workspace  32 MiB (model/matmul_cublaslt.cuh; the emulator's twin has none)
+ *   CUDA context        600 MiB: PyTorch measured 667 MB eager and 287 MB lazy (pytorch/pytorch#86509);
+ *                       lazy loading is the default from CUDA 12.2 (CUDA Programming Guide, "Lazy
+ *                       Loading"), and NCCL's and cuBLASLt's kernels load into it too
+ *   NCCL                per communicator of more than one rank the project creates (parallel/zero.h:
+ *                       shard, replica, and under EP expert_parallel, expert_shard, expert_replica):
+ *                       512 MiB = NCCL_BUFFSIZE (4 MiB default) x 32 channels (H100 NVLink) x 2 ring
+ *                       neighbours x 2 graphs (ring, tree); NCCL's memory is linear in the channels
+ *                       (NVIDIA/nccl#986). The EP group's all-to-all connects every peer: + 448 MiB per
+ *                       peer, from the 8 x H100 measurement of NVIDIA/nccl#1685 (3.28 GB more after
+ *                       the first all-to-all, 7 peers). Set NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS lower
+ *                       and the margin shrinks in proportion (the plan assumes the defaults).
+ * The capacity: --plan-device h100 (81559 MiB, nvidia-smi's total of the H100 SXM 80GB), h200 (143771 MiB,
+ * the H200 141GB) or a number of GiB; by default the free memory of the GPU when the build has CUDA and
+ * one is visible, else h100. The verdict: FITS when total <= capacity.
+ */
+#pragma once
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include "zero.h"
+#include "../model/fp8.cuh"
+
+static const long double PLAN_MIB = 1048576.0L, PLAN_GIB = 1073741824.0L;
+static const long double PLAN_CUBLASLT_BYTES = 32 * PLAN_MIB;        // model/matmul_cublaslt.cuh's workspace
+static const long double PLAN_CUDA_CONTEXT_BYTES = 600 * PLAN_MIB;
+static const long double PLAN_NCCL_COMM_BYTES = 4 * PLAN_MIB * 32 * 2 * 2;   // BUFFSIZE x channels x neighbours x graphs
+static const long double PLAN_NCCL_PEER_BYTES = 448 * PLAN_MIB;      // all-to-all, per peer
+static const long double PLAN_H100_BYTES = 81559 * PLAN_MIB, PLAN_H200_BYTES = 143771 * PLAN_MIB;
+// the CUDA half's constants the closed forms use (model/adamw.cuh, model/layernorm.cuh; the test checks the sum)
+static const int PLAN_GRAD_NORM_BLOCKS = 256, PLAN_LN_ROWS_PER_CHUNK = 32;
+
+typedef struct {
+    // the run planned
+    int B, T, S, n, gpus;            // micro-batch, shard group, EP degree, GPUs in all
+    Fp8Recipe fp8;
+    long double shard_params;        // parameters in this GPU's shard (padding included)
+    // parameter state: this GPU's shard
+    long double master, grads, adam_m, adam_v, bf16_copy, norm_scratch;
+    // the ZeRO working set (S > 1)
+    long double gathered_slots, grad_slots, slot_params;
+    // activations: per layer (x L) by class, then the rest
+    long double layer_attention, layer_norms, layer_router, layer_experts, layer_routing;
+    long double saved;               // L x (attention + norms + router + experts)
+    long double head, scratch, fp8_scratch;
+    // routing buffers: L x the routing indices, and the EP exchange's
+    long double routing_index, ep_exchange;
+    long double allocations;         // the sum of everything above: what the run allocates
+    // margins on a real GPU
+    long double cublaslt, cuda_context, nccl;
+    int communicators, a2a_peers;
+    std::string comm_names;          // e.g. "shard 64, expert_parallel 8, expert_shard 8"
+    long double total;
+} MemoryPlan;
+
+static inline long double plan_param_state(const MemoryPlan* p) {
+    return p->master + p->grads + p->adam_m + p->adam_v + p->bf16_copy + p->norm_scratch;
+}
+
+// the store's layout for S and n, extrapolated in the layers from 1, 2, 3 (each block the same units)
+static inline void plan_store_layout(const DbrxConfig* c, int S, int n, long double* shard, long double* work) {
+    auto one = [&](int L, long double* sh, long double* wk) {
+        DbrxConfig x = *c;
+        x.n_layers = L;
+        Zero z;
+        zero_unit_layout(&z, &x, dbrx_param_table(&x), S, n);
+        *sh = (long double)z.shard_total;
+        *wk = S > 1 ? (long double)z.work_numel : 0;
+    };
+    if (c->n_layers <= 3) { one(c->n_layers, shard, work); return; }
+    long double s[3], w[3];
+    for (int l = 1; l <= 3; l++) one(l, &s[l - 1], &w[l - 1]);
+    ENSURE(s[2] - s[1] == s[1] - s[0] && w[2] - w[1] == w[1] - w[0], "the store's layout is not affine in the layers");
+    *shard = s[0] + (c->n_layers - 1) * (s[1] - s[0]);
+    *work = w[0] + (c->n_layers - 1) * (w[1] - w[0]);
+}
+
+// model/dbrx_fp8_cuda.cuh's fp8_scale_bound
+static inline long double plan_fp8_scale_bound(long double rows, long double cols, long double nseg, bool weight, bool transposed) {
+    long double nct = std::ceil(cols / 128), tiles = std::floor(rows / 128) + nseg;
+    if (!weight) return transposed ? tiles * cols : nct * rows;
+    return transposed ? nct * (std::floor(rows / 128) + 4 * nseg) : tiles * (std::ceil(nct / 4) * 4);
+}
+
+// fp8_gpu_buffers' bytes: the quantised scratch of activations, gradients and weights, the scaling state,
+// and every layer's padded routing
+static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, bool block) {
+    long double d = c->d_model, F = c->ffn_hidden, E = c->n_experts, qd = qkv_dim(c), L = c->n_layers;
+    long double Rp = N * c->top_k + 15 * E;
+    struct Shape { long double rows, cols, nseg; };
+    auto buf = [&](std::initializer_list<Shape> shapes, bool weight) {
+        long double elems = 0, sq = 0, st = 0;
+        for (const Shape& s : shapes) {
+            elems = std::max(elems, s.rows * s.cols);
+            sq = std::max(sq, plan_fp8_scale_bound(s.rows, s.cols, s.nseg, weight, false));
+            st = std::max(st, plan_fp8_scale_bound(s.rows, s.cols, s.nseg, weight, true));
+        }
+        return 2 * elems + (block ? 4 * (sq + st) : 0);
+    };
+    long double b = buf({{N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false) + buf({{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false)
+                  + buf({{qd, d, 1}, {d, d, 1}, {E * F, d, E}}, true) + buf({{E * F, d, E}}, true);
+    long double slots = 14 * L;   // fp8_operand_table: 5 linears x (x, w, dy) per layer, v1's x shared with w1's
+    b += slots * (4 + 4 + 4 + 8) + 4;                 // scale, scale_inv, amax, sat; tmp_amax
+    b += L * ((2 * E + 1) * 4 + Rp * 4);              // per layer: segments, padded row_token
+    return b;
+}
+
+// The plan for micro-batches of B x T on `gpus` GPUs, shard groups of S, EP degree n (validated by the caller)
+static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, int n, int gpus, Fp8Recipe fp8) {
+    MemoryPlan p;
+    p.B = B; p.T = T; p.S = S; p.n = n; p.gpus = gpus; p.fp8 = fp8;
+    const long double f4 = 4, bf = 2, i4 = 4;
+    long double N = (long double)B * T, d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden;
+    long double qd = qkv_dim(c), V = c->vocab_size, L = c->n_layers, H = c->n_heads, hd = c->head_dim;
+    bool on8 = fp8 != FP8_OFF;
+    long double R = N * k + (on8 ? 15 * E : 0);   // the routed rows (FP8: room for every expert padded to 16)
+
+    // parameter state and working set: zero_gpu_bytes
+    long double shard, work;
+    plan_store_layout(c, S, n, &shard, &work);
+    p.shard_params = shard;
+    p.master = p.grads = p.adam_m = p.adam_v = f4 * shard;
+    p.bf16_copy = bf * shard;
+    p.norm_scratch = PLAN_GRAD_NORM_BLOCKS * f4 + 8;
+    p.slot_params = work;
+    p.gathered_slots = 2 * bf * work;
+    p.grad_slots = 2 * f4 * work;
+
+    // activations saved per layer (dbrx_gpu_buffers' per-block buffers), by class
+    p.layer_attention = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // ln1, stats, qkv_pre, qkv, lse, atty
+    p.layer_norms = bf * N * d + bf * N * d + 2 * f4 * N + bf * N * d;   // resid_mid, ln2 and its stats, the block's input (resid)
+    p.layer_router = 2 * f4 * N * E + f4 * N + f4 * N * k + f4 * (E + 1);   // logits, probs, lse, top-k weights, statistics
+    p.layer_experts = bf * R * d + 3 * bf * R * F + bf * R * d;           // xe, g and u, act, ye
+    p.layer_routing = i4 * N * k + i4 * E + i4 * (E + 1) + 2 * i4 * R;    // topk_idx, counts, offsets, row_token, slot_row
+    p.saved = L * (p.layer_attention + p.layer_norms + p.layer_router + p.layer_experts);
+    // the head and the step's inputs: step_out's loss, the final residual, lnf and its stats, logits, losses,
+    // RoPE tables, the token ids and the embedding plan
+    p.head = 2 * f4 + bf * N * d + bf * N * d + 2 * f4 * N + bf * N * V + f4 * N + 2 * f4 * std::floor(T * hd / 2) + i4 * (5 * N + 1);
+    // the backward's scratch, shared by the blocks: attproj, dresid, dln, dresid_bf16, datty, dqkv, drouter,
+    // dtopk_w, dxe, att_D, the LayerNorm partials, the grad-norm partials, dye, da, dg and du
+    p.scratch = bf * N * d + 2 * f4 * N * d + 2 * bf * N * d + bf * N * qd + bf * N * E + f4 * N * k + bf * R * d + f4 * B * H * T
+              + f4 * std::ceil(N / PLAN_LN_ROWS_PER_CHUNK) * d + f4 * (PLAN_GRAD_NORM_BLOCKS + 2) + bf * R * d + 3 * bf * R * F;
+    p.fp8_scratch = on8 ? plan_fp8_bytes(c, N, fp8 == FP8_BLOCK) : 0;
+
+    // routing: the indices of every layer; EP's exchange at balanced routing (Rr = N k rows received per layer,
+    // FP8: Rc, padded per local expert): kept per layer xl, g, u, act, perm, inv; shared x, y, dx, dxr, da, dg, du
+    p.routing_index = L * p.layer_routing;
+    p.ep_exchange = 0;
+    if (n > 1) {
+        long double El = E / n, Rr = N * k, Rc = Rr + (on8 ? 15 * El : 0);
+        p.ep_exchange = L * (bf * Rc * d + 3 * bf * Rc * F + i4 * Rc + i4 * Rr) + bf * (Rr * d + Rc * d + Rc * d + Rr * d) + 3 * bf * Rc * F;
+        if (on8) {   // the received rows' FP8 codes (q, qt of activations and gradients) and block scales
+            long double sq = std::max(plan_fp8_scale_bound(Rc, d, El, false, false), plan_fp8_scale_bound(Rc, F, El, false, false));
+            long double st = std::max(plan_fp8_scale_bound(Rc, d, El, false, true), plan_fp8_scale_bound(Rc, F, El, false, true));
+            p.ep_exchange += 4 * Rc * std::max(d, F) + (fp8 == FP8_BLOCK ? 2 * 4 * (sq + st) : 0);
+        }
+    }
+    p.allocations = plan_param_state(&p) + p.gathered_slots + p.grad_slots + p.saved + p.head + p.scratch + p.fp8_scratch
+                  + p.routing_index + p.ep_exchange;
+
+    // margins: the communicators parallel/zero.h creates with NCCL (those of one rank connect no peer)
+    int P = S > n ? S : n;
+    struct { const char* name; int size; } comms[] = {
+        {"shard", S}, {"replica", gpus / S}, {"expert_parallel", n > 1 ? n : 1}, {"expert_shard", n > 1 ? P / n : 1},
+        {"expert_replica", n > 1 && P != S ? gpus / P : 1}};
+    p.communicators = 0;
+    p.comm_names.clear();
+    for (auto& cm : comms) {
+        if (cm.size <= 1) continue;
+        p.communicators++;
+        p.comm_names += (p.comm_names.empty() ? "" : ", ") + std::string(cm.name) + " " + std::to_string(cm.size);
+    }
+    p.a2a_peers = n > 1 ? n - 1 : 0;
+    p.nccl = p.communicators * PLAN_NCCL_COMM_BYTES + p.a2a_peers * PLAN_NCCL_PEER_BYTES;
+    p.cublaslt = PLAN_CUBLASLT_BYTES;
+    p.cuda_context = PLAN_CUDA_CONTEXT_BYTES;
+    p.total = p.allocations + p.cublaslt + p.cuda_context + p.nccl;
+    return p;
+}
+
+// --plan-device: h100 | h200 | a number of GiB (> 0); false on anything else
+static inline bool plan_device_parse(const std::string& s, long double* bytes, std::string* name) {
+    if (s == "h100") { *bytes = PLAN_H100_BYTES; *name = "H100 80GB (81559 MiB)"; return true; }
+    if (s == "h200") { *bytes = PLAN_H200_BYTES; *name = "H200 141GB (143771 MiB)"; return true; }
+    char* end = NULL;
+    errno = 0;
+    double g = strtod(s.c_str(), &end);
+    if (s.empty() || *end || errno || !std::isfinite(g) || !(g > 0) || g > 1e9) return false;
+    *bytes = (long double)g * PLAN_GIB;
+    *name = s + " GiB";
+    return true;
+}
+
+static inline const char* plan_fp8_name(Fp8Recipe r) {
+    return r == FP8_OFF ? "off" : r == FP8_DELAYED ? "delayed" : r == FP8_CURRENT ? "current" : "block";
+}
+
+// The plan as --dry-run prints it: every term, the total against `capacity`, the verdict
+static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, long double capacity, const char* capacity_how) {
+    auto G = [](long double b) { return (double)(b / PLAN_GIB); };
+    auto M = [](long double b) { return (double)(b / PLAN_MIB); };
+    printf("GPU plan per GPU (a CUDA run: %d GPU(s), shard group %d, expert parallel %d, micro-batch %d x %d, FP8 %s; "
+           "parallel/memory_plan.h):\n", p->gpus, p->S, p->n, p->B, p->T, plan_fp8_name(p->fp8));
+    printf("  parameter state, this GPU's shard of %.0Lf params (padding included)  %9.2f GiB\n", p->shard_params, G(plan_param_state(p)));
+    printf("    fp32 master %.2f, fp32 gradients %.2f, AdamW m %.2f, AdamW v %.2f, bf16 copy %.2f GiB; grad-norm scratch %.0Lf B\n",
+           G(p->master), G(p->grads), G(p->adam_m), G(p->adam_v), G(p->bf16_copy), p->norm_scratch);
+    printf("  ZeRO working set (S > 1: two units of %.0Lf params)                  %9.2f GiB\n", p->slot_params,
+           G(p->gathered_slots + p->grad_slots));
+    printf("    gathered bf16 slots %.2f GiB, fp32 gradient slots %.2f GiB\n", G(p->gathered_slots), G(p->grad_slots));
+    printf("  activations (%d layers; FP8 scratch included)                           %9.2f GiB\n", c->n_layers,
+           G(p->saved + p->head + p->scratch + p->fp8_scratch));
+    printf("    saved per layer: attention %.1f, norms+residual %.1f, router %.1f, experts' rows %.1f MiB; x %d = %.2f GiB\n",
+           M(p->layer_attention), M(p->layer_norms), M(p->layer_router), M(p->layer_experts), c->n_layers, G(p->saved));
+    printf("    head (final norm, logits, losses, RoPE, token ids) %.2f GiB, backward scratch %.2f GiB, FP8 scratch and state %.2f GiB\n",
+           G(p->head), G(p->scratch), G(p->fp8_scratch));
+    printf("  routing buffers                                                        %9.2f GiB\n", G(p->routing_index + p->ep_exchange));
+    printf("    routing indices %.1f MiB per layer, x %d = %.2f GiB; expert-parallel exchange %.2f GiB (balanced routing: %.0Lf rows "
+           "received per layer)\n", M(p->layer_routing), c->n_layers, G(p->routing_index), G(p->ep_exchange),
+           p->n > 1 ? (long double)p->B * p->T * c->top_k : 0.0L);
+    printf("  allocations (what the run allocates; the emulator's peak)              %9.2f GiB\n", G(p->allocations));
+    printf("  margins on a GPU (predicted): cuBLASLt workspace %.0f MiB, CUDA context %.0f MiB, NCCL %.2f GiB\n", M(p->cublaslt),
+           M(p->cuda_context), G(p->nccl));
+    printf("    NCCL: %d communicator(s) of more than one rank%s%s%s x 512 MiB (4 MiB NCCL_BUFFSIZE x 32 channels x 2 neighbours x 2 graphs)"
+           " + %d all-to-all peer(s) x 448 MiB\n", p->communicators, p->communicators ? " (" : "", p->comm_names.c_str(),
+           p->communicators ? ")" : "", p->a2a_peers);
+    printf("  total %.2f GiB of %.2f GiB (%s)\n", G(p->total), G(capacity), capacity_how);
+    printf("plan bytes: allocations %.0Lf, total %.0Lf, capacity %.0Lf\n", p->allocations, p->total, capacity);
+    if (p->total <= capacity)
+        printf("verdict: FITS, %.2f GiB of headroom per GPU\n", G(capacity - p->total));
+    else
+        printf("verdict: DOES NOT FIT, %.2f GiB over per GPU (lower --batch or --seq, shard over more GPUs, more --expert-parallel; "
+               "activation recomputation is future work, issue 23)\n", G(p->total - capacity));
+}

@@ -1,0 +1,141 @@
+/*
+ * test_memory_plan.cpp — the planner behind --dry-run (parallel/memory_plan.h), on the emulated CUDA
+ * backend (g++ -DSIMT_EMULATION; make test). Checks:
+ *   - every term of a small model against values computed by hand from the shapes (below, in the comments);
+ *   - the activation and routing-index classes sum to the model's own buffer walk (dbrx_gpu_memory_estimate,
+ *     what dbrx_build_shape allocates), with FP8 off, delayed and block, at several micro-batches;
+ *   - the parameter state and working set equal the store's (zero_gpu_estimate_bytes) for S 1, 2, 4 and EP 1, 2;
+ *   - the emulator's peak device memory over one training step of a one-GPU model (dbrx_build: the whole
+ *     model's state, which is the store's at S = 1) is the planner's allocations within 2%, and its
+ *     negative control: a plan for the wrong micro-batch is not;
+ *   - DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state is 18 B x the shard test_ep.sh ties to
+ *     the allocation, and the NCCL margin is three communicators and seven all-to-all peers.
+ */
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest.h>
+#include <vector>
+#include "../model/dbrx_cuda.cuh"
+#include "../parallel/zero_gpu.cuh"
+#include "../parallel/memory_plan.h"
+#include "cuda_test_helpers.h"
+
+// d 64, 4 heads (kv 2, head_dim 16: qkv width 128), 2 layers, 4 experts top-2 (F 96), vocab 256
+static DbrxConfig small() {
+    DbrxConfig c;
+    REQUIRE(model_preset_lookup("dbrx-tiny", &c));
+    c.d_model = 64; c.n_heads = 4; c.kv_heads = 2; c.head_dim = 16; c.n_layers = 2;
+    c.n_experts = 4; c.top_k = 2; c.ffn_hidden = 96; c.vocab_size = 256; c.max_seq_len = 64;
+    return c;
+}
+
+TEST_CASE("the plan's terms of a small model, by hand (B 2 x T 16: N = 32 tokens, R = 64 routed rows)") {
+    DbrxConfig c = small();
+    // P = L (d qd + d d + 2 d + d E + 3 E F d) + 2 V d + d = 2 (8192 + 4096 + 128 + 256 + 73728) + 32768 + 64 = 205632
+    REQUIRE(params_total(&c) == 205632);
+    MemoryPlan p = memory_plan(&c, 2, 16, 1, 1, 1, FP8_OFF);
+    CHECK(p.shard_params == 205632);
+    CHECK(p.master == 822528); CHECK(p.grads == 822528); CHECK(p.adam_m == 822528); CHECK(p.adam_v == 822528);
+    CHECK(p.bf16_copy == 411264);
+    CHECK(p.norm_scratch == 256 * 4 + 8);
+    CHECK(p.gathered_slots == 0); CHECK(p.grad_slots == 0);
+    // attention: ln1 2*32*64 + stats 2*4*32 + qkv_pre, qkv 2*2*32*128 + lse 4*2*4*16 + atty 2*32*64 = 25344
+    CHECK(p.layer_attention == 25344);
+    // resid_mid 4096 + ln2 4096 + stats 256 + the block's input 4096
+    CHECK(p.layer_norms == 12544);
+    // logits, probs 2*4*32*4 + lse 4*32 + top-k weights 4*32*2 + statistics 4*5
+    CHECK(p.layer_router == 1428);
+    // xe 2*64*64 + g, u, act 3*2*64*96 + ye 2*64*64
+    CHECK(p.layer_experts == 53248);
+    // topk_idx 4*32*2 + counts 16 + offsets 20 + row_token, slot_row 2*4*64
+    CHECK(p.layer_routing == 804);
+    CHECK(p.saved == 2 * (25344 + 12544 + 1428 + 53248));
+    CHECK(p.routing_index == 2 * 804);
+    // loss 8 + final residual, lnf 2*2*32*64 + stats 256 + logits 2*32*256 + losses 128 + RoPE 2*4*16*8 + ids 4*161
+    CHECK(p.head == 8 + 8192 + 256 + 16384 + 128 + 1024 + 644);
+    // attproj 4096, dresid, dln 2*4*32*64, dresid_bf16, datty 2*2*32*64, dqkv 2*32*128, drouter 2*32*4, dtopk_w 4*32*2,
+    // dxe 2*64*64, att_D 512, LayerNorm partials 4*1*64, grad-norm partials 4*258, dye 8192, da, dg, du 3*2*64*96
+    CHECK(p.scratch == 4096 + 16384 + 8192 + 8192 + 256 + 256 + 8192 + 512 + 256 + 1032 + 8192 + 36864);
+    CHECK(p.fp8_scratch == 0); CHECK(p.ep_exchange == 0);
+    CHECK(p.communicators == 0); CHECK(p.nccl == 0);
+    CHECK(p.total == p.allocations + 32 * PLAN_MIB + 600 * PLAN_MIB);
+
+    // 4 GPUs, shard group 2, EP 2: every tensor halves; a rank gathers only its 2 experts, 2 x 3 F d = 36864
+    // parameters, the biggest unit (the embedding 16384, the head 16448, a block's attention 12672)
+    MemoryPlan q = memory_plan(&c, 2, 16, 2, 2, 4, FP8_OFF);
+    CHECK(q.shard_params == 102816);
+    CHECK(q.slot_params == 36864);
+    CHECK(q.gathered_slots == 2 * 2 * 36864); CHECK(q.grad_slots == 2 * 4 * 36864);
+    // EP 2 at balance: 64 rows received per layer; per layer xl 2*64*64 + g, u, act 3*2*64*96 + perm, inv 2*4*64;
+    // shared x, y, dx, dxr 4*2*64*64 + da, dg, du 3*2*64*96
+    CHECK(q.ep_exchange == 2 * (8192 + 36864 + 512) + 32768 + 36864);
+    // communicators: shard 2, replica 2, expert_parallel 2 (expert_shard: P/n = 1 rank); one all-to-all peer
+    CHECK(q.communicators == 3); CHECK(q.a2a_peers == 1);
+    CHECK(q.nccl == 3 * 512 * PLAN_MIB + 448 * PLAN_MIB);
+}
+
+TEST_CASE("the activation classes sum to the model's own buffer walk (dbrx_gpu_memory_estimate)") {
+    DbrxConfig c = small();
+    for (Fp8Recipe r : {FP8_OFF, FP8_DELAYED, FP8_BLOCK})
+        for (int BT : {16, 48, 64}) {
+            Fp8Config f8 = {r, 16, 0, 0};
+            int B = BT == 48 ? 3 : 1, T = BT / B;
+            MemoryPlan p = memory_plan(&c, B, T, 1, 1, 1, r);
+            long double walk = (long double)dbrx_gpu_memory_estimate(&c, B, T, nullptr, &f8, false);
+            CAPTURE((int)r); CAPTURE(B); CAPTURE(T);
+            CHECK(p.saved + p.head + p.scratch + p.fp8_scratch + p.routing_index == walk);
+        }
+}
+
+TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimate_bytes)") {
+    DbrxConfig c = small();
+    for (int S : {1, 2, 4})
+        for (int n : {1, 2}) {
+            MemoryPlan p = memory_plan(&c, 2, 16, S, n, 4, FP8_OFF);
+            CAPTURE(S); CAPTURE(n);
+            CHECK(plan_param_state(&p) + p.gathered_slots + p.grad_slots == (long double)zero_gpu_estimate_bytes(&c, S, n));
+        }
+    c.n_layers = 7;   // extrapolated in the layers from 1, 2, 3 (the store's layout is affine in them)
+    MemoryPlan p = memory_plan(&c, 2, 16, 4, 2, 4, FP8_OFF);
+    CHECK(plan_param_state(&p) + p.gathered_slots + p.grad_slots == (long double)zero_gpu_estimate_bytes(&c, 4, 2));
+}
+
+TEST_CASE("the emulator's peak device memory over one step is the plan's allocations within 2%") {
+    DbrxConfig c = small();
+    const int B = 2, T = 32;
+    std::vector<int> in(B * T), tg(B * T);
+    Rng r = {7};
+    for (int i = 0; i < B * T; i++) { in[i] = (int)(rng_u64(&r) % 256); tg[i] = (int)(rng_u64(&r) % 256); }
+    size_t free0 = 0, total = 0;
+    cudaCheck(cudaMemGetInfo(&free0, &total));
+    simt::peak_device_bytes_reset();
+    size_t base = simt::peak_device_bytes();
+    DbrxGPU g;
+    dbrx_build(&g, &c, B, T, 1337);
+    dbrx_zero_grad(&g);
+    dbrx_forward(&g, in.data(), tg.data(), 1.0f);
+    dbrx_backward(&g, in.data(), tg.data(), 1.0f);
+    AdamWConfig opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    dbrx_update(&g, &opt, opt.lr, 1);
+    double peak = (double)(simt::peak_device_bytes() - base);
+    dbrx_free(&g);
+    double plan = (double)memory_plan(&c, B, T, 1, 1, 1, FP8_OFF).allocations;
+    double wrong = (double)memory_plan(&c, B, T / 2, 1, 1, 1, FP8_OFF).allocations;   // negative control
+    MESSAGE("emulated peak " << (long long)peak << " bytes, plan " << (long long)plan << " (" << 100 * (peak / plan - 1) << "%)");
+    CHECK(peak > 0);
+    CHECK(std::fabs(peak / plan - 1) <= 0.02);
+    CHECK(std::fabs(peak / wrong - 1) > 0.02);
+}
+
+TEST_CASE("DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state and the NCCL margin") {
+    DbrxConfig c;
+    REQUIRE(model_preset_lookup("dbrx-132b", &c));
+    MemoryPlan p = memory_plan(&c, 1, 4096, 64, 8, 64, FP8_OFF);
+    // 2,056,195,680 parameters per GPU (what test_ep.sh ties --dry-run's shard to), 18 B each + the norm scratch
+    CHECK(p.shard_params == 2056195680.0L);
+    CHECK(plan_param_state(&p) == 18 * 2056195680.0L + 1032);
+    CHECK(p.communicators == 3);   // shard 64, expert_parallel 8, expert_shard 8 (no replica: 64 / 64)
+    CHECK(p.a2a_peers == 7);
+    CHECK(p.total == p.allocations + p.cublaslt + p.cuda_context + 3 * 512 * PLAN_MIB + 7 * 448 * PLAN_MIB);
+}
+
+int main(int argc, char** argv) { return cuda_test_main(argc, argv, "the memory planner", 20261126); }
