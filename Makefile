@@ -173,7 +173,15 @@ test/test_nccl_twin: test/test_nccl_twin.cpp $(SIMT_HEADERS) | check-deps
 # the training binary on the emulated CUDA backend (--device cuda runs the CUDA path on the CPU)
 train_dbrx_emu: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -x c++ -o $@ train_dbrx.cu $(LDLIBS)
-emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu $(DEV_CUDA_EMU))
+# the same, instrumented as the race detector is (test/simt/race.h) but counting instead of checking: with
+# SIMT_WORKLOG=FILE each kernel's line carries the global-memory bytes it read and wrote and its tensor-core
+# FLOPs (test/simt/bytecount.h; test/test_kernel_bytes.sh checks dev/predict/kernel_cost.py's formulas with it)
+COUNT_FLAGS := $(SIMT_FLAGS) -DSIMT_RACE_DETECT -DSIMT_RACE_DETECT_DEFAULT=0 -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
+train_dbrx_emu_count: train_dbrx.cu $(SIMT_HEADERS) | check-deps
+	$(CXX) $(COUNT_FLAGS) $(MPI_CFLAGS) -x c++ -c -o $@.o train_dbrx.cu
+	$(CXX) -fopenmp -o $@ $@.o $(LDLIBS)
+	rm -f $@.o
+emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_count $(DEV_CUDA_EMU))
 
 # the real CUDA builds of the tests (make test compiles them; make test-gpu runs them on a device,
 # under compute-sanitizer with SANITIZER=1)
@@ -242,6 +250,6 @@ test: test-build
 	 HAVE_CUDA_HEADERS=$(HAVE_CUDA_HEADERS) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu test/test_ops test/test_gradcheck test/dump_reference test/test_data \
+	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_gradcheck test/dump_reference test/test_data \
 	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
 	      dev/comm_bench test/test_checkpoint test/test_gpu_select

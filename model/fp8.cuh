@@ -385,6 +385,21 @@ typedef struct {
     unsigned long long* saturated;   // accumulated
 } Fp8QuantOut;
 
+#if defined(SIMT_EMULATION)
+// the emulator's work log (SIMT_WORKLOG) records these arguments of fp8_quantize_kernel for the byte formulas
+// (dev/predict/kernel_cost.py): [start?, valid?, nseg, seg_len, row_tiles] and [q?, qt?, sinv?, sinv_t?, amax?, saturated?]
+static inline std::string worklog_fields(const Fp8Segments& s) {
+    return "[" + std::string(s.start ? "true," : "false,") + (s.valid ? "true," : "false,") + std::to_string(s.nseg) + "," +
+           std::to_string(s.seg_len) + "," + std::to_string(s.row_tiles) + "]";
+}
+static inline std::string worklog_fields(const Fp8QuantOut& o) {
+    std::string r = "[";
+    for (const void* p : {(const void*)o.q, (const void*)o.qt, (const void*)o.sinv, (const void*)o.sinv_t, (const void*)o.amax, (const void*)o.saturated})
+        r += std::string(r.size() > 1 ? "," : "") + (p ? "true" : "false");
+    return r + "]";
+}
+#endif
+
 // the number of dequantisation factors of q / qt in the block modes (per segment, the layouts of
 // matmul.cuh: q's are the factors of an operand with `len` rows of k = cols, qt's of one with
 // `cols` rows of k = len; VEC128 for activations, BLK128 for weights), given the segment lengths

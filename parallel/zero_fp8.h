@@ -329,6 +329,16 @@ typedef struct {
     int k0, block;
 } Fp8gPiece;
 
+#if defined(SIMT_EMULATION)
+// the emulator's work log (SIMT_WORKLOG) records a piece for the byte formulas (dev/predict/kernel_cost.py):
+// [a, b, cols, seg_rows, row_blocks, col_blocks, group0, k0, block]
+static inline std::string worklog_fields(const Fp8gPiece& p) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "[%zu,%zu,%d,%d,%d,%d,%zu,%d,%d]", p.a, p.b, p.cols, p.seg_rows, p.row_blocks, p.col_blocks, p.group0, p.k0, p.block);
+    return buf;
+}
+#endif
+
 // the launch of a piece: its tiles' row blocks k0 .. k0 + *nk - 1 (those of its first and last rows)
 static inline Fp8gPiece fp8g_piece(const Fp8GatherMatrix* M, size_t a, size_t b, int block, int* nk) {
     Fp8gPiece p = {a - M->off, b - M->off, M->cols, M->seg_rows, M->row_blocks, M->col_blocks, M->group0, 0, block};

@@ -124,6 +124,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
     echo "== the step-time model (dev/predict/predict.py): hand-computed cases, negative controls, the emulator's work log of a step"
     bash test/test_predict.sh
+    echo "== the step-time model's kernel formulas (bytes read/written, mma FLOPs) against the emulator's count (train_dbrx_emu_count)"
+    bash test/test_kernel_bytes.sh
     echo "== the step-time model at full size: shapes-only emulation (SIMT_SHAPES_ONLY) against the real step, dbrx-1b 8 x 2048, make predict"
     bash test/test_predict_shapes.sh
     echo "== make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run"

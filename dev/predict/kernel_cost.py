@@ -1,40 +1,250 @@
-"""kernel_cost.py — the global-memory bytes (and FLOPs) of each hand-written kernel, from the arguments the emulator's
-work log records for its launch (SIMT_WORKLOG, test/simt/counters.h: pointers as true/false, integers and floats by
-value). predict.py costs a kernel at bytes / (HBM x HBM_FRACTION); a kernel without a formula here costs its minimum
-launch time only ("no formula" in predict's table). Python 3, standard library only.
+"""kernel_cost.py — the global-memory bytes (read, written) and tensor-core FLOPs of each hand-written kernel, from
+the arguments the emulator's work log records for its launch (SIMT_WORKLOG, test/simt/counters.h: pointers as
+true/false, integers and floats by value, the FP8 structs as arrays) and its grid / dynamic shared memory.
+predict.py costs a kernel at max(bytes / (HBM x HBM_FRACTION), mma FLOPs / (BF16 peak x MMA_SYNC_FRACTION)); a kernel
+without a formula here costs its minimum launch time only ("no formula" in predict's table).
+
+Every formula states what the kernel must read and write, each byte once (the DRAM traffic with a perfect cache):
+the quantity the instrumented emulator counts ("rd", "wr", "mma" on each kernel line of a train_dbrx_emu_count
+log, test/simt/bytecount.h). test/test_kernel_bytes.sh checks formula against count for every kernel of emulated
+training steps (BF16, FP8, ZeRO-3, expert parallel); CHECK says how:
+  exact   equal (up to SLACK bytes: a few scalars the formula leaves out, such as a histogram's counters)
+  bound   data-dependent (data_dependent()): the count is at most the formula (a gather of rows by token id reads
+          a repeated token's row once; the formula, each row, is the DRAM traffic without the cache hits; under
+          expert parallelism the rows an expert receives are known on the device only: its padded segment is used)
+Python 3, standard library only.
 """
 import re
 
+SLACK = 256          # bytes: scalars, counters and segment tables left out of a formula
+# the share of the dense BF16 peak that mma.sync kernels reach on Hopper (no wgmma / TMA): FlashAttention-2 runs at
+# about 35% of an H100's peak (Shah et al., FlashAttention-3, 2024, introduction; ~335 TFLOP/s in the FA2 paper).
+# An assumption for the project's flash kernels (the same algorithm on mma.sync) until make bench-gpu measures them
+MMA_SYNC_FRACTION = 0.35
+FLASH_BR = FLASH_BC = 64   # model/attention_flash.cuh: query rows / keys per tile (forward, dq)
+FLASH_BQ = 32              # queries per tile of the dk/dv kernel
+GRAD_NORM_BLOCKS = 256     # model/adamw.cuh
 
-def _ln_bytes(a):   # layernorm_forward_kernel(out, resid, mean, rstd, inp, add, weight, N, C, eps): BF16 rows
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _ln_fwd(a, g, x):   # (out, resid, mean, rstd, inp, add, weight, N, C, eps): inp (+ add) read, out (+ resid) written
     N, C = a[7], a[8]
-    return 2 * N * C * (2 + (1 if a[5] else 0) + (1 if a[1] else 0)) + 2 * C + 8 * N
+    add = 1 if a[5] else 0
+    return 2 * N * C * (1 + add) + 2 * C, 2 * N * C * (1 + add) + 8 * N
 
 
-# Global-memory bytes of a kernel from its logged arguments (a: the list, pointers as true/false), by the kernel's
-# name without template arguments: what each thread reads and writes once (no L2 reuse counted)
+def _ln_dinp(a, g, x):  # (dinp, dinp_bf16, dout, inp, weight, mean, rstd, N, C): dinp += (FP32, read and written)
+    N, C = a[7], a[8]
+    return 4 * N * C + 2 * N * C + 2 * C + 8 * N + 4 * N * C, 4 * N * C + (2 * N * C if a[1] else 0)
+
+
+def _rope(a, g, x, backward):   # (qkv|dqkv, qkv_pre, cos, sin, B, T, H, KV, hd, clip): every head's row, T rows of cos/sin
+    B, T, H, KV, hd, clip = a[4:10]
+    n = 2 * B * T * (H + 2 * KV) * hd
+    pre = n if backward and clip >= 0 else 0   # the backward reads qkv_pre only to zero the clipped values' gradient
+    return n + pre + 2 * 4 * T * (hd // 2), n
+
+
+def _flash_hd(smem, kind):   # head_dim from the launch's dynamic shared memory (the launchers' flash_*_smem<HD>)
+    if kind == "fwd":
+        return smem // ((FLASH_BR + 4 * FLASH_BC) * 2) - 8
+    if kind == "dq":
+        return smem // ((2 * FLASH_BR + 4 * FLASH_BC) * 2) - 8
+    return (smem - 4 * FLASH_BQ * 4) // ((2 * FLASH_BC + 4 * FLASH_BQ) * 2) - 8
+
+
+def _flash(item, a, kind):   # flash_attention_*_kernel<HD>: causal; grid (tiles, heads, B); args ..., T, H, KV
+    T, H, KV = a[-3], a[-2], a[-1]
+    B = item["grid"][2]
+    hd = _flash_hd(item["smem"], kind)
+    qkv = 2 * B * T * (H + 2 * KV) * hd     # q, k and v: every row of every head is needed
+    o = 2 * B * T * H * hd                   # out / dout (BF16)
+    rows = 4 * B * H * T                     # lse / D (FP32)
+    nq = _cdiv(T, FLASH_BR)
+    if kind == "fwd":    # S = Q K^T, O += P V per (query tile, key tile) pair at or below the diagonal
+        return (qkv, o + rows), 2 * 2 * FLASH_BR * FLASH_BC * hd * B * H * nq * (nq + 1) // 2
+    if kind == "dq":     # reads q, k, v, dout, out (D = rowsum(dout out)), lse; writes dq and D; S, dP, dQ per pair
+        return (qkv + 2 * o + rows, 2 * B * T * H * hd + rows), 3 * 2 * FLASH_BR * FLASH_BC * hd * B * H * nq * (nq + 1) // 2
+    # dkv: reads q, k, v, dout, lse, D; writes dk, dv; S^T, dP^T, dV, dK per (key tile, 32-query tile from its diagonal)
+    tiles = sum(_cdiv(T - j * FLASH_BC, FLASH_BQ) for j in range(_cdiv(T, FLASH_BC)))
+    return (qkv + o + 2 * rows, 2 * B * T * 2 * KV * hd), 4 * 2 * FLASH_BC * FLASH_BQ * hd * B * H * tiles
+
+
+def _warp_attn(a, kind):   # attention_*_kernel (warp per row, head_dims the flash kernels lack): same traffic
+    B, T, H, KV, hd = a[-5:]
+    qkv, o, rows = 2 * B * T * (H + 2 * KV) * hd, 2 * B * T * H * hd, 4 * B * H * T
+    if kind == "fwd":
+        return qkv, o + rows
+    if kind == "dq":
+        return qkv + 2 * o + rows, 2 * B * T * H * hd + rows
+    return qkv + o + 2 * rows, 2 * B * T * 2 * KV * hd
+
+
+def _unit(name, default=4):   # gather_rows_kernel<int4> moves 16-byte units; <T> the element type's
+    return 16 if "int4" in name else default
+
+
+def _fp8_quantize(item, a, ctx):
+    # fp8_quantize_kernel<MODE>(x, rows, cols, seg, fmt, scale, amax_in, margin, out): reads the segments' valid rows
+    # of x (BF16; with valid counts, the padded expert layout, the routed rows: ctx "routed"), writes q and / or qt
+    # (1 byte each), the dequantisation factors, max-accumulates the amax
+    rows, cols, seg, out = a[1], a[2], a[3], a[8]
+    mode = re.search(r"<(\w+)>", item["name"])
+    mode = mode.group(1) if mode else ""
+    q, qt, sinv, sinv_t, amax = out[0], out[1], out[2], out[3], out[4]
+    nct = _cdiv(cols, 128)
+    valid = ctx.get("routed", rows) if seg[1] and not ctx.get("ep") else rows   # (EP: the received rows are data)
+    rd = 2 * valid * cols + (4 * (seg[2] + 1) if seg[0] else 0) + (4 * seg[2] if seg[1] else 0) + (4 if amax else 0)
+    wr = 4 if amax else 0
+    if mode == "FP8Q_AMAX":
+        return rd, wr
+    wr += rows * cols * ((1 if q else 0) + (1 if qt else 0))   # padding rows are written as zeros
+    if mode == "FP8Q_TENSOR":
+        wr += 4 if sinv else 0
+        rd += 4   # the scale, or the amax it is made from
+    elif mode == "FP8Q_ACT":    # one factor per (row, 128 columns) of q and per (column, 128 rows) of qt
+        wr += 4 * (rows * nct if sinv else 0) + 4 * (cols * seg[4] if sinv_t else 0)
+    else:                       # FP8Q_WEIGHT: one factor per 128 x 128 tile
+        wr += 4 * seg[4] * nct * ((1 if sinv else 0) + (1 if sinv_t else 0))
+    return rd, wr
+
+
+# Global-memory (bytes read, bytes written) of a kernel from its logged arguments (a: the list, pointers as
+# true/false), grid (g) and the item (x), by the kernel's name without template arguments
 KERNELS = {
-    "adamw_kernel": lambda a: 30 * a[5],            # (param, param_bf16, grad, m, v, n, ...): p, m, v r+w 24, grad 4, bf16 2
-    "grad_sumsq_kernel": lambda a: 4 * a[2],        # (partial, grad, n)
-    "swiglu_forward_kernel": lambda a: 6 * a[3],    # (a, g, u, n): g, u read, a written, BF16
-    "swiglu_backward_kernel": lambda a: 10 * a[5],  # (dg, du, da, g, u, n): 3 read, 2 written
-    "zero_f32_to_bf16_kernel": lambda a: 6 * a[2],  # (out, in, n)
-    "layernorm_forward_kernel": _ln_bytes,
-    "classifier_fused_kernel": None,                # (logits, losses, targets, V, dloss, write_grad): needs N = grid.x
+    # optimizer and gradient norm
+    "adamw_kernel": lambda a, g, x: (16 * a[5], (14 if a[1] else 12) * a[5]),   # p, grad, m, v read; p, m, v (+ bf16) written
+    "grad_sumsq_kernel": lambda a, g, x: (4 * a[2], 4 * g[0]),                  # (partial, grad, n): one partial per block
+    "grad_sumsq_finish_kernel": lambda a, g, x: (4 * GRAD_NORM_BLOCKS, 8),     # (out, partial): the partials to a double
+    "zero_sum_partials_kernel": lambda a, g, x: (4 * a[2], 8),                  # (out, partial, n)
+    "zero_accumulate_kernel": lambda a, g, x: (8 * a[2], 4 * a[2]),            # (acc, x, n): acc += x, FP32
+    "zero_scale_kernel": lambda a, g, x: (4 * a[2], 4 * a[2]),                 # (x, s, n): x *= s
+    "zero_f32_to_bf16_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),           # (out, in, n)
+    # embedding, layer norm, residual, loss
+    "gather_rows_kernel": lambda a, g, x: (4 * a[3] + a[3] * a[4] * _unit(x["name"]), a[3] * a[4] * _unit(x["name"])),  # (out, src, idx, rows, units)
+    "layernorm_forward_kernel": _ln_fwd,
+    "layernorm_backward_dinp_kernel": _ln_dinp,
+    "layernorm_backward_dweight_partial_kernel": lambda a, g, x: (6 * a[5] * a[6] + 8 * a[5], 4 * g[0] * a[6]),  # dout, inp, mean, rstd; a row per chunk
+    "column_sum_kernel": lambda a, g, x: (4 * a[2] * a[3] + 4 * a[3], 4 * a[3]),  # (out, partial, rows, C): out += column sums
+    "classifier_fused_kernel": lambda a, g, x: (2 * g[0] * a[3] + 4 * g[0], (2 * g[0] * a[3] if a[5] else 0) + 4 * g[0]),  # N = grid.x rows of V logits
+    "loss_mean_kernel": lambda a, g, x: (4 * a[2], 8),                          # (mean, losses, N)
+    # attention
+    "clip_rope_forward_kernel": lambda a, g, x: _rope(a, g, x, 0),
+    "clip_rope_backward_kernel": lambda a, g, x: _rope(a, g, x, 1),
+    "attention_forward_kernel": lambda a, g, x: _warp_attn(a, "fwd"),
+    "attention_backward_dq_kernel": lambda a, g, x: _warp_attn(a, "dq"),
+    "attention_backward_dkv_kernel": lambda a, g, x: _warp_attn(a, "dkv"),
+    # (out, q, cache, pos, H, KV, hd): generation's one query row per head against pos + 1 cached k and v rows
+    "attention_decode_kernel": lambda a, g, x: (2 * a[4] * a[6] + 2 * (a[3] + 1) * 2 * a[5] * a[6], 2 * a[4] * a[6]),
+    # router and MoE (N tokens, E experts, top-k, C = d, n = rows x F)
+    "router_forward_kernel": lambda a, g, x: (4 * a[5] * a[6], 4 * a[5] * a[6] + 4 * a[5] + 8 * a[5] * a[7]),  # logits -> probs, lse, idx, w
+    "expert_histogram_kernel": lambda a, g, x: (4 * a[2], 0),                   # (counts, topk_idx, n): + E counters (SLACK)
+    "router_stats_kernel": lambda a, g, x: (4 * a[3] * a[4] + 4 * a[3], 4 * (a[4] + 1)),  # (stats, probs, lse, N, E)
+    "router_backward_kernel": lambda a, g, x: (4 * a[7] * (a[8] + 1 + 3 * a[9]) + 4 * a[8], 2 * a[7] * a[8]),  # probs, lse, dw, idx, w, counts
+    "moe_offsets_kernel": lambda a, g, x: (4 * a[2], 4 * (a[2] + 1)),          # (offsets, counts, E)
+    "moe_permute_kernel": lambda a, g, x: (4 * a[4] * a[5] + 4 * g[0], 8 * a[4] * a[5]),  # grid.x = E: idx, offsets -> row_token, slot_row
+    "moe_combine_forward_kernel": lambda a, g, x: (2 * a[5] * a[7] * (1 + a[6]) + 8 * a[5] * a[6], 2 * a[5] * a[7]),  # resid + k rows of ye
+    "moe_combine_backward_kernel": lambda a, g, x: (4 * a[6] * a[8] + 2 * a[6] * a[7] * a[8] + 8 * a[6] * a[7],
+                                                    2 * a[6] * a[7] * a[8] + 4 * a[6] * a[7]),  # dout, ye, w, slot -> dye, dw
+    "moe_gather_backward_kernel": lambda a, g, x: (2 * a[3] * a[4] * a[5] + 4 * a[3] * a[4], 4 * a[3] * a[5]),  # dxe rows -> dx (FP32)
+    "swiglu_forward_kernel": lambda a, g, x: (4 * a[3], 2 * a[3]),             # (a, g, u, n): g, u read, a written, BF16
+    "swiglu_backward_kernel": lambda a, g, x: (6 * a[5], 4 * a[5]),            # (dg, du, da, g, u, n): 3 read, 2 written
+    "embedding_backward_kernel": None,                                          # needs the token count (ctx)
+    # FP8 (model/fp8.cuh, model/dbrx_fp8_cuda.cuh, parallel/zero_fp8.h)
+    "fp8_pad_slots_kernel": lambda a, g, x: (4 * a[3] + 8 * a[4], 4 * a[3]),    # (slot_row, offsets, seg, R, E): remapped in place
+    "fp8_pad_rows_kernel": None,                                                # data-dependent: set below
+    "fp8g_scales_kernel": lambda a, g, x: (4 * a[3], 8 * a[3]),                 # (amax, scale, inv, n, margin)
+    "fp8g_factors_kernel": lambda a, g, x: (4 * a[2], 4 * a[2]),               # (inv, sinv, groups, ...): one factor each
+    "fp8_transpose_kernel": lambda a, g, x: (a[2] * a[3], a[2] * a[3]),        # (qt, q, rows, cols): 1-byte codes
+    "fp8_transpose_factors_kernel": lambda a, g, x: (4 * a[2] * _cdiv(a[3], 128) * _cdiv(a[4], 128),) * 2,  # one per tile
+    "fp8g_weight_scales_kernel": lambda a, g, x: (20 * g[0], 4 * g[0]),      # per matrix: its slot and group (2 size_t), its scale
 }
+# data-dependent (CHECK "bound"): the formula is the traffic without cache hits on repeated rows, or (under expert
+# parallelism) with every padded row of the experts' segments valid
+BOUND = {"gather_rows_kernel", "fp8_pad_rows_kernel"}
+
+
+def data_dependent(item, ctx):
+    base = re.sub(r"<.*", "", item["name"]).strip()
+    if base == "fp8_quantize_kernel":
+        seg = (item.get("args") or [None] * 4)[3]
+        return bool(ctx.get("ep") and isinstance(seg, list) and seg[1])
+    return base in BOUND
+
+
+def kernel_context(items):
+    """what some formulas need from elsewhere in the step: the optimizer shard's size (the step's gradient-norm
+    pass over the whole shard, padding included) and the token count (rows of the classifier)"""
+    ctx = {"shard_n": max([it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "grad_sumsq_kernel"
+                           and len(it.get("args") or []) > 2 and isinstance(it["args"][2], int)] or [0])}
+    n = [it["grid"][0] for it in items if it["t"] == "kernel" and it["name"].startswith("classifier_fused_kernel")]
+    if n:
+        ctx["tokens"] = max(n)
+    n = [it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "expert_histogram_kernel"]
+    if n:
+        ctx["routed"] = max(n)   # token x top-k rows routed to this rank's experts (without expert parallelism)
+    ctx["ep"] = any(it["t"] == "coll" and it.get("comm") == "expert_parallel" for it in items)
+    n = [it["args"][3] for it in items if it["t"] == "kernel" and it["name"] == "fp8g_scales_kernel"]
+    if n:
+        ctx["fp8g_groups"] = max(n)   # the FP8 all-gather's scale groups (--fp8-gather)
+    return ctx
+
+
+def kernel_rw(item, ctx=None):
+    """(bytes read, bytes written, tensor-core FLOPs) of a kernel line, or None without a formula"""
+    base = re.sub(r"<.*", "", item["name"]).strip()
+    a = item.get("args") or []
+    g = item.get("grid") or [1, 1, 1]
+    ctx = ctx or {}
+    try:
+        if base.startswith("flash_attention_"):
+            kind = "fwd" if "forward" in base else "dq" if "_dq_" in base else "dkv"
+            (rd, wr), mma = _flash(item, a, kind)
+            return rd, wr, mma
+        if base == "adamw_multi_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass
+            n = ctx.get("shard_n")          # (grad_sumsq_kernel over the whole shard) gives their sum, padding included
+            return (16 * n + 20 * g[1], (14 if a[1] else 12) * n, 0) if n else None
+        if base == "embedding_backward_kernel":   # (dwte, dout, unique, offsets, positions, C), grid.x = U distinct
+            U, C, N = g[0], a[5], ctx.get("tokens", g[0])   # tokens: dwte rows += the sum of their positions' dout rows
+            return 4 * U * C + 4 * N * C + 4 * U + 4 * (U + 1) + 4 * N, 4 * U * C, 0
+        if base == "fp8_quantize_kernel":
+            rd, wr = _fp8_quantize(item, a, ctx)
+            return rd, wr, 0
+        if base in ("fp8g_piece_amax_kernel", "fp8g_piece_encode_kernel"):   # (x, piece [a, b, ...], ...)
+            es = 2   # <T>: the store gathers from its BF16 copy of the shard (zero_gpu.cuh; FP32 only in tests)
+            n = a[1][1] - a[1][0]
+            groups = g[0] * g[1] if a[1][8] else 1   # block scaling: a group per 128 x 128 tile; else the matrix's one
+            if base == "fp8g_piece_amax_kernel":     # max-accumulated: read and written
+                return es * n + 4 * groups, 4 * groups, 0
+            return es * n + 4 * groups, n, 0         # the codes; the group's scale read
+        if base == "fp8g_decode_bf16_kernel":   # (y, codes, piece, inv): codes (1 byte) -> BF16
+            n = a[2][1] - a[2][0]
+            return n, 2 * n, 0
+        if base == "fp8g_tensor_amax_kernel":   # (slot_amax, mats, amax): per matrix its table row (3 size_t) and
+            groups = ctx.get("fp8g_groups", g[0])   # its groups' amaxes (all groups: ctx) -> one amax
+            return 24 * g[0] + 4 * groups, 4 * g[0], 0
+        if base == "fp8_pad_rows_kernel":       # (row_token_pad, row_token, offsets, seg, Rp, E)
+            Rp, E = a[4], a[5]
+            return 4 * Rp + 8 * (E + 1), 4 * Rp, 0
+        f = KERNELS.get(base)
+        if not f:
+            return None
+        rd, wr = f(a, g, item)
+        return rd, wr, 0
+    except (IndexError, TypeError, KeyError, ZeroDivisionError):
+        return None
 
 
 def kernel_bytes(item, ctx=None):
-    base = re.sub(r"<.*", "", item["name"]).strip()
-    a = item.get("args") or []
-    try:
-        if base == "adamw_multi_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass
-            n = (ctx or {}).get("shard_n")  # (grad_sumsq_kernel over the whole shard) gives their sum, padding included
-            return 30 * n if n else None
-        if base == "classifier_fused_kernel":
-            N, V = item["grid"][0], a[3]
-            return 2 * N * V * (2 if a[5] else 1) + 8 * N
-        f = KERNELS.get(base)
-        return f(a) if f else None
-    except (IndexError, TypeError):
-        return None
+    """global-memory bytes (read + written) of a kernel line, or None without a formula"""
+    r = kernel_rw(item, ctx)
+    return None if r is None else r[0] + r[1]
+
+
+def kernel_flops(item, ctx=None):
+    """tensor-core (BF16 mma.sync) FLOPs of a kernel line: 0 for the memory-bound kernels"""
+    r = kernel_rw(item, ctx)
+    return 0 if r is None else r[2]

@@ -37,7 +37,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_cost import kernel_bytes  # noqa: E402  (the per-kernel byte formulas)
+from kernel_cost import kernel_bytes, kernel_context, kernel_flops, MMA_SYNC_FRACTION  # noqa: E402  (the per-kernel byte and mma FLOP formulas)
 
 # ---------------------------------------------------------------------------------------------------------
 # the rate table. Sources: [gpu_peak] model/gpu_peak.h (NVIDIA's dense BF16 numbers, half the sparse datasheet
@@ -98,12 +98,13 @@ def cost(item, dev, gpus_per_node, ctx=None):
         d = max(tc, tm, GEMM_MIN_US * 1e-6)
         return d, ("FLOPs" if d == tc else "bytes" if d == tm else "latency"), flops, nbytes
     if t == "kernel":
-        nbytes = kernel_bytes(item, ctx)
+        nbytes, flops = kernel_bytes(item, ctx), kernel_flops(item, ctx)
         if nbytes is None:
             return KERNEL_MIN_US * 1e-6, "no formula", 0.0, None
         tm = nbytes / (r["hbm"] * HBM_FRACTION)
-        d = max(tm, KERNEL_MIN_US * 1e-6)
-        return d, ("bytes" if d == tm else "latency"), 0.0, nbytes
+        tc = flops / (r["bf16"] * MMA_SYNC_FRACTION)   # its mma.sync FLOPs (flash attention), kernel_cost.py
+        d = max(tm, tc, KERNEL_MIN_US * 1e-6)
+        return d, ("FLOPs" if d == tc else "bytes" if d == tm else "latency"), flops, nbytes
     if t == "coll":
         n = item["nranks"]
         if n <= 1:
@@ -222,8 +223,7 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
     # event it waits on, else the host, whose own predecessor is the item its last sync waited for)
     spred, epred, host_pred = {}, {}, None
     ranges, open_ranges = [], {}   # --profile's ranges on the predicted timeline (stream -1: the host)
-    ctx = {"shard_n": max([it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "grad_sumsq_kernel"
-                           and len(it.get("args") or []) > 2 and isinstance(it["args"][2], int)] or [0])}
+    ctx = kernel_context(items)   # what some kernel formulas need from the rest of the step (kernel_cost.py)
     for it in merge_groups(items):
         t = it["t"]
         if t in ("kernel", "gemm", "coll", "copy"):

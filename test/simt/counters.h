@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -49,7 +50,8 @@ inline void device_bytes_note(size_t allocated) { if (allocated > device_peak())
 // the order the log first sees them (stream 0: the null stream). The lines, by "t":
 //   kernel  name (LAUNCH's kernel expression), grid, block, smem, stream, args: the kernel's arguments after
 //           conversion to its parameter types (integers and floats by value, pointers as true / false for
-//           non-null / null, anything else null): the predictor's per-kernel byte formulas read them
+//           non-null / null, a struct with a worklog_fields() overload as the array it returns, anything else
+//           null): the predictor's per-kernel byte formulas read them
 //   gemm    m, n, k, batch, a/b/d types, trans_a, trans_b, beta (C read when non-zero), fast_accum,
 //           scale modes, epilogue (always "none": the project's GEMMs have none), stream, flops = 2 m n k batch
 //   coll    kind (all_gather, reduce_scatter, all_reduce, broadcast, send, recv), comm (its name), nranks,
@@ -61,12 +63,22 @@ inline void device_bytes_note(size_t allocated) { if (allocated > device_peak())
 //   copy    kind h2d / d2h / d2d / h2h / memset, bytes, stream, blocking (cudaMemcpy: the host waits too)
 //   mark    name, n: the training loop's step boundaries (platform_step_counters at dbrx_sync)
 // Items are logged when the host issues them (a deferred stream runs them later), from the issuing thread.
+// The instrumented build (-DSIMT_RACE_DETECT) adds to each kernel's line what the launch touched ("rd", "wr",
+// "rd_sec", "wr_sec", "mma": test/simt/bytecount.h) when it has run: the lines wait in `held` (in issue order)
+// until every kernel line before them has its counts; a kernel that never ran is written without them at exit.
+struct WorklogHeld { std::string text; long long kernel; };   // kernel: its number while it waits for counts, else -1
 struct Worklog {
     FILE* f = nullptr;
     bool checked = false;
     std::map<const void*, int> streams, events;
     int marks = 0;
+    long long kernels = 0;
+    std::deque<WorklogHeld> held;
     std::mutex mu;
+    ~Worklog() {
+        for (const WorklogHeld& h : held) if (f) fprintf(f, "{%s}\n", h.text.c_str());
+        if (f) fflush(f);
+    }
 };
 inline Worklog& worklog() { static Worklog w; return w; }
 // the open log, or NULL when SIMT_WORKLOG is unset (checked once)
@@ -96,13 +108,6 @@ inline int worklog_id(std::map<const void*, int>& ids, const void* p, int first)
 }
 inline int worklog_stream(const void* s) { return worklog_id(worklog().streams, s, 1); }
 inline int worklog_event(const void* e) { return worklog_id(worklog().events, e, 1); }
-// writes one line (a JSON object's fields, without the braces)
-inline void worklog_line(const std::string& fields) {
-    FILE* f = worklog_file();
-    if (!f) return;
-    fprintf(f, "{%s}\n", fields.c_str());
-    fflush(f);
-}
 inline std::string worklog_fmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 inline std::string worklog_fmt(const char* fmt, ...) {
     char buf[1024];
@@ -112,6 +117,45 @@ inline std::string worklog_fmt(const char* fmt, ...) {
     va_end(ap);
     return buf;
 }
+// writes the held lines up to the first kernel still waiting for its counts
+inline void worklog_flush_held() {
+    Worklog& w = worklog();
+    bool any = false;
+    while (!w.held.empty() && w.held.front().kernel < 0) {
+        fprintf(w.f, "{%s}\n", w.held.front().text.c_str());
+        w.held.pop_front();
+        any = true;
+    }
+    if (any) fflush(w.f);
+}
+// writes one line (a JSON object's fields, without the braces); kernel >= 0: a kernel's line, held for its counts
+inline void worklog_line(const std::string& fields, long long kernel = -1) {
+    FILE* f = worklog_file();
+    if (!f) return;
+#if defined(SIMT_RACE_DETECT)
+    worklog().held.push_back({fields, kernel});
+    worklog_flush_held();
+#else
+    (void)kernel;
+    fprintf(f, "{%s}\n", fields.c_str());
+    fflush(f);
+#endif
+}
+// kernel number `kernel` has run: its counts join its line
+inline void worklog_kernel_done(long long kernel, long long rd, long long wr, long long rd_sec, long long wr_sec, long long mma) {
+    if (!worklog_file()) return;
+    std::lock_guard<std::mutex> lock(worklog().mu);
+    for (WorklogHeld& h : worklog().held)
+        if (h.kernel == kernel) {
+            h.text += worklog_fmt(",\"rd\":%lld,\"wr\":%lld,\"rd_sec\":%lld,\"wr_sec\":%lld,\"mma\":%lld", rd, wr, rd_sec, wr_sec, mma);
+            h.kernel = -1;
+        }
+    worklog_flush_held();
+}
+// a struct argument is logged as what `worklog_fields(v)` returns (a JSON array, found by argument-dependent
+// lookup: the model declares it next to the struct, for the byte formulas), else as null
+template <typename T, typename = void> struct worklog_has_fields : std::false_type {};
+template <typename T> struct worklog_has_fields<T, std::void_t<decltype(worklog_fields(std::declval<const T&>()))>> : std::true_type {};
 // one kernel argument as JSON (see the top)
 template <typename T> inline void worklog_arg(std::string* out, const T& v) {
     if (!out->empty()) *out += ",";
@@ -123,15 +167,18 @@ template <typename T> inline void worklog_arg(std::string* out, const T& v) {
         *out += f;
     }
     else if constexpr (std::is_pointer_v<T>) *out += v ? "true" : "false";
+    else if constexpr (worklog_has_fields<T>::value) *out += worklog_fields(v);
     else *out += "null";
 }
-template <typename Tuple> inline void worklog_kernel(const char* name, dim3 g, dim3 b, size_t smem, const void* stream, const Tuple& args) {
-    if (!worklog_file()) return;
+// returns the kernel's number in the log (-1: no log)
+template <typename Tuple> inline long long worklog_kernel(const char* name, dim3 g, dim3 b, size_t smem, const void* stream, const Tuple& args) {
+    if (!worklog_file()) return -1;
     std::lock_guard<std::mutex> lock(worklog().mu);
     std::string a;
     std::apply([&](const auto&... v) { (worklog_arg(&a, v), ...); }, args);
     worklog_line(worklog_fmt("\"t\":\"kernel\",\"name\":\"%s\",\"grid\":[%u,%u,%u],\"block\":[%u,%u,%u],\"smem\":%zu,\"stream\":%d,\"args\":[",
-                             name, g.x, g.y, g.z, b.x, b.y, b.z, smem, worklog_stream(stream)) + a + "]");
+                             name, g.x, g.y, g.z, b.x, b.y, b.z, smem, worklog_stream(stream)) + a + "]", worklog().kernels);
+    return worklog().kernels++;
 }
 inline void worklog_record(const void* event, const void* stream, bool wait) {
     if (!worklog_file()) return;

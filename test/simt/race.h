@@ -126,10 +126,18 @@ SIMT_NOTSAN inline void race_block_start(Sched* s, int nthreads) {
     r->stack_hi = (uintptr_t)s->stacks + (size_t)s->capacity * s->stack_stride;
 }
 SIMT_NOTSAN inline void race_barrier() { RaceState* r = tls_race; if (r) { r->epoch++; r->used = 0; } }
+inline bool race_is_global(const void* p);   // inside a cudaMalloc allocation (defined after the runtime)
 // detection can be switched off at run time (a test that wants the values a racy kernel computes)
-inline bool& race_detect_enabled() { static bool on = true; return on; }
+#ifndef SIMT_RACE_DETECT_DEFAULT
+#define SIMT_RACE_DETECT_DEFAULT 1   // 0: the byte-counting trainer (train_dbrx_emu_count) counts without checking
+#endif
+inline bool& race_detect_enabled() { static bool on = SIMT_RACE_DETECT_DEFAULT; return on; }
 inline void race_detect_set(bool on) { race_detect_enabled() = on; }
-inline void race_set_active(bool on) { if (tls_race) tls_race->active = on && race_detect_enabled(); }
+}  // namespace simt
+#include "bytecount.h"   // per-launch byte and mma counts (the work log's "rd", "wr", "mma"): the same hooks
+namespace simt {
+// the hooks run while a block's fiber runs and either the detector or the byte count is on
+inline void race_set_active(bool on) { if (tls_race) tls_race->active = on && (race_detect_enabled() || bytes_counting()); }
 
 // the lanes of `mask` in warp w have met: each ticks its own clock, then all take the join
 SIMT_NOTSAN inline void race_warp_sync(int w, unsigned mask) {
@@ -146,7 +154,6 @@ SIMT_NOTSAN inline void race_warp_sync(int w, unsigned mask) {
         if (mask >> j & 1) memcpy(r->vc + (size_t)(w * 32 + j) * 32, join, sizeof join);
 }
 
-inline bool race_is_global(const void* p);   // inside a cudaMalloc allocation (defined after the runtime)
 
 // this program's file (a command run by popen has its own /proc/self)
 inline std::string race_exe_path() {
@@ -331,13 +338,22 @@ SIMT_NOTSAN inline void race_hook(const void* p, int size, bool write, const voi
     if (!r || !r->active || r->in_hook) return;
     Sched* s = tls_sched;
     if (r->quiet[s->current]) return;
-    race_record(p, size, write, s->current, pc, nullptr);
+    if (bytes_counting() && (uintptr_t)p - r->stack_lo >= r->stack_hi - r->stack_lo) { r->in_hook = true; bytes_record(p, size, !write, write); r->in_hook = false; }
+    if (race_detect_enabled()) race_record(p, size, write, s->current, pc, nullptr);
+}
+// an atomic's access (a read and / or a write): counted, never checked for races
+SIMT_NOTSAN inline void race_atomic_hook(const volatile void* p, int size, bool rd, bool wr) {
+    RaceState* r = tls_race;
+    if (!r || !r->active || r->in_hook || !bytes_counting()) return;
+    if (r->quiet[tls_sched->current]) return;
+    if ((uintptr_t)p - r->stack_lo >= r->stack_hi - r->stack_lo) { r->in_hook = true; bytes_record((const void*)p, size, rd, wr); r->in_hook = false; }
 }
 // an emulated instruction's access on behalf of thread tid; pc: where the thread issued it
 inline void race_collective_access(const void* p, int size, bool write, int tid, const void* pc, const char* op) {
     RaceState* r = tls_race;
     if (!r || !r->active) return;
-    race_record(p, size, write, tid, pc, op);
+    if (bytes_counting() && (uintptr_t)p - r->stack_lo >= r->stack_hi - r->stack_lo) { r->in_hook = true; bytes_record(p, size, !write, write); r->in_hook = false; }
+    if (race_detect_enabled()) race_record(p, size, write, tid, pc, op);
 }
 
 }  // namespace simt
@@ -362,20 +378,20 @@ __attribute__((weak)) SIMT_NOTSAN void __tsan_vptr_read(void**) {}
 __attribute__((weak)) SIMT_NOTSAN void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 __attribute__((weak)) SIMT_NOTSAN void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
 #define SIMT_TSAN_ATOMIC(n, T)                                                                                            \
-    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \
-    __attribute__((weak)) SIMT_NOTSAN void __tsan_atomic##n##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
-    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_exchange(volatile T* a, T v, int) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
-    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_add(volatile T* a, T v, int) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
-    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_sub(volatile T* a, T v, int) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
-    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_and(volatile T* a, T v, int) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
-    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_or(volatile T* a, T v, int) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); } \
-    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_xor(volatile T* a, T v, int) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
-    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_nand(volatile T* a, T v, int) { return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
-    __attribute__((weak)) SIMT_NOTSAN int __tsan_atomic##n##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {                \
+    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_load(const volatile T* a, int) { simt::race_atomic_hook(a, n / 8, true, false); return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \
+    __attribute__((weak)) SIMT_NOTSAN void __tsan_atomic##n##_store(volatile T* a, T v, int) { simt::race_atomic_hook(a, n / 8, false, true); __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
+    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_exchange(volatile T* a, T v, int) { simt::race_atomic_hook(a, n / 8, true, true); return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
+    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_add(volatile T* a, T v, int) { simt::race_atomic_hook(a, n / 8, true, true); return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
+    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_sub(volatile T* a, T v, int) { simt::race_atomic_hook(a, n / 8, true, true); return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
+    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_and(volatile T* a, T v, int) { simt::race_atomic_hook(a, n / 8, true, true); return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
+    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_or(volatile T* a, T v, int) { simt::race_atomic_hook(a, n / 8, true, true); return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); } \
+    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_xor(volatile T* a, T v, int) { simt::race_atomic_hook(a, n / 8, true, true); return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
+    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_fetch_nand(volatile T* a, T v, int) { simt::race_atomic_hook(a, n / 8, true, true); return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
+    __attribute__((weak)) SIMT_NOTSAN int __tsan_atomic##n##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) { simt::race_atomic_hook(a, n / 8, true, true);                \
         return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                       \
-    __attribute__((weak)) SIMT_NOTSAN int __tsan_atomic##n##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                  \
+    __attribute__((weak)) SIMT_NOTSAN int __tsan_atomic##n##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) { simt::race_atomic_hook(a, n / 8, true, true);                  \
         return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                        \
-    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_compare_exchange_val(volatile T* a, T c, T v, int, int) {                      \
+    __attribute__((weak)) SIMT_NOTSAN T __tsan_atomic##n##_compare_exchange_val(volatile T* a, T c, T v, int, int) { simt::race_atomic_hook(a, n / 8, true, true);                      \
         __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return c; }
 SIMT_TSAN_ATOMIC(8, char) SIMT_TSAN_ATOMIC(16, short) SIMT_TSAN_ATOMIC(32, int) SIMT_TSAN_ATOMIC(64, long long)
 #undef SIMT_TSAN_ATOMIC

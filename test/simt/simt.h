@@ -62,6 +62,12 @@
 #include <cuda_runtime_api.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+#if defined(SIMT_RACE_DETECT)
+// The instrumentation sees a store only as an assignment: `out[i] = __float2bfloat16(x)` left as a call that
+// returns the struct straight into global memory (GCC does not inline it in a large translation unit) would
+// escape the race detector and the byte count (bytecount.h). Inlined, it is a plain 2-byte store.
+static inline __nv_bfloat16 __float2bfloat16(const float a) __attribute__((always_inline));
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -887,12 +893,23 @@ inline void launch(const char* name, const char* file, int line, void (*kernel)(
                    size_t smem, cudaStream_t stream, Args&&... args) {
     static_assert(sizeof...(KArgs) == sizeof...(Args), "LAUNCH: wrong number of kernel arguments");
     auto params = std::make_shared<std::tuple<std::decay_t<KArgs>...>>(std::forward<Args>(args)...);
+    count_launch();
+    long long logged = worklog_kernel(name, grid, block, smem, stream, *params);   // SIMT_WORKLOG (counters.h)
     auto run = [=]() {   // on a deferred stream it runs later: the converted arguments are kept by value
         auto call = [&]() { std::apply(kernel, *params); };
+#if defined(SIMT_RACE_DETECT)
+        if (logged >= 0) bytes_launch_begin();   // the launch's bytes and mma FLOPs for its log line (bytecount.h)
+#endif
         run_grid(name, (const void*)kernel, file, line, grid, block, smem, [](void* p) { (*(decltype(call)*)p)(); }, &call);
+#if defined(SIMT_RACE_DETECT)
+        if (logged >= 0) {
+            ByteCounts c = bytes_launch_end();
+            worklog_kernel_done(logged, c.rd, c.wr, c.rd_sec, c.wr_sec, c.mma);
+        }
+#else
+        (void)logged;
+#endif
     };
-    count_launch();
-    worklog_kernel(name, grid, block, smem, stream, *params);   // SIMT_WORKLOG (counters.h)
     stream_enqueue(stream, run);
 }
 

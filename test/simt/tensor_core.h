@@ -48,6 +48,9 @@ struct MmaLane { uint32_t a[4], b[2]; float c[4], d[4]; };
 
 inline void mma_m16n8k16_bf16_collective(void* const lanes[32]) {
     float A[16][16], B[16][8], C[16][8];
+#if defined(SIMT_RACE_DETECT)
+    bytes_mma(2 * 16 * 8 * 16);   // the launch's tensor-core FLOPs (bytecount.h)
+#endif
     for (int l = 0; l < 32; l++) {
         const MmaLane* x = (const MmaLane*)lanes[l];
         int g = l / 4, t = l % 4;
