@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "data/tokenizer.h"
 #include "model/debug_hooks.h"
+#include "model/recompute.h"
 
 // The flags by section (--help prints them so, with their defaults)
 typedef struct {
@@ -28,6 +29,7 @@ typedef struct {
     bool dry_run = false, help = false, help_debug = false;
     std::string plan_device = "";   // --dry-run's GPU plan (parallel/memory_plan.h): h100 | h200 | GiB ("": the visible GPU, else h100)
     int plan_gpus = 0;              // ... and the run's GPUs (0: the shard group, or the EP degree)
+    std::string recompute = "";     // --recompute SPEC (model/recompute.h); "": nothing recomputed
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -125,6 +127,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                           "visible GPU's free memory, else h100)"},
         {"--plan-gpus", "", F_INT, &a->run.plan_gpus, "--dry-run's GPU plan for a run on N GPUs (default: --shard-group-size, or "
                                                       "--expert-parallel if more)"},
+        {"--recompute", "", F_STR, &a->run.recompute, "selective activation recomputation: GRAN[:RANGE][,...], GRAN attn | swiglu | "
+                                                      "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
+                                                      "losses and gradients bit-identical to without it (README, Memory)"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
         {"--help-debug", "", F_BOOL, &a->run.help_debug, "the tests' fault-injection switches (DBRX_DEBUG_* environment variables): "
                                                         "injected spikes and NaNs, killed, stopped or slow ranks, ..."},
@@ -370,6 +375,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->eval.val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-steps %d must be positive", a->eval.val_steps);
     if (a->run.peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->run.peak_tflops);
     fp8_recipe_parse(a->fp8.recipe.c_str());
+    g_recompute = recompute_parse(a->run.recompute);   // (its layers are checked against the model's when it is sized)
     if (a->fp8.history < 1 || a->fp8.history > FP8_MAX_HISTORY)
         fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", a->fp8.history, FP8_MAX_HISTORY);
     // a scale backed off by more than 2^64 is below any amax's reciprocal that float holds: all zeros

@@ -31,6 +31,8 @@
 #include "profile.h"
 #include "debug_hooks.h"
 #include "api.h"
+#include "recompute.h"
+#include <type_traits>
 
 // ---------------------------------------------------------------------------------------------
 // sharding hooks: dbrx_forward/dbrx_backward announce each unit before they read its parameters or
@@ -51,7 +53,8 @@ typedef struct {
 typedef struct {
     // ye (rows, d) = the experts of layer l over xe (rows, d), xe grouped by expert (counts (E), offsets
     // (E + 1)). train 1: the training (or evaluation) forward, whose state the backward reads, FP8 numerics
-    // under --fp8; 0: generation's one token (dbrx_decode_step: FP32).
+    // under --fp8; 2: its recomputation in the backward (--recompute moe/block: the same rows, layer by
+    // layer on every rank, nothing counted again); 0: generation's one token (dbrx_decode_step: FP32).
     // Collective over the ranks that hold the experts: each of them calls it, layer by layer.
     void (*forward)(void* ctx, int l, const int* counts, const int* offsets, const real* xe, real* ye, int train);
     // backward of layer l's last training forward: dxe (N k, d) from dye (N k, d); the experts' weight
@@ -106,6 +109,9 @@ typedef struct {
     real *rope_cos, *rope_sin;      // (T, hd/2)
     // backward scratch, reused by every block
     real *dresid, *dln, *dqkv, *datty, *drouter, *dtopk_w, *dxe, *dye, *da, *dg, *du;
+    // --recompute (model/recompute.h): each layer's RC_* bits, and the shared buffers its dropped ones point into
+    std::vector<unsigned char> rc_mode;
+    BlockActs rc_scratch;
     std::vector<void*> allocations;
     size_t activation_bytes;
     UnitHooks hooks;                // sharding hooks (all NULL: unsharded)
@@ -126,35 +132,54 @@ typedef struct {
     double imbalance;               // max over layers of (max / mean tokens per expert)
 } Dbrx;
 
+// every buffer of BlockActs with its elements and the recompute bit (model/recompute.h) that drops it:
+// v(member, elements, bit)
+template <typename V> static inline void block_acts_fields(const DbrxConfig* c, size_t N, V v) {
+    size_t d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden, qd = qkv_dim(c), NH = N * c->n_heads;
+    v(&BlockActs::ln1, N * d, RC_BLOCK); v(&BlockActs::ln1_mean, N, RC_BLOCK); v(&BlockActs::ln1_rstd, N, RC_BLOCK);
+    v(&BlockActs::qkv_pre, N * qd, RC_BLOCK); v(&BlockActs::qkv, N * qd, RC_BLOCK); v(&BlockActs::att_lse, NH, RC_BLOCK);
+    v(&BlockActs::atty, N * d, RC_ATTN); v(&BlockActs::resid_mid, N * d, RC_BLOCK);
+    v(&BlockActs::ln2, N * d, RC_MOE); v(&BlockActs::ln2_mean, N, RC_MOE); v(&BlockActs::ln2_rstd, N, RC_MOE);
+    v(&BlockActs::router_logits, N * E, RC_MOE); v(&BlockActs::probs, N * E, 0); v(&BlockActs::lse, N, 0);
+    v(&BlockActs::topk_w, N * k, 0);
+    v(&BlockActs::topk_idx, N * k, 0); v(&BlockActs::counts, E, 0); v(&BlockActs::offsets, E + 1, 0);
+    v(&BlockActs::row_token, N * k, 0); v(&BlockActs::slot_row, N * k, 0);
+    v(&BlockActs::xe, N * k * d, RC_MOE); v(&BlockActs::g, N * k * F, RC_SWIGLU); v(&BlockActs::u, N * k * F, RC_SWIGLU);
+    v(&BlockActs::act, N * k * F, RC_SWIGLU); v(&BlockActs::ye, N * k * d, RC_MOE);
+}
+
 // Walks the activation buffers: allocates them when `m` is given, and returns their total bytes
 // either way (the --dry-run memory estimate uses the same walk, so it cannot drift).
 static inline size_t dbrx_activations(Dbrx* m, const DbrxConfig* c, int B, int T) {
     size_t bytes = 0;
     size_t N = (size_t)B * T, d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden;
     size_t qd = qkv_dim(c), V = c->vocab_size;
+    recompute_check(&g_recompute, c->n_layers);
     auto take_real = [&](real** p, size_t n) {
         bytes += n * sizeof(real);
         if (m) { *p = (real*)mallocCheck(n * sizeof(real)); m->allocations.push_back(*p); }
     };
-    auto take_int = [&](int** p, size_t n) {
-        bytes += n * sizeof(int);
-        if (m) { *p = (int*)mallocCheck(n * sizeof(int)); m->allocations.push_back(*p); }
-    };
-    BlockActs dummy;
     real* dummy_real;
+    // per block: a buffer that the layer's recomputation (--recompute, model/recompute.h) drops is not kept
+    // per layer but points into one shared scratch set (m->rc_scratch), sized for the union of the layers'
+    BlockActs dummy, dummy_scratch;
+    BlockActs* sc = m ? &m->rc_scratch : &dummy_scratch;
+    int U = recompute_union(&g_recompute, c->n_layers);
+    auto take = [&](auto** p, size_t n) {
+        using Tp = std::remove_pointer_t<std::remove_reference_t<decltype(*p)>>;
+        bytes += n * sizeof(Tp);
+        if (m) { *p = (Tp*)mallocCheck(n * sizeof(Tp)); m->allocations.push_back(*p); }
+    };
+    if (U) block_acts_fields(c, N, [&](auto f, size_t n, int bit) { if (U & bit) take(&(sc->*f), n); });
+    if (m) m->rc_mode.assign(c->n_layers, 0);
     for (int l = 0; l < c->n_layers; l++) {
         BlockActs* a = m ? &m->acts[l] : &dummy;
-        take_real(&a->ln1, N * d); take_real(&a->ln1_mean, N); take_real(&a->ln1_rstd, N);
-        take_real(&a->qkv_pre, N * qd); take_real(&a->qkv, N * qd);
-        take_real(&a->att_lse, (size_t)B * c->n_heads * T);
-        take_real(&a->atty, N * d); take_real(&a->resid_mid, N * d);
-        take_real(&a->ln2, N * d); take_real(&a->ln2_mean, N); take_real(&a->ln2_rstd, N);
-        take_real(&a->router_logits, N * E); take_real(&a->probs, N * E); take_real(&a->lse, N);
-        take_real(&a->topk_w, N * k);
-        take_int(&a->topk_idx, N * k); take_int(&a->counts, E); take_int(&a->offsets, E + 1);
-        take_int(&a->row_token, N * k); take_int(&a->slot_row, N * k);
-        take_real(&a->xe, N * k * d); take_real(&a->g, N * k * F); take_real(&a->u, N * k * F);
-        take_real(&a->act, N * k * F); take_real(&a->ye, N * k * d);
+        int mode = recompute_mode(&g_recompute, l);
+        if (m) m->rc_mode[l] = (unsigned char)mode;
+        block_acts_fields(c, N, [&](auto f, size_t n, int bit) {
+            if (mode & bit) a->*f = sc->*f;
+            else take(&(a->*f), n);
+        });
     }
     for (int l = 0; l <= c->n_layers; l++) take_real(m ? &m->resid[l] : &dummy_real, N * d);
     take_real(m ? &m->lnf : &dummy_real, N * d); take_real(m ? &m->lnf_mean : &dummy_real, N);
@@ -317,8 +342,8 @@ static inline void block_linear_backward(Dbrx* m, int l, int lin, real* dinp, re
 // g, u, act = up(xe); ye = down(act). Under FP8: E4M3 operands, xe and act in 1x128 tiles along the
 // GEMM's reduction, each expert's weights in 128x128 blocks.
 // A dispatcher (m->experts) takes the rows instead (expert parallelism: parallel/expert_parallel.h).
-static inline void block_experts_forward(Dbrx* m, int l, BlockActs* a, const BlockParams& w) {
-    if (m->experts.forward) { m->experts.forward(m->experts.ctx, l, a->counts, a->offsets, a->xe, a->ye, 1); return; }
+static inline void block_experts_forward(Dbrx* m, int l, BlockActs* a, const BlockParams& w, int train = 1) {
+    if (m->experts.forward) { m->experts.forward(m->experts.ctx, l, a->counts, a->offsets, a->xe, a->ye, train); return; }
     const DbrxConfig* c = &m->cfg;
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden;
     Fp8Policy p = block_fp8_policy(m, l);
@@ -358,6 +383,8 @@ static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const Bl
     const real* xe_w = fp8_policy_grouped(&p, FP8_LIN_W1, FP8_OP_X, m->fq_x, a->xe, o, E, d, 128, 1);
     experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, o, E, d, F);
 }
+
+#include "dbrx_recompute.h"
 
 // ---------------------------------------------------------------------------------------------
 // forward: inputs, targets (B, T) token ids. Returns the cross-entropy; sets ce/lbl/z/imbalance.
@@ -443,6 +470,8 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
     prof_end(PROF_HOST);
     unit_end(m, dbrx_head_unit(c), UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
+        int rc = m->rc_mode[l];   // --recompute: what this layer's forward did not keep (model/dbrx_recompute.h)
+        if (rc & RC_MOE) dbrx_recompute_block_half(m, l, rc);
         unit_begin(m, dbrx_experts_unit(l), UNIT_BACKWARD);
         const BlockParams& w = m->p.blocks[l];
         const BlockParams& gw = m->g.blocks[l];
@@ -450,6 +479,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
         // MoE half
         prof_begin(PROF_HOST, "layer", "layer %d experts", l);
+        if (rc & RC_SWIGLU) dbrx_recompute_experts(m, l, rc);
         moe_combine_backward(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
         block_experts_backward(m, l, a, w, gw);
         prof_end(PROF_HOST);
@@ -464,6 +494,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         prof_next(PROF_HOST, "layer", "layer %d attention", l);
+        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
         memset(m->datty, 0, Nd * sizeof(real));
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
         attention_backward(m->dqkv, m->datty, a->qkv, a->att_lse, B, T, H, KV, hd);

@@ -126,16 +126,18 @@ static inline real* ep_fq(EpDispatch* D, const Fp8Policy* p, int i, size_t n, bo
 // rank's E/n experts and the rows it received (the amaxes are per tensor; the training loop max-reduces
 // them over the world, so a tensor's is that of all its experts and rows, as without EP).
 static inline void ep_experts_forward_rows(EpDispatch* D, int l, const int* counts, const int* offsets, const real* xe, real* ye,
-                                           const Fp8Policy* p) {
+                                           const Fp8Policy* p, bool recompute = false) {
     Dbrx* m = D->model;
     const DbrxConfig* c = &m->cfg;
     const BlockParams& w = m->p.blocks[l];
     EpLayer* a = &D->layers[l];
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, El = E / D->ep.n;
     EpPlan* pl = &a->plan;
-    ep_plan(&D->ep, pl, counts, offsets, E);
+    if (!recompute) {   // (the backward's recomputation, --recompute moe/block: the forward's plan, kept; nothing counted again)
+        ep_plan(&D->ep, pl, counts, offsets, E);
+        ep_stats_add(&D->stats, &D->ep, pl);
+    }
     size_t R = pl->R;
-    ep_stats_add(&D->stats, &D->ep, pl);
     D->buf.resize(std::max<size_t>(R, 1) * d);
     ep_exchange(&D->ep, pl, xe, D->buf.data(), d * sizeof(real), 0);           // (R, d) in peer order
     a->xl.resize(R * d); a->g.resize(R * F); a->u.resize(R * F); a->act.resize(R * F);
@@ -154,12 +156,13 @@ static inline void ep_experts_forward_rows(EpDispatch* D, int l, const int* coun
 }
 
 // the model's experts forward hook (ExpertHooks::forward): train 1, the training forward (FP8 numerics
-// under --fp8, the rows-received maximum restarted at its first layer); 0, generation's token (FP32)
+// under --fp8, the rows-received maximum restarted at its first layer); 2, its recomputation in the
+// backward (--recompute moe/block: the same rows with the saved plan); 0, generation's token (FP32)
 static inline void ep_experts_forward(void* ctx, int l, const int* counts, const int* offsets, const real* xe, real* ye, int train) {
     EpDispatch* D = (EpDispatch*)ctx;
-    if (train && l == 0) D->stats.recv_max = 0;
+    if (train == 1 && l == 0) D->stats.recv_max = 0;
     Fp8Policy p = train ? block_fp8_policy(D->model, l) : Fp8Policy{&D->model->fp8, NULL};   // (generation: FP32)
-    ep_experts_forward_rows(D, l, counts, offsets, xe, ye, &p);
+    ep_experts_forward_rows(D, l, counts, offsets, xe, ye, &p, train == 2);
 }
 
 // Its backward (ExpertHooks::backward): dye's rows to the experts' ranks, the experts' backward there
