@@ -24,6 +24,7 @@
 #include "residual.cuh"
 #include "cuda_common.h"
 #include "dbrx_fp8_cuda.cuh"
+#include "dbrx_recompute_cuda.cuh"
 
 template <typename T> struct BlockViews { T *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; };
 template <typename T> struct ModelViews { T* wte; std::vector<BlockViews<T>> blocks; T* norm_f; T* lm_head; };
@@ -73,7 +74,7 @@ typedef struct {
 // (parallel/expert_parallel_cuda.cuh) installs it; NULL: every expert is here.
 typedef struct {
     // ye (rows, d) = the experts of layer l over xe (rows, d) grouped by expert (offsets_host (E + 1), on
-    // the host); train 1: the training forward (FP8 under --fp8), 0: generation's one token (BF16)
+    // the host); train 1: the training forward (FP8 under --fp8), 2: its recomputation (--recompute), 0: generation (BF16)
     void (*forward)(void* ctx, int l, const int* offsets_host, const floatX* xe, floatX* ye, int train);
     // backward of layer l's last training forward: dxe (N k, d) from dye (N k, d), weight gradients into g
     void (*backward)(void* ctx, int l, const floatX* dye, floatX* dxe);
@@ -132,6 +133,8 @@ typedef struct {
     floatX *dresid_bf16, *datty, *dqkv, *drouter;   // (N, d), (N, d), (N, qkv_dim), (N, E)
     float *dtopk_w, *att_D, *ln_scratch, *norm_partial;
     floatX *dxe, *dye, *da, *dg, *du;  // (R, d) x2, (R, F) x3: the routed rows' gradients, BF16 (dxe: model/CUDA.md)
+    std::vector<unsigned char> rc_mode; // --recompute: each layer's RC_* bits; rc_scratch: what dropped buffers point into
+    BlockActsGPU rc_scratch;
     std::vector<void*> allocations;
     size_t param_bytes, activation_bytes;
     float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
@@ -176,21 +179,19 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
         TAKE(mm->params, floatX, P);
     }
     if (param_bytes) *param_bytes = bytes;
+    // per block; a buffer the layer's --recompute drops points into one shared set (model/dbrx_recompute_cuda.cuh)
+    int U = recompute_union(&g_recompute, c->n_layers);
+    recompute_check(&g_recompute, c->n_layers);
+    if (U) gpu_block_acts_fields<BlockActsGPU>(c, N, R, [&](auto f, size_t n, int bit) { if (U & bit) ok = take((void**)&(mm->rc_scratch.*f), n) && ok; });
+    mm->rc_mode.assign(c->n_layers, 0);
     for (int l = 0; l < c->n_layers; l++) {
         BlockActsGPU& a = mm->acts[l];
-        TAKE(a.ln1, floatX, N * d); TAKE(a.ln1_mean, float, N); TAKE(a.ln1_rstd, float, N);
-        TAKE(a.qkv_pre, floatX, N * qd); TAKE(a.qkv, floatX, N * qd);
-        TAKE(a.att_lse, float, (size_t)B * c->n_heads * T);
-        TAKE(a.atty, floatX, N * d); TAKE(a.resid_mid, floatX, N * d);
-        TAKE(a.ln2, floatX, N * d); TAKE(a.ln2_mean, float, N); TAKE(a.ln2_rstd, float, N);
-        TAKE(a.router_logits, float, N * E); TAKE(a.probs, float, N * E); TAKE(a.lse, float, N);
-        TAKE(a.topk_w, float, N * k);
-        TAKE(a.topk_idx, int, N * k); TAKE(a.counts, int, E); TAKE(a.offsets, int, E + 1);
-        TAKE(a.row_token, int, R); TAKE(a.slot_row, int, R);
-        // g and u (and dg, du below) one buffer: u = g + R F, so that w1 and v1 run as one batched GEMM (model/moe.cuh)
-        TAKE(a.xe, floatX, R * d); TAKE(a.g, floatX, 2 * R * F);
-        if (m) a.u = a.g + R * F;
-        TAKE(a.act, floatX, R * F); TAKE(a.ye, floatX, R * d);
+        int mode = mm->rc_mode[l] = (unsigned char)recompute_mode(&g_recompute, l);
+        gpu_block_acts_fields<BlockActsGPU>(c, N, R, [&](auto f, size_t n, int bit) {
+            if (mode & bit) a.*f = mm->rc_scratch.*f;
+            else ok = take((void**)&(a.*f), n) && ok;
+        });
+        if (m) a.u = a.g + R * F;   // (g and u one buffer: w1 and v1 as one batched GEMM, model/moe.cuh)
     }
     TAKE(mm->step_out, float, 2 + (size_t)c->n_layers * (E + 1));
     if (m) for (int l = 0; l < c->n_layers; l++) mm->acts[l].router_stats = mm->step_out + 2 + (size_t)l * (E + 1);
@@ -515,6 +516,8 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
     prof_end(pt);
     unit_end(m, dbrx_head_unit(c), UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
+        int rc = m->rc_mode[l];   // --recompute: what this layer's forward did not keep (model/dbrx_recompute_cuda.cuh)
+        if (rc & RC_MOE) gpu_recompute_block_half(m, l, rc);
         unit_begin(m, dbrx_experts_unit(l), UNIT_BACKWARD);
         const BlockViews<floatX>& w = m->p.blocks[l];
         const BlockViews<float>& gw = m->g.blocks[l];
@@ -522,6 +525,7 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
         // MoE half
         prof_begin(pt, "layer", "layer %d experts", l);
+        if (rc & RC_SWIGLU) gpu_recompute_experts(m, l, rc);
         moe_combine_backward_gpu(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
         block_experts_backward(m, l, a, w, gw);
         prof_end(pt);
@@ -536,6 +540,7 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
                                a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         prof_next(pt, "layer", "layer %d attention", l);
+        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_forward_gpu(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d);
         attention_backward_gpu(m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         clip_rope_backward_gpu(m->dqkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);

@@ -59,6 +59,7 @@ typedef struct {
     Fp8Buf act, grad, w, w2;                    // scratch: activations, gradients, weights (w2: v1's)
     std::vector<Fp8Routing> routing;            // per layer
     bool collected;                             // amaxes of this step already on the host
+    bool frozen = false;                        // --recompute: quantisations record no amax or saturation
 } Fp8GPU;
 
 static inline bool fp8_on(const Fp8GPU* f) { return f->cfg.recipe != FP8_OFF; }
@@ -244,7 +245,8 @@ static inline Fp8Segments fp8_expert_segments(const Fp8Routing& rt) {
 static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const floatX* x, int rows, int cols,
                                         const Fp8Segments& seg, Fp8Buf* buf, bool want_q, bool want_qt, cudaStream_t stream = 0) {
     Fp8Format fmt = f->fmts[slot];
-    Fp8QuantOut out = {want_q ? buf->q : nullptr, want_qt ? buf->qt : nullptr, nullptr, nullptr, f->amax + slot, f->sat + slot};
+    Fp8QuantOut out = {want_q ? buf->q : nullptr, want_qt ? buf->qt : nullptr, nullptr, nullptr, f->frozen ? nullptr : f->amax + slot,
+                       f->frozen ? nullptr : f->sat + slot};
     if (f->cfg.recipe == FP8_BLOCK) {
         out.sinv = want_q ? buf->sinv : nullptr;
         out.sinv_t = want_qt ? buf->sinv_t : nullptr;
@@ -364,6 +366,7 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
                      u + (size_t)p[e] * F, F, 1, stream);
     }
     swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
+    if (!ye) return;   // (--recompute swiglu: g, u, act only)
     // down: ye_e (n, C) = a_e (n, F) @ w2_e (F, C): reduces over F, so w2_e is read transposed (C, F)
     fp8_quantize_operand(f, s_x2, false, a, Rp, F, sx, &f->act, true, false, stream);
     fp8_quantize_operand(f, s_w2, true, w2, EF, C, sw, &f->w, false, true, stream);

@@ -374,6 +374,7 @@ static inline void experts_forward_gpu(floatX* ye, floatX* g, floatX* u, floatX*
         matmul_forward_gpu(u + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F, stream);
     }
     swiglu_forward_gpu(a, g, u, (size_t)offsets_host[E] * F, stream);
+    if (!ye) return;   // (--recompute swiglu: g, u, act only)
     for (int e = 0; e < E; e++) {
         int r0 = offsets_host[e], n = offsets_host[e + 1] - offsets_host[e];
         if (n == 0) continue;

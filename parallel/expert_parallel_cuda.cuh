@@ -93,7 +93,8 @@ static inline void ep_fp8_scratch_unswap(EpDispatchGpu* D) {
 // token (f8 false: BF16; layer l's training plan and buffers serve as scratch). Under --fp8 the local
 // experts' FP8 GEMMs run on the received rows in a padded layout of their own (fp8_local_routing): perm
 // maps a padded row to a received row, inv a received row (expert-major) to its padded row.
-static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const int* offsets_host, const floatX* xe, floatX* ye, bool f8) {
+static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const int* offsets_host, const floatX* xe, floatX* ye, bool f8,
+                                               bool recompute = false) {
     DbrxGPU* m = D->model;
     const DbrxConfig* c = &m->cfg;
     const BlockViews<floatX>& w = m->p.blocks[l];
@@ -102,9 +103,11 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     std::vector<int> counts(E);
     for (int e = 0; e < E; e++) counts[e] = offsets_host[e + 1] - offsets_host[e];
     EpPlan* pl = &a->plan;
-    ep_plan(&D->ep, pl, counts.data(), offsets_host, E);
+    if (!recompute) {   // (the backward's recomputation, --recompute moe/block: the forward's plan, kept; nothing counted again)
+        ep_plan(&D->ep, pl, counts.data(), offsets_host, E);
+        ep_stats_add(&D->stats, &D->ep, pl);
+    }
     size_t R = pl->R;
-    ep_stats_add(&D->stats, &D->ep, pl);
     std::vector<int> inv(R), perm = pl->perm;
     for (size_t i = 0; i < R; i++) inv[pl->perm[i]] = (int)i;
     size_t Rc = R;   // rows the experts compute: R, or under FP8 the padded layout's
@@ -141,8 +144,8 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
 // under --fp8, the rows-received maximum restarted at its first layer); 0, generation's token (BF16)
 static inline void ep_gpu_experts_forward(void* ctx, int l, const int* offsets_host, const floatX* xe, floatX* ye, int train) {
     EpDispatchGpu* D = (EpDispatchGpu*)ctx;
-    if (train && l == 0) D->stats.recv_max = 0;
-    ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, train && fp8_on(&D->model->fp8));
+    if (train == 1 && l == 0) D->stats.recv_max = 0;   // (train 2: its recomputation in the backward, --recompute moe/block)
+    ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, train && fp8_on(&D->model->fp8), train == 2);
 }
 
 // Its backward (ExpertHooksGPU::backward): dye's rows to the experts' ranks, the experts' backward there
