@@ -41,6 +41,7 @@
 #include <string>
 #include "zero.h"
 #include "../model/fp8.cuh"
+#include "../model/recompute.h"
 
 static const long double PLAN_MIB = 1048576.0L, PLAN_GIB = 1073741824.0L;
 static const long double PLAN_CUBLASLT_BYTES = 32 * PLAN_MIB;        // model/matmul_cublaslt.cuh's workspace
@@ -62,7 +63,11 @@ typedef struct {
     long double gathered_slots, grad_slots, slot_params;
     // activations: per layer (x L) by class, then the rest
     long double layer_attention, layer_norms, layer_router, layer_experts, layer_routing;
-    long double saved;               // L x (attention + norms + router + experts)
+    long double saved;               // L x (attention + norms + router + experts), less what --recompute drops
+    // --recompute (model/recompute.h, the run's g_recompute): the per-layer bytes each RC_* bit drops (index:
+    // attn, swiglu, moe, block), what the layers drop in all, and the one shared scratch set they point into
+    long double rc_bit_bytes[4], recompute_dropped, recompute_scratch;
+    std::string recompute;           // the spec ("": none)
     long double head, scratch, fp8_scratch;
     // routing buffers: L x the routing indices, and the EP exchange's
     long double routing_index, ep_exchange;
@@ -154,6 +159,18 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     p.layer_experts = bf * R * d + 3 * bf * R * F + bf * R * d;           // xe, g and u, act, ye
     p.layer_routing = i4 * N * k + i4 * E + i4 * (E + 1) + 2 * i4 * R;    // topk_idx, counts, offsets, row_token, slot_row
     p.saved = L * (p.layer_attention + p.layer_norms + p.layer_router + p.layer_experts);
+    // --recompute: a dropped buffer is not kept per layer; the layers that drop it share one (dbrx_gpu_buffers)
+    p.rc_bit_bytes[0] = bf * N * d;                                                       // attn: atty
+    p.rc_bit_bytes[1] = 3 * bf * R * F;                                                   // swiglu: g and u, act
+    p.rc_bit_bytes[2] = bf * N * d + 2 * f4 * N + f4 * N * E + 2 * bf * R * d;            // moe: ln2, stats, logits, xe, ye
+    p.rc_bit_bytes[3] = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // block: ln1, stats, qkv x2, lse, resid_mid
+    p.recompute = g_recompute.text;
+    p.recompute_dropped = p.recompute_scratch = 0;
+    int rc_union = recompute_union(&g_recompute, c->n_layers);
+    for (int l = 0; l < c->n_layers; l++)
+        for (int b = 0; b < 4; b++) if (recompute_mode(&g_recompute, l) & (1 << b)) p.recompute_dropped += p.rc_bit_bytes[b];
+    for (int b = 0; b < 4; b++) if (rc_union & (1 << b)) p.recompute_scratch += p.rc_bit_bytes[b];
+    p.saved += p.recompute_scratch - p.recompute_dropped;
     // the head and the step's inputs: step_out's loss, the final residual, lnf and its stats, logits, losses,
     // RoPE tables, the token ids and the embedding plan
     p.head = 2 * f4 + bf * N * d + bf * N * d + 2 * f4 * N + bf * N * V + f4 * N + 2 * f4 * std::floor(T * hd / 2) + i4 * (5 * N + 1);
@@ -232,6 +249,10 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
            G(p->saved + p->head + p->scratch + p->fp8_scratch));
     printf("    saved per layer: attention %.1f, norms+residual %.1f, router %.1f, experts' rows %.1f MiB; x %d = %.2f GiB\n",
            M(p->layer_attention), M(p->layer_norms), M(p->layer_router), M(p->layer_experts), c->n_layers, G(p->saved));
+    if (!p->recompute.empty())
+        printf("    --recompute %s: %.2f GiB not kept (per layer: attn %.1f, swiglu %.1f, moe %.1f, block %.1f MiB), one shared set "
+               "%.2f GiB; included above\n", p->recompute.c_str(), G(p->recompute_dropped), M(p->rc_bit_bytes[0]), M(p->rc_bit_bytes[1]),
+               M(p->rc_bit_bytes[2]), M(p->rc_bit_bytes[3]), G(p->recompute_scratch));
     printf("    head (final norm, logits, losses, RoPE, token ids) %.2f GiB, backward scratch %.2f GiB, FP8 scratch and state %.2f GiB\n",
            G(p->head), G(p->scratch), G(p->fp8_scratch));
     printf("  routing buffers                                                        %9.2f GiB\n", G(p->routing_index + p->ep_exchange));
@@ -250,5 +271,5 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
         printf("verdict: FITS, %.2f GiB of headroom per GPU\n", G(capacity - p->total));
     else
         printf("verdict: DOES NOT FIT, %.2f GiB over per GPU (lower --batch or --seq, shard over more GPUs, more --expert-parallel; "
-               "activation recomputation is future work, issue 23)\n", G(p->total - capacity));
+               "--recompute)\n", G(p->total - capacity));
 }
