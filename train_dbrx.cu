@@ -223,14 +223,23 @@ static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Co
 
 typedef struct { double peak; std::string peak_how; std::string memory_line; HealthBackend health; } BackendInfo;
 
+// the FLOPs per token --recompute adds (model/recompute.h), for HFU
+static double recompute_fpt(const DbrxConfig* c, int seq) {
+    return recompute_flops_per_token(&g_recompute, c->n_layers, c->d_model, qkv_dim(c), c->ffn_hidden, c->top_k, seq);
+}
+
 // rank 0's lines before the first step: the batch, the MFU convention, memory, the communication timeout
 static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero* zl, const BackendInfo& info, int64_t tokens_per_step,
-                             double fpt, double fpt_foundry) {
+                             double fpt, double fpt_foundry, double fpt_rc) {
     printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
            args.run.batch, args.run.seq, args.run.grad_accum, comm.world, (long long)tokens_per_step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor);
     printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
            "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, info.peak / 1e12, comm.world > 1 ? "all ranks: " : "",
            info.peak_how.c_str(), fpt_foundry);
+    if (!g_recompute.text.empty()) {
+        printf("hfu: %.4g FLOPs/token = the mfu count + %.4g recomputed (--recompute %s: the forward's GEMMs and attention that run "
+               "again, counted the same way), against the same peak\n", fpt + fpt_rc, fpt_rc, g_recompute.text.c_str());
+    }
     printf("%s (%s, shard group %d, %d replica(s))\n", info.memory_line.c_str(),
            zl->S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zl->R == 1 ? "ZeRO-3" : "HSDP", zl->S, zl->R);
     if (args.parallel.comm_timeout > 0) printf("comm: --comm-timeout %g s\n", args.parallel.comm_timeout);
@@ -283,7 +292,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
     RunLog log = {NULL, ""};
     FILE* mc_dump = NULL;
     if (comm.rank == 0) {
-        print_run_banner(args, comm, zl, info, tokens_per_step, fpt, fpt_foundry);
+        print_run_banner(args, comm, zl, info, tokens_per_step, fpt, fpt_foundry, recompute_fpt(&cfg, args.run.seq));
         run_log_open(&log, args.run.log, resumed);
         if (!args.eval.mc_dump.empty()) mc_dump = fopenCheck(args.eval.mc_dump.c_str(), resumed ? "a" : "w");
         fflush(stdout);
@@ -317,7 +326,8 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         double tok_s = tokens_per_step / r.dt;
         StepReport rep = {step + 1, args.run.steps, r.metrics, r.gnorm, r.lr, r.dt, tok_s, peak > 0 ? fpt * tok_s / peak : 0.0,
                           peak > 0 ? fpt_foundry * tok_s / peak : 0.0, (long long)obs.step_bytes,
-                          comm.world > 1 ? &obs.stragglers.busy_all : NULL, prog.tokens + tokens_per_step, obs.eta, obs.ep_max, obs.ep_mean};
+                          comm.world > 1 ? &obs.stragglers.busy_all : NULL, prog.tokens + tokens_per_step, obs.eta, obs.ep_max, obs.ep_mean,
+                          g_recompute.text.empty() || !(peak > 0) ? -1.0 : (fpt + recompute_fpt(&cfg, args.run.seq)) * tok_s / peak};
         if (comm.rank == 0) report_step(&log, rep);
         bool skipped = !r.skip_why.empty();
         guard_stop = spike_guard_record(&guard, step + 1, skipped, r.metrics[0], r.gnorm);
@@ -588,6 +598,9 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     printf("training FLOPs per token (S = %d): %.4g = " FLOPS_PER_TOKEN_FORMULA ", the MFU count; %.4g = "
            FLOPS_PER_TOKEN_FOUNDRY_FORMULA ", %.0f%% more\n", args.run.seq, flops_per_token(&cfg, args.run.seq),
            flops_per_token_foundry(&cfg, args.run.seq), 100 * (flops_per_token_foundry(&cfg, args.run.seq) / flops_per_token(&cfg, args.run.seq) - 1));
+    if (!g_recompute.text.empty())
+        printf("recomputed FLOPs per token (--recompute %s): %.4g, %.1f%% more than the MFU count (HFU counts them)\n", g_recompute.text.c_str(),
+               recompute_fpt(&cfg, args.run.seq), 100 * recompute_fpt(&cfg, args.run.seq) / flops_per_token(&cfg, args.run.seq));
     double act = (double)activation_bytes(&cfg, args.run.batch, args.run.seq);
     double p = (double)params_total(&cfg);
     MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()));

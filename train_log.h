@@ -71,6 +71,7 @@ typedef struct {
     int64_t tokens;
     double eta;
     double ep_recv_max, ep_recv_mean;   // expert parallelism: rows received per rank in its busiest layer (< 0: no EP)
+    double hfu;                         // --recompute: hardware FLOPs utilisation, the recomputed FLOPs included (< 0: none)
 } StepReport;
 
 // One optimizer step's line on the console and its object in the JSONL log.
@@ -78,8 +79,10 @@ static void report_step(RunLog* log, const StepReport& r) {
     const double* m = r.metrics;
     char ep[64] = "";
     if (r.ep_recv_max >= 0) snprintf(ep, sizeof ep, " | ep recv %.2fx", r.ep_recv_mean > 0 ? r.ep_recv_max / r.ep_recv_mean : 0.0);
-    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%% | imb %.2f%s | %s tok | eta %s\n",
-           r.step, r.steps, m[0], m[1], r.gnorm, r.lr, r.dt * 1000, r.tok_s, 100 * r.mfu, m[3], ep, human_count((double)r.tokens).c_str(),
+    char hfu[32] = "";
+    if (r.hfu >= 0) snprintf(hfu, sizeof hfu, " hfu %.1f%%", 100 * r.hfu);
+    printf("step %5d/%d | loss %.6f | lbl %.5f | gnorm %.4f | lr %.3e | %.1f ms | %.0f tok/s | mfu %.1f%%%s | imb %.2f%s | %s tok | eta %s\n",
+           r.step, r.steps, m[0], m[1], r.gnorm, r.lr, r.dt * 1000, r.tok_s, 100 * r.mfu, hfu, m[3], ep, human_count((double)r.tokens).c_str(),
            human_time(r.eta).c_str());
     fflush(stdout);
     FILE* f = log->f;
@@ -89,6 +92,7 @@ static void report_step(RunLog* log, const StepReport& r) {
             "\"ms\": %.3f, \"tok_per_s\": %.1f, \"mfu\": %.5f, \"mfu_foundry\": %.5f, \"imbalance\": %s, \"tokens\": %lld, \"eta_s\": %.1f",
             r.step, num(m[0], "%.17g").c_str(), num(m[1], "%.6f").c_str(), num(m[2], "%.6f").c_str(), num(r.gnorm, "%.6f").c_str(),
             num(r.lr, "%.6e").c_str(), r.dt * 1000, r.tok_s, r.mfu, r.mfu_foundry, num(m[3], "%.4f").c_str(), (long long)r.tokens, r.eta);
+    if (r.hfu >= 0) fprintf(f, ", \"hfu\": %.5f", r.hfu);
     if (r.comm_bytes >= 0) fprintf(f, ", \"comm_bytes\": %lld", r.comm_bytes);
     if (r.ep_recv_max >= 0) fprintf(f, ", \"ep_recv_max\": %.0f, \"ep_recv_mean\": %.1f", r.ep_recv_max, r.ep_recv_mean);
     if (r.busy) {   // each rank's busy time (the step less its time blocked in collectives): every rank's up to 64, else the max

@@ -138,6 +138,8 @@ else
 fi
 echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
 echo "== expert parallelism (all-to-all of routed tokens; CPU and emulated GPU; checkpoints across EP degrees)"; bash test/test_ep.sh
+echo "== --recompute: bit-identical losses and gradient norms with it (CPU, emulated GPU, ZeRO-3, EP, FP8); negative control"
+bash test/test_recompute.sh
 echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
 echo "== Ctrl-C through mpirun (SIGINT to mpirun, 10 runs on 1 and on 2 ranks): saved, loadable, every rank exits 0"; bash test/test_ctrlc.sh
 echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh
