@@ -69,7 +69,16 @@ if [ -x "$EMU" ]; then
     run g8_off "${gpu[@]}" "${hd[@]}" --fp8 block; run g8_rc "${gpu[@]}" "${hd[@]}" --fp8 block --recompute moe:0,block:1
     same g8_off g8_rc "GPU --fp8 block, head_dim 128, --recompute moe:0,block:1"
     gz=($MPI -np 2 "$EMU" --device cuda "${base[@]}" --batch 1 --steps 2 --shard-group-size 2)
-    run gz_off "${gz[@]}"; run gz_rc "${gz[@]}" --recompute block:0-1,swiglu:2; same gz_off gz_rc "GPU ZeRO-3 np 2, --recompute block:0-1,swiglu:2"
+    SIMT_STEP_COUNTERS=1 run gz_off "${gz[@]}"; SIMT_STEP_COUNTERS=1 run gz_rc "${gz[@]}" --recompute block:0-1,swiglu:2
+    same gz_off gz_rc "GPU ZeRO-3 np 2, --recompute block:0-1,swiglu:2"
+    # every rank's emulated peak device memory is --dry-run's plan within 0.1% (test_zero_gpu.sh's bound), below the peak without it
+    plan=$("${gz[@]:4}" --recompute block:0-1,swiglu:2 --dry-run --plan-gpus 2 | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
+    peak_rc=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/gz_rc.out" | sort -n | tail -1)
+    peak_off=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/gz_off.out" | sort -n | tail -1)
+    if [ -n "$plan" ] && [ -n "$peak_rc" ] && [ -n "$peak_off" ] && [ "$peak_rc" -lt "$peak_off" ] \
+        && /usr/bin/python3 -c "import sys; sys.exit(abs($peak_rc / $plan - 1) > 0.001)"; then
+        pass "GPU ZeRO-3 np 2 --recompute: peak per rank $peak_rc bytes = the plan's $plan within 0.1%, < $peak_off without it"
+    else fail "GPU ZeRO-3 np 2 --recompute: peak $peak_rc, plan $plan, peak without $peak_off"; fi
     run ge_off "${gz[@]}" --expert-parallel 2; run ge_rc "${gz[@]}" --expert-parallel 2 --recompute moe,block:0
     same ge_off ge_rc "GPU EP 2, --recompute moe,block:0"
 fi
