@@ -110,7 +110,12 @@ static long double per_layers(const DbrxConfig* c, F f) {
 }
 // the CPU model's activation bytes for micro-batches of B x T (the walk that allocates them)
 static long double activation_bytes(const DbrxConfig* c, int B, int T) {
-    return per_layers(c, [&](const DbrxConfig* x) { return dbrx_activations(NULL, x, B, T); });
+    recompute_check(&g_recompute, c->n_layers);
+    RecomputeSpec spec = g_recompute;   // (--recompute varies by layer: the walk without it, less what it saves)
+    g_recompute = RecomputeSpec();
+    long double bytes = per_layers(c, [&](const DbrxConfig* x) { return dbrx_activations(NULL, x, B, T); });
+    g_recompute = spec;
+    return bytes - dbrx_recompute_saved_bytes(c, B, T);
 }
 
 // The micro-batch against the model: token rows are 32-bit ints in the kernels, and no buffer may be

@@ -33,6 +33,7 @@
 #include "api.h"
 #include "recompute.h"
 #include <type_traits>
+#include <utility>
 
 // ---------------------------------------------------------------------------------------------
 // sharding hooks: dbrx_forward/dbrx_backward announce each unit before they read its parameters or

@@ -100,6 +100,7 @@ static inline int recompute_mode(const RecomputeSpec* s, int l) {
 // the union of every layer's bits (which shared scratch buffers the recomputed layers need)
 static inline int recompute_union(const RecomputeSpec* s, int L) {
     int u = 0;
+    if (s->items.empty()) return 0;   // (a model of 2^31 layers is not walked for nothing)
     for (int l = 0; l < L; l++) u |= recompute_mode(s, l);
     return u;
 }
@@ -110,6 +111,7 @@ static inline int recompute_union(const RecomputeSpec* s, int L) {
 // GEMM is not re-run: the routing is reused); block: + Wqkv, out_proj.
 static inline double recompute_flops_per_token(const RecomputeSpec* s, int L, double d, double qd, double F, double k, double S) {
     double total = 0;
+    if (s->items.empty()) return 0;
     for (int l = 0; l < L; l++) {
         int mode = recompute_mode(s, l);
         if (mode & RC_ATTN) total += 2.0 * d * (S + 1);   // 2 (QK^T, PV) x 2 FLOPs x d x (S+1)/2 keys

@@ -167,7 +167,7 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     p.recompute = g_recompute.text;
     p.recompute_dropped = p.recompute_scratch = 0;
     int rc_union = recompute_union(&g_recompute, c->n_layers);
-    for (int l = 0; l < c->n_layers; l++)
+    for (int l = 0; l < (rc_union ? c->n_layers : 0); l++)
         for (int b = 0; b < 4; b++) if (recompute_mode(&g_recompute, l) & (1 << b)) p.recompute_dropped += p.rc_bit_bytes[b];
     for (int b = 0; b < 4; b++) if (rc_union & (1 << b)) p.recompute_scratch += p.rc_bit_bytes[b];
     p.saved += p.recompute_scratch - p.recompute_dropped;

@@ -9,7 +9,8 @@
  *     model's state, which is the store's at S = 1) is the planner's allocations within 2%, and its
  *     negative control: a plan for the wrong micro-batch is not;
  *   - --recompute: the plan's decrease is the model's walk's, to the byte, and the emulator's peak with it
- *     is the plan's within 2% and below the peak without it (five specs);
+ *     is the plan's within 2% and below the peak without it (five specs); the CPU model's dry-run estimate
+ *     with it (train_dbrx.cu's activation_bytes) is its walk, to the byte;
  *   - DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state is 18 B x the shard test_ep.sh ties to
  *     the allocation, and the NCCL margin is three communicators and seven all-to-all peers.
  */
@@ -169,6 +170,20 @@ TEST_CASE("--recompute: the plan drops what the model does not allocate, and the
     g_recompute = recompute_parse("block");
     CHECK(memory_plan(&c, B, T, 1, 1, 1, FP8_OFF).recompute_dropped == 3 * (off.rc_bit_bytes[0] + off.rc_bit_bytes[1] + off.rc_bit_bytes[2] +
                                                                            off.rc_bit_bytes[3]));
+    g_recompute = recompute_parse("");
+}
+
+TEST_CASE("--recompute on the CPU model: the dry run's estimate (the walk without it, less what it saves) is the walk") {
+    DbrxConfig c = small();
+    c.n_layers = 5;
+    for (const char* spec : {"attn,block:1-2,swiglu:every4", "moe:first3", "block", "swiglu:4"}) {
+        g_recompute = recompute_parse("");
+        size_t without = dbrx_activations(NULL, &c, 2, 32);
+        g_recompute = recompute_parse(spec);
+        size_t with = dbrx_activations(NULL, &c, 2, 32);
+        CHECK((long double)with == (long double)without - dbrx_recompute_saved_bytes(&c, 2, 32));
+        CHECK(with <= without);
+    }
     g_recompute = recompute_parse("");
 }
 
