@@ -583,8 +583,10 @@ static int run_main(int argc, char** argv) {
                16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
 #if HAVE_CUDA_BACKEND
         Fp8Config fp8 = {fp8_recipe_parse(args.fp8.recipe.c_str()), args.fp8.history, args.fp8.margin, 0};
-        double acts = (double)per_layers(&cfg, [&](const DbrxConfig* x) {
-            return dbrx_gpu_memory_estimate(x, args.run.batch, args.run.seq, nullptr, &fp8, false); });
+        size_t ep_rows = n > 1 ? ep_gpu_planned_rows(&cfg, (size_t)args.run.batch * args.run.seq, n, args.parallel.ep_capacity, fp8.recipe != FP8_OFF) : 0;
+        double acts = (double)per_layers(&cfg, [&](const DbrxConfig* x) {   // (EP: the experts' buffers planned, --ep-capacity-factor)
+            return dbrx_gpu_memory_estimate(x, args.run.batch, args.run.seq, nullptr, &fp8, false, ep_rows) +
+                   (n > 1 ? ep_gpu_buffers(NULL, x, n, ep_rows, fp8.recipe) : 0); });
         double store = (double)per_layers(&cfg, [&](const DbrxConfig* x) { return zero_gpu_estimate_bytes(x, S, n); });
         printf("  cuda bf16: fp32 master+grads+moments + bf16 copy 18 B/param of the shard%s = %.2f GiB, activations and scratch%s %.2f GiB, "
                "total %.2f GiB\n", S > 1 ? " + two gathered bf16 units and two fp32 gradient units" : "", store / 1073741824.0,

@@ -894,6 +894,7 @@ inline cudaError_t cudaMalloc(void** p, size_t n) {
     rt.allocations[q] = n;
     rt.allocated += n;
     *p = q;
+    simt::count(&simt::counters().allocs);
     return cudaSuccess;
 }
 inline cudaError_t cudaFree(void* p) {
@@ -905,10 +906,20 @@ inline cudaError_t cudaFree(void* p) {
     rt.allocated -= it->second;
     rt.allocations.erase(it);
     free(p);
+    simt::count(&simt::counters().frees);
     return cudaSuccess;
 }
-inline cudaError_t cudaMallocHost(void** p, size_t n) { *p = malloc(n ? n : 1); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
-inline cudaError_t cudaFreeHost(void* p) { free(p); return cudaSuccess; }
+inline cudaError_t cudaMallocHost(void** p, size_t n) {
+    *p = malloc(n ? n : 1);
+    if (!*p) return cudaErrorMemoryAllocation;
+    simt::count(&simt::counters().allocs);
+    return cudaSuccess;
+}
+inline cudaError_t cudaFreeHost(void* p) {
+    if (p) simt::count(&simt::counters().frees);
+    free(p);
+    return cudaSuccess;
+}
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
     simt::count_copy((int)kind, n, true);
     if (n) memmove(dst, src, n);
