@@ -165,11 +165,21 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     ep_exchange(&D->ep, pl, xr, ye, d * sizeof(floatX), 1);              // and home, in xe's layout
 }
 
+// DBRX_DEBUG_PLANT=ep_regrow, the allocation budget's negative control (test/test_cuda_train.sh): the scratch x
+// freed and allocated again in every training forward, as the buffers that grew with the routing once were
+static inline void ep_plant_regrow(EpDispatchGpu* D) {
+    auto it = std::find(D->allocations.begin(), D->allocations.end(), (void*)D->x.p);
+    cudaCheck(cudaFree(D->x.p));
+    D->x.p = device_alloc<floatX>(D->x.cap, __FILE__, __LINE__);
+    *it = D->x.p;
+}
+
 // the GPU model's experts forward hook (ExpertHooksGPU::forward): train 1, the training forward (FP8
 // under --fp8, the rows-received maximum restarted at its first layer); 0, generation's token (BF16)
 static inline void ep_gpu_experts_forward(void* ctx, int l, const int* offsets_host, const floatX* xe, floatX* ye, int train) {
     EpDispatchGpu* D = (EpDispatchGpu*)ctx;
     if (train && l == 0) D->stats.recv_max = 0;
+    if (train && l == 0 && g_debug_hooks.plant == PLANT_EP_REGROW) ep_plant_regrow(D);
     ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, train && fp8_on(&D->model->fp8));
 }
 
