@@ -140,6 +140,9 @@ PY
 }
 no_alloc zero3 -- --shard-group-size 2 && pass "ZeRO-3 np 2: no device allocation or free in steps 2 and 3 on either rank" || fail "ZeRO-3 np 2 allocates in a step"
 no_alloc ep2 -- --expert-parallel 2 && pass "EP 2 (ZeRO-3 np 2): no device allocation or free in steps 2 and 3 on either rank" || fail "EP 2 allocates in a step"
+no_alloc ep2_fp8 -- --expert-parallel 2 --fp8 block && no_alloc ep2_fp8_imbalance DBRX_DEBUG_ROUTE_FIRST=1 -- --expert-parallel 2 --fp8 block --ep-capacity-factor 0 \
+    && pass "EP 2 --fp8 block (the padded rows' FP8 scratch), also with every token to rank 0's experts at the dropless bound: no allocation or free in steps 2 and 3" \
+    || fail "EP 2 --fp8 block allocates in a step"
 planted=$(no_alloc ep2_planted DBRX_DEBUG_PLANT=ep_regrow -- --expert-parallel 2); rc=$?; echo "$planted"
 if [ "$rc" != 0 ] && grep -q "rank 0: counter line 3: 1 allocations, 1 frees" <<<"$planted" && grep -q "rank 1: counter line 5: 1 allocations, 1 frees" <<<"$planted"; then
     pass "negative control: an EP buffer freed and allocated again in every step (DBRX_DEBUG_PLANT=ep_regrow) is counted in steps 2 and 3 on both ranks"
