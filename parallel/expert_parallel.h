@@ -37,7 +37,7 @@ typedef struct {
 } ExpertParallel;
 
 // --ep-capacity-factor's default: each EP rank plans device buffers for twice the average rows
-// (tokens x top-k) per MoE layer (README, "Expert parallelism": the arithmetic at DBRX-132B width)
+// (tokens x top-k) per MoE layer (README, --ep-capacity-factor: what it costs at DBRX-132B width)
 #define EP_CAPACITY_DEFAULT 2.0
 
 // The rows one EP rank may receive in one MoE layer, planned: factor x N tokens x top-k (rounded up),
@@ -83,8 +83,8 @@ static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* coun
         if (rows > ep->cap) {
             comm_agreed_failure();   // every rank exits over the same numbers: none of them is a lost rank
             fail(EXIT_RUNTIME, "expert parallelism: layer %d: EP rank %d's experts would receive %zu rows, more than the %zu planned (%s): "
-                 "the routing is too imbalanced for the planned buffers; raise --ep-capacity-factor (device memory: README, "
-                 "\"Expert parallelism\") or lower --batch/--seq", l, r, rows, ep->cap, ep->cap_how.c_str());
+                 "the routing is too imbalanced for the planned buffers; raise --ep-capacity-factor (its device memory: README, "
+                 "--ep-capacity-factor) or lower --batch/--seq", l, r, rows, ep->cap, ep->cap_how.c_str());
         }
     }
     pl->recv_counts.assign((size_t)n * El, 0);
