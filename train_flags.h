@@ -37,6 +37,7 @@ typedef struct { std::string train = "data/sotu/sotu_train_*.bin", val = "data/s
 typedef struct {
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
     int expert_parallel = 1;       // EP degree (parallel/expert_parallel.h): the experts split over groups of this many ranks
+    float ep_capacity = EP_CAPACITY_DEFAULT;   // EP on the GPU: rows planned per layer, x tokens x top-k (ep_plan_rows; 0: dropless)
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
 } ParallelArgs;
 typedef struct {                   // checkpoints and Hugging Face interop (checkpoint/)
@@ -162,6 +163,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
                                                               "(N divides the experts, and the shard group size, or the ranks with "
                                                               "--shard-group-size 1), tokens exchanged all-to-all"},
+        {"--ep-capacity-factor", "", F_FLOAT, &a->parallel.ep_capacity, "EP on the GPU: each rank's device buffers hold F x tokens per "
+                                                              "micro-batch x top-k received rows per MoE layer, planned at start-up (default 2; "
+                                                              "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
+                                                              "more stops every rank with one line naming the numbers (no token is dropped)"},
         {"--shard-group-size", "", F_INT, &a->parallel.shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
@@ -390,6 +395,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->fp8.gather && a->fp8.recipe == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
     if (a->parallel.shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->parallel.shard_group_size);
     if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
+    if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
+        fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);
     if (a->ckpt.every < 0 || a->ckpt.keep < 1 || a->ckpt.keep_every < 0)
         fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt.every,
              a->ckpt.keep_every, a->ckpt.keep);

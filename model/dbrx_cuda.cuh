@@ -132,7 +132,8 @@ typedef struct {
     float *dresid, *dln;               // (N, d) fp32
     floatX *dresid_bf16, *datty, *dqkv, *drouter;   // (N, d), (N, d), (N, qkv_dim), (N, E)
     float *dtopk_w, *att_D, *ln_scratch, *norm_partial;
-    floatX *dxe, *dye, *da, *dg, *du;  // (R, d) x2, (R, F) x3: the routed rows' gradients, BF16 (dxe: model/CUDA.md)
+    floatX *dxe, *dye, *da, *dg, *du;  // (R, d) x2, (Rx, F) x3: the routed rows' gradients, BF16 (dxe: model/CUDA.md)
+    size_t expert_rows;                // Rx, the rows of the experts' buffers (g, u, act; da, dg, du): R, or EP's planned rows
     std::vector<unsigned char> rc_mode; // --recompute: each layer's RC_* bits; rc_scratch: what dropped buffers point into
     BlockActsGPU rc_scratch;
     std::vector<void*> allocations;
@@ -149,12 +150,14 @@ typedef struct {
 // Walks every device buffer of the model: allocates it when `m` is given, and adds up the bytes
 // either way, so the memory estimate (dry run, out-of-memory message) is the allocation itself.
 // With FP8 (fp8 != NULL, recipe not off) the routed-row buffers have room for the padded layout,
-// and the FP8 scratch and state are included.
+// and the FP8 scratch and state are included. expert_rows (0: R): the rows of the experts' activations and
+// gradients, under expert parallelism the planned received rows (parallel/expert_parallel_cuda.cuh).
 static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, int T, size_t* param_bytes,
-                                      const Fp8Config* fp8 = nullptr, bool with_params = true) {
+                                      const Fp8Config* fp8 = nullptr, bool with_params = true, size_t expert_rows = 0) {
     bool with_fp8 = fp8 && fp8->recipe != FP8_OFF;
     size_t bytes = 0, N = (size_t)B * T, d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden;
     size_t R = N * k + (with_fp8 ? fp8_row_padding(c) : 0), qd = qkv_dim(c), V = c->vocab_size, P = (size_t)params_total(c);
+    size_t Rx = expert_rows ? expert_rows : R;
     auto take = [&](void** p, size_t n) {
         bytes += n;
         if (m) {
@@ -182,16 +185,16 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     // per block; a buffer the layer's --recompute drops points into one shared set (model/dbrx_recompute_cuda.cuh)
     int U = recompute_union(&g_recompute, c->n_layers);
     recompute_check(&g_recompute, c->n_layers);
-    if (U) gpu_block_acts_fields<BlockActsGPU>(c, N, R, [&](auto f, size_t n, int bit) { if (U & bit) ok = take((void**)&(mm->rc_scratch.*f), n) && ok; });
+    if (U) gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) { if (U & bit) ok = take((void**)&(mm->rc_scratch.*f), n) && ok; });
     mm->rc_mode.assign(c->n_layers, 0);
     for (int l = 0; l < c->n_layers; l++) {
         BlockActsGPU& a = mm->acts[l];
         int mode = mm->rc_mode[l] = (unsigned char)recompute_mode(&g_recompute, l);
-        gpu_block_acts_fields<BlockActsGPU>(c, N, R, [&](auto f, size_t n, int bit) {
+        gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) {
             if (mode & bit) a.*f = mm->rc_scratch.*f;
             else ok = take((void**)&(a.*f), n) && ok;
         });
-        if (m) a.u = a.g + R * F;   // (g and u one buffer: w1 and v1 as one batched GEMM, model/moe.cuh)
+        if (m) a.u = a.g + Rx * F;   // (g and u one buffer: w1 and v1 as one batched GEMM, model/moe.cuh)
     }
     TAKE(mm->step_out, float, 2 + (size_t)c->n_layers * (E + 1));
     if (m) for (int l = 0; l < c->n_layers; l++) mm->acts[l].router_stats = mm->step_out + 2 + (size_t)l * (E + 1);
@@ -212,8 +215,8 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     TAKE(mm->att_D, float, (size_t)B * c->n_heads * T);
     TAKE(mm->ln_scratch, float, layernorm_backward_scratch((int)N, (int)d));
     TAKE(mm->norm_partial, float, GRAD_NORM_SCRATCH);
-    TAKE(mm->dye, floatX, R * d); TAKE(mm->da, floatX, R * F); TAKE(mm->dg, floatX, 2 * R * F);
-    if (m) mm->du = mm->dg + R * F;
+    TAKE(mm->dye, floatX, R * d); TAKE(mm->da, floatX, Rx * F); TAKE(mm->dg, floatX, 2 * Rx * F);
+    if (m) { mm->du = mm->dg + Rx * F; mm->expert_rows = Rx; }
     if (with_fp8) {
         if (!m) fp8_gpu_setup(&mm->fp8, fp8, c, B, T);   // the sizing walk: the slots only
         fp8_gpu_buffers(&mm->fp8, c, B, T, [&](void** p, size_t n) { ok = take(p, n) && ok; });
@@ -226,8 +229,8 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
 // the device memory the model needs (parameters, optimizer state, activations, scratch), in bytes;
 // with_params false: activations and scratch only (a parameter store owns the rest)
 static inline size_t dbrx_gpu_memory_estimate(const DbrxConfig* c, int B, int T, size_t* param_bytes,
-                                              const Fp8Config* fp8 = nullptr, bool with_params = true) {
-    return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes, fp8, with_params);
+                                              const Fp8Config* fp8 = nullptr, bool with_params = true, size_t expert_rows = 0) {
+    return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes, fp8, with_params, expert_rows);
 }
 
 static inline std::string gib(double bytes) {
@@ -252,9 +255,9 @@ static inline std::string gib(double bytes) {
 // Everything but the parameter state: the table, the activations and scratch for micro-batches of
 // (B, T), the FP8 state, the RoPE tables; on the current device. The views p and g are set by the
 // parameter store (the GPU store under parallel/) or by dbrx_build. store_bytes: what the store will
-// allocate, for the out-of-memory check.
+// allocate, for the out-of-memory check; expert_rows: dbrx_gpu_buffers'.
 static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, const Fp8Config* fp8 = nullptr,
-                                    size_t store_bytes = 0) {
+                                    size_t store_bytes = 0, size_t expert_rows = 0) {
     config_validate(cfg);
     if (T > cfg->max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", T, cfg->max_seq_len);
     attention_check_shape(cfg->n_heads, cfg->kv_heads, cfg->head_dim);
@@ -272,11 +275,11 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->p.blocks.resize(cfg->n_layers);
     m->g.blocks.resize(cfg->n_layers);
     fp8_gpu_setup(&m->fp8, fp8, cfg, B, T);
-    size_t acts = dbrx_gpu_memory_estimate(cfg, B, T, nullptr, fp8, false);
+    size_t acts = dbrx_gpu_memory_estimate(cfg, B, T, nullptr, fp8, false, expert_rows);
     size_t free_b = 0, total = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total));
     if (acts + store_bytes > free_b) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
-    if (dbrx_gpu_buffers(m, cfg, B, T, nullptr, fp8, false) == 0) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
+    if (dbrx_gpu_buffers(m, cfg, B, T, nullptr, fp8, false, expert_rows) == 0) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
     fp8_gpu_reset(&m->fp8);
     cudaCheck(cudaMallocHost((void**)&m->host_in, (5 * (size_t)B * T + 1) * sizeof(int)));
     m->step_out_host.assign(2 + (size_t)cfg->n_layers * (cfg->n_experts + 1), 0.0f);
@@ -451,6 +454,7 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         prof_next(pt, "layer", "layer %d router", l);
         residual_layernorm_forward_gpu(a->ln2, a->resid_mid, a->ln2_mean, a->ln2_rstd, x, m->attproj, w.norm2, N, d, c->ln_eps);
         matmul_forward_gpu(a->router_logits, a->ln2, w.router, N, d, E);
+        if (g_debug_hooks.route_first) route_first_gpu(a->router_logits, N, E, k);   // (the tests' forced imbalance)
         router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k,
                            c->moe_norm_p);
         moe_dispatch_gpu(a->offsets, a->row_token, a->slot_row, a->offsets_host.data(), a->topk_idx, a->counts, N, E, k);

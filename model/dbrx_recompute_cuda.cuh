@@ -6,7 +6,8 @@
  *              forward) or (moe) LN2 of the saved resid_mid: the same kernel without the add, whose
  *              arithmetic on the rounded row is the fused one's (the same vector width is checked);
  *              the gather by the SAVED routing (under FP8 the layer's saved padded layout); the experts
- *   swiglu     g, u, act of the saved xe (the down GEMM skipped: ye is saved)
+ *   swiglu     g, u, act of the saved xe (the down GEMM skipped: ye is saved); under expert parallelism the
+ *              model's g, u, act hold the received rows, recomputed by the dispatcher's backward from its kept xl
  *   attn       atty (and the same lse) from the saved qkv
  * Under FP8 the quantisations of the recomputation record no amax or saturation (Fp8GPU::frozen): the
  * scales are the step's (delayed: fixed; current and block: of the same tensor, so the same).
@@ -15,9 +16,10 @@
 #pragma once
 #include "recompute.h"
 
-// every buffer of the GPU's BlockActsGPU with its bytes and the recompute bit that drops it (g holds
-// g and u: one buffer of 2 R F); v(member, bytes, bit)
-template <typename A, typename V> static inline void gpu_block_acts_fields(const DbrxConfig* c, size_t N, size_t R, V v) {
+// every buffer of the GPU's BlockActsGPU with its bytes and the recompute bit that drops it (R routed rows;
+// Rx the experts' rows: R, or under expert parallelism the planned received rows; g holds g and u: one
+// buffer of 2 Rx F); v(member, bytes, bit)
+template <typename A, typename V> static inline void gpu_block_acts_fields(const DbrxConfig* c, size_t N, size_t R, size_t Rx, V v) {
     size_t d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden, qd = qkv_dim(c), NH = N * c->n_heads;
     size_t X = sizeof(floatX), f = sizeof(float), i = sizeof(int);
     v(&A::ln1, N * d * X, RC_BLOCK); v(&A::ln1_mean, N * f, RC_BLOCK); v(&A::ln1_rstd, N * f, RC_BLOCK);
@@ -27,7 +29,7 @@ template <typename A, typename V> static inline void gpu_block_acts_fields(const
     v(&A::router_logits, N * E * f, RC_MOE); v(&A::probs, N * E * f, 0); v(&A::lse, N * f, 0); v(&A::topk_w, N * k * f, 0);
     v(&A::topk_idx, N * k * i, 0); v(&A::counts, E * i, 0); v(&A::offsets, (E + 1) * i, 0);
     v(&A::row_token, R * i, 0); v(&A::slot_row, R * i, 0);
-    v(&A::xe, R * d * X, RC_MOE); v(&A::g, 2 * R * F * X, RC_SWIGLU); v(&A::act, R * F * X, RC_SWIGLU); v(&A::ye, R * d * X, RC_MOE);
+    v(&A::xe, R * d * X, RC_MOE); v(&A::g, 2 * Rx * F * X, RC_SWIGLU); v(&A::act, Rx * F * X, RC_SWIGLU); v(&A::ye, R * d * X, RC_MOE);
 }
 
 // Layer l's block-unit part again, the unit gathered for it (a forward-phase gather inside the backward
@@ -73,7 +75,7 @@ template <typename M> static inline void gpu_recompute_experts(M* m, int l, int 
     int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
     auto* a = &m->acts[l];
     const auto& w = m->p.blocks[l];
-    if (m->experts.forward) {   // (swiglu alone: the dispatcher keeps its own rows' g, u, act)
+    if (m->experts.forward) {   // (swiglu alone: the dispatcher's backward recomputes its rows' g, u, act from the rows it keeps)
         if (rc & RC_MOE) m->experts.forward(m->experts.ctx, l, a->offsets_host.data(), a->xe, a->ye, 2);
         return;
     }

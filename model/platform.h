@@ -115,8 +115,8 @@ static inline void platform_step_counters() {
     static const bool print = getenv("SIMT_STEP_COUNTERS") && atoi(getenv("SIMT_STEP_COUNTERS")) > 0;
     if (print) {
         const simt::Counters& k = simt::counters();
-        fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld\n", k.syncs,
-                k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries);
+        fprintf(stderr, "simt counters: syncs %lld kernels %lld gemms %lld h2d %lld/%lld d2h %lld/%lld queries %lld allocs %lld frees %lld\n",
+                k.syncs, k.launches, k.gemms, k.h2d_bytes, k.h2d_copies, k.d2h_bytes, k.d2h_copies, k.heuristic_queries, k.allocs, k.frees);
         simt::counters_reset();
         fprintf(stderr, "simt peak device memory: %zu bytes\n", simt::peak_device_bytes());   // (since the start: the planner's allocations)
     }

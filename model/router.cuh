@@ -218,6 +218,15 @@ __global__ void router_backward_kernel(floatX* dlogits, const float* dtopk_w, co
     }
 }
 
+// DBRX_DEBUG_ROUTE_FIRST (the tests' forced imbalance, as on the CPU, model/dbrx.h): logits (N, E) of experts 0..k-1 + 30
+__global__ void route_first_kernel(float* logits, int N, int E, int k) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N * k) logits[(size_t)(i / k) * E + i % k] += 30.0f;
+}
+static inline void route_first_gpu(float* logits, int N, int E, int k, cudaStream_t stream = 0) {
+    LAUNCH(route_first_kernel, ceil_div(N * k, 256), 256, 0, stream, logits, N, E, k);
+}
+
 // forward: probs, lse, topk_idx, topk_w, counts (device, E) and stats (device, E + 1); norm_p as on the CPU
 static inline void router_forward_gpu(float* probs, float* lse, int* topk_idx, float* topk_w, int* counts, float* stats,
                                       const float* logits, int N, int E, int k, float norm_p, cudaStream_t stream = 0) {

@@ -3,7 +3,8 @@
  * runs a MoE layer's experts over an EP group of n ranks, apart from the experts' arithmetic (the model,
  * model/dbrx.h), as Megatron-Core's token dispatcher lives apart from its experts. Defines
  *   ExpertParallel   the transport: this rank's place in the EP group and the store's all-to-all
- *   EpPlan, ep_plan  the exchange of one layer, planned from the routed rows' counts
+ *   EpPlan, ep_plan  the exchange of one layer, planned from the routed rows' counts (every rank's: each
+ *                    rank checks every rank's rows against the planned capacity, ep_plan_rows)
  *   ep_exchange      the rows of a plan, there (to the experts' ranks) or back
  *   EpDispatch       the dispatcher's state: the plans and buffers kept for the backward, scratch, statistics
  *   ep_install       hooks it into the model (Dbrx::experts), as parallel/zero.h hooks its gathers (UnitHooks)
@@ -17,16 +18,44 @@
  */
 #pragma once
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <vector>
 #include "../model/dbrx.h"
+#include "comm.h"
 
 // this rank's place in its EP group and the transport. host: the buffers are host memory (the counts),
-// even on the GPU path.
+// even on the GPU path. cap: the rows any rank may receive in one layer (0: no bound, the CPU's host
+// vectors grow; the GPU's device buffers are planned at start-up for cap rows: ep_plan_rows), cap_how
+// says where it comes from, for the message that stops every rank when a routing needs more.
 typedef struct {
     int n = 1, rank = 0;
     void (*all_to_allv)(void* ctx, const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes, int host) = NULL;
     void* ctx = NULL;
+    size_t cap = 0;
+    std::string cap_how;
 } ExpertParallel;
+
+// --ep-capacity-factor's default: each EP rank plans device buffers for twice the average rows
+// (tokens x top-k) per MoE layer (README, --ep-capacity-factor: what it costs at DBRX-132B width)
+#define EP_CAPACITY_DEFAULT 2.0
+
+// The rows one EP rank may receive in one MoE layer, planned: factor x N tokens x top-k (rounded up),
+// at most the dropless bound n N min(k, E/n) (every peer's every token sends min(k, E/n) rows to this
+// rank's E/n experts: no routing can need more), and at least that bound for one token per rank (the
+// decode step's). factor 0: the dropless bound. *how (optional): the numbers, for the message.
+static inline size_t ep_plan_rows(const DbrxConfig* c, size_t N, int n, double factor, std::string* how = nullptr) {
+    size_t k = c->top_k, El = c->n_experts / n, per = std::min(k, El);
+    size_t dropless = (size_t)n * N * per, want = factor > 0 ? (size_t)std::ceil(factor * (double)(N * k)) : dropless;
+    size_t rows = std::max(std::min(want, dropless), (size_t)n * per);
+    if (how) {
+        char b[256];
+        snprintf(b, sizeof b, "--ep-capacity-factor %g x %zu tokens x top-%zu = %zu rows planned per layer; the dropless bound is %zu rows "
+                 "= --ep-capacity-factor %g or 0", factor, N, k, rows, dropless, (double)dropless / (double)(N * k));
+        *how = b;
+    }
+    return rows;
+}
 
 // The exchange of one MoE layer, planned from the counts, kept for the backward. Rows to peer p are
 // the rows of its experts, contiguous in xe (grouped by expert); rows from peer q arrive grouped by my
@@ -38,13 +67,28 @@ typedef struct {
     int R;                                     // rows received (every peer's, for my experts)
 } EpPlan;
 
-// Plans the exchange from this rank's counts (E): the counts go to their owners first (one small
-// all-to-all), so that every rank knows what it will receive.
-static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* counts, const int* offsets, int E) {
+// Plans the exchange of layer l from this rank's counts (E): every rank's counts go to every rank first
+// (one small all-to-all of E ints per peer), so that every rank knows what it will receive, and what
+// every other rank will: when a rank would receive more rows than planned (ep->cap), every rank stops
+// here, before any row moves, with the same message (no rank left waiting in the exchange).
+static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* counts, const int* offsets, int E, int l) {
     int n = ep->n, El = E / n;
+    std::vector<int> mine((size_t)n * E), all((size_t)n * E);   // (n, E): my counts to every peer; every peer's counts
+    for (int p = 0; p < n; p++) std::copy(counts, counts + E, mine.begin() + (size_t)p * E);
+    std::vector<size_t> cb(n, E * sizeof(int));
+    ep->all_to_allv(ep->ctx, mine.data(), cb.data(), all.data(), cb.data(), 1);
+    for (int r = 0; ep->cap && r < n; r++) {   // (the same sums, in the same order, on every rank)
+        size_t rows = 0;
+        for (int q = 0; q < n; q++) for (int j = 0; j < El; j++) rows += all[(size_t)q * E + r * El + j];
+        if (rows > ep->cap) {
+            comm_agreed_failure();   // every rank exits over the same numbers: none of them is a lost rank
+            fail(EXIT_RUNTIME, "expert parallelism: layer %d: EP rank %d's experts would receive %zu rows, more than the %zu planned (%s): "
+                 "the routing is too imbalanced for the planned buffers; raise --ep-capacity-factor (its device memory: README, "
+                 "--ep-capacity-factor) or lower --batch/--seq", l, r, rows, ep->cap, ep->cap_how.c_str());
+        }
+    }
     pl->recv_counts.assign((size_t)n * El, 0);
-    std::vector<size_t> cb(n, El * sizeof(int));
-    ep->all_to_allv(ep->ctx, counts, cb.data(), pl->recv_counts.data(), cb.data(), 1);
+    for (int q = 0; q < n; q++) for (int j = 0; j < El; j++) pl->recv_counts[(size_t)q * El + j] = all[(size_t)q * E + ep->rank * El + j];
     pl->send_rows.assign(n, 0); pl->recv_rows.assign(n, 0);
     for (int p = 0; p < n; p++) pl->send_rows[p] = offsets[(p + 1) * El] - offsets[p * El];
     for (int q = 0; q < n; q++) for (int j = 0; j < El; j++) pl->recv_rows[q] += pl->recv_counts[(size_t)q * El + j];
@@ -134,7 +178,7 @@ static inline void ep_experts_forward_rows(EpDispatch* D, int l, const int* coun
     int E = c->n_experts, d = c->d_model, F = c->ffn_hidden, El = E / D->ep.n;
     EpPlan* pl = &a->plan;
     if (!recompute) {   // (the backward's recomputation, --recompute moe/block: the forward's plan, kept; nothing counted again)
-        ep_plan(&D->ep, pl, counts, offsets, E);
+        ep_plan(&D->ep, pl, counts, offsets, E, l);
         ep_stats_add(&D->stats, &D->ep, pl);
     }
     size_t R = pl->R;

@@ -3,9 +3,13 @@
  * dispatcher for the GPU model (model/dbrx_cuda.cuh), hooked into its experts forward and backward
  * (DbrxGPU::experts). The plan (ep_plan) and the exchange (ep_exchange) are the CPU's: the plan comes from
  * the counts on the host (the expert GEMMs are issued from the host anyway); the rows travel over the
- * store's transport (NCCL, parallel/zero_gpu.cuh). Defines
- *   EpDev            a device buffer that grows (the received rows: their number changes every step)
+ * store's transport (NCCL, parallel/zero_gpu.cuh). Every device buffer is planned at start-up for the rows
+ * --ep-capacity-factor allows (ep_plan_rows): no step allocates or frees device memory (a cudaFree
+ * synchronises the whole device, in-flight NCCL work included, at a moment that differs between ranks).
+ * Defines
+ *   EpDev            a device buffer planned at start-up (the received rows: their number changes every step)
  *   EpDispatchGpu    the dispatcher's state: the plans and device buffers kept for the backward, scratch
+ *   ep_gpu_buffers   its device buffers for a number of planned rows: allocated, or only added up (--dry-run)
  *   ep_gpu_install   hooks it into the model; ep_gpu_free releases its buffers and unhooks it
  *   dbrx_ep_recv_rows, dbrx_ep_totals   its statistics, for the training loop
  */
@@ -14,55 +18,80 @@
 #include "expert_parallel.h"
 #include "../model/dbrx_cuda.cuh"
 
-// A device buffer that grows (expert parallelism's received rows: their number changes every step, and
-// no token is dropped). Growing says how much it needs when the device has not got it.
+// A device buffer planned at start-up (ep_gpu_buffers) for the most elements a layer can need under the
+// planned rows: ep_plan has stopped every rank, with one message, before a routing could need more.
 template <typename T> struct EpDev {
     T* p = nullptr;
     size_t cap = 0;
     T* get(size_t n, const char* what) {
-        if (n <= cap) return p;
-        // (cudaFree waits for the device's work on the old buffer itself; no synchronisation here, which
-        // would be taken at a rank-dependent moment — ranks grow their buffers at different steps — and
-        // the emulator's collectives run when their rank waits: every rank must wait at the same points)
-        size_t free_b = 0, total_b = 0;
-        cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-        size_t want = n * sizeof(T), have = cap * sizeof(T);
-        if (want > free_b + have)
-            fail(EXIT_RUNTIME, "expert parallelism: %s needs %.1f MiB for %zu elements (the routed rows this rank's experts took), "
-                 "the device has %.1f MiB free: the routing is too imbalanced for this memory (fewer tokens per micro-batch, or more EP "
-                 "ranks)", what, want / 1048576.0, n, (free_b + have) / 1048576.0);
-        if (p) cudaCheck(cudaFree(p));
-        cudaCheck(cudaMalloc((void**)&p, want));
-        cap = n;
+        if (n > cap) fail(EXIT_RUNTIME, "internal error: expert parallelism: %s needs %zu elements, %zu were planned", what, n, cap);
         return p;
     }
-    void release() { if (p) cudaCheck(cudaFree(p)); p = nullptr; cap = 0; }
 };
 
-// one layer's exchange, and my experts' R rows and activations, kept for the backward
+// one layer's exchange, and my experts' received rows, kept for the backward (their activations g, u, act:
+// the model's own buffers of the layer, sized for the planned rows: DbrxGPU::expert_rows)
 typedef struct {
     EpPlan plan;
-    EpDev<floatX> xl, g, u, act;     // (R, d), (R, F) x3: grown as needed
-    EpDev<int> perm, inv;            // (R): expert-major row i = received row perm[i]; inv its inverse
+    EpDev<floatX> xl;                // (Rc, d)
+    EpDev<int> perm, inv;            // (Rc): expert-major row i = received row perm[i]; inv its inverse
 } EpLayerGpu;
 
 typedef struct {
     ExpertParallel ep;
     DbrxGPU* model;
     std::vector<EpLayerGpu> layers;            // (L)
-    EpDev<floatX> x, y, da, dg, du;            // scratch: (R, d) x2, (R, F) x3
-    EpDev<floatX> dx, dxr;                     // (R, d) BF16 input gradients, expert-major and in peer order
+    EpDev<floatX> x, y;                        // scratch: (Rc, d) x2 (the gradients da, dg, du: the model's)
+    EpDev<floatX> dx, dxr;                     // (Rc, d) BF16 input gradients, expert-major and in peer order
     EpDev<__nv_fp8_storage_t> f8q[4];          // under --fp8: activation and gradient codes (q, qt) of the received rows
     EpDev<float> f8s[4];                       // and their block-scaling factors (the model's Fp8Buf hold N k + 15 E rows)
     EpStats stats;
+    std::vector<void*> allocations;
 } EpDispatchGpu;
+
+// The rows every buffer of the experts' side is planned for, per MoE layer, on an EP group of n: ep_plan_rows,
+// and under --fp8 the padding of the local experts' rows to multiples of 16 (fp8_local_routing: < 16 per expert)
+static inline size_t ep_gpu_planned_rows(const DbrxConfig* c, size_t N, int n, double factor, bool f8) {
+    return ep_plan_rows(c, N, n, factor) + (f8 ? (size_t)15 * (c->n_experts / n) : 0);
+}
+
+// Walks the dispatcher's own device buffers for Rc planned rows per layer (ep_gpu_planned_rows) on an EP
+// group of n: allocates them when D is given, and adds up the bytes either way (the memory check, --dry-run).
+// recipe: the FP8 recipe (FP8_OFF: none). Per layer (Rc, d) BF16 + 2 Rc ints; scratch 4 (Rc, d) BF16; under
+// --fp8 four (Rc, max(d, F)) code buffers, and with block scaling their factors.
+static inline size_t ep_gpu_buffers(EpDispatchGpu* D, const DbrxConfig* c, int n, size_t Rc, int recipe) {
+    size_t bytes = 0, d = c->d_model, F = c->ffn_hidden, El = c->n_experts / n;
+    auto take = [&](auto* b, size_t elems) {
+        using T = std::remove_reference_t<decltype(*b->p)>;
+        bytes += elems * sizeof(T);
+        if (!D) return;
+        b->p = device_alloc<T>(elems, __FILE__, __LINE__);
+        b->cap = elems;
+        D->allocations.push_back(b->p);
+    };
+    EpLayerGpu sizing;
+    for (int l = 0; l < c->n_layers; l++) {
+        EpLayerGpu* a = D ? &D->layers[l] : &sizing;
+        take(&a->xl, Rc * d); take(&a->perm, Rc); take(&a->inv, Rc);
+    }
+    EpDispatchGpu scratch;
+    EpDispatchGpu* s = D ? D : &scratch;
+    take(&s->x, Rc * d); take(&s->y, Rc * d); take(&s->dx, Rc * d); take(&s->dxr, Rc * d);
+    if (recipe != FP8_OFF) {
+        size_t elems, sq, st;
+        fp8_expert_scratch_sizes(std::max<size_t>(Rc, 1), d, F, El, &elems, &sq, &st);
+        for (int i = 0; i < 4; i++) take(&s->f8q[i], elems);
+        if (recipe == FP8_BLOCK) for (int i = 0; i < 4; i++) take(&s->f8s[i], i % 2 ? st : sq);
+    }
+    return bytes;
+}
 
 // Under --fp8: the model's activation and gradient FP8 scratch swapped with buffers for Rp received
 // rows in El segments (the expert GEMMs quantise into f->act and f->grad); swapped back after
 static inline void ep_fp8_scratch_swap(EpDispatchGpu* D, size_t Rp, int El) {
     DbrxGPU* m = D->model;
     const DbrxConfig* c = &m->cfg;
-    size_t elems, sq, st;
+    size_t elems, sq, st;   // (within the planned: Rp is at most the planned rows)
     fp8_expert_scratch_sizes(std::max<size_t>(Rp, 1), c->d_model, c->ffn_hidden, El, &elems, &sq, &st);
     bool blk = m->fp8.cfg.recipe == FP8_BLOCK;
     Fp8Buf* bufs[2] = {&m->fp8.act, &m->fp8.grad};
@@ -104,7 +133,7 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     for (int e = 0; e < E; e++) counts[e] = offsets_host[e + 1] - offsets_host[e];
     EpPlan* pl = &a->plan;
     if (!recompute) {   // (the backward's recomputation, --recompute moe/block: the forward's plan, kept; nothing counted again)
-        ep_plan(&D->ep, pl, counts.data(), offsets_host, E);
+        ep_plan(&D->ep, pl, counts.data(), offsets_host, E, l);
         ep_stats_add(&D->stats, &D->ep, pl);
     }
     size_t R = pl->R;
@@ -124,9 +153,8 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     if (R) cudaCheck(cudaMemcpy(inv_d, inv.data(), R * sizeof(int), cudaMemcpyHostToDevice));
     floatX* xr = D->x.get(R * d, "the received rows");
     floatX* xl = a->xl.get(Rc * d, "the received rows (kept for the backward)");
-    floatX* g = a->g.get(Rc * F, "the experts' activations");
-    floatX* u = a->u.get(Rc * F, "the experts' activations");
-    floatX* act = a->act.get(Rc * F, "the experts' activations");
+    if (Rc > m->expert_rows) fail(EXIT_RUNTIME, "internal error: expert parallelism: %zu rows, the model's buffers hold %zu", Rc, m->expert_rows);
+    floatX *g = m->acts[l].g, *u = m->acts[l].u, *act = m->acts[l].act;   // (Rc, F) each: the model's, planned
     floatX* yl = D->y.get(Rc * d, "the experts' outputs");
     ep_exchange(&D->ep, pl, xe, xr, d * sizeof(floatX), 0);             // (R, d) in peer order
     if (R) moe_gather_gpu(xl, xr, perm_d, (int)Rc, d);                   // expert-major (FP8: padded)
@@ -140,11 +168,21 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     ep_exchange(&D->ep, pl, xr, ye, d * sizeof(floatX), 1);              // and home, in xe's layout
 }
 
+// DBRX_DEBUG_PLANT=ep_regrow, the allocation budget's negative control (test/test_cuda_train.sh): the scratch x
+// freed and allocated again in every training forward, as the buffers that grew with the routing once were
+static inline void ep_plant_regrow(EpDispatchGpu* D) {
+    auto it = std::find(D->allocations.begin(), D->allocations.end(), (void*)D->x.p);
+    cudaCheck(cudaFree(D->x.p));
+    D->x.p = device_alloc<floatX>(D->x.cap, __FILE__, __LINE__);
+    *it = D->x.p;
+}
+
 // the GPU model's experts forward hook (ExpertHooksGPU::forward): train 1, the training forward (FP8
 // under --fp8, the rows-received maximum restarted at its first layer); 0, generation's token (BF16)
 static inline void ep_gpu_experts_forward(void* ctx, int l, const int* offsets_host, const floatX* xe, floatX* ye, int train) {
     EpDispatchGpu* D = (EpDispatchGpu*)ctx;
     if (train == 1 && l == 0) D->stats.recv_max = 0;   // (train 2: its recomputation in the backward, --recompute moe/block)
+    if (train == 1 && l == 0 && g_debug_hooks.plant == PLANT_EP_REGROW) ep_plant_regrow(D);
     ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, train && fp8_on(&D->model->fp8), train == 2);
 }
 
@@ -166,38 +204,54 @@ static inline void ep_gpu_experts_backward(void* ctx, int l, const floatX* dye, 
     floatX* dyl = D->y.get(Rc * d, "the experts' outputs");
     floatX* dxl = D->dx.get(Rc * d, "the experts' input gradients");
     floatX* dxr = D->dxr.get(R * d, "the experts' input gradients");
-    floatX* da = D->da.get(Rc * F, "the experts' gradients");
-    floatX* dg = D->dg.get(Rc * F, "the experts' gradients");
-    floatX* du = D->du.get(Rc * F, "the experts' gradients");
+    floatX *da = m->da, *dg = m->dg, *du = m->du;   // (Rc, F) each: the model's, planned (DbrxGPU::expert_rows)
+    const BlockActsGPU* ma = &m->acts[l];
     ep_exchange(&D->ep, pl, dye, dyr, d * sizeof(floatX), 0);
     if (R) moe_gather_gpu(dyl, dyr, a->perm.p, (int)Rc, d);
+    if ((m->rc_mode[l] & RC_SWIGLU) && !(m->rc_mode[l] & RC_MOE)) {   // --recompute swiglu: g, u, act of the kept rows again
+        m->fp8.frozen = true;                                          // (moe/block: the recomputed forward, train 2, left them)
+        if (f8 && Rc) {
+            ep_fp8_scratch_swap(D, Rc, El);
+            fp8_experts_forward_gpu(&m->fp8, l, nullptr, ma->g, ma->u, ma->act, a->xl.p, w.w1, w.v1, w.w2, El, d, F);
+            ep_fp8_scratch_unswap(D);
+        } else if (!f8)
+            experts_forward_gpu(nullptr, ma->g, ma->u, ma->act, a->xl.p, w.w1, w.v1, w.w2, pl->loffsets.data(), El, d, F);
+        m->fp8.frozen = false;
+    }
     if (f8 && Rc) {
         ep_fp8_scratch_swap(D, Rc, El);
-        fp8_experts_backward_gpu(&m->fp8, l, dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->xl.p, a->g.p, a->u.p, a->act.p,
+        fp8_experts_backward_gpu(&m->fp8, l, dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->xl.p, ma->g, ma->u, ma->act,
                                  w.w1, w.v1, w.w2, El, d, F);
         ep_fp8_scratch_unswap(D);
     } else if (!f8)
-        experts_backward_gpu(dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->xl.p, a->g.p, a->u.p, a->act.p, w.w1, w.v1, w.w2,
+        experts_backward_gpu(dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->xl.p, ma->g, ma->u, ma->act, w.w1, w.v1, w.w2,
                              pl->loffsets.data(), El, d, F);
     if (R) moe_gather_gpu(dxr, dxl, a->inv.p, (int)R, d);
     ep_exchange(&D->ep, pl, dxr, dxe, d * sizeof(floatX), 1);   // BF16 rows: half the bytes of fp32
 }
 
 // Expert parallelism of degree n on the GPU model `m`, this rank EP rank `rank`, the rows over
-// `all_to_allv(ctx, ...)` (the store's transport): the dispatcher hooked into the model's experts.
-static inline void ep_gpu_install(EpDispatchGpu* D, DbrxGPU* m, int n, int rank,
+// `all_to_allv(ctx, ...)` (the store's transport): the dispatcher hooked into the model's experts, its
+// buffers planned for `factor` (--ep-capacity-factor: ep_plan_rows) and allocated now, once. The model
+// was built with room for those rows in its experts' buffers (dbrx_build_shape's expert_rows).
+static inline void ep_gpu_install(EpDispatchGpu* D, DbrxGPU* m, int n, int rank, double factor,
                                   void (*all_to_allv)(void*, const void*, const size_t*, void*, const size_t*, int), void* ctx) {
     D->ep.n = n; D->ep.rank = rank; D->ep.all_to_allv = all_to_allv; D->ep.ctx = ctx;
     D->model = m;
     D->layers.assign(m->cfg.n_layers, EpLayerGpu());
     D->stats = EpStats{0, 0, 0, 0};
+    size_t N = (size_t)m->B * m->T;
+    D->ep.cap = ep_plan_rows(&m->cfg, N, n, factor, &D->ep.cap_how);
+    size_t Rc = ep_gpu_planned_rows(&m->cfg, N, n, factor, fp8_on(&m->fp8));
+    if (Rc > m->expert_rows)
+        fail(EXIT_RUNTIME, "internal error: expert parallelism plans %zu rows per layer, the model was built for %zu", Rc, m->expert_rows);
+    ep_gpu_buffers(D, &m->cfg, n, Rc, m->fp8.cfg.recipe);
     m->experts = ExpertHooksGPU{ep_gpu_experts_forward, ep_gpu_experts_backward, D};
 }
 // its device buffers released, and the model runs its own experts again
 static inline void ep_gpu_free(EpDispatchGpu* D) {
-    for (EpLayerGpu& a : D->layers) { a.xl.release(); a.g.release(); a.u.release(); a.act.release(); a.perm.release(); a.inv.release(); }
-    D->x.release(); D->y.release(); D->da.release(); D->dg.release(); D->du.release(); D->dx.release(); D->dxr.release();
-    for (int i = 0; i < 4; i++) { D->f8q[i].release(); D->f8s[i].release(); }
+    for (void* p : D->allocations) cudaCheck(cudaFree(p));
+    D->allocations.clear();
     if (D->model) D->model->experts = ExpertHooksGPU{NULL, NULL, NULL};
     D->model = NULL;
 }

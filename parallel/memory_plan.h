@@ -12,7 +12,8 @@
  *   activations      model/dbrx_cuda.cuh's dbrx_gpu_buffers, by class: saved per layer (x L), the head,
  *                    the backward scratch the blocks share, and the FP8 scratch and state (--fp8)
  *   routing          the per-layer routing indices, and under expert parallelism the exchange's buffers
- *                    (parallel/expert_parallel_cuda.cuh) at balanced routing: N k rows received per rank
+ *                    (parallel/expert_parallel_cuda.cuh), planned at start-up for --ep-capacity-factor's rows
+ *                    (ep_plan_rows; the model's experts' g, u, act and da, dg, du are sized for them too)
  * Their sum is `allocations`, what the run cudaMallocs (and what the emulator's allocator peaks at:
  * test/test_memory_plan.cpp checks the classes against the walk itself, and the sum against the peak).
  * On a real GPU the run needs more than it allocates; these margins are predicted, not measured here:
@@ -40,6 +41,7 @@
 #include <cstring>
 #include <string>
 #include "zero.h"
+#include "expert_parallel.h"
 #include "../model/fp8.cuh"
 #include "../model/recompute.h"
 
@@ -71,6 +73,7 @@ typedef struct {
     long double head, scratch, fp8_scratch;
     // routing buffers: L x the routing indices, and the EP exchange's
     long double routing_index, ep_exchange;
+    long double ep_rows;             // EP: the rows received per layer the buffers are planned for (0 without EP)
     long double allocations;         // the sum of everything above: what the run allocates
     // margins on a real GPU
     long double cublaslt, cuda_context, nccl;
@@ -132,7 +135,8 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
 }
 
 // The plan for micro-batches of B x T on `gpus` GPUs, shard groups of S, EP degree n (validated by the caller)
-static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, int n, int gpus, Fp8Recipe fp8) {
+static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, int n, int gpus, Fp8Recipe fp8,
+                                     double ep_capacity = EP_CAPACITY_DEFAULT) {
     MemoryPlan p;
     p.B = B; p.T = T; p.S = S; p.n = n; p.gpus = gpus; p.fp8 = fp8;
     const long double f4 = 4, bf = 2, i4 = 4;
@@ -140,6 +144,11 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     long double qd = qkv_dim(c), V = c->vocab_size, L = c->n_layers, H = c->n_heads, hd = c->head_dim;
     bool on8 = fp8 != FP8_OFF;
     long double R = N * k + (on8 ? 15 * E : 0);   // the routed rows (FP8: room for every expert padded to 16)
+    // EP: the rows every buffer of the experts' side is planned for (ep_gpu_planned_rows), and the model's g, u, act
+    // and da, dg, du with them (DbrxGPU::expert_rows); without EP those hold the routed rows
+    long double Rc = n > 1 ? (long double)ep_plan_rows(c, (size_t)N, n, ep_capacity) + (on8 ? 15 * (E / n) : 0) : 0;
+    long double Rx = n > 1 ? Rc : R;
+    p.ep_rows = Rc;
 
     // parameter state and working set: zero_gpu_bytes
     long double shard, work;
@@ -156,12 +165,12 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     p.layer_attention = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // ln1, stats, qkv_pre, qkv, lse, atty
     p.layer_norms = bf * N * d + bf * N * d + 2 * f4 * N + bf * N * d;   // resid_mid, ln2 and its stats, the block's input (resid)
     p.layer_router = 2 * f4 * N * E + f4 * N + f4 * N * k + f4 * (E + 1);   // logits, probs, lse, top-k weights, statistics
-    p.layer_experts = bf * R * d + 3 * bf * R * F + bf * R * d;           // xe, g and u, act, ye
+    p.layer_experts = bf * R * d + 3 * bf * Rx * F + bf * R * d;          // xe, g and u, act, ye
     p.layer_routing = i4 * N * k + i4 * E + i4 * (E + 1) + 2 * i4 * R;    // topk_idx, counts, offsets, row_token, slot_row
     p.saved = L * (p.layer_attention + p.layer_norms + p.layer_router + p.layer_experts);
     // --recompute: a dropped buffer is not kept per layer; the layers that drop it share one (dbrx_gpu_buffers)
     p.rc_bit_bytes[0] = bf * N * d;                                                       // attn: atty
-    p.rc_bit_bytes[1] = 3 * bf * R * F;                                                   // swiglu: g and u, act
+    p.rc_bit_bytes[1] = 3 * bf * Rx * F;                                                  // swiglu: g and u, act (EP: the planned rows)
     p.rc_bit_bytes[2] = bf * N * d + 2 * f4 * N + f4 * N * E + 2 * bf * R * d;            // moe: ln2, stats, logits, xe, ye
     p.rc_bit_bytes[3] = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // block: ln1, stats, qkv x2, lse, resid_mid
     p.recompute = g_recompute.text;
@@ -177,20 +186,21 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     // the backward's scratch, shared by the blocks: attproj, dresid, dln, dresid_bf16, datty, dqkv, drouter,
     // dtopk_w, dxe, att_D, the LayerNorm partials, the grad-norm partials, dye, da, dg and du
     p.scratch = bf * N * d + 2 * f4 * N * d + 2 * bf * N * d + bf * N * qd + bf * N * E + f4 * N * k + bf * R * d + f4 * B * H * T
-              + f4 * std::ceil(N / PLAN_LN_ROWS_PER_CHUNK) * d + f4 * (PLAN_GRAD_NORM_BLOCKS + 2) + bf * R * d + 3 * bf * R * F;
+              + f4 * std::ceil(N / PLAN_LN_ROWS_PER_CHUNK) * d + f4 * (PLAN_GRAD_NORM_BLOCKS + 2) + bf * R * d + 3 * bf * Rx * F;
     p.fp8_scratch = on8 ? plan_fp8_bytes(c, N, fp8 == FP8_BLOCK) : 0;
 
-    // routing: the indices of every layer; EP's exchange at balanced routing (Rr = N k rows received per layer,
-    // FP8: Rc, padded per local expert): kept per layer xl, g, u, act, perm, inv; shared x, y, dx, dxr, da, dg, du
+    // routing: the indices of every layer; EP's exchange (ep_gpu_buffers) for Rc planned rows: kept per layer xl
+    // (Rc, d) and perm, inv (Rc); shared x, y, dx, dxr (Rc, d); under FP8 four code buffers (Rc, max(d, F)) and
+    // with block scaling their factors (fp8_expert_scratch_sizes over the local experts' segments)
     p.routing_index = L * p.layer_routing;
     p.ep_exchange = 0;
     if (n > 1) {
-        long double El = E / n, Rr = N * k, Rc = Rr + (on8 ? 15 * El : 0);
-        p.ep_exchange = L * (bf * Rc * d + 3 * bf * Rc * F + i4 * Rc + i4 * Rr) + bf * (Rr * d + Rc * d + Rc * d + Rr * d) + 3 * bf * Rc * F;
-        if (on8) {   // the received rows' FP8 codes (q, qt of activations and gradients) and block scales
-            long double sq = std::max(plan_fp8_scale_bound(Rc, d, El, false, false), plan_fp8_scale_bound(Rc, F, El, false, false));
-            long double st = std::max(plan_fp8_scale_bound(Rc, d, El, false, true), plan_fp8_scale_bound(Rc, F, El, false, true));
-            p.ep_exchange += 4 * Rc * std::max(d, F) + (fp8 == FP8_BLOCK ? 2 * 4 * (sq + st) : 0);
+        long double El = E / n, rows = std::max(Rc, 1.0L);
+        p.ep_exchange = L * (bf * Rc * d + 2 * i4 * Rc) + 4 * bf * Rc * d;
+        if (on8) {
+            long double sq = std::max(plan_fp8_scale_bound(rows, d, El, false, false), plan_fp8_scale_bound(rows, F, El, false, false));
+            long double st = std::max(plan_fp8_scale_bound(rows, d, El, false, true), plan_fp8_scale_bound(rows, F, El, false, true));
+            p.ep_exchange += 4 * rows * std::max(d, F) + (fp8 == FP8_BLOCK ? 4 * (2 * sq + 2 * st) : 0);
         }
     }
     p.allocations = plan_param_state(&p) + p.gathered_slots + p.grad_slots + p.saved + p.head + p.scratch + p.fp8_scratch
@@ -256,9 +266,8 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
     printf("    head (final norm, logits, losses, RoPE, token ids) %.2f GiB, backward scratch %.2f GiB, FP8 scratch and state %.2f GiB\n",
            G(p->head), G(p->scratch), G(p->fp8_scratch));
     printf("  routing buffers                                                        %9.2f GiB\n", G(p->routing_index + p->ep_exchange));
-    printf("    routing indices %.1f MiB per layer, x %d = %.2f GiB; expert-parallel exchange %.2f GiB (balanced routing: %.0Lf rows "
-           "received per layer)\n", M(p->layer_routing), c->n_layers, G(p->routing_index), G(p->ep_exchange),
-           p->n > 1 ? (long double)p->B * p->T * c->top_k : 0.0L);
+    printf("    routing indices %.1f MiB per layer, x %d = %.2f GiB; expert-parallel exchange %.2f GiB (planned for %.0Lf rows "
+           "received per layer: --ep-capacity-factor)\n", M(p->layer_routing), c->n_layers, G(p->routing_index), G(p->ep_exchange), p->ep_rows);
     printf("  allocations (what the run allocates; the emulator's peak)              %9.2f GiB\n", G(p->allocations));
     printf("  margins on a GPU (predicted): cuBLASLt workspace %.0f MiB, CUDA context %.0f MiB, NCCL %.2f GiB\n", M(p->cublaslt),
            M(p->cuda_context), G(p->nccl));

@@ -143,7 +143,7 @@ static inline void zero_gpu_ep_all_to_allv(void* ctx, const void* send, const si
     cudaCheck(cudaStreamWaitEvent(zg->compute, zg->ep_done, 0));
 }
 
-static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1) {
+static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1, double ep_factor = EP_CAPACITY_DEFAULT) {
     Zero* z = &zg->z;
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
@@ -156,7 +156,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         cudaCheck(cudaEventCreateWithFlags(&zg->ep_ready, cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&zg->ep_done, cudaEventDisableTiming));
         zg->ep_dispatch = new EpDispatchGpu();   // the model's experts run through it, the rows over the EP group
-        ep_gpu_install(zg->ep_dispatch, model, ep_n, z->ep_rank, zero_gpu_ep_all_to_allv, zg);
+        ep_gpu_install(zg->ep_dispatch, model, ep_n, z->ep_rank, ep_factor, zero_gpu_ep_all_to_allv, zg);
     }
     zg->model = model;
     zg->compute = 0;

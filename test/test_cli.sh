@@ -132,6 +132,9 @@ expect_exit 2 "odd head_dim" $BIN --d-model 12 --n-heads 4 --dry-run
 expect_exit 2 "seq > max_seq" $BIN --seq 512 --dry-run
 expect_exit 2 "bad device" $BIN --device tpu
 expect_exit 2 "negative steps" $BIN --steps -1
+expect_exit 2 "--ep-capacity-factor -1" $BIN --ep-capacity-factor -1 --dry-run
+expect_exit 2 "--ep-capacity-factor nan" $BIN --ep-capacity-factor nan --dry-run
+grep -q -- "--ep-capacity-factor" <<<"$help" && pass "--help lists --ep-capacity-factor" || fail "--help misses --ep-capacity-factor"
 # off is spelled 'off': a 0 is not off (the original DBRX code would clamp to 0), nor a negative number
 expect_exit 2 "--clip-qkv 0" $BIN --clip-qkv 0 --dry-run
 grep -q "expects a positive number or 'off'" <<<"$LAST_ERR" || fail "--clip-qkv 0: $LAST_ERR"

@@ -77,8 +77,9 @@ else fail "mpirun -np 3, 2 GPUs: exit $rc: $(head -3 <<<"$out")"; fi
 # prints the emulator's counters at every dbrx_sync (before and after each step). Per step of G micro-batches,
 # L layers, E experts, N tokens, BF16, one rank: syncs G (L + 1) + 2 (the offsets per layer and the forward's
 # one read; the norm's read; the step's closing sync), kernels G (8 + 25 L) + 3, H2D 4 G (5 N + 1) bytes,
-# D2H G (4 L (E + 1) + 4 (2 + L (E + 1))) + 8 bytes, no heuristic query after the first step. Negative control:
-# DBRX_DEBUG_PLANT=step_sync (one more sync per layer) must break it.
+# D2H G (4 L (E + 1) + 4 (2 + L (E + 1))) + 8 bytes, no heuristic query after the first step, no device (or
+# pinned host) allocation or free after the first step. Negative controls: DBRX_DEBUG_PLANT=step_sync (one more
+# sync per layer) must break it; the counters before step 1 must have seen the model's allocations.
 budget() {   # budget NAME E L G [env...]: exit 0 iff every step after the first is within the budget
     local name=$1 E=$2 L=$3 G=$4; shift 4
     env SIMT_STEP_COUNTERS=1 "$@" ./train_dbrx_emu --device cuda --model dbrx-tiny --n-layers "$L" --experts "$E" --top-k 2 --batch 2 \
@@ -90,20 +91,69 @@ N = 64
 rows = [list(map(int, re.findall(r"(?<![a-z])\d+", l))) for l in open(f)]   # (not the 2 of h2d, d2h)
 steps = rows[1::2]   # every second line closes a step
 want = [G * (L + 1) + 2, G * (8 + 25 * L) + 3, None, 4 * G * (5 * N + 1), G, G * (4 * L * (E + 1) + 4 * (2 + L * (E + 1))) + 8,
-        G * (L + 1) + 1, 0]
-names = ["syncs", "kernels", "gemms", "h2d bytes", "h2d copies", "d2h bytes", "d2h copies", "heuristic queries"]
+        G * (L + 1) + 1, 0, 0, 0]
+names = ["syncs", "kernels", "gemms", "h2d bytes", "h2d copies", "d2h bytes", "d2h copies", "heuristic queries", "allocations", "frees"]
 bad = []
 assert len(steps) == 3, "%d step lines" % len(steps)
 assert steps[0][7] > 0, "the first step made no plan"
+assert rows[0][8] > 0, "the counters saw no allocation before step 1"   # (they count: the model's buffers)
 for s, r in enumerate(steps[1:], 2):
     for i, w in enumerate(want):
         if w is not None and r[i] != w: bad.append("step %d: %s %d, budget %d" % (s, names[i], r[i], w))
-print("   %s: step 3: syncs %d, kernels %d, GEMMs %d, H2D %d B, D2H %d B, heuristic queries %d" % (name, *[steps[2][i] for i in (0, 1, 2, 3, 5, 7)]))
+print("   %s: step 3: syncs %d, kernels %d, GEMMs %d, H2D %d B, D2H %d B, heuristic queries %d, allocations %d, frees %d (before step 1: %d allocations)" % (
+    name, *[steps[2][i] for i in (0, 1, 2, 3, 5, 7, 8, 9)], rows[0][8]))
 if bad: print("   " + "; ".join(bad[:3]))
 sys.exit(1 if bad else 0)
 PY
 }
-budget e4 4 2 2 && budget e8 8 2 2 && budget l3 4 3 1 && pass "training loop: syncs, kernels, copies per step within the budget (E 4 and 8, L 2 and 3, grad-accum 2 and 1), no heuristic query after step 1" \
+budget e4 4 2 2 && budget e8 8 2 2 && budget l3 4 3 1 && pass "training loop: syncs, kernels, copies per step within the budget (E 4 and 8, L 2 and 3, grad-accum 2 and 1), no heuristic query, allocation or free after step 1" \
     || fail "training loop: the step budget"
 budget planted 4 2 2 DBRX_DEBUG_PLANT=step_sync && fail "a planted sync per layer went unnoticed by the step budget" \
     || pass "negative control: a planted sync per layer breaks the step budget"
+
+# No device allocation or free in a step after the first, on every rank of ZeRO-3 np 2 and of expert parallel 2
+# (parallel/expert_parallel_cuda.cuh: every buffer planned at start-up for --ep-capacity-factor's rows), also under a
+# forced extreme imbalance (DBRX_DEBUG_ROUTE_FIRST: every token to EP rank 0's experts) at the dropless bound; a
+# planned bound too small for that routing stops both ranks with the same line naming the numbers, exit 1, no hang.
+SMALL=(--device cuda --model dbrx-tiny --n-layers 2 --d-model 64 --n-heads 2 --kv-heads 1 --experts 4 --top-k 2 --ffn-hidden 64
+       --seq 32 --batch 1 --val-every 0 --steps 3)
+no_alloc() {   # no_alloc NAME [env...] -- [flags...]: exit 0 iff neither rank allocates or frees after step 1 (steps 2, 3)
+    local name=$1 envs=(); shift
+    while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+    env SIMT_STEP_COUNTERS=1 "${envs[@]}" timeout 300 bash dev/mpirun.sh --tag-output -np 2 ./train_dbrx_emu "${SMALL[@]}" "$@" \
+        > "$tmp/alloc_$name.txt" 2>&1 || { echo "   $name: exit $?: $(grep -m1 error "$tmp/alloc_$name.txt")"; return 1; }
+    $PY - "$tmp/alloc_$name.txt" "$name" <<'PY'
+import re, sys
+f, name = sys.argv[1], sys.argv[2]
+bad, said = [], []
+for r in (0, 1):
+    rows = [list(map(int, re.findall(r"(?<![a-z])\d+", l.split("simt counters:")[1])))
+            for l in open(f) if l.startswith("[1,%d]" % r) and "simt counters:" in l]
+    if len(rows) != 6: bad.append("rank %d: %d counter lines, not 6" % (r, len(rows))); continue
+    if rows[0][8] == 0: bad.append("rank %d: the counters saw no allocation before step 1" % r)
+    for i, row in enumerate(rows[2:], 2):   # (line 0: start-up; 1: step 1; 2: between steps 1 and 2; 3: step 2; 4; 5: step 3)
+        if row[8] or row[9]: bad.append("rank %d: counter line %d: %d allocations, %d frees" % (r, i, row[8], row[9]))
+    said.append("rank %d: %d allocations before step 1, %d in step 1, 0 after" % (r, rows[0][8], rows[1][8]))
+print("   %s: %s" % (name, "; ".join(bad) if bad else "; ".join(said)))
+sys.exit(1 if bad else 0)
+PY
+}
+no_alloc zero3 -- --shard-group-size 2 && pass "ZeRO-3 np 2: no device allocation or free in steps 2 and 3 on either rank" || fail "ZeRO-3 np 2 allocates in a step"
+no_alloc ep2 -- --expert-parallel 2 && pass "EP 2 (ZeRO-3 np 2): no device allocation or free in steps 2 and 3 on either rank" || fail "EP 2 allocates in a step"
+no_alloc ep2_fp8 -- --expert-parallel 2 --fp8 block && no_alloc ep2_fp8_imbalance DBRX_DEBUG_ROUTE_FIRST=1 -- --expert-parallel 2 --fp8 block --ep-capacity-factor 0 \
+    && pass "EP 2 --fp8 block (the padded rows' FP8 scratch), also with every token to rank 0's experts at the dropless bound: no allocation or free in steps 2 and 3" \
+    || fail "EP 2 --fp8 block allocates in a step"
+planted=$(no_alloc ep2_planted DBRX_DEBUG_PLANT=ep_regrow -- --expert-parallel 2); rc=$?; echo "$planted"
+if [ "$rc" != 0 ] && grep -q "rank 0: counter line 3: 1 allocations, 1 frees" <<<"$planted" && grep -q "rank 1: counter line 5: 1 allocations, 1 frees" <<<"$planted"; then
+    pass "negative control: an EP buffer freed and allocated again in every step (DBRX_DEBUG_PLANT=ep_regrow) is counted in steps 2 and 3 on both ranks"
+else fail "an EP buffer freed and allocated in every step went unnoticed (exit $rc)"; fi
+if no_alloc ep2_imbalance DBRX_DEBUG_ROUTE_FIRST=1 -- --expert-parallel 2 --ep-capacity-factor 0 \
+        && grep -q "ep recv 2.00x" "$tmp/alloc_ep2_imbalance.txt" && grep -q "ep: rank 0 sent .* 0 rows out, 384 rows in" "$tmp/alloc_ep2_imbalance.txt"; then
+    pass "EP 2, every token to rank 0's experts, --ep-capacity-factor 0 (the dropless bound, 128 rows): 3 steps, rank 0 took all 384 rows, no allocation after step 1"
+else fail "EP 2 forced imbalance at the dropless bound: $(grep -m1 error "$tmp/alloc_ep2_imbalance.txt")"; fi
+out=$(DBRX_DEBUG_ROUTE_FIRST=1 timeout 120 bash dev/mpirun.sh --tag-output -np 2 ./train_dbrx_emu "${SMALL[@]}" --expert-parallel 2 --ep-capacity-factor 1.5 2>&1); rc=$?
+lines=$(grep -o "error: .*" <<<"$out" | sort | uniq -c)
+if [ "$rc" = 1 ] && [ "$(grep -c . <<<"$lines")" = 1 ] && grep -q "^ *2 error: expert parallelism: layer 0: EP rank 0's experts would receive 128 rows, more than the 96 planned (--ep-capacity-factor 1.5 x 32 tokens x top-2 = 96 rows planned per layer; the dropless bound is 128 rows" <<<"$lines" \
+        && ! grep -q "^\[1,[01]\]<stdout>:step " <<<"$out"; then
+    pass "negative control: a planned bound too small for the routing (--ep-capacity-factor 1.5, 96 rows < 128): both ranks stop in step 1 with the same line, exit 1"
+else fail "EP 2 with too small a planned bound: exit $rc: $(grep -m2 -i "error" <<<"$out")"; fi

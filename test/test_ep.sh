@@ -7,7 +7,7 @@
 #   * a forced extreme imbalance (DBRX_DEBUG_ROUTE_FIRST: every token to experts 0..k-1, all EP rank 0's)
 #     trains without losing a token: rank 0 receives every routed row, the others none, no error;
 #   * the bytes each rank sends in its EP group equal the formula from its routing counts, exactly:
-#     count messages x E/N x 4 B + 2 x d x 4 B x (rows out + rows in)  (forward rows and results back,
+#     count messages x E x 4 B (every rank's counts to every peer) + 2 x d x 4 B x (rows out + rows in)  (forward rows and results back,
 #     backward gradients and input gradients back);
 #   * a checkpoint under EP 4 resumes bit-identically under EP 4, within 1e-5 under EP 2, one process and
 #     data parallel EP 2; one under data parallel EP 2 (saved as ZeRO-3 over the EP group: each parameter
@@ -122,9 +122,9 @@ for path, n, norm in ((sys.argv[1], 2, 0), (sys.argv[2], 2, 0), (sys.argv[3], 2,
                       open(path).read())
     ok = len(rows) == 4
     for r, b, c, o, i in rows:
-        want = int(c) * (E // n) * 4 + 2 * d * f * (int(o) + int(i)) + norm
+        want = int(c) * E * 4 + 2 * d * f * (int(o) + int(i)) + norm
         ok = ok and int(b) == want
-    print("%s EP %d (%s): bytes sent in the EP group equal counts x E/N x 4 + 2 x d x 4 x (rows out + in)%s on every rank: %s" % (
+    print("%s EP %d (%s): bytes sent in the EP group equal counts x E x 4 + 2 x d x 4 x (rows out + in)%s on every rank: %s" % (
         "pass" if ok else "fail", n, path.split("/")[-1], " + 6 x 8 (norm)" if norm else "",
         ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
 PY
@@ -321,8 +321,8 @@ d, E, n = 64, 4, 2
 rows = re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in",
                   open(sys.argv[1]).read())
 # counts (int32, MPI) + forward rows out and results back (BF16) + backward gradients out and input gradients back (BF16)
-ok = len(rows) == 4 and all(int(b) == int(c) * (E // n) * 4 + 2 * d * 2 * (int(o) + int(i)) for r, b, c, o, i in rows)
-print("%s emulated GPU EP 2: bytes in the EP group = counts x E/N x 4 + 2 x d x 2 x (rows out + rows in) on every rank: %s" % (
+ok = len(rows) == 4 and all(int(b) == int(c) * E * 4 + 2 * d * 2 * (int(o) + int(i)) for r, b, c, o, i in rows)
+print("%s emulated GPU EP 2: bytes in the EP group = counts x E x 4 + 2 x d x 2 x (rows out + rows in) on every rank: %s" % (
     "pass" if ok else "fail", ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
 PY
     verdicts "$tmp/gbytes" 1

@@ -68,9 +68,15 @@ TEST_CASE("the plan's terms of a small model, by hand (B 2 x T 16: N = 32 tokens
     CHECK(q.shard_params == 102816);
     CHECK(q.slot_params == 36864);
     CHECK(q.gathered_slots == 2 * 2 * 36864); CHECK(q.grad_slots == 2 * 4 * 36864);
-    // EP 2 at balance: 64 rows received per layer; per layer xl 2*64*64 + g, u, act 3*2*64*96 + perm, inv 2*4*64;
-    // shared x, y, dx, dxr 4*2*64*64 + da, dg, du 3*2*64*96
-    CHECK(q.ep_exchange == 2 * (8192 + 36864 + 512) + 32768 + 36864);
+    // EP 2, --ep-capacity-factor 2 (the default): 2 x N k = 128 rows planned per layer (= the dropless bound,
+    // n N min(k, E/n) = 2 x 32 x 2); per layer xl 2*128*64 + perm, inv 2*4*128; shared x, y, dx, dxr 4*2*128*64.
+    // The model's own g, u, act (per layer) and da, dg, du (scratch) hold the planned rows: 3*2*128*96 each
+    CHECK(q.ep_rows == 128);
+    CHECK(q.ep_exchange == 2 * (16384 + 1024) + 65536);
+    CHECK(q.layer_experts == 2 * 64 * 64 + 3 * 2 * 128 * 96 + 2 * 64 * 64);
+    MemoryPlan q15 = memory_plan(&c, 2, 16, 2, 2, 4, FP8_OFF, 1.5);   // 1.5 x 64 = 96 rows
+    CHECK(q15.ep_rows == 96);
+    CHECK(q15.ep_exchange == 2 * (2 * 96 * 64 + 8 * 96) + 4 * 2 * 96 * 64);
     // communicators: shard 2, replica 2, expert_parallel 2 (expert_shard: P/n = 1 rank); one all-to-all peer
     CHECK(q.communicators == 3); CHECK(q.a2a_peers == 1);
     CHECK(q.nccl == 3 * 512 * PLAN_MIB + 448 * PLAN_MIB);

@@ -3,7 +3,7 @@
 # per-step losses (%.17g) and gradient norms of the JSONL log are bit-identical to the run without it,
 # for every granularity (attn, swiglu, moe, block) and several ranges (all, firstN, M-K, everyN, one
 # layer, composed), on the CPU and the emulated GPU (train_dbrx_emu), under ZeRO-3 (np 2), expert
-# parallelism (EP 2: the dispatcher re-runs its saved plan) and FP8 (delayed on the CPU, whose scales come
+# parallelism (EP 2: the dispatcher re-runs its saved plan, or recomputes its rows' SwiGLU) and FP8 (delayed on the CPU, whose scales come
 # from the amax history the recomputation must not touch; block on the GPU); head_dim 128 once on the GPU.
 # Negative control: DBRX_DEBUG_PLANT=recompute_routing (the recomputation swaps two routed rows) must
 # change them. Bad specs: one line naming the bad part, exit 2. HFU is printed only with --recompute.
@@ -79,8 +79,11 @@ if [ -x "$EMU" ]; then
         && /usr/bin/python3 -c "import sys; sys.exit(abs($peak_rc / $plan - 1) > 0.001)"; then
         pass "GPU ZeRO-3 np 2 --recompute: peak per rank $peak_rc bytes = the plan's $plan within 0.1%, < $peak_off without it"
     else fail "GPU ZeRO-3 np 2 --recompute: peak $peak_rc, plan $plan, peak without $peak_off"; fi
-    run ge_off "${gz[@]}" --expert-parallel 2; run ge_rc "${gz[@]}" --expert-parallel 2 --recompute moe,block:0
-    same ge_off ge_rc "GPU EP 2, --recompute moe,block:0"
+    # EP: the model's g, u, act hold the received rows, which the dispatcher recomputes (swiglu) or re-runs (moe, block)
+    run ge_off "${gz[@]}" --expert-parallel 2; run ge_rc "${gz[@]}" --expert-parallel 2 --recompute swiglu:0-1,moe:2,block:0
+    same ge_off ge_rc "GPU EP 2, --recompute swiglu:0-1,moe:2,block:0"
+    run ge8_off "${gz[@]}" --expert-parallel 2 --fp8 block; run ge8_rc "${gz[@]}" --expert-parallel 2 --fp8 block --recompute swiglu,block:1
+    same ge8_off ge8_rc "GPU EP 2 --fp8 block, --recompute swiglu,block:1"
 fi
 
 echo "-- bad specs"

@@ -314,7 +314,8 @@ static std::vector<std::string> over_budget(const StepCount& s, int E, int L) {
 static void print(const char* what, const StepCount& s) {
     MESSAGE(std::string(what) << ": syncs " << s.c.syncs << ", kernels " << s.c.launches << ", GEMMs " << s.c.gemms << " (" << s.busy_experts
                  << " busy experts), H2D " << s.c.h2d_bytes << " B in " << s.c.h2d_copies << ", D2H " << s.c.d2h_bytes << " B in "
-                 << s.c.d2h_copies << ", heuristic queries " << s.c.heuristic_queries << ", plans made " << s.c.plan_creations);
+                 << s.c.d2h_copies << ", heuristic queries " << s.c.heuristic_queries << ", plans made " << s.c.plan_creations
+                 << ", allocations " << s.c.allocs << ", frees " << s.c.frees);
 }
 
 TEST_CASE("the step's host round trips, launches and copies stay within the documented budget") {
@@ -333,13 +334,16 @@ TEST_CASE("the step's host round trips, launches and copies stay within the docu
     CHECK(e4[1].c.syncs == e8[1].c.syncs);
     CHECK(e4[1].c.launches == e8[1].c.launches);
     CHECK(l3[1].c.syncs - e4[1].c.syncs == 1);
-    // the plan cache: the first step makes the plans, the steady state asks cuBLASLt's heuristic nothing
+    // the plan cache: the first step makes the plans, the steady state asks cuBLASLt's heuristic nothing;
+    // and no step after the first allocates or frees device memory (a cudaFree synchronises the device)
     CHECK(e4[0].c.heuristic_queries > 0);
     CHECK(e4[0].c.heuristic_queries < e4[0].c.gemms);
     for (auto* v : {&e4, &e8, &l3})
         for (size_t s = 1; s < v->size(); s++) {
             CHECK((*v)[s].c.heuristic_queries == 0);
             CHECK((*v)[s].c.plan_creations == 0);
+            CHECK((*v)[s].c.allocs == 0);
+            CHECK((*v)[s].c.frees == 0);
         }
 
     // negative controls: a planted synchronisation per layer breaks the budget (and says so); without the
@@ -354,6 +358,13 @@ TEST_CASE("the step's host round trips, launches and copies stay within the docu
     CHECK(why[0] == "syncs 6, budget 4");
     matmul_plan_cache_set(false);   // (what MATMUL_PLAN_CACHE=0 does)
     std::vector<StepCount> uncached = count_steps(4, 2, 2);
+    {   // (and the counters count allocations and frees: a device buffer made and released between two resets)
+        simt::counters_reset();
+        float* p = deviceAlloc(float, 16);
+        cudaCheck(cudaFree(p));
+        CHECK(simt::counters().allocs == 1);
+        CHECK(simt::counters().frees == 1);
+    }
     matmul_plan_cache_set(true);
     print("E 4, L 2, MATMUL_PLAN_CACHE=0", uncached[1]);
     CHECK(uncached[1].c.heuristic_queries == uncached[1].c.gemms);

@@ -3,7 +3,8 @@
 by make predict (dev/predict/make_predict.sh, shapes-only emulation) and kept in dev/bench/predicted.json, with their
 table in dev/bench/results_predicted.md (between the "recorded:" markers). Python 3, standard library only.
 
-  recorded.py record              predict every configuration, write predicted.json and the table   (make predict-record)
+  recorded.py record [--cheap]    predict every configuration (--cheap: those CI runs, the others kept as recorded),
+                                  write predicted.json and the table                                (make predict-record)
   recorded.py check [--cheap]     predict again and compare with the record: a step more than 3% slower is a regression
                                   (exit 1); any other change is listed                             (make bench-predict)
   recorded.py current --cheap     CI (test/test_predict_shapes.sh): the record is current, i.e. the configurations that
@@ -65,7 +66,7 @@ def table(rec):
     for name, r in rec.items():
         accum = 4 if "--grad-accum 4" in r["flags"] else 1
         sinks = "; ".join("%s %.1f (%s)" % (t["name"], t["ms"], t["bound"]) for t in r["top_sinks"][:3])
-        mem = r["memory"] or "?"
+        mem = r["memory"].split(",")[0] or "?"   # "X GiB of Y GiB: FITS" (--dry-run's plan)
         out.append("| %s%s | %d x %d x %d GPU(s)%s | %.1f ms | %.1f%% | %.1f ms | %s | %s |" % (
             name, " (layers extrapolated from %s)" % r["layers_extrapolated_from"].replace(" ", " and ")
             if r["layers_extrapolated_from"] else "", r["batch"], r["seq"], r["gpus"], " x 4 micro-batches" if accum > 1 else "",
@@ -78,11 +79,16 @@ def main():
         sys.exit("usage: recorded.py record | check [--cheap] | current --cheap")
     cmd, cheap = sys.argv[1], "--cheap" in sys.argv[2:]
     configs = [c for c in CONFIGS if c[8] or not cheap]
-    if cmd == "record":
-        rec = {}
+    if cmd == "record":   # (--cheap: only those, the others' records kept as they are)
+        try:
+            old = json.load(open(RECORD)) if cheap else {}
+        except (OSError, ValueError):
+            old = {}
+        rec = {c[0]: old[c[0]] for c in CONFIGS if c[0] in old}
         for c in configs:
             print("predicting: %s" % c[0], file=sys.stderr)
             rec[c[0]] = predict(c)
+        rec = {c[0]: rec[c[0]] for c in CONFIGS if c[0] in rec}   # (in the table's order)
         with open(RECORD + ".tmp", "w") as f:
             json.dump(rec, f, indent=1)
             f.write("\n")

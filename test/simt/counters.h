@@ -10,6 +10,8 @@
  *   h2d/d2h         bytes and copies, blocking or not (cudaMemcpy and cudaMemcpyAsync by their kind)
  *   heuristic_queries, plan_creations   the cuBLASLt plan cache (model/matmul.cuh): heuristic calls
  *                   and descriptor sets made (steady-state steps make none)
+ *   allocs/frees    cudaMalloc and cudaMallocHost / cudaFree and cudaFreeHost calls that succeeded (on a GPU
+ *                   both can synchronise the device: steady-state steps make none, model/CUDA.md)
  * simt::counters() reads them, simt::counters_reset() zeroes them. Host-side only, one process;
  * relaxed atomic additions (a helper thread, such as the communication watchdog, may copy too).
  * The same calls feed the work log (SIMT_WORKLOG=FILE, below): every item one line, for the step-time model.
@@ -33,6 +35,7 @@ struct Counters {
     long long launches, gemms, syncs;
     long long h2d_bytes, d2h_bytes, h2d_copies, d2h_copies;
     long long heuristic_queries, plan_creations;
+    long long allocs, frees;
 };
 inline Counters& counters() { static Counters c = {}; return c; }
 inline void counters_reset() { counters() = Counters{}; }

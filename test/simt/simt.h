@@ -954,6 +954,7 @@ inline cudaError_t cudaMalloc(void** p, size_t n) {
     rt.allocated += n;
     simt::device_bytes_note(rt.allocated);
     *p = q;
+    simt::count(&simt::counters().allocs);
     return cudaSuccess;
 }
 inline cudaError_t cudaFree(void* p) {
@@ -966,10 +967,20 @@ inline cudaError_t cudaFree(void* p) {
     if (simt::options().shapes_only) madvise(p, it->second, MADV_DONTNEED);   // (its address is not reused)
     else free(p);
     rt.allocations.erase(it);
+    simt::count(&simt::counters().frees);
     return cudaSuccess;
 }
-inline cudaError_t cudaMallocHost(void** p, size_t n) { *p = malloc(n ? n : 1); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
-inline cudaError_t cudaFreeHost(void* p) { free(p); return cudaSuccess; }
+inline cudaError_t cudaMallocHost(void** p, size_t n) {
+    *p = malloc(n ? n : 1);
+    if (!*p) return cudaErrorMemoryAllocation;
+    simt::count(&simt::counters().allocs);
+    return cudaSuccess;
+}
+inline cudaError_t cudaFreeHost(void* p) {
+    if (p) simt::count(&simt::counters().frees);
+    free(p);
+    return cudaSuccess;
+}
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
     simt::count_copy((int)kind, n, true);
     if (n && simt::moves_data(n)) memmove(dst, src, n);
