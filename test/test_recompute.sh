@@ -57,6 +57,20 @@ run z_off "${zero[@]}"; run z_rc "${zero[@]}" --recompute block:0,moe:1-2,attn; 
 ep=("${zero[@]}" --expert-parallel 2)
 run e_off "${ep[@]}"; run e_rc "${ep[@]}" --recompute moe:first2,block:2; same e_off e_rc "CPU EP 2, --recompute moe:first2,block:2"
 
+# peak_check OFF RC FLAGS...: every rank's emulated peak device memory of run RC (SIMT_STEP_COUNTERS=1) is --dry-run's
+# plan for it within 0.1% (test_zero_gpu.sh's bound), and below run OFF's peak
+peak_check() {
+    local off=$1 rc=$2; shift 2
+    local plan peak_rc peak_off
+    plan=$("${gz[@]:4}" "$@" --dry-run --plan-gpus 2 | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
+    peak_rc=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/$rc.out" | sort -n | tail -1)
+    peak_off=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/$off.out" | sort -n | tail -1)
+    if [ -n "$plan" ] && [ -n "$peak_rc" ] && [ -n "$peak_off" ] && [ "$peak_rc" -lt "$peak_off" ] \
+        && /usr/bin/python3 -c "import sys; sys.exit(abs($peak_rc / $plan - 1) > 0.001)"; then
+        pass "$rc ($*): peak per rank $peak_rc bytes = the plan's $plan within 0.1%, < $peak_off without --recompute"
+    else fail "$rc ($*): peak $peak_rc, plan $plan, peak without $peak_off"; fi
+}
+
 if [ -x "$EMU" ]; then
     echo "-- emulated GPU"
     gpu=("$EMU" --device cuda "${base[@]}" --batch 1 --steps 2)
@@ -71,17 +85,12 @@ if [ -x "$EMU" ]; then
     gz=($MPI -np 2 "$EMU" --device cuda "${base[@]}" --batch 1 --steps 2 --shard-group-size 2)
     SIMT_STEP_COUNTERS=1 run gz_off "${gz[@]}"; SIMT_STEP_COUNTERS=1 run gz_rc "${gz[@]}" --recompute block:0-1,swiglu:2
     same gz_off gz_rc "GPU ZeRO-3 np 2, --recompute block:0-1,swiglu:2"
-    # every rank's emulated peak device memory is --dry-run's plan within 0.1% (test_zero_gpu.sh's bound), below the peak without it
-    plan=$("${gz[@]:4}" --recompute block:0-1,swiglu:2 --dry-run --plan-gpus 2 | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
-    peak_rc=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/gz_rc.out" | sort -n | tail -1)
-    peak_off=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/gz_off.out" | sort -n | tail -1)
-    if [ -n "$plan" ] && [ -n "$peak_rc" ] && [ -n "$peak_off" ] && [ "$peak_rc" -lt "$peak_off" ] \
-        && /usr/bin/python3 -c "import sys; sys.exit(abs($peak_rc / $plan - 1) > 0.001)"; then
-        pass "GPU ZeRO-3 np 2 --recompute: peak per rank $peak_rc bytes = the plan's $plan within 0.1%, < $peak_off without it"
-    else fail "GPU ZeRO-3 np 2 --recompute: peak $peak_rc, plan $plan, peak without $peak_off"; fi
+    peak_check gz_off gz_rc --recompute block:0-1,swiglu:2
     # EP: the model's g, u, act hold the received rows, which the dispatcher recomputes (swiglu) or re-runs (moe, block)
-    run ge_off "${gz[@]}" --expert-parallel 2; run ge_rc "${gz[@]}" --expert-parallel 2 --recompute swiglu:0-1,moe:2,block:0
+    SIMT_STEP_COUNTERS=1 run ge_off "${gz[@]}" --expert-parallel 2
+    SIMT_STEP_COUNTERS=1 run ge_rc "${gz[@]}" --expert-parallel 2 --recompute swiglu:0-1,moe:2,block:0
     same ge_off ge_rc "GPU EP 2, --recompute swiglu:0-1,moe:2,block:0"
+    peak_check ge_off ge_rc --expert-parallel 2 --recompute swiglu:0-1,moe:2,block:0
     run ge8_off "${gz[@]}" --expert-parallel 2 --fp8 block; run ge8_rc "${gz[@]}" --expert-parallel 2 --fp8 block --recompute swiglu,block:1
     same ge8_off ge8_rc "GPU EP 2 --fp8 block, --recompute swiglu,block:1"
 fi
