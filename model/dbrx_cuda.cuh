@@ -667,7 +667,8 @@ static inline void dbrx_sync(DbrxGPU* m) {
     (void)m;
     // the model's stream only, not the device: every other stream of the step (the store's gathers and
     // reduce-scatters, the replica and EP groups') is joined to it by an event before the optimizer reads the
-    // gradient, so waiting for it waits for the step (parallel/zero_gpu_comm.cuh); the host needs no more
+    // gradient, so waiting for it waits for the step (parallel/README.md, "Communication streams"); the host
+    // needs no more
     cudaCheck(cudaStreamSynchronize(0));
     platform_step_counters();   // the emulator's counters of this step (SIMT_STEP_COUNTERS=1; model/platform.h)
 }

@@ -46,8 +46,8 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
     {"DBRX_DEBUG_CKPT_KILL", "S:POINT", "SIGKILL at POINT (shard | manifest | rename) of step S's checkpoint save"},
     {"DBRX_DEBUG_TWIN_BLOCKS", "1", "the NCCL twin's waits have no watchdog (a stuck collective blocks; emulated builds)"},
     {"DBRX_DEBUG_PLANT", "NAME", "a planted bug, the negative control of a test: step_sync (one more synchronisation per layer), "
-                                 "reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, comm_serial (gathers wait for the reduce-scatters), "
-                                 "comm_reorder (world rank 1 issues its communicators in another order) (ZeRO-3 on the GPU)"},
+                                 "reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, serial_streams (gathers wait for the reduce-scatters), "
+                                 "reorder_issue (world rank 1 issues its communicators in another order) (ZeRO-3 on the GPU)"},
 };
 
 // getenv of a switch the table lists (any other name is a programming error: exit 1 at start-up)
@@ -102,10 +102,10 @@ static inline void debug_hooks_read() {
     if (const char* p = debug_env("DBRX_DEBUG_PLANT")) {
         h.plant = !strcmp(p, "step_sync") ? PLANT_STEP_SYNC : !strcmp(p, "reduce_scatter_chunk") ? PLANT_REDUCE_SCATTER_CHUNK
                 : !strcmp(p, "skip_gather_wait") ? PLANT_SKIP_GATHER_WAIT : !strcmp(p, "fp8_gather_scale") ? PLANT_FP8_GATHER_SCALE
-                : !strcmp(p, "comm_serial") ? PLANT_COMM_SERIAL : !strcmp(p, "comm_reorder") ? PLANT_COMM_REORDER : PLANT_NONE;
+                : !strcmp(p, "serial_streams") ? PLANT_COMM_SERIAL : !strcmp(p, "reorder_issue") ? PLANT_COMM_REORDER : PLANT_NONE;
         if (h.plant == PLANT_NONE)
             fail(EXIT_BAD_INPUT, "DBRX_DEBUG_PLANT '%s' is not step_sync, reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, "
-                 "comm_serial or comm_reorder", p);
+                 "serial_streams or reorder_issue", p);
     }
     g_debug_hooks = h;
 }

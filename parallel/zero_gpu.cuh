@@ -84,7 +84,7 @@ typedef struct {
     long long shard_bytes_measured;   // the five shard arrays, measured by the device's free memory
     ZeroGpuFp8 fp8;                   // --fp8-gather (off: fp8.on == 0)
     std::vector<void*> allocations;
-    int plant_deferred;               // DBRX_DEBUG_PLANT=comm_reorder: a prefetch held back until the unit ends (-1: none)
+    int plant_deferred;               // DBRX_DEBUG_PLANT=reorder_issue: a prefetch held back until the unit ends (-1: none)
 } ZeroGpu;
 
 __global__ void zero_accumulate_kernel(float* acc, const float* x, size_t n) {
@@ -502,7 +502,7 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
         if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait_unit(zg, u);   // (the negative control skips it)
         model_unit_views(&model->p, zg->work[slot], u, &model->cfg, model->table, z->ep_n);
         int next = zero_next_unit(z, u, phase);
-        // DBRX_DEBUG_PLANT=comm_reorder: world rank 1 holds the backward's prefetch back until after the unit's
+        // DBRX_DEBUG_PLANT=reorder_issue: world rank 1 holds the backward's prefetch back until after the unit's
         // reduce-scatter (two communicators issued in another order than its peers: the order check's control)
         if (next >= 0 && g_debug_hooks.plant == PLANT_COMM_REORDER && phase != UNIT_FORWARD && z->world->rank == 1) zg->plant_deferred = next;
         else if (next >= 0) zero_gpu_gather_unit_async(zg, next);   // overlaps this unit's compute

@@ -31,7 +31,7 @@
  *                    gather stream -> compute: gathered; compute -> reduce-scatter stream: grads_ready;
  *                    reduce-scatter stream -> compute: grads_reduced (the gradient slot may be zeroed and
  *                    reused; the gradient shard is final before the step's reductions read it). The gather
- *                    stream never waits for the reduce-scatter stream (DBRX_DEBUG_PLANT=comm_serial plants
+ *                    stream never waits for the reduce-scatter stream (DBRX_DEBUG_PLANT=serial_streams plants
  *                    that wait: the stream test's negative control).
  */
 #pragma once

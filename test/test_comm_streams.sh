@@ -4,11 +4,11 @@
 # (SIMT_WORKLOG, with --profile's unit ranges on step 2) that test/check_comm_order.py reads:
 #   * the overlap: every reduce-scatter of a unit runs on another stream than the all-gather issued next after
 #     it (the backward's prefetch), and that gather does not depend on it through any chain of stream order and
-#     event waits; ZeRO-3 on 2 ranks, EP 2 with ZeRO-3 on 4; negative control: DBRX_DEBUG_PLANT=comm_serial
+#     event waits; ZeRO-3 on 2 ranks, EP 2 with ZeRO-3 on 4; negative control: DBRX_DEBUG_PLANT=serial_streams
 #     (the gather stream waits for the reduce-scatter stream, the old one-stream schedule's ordering) fails it;
 #   * communicators that cannot race: every two ranks issue every two communicators they share in the same
 #     order (ZeRO-3 np 2, HSDP 2x2, EP 2 + ZeRO-3 np 4: shard, shard_rs, replica, expert_parallel, expert_shard,
-#     expert_shard_rs); negative control: DBRX_DEBUG_PLANT=comm_reorder (world rank 1 issues its backward
+#     expert_shard_rs); negative control: DBRX_DEBUG_PLANT=reorder_issue (world rank 1 issues its backward
 #     prefetch after the unit's reduce-scatter) fails it;
 #   * the schedule changes no number: the losses of the planted schedules (serialised; reordered) are
 #     bit-identical to the overlapped one's.
@@ -38,16 +38,16 @@ losses() { grep -o '"loss": [^,]*' "$tmp/$1.jsonl" | tr '\n' ' '; }
 runp zero2 2 --shard-group-size 2
 runp hsdp 4 --shard-group-size 2
 runp ep2 4 --shard-group-size 4 --expert-parallel 2
-DBRX_DEBUG_PLANT=comm_serial runp serial 2 --shard-group-size 2
-DBRX_DEBUG_PLANT=comm_reorder runp reorder 2 --shard-group-size 2
+DBRX_DEBUG_PLANT=serial_streams runp serial 2 --shard-group-size 2
+DBRX_DEBUG_PLANT=reorder_issue runp reorder 2 --shard-group-size 2
 
 check pass "ZeRO-3 np 2: the backward's reduce-scatters beside the gathers" streams "$tmp/zero2.wl.0"
 check pass "EP 2 + ZeRO-3 np 4: the backward's reduce-scatters beside the gathers" streams "$tmp/ep2.wl.0"
-check fail "the planted serialisation (DBRX_DEBUG_PLANT=comm_serial)" streams "$tmp/serial.wl.0"
+check fail "the planted serialisation (DBRX_DEBUG_PLANT=serial_streams)" streams "$tmp/serial.wl.0"
 check pass "ZeRO-3 np 2: one issue order of the communicators" order "$tmp/zero2.wl.0" "$tmp/zero2.wl.1"
 check pass "HSDP 2x2: one issue order of the communicators" order "$tmp"/hsdp.wl.{0,1,2,3}
 check pass "EP 2 + ZeRO-3 np 4: one issue order of the communicators" order "$tmp"/ep2.wl.{0,1,2,3}
-check fail "the planted reordering on rank 1 (DBRX_DEBUG_PLANT=comm_reorder)" order "$tmp/reorder.wl.0" "$tmp/reorder.wl.1"
+check fail "the planted reordering on rank 1 (DBRX_DEBUG_PLANT=reorder_issue)" order "$tmp/reorder.wl.0" "$tmp/reorder.wl.1"
 grep -q 'shard_rs' "$tmp/ep2.wl.0" && grep -q 'expert_shard_rs' "$tmp/ep2.wl.0" \
     && pass "EP 2 + ZeRO-3: the reduce-scatters go to their own communicators (shard_rs, expert_shard_rs)" \
     || fail "EP 2 + ZeRO-3: no reduce-scatter on shard_rs / expert_shard_rs in the work log"
