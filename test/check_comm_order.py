@@ -14,6 +14,9 @@ test/simt/counters.h), for test/test_comm_streams.sh.
       issued next after it (the prefetch of unit U-2) runs on another stream and does not depend on it: no
       chain of stream order and event waits (record -> wait) leads from the reduce-scatter's collectives to the
       gather's. Fails naming the units.
+  syncs LOG               no device-wide synchronisation inside a training step (between the training loop's
+      dbrx_sync marks 2k-1 and 2k: each step's begin and end), and each step ends waiting for a stream (the
+      model's, which every communication stream joins before the optimizer). Fails naming the step.
 Exit 0 with "pass ..." lines, 1 with "fail ..." lines.
 """
 import json
@@ -129,8 +132,32 @@ def check_streams(path):
     return 0
 
 
+def check_syncs(path):
+    items = load(path)
+    marks = [i for i, it in enumerate(items) if it.get("t") == "mark" and it.get("name") == "dbrx_sync"]
+    steps = [(marks[i], marks[i + 1]) for i in range(0, len(marks) - 1, 2)]
+    if not steps:
+        print("fail no training step (dbrx_sync marks) in %s" % path)
+        return 1
+    bad = []
+    for k, (a, b) in enumerate(steps):
+        syncs = [it for it in items[a + 1:b] if it.get("t") == "sync"]
+        dev = sum(1 for it in syncs if it.get("what") == "device")
+        if dev:
+            bad.append("step %d synchronises the whole device %d time(s)" % (k + 1, dev))
+        if not (b > 0 and items[b - 1].get("t") == "sync" and items[b - 1].get("what") == "stream"):
+            bad.append("step %d does not end waiting for a stream" % (k + 1))
+    if bad:
+        for x in bad[:5]:
+            print("fail " + x)
+        return 1
+    print("pass %d steps: no device-wide synchronisation inside a step; each ends waiting for the model's stream" % len(steps))
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] not in ("order", "streams"):
-        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG", file=sys.stderr)
+    modes = {"order": lambda a: check_order(a), "streams": lambda a: check_streams(a[0]), "syncs": lambda a: check_syncs(a[0])}
+    if len(sys.argv) < 3 or sys.argv[1] not in modes:
+        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG", file=sys.stderr)
         sys.exit(2)
-    sys.exit(check_order(sys.argv[2:]) if sys.argv[1] == "order" else check_streams(sys.argv[2]))
+    sys.exit(modes[sys.argv[1]](sys.argv[2:]))

@@ -10,9 +10,11 @@
 #     order (ZeRO-3 np 2, HSDP 2x2, EP 2 + ZeRO-3 np 4: shard, shard_rs, replica, expert_parallel, expert_shard,
 #     expert_shard_rs); negative control: DBRX_DEBUG_PLANT=reorder_issue (world rank 1 issues its backward
 #     prefetch after the unit's reduce-scatter) fails it;
+#   * no device-wide synchronisation inside a step (each step ends waiting for the model's stream); negative
+#     control: the same work log with a device synchronisation planted in step 2 fails it;
 #   * the schedule changes no number: the losses of the planted schedules (serialised; reordered) are
 #     bit-identical to the overlapped one's.
-# About 15 s on 2 cores.
+# About 30 s on 2 shared cores.
 set -u
 cd "$(dirname "$0")/.."
 source test/lib.sh
@@ -51,6 +53,11 @@ check fail "the planted reordering on rank 1 (DBRX_DEBUG_PLANT=reorder_issue)" o
 grep -q 'shard_rs' "$tmp/ep2.wl.0" && grep -q 'expert_shard_rs' "$tmp/ep2.wl.0" \
     && pass "EP 2 + ZeRO-3: the reduce-scatters go to their own communicators (shard_rs, expert_shard_rs)" \
     || fail "EP 2 + ZeRO-3: no reduce-scatter on shard_rs / expert_shard_rs in the work log"
+
+check pass "ZeRO-3 np 2: the step's synchronisations" syncs "$tmp/zero2.wl.0"
+check pass "EP 2 + ZeRO-3 np 4: the step's synchronisations" syncs "$tmp/ep2.wl.1"
+awk '/"mark".*"n":3/ { print; print "{\"t\":\"sync\",\"what\":\"device\",\"stream\":0}"; next } { print }' "$tmp/zero2.wl.0" > "$tmp/planted_sync.wl"
+check fail "a device synchronisation planted in step 2's work log" syncs "$tmp/planted_sync.wl"
 
 a=$(losses zero2); b=$(losses serial); c=$(losses reorder)
 [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] \
