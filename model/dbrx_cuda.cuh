@@ -669,7 +669,11 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
 // and the last forward's results brought to the host
 static inline void dbrx_sync(DbrxGPU* m) {
     (void)m;
-    cudaCheck(cudaDeviceSynchronize());
+    // the model's stream only, not the device: every other stream of the step (the store's gathers and
+    // reduce-scatters, the replica and EP groups') is joined to it by an event before the optimizer reads the
+    // gradient, so waiting for it waits for the step (parallel/README.md, "Communication streams"); the host
+    // needs no more
+    cudaCheck(cudaStreamSynchronize(0));
     platform_step_counters();   // the emulator's counters of this step (SIMT_STEP_COUNTERS=1; model/platform.h)
 }
 // the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)
