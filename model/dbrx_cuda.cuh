@@ -134,8 +134,7 @@ typedef struct {
     float *dtopk_w, *att_D, *ln_scratch, *norm_partial;
     floatX *dxe, *dye, *da, *dg, *du;  // (R, d) x2, (Rx, F) x3: the routed rows' gradients, BF16 (dxe: model/CUDA.md)
     size_t expert_rows;                // Rx, the rows of the experts' buffers (g, u, act; da, dg, du): R, or EP's planned rows
-    std::vector<unsigned char> rc_mode; // --recompute: each layer's RC_* bits; rc_scratch: what dropped buffers point into
-    BlockActsGPU rc_scratch;
+    std::vector<unsigned char> rc_mode; BlockActsGPU rc_scratch;   // --recompute: each layer's RC_* bits; the shared set
     std::vector<void*> allocations;
     size_t param_bytes, activation_bytes;
     float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
@@ -183,8 +182,7 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     }
     if (param_bytes) *param_bytes = bytes;
     // per block; a buffer the layer's --recompute drops points into one shared set (model/dbrx_recompute_cuda.cuh)
-    int U = recompute_union(&g_recompute, c->n_layers);
-    recompute_check(&g_recompute, c->n_layers);
+    int U = (recompute_check(&g_recompute, c->n_layers), recompute_union(&g_recompute, c->n_layers));
     if (U) gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) { if (U & bit) ok = take((void**)&(mm->rc_scratch.*f), n) && ok; });
     mm->rc_mode.assign(c->n_layers, 0);
     for (int l = 0; l < c->n_layers; l++) {
@@ -674,7 +672,11 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
 // and the last forward's results brought to the host
 static inline void dbrx_sync(DbrxGPU* m) {
     (void)m;
-    cudaCheck(cudaDeviceSynchronize());
+    // the model's stream only, not the device: every other stream of the step (the store's gathers and
+    // reduce-scatters, the replica and EP groups') is joined to it by an event before the optimizer reads the
+    // gradient, so waiting for it waits for the step (parallel/README.md, "Communication streams"); the host
+    // needs no more
+    cudaCheck(cudaStreamSynchronize(0));
     platform_step_counters();   // the emulator's counters of this step (SIMT_STEP_COUNTERS=1; model/platform.h)
 }
 // the per-tensor scale of the tensor's last quantisation (block recipe: 1, its scales are per tile)

@@ -17,7 +17,7 @@
 #include "common.h"
 
 typedef enum { PLANT_NONE = 0, PLANT_STEP_SYNC, PLANT_REDUCE_SCATTER_CHUNK, PLANT_SKIP_GATHER_WAIT, PLANT_FP8_GATHER_SCALE,
-               PLANT_EP_REGROW, PLANT_RECOMPUTE_ROUTING } DebugPlant;
+               PLANT_EP_REGROW, PLANT_COMM_SERIAL, PLANT_COMM_REORDER, PLANT_RECOMPUTE_ROUTING } DebugPlant;
 
 typedef struct {
     int kill_rank = -1, kill_step = -1, kill_signal = SIGKILL;
@@ -46,7 +46,8 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
     {"DBRX_DEBUG_CKPT_KILL", "S:POINT", "SIGKILL at POINT (shard | manifest | rename) of step S's checkpoint save"},
     {"DBRX_DEBUG_TWIN_BLOCKS", "1", "the NCCL twin's waits have no watchdog (a stuck collective blocks; emulated builds)"},
     {"DBRX_DEBUG_PLANT", "NAME", "a planted bug, the negative control of a test: step_sync (one more synchronisation per layer), "
-                                 "reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale (ZeRO-3 on the GPU), ep_regrow (one EP "
+                                 "reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, serial_streams (gathers wait for the reduce-scatters), "
+                                 "reorder_issue (world rank 1 issues its communicators in another order) (ZeRO-3 on the GPU), ep_regrow (one EP "
                                  "buffer freed and allocated again in every step: no-allocation test), recompute_routing (--recompute "
                                  "moe/block: the recomputation swaps two routed rows)"},
 };
@@ -103,10 +104,12 @@ static inline void debug_hooks_read() {
     if (const char* p = debug_env("DBRX_DEBUG_PLANT")) {
         h.plant = !strcmp(p, "step_sync") ? PLANT_STEP_SYNC : !strcmp(p, "reduce_scatter_chunk") ? PLANT_REDUCE_SCATTER_CHUNK
                 : !strcmp(p, "skip_gather_wait") ? PLANT_SKIP_GATHER_WAIT : !strcmp(p, "fp8_gather_scale") ? PLANT_FP8_GATHER_SCALE
-                : !strcmp(p, "ep_regrow") ? PLANT_EP_REGROW : !strcmp(p, "recompute_routing") ? PLANT_RECOMPUTE_ROUTING : PLANT_NONE;
+                : !strcmp(p, "ep_regrow") ? PLANT_EP_REGROW
+                : !strcmp(p, "serial_streams") ? PLANT_COMM_SERIAL : !strcmp(p, "reorder_issue") ? PLANT_COMM_REORDER
+                : !strcmp(p, "recompute_routing") ? PLANT_RECOMPUTE_ROUTING : PLANT_NONE;
         if (h.plant == PLANT_NONE)
-            fail(EXIT_BAD_INPUT, "DBRX_DEBUG_PLANT '%s' is not step_sync, reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, ep_regrow "
-                 "or recompute_routing", p);
+            fail(EXIT_BAD_INPUT, "DBRX_DEBUG_PLANT '%s' is not step_sync, reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, "
+                 "ep_regrow, serial_streams, reorder_issue or recompute_routing", p);
     }
     g_debug_hooks = h;
 }

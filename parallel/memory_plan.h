@@ -22,7 +22,8 @@
  *                       lazy loading is the default from CUDA 12.2 (CUDA Programming Guide, "Lazy
  *                       Loading"), and NCCL's and cuBLASLt's kernels load into it too
  *   NCCL                per communicator of more than one rank the project creates (parallel/zero.h:
- *                       shard, replica, and under EP expert_parallel, expert_shard, expert_replica):
+ *                       shard, replica, and under EP expert_parallel, expert_shard, expert_replica; with
+ *                       S > 1 the reduce-scatters' shard_rs and expert_shard_rs, parallel/zero_gpu_comm.cuh):
  *                       512 MiB = NCCL_BUFFSIZE (4 MiB default) x 32 channels (H100 NVLink) x 2 ring
  *                       neighbours x 2 graphs (ring, tree); NCCL's memory is linear in the channels
  *                       (NVIDIA/nccl#986). The EP group's all-to-all connects every peer: + 448 MiB per
@@ -210,7 +211,9 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     int P = S > n ? S : n;
     struct { const char* name; int size; } comms[] = {
         {"shard", S}, {"replica", gpus / S}, {"expert_parallel", n > 1 ? n : 1}, {"expert_shard", n > 1 ? P / n : 1},
-        {"expert_replica", n > 1 && P != S ? gpus / P : 1}};
+        {"expert_replica", n > 1 && P != S ? gpus / P : 1},
+        // the reduce-scatters' own communicators (S > 1: parallel/zero_gpu_comm.cuh, why a second one)
+        {"shard_rs", S}, {"expert_shard_rs", n > 1 && S > 1 ? P / n : 1}};
     p.communicators = 0;
     p.comm_names.clear();
     for (auto& cm : comms) {

@@ -11,12 +11,13 @@
  *              master shard (what the all-gathers send; AdamW writes it with the master). Host copies of
  *              master, m and v (Zero's) exist only for checkpoints and Hugging Face import/export:
  *              zero_to_host before a save or an export, zero_from_host after a load or an import.
- *   S > 1      two BF16 working slots (unit u in slot u % 2) and two fp32 gradient slots. Gathers and
- *              reduce-scatters run on the shard group's NCCL stream (the communication stream) and are
- *              ordered against the compute stream with events: while unit u computes, unit u+1 (forward)
- *              or u-1 (backward) is gathered into the other slot, and unit u's gradient is reduce-scattered
- *              while unit u-1's backward runs. Gradients are reduced in FP32 (parallel/README.md: bytes
- *              and the accuracy trade-off).
+ *   S > 1      two BF16 working slots (unit u in slot u % 2) and two fp32 gradient slots. Gathers run on
+ *              the shard group's stream, reduce-scatters on a second communicator's stream (the streams,
+ *              communicators, events and the one issue order: parallel/zero_gpu_comm.cuh), ordered against
+ *              the compute stream with events: while unit u computes, unit u+1 (forward) or u-1 (backward)
+ *              is gathered into the other slot, and unit u's gradient is reduce-scattered while unit u-1's
+ *              backward runs, beside the gather of unit u-2. Gradients are reduced in FP32 (parallel/README.md:
+ *              bytes and the accuracy trade-off).
  *   S = 1      the shard is the whole model: the model's views point into the store's buffers, nothing
  *              is gathered, and the gradients are all-reduced across the replicas after the micro-batches.
  *   the step   gradient shards all-reduced across the replica group and scaled by 1 / W; the global norm
@@ -76,11 +77,14 @@ typedef struct {
     cudaEvent_t bf16_ready;           // compute -> comm: master_bf16 up to date
     cudaEvent_t comm_done;            // comm -> compute / the other comm stream
     cudaEvent_t ep_ready, ep_done;    // expert parallelism: compute -> the EP group's stream -> compute
+    CommGroup rs_shard, rs_expert_shard;   // S > 1: the reduce-scatters' communicators (zero_gpu_comm.cuh)
+    int rs_on;
     EpDispatchGpu* ep_dispatch;       // the model's experts dispatcher over z.ep (EP degree > 1; NULL: none)
     size_t device_bytes;              // what the store allocated on the device
     long long shard_bytes_measured;   // the five shard arrays, measured by the device's free memory
     ZeroGpuFp8 fp8;                   // --fp8-gather (off: fp8.on == 0)
     std::vector<void*> allocations;
+    int plant_deferred;               // DBRX_DEBUG_PLANT=reorder_issue: a prefetch held back until the unit ends (-1: none)
 } ZeroGpu;
 
 __global__ void zero_accumulate_kernel(float* acc, const float* x, size_t n) {
@@ -104,7 +108,7 @@ __global__ void zero_sum_partials_kernel(double* out, const float* partial, int 
 }
 static inline int zero_grid(size_t n) { size_t b = (n + 255) / 256; return (int)(b < 4096 ? (b ? b : 1) : 4096); }
 
-static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }
+static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }   // the gather stream
 
 // device memory of the store for a layout: 4 fp32 shards + the BF16 shard, and for S > 1 the slots
 static inline size_t zero_gpu_bytes(const Zero* z) {
@@ -125,29 +129,19 @@ static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S, int n =
 static inline void zero_gpu_unit_begin(void* ctx, int u, int phase);
 static inline void zero_gpu_unit_end(void* ctx, int u, int phase);
 static inline void zero_from_host(ZeroGpu* zg);
+#include "zero_gpu_comm.cuh"
 
 // The store of the CUDA path: the groups (NCCL communicators on shard and replica groups), the layout,
 // this rank's shard initialised as the unsharded model would be (seed) in host memory and uploaded.
 // Installs the hooks on `model` when S > 1, else points its views at the whole-model buffers. The
 // model is built first (dbrx_build_shape), with the store's bytes in its memory check.
-// expert parallelism's row exchange for the dispatcher (ExpertParallel): the counts over MPI on the host; the
-// rows over NCCL on the EP group's stream, ordered after the compute stream's work and before its next
-static inline void zero_gpu_ep_all_to_allv(void* ctx, const void* send, const size_t* sb, void* recv, const size_t* rb, int host) {
-    ZeroGpu* zg = (ZeroGpu*)ctx;
-    CommGroup* g = &zg->z.ep;
-    if (host) { comm_all_to_allv(g, send, sb, recv, rb, true); return; }
-    cudaCheck(cudaEventRecord(zg->ep_ready, zg->compute));
-    cudaCheck(cudaStreamWaitEvent(g->stream, zg->ep_ready, 0));
-    comm_all_to_allv(g, send, sb, recv, rb, false);
-    cudaCheck(cudaEventRecord(zg->ep_done, g->stream));
-    cudaCheck(cudaStreamWaitEvent(zg->compute, zg->ep_done, 0));
-}
-
 static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1, double ep_factor = EP_CAPACITY_DEFAULT) {
     Zero* z = &zg->z;
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
     zero_init_layout(z, c, t, comm, S, 1, ep_n);
+    zero_gpu_comm_init(zg, comm->rank);   // the reduce-scatters' communicators (S > 1)
+    zg->plant_deferred = -1;
     zg->ep_dispatch = NULL;
     if (ep_n > 1) {
         // the experts' gathers and reduce-scatters (the expert shard group) go on the shard group's stream,
@@ -245,6 +239,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     std::vector<CommGroup*> watched = {&z->shard, &z->replica};   // a host blocked behind a stuck collective still ends
     if (ep_n > 1) { watched.push_back(&z->ep); watched.push_back(&z->expert_shard); }
     if (z->P != z->S) watched.push_back(&z->expert_replica_own);
+    zero_gpu_comm_watched(zg, &watched);
     comm_watchdog_start(watched);
 }
 
@@ -473,6 +468,10 @@ static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) {
     cudaStream_t comm = zero_comm_stream(zg);
     cudaCheck(cudaStreamWaitEvent(comm, zg->slot_free[slot], 0));   // the compute stream is done reading it
     cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));        // the shard is up to date
+    if (g_debug_hooks.plant == PLANT_COMM_SERIAL && zg->rs_on) {    // (the negative control: the old serialisation)
+        cudaCheck(cudaEventRecord(zg->comm_done, zero_gpu_rs_stream(zg)));
+        cudaCheck(cudaStreamWaitEvent(comm, zg->comm_done, 0));
+    }
     prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d", u);   // (--profile: model/profile.h)
     if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) zero_fp8_gather_unit(zg, u, slot);   // a block under --fp8-gather
     else
@@ -503,7 +502,10 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
         if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait_unit(zg, u);   // (the negative control skips it)
         model_unit_views(&model->p, zg->work[slot], u, &model->cfg, model->table, z->ep_n);
         int next = zero_next_unit(z, u, phase);
-        if (next >= 0) zero_gpu_gather_unit_async(zg, next);   // overlaps this unit's compute
+        // DBRX_DEBUG_PLANT=reorder_issue: world rank 1 holds the backward's prefetch back until after the unit's
+        // reduce-scatter (two communicators issued in another order than its peers: the order check's control)
+        if (next >= 0 && g_debug_hooks.plant == PLANT_COMM_REORDER && phase != UNIT_FORWARD && z->world->rank == 1) zg->plant_deferred = next;
+        else if (next >= 0) zero_gpu_gather_unit_async(zg, next);   // overlaps this unit's compute
     }
     if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it has finished
         cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
@@ -515,25 +517,8 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
 static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
     ZeroGpu* zg = (ZeroGpu*)ctx;
     Zero* z = &zg->z;
-    if (phase != UNIT_FORWARD) {   // reduce-scatter the unit's gradient on the communication stream
-        int slot = u & 1;
-        cudaStream_t comm = zero_comm_stream(zg);
-        cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
-        cudaCheck(cudaStreamWaitEvent(comm, zg->grads_ready[slot], 0));
-        prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "reduce-scatter unit %d", u);
-        // (test/test_zero_gpu.sh's negative control plants an error here: the neighbour's chunk)
-        CommGroup* grp = zero_unit_group(z, u);
-        int mine = g_debug_hooks.plant == PLANT_REDUCE_SCATTER_CHUNK ? (grp->rank + 1) % grp->size : grp->rank;
-        for (const ShardRun& r : z->runs[u]) {   // run by run, out of the unit's full gradient
-            if (!zero_run_mine(z, r)) continue;
-            float* full = zg->gwork[slot] + r.slot_off;
-            comm_reduce_scatter_inplace(grp, full, r.chunk, COMM_F32);
-            LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, comm, zg->grad + z->shard_off[u] + r.shard_rel,
-                   full + (size_t)mine * r.chunk, r.chunk);
-        }
-        prof_end(prof_stream(comm, "communication (shard group)"));
-        cudaCheck(cudaEventRecord(zg->grads_reduced[slot], comm));
-    }
+    if (phase != UNIT_FORWARD) zero_gpu_reduce_scatter_unit(zg, u);   // on the reduce-scatter stream
+    if (zg->plant_deferred >= 0) { zero_gpu_gather_unit_async(zg, zg->plant_deferred); zg->plant_deferred = -1; }
     // released after use, but for the last unit after its forward: its backward follows at once, and keeps
     // using the slot. The slot's event is recorded all the same: after a forward-only pass (evaluation)
     // the next gather into that slot must wait for this unit's compute to be done reading it.
@@ -553,7 +538,7 @@ static inline void zero_zero_grad(ZeroGpu* zg) {
 static inline void zero_reduce_grads(ZeroGpu* zg) {
     Zero* z = &zg->z;
     cudaStream_t last = zg->compute;
-    if (z->S > 1) last = zero_comm_stream(zg);
+    if (z->S > 1) last = zero_gpu_rs_stream(zg);   // the gradient shard's last writer
     if (z->P != z->S) {   // data parallel with EP: non-expert units over the world, then experts over their replicas
         for (int ex = 0; ex < 2; ex++) {
             CommGroup* g = ex ? zero_expert_replica(z) : &z->replica;
@@ -667,7 +652,7 @@ static inline void zero_fp8_amax_reduce(ZeroGpu* zg, std::vector<Fp8MetaRef>& me
     fp8_gpu_collect(f);
 }
 
-static inline uint64_t zero_bytes_sent(const ZeroGpu* zg) { return zero_bytes_sent(&zg->z); }
+static inline uint64_t zero_bytes_sent(const ZeroGpu* zg) { return zero_bytes_sent(&zg->z) + zero_gpu_comm_bytes_sent(zg); }
 static inline Zero* zero_layout(ZeroGpu* zg) { return &zg->z; }
 
 static inline void zero_free(ZeroGpu* zg) {
@@ -688,6 +673,7 @@ static inline void zero_free(ZeroGpu* zg) {
     zg->model->hooks = UnitHooks{NULL, NULL, NULL};
     free(z->master); free(z->m); free(z->v);
     z->master = z->m = z->v = NULL;
+    zero_gpu_comm_free(zg);
     if (z->ep_n > 1) { comm_group_free(&z->ep); comm_group_free(&z->expert_shard); }
     if (z->P != z->S) comm_group_free(&z->expert_replica_own);
     comm_group_free(&z->shard);

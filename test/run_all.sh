@@ -132,6 +132,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     bash test/test_gpu_report.sh
     echo "== the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures"
     bash test/test_zero_gpu.sh
+    echo "== the store's communication streams: reduce-scatters beside the gathers, one issue order of the communicators (work logs)"
+    bash test/test_comm_streams.sh
     echo "== GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)"; bash test/test_gemm_pins.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"

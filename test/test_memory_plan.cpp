@@ -12,7 +12,8 @@
  *     is the plan's within 2% and below the peak without it (five specs); the CPU model's dry-run estimate
  *     with it (train_dbrx.cu's activation_bytes) is its walk, to the byte;
  *   - DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state is 18 B x the shard test_ep.sh ties to
- *     the allocation, and the NCCL margin is three communicators and seven all-to-all peers.
+ *     the allocation, and the NCCL margin is five communicators (the reduce-scatters' two among them) and seven
+ *     all-to-all peers.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
@@ -77,9 +78,10 @@ TEST_CASE("the plan's terms of a small model, by hand (B 2 x T 16: N = 32 tokens
     MemoryPlan q15 = memory_plan(&c, 2, 16, 2, 2, 4, FP8_OFF, 1.5);   // 1.5 x 64 = 96 rows
     CHECK(q15.ep_rows == 96);
     CHECK(q15.ep_exchange == 2 * (2 * 96 * 64 + 8 * 96) + 4 * 2 * 96 * 64);
-    // communicators: shard 2, replica 2, expert_parallel 2 (expert_shard: P/n = 1 rank); one all-to-all peer
-    CHECK(q.communicators == 3); CHECK(q.a2a_peers == 1);
-    CHECK(q.nccl == 3 * 512 * PLAN_MIB + 448 * PLAN_MIB);
+    // communicators: shard 2, replica 2, expert_parallel 2, shard_rs 2 (the reduce-scatters', zero_gpu_comm.cuh;
+    // expert_shard and expert_shard_rs: P/n = 1 rank); one all-to-all peer
+    CHECK(q.communicators == 4); CHECK(q.a2a_peers == 1);
+    CHECK(q.nccl == 4 * 512 * PLAN_MIB + 448 * PLAN_MIB);
 }
 
 TEST_CASE("the activation classes sum to the model's own buffer walk (dbrx_gpu_memory_estimate)") {
@@ -200,9 +202,11 @@ TEST_CASE("DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state and t
     // 2,056,195,680 parameters per GPU (what test_ep.sh ties --dry-run's shard to), 18 B each + the norm scratch
     CHECK(p.shard_params == 2056195680.0L);
     CHECK(plan_param_state(&p) == 18 * 2056195680.0L + 1032);
-    CHECK(p.communicators == 3);   // shard 64, expert_parallel 8, expert_shard 8 (no replica: 64 / 64)
+    // shard 64, expert_parallel 8, expert_shard 8, and the reduce-scatters' shard_rs 64 and expert_shard_rs 8
+    // (no replica: 64 / 64)
+    CHECK(p.communicators == 5);
     CHECK(p.a2a_peers == 7);
-    CHECK(p.total == p.allocations + p.cublaslt + p.cuda_context + 3 * 512 * PLAN_MIB + 7 * 448 * PLAN_MIB);
+    CHECK(p.total == p.allocations + p.cublaslt + p.cuda_context + 5 * 512 * PLAN_MIB + 7 * 448 * PLAN_MIB);
 }
 
 int main(int argc, char** argv) { return cuda_test_main(argc, argv, "the memory planner", 20261126); }

@@ -1,0 +1,108 @@
+/*
+ * zero_gpu_comm.cuh — the device store's communication streams and communicators, and the one order in
+ * which every rank issues its NCCL operations. Part of parallel/zero_gpu.cuh (included after ZeroGpu).
+ *
+ *   gathers          the shard group's communicator `shard` on its stream (the gather stream); a block's
+ *                    experts under EP: `expert_shard`, on the same stream (comm_share_stream)
+ *   reduce-scatters  a second communicator over the same ranks, `shard_rs`, on its own stream (the
+ *                    reduce-scatter stream); the experts': `expert_shard_rs`, on that stream too
+ *   why two          in the backward, unit u's reduce-scatter and the gather of unit u-2 (the prefetch
+ *                    issued when unit u-1 begins) both become ready when unit u's compute ends, and both
+ *                    have unit u-1's compute to hide behind. On one stream they run in series. Two streams
+ *                    on ONE communicator would not help: NCCL progresses a communicator's operations in
+ *                    the order they were issued, through its one set of channels and connections (the
+ *                    collectives of a communicator are matched across ranks by that order), so they still
+ *                    run one after the other. Hence a second communicator (NCCL user guide, "Creating more
+ *                    communicators": each one is an independent set of resources) and a second stream.
+ *                    Its price: one more communicator's buffers per GPU (parallel/memory_plan.h counts
+ *                    `shard_rs` and `expert_shard_rs` in its NCCL margin).
+ *   the issue order  NCCL user guide, "Using multiple NCCL communicators concurrently": operations on
+ *                    different communicators may run concurrently only if every rank issues them in the
+ *                    same order; NCCL gives no progress guarantee otherwise (a rank blocked in communicator
+ *                    A's kernel while its peer waits in B's: a hang). Here that order holds by
+ *                    construction: one host thread issues every NCCL operation of the step (the unit hooks,
+ *                    the EP dispatcher's exchange, the step's reductions), in the program order of the step,
+ *                    and that order does not depend on data (the EP counts change sizes, never the sequence
+ *                    of calls). The events below order the streams; none of them reorders an issue.
+ *                    test/test_comm_streams.sh checks it on the emulator's per-rank work logs
+ *                    (test/check_comm_order.py: the global issue order projected onto every pair of
+ *                    communicators two ranks share agrees), with a planted reordering as its control.
+ *   events           compute -> gather stream: slot_free (slot no longer read), bf16_ready (shard written);
+ *                    gather stream -> compute: gathered; compute -> reduce-scatter stream: grads_ready;
+ *                    reduce-scatter stream -> compute: grads_reduced (the gradient slot may be zeroed and
+ *                    reused; the gradient shard is final before the step's reductions read it). The gather
+ *                    stream never waits for the reduce-scatter stream (DBRX_DEBUG_PLANT=serial_streams plants
+ *                    that wait: the stream test's negative control).
+ */
+#pragma once
+
+// the communicator and stream of unit u's reduce-scatter (S > 1)
+static inline CommGroup* zero_gpu_rs_group(ZeroGpu* zg, int u) { return zg->z.unit_ep[u] ? &zg->rs_expert_shard : &zg->rs_shard; }
+static inline cudaStream_t zero_gpu_rs_stream(ZeroGpu* zg) { return zg->rs_shard.stream; }
+
+// the reduce-scatter communicators (S > 1 only: S = 1 reduce-scatters nothing). comm_split is collective
+// over the world: every rank calls this at the same point of zero_init
+static inline void zero_gpu_comm_init(ZeroGpu* zg, int rank) {
+    Zero* z = &zg->z;
+    zg->rs_on = z->S > 1;
+    if (!zg->rs_on) return;
+    zg->rs_shard = comm_split(z->world, rank / z->S, rank, "shard_rs", 1);   // the shard group's ranks, again
+    if (z->ep_n > 1) {
+        zg->rs_expert_shard = comm_split(z->world, (rank / z->P) * z->ep_n + z->ep_rank, rank, "expert_shard_rs", 1);
+        comm_share_stream(&zg->rs_expert_shard, &zg->rs_shard);
+    }
+}
+
+static inline void zero_gpu_comm_watched(ZeroGpu* zg, std::vector<CommGroup*>* watched) {
+    if (!zg->rs_on) return;
+    watched->push_back(&zg->rs_shard);
+    if (zg->z.ep_n > 1) watched->push_back(&zg->rs_expert_shard);
+}
+
+static inline uint64_t zero_gpu_comm_bytes_sent(const ZeroGpu* zg) {
+    if (!zg->rs_on) return 0;
+    return comm_bytes_sent(&zg->rs_shard) + (zg->z.ep_n > 1 ? comm_bytes_sent(&zg->rs_expert_shard) : 0);
+}
+
+static inline void zero_gpu_comm_free(ZeroGpu* zg) {
+    if (!zg->rs_on) return;
+    if (zg->z.ep_n > 1) comm_group_free(&zg->rs_expert_shard);
+    comm_group_free(&zg->rs_shard);
+    zg->rs_on = 0;
+}
+
+// unit u's gradient (its gradient slot) reduce-scattered into the gradient shard on the reduce-scatter
+// stream, after the compute stream has written it
+static inline void zero_gpu_reduce_scatter_unit(ZeroGpu* zg, int u) {
+    Zero* z = &zg->z;
+    int slot = u & 1;
+    cudaStream_t rs = zero_gpu_rs_stream(zg);
+    cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
+    cudaCheck(cudaStreamWaitEvent(rs, zg->grads_ready[slot], 0));
+    prof_begin(prof_stream(rs, "communication (shard group, reduce-scatter)"), "comm", "reduce-scatter unit %d", u);
+    // (test/test_zero_gpu.sh's negative control plants an error here: the neighbour's chunk)
+    CommGroup* grp = zero_gpu_rs_group(zg, u);
+    int mine = g_debug_hooks.plant == PLANT_REDUCE_SCATTER_CHUNK ? (grp->rank + 1) % grp->size : grp->rank;
+    for (const ShardRun& r : z->runs[u]) {   // run by run, out of the unit's full gradient
+        if (!zero_run_mine(z, r)) continue;
+        float* full = zg->gwork[slot] + r.slot_off;
+        comm_reduce_scatter_inplace(grp, full, r.chunk, COMM_F32);
+        LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, rs, zg->grad + z->shard_off[u] + r.shard_rel,
+               full + (size_t)mine * r.chunk, r.chunk);
+    }
+    prof_end(prof_stream(rs, "communication (shard group, reduce-scatter)"));
+    cudaCheck(cudaEventRecord(zg->grads_reduced[slot], rs));
+}
+
+// expert parallelism's row exchange for the dispatcher (ExpertParallel): the counts over MPI on the host; the
+// rows over NCCL on the EP group's stream, ordered after the compute stream's work and before its next
+static inline void zero_gpu_ep_all_to_allv(void* ctx, const void* send, const size_t* sb, void* recv, const size_t* rb, int host) {
+    ZeroGpu* zg = (ZeroGpu*)ctx;
+    CommGroup* g = &zg->z.ep;
+    if (host) { comm_all_to_allv(g, send, sb, recv, rb, true); return; }
+    cudaCheck(cudaEventRecord(zg->ep_ready, zg->compute));
+    cudaCheck(cudaStreamWaitEvent(g->stream, zg->ep_ready, 0));
+    comm_all_to_allv(g, send, sb, recv, rb, false);
+    cudaCheck(cudaEventRecord(zg->ep_done, g->stream));
+    cudaCheck(cudaStreamWaitEvent(zg->compute, zg->ep_done, 0));
+}

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""check_comm_order.py — two checks on the emulator's work logs (SIMT_WORKLOG=FILE: FILE.<rank> under mpirun,
+test/simt/counters.h), for test/test_comm_streams.sh.
+
+  order LOG.0 LOG.1 ...   NCCL communicators that cannot race (NCCL user guide, "Using multiple NCCL
+      communicators concurrently": every rank must issue operations on its communicators in the same order).
+      Each rank's collectives, in issue order, become a sequence of (communicator, its k-th operation) — a
+      communicator is its name and its world ranks; the operations of one NCCL group call on one communicator
+      count as one — and for every two ranks and every two communicators they share, the two ranks' sequences
+      projected onto that pair must be the same. Fails naming the ranks, the communicators and the first
+      operation where they differ.
+  streams LOG             the overlap of the backward's communication (parallel/zero_gpu_comm.cuh): in the
+      --profile'd step, for every reduce-scatter of a unit ("reduce-scatter unit U" range), the all-gather
+      issued next after it (the prefetch of unit U-2) runs on another stream and does not depend on it: no
+      chain of stream order and event waits (record -> wait) leads from the reduce-scatter's collectives to the
+      gather's. Fails naming the units.
+  syncs LOG               no device-wide synchronisation inside a training step (between the training loop's
+      dbrx_sync marks 2k-1 and 2k: each step's begin and end), and each step ends waiting for a stream (the
+      model's, which every communication stream joins before the optimizer). Fails naming the step.
+Exit 0 with "pass ..." lines, 1 with "fail ..." lines.
+"""
+import json
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+def comm_sequence(items):
+    """[(comm id, k, kind)] in issue order; one entry per NCCL group call per communicator"""
+    seq, count, last_group = [], {}, {}
+    for it in items:
+        if it.get("t") != "coll":
+            continue
+        cid = (it["comm"], tuple(it["world_ranks"]))
+        g = it.get("group", 0)
+        if g and last_group.get(cid) == g:
+            continue   # (the rest of one group call: one operation)
+        last_group[cid] = g
+        k = count.get(cid, 0)
+        count[cid] = k + 1
+        seq.append((cid, k, "group" if g else it["kind"]))
+    return seq
+
+
+def check_order(paths):
+    seqs = {r: comm_sequence(load(p)) for r, p in enumerate(paths)}
+    bad = []
+    for a in seqs:
+        for b in seqs:
+            if b <= a:
+                continue
+            shared = sorted({c for c, _, _ in seqs[a] if a in c[1] and b in c[1]} & {c for c, _, _ in seqs[b]})
+            for i, A in enumerate(shared):
+                for B in shared[i + 1:]:
+                    pa = [x for x in seqs[a] if x[0] in (A, B)]
+                    pb = [x for x in seqs[b] if x[0] in (A, B)]
+                    if pa != pb:
+                        j = next((j for j, (x, y) in enumerate(zip(pa, pb)) if x != y), min(len(pa), len(pb)))
+                        name = lambda x: "%s#%d (%s)" % (x[0][0], x[1], x[2]) if x else "nothing"
+                        bad.append("ranks %d and %d issue communicators %s and %s in another order: operation %d is %s on rank %d, "
+                                   "%s on rank %d" % (a, b, A[0], B[0], j, name(pa[j] if j < len(pa) else None), a,
+                                                      name(pb[j] if j < len(pb) else None), b))
+    n = sum(len(s) for s in seqs.values())
+    if bad:
+        for x in bad[:5]:
+            print("fail " + x)
+        return 1
+    print("pass %d ranks, %d operations: every two ranks issue every two shared communicators in the same order" % (len(seqs), n))
+    return 0
+
+
+def check_streams(path):
+    items = load(path)
+    clock = {}        # stream -> {stream: items of it known done}: a vector clock per stream
+    events = {}       # event -> the clock of its record
+    pos = {}          # stream -> items issued on it
+    unit_range = {}   # stream -> the unit range open on it ("reduce-scatter unit U" / "all-gather unit U")
+    rs, ag = [], []   # (unit, stream, index on its stream, clock) of each collective inside a unit range
+    profiled = False
+    for it in items:
+        t = it.get("t")
+        if t == "range":
+            name = it["name"]
+            profiled = True
+            if name.startswith(("reduce-scatter unit ", "all-gather unit ")):
+                unit_range[it["stream"]] = name if it["ph"] == "B" else None
+            continue
+        if t not in ("kernel", "gemm", "coll", "copy", "record", "wait"):
+            continue
+        s = it.get("stream", 0)
+        c = clock.setdefault(s, {})
+        if t == "record":
+            events[it["event"]] = dict(c)
+            continue
+        if t == "wait":
+            for k, v in events.get(it["event"], {}).items():
+                c[k] = max(c.get(k, 0), v)
+            continue
+        pos[s] = pos.get(s, 0) + 1
+        c[s] = pos[s]
+        if t == "coll" and profiled and unit_range.get(s):
+            name = unit_range[s]
+            (rs if name.startswith("reduce") else ag).append((int(name.split()[-1]), s, pos[s], dict(c), len(rs) + len(ag)))
+    if not rs:
+        print("fail no reduce-scatter of a unit in %s's profiled step (run with --profile and a shard group)" % path)
+        return 1
+    bad, checked, seen = [], 0, set()
+    for u, s, p, c, order in rs:
+        if u in seen:
+            continue   # (one check per unit: its first collective; the later ones depend on it anyway)
+        seen.add(u)
+        nxt = next((g for g in ag if g[4] > order), None)
+        if nxt is None:
+            continue   # (the last units of the backward: nothing gathered after them)
+        checked += 1
+        gu, gs, gp, gc, _ = nxt
+        if gs == s:
+            bad.append("the reduce-scatter of unit %d and the all-gather of unit %d issued after it share stream %d" % (u, gu, s))
+        elif gc.get(s, 0) >= p:
+            bad.append("the all-gather of unit %d (stream %d) waits for the reduce-scatter of unit %d (stream %d)" % (gu, gs, u, s))
+    if not checked:
+        print("fail no all-gather issued after a reduce-scatter in %s" % path)
+        return 1
+    if bad:
+        for x in bad[:5]:
+            print("fail " + x)
+        return 1
+    print("pass %d reduce-scatters: each on its own stream, and the all-gather issued next after it does not wait for it" % checked)
+    return 0
+
+
+def check_syncs(path):
+    items = load(path)
+    marks = [i for i, it in enumerate(items) if it.get("t") == "mark" and it.get("name") == "dbrx_sync"]
+    steps = [(marks[i], marks[i + 1]) for i in range(0, len(marks) - 1, 2)]
+    if not steps:
+        print("fail no training step (dbrx_sync marks) in %s" % path)
+        return 1
+    bad = []
+    for k, (a, b) in enumerate(steps):
+        syncs = [it for it in items[a + 1:b] if it.get("t") == "sync"]
+        dev = sum(1 for it in syncs if it.get("what") == "device")
+        if dev:
+            bad.append("step %d synchronises the whole device %d time(s)" % (k + 1, dev))
+        if not (b > 0 and items[b - 1].get("t") == "sync" and items[b - 1].get("what") == "stream"):
+            bad.append("step %d does not end waiting for a stream" % (k + 1))
+    if bad:
+        for x in bad[:5]:
+            print("fail " + x)
+        return 1
+    print("pass %d steps: no device-wide synchronisation inside a step; each ends waiting for the model's stream" % len(steps))
+    return 0
+
+
+if __name__ == "__main__":
+    modes = {"order": lambda a: check_order(a), "streams": lambda a: check_streams(a[0]), "syncs": lambda a: check_syncs(a[0])}
+    if len(sys.argv) < 3 or sys.argv[1] not in modes:
+        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(modes[sys.argv[1]](sys.argv[2:]))

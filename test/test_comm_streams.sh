@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# test_comm_streams.sh — the device store's communication streams and communicators (parallel/zero_gpu_comm.cuh),
+# on the SIMT emulator under mpirun (train_dbrx_emu --device cuda, the NCCL twin), from the work logs
+# (SIMT_WORKLOG, with --profile's unit ranges on step 2) that test/check_comm_order.py reads:
+#   * the overlap: every reduce-scatter of a unit runs on another stream than the all-gather issued next after
+#     it (the backward's prefetch), and that gather does not depend on it through any chain of stream order and
+#     event waits; ZeRO-3 on 2 ranks, EP 2 with ZeRO-3 on 4; negative control: DBRX_DEBUG_PLANT=serial_streams
+#     (the gather stream waits for the reduce-scatter stream, the old one-stream schedule's ordering) fails it;
+#   * communicators that cannot race: every two ranks issue every two communicators they share in the same
+#     order (ZeRO-3 np 2, HSDP 2x2, EP 2 + ZeRO-3 np 4: shard, shard_rs, replica, expert_parallel, expert_shard,
+#     expert_shard_rs); negative control: DBRX_DEBUG_PLANT=reorder_issue (world rank 1 issues its backward
+#     prefetch after the unit's reduce-scatter) fails it;
+#   * no device-wide synchronisation inside a step (each step ends waiting for the model's stream); negative
+#     control: the same work log with a device synchronisation planted in step 2 fails it;
+#   * the schedule changes no number: the losses of the planted schedules (serialised; reordered) are
+#     bit-identical to the overlapped one's.
+# About 30 s on 2 shared cores.
+set -u
+cd "$(dirname "$0")/.."
+source test/lib.sh
+PY=${PY:-python3}
+MPI="bash dev/mpirun.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+G=(--model dbrx-tiny --n-layers 2 --seq 32 --steps 2 --val-every 0 --batch 1 --profile "$tmp/prof.json" --profile-steps 2:2)
+
+runp() {  # name, np, flags...: the emulated GPU under mpirun, its work log $tmp/name.wl.<rank>
+    local name=$1 np=$2; shift 2
+    SIMT_WORKLOG="$tmp/$name.wl" $MPI -np "$np" ./train_dbrx_emu --device cuda "${G[@]}" "$@" --log "$tmp/$name.jsonl" \
+        > "$tmp/$name.out" 2>&1 || fail "$name: $(grep -v '^step' "$tmp/$name.out" | tail -3)"
+}
+check() {  # expect (pass|fail), what, check_comm_order.py arguments...
+    local want=$1 what=$2; shift 2
+    local out; out=$($PY test/check_comm_order.py "$@" 2>&1); local rc=$?
+    if [ "$want" = pass ]; then [ $rc = 0 ] && pass "$what: ${out#pass }" || fail "$what: $out"
+    else [ $rc = 1 ] && grep -q '^fail ' <<<"$out" && pass "$what fails as it must: $(head -1 <<<"$out")" || fail "$what: the check did not fail (rc $rc): $out"; fi
+}
+losses() { grep -o '"loss": [^,]*' "$tmp/$1.jsonl" | tr '\n' ' '; }
+
+runp zero2 2 --shard-group-size 2
+runp hsdp 4 --shard-group-size 2
+runp ep2 4 --shard-group-size 4 --expert-parallel 2
+DBRX_DEBUG_PLANT=serial_streams runp serial 2 --shard-group-size 2
+DBRX_DEBUG_PLANT=reorder_issue runp reorder 2 --shard-group-size 2
+
+check pass "ZeRO-3 np 2: the backward's reduce-scatters beside the gathers" streams "$tmp/zero2.wl.0"
+check pass "EP 2 + ZeRO-3 np 4: the backward's reduce-scatters beside the gathers" streams "$tmp/ep2.wl.0"
+check fail "the planted serialisation (DBRX_DEBUG_PLANT=serial_streams)" streams "$tmp/serial.wl.0"
+check pass "ZeRO-3 np 2: one issue order of the communicators" order "$tmp/zero2.wl.0" "$tmp/zero2.wl.1"
+check pass "HSDP 2x2: one issue order of the communicators" order "$tmp"/hsdp.wl.{0,1,2,3}
+check pass "EP 2 + ZeRO-3 np 4: one issue order of the communicators" order "$tmp"/ep2.wl.{0,1,2,3}
+check fail "the planted reordering on rank 1 (DBRX_DEBUG_PLANT=reorder_issue)" order "$tmp/reorder.wl.0" "$tmp/reorder.wl.1"
+grep -q 'shard_rs' "$tmp/ep2.wl.0" && grep -q 'expert_shard_rs' "$tmp/ep2.wl.0" \
+    && pass "EP 2 + ZeRO-3: the reduce-scatters go to their own communicators (shard_rs, expert_shard_rs)" \
+    || fail "EP 2 + ZeRO-3: no reduce-scatter on shard_rs / expert_shard_rs in the work log"
+
+check pass "ZeRO-3 np 2: the step's synchronisations" syncs "$tmp/zero2.wl.0"
+check pass "EP 2 + ZeRO-3 np 4: the step's synchronisations" syncs "$tmp/ep2.wl.1"
+awk '/"mark".*"n":3/ { print; print "{\"t\":\"sync\",\"what\":\"device\",\"stream\":0}"; next } { print }' "$tmp/zero2.wl.0" > "$tmp/planted_sync.wl"
+check fail "a device synchronisation planted in step 2's work log" syncs "$tmp/planted_sync.wl"
+
+a=$(losses zero2); b=$(losses serial); c=$(losses reorder)
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] \
+    && pass "losses bit-identical: overlapped, serialised and reordered schedules ($a)" \
+    || fail "losses differ between schedules: overlapped '$a', serialised '$b', reordered '$c'"
