@@ -50,6 +50,7 @@
 #include "train_step.h"         // one optimizer step
 #include "train_eval.h"         // validation, multiple choice, samples, --generate
 #include "train_checkpoint.h"   // resume, saves, known-good checkpoints
+#include "train_fit.h"          // --dry-run --fit: the cheapest setting that fits
 
 // 131596523520 -> "131,596,523,520"
 static std::string with_commas(int64_t n) {
@@ -620,6 +621,7 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     memory_plan_print(&plan, &cfg, capacity, device.c_str());
     if (args.fp8.gather) printf("  (not in the plan: --fp8-gather's code and scale buffers)\n");
     if (args.health.check) printf("  (not in the plan: --health-check's GEMM operands, freed before training)\n");
+    if (args.run.fit) fit_report(args, cfg, gpus, capacity);
     return 0;
 }
 

@@ -27,6 +27,7 @@ typedef struct {
     int profile_first = 0, profile_last = 0;       // the steps traced (1-based, inclusive), from --profile-steps
     float peak_tflops = 0.0f;
     bool dry_run = false, help = false, help_debug = false;
+    bool fit = false;               // --dry-run --fit: the cheapest setting that fits (train_fit.h)
     std::string plan_device = "";   // --dry-run's GPU plan (parallel/memory_plan.h): h100 | h200 | GiB ("": the visible GPU, else h100)
     int plan_gpus = 0;              // ... and the run's GPUs (0: the shard group, or the EP degree)
     std::string recompute = "";     // --recompute SPEC (model/recompute.h); "": nothing recomputed
@@ -126,6 +127,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                    "GPU plan: every term, the total, FITS or DOES NOT FIT); exit"},
         {"--plan-device", "", F_STR, &a->run.plan_device, "--dry-run's GPU plan against: h100 | h200 | the GiB of one GPU (default: the "
                                                           "visible GPU's free memory, else h100)"},
+        {"--fit", "", F_BOOL, &a->run.fit, "with --dry-run: plan every --shard-group-size / --expert-parallel / "
+                                           "--ep-capacity-factor / --recompute setting for --plan-gpus GPUs of --plan-device and print "
+                                           "the cheapest that fits (fewest recomputed FLOPs first; train_fit.h)"},
         {"--plan-gpus", "", F_INT, &a->run.plan_gpus, "--dry-run's GPU plan for a run on N GPUs (default: --shard-group-size, or "
                                                       "--expert-parallel if more)"},
         {"--recompute", "", F_STR, &a->run.recompute, "selective activation recomputation: GRAN[:RANGE][,...], GRAN attn | swiglu | "
@@ -451,6 +455,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->sample.generate && (a->health.check || a->health.check_only || a->run.dry_run))
         fail(EXIT_BAD_INPUT, "--generate runs no training: leave out %s", a->run.dry_run ? "--dry-run" : "--health-check");
     profile_steps_parse(a);
+    if (!a->run.dry_run && a->run.fit) fail(EXIT_BAD_INPUT, "--fit plans a run: give it with --dry-run");
     if (!a->run.dry_run && (flag_given(a, "--plan-device") || flag_given(a, "--plan-gpus")))
         fail(EXIT_BAD_INPUT, "%s plans a run: it needs --dry-run", flag_given(a, "--plan-device") ? "--plan-device" : "--plan-gpus");
     if (flag_given(a, "--plan-gpus") && a->run.plan_gpus < 1) fail(EXIT_BAD_INPUT, "--plan-gpus %d must be >= 1", a->run.plan_gpus);

@@ -65,6 +65,23 @@ expect_exit 2 "--plan-gpus 6 with --shard-group-size 4" $BIN --dry-run --plan-gp
 expect_exit 2 "--plan-gpus 6 with --expert-parallel 4" $BIN --dry-run --plan-gpus 6 --shard-group-size 1 --expert-parallel 4
 expect_exit 2 "--plan-device without --dry-run" $BIN --plan-device h100 --steps 1
 expect_exit 2 "--plan-gpus without --dry-run" $BIN --plan-gpus 8 --steps 1
+# --dry-run --fit (train_fit.h): the chosen setting fits by its own --dry-run, and the same setting less its
+# recomputation (the cheaper ones it was ranked after) does not; at seq 32768 nothing fits (context parallelism)
+A132=(--model dbrx-132b --batch 1 --seq 4096 --plan-gpus 64 --plan-device h100)
+fitl=$($BIN --dry-run --fit "${A132[@]}" 2>&1 | sed -n 's/^fit: \(--shard-group-size [^(]*\) (.*/\1/p')
+if [ -n "$fitl" ] && grep -q -- "--recompute" <<<"$fitl"; then
+    # shellcheck disable=SC2086
+    v1=$($BIN --dry-run "${A132[@]}" $fitl 2>&1 | grep "^verdict:")
+    # shellcheck disable=SC2086
+    v0=$($BIN --dry-run "${A132[@]}" $(sed 's/ --recompute [^ ]*//' <<<"$fitl") 2>&1 | grep "^verdict:")
+    [[ "$v1" == "verdict: FITS"* ]] && [[ "$v0" == "verdict: DOES NOT FIT"* ]] \
+        && pass "--fit for DBRX-132B, seq 4096, 64 H100s: $fitl (its --dry-run: ${v1%% (*}; without its --recompute: ${v0%%,*})" \
+        || fail "--fit chose '$fitl': its plan '$v1', without recompute '$v0'"
+else fail "--fit for DBRX-132B on 64 H100s chose no setting with --recompute: '$fitl'"; fi
+$BIN --dry-run --fit --model dbrx-132b --batch 1 --seq 32768 --plan-gpus 64 --plan-device h100 > "$tmp/fit32k.out" 2>&1 \
+    && grep -q "^fit: NOTHING FITS in 79.65 GiB per GPU at 64 GPU(s)" "$tmp/fit32k.out" \
+    && pass "--fit at seq 32768 on 64 H100s: nothing fits (exit 0, one verdict line)" || fail "--fit at seq 32768: $(tail -2 "$tmp/fit32k.out")"
+expect_exit 2 "--fit without --dry-run" $BIN --fit --steps 1
 # the MFU count (matmuls only, causal attention: Megatron/PaLM) and LLM Foundry's, recomputed here from the
 # printed shape; dbrx-1b's MFU count is ~74% of LLM Foundry's (issue 15's figure)
 for m in dbrx-132b:4096 dbrx-1b:2048 dbrx-tiny:256; do

@@ -34,10 +34,12 @@ CONFIGS = [
     ("dbrx-1b, 1 H200, BF16", "dbrx-1b", 8, 2048, 1, "h200", "", "", True),
     ("DBRX-132B width, 4 layers, 8 H100 (1 node): ZeRO-3 over 8, EP 8", "dbrx-132b", 1, 4096, 8, "h100-sxm",
      "--n-layers 4 --shard-group-size 8 --expert-parallel 8", "", True),
-    ("DBRX-132B, 64 H100 (8 nodes): ZeRO-3 over 64, EP 8 in a node", "dbrx-132b", 1, 4096, 64, "h100-sxm",
-     "--shard-group-size 64 --expert-parallel 8", "2 4", False),
-    ("DBRX-132B, 256 H100 (32 nodes): HSDP 64 x 4 replicas, EP 8 in a node", "dbrx-132b", 1, 4096, 256, "h100-sxm",
-     "--shard-group-size 64 --expert-parallel 8", "2 4", False),
+    # the layouts --dry-run --fit picks (train_fit.h: the fewest recomputed FLOPs that fit 80 GB at seq 4096)
+    ("DBRX-132B, 64 H100 (8 nodes): ZeRO-3 over 64, EP 8 in a node, --ep-capacity-factor 1.25, --recompute moe",
+     "dbrx-132b", 1, 4096, 64, "h100-sxm", "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --recompute moe",
+     "2 4", False),
+    ("DBRX-132B, 256 H100 (32 nodes): ZeRO-3 over 256, EP 8 in a node, --recompute swiglu", "dbrx-132b", 1, 4096, 256,
+     "h100-sxm", "--shard-group-size 256 --expert-parallel 8 --recompute swiglu", "2 4", False),
 ]
 
 

@@ -1,0 +1,96 @@
+/*
+ * train_fit.h — --dry-run --fit: the cheapest setting that fits a run of this model, batch and sequence on
+ * --plan-gpus GPUs of --plan-device's memory, found by --dry-run's own plan (parallel/memory_plan.h) over
+ * the settings that trade memory for work or communication:
+ *   --shard-group-size S   the powers of two that divide the GPUs (S > 8 gathers over the network)
+ *   --expert-parallel n    1, 2, 4, 8, 16 where n divides the experts and S (n <= 8 stays in a node)
+ *   --ep-capacity-factor   2 (the default), 1.25, 1 (with EP: the rows a rank's experts may receive)
+ *   --recompute            none, attn, swiglu, attn+swiglu, moe, moe+attn, block (all layers)
+ * "Cheapest" is an order, not a time (the step-time model, make predict, times a setting):
+ *   1. the fewest recomputed FLOPs (model/recompute.h: what HFU adds over MFU);
+ *   2. a shard group inside a node (S <= 8) before one that crosses the network;
+ *   3. the higher EP degree inside a node (each rank gathers 1/n of the experts' weights);
+ *   4. the larger --ep-capacity-factor (more room for uneven routing before a step is refused);
+ *   5. the smaller shard group (fewer ranks in every gather), then the larger headroom.
+ * It prints the ranked fitting settings (at most 8) and the flags of the first, or that nothing fits.
+ */
+#pragma once
+#include <algorithm>
+#include <string>
+#include <vector>
+#include "parallel/memory_plan.h"
+
+typedef struct {
+    int S, n;
+    double cap;
+    std::string rc;           // the --recompute spec ("" none)
+    long double total;        // the plan's total per GPU
+    double extra;             // recomputed FLOPs per token / the MFU count
+} FitCandidate;
+
+static inline bool fit_better(const FitCandidate& a, const FitCandidate& b) {
+    if (a.extra != b.extra) return a.extra < b.extra;
+    if ((a.S <= 8) != (b.S <= 8)) return a.S <= 8;
+    bool an = a.n <= 8, bn = b.n <= 8;
+    if (an != bn) return an;
+    if (a.n != b.n) return a.n > b.n;
+    if (a.cap != b.cap) return a.cap > b.cap;
+    if (a.S != b.S) return a.S < b.S;
+    return a.total < b.total;
+}
+
+static inline std::string fit_flags(const FitCandidate& f) {
+    std::string s = "--shard-group-size " + std::to_string(f.S);
+    if (f.n > 1) {
+        char b[64];
+        snprintf(b, sizeof b, " --expert-parallel %d --ep-capacity-factor %g", f.n, f.cap);
+        s += b;
+    }
+    if (!f.rc.empty()) s += " --recompute " + f.rc;
+    return s;
+}
+
+// gpus: the run's GPUs; capacity: the bytes of one GPU (dry_run_report's); the plan's other inputs from args
+static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int gpus, long double capacity) {
+    static const char* specs[] = {"", "attn", "swiglu", "attn,swiglu", "moe", "moe,attn", "block"};
+    static const double caps[] = {2.0, 1.25, 1.0};
+    Fp8Recipe fp8 = fp8_recipe_parse(args.fp8.recipe.c_str());
+    double fpt = flops_per_token(&cfg, args.run.seq);
+    RecomputeSpec saved = g_recompute;
+    std::vector<FitCandidate> fits;
+    int tried = 0;
+    for (int S = 1; S <= gpus; S *= 2) {
+        if (gpus % S) continue;
+        for (int n = 1; n <= 16; n *= 2) {
+            if (cfg.n_experts % n || (n > 1 && (S % n || gpus % n)) || (n > 1 && S == 1)) continue;
+            for (double cap : caps) {
+                if (n == 1 && cap != caps[0]) continue;
+                for (const char* rc : specs) {
+                    g_recompute = recompute_parse(rc);   // (memory_plan reads the run's spec)
+                    MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8, cap);
+                    tried++;
+                    if (p.total > capacity) continue;
+                    double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
+                                                             cfg.top_k, args.run.seq) / fpt;
+                    fits.push_back({S, n, n > 1 ? cap : 0.0, rc, p.total, extra});
+                }
+            }
+        }
+    }
+    g_recompute = saved;
+    std::sort(fits.begin(), fits.end(), fit_better);
+    printf("fit (--fit: %d settings planned for %d GPU(s), micro-batch %d x %d, FP8 %s; ranked by recomputed FLOPs, a shard group "
+           "inside a node, EP inside a node and higher, a larger --ep-capacity-factor, a smaller shard group: train_fit.h):\n",
+           tried, gpus, args.run.batch, args.run.seq, args.fp8.recipe.c_str());
+    if (fits.empty()) {
+        printf("fit: NOTHING FITS in %.2f GiB per GPU at %d GPU(s): lower --batch or --seq, more GPUs, or a bigger device (one "
+               "sequence split over GPUs, context parallelism, is issue 26)\n",
+               (double)(capacity / 1073741824.0L), gpus);
+        return;
+    }
+    for (size_t i = 0; i < fits.size() && i < 8; i++)
+        printf("  %zu. %-90s %7.2f GiB, headroom %6.2f GiB, recomputed FLOPs +%.1f%%\n", i + 1, fit_flags(fits[i]).c_str(),
+               (double)(fits[i].total / 1073741824.0L), (double)((capacity - fits[i].total) / 1073741824.0L), 100 * fits[i].extra);
+    printf("fit: %s (%zu of %d settings fit; time the first few with make predict FLAGS='...')\n", fit_flags(fits[0]).c_str(),
+           fits.size(), tried);
+}
