@@ -385,6 +385,22 @@ static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const Bl
     experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, o, E, d, F);
 }
 
+// layer l's attention half: LayerNorm 1, the fused qkv projection, clip, RoPE, attention, the output projection
+// and the residual: resid_mid (N, d) = x + out_proj(attention(...)). The forward and --recompute's both run it.
+static inline void block_attention_forward(Dbrx* m, int l, const real* x) {
+    const DbrxConfig* c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim, qd = qkv_dim(c);
+    const BlockParams& w = m->p.blocks[l];
+    BlockActs* a = &m->acts[l];
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
+    block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+    clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
+    rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
+    attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+    block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
+    for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
+}
+
 #include "dbrx_recompute.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -395,8 +411,8 @@ static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const Bl
 static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets, float dloss = 0.0f) {
     (void)dloss;
     const DbrxConfig* c = &m->cfg;
-    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
-    int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers;
+    int N = m->B * m->T, d = c->d_model;
+    int E = c->n_experts, k = c->top_k, L = c->n_layers;
     unit_begin(m, 0, UNIT_FORWARD);
     prof_begin(PROF_HOST, "layer", "embedding");
     embedding_forward(m->resid[0], inputs, m->p.wte, N, d);
@@ -410,13 +426,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         real* x = m->resid[l];
         // attention half
         prof_begin(PROF_HOST, "layer", "layer %d attention", l);
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
-        block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
-        clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
-        rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
-        attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
-        block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
-        for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
+        block_attention_forward(m, l, x);
         // MoE half
         prof_next(PROF_HOST, "layer", "layer %d router", l);
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);

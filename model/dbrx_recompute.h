@@ -34,24 +34,13 @@ static inline void recompute_plant_routing(real* xe, int rows, int d) {
 // layer l's attention half (block) and LN2 + gather (moe) again, with the block's unit gathered
 static inline void dbrx_recompute_block_half(Dbrx* m, int l, int rc) {
     const DbrxConfig* c = &m->cfg;
-    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
-    int k = c->top_k, qd = qkv_dim(c);
+    int N = m->B * m->T, d = c->d_model, k = c->top_k;
     unit_begin(m, dbrx_block_unit(l), UNIT_FORWARD);
     const BlockParams& w = m->p.blocks[l];
     BlockActs* a = &m->acts[l];
     prof_begin(PROF_HOST, "layer", "layer %d recompute", l);
-    if (rc & RC_BLOCK) {
-        const real* x = m->resid[l];
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
-        dbrx_fp8_frozen(m, l, [&] {
-            block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
-            clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
-            rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
-            attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
-            block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
-        });
-        for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
-    }
+    if (rc & RC_BLOCK)   // (the FP8 GEMMs with the step's scales, their amax bookkeeping frozen)
+        dbrx_fp8_frozen(m, l, [&] { block_attention_forward(m, l, m->resid[l]); });
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
     moe_gather(a->xe, a->ln2, a->row_token, N * k, d);
     recompute_plant_routing(a->xe, N * k, d);
