@@ -92,6 +92,13 @@ rows=(); nfail=0; npass=0; i=0
 while IFS='|' read -r name limit kind cmd; do
     [ -z "$name" ] && continue
     i=$((i + 1)); log="$RAW/$(printf %02d "$i")_$(printf %s "$name" | tr -c 'A-Za-z0-9_.-' '_').txt"
+    if [ -n "${TEST_GPU_DEADLINE:-}" ]; then   # (the lease's end: cut the limit, or skip)
+        left=$((TEST_GPU_DEADLINE - $(date +%s)))
+        if [ "$left" -lt 5 ]; then
+            echo "== $name: SKIP (deadline reached)"; rows+=("| $name | SKIP | 0 | deadline reached |"); continue
+        fi
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
     echo "== $name (limit ${limit} s)"
     t0=$(date +%s.%N)
     # the check in its own shell, under the time limit; this script's functions and variables go with it

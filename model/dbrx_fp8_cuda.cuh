@@ -44,6 +44,12 @@ typedef struct {
     int row_tiles;
 } Fp8Routing;
 
+// each slot's per-tensor 1/scale 16 bytes from the next: the GEMMs take it as their scale pointer. On an H200
+// (cuBLASLt 13.0) a per-tensor FP8 GEMM failed NOT_SUPPORTED in the model, where these pointers were 4 bytes apart,
+// and ran in the tests, where each had its own allocation; a plan reused across layers meets every slot's
+// alignment. That the alignment is the cause is a hypothesis, not yet run on a device (dbrx_fp8 in
+// dev/bench/results_gpu.md)
+#define FP8_SINV_STRIDE 4
 
 typedef struct {
     Fp8Config cfg;                              // recipe FP8_OFF: nothing below is used
@@ -52,7 +58,7 @@ typedef struct {
     std::vector<Fp8Format> fmts;
     std::vector<Fp8Meta> metas;                 // host bookkeeping (delayed: the amax history)
     std::vector<std::array<int, 15>> slot;      // per layer: [linear * 3 + op] -> slot (v1's x: w1's)
-    float *scale, *scale_inv;                   // device (nslots): delayed scales; 1 / scale of the last cast
+    float *scale, *scale_inv;                   // device (nslots; scale_inv every FP8_SINV_STRIDE): delayed scales; 1 / scale of the last cast
     unsigned int *amax, *tmp_amax;              // device (nslots) float bits; (1) current scaling's pass
     unsigned long long* sat;                    // device (nslots)
     std::vector<float> last_scale;              // host (nslots): per-tensor scale of the last cast (log)
@@ -130,7 +136,7 @@ static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T,
     buf(&f->w2, {{E * F, d, E}}, true);
     size_t n = f->nslots;
     take((void**)&f->scale, n * sizeof(float));
-    take((void**)&f->scale_inv, n * sizeof(float));
+    take((void**)&f->scale_inv, n * FP8_SINV_STRIDE * sizeof(float));
     take((void**)&f->amax, n * sizeof(unsigned int));
     take((void**)&f->tmp_amax, sizeof(unsigned int));
     take((void**)&f->sat, n * sizeof(unsigned long long));
@@ -146,7 +152,8 @@ static inline void fp8_gpu_reset(Fp8GPU* f) {
     if (!fp8_on(f)) return;
     std::vector<float> ones(f->nslots, 1.0f);
     cudaCheck(cudaMemcpy(f->scale, ones.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(f->scale_inv, ones.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
+    std::vector<float> ones_sinv((size_t)f->nslots * FP8_SINV_STRIDE, 1.0f);
+    cudaCheck(cudaMemcpy(f->scale_inv, ones_sinv.data(), ones_sinv.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemset(f->amax, 0, f->nslots * sizeof(unsigned int)));
     cudaCheck(cudaMemset(f->sat, 0, f->nslots * sizeof(unsigned long long)));
     for (Fp8Meta& m : f->metas) fp8_meta_init(&m);
@@ -253,7 +260,7 @@ static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const 
         fp8_quantize_gpu(out, x, rows, cols, seg, fmt, weight ? FP8Q_WEIGHT : FP8Q_ACT, nullptr, nullptr, 0, stream);
         return;
     }
-    out.sinv = f->scale_inv + slot;
+    out.sinv = f->scale_inv + FP8_SINV_STRIDE * slot;
     if (weight && f->cfg.weights_quantized) {   // --fp8-gather: the slot holds the whole tensor's agreed scale (set by the GPU store)
         fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
         return;
@@ -293,7 +300,7 @@ static inline Fp8GemmOperand fp8_operand_of(const Fp8GPU* f, int slot, const Fp8
         o.scale = (transposed ? b.sinv_t : b.sinv) + scale_off;
         o.scale_mode = weight ? MATMUL_SCALE_BLK128 : MATMUL_SCALE_VEC128;
     } else {
-        o.scale = f->scale_inv + slot;
+        o.scale = f->scale_inv + FP8_SINV_STRIDE * slot;
         o.scale_mode = MATMUL_SCALE_TENSOR;
     }
     o.name = f->names[slot].c_str();
@@ -437,16 +444,16 @@ static inline void fp8_gpu_collect(Fp8GPU* f) {
     int n = f->nslots;
     std::vector<unsigned int> amax(n);
     std::vector<unsigned long long> sat(n);
-    std::vector<float> sinv(n);
+    std::vector<float> sinv((size_t)n * FP8_SINV_STRIDE);
     cudaCheck(cudaMemcpy(amax.data(), f->amax, n * sizeof(unsigned int), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(sat.data(), f->sat, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(sinv.data(), f->scale_inv, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(sinv.data(), f->scale_inv, sinv.size() * sizeof(float), cudaMemcpyDeviceToHost));
     for (int i = 0; i < n; i++) {
         float a;
         memcpy(&a, &amax[i], sizeof a);
         f->metas[i].amax = a;
         f->metas[i].saturated = (long long)sat[i];
-        f->last_scale[i] = f->cfg.recipe == FP8_BLOCK ? 1.0f : 1.0f / sinv[i];
+        f->last_scale[i] = f->cfg.recipe == FP8_BLOCK ? 1.0f : 1.0f / sinv[(size_t)FP8_SINV_STRIDE * i];
     }
     f->collected = true;
 }

@@ -146,6 +146,19 @@ static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const Ma
     return found != 0;
 }
 
+// the FP8 scale and amax pointers of this call on the descriptor. At a plan's creation too, before the heuristic
+// is asked: it chooses among the algorithms that take the scales the call has (found on an H200: without them it
+// refuses block scaling, INVALID_VALUE "requires a custom pointer for A scale", and may pick a per-tensor algorithm
+// that the call with its scales then refuses, NOT_SUPPORTED)
+static inline void matmul_desc_set_pointers(cublasLtMatmulDesc_t desc, const MatmulOptions* opt) {
+    if (!opt) return;
+    const void* ptrs[4] = {opt->a_scale, opt->b_scale, opt->d_scale, opt->amax_d};
+    const cublasLtMatmulDescAttributes_t attrs[4] = {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                     CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER};
+    for (int i = 0; i < 4; i++)
+        if (ptrs[i]) cublasCheck(cublasLtMatmulDescSetAttribute(desc, attrs[i], &ptrs[i], sizeof(void*)));
+}
+
 // a new plan: descriptor (transposes, FP8 modes; the pointers are set per call), layouts at the
 // bucketed n and k, and the algorithm for them: the one pinned by the checkpoint resumed from, else the
 // heuristic's; recorded for the next checkpoint
@@ -176,6 +189,7 @@ static inline void matmul_plan_create(MatmulPlan* p, cublasLtHandle_t h, const M
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm[1], sizeof sm[1]));
 #endif
     }
+    matmul_desc_set_pointers(p->desc, opt);
     layout_create(&p->la, a_type, trans_a ? qk : m, trans_a ? m : qk, lda, batch, key[12]);
     layout_create(&p->lb, b_type, trans_b ? qn : qk, trans_b ? qk : qn, ldb, batch, key[13]);
     layout_create(&p->ld, d_type, m, qn, ldd, batch, key[14]);
@@ -229,13 +243,7 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     layout_resize(p->la, trans_a ? k : m, trans_a ? m : k);
     layout_resize(p->lb, trans_b ? n : k, trans_b ? k : n);
     layout_resize(p->ld, m, n);
-    if (opt) {
-        const void* ptrs[4] = {opt->a_scale, opt->b_scale, opt->d_scale, opt->amax_d};
-        const cublasLtMatmulDescAttributes_t attrs[4] = {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                         CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER};
-        for (int i = 0; i < 4; i++)
-            if (ptrs[i]) cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, attrs[i], &ptrs[i], sizeof(void*)));
-    }
+    matmul_desc_set_pointers(p->desc, opt);
     size_t wsb = cublaslt_workspace_bytes;
     cublasStatus_t st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo, ws, wsb, stream);
     if ((st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) && (qn != n || qk != k)) {

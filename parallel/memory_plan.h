@@ -130,7 +130,7 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
     long double b = buf({{N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false) + buf({{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false)
                   + buf({{qd, d, 1}, {d, d, 1}, {E * F, d, E}}, true) + buf({{E * F, d, E}}, true);
     long double slots = 14 * L;   // fp8_operand_table: 5 linears x (x, w, dy) per layer, v1's x shared with w1's
-    b += slots * (4 + 4 + 4 + 8) + 4;                 // scale, scale_inv, amax, sat; tmp_amax
+    b += slots * (4 + 16 + 4 + 8) + 4;                // scale, scale_inv (16 B apart), amax, sat; tmp_amax
     b += L * ((2 * E + 1) * 4 + Rp * 4);              // per layer: segments, padded row_token
     return b;
 }

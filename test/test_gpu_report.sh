@@ -55,3 +55,13 @@ if [ "$rc" = 0 ] && row smoke | grep -qE "\| PASS \| [0-9]+ \| loss [0-9.]+ -> [
     && grep -q "tol 1.0e-01 (bf16 dump)" "$tmp/raw/02_smoke.txt" && grep -q "^GO: 2 passed, 0 failed, 0 skipped$" "$tmp/report.md"; then
     pass "the smoke run on the emulated GPU: $(row smoke | cut -d'|' -f5 | sed 's/^ //;s/ $//'); GO, exit 0"
 else fail "the GO plan: exit $rc: $(grep -E '^\||GO' <<<"$out" | tr '\n' ' ' | cut -c1-400); $(tail -3 "$tmp/raw/02_smoke.txt" 2>/dev/null)"; fi
+
+# --- a lease's deadline (TEST_GPU_DEADLINE): a check's limit is cut to it, and the checks after it are SKIPs
+printf 'cut|60|cmd|sleep 30\nafter|60|cmd|echo unreachable\n' > "$tmp/plan3"
+t0=$(date +%s)
+out=$(TEST_GPU_DEADLINE=$((t0 + 8)) TEST_GPU_PLAN=$tmp/plan3 bash dev/test_gpu.sh 2>&1); rc=$?
+dt=$(( $(date +%s) - t0 ))
+if [ "$rc" = 1 ] && row cut | grep -qE "\| FAIL \| [0-9]+ \| time limit [5-8] s reached" && row after | grep -q "| SKIP | 0 | deadline reached |" \
+    && [ "$dt" -lt 25 ]; then
+    pass "TEST_GPU_DEADLINE: the running check cut to the deadline, the next one a SKIP (${dt} s)"
+else fail "TEST_GPU_DEADLINE: exit $rc after ${dt} s: $(grep -E '^\||GO' <<<"$out" | tr '\n' ' ' | cut -c1-400)"; fi

@@ -17,10 +17,11 @@ Python 3, standard library only.
 import re
 
 SLACK = 256          # bytes: scalars, counters and segment tables left out of a formula
-# the share of the dense BF16 peak that mma.sync kernels reach on Hopper (no wgmma / TMA): FlashAttention-2 runs at
-# about 35% of an H100's peak (Shah et al., FlashAttention-3, 2024, introduction; ~335 TFLOP/s in the FA2 paper).
-# An assumption for the project's flash kernels (the same algorithm on mma.sync) until make bench-gpu measures them
-MMA_SYNC_FRACTION = 0.35
+# the share of the dense BF16 peak that the project's mma.sync flash kernels reach on Hopper, measured by make
+# bench-gpu on an H200 (2026-11-26, dev/bench/results_gpu.md: B 8, T 4096, H 48, hd 128): forward 19.5%, backward
+# 15.8%; weighted by their FLOPs (backward 2.5 x forward) 1 / ((1 / 0.195 + 2.5 / 0.158) / 3.5) = 0.167.
+# (FlashAttention-2 reaches about 35% of an H100: Shah et al., FlashAttention-3, 2024; what issue 25 aims at)
+MMA_SYNC_FRACTION = 0.167
 FLASH_BR = FLASH_BC = 64   # model/attention_flash.cuh: query rows / keys per tile (forward, dq)
 FLASH_BQ = 32              # queries per tile of the dk/dv kernel
 GRAD_NORM_BLOCKS = 256     # model/adamw.cuh
