@@ -45,18 +45,44 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
 // its BF16 working copy (round to nearest even). The global gradient norm: a fixed grid of blocks
 // (independent of the device) each sums the squares of a fixed slice, one thread adds the partial
 // sums in double, in order, and the host reads that one number. Deterministic.
+//
+// The parameter store's step (parallel/) makes two passes over its shard, all accesses 16 bytes wide:
+//   grad_norm_partials_kernel  reads g                                                     4 B / param
+//   adamw_fused_kernel         reads g, m, v, master; writes m, v, master, BF16 copy, g = 0  16 + 18 B / param
+// = 38 B per parameter per step. The gradient's zeroing (a memset before: 4 B written) is the fused
+// pass's store of zeros over the g it has just read, and the data-parallel 1/W scale of the gradient
+// (a pass before: 8 B) is the factor `pre` both passes apply as they read g, so the values are the
+// same products as before, bit for bit: 38 B against 38 B (one rank) or 46 B (W > 1) before.
+#include <algorithm>
+#include <array>
+#include <vector>
 #include "cuda_common.h"
+
+// one element's arithmetic, the same expressions in every kernel (so their results are bit-identical)
+__device__ __forceinline__ float adamw_math(float g, float* m, float* v, float p, float lr, float beta1, float beta2, float eps,
+                                            float weight_decay, float bc1, float bc2) {
+    float mi = beta1 * *m + (1 - beta1) * g;
+    float vi = beta2 * *v + (1 - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    float mhat = mi / bc1, vhat = vi / bc2;
+    return p - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * p);
+}
+
+// 8 floats at p (32-byte aligned) as two 16-byte accesses
+__device__ __forceinline__ void load_f32x8(float* f, const float* p) {
+    float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+}
+__device__ __forceinline__ void store_f32x8(float* p, const float* f) {
+    ((float4*)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    ((float4*)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
 
 // one element's update: the moments, the master weight and its BF16 copy
 __device__ inline void adamw_element(float* param, floatX* param_bf16, const float* grad, float* m, float* v, size_t i, float lr,
                                      float beta1, float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2) {
-    float g = grad[i] * grad_scale;
-    float mi = beta1 * m[i] + (1 - beta1) * g;
-    float vi = beta2 * v[i] + (1 - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float mhat = mi / bc1, vhat = vi / bc2, p = param[i];
-    p -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * p);
+    float p = adamw_math(grad[i] * grad_scale, &m[i], &v[i], param[i], lr, beta1, beta2, eps, weight_decay, bc1, bc2);
     param[i] = p;
     param_bf16[i] = __float2bfloat16(p);
 }
@@ -67,7 +93,7 @@ __global__ void adamw_kernel(float* param, floatX* param_bf16, const float* grad
         adamw_element(param, param_bf16, grad, m, v, i, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2);
 }
 
-// t is the 1-based step count; the arguments of adamw_update, plus the BF16 copy
+// t is the 1-based step count; the arguments of adamw_update, plus the BF16 copy (one tensor: dbrx_update)
 static inline void adamw_update_gpu(float* param, floatX* param_bf16, const float* grad, float* m, float* v, size_t n,
                                     float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                                     int t, cudaStream_t stream = 0) {
@@ -78,40 +104,135 @@ static inline void adamw_update_gpu(float* param, floatX* param_bf16, const floa
            grad_scale, bc1, bc2);
 }
 
-// One launch for many tensors (the parameter store's shard: its segments, each one tensor's piece, at
-// seg_off with seg_n elements, decay 1: a matrix, weight decay; 0: a norm): block (x, y) strides over
-// segment y. The same arithmetic per element as adamw_kernel, so the result is bit-identical to one
-// launch per segment; the elements outside every segment (the shards' padding) are not touched.
-__global__ void adamw_multi_kernel(float* param, floatX* param_bf16, const float* grad, float* m, float* v, const size_t* seg_off,
-                                   const size_t* seg_n, const int* seg_decay, float lr, float beta1, float beta2, float eps,
-                                   float weight_decay, float grad_scale, float bc1, float bc2) {
-    size_t off = seg_off[blockIdx.y], n = seg_n[blockIdx.y];
-    float wd = seg_decay[blockIdx.y] ? weight_decay : 0.0f;
-    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
-        adamw_element(param, param_bf16, grad, m, v, off + j, lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2);
+// ---------------------------------------------------------------------------------------------
+// The fused update over a shard: a table of segments (off, n, mode) in shard order, mode ADAMW_DECAY (a
+// matrix: weight decay), ADAMW_NO_DECAY (a norm) or ADAMW_ZERO_ONLY (the padding between the tensors'
+// pieces: only its gradient is zeroed, as the memset did; master, m, v and the BF16 copy are not touched).
+enum { ADAMW_NO_DECAY = 0, ADAMW_DECAY = 1, ADAMW_ZERO_ONLY = 2 };
+typedef struct { std::vector<size_t> off, n; std::vector<int> mode; size_t max_n; } AdamwSegments;
+
+// the table of the tensors' pieces (off, n, decay 0/1: any order, not overlapping) of a shard of `total`
+// elements, with the gaps between them (and after the last) as ADAMW_ZERO_ONLY segments
+static inline AdamwSegments adamw_segments(std::vector<std::array<size_t, 3>> pieces, size_t total) {
+    std::sort(pieces.begin(), pieces.end());
+    AdamwSegments t = {};
+    size_t at = 0;
+    auto add = [&](size_t off, size_t n, int mode) {
+        t.off.push_back(off); t.n.push_back(n); t.mode.push_back(mode);
+        t.max_n = std::max(t.max_n, n);
+    };
+    for (const std::array<size_t, 3>& p : pieces) {
+        if (p[1] == 0) continue;
+        if (p[0] > at) add(at, p[0] - at, ADAMW_ZERO_ONLY);
+        add(p[0], p[1], p[2] ? ADAMW_DECAY : ADAMW_NO_DECAY);
+        at = p[0] + p[1];
+    }
+    if (total > at) add(at, total - at, ADAMW_ZERO_ONLY);
+    return t;
 }
 
-// the segments' table on the device (seg_off, seg_n, seg_decay: nseg each), their longest n
-static inline void adamw_multi_update_gpu(float* param, floatX* param_bf16, const float* grad, float* m, float* v, const size_t* seg_off,
-                                          const size_t* seg_n, const int* seg_decay, int nseg, size_t max_n, float lr, float beta1,
-                                          float beta2, float eps, float weight_decay, float grad_scale, int t, cudaStream_t stream = 0) {
+// Block (x, y) strides over segment y. vec (every array's base 16-byte aligned): a thread takes 8 elements at
+// a time, 16-byte loads and stores of g, m, v, master (two each) and of the BF16 copy (one), the segment's
+// first elements up to an 8-element boundary (head) and its last n % 8 (tail) one at a time; vec 0: all one
+// at a time. Each element: g = (grad pre) scale (pre: the data-parallel 1/W, scale: the clipping), AdamW as
+// adamw_element, then grad = 0.
+__global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
+                                   const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2, float eps,
+                                   float weight_decay, float pre, float grad_scale, float bc1, float bc2) {
+    size_t off = seg_off[blockIdx.y], n = seg_n[blockIdx.y];
+    int mode = seg_mode[blockIdx.y];
+    float wd = mode == ADAMW_DECAY ? weight_decay : 0.0f;
+    size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    size_t head = vec ? (8 - off % 8) % 8 : n;
+    if (head > n) head = n;
+    size_t n8 = (n - head) / 8, rest = n - head - 8 * n8;
+    for (size_t j = tid; j < head + rest; j += stride) {   // the scalar elements: the head, then the tail
+        size_t i = off + (j < head ? j : head + 8 * n8 + (j - head));
+        if (mode != ADAMW_ZERO_ONLY) {
+            float p = adamw_math((grad[i] * pre) * grad_scale, &m[i], &v[i], param[i], lr, beta1, beta2, eps, wd, bc1, bc2);
+            param[i] = p;
+            param_bf16[i] = __float2bfloat16(p);
+        }
+        grad[i] = 0.0f;
+    }
+    const float zero[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t q = tid; q < n8; q += stride) {   // 8 elements at i (a multiple of 8: every access 16-byte aligned)
+        size_t i = off + head + 8 * q;
+        if (mode != ADAMW_ZERO_ONLY) {
+            float gv[8], mv[8], vv[8], pv[8];
+            load_f32x8(gv, grad + i); load_f32x8(mv, m + i); load_f32x8(vv, v + i); load_f32x8(pv, param + i);
+            for (int j = 0; j < 8; j++)
+                pv[j] = adamw_math((gv[j] * pre) * grad_scale, &mv[j], &vv[j], pv[j], lr, beta1, beta2, eps, wd, bc1, bc2);
+            store_f32x8(m + i, mv); store_f32x8(v + i, vv); store_f32x8(param + i, pv);
+            store_bf16<8>(param_bf16 + i, pv);
+        }
+        store_f32x8(grad + i, zero);
+    }
+}
+
+// One step t (1-based) over a shard: the table (device: seg_off, seg_n, seg_mode, nseg entries, the longest
+// max_n), the data-parallel factor pre (1: none) and the clipping scale grad_scale; the gradient ends zero.
+static inline void adamw_fused_update_gpu(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
+                                          const size_t* seg_n, const int* seg_mode, int nseg, size_t max_n, float lr, float beta1,
+                                          float beta2, float eps, float weight_decay, float pre, float grad_scale, int t,
+                                          cudaStream_t stream = 0) {
     if (nseg == 0) return;
     float bc1 = (float)(1.0 - pow((double)beta1, t)), bc2 = (float)(1.0 - pow((double)beta2, t));
-    int bx = (int)std::max<size_t>(1, std::min<size_t>((max_n + 255) / 256, 512));
-    LAUNCH(adamw_multi_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m, v, seg_off, seg_n, seg_decay, lr, beta1, beta2,
-           eps, weight_decay, grad_scale, bc1, bc2);
+    int vec = aligned16({param, param_bf16, grad, m, v});
+    int bx = (int)std::max<size_t>(1, std::min<size_t>((max_n + 2047) / 2048, 512));   // 256 threads x 8 elements
+    LAUNCH(adamw_fused_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr,
+           beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The gradient norm's partial sums. Their order is fixed: block b of GRAD_NORM_BLOCKS, virtual thread t of
+// GRAD_NORM_THREADS sums (grad[i] pre)^2 over i = b GRAD_NORM_THREADS + t + k GRAD_NORM_BLOCKS GRAD_NORM_THREADS,
+// k = 0, 1, ... in float, then the block adds its virtual threads' sums as block_sum does over 512 threads
+// (warp butterflies 16, 8, 4, 2, 1, then the 16 warps' sums the same way). Each real thread is 4 consecutive
+// virtual threads, so that it loads 16 bytes: the sums are those of a scalar kernel of 512 threads a block,
+// bit for bit (dev/cuda/adamw.cu checks it against that kernel).
 #define GRAD_NORM_BLOCKS 256
+#define GRAD_NORM_THREADS 512   // virtual threads a block (4 a real thread: 128 real threads)
+#define GRAD_NORM_UNROLL 8      // 16-byte loads in flight a thread
 #define GRAD_NORM_SCRATCH (GRAD_NORM_BLOCKS + 2)   // floats: the partials, then their sum (a double)
-// partial (GRAD_NORM_BLOCKS): block b sums grad[i]^2 over i = b*blockDim + tid + k*gridDim*blockDim
-__global__ void grad_sumsq_kernel(float* partial, const float* grad, size_t n) {
+// partial (GRAD_NORM_BLOCKS); vec: grad is 16-byte aligned (else 4-byte loads, the same sums)
+__global__ void grad_norm_partials_kernel(float* partial, const float* grad, size_t n, float pre, int vec) {
     __shared__ float scratch[32];
-    float acc = 0.0f;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        acc += grad[i] * grad[i];
-    float total = block_sum(acc, scratch);
-    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+    const size_t pass = (size_t)GRAD_NORM_BLOCKS * GRAD_NORM_THREADS;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // virtual threads 4 tid + j
+    for (size_t i0 = (size_t)blockIdx.x * GRAD_NORM_THREADS + 4 * threadIdx.x; i0 < n; i0 += GRAD_NORM_UNROLL * pass) {
+        float x[GRAD_NORM_UNROLL][4];   // past n: 0, which adds exactly nothing to a sum of squares
+        for (int u = 0; u < GRAD_NORM_UNROLL; u++) {
+            size_t i = i0 + u * pass;
+            if (vec && i + 3 < n) {
+                float4 q = *(const float4*)(grad + i);
+                x[u][0] = q.x; x[u][1] = q.y; x[u][2] = q.z; x[u][3] = q.w;
+            } else {
+                for (int j = 0; j < 4; j++) x[u][j] = i + j < n ? grad[i + j] : 0.0f;
+            }
+        }
+        for (int u = 0; u < GRAD_NORM_UNROLL; u++)
+            for (int j = 0; j < 4; j++) {
+                float y = x[u][j] * pre;
+                acc[j] += y * y;
+            }
+    }
+    // virtual lane offsets 16, 8, 4: real lanes 4, 2, 1 away (the 8 real threads of a virtual warp)
+    for (int o = 4; o > 0; o >>= 1)
+        for (int j = 0; j < 4; j++) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+    float warp = (acc[0] + acc[2]) + (acc[1] + acc[3]);   // offsets 2 and 1: within the thread
+    if (threadIdx.x % 8 == 0) scratch[threadIdx.x / 8] = warp;   // virtual warp threadIdx.x / 8, its lane 0
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < GRAD_NORM_THREADS / 32 ? scratch[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) partial[blockIdx.x] = v;
+    }
+}
+
+// the partials of grad (n) times pre into partial (GRAD_NORM_BLOCKS floats of device memory)
+static inline void grad_norm_partials_gpu(float* partial, const float* grad, size_t n, float pre, cudaStream_t stream = 0) {
+    LAUNCH(grad_norm_partials_kernel, GRAD_NORM_BLOCKS, GRAD_NORM_THREADS / 4, 0, stream, partial, grad, n, pre, (int)aligned16({grad}));
 }
 
 // *out = the partials added in double, in order (one thread: 256 additions)
@@ -125,7 +246,7 @@ __global__ void grad_sumsq_finish_kernel(double* out, const float* partial) {
 // sum of squares of grad (n), as grad_sumsq; scratch: GRAD_NORM_SCRATCH floats of device memory.
 // The host's one read (8 bytes, synchronising) is what the clipping scale needs.
 static inline double grad_sumsq_gpu(const float* grad, size_t n, float* scratch, cudaStream_t stream = 0) {
-    LAUNCH(grad_sumsq_kernel, GRAD_NORM_BLOCKS, 512, 0, stream, scratch, grad, n);
+    grad_norm_partials_gpu(scratch, grad, n, 1.0f, stream);
     double* sum = (double*)(scratch + GRAD_NORM_BLOCKS);
     LAUNCH(grad_sumsq_finish_kernel, 1, 32, 0, stream, sum, scratch);
     double acc = 0;

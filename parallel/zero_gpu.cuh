@@ -63,8 +63,10 @@ typedef struct {
     float* gwork[2];                  // device, z.work_numel each: full gradients of units in backward (S > 1)
     int slot_unit[2];
     float* norm_partial;              // device (GRAD_NORM_BLOCKS): partial sums of squares
-    size_t *seg_off, *seg_n;          // device (nseg): the shard's segments, for AdamW's one launch
-    int* seg_decay;
+    size_t *seg_off, *seg_n;          // device (nseg): the shard's segments and padding, for AdamW's one launch
+    int* seg_mode;                    // (adamw_segments, model/adamw.cuh)
+    float grad_pre;                   // the factor the gradient awaits: 1 / W after the reduction (the optimizer applies it)
+    int grad_clean;                   // the gradient shard is all zeros (the fused AdamW zeroes it)
     int nseg;
     size_t seg_max;
     double* norm_sumsq;               // device (1): this rank's sum of squares, then the group's
@@ -174,22 +176,19 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     cudaCheck(cudaMemGetInfo(&free1, &total));
     zg->shard_bytes_measured = (long long)free0 - (long long)free1;
     take((void**)&zg->norm_partial, GRAD_NORM_BLOCKS * sizeof(float));
-    {   // AdamW's segment table: one launch per step for the whole shard (adamw_multi_update_gpu)
-        std::vector<size_t> off, num;
-        std::vector<int> dec;
-        zg->seg_max = 0;
-        for (const ShardSegment& g : z->segs) {
-            off.push_back(g.shard_off); num.push_back(g.numel); dec.push_back(g.decay);
-            zg->seg_max = std::max(zg->seg_max, g.numel);
-        }
-        zg->nseg = (int)off.size();
-        take((void**)&zg->seg_off, std::max<size_t>(1, off.size()) * sizeof(size_t));
-        take((void**)&zg->seg_n, std::max<size_t>(1, num.size()) * sizeof(size_t));
-        take((void**)&zg->seg_decay, std::max<size_t>(1, dec.size()) * sizeof(int));
+    {   // AdamW's segment table: one launch per step for the whole shard (adamw_fused_update_gpu)
+        std::vector<std::array<size_t, 3>> pieces;
+        for (const ShardSegment& g : z->segs) pieces.push_back({g.shard_off, g.numel, (size_t)g.decay});
+        AdamwSegments t = adamw_segments(pieces, n);
+        zg->nseg = (int)t.off.size();
+        zg->seg_max = t.max_n;
+        take((void**)&zg->seg_off, std::max<size_t>(1, t.off.size()) * sizeof(size_t));
+        take((void**)&zg->seg_n, std::max<size_t>(1, t.n.size()) * sizeof(size_t));
+        take((void**)&zg->seg_mode, std::max<size_t>(1, t.mode.size()) * sizeof(int));
         if (zg->nseg) {
-            cudaCheck(cudaMemcpy(zg->seg_off, off.data(), off.size() * sizeof(size_t), cudaMemcpyHostToDevice));
-            cudaCheck(cudaMemcpy(zg->seg_n, num.data(), num.size() * sizeof(size_t), cudaMemcpyHostToDevice));
-            cudaCheck(cudaMemcpy(zg->seg_decay, dec.data(), dec.size() * sizeof(int), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(zg->seg_off, t.off.data(), t.off.size() * sizeof(size_t), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(zg->seg_n, t.n.data(), t.n.size() * sizeof(size_t), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(zg->seg_mode, t.mode.data(), t.mode.size() * sizeof(int), cudaMemcpyHostToDevice));
         }
     }
     take((void**)&zg->norm_sumsq, sizeof(double));
@@ -222,6 +221,8 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) : 0;
     z->state_rss = 0;
     cudaCheck(cudaMemset(zg->grad, 0, bytes));
+    zg->grad_clean = 1;
+    zg->grad_pre = 1.0f;
     if (z->P == 1) {   // the shard is the whole model: the model reads and writes the store's buffers directly
         model->p = model_views(zg->master_bf16, c, t);
         model->g = model_views(zg->grad, c, t);
@@ -529,12 +530,16 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
 // ---------------------------------------------------------------------------------------------
 // the step
 
-static inline void zero_zero_grad(ZeroGpu* zg) {
-    cudaCheck(cudaMemsetAsync(zg->grad, 0, zg->z.shard_total * sizeof(float), zg->compute));
+static inline void zero_zero_grad(ZeroGpu* zg) {   // (after an update: zeroed by it already)
+    if (!zg->grad_clean) cudaCheck(cudaMemsetAsync(zg->grad, 0, zg->z.shard_total * sizeof(float), zg->compute));
+    zg->grad_clean = 0;
+    zg->grad_pre = 1.0f;
 }
 
 // After the micro-batches: all-reduce the gradient shard across the replicas (on the replica group's
-// stream, after the shard stream's reduce-scatters), scale by 1 / W; the compute stream waits for it.
+// stream, after the shard stream's reduce-scatters); the 1 / W is left to the norm and AdamW (grad_pre, as
+// they read the gradient: the same products as a scaling pass, without its 8 bytes per element); the
+// compute stream waits for it.
 static inline void zero_reduce_grads(ZeroGpu* zg) {
     Zero* z = &zg->z;
     cudaStream_t last = zg->compute;
@@ -557,7 +562,7 @@ static inline void zero_reduce_grads(ZeroGpu* zg) {
         prof_end(prof_stream(z->replica.stream, "communication (replica group)"));
         last = z->replica.stream;
     }
-    if (z->W > 1) LAUNCH(zero_scale_kernel, zero_grid(z->shard_total), 256, 0, last, zg->grad, 1.0f / z->W, z->shard_total);
+    if (z->W > 1) zg->grad_pre = 1.0f / z->W;
     cudaCheck(cudaEventRecord(zg->comm_done, last));
     cudaCheck(cudaStreamWaitEvent(zg->compute, zg->comm_done, 0));
 }
@@ -569,7 +574,7 @@ static inline double zero_grad_norm(ZeroGpu* zg) {
     if (z->P != z->S) {   // data parallel with EP: every rank has the non-expert gradient; the EP group the experts'
         int U = z->n_units;
         for (int u = 0; u < U; u++) {
-            LAUNCH(grad_sumsq_kernel, GRAD_NORM_BLOCKS, 512, 0, zg->compute, zg->norm_partial, zg->grad + z->shard_off[u], z->shard_numel[u]);
+            grad_norm_partials_gpu(zg->norm_partial, zg->grad + z->shard_off[u], z->shard_numel[u], zg->grad_pre, zg->compute);
             LAUNCH(zero_sum_partials_kernel, 1, 32, 0, zg->compute, zg->norm_units + (z->unit_ep[u] ? U : 0) + u, zg->norm_partial,
                    GRAD_NORM_BLOCKS);
         }
@@ -585,7 +590,7 @@ static inline double zero_grad_norm(ZeroGpu* zg) {
         for (double x : h) sumsq += x;
         return sqrt(sumsq);
     }
-    LAUNCH(grad_sumsq_kernel, GRAD_NORM_BLOCKS, 512, 0, zg->compute, zg->norm_partial, zg->grad, z->shard_total);
+    grad_norm_partials_gpu(zg->norm_partial, zg->grad, z->shard_total, zg->grad_pre, zg->compute);
     LAUNCH(zero_sum_partials_kernel, 1, 32, 0, zg->compute, zg->norm_sumsq, zg->norm_partial, GRAD_NORM_BLOCKS);
     if (z->S > 1) {
         cudaStream_t comm = zero_comm_stream(zg);
@@ -605,8 +610,9 @@ static inline double zero_grad_norm(ZeroGpu* zg) {
 // master (the next step's gathers send it; with S = 1 the model reads it).
 static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, int t, double norm) {
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
-    adamw_multi_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off, zg->seg_n, zg->seg_decay, zg->nseg,
-                           zg->seg_max, lr, o->beta1, o->beta2, o->eps, o->weight_decay, scale, t, zg->compute);   // one launch
+    adamw_fused_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off, zg->seg_n, zg->seg_mode, zg->nseg, zg->seg_max,
+                           lr, o->beta1, o->beta2, o->eps, o->weight_decay, zg->grad_pre, scale, t, zg->compute);   // one launch
+    zg->grad_clean = 1;   // (it zeroed the gradient)
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     zg->slot_unit[0] = zg->slot_unit[1] = -1;   // the gathered copies are stale
     zg->fp8.ready = 0;                          // and so are the FP8 codes
@@ -621,7 +627,9 @@ static inline void zero_skip_update(ZeroGpu* zg) {
 }
 
 // the gradient shard times f (DBRX_DEBUG_SPIKE: the tests' injected spike or NaN)
-static inline void zero_scale_grads(ZeroGpu* zg, float f) {
+static inline void zero_scale_grads(ZeroGpu* zg, float f) {   // (1 / W first, as it was before)
+    if (zg->grad_pre != 1.0f) LAUNCH(zero_scale_kernel, zero_grid(zg->z.shard_total), 256, 0, zg->compute, zg->grad, zg->grad_pre, zg->z.shard_total);
+    zg->grad_pre = 1.0f;
     LAUNCH(zero_scale_kernel, zero_grid(zg->z.shard_total), 256, 0, zg->compute, zg->grad, f, zg->z.shard_total);
 }
 

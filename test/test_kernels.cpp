@@ -614,4 +614,62 @@ TEST_CASE("global gradient norm and AdamW (fp32 master -> bf16 weights)") {
     cudaCheck(cudaFree(d_partial));
 }
 
+// The store's optimizer step (parallel/zero_gpu.cuh): the gradient norm's partials with the data-parallel factor
+// pre, then the fused AdamW over a shard's segment table (pieces at offsets that are not multiples of 8, a norm
+// of DBRX's width 1024 and sizes that leave every head and tail length, padding between them and at the end):
+// against the CPU reference AdamW on (grad pre), every gradient element zeroed, the padding's master, moments
+// and BF16 copy untouched; then the same through misaligned base pointers (the 4-byte path), which must give
+// the same bits as the 16-byte one.
+TEST_CASE("fused AdamW over a shard's segments, the gradient zeroed, and the norm's 16-byte partials") {
+    const float pre = 1.0f / 3, scale = 0.7f;
+    std::vector<std::array<size_t, 3>> pieces = {{3, 1000, 1}, {1003, 1024, 0}, {2027, 7, 1}, {2040, 20001, 1}, {22043, 1, 0},
+                                                 {22051, 4099, 1}};
+    const size_t total = 26300;
+    AdamwSegments t = adamw_segments(pieces, total);
+    REQUIRE(t.off.size() == 11);   // 6 pieces; gaps at 0, 2034, 22041, 22044 and after the last
+    CHECK(t.mode[0] == ADAMW_ZERO_ONLY);
+    CHECK(t.mode.back() == ADAMW_ZERO_ONLY);
+    CHECK(t.off.back() + t.n.back() == total);
+    size_t *d_off = dev_copy(t.off), *d_n = dev_copy(t.n);
+    int* d_mode = dev_copy(t.mode);
+    std::vector<float> grad = randn(total, 11, 0.01), p = randn(total, 12, 0.02), m = randn(total, 13, 1e-3), v = randn(total, 14, 1e-3);
+    for (float& x : v) x = x * x;
+    std::vector<floatX> p16_init(total + 8, __float2bfloat16(-3.0f));
+    std::vector<float> bits[2];
+    for (int shift : {0, 1}) {   // 0: 16-byte aligned bases; 1: one element off (every access 4 bytes)
+        INFO("bases shifted by " << shift << " element(s)");
+        std::vector<float> pad(shift, 0.0f);
+        auto with = [&](const std::vector<float>& x) { std::vector<float> y = pad; y.insert(y.end(), x.begin(), x.end()); return y; };
+        float *d_g = dev_copy(with(grad)), *d_p = dev_copy(with(p)), *d_m = dev_copy(with(m)), *d_v = dev_copy(with(v));
+        floatX* d_p16 = dev_copy(p16_init);
+        float* d_partial = dev_poisoned<float>(GRAD_NORM_BLOCKS);
+        grad_norm_partials_gpu(d_partial, d_g + shift, total, pre, 0);
+        std::vector<float> partial = get(d_partial, GRAD_NORM_BLOCKS);
+        double sum = 0;
+        for (float x : partial) sum += x;
+        std::vector<float> scaled = grad;
+        for (float& x : scaled) x = x * pre;
+        CHECK(sum == doctest::Approx(grad_sumsq(scaled.data(), total)).epsilon(1e-5));
+        bits[shift] = partial;
+        adamw_fused_update_gpu(d_p + shift, d_p16 + shift, d_g + shift, d_m + shift, d_v + shift, d_off, d_n, d_mode, (int)t.off.size(),
+                               t.max_n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, pre, scale, 3);
+        std::vector<float> wp = p, wm = m, wv = v;
+        for (const std::array<size_t, 3>& q : pieces)
+            adamw_update(wp.data() + q[0], scaled.data() + q[0], wm.data() + q[0], wv.data() + q[0], q[1], 1e-3f, 0.9f, 0.95f, 1e-8f,
+                         q[2] ? 0.1f : 0.0f, scale, 3);
+        std::vector<float> gp = get(d_p + shift, total), gp16 = get_bf16(d_p16 + shift, total), p16_want = bf16_round(gp);
+        for (size_t k = 0; k < t.off.size(); k++)   // the padding: its BF16 copy not written
+            if (t.mode[k] == ADAMW_ZERO_ONLY)
+                for (size_t i = t.off[k]; i < t.off[k] + t.n[k]; i++) p16_want[i] = -3.0f;
+        expect_close("master", gp, wp, TOL_F32);   // (the padding: untouched, so equal)
+        expect_close("m", get(d_m + shift, total), wm, TOL_F32);
+        expect_close("v", get(d_v + shift, total), wv, TOL_F32);
+        expect_equal("bf16 weights = round(master)", gp16, p16_want);
+        expect_equal("gradient zeroed", get(d_g + shift, total), std::vector<float>(total, 0.0f));
+        for (void* q : {(void*)d_g, (void*)d_p, (void*)d_m, (void*)d_v, (void*)d_p16, (void*)d_partial}) cudaCheck(cudaFree(q));
+    }
+    expect_equal("norm partials: 4-byte loads = 16-byte loads", bits[1], bits[0]);
+    for (void* q : {(void*)d_off, (void*)d_n, (void*)d_mode}) cudaCheck(cudaFree(q));
+}
+
 int main(int argc, char** argv) { return cuda_test_main(argc, argv, "kernels", 20240601); }

@@ -1,11 +1,21 @@
 /*
  * adamw.cu — the optimizer step over n parameters and the global gradient norm:
- *   AdamW v1  grid-stride, scalar (the model's kernel, model/adamw.cuh)
- *   AdamW v2  grid-stride over float4 (n % 4 == 0)
- *   grad norm (the model's: fixed grid, block sums, one thread adds the partials in double)
- * Bytes per parameter for AdamW: grad 4 + m, v, master 3 x (4 read + 4 write) + bf16 copy 2 = 30 B.
- *   make dev/cuda/adamw && ./dev/cuda/adamw      (n = 2^28: 1 GiB per fp32 array, far beyond L2)
+ *   AdamW v1  grid-stride, scalar, one tensor (the model's adamw_update_gpu: dbrx_update)
+ *   AdamW v2  grid-stride over float4 (the last n % 4 by v1)
+ *   AdamW v3  the store's segment table, scalar, then the gradient zeroed by a memset (the store's step before
+ *             issue 25: adamw_multi_kernel)
+ *   AdamW v4  the fused pass (model: adamw_fused_kernel): the segment table, 8 elements a thread with 16-byte
+ *             accesses, the 1/W factor and the clipping applied as g is read, the gradient zeroed in the same pass
+ *   norm  v1  scalar, 256 blocks of 512 threads (the model's before issue 25)
+ *   norm  v2  256 blocks of 128 threads, 4 virtual threads each, 16-byte loads (model: grad_norm_partials_kernel):
+ *             the same partial sums as v1, bit for bit (checked here)
+ * Bytes per parameter: AdamW v1-v3 g 4 + m, v, master 3 x (4 read + 4 write) + bf16 copy 2 = 30 B; v4 the same +
+ * the gradient's zero 4 = 34 B; the norm 4 B. The optimizer step (norm + AdamW + zeroing) is 38 B either way:
+ * before v1 + v3 + memset, now v2 + v4.
+ *   make dev/cuda/adamw && ./dev/cuda/adamw [-v N] [-n N]   (-v: only AdamW version N, 0 all; n = 2^28 by
+ *   default: 1 GiB per fp32 array, far beyond L2)
  */
+#include <cstring>
 #include "common.h"
 #include "../../model/adamw.cuh"
 
@@ -13,47 +23,123 @@ __global__ void adamw_v2(float4* param, floatX* param_bf16, const float4* grad, 
                          float beta1, float beta2, float eps, float wd, float grad_scale, float bc1, float bc2) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         float4 g = grad[i], mi = m[i], vi = v[i], p = param[i];
-        float* gp = &g.x; float* mp = &mi.x; float* vp = &vi.x; float* pp = &p.x;
+        float gv[4] = {g.x, g.y, g.z, g.w}, mv[4] = {mi.x, mi.y, mi.z, mi.w}, vv[4] = {vi.x, vi.y, vi.z, vi.w}, pv[4] = {p.x, p.y, p.z, p.w};
         for (int j = 0; j < 4; j++) {
-            float gj = gp[j] * grad_scale;
-            mp[j] = beta1 * mp[j] + (1 - beta1) * gj;
-            vp[j] = beta2 * vp[j] + (1 - beta2) * gj * gj;
-            pp[j] -= lr * ((mp[j] / bc1) / (sqrtf(vp[j] / bc2) + eps) + wd * pp[j]);
-            param_bf16[4 * i + j] = __float2bfloat16(pp[j]);
+            pv[j] = adamw_math(gv[j] * grad_scale, &mv[j], &vv[j], pv[j], lr, beta1, beta2, eps, wd, bc1, bc2);
+            param_bf16[4 * i + j] = __float2bfloat16(pv[j]);
         }
-        m[i] = mi; v[i] = vi; param[i] = p;
+        m[i] = make_float4(mv[0], mv[1], mv[2], mv[3]);
+        v[i] = make_float4(vv[0], vv[1], vv[2], vv[3]);
+        param[i] = make_float4(pv[0], pv[1], pv[2], pv[3]);
     }
 }
 
-int main() {
-    size_t n = EMULATED ? 100000 : ((size_t)1 << 28);
+// the store's kernel before the fused one: block (x, y) strides over segment y, one element a thread
+__global__ void adamw_v3(float* param, floatX* param_bf16, const float* grad, float* m, float* v, const size_t* seg_off, const size_t* seg_n,
+                         const int* seg_mode, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, float bc1,
+                         float bc2) {
+    size_t off = seg_off[blockIdx.y], n = seg_n[blockIdx.y];
+    if (seg_mode[blockIdx.y] == ADAMW_ZERO_ONLY) return;
+    float wd = seg_mode[blockIdx.y] == ADAMW_DECAY ? weight_decay : 0.0f;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+        adamw_element(param, param_bf16, grad, m, v, off + j, lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2);
+}
+
+// the gradient norm's partials before: thread t of block b sums grad[i]^2 over i = b 512 + t + k 256 512
+__global__ void grad_norm_v1(float* partial, const float* grad, size_t n) {
+    __shared__ float scratch[32];
+    float acc = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc += grad[i] * grad[i];
+    float total = block_sum(acc, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+int main(int argc, char** argv) {
+    size_t n = EMULATED ? 100003 : ((size_t)1 << 28);
+    int only = 0;
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
+        long long x = atoll(argv[i + 1]);
+        if (!strcmp(argv[i], "-v") && x >= 0 && x <= 4) only = (int)x;
+        else if (!strcmp(argv[i], "-n") && x > 0) n = (size_t)x;
+        else { fprintf(stderr, "usage: %s [-v N (0-4)] [-n N (> 0)]\n", argv[0]); return 2; }
+    }
     char shape[64];
     snprintf(shape, sizeof shape, "n %zu", n);
     print_header("adamw", shape);
-    std::vector<float> g = make_random(n, 1, 0.01), p = make_random(n, 2, 0.02), m = make_random(n, 3, 1e-3), v = make_random(n, 4, 1e-3);
-    for (float& x : v) x = x * x;
-    float *dg = to_device(g), *dp = to_device(p), *dm = to_device(m), *dv = to_device(v), *partial = deviceAlloc(float, GRAD_NORM_SCRATCH);
-    floatX* dp16 = deviceAlloc(floatX, n);
-    double want = grad_sumsq(g.data(), n), got = grad_sumsq_gpu(dg, n, partial);
-    validate("grad norm^2 (model)", {(float)got}, {(float)want}, 1e-5, 0);
-    report_bandwidth("grad norm (model)", 4.0 * n, time_ms(10, [&] { grad_sumsq_gpu(dg, n, partial); }));
-    adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
-    float bc1 = (float)(1.0 - pow(0.9, 3)), bc2 = (float)(1.0 - pow(0.95, 3));
-    std::vector<float> p0 = make_random(n, 2, 0.02), m0 = make_random(n, 3, 1e-3), v0 = make_random(n, 4, 1e-3);
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.5f;
+    const int t = 3;
+    std::vector<float> g = make_random(n, 1, 0.01), p0 = make_random(n, 2, 0.02), m0 = make_random(n, 3, 1e-3), v0 = make_random(n, 4, 1e-3);
     for (float& x : v0) x = x * x;
-    std::function<void()> versions[2] = {
-        [&] { adamw_update_gpu(dp, dp16, dg, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3); },
-        [&] { LAUNCH(adamw_v2, (int)std::min<size_t>((n / 4 + 255) / 256, 4096), 256, 0, 0, (float4*)dp, dp16, (const float4*)dg,
-                     (float4*)dm, (float4*)dv, n / 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, bc1, bc2); },
+    float *dg = to_device(g), *dp = to_device(p0), *dm = to_device(m0), *dv = to_device(v0);
+    float *partial = deviceAlloc(float, GRAD_NORM_SCRATCH), *partial1 = deviceAlloc(float, GRAD_NORM_BLOCKS);
+    floatX* dp16 = deviceAlloc(floatX, n);
+
+    // the norm: v2's partials = v1's, bit for bit; their sum against the CPU
+    LAUNCH(grad_norm_v1, GRAD_NORM_BLOCKS, 512, 0, 0, partial1, dg, n);
+    double want = grad_sumsq(g.data(), n), got = grad_sumsq_gpu(dg, n, partial);
+    validate("norm v2 partials = v1's (bits)", from_device_f32(partial, GRAD_NORM_BLOCKS), from_device_f32(partial1, GRAD_NORM_BLOCKS), 0, 0);
+    validate("grad norm^2 (model)", {(float)got}, {(float)want}, 1e-5, 0);
+    report_bandwidth("norm v1 (scalar)", 4.0 * n, time_ms(10, [&] { LAUNCH(grad_norm_v1, GRAD_NORM_BLOCKS, 512, 0, 0, partial1, dg, n); }));
+    report_bandwidth("norm v2 (model, 16 B)", 4.0 * n, time_ms(10, [&] { grad_norm_partials_gpu(partial, dg, n, 1.0f, 0); }));
+
+    // AdamW: one matrix segment over all n, against the CPU reference
+    std::vector<float> p = p0, m = m0, v = v0;
+    adamw_update(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, scale, t);
+    float bc1 = (float)(1.0 - pow(b1, t)), bc2 = (float)(1.0 - pow(b2, t));
+    AdamwSegments tab = adamw_segments({{0, n, 1}}, n);
+    size_t *doff = to_device(tab.off), *dn = to_device(tab.n);
+    int* dmode = to_device(tab.mode);
+    int nseg = (int)tab.off.size();
+    std::function<void()> versions[4] = {
+        [&] { adamw_update_gpu(dp, dp16, dg, dm, dv, n, lr, b1, b2, eps, wd, scale, t); },
+        [&] {
+            size_t n4 = n / 4;
+            if (n4) LAUNCH(adamw_v2, (int)std::min<size_t>((n4 + 255) / 256, 4096), 256, 0, 0, (float4*)dp, dp16, (const float4*)dg,
+                           (float4*)dm, (float4*)dv, n4, lr, b1, b2, eps, wd, scale, bc1, bc2);
+            adamw_update_gpu(dp + 4 * n4, dp16 + 4 * n4, dg + 4 * n4, dm + 4 * n4, dv + 4 * n4, n - 4 * n4, lr, b1, b2, eps, wd, scale, t);
+        },
+        [&] {
+            int bx = (int)std::max<size_t>(1, std::min<size_t>((tab.max_n + 255) / 256, 512));
+            LAUNCH(adamw_v3, dim3(bx, nseg), 256, 0, 0, dp, dp16, dg, dm, dv, doff, dn, dmode, lr, b1, b2, eps, wd, scale, bc1, bc2);
+        },
+        [&] { adamw_fused_update_gpu(dp, dp16, dg, dm, dv, doff, dn, dmode, nseg, tab.max_n, lr, b1, b2, eps, wd, 1.0f, scale, t); },
     };
-    const char* names[2] = {"adamw v1 (model)", "adamw v2 (float4)"};
-    for (int ver = 0; ver < 2; ver++) {
+    const char* names[4] = {"adamw v1 (model: one tensor)", "adamw v2 (float4)", "adamw v3 (segments, scalar)", "adamw v4 (model: fused)"};
+    const double bytes[4] = {30, 30, 30, 34};
+    std::vector<float> master3;
+    for (int ver = 0; ver < 4; ver++) {
+        if (only && only != ver + 1) continue;
+        cudaCheck(cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(dp, p0.data(), n * 4, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(dm, m0.data(), n * 4, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(dv, v0.data(), n * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(dp16, 0xFF, n * sizeof(floatX)));
         versions[ver]();
-        validate(names[ver], from_device_f32(dp, n), p, 1e-5, 1e-7);
-        report_bandwidth(names[ver], 30.0 * n, time_ms(10, versions[ver]));
+        std::vector<float> master = from_device_f32(dp, n);
+        validate(names[ver], master, p, 1e-5, 1e-7);
+        validate("  m", from_device_f32(dm, n), m, 1e-5, 1e-7);
+        validate("  v", from_device_f32(dv, n), v, 1e-5, 1e-7);
+        validate("  bf16 copy = round(master)", from_device_bf16v(dp16, n), round_bf16(master), 0, 0);
+        if (ver == 2) master3 = master;
+        if (ver == 3) {
+            validate("  gradient zeroed", from_device_f32(dg, n), std::vector<float>(n, 0.0f), 0, 0);
+            if (!master3.empty()) validate("  master = v3's (bits)", master, master3, 0, 0);
+        }
+        report_bandwidth(names[ver], bytes[ver] * n, time_ms(10, versions[ver]));
+    }
+    // the whole optimizer step over the shard's gradient (38 B per parameter both ways)
+    if (!only) {
+        report_bandwidth("step before (norm v1, v3, memset)", 38.0 * n, time_ms(10, [&] {
+            LAUNCH(grad_norm_v1, GRAD_NORM_BLOCKS, 512, 0, 0, partial1, dg, n);
+            versions[2]();
+            cudaCheck(cudaMemsetAsync(dg, 0, n * sizeof(float), 0));
+        }));
+        report_bandwidth("step now (norm v2, v4)", 38.0 * n, time_ms(10, [&] {
+            grad_norm_partials_gpu(partial, dg, n, 1.0f, 0);
+            versions[3]();
+        }));
     }
     return finish();
 }

@@ -118,7 +118,7 @@ def _fp8_quantize(item, a, ctx):
 KERNELS = {
     # optimizer and gradient norm
     "adamw_kernel": lambda a, g, x: (16 * a[5], (14 if a[1] else 12) * a[5]),   # p, grad, m, v read; p, m, v (+ bf16) written
-    "grad_sumsq_kernel": lambda a, g, x: (4 * a[2], 4 * g[0]),                  # (partial, grad, n): one partial per block
+    "grad_norm_partials_kernel": lambda a, g, x: (4 * a[2], 4 * g[0]),          # (partial, grad, n, pre, vec): one partial per block
     "grad_sumsq_finish_kernel": lambda a, g, x: (4 * GRAD_NORM_BLOCKS, 8),     # (out, partial): the partials to a double
     "zero_sum_partials_kernel": lambda a, g, x: (4 * a[2], 8),                  # (out, partial, n)
     "zero_accumulate_kernel": lambda a, g, x: (8 * a[2], 4 * a[2]),            # (acc, x, n): acc += x, FP32
@@ -179,7 +179,7 @@ def data_dependent(item, ctx):
 def kernel_context(items):
     """what some formulas need from elsewhere in the step: the optimizer shard's size (the step's gradient-norm
     pass over the whole shard, padding included) and the token count (rows of the classifier)"""
-    ctx = {"shard_n": max([it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "grad_sumsq_kernel"
+    ctx = {"shard_n": max([it["args"][2] for it in items if it["t"] == "kernel" and it["name"] == "grad_norm_partials_kernel"
                            and len(it.get("args") or []) > 2 and isinstance(it["args"][2], int)] or [0])}
     n = [it["grid"][0] for it in items if it["t"] == "kernel" and it["name"].startswith("classifier_fused_kernel")]
     if n:
@@ -205,9 +205,11 @@ def kernel_rw(item, ctx=None):
             kind = "fwd" if "forward" in base else "dq" if "_dq_" in base else "dkv"
             (rd, wr), mma = _flash(item, a, kind)
             return rd, wr, mma
-        if base == "adamw_multi_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass
-            n = ctx.get("shard_n")          # (grad_sumsq_kernel over the whole shard) gives their sum, padding included
-            return (16 * n + 20 * g[1], (14 if a[1] else 12) * n, 0) if n else None
+        if base == "adamw_fused_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass (over the
+            n = ctx.get("shard_n")          # whole shard) gives their sum, padding included. Per element g, m, v, master
+            # read (16 B); m, v, master (12), the BF16 copy (2) and g = 0 (4) written; 20 B of table per segment (the
+            # padding's elements: only the zero written, 4 B, counted as 16 + 18 here: a few elements per unit)
+            return (16 * n + 20 * g[1], 18 * n, 0) if n else None
         if base == "embedding_backward_kernel":   # (dwte, dout, unique, offsets, positions, C), grid.x = U distinct
             U, C, N = g[0], a[5], ctx.get("tokens", g[0])   # tokens: dwte rows += the sum of their positions' dout rows
             return 4 * U * C + 4 * N * C + 4 * U + 4 * (U + 1) + 4 * N, 4 * U * C, 0
