@@ -148,64 +148,74 @@ template <int W> __device__ __forceinline__ void store_f32(float* p, const float
 static const int LN_ROWS_PER_CHUNK = 32;   // rows per block of the backward = rows per weight-gradient partial
 static const int LN_CHUNKS_PER_GROUP = 8;  // partials per block of the column sum's first stage
 
-// The backward in one pass over a chunk of LN_ROWS_PER_CHUNK rows per block (256 threads):
+// The backward in one pass over a chunk of LN_ROWS_PER_CHUNK rows per block (blockDim.x a multiple of 32):
 //   dinp (N, C) += rstd * (dn - mean(dn) - n * mean(dn * n)),  n = (x - mean) * rstd, dn = dout * w;
 //   dinp_bf16 (optional): a BF16 copy of the updated dinp, for the GEMMs that read it next;
 //   partial (chunks, C): row j = sum over the chunk's rows, in row order, of dout * (x - mean) * rstd.
-// Phase 1, warp per row: the row sums mean(dn), mean(dn n), each lane summing the channels lane, lane + 32, ...
-// (the order of the warp-per-row kernel this replaces, so the bits are the same). Phase 2, W channels per thread
-// (8: 16-byte accesses when the rows allow it): the chunk's rows in order, updating dinp and summing the weight
-// gradient of its channels in registers. dout and inp are read from HBM once (phase 2 re-reads the chunk, 32 rows,
-// from L2), where the input-gradient and weight-gradient kernels before read them twice.
+// The chunk goes by in slices of one row per warp, each read from HBM once and then re-read while it is in L1/L2:
+//   the row sums, warp per row: mean(dn), mean(dn n), each lane summing the channels lane, lane + 32, ... (the
+//   order of the warp-per-row kernel this replaces, so the bits are the same);
+//   the input gradient, each warp over column segments of 32 W channels, W per lane (8: 16-byte accesses);
+//   the partial, each lane over the channels lane, lane + 32, ... of the same segment (coalesced), the slice's rows
+//   added to the running sum in partial's row: the weight-gradient kernel's expression and loop, so that the
+//   compiler forms the same FMAs (g++ leaves a loop-carried sum unfused when it is its loop's one multiply-add: the
+//   emulator's bits depend on it), and the sum is the same sequence of roundings as that kernel's.
+// dout and inp read once, where the input-gradient and weight-gradient kernels before read them twice.
 template <int W>
 __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_bf16, float* partial, const float* dout, const floatX* inp,
                                           const floatX* weight, const float* mean, const float* rstd, int N, int C) {
-    __shared__ float dn_means[LN_ROWS_PER_CHUNK], dn_n_means[LN_ROWS_PER_CHUNK];
+    __shared__ float dn_means[32], dn_n_means[32];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
     int r0 = blockIdx.x * LN_ROWS_PER_CHUNK, rows = min(LN_ROWS_PER_CHUNK, N - r0);
-    for (int i = warp; i < rows; i += nwarps) {
-        int row = r0 + i;
-        const floatX* x = inp + (size_t)row * C;
-        const float* dy = dout + (size_t)row * C;
-        float m = mean[row], s = rstd[row];
-        float dn_sum = 0.0f, dn_n_sum = 0.0f;
-        for (int c = lane; c < C; c += 32) {
-            float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
-            dn_sum += dn;
-            dn_n_sum += dn * n;
-        }
-        float dn_mean = warp_sum(dn_sum) / C, dn_n_mean = warp_sum(dn_n_sum) / C;
-        if (lane == 0) { dn_means[i] = dn_mean; dn_n_means[i] = dn_n_mean; }
-    }
-    __syncthreads();
-    for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
-        float wv[W], acc[W];
-        load_bf16<W>(wv, weight + c);
-        for (int i = 0; i < rows; i++) {
-            size_t at = (size_t)(r0 + i) * C + c;
-            float m = mean[r0 + i], s = rstd[r0 + i], dn_mean = dn_means[i], dn_n_mean = dn_n_means[i];
-            float xv[W], dy[W], dx[W];
-            load_bf16<W>(xv, inp + at);
-            load_f32<W>(dy, dout + at);
-            load_f32<W>(dx, dinp + at);
-            for (int j = 0; j < W; j++) {
-                float n = (xv[j] - m) * s, dn = dy[j] * wv[j];
-                dx[j] = dx[j] + s * (dn - dn_mean - n * dn_n_mean);
+    float* part = partial + (size_t)blockIdx.x * C;
+    for (int rb = 0; rb < rows; rb += nwarps) {
+        int nb = min(nwarps, rows - rb);
+        if (warp < nb) {
+            int row = r0 + rb + warp;
+            const floatX* x = inp + (size_t)row * C;
+            const float* dy = dout + (size_t)row * C;
+            float m = mean[row], s = rstd[row];
+            float dn_sum = 0.0f, dn_n_sum = 0.0f;
+            for (int c = lane; c < C; c += 32) {
+                float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
+                dn_sum += dn;
+                dn_n_sum += dn * n;
             }
-            store_f32<W>(dinp + at, dx);
-            if (dinp_bf16) store_bf16<W>(dinp_bf16 + at, dx);
+            float dn_mean = warp_sum(dn_sum) / C, dn_n_mean = warp_sum(dn_n_sum) / C;
+            if (lane == 0) { dn_means[warp] = dn_mean; dn_n_means[warp] = dn_n_mean; }
         }
-        // the partial: each channel's running sum in a loop of its own (the chunk's rows again, now in L1), the
-        // expression and loop of the weight-gradient kernel this replaces, so that the compiler forms the same
-        // FMAs (g++ leaves a loop-carried sum unfused only when it is its loop's one multiply-add: the emulator's
-        // bits depend on it)
-        for (int j = 0; j < W; j++) {
-            float a = 0.0f;
-            for (int t = r0; t < r0 + rows; t++)
-                a += dout[(size_t)t * C + c + j] * (__bfloat162float(inp[(size_t)t * C + c + j]) - mean[t]) * rstd[t];
-            acc[j] = a;
+        __syncthreads();
+        for (int seg = warp * 32 * W; seg < C; seg += blockDim.x * W) {
+            int c = seg + lane * W;
+            if (c < C) {
+                float wv[W];
+                load_bf16<W>(wv, weight + c);
+                for (int i = 0; i < nb; i++) {
+                    int row = r0 + rb + i;
+                    size_t at = (size_t)row * C + c;
+                    float m = mean[row], s = rstd[row], dn_mean = dn_means[i], dn_n_mean = dn_n_means[i];
+                    float xv[W], dy[W], dx[W];
+                    load_bf16<W>(xv, inp + at);
+                    load_f32<W>(dy, dout + at);
+                    load_f32<W>(dx, dinp + at);
+                    for (int j = 0; j < W; j++) {
+                        float n = (xv[j] - m) * s, dn = dy[j] * wv[j];
+                        dx[j] = dx[j] + s * (dn - dn_mean - n * dn_n_mean);
+                    }
+                    store_f32<W>(dinp + at, dx);
+                    if (dinp_bf16) store_bf16<W>(dinp_bf16 + at, dx);
+                }
+            }
+            for (int j = 0; j < W; j++) {
+                int cj = seg + lane + 32 * j;
+                if (cj >= C) break;
+                float acc = rb == 0 ? 0.0f : part[cj];
+                for (int t = r0 + rb; t < r0 + rb + nb; t++)
+                    acc += dout[(size_t)t * C + cj] * (__bfloat162float(inp[(size_t)t * C + cj]) - mean[t]) * rstd[t];
+                part[cj] = acc;
+            }
         }
-        store_f32<W>(partial + (size_t)blockIdx.x * C + c, acc);
+        __syncthreads();   // dn_means is rewritten by the next slice
     }
 }
 
