@@ -71,9 +71,9 @@ static inline void layernorm_backward(real* dinp, real* dweight, const real* dou
 
 #if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
-// CUDA: BF16 in and out, FP32 statistics. Forward and the input gradient: one warp per row.
-// The weight gradient reduces over tokens without atomics: each block sums a fixed chunk of rows
-// per channel into a scratch row, then one pass adds the chunks up in order. Deterministic.
+// CUDA: BF16 in and out, FP32 statistics. Forward: one warp per row. Backward: one block per 32-row chunk
+// computes the input gradient and the chunk's weight-gradient partial in one pass; the partials are added in
+// groups, then the groups in order, without atomics. Deterministic.
 #include "cuda_common.h"
 
 // out (N, C), mean (N), rstd (N) from inp (N, C), weight (C). With `add` (N, C) the residual add is
@@ -133,69 +133,130 @@ static inline void layernorm_forward_gpu(floatX* out, float* mean, float* rstd, 
     residual_layernorm_forward_gpu(out, nullptr, mean, rstd, inp, nullptr, weight, N, C, eps, stream);
 }
 
-// dinp (N, C) += rstd * (dn - mean(dn) - n * mean(dn * n)),  n = (x - mean) * rstd, dn = dout * w.
-// dinp_bf16 (optional): a BF16 copy of the updated dinp, for the GEMMs that read it next.
-__global__ void layernorm_backward_dinp_kernel(float* dinp, floatX* dinp_bf16, const float* dout, const floatX* inp,
-                                               const floatX* weight, const float* mean, const float* rstd, int N, int C) {
-    int lane = threadIdx.x % 32;
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= N) return;
-    const floatX* x = inp + (size_t)row * C;
-    const float* dy = dout + (size_t)row * C;
-    float m = mean[row], s = rstd[row];
-    float dn_sum = 0.0f, dn_n_sum = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
-        dn_sum += dn;
-        dn_n_sum += dn * n;
-    }
-    float dn_mean = warp_sum(dn_sum) / C, dn_n_mean = warp_sum(dn_n_sum) / C;
-    float* dx = dinp + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) {
-        float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
-        float v = dx[c] + s * (dn - dn_mean - n * dn_n_mean);
-        dx[c] = v;
-        if (dinp_bf16) dinp_bf16[(size_t)row * C + c] = __float2bfloat16(v);
+// fp32 rows W at a time (4 or 8: 16-byte accesses; 1: scalar)
+template <int W> struct alignas(W % 4 == 0 ? 16 : 4) F32Vec { float v[W]; };
+template <int W> __device__ __forceinline__ void load_f32(float* f, const float* p) {
+    F32Vec<W> x = *(const F32Vec<W>*)p;
+    for (int j = 0; j < W; j++) f[j] = x.v[j];
+}
+template <int W> __device__ __forceinline__ void store_f32(float* p, const float* f) {
+    F32Vec<W> x;
+    for (int j = 0; j < W; j++) x.v[j] = f[j];
+    *(F32Vec<W>*)p = x;
+}
+
+static const int LN_ROWS_PER_CHUNK = 32;   // rows per block of the backward = rows per weight-gradient partial
+static const int LN_CHUNKS_PER_GROUP = 8;  // partials per block of the column sum's first stage
+
+// The backward in one pass over a chunk of LN_ROWS_PER_CHUNK rows per block (blockDim.x a multiple of 32):
+//   dinp (N, C) += rstd * (dn - mean(dn) - n * mean(dn * n)),  n = (x - mean) * rstd, dn = dout * w;
+//   dinp_bf16 (optional): a BF16 copy of the updated dinp, for the GEMMs that read it next;
+//   partial (chunks, C): row j = sum over the chunk's rows, in row order, of dout * (x - mean) * rstd.
+// The chunk goes by in slices of one row per warp, each read from HBM once and then re-read while it is in L1/L2:
+//   the row sums, warp per row: mean(dn), mean(dn n), each lane summing the channels lane, lane + 32, ... (the
+//   order of the warp-per-row kernel this replaces, so the bits are the same);
+//   the input gradient, each warp over column segments of 32 W channels, W per lane (8: 16-byte accesses);
+//   the partial, each lane over the channels lane, lane + 32, ... of the same segment (coalesced), the slice's rows
+//   added to the running sum in partial's row: the weight-gradient kernel's expression and loop, so that the
+//   compiler forms the same FMAs (g++ leaves a loop-carried sum unfused when it is its loop's one multiply-add: the
+//   emulator's bits depend on it), and the sum is the same sequence of roundings as that kernel's.
+// dout and inp read once, where the input-gradient and weight-gradient kernels before read them twice.
+template <int W>
+__global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_bf16, float* partial, const float* dout, const floatX* inp,
+                                          const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    __shared__ float dn_means[32], dn_n_means[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    int r0 = blockIdx.x * LN_ROWS_PER_CHUNK, rows = min(LN_ROWS_PER_CHUNK, N - r0);
+    float* part = partial + (size_t)blockIdx.x * C;
+    for (int rb = 0; rb < rows; rb += nwarps) {
+        int nb = min(nwarps, rows - rb);
+        if (warp < nb) {
+            int row = r0 + rb + warp;
+            const floatX* x = inp + (size_t)row * C;
+            const float* dy = dout + (size_t)row * C;
+            float m = mean[row], s = rstd[row];
+            float dn_sum = 0.0f, dn_n_sum = 0.0f;
+            for (int c = lane; c < C; c += 32) {
+                float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
+                dn_sum += dn;
+                dn_n_sum += dn * n;
+            }
+            float dn_mean = warp_sum(dn_sum) / C, dn_n_mean = warp_sum(dn_n_sum) / C;
+            if (lane == 0) { dn_means[warp] = dn_mean; dn_n_means[warp] = dn_n_mean; }
+        }
+        __syncthreads();
+        for (int seg = warp * 32 * W; seg < C; seg += blockDim.x * W) {
+            int c = seg + lane * W;
+            if (c < C) {
+                float wv[W];
+                load_bf16<W>(wv, weight + c);
+                for (int i = 0; i < nb; i++) {
+                    int row = r0 + rb + i;
+                    size_t at = (size_t)row * C + c;
+                    float m = mean[row], s = rstd[row], dn_mean = dn_means[i], dn_n_mean = dn_n_means[i];
+                    float xv[W], dy[W], dx[W];
+                    load_bf16<W>(xv, inp + at);
+                    load_f32<W>(dy, dout + at);
+                    load_f32<W>(dx, dinp + at);
+                    for (int j = 0; j < W; j++) {
+                        float n = (xv[j] - m) * s, dn = dy[j] * wv[j];
+                        dx[j] = dx[j] + s * (dn - dn_mean - n * dn_n_mean);
+                    }
+                    store_f32<W>(dinp + at, dx);
+                    if (dinp_bf16) store_bf16<W>(dinp_bf16 + at, dx);
+                }
+            }
+            for (int j = 0; j < W; j++) {
+                int cj = seg + lane + 32 * j;
+                if (cj >= C) break;
+                float acc = rb == 0 ? 0.0f : part[cj];
+                for (int t = r0 + rb; t < r0 + rb + nb; t++)
+                    acc += dout[(size_t)t * C + cj] * (__bfloat162float(inp[(size_t)t * C + cj]) - mean[t]) * rstd[t];
+                part[cj] = acc;
+            }
+        }
+        __syncthreads();   // dn_means is rewritten by the next slice
     }
 }
 
-// partial (chunks, C): chunk j holds sum over rows [j*rows_per_chunk, ...) of dout * n, per channel. The
-// chunks on gridDim.x (N / 32 of them: past gridDim.y's 65,535 at 2.1 M tokens), the channel blocks on y
-__global__ void layernorm_backward_dweight_partial_kernel(float* partial, const float* dout, const floatX* inp,
-                                                          const float* mean, const float* rstd, int N, int C,
-                                                          int rows_per_chunk) {
+// First stage of the column sum: partial row g * group = the sum, in row order, of rows [g * group, (g + 1) * group)
+// (in place: each thread reads and then overwrites only its own column of its own group). One block per
+// (group, 128 channels): the groups on x (they grow with the tokens), so the GPU is filled where one block per
+// 128 channels was 8 blocks at d = 1024.
+__global__ void column_sum_groups_kernel(float* partial, int rows, int C, int group) {
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    int r0 = blockIdx.x * rows_per_chunk, r1 = min(r0 + rows_per_chunk, N);
+    int r0 = blockIdx.x * group, r1 = min(r0 + group, rows);
     float acc = 0.0f;
-    for (int t = r0; t < r1; t++)
-        acc += dout[(size_t)t * C + c] * (__bfloat162float(inp[(size_t)t * C + c]) - mean[t]) * rstd[t];
-    partial[(size_t)blockIdx.x * C + c] = acc;
+    for (int r = r0; r < r1; r++) acc += partial[(size_t)r * C + c];
+    partial[(size_t)r0 * C + c] = acc;
 }
 
-// out (C) += sum over the rows of partial (rows, C), in row order
-__global__ void column_sum_kernel(float* out, const float* partial, int rows, int C) {
+// out (C) += sum over rows 0, stride, 2 stride, ... (< rows) of partial (rows, C), in row order
+__global__ void column_sum_kernel(float* out, const float* partial, int rows, int C, int stride) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float acc = 0.0f;
-    for (int r = 0; r < rows; r++) acc += partial[(size_t)r * C + c];
+    for (int r = 0; r < rows; r += stride) acc += partial[(size_t)r * C + c];
     out[c] += acc;
 }
 
-static const int LN_ROWS_PER_CHUNK = 32;
 // floats of scratch layernorm_backward_gpu needs
 static inline size_t layernorm_backward_scratch(int N, int C) { return (size_t)ceil_div(N, LN_ROWS_PER_CHUNK) * C; }
 
-// dinp (fp32) += ..., dinp_bf16 (optional) = bf16(dinp), dweight (fp32) += ... from dout (fp32)
+// dinp (fp32) += ..., dinp_bf16 (optional) = bf16(dinp), dweight (fp32) += ... from dout (fp32). The weight gradient:
+// 32-row chunk partials (the fused kernel), summed in groups of LN_CHUNKS_PER_GROUP chunks, then the groups in order:
+// deterministic; with one group (N <= 256 rows) the very sum of the chunks in order that a single pass gives.
 static inline void layernorm_backward_gpu(float* dinp, floatX* dinp_bf16, float* dweight, float* scratch, const float* dout,
                                           const floatX* inp, const floatX* weight, const float* mean, const float* rstd,
                                           int N, int C, cudaStream_t stream = 0) {
-    const int block = 256, rows_per_block = block / 32;
-    LAUNCH(layernorm_backward_dinp_kernel, ceil_div(N, rows_per_block), block, 0, stream, dinp, dinp_bf16, dout, inp,
-           weight, mean, rstd, N, C);
-    int chunks = ceil_div(N, LN_ROWS_PER_CHUNK);
-    LAUNCH(layernorm_backward_dweight_partial_kernel, dim3(chunks, ceil_div(C, 128)), 128, 0, stream, scratch, dout, inp,
-           mean, rstd, N, C, LN_ROWS_PER_CHUNK);
-    LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, stream, dweight, scratch, chunks, C);
+    if (N == 0) return;
+    int chunks = ceil_div(N, LN_ROWS_PER_CHUNK), groups = ceil_div(chunks, LN_CHUNKS_PER_GROUP);
+    if (bf16_rows_vec8(C, {dinp, dinp_bf16, scratch, dout, inp, weight}))
+        LAUNCH(layernorm_backward_kernel<8>, chunks, 256, 0, stream, dinp, dinp_bf16, scratch, dout, inp, weight, mean, rstd, N, C);
+    else
+        LAUNCH(layernorm_backward_kernel<1>, chunks, 256, 0, stream, dinp, dinp_bf16, scratch, dout, inp, weight, mean, rstd, N, C);
+    LAUNCH(column_sum_groups_kernel, dim3(groups, ceil_div(C, 128)), 128, 0, stream, scratch, chunks, C, LN_CHUNKS_PER_GROUP);
+    LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, stream, dweight, scratch, chunks, C, LN_CHUNKS_PER_GROUP);
 }
 #endif  // DBRX_HAVE_CUDA

@@ -168,23 +168,35 @@ __global__ void moe_offsets_kernel(int* offsets, const int* counts, int E) {
     for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + counts[e];
 }
 
-// row_token (N*k), slot_row (N*k): block e places expert e's assignments, in (token, slot) order,
-// at rows offsets[e], offsets[e] + 1, ... (blockDim.x a multiple of 32)
-__global__ void moe_permute_kernel(int* row_token, int* slot_row, const int* topk_idx, const int* offsets, int N, int k) {
+// row_token (N*k), slot_row (N*k): block (s, e) places expert e's assignments among those of slice s,
+// [s * slice, (s + 1) * slice), in (token, slot) order, at rows offsets[e] + (expert e's assignments before the slice),
+// ... : the CPU's stable counting sort, the same rows. The count before the slice is a block sum over the earlier
+// assignments (integers: exact in any order); the slice is then placed in chunks of blockDim.x (a multiple of 32)
+// with ballots and a block prefix sum. Slices x experts blocks: the GPU filled, where one block per expert walked
+// all N k assignments in sequence.
+__global__ void moe_permute_kernel(int* row_token, int* slot_row, const int* topk_idx, const int* offsets, int N, int k, int slice) {
     __shared__ int warp_counts[32];
-    int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    int total = N * k, running = offsets[e];
-    for (int start = 0; start < total; start += blockDim.x) {
+    int e = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    int total = N * k, begin = blockIdx.x * slice, end = min(begin + slice, total);
+    int before = 0;
+    for (int i = threadIdx.x; i < begin; i += blockDim.x) before += topk_idx[i] == e;
+    for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+    if (lane == 0) warp_counts[warp] = before;
+    __syncthreads();
+    int running = offsets[e];
+    for (int w = 0; w < nwarps; w++) running += warp_counts[w];
+    __syncthreads();   // warp_counts is rewritten below
+    for (int start = begin; start < end; start += blockDim.x) {
         int i = start + threadIdx.x;
-        bool mine = i < total && topk_idx[i] == e;
+        bool mine = i < end && topk_idx[i] == e;
         unsigned ballot = __ballot_sync(0xffffffffu, mine);
         int before_in_warp = __popc(ballot & ((1u << lane) - 1u));
         if (lane == 0) warp_counts[warp] = __popc(ballot);
         __syncthreads();
-        int before = 0, chunk = 0;
-        for (int w = 0; w < nwarps; w++) { if (w < warp) before += warp_counts[w]; chunk += warp_counts[w]; }
+        int prior = 0, chunk = 0;
+        for (int w = 0; w < nwarps; w++) { if (w < warp) prior += warp_counts[w]; chunk += warp_counts[w]; }
         if (mine) {
-            int r = running + before + before_in_warp;
+            int r = running + prior + before_in_warp;
             row_token[r] = i / k;
             slot_row[i] = r;
         }
@@ -193,12 +205,18 @@ __global__ void moe_permute_kernel(int* row_token, int* slot_row, const int* top
     }
 }
 
+// the permutation's slice of assignments per block: at least 1,024 (4 chunks of a 256-thread block), at most 16
+// slices (block s counts the s slices before it: 16 x 16 / 2 slices read per expert, from L2)
+static inline int moe_permute_slice(int total) { return std::max(1024, ceil_div(total, 16)); }
+
 // offsets (device, E + 1), row_token, slot_row from topk_idx (N, k) and counts (device, E);
 // offsets_host (E + 1) receives a copy of the offsets
 static inline void moe_dispatch_gpu(int* offsets, int* row_token, int* slot_row, int* offsets_host, const int* topk_idx,
                                     const int* counts, int N, int E, int k, cudaStream_t stream = 0) {
     LAUNCH(moe_offsets_kernel, 1, 32, 0, stream, offsets, counts, E);
-    LAUNCH(moe_permute_kernel, E, 256, 0, stream, row_token, slot_row, topk_idx, offsets, N, k);
+    int slice = moe_permute_slice(N * k);
+    LAUNCH(moe_permute_kernel, dim3(std::max(1, ceil_div(N * k, slice)), E), 256, 0, stream, row_token, slot_row, topk_idx, offsets,
+           N, k, slice);
     cudaCheck(cudaMemcpyAsync(offsets_host, offsets, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream));
     cudaCheck(cudaStreamSynchronize(stream));
     if (platform_shapes_only())   // the step-time model (model/platform.h): the N k rows spread evenly, as a balanced router would

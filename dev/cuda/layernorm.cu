@@ -5,9 +5,16 @@
  *   v3  one warp per row, 16-byte loads (8 BF16 per lane)      (the model's, model/layernorm.cuh)
  *   v4  the residual add fused in (resid = x + y written, then normalised; the model's for the MoE
  *       half's norm), against v5: the residual add and then the norm, two launches
- * and the model's backward (input gradient: warp per row; weight gradient: chunked column sums).
+ * and the backward:
+ *   bwd v1  input gradient warp per row (scalar), weight gradient: 32-row chunk partials (a second pass over dout
+ *           and x), then one column sum on C / 128 blocks (8 at d 1024): the model's before session 30
+ *   bwd v2  one pass per 32-row chunk: the input gradient (16-byte accesses) and the chunk's partial together, then
+ *           the partials summed in groups of 8 over (groups x C / 128) blocks and the groups in order (the model's)
+ * v2 gives v1's bits for the input gradient always and for the weight gradient while the chunks fit one group
+ * (N <= 256 rows: the emulated size); above that the weight gradient's summation order differs (checked to 1e-5).
  * Bytes moved per forward: read x (2 B) + write y (2 B) per element (+ weight, stats: negligible);
- * fused: read x, y, write resid, out (8 B); unfused: the add's 6 B and the norm's 4 B.
+ * fused: read x, y, write resid, out (8 B); unfused: the add's 6 B and the norm's 4 B. Backward per element:
+ * v1 reads dout (4 B) and x (2 B) twice, dinp 4 B, writes dinp 4 B and its BF16 copy 2 B: 22 B; v2: 16 B.
  *   make dev/cuda/layernorm && ./dev/cuda/layernorm        (N = 16384 rows, C = 1024: dbrx-1b)
  */
 #include "common.h"
@@ -32,6 +39,42 @@ __global__ void layernorm_forward_v1(floatX* out, float* mean, float* rstd, cons
     for (int c = 0; c < C; c++) out[(size_t)row * C + c] = __float2bfloat16((__bfloat162float(x[c]) - m) * s * __bfloat162float(w[c]));
     mean[row] = m;
     rstd[row] = s;
+}
+
+// the backward before session 30 (bwd v1): the input gradient, warp per row, lane-strided scalar accesses
+__global__ void layernorm_backward_dinp_v1(float* dinp, floatX* dinp_bf16, const float* dout, const floatX* inp,
+                                           const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= N) return;
+    const floatX* x = inp + (size_t)row * C;
+    const float* dy = dout + (size_t)row * C;
+    float m = mean[row], s = rstd[row];
+    float dn_sum = 0.0f, dn_n_sum = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
+        dn_sum += dn;
+        dn_n_sum += dn * n;
+    }
+    float dn_mean = warp_sum(dn_sum) / C, dn_n_mean = warp_sum(dn_n_sum) / C;
+    float* dx = dinp + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) {
+        float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
+        float v = dx[c] + s * (dn - dn_mean - n * dn_n_mean);
+        dx[c] = v;
+        if (dinp_bf16) dinp_bf16[(size_t)row * C + c] = __float2bfloat16(v);
+    }
+}
+// its weight gradient: a second pass over dout and x, chunk j's sum per channel into partial row j
+__global__ void layernorm_backward_dweight_partial_v1(float* partial, const float* dout, const floatX* inp, const float* mean,
+                                                      const float* rstd, int N, int C, int rows_per_chunk) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    int r0 = blockIdx.x * rows_per_chunk, r1 = min(r0 + rows_per_chunk, N);
+    float acc = 0.0f;
+    for (int t = r0; t < r1; t++)
+        acc += dout[(size_t)t * C + c] * (__bfloat162float(inp[(size_t)t * C + c]) - mean[t]) * rstd[t];
+    partial[(size_t)blockIdx.x * C + c] = acc;
 }
 
 int main() {
@@ -85,21 +128,44 @@ int main() {
         }
         for (void* p : {(void*)dy, (void*)dres, (void*)fmean, (void*)frstd}) cudaCheck(cudaFree(p));
     }
-    // backward (the model's): reads dout fp32, x bf16, writes dinp fp32 (+ read) and its bf16 copy
+    // backward: v1 (three kernels, the model's before) and v2 (the model's), against the CPU and v2 against v1's bits
     std::vector<float> dy = make_random((size_t)N * C, 3), dinp((size_t)N * C, 0.0f), dweight(C, 0.0f);
     layernorm_backward(dinp.data(), dweight.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
     float *ddy = to_device(dy), *ddinp = deviceAlloc(float, dinp.size()), *ddw = deviceAlloc(float, C);
     float* scratch = deviceAlloc(float, layernorm_backward_scratch(N, C));
     floatX* ddinp16 = deviceAlloc(floatX, dinp.size());
-    auto bwd = [&] {
+    int chunks = ceil_div(N, LN_ROWS_PER_CHUNK);
+    auto zero = [&] {
         cudaCheck(cudaMemset(ddinp, 0, dinp.size() * sizeof(float)));
         cudaCheck(cudaMemset(ddw, 0, C * sizeof(float)));
-        layernorm_backward_gpu(ddinp, ddinp16, ddw, scratch, ddy, dx, dw, dmean, drstd, N, C);
     };
-    bwd();
-    validate("backward dinp (model)", from_device_f32(ddinp, dinp.size()), dinp, 1e-4, 1e-5);
-    validate("backward dweight (model)", from_device_f32(ddw, C), dweight, 1e-4, 1e-5);
-    // dout read twice (dinp and dweight passes), x read twice, dinp read + written, bf16 copy written
-    report_bandwidth("backward (model, incl. 2 memsets)", (double)N * C * (4 * 2 + 2 * 2 + 4 * 2 + 2), time_ms(20, bwd));
+    std::function<void()> bv[2] = {
+        [&] {
+            zero();
+            LAUNCH(layernorm_backward_dinp_v1, ceil_div(N, 8), 256, 0, 0, ddinp, ddinp16, ddy, dx, dw, dmean, drstd, N, C);
+            LAUNCH(layernorm_backward_dweight_partial_v1, dim3(chunks, ceil_div(C, 128)), 128, 0, 0, scratch, ddy, dx, dmean, drstd,
+                   N, C, LN_ROWS_PER_CHUNK);
+            LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, 0, ddw, scratch, chunks, C, 1);
+        },
+        [&] {
+            zero();
+            layernorm_backward_gpu(ddinp, ddinp16, ddw, scratch, ddy, dx, dw, dmean, drstd, N, C);
+        },
+    };
+    const char* bnames[2] = {"bwd v1 (3 kernels, 8-block sum)", "bwd v2 (one pass, model)"};
+    double bbytes[2] = {22.0 * N * C, 16.0 * N * C};
+    std::vector<float> v1_dinp, v1_dw;
+    for (int v = 0; v < 2; v++) {
+        bv[v]();
+        std::vector<float> got_dinp = from_device_f32(ddinp, dinp.size()), got_dw = from_device_f32(ddw, C);
+        validate(bnames[v], got_dinp, dinp, 1e-4, 1e-5);
+        validate("  dweight", got_dw, dweight, 1e-4, 1e-5);
+        if (v == 0) { v1_dinp = got_dinp; v1_dw = got_dw; continue; }
+        validate("  dinp: v1's bits", got_dinp, v1_dinp, 0, 0);
+        bool one_group = chunks <= LN_CHUNKS_PER_GROUP;
+        validate(one_group ? "  dweight: v1's bits (one group)" : "  dweight vs v1 (groups)", got_dw, v1_dw, one_group ? 0 : 1e-5, one_group ? 0 : 1e-6);
+        report_bandwidth(bnames[v], bbytes[v], time_ms(20, bv[v]));
+    }
+    report_bandwidth(bnames[0], bbytes[0], time_ms(20, bv[0]));
     return finish();
 }

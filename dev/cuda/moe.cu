@@ -2,7 +2,9 @@
  * moe.cu — the router and the dropless MoE data movement (N tokens, E experts, top-k, width C,
  * expert hidden F), the model's kernels (model/router.cuh, model/moe.cuh) unless numbered:
  *   router forward (softmax, top-k, renormalise; histogram; LBL/z-loss column sums)
- *   dispatch (offsets + the stable permutation, one block per expert), gather, gather backward,
+ *   dispatch: offsets + the stable permutation, v1 one block per expert walking all N k assignments in sequence
+ *   (E = 16 blocks: latency-bound, before the host sync; the model's before session 30), v2 (slices x experts
+ *   blocks, each counting the assignments before its slice: the model's), both the CPU's rows exactly; gather, gather backward,
  *   SwiGLU forward v1 (scalar) and v2 (16-byte accesses, the model's), combine forward (+ residual) and backward.
  * Memory-bound: each line gives GB/s for the bytes the kernel must move.
  * The expert layer's GEMMs (model/CUDA.md, "The expert GEMMs: one sync per MoE layer"): experts_forward_gpu
@@ -16,8 +18,32 @@
 #include "../../model/router.cuh"
 #include "../../model/moe.cuh"
 
+// the permutation before session 30: block e places expert e's assignments, walking all N k of them in chunks
+__global__ void moe_permute_v1(int* row_token, int* slot_row, const int* topk_idx, const int* offsets, int N, int k) {
+    __shared__ int warp_counts[32];
+    int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    int total = N * k, running = offsets[e];
+    for (int start = 0; start < total; start += blockDim.x) {
+        int i = start + threadIdx.x;
+        bool mine = i < total && topk_idx[i] == e;
+        unsigned ballot = __ballot_sync(0xffffffffu, mine);
+        int before_in_warp = __popc(ballot & ((1u << lane) - 1u));
+        if (lane == 0) warp_counts[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, chunk = 0;
+        for (int w = 0; w < nwarps; w++) { if (w < warp) before += warp_counts[w]; chunk += warp_counts[w]; }
+        if (mine) {
+            int r = running + before + before_in_warp;
+            row_token[r] = i / k;
+            slot_row[i] = r;
+        }
+        running += chunk;
+        __syncthreads();
+    }
+}
+
 int main() {
-    int N = EMULATED ? 123 : 16384, E = 16, k = 4, C = EMULATED ? 64 : 1024, F = EMULATED ? 96 : 1792, R = N * k;
+    int N = EMULATED ? 300 : 16384, E = 16, k = 4, C = EMULATED ? 64 : 1024, F = EMULATED ? 96 : 1792, R = N * k;
     char shape[96];
     snprintf(shape, sizeof shape, "N %d, E %d, k %d, C %d, F %d", N, E, k, C, F);
     print_header("moe", shape);
@@ -38,11 +64,25 @@ int main() {
     moe_dispatch(offsets.data(), row_token.data(), slot_row.data(), idx.data(), counts.data(), N, E, k);
     int *doff = deviceAlloc(int, E + 1), *drt = deviceAlloc(int, R), *dsr = deviceAlloc(int, R);
     auto dispatch = [&] { moe_dispatch_gpu(doff, drt, dsr, off_host.data(), didx, dcounts, N, E, k); };
-    dispatch();
-    std::vector<int> got(R);
-    cudaCheck(cudaMemcpy(got.data(), drt, R * sizeof(int), cudaMemcpyDeviceToHost));
-    validate("dispatch: row_token", std::vector<float>(got.begin(), got.end()), std::vector<float>(row_token.begin(), row_token.end()), 0, 0);
-    report_bandwidth("dispatch (E blocks scan N*k)", (double)E * R * 4 + 2.0 * R * 4, time_ms(20, dispatch));
+    auto dispatch_v1 = [&] {
+        LAUNCH(moe_offsets_kernel, 1, 32, 0, 0, doff, dcounts, E);
+        LAUNCH(moe_permute_v1, E, 256, 0, 0, drt, dsr, didx, doff, N, k);
+        cudaCheck(cudaMemcpy(off_host.data(), doff, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost));
+    };
+    std::function<void()> dv[2] = {dispatch_v1, dispatch};
+    const char* dvn[2] = {"dispatch v1 (E blocks scan N*k)", "dispatch v2 (slices x E, model)"};
+    auto as_float = [](const std::vector<int>& v) { return std::vector<float>(v.begin(), v.end()); };
+    for (int v = 0; v < 2; v++) {
+        cudaCheck(cudaMemset(drt, 0xFF, R * sizeof(int)));
+        cudaCheck(cudaMemset(dsr, 0xFF, R * sizeof(int)));
+        dv[v]();
+        std::vector<int> got(R);
+        cudaCheck(cudaMemcpy(got.data(), drt, R * sizeof(int), cudaMemcpyDeviceToHost));
+        validate(dvn[v], as_float(got), as_float(row_token), 0, 0);
+        cudaCheck(cudaMemcpy(got.data(), dsr, R * sizeof(int), cudaMemcpyDeviceToHost));
+        validate("  slot_row", as_float(got), as_float(slot_row), 0, 0);
+        report_bandwidth(dvn[v], 4.0 * R + 2.0 * R * 4, time_ms(20, dv[v]));
+    }
     // gather and its backward
     std::vector<float> x = round_bf16(make_random((size_t)N * C, 2)), xe((size_t)R * C);
     moe_gather(xe.data(), x.data(), row_token.data(), R, C);

@@ -37,9 +37,9 @@ def _ln_fwd(a, g, x):   # (out, resid, mean, rstd, inp, add, weight, N, C, eps):
     return 2 * N * C * (1 + add) + 2 * C, 2 * N * C * (1 + add) + 8 * N
 
 
-def _ln_dinp(a, g, x):  # (dinp, dinp_bf16, dout, inp, weight, mean, rstd, N, C): dinp += (FP32, read and written)
-    N, C = a[7], a[8]
-    return 4 * N * C + 2 * N * C + 2 * C + 8 * N + 4 * N * C, 4 * N * C + (2 * N * C if a[1] else 0)
+def _ln_bwd(a, g, x):   # (dinp, dinp_bf16, partial, dout, inp, weight, mean, rstd, N, C), one block per 32-row chunk:
+    N, C = a[8], a[9]   # dout, inp read once; dinp += (FP32, read and written), its BF16 copy; a partial row per chunk
+    return 4 * N * C + 2 * N * C + 2 * C + 8 * N + 4 * N * C, 4 * N * C + (2 * N * C if a[1] else 0) + 4 * g[0] * C
 
 
 def _rope(a, g, x, backward):   # (qkv|dqkv, qkv_pre, cos, sin, B, T, H, KV, hd, clip): every head's row, T rows of cos/sin
@@ -127,9 +127,9 @@ KERNELS = {
     # embedding, layer norm, residual, loss
     "gather_rows_kernel": lambda a, g, x: (4 * a[3] + a[3] * a[4] * _unit(x["name"]), a[3] * a[4] * _unit(x["name"])),  # (out, src, idx, rows, units)
     "layernorm_forward_kernel": _ln_fwd,
-    "layernorm_backward_dinp_kernel": _ln_dinp,
-    "layernorm_backward_dweight_partial_kernel": lambda a, g, x: (6 * a[5] * a[6] + 8 * a[5], 4 * g[0] * a[6]),  # dout, inp, mean, rstd; a row per chunk
-    "column_sum_kernel": lambda a, g, x: (4 * a[2] * a[3] + 4 * a[3], 4 * a[3]),  # (out, partial, rows, C): out += column sums
+    "layernorm_backward_kernel": _ln_bwd,
+    "column_sum_groups_kernel": lambda a, g, x: (4 * a[1] * a[2], 4 * g[0] * a[2]),  # (partial, rows, C, group): a sum per group, in place
+    "column_sum_kernel": lambda a, g, x: (4 * _cdiv(a[2], a[4]) * a[3] + 4 * a[3], 4 * a[3]),  # (out, partial, rows, C, stride): out += every stride-th row
     "classifier_fused_kernel": lambda a, g, x: (2 * g[0] * a[3] + 4 * g[0], (2 * g[0] * a[3] if a[5] else 0) + 4 * g[0]),  # N = grid.x rows of V logits
     "loss_mean_kernel": lambda a, g, x: (4 * a[2], 8),                          # (mean, losses, N)
     # attention
@@ -146,7 +146,7 @@ KERNELS = {
     "router_stats_kernel": lambda a, g, x: (4 * a[3] * a[4] + 4 * a[3], 4 * (a[4] + 1)),  # (stats, probs, lse, N, E)
     "router_backward_kernel": lambda a, g, x: (4 * a[7] * (a[8] + 1 + 3 * a[9]) + 4 * a[8], 2 * a[7] * a[8]),  # probs, lse, dw, idx, w, counts
     "moe_offsets_kernel": lambda a, g, x: (4 * a[2], 4 * (a[2] + 1)),          # (offsets, counts, E)
-    "moe_permute_kernel": lambda a, g, x: (4 * a[4] * a[5] + 4 * g[0], 8 * a[4] * a[5]),  # grid.x = E: idx, offsets -> row_token, slot_row
+    "moe_permute_kernel": lambda a, g, x: (4 * a[4] * a[5] + 4 * g[1], 8 * a[4] * a[5]),  # grid (slices, E): idx, offsets -> row_token, slot_row
     "moe_combine_forward_kernel": lambda a, g, x: (2 * a[5] * a[7] * (1 + a[6]) + 8 * a[5] * a[6], 2 * a[5] * a[7]),  # resid + k rows of ye
     "moe_combine_backward_kernel": lambda a, g, x: (4 * a[6] * a[8] + 2 * a[6] * a[7] * a[8] + 8 * a[6] * a[7],
                                                     2 * a[6] * a[7] * a[8] + 4 * a[6] * a[7]),  # dout, ye, w, slot -> dye, dw
