@@ -10,6 +10,7 @@
 #     slot, the sizes computed here from the model's dimensions; the planned working set at two expert widths
 #     (ffn 224 and 896) stays within the budget while the unchunked one grows 4x; DBRX-132B's plan (S 64):
 #     slots of the largest other unit (norm_f + lm_head, V d + d), not of the experts (3 E F d);
+#   * --export-hf after the chunked run byte-identical; a chunked run's checkpoint resumed unchunked, bit-identical;
 #   * the EP case: under --expert-parallel the flag says it has no effect (each rank gathers its own experts);
 #   * negative control: a chunk's gradient reduce-scattered before its backward (DBRX_DEBUG_PLANT=chunk_early_rs,
 #     run at once) changes the losses;
@@ -35,8 +36,13 @@ done
 
 # --- bit-identity (one expert = 3 x 224 x 128 BF16 = 0.164 MiB: 0.2 -> 1 expert per chunk, 0.7 -> 4)
 E=(--grad-accum 2 --shard-group-size 2 --val-every 2 --sample-every 2)
-runp whole 2 "${E[@]}" --zero-chunk-mib 0
-runp c1 2 "${E[@]}" --zero-chunk-mib 0.2
+runp whole 2 "${E[@]}" --zero-chunk-mib 0 --export-hf "$tmp/hf_whole" --export-dtype fp32
+runp c1 2 "${E[@]}" --zero-chunk-mib 0.2 --export-hf "$tmp/hf_c1" --export-dtype fp32
+cmp -s "$tmp/hf_whole/model.safetensors" "$tmp/hf_c1/model.safetensors" \
+    && pass "--export-hf after 3 steps: the chunked run's weights byte-identical to the unchunked run's" || fail "--export-hf differs"
+# a checkpoint of the chunked layout (its runs with their flat offsets in the manifest) resumed with the experts whole
+runp ck1 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2 --ckpt-dir "$tmp/ck" --stop-after 2
+runp ck2 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0 --ckpt-dir "$tmp/ck" --resume auto
 runp c4rc 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.7 --recompute moe:0,swiglu:1
 SIMT_STEP_COUNTERS=1 runp h4 4 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2   # (+ the emulated peak memory)
 DBRX_DEBUG_PLANT=chunk_early_rs runp planted 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2
@@ -74,6 +80,7 @@ v(field("whole", "val_loss") == field("c1", "val_loss") and field("c1", "val_los
 samples = lambda n: re.findall(r"^sample \d+: (?!\d+ tokens).*$", out(n + ".out"), re.M)
 v(samples("whole") == samples("c1") and samples("c1"), "... and the sampled text (generation through the chunks, train 0)")
 v(field("whole", "comm_bytes") == field("c1", "comm_bytes"), "... and the bytes per step %s" % field("c1", "comm_bytes")[:1])
+v(losses("ck2") == w[2:] and len(w) == 3, "a chunked run's checkpoint at step 2 resumed with the experts whole: step 3 bit-identical %s" % losses("ck2"))
 v(losses("c4rc") == w, "chunks of 4 experts with --recompute moe:0,swiglu:1: bit-identical %s" % losses("c4rc"))
 v(losses("h4") == w, "np 4 HSDP 2x2 (grad-accum 1: the same global batch) with chunks: bit-identical %s" % losses("h4"))
 v(losses("planted") != w, "negative control: a chunk reduce-scattered before its backward changes the losses %s" % losses("planted"))
@@ -104,4 +111,4 @@ dm, Fm, Em, Vm = 6144, 10752, 16, 100352
 v(ws("plan_132b") == Vm * dm + dm and ws("plan_132b_whole") == 3 * Em * Fm * dm,
   "DBRX-132B S 64: slots of norm_f + lm_head (%d params) with the default chunks, of the experts (%d) whole" % (ws("plan_132b"), ws("plan_132b_whole")))
 PY
-verdicts "$tmp/verdicts" 14
+verdicts "$tmp/verdicts" 15
