@@ -25,7 +25,9 @@
  *                        global-norm clipping (sum of squares all-reduced in the shard group), AdamW on
  *                        the shard.
  * Two working slots (unit u uses slot u % 2): while unit u runs, the next unit's gather goes to the other
- * slot (prefetch; on the CPU it completes at once, on the GPU it runs on the communication stream).
+ * slot (prefetch; on the CPU it completes at once, on the GPU it runs on the communication stream). The GPU
+ * store may split a block's experts into chunks of whole experts, each its own runs and an item of the slot
+ * ring (zero_unit_runs with Ec > 0, Zero.item_base; parallel/zero_gpu_chunks.cuh); the CPU store does not.
  * With S = 1 nothing is gathered: the model's buffers are the full shard, the hooks are not installed,
  * and the step is the unsharded one plus an all-reduce of the gradients across the replicas.
  * Expert parallelism (EP degree n) places the experts' runs by EP rank over the layout group of

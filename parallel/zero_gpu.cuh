@@ -11,7 +11,9 @@
  *              master shard (what the all-gathers send; AdamW writes it with the master). Host copies of
  *              master, m and v (Zero's) exist only for checkpoints and Hugging Face import/export:
  *              zero_to_host before a save or an export, zero_from_host after a load or an import.
- *   S > 1      two BF16 working slots (unit u in slot u % 2) and two fp32 gradient slots. Gathers run on
+ *   S > 1      two BF16 working slots (unit u in slot u % 2; with --zero-chunk-mib a block's experts are gathered
+ *              in chunks of whole experts, each an item of the slot ring: zero_gpu_chunks.cuh) and two fp32
+ *              gradient slots. Gathers run on
  *              the shard group's stream, reduce-scatters on a second communicator's stream (the streams,
  *              communicators, events and the one issue order: parallel/zero_gpu_comm.cuh), ordered against
  *              the compute stream with events: while unit u computes, unit u+1 (forward) or u-1 (backward)
