@@ -70,9 +70,12 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
         ep_bytes = ep_gpu_buffers(NULL, &cfg, ep_n, ep_rows, fp8.recipe);
     }
     dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq, &fp8,
-                     zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, ep_n) + ep_bytes, ep_rows);
+                     zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, ep_n,
+                                             zero_chunk_experts(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib)) + ep_bytes,
+                     ep_rows);
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
-    zero_init(&store, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, ep_n, args.parallel.ep_capacity);
+    zero_init(&store, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, ep_n, args.parallel.ep_capacity,
+              args.parallel.zero_chunk_mib);
     model.activation_bytes += ep_bytes;
     Zero* z = &store.z;
     store.z.fp8_cfg = &model.fp8.cfg;   // the FP8 scaling state that checkpoints carry

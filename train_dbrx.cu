@@ -610,7 +610,7 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     double act = (double)activation_bytes(&cfg, args.run.batch, args.run.seq);
     double p = (double)params_total(&cfg);
     MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()),
-                                  args.parallel.ep_capacity);
+                                  args.parallel.ep_capacity, args.parallel.zero_chunk_mib);
     double shard = (double)plan.shard_params;   // this rank's shard under S ranks and EP n, from the store's own layout
     printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
            sgs > 0 ? "" : " (--shard-group-size S to see S ranks)",

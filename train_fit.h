@@ -7,6 +7,11 @@
  *   --ep-capacity-factor   2 (the default), 1.25, 1 (with EP: the rows a rank's experts may receive)
  *   --recompute            none, attn, swiglu, attn+swiglu, moe, moe+attn, block (all layers)
  * "Cheapest" is an order, not a time (the step-time model, make predict, times a setting):
+ *   0. a shard group that crosses the network (S > 8): the higher EP degree up to 8 (each GPU gathers 1/n of the
+ *      experts' bytes over the network), and EP inside a node before EP across nodes. Predicted (make predict,
+ *      DBRX-132B seq 4096 on 64 H100s): shard group 64 without EP (it fits since the experts are gathered in
+ *      chunks, --zero-chunk-mib) with --recompute swiglu 17.4 s per step, against 3.8 s with EP 8 and --recompute
+ *      moe: the gathers across nodes, not the recomputation, set the step;
  *   1. the fewest recomputed FLOPs (model/recompute.h: what HFU adds over MFU);
  *   2. a shard group inside a node (S <= 8) before one that crosses the network;
  *   3. the higher EP degree inside a node (each rank gathers 1/n of the experts' weights);
@@ -29,10 +34,12 @@ typedef struct {
 } FitCandidate;
 
 static inline bool fit_better(const FitCandidate& a, const FitCandidate& b) {
+    auto xnode = [](const FitCandidate& f) { return f.S > 8 ? std::min(f.n, 8) : 8; };   // rule 0: EP against cross-node gathers
+    if (xnode(a) != xnode(b)) return xnode(a) > xnode(b);
+    bool an = a.n <= 8, bn = b.n <= 8;   // (EP 16 has the gathers of EP 8 but an all-to-all across nodes)
+    if (an != bn) return an;
     if (a.extra != b.extra) return a.extra < b.extra;
     if ((a.S <= 8) != (b.S <= 8)) return a.S <= 8;
-    bool an = a.n <= 8, bn = b.n <= 8;
-    if (an != bn) return an;
     if (a.n != b.n) return a.n > b.n;
     if (a.cap != b.cap) return a.cap > b.cap;
     if (a.S != b.S) return a.S < b.S;
@@ -67,7 +74,7 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
                 if (n == 1 && cap != caps[0]) continue;
                 for (const char* rc : specs) {
                     g_recompute = recompute_parse(rc);   // (memory_plan reads the run's spec)
-                    MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8, cap);
+                    MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib);
                     tried++;
                     if (p.total > capacity) continue;
                     double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
@@ -79,8 +86,8 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
     }
     g_recompute = saved;
     std::sort(fits.begin(), fits.end(), fit_better);
-    printf("fit (--fit: %d settings planned for %d GPU(s), micro-batch %d x %d, FP8 %s; ranked by recomputed FLOPs, a shard group "
-           "inside a node, EP inside a node and higher, a larger --ep-capacity-factor, a smaller shard group: train_fit.h):\n",
+    printf("fit (--fit: %d settings planned for %d GPU(s), micro-batch %d x %d, FP8 %s; ranked by EP up to 8 where the shard group "
+           "crosses nodes, recomputed FLOPs, a shard group inside a node, EP inside a node and higher, a larger --ep-capacity-factor, a smaller shard group: train_fit.h):\n",
            tried, gpus, args.run.batch, args.run.seq, args.fp8.recipe.c_str());
     if (fits.empty()) {
         printf("fit: NOTHING FITS in %.2f GiB per GPU at %d GPU(s): lower --batch or --seq, more GPUs, or a bigger device (one "

@@ -40,6 +40,7 @@ typedef struct {
     int expert_parallel = 1;       // EP degree (parallel/expert_parallel.h): the experts split over groups of this many ranks
     float ep_capacity = EP_CAPACITY_DEFAULT;   // EP on the GPU: rows planned per layer, x tokens x top-k (ep_plan_rows; 0: dropless)
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
+    float zero_chunk_mib = 512;      // the GPU store's experts chunks (parallel/zero_gpu_chunks.cuh): MiB of BF16 weights each; 0: whole
 } ParallelArgs;
 typedef struct {                   // checkpoints and Hugging Face interop (checkpoint/)
     std::string dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16";
@@ -171,6 +172,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                               "micro-batch x top-k received rows per MoE layer, planned at start-up (default 2; "
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
                                                               "more stops every rank with one line naming the numbers (no token is dropped)"},
+        {"--zero-chunk-mib", "", F_FLOAT, &a->parallel.zero_chunk_mib, "ZeRO-3/HSDP on the GPU without EP or FP8: gather and reduce-scatter "
+                                                              "a block's experts in chunks of whole experts, the most whose BF16 weights fit "
+                                                              "M MiB (at least one; default 512: one expert of DBRX-132B); 0: the experts of "
+                                                              "a layer as one unit"},
         {"--shard-group-size", "", F_INT, &a->parallel.shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
@@ -398,6 +403,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->run.log_every_experts > 0 && a->run.log.empty()) fail(EXIT_BAD_INPUT, "--log-every-experts needs --log (the counts go to the JSONL log)");
     if (a->fp8.gather && a->fp8.recipe == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
     if (a->parallel.shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->parallel.shard_group_size);
+    if (!(a->parallel.zero_chunk_mib >= 0) || a->parallel.zero_chunk_mib > 1048576)
+        fail(EXIT_BAD_INPUT, "--zero-chunk-mib %g must be in [0, 1048576] (MiB of BF16 weights per experts chunk; 0: whole units)",
+             a->parallel.zero_chunk_mib);
     if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
     if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);

@@ -300,10 +300,12 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
     for (int u = 0; u < z->n_units; u++) {
         units += (u ? ", " : "") + std::to_string(z->unit_numel[u]);
         runs += u ? ", [" : "[";
-        for (size_t k = 0; k < z->runs[u].size(); k++) {   // a run: its size; under EP [flat offset, size, owner]
+        // a run: its size; under EP [flat offset, size, owner]; the GPU store's chunked experts (--zero-chunk-mib, not in
+        // flat order) [flat offset, size, -1]
+        for (size_t k = 0; k < z->runs[u].size(); k++) {
             const ShardRun& r = z->runs[u][k];
             runs += k ? ", " : "";
-            if (r.owner < 0) runs += std::to_string(r.numel);
+            if (r.owner < 0 && z->unit_nchunks[u] == 1) runs += std::to_string(r.numel);
             else runs += "[" + std::to_string(r.flat_off) + ", " + std::to_string(r.numel) + ", " + std::to_string(r.owner) + "]";
         }
         runs += "]";

@@ -79,12 +79,12 @@ static inline std::string ckpt_old_layout(const JsonValue* man, const Zero* z, i
             uint64_t n = 0, off = flat;
             int owner = -1;
             bool ok = e->kind == JsonValue::ARR ? (e->items.size() == 3 && json_u64(&e->items[0], &off) && json_u64(&e->items[1], &n) &&
-                                                   json_int(&e->items[2], &owner) && owner >= 0 && owner < ep_old)
+                                                   json_int(&e->items[2], &owner) && owner >= -1 && owner < ep_old)
                                                 : json_u64(e, &n);
             if (!ok || n == 0) { fmt_err = "manifest.json: unit sizes"; break; }
             runs_old.back().push_back(RunSpec{(size_t)off, (size_t)n, owner});
             params_old += n;
-            if (owner < 0) flat += n;
+            if (e->kind != JsonValue::ARR) flat += n;   // (a run with its offset: EP, or the GPU store's chunked experts)
             unit_end = std::max(unit_end, (size_t)(off + n));
         }
         flat = std::max(flat, unit_end);   // (an EP unit's runs are not in flat order: the unit ends at its last element)

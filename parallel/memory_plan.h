@@ -8,7 +8,8 @@
  *   parameter state  the store's shard (parallel/zero_gpu.cuh, zero_gpu_bytes): fp32 master, gradients,
  *                    AdamW m and v, the BF16 working copy, the grad-norm scratch; from the store's own
  *                    layout (zero_unit_layout: padding and expert placement included)
- *   working set      ZeRO-3/HSDP (S > 1): two gathered BF16 slots and two FP32 gradient slots of one unit
+ *   working set      ZeRO-3/HSDP (S > 1): two gathered BF16 slots and two FP32 gradient slots of one unit, or of
+ *                    one chunk of a block's experts where it is larger (--zero-chunk-mib: zero_chunk_experts)
  *   activations      model/dbrx_cuda.cuh's dbrx_gpu_buffers, by class: saved per layer (x L), the head,
  *                    the backward scratch the blocks share, and the FP8 scratch and state (--fp8)
  *   routing          the per-layer routing indices, and under expert parallelism the exchange's buffers
@@ -64,6 +65,7 @@ typedef struct {
     long double master, grads, adam_m, adam_v, bf16_copy, norm_scratch;
     // the ZeRO working set (S > 1)
     long double gathered_slots, grad_slots, slot_params;
+    int chunk_experts;               // experts per gathered chunk of a block's experts (0: the unit whole)
     // activations: per layer (x L) by class, then the rest
     long double layer_attention, layer_norms, layer_router, layer_experts, layer_routing;
     long double saved;               // L x (attention + norms + router + experts), less what --recompute drops
@@ -88,12 +90,12 @@ static inline long double plan_param_state(const MemoryPlan* p) {
 }
 
 // the store's layout for S and n, extrapolated in the layers from 1, 2, 3 (each block the same units)
-static inline void plan_store_layout(const DbrxConfig* c, int S, int n, long double* shard, long double* work) {
+static inline void plan_store_layout(const DbrxConfig* c, int S, int n, int Ec, long double* shard, long double* work) {
     auto one = [&](int L, long double* sh, long double* wk) {
         DbrxConfig x = *c;
         x.n_layers = L;
         Zero z;
-        zero_unit_layout(&z, &x, dbrx_param_table(&x), S, n);
+        zero_unit_layout(&z, &x, dbrx_param_table(&x), S, n, Ec);
         *sh = (long double)z.shard_total;
         *wk = S > 1 ? (long double)z.work_numel : 0;
     };
@@ -137,7 +139,7 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
 
 // The plan for micro-batches of B x T on `gpus` GPUs, shard groups of S, EP degree n (validated by the caller)
 static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, int n, int gpus, Fp8Recipe fp8,
-                                     double ep_capacity = EP_CAPACITY_DEFAULT) {
+                                     double ep_capacity = EP_CAPACITY_DEFAULT, double chunk_mib = 0) {
     MemoryPlan p;
     p.B = B; p.T = T; p.S = S; p.n = n; p.gpus = gpus; p.fp8 = fp8;
     const long double f4 = 4, bf = 2, i4 = 4;
@@ -153,7 +155,8 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
 
     // parameter state and working set: zero_gpu_bytes
     long double shard, work;
-    plan_store_layout(c, S, n, &shard, &work);
+    p.chunk_experts = zero_chunk_experts(c, S, n, fp8 != FP8_OFF, chunk_mib);   // --zero-chunk-mib (parallel/zero_gpu_chunks.cuh)
+    plan_store_layout(c, S, n, p.chunk_experts, &shard, &work);
     p.shard_params = shard;
     p.master = p.grads = p.adam_m = p.adam_v = f4 * shard;
     p.bf16_copy = bf * shard;
@@ -255,8 +258,9 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
     printf("  parameter state, this GPU's shard of %.0Lf params (padding included)  %9.2f GiB\n", p->shard_params, G(plan_param_state(p)));
     printf("    fp32 master %.2f, fp32 gradients %.2f, AdamW m %.2f, AdamW v %.2f, bf16 copy %.2f GiB; grad-norm scratch %.0Lf B\n",
            G(p->master), G(p->grads), G(p->adam_m), G(p->adam_v), G(p->bf16_copy), p->norm_scratch);
-    printf("  ZeRO working set (S > 1: two units of %.0Lf params)                  %9.2f GiB\n", p->slot_params,
-           G(p->gathered_slots + p->grad_slots));
+    std::string ch = p->chunk_experts ? "experts in chunks of " + std::to_string(p->chunk_experts) : "experts whole";
+    printf("  ZeRO working set (S > 1: two slots of %.0Lf params; %s)%*s%9.2f GiB\n", p->slot_params, ch.c_str(),
+           std::max(0, 22 - (int)ch.size()), "", G(p->gathered_slots + p->grad_slots));
     printf("    gathered bf16 slots %.2f GiB, fp32 gradient slots %.2f GiB\n", G(p->gathered_slots), G(p->grad_slots));
     printf("  activations (%d layers; FP8 scratch included)                           %9.2f GiB\n", c->n_layers,
            G(p->saved + p->head + p->scratch + p->fp8_scratch));

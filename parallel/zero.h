@@ -25,7 +25,9 @@
  *                        global-norm clipping (sum of squares all-reduced in the shard group), AdamW on
  *                        the shard.
  * Two working slots (unit u uses slot u % 2): while unit u runs, the next unit's gather goes to the other
- * slot (prefetch; on the CPU it completes at once, on the GPU it runs on the communication stream).
+ * slot (prefetch; on the CPU it completes at once, on the GPU it runs on the communication stream). The GPU
+ * store may split a block's experts into chunks of whole experts, each its own runs and an item of the slot
+ * ring (zero_unit_runs with Ec > 0, Zero.item_base; parallel/zero_gpu_chunks.cuh); the CPU store does not.
  * With S = 1 nothing is gathered: the model's buffers are the full shard, the hooks are not installed,
  * and the step is the unsharded one plus an all-reduce of the gradients across the replicas.
  * Expert parallelism (EP degree n) places the experts' runs by EP rank over the layout group of
@@ -71,6 +73,14 @@ typedef struct {
     size_t shard_total;                         // elements in this rank's shard buffers
     size_t work_numel;                          // S * max shard_numel: one working slot
     std::vector<ShardSegment> segs;             // the tensors' pieces in this rank's shard, in order
+    // chunked experts units (the GPU store's --zero-chunk-mib; parallel/README.md, "A bounded working set"):
+    // a block's experts gathered and reduce-scattered chunk by chunk, chunk j = experts [j Ec, (j+1) Ec), each
+    // its own runs (w1, v1, w2 rows of those experts), slot_off relative to the chunk's slot. Every other unit
+    // is one chunk. Items: the units' chunks in forward order, item_base[u] the first of unit u; item i uses
+    // working slot i % 2
+    int chunk_experts;                          // Ec (0: no unit is chunked)
+    std::vector<int> unit_nchunks, item_base;
+    std::vector<std::vector<int>> run_chunk;    // per unit, per run: its chunk
     real *master, *grad, *m, *v;                // shard_total each (S = 1: the model's full buffers)
     real *work[2];                              // gathered parameters of two units (S > 1)
     real *gwork;                                // the full gradient of the unit in backward (S > 1)
@@ -98,7 +108,7 @@ static inline long long zero_rss_bytes() {
 }
 
 // A run as the layout is given it: a flat range, and the EP rank it belongs to (-1: all ranks)
-typedef struct { size_t flat_off, numel; int owner; } RunSpec;
+typedef struct { size_t flat_off, numel; int owner; int chunk = 0; } RunSpec;   // chunk: of a chunked experts unit (else 0)
 
 // The layout from the runs, unit by unit, for S ranks and EP degree n: unit_off, unit_numel, runs,
 // shard_numel, shard_off, shard_total, work_numel (one rank's view: every rank holds as many elements of
@@ -112,23 +122,32 @@ static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<
     z->runs.assign(z->n_units, {});
     z->unit_ep.assign(z->n_units, 0);
     z->shard_numel.assign(z->n_units, 0); z->shard_off.assign(z->n_units, 0); z->slot_numel.assign(z->n_units, 0);
+    z->unit_nchunks.assign(z->n_units, 1); z->item_base.assign(z->n_units, 0); z->run_chunk.assign(z->n_units, {});
     z->shard_total = 0;
     size_t max_slot = 0;
+    int items = 0;
     for (int u = 0; u < z->n_units; u++) {
         z->shard_off[u] = z->shard_total;
         z->unit_off[u] = specs[u].empty() ? 0 : specs[u][0].flat_off;
         for (const RunSpec& r : specs[u]) z->unit_off[u] = std::min(z->unit_off[u], r.flat_off);
+        for (const RunSpec& r : specs[u]) z->unit_nchunks[u] = std::max(z->unit_nchunks[u], r.chunk + 1);
+        bool chunked = z->unit_nchunks[u] > 1;
+        z->item_base[u] = items;
+        items += z->unit_nchunks[u];
         std::vector<size_t> held(n + 1, 0), slot(n + 1, 0);   // per owner (index n: -1): shard and slot so far
+        int last_chunk = 0;
         for (const RunSpec& r : specs[u]) {
             int parts = r.owner < 0 ? S : z->P / n, o = r.owner < 0 ? n : r.owner;
+            if (r.chunk != last_chunk) { std::fill(slot.begin(), slot.end(), 0); last_chunk = r.chunk; }   // a chunk's own slot
             ShardRun run;
             run.flat_off = r.flat_off; run.numel = r.numel; run.chunk = (r.numel + parts - 1) / parts;
             run.owner = r.owner; run.ep_n = n; run.parts = parts;
             run.shard_rel = held[o];
-            run.slot_off = r.owner < 0 ? r.flat_off - z->unit_off[u] : slot[o];
+            run.slot_off = r.owner < 0 && !chunked ? r.flat_off - z->unit_off[u] : slot[o];
             held[o] += run.chunk;
             slot[o] += run.chunk * parts;
             z->runs[u].push_back(run);
+            z->run_chunk[u].push_back(r.chunk);
             z->unit_numel[u] += r.numel;
             if (r.owner >= 0) z->unit_ep[u] = 1;
         }
@@ -146,27 +165,53 @@ static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<
 
 // The model's runs for S ranks and EP degree n (the top comment): every unit one run but a block's
 // experts: without EP one run per tensor when S divides their rows (E*F), else one run; with EP one run
-// per tensor and EP rank (its E/n experts' rows), split over the S/n ranks with that EP rank.
-static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1) {
+// per tensor and EP rank (its E/n experts' rows), split over the S/n ranks with that EP rank. Ec > 0 (the
+// GPU store's chunked experts, zero_chunk_experts; without EP only): one run per chunk of Ec experts and
+// tensor, chunk-major (w1, v1, w2 of experts [0, Ec), then of [Ec, 2 Ec), ...), each split over the S ranks.
+static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1,
+                                                               int Ec = 0) {
     std::vector<std::vector<RunSpec>> runs(dbrx_num_units(c));
     bool split = ((size_t)c->n_experts * c->ffn_hidden) % S == 0;
+    std::vector<std::vector<const ParamInfo*>> chunked(runs.size());
     for (const ParamInfo& p : t) {
         std::vector<RunSpec>& r = runs[p.unit];
         bool experts = dbrx_is_experts_unit(p.unit, c);
         if (experts && n > 1) {   // (runs in tensor order, then EP rank: each owner's w1, v1, w2 are its slot's three)
             size_t local = p.numel / n;
             for (int o = 0; o < n; o++) r.push_back(RunSpec{p.offset + o * local, local, o});
-        } else if (split && experts) r.push_back(RunSpec{p.offset, p.numel, -1});
+        } else if (experts && Ec > 0) chunked[p.unit].push_back(&p);
+        else if (split && experts) r.push_back(RunSpec{p.offset, p.numel, -1});
         else if (r.empty()) r.push_back(RunSpec{p.offset, p.numel, -1});
         else r[0].numel += p.numel;
+    }
+    for (size_t u = 0; u < runs.size(); u++) {
+        if (chunked[u].empty()) continue;
+        size_t per = (size_t)Ec * c->ffn_hidden * c->d_model;   // one chunk's rows of one tensor
+        for (int j = 0; j < c->n_experts / Ec; j++)
+            for (const ParamInfo* p : chunked[u]) runs[u].push_back(RunSpec{p->offset + j * per, per, -1, j});
     }
     return runs;
 }
 
+// Experts per chunk of a block's experts unit for the GPU store (--zero-chunk-mib; 0: the unit whole): the
+// most whole experts whose BF16 w1, v1, w2 fit chunk_mib MiB (at least one; a divisor of E, so the chunks
+// are alike). Only where the store gathers the experts itself (S > 1) without EP (the dispatcher runs the
+// experts there: the unit stays whole, its E/n experts only) and without FP8 (the FP8 experts quantise a
+// weight over all experts at once); E itself means one chunk, i.e. none.
+static inline int zero_chunk_experts(const DbrxConfig* c, int S, int n, bool fp8, double chunk_mib) {
+    if (S <= 1 || n > 1 || fp8 || !(chunk_mib > 0)) return 0;
+    double expert_bytes = 2.0 * 3 * c->ffn_hidden * c->d_model;
+    int best = 1;
+    for (int e = 1; e <= c->n_experts; e++)
+        if (c->n_experts % e == 0 && e * expert_bytes <= chunk_mib * 1048576.0) best = e;
+    return best == c->n_experts ? 0 : best;
+}
+
 // The units and their shards for S ranks, with no groups and no storage (the GPU store's memory
 // estimate uses it before the groups exist).
-static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1) {
-    zero_layout_from_runs(z, zero_unit_runs(c, t, S, n), S, n);
+static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1, int Ec = 0) {
+    zero_layout_from_runs(z, zero_unit_runs(c, t, S, n, Ec), S, n);
+    z->chunk_experts = Ec;
 }
 
 // the ranks that hold the same shard as this one (the expert replica group): the replica group, but under
@@ -180,7 +225,10 @@ static inline CommGroup* zero_expert_replica(Zero* z) { return z->P == z->S ? &z
 static inline void zero_file_layout(const Zero* z, Zero* f) {
     std::vector<std::vector<RunSpec>> specs(z->n_units);
     for (int u = 0; u < z->n_units; u++)
-        for (const ShardRun& r : z->runs[u]) specs[u].push_back(RunSpec{r.flat_off, r.numel, r.owner});
+        for (size_t i = 0; i < z->runs[u].size(); i++) {
+            const ShardRun& r = z->runs[u][i];
+            specs[u].push_back(RunSpec{r.flat_off, r.numel, r.owner, z->run_chunk[u][i]});
+        }
     zero_layout_from_runs(f, specs, z->P, z->ep_n);
 }
 
@@ -217,7 +265,7 @@ static inline void zero_unit_end(void* ctx, int unit, int phase);
 // The groups and the layout; no storage. S = 0 means the whole world (ZeRO-3). Every rank calls this
 // with the same S. use_nccl: the groups get NCCL communicators (the GPU path, parallel/zero_gpu.cuh).
 static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, Comm* comm, int S,
-                                    int use_nccl, int ep_n = 1) {
+                                    int use_nccl, int ep_n = 1, int Ec = 0) {
     int W = comm->world;
     if (S == 0) S = W;
     if (S < 0 || S > W || W % S != 0) {
@@ -273,7 +321,7 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     }
     if (z->P != S)   // data parallel with EP: the ranks holding the same experts
         z->expert_replica_own = comm_split(z->world, z->lrank, comm->rank, "expert_replica", use_nccl);
-    zero_unit_layout(z, c, t, S, ep_n);
+    zero_unit_layout(z, c, t, S, ep_n, Ec);
     z->segs.clear();
     for (const ParamInfo& p : t)   // intersect each tensor with this rank's pieces of its unit
         zero_unit_pieces(z, p.unit, z->lrank, [&](size_t lo, size_t hi, size_t at) {
@@ -457,6 +505,12 @@ static inline int zero_next_unit(const Zero* z, int u, int phase) {
     if (phase == UNIT_FORWARD) return u + 1 < z->n_units ? u + 1 : -1;
     return u - 1 >= 1 ? u - 1 : -1;   // the embedding's backward reads no parameter
 }
+
+// item (u, j): chunk j of unit u (j = 0 for a unit that is not chunked), in working slot zero_item_slot
+static inline int zero_item(const Zero* z, int u, int j) { return z->item_base[u] + j; }
+static inline int zero_item_slot(const Zero* z, int u, int j) { return zero_item(z, u, j) & 1; }
+// the first item of unit u in the order of `phase` (the backward goes through a unit's chunks backwards)
+static inline int zero_first_chunk(const Zero* z, int u, int phase) { return phase == UNIT_FORWARD ? 0 : z->unit_nchunks[u] - 1; }
 
 static const char* const g_unit_phase_name[] = {"forward", "backward", "backward"};
 

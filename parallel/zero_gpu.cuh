@@ -11,7 +11,9 @@
  *              master shard (what the all-gathers send; AdamW writes it with the master). Host copies of
  *              master, m and v (Zero's) exist only for checkpoints and Hugging Face import/export:
  *              zero_to_host before a save or an export, zero_from_host after a load or an import.
- *   S > 1      two BF16 working slots (unit u in slot u % 2) and two fp32 gradient slots. Gathers run on
+ *   S > 1      two BF16 working slots (unit u in slot u % 2; with --zero-chunk-mib a block's experts are gathered
+ *              in chunks of whole experts, each an item of the slot ring: zero_gpu_chunks.cuh) and two fp32
+ *              gradient slots. Gathers run on
  *              the shard group's stream, reduce-scatters on a second communicator's stream (the streams,
  *              communicators, events and the one issue order: parallel/zero_gpu_comm.cuh), ordered against
  *              the compute stream with events: while unit u computes, unit u+1 (forward) or u-1 (backward)
@@ -121,27 +123,39 @@ static inline size_t zero_gpu_bytes(const Zero* z) {
 
 // the same, before the groups exist: from the parameter table, S and the EP degree n (the model's memory
 // check, --dry-run); a degree that does not fit is left to zero_init to refuse (estimated as none)
-static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S, int n = 1) {
+static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S, int n = 1, int Ec = 0) {
     if (n < 1 || c->n_experts % n || (S > 1 && S % n)) n = 1;
     Zero z;
-    zero_unit_layout(&z, c, dbrx_param_table(c), S, n);
+    zero_unit_layout(&z, c, dbrx_param_table(c), S, n, Ec);
     return zero_gpu_bytes(&z);
 }
 
 static inline void zero_gpu_unit_begin(void* ctx, int u, int phase);
 static inline void zero_gpu_unit_end(void* ctx, int u, int phase);
 static inline void zero_from_host(ZeroGpu* zg);
+static inline void zero_fp8_gather_unit(ZeroGpu* zg, int u, int slot);
+static inline void zero_gpu_chunk_forward(void* ctx, int l, const int* offsets_host, const floatX* xe, floatX* ye, int train);
+static inline void zero_gpu_chunk_backward(void* ctx, int l, const floatX* dye, floatX* dxe);
 #include "zero_gpu_comm.cuh"
 
 // The store of the CUDA path: the groups (NCCL communicators on shard and replica groups), the layout,
 // this rank's shard initialised as the unsharded model would be (seed) in host memory and uploaded.
 // Installs the hooks on `model` when S > 1, else points its views at the whole-model buffers. The
-// model is built first (dbrx_build_shape), with the store's bytes in its memory check.
-static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1, double ep_factor = EP_CAPACITY_DEFAULT) {
+// model is built first (dbrx_build_shape), with the store's bytes in its memory check. chunk_mib:
+// --zero-chunk-mib (zero_chunk_experts: a block's experts gathered chunk by chunk; 0: whole).
+static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1, double ep_factor = EP_CAPACITY_DEFAULT,
+                             double chunk_mib = 0) {
     Zero* z = &zg->z;
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
-    zero_init_layout(z, c, t, comm, S, 1, ep_n);
+    int Ec = zero_chunk_experts(c, S ? S : comm->world, ep_n, fp8_on(&model->fp8), chunk_mib);
+    zero_init_layout(z, c, t, comm, S, 1, ep_n, Ec);
+    if (comm->rank == 0 && Ec)
+        printf("zero: a block's experts gathered and reduce-scattered in %d chunks of %d expert(s) (--zero-chunk-mib %g): working slots "
+               "of %zu params\n", c->n_experts / Ec, Ec, chunk_mib, z->work_numel);
+    else if (comm->rank == 0 && zero_chunk_experts(c, z->S, 1, false, chunk_mib))
+        printf("note: --zero-chunk-mib has no effect with %s: a block's experts are one unit (under EP its %d experts only)\n",
+               ep_n > 1 ? "--expert-parallel" : "--fp8", c->n_experts / ep_n);
     zero_gpu_comm_init(zg, comm->rank);   // the reduce-scatters' communicators (S > 1)
     zg->plant_deferred = -1;
     zg->ep_dispatch = NULL;
@@ -235,6 +249,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         model->hooks = UnitHooks{NULL, NULL, NULL};
     } else {
         model->hooks = UnitHooks{zero_gpu_unit_begin, zero_gpu_unit_end, zg};
+        if (z->chunk_experts) model->experts = ExpertHooksGPU{zero_gpu_chunk_forward, zero_gpu_chunk_backward, zg};   // (never under EP)
     }
     zero_from_host(zg);
     std::vector<CommGroup*> watched = {&z->shard, &z->replica};   // a host blocked behind a stuck collective still ends
@@ -461,52 +476,22 @@ static inline void zero_fp8_gather_unit(ZeroGpu* zg, int u, int slot) {
                                   cudaMemcpyDeviceToDevice, comm));
 }
 
-// issues unit u's all-gather on the communication stream (nothing if its slot holds it)
-static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) {
-    Zero* z = &zg->z;
-    int slot = u & 1;
-    if (zg->slot_unit[slot] == u) return;
-    cudaStream_t comm = zero_comm_stream(zg);
-    cudaCheck(cudaStreamWaitEvent(comm, zg->slot_free[slot], 0));   // the compute stream is done reading it
-    cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));        // the shard is up to date
-    if (g_debug_hooks.plant == PLANT_COMM_SERIAL && zg->rs_on) {    // (the negative control: the old serialisation)
-        cudaCheck(cudaEventRecord(zg->comm_done, zero_gpu_rs_stream(zg)));
-        cudaCheck(cudaStreamWaitEvent(comm, zg->comm_done, 0));
-    }
-    prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d", u);   // (--profile: model/profile.h)
-    if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) zero_fp8_gather_unit(zg, u, slot);   // a block under --fp8-gather
-    else
-        for (const ShardRun& r : z->runs[u])   // each run into its place in the unit
-            if (zero_run_mine(z, r))
-                comm_all_gather(zero_unit_group(z, u), zg->master_bf16 + z->shard_off[u] + r.shard_rel, zg->work[slot] + r.slot_off,
-                                r.chunk, COMM_BF16);
-    prof_end(prof_stream(comm, "communication (shard group)"));
-    cudaCheck(cudaEventRecord(zg->gathered[slot], comm));
-    zg->slot_unit[slot] = u;
-}
-// orders the compute stream after unit u's gather
-static inline void zero_gpu_wait_unit(ZeroGpu* zg, int u) { cudaCheck(cudaStreamWaitEvent(zg->compute, zg->gathered[u & 1], 0)); }
-static inline void zero_gpu_release_unit(ZeroGpu* zg, int u) {
-    if (zg->slot_unit[u & 1] != u) return;
-    cudaCheck(cudaEventRecord(zg->slot_free[u & 1], zg->compute));
-    zg->slot_unit[u & 1] = -1;
-}
-
 static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
     ZeroGpu* zg = (ZeroGpu*)ctx;
     Zero* z = &zg->z;
     DbrxGPU* model = zg->model;
     comm_phase("%s of unit %d (%s)", g_unit_phase_name[phase], u, dbrx_unit_name(u, &model->cfg).c_str());   // the heartbeat (host side)
-    int slot = u & 1;
+    if (z->unit_nchunks[u] > 1) return;   // chunked experts: the experts hook gathers, computes and reduces chunk by chunk
+    int slot = zero_item_slot(z, u, 0);
     if (phase != UNIT_BACKWARD_GRADS_ONLY) {
         zero_gpu_gather_unit_async(zg, u);
-        if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait_unit(zg, u);   // (the negative control skips it)
+        if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait(zg, u, 0);   // (the negative control skips it)
         model_unit_views(&model->p, zg->work[slot], u, &model->cfg, model->table, z->ep_n);
         int next = zero_next_unit(z, u, phase);
         // DBRX_DEBUG_PLANT=reorder_issue: world rank 1 holds the backward's prefetch back until after the unit's
         // reduce-scatter (two communicators issued in another order than its peers: the order check's control)
         if (next >= 0 && g_debug_hooks.plant == PLANT_COMM_REORDER && phase != UNIT_FORWARD && z->world->rank == 1) zg->plant_deferred = next;
-        else if (next >= 0) zero_gpu_gather_unit_async(zg, next);   // overlaps this unit's compute
+        else zero_gpu_prefetch_next(zg, u, phase);   // overlaps this unit's compute
     }
     if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it has finished
         cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
@@ -518,14 +503,21 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
 static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
     ZeroGpu* zg = (ZeroGpu*)ctx;
     Zero* z = &zg->z;
-    if (phase != UNIT_FORWARD) zero_gpu_reduce_scatter_unit(zg, u);   // on the reduce-scatter stream
-    if (zg->plant_deferred >= 0) { zero_gpu_gather_unit_async(zg, zg->plant_deferred); zg->plant_deferred = -1; }
+    if (z->unit_nchunks[u] > 1) return;   // (each chunk was reduce-scattered and released by the experts hook)
+    if (phase != UNIT_FORWARD) zero_gpu_reduce_scatter(zg, u, 0);   // on the reduce-scatter stream
+    if (zg->plant_deferred >= 0) {
+        int d = zg->plant_deferred;
+        zero_gpu_gather_async(zg, d, zero_first_chunk(z, d, phase));
+        zg->plant_deferred = -1;
+    }
     // released after use, but for the last unit after its forward: its backward follows at once, and keeps
     // using the slot. The slot's event is recorded all the same: after a forward-only pass (evaluation)
     // the next gather into that slot must wait for this unit's compute to be done reading it.
-    if (!(phase == UNIT_FORWARD && u == z->n_units - 1)) zero_gpu_release_unit(zg, u);
-    else cudaCheck(cudaEventRecord(zg->slot_free[u & 1], zg->compute));
+    if (!(phase == UNIT_FORWARD && u == z->n_units - 1)) zero_gpu_release(zg, u, 0);
+    else cudaCheck(cudaEventRecord(zg->slot_free[zero_item_slot(z, u, 0)], zg->compute));
 }
+
+#include "zero_gpu_chunks.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // the step
@@ -679,6 +671,7 @@ static inline void zero_free(ZeroGpu* zg) {
     if (z->ep_n > 1) { cudaCheck(cudaEventDestroy(zg->ep_ready)); cudaCheck(cudaEventDestroy(zg->ep_done)); }
     if (zg->ep_dispatch) { ep_gpu_free(zg->ep_dispatch); delete zg->ep_dispatch; zg->ep_dispatch = NULL; }
     zg->model->hooks = UnitHooks{NULL, NULL, NULL};
+    if (z->chunk_experts) zg->model->experts = ExpertHooksGPU{NULL, NULL, NULL};
     free(z->master); free(z->m); free(z->v);
     z->master = z->m = z->v = NULL;
     zero_gpu_comm_free(zg);

@@ -71,20 +71,69 @@ static inline void zero_gpu_comm_free(ZeroGpu* zg) {
     zg->rs_on = 0;
 }
 
-// unit u's gradient (its gradient slot) reduce-scattered into the gradient shard on the reduce-scatter
-// stream, after the compute stream has written it
-static inline void zero_gpu_reduce_scatter_unit(ZeroGpu* zg, int u) {
+// ---------------------------------------------------------------------------------------------
+// gathers and reduce-scatters of items: a unit, or a chunk of a chunked experts unit (zero_gpu_chunks.cuh)
+
+// issues item (u, j)'s all-gather on the communication stream (nothing if its slot holds it)
+static inline void zero_gpu_gather_async(ZeroGpu* zg, int u, int j) {
     Zero* z = &zg->z;
-    int slot = u & 1;
+    int slot = zero_item_slot(z, u, j), item = zero_item(z, u, j);
+    if (zg->slot_unit[slot] == item) return;
+    cudaStream_t comm = zero_comm_stream(zg);
+    cudaCheck(cudaStreamWaitEvent(comm, zg->slot_free[slot], 0));   // the compute stream is done reading it
+    cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));        // the shard is up to date
+    if (g_debug_hooks.plant == PLANT_COMM_SERIAL && zg->rs_on) {    // (the negative control: the old serialisation)
+        cudaCheck(cudaEventRecord(zg->comm_done, zero_gpu_rs_stream(zg)));
+        cudaCheck(cudaStreamWaitEvent(comm, zg->comm_done, 0));
+    }
+    if (z->unit_nchunks[u] > 1)   // (--profile: model/profile.h; test/check_comm_order.py reads "all-gather unit U")
+        prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d chunk %d", u, j);
+    else prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d", u);
+    if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) zero_fp8_gather_unit(zg, u, slot);   // a block under --fp8-gather (never chunked)
+    else
+        for (size_t i = 0; i < z->runs[u].size(); i++) {   // each run of the chunk into its place in the slot
+            const ShardRun& r = z->runs[u][i];
+            if (zero_run_mine(z, r) && z->run_chunk[u][i] == j)
+                comm_all_gather(zero_unit_group(z, u), zg->master_bf16 + z->shard_off[u] + r.shard_rel, zg->work[slot] + r.slot_off,
+                                r.chunk, COMM_BF16);
+        }
+    prof_end(prof_stream(comm, "communication (shard group)"));
+    cudaCheck(cudaEventRecord(zg->gathered[slot], comm));
+    zg->slot_unit[slot] = item;
+}
+static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) { zero_gpu_gather_async(zg, u, 0); }
+// orders the compute stream after item (u, j)'s gather
+static inline void zero_gpu_wait(ZeroGpu* zg, int u, int j) {
+    cudaCheck(cudaStreamWaitEvent(zg->compute, zg->gathered[zero_item_slot(&zg->z, u, j)], 0));
+}
+static inline void zero_gpu_release(ZeroGpu* zg, int u, int j) {
+    int slot = zero_item_slot(&zg->z, u, j);
+    if (zg->slot_unit[slot] != zero_item(&zg->z, u, j)) return;
+    cudaCheck(cudaEventRecord(zg->slot_free[slot], zg->compute));
+    zg->slot_unit[slot] = -1;
+}
+// the next item's gather after unit u in `phase` (the prefetch), if any
+static inline void zero_gpu_prefetch_next(ZeroGpu* zg, int u, int phase) {
+    int next = zero_next_unit(&zg->z, u, phase);
+    if (next >= 0) zero_gpu_gather_async(zg, next, zero_first_chunk(&zg->z, next, phase));
+}
+
+// item (u, j)'s gradient (its gradient slot: the unit's, or chunk j's of a chunked experts unit)
+// reduce-scattered into the gradient shard on the reduce-scatter stream, after the compute stream has written it
+static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
+    Zero* z = &zg->z;
+    int slot = zero_item_slot(z, u, j);
     cudaStream_t rs = zero_gpu_rs_stream(zg);
     cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
     cudaCheck(cudaStreamWaitEvent(rs, zg->grads_ready[slot], 0));
-    prof_begin(prof_stream(rs, "communication (shard group, reduce-scatter)"), "comm", "reduce-scatter unit %d", u);
+    if (z->unit_nchunks[u] > 1) prof_begin(prof_stream(rs, "communication (shard group, reduce-scatter)"), "comm", "reduce-scatter unit %d chunk %d", u, j);
+    else prof_begin(prof_stream(rs, "communication (shard group, reduce-scatter)"), "comm", "reduce-scatter unit %d", u);
     // (test/test_zero_gpu.sh's negative control plants an error here: the neighbour's chunk)
     CommGroup* grp = zero_gpu_rs_group(zg, u);
     int mine = g_debug_hooks.plant == PLANT_REDUCE_SCATTER_CHUNK ? (grp->rank + 1) % grp->size : grp->rank;
-    for (const ShardRun& r : z->runs[u]) {   // run by run, out of the unit's full gradient
-        if (!zero_run_mine(z, r)) continue;
+    for (size_t i = 0; i < z->runs[u].size(); i++) {   // run by run, out of the full gradient of the unit (chunk)
+        const ShardRun& r = z->runs[u][i];
+        if (!zero_run_mine(z, r) || z->run_chunk[u][i] != j) continue;
         float* full = zg->gwork[slot] + r.slot_off;
         comm_reduce_scatter_inplace(grp, full, r.chunk, COMM_F32);
         LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, rs, zg->grad + z->shard_off[u] + r.shard_rel,

@@ -134,6 +134,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     bash test/test_zero_gpu.sh
     echo "== the store's communication streams: reduce-scatters beside the gathers, one issue order of the communicators (work logs)"
     bash test/test_comm_streams.sh
+    echo "== the store's chunked experts (--zero-chunk-mib): bit-identical to the units whole, the working set the plan's, a negative control"
+    bash test/test_zero_chunks.sh
     echo "== GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)"; bash test/test_gemm_pins.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"

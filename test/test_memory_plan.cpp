@@ -108,6 +108,16 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
     c.n_layers = 7;   // extrapolated in the layers from 1, 2, 3 (the store's layout is affine in them)
     MemoryPlan p = memory_plan(&c, 2, 16, 4, 2, 4, FP8_OFF);
     CHECK(plan_param_state(&p) + p.gathered_slots + p.grad_slots == (long double)zero_gpu_estimate_bytes(&c, 4, 2));
+    // --zero-chunk-mib: the experts in chunks (S > 1 without EP); a budget of a tenth of the experts unit
+    double mib = 0.1 * 2.0 * 3 * c.n_experts * c.ffn_hidden * c.d_model / 1048576;
+    for (int S : {2, 4}) {
+        MemoryPlan q = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF, EP_CAPACITY_DEFAULT, mib);
+        int Ec = zero_chunk_experts(&c, S, 1, false, mib);
+        CAPTURE(S); CAPTURE(Ec);
+        CHECK((Ec >= 1 && Ec < c.n_experts && q.chunk_experts == Ec));
+        CHECK(plan_param_state(&q) + q.gathered_slots + q.grad_slots == (long double)zero_gpu_estimate_bytes(&c, S, 1, Ec));
+        CHECK(q.gathered_slots < memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF).gathered_slots);
+    }
 }
 
 // one forward and backward of the emulated model (B x T tokens): the peak of its device memory above what was

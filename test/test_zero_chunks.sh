@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# test_zero_chunks.sh — the device store's chunked experts (--zero-chunk-mib, parallel/zero_gpu_chunks.cuh) on
+# the SIMT emulator under mpirun (the NCCL twin), against the same store with the experts gathered whole
+# (--zero-chunk-mib 0, today's path, itself checked against the CPU by test_zero_gpu.sh):
+#   * np 2 ZeRO-3, chunks of 1 expert (16 chunks per layer) with evaluation and generation, and chunks of 4
+#     experts with --recompute moe in layer 0 and swiglu in layer 1: every loss, validation loss and the sampled
+#     text bit-identical, the bytes per step equal; np 4 HSDP 2x2 with chunks: the losses bit-identical;
+#   * the memory bound: every rank's emulated peak device memory is the --dry-run plan's allocations (0.1%),
+#     and lower than the unchunked run's by exactly 2 x (2 + 4) bytes x (the experts unit - one expert) per
+#     slot, the sizes computed here from the model's dimensions; the planned working set at two expert widths
+#     (ffn 224 and 896) stays within the budget while the unchunked one grows 4x; DBRX-132B's plan (S 64):
+#     slots of the largest other unit (norm_f + lm_head, V d + d), not of the experts (3 E F d);
+#   * --export-hf after the chunked run byte-identical; a chunked run's checkpoint resumed unchunked, bit-identical;
+#   * the EP case: under --expert-parallel the flag says it has no effect (each rank gathers its own experts);
+#   * negative control: a chunk's gradient reduce-scattered before its backward (DBRX_DEBUG_PLANT=chunk_early_rs,
+#     run at once) changes the losses;
+#   * bad values of --zero-chunk-mib: exit 2, one line naming the flag.
+cd "$(dirname "$0")/.." || exit 1
+source test/lib.sh
+PY=${PYTHON:-/usr/bin/python3}
+MPI="bash dev/mpirun.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+G=(--model dbrx-tiny --n-layers 2 --seq 32 --steps 3 --batch 1 --grad-clip 0)
+runp() {  # name, np, flags...: the emulated GPU under mpirun
+    local name=$1 np=$2; shift 2
+    $MPI -np "$np" ./train_dbrx_emu --device cuda "${G[@]}" "$@" --log "$tmp/$name.jsonl" > "$tmp/$name.out" 2>&1 ||
+        fail "$name: $(grep -v '^step' "$tmp/$name.out" | tail -3)"
+}
+
+# --- bad values
+for v in -1 abc nan 2e6; do
+    expect_exit 2 "--zero-chunk-mib $v refused" ./train_dbrx_cpu --model dbrx-tiny --zero-chunk-mib "$v" --dry-run
+    echo "$LAST_ERR" | grep -q -- "--zero-chunk-mib" || fail "--zero-chunk-mib $v: the error does not name the flag"
+done
+
+# --- bit-identity (one expert = 3 x 224 x 128 BF16 = 0.164 MiB: 0.2 -> 1 expert per chunk, 0.7 -> 4)
+E=(--grad-accum 2 --shard-group-size 2 --val-every 2 --sample-every 2)
+runp whole 2 "${E[@]}" --zero-chunk-mib 0 --export-hf "$tmp/hf_whole" --export-dtype fp32
+runp c1 2 "${E[@]}" --zero-chunk-mib 0.2 --export-hf "$tmp/hf_c1" --export-dtype fp32
+cmp -s "$tmp/hf_whole/model.safetensors" "$tmp/hf_c1/model.safetensors" \
+    && pass "--export-hf after 3 steps: the chunked run's weights byte-identical to the unchunked run's" || fail "--export-hf differs"
+# a checkpoint of the chunked layout (its runs with their flat offsets in the manifest) resumed with the experts whole
+runp ck1 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2 --ckpt-dir "$tmp/ck" --stop-after 2
+runp ck2 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0 --ckpt-dir "$tmp/ck" --resume auto
+runp c4rc 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.7 --recompute moe:0,swiglu:1
+SIMT_STEP_COUNTERS=1 runp h4 4 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2   # (+ the emulated peak memory)
+DBRX_DEBUG_PLANT=chunk_early_rs runp planted 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2
+grep -q "in 16 chunks of 1 expert" "$tmp/c1.out" && grep -q "in 4 chunks of 4 expert" "$tmp/c4rc.out" \
+    && pass "the store says how it chunks (16 chunks of 1 expert, 4 of 4)" || fail "no chunking line: $(grep zero: "$tmp/c1.out" | head -2)"
+
+# --- the EP case: no chunking there (the dispatcher runs the experts), said once; each rank gathers its experts only
+G=(--model dbrx-tiny --n-layers 2 --seq 32 --steps 1 --batch 1 --val-every 0)
+runp ep2 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.2
+grep -q "no effect with --expert-parallel: a block's experts are one unit (under EP its 8 experts only)" "$tmp/ep2.out" \
+    && pass "under --expert-parallel 2 the flag says it has no effect; the unit holds the rank's 8 experts" \
+    || fail "EP: $(grep -i 'chunk' "$tmp/ep2.out" | head -2)"
+
+# the plans: allocations of the chunked run, the working set at two widths, DBRX-132B at S 64
+D=(--model dbrx-tiny --n-layers 2 --seq 32 --batch 1 --shard-group-size 2 --dry-run --plan-gpus 4)
+./train_dbrx_cpu "${D[@]}" --zero-chunk-mib 0.2 > "$tmp/plan_c1" 2>&1
+./train_dbrx_cpu "${D[@]}" --zero-chunk-mib 0 > "$tmp/plan_whole" 2>&1
+for f in 224 896; do
+    for m in 0 0.7; do ./train_dbrx_cpu "${D[@]}" --ffn-hidden $f --zero-chunk-mib $m > "$tmp/plan_f${f}_$m" 2>&1; done
+done
+./train_dbrx_cpu --model dbrx-132b --batch 1 --seq 4096 --shard-group-size 64 --plan-gpus 64 --dry-run > "$tmp/plan_132b" 2>&1
+./train_dbrx_cpu --model dbrx-132b --batch 1 --seq 4096 --shard-group-size 64 --plan-gpus 64 --dry-run --zero-chunk-mib 0 > "$tmp/plan_132b_whole" 2>&1
+
+$PY - "$tmp" <<'PY' > "$tmp/verdicts"
+import json, os, re, sys
+tmp = sys.argv[1]
+def log(n): return [json.loads(l) for l in open(os.path.join(tmp, n + ".jsonl"))]
+def losses(n): return [(r["step"], r["loss"]) for r in log(n) if "loss" in r]
+def field(n, k): return [r[k] for r in log(n) if k in r]
+def out(n): return open(os.path.join(tmp, n)).read()
+def v(ok, msg): print(("pass " if ok else "fail ") + msg)
+w, c1 = losses("whole"), losses("c1")
+v(len(w) == 3 and w == c1, "np 2 ZeRO-3, chunks of 1 expert: the 3 losses bit-identical to the experts gathered whole %s" % c1)
+v(field("whole", "val_loss") == field("c1", "val_loss") and field("c1", "val_loss"), "... and the validation losses %s" % field("c1", "val_loss"))
+samples = lambda n: re.findall(r"^sample \d+: (?!\d+ tokens).*$", out(n + ".out"), re.M)
+v(samples("whole") == samples("c1") and samples("c1"), "... and the sampled text (generation through the chunks, train 0)")
+v(field("whole", "comm_bytes") == field("c1", "comm_bytes"), "... and the bytes per step %s" % field("c1", "comm_bytes")[:1])
+v(losses("ck2") == w[2:] and len(w) == 3, "a chunked run's checkpoint at step 2 resumed with the experts whole: step 3 bit-identical %s" % losses("ck2"))
+v(losses("c4rc") == w, "chunks of 4 experts with --recompute moe:0,swiglu:1: bit-identical %s" % losses("c4rc"))
+v(losses("h4") == w, "np 4 HSDP 2x2 (grad-accum 1: the same global batch) with chunks: bit-identical %s" % losses("h4"))
+v(losses("planted") != w, "negative control: a chunk reduce-scattered before its backward changes the losses %s" % losses("planted"))
+# memory: the emulated peak per rank against the plan; the plan's slots against the sizes' formula
+peak = lambda n: [int(x) for x in re.findall(r"^simt peak device memory: (\d+) bytes", out(n + ".out"), re.M)]
+allocs = lambda n: int(re.search(r"^plan bytes: allocations (\d+)", out(n), re.M).group(1))
+plan, pc = allocs("plan_c1"), peak("h4")
+v(len(pc) >= 4 and abs(max(pc) / plan - 1) <= 0.001, "np 4 HSDP with chunks: every rank's emulated peak (max %d) is the --dry-run plan's allocations %d (%+.4f%%)" % (
+    max(pc) if pc else 0, plan, 100 * (max(pc) / plan - 1) if pc else 0))
+d, F, E, V = 128, 224, 16, 384
+expert = 3 * F * d   # 86016: larger than every other unit of this model (norm_f + lm_head V d + d = 49280, a block's ~52 K)
+m = re.search(r"working slots of (\d+) params", out("h4.out"))
+slot = int(m.group(1)) if m else -1
+v(slot == expert, "the chunked working slot holds one expert's w1, v1, w2: %d params (3 F d = %d)" % (slot, expert))
+# whole minus chunked, in the plan: two slots of BF16 + FP32 of 3 E F d against 3 F d (the peak above holds the plan to
+# 0.1%; what the plan leaves out, the AdamW segment table, 20 B per tensor piece, is 1.8 KB more with the chunks here)
+want = 2 * (2 + 4) * (3 * E * F * d - expert)
+got = allocs("plan_whole") - plan
+v(got == want, "the plan with the experts whole is larger by 2 x (2 + 4) B x (3 E F d - 3 F d) = %d bytes (%d)" % (want, got))
+ws = lambda n: int(re.search(r"two slots of (\d+) params", out(n)).group(1))
+for f in (224, 896):
+    cw, ww = ws("plan_f%d_0.7" % f), ws("plan_f%d_0" % f)
+    v(ww == 3 * E * f * d and cw * 2 <= 0.7 * 2**20 and cw >= 3 * f * d,
+      "ffn %d: the planned slot %d params (%.3f MiB BF16, within the budget 0.7) against the whole experts unit %d" % (f, cw, cw * 2 / 2**20, ww))
+v(ws("plan_f896_0") == 4 * ws("plan_f224_0") and ws("plan_f896_0.7") == ws("plan_f224_0.7"),
+  "4x the expert width: the whole unit's slot 4x, the chunked slot the same (4 experts per chunk at ffn 224, 1 at 896)")
+dm, Fm, Em, Vm = 6144, 10752, 16, 100352
+v(ws("plan_132b") == Vm * dm + dm and ws("plan_132b_whole") == 3 * Em * Fm * dm,
+  "DBRX-132B S 64: slots of norm_f + lm_head (%d params) with the default chunks, of the experts (%d) whole" % (ws("plan_132b"), ws("plan_132b_whole")))
+PY
+verdicts "$tmp/verdicts" 15
