@@ -6,6 +6,7 @@
 #     ZeRO-3 on 2 ranks with the model's own uneven routing; every token to EP rank 0's experts (DBRX_DEBUG_ROUTE_FIRST at
 #     the dropless bound: rank 1's experts receive no row, empty chunks still exchanged); --recompute moe and swiglu;
 #     data parallel EP 2; the CPU (whose MPI exchange stays in one piece) with and without the flag;
+#   * the bytes each rank sends in its EP group: those of one piece, the formula of test/test_ep.sh, exactly;
 #   * the stream structure (test/check_comm_order.py ep_overlap on the work log): with 4 chunks most EP exchanges run
 #     concurrently with an expert GEMM on another stream; with 1 chunk none does (the negative control);
 #   * every rank issues its communicators in one order with chunks (check_comm_order.py order);
@@ -57,6 +58,20 @@ if [ -x "$EMU" ]; then
     done
     for c in 1 4; do run "dp$c" "$EMU" -- "${G[@]}" --shard-group-size 1 --ep-overlap-chunks $c; done
     same "emulated GPU, data parallel EP 2: 1 and 4 chunks" dp1 dp4
+
+    # the bytes of the exchange: as in one piece (test/test_ep.sh's formula), on every rank
+    out=$($PY - "$tmp/c1.out" "$tmp/c4.out" <<'PY'
+import re, sys
+d, E = 64, 4
+got = [re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in",
+                  open(p).read()) for p in sys.argv[1:]]
+ok = all(len(g) == 2 for g in got) and sorted(got[0]) == sorted(got[1]) and all(
+    int(b) == int(c) * E * 4 + 2 * d * 2 * (int(o) + int(i)) for r, b, c, o, i in got[1])
+print(("pass" if ok else "fail") + " bytes in the EP group with 4 chunks = with 1 = counts x E x 4 + 2 x d x 2 x (rows out + rows in): " +
+      "; ".join("rank %s %s (%s out, %s in)" % (r, b, o, i) for r, b, c, o, i in sorted(got[1])))
+sys.exit(0 if ok else 1)
+PY
+) && pass "${out#pass }" || fail "$out"
 
     # the stream structure, and its negative control
     out=$($PY test/check_comm_order.py ep_overlap "$tmp/c4.wl.0" 2>&1) && pass "4 chunks: $out" || fail "4 chunks: $out"
