@@ -118,20 +118,25 @@ static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* coun
 }
 
 // The exchange of one layer in C chunks (--ep-overlap-chunks: the GPU overlaps chunk c's experts with the
-// exchange of chunks c - 1 and c + 1, expert_parallel_cuda.cuh). Chunk c of rank r's local expert j is the
-// slice [b(j, c), b(j, c + 1)) of that expert's expert-major rows (every peer's, in peer order: the unchunked
-// order), b(j, c) = lo_j + cnt_j c / C. Chunking so keeps every row's place in the expert-major order: the
-// experts' forward and input gradients are row by row, and the weight gradients can run over each
-// expert's rows in one piece, in the unchunked order, after the last chunk (the same sums, bit for bit).
-// The sender's rows of a chunk for a peer are one contiguous piece of xe per expert of that peer (xe keeps
-// a peer's rows in the order they take there), so they are staged chunk-major first (stage) and the chunk
-// travels as one all-to-all(v); from peer q come, per chunk, its pieces for my experts in expert order.
-// C = 1 is the unchunked exchange: stage the identity, perm ep_plan's.
+// exchange of chunks c - 1 and c + 1, expert_parallel_cuda.cuh). Rank r's local expert j has C slices of its
+// expert-major rows (every peer's, in peer order: the unchunked order), slice s = [b(s), b(s + 1)),
+// b(s) = lo_j + cnt_j s / C. Slicing so keeps every row's place in the expert-major order: the experts'
+// forward and input gradients are row by row, and the weight gradients can run over each expert's rows in
+// one piece, in the unchunked order, after the last chunk (the same sums, bit for bit). Slice s holds the rows
+// of peers about [s n / C, (s + 1) n / C): were chunk c slice c on every rank, in chunk c those peers would send
+// all their rows and the others none, each chunk's exchange as long as the whole one on a link-bound fabric.
+// So rank r takes its slices in a rotated order, chunk c = slice (c + r C / n) mod C: in each chunk every
+// rank sends to about n / C ranks, 1/C of its rows (balanced routing), and chunk 0 is the slice of rank r's
+// own rows (C >= n: only those, which never leave the GPU). The sender's rows of a chunk for a peer are one
+// contiguous piece of xe per expert of that peer (xe keeps a peer's rows in the order they take there), so
+// they are staged chunk-major first (stage) and the chunk travels as one all-to-all(v); from peer q come, per
+// chunk, its pieces for my experts in expert order. C = 1 is the unchunked exchange: stage the identity,
+// perm ep_plan's.
 typedef struct {
     int C = 1;
     std::vector<size_t> send_rows, recv_rows;     // (C, n): rows to / from peer p in chunk c
     std::vector<size_t> send_start, recv_start;   // (C + 1): chunk c's first row among the staged (sent) / received rows
-    std::vector<int> bounds;                      // (E/n, C + 1): b(j, c), rows of my expert-major order
+    std::vector<int> first, last;                 // (E/n, C): my expert j's rows in chunk c: [first, last) of my expert-major order
     std::vector<int> stage, unstage;              // (N k): staged row s = xe row stage[s]; xe row i = staged row unstage[i]
     std::vector<int> perm, inv;                   // (R): expert-major row i = received row perm[i]; received row i = expert-major inv[i]
 } EpChunks;
@@ -144,18 +149,23 @@ static inline void ep_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, c
     auto cnt = [&](int r, int j) { int s = 0; for (int q = 0; q < n; q++) s += all[(size_t)q * E + r * El + j]; return s; };
     auto lo = [&](int r, int j) { int s = 0; for (int jj = 0; jj < j; jj++) s += cnt(r, jj); return s; };
     auto base = [&](int q, int r, int j) { int s = lo(r, j); for (int qq = 0; qq < q; qq++) s += all[(size_t)qq * E + r * El + j]; return s; };
-    auto bound = [&](int r, int j, int c) { return lo(r, j) + (int)((long long)cnt(r, j) * c / C); };
+    auto bound = [&](int r, int j, int s) { return lo(r, j) + (int)((long long)cnt(r, j) * s / C); };
+    auto slice = [&](int r, int c) { return (int)((c + (long long)r * C / n) % C); };   // rank r's chunk c
     // the piece of peer q's rows for rank r's expert j in chunk c: expert-major rows [*s0, *s1) of rank r
     auto piece = [&](int q, int r, int j, int c, int* s0, int* s1) {
-        int b = base(q, r, j), e = b + all[(size_t)q * E + r * El + j];
-        *s0 = std::max(b, bound(r, j, c)); *s1 = std::min(e, bound(r, j, c + 1));
+        int b = base(q, r, j), e = b + all[(size_t)q * E + r * El + j], s = slice(r, c);
+        *s0 = std::max(b, bound(r, j, s)); *s1 = std::min(e, bound(r, j, s + 1));
         if (*s1 < *s0) *s1 = *s0;
     };
     ch->C = C;
     ch->send_rows.assign((size_t)C * n, 0); ch->recv_rows.assign((size_t)C * n, 0);
     ch->send_start.assign(C + 1, 0); ch->recv_start.assign(C + 1, 0);
-    ch->bounds.assign((size_t)El * (C + 1), 0);
-    for (int j = 0; j < El; j++) for (int c = 0; c <= C; c++) ch->bounds[(size_t)j * (C + 1) + c] = bound(me, j, c);
+    ch->first.assign((size_t)El * C, 0); ch->last.assign((size_t)El * C, 0);
+    for (int j = 0; j < El; j++)
+        for (int c = 0; c < C; c++) {
+            ch->first[(size_t)j * C + c] = bound(me, j, slice(me, c));
+            ch->last[(size_t)j * C + c] = bound(me, j, slice(me, c) + 1);
+        }
     ch->stage.clear(); ch->perm.assign(pl->R, 0); ch->inv.clear();
     for (int c = 0; c < C; c++) {
         for (int r = 0; r < n; r++)   // what I send: to rank r, its experts' pieces of my rows (xe: grouped by expert)

@@ -229,9 +229,9 @@ struct EpChunkRun {
     }
     // chunk c's rows of local expert j: its first expert-major row, *rows of them
     int rows_of(int j, int c, int* rows) const {
-        const int* b = &ch->bounds[(size_t)j * (ch->C + 1)];
-        *rows = b[c + 1] - b[c];
-        return b[c];
+        size_t i = (size_t)j * ch->C + c;
+        *rows = ch->last[i] - ch->first[i];
+        return ch->first[i];
     }
 };
 
