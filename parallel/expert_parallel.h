@@ -41,9 +41,9 @@ typedef struct {
 #define EP_CAPACITY_DEFAULT 2.0
 
 // --ep-overlap-chunks' default: the GPU's exchange of each MoE layer in this many chunks, overlapped with the
-// experts (ep_chunk_layout; parallel/README.md, "Overlapping the exchange": why this number)
-#define EP_OVERLAP_CHUNKS_DEFAULT 1
-#define EP_OVERLAP_CHUNKS_DEFAULT_S "1"
+// experts (ep_chunk_layout; parallel/README.md, "Overlapping the exchange with the experts": why 2)
+#define EP_OVERLAP_CHUNKS_DEFAULT 2
+#define EP_OVERLAP_CHUNKS_DEFAULT_S "2"
 
 // The rows one EP rank may receive in one MoE layer, planned: factor x N tokens x top-k (rounded up),
 // at most the dropless bound n N min(k, E/n) (every peer's every token sends min(k, E/n) rows to this

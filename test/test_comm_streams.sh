@@ -40,7 +40,7 @@ losses() { grep -o '"loss": [^,]*' "$tmp/$1.jsonl" | tr '\n' ' '; }
 
 runp zero2 2 --shard-group-size 2
 runp hsdp 4 --shard-group-size 2
-runp ep2 4 --shard-group-size 4 --expert-parallel 2
+runp ep2 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 1
 runp ep2c 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 2
 DBRX_DEBUG_PLANT=serial_streams runp serial 2 --shard-group-size 2
 DBRX_DEBUG_PLANT=reorder_issue runp reorder 2 --shard-group-size 2

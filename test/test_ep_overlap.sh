@@ -101,9 +101,9 @@ fi
 
 # the CPU: the option accepted, the exchange in one piece, the same losses
 if [ -x "$BIN" ]; then
-    run cpu1 "$BIN" -- --expert-parallel 2
+    run cpu1 "$BIN" -- --expert-parallel 2 --ep-overlap-chunks 1
     run cpu4 "$BIN" -- --expert-parallel 2 --ep-overlap-chunks 4
-    same "CPU, EP 2 (ZeRO-3 np 2): without the flag and with 4 chunks" cpu1 cpu4
+    same "CPU, EP 2 (ZeRO-3 np 2): 1 and 4 chunks" cpu1 cpu4
     for v in 0 65 two; do
         out=$("$BIN" "${SMALL[@]}" --ep-overlap-chunks $v 2>&1); rc=$?
         [ $rc = 2 ] && [ "$(grep -c . <<<"$out")" = 1 ] && grep -q "ep-overlap-chunks" <<<"$out" \
