@@ -67,7 +67,8 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     size_t ep_rows = 0, ep_bytes = 0;
     if (ep_n > 1 && cfg.n_experts % ep_n == 0) {
         ep_rows = ep_gpu_planned_rows(&cfg, (size_t)args.run.batch * args.run.seq, ep_n, args.parallel.ep_capacity, fp8.recipe != FP8_OFF);
-        ep_bytes = ep_gpu_buffers(NULL, &cfg, ep_n, ep_rows, fp8.recipe);
+        ep_bytes = ep_gpu_buffers(NULL, &cfg, ep_n, ep_rows, fp8.recipe)
+                   + (fp8.recipe == FP8_OFF ? ep_gpu_chunk_bytes(&cfg, ep_rows, (size_t)args.run.batch * args.run.seq * cfg.top_k, args.parallel.ep_chunks) : 0);
     }
     dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq, &fp8,
                      zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, ep_n,
@@ -76,6 +77,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
     zero_init(&store, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, ep_n, args.parallel.ep_capacity,
               args.parallel.zero_chunk_mib);
+    if (store.ep_dispatch) ep_gpu_set_chunks(store.ep_dispatch, args.parallel.ep_chunks);   // (--ep-overlap-chunks)
     model.activation_bytes += ep_bytes;
     Zero* z = &store.z;
     store.z.fp8_cfg = &model.fp8.cfg;   // the FP8 scaling state that checkpoints carry

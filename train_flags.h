@@ -39,6 +39,7 @@ typedef struct {
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
     int expert_parallel = 1;       // EP degree (parallel/expert_parallel.h): the experts split over groups of this many ranks
     float ep_capacity = EP_CAPACITY_DEFAULT;   // EP on the GPU: rows planned per layer, x tokens x top-k (ep_plan_rows; 0: dropless)
+    int ep_chunks = EP_OVERLAP_CHUNKS_DEFAULT;  // EP on the GPU: the exchange in chunks overlapped with the experts (ep_chunk_layout)
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
     float zero_chunk_mib = 512;      // the GPU store's experts chunks (parallel/zero_gpu_chunks.cuh): MiB of BF16 weights each; 0: whole
 } ParallelArgs;
@@ -176,6 +177,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                               "a block's experts in chunks of whole experts, the most whose BF16 weights fit "
                                                               "M MiB (at least one; default 512: one expert of DBRX-132B); 0: the experts of "
                                                               "a layer as one unit"},
+        {"--ep-overlap-chunks", "", F_INT, &a->parallel.ep_chunks, "EP on the GPU: each MoE layer's exchange in N chunks of every "
+                                                              "expert's rows, chunk c's experts computed while chunk c+1 is dispatched and "
+                                                              "c-1 combined (1..64, default " EP_OVERLAP_CHUNKS_DEFAULT_S "; 1: one exchange; the "
+                                                              "same losses bit for bit; no effect under --fp8 or on the CPU)"},
         {"--shard-group-size", "", F_INT, &a->parallel.shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
@@ -409,6 +414,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
     if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);
+    if (a->parallel.ep_chunks < 1 || a->parallel.ep_chunks > 64)
+        fail(EXIT_BAD_INPUT, "--ep-overlap-chunks %d must be in [1, 64] (1: the exchange in one piece)", a->parallel.ep_chunks);
     if (a->ckpt.every < 0 || a->ckpt.keep < 1 || a->ckpt.keep_every < 0)
         fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt.every,
              a->ckpt.keep_every, a->ckpt.keep);

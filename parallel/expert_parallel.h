@@ -40,6 +40,11 @@ typedef struct {
 // (tokens x top-k) per MoE layer (README, --ep-capacity-factor: what it costs at DBRX-132B width)
 #define EP_CAPACITY_DEFAULT 2.0
 
+// --ep-overlap-chunks' default: the GPU's exchange of each MoE layer in this many chunks, overlapped with the
+// experts (ep_chunk_layout; parallel/README.md, "Overlapping the exchange with the experts": why 2)
+#define EP_OVERLAP_CHUNKS_DEFAULT 2
+#define EP_OVERLAP_CHUNKS_DEFAULT_S "2"
+
 // The rows one EP rank may receive in one MoE layer, planned: factor x N tokens x top-k (rounded up),
 // at most the dropless bound n N min(k, E/n) (every peer's every token sends min(k, E/n) rows to this
 // rank's E/n experts: no routing can need more), and at least that bound for one token per rank (the
@@ -64,6 +69,7 @@ typedef struct {
     std::vector<int> recv_counts;              // (n * E/n): [q][j] rows peer q routes to my expert j
     std::vector<size_t> send_rows, recv_rows;  // (n)
     std::vector<int> loffsets, perm;           // (E/n + 1), (R): expert-major row i = received row perm[i]
+    std::vector<int> all;                      // (n, E): every peer's counts (the chunked exchange's layout: ep_chunk_layout)
     int R;                                     // rows received (every peer's, for my experts)
 } EpPlan;
 
@@ -87,6 +93,7 @@ static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* coun
                  "--ep-capacity-factor) or lower --batch/--seq", l, r, rows, ep->cap, ep->cap_how.c_str());
         }
     }
+    pl->all = all;
     pl->recv_counts.assign((size_t)n * El, 0);
     for (int q = 0; q < n; q++) for (int j = 0; j < El; j++) pl->recv_counts[(size_t)q * El + j] = all[(size_t)q * E + ep->rank * El + j];
     pl->send_rows.assign(n, 0); pl->recv_rows.assign(n, 0);
@@ -108,6 +115,92 @@ static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* coun
             for (int jj = 0; jj < j; jj++) r0 += pl->recv_counts[(size_t)q * El + jj];
             for (int r = 0; r < pl->recv_counts[(size_t)q * El + j]; r++) pl->perm[i++] = r0 + r;
         }
+}
+
+// The exchange of one layer in C chunks (--ep-overlap-chunks: the GPU overlaps chunk c's experts with the
+// exchange of chunks c - 1 and c + 1, expert_parallel_cuda.cuh). Rank r's local expert j has C slices of its
+// expert-major rows (every peer's, in peer order: the unchunked order), slice s = [b(s), b(s + 1)),
+// b(s) = lo_j + cnt_j s / C. Slicing so keeps every row's place in the expert-major order: the experts'
+// forward and input gradients are row by row, and the weight gradients can run over each expert's rows in
+// one piece, in the unchunked order, after the last chunk (the same sums, bit for bit). Slice s holds the rows
+// of peers about [s n / C, (s + 1) n / C): were chunk c slice c on every rank, in chunk c those peers would send
+// all their rows and the others none, each chunk's exchange as long as the whole one on a link-bound fabric.
+// So rank r takes its slices in a rotated order, chunk c = slice (c + r C / n) mod C: in each chunk every
+// rank sends to about n / C ranks, 1/C of its rows (balanced routing), and chunk 0 is the slice of rank r's
+// own rows (C >= n: only those, which never leave the GPU). The sender's rows of a chunk for a peer are one
+// contiguous piece of xe per expert of that peer (xe keeps a peer's rows in the order they take there), so
+// they are staged chunk-major first (stage) and the chunk travels as one all-to-all(v); from peer q come, per
+// chunk, its pieces for my experts in expert order. C = 1 is the unchunked exchange: stage the identity,
+// perm ep_plan's.
+typedef struct {
+    int C = 1;
+    std::vector<size_t> send_rows, recv_rows;     // (C, n): rows to / from peer p in chunk c
+    std::vector<size_t> send_start, recv_start;   // (C + 1): chunk c's first row among the staged (sent) / received rows
+    std::vector<int> first, last;                 // (E/n, C): my expert j's rows in chunk c: [first, last) of my expert-major order
+    std::vector<int> stage, unstage;              // (N k): staged row s = xe row stage[s]; xe row i = staged row unstage[i]
+    std::vector<int> perm, inv;                   // (R): expert-major row i = received row perm[i]; received row i = expert-major inv[i]
+} EpChunks;
+
+// layer pl's exchange in C chunks; offsets (E + 1): xe's rows per expert (this rank's routing)
+static inline void ep_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int C, EpChunks* ch) {
+    int n = ep->n, El = E / n, me = ep->rank;
+    const std::vector<int>& all = pl->all;
+    // rank r's expert j: its first expert-major row (lo), its rows (cnt), and peer q's first among them (base)
+    auto cnt = [&](int r, int j) { int s = 0; for (int q = 0; q < n; q++) s += all[(size_t)q * E + r * El + j]; return s; };
+    auto lo = [&](int r, int j) { int s = 0; for (int jj = 0; jj < j; jj++) s += cnt(r, jj); return s; };
+    auto base = [&](int q, int r, int j) { int s = lo(r, j); for (int qq = 0; qq < q; qq++) s += all[(size_t)qq * E + r * El + j]; return s; };
+    auto bound = [&](int r, int j, int s) { return lo(r, j) + (int)((long long)cnt(r, j) * s / C); };
+    auto slice = [&](int r, int c) { return (int)((c + (long long)r * C / n) % C); };   // rank r's chunk c
+    // the piece of peer q's rows for rank r's expert j in chunk c: expert-major rows [*s0, *s1) of rank r
+    auto piece = [&](int q, int r, int j, int c, int* s0, int* s1) {
+        int b = base(q, r, j), e = b + all[(size_t)q * E + r * El + j], s = slice(r, c);
+        *s0 = std::max(b, bound(r, j, s)); *s1 = std::min(e, bound(r, j, s + 1));
+        if (*s1 < *s0) *s1 = *s0;
+    };
+    ch->C = C;
+    ch->send_rows.assign((size_t)C * n, 0); ch->recv_rows.assign((size_t)C * n, 0);
+    ch->send_start.assign(C + 1, 0); ch->recv_start.assign(C + 1, 0);
+    ch->first.assign((size_t)El * C, 0); ch->last.assign((size_t)El * C, 0);
+    for (int j = 0; j < El; j++)
+        for (int c = 0; c < C; c++) {
+            ch->first[(size_t)j * C + c] = bound(me, j, slice(me, c));
+            ch->last[(size_t)j * C + c] = bound(me, j, slice(me, c) + 1);
+        }
+    ch->stage.clear(); ch->perm.assign(pl->R, 0); ch->inv.clear();
+    for (int c = 0; c < C; c++) {
+        for (int r = 0; r < n; r++)   // what I send: to rank r, its experts' pieces of my rows (xe: grouped by expert)
+            for (int j = 0; j < El; j++) {
+                int s0, s1, e = r * El + j;
+                piece(me, r, j, c, &s0, &s1);
+                for (int s = s0; s < s1; s++) ch->stage.push_back(offsets[e] + s - base(me, r, j));
+                ch->send_rows[(size_t)c * n + r] += s1 - s0;
+            }
+        for (int q = 0; q < n; q++)   // what I receive: from peer q, its pieces for my experts, in expert order
+            for (int j = 0; j < El; j++) {
+                int s0, s1;
+                piece(q, me, j, c, &s0, &s1);
+                for (int s = s0; s < s1; s++) { ch->perm[s] = (int)ch->inv.size(); ch->inv.push_back(s); }
+                ch->recv_rows[(size_t)c * n + q] += s1 - s0;
+            }
+        ch->send_start[c + 1] = ch->stage.size();
+        ch->recv_start[c + 1] = ch->inv.size();
+    }
+    ch->unstage.assign(ch->stage.size(), 0);
+    for (size_t s = 0; s < ch->stage.size(); s++) ch->unstage[ch->stage[s]] = (int)s;
+}
+
+// chunk c's rows of `row_bytes` (ch: ep_chunk_layout): there (send: the staged rows, recv: the received
+// ones, both from chunk c's first row), or back (back = 1: from the received rows' place into the staged)
+static inline void ep_exchange_chunk(const ExpertParallel* ep, const EpChunks* ch, int c, const void* send, void* recv, size_t row_bytes,
+                                     int back) {
+    int n = ep->n;
+    std::vector<size_t> sb(n), rb(n);
+    for (int p = 0; p < n; p++) {
+        size_t out = ch->send_rows[(size_t)c * n + p], in = ch->recv_rows[(size_t)c * n + p];
+        sb[p] = (back ? in : out) * row_bytes;
+        rb[p] = (back ? out : in) * row_bytes;
+    }
+    ep->all_to_allv(ep->ctx, send, sb.data(), recv, rb.data(), 0);
 }
 
 // rows of `row_bytes`: send blocks by send_rows, receive by recv_rows (or the reverse, back = 1)

@@ -35,6 +35,8 @@ typedef struct {
     EpPlan plan;
     EpDev<floatX> xl;                // (Rc, d)
     EpDev<int> perm, inv;            // (Rc): expert-major row i = received row perm[i]; inv its inverse
+    EpChunks ch;                     // --ep-overlap-chunks > 1: the chunked exchange's layout (ep_chunk_layout)
+    EpDev<int> cidx;                 // ... and its indices on the device: perm, inv (R each), stage, unstage (N k each)
 } EpLayerGpu;
 
 typedef struct {
@@ -47,6 +49,10 @@ typedef struct {
     EpDev<float> f8s[4];                       // and their block-scaling factors (the model's Fp8Buf hold N k + 15 E rows)
     EpStats stats;
     std::vector<void*> allocations;
+    int chunks = 1;                            // --ep-overlap-chunks (ep_gpu_set_chunks): 1, the unchunked exchange
+    cudaStream_t sx = 0;                       // chunks > 1: the experts' stream (the compute stream waits on the exchanges)
+    std::vector<cudaEvent_t> ev_in, ev_out;    // (chunks): chunk c received (on the compute stream); its experts done (sx)
+    cudaEvent_t ev_start = nullptr, ev_end = nullptr;
 } EpDispatchGpu;
 
 // The rows every buffer of the experts' side is planned for, per MoE layer, on an EP group of n: ep_plan_rows,
@@ -86,6 +92,15 @@ static inline size_t ep_gpu_buffers(EpDispatchGpu* D, const DbrxConfig* c, int n
     return bytes;
 }
 
+// --ep-overlap-chunks C > 1: the device memory the chunked exchange adds to ep_gpu_buffers' for Rc planned rows
+// and Nk routed rows (tokens x top-k) per micro-batch: per layer its indices (ep_chunk_layout's perm, inv,
+// stage, unstage: 2 Rc + 2 Nk ints), and room for Nk rows in the scratch dxr (the sender's results come back
+// there: Rc rows already, unless --ep-capacity-factor < 1)
+static inline size_t ep_gpu_chunk_bytes(const DbrxConfig* c, size_t Rc, size_t Nk, int chunks) {
+    if (chunks <= 1) return 0;
+    return (size_t)c->n_layers * (2 * Rc + 2 * Nk) * sizeof(int) + (Nk > Rc ? (Nk - Rc) * c->d_model * sizeof(floatX) : 0);
+}
+
 // Under --fp8: the model's activation and gradient FP8 scratch swapped with buffers for Rp received
 // rows in El segments (the expert GEMMs quantise into f->act and f->grad); swapped back after
 static inline void ep_fp8_scratch_swap(EpDispatchGpu* D, size_t Rp, int El) {
@@ -122,8 +137,9 @@ static inline void ep_fp8_scratch_unswap(EpDispatchGpu* D) {
 // token (f8 false: BF16; layer l's training plan and buffers serve as scratch). Under --fp8 the local
 // experts' FP8 GEMMs run on the received rows in a padded layout of their own (fp8_local_routing): perm
 // maps a padded row to a received row, inv a received row (expert-major) to its padded row.
+static inline void ep_gpu_forward_chunked(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
 static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const int* offsets_host, const floatX* xe, floatX* ye, bool f8,
-                                               bool recompute = false) {
+                                               bool recompute = false, bool chunked = false) {
     DbrxGPU* m = D->model;
     const DbrxConfig* c = &m->cfg;
     const BlockViews<floatX>& w = m->p.blocks[l];
@@ -137,6 +153,20 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
         ep_stats_add(&D->stats, &D->ep, pl);
     }
     size_t R = pl->R;
+    if (chunked) {   // --ep-overlap-chunks > 1: the layout and its indices (one copy), kept for the recomputation and the backward
+        if (!recompute) {
+            EpChunks* ch = &a->ch;
+            ep_chunk_layout(&D->ep, pl, offsets_host, E, D->chunks, ch);
+            std::vector<int> idx(ch->perm);
+            idx.insert(idx.end(), ch->inv.begin(), ch->inv.end());
+            idx.insert(idx.end(), ch->stage.begin(), ch->stage.end());
+            idx.insert(idx.end(), ch->unstage.begin(), ch->unstage.end());
+            int* ix = a->cidx.get(idx.size(), "the chunked exchange's row order");
+            if (!idx.empty()) cudaCheck(cudaMemcpy(ix, idx.data(), idx.size() * sizeof(int), cudaMemcpyHostToDevice));
+        }
+        ep_gpu_forward_chunked(D, l, xe, ye);
+        return;
+    }
     std::vector<int> inv(R), perm = pl->perm;
     for (size_t i = 0; i < R; i++) inv[pl->perm[i]] = (int)i;
     size_t Rc = R;   // rows the experts compute: R, or under FP8 the padded layout's
@@ -168,6 +198,141 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     ep_exchange(&D->ep, pl, xr, ye, d * sizeof(floatX), 1);              // and home, in xe's layout
 }
 
+// --ep-overlap-chunks C > 1, the BF16 training step: the exchange in C chunks (ep_chunk_layout) on the EP group's
+// stream, chunk c's experts on the experts' stream D->sx meanwhile. The issue order, the same on every rank
+// whatever the counts (an empty chunk is still exchanged): dispatch 0; for each chunk c: dispatch c + 1,
+// chunk c's experts, combine c - 1; then combine C - 1. The transport makes the compute stream wait for each
+// exchange (zero_gpu_ep_all_to_allv); chunk c's experts wait only for its dispatch (ev_in[c], recorded on the
+// compute stream right after it), combine c only for them (ev_out[c]): on the EP stream dispatch c + 1 and
+// combine c - 1 run while chunk c computes. The sender's rows are staged chunk-major (stage), chunk by chunk
+// before its dispatch, in its output buffer, the results come back into the scratch dxr, and go to the
+// output's layout at the end (unstage).
+// A chunk's received rows go to their expert-major places (perm), its results back to the received places
+// (inv), in place over the consumed rows. Every row is computed as unchunked: its own GEMM rows.
+struct EpChunkRun {
+    EpDispatchGpu* D;
+    const EpChunks* ch;
+    floatX *home, *staged, *recv;   // the sender's results (dxr), its staged rows, the received rows (chunk-major)
+    const floatX* src;              // the sender's rows (xe, dye), staged chunk by chunk (stage: the indices on the device)
+    const int* stage;
+    void dispatch(int c) {
+        int d = D->model->cfg.d_model;
+        size_t s0 = ch->send_start[c], rows = ch->send_start[c + 1] - s0;
+        if (rows) moe_gather_gpu(staged + s0 * d, src, stage + s0, (int)rows, d);   // (chunk c + 1's beside chunk c's experts)
+        ep_exchange_chunk(&D->ep, ch, c, staged + ch->send_start[c] * d, recv + ch->recv_start[c] * d, d * sizeof(floatX), 0);
+        cudaCheck(cudaEventRecord(D->ev_in[c], 0));
+    }
+    void combine(int c) {
+        int d = D->model->cfg.d_model;
+        cudaCheck(cudaStreamWaitEvent(0, D->ev_out[c], 0));
+        ep_exchange_chunk(&D->ep, ch, c, recv + ch->recv_start[c] * d, home + ch->send_start[c] * d, d * sizeof(floatX), 1);
+    }
+    // chunk c's rows of local expert j: its first expert-major row, *rows of them
+    int rows_of(int j, int c, int* rows) const {
+        size_t i = (size_t)j * ch->C + c;
+        *rows = ch->last[i] - ch->first[i];
+        return ch->first[i];
+    }
+};
+
+static inline void ep_gpu_forward_chunked(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye) {
+    DbrxGPU* m = D->model;
+    const BlockViews<floatX>& w = m->p.blocks[l];
+    EpLayerGpu* a = &D->layers[l];
+    const EpChunks* ch = &a->ch;
+    int d = m->cfg.d_model, F = m->cfg.ffn_hidden, El = m->cfg.n_experts / D->ep.n, C = ch->C;
+    size_t R = a->plan.R, S = ch->send_start[C];
+    const int* ix = a->cidx.p;   // perm (R), inv (R), stage (S), unstage (S)
+    floatX* yl = D->y.get(R * d, "the experts' outputs");
+    floatX* xl = a->xl.get(R * d, "the received rows (kept for the backward)");
+    floatX *g = m->acts[l].g, *u = m->acts[l].u, *act = m->acts[l].act;   // (R, F) each, expert-major
+    EpChunkRun run{D, ch, D->dxr.get(S * d, "the routed rows' results"), ye, D->x.get(R * d, "the received rows"), xe, ix + 2 * R};
+    run.dispatch(0);
+    for (int c = 0; c < C; c++) {
+        if (c + 1 < C) run.dispatch(c + 1);
+        cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_in[c], 0));
+        for (int j = 0; j < El; j++) {
+            int rows, r0 = run.rows_of(j, c, &rows);
+            if (!rows) continue;
+            int off[2] = {0, rows};
+            size_t wo = (size_t)j * F * d;
+            moe_gather_gpu(xl + (size_t)r0 * d, run.recv, ix + r0, rows, d, D->sx);
+            experts_forward_gpu(yl + (size_t)r0 * d, g + (size_t)r0 * F, u + (size_t)r0 * F, act + (size_t)r0 * F, xl + (size_t)r0 * d,
+                                w.w1 + wo, w.v1 + wo, w.w2 + wo, off, 1, d, F, D->sx);
+        }
+        size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
+        if (pr) moe_gather_gpu(run.recv + p0 * d, yl, ix + R + p0, (int)pr, d, D->sx);
+        cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
+        if (c >= 1) run.combine(c - 1);
+    }
+    run.combine(C - 1);
+    if (S) moe_gather_gpu(ye, run.home, ix + 2 * R + S, (int)S, d);   // xe's layout
+}
+
+// Its backward: dye's rows chunk by chunk to the experts' ranks (staged in dxe), each chunk's input gradients
+// (dgrad: row by row) on the experts' stream while the next is dispatched and the previous combined; the
+// weight gradients after the last chunk over every expert's rows in one piece, the unchunked order and GEMMs
+// of experts_backward_gpu (the same sums), while the last chunk goes home
+static inline void ep_gpu_backward_chunked(EpDispatchGpu* D, int l, const floatX* dye, floatX* dxe) {
+    DbrxGPU* m = D->model;
+    const BlockViews<floatX>& w = m->p.blocks[l];
+    const BlockViews<float>& gw = m->g.blocks[l];
+    EpLayerGpu* a = &D->layers[l];
+    const EpChunks* ch = &a->ch;
+    const BlockActsGPU* ma = &m->acts[l];
+    int d = m->cfg.d_model, F = m->cfg.ffn_hidden, El = m->cfg.n_experts / D->ep.n, C = ch->C;
+    size_t R = a->plan.R, S = ch->send_start[C];
+    const int* ix = a->cidx.p;
+    const int* lo = a->plan.loffsets.data();
+    floatX* dyl = D->y.get(R * d, "the experts' output gradients");
+    floatX* dxl = D->dx.get(R * d, "the experts' input gradients");
+    floatX *da = m->da, *dg = m->dg, *du = m->du, *xl = a->xl.p;   // (R, F) each, expert-major (DbrxGPU::expert_rows)
+    EpChunkRun run{D, ch, D->dxr.get(S * d, "the routed rows' input gradients"), dxe, D->x.get(R * d, "the received rows"), dye, ix + 2 * R};
+    cudaCheck(cudaEventRecord(D->ev_start, 0));
+    cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_start, 0));
+    if ((m->rc_mode[l] & RC_SWIGLU) && !(m->rc_mode[l] & RC_MOE))   // --recompute swiglu: g, u, act of the kept rows again
+        experts_forward_gpu(nullptr, ma->g, ma->u, ma->act, xl, w.w1, w.v1, w.w2, lo, El, d, F, D->sx);
+    run.dispatch(0);
+    for (int c = 0; c < C; c++) {
+        if (c + 1 < C) run.dispatch(c + 1);
+        cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_in[c], 0));
+        for (int j = 0; j < El; j++) {   // experts_backward_gpu's input gradient, on chunk c's rows of expert j
+            int rows, r0 = run.rows_of(j, c, &rows);
+            if (!rows) continue;
+            size_t wo = (size_t)j * F * d, rF = (size_t)r0 * F;
+            floatX* dy = dyl + (size_t)r0 * d;
+            moe_gather_gpu(dy, run.recv, ix + r0, rows, d, D->sx);
+            gemm_gpu(false, true, rows, F, d, 1.0f, dy, d, w.w2 + wo, d, 0.0f, da + rF, F, D->sx);
+            swiglu_backward_gpu(dg + rF, du + rF, da + rF, ma->g + rF, ma->u + rF, (size_t)rows * F, D->sx);
+            matmul_backward_gpu(dxl + (size_t)r0 * d, (float*)nullptr, dg + rF, nullptr, w.w1 + wo, rows, d, F, 0.0f, D->sx);
+            matmul_backward_gpu(dxl + (size_t)r0 * d, (float*)nullptr, du + rF, nullptr, w.v1 + wo, rows, d, F, 1.0f, D->sx);
+        }
+        size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
+        if (pr) moe_gather_gpu(run.recv + p0 * d, dxl, ix + R + p0, (int)pr, d, D->sx);
+        cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
+        if (c >= 1) run.combine(c - 1);
+    }
+    long long sd, sg;   // the weight gradients: experts_backward_gpu's GEMMs, over each expert's rows
+    bool swap, pair = pair_strides(dg, du, sizeof(floatX), gw.w1, gw.v1, sizeof(float), &sd, &sg, &swap);
+    for (int j = 0; j < El; j++) {
+        int r0 = lo[j], n = lo[j + 1] - lo[j];
+        if (n == 0) continue;
+        size_t wo = (size_t)j * F * d, rF = (size_t)r0 * F;
+        gemm_gpu(true, false, F, d, n, 1.0f, ma->act + rF, F, dyl + (size_t)r0 * d, d, 1.0f, gw.w2 + wo, d, D->sx);
+        if (pair) {
+            gemm_gpu_batched(true, false, F, d, n, 1.0f, (swap ? du : dg) + rF, F, sd, xl + (size_t)r0 * d, d, 0, 1.0f,
+                             (swap ? gw.v1 : gw.w1) + wo, d, sg, 2, D->sx);
+            continue;
+        }
+        matmul_backward_gpu((floatX*)nullptr, gw.w1 + wo, dg + rF, xl + (size_t)r0 * d, w.w1 + wo, n, d, F, 0.0f, D->sx);
+        matmul_backward_gpu((floatX*)nullptr, gw.v1 + wo, du + rF, xl + (size_t)r0 * d, w.v1 + wo, n, d, F, 0.0f, D->sx);
+    }
+    cudaCheck(cudaEventRecord(D->ev_end, D->sx));
+    run.combine(C - 1);
+    cudaCheck(cudaStreamWaitEvent(0, D->ev_end, 0));   // (the weight gradients: the unit's end reduces them)
+    if (S) moe_gather_gpu(dxe, run.home, ix + 2 * R + S, (int)S, d);   // dye's layout
+}
+
 // DBRX_DEBUG_PLANT=ep_regrow, the allocation budget's negative control (test/test_cuda_train.sh): the scratch x
 // freed and allocated again in every training forward, as the buffers that grew with the routing once were
 static inline void ep_plant_regrow(EpDispatchGpu* D) {
@@ -183,7 +348,8 @@ static inline void ep_gpu_experts_forward(void* ctx, int l, const int* offsets_h
     EpDispatchGpu* D = (EpDispatchGpu*)ctx;
     if (train == 1 && l == 0) D->stats.recv_max = 0;   // (train 2: its recomputation in the backward, --recompute moe/block)
     if (train == 1 && l == 0 && g_debug_hooks.plant == PLANT_EP_REGROW) ep_plant_regrow(D);
-    ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, train && fp8_on(&D->model->fp8), train == 2);
+    bool f8 = train && fp8_on(&D->model->fp8);
+    ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, f8, train == 2, train && !f8 && D->chunks > 1);
 }
 
 // Its backward (ExpertHooksGPU::backward): dye's rows to the experts' ranks, the experts' backward there
@@ -199,6 +365,7 @@ static inline void ep_gpu_experts_backward(void* ctx, int l, const floatX* dye, 
     EpPlan* pl = &a->plan;
     size_t R = pl->R;
     bool f8 = fp8_on(&m->fp8);
+    if (!f8 && D->chunks > 1) { ep_gpu_backward_chunked(D, l, dye, dxe); return; }
     size_t Rc = f8 ? (size_t)m->fp8.routing[l].poff[El] : R;   // the forward's layout (FP8: padded)
     floatX* dyr = D->x.get(R * d, "the received rows");
     floatX* dyl = D->y.get(Rc * d, "the experts' outputs");
@@ -248,10 +415,46 @@ static inline void ep_gpu_install(EpDispatchGpu* D, DbrxGPU* m, int n, int rank,
     ep_gpu_buffers(D, &m->cfg, n, Rc, m->fp8.cfg.recipe);
     m->experts = ExpertHooksGPU{ep_gpu_experts_forward, ep_gpu_experts_backward, D};
 }
+// --ep-overlap-chunks C (1: the unchunked exchange): the chunked exchange's device memory (ep_gpu_chunk_bytes),
+// the experts' stream and its events, at start-up. Under --fp8 the exchange stays unchunked (the padded FP8
+// layout and its quantisation run over the layer's received rows at once): the flag has no effect there.
+static inline void ep_gpu_set_chunks(EpDispatchGpu* D, int chunks) {
+    D->chunks = chunks;
+    if (chunks <= 1 || fp8_on(&D->model->fp8)) { D->chunks = 1; return; }
+    const DbrxGPU* m = D->model;
+    size_t d = m->cfg.d_model, Nk = (size_t)m->B * m->T * m->cfg.top_k, Rc = D->x.cap / d;
+    auto take = [&](auto* b, size_t elems) {
+        using T = std::remove_reference_t<decltype(*b->p)>;
+        b->p = device_alloc<T>(elems, __FILE__, __LINE__);
+        b->cap = elems;
+        D->allocations.push_back(b->p);
+    };
+    for (EpLayerGpu& a : D->layers) take(&a.cidx, 2 * Rc + 2 * Nk);
+    if (D->dxr.cap < Nk * d) {   // (start-up: the scratch dxr again, for the sender's Nk rows)
+        D->allocations.erase(std::find(D->allocations.begin(), D->allocations.end(), (void*)D->dxr.p));
+        cudaCheck(cudaFree(D->dxr.p));
+        take(&D->dxr, Nk * d);
+    }
+    cudaCheck(cudaStreamCreateWithFlags(&D->sx, cudaStreamNonBlocking));
+    D->ev_in.resize(chunks); D->ev_out.resize(chunks);
+    for (int c = 0; c < chunks; c++) {
+        cudaCheck(cudaEventCreateWithFlags(&D->ev_in[c], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&D->ev_out[c], cudaEventDisableTiming));
+    }
+    cudaCheck(cudaEventCreateWithFlags(&D->ev_start, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&D->ev_end, cudaEventDisableTiming));
+}
+
 // its device buffers released, and the model runs its own experts again
 static inline void ep_gpu_free(EpDispatchGpu* D) {
     for (void* p : D->allocations) cudaCheck(cudaFree(p));
     D->allocations.clear();
+    if (D->sx) {
+        for (size_t c = 0; c < D->ev_in.size(); c++) { cudaCheck(cudaEventDestroy(D->ev_in[c])); cudaCheck(cudaEventDestroy(D->ev_out[c])); }
+        cudaCheck(cudaEventDestroy(D->ev_start)); cudaCheck(cudaEventDestroy(D->ev_end));
+        cudaCheck(cudaStreamDestroy(D->sx));
+        D->sx = 0; D->ev_in.clear(); D->ev_out.clear();
+    }
     if (D->model) D->model->experts = ExpertHooksGPU{NULL, NULL, NULL};
     D->model = NULL;
 }

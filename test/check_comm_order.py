@@ -17,6 +17,12 @@ test/simt/counters.h), for test/test_comm_streams.sh.
   syncs LOG               no device-wide synchronisation inside a training step (between the training loop's
       dbrx_sync marks 2k-1 and 2k: each step's begin and end), and each step ends waiting for a stream (the
       model's, which every communication stream joins before the optimizer). Fails naming the step.
+  ep_overlap LOG          the expert all-to-all overlapped with the experts (--ep-overlap-chunks > 1,
+      parallel/expert_parallel_cuda.cuh): of the EP group's collectives (communicator expert_parallel; one per
+      NCCL group call), at least half run concurrently with a GEMM on another stream — neither depends on the
+      other through stream order and event waits. With chunks C per exchange, C - 1 of each forward's C
+      dispatches and C combines overlap a chunk's experts (and the backward's last combine its weight
+      gradients); with one chunk none does (the negative control). Fails with the counts.
 Exit 0 with "pass ..." lines, 1 with "fail ..." lines.
 """
 import json
@@ -132,6 +138,53 @@ def check_streams(path):
     return 0
 
 
+def stream_clocks(items):
+    """[(item, stream, position on it, vector clock)] of the kernels, GEMMs, collectives and copies, in issue order"""
+    clock, events, pos, out = {}, {}, {}, []
+    for it in items:
+        t = it.get("t")
+        if t not in ("kernel", "gemm", "coll", "copy", "record", "wait"):
+            continue
+        s = it.get("stream", 0)
+        c = clock.setdefault(s, {})
+        if t == "record":
+            events[it["event"]] = dict(c)
+            continue
+        if t == "wait":
+            for k, v in events.get(it["event"], {}).items():
+                c[k] = max(c.get(k, 0), v)
+            continue
+        pos[s] = pos.get(s, 0) + 1
+        c[s] = pos[s]
+        out.append((it, s, pos[s], dict(c)))
+    return out
+
+
+def check_ep_overlap(path):
+    ops = stream_clocks(load(path))
+    colls, last_group = [], None
+    for o in ops:
+        it = o[0]
+        if it["t"] == "coll" and it.get("comm") == "expert_parallel":
+            g = it.get("group", 0)
+            if g and g == last_group:
+                continue   # (one NCCL group call: one exchange)
+            last_group = g
+            colls.append(o)
+    gemms = [o for o in ops if o[0]["t"] == "gemm"]
+    if not colls:
+        print("fail no expert-parallel collective in %s (run with --expert-parallel on the emulated GPU)" % path)
+        return 1
+    before = lambda x, y: y[3].get(x[1], 0) >= x[2]   # x is done before y starts
+    overlapped = sum(1 for c in colls if any(g[1] != c[1] and not before(c, g) and not before(g, c) for g in gemms))
+    what = "%d of %d expert-parallel exchanges run concurrently with an expert GEMM on another stream" % (overlapped, len(colls))
+    if 2 * overlapped < len(colls):
+        print("fail only " + what)
+        return 1
+    print("pass " + what)
+    return 0
+
+
 def check_syncs(path):
     items = load(path)
     marks = [i for i, it in enumerate(items) if it.get("t") == "mark" and it.get("name") == "dbrx_sync"]
@@ -156,8 +209,9 @@ def check_syncs(path):
 
 
 if __name__ == "__main__":
-    modes = {"order": lambda a: check_order(a), "streams": lambda a: check_streams(a[0]), "syncs": lambda a: check_syncs(a[0])}
+    modes = {"order": lambda a: check_order(a), "streams": lambda a: check_streams(a[0]), "syncs": lambda a: check_syncs(a[0]),
+             "ep_overlap": lambda a: check_ep_overlap(a[0])}
     if len(sys.argv) < 3 or sys.argv[1] not in modes:
-        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG", file=sys.stderr)
+        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG", file=sys.stderr)
         sys.exit(2)
     sys.exit(modes[sys.argv[1]](sys.argv[2:]))

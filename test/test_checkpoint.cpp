@@ -354,6 +354,62 @@ TEST_CASE("fp8 state: a malformed section is an error and changes nothing") {
 // ---------------------------------------------------------------------------------------------
 // the sharding layout (parallel/zero.h) and checkpoints written under other layouts
 
+// ep_chunk_layout (parallel/expert_parallel.h, --ep-overlap-chunks) on every rank of an EP group of n from the same
+// counts: each rank's plan (ep_plan, the counts' exchange answered from the matrix) and layout, and what they agree on
+static std::vector<int> g_ep_counts;   // (n, E): rank q's rows per expert
+static void ep_counts_exchange(void* ctx, const void*, const size_t*, void* recv, const size_t*, int host) {
+    REQUIRE(host == 1);   // (only the counts are exchanged here)
+    (void)ctx;
+    memcpy(recv, g_ep_counts.data(), g_ep_counts.size() * sizeof(int));
+}
+TEST_CASE("ep_chunk_layout: permutations, the unchunked plan at C = 1, ranks agree chunk by chunk, every row once, balanced chunks") {
+    int n = 8, E = 16, El = E / n;
+    for (int uneven = 0; uneven < 2; uneven++) {
+        g_ep_counts.assign((size_t)n * E, 6);   // balanced: every rank routes 6 rows to every expert
+        if (uneven)
+            for (int q = 0; q < n; q++) for (int e = 0; e < E; e++) g_ep_counts[(size_t)q * E + e] = (q * 7 + e * 3) % 11 * (e != 5);   // expert 5: none
+        for (int C : {1, 2, 3, 4, 8, 16}) {
+            std::vector<EpPlan> pl(n);
+            std::vector<EpChunks> ch(n);
+            for (int r = 0; r < n; r++) {
+                ExpertParallel ep;
+                ep.n = n; ep.rank = r; ep.all_to_allv = ep_counts_exchange;
+                std::vector<int> off(E + 1, 0);
+                for (int e = 0; e < E; e++) off[e + 1] = off[e] + g_ep_counts[(size_t)r * E + e];
+                ep_plan(&ep, &pl[r], &g_ep_counts[(size_t)r * E], off.data(), E, 0);
+                ep_chunk_layout(&ep, &pl[r], off.data(), E, C, &ch[r]);
+                INFO("uneven " << uneven << " C " << C << " rank " << r);
+                const EpChunks& k = ch[r];
+                size_t S = off[E], R = pl[r].R;
+                REQUIRE(k.stage.size() == S); REQUIRE(k.perm.size() == R); REQUIRE(k.inv.size() == R);
+                for (size_t i = 0; i < S; i++) CHECK(k.stage[k.unstage[i]] == (int)i);
+                for (size_t i = 0; i < R; i++) CHECK(k.inv[k.perm[i]] == (int)i);
+                if (C == 1) { for (size_t i = 0; i < S; i++) CHECK(k.stage[i] == (int)i); CHECK(k.perm == pl[r].perm); }
+                for (int p = 0; p < n; p++) {   // the chunks add up to the unchunked exchange
+                    size_t out = 0, in = 0;
+                    for (int c = 0; c < C; c++) { out += k.send_rows[(size_t)c * n + p]; in += k.recv_rows[(size_t)c * n + p]; }
+                    CHECK(out == pl[r].send_rows[p]); CHECK(in == pl[r].recv_rows[p]);
+                }
+                for (int j = 0; j < El; j++) {   // each expert's slices: its rows, each once
+                    std::vector<int> seen(R, 0);
+                    for (int c = 0; c < C; c++) for (int i = k.first[(size_t)j * C + c]; i < k.last[(size_t)j * C + c]; i++) seen[i]++;
+                    for (int i = pl[r].loffsets[j]; i < pl[r].loffsets[j + 1]; i++) CHECK(seen[i] == 1);
+                }
+            }
+            for (int c = 0; c < C; c++)   // what q sends r in chunk c is what r expects from q
+                for (int q = 0; q < n; q++)
+                    for (int r = 0; r < n; r++) CHECK(ch[q].send_rows[(size_t)c * n + r] == ch[r].recv_rows[(size_t)c * n + q]);
+            if (!uneven && C <= n && n % C == 0)   // balanced routing: every rank sends 1/C of its rows in every chunk
+                for (int r = 0; r < n; r++)
+                    for (int c = 0; c < C; c++) {
+                        size_t out = 0;
+                        for (int p = 0; p < n; p++) out += ch[r].send_rows[(size_t)c * n + p];
+                        CHECK(out == (size_t)E * 6 / C);
+                    }
+        }
+    }
+}
+
 TEST_CASE("zero layout: a block's experts are a unit of their own, sharded along the expert dimension") {
     DbrxConfig c;
     model_preset_lookup("dbrx-tiny", &c);   // E 16

@@ -9,7 +9,8 @@
 #   * communicators that cannot race: every two ranks issue every two communicators they share in the same
 #     order (ZeRO-3 np 2, HSDP 2x2, EP 2 + ZeRO-3 np 4: shard, shard_rs, replica, expert_parallel, expert_shard,
 #     expert_shard_rs); negative control: DBRX_DEBUG_PLANT=reorder_issue (world rank 1 issues its backward
-#     prefetch after the unit's reduce-scatter) fails it;
+#     prefetch after the unit's reduce-scatter) fails it; also with EP's exchange in 2 chunks (--ep-overlap-chunks 2,
+#     whose exchanges run beside the experts: check_comm_order.py ep_overlap);
 #   * no device-wide synchronisation inside a step (each step ends waiting for the model's stream); negative
 #     control: the same work log with a device synchronisation planted in step 2 fails it;
 #   * the schedule changes no number: the losses of the planted schedules (serialised; reordered) are
@@ -39,7 +40,8 @@ losses() { grep -o '"loss": [^,]*' "$tmp/$1.jsonl" | tr '\n' ' '; }
 
 runp zero2 2 --shard-group-size 2
 runp hsdp 4 --shard-group-size 2
-runp ep2 4 --shard-group-size 4 --expert-parallel 2
+runp ep2 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 1
+runp ep2c 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 2
 DBRX_DEBUG_PLANT=serial_streams runp serial 2 --shard-group-size 2
 DBRX_DEBUG_PLANT=reorder_issue runp reorder 2 --shard-group-size 2
 
@@ -49,6 +51,8 @@ check fail "the planted serialisation (DBRX_DEBUG_PLANT=serial_streams)" streams
 check pass "ZeRO-3 np 2: one issue order of the communicators" order "$tmp/zero2.wl.0" "$tmp/zero2.wl.1"
 check pass "HSDP 2x2: one issue order of the communicators" order "$tmp"/hsdp.wl.{0,1,2,3}
 check pass "EP 2 + ZeRO-3 np 4: one issue order of the communicators" order "$tmp"/ep2.wl.{0,1,2,3}
+check pass "EP 2 + ZeRO-3 np 4, the exchange in 2 chunks (--ep-overlap-chunks): one issue order of the communicators" order "$tmp"/ep2c.wl.{0,1,2,3}
+check pass "EP 2 + ZeRO-3 np 4, 2 chunks: the exchanges beside the experts" ep_overlap "$tmp/ep2c.wl.2"
 check fail "the planted reordering on rank 1 (DBRX_DEBUG_PLANT=reorder_issue)" order "$tmp/reorder.wl.0" "$tmp/reorder.wl.1"
 grep -q 'shard_rs' "$tmp/ep2.wl.0" && grep -q 'expert_shard_rs' "$tmp/ep2.wl.0" \
     && pass "EP 2 + ZeRO-3: the reduce-scatters go to their own communicators (shard_rs, expert_shard_rs)" \
@@ -56,9 +60,12 @@ grep -q 'shard_rs' "$tmp/ep2.wl.0" && grep -q 'expert_shard_rs' "$tmp/ep2.wl.0" 
 
 check pass "ZeRO-3 np 2: the step's synchronisations" syncs "$tmp/zero2.wl.0"
 check pass "EP 2 + ZeRO-3 np 4: the step's synchronisations" syncs "$tmp/ep2.wl.1"
+check pass "EP 2 + ZeRO-3 np 4, 2 chunks: the step's synchronisations" syncs "$tmp/ep2c.wl.1"
 awk '/"mark".*"n":3/ { print; print "{\"t\":\"sync\",\"what\":\"device\",\"stream\":0}"; next } { print }' "$tmp/zero2.wl.0" > "$tmp/planted_sync.wl"
 check fail "a device synchronisation planted in step 2's work log" syncs "$tmp/planted_sync.wl"
 
+[ -n "$(losses ep2)" ] && [ "$(losses ep2)" = "$(losses ep2c)" ] && pass "EP 2 + ZeRO-3 np 4: losses bit-identical with the exchange in 2 chunks ($(losses ep2))" \
+    || fail "EP 2 + ZeRO-3 np 4: losses differ with 2 chunks: '$(losses ep2)' vs '$(losses ep2c)'"
 a=$(losses zero2); b=$(losses serial); c=$(losses reorder)
 [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] \
     && pass "losses bit-identical: overlapped, serialised and reordered schedules ($a)" \

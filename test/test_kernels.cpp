@@ -139,6 +139,27 @@ TEST_CASE("matmul wrapper: every transpose, leading dimensions, strided batches,
             }
 }
 
+TEST_CASE("matmul wrapper on a created stream: the twin's GEMM runs when the stream is waited for, as a kernel's (simt.h)") {
+    int m = 6, n = 5, k = 4;
+    std::vector<float> A = bf16_round(randn((size_t)m * k, 71)), B = bf16_round(randn((size_t)k * n, 72)), D0((size_t)m * n, -1.0f);
+    std::vector<double> want = naive_gemm(false, false, m, n, k, 1.0f, A, m, 0, B, k, 0, 0.0f, D0, m, 0, 1);
+    floatX *dA = dev_bf16(A), *dB = dev_bf16(B);
+    float* dD = dev_copy(D0);
+    cudaStream_t s = nullptr;
+    cudaEvent_t e = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+    matmul_cublaslt(false, false, m, n, k, 1.0f, dA, CUDA_R_16BF, m, 0, dB, CUDA_R_16BF, k, 0, 0.0f, dD, CUDA_R_32F, m, 0, 1, nullptr, s,
+                    __FILE__, __LINE__);
+    cudaCheck(cudaEventRecord(e, s));
+    expect_equal("D before the stream is waited for (queued: untouched)", get(dD, D0.size()), D0);
+    cudaCheck(cudaStreamWaitEvent(0, e, 0));   // the null stream waits: the queued GEMM runs now
+    std::vector<float> wantf(want.begin(), want.end());
+    expect_close("D after the wait", get(dD, D0.size()), wantf, TOL_F32);
+    cudaCheck(cudaEventDestroy(e)); cudaCheck(cudaStreamDestroy(s));
+    cudaCheck(cudaFree(dA)); cudaCheck(cudaFree(dB)); cudaCheck(cudaFree(dD));
+}
+
 TEST_CASE("matmul wrapper: FP8 E4M3 operands with scale pointers and amax (the TN layout)") {
     const int m = 32, n = 48, k = 64;
     std::vector<float> A = randn((size_t)k * m, 301, 2.0), B = randn((size_t)k * n, 302, 2.0);

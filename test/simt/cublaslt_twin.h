@@ -76,6 +76,10 @@ static inline float twin_fast_accum_round(float x) {
 }
 static const int TWIN_FAST_ACCUM_STEP = 32;
 
+static inline void twin_matmul_run(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* A, cudaDataType_t a_type,
+                                   int lda, long long stride_a, const void* B, cudaDataType_t b_type, int ldb, long long stride_b,
+                                   float beta, void* D, cudaDataType_t d_type, int ldd, long long stride_d, int batch,
+                                   const MatmulOptions* opt, bool fp8);
 static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* A,
                                    cudaDataType_t a_type, int lda, long long stride_a, const void* B, cudaDataType_t b_type,
                                    int ldb, long long stride_b, float beta, void* D, cudaDataType_t d_type, int ldd,
@@ -118,6 +122,21 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
         }
     }
     if (simt::options().shapes_only) return;   // SIMT_SHAPES_ONLY (simt.h): checked and logged, not computed
+    // the arithmetic runs on `stream` as a kernel does: now on the null stream, when it is waited for on a
+    // stream made by cudaStreamCreate* (simt.h, "Streams"; the scales and amax are read and written then)
+    MatmulOptions o = opt ? *opt : MatmulOptions{};
+    bool has_opt = opt != nullptr;
+    simt::stream_enqueue(stream, [=]() {
+        twin_matmul_run(trans_a, trans_b, m, n, k, alpha, A, a_type, lda, stride_a, B, b_type, ldb, stride_b, beta, D, d_type, ldd,
+                        stride_d, batch, has_opt ? &o : nullptr, fp8);
+    });
+}
+
+// matmul_cublaslt's arithmetic (above), in the stream order
+static inline void twin_matmul_run(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* A, cudaDataType_t a_type,
+                                   int lda, long long stride_a, const void* B, cudaDataType_t b_type, int ldb, long long stride_b,
+                                   float beta, void* D, cudaDataType_t d_type, int ldd, long long stride_d, int batch,
+                                   const MatmulOptions* opt, bool fp8) {
     bool blocks = fp8 && opt && opt->a_scale_mode != MATMUL_SCALE_TENSOR;
     bool fast = fp8 && opt && opt->fast_accum && !blocks;   // (matmul_validate_fp8 refuses it with blocks)
     float scale = alpha;

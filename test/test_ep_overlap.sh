@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# test_ep_overlap.sh — the expert all-to-all overlapped with the experts (--ep-overlap-chunks N; parallel/expert_parallel.h's
+# ep_chunk_layout, parallel/expert_parallel_cuda.cuh's chunked forward and backward), on the emulated GPU under mpirun
+# (train_dbrx_emu --device cuda, the NCCL and cuBLASLt twins) and on the CPU:
+#   * the same losses and gradient norms bit for bit with 1, 2 and 4 chunks (and 3 chunks of 8 experts' rows): EP 2 under
+#     ZeRO-3 on 2 ranks with the model's own uneven routing; every token to EP rank 0's experts (DBRX_DEBUG_ROUTE_FIRST at
+#     the dropless bound: rank 1's experts receive no row, empty chunks still exchanged); --recompute moe and swiglu;
+#     data parallel EP 2; the CPU (whose MPI exchange stays in one piece) with and without the flag;
+#   * the bytes each rank sends in its EP group: those of one piece, the formula of test/test_ep.sh, exactly;
+#   * the stream structure (test/check_comm_order.py ep_overlap on the work log): with 4 chunks most EP exchanges run
+#     concurrently with an expert GEMM on another stream; with 1 chunk none does (the negative control);
+#   * every rank issues its communicators in one order with chunks (check_comm_order.py order);
+#   * no device allocation or free after step 1 on either rank with 4 chunks (SIMT_STEP_COUNTERS);
+#   * bad values (0, 65, a word) exit 2 with one line naming the flag.
+# About 40 s on 2 shared cores.
+set -u
+cd "$(dirname "$0")/.."
+source test/lib.sh
+BIN=${BIN:-./train_dbrx}
+EMU=${EMU:-./train_dbrx_emu}
+PY=${PY:-python3}
+MPI="bash dev/mpirun.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+SMALL=(--model dbrx-tiny --n-layers 2 --d-model 64 --n-heads 2 --kv-heads 1 --experts 4 --top-k 2 --ffn-hidden 64 --seq 32 --batch 1
+       --val-every 0 --steps 3)
+
+run() {  # name, binary, env..., --, flags...: np 2, the log $tmp/name.jsonl
+    local name=$1 bin=$2 envs=(); shift 2
+    while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+    env "${envs[@]}" timeout 300 $MPI --tag-output -np 2 "$bin" "${SMALL[@]}" "$@" --log "$tmp/$name.jsonl" > "$tmp/$name.out" 2>&1 \
+        || fail "$name: exit $?: $(grep -m2 -i error "$tmp/$name.out")"
+}
+numbers() { grep -o '"\(loss\|gnorm\)": [^,]*' "$tmp/$1.jsonl" | tr '\n' ' '; }
+same() {  # what, names...: the losses and gradient norms of every run equal the first's
+    local what=$1 first=$2; shift 2
+    local a; a=$(numbers "$first")
+    for b in "$@"; do
+        [ -n "$a" ] && [ "$a" = "$(numbers "$b")" ] || { fail "$what: $first '$a' vs $b '$(numbers "$b")'"; return; }
+    done
+    pass "$what: bit-identical ($(grep -c '"loss"' "$tmp/$first.jsonl") steps, losses $(grep -o '"loss": [^,]*' "$tmp/$first.jsonl" | head -1 | cut -d' ' -f2) ...)"
+}
+
+if [ -x "$EMU" ]; then
+    G=(--device cuda --expert-parallel 2)
+    for c in 1 2 4; do run "c$c" "$EMU" SIMT_STEP_COUNTERS=1 SIMT_WORKLOG="$tmp/c$c.wl" -- "${G[@]}" --ep-overlap-chunks $c; done
+    same "emulated GPU, EP 2 (ZeRO-3 np 2), the model's routing: 1, 2 and 4 chunks" c1 c2 c4
+    run e8c1 "$EMU" -- "${G[@]}" --experts 8 --ep-overlap-chunks 1
+    run e8c3 "$EMU" -- "${G[@]}" --experts 8 --ep-overlap-chunks 3
+    same "emulated GPU, EP 2, 8 experts (4 per rank): 1 and 3 chunks" e8c1 e8c3
+    for c in 1 4; do run "first$c" "$EMU" DBRX_DEBUG_ROUTE_FIRST=1 -- "${G[@]}" --ep-capacity-factor 0 --ep-overlap-chunks $c; done
+    grep -q "ep: rank 1 sent .* 0 rows in" "$tmp/first4.out" \
+        && same "emulated GPU, EP 2, every token to rank 0's experts (rank 1's receive no row): 1 and 4 chunks" first1 first4 \
+        || fail "the forced imbalance: rank 1 received rows: $(grep -m1 'ep: rank 1' "$tmp/first4.out")"
+    for rc in moe swiglu; do
+        for c in 1 2; do run "rc_${rc}_$c" "$EMU" -- "${G[@]}" --recompute $rc --ep-overlap-chunks $c; done
+        same "emulated GPU, EP 2, --recompute $rc: 1 and 2 chunks (and as without recomputation)" rc_${rc}_1 rc_${rc}_2 c1
+    done
+    for c in 1 4; do run "dp$c" "$EMU" -- "${G[@]}" --shard-group-size 1 --ep-overlap-chunks $c; done
+    same "emulated GPU, data parallel EP 2: 1 and 4 chunks" dp1 dp4
+
+    # the bytes of the exchange: as in one piece (test/test_ep.sh's formula), on every rank
+    out=$($PY - "$tmp/c1.out" "$tmp/c4.out" <<'PY'
+import re, sys
+d, E = 64, 4
+got = [re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in",
+                  open(p).read()) for p in sys.argv[1:]]
+ok = all(len(g) == 2 for g in got) and sorted(got[0]) == sorted(got[1]) and all(
+    int(b) == int(c) * E * 4 + 2 * d * 2 * (int(o) + int(i)) for r, b, c, o, i in got[1])
+print(("pass" if ok else "fail") + " bytes in the EP group with 4 chunks = with 1 = counts x E x 4 + 2 x d x 2 x (rows out + rows in): " +
+      "; ".join("rank %s %s (%s out, %s in)" % (r, b, o, i) for r, b, c, o, i in sorted(got[1])))
+sys.exit(0 if ok else 1)
+PY
+) && pass "${out#pass }" || fail "$out"
+
+    # the stream structure, and its negative control
+    out=$($PY test/check_comm_order.py ep_overlap "$tmp/c4.wl.0" 2>&1) && pass "4 chunks: $out" || fail "4 chunks: $out"
+    out=$($PY test/check_comm_order.py ep_overlap "$tmp/c1.wl.0" 2>&1); rc=$?
+    [ $rc = 1 ] && grep -q "^fail only 0 of" <<<"$out" && pass "negative control, 1 chunk: $out" \
+        || fail "1 chunk: the overlap check did not fail (rc $rc): $out"
+    out=$($PY test/check_comm_order.py order "$tmp/c4.wl.0" "$tmp/c4.wl.1" 2>&1) && pass "4 chunks: $out" || fail "4 chunks: $out"
+
+    # no device allocation or free after step 1 on either rank (SIMT_STEP_COUNTERS: test/test_cuda_train.sh's no_alloc)
+    out=$($PY - "$tmp/c4.out" <<'PY'
+import re, sys
+bad, said = [], []
+for r in (0, 1):
+    rows = [list(map(int, re.findall(r"(?<![a-z])\d+", l.split("simt counters:")[1])))
+            for l in open(sys.argv[1]) if l.startswith("[1,%d]" % r) and "simt counters:" in l]
+    if len(rows) != 6: bad.append("rank %d: %d counter lines, not 6" % (r, len(rows))); continue
+    for i, row in enumerate(rows[2:], 2):   # (0: start-up; 1: step 1; 2: between steps 1 and 2; 3: step 2; 4; 5: step 3)
+        if row[8] or row[9]: bad.append("rank %d: counter line %d: %d allocations, %d frees" % (r, i, row[8], row[9]))
+    said.append("rank %d: %d allocations before step 1" % (r, rows[0][8]))
+print("; ".join(bad) if bad else "; ".join(said))
+sys.exit(1 if bad else 0)
+PY
+) && pass "4 chunks: no device allocation or free in steps 2 and 3 ($out)" || fail "4 chunks allocate in a step: $out"
+else
+    echo "skip the emulated GPU ($EMU not built)"
+fi
+
+# the CPU: the option accepted, the exchange in one piece, the same losses
+if [ -x "$BIN" ]; then
+    run cpu1 "$BIN" -- --expert-parallel 2 --ep-overlap-chunks 1
+    run cpu4 "$BIN" -- --expert-parallel 2 --ep-overlap-chunks 4
+    same "CPU, EP 2 (ZeRO-3 np 2): 1 and 4 chunks" cpu1 cpu4
+    for v in 0 65 two; do
+        out=$("$BIN" "${SMALL[@]}" --ep-overlap-chunks $v 2>&1); rc=$?
+        [ $rc = 2 ] && [ "$(grep -c . <<<"$out")" = 1 ] && grep -q "ep-overlap-chunks" <<<"$out" \
+            && pass "--ep-overlap-chunks $v: exit 2, one line: $out" || fail "--ep-overlap-chunks $v: exit $rc: $out"
+    done
+else
+    echo "skip the CPU build ($BIN not built)"
+fi
+
