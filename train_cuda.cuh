@@ -54,7 +54,8 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     // allocations (--dry-run's plan, margins not counted: a lower bound) exceed the device is refused in one line
     {
         int Sp = S > 0 && comm.world % S == 0 ? S : 1, np = args.parallel.expert_parallel > 1 ? args.parallel.expert_parallel : 1;
-        MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity);
+        MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity,
+                                      args.parallel.zero_chunk_mib);
         if (plan.allocations > (long double)prop.totalGlobalMem)
             fail(EXIT_BAD_INPUT, "the run needs at least %.2Lf GiB of GPU memory per rank by its plan (parameter state %.2Lf GiB, "
                  "activations %.2Lf GiB for --batch %d x --seq %d; --dry-run shows the plan), more than cuda:%d's %.2f GiB: lower "

@@ -173,10 +173,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                               "micro-batch x top-k received rows per MoE layer, planned at start-up (default 2; "
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
                                                               "more stops every rank with one line naming the numbers (no token is dropped)"},
-        {"--zero-chunk-mib", "", F_FLOAT, &a->parallel.zero_chunk_mib, "ZeRO-3/HSDP on the GPU without EP or FP8: gather and reduce-scatter "
-                                                              "a block's experts in chunks of whole experts, the most whose BF16 weights fit "
-                                                              "M MiB (at least one; default 512: one expert of DBRX-132B); 0: the experts of "
-                                                              "a layer as one unit"},
+        {"--zero-chunk-mib", "", F_FLOAT, &a->parallel.zero_chunk_mib, "ZeRO-3/HSDP on the GPU without EP or FP8: a block's experts gathered "
+                                                              "and reduce-scattered in chunks of whole experts, the most whose BF16 weights fit M MiB "
+                                                              "(at least one; default 512: one expert of DBRX-132B); 0: a layer's experts as one unit"},
         {"--ep-overlap-chunks", "", F_INT, &a->parallel.ep_chunks, "EP on the GPU: each MoE layer's exchange in N chunks of every "
                                                               "expert's rows, chunk c's experts computed while chunk c+1 is dispatched and "
                                                               "c-1 combined (1..64, default " EP_OVERLAP_CHUNKS_DEFAULT_S "; 1: one exchange; the "
