@@ -128,7 +128,7 @@ SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
-             test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan
+             test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -136,6 +136,9 @@ test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp
 test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_kernels.cpp -lopenblas -lm
+# cuBLASLt's API twin (test/simt/cublaslt_api_twin.h): its rules, and model/matmul_cublaslt.cuh's bucket fallback
+test/test_cublaslt_twin: test/test_cublaslt_twin.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_cublaslt_twin.cpp -lopenblas -lm
 test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_step_cuda.cpp -lopenblas -lm
 # generation: the KV-cache step on both backends against the full forward, the sampler, the tokenizer's decoding

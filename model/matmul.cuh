@@ -59,9 +59,9 @@ static inline void matmul_backward(real* dinp, real* dweight, const real* dout, 
 // CUDA: cuBLASLt behind one column-major entry point (matmul_cublaslt), and the row-major
 // gemm_gpu / matmul_forward_gpu / matmul_backward_gpu the model calls, with the same arguments as
 // their CPU twins above. BF16 operands, FP32 accumulation (CUBLAS_COMPUTE_32F), output BF16 or FP32.
-// The emulated build replaces cuBLASLt by its CPU twin (model/platform.h picks it), which implements
-// the same semantics (layouts, transposes, leading dimensions, strided batches, alpha/beta, FP8 scales
-// and amax).
+// The emulated build runs the same code on cuBLASLt's API twin (test/simt/cublaslt_api_twin.h, included
+// by model/platform.h), which implements the same semantics (layouts, transposes, leading dimensions,
+// strided batches, alpha/beta, FP8 scales and amax) and the library's rules.
 #include <library_types.h>
 #include <string>
 #include "cuda_common.h"
@@ -248,9 +248,8 @@ static inline MatmulKey matmul_key(bool trans_a, bool trans_b, int m, int n, int
     return key;
 }
 
-// matmul_cublaslt itself: on cuBLASLt (model/matmul_cublaslt.cuh), or under the emulator its CPU twin;
-// model/platform.h names the file
-#include PLATFORM_MATMUL_CUBLASLT
+// matmul_cublaslt itself, on cuBLASLt: the real library, or under the emulator its API twin (model/platform.h)
+#include "matmul_cublaslt.cuh"
 
 template <typename T> struct CudaType;
 template <> struct CudaType<float> { static constexpr cudaDataType_t value = CUDA_R_32F; };

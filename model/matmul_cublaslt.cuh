@@ -1,10 +1,10 @@
 /*
  * matmul_cublaslt.cuh — matmul_cublaslt on the real cuBLASLt (nvcc builds): one handle and workspace for
  * the process, the FP8 block-scaling capability check, and the plan cache's cuBLASLt objects (descriptor,
- * layouts, the heuristic's algorithm) made, re-shaped per call and run. The emulated build runs the same
- * function on cuBLASLt's CPU twin instead; model/platform.h picks which of the two model/matmul.cuh
- * includes, after the declarations both build on (MatmulOptions, MatmulKey, matmul_key, matmul_validate).
- * Not included on its own: include model/matmul.cuh.
+ * layouts, the heuristic's algorithm) made, re-shaped per call and run. The emulated builds run this same
+ * code on cuBLASLt's API twin (test/simt/cublaslt_api_twin.h, included by model/platform.h), which enforces
+ * the library's rules as the device does. Not included on its own: model/matmul.cuh includes it after the
+ * declarations it builds on (MatmulOptions, MatmulKey, matmul_key, matmul_validate).
  */
 #pragma once
 #include <map>
@@ -23,7 +23,7 @@ static inline cublasLtHandle_t cublaslt_handle(void** workspace) {
     static void* ws = nullptr;
     if (!handle) {
         cublasCheck(cublasLtCreate(&handle));
-        cudaCheck(cudaMalloc(&ws, cublaslt_workspace_bytes));
+        cudaCheck(platform_cublaslt_workspace_alloc(&ws, cublaslt_workspace_bytes));
     }
     *workspace = ws;
     return handle;
@@ -101,7 +101,7 @@ static inline void matmul_plan_destroy(MatmulPlan* p) {
 // the library that chooses the algorithms, named in the saved tables (model/matmul_pins.h): a table saved
 // under another cuBLASLt version is not used
 static const bool matmul_pins_library_named = [] {
-    matmul_pins().library = "cublasLt " + std::to_string((unsigned long long)cublasLtGetVersion());
+    matmul_pins().library = std::string(platform_cublaslt_name()) + " " + std::to_string((unsigned long long)cublasLtGetVersion());
     return true;
 }();
 

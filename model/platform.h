@@ -3,9 +3,10 @@
  *   g++ (CPU reference only)          no CUDA: DBRX_HAVE_CUDA is 0 and this header defines nothing else
  *   nvcc (sm_90a)                     the real CUDA runtime, cuBLASLt and NCCL
  *   g++ -DSIMT_EMULATION (the emulated CUDA of make test and train_dbrx_emu)
- *                                     the SIMT emulator, test/simt/simt.h, and its CPU twins of cuBLASLt
- *                                     (test/simt/cublaslt_twin.h) and NCCL (test/simt/nccl_twin.h), with
- *                                     the same semantics
+ *                                     the SIMT emulator, test/simt/simt.h, and its CPU twins of cuBLASLt's
+ *                                     API (test/simt/cublaslt_api_twin.h: the product's cuBLASLt calls run
+ *                                     there as on the device) and NCCL (test/simt/nccl_twin.h), with the
+ *                                     same semantics
  * Every product file reaches CUDA, cuBLASLt and NCCL through this header (common.h includes it), and it
  * is the only product file that includes a header of test/simt/. The places where the two CUDA platforms
  * differ are here too, as small functions or macros named for what differs; model/CUDA.md ("Where the
@@ -31,15 +32,13 @@
 
 #if defined(SIMT_EMULATION)
 #include "../test/simt/simt.h"   // the CUDA runtime, the BF16/FP8 types and the kernels' built-ins, on the CPU
-// matmul_cublaslt, included by model/matmul.cuh after the declarations it builds on: cuBLASLt's twin
-#define PLATFORM_MATMUL_CUBLASLT "../test/simt/cublaslt_twin.h"
+#include "../test/simt/cublaslt_api_twin.h"   // cuBLASLt's header and its functions, on the CPU
 #elif defined(__CUDACC__)
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cublasLt.h>
 #include <nvtx3/nvToolsExt.h>   // header-only in CUDA 12+: NVTX ranges for nsys (model/profile.h)
-#define PLATFORM_MATMUL_CUBLASLT "matmul_cublaslt.cuh"   // matmul_cublaslt on cuBLASLt
 #endif
 
 #if DBRX_HAVE_CUDA
@@ -64,6 +63,25 @@ constexpr bool platform_emulated() { return false; }
 #define LAUNCH(kernel, grid, block, smem, stream, ...) do { \
     kernel<<<grid, block, smem, stream>>>(__VA_ARGS__); \
     cudaCheck(cudaGetLastError()); } while (0)
+#endif
+
+// cuBLASLt's workspace (model/matmul_cublaslt.cuh). On a GPU device memory; the twin uses none, and its bytes are
+// host memory outside the emulated device's count: the memory plan counts the workspace as a margin of its own,
+// beside the allocations that the emulator's peak is checked against (parallel/memory_plan.h)
+static inline cudaError_t platform_cublaslt_workspace_alloc(void** p, size_t bytes) {
+#if defined(SIMT_EMULATION)
+    *p = malloc(bytes);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+#else
+    return cudaMalloc(p, bytes);
+#endif
+}
+// the library that chooses the GEMM algorithms, as the saved tables name it (model/matmul_pins.h): a table of the
+// twin's fake algorithms is not offered to a GPU's cuBLASLt, nor the reverse
+#if defined(SIMT_EMULATION)
+static inline const char* platform_cublaslt_name() { return "cublasLt twin"; }
+#else
+static inline const char* platform_cublaslt_name() { return "cublasLt"; }
 #endif
 
 // A barrier the race detector's negative controls may remove at run time (test/test_race.cpp drops it by

@@ -45,6 +45,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     # the FP8 kernels and a whole training step per recipe (the step's kernels) under the detector
     doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
     doctest_run ./test/test_race_zero_fp8   # ZeRO-3's FP8 all-gather kernels
+    echo "== cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)"
+    doctest_run ./test/test_cublaslt_twin
     echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
     echo "== generation: the KV-cache step vs the full forward on both backends, the sampler, decoding (SIMT emulator)"
     doctest_run ./test/test_decode

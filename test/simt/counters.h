@@ -3,7 +3,7 @@
  * budget is written in (model/CUDA.md, "Host round trips"). Counted where the host issues the call,
  * not where a deferred stream runs it:
  *   launches        kernels through LAUNCH (simt::launch)
- *   gemms           cuBLASLt matmuls (the twin, test/simt/cublaslt_twin.h): a GPU launches >= 1 kernel each
+ *   gemms           cuBLASLt matmuls (the twin, test/simt/cublaslt_api_twin.h): a GPU launches >= 1 kernel each
  *   syncs           calls that make the host wait for the device: cudaStreamSynchronize,
  *                   cudaDeviceSynchronize, cudaEventSynchronize, and every blocking cudaMemcpy (it
  *                   waits for the work issued before it, as on a GPU)
