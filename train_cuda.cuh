@@ -51,17 +51,14 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     DbrxGPU model;
     int S = args.parallel.shard_group_size > 0 ? args.parallel.shard_group_size : comm.world;
     // before anything is built per layer (the parameter table alone grows with --n-layers): a run whose planned
-    // allocations (--dry-run's plan, margins not counted: a lower bound) exceed the device is refused in one line
+    // allocations (--dry-run's plan, margins not counted: a lower bound) exceed the device's memory is refused in
+    // one line, as the free-memory check in dbrx_build_shape refuses one that does not fit what is free
     {
         int Sp = S > 0 && comm.world % S == 0 ? S : 1, np = args.parallel.expert_parallel > 1 ? args.parallel.expert_parallel : 1;
         MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity,
                                       args.parallel.zero_chunk_mib);
         if (plan.allocations > (long double)prop.totalGlobalMem)
-            fail(EXIT_BAD_INPUT, "the run needs at least %.2Lf GiB of GPU memory per rank by its plan (parameter state %.2Lf GiB, "
-                 "activations %.2Lf GiB for --batch %d x --seq %d; --dry-run shows the plan), more than cuda:%d's %.2f GiB: lower "
-                 "--batch or --seq, shard over more GPUs, use --recompute, or a smaller model", plan.allocations / PLAN_GIB,
-                 plan_param_state(&plan) / PLAN_GIB, plan.saved / PLAN_GIB, args.run.batch, args.run.seq, dev,
-                 prop.totalGlobalMem / 1073741824.0);
+            dbrx_gpu_out_of_memory(&cfg, args.run.batch, args.run.seq, (size_t)plan.allocations, (size_t)plan_param_state(&plan));
     }
     // (expert parallelism: the experts' buffers planned for --ep-capacity-factor's rows, with the dispatcher's, in the memory check)
     int ep_n = args.parallel.expert_parallel;
