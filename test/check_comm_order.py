@@ -79,37 +79,18 @@ def check_order(paths):
 
 
 def check_streams(path):
-    items = load(path)
-    clock = {}        # stream -> {stream: items of it known done}: a vector clock per stream
-    events = {}       # event -> the clock of its record
-    pos = {}          # stream -> items issued on it
     unit_range = {}   # stream -> the unit range open on it ("reduce-scatter unit U" / "all-gather unit U")
     rs, ag = [], []   # (unit, stream, index on its stream, clock) of each collective inside a unit range
     profiled = False
-    for it in items:
-        t = it.get("t")
-        if t == "range":
+    for it, s, p, c in stream_clocks(load(path), with_ranges=True):
+        if it.get("t") == "range":
             name = it["name"]
             profiled = True
             if name.startswith(("reduce-scatter unit ", "all-gather unit ")):
                 unit_range[it["stream"]] = name if it["ph"] == "B" else None
-            continue
-        if t not in ("kernel", "gemm", "coll", "copy", "record", "wait"):
-            continue
-        s = it.get("stream", 0)
-        c = clock.setdefault(s, {})
-        if t == "record":
-            events[it["event"]] = dict(c)
-            continue
-        if t == "wait":
-            for k, v in events.get(it["event"], {}).items():
-                c[k] = max(c.get(k, 0), v)
-            continue
-        pos[s] = pos.get(s, 0) + 1
-        c[s] = pos[s]
-        if t == "coll" and profiled and unit_range.get(s):
+        elif it.get("t") == "coll" and profiled and unit_range.get(s):
             name = unit_range[s]
-            (rs if name.startswith("reduce") else ag).append((int(name.split()[-1]), s, pos[s], dict(c), len(rs) + len(ag)))
+            (rs if name.startswith("reduce") else ag).append((int(name.split()[-1]), s, p, c, len(rs) + len(ag)))
     if not rs:
         print("fail no reduce-scatter of a unit in %s's profiled step (run with --profile and a shard group)" % path)
         return 1
@@ -138,11 +119,15 @@ def check_streams(path):
     return 0
 
 
-def stream_clocks(items):
-    """[(item, stream, position on it, vector clock)] of the kernels, GEMMs, collectives and copies, in issue order"""
+def stream_clocks(items, with_ranges=False):
+    """[(item, stream, position on it, vector clock)] of the kernels, GEMMs, collectives and copies, in issue order
+    (a vector clock per stream: {stream: its items known done}; with_ranges: the range items too, as (item, None, None, None))"""
     clock, events, pos, out = {}, {}, {}, []
     for it in items:
         t = it.get("t")
+        if t == "range" and with_ranges:
+            out.append((it, None, None, None))
+            continue
         if t not in ("kernel", "gemm", "coll", "copy", "record", "wait"):
             continue
         s = it.get("stream", 0)
