@@ -9,12 +9,16 @@ LOGITS.safetensors is what `train_dbrx --dump-logits` writes: inputs (I32 [B, T]
 an 8-byte little-endian header length, a JSON header, raw little-endian data; a split export has
 model.safetensors.index.json), the model is the project's independent PyTorch DBRX
 (test/dbrx_torch_reference.py, written from the specification, in float64), and the script prints the
-largest difference of the logits and exits 1 if it is above --tol. Needs only Debian's python3-torch.
+largest difference of the logits and how many tokens (positions) differ by more than --tol; it exits 1 if more
+than --outliers of them do. Needs only Debian's python3-torch.
 
 The default --tol follows the precision the dump records in its __metadata__ ("precision", written by
 train_dbrx): fp32 (the CPU backend) 1e-4; bf16 (the CUDA backend) 1e-1, since a token whose router sees
 a near-tie can take another expert in BF16 (measured on the emulated GPU: 0.05 at one token of 32, 2e-3 on
-average; test/test_zero_gpu.sh); a dump without the field (older train_dbrx) is taken as fp32. An FP8 run's
+average; test/test_zero_gpu.sh); a dump without the field (older train_dbrx) is taken as fp32. The default
+--outliers: fp32 none; bf16 2% of the tokens. dbrx-tiny after 20 steps at lr 2e-3, dumped on the emulated GPU, had
+21 tokens of 2048 above 1e-1 (the worst 0.60), with a median of 1.2e-2 per token; on an H200, the worst was 0.30.
+A model that is wrong, not near a tie, is off at most tokens. An FP8 run's
 dump (fp8-<recipe>) has no default: the reference does not emulate FP8, so --tol must be given.
 """
 import argparse
@@ -95,6 +99,8 @@ def main():
     ap.add_argument("logits")
     ap.add_argument("--tol", type=float, default=None,
                     help="largest allowed |logit difference| (default: by the dump's precision: fp32 1e-4, bf16 1e-1)")
+    ap.add_argument("--outliers", type=float, default=None,
+                    help="the fraction of tokens allowed above --tol (default: by the dump's precision: fp32 0, bf16 0.02)")
     args = ap.parse_args()
     precision = read_metadata(args.logits).get("precision", "fp32")
     if args.tol is None:
@@ -102,6 +108,8 @@ def main():
             sys.exit("error: %s: a %s dump has no default tolerance (the reference does not emulate it): pass --tol"
                      % (args.logits, precision))
         args.tol = DEFAULT_TOL[precision]
+    if args.outliers is None:
+        args.outliers = 0.02 if precision == "bf16" else 0.0
     hf, params = load_export(args.export_dir)
     cfg = reference_config(hf)
     missing = [n for n, _ in ref.weight_shapes(cfg) if n not in params]
@@ -115,7 +123,11 @@ def main():
     scale = float(want.abs().max())
     print("hf_logits: %s (%s): %d tensors, logits %s, max |torch - train_dbrx| = %.3e (max |logit| %.3f), tol %.1e (%s dump)" % (
         args.export_dir, hf.get("torch_dtype"), len(params), tuple(want.shape), diff, scale, args.tol, precision))
-    sys.exit(0 if diff <= args.tol else 1)
+    per_token = (logits - want).abs().amax(dim=-1).flatten()   # (B*T,) the largest difference of each token's logits
+    over = int((per_token > args.tol).sum())
+    print("hf_logits: %d of %d tokens above tol (%.2f%%; allowed %.2f%%), median per token %.3e" % (
+        over, per_token.numel(), 100.0 * over / per_token.numel(), 100.0 * args.outliers, float(per_token.median())))
+    sys.exit(0 if over <= args.outliers * per_token.numel() else 1)
 
 
 if __name__ == "__main__":
