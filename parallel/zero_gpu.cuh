@@ -63,6 +63,8 @@ typedef struct {
     floatX* master_bf16;              // device, z.shard_total: the all-gathers' input (S = 1: the model's weights)
     floatX* work[2];                  // device, z.work_numel each: gathered units (S > 1)
     float* gwork[2];                  // device, z.work_numel each: full gradients of units in backward (S > 1)
+    int rs_bf16;                      // --grad-reduce-dtype bf16: the shard group's reduce-scatters in BF16 (zero_gpu_comm.cuh)
+    floatX* rs_scratch;               // device, zero_max_run_numel (rs_bf16 and S > 1): one run's gradient rounded to BF16
     int slot_unit[2];
     float* norm_partial;              // device (GRAD_NORM_BLOCKS): partial sums of squares
     size_t *seg_off, *seg_n;          // device (nseg): the shard's segments and padding, for AdamW's one launch
@@ -95,6 +97,25 @@ __global__ void zero_accumulate_kernel(float* acc, const float* x, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         acc[i] += x[i];
 }
+// --grad-reduce-dtype bf16 (zero_gpu_comm.cuh): a run's FP32 gradient rounded to BF16, eight elements a thread
+// (two 16-byte loads, one 16-byte store) where both ends are 16-byte aligned, else one at a time (a run's tail)
+__global__ void zero_round_bf16_kernel(floatX* out, const float* in, size_t n) {
+    bool vec = ((uintptr_t)in % 16 == 0) && ((uintptr_t)out % 16 == 0);
+    for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
+        if (vec && i + 8 <= n) {
+            float4 a = *(const float4*)(in + i), b = *(const float4*)(in + i + 4);
+            floatX h[8] = {__float2bfloat16(a.x), __float2bfloat16(a.y), __float2bfloat16(a.z), __float2bfloat16(a.w),
+                           __float2bfloat16(b.x), __float2bfloat16(b.y), __float2bfloat16(b.z), __float2bfloat16(b.w)};
+            *(uint4*)(out + i) = *(const uint4*)h;
+        } else
+            for (size_t k = i; k < i + 8 && k < n; k++) out[k] = __float2bfloat16(in[k]);
+    }
+}
+// this rank's reduced BF16 chunk added to its FP32 gradient shard
+__global__ void zero_accumulate_bf16_kernel(float* acc, const floatX* x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc[i] += __bfloat162float(x[i]);
+}
 __global__ void zero_scale_kernel(float* x, float s, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] *= s;
@@ -115,19 +136,19 @@ static inline int zero_grid(size_t n) { size_t b = (n + 255) / 256; return (int)
 static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }   // the gather stream
 
 // device memory of the store for a layout: 4 fp32 shards + the BF16 shard, and for S > 1 the slots
-static inline size_t zero_gpu_bytes(const Zero* z) {
+static inline size_t zero_gpu_bytes(const Zero* z, int rs_bf16 = 0) {
     size_t b = z->shard_total * (4 * sizeof(float) + sizeof(floatX)) + GRAD_NORM_BLOCKS * sizeof(float) + sizeof(double);
-    if (z->S > 1) b += 2 * z->work_numel * (sizeof(floatX) + sizeof(float));
+    if (z->S > 1) b += 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) + (rs_bf16 ? zero_max_run_numel(z) * sizeof(floatX) : 0);
     return b;
 }
 
 // the same, before the groups exist: from the parameter table, S and the EP degree n (the model's memory
 // check, --dry-run); a degree that does not fit is left to zero_init to refuse (estimated as none)
-static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S, int n = 1, int Ec = 0) {
+static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S, int n = 1, int Ec = 0, int rs_bf16 = 0) {
     if (n < 1 || c->n_experts % n || (S > 1 && S % n)) n = 1;
     Zero z;
     zero_unit_layout(&z, c, dbrx_param_table(c), S, n, Ec);
-    return zero_gpu_bytes(&z);
+    return zero_gpu_bytes(&z, rs_bf16);
 }
 
 static inline void zero_gpu_unit_begin(void* ctx, int u, int phase);
@@ -144,7 +165,7 @@ static inline void zero_gpu_chunk_backward(void* ctx, int l, const floatX* dye, 
 // model is built first (dbrx_build_shape), with the store's bytes in its memory check. chunk_mib:
 // --zero-chunk-mib (zero_chunk_experts: a block's experts gathered chunk by chunk; 0: whole).
 static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1, double ep_factor = EP_CAPACITY_DEFAULT,
-                             double chunk_mib = 0) {
+                             double chunk_mib = 0, int rs_bf16 = 0) {
     Zero* z = &zg->z;
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
@@ -213,6 +234,9 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     }
     zg->work[0] = zg->work[1] = nullptr;
     zg->gwork[0] = zg->gwork[1] = nullptr;
+    zg->rs_bf16 = rs_bf16;
+    zg->rs_scratch = nullptr;
+    if (rs_bf16 && z->S > 1) take((void**)&zg->rs_scratch, zero_max_run_numel(z) * sizeof(floatX));
     for (int i = 0; i < 2; i++) {
         if (z->S > 1) {
             take((void**)&zg->work[i], z->work_numel * sizeof(floatX));
@@ -229,10 +253,10 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     }
     cudaCheck(cudaEventCreateWithFlags(&zg->bf16_ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&zg->comm_done, cudaEventDisableTiming));
-    zg->device_bytes = zero_gpu_bytes(z);
+    zg->device_bytes = zero_gpu_bytes(z, rs_bf16);
     zg->fp8.on = 0;
     z->state_bytes = zg->device_bytes;
-    z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) : 0;
+    z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) + (rs_bf16 ? zero_max_run_numel(z) * sizeof(floatX) : 0) : 0;
     z->state_rss = 0;
     cudaCheck(cudaMemset(zg->grad, 0, bytes));
     zg->grad_clean = 1;

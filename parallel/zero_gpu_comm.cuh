@@ -135,6 +135,14 @@ static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
         const ShardRun& r = z->runs[u][i];
         if (!zero_run_mine(z, r) || z->run_chunk[u][i] != j) continue;
         float* full = zg->gwork[slot] + r.slot_off;
+        if (zg->rs_bf16) {   // --grad-reduce-dtype bf16: rounded into the scratch, reduced there (the stream orders its reuse)
+            size_t n = r.chunk * (size_t)grp->size;
+            LAUNCH(zero_round_bf16_kernel, zero_grid((n + 7) / 8), 256, 0, rs, zg->rs_scratch, full, n);
+            comm_reduce_scatter_inplace(grp, zg->rs_scratch, r.chunk, COMM_BF16);
+            LAUNCH(zero_accumulate_bf16_kernel, zero_grid(r.chunk), 256, 0, rs, zg->grad + z->shard_off[u] + r.shard_rel,
+                   zg->rs_scratch + (size_t)mine * r.chunk, r.chunk);
+            continue;
+        }
         comm_reduce_scatter_inplace(grp, full, r.chunk, COMM_F32);
         LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, rs, zg->grad + z->shard_off[u] + r.shard_rel,
                full + (size_t)mine * r.chunk, r.chunk);
