@@ -161,8 +161,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--eval-mc", "", F_STR, &a->eval.mc, "multiple-choice eval set (HellaSwag-style, llm.c's .bin; data/README.md): accuracy "
                                               "every --eval-every steps and at the end"},
         {"--eval-every", "", F_INT, &a->eval.every, "--eval-mc every N steps and at the end (default: --val-every; 0: only at the end)"},
-        {"--eval-mc-dump", "", F_STR, &a->eval.mc_dump, "write every --eval-mc example's per-completion summed losses and token counts "
-                                                        "to this JSONL file"},
+        {"--eval-mc-dump", "", F_STR, &a->eval.mc_dump, "write every --eval-mc example's per-completion summed losses and token counts to this JSONL file"},
         {"--eval-only", "", F_BOOL, &a->eval.only, "no training: load --resume DIR|auto or --init-hf DIR, then the validation loss "
                                                   "(--val-data, --val-steps) and --eval-mc; print, log (--log), exit"},
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
@@ -174,8 +173,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                               "micro-batch x top-k received rows per MoE layer, planned at start-up (default 2; "
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
                                                               "more stops every rank with one line naming the numbers (no token is dropped)"},
-        {"--grad-reduce-dtype", "", F_STR, &a->parallel.grad_reduce_dtype, "ZeRO-3/HSDP on the GPU: the gradients' reduce-scatter in fp32 | bf16 "
-                                                                                "(bf16: half the bytes, rounded per ring step; parallel/README.md)"},
+        {"--grad-reduce-dtype", "", F_STR, &a->parallel.grad_reduce_dtype, "ZeRO-3/HSDP on the GPU: the gradient reduce-scatter in fp32 | bf16 (half the bytes)"},
         {"--zero-chunk-mib", "", F_FLOAT, &a->parallel.zero_chunk_mib, "ZeRO-3/HSDP on the GPU without EP or FP8: a block's experts gathered "
                                                               "and reduce-scattered in chunks of whole experts, the most whose BF16 weights fit M MiB "
                                                               "(at least one; default 512: one expert of DBRX-132B); 0: a layer's experts as one unit"},

@@ -118,6 +118,25 @@ static inline void zero_gpu_prefetch_next(ZeroGpu* zg, int u, int phase) {
     if (next >= 0) zero_gpu_gather_async(zg, next, zero_first_chunk(&zg->z, next, phase));
 }
 
+// --grad-reduce-dtype bf16 (zero_gpu_reduce_scatter below): a run's FP32 gradient rounded to BF16, eight elements a thread
+// (two 16-byte loads, one 16-byte store) where both ends are 16-byte aligned, else one at a time (a run's tail)
+__global__ void zero_round_bf16_kernel(floatX* out, const float* in, size_t n) {
+    bool vec = ((uintptr_t)in % 16 == 0) && ((uintptr_t)out % 16 == 0);
+    for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
+        if (vec && i + 8 <= n) {
+            float4 a = *(const float4*)(in + i), b = *(const float4*)(in + i + 4);
+            floatX h[8] = {__float2bfloat16(a.x), __float2bfloat16(a.y), __float2bfloat16(a.z), __float2bfloat16(a.w),
+                           __float2bfloat16(b.x), __float2bfloat16(b.y), __float2bfloat16(b.z), __float2bfloat16(b.w)};
+            *(uint4*)(out + i) = *(const uint4*)h;
+        } else
+            for (size_t k = i; k < i + 8 && k < n; k++) out[k] = __float2bfloat16(in[k]);
+    }
+}
+// this rank's reduced BF16 chunk added to its FP32 gradient shard
+__global__ void zero_accumulate_bf16_kernel(float* acc, const floatX* x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc[i] += __bfloat162float(x[i]);
+}
 // item (u, j)'s gradient (its gradient slot: the unit's, or chunk j's of a chunked experts unit)
 // reduce-scattered into the gradient shard on the reduce-scatter stream, after the compute stream has written it
 static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
