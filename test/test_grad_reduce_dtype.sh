@@ -7,7 +7,8 @@
 #     BF16 path ran: a run that silently kept FP32 fails), and a second bf16 run is bit-identical (deterministic);
 #   * the bytes: fp32 minus bf16 per step is exactly half the FP32 reduce-scatter, (S-1)/S x params x 2 B (every run
 #     of dbrx-tiny splits evenly in 2; the parameter count from the model's dimensions, below);
-#   * np 3 ZeRO-3 (runs that do not split evenly: the rounding kernel's unaligned and tail path), 2 steps: within 5e-3;
+#   * np 3 ZeRO-3 (runs that do not split evenly: the rounding kernel's unaligned and tail path), np 4 HSDP 2x2 (the
+#     replica all-reduce stays FP32) and np 4 ZeRO-3 with EP 2 (the experts' own shard groups), 2 steps: within 5e-3;
 #   * the memory: the bf16 plan (--dry-run) is larger than fp32's by the scratch, 2 B x the longest run (one expert
 #     tensor of all the experts, E F d), and every rank's emulated peak is the bf16 plan's allocations (0.1%);
 #   * bad values exit 2 with one line naming the flag; the CPU backend refuses bf16 in one line (MPI has no BF16 sum).
@@ -40,6 +41,10 @@ SIMT_STEP_COUNTERS=1 runp b16 2 --steps 3 --shard-group-size 2 --grad-reduce-dty
 runp b16b 2 --steps 3 --shard-group-size 2 --grad-reduce-dtype bf16
 runp f32n3 3 --steps 2 --shard-group-size 3
 runp b16n3 3 --steps 2 --shard-group-size 3 --grad-reduce-dtype bf16
+runp f32h4 4 --steps 2 --shard-group-size 2
+runp b16h4 4 --steps 2 --shard-group-size 2 --grad-reduce-dtype bf16
+runp f32ep 4 --steps 2 --shard-group-size 4 --expert-parallel 2
+runp b16ep 4 --steps 2 --shard-group-size 4 --expert-parallel 2 --grad-reduce-dtype bf16
 D=(--model dbrx-tiny --n-layers 2 --seq 32 --batch 1 --shard-group-size 2 --dry-run --plan-gpus 2)
 ./train_dbrx_cpu "${D[@]}" > "$tmp/plan_f32" 2>&1 || fail "dry-run fp32"
 ./train_dbrx_cpu "${D[@]}" --grad-reduce-dtype bf16 > "$tmp/plan_b16" 2>&1 || fail "dry-run bf16"
@@ -72,6 +77,12 @@ f3, b3 = losses("f32n3"), losses("b16n3")
 d3 = [abs(x - y) for x, y in zip(f3, b3)]
 v(len(b3) == 2 and b3[0] == f3[0] and max(d3) <= 5e-3 and max(d3) > 0,
   "np 3 ZeRO-3 (uneven runs): bf16 within 5e-3 of fp32, not equal: |diff| %s" % ["%.2e" % x for x in d3])
+for a, bb, what in (("f32h4", "b16h4", "np 4 HSDP 2x2 (the replica all-reduce stays FP32)"),
+                   ("f32ep", "b16ep", "np 4 ZeRO-3 with EP 2 (the experts' shard groups of 2)")):
+    fa, fb = losses(a), losses(bb)
+    dd = [abs(x - y) for x, y in zip(fa, fb)]
+    v(len(fb) == 2 and fb[0] == fa[0] and max(dd) <= 5e-3 and max(dd) > 0,
+      "%s: bf16 within 5e-3 of fp32, not equal: |diff| %s" % (what, ["%.2e" % x for x in dd]))
 allocs = lambda n: int(re.search(r"^plan bytes: allocations (\d+)", out(n), re.M).group(1))
 pf, pb = allocs("plan_f32"), allocs("plan_b16")
 v(pb - pf == 2 * E * F * dm, "the plan: bf16's scratch is 2 B x the longest run (E F d = %d): %d bytes more" % (E * F * dm, pb - pf))
@@ -79,4 +90,4 @@ peak = [int(x) for x in re.findall(r"^simt peak device memory: (\d+) bytes", out
 v(len(peak) >= 2 and abs(max(peak) / pb - 1) <= 0.001, "bf16 np 2: the emulated peak (max %d) is the plan's allocations %d (%+.4f%%)" % (
     max(peak) if peak else 0, pb, 100 * (max(peak) / pb - 1) if peak else 0))
 PY
-verdicts "$tmp/verdicts" 8
+verdicts "$tmp/verdicts" 10
