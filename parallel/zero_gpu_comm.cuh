@@ -6,6 +6,9 @@
  *                    experts under EP: `expert_shard`, on the same stream (comm_share_stream)
  *   reduce-scatters  a second communicator over the same ranks, `shard_rs`, on its own stream (the
  *                    reduce-scatter stream); the experts': `expert_shard_rs`, on that stream too
+ *   precision        FP32, or BF16 under --grad-reduce-dtype bf16: each run rounded into rs_scratch (2 B x the
+ *                    longest run, in the memory plan), reduced there, this rank's chunk added to the FP32 shard
+ *                    (half the bytes; the accuracy measured in parallel/README.md, "Reduction precision")
  *   why two          in the backward, unit u's reduce-scatter and the gather of unit u-2 (the prefetch
  *                    issued when unit u-1 begins) both become ready when unit u's compute ends, and both
  *                    have unit u-1's compute to hide behind. On one stream they run in series. Two streams
