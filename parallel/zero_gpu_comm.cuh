@@ -157,7 +157,8 @@ static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
         const ShardRun& r = z->runs[u][i];
         if (!zero_run_mine(z, r) || z->run_chunk[u][i] != j) continue;
         float* full = zg->gwork[slot] + r.slot_off;
-        if (zg->rs_bf16) {   // --grad-reduce-dtype bf16: rounded into the scratch, reduced there (the stream orders its reuse)
+        if (zg->rs_bf16 && grp->size > 1) {   // --grad-reduce-dtype bf16: rounded into the scratch, reduced there (the
+                                              // stream orders its reuse; a group of one, EP's experts at S = EP, sums nothing)
             size_t n = r.chunk * (size_t)grp->size;
             LAUNCH(zero_round_bf16_kernel, zero_grid((n + 7) / 8), 256, 0, rs, zg->rs_scratch, full, n);
             comm_reduce_scatter_inplace(grp, zg->rs_scratch, r.chunk, COMM_BF16);
