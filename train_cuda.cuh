@@ -56,12 +56,13 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     {
         int Sp = S > 0 && comm.world % S == 0 ? S : 1, np = args.parallel.expert_parallel > 1 ? args.parallel.expert_parallel : 1;
         MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity,
-                                      args.parallel.zero_chunk_mib);
+                                      args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16");
         if (plan.allocations > (long double)prop.totalGlobalMem)
             dbrx_gpu_out_of_memory(&cfg, args.run.batch, args.run.seq, (size_t)plan.allocations, (size_t)plan_param_state(&plan));
     }
     // (expert parallelism: the experts' buffers planned for --ep-capacity-factor's rows, with the dispatcher's, in the memory check)
     int ep_n = args.parallel.expert_parallel;
+    int rs_bf16 = args.parallel.grad_reduce_dtype == "bf16";   // (parallel/zero_gpu_comm.cuh)
     size_t ep_rows = 0, ep_bytes = 0;
     if (ep_n > 1 && cfg.n_experts % ep_n == 0) {
         ep_rows = ep_gpu_planned_rows(&cfg, (size_t)args.run.batch * args.run.seq, ep_n, args.parallel.ep_capacity, fp8.recipe != FP8_OFF);
@@ -70,11 +71,15 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     }
     dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq, &fp8,
                      zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, ep_n,
-                                             zero_chunk_experts(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib)) + ep_bytes,
+                                             zero_chunk_experts(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib),
+                                             rs_bf16) + ep_bytes,
                      ep_rows);
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
     zero_init(&store, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, ep_n, args.parallel.ep_capacity,
-              args.parallel.zero_chunk_mib);
+              args.parallel.zero_chunk_mib, rs_bf16);
+    if (comm.rank == 0 && rs_bf16)
+        printf("zero: --grad-reduce-dtype bf16: the shard group's gradient reduce-scatters in BF16%s\n",
+               store.rs_on ? "" : " (none here: every rank holds its units whole)");
     if (store.ep_dispatch) ep_gpu_set_chunks(store.ep_dispatch, args.parallel.ep_chunks);   // (--ep-overlap-chunks)
     model.activation_bytes += ep_bytes;
     Zero* z = &store.z;

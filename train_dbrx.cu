@@ -610,7 +610,7 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     double act = (double)activation_bytes(&cfg, args.run.batch, args.run.seq);
     double p = (double)params_total(&cfg);
     MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()),
-                                  args.parallel.ep_capacity, args.parallel.zero_chunk_mib);
+                                  args.parallel.ep_capacity, args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16");
     double shard = (double)plan.shard_params;   // this rank's shard under S ranks and EP n, from the store's own layout
     printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
            sgs > 0 ? "" : " (--shard-group-size S to see S ranks)",
@@ -646,6 +646,8 @@ static int run_main(int argc, char** argv) {
         fail(EXIT_BAD_INPUT, "--device cuda: this binary was built by g++ without CUDA (build it where nvcc is installed: make); use --device cpu");
     if (args.run.device == "cuda" && gpus == 0) fail(EXIT_BAD_INPUT, "--device cuda: no CUDA device is visible; use --device cpu");
     bool use_cuda = args.run.device == "cuda" || (args.run.device == "auto" && gpus > 0);
+    if (!use_cuda && args.parallel.grad_reduce_dtype == "bf16")   // (MPI has no BF16 sum: parallel/README.md)
+        fail(EXIT_BAD_INPUT, "--grad-reduce-dtype bf16 is for the CUDA backend; the CPU backend reduce-scatters in fp32 over MPI");
 
     stop_signals_install(getenv("OMPI_MCA_odls_base_sigkill_timeout"));   // (a signal during MPI_Init: a stop after step 1)
     Comm comm = comm_init(&argc, &argv);

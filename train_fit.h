@@ -74,7 +74,8 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
                 if (n == 1 && cap != caps[0]) continue;
                 for (const char* rc : specs) {
                     g_recompute = recompute_parse(rc);   // (memory_plan reads the run's spec)
-                    MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib);
+                    MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
+                                                   args.parallel.grad_reduce_dtype == "bf16");
                     tried++;
                     if (p.total > capacity) continue;
                     double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,

@@ -42,6 +42,7 @@ typedef struct {
     int ep_chunks = EP_OVERLAP_CHUNKS_DEFAULT;  // EP on the GPU: the exchange in chunks overlapped with the experts (ep_chunk_layout)
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
     float zero_chunk_mib = 512;      // the GPU store's experts chunks (parallel/zero_gpu_chunks.cuh): MiB of BF16 weights each; 0: whole
+    std::string grad_reduce_dtype = "fp32";   // the GPU store's shard-group gradient reduce-scatter: fp32 | bf16 (zero_gpu_comm.cuh)
 } ParallelArgs;
 typedef struct {                   // checkpoints and Hugging Face interop (checkpoint/)
     std::string dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16";
@@ -160,8 +161,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--eval-mc", "", F_STR, &a->eval.mc, "multiple-choice eval set (HellaSwag-style, llm.c's .bin; data/README.md): accuracy "
                                               "every --eval-every steps and at the end"},
         {"--eval-every", "", F_INT, &a->eval.every, "--eval-mc every N steps and at the end (default: --val-every; 0: only at the end)"},
-        {"--eval-mc-dump", "", F_STR, &a->eval.mc_dump, "write every --eval-mc example's per-completion summed losses and token counts "
-                                                        "to this JSONL file"},
+        {"--eval-mc-dump", "", F_STR, &a->eval.mc_dump, "write every --eval-mc example's per-completion summed losses and token counts to this JSONL file"},
         {"--eval-only", "", F_BOOL, &a->eval.only, "no training: load --resume DIR|auto or --init-hf DIR, then the validation loss "
                                                   "(--val-data, --val-steps) and --eval-mc; print, log (--log), exit"},
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
@@ -173,6 +173,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                               "micro-batch x top-k received rows per MoE layer, planned at start-up (default 2; "
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
                                                               "more stops every rank with one line naming the numbers (no token is dropped)"},
+        {"--grad-reduce-dtype", "", F_STR, &a->parallel.grad_reduce_dtype, "ZeRO-3/HSDP on the GPU: the gradient reduce-scatter in fp32 | bf16 (half the bytes)"},
         {"--zero-chunk-mib", "", F_FLOAT, &a->parallel.zero_chunk_mib, "ZeRO-3/HSDP on the GPU without EP or FP8: a block's experts gathered "
                                                               "and reduce-scattered in chunks of whole experts, the most whose BF16 weights fit M MiB "
                                                               "(at least one; default 512: one expert of DBRX-132B); 0: a layer's experts as one unit"},
@@ -430,6 +431,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--spike-gnorm-factor %g must be 0 (off) or > 1", a->guard.gnorm_factor);
     if (a->guard.window < 1 || a->guard.max_skips < 1)
         fail(EXIT_BAD_INPUT, "--spike-window %d and --max-skips %d must be >= 1", a->guard.window, a->guard.max_skips);
+    if (a->parallel.grad_reduce_dtype != "fp32" && a->parallel.grad_reduce_dtype != "bf16")
+        fail(EXIT_BAD_INPUT, "--grad-reduce-dtype '%s' must be fp32 or bf16", a->parallel.grad_reduce_dtype.c_str());
     if (a->ckpt.export_dtype != "bf16" && a->ckpt.export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->ckpt.export_dtype.c_str());
     // (at most a petabyte: the byte count is converted to 64 bits)
     if (!(a->ckpt.export_max_file_gb > 0 && a->ckpt.export_max_file_gb <= 1e6))

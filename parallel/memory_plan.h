@@ -64,7 +64,7 @@ typedef struct {
     // parameter state: this GPU's shard
     long double master, grads, adam_m, adam_v, bf16_copy, norm_scratch;
     // the ZeRO working set (S > 1)
-    long double gathered_slots, grad_slots, slot_params;
+    long double gathered_slots, grad_slots, slot_params, rs_scratch;   // (grad_slots includes rs_scratch)
     int chunk_experts;               // experts per gathered chunk of a block's experts (0: the unit whole)
     // activations: per layer (x L) by class, then the rest
     long double layer_attention, layer_norms, layer_router, layer_experts, layer_routing;
@@ -90,7 +90,8 @@ static inline long double plan_param_state(const MemoryPlan* p) {
 }
 
 // the store's layout for S and n, extrapolated in the layers from 1, 2, 3 (each block the same units)
-static inline void plan_store_layout(const DbrxConfig* c, int S, int n, int Ec, long double* shard, long double* work) {
+// (run: the longest run's full length, zero_max_run_numel, the same for any layers: each block the same runs)
+static inline void plan_store_layout(const DbrxConfig* c, int S, int n, int Ec, long double* shard, long double* work, long double* run) {
     auto one = [&](int L, long double* sh, long double* wk) {
         DbrxConfig x = *c;
         x.n_layers = L;
@@ -98,6 +99,7 @@ static inline void plan_store_layout(const DbrxConfig* c, int S, int n, int Ec, 
         zero_unit_layout(&z, &x, dbrx_param_table(&x), S, n, Ec);
         *sh = (long double)z.shard_total;
         *wk = S > 1 ? (long double)z.work_numel : 0;
+        *run = S > 1 ? (long double)zero_max_run_numel(&z) : 0;
     };
     if (c->n_layers <= 3) { one(c->n_layers, shard, work); return; }
     long double s[3], w[3];
@@ -139,7 +141,7 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
 
 // The plan for micro-batches of B x T on `gpus` GPUs, shard groups of S, EP degree n (validated by the caller)
 static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, int n, int gpus, Fp8Recipe fp8,
-                                     double ep_capacity = EP_CAPACITY_DEFAULT, double chunk_mib = 0) {
+                                     double ep_capacity = EP_CAPACITY_DEFAULT, double chunk_mib = 0, bool rs_bf16 = false) {
     MemoryPlan p;
     p.B = B; p.T = T; p.S = S; p.n = n; p.gpus = gpus; p.fp8 = fp8;
     const long double f4 = 4, bf = 2, i4 = 4;
@@ -156,14 +158,16 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     // parameter state and working set: zero_gpu_bytes
     long double shard, work;
     p.chunk_experts = zero_chunk_experts(c, S, n, fp8 != FP8_OFF, chunk_mib);   // --zero-chunk-mib (parallel/zero_gpu_chunks.cuh)
-    plan_store_layout(c, S, n, p.chunk_experts, &shard, &work);
+    long double run;
+    plan_store_layout(c, S, n, p.chunk_experts, &shard, &work, &run);
     p.shard_params = shard;
     p.master = p.grads = p.adam_m = p.adam_v = f4 * shard;
     p.bf16_copy = bf * shard;
     p.norm_scratch = PLAN_GRAD_NORM_BLOCKS * f4 + 8;
     p.slot_params = work;
     p.gathered_slots = 2 * bf * work;
-    p.grad_slots = 2 * f4 * work;
+    p.rs_scratch = rs_bf16 ? bf * run : 0;   // --grad-reduce-dtype bf16: one run's gradient in BF16 (zero_gpu_comm.cuh)
+    p.grad_slots = 2 * f4 * work + p.rs_scratch;
 
     // activations saved per layer (dbrx_gpu_buffers' per-block buffers), by class
     p.layer_attention = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // ln1, stats, qkv_pre, qkv, lse, atty
@@ -261,7 +265,9 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
     std::string ch = p->chunk_experts ? "experts in chunks of " + std::to_string(p->chunk_experts) : "experts whole";
     printf("  ZeRO working set (S > 1: two slots of %.0Lf params; %s)%*s%9.2f GiB\n", p->slot_params, ch.c_str(),
            std::max(0, 22 - (int)ch.size()), "", G(p->gathered_slots + p->grad_slots));
-    printf("    gathered bf16 slots %.2f GiB, fp32 gradient slots %.2f GiB\n", G(p->gathered_slots), G(p->grad_slots));
+    printf("    gathered bf16 slots %.2f GiB, fp32 gradient slots %.2f GiB", G(p->gathered_slots), G(p->grad_slots - p->rs_scratch));
+    if (p->rs_scratch > 0) printf(", bf16 reduce-scatter scratch %.2f GiB (--grad-reduce-dtype bf16)", G(p->rs_scratch));
+    printf("\n");
     printf("  activations (%d layers; FP8 scratch included)                           %9.2f GiB\n", c->n_layers,
            G(p->saved + p->head + p->scratch + p->fp8_scratch));
     printf("    saved per layer: attention %.1f, norms+residual %.1f, router %.1f, experts' rows %.1f MiB; x %d = %.2f GiB\n",

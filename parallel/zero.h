@@ -255,6 +255,14 @@ static inline void zero_copy_pieces(const Zero* from, int rf, const real* src, c
 // this rank holds a piece of a run
 static inline CommGroup* zero_unit_group(Zero* z, int u) { return z->unit_ep[u] ? &z->expert_shard : &z->shard; }
 static inline bool zero_run_mine(const Zero* z, const ShardRun& r) { return shard_run_held(r, z->lrank); }
+// the longest run's full length (its pieces x piece), over every unit: the GPU store's scratch for
+// --grad-reduce-dtype bf16 (parallel/zero_gpu_comm.cuh: one run's gradient in BF16 at a time)
+static inline size_t zero_max_run_numel(const Zero* z) {
+    size_t m = 0;
+    for (const std::vector<ShardRun>& runs : z->runs)
+        for (const ShardRun& r : runs) m = std::max(m, r.chunk * (size_t)r.parts);
+    return m;
+}
 
 // the pieces of unit u that layout rank r holds (shard_run_pieces)
 template <typename Fn> static inline void zero_unit_pieces(const Zero* z, int u, int r, Fn fn) { shard_run_pieces(z->runs[u], r, fn); }

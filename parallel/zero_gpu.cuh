@@ -63,6 +63,8 @@ typedef struct {
     floatX* master_bf16;              // device, z.shard_total: the all-gathers' input (S = 1: the model's weights)
     floatX* work[2];                  // device, z.work_numel each: gathered units (S > 1)
     float* gwork[2];                  // device, z.work_numel each: full gradients of units in backward (S > 1)
+    int rs_bf16;                      // --grad-reduce-dtype bf16: the shard group's reduce-scatters in BF16 (zero_gpu_comm.cuh)
+    floatX* rs_scratch;               // device, zero_max_run_numel (rs_bf16 and S > 1): one run's gradient rounded to BF16
     int slot_unit[2];
     float* norm_partial;              // device (GRAD_NORM_BLOCKS): partial sums of squares
     size_t *seg_off, *seg_n;          // device (nseg): the shard's segments and padding, for AdamW's one launch
@@ -115,19 +117,19 @@ static inline int zero_grid(size_t n) { size_t b = (n + 255) / 256; return (int)
 static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }   // the gather stream
 
 // device memory of the store for a layout: 4 fp32 shards + the BF16 shard, and for S > 1 the slots
-static inline size_t zero_gpu_bytes(const Zero* z) {
+static inline size_t zero_gpu_bytes(const Zero* z, int rs_bf16 = 0) {
     size_t b = z->shard_total * (4 * sizeof(float) + sizeof(floatX)) + GRAD_NORM_BLOCKS * sizeof(float) + sizeof(double);
-    if (z->S > 1) b += 2 * z->work_numel * (sizeof(floatX) + sizeof(float));
+    if (z->S > 1) b += 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) + (rs_bf16 ? zero_max_run_numel(z) * sizeof(floatX) : 0);
     return b;
 }
 
 // the same, before the groups exist: from the parameter table, S and the EP degree n (the model's memory
 // check, --dry-run); a degree that does not fit is left to zero_init to refuse (estimated as none)
-static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S, int n = 1, int Ec = 0) {
+static inline size_t zero_gpu_estimate_bytes(const DbrxConfig* c, int S, int n = 1, int Ec = 0, int rs_bf16 = 0) {
     if (n < 1 || c->n_experts % n || (S > 1 && S % n)) n = 1;
     Zero z;
     zero_unit_layout(&z, c, dbrx_param_table(c), S, n, Ec);
-    return zero_gpu_bytes(&z);
+    return zero_gpu_bytes(&z, rs_bf16);
 }
 
 static inline void zero_gpu_unit_begin(void* ctx, int u, int phase);
@@ -144,7 +146,7 @@ static inline void zero_gpu_chunk_backward(void* ctx, int l, const floatX* dye, 
 // model is built first (dbrx_build_shape), with the store's bytes in its memory check. chunk_mib:
 // --zero-chunk-mib (zero_chunk_experts: a block's experts gathered chunk by chunk; 0: whole).
 static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1, double ep_factor = EP_CAPACITY_DEFAULT,
-                             double chunk_mib = 0) {
+                             double chunk_mib = 0, int rs_bf16 = 0) {
     Zero* z = &zg->z;
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
@@ -213,6 +215,9 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     }
     zg->work[0] = zg->work[1] = nullptr;
     zg->gwork[0] = zg->gwork[1] = nullptr;
+    zg->rs_bf16 = rs_bf16;
+    zg->rs_scratch = nullptr;
+    if (rs_bf16 && z->S > 1) take((void**)&zg->rs_scratch, zero_max_run_numel(z) * sizeof(floatX));
     for (int i = 0; i < 2; i++) {
         if (z->S > 1) {
             take((void**)&zg->work[i], z->work_numel * sizeof(floatX));
@@ -229,10 +234,10 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     }
     cudaCheck(cudaEventCreateWithFlags(&zg->bf16_ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&zg->comm_done, cudaEventDisableTiming));
-    zg->device_bytes = zero_gpu_bytes(z);
+    zg->device_bytes = zero_gpu_bytes(z, rs_bf16);
     zg->fp8.on = 0;
     z->state_bytes = zg->device_bytes;
-    z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) : 0;
+    z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) + (rs_bf16 ? zero_max_run_numel(z) * sizeof(floatX) : 0) : 0;
     z->state_rss = 0;
     cudaCheck(cudaMemset(zg->grad, 0, bytes));
     zg->grad_clean = 1;

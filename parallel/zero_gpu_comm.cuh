@@ -6,6 +6,9 @@
  *                    experts under EP: `expert_shard`, on the same stream (comm_share_stream)
  *   reduce-scatters  a second communicator over the same ranks, `shard_rs`, on its own stream (the
  *                    reduce-scatter stream); the experts': `expert_shard_rs`, on that stream too
+ *   precision        FP32, or BF16 under --grad-reduce-dtype bf16: each run rounded into rs_scratch (2 B x the
+ *                    longest run, in the memory plan), reduced there, this rank's chunk added to the FP32 shard
+ *                    (half the bytes; the accuracy measured in parallel/README.md, "Reduction precision")
  *   why two          in the backward, unit u's reduce-scatter and the gather of unit u-2 (the prefetch
  *                    issued when unit u-1 begins) both become ready when unit u's compute ends, and both
  *                    have unit u-1's compute to hide behind. On one stream they run in series. Two streams
@@ -118,6 +121,25 @@ static inline void zero_gpu_prefetch_next(ZeroGpu* zg, int u, int phase) {
     if (next >= 0) zero_gpu_gather_async(zg, next, zero_first_chunk(&zg->z, next, phase));
 }
 
+// --grad-reduce-dtype bf16 (zero_gpu_reduce_scatter below): a run's FP32 gradient rounded to BF16, eight elements a thread
+// (two 16-byte loads, one 16-byte store) where both ends are 16-byte aligned, else one at a time (a run's tail)
+__global__ void zero_round_bf16_kernel(floatX* out, const float* in, size_t n) {
+    bool vec = ((uintptr_t)in % 16 == 0) && ((uintptr_t)out % 16 == 0);
+    for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
+        if (vec && i + 8 <= n) {
+            float4 a = *(const float4*)(in + i), b = *(const float4*)(in + i + 4);
+            floatX h[8] = {__float2bfloat16(a.x), __float2bfloat16(a.y), __float2bfloat16(a.z), __float2bfloat16(a.w),
+                           __float2bfloat16(b.x), __float2bfloat16(b.y), __float2bfloat16(b.z), __float2bfloat16(b.w)};
+            *(uint4*)(out + i) = *(const uint4*)h;
+        } else
+            for (size_t k = i; k < i + 8 && k < n; k++) out[k] = __float2bfloat16(in[k]);
+    }
+}
+// this rank's reduced BF16 chunk added to its FP32 gradient shard
+__global__ void zero_accumulate_bf16_kernel(float* acc, const floatX* x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc[i] += __bfloat162float(x[i]);
+}
 // item (u, j)'s gradient (its gradient slot: the unit's, or chunk j's of a chunked experts unit)
 // reduce-scattered into the gradient shard on the reduce-scatter stream, after the compute stream has written it
 static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
@@ -135,6 +157,15 @@ static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
         const ShardRun& r = z->runs[u][i];
         if (!zero_run_mine(z, r) || z->run_chunk[u][i] != j) continue;
         float* full = zg->gwork[slot] + r.slot_off;
+        if (zg->rs_bf16 && grp->size > 1) {   // --grad-reduce-dtype bf16: rounded into the scratch, reduced there (the
+                                              // stream orders its reuse; a group of one, EP's experts at S = EP, sums nothing)
+            size_t n = r.chunk * (size_t)grp->size;
+            LAUNCH(zero_round_bf16_kernel, zero_grid((n + 7) / 8), 256, 0, rs, zg->rs_scratch, full, n);
+            comm_reduce_scatter_inplace(grp, zg->rs_scratch, r.chunk, COMM_BF16);
+            LAUNCH(zero_accumulate_bf16_kernel, zero_grid(r.chunk), 256, 0, rs, zg->grad + z->shard_off[u] + r.shard_rel,
+                   zg->rs_scratch + (size_t)mine * r.chunk, r.chunk);
+            continue;
+        }
         comm_reduce_scatter_inplace(grp, full, r.chunk, COMM_F32);
         LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, rs, zg->grad + z->shard_off[u] + r.shard_rel,
                full + (size_t)mine * r.chunk, r.chunk);

@@ -138,6 +138,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     bash test/test_comm_streams.sh
     echo "== the store's chunked experts (--zero-chunk-mib): bit-identical to the units whole, the working set the plan's, a negative control"
     bash test/test_zero_chunks.sh
+    echo "== the gradient reduce-scatter in BF16 (--grad-reduce-dtype): fp32 the default's bits, bf16 near, half the bytes, the plan's scratch"
+    bash test/test_grad_reduce_dtype.sh
     echo "== GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)"; bash test/test_gemm_pins.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"

@@ -105,9 +105,21 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
             CAPTURE(S); CAPTURE(n);
             CHECK(plan_param_state(&p) + p.gathered_slots + p.grad_slots == (long double)zero_gpu_estimate_bytes(&c, S, n));
         }
+    // --grad-reduce-dtype bf16: the scratch of the longest run (S > 1 only), in the store's bytes as in the plan's
+    for (int S : {1, 2, 4})
+        for (int n : {1, 2}) {
+            MemoryPlan p = memory_plan(&c, 2, 16, S, n, 4, FP8_OFF, EP_CAPACITY_DEFAULT, 0, true);
+            CAPTURE(S); CAPTURE(n);
+            CHECK(plan_param_state(&p) + p.gathered_slots + p.grad_slots == (long double)zero_gpu_estimate_bytes(&c, S, n, 0, 1));
+            CHECK(p.rs_scratch == (long double)(zero_gpu_estimate_bytes(&c, S, n, 0, 1) - zero_gpu_estimate_bytes(&c, S, n)));
+            CHECK((p.rs_scratch > 0) == (S > 1));
+        }
     c.n_layers = 7;   // extrapolated in the layers from 1, 2, 3 (the store's layout is affine in them)
     MemoryPlan p = memory_plan(&c, 2, 16, 4, 2, 4, FP8_OFF);
     CHECK(plan_param_state(&p) + p.gathered_slots + p.grad_slots == (long double)zero_gpu_estimate_bytes(&c, 4, 2));
+    MemoryPlan pb = memory_plan(&c, 2, 16, 4, 2, 4, FP8_OFF, EP_CAPACITY_DEFAULT, 0, true);
+    CHECK(plan_param_state(&pb) + pb.gathered_slots + pb.grad_slots == (long double)zero_gpu_estimate_bytes(&c, 4, 2, 0, 1));
+    CHECK(pb.rs_scratch > 0);
     // --zero-chunk-mib: the experts in chunks (S > 1 without EP); a budget of a tenth of the experts unit
     double mib = 0.1 * 2.0 * 3 * c.n_experts * c.ffn_hidden * c.d_model / 1048576;
     for (int S : {2, 4}) {

@@ -124,6 +124,8 @@ KERNELS = {
     "zero_accumulate_kernel": lambda a, g, x: (8 * a[2], 4 * a[2]),            # (acc, x, n): acc += x, FP32
     "zero_scale_kernel": lambda a, g, x: (4 * a[2], 4 * a[2]),                 # (x, s, n): x *= s
     "zero_f32_to_bf16_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),           # (out, in, n)
+    "zero_round_bf16_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),            # (out, in, n): --grad-reduce-dtype bf16
+    "zero_accumulate_bf16_kernel": lambda a, g, x: (6 * a[2], 4 * a[2]),       # (acc, x, n): acc += x, x BF16
     # embedding, layer norm, residual, loss
     "gather_rows_kernel": lambda a, g, x: (4 * a[3] + a[3] * a[4] * _unit(x["name"]), a[3] * a[4] * _unit(x["name"])),  # (out, src, idx, rows, units)
     "layernorm_forward_kernel": _ln_fwd,
