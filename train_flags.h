@@ -31,6 +31,7 @@ typedef struct {
     std::string plan_device = "";   // --dry-run's GPU plan (parallel/memory_plan.h): h100 | h200 | GiB ("": the visible GPU, else h100)
     int plan_gpus = 0;              // ... and the run's GPUs (0: the shard group, or the EP degree)
     std::string recompute = "";     // --recompute SPEC (model/recompute.h); "": nothing recomputed
+    std::string compress_acts = "", compress_format = "e4m3";   // --compress-acts SPEC, --compress-format (model/act_compress.cuh)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -138,6 +139,11 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--recompute", "", F_STR, &a->run.recompute, "selective activation recomputation: GRAN[:RANGE][,...], GRAN attn | swiglu | "
                                                       "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
+        {"--compress-acts", "", F_STR, &a->run.compress_acts, "compressed saved activations: swiglu[:RANGE][,...] (RANGE as --recompute's): "
+                                                              "the experts' g, u kept in --compress-format until the backward, act rebuilt "
+                                                              "from them (not bit-identical; README, Memory)"},
+        {"--compress-format", "", F_STR, &a->run.compress_format, "--compress-acts' format: e4m3 (1x128 tile scales; default) | bf16 "
+                                                                  "(the CPU backend only)"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
         {"--help-debug", "", F_BOOL, &a->run.help_debug, "the tests' fault-injection switches (DBRX_DEBUG_* environment variables): "
                                                         "injected spikes and NaNs, killed, stopped or slow ranks, ..."},
@@ -395,6 +401,13 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->run.peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->run.peak_tflops);
     fp8_recipe_parse(a->fp8.recipe.c_str());
     g_recompute = recompute_parse(a->run.recompute);   // (its layers are checked against the model's when it is sized)
+    g_compress = recompute_parse(a->run.compress_acts, "--compress-acts", RC_SWIGLU);
+    if (a->run.compress_format != "e4m3" && a->run.compress_format != "bf16")
+        fail(EXIT_BAD_INPUT, "--compress-format '%s' must be e4m3 or bf16", a->run.compress_format.c_str());
+    g_compress_format = a->run.compress_format == "bf16" ? 1 : 0;
+    if (!g_compress.items.empty() && a->parallel.expert_parallel > 1)   // (the dispatcher keeps its own rows' g, u, act)
+        fail(EXIT_BAD_INPUT, "--compress-acts with --expert-parallel %d: not supported yet (the compression covers the experts of "
+             "one rank); use --recompute swiglu", a->parallel.expert_parallel);
     if (a->fp8.history < 1 || a->fp8.history > FP8_MAX_HISTORY)
         fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", a->fp8.history, FP8_MAX_HISTORY);
     // a scale backed off by more than 2^64 is below any amax's reciprocal that float holds: all zeros
