@@ -70,7 +70,6 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
         if (gpus % S) continue;
         for (int n = 1; n <= 16; n *= 2) {
             if (cfg.n_experts % n || (n > 1 && (S % n || gpus % n)) || (n > 1 && S == 1)) continue;
-            if (n > 1 && !g_compress.items.empty()) continue;   // (--compress-acts is not yet for expert parallelism)
             for (double cap : caps) {
                 if (n == 1 && cap != caps[0]) continue;
                 for (const char* rc : specs) {

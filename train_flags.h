@@ -405,9 +405,6 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->run.compress_format != "e4m3" && a->run.compress_format != "bf16")
         fail(EXIT_BAD_INPUT, "--compress-format '%s' must be e4m3 or bf16", a->run.compress_format.c_str());
     g_compress_format = a->run.compress_format == "bf16" ? 1 : 0;
-    if (!g_compress.items.empty() && a->parallel.expert_parallel > 1)   // (the dispatcher keeps its own rows' g, u, act)
-        fail(EXIT_BAD_INPUT, "--compress-acts with --expert-parallel %d: not supported yet (the compression covers the experts of "
-             "one rank); use --recompute swiglu", a->parallel.expert_parallel);
     if (a->fp8.history < 1 || a->fp8.history > FP8_MAX_HISTORY)
         fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", a->fp8.history, FP8_MAX_HISTORY);
     // a scale backed off by more than 2^64 is below any amax's reciprocal that float holds: all zeros

@@ -72,15 +72,23 @@ template <typename M> static inline void gpu_recompute_block_half(M* m, int l, i
 }
 
 // the rows of layer l's g, u and act that its forward filled: the routed rows, under FP8 in the padded layout
+// (under expert parallelism the dispatcher knows its received rows and calls the two below itself)
 template <typename M> static inline int gpu_expert_rows_filled(M* m, int l) {
     int E = m->cfg.n_experts;
     return fp8_on(&m->fp8) ? m->fp8.routing[l].poff[E] : m->acts[l].offsets_host[E];
 }
-// --compress-acts: the forward of a layer it names leaves g and u in the layer's codes (training only)
-template <typename M> static inline void gpu_compress_experts(M* m, int l, float dloss) {
+// --compress-acts: the first `rows` rows of layer l's g and u into the layer's codes, and back (with act)
+template <typename M> static inline void gpu_compress_rows(M* m, int l, int rows, cudaStream_t stream = 0) {
     auto* a = &m->acts[l];
-    if ((m->rc_mode[l] & RC_CSWIGLU) && dloss > 0)
-        swiglu_compress_gpu(a->gu_codes, a->gu_sinv, a->g, a->u, gpu_expert_rows_filled(m, l), (int)m->expert_rows, m->cfg.ffn_hidden);
+    swiglu_compress_gpu(a->gu_codes, a->gu_sinv, a->g, a->u, rows, (int)m->expert_rows, m->cfg.ffn_hidden, stream);
+}
+template <typename M> static inline void gpu_decompress_rows(M* m, int l, int rows, cudaStream_t stream = 0) {
+    auto* a = &m->acts[l];
+    swiglu_decompress_gpu(a->g, a->u, a->act, a->gu_codes, a->gu_sinv, rows, (int)m->expert_rows, m->cfg.ffn_hidden, stream);
+}
+// the forward of a layer --compress-acts names leaves g and u in the layer's codes (training only)
+template <typename M> static inline void gpu_compress_experts(M* m, int l, float dloss) {
+    if ((m->rc_mode[l] & RC_CSWIGLU) && dloss > 0 && !m->experts.forward) gpu_compress_rows(m, l, gpu_expert_rows_filled(m, l));
 }
 
 // Layer l's experts forward again (its experts' unit held): g, u, act (swiglu); and ye (moe: under expert
@@ -91,8 +99,8 @@ template <typename M> static inline void gpu_recompute_experts(M* m, int l, int 
     int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
     auto* a = &m->acts[l];
     const auto& w = m->p.blocks[l];
-    if (rc & RC_CSWIGLU) {
-        swiglu_decompress_gpu(a->g, a->u, a->act, a->gu_codes, a->gu_sinv, gpu_expert_rows_filled(m, l), (int)m->expert_rows, F);
+    if (rc & RC_CSWIGLU) {   // (under expert parallelism the dispatcher's backward rebuilds its received rows')
+        if (!m->experts.forward) gpu_decompress_rows(m, l, gpu_expert_rows_filled(m, l));
         return;
     }
     if (m->experts.forward) {   // (swiglu alone: the dispatcher's backward recomputes its rows' g, u, act from the rows it keeps)

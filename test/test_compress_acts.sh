@@ -7,7 +7,7 @@
 #   - the gradients are those of g and u to E4M3's 3 mantissa bits: the gradient norm within 0.2% of the run
 #     without it (measured: ~0.1%), BF16 closer than E4M3;
 #   - the emulated GPU agrees with the CPU as the uncompressed runs do (the same BF16 tolerance), at head_dim
-#     128, under FP8 block scaling and ZeRO-3 np 2; its peak device memory is --dry-run's plan within 0.1% and
+#     128, under FP8 block scaling, ZeRO-3 np 2 and EP 2 (chunked or not); its peak device memory is --dry-run's plan within 0.1% and
 #     below the run without it; the CPU's activations shrink (its dry-run estimate: test_memory_plan);
 #   - composed with --recompute: a layer that recomputes its SwiGLU is not compressed (--recompute swiglu +
 #     --compress-acts swiglu is --recompute swiglu's run bit for bit);
@@ -58,6 +58,9 @@ run c_rc "${cpu[@]}" --recompute swiglu
 run c_rc_ca "${cpu[@]}" --recompute swiglu --compress-acts swiglu
 cmp -s "$tmp/c_rc" "$tmp/c_rc_ca" && ! grep -q FAILED "$tmp/c_rc" && pass "CPU: a recomputed layer is not compressed (bit-identical to --recompute swiglu)" \
     || fail "CPU: --recompute swiglu with --compress-acts differs from --recompute swiglu"
+ep=($MPI -np 2 "$BIN" "${base[@]}" --batch 1 --steps 2 --shard-group-size 2 --expert-parallel 2)
+run ce_off "${ep[@]}"; run ce_ca "${ep[@]}" --compress-acts swiglu
+compare ce_off ce_ca "CPU EP 2 (the dispatcher's received rows)" "$close"
 # the activations the run allocates (the CPU dry run's estimate of them: test_memory_plan) shrink
 run c_mix "${cpu[@]}" --compress-acts swiglu:0-1 --recompute attn:1
 got=$(sed -nE 's/^activations ([0-9.]+) MiB.*/\1/p' "$tmp/c_mix.out" | head -1)
@@ -86,6 +89,22 @@ if [ -x "$EMU" ]; then
     gz=($MPI -np 2 "$EMU" --device cuda "${base[@]}" --batch 1 --steps 2 --shard-group-size 2)
     run gz_off "${gz[@]}"; run gz_ca "${gz[@]}" --compress-acts swiglu:1-2
     compare gz_off gz_ca "GPU ZeRO-3 np 2, swiglu:1-2" "$close"
+    # EP 2: the model's g, u, act hold the received rows; chunked exchange (default 2 chunks), one chunk, FP8 block
+    SIMT_STEP_COUNTERS=1 run ge_off "${gz[@]}" --expert-parallel 2; SIMT_STEP_COUNTERS=1 run ge_ca "${gz[@]}" --expert-parallel 2 --compress-acts swiglu
+    compare ge_off ge_ca "GPU EP 2, --ep-overlap-chunks 2" "$close"
+    compare ce_ca ge_ca "GPU EP 2 against the CPU's EP 2" "abs(l1 / l0 - 1) < 1e-4 and abs(g1 / g0 - 1) < 5e-3"
+    plan=$("${gz[@]:4}" --expert-parallel 2 --compress-acts swiglu --dry-run --plan-gpus 2 | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
+    peak=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/ge_ca.out" | sort -n | tail -1)
+    peak_off=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/ge_off.out" | sort -n | tail -1)
+    if [ -n "$plan" ] && [ -n "$peak" ] && [ -n "$peak_off" ] && [ "$peak" -lt "$peak_off" ] \
+        && /usr/bin/python3 -c "import sys; sys.exit(abs($peak / $plan - 1) > 0.001)"; then
+        pass "GPU EP 2: peak per rank $peak bytes = the plan's $plan within 0.1%, < $peak_off without"
+    else fail "GPU EP 2: peak $peak, plan $plan, without $peak_off"; fi
+    run ge1_ca "${gz[@]}" --expert-parallel 2 --ep-overlap-chunks 1 --compress-acts swiglu
+    cmp -s "$tmp/ge_ca" "$tmp/ge1_ca" && pass "GPU EP 2: one chunk gives the chunked run's losses bit for bit" \
+        || fail "GPU EP 2: --ep-overlap-chunks 1 differs: $(paste -d' ' "$tmp/ge_ca" "$tmp/ge1_ca" | head -2 | tr '\n' ';')"
+    run ge8_off "${gz[@]}" --expert-parallel 2 --fp8 block; run ge8_ca "${gz[@]}" --expert-parallel 2 --fp8 block --compress-acts swiglu:0-1
+    compare ge8_off ge8_ca "GPU EP 2 --fp8 block, swiglu:0-1" "$close"
     expect_exit 2 "--compress-format bf16 on the GPU" "${gpu[@]}" --compress-acts swiglu --compress-format bf16
 fi
 
@@ -94,4 +113,3 @@ for bad in "attn" "swiglu:3" "swiglu:x" "swiglu,,moe"; do
     expect_exit 2 "--compress-acts '$bad'" "$BIN" "${base[@]}" --steps 1 --compress-acts "$bad"
 done
 expect_exit 2 "--compress-format fp16" "$BIN" "${base[@]}" --steps 1 --compress-acts swiglu --compress-format fp16
-expect_exit 2 "--compress-acts with --expert-parallel 2" "$BIN" "${base[@]}" --steps 1 --compress-acts swiglu --expert-parallel 2
