@@ -112,10 +112,10 @@ static long double per_layers(const DbrxConfig* c, F f) {
 // the CPU model's activation bytes for micro-batches of B x T (the walk that allocates them)
 static long double activation_bytes(const DbrxConfig* c, int B, int T) {
     recompute_check(&g_recompute, c->n_layers);
-    RecomputeSpec spec = g_recompute;   // (--recompute varies by layer: the walk without it, less what it saves)
-    g_recompute = RecomputeSpec();
+    RecomputeSpec spec = g_recompute, cspec = g_compress;   // (they vary by layer: the walk without them, less what they save)
+    g_recompute = g_compress = RecomputeSpec();
     long double bytes = per_layers(c, [&](const DbrxConfig* x) { return dbrx_activations(NULL, x, B, T); });
-    g_recompute = spec;
+    g_recompute = spec; g_compress = cspec;
     return bytes - dbrx_recompute_saved_bytes(c, B, T);
 }
 
@@ -648,6 +648,8 @@ static int run_main(int argc, char** argv) {
     bool use_cuda = args.run.device == "cuda" || (args.run.device == "auto" && gpus > 0);
     if (!use_cuda && args.parallel.grad_reduce_dtype == "bf16")   // (MPI has no BF16 sum: parallel/README.md)
         fail(EXIT_BAD_INPUT, "--grad-reduce-dtype bf16 is for the CUDA backend; the CPU backend reduce-scatters in fp32 over MPI");
+    if (use_cuda && g_compress_format == COMPRESS_BF16)   // (the GPU saves its activations in BF16 already)
+        fail(EXIT_BAD_INPUT, "--compress-format bf16 is for the CPU backend; the CUDA backend keeps activations in BF16 already (use e4m3)");
 
     stop_signals_install(getenv("OMPI_MCA_odls_base_sigkill_timeout"));   // (a signal during MPI_Init: a stop after step 1)
     Comm comm = comm_init(&argc, &argv);

@@ -31,6 +31,7 @@ typedef struct {
     std::string plan_device = "";   // --dry-run's GPU plan (parallel/memory_plan.h): h100 | h200 | GiB ("": the visible GPU, else h100)
     int plan_gpus = 0;              // ... and the run's GPUs (0: the shard group, or the EP degree)
     std::string recompute = "";     // --recompute SPEC (model/recompute.h); "": nothing recomputed
+    std::string compress_acts = "", compress_format = "e4m3";   // --compress-acts SPEC, --compress-format (model/act_compress.cuh)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -98,12 +99,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"", "", F_SECTION, NULL, "the model (the preset, and any of its numbers changed)"},
         {"--model", "", F_STR, &a->run.model, "preset: dbrx-132b dbrx-73b dbrx-35b dbrx-18b dbrx-9b dbrx-1b dbrx-tiny"},
         {"--d-model", "", F_INT, &c->d_model, "model width d (head_dim follows as d / n_heads)"},
-        {"--n-heads", "", F_INT, &c->n_heads, "query heads"},
-        {"--kv-heads", "", F_INT, &c->kv_heads, "key/value heads (GQA)"},
+        {"--n-heads", "", F_INT, &c->n_heads, "query heads"}, {"--kv-heads", "", F_INT, &c->kv_heads, "key/value heads (GQA)"},
         {"--n-layers", "", F_INT, &c->n_layers, "transformer blocks"},
         {"--ffn-hidden", "", F_INT, &c->ffn_hidden, "hidden size F of one expert"},
-        {"--experts", "", F_INT, &c->n_experts, "experts per MoE layer"},
-        {"--top-k", "", F_INT, &c->top_k, "experts per token"},
+        {"--experts", "", F_INT, &c->n_experts, "experts per MoE layer"}, {"--top-k", "", F_INT, &c->top_k, "experts per token"},
         {"--vocab", "", F_INT, &c->vocab_size, "vocabulary size (padded)"},
         {"--max-seq", "", F_INT, &c->max_seq_len, "max sequence length of the model"},
         {"--rope-theta", "", F_FLOAT, &c->rope_theta, "RoPE base"},
@@ -138,6 +137,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--recompute", "", F_STR, &a->run.recompute, "selective activation recomputation: GRAN[:RANGE][,...], GRAN attn | swiglu | "
                                                       "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
+        {"--compress-acts", "", F_STR, &a->run.compress_acts, "swiglu[:RANGE][,...]: the experts' g, u kept compressed until the "
+                                                              "backward, act rebuilt from them (not bit-identical; README, Memory)"},
+        {"--compress-format", "", F_STR, &a->run.compress_format, "--compress-acts' format: e4m3 (1x128 scales) | bf16 (CPU only)"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
         {"--help-debug", "", F_BOOL, &a->run.help_debug, "the tests' fault-injection switches (DBRX_DEBUG_* environment variables): "
                                                         "injected spikes and NaNs, killed, stopped or slow ranks, ..."},
@@ -146,8 +148,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--warmup", "-u", F_INT, &a->optim.warmup, "linear warmup steps"},
         {"--lr-floor", "-q", F_FLOAT, &a->optim.lr_floor, "final LR as a fraction of the peak (cosine floor)"},
         {"--weight-decay", "-c", F_FLOAT, &a->optim.weight_decay, "AdamW decoupled weight decay (matrices only)"},
-        {"--beta1", "", F_FLOAT, &a->optim.beta1, "AdamW beta1"},
-        {"--beta2", "", F_FLOAT, &a->optim.beta2, "AdamW beta2"},
+        {"--beta1", "", F_FLOAT, &a->optim.beta1, "AdamW beta1"}, {"--beta2", "", F_FLOAT, &a->optim.beta2, "AdamW beta2"},
         {"--adam-eps", "", F_FLOAT, &a->optim.adam_eps, "AdamW epsilon"},
         {"--grad-clip", "", F_FLOAT, &a->optim.grad_clip, "global gradient-norm clip (<= 0: off)"},
         {"", "", F_SECTION, NULL, "data (data/README.md)"},
@@ -395,6 +396,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->run.peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->run.peak_tflops);
     fp8_recipe_parse(a->fp8.recipe.c_str());
     g_recompute = recompute_parse(a->run.recompute);   // (its layers are checked against the model's when it is sized)
+    g_compress = recompute_parse(a->run.compress_acts, "--compress-acts", RC_SWIGLU);
+    g_compress_format = a->run.compress_format == "bf16" ? 1 : a->run.compress_format == "e4m3" ? 0 :
+                        (fail(EXIT_BAD_INPUT, "--compress-format '%s' must be e4m3 or bf16", a->run.compress_format.c_str()), 0);
     if (a->fp8.history < 1 || a->fp8.history > FP8_MAX_HISTORY)
         fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", a->fp8.history, FP8_MAX_HISTORY);
     // a scale backed off by more than 2^64 is below any amax's reciprocal that float holds: all zeros

@@ -22,10 +22,11 @@
  *   void dbrx_backward(m, const int* inputs, const int* targets, float dloss)
  *       backward of dloss * (ce + lbl + z) of the last forward, the same arguments; ACCUMULATES the
  *       gradients into the model's gradient views, whose memory the store owns.
- *       (Both take both: the CPU reads dloss in the backward only, the GPU's fused classifier already in
- *       the forward, which therefore must get the same dloss; the GPU's backward reads the tokens the
- *       forward copied to the device, the CPU's the host arrays. So dbrx_forward(Dbrx) ignores dloss and
- *       dbrx_backward(DbrxGPU) ignores inputs and targets: one signature for the loop.)
+ *       (Both take both: the CPU reads dloss in the backward (and in the forward only whether it is > 0:
+ *       --compress-acts compresses only for a backward), the GPU's fused classifier already in the
+ *       forward, which therefore must get the same dloss; the GPU's backward reads the tokens the forward
+ *       copied to the device, the CPU's the host arrays. So dbrx_backward(DbrxGPU) ignores inputs and
+ *       targets: one signature for the loop.)
  *   std::vector<Fp8MetaRef> dbrx_fp8_metas(m)
  *       every FP8 operand state (name, Fp8Meta, format) in model/fp8.cuh's fixed operand order; empty
  *       without --fp8. The loop max-reduces their amaxes (through the store) and logs them.

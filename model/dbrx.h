@@ -28,6 +28,7 @@
 #include "classifier.cuh"
 #include "adamw.cuh"
 #include "fp8.cuh"
+#include "act_compress.cuh"
 #include "profile.h"
 #include "debug_hooks.h"
 #include "api.h"
@@ -79,6 +80,7 @@ typedef struct {
     int *topk_idx, *counts, *offsets;  // (N, k), (E), (E + 1)
     int *row_token, *slot_row;         // (N*k), (N*k)
     real *xe, *g, *u, *act, *ye;       // (N*k, d), (N*k, F) x3, (N*k, d)
+    uint8_t* gu_codes; float* gu_sinv; // --compress-acts swiglu: g, u compressed (model/act_compress.cuh)
 } BlockActs;
 
 // Generation (dbrx_decode_step): one position at a time over a KV cache, batch 1. The cache of layer l
@@ -147,6 +149,8 @@ template <typename V> static inline void block_acts_fields(const DbrxConfig* c, 
     v(&BlockActs::row_token, N * k, 0); v(&BlockActs::slot_row, N * k, 0);
     v(&BlockActs::xe, N * k * d, RC_MOE); v(&BlockActs::g, N * k * F, RC_SWIGLU); v(&BlockActs::u, N * k * F, RC_SWIGLU);
     v(&BlockActs::act, N * k * F, RC_SWIGLU); v(&BlockActs::ye, N * k * d, RC_MOE);
+    CompressFormat cf = (CompressFormat)g_compress_format;   // (kept by the layers --compress-acts names: RC_CSWIGLU)
+    v(&BlockActs::gu_codes, compress_code_bytes(cf, N * k, F), RC_CSWIGLU); v(&BlockActs::gu_sinv, compress_factor_bytes(cf, N * k, F) / 4, RC_CSWIGLU);
 }
 
 // Walks the activation buffers: allocates them when `m` is given, and returns their total bytes
@@ -171,14 +175,15 @@ static inline size_t dbrx_activations(Dbrx* m, const DbrxConfig* c, int B, int T
         bytes += n * sizeof(Tp);
         if (m) { *p = (Tp*)mallocCheck(n * sizeof(Tp)); m->allocations.push_back(*p); }
     };
-    if (U) block_acts_fields(c, N, [&](auto f, size_t n, int bit) { if (U & bit) take(&(sc->*f), n); });
+    if (U) block_acts_fields(c, N, [&](auto f, size_t n, int bit) { if (recompute_buffer_place(U, bit) == 1) take(&(sc->*f), n); });
     if (m) m->rc_mode.assign(c->n_layers, 0);
     for (int l = 0; l < c->n_layers; l++) {
         BlockActs* a = m ? &m->acts[l] : &dummy;
         int mode = recompute_mode(&g_recompute, l);
         if (m) m->rc_mode[l] = (unsigned char)mode;
         block_acts_fields(c, N, [&](auto f, size_t n, int bit) {
-            if (mode & bit) a->*f = sc->*f;
+            int place = recompute_buffer_place(mode, bit);   // (0: its own, 1: the shared scratch, 2: none)
+            if (place) a->*f = place == 1 ? sc->*f : nullptr;
             else take(&(a->*f), n);
         });
     }
@@ -409,7 +414,6 @@ static inline void block_attention_forward(Dbrx* m, int l, const real* x) {
 // backward (the GPU's fused classifier takes it here), so the two backends share one signature.
 
 static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets, float dloss = 0.0f) {
-    (void)dloss;
     const DbrxConfig* c = &m->cfg;
     int N = m->B * m->T, d = c->d_model;
     int E = c->n_experts, k = c->top_k, L = c->n_layers;
@@ -441,6 +445,8 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
         prof_begin(PROF_HOST, "layer", "layer %d experts", l);
         block_experts_forward(m, l, a, w);
+        if ((m->rc_mode[l] & RC_CSWIGLU) && dloss > 0)   // (--compress-acts: g, u kept compressed until the backward)
+            swiglu_compress(a->gu_codes, a->gu_sinv, a->g, a->u, N * k, N * k, c->ffn_hidden, (CompressFormat)g_compress_format);
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         real* out = m->resid[l + 1];
         memcpy(out, a->resid_mid, (size_t)N * d * sizeof(real));
@@ -491,6 +497,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         // MoE half
         prof_begin(PROF_HOST, "layer", "layer %d experts", l);
         if (rc & RC_SWIGLU) dbrx_recompute_experts(m, l, rc);
+        if (rc & RC_CSWIGLU) swiglu_decompress(a->g, a->u, a->act, a->gu_codes, a->gu_sinv, N * k, N * k, c->ffn_hidden, (CompressFormat)g_compress_format);
         moe_combine_backward(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
         block_experts_backward(m, l, a, w, gw);
         prof_end(PROF_HOST);

@@ -66,7 +66,7 @@ typedef struct {
     float* router_stats;                         // (E + 1): column sums of probs, sum of lse^2 (in DbrxGPU::step_out)
     int *topk_idx, *counts, *offsets;            // (N, k), (E), (E + 1)
     int *row_token, *slot_row;                   // (R), (R)
-    floatX *xe, *g, *u, *act, *ye;               // (R, d), (R, F) x3, (R, d)
+    floatX *xe, *g, *u, *act, *ye; uint8_t* gu_codes; float* gu_sinv;   // (R, d), (R, F) x3, (R, d); --compress-acts' g, u (act_compress.cuh)
     std::vector<int> offsets_host, counts_host;  // host copies (the expert GEMMs are issued from the host)
 } BlockActsGPU;
 
@@ -183,13 +183,14 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     if (param_bytes) *param_bytes = bytes;
     // per block; a buffer the layer's --recompute drops points into one shared set (model/dbrx_recompute_cuda.cuh)
     int U = (recompute_check(&g_recompute, c->n_layers), recompute_union(&g_recompute, c->n_layers));
-    if (U) gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) { if (U & bit) ok = take((void**)&(mm->rc_scratch.*f), n) && ok; });
+    if (U) gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) { if (recompute_buffer_place(U, bit) == 1) ok = take((void**)&(mm->rc_scratch.*f), n) && ok; });
     mm->rc_mode.assign(c->n_layers, 0);
     for (int l = 0; l < c->n_layers; l++) {
         BlockActsGPU& a = mm->acts[l];
         int mode = mm->rc_mode[l] = (unsigned char)recompute_mode(&g_recompute, l);
         gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) {
-            if (mode & bit) a.*f = mm->rc_scratch.*f;
+            int place = recompute_buffer_place(mode, bit);   // (0: its own, 1: the shared scratch, 2: none)
+            if (place) a.*f = place == 1 ? mm->rc_scratch.*f : nullptr;
             else ok = take((void**)&(a.*f), n) && ok;
         });
         if (m) a.u = a.g + Rx * F;   // (g and u one buffer: w1 and v1 as one batched GEMM, model/moe.cuh)
@@ -231,11 +232,7 @@ static inline size_t dbrx_gpu_memory_estimate(const DbrxConfig* c, int B, int T,
     return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes, fp8, with_params, expert_rows);
 }
 
-static inline std::string gib(double bytes) {
-    char b[32];
-    snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
-    return b;
-}
+static inline std::string gib(double bytes) { char b[32]; snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0)); return b; }
 
 // Out of memory: one clear line with the estimate and what to change (exit 1). param_bytes: the
 // parameter state's share of `need` (a store's shard, or the whole model's).
@@ -461,6 +458,7 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
         prof_begin(pt, "layer", "layer %d experts", l);
         block_experts_forward(m, l, a, w);
+        gpu_compress_experts(m, l, dloss);   // (--compress-acts)
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         moe_combine_forward_gpu(m->resid[l + 1], a->resid_mid, a->ye, a->topk_w, a->slot_row, N, k, d);
         prof_end(pt);
@@ -527,7 +525,7 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         // dresid = d loss / d resid[l+1]; the residual passes it to resid_mid unchanged
         // MoE half
         prof_begin(pt, "layer", "layer %d experts", l);
-        if (rc & RC_SWIGLU) gpu_recompute_experts(m, l, rc);
+        if (rc & (RC_SWIGLU | RC_CSWIGLU)) gpu_recompute_experts(m, l, rc);
         moe_combine_backward_gpu(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
         block_experts_backward(m, l, a, w, gw);
         prof_end(pt);

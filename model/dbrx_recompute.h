@@ -69,19 +69,21 @@ static inline void dbrx_recompute_experts(Dbrx* m, int l, int rc) {
     });
 }
 
-// What --recompute saves on this model (B x T micro-batches): the bytes the layers do not keep less the
-// shared set they point into; the dry run's estimate (train_dbrx.cu: the walk without it, less this)
+// What --recompute (and --compress-acts) saves on this model (B x T micro-batches): the bytes the layers do
+// not keep less the shared set they point into, less the compressed copies; the dry run's estimate
+// (train_dbrx.cu: the walk without either, less this)
 static inline long double dbrx_recompute_saved_bytes(const DbrxConfig* c, int B, int T) {
-    if (g_recompute.items.empty()) return 0;
-    long double per_bit[RC_BLOCK + 1] = {0}, saved = 0;
+    if (g_recompute.items.empty() && g_compress.items.empty()) return 0;
+    long double per_bit[RC_CSWIGLU + 1] = {0}, saved = 0;
     block_acts_fields(c, (size_t)B * T, [&](auto f, size_t n, int bit) {
         using Tp = std::remove_pointer_t<std::remove_reference_t<decltype(std::declval<BlockActs&>().*f)>>;
         per_bit[bit] += (long double)n * sizeof(Tp);
     });
-    int U = recompute_union(&g_recompute, c->n_layers);
+    int U = recompute_dropped_bits(recompute_union(&g_recompute, c->n_layers));
     for (int b = RC_ATTN; b <= RC_BLOCK; b <<= 1) {
         if (U & b) saved -= per_bit[b];
-        for (int l = 0; l < c->n_layers; l++) if (recompute_mode(&g_recompute, l) & b) saved += per_bit[b];
+        for (int l = 0; l < c->n_layers; l++) if (recompute_dropped_bits(recompute_mode(&g_recompute, l)) & b) saved += per_bit[b];
     }
+    for (int l = 0; l < c->n_layers; l++) if (recompute_mode(&g_recompute, l) & RC_CSWIGLU) saved -= per_bit[RC_CSWIGLU];
     return saved;
 }

@@ -15,6 +15,7 @@
  */
 #pragma once
 #include "recompute.h"
+#include "act_compress.cuh"
 
 // every buffer of the GPU's BlockActsGPU with its bytes and the recompute bit that drops it (R routed rows;
 // Rx the experts' rows: R, or under expert parallelism the planned received rows; g holds g and u: one
@@ -30,6 +31,8 @@ template <typename A, typename V> static inline void gpu_block_acts_fields(const
     v(&A::topk_idx, N * k * i, 0); v(&A::counts, E * i, 0); v(&A::offsets, (E + 1) * i, 0);
     v(&A::row_token, R * i, 0); v(&A::slot_row, R * i, 0);
     v(&A::xe, R * d * X, RC_MOE); v(&A::g, 2 * Rx * F * X, RC_SWIGLU); v(&A::act, Rx * F * X, RC_SWIGLU); v(&A::ye, R * d * X, RC_MOE);
+    // --compress-acts swiglu (RC_CSWIGLU: only the layers it names keep these): g and u as E4M3 codes and factors
+    v(&A::gu_codes, compress_code_bytes(COMPRESS_E4M3, Rx, F), RC_CSWIGLU); v(&A::gu_sinv, compress_factor_bytes(COMPRESS_E4M3, Rx, F), RC_CSWIGLU);
 }
 
 // Layer l's block-unit part again, the unit gathered for it (a forward-phase gather inside the backward
@@ -68,13 +71,38 @@ template <typename M> static inline void gpu_recompute_block_half(M* m, int l, i
     unit_end(m, dbrx_block_unit(l), UNIT_FORWARD);
 }
 
+// the rows of layer l's g, u and act that its forward filled: the routed rows, under FP8 in the padded layout
+// (under expert parallelism the dispatcher knows its received rows and calls the two below itself)
+template <typename M> static inline int gpu_expert_rows_filled(M* m, int l) {
+    int E = m->cfg.n_experts;
+    return fp8_on(&m->fp8) ? m->fp8.routing[l].poff[E] : m->acts[l].offsets_host[E];
+}
+// --compress-acts: the first `rows` rows of layer l's g and u into the layer's codes, and back (with act)
+template <typename M> static inline void gpu_compress_rows(M* m, int l, int rows, cudaStream_t stream = 0) {
+    auto* a = &m->acts[l];
+    swiglu_compress_gpu(a->gu_codes, a->gu_sinv, a->g, a->u, rows, (int)m->expert_rows, m->cfg.ffn_hidden, stream);
+}
+template <typename M> static inline void gpu_decompress_rows(M* m, int l, int rows, cudaStream_t stream = 0) {
+    auto* a = &m->acts[l];
+    swiglu_decompress_gpu(a->g, a->u, a->act, a->gu_codes, a->gu_sinv, rows, (int)m->expert_rows, m->cfg.ffn_hidden, stream);
+}
+// the forward of a layer --compress-acts names leaves g and u in the layer's codes (training only)
+template <typename M> static inline void gpu_compress_experts(M* m, int l, float dloss) {
+    if ((m->rc_mode[l] & RC_CSWIGLU) && dloss > 0 && !m->experts.forward) gpu_compress_rows(m, l, gpu_expert_rows_filled(m, l));
+}
+
 // Layer l's experts forward again (its experts' unit held): g, u, act (swiglu); and ye (moe: under expert
-// parallelism the dispatcher runs the layer again with its saved plan, train 2)
+// parallelism the dispatcher runs the layer again with its saved plan, train 2). Compressed (RC_CSWIGLU):
+// g, u and act rebuilt from the layer's codes instead, no GEMM
 template <typename M> static inline void gpu_recompute_experts(M* m, int l, int rc) {
     const DbrxConfig* c = &m->cfg;
     int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
     auto* a = &m->acts[l];
     const auto& w = m->p.blocks[l];
+    if (rc & RC_CSWIGLU) {   // (under expert parallelism the dispatcher's backward rebuilds its received rows')
+        if (!m->experts.forward) gpu_decompress_rows(m, l, gpu_expert_rows_filled(m, l));
+        return;
+    }
     if (m->experts.forward) {   // (swiglu alone: the dispatcher's backward recomputes its rows' g, u, act from the rows it keeps)
         if (rc & RC_MOE) m->experts.forward(m->experts.ctx, l, a->offsets_host.data(), a->xe, a->ye, 2);
         return;

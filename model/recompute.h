@@ -25,7 +25,9 @@
 #include <string.h>
 #include "common.h"
 
-enum { RC_ATTN = 1, RC_SWIGLU = 2, RC_MOE = 4, RC_BLOCK = 8 };
+// RC_CSWIGLU: not a recomputation but --compress-acts swiglu (model/act_compress.cuh): the layer keeps g and u
+// compressed, its g, u and act point into the shared scratch like RC_SWIGLU's, and the backward rebuilds them
+enum { RC_ATTN = 1, RC_SWIGLU = 2, RC_MOE = 4, RC_BLOCK = 8, RC_CSWIGLU = 16 };
 enum { RC_RANGE_ALL, RC_RANGE_FIRST, RC_RANGE_SPAN, RC_RANGE_EVERY };
 
 typedef struct { int gran, kind, a, b; std::string text; } RecomputeItem;
@@ -34,9 +36,14 @@ typedef struct { std::vector<RecomputeItem> items; std::string text; } Recompute
 // the run's spec (set once at start-up by the flag parser; empty: nothing recomputed). Both models read
 // it when they size their activations; a test sets it before building a model.
 inline RecomputeSpec g_recompute;
+// --compress-acts SPEC (the same syntax; granularity swiglu only) and --compress-format (0 e4m3, 1 bf16:
+// CompressFormat, model/act_compress.cuh)
+inline RecomputeSpec g_compress;
+inline int g_compress_format = 0;
 
 // parses SPEC (one line naming the bad part, exit 2); "" or "off": nothing
-static inline RecomputeSpec recompute_parse(const std::string& spec) {
+// (flag: the flag named in the errors; grans: the granularities it takes)
+static inline RecomputeSpec recompute_parse(const std::string& spec, const char* flag = "--recompute", int grans = 15) {
     RecomputeSpec s;
     s.text = spec;
     if (spec.empty() || spec == "off") { s.text = ""; return s; }
@@ -49,8 +56,9 @@ static inline RecomputeSpec recompute_parse(const std::string& spec) {
         size_t colon = item.find(':');
         std::string g = item.substr(0, colon), r = colon == std::string::npos ? "all" : item.substr(colon + 1);
         it.gran = g == "attn" ? RC_ATTN : g == "swiglu" ? RC_SWIGLU : g == "moe" ? RC_MOE : g == "block" ? RC_BLOCK : 0;
-        if (!it.gran)
-            fail(EXIT_BAD_INPUT, "--recompute '%s': granularity '%s' is not attn, swiglu, moe or block", spec.c_str(), g.c_str());
+        if (!(it.gran & grans))
+            fail(EXIT_BAD_INPUT, "%s '%s': granularity '%s' is not %s", flag, spec.c_str(), g.c_str(),
+                 grans == 15 ? "attn, swiglu, moe or block" : "swiglu");
         auto number = [&](const char* p, int* out) {
             char* end = NULL;
             long v = strtol(p, &end, 10);
@@ -68,25 +76,42 @@ static inline RecomputeSpec recompute_parse(const std::string& spec) {
             ok = number(r.substr(0, dash).c_str(), &it.a) && number(r.c_str() + dash + 1, &it.b) && it.a <= it.b;
         } else { it.kind = RC_RANGE_SPAN; ok = number(r.c_str(), &it.a); it.b = it.a; }
         if (!ok)
-            fail(EXIT_BAD_INPUT, "--recompute '%s': range '%s' of '%s' is not all, firstN, M-K (M <= K), everyN or a layer number",
-                 spec.c_str(), r.c_str(), item.c_str());
+            fail(EXIT_BAD_INPUT, "%s '%s': range '%s' of '%s' is not all, firstN, M-K (M <= K), everyN or a layer number",
+                 flag, spec.c_str(), r.c_str(), item.c_str());
         s.items.push_back(it);
     }
     return s;
 }
 
-// refuses a spec whose layers are not all in a model of L layers (one line naming the item, exit 2)
-static inline void recompute_check(const RecomputeSpec* s, int L) {
+// refuses a spec whose layers are not all in a model of L layers (one line naming the item, exit 2);
+// --compress-acts' too, so that both are checked wherever the model is sized
+static inline void recompute_check(const RecomputeSpec* s, int L, const char* flag = "--recompute") {
     for (const RecomputeItem& it : s->items) {
         int last = it.kind == RC_RANGE_FIRST ? it.a - 1 : it.kind == RC_RANGE_SPAN ? it.b : 0;
         if (last >= L)
-            fail(EXIT_BAD_INPUT, "--recompute '%s': '%s' names layer %d, but the model has %d layers (0..%d)", s->text.c_str(),
+            fail(EXIT_BAD_INPUT, "%s '%s': '%s' names layer %d, but the model has %d layers (0..%d)", flag, s->text.c_str(),
                  it.text.c_str(), last, L, L - 1);
     }
+    if (s == &g_recompute) recompute_check(&g_compress, L, "--compress-acts");
 }
 
-// what layer l of L recomputes: RC_* bits, normalised (block: every bit; moe: swiglu too)
+static inline int recompute_items_mode(const RecomputeSpec* s, int l);
+// what layer l of L recomputes: RC_* bits, normalised (block: every bit; moe: swiglu too); with the run's
+// spec, RC_CSWIGLU where --compress-acts names the layer and its SwiGLU is not recomputed anyway
 static inline int recompute_mode(const RecomputeSpec* s, int l) {
+    int mode = recompute_items_mode(s, l);
+    if (s == &g_recompute && !(mode & RC_SWIGLU) && (recompute_items_mode(&g_compress, l) & RC_SWIGLU)) mode |= RC_CSWIGLU;
+    return mode;
+}
+// the buffers a layer of this mode points into the shared scratch: RC_CSWIGLU drops g, u, act as RC_SWIGLU does
+static inline int recompute_dropped_bits(int mode) { return (mode & 15) | ((mode & RC_CSWIGLU) ? RC_SWIGLU : 0); }
+// where a layer of this mode keeps the buffer that `bit` drops (or, RC_CSWIGLU, that only compression keeps):
+// 0 its own, 1 the shared scratch, 2 none
+static inline int recompute_buffer_place(int mode, int bit) {
+    if (bit == RC_CSWIGLU) return (mode & RC_CSWIGLU) ? 0 : 2;
+    return (recompute_dropped_bits(mode) & bit) ? 1 : 0;
+}
+static inline int recompute_items_mode(const RecomputeSpec* s, int l) {
     int mode = 0;
     for (const RecomputeItem& it : s->items) {
         bool in = it.kind == RC_RANGE_ALL || (it.kind == RC_RANGE_FIRST && l < it.a) ||
@@ -100,7 +125,7 @@ static inline int recompute_mode(const RecomputeSpec* s, int l) {
 // the union of every layer's bits (which shared scratch buffers the recomputed layers need)
 static inline int recompute_union(const RecomputeSpec* s, int L) {
     int u = 0;
-    if (s->items.empty()) return 0;   // (a model of 2^31 layers is not walked for nothing)
+    if (s->items.empty() && (s != &g_recompute || g_compress.items.empty())) return 0;   // (a model of 2^31 layers is not walked for nothing)
     for (int l = 0; l < L; l++) u |= recompute_mode(s, l);
     return u;
 }

@@ -235,6 +235,8 @@ static inline void ep_stats_add(EpStats* s, const ExpertParallel* ep, const EpPl
 typedef struct {
     EpPlan plan;
     std::vector<real> xl, g, u, act;   // (R, d), (R, F) x3
+    std::vector<uint8_t> gu_codes;     // --compress-acts: g, u compressed (model/act_compress.cuh), g, u, act freed
+    std::vector<float> gu_sinv;
 } EpLayer;
 
 typedef struct {
@@ -300,6 +302,14 @@ static inline void ep_experts_forward(void* ctx, int l, const int* counts, const
     if (train == 1 && l == 0) D->stats.recv_max = 0;
     Fp8Policy p = train ? block_fp8_policy(D->model, l) : Fp8Policy{&D->model->fp8, NULL};   // (generation: FP32)
     ep_experts_forward_rows(D, l, counts, offsets, xe, ye, &p, train == 2);
+    EpLayer* a = &D->layers[l];
+    if (train == 1 && (D->model->rc_mode[l] & RC_CSWIGLU)) {   // --compress-acts: the received rows' g, u kept compressed
+        int R = (int)a->plan.R, F = D->model->cfg.ffn_hidden;
+        CompressFormat f = (CompressFormat)g_compress_format;
+        a->gu_codes.resize(compress_code_bytes(f, R, F)); a->gu_sinv.resize(compress_factor_bytes(f, R, F) / 4);
+        swiglu_compress(a->gu_codes.data(), a->gu_sinv.data(), a->g.data(), a->u.data(), R, R, F, f);
+        std::vector<real>().swap(a->g); std::vector<real>().swap(a->u); std::vector<real>().swap(a->act);
+    }
 }
 
 // Its backward (ExpertHooks::backward): dye's rows to the experts' ranks, the experts' backward there
@@ -320,6 +330,11 @@ static inline void ep_experts_backward(void* ctx, int l, const real* dye, real* 
     ep_exchange(&D->ep, pl, dye, D->buf.data(), d * sizeof(real), 0);
     moe_gather(D->buf2.data(), D->buf.data(), pl->perm.data(), (int)R, d);   // dy, expert-major
     D->da.resize(R * F); D->dg.resize(R * F); D->du.resize(R * F);
+    if (m->rc_mode[l] & RC_CSWIGLU) {   // --compress-acts: g, u, act rebuilt from the codes
+        a->g.resize(R * F); a->u.resize(R * F); a->act.resize(R * F);
+        swiglu_decompress(a->g.data(), a->u.data(), a->act.data(), a->gu_codes.data(), a->gu_sinv.data(), (int)R, (int)R, F,
+                          (CompressFormat)g_compress_format);
+    }
     const int *lo = pl->loffsets.data(), *ws = m->fp8_wseg.data();
     const real* dy = D->buf2.data();   // expert-major
     // (the operands of block_experts_backward, in its order, over the local experts and received rows)

@@ -292,6 +292,7 @@ static inline void ep_gpu_backward_chunked(EpDispatchGpu* D, int l, const floatX
     cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_start, 0));
     if ((m->rc_mode[l] & RC_SWIGLU) && !(m->rc_mode[l] & RC_MOE))   // --recompute swiglu: g, u, act of the kept rows again
         experts_forward_gpu(nullptr, ma->g, ma->u, ma->act, xl, w.w1, w.v1, w.w2, lo, El, d, F, D->sx);
+    if (m->rc_mode[l] & RC_CSWIGLU) gpu_decompress_rows(m, l, (int)R, D->sx);   // --compress-acts: rebuilt from the codes
     run.dispatch(0);
     for (int c = 0; c < C; c++) {
         if (c + 1 < C) run.dispatch(c + 1);
@@ -350,6 +351,9 @@ static inline void ep_gpu_experts_forward(void* ctx, int l, const int* offsets_h
     if (train == 1 && l == 0 && g_debug_hooks.plant == PLANT_EP_REGROW) ep_plant_regrow(D);
     bool f8 = train && fp8_on(&D->model->fp8);
     ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, f8, train == 2, train && !f8 && D->chunks > 1);
+    DbrxGPU* m = D->model;
+    if (train == 1 && (m->rc_mode[l] & RC_CSWIGLU))   // --compress-acts: the received rows' g, u (FP8: the padded layout's)
+        gpu_compress_rows(m, l, f8 ? m->fp8.routing[l].poff[m->cfg.n_experts / D->ep.n] : (int)D->layers[l].plan.R);
 }
 
 // Its backward (ExpertHooksGPU::backward): dye's rows to the experts' ranks, the experts' backward there
@@ -385,6 +389,7 @@ static inline void ep_gpu_experts_backward(void* ctx, int l, const floatX* dye, 
             experts_forward_gpu(nullptr, ma->g, ma->u, ma->act, a->xl.p, w.w1, w.v1, w.w2, pl->loffsets.data(), El, d, F);
         m->fp8.frozen = false;
     }
+    if (m->rc_mode[l] & RC_CSWIGLU) gpu_decompress_rows(m, l, (int)Rc);   // --compress-acts: rebuilt from the codes
     if (f8 && Rc) {
         ep_fp8_scratch_swap(D, Rc, El);
         fp8_experts_backward_gpu(&m->fp8, l, dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->xl.p, ma->g, ma->u, ma->act,

@@ -46,6 +46,7 @@
 #include "expert_parallel.h"
 #include "../model/fp8.cuh"
 #include "../model/recompute.h"
+#include "../model/act_compress.cuh"
 
 static const long double PLAN_MIB = 1048576.0L, PLAN_GIB = 1073741824.0L;
 static const long double PLAN_CUBLASLT_BYTES = 32 * PLAN_MIB;        // model/matmul_cublaslt.cuh's workspace
@@ -73,6 +74,8 @@ typedef struct {
     // attn, swiglu, moe, block), what the layers drop in all, and the one shared scratch set they point into
     long double rc_bit_bytes[4], recompute_dropped, recompute_scratch;
     std::string recompute;           // the spec ("": none)
+    long double compressed_kept;     // --compress-acts: the compressed g, u of the layers it names (their g, u, act are dropped above)
+    std::string compress;            // its spec ("": none)
     long double head, scratch, fp8_scratch;
     // routing buffers: L x the routing indices, and the EP exchange's
     long double routing_index, ep_exchange;
@@ -182,12 +185,18 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     p.rc_bit_bytes[2] = bf * N * d + 2 * f4 * N + f4 * N * E + 2 * bf * R * d;            // moe: ln2, stats, logits, xe, ye
     p.rc_bit_bytes[3] = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // block: ln1, stats, qkv x2, lse, resid_mid
     p.recompute = g_recompute.text;
-    p.recompute_dropped = p.recompute_scratch = 0;
+    p.compress = g_compress.text;
+    p.recompute_dropped = p.recompute_scratch = p.compressed_kept = 0;
     int rc_union = recompute_union(&g_recompute, c->n_layers);
-    for (int l = 0; l < (rc_union ? c->n_layers : 0); l++)
-        for (int b = 0; b < 4; b++) if (recompute_mode(&g_recompute, l) & (1 << b)) p.recompute_dropped += p.rc_bit_bytes[b];
-    for (int b = 0; b < 4; b++) if (rc_union & (1 << b)) p.recompute_scratch += p.rc_bit_bytes[b];
-    p.saved += p.recompute_scratch - p.recompute_dropped;
+    for (int l = 0; l < (rc_union ? c->n_layers : 0); l++) {
+        int mode = recompute_mode(&g_recompute, l);
+        for (int b = 0; b < 4; b++) if (recompute_dropped_bits(mode) & (1 << b)) p.recompute_dropped += p.rc_bit_bytes[b];
+        if (mode & RC_CSWIGLU)
+            p.compressed_kept += (long double)compress_code_bytes(COMPRESS_E4M3, (size_t)Rx, (size_t)F) +
+                                 (long double)compress_factor_bytes(COMPRESS_E4M3, (size_t)Rx, (size_t)F);
+    }
+    for (int b = 0; b < 4; b++) if (recompute_dropped_bits(rc_union) & (1 << b)) p.recompute_scratch += p.rc_bit_bytes[b];
+    p.saved += p.recompute_scratch - p.recompute_dropped + p.compressed_kept;
     // the head and the step's inputs: step_out's loss, the final residual, lnf and its stats, logits, losses,
     // RoPE tables, the token ids and the embedding plan
     p.head = 2 * f4 + bf * N * d + bf * N * d + 2 * f4 * N + bf * N * V + f4 * N + 2 * f4 * std::floor(T * hd / 2) + i4 * (5 * N + 1);
@@ -276,7 +285,9 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
         printf("    --recompute %s: %.2f GiB not kept (per layer: attn %.1f, swiglu %.1f, moe %.1f, block %.1f MiB), one shared set "
                "%.2f GiB; included above\n", p->recompute.c_str(), G(p->recompute_dropped), M(p->rc_bit_bytes[0]), M(p->rc_bit_bytes[1]),
                M(p->rc_bit_bytes[2]), M(p->rc_bit_bytes[3]), G(p->recompute_scratch));
-    printf("    head (final norm, logits, losses, RoPE, token ids) %.2f GiB, backward scratch %.2f GiB, FP8 scratch and state %.2f GiB\n",
+    if (!p->compress.empty())
+        printf("    --compress-acts %s: g and u kept in E4M3 with 1x128 factors, %.2f GiB (their g, u, act counted as not kept above)\n",
+               p->compress.c_str(), G(p->compressed_kept));    printf("    head (final norm, logits, losses, RoPE, token ids) %.2f GiB, backward scratch %.2f GiB, FP8 scratch and state %.2f GiB\n",
            G(p->head), G(p->scratch), G(p->fp8_scratch));
     printf("  routing buffers                                                        %9.2f GiB\n", G(p->routing_index + p->ep_exchange));
     printf("    routing indices %.1f MiB per layer, x %d = %.2f GiB; expert-parallel exchange %.2f GiB (planned for %.0Lf rows "

@@ -150,6 +150,8 @@ echo "== expert parallelism's exchange in chunks overlapped with the experts (--
 bash test/test_ep_overlap.sh
 echo "== --recompute: bit-identical losses and gradient norms with it (CPU, emulated GPU, ZeRO-3, EP, FP8); negative control"
 bash test/test_recompute.sh
+echo "== --compress-acts: compressed saved activations (CPU, emulated GPU: the same forward, gradients close, memory plan = peak)"
+bash test/test_compress_acts.sh
 echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
 echo "== Ctrl-C through mpirun (SIGINT to mpirun, 10 runs on 1 and on 2 ranks): saved, loadable, every rank exits 0"; bash test/test_ctrlc.sh
 echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh

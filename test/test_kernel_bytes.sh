@@ -4,7 +4,8 @@
 # instrumentation counting every kernel's distinct global bytes and its mma.sync FLOPs into its work-log line,
 # test/simt/bytecount.h), every kernel of one emulated training step of:
 #   - BF16, head_dim 128 (d 256, 2 heads, GQA 1 kv head), 128 tokens (two flash-attention tiles: the causal tile
-#     structure of the forward, dq and dk/dv FLOPs), 4 experts top-2;
+#     structure of the forward, dq and dk/dv FLOPs), 4 experts top-2, --compress-acts swiglu (its quantisation and
+#     rebuild);
 #   - --fp8 delayed at head_dim 48 (the warp-per-row attention kernels, per-tensor quantisation);
 #   - 2 ranks: ZeRO-3 with expert parallelism 2, --fp8 block --fp8-gather (the ZeRO kernels, the FP8 all-gather's
 #     amax/encode/decode, block quantisation of the padded expert layout, the all-to-all's row gathers);
@@ -32,7 +33,7 @@ run() {   # run NAME NP WANT ARGS...: one step with the counting work log; every
     $PY test/test_kernel_bytes.py "$name" "${logs[@]}" > "$tmp/$name.txt" 2>&1
     verdicts "$tmp/$name.txt" "$want"
 }
-if run bf16-hd128 1 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 128; then
+if run bf16-hd128 1 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 128 --compress-acts swiglu; then
     $PY test/test_kernel_bytes.py --control "$tmp/bf16-hd128.jsonl" > "$tmp/control.txt" 2>&1
     verdicts "$tmp/control.txt" 4
 fi

@@ -510,6 +510,59 @@ TEST_CASE("SwiGLU forward and backward") {
     }
 }
 
+// --compress-acts (model/act_compress.cuh): the GPU's codes and factors are the CPU reference's bit for bit
+// (the same quantisation of the same BF16 values), its rebuilt g and u the CPU's rebuilt values rounded to
+// BF16, act within BF16 of SwiGLU on them; and the rebuild within E4M3's rounding of the original. Rows
+// of R (> rows: the buffers' planned rows), F of DBRX (10752), of dbrx-1b (1792) and with a partial tile.
+TEST_CASE("compressed SwiGLU activations: E4M3 codes with 1x128 factors, and the rebuild of g, u, act") {
+    struct Shape { int rows, R, F; };
+    for (Shape sh : {Shape{1, 3, 10752}, Shape{37, 40, 1792}, Shape{130, 130, 200}, Shape{0, 4, 200}}) {
+        int rows = sh.rows, R = sh.R, F = sh.F;
+        size_t n = (size_t)R * F, nf = (size_t)R * ((F + 127) / 128);
+        std::vector<float> gu = randn(2 * n, (uint64_t)F + rows, 2.0);
+        for (size_t i = 0; i < 2 * n; i += 97) gu[i] *= 40.0f;   // (outliers: each tile's own scale matters)
+        for (int c = 0; c < F && rows > 0; c++) gu[c] = 0.0f;      // (an all-zero row of g: scale 1, codes 0)
+        gu = bf16_round(gu);
+        std::vector<uint8_t> q(2 * n, 0);
+        std::vector<float> sinv(2 * nf, 0.0f);
+        swiglu_compress(q.data(), sinv.data(), gu.data(), gu.data() + n, rows, R, F, COMPRESS_E4M3);
+        floatX* d_gu = dev_bf16(gu);
+        uint8_t* d_q = dev_copy(std::vector<uint8_t>(2 * n, 0));
+        float* d_s = dev_copy(std::vector<float>(2 * nf, 0.0f));
+        swiglu_compress_gpu(d_q, d_s, d_gu, d_gu + n, rows, R, F);
+        expect_equal("codes", get(d_q, 2 * n), q);
+        expect_equal("factors", get(d_s, 2 * nf), sinv);
+        // the rebuild: the CPU's, then rounded to BF16 as the GPU stores g and u
+        std::vector<float> g(n), u(n), act(n);
+        swiglu_decompress(g.data(), u.data(), act.data(), q.data(), sinv.data(), rows, R, F, COMPRESS_E4M3);
+        size_t m = (size_t)rows * F;
+        std::vector<float> gb = bf16_round(std::vector<float>(g.begin(), g.begin() + m)),
+                           ub = bf16_round(std::vector<float>(u.begin(), u.begin() + m)), ab(m);
+        swiglu_forward(ab.data(), gb.data(), ub.data(), m);
+        floatX *d_g = dev_poisoned<floatX>(n), *d_u = dev_poisoned<floatX>(n), *d_a = dev_poisoned<floatX>(n);
+        swiglu_decompress_gpu(d_g, d_u, d_a, d_q, d_s, rows, R, F);
+        expect_equal("g", get_bf16(d_g, m), gb);
+        expect_equal("u", get_bf16(d_u, m), ub);
+        expect_close("act", get_bf16(d_a, m), ab, TOL_BF16);
+        // E4M3 keeps 3 mantissa bits: |err| <= 2^-4 |x| (normal codes) + half the subnormal step 2^-10 / s
+        for (int t = 0; t < 2; t++)
+            for (size_t i = 0; i < m; i++) {
+                size_t r = i / F, tile = (i % F) / 128;
+                float x = gu[t * n + i], y = t ? u[i] : g[i], f = sinv[t * nf + tile * rows + r];
+                REQUIRE(std::fabs(y - x) <= std::ldexp(std::fabs(x), -4) + std::ldexp(f, -10));
+            }
+        for (void* p : {(void*)d_gu, (void*)d_q, (void*)d_s, (void*)d_g, (void*)d_u, (void*)d_a}) cudaCheck(cudaFree(p));
+    }
+    // the BF16 format (the CPU's): round to nearest even, the rebuild is the rounded value
+    std::vector<float> x = randn(1000, 5), g(500), u(500), act(500), none;
+    std::vector<uint8_t> q(2000 * 2);
+    swiglu_compress(q.data(), nullptr, x.data(), x.data() + 500, 500, 500, 1, COMPRESS_BF16);
+    swiglu_decompress(g.data(), u.data(), act.data(), q.data(), nullptr, 500, 500, 1, COMPRESS_BF16);
+    std::vector<float> xb = bf16_round(x);
+    CHECK(std::equal(g.begin(), g.end(), xb.begin()));
+    CHECK(std::equal(u.begin(), u.end(), xb.begin() + 500));
+}
+
 // a routing of N tokens to k of E experts through the CPU router: idx, w, counts, offsets, ...
 struct Routing {
     std::vector<float> w;

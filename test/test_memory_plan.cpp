@@ -189,6 +189,39 @@ TEST_CASE("--recompute: the plan drops what the model does not allocate, and the
     g_recompute = recompute_parse("");
 }
 
+TEST_CASE("--compress-acts: the plan keeps the codes of the layers it names, as the model allocates them, and the peak follows") {
+    DbrxConfig c = small();
+    c.n_layers = 3;
+    const int B = 2, T = 32;
+    g_recompute = g_compress = recompute_parse("");
+    MemoryPlan off = memory_plan(&c, B, T, 1, 1, 1, FP8_OFF);
+    size_t walk_off = dbrx_gpu_memory_estimate(&c, B, T, nullptr, nullptr, false);
+    double peak_off = step_peak(c, B, T);
+    struct Case { const char *rc, *ca; };
+    for (Case k : {Case{"", "swiglu"}, Case{"attn,swiglu:0", "swiglu:first2"}, Case{"block:1", "swiglu:every2"}}) {
+        g_recompute = recompute_parse(k.rc);
+        g_compress = recompute_parse(k.ca, "--compress-acts", RC_SWIGLU);
+        MemoryPlan on = memory_plan(&c, B, T, 1, 1, 1, FP8_OFF);
+        size_t walk_on = dbrx_gpu_memory_estimate(&c, B, T, nullptr, nullptr, false);
+        CHECK((long double)walk_off - (long double)walk_on == off.allocations - on.allocations);
+        CHECK(on.compressed_kept > 0);
+        CHECK(off.allocations - on.allocations == on.recompute_dropped - on.recompute_scratch - on.compressed_kept);
+        double peak = step_peak(c, B, T);
+        MESSAGE(std::string(k.rc) << " + " << k.ca << ": emulated peak " << (long long)peak << " (without " << (long long)peak_off << "), plan "
+                      << (long long)on.allocations);
+        CHECK(std::fabs(peak / (double)on.allocations - 1) <= 0.02);
+        CHECK(peak < peak_off);
+    }
+    // the compressed layers: 2 F bytes of codes and 8 F / 128 of factors per row, against 6 F of BF16 g, u, act
+    g_recompute = recompute_parse("");
+    g_compress = recompute_parse("swiglu", "--compress-acts", RC_SWIGLU);
+    MemoryPlan all = memory_plan(&c, B, T, 1, 1, 1, FP8_OFF);
+    long double R = (long double)B * T * c.top_k, F = c.ffn_hidden;
+    CHECK(all.compressed_kept == 3 * (2 * R * F + 2 * R * std::ceil(F / 128) * 4));
+    CHECK(all.recompute_dropped == 3 * off.rc_bit_bytes[1]);
+    g_compress = recompute_parse("", "--compress-acts", RC_SWIGLU);
+}
+
 TEST_CASE("--recompute on the CPU model: the dry run's estimate (the walk without it, less what it saves) is the walk") {
     DbrxConfig c = small();
     c.n_layers = 5;
@@ -200,7 +233,20 @@ TEST_CASE("--recompute on the CPU model: the dry run's estimate (the walk withou
         CHECK((long double)with == (long double)without - dbrx_recompute_saved_bytes(&c, 2, 32));
         CHECK(with <= without);
     }
-    g_recompute = recompute_parse("");
+    // with --compress-acts (both formats): the walk without either, less what both save
+    for (int fmt : {0, 1})
+        for (const char* ca : {"swiglu", "swiglu:1-3,swiglu:every4"}) {
+            g_recompute = g_compress = recompute_parse("");
+            g_compress_format = fmt;
+            size_t without = dbrx_activations(NULL, &c, 2, 32);
+            g_recompute = recompute_parse("attn,swiglu:2");
+            g_compress = recompute_parse(ca, "--compress-acts", RC_SWIGLU);
+            size_t with = dbrx_activations(NULL, &c, 2, 32);
+            CHECK((long double)with == (long double)without - dbrx_recompute_saved_bytes(&c, 2, 32));
+            CHECK(with < without);
+        }
+    g_recompute = g_compress = recompute_parse("");
+    g_compress_format = 0;
 }
 
 TEST_CASE("DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state and the NCCL margin") {

@@ -155,6 +155,9 @@ KERNELS = {
     "moe_gather_backward_kernel": lambda a, g, x: (2 * a[3] * a[4] * a[5] + 4 * a[3] * a[4], 4 * a[3] * a[5]),  # dxe rows -> dx (FP32)
     "swiglu_forward_kernel": lambda a, g, x: (4 * a[3], 2 * a[3]),             # (a, g, u, n): g, u read, a written, BF16
     "swiglu_backward_kernel": lambda a, g, x: (6 * a[5], 4 * a[5]),            # (dg, du, da, g, u, n): 3 read, 2 written
+    # --compress-acts' rebuild (g, u, act, qg, qu, sg, su, rows, F): 1-byte codes of g, u and a factor per row tile read;
+    # g, u, act written in BF16
+    "swiglu_decompress_kernel": lambda a, g, x: (2 * a[7] * a[8] + 8 * a[7] * _cdiv(a[8], 128), 6 * a[7] * a[8]),
     "embedding_backward_kernel": None,                                          # needs the token count (ctx)
     # FP8 (model/fp8.cuh, model/dbrx_fp8_cuda.cuh, parallel/zero_fp8.h)
     "fp8_pad_slots_kernel": lambda a, g, x: (4 * a[3] + 8 * a[4], 4 * a[3]),    # (slot_row, offsets, seg, R, E): remapped in place
