@@ -8,7 +8,8 @@
  * Hopper's FP8 GEMMs are TN only: each operand is read contiguous along the GEMM's reduction, so the
  * quantisation kernel writes the transposed copy where the reduction runs over rows (dgrad's W,
  * wgrad's dy and x). Operands are quantised from the BF16 tensors at their point of use, into
- * scratch buffers shared by the blocks (as the CPU's fake quantisation does).
+ * scratch buffers shared by the blocks (as the CPU's fake quantisation does); the weights, where they
+ * stay in place for the step, once per step into copies of their own (fp8_weight_gpu).
  *
  * Per-tensor bookkeeping: every operand (layer, linear, x | w | dy) has a slot with its Fp8Meta on
  * the host (the CPU's struct and fp8_meta_step) and, on the device, the delayed recipe's scale, the
@@ -25,6 +26,7 @@
  * so they add nothing to any GEMM.
  */
 #pragma once
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <string>
@@ -66,6 +68,11 @@ typedef struct {
     std::vector<Fp8Routing> routing;            // per layer
     bool collected;                             // amaxes of this step already on the host
     bool frozen = false;                        // --recompute: quantisations record no amax or saturation
+    // the weights quantised once per step (fp8_weight_gpu), where they stay in place for the step (no shard group
+    // gathers them: one GPU, or replicas with --shard-group-size 1). Off: each use quantises into w / w2.
+    bool wcache = false;
+    std::vector<Fp8Buf> wq;                     // per layer x linear ([layer * FP8_NLIN + lin]): q, qt, (block) factors
+    std::vector<const floatX*> wq_src;          // the weight each copy was made from in this step (nullptr: stale)
 } Fp8GPU;
 
 static inline bool fp8_on(const Fp8GPU* f) { return f->cfg.recipe != FP8_OFF; }
@@ -74,13 +81,18 @@ static inline int fp8_slot(const Fp8GPU* f, int layer, int lin, int op) { return
 // the extra expert rows of the padded layout (every expert rounded up to 16 rows)
 static inline size_t fp8_row_padding(const DbrxConfig* c) { return (size_t)15 * c->n_experts; }
 
-// Checks the shapes FP8 needs and names the slots. Bad input: one line, exit 2.
-static inline void fp8_gpu_setup(Fp8GPU* f, const Fp8Config* cfg, const DbrxConfig* c, int B, int T) {
+// Checks the shapes FP8 needs and names the slots. Bad input: one line, exit 2. weight_cache: the block
+// weights stay in place for a step (no shard group gathers them), so each is quantised once per step into
+// a copy of its own (fp8_weight_gpu).
+static inline void fp8_gpu_setup(Fp8GPU* f, const Fp8Config* cfg, const DbrxConfig* c, int B, int T, bool weight_cache = false) {
     f->cfg = cfg ? *cfg : Fp8Config{FP8_OFF, 16, 0, 0};
     f->nslots = 0;
     f->collected = false;
     f->names.clear();
     f->fmts.clear();
+    f->wcache = false;
+    f->wq.clear();
+    f->wq_src.clear();
     if (!fp8_on(f)) return;
     if (cfg->history_len < 1 || cfg->history_len > FP8_MAX_HISTORY)
         fail(EXIT_BAD_INPUT, "--fp8-amax-history %d must be in [1, %d]", cfg->history_len, FP8_MAX_HISTORY);
@@ -102,6 +114,16 @@ static inline void fp8_gpu_setup(Fp8GPU* f, const Fp8Config* cfg, const DbrxConf
     f->metas.resize(f->nslots);
     for (Fp8Meta& m : f->metas) fp8_meta_init(&m);
     f->last_scale.assign(f->nslots, 1.0f);
+    f->wcache = weight_cache;
+    if (weight_cache) { f->wq.assign((size_t)c->n_layers * FP8_NLIN, Fp8Buf{}); f->wq_src.assign((size_t)c->n_layers * FP8_NLIN, nullptr); }
+}
+
+// the shape of block weight `lin` (rows, cols, segments: the experts' stacked F rows)
+static inline void fp8_weight_shape(const DbrxConfig* c, int lin, size_t* rows, size_t* cols, size_t* nseg) {
+    size_t d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
+    *cols = d;
+    *rows = lin == FP8_LIN_QKV ? (size_t)qkv_dim(c) : lin == FP8_LIN_PROJ ? d : E * F;
+    *nseg = lin == FP8_LIN_QKV || lin == FP8_LIN_PROJ ? 1 : E;
 }
 
 // Bounds of the scale-factor arrays of a tensor of `rows` in `nseg` segments (fp8_block_scale_count
@@ -134,6 +156,11 @@ static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T,
     buf(&f->grad, {{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
     buf(&f->w, {{qd, d, 1}, {d, d, 1}, {E * F, d, E}}, true);
     buf(&f->w2, {{E * F, d, E}}, true);
+    for (size_t i = 0; i < f->wq.size(); i++) {   // the weight cache: every block weight's q and qt (and factors)
+        size_t rows, cols, nseg;
+        fp8_weight_shape(c, (int)(i % FP8_NLIN), &rows, &cols, &nseg);
+        buf(&f->wq[i], {{rows, cols, nseg}}, true);
+    }
     size_t n = f->nslots;
     take((void**)&f->scale, n * sizeof(float));
     take((void**)&f->scale_inv, n * FP8_SINV_STRIDE * sizeof(float));
@@ -147,9 +174,14 @@ static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T,
     }
 }
 
+// The weights changed (an optimizer step, a checkpoint or import, a refreshed BF16 copy): the cached
+// quantised copies are stale; the next use of each weight quantises it again
+static inline void fp8_gpu_weights_changed(Fp8GPU* f) { std::fill(f->wq_src.begin(), f->wq_src.end(), nullptr); }
+
 // the device state of a fresh model: scales 1, nothing seen yet
 static inline void fp8_gpu_reset(Fp8GPU* f) {
     if (!fp8_on(f)) return;
+    fp8_gpu_weights_changed(f);
     std::vector<float> ones(f->nslots, 1.0f);
     cudaCheck(cudaMemcpy(f->scale, ones.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
     std::vector<float> ones_sinv((size_t)f->nslots * FP8_SINV_STRIDE, 1.0f);
@@ -307,6 +339,27 @@ static inline Fp8GemmOperand fp8_operand_of(const Fp8GPU* f, int slot, const Fp8
     return o;
 }
 
+// Block weight `lin` of `layer` (rows, cols in segments `seg`) as its GEMMs read it. With the cache (f->wcache)
+// it is quantised at its first use in a step, q and qt together, into its own copy, and every later GEMM of the
+// step reads that copy: the forward, the recomputation, the backward and the other micro-batches of
+// --grad-accum. The codes and factors are those each use would make (the weight and, per tensor, its scale are
+// fixed for the step); its amax is recorded once, which is the same maximum; its saturations are counted once per
+// step, where the CPU counts them at every use. Without the cache: quantised into `scratch` at every use.
+static inline const Fp8Buf& fp8_weight_gpu(Fp8GPU* f, int layer, int lin, const floatX* w, int rows, int cols, const Fp8Segments& seg,
+                                           Fp8Buf* scratch, bool want_q, bool want_qt, cudaStream_t stream) {
+    int slot = fp8_slot(f, layer, lin, FP8_OP_W);
+    if (!f->wcache) {
+        fp8_quantize_operand(f, slot, true, w, rows, cols, seg, scratch, want_q, want_qt, stream);
+        return *scratch;
+    }
+    size_t i = (size_t)layer * FP8_NLIN + lin;
+    if (f->wq_src[i] != w) {
+        fp8_quantize_operand(f, slot, true, w, rows, cols, seg, &f->wq[i], true, true, stream);
+        f->wq_src[i] = w;
+    }
+    return f->wq[i];
+}
+
 // ---------------------------------------------------------------------------------------------
 // the linear layers of attention: the FP8 twins of matmul_forward_gpu / matmul_backward_gpu
 
@@ -316,8 +369,8 @@ static inline void fp8_matmul_forward_gpu(Fp8GPU* f, int layer, int lin, TO* out
                                           int N, int C, int OC, cudaStream_t stream = 0) {
     int sx = fp8_slot(f, layer, lin, FP8_OP_X), sw = fp8_slot(f, layer, lin, FP8_OP_W);
     fp8_quantize_operand(f, sx, false, inp, N, C, fp8_uniform_segments(1, N), &f->act, true, false, stream);
-    fp8_quantize_operand(f, sw, true, weight, OC, C, fp8_uniform_segments(1, OC), &f->w, true, false, stream);
-    gemm_fp8_gpu(N, OC, C, 1.0f, fp8_operand_of(f, sx, f->act, false, false, 0, C, 0), fp8_operand_of(f, sw, f->w, true, false, 0, C, 0),
+    const Fp8Buf& wb = fp8_weight_gpu(f, layer, lin, weight, OC, C, fp8_uniform_segments(1, OC), &f->w, true, false, stream);
+    gemm_fp8_gpu(N, OC, C, 1.0f, fp8_operand_of(f, sx, f->act, false, false, 0, C, 0), fp8_operand_of(f, sw, wb, true, false, 0, C, 0),
                  0.0f, out, OC, 1, stream);
 }
 
@@ -328,9 +381,9 @@ static inline void fp8_matmul_backward_gpu(Fp8GPU* f, int layer, int lin, TI* di
                                            cudaStream_t stream = 0) {
     int sx = fp8_slot(f, layer, lin, FP8_OP_X), sw = fp8_slot(f, layer, lin, FP8_OP_W), sg = fp8_slot(f, layer, lin, FP8_OP_DY);
     fp8_quantize_operand(f, sg, false, dout, N, OC, fp8_uniform_segments(1, N), &f->grad, true, true, stream);
-    fp8_quantize_operand(f, sw, true, weight, OC, C, fp8_uniform_segments(1, OC), &f->w, false, true, stream);
+    const Fp8Buf& wb = fp8_weight_gpu(f, layer, lin, weight, OC, C, fp8_uniform_segments(1, OC), &f->w, false, true, stream);
     // dgrad reduces over OC: dout row-wise, the weight transposed (C, OC)
-    gemm_fp8_gpu(N, C, OC, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, 0, OC, 0), fp8_operand_of(f, sw, f->w, true, true, 0, OC, 0),
+    gemm_fp8_gpu(N, C, OC, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, 0, OC, 0), fp8_operand_of(f, sw, wb, true, true, 0, OC, 0),
                  dinp_beta, dinp, C, 0, stream);
     // wgrad reduces over the N tokens: both transposed, dout^T (OC, N) and inp^T (C, N)
     fp8_quantize_operand(f, sx, false, inp, N, C, fp8_uniform_segments(1, N), &f->act, false, true, stream);
@@ -361,26 +414,26 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
     int s_w2 = fp8_slot(f, layer, FP8_LIN_W2, FP8_OP_W);
     // up: g_e, u_e (n, F) = xe_e (n, C) @ w1_e, v1_e (F, C)^T
     fp8_quantize_operand(f, s_x1, false, xe, Rp, C, sx, &f->act, true, false, stream);
-    fp8_quantize_operand(f, s_w1, true, w1, EF, C, sw, &f->w, true, false, stream);
-    fp8_quantize_operand(f, s_v1, true, v1, EF, C, sw, &f->w2, true, false, stream);
+    const Fp8Buf& qw1 = fp8_weight_gpu(f, layer, FP8_LIN_W1, w1, EF, C, sw, &f->w, true, false, stream);
+    const Fp8Buf& qv1 = fp8_weight_gpu(f, layer, FP8_LIN_V1, v1, EF, C, sw, &f->w2, true, false, stream);
     for (int e = 0; e < E; e++) {
         if (rt.len[e] == 0) continue;
         Fp8GemmOperand x = fp8_operand_of(f, s_x1, f->act, false, false, p[e], C, fp8_scale_offset(p, e, C, false, false));
         size_t wo = fp8_scale_offset(ws, e, C, true, false);
-        gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_w1, f->w, true, false, (size_t)e * F, C, wo), 0.0f,
+        gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_w1, qw1, true, false, (size_t)e * F, C, wo), 0.0f,
                      g + (size_t)p[e] * F, F, 1, stream);
-        gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_v1, f->w2, true, false, (size_t)e * F, C, wo), 0.0f,
+        gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_v1, qv1, true, false, (size_t)e * F, C, wo), 0.0f,
                      u + (size_t)p[e] * F, F, 1, stream);
     }
     swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
     if (!ye) return;   // (--recompute swiglu: g, u, act only)
     // down: ye_e (n, C) = a_e (n, F) @ w2_e (F, C): reduces over F, so w2_e is read transposed (C, F)
     fp8_quantize_operand(f, s_x2, false, a, Rp, F, sx, &f->act, true, false, stream);
-    fp8_quantize_operand(f, s_w2, true, w2, EF, C, sw, &f->w, false, true, stream);
+    const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, false, true, stream);
     for (int e = 0; e < E; e++) {
         if (rt.len[e] == 0) continue;
         gemm_fp8_gpu(rt.len[e], C, F, 1.0f, fp8_operand_of(f, s_x2, f->act, false, false, p[e], F, fp8_scale_offset(p, e, F, false, false)),
-                     fp8_operand_of(f, s_w2, f->w, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)), 0.0f,
+                     fp8_operand_of(f, s_w2, qw2, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)), 0.0f,
                      ye + (size_t)p[e] * C, C, 1, stream);
     }
 }
@@ -399,13 +452,13 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
     auto slot = [&](int lin, int op) { return fp8_slot(f, layer, lin, op); };
     // down: da_e = dye_e @ w2_e^T (reduces over C: dye row-wise, w2 row-wise), dw2_e += a_e^T @ dye_e
     fp8_quantize_operand(f, slot(FP8_LIN_W2, FP8_OP_DY), false, dye, Rp, C, sx, &f->grad, true, true, stream);
-    fp8_quantize_operand(f, slot(FP8_LIN_W2, FP8_OP_W), true, w2, EF, C, sw, &f->w, true, false, stream);
+    const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, true, false, stream);
     fp8_quantize_operand(f, slot(FP8_LIN_W2, FP8_OP_X), false, a, Rp, F, sx, &f->act, false, true, stream);
     for (int e = 0; e < E; e++) {
         if (rt.len[e] == 0) continue;
         int sg = slot(FP8_LIN_W2, FP8_OP_DY);
         gemm_fp8_gpu(rt.len[e], F, C, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, p[e], C, fp8_scale_offset(p, e, C, false, false)),
-                     fp8_operand_of(f, slot(FP8_LIN_W2, FP8_OP_W), f->w, true, false, (size_t)e * F, C, fp8_scale_offset(ws, e, C, true, false)),
+                     fp8_operand_of(f, slot(FP8_LIN_W2, FP8_OP_W), qw2, true, false, (size_t)e * F, C, fp8_scale_offset(ws, e, C, true, false)),
                      0.0f, da + (size_t)p[e] * F, F, 0, stream);
         gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, slot(FP8_LIN_W2, FP8_OP_X), f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
                      fp8_operand_of(f, sg, f->grad, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
@@ -421,11 +474,11 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
     for (int i = 0; i < 2; i++) {
         int lin = i ? FP8_LIN_V1 : FP8_LIN_W1, sg = slot(lin, FP8_OP_DY), swt = slot(lin, FP8_OP_W), sxe = slot(FP8_LIN_W1, FP8_OP_X);
         fp8_quantize_operand(f, sg, false, dys[i], Rp, F, sx, &f->grad, true, true, stream);
-        fp8_quantize_operand(f, swt, true, wts[i], EF, C, sw, &f->w, false, true, stream);
+        const Fp8Buf& qw = fp8_weight_gpu(f, layer, lin, wts[i], EF, C, sw, &f->w, false, true, stream);
         for (int e = 0; e < E; e++) {
             if (rt.len[e] == 0) continue;
             gemm_fp8_gpu(rt.len[e], C, F, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, p[e], F, fp8_scale_offset(p, e, F, false, false)),
-                         fp8_operand_of(f, swt, f->w, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)),
+                         fp8_operand_of(f, swt, qw, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)),
                          i ? 1.0f : 0.0f, dxe + (size_t)p[e] * C, C, 0, stream);
             gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sg, f->grad, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
                          fp8_operand_of(f, sxe, f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
@@ -463,6 +516,7 @@ static inline void fp8_gpu_collect(Fp8GPU* f) {
 static inline void fp8_gpu_step(Fp8GPU* f) {
     if (!fp8_on(f)) return;
     fp8_gpu_collect(f);
+    fp8_gpu_weights_changed(f);   // (the optimizer has just updated them)
     std::vector<float> scale(f->nslots);
     for (int i = 0; i < f->nslots; i++) {
         fp8_meta_step(&f->metas[i], &f->cfg, f->fmts[i]);
@@ -478,6 +532,7 @@ static inline void fp8_gpu_step(Fp8GPU* f) {
 // stay as they were
 static inline void fp8_gpu_discard_step(Fp8GPU* f) {
     if (!fp8_on(f)) return;
+    fp8_gpu_weights_changed(f);   // (unchanged, but the step's amaxes are dropped: the next step records them again)
     for (int i = 0; i < f->nslots; i++) { f->metas[i].amax = 0; f->metas[i].saturated = 0; }
     cudaCheck(cudaMemset(f->amax, 0, f->nslots * sizeof(unsigned int)));
     cudaCheck(cudaMemset(f->sat, 0, f->nslots * sizeof(unsigned long long)));
@@ -487,6 +542,7 @@ static inline void fp8_gpu_discard_step(Fp8GPU* f) {
 // The host metas' scales -> the device (after a checkpoint restored them: checkpoint/fp8_state.h)
 static inline void fp8_gpu_upload_scales(Fp8GPU* f) {
     if (!fp8_on(f)) return;
+    fp8_gpu_weights_changed(f);   // (restored with new weights)
     std::vector<float> scale(f->nslots);
     for (int i = 0; i < f->nslots; i++) scale[i] = f->metas[i].scale;
     cudaCheck(cudaMemcpy(f->scale, scale.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));

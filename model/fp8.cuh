@@ -87,10 +87,16 @@ static inline float fp8_round(float y, Fp8Format f) {
 }
 
 // the scale that maps `amax` to the format's maximum, backed off by 2^margin; 1 for an all-zero
-// (or non-finite) tensor, so that nothing is divided by zero
+// (or non-finite) tensor, so that nothing is divided by zero. A tiny amax (below max / FLT_MAX: 1.3e-36
+// for E4M3, 1.7e-34 for E5M2, e.g. one small gradient in a tile of zero padding rows) would give an
+// infinite scale: then 0 * s = NaN in the codes and 1 / s = 0 in the factors, a NaN in the GEMM. Such a
+// scale is capped at FP8_SCALE_CAP = 2^126 instead (its factor 2^-126 exact and normal; amax * 2^126 <
+// 2^7 for E4M3, < 2^14 for E5M2: no value saturates). test/test_fp8.cpp checks it.
+#define FP8_SCALE_CAP 8.50705917302346159e37f   // 2^126
 static inline float fp8_scale_for(float amax, Fp8Format f, int margin) {
     if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
-    return std::ldexp(fp8_max(f) / amax, -margin);
+    float s = fp8_max(f) / amax;
+    return std::ldexp(std::isinf(s) ? FP8_SCALE_CAP : s, -margin);
 }
 
 // A value x * s saturates when the cast clips it: it lies beyond the rounding range of the largest
@@ -416,7 +422,8 @@ __device__ __forceinline__ float fp8_max_dev(int fmt) { return fmt == FP8_E4M3 ?
 // fp8_scale_for on the device: the same float operations, so the same scale as the host's
 __device__ __forceinline__ float fp8_scale_for_dev(float amax, int fmt, int margin) {
     if (!(amax > 0.0f) || !(amax <= 3.40282347e38f)) return 1.0f;   // zero, NaN or infinite: 1, as on the host
-    return ldexpf(fp8_max_dev(fmt) / amax, -margin);
+    float s = fp8_max_dev(fmt) / amax;
+    return ldexpf(s > 3.40282347e38f ? FP8_SCALE_CAP : s, -margin);   // an infinite scale capped, as on the host
 }
 // fp8_saturates on the device
 __device__ __forceinline__ int fp8_saturates_dev(float v, int fmt) {

@@ -120,8 +120,8 @@ static inline long double plan_fp8_scale_bound(long double rows, long double col
 }
 
 // fp8_gpu_buffers' bytes: the quantised scratch of activations, gradients and weights, the scaling state,
-// and every layer's padded routing
-static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, bool block) {
+// every layer's padded routing, and with weight_cache (no shard group: S = 1) every block weight's quantised copy
+static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, bool block, bool weight_cache) {
     long double d = c->d_model, F = c->ffn_hidden, E = c->n_experts, qd = qkv_dim(c), L = c->n_layers;
     long double Rp = N * c->top_k + 15 * E;
     struct Shape { long double rows, cols, nseg; };
@@ -139,6 +139,8 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
     long double slots = 14 * L;   // fp8_operand_table: 5 linears x (x, w, dy) per layer, v1's x shared with w1's
     b += slots * (4 + 16 + 4 + 8) + 4;                // scale, scale_inv (16 B apart), amax, sat; tmp_amax
     b += L * ((2 * E + 1) * 4 + Rp * 4);              // per layer: segments, padded row_token
+    if (weight_cache)                                 // per layer: Wqkv, out_proj, w1, v1, w2 (fp8_weight_shape)
+        b += L * (buf({{qd, d, 1}}, true) + buf({{d, d, 1}}, true) + 3 * buf({{E * F, d, E}}, true));
     return b;
 }
 
@@ -204,7 +206,7 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     // dtopk_w, dxe, att_D, the LayerNorm partials, the grad-norm partials, dye, da, dg and du
     p.scratch = bf * N * d + 2 * f4 * N * d + 2 * bf * N * d + bf * N * qd + bf * N * E + f4 * N * k + bf * R * d + f4 * B * H * T
               + f4 * std::ceil(N / PLAN_LN_ROWS_PER_CHUNK) * d + f4 * (PLAN_GRAD_NORM_BLOCKS + 2) + bf * R * d + 3 * bf * Rx * F;
-    p.fp8_scratch = on8 ? plan_fp8_bytes(c, N, fp8 == FP8_BLOCK) : 0;
+    p.fp8_scratch = on8 ? plan_fp8_bytes(c, N, fp8 == FP8_BLOCK, S == 1) : 0;
 
     // routing: the indices of every layer; EP's exchange (ep_gpu_buffers) for Rc planned rows: kept per layer xl
     // (Rc, d) and perm, inv (Rc); shared x, y, dx, dxr (Rc, d); under FP8 four code buffers (Rc, max(d, F)) and

@@ -270,6 +270,7 @@ static inline void zero_gpu_refresh_bf16(ZeroGpu* zg) {
     LAUNCH(zero_f32_to_bf16_kernel, zero_grid(n), 256, 0, zg->compute, zg->master_bf16, zg->master, n);
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     zg->slot_unit[0] = zg->slot_unit[1] = -1;
+    fp8_gpu_weights_changed(&zg->model->fp8);   // (the model's cached FP8 weights are stale too)
 }
 
 // host shards (master, m, v: a checkpoint's, an import's, or zero_init's) -> device

@@ -172,6 +172,45 @@ static size_t blk128(int o, int p, int k) { return (size_t)(o / 128) * (((k + 12
 static size_t vec128_count(int outer, int k) { return (size_t)((k + 127) / 128) * outer; }
 static size_t blk128_count(int outer, int k) { return (size_t)((outer + 127) / 128) * (((k + 127) / 128 + 3) / 4 * 4); }
 
+// The condition of the NaN gradient under --fp8 block (model/fp8.cuh, fp8_scale_for): an expert with one
+// routed token, padded to 16 rows, whose gradient row is tiny (below max / FLT_MAX). Its 128 x 1 tiles (wgrad's
+// qt) and its 1 x 128 tile (q) have an amax whose plain scale overflows; the padding rows are zeros in the same
+// tiles. Uncapped, the codes of the zeros were NaN (0 * inf) and the factors 0: a NaN in the GEMM. Now every code
+// is finite, every factor finite and positive, and the dequantised values are the CPU's fake quantisation.
+TEST_CASE("quantize kernel, block scaling: a tiny-amax tile of an expert with one token gives no NaN code or zero factor") {
+    for (Fp8Format fmt : {FP8_E4M3, FP8_E5M2}) {
+        const int cols = 128;
+        Segs segs = {{16, 16}, {1, 16}};   // expert 0: one token (tiny), expert 1: 16 ordinary tokens
+        int rows = 32;
+        float tiny = fmt == FP8_E4M3 ? 1e-37f : 1e-35f;
+        std::vector<float> x = test_tensor(rows, cols, 77, 0);
+        for (int j = 0; j < cols; j++) x[j] = __bfloat162float(__float2bfloat16(tiny * (1.0f + j % 5) * (j % 2 ? -1 : 1)));
+        for (int i = 1; i < 16; i++)
+            for (int j = 0; j < cols; j++) x[(size_t)i * cols + j] = 1e9f;   // padding rows: never read (quantised as zeros)
+        size_t nq = 2 * vec128_count(16, cols), nt = 2 * vec128_count(cols, 16);
+        Quantized r = quantize(x, rows, cols, segs, fmt, FP8Q_ACT, 0, 0, nq, nt);
+        INFO("format " << (int)fmt);
+        std::vector<real> in(x.begin(), x.begin() + cols), fq(cols), fqt(cols);
+        fp8_fake_quant_tiles(fq.data(), in.data(), 1, cols, cols, 1, 128, fmt);
+        fp8_fake_quant_tiles(fqt.data(), in.data(), 1, cols, cols, 128, 1, fmt);
+        long long nan = 0, bad_f = 0, bad = 0;
+        for (size_t i = 0; i < r.q.size(); i++) nan += !std::isfinite(fp8_value(r.q[i], fmt)) + !std::isfinite(fp8_value(r.qt[i], fmt));
+        for (float f : r.sinv) bad_f += !(f > 0 && std::isfinite(f));
+        for (float f : r.sinv_t) bad_f += !(f > 0 && std::isfinite(f));
+        for (int i = 0; i < 16; i++)   // expert 0: the token's row as the CPU quantises it, the padding zeros
+            for (int j = 0; j < cols; j++) {
+                float got = fp8_value(r.q[(size_t)i * cols + j], fmt) * r.sinv[vec128(i, j, 16)];
+                float got_t = fp8_value(r.qt[(size_t)j * rows + i], fmt) * r.sinv_t[vec128(j, i, cols)];
+                bad += got != (i ? 0.0f : (float)fq[j]);
+                bad += got_t != (i ? 0.0f : (float)fqt[j]);
+            }
+        CHECK(nan == 0);
+        CHECK(bad_f == 0);
+        CHECK(bad == 0);
+        CHECK(r.sat == 0);
+    }
+}
+
 TEST_CASE("quantize kernel, block scaling: the CPU's fake quantisation, factors in cuBLASLt's layouts") {
     int seed = 100;
     // activations and gradients: q in 1x128 tiles, qt in 128x1 tiles, per segment

@@ -5,6 +5,7 @@
 #     1e-2 (relative) of the CPU's with the same recipe (measured: < 1e-3);
 #   * --fp8-log-every 1 writes one "fp8" JSONL line per step with the same tensors, in the same
 #     order, as the CPU's, each with amax, amax_rank0, scale and saturated;
+#   * the cached FP8 weights (one quantisation per step, --shard-group-size 1) under EP 2: ZeRO-3's losses bit for bit;
 #   * bad input, one line and exit 2: a token count that is not a multiple of 16, a bad history.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -33,6 +34,18 @@ for a, b in zip(fc, fg):
 print("   %d FP8 tensors logged per step" % len(fg[0]))
 PY
 done
+
+# the weights quantised once per step (fp8_weight_gpu) where they stay in place: with expert parallelism 2 on data
+# parallel ranks (--shard-group-size 1: each rank's own experts cached) the losses of ZeRO-3 (S 2: every use
+# quantises the gathered weights), bit for bit; a planted scale error in the cache's copy would show here
+f8ep=(--device cuda --model dbrx-tiny --n-layers 2 --seq 32 --val-every 0 --batch 1 --steps 3 --fp8 block --grad-clip 0 --expert-parallel 2)
+for S in 1 2; do
+    bash dev/mpirun.sh -np 2 ./train_dbrx_emu "${f8ep[@]}" --shard-group-size $S --log "$tmp/ep_s$S.jsonl" > "$tmp/ep_s$S.out" 2>&1 \
+        || fail "--fp8 block EP 2, S $S: $(grep -i error "$tmp/ep_s$S.out" | head -2)"
+done
+l1=$(grep -o '"loss": [0-9.e+-]*' "$tmp/ep_s1.jsonl" | tr '\n' ' '); l2=$(grep -o '"loss": [0-9.e+-]*' "$tmp/ep_s2.jsonl" | tr '\n' ' ')
+[ -n "$l1" ] && [ "$(wc -w <<<"$l1")" = 6 ] && [ "$l1" = "$l2" ] \
+    && pass "--fp8 block, EP 2: cached FP8 weights (S 1) give ZeRO-3's (S 2) losses bit for bit" || fail "--fp8 block EP 2 cache: $l1 vs $l2"
 
 expect_exit 2 "--fp8 on the GPU with a token count that is not a multiple of 16" ./train_dbrx_emu --device cuda --fp8 current --model dbrx-tiny --n-layers 2 --batch 3 --seq 5 --steps 1
 grep -q "multiple of 16" <<<"$LAST_ERR" || fail "the refusal names the rule: $LAST_ERR"

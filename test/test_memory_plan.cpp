@@ -90,10 +90,13 @@ TEST_CASE("the activation classes sum to the model's own buffer walk (dbrx_gpu_m
         for (int BT : {16, 48, 64}) {
             Fp8Config f8 = {r, 16, 0, 0};
             int B = BT == 48 ? 3 : 1, T = BT / B;
-            MemoryPlan p = memory_plan(&c, B, T, 1, 1, 1, r);
-            long double walk = (long double)dbrx_gpu_memory_estimate(&c, B, T, nullptr, &f8, false);
-            CAPTURE((int)r); CAPTURE(B); CAPTURE(T);
-            CHECK(p.saved + p.head + p.scratch + p.fp8_scratch + p.routing_index == walk);
+            // S = 1: the FP8 weights stay in place and are cached (fp8_weight_gpu); S = 2: gathered, not cached
+            for (int S : {1, 2}) {
+                MemoryPlan p = memory_plan(&c, B, T, S, 1, 2, r);
+                long double walk = (long double)dbrx_gpu_memory_estimate(&c, B, T, nullptr, &f8, false, 0, S == 1);
+                CAPTURE((int)r); CAPTURE(B); CAPTURE(T); CAPTURE(S);
+                CHECK(p.saved + p.head + p.scratch + p.fp8_scratch + p.routing_index == walk);
+            }
         }
 }
 

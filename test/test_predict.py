@@ -63,6 +63,19 @@ def model_cases():
     g8 = dict(g, a="e4m3", b="e4m3")
     r8 = step([g8, SYNC])
     check(close(r8["step"], 11 * US + 2.0 * 8192 ** 3 / (1978.9e12 * 0.70)), "the GEMM in FP8 at the FP8 peak (1978.9 TFLOP/s)")
+    # block-scaled FP8 (A in 128 x 128 blocks, B in 1 x 128 tiles: scale modes 2 and 1) at the BF16 rate of its shape
+    # (predict.py's FP8_BLOCK_GEMM_VS_BF16 = 1.0, an assumption)
+    rb = step([dict(g8, a_scale_mode=2, b_scale_mode=1), SYNC])
+    check(close(rb["step"], r["step"]), "the GEMM in block-scaled FP8 at the BF16 rate: %.4f ms (BF16 %.4f ms)" % (rb["step"] * 1e3, r["step"] * 1e3))
+    # the FP8 quantisation kernel at 31% of HBM (KERNEL_HBM_FRACTION, fitted): one tensor of 2^20 x 128, one given
+    # scale, the row-wise codes only: reads 2 B per element + the scale, writes 1 B per element
+    rows = 1 << 20
+    qk = {"t": "kernel", "name": "fp8_quantize_kernel<FP8Q_TENSOR>", "grid": [rows // 128, 1, 1], "block": [256, 1, 1], "smem": 0,
+          "stream": 0, "args": [True, rows, 128, [False, False, 1, rows, rows // 128], 0, True, False, 0,
+                                [True, False, False, False, False, False]]}
+    rq = step([qk, SYNC])
+    check(close(rq["step"], 9 * US + (3.0 * rows * 128 + 4) / (3.35e12 * 0.31)),
+          "fp8_quantize_kernel over 2^27 elements: %.2f us = 4 us issue + (3 B / element + 4) / (0.31 x 3.35 TB/s) + 5 us" % (rq["step"] / US))
     # a memory-bound kernel: swiglu over 2^24 elements reads 2 and writes 1 BF16 each: 6 n bytes at 80% of 3.35 TB/s
     n = 1 << 24
     r = step([SW(n), SYNC])

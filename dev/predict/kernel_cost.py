@@ -1,7 +1,7 @@
 """kernel_cost.py — the global-memory bytes (read, written) and tensor-core FLOPs of each hand-written kernel, from
 the arguments the emulator's work log records for its launch (SIMT_WORKLOG, test/simt/counters.h: pointers as
 true/false, integers and floats by value, the FP8 structs as arrays) and its grid / dynamic shared memory.
-predict.py costs a kernel at max(bytes / (HBM x HBM_FRACTION), mma FLOPs / (BF16 peak x MMA_SYNC_FRACTION)); a kernel
+predict.py costs a kernel at max(bytes / (HBM x HBM_FRACTION, or KERNEL_HBM_FRACTION of its name), mma FLOPs / (BF16 peak x MMA_SYNC_FRACTION)); a kernel
 without a formula here costs its minimum launch time only ("no formula" in predict's table).
 
 Every formula states what the kernel must read and write, each byte once (the DRAM traffic with a perfect cache):
