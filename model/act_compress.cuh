@@ -9,9 +9,9 @@
  * two of the layer's three expert GEMMs again.
  * Formats (CompressFormat):
  *   e4m3  FP8 E4M3 codes with one scale per 1x128 tile along F (each row's own tiles: the FP8 block
- *         recipe's activation tiling, and on the GPU the same quantisation kernel, fp8_quantize_gpu
- *         in FP8Q_ACT mode). Kept: 1 byte per value + 4 bytes per 128 values = 2.06 F bytes per row
- *         for g and u, against 6 F (GPU, BF16) or 12 F (CPU, FP32) for g, u and act.
+ *         recipe's activation tiling, with its scale and conversion functions: fp8_scale_for,
+ *         fp8_cvt_dev). Kept: 1 byte per value + 4 bytes per 128 values = 2.06 F bytes per row for g
+ *         and u, against 6 F (GPU, BF16) or 12 F (CPU, FP32) for g, u and act.
  *   bf16  BF16 (round to nearest even): the CPU's FP32 activations halved (the GPU's are BF16 already).
  * The rebuilt value is the code times the stored dequantisation factor 1/s (s = 448 / the tile's
  * amax, fp8_scale_for), one float multiply on both backends, so the emulated GPU's rebuilt g and u
@@ -105,8 +105,10 @@ static inline void swiglu_decompress(real* g, real* u, real* act, const uint8_t*
 
 #if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
-// CUDA. Compression is fp8_quantize_gpu (FP8Q_ACT, codes and row-tile factors only) on g and on u.
-// The rebuild is one elementwise pass: each thread W consecutive values of one row (W divides 128, so
+// CUDA. Compression is one pass over g and u: a warp per 128-value row tile (W values per lane), its
+// amax by a warp reduction, the codes written 4 bytes per lane, the tile's factor by lane 0. (The FP8
+// recipes' fp8_quantize_kernel would do it too, but it stages 128x128 tiles for the transposed copy and
+// the column scales these rows never need.) The rebuild is one elementwise pass: each thread W consecutive values of one row (W divides 128, so
 // they share one tile's factor), g and u rounded to BF16 as the forward stored them, act from those
 // rounded values with swiglu_forward_kernel's arithmetic.
 template <int W>
@@ -130,15 +132,45 @@ __global__ void swiglu_decompress_kernel(floatX* g, floatX* u, floatX* act, cons
     store_bf16<W>(act + i, av);
 }
 
+// blockIdx.y: 0 g, 1 u (its codes after R F, its factors after R ceil(F/128)); W = 4 needs F % 4 == 0
+template <int W>
+__global__ void swiglu_compress_kernel(__nv_fp8_storage_t* q, float* sinv, const floatX* g, const floatX* u, int rows, int R, int F) {
+    const int nct = (F + 127) / 128, lane = threadIdx.x % 32;
+    long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (w >= (long long)rows * nct) return;   // (a whole warp: w is the same for its 32 lanes)
+    const int r = (int)(w / nct), t = (int)(w % nct), c0 = t * 128;
+    const floatX* x = (blockIdx.y ? u : g) + (size_t)r * F;
+    __nv_fp8_storage_t* qr = q + (size_t)blockIdx.y * R * F + (size_t)r * F;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // this lane's values: 4 consecutive at c0 + 4 lane (W 4, one 8-byte load), or c0 + lane + 32 j
+    if (W == 4 && c0 + lane * 4 < F) load_bf16<4>(v, x + c0 + lane * 4);
+    if (W == 1)
+        for (int j = 0; j < 4; j++) v[j] = c0 + lane + 32 * j < F ? __bfloat162float(x[c0 + lane + 32 * j]) : 0.0f;
+    float amax = 0.0f;
+    for (int j = 0; j < 4; j++) amax = fmaxf(amax, fabsf(v[j]));
+    amax = warp_max(amax);
+    const float s = fp8_scale_for_dev(amax, FP8_E4M3, 0);
+    if (W == 4 && c0 + lane * 4 < F) {
+        uint32_t packed = 0;
+        for (int j = 0; j < 4; j++) packed |= (uint32_t)fp8_cvt_dev(v[j] * s, FP8_E4M3) << (8 * j);
+        *(uint32_t*)(qr + c0 + lane * 4) = packed;
+    } else if (W == 1) {
+        for (int j = 0; j < 4; j++)
+            if (c0 + lane + 32 * j < F) qr[c0 + lane + 32 * j] = fp8_cvt_dev(v[j] * s, FP8_E4M3);
+    }
+    if (lane == 0) sinv[(size_t)blockIdx.y * R * nct + (size_t)t * rows + r] = 1.0f / s;
+}
+
 // g, u (rows, F) [BF16, rows of R; u = g + R F as the model's one buffer or anywhere] -> the layer's codes
 static inline void swiglu_compress_gpu(uint8_t* q, float* sinv, const floatX* g, const floatX* u, int rows, int R, int F,
                                        cudaStream_t stream = 0) {
-    size_t ft = (size_t)R * ((F + 127) / 128);
-    Fp8Segments seg = fp8_uniform_segments(1, rows);
-    Fp8QuantOut og = {(__nv_fp8_storage_t*)q, nullptr, sinv, nullptr, nullptr, nullptr};
-    Fp8QuantOut ou = {(__nv_fp8_storage_t*)q + (size_t)R * F, nullptr, sinv + ft, nullptr, nullptr, nullptr};
-    fp8_quantize_gpu(og, g, rows, F, seg, FP8_E4M3, FP8Q_ACT, nullptr, nullptr, 0, stream);
-    fp8_quantize_gpu(ou, u, rows, F, seg, FP8_E4M3, FP8Q_ACT, nullptr, nullptr, 0, stream);
+    long long warps = (long long)rows * ((F + 127) / 128);
+    if (warps == 0) return;
+    dim3 grid(ceil_div(warps * 32, 256), 2);
+    __nv_fp8_storage_t* qq = (__nv_fp8_storage_t*)q;
+    if (F % 4 == 0 && aligned16({g, u, q}) && (size_t)R * F % 4 == 0)
+        LAUNCH(swiglu_compress_kernel<4>, grid, 256, 0, stream, qq, sinv, g, u, rows, R, F);
+    else
+        LAUNCH(swiglu_compress_kernel<1>, grid, 256, 0, stream, qq, sinv, g, u, rows, R, F);
 }
 // the rebuild of g, u and act (rows, F) from the codes, before the layer's experts backward
 static inline void swiglu_decompress_gpu(floatX* g, floatX* u, floatX* act, const uint8_t* q, const float* sinv, int rows, int R, int F,

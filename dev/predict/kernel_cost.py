@@ -157,6 +157,8 @@ KERNELS = {
     "swiglu_backward_kernel": lambda a, g, x: (6 * a[5], 4 * a[5]),            # (dg, du, da, g, u, n): 3 read, 2 written
     # --compress-acts' rebuild (g, u, act, qg, qu, sg, su, rows, F): 1-byte codes of g, u and a factor per row tile read;
     # g, u, act written in BF16
+    # --compress-acts' codes (q, sinv, g, u, rows, R, F): g and u read in BF16, 1-byte codes and a factor per row tile written
+    "swiglu_compress_kernel": lambda a, g, x: (4 * a[4] * a[6], 2 * a[4] * a[6] + 8 * a[4] * _cdiv(a[6], 128)),
     "swiglu_decompress_kernel": lambda a, g, x: (2 * a[7] * a[8] + 8 * a[7] * _cdiv(a[8], 128), 6 * a[7] * a[8]),
     "embedding_backward_kernel": None,                                          # needs the token count (ctx)
     # FP8 (model/fp8.cuh, model/dbrx_fp8_cuda.cuh, parallel/zero_fp8.h)
