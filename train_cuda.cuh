@@ -81,6 +81,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
         printf("zero: --grad-reduce-dtype bf16: the shard group's gradient reduce-scatters in BF16%s\n",
                store.rs_on ? "" : " (none here: every rank holds its units whole)");
     if (store.ep_dispatch) ep_gpu_set_chunks(store.ep_dispatch, args.parallel.ep_chunks);   // (--ep-overlap-chunks)
+    zero_gpu_set_step_prefetch(&store, args.parallel.zero_prefetch);   // (--zero-prefetch)
     model.activation_bytes += ep_bytes;
     Zero* z = &store.z;
     store.z.fp8_cfg = &model.fp8.cfg;   // the FP8 scaling state that checkpoints carry

@@ -44,6 +44,7 @@ typedef struct {
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
     float zero_chunk_mib = 512;      // the GPU store's experts chunks (parallel/zero_gpu_chunks.cuh): MiB of BF16 weights each; 0: whole
     std::string grad_reduce_dtype = "fp32";   // the GPU store's shard-group gradient reduce-scatter: fp32 | bf16 (zero_gpu_comm.cuh)
+    int zero_prefetch = 2;         // the GPU store: items of step t+1 gathered during step t's optimizer (zero_gpu_comm.cuh; 0: none)
 } ParallelArgs;
 typedef struct {                   // checkpoints and Hugging Face interop (checkpoint/)
     std::string dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16";
@@ -175,9 +176,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
                                                               "more stops every rank with one line naming the numbers (no token is dropped)"},
         {"--grad-reduce-dtype", "", F_STR, &a->parallel.grad_reduce_dtype, "ZeRO-3/HSDP on the GPU: the gradient reduce-scatter in fp32 | bf16 (half the bytes)"},
-        {"--zero-chunk-mib", "", F_FLOAT, &a->parallel.zero_chunk_mib, "ZeRO-3/HSDP on the GPU without EP or FP8: a block's experts gathered "
-                                                              "and reduce-scattered in chunks of whole experts, the most whose BF16 weights fit M MiB "
-                                                              "(at least one; default 512: one expert of DBRX-132B); 0: a layer's experts as one unit"},
+        {"--zero-prefetch", "", F_INT, &a->parallel.zero_prefetch, "ZeRO-3/HSDP on the GPU: the next step's first N units gathered during the optimizer (0..2, default 2; 0: none)"},
+        {"--zero-chunk-mib", "", F_FLOAT, &a->parallel.zero_chunk_mib, "ZeRO-3/HSDP on the GPU without EP or FP8: a block's experts gathered and reduce-"
+                                                              "scattered in chunks of whole experts, the most whose BF16 weights fit M MiB (at least one; default 512: one expert of DBRX-132B); 0: a layer's experts as one unit"},
         {"--ep-overlap-chunks", "", F_INT, &a->parallel.ep_chunks, "EP on the GPU: each MoE layer's exchange in N chunks of every "
                                                               "expert's rows, chunk c's experts computed while chunk c+1 is dispatched and "
                                                               "c-1 combined (1..64, default " EP_OVERLAP_CHUNKS_DEFAULT_S "; 1: one exchange; the "
@@ -415,6 +416,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (!(a->parallel.zero_chunk_mib >= 0) || a->parallel.zero_chunk_mib > 1048576)
         fail(EXIT_BAD_INPUT, "--zero-chunk-mib %g must be in [0, 1048576] (MiB of BF16 weights per experts chunk; 0: whole units)",
              a->parallel.zero_chunk_mib);
+    if (a->parallel.zero_prefetch < 0 || a->parallel.zero_prefetch > 2)
+        fail(EXIT_BAD_INPUT, "--zero-prefetch %d must be in [0, 2] (units gathered during the optimizer, one per working slot; 0: none)",
+             a->parallel.zero_prefetch);
     if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
     if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);

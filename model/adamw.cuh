@@ -135,10 +135,13 @@ static inline AdamwSegments adamw_segments(std::vector<std::array<size_t, 3>> pi
 // a time, 16-byte loads and stores of g, m, v, master (two each) and of the BF16 copy (one), the segment's
 // first elements up to an 8-element boundary (head) and its last n % 8 (tail) one at a time; vec 0: all one
 // at a time. Each element: g = (grad pre) scale (pre: the data-parallel 1/W, scale: the clipping), AdamW as
-// adamw_element, then grad = 0.
+// adamw_element, then grad = 0. elems: the segments' elements (the table is on the device; the step-time model,
+// dev/predict/kernel_cost.py, reads the launch's arguments: a store that updates its shard in two launches says how
+// much each covers); the kernel does not need it.
 __global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
                                    const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2, float eps,
-                                   float weight_decay, float pre, float grad_scale, float bc1, float bc2) {
+                                   float weight_decay, float pre, float grad_scale, float bc1, float bc2, size_t elems) {
+    (void)elems;
     size_t off = seg_off[blockIdx.y], n = seg_n[blockIdx.y];
     int mode = seg_mode[blockIdx.y];
     float wd = mode == ADAMW_DECAY ? weight_decay : 0.0f;
@@ -175,13 +178,13 @@ __global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad
 static inline void adamw_fused_update_gpu(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
                                           const size_t* seg_n, const int* seg_mode, int nseg, size_t max_n, float lr, float beta1,
                                           float beta2, float eps, float weight_decay, float pre, float grad_scale, int t,
-                                          cudaStream_t stream = 0) {
+                                          cudaStream_t stream = 0, size_t elems = 0) {
     if (nseg == 0) return;
     float bc1 = (float)(1.0 - pow((double)beta1, t)), bc2 = (float)(1.0 - pow((double)beta2, t));
     int vec = aligned16({param, param_bf16, grad, m, v});
     int bx = (int)std::max<size_t>(1, std::min<size_t>((max_n + 2047) / 2048, 512));   // 256 threads x 8 elements
     LAUNCH(adamw_fused_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr,
-           beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2);
+           beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2, elems);
 }
 
 // ---------------------------------------------------------------------------------------------

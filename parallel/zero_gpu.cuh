@@ -73,6 +73,8 @@ typedef struct {
     int grad_clean;                   // the gradient shard is all zeros (the fused AdamW zeroes it)
     int nseg;
     size_t seg_max;
+    std::vector<size_t> seg_off_host, seg_n_host;   // the same table on the host (the optimizer's split: zero_gpu_comm.cuh)
+    int step_prefetch;                // --zero-prefetch: items of the next step gathered during the optimizer (zero_gpu_comm.cuh)
     double* norm_sumsq;               // device (1): this rank's sum of squares, then the group's
     double* norm_units;               // device (2 x units), data parallel with EP: per unit, non-expert | expert
     cudaStream_t compute;             // the model's stream
@@ -160,6 +162,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
                ep_n > 1 ? "--expert-parallel" : "--fp8", c->n_experts / ep_n);
     zero_gpu_comm_init(zg, comm->rank);   // the reduce-scatters' communicators (S > 1)
     zg->plant_deferred = -1;
+    zg->step_prefetch = 0;   // (zero_gpu_set_step_prefetch)
     zg->ep_dispatch = NULL;
     if (ep_n > 1) {
         // the experts' gathers and reduce-scatters (the expert shard group) go on the shard group's stream,
@@ -198,6 +201,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         AdamwSegments t = adamw_segments(pieces, n);
         zg->nseg = (int)t.off.size();
         zg->seg_max = t.max_n;
+        zg->seg_off_host = t.off; zg->seg_n_host = t.n;
         take((void**)&zg->seg_off, std::max<size_t>(1, t.off.size()) * sizeof(size_t));
         take((void**)&zg->seg_n, std::max<size_t>(1, t.n.size()) * sizeof(size_t));
         take((void**)&zg->seg_mode, std::max<size_t>(1, t.mode.size()) * sizeof(int));
@@ -267,6 +271,10 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
 // the BF16 copy of the master shard, after the master changed other than by AdamW (a load)
 static inline void zero_gpu_refresh_bf16(ZeroGpu* zg) {
     size_t n = zg->z.shard_total;
+    if (zg->z.S > 1) {   // (a gather still reading the copy, the optimizer's prefetch, finishes first)
+        cudaCheck(cudaEventRecord(zg->comm_done, zero_comm_stream(zg)));
+        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->comm_done, 0));
+    }
     LAUNCH(zero_f32_to_bf16_kernel, zero_grid(n), 256, 0, zg->compute, zg->master_bf16, zg->master, n);
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     zg->slot_unit[0] = zg->slot_unit[1] = -1;
@@ -608,12 +616,15 @@ static inline double zero_grad_norm(ZeroGpu* zg) {
 // master (the next step's gathers send it; with S = 1 the model reads it).
 static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, int t, double norm) {
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
-    adamw_fused_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off, zg->seg_n, zg->seg_mode, zg->nseg, zg->seg_max,
-                           lr, o->beta1, o->beta2, o->eps, o->weight_decay, zg->grad_pre, scale, t, zg->compute);   // one launch
-    zg->grad_clean = 1;   // (it zeroed the gradient)
-    cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     zg->slot_unit[0] = zg->slot_unit[1] = -1;   // the gathered copies are stale
     zg->fp8.ready = 0;                          // and so are the FP8 codes
+    // one launch over the shard, or two with the next step's first items gathered between them (zero_gpu_comm.cuh)
+    zero_gpu_adamw_prefetch(zg, [&](int s0, int s1, size_t max_n, size_t elems) {
+        adamw_fused_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off + s0, zg->seg_n + s0, zg->seg_mode + s0,
+                               s1 - s0, max_n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, zg->grad_pre, scale, t, zg->compute, elems);
+    });
+    zg->grad_clean = 1;   // (it zeroed the gradient)
+    cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     fp8_gpu_step(&zg->model->fp8);              // FP8 delayed scaling: the amaxes join the histories
     return norm;
 }

@@ -36,6 +36,14 @@
  *                    reused; the gradient shard is final before the step's reductions read it). The gather
  *                    stream never waits for the reduce-scatter stream (DBRX_DEBUG_PLANT=serial_streams plants
  *                    that wait: the stream test's negative control).
+ *   the step's end   (--zero-prefetch N, default 2) the first N items of the next step's forward (the embedding,
+ *                    then layer 0's attention) are gathered while this step's optimizer runs: AdamW in two launches,
+ *                    the shard's segments of those units first, bf16_ready recorded, their gathers issued, then
+ *                    the rest of the shard. Each element's update is the one of the single launch (elementwise;
+ *                    a segment's head and tail from its own offset), so nothing changes but the schedule. The
+ *                    gathers run across the step's end (which waits for the model's stream only); the next
+ *                    forward finds its items in their slots (slot_unit) and only waits for their events. Not
+ *                    for a block under --fp8-gather: its codes need the next step's scales.
  */
 #pragma once
 
@@ -119,6 +127,35 @@ static inline void zero_gpu_release(ZeroGpu* zg, int u, int j) {
 static inline void zero_gpu_prefetch_next(ZeroGpu* zg, int u, int phase) {
     int next = zero_next_unit(&zg->z, u, phase);
     if (next >= 0) zero_gpu_gather_async(zg, next, zero_first_chunk(&zg->z, next, phase));
+}
+
+// --zero-prefetch (the top comment, "the step's end"): 0..2 items (0 where nothing is gathered, S = 1)
+static inline void zero_gpu_set_step_prefetch(ZeroGpu* zg, int n) { zg->step_prefetch = zg->z.S > 1 ? std::min(n, 2) : 0; }
+
+// The optimizer over the shard with the next step's first items gathered between its two launches:
+// adamw(s0, s1, max_n, elems) updates segments [s0, s1) (elems: their elements; 0: the whole shard in one launch)
+template <typename Fn> static inline void zero_gpu_adamw_prefetch(ZeroGpu* zg, Fn adamw) {
+    Zero* z = &zg->z;
+    std::vector<std::pair<int, int>> items;   // (unit, chunk) of the forward's first items
+    size_t end = 0;                           // where their units' shards end
+    for (int i = 0, u = 0; i < zg->step_prefetch && u < z->n_units; i++) {
+        while (u + 1 < z->n_units && z->item_base[u + 1] <= i) u++;
+        if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) break;   // (an FP8 block: its codes need the next step's scales)
+        items.push_back({u, i - z->item_base[u]});
+        end = std::max(end, z->shard_off[u] + z->shard_numel[u]);
+    }
+    if (items.empty()) { adamw(0, zg->nseg, zg->seg_max, 0); return; }
+    int k = 0;   // the segments before `end` (sorted by offset; a unit's shard is whole segments)
+    while (k < zg->nseg && zg->seg_off_host[k] < end) k++;
+    auto part = [&](int s0, int s1) {
+        size_t max_n = 0, elems = 0;
+        for (int s = s0; s < s1; s++) { max_n = std::max(max_n, zg->seg_n_host[s]); elems += zg->seg_n_host[s]; }
+        if (s1 > s0) adamw(s0, s1, max_n, elems);
+    };
+    part(0, k);
+    cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));   // those units' BF16 shard is this step's
+    for (const std::pair<int, int>& it : items) zero_gpu_gather_async(zg, it.first, it.second);
+    part(k, zg->nseg);
 }
 
 // --grad-reduce-dtype bf16 (zero_gpu_reduce_scatter below): a run's FP32 gradient rounded to BF16, eight elements a thread

@@ -13,7 +13,8 @@ test/simt/counters.h), for test/test_comm_streams.sh.
       --profile'd step, for every reduce-scatter of a unit ("reduce-scatter unit U" range), the all-gather
       issued next after it (the prefetch of unit U-2) runs on another stream and does not depend on it: no
       chain of stream order and event waits (record -> wait) leads from the reduce-scatter's collectives to the
-      gather's. Fails naming the units.
+      gather's (the backward's gathers: those issued during the optimizer, --zero-prefetch, are the next
+      step's and wait for every reduce-scatter through it). Fails naming the units.
   syncs LOG               no device-wide synchronisation inside a training step (between the training loop's
       dbrx_sync marks 2k-1 and 2k: each step's begin and end), and each step ends waiting for a stream (the
       model's, which every communication stream joins before the optimizer). Fails naming the step.
@@ -23,6 +24,12 @@ test/simt/counters.h), for test/test_comm_streams.sh.
       other through stream order and event waits. With chunks C per exchange, C - 1 of each forward's C
       dispatches and C combines overlap a chunk's experts (and the backward's last combine its weight
       gradients); with one chunk none does (the negative control). Fails with the counts.
+  prefetch LOG            the next step's first items gathered during the optimizer (--zero-prefetch,
+      parallel/zero_gpu_comm.cuh): in the --profile'd step, the optimizer runs in two launches, at least one
+      all-gather of a unit is issued between them, each such gather's collectives wait for the first launch
+      (through stream order and event waits) and not for the second (they run beside it), and the step's forward
+      gathered none of those items again before its first kernel (the previous step's optimizer had). Fails
+      naming what is missing (with --zero-prefetch 0: the optimizer in one launch).
 Exit 0 with "pass ..." lines, 1 with "fail ..." lines.
 """
 import json
@@ -81,8 +88,13 @@ def check_order(paths):
 def check_streams(path):
     unit_range = {}   # stream -> the unit range open on it ("reduce-scatter unit U" / "all-gather unit U")
     rs, ag = [], []   # (unit, stream, index on its stream, clock) of each collective inside a unit range
-    profiled = False
+    profiled = optimizer = False
     for it, s, p, c in stream_clocks(load(path), with_ranges=True):
+        if profiled and it.get("t") == "kernel" and it["name"].startswith("adamw_fused_kernel"):
+            optimizer = True   # (gathers from here on are the next step's, --zero-prefetch: they wait for every
+            continue           # reduce-scatter through the optimizer by design; the check "prefetch" has them)
+        if optimizer:
+            continue
         if it.get("t") == "range":
             name = it["name"]
             profiled = True
@@ -193,10 +205,51 @@ def check_syncs(path):
     return 0
 
 
+def check_prefetch(path):
+    ops = stream_clocks(load(path), with_ranges=True)
+    start = next((i for i, o in enumerate(ops) if o[1] is None), None)
+    if start is None:
+        print("fail no --profile'd step in %s" % path)
+        return 1
+    ops = ops[start:]
+    adamw = [i for i, o in enumerate(ops) if o[1] is not None and o[0]["t"] == "kernel" and o[0]["name"].startswith("adamw_fused_kernel")]
+    if len(adamw) < 2:
+        print("fail the optimizer ran in %d launch(es) in %s's profiled step: nothing of the next step gathered during it" % (len(adamw), path))
+        return 1
+    a1, a2 = ops[adamw[0]], ops[adamw[-1]]
+    open_range, pref, bad = {}, [], []
+    for it, s, p, c in ops[adamw[0] + 1:adamw[-1]]:
+        if s is None:
+            if it["name"].startswith("all-gather unit "):
+                open_range[it["stream"]] = it["name"][len("all-gather "):] if it["ph"] == "B" else None
+            continue
+        if it["t"] == "coll" and open_range.get(s):
+            name = open_range[s]
+            if name not in pref:
+                pref.append(name)
+            if c.get(a1[1], 0) < a1[2]:
+                bad.append("the all-gather of %s does not wait for the optimizer's first launch" % name)
+            if c.get(a2[1], 0) >= a2[2]:
+                bad.append("the all-gather of %s waits for the optimizer's second launch" % name)
+    if not pref:
+        print("fail no all-gather of a unit issued between the optimizer's two launches in %s" % path)
+        return 1
+    first = next(i for i, o in enumerate(ops) if o[1] is not None and o[0]["t"] in ("kernel", "gemm"))
+    again = [o[0]["name"][len("all-gather "):] for o in ops[:first]
+             if o[1] is None and o[0]["name"].startswith("all-gather unit ") and o[0]["ph"] == "B"]
+    bad += ["the forward gathered %s again before its first kernel" % u for u in again if u in pref]
+    if bad:
+        for x in bad[:5]:
+            print("fail " + x)
+        return 1
+    print("pass %s gathered during the optimizer (beside its second launch), not again by the forward" % ", ".join(pref))
+    return 0
+
+
 if __name__ == "__main__":
     modes = {"order": lambda a: check_order(a), "streams": lambda a: check_streams(a[0]), "syncs": lambda a: check_syncs(a[0]),
-             "ep_overlap": lambda a: check_ep_overlap(a[0])}
+             "ep_overlap": lambda a: check_ep_overlap(a[0]), "prefetch": lambda a: check_prefetch(a[0])}
     if len(sys.argv) < 3 or sys.argv[1] not in modes:
-        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG", file=sys.stderr)
+        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG | prefetch LOG", file=sys.stderr)
         sys.exit(2)
     sys.exit(modes[sys.argv[1]](sys.argv[2:]))

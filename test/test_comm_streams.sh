@@ -13,8 +13,11 @@
 #     whose exchanges run beside the experts: check_comm_order.py ep_overlap);
 #   * no device-wide synchronisation inside a step (each step ends waiting for the model's stream); negative
 #     control: the same work log with a device synchronisation planted in step 2 fails it;
-#   * the schedule changes no number: the losses of the planted schedules (serialised; reordered) are
-#     bit-identical to the overlapped one's.
+#   * the next step's first units gathered during the optimizer (--zero-prefetch, default 2): between the optimizer's two
+#     launches, beside the second, and not gathered again by the next forward; ZeRO-3 np 2, and 1 item; negative
+#     control: --zero-prefetch 0 (the optimizer in one launch) fails it;
+#   * the schedule changes no number: the losses of the planted schedules (serialised; reordered) and of
+#     --zero-prefetch 0 and 1 are bit-identical to the overlapped one's.
 # About 30 s on 2 shared cores.
 set -u
 cd "$(dirname "$0")/.."
@@ -38,10 +41,16 @@ check() {  # expect (pass|fail), what, check_comm_order.py arguments...
 }
 losses() { grep -o '"loss": [^,]*' "$tmp/$1.jsonl" | tr '\n' ' '; }
 
+for v in -1 3; do   # (one working slot per prefetched unit: at most 2)
+    expect_exit 2 "--zero-prefetch $v refused" ./train_dbrx_emu --model dbrx-tiny --zero-prefetch "$v" --dry-run
+    echo "$LAST_ERR" | grep -q -- "--zero-prefetch $v must be in \[0, 2\]" || fail "--zero-prefetch $v: the error does not name the flag: $LAST_ERR"
+done
 runp zero2 2 --shard-group-size 2
 runp hsdp 4 --shard-group-size 2
 runp ep2 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 1
 runp ep2c 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 2
+runp pf0 2 --shard-group-size 2 --zero-prefetch 0
+runp pf1 2 --shard-group-size 2 --zero-prefetch 1
 DBRX_DEBUG_PLANT=serial_streams runp serial 2 --shard-group-size 2
 DBRX_DEBUG_PLANT=reorder_issue runp reorder 2 --shard-group-size 2
 
@@ -58,6 +67,10 @@ grep -q 'shard_rs' "$tmp/ep2.wl.0" && grep -q 'expert_shard_rs' "$tmp/ep2.wl.0" 
     && pass "EP 2 + ZeRO-3: the reduce-scatters go to their own communicators (shard_rs, expert_shard_rs)" \
     || fail "EP 2 + ZeRO-3: no reduce-scatter on shard_rs / expert_shard_rs in the work log"
 
+check pass "ZeRO-3 np 2: the next step's first 2 items gathered during the optimizer" prefetch "$tmp/zero2.wl.1"
+check pass "ZeRO-3 np 2, --zero-prefetch 1: the next step's first item gathered during the optimizer" prefetch "$tmp/pf1.wl.0"
+check fail "--zero-prefetch 0 (nothing gathered during the optimizer)" prefetch "$tmp/pf0.wl.0"
+check pass "ZeRO-3 np 2, --zero-prefetch 1: one issue order of the communicators" order "$tmp/pf1.wl.0" "$tmp/pf1.wl.1"
 check pass "ZeRO-3 np 2: the step's synchronisations" syncs "$tmp/zero2.wl.0"
 check pass "EP 2 + ZeRO-3 np 4: the step's synchronisations" syncs "$tmp/ep2.wl.1"
 check pass "EP 2 + ZeRO-3 np 4, 2 chunks: the step's synchronisations" syncs "$tmp/ep2c.wl.1"
@@ -66,7 +79,7 @@ check fail "a device synchronisation planted in step 2's work log" syncs "$tmp/p
 
 [ -n "$(losses ep2)" ] && [ "$(losses ep2)" = "$(losses ep2c)" ] && pass "EP 2 + ZeRO-3 np 4: losses bit-identical with the exchange in 2 chunks ($(losses ep2))" \
     || fail "EP 2 + ZeRO-3 np 4: losses differ with 2 chunks: '$(losses ep2)' vs '$(losses ep2c)'"
-a=$(losses zero2); b=$(losses serial); c=$(losses reorder)
-[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] \
-    && pass "losses bit-identical: overlapped, serialised and reordered schedules ($a)" \
-    || fail "losses differ between schedules: overlapped '$a', serialised '$b', reordered '$c'"
+a=$(losses zero2); b=$(losses serial); c=$(losses reorder); p0=$(losses pf0); p1=$(losses pf1)
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && [ "$a" = "$p0" ] && [ "$a" = "$p1" ] \
+    && pass "losses bit-identical: overlapped, serialised and reordered schedules, --zero-prefetch 0, 1 and 2 ($a)" \
+    || fail "losses differ between schedules: overlapped '$a', serialised '$b', reordered '$c', --zero-prefetch 0 '$p0', 1 '$p1'"

@@ -213,7 +213,9 @@ def kernel_rw(item, ctx=None):
             (rd, wr), mma = _flash(item, a, kind)
             return rd, wr, mma
         if base == "adamw_fused_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass (over the
-            n = ctx.get("shard_n")          # whole shard) gives their sum, padding included. Per element g, m, v, master
+            n = a[18] if len(a) > 18 and a[18] else ctx.get("shard_n")   # whole shard) gives their sum, padding included,
+            # unless the launch says (its last argument: the device store's optimizer in two launches, the first
+            # units of the next step gathered after the first, parallel/zero_gpu_comm.cuh). Per element g, m, v, master
             # read (16 B); m, v, master (12), the BF16 copy (2) and g = 0 (4) written; 20 B of table per segment (the
             # padding's elements: only the zero written, 4 B, counted as 16 + 18 here: a few elements per unit)
             return (16 * n + 20 * g[1], 18 * n, 0) if n else None
