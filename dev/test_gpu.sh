@@ -66,7 +66,7 @@ bench_quick() {   # (BENCH_GPU_MODE=--emulated: the same parsing over the emulat
     local out; out=$(bash dev/bench/bench_gpu.sh "${BENCH_GPU_MODE:---quick}" 2>&1); local rc=$?
     echo "$out"
     local att ex e2e
-    att=$(grep -m1 "forward v3" <<<"$out" | awk -F'|' '{print $3}' | awk '{print $1}')
+    att=$(grep -m1 "forward v4" <<<"$out" | awk -F'|' '{print $3}' | awk '{print $1}')
     ex=$(grep -m1 "expert GEMMs / dense" <<<"$out" | awk -F'|' '{print $3}' | tr -d ' ')
     e2e=$(grep -m1 "end to end, --fp8 off" <<<"$out" | sed -nE 's/^\| ([a-z0-9-]+) end to end.*(MFU [0-9.]+%).*/\1 BF16 \2/p')
     echo "key: attention fwd ${att:-?} TFLOP/s, experts/dense ${ex:-?}, ${e2e:-end to end MFU ?}"

@@ -92,6 +92,14 @@ static inline const char* platform_cublaslt_name() { return "cublasLt"; }
 #define DROPPABLE_SYNCTHREADS(name) __syncthreads()
 #endif
 
+// A loop nvcc must unroll completely (its indices into register arrays then fold to constants; left
+// rolled, the arrays go to the stack). g++ (the emulator) knows no `#pragma unroll`: nothing there.
+#if defined(SIMT_EMULATION)
+#define UNROLL
+#else
+#define UNROLL _Pragma("unroll")
+#endif
+
 // The step-time model's shapes-only emulation (SIMT_SHAPES_ONLY=1, test/simt/simt.h; dev/predict/README.md):
 // the emulator records the step's work without doing it, so the product skips what only values need (its
 // host-side initialisation) and takes a balanced routing (moe_dispatch_gpu), the router having not run.

@@ -342,7 +342,7 @@ TEST_CASE("causal GQA attention forward (output, logsumexp) and backward") {
         std::vector<float> dout = bf16_round(randn(out.size(), 17)), dqkv(qkv.size());
         attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, H, KV, hd);
         floatX *d_dout = dev_bf16(dout), *d_dqkv = dev_poisoned<floatX>(qkv.size());
-        float* d_D = dev_poisoned<float>(lse.size());
+        float* d_D = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
         attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd);
         expect_close("dqkv", get_bf16(d_dqkv, dqkv.size()), dqkv, TOL_BF16);
         for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_lse, (void*)d_dout, (void*)d_dqkv, (void*)d_D}) cudaCheck(cudaFree(p));
@@ -351,7 +351,7 @@ TEST_CASE("causal GQA attention forward (output, logsumexp) and backward") {
 
 // DBRX's attention shapes (head_dim 128): T 512, its 48:8 query/KV grouping (6 queries per KV head,
 // not a power of two) at an odd T, the first and last query rows of T 2048 against the reference, and
-// bit-identical results under two different thread schedules
+// bit-identical results under two different thread schedules (and blocks on 1 and on 3 OS threads)
 TEST_CASE("flash attention at DBRX's shapes: T 512, GQA 48:8, rows of T 2048, determinism") {
     for (auto s : {std::vector<int>{1, 512, 2, 1, 128}, {1, 37, 48, 8, 128}, {1, 2048, 1, 1, 128}}) {
         int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd, C = H * hd;
@@ -362,13 +362,17 @@ TEST_CASE("flash attention at DBRX's shapes: T 512, GQA 48:8, rows of T 2048, de
 #if defined(SIMT_EMULATION)
         const bool was_random = simt::options().random;
         const uint64_t was_seed = simt::options().seed;
+        const int was_threads = simt::options().os_threads;
 #endif
         for (int run = 0; run < 2; run++) {
 #if defined(SIMT_EMULATION)
             simt::set_schedule(true, 1000 + 77 * run);   // (on a GPU: two runs of the hardware's own schedule)
+            // blocks one after another, then on 3 OS threads at once: the backward's key-tile blocks then really
+            // wait for one another on their dQ semaphores (attention_flash_bwd5.cuh)
+            simt::set_os_threads(run == 0 ? 1 : 3);
 #endif
             floatX *d_qkv = dev_bf16(qkv), *d_out = dev_poisoned<floatX>((size_t)B * T * C), *d_dout = dev_bf16(dout);
-            float *d_lse = dev_poisoned<float>((size_t)B * H * T), *d_D = dev_poisoned<float>((size_t)B * H * T);
+            float *d_lse = dev_poisoned<float>((size_t)B * H * T), *d_D = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
             floatX* d_dqkv = dev_poisoned<floatX>(qkv.size());
             attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd);
             attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd);
@@ -403,6 +407,7 @@ TEST_CASE("flash attention at DBRX's shapes: T 512, GQA 48:8, rows of T 2048, de
         }
 #if defined(SIMT_EMULATION)
         simt::set_schedule(was_random, was_seed);
+        simt::set_os_threads(was_threads);
 #endif
     }
 }

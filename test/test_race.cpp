@@ -7,9 +7,10 @@
  *      part of, global memory within a block) are reported naming the kernel, both threads and both
  *      source lines; their synchronised twins, shared-memory atomics and adjacent bf16 stores are not.
  *   3. Negative controls on the model's own kernels, under the default sequential schedule: the trailing
- *      barrier of block_max dropped (the classifier's block_max then races with its block_sum) and the
+ *      barrier of block_max dropped (the classifier's block_max then races with its block_sum), the
  *      end-of-tile barrier of the flash attention forward dropped (the next tile's cp.async overwrites a
- *      buffer another warp still reads with ldmatrix) are both caught; the first passes every value check
+ *      buffer another warp still reads with ldmatrix) and the dS barrier of the flash backward dropped (a warp's
+ *      dQ product reads, by ldmatrix, dS that other warps have not finished storing) are caught; the first passes every value check
  *      under the sequential and random schedules, and fails under the adversarial warp_ahead schedule.
  */
 #include "test_kernels.cpp"
@@ -196,6 +197,29 @@ TEST_CASE("race detector: the classifier's block_max without its trailing barrie
     simt::race_drop_barrier_set("block_max", false);
     simt::set_schedule(false, 0);
     for (void* p : {(void*)d_logits, (void*)d_losses, (void*)d_targets}) cudaCheck(cudaFree(p));
+}
+
+TEST_CASE("race detector: flash attention backward without its dS barrier (a warp's dQ reads other warps' dS by ldmatrix)") {
+    const int B = 1, T = 96, H = 2, KV = 1, hd = 64, qd = (H + 2 * KV) * hd;
+    std::vector<float> qkv = bf16_round(randn((size_t)B * T * qd, 10, 1.5)), dout = bf16_round(randn((size_t)B * T * H * hd, 11));
+    floatX *d_qkv = dev_bf16(qkv), *d_out = dev_poisoned<floatX>((size_t)B * T * H * hd), *d_dout = dev_bf16(dout);
+    floatX* d_dqkv = dev_poisoned<floatX>(qkv.size());
+    float *d_lse = dev_poisoned<float>((size_t)B * H * T), *d_D = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
+    REQUIRE(flash_attention_supported(hd));
+    attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd);
+    auto run = [&] { attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd); };
+    OneOsThread one;
+    simt::set_schedule(false, 0);
+    CHECK(error_of(run) == "");
+    simt::race_drop_barrier_set("flash_bwd5_ds", true);
+    std::string msg = error_of(run);
+    simt::race_drop_barrier_set("flash_bwd5_ds", false);
+    MESSAGE(msg);
+    CHECK(contains(msg, "race in kernel flash_attention_backward5_kernel"));
+    CHECK(contains(msg, "(ldmatrix"));
+    CHECK(contains(msg, "in flash_attention_backward5_kernel<64>"));
+    CHECK(contains(msg, "shared memory (dynamic)"));
+    for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_dout, (void*)d_dqkv, (void*)d_lse, (void*)d_D}) cudaCheck(cudaFree(p));
 }
 
 TEST_CASE("race detector: flash attention forward without its end-of-tile barrier (cp.async over a buffer ldmatrix reads)") {

@@ -18,11 +18,40 @@ import re
 
 SLACK = 256          # bytes: scalars, counters and segment tables left out of a formula
 # the share of the dense BF16 peak that the project's mma.sync flash kernels reach on Hopper, measured by make
-# bench-gpu on an H200 (2026-11-26, dev/bench/results_gpu.md: B 8, T 4096, H 48, hd 128): forward 19.5%, backward
-# 15.8%; weighted by their FLOPs (backward 2.5 x forward) 1 / ((1 / 0.195 + 2.5 / 0.158) / 3.5) = 0.167.
+# bench-gpu on an H200 (2026-11-26, dev/bench/results_gpu.md: B 8, T 4096, H 48, hd 128) on the 64-row kernels
+# before issue 25 (forward 4 warps x 16 rows, backward dq + dk/dv): forward 19.5%, backward 15.8%; weighted by
+# their FLOPs (backward 2.5 x forward) 1 / ((1 / 0.195 + 2.5 / 0.158) / 3.5) = 0.167.
 # (FlashAttention-2 reaches about 35% of an H100: Shah et al., FlashAttention-3, 2024; what issue 25 aims at)
 MMA_SYNC_FRACTION = 0.167
-FLASH_BR = FLASH_BC = 64   # model/attention_flash.cuh: query rows / keys per tile (forward, dq)
+# How a new tiling moves that rate (PREDICTED, not measured): a flash kernel's time per mma FLOP is taken as a
+# fixed part (softmax, exp, address arithmetic, latency: whatever the tiling does not change) plus its ldmatrix
+# traffic at the shared-memory bandwidth, SMEM_BW = 128 B/clock/SM x 132 SMs x 1.755 GHz = 29.6 TB/s (H100 / H200
+# SXM). Per FLOP: 1 / (peak x rate) = FIXED / peak + 1 / (SMEM_BW x r), r = the kernel's mma FLOPs per byte that
+# its warps read from shared memory by ldmatrix (FLASH_FLOP_PER_SMEM_BYTE, from each kernel's loops: see there).
+# FIXED is calibrated so that the kernels measured (fwd64, dq, dkv at dbrx-1b's FLOP shares 1 : 1.5 : 2) average
+# MMA_SYNC_FRACTION; so each old kernel keeps about the measured rate and a new one moves by its r alone.
+SMEM_BW_PER_PEAK = 29.6e12 / 989.4e12   # shared-memory bytes per dense-peak FLOP (H100 SXM; the H200's SMs are the same)
+FLASH_FLOP_PER_SMEM_BYTE = {
+    "fwd64": 16.0,       # 64-row forward (dev/cuda v3): per warp and 64-key tile K, V 256 hd B; S, PV 4096 hd FLOPs
+    "fwd": 25.6,         # 128-row forward (model): the same K, V fragments serve two 16-row slices; Q re-read, 64 hd B
+    "dq": 6144 / 448,    # dq: Q, dO 64 hd; K, V 256 hd; K again (dS K) 128 hd B per warp and tile; S, dP, dQ 6144 hd
+    "dkv": 4096 / 320,   # dk/dv: K, V 64 hd; Q, dO twice (n- and k-major) 256 hd B per warp, 32-query tile; 4096 hd
+    # 5-product backward (model), per warp and 32-query tile at hd 128: the dk/dv kernel's 320 hd B, then dQ: dS (A,
+    # 2 KB) and half of K (64 hd B), and dS^T stored (1 KB); S^T, dP^T, dV, dK 4096 hd FLOPs + a quarter of dQ's 4096 hd
+    "bwd5": 5120 * 128 / (384 * 128 + 2048 + 1024),
+}
+_OLD_SHARES = (("fwd64", 1.0), ("dq", 1.5), ("dkv", 2.0))
+FLASH_FIXED = (sum(w for _, w in _OLD_SHARES) / MMA_SYNC_FRACTION
+               - sum(w / (SMEM_BW_PER_PEAK * FLASH_FLOP_PER_SMEM_BYTE[k]) for k, w in _OLD_SHARES)) / sum(w for _, w in _OLD_SHARES)
+
+
+def flash_mma_fraction(kind):
+    """the predicted share of the BF16 peak of a flash kernel's mma FLOPs (kind: fwd, fwd64, dq, dkv, bwd5)"""
+    return 1.0 / (FLASH_FIXED + 1.0 / (SMEM_BW_PER_PEAK * FLASH_FLOP_PER_SMEM_BYTE[kind]))
+
+
+FLASH_FWD_BR = 128         # model/attention_flash.cuh: query rows of a forward block (4 warps x two 16-row slices)
+FLASH_BR = FLASH_BC = 64   # query rows of a dq block / keys per tile (forward, dq)
 FLASH_BQ = 32              # queries per tile of the dk/dv kernel
 GRAD_NORM_BLOCKS = 256     # model/adamw.cuh
 
@@ -50,8 +79,10 @@ def _rope(a, g, x, backward):   # (qkv|dqkv, qkv_pre, cos, sin, B, T, H, KV, hd,
 
 
 def _flash_hd(smem, kind):   # head_dim from the launch's dynamic shared memory (the launchers' flash_*_smem<HD>)
+    if kind == "bwd5":
+        return (smem - 4 * FLASH_BQ * 4 - FLASH_BQ * (FLASH_BC + 8) * 2) // ((2 * FLASH_BC + 4 * FLASH_BQ) * 2) - 8
     if kind == "fwd":
-        return smem // ((FLASH_BR + 4 * FLASH_BC) * 2) - 8
+        return smem // ((FLASH_FWD_BR + 4 * FLASH_BC) * 2) - 8
     if kind == "dq":
         return smem // ((2 * FLASH_BR + 4 * FLASH_BC) * 2) - 8
     return (smem - 4 * FLASH_BQ * 4) // ((2 * FLASH_BC + 4 * FLASH_BQ) * 2) - 8
@@ -65,13 +96,24 @@ def _flash(item, a, kind):   # flash_attention_*_kernel<HD>: causal; grid (tiles
     o = 2 * B * T * H * hd                   # out / dout (BF16)
     rows = 4 * B * H * T                     # lse / D (FP32)
     nq = _cdiv(T, FLASH_BR)
-    if kind == "fwd":    # S = Q K^T, O += P V per (query tile, key tile) pair at or below the diagonal
-        return (qkv, o + rows), 2 * 2 * FLASH_BR * FLASH_BC * hd * B * H * nq * (nq + 1) // 2
+    if kind == "fwd":    # S = Q K^T, O += P V per (16-row slice, key tile) pair: the block's key tiles up to its last
+        pairs = 0         # row, of which a slice takes those that start at or before its own last row
+        for qt in range(_cdiv(T, FLASH_FWD_BR)):
+            ntiles = (min((qt + 1) * FLASH_FWD_BR, T) - 1) // FLASH_BC + 1
+            pairs += sum(min(ntiles, (qt * FLASH_FWD_BR + 16 * i + 15) // FLASH_BC + 1) for i in range(FLASH_FWD_BR // 16))
+        return (qkv, o + rows), 2 * 2 * 16 * FLASH_BC * hd * B * H * pairs
     if kind == "dq":     # reads q, k, v, dout, out (D = rowsum(dout out)), lse; writes dq and D; S, dP, dQ per pair
         return (qkv + 2 * o + rows, 2 * B * T * H * hd + rows), 3 * 2 * FLASH_BR * FLASH_BC * hd * B * H * nq * (nq + 1) // 2
     # dkv: reads q, k, v, dout, lse, D; writes dk, dv; S^T, dP^T, dV, dK per (key tile, 32-query tile from its diagonal)
     tiles = sum(_cdiv(T - j * FLASH_BC, FLASH_BQ) for j in range(_cdiv(T, FLASH_BC)))
-    return (qkv + o + 2 * rows, 2 * B * T * 2 * KV * hd), 4 * 2 * FLASH_BC * FLASH_BQ * hd * B * H * tiles
+    if kind == "dkv":
+        return (qkv + o + 2 * rows, 2 * B * T * 2 * KV * hd), 4 * 2 * FLASH_BC * FLASH_BQ * hd * B * H * tiles
+    # bwd5 (args dqkv, dq_acc, dq_sem, dout, lse, D, qkv, T, H, KV): the dk/dv kernel's reads and writes, and dq written
+    # (BF16); the FP32 sums of the query tiles with more than one key tile (rows 64 ..) and their semaphores written
+    # (each read only after an earlier block of the launch wrote it: not a read); a 5th product, dQ = dS K
+    acc_rows, nsem = max(0, T - 2 * FLASH_BQ), max(0, _cdiv(T, FLASH_BQ) - 2)
+    wr = 2 * B * T * (H + 2 * KV) * hd + 4 * B * H * acc_rows * hd + 4 * B * H * nsem
+    return (qkv + o + 2 * rows, wr), 5 * 2 * FLASH_BC * FLASH_BQ * hd * B * H * tiles
 
 
 def _warp_attn(a, kind):   # attention_*_kernel (warp per row, head_dims the flash kernels lack): same traffic
@@ -208,8 +250,11 @@ def kernel_rw(item, ctx=None):
     g = item.get("grid") or [1, 1, 1]
     ctx = ctx or {}
     try:
+        if base == "flash_attention_backward_D_kernel":   # (D, dq_sem, dout, out, B, T, H, hd, nsem): dout, out -> D
+            B, T, H, hd, nsem = a[4:9]                      # (B, H, T) FP32; the semaphores zeroed
+            return 2 * 2 * B * T * H * hd, 4 * B * H * T + 4 * nsem, 0
         if base.startswith("flash_attention_"):
-            kind = "fwd" if "forward" in base else "dq" if "_dq_" in base else "dkv"
+            kind = _flash_kind(base)
             (rd, wr), mma = _flash(item, a, kind)
             return rd, wr, mma
         if base == "adamw_fused_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass (over the
@@ -248,6 +293,20 @@ def kernel_rw(item, ctx=None):
         return rd, wr, 0
     except (IndexError, TypeError, KeyError, ZeroDivisionError):
         return None
+
+
+def _flash_kind(base):
+    if "forward" in base:
+        return "fwd"
+    return "dq" if "_dq_" in base else "dkv" if "_dkv_" in base else "bwd5"
+
+
+def kernel_mma_fraction(item):
+    """the share of the BF16 peak at which a kernel line's mma.sync FLOPs run (predicted: flash_mma_fraction)"""
+    base = re.sub(r"<.*", "", item["name"]).strip()
+    if base.startswith("flash_attention_"):
+        return flash_mma_fraction(_flash_kind(base)) if base != "flash_attention_backward_D_kernel" else MMA_SYNC_FRACTION
+    return MMA_SYNC_FRACTION
 
 
 def kernel_bytes(item, ctx=None):

@@ -37,7 +37,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_cost import kernel_bytes, kernel_context, kernel_flops, MMA_SYNC_FRACTION  # noqa: E402  (the per-kernel byte and mma FLOP formulas)
+from kernel_cost import kernel_bytes, kernel_context, kernel_flops, kernel_mma_fraction  # noqa: E402  (the per-kernel byte and mma FLOP formulas)
 
 # ---------------------------------------------------------------------------------------------------------
 # the rate table. Sources: [gpu_peak] model/gpu_peak.h (NVIDIA's dense BF16 numbers, half the sparse datasheet
@@ -118,7 +118,7 @@ def cost(item, dev, gpus_per_node, ctx=None):
         if nbytes is None:
             return KERNEL_MIN_US * 1e-6, "no formula", 0.0, None
         tm = nbytes / (r["hbm"] * KERNEL_HBM_FRACTION.get(item["name"].split("<")[0], HBM_FRACTION))
-        tc = flops / (r["bf16"] * MMA_SYNC_FRACTION)   # its mma.sync FLOPs (flash attention), kernel_cost.py
+        tc = flops / (r["bf16"] * kernel_mma_fraction(item)) if flops else 0.0   # its mma.sync FLOPs (flash attention), kernel_cost.py
         d = max(tm, tc, KERNEL_MIN_US * 1e-6)
         return d, ("FLOPs" if d == tc else "bytes" if d == tm else "latency"), flops, nbytes
     if t == "coll":

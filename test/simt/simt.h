@@ -141,8 +141,16 @@ template <typename T> inline void __stcs(T* p, T v) { *p = v; }
 template <typename T> inline void __stcg(T* p, T v) { *p = v; }
 template <typename T> inline void __stwb(T* p, T v) { *p = v; }
 template <typename T> inline void __stwt(T* p, T v) { *p = v; }
+#if defined(SIMT_RACE_DETECT)
+// g++ refuses a bare fence under -fsanitize=thread (-Werror=tsan): a sequentially consistent read-modify-write,
+// which on x86-64 is as full a barrier (its variable is atomic: the race detector does not record it)
+inline int simt_fence_word;
+inline void __threadfence() { __atomic_fetch_add(&simt_fence_word, 0, __ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_fetch_add(&simt_fence_word, 0, __ATOMIC_SEQ_CST); }
+#else
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+#endif
 inline long long clock64() { return (long long)__builtin_ia32_rdtsc(); }
 
 // atomics: real atomics, because blocks may run on several OS threads

@@ -1,0 +1,234 @@
+/*
+ * attention_flash_bwd5.cuh — the flash attention backward in FlashAttention-2's 5 tile products per
+ * (query tile, key tile) pair, with dQ accumulated in a fixed order (deterministic, no float atomics).
+ * Same contract as flash_attention_backward_gpu (attention_flash.cuh): dqkv (B, T, (H + 2 KV) hd) from
+ * dout, out, lse and qkv; D (B, H, T) = rowsum(dout * out) into Dbuf. It needs more scratch than the old
+ * pair of kernels: dq_acc, FP32 (B, H, T, hd), and dq_sem, one int per (b, h, 32-query tile). The model's
+ * entry point (flash_attention_backward_gpu, same signature as before) takes them from Dbuf, which must
+ * hold flash_attention_backward_scratch_floats(B, T, H, hd) floats (the model sizes att_D so).
+ *   D kernel    a warp per (b, t, h) row: D = rowsum(dout * out), the dq kernel's arithmetic (same bits);
+ *               it also zeroes dq_sem (so nothing has to be zero before the call).
+ *   main kernel grid (T/64 key tiles, KV, B), 4 warps, each owning 16 keys (dK, dV in registers), over
+ *               32-query tiles from the diagonal on, of every query head of the kv group, as the dk/dv
+ *               kernel does: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q; then the 5th
+ *               product, dQ (32 x hd) = dS K over the tile's 64 keys: dS^T goes to shared memory, and
+ *               the 4 warps split dQ (two 16-query slices x two halves of hd).
+ * dQ of a query tile is the sum over the key tiles j = 0 .. (its last query) / 64 of their products. Key
+ * tile j adds its product to dq_acc only when dq_sem of that query tile says j (key tile 0 writes
+ * instead of adding, the last one writes the BF16 result, scaled, into dqkv, and sets the semaphore back
+ * to 0, which the next D kernel does anyway; the others set it to j + 1): every element is summed in the order of j on any schedule, so the
+ * result is the same bits on every run. The block of key tile j waits only for key tile j - 1 of the
+ * same (kv head, batch), the block before it in launch order (linear block index one less): blocks are
+ * started in that order, so the awaited one is running or done, and key tile 0 waits for no one.
+ */
+#pragma once
+#include "attention_flash.cuh"
+
+#define FLASH_DQ_WARP_COLS(HD) ((HD) / 2)   // dQ columns of a warp in the 5th product (two warps per 16-query slice)
+
+// D (B, H, T) = rowsum(dout * out), a warp per row (b, t, h); and the main kernel's nsem semaphores set to 0
+// (head_dim hd a run-time argument: the work log records it, and the sum is the dq kernel's, lane-strided)
+__global__ void flash_attention_backward_D_kernel(float* Dbuf, int* dq_sem, const floatX* dout, const floatX* out, int B, int T, int H,
+                                                  int hd, int nsem) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, row = i / 32;
+    int lane = threadIdx.x % 32;
+    if (i < nsem) dq_sem[i] = 0;
+    if (row >= (long long)B * T * H) return;   // (warp-uniform)
+    int h = row % H, t = (row / H) % T, b = row / ((long long)H * T);
+    const floatX* dO = dout + (size_t)row * hd;   // row-major (B, T, H hd): row (b, t, h) at row hd
+    const floatX* O = out + (size_t)row * hd;
+    float d = 0.0f;
+    for (int k = lane; k < hd; k += 32) d += __bfloat162float(dO[k]) * __bfloat162float(O[k]);
+    d = warp_sum(d);
+    if (lane == 0) Dbuf[((size_t)b * H + h) * T + t] = d;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FLASH_THREADS)
+flash_attention_backward5_kernel(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX* dout, const float* lse, const float* Dbuf,
+                                 const floatX* qkv, int T, int H, int KV) {
+    constexpr int LD = HD + 8, KT = HD / 16, NT = FLASH_BQ / 8, OT = HD / 8, LDS = FLASH_BC + 8;
+    constexpr int QC = FLASH_DQ_WARP_COLS(HD), QN = QC / 8;   // the warp's dQ columns, in 8-column tiles
+    floatX* Ks = (floatX*)dynamic_smem;            // (BC, LD)
+    floatX* Vs = Ks + FLASH_BC * LD;               // (BC, LD)
+    floatX* Qs = Vs + FLASH_BC * LD;               // (2, BQ, LD): double-buffered
+    floatX* dOs = Qs + 2 * FLASH_BQ * LD;          // (2, BQ, LD)
+    float* ls = (float*)(dOs + 2 * FLASH_BQ * LD); // (2, BQ)
+    float* Ds = ls + 2 * FLASH_BQ;                 // (2, BQ)
+    floatX* dSs = (floatX*)(Ds + 2 * FLASH_BQ);    // (BQ, LDS): dS of the tile, query-major (the A operand of dS K)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    int kt = blockIdx.x, k0 = kt * FLASH_BC;       // the first key tiles have the most queries: they go first
+    int kvh = blockIdx.y, b = blockIdx.z, group = H / KV, nqt = (T - 1) / FLASH_BQ + 1;
+    size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
+    const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
+    const floatX* Vg = Kg + (size_t)KV * HD;
+    const float scale = rsqrtf((float)HD), sl2 = scale * FLASH_LOG2E;
+    const int row0 = warp * 16, ka = k0 + row0 + g, kb = ka + 8;   // this lane's two keys
+    const int qsl = warp % 2, qcol = warp / 2 * QC;                  // the warp's part of dQ: 16-query slice, columns
+    // iterations: (query head of the group, query tile from the one holding key k0 to the last)
+    const int qt0 = k0 / FLASH_BQ, nq = nqt - qt0, n_it = group * nq;
+
+    flash_load_tile<HD>(Ks, Kg, qkv_dim, k0, FLASH_BC, T);
+    flash_load_tile<HD>(Vs, Vg, qkv_dim, k0, FLASH_BC, T);
+    flash_load_queries<HD>(Qs, dOs, ls, Ds, qkv, dout, lse, Dbuf, b, kvh * group, qt0 * FLASH_BQ, T, H, KV);
+    cp_async_commit();
+
+    float dk[OT][4] = {}, dv[OT][4] = {};
+    for (int it = 0; it < n_it; it++) {
+        if (it + 1 < n_it) {
+            int nb = (it + 1) % 2;
+            flash_load_queries<HD>(Qs + nb * FLASH_BQ * LD, dOs + nb * FLASH_BQ * LD, ls + nb * FLASH_BQ, Ds + nb * FLASH_BQ, qkv,
+                                   dout, lse, Dbuf, b, kvh * group + (it + 1) / nq, (qt0 + (it + 1) % nq) * FLASH_BQ, T, H, KV);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const floatX* Qt = Qs + it % 2 * FLASH_BQ * LD;
+        const floatX* dOt = dOs + it % 2 * FLASH_BQ * LD;
+        const float* lt = ls + it % 2 * FLASH_BQ;
+        const float* Dt = Ds + it % 2 * FLASH_BQ;
+        const int h = kvh * group + it / nq, qt = qt0 + it % nq, q0 = qt * FLASH_BQ;
+
+        // S^T = K Q^T and dP^T = V dO^T: (16 keys, BQ queries) per warp
+        float s[NT][4] = {}, dp[NT][4] = {};
+        UNROLL
+        for (int kk = 0; kk < KT; kk++) {
+            uint32_t kf[4], vf[4];
+            frag_a(kf, Ks, LD, row0, kk * 16);
+            frag_a(vf, Vs, LD, row0, kk * 16);
+            UNROLL
+            for (int n = 0; n < NT; n += 2) {
+                uint32_t qf[4], of[4];
+                frag_b_nmajor(qf, Qt, LD, n * 8, kk * 16);
+                frag_b_nmajor(of, dOt, LD, n * 8, kk * 16);
+                mma_m16n8k16_bf16_f32(s[n], kf, qf, s[n]);
+                mma_m16n8k16_bf16_f32(s[n + 1], kf, qf + 2, s[n + 1]);
+                mma_m16n8k16_bf16_f32(dp[n], vf, of, dp[n]);
+                mma_m16n8k16_bf16_f32(dp[n + 1], vf, of + 2, dp[n + 1]);
+            }
+        }
+        // P^T = exp(S^T scale - lse[query]), 0 where the query is before the key; dS^T = P^T (dP^T - D[query]),
+        // also into shared memory transposed (dS, query-major), as BF16: the value the dK product uses
+        const bool diag = q0 < k0 + row0 + 15;
+        UNROLL
+        for (int n = 0; n < NT; n++)
+            UNROLL
+            for (int e = 0; e < 4; e++) {
+                int qi = n * 8 + 2 * t4 + e % 2;
+                bool masked = diag && q0 + qi < (e < 2 ? ka : kb);
+                float p = masked ? 0.0f : exp2f(s[n][e] * sl2 - lt[qi]);
+                s[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - Dt[qi]);
+                dSs[qi * LDS + row0 + g + (e < 2 ? 0 : 8)] = __float2bfloat16(dp[n][e]);
+            }
+        // dV += P^T dO and dK += dS^T Q, over the tile's queries
+        UNROLL
+        for (int kk = 0; kk < FLASH_BQ / 16; kk++) {
+            uint32_t pf[4], df[4];
+            frag_a_from_acc(pf, s[2 * kk], s[2 * kk + 1]);
+            frag_a_from_acc(df, dp[2 * kk], dp[2 * kk + 1]);
+            UNROLL
+            for (int n = 0; n < OT; n += 2) {
+                uint32_t of[4], qf[4];
+                frag_b_kmajor(of, dOt, LD, kk * 16, n * 8);
+                frag_b_kmajor(qf, Qt, LD, kk * 16, n * 8);
+                mma_m16n8k16_bf16_f32(dv[n], pf, of, dv[n]);
+                mma_m16n8k16_bf16_f32(dv[n + 1], pf, of + 2, dv[n + 1]);
+                mma_m16n8k16_bf16_f32(dk[n], df, qf, dk[n]);
+                mma_m16n8k16_bf16_f32(dk[n + 1], df, qf + 2, dk[n + 1]);
+            }
+        }
+        DROPPABLE_SYNCTHREADS("flash_bwd5_ds");   // dS complete: every warp's keys, before any warp's dQ reads them
+        // dQ part (16 queries of slice qsl, columns qcol..) = dS (16, BC) K (BC, QC)
+        float dq[QN][4] = {};
+        UNROLL
+        for (int kk = 0; kk < FLASH_BC / 16; kk++) {
+            uint32_t af[4];
+            frag_a(af, dSs, LDS, qsl * 16, kk * 16);
+            UNROLL
+            for (int n = 0; n < QN; n += 2) {
+                uint32_t kf[4];
+                frag_b_kmajor(kf, Ks, LD, kk * 16, qcol + n * 8);
+                mma_m16n8k16_bf16_f32(dq[n], af, kf, dq[n]);
+                mma_m16n8k16_bf16_f32(dq[n + 1], af, kf + 2, dq[n + 1]);
+            }
+        }
+        // this key tile's turn on the query tile: key tiles 0 .. qt / 2 contribute, in order
+        const bool first = kt == 0, last = kt == qt / 2;
+        int* sem = dq_sem + ((size_t)b * H + h) * nqt + qt;
+        if (threadIdx.x == 0 && !first)
+            while (*(volatile int*)sem != kt) {}
+        __threadfence();
+        __syncthreads();
+        float* acc = dq_acc + (((size_t)b * H + h) * T) * HD;
+        floatX* dQg = dqkv + (size_t)b * T * qkv_dim + (size_t)h * HD;
+        UNROLL
+        for (int n = 0; n < QN; n++)
+            UNROLL
+            for (int r = 0; r < 2; r++) {
+                int q = q0 + qsl * 16 + g + 8 * r, c = qcol + n * 8 + 2 * t4;
+                if (q >= T) continue;
+                float2 v = make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
+                if (!first) {   // L2 (.cg): the previous key tile's block wrote it, maybe on another SM
+                    float2 prev = __ldcg((const float2*)(acc + (size_t)q * HD + c));
+                    v = make_float2(prev.x + v.x, prev.y + v.y);
+                }
+                if (last) *(uint32_t*)(dQg + (size_t)q * qkv_dim + c) = pack_bf16x2(v.x * scale, v.y * scale);
+                else __stcg((float2*)(acc + (size_t)q * HD + c), v);
+            }
+        __threadfence();   // the sums reach L2 before the next key tile is let in
+        __syncthreads();
+        if (threadIdx.x == 0 && !(first && last)) *(volatile int*)sem = last ? 0 : kt + 1;
+    }
+    // dK scale, dV, through the warp's own K and V rows to 16-byte stores
+    flash_acc_to_smem<OT>(Ks, LD, row0, dk, scale, scale);
+    flash_acc_to_smem<OT>(Vs, LD, row0, dv, 1.0f, 1.0f);
+    __syncwarp();
+    floatX* dK = dqkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
+    flash_store_rows<HD>(dK, qkv_dim, k0 + row0, T, Ks + row0 * LD);
+    flash_store_rows<HD>(dK + (size_t)KV * HD, qkv_dim, k0 + row0, T, Vs + row0 * LD);
+}
+
+template <int HD> static inline size_t flash_bwd5_smem() {
+    return (size_t)(2 * FLASH_BC + 4 * FLASH_BQ) * (HD + 8) * sizeof(floatX) + 4 * FLASH_BQ * sizeof(float) +
+           (size_t)FLASH_BQ * (FLASH_BC + 8) * sizeof(floatX);
+}
+// the workspace of flash_attention_backward5_gpu: dq_acc floats, dq_sem ints
+static inline size_t flash_bwd5_acc_floats(int B, int T, int H, int hd) { return (size_t)B * H * T * hd; }
+static inline size_t flash_bwd5_sem_ints(int B, int T, int H) { return (size_t)B * H * ceil_div(T, FLASH_BQ); }
+
+template <int HD>
+static inline void flash_attention_backward5_hd(floatX* dqkv, float* Dbuf, float* dq_acc, int* dq_sem, const floatX* dout,
+                                                const floatX* out, const float* lse, const floatX* qkv, int B, int T, int H, int KV,
+                                                cudaStream_t stream) {
+    size_t smem = flash_bwd5_smem<HD>();
+    cudaCheck(cudaFuncSetAttribute(flash_attention_backward5_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int nsem = (int)flash_bwd5_sem_ints(B, T, H);
+    LAUNCH(flash_attention_backward_D_kernel, ceil_div(std::max((long long)B * T * H * 32, (long long)nsem), 128), 128, 0, stream,
+           Dbuf, dq_sem, dout, out, B, T, H, HD, nsem);
+    LAUNCH(flash_attention_backward5_kernel<HD>, dim3(ceil_div(T, FLASH_BC), KV, B), FLASH_THREADS, smem, stream, dqkv, dq_acc,
+           dq_sem, dout, lse, Dbuf, qkv, T, H, KV);
+}
+// dqkv (B, T, (H + 2 KV) hd) overwritten; Dbuf (B, H, T) fp32 scratch; dq_acc (B, H, T, hd) fp32 scratch (16-byte
+// aligned); dq_sem (B H ceil(T / 32)) ints scratch
+static inline void flash_attention_backward5_gpu(floatX* dqkv, float* Dbuf, float* dq_acc, int* dq_sem, const floatX* dout,
+                                                 const floatX* out, const float* lse, const floatX* qkv, int B, int T, int H, int KV,
+                                                 int hd, cudaStream_t stream = 0) {
+    if (hd == 32) flash_attention_backward5_hd<32>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV, stream);
+    else if (hd == 64) flash_attention_backward5_hd<64>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV, stream);
+    else if (hd == 128) flash_attention_backward5_hd<128>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV, stream);
+    else fail(EXIT_BAD_INPUT, "flash attention: head_dim %d is not 32, 64 or 128", hd);
+}
+
+// The model's flash backward (attention.cuh's attention_backward_gpu), the signature of the pair of kernels
+// before it: D, dq_acc and dq_sem carved out of Dbuf, which holds flash_attention_backward_scratch_floats floats
+static inline size_t flash_bwd5_acc_offset(int B, int T, int H) { return ((size_t)B * H * T + 3) / 4 * 4; }   // 16-byte aligned
+static inline size_t flash_attention_backward_scratch_floats(int B, int T, int H, int hd) {
+    return flash_bwd5_acc_offset(B, T, H) + flash_bwd5_acc_floats(B, T, H, hd) + flash_bwd5_sem_ints(B, T, H);
+}
+static inline void flash_attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
+                                                const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
+    float* dq_acc = Dbuf + flash_bwd5_acc_offset(B, T, H);
+    int* dq_sem = (int*)(dq_acc + flash_bwd5_acc_floats(B, T, H, hd));
+    flash_attention_backward5_gpu(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV, hd, stream);
+}
