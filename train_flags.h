@@ -335,6 +335,25 @@ static void profile_steps_parse(TrainArgs* a) {
     r->profile_last = last;
 }
 
+// the parallelism flags' values (parallel/README.md): one line naming the flag, exit 2
+static void parallel_args_check(const TrainArgs* a) {
+    if (a->parallel.shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->parallel.shard_group_size);
+    if (!(a->parallel.zero_chunk_mib >= 0) || a->parallel.zero_chunk_mib > 1048576)
+        fail(EXIT_BAD_INPUT, "--zero-chunk-mib %g must be in [0, 1048576] (MiB of BF16 weights per experts chunk; 0: whole units)",
+             a->parallel.zero_chunk_mib);
+    if (a->parallel.zero_prefetch < 0 || a->parallel.zero_prefetch > 2)
+        fail(EXIT_BAD_INPUT, "--zero-prefetch %d must be in [0, 2] (units gathered during the optimizer, one per working slot; 0: none)",
+             a->parallel.zero_prefetch);
+    if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
+    if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
+        fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);
+    if (a->parallel.ep_chunks < 1 || a->parallel.ep_chunks > 64)
+        fail(EXIT_BAD_INPUT, "--ep-overlap-chunks %d must be in [1, 64] (1: the exchange in one piece)", a->parallel.ep_chunks);
+    if (a->parallel.grad_reduce_dtype != "fp32" && a->parallel.grad_reduce_dtype != "bf16")
+        fail(EXIT_BAD_INPUT, "--grad-reduce-dtype '%s' must be fp32 or bf16", a->parallel.grad_reduce_dtype.c_str());
+    if (!(a->parallel.comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->parallel.comm_timeout);
+}
+
 // Two passes: the preset first (so it can be named anywhere), then every flag over it.
 // base: the model to start from instead of --model's preset (--generate: the checkpoint's), NULL: the preset
 static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const DbrxConfig* base = NULL) {
@@ -412,18 +431,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->run.log_every_experts < 0) fail(EXIT_BAD_INPUT, "--log-every-experts %d must be >= 0", a->run.log_every_experts);
     if (a->run.log_every_experts > 0 && a->run.log.empty()) fail(EXIT_BAD_INPUT, "--log-every-experts needs --log (the counts go to the JSONL log)");
     if (a->fp8.gather && a->fp8.recipe == "off") fail(EXIT_BAD_INPUT, "--fp8-gather needs --fp8 delayed|current|block");
-    if (a->parallel.shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->parallel.shard_group_size);
-    if (!(a->parallel.zero_chunk_mib >= 0) || a->parallel.zero_chunk_mib > 1048576)
-        fail(EXIT_BAD_INPUT, "--zero-chunk-mib %g must be in [0, 1048576] (MiB of BF16 weights per experts chunk; 0: whole units)",
-             a->parallel.zero_chunk_mib);
-    if (a->parallel.zero_prefetch < 0 || a->parallel.zero_prefetch > 2)
-        fail(EXIT_BAD_INPUT, "--zero-prefetch %d must be in [0, 2] (units gathered during the optimizer, one per working slot; 0: none)",
-             a->parallel.zero_prefetch);
-    if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
-    if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
-        fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);
-    if (a->parallel.ep_chunks < 1 || a->parallel.ep_chunks > 64)
-        fail(EXIT_BAD_INPUT, "--ep-overlap-chunks %d must be in [1, 64] (1: the exchange in one piece)", a->parallel.ep_chunks);
+    parallel_args_check(a);
     if (a->ckpt.every < 0 || a->ckpt.keep < 1 || a->ckpt.keep_every < 0)
         fail(EXIT_BAD_INPUT, "--ckpt-every %d and --ckpt-keep-every %d must be >= 0, --ckpt-keep %d >= 1", a->ckpt.every,
              a->ckpt.keep_every, a->ckpt.keep);
@@ -439,14 +447,11 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--spike-gnorm-factor %g must be 0 (off) or > 1", a->guard.gnorm_factor);
     if (a->guard.window < 1 || a->guard.max_skips < 1)
         fail(EXIT_BAD_INPUT, "--spike-window %d and --max-skips %d must be >= 1", a->guard.window, a->guard.max_skips);
-    if (a->parallel.grad_reduce_dtype != "fp32" && a->parallel.grad_reduce_dtype != "bf16")
-        fail(EXIT_BAD_INPUT, "--grad-reduce-dtype '%s' must be fp32 or bf16", a->parallel.grad_reduce_dtype.c_str());
     if (a->ckpt.export_dtype != "bf16" && a->ckpt.export_dtype != "fp32") fail(EXIT_BAD_INPUT, "--export-dtype '%s' must be bf16 or fp32", a->ckpt.export_dtype.c_str());
     // (at most a petabyte: the byte count is converted to 64 bits)
     if (!(a->ckpt.export_max_file_gb > 0 && a->ckpt.export_max_file_gb <= 1e6))
         fail(EXIT_BAD_INPUT, "--export-max-file-gb %g must be in (0, 1e6]", a->ckpt.export_max_file_gb);
     if (!a->eval.dump_logits.empty() && a->data.val.empty()) fail(EXIT_BAD_INPUT, "--dump-logits needs --val-data");
-    if (!(a->parallel.comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->parallel.comm_timeout);
     if (a->run.device != "auto" && a->run.device != "cpu" && a->run.device != "cuda")
         fail(EXIT_BAD_INPUT, "--device '%s' must be auto, cpu or cuda", a->run.device.c_str());
     if (!(a->health.min_tflops >= 0)) fail(EXIT_BAD_INPUT, "--health-min-tflops %g must be >= 0 (0: the device's default)", a->health.min_tflops);

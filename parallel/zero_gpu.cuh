@@ -161,8 +161,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         printf("note: --zero-chunk-mib has no effect with %s: a block's experts are one unit (under EP its %d experts only)\n",
                ep_n > 1 ? "--expert-parallel" : "--fp8", c->n_experts / ep_n);
     zero_gpu_comm_init(zg, comm->rank);   // the reduce-scatters' communicators (S > 1)
-    zg->plant_deferred = -1;
-    zg->step_prefetch = 0;   // (zero_gpu_set_step_prefetch)
+    zg->plant_deferred = -1; zg->step_prefetch = 0;   // (zero_gpu_set_step_prefetch)
     zg->ep_dispatch = NULL;
     if (ep_n > 1) {
         // the experts' gathers and reduce-scatters (the expert shard group) go on the shard group's stream,
