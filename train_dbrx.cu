@@ -34,6 +34,7 @@
 #include "data/mc_eval.h"
 #include "parallel/comm.h"
 #include "parallel/zero.h"
+#include "parallel/context_parallel.h"
 #include "parallel/memory_plan.h"   // the --dry-run GPU plan
 #include "checkpoint/ckpt.h"
 #include "checkpoint/hf.h"
@@ -211,6 +212,10 @@ static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Co
     dataloader_init(train, args.data.train.c_str(), "--data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, &data_opt);
     bool have_val = !args.data.val.empty() && (args.eval.val_every > 0 || !args.eval.dump_logits.empty());
     if (have_val) dataloader_init(val, args.data.val.c_str(), "--val-data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
+    if (args.parallel.context_parallel > 1) {   // (each CP rank: its two chunks of its group's sequences)
+        dataloader_context_parallel(train, args.parallel.context_parallel);
+        if (have_val) dataloader_context_parallel(val, args.parallel.context_parallel);
+    }
     if (comm.rank == 0) printf("%s%s", dataloader_describe(train, "--data").c_str(), have_val ? dataloader_describe(val, "--val-data").c_str() : "");
     return have_val;
 }
@@ -237,8 +242,9 @@ static double recompute_fpt(const DbrxConfig* c, int seq) {
 // rank 0's lines before the first step: the batch, the MFU convention, memory, the communication timeout
 static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero* zl, const BackendInfo& info, int64_t tokens_per_step,
                              double fpt, double fpt_foundry, double fpt_rc) {
-    printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
-           args.run.batch, args.run.seq, args.run.grad_accum, comm.world, (long long)tokens_per_step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor);
+    printf("batch: %d x %d tokens x %d accum x %d ranks%s = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
+           args.run.batch, args.run.seq, args.run.grad_accum, comm.world, args.parallel.context_parallel > 1 ? (" / " +
+           std::to_string(args.parallel.context_parallel) + " (context parallel)").c_str() : "", (long long)tokens_per_step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor);
     printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
            "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, info.peak / 1e12, comm.world > 1 ? "all ranks: " : "",
            info.peak_how.c_str(), fpt_foundry);
@@ -293,7 +299,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         if (have_val) dataloader_free(&val);
         return EXIT_RUNTIME;
     }
-    int64_t tokens_per_step = (int64_t)args.run.batch * args.run.seq * args.run.grad_accum * comm.world;
+    int64_t tokens_per_step = (int64_t)args.run.batch * args.run.seq * args.run.grad_accum * comm.world / args.parallel.context_parallel;
     double fpt = flops_per_token(&cfg, args.run.seq), fpt_foundry = flops_per_token_foundry(&cfg, args.run.seq), peak = info.peak;
     RunLog log = {NULL, ""};
     FILE* mc_dump = NULL;
@@ -435,7 +441,9 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
     }
     host_memory_check(args, cfg, comm);
     Dbrx model;
-    dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq);
+    dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq / args.parallel.context_parallel);   // (CP: this rank's tokens)
+    ContextParallel cp;   // --context-parallel: the ring attention's group, RoPE at the global positions
+    cp_init(&cp, &comm, args.parallel.context_parallel, &model, args.run.seq);
     Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
     zero_init(&zero, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, args.parallel.expert_parallel);
     printf("zero: rank %d: rank %d of %d in shard group %d, replica %d of %d; master+grads+moments %lld bytes allocated, "
@@ -468,6 +476,7 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
              zero.state_bytes / 1048576.0);
     info.memory_line = line;
     int rc = args.sample.generate ? generate_run(args, cfg, comm, &model, &zero) : train(args, cfg, comm, &model, &zero, info);
+    cp_report(&cp, &comm);
     zero_free(&zero);
     dbrx_free(&model);
     return rc;
@@ -646,6 +655,7 @@ static int run_main(int argc, char** argv) {
         fail(EXIT_BAD_INPUT, "--device cuda: this binary was built by g++ without CUDA (build it where nvcc is installed: make); use --device cpu");
     if (args.run.device == "cuda" && gpus == 0) fail(EXIT_BAD_INPUT, "--device cuda: no CUDA device is visible; use --device cpu");
     bool use_cuda = args.run.device == "cuda" || (args.run.device == "auto" && gpus > 0);
+    if (use_cuda && args.parallel.context_parallel > 1) fail(EXIT_BAD_INPUT, "--context-parallel > 1 is for the CPU backend: use --device cpu");
     if (!use_cuda && args.parallel.grad_reduce_dtype == "bf16")   // (MPI has no BF16 sum: parallel/README.md)
         fail(EXIT_BAD_INPUT, "--grad-reduce-dtype bf16 is for the CUDA backend; the CPU backend reduce-scatters in fp32 over MPI");
 

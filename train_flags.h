@@ -37,6 +37,7 @@ typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 =
 typedef struct { std::string train = "data/sotu/sotu_train_*.bin", val = "data/sotu/sotu_val_*.bin", schedule = ""; int seed = -1; } DataArgs;
 typedef struct {
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
+    int context_parallel = 1;      // CP degree (parallel/context_parallel.h): each sequence split over groups of this many ranks
     int expert_parallel = 1;       // EP degree (parallel/expert_parallel.h): the experts split over groups of this many ranks
     float ep_capacity = EP_CAPACITY_DEFAULT;   // EP on the GPU: rows planned per layer, x tokens x top-k (ep_plan_rows; 0: dropless)
     int ep_chunks = EP_OVERLAP_CHUNKS_DEFAULT;  // EP on the GPU: the exchange in chunks overlapped with the experts (ep_chunk_layout)
@@ -166,6 +167,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                   "(--val-data, --val-steps) and --eval-mc; print, log (--log), exit"},
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"", "", F_SECTION, NULL, "parallelism (parallel/README.md)"},
+        {"--context-parallel", "", F_INT, &a->parallel.context_parallel, "CP: each sequence split over groups of N consecutive ranks "
+                                                              "(2N chunks, rank r holds r and 2N-1-r), attention as ring attention; "
+                                                              "CPU backend only (N divides the ranks, 2N divides --seq)"},
         {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
                                                               "(N divides the experts, and the shard group size, or the ranks with "
                                                               "--shard-group-size 1), tokens exchanged all-to-all"},
@@ -411,6 +415,15 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (!(a->parallel.zero_chunk_mib >= 0) || a->parallel.zero_chunk_mib > 1048576)
         fail(EXIT_BAD_INPUT, "--zero-chunk-mib %g must be in [0, 1048576] (MiB of BF16 weights per experts chunk; 0: whole units)",
              a->parallel.zero_chunk_mib);
+    int cp = a->parallel.context_parallel;
+    if (cp < 1) fail(EXIT_BAD_INPUT, "--context-parallel %d must be >= 1", cp);
+    if (cp > 1 && a->run.seq % (2 * cp) != 0)
+        fail(EXIT_BAD_INPUT, "--context-parallel %d needs --seq divisible by 2 x %d = %d (2N chunks per sequence); --seq is %d", cp, cp, 2 * cp, a->run.seq);
+    const char* cp_no = a->sample.generate ? "--generate" : a->sample.every > 0 ? "--sample-every" : !a->eval.mc.empty() ? "--eval-mc"
+                      : !a->eval.dump_logits.empty() ? "--dump-logits" : a->eval.only ? "--eval-only"
+                      : a->health.check || a->health.check_only ? "--health-check" : a->run.device == "cuda" ? "--device cuda" : NULL;
+    if (cp > 1 && cp_no)
+        fail(EXIT_BAD_INPUT, "--context-parallel %d does not support %s yet (CP runs training and validation on the CPU backend)", cp, cp_no);
     if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
     if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);

@@ -23,6 +23,7 @@
 #include "embedding.cuh"
 #include "layernorm.cuh"
 #include "attention.cuh"
+#include "attention_ring.h"
 #include "router.cuh"
 #include "moe.cuh"
 #include "classifier.cuh"
@@ -117,6 +118,7 @@ typedef struct {
     size_t activation_bytes;
     UnitHooks hooks;                // sharding hooks (all NULL: unsharded)
     ExpertHooks experts;            // the experts' dispatcher (all NULL: every expert here)
+    AttentionHooks attn;            // context parallelism's ring attention (all NULL: the sequence is here)
 
     // FP8 (--fp8, off unless dbrx_enable_fp8): the recipe, every block's operand state, and scratch
     // for the fake-quantised operands (activation-sized fq_x, fq_dy, fq_dy2, fq_dz, fq_dz2;
@@ -219,6 +221,7 @@ static inline void dbrx_build_shape(Dbrx* m, const DbrxConfig* cfg, int B, int T
     m->params = m->grads = m->m = m->v = NULL;
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->experts = ExpertHooks{NULL, NULL, NULL};
+    m->attn = AttentionHooks{NULL, NULL, NULL};
     m->B = B; m->T = T;
     m->dec.T_max = 0;
     m->fp8.recipe = FP8_OFF;
@@ -385,6 +388,13 @@ static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const Bl
     experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, o, E, d, F);
 }
 
+// the causal attention of layer l's qkv (after clip and RoPE): here, or the CP group's ring attention
+static inline void block_attention_core(Dbrx* m, BlockActs* a) {
+    const DbrxConfig* c = &m->cfg;
+    if (m->attn.forward) m->attn.forward(m->attn.ctx, a->atty, a->att_lse, a->qkv);
+    else attention_forward(a->atty, a->att_lse, a->qkv, m->B, m->T, c->n_heads, c->kv_heads, c->head_dim);
+}
+
 // layer l's attention half: LayerNorm 1, the fused qkv projection, clip, RoPE, attention, the output projection
 // and the residual: resid_mid (N, d) = x + out_proj(attention(...)). The forward and --recompute's both run it.
 static inline void block_attention_forward(Dbrx* m, int l, const real* x) {
@@ -396,7 +406,7 @@ static inline void block_attention_forward(Dbrx* m, int l, const real* x) {
     block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
     clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
     rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
-    attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+    block_attention_core(m, a);
     block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
     for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
 }
@@ -505,10 +515,11 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         prof_next(PROF_HOST, "layer", "layer %d attention", l);
-        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
+        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) block_attention_core(m, a);   // (the same lse)
         memset(m->datty, 0, Nd * sizeof(real));
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
-        attention_backward(m->dqkv, m->datty, a->qkv, a->att_lse, B, T, H, KV, hd);
+        if (m->attn.backward) m->attn.backward(m->attn.ctx, m->dqkv, m->datty, a->qkv, a->atty, a->att_lse);
+        else attention_backward(m->dqkv, m->datty, a->qkv, a->att_lse, B, T, H, KV, hd);
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));
