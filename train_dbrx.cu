@@ -212,10 +212,8 @@ static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Co
     dataloader_init(train, args.data.train.c_str(), "--data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, &data_opt);
     bool have_val = !args.data.val.empty() && (args.eval.val_every > 0 || !args.eval.dump_logits.empty());
     if (have_val) dataloader_init(val, args.data.val.c_str(), "--val-data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
-    if (args.parallel.context_parallel > 1) {   // (each CP rank: its two chunks of its group's sequences)
-        dataloader_context_parallel(train, args.parallel.context_parallel);
-        if (have_val) dataloader_context_parallel(val, args.parallel.context_parallel);
-    }
+    dataloader_context_parallel(train, args.parallel.context_parallel);   // (CP: each rank its two chunks of its group's sequences)
+    if (have_val) dataloader_context_parallel(val, args.parallel.context_parallel);
     if (comm.rank == 0) printf("%s%s", dataloader_describe(train, "--data").c_str(), have_val ? dataloader_describe(val, "--val-data").c_str() : "");
     return have_val;
 }
@@ -578,7 +576,7 @@ static void sampling_setup(TrainArgs* a, const DbrxConfig* c) {
 // (parallel/memory_plan.h: every term, the total against the device, the verdict). Every number is bounded
 // by shape_validate and computed without walking the layers. Bad --plan-* values: one line, exit 2.
 static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
-    int n = args.parallel.expert_parallel, sgs = args.parallel.shard_group_size;
+    int n = args.parallel.expert_parallel, sgs = args.parallel.shard_group_size, Tr = args.run.seq / args.parallel.context_parallel;
     int gpus = args.run.plan_gpus > 0 ? args.run.plan_gpus : std::max(std::max(sgs, n), 1);
     int S = sgs > 0 ? sgs : gpus;   // (0: ZeRO-3 over all the GPUs)
     if (gpus % S)
@@ -616,18 +614,19 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     if (!g_recompute.text.empty())
         printf("recomputed FLOPs per token (--recompute %s): %.4g, %.1f%% more than the MFU count (HFU counts them)\n", g_recompute.text.c_str(),
                recompute_fpt(&cfg, args.run.seq), 100 * recompute_fpt(&cfg, args.run.seq) / flops_per_token(&cfg, args.run.seq));
-    double act = (double)activation_bytes(&cfg, args.run.batch, args.run.seq);
+    double act = (double)activation_bytes(&cfg, args.run.batch, Tr);   // (context parallel: this rank's T/N tokens)
     double p = (double)params_total(&cfg);
-    MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()),
+    MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()),
                                   args.parallel.ep_capacity, args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16");
     double shard = (double)plan.shard_params;   // this rank's shard under S ranks and EP n, from the store's own layout
     printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
            sgs > 0 ? "" : " (--shard-group-size S to see S ranks)",
-           n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.run.batch, args.run.seq);
+           n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.run.batch, Tr);
     printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param of this rank's shard (%s of %s params) = %.2f GiB, "
            "activations %.2f GiB, total %.2f GiB\n", with_commas((int64_t)shard).c_str(), with_commas((int64_t)p).c_str(),
            16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
     memory_plan_print(&plan, &cfg, capacity, device.c_str());
+    cp_plan_print(&cfg, args.run.batch, args.run.seq, args.parallel.context_parallel);
     if (args.fp8.gather) printf("  (not in the plan: --fp8-gather's code and scale buffers)\n");
     if (args.health.check) printf("  (not in the plan: --health-check's GEMM operands, freed before training)\n");
     if (args.run.fit) fit_report(args, cfg, gpus, capacity);

@@ -167,9 +167,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                   "(--val-data, --val-steps) and --eval-mc; print, log (--log), exit"},
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"", "", F_SECTION, NULL, "parallelism (parallel/README.md)"},
-        {"--context-parallel", "", F_INT, &a->parallel.context_parallel, "CP: each sequence split over groups of N consecutive ranks "
-                                                              "(2N chunks, rank r holds r and 2N-1-r), attention as ring attention; "
-                                                              "CPU backend only (N divides the ranks, 2N divides --seq)"},
+        {"--context-parallel", "", F_INT, &a->parallel.context_parallel, "CP: each sequence split over groups of N consecutive ranks (2N chunks, rank r holds r and 2N-1-r), ring attention; CPU backend only (N divides the ranks, 2N divides --seq)"},
         {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
                                                               "(N divides the experts, and the shard group size, or the ranks with "
                                                               "--shard-group-size 1), tokens exchanged all-to-all"},
@@ -243,8 +241,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--tokenizer", "", F_STR, &a->sample.tokenizer, "auto | bytes | cl100k: how samples are encoded and decoded (auto: cl100k when --vocab holds "
                                                    "DBRX's 100280 ids, else bytes)"},
         {"--tokenizer-ranks", "", F_STR, &a->sample.tokenizer_ranks, "the cl100k ranks (.tiktoken; dev/data/setup_tiktoken.sh writes the default)"},
-        {"--generate", "", F_BOOL, &a->sample.generate, "no training: load --resume DIR or --init-hf DIR, write the continuation of --prompt to "
-                                                 "stdout (the model's shape from the checkpoint or config.json), exit"},
+        {"--generate", "", F_BOOL, &a->sample.generate, "no training: load --resume DIR or --init-hf DIR, write the continuation of --prompt to stdout (the model's shape from the checkpoint or config.json), exit"},
     };
 }
 
@@ -339,6 +336,19 @@ static void profile_steps_parse(TrainArgs* a) {
 
 // Two passes: the preset first (so it can be named anywhere), then every flag over it.
 // base: the model to start from instead of --model's preset (--generate: the checkpoint's), NULL: the preset
+// --context-parallel N (parallel/context_parallel.h): the degree, --seq, and what CP does not run yet
+static void context_parallel_check(const TrainArgs* a) {
+    int cp = a->parallel.context_parallel;
+    if (cp < 1) fail(EXIT_BAD_INPUT, "--context-parallel %d must be >= 1", cp);
+    if (cp > 1 && a->run.seq % (2 * cp) != 0)
+        fail(EXIT_BAD_INPUT, "--context-parallel %d needs --seq divisible by 2 x %d = %d (2N chunks per sequence); --seq is %d", cp, cp, 2 * cp, a->run.seq);
+    const char* cp_no = a->sample.generate ? "--generate" : a->sample.every > 0 ? "--sample-every" : !a->eval.mc.empty() ? "--eval-mc"
+                      : !a->eval.dump_logits.empty() ? "--dump-logits" : a->eval.only ? "--eval-only"
+                      : a->health.check || a->health.check_only ? "--health-check" : a->run.device == "cuda" ? "--device cuda" : NULL;
+    if (cp > 1 && cp_no)
+        fail(EXIT_BAD_INPUT, "--context-parallel %d does not support %s yet (CP runs training and validation on the CPU backend)", cp, cp_no);
+}
+
 static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const DbrxConfig* base = NULL) {
     std::vector<Flag> flags = make_flags(a, c);
     for (int pass = 0; pass < 2; pass++) {
@@ -415,15 +425,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (!(a->parallel.zero_chunk_mib >= 0) || a->parallel.zero_chunk_mib > 1048576)
         fail(EXIT_BAD_INPUT, "--zero-chunk-mib %g must be in [0, 1048576] (MiB of BF16 weights per experts chunk; 0: whole units)",
              a->parallel.zero_chunk_mib);
-    int cp = a->parallel.context_parallel;
-    if (cp < 1) fail(EXIT_BAD_INPUT, "--context-parallel %d must be >= 1", cp);
-    if (cp > 1 && a->run.seq % (2 * cp) != 0)
-        fail(EXIT_BAD_INPUT, "--context-parallel %d needs --seq divisible by 2 x %d = %d (2N chunks per sequence); --seq is %d", cp, cp, 2 * cp, a->run.seq);
-    const char* cp_no = a->sample.generate ? "--generate" : a->sample.every > 0 ? "--sample-every" : !a->eval.mc.empty() ? "--eval-mc"
-                      : !a->eval.dump_logits.empty() ? "--dump-logits" : a->eval.only ? "--eval-only"
-                      : a->health.check || a->health.check_only ? "--health-check" : a->run.device == "cuda" ? "--device cuda" : NULL;
-    if (cp > 1 && cp_no)
-        fail(EXIT_BAD_INPUT, "--context-parallel %d does not support %s yet (CP runs training and validation on the CPU backend)", cp, cp_no);
+    context_parallel_check(a);
     if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
     if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);

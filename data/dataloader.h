@@ -403,6 +403,7 @@ static inline void dataloader_free(DataLoader* dl) {
 // (model/attention_ring.h): inputs/targets become (B, T/n). The global state is the same: resume is exact
 // and checkpoints do not depend on n. T % (2n) and world % n are checked by the caller.
 static inline void dataloader_context_parallel(DataLoader* dl, int n) {
+    if (n <= 1) return;
     dl->cp_n = n; dl->cp_rank = dl->rank % n;
     dl->rank /= n; dl->world /= n;
 }

@@ -105,3 +105,17 @@ static inline void cp_report(const ContextParallel* cp, const Comm* comm) {
            (unsigned long long)kvb, (unsigned long long)formula);
     fflush(stdout);
 }
+
+// --dry-run: what CP changes in the plan printed above it (which is already at T/N tokens per rank): the ring's
+// buffers (two K|V blocks and their two gradients) and its bytes per micro-batch, fp32 as on the CPU and BF16 as a
+// GPU would hold them (the GPU backend has no CP yet: predicted, not in the GPU plan's total)
+static inline void cp_plan_print(const DbrxConfig* c, int B, int T, int n) {
+    if (n <= 1) return;
+    double kvb = (double)B * (T / n) * 2 * c->kv_heads * c->head_dim, gib = 1024.0 * 1024 * 1024;
+    double ring = (double)c->n_layers * ((n - 1) + (2 * n - 1)) * kvb;
+    printf("  context parallel %d: each rank holds %d of every sequence's %d tokens (2 chunks of %d; the activations above "
+           "are for them); ring buffers 4 x %.0f elements = %.3f GiB fp32 / %.3f GiB bf16 (not in the GPU plan's total); ring "
+           "bytes sent per rank per micro-batch %d layers x (%d + %d) blocks = %.3f GiB fp32 / %.3f GiB bf16\n",
+           n, T / n, T, T / (2 * n), kvb, 4 * kvb * 4 / gib, 4 * kvb * 2 / gib, c->n_layers, n - 1, 2 * n - 1, ring * 4 / gib,
+           ring * 2 / gib);
+}
