@@ -23,11 +23,29 @@
 // sequence's tokens and the attention runs over the whole sequence as ring attention; NULL: the local causal
 // attention. The model's contract: out (B, T, H*hd) and lse (B, H, T) from qkv (after clip and RoPE);
 // dqkv (overwritten) from dout. Collective over the CP group: every CP rank calls it, layer by layer.
+// The load-balancing loss of a whole sequence needs the expert counts and probability sums of all its tokens:
+// lbl (NULL: each rank's own tokens, as under data parallelism) returns layer l's loss over the CP group's tokens
+// (lbl_forward's formula at n N tokens) and keeps the group's counts; lbl_counts gives the backward those counts and
+// the weight / n (each of the n ranks' gradients then adds up to the whole sequences' loss's, as one process's).
 typedef struct {
     void (*forward)(void* ctx, real* out, real* lse, const real* qkv);
     void (*backward)(void* ctx, real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse);
+    double (*lbl)(void* ctx, int l, const real* probs, const int* counts, int N, int E, int k, int L, float weight);
+    float (*lbl_counts)(void* ctx, int l, float weight, const int** counts);
     void* ctx;
 } AttentionHooks;
+
+// the causal attention of qkv (after clip and RoPE): the local one, or the CP group's ring attention
+static inline void attention_hooked_forward(const AttentionHooks* hk, real* out, real* lse, const real* qkv, int B, int T, int H, int KV,
+                                            int hd) {
+    if (hk->forward) hk->forward(hk->ctx, out, lse, qkv);
+    else attention_forward(out, lse, qkv, B, T, H, KV, hd);
+}
+static inline void attention_hooked_backward(const AttentionHooks* hk, real* dqkv, const real* dout, const real* qkv, const real* out,
+                                             const real* lse, int B, int T, int H, int KV, int hd) {
+    if (hk->backward) hk->backward(hk->ctx, dqkv, dout, qkv, out, lse);
+    else attention_backward(dqkv, dout, qkv, lse, B, T, H, KV, hd);
+}
 
 // the global chunk (of 2n) that local chunk i (0 or 1) of CP rank r holds; balance 0: contiguous chunks
 // (rank r holds 2r and 2r+1: the unbalanced layout, kept for the tests' negative control)

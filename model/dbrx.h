@@ -221,7 +221,7 @@ static inline void dbrx_build_shape(Dbrx* m, const DbrxConfig* cfg, int B, int T
     m->params = m->grads = m->m = m->v = NULL;
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->experts = ExpertHooks{NULL, NULL, NULL};
-    m->attn = AttentionHooks{NULL, NULL, NULL};
+    m->attn = AttentionHooks{NULL, NULL, NULL, NULL, NULL};
     m->B = B; m->T = T;
     m->dec.T_max = 0;
     m->fp8.recipe = FP8_OFF;
@@ -388,13 +388,6 @@ static inline void block_experts_backward(Dbrx* m, int l, BlockActs* a, const Bl
     experts_up_backward(m->dxe, gw.w1, gw.v1, dg_d, du_d, w1, v1, dg_w, du_w, xe_w, o, E, d, F);
 }
 
-// the causal attention of layer l's qkv (after clip and RoPE): here, or the CP group's ring attention
-static inline void block_attention_core(Dbrx* m, BlockActs* a) {
-    const DbrxConfig* c = &m->cfg;
-    if (m->attn.forward) m->attn.forward(m->attn.ctx, a->atty, a->att_lse, a->qkv);
-    else attention_forward(a->atty, a->att_lse, a->qkv, m->B, m->T, c->n_heads, c->kv_heads, c->head_dim);
-}
-
 // layer l's attention half: LayerNorm 1, the fused qkv projection, clip, RoPE, attention, the output projection
 // and the residual: resid_mid (N, d) = x + out_proj(attention(...)). The forward and --recompute's both run it.
 static inline void block_attention_forward(Dbrx* m, int l, const real* x) {
@@ -406,7 +399,7 @@ static inline void block_attention_forward(Dbrx* m, int l, const real* x) {
     block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
     clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
     rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
-    block_attention_core(m, a);
+    attention_hooked_forward(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
     block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
     for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
 }
@@ -456,7 +449,8 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         memcpy(out, a->resid_mid, (size_t)N * d * sizeof(real));
         moe_combine_forward(out, a->ye, a->topk_w, a->slot_row, N, k, d);
         // auxiliary losses and the load statistic
-        m->lbl_loss += lbl_forward(a->probs, a->counts, N, E, k, L, c->moe_loss_weight);
+        m->lbl_loss += m->attn.lbl ? m->attn.lbl(m->attn.ctx, l, a->probs, a->counts, N, E, k, L, c->moe_loss_weight)   // (CP: the group's)
+                                   : lbl_forward(a->probs, a->counts, N, E, k, L, c->moe_loss_weight);
         m->z_loss += zloss_forward(a->lse, N, L, c->z_loss_weight);
         int maxc = 0;
         for (int e = 0; e < E; e++) if (a->counts[e] > maxc) maxc = a->counts[e];
@@ -509,17 +503,18 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         prof_begin(PROF_HOST, "layer", "layer %d router", l);
         memset(m->dln, 0, Nd * sizeof(real));
         moe_gather_backward(m->dln, m->dxe, a->slot_row, N, k, d);
-        router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
-                        c->moe_loss_weight, c->z_loss_weight, dloss, c->moe_norm_p);
+        const int* lc = a->counts;   // (CP: the group's counts, the weight / N: lbl_counts)
+        float lw = m->attn.lbl ? m->attn.lbl_counts(m->attn.ctx, l, c->moe_loss_weight, &lc) : c->moe_loss_weight;
+        router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, lc, N, E, k, L, lw, c->z_loss_weight, dloss,
+                        c->moe_norm_p);
         matmul_backward(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E);
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         prof_next(PROF_HOST, "layer", "layer %d attention", l);
-        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) block_attention_core(m, a);   // (the same lse)
+        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_hooked_forward(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
         memset(m->datty, 0, Nd * sizeof(real));
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
-        if (m->attn.backward) m->attn.backward(m->attn.ctx, m->dqkv, m->datty, a->qkv, a->atty, a->att_lse);
-        else attention_backward(m->dqkv, m->datty, a->qkv, a->att_lse, B, T, H, KV, hd);
+        attention_hooked_backward(&m->attn, m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, B, T, H, KV, hd);
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));

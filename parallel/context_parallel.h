@@ -28,6 +28,9 @@ typedef struct {
     int B, Tl, H, KV, hd;           // micro-batch, local tokens per sequence (T / N), heads
     std::vector<real> kv[2], dkv[2], D;   // the block at hand and the one arriving; their gradients; rowsum(dout*out)
     uint64_t fwd_calls, bwd_calls;  // ring attentions run, forward and backward
+    int L, E;
+    std::vector<int> counts_g;      // (L, E) the group's expert counts of the last forward (the load-balancing loss)
+    uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent (the rest is the ring's)
 } ContextParallel;
 
 static inline void cp_chunks_of(const ContextParallel* cp, int r, int g[2]) { g[0] = cp_chunk(r, 0, cp->n, 1); g[1] = cp_chunk(r, 1, cp->n, 1); }
@@ -73,11 +76,37 @@ static inline void cp_backward(void* ctx, real* dqkv, const real* dout, const re
     cp->bwd_calls++;
 }
 
+// layer l's load-balancing loss over the group's tokens: the counts and the sums of the probabilities (in token
+// order, double) all-reduced over the group, then lbl_forward's formula at n N tokens
+static inline double cp_lbl(void* ctx, int l, const real* probs, const int* counts, int N, int E, int k, int L, float weight) {
+    ContextParallel* cp = (ContextParallel*)ctx;
+    std::vector<double> st(2 * (size_t)E, 0.0);
+    for (int e = 0; e < E; e++) {
+        st[e] = counts[e];
+        for (int t = 0; t < N; t++) st[E + e] += probs[(size_t)t * E + e];
+    }
+    uint64_t b0 = comm_bytes_sent(&cp->group);
+    comm_all_reduce(&cp->group, st.data(), 2 * (size_t)E, COMM_F64);
+    cp->lbl_bytes += comm_bytes_sent(&cp->group) - b0;
+    double Ng = (double)cp->n * N, acc = 0;
+    for (int e = 0; e < E; e++) {
+        cp->counts_g[(size_t)l * E + e] = (int)st[e];   // (integers: exact in double)
+        acc += st[e] * (st[E + e] / Ng);
+    }
+    return (double)weight * E / ((double)L * Ng * k) * acc;
+}
+// the backward's counts (the group's) and weight (/ n: the n ranks' gradients add up, / world, to the group's loss's)
+static inline float cp_lbl_counts(void* ctx, int l, float weight, const int** counts) {
+    ContextParallel* cp = (ContextParallel*)ctx;
+    *counts = &cp->counts_g[(size_t)l * cp->E];
+    return weight / cp->n;
+}
+
 // Collective over the world (comm_split). n = 1: nothing (the group of one is not even made). Otherwise
 // the world must split into groups of n and the model's T (per rank) is T_full / n: RoPE's tables are
 // rewritten for this rank's global positions and the ring attention installed.
 static inline void cp_init(ContextParallel* cp, Comm* comm, int n, Dbrx* m, int T_full) {
-    cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0;
+    cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0; cp->lbl_bytes = 0;
     if (n <= 1) return;
     if (comm->world % n != 0)
         fail(EXIT_BAD_INPUT, "--context-parallel %d must divide the number of ranks %d (CP groups are %d consecutive ranks)", n, comm->world, n);
@@ -91,7 +120,10 @@ static inline void cp_init(ContextParallel* cp, Comm* comm, int n, Dbrx* m, int 
     size_t kvn = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
     for (int i = 0; i < 2; i++) { cp->kv[i].assign(kvn, 0); cp->dkv[i].assign(kvn, 0); }
     cp->D.assign((size_t)cp->B * cp->H * cp->Tl, 0);
-    m->attn = AttentionHooks{cp_forward, cp_backward, cp};
+    cp->L = c->n_layers; cp->E = c->n_experts;
+    cp->counts_g.assign((size_t)cp->L * cp->E, 0);
+    bool lbl = c->moe_loss_weight != 0;   // (weight 0: no loss, nothing to gather)
+    m->attn = AttentionHooks{cp_forward, cp_backward, lbl ? cp_lbl : NULL, lbl ? cp_lbl_counts : NULL, cp};
 }
 
 // the line at the end of a run: this rank's ring bytes and the formula's
@@ -100,9 +132,9 @@ static inline void cp_report(const ContextParallel* cp, const Comm* comm) {
     uint64_t kvb = (uint64_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd * sizeof(real);
     uint64_t formula = (cp->fwd_calls * (cp->n - 1) + cp->bwd_calls * (2 * cp->n - 1)) * kvb;
     printf("cp: rank %d: context-parallel rank %d of %d, sent %llu bytes in %llu forward and %llu backward ring attentions "
-           "(formula (F (N-1) + B (2N-1)) x %llu bytes of K|V: %llu)\n", comm->rank, cp->rank, cp->n,
-           (unsigned long long)comm_bytes_sent(&cp->group), (unsigned long long)cp->fwd_calls, (unsigned long long)cp->bwd_calls,
-           (unsigned long long)kvb, (unsigned long long)formula);
+           "(formula (F (N-1) + B (2N-1)) x %llu bytes of K|V: %llu), %llu bytes for the load-balancing loss\n", comm->rank, cp->rank,
+           cp->n, (unsigned long long)(comm_bytes_sent(&cp->group) - cp->lbl_bytes), (unsigned long long)cp->fwd_calls,
+           (unsigned long long)cp->bwd_calls, (unsigned long long)kvb, (unsigned long long)formula, (unsigned long long)cp->lbl_bytes);
     fflush(stdout);
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_cp.sh — context parallelism (--context-parallel N, parallel/context_parallel.h) on the CPU backend, mpirun:
 #   * CP 2 and CP 4 against one process on the same sequences: losses within 1e-5 for 6 steps (data
-#     parallel, ZeRO-3, HSDP with two CP groups, EP 2), and the validation loss; --moe-loss-weight 0,
-#     because the load-balancing loss is computed over each rank's own tokens (as under data parallelism);
+#     parallel, ZeRO-3, HSDP with two CP groups, EP 2), the validation loss, and the load-balancing loss (the
+#     CP group's expert counts and probability sums all-reduced: the whole sequences' loss, as one process's);
+#   * the same topology twice: the same losses and gradient norms bit for bit;
 #   * the ring's bytes per rank (the CP group's counter) equal the formula computed here by hand;
 #   * checkpoints do not depend on the CP degree: CP 2 -> one process and one process -> CP 2 resume;
 #   * bad degrees and unsupported combinations: exit 2, one line naming the flag.
@@ -15,7 +16,7 @@ MPI="bash dev/mpirun.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1
 
-U=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 6 --val-every 0 --moe-loss-weight 0 --device cpu)
+U=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 6 --val-every 0 --device cpu)
 run() {  # name, np (0: one process, no mpirun), flags...
     local name=$1 np=$2; shift 2
     if [ "$np" = 0 ]; then $BIN "$@" --log "$tmp/$name.jsonl" > "$tmp/$name.out" 2>&1
@@ -23,11 +24,13 @@ run() {  # name, np (0: one process, no mpirun), flags...
     [ $? = 0 ] || fail "$name: $(grep -v '^step' "$tmp/$name.out" | tail -3)"
 }
 run ref1 0 "${U[@]}" --batch 1 --val-every 3 --val-steps 2
-run ref2 0 "${U[@]}" --batch 2
+run ref2 0 "${U[@]}" --batch 1 --grad-accum 2   # (the two CP groups' sequences as two micro-batches: each its own load-balancing loss)
 run cp2_ddp 2 "${U[@]}" --batch 1 --context-parallel 2 --shard-group-size 1 --val-every 3 --val-steps 2
 run cp2_zero 2 "${U[@]}" --batch 1 --context-parallel 2 --shard-group-size 2
+run cp2_zero_again 2 "${U[@]}" --batch 1 --context-parallel 2 --shard-group-size 2
 run cp2_ep 2 "${U[@]}" --batch 1 --context-parallel 2 --expert-parallel 2
 run cp4_zero 4 "${U[@]}" --batch 1 --context-parallel 4
+run cp4_ep 4 "${U[@]}" --batch 1 --context-parallel 4 --expert-parallel 2 --shard-group-size 2
 run cp2x2_hsdp 4 "${U[@]}" --batch 1 --context-parallel 2 --shard-group-size 2
 # resume across CP degrees: 3 steps saved, the rest on the other degree
 run r21a 2 "${U[@]}" --batch 1 --context-parallel 2 --ckpt-dir "$tmp/ck21" --ckpt-every 3 --stop-after 3
@@ -51,9 +54,16 @@ def same(name, ref, what, key="loss", tol=1e-5):
 same("cp2_ddp", "ref1", "CP 2 (np 2, data parallel) vs one process")
 same("cp2_ddp", "ref1", "CP 2 validation loss vs one process", key="val_loss")
 same("cp2_zero", "ref1", "CP 2 with ZeRO-3 (np 2, shard group 2) vs one process")
+same("cp2_zero_again", "cp2_zero", "CP 2 with ZeRO-3 twice: the same losses bit for bit", tol=0.0)
+same("cp2_zero_again", "cp2_zero", "CP 2 with ZeRO-3 twice: the same gradient norms bit for bit", key="grad_norm", tol=0.0)
 same("cp2_ep", "ref1", "CP 2 with EP 2 (np 2) vs one process")
 same("cp4_zero", "ref1", "CP 4 with ZeRO-3 (np 4) vs one process")
-same("cp2x2_hsdp", "ref2", "CP 2 x 2 data-parallel groups (np 4, HSDP shard group 2) vs one process at batch 2")
+same("cp4_ep", "ref1", "CP 4 with HSDP 2 and EP 2 (np 4) vs one process")
+same("cp2_ddp", "ref1", "CP 2: the gradient norms (the log's 6 decimals), as one process's", key="grad_norm", tol=1e-5)
+same("cp4_ep", "ref1", "CP 4, HSDP 2, EP 2: the gradient norms, as one process's", key="grad_norm", tol=1e-5)
+same("cp2_ddp", "ref1", "CP 2: the load-balancing loss of the whole sequences, as one process's", key="lbl")
+same("cp4_ep", "ref1", "CP 4, HSDP 2, EP 2: the load-balancing loss, as one process's", key="lbl")
+same("cp2x2_hsdp", "ref2", "CP 2 x 2 data-parallel groups (np 4, HSDP shard group 2) vs one process at grad-accum 2")
 same("r21b", "ref1", "resume: 3 steps at CP 2, then 3 in one process, vs one process")
 same("r12b", "ref1", "resume: 3 steps in one process, then 3 at CP 2, vs one process")
 # the ring's bytes: per layer and rank, forward (N-1) KVB, backward (2N-1) KVB, KVB = B (T/N) 2 kv hd 4;
@@ -69,7 +79,7 @@ def bytes_check(name, N, val_fwd):
 bytes_check("cp2_ddp", 2, 6)   # validation at steps 0 and 3 and at the end, 2 batches each
 bytes_check("cp4_zero", 4, 0)
 PY
-verdicts "$tmp/results" 10
+verdicts "$tmp/results" 17
 
 # bad degrees and combinations not supported yet: exit 2, one line
 B=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 1 --device cpu)
