@@ -31,6 +31,7 @@ run cp2_zero_again 2 "${U[@]}" --batch 1 --context-parallel 2 --shard-group-size
 run cp2_ep 2 "${U[@]}" --batch 1 --context-parallel 2 --expert-parallel 2
 run cp4_zero 4 "${U[@]}" --batch 1 --context-parallel 4
 run cp4_ep 4 "${U[@]}" --batch 1 --context-parallel 4 --expert-parallel 2 --shard-group-size 2
+run cp2_rc 2 "${U[@]}" --batch 1 --grad-accum 2 --context-parallel 2 --recompute attn
 run cp2x2_hsdp 4 "${U[@]}" --batch 1 --context-parallel 2 --shard-group-size 2
 # resume across CP degrees: 3 steps saved, the rest on the other degree
 run r21a 2 "${U[@]}" --batch 1 --context-parallel 2 --ckpt-dir "$tmp/ck21" --ckpt-every 3 --stop-after 3
@@ -64,6 +65,7 @@ same("cp4_ep", "ref1", "CP 4, HSDP 2, EP 2: the gradient norms, as one process's
 same("cp2_ddp", "ref1", "CP 2: the load-balancing loss of the whole sequences, as one process's", key="lbl")
 same("cp4_ep", "ref1", "CP 4, HSDP 2, EP 2: the load-balancing loss, as one process's", key="lbl")
 same("cp2x2_hsdp", "ref2", "CP 2 x 2 data-parallel groups (np 4, HSDP shard group 2) vs one process at grad-accum 2")
+same("cp2_rc", "ref2", "CP 2 with --grad-accum 2 and --recompute attn (the ring run again in the backward) vs one process")
 same("r21b", "ref1", "resume: 3 steps at CP 2, then 3 in one process, vs one process")
 same("r12b", "ref1", "resume: 3 steps in one process, then 3 at CP 2, vs one process")
 # the ring's bytes: per layer and rank, forward (N-1) KVB, backward (2N-1) KVB, KVB = B (T/N) 2 kv hd 4;
@@ -79,7 +81,7 @@ def bytes_check(name, N, val_fwd):
 bytes_check("cp2_ddp", 2, 6)   # validation at steps 0 and 3 and at the end, 2 batches each
 bytes_check("cp4_zero", 4, 0)
 PY
-verdicts "$tmp/results" 17
+verdicts "$tmp/results" 18
 
 # bad degrees and combinations not supported yet: exit 2, one line
 B=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 1 --device cpu)
