@@ -5,7 +5,7 @@
 #     CP group's expert counts and probability sums all-reduced: the whole sequences' loss, as one process's);
 #   * the same topology twice: the same losses and gradient norms bit for bit;
 #   * the ring's bytes per rank (the CP group's counter) equal the formula computed here by hand;
-#   * checkpoints do not depend on the CP degree: CP 2 -> one process and one process -> CP 2 resume;
+#   * checkpoints do not depend on the CP degree: CP 4 -> CP 2 -> one process and one process -> CP 2 resume;
 #   * bad degrees and unsupported combinations: exit 2, one line naming the flag.
 # (the ring's arithmetic against the full-sequence attention, and its negative controls: test/test_ring_attention)
 cd "$(dirname "$0")/.." || exit 1
@@ -33,9 +33,10 @@ run cp4_zero 4 "${U[@]}" --batch 1 --context-parallel 4
 run cp4_ep 4 "${U[@]}" --batch 1 --context-parallel 4 --expert-parallel 2 --shard-group-size 2
 run cp2_rc 2 "${U[@]}" --batch 1 --grad-accum 2 --context-parallel 2 --recompute attn
 run cp2x2_hsdp 4 "${U[@]}" --batch 1 --context-parallel 2 --shard-group-size 2
-# resume across CP degrees: 3 steps saved, the rest on the other degree
-run r21a 2 "${U[@]}" --batch 1 --context-parallel 2 --ckpt-dir "$tmp/ck21" --ckpt-every 3 --stop-after 3
-run r21b 0 "${U[@]}" --batch 1 --ckpt-dir "$tmp/ck21" --resume auto
+# resume across CP degrees: CP 4 (steps 1-2) -> CP 2 (3-4) -> one process (5-6); one process (1-3) -> CP 2 (4-6)
+run r4 4 "${U[@]}" --batch 1 --context-parallel 4 --ckpt-dir "$tmp/ck421" --ckpt-every 2 --stop-after 2
+run r42 2 "${U[@]}" --batch 1 --context-parallel 2 --ckpt-dir "$tmp/ck421" --ckpt-every 2 --stop-after 2 --resume auto
+run r421 0 "${U[@]}" --batch 1 --ckpt-dir "$tmp/ck421" --resume auto
 run r12a 0 "${U[@]}" --batch 1 --ckpt-dir "$tmp/ck12" --ckpt-every 3 --stop-after 3
 run r12b 2 "${U[@]}" --batch 1 --context-parallel 2 --ckpt-dir "$tmp/ck12" --resume auto
 
@@ -66,7 +67,8 @@ same("cp2_ddp", "ref1", "CP 2: the load-balancing loss of the whole sequences, a
 same("cp4_ep", "ref1", "CP 4, HSDP 2, EP 2: the load-balancing loss, as one process's", key="lbl")
 same("cp2x2_hsdp", "ref2", "CP 2 x 2 data-parallel groups (np 4, HSDP shard group 2) vs one process at grad-accum 2")
 same("cp2_rc", "ref2", "CP 2 with --grad-accum 2 and --recompute attn (the ring run again in the backward) vs one process")
-same("r21b", "ref1", "resume: 3 steps at CP 2, then 3 in one process, vs one process")
+same("r42", "ref1", "resume: 2 steps at CP 4, then 2 at CP 2, vs one process")
+same("r421", "ref1", "resume: ... then the last 2 in one process, vs one process")
 same("r12b", "ref1", "resume: 3 steps in one process, then 3 at CP 2, vs one process")
 # the ring's bytes: per layer and rank, forward (N-1) KVB, backward (2N-1) KVB, KVB = B (T/N) 2 kv hd 4;
 # dbrx-tiny: kv 2, hd 32; 2 layers, 6 steps, batch 1, T 64; cp2_ddp adds 3 validations of 2 batches (forwards)
@@ -81,7 +83,7 @@ def bytes_check(name, N, val_fwd):
 bytes_check("cp2_ddp", 2, 6)   # validation at steps 0 and 3 and at the end, 2 batches each
 bytes_check("cp4_zero", 4, 0)
 PY
-verdicts "$tmp/results" 18
+verdicts "$tmp/results" 19
 
 # bad degrees and combinations not supported yet: exit 2, one line
 B=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 1 --device cpu)
