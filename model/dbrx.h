@@ -503,7 +503,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         prof_begin(PROF_HOST, "layer", "layer %d router", l);
         memset(m->dln, 0, Nd * sizeof(real));
         moe_gather_backward(m->dln, m->dxe, a->slot_row, N, k, d);
-        const int* lc = a->counts;   // (CP: the group's counts, the weight / N: lbl_counts)
+        const int* lc = a->counts;   // (CP: the group's counts and the weight / n: lbl_counts)
         float lw = m->attn.lbl ? m->attn.lbl_counts(m->attn.ctx, l, c->moe_loss_weight, &lc) : c->moe_loss_weight;
         router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, lc, N, E, k, L, lw, c->z_loss_weight, dloss,
                         c->moe_norm_p);
