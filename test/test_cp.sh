@@ -3,6 +3,7 @@
 #   * CP 2 and CP 4 against one process on the same sequences: losses within 1e-5 for 6 steps (data
 #     parallel, ZeRO-3, HSDP with two CP groups, EP 2), the validation loss, and the load-balancing loss (the
 #     CP group's expert counts and probability sums all-reduced: the whole sequences' loss, as one process's);
+#   * the gradients after one step (a checkpoint's AdamW first moment) per unit, CP 2 and 4 vs one process;
 #   * the same topology twice: the same losses and gradient norms bit for bit;
 #   * the ring's bytes per rank (the CP group's counter) equal the formula computed here by hand;
 #   * checkpoints do not depend on the CP degree: CP 4 -> CP 2 -> one process and one process -> CP 2 resume;
@@ -84,6 +85,41 @@ bytes_check("cp2_ddp", 2, 6)   # validation at steps 0 and 3 and at the end, 2 b
 bytes_check("cp4_zero", 4, 0)
 PY
 verdicts "$tmp/results" 19
+
+# gradients compared directly: after one step (data parallel: rank 0 saves the whole model) a checkpoint's AdamW
+# first moment is 0.1 x the clipped gradient; per sharding unit, CP 2 and CP 4 against one process
+G=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 1 --val-every 0 --device cpu --batch 1 --shard-group-size 1)
+run g1 0 "${G[@]}" --ckpt-dir "$tmp/g1"
+run g2 2 "${G[@]}" --context-parallel 2 --ckpt-dir "$tmp/g2"
+run g4 4 "${G[@]}" --context-parallel 4 --ckpt-dir "$tmp/g4"
+$PY - "$tmp" > "$tmp/grads" <<'PY'
+import glob, json, sys
+import numpy as np
+tmp = sys.argv[1]
+def moment(name):   # the checkpoint's adam_m (the arrays: master, adam_m, adam_v) and the units' sizes
+    try:
+        d = glob.glob(f"{tmp}/{name}/step_*")[0]
+        t = json.load(open(d + "/manifest.json"))["topology"]
+        n = sum(t["unit_numel"])
+        a = np.fromfile(d + "/shard_00000.bin", dtype=np.float32, offset=t["header_bytes"])
+        return a[n:2 * n], t["unit_numel"]
+    except Exception as e:
+        return None, str(e)
+names = ["wte", "block 0", "block 0 experts", "block 1", "block 1 experts", "head"]
+ref, units = moment("g1")
+for name in ("g2", "g4"):
+    m, _ = moment(name)
+    if ref is None or m is None or m.size != ref.size:
+        print(f"fail {name}: the checkpoints could not be compared ({units})"); continue
+    errs, o = [], 0
+    for n in units:
+        a, b = ref[o:o + n], m[o:o + n]; o += n
+        errs.append(float(np.abs(a - b).max() / np.abs(a).max()))
+    ok = all(e < 1e-5 for e in errs)
+    print(("pass" if ok else "fail") + f" {name}: gradients after one step (the AdamW first moment), per unit, relative to one process: "
+          + ", ".join(f"{u} {e:.1e}" for u, e in zip(names, errs)) + " (< 1e-5)")
+PY
+verdicts "$tmp/grads" 2
 
 # bad degrees and combinations not supported yet: exit 2, one line
 B=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 1 --device cpu)
