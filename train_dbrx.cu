@@ -654,7 +654,6 @@ static int run_main(int argc, char** argv) {
         fail(EXIT_BAD_INPUT, "--device cuda: this binary was built by g++ without CUDA (build it where nvcc is installed: make); use --device cpu");
     if (args.run.device == "cuda" && gpus == 0) fail(EXIT_BAD_INPUT, "--device cuda: no CUDA device is visible; use --device cpu");
     bool use_cuda = args.run.device == "cuda" || (args.run.device == "auto" && gpus > 0);
-    if (use_cuda && args.parallel.context_parallel > 1) fail(EXIT_BAD_INPUT, "--context-parallel > 1 is for the CPU backend: use --device cpu");
     if (!use_cuda && args.parallel.grad_reduce_dtype == "bf16")   // (MPI has no BF16 sum: parallel/README.md)
         fail(EXIT_BAD_INPUT, "--grad-reduce-dtype bf16 is for the CUDA backend; the CPU backend reduce-scatters in fp32 over MPI");
 

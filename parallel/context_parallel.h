@@ -1,5 +1,6 @@
 /*
- * context_parallel.h — context (sequence) parallelism, --context-parallel N, on the CPU backend (MPI).
+ * context_parallel.h — context (sequence) parallelism, --context-parallel N, on the CPU backend (MPI); the GPU's
+ * form (an all-gather of K/V over NCCL) is context_parallel_cuda.cuh.
  *
  * The CP group is N consecutive ranks; they hold the same parameters (CP lives inside the data-parallel
  * ranks: the store, ZeRO-3/HSDP and EP see them as data-parallel ranks with T / N tokens per sequence, and
