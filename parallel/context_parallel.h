@@ -139,16 +139,15 @@ static inline void cp_report(const ContextParallel* cp, const Comm* comm) {
     fflush(stdout);
 }
 
-// --dry-run: what CP changes in the plan printed above it (which is already at T/N tokens per rank): the ring's
-// buffers (two K|V blocks and their two gradients) and its bytes per micro-batch, fp32 as on the CPU and BF16 as a
-// GPU would hold them (the GPU backend has no CP yet: predicted, not in the GPU plan's total)
+// --dry-run: what CP changes in the plan printed above it (which is already at T/N tokens per rank): the CPU ring's
+// buffers (two K|V blocks and their two gradients, fp32) and bytes, and the GPU's all-gather form's buffers (this rank's
+// K|V and the group's in BF16, the group's dK|dV and this rank's in FP32) and bytes (predicted: not in the plan's total)
 static inline void cp_plan_print(const DbrxConfig* c, int B, int T, int n) {
     if (n <= 1) return;
     double kvb = (double)B * (T / n) * 2 * c->kv_heads * c->head_dim, gib = 1024.0 * 1024 * 1024;
-    double ring = (double)c->n_layers * ((n - 1) + (2 * n - 1)) * kvb;
-    printf("  context parallel %d: each rank holds %d of every sequence's %d tokens (2 chunks of %d; the activations above "
-           "are for them); ring buffers 4 x %.0f elements = %.3f GiB fp32 / %.3f GiB bf16 (not in the GPU plan's total); ring "
-           "bytes sent per rank per micro-batch %d layers x (%d + %d) blocks = %.3f GiB fp32 / %.3f GiB bf16\n",
-           n, T / n, T, T / (2 * n), kvb, 4 * kvb * 4 / gib, 4 * kvb * 2 / gib, c->n_layers, n - 1, 2 * n - 1, ring * 4 / gib,
-           ring * 2 / gib);
+    double ring = (double)c->n_layers * ((n - 1) + (2 * n - 1)) * kvb * 4, gather = (double)c->n_layers * (n - 1) * 8 * kvb;
+    printf("  context parallel %d: each rank holds %d of every sequence's %d tokens (2 chunks of %d; the activations above are "
+           "for them); K|V per rank %.0f elements; CPU ring: buffers %.3f GiB, bytes sent per micro-batch %.3f GiB (fp32); GPU "
+           "all-gather: buffers %.3f GiB (not in the total above), bytes sent per micro-batch %.3f GiB\n", n, T / n, T, T / (2 * n),
+           kvb, 4 * kvb * 4 / gib, ring / gib, kvb * ((1 + n) * 2 + (n + 1) * 4) / gib, gather / gib);
 }

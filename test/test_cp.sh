@@ -138,17 +138,20 @@ if [ -x "$EMU" ]; then
     runx x1 0 "${X[@]}"
     runx x2 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
     SIMT_SCHEDULE=random:7 runx x2b 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
+    runx x2ep 2 "${X[@]}" --context-parallel 2 --expert-parallel 2
     $PY - "$tmp" > "$tmp/gpu" <<'PY'
 import json, os, sys
 tmp = sys.argv[1]
 def losses(name):
     p = os.path.join(tmp, name + ".jsonl")
     return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l] if os.path.exists(p) else []
-c, g1, g2, g2b = losses("xcpu"), losses("x1"), losses("x2"), losses("x2b")
+c, g1, g2, g2b, ge = losses("xcpu"), losses("x1"), losses("x2"), losses("x2b"), losses("x2ep")
 ok = len(c) == len(g1) == len(g2) == 3
 rg = max((abs(x - y) / y for x, y in zip(g2, g1)), default=9)
 rc = max((abs(x - y) / y for x, y in zip(g2, c)), default=9)
 print(("pass" if ok and rg <= 2e-3 else "fail") + f" --device cuda (emulated) CP 2 with ZeRO-3: 3 steps, max rel. diff {rg:.1e} vs one GPU process (<= 2e-3)")
+re_ = max((abs(x - y) / y for x, y in zip(ge, g1)), default=9)
+print(("pass" if len(ge) == 3 and re_ <= 2e-3 else "fail") + f" --device cuda (emulated) CP 2 with EP 2: max rel. diff {re_:.1e} vs one GPU process (<= 2e-3)")
 print(("pass" if ok and rc < 1e-2 else "fail") + f" --device cuda (emulated) CP 2: max rel. diff {rc:.1e} vs one CPU process (< 1e-2)")
 print(("pass" if ok and g2 == g2b else "fail") + " --device cuda (emulated) CP 2, two thread schedules: bit-identical losses")
 # bytes per rank (NCCL's ring formulas), KVB = 1 x 32 x 2 x 2 x 32 elements: per layer, forward the all-gather (N-1) 2 KVB,
@@ -159,7 +162,7 @@ kvb = 1 * 32 * 2 * 2 * 32
 want = 2 * 3 * (1 * 2 * kvb + 1 * 2 * kvb + 1 * 4 * kvb)
 print(("pass" if got and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) CP 2: bytes per rank {sorted(set(got))} = the formula {want}")
 PY
-    verdicts "$tmp/gpu" 4
+    verdicts "$tmp/gpu" 5
 else
     echo "skipped: --context-parallel on the emulated GPU (no $EMU)"
 fi
