@@ -336,8 +336,9 @@ static void profile_steps_parse(TrainArgs* a) {
 
 // Two passes: the preset first (so it can be named anywhere), then every flag over it.
 // base: the model to start from instead of --model's preset (--generate: the checkpoint's), NULL: the preset
-// --context-parallel N (parallel/context_parallel.h): the degree, --seq, and what CP does not run yet
-static void context_parallel_check(const TrainArgs* a) {
+// --expert-parallel N >= 1; --context-parallel N (parallel/context_parallel.h): the degree, --seq, what CP does not run yet
+static void parallel_degrees_check(const TrainArgs* a) {
+    if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
     int cp = a->parallel.context_parallel;
     if (cp < 1) fail(EXIT_BAD_INPUT, "--context-parallel %d must be >= 1", cp);
     if (cp > 1 && a->run.seq % (2 * cp) != 0)
@@ -425,8 +426,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (!(a->parallel.zero_chunk_mib >= 0) || a->parallel.zero_chunk_mib > 1048576)
         fail(EXIT_BAD_INPUT, "--zero-chunk-mib %g must be in [0, 1048576] (MiB of BF16 weights per experts chunk; 0: whole units)",
              a->parallel.zero_chunk_mib);
-    context_parallel_check(a);
-    if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
+    parallel_degrees_check(a);
     if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);
     if (a->parallel.ep_chunks < 1 || a->parallel.ep_chunks > 64)
