@@ -100,6 +100,9 @@ dev/data/bench_loader: dev/data/bench_loader.cpp data/dataloader.h data/shard.h 
 TEST_FLAGS := -std=c++17 -O2 -march=native -fopenmp -Wall -Wextra -Werror -I/usr/include/doctest
 test/test_ops: test/test_ops.cpp $(HEADERS) | check-test-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/test_ops.cpp -lopenblas -lm
+# ring attention (--context-parallel) against the full-sequence reference, the ring simulated in one process
+test/test_ring_attention: test/test_ring_attention.cpp $(HEADERS) | check-test-deps
+	$(CXX) $(TEST_FLAGS) -o $@ test/test_ring_attention.cpp -lopenblas -lm
 # the gradient check compiles the CPU reference in double precision
 test/test_gradcheck: test/test_gradcheck.cpp $(HEADERS) | check-test-deps
 	$(CXX) $(TEST_FLAGS) -DCPU_REAL=double -o $@ test/test_gradcheck.cpp -lopenblas -lm
@@ -245,7 +248,7 @@ test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) | check-deps
 test/test_gpu_select: test/test_gpu_select.cpp parallel/gpu_select.h model/gpu_peak.h | check-test-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/test_gpu_select.cpp
 
-test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
+test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
             dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) dev/comm_bench test/test_checkpoint test/test_gpu_select emu-build gpu-build
 
 test: test-build
@@ -253,6 +256,6 @@ test: test-build
 	 HAVE_CUDA_HEADERS=$(HAVE_CUDA_HEADERS) bash test/run_all.sh
 
 clean:
-	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_gradcheck test/dump_reference test/test_data \
+	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
 	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
 	      dev/comm_bench test/test_checkpoint test/test_gpu_select

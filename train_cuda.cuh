@@ -10,6 +10,7 @@
 #pragma once
 #include "model/dbrx_cuda.cuh"
 #include "parallel/zero_gpu.cuh"
+#include "parallel/context_parallel_cuda.cuh"
 #include "model/gpu_peak.h"
 
 // one GPU's dense BF16 peak (the MFU denominator; 0 if unknown), from its name, SMs and clock (model/gpu_peak.h)
@@ -49,27 +50,28 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     }
 
     DbrxGPU model;
+    int Tr = args.run.seq / args.parallel.context_parallel;   // this rank's tokens per sequence (--context-parallel)
     int S = args.parallel.shard_group_size > 0 ? args.parallel.shard_group_size : comm.world;
     // before anything is built per layer (the parameter table alone grows with --n-layers): a run whose planned
     // allocations (--dry-run's plan, margins not counted: a lower bound) exceed the device's memory is refused in
     // one line, as the free-memory check in dbrx_build_shape refuses one that does not fit what is free
     {
         int Sp = S > 0 && comm.world % S == 0 ? S : 1, np = args.parallel.expert_parallel > 1 ? args.parallel.expert_parallel : 1;
-        MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity,
+        MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity,
                                       args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16");
         if (plan.allocations > (long double)prop.totalGlobalMem)
-            dbrx_gpu_out_of_memory(&cfg, args.run.batch, args.run.seq, (size_t)plan.allocations, (size_t)plan_param_state(&plan));
+            dbrx_gpu_out_of_memory(&cfg, args.run.batch, Tr, (size_t)plan.allocations, (size_t)plan_param_state(&plan));
     }
     // (expert parallelism: the experts' buffers planned for --ep-capacity-factor's rows, with the dispatcher's, in the memory check)
     int ep_n = args.parallel.expert_parallel;
     int rs_bf16 = args.parallel.grad_reduce_dtype == "bf16";   // (parallel/zero_gpu_comm.cuh)
     size_t ep_rows = 0, ep_bytes = 0;
     if (ep_n > 1 && cfg.n_experts % ep_n == 0) {
-        ep_rows = ep_gpu_planned_rows(&cfg, (size_t)args.run.batch * args.run.seq, ep_n, args.parallel.ep_capacity, fp8.recipe != FP8_OFF);
+        ep_rows = ep_gpu_planned_rows(&cfg, (size_t)args.run.batch * Tr, ep_n, args.parallel.ep_capacity, fp8.recipe != FP8_OFF);
         ep_bytes = ep_gpu_buffers(NULL, &cfg, ep_n, ep_rows, fp8.recipe)
-                   + (fp8.recipe == FP8_OFF ? ep_gpu_chunk_bytes(&cfg, ep_rows, (size_t)args.run.batch * args.run.seq * cfg.top_k, args.parallel.ep_chunks) : 0);
+                   + (fp8.recipe == FP8_OFF ? ep_gpu_chunk_bytes(&cfg, ep_rows, (size_t)args.run.batch * Tr * cfg.top_k, args.parallel.ep_chunks) : 0);
     }
-    dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq, &fp8,
+    dbrx_build_shape(&model, &cfg, args.run.batch, Tr, &fp8,
                      zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, ep_n,
                                              zero_chunk_experts(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib),
                                              rs_bf16) + ep_bytes,
@@ -80,6 +82,8 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     if (comm.rank == 0 && rs_bf16)
         printf("zero: --grad-reduce-dtype bf16: the shard group's gradient reduce-scatters in BF16%s\n",
                store.rs_on ? "" : " (none here: every rank holds its units whole)");
+    ContextParallelGPU cp;   // --context-parallel: the CP group, RoPE at the global positions, the attention over the group
+    cpg_init(&cp, &comm, args.parallel.context_parallel, &model, args.run.seq);
     if (store.ep_dispatch) ep_gpu_set_chunks(store.ep_dispatch, args.parallel.ep_chunks);   // (--ep-overlap-chunks)
     zero_gpu_set_step_prefetch(&store, args.parallel.zero_prefetch);   // (--zero-prefetch)
     model.activation_bytes += ep_bytes;
@@ -114,6 +118,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
              store.device_bytes / 1048576.0, model.activation_bytes / 1048576.0);
     info.memory_line = line;
     int rc = args.sample.generate ? generate_run(args, cfg, comm, &model, &store) : train(args, cfg, comm, &model, &store, info);
+    cpg_free(&cp, &comm);
     zero_free(&store);
     dbrx_free(&model);
     return rc;

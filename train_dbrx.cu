@@ -34,6 +34,7 @@
 #include "data/mc_eval.h"
 #include "parallel/comm.h"
 #include "parallel/zero.h"
+#include "parallel/context_parallel.h"
 #include "parallel/memory_plan.h"   // the --dry-run GPU plan
 #include "checkpoint/ckpt.h"
 #include "checkpoint/hf.h"
@@ -211,6 +212,8 @@ static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Co
     dataloader_init(train, args.data.train.c_str(), "--data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, &data_opt);
     bool have_val = !args.data.val.empty() && (args.eval.val_every > 0 || !args.eval.dump_logits.empty());
     if (have_val) dataloader_init(val, args.data.val.c_str(), "--val-data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
+    dataloader_context_parallel(train, args.parallel.context_parallel);   // (CP: each rank its two chunks of its group's sequences)
+    if (have_val) dataloader_context_parallel(val, args.parallel.context_parallel);
     if (comm.rank == 0) printf("%s%s", dataloader_describe(train, "--data").c_str(), have_val ? dataloader_describe(val, "--val-data").c_str() : "");
     return have_val;
 }
@@ -237,8 +240,9 @@ static double recompute_fpt(const DbrxConfig* c, int seq) {
 // rank 0's lines before the first step: the batch, the MFU convention, memory, the communication timeout
 static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero* zl, const BackendInfo& info, int64_t tokens_per_step,
                              double fpt, double fpt_foundry, double fpt_rc) {
-    printf("batch: %d x %d tokens x %d accum x %d ranks = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
-           args.run.batch, args.run.seq, args.run.grad_accum, comm.world, (long long)tokens_per_step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor);
+    printf("batch: %d x %d tokens x %d accum x %d ranks%s = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
+           args.run.batch, args.run.seq, args.run.grad_accum, comm.world, args.parallel.context_parallel > 1 ? (" / " +
+           std::to_string(args.parallel.context_parallel) + " (context parallel)").c_str() : "", (long long)tokens_per_step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor);
     printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
            "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, info.peak / 1e12, comm.world > 1 ? "all ranks: " : "",
            info.peak_how.c_str(), fpt_foundry);
@@ -293,7 +297,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         if (have_val) dataloader_free(&val);
         return EXIT_RUNTIME;
     }
-    int64_t tokens_per_step = (int64_t)args.run.batch * args.run.seq * args.run.grad_accum * comm.world;
+    int64_t tokens_per_step = (int64_t)args.run.batch * args.run.seq * args.run.grad_accum * comm.world / args.parallel.context_parallel;
     double fpt = flops_per_token(&cfg, args.run.seq), fpt_foundry = flops_per_token_foundry(&cfg, args.run.seq), peak = info.peak;
     RunLog log = {NULL, ""};
     FILE* mc_dump = NULL;
@@ -435,7 +439,9 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
     }
     host_memory_check(args, cfg, comm);
     Dbrx model;
-    dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq);
+    dbrx_build_shape(&model, &cfg, args.run.batch, args.run.seq / args.parallel.context_parallel);   // (CP: this rank's tokens)
+    ContextParallel cp;   // --context-parallel: the ring attention's group, RoPE at the global positions
+    cp_init(&cp, &comm, args.parallel.context_parallel, &model, args.run.seq);
     Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
     zero_init(&zero, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, args.parallel.expert_parallel);
     printf("zero: rank %d: rank %d of %d in shard group %d, replica %d of %d; master+grads+moments %lld bytes allocated, "
@@ -468,6 +474,7 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
              zero.state_bytes / 1048576.0);
     info.memory_line = line;
     int rc = args.sample.generate ? generate_run(args, cfg, comm, &model, &zero) : train(args, cfg, comm, &model, &zero, info);
+    cp_report(&cp, &comm);
     zero_free(&zero);
     dbrx_free(&model);
     return rc;
@@ -569,7 +576,7 @@ static void sampling_setup(TrainArgs* a, const DbrxConfig* c) {
 // (parallel/memory_plan.h: every term, the total against the device, the verdict). Every number is bounded
 // by shape_validate and computed without walking the layers. Bad --plan-* values: one line, exit 2.
 static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
-    int n = args.parallel.expert_parallel, sgs = args.parallel.shard_group_size;
+    int n = args.parallel.expert_parallel, sgs = args.parallel.shard_group_size, Tr = args.run.seq / args.parallel.context_parallel;
     int gpus = args.run.plan_gpus > 0 ? args.run.plan_gpus : std::max(std::max(sgs, n), 1);
     int S = sgs > 0 ? sgs : gpus;   // (0: ZeRO-3 over all the GPUs)
     if (gpus % S)
@@ -607,18 +614,19 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     if (!g_recompute.text.empty())
         printf("recomputed FLOPs per token (--recompute %s): %.4g, %.1f%% more than the MFU count (HFU counts them)\n", g_recompute.text.c_str(),
                recompute_fpt(&cfg, args.run.seq), 100 * recompute_fpt(&cfg, args.run.seq) / flops_per_token(&cfg, args.run.seq));
-    double act = (double)activation_bytes(&cfg, args.run.batch, args.run.seq);
+    double act = (double)activation_bytes(&cfg, args.run.batch, Tr);   // (context parallel: this rank's T/N tokens)
     double p = (double)params_total(&cfg);
-    MemoryPlan plan = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()),
+    MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()),
                                   args.parallel.ep_capacity, args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16");
     double shard = (double)plan.shard_params;   // this rank's shard under S ranks and EP n, from the store's own layout
     printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
            sgs > 0 ? "" : " (--shard-group-size S to see S ranks)",
-           n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.run.batch, args.run.seq);
+           n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.run.batch, Tr);
     printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param of this rank's shard (%s of %s params) = %.2f GiB, "
            "activations %.2f GiB, total %.2f GiB\n", with_commas((int64_t)shard).c_str(), with_commas((int64_t)p).c_str(),
            16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
     memory_plan_print(&plan, &cfg, capacity, device.c_str());
+    cp_plan_print(&cfg, args.run.batch, args.run.seq, args.parallel.context_parallel);
     if (args.fp8.gather) printf("  (not in the plan: --fp8-gather's code and scale buffers)\n");
     if (args.health.check) printf("  (not in the plan: --health-check's GEMM operands, freed before training)\n");
     if (args.run.fit) fit_report(args, cfg, gpus, capacity);

@@ -38,6 +38,7 @@ typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 =
 typedef struct { std::string train = "data/sotu/sotu_train_*.bin", val = "data/sotu/sotu_val_*.bin", schedule = ""; int seed = -1; } DataArgs;
 typedef struct {
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
+    int context_parallel = 1;      // CP degree (parallel/context_parallel.h): each sequence split over groups of this many ranks
     int expert_parallel = 1;       // EP degree (parallel/expert_parallel.h): the experts split over groups of this many ranks
     float ep_capacity = EP_CAPACITY_DEFAULT;   // EP on the GPU: rows planned per layer, x tokens x top-k (ep_plan_rows; 0: dropless)
     int ep_chunks = EP_OVERLAP_CHUNKS_DEFAULT;  // EP on the GPU: the exchange in chunks overlapped with the experts (ep_chunk_layout)
@@ -168,6 +169,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                   "(--val-data, --val-steps) and --eval-mc; print, log (--log), exit"},
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"", "", F_SECTION, NULL, "parallelism (parallel/README.md)"},
+        {"--context-parallel", "", F_INT, &a->parallel.context_parallel, "CP: each sequence split over groups of N consecutive ranks (2N chunks, rank r holds r and 2N-1-r), ring attention on the CPU, K/V all-gathered on the GPU (N divides the ranks, 2N divides --seq)"},
         {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
                                                               "(N divides the experts, and the shard group size, or the ranks with "
                                                               "--shard-group-size 1), tokens exchanged all-to-all"},
@@ -241,8 +243,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--tokenizer", "", F_STR, &a->sample.tokenizer, "auto | bytes | cl100k: how samples are encoded and decoded (auto: cl100k when --vocab holds "
                                                    "DBRX's 100280 ids, else bytes)"},
         {"--tokenizer-ranks", "", F_STR, &a->sample.tokenizer_ranks, "the cl100k ranks (.tiktoken; dev/data/setup_tiktoken.sh writes the default)"},
-        {"--generate", "", F_BOOL, &a->sample.generate, "no training: load --resume DIR or --init-hf DIR, write the continuation of --prompt to "
-                                                 "stdout (the model's shape from the checkpoint or config.json), exit"},
+        {"--generate", "", F_BOOL, &a->sample.generate, "no training: load --resume DIR or --init-hf DIR, write the continuation of --prompt to stdout (the model's shape from the checkpoint or config.json), exit"},
     };
 }
 
@@ -335,6 +336,19 @@ static void profile_steps_parse(TrainArgs* a) {
     r->profile_last = last;
 }
 
+// --context-parallel N (parallel/context_parallel.h): the degree, --seq, what CP does not run yet
+static void context_parallel_check(const TrainArgs* a) {
+    int cp = a->parallel.context_parallel;
+    if (cp < 1) fail(EXIT_BAD_INPUT, "--context-parallel %d must be >= 1", cp);
+    if (cp > 1 && a->run.seq % (2 * cp) != 0)
+        fail(EXIT_BAD_INPUT, "--context-parallel %d needs --seq divisible by 2 x %d = %d (2N chunks per sequence); --seq is %d", cp, cp, 2 * cp, a->run.seq);
+    const char* cp_no = a->sample.generate ? "--generate" : a->sample.every > 0 ? "--sample-every" : !a->eval.mc.empty() ? "--eval-mc"
+                      : !a->eval.dump_logits.empty() ? "--dump-logits" : a->eval.only ? "--eval-only"
+                      : a->health.check || a->health.check_only ? "--health-check" : NULL;
+    if (cp > 1 && cp_no)
+        fail(EXIT_BAD_INPUT, "--context-parallel %d does not support %s yet (CP runs training and validation)", cp, cp_no);
+}
+
 // the parallelism flags' values (parallel/README.md): one line naming the flag, exit 2
 static void parallel_args_check(const TrainArgs* a) {
     if (a->parallel.shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->parallel.shard_group_size);
@@ -352,6 +366,7 @@ static void parallel_args_check(const TrainArgs* a) {
     if (a->parallel.grad_reduce_dtype != "fp32" && a->parallel.grad_reduce_dtype != "bf16")
         fail(EXIT_BAD_INPUT, "--grad-reduce-dtype '%s' must be fp32 or bf16", a->parallel.grad_reduce_dtype.c_str());
     if (!(a->parallel.comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->parallel.comm_timeout);
+    context_parallel_check(a);
 }
 
 // Two passes: the preset first (so it can be named anywhere), then every flag over it.

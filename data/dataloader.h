@@ -220,11 +220,12 @@ typedef struct {
     std::vector<DataSource> sources;
     std::vector<DataStage> stages;      // stage 0 (step 0) holds the --data weights
     int B, T, rank, world, vocab_size, grad_accum, shuffle;
+    int cp_n, cp_rank;                  // context parallelism: rank/world are the CP groups'; this rank's place in its group
     uint64_t seed;
     int64_t position;                   // global sequences served
     int64_t batches;                    // global batches (micro-batches) served
     std::vector<int64_t> source_position;   // sequences taken from each source
-    std::vector<int> inputs, targets;   // (B, T) each
+    std::vector<int> inputs, targets;   // (B, T) each (under CP the first B x T/cp_n: this rank's chunks)
     std::vector<int> row_source;        // (B) the source of each row of this rank's last batch
 } DataLoader;
 
@@ -326,6 +327,7 @@ static inline void data_read_window(DataLoader* dl, int src, int64_t p, int* dst
 static inline void dataloader_init(DataLoader* dl, const char* spec, const char* flag, int B, int T, int rank, int world,
                                    int vocab_size, const DataLoaderOptions* opt) {
     dl->B = B; dl->T = T; dl->rank = rank; dl->world = world; dl->vocab_size = vocab_size;
+    dl->cp_n = 1; dl->cp_rank = 0;
     dl->seed = opt ? opt->seed : 0;
     dl->shuffle = opt ? opt->shuffle : 0;
     dl->grad_accum = opt && opt->grad_accum > 0 ? opt->grad_accum : 1;
@@ -395,6 +397,26 @@ static inline void dataloader_free(DataLoader* dl) {
     dl->sources.clear();
 }
 
+// Context parallelism over groups of n consecutive ranks (parallel/context_parallel.h): the n ranks of a
+// group read the same sequences, the group's slice of the global batch (the slices are the groups', world /
+// n of them), and rank r of the group keeps chunks r and 2n-1-r of the 2n chunks of every sequence
+// (model/attention_ring.h): inputs/targets become (B, T/n). The global state is the same: resume is exact
+// and checkpoints do not depend on n. T % (2n) and world % n are checked by the caller.
+static inline void dataloader_context_parallel(DataLoader* dl, int n) {
+    if (n <= 1) return;
+    dl->cp_n = n; dl->cp_rank = dl->rank % n;
+    dl->rank /= n; dl->world /= n;
+}
+// in place: row b's chunks to [b Tl, (b+1) Tl); every destination lies at or before its source
+static inline void data_cp_compact(DataLoader* dl, std::vector<int>* v) {
+    int n = dl->cp_n, c = dl->T / (2 * n), Tl = dl->T / n;
+    for (int64_t b = 0; b < dl->B; b++)
+        for (int i = 0; i < 2; i++) {
+            int g = i == 0 ? dl->cp_rank : 2 * n - 1 - dl->cp_rank;
+            memmove(v->data() + b * Tl + (int64_t)i * c, v->data() + b * dl->T + (int64_t)g * c, (size_t)c * sizeof(int));
+        }
+}
+
 // Fills inputs/targets (B, T) with this rank's slice of the next global batch and advances the
 // global state. Returns 1 when some source began a new epoch during this batch.
 static inline int dataloader_next(DataLoader* dl) {
@@ -416,6 +438,7 @@ static inline int dataloader_next(DataLoader* dl) {
     }
     dl->position += GB;
     dl->batches++;
+    if (dl->cp_n > 1) { data_cp_compact(dl, &dl->inputs); data_cp_compact(dl, &dl->targets); }
     return wrapped;
 }
 

@@ -23,6 +23,7 @@
 #include "embedding.cuh"
 #include "layernorm.cuh"
 #include "attention.cuh"
+#include "attention_ring.h"
 #include "router.cuh"
 #include "moe.cuh"
 #include "classifier.cuh"
@@ -119,6 +120,7 @@ typedef struct {
     size_t activation_bytes;
     UnitHooks hooks;                // sharding hooks (all NULL: unsharded)
     ExpertHooks experts;            // the experts' dispatcher (all NULL: every expert here)
+    AttentionHooks attn;            // context parallelism's ring attention (all NULL: the sequence is here)
 
     // FP8 (--fp8, off unless dbrx_enable_fp8): the recipe, every block's operand state, and scratch
     // for the fake-quantised operands (activation-sized fq_x, fq_dy, fq_dy2, fq_dz, fq_dz2;
@@ -224,6 +226,7 @@ static inline void dbrx_build_shape(Dbrx* m, const DbrxConfig* cfg, int B, int T
     m->params = m->grads = m->m = m->v = NULL;
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->experts = ExpertHooks{NULL, NULL, NULL};
+    m->attn = AttentionHooks{NULL, NULL, NULL, NULL, NULL};
     m->B = B; m->T = T;
     m->dec.T_max = 0;
     m->fp8.recipe = FP8_OFF;
@@ -401,7 +404,7 @@ static inline void block_attention_forward(Dbrx* m, int l, const real* x) {
     block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
     clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
     rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
-    attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+    attention_hooked_forward(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
     block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
     for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
 }
@@ -452,7 +455,8 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         memcpy(out, a->resid_mid, (size_t)N * d * sizeof(real));
         moe_combine_forward(out, a->ye, a->topk_w, a->slot_row, N, k, d);
         // auxiliary losses and the load statistic
-        m->lbl_loss += lbl_forward(a->probs, a->counts, N, E, k, L, c->moe_loss_weight);
+        m->lbl_loss += m->attn.lbl ? m->attn.lbl(m->attn.ctx, l, a->probs, a->counts, N, E, k, L, c->moe_loss_weight)   // (CP: the group's)
+                                   : lbl_forward(a->probs, a->counts, N, E, k, L, c->moe_loss_weight);
         m->z_loss += zloss_forward(a->lse, N, L, c->z_loss_weight);
         int maxc = 0;
         for (int e = 0; e < E; e++) if (a->counts[e] > maxc) maxc = a->counts[e];
@@ -506,16 +510,18 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         prof_begin(PROF_HOST, "layer", "layer %d router", l);
         memset(m->dln, 0, Nd * sizeof(real));
         moe_gather_backward(m->dln, m->dxe, a->slot_row, N, k, d);
-        router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
-                        c->moe_loss_weight, c->z_loss_weight, dloss, c->moe_norm_p);
+        const int* lc = a->counts;   // (CP: the group's counts and the weight / n: lbl_counts)
+        float lw = m->attn.lbl ? m->attn.lbl_counts(m->attn.ctx, l, c->moe_loss_weight, &lc) : c->moe_loss_weight;
+        router_backward(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, lc, N, E, k, L, lw, c->z_loss_weight, dloss,
+                        c->moe_norm_p);
         matmul_backward(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E);
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         prof_next(PROF_HOST, "layer", "layer %d attention", l);
-        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_forward(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
+        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_hooked_forward(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
         memset(m->datty, 0, Nd * sizeof(real));
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
-        attention_backward(m->dqkv, m->datty, a->qkv, a->att_lse, B, T, H, KV, hd);
+        attention_hooked_backward(&m->attn, m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, B, T, H, KV, hd);
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));

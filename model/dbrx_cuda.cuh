@@ -14,8 +14,7 @@
  * owns the weights behind the views and gathers them unit by unit through the unit hooks; expert
  * parallelism (parallel/expert_parallel_cuda.cuh) runs the experts through the experts' dispatcher.
  * The calls the training loop makes of it are model/api.h's (checked at the end of this file).
- * In the emulated build (train_dbrx_emu, make test) "device" memory is host memory and the kernels run under
- * the SIMT emulator, so the whole step is tested in CI (test/test_step_cuda.cpp).
+ * Emulated (train_dbrx_emu, make test): "device" memory is host memory, the kernels run under the SIMT emulator (test/test_step_cuda.cpp).
  */
 #pragma once
 #include <string>
@@ -24,6 +23,7 @@
 #include "residual.cuh"
 #include "cuda_common.h"
 #include "dbrx_fp8_cuda.cuh"
+#include "attention_cp_cuda.cuh"
 #include "dbrx_recompute_cuda.cuh"
 
 template <typename T> struct BlockViews { T *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; };
@@ -139,7 +139,7 @@ typedef struct {
     size_t param_bytes, activation_bytes;
     float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
     Fp8GPU fp8;                        // --fp8: the FP8 state (recipe FP8_OFF: unused)
-    ExpertHooksGPU experts;            // the experts' dispatcher (all NULL: every expert here)
+    ExpertHooksGPU experts; AttentionHooksGPU attn;   // the experts' dispatcher, CP's attention (all NULL: here)
     DbrxDecodeGPU dec;                 // generation's KV cache and scratch (dbrx_decode_alloc)
 
     // results of the last forward pass
@@ -265,7 +265,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->params = nullptr;
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->host_in = nullptr;
-    m->experts = ExpertHooksGPU{NULL, NULL, NULL};
+    m->experts = ExpertHooksGPU{NULL, NULL, NULL}; m->attn = AttentionHooksGPU{NULL, NULL, NULL};
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
     m->p.blocks.resize(cfg->n_layers);
@@ -443,7 +443,7 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
         block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
-        attention_forward_gpu(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+        attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         block_linear_forward(m, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
         // MoE half: resid_mid = x + attproj and its LayerNorm, in one kernel
         prof_next(pt, "layer", "layer %d router", l);
@@ -540,9 +540,9 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
                                a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         prof_next(pt, "layer", "layer %d attention", l);
-        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_forward_gpu(a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
+        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d);
-        attention_backward_gpu(m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+        attention_hooked_backward_gpu(&m->attn, m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         clip_rope_backward_gpu(m->dqkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gw.norm1, m->ln_scratch, m->dln, m->resid[l], w.norm1, a->ln1_mean,

@@ -146,6 +146,9 @@ else
 fi
 echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
 echo "== expert parallelism (all-to-all of routed tokens; CPU and emulated GPU; checkpoints across EP degrees)"; bash test/test_ep.sh
+echo "== context parallelism (--context-parallel): ring attention vs the full-sequence reference, negative controls; CP 2/4 vs one process, bytes, resume"
+doctest_run ./test/test_ring_attention
+bash test/test_cp.sh
 echo "== expert parallelism's exchange in chunks overlapped with the experts (--ep-overlap-chunks): bit-identical losses, streams"
 bash test/test_ep_overlap.sh
 echo "== --recompute: bit-identical losses and gradient norms with it (CPU, emulated GPU, ZeRO-3, EP, FP8); negative control"

@@ -120,7 +120,8 @@ for f in --model --steps --batch --seq --grad-accum --lr --seed --device --data 
          --d-model --n-heads --kv-heads --n-layers --ffn-hidden --experts --top-k --vocab --rope-theta --clip-qkv \
          --moe-normalize-expert-weights \
          --moe-loss-weight --z-loss-weight --warmup --weight-decay --grad-clip --val-every --log \
-         --sample-every --sample-len --temperature --sample-top-k --sample-seed --prompt --tokenizer --generate --recompute; do
+         --sample-every --sample-len --temperature --sample-top-k --sample-seed --prompt --tokenizer --generate --recompute \
+         --context-parallel; do
     grep -q -- "$f" <<<"$help" || missing="$missing $f"
 done
 [ -z "$missing" ] && pass "--help lists every flag" || fail "--help misses:$missing"

@@ -319,6 +319,51 @@ TEST_CASE("resume: the state restores the exact token stream, also with another 
     }
 }
 
+TEST_CASE("context parallelism: CP rank r of a group gets chunks r and 2n-1-r of its group's sequences; resume exact") {
+    make_shard("cp_a.bin", 16 * 37 + 1, 0);
+    std::string spec = tmpdir() + "/cp_a.bin";
+    const int B = 2, T = 16, world = 4, k = 3, m = 4;
+    for (int n : {2, 4}) {
+        int groups = world / n, c = T / (2 * n);
+        DataLoaderOptions opt = {5, 1, 1, NULL};
+        DataLoader ref;   // one rank reading every group's rows: group g's are rows [g B, (g+1) B)
+        dataloader_init(&ref, spec.c_str(), "--data", B * groups, T, 0, 1, VOCAB, &opt);
+        std::vector<DataLoader> dls((size_t)world);
+        for (int r = 0; r < world; r++) {
+            dataloader_init(&dls[(size_t)r], spec.c_str(), "--data", B, T, r, world, VOCAB, &opt);
+            dataloader_context_parallel(&dls[(size_t)r], n);
+        }
+        bool ok = true;
+        for (int step = 0; step < k + m; step++) {
+            if (step == k) {   // resume: every rank from rank 0's state (one global state)
+                DataLoaderState st;
+                dataloader_get_state(&dls[0], &st);
+                for (int r = 0; r < world; r++) {
+                    dataloader_free(&dls[(size_t)r]);
+                    dataloader_init(&dls[(size_t)r], spec.c_str(), "--data", B, T, r, world, VOCAB, &opt);
+                    dataloader_context_parallel(&dls[(size_t)r], n);
+                    dataloader_set_state(&dls[(size_t)r], &st, "test");
+                }
+            }
+            dataloader_next(&ref);
+            for (int r = 0; r < world; r++) {
+                DataLoader* d = &dls[(size_t)r];
+                dataloader_next(d);
+                int g = r / n, cr = r % n;
+                for (int b = 0; b < B; b++)
+                    for (int t = 0; t < T / n; t++) {
+                        int chunk = t < c ? cr : 2 * n - 1 - cr, pos = chunk * c + t % c;
+                        size_t want = (size_t)(g * B + b) * T + pos, got = (size_t)b * (T / n) + t;
+                        ok = ok && d->inputs[got] == ref.inputs[want] && d->targets[got] == ref.targets[want];
+                    }
+            }
+        }
+        CHECK_MESSAGE(ok, "CP " << n << " of " << world << " ranks");
+        dataloader_free(&ref);
+        for (DataLoader& d : dls) dataloader_free(&d);
+    }
+}
+
 TEST_CASE("resume: the state's JSON line round-trips and malformed lines are refused") {
     DataLoaderState st;
     memset(&st, 0, sizeof st);

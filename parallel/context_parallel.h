@@ -1,0 +1,153 @@
+/*
+ * context_parallel.h — context (sequence) parallelism, --context-parallel N, on the CPU backend (MPI); the GPU's
+ * form (an all-gather of K/V over NCCL) is context_parallel_cuda.cuh.
+ *
+ * The CP group is N consecutive ranks; they hold the same parameters (CP lives inside the data-parallel
+ * ranks: the store, ZeRO-3/HSDP and EP see them as data-parallel ranks with T / N tokens per sequence, and
+ * the gradient reduction over the world, / world, is the mean over the global tokens because every rank
+ * holds the same number of them). Each sequence of T tokens is cut into 2N chunks and CP rank r holds
+ * chunks r and 2N-1-r (causal load balancing: model/attention_ring.h); the data loader hands it exactly
+ * those (dataloader_context_parallel), RoPE rotates by the global positions, and everything per token
+ * stays local. Attention is ring attention over the group, installed as the model's AttentionHooks:
+ *   forward:  the K|V block of every rank passes once around the ring (N-1 sendrecvs); each block's
+ *             partial (out, lse) merged with the online softmax, in the ring's order
+ *   backward: the blocks go around again with their dK|dV accumulators, which make one more hop home
+ *             (N-1 sends of K|V, N of dK|dV)
+ * Bytes per rank per layer, KVB = B * (T/N) * 2 * kv_heads * head_dim * 4: forward (N-1) KVB,
+ * backward (2N-1) KVB (counted in the group's bytes_sent; test/test_cp.sh checks the formula).
+ * The exchange is a blocking sendrecv before each block's arithmetic: on the CPU it is not overlapped.
+ */
+#pragma once
+#include <vector>
+#include <utility>
+#include "comm.h"
+#include "../model/dbrx.h"
+
+typedef struct {
+    CommGroup group;                // the CP group ("context"): N consecutive world ranks
+    int n, rank;                    // N, and this rank's place in the group
+    int B, Tl, H, KV, hd;           // micro-batch, local tokens per sequence (T / N), heads
+    std::vector<real> kv[2], dkv[2], D;   // the block at hand and the one arriving; their gradients; rowsum(dout*out)
+    uint64_t fwd_calls, bwd_calls;  // ring attentions run, forward and backward
+    int L, E;
+    std::vector<int> counts_g;      // (L, E) the group's expert counts of the last forward (the load-balancing loss)
+    uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent (the rest is the ring's)
+} ContextParallel;
+
+static inline void cp_chunks_of(const ContextParallel* cp, int r, int g[2]) { g[0] = cp_chunk(r, 0, cp->n, 1); g[1] = cp_chunk(r, 1, cp->n, 1); }
+
+static inline void cp_forward(void* ctx, real* out, real* lse, const real* qkv) {
+    ContextParallel* cp = (ContextParallel*)ctx;
+    size_t rows = (size_t)cp->B * cp->Tl, bytes = rows * 2 * cp->KV * cp->hd * sizeof(real);
+    int right = (cp->rank + 1) % cp->n, left = (cp->rank + cp->n - 1) % cp->n, gq[2], gk[2];
+    cp_chunks_of(cp, cp->rank, gq);
+    ring_pack_kv(cp->kv[0].data(), qkv, rows, cp->H, cp->KV, cp->hd);
+    attention_ring_begin(out, lse, cp->B, cp->Tl, cp->H, cp->hd);
+    for (int s = 0; s < cp->n; s++) {   // step s: the block of rank rank - s
+        if (s < cp->n - 1)
+            comm_sendrecv(&cp->group, cp->kv[0].data(), bytes, right, cp->kv[1].data(), bytes, left, "ring attention K/V (forward)");
+        cp_chunks_of(cp, (cp->rank - s + cp->n) % cp->n, gk);
+        attention_ring_forward(out, lse, qkv, cp->kv[0].data(), cp->B, cp->Tl, cp->H, cp->KV, cp->hd, gq, gk);
+        std::swap(cp->kv[0], cp->kv[1]);
+    }
+    cp->fwd_calls++;
+}
+
+static inline void cp_backward(void* ctx, real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse) {
+    ContextParallel* cp = (ContextParallel*)ctx;
+    size_t rows = (size_t)cp->B * cp->Tl, bytes = rows * 2 * cp->KV * cp->hd * sizeof(real);
+    int right = (cp->rank + 1) % cp->n, left = (cp->rank + cp->n - 1) % cp->n, gq[2], gk[2];
+    cp_chunks_of(cp, cp->rank, gq);
+    ring_pack_kv(cp->kv[0].data(), qkv, rows, cp->H, cp->KV, cp->hd);
+    memset(cp->dkv[0].data(), 0, bytes);
+    memset(dqkv, 0, rows * (cp->H + 2 * cp->KV) * cp->hd * sizeof(real));
+    attention_ring_rowdot(cp->D.data(), dout, out, cp->B, cp->Tl, cp->H, cp->hd);
+    for (int s = 0; s < cp->n; s++) {
+        if (s < cp->n - 1)
+            comm_sendrecv(&cp->group, cp->kv[0].data(), bytes, right, cp->kv[1].data(), bytes, left, "ring attention K/V (backward)");
+        cp_chunks_of(cp, (cp->rank - s + cp->n) % cp->n, gk);
+        attention_ring_backward(dqkv, cp->dkv[0].data(), dout, qkv, cp->kv[0].data(), lse, cp->D.data(), cp->B, cp->Tl, cp->H, cp->KV,
+                                cp->hd, gq, gk);
+        // the block's gradient follows it; after the N-th hop each rank holds its own block's dK|dV
+        comm_sendrecv(&cp->group, cp->dkv[0].data(), bytes, right, cp->dkv[1].data(), bytes, left, "ring attention dK/dV");
+        std::swap(cp->kv[0], cp->kv[1]);
+        std::swap(cp->dkv[0], cp->dkv[1]);
+    }
+    ring_unpack_dkv(dqkv, cp->dkv[0].data(), rows, cp->H, cp->KV, cp->hd);
+    cp->bwd_calls++;
+}
+
+// layer l's load-balancing loss over the group's tokens: the counts and the sums of the probabilities (in token
+// order, double) all-reduced over the group, then lbl_forward's formula at n N tokens
+static inline double cp_lbl(void* ctx, int l, const real* probs, const int* counts, int N, int E, int k, int L, float weight) {
+    ContextParallel* cp = (ContextParallel*)ctx;
+    std::vector<double> st(2 * (size_t)E, 0.0);
+    for (int e = 0; e < E; e++) {
+        st[e] = counts[e];
+        for (int t = 0; t < N; t++) st[E + e] += probs[(size_t)t * E + e];
+    }
+    uint64_t b0 = comm_bytes_sent(&cp->group);
+    comm_all_reduce(&cp->group, st.data(), 2 * (size_t)E, COMM_F64);
+    cp->lbl_bytes += comm_bytes_sent(&cp->group) - b0;
+    double Ng = (double)cp->n * N, acc = 0;
+    for (int e = 0; e < E; e++) {
+        cp->counts_g[(size_t)l * E + e] = (int)st[e];   // (integers: exact in double)
+        acc += st[e] * (st[E + e] / Ng);
+    }
+    return (double)weight * E / ((double)L * Ng * k) * acc;
+}
+// the backward's counts (the group's) and weight (/ n: the n ranks' gradients add up, / world, to the group's loss's)
+static inline float cp_lbl_counts(void* ctx, int l, float weight, const int** counts) {
+    ContextParallel* cp = (ContextParallel*)ctx;
+    *counts = &cp->counts_g[(size_t)l * cp->E];
+    return weight / cp->n;
+}
+
+// Collective over the world (comm_split). n = 1: nothing (the group of one is not even made). Otherwise
+// the world must split into groups of n and the model's T (per rank) is T_full / n: RoPE's tables are
+// rewritten for this rank's global positions and the ring attention installed.
+static inline void cp_init(ContextParallel* cp, Comm* comm, int n, Dbrx* m, int T_full) {
+    cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0; cp->lbl_bytes = 0;
+    if (n <= 1) return;
+    if (comm->world % n != 0)
+        fail(EXIT_BAD_INPUT, "--context-parallel %d must divide the number of ranks %d (CP groups are %d consecutive ranks)", n, comm->world, n);
+    cp->group = comm_split(&comm->world_group, comm->rank / n, comm->rank % n, "context", 0);
+    cp->rank = cp->group.rank;
+    const DbrxConfig* c = &m->cfg;
+    cp->B = m->B; cp->Tl = m->T; cp->H = c->n_heads; cp->KV = c->kv_heads; cp->hd = c->head_dim;
+    std::vector<int> pos(cp->Tl);
+    cp_positions(pos.data(), T_full, n, cp->rank, 1);
+    rope_tables_at(m->rope_cos, m->rope_sin, pos.data(), cp->Tl, c->head_dim, c->rope_theta);
+    size_t kvn = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
+    for (int i = 0; i < 2; i++) { cp->kv[i].assign(kvn, 0); cp->dkv[i].assign(kvn, 0); }
+    cp->D.assign((size_t)cp->B * cp->H * cp->Tl, 0);
+    cp->L = c->n_layers; cp->E = c->n_experts;
+    cp->counts_g.assign((size_t)cp->L * cp->E, 0);
+    bool lbl = c->moe_loss_weight != 0;   // (weight 0: no loss, nothing to gather)
+    m->attn = AttentionHooks{cp_forward, cp_backward, lbl ? cp_lbl : NULL, lbl ? cp_lbl_counts : NULL, cp};
+}
+
+// the line at the end of a run: this rank's ring bytes and the formula's
+static inline void cp_report(const ContextParallel* cp, const Comm* comm) {
+    if (cp->n <= 1) return;
+    uint64_t kvb = (uint64_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd * sizeof(real);
+    uint64_t formula = (cp->fwd_calls * (cp->n - 1) + cp->bwd_calls * (2 * cp->n - 1)) * kvb;
+    printf("cp: rank %d: context-parallel rank %d of %d, sent %llu bytes in %llu forward and %llu backward ring attentions "
+           "(formula (F (N-1) + B (2N-1)) x %llu bytes of K|V: %llu), %llu bytes for the load-balancing loss\n", comm->rank, cp->rank,
+           cp->n, (unsigned long long)(comm_bytes_sent(&cp->group) - cp->lbl_bytes), (unsigned long long)cp->fwd_calls,
+           (unsigned long long)cp->bwd_calls, (unsigned long long)kvb, (unsigned long long)formula, (unsigned long long)cp->lbl_bytes);
+    fflush(stdout);
+}
+
+// --dry-run: what CP changes in the plan printed above it (which is already at T/N tokens per rank): the CPU ring's
+// buffers (two K|V blocks and their two gradients, fp32) and bytes, and the GPU's all-gather form's buffers (this rank's
+// K|V and the group's in BF16, the group's dK|dV and this rank's in FP32) and bytes (predicted: not in the plan's total)
+static inline void cp_plan_print(const DbrxConfig* c, int B, int T, int n) {
+    if (n <= 1) return;
+    double kvb = (double)B * (T / n) * 2 * c->kv_heads * c->head_dim, gib = 1024.0 * 1024 * 1024;
+    double ring = (double)c->n_layers * ((n - 1) + (2 * n - 1)) * kvb * 4, gather = (double)c->n_layers * (n - 1) * 8 * kvb;
+    printf("  context parallel %d: each rank holds %d of every sequence's %d tokens (2 chunks of %d; the activations above are "
+           "for them); K|V per rank %.0f elements; CPU ring: buffers %.3f GiB, bytes sent per micro-batch %.3f GiB (fp32); GPU "
+           "all-gather: buffers %.3f GiB (not in the total above), bytes sent per micro-batch %.3f GiB\n", n, T / n, T, T / (2 * n),
+           kvb, 4 * kvb * 4 / gib, ring / gib, kvb * ((1 + n) * 2 + (n + 1) * 4) / gib, gather / gib);
+}

@@ -1,0 +1,89 @@
+/*
+ * context_parallel_cuda.cuh — --context-parallel N on the CUDA backend, the all-gather form (not the ring yet):
+ * per layer the CP group all-gathers every rank's K|V (BF16, NCCL, rank order) and each rank attends its two
+ * balanced chunks' queries over the whole sequence (model/attention_cp_cuda.cuh); the backward gathers again,
+ * computes dq here and dK|dV of every row in FP32, and reduce-scatters them to the rows' owners (a fixed NCCL ring
+ * order: deterministic). Not overlapped: the compute stream is synchronised before each collective and the host
+ * waits for the group's stream after it. Bytes per rank per layer (NCCL's ring formulas), KVB = B (T/N) 2 kv hd:
+ * forward (N-1) 2 KVB, backward (N-1) 2 KVB + (N-1) 4 KVB. The data loader, RoPE at the global positions, the store
+ * (ZeRO-3/HSDP/EP over the ranks as data-parallel ranks) are the CPU path's (parallel/context_parallel.h). The
+ * load-balancing loss stays each rank's own tokens' on the GPU (the CPU path all-reduces its statistics).
+ */
+#pragma once
+#include "context_parallel.h"
+#include "../model/dbrx_cuda.cuh"
+
+typedef struct {
+    CommGroup group;                // "context": N consecutive ranks, NCCL
+    int n, rank, B, Tl, H, KV, hd;
+    floatX *kv, *kv_all;            // (B, Tl, 2 kv hd) this rank's K|V; (N, B, Tl, 2 kv hd) the group's
+    float *dkv_all, *dkv;           // their gradients, FP32: every gathered row's; this rank's rows, summed over the group
+    uint64_t fwd_calls, bwd_calls;
+} ContextParallelGPU;
+
+static inline void cpg_gather(ContextParallelGPU* cp, const floatX* qkv) {
+    size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
+    LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->kv, qkv, rows, cp->H, cp->KV, cp->hd);
+    cudaCheck(cudaStreamSynchronize(0));   // (the K|V written before the group's stream reads them)
+    comm_all_gather(&cp->group, cp->kv, cp->kv_all, kvn, COMM_BF16);
+    comm_sync(&cp->group);
+}
+
+static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX* qkv) {
+    ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    cpg_gather(cp, qkv);
+    LAUNCH(cp_attention_forward_kernel, ceil_div((long long)cp->B * cp->H * cp->Tl, 4), 128, 0, 0, out, lse, qkv, cp->kv_all, cp->B, cp->Tl,
+           cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+    cp->fwd_calls++;
+}
+
+static inline void cpg_backward(void* ctx, floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse) {
+    ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
+    cpg_gather(cp, qkv);
+    float* D = cp->dkv;   // (B, H, Tl) rowsum(dout * out) borrows the reduce-scatter's output until the dK|dV need it
+    LAUNCH(cp_attention_dq_kernel, ceil_div((long long)rows * cp->H, 4), 128, 0, 0, dqkv, D, dout, out, lse, qkv, cp->kv_all, cp->B, cp->Tl,
+           cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+    LAUNCH(cp_attention_dkv_kernel, ceil_div((long long)cp->n * rows * cp->KV, 4), 128, 0, 0, cp->dkv_all, dout, lse, D, qkv, cp->kv_all,
+           cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+    cudaCheck(cudaStreamSynchronize(0));
+    comm_reduce_scatter(&cp->group, cp->dkv_all, cp->dkv, kvn, COMM_F32);
+    comm_sync(&cp->group);
+    LAUNCH(cp_unpack_dkv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, dqkv, cp->dkv, rows, cp->H, cp->KV, cp->hd);
+    cp->bwd_calls++;
+}
+
+// collective over the world; n = 1: nothing. RoPE's device tables rewritten for this rank's global positions.
+static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* m, int T_full) {
+    cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0; cp->kv = cp->kv_all = nullptr; cp->dkv = cp->dkv_all = nullptr;
+    if (n <= 1) return;
+    if (comm->world % n != 0)
+        fail(EXIT_BAD_INPUT, "--context-parallel %d must divide the number of ranks %d (CP groups are %d consecutive ranks)", n, comm->world, n);
+    cp->group = comm_split(&comm->world_group, comm->rank / n, comm->rank % n, "context", 1);
+    cp->rank = cp->group.rank;
+    const DbrxConfig* c = &m->cfg;
+    cp->B = m->B; cp->Tl = m->T; cp->H = c->n_heads; cp->KV = c->kv_heads; cp->hd = c->head_dim;
+    size_t half = c->head_dim / 2, kvn = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
+    std::vector<int> pos(cp->Tl);
+    std::vector<real> cs((size_t)cp->Tl * half), sn((size_t)cp->Tl * half);
+    cp_positions(pos.data(), T_full, n, cp->rank, 1);
+    rope_tables_at(cs.data(), sn.data(), pos.data(), cp->Tl, c->head_dim, c->rope_theta);
+    std::vector<float> cf(cs.begin(), cs.end()), sf(sn.begin(), sn.end());
+    cudaCheck(cudaMemcpy(m->rope_cos, cf.data(), cf.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(m->rope_sin, sf.data(), sf.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMalloc((void**)&cp->kv, kvn * sizeof(floatX)));
+    cudaCheck(cudaMalloc((void**)&cp->kv_all, n * kvn * sizeof(floatX)));
+    cudaCheck(cudaMalloc((void**)&cp->dkv_all, n * kvn * sizeof(float)));
+    cudaCheck(cudaMalloc((void**)&cp->dkv, std::max(kvn, (size_t)cp->B * cp->H * cp->Tl) * sizeof(float)));   // (and D)
+    m->activation_bytes += kvn * (sizeof(floatX) * (1 + n) + sizeof(float) * n) + std::max(kvn, (size_t)cp->B * cp->H * cp->Tl) * sizeof(float);
+    m->attn = AttentionHooksGPU{cpg_forward, cpg_backward, cp};
+}
+
+static inline void cpg_free(ContextParallelGPU* cp, const Comm* comm) {
+    if (cp->n <= 1) return;
+    printf("cp: rank %d: context-parallel rank %d of %d (GPU, all-gather), sent %llu bytes in %llu forward and %llu backward attentions\n",
+           comm->rank, cp->rank, cp->n, (unsigned long long)comm_bytes_sent(&cp->group), (unsigned long long)cp->fwd_calls,
+           (unsigned long long)cp->bwd_calls);
+    fflush(stdout);
+    cudaCheck(cudaFree(cp->kv)); cudaCheck(cudaFree(cp->kv_all)); cudaCheck(cudaFree(cp->dkv_all)); cudaCheck(cudaFree(cp->dkv));
+}
