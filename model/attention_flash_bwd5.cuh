@@ -18,8 +18,9 @@
  * instead of adding, the last one writes the BF16 result, scaled, into dqkv, and sets the semaphore back
  * to 0, which the next D kernel does anyway; the others set it to j + 1): every element is summed in the order of j on any schedule, so the
  * result is the same bits on every run. The block of key tile j waits only for key tile j - 1 of the
- * same (kv head, batch), the block before it in launch order (linear block index one less): blocks are
- * started in that order, so the awaited one is running or done, and key tile 0 waits for no one.
+ * same (kv head, batch), the block one ticket earlier: each block takes its tile from an atomic ticket
+ * when it starts (CUDA promises no order of blocks), so the awaited one is running or done, and key
+ * tile 0 waits for no one.
  */
 #pragma once
 #include "attention_flash.cuh"
@@ -57,8 +58,16 @@ flash_attention_backward5_kernel(floatX* dqkv, float* dq_acc, int* dq_sem, const
     float* Ds = ls + 2 * FLASH_BQ;                 // (2, BQ)
     floatX* dSs = (floatX*)(Ds + 2 * FLASH_BQ);    // (BQ, LDS): dS of the tile, query-major (the A operand of dS K)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    int kt = blockIdx.x, k0 = kt * FLASH_BC;       // the first key tiles have the most queries: they go first
-    int kvh = blockIdx.y, b = blockIdx.z, group = H / KV, nqt = (T - 1) / FLASH_BQ + 1;
+    // The block's (key tile, kv head, batch) comes from a ticket taken when it starts, not from blockIdx: a key
+    // tile waits below for the one before it, and a GPU runs blocks in no promised order. By the ticket, that
+    // block started earlier, so it is running or done: the wait always ends. (dq_sem's last int, zeroed by
+    // the D kernel.) The first key tiles have the most queries: they go first.
+    __shared__ int ticket;
+    const int nqt = (T - 1) / FLASH_BQ + 1;
+    if (threadIdx.x == 0) ticket = atomicAdd(dq_sem + (size_t)gridDim.z * H * nqt, 1);
+    __syncthreads();
+    int kt = ticket % gridDim.x, k0 = kt * FLASH_BC;
+    int kvh = ticket / gridDim.x % gridDim.y, b = ticket / (gridDim.x * gridDim.y), group = H / KV;
     size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
     const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
     const floatX* Vg = Kg + (size_t)KV * HD;
@@ -195,7 +204,7 @@ template <int HD> static inline size_t flash_bwd5_smem() {
 }
 // the workspace of flash_attention_backward5_gpu: dq_acc floats, dq_sem ints
 static inline size_t flash_bwd5_acc_floats(int B, int T, int H, int hd) { return (size_t)B * H * T * hd; }
-static inline size_t flash_bwd5_sem_ints(int B, int T, int H) { return (size_t)B * H * ceil_div(T, FLASH_BQ); }
+static inline size_t flash_bwd5_sem_ints(int B, int T, int H) { return (size_t)B * H * ceil_div(T, FLASH_BQ) + 1; }   // (+ the ticket)
 
 template <int HD>
 static inline void flash_attention_backward5_hd(floatX* dqkv, float* Dbuf, float* dq_acc, int* dq_sem, const floatX* dout,
