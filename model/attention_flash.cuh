@@ -18,16 +18,9 @@
  *            Causal: key tiles past the query tile are never loaded, a slice skips the tiles wholly past
  *            its rows, the mask is applied only on tiles that reach past a slice's first row. Query
  *            tiles run longest first.
- *   backward the model's is attention_flash_bwd5.cuh (5 tile products per pair). The pair of kernels
- *            here (dev/cuda/attention.cu's backward v2, and the dk/dv half's loop which bwd5 extends):
- *            dq   grid (T/64, H, B): also writes D = rowsum(dout * out) of its rows; per key tile
- *                 S = Q K^T, dP = dO V^T, P = exp(S scale - lse), dS = P (dP - D), dQ += dS K;
- *            dkdv grid (T/64 key tiles, KV, B): the warp owns 16 keys and works on S^T = K Q^T and
- *                 dP^T = V dO^T over 32-query tiles from the diagonal on, of every query head of
- *                 the kv group (GQA: K/V read once per group, never repeated), dV += P^T dO,
- *                 dK += dS^T Q; Q/dO/lse/D tiles double-buffered.
- *            The dq kernel recomputes S and dP (7 products per tile pair instead of 5) in exchange for
- *            no float atomics on dQ.
+ *   backward attention_flash_bwd5.cuh (5 tile products per pair); this file has what it shares, the
+ *            query tiles' loader. (The pair of kernels it replaced, a dq kernel and a dk/dv kernel with 7
+ *            products per pair, is dev/cuda/attention.cu's backward v2.)
  * Rows past T are zero-filled by the copies (no global read) and never stored; in the backward their
  * lse is +inf, so their probabilities are 0.
  */
@@ -35,7 +28,6 @@
 #include "tensor_core.cuh"
 
 #define FLASH_FWD_BR 128   // query rows of a forward block (4 warps x two 16-row slices)
-#define FLASH_BR 64        // query rows of a dq block (4 warps x 16)
 #define FLASH_BC 64        // keys per tile (forward, dq); keys of a dk/dv block (4 warps x 16)
 #define FLASH_BQ 32        // queries per tile of the dk/dv block: S^T and dP^T are 16 x 32 per warp (registers)
 #define FLASH_THREADS 128
@@ -232,108 +224,6 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T
 }
 
 // ---------------------------------------------------------------------------------------------
-// backward, dq: the Q rows of dqkv, and D (B, H, T) = rowsum(dout * out)
-
-template <int HD>
-__global__ void __launch_bounds__(FLASH_THREADS)
-flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                   const floatX* qkv, int T, int H, int KV) {
-    constexpr int LD = HD + 8, KT = HD / 16, NT = FLASH_BC / 8, OT = HD / 8;
-    floatX* Qs = (floatX*)dynamic_smem;            // (BR, LD)
-    floatX* dOs = Qs + FLASH_BR * LD;              // (BR, LD)
-    floatX* Ks = dOs + FLASH_BR * LD;              // (2, BC, LD): double-buffered
-    floatX* Vs = Ks + 2 * FLASH_BC * LD;           // (2, BC, LD)
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_BR;
-    int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV), C = H * HD;
-    size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
-    const floatX* Qg = qkv + (size_t)b * T * qkv_dim + (size_t)h * HD;
-    const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
-    const floatX* Vg = Kg + (size_t)KV * HD;
-    const floatX* dOg = dout + (size_t)b * T * C + (size_t)h * HD;
-    const floatX* Og = out + (size_t)b * T * C + (size_t)h * HD;
-    const float scale = rsqrtf((float)HD), sl2 = scale * FLASH_LOG2E;
-    const int ntiles = (min(q0 + FLASH_BR, T) - 1) / FLASH_BC + 1;
-    const int row0 = warp * 16, qa = q0 + row0 + g, qb = qa + 8;
-
-    flash_load_tile<HD>(Qs, Qg, qkv_dim, q0, FLASH_BR, T);
-    flash_load_tile<HD>(dOs, dOg, C, q0, FLASH_BR, T);
-    flash_load_tile<HD>(Ks, Kg, qkv_dim, 0, FLASH_BC, T);
-    flash_load_tile<HD>(Vs, Vg, qkv_dim, 0, FLASH_BC, T);
-    cp_async_commit();
-
-    // while the copies fly: D of the warp's 16 rows (lanes split HD, a row at a time), and lse, in log2 units
-    float Da = 0.0f, Db = 0.0f;
-    for (int r = 0; r < 16; r++) {
-        int q = q0 + row0 + r;
-        float d = 0.0f;
-        if (q < T)
-            for (int i = lane; i < HD; i += 32) d += __bfloat162float(dOg[(size_t)q * C + i]) * __bfloat162float(Og[(size_t)q * C + i]);
-        d = warp_sum(d);
-        if (r == g) Da = d;
-        if (r == g + 8) Db = d;
-        if (lane == 0 && q < T) Dbuf[((size_t)b * H + h) * T + q] = d;
-    }
-    float la = qa < T ? lse[((size_t)b * H + h) * T + qa] * FLASH_LOG2E : 0.0f;   // rows past T: never stored
-    float lb = qb < T ? lse[((size_t)b * H + h) * T + qb] * FLASH_LOG2E : 0.0f;
-
-    float dq[OT][4] = {};
-    for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) {
-            flash_load_tile<HD>(Ks + (j + 1) % 2 * FLASH_BC * LD, Kg, qkv_dim, (j + 1) * FLASH_BC, FLASH_BC, T);
-            flash_load_tile<HD>(Vs + (j + 1) % 2 * FLASH_BC * LD, Vg, qkv_dim, (j + 1) * FLASH_BC, FLASH_BC, T);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const floatX* Kt = Ks + j % 2 * FLASH_BC * LD;
-        const floatX* Vt = Vs + j % 2 * FLASH_BC * LD;
-
-        // S = Q K^T and dP = dO V^T: (16, BC) per warp
-        float s[NT][4] = {}, dp[NT][4] = {};
-        for (int kk = 0; kk < KT; kk++) {
-            uint32_t qf[4], of[4];
-            frag_a(qf, Qs, LD, row0, kk * 16);
-            frag_a(of, dOs, LD, row0, kk * 16);
-            for (int n = 0; n < NT; n += 2) {
-                uint32_t kf[4], vf[4];
-                frag_b_nmajor(kf, Kt, LD, n * 8, kk * 16);
-                frag_b_nmajor(vf, Vt, LD, n * 8, kk * 16);
-                mma_m16n8k16_bf16_f32(s[n], qf, kf, s[n]);
-                mma_m16n8k16_bf16_f32(s[n + 1], qf, kf + 2, s[n + 1]);
-                mma_m16n8k16_bf16_f32(dp[n], of, vf, dp[n]);
-                mma_m16n8k16_bf16_f32(dp[n + 1], of, vf + 2, dp[n + 1]);
-            }
-        }
-        // P = exp(S scale - lse), 0 where the key is after the query; dS = P (dP - D), into s
-        const int k0 = j * FLASH_BC;
-        const bool diag = k0 + FLASH_BC - 1 > q0 + row0;
-        for (int n = 0; n < NT; n++)
-            for (int e = 0; e < 4; e++) {
-                bool masked = diag && k0 + n * 8 + 2 * t4 + e % 2 > (e < 2 ? qa : qb);
-                float p = masked ? 0.0f : exp2f(s[n][e] * sl2 - (e < 2 ? la : lb));
-                s[n][e] = p * (dp[n][e] - (e < 2 ? Da : Db));
-            }
-        // dQ += dS K
-        for (int kk = 0; kk < FLASH_BC / 16; kk++) {
-            uint32_t df[4];
-            frag_a_from_acc(df, s[2 * kk], s[2 * kk + 1]);
-            for (int n = 0; n < OT; n += 2) {
-                uint32_t kf[4];
-                frag_b_kmajor(kf, Kt, LD, kk * 16, n * 8);
-                mma_m16n8k16_bf16_f32(dq[n], df, kf, dq[n]);
-                mma_m16n8k16_bf16_f32(dq[n + 1], df, kf + 2, dq[n + 1]);
-            }
-        }
-        __syncthreads();
-    }
-    // dQ scale, through the warp's own Q rows to 16-byte stores
-    flash_acc_to_smem<OT>(Qs, LD, row0, dq, scale, scale);
-    __syncwarp();
-    flash_store_rows<HD>(dqkv + (size_t)b * T * qkv_dim + (size_t)h * HD, qkv_dim, q0 + row0, T, Qs + row0 * LD);
-}
-
-// ---------------------------------------------------------------------------------------------
 // backward, dk and dv: the K and V rows of dqkv, from lse and D
 
 // queries [q0, q0 + BQ) of query head h: Q and dO tiles by cp.async; lse (log2 units, +inf past T)
@@ -354,109 +244,10 @@ __device__ __forceinline__ void flash_load_queries(floatX* Qt, floatX* dOt, floa
     }
 }
 
-template <int HD>
-__global__ void __launch_bounds__(FLASH_THREADS)
-flash_attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const float* lse, const float* Dbuf, const floatX* qkv,
-                                    int T, int H, int KV) {
-    constexpr int LD = HD + 8, KT = HD / 16, NT = FLASH_BQ / 8, OT = HD / 8;
-    floatX* Ks = (floatX*)dynamic_smem;            // (BC, LD)
-    floatX* Vs = Ks + FLASH_BC * LD;               // (BC, LD)
-    floatX* Qs = Vs + FLASH_BC * LD;               // (2, BQ, LD): double-buffered
-    floatX* dOs = Qs + 2 * FLASH_BQ * LD;          // (2, BQ, LD)
-    float* ls = (float*)(dOs + 2 * FLASH_BQ * LD); // (2, BQ)
-    float* Ds = ls + 2 * FLASH_BQ;                 // (2, BQ)
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    int k0 = blockIdx.x * FLASH_BC;   // the first key tiles have the most queries: they go first
-    int kvh = blockIdx.y, b = blockIdx.z, group = H / KV;
-    size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
-    const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
-    const floatX* Vg = Kg + (size_t)KV * HD;
-    const float scale = rsqrtf((float)HD), sl2 = scale * FLASH_LOG2E;
-    const int row0 = warp * 16, ka = k0 + row0 + g, kb = ka + 8;   // this lane's two keys
-    // iterations: (query head of the group, query tile from the one holding key k0 to the last)
-    const int qt0 = k0 / FLASH_BQ, nq = (T - 1) / FLASH_BQ + 1 - qt0, n_it = group * nq;
-
-    flash_load_tile<HD>(Ks, Kg, qkv_dim, k0, FLASH_BC, T);
-    flash_load_tile<HD>(Vs, Vg, qkv_dim, k0, FLASH_BC, T);
-    flash_load_queries<HD>(Qs, dOs, ls, Ds, qkv, dout, lse, Dbuf, b, kvh * group, qt0 * FLASH_BQ, T, H, KV);
-    cp_async_commit();
-
-    float dk[OT][4] = {}, dv[OT][4] = {};
-    for (int it = 0; it < n_it; it++) {
-        if (it + 1 < n_it) {
-            int nb = (it + 1) % 2;
-            flash_load_queries<HD>(Qs + nb * FLASH_BQ * LD, dOs + nb * FLASH_BQ * LD, ls + nb * FLASH_BQ, Ds + nb * FLASH_BQ, qkv,
-                                   dout, lse, Dbuf, b, kvh * group + (it + 1) / nq, (qt0 + (it + 1) % nq) * FLASH_BQ, T, H, KV);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const floatX* Qt = Qs + it % 2 * FLASH_BQ * LD;
-        const floatX* dOt = dOs + it % 2 * FLASH_BQ * LD;
-        const float* lt = ls + it % 2 * FLASH_BQ;
-        const float* Dt = Ds + it % 2 * FLASH_BQ;
-        const int q0 = (qt0 + it % nq) * FLASH_BQ;
-
-        // S^T = K Q^T and dP^T = V dO^T: (16 keys, BQ queries) per warp
-        float s[NT][4] = {}, dp[NT][4] = {};
-        for (int kk = 0; kk < KT; kk++) {
-            uint32_t kf[4], vf[4];
-            frag_a(kf, Ks, LD, row0, kk * 16);
-            frag_a(vf, Vs, LD, row0, kk * 16);
-            for (int n = 0; n < NT; n += 2) {
-                uint32_t qf[4], of[4];
-                frag_b_nmajor(qf, Qt, LD, n * 8, kk * 16);
-                frag_b_nmajor(of, dOt, LD, n * 8, kk * 16);
-                mma_m16n8k16_bf16_f32(s[n], kf, qf, s[n]);
-                mma_m16n8k16_bf16_f32(s[n + 1], kf, qf + 2, s[n + 1]);
-                mma_m16n8k16_bf16_f32(dp[n], vf, of, dp[n]);
-                mma_m16n8k16_bf16_f32(dp[n + 1], vf, of + 2, dp[n + 1]);
-            }
-        }
-        // P^T = exp(S^T scale - lse[query]), 0 where the query is before the key; dS^T = P^T (dP^T - D[query])
-        const bool diag = q0 < k0 + row0 + 15;
-        for (int n = 0; n < NT; n++)
-            for (int e = 0; e < 4; e++) {
-                int qi = n * 8 + 2 * t4 + e % 2;
-                bool masked = diag && q0 + qi < (e < 2 ? ka : kb);
-                float p = masked ? 0.0f : exp2f(s[n][e] * sl2 - lt[qi]);
-                s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - Dt[qi]);
-            }
-        // dV += P^T dO and dK += dS^T Q, over the tile's queries
-        for (int kk = 0; kk < FLASH_BQ / 16; kk++) {
-            uint32_t pf[4], df[4];
-            frag_a_from_acc(pf, s[2 * kk], s[2 * kk + 1]);
-            frag_a_from_acc(df, dp[2 * kk], dp[2 * kk + 1]);
-            for (int n = 0; n < OT; n += 2) {
-                uint32_t of[4], qf[4];
-                frag_b_kmajor(of, dOt, LD, kk * 16, n * 8);
-                frag_b_kmajor(qf, Qt, LD, kk * 16, n * 8);
-                mma_m16n8k16_bf16_f32(dv[n], pf, of, dv[n]);
-                mma_m16n8k16_bf16_f32(dv[n + 1], pf, of + 2, dv[n + 1]);
-                mma_m16n8k16_bf16_f32(dk[n], df, qf, dk[n]);
-                mma_m16n8k16_bf16_f32(dk[n + 1], df, qf + 2, dk[n + 1]);
-            }
-        }
-        __syncthreads();
-    }
-    // dK scale, dV, through the warp's own K and V rows to 16-byte stores
-    flash_acc_to_smem<OT>(Ks, LD, row0, dk, scale, scale);
-    flash_acc_to_smem<OT>(Vs, LD, row0, dv, 1.0f, 1.0f);
-    __syncwarp();
-    floatX* dK = dqkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
-    flash_store_rows<HD>(dK, qkv_dim, k0 + row0, T, Ks + row0 * LD);
-    flash_store_rows<HD>(dK + (size_t)KV * HD, qkv_dim, k0 + row0, T, Vs + row0 * LD);
-}
-
 // ---------------------------------------------------------------------------------------------
 // launchers (head_dim HD in {32, 64, 128}; the caller checks flash_attention_supported)
 
 template <int HD> static inline size_t flash_forward_smem() { return (size_t)(FLASH_FWD_BR + 4 * FLASH_BC) * (HD + 8) * sizeof(floatX); }
-template <int HD> static inline size_t flash_dq_smem() { return (size_t)(2 * FLASH_BR + 4 * FLASH_BC) * (HD + 8) * sizeof(floatX); }
-template <int HD> static inline size_t flash_dkv_smem() {
-    return (size_t)(2 * FLASH_BC + 4 * FLASH_BQ) * (HD + 8) * sizeof(floatX) + 4 * FLASH_BQ * sizeof(float);
-}
 
 template <int HD>
 static inline void flash_attention_forward_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
@@ -466,18 +257,6 @@ static inline void flash_attention_forward_hd(floatX* out, float* lse, const flo
     LAUNCH(flash_attention_forward_kernel<HD>, dim3(ceil_div(T, FLASH_FWD_BR), H, B), FLASH_THREADS, smem, stream, out, lse, qkv, T,
            H, KV);
 }
-template <int HD>
-static inline void flash_attention_backward_hd(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                               const floatX* qkv, int B, int T, int H, int KV, cudaStream_t stream) {
-    size_t smem_dq = flash_dq_smem<HD>(), smem_dkv = flash_dkv_smem<HD>();
-    cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
-    cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dkv));
-    // the dq kernel writes D, which the dk/dv kernel reads
-    LAUNCH(flash_attention_backward_dq_kernel<HD>, dim3(ceil_div(T, FLASH_BR), H, B), FLASH_THREADS, smem_dq, stream, dqkv, Dbuf,
-           dout, out, lse, qkv, T, H, KV);
-    LAUNCH(flash_attention_backward_dkv_kernel<HD>, dim3(ceil_div(T, FLASH_BC), KV, B), FLASH_THREADS, smem_dkv, stream, dqkv,
-           dout, lse, Dbuf, qkv, T, H, KV);
-}
 
 // out (B, T, H hd) bf16, lse (B, H, T) fp32 from qkv (B, T, (H + 2 KV) hd)
 static inline void flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
@@ -485,14 +264,5 @@ static inline void flash_attention_forward_gpu(floatX* out, float* lse, const fl
     if (hd == 32) flash_attention_forward_hd<32>(out, lse, qkv, B, T, H, KV, stream);
     else if (hd == 64) flash_attention_forward_hd<64>(out, lse, qkv, B, T, H, KV, stream);
     else if (hd == 128) flash_attention_forward_hd<128>(out, lse, qkv, B, T, H, KV, stream);
-    else fail(EXIT_BAD_INPUT, "flash attention: head_dim %d is not 32, 64 or 128", hd);
-}
-// dqkv (B, T, (H + 2 KV) hd) overwritten; Dbuf (B, H, T) fp32 scratch. The pair of kernels before issue 25 (7 tile
-// products per pair): dev/cuda/attention.cu's backward v2; the model's is attention_flash_bwd5.cuh's
-static inline void flash_attention_backward_v2_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                                const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
-    if (hd == 32) flash_attention_backward_hd<32>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, stream);
-    else if (hd == 64) flash_attention_backward_hd<64>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, stream);
-    else if (hd == 128) flash_attention_backward_hd<128>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, stream);
     else fail(EXIT_BAD_INPUT, "flash attention: head_dim %d is not 32, 64 or 128", hd);
 }

@@ -44,6 +44,19 @@ print('step 1: loss %r / %r, grad norm %r / %r (rel %.2e)' % (l0, l1, g0, g1, ab
 sys.exit(0 if ($check) else 1)" > "$tmp/cmp.txt"; then pass "$what: $(cat "$tmp/cmp.txt")"; else fail "$what: $(cat "$tmp/cmp.txt")"; fi
 }
 close="l1 == l0 and g1 != g0 and abs(g1 / g0 - 1) < 2e-3"
+# peak_check WHAT OFF RUN DRYRUN...: every rank's emulated peak device memory of RUN (SIMT_STEP_COUNTERS=1) is the plan
+# of the --dry-run command DRYRUN within 0.1%, and below run OFF's
+peak_check() {
+    local what=$1 off=$2 name=$3; shift 3
+    local plan peak peak_off
+    plan=$("$@" --dry-run | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
+    peak=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/$name.out" | sort -n | tail -1)
+    peak_off=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/$off.out" | sort -n | tail -1)
+    if [ -n "$plan" ] && [ -n "$peak" ] && [ -n "$peak_off" ] && [ "$peak" -lt "$peak_off" ] \
+        && /usr/bin/python3 -c "import sys; sys.exit(abs($peak / $plan - 1) > 0.001)"; then
+        pass "$what: peak per rank $peak bytes = the plan's $plan within 0.1%, < $peak_off without"
+    else fail "$what: peak $peak, plan $plan, without $peak_off"; fi
+}
 
 echo "-- CPU"
 cpu=("$BIN" "${base[@]}" --batch 2 --steps 2)
@@ -75,14 +88,7 @@ if [ -x "$EMU" ]; then
     SIMT_STEP_COUNTERS=1 run g_e4m3 "${gpu[@]}" --compress-acts swiglu
     compare g_off g_e4m3 "GPU e4m3: the same forward, gradients within 0.2%" "$close"
     compare c_e4m3 g_e4m3 "GPU e4m3 against the CPU's e4m3" "abs(l1 / l0 - 1) < 1e-4 and abs(g1 / g0 - 1) < 5e-3"
-    # peak device memory: the plan's within 0.1%, below the run without
-    plan=$("${gpu[@]}" --compress-acts swiglu --dry-run | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
-    peak=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/g_e4m3.out" | sort -n | tail -1)
-    peak_off=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/g_off.out" | sort -n | tail -1)
-    if [ -n "$plan" ] && [ -n "$peak" ] && [ -n "$peak_off" ] && [ "$peak" -lt "$peak_off" ] \
-        && /usr/bin/python3 -c "import sys; sys.exit(abs($peak / $plan - 1) > 0.001)"; then
-        pass "GPU peak $peak bytes = the plan's $plan within 0.1%, < $peak_off without"
-    else fail "GPU peak $peak, plan $plan, without $peak_off"; fi
+    peak_check "GPU" g_off g_e4m3 "${gpu[@]}" --compress-acts swiglu
     hd=(--n-heads 1 --kv-heads 1 --n-layers 2)   # head_dim 128
     run g8_off "${gpu[@]}" "${hd[@]}" --fp8 block; run g8_ca "${gpu[@]}" "${hd[@]}" --fp8 block --compress-acts swiglu
     compare g8_off g8_ca "GPU --fp8 block, head_dim 128 (the padded layout's rows)" "$close"
@@ -93,13 +99,7 @@ if [ -x "$EMU" ]; then
     SIMT_STEP_COUNTERS=1 run ge_off "${gz[@]}" --expert-parallel 2; SIMT_STEP_COUNTERS=1 run ge_ca "${gz[@]}" --expert-parallel 2 --compress-acts swiglu
     compare ge_off ge_ca "GPU EP 2, --ep-overlap-chunks 2" "$close"
     compare ce_ca ge_ca "GPU EP 2 against the CPU's EP 2" "abs(l1 / l0 - 1) < 1e-4 and abs(g1 / g0 - 1) < 5e-3"
-    plan=$("${gz[@]:4}" --expert-parallel 2 --compress-acts swiglu --dry-run --plan-gpus 2 | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
-    peak=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/ge_ca.out" | sort -n | tail -1)
-    peak_off=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/ge_off.out" | sort -n | tail -1)
-    if [ -n "$plan" ] && [ -n "$peak" ] && [ -n "$peak_off" ] && [ "$peak" -lt "$peak_off" ] \
-        && /usr/bin/python3 -c "import sys; sys.exit(abs($peak / $plan - 1) > 0.001)"; then
-        pass "GPU EP 2: peak per rank $peak bytes = the plan's $plan within 0.1%, < $peak_off without"
-    else fail "GPU EP 2: peak $peak, plan $plan, without $peak_off"; fi
+    peak_check "GPU EP 2" ge_off ge_ca "${gz[@]:4}" --expert-parallel 2 --compress-acts swiglu --plan-gpus 2
     run ge1_ca "${gz[@]}" --expert-parallel 2 --ep-overlap-chunks 1 --compress-acts swiglu
     cmp -s "$tmp/ge_ca" "$tmp/ge1_ca" && pass "GPU EP 2: one chunk gives the chunked run's losses bit for bit" \
         || fail "GPU EP 2: --ep-overlap-chunks 1 differs: $(paste -d' ' "$tmp/ge_ca" "$tmp/ge1_ca" | head -2 | tr '\n' ';')"
