@@ -44,6 +44,10 @@ __global__ void flash_attention_backward_D_kernel(float* Dbuf, int* dq_sem, cons
     if (lane == 0) Dbuf[((size_t)b * H + h) * T + t] = d;
 }
 
+// The block's (key tile, kv head, batch) comes from a ticket taken when it starts, not from blockIdx: a key
+// tile waits for the one before it, and a GPU runs blocks in no promised order. By the ticket, that block
+// started earlier, so it is running or done: the wait always ends. (The ticket is dq_sem's last int, zeroed
+// by the D kernel.) The first key tiles have the most queries: they go first.
 template <int HD>
 __global__ void __launch_bounds__(FLASH_THREADS)
 flash_attention_backward5_kernel(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX* dout, const float* lse, const float* Dbuf,
@@ -58,10 +62,6 @@ flash_attention_backward5_kernel(floatX* dqkv, float* dq_acc, int* dq_sem, const
     float* Ds = ls + 2 * FLASH_BQ;                 // (2, BQ)
     floatX* dSs = (floatX*)(Ds + 2 * FLASH_BQ);    // (BQ, LDS): dS of the tile, query-major (the A operand of dS K)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    // The block's (key tile, kv head, batch) comes from a ticket taken when it starts, not from blockIdx: a key
-    // tile waits below for the one before it, and a GPU runs blocks in no promised order. By the ticket, that
-    // block started earlier, so it is running or done: the wait always ends. (dq_sem's last int, zeroed by
-    // the D kernel.) The first key tiles have the most queries: they go first.
     __shared__ int ticket;
     const int nqt = (T - 1) / FLASH_BQ + 1;
     if (threadIdx.x == 0) ticket = atomicAdd(dq_sem + (size_t)gridDim.z * H * nqt, 1);
