@@ -3,6 +3,15 @@
 RESULTS=${RESULTS:-/dev/null}
 pass() { echo "ok   $*"; echo pass >> "$RESULTS"; }
 fail() { echo "FAIL $*"; echo fail >> "$RESULTS"; }
+# jsonl_steps LOG: one "step loss grad_norm" line per step of a training run's JSONL log (--log), the numbers
+# as the log holds them (repr: every digit), so that two runs compare with cmp
+jsonl_steps() {
+    /usr/bin/python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if "loss" in r: print(r["step"], repr(r["loss"]), repr(r["grad_norm"]))' "$1"
+}
 # expect_exit CODE NAME CMD...: runs CMD, checks its exit code, and that stderr is one line
 expect_exit() {
     local code=$1 name=$2; shift 2

@@ -25,11 +25,7 @@ base=(--model dbrx-tiny --n-layers 3 --seq 64 --val-every 0 --ckpt-every 0)
 run() {
     local name=$1; shift
     if ! "$@" --log "$tmp/$name.jsonl" > "$tmp/$name.out" 2>&1; then echo "FAILED" > "$tmp/$name"; tail -3 "$tmp/$name.out"; return; fi
-    /usr/bin/python3 -c '
-import json, sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    if "loss" in r: print(r["step"], repr(r["loss"]), repr(r["grad_norm"]))' "$tmp/$name.jsonl" > "$tmp/$name"
+    jsonl_steps "$tmp/$name.jsonl" > "$tmp/$name"
 }
 # compare REF NAME WHAT CHECK: CHECK is a python expression over l0, g0 (REF's step-1 loss and gradient norm) and
 # l1, g1 (NAME's)
