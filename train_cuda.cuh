@@ -74,7 +74,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     dbrx_build_shape(&model, &cfg, args.run.batch, Tr, &fp8,
                      zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, ep_n,
                                              zero_chunk_experts(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib),
-                                             rs_bf16) + ep_bytes,
+                                             rs_bf16, zero_vocab_rows(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib)) + ep_bytes,
                      ep_rows, S == 1 || comm.world % S != 0);   // (FP8: with no shard group the weights stay in place: quantised once per step)
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
     zero_init(&store, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, ep_n, args.parallel.ep_capacity,

@@ -139,7 +139,7 @@ typedef struct {
     size_t param_bytes, activation_bytes;
     float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
     Fp8GPU fp8;                        // --fp8: the FP8 state (recipe FP8_OFF: unused)
-    ExpertHooksGPU experts; AttentionHooksGPU attn;   // the experts' dispatcher, CP's attention (all NULL: here)
+    ExpertHooksGPU experts; AttentionHooksGPU attn; VocabHooksGPU vocab;   // the experts' dispatcher, CP's attention, the store's vocabulary gradients (NULL: here)
     DbrxDecodeGPU dec;                 // generation's KV cache and scratch (dbrx_decode_alloc)
 
     // results of the last forward pass
@@ -265,7 +265,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->params = nullptr;
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->host_in = nullptr;
-    m->experts = ExpertHooksGPU{NULL, NULL, NULL}; m->attn = AttentionHooksGPU{NULL, NULL, NULL};
+    m->experts = ExpertHooksGPU{NULL, NULL, NULL}; m->attn = AttentionHooksGPU{NULL, NULL, NULL}; m->vocab = VocabHooksGPU{NULL, NULL};
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
     m->p.blocks.resize(cfg->n_layers);
@@ -509,10 +509,11 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
     ProfTrack pt = dbrx_prof_track(m);
     unit_begin(m, dbrx_head_unit(c), UNIT_BACKWARD);
     prof_begin(pt, "layer", "lm_head + loss");
-    matmul_backward_gpu(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f);
+    if (m->vocab.backward) m->vocab.backward(m->vocab.ctx, dbrx_head_unit(c));   // (the same, its weight gradients in chunks)
+    else { matmul_backward_gpu(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f);
     cudaCheck(cudaMemset(m->dresid, 0, (size_t)N * d * sizeof(float)));
     layernorm_backward_gpu(m->dresid, (floatX*)nullptr, m->g.norm_f, m->ln_scratch, m->dln, m->resid[L], m->p.norm_f,
-                           m->lnf_mean, m->lnf_rstd, N, d);
+                           m->lnf_mean, m->lnf_rstd, N, d); }
     prof_end(pt);
     unit_end(m, dbrx_head_unit(c), UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
@@ -552,7 +553,8 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
     }
     unit_begin(m, 0, UNIT_BACKWARD_GRADS_ONLY);
     prof_begin(pt, "layer", "embedding");
-    embedding_backward_gpu(m->g.wte, m->dresid, m->emb_unique, m->emb_offsets, m->emb_positions, m->emb_U, d);
+    if (m->vocab.backward) m->vocab.backward(m->vocab.ctx, 0);
+    else embedding_backward_gpu(m->g.wte, m->dresid, m->emb_unique, m->emb_offsets, m->emb_positions, m->emb_U, d);
     prof_end(pt);
     unit_end(m, 0, UNIT_BACKWARD_GRADS_ONLY);
 }

@@ -56,21 +56,31 @@ static inline void embedding_plan_build(EmbeddingPlan* p, const int* tokens, int
 // tokens are on gridDim.x (up to 2^31 - 1; gridDim.y stops at 65,535, which a micro-batch of ~90 K
 // tokens over DBRX's 100,352-token vocabulary reaches), the channel blocks on gridDim.y (C / block).
 __global__ void embedding_backward_kernel(float* dwte, const float* dout, const int* unique, const int* offsets,
-                                          const int* positions, int C) {
+                                          const int* positions, int C, int row0) {
     int u = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float acc = 0.0f;
     for (int p = offsets[u]; p < offsets[u + 1]; p++) acc += dout[(size_t)positions[p] * C + c];
-    dwte[(size_t)unique[u] * C + c] += acc;
+    dwte[(size_t)(unique[u] - row0) * C + c] += acc;
 }
 
-// d_unique, d_offsets, d_positions: device copies of the plan's vectors (sizes U, U + 1, N)
+// d_unique, d_offsets, d_positions: device copies of the plan's vectors (sizes U, U + 1, N). A part of the
+// vocabulary: d_unique, d_offsets at its first distinct token, U its distinct tokens, dwte its rows from row0
 static inline void embedding_backward_gpu(float* dwte, const float* dout, const int* d_unique, const int* d_offsets,
-                                          const int* d_positions, int U, int C, cudaStream_t stream = 0) {
+                                          const int* d_positions, int U, int C, cudaStream_t stream = 0, int row0 = 0) {
     if (U == 0) return;
     const int block = C >= 128 ? 128 : ceil_div(C, 32) * 32;   // (a narrow C: no idle warps)
     LAUNCH(embedding_backward_kernel, dim3(U, ceil_div(C, block)), block, 0, stream, dwte, dout, d_unique, d_offsets,
-           d_positions, C);
+           d_positions, C, row0);
 }
+
+// The weight gradients of a vocabulary unit computed by the parameter store (DbrxGPU.vocab; NULL: here):
+// the embedding's (unit 0: its backward) or the head's (its whole backward: the input gradient of lm_head,
+// norm_f's backward into the residual gradient, the weight gradients), in chunks of vocabulary rows, each
+// reduced as it completes (parallel/README.md, "A bounded working set")
+typedef struct {
+    void (*backward)(void* ctx, int unit);
+    void* ctx;
+} VocabHooksGPU;
 #endif  // DBRX_HAVE_CUDA

@@ -81,6 +81,9 @@ typedef struct {
     int chunk_experts;                          // Ec (0: no unit is chunked)
     std::vector<int> unit_nchunks, item_base;
     std::vector<std::vector<int>> run_chunk;    // per unit, per run: its chunk
+    // the GPU store's vocabulary units (the embedding, norm_f + lm_head) with vocab_rows > 0: gradients in chunks of
+    // vocab_rows rows (one run each, norm_f in the head's chunk 0), parameters gathered whole (zero_gpu_vocab.cuh)
+    int vocab_rows;                             // (0: the two units whole)
     real *master, *grad, *m, *v;                // shard_total each (S = 1: the model's full buffers)
     real *work[2];                              // gathered parameters of two units (S > 1)
     real *gwork;                                // the full gradient of the unit in backward (S > 1)
@@ -161,6 +164,7 @@ static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<
         max_slot = std::max(max_slot, slot_len);
     }
     z->work_numel = max_slot;
+    z->chunk_experts = z->vocab_rows = 0;   // (zero_unit_layout sets them; a checkpoint's file layout has neither)
 }
 
 // The model's runs for S ranks and EP degree n (the top comment): every unit one run but a block's
@@ -168,8 +172,9 @@ static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<
 // per tensor and EP rank (its E/n experts' rows), split over the S/n ranks with that EP rank. Ec > 0 (the
 // GPU store's chunked experts, zero_chunk_experts; without EP only): one run per chunk of Ec experts and
 // tensor, chunk-major (w1, v1, w2 of experts [0, Ec), then of [Ec, 2 Ec), ...), each split over the S ranks.
+static inline void zero_vocab_runs(std::vector<std::vector<RunSpec>>* runs, const DbrxConfig* c, const std::vector<ParamInfo>& t, int Vc);
 static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1,
-                                                               int Ec = 0) {
+                                                               int Ec = 0, int Vc = 0) {
     std::vector<std::vector<RunSpec>> runs(dbrx_num_units(c));
     bool split = ((size_t)c->n_experts * c->ffn_hidden) % S == 0;
     std::vector<std::vector<const ParamInfo*>> chunked(runs.size());
@@ -190,7 +195,27 @@ static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig*
         for (int j = 0; j < c->n_experts / Ec; j++)
             for (const ParamInfo* p : chunked[u]) runs[u].push_back(RunSpec{p->offset + j * per, per, -1, j});
     }
+    if (Vc > 0) zero_vocab_runs(&runs, c, t, Vc);
     return runs;
+}
+
+// Vc > 0 (the GPU store's chunked vocabulary gradients, zero_vocab_rows): the embedding and norm_f + lm_head as
+// one run per chunk of Vc vocabulary rows, in flat order (chunk j: rows [j Vc, (j+1) Vc); norm_f, which precedes
+// lm_head, in the head's chunk 0), each split over the S ranks
+static inline void zero_vocab_runs(std::vector<std::vector<RunSpec>>* runs, const DbrxConfig* c, const std::vector<ParamInfo>& t, int Vc) {
+    int head = dbrx_head_unit(c);
+    size_t d = c->d_model, V = c->vocab_size;
+    for (int u : {0, head}) {
+        size_t off = (*runs)[u][0].flat_off, extra = (*runs)[u][0].numel - V * d;   // (the head: norm_f's d first)
+        ENSURE((*runs)[u].size() == 1 && extra == (u ? d : 0), "vocabulary unit %d is not one run of V d (+ d)", u);
+        (*runs)[u].clear();
+        for (size_t v0 = 0, j = 0; v0 < V; v0 += Vc, j++) {
+            size_t rows = std::min((size_t)Vc, V - v0), n = rows * d + (j ? 0 : extra);
+            (*runs)[u].push_back(RunSpec{off, n, -1, (int)j});
+            off += n;
+        }
+    }
+    (void)t;
 }
 
 // Experts per chunk of a block's experts unit for the GPU store (--zero-chunk-mib; 0: the unit whole): the
@@ -209,9 +234,34 @@ static inline int zero_chunk_experts(const DbrxConfig* c, int S, int n, bool fp8
 
 // The units and their shards for S ranks, with no groups and no storage (the GPU store's memory
 // estimate uses it before the groups exist).
-static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1, int Ec = 0) {
-    zero_layout_from_runs(z, zero_unit_runs(c, t, S, n, Ec), S, n);
+static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1, int Ec = 0,
+                                    int Vc = 0) {
+    zero_layout_from_runs(z, zero_unit_runs(c, t, S, n, Ec, Vc), S, n);
     z->chunk_experts = Ec;
+    z->vocab_rows = Vc;
+}
+
+// Vocabulary rows per gradient chunk of the embedding and norm_f + lm_head for the GPU store (--zero-chunk-mib;
+// 0: the two units whole, as the CPU store has them): the most rows, a multiple of 8, whose BF16 fit chunk_mib MiB
+// and whose chunk (padded, norm_f included) fits the largest other item of the slot ring, so that the ring is
+// never sized by the vocabulary (parallel/README.md, "A bounded working set"); 0 where that is the whole vocabulary
+static inline int zero_vocab_rows(const DbrxConfig* c, int S, int n, bool fp8, double chunk_mib) {
+    if (S <= 1 || !(chunk_mib > 0)) return 0;
+    Zero z;
+    zero_unit_layout(&z, c, dbrx_param_table(c), S, n, zero_chunk_experts(c, S, n, fp8, chunk_mib));
+    size_t ring = 0, d = c->d_model;
+    for (int u = 1; u + 1 < z.n_units; u++) ring = std::max(ring, z.slot_numel[u]);
+    double budget = chunk_mib * 1048576.0 / (2.0 * d);
+    size_t fit = ring > d + S ? (ring - d - S + 1) / d : 0;
+    size_t rows = std::min(fit, budget < 1e12 ? (size_t)budget : fit) / 8 * 8;
+    if (rows < 8) rows = 8;
+    return rows >= (size_t)c->vocab_size ? 0 : (int)rows;
+}
+// is unit u a vocabulary unit with chunked gradients (its parameters in the vocabulary slot)
+static inline bool zero_vocab_unit(const Zero* z, int u) { return z->vocab_rows > 0 && (u == 0 || u == z->n_units - 1); }
+// the vocabulary slot: either unit gathered whole, with room for its last run's padding (S - 1 elements)
+static inline size_t zero_vocab_slot_numel(const Zero* z) {
+    return z->vocab_rows > 0 ? std::max(z->unit_numel[0], z->unit_numel[z->n_units - 1]) + z->S : 0;
 }
 
 // the ranks that hold the same shard as this one (the expert replica group): the replica group, but under
@@ -273,7 +323,7 @@ static inline void zero_unit_end(void* ctx, int unit, int phase);
 // The groups and the layout; no storage. S = 0 means the whole world (ZeRO-3). Every rank calls this
 // with the same S. use_nccl: the groups get NCCL communicators (the GPU path, parallel/zero_gpu.cuh).
 static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, Comm* comm, int S,
-                                    int use_nccl, int ep_n = 1, int Ec = 0) {
+                                    int use_nccl, int ep_n = 1, int Ec = 0, int Vc = 0) {
     int W = comm->world;
     if (S == 0) S = W;
     if (S < 0 || S > W || W % S != 0) {
@@ -329,7 +379,7 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     }
     if (z->P != S)   // data parallel with EP: the ranks holding the same experts
         z->expert_replica_own = comm_split(z->world, z->lrank, comm->rank, "expert_replica", use_nccl);
-    zero_unit_layout(z, c, t, S, ep_n, Ec);
+    zero_unit_layout(z, c, t, S, ep_n, Ec, Vc);
     z->segs.clear();
     for (const ParamInfo& p : t)   // intersect each tensor with this rank's pieces of its unit
         zero_unit_pieces(z, p.unit, z->lrank, [&](size_t lo, size_t hi, size_t at) {

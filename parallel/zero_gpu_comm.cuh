@@ -88,6 +88,7 @@ static inline void zero_gpu_comm_free(ZeroGpu* zg) {
 // issues item (u, j)'s all-gather on the communication stream (nothing if its slot holds it)
 static inline void zero_gpu_gather_async(ZeroGpu* zg, int u, int j) {
     Zero* z = &zg->z;
+    if (zero_vocab_unit(z, u)) { zero_gpu_vocab_gather(zg, u); return; }   // (whole, into the vocabulary slot)
     int slot = zero_item_slot(z, u, j), item = zero_item(z, u, j);
     if (zg->slot_unit[slot] == item) return;
     cudaStream_t comm = zero_comm_stream(zg);
@@ -115,9 +116,14 @@ static inline void zero_gpu_gather_async(ZeroGpu* zg, int u, int j) {
 static inline void zero_gpu_gather_unit_async(ZeroGpu* zg, int u) { zero_gpu_gather_async(zg, u, 0); }
 // orders the compute stream after item (u, j)'s gather
 static inline void zero_gpu_wait(ZeroGpu* zg, int u, int j) {
+    if (zero_vocab_unit(&zg->z, u)) { cudaCheck(cudaStreamWaitEvent(zg->compute, zg->vocab_gathered, 0)); return; }
     cudaCheck(cudaStreamWaitEvent(zg->compute, zg->gathered[zero_item_slot(&zg->z, u, j)], 0));
 }
 static inline void zero_gpu_release(ZeroGpu* zg, int u, int j) {
+    if (zero_vocab_unit(&zg->z, u)) {
+        if (zg->vocab_unit == u) { cudaCheck(cudaEventRecord(zg->vocab_free, zg->compute)); zg->vocab_unit = -1; }
+        return;
+    }
     int slot = zero_item_slot(&zg->z, u, j);
     if (zg->slot_unit[slot] != zero_item(&zg->z, u, j)) return;
     cudaCheck(cudaEventRecord(zg->slot_free[slot], zg->compute));
@@ -138,11 +144,11 @@ template <typename Fn> static inline void zero_gpu_adamw_prefetch(ZeroGpu* zg, F
     Zero* z = &zg->z;
     std::vector<std::pair<int, int>> items;   // (unit, chunk) of the forward's first items
     size_t end = 0;                           // where their units' shards end
-    for (int i = 0, u = 0; i < zg->step_prefetch && u < z->n_units; i++) {
-        while (u + 1 < z->n_units && z->item_base[u + 1] <= i) u++;
+    for (int u = 0, j = 0; (int)items.size() < zg->step_prefetch && u < z->n_units;) {
         if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) break;   // (an FP8 block: its codes need the next step's scales)
-        items.push_back({u, i - z->item_base[u]});
+        items.push_back({u, j});
         end = std::max(end, z->shard_off[u] + z->shard_numel[u]);
+        if (++j >= z->unit_nchunks[u] || zero_vocab_unit(z, u)) { u++; j = 0; }   // (a vocabulary unit: one gather, whole)
     }
     if (items.empty()) { adamw(0, zg->nseg, zg->seg_max, 0); return; }
     int k = 0;   // the segments before `end` (sorted by offset; a unit's shard is whole segments)

@@ -1,0 +1,97 @@
+/*
+ * zero_gpu_vocab.cuh — the device store's vocabulary units: the embedding (unit 0) and norm_f + lm_head (the
+ * last unit), V d parameters each (617 M at DBRX-132B width), the largest units once a block's experts are
+ * gathered in chunks (parallel/README.md, "A bounded working set"). Part of parallel/zero_gpu.cuh (included
+ * after the unit hooks). With z.vocab_rows > 0 (--zero-chunk-mib, zero_vocab_rows):
+ *   parameters  one BF16 vocabulary slot for both (never live at once: the embedding's backward reads no
+ *               parameter, and the head is gathered after the embedding's forward released the slot), gathered
+ *               whole, so the forward and lm_head's input gradient (a sum over the vocabulary) are today's GEMMs
+ *   gradients   in chunks of vocab_rows vocabulary rows, each its own run of the layout (zero_vocab_runs; norm_f
+ *               in the head's chunk 0), computed chunk by chunk into the two ring gradient slots (item i: slot
+ *               i % 2, as a block's experts' chunks) and reduce-scattered as soon as each is complete, beside the
+ *               next chunk's compute. lm_head's weight gradient of rows [v0, v1) is the GEMM over the tokens for
+ *               those rows (a strided slice of the logits' gradient: the same dot products, each summed in token
+ *               order); the embedding's, the sums of its plan's distinct tokens in [v0, v1) (a contiguous range of
+ *               the sorted plan); norm_f's backward (the residual's gradient with it) in the last chunk, chunk 0.
+ * The ring's slots stay sized by the largest other item (one expert at DBRX-132B without EP), the vocabulary
+ * slot adds V d + d + S BF16 elements: 3.36 GiB at DBRX-132B, S 64, against 6.89 GiB with the two units whole.
+ */
+#pragma once
+#include <algorithm>
+
+// unit u gathered whole into the vocabulary slot on the gather stream: its runs in flat order, each at its
+// flat place. A run's padding (under S elements) lands on the next run's first elements, which that run's
+// gather, later on the same stream, overwrites; the last run's in the slot's S elements of slack.
+static inline void zero_gpu_vocab_gather(ZeroGpu* zg, int u) {
+    Zero* z = &zg->z;
+    if (zg->vocab_unit == u) return;
+    cudaStream_t comm = zero_comm_stream(zg);
+    cudaCheck(cudaStreamWaitEvent(comm, zg->vocab_free, 0));   // the compute stream is done reading the other unit
+    cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));
+    if (g_debug_hooks.plant == PLANT_COMM_SERIAL && zg->rs_on) {   // (test_comm_streams.sh's control, as every gather)
+        cudaCheck(cudaEventRecord(zg->comm_done, zero_gpu_rs_stream(zg)));
+        cudaCheck(cudaStreamWaitEvent(comm, zg->comm_done, 0));
+    }
+    prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d", u);
+    for (const ShardRun& r : z->runs[u])
+        comm_all_gather(&z->shard, zg->master_bf16 + z->shard_off[u] + r.shard_rel, zg->vocab + (r.flat_off - z->unit_off[u]), r.chunk,
+                        COMM_BF16);
+    prof_end(prof_stream(comm, "communication (shard group)"));
+    cudaCheck(cudaEventRecord(zg->vocab_gathered, comm));
+    zg->vocab_unit = u;
+}
+
+// the unit hooks' part for a vocabulary unit: the parameters (forward, and the head's backward: kept from its
+// forward); the embedding's backward reads none, and the gradients are the backward hook's
+static inline void zero_gpu_vocab_begin(ZeroGpu* zg, int u, int phase) {
+    DbrxGPU* model = zg->model;
+    if (phase == UNIT_BACKWARD_GRADS_ONLY) return;
+    zero_gpu_vocab_gather(zg, u);
+    if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait(zg, u, 0);
+    model_unit_views(&model->p, zg->vocab, u, &model->cfg, model->table, zg->z.ep_n);
+    zero_gpu_prefetch_next(zg, u, phase);   // overlaps this unit's compute
+}
+static inline void zero_gpu_vocab_end(ZeroGpu* zg, int u, int phase) {
+    // the head after its forward: kept for its backward, which follows at once (after an evaluation's forward the
+    // next gather waits for this event)
+    if (phase == UNIT_FORWARD && u == zg->z.n_units - 1) cudaCheck(cudaEventRecord(zg->vocab_free, zg->compute));
+    else zero_gpu_release(zg, u, 0);
+}
+
+// VocabHooksGPU::backward (model/embedding.cuh): the embedding's or the head's backward, its weight gradients
+// chunk by chunk (the top comment), each chunk's reduce-scattered when complete
+static inline void zero_gpu_vocab_backward(void* ctx, int u) {
+    ZeroGpu* zg = (ZeroGpu*)ctx;
+    Zero* z = &zg->z;
+    DbrxGPU* m = zg->model;
+    const DbrxConfig* c = &m->cfg;
+    int N = m->B * m->T, d = c->d_model, V = c->vocab_size, K = z->unit_nchunks[u], rows = z->vocab_rows;
+    bool head = u != 0;
+    // the head: lm_head's input gradient over the whole vocabulary (dlogits (N, V) in m->logits) from the whole weights
+    if (head) matmul_backward_gpu(m->dln, (float*)nullptr, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f, zg->compute);
+    const int* uniq = m->host_in + 2 * (size_t)N;   // the embedding plan's distinct tokens, increasing (dbrx_forward's staging)
+    for (int j = K - 1; j >= 0; j--) {
+        int slot = zero_item_slot(z, u, j), v0 = j * rows, v1 = std::min(V, v0 + rows);
+        float* gs = zg->gwork[slot];
+        // a zeroed gradient slot (the longest chunk's length), once the previous reduce-scatter out of it has finished
+        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
+        cudaCheck(cudaMemsetAsync(gs, 0, z->slot_numel[u] * sizeof(float), zg->compute));
+        bool early = g_debug_hooks.plant == PLANT_CHUNK_EARLY_RS;   // (the negative control, as for the experts' chunks)
+        if (early) {
+            zero_gpu_reduce_scatter(zg, u, j);
+            cudaCheck(cudaStreamSynchronize(zero_gpu_rs_stream(zg)));
+        }
+        if (head) {   // lm_head rows [v0, v1) (after norm_f's d in chunk 0) += dlogits[:, v0:v1]^T lnf
+            gemm_gpu(true, false, v1 - v0, d, N, 1.0f, m->logits + v0, V, m->lnf, d, 1.0f, gs + (j ? 0 : d), d, zg->compute);
+            if (j == 0) {   // norm_f's backward: the residual's gradient, and norm_f's weight gradient at the chunk's start
+                cudaCheck(cudaMemsetAsync(m->dresid, 0, (size_t)N * d * sizeof(float), zg->compute));
+                layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gs, m->ln_scratch, m->dln, m->resid[c->n_layers], m->p.norm_f,
+                                       m->lnf_mean, m->lnf_rstd, N, d);
+            }
+        } else {   // the distinct tokens in [v0, v1), into the chunk's rows
+            int a = (int)(std::lower_bound(uniq, uniq + m->emb_U, v0) - uniq), b = (int)(std::lower_bound(uniq, uniq + m->emb_U, v1) - uniq);
+            embedding_backward_gpu(gs, m->dresid, m->emb_unique + a, m->emb_offsets + a, m->emb_positions, b - a, d, zg->compute, v0);
+        }
+        if (!early) zero_gpu_reduce_scatter(zg, u, j);   // on the reduce-scatter stream, beside the next chunk's compute
+    }
+}
