@@ -11,6 +11,9 @@
  *   - --recompute: the plan's decrease is the model's walk's, to the byte, and the emulator's peak with it
  *     is the plan's within 2% and below the peak without it (five specs); the CPU model's dry-run estimate
  *     with it (train_dbrx.cu's activation_bytes) is its walk, to the byte;
+ *   - the vocabulary slot (--zero-chunk-mib, parallel/zero_gpu_vocab.cuh): the layout's vocabulary runs (rows, norm_f in
+ *     the head's chunk 0, every chunk within the ring), and DBRX-132B's working set at S 64 to the byte against its
+ *     formula, without EP (3.36 GiB) and with EP 8, the ring the same at 4x the vocabulary;
  *   - DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state is 18 B x the shard test_ep.sh ties to
  *     the allocation, and the NCCL margin is five communicators (the reduce-scatters' two among them) and seven
  *     all-to-all peers.
@@ -127,10 +130,11 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
     double mib = 0.1 * 2.0 * 3 * c.n_experts * c.ffn_hidden * c.d_model / 1048576;
     for (int S : {2, 4}) {
         MemoryPlan q = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF, EP_CAPACITY_DEFAULT, mib);
-        int Ec = zero_chunk_experts(&c, S, 1, false, mib);
-        CAPTURE(S); CAPTURE(Ec);
+        int Ec = zero_chunk_experts(&c, S, 1, false, mib), Vc = zero_vocab_rows(&c, S, 1, false, mib);
+        CAPTURE(S); CAPTURE(Ec); CAPTURE(Vc);
         CHECK((Ec >= 1 && Ec < c.n_experts && q.chunk_experts == Ec));
-        CHECK(plan_param_state(&q) + q.gathered_slots + q.grad_slots == (long double)zero_gpu_estimate_bytes(&c, S, 1, Ec));
+        CHECK((Vc > 0 && Vc < c.vocab_size && q.vocab_rows == Vc));   // (the vocabulary's gradients in chunks too)
+        CHECK(plan_param_state(&q) + q.gathered_slots + q.grad_slots == (long double)zero_gpu_estimate_bytes(&c, S, 1, Ec, 0, Vc));
         CHECK(q.gathered_slots < memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF).gathered_slots);
     }
 }
@@ -264,6 +268,55 @@ TEST_CASE("DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state and t
     CHECK(p.communicators == 5);
     CHECK(p.a2a_peers == 7);
     CHECK(p.total == p.allocations + p.cublaslt + p.cuda_context + 5 * 512 * PLAN_MIB + 7 * 448 * PLAN_MIB);
+}
+
+TEST_CASE("the vocabulary slot: chunked vocabulary gradients, the parameters whole (--zero-chunk-mib)") {
+    DbrxConfig c = small();   // V 256, d 64
+    double mib = 0.02;        // 163 rows of BF16 -> 160 a chunk, within the ring (one expert, 3 F d = 18432: 286 rows)
+    int Vc = zero_vocab_rows(&c, 2, 1, false, mib);
+    CHECK(Vc == 160);
+    CHECK(zero_vocab_rows(&c, 1, 1, false, mib) == 0);   // (S = 1: nothing gathered)
+    CHECK(zero_vocab_rows(&c, 2, 1, false, 0) == 0);     // (0: the units whole)
+    CHECK(zero_vocab_rows(&c, 2, 1, false, 1) == 0);     // (a budget above the vocabulary: one chunk, i.e. none)
+    Zero z;
+    zero_unit_layout(&z, &c, dbrx_param_table(&c), 2, 1, zero_chunk_experts(&c, 2, 1, false, mib), Vc);
+    int head = z.n_units - 1;
+    size_t d = 64, V = 256;
+    REQUIRE(z.runs[0].size() == 2);
+    REQUIRE(z.runs[head].size() == 2);
+    CHECK(z.runs[0][0].numel == 160 * d); CHECK(z.runs[0][1].numel == 96 * d);
+    CHECK(z.runs[head][0].numel == d + 160 * d); CHECK(z.runs[head][1].numel == 96 * d);   // norm_f in chunk 0
+    CHECK(z.runs[head][1].flat_off == z.runs[head][0].flat_off + z.runs[head][0].numel);
+    CHECK((z.unit_nchunks[0] == 2 && z.unit_nchunks[head] == 2 && zero_vocab_unit(&z, 0) && zero_vocab_unit(&z, head) && !zero_vocab_unit(&z, 1)));
+    CHECK(z.work_numel == 3 * 96 * d);                    // the ring: one expert's w1, v1, w2, not a vocabulary chunk
+    CHECK(zero_vocab_slot_numel(&z) == V * d + d + 2);    // the head whole, and S elements of slack
+
+    // DBRX-132B, S 64, default --zero-chunk-mib 512: the working set, to the byte
+    DbrxConfig b;
+    REQUIRE(model_preset_lookup("dbrx-132b", &b));
+    long double D = b.d_model, F = b.ffn_hidden, Vb = b.vocab_size, E = b.n_experts;
+    MemoryPlan p = memory_plan(&b, 1, 4096, 64, 1, 64, FP8_OFF, EP_CAPACITY_DEFAULT, 512);
+    CHECK(p.chunk_experts == 1);
+    CHECK(p.vocab_rows == 32248);   // the most rows (x 8) with d + rows d + 63 <= 3 F d
+    long double ring = 3 * F * D, vslot = Vb * D + D + 64;
+    CHECK(p.slot_params == ring);
+    CHECK(p.vocab_slot == 2 * vslot);
+    CHECK(p.gathered_slots + p.grad_slots == 2 * (2 + 4) * ring + 2 * vslot);   // 3,611,308,160 B = 3.36 GiB
+    CHECK(p.gathered_slots + p.grad_slots == 3611308160.0L);
+    // against the vocabulary whole (today's layout before it; its slots V d + d): 6.89 GiB
+    int Ec = zero_chunk_experts(&b, 64, 1, false, 512);
+    long double whole = (long double)zero_gpu_estimate_bytes(&b, 64, 1, Ec), chunked = (long double)zero_gpu_estimate_bytes(&b, 64, 1, Ec, 0, 32248);
+    CHECK(whole - chunked == 2 * (2 + 4) * (Vb * D + D) - (2 * (2 + 4) * ring + 2 * vslot));
+    // EP 8 (the --fit layouts): the ring is the rank's 2 experts (the unit, not chunked under EP), the vocabulary slot the same
+    MemoryPlan q = memory_plan(&b, 1, 4096, 64, 8, 64, FP8_OFF, EP_CAPACITY_DEFAULT, 512);
+    CHECK(q.slot_params == 3 * F * D * (E / 8));
+    CHECK(q.gathered_slots + q.grad_slots == 2 * (2 + 4) * 3 * F * D * (E / 8) + 2 * vslot);   // 5.58 GiB
+    // the bound: 4x the vocabulary, the ring's slots the same (the vocabulary slot alone grows, V d)
+    DbrxConfig b4 = b;
+    b4.vocab_size *= 4;
+    MemoryPlan p4 = memory_plan(&b4, 1, 4096, 64, 1, 64, FP8_OFF, EP_CAPACITY_DEFAULT, 512);
+    CHECK(p4.slot_params == ring);
+    CHECK(p4.vocab_slot == 2 * (4 * Vb * D + D + 64));
 }
 
 int main(int argc, char** argv) { return cuda_test_main(argc, argv, "the memory planner", 20261126); }

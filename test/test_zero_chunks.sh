@@ -11,9 +11,16 @@
 #     (ffn 224 and 896) stays within the budget while the unchunked one grows 4x; DBRX-132B's plan (S 64):
 #     slots of the largest other unit (norm_f + lm_head, V d + d), not of the experts (3 E F d);
 #   * --export-hf after the chunked run byte-identical; a chunked run's checkpoint resumed unchunked, bit-identical;
-#   * the EP case: under --expert-parallel the flag says it has no effect (each rank gathers its own experts);
-#   * negative control: a chunk's gradient reduce-scattered before its backward (DBRX_DEBUG_PLANT=chunk_early_rs,
-#     run at once) changes the losses;
+#   * the EP case: under --expert-parallel the flag says it has no effect on the experts (each rank gathers its own);
+#   * the vocabulary (parallel/zero_gpu_vocab.cuh): at --zero-chunk-mib 0.02 the embedding and the head gathered whole
+#     into one vocabulary slot, their gradients in 5 chunks of 80 rows: the np 2 run above (with --recompute attn, evaluation,
+#     generation, --export-hf) and np 4 HSDP bit-identical to the units whole, the peak to the plan (0.1%) and the plan
+#     smaller by exactly the formula (2 x 6 B x the experts unit less one expert, less the vocabulary slot V d + d + S);
+#     under EP 2 (the vocabulary alone chunked) bit-identical; checkpoints across the layouts both ways (chunked ->
+#     whole -> chunked), each resumed step bit-identical; DBRX-132B S 64: the ring's slots one expert (3 F d), the
+#     vocabulary slot V d + d + 64;
+#   * negative controls: a chunk's gradient reduce-scattered before its backward (DBRX_DEBUG_PLANT=chunk_early_rs,
+#     run at once) changes the losses, for the experts' chunks and (under EP 2) for the vocabulary's;
 #   * bad values of --zero-chunk-mib: exit 2, one line naming the flag.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -34,31 +41,40 @@ for v in -1 abc nan 2e6; do
     echo "$LAST_ERR" | grep -q -- "--zero-chunk-mib" || fail "--zero-chunk-mib $v: the error does not name the flag"
 done
 
-# --- bit-identity (one expert = 3 x 224 x 128 BF16 = 0.164 MiB: 0.2 -> 1 expert per chunk, 0.7 -> 4)
+# --- bit-identity (one expert = 3 x 224 x 128 BF16 = 0.164 MiB: 0.2 -> 1 expert per chunk, 0.7 -> 4; 0.02 -> 1, and the
+# vocabulary's gradients in chunks of 80 rows of d 128 BF16 (the most, x 8, in 0.02 MiB: 81), 5 chunks of V 384)
 E=(--grad-accum 2 --shard-group-size 2 --val-every 2 --sample-every 2)
 runp whole 2 "${E[@]}" --zero-chunk-mib 0 --export-hf "$tmp/hf_whole" --export-dtype fp32
-runp c1 2 "${E[@]}" --zero-chunk-mib 0.2 --export-hf "$tmp/hf_c1" --export-dtype fp32
+runp c1 2 "${E[@]}" --zero-chunk-mib 0.02 --recompute attn --export-hf "$tmp/hf_c1" --export-dtype fp32
 cmp -s "$tmp/hf_whole/model.safetensors" "$tmp/hf_c1/model.safetensors" \
     && pass "--export-hf after 3 steps: the chunked run's weights byte-identical to the unchunked run's" || fail "--export-hf differs"
 # a checkpoint of the chunked layout (its runs with their flat offsets in the manifest) resumed with the experts whole
-runp ck1 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2 --ckpt-dir "$tmp/ck" --stop-after 2
-runp ck2 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0 --ckpt-dir "$tmp/ck" --resume auto
+# (and back: the unchunked checkpoint of step 2 resumed with the experts and the vocabulary in chunks)
+runp ck1 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02 --ckpt-dir "$tmp/ck" --stop-after 1
+runp ck2 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0 --ckpt-dir "$tmp/ck" --resume auto --stop-after 2
+runp ck3 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02 --ckpt-dir "$tmp/ck" --resume auto
 runp c4rc 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.7 --recompute moe:0,swiglu:1
-SIMT_STEP_COUNTERS=1 runp h4 4 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2   # (+ the emulated peak memory)
+SIMT_STEP_COUNTERS=1 runp h4 4 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02   # (+ the emulated peak memory)
 DBRX_DEBUG_PLANT=chunk_early_rs runp planted 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2
 grep -q "in 16 chunks of 1 expert" "$tmp/c1.out" && grep -q "in 4 chunks of 4 expert" "$tmp/c4rc.out" \
-    && pass "the store says how it chunks (16 chunks of 1 expert, 4 of 4)" || fail "no chunking line: $(grep zero: "$tmp/c1.out" | head -2)"
+    && grep -q "vocabulary slot of 49282 params, their gradients reduce-scattered in 5 chunks of 80 vocabulary rows" "$tmp/c1.out" \
+    && ! grep -q "vocabulary slot" "$tmp/c4rc.out" \
+    && pass "the store says how it chunks (16 chunks of 1 expert, 4 of 4; the vocabulary slot V d + d + S, 5 chunks of 80 rows)" \
+    || fail "no chunking line: $(grep zero: "$tmp/c1.out" | head -3)"
 
 # --- the EP case: no chunking there (the dispatcher runs the experts), said once; each rank gathers its experts only
-G=(--model dbrx-tiny --n-layers 2 --seq 32 --steps 1 --batch 1 --val-every 0)
-runp ep2 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.2
-grep -q "no effect with --expert-parallel: a block's experts are one unit (under EP its 8 experts only)" "$tmp/ep2.out" \
-    && pass "under --expert-parallel 2 the flag says it has no effect; the unit holds the rank's 8 experts" \
+G=(--model dbrx-tiny --n-layers 2 --seq 32 --steps 2 --batch 1 --val-every 0 --grad-clip 0)
+runp ep2 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.2   # (the vocabulary whole: 819 rows fit 0.2 MiB)
+runp ep2v 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.02
+DBRX_DEBUG_PLANT=chunk_early_rs runp planted_v 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.02
+grep -q "no effect on the experts with --expert-parallel: a block's experts are one unit (under EP its 8 experts only)" "$tmp/ep2.out" \
+    && grep -q "in 5 chunks of 80 vocabulary rows" "$tmp/ep2v.out" \
+    && pass "under --expert-parallel 2 the flag says it has no effect on the experts (the rank's 8); the vocabulary in 5 chunks" \
     || fail "EP: $(grep -i 'chunk' "$tmp/ep2.out" | head -2)"
 
 # the plans: allocations of the chunked run, the working set at two widths, DBRX-132B at S 64
 D=(--model dbrx-tiny --n-layers 2 --seq 32 --batch 1 --shard-group-size 2 --dry-run --plan-gpus 4)
-./train_dbrx_cpu "${D[@]}" --zero-chunk-mib 0.2 > "$tmp/plan_c1" 2>&1
+./train_dbrx_cpu "${D[@]}" --zero-chunk-mib 0.02 > "$tmp/plan_c1" 2>&1
 ./train_dbrx_cpu "${D[@]}" --zero-chunk-mib 0 > "$tmp/plan_whole" 2>&1
 for f in 224 896; do
     for m in 0 0.7; do ./train_dbrx_cpu "${D[@]}" --ffn-hidden $f --zero-chunk-mib $m > "$tmp/plan_f${f}_$m" 2>&1; done
@@ -80,14 +96,19 @@ v(field("whole", "val_loss") == field("c1", "val_loss") and field("c1", "val_los
 samples = lambda n: re.findall(r"^sample \d+: (?!\d+ tokens).*$", out(n + ".out"), re.M)
 v(samples("whole") == samples("c1") and samples("c1"), "... and the sampled text (generation through the chunks, train 0)")
 v(field("whole", "comm_bytes") == field("c1", "comm_bytes"), "... and the bytes per step %s" % field("c1", "comm_bytes")[:1])
-v(losses("ck2") == w[2:] and len(w) == 3, "a chunked run's checkpoint at step 2 resumed with the experts whole: step 3 bit-identical %s" % losses("ck2"))
+v(losses("ck2") == w[1:2] and losses("ck3") == w[2:] and len(w) == 3,
+  "a chunked run's checkpoint (experts and vocabulary) resumed whole, its checkpoint resumed chunked: steps 2, 3 bit-identical %s %s" % (
+  losses("ck2"), losses("ck3")))
 v(losses("c4rc") == w, "chunks of 4 experts with --recompute moe:0,swiglu:1: bit-identical %s" % losses("c4rc"))
 v(losses("h4") == w, "np 4 HSDP 2x2 (grad-accum 1: the same global batch) with chunks: bit-identical %s" % losses("h4"))
 v(losses("planted") != w, "negative control: a chunk reduce-scattered before its backward changes the losses %s" % losses("planted"))
+ep, epv = losses("ep2"), losses("ep2v")
+v(len(ep) == 2 and ep == epv, "EP 2: the vocabulary's gradients in chunks (the experts whole): the 2 losses bit-identical %s" % epv)
+v(losses("planted_v") != ep, "negative control: a vocabulary chunk reduce-scattered before its backward (EP 2) changes the losses %s" % losses("planted_v"))
 # memory: the emulated peak per rank against the plan; the plan's slots against the sizes' formula
 peak = lambda n: [int(x) for x in re.findall(r"^simt peak device memory: (\d+) bytes", out(n + ".out"), re.M)]
 allocs = lambda n: int(re.search(r"^plan bytes: allocations (\d+)", out(n), re.M).group(1))
-plan, pc = allocs("plan_c1"), peak("h4")
+plan, pc = allocs("plan_c1"), peak("h4")   # (both at --zero-chunk-mib 0.02)
 v(len(pc) >= 4 and abs(max(pc) / plan - 1) <= 0.001, "np 4 HSDP with chunks: every rank's emulated peak (max %d) is the --dry-run plan's allocations %d (%+.4f%%)" % (
     max(pc) if pc else 0, plan, 100 * (max(pc) / plan - 1) if pc else 0))
 d, F, E, V = 128, 224, 16, 384
@@ -95,9 +116,10 @@ expert = 3 * F * d   # 86016: larger than every other unit of this model (norm_f
 m = re.search(r"working slots of (\d+) params", out("h4.out"))
 slot = int(m.group(1)) if m else -1
 v(slot == expert, "the chunked working slot holds one expert's w1, v1, w2: %d params (3 F d = %d)" % (slot, expert))
-# whole minus chunked, in the plan: two slots of BF16 + FP32 of 3 E F d against 3 F d (the peak above holds the plan to
-# 0.1%; what the plan leaves out, the AdamW segment table, 20 B per tensor piece, is 1.8 KB more with the chunks here)
-want = 2 * (2 + 4) * (3 * E * F * d - expert)
+# whole minus chunked, in the plan: two slots of BF16 + FP32 of 3 E F d against 3 F d, less the vocabulary slot (V d + d + S
+# BF16; the peak above holds the plan to 0.1%; what the plan leaves out, the AdamW segment table, 20 B per tensor piece, is
+# a few KB more with the chunks here)
+want = 2 * (2 + 4) * (3 * E * F * d - expert) - 2 * (V * d + d + 2)
 got = allocs("plan_whole") - plan
 v(got == want, "the plan with the experts whole is larger by 2 x (2 + 4) B x (3 E F d - 3 F d) = %d bytes (%d)" % (want, got))
 ws = lambda n: int(re.search(r"two slots of (\d+) params", out(n)).group(1))
@@ -108,7 +130,9 @@ for f in (224, 896):
 v(ws("plan_f896_0") == 4 * ws("plan_f224_0") and ws("plan_f896_0.7") == ws("plan_f224_0.7"),
   "4x the expert width: the whole unit's slot 4x, the chunked slot the same (4 experts per chunk at ffn 224, 1 at 896)")
 dm, Fm, Em, Vm = 6144, 10752, 16, 100352
-v(ws("plan_132b") == Vm * dm + dm and ws("plan_132b_whole") == 3 * Em * Fm * dm,
-  "DBRX-132B S 64: slots of norm_f + lm_head (%d params) with the default chunks, of the experts (%d) whole" % (ws("plan_132b"), ws("plan_132b_whole")))
+vs = re.search(r"the vocabulary slot [\d.]+ GiB \(the embedding or the head whole: (\d+) params; their gradients in chunks of (\d+) rows", out("plan_132b"))
+v(ws("plan_132b") == 3 * Fm * dm and ws("plan_132b_whole") == 3 * Em * Fm * dm and vs and int(vs.group(1)) == Vm * dm + dm + 64,
+  "DBRX-132B S 64: the ring's slots one expert (%d params = 3 F d) with the default chunks, the experts (%d) whole; the vocabulary slot %s" % (
+  ws("plan_132b"), ws("plan_132b_whole"), vs.group(1) if vs else None))
 PY
-verdicts "$tmp/verdicts" 15
+verdicts "$tmp/verdicts" 17
