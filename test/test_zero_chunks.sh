@@ -51,7 +51,7 @@ cmp -s "$tmp/hf_whole/model.safetensors" "$tmp/hf_c1/model.safetensors" \
 # a checkpoint of the chunked layout (its runs with their flat offsets in the manifest) resumed with the experts whole
 # (and back: the unchunked checkpoint of step 2 resumed with the experts and the vocabulary in chunks)
 runp ck1 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02 --ckpt-dir "$tmp/ck" --stop-after 1
-runp ck2 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0 --ckpt-dir "$tmp/ck" --resume auto --stop-after 2
+runp ck2 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0 --ckpt-dir "$tmp/ck" --resume auto --stop-after 1
 runp ck3 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02 --ckpt-dir "$tmp/ck" --resume auto
 runp c4rc 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.7 --recompute moe:0,swiglu:1
 SIMT_STEP_COUNTERS=1 runp h4 4 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02   # (+ the emulated peak memory)
