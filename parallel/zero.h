@@ -172,7 +172,7 @@ static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<
 // per tensor and EP rank (its E/n experts' rows), split over the S/n ranks with that EP rank. Ec > 0 (the
 // GPU store's chunked experts, zero_chunk_experts; without EP only): one run per chunk of Ec experts and
 // tensor, chunk-major (w1, v1, w2 of experts [0, Ec), then of [Ec, 2 Ec), ...), each split over the S ranks.
-static inline void zero_vocab_runs(std::vector<std::vector<RunSpec>>* runs, const DbrxConfig* c, const std::vector<ParamInfo>& t, int Vc);
+static inline void zero_vocab_runs(std::vector<std::vector<RunSpec>>* runs, const DbrxConfig* c, int Vc);
 static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1,
                                                                int Ec = 0, int Vc = 0) {
     std::vector<std::vector<RunSpec>> runs(dbrx_num_units(c));
@@ -195,14 +195,14 @@ static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig*
         for (int j = 0; j < c->n_experts / Ec; j++)
             for (const ParamInfo* p : chunked[u]) runs[u].push_back(RunSpec{p->offset + j * per, per, -1, j});
     }
-    if (Vc > 0) zero_vocab_runs(&runs, c, t, Vc);
+    if (Vc > 0) zero_vocab_runs(&runs, c, Vc);
     return runs;
 }
 
 // Vc > 0 (the GPU store's chunked vocabulary gradients, zero_vocab_rows): the embedding and norm_f + lm_head as
 // one run per chunk of Vc vocabulary rows, in flat order (chunk j: rows [j Vc, (j+1) Vc); norm_f, which precedes
 // lm_head, in the head's chunk 0), each split over the S ranks
-static inline void zero_vocab_runs(std::vector<std::vector<RunSpec>>* runs, const DbrxConfig* c, const std::vector<ParamInfo>& t, int Vc) {
+static inline void zero_vocab_runs(std::vector<std::vector<RunSpec>>* runs, const DbrxConfig* c, int Vc) {
     int head = dbrx_head_unit(c);
     size_t d = c->d_model, V = c->vocab_size;
     for (int u : {0, head}) {
@@ -215,7 +215,6 @@ static inline void zero_vocab_runs(std::vector<std::vector<RunSpec>>* runs, cons
             off += n;
         }
     }
-    (void)t;
 }
 
 // Experts per chunk of a block's experts unit for the GPU store (--zero-chunk-mib; 0: the unit whole): the

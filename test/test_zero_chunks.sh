@@ -53,6 +53,8 @@ cmp -s "$tmp/hf_whole/model.safetensors" "$tmp/hf_c1/model.safetensors" \
 runp ck1 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02 --ckpt-dir "$tmp/ck" --stop-after 1
 runp ck2 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0 --ckpt-dir "$tmp/ck" --resume auto --stop-after 1
 runp ck3 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02 --ckpt-dir "$tmp/ck" --resume auto
+# the CPU backend, one process, the same global batch (4 sequences a step): the usual BF16 tolerance (test_zero_gpu.sh's)
+./train_dbrx_cpu --device cpu "${G[@]}" --grad-accum 4 --val-every 0 --log "$tmp/cpu.jsonl" > "$tmp/cpu.out" 2>&1 || fail "cpu: $(tail -2 "$tmp/cpu.out")"
 runp c4rc 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.7 --recompute moe:0,swiglu:1
 SIMT_STEP_COUNTERS=1 runp h4 4 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02   # (+ the emulated peak memory)
 DBRX_DEBUG_PLANT=chunk_early_rs runp planted 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2
@@ -92,6 +94,9 @@ def out(n): return open(os.path.join(tmp, n)).read()
 def v(ok, msg): print(("pass " if ok else "fail ") + msg)
 w, c1 = losses("whole"), losses("c1")
 v(len(w) == 3 and w == c1, "np 2 ZeRO-3, chunks of 1 expert: the 3 losses bit-identical to the experts gathered whole %s" % c1)
+cpu = losses("cpu")
+rc = max((abs(x[1] - y[1]) / y[1] for x, y in zip(c1, cpu)), default=9)
+v(len(cpu) == 3 and rc < 1e-2, "... and the CPU backend's (one process, the same global batch) within %.1e relative (< 1e-2)" % rc)
 v(field("whole", "val_loss") == field("c1", "val_loss") and field("c1", "val_loss"), "... and the validation losses %s" % field("c1", "val_loss"))
 samples = lambda n: re.findall(r"^sample \d+: (?!\d+ tokens).*$", out(n + ".out"), re.M)
 v(samples("whole") == samples("c1") and samples("c1"), "... and the sampled text (generation through the chunks, train 0)")
@@ -135,4 +140,4 @@ v(ws("plan_132b") == 3 * Fm * dm and ws("plan_132b_whole") == 3 * Em * Fm * dm a
   "DBRX-132B S 64: the ring's slots one expert (%d params = 3 F d) with the default chunks, the experts (%d) whole; the vocabulary slot %s" % (
   ws("plan_132b"), ws("plan_132b_whole"), vs.group(1) if vs else None))
 PY
-verdicts "$tmp/verdicts" 17
+verdicts "$tmp/verdicts" 18
