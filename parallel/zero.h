@@ -246,8 +246,10 @@ static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vec
 // never sized by the vocabulary (parallel/README.md, "A bounded working set"); 0 where that is the whole vocabulary
 static inline int zero_vocab_rows(const DbrxConfig* c, int S, int n, bool fp8, double chunk_mib) {
     if (S <= 1 || !(chunk_mib > 0)) return 0;
+    DbrxConfig one = *c;   // (every block the same units: one layer says it, whatever --n-layers)
+    one.n_layers = 1;
     Zero z;
-    zero_unit_layout(&z, c, dbrx_param_table(c), S, n, zero_chunk_experts(c, S, n, fp8, chunk_mib));
+    zero_unit_layout(&z, &one, dbrx_param_table(&one), S, n, zero_chunk_experts(c, S, n, fp8, chunk_mib));
     size_t ring = 0, d = c->d_model;
     for (int u = 1; u + 1 < z.n_units; u++) ring = std::max(ring, z.slot_numel[u]);
     double budget = chunk_mib * 1048576.0 / (2.0 * d);
