@@ -82,6 +82,7 @@ typedef struct {
     int *row_token, *slot_row;         // (N*k), (N*k)
     real *xe, *g, *u, *act, *ye;       // (N*k, d), (N*k, F) x3, (N*k, d)
     uint8_t* gu_codes; float* gu_sinv; // --compress-acts swiglu: g, u compressed (model/act_compress.cuh)
+    uint8_t* ln1_codes; float* ln1_sinv; // --compress-acts attn: ln1 compressed
 } BlockActs;
 
 // Generation (dbrx_decode_step): one position at a time over a KV cache, batch 1. The cache of layer l
@@ -141,7 +142,7 @@ typedef struct {
 // v(member, elements, bit)
 template <typename V> static inline void block_acts_fields(const DbrxConfig* c, size_t N, V v) {
     size_t d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden, qd = qkv_dim(c), NH = N * c->n_heads;
-    v(&BlockActs::ln1, N * d, RC_BLOCK); v(&BlockActs::ln1_mean, N, RC_BLOCK); v(&BlockActs::ln1_rstd, N, RC_BLOCK);
+    v(&BlockActs::ln1, N * d, RC_LN1); v(&BlockActs::ln1_mean, N, RC_BLOCK); v(&BlockActs::ln1_rstd, N, RC_BLOCK);
     v(&BlockActs::qkv_pre, N * qd, RC_BLOCK); v(&BlockActs::qkv, N * qd, RC_BLOCK); v(&BlockActs::att_lse, NH, RC_BLOCK);
     v(&BlockActs::atty, N * d, RC_ATTN); v(&BlockActs::resid_mid, N * d, RC_BLOCK);
     v(&BlockActs::ln2, N * d, RC_MOE); v(&BlockActs::ln2_mean, N, RC_MOE); v(&BlockActs::ln2_rstd, N, RC_MOE);
@@ -151,8 +152,10 @@ template <typename V> static inline void block_acts_fields(const DbrxConfig* c, 
     v(&BlockActs::row_token, N * k, 0); v(&BlockActs::slot_row, N * k, 0);
     v(&BlockActs::xe, N * k * d, RC_MOE); v(&BlockActs::g, N * k * F, RC_SWIGLU); v(&BlockActs::u, N * k * F, RC_SWIGLU);
     v(&BlockActs::act, N * k * F, RC_SWIGLU); v(&BlockActs::ye, N * k * d, RC_MOE);
-    CompressFormat cf = (CompressFormat)g_compress_format;   // (kept by the layers --compress-acts names: RC_CSWIGLU)
+    CompressFormat cf = (CompressFormat)g_compress_format;   // (kept by the layers --compress-acts names: RC_CSWIGLU, RC_CATTN)
     v(&BlockActs::gu_codes, compress_code_bytes(cf, N * k, F), RC_CSWIGLU); v(&BlockActs::gu_sinv, compress_factor_bytes(cf, N * k, F) / 4, RC_CSWIGLU);
+    v(&BlockActs::ln1_codes, compress_tensor_code_bytes(cf, N, d), RC_CATTN);
+    v(&BlockActs::ln1_sinv, compress_tensor_factor_bytes(cf, N, d) / 4, RC_CATTN);
 }
 
 // Walks the activation buffers: allocates them when `m` is given, and returns their total bytes
@@ -434,6 +437,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         // attention half
         prof_begin(PROF_HOST, "layer", "layer %d attention", l);
         block_attention_forward(m, l, x);
+        dbrx_compress_layer(m, l, RC_CATTN, dloss);   // (--compress-acts attn: ln1 kept compressed until the backward)
         // MoE half
         prof_next(PROF_HOST, "layer", "layer %d router", l);
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->resid_mid, w.norm2, N, d, c->ln_eps);
@@ -448,8 +452,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         unit_begin(m, dbrx_experts_unit(l), UNIT_FORWARD);
         prof_begin(PROF_HOST, "layer", "layer %d experts", l);
         block_experts_forward(m, l, a, w);
-        if ((m->rc_mode[l] & RC_CSWIGLU) && dloss > 0)   // (--compress-acts: g, u kept compressed until the backward)
-            swiglu_compress(a->gu_codes, a->gu_sinv, a->g, a->u, N * k, N * k, c->ffn_hidden, (CompressFormat)g_compress_format);
+        dbrx_compress_layer(m, l, RC_CSWIGLU, dloss);   // (--compress-acts swiglu: g, u kept compressed until the backward)
         unit_end(m, dbrx_experts_unit(l), UNIT_FORWARD);
         real* out = m->resid[l + 1];
         memcpy(out, a->resid_mid, (size_t)N * d * sizeof(real));
@@ -501,7 +504,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         // MoE half
         prof_begin(PROF_HOST, "layer", "layer %d experts", l);
         if (rc & RC_SWIGLU) dbrx_recompute_experts(m, l, rc);
-        if (rc & RC_CSWIGLU) swiglu_decompress(a->g, a->u, a->act, a->gu_codes, a->gu_sinv, N * k, N * k, c->ffn_hidden, (CompressFormat)g_compress_format);
+        dbrx_decompress_layer(m, l, rc & RC_CSWIGLU);
         moe_combine_backward(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
         block_experts_backward(m, l, a, w, gw);
         prof_end(PROF_HOST);
@@ -525,6 +528,7 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));
+        dbrx_decompress_layer(m, l, rc & RC_CATTN);
         block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward(m->dresid, gw.norm1, m->dln, m->resid[l], w.norm1, a->ln1_mean, a->ln1_rstd, N, d);
         prof_end(PROF_HOST);

@@ -67,6 +67,7 @@ typedef struct {
     int *topk_idx, *counts, *offsets;            // (N, k), (E), (E + 1)
     int *row_token, *slot_row;                   // (R), (R)
     floatX *xe, *g, *u, *act, *ye; uint8_t* gu_codes; float* gu_sinv;   // (R, d), (R, F) x3, (R, d); --compress-acts' g, u (act_compress.cuh)
+    uint8_t* ln1_codes; float* ln1_sinv;         // --compress-acts attn: ln1's codes and factors
     std::vector<int> offsets_host, counts_host;  // host copies (the expert GEMMs are issued from the host)
 } BlockActsGPU;
 
@@ -183,14 +184,16 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     }
     if (param_bytes) *param_bytes = bytes;
     // per block; a buffer the layer's --recompute drops points into one shared set (model/dbrx_recompute_cuda.cuh)
-    int U = (recompute_check(&g_recompute, c->n_layers), recompute_union(&g_recompute, c->n_layers));
+    // (under expert parallelism, expert_rows > 0, every layer's xe is the shared one: RC_XE, model/recompute.h)
+    int ep_xe = expert_rows ? RC_XE : 0;
+    int U = (recompute_check(&g_recompute, c->n_layers), recompute_union(&g_recompute, c->n_layers)) | ep_xe;
     if (U) gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) { if (recompute_buffer_place(U, bit) == 1) ok = take((void**)&(mm->rc_scratch.*f), n) && ok; });
     mm->rc_mode.assign(c->n_layers, 0);
     for (int l = 0; l < c->n_layers; l++) {
         BlockActsGPU& a = mm->acts[l];
         int mode = mm->rc_mode[l] = (unsigned char)recompute_mode(&g_recompute, l);
         gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) {
-            int place = recompute_buffer_place(mode, bit);   // (0: its own, 1: the shared scratch, 2: none)
+            int place = recompute_buffer_place(mode | ep_xe, bit);   // (0: its own, 1: the shared scratch, 2: none)
             if (place) a.*f = place == 1 ? mm->rc_scratch.*f : nullptr;
             else ok = take((void**)&(a.*f), n) && ok;
         });
@@ -442,6 +445,7 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         prof_begin(pt, "layer", "layer %d attention", l);
         layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
         block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
+        gpu_compress_attn(m, l, dloss);   // (--compress-acts attn)
         clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         block_linear_forward(m, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
@@ -544,6 +548,7 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d);
         attention_hooked_backward_gpu(&m->attn, m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         clip_rope_backward_gpu(m->dqkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
+        if (rc & RC_CATTN) gpu_decompress_attn(m, l);   // (--compress-acts attn: ln1 rebuilt)
         block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
         layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gw.norm1, m->ln_scratch, m->dln, m->resid[l], w.norm1, a->ln1_mean,
                                a->ln1_rstd, N, d);
