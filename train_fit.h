@@ -6,6 +6,8 @@
  *   --expert-parallel n    1, 2, 4, 8, 16 where n divides the experts and S (n <= 8 stays in a node)
  *   --ep-capacity-factor   2 (the default), 1.25, 1 (with EP: the rows a rank's experts may receive)
  *   --recompute            none, attn, swiglu, attn+swiglu, moe, moe+attn, block (all layers)
+ *   --compress-acts        the run's own (--compress-acts SPEC or off), else none and swiglu,attn (all layers: not
+ *                          bit-identical, so an exact setting of the same recomputed FLOPs ranks first)
  * "Cheapest" is an order, not a time (the step-time model, make predict, times a setting):
  *   0. a shard group that crosses the network (S > 8): the higher EP degree up to 8 (each GPU gathers 1/n of the
  *      experts' bytes over the network), and EP inside a node before EP across nodes. Predicted (make predict,
@@ -29,6 +31,7 @@ typedef struct {
     int S, n;
     double cap;
     std::string rc;           // the --recompute spec ("" none)
+    std::string ca;           // the --compress-acts spec ("" none)
     long double total;        // the plan's total per GPU
     double extra;             // recomputed FLOPs per token / the MFU count
 } FitCandidate;
@@ -39,6 +42,7 @@ static inline bool fit_better(const FitCandidate& a, const FitCandidate& b) {
     bool an = a.n <= 8, bn = b.n <= 8;   // (EP 16 has the gathers of EP 8 but an all-to-all across nodes)
     if (an != bn) return an;
     if (a.extra != b.extra) return a.extra < b.extra;
+    if (a.ca.empty() != b.ca.empty()) return a.ca.empty();   // (exact before compressed)
     if ((a.S <= 8) != (b.S <= 8)) return a.S <= 8;
     if (a.n != b.n) return a.n > b.n;
     if (a.cap != b.cap) return a.cap > b.cap;
@@ -54,6 +58,7 @@ static inline std::string fit_flags(const FitCandidate& f) {
         s += b;
     }
     if (!f.rc.empty()) s += " --recompute " + f.rc;
+    if (!f.ca.empty()) s += " --compress-acts " + f.ca;
     return s;
 }
 
@@ -63,7 +68,9 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
     static const double caps[] = {2.0, 1.25, 1.0};
     Fp8Recipe fp8 = fp8_recipe_parse(args.fp8.recipe.c_str());
     double fpt = flops_per_token(&cfg, args.run.seq);
-    RecomputeSpec saved = g_recompute;
+    RecomputeSpec saved = g_recompute, saved_ca = g_compress;
+    std::vector<std::string> cas = {g_compress.text};   // (the run's --compress-acts; none given: none and swiglu,attn)
+    if (args.run.compress_acts.empty()) cas.push_back("swiglu,attn");
     std::vector<FitCandidate> fits;
     int tried = 0;
     for (int S = 1; S <= gpus; S *= 2) {
@@ -72,20 +79,22 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
             if (cfg.n_experts % n || (n > 1 && (S % n || gpus % n)) || (n > 1 && S == 1)) continue;
             for (double cap : caps) {
                 if (n == 1 && cap != caps[0]) continue;
-                for (const char* rc : specs) {
-                    g_recompute = recompute_parse(rc);   // (memory_plan reads the run's spec)
+                for (const char* rc : specs)
+                for (const std::string& ca : cas) {
+                    g_recompute = recompute_parse(rc);   // (memory_plan reads the run's specs)
+                    g_compress = recompute_parse(ca, "--compress-acts", RC_COMPRESS_GRANS);
                     MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
                                                    args.parallel.grad_reduce_dtype == "bf16");
                     tried++;
                     if (p.total > capacity) continue;
                     double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
                                                              cfg.top_k, args.run.seq) / fpt;
-                    fits.push_back({S, n, n > 1 ? cap : 0.0, rc, p.total, extra});
+                    fits.push_back({S, n, n > 1 ? cap : 0.0, rc, g_compress.text, p.total, extra});
                 }
             }
         }
     }
-    g_recompute = saved;
+    g_recompute = saved; g_compress = saved_ca;
     std::sort(fits.begin(), fits.end(), fit_better);
     printf("fit (--fit: %d settings planned for %d GPU(s), micro-batch %d x %d, FP8 %s; ranked by EP up to 8 where the shard group "
            "crosses nodes, recomputed FLOPs, a shard group inside a node, EP inside a node and higher, a larger --ep-capacity-factor, a smaller shard group: train_fit.h):\n",

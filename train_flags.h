@@ -139,8 +139,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--recompute", "", F_STR, &a->run.recompute, "selective activation recomputation: GRAN[:RANGE][,...], GRAN attn | swiglu | "
                                                       "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
-        {"--compress-acts", "", F_STR, &a->run.compress_acts, "swiglu[:RANGE][,...]: the experts' g, u kept compressed until the "
-                                                              "backward, act rebuilt from them (not bit-identical; README, Memory)"},
+        {"--compress-acts", "", F_STR, &a->run.compress_acts, "CLASS[:RANGE][,...], CLASS swiglu (the experts' g, u) | attn (LN1's "
+                                                              "output), kept compressed until the backward (not bit-identical; README)"},
         {"--compress-format", "", F_STR, &a->run.compress_format, "--compress-acts' format: e4m3 (1x128 scales) | bf16 (CPU only)"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
         {"--help-debug", "", F_BOOL, &a->run.help_debug, "the tests' fault-injection switches (DBRX_DEBUG_* environment variables): "
@@ -431,7 +431,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->run.peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->run.peak_tflops);
     fp8_recipe_parse(a->fp8.recipe.c_str());
     g_recompute = recompute_parse(a->run.recompute);   // (its layers are checked against the model's when it is sized)
-    g_compress = recompute_parse(a->run.compress_acts, "--compress-acts", RC_SWIGLU);
+    g_compress = recompute_parse(a->run.compress_acts, "--compress-acts", RC_COMPRESS_GRANS);
     g_compress_format = a->run.compress_format == "bf16" ? 1 : a->run.compress_format == "e4m3" ? 0 :
                         (fail(EXIT_BAD_INPUT, "--compress-format '%s' must be e4m3 or bf16", a->run.compress_format.c_str()), 0);
     if (a->fp8.history < 1 || a->fp8.history > FP8_MAX_HISTORY)

@@ -7,6 +7,10 @@
  * DBRX width (F 10752, d 6144) they are 70% of a layer's saved bytes. act = silu(g) * u follows from
  * g and u elementwise, so it costs nothing to rebuild; recomputing g and u (--recompute swiglu) costs
  * two of the layer's three expert GEMMs again.
+ * --compress-acts attn keeps LayerNorm 1's output ln1 (N, d) the same way (1x128 tiles along d): only the QKV
+ * GEMM's weight gradient reads it again (LayerNorm's backward reads its input and statistics), the classic
+ * FP8 wgrad input; the attention's own saved tensors (qkv, lse, atty) are left alone (the attention
+ * backward's softmax reads them).
  * Formats (CompressFormat):
  *   e4m3  FP8 E4M3 codes with one scale per 1x128 tile along F (each row's own tiles: the FP8 block
  *         recipe's activation tiling, with its scale and conversion functions: fp8_scale_for,
@@ -29,11 +33,14 @@
 
 typedef enum { COMPRESS_E4M3 = 0, COMPRESS_BF16 = 1 } CompressFormat;
 
-// bytes kept per (R rows, F) pair g, u in the format: codes and factors
-static inline size_t compress_code_bytes(CompressFormat f, size_t R, size_t F) { return 2 * R * F * (f == COMPRESS_BF16 ? 2 : 1); }
-static inline size_t compress_factor_bytes(CompressFormat f, size_t R, size_t F) {
-    return f == COMPRESS_BF16 ? 0 : 2 * R * ((F + 127) / 128) * sizeof(float);
+// bytes kept per (R rows, C) tensor in the format: codes and factors (--compress-acts attn: ln1 (N, d))
+static inline size_t compress_tensor_code_bytes(CompressFormat f, size_t R, size_t C) { return R * C * (f == COMPRESS_BF16 ? 2 : 1); }
+static inline size_t compress_tensor_factor_bytes(CompressFormat f, size_t R, size_t C) {
+    return f == COMPRESS_BF16 ? 0 : R * ((C + 127) / 128) * sizeof(float);
 }
+// ... and per (R rows, F) pair g, u
+static inline size_t compress_code_bytes(CompressFormat f, size_t R, size_t F) { return 2 * compress_tensor_code_bytes(f, R, F); }
+static inline size_t compress_factor_bytes(CompressFormat f, size_t R, size_t F) { return 2 * compress_tensor_factor_bytes(f, R, F); }
 
 // float -> BF16 bits, round to nearest even (NaN kept a NaN)
 static inline uint16_t compress_bf16_bits(float x) {
@@ -183,5 +190,41 @@ static inline void swiglu_decompress_gpu(floatX* g, floatX* u, floatX* act, cons
         LAUNCH(swiglu_decompress_kernel<8>, ceil_div((long long)n / 8, 256), 256, 0, stream, g, u, act, qg, qu, sinv, sinv + ft, rows, F);
     else
         LAUNCH(swiglu_decompress_kernel<1>, ceil_div((long long)n, 256), 256, 0, stream, g, u, act, qg, qu, sinv, sinv + ft, rows, F);
+}
+
+// One tensor x (rows, C) [BF16] -> codes q (rows, C) and factors ((C/128), rows): the kernel above on its g
+// half alone (--compress-acts attn: ln1)
+static inline void rows_compress_gpu(uint8_t* q, float* sinv, const floatX* x, int rows, int C, cudaStream_t stream = 0) {
+    long long warps = (long long)rows * ((C + 127) / 128);
+    if (warps == 0) return;
+    dim3 grid(ceil_div(warps * 32, 256), 1);
+    __nv_fp8_storage_t* qq = (__nv_fp8_storage_t*)q;
+    if (C % 4 == 0 && aligned16({x, q}))
+        LAUNCH(swiglu_compress_kernel<4>, grid, 256, 0, stream, qq, sinv, x, x, rows, rows, C);
+    else
+        LAUNCH(swiglu_compress_kernel<1>, grid, 256, 0, stream, qq, sinv, x, x, rows, rows, C);
+}
+// ...and back: each thread W consecutive values of one row (one tile's factor), rounded to BF16 as stored
+template <int W>
+__global__ void rows_decompress_kernel(floatX* x, const __nv_fp8_storage_t* q, const float* sinv, int rows, int C) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * W;
+    if (i >= (size_t)rows * C) return;
+    int r = (int)(i / C), c = (int)(i % C);
+    float f = sinv[(size_t)(c / 128) * rows + r], v[W];
+    for (int j = 0; j < W; j++) {
+        __nv_fp8_e4m3 a;
+        a.__x = q[i + j];
+        v[j] = (float)a * f;
+    }
+    store_bf16<W>(x + i, v);
+}
+static inline void rows_decompress_gpu(floatX* x, const uint8_t* q, const float* sinv, int rows, int C, cudaStream_t stream = 0) {
+    size_t n = (size_t)rows * C;
+    if (n == 0) return;
+    const __nv_fp8_storage_t* qq = (const __nv_fp8_storage_t*)q;
+    if (C % 8 == 0 && aligned16({x}))
+        LAUNCH(rows_decompress_kernel<8>, ceil_div((long long)n / 8, 256), 256, 0, stream, x, qq, sinv, rows, C);
+    else
+        LAUNCH(rows_decompress_kernel<1>, ceil_div((long long)n, 256), 256, 0, stream, x, qq, sinv, rows, C);
 }
 #endif  // DBRX_HAVE_CUDA

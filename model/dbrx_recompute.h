@@ -69,21 +69,42 @@ static inline void dbrx_recompute_experts(Dbrx* m, int l, int rc) {
     });
 }
 
+// --compress-acts: the forward of a layer that names `part` (RC_CSWIGLU: g and u; RC_CATTN: ln1) leaves it in
+// the layer's codes (training only: dloss > 0), and the backward rebuilds it (part 0: nothing)
+static inline void dbrx_compress_layer(Dbrx* m, int l, int part, float dloss) {
+    BlockActs* a = &m->acts[l];
+    int N = m->B * m->T, R = N * m->cfg.top_k;
+    CompressFormat f = (CompressFormat)g_compress_format;
+    if (!(m->rc_mode[l] & part) || dloss <= 0) return;
+    if (part == RC_CSWIGLU) swiglu_compress(a->gu_codes, a->gu_sinv, a->g, a->u, R, R, m->cfg.ffn_hidden, f);
+    else compress_rows(a->ln1_codes, a->ln1_sinv, a->ln1, N, m->cfg.d_model, f);
+}
+static inline void dbrx_decompress_layer(Dbrx* m, int l, int part) {
+    BlockActs* a = &m->acts[l];
+    int N = m->B * m->T, R = N * m->cfg.top_k;
+    CompressFormat f = (CompressFormat)g_compress_format;
+    if (part == RC_CSWIGLU) swiglu_decompress(a->g, a->u, a->act, a->gu_codes, a->gu_sinv, R, R, m->cfg.ffn_hidden, f);
+    else if (part == RC_CATTN) decompress_rows(a->ln1, a->ln1_codes, a->ln1_sinv, N, m->cfg.d_model, f);
+}
+
 // What --recompute (and --compress-acts) saves on this model (B x T micro-batches): the bytes the layers do
 // not keep less the shared set they point into, less the compressed copies; the dry run's estimate
 // (train_dbrx.cu: the walk without either, less this)
 static inline long double dbrx_recompute_saved_bytes(const DbrxConfig* c, int B, int T) {
     if (g_recompute.items.empty() && g_compress.items.empty()) return 0;
-    long double per_bit[RC_CSWIGLU + 1] = {0}, saved = 0;
+    long double per_bit[RC_LN1 + 1] = {0}, saved = 0;
     block_acts_fields(c, (size_t)B * T, [&](auto f, size_t n, int bit) {
         using Tp = std::remove_pointer_t<std::remove_reference_t<decltype(std::declval<BlockActs&>().*f)>>;
         per_bit[bit] += (long double)n * sizeof(Tp);
     });
     int U = recompute_dropped_bits(recompute_union(&g_recompute, c->n_layers));
-    for (int b = RC_ATTN; b <= RC_BLOCK; b <<= 1) {
+    for (int b = RC_ATTN; b <= RC_LN1; b <<= 1) {
+        if (b == RC_CSWIGLU || b == RC_CATTN) {   // (the codes: kept by the layers that compress)
+            for (int l = 0; l < c->n_layers; l++) if (recompute_mode(&g_recompute, l) & b) saved -= per_bit[b];
+            continue;
+        }
         if (U & b) saved -= per_bit[b];
         for (int l = 0; l < c->n_layers; l++) if (recompute_dropped_bits(recompute_mode(&g_recompute, l)) & b) saved += per_bit[b];
     }
-    for (int l = 0; l < c->n_layers; l++) if (recompute_mode(&g_recompute, l) & RC_CSWIGLU) saved -= per_bit[RC_CSWIGLU];
     return saved;
 }

@@ -23,16 +23,19 @@
 template <typename A, typename V> static inline void gpu_block_acts_fields(const DbrxConfig* c, size_t N, size_t R, size_t Rx, V v) {
     size_t d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden, qd = qkv_dim(c), NH = N * c->n_heads;
     size_t X = sizeof(floatX), f = sizeof(float), i = sizeof(int);
-    v(&A::ln1, N * d * X, RC_BLOCK); v(&A::ln1_mean, N * f, RC_BLOCK); v(&A::ln1_rstd, N * f, RC_BLOCK);
+    v(&A::ln1, N * d * X, RC_LN1); v(&A::ln1_mean, N * f, RC_BLOCK); v(&A::ln1_rstd, N * f, RC_BLOCK);
     v(&A::qkv_pre, N * qd * X, RC_BLOCK); v(&A::qkv, N * qd * X, RC_BLOCK); v(&A::att_lse, NH * f, RC_BLOCK);
     v(&A::atty, N * d * X, RC_ATTN); v(&A::resid_mid, N * d * X, RC_BLOCK);
     v(&A::ln2, N * d * X, RC_MOE); v(&A::ln2_mean, N * f, RC_MOE); v(&A::ln2_rstd, N * f, RC_MOE);
     v(&A::router_logits, N * E * f, RC_MOE); v(&A::probs, N * E * f, 0); v(&A::lse, N * f, 0); v(&A::topk_w, N * k * f, 0);
     v(&A::topk_idx, N * k * i, 0); v(&A::counts, E * i, 0); v(&A::offsets, (E + 1) * i, 0);
     v(&A::row_token, R * i, 0); v(&A::slot_row, R * i, 0);
-    v(&A::xe, R * d * X, RC_MOE); v(&A::g, 2 * Rx * F * X, RC_SWIGLU); v(&A::act, Rx * F * X, RC_SWIGLU); v(&A::ye, R * d * X, RC_MOE);
+    v(&A::xe, R * d * X, RC_XE); v(&A::g, 2 * Rx * F * X, RC_SWIGLU); v(&A::act, Rx * F * X, RC_SWIGLU); v(&A::ye, R * d * X, RC_MOE);
     // --compress-acts swiglu (RC_CSWIGLU: only the layers it names keep these): g and u as E4M3 codes and factors
     v(&A::gu_codes, compress_code_bytes(COMPRESS_E4M3, Rx, F), RC_CSWIGLU); v(&A::gu_sinv, compress_factor_bytes(COMPRESS_E4M3, Rx, F), RC_CSWIGLU);
+    // --compress-acts attn (RC_CATTN): ln1 as E4M3 codes and factors
+    v(&A::ln1_codes, compress_tensor_code_bytes(COMPRESS_E4M3, N, d), RC_CATTN);
+    v(&A::ln1_sinv, compress_tensor_factor_bytes(COMPRESS_E4M3, N, d), RC_CATTN);
 }
 
 // Layer l's block-unit part again, the unit gathered for it (a forward-phase gather inside the backward
@@ -89,6 +92,17 @@ template <typename M> static inline void gpu_decompress_rows(M* m, int l, int ro
 // the forward of a layer --compress-acts names leaves g and u in the layer's codes (training only)
 template <typename M> static inline void gpu_compress_experts(M* m, int l, float dloss) {
     if ((m->rc_mode[l] & RC_CSWIGLU) && dloss > 0 && !m->experts.forward) gpu_compress_rows(m, l, gpu_expert_rows_filled(m, l));
+}
+
+// --compress-acts attn: the forward of a layer it names leaves ln1 in the layer's codes (training only), and
+// the backward rebuilds it before the QKV GEMM's weight gradient
+template <typename M> static inline void gpu_compress_attn(M* m, int l, float dloss) {
+    auto* a = &m->acts[l];
+    if ((m->rc_mode[l] & RC_CATTN) && dloss > 0) rows_compress_gpu(a->ln1_codes, a->ln1_sinv, a->ln1, m->B * m->T, m->cfg.d_model);
+}
+template <typename M> static inline void gpu_decompress_attn(M* m, int l) {
+    auto* a = &m->acts[l];
+    rows_decompress_gpu(a->ln1, a->ln1_codes, a->ln1_sinv, m->B * m->T, m->cfg.d_model);
 }
 
 // Layer l's experts forward again (its experts' unit held): g, u, act (swiglu); and ye (moe: under expert

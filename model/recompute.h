@@ -26,8 +26,14 @@
 #include "common.h"
 
 // RC_CSWIGLU: not a recomputation but --compress-acts swiglu (model/act_compress.cuh): the layer keeps g and u
-// compressed, its g, u and act point into the shared scratch like RC_SWIGLU's, and the backward rebuilds them
-enum { RC_ATTN = 1, RC_SWIGLU = 2, RC_MOE = 4, RC_BLOCK = 8, RC_CSWIGLU = 16 };
+// compressed, its g, u and act point into the shared scratch like RC_SWIGLU's, and the backward rebuilds them.
+// RC_CATTN: --compress-acts attn, the same for LayerNorm 1's output ln1 (the QKV GEMM's input, which only its
+// weight gradient reads again). RC_LN1: not a mode bit but the field bit of ln1, dropped by block and by RC_CATTN.
+// RC_XE: the GPU model's field bit of the routed rows xe, dropped by moe, and under expert parallelism by every
+// layer (the dispatcher keeps the received rows its experts' weight gradients read: xe is not read after the forward)
+enum { RC_ATTN = 1, RC_SWIGLU = 2, RC_MOE = 4, RC_BLOCK = 8, RC_CSWIGLU = 16, RC_CATTN = 32, RC_LN1 = 64, RC_XE = 128 };
+// the --compress-acts granularities (its spec's items use the recompute bits: swiglu RC_SWIGLU, attn RC_ATTN)
+enum { RC_COMPRESS_GRANS = RC_SWIGLU | RC_ATTN };
 enum { RC_RANGE_ALL, RC_RANGE_FIRST, RC_RANGE_SPAN, RC_RANGE_EVERY };
 
 typedef struct { int gran, kind, a, b; std::string text; } RecomputeItem;
@@ -36,7 +42,7 @@ typedef struct { std::vector<RecomputeItem> items; std::string text; } Recompute
 // the run's spec (set once at start-up by the flag parser; empty: nothing recomputed). Both models read
 // it when they size their activations; a test sets it before building a model.
 inline RecomputeSpec g_recompute;
-// --compress-acts SPEC (the same syntax; granularity swiglu only) and --compress-format (0 e4m3, 1 bf16:
+// --compress-acts SPEC (the same syntax; granularities swiglu and attn) and --compress-format (0 e4m3, 1 bf16:
 // CompressFormat, model/act_compress.cuh)
 inline RecomputeSpec g_compress;
 inline int g_compress_format = 0;
@@ -58,7 +64,7 @@ static inline RecomputeSpec recompute_parse(const std::string& spec, const char*
         it.gran = g == "attn" ? RC_ATTN : g == "swiglu" ? RC_SWIGLU : g == "moe" ? RC_MOE : g == "block" ? RC_BLOCK : 0;
         if (!(it.gran & grans))
             fail(EXIT_BAD_INPUT, "%s '%s': granularity '%s' is not %s", flag, spec.c_str(), g.c_str(),
-                 grans == 15 ? "attn, swiglu, moe or block" : "swiglu");
+                 grans == 15 ? "attn, swiglu, moe or block" : "swiglu or attn");
         auto number = [&](const char* p, int* out) {
             char* end = NULL;
             long v = strtol(p, &end, 10);
@@ -97,18 +103,27 @@ static inline void recompute_check(const RecomputeSpec* s, int L, const char* fl
 
 static inline int recompute_items_mode(const RecomputeSpec* s, int l);
 // what layer l of L recomputes: RC_* bits, normalised (block: every bit; moe: swiglu too); with the run's
-// spec, RC_CSWIGLU where --compress-acts names the layer and its SwiGLU is not recomputed anyway
+// spec, RC_CSWIGLU (RC_CATTN) where --compress-acts names the layer and its SwiGLU (its ln1: block) is not
+// recomputed anyway: a recomputed tensor is not compressed
 static inline int recompute_mode(const RecomputeSpec* s, int l) {
     int mode = recompute_items_mode(s, l);
-    if (s == &g_recompute && !(mode & RC_SWIGLU) && (recompute_items_mode(&g_compress, l) & RC_SWIGLU)) mode |= RC_CSWIGLU;
+    if (s != &g_recompute || g_compress.items.empty()) return mode;
+    int cm = recompute_items_mode(&g_compress, l);
+    if (!(mode & RC_SWIGLU) && (cm & RC_SWIGLU)) mode |= RC_CSWIGLU;
+    if (!(mode & RC_BLOCK) && (cm & RC_ATTN)) mode |= RC_CATTN;
     return mode;
 }
-// the buffers a layer of this mode points into the shared scratch: RC_CSWIGLU drops g, u, act as RC_SWIGLU does
-static inline int recompute_dropped_bits(int mode) { return (mode & 15) | ((mode & RC_CSWIGLU) ? RC_SWIGLU : 0); }
-// where a layer of this mode keeps the buffer that `bit` drops (or, RC_CSWIGLU, that only compression keeps):
-// 0 its own, 1 the shared scratch, 2 none
+// the field bits of the buffers a layer of this mode points into the shared scratch: RC_CSWIGLU drops g, u,
+// act as RC_SWIGLU does; ln1 (RC_LN1) goes with block and RC_CATTN; xe (RC_XE) with moe (and RC_XE itself: the
+// GPU model under expert parallelism passes mode | RC_XE)
+static inline int recompute_dropped_bits(int mode) {
+    return (mode & 15) | ((mode & RC_CSWIGLU) ? RC_SWIGLU : 0) | ((mode & (RC_BLOCK | RC_CATTN)) ? RC_LN1 : 0) |
+           ((mode & (RC_MOE | RC_XE)) ? RC_XE : 0);
+}
+// where a layer of this mode keeps the buffer of field bit `bit` (RC_CSWIGLU, RC_CATTN: the codes that only
+// compression keeps): 0 its own, 1 the shared scratch, 2 none
 static inline int recompute_buffer_place(int mode, int bit) {
-    if (bit == RC_CSWIGLU) return (mode & RC_CSWIGLU) ? 0 : 2;
+    if (bit == RC_CSWIGLU || bit == RC_CATTN) return (mode & bit) ? 0 : 2;
     return (recompute_dropped_bits(mode) & bit) ? 1 : 0;
 }
 static inline int recompute_items_mode(const RecomputeSpec* s, int l) {

@@ -78,7 +78,9 @@ typedef struct {
     // attn, swiglu, moe, block), what the layers drop in all, and the one shared scratch set they point into
     long double rc_bit_bytes[4], recompute_dropped, recompute_scratch;
     std::string recompute;           // the spec ("": none)
-    long double compressed_kept;     // --compress-acts: the compressed g, u of the layers it names (their g, u, act are dropped above)
+    long double compressed_kept;     // --compress-acts: the compressed g, u (swiglu) and ln1 (attn) of the layers it names (their g, u,
+                                     // act and ln1 are dropped above)
+    long double compressed_swiglu, compressed_attn;   // ... by class: the codes and factors of one layer
     std::string compress;            // its spec ("": none)
     long double head, scratch, fp8_scratch;
     // routing buffers: L x the routing indices, and the EP exchange's
@@ -187,26 +189,36 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     p.layer_attention = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // ln1, stats, qkv_pre, qkv, lse, atty
     p.layer_norms = bf * N * d + bf * N * d + 2 * f4 * N + bf * N * d;   // resid_mid, ln2 and its stats, the block's input (resid)
     p.layer_router = 2 * f4 * N * E + f4 * N + f4 * N * k + f4 * (E + 1);   // logits, probs, lse, top-k weights, statistics
-    p.layer_experts = bf * R * d + 3 * bf * Rx * F + bf * R * d;          // xe, g and u, act, ye
+    // xe, g and u, act, ye; under EP the layers share one xe (the dispatcher keeps the rows the weight gradients read)
+    p.layer_experts = (n > 1 ? 0 : bf * R * d) + 3 * bf * Rx * F + bf * R * d;
     p.layer_routing = i4 * N * k + i4 * E + i4 * (E + 1) + 2 * i4 * R;    // topk_idx, counts, offsets, row_token, slot_row
-    p.saved = L * (p.layer_attention + p.layer_norms + p.layer_router + p.layer_experts);
+    p.saved = L * (p.layer_attention + p.layer_norms + p.layer_router + p.layer_experts) + (n > 1 ? bf * R * d : 0);
     // --recompute: a dropped buffer is not kept per layer; the layers that drop it share one (dbrx_gpu_buffers)
     p.rc_bit_bytes[0] = bf * N * d;                                                       // attn: atty
     p.rc_bit_bytes[1] = 3 * bf * Rx * F;                                                  // swiglu: g and u, act (EP: the planned rows)
-    p.rc_bit_bytes[2] = bf * N * d + 2 * f4 * N + f4 * N * E + 2 * bf * R * d;            // moe: ln2, stats, logits, xe, ye
+    p.rc_bit_bytes[2] = bf * N * d + 2 * f4 * N + f4 * N * E + (n > 1 ? 1 : 2) * bf * R * d;   // moe: ln2, stats, logits, xe (not EP), ye
     p.rc_bit_bytes[3] = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // block: ln1, stats, qkv x2, lse, resid_mid
     p.recompute = g_recompute.text;
     p.compress = g_compress.text;
     p.recompute_dropped = p.recompute_scratch = p.compressed_kept = 0;
     int rc_union = recompute_union(&g_recompute, c->n_layers);
+    p.compressed_swiglu = (long double)compress_code_bytes(COMPRESS_E4M3, (size_t)Rx, (size_t)F) +
+                          (long double)compress_factor_bytes(COMPRESS_E4M3, (size_t)Rx, (size_t)F);
+    p.compressed_attn = (long double)compress_tensor_code_bytes(COMPRESS_E4M3, (size_t)N, (size_t)d) +
+                        (long double)compress_tensor_factor_bytes(COMPRESS_E4M3, (size_t)N, (size_t)d);
+    // the buffers of the dropped field bits (ln1, RC_LN1, is in block's bytes: counted alone where only RC_CATTN drops it)
+    auto dropped = [&](int mode) {
+        int bits = recompute_dropped_bits(mode);
+        long double b = 0;
+        for (int i = 0; i < 4; i++) if (bits & (1 << i)) b += p.rc_bit_bytes[i];
+        return b + ((bits & RC_LN1) && !(bits & RC_BLOCK) ? bf * N * d : 0);
+    };
     for (int l = 0; l < (rc_union ? c->n_layers : 0); l++) {
         int mode = recompute_mode(&g_recompute, l);
-        for (int b = 0; b < 4; b++) if (recompute_dropped_bits(mode) & (1 << b)) p.recompute_dropped += p.rc_bit_bytes[b];
-        if (mode & RC_CSWIGLU)
-            p.compressed_kept += (long double)compress_code_bytes(COMPRESS_E4M3, (size_t)Rx, (size_t)F) +
-                                 (long double)compress_factor_bytes(COMPRESS_E4M3, (size_t)Rx, (size_t)F);
+        p.recompute_dropped += dropped(mode);
+        p.compressed_kept += ((mode & RC_CSWIGLU) ? p.compressed_swiglu : 0) + ((mode & RC_CATTN) ? p.compressed_attn : 0);
     }
-    for (int b = 0; b < 4; b++) if (recompute_dropped_bits(rc_union) & (1 << b)) p.recompute_scratch += p.rc_bit_bytes[b];
+    p.recompute_scratch = dropped(rc_union);
     p.saved += p.recompute_scratch - p.recompute_dropped + p.compressed_kept;
     // the head and the step's inputs: step_out's loss, the final residual, lnf and its stats, logits, losses,
     // RoPE tables, the token ids and the embedding plan
@@ -303,8 +315,10 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
                "%.2f GiB; included above\n", p->recompute.c_str(), G(p->recompute_dropped), M(p->rc_bit_bytes[0]), M(p->rc_bit_bytes[1]),
                M(p->rc_bit_bytes[2]), M(p->rc_bit_bytes[3]), G(p->recompute_scratch));
     if (!p->compress.empty())
-        printf("    --compress-acts %s: g and u kept in E4M3 with 1x128 factors, %.2f GiB (their g, u, act counted as not kept above)\n",
-               p->compress.c_str(), G(p->compressed_kept));    printf("    head (final norm, logits, losses, RoPE, token ids) %.2f GiB, backward scratch %.2f GiB, FP8 scratch and state %.2f GiB\n",
+        printf("    --compress-acts %s: kept in E4M3 with 1x128 factors, %.2f GiB (per layer: swiglu's g, u %.1f MiB, attn's ln1 %.1f "
+               "MiB; the tensors they replace counted as not kept above)\n", p->compress.c_str(), G(p->compressed_kept),
+               M(p->compressed_swiglu), M(p->compressed_attn));
+    printf("    head (final norm, logits, losses, RoPE, token ids) %.2f GiB, backward scratch %.2f GiB, FP8 scratch and state %.2f GiB\n",
            G(p->head), G(p->scratch), G(p->fp8_scratch));
     printf("  routing buffers                                                        %9.2f GiB\n", G(p->routing_index + p->ep_exchange));
     printf("    routing indices %.1f MiB per layer, x %d = %.2f GiB; expert-parallel exchange %.2f GiB (planned for %.0Lf rows "

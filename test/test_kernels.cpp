@@ -568,6 +568,35 @@ TEST_CASE("compressed SwiGLU activations: E4M3 codes with 1x128 factors, and the
     CHECK(std::equal(u.begin(), u.end(), xb.begin() + 500));
 }
 
+// --compress-acts attn: one tensor (ln1 (N, d)) through the same compression kernel (its g half alone) and the
+// plain rebuild: codes and factors the CPU's bit for bit, the rebuilt values the CPU's rounded to BF16 (d of DBRX,
+// of dbrx-tiny, a partial tile and an odd width: the vector and the scalar paths)
+TEST_CASE("compressed LayerNorm output: one tensor's E4M3 codes with 1x128 factors, and its rebuild") {
+    for (auto sh : {std::pair<int, int>{3, 6144}, {33, 256}, {17, 200}, {5, 131}}) {
+        int rows = sh.first, C = sh.second;
+        size_t n = (size_t)rows * C, nf = (size_t)rows * ((C + 127) / 128);
+        std::vector<float> x = randn(n, (uint64_t)C + rows, 1.0);
+        for (size_t i = 0; i < n; i += 89) x[i] *= 30.0f;
+        x = bf16_round(x);
+        std::vector<uint8_t> q(n, 0);
+        std::vector<float> sinv(nf, 0.0f), y(n);
+        compress_rows(q.data(), sinv.data(), x.data(), rows, C, COMPRESS_E4M3);
+        decompress_rows(y.data(), q.data(), sinv.data(), rows, C, COMPRESS_E4M3);
+        floatX* d_x = dev_bf16(x);
+        uint8_t* d_q = dev_copy(std::vector<uint8_t>(n, 0));
+        float* d_s = dev_copy(std::vector<float>(nf, 0.0f));
+        rows_compress_gpu(d_q, d_s, d_x, rows, C);
+        expect_equal("codes", get(d_q, n), q);
+        expect_equal("factors", get(d_s, nf), sinv);
+        floatX* d_y = dev_poisoned<floatX>(n);
+        rows_decompress_gpu(d_y, d_q, d_s, rows, C);
+        expect_equal("rebuilt", get_bf16(d_y, n), bf16_round(y));
+        for (size_t i = 0; i < n; i++)
+            REQUIRE(std::fabs(y[i] - x[i]) <= std::ldexp(std::fabs(x[i]), -4) + std::ldexp(sinv[(i % C) / 128 * rows + i / C], -10));
+        for (void* p : {(void*)d_x, (void*)d_q, (void*)d_s, (void*)d_y}) cudaCheck(cudaFree(p));
+    }
+}
+
 // a routing of N tokens to k of E experts through the CPU router: idx, w, counts, offsets, ...
 struct Routing {
     std::vector<float> w;

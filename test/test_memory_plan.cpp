@@ -74,10 +74,12 @@ TEST_CASE("the plan's terms of a small model, by hand (B 2 x T 16: N = 32 tokens
     CHECK(q.gathered_slots == 2 * 2 * 36864); CHECK(q.grad_slots == 2 * 4 * 36864);
     // EP 2, --ep-capacity-factor 2 (the default): 2 x N k = 128 rows planned per layer (= the dropless bound,
     // n N min(k, E/n) = 2 x 32 x 2); per layer xl 2*128*64 + perm, inv 2*4*128; shared x, y, dx, dxr 4*2*128*64.
-    // The model's own g, u, act (per layer) and da, dg, du (scratch) hold the planned rows: 3*2*128*96 each
+    // The model's own g, u, act (per layer) and da, dg, du (scratch) hold the planned rows: 3*2*128*96 each; its
+    // routed rows xe (2*64*64) are one buffer the layers share (the backward reads xl), ye is per layer
     CHECK(q.ep_rows == 128);
     CHECK(q.ep_exchange == 2 * (16384 + 1024) + 65536);
-    CHECK(q.layer_experts == 2 * 64 * 64 + 3 * 2 * 128 * 96 + 2 * 64 * 64);
+    CHECK(q.layer_experts == 3 * 2 * 128 * 96 + 2 * 64 * 64);
+    CHECK(q.saved == 2 * (q.layer_attention + q.layer_norms + q.layer_router + q.layer_experts) + 2 * 64 * 64);
     MemoryPlan q15 = memory_plan(&c, 2, 16, 2, 2, 4, FP8_OFF, 1.5);   // 1.5 x 64 = 96 rows
     CHECK(q15.ep_rows == 96);
     CHECK(q15.ep_exchange == 2 * (2 * 96 * 64 + 8 * 96) + 4 * 2 * 96 * 64);
@@ -205,16 +207,17 @@ TEST_CASE("--compress-acts: the plan keeps the codes of the layers it names, as 
     size_t walk_off = dbrx_gpu_memory_estimate(&c, B, T, nullptr, nullptr, false);
     double peak_off = step_peak(c, B, T);
     struct Case { const char *rc, *ca; };
-    for (Case k : {Case{"", "swiglu"}, Case{"attn,swiglu:0", "swiglu:first2"}, Case{"block:1", "swiglu:every2"}}) {
+    for (Case k : {Case{"", "swiglu"}, Case{"attn,swiglu:0", "swiglu:first2"}, Case{"block:1", "swiglu:every2"}, Case{"", "attn"},
+                   Case{"block:0,moe:2", "attn,swiglu:1-2"}}) {
         g_recompute = recompute_parse(k.rc);
-        g_compress = recompute_parse(k.ca, "--compress-acts", RC_SWIGLU);
+        g_compress = recompute_parse(k.ca, "--compress-acts", RC_COMPRESS_GRANS);
         MemoryPlan on = memory_plan(&c, B, T, 1, 1, 1, FP8_OFF);
         size_t walk_on = dbrx_gpu_memory_estimate(&c, B, T, nullptr, nullptr, false);
         CHECK((long double)walk_off - (long double)walk_on == off.allocations - on.allocations);
         CHECK(on.compressed_kept > 0);
         CHECK(off.allocations - on.allocations == on.recompute_dropped - on.recompute_scratch - on.compressed_kept);
         double peak = step_peak(c, B, T);
-        MESSAGE(std::string(k.rc) << " + " << k.ca << ": emulated peak " << (long long)peak << " (without " << (long long)peak_off << "), plan "
+        MESSAGE(std::string(k.rc) << " + " << std::string(k.ca) << ": emulated peak " << (long long)peak << " (without " << (long long)peak_off << "), plan "
                       << (long long)on.allocations);
         CHECK(std::fabs(peak / (double)on.allocations - 1) <= 0.02);
         CHECK(peak < peak_off);
@@ -226,7 +229,15 @@ TEST_CASE("--compress-acts: the plan keeps the codes of the layers it names, as 
     long double R = (long double)B * T * c.top_k, F = c.ffn_hidden;
     CHECK(all.compressed_kept == 3 * (2 * R * F + 2 * R * std::ceil(F / 128) * 4));
     CHECK(all.recompute_dropped == 3 * off.rc_bit_bytes[1]);
-    g_compress = recompute_parse("", "--compress-acts", RC_SWIGLU);
+    // attn: ln1's d bytes of codes and 4 d / 128 of factors per token, against 2 d of BF16; block:1 keeps none
+    g_recompute = recompute_parse("block:1");
+    g_compress = recompute_parse("attn", "--compress-acts", RC_COMPRESS_GRANS);
+    MemoryPlan at = memory_plan(&c, B, T, 1, 1, 1, FP8_OFF);
+    long double N = (long double)B * T, d = c.d_model;
+    CHECK(at.compressed_kept == 2 * (N * d + N * std::ceil(d / 128) * 4));
+    CHECK(at.recompute_dropped == off.rc_bit_bytes[0] + off.rc_bit_bytes[1] + off.rc_bit_bytes[2] + off.rc_bit_bytes[3] + 2 * 2 * N * d);
+    g_recompute = recompute_parse("");
+    g_compress = recompute_parse("", "--compress-acts", RC_COMPRESS_GRANS);
 }
 
 TEST_CASE("--recompute on the CPU model: the dry run's estimate (the walk without it, less what it saves) is the walk") {
@@ -242,12 +253,12 @@ TEST_CASE("--recompute on the CPU model: the dry run's estimate (the walk withou
     }
     // with --compress-acts (both formats): the walk without either, less what both save
     for (int fmt : {0, 1})
-        for (const char* ca : {"swiglu", "swiglu:1-3,swiglu:every4"}) {
+        for (const char* ca : {"swiglu", "swiglu:1-3,swiglu:every4", "attn", "attn:0-2,swiglu:3"}) {
             g_recompute = g_compress = recompute_parse("");
             g_compress_format = fmt;
             size_t without = dbrx_activations(NULL, &c, 2, 32);
             g_recompute = recompute_parse("attn,swiglu:2");
-            g_compress = recompute_parse(ca, "--compress-acts", RC_SWIGLU);
+            g_compress = recompute_parse(ca, "--compress-acts", RC_COMPRESS_GRANS);
             size_t with = dbrx_activations(NULL, &c, 2, 32);
             CHECK((long double)with == (long double)without - dbrx_recompute_saved_bytes(&c, 2, 32));
             CHECK(with < without);
