@@ -32,6 +32,8 @@ static inline void cpg_gather(ContextParallelGPU* cp, const floatX* qkv) {
 
 static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX* qkv) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    if (!attention_use_flash(cp->B, cp->H, cp->KV, cp->hd, {out, qkv}))   // (16-byte aligned: the model's buffers are)
+        fail(EXIT_RUNTIME, "context parallelism: the attention's buffers are not 16-byte aligned");
     cpg_gather(cp, qkv);
     cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
     cp->fwd_calls++;
@@ -59,8 +61,9 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     cp->group = comm_split(&comm->world_group, comm->rank / n, comm->rank % n, "context", 1);
     cp->rank = cp->group.rank;
     const DbrxConfig* c = &m->cfg;
-    if (!flash_attention_supported(c->head_dim))
-        fail(EXIT_BAD_INPUT, "--context-parallel %d on the GPU needs head_dim 32, 64 or 128 (the flash kernels), not %d", n, c->head_dim);
+    if (!attention_use_flash(m->B, c->n_heads, c->kv_heads, c->head_dim, {}))
+        fail(EXIT_BAD_INPUT, "--context-parallel %d on the GPU needs the flash kernels: head_dim 32, 64 or 128 (not %d), n_heads a multiple "
+             "of kv_heads, a micro-batch of at most 65535", n, c->head_dim);
     cp->B = m->B; cp->Tl = m->T; cp->H = c->n_heads; cp->KV = c->kv_heads; cp->hd = c->head_dim;
     size_t half = c->head_dim / 2, kvn = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
     std::vector<int> pos(cp->Tl);

@@ -167,6 +167,11 @@ want = 2 * 3 * (1 * 2 * kvb + 1 * 2 * kvb + 1 * 4 * kvb)
 print(("pass" if got and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) CP 2: bytes per rank {sorted(set(got))} = the formula {want}")
 PY
     verdicts "$tmp/gpu" 7
+    # CP on the GPU runs the flash kernels: head_dim 48 (--d-model 96, 2 heads) refused, exit 2, named
+    out=$(OMP_WAIT_POLICY=passive $MPI -np 2 $EMU --device cuda "${X[@]}" --d-model 96 --n-heads 2 --context-parallel 2 2>&1); rc=$?
+    if [ "$rc" = 2 ] && grep -q -- "--context-parallel 2 on the GPU needs the flash kernels: head_dim 32, 64 or 128 (not 48)" <<<"$out"; then
+        pass "--device cuda --context-parallel 2 at head_dim 48: exit 2, named"
+    else fail "--device cuda --context-parallel 2 at head_dim 48: exit $rc: $(grep -i error <<<"$out" | head -2)"; fi
 else
     echo "skipped: --context-parallel on the emulated GPU (no $EMU)"
 fi
