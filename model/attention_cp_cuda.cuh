@@ -1,12 +1,11 @@
 /*
- * attention_cp_cuda.cuh — context parallelism's attention on the GPU (--context-parallel N, the all-gather form):
- * this rank's queries (its two balanced chunks, model/attention_ring.h) against the K|V of the whole sequence,
- * gathered from the CP group in rank order (kv_all (N, B, Tl, 2*kv*hd), BF16), with the causal mask by global
- * position; the backward gives dq here and dK|dV of every gathered row in FP32 (dkv_all, the same layout), which
- * the group reduce-scatters back to the rows' owners. No communication here (parallel/context_parallel.h does it).
- * The warp-per-row arithmetic of model/attention.cuh's simple kernels (not the flash kernels): a correctness path.
- * Within a gathered block (rank src's chunk i) the keys a query at global position P sees are a prefix: the first
- * min(c, P - start + 1) rows, start = the chunk's first position.
+ * attention_cp_cuda.cuh — context parallelism's attention on the GPU (--context-parallel N): this rank's queries (its two
+ * balanced chunks, model/attention_ring.h) against every CP rank's K|V block (kv_all (N, B, Tl, 2*kv*hd), BF16, rank
+ * order; parallel/context_parallel_cuda.cuh gathers it), as N chunk pairs on the flash kernels (attention_flash.cuh's
+ * FlashBlock: the causal diagonal for the rank's own block, a full block with a query range or a key prefix for the
+ * others), in the ring's order, each pair's (out, lse) merged by the online softmax in FP32. The backward runs the
+ * same pairs with the merged lse and D = rowsum(dout out): dq summed over the pairs in FP32, dK|dV of every block in
+ * FP32 (dkv_all, kv_all's layout), which the group reduce-scatters back to the rows' owners. No communication here.
  */
 #pragma once
 #include "attention.cuh"
@@ -17,9 +16,6 @@ typedef struct {
     void (*backward)(void* ctx, floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse);
     void* ctx;
 } AttentionHooksGPU;
-
-// the global position of local row tl of CP rank r (chunks r and 2n-1-r of c rows each)
-__device__ inline int cp_row_pos(int r, int tl, int n, int c) { return (tl < c ? r : 2 * n - 1 - r) * c + tl % c; }
 
 // kv (B*Tl, 2*kv*hd) = the K|V columns of qkv (B*Tl, qkv_dim)
 __global__ void cp_pack_kv_kernel(floatX* kv, const floatX* qkv, size_t rows, int H, int KV, int hd) {
@@ -34,116 +30,98 @@ __global__ void cp_unpack_dkv_kernel(floatX* dqkv, const float* dkv, size_t rows
     dqkv[(i / kvw) * (size_t)(H + 2 * KV) * hd + H * hd + i % kvw] = __float2bfloat16(dkv[i]);
 }
 
-// one warp per query row (b, h, t): the online softmax over every gathered block's visible prefix
-__global__ void cp_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, const floatX* kv_all, int B, int Tl, int H, int KV,
-                                            int hd, int n, int rank) {
-    int lane = threadIdx.x % 32, c = Tl / 2;
-    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= (size_t)B * H * Tl) return;
-    int t = row % Tl, h = (row / Tl) % H, b = row / ((size_t)Tl * H), kvh = h / (H / KV), qd = (H + 2 * KV) * hd, kvw = 2 * KV * hd;
-    int P = cp_row_pos(rank, t, n, c);
-    float scale = 1.0f / sqrtf((float)hd), qr[ATT_MAX_PER_LANE], o[ATT_MAX_PER_LANE], m = -INFINITY, l = 0.0f;
-    const floatX* q = qkv + ((size_t)b * Tl + t) * qd + h * hd;
-    for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; qr[j] = i < hd ? __bfloat162float(q[i]) : 0.0f; o[j] = 0.0f; }
-    for (int src = 0; src < n; src++)
-        for (int ci = 0; ci < 2; ci++) {
-            int start = cp_row_pos(src, ci * c, n, c), cnt = min(c, P - start + 1);
-            for (int u = 0; u < cnt; u++) {
-                const floatX* k = kv_all + (((size_t)src * B + b) * Tl + ci * c + u) * kvw + kvh * hd;
-                const floatX* v = k + KV * hd;
-                float s = 0.0f;
-                for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) s += qr[j] * __bfloat162float(k[i]); }
-                s = warp_sum(s) * scale;
-                float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
-                l = l * corr + p;
-                for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) o[j] = o[j] * corr + p * __bfloat162float(v[i]); }
-                m = mn;
-            }
-        }
-    floatX* y = out + ((size_t)b * Tl + t) * H * hd + h * hd;
-    for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) y[i] = __float2bfloat16(o[j] / l); }
-    if (lane == 0) lse[row] = m + logf(l);
+// the chunk pair of step k (0 .. n-1): this rank's queries against the K|V block of CP rank s = rank - k (mod n), the
+// ring's order (k = 0: its own block). Rank s holds chunks s and 2n-1-s (rows [0, c) and [c, 2c) of Tl = 2c); by
+// global position: own block, the causal diagonal over all 2c rows (the rows are in position order); s < rank,
+// every query row sees the block's first chunk fully and its second not at all; s > rank, only the second query
+// chunk (2n-1-rank) sees the block, both chunks fully. kv and dkv: the block's K|V (B, Tl, 2 kv hd), BF16, and its
+// FP32 gradient, added to.
+static inline FlashBlock cp_chunk_pair(const floatX* kv, float* dkv, int k, int n, int rank, int Tl, int KV, int hd) {
+    int s = ((rank - k) % n + n) % n, c = Tl / 2;
+    if (s == rank) return flash_block_pair(kv, dkv, Tl, KV, hd, Tl, 0, Tl, 0);
+    if (s < rank) return flash_block_pair(kv, dkv, Tl, KV, hd, c, 0, Tl, 1);
+    return flash_block_pair(kv, dkv, Tl, KV, hd, Tl, c, c, 1);
 }
 
-// dq (the Q columns of dqkv; the rest is the unpack's) and D (B, H, Tl) = rowsum(dout * out): one warp per query row
-__global__ void cp_attention_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse, const floatX* qkv,
-                                       const floatX* kv_all, int B, int Tl, int H, int KV, int hd, int n, int rank) {
-    int lane = threadIdx.x % 32, c = Tl / 2;
-    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= (size_t)B * H * Tl) return;
-    int t = row % Tl, h = (row / Tl) % H, b = row / ((size_t)Tl * H), kvh = h / (H / KV), qd = (H + 2 * KV) * hd, kvw = 2 * KV * hd;
-    int P = cp_row_pos(rank, t, n, c);
-    float scale = 1.0f / sqrtf((float)hd), qr[ATT_MAX_PER_LANE], dyr[ATT_MAX_PER_LANE], dq[ATT_MAX_PER_LANE], d = 0.0f;
-    size_t qrow = (size_t)b * Tl + t;
-    for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
-        int i = lane + 32 * j;
-        qr[j] = i < hd ? __bfloat162float(qkv[qrow * qd + h * hd + i]) : 0.0f;
-        dyr[j] = i < hd ? __bfloat162float(dout[qrow * H * hd + h * hd + i]) : 0.0f;
-        if (i < hd) d += dyr[j] * __bfloat162float(out[qrow * H * hd + h * hd + i]);
-        dq[j] = 0.0f;
-    }
-    d = warp_sum(d);
-    float L = lse[row];
-    for (int src = 0; src < n; src++)
-        for (int ci = 0; ci < 2; ci++) {
-            int start = cp_row_pos(src, ci * c, n, c), cnt = min(c, P - start + 1);
-            for (int u = 0; u < cnt; u++) {
-                const floatX* k = kv_all + (((size_t)src * B + b) * Tl + ci * c + u) * kvw + kvh * hd;
-                const floatX* v = k + KV * hd;
-                float s = 0.0f, dp = 0.0f;
-                for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
-                    int i = lane + 32 * j;
-                    if (i < hd) { s += qr[j] * __bfloat162float(k[i]); dp += dyr[j] * __bfloat162float(v[i]); }
-                }
-                s = warp_sum(s) * scale;
-                dp = warp_sum(dp);
-                float ds = expf(s - L) * (dp - d) * scale;
-                for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) dq[j] += ds * __bfloat162float(k[i]); }
-            }
-        }
-    for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) dqkv[qrow * qd + h * hd + i] = __float2bfloat16(dq[j]); }
-    if (lane == 0) Dbuf[row] = d;
+// the scratch of the chunk pairs (B, Tl, H, hd this rank's): a pair's partial output and lse, the merged output in FP32;
+// the backward's D, FP32 dQ and the dQ semaphores
+typedef struct {
+    floatX* out_p; float *lse_p, *o32;      // (B, Tl, H hd), (B, H, Tl), (B, Tl, H hd)
+    float *D, *dq_acc; int* dq_sem;         // (B, H, Tl), (B, H, Tl, hd), flash_bwd5_sem_ints(B, Tl, H)
+} CpAttnScratch;
+static inline size_t cp_attn_scratch_bytes(int B, int Tl, int H, int hd) {
+    size_t rows = (size_t)B * Tl * H;
+    return rows * hd * (sizeof(floatX) + 2 * sizeof(float)) + rows * 2 * sizeof(float) + flash_bwd5_sem_ints(B, Tl, H) * sizeof(int);
 }
 
-// dK|dV of every gathered row (src, b, kvh, u) from this rank's queries that see it: one warp per key row; dkv_all FP32
-__global__ void cp_attention_dkv_kernel(float* dkv_all, const floatX* dout, const float* lse, const float* Dbuf, const floatX* qkv,
-                                        const floatX* kv_all, int B, int Tl, int H, int KV, int hd, int n, int rank) {
-    int lane = threadIdx.x % 32, c = Tl / 2;
-    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;   // ((src, b, u), kvh)
-    if (row >= (size_t)n * B * Tl * KV) return;
-    int kvh = row % KV, qd = (H + 2 * KV) * hd, kvw = 2 * KV * hd, group = H / KV;
-    size_t krow = row / KV;   // (src, b, u)
-    int u = krow % Tl, b = (krow / Tl) % B, src = krow / ((size_t)Tl * B);
-    int Pk = cp_row_pos(src, u, n, c);
-    float scale = 1.0f / sqrtf((float)hd), kr[ATT_MAX_PER_LANE], vr[ATT_MAX_PER_LANE], dk[ATT_MAX_PER_LANE], dv[ATT_MAX_PER_LANE];
-    const floatX* k = kv_all + krow * kvw + kvh * hd;
-    for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
-        int i = lane + 32 * j;
-        kr[j] = i < hd ? __bfloat162float(k[i]) : 0.0f;
-        vr[j] = i < hd ? __bfloat162float(k[KV * hd + i]) : 0.0f;
-        dk[j] = 0.0f; dv[j] = 0.0f;
-    }
-    for (int h = kvh * group; h < (kvh + 1) * group; h++)
-        for (int t = 0; t < Tl; t++) {
-            if (cp_row_pos(rank, t, n, c) < Pk) continue;   // (a query before the key: masked)
-            size_t qrow = (size_t)b * Tl + t, r = ((size_t)b * H + h) * Tl + t;
-            const floatX* q = qkv + qrow * qd + h * hd;
-            const floatX* dy = dout + qrow * H * hd + h * hd;
-            float s = 0.0f, dp = 0.0f;
-            for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
-                int i = lane + 32 * j;
-                if (i < hd) { s += __bfloat162float(q[i]) * kr[j]; dp += __bfloat162float(dy[i]) * vr[j]; }
-            }
-            s = warp_sum(s) * scale;
-            dp = warp_sum(dp);
-            float p = expf(s - lse[r]), ds = p * (dp - Dbuf[r]) * scale;
-            for (int j = 0; j < ATT_MAX_PER_LANE; j++) {
-                int i = lane + 32 * j;
-                if (i < hd) { dk[j] += ds * __bfloat162float(q[i]); dv[j] += p * __bfloat162float(dy[i]); }
-            }
+// o32 (B, Tl, H hd) <-> out bf16
+__global__ void cp_out_to_f32_kernel(float* o32, const floatX* out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) o32[i] = __bfloat162float(out[i]);
+}
+__global__ void cp_out_from_f32_kernel(floatX* out, const float* o32, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16(o32[i]);
+}
+// the online-softmax merge of a pair's partial (out_p, lse_p) into the running (o32, lse) over the query rows
+// [qrow0, qrow0 + nq): lse' = log(e^lse + e^lse_p), o' = o e^(lse - lse') + o_p e^(lse_p - lse'); a warp per row (b, h, t)
+__global__ void cp_merge_kernel(float* o32, float* lse, const floatX* out_p, const float* lse_p, int B, int Tl, int H, int hd, int qrow0,
+                                int nq) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)B * H * nq) return;   // (warp-uniform)
+    int t = qrow0 + row % nq, h = (row / nq) % H, b = row / ((size_t)nq * H);
+    size_t lrow = ((size_t)b * H + h) * Tl + t, orow = (((size_t)b * Tl + t) * H + h) * hd;
+    float la = lse[lrow], lb = lse_p[lrow], mx = fmaxf(la, lb), ln = mx + logf(expf(la - mx) + expf(lb - mx));
+    float fa = expf(la - ln), fb = expf(lb - ln);
+    for (int i = lane; i < hd; i += 32) o32[orow + i] = o32[orow + i] * fa + __bfloat162float(out_p[orow + i]) * fb;
+    __syncwarp();   // (every lane has read lse before lane 0 rewrites it)
+    if (lane == 0) lse[lrow] = ln;
+}
+// the Q columns of dqkv (B, Tl, (H + 2 KV) hd) = dq_acc (B, H, Tl, hd) times the softmax scale, rounded to BF16
+__global__ void cp_dq_store_kernel(floatX* dqkv, const float* dq_acc, int B, int Tl, int H, int KV, int hd) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * H * Tl * hd) return;
+    int d = i % hd, t = (i / hd) % Tl, h = (i / ((size_t)hd * Tl)) % H, b = i / ((size_t)hd * Tl * H);
+    dqkv[((size_t)b * Tl + t) * (H + 2 * KV) * hd + (size_t)h * hd + d] = __float2bfloat16(dq_acc[i] * rsqrtf((float)hd));
+}
+
+// the rank's attention over the group's K|V, kv_all (n, B, Tl, 2 kv hd) in rank order: out, lse of its Tl rows; the
+// n chunk pairs in the ring's order, the partial results merged into FP32 (a fixed order: the same bits every run)
+static inline void cp_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc,
+                                            int B, int Tl, int H, int KV, int hd, int n, int rank, cudaStream_t stream = 0) {
+    size_t blk = (size_t)B * Tl * 2 * KV * hd, on = (size_t)B * Tl * H * hd;
+    for (int k = 0; k < n; k++) {
+        int s = ((rank - k) % n + n) % n;
+        FlashBlock p = cp_chunk_pair(kv_all + s * blk, nullptr, k, n, rank, Tl, KV, hd);
+        if (k == 0) {
+            flash_attention_forward_block_gpu(out, lse, qkv, B, Tl, H, KV, hd, p, stream);
+            if (n > 1) LAUNCH(cp_out_to_f32_kernel, ceil_div((long long)on, 256), 256, 0, stream, sc->o32, out, on);
+            continue;
         }
-    float* o = dkv_all + krow * kvw + kvh * hd;
-    for (int j = 0; j < ATT_MAX_PER_LANE; j++) { int i = lane + 32 * j; if (i < hd) { o[i] = dk[j]; o[KV * hd + i] = dv[j]; } }
+        flash_attention_forward_block_gpu(sc->out_p, sc->lse_p, qkv, B, Tl, H, KV, hd, p, stream);
+        LAUNCH(cp_merge_kernel, ceil_div((long long)B * H * p.nq, 4), 128, 0, stream, sc->o32, lse, sc->out_p, sc->lse_p, B, Tl, H, hd,
+               p.qrow0, p.nq);
+    }
+    if (n > 1) LAUNCH(cp_out_from_f32_kernel, ceil_div((long long)on, 256), 256, 0, stream, out, sc->o32, on);
+}
+
+// the backward: dq into the Q columns of dqkv, and dK|dV of every gathered row into dkv_all (n, B, Tl, 2 kv hd) FP32 (the
+// caller reduce-scatters them to their owners); the pairs in the same order, each adding to FP32 sums
+static inline void cp_attention_backward_gpu(floatX* dqkv, float* dkv_all, const floatX* dout, const floatX* out, const float* lse,
+                                             const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc, int B, int Tl, int H, int KV,
+                                             int hd, int n, int rank, cudaStream_t stream = 0) {
+    size_t blk = (size_t)B * Tl * 2 * KV * hd, rows = (size_t)B * Tl * H;
+    LAUNCH(flash_attention_backward_D_kernel, ceil_div((long long)rows * 32, 128), 128, 0, stream, sc->D, (int*)nullptr, dout, out, B, Tl, H,
+           hd, 0);
+    cudaCheck(cudaMemsetAsync(sc->dq_acc, 0, rows * hd * sizeof(float), stream));
+    cudaCheck(cudaMemsetAsync(dkv_all, 0, n * blk * sizeof(float), stream));
+    for (int k = 0; k < n; k++) {
+        int s = ((rank - k) % n + n) % n;
+        FlashBlock p = cp_chunk_pair(kv_all + s * blk, dkv_all + s * blk, k, n, rank, Tl, KV, hd);
+        flash_attention_backward_block_gpu(sc->dq_acc, sc->dq_sem, sc->D, dout, lse, qkv, B, Tl, H, KV, hd, p, stream);
+    }
+    LAUNCH(cp_dq_store_kernel, ceil_div((long long)rows * hd, 256), 256, 0, stream, dqkv, sc->dq_acc, B, Tl, H, KV, hd);
 }
 
 // the model's attention: the local one (flash or warp-per-row kernels), or the CP group's (hk->forward set)

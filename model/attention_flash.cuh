@@ -39,6 +39,35 @@ extern __shared__ __align__(16) char dynamic_smem[];
 
 static inline bool flash_attention_supported(int hd) { return hd == 32 || hd == 64 || hd == 128; }
 
+// The keys and the query rows of a chunk pair of context parallelism (model/attention_cp_cuda.cuh): a K|V block
+// (B, T, 2 KV hd) of T rows per batch entry like qkv's (the rank's gathered or received block), of which the first Tk
+// are keys, and a range of query rows; full = 1 where every query sees every key (a key chunk before the query
+// chunk: no mask but keys >= Tk), full = 0 the causal diagonal, query row i against key row i (qrow0 = 0, nq = Tk).
+// (The model's causal attention is every row of qkv against its own K|V: flash_block_local, constants.)
+typedef struct {
+    const floatX* kv;    // K of (batch 0, key row 0, kv head 0); V at + KV hd
+    float* dkv;          // the backward's dK|dV, FP32, kv's layout, added to
+    size_t ld, bstride;  // = 2 KV hd, T ld: its row and batch strides (set by flash_block_pair)
+    int Tk, qrow0, nq;   // key rows; the query rows [qrow0, qrow0 + nq) of qkv's T
+    int full;            // 1: no causal mask (keys past Tk masked); 0: causal, query row i sees key rows <= i
+} FlashBlock;
+
+#if defined(SIMT_EMULATION)
+// the emulator's work log (SIMT_WORKLOG) records a chunk pair as [Tk, qrow0, nq, full] for the step-time model's
+// formulas (dev/predict/kernel_cost.py)
+static inline std::string worklog_fields(const FlashBlock& kb) {
+    return "[" + std::to_string(kb.Tk) + "," + std::to_string(kb.qrow0) + "," + std::to_string(kb.nq) + "," + std::to_string(kb.full) + "]";
+}
+#endif
+__host__ __device__ inline FlashBlock flash_block_local(const floatX* qkv, int T, int H, int KV, int hd) {
+    size_t qkv_dim = (size_t)(H + 2 * KV) * hd;
+    return FlashBlock{qkv + (size_t)H * hd, nullptr, qkv_dim, T * qkv_dim, T, 0, T, 0};
+}
+static inline FlashBlock flash_block_pair(const floatX* kv, float* dkv, int T, int KV, int hd, int Tk, int qrow0, int nq, int full) {
+    size_t ld = 2 * (size_t)KV * hd;
+    return FlashBlock{kv, dkv, ld, T * ld, Tk, qrow0, nq, full};
+}
+
 // rows [row0, row0 + rows) of a row-major matrix src (row stride ld_g elements, T rows), HD columns,
 // into a shared tile dst (rows, HD + 8) by cp.async, the whole block; rows >= T are zero-filled
 template <int HD>
@@ -84,9 +113,9 @@ __device__ __forceinline__ void flash_store_rows(floatX* dst, size_t ld_g, int r
 // fragments would not fit in the registers next to O). A slice skips a key tile that lies wholly past
 // its last row (causal), so the diagonal costs what the 64-row kernel's does.
 
-template <int HD>
-__global__ void __launch_bounds__(FLASH_THREADS)
-flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV) {
+// CP false: the model's causal attention, kb = flash_block_local (constants: the compiler folds them); CP true: a chunk pair
+template <int HD, bool CP>
+__device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV, const FlashBlock& kb) {
     constexpr int LD = HD + 8, KT = HD / 16, NT = FLASH_BC / 8, OT = HD / 8, MS = FLASH_FWD_BR / 64;   // MS slices per warp
     floatX* Qs = (floatX*)dynamic_smem;            // (FWD_BR, LD)
     floatX* Ks = Qs + FLASH_FWD_BR * LD;           // (2, BC, LD): double-buffered
@@ -95,16 +124,20 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_FWD_BR;   // the last (longest) query tiles first
     int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV), C = H * HD;
     size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
-    const floatX* Qg = qkv + (size_t)b * T * qkv_dim + (size_t)h * HD;
-    const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
+    const int nq = kb.nq, Tk = kb.Tk;                             // (the model's: both T)
+    const bool full = CP && kb.full;
+    const floatX* Qg = qkv + (size_t)b * T * qkv_dim + (size_t)h * HD;   // (a chunk pair's launcher offsets qkv, out, lse by qrow0)
+    const size_t kv_ld = kb.ld;
+    const floatX* Kg = kb.kv + (size_t)b * kb.bstride + (size_t)kvh * HD;
     const floatX* Vg = Kg + (size_t)KV * HD;
     const float sl2 = rsqrtf((float)HD) * FLASH_LOG2E;          // scores in log2 units, for exp2f
-    const int ntiles = (min(q0 + FLASH_FWD_BR, T) - 1) / FLASH_BC + 1;   // causal: keys up to the last query row
+    // causal: keys up to the last query row; full: all
+    const int ntiles = ((full ? Tk : min(q0 + FLASH_FWD_BR, nq)) - 1) / FLASH_BC + 1;
     const int wrow0 = warp * 16 * MS;                            // the warp's first row in the tile
 
-    flash_load_tile<HD>(Qs, Qg, qkv_dim, q0, FLASH_FWD_BR, T);
-    flash_load_tile<HD>(Ks, Kg, qkv_dim, 0, FLASH_BC, T);
-    flash_load_tile<HD>(Vs, Vg, qkv_dim, 0, FLASH_BC, T);
+    flash_load_tile<HD>(Qs, Qg, qkv_dim, q0, FLASH_FWD_BR, nq);
+    flash_load_tile<HD>(Ks, Kg, kv_ld, 0, FLASH_BC, Tk);
+    flash_load_tile<HD>(Vs, Vg, kv_ld, 0, FLASH_BC, Tk);
     cp_async_commit();
 
     float o[MS][OT][4] = {};                                       // O (16, HD) per slice, unnormalised
@@ -115,8 +148,8 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T
         for (int r = 0; r < 2; r++) { m[sl][r] = -INFINITY; l[sl][r] = 0.0f; }
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {   // tile j + 1 into the other buffer while tile j is used
-            flash_load_tile<HD>(Ks + (j + 1) % 2 * FLASH_BC * LD, Kg, qkv_dim, (j + 1) * FLASH_BC, FLASH_BC, T);
-            flash_load_tile<HD>(Vs + (j + 1) % 2 * FLASH_BC * LD, Vg, qkv_dim, (j + 1) * FLASH_BC, FLASH_BC, T);
+            flash_load_tile<HD>(Ks + (j + 1) % 2 * FLASH_BC * LD, Kg, kv_ld, (j + 1) * FLASH_BC, FLASH_BC, Tk);
+            flash_load_tile<HD>(Vs + (j + 1) % 2 * FLASH_BC * LD, Vg, kv_ld, (j + 1) * FLASH_BC, FLASH_BC, Tk);
         }
         cp_async_commit();      // (an empty group on the last tile keeps the count uniform)
         cp_async_wait<1>();     // all groups but the newest, so tile j (and Q), have landed for this thread...
@@ -127,7 +160,7 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T
         // the first slice of the warp that has a key of this tile at or before its last row (slices
         // are in row order, so the later ones do too); MS: none (warp-uniform)
         int s0 = 0;
-        while (s0 < MS && k0 > q0 + wrow0 + 16 * s0 + 15) s0++;
+        while (!full && s0 < MS && k0 > q0 + wrow0 + 16 * s0 + 15) s0++;
         if (s0 < MS) {
             // S = Q K^T: (16, BC) per slice; each K fragment serves every active slice
             float s[MS][NT][4] = {};
@@ -151,7 +184,14 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T
             for (int sl = 0; sl < MS; sl++) if (sl >= s0) {
                 const int qa = q0 + wrow0 + 16 * sl + g, qb = qa + 8;   // this lane's two query rows of the slice
                 // causal mask, only on a tile that reaches past the slice's first row
-                if (k0 + FLASH_BC - 1 > qa - g)
+                if (full) {   // (a chunk pair with no mask: only the keys past the block's end)
+                    if (k0 + FLASH_BC > Tk)
+                        UNROLL
+                        for (int n = 0; n < NT; n++)
+                            UNROLL
+                            for (int e = 0; e < 4; e++)
+                                if (k0 + n * 8 + 2 * t4 + e % 2 >= Tk) s[sl][n][e] = -INFINITY;
+                } else if (k0 + FLASH_BC - 1 > qa - g)
                     UNROLL
                     for (int n = 0; n < NT; n++)
                         UNROLL
@@ -215,12 +255,22 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T
         }
         flash_acc_to_smem<OT>(Qs, LD, wrow0 + 16 * sl, o[sl], 1.0f / l[sl][0], 1.0f / l[sl][1]);
         __syncwarp();
-        flash_store_rows<HD>(out + (size_t)b * T * C + (size_t)h * HD, C, q0 + wrow0 + 16 * sl, T, Qs + (wrow0 + 16 * sl) * LD);
+        flash_store_rows<HD>(out + (size_t)b * T * C + (size_t)h * HD, C, q0 + wrow0 + 16 * sl, nq, Qs + (wrow0 + 16 * sl) * LD);
         if (t4 == 0) {   // natural-log units, of the scaled scores
-            if (qa < T) lse[((size_t)b * H + h) * T + qa] = (m[sl][0] + log2f(l[sl][0])) / FLASH_LOG2E;
-            if (qb < T) lse[((size_t)b * H + h) * T + qb] = (m[sl][1] + log2f(l[sl][1])) / FLASH_LOG2E;
+            float* lrow = lse + ((size_t)b * H + h) * T;
+            if (qa < nq) lrow[qa] = (m[sl][0] + log2f(l[sl][0])) / FLASH_LOG2E;
+            if (qb < nq) lrow[qb] = (m[sl][1] + log2f(l[sl][1])) / FLASH_LOG2E;
         }
     }
+}
+template <int HD>
+__global__ void __launch_bounds__(FLASH_THREADS) flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV) {
+    flash_forward_body<HD, false>(out, lse, qkv, T, H, KV, flash_block_local(qkv, T, H, KV, HD));
+}
+template <int HD>
+__global__ void __launch_bounds__(FLASH_THREADS)
+flash_attention_forward_cp_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV, FlashBlock kb) {
+    flash_forward_body<HD, true>(out, lse, qkv, T, H, KV, kb);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,16 +281,17 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T
 template <int HD>
 __device__ __forceinline__ void flash_load_queries(floatX* Qt, floatX* dOt, float* lt, float* Dt, const floatX* qkv,
                                                    const floatX* dout, const float* lse, const float* Dbuf, int b, int h,
-                                                   int q0, int T, int H, int KV) {
+                                                   int q0, int T, int H, int KV, int nq = -1) {
     size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
     int C = H * HD;
-    flash_load_tile<HD>(Qt, qkv + (size_t)b * T * qkv_dim + (size_t)h * HD, qkv_dim, q0, FLASH_BQ, T);
-    flash_load_tile<HD>(dOt, dout + (size_t)b * T * C + (size_t)h * HD, C, q0, FLASH_BQ, T);
+    if (nq < 0) nq = T;   // (rows past nq zero-filled: a chunk pair's query rows, the pointers offset by its launcher)
+    flash_load_tile<HD>(Qt, qkv + (size_t)b * T * qkv_dim + (size_t)h * HD, qkv_dim, q0, FLASH_BQ, nq);
+    flash_load_tile<HD>(dOt, dout + (size_t)b * T * C + (size_t)h * HD, C, q0, FLASH_BQ, nq);
     if (threadIdx.x < FLASH_BQ) {
         int q = q0 + threadIdx.x;
         size_t row = ((size_t)b * H + h) * T + q;
-        lt[threadIdx.x] = q < T ? lse[row] * FLASH_LOG2E : INFINITY;
-        Dt[threadIdx.x] = q < T ? Dbuf[row] : 0.0f;
+        lt[threadIdx.x] = q < nq ? lse[row] * FLASH_LOG2E : INFINITY;
+        Dt[threadIdx.x] = q < nq ? Dbuf[row] : 0.0f;
     }
 }
 
@@ -249,20 +300,37 @@ __device__ __forceinline__ void flash_load_queries(floatX* Qt, floatX* dOt, floa
 
 template <int HD> static inline size_t flash_forward_smem() { return (size_t)(FLASH_FWD_BR + 4 * FLASH_BC) * (HD + 8) * sizeof(floatX); }
 
+// kb NULL: the model's causal attention; else a chunk pair
 template <int HD>
 static inline void flash_attention_forward_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
-                                              cudaStream_t stream) {
+                                              const FlashBlock* kb, cudaStream_t stream) {
     size_t smem = flash_forward_smem<HD>();
-    cudaCheck(cudaFuncSetAttribute(flash_attention_forward_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    LAUNCH(flash_attention_forward_kernel<HD>, dim3(ceil_div(T, FLASH_FWD_BR), H, B), FLASH_THREADS, smem, stream, out, lse, qkv, T,
-           H, KV);
+    if (!kb) {
+        cudaCheck(cudaFuncSetAttribute(flash_attention_forward_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        LAUNCH(flash_attention_forward_kernel<HD>, dim3(ceil_div(T, FLASH_FWD_BR), H, B), FLASH_THREADS, smem, stream, out, lse, qkv, T,
+               H, KV);
+        return;
+    }
+    cudaCheck(cudaFuncSetAttribute(flash_attention_forward_cp_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    size_t qr = kb->qrow0;   // the query rows' offset into qkv, out and lse
+    LAUNCH(flash_attention_forward_cp_kernel<HD>, dim3(ceil_div(kb->nq, FLASH_FWD_BR), H, B), FLASH_THREADS, smem, stream,
+           out + qr * H * HD, lse + qr, qkv + qr * (H + 2 * KV) * HD, T, H, KV, *kb);
 }
-
-// out (B, T, H hd) bf16, lse (B, H, T) fp32 from qkv (B, T, (H + 2 KV) hd)
+static inline void flash_attention_forward_dispatch(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
+                                                    const FlashBlock* kb, cudaStream_t stream) {
+    if (hd == 32) flash_attention_forward_hd<32>(out, lse, qkv, B, T, H, KV, kb, stream);
+    else if (hd == 64) flash_attention_forward_hd<64>(out, lse, qkv, B, T, H, KV, kb, stream);
+    else if (hd == 128) flash_attention_forward_hd<128>(out, lse, qkv, B, T, H, KV, kb, stream);
+    else fail(EXIT_BAD_INPUT, "flash attention: head_dim %d is not 32, 64 or 128", hd);
+}
+// the model's causal attention: out (B, T, H hd) bf16, lse (B, H, T) fp32 from qkv (B, T, (H + 2 KV) hd)
 static inline void flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
                                                cudaStream_t stream = 0) {
-    if (hd == 32) flash_attention_forward_hd<32>(out, lse, qkv, B, T, H, KV, stream);
-    else if (hd == 64) flash_attention_forward_hd<64>(out, lse, qkv, B, T, H, KV, stream);
-    else if (hd == 128) flash_attention_forward_hd<128>(out, lse, qkv, B, T, H, KV, stream);
-    else fail(EXIT_BAD_INPUT, "flash attention: head_dim %d is not 32, 64 or 128", hd);
+    flash_attention_forward_dispatch(out, lse, qkv, B, T, H, KV, hd, nullptr, stream);
+}
+// a chunk pair: the query rows kb.qrow0 .. + kb.nq of out (B, T, H hd) bf16 and lse (B, H, T) fp32 from those of qkv
+// (B, T, (H + 2 KV) hd) against kb's keys
+static inline void flash_attention_forward_block_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
+                                                     const FlashBlock& kb, cudaStream_t stream = 0) {
+    flash_attention_forward_dispatch(out, lse, qkv, B, T, H, KV, hd, &kb, stream);
 }

@@ -1,9 +1,9 @@
 /*
  * context_parallel_cuda.cuh — --context-parallel N on the CUDA backend, the all-gather form (not the ring yet):
  * per layer the CP group all-gathers every rank's K|V (BF16, NCCL, rank order) and each rank attends its two
- * balanced chunks' queries over the whole sequence (model/attention_cp_cuda.cuh); the backward gathers again,
- * computes dq here and dK|dV of every row in FP32, and reduce-scatters them to the rows' owners (a fixed NCCL ring
- * order: deterministic). Not overlapped: the compute stream is synchronised before each collective and the host
+ * balanced chunks' queries over the whole sequence as N chunk pairs on the flash kernels (model/attention_cp_cuda.cuh);
+ * the backward gathers again, computes dq here and dK|dV of every row in FP32, and reduce-scatters them to the rows'
+ * owners (a fixed NCCL ring order: deterministic). Not overlapped: the compute stream is synchronised before each collective and the host
  * waits for the group's stream after it. Bytes per rank per layer (NCCL's ring formulas), KVB = B (T/N) 2 kv hd:
  * forward (N-1) 2 KVB, backward (N-1) 2 KVB + (N-1) 4 KVB. The data loader, RoPE at the global positions, the store
  * (ZeRO-3/HSDP/EP over the ranks as data-parallel ranks) are the CPU path's (parallel/context_parallel.h). The
@@ -18,6 +18,7 @@ typedef struct {
     int n, rank, B, Tl, H, KV, hd;
     floatX *kv, *kv_all;            // (B, Tl, 2 kv hd) this rank's K|V; (N, B, Tl, 2 kv hd) the group's
     float *dkv_all, *dkv;           // their gradients, FP32: every gathered row's; this rank's rows, summed over the group
+    CpAttnScratch sc;               // the chunk pairs' scratch (model/attention_cp_cuda.cuh)
     uint64_t fwd_calls, bwd_calls;
 } ContextParallelGPU;
 
@@ -31,9 +32,10 @@ static inline void cpg_gather(ContextParallelGPU* cp, const floatX* qkv) {
 
 static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX* qkv) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    if (!attention_use_flash(cp->B, cp->H, cp->KV, cp->hd, {out, qkv}))   // (16-byte aligned: the model's buffers are)
+        fail(EXIT_RUNTIME, "context parallelism: the attention's buffers are not 16-byte aligned");
     cpg_gather(cp, qkv);
-    LAUNCH(cp_attention_forward_kernel, ceil_div((long long)cp->B * cp->H * cp->Tl, 4), 128, 0, 0, out, lse, qkv, cp->kv_all, cp->B, cp->Tl,
-           cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+    cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
     cp->fwd_calls++;
 }
 
@@ -41,11 +43,8 @@ static inline void cpg_backward(void* ctx, floatX* dqkv, const floatX* dout, con
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
     size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
     cpg_gather(cp, qkv);
-    float* D = cp->dkv;   // (B, H, Tl) rowsum(dout * out) borrows the reduce-scatter's output until the dK|dV need it
-    LAUNCH(cp_attention_dq_kernel, ceil_div((long long)rows * cp->H, 4), 128, 0, 0, dqkv, D, dout, out, lse, qkv, cp->kv_all, cp->B, cp->Tl,
-           cp->H, cp->KV, cp->hd, cp->n, cp->rank);
-    LAUNCH(cp_attention_dkv_kernel, ceil_div((long long)cp->n * rows * cp->KV, 4), 128, 0, 0, cp->dkv_all, dout, lse, D, qkv, cp->kv_all,
-           cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+    cp_attention_backward_gpu(dqkv, cp->dkv_all, dout, out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n,
+                              cp->rank);
     cudaCheck(cudaStreamSynchronize(0));
     comm_reduce_scatter(&cp->group, cp->dkv_all, cp->dkv, kvn, COMM_F32);
     comm_sync(&cp->group);
@@ -62,6 +61,9 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     cp->group = comm_split(&comm->world_group, comm->rank / n, comm->rank % n, "context", 1);
     cp->rank = cp->group.rank;
     const DbrxConfig* c = &m->cfg;
+    if (!attention_use_flash(m->B, c->n_heads, c->kv_heads, c->head_dim, {}))
+        fail(EXIT_BAD_INPUT, "--context-parallel %d on the GPU needs the flash kernels: head_dim 32, 64 or 128 (not %d), n_heads a multiple "
+             "of kv_heads, a micro-batch of at most 65535", n, c->head_dim);
     cp->B = m->B; cp->Tl = m->T; cp->H = c->n_heads; cp->KV = c->kv_heads; cp->hd = c->head_dim;
     size_t half = c->head_dim / 2, kvn = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
     std::vector<int> pos(cp->Tl);
@@ -74,8 +76,15 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     cudaCheck(cudaMalloc((void**)&cp->kv, kvn * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->kv_all, n * kvn * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->dkv_all, n * kvn * sizeof(float)));
-    cudaCheck(cudaMalloc((void**)&cp->dkv, std::max(kvn, (size_t)cp->B * cp->H * cp->Tl) * sizeof(float)));   // (and D)
-    m->activation_bytes += kvn * (sizeof(floatX) * (1 + n) + sizeof(float) * n) + std::max(kvn, (size_t)cp->B * cp->H * cp->Tl) * sizeof(float);
+    cudaCheck(cudaMalloc((void**)&cp->dkv, kvn * sizeof(float)));
+    size_t rows = (size_t)cp->B * cp->Tl * cp->H;
+    cudaCheck(cudaMalloc((void**)&cp->sc.out_p, rows * cp->hd * sizeof(floatX)));
+    cudaCheck(cudaMalloc((void**)&cp->sc.o32, rows * cp->hd * sizeof(float)));
+    cudaCheck(cudaMalloc((void**)&cp->sc.dq_acc, rows * cp->hd * sizeof(float)));
+    cudaCheck(cudaMalloc((void**)&cp->sc.lse_p, rows * sizeof(float)));
+    cudaCheck(cudaMalloc((void**)&cp->sc.D, rows * sizeof(float)));
+    cudaCheck(cudaMalloc((void**)&cp->sc.dq_sem, flash_bwd5_sem_ints(cp->B, cp->Tl, cp->H) * sizeof(int)));
+    m->activation_bytes += kvn * (sizeof(floatX) * (1 + n) + sizeof(float) * (n + 1)) + cp_attn_scratch_bytes(cp->B, cp->Tl, cp->H, cp->hd);
     m->attn = AttentionHooksGPU{cpg_forward, cpg_backward, cp};
 }
 
@@ -86,4 +95,6 @@ static inline void cpg_free(ContextParallelGPU* cp, const Comm* comm) {
            (unsigned long long)cp->bwd_calls);
     fflush(stdout);
     cudaCheck(cudaFree(cp->kv)); cudaCheck(cudaFree(cp->kv_all)); cudaCheck(cudaFree(cp->dkv_all)); cudaCheck(cudaFree(cp->dkv));
+    for (void* p : {(void*)cp->sc.out_p, (void*)cp->sc.o32, (void*)cp->sc.dq_acc, (void*)cp->sc.lse_p, (void*)cp->sc.D, (void*)cp->sc.dq_sem})
+        cudaCheck(cudaFree(p));
 }

@@ -40,8 +40,9 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     echo "== CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)"; doctest_run ./test/test_kernels
     echo "== race detection: the kernels' shared/global accesses checked between barriers, negative controls (SIMT emulator)"
     # (not under the detector: the flash attention at DBRX's shape, 60 s there, and the embedding backward past gridDim.y's
-    # limit, the same kernel as the small embedding case: test_kernels runs both)
-    doctest_run ./test/test_race "-tce=flash attention at DBRX*,embedding backward with more distinct*"
+    # limit, the same kernel as the small embedding case, and CP's chunk pairs at head_dim 128 up to T 1024, the kernels of
+    # the small CP case: test_kernels runs them all)
+    doctest_run ./test/test_race "-tce=flash attention at DBRX*,embedding backward with more distinct*,context parallelism: flash chunk pairs at DBRX*"
     # the FP8 kernels and a whole training step per recipe (the step's kernels) under the detector
     doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
     doctest_run ./test/test_race_zero_fp8   # ZeRO-3's FP8 all-gather kernels

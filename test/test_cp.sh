@@ -121,10 +121,10 @@ for name in ("g2", "g4"):
 PY
 verdicts "$tmp/grads" 2
 
-# the CUDA backend (train_dbrx_emu: the SIMT emulator, NCCL on the twin; the all-gather form,
-# parallel/context_parallel_cuda.cuh): CP 2 against one emulated GPU process (BF16: within 2e-3, as the store's
-# ranks are) and one CPU process (1e-2); twice, under two thread schedules, bit for bit. --moe-loss-weight 0: on the
-# GPU the load-balancing loss is each rank's own tokens'.
+# the CUDA backend (train_dbrx_emu: the SIMT emulator, NCCL on the twin; K|V all-gathered, the chunk pairs on the flash
+# kernels, parallel/context_parallel_cuda.cuh): CP 2 (ZeRO-3; EP 2) and CP 4 (ZeRO-3; EP 2) against one emulated GPU
+# process (BF16: within 2e-3, as the store's ranks are) and one CPU process (1e-2); CP 2 twice, under two thread
+# schedules, bit for bit. --moe-loss-weight 0: on the GPU the load-balancing loss is each rank's own tokens'.
 EMU=${EMU:-./train_dbrx_emu}
 if [ -x "$EMU" ]; then
     X=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 3 --val-every 0 --batch 1 --moe-loss-weight 0)
@@ -139,19 +139,23 @@ if [ -x "$EMU" ]; then
     runx x2 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
     SIMT_SCHEDULE=random:7 runx x2b 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
     runx x2ep 2 "${X[@]}" --context-parallel 2 --expert-parallel 2
+    runx x4 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
+    runx x4ep 4 "${X[@]}" --context-parallel 4 --expert-parallel 2
     $PY - "$tmp" > "$tmp/gpu" <<'PY'
 import json, os, sys
 tmp = sys.argv[1]
 def losses(name):
     p = os.path.join(tmp, name + ".jsonl")
     return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l] if os.path.exists(p) else []
-c, g1, g2, g2b, ge = losses("xcpu"), losses("x1"), losses("x2"), losses("x2b"), losses("x2ep")
+c, g1, g2, g2b = losses("xcpu"), losses("x1"), losses("x2"), losses("x2b")
 ok = len(c) == len(g1) == len(g2) == 3
 rg = max((abs(x - y) / y for x, y in zip(g2, g1)), default=9)
 rc = max((abs(x - y) / y for x, y in zip(g2, c)), default=9)
 print(("pass" if ok and rg <= 2e-3 else "fail") + f" --device cuda (emulated) CP 2 with ZeRO-3: 3 steps, max rel. diff {rg:.1e} vs one GPU process (<= 2e-3)")
-re_ = max((abs(x - y) / y for x, y in zip(ge, g1)), default=9)
-print(("pass" if len(ge) == 3 and re_ <= 2e-3 else "fail") + f" --device cuda (emulated) CP 2 with EP 2: max rel. diff {re_:.1e} vs one GPU process (<= 2e-3)")
+for name, what in (("x2ep", "CP 2 with EP 2"), ("x4", "CP 4 with ZeRO-3"), ("x4ep", "CP 4 with EP 2")):
+    ge = losses(name)
+    re_ = max((abs(x - y) / y for x, y in zip(ge, g1)), default=9)
+    print(("pass" if len(ge) == 3 and re_ <= 2e-3 else "fail") + f" --device cuda (emulated) {what}: max rel. diff {re_:.1e} vs one GPU process (<= 2e-3)")
 print(("pass" if ok and rc < 1e-2 else "fail") + f" --device cuda (emulated) CP 2: max rel. diff {rc:.1e} vs one CPU process (< 1e-2)")
 print(("pass" if ok and g2 == g2b else "fail") + " --device cuda (emulated) CP 2, two thread schedules: bit-identical losses")
 # bytes per rank (NCCL's ring formulas), KVB = 1 x 32 x 2 x 2 x 32 elements: per layer, forward the all-gather (N-1) 2 KVB,
@@ -162,7 +166,12 @@ kvb = 1 * 32 * 2 * 2 * 32
 want = 2 * 3 * (1 * 2 * kvb + 1 * 2 * kvb + 1 * 4 * kvb)
 print(("pass" if got and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) CP 2: bytes per rank {sorted(set(got))} = the formula {want}")
 PY
-    verdicts "$tmp/gpu" 5
+    verdicts "$tmp/gpu" 7
+    # CP on the GPU runs the flash kernels: head_dim 48 (--d-model 96, 2 heads) refused, exit 2, named
+    out=$(OMP_WAIT_POLICY=passive $MPI -np 2 $EMU --device cuda "${X[@]}" --d-model 96 --n-heads 2 --context-parallel 2 2>&1); rc=$?
+    if [ "$rc" = 2 ] && grep -q -- "--context-parallel 2 on the GPU needs the flash kernels: head_dim 32, 64 or 128 (not 48)" <<<"$out"; then
+        pass "--device cuda --context-parallel 2 at head_dim 48: exit 2, named"
+    else fail "--device cuda --context-parallel 2 at head_dim 48: exit $rc: $(grep -i error <<<"$out" | head -2)"; fi
 else
     echo "skipped: --context-parallel on the emulated GPU (no $EMU)"
 fi

@@ -116,6 +116,29 @@ def _flash(item, a, kind):   # flash_attention_*_kernel<HD>: causal; grid (tiles
     return (qkv + o + 2 * rows, wr), 5 * 2 * FLASH_BC * FLASH_BQ * hd * B * H * tiles
 
 
+def _flash_cp(item, a, kind):   # flash_attention_*_cp_kernel<HD>: a chunk pair; args ..., T, H, KV, [Tk, qrow0, nq, full]
+    T, H, KV, (Tk, _, nq, full) = a[-4], a[-3], a[-2], a[-1]
+    B = item["grid"][2]
+    hd = _flash_hd(item["smem"], kind)
+    q, kv = 2 * B * nq * H * hd, 2 * B * Tk * 2 * KV * hd   # the pair's query rows (BF16) and its K|V block
+    o, rows = 2 * B * nq * H * hd, 4 * B * H * nq
+    if kind == "fwd":    # per 128-query tile: every key tile (full) or those up to its last row (causal, as _flash)
+        pairs = 0
+        for qt in range(_cdiv(nq, FLASH_FWD_BR)):
+            ntiles = _cdiv(Tk, FLASH_BC) if full else (min((qt + 1) * FLASH_FWD_BR, nq) - 1) // FLASH_BC + 1
+            pairs += sum(ntiles if full else min(ntiles, (qt * FLASH_FWD_BR + 16 * i + 15) // FLASH_BC + 1)
+                         for i in range(FLASH_FWD_BR // 16))
+        return (q + kv, o + rows), 2 * 2 * 16 * FLASH_BC * hd * B * H * pairs
+    # bwd5: q, dout, lse, D and the block read; dq's FP32 sums (the earlier pairs') read and written once (between the
+    # key tiles of the launch they stay in L2, as _flash counts them), the block's FP32 dK|dV read and added to; 5
+    # products per (key tile, 32-query tile it sees)
+    nkt = _cdiv(Tk, FLASH_BC)
+    tiles = nkt * _cdiv(nq, FLASH_BQ) if full else sum(_cdiv(nq - j * FLASH_BC, FLASH_BQ) for j in range(nkt))
+    acc = 4 * B * H * nq * hd
+    dkv = 4 * B * Tk * 2 * KV * hd
+    return (2 * q + kv + 2 * rows + acc + dkv, acc + dkv), 5 * 2 * FLASH_BC * FLASH_BQ * hd * B * H * tiles
+
+
 def _warp_attn(a, kind):   # attention_*_kernel (warp per row, head_dims the flash kernels lack): same traffic
     B, T, H, KV, hd = a[-5:]
     qkv, o, rows = 2 * B * T * (H + 2 * KV) * hd, 2 * B * T * H * hd, 4 * B * H * T
@@ -168,6 +191,13 @@ KERNELS = {
     "zero_f32_to_bf16_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),           # (out, in, n)
     "zero_round_bf16_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),            # (out, in, n): --grad-reduce-dtype bf16
     "zero_accumulate_bf16_kernel": lambda a, g, x: (6 * a[2], 4 * a[2]),       # (acc, x, n): acc += x, x BF16
+    # context parallelism on the GPU (model/attention_cp_cuda.cuh; the chunk pairs: _flash_cp)
+    "cp_pack_kv_kernel": lambda a, g, x: (4 * a[2] * a[4] * a[5], 4 * a[2] * a[4] * a[5]),     # (kv, qkv, rows, H, KV, hd): BF16 K|V
+    "cp_unpack_dkv_kernel": lambda a, g, x: (8 * a[2] * a[4] * a[5], 4 * a[2] * a[4] * a[5]),  # FP32 dK|dV -> BF16
+    "cp_out_to_f32_kernel": lambda a, g, x: (2 * a[2], 4 * a[2]),                             # (o32, out, n)
+    "cp_out_from_f32_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),                           # (out, o32, n)
+    "cp_merge_kernel": lambda a, g, x: (a[4] * a[6] * a[9] * (6 * a[7] + 8), a[4] * a[6] * a[9] * (4 * a[7] + 4)),  # (o32, lse, out_p, lse_p, B, Tl, H, hd, qrow0, nq)
+    "cp_dq_store_kernel": lambda a, g, x: (4 * a[2] * a[3] * a[4] * a[6], 2 * a[2] * a[3] * a[4] * a[6]),  # (dqkv, dq_acc, B, Tl, H, KV, hd)
     # embedding, layer norm, residual, loss
     "gather_rows_kernel": lambda a, g, x: (4 * a[3] + a[3] * a[4] * _unit(x["name"]), a[3] * a[4] * _unit(x["name"])),  # (out, src, idx, rows, units)
     "layernorm_forward_kernel": _ln_fwd,
@@ -255,7 +285,7 @@ def kernel_rw(item, ctx=None):
             return 2 * 2 * B * T * H * hd, 4 * B * H * T + 4 * nsem, 0
         if base.startswith("flash_attention_"):
             kind = _flash_kind(base)
-            (rd, wr), mma = _flash(item, a, kind)
+            (rd, wr), mma = (_flash_cp if base.endswith("_cp_kernel") else _flash)(item, a, kind)
             return rd, wr, mma
         if base == "adamw_fused_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass (over the
             n = a[18] if len(a) > 18 and a[18] else ctx.get("shard_n")   # whole shard) gives their sum, padding included,
