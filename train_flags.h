@@ -41,6 +41,7 @@ typedef struct {
     int context_parallel = 1;      // CP degree (parallel/context_parallel.h): each sequence split over groups of this many ranks
     int expert_parallel = 1;       // EP degree (parallel/expert_parallel.h): the experts split over groups of this many ranks
     float ep_capacity = EP_CAPACITY_DEFAULT;   // EP on the GPU: rows planned per layer, x tokens x top-k (ep_plan_rows; 0: dropless)
+    std::string ep_layout = "packed";   // EP groups of N consecutive ranks (packed) or strided by S/N (spread): parallel/shard_runs.h
     int ep_chunks = EP_OVERLAP_CHUNKS_DEFAULT;  // EP on the GPU: the exchange in chunks overlapped with the experts (ep_chunk_layout)
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
     float zero_chunk_mib = 512;      // the GPU store's experts chunks (parallel/zero_gpu_chunks.cuh): MiB of BF16 weights each; 0: whole
@@ -173,6 +174,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
                                                               "(N divides the experts, and the shard group size, or the ranks with "
                                                               "--shard-group-size 1), tokens exchanged all-to-all"},
+        {"--ep-layout", "", F_STR, &a->parallel.ep_layout, "EP: packed (default: EP groups of N consecutive ranks, the ranks "
+                                                              "sharding the same experts strided) | spread (the ranks sharding the same experts "
+                                                              "S/N consecutive ranks, inside a node; EP groups strided by S/N; needs S > N)"},
         {"--ep-capacity-factor", "", F_FLOAT, &a->parallel.ep_capacity, "EP on the GPU: each rank's device buffers hold F x tokens per "
                                                               "micro-batch x top-k received rows per MoE layer, planned at start-up (default 2; "
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
@@ -359,6 +363,8 @@ static void parallel_args_check(const TrainArgs* a) {
         fail(EXIT_BAD_INPUT, "--zero-prefetch %d must be in [0, 2] (units gathered during the optimizer, one per working slot; 0: none)",
              a->parallel.zero_prefetch);
     if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
+    if (a->parallel.ep_layout != "packed" && a->parallel.ep_layout != "spread")
+        fail(EXIT_BAD_INPUT, "--ep-layout '%s' must be packed or spread", a->parallel.ep_layout.c_str());
     if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);
     if (a->parallel.ep_chunks < 1 || a->parallel.ep_chunks > 64)

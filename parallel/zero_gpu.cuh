@@ -148,12 +148,12 @@ static inline void zero_gpu_chunk_backward(void* ctx, int l, const floatX* dye, 
 // model is built first (dbrx_build_shape), with the store's bytes in its memory check. chunk_mib:
 // --zero-chunk-mib (zero_chunk_experts: a block's experts gathered chunk by chunk; 0: whole).
 static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1, double ep_factor = EP_CAPACITY_DEFAULT,
-                             double chunk_mib = 0, int rs_bf16 = 0) {
+                             double chunk_mib = 0, int rs_bf16 = 0, int ep_spread = 0) {
     Zero* z = &zg->z;
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
     int Ec = zero_chunk_experts(c, S ? S : comm->world, ep_n, fp8_on(&model->fp8), chunk_mib);
-    zero_init_layout(z, c, t, comm, S, 1, ep_n, Ec);
+    zero_init_layout(z, c, t, comm, S, 1, ep_n, Ec, ep_spread);
     if (comm->rank == 0 && Ec)
         printf("zero: a block's experts gathered and reduce-scattered in %d chunks of %d expert(s) (--zero-chunk-mib %g): working slots "
                "of %zu params\n", c->n_experts / Ec, Ec, chunk_mib, z->work_numel);
