@@ -171,12 +171,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"", "", F_SECTION, NULL, "parallelism (parallel/README.md)"},
         {"--context-parallel", "", F_INT, &a->parallel.context_parallel, "CP: each sequence split over groups of N consecutive ranks (2N chunks, rank r holds r and 2N-1-r), ring attention on the CPU, K/V all-gathered on the GPU (N divides the ranks, 2N divides --seq)"},
-        {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
-                                                              "(N divides the experts, and the shard group size, or the ranks with "
-                                                              "--shard-group-size 1), tokens exchanged all-to-all"},
-        {"--ep-layout", "", F_STR, &a->parallel.ep_layout, "EP: packed (default: EP groups of N consecutive ranks, the ranks "
-                                                              "sharding the same experts strided) | spread (the ranks sharding the same experts "
-                                                              "S/N consecutive ranks, inside a node; EP groups strided by S/N; needs S > N)"},
+        {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N ranks (N divides the experts, "
+                                                              "and the shard group size, or the ranks with --shard-group-size 1), tokens exchanged all-to-all"},
+        {"--ep-layout", "", F_STR, &a->parallel.ep_layout, "EP: packed (default: EP groups of N consecutive ranks; the ranks sharding the same experts strided) | spread (those S/N consecutive, in a node; EP groups strided by S/N; S > N)"},
         {"--ep-capacity-factor", "", F_FLOAT, &a->parallel.ep_capacity, "EP on the GPU: each rank's device buffers hold F x tokens per "
                                                               "micro-batch x top-k received rows per MoE layer, planned at start-up (default 2; "
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
