@@ -35,7 +35,7 @@
 #     process (1e-5, CPU) and the run without EP (emulated GPU, 2e-3; measured identical); the bytes of every rank
 #     (the exchange's formula in the EP group, outside it exactly packed's); the groups of every collective from
 #     the emulator's work log; a spread checkpoint resumes spread (bit-identical), packed and by one process, a
-#     packed one spread (1e-5);
+#     packed one spread (1e-5); emulated GPU --fp8 block --fp8-gather under spread: step 1 exactly the run without EP;
 #   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism; spread where
 #     S <= N) and a bad --ep-layout exit 2 with one line.
 cd "$(dirname "$0")/.." || exit 1
@@ -422,10 +422,11 @@ PY
     # the codes of the run without EP: step 1's loss and every operand's amax and scale exactly (block, ZeRO-3),
     # every weight's step-1 amax/scale/saturation (delayed, HSDP 2x2; its step-1 activation scales are the
     # received rows'), step 2 within 2e-3; a save after step 1 resumes bit-identically
-    for run in "block 1 4" "block 2 4" "delayed 1 2" "delayed 2 2"; do
+    for run in "block 1 4" "block 2 4" "delayed 1 2" "delayed 2 2" "block 2 4 spread"; do   # (spread: the expert shard group {0,1} {2,3})
         set -- $run
         $MPI -np 4 "$EMU" "${G[@]}" --steps 2 --fp8 "$1" --fp8-gather --fp8-log-every 1 --expert-parallel "$2" --shard-group-size "$3" \
-            --log "$tmp/gg_$1_$2_$3.jsonl" > "$tmp/gg.out" 2>&1 || fail "emulated GPU --fp8 $1 --fp8-gather EP $2 S $3: $(grep -i error "$tmp/gg.out" | head -2)"
+            --ep-layout "${4:-packed}" --log "$tmp/gg_$1_$2_$3${4:+_$4}.jsonl" > "$tmp/gg.out" 2>&1 \
+            || fail "emulated GPU --fp8 $1 --fp8-gather EP $2 S $3 $4: $(grep -i error "$tmp/gg.out" | head -2)"
     done
     GR=("${G[@]}" --steps 2 --fp8 delayed --fp8-gather --fp8-log-every 1 --expert-parallel 2 --shard-group-size 2 --ckpt-dir "$tmp/ggk" --log "$tmp/ggres.jsonl")
     $MPI -np 4 "$EMU" "${GR[@]}" --stop-after 1 > "$tmp/ggres.out" 2>&1
@@ -440,8 +441,8 @@ def L(name):
         if "loss" in r: loss[r["step"]] = r["loss"]
         if "fp8" in r: fp8[r["step"]] = {k: {x: y for x, y in v.items() if x != "amax_rank0"} for k, v in r["fp8"].items()}
     return [loss[s] for s in sorted(loss)], fp8
-for recipe, S, what in (("block", 4, "ZeRO-3"), ("delayed", 2, "HSDP 2x2")):
-    (a, fa), (b, fb) = L("%s_1_%d" % (recipe, S)), L("%s_2_%d" % (recipe, S))
+for recipe, S, what, lay in (("block", 4, "ZeRO-3", ""), ("delayed", 2, "HSDP 2x2", ""), ("block", 4, "ZeRO-3 --ep-layout spread", "_spread")):
+    (a, fa), (b, fb) = L("%s_1_%d" % (recipe, S)), L("%s_2_%d%s" % (recipe, S, lay))
     w = [k for k in fa.get(1, {}) if k.endswith(".w")]
     same = fa.get(1) == fb.get(1) if recipe == "block" else len(w) == 10 and all(fa[1][k] == fb.get(1, {}).get(k) for k in w)
     d1 = abs(a[0] - b[0]) if a and b else 1
@@ -451,7 +452,7 @@ for recipe, S, what in (("block", 4, "ZeRO-3"), ("delayed", 2, "HSDP 2x2")):
         "every operand's amax and scale equal" if recipe == "block" else "the 10 weights' amax/scale/saturation equal",
         abs(a[-1] - b[-1]) if a and b else 1))
 PY
-    verdicts "$tmp/gg8" 2
+    verdicts "$tmp/gg8" 3
 fi
 
 # --- bad degrees
