@@ -61,8 +61,8 @@ typedef struct {
     // lrank a rank's place in it, EP rank = lrank % n (--ep-layout packed: the EP group n consecutive ranks)
     // or lrank / (P/n) (spread: the EP group strided by P/n; ep_rank_of); the EP group exchanges routed
     // rows; the experts' runs are sharded over the expert shard group (the layout group's ranks with the
-    // same EP rank, P/n of them: strided when packed, consecutive when spread); ranks with the same lrank hold the same shard: the expert replica group,
-    // across which the experts' gradients are summed (the replica group when P = S; it is its own group
+    // same EP rank, P/n of them: strided when packed, consecutive when spread); ranks with the same lrank
+    // hold the same shard: the expert replica group, across which the experts' gradients are summed (the replica group when P = S; it is its own group
     // under data parallelism, where the non-expert gradients are summed over the world)
     int ep_n, ep_rank, P, lrank;
     int ep_spread;                              // --ep-layout spread (1) or packed (0)
