@@ -78,7 +78,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
                      ep_rows, S == 1 || comm.world % S != 0);   // (FP8: with no shard group the weights stay in place: quantised once per step)
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
     zero_init(&store, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, ep_n, args.parallel.ep_capacity,
-              args.parallel.zero_chunk_mib, rs_bf16);
+              args.parallel.zero_chunk_mib, rs_bf16, args.parallel.ep_layout == "spread");
     if (comm.rank == 0 && rs_bf16)
         printf("zero: --grad-reduce-dtype bf16: the shard group's gradient reduce-scatters in BF16%s\n",
                store.rs_on ? "" : " (none here: every rank holds its units whole)");

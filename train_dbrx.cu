@@ -443,7 +443,7 @@ static int train_cpu(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, c
     ContextParallel cp;   // --context-parallel: the ring attention's group, RoPE at the global positions
     cp_init(&cp, &comm, args.parallel.context_parallel, &model, args.run.seq);
     Zero zero;   // owns the parameters, gradients and moments: this rank's shard (all of them when S = 1)
-    zero_init(&zero, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, args.parallel.expert_parallel);
+    zero_init(&zero, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, args.parallel.expert_parallel, args.parallel.ep_layout == "spread");
     printf("zero: rank %d: rank %d of %d in shard group %d, replica %d of %d; master+grads+moments %lld bytes allocated, "
            "%lld bytes measured (resident growth); working buffers %lld bytes\n", comm.rank, zero.shard.rank, zero.S,
            comm.rank / zero.S, zero.replica.rank, zero.R, (long long)zero.state_bytes, zero.state_rss, (long long)zero.work_bytes);

@@ -5,6 +5,8 @@
  *   --shard-group-size S   the powers of two that divide the GPUs (S > 8 gathers over the network)
  *   --expert-parallel n    1, 2, 4, 8, 16 where n divides the experts and S (n <= 8 stays in a node)
  *   --ep-capacity-factor   2 (the default), 1.25, 1 (with EP: the rows a rank's experts may receive)
+ *   --ep-layout            packed, and spread where the shard group crosses nodes (S > 8) and the ranks sharding
+ *                          the same experts, S/n of them, fit in a node (S/n <= 8): the same plan (memory_plan.h)
  *   --recompute            none, attn, swiglu, attn+swiglu, moe, moe+attn, block (all layers)
  *   --compress-acts        the run's own (--compress-acts SPEC or off), else none and swiglu,attn (all layers: not
  *                          bit-identical, so an exact setting of the same recomputed FLOPs ranks first)
@@ -18,7 +20,10 @@
  *   2. a shard group inside a node (S <= 8) before one that crosses the network;
  *   3. the higher EP degree inside a node (each rank gathers 1/n of the experts' weights);
  *   4. the larger --ep-capacity-factor (more room for uneven routing before a step is refused);
- *   5. the smaller shard group (fewer ranks in every gather), then the larger headroom.
+ *   5. --ep-layout spread before packed (the twins of one setting). Predicted (make predict, DBRX-132B seq 4096
+ *      on 64 H100s, parallel/README.md "The EP layout"): spread moves the experts' gathers and reduce-scatters
+ *      into a node and the exchange across nodes, where it overlaps the experts;
+ *   6. the smaller shard group (fewer ranks in every gather), then the larger headroom.
  * It prints the ranked fitting settings (at most 8) and the flags of the first, or that nothing fits.
  */
 #pragma once
@@ -28,7 +33,7 @@
 #include "parallel/memory_plan.h"
 
 typedef struct {
-    int S, n;
+    int S, n, spread;         // spread: --ep-layout spread
     double cap;
     std::string rc;           // the --recompute spec ("" none)
     std::string ca;           // the --compress-acts spec ("" none)
@@ -46,6 +51,7 @@ static inline bool fit_better(const FitCandidate& a, const FitCandidate& b) {
     if ((a.S <= 8) != (b.S <= 8)) return a.S <= 8;
     if (a.n != b.n) return a.n > b.n;
     if (a.cap != b.cap) return a.cap > b.cap;
+    if (a.spread != b.spread) return a.spread > b.spread;
     if (a.S != b.S) return a.S < b.S;
     return a.total < b.total;
 }
@@ -57,6 +63,7 @@ static inline std::string fit_flags(const FitCandidate& f) {
         snprintf(b, sizeof b, " --expert-parallel %d --ep-capacity-factor %g", f.n, f.cap);
         s += b;
     }
+    if (f.spread) s += " --ep-layout spread";
     if (!f.rc.empty()) s += " --recompute " + f.rc;
     if (!f.ca.empty()) s += " --compress-acts " + f.ca;
     return s;
@@ -71,6 +78,7 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
     RecomputeSpec saved = g_recompute, saved_ca = g_compress;
     std::vector<std::string> cas = {g_compress.text};   // (the run's --compress-acts; none given: none and swiglu,attn)
     if (args.run.compress_acts.empty()) cas.push_back("swiglu,attn");
+    long double headroom = (long double)args.run.fit_headroom * 1073741824.0L;   // (--fit-headroom GiB)
     std::vector<FitCandidate> fits;
     int tried = 0;
     for (int S = 1; S <= gpus; S *= 2) {
@@ -86,23 +94,25 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
                     MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
                                                    args.parallel.grad_reduce_dtype == "bf16");
                     tried++;
-                    if (p.total > capacity) continue;
+                    if (p.total + headroom > capacity) continue;
                     double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
                                                              cfg.top_k, args.run.seq) / fpt;
-                    fits.push_back({S, n, n > 1 ? cap : 0.0, rc, g_compress.text, p.total, extra});
+                    fits.push_back({S, n, 0, n > 1 ? cap : 0.0, rc, g_compress.text, p.total, extra});
+                    if (n > 1 && S > 8 && S > n && S / n <= 8)   // the spread twin (the same plan): the expert shard group in a node
+                        fits.push_back({S, n, 1, cap, rc, g_compress.text, p.total, extra});
                 }
             }
         }
     }
     g_recompute = saved; g_compress = saved_ca;
     std::sort(fits.begin(), fits.end(), fit_better);
-    printf("fit (--fit: %d settings planned for %d GPU(s), micro-batch %d x %d, FP8 %s; ranked by EP up to 8 where the shard group "
-           "crosses nodes, recomputed FLOPs, a shard group inside a node, EP inside a node and higher, a larger --ep-capacity-factor, a smaller shard group: train_fit.h):\n",
-           tried, gpus, args.run.batch, args.run.seq, args.fp8.recipe.c_str());
+    printf("fit (--fit: %d settings planned for %d GPU(s), micro-batch %d x %d, FP8 %s, %.2f GiB to spare (--fit-headroom); ranked by EP up to 8 where the shard group "
+           "crosses nodes, recomputed FLOPs, a shard group inside a node, EP inside a node and higher, a larger --ep-capacity-factor, --ep-layout spread, a smaller shard group: train_fit.h):\n",
+           tried, gpus, args.run.batch, args.run.seq, args.fp8.recipe.c_str(), (double)args.run.fit_headroom);
     if (fits.empty()) {
-        printf("fit: NOTHING FITS in %.2f GiB per GPU at %d GPU(s): lower --batch or --seq, more GPUs, or a bigger device (one "
-               "sequence split over GPUs, context parallelism, is issue 26)\n",
-               (double)(capacity / 1073741824.0L), gpus);
+        printf("fit: NOTHING FITS in %.2f GiB per GPU with %.2f GiB to spare at %d GPU(s): lower --batch, --seq or --fit-headroom, "
+               "more GPUs, a bigger device, or split each sequence over GPUs (--context-parallel)\n",
+               (double)(capacity / 1073741824.0L), (double)args.run.fit_headroom, gpus);
         return;
     }
     for (size_t i = 0; i < fits.size() && i < 8; i++)

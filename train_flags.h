@@ -28,6 +28,7 @@ typedef struct {
     float peak_tflops = 0.0f;
     bool dry_run = false, help = false, help_debug = false;
     bool fit = false;               // --dry-run --fit: the cheapest setting that fits (train_fit.h)
+    float fit_headroom = 4.0f;      // ... with this many GiB per GPU to spare (the plan's margins are predicted, not measured)
     std::string plan_device = "";   // --dry-run's GPU plan (parallel/memory_plan.h): h100 | h200 | GiB ("": the visible GPU, else h100)
     int plan_gpus = 0;              // ... and the run's GPUs (0: the shard group, or the EP degree)
     std::string recompute = "";     // --recompute SPEC (model/recompute.h); "": nothing recomputed
@@ -41,6 +42,7 @@ typedef struct {
     int context_parallel = 1;      // CP degree (parallel/context_parallel.h): each sequence split over groups of this many ranks
     int expert_parallel = 1;       // EP degree (parallel/expert_parallel.h): the experts split over groups of this many ranks
     float ep_capacity = EP_CAPACITY_DEFAULT;   // EP on the GPU: rows planned per layer, x tokens x top-k (ep_plan_rows; 0: dropless)
+    std::string ep_layout = "packed";   // EP groups of N consecutive ranks (packed) or strided by S/N (spread): parallel/shard_runs.h
     int ep_chunks = EP_OVERLAP_CHUNKS_DEFAULT;  // EP on the GPU: the exchange in chunks overlapped with the experts (ep_chunk_layout)
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
     float zero_chunk_mib = 512;      // the GPU store's experts chunks (parallel/zero_gpu_chunks.cuh): MiB of BF16 weights each; 0: whole
@@ -131,9 +133,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                    "GPU plan: every term, the total, FITS or DOES NOT FIT); exit"},
         {"--plan-device", "", F_STR, &a->run.plan_device, "--dry-run's GPU plan against: h100 | h200 | the GiB of one GPU (default: the "
                                                           "visible GPU's free memory, else h100)"},
-        {"--fit", "", F_BOOL, &a->run.fit, "with --dry-run: plan every --shard-group-size / --expert-parallel / "
-                                           "--ep-capacity-factor / --recompute setting for --plan-gpus GPUs of --plan-device and print "
-                                           "the cheapest that fits (fewest recomputed FLOPs first; train_fit.h)"},
+        {"--fit", "", F_BOOL, &a->run.fit, "with --dry-run: plan every layout / recompute / compression setting for --plan-gpus GPUs of --plan-device; print the cheapest that fits (train_fit.h)"},
+        {"--fit-headroom", "", F_FLOAT, &a->run.fit_headroom, "--fit: the GiB per GPU a setting must leave free beyond its plan [default 4]"},
         {"--plan-gpus", "", F_INT, &a->run.plan_gpus, "--dry-run's GPU plan for a run on N GPUs (default: --shard-group-size, or "
                                                       "--expert-parallel if more)"},
         {"--recompute", "", F_STR, &a->run.recompute, "selective activation recomputation: GRAN[:RANGE][,...], GRAN attn | swiglu | "
@@ -170,9 +171,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"", "", F_SECTION, NULL, "parallelism (parallel/README.md)"},
         {"--context-parallel", "", F_INT, &a->parallel.context_parallel, "CP: each sequence split over groups of N consecutive ranks (2N chunks, rank r holds r and 2N-1-r), ring attention on the CPU, K/V all-gathered on the GPU (N divides the ranks, 2N divides --seq)"},
-        {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N consecutive ranks "
-                                                              "(N divides the experts, and the shard group size, or the ranks with "
-                                                              "--shard-group-size 1), tokens exchanged all-to-all"},
+        {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N ranks (N divides the experts, "
+                                                              "and the shard group size, or the ranks with --shard-group-size 1), tokens exchanged all-to-all"},
+        {"--ep-layout", "", F_STR, &a->parallel.ep_layout, "EP: packed (default: EP groups of N consecutive ranks; the ranks sharding the same experts strided) | spread (those S/N consecutive, in a node; EP groups strided by S/N; S > N)"},
         {"--ep-capacity-factor", "", F_FLOAT, &a->parallel.ep_capacity, "EP on the GPU: each rank's device buffers hold F x tokens per "
                                                               "micro-batch x top-k received rows per MoE layer, planned at start-up (default 2; "
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
@@ -359,6 +360,8 @@ static void parallel_args_check(const TrainArgs* a) {
         fail(EXIT_BAD_INPUT, "--zero-prefetch %d must be in [0, 2] (units gathered during the optimizer, one per working slot; 0: none)",
              a->parallel.zero_prefetch);
     if (a->parallel.expert_parallel < 1) fail(EXIT_BAD_INPUT, "--expert-parallel %d must be >= 1", a->parallel.expert_parallel);
+    if (a->parallel.ep_layout != "packed" && a->parallel.ep_layout != "spread")
+        fail(EXIT_BAD_INPUT, "--ep-layout '%s' must be packed or spread", a->parallel.ep_layout.c_str());
     if (!(a->parallel.ep_capacity >= 0) || a->parallel.ep_capacity > 1e6)
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);
     if (a->parallel.ep_chunks < 1 || a->parallel.ep_chunks > 64)
@@ -501,6 +504,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--generate runs no training: leave out %s", a->run.dry_run ? "--dry-run" : "--health-check");
     profile_steps_parse(a);
     if (!a->run.dry_run && a->run.fit) fail(EXIT_BAD_INPUT, "--fit plans a run: give it with --dry-run");
+    if (flag_given(a, "--fit-headroom") && (!a->run.fit || !(a->run.fit_headroom >= 0.0f && a->run.fit_headroom < 1e6f)))
+        fail(EXIT_BAD_INPUT, "--fit-headroom %g: needs --fit and a number of GiB >= 0", a->run.fit_headroom);
     if (!a->run.dry_run && (flag_given(a, "--plan-device") || flag_given(a, "--plan-gpus")))
         fail(EXIT_BAD_INPUT, "%s plans a run: it needs --dry-run", flag_given(a, "--plan-device") ? "--plan-device" : "--plan-gpus");
     if (flag_given(a, "--plan-gpus") && a->run.plan_gpus < 1) fail(EXIT_BAD_INPUT, "--plan-gpus %d must be >= 1", a->run.plan_gpus);

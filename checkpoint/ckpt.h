@@ -331,7 +331,9 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
              "\"seq\": %d, \"grad_accum\": %d, \"dtype\": \"float32\", \"arrays\": [\"master\", \"adam_m\", \"adam_v\"], "
              "\"header_bytes\": %d, \"expert_parallel\": %d, \"unit_numel\": [", z->W, z->P, z->W / z->P, run->batch, run->seq, run->grad_accum,
              CKPT_HEADER_BYTES, z->ep_n);
-    m += b + units + "], \"unit_runs\": [" + runs + "]},\n";
+    m += b + units + "], \"unit_runs\": [" + runs + "]";
+    if (z->ep_spread) m += ", \"ep_layout\": \"spread\"";   // (absent: packed) the owner runs' pieces by ep_layout_piece
+    m += "},\n";
     return m;
 }
 

@@ -261,8 +261,13 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     std::vector<std::vector<RunSpec>> runs_old;
     std::string fmt_err = ckpt_old_layout(man, z, &S_old, &version, &ep_old, &runs_old);
     if (!fmt_err.empty()) return fmt_err;
+    // --ep-layout of the writer (absent: packed): which old file holds which piece of an EP rank's runs
+    const JsonValue* lay = json_get(json_get(man, "topology"), "ep_layout");
+    int spread_old = lay && lay->kind == JsonValue::STR && lay->text == "spread";
+    if (lay && !spread_old && !(lay->kind == JsonValue::STR && lay->text == "packed")) return "manifest.json: topology.ep_layout";
+    if (spread_old && (ep_old < 2 || S_old <= ep_old)) return "manifest.json: topology.ep_layout spread with expert_parallel " + std::to_string(ep_old);
     Zero old;
-    zero_layout_from_runs(&old, runs_old, S_old, ep_old);
+    zero_layout_from_runs(&old, runs_old, S_old, ep_old, spread_old);
     size_t total_old = old.shard_total;
     uint64_t expect_bytes = CKPT_HEADER_BYTES + 3ull * total_old * sizeof(float);
     std::vector<int> file_bad(S_old + 1, 0);

@@ -58,12 +58,14 @@ typedef struct {
     std::vector<std::vector<ShardRun>> runs;    // each unit's runs
     // expert parallelism (--expert-parallel n, parallel/README.md): the layout group is P = max(S, n)
     // consecutive ranks (the shard group when n divides S; the EP group under data parallelism, S = 1 < n),
-    // lrank a rank's place in it, EP rank = lrank % n; the EP group (n consecutive ranks) exchanges routed
+    // lrank a rank's place in it, EP rank = lrank % n (--ep-layout packed: the EP group n consecutive ranks)
+    // or lrank / (P/n) (spread: the EP group strided by P/n; ep_rank_of); the EP group exchanges routed
     // rows; the experts' runs are sharded over the expert shard group (the layout group's ranks with the
-    // same EP rank, P/n of them); ranks with the same lrank hold the same shard: the expert replica group,
-    // across which the experts' gradients are summed (the replica group when P = S; it is its own group
+    // same EP rank, P/n of them: strided when packed, consecutive when spread); ranks with the same lrank
+    // hold the same shard: the expert replica group, across which the experts' gradients are summed (the replica group when P = S; it is its own group
     // under data parallelism, where the non-expert gradients are summed over the world)
     int ep_n, ep_rank, P, lrank;
+    int ep_spread;                              // --ep-layout spread (1) or packed (0)
     CommGroup ep, expert_shard, expert_replica_own;   // (the last: P != S only; zero_expert_replica)
     EpDispatch* ep_dispatch;                    // the CPU model's experts dispatcher over `ep` (n > 1; NULL: none)
     std::vector<char> unit_ep;                  // per unit: 1 = a block's experts, placed by EP
@@ -116,9 +118,10 @@ typedef struct { size_t flat_off, numel; int owner; int chunk = 0; } RunSpec;   
 // The layout from the runs, unit by unit, for S ranks and EP degree n: unit_off, unit_numel, runs,
 // shard_numel, shard_off, shard_total, work_numel (one rank's view: every rank holds as many elements of
 // a unit). No groups, no storage. A checkpoint's layout is rebuilt from its manifest with it.
-static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<RunSpec>>& specs, int S, int n = 1) {
+static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<RunSpec>>& specs, int S, int n = 1, int spread = 0) {
     z->S = S;
     z->ep_n = n;
+    z->ep_spread = spread;
     z->P = S > n ? S : n;   // (n divides S, or S = 1)
     z->n_units = (int)specs.size();
     z->unit_off.assign(z->n_units, 0); z->unit_numel.assign(z->n_units, 0);
@@ -144,7 +147,7 @@ static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<
             if (r.chunk != last_chunk) { std::fill(slot.begin(), slot.end(), 0); last_chunk = r.chunk; }   // a chunk's own slot
             ShardRun run;
             run.flat_off = r.flat_off; run.numel = r.numel; run.chunk = (r.numel + parts - 1) / parts;
-            run.owner = r.owner; run.ep_n = n; run.parts = parts;
+            run.owner = r.owner; run.ep_n = n; run.parts = parts; run.spread = spread;
             run.shard_rel = held[o];
             run.slot_off = r.owner < 0 && !chunked ? r.flat_off - z->unit_off[u] : slot[o];
             held[o] += run.chunk;
@@ -234,8 +237,8 @@ static inline int zero_chunk_experts(const DbrxConfig* c, int S, int n, bool fp8
 // The units and their shards for S ranks, with no groups and no storage (the GPU store's memory
 // estimate uses it before the groups exist).
 static inline void zero_unit_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1, int Ec = 0,
-                                    int Vc = 0) {
-    zero_layout_from_runs(z, zero_unit_runs(c, t, S, n, Ec, Vc), S, n);
+                                    int Vc = 0, int spread = 0) {
+    zero_layout_from_runs(z, zero_unit_runs(c, t, S, n, Ec, Vc), S, n, spread);
     z->chunk_experts = Ec;
     z->vocab_rows = Vc;
 }
@@ -265,6 +268,10 @@ static inline size_t zero_vocab_slot_numel(const Zero* z) {
     return z->vocab_rows > 0 ? std::max(z->unit_numel[0], z->unit_numel[z->n_units - 1]) + z->S : 0;
 }
 
+// layout rank r's EP rank and its piece of its EP rank's experts runs (--ep-layout: shard_runs.h's one mapping)
+static inline int ep_rank_of(const Zero* z, int r) { return ep_layout_rank(r, z->ep_n, z->P / z->ep_n, z->ep_spread); }
+static inline int expert_piece_of(const Zero* z, int r) { return ep_layout_piece(r, z->ep_n, z->P / z->ep_n, z->ep_spread); }
+
 // the ranks that hold the same shard as this one (the expert replica group): the replica group, but under
 // data parallelism with EP (P != S) the W/n ranks with the same EP rank
 static inline CommGroup* zero_expert_replica(Zero* z) { return z->P == z->S ? &z->replica : &z->expert_replica_own; }
@@ -280,7 +287,7 @@ static inline void zero_file_layout(const Zero* z, Zero* f) {
             const ShardRun& r = z->runs[u][i];
             specs[u].push_back(RunSpec{r.flat_off, r.numel, r.owner, z->run_chunk[u][i]});
         }
-    zero_layout_from_runs(f, specs, z->P, z->ep_n);
+    zero_layout_from_runs(f, specs, z->P, z->ep_n, z->ep_spread);
 }
 
 // Copies every element that layout rank rf of `from` holds (in src, its shard buffer) and layout rank rt
@@ -324,7 +331,7 @@ static inline void zero_unit_end(void* ctx, int unit, int phase);
 // The groups and the layout; no storage. S = 0 means the whole world (ZeRO-3). Every rank calls this
 // with the same S. use_nccl: the groups get NCCL communicators (the GPU path, parallel/zero_gpu.cuh).
 static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vector<ParamInfo>& t, Comm* comm, int S,
-                                    int use_nccl, int ep_n = 1, int Ec = 0, int Vc = 0) {
+                                    int use_nccl, int ep_n = 1, int Ec = 0, int Vc = 0, int spread = 0) {
     int W = comm->world;
     if (S == 0) S = W;
     if (S < 0 || S > W || W % S != 0) {
@@ -352,6 +359,10 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
         snprintf(ep_buf, sizeof ep_buf, "leaves %d experts x %d rows per EP rank, not divisible over the %d ranks that shard them",
                  c->n_experts / ep_n, c->ffn_hidden, S / ep_n);
         ep_err = ep_buf;
+    } else if (spread && (ep_n == 1 || S <= ep_n)) {   // Q = P/n = 1: one rank per EP rank, the two layouts are one
+        snprintf(ep_buf, sizeof ep_buf, "with --ep-layout spread: spread needs N > 1 and a shard group larger than N "
+                 "(--shard-group-size %d: the EP groups strided by S/N ranks; S <= N: use packed)", S);
+        ep_err = ep_buf;
     }
     if (ep_err) {
         comm_agreed_failure();
@@ -372,15 +383,20 @@ static inline void zero_init_layout(Zero* z, const DbrxConfig* c, const std::vec
     z->ep_n = ep_n;
     z->P = S > ep_n ? S : ep_n;
     z->lrank = comm->rank % z->P;   // (S = P: the shard rank)
-    z->ep_rank = z->lrank % ep_n;
+    z->ep_spread = spread;
+    z->ep_rank = ep_rank_of(z, z->lrank);
     z->ep_dispatch = NULL;
-    if (ep_n > 1) {
-        z->ep = comm_split(z->world, comm->rank / ep_n, comm->rank, "expert_parallel", use_nccl);
+    if (ep_n > 1) {   // EP group: the layout group's ranks with the same piece (ordered by world rank: by EP rank)
+        int Q = z->P / ep_n;
+        z->ep = comm_split(z->world, (comm->rank / z->P) * Q + expert_piece_of(z, z->lrank), comm->rank, "expert_parallel", use_nccl);
         z->expert_shard = comm_split(z->world, (comm->rank / z->P) * ep_n + z->ep_rank, comm->rank, "expert_shard", use_nccl);
+        if (z->ep.rank != z->ep_rank || z->expert_shard.rank != expert_piece_of(z, z->lrank))   // the dispatcher's and gathers' premise
+            fail(EXIT_RUNTIME, "expert parallelism: rank %d: EP comm rank %d / expert shard rank %d, layout says %d / %d", comm->rank,
+                 z->ep.rank, z->expert_shard.rank, z->ep_rank, expert_piece_of(z, z->lrank));
     }
     if (z->P != S)   // data parallel with EP: the ranks holding the same experts
         z->expert_replica_own = comm_split(z->world, z->lrank, comm->rank, "expert_replica", use_nccl);
-    zero_unit_layout(z, c, t, S, ep_n, Ec, Vc);
+    zero_unit_layout(z, c, t, S, ep_n, Ec, Vc, spread);
     z->segs.clear();
     for (const ParamInfo& p : t)   // intersect each tensor with this rank's pieces of its unit
         zero_unit_pieces(z, p.unit, z->lrank, [&](size_t lo, size_t hi, size_t at) {
@@ -399,10 +415,10 @@ static inline void zero_ep_all_to_allv(void* ctx, const void* send, const size_t
     comm_all_to_allv(&((Zero*)ctx)->ep, send, sb, recv, rb, host);
 }
 
-static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t seed, int ep_n = 1) {
+static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t seed, int ep_n = 1, int ep_spread = 0) {
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
-    zero_init_layout(z, c, t, comm, S, 0, ep_n);
+    zero_init_layout(z, c, t, comm, S, 0, ep_n, 0, 0, ep_spread);
     if (ep_n > 1) {   // the model's experts run through the dispatcher, the rows over the EP group
         z->ep_dispatch = new EpDispatch();
         ep_install(z->ep_dispatch, model, ep_n, z->ep_rank, zero_ep_all_to_allv, z);
@@ -461,10 +477,11 @@ static inline void zero_free(Zero* z) {
 
 // the layout ranks of the group unit u is gathered in, in the group's rank order (ZeroFp8.members): the
 // shard group's, or for a block's experts under EP the expert shard group's (the layout ranks with this
-// rank's EP rank o: o, o + n, ..., whose pieces make o's experts; comm_split orders them by world rank)
+// rank's EP rank o: o, o + n, ... packed, o Q .. o Q + Q - 1 spread, whose pieces make o's experts, in
+// the order comm_split gives them: by world rank)
 static inline std::vector<int> zero_unit_members(const Zero* z, int u) {
     std::vector<int> r;
-    if (z->unit_ep[u]) for (int k = z->ep_rank; k < z->P; k += z->ep_n) r.push_back(k);
+    if (z->unit_ep[u]) { for (int k = 0; k < z->P; k++) if (ep_rank_of(z, k) == z->ep_rank) r.push_back(k); }
     else for (int k = 0; k < z->S; k++) r.push_back(k);
     return r;
 }

@@ -156,13 +156,13 @@ static inline void zero_gpu_vocab_gather(ZeroGpu* zg, int u);
 // model is built first (dbrx_build_shape), with the store's bytes in its memory check. chunk_mib:
 // --zero-chunk-mib (zero_chunk_experts: a block's experts gathered chunk by chunk; 0: whole).
 static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uint64_t seed, int ep_n = 1, double ep_factor = EP_CAPACITY_DEFAULT,
-                             double chunk_mib = 0, int rs_bf16 = 0) {
+                             double chunk_mib = 0, int rs_bf16 = 0, int ep_spread = 0) {
     Zero* z = &zg->z;
     const DbrxConfig* c = &model->cfg;
     const std::vector<ParamInfo>& t = model->table;
     int Ec = zero_chunk_experts(c, S ? S : comm->world, ep_n, fp8_on(&model->fp8), chunk_mib);
     int Vc = zero_vocab_rows(c, S ? S : comm->world, ep_n, fp8_on(&model->fp8), chunk_mib);   // (zero_gpu_vocab.cuh)
-    zero_init_layout(z, c, t, comm, S, 1, ep_n, Ec, Vc);
+    zero_init_layout(z, c, t, comm, S, 1, ep_n, Ec, Vc, ep_spread);
     if (comm->rank == 0 && Vc)
         printf("zero: the embedding and lm_head gathered whole into one vocabulary slot of %zu params, their gradients "
                "reduce-scattered in %d chunks of %d vocabulary rows\n", zero_vocab_slot_numel(z), z->unit_nchunks[0], Vc);

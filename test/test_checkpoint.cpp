@@ -447,6 +447,58 @@ TEST_CASE("zero layout: a block's experts are a unit of their own, sharded along
     CHECK(z.shard_numel[dbrx_experts_unit(0)] == (3 * (size_t)E * F * d + 2) / 3);
 }
 
+TEST_CASE("--ep-layout: packed and spread hold every element once; spread's expert shard group is consecutive ranks; "
+          "copies between the layouts move every element to its place") {
+    DbrxConfig c;
+    model_preset_lookup("dbrx-tiny", &c);   // E 16
+    c.n_layers = 2;
+    std::vector<ParamInfo> t = dbrx_param_table(&c);
+    size_t total = 0;
+    for (const ParamInfo& p : t) total = std::max(total, p.offset + p.numel);
+    for (int S : {4, 8}) for (int n : {2, 4}) {
+        if (S <= n) continue;
+        int Q = S / n;
+        Zero L[2];
+        for (int sp = 0; sp < 2; sp++) zero_unit_layout(&L[sp], &c, t, S, n, 0, 0, sp);
+        // every flat element held by exactly one layout rank (padding aside), under both layouts
+        for (int sp = 0; sp < 2; sp++) {
+            std::vector<int> held(total, 0);
+            for (int r = 0; r < S; r++)
+                for (int u = 0; u < L[sp].n_units; u++)
+                    zero_unit_pieces(&L[sp], u, r, [&](size_t lo, size_t hi, size_t) { for (size_t i = lo; i < hi; i++) held[i]++; });
+            CHECK(std::count(held.begin(), held.end(), 1) == (long)total);
+        }
+        // which layout ranks hold an EP rank's experts: packed o, o + n, ...; spread o Q .. o Q + Q - 1 (piece r % Q)
+        for (int r = 0; r < S; r++) {
+            CHECK(ep_layout_rank(r, n, Q, 0) == r % n);
+            CHECK(ep_layout_rank(r, n, Q, 1) == r / Q);
+            for (const ShardRun& run : L[1].runs[dbrx_experts_unit(0)]) {
+                CHECK(shard_run_held(run, r) == (r / Q == run.owner));
+                if (shard_run_held(run, r)) CHECK(shard_run_piece(run, r) == r % Q);
+            }
+        }
+        // packed -> spread and back: each rank's shard filled with its flat indices arrives as the other layout's
+        for (int from = 0; from < 2; from++) {
+            const Zero &A = L[from], &B = L[1 - from];
+            std::vector<std::vector<real>> src(S, std::vector<real>(A.shard_total, -1)), dst(S, std::vector<real>(B.shard_total, -1));
+            for (int r = 0; r < S; r++)
+                for (int u = 0; u < A.n_units; u++)
+                    zero_unit_pieces(&A, u, r, [&](size_t lo, size_t hi, size_t at) {
+                        for (size_t i = lo; i < hi; i++) src[r][A.shard_off[u] + at + (i - lo)] = (real)(i % 65521);
+                    });
+            for (int rt = 0; rt < S; rt++)
+                for (int rf = 0; rf < S; rf++) zero_copy_pieces(&A, rf, src[rf].data(), &B, rt, dst[rt].data());
+            bool ok = true;
+            for (int r = 0; r < S; r++)
+                for (int u = 0; u < B.n_units; u++)
+                    zero_unit_pieces(&B, u, r, [&](size_t lo, size_t hi, size_t at) {
+                        for (size_t i = lo; i < hi; i++) ok = ok && dst[r][B.shard_off[u] + at + (i - lo)] == (real)(i % 65521);
+                    });
+            CHECK(ok);
+        }
+    }
+}
+
 // Writes a checkpoint of master/m/v = pattern(flat index) under layout `runs` for S_old shard ranks, as
 // format `version` (2: the units' sizes, whole units; 3: the runs): what an older build (2) or another
 // topology (3) leaves on disk.

@@ -74,14 +74,23 @@ if [ -n "$fitl" ] && grep -q -- "--recompute" <<<"$fitl"; then
     v1=$($BIN --dry-run "${A132[@]}" $fitl 2>&1 | grep "^verdict:")
     # shellcheck disable=SC2086
     v0=$($BIN --dry-run "${A132[@]}" $(sed 's/ --recompute [^ ]*//' <<<"$fitl") 2>&1 | grep "^verdict:")
-    [[ "$v1" == "verdict: FITS"* ]] && [[ "$v0" == "verdict: DOES NOT FIT"* ]] \
+    h1=$(sed -n 's/^verdict: FITS, \([0-9.]*\) GiB of headroom.*/\1/p' <<<"$v1")
+    [[ "$v1" == "verdict: FITS"* ]] && [[ "$v0" == "verdict: DOES NOT FIT"* ]] && [ -n "$h1" ] && awk -v h="$h1" 'BEGIN { exit !(h >= 4) }' \
         && pass "--fit for DBRX-132B, seq 4096, 64 H100s: $fitl (its --dry-run: ${v1%% (*}; without its --recompute: ${v0%%,*})" \
         || fail "--fit chose '$fitl': its plan '$v1', without recompute '$v0'"
 else fail "--fit for DBRX-132B on 64 H100s chose no setting with --recompute: '$fitl'"; fi
 $BIN --dry-run --fit --model dbrx-132b --batch 1 --seq 32768 --plan-gpus 64 --plan-device h100 > "$tmp/fit32k.out" 2>&1 \
-    && grep -q "^fit: NOTHING FITS in 79.65 GiB per GPU at 64 GPU(s)" "$tmp/fit32k.out" \
+    && grep -q "^fit: NOTHING FITS in 79.65 GiB per GPU with 4.00 GiB to spare at 64 GPU(s)" "$tmp/fit32k.out" \
     && pass "--fit at seq 32768 on 64 H100s: nothing fits (exit 0, one verdict line)" || fail "--fit at seq 32768: $(tail -2 "$tmp/fit32k.out")"
 expect_exit 2 "--fit without --dry-run" $BIN --fit --steps 1
+expect_exit 2 "--fit-headroom -1" $BIN --dry-run --fit --fit-headroom -1
+expect_exit 2 "--fit-headroom without --fit" $BIN --dry-run --fit-headroom 2
+# --fit-headroom 0 admits a setting with less than the default 4 GiB to spare at 64 GPUs (the default's ranking keeps it out)
+f0=$($BIN --dry-run --fit --fit-headroom 0 "${A132[@]}" 2>&1 | sed -n 's/^fit: \(--shard-group-size [^(]*\) (.*/\1/p')
+# shellcheck disable=SC2086
+h0=$($BIN --dry-run "${A132[@]}" $f0 2>&1 | sed -n 's/^verdict: FITS, \([0-9.]*\) GiB of headroom.*/\1/p')
+[ -n "$h0" ] && awk -v h="$h0" 'BEGIN { exit !(h < 4) }' && pass "--fit --fit-headroom 0: $f0 ($h0 GiB of headroom)" \
+    || fail "--fit --fit-headroom 0 chose '$f0' with '$h0' GiB of headroom (expected a pick under the default 4)"
 # the MFU count (matmuls only, causal attention: Megatron/PaLM) and LLM Foundry's, recomputed here from the
 # printed shape; dbrx-1b's MFU count is ~74% of LLM Foundry's (issue 15's figure)
 for m in dbrx-132b:4096 dbrx-1b:2048 dbrx-tiny:256; do

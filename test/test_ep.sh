@@ -31,8 +31,13 @@
 #     farther from the run without EP (negative control); the bytes the experts' gathers save (3 per element
 #     over S/N - 1 peers), exactly on every rank; a save resumes bit-identically (CPU and emulated GPU); under
 #     data parallel EP 2 nothing is gathered (a note, bit-identical to without);
-#   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism) exit 2
-#     with one line.
+#   * --ep-layout spread (EP groups strided, the expert shard group consecutive): np 4, S 4, EP 2 against one
+#     process (1e-5, CPU) and the run without EP (emulated GPU, 2e-3; measured identical); the bytes of every rank
+#     (the exchange's formula in the EP group, outside it exactly packed's); the groups of every collective from
+#     the emulator's work log; a spread checkpoint resumes spread (bit-identical), packed and by one process, a
+#     packed one spread (1e-5); emulated GPU --fp8 block --fp8-gather under spread: step 1 exactly the run without EP;
+#   * bad degrees (not dividing the experts, the shard group, the ranks under data parallelism; spread where
+#     S <= N) and a bad --ep-layout exit 2 with one line.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 BIN=${BIN:-./train_dbrx}
@@ -143,12 +148,13 @@ else fail "forced imbalance: exit $rc: $r0; $(grep -i error "$tmp/imb.out" | hea
 $MPI -np 4 $BIN "${T[@]}" --expert-parallel 4 --ckpt-dir "$tmp/ck" --stop-after 3 --log "$tmp/part.jsonl" > "$tmp/part.out" 2>&1 \
     || fail "EP 4 save: $(grep -i error "$tmp/part.out" | head -2)"
 grep -q '"expert_parallel": 4' "$tmp/ck/step_00000003/manifest.json" || fail "the manifest does not record expert_parallel 4"
-# resume SRC EP S: the checkpoint in $tmp/SRC (step 3) resumed under EP degree EP, shard group S (EP 1: one process)
+# resume SRC EP S [LAYOUT]: the checkpoint in $tmp/SRC (step 3) resumed under EP degree EP, shard group S (EP 1: one
+# process), --ep-layout LAYOUT (default packed)
 resume() {
-    local to="$1_$2_$3"
+    local to="$1_$2_$3${4:+_$4}"
     cp -r "$tmp/$1" "$tmp/ck_$to"; cp "$tmp/$1.jsonl" "$tmp/res_$to.jsonl"
     if [ "$2" = 1 ]; then $BIN "${T[@]}" --grad-accum 4 --ckpt-dir "$tmp/ck_$to" --resume auto --log "$tmp/res_$to.jsonl" > "$tmp/res_$to.out" 2>&1
-    else $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$2" --shard-group-size "$3" --ckpt-dir "$tmp/ck_$to" --resume auto \
+    else $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$2" --shard-group-size "$3" --ep-layout "${4:-packed}" --ckpt-dir "$tmp/ck_$to" --resume auto \
         --log "$tmp/res_$to.jsonl" > "$tmp/res_$to.out" 2>&1; fi
     grep -q "resume: .*step_00000003" "$tmp/res_$to.out" || fail "$1 resumed under EP $2 S $3: $(grep -iE 'error|warning' "$tmp/res_$to.out" | head -2)"
 }
@@ -168,6 +174,42 @@ for to in "2 1" "4 4" "1 1"; do resume dk $to; done
 verdict "data parallel EP 2 checkpoint resumed under the same (3 + 3 steps) vs uninterrupted" 0 "$tmp/ep2_1.jsonl" "$tmp/res_dk_2_1.jsonl"
 verdict "data parallel EP 2 checkpoint resumed under EP 4 (ZeRO-3) vs uninterrupted" 1e-5 "$tmp/ep2_1.jsonl" "$tmp/res_dk_4_4.jsonl"
 verdict "data parallel EP 2 checkpoint resumed by one process vs uninterrupted" 1e-5 "$tmp/ep2_1.jsonl" "$tmp/res_dk_1_1.jsonl"
+
+# --- --ep-layout spread (parallel/shard_runs.h): EP rank = layout rank / Q (Q = S/N), the expert shard group Q
+# consecutive ranks, the EP group strided by Q; at np 4, S 4, EP 2: EP groups {0, 2} {1, 3}, expert shard groups
+# {0, 1} {2, 3} (the emulated GPU's work log checks the groups below). One process's losses within 1e-5; every rank
+# sends, outside its EP group, exactly what the packed layout's rank sends (the same group sizes and pieces), and in
+# it the exchange's formula; a spread checkpoint resumes packed and by one process, a packed one spread (1e-5), and
+# the manifest records the layout
+$MPI -np 4 $BIN "${T[@]}" --expert-parallel 2 --ep-layout spread --log "$tmp/sp.jsonl" > "$tmp/sp.out" 2>&1 || fail "EP 2 spread: $(grep -i error "$tmp/sp.out" | head -2)"
+verdict "np 4 EP 2 --ep-layout spread (shard group 4) vs one process" 1e-5 "$tmp/one.jsonl" "$tmp/sp.jsonl"
+$MPI -np 4 $BIN "${T[@]}" --expert-parallel 2 --ep-layout spread --ckpt-dir "$tmp/sk" --stop-after 3 --log "$tmp/sk.jsonl" > "$tmp/sk.out" 2>&1 \
+    || fail "EP 2 spread save: $(grep -i error "$tmp/sk.out" | head -2)"
+grep -q '"expert_parallel": 2, .*"ep_layout": "spread"' "$tmp/sk/step_00000003/manifest.json" && ! grep -q ep_layout "$tmp/ck/step_00000003/manifest.json" \
+    && pass "the manifest records --ep-layout spread (a packed one has no ep_layout: packed)" || fail "manifest ep_layout: $(grep -o '"ep_layout[^,]*' "$tmp/sk/step_00000003/manifest.json")"
+for to in "2 4 spread" "2 4" "1 1"; do resume sk $to; done
+verdict "EP 2 spread checkpoint resumed spread (3 + 3 steps) vs uninterrupted" 0 "$tmp/sp.jsonl" "$tmp/res_sk_2_4_spread.jsonl"
+verdict "EP 2 spread checkpoint resumed packed vs uninterrupted" 1e-5 "$tmp/sp.jsonl" "$tmp/res_sk_2_4.jsonl"
+verdict "EP 2 spread checkpoint resumed by one process vs uninterrupted" 1e-5 "$tmp/sp.jsonl" "$tmp/res_sk_1_1.jsonl"
+resume ck 2 4 spread
+verdict "EP 4 packed checkpoint resumed under EP 2 spread vs uninterrupted" 1e-5 "$tmp/ep4_4.jsonl" "$tmp/res_ck_2_4_spread.jsonl"
+$PY - "$tmp/sp.out" "$tmp/ep2_4.out" <<'PY' > "$tmp/spbytes"
+import re, sys
+d, E, f = 128, 16, 4
+def sent(p):
+    t = open(p).read()
+    ep = {int(r): (int(b), int(c), int(o), int(i)) for r, b, c, o, i in
+          re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in", t)}
+    tot = {int(r): int(b) for r, b in re.findall(r"comm: rank (\d+) sent (\d+) bytes in \d+ training steps", t)}
+    return ep, tot
+(se, st), (pe, pt) = sent(sys.argv[1]), sent(sys.argv[2])
+ok = len(se) == len(st) == len(pe) == len(pt) == 4
+ok = ok and all(se[r][0] == se[r][1] * E * 4 + 2 * d * f * (se[r][2] + se[r][3]) for r in range(4))
+ok = ok and all(st[r] - se[r][0] == pt[r] - pe[r][0] for r in range(4))
+print("%s EP 2 spread: bytes in the EP group = counts x E x 4 + 2 x d x 4 x (rows out + in), and outside it those of packed, on every rank: %s" % (
+    "pass" if ok else "fail", ", ".join("rank %d %s + %s" % (r, se[r][0] if r in se else "?", st[r] - se[r][0] if r in se and r in st else "?") for r in range(4))))
+PY
+verdicts "$tmp/spbytes" 1
 
 # --- generation under EP: the decode step's rows go through the exchange; the same weights (the EP 4 run's
 # step 6) give one process's text under EP 4 (ZeRO-3) and data parallel EP 2 (temperature 0.8: every token a draw)
@@ -300,6 +342,28 @@ if [ -x "$EMU" ]; then
             || fail "emulated GPU EP $ep: $(grep -i error "$tmp/g$ep.out" | head -2)"
         verdict "emulated GPU np 4 EP $ep vs np 4 without EP (BF16)" 2e-3 "$tmp/g0.jsonl" "$tmp/g$ep.jsonl"
     done
+    # --ep-layout spread: the losses (measured identical), and the groups every collective ran in, from the NCCL
+    # twin's work log (world ranks): expert shard groups {0, 1} {2, 3}, EP groups {0, 2} {1, 3}
+    SIMT_WORKLOG="$tmp/gswl" $MPI -np 4 "$EMU" "${G[@]}" --expert-parallel 2 --ep-layout spread --log "$tmp/gs.jsonl" > "$tmp/gs.out" 2>&1 \
+        || fail "emulated GPU EP 2 spread: $(grep -i error "$tmp/gs.out" | head -2)"
+    verdict "emulated GPU np 4 EP 2 --ep-layout spread vs np 4 without EP (BF16)" 2e-3 "$tmp/g0.jsonl" "$tmp/gs.jsonl"
+    $PY - "$tmp/gswl" <<'PY' > "$tmp/gsgroups"
+import json, sys
+want = {"expert_shard": {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]}, "expert_shard_rs": {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]},
+        "expert_parallel": {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}}
+seen, bad = {}, []
+for r in range(4):
+    for l in open("%s.%d" % (sys.argv[1], r)):
+        if '"coll"' not in l: continue
+        c = json.loads(l)
+        if c["comm"] in want:
+            seen[c["comm"]] = seen.get(c["comm"], 0) + 1
+            if c["world_ranks"] != want[c["comm"]][r]: bad.append((r, c["comm"], c["world_ranks"]))
+ok = not bad and all(seen.get(k, 0) > 0 for k in want)
+print("%s emulated GPU EP 2 spread: every collective of the expert shard groups on ranks {0,1} {2,3} (consecutive), of the EP groups on {0,2} {1,3} (strided): %s%s" % (
+    "pass" if ok else "fail", ", ".join("%s %d" % kv for kv in sorted(seen.items())), "; wrong: %s" % bad[:3] if bad else ""))
+PY
+    verdicts "$tmp/gsgroups" 1
     # data parallel with EP 2 (the non-expert weights replicated, each rank its experts whole), against
     # data parallel without EP; saved after 2 steps and resumed under the same
     # (with a sample after steps 2 and 4: the decode step's rows through the exchange, the same text)
@@ -315,17 +379,18 @@ if [ -x "$EMU" ]; then
     $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --ckpt-dir "$tmp/gdk" --stop-after 2 --log "$tmp/gdres.jsonl" > "$tmp/gdres.out" 2>&1
     $MPI -np 4 "$EMU" "${G[@]}" --shard-group-size 1 --expert-parallel 2 --ckpt-dir "$tmp/gdk" --resume auto --log "$tmp/gdres.jsonl" > "$tmp/gdres2.out" 2>&1
     verdict "emulated GPU data parallel EP 2: 2 + save + resume + 2 steps vs uninterrupted" 0 "$tmp/gd2.jsonl" "$tmp/gdres.jsonl"
-    $PY - "$tmp/g2.out" <<'PY' > "$tmp/gbytes"
+    $PY - "$tmp/g2.out" "$tmp/gs.out" <<'PY' > "$tmp/gbytes"
 import re, sys
 d, E, n = 64, 4, 2
-rows = re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in",
-                  open(sys.argv[1]).read())
-# counts (int32, MPI) + forward rows out and results back (BF16) + backward gradients out and input gradients back (BF16)
-ok = len(rows) == 4 and all(int(b) == int(c) * E * 4 + 2 * d * 2 * (int(o) + int(i)) for r, b, c, o, i in rows)
-print("%s emulated GPU EP 2: bytes in the EP group = counts x E x 4 + 2 x d x 2 x (rows out + rows in) on every rank: %s" % (
-    "pass" if ok else "fail", ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
+for path, what in ((sys.argv[1], "EP 2"), (sys.argv[2], "EP 2 spread")):
+    rows = re.findall(r"ep: rank (\d+) sent (\d+) bytes in its expert-parallel group: (\d+) count messages, (\d+) rows out, (\d+) rows in",
+                      open(path).read())
+    # counts (int32, MPI) + forward rows out and results back (BF16) + backward gradients out and input gradients back (BF16)
+    ok = len(rows) == 4 and all(int(b) == int(c) * E * 4 + 2 * d * 2 * (int(o) + int(i)) for r, b, c, o, i in rows)
+    print("%s emulated GPU %s: bytes in the EP group = counts x E x 4 + 2 x d x 2 x (rows out + rows in) on every rank: %s" % (
+        "pass" if ok else "fail", what, ", ".join("rank %s %s" % (r, b) for r, b, *_ in rows)))
 PY
-    verdicts "$tmp/gbytes" 1
+    verdicts "$tmp/gbytes" 2
     $MPI -np 4 "$EMU" "${G[@]}" --expert-parallel 4 --ckpt-dir "$tmp/gck" --stop-after 2 --log "$tmp/gres.jsonl" > "$tmp/gres.out" 2>&1
     $MPI -np 4 "$EMU" "${G[@]}" --expert-parallel 4 --ckpt-dir "$tmp/gck" --resume auto --log "$tmp/gres.jsonl" > "$tmp/gres2.out" 2>&1
     verdict "emulated GPU EP 4: 2 + save + resume + 2 steps vs uninterrupted" 0 "$tmp/g4.jsonl" "$tmp/gres.jsonl"
@@ -357,10 +422,11 @@ PY
     # the codes of the run without EP: step 1's loss and every operand's amax and scale exactly (block, ZeRO-3),
     # every weight's step-1 amax/scale/saturation (delayed, HSDP 2x2; its step-1 activation scales are the
     # received rows'), step 2 within 2e-3; a save after step 1 resumes bit-identically
-    for run in "block 1 4" "block 2 4" "delayed 1 2" "delayed 2 2"; do
+    for run in "block 1 4" "block 2 4" "delayed 1 2" "delayed 2 2" "block 2 4 spread"; do   # (spread: the expert shard group {0,1} {2,3})
         set -- $run
         $MPI -np 4 "$EMU" "${G[@]}" --steps 2 --fp8 "$1" --fp8-gather --fp8-log-every 1 --expert-parallel "$2" --shard-group-size "$3" \
-            --log "$tmp/gg_$1_$2_$3.jsonl" > "$tmp/gg.out" 2>&1 || fail "emulated GPU --fp8 $1 --fp8-gather EP $2 S $3: $(grep -i error "$tmp/gg.out" | head -2)"
+            --ep-layout "${4:-packed}" --log "$tmp/gg_$1_$2_$3${4:+_$4}.jsonl" > "$tmp/gg.out" 2>&1 \
+            || fail "emulated GPU --fp8 $1 --fp8-gather EP $2 S $3 $4: $(grep -i error "$tmp/gg.out" | head -2)"
     done
     GR=("${G[@]}" --steps 2 --fp8 delayed --fp8-gather --fp8-log-every 1 --expert-parallel 2 --shard-group-size 2 --ckpt-dir "$tmp/ggk" --log "$tmp/ggres.jsonl")
     $MPI -np 4 "$EMU" "${GR[@]}" --stop-after 1 > "$tmp/ggres.out" 2>&1
@@ -375,8 +441,8 @@ def L(name):
         if "loss" in r: loss[r["step"]] = r["loss"]
         if "fp8" in r: fp8[r["step"]] = {k: {x: y for x, y in v.items() if x != "amax_rank0"} for k, v in r["fp8"].items()}
     return [loss[s] for s in sorted(loss)], fp8
-for recipe, S, what in (("block", 4, "ZeRO-3"), ("delayed", 2, "HSDP 2x2")):
-    (a, fa), (b, fb) = L("%s_1_%d" % (recipe, S)), L("%s_2_%d" % (recipe, S))
+for recipe, S, what, lay in (("block", 4, "ZeRO-3", ""), ("delayed", 2, "HSDP 2x2", ""), ("block", 4, "ZeRO-3 --ep-layout spread", "_spread")):
+    (a, fa), (b, fb) = L("%s_1_%d" % (recipe, S)), L("%s_2_%d%s" % (recipe, S, lay))
     w = [k for k in fa.get(1, {}) if k.endswith(".w")]
     same = fa.get(1) == fb.get(1) if recipe == "block" else len(w) == 10 and all(fa[1][k] == fb.get(1, {}).get(k) for k in w)
     d1 = abs(a[0] - b[0]) if a and b else 1
@@ -386,7 +452,7 @@ for recipe, S, what in (("block", 4, "ZeRO-3"), ("delayed", 2, "HSDP 2x2")):
         "every operand's amax and scale equal" if recipe == "block" else "the 10 weights' amax/scale/saturation equal",
         abs(a[-1] - b[-1]) if a and b else 1))
 PY
-    verdicts "$tmp/gg8" 2
+    verdicts "$tmp/gg8" 3
 fi
 
 # --- bad degrees
@@ -400,3 +466,10 @@ $MPI -np 4 $BIN "${T[@]}" --expert-parallel 8 --shard-group-size 1 > "$tmp/bad.o
 [ "$rc" = 2 ] && grep -q "^error: --expert-parallel 8 must divide the number of ranks 4" "$tmp/bad.out" \
     && pass "data parallel --expert-parallel 8 on 4 ranks: exit 2, $(grep -m1 error "$tmp/bad.out" | cut -c1-90)" || fail "DP EP 8 np 4: exit $rc: $(grep -m1 error "$tmp/bad.out")"
 expect_exit 2 "--expert-parallel 0" $BIN "${T[@]}" --expert-parallel 0
+expect_exit 2 "--ep-layout diagonal" $BIN "${T[@]}" --ep-layout diagonal
+for cfg in "4 4" "2 1" "1 4"; do   # spread needs N > 1 and S > N (else one rank per EP rank: the layouts are one)
+    set -- $cfg
+    $MPI -np 4 $BIN "${T[@]}" --expert-parallel "$1" --shard-group-size "$2" --ep-layout spread > "$tmp/bad.out" 2>&1; rc=$?
+    [ "$rc" = 2 ] && [ "$(grep -c '^error' "$tmp/bad.out")" = 1 ] && grep -q "^error: --expert-parallel $1 with --ep-layout spread: spread needs N > 1 and a shard group larger than N" "$tmp/bad.out" \
+        && pass "--ep-layout spread with EP $1, shard group $2: exit 2, one line" || fail "spread EP $1 S $2: exit $rc: $(grep -m1 error "$tmp/bad.out")"
+done
