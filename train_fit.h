@@ -8,7 +8,8 @@
  *   --ep-layout            packed, and spread where the shard group crosses nodes (S > 8) and the ranks sharding
  *                          the same experts, S/n of them, fit in a node (S/n <= 8): the same plan (memory_plan.h)
  *   --recompute            none, attn, swiglu, attn+swiglu, moe, moe+attn, block (all layers)
- *   --compress-acts        the run's own (--compress-acts SPEC or off), else none and swiglu,attn (all layers: not
+ *   --compress-acts        the run's own (--compress-acts SPEC or off), else none, swiglu, attn, swiglu,attn (all layers,
+ *                          never a class the --recompute setting recomputes everywhere; not
  *                          bit-identical, so an exact setting of the same recomputed FLOPs ranks first)
  * "Cheapest" is an order, not a time (the step-time model, make predict, times a setting):
  *   0. a shard group that crosses the network (S > 8): the higher EP degree up to 8 (each GPU gathers 1/n of the
@@ -16,7 +17,7 @@
  *      DBRX-132B seq 4096 on 64 H100s): shard group 64 without EP (it fits since the experts are gathered in
  *      chunks, --zero-chunk-mib) with --recompute swiglu 17.4 s per step, against 3.8 s with EP 8 and --recompute
  *      moe: the gathers across nodes, not the recomputation, set the step;
- *   1. the fewest recomputed FLOPs (model/recompute.h: what HFU adds over MFU);
+ *   1. the fewest recomputed FLOPs (model/recompute.h: what HFU adds over MFU), then the fewest compressed classes;
  *   2. a shard group inside a node (S <= 8) before one that crosses the network;
  *   3. the higher EP degree inside a node (each rank gathers 1/n of the experts' weights);
  *   4. the larger --ep-capacity-factor (more room for uneven routing before a step is refused);
@@ -24,6 +25,8 @@
  *      on 64 H100s, parallel/README.md "The EP layout"): spread moves the experts' gathers and reduce-scatters
  *      into a node and the exchange across nodes, where it overlaps the experts;
  *   6. the smaller shard group (fewer ranks in every gather), then the larger headroom.
+ * A setting fits when its plan leaves --fit-headroom GiB (default 4) of the device free: the plan's NCCL and CUDA
+ * margins are predicted, not measured.
  * It prints the ranked fitting settings (at most 8) and the flags of the first, or that nothing fits.
  */
 #pragma once
@@ -47,13 +50,21 @@ static inline bool fit_better(const FitCandidate& a, const FitCandidate& b) {
     bool an = a.n <= 8, bn = b.n <= 8;   // (EP 16 has the gathers of EP 8 but an all-to-all across nodes)
     if (an != bn) return an;
     if (a.extra != b.extra) return a.extra < b.extra;
-    if (a.ca.empty() != b.ca.empty()) return a.ca.empty();   // (exact before compressed)
+    auto ncls = [](const std::string& ca) { return ca.empty() ? 0 : 1 + (int)std::count(ca.begin(), ca.end(), ','); };
+    if (ncls(a.ca) != ncls(b.ca)) return ncls(a.ca) < ncls(b.ca);   // (exact before compressed, fewer classes first)
     if ((a.S <= 8) != (b.S <= 8)) return a.S <= 8;
     if (a.n != b.n) return a.n > b.n;
     if (a.cap != b.cap) return a.cap > b.cap;
     if (a.spread != b.spread) return a.spread > b.spread;
     if (a.S != b.S) return a.S < b.S;
     return a.total < b.total;
+}
+
+// a compressed class that the recompute spec recomputes in every layer keeps nothing: the setting without it plans
+// the same, so --fit proposes only that one (swiglu is recomputed by swiglu, moe and block; LayerNorm 1's output by block)
+static inline bool fit_compresses_recomputed(const std::string& rc, const std::string& ca) {
+    bool swiglu = rc.find("swiglu") != std::string::npos || rc.find("moe") != std::string::npos || rc == "block";
+    return (ca.find("swiglu") != std::string::npos && swiglu) || (ca.find("attn") != std::string::npos && rc == "block");
 }
 
 static inline std::string fit_flags(const FitCandidate& f) {
@@ -76,8 +87,9 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
     Fp8Recipe fp8 = fp8_recipe_parse(args.fp8.recipe.c_str());
     double fpt = flops_per_token(&cfg, args.run.seq);
     RecomputeSpec saved = g_recompute, saved_ca = g_compress;
-    std::vector<std::string> cas = {g_compress.text};   // (the run's --compress-acts; none given: none and swiglu,attn)
-    if (args.run.compress_acts.empty()) cas.push_back("swiglu,attn");
+    std::vector<std::string> cas = {g_compress.text};   // (the run's --compress-acts; none given: none and every class mix)
+    bool own_ca = !args.run.compress_acts.empty();
+    if (!own_ca) cas.insert(cas.end(), {"swiglu", "attn", "swiglu,attn"});
     long double headroom = (long double)args.run.fit_headroom * 1073741824.0L;   // (--fit-headroom GiB)
     std::vector<FitCandidate> fits;
     int tried = 0;
@@ -89,6 +101,7 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
                 if (n == 1 && cap != caps[0]) continue;
                 for (const char* rc : specs)
                 for (const std::string& ca : cas) {
+                    if (!own_ca && fit_compresses_recomputed(rc, ca)) continue;   // (the same plan as without that class)
                     g_recompute = recompute_parse(rc);   // (memory_plan reads the run's specs)
                     g_compress = recompute_parse(ca, "--compress-acts", RC_COMPRESS_GRANS);
                     MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
