@@ -14,6 +14,12 @@
 typedef struct {
     void (*forward)(void* ctx, floatX* out, float* lse, const floatX* qkv);
     void (*backward)(void* ctx, floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse);
+    // the load-balancing loss over the CP group's tokens (NULL: each rank's own, as under data parallelism): lbl takes
+    // st (L, 2E) = every layer's expert counts and sums of the router probabilities over this rank's N tokens, returns the
+    // loss summed over the layers at the group's n N tokens (the CPU's cp_lbl formula) and keeps the group's counts;
+    // lbl_counts gives the router backward layer l's group counts (on the device) and the weight / n
+    double (*lbl)(void* ctx, double* st, int N, int E, int k, int L, float weight);
+    float (*lbl_counts)(void* ctx, int l, float weight, const int** counts_dev);
     void* ctx;
 } AttentionHooksGPU;
 
