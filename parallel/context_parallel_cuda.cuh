@@ -1,11 +1,12 @@
 /*
- * context_parallel_cuda.cuh — --context-parallel N on the CUDA backend, the all-gather form (not the ring yet):
- * per layer the CP group all-gathers every rank's K|V (BF16, NCCL, rank order) and each rank attends its two
- * balanced chunks' queries over the whole sequence as N chunk pairs on the flash kernels (model/attention_cp_cuda.cuh);
- * the backward gathers again, computes dq here and dK|dV of every row in FP32, and reduce-scatters them to the rows'
- * owners (a fixed NCCL ring order: deterministic). Not overlapped: the compute stream is synchronised before each collective and the host
- * waits for the group's stream after it. Bytes per rank per layer (NCCL's ring formulas), KVB = B (T/N) 2 kv hd:
- * forward (N-1) 2 KVB, backward (N-1) 2 KVB + (N-1) 4 KVB. The data loader, RoPE at the global positions, the store
+ * context_parallel_cuda.cuh — --context-parallel N on the CUDA backend. Forward: a ring; each rank attends its two
+ * balanced chunks' queries over the whole sequence as N chunk pairs on the flash kernels (model/attention_cp_cuda.cuh),
+ * and before each pair the K|V block at hand hops to the next rank (grouped ncclSend/ncclRecv on the group's stream,
+ * waited for with an event when a pair needs it: the transfer runs beside the pair at hand; cpg_ring_hop). Backward:
+ * the all-gather form; the group all-gathers every rank's K|V (BF16, rank order), dq here and dK|dV of every row in
+ * FP32, reduce-scattered to the rows' owners (a fixed NCCL ring order: deterministic), not overlapped: the compute
+ * stream is synchronised before each collective and the host waits for the group's stream after it. Bytes per rank per
+ * layer, KVB = B (T/N) 2 kv hd: forward (N-1) 2 KVB (N-1 hops), backward (N-1) 2 KVB + (N-1) 4 KVB (NCCL's ring formulas). The data loader, RoPE at the global positions, the store
  * (ZeRO-3/HSDP/EP over the ranks as data-parallel ranks) are the CPU path's (parallel/context_parallel.h). The
  * load-balancing loss is the group's tokens', as on the CPU: every layer's counts and probability sums come to the host
  * with the forward's last copy and are all-reduced (doubles, one call for all layers) over an MPI twin of the group.
@@ -24,6 +25,7 @@ typedef struct {
     CommGroup host_group;           // the same ranks, MPI (the load-balancing loss's statistics are on the host)
     std::vector<int> counts_g;      // (L, E) the group's expert counts of the last forward; counts_dev their device copy
     int* counts_dev, E;
+    cudaEvent_t packed, arrived[2]; // the ring: this rank's block packed (compute stream); a hop done (the group's stream)
     uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent
 } ContextParallelGPU;
 
@@ -35,12 +37,40 @@ static inline void cpg_gather(ContextParallelGPU* cp, const floatX* qkv) {
     comm_sync(&cp->group);
 }
 
+// the forward's ring, called before chunk pair k (model/attention_cp_cuda.cuh's before_pair): block k (rank r - k's, in its
+// slot of kv_all) hops to the right while rank r - k - 1's arrives from the left into its slot, on the group's stream, issued
+// before pair k's kernels so that it runs beside them; the compute stream waits (an event, no host sync) for the hop that
+// brought block k, issued before pair k - 1. Every block keeps its own slot: no hop overwrites a block a pair still reads,
+// and the next layer's pack follows the last wait. Two events suffice: arrived[k % 2] is recorded again only after the
+// compute stream's wait on it was enqueued.
+static inline void cpg_ring_hop(void* ctx, int k) {
+    ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    int n = cp->n, r = cp->rank;
+    size_t blk = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
+    if (k < n - 1) {
+        if (k == 0) {   // (the packed block before the group's stream sends it)
+            cudaCheck(cudaEventRecord(cp->packed, 0));
+            cudaCheck(cudaStreamWaitEvent(cp->group.stream, cp->packed, 0));
+        }
+        int s = ((r - k) % n + n) % n, s1 = ((r - k - 1) % n + n) % n;
+        comm_send_recv(&cp->group, cp->kv_all + s * blk, blk * sizeof(floatX), (r + 1) % n, cp->kv_all + s1 * blk, (r + n - 1) % n);
+        cudaCheck(cudaEventRecord(cp->arrived[k % 2], cp->group.stream));
+    }
+    if (k >= 1) cudaCheck(cudaStreamWaitEvent(0, cp->arrived[(k - 1) % 2], 0));
+}
+
 static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX* qkv) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
     if (!attention_use_flash(cp->B, cp->H, cp->KV, cp->hd, {out, qkv}))   // (16-byte aligned: the model's buffers are)
         fail(EXIT_RUNTIME, "context parallelism: the attention's buffers are not 16-byte aligned");
-    cpg_gather(cp, qkv);
-    cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+    if (g_debug_hooks.plant == PLANT_CP_ALL_GATHER) {   // (the former all-gather form: the tests' reference, the same bits)
+        cpg_gather(cp, qkv);
+        cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+    } else {
+        size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
+        LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->kv_all + cp->rank * kvn, qkv, rows, cp->H, cp->KV, cp->hd);
+        cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank, 0, cpg_ring_hop, cp);
+    }
     cp->fwd_calls++;
 }
 
@@ -112,6 +142,8 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     std::vector<float> cf(cs.begin(), cs.end()), sf(sn.begin(), sn.end());
     cudaCheck(cudaMemcpy(m->rope_cos, cf.data(), cf.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(m->rope_sin, sf.data(), sf.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaEventCreateWithFlags(&cp->packed, cudaEventDisableTiming));
+    for (cudaEvent_t& e : cp->arrived) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     cudaCheck(cudaMalloc((void**)&cp->kv, kvn * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->kv_all, n * kvn * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->dkv_all, n * kvn * sizeof(float)));
@@ -134,6 +166,7 @@ static inline void cpg_free(ContextParallelGPU* cp, const Comm* comm) {
            (unsigned long long)cp->fwd_calls, (unsigned long long)cp->bwd_calls, (unsigned long long)cp->lbl_bytes);
     fflush(stdout);
     if (cp->counts_dev) cudaCheck(cudaFree(cp->counts_dev));
+    cudaCheck(cudaEventDestroy(cp->packed)); cudaCheck(cudaEventDestroy(cp->arrived[0])); cudaCheck(cudaEventDestroy(cp->arrived[1]));
     cudaCheck(cudaFree(cp->kv)); cudaCheck(cudaFree(cp->kv_all)); cudaCheck(cudaFree(cp->dkv_all)); cudaCheck(cudaFree(cp->dkv));
     for (void* p : {(void*)cp->sc.out_p, (void*)cp->sc.o32, (void*)cp->sc.dq_acc, (void*)cp->sc.lse_p, (void*)cp->sc.D, (void*)cp->sc.dq_sem})
         cudaCheck(cudaFree(p));

@@ -143,6 +143,9 @@ if [ -x "$EMU" ]; then
     runx x2ep 2 "${X[@]}" --context-parallel 2 --expert-parallel 2
     runx x4 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
     runx x4ep 4 "${X[@]}" --context-parallel 4 --expert-parallel 2
+    # the forward's ring (grouped send/recv hops beside the chunk pairs) against the former all-gather of K|V: the same bits
+    DBRX_DEBUG_PLANT=cp_all_gather runx x2g 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
+    DBRX_DEBUG_PLANT=cp_all_gather runx x4g 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
     $PY - "$tmp" > "$tmp/gpu" <<'PY'
 import json, os, sys
 tmp = sys.argv[1]
@@ -169,15 +172,32 @@ for name, what in (("x2ep", "CP 2 with EP 2"), ("x4", "CP 4 with ZeRO-3"), ("x4e
     print(("pass" if len(ge) == 3 and re_ <= 2e-3 else "fail") + f" --device cuda (emulated) {what}: max rel. diff {re_:.1e} vs one GPU process (<= 2e-3)")
 print(("pass" if ok and rc < 1e-2 else "fail") + f" --device cuda (emulated) CP 2: max rel. diff {rc:.1e} vs one CPU process (< 1e-2)")
 print(("pass" if ok and g2 == g2b else "fail") + " --device cuda (emulated) CP 2, two thread schedules: bit-identical losses")
+for ring, gath, what in (("x2", "x2g", "CP 2"), ("x4", "x4g", "CP 4")):
+    same = all(len(losses(ring, key)) == 3 and losses(ring, key) == losses(gath, key) for key in ("loss", "lbl", "grad_norm"))
+    print(("pass" if same else "fail") + f" --device cuda (emulated) {what}: the ring's losses, lbl and gradient norms bit-identical to the all-gather form's")
 # bytes per rank (NCCL's ring formulas), KVB = 1 x 32 x 2 x 2 x 32 elements: per layer, forward the all-gather (N-1) 2 KVB,
 # backward the all-gather again and the reduce-scatter of dK|dV (N-1) 4 KVB; 2 layers, 3 steps
 import re
-got = re.findall(r"^cp: rank \d+: .* sent (\d+) bytes", open(os.path.join(tmp, "x2.out")).read(), re.M)
-kvb = 1 * 32 * 2 * 2 * 32
-want = 2 * 3 * (1 * 2 * kvb + 1 * 2 * kvb + 1 * 4 * kvb)
-print(("pass" if got and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) CP 2: bytes per rank {sorted(set(got))} = the formula {want}")
+# (the ring: N-1 hops of 2 KVB bytes, the all-gather's volume)
+for name, what in (("x2", "CP 2, the ring"), ("x2g", "CP 2, the all-gather form")):
+    got = re.findall(r"^cp: rank \d+: .* sent (\d+) bytes", open(os.path.join(tmp, name + ".out")).read(), re.M)
+    kvb = 1 * 32 * 2 * 2 * 32
+    want = 2 * 3 * (1 * 2 * kvb + 1 * 2 * kvb + 1 * 4 * kvb)
+    print(("pass" if len(got) == 2 and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) {what}: bytes per rank {sorted(set(got))} = the formula {want}")
 PY
-    verdicts "$tmp/gpu" 12
+    verdicts "$tmp/gpu" 15
+    # the ring's stream structure (the emulator's work log, test/check_comm_order.py cp_ring): CP 4, every K|V hop runs beside
+    # a chunk pair's flash kernel on the group's stream and a later pair waits for it; the all-gather form has no hop
+    W=(--model dbrx-tiny --n-layers 1 --seq 32 --steps 1 --val-every 0 --batch 1 --context-parallel 4)
+    for plant in none cp_all_gather; do
+        if [ $plant = none ]; then env_=(); else env_=(DBRX_DEBUG_PLANT=$plant); fi
+        env "${env_[@]}" SIMT_WORKLOG="$tmp/wl_$plant" OMP_WAIT_POLICY=passive $MPI -np 4 $EMU --device cuda "${W[@]}" > "$tmp/wl_$plant.out" 2>&1 \
+            || fail "work log run ($plant): $(tail -2 "$tmp/wl_$plant.out")"
+        out=$($PY test/check_comm_order.py cp_ring "$tmp/wl_$plant.2" 2>&1); rc=$?
+        if [ $plant = none ]; then [ $rc = 0 ] && pass "--device cuda (emulated) CP 4, rank 2: ${out#pass }" || fail "CP 4 ring streams: $out"
+        else [ $rc = 1 ] && grep -q '^fail ' <<<"$out" && pass "the all-gather form fails the ring's stream check as it must: ${out#fail }" \
+            || fail "the all-gather form's stream check did not fail (rc $rc): $out"; fi
+    done
     # CP on the GPU runs the flash kernels: head_dim 48 (--d-model 96, 2 heads) refused, exit 2, named
     out=$(OMP_WAIT_POLICY=passive $MPI -np 2 $EMU --device cuda "${X[@]}" --d-model 96 --n-heads 2 --context-parallel 2 2>&1); rc=$?
     if [ "$rc" = 2 ] && grep -q -- "--context-parallel 2 on the GPU needs the flash kernels: head_dim 32, 64 or 128 (not 48)" <<<"$out"; then
