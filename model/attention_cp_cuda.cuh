@@ -14,6 +14,12 @@
 typedef struct {
     void (*forward)(void* ctx, floatX* out, float* lse, const floatX* qkv);
     void (*backward)(void* ctx, floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse);
+    // the load-balancing loss over the CP group's tokens (NULL: each rank's own, as under data parallelism): lbl takes
+    // st (L, 2E) = every layer's expert counts and sums of the router probabilities over this rank's N tokens, returns the
+    // loss summed over the layers at the group's n N tokens (the CPU's cp_lbl formula) and keeps the group's counts;
+    // lbl_counts gives the router backward layer l's group counts (on the device) and the weight / n
+    double (*lbl)(void* ctx, double* st, int N, int E, int k, int L, float weight);
+    float (*lbl_counts)(void* ctx, int l, float weight, const int** counts_dev);
     void* ctx;
 } AttentionHooksGPU;
 
@@ -87,11 +93,15 @@ __global__ void cp_dq_store_kernel(floatX* dqkv, const float* dq_acc, int B, int
 }
 
 // the rank's attention over the group's K|V, kv_all (n, B, Tl, 2 kv hd) in rank order: out, lse of its Tl rows; the
-// n chunk pairs in the ring's order, the partial results merged into FP32 (a fixed order: the same bits every run)
+// n chunk pairs in the ring's order, the partial results merged into FP32 (a fixed order: the same bits every run).
+// before_pair (NULL: kv_all complete already) is called before pair k's launches: the ring's transport issues the next
+// block's hop there and makes `stream` wait for block k's arrival (parallel/context_parallel_cuda.cuh)
 static inline void cp_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc,
-                                            int B, int Tl, int H, int KV, int hd, int n, int rank, cudaStream_t stream = 0) {
+                                            int B, int Tl, int H, int KV, int hd, int n, int rank, cudaStream_t stream = 0,
+                                            void (*before_pair)(void* ctx, int k) = nullptr, void* ctx = nullptr) {
     size_t blk = (size_t)B * Tl * 2 * KV * hd, on = (size_t)B * Tl * H * hd;
     for (int k = 0; k < n; k++) {
+        if (before_pair) before_pair(ctx, k);
         int s = ((rank - k) % n + n) % n;
         FlashBlock p = cp_chunk_pair(kv_all + s * blk, nullptr, k, n, rank, Tl, KV, hd);
         if (k == 0) {

@@ -268,7 +268,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->params = nullptr;
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->host_in = nullptr;
-    m->experts = ExpertHooksGPU{NULL, NULL, NULL}; m->attn = AttentionHooksGPU{NULL, NULL, NULL}; m->vocab = VocabHooksGPU{NULL, NULL};
+    m->experts = ExpertHooksGPU{NULL, NULL, NULL}; m->attn = AttentionHooksGPU{NULL, NULL, NULL, NULL, NULL}; m->vocab = VocabHooksGPU{NULL, NULL};
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
     m->p.blocks.resize(cfg->n_layers);
@@ -482,7 +482,9 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
     double mean;
     memcpy(&mean, so.data(), sizeof mean);
     m->ce_loss = mean;
-    // auxiliary losses and the load statistic (the counts follow from the offsets already on the host)
+    // auxiliary losses and the load statistic (the counts follow from the offsets already on the host); CP: the
+    // load-balancing loss over the group's tokens, from every layer's counts and probability sums (st, the hook's)
+    std::vector<double> st(m->attn.lbl ? (size_t)L * 2 * E : 0);
     for (int l = 0; l < L; l++) {
         BlockActsGPU* a = &m->acts[l];
         const float* stats = so.data() + 2 + (size_t)l * (E + 1);
@@ -491,11 +493,13 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
             a->counts_host[e] = a->offsets_host[e + 1] - a->offsets_host[e];
             if (a->counts_host[e] > maxc) maxc = a->counts_host[e];
         }
-        m->lbl_loss += lbl_from_stats(a->counts_host.data(), stats, N, E, k, L, c->moe_loss_weight);
+        if (m->attn.lbl) for (int e = 0; e < E; e++) st[(size_t)l * 2 * E + e] = a->counts_host[e], st[(size_t)(l * 2 + 1) * E + e] = stats[e];
+        else m->lbl_loss += lbl_from_stats(a->counts_host.data(), stats, N, E, k, L, c->moe_loss_weight);
         m->z_loss += zloss_from_stats(stats, N, E, L, c->z_loss_weight);
         double imb = (double)maxc / ((double)N * k / E);
         if (imb > m->imbalance) m->imbalance = imb;
     }
+    if (m->attn.lbl) m->lbl_loss = m->attn.lbl(m->attn.ctx, st.data(), N, E, k, L, c->moe_loss_weight);
     m->last_dloss = dloss;
     return m->ce_loss;
 }
@@ -538,8 +542,10 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         unit_begin(m, dbrx_block_unit(l), UNIT_BACKWARD);
         prof_begin(pt, "layer", "layer %d router", l);
         moe_gather_backward_gpu(m->dln, m->dxe, a->slot_row, N, k, d);
-        router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, N, E, k, L,
-                            c->moe_loss_weight, c->z_loss_weight, dloss, c->moe_norm_p);
+        const int* lc = a->counts;   // (CP: the group's counts and the weight / n: lbl_counts)
+        float lw = m->attn.lbl ? m->attn.lbl_counts(m->attn.ctx, l, c->moe_loss_weight, &lc) : c->moe_loss_weight;
+        router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, lc, N, E, k, L, lw,
+                            c->z_loss_weight, dloss, c->moe_norm_p);
         matmul_backward_gpu(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E, 1.0f);
         layernorm_backward_gpu(m->dresid, m->dresid_bf16, gw.norm2, m->ln_scratch, m->dln, a->resid_mid, w.norm2, a->ln2_mean,
                                a->ln2_rstd, N, d);

@@ -336,6 +336,21 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, void* recv, s
     }
 }
 
+#ifdef COMM_HAVE_NCCL
+// one hop of a ring (context parallelism's K|V blocks on the GPU): `bytes` of send to group rank dst and as many from
+// src into recv, one grouped ncclSend + ncclRecv on the group's stream, not waited for (the caller records an event
+// after it). NCCL groups only. Counted: bytes.
+static inline void comm_send_recv(CommGroup* g, const void* send, size_t bytes, int dst, void* recv, int src) {
+    ENSURE(g->nccl, "comm_send_recv: group %s has no NCCL communicator", g->name.c_str());
+    g->calls++;
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclSend(send, bytes, ncclInt8, dst, g->nc, g->stream));
+    NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclRecv(recv, bytes, ncclInt8, src, g->nc, g->stream));
+    NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclGroupEnd());
+    comm_nccl_count(g, (uint64_t)bytes);
+}
+#endif
+
 // All-to-all with variable sizes (expert parallelism's token exchange): to rank p go send_bytes[p]
 // bytes, the blocks one after the other in rank order in `send`; from rank q come recv_bytes[q] bytes into
 // `recv`, likewise. Both sides must agree on the sizes (exchange the counts first). host: the MPI path

@@ -1,13 +1,15 @@
 /*
- * context_parallel_cuda.cuh — --context-parallel N on the CUDA backend, the all-gather form (not the ring yet):
- * per layer the CP group all-gathers every rank's K|V (BF16, NCCL, rank order) and each rank attends its two
- * balanced chunks' queries over the whole sequence as N chunk pairs on the flash kernels (model/attention_cp_cuda.cuh);
- * the backward gathers again, computes dq here and dK|dV of every row in FP32, and reduce-scatters them to the rows'
- * owners (a fixed NCCL ring order: deterministic). Not overlapped: the compute stream is synchronised before each collective and the host
- * waits for the group's stream after it. Bytes per rank per layer (NCCL's ring formulas), KVB = B (T/N) 2 kv hd:
- * forward (N-1) 2 KVB, backward (N-1) 2 KVB + (N-1) 4 KVB. The data loader, RoPE at the global positions, the store
+ * context_parallel_cuda.cuh — --context-parallel N on the CUDA backend. Forward: a ring; each rank attends its two
+ * balanced chunks' queries over the whole sequence as N chunk pairs on the flash kernels (model/attention_cp_cuda.cuh),
+ * and before each pair the K|V block at hand hops to the next rank (grouped ncclSend/ncclRecv on the group's stream,
+ * waited for with an event when a pair needs it: the transfer runs beside the pair at hand; cpg_ring_hop). Backward:
+ * the all-gather form; the group all-gathers every rank's K|V (BF16, rank order), dq here and dK|dV of every row in
+ * FP32, reduce-scattered to the rows' owners (a fixed NCCL ring order: deterministic), not overlapped: the compute
+ * stream is synchronised before each collective and the host waits for the group's stream after it. Bytes per rank per
+ * layer, KVB = B (T/N) 2 kv hd: forward (N-1) 2 KVB (N-1 hops), backward (N-1) 2 KVB + (N-1) 4 KVB (NCCL's ring formulas). The data loader, RoPE at the global positions, the store
  * (ZeRO-3/HSDP/EP over the ranks as data-parallel ranks) are the CPU path's (parallel/context_parallel.h). The
- * load-balancing loss stays each rank's own tokens' on the GPU (the CPU path all-reduces its statistics).
+ * load-balancing loss is the group's tokens', as on the CPU: every layer's counts and probability sums come to the host
+ * with the forward's last copy and are all-reduced (doubles, one call for all layers) over an MPI twin of the group.
  */
 #pragma once
 #include "context_parallel.h"
@@ -20,6 +22,11 @@ typedef struct {
     float *dkv_all, *dkv;           // their gradients, FP32: every gathered row's; this rank's rows, summed over the group
     CpAttnScratch sc;               // the chunk pairs' scratch (model/attention_cp_cuda.cuh)
     uint64_t fwd_calls, bwd_calls;
+    CommGroup host_group;           // the same ranks, MPI (the load-balancing loss's statistics are on the host)
+    std::vector<int> counts_g;      // (L, E) the group's expert counts of the last forward; counts_dev their device copy
+    int* counts_dev, E;
+    cudaEvent_t packed, arrived[2]; // the ring: this rank's block packed (compute stream); a hop done (the group's stream)
+    uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent
 } ContextParallelGPU;
 
 static inline void cpg_gather(ContextParallelGPU* cp, const floatX* qkv) {
@@ -30,12 +37,40 @@ static inline void cpg_gather(ContextParallelGPU* cp, const floatX* qkv) {
     comm_sync(&cp->group);
 }
 
+// the forward's ring, called before chunk pair k (model/attention_cp_cuda.cuh's before_pair): block k (rank r - k's, in its
+// slot of kv_all) hops to the right while rank r - k - 1's arrives from the left into its slot, on the group's stream, issued
+// before pair k's kernels so that it runs beside them; the compute stream waits (an event, no host sync) for the hop that
+// brought block k, issued before pair k - 1. Every block keeps its own slot: no hop overwrites a block a pair still reads,
+// and the next layer's pack follows the last wait. Two events suffice: arrived[k % 2] is recorded again only after the
+// compute stream's wait on it was enqueued.
+static inline void cpg_ring_hop(void* ctx, int k) {
+    ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    int n = cp->n, r = cp->rank;
+    size_t blk = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
+    if (k < n - 1) {
+        if (k == 0) {   // (the packed block before the group's stream sends it)
+            cudaCheck(cudaEventRecord(cp->packed, 0));
+            cudaCheck(cudaStreamWaitEvent(cp->group.stream, cp->packed, 0));
+        }
+        int s = ((r - k) % n + n) % n, s1 = ((r - k - 1) % n + n) % n;
+        comm_send_recv(&cp->group, cp->kv_all + s * blk, blk * sizeof(floatX), (r + 1) % n, cp->kv_all + s1 * blk, (r + n - 1) % n);
+        cudaCheck(cudaEventRecord(cp->arrived[k % 2], cp->group.stream));
+    }
+    if (k >= 1) cudaCheck(cudaStreamWaitEvent(0, cp->arrived[(k - 1) % 2], 0));
+}
+
 static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX* qkv) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
     if (!attention_use_flash(cp->B, cp->H, cp->KV, cp->hd, {out, qkv}))   // (16-byte aligned: the model's buffers are)
         fail(EXIT_RUNTIME, "context parallelism: the attention's buffers are not 16-byte aligned");
-    cpg_gather(cp, qkv);
-    cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+    if (g_debug_hooks.plant == PLANT_CP_ALL_GATHER) {   // (the former all-gather form: the tests' reference, the same bits)
+        cpg_gather(cp, qkv);
+        cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+    } else {
+        size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
+        LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->kv_all + cp->rank * kvn, qkv, rows, cp->H, cp->KV, cp->hd);
+        cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank, 0, cpg_ring_hop, cp);
+    }
     cp->fwd_calls++;
 }
 
@@ -52,15 +87,49 @@ static inline void cpg_backward(void* ctx, floatX* dqkv, const floatX* dout, con
     cp->bwd_calls++;
 }
 
+// the load-balancing loss over the group's tokens (model/attention_cp_cuda.cuh's lbl): st (L, 2E) all-reduced in rank
+// order, then parallel/context_parallel.h's cp_lbl formula per layer at n N tokens; the group's counts to the device
+static inline double cpg_lbl(void* ctx, double* st, int N, int E, int k, int L, float weight) {
+    ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    uint64_t b0 = comm_bytes_sent(&cp->host_group);
+    comm_all_reduce(&cp->host_group, st, (size_t)L * 2 * E, COMM_F64);
+    cp->lbl_bytes += comm_bytes_sent(&cp->host_group) - b0;
+    double Ng = (double)cp->n * N, loss = 0;
+    for (int l = 0; l < L; l++) {
+        double acc = 0;
+        for (int e = 0; e < E; e++) {
+            cp->counts_g[(size_t)l * E + e] = (int)st[(size_t)l * 2 * E + e];   // (integers: exact in double)
+            acc += st[(size_t)l * 2 * E + e] * (st[(size_t)(2 * l + 1) * E + e] / Ng);
+        }
+        loss += (double)weight * E / ((double)L * Ng * k) * acc;
+    }
+    cudaCheck(cudaMemcpy(cp->counts_dev, cp->counts_g.data(), cp->counts_g.size() * sizeof(int), cudaMemcpyHostToDevice));
+    return loss;
+}
+// the router backward's counts (the group's) and weight (/ n: the n ranks' gradients add up, / world, to the group's loss's)
+static inline float cpg_lbl_counts(void* ctx, int l, float weight, const int** counts_dev) {
+    ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    *counts_dev = cp->counts_dev + (size_t)l * cp->E;
+    return weight / cp->n;
+}
+
 // collective over the world; n = 1: nothing. RoPE's device tables rewritten for this rank's global positions.
 static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* m, int T_full) {
     cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0; cp->kv = cp->kv_all = nullptr; cp->dkv = cp->dkv_all = nullptr;
+    cp->counts_dev = nullptr; cp->lbl_bytes = 0;
     if (n <= 1) return;
     if (comm->world % n != 0)
         fail(EXIT_BAD_INPUT, "--context-parallel %d must divide the number of ranks %d (CP groups are %d consecutive ranks)", n, comm->world, n);
     cp->group = comm_split(&comm->world_group, comm->rank / n, comm->rank % n, "context", 1);
     cp->rank = cp->group.rank;
     const DbrxConfig* c = &m->cfg;
+    bool lbl = c->moe_loss_weight != 0;   // (weight 0: no loss, nothing to all-reduce)
+    if (lbl) {
+        cp->host_group = comm_split(&comm->world_group, comm->rank / n, comm->rank % n, "context (host)", 0);
+        cp->E = c->n_experts;
+        cp->counts_g.assign((size_t)c->n_layers * cp->E, 0);
+        cudaCheck(cudaMalloc((void**)&cp->counts_dev, cp->counts_g.size() * sizeof(int)));
+    }
     if (!attention_use_flash(m->B, c->n_heads, c->kv_heads, c->head_dim, {}))
         fail(EXIT_BAD_INPUT, "--context-parallel %d on the GPU needs the flash kernels: head_dim 32, 64 or 128 (not %d), n_heads a multiple "
              "of kv_heads, a micro-batch of at most 65535", n, c->head_dim);
@@ -73,6 +142,8 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     std::vector<float> cf(cs.begin(), cs.end()), sf(sn.begin(), sn.end());
     cudaCheck(cudaMemcpy(m->rope_cos, cf.data(), cf.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(m->rope_sin, sf.data(), sf.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaEventCreateWithFlags(&cp->packed, cudaEventDisableTiming));
+    for (cudaEvent_t& e : cp->arrived) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     cudaCheck(cudaMalloc((void**)&cp->kv, kvn * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->kv_all, n * kvn * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->dkv_all, n * kvn * sizeof(float)));
@@ -85,15 +156,17 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     cudaCheck(cudaMalloc((void**)&cp->sc.D, rows * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&cp->sc.dq_sem, flash_bwd5_sem_ints(cp->B, cp->Tl, cp->H) * sizeof(int)));
     m->activation_bytes += kvn * (sizeof(floatX) * (1 + n) + sizeof(float) * (n + 1)) + cp_attn_scratch_bytes(cp->B, cp->Tl, cp->H, cp->hd);
-    m->attn = AttentionHooksGPU{cpg_forward, cpg_backward, cp};
+    m->attn = AttentionHooksGPU{cpg_forward, cpg_backward, lbl ? cpg_lbl : NULL, lbl ? cpg_lbl_counts : NULL, cp};
 }
 
 static inline void cpg_free(ContextParallelGPU* cp, const Comm* comm) {
     if (cp->n <= 1) return;
-    printf("cp: rank %d: context-parallel rank %d of %d (GPU, all-gather), sent %llu bytes in %llu forward and %llu backward attentions\n",
-           comm->rank, cp->rank, cp->n, (unsigned long long)comm_bytes_sent(&cp->group), (unsigned long long)cp->fwd_calls,
-           (unsigned long long)cp->bwd_calls);
+    printf("cp: rank %d: context-parallel rank %d of %d (GPU, all-gather), sent %llu bytes in %llu forward and %llu backward attentions, "
+           "%llu bytes for the load-balancing loss\n", comm->rank, cp->rank, cp->n, (unsigned long long)comm_bytes_sent(&cp->group),
+           (unsigned long long)cp->fwd_calls, (unsigned long long)cp->bwd_calls, (unsigned long long)cp->lbl_bytes);
     fflush(stdout);
+    if (cp->counts_dev) cudaCheck(cudaFree(cp->counts_dev));
+    cudaCheck(cudaEventDestroy(cp->packed)); cudaCheck(cudaEventDestroy(cp->arrived[0])); cudaCheck(cudaEventDestroy(cp->arrived[1]));
     cudaCheck(cudaFree(cp->kv)); cudaCheck(cudaFree(cp->kv_all)); cudaCheck(cudaFree(cp->dkv_all)); cudaCheck(cudaFree(cp->dkv));
     for (void* p : {(void*)cp->sc.out_p, (void*)cp->sc.o32, (void*)cp->sc.dq_acc, (void*)cp->sc.lse_p, (void*)cp->sc.D, (void*)cp->sc.dq_sem})
         cudaCheck(cudaFree(p));

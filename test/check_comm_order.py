@@ -30,6 +30,10 @@ test/simt/counters.h), for test/test_comm_streams.sh.
       (through stream order and event waits) and not for the second (they run beside it), and the step's forward
       gathered none of those items again before its first kernel (the previous step's optimizer had). Fails
       naming what is missing (with --zero-prefetch 0: the optimizer in one launch).
+  cp_ring LOG             context parallelism's forward ring on the GPU (parallel/context_parallel_cuda.cuh): every K|V hop
+      (a grouped send/recv on the "context" communicator) runs concurrently with a chunk pair's flash kernel on another
+      stream and a later pair's kernel waits for it (an event). Fails with the counts (the all-gather form,
+      DBRX_DEBUG_PLANT=cp_all_gather: no hop).
 Exit 0 with "pass ..." lines, 1 with "fail ..." lines.
 """
 import json
@@ -182,6 +186,33 @@ def check_ep_overlap(path):
     return 0
 
 
+def check_cp_ring(path):
+    """context parallelism's forward ring on the GPU (parallel/context_parallel_cuda.cuh): every K|V hop (a grouped send/recv
+    on the "context" communicator) runs concurrently with a chunk pair's flash kernel on another stream (neither ordered
+    before the other by stream order and event waits) and a later pair's kernel waits for it (an event)"""
+    ops = stream_clocks(load(path))
+    hops, last_group = [], None
+    for o in ops:
+        it = o[0]
+        if it["t"] == "coll" and it.get("comm") == "context" and it["kind"] in ("send", "recv"):
+            g = it.get("group", 0)
+            if g and g == last_group:
+                continue   # (one NCCL group call: one hop)
+            last_group = g
+            hops.append(o)
+    pairs = [o for o in ops if o[0]["t"] == "kernel" and o[0]["name"].startswith("flash_attention_forward_cp_kernel")]
+    before = lambda x, y: y[3].get(x[1], 0) >= x[2]   # x is done before y starts
+    beside = [c for c in hops if any(p[1] != c[1] and not before(c, p) and not before(p, c) for p in pairs)]
+    waited = [c for c in hops if any(before(c, p) for p in pairs)]
+    what = "%d of %d K|V hops run beside a chunk pair's flash kernel on another stream, %d waited for by a later pair" % (
+        len(beside), len(hops), len(waited))
+    if not hops or len(beside) < len(hops) or len(waited) < len(hops):
+        print("fail " + what)
+        return 1
+    print("pass " + what)
+    return 0
+
+
 def check_syncs(path):
     items = load(path)
     marks = [i for i, it in enumerate(items) if it.get("t") == "mark" and it.get("name") == "dbrx_sync"]
@@ -248,8 +279,9 @@ def check_prefetch(path):
 
 if __name__ == "__main__":
     modes = {"order": lambda a: check_order(a), "streams": lambda a: check_streams(a[0]), "syncs": lambda a: check_syncs(a[0]),
-             "ep_overlap": lambda a: check_ep_overlap(a[0]), "prefetch": lambda a: check_prefetch(a[0])}
+             "ep_overlap": lambda a: check_ep_overlap(a[0]), "prefetch": lambda a: check_prefetch(a[0]),
+             "cp_ring": lambda a: check_cp_ring(a[0])}
     if len(sys.argv) < 3 or sys.argv[1] not in modes:
-        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG | prefetch LOG", file=sys.stderr)
+        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG | prefetch LOG | cp_ring LOG", file=sys.stderr)
         sys.exit(2)
     sys.exit(modes[sys.argv[1]](sys.argv[2:]))

@@ -124,10 +124,11 @@ verdicts "$tmp/grads" 2
 # the CUDA backend (train_dbrx_emu: the SIMT emulator, NCCL on the twin; K|V all-gathered, the chunk pairs on the flash
 # kernels, parallel/context_parallel_cuda.cuh): CP 2 (ZeRO-3; EP 2) and CP 4 (ZeRO-3; EP 2) against one emulated GPU
 # process (BF16: within 2e-3, as the store's ranks are) and one CPU process (1e-2); CP 2 twice, under two thread
-# schedules, bit for bit. --moe-loss-weight 0: on the GPU the load-balancing loss is each rank's own tokens'.
+# schedules, bit for bit. The load-balancing loss (dbrx-tiny's weight 0.05) is the CP group's on both backends: the
+# lbl column of every GPU run against one GPU process's and CP 2's against the CPU CP 2 run's (2e-3 relative).
 EMU=${EMU:-./train_dbrx_emu}
 if [ -x "$EMU" ]; then
-    X=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 3 --val-every 0 --batch 1 --moe-loss-weight 0)
+    X=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 3 --val-every 0 --batch 1 --moe-loss-weight 0.05)
     runx() {  # name, np (0: one process), flags...
         local name=$1 np=$2; shift 2
         if [ "$np" = 0 ]; then OMP_WAIT_POLICY=passive $EMU --device cuda "$@" --log "$tmp/$name.jsonl" > "$tmp/$name.out" 2>&1
@@ -135,18 +136,31 @@ if [ -x "$EMU" ]; then
         [ $? = 0 ] || fail "$name: $(grep -v '^step' "$tmp/$name.out" | tail -3)"
     }
     run xcpu 0 "${X[@]}"
+    run xcpu2 2 "${X[@]}" --context-parallel 2
     runx x1 0 "${X[@]}"
     runx x2 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
     SIMT_SCHEDULE=random:7 runx x2b 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
     runx x2ep 2 "${X[@]}" --context-parallel 2 --expert-parallel 2
     runx x4 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
     runx x4ep 4 "${X[@]}" --context-parallel 4 --expert-parallel 2
+    # the forward's ring (grouped send/recv hops beside the chunk pairs) against the former all-gather of K|V: the same bits
+    DBRX_DEBUG_PLANT=cp_all_gather runx x2g 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
+    DBRX_DEBUG_PLANT=cp_all_gather runx x4g 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
     $PY - "$tmp" > "$tmp/gpu" <<'PY'
 import json, os, sys
 tmp = sys.argv[1]
-def losses(name):
+def losses(name, key="loss"):
     p = os.path.join(tmp, name + ".jsonl")
-    return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l] if os.path.exists(p) else []
+    return [json.loads(l)[key] for l in open(p) if '"loss"' in l] if os.path.exists(p) else []
+def rel(a, b):
+    return max((abs(x - y) / abs(y) for x, y in zip(a, b)), default=9) if len(a) == len(b) == 3 else 9
+# the load-balancing loss: the group's on the GPU as on the CPU (the whole sequences' loss: one process's)
+l1, lc2 = losses("x1", "lbl"), losses("xcpu2", "lbl")
+for name, what in (("x2", "CP 2 with ZeRO-3"), ("x2ep", "CP 2 with EP 2"), ("x4", "CP 4 with ZeRO-3"), ("x4ep", "CP 4 with EP 2")):
+    r1 = rel(losses(name, "lbl"), l1)
+    print(("pass" if r1 <= 2e-3 and min(l1, default=0) > 0 else "fail") + f" --device cuda (emulated) {what}: load-balancing loss max rel. diff {r1:.1e} vs one GPU process (<= 2e-3)")
+rc2 = rel(losses("x2", "lbl"), lc2)
+print(("pass" if rc2 <= 2e-3 else "fail") + f" --device cuda (emulated) CP 2: load-balancing loss max rel. diff {rc2:.1e} vs the CPU CP 2 run (<= 2e-3)")
 c, g1, g2, g2b = losses("xcpu"), losses("x1"), losses("x2"), losses("x2b")
 ok = len(c) == len(g1) == len(g2) == 3
 rg = max((abs(x - y) / y for x, y in zip(g2, g1)), default=9)
@@ -158,15 +172,32 @@ for name, what in (("x2ep", "CP 2 with EP 2"), ("x4", "CP 4 with ZeRO-3"), ("x4e
     print(("pass" if len(ge) == 3 and re_ <= 2e-3 else "fail") + f" --device cuda (emulated) {what}: max rel. diff {re_:.1e} vs one GPU process (<= 2e-3)")
 print(("pass" if ok and rc < 1e-2 else "fail") + f" --device cuda (emulated) CP 2: max rel. diff {rc:.1e} vs one CPU process (< 1e-2)")
 print(("pass" if ok and g2 == g2b else "fail") + " --device cuda (emulated) CP 2, two thread schedules: bit-identical losses")
+for ring, gath, what in (("x2", "x2g", "CP 2"), ("x4", "x4g", "CP 4")):
+    same = all(len(losses(ring, key)) == 3 and losses(ring, key) == losses(gath, key) for key in ("loss", "lbl", "grad_norm"))
+    print(("pass" if same else "fail") + f" --device cuda (emulated) {what}: the ring's losses, lbl and gradient norms bit-identical to the all-gather form's")
 # bytes per rank (NCCL's ring formulas), KVB = 1 x 32 x 2 x 2 x 32 elements: per layer, forward the all-gather (N-1) 2 KVB,
 # backward the all-gather again and the reduce-scatter of dK|dV (N-1) 4 KVB; 2 layers, 3 steps
 import re
-got = re.findall(r"^cp: rank \d+: .* sent (\d+) bytes", open(os.path.join(tmp, "x2.out")).read(), re.M)
-kvb = 1 * 32 * 2 * 2 * 32
-want = 2 * 3 * (1 * 2 * kvb + 1 * 2 * kvb + 1 * 4 * kvb)
-print(("pass" if got and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) CP 2: bytes per rank {sorted(set(got))} = the formula {want}")
+# (the ring: N-1 hops of 2 KVB bytes, the all-gather's volume)
+for name, what in (("x2", "CP 2, the ring"), ("x2g", "CP 2, the all-gather form")):
+    got = re.findall(r"^cp: rank \d+: .* sent (\d+) bytes", open(os.path.join(tmp, name + ".out")).read(), re.M)
+    kvb = 1 * 32 * 2 * 2 * 32
+    want = 2 * 3 * (1 * 2 * kvb + 1 * 2 * kvb + 1 * 4 * kvb)
+    print(("pass" if len(got) == 2 and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) {what}: bytes per rank {sorted(set(got))} = the formula {want}")
 PY
-    verdicts "$tmp/gpu" 7
+    verdicts "$tmp/gpu" 15
+    # the ring's stream structure (the emulator's work log, test/check_comm_order.py cp_ring): CP 4, every K|V hop runs beside
+    # a chunk pair's flash kernel on the group's stream and a later pair waits for it; the all-gather form has no hop
+    W=(--model dbrx-tiny --n-layers 1 --seq 32 --steps 1 --val-every 0 --batch 1 --context-parallel 4)
+    for plant in none cp_all_gather; do
+        if [ $plant = none ]; then env_=(); else env_=(DBRX_DEBUG_PLANT=$plant); fi
+        env "${env_[@]}" SIMT_WORKLOG="$tmp/wl_$plant" OMP_WAIT_POLICY=passive $MPI -np 4 $EMU --device cuda "${W[@]}" > "$tmp/wl_$plant.out" 2>&1 \
+            || fail "work log run ($plant): $(tail -2 "$tmp/wl_$plant.out")"
+        out=$($PY test/check_comm_order.py cp_ring "$tmp/wl_$plant.2" 2>&1); rc=$?
+        if [ $plant = none ]; then [ $rc = 0 ] && pass "--device cuda (emulated) CP 4, rank 2: ${out#pass }" || fail "CP 4 ring streams: $out"
+        else [ $rc = 1 ] && grep -q '^fail ' <<<"$out" && pass "the all-gather form fails the ring's stream check as it must: ${out#fail }" \
+            || fail "the all-gather form's stream check did not fail (rc $rc): $out"; fi
+    done
     # CP on the GPU runs the flash kernels: head_dim 48 (--d-model 96, 2 heads) refused, exit 2, named
     out=$(OMP_WAIT_POLICY=passive $MPI -np 2 $EMU --device cuda "${X[@]}" --d-model 96 --n-heads 2 --context-parallel 2 2>&1); rc=$?
     if [ "$rc" = 2 ] && grep -q -- "--context-parallel 2 on the GPU needs the flash kernels: head_dim 32, 64 or 128 (not 48)" <<<"$out"; then
