@@ -153,6 +153,12 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
                 CHECK(r.rc_slot == (S > 1 && strcmp(spec, "swiglu") ? 2.0L * z.slot_numel[1] : 0.0L));
                 CHECK(zero_rc_slot_numel(&z) * 2 == (size_t)r.rc_slot);
             }
+    g_recompute = recompute_parse("moe");   // (the experts in chunks: none)
+    MemoryPlan rq = memory_plan(&c, 2, 16, 2, 1, 4, FP8_OFF, EP_CAPACITY_DEFAULT, mib);
+    CHECK(rq.chunk_experts > 0);
+    CHECK(rq.rc_slot == 0);
+    CHECK(plan_param_state(&rq) + rq.gathered_slots + rq.grad_slots
+          == (long double)zero_gpu_estimate_bytes(&c, 2, 1, rq.chunk_experts, 0, rq.vocab_rows));
     g_recompute = recompute_parse("");
 }
 
