@@ -18,7 +18,7 @@
 
 typedef enum { PLANT_NONE = 0, PLANT_STEP_SYNC, PLANT_REDUCE_SCATTER_CHUNK, PLANT_SKIP_GATHER_WAIT, PLANT_FP8_GATHER_SCALE,
                PLANT_EP_REGROW, PLANT_COMM_SERIAL, PLANT_COMM_REORDER, PLANT_RECOMPUTE_ROUTING,
-               PLANT_CHUNK_EARLY_RS, PLANT_CP_ALL_GATHER } DebugPlant;
+               PLANT_CHUNK_EARLY_RS, PLANT_CP_ALL_GATHER, PLANT_NO_RC_PREFETCH } DebugPlant;
 
 typedef struct {
     int kill_rank = -1, kill_step = -1, kill_signal = SIGKILL;
@@ -52,7 +52,8 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
                                  "buffer freed and allocated again in every step: no-allocation test), recompute_routing (--recompute "
                                  "moe/block: the recomputation swaps two routed rows), chunk_early_rs (--zero-chunk-mib: an experts chunk's gradient "
                                  "reduce-scattered before its backward), cp_all_gather (--context-parallel on the GPU: the forward's K|V "
-                                 "all-gathered instead of passed around the ring: the same numbers)"},
+                                 "all-gathered instead of passed around the ring: the same numbers), no_rc_prefetch (--recompute moe/block under ZeRO-3: the recompute's "
+                                 "block gathered when it begins, not ahead)"},
 };
 
 // getenv of a switch the table lists (any other name is a programming error: exit 1 at start-up)
@@ -110,10 +111,10 @@ static inline void debug_hooks_read() {
                 : !strcmp(p, "ep_regrow") ? PLANT_EP_REGROW
                 : !strcmp(p, "serial_streams") ? PLANT_COMM_SERIAL : !strcmp(p, "reorder_issue") ? PLANT_COMM_REORDER
                 : !strcmp(p, "recompute_routing") ? PLANT_RECOMPUTE_ROUTING : !strcmp(p, "chunk_early_rs") ? PLANT_CHUNK_EARLY_RS
-                : !strcmp(p, "cp_all_gather") ? PLANT_CP_ALL_GATHER : PLANT_NONE;
+                : !strcmp(p, "cp_all_gather") ? PLANT_CP_ALL_GATHER : !strcmp(p, "no_rc_prefetch") ? PLANT_NO_RC_PREFETCH : PLANT_NONE;
         if (h.plant == PLANT_NONE)
             fail(EXIT_BAD_INPUT, "DBRX_DEBUG_PLANT '%s' is not step_sync, reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, "
-                 "ep_regrow, serial_streams, reorder_issue, recompute_routing, chunk_early_rs or cp_all_gather", p);
+                 "ep_regrow, serial_streams, reorder_issue, recompute_routing, chunk_early_rs, cp_all_gather or no_rc_prefetch", p);
     }
     g_debug_hooks = h;
 }

@@ -11,7 +11,9 @@
  *   working set      ZeRO-3/HSDP (S > 1): two gathered BF16 slots and two FP32 gradient slots of one unit, or of
  *                    one chunk of a block's experts where it is larger (--zero-chunk-mib: zero_chunk_experts), and
  *                    with the vocabulary's gradients in chunks (zero_vocab_rows) one BF16 vocabulary slot of
- *                    V d + d + S (parallel/zero_gpu_vocab.cuh), the ring then sized by the other units
+ *                    V d + d + S (parallel/zero_gpu_vocab.cuh), the ring then sized by the other units;
+ *                    under --recompute moe/block one more BF16 slot of a block unit (zero_rc_slot_numel; not with
+ *                    the experts in chunks)
  *   activations      model/dbrx_cuda.cuh's dbrx_gpu_buffers, by class: saved per layer (x L), the head,
  *                    the backward scratch the blocks share, and the FP8 scratch and state (--fp8)
  *   routing          the per-layer routing indices, and under expert parallelism the exchange's buffers
@@ -71,6 +73,7 @@ typedef struct {
     int chunk_experts;               // experts per gathered chunk of a block's experts (0: the unit whole)
     int vocab_rows;                  // vocabulary rows per gradient chunk of the embedding and the head (0: the units whole)
     long double vocab_slot;          // their BF16 vocabulary slot (in gathered_slots; 0 without vocab_rows)
+    long double rc_slot;             // the recompute slot (in gathered_slots; zero_gpu_comm.cuh's zero_gpu_rc_prefetch; 0: none)
     // activations: per layer (x L) by class, then the rest
     long double layer_attention, layer_norms, layer_router, layer_experts, layer_routing;
     long double saved;               // L x (attention + norms + router + experts), less what --recompute drops
@@ -102,7 +105,7 @@ static inline long double plan_param_state(const MemoryPlan* p) {
 // (run: the longest run's full length, zero_max_run_numel, the same for any layers: each block the same runs)
 // (vocab: the vocabulary slot's elements, zero_vocab_slot_numel, the same for any layers)
 static inline void plan_store_layout(const DbrxConfig* c, int S, int n, int Ec, int Vc, long double* shard, long double* work, long double* run,
-                                     long double* vocab) {
+                                     long double* vocab, long double* block) {
     auto one = [&](int L, long double* sh, long double* wk) {
         DbrxConfig x = *c;
         x.n_layers = L;
@@ -112,6 +115,7 @@ static inline void plan_store_layout(const DbrxConfig* c, int S, int n, int Ec, 
         *wk = S > 1 ? (long double)z.work_numel : 0;
         *run = S > 1 ? (long double)zero_max_run_numel(&z) : 0;
         *vocab = S > 1 ? (long double)zero_vocab_slot_numel(&z) : 0;
+        *block = S > 1 ? (long double)z.slot_numel[1] : 0;   // (a block unit's slot: the recompute slot's, zero_rc_slot_numel)
     };
     if (c->n_layers <= 3) { one(c->n_layers, shard, work); return; }
     long double s[3], w[3];
@@ -173,15 +177,17 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     long double shard, work;
     p.chunk_experts = zero_chunk_experts(c, S, n, fp8 != FP8_OFF, chunk_mib);   // --zero-chunk-mib (parallel/zero_gpu_chunks.cuh)
     p.vocab_rows = zero_vocab_rows(c, S, n, fp8 != FP8_OFF, chunk_mib);     // (parallel/zero_gpu_vocab.cuh)
-    long double run, vocab;
-    plan_store_layout(c, S, n, p.chunk_experts, p.vocab_rows, &shard, &work, &run, &vocab);
+    long double run, vocab, block;
+    plan_store_layout(c, S, n, p.chunk_experts, p.vocab_rows, &shard, &work, &run, &vocab, &block);
     p.shard_params = shard;
     p.master = p.grads = p.adam_m = p.adam_v = f4 * shard;
     p.bf16_copy = bf * shard;
     p.norm_scratch = PLAN_GRAD_NORM_BLOCKS * f4 + 8;
     p.slot_params = work;
     p.vocab_slot = bf * vocab;
-    p.gathered_slots = 2 * bf * work + p.vocab_slot;
+    // the recompute slot: a block unit's BF16 slot, gathered ahead in the backward for --recompute moe/block (RC_MOE)
+    p.rc_slot = S > 1 && c->n_layers >= 2 && !p.chunk_experts && (recompute_union(&g_recompute, c->n_layers) & RC_MOE) ? bf * block : 0;
+    p.gathered_slots = 2 * bf * work + p.vocab_slot + p.rc_slot;
     p.rs_scratch = rs_bf16 ? bf * run : 0;   // --grad-reduce-dtype bf16: one run's gradient in BF16 (zero_gpu_comm.cuh)
     p.grad_slots = 2 * f4 * work + p.rs_scratch;
 
@@ -304,6 +310,7 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
     if (p->vocab_slot > 0)
         printf("; of the bf16, the vocabulary slot %.2f GiB (the embedding or the head whole: %.0Lf params; their gradients in chunks "
                "of %d rows through the two slots)", G(p->vocab_slot), p->vocab_slot / 2, p->vocab_rows);
+    if (p->rc_slot > 0) printf("; the recompute slot %.2f GiB (a block gathered ahead for its recompute)", G(p->rc_slot));
     if (p->rs_scratch > 0) printf(", bf16 reduce-scatter scratch %.2f GiB (--grad-reduce-dtype bf16)", G(p->rs_scratch));
     printf("\n");
     printf("  activations (%d layers; FP8 scratch included)                           %9.2f GiB\n", c->n_layers,

@@ -19,7 +19,9 @@
  *              the compute stream with events: while unit u computes, unit u+1 (forward) or u-1 (backward)
  *              is gathered into the other slot, and unit u's gradient is reduce-scattered while unit u-1's
  *              backward runs, beside the gather of unit u-2. Gradients are reduced in FP32 (parallel/README.md:
- *              bytes and the accuracy trade-off).
+ *              bytes and the accuracy trade-off). Under --recompute moe/block a third BF16 slot of one block unit
+ *              (work_rc): layer l's block, which its recompute needs right after layer l+1's block, is gathered
+ *              into it when layer l+1's experts begin their backward (zero_gpu_comm.cuh, zero_gpu_rc_prefetch).
  *   S = 1      the shard is the whole model: the model's views point into the store's buffers, nothing
  *              is gathered, and the gradients are all-reduced across the replicas after the micro-batches.
  *   the step   gradient shards all-reduced across the replica group and scaled by 1 / W; the global norm
@@ -66,6 +68,9 @@ typedef struct {
     int rs_bf16;                      // --grad-reduce-dtype bf16: the shard group's reduce-scatters in BF16 (zero_gpu_comm.cuh)
     floatX* rs_scratch;               // device, zero_max_run_numel (rs_bf16 and S > 1): one run's gradient rounded to BF16
     int slot_unit[2];
+    floatX* work_rc;                  // device, zero_rc_slot_numel (NULL: none): a block unit gathered ahead for its recompute
+    int rc_unit, in_backward;         // the unit work_rc holds (-1: none); the step is in its backward (zero_gpu_comm.cuh)
+    cudaEvent_t rc_gathered, rc_free; // comm -> compute: work_rc filled; compute -> comm: no longer read
     floatX* vocab;                    // device, zero_vocab_slot_numel (z.vocab_rows > 0): the embedding or the head, gathered whole
     int vocab_unit;                   // the unit it holds (-1: none; zero_gpu_vocab.cuh)
     cudaEvent_t vocab_gathered, vocab_free;   // comm -> compute: filled; compute -> comm: no longer read
@@ -121,11 +126,19 @@ static inline int zero_grid(size_t n) { size_t b = (n + 255) / 256; return (int)
 
 static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.stream; }   // the gather stream
 
+// the recompute slot's elements (zero_gpu_rc_prefetch, zero_gpu_comm.cuh): a block unit's (unit 1: every block's
+// the same), where S > 1 and some layer's backward recomputes its block's forward (--recompute moe/block: RC_MOE);
+// not with the experts in chunks (--zero-chunk-mib: their hook gathers chunk by chunk on the same stream)
+static inline size_t zero_rc_slot_numel(const Zero* z) {
+    int L = (z->n_units - 2) / 2;
+    return z->S > 1 && L >= 2 && z->unit_nchunks[2] <= 1 && (recompute_union(&g_recompute, L) & RC_MOE) ? z->slot_numel[1] : 0;
+}
+
 // device memory of the store for a layout: 4 fp32 shards + the BF16 shard, and for S > 1 the slots
 static inline size_t zero_gpu_bytes(const Zero* z, int rs_bf16 = 0) {
     size_t b = z->shard_total * (4 * sizeof(float) + sizeof(floatX)) + GRAD_NORM_BLOCKS * sizeof(float) + sizeof(double);
     if (z->S > 1) b += 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) + (rs_bf16 ? zero_max_run_numel(z) * sizeof(floatX) : 0)
-                     + zero_vocab_slot_numel(z) * sizeof(floatX);
+                     + (zero_vocab_slot_numel(z) + zero_rc_slot_numel(z)) * sizeof(floatX);
     return b;
 }
 
@@ -239,6 +252,11 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     cudaCheck(cudaEventCreateWithFlags(&zg->vocab_gathered, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&zg->vocab_free, cudaEventDisableTiming));
     cudaCheck(cudaEventRecord(zg->vocab_free, zg->compute));
+    zg->work_rc = nullptr; zg->rc_unit = -1; zg->in_backward = 0;
+    if (zero_rc_slot_numel(z)) take((void**)&zg->work_rc, zero_rc_slot_numel(z) * sizeof(floatX));
+    cudaCheck(cudaEventCreateWithFlags(&zg->rc_gathered, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&zg->rc_free, cudaEventDisableTiming));
+    cudaCheck(cudaEventRecord(zg->rc_free, zg->compute));
     for (int i = 0; i < 2; i++) {
         if (z->S > 1) {
             take((void**)&zg->work[i], z->work_numel * sizeof(floatX));
@@ -259,7 +277,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     zg->fp8.on = 0;
     z->state_bytes = zg->device_bytes;
     z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) + (rs_bf16 ? zero_max_run_numel(z) * sizeof(floatX) : 0)
-                                   + zero_vocab_slot_numel(z) * sizeof(floatX) : 0;
+                                   + (zero_vocab_slot_numel(z) + zero_rc_slot_numel(z)) * sizeof(floatX) : 0;
     z->state_rss = 0;
     cudaCheck(cudaMemset(zg->grad, 0, bytes));
     zg->grad_clean = 1;
@@ -296,7 +314,7 @@ static inline void zero_gpu_refresh_bf16(ZeroGpu* zg) {
     }
     LAUNCH(zero_f32_to_bf16_kernel, zero_grid(n), 256, 0, zg->compute, zg->master_bf16, zg->master, n);
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
-    zg->slot_unit[0] = zg->slot_unit[1] = zg->vocab_unit = -1;
+    zg->slot_unit[0] = zg->slot_unit[1] = zg->vocab_unit = zg->rc_unit = -1;
     fp8_gpu_weights_changed(&zg->model->fp8);   // (the model's cached FP8 weights are stale too)
 }
 
@@ -329,6 +347,13 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
     Zero* z = &zg->z;
     DbrxGPU* model = zg->model;
     comm_phase("%s of unit %d (%s)", g_unit_phase_name[phase], u, dbrx_unit_name(u, &model->cfg).c_str());   // the heartbeat (host side)
+    if (phase != UNIT_FORWARD) zg->in_backward = 1; else if (u == 0) zg->in_backward = 0;
+    if (phase == UNIT_FORWARD && zg->in_backward && zg->rc_unit == u) {   // a recompute's block, gathered ahead (zero_gpu_rc_prefetch)
+        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->rc_gathered, 0));
+        model_unit_views(&model->p, zg->work_rc, u, &model->cfg, model->table, z->ep_n);
+        zero_gpu_prefetch_next(zg, u, phase);
+        return;
+    }
     if (zero_vocab_unit(z, u)) { zero_gpu_vocab_begin(zg, u, phase); return; }   // (zero_gpu_vocab.cuh)
     if (z->unit_nchunks[u] > 1) return;   // chunked experts: the experts hook gathers, computes and reduces chunk by chunk
     int slot = zero_item_slot(z, u, 0);
@@ -341,6 +366,7 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
         // reduce-scatter (two communicators issued in another order than its peers: the order check's control)
         if (next >= 0 && g_debug_hooks.plant == PLANT_COMM_REORDER && phase != UNIT_FORWARD && z->world->rank == 1) zg->plant_deferred = next;
         else zero_gpu_prefetch_next(zg, u, phase);   // overlaps this unit's compute
+        if (phase != UNIT_FORWARD) zero_gpu_rc_prefetch(zg, u);
     }
     if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it has finished
         cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
@@ -353,6 +379,11 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
     ZeroGpu* zg = (ZeroGpu*)ctx;
     Zero* z = &zg->z;
     if (zero_vocab_unit(z, u)) { zero_gpu_vocab_end(zg, u, phase); return; }
+    if (phase == UNIT_FORWARD && zg->in_backward && zg->rc_unit == u) {   // (the recompute's block: work_rc read)
+        cudaCheck(cudaEventRecord(zg->rc_free, zg->compute));
+        zg->rc_unit = -1;
+        return;
+    }
     if (z->unit_nchunks[u] > 1) return;   // (each chunk was reduce-scattered and released by the experts hook)
     if (phase != UNIT_FORWARD) zero_gpu_reduce_scatter(zg, u, 0);   // on the reduce-scatter stream
     if (zg->plant_deferred >= 0) {
@@ -453,7 +484,7 @@ static inline double zero_grad_norm(ZeroGpu* zg) {
 // master (the next step's gathers send it; with S = 1 the model reads it).
 static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, int t, double norm) {
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
-    zg->slot_unit[0] = zg->slot_unit[1] = zg->vocab_unit = -1;   // the gathered copies are stale
+    zg->slot_unit[0] = zg->slot_unit[1] = zg->vocab_unit = zg->rc_unit = -1;   // the gathered copies are stale
     zg->fp8.ready = 0;                          // and so are the FP8 codes
     // one launch over the shard, or two with the next step's first items gathered between them (zero_gpu_comm.cuh)
     zero_gpu_adamw_prefetch(zg, [&](int s0, int s1, size_t max_n, size_t elems) {
@@ -517,6 +548,7 @@ static inline void zero_free(ZeroGpu* zg) {
     zg->allocations.clear();
     for (int i = 0; i < 2; i++) {
         cudaCheck(cudaEventDestroy(zg->gathered[i])); cudaCheck(cudaEventDestroy(zg->slot_free[i]));
+        if (i == 0) { cudaCheck(cudaEventDestroy(zg->rc_gathered)); cudaCheck(cudaEventDestroy(zg->rc_free)); }
         cudaCheck(cudaEventDestroy(zg->grads_ready[i])); cudaCheck(cudaEventDestroy(zg->grads_reduced[i]));
     }
     cudaCheck(cudaEventDestroy(zg->bf16_ready));

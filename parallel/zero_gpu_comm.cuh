@@ -135,6 +135,31 @@ static inline void zero_gpu_prefetch_next(ZeroGpu* zg, int u, int phase) {
     if (next >= 0) zero_gpu_gather_async(zg, next, zero_first_chunk(&zg->z, next, phase));
 }
 
+// In the backward under --recompute moe/block, layer l's block unit is needed by its recompute right after
+// layer l+1's block unit (the same slot parity: its gather would wait for that unit's backward, exposed). When
+// layer l+1's experts unit begins its backward, layer l's block is gathered into work_rc, behind that unit's compute.
+static inline void zero_gpu_rc_prefetch(ZeroGpu* zg, int u) {
+    Zero* z = &zg->z;
+    const DbrxConfig* c = &zg->model->cfg;
+    if (!zg->work_rc || u % 2 || u < 4 || u > 2 * c->n_layers) return;   // (u: the experts unit of layer l+1 >= 1)
+    if (g_debug_hooks.plant == PLANT_NO_RC_PREFETCH) return;   // (the stream test's negative control: gathered when it begins)
+    int l = u / 2 - 2, b = dbrx_block_unit(l);
+    if (!(zg->model->rc_mode[l] & (RC_MOE | RC_BLOCK)) || zero_vocab_unit(z, b) || z->unit_nchunks[b] > 1) return;
+    if (zg->fp8.on && !zg->fp8.unit_mats[b].empty()) return;   // (--fp8-gather: its codes go through the slots)
+    cudaStream_t comm = zero_comm_stream(zg);
+    cudaCheck(cudaStreamWaitEvent(comm, zg->rc_free, 0));
+    cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));
+    prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d", b);
+    for (size_t i = 0; i < z->runs[b].size(); i++) {
+        const ShardRun& r = z->runs[b][i];
+        if (zero_run_mine(z, r))
+            comm_all_gather(zero_unit_group(z, b), zg->master_bf16 + z->shard_off[b] + r.shard_rel, zg->work_rc + r.slot_off, r.chunk, COMM_BF16);
+    }
+    prof_end(prof_stream(comm, "communication (shard group)"));
+    cudaCheck(cudaEventRecord(zg->rc_gathered, comm));
+    zg->rc_unit = b;
+}
+
 // --zero-prefetch (the top comment, "the step's end"): 0..2 items (0 where nothing is gathered, S = 1)
 static inline void zero_gpu_set_step_prefetch(ZeroGpu* zg, int n) { zg->step_prefetch = zg->z.S > 1 ? std::min(n, 2) : 0; }
 

@@ -34,6 +34,13 @@ test/simt/counters.h), for test/test_comm_streams.sh.
       (a grouped send/recv on the "context" communicator) runs concurrently with a chunk pair's flash kernel on another
       stream and a later pair's kernel waits for it (an event). Fails with the counts (the all-gather form,
       DBRX_DEBUG_PLANT=cp_all_gather: no hop).
+  rc_prefetch LOG         the recompute's block gathered ahead (--recompute moe/block under ZeRO-3,
+      parallel/zero_gpu_comm.cuh's zero_gpu_rc_prefetch): in the --profile'd step's backward, for every layer l
+      below the last that recomputes ("layer l recompute"), the all-gather of its block (unit 2l+1) is issued
+      before layer l+1's experts begin (two units ahead of its use), and its collectives do not wait for any
+      kernel or GEMM of layer l+1's backward proper (its experts, router and attention; its
+      recompute, which read the slot before, may be waited for) (stream order and event waits). Fails naming the layer
+      (DBRX_DEBUG_PLANT=no_rc_prefetch: gathered when the recompute begins, after layer l+1's attention).
 Exit 0 with "pass ..." lines, 1 with "fail ..." lines.
 """
 import json
@@ -277,11 +284,58 @@ def check_prefetch(path):
     return 0
 
 
+def check_rc_prefetch(path):
+    ops = stream_clocks(load(path), with_ranges=True)
+    bw = next((i for i, o in enumerate(ops) if o[1] is None and o[0]["name"] == "backward" and o[0]["ph"] == "B"), None)
+    if bw is None:
+        print("fail no --profile'd backward in %s" % path)
+        return 1
+    ops = ops[bw:]
+    layer_begin, gathers, compute = {}, {}, {}   # range name -> index; unit -> [(index, clock)]; layer -> [(stream, pos)]
+    cur, open_gather = None, {}
+    for i, (it, s, p, c) in enumerate(ops):
+        if s is None:
+            n = it["name"]
+            if n.startswith("layer ") and it["ph"] == "B":
+                layer_begin.setdefault(n, i)
+                cur = None if n.endswith(" recompute") else int(n.split()[1])   # (its recompute is before, and may be waited for)
+            elif n.startswith("all-gather unit "):
+                open_gather[it["stream"]] = int(n.split()[2]) if it["ph"] == "B" else None
+            continue
+        if it["t"] == "coll" and open_gather.get(s) is not None:
+            gathers.setdefault(open_gather[s], []).append((i, c))
+        elif it["t"] in ("kernel", "gemm") and cur is not None:
+            compute.setdefault(cur, []).append((s, p))
+    rec = sorted(int(n.split()[1]) for n in layer_begin if n.endswith(" recompute"))
+    L = 1 + max((int(n.split()[1]) for n in layer_begin), default=-1)
+    checked, bad = [], []
+    for l in (x for x in rec if x + 1 < L):
+        u, e = 2 * l + 1, layer_begin.get("layer %d experts" % (l + 1))
+        first = gathers.get(u, [])
+        if e is None or not first or first[0][0] > e:
+            bad.append("layer %d's block (unit %d) is not gathered before layer %d's experts begin" % (l, u, l + 1))
+            continue
+        g = first[0][1]
+        if any(g.get(s, 0) >= p for s, p in compute.get(l + 1, [])):
+            bad.append("the gather of layer %d's block (unit %d) waits for layer %d's backward" % (l, u, l + 1))
+            continue
+        checked.append(l)
+    if not rec or (not checked and not bad):
+        print("fail no layer below the last recomputes in %s's backward" % path)
+        return 1
+    for x in bad[:5]:
+        print("fail " + x)
+    if bad:
+        return 1
+    print("pass the blocks of layers %s gathered before the experts of the layer above begin, beside its backward" % checked)
+    return 0
+
+
 if __name__ == "__main__":
     modes = {"order": lambda a: check_order(a), "streams": lambda a: check_streams(a[0]), "syncs": lambda a: check_syncs(a[0]),
              "ep_overlap": lambda a: check_ep_overlap(a[0]), "prefetch": lambda a: check_prefetch(a[0]),
-             "cp_ring": lambda a: check_cp_ring(a[0])}
+             "cp_ring": lambda a: check_cp_ring(a[0]), "rc_prefetch": lambda a: check_rc_prefetch(a[0])}
     if len(sys.argv) < 3 or sys.argv[1] not in modes:
-        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG | prefetch LOG | cp_ring LOG", file=sys.stderr)
+        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG | prefetch LOG | cp_ring LOG | rc_prefetch LOG", file=sys.stderr)
         sys.exit(2)
     sys.exit(modes[sys.argv[1]](sys.argv[2:]))

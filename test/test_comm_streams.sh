@@ -16,8 +16,12 @@
 #   * the next step's first units gathered during the optimizer (--zero-prefetch, default 2): between the optimizer's two
 #     launches, beside the second, and not gathered again by the next forward; ZeRO-3 np 2, and 1 item; negative
 #     control: --zero-prefetch 0 (the optimizer in one launch) fails it;
+#   * the recompute's block gathered two units ahead (--recompute moe under ZeRO-3, zero_gpu_rc_prefetch): in the
+#     backward, layer l's block is gathered before layer l+1's experts begin and beside layer l+1's backward;
+#     ZeRO-3 np 2, HSDP 2x2, EP 2 + ZeRO-3 np 4; negative control: DBRX_DEBUG_PLANT=no_rc_prefetch fails it;
 #   * the schedule changes no number: the losses of the planted schedules (serialised; reordered) and of
-#     --zero-prefetch 0 and 1 are bit-identical to the overlapped one's.
+#     --zero-prefetch 0 and 1 are bit-identical to the overlapped one's; with --recompute moe, with and without
+#     the recompute slot's gather ahead and without recomputation, on ZeRO-3 np 2, HSDP 2x2 and EP 2.
 # About 30 s on 2 shared cores.
 set -u
 cd "$(dirname "$0")/.."
@@ -51,6 +55,11 @@ runp ep2 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 1
 runp ep2c 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 2
 runp pf0 2 --shard-group-size 2 --zero-prefetch 0
 runp pf1 2 --shard-group-size 2 --zero-prefetch 1
+runp rc 2 --shard-group-size 2 --recompute moe
+runp rch 4 --shard-group-size 2 --recompute moe
+runp rce 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 1 --recompute moe
+DBRX_DEBUG_PLANT=no_rc_prefetch runp rcoff 2 --shard-group-size 2 --recompute moe
+DBRX_DEBUG_PLANT=no_rc_prefetch runp rceoff 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 1 --recompute moe
 DBRX_DEBUG_PLANT=serial_streams runp serial 2 --shard-group-size 2
 DBRX_DEBUG_PLANT=reorder_issue runp reorder 2 --shard-group-size 2
 
@@ -71,6 +80,12 @@ check pass "ZeRO-3 np 2: the next step's first 2 items gathered during the optim
 check pass "ZeRO-3 np 2, --zero-prefetch 1: the next step's first item gathered during the optimizer" prefetch "$tmp/pf1.wl.0"
 check fail "--zero-prefetch 0 (nothing gathered during the optimizer)" prefetch "$tmp/pf0.wl.0"
 check pass "ZeRO-3 np 2, --zero-prefetch 1: one issue order of the communicators" order "$tmp/pf1.wl.0" "$tmp/pf1.wl.1"
+check pass "ZeRO-3 np 2, --recompute moe: the recompute's block gathered ahead" rc_prefetch "$tmp/rc.wl.1"
+check pass "HSDP 2x2, --recompute moe: the recompute's block gathered ahead" rc_prefetch "$tmp/rch.wl.2"
+check pass "EP 2 + ZeRO-3 np 4, --recompute moe: the recompute's block gathered ahead" rc_prefetch "$tmp/rce.wl.3"
+check fail "the recompute's block gathered when it begins (DBRX_DEBUG_PLANT=no_rc_prefetch)" rc_prefetch "$tmp/rcoff.wl.0"
+check pass "ZeRO-3 np 2, --recompute moe: one issue order of the communicators" order "$tmp/rc.wl.0" "$tmp/rc.wl.1"
+check pass "EP 2 + ZeRO-3 np 4, --recompute moe: one issue order of the communicators" order "$tmp"/rce.wl.{0,1,2,3}
 check pass "ZeRO-3 np 2: the step's synchronisations" syncs "$tmp/zero2.wl.0"
 check pass "EP 2 + ZeRO-3 np 4: the step's synchronisations" syncs "$tmp/ep2.wl.1"
 check pass "EP 2 + ZeRO-3 np 4, 2 chunks: the step's synchronisations" syncs "$tmp/ep2c.wl.1"
@@ -83,3 +98,7 @@ a=$(losses zero2); b=$(losses serial); c=$(losses reorder); p0=$(losses pf0); p1
 [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && [ "$a" = "$p0" ] && [ "$a" = "$p1" ] \
     && pass "losses bit-identical: overlapped, serialised and reordered schedules, --zero-prefetch 0, 1 and 2 ($a)" \
     || fail "losses differ between schedules: overlapped '$a', serialised '$b', reordered '$c', --zero-prefetch 0 '$p0', 1 '$p1'"
+r=$(losses rc); r0=$(losses rcoff); rh=$(losses rch); h=$(losses hsdp); re=$(losses rce); re0=$(losses rceoff); e=$(losses ep2)
+[ -n "$r" ] && [ "$r" = "$r0" ] && [ "$r" = "$a" ] && [ "$rh" = "$h" ] && [ -n "$re" ] && [ "$re" = "$re0" ] && [ "$re" = "$e" ] \
+    && pass "losses bit-identical with --recompute moe, its block gathered ahead or not, and without recomputation (ZeRO-3 $r; HSDP 2x2 $rh; EP 2 $re)" \
+    || fail "--recompute moe: losses differ: ZeRO-3 '$r' / not ahead '$r0' / none '$a'; HSDP '$rh' / none '$h'; EP 2 '$re' / not ahead '$re0' / none '$e'"

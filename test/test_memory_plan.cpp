@@ -139,6 +139,27 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
         CHECK(plan_param_state(&q) + q.gathered_slots + q.grad_slots == (long double)zero_gpu_estimate_bytes(&c, S, 1, Ec, 0, Vc));
         CHECK(q.gathered_slots < memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF).gathered_slots);
     }
+    // --recompute moe/block under S > 1: the recompute slot, one block unit's BF16 slot (zero_gpu_rc_prefetch), in the
+    // store's bytes as in the plan's; none at S = 1 or without a recomputed block
+    for (const char* spec : {"moe", "block", "moe:0-1", "swiglu"})
+        for (int S : {1, 2, 4})
+            for (int n : {1, 2}) {
+                g_recompute = recompute_parse(spec);
+                MemoryPlan r = memory_plan(&c, 2, 16, S, n, 4, FP8_OFF);
+                Zero z;
+                zero_unit_layout(&z, &c, dbrx_param_table(&c), S, n, 0, 0);
+                CAPTURE(spec); CAPTURE(S); CAPTURE(n);
+                CHECK(plan_param_state(&r) + r.gathered_slots + r.grad_slots == (long double)zero_gpu_estimate_bytes(&c, S, n));
+                CHECK(r.rc_slot == (S > 1 && strcmp(spec, "swiglu") ? 2.0L * z.slot_numel[1] : 0.0L));
+                CHECK(zero_rc_slot_numel(&z) * 2 == (size_t)r.rc_slot);
+            }
+    g_recompute = recompute_parse("moe");   // (the experts in chunks: none)
+    MemoryPlan rq = memory_plan(&c, 2, 16, 2, 1, 4, FP8_OFF, EP_CAPACITY_DEFAULT, mib);
+    CHECK(rq.chunk_experts > 0);
+    CHECK(rq.rc_slot == 0);
+    CHECK(plan_param_state(&rq) + rq.gathered_slots + rq.grad_slots
+          == (long double)zero_gpu_estimate_bytes(&c, 2, 1, rq.chunk_experts, 0, rq.vocab_rows));
+    g_recompute = recompute_parse("");
 }
 
 // one forward and backward of the emulated model (B x T tokens): the peak of its device memory above what was
