@@ -12,6 +12,7 @@
  *   ep_gpu_buffers   its device buffers for a number of planned rows: allocated, or only added up (--dry-run)
  *   ep_gpu_install   hooks it into the model; ep_gpu_free releases its buffers and unhooks it
  *   dbrx_ep_recv_rows, dbrx_ep_totals   its statistics, for the training loop
+ *   ep_gpu_store_chunks  --zero-chunk-mib: my experts in chunks, gathered and reduced by the store chunk by chunk
  */
 #pragma once
 #include <vector>

@@ -5,9 +5,9 @@
  * A block's experts unit is 3 E F d parameters (3.17 G at DBRX-132B width): gathered whole, its BF16 slot
  * and FP32 gradient slot, twice, are ~38 GB per GPU. Chunked, the unit is E / Ec chunks of Ec whole
  * experts (zero_chunk_experts: the most that fit the budget), each its own three runs (zero_unit_runs),
- * and the working slots are sized for a chunk (or the largest other unit). The store installs itself as the
- * model's experts hook (ExpertHooksGPU, as expert parallelism's dispatcher does; the two never coexist:
- * chunking is off under EP) and runs the experts chunk by chunk:
+ * and the working slots are sized for a chunk (or the largest other unit). Without EP the store installs itself
+ * as the model's experts hook (ExpertHooksGPU) and runs the experts chunk by chunk; under EP the dispatcher is
+ * the hook and runs a rank's own experts' chunks through zero_gpu_chunk_begin / _end (expert_parallel_cuda.cuh):
  *   forward    gather chunk j (prefetched while chunk j-1 computed), prefetch chunk j+1 (after the last
  *              chunk: the next unit), the experts of chunk j over their rows, release the slot
  *   backward   chunks in reverse: gather, prefetch j-1 (after chunk 0: the block unit before), zero the
