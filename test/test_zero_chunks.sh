@@ -12,7 +12,8 @@
 #     slots of the largest other unit (norm_f + lm_head, V d + d), not of the experts (3 E F d);
 #   * --export-hf after the chunked run byte-identical; a chunked run's checkpoint resumed unchunked, bit-identical;
 #   * the EP case (parallel/expert_parallel_cuda.cuh): each rank's own E/n = 8 experts in chunks of 1, np 2 EP 2 with the
-#     exchange in 2 chunks (the default) and in 1, --recompute moe and swiglu, and np 4 EP 2 spread and packed (the expert
+#     exchange in 2 chunks (the default) and in 1, --recompute moe and swiglu, --compress-acts swiglu, with evaluation and
+#     generation, and np 4 EP 2 spread and packed (the expert
 #     shard group of 2): losses and bytes per step bit-identical to the unit whole; checkpoints EP chunked -> whole ->
 #     chunked, each resumed step bit-identical; every rank's emulated peak = the plan (0.1%); the negative control
 #     chunk_early_rs on an EP chunk changes the losses;
@@ -73,9 +74,11 @@ grep -q "in 16 chunks of 1 expert" "$tmp/c1.out" && grep -q "in 4 chunks of 4 ex
 # np 4 with --ep-layout spread (the expert shard group of 2: real gathers and reduce-scatters of the chunks) and packed
 G=(--model dbrx-tiny --n-layers 2 --seq 32 --steps 2 --batch 1 --val-every 0 --grad-clip 0)
 X=(--shard-group-size 2 --expert-parallel 2)
-runp epw 2 "${X[@]}" --zero-chunk-mib 0
+runp epw 2 "${X[@]}" --zero-chunk-mib 0 --val-every 1 --sample-every 2
+runp epwca 2 "${X[@]}" --zero-chunk-mib 0 --compress-acts swiglu
+runp ep2ca 2 "${X[@]}" --zero-chunk-mib 0.2 --compress-acts swiglu
 runp epw1 2 "${X[@]}" --zero-chunk-mib 0 --ep-overlap-chunks 1 --recompute moe
-runp ep2 2 "${X[@]}" --zero-chunk-mib 0.2   # (the vocabulary whole: 819 rows fit 0.2 MiB)
+runp ep2 2 "${X[@]}" --zero-chunk-mib 0.2 --val-every 1 --sample-every 2   # (the vocabulary whole: 819 rows fit 0.2 MiB)
 runp ep2o1 2 "${X[@]}" --zero-chunk-mib 0.2 --ep-overlap-chunks 1 --recompute moe
 runp ep2rm 2 "${X[@]}" --zero-chunk-mib 0.2 --recompute moe
 runp ep2rs 2 "${X[@]}" --zero-chunk-mib 0.2 --recompute swiglu --ep-overlap-chunks 1
@@ -138,6 +141,9 @@ ew = losses("epw")
 v(len(ew) == 2 and all(losses(n) == ew for n in ("ep2", "ep2o1", "ep2rm", "ep2rs", "ep2v", "epw1")),
   "EP 2, a rank's experts in chunks of 1: the exchange in 2 chunks and in 1, --recompute moe and swiglu, the vocabulary chunked too: "
   "the 2 losses bit-identical to the experts whole %s" % ew)
+v(field("ep2", "val_loss") == field("epw", "val_loss") and field("ep2", "val_loss") and samples("ep2") == samples("epw") and samples("ep2")
+  and losses("ep2ca") == losses("epwca") and len(losses("ep2ca")) == 2,
+  "... and the validation losses, the sampled text (generation through the EP chunks), and with --compress-acts swiglu %s" % losses("ep2ca"))
 v(field("ep2", "comm_bytes") == field("epw", "comm_bytes") and field("ep2o1", "comm_bytes") == field("epw1", "comm_bytes"),
   "... and the bytes per step (--recompute moe: the chunks gathered again as the unit was) %s" % field("ep2o1", "comm_bytes")[:1])
 e4 = losses("ep4w")
@@ -185,4 +191,4 @@ v(ws("plan_ep8") == 3 * Fm * dm and ve and int(ve.group(1)) == Vm * dm + dm + 64
   "DBRX-132B S 64 EP 8: a rank's 2 experts in chunks of 1, the ring's slots one expert (%d params), the working set %s GiB "
   "(2 x 6 B x 3 F d + 2 B x (V d + d + 64) = 3.36; the unit whole: 5.58)" % (ws("plan_ep8"), we.group(1) if we else None))
 PY
-verdicts "$tmp/verdicts" 24
+verdicts "$tmp/verdicts" 25
