@@ -12,6 +12,7 @@
  *   ep_gpu_buffers   its device buffers for a number of planned rows: allocated, or only added up (--dry-run)
  *   ep_gpu_install   hooks it into the model; ep_gpu_free releases its buffers and unhooks it
  *   dbrx_ep_recv_rows, dbrx_ep_totals   its statistics, for the training loop
+ *   ep_gpu_store_chunks  --zero-chunk-mib: my experts in chunks, gathered and reduced by the store chunk by chunk
  */
 #pragma once
 #include <vector>
@@ -53,7 +54,66 @@ typedef struct {
     cudaStream_t sx = 0;                       // chunks > 1: the experts' stream (the compute stream waits on the exchanges)
     std::vector<cudaEvent_t> ev_in, ev_out;    // (chunks): chunk c received (on the compute stream); its experts done (sx)
     cudaEvent_t ev_start = nullptr, ev_end = nullptr;
+    // --zero-chunk-mib under EP (zero_chunk_experts > 0, BF16): my E/n experts in zc_K chunks of zc_Ec, each gathered,
+    // run and (backward) reduce-scattered through the store's hooks (parallel/zero_gpu_chunks.cuh: zc_begin hands
+    // chunk j's w1, v1, w2 and gradients); zc_K 1: the unit whole, its views in the model (m->p, m->g)
+    int zc_K = 1, zc_Ec = 0, train = 1;        // train: the forward hook's (1 training, 2 its recomputation, 0 decode)
+    void* zc_ctx = nullptr;
+    void (*zc_begin)(void* ctx, int l, int j, int backward, int train, floatX** w, float** gw) = nullptr;
+    void (*zc_end)(void* ctx, int l, int j, int backward, int train) = nullptr;
 } EpDispatchGpu;
+
+// chunk j's rows of my experts (expert-major offsets lo): the first row, and the offsets relative to it (Ec + 1)
+static inline int ep_zc_rows(const EpDispatchGpu* D, const int* lo, int j, std::vector<int>* rel) {
+    int Ec = D->zc_Ec, r0 = lo[j * Ec];
+    rel->resize(Ec + 1);
+    for (int e = 0; e <= Ec; e++) (*rel)[e] = lo[j * Ec + e] - r0;
+    return r0;
+}
+
+// my experts' BF16 forward over their received rows xl (expert-major, offsets lo): the unit whole, or chunk by
+// chunk through the store, each chunk's experts over their rows (the same GEMMs, expert by expert)
+static inline void ep_gpu_local_forward(EpDispatchGpu* D, int l, floatX* yl, floatX* g, floatX* u, floatX* act, const floatX* xl,
+                                        const int* lo) {
+    DbrxGPU* m = D->model;
+    int d = m->cfg.d_model, F = m->cfg.ffn_hidden, El = m->cfg.n_experts / D->ep.n;
+    if (D->zc_K <= 1) {
+        const BlockViews<floatX>& w = m->p.blocks[l];
+        experts_forward_gpu(yl, g, u, act, xl, w.w1, w.v1, w.w2, lo, El, d, F);
+        return;
+    }
+    std::vector<int> rel;
+    for (int j = 0; j < D->zc_K; j++) {
+        floatX* w[3];
+        D->zc_begin(D->zc_ctx, l, j, 0, D->train, w, nullptr);
+        size_t r0 = ep_zc_rows(D, lo, j, &rel);
+        if (rel[D->zc_Ec] > 0)
+            experts_forward_gpu(yl + r0 * d, g + r0 * F, u + r0 * F, act + r0 * F, xl + r0 * d, w[0], w[1], w[2], rel.data(), D->zc_Ec, d, F);
+        D->zc_end(D->zc_ctx, l, j, 0, D->train);
+    }
+}
+
+// its backward, chunks in reverse (--recompute swiglu: each chunk's g, u, act first), each chunk's weight gradients
+// reduce-scattered by the store as soon as they are done
+static inline void ep_gpu_local_backward_chunks(EpDispatchGpu* D, int l, floatX* dxl, const floatX* dyl, const floatX* xl, const int* lo) {
+    DbrxGPU* m = D->model;
+    const BlockActsGPU* ma = &m->acts[l];
+    int d = m->cfg.d_model, F = m->cfg.ffn_hidden, Ec = D->zc_Ec;
+    bool rc = (m->rc_mode[l] & RC_SWIGLU) && !(m->rc_mode[l] & RC_MOE);
+    std::vector<int> rel;
+    for (int j = D->zc_K - 1; j >= 0; j--) {
+        floatX* w[3];
+        float* gw[3];
+        D->zc_begin(D->zc_ctx, l, j, 1, 1, w, gw);
+        size_t r0 = ep_zc_rows(D, lo, j, &rel), rd = r0 * d, rf = r0 * F;
+        if (rel[Ec] > 0) {
+            if (rc) experts_forward_gpu(nullptr, ma->g + rf, ma->u + rf, ma->act + rf, xl + rd, w[0], w[1], w[2], rel.data(), Ec, d, F);
+            experts_backward_gpu(dxl + rd, gw[0], gw[1], gw[2], m->da + rf, m->dg + rf, m->du + rf, dyl + rd, xl + rd, ma->g + rf,
+                                 ma->u + rf, ma->act + rf, w[0], w[1], w[2], rel.data(), Ec, d, F);
+        }
+        D->zc_end(D->zc_ctx, l, j, 1, 1);
+    }
+}
 
 // The rows every buffer of the experts' side is planned for, per MoE layer, on an EP group of n: ep_plan_rows,
 // and under --fp8 the padding of the local experts' rows to multiples of 16 (fp8_local_routing: < 16 per expert)
@@ -138,6 +198,7 @@ static inline void ep_fp8_scratch_unswap(EpDispatchGpu* D) {
 // experts' FP8 GEMMs run on the received rows in a padded layout of their own (fp8_local_routing): perm
 // maps a padded row to a received row, inv a received row (expert-major) to its padded row.
 static inline void ep_gpu_forward_chunked(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
+static inline void ep_gpu_forward_zc(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
 static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const int* offsets_host, const floatX* xe, floatX* ye, bool f8,
                                                bool recompute = false, bool chunked = false) {
     DbrxGPU* m = D->model;
@@ -164,7 +225,8 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
             int* ix = a->cidx.get(idx.size(), "the chunked exchange's row order");
             if (!idx.empty()) cudaCheck(cudaMemcpy(ix, idx.data(), idx.size() * sizeof(int), cudaMemcpyHostToDevice));
         }
-        ep_gpu_forward_chunked(D, l, xe, ye);
+        if (D->zc_K > 1) ep_gpu_forward_zc(D, l, xe, ye);
+        else ep_gpu_forward_chunked(D, l, xe, ye);
         return;
     }
     std::vector<int> inv(R), perm = pl->perm;
@@ -193,7 +255,7 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
         fp8_experts_forward_gpu(&m->fp8, l, yl, g, u, act, xl, w.w1, w.v1, w.w2, El, d, F);
         ep_fp8_scratch_unswap(D);
     } else if (!f8)
-        experts_forward_gpu(yl, g, u, act, xl, w.w1, w.v1, w.w2, pl->loffsets.data(), El, d, F);
+        ep_gpu_local_forward(D, l, yl, g, u, act, xl, pl->loffsets.data());
     if (R) moe_gather_gpu(xr, yl, inv_d, (int)R, d);                     // back in peer order
     ep_exchange(&D->ep, pl, xr, ye, d * sizeof(floatX), 1);              // and home, in xe's layout
 }
@@ -334,6 +396,129 @@ static inline void ep_gpu_backward_chunked(EpDispatchGpu* D, int l, const floatX
     if (S) moe_gather_gpu(dxe, run.home, ix + 2 * R + S, (int)S, d);   // dye's layout
 }
 
+// --ep-overlap-chunks C > 1 with --zero-chunk-mib's chunks of my experts (zc_K > 1): the weight chunks outer,
+// the row chunks inner. Every dispatch is issued first (the EP stream runs them beside weight chunk 0's experts);
+// weight chunk k gathered (the store prefetches k + 1 meanwhile), then its experts over row chunk c = 0..C-1 as
+// soon as c has arrived; with the last weight chunk each row chunk is complete, and goes home (combine c - 1
+// beside chunk c's experts). The experts' stream D->sx waits for each weight chunk's gather (ev_start), the
+// compute stream for its experts before the store releases it (ev_end). The same GEMMs, row for row, as
+// ep_gpu_forward_chunked: only the order in which (expert, row chunk) pieces are issued differs.
+static inline void ep_gpu_zc_sync(EpDispatchGpu* D, bool to_sx) {
+    cudaEvent_t e = to_sx ? D->ev_start : D->ev_end;
+    cudaCheck(cudaEventRecord(e, to_sx ? 0 : D->sx));
+    cudaCheck(cudaStreamWaitEvent(to_sx ? D->sx : 0, e, 0));
+}
+static inline void ep_gpu_forward_zc(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye) {
+    DbrxGPU* m = D->model;
+    EpLayerGpu* a = &D->layers[l];
+    const EpChunks* ch = &a->ch;
+    int d = m->cfg.d_model, F = m->cfg.ffn_hidden, C = ch->C, K = D->zc_K, Ec = D->zc_Ec;
+    size_t R = a->plan.R, S = ch->send_start[C];
+    const int* ix = a->cidx.p;   // perm (R), inv (R), stage (S), unstage (S)
+    floatX* yl = D->y.get(R * d, "the experts' outputs");
+    floatX* xl = a->xl.get(R * d, "the received rows (kept for the backward)");
+    floatX *g = m->acts[l].g, *u = m->acts[l].u, *act = m->acts[l].act;
+    EpChunkRun run{D, ch, D->dxr.get(S * d, "the routed rows' results"), ye, D->x.get(R * d, "the received rows"), xe, ix + 2 * R};
+    for (int c = 0; c < C; c++) run.dispatch(c);
+    for (int k = 0; k < K; k++) {
+        floatX* w[3];
+        D->zc_begin(D->zc_ctx, l, k, 0, D->train, w, nullptr);
+        ep_gpu_zc_sync(D, true);
+        for (int c = 0; c < C; c++) {
+            cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_in[c], 0));
+            for (int j = k * Ec; j < (k + 1) * Ec; j++) {
+                int rows, r0 = run.rows_of(j, c, &rows);
+                if (!rows) continue;
+                int off[2] = {0, rows};
+                size_t wo = (size_t)(j - k * Ec) * F * d;
+                moe_gather_gpu(xl + (size_t)r0 * d, run.recv, ix + r0, rows, d, D->sx);
+                experts_forward_gpu(yl + (size_t)r0 * d, g + (size_t)r0 * F, u + (size_t)r0 * F, act + (size_t)r0 * F, xl + (size_t)r0 * d,
+                                    w[0] + wo, w[1] + wo, w[2] + wo, off, 1, d, F, D->sx);
+            }
+            if (k < K - 1) continue;
+            size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
+            if (pr) moe_gather_gpu(run.recv + p0 * d, yl, ix + R + p0, (int)pr, d, D->sx);
+            cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
+            if (c >= 1) run.combine(c - 1);
+        }
+        ep_gpu_zc_sync(D, false);
+        D->zc_end(D->zc_ctx, l, k, 0, D->train);
+    }
+    run.combine(C - 1);
+    if (S) moe_gather_gpu(ye, run.home, ix + 2 * R + S, (int)S, d);   // xe's layout
+}
+
+// Its backward: weight chunks in reverse, each: gathered, its gradient slot zeroed (the store), --recompute
+// swiglu's g, u, act of its experts' rows, its experts' input gradients over row chunk c = 0..C-1 (with chunk 0,
+// the last, each row chunk complete: home), its experts' weight gradients, reduce-scattered by the store at once.
+// The GEMMs of ep_gpu_backward_chunked, expert by expert.
+static inline void ep_gpu_backward_zc(EpDispatchGpu* D, int l, const floatX* dye, floatX* dxe) {
+    DbrxGPU* m = D->model;
+    EpLayerGpu* a = &D->layers[l];
+    const EpChunks* ch = &a->ch;
+    const BlockActsGPU* ma = &m->acts[l];
+    int d = m->cfg.d_model, F = m->cfg.ffn_hidden, C = ch->C, K = D->zc_K, Ec = D->zc_Ec;
+    size_t R = a->plan.R, S = ch->send_start[C];
+    const int* ix = a->cidx.p;
+    const int* lo = a->plan.loffsets.data();
+    floatX* dyl = D->y.get(R * d, "the experts' output gradients");
+    floatX* dxl = D->dx.get(R * d, "the experts' input gradients");
+    floatX *da = m->da, *dg = m->dg, *du = m->du, *xl = a->xl.p;
+    bool rc = (m->rc_mode[l] & RC_SWIGLU) && !(m->rc_mode[l] & RC_MOE);
+    EpChunkRun run{D, ch, D->dxr.get(S * d, "the routed rows' input gradients"), dxe, D->x.get(R * d, "the received rows"), dye, ix + 2 * R};
+    ep_gpu_zc_sync(D, true);
+    if (m->rc_mode[l] & RC_CSWIGLU) gpu_decompress_rows(m, l, (int)R, D->sx);   // --compress-acts: rebuilt from the codes
+    for (int c = 0; c < C; c++) run.dispatch(c);
+    std::vector<int> rel;
+    for (int k = K - 1; k >= 0; k--) {
+        floatX* w[3];
+        float* gw[3];
+        D->zc_begin(D->zc_ctx, l, k, 1, 1, w, gw);
+        ep_gpu_zc_sync(D, true);
+        size_t k0 = ep_zc_rows(D, lo, k, &rel);
+        if (rc && rel[Ec] > 0)
+            experts_forward_gpu(nullptr, ma->g + k0 * F, ma->u + k0 * F, ma->act + k0 * F, xl + k0 * d, w[0], w[1], w[2], rel.data(), Ec, d, F, D->sx);
+        for (int c = 0; c < C; c++) {
+            cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_in[c], 0));
+            for (int j = k * Ec; j < (k + 1) * Ec; j++) {
+                int rows, r0 = run.rows_of(j, c, &rows);
+                if (!rows) continue;
+                size_t wo = (size_t)(j - k * Ec) * F * d, rF = (size_t)r0 * F;
+                floatX* dy = dyl + (size_t)r0 * d;
+                moe_gather_gpu(dy, run.recv, ix + r0, rows, d, D->sx);
+                gemm_gpu(false, true, rows, F, d, 1.0f, dy, d, w[2] + wo, d, 0.0f, da + rF, F, D->sx);
+                swiglu_backward_gpu(dg + rF, du + rF, da + rF, ma->g + rF, ma->u + rF, (size_t)rows * F, D->sx);
+                matmul_backward_gpu(dxl + (size_t)r0 * d, (float*)nullptr, dg + rF, nullptr, w[0] + wo, rows, d, F, 0.0f, D->sx);
+                matmul_backward_gpu(dxl + (size_t)r0 * d, (float*)nullptr, du + rF, nullptr, w[1] + wo, rows, d, F, 1.0f, D->sx);
+            }
+            if (k > 0) continue;
+            size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
+            if (pr) moe_gather_gpu(run.recv + p0 * d, dxl, ix + R + p0, (int)pr, d, D->sx);
+            cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
+            if (c >= 1) run.combine(c - 1);
+        }
+        long long sd, sg;   // the weight gradients of the chunk's experts (ep_gpu_backward_chunked's GEMMs)
+        bool swap, pair = pair_strides(dg, du, sizeof(floatX), gw[0], gw[1], sizeof(float), &sd, &sg, &swap);
+        for (int j = k * Ec; j < (k + 1) * Ec; j++) {
+            int r0 = lo[j], n = lo[j + 1] - lo[j];
+            if (n == 0) continue;
+            size_t wo = (size_t)(j - k * Ec) * F * d, rF = (size_t)r0 * F;
+            gemm_gpu(true, false, F, d, n, 1.0f, ma->act + rF, F, dyl + (size_t)r0 * d, d, 1.0f, gw[2] + wo, d, D->sx);
+            if (pair) {
+                gemm_gpu_batched(true, false, F, d, n, 1.0f, (swap ? du : dg) + rF, F, sd, xl + (size_t)r0 * d, d, 0, 1.0f,
+                                 (swap ? gw[1] : gw[0]) + wo, d, sg, 2, D->sx);
+                continue;
+            }
+            matmul_backward_gpu((floatX*)nullptr, gw[0] + wo, dg + rF, xl + (size_t)r0 * d, w[0] + wo, n, d, F, 0.0f, D->sx);
+            matmul_backward_gpu((floatX*)nullptr, gw[1] + wo, du + rF, xl + (size_t)r0 * d, w[1] + wo, n, d, F, 0.0f, D->sx);
+        }
+        ep_gpu_zc_sync(D, false);
+        D->zc_end(D->zc_ctx, l, k, 1, 1);
+    }
+    run.combine(C - 1);
+    if (S) moe_gather_gpu(dxe, run.home, ix + 2 * R + S, (int)S, d);   // dye's layout
+}
+
 // DBRX_DEBUG_PLANT=ep_regrow, the allocation budget's negative control (test/test_cuda_train.sh): the scratch x
 // freed and allocated again in every training forward, as the buffers that grew with the routing once were
 static inline void ep_plant_regrow(EpDispatchGpu* D) {
@@ -350,6 +535,7 @@ static inline void ep_gpu_experts_forward(void* ctx, int l, const int* offsets_h
     if (train == 1 && l == 0) D->stats.recv_max = 0;   // (train 2: its recomputation in the backward, --recompute moe/block)
     if (train == 1 && l == 0 && g_debug_hooks.plant == PLANT_EP_REGROW) ep_plant_regrow(D);
     bool f8 = train && fp8_on(&D->model->fp8);
+    D->train = train;
     ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, f8, train == 2, train && !f8 && D->chunks > 1);
     DbrxGPU* m = D->model;
     if (train == 1 && (m->rc_mode[l] & RC_CSWIGLU))   // --compress-acts: the received rows' g, u (FP8: the padded layout's)
@@ -369,7 +555,11 @@ static inline void ep_gpu_experts_backward(void* ctx, int l, const floatX* dye, 
     EpPlan* pl = &a->plan;
     size_t R = pl->R;
     bool f8 = fp8_on(&m->fp8);
-    if (!f8 && D->chunks > 1) { ep_gpu_backward_chunked(D, l, dye, dxe); return; }
+    if (!f8 && D->chunks > 1) {
+        if (D->zc_K > 1) ep_gpu_backward_zc(D, l, dye, dxe);
+        else ep_gpu_backward_chunked(D, l, dye, dxe);
+        return;
+    }
     size_t Rc = f8 ? (size_t)m->fp8.routing[l].poff[El] : R;   // the forward's layout (FP8: padded)
     floatX* dyr = D->x.get(R * d, "the received rows");
     floatX* dyl = D->y.get(Rc * d, "the experts' outputs");
@@ -379,6 +569,13 @@ static inline void ep_gpu_experts_backward(void* ctx, int l, const floatX* dye, 
     const BlockActsGPU* ma = &m->acts[l];
     ep_exchange(&D->ep, pl, dye, dyr, d * sizeof(floatX), 0);
     if (R) moe_gather_gpu(dyl, dyr, a->perm.p, (int)Rc, d);
+    if (!f8 && D->zc_K > 1) {   // --zero-chunk-mib: chunk by chunk (--compress-acts: rebuilt first)
+        if (m->rc_mode[l] & RC_CSWIGLU) gpu_decompress_rows(m, l, (int)Rc);
+        ep_gpu_local_backward_chunks(D, l, dxl, dyl, a->xl.p, pl->loffsets.data());
+        if (R) moe_gather_gpu(dxr, dxl, a->inv.p, (int)R, d);
+        ep_exchange(&D->ep, pl, dxr, dxe, d * sizeof(floatX), 1);
+        return;
+    }
     if ((m->rc_mode[l] & RC_SWIGLU) && !(m->rc_mode[l] & RC_MOE)) {   // --recompute swiglu: g, u, act of the kept rows again
         m->fp8.frozen = true;                                          // (moe/block: the recomputed forward, train 2, left them)
         if (f8 && Rc) {
@@ -448,6 +645,12 @@ static inline void ep_gpu_set_chunks(EpDispatchGpu* D, int chunks) {
     }
     cudaCheck(cudaEventCreateWithFlags(&D->ev_start, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&D->ev_end, cudaEventDisableTiming));
+}
+
+// --zero-chunk-mib under EP: my experts in K chunks of Ec, gathered and reduced through the store's begin/end
+static inline void ep_gpu_store_chunks(EpDispatchGpu* D, int K, int Ec, void* ctx, void (*begin)(void*, int, int, int, int, floatX**, float**),
+                                       void (*end)(void*, int, int, int, int)) {
+    D->zc_K = K; D->zc_Ec = Ec; D->zc_ctx = ctx; D->zc_begin = begin; D->zc_end = end;
 }
 
 // its device buffers released, and the model runs its own experts again

@@ -173,8 +173,9 @@ static inline void zero_layout_from_runs(Zero* z, const std::vector<std::vector<
 // The model's runs for S ranks and EP degree n (the top comment): every unit one run but a block's
 // experts: without EP one run per tensor when S divides their rows (E*F), else one run; with EP one run
 // per tensor and EP rank (its E/n experts' rows), split over the S/n ranks with that EP rank. Ec > 0 (the
-// GPU store's chunked experts, zero_chunk_experts; without EP only): one run per chunk of Ec experts and
-// tensor, chunk-major (w1, v1, w2 of experts [0, Ec), then of [Ec, 2 Ec), ...), each split over the S ranks.
+// GPU store's chunked experts, zero_chunk_experts): one run per chunk of Ec experts and tensor, chunk-major
+// (w1, v1, w2 of experts [0, Ec), then of [Ec, 2 Ec), ...), each split over the S ranks; with EP the same over
+// each EP rank's E/n experts (chunk j: its experts [j Ec, (j+1) Ec)), one run per chunk, tensor and EP rank.
 static inline void zero_vocab_runs(std::vector<std::vector<RunSpec>>* runs, const DbrxConfig* c, int Vc);
 static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig* c, const std::vector<ParamInfo>& t, int S, int n = 1,
                                                                int Ec = 0, int Vc = 0) {
@@ -184,10 +185,11 @@ static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig*
     for (const ParamInfo& p : t) {
         std::vector<RunSpec>& r = runs[p.unit];
         bool experts = dbrx_is_experts_unit(p.unit, c);
-        if (experts && n > 1) {   // (runs in tensor order, then EP rank: each owner's w1, v1, w2 are its slot's three)
+        if (experts && Ec > 0) chunked[p.unit].push_back(&p);
+        else if (experts && n > 1) {   // (runs in tensor order, then EP rank: each owner's w1, v1, w2 are its slot's three)
             size_t local = p.numel / n;
             for (int o = 0; o < n; o++) r.push_back(RunSpec{p.offset + o * local, local, o});
-        } else if (experts && Ec > 0) chunked[p.unit].push_back(&p);
+        }
         else if (split && experts) r.push_back(RunSpec{p.offset, p.numel, -1});
         else if (r.empty()) r.push_back(RunSpec{p.offset, p.numel, -1});
         else r[0].numel += p.numel;
@@ -195,6 +197,13 @@ static inline std::vector<std::vector<RunSpec>> zero_unit_runs(const DbrxConfig*
     for (size_t u = 0; u < runs.size(); u++) {
         if (chunked[u].empty()) continue;
         size_t per = (size_t)Ec * c->ffn_hidden * c->d_model;   // one chunk's rows of one tensor
+        if (n > 1) {   // EP: chunk j of every owner's E/n experts; per chunk, tensor, then EP rank (each owner's three)
+            size_t local = per / Ec * (c->n_experts / n);
+            for (int j = 0; j < c->n_experts / n / Ec; j++)
+                for (const ParamInfo* p : chunked[u])
+                    for (int o = 0; o < n; o++) runs[u].push_back(RunSpec{p->offset + o * local + j * per, per, o, j});
+            continue;
+        }
         for (int j = 0; j < c->n_experts / Ec; j++)
             for (const ParamInfo* p : chunked[u]) runs[u].push_back(RunSpec{p->offset + j * per, per, -1, j});
     }
@@ -222,16 +231,17 @@ static inline void zero_vocab_runs(std::vector<std::vector<RunSpec>>* runs, cons
 
 // Experts per chunk of a block's experts unit for the GPU store (--zero-chunk-mib; 0: the unit whole): the
 // most whole experts whose BF16 w1, v1, w2 fit chunk_mib MiB (at least one; a divisor of E, so the chunks
-// are alike). Only where the store gathers the experts itself (S > 1) without EP (the dispatcher runs the
-// experts there: the unit stays whole, its E/n experts only) and without FP8 (the FP8 experts quantise a
-// weight over all experts at once); E itself means one chunk, i.e. none.
+// are alike). With EP of degree n the same over a rank's E/n experts (a divisor of E/n: the dispatcher runs
+// them chunk by chunk, parallel/expert_parallel_cuda.cuh). Only where the store gathers (S > 1) and without
+// FP8 (the FP8 experts quantise a weight over all experts at once); E/n itself means one chunk, i.e. none.
 static inline int zero_chunk_experts(const DbrxConfig* c, int S, int n, bool fp8, double chunk_mib) {
-    if (S <= 1 || n > 1 || fp8 || !(chunk_mib > 0)) return 0;
+    if (S <= 1 || fp8 || !(chunk_mib > 0)) return 0;
+    int El = c->n_experts / (n > 1 ? n : 1);
     double expert_bytes = 2.0 * 3 * c->ffn_hidden * c->d_model;
     int best = 1;
-    for (int e = 1; e <= c->n_experts; e++)
-        if (c->n_experts % e == 0 && e * expert_bytes <= chunk_mib * 1048576.0) best = e;
-    return best == c->n_experts ? 0 : best;
+    for (int e = 1; e <= El; e++)
+        if (El % e == 0 && e * expert_bytes <= chunk_mib * 1048576.0) best = e;
+    return best == El ? 0 : best;
 }
 
 // The units and their shards for S ranks, with no groups and no storage (the GPU store's memory

@@ -157,6 +157,8 @@ static inline void zero_from_host(ZeroGpu* zg);
 static inline void zero_fp8_gather_unit(ZeroGpu* zg, int u, int slot);
 static inline void zero_gpu_chunk_forward(void* ctx, int l, const int* offsets_host, const floatX* xe, floatX* ye, int train);
 static inline void zero_gpu_chunk_backward(void* ctx, int l, const floatX* dye, floatX* dxe);
+static inline void zero_gpu_ep_chunk_begin(void* ctx, int l, int j, int backward, int train, floatX** w, float** gw);
+static inline void zero_gpu_ep_chunk_end(void* ctx, int l, int j, int backward, int train);
 static inline void zero_gpu_vocab_backward(void* ctx, int u);
 static inline void zero_gpu_vocab_begin(ZeroGpu* zg, int u, int phase);
 static inline void zero_gpu_vocab_end(ZeroGpu* zg, int u, int phase);
@@ -180,11 +182,11 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         printf("zero: the embedding and lm_head gathered whole into one vocabulary slot of %zu params, their gradients "
                "reduce-scattered in %d chunks of %d vocabulary rows\n", zero_vocab_slot_numel(z), z->unit_nchunks[0], Vc);
     if (comm->rank == 0 && Ec)
-        printf("zero: a block's experts gathered and reduce-scattered in %d chunks of %d expert(s) (--zero-chunk-mib %g): working slots "
-               "of %zu params\n", c->n_experts / Ec, Ec, chunk_mib, z->work_numel);
-    else if (comm->rank == 0 && zero_chunk_experts(c, z->S, 1, false, chunk_mib))
-        printf("note: --zero-chunk-mib has no effect on the experts with %s: a block's experts are one unit (under EP its %d experts only)\n",
-               ep_n > 1 ? "--expert-parallel" : "--fp8", c->n_experts / ep_n);
+        printf("zero: a block's experts gathered and reduce-scattered in %d chunks of %d expert(s)%s (--zero-chunk-mib %g): working slots "
+               "of %zu params\n", c->n_experts / ep_n / Ec, Ec, ep_n > 1 ? " of a rank's own" : "", chunk_mib, z->work_numel);
+    else if (comm->rank == 0 && fp8_on(&model->fp8) && zero_chunk_experts(c, z->S, ep_n, false, chunk_mib))
+        printf("note: --zero-chunk-mib has no effect on the experts with --fp8: a block's experts are one unit (under EP its %d experts only)\n",
+               c->n_experts / ep_n);
     zero_gpu_comm_init(zg, comm->rank);   // the reduce-scatters' communicators (S > 1)
     zg->plant_deferred = -1; zg->step_prefetch = 0;   // (zero_gpu_set_step_prefetch)
     zg->ep_dispatch = NULL;
@@ -294,7 +296,9 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         model->hooks = UnitHooks{NULL, NULL, NULL};
     } else {
         model->hooks = UnitHooks{zero_gpu_unit_begin, zero_gpu_unit_end, zg};
-        if (z->chunk_experts) model->experts = ExpertHooksGPU{zero_gpu_chunk_forward, zero_gpu_chunk_backward, zg};   // (never under EP)
+        if (z->chunk_experts && !zg->ep_dispatch) model->experts = ExpertHooksGPU{zero_gpu_chunk_forward, zero_gpu_chunk_backward, zg};
+        if (z->chunk_experts && zg->ep_dispatch)   // (under EP the dispatcher runs my experts' chunks: zero_gpu_chunks.cuh)
+            ep_gpu_store_chunks(zg->ep_dispatch, z->unit_nchunks[dbrx_experts_unit(0)], z->chunk_experts, zg, zero_gpu_ep_chunk_begin, zero_gpu_ep_chunk_end);
         if (z->vocab_rows) model->vocab = VocabHooksGPU{zero_gpu_vocab_backward, zg};
     }
     zero_from_host(zg);

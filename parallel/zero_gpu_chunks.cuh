@@ -5,9 +5,9 @@
  * A block's experts unit is 3 E F d parameters (3.17 G at DBRX-132B width): gathered whole, its BF16 slot
  * and FP32 gradient slot, twice, are ~38 GB per GPU. Chunked, the unit is E / Ec chunks of Ec whole
  * experts (zero_chunk_experts: the most that fit the budget), each its own three runs (zero_unit_runs),
- * and the working slots are sized for a chunk (or the largest other unit). The store installs itself as the
- * model's experts hook (ExpertHooksGPU, as expert parallelism's dispatcher does; the two never coexist:
- * chunking is off under EP) and runs the experts chunk by chunk:
+ * and the working slots are sized for a chunk (or the largest other unit). Without EP the store installs itself
+ * as the model's experts hook (ExpertHooksGPU) and runs the experts chunk by chunk; under EP the dispatcher is
+ * the hook and runs a rank's own experts' chunks through zero_gpu_chunk_begin / _end (expert_parallel_cuda.cuh):
  *   forward    gather chunk j (prefetched while chunk j-1 computed), prefetch chunk j+1 (after the last
  *              chunk: the next unit), the experts of chunk j over their rows, release the slot
  *   backward   chunks in reverse: gather, prefetch j-1 (after chunk 0: the block unit before), zero the
@@ -36,8 +36,48 @@ static inline void zero_chunk_rows(const int* offsets_host, int j, int Ec, int* 
 template <typename T> static inline void zero_chunk_tensors(const Zero* z, int u, int j, T* slot, T** t3) {
     int k = 0;
     for (size_t i = 0; i < z->runs[u].size() && k < 3; i++)
-        if (z->run_chunk[u][i] == j) t3[k++] = slot + z->runs[u][i].slot_off;
+        if (z->run_chunk[u][i] == j && zero_run_mine(z, z->runs[u][i])) t3[k++] = slot + z->runs[u][i].slot_off;   // (EP: my experts')
     ENSURE(k == 3, "chunk %d of unit %d has %d runs, not w1, v1, w2", j, u, k);
+}
+
+// Item (u, j) ready on the compute stream: chunk j gathered (prefetched while the previous chunk computed), the
+// next item's gather issued (forward: chunk j + 1, after the last the next unit, not in train 2's recomputation;
+// backward: chunk j - 1, after chunk 0 the unit before); backward: the chunk's gradient slot zeroed (its length
+// only, once the previous reduce-scatter out of it has finished). w (and gw) its w1, v1, w2 in the slot.
+static inline void zero_gpu_chunk_begin(ZeroGpu* zg, int u, int j, bool backward, int train, floatX** w, float** gw) {
+    Zero* z = &zg->z;
+    int K = z->unit_nchunks[u], slot = zero_item_slot(z, u, j);
+    zero_gpu_gather_async(zg, u, j);
+    if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait(zg, u, j);
+    if (!backward && j + 1 < K) zero_gpu_gather_async(zg, u, j + 1);   // overlaps this chunk's compute
+    else if (!backward && train != 2) zero_gpu_prefetch_next(zg, u, UNIT_FORWARD);
+    else if (backward && j > 0) zero_gpu_gather_async(zg, u, j - 1);
+    else if (backward) zero_gpu_prefetch_next(zg, u, UNIT_BACKWARD);
+    zero_chunk_tensors(z, u, j, zg->work[slot], w);
+    if (!backward) return;
+    cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
+    cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), zg->compute));
+    zero_chunk_tensors(z, u, j, zg->gwork[slot], gw);
+    if (g_debug_hooks.plant == PLANT_CHUNK_EARLY_RS) {   // the negative control: reduced before it is complete, and at
+        zero_gpu_reduce_scatter(zg, u, j);                // once (the earliest a GPU may run it; the emulator would defer it)
+        cudaCheck(cudaStreamSynchronize(zero_gpu_rs_stream(zg)));
+    }
+}
+
+// Item (u, j) done on the compute stream: backward, its gradient reduce-scattered at once (on the reduce-scatter
+// stream, beside the next chunk's backward); the slot released (not the last chunk of train 2's recomputation:
+// the backward starts with it)
+static inline void zero_gpu_chunk_end(ZeroGpu* zg, int u, int j, bool backward, int train) {
+    if (backward && g_debug_hooks.plant != PLANT_CHUNK_EARLY_RS) zero_gpu_reduce_scatter(zg, u, j);
+    if (!(!backward && train == 2 && j == zg->z.unit_nchunks[u] - 1)) zero_gpu_release(zg, u, j);
+}
+
+// the EP dispatcher's view of them (EpChunkHooks, parallel/expert_parallel_cuda.cuh): layer l's experts unit
+static inline void zero_gpu_ep_chunk_begin(void* ctx, int l, int j, int backward, int train, floatX** w, float** gw) {
+    zero_gpu_chunk_begin((ZeroGpu*)ctx, dbrx_experts_unit(l), j, backward, train, w, gw);
+}
+static inline void zero_gpu_ep_chunk_end(void* ctx, int l, int j, int backward, int train) {
+    zero_gpu_chunk_end((ZeroGpu*)ctx, dbrx_experts_unit(l), j, backward, train);
 }
 
 // ExpertHooksGPU::forward: ye (rows, d) from xe over the chunks; train 0 (generation) in the decode scratch
@@ -49,18 +89,14 @@ static inline void zero_gpu_chunk_forward(void* ctx, int l, const int* offsets_h
     floatX *g = train ? m->acts[l].g : m->dec.g, *uu = train ? m->acts[l].u : m->dec.u, *act = train ? m->acts[l].act : m->dec.act;
     std::vector<int> rel;
     for (int j = 0; j < K; j++) {
-        int slot = zero_item_slot(z, u, j), r0, r1;
-        zero_gpu_gather_async(zg, u, j);
-        if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait(zg, u, j);
-        if (j + 1 < K) zero_gpu_gather_async(zg, u, j + 1);            // overlaps this chunk's compute
-        else if (train != 2) zero_gpu_prefetch_next(zg, u, UNIT_FORWARD);
-        zero_chunk_rows(offsets_host, j, Ec, &r0, &r1, &rel);
+        int r0, r1;
         floatX* w[3];
-        zero_chunk_tensors(z, u, j, zg->work[slot], w);
+        zero_gpu_chunk_begin(zg, u, j, false, train, w, nullptr);
+        zero_chunk_rows(offsets_host, j, Ec, &r0, &r1, &rel);
         if (r1 > r0)
             experts_forward_gpu(ye + (size_t)r0 * d, g + (size_t)r0 * F, uu + (size_t)r0 * F, act + (size_t)r0 * F, xe + (size_t)r0 * d,
                                 w[0], w[1], w[2], rel.data(), Ec, d, F);
-        if (!(train == 2 && j == K - 1)) zero_gpu_release(zg, u, j);   // (recomputation: the backward starts with it)
+        zero_gpu_chunk_end(zg, u, j, false, train);
     }
 }
 
@@ -75,24 +111,11 @@ static inline void zero_gpu_chunk_backward(void* ctx, int l, const floatX* dye, 
     const int* offsets_host = a->offsets_host.data();
     std::vector<int> rel;
     for (int j = K - 1; j >= 0; j--) {
-        int slot = zero_item_slot(z, u, j), r0, r1;
-        zero_gpu_gather_async(zg, u, j);
-        if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait(zg, u, j);
-        if (j > 0) zero_gpu_gather_async(zg, u, j - 1);
-        else zero_gpu_prefetch_next(zg, u, UNIT_BACKWARD);
-        // a zeroed gradient slot (the chunk's length), once the previous reduce-scatter out of it has finished
-        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
-        cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), zg->compute));
-        bool early = g_debug_hooks.plant == PLANT_CHUNK_EARLY_RS;   // (the negative control: reduced before it is complete)
-        if (early) {   // (and run at once: the earliest a GPU may run it, where the emulator would defer it to the latest)
-            zero_gpu_reduce_scatter(zg, u, j);
-            cudaCheck(cudaStreamSynchronize(zero_gpu_rs_stream(zg)));
-        }
-        zero_chunk_rows(offsets_host, j, Ec, &r0, &r1, &rel);
+        int r0, r1;
         floatX* w[3];
         float* gw[3];
-        zero_chunk_tensors(z, u, j, zg->work[slot], w);
-        zero_chunk_tensors(z, u, j, zg->gwork[slot], gw);
+        zero_gpu_chunk_begin(zg, u, j, true, 1, w, gw);
+        zero_chunk_rows(offsets_host, j, Ec, &r0, &r1, &rel);
         size_t rd = (size_t)r0 * d, rf = (size_t)r0 * F;
         if (r1 > r0) {
             if ((rc & RC_SWIGLU) && !(rc & RC_MOE))   // --recompute swiglu: this chunk's g, u, act (moe: the train-2 forward did)
@@ -100,7 +123,6 @@ static inline void zero_gpu_chunk_backward(void* ctx, int l, const floatX* dye, 
             experts_backward_gpu(dxe + rd, gw[0], gw[1], gw[2], m->da + rf, m->dg + rf, m->du + rf, dye + rd, a->xe + rd, a->g + rf,
                                  a->u + rf, a->act + rf, w[0], w[1], w[2], rel.data(), Ec, d, F);
         }
-        if (!early) zero_gpu_reduce_scatter(zg, u, j);   // on the reduce-scatter stream, beside the next chunk's backward
-        zero_gpu_release(zg, u, j);
+        zero_gpu_chunk_end(zg, u, j, true, 1);
     }
 }

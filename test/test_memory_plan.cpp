@@ -128,7 +128,7 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
     MemoryPlan pb = memory_plan(&c, 2, 16, 4, 2, 4, FP8_OFF, EP_CAPACITY_DEFAULT, 0, true);
     CHECK(plan_param_state(&pb) + pb.gathered_slots + pb.grad_slots == (long double)zero_gpu_estimate_bytes(&c, 4, 2, 0, 1));
     CHECK(pb.rs_scratch > 0);
-    // --zero-chunk-mib: the experts in chunks (S > 1 without EP); a budget of a tenth of the experts unit
+    // --zero-chunk-mib: the experts in chunks (S > 1); a budget of a tenth of the experts unit
     double mib = 0.1 * 2.0 * 3 * c.n_experts * c.ffn_hidden * c.d_model / 1048576;
     for (int S : {2, 4}) {
         MemoryPlan q = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF, EP_CAPACITY_DEFAULT, mib);
@@ -160,6 +160,15 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
     CHECK(plan_param_state(&rq) + rq.gathered_slots + rq.grad_slots
           == (long double)zero_gpu_estimate_bytes(&c, 2, 1, rq.chunk_experts, 0, rq.vocab_rows));
     g_recompute = recompute_parse("");
+    // ... and under EP 2 a rank's E/2 experts in chunks (a divisor of E/2), packed and spread alike
+    for (int S : {2, 4}) {
+        MemoryPlan q = memory_plan(&c, 2, 16, S, 2, 4, FP8_OFF, EP_CAPACITY_DEFAULT, mib / 2);
+        int Ec = zero_chunk_experts(&c, S, 2, false, mib / 2), Vc = zero_vocab_rows(&c, S, 2, false, mib / 2);
+        CAPTURE(S); CAPTURE(Ec);
+        CHECK((Ec >= 1 && Ec < c.n_experts / 2 && (c.n_experts / 2) % Ec == 0 && q.chunk_experts == Ec));
+        CHECK(plan_param_state(&q) + q.gathered_slots + q.grad_slots == (long double)zero_gpu_estimate_bytes(&c, S, 2, Ec, 0, Vc));
+        CHECK(q.slot_params < memory_plan(&c, 2, 16, S, 2, 4, FP8_OFF).slot_params);
+    }
 }
 
 // one forward and backward of the emulated model (B x T tokens): the peak of its device memory above what was
@@ -339,10 +348,18 @@ TEST_CASE("the vocabulary slot: chunked vocabulary gradients, the parameters who
     int Ec = zero_chunk_experts(&b, 64, 1, false, 512);
     long double whole = (long double)zero_gpu_estimate_bytes(&b, 64, 1, Ec), chunked = (long double)zero_gpu_estimate_bytes(&b, 64, 1, Ec, 0, 32248);
     CHECK(whole - chunked == 2 * (2 + 4) * (Vb * D + D) - (2 * (2 + 4) * ring + 2 * vslot));
-    // EP 8 (the --fit layouts): the ring is the rank's 2 experts (the unit, not chunked under EP), the vocabulary slot the same
+    // EP 8 (the --fit layouts): a rank's 2 experts in chunks of 1 (parallel/expert_parallel_cuda.cuh), the ring one expert
+    // as without EP, the vocabulary slot the same: 3.36 GiB, where the rank's experts unit whole made it 5.58 GiB
     MemoryPlan q = memory_plan(&b, 1, 4096, 64, 8, 64, FP8_OFF, EP_CAPACITY_DEFAULT, 512);
-    CHECK(q.slot_params == 3 * F * D * (E / 8));
-    CHECK(q.gathered_slots + q.grad_slots == 2 * (2 + 4) * 3 * F * D * (E / 8) + 2 * vslot);   // 5.58 GiB
+    CHECK(q.chunk_experts == 1);
+    CHECK(q.slot_params == ring);
+    CHECK(q.gathered_slots + q.grad_slots == 2 * (2 + 4) * ring + 2 * vslot);   // 3,611,308,160 B
+    CHECK(q.gathered_slots + q.grad_slots == 3611308160.0L);
+    // (the unit whole, as before: the same vocabulary slot, the ring 2 experts: 2 x 6 B x 3 F d more, 5.58 GiB)
+    int Vw = 32248;   // (the same vocabulary chunks in both: they fit either ring)
+    CHECK((long double)zero_gpu_estimate_bytes(&b, 64, 8, 0, 0, Vw) - (long double)zero_gpu_estimate_bytes(&b, 64, 8, 1, 0, Vw) ==
+          2 * (2 + 4) * 3 * F * D * (E / 8 - 1));
+    CHECK(memory_plan(&b, 1, 4096, 64, 8, 64, FP8_CURRENT, EP_CAPACITY_DEFAULT, 512).chunk_experts == 0);   // (FP8: whole)
     // the bound: 4x the vocabulary, the ring's slots the same (the vocabulary slot alone grows, V d)
     DbrxConfig b4 = b;
     b4.vocab_size *= 4;

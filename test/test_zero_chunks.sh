@@ -11,7 +11,12 @@
 #     (ffn 224 and 896) stays within the budget while the unchunked one grows 4x; DBRX-132B's plan (S 64):
 #     slots of the largest other unit (norm_f + lm_head, V d + d), not of the experts (3 E F d);
 #   * --export-hf after the chunked run byte-identical; a chunked run's checkpoint resumed unchunked, bit-identical;
-#   * the EP case: under --expert-parallel the flag says it has no effect on the experts (each rank gathers its own);
+#   * the EP case (parallel/expert_parallel_cuda.cuh): each rank's own E/n = 8 experts in chunks of 1, np 2 EP 2 with the
+#     exchange in 2 chunks (the default) and in 1, --recompute moe and swiglu, --compress-acts swiglu, with evaluation and
+#     generation, and np 4 EP 2 spread and packed (the expert
+#     shard group of 2): losses and bytes per step bit-identical to the unit whole; checkpoints EP chunked -> whole ->
+#     chunked, each resumed step bit-identical; every rank's emulated peak = the plan (0.1%); the negative control
+#     chunk_early_rs on an EP chunk changes the losses;
 #   * the vocabulary (parallel/zero_gpu_vocab.cuh): at --zero-chunk-mib 0.02 the embedding and the head gathered whole
 #     into one vocabulary slot, their gradients in 5 chunks of 80 rows: the np 2 run above (with --recompute attn, evaluation,
 #     generation, --export-hf) and np 4 HSDP bit-identical to the units whole, the peak to the plan (0.1%) and the plan
@@ -64,15 +69,37 @@ grep -q "in 16 chunks of 1 expert" "$tmp/c1.out" && grep -q "in 4 chunks of 4 ex
     && pass "the store says how it chunks (16 chunks of 1 expert, 4 of 4; the vocabulary slot V d + d + S, 5 chunks of 80 rows)" \
     || fail "no chunking line: $(grep zero: "$tmp/c1.out" | head -3)"
 
-# --- the EP case: no chunking there (the dispatcher runs the experts), said once; each rank gathers its experts only
+# --- the EP case: each rank's own experts (E/n = 8) in chunks of 1 through the dispatcher (parallel/expert_parallel_cuda.cuh),
+# against the experts unit whole (--zero-chunk-mib 0): the exchange in 2 chunks (the default), in one, --recompute moe/swiglu,
+# np 4 with --ep-layout spread (the expert shard group of 2: real gathers and reduce-scatters of the chunks) and packed
 G=(--model dbrx-tiny --n-layers 2 --seq 32 --steps 2 --batch 1 --val-every 0 --grad-clip 0)
-runp ep2 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.2   # (the vocabulary whole: 819 rows fit 0.2 MiB)
-runp ep2v 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.02
-DBRX_DEBUG_PLANT=chunk_early_rs runp planted_v 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.02
-grep -q "no effect on the experts with --expert-parallel: a block's experts are one unit (under EP its 8 experts only)" "$tmp/ep2.out" \
-    && grep -q "in 5 chunks of 80 vocabulary rows" "$tmp/ep2v.out" \
-    && pass "under --expert-parallel 2 the flag says it has no effect on the experts (the rank's 8); the vocabulary in 5 chunks" \
+X=(--shard-group-size 2 --expert-parallel 2)
+runp epw 2 "${X[@]}" --zero-chunk-mib 0 --val-every 1 --sample-every 2
+runp epwca 2 "${X[@]}" --zero-chunk-mib 0 --compress-acts swiglu
+runp ep2ca 2 "${X[@]}" --zero-chunk-mib 0.2 --compress-acts swiglu
+runp epw1 2 "${X[@]}" --zero-chunk-mib 0 --ep-overlap-chunks 1 --recompute moe
+runp ep2 2 "${X[@]}" --zero-chunk-mib 0.2 --val-every 1 --sample-every 2   # (the vocabulary whole: 819 rows fit 0.2 MiB)
+runp ep2o1 2 "${X[@]}" --zero-chunk-mib 0.2 --ep-overlap-chunks 1 --recompute moe
+runp ep2rm 2 "${X[@]}" --zero-chunk-mib 0.2 --recompute moe
+runp ep2rs 2 "${X[@]}" --zero-chunk-mib 0.2 --recompute swiglu --ep-overlap-chunks 1
+runp ep2v 2 "${X[@]}" --zero-chunk-mib 0.02
+DBRX_DEBUG_PLANT=chunk_early_rs runp planted_v 2 "${X[@]}" --zero-chunk-mib 0.02
+Y=(--shard-group-size 4 --expert-parallel 2 --ep-layout spread --steps 3)
+runp ep4w 4 "${Y[@]}" --zero-chunk-mib 0
+SIMT_STEP_COUNTERS=1 runp ep4 4 "${Y[@]}" --zero-chunk-mib 0.2 --recompute swiglu   # (+ the emulated peak memory)
+runp ep4p 4 --shard-group-size 4 --expert-parallel 2 --steps 3 --zero-chunk-mib 0.2 --ep-overlap-chunks 1
+runp ep4pw 4 --shard-group-size 4 --expert-parallel 2 --steps 3 --zero-chunk-mib 0   # (packed's own baseline: another ring order)
+DBRX_DEBUG_PLANT=chunk_early_rs runp planted_e 4 "${Y[@]}" --zero-chunk-mib 0.2 --steps 2
+# checkpoints across the layouts: EP chunked -> EP whole -> EP chunked, each resumed step bit-identical to ep4w's
+runp eck1 4 "${Y[@]}" --zero-chunk-mib 0.2 --ckpt-dir "$tmp/eck" --stop-after 1
+runp eck2 4 "${Y[@]}" --zero-chunk-mib 0 --ckpt-dir "$tmp/eck" --resume auto --stop-after 1
+runp eck3 4 "${Y[@]}" --zero-chunk-mib 0.2 --ckpt-dir "$tmp/eck" --resume auto
+./train_dbrx_cpu --model dbrx-tiny --n-layers 2 --seq 32 --batch 1 "${Y[@]}" --zero-chunk-mib 0.2 --recompute swiglu --dry-run --plan-gpus 4 > "$tmp/plan_ep4" 2>&1
+grep -q "in 8 chunks of 1 expert(s) of a rank's own" "$tmp/ep2.out" && grep -q "in 5 chunks of 80 vocabulary rows" "$tmp/ep2v.out" \
+    && ! grep -q "chunks of 1 expert" "$tmp/epw.out" \
+    && pass "under --expert-parallel 2 the store says it chunks a rank's own 8 experts (8 chunks of 1); the vocabulary in 5 chunks" \
     || fail "EP: $(grep -i 'chunk' "$tmp/ep2.out" | head -2)"
+./train_dbrx_cpu --dry-run --model dbrx-132b --batch 1 --seq 4096 --shard-group-size 64 --expert-parallel 8 --plan-device h100 > "$tmp/plan_ep8" 2>&1
 
 # the plans: allocations of the chunked run, the working set at two widths, DBRX-132B at S 64
 D=(--model dbrx-tiny --n-layers 2 --seq 32 --batch 1 --shard-group-size 2 --dry-run --plan-gpus 4)
@@ -107,12 +134,31 @@ v(losses("ck2") == w[1:2] and losses("ck3") == w[2:] and len(w) == 3,
 v(losses("c4rc") == w, "chunks of 4 experts with --recompute moe:0,swiglu:1: bit-identical %s" % losses("c4rc"))
 v(losses("h4") == w, "np 4 HSDP 2x2 (grad-accum 1: the same global batch) with chunks: bit-identical %s" % losses("h4"))
 v(losses("planted") != w, "negative control: a chunk reduce-scattered before its backward changes the losses %s" % losses("planted"))
-ep, epv = losses("ep2"), losses("ep2v")
-v(len(ep) == 2 and ep == epv, "EP 2: the vocabulary's gradients in chunks (the experts whole): the 2 losses bit-identical %s" % epv)
-v(losses("planted_v") != ep, "negative control: a vocabulary chunk reduce-scattered before its backward (EP 2) changes the losses %s" % losses("planted_v"))
 # memory: the emulated peak per rank against the plan; the plan's slots against the sizes' formula
 peak = lambda n: [int(x) for x in re.findall(r"^simt peak device memory: (\d+) bytes", out(n + ".out"), re.M)]
 allocs = lambda n: int(re.search(r"^plan bytes: allocations (\d+)", out(n), re.M).group(1))
+ew = losses("epw")
+v(len(ew) == 2 and all(losses(n) == ew for n in ("ep2", "ep2o1", "ep2rm", "ep2rs", "ep2v", "epw1")),
+  "EP 2, a rank's experts in chunks of 1: the exchange in 2 chunks and in 1, --recompute moe and swiglu, the vocabulary chunked too: "
+  "the 2 losses bit-identical to the experts whole %s" % ew)
+v(field("ep2", "val_loss") == field("epw", "val_loss") and field("ep2", "val_loss") and samples("ep2") == samples("epw") and samples("ep2")
+  and losses("ep2ca") == losses("epwca") and len(losses("ep2ca")) == 2,
+  "... and the validation losses, the sampled text (generation through the EP chunks), and with --compress-acts swiglu %s" % losses("ep2ca"))
+v(field("ep2", "comm_bytes") == field("epw", "comm_bytes") and field("ep2o1", "comm_bytes") == field("epw1", "comm_bytes"),
+  "... and the bytes per step (--recompute moe: the chunks gathered again as the unit was) %s" % field("ep2o1", "comm_bytes")[:1])
+e4 = losses("ep4w")
+v(len(e4) == 3 and losses("ep4") == e4 and field("ep4", "comm_bytes") == field("ep4w", "comm_bytes") and len(losses("ep4pw")) == 3
+  and losses("ep4p") == losses("ep4pw") and field("ep4p", "comm_bytes") == field("ep4pw", "comm_bytes"),
+  "np 4 EP 2 (expert shard group 2), spread with --recompute swiglu and packed with the exchange in one piece: losses and bytes "
+  "bit-identical to the experts whole in the same layout %s %s" % (e4, losses("ep4p")))
+v(losses("eck2") == e4[1:2] and losses("eck3") == e4[2:],
+  "an EP chunked run's checkpoint resumed with the experts whole, that one's resumed chunked: steps 2, 3 bit-identical %s %s" % (
+  losses("eck2"), losses("eck3")))
+v(losses("planted_e") != e4[:2], "negative control: an EP chunk reduce-scattered before its backward changes the losses %s" % losses("planted_e"))
+v(losses("planted_v") != ew, "negative control: the same with the vocabulary chunked too (EP 2) changes the losses %s" % losses("planted_v"))
+pe, ape = peak("ep4"), allocs("plan_ep4")
+v(len(pe) >= 4 and abs(max(pe) / ape - 1) <= 0.001, "np 4 EP 2 spread with chunks: every rank's emulated peak (max %d) is the plan's allocations %d (%+.4f%%)" % (
+    max(pe) if pe else 0, ape, 100 * (max(pe) / ape - 1) if pe else 0))
 plan, pc = allocs("plan_c1"), peak("h4")   # (both at --zero-chunk-mib 0.02)
 v(len(pc) >= 4 and abs(max(pc) / plan - 1) <= 0.001, "np 4 HSDP with chunks: every rank's emulated peak (max %d) is the --dry-run plan's allocations %d (%+.4f%%)" % (
     max(pc) if pc else 0, plan, 100 * (max(pc) / plan - 1) if pc else 0))
@@ -139,5 +185,10 @@ vs = re.search(r"the vocabulary slot [\d.]+ GiB \(the embedding or the head whol
 v(ws("plan_132b") == 3 * Fm * dm and ws("plan_132b_whole") == 3 * Em * Fm * dm and vs and int(vs.group(1)) == Vm * dm + dm + 64,
   "DBRX-132B S 64: the ring's slots one expert (%d params = 3 F d) with the default chunks, the experts (%d) whole; the vocabulary slot %s" % (
   ws("plan_132b"), ws("plan_132b_whole"), vs.group(1) if vs else None))
+ve = re.search(r"the vocabulary slot [\d.]+ GiB \(the embedding or the head whole: (\d+) params", out("plan_ep8"))
+we = re.search(r"ZeRO working set .*experts in chunks of 1\)\s+([\d.]+) GiB", out("plan_ep8"))
+v(ws("plan_ep8") == 3 * Fm * dm and ve and int(ve.group(1)) == Vm * dm + dm + 64 and we and we.group(1) == "3.36",
+  "DBRX-132B S 64 EP 8: a rank's 2 experts in chunks of 1, the ring's slots one expert (%d params), the working set %s GiB "
+  "(2 x 6 B x 3 F d + 2 B x (V d + d + 64) = 3.36; the unit whole: 5.58)" % (ws("plan_ep8"), we.group(1) if we else None))
 PY
-verdicts "$tmp/verdicts" 18
+verdicts "$tmp/verdicts" 25
