@@ -41,8 +41,13 @@ CONFIGS = [
     ("DBRX-132B, 64 H100 (8 nodes): the same, --ep-layout spread (the expert shard group in a node, EP 8 across nodes)",
      "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute moe", "2 4", False),
-    ("DBRX-132B, 256 H100 (32 nodes): ZeRO-3 over 256, EP 8 in a node, --recompute swiglu", "dbrx-132b", 1, 4096, 256,
-     "h100-sxm", "--shard-group-size 256 --expert-parallel 8 --recompute swiglu", "2 4", False),
+    ("DBRX-132B, 64 H100 (8 nodes): the --fit pick with the experts in chunks under EP: spread, --ep-capacity-factor 1, "
+     "--recompute attn,swiglu, --compress-acts attn", "dbrx-132b", 1, 4096, 64, "h100-sxm",
+     "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute attn,swiglu "
+     "--compress-acts attn", "2 4", False),
+    ("DBRX-132B, 256 H100 (32 nodes): the --fit pick, ZeRO-3 over 256, EP 8 in a node, --ep-capacity-factor 1.25, "
+     "--compress-acts swiglu", "dbrx-132b", 1, 4096, 256, "h100-sxm",
+     "--shard-group-size 256 --expert-parallel 8 --ep-capacity-factor 1.25 --compress-acts swiglu", "2 4", False),
 ]
 
 
