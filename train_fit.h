@@ -14,7 +14,7 @@
  *   --context-parallel N   1, 2, 4, 8, 16 where N divides the GPUs and 2N divides --seq (train_flags.h's
  *                          context_parallel_check, parallel/context_parallel.h): the CP group is N consecutive ranks
  *                          inside the data-parallel ranks, so the plan is the one of T/N tokens per sequence
- *                          (dry_run_report's own call of memory_plan)
+ *                          (dry_run_report's own call of memory_plan); the run's own degree only where it gives one
  * "Cheapest" is an order, not a time (the step-time model, make predict, times a setting):
  *   0. a shard group that crosses the network (S > 8): the higher EP degree up to 8 (each GPU gathers 1/n of the
  *      experts' bytes over the network), and EP inside a node before EP across nodes. Predicted (make predict,
@@ -103,8 +103,10 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
     long double headroom = (long double)args.run.fit_headroom * 1073741824.0L;   // (--fit-headroom GiB)
     std::vector<FitCandidate> fits;
     int tried = 0;
+    bool own_cp = flag_given(&args, "--context-parallel");   // (given: that degree only, checked by context_parallel_check)
     for (int cp = 1; cp <= 16; cp *= 2) {
         if (gpus % cp || (cp > 1 && args.run.seq % (2 * cp))) continue;   // (context_parallel_check and cp_init's rules)
+        if (own_cp && cp != args.parallel.context_parallel) continue;
         for (int S = 1; S <= gpus; S *= 2) {
             if (gpus % S) continue;
             for (int n = 1; n <= 16; n *= 2) {

@@ -89,9 +89,13 @@ if [ -n "$cpc" ] && [ "$cpc" -gt 1 ]; then
     # shellcheck disable=SC2086
     v0=$($BIN --dry-run "${A32K[@]}" $(sed "s/--context-parallel $cpc/--context-parallel $((cpc / 2))/" <<<"$fitc") 2>&1 | grep "^verdict:")
     h1=$(sed -n 's/^verdict: FITS, \([0-9.]*\) GiB of headroom.*/\1/p' <<<"$v1")
-    [[ "$v0" == "verdict: DOES NOT FIT"* ]] && [ -n "$h1" ] && awk -v h="$h1" 'BEGIN { exit !(h >= 4) }' \
-        && pass "--fit for DBRX-132B, seq 32768, 64 H100s: $fitc (its --dry-run: ${v1%% (*}; at --context-parallel $((cpc / 2)): ${v0%%,*})" \
-        || fail "--fit at seq 32768 chose '$fitc': its plan '$v1', at half its CP '$v0'"
+    # and at half its CP (--fit with the run's own --context-parallel searches that degree only) nothing fits with the
+    # pick's EP degree: what fits there ranks after it by rule 0 (EP up to 8 where the shard group crosses nodes)
+    p0=$($BIN --dry-run --fit "${A32K[@]}" --context-parallel $((cpc / 2)) 2>&1 | grep "^fit: ")
+    n0=$(grep -c -- "$(grep -o -- '--expert-parallel [0-9]*' <<<"$fitc")" <<<"$p0")
+    [[ "$v0" == "verdict: DOES NOT FIT"* ]] && [ "$n0" = 0 ] && [[ "$fitc" == *"--expert-parallel 8"* ]] && [ -n "$h1" ] && awk -v h="$h1" 'BEGIN { exit !(h >= 4) }' \
+        && pass "--fit for DBRX-132B, seq 32768, 64 H100s: $fitc (its --dry-run: ${v1%% (*}; at --context-parallel $((cpc / 2)): ${v0%%,*}, and --fit there: ${p0%% (*})" \
+        || fail "--fit at seq 32768 chose '$fitc': its plan '$v1', at half its CP '$v0' (--fit there: $p0)"
 else fail "--fit for DBRX-132B at seq 32768 on 64 H100s chose no --context-parallel setting: '$fitc'"; fi
 $BIN --dry-run --fit --model dbrx-132b --batch 1 --seq 262144 --max-seq 262144 --plan-gpus 8 --plan-device h100 > "$tmp/fit256k.out" 2>&1 \
     && grep -q "^fit: NOTHING FITS in 79.65 GiB per GPU with 4.00 GiB to spare at 8 GPU(s)" "$tmp/fit256k.out" \
