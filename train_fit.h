@@ -11,20 +11,27 @@
  *   --compress-acts        the run's own (--compress-acts SPEC or off), else none, swiglu, attn, swiglu,attn (all layers,
  *                          never a class the --recompute setting recomputes everywhere; not
  *                          bit-identical, so an exact setting of the same recomputed FLOPs ranks first)
+ *   --context-parallel N   1, 2, 4, 8, 16 where N divides the GPUs and 2N divides --seq (train_flags.h's
+ *                          context_parallel_check, parallel/context_parallel.h): the CP group is N consecutive ranks
+ *                          inside the data-parallel ranks, so the plan is the one of T/N tokens per sequence
+ *                          (dry_run_report's own call of memory_plan); the run's own degree only where it gives one
  * "Cheapest" is an order, not a time (the step-time model, make predict, times a setting):
  *   0. a shard group that crosses the network (S > 8): the higher EP degree up to 8 (each GPU gathers 1/n of the
  *      experts' bytes over the network), and EP inside a node before EP across nodes. Predicted (make predict,
  *      DBRX-132B seq 4096 on 64 H100s): shard group 64 without EP (it fits since the experts are gathered in
  *      chunks, --zero-chunk-mib) with --recompute swiglu 17.4 s per step, against 3.8 s with EP 8 and --recompute
  *      moe: the gathers across nodes, not the recomputation, set the step;
- *   1. the fewest recomputed FLOPs (model/recompute.h: what HFU adds over MFU), then the fewest compressed classes;
- *   2. a shard group inside a node (S <= 8) before one that crosses the network;
- *   3. the higher EP degree inside a node (each rank gathers 1/n of the experts' weights);
- *   4. the larger --ep-capacity-factor (more room for uneven routing before a step is refused);
- *   5. --ep-layout spread before packed (the twins of one setting). Predicted (make predict, DBRX-132B seq 4096
+ *   1. the smallest --context-parallel degree: CP adds an exchange of K|V in every layer, forward and backward
+ *      (N-1 and 2N-1 blocks per rank), and beyond 8 its consecutive ranks cross nodes; a CP degree is taken only
+ *      where the one below it fits nothing (or only what rule 0 ranks after), not to save recomputation;
+ *   2. the fewest recomputed FLOPs (model/recompute.h: what HFU adds over MFU), then the fewest compressed classes;
+ *   3. a shard group inside a node (S <= 8) before one that crosses the network;
+ *   4. the higher EP degree inside a node (each rank gathers 1/n of the experts' weights);
+ *   5. the larger --ep-capacity-factor (more room for uneven routing before a step is refused);
+ *   6. --ep-layout spread before packed (the twins of one setting). Predicted (make predict, DBRX-132B seq 4096
  *      on 64 H100s, parallel/README.md "The EP layout"): spread moves the experts' gathers and reduce-scatters
  *      into a node and the exchange across nodes, where it overlaps the experts;
- *   6. the smaller shard group (fewer ranks in every gather), then the larger headroom.
+ *   7. the smaller shard group (fewer ranks in every gather), then the larger headroom.
  * A setting fits when its plan leaves --fit-headroom GiB (default 4) of the device free: the plan's NCCL and CUDA
  * margins are predicted, not measured.
  * It prints the ranked fitting settings (at most 8) and the flags of the first, or that nothing fits.
@@ -37,6 +44,7 @@
 
 typedef struct {
     int S, n, spread;         // spread: --ep-layout spread
+    int cp;                   // --context-parallel
     double cap;
     std::string rc;           // the --recompute spec ("" none)
     std::string ca;           // the --compress-acts spec ("" none)
@@ -49,6 +57,7 @@ static inline bool fit_better(const FitCandidate& a, const FitCandidate& b) {
     if (xnode(a) != xnode(b)) return xnode(a) > xnode(b);
     bool an = a.n <= 8, bn = b.n <= 8;   // (EP 16 has the gathers of EP 8 but an all-to-all across nodes)
     if (an != bn) return an;
+    if (a.cp != b.cp) return a.cp < b.cp;   // (rule 1: the smallest CP)
     if (a.extra != b.extra) return a.extra < b.extra;
     auto ncls = [](const std::string& ca) { return ca.empty() ? 0 : 1 + (int)std::count(ca.begin(), ca.end(), ','); };
     if (ncls(a.ca) != ncls(b.ca)) return ncls(a.ca) < ncls(b.ca);   // (exact before compressed, fewer classes first)
@@ -77,6 +86,7 @@ static inline std::string fit_flags(const FitCandidate& f) {
     if (f.spread) s += " --ep-layout spread";
     if (!f.rc.empty()) s += " --recompute " + f.rc;
     if (!f.ca.empty()) s += " --compress-acts " + f.ca;
+    if (f.cp > 1) s += " --context-parallel " + std::to_string(f.cp);
     return s;
 }
 
@@ -93,26 +103,31 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
     long double headroom = (long double)args.run.fit_headroom * 1073741824.0L;   // (--fit-headroom GiB)
     std::vector<FitCandidate> fits;
     int tried = 0;
-    for (int S = 1; S <= gpus; S *= 2) {
-        if (gpus % S) continue;
-        for (int n = 1; n <= 16; n *= 2) {
-            if (cfg.n_experts % n || (n > 1 && (S % n || gpus % n)) || (n > 1 && S == 1)) continue;
-            for (double cap : caps) {
-                if (n == 1 && cap != caps[0]) continue;
-                for (const char* rc : specs)
-                for (const std::string& ca : cas) {
-                    if (!own_ca && fit_compresses_recomputed(rc, ca)) continue;   // (the same plan as without that class)
-                    g_recompute = recompute_parse(rc);   // (memory_plan reads the run's specs)
-                    g_compress = recompute_parse(ca, "--compress-acts", RC_COMPRESS_GRANS);
-                    MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
-                                                   args.parallel.grad_reduce_dtype == "bf16");
-                    tried++;
-                    if (p.total + headroom > capacity) continue;
-                    double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
-                                                             cfg.top_k, args.run.seq) / fpt;
-                    fits.push_back({S, n, 0, n > 1 ? cap : 0.0, rc, g_compress.text, p.total, extra});
-                    if (n > 1 && S > 8 && S > n && S / n <= 8)   // the spread twin (the same plan): the expert shard group in a node
-                        fits.push_back({S, n, 1, cap, rc, g_compress.text, p.total, extra});
+    bool own_cp = flag_given(&args, "--context-parallel");   // (given: that degree only, checked by context_parallel_check)
+    for (int cp = 1; cp <= 16; cp *= 2) {
+        if (gpus % cp || (cp > 1 && args.run.seq % (2 * cp))) continue;   // (context_parallel_check and cp_init's rules)
+        if (own_cp && cp != args.parallel.context_parallel) continue;
+        for (int S = 1; S <= gpus; S *= 2) {
+            if (gpus % S) continue;
+            for (int n = 1; n <= 16; n *= 2) {
+                if (cfg.n_experts % n || (n > 1 && (S % n || gpus % n)) || (n > 1 && S == 1)) continue;
+                for (double cap : caps) {
+                    if (n == 1 && cap != caps[0]) continue;
+                    for (const char* rc : specs)
+                    for (const std::string& ca : cas) {
+                        if (!own_ca && fit_compresses_recomputed(rc, ca)) continue;   // (the same plan as without that class)
+                        g_recompute = recompute_parse(rc);   // (memory_plan reads the run's specs)
+                        g_compress = recompute_parse(ca, "--compress-acts", RC_COMPRESS_GRANS);
+                        MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq / cp, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
+                                                       args.parallel.grad_reduce_dtype == "bf16");
+                        tried++;
+                        if (p.total + headroom > capacity) continue;
+                        double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
+                                                                 cfg.top_k, args.run.seq) / fpt;
+                        fits.push_back({S, n, 0, cp, n > 1 ? cap : 0.0, rc, g_compress.text, p.total, extra});
+                        if (n > 1 && S > 8 && S > n && S / n <= 8)   // the spread twin (the same plan): the expert shard group in a node
+                            fits.push_back({S, n, 1, cp, cap, rc, g_compress.text, p.total, extra});
+                    }
                 }
             }
         }
@@ -120,11 +135,11 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
     g_recompute = saved; g_compress = saved_ca;
     std::sort(fits.begin(), fits.end(), fit_better);
     printf("fit (--fit: %d settings planned for %d GPU(s), micro-batch %d x %d, FP8 %s, %.2f GiB to spare (--fit-headroom); ranked by EP up to 8 where the shard group "
-           "crosses nodes, recomputed FLOPs, a shard group inside a node, EP inside a node and higher, a larger --ep-capacity-factor, --ep-layout spread, a smaller shard group: train_fit.h):\n",
+           "crosses nodes, the smallest --context-parallel, recomputed FLOPs, a shard group inside a node, EP inside a node and higher, a larger --ep-capacity-factor, --ep-layout spread, a smaller shard group: train_fit.h):\n",
            tried, gpus, args.run.batch, args.run.seq, args.fp8.recipe.c_str(), (double)args.run.fit_headroom);
     if (fits.empty()) {
         printf("fit: NOTHING FITS in %.2f GiB per GPU with %.2f GiB to spare at %d GPU(s): lower --batch, --seq or --fit-headroom, "
-               "more GPUs, a bigger device, or split each sequence over GPUs (--context-parallel)\n",
+               "more GPUs or a bigger device (--context-parallel 1-16 planned where it divides the GPUs and 2N --seq)\n",
                (double)(capacity / 1073741824.0L), (double)args.run.fit_headroom, gpus);
         return;
     }

@@ -66,7 +66,8 @@ expect_exit 2 "--plan-gpus 6 with --expert-parallel 4" $BIN --dry-run --plan-gpu
 expect_exit 2 "--plan-device without --dry-run" $BIN --plan-device h100 --steps 1
 expect_exit 2 "--plan-gpus without --dry-run" $BIN --plan-gpus 8 --steps 1
 # --dry-run --fit (train_fit.h): the chosen setting fits by its own --dry-run, and the same setting less its
-# recomputation (the cheaper ones it was ranked after) does not; at seq 32768 nothing fits (context parallelism)
+# recomputation (the cheaper ones it was ranked after) does not; at seq 32768 it picks a --context-parallel degree
+# whose setting at half that degree does not fit; where nothing fits at any CP degree it says so
 A132=(--model dbrx-132b --batch 1 --seq 4096 --plan-gpus 64 --plan-device h100)
 fitl=$($BIN --dry-run --fit "${A132[@]}" 2>&1 | sed -n 's/^fit: \(--shard-group-size [^(]*\) (.*/\1/p')
 if [ -n "$fitl" ] && grep -q -- "--recompute" <<<"$fitl"; then
@@ -79,9 +80,26 @@ if [ -n "$fitl" ] && grep -q -- "--recompute" <<<"$fitl"; then
         && pass "--fit for DBRX-132B, seq 4096, 64 H100s: $fitl (its --dry-run: ${v1%% (*}; without its --recompute: ${v0%%,*})" \
         || fail "--fit chose '$fitl': its plan '$v1', without recompute '$v0'"
 else fail "--fit for DBRX-132B on 64 H100s chose no setting with --recompute: '$fitl'"; fi
-$BIN --dry-run --fit --model dbrx-132b --batch 1 --seq 32768 --plan-gpus 64 --plan-device h100 > "$tmp/fit32k.out" 2>&1 \
-    && grep -q "^fit: NOTHING FITS in 79.65 GiB per GPU with 4.00 GiB to spare at 64 GPU(s)" "$tmp/fit32k.out" \
-    && pass "--fit at seq 32768 on 64 H100s: nothing fits (exit 0, one verdict line)" || fail "--fit at seq 32768: $(tail -2 "$tmp/fit32k.out")"
+A32K=(--model dbrx-132b --batch 1 --seq 32768 --plan-gpus 64 --plan-device h100)
+fitc=$($BIN --dry-run --fit "${A32K[@]}" 2>&1 | sed -n 's/^fit: \(--shard-group-size [^(]*\) (.*/\1/p')
+cpc=$(sed -n 's/.*--context-parallel \([0-9]*\).*/\1/p' <<<"$fitc")
+if [ -n "$cpc" ] && [ "$cpc" -gt 1 ]; then
+    # shellcheck disable=SC2086
+    v1=$($BIN --dry-run "${A32K[@]}" $fitc 2>&1 | grep "^verdict:")
+    # shellcheck disable=SC2086
+    v0=$($BIN --dry-run "${A32K[@]}" $(sed "s/--context-parallel $cpc/--context-parallel $((cpc / 2))/" <<<"$fitc") 2>&1 | grep "^verdict:")
+    h1=$(sed -n 's/^verdict: FITS, \([0-9.]*\) GiB of headroom.*/\1/p' <<<"$v1")
+    # and at half its CP (--fit with the run's own --context-parallel searches that degree only) nothing fits with the
+    # pick's EP degree: what fits there ranks after it by rule 0 (EP up to 8 where the shard group crosses nodes)
+    p0=$($BIN --dry-run --fit "${A32K[@]}" --context-parallel $((cpc / 2)) 2>&1 | grep "^fit: ")
+    n0=$(grep -c -- "$(grep -o -- '--expert-parallel [0-9]*' <<<"$fitc")" <<<"$p0")
+    [[ "$v0" == "verdict: DOES NOT FIT"* ]] && [ "$n0" = 0 ] && [[ "$fitc" == *"--expert-parallel 8"* ]] && [ -n "$h1" ] && awk -v h="$h1" 'BEGIN { exit !(h >= 4) }' \
+        && pass "--fit for DBRX-132B, seq 32768, 64 H100s: $fitc (its --dry-run: ${v1%% (*}; at --context-parallel $((cpc / 2)): ${v0%%,*}, and --fit there: ${p0%% (*})" \
+        || fail "--fit at seq 32768 chose '$fitc': its plan '$v1', at half its CP '$v0' (--fit there: $p0)"
+else fail "--fit for DBRX-132B at seq 32768 on 64 H100s chose no --context-parallel setting: '$fitc'"; fi
+$BIN --dry-run --fit --model dbrx-132b --batch 1 --seq 262144 --max-seq 262144 --plan-gpus 8 --plan-device h100 > "$tmp/fit256k.out" 2>&1 \
+    && grep -q "^fit: NOTHING FITS in 79.65 GiB per GPU with 4.00 GiB to spare at 8 GPU(s)" "$tmp/fit256k.out" \
+    && pass "--fit at seq 262144 on 8 H100s: nothing fits at any CP degree (exit 0, one verdict line)" || fail "--fit at seq 262144 on 8 GPUs: $(tail -2 "$tmp/fit256k.out")"
 expect_exit 2 "--fit without --dry-run" $BIN --fit --steps 1
 expect_exit 2 "--fit-headroom -1" $BIN --dry-run --fit --fit-headroom -1
 expect_exit 2 "--fit-headroom without --fit" $BIN --dry-run --fit-headroom 2
