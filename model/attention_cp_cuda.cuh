@@ -4,8 +4,9 @@
  * order; parallel/context_parallel_cuda.cuh gathers it), as N chunk pairs on the flash kernels (attention_flash.cuh's
  * FlashBlock: the causal diagonal for the rank's own block, a full block with a query range or a key prefix for the
  * others), in the ring's order, each pair's (out, lse) merged by the online softmax in FP32. The backward runs the
- * same pairs with the merged lse and D = rowsum(dout out): dq summed over the pairs in FP32, dK|dV of every block in
- * FP32 (dkv_all, kv_all's layout), which the group reduce-scatters back to the rows' owners. No communication here.
+ * same pairs with the merged lse and D = rowsum(dout out): dq summed over the pairs in FP32, this rank's dK|dV of every
+ * block in FP32 (dkv_all, kv_all's layout), which the group sums at the rows' owners (a ring or a reduce-scatter,
+ * parallel/context_parallel_cuda.cuh). No communication here.
  */
 #pragma once
 #include "attention.cuh"
@@ -116,20 +117,32 @@ static inline void cp_attention_forward_gpu(floatX* out, float* lse, const float
     if (n > 1) LAUNCH(cp_out_from_f32_kernel, ceil_div((long long)on, 256), 256, 0, stream, out, sc->o32, on);
 }
 
-// the backward: dq into the Q columns of dqkv, and dK|dV of every gathered row into dkv_all (n, B, Tl, 2 kv hd) FP32 (the
-// caller reduce-scatters them to their owners); the pairs in the same order, each adding to FP32 sums
+// dst += in (FP32, n elements): the backward ring's accumulator, this rank's contribution plus the one that arrived
+__global__ void cp_add_f32_kernel(float* dst, const float* in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = dst[i] + in[i];
+}
+
+// the backward: dq into the Q columns of dqkv, and this rank's dK|dV contribution to every block into dkv_all (n, B, Tl,
+// 2 kv hd) FP32, each slot zeroed first (the caller sums them over the group); the pairs in the same order, each adding
+// to FP32 sums. before_pair as the forward's; after_pair (NULL: none) is called after pair k's launches (the ring's
+// transport passes block k's gradient on there)
 static inline void cp_attention_backward_gpu(floatX* dqkv, float* dkv_all, const floatX* dout, const floatX* out, const float* lse,
                                              const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc, int B, int Tl, int H, int KV,
-                                             int hd, int n, int rank, cudaStream_t stream = 0) {
+                                             int hd, int n, int rank, cudaStream_t stream = 0,
+                                             void (*before_pair)(void* ctx, int k) = nullptr,
+                                             void (*after_pair)(void* ctx, int k) = nullptr, void* ctx = nullptr) {
     size_t blk = (size_t)B * Tl * 2 * KV * hd, rows = (size_t)B * Tl * H;
     LAUNCH(flash_attention_backward_D_kernel, ceil_div((long long)rows * 32, 128), 128, 0, stream, sc->D, (int*)nullptr, dout, out, B, Tl, H,
            hd, 0);
     cudaCheck(cudaMemsetAsync(sc->dq_acc, 0, rows * hd * sizeof(float), stream));
     cudaCheck(cudaMemsetAsync(dkv_all, 0, n * blk * sizeof(float), stream));
     for (int k = 0; k < n; k++) {
+        if (before_pair) before_pair(ctx, k);
         int s = ((rank - k) % n + n) % n;
         FlashBlock p = cp_chunk_pair(kv_all + s * blk, dkv_all + s * blk, k, n, rank, Tl, KV, hd);
         flash_attention_backward_block_gpu(sc->dq_acc, sc->dq_sem, sc->D, dout, lse, qkv, B, Tl, H, KV, hd, p, stream);
+        if (after_pair) after_pair(ctx, k);
     }
     LAUNCH(cp_dq_store_kernel, ceil_div((long long)rows * hd, 256), 256, 0, stream, dqkv, sc->dq_acc, B, Tl, H, KV, hd);
 }

@@ -3,10 +3,11 @@
  * balanced chunks' queries over the whole sequence as N chunk pairs on the flash kernels (model/attention_cp_cuda.cuh),
  * and before each pair the K|V block at hand hops to the next rank (grouped ncclSend/ncclRecv on the group's stream,
  * waited for with an event when a pair needs it: the transfer runs beside the pair at hand; cpg_ring_hop). Backward:
- * the all-gather form; the group all-gathers every rank's K|V (BF16, rank order), dq here and dK|dV of every row in
- * FP32, reduce-scattered to the rows' owners (a fixed NCCL ring order: deterministic), not overlapped: the compute
- * stream is synchronised before each collective and the host waits for the group's stream after it. Bytes per rank per
- * layer, KVB = B (T/N) 2 kv hd: forward (N-1) 2 KVB (N-1 hops), backward (N-1) 2 KVB + (N-1) 4 KVB (NCCL's ring formulas). The data loader, RoPE at the global positions, the store
+ * the same ring for K|V, and the blocks' FP32 dK|dV sums travel it too (cpg_grad_hop): after pair k a rank adds the
+ * sum that arrived for block k to its own contribution and passes it on, beside pair k + 1; the owner adds its own last
+ * (a fixed order, every run the same bits). No host sync. DBRX_DEBUG_PLANT=cp_all_gather: the former all-gather form
+ * (all-gather of K|V, reduce-scatter of dK|dV, host-synchronised), the tests' reference. Bytes per rank per layer,
+ * KVB = B (T/N) 2 kv hd: forward (N-1) 2 KVB (N-1 hops), backward (N-1) 2 KVB + (N-1) 4 KVB (either form). The data loader, RoPE at the global positions, the store
  * (ZeRO-3/HSDP/EP over the ranks as data-parallel ranks) are the CPU path's (parallel/context_parallel.h). The
  * load-balancing loss is the group's tokens', as on the CPU: every layer's counts and probability sums come to the host
  * with the forward's last copy and are all-reduced (doubles, one call for all layers) over an MPI twin of the group.
@@ -19,13 +20,15 @@ typedef struct {
     CommGroup group;                // "context": N consecutive ranks, NCCL
     int n, rank, B, Tl, H, KV, hd;
     floatX *kv, *kv_all;            // (B, Tl, 2 kv hd) this rank's K|V; (N, B, Tl, 2 kv hd) the group's
-    float *dkv_all, *dkv;           // their gradients, FP32: every gathered row's; this rank's rows, summed over the group
+    float *dkv_all, *dkv;           // their gradients, FP32: this rank's contribution to every block; (2, B, Tl, 2 kv hd): the
+                                    // ring's sums arriving (alternately; the all-gather form: this rank's rows, summed, in the first)
     CpAttnScratch sc;               // the chunk pairs' scratch (model/attention_cp_cuda.cuh)
     uint64_t fwd_calls, bwd_calls;
     CommGroup host_group;           // the same ranks, MPI (the load-balancing loss's statistics are on the host)
     std::vector<int> counts_g;      // (L, E) the group's expert counts of the last forward; counts_dev their device copy
     int* counts_dev, E;
-    cudaEvent_t packed, arrived[2]; // the ring: this rank's block packed (compute stream); a hop done (the group's stream)
+    cudaEvent_t packed, arrived[2]; // the ring: this rank's block packed / a gradient summed (compute stream); a hop done (the group's stream)
+    cudaEvent_t summed[2];          // the backward's gradient hop done (the group's stream)
     uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent
 } ContextParallelGPU;
 
@@ -74,9 +77,44 @@ static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX*
     cp->fwd_calls++;
 }
 
+// the backward's gradient ring, called after chunk pair k (model/attention_cp_cuda.cuh's after_pair): dkv_all's slot s
+// (block s = r - k) holds this rank's contribution; for k >= 1 it becomes the sum passed on: for k >= 2 the sum of ranks
+// s + 1 .. r - 1 arrived from the left (the hop issued after pair k - 1, run beside pair k) is added to it; then it hops
+// to the right (beside pair k + 1) while the sum for block r - k - 1 arrives into dkv[k % 2]. The owner's contribution
+// (pair 0) is not sent: after the last pair the sum of all other ranks arrives and is added to it. Block s's gradient is
+// so c_s + (c_{s-1} + (.. + (c_{s+2} + c_{s+1}))) (c_j: rank j's contribution), the same order every run. dkv[k % 2] is
+// written again by hop k + 2, issued after the add that read it (the `packed` event: the compute stream so far).
+static inline void cpg_grad_hop(void* ctx, int k) {
+    ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    int n = cp->n, r = cp->rank, s = ((r - k) % n + n) % n;
+    size_t blk = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
+    if (k >= 2) {
+        cudaCheck(cudaStreamWaitEvent(0, cp->summed[(k - 1) % 2], 0));
+        LAUNCH(cp_add_f32_kernel, ceil_div((long long)blk, 256), 256, 0, 0, cp->dkv_all + s * blk, cp->dkv + ((k - 1) % 2) * blk, blk);
+    }
+    if (k >= 1) {
+        cudaCheck(cudaEventRecord(cp->packed, 0));
+        cudaCheck(cudaStreamWaitEvent(cp->group.stream, cp->packed, 0));
+        comm_send_recv(&cp->group, cp->dkv_all + s * blk, blk * sizeof(float), (r + 1) % n, cp->dkv + (k % 2) * blk, (r + n - 1) % n);
+        cudaCheck(cudaEventRecord(cp->summed[k % 2], cp->group.stream));
+    }
+    if (k == n - 1) {   // (the sum of the other ranks' contributions to this rank's block)
+        cudaCheck(cudaStreamWaitEvent(0, cp->summed[k % 2], 0));
+        LAUNCH(cp_add_f32_kernel, ceil_div((long long)blk, 256), 256, 0, 0, cp->dkv_all + r * blk, cp->dkv + (k % 2) * blk, blk);
+    }
+}
+
 static inline void cpg_backward(void* ctx, floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
     size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
+    if (g_debug_hooks.plant != PLANT_CP_ALL_GATHER) {
+        LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->kv_all + cp->rank * kvn, qkv, rows, cp->H, cp->KV, cp->hd);
+        cp_attention_backward_gpu(dqkv, cp->dkv_all, dout, out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n,
+                                  cp->rank, 0, cpg_ring_hop, cpg_grad_hop, cp);
+        LAUNCH(cp_unpack_dkv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, dqkv, cp->dkv_all + cp->rank * kvn, rows, cp->H, cp->KV, cp->hd);
+        cp->bwd_calls++;
+        return;
+    }
     cpg_gather(cp, qkv);
     cp_attention_backward_gpu(dqkv, cp->dkv_all, dout, out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n,
                               cp->rank);
@@ -144,10 +182,11 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     cudaCheck(cudaMemcpy(m->rope_sin, sf.data(), sf.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaEventCreateWithFlags(&cp->packed, cudaEventDisableTiming));
     for (cudaEvent_t& e : cp->arrived) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (cudaEvent_t& e : cp->summed) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     cudaCheck(cudaMalloc((void**)&cp->kv, kvn * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->kv_all, n * kvn * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->dkv_all, n * kvn * sizeof(float)));
-    cudaCheck(cudaMalloc((void**)&cp->dkv, kvn * sizeof(float)));
+    cudaCheck(cudaMalloc((void**)&cp->dkv, 2 * kvn * sizeof(float)));
     size_t rows = (size_t)cp->B * cp->Tl * cp->H;
     cudaCheck(cudaMalloc((void**)&cp->sc.out_p, rows * cp->hd * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->sc.o32, rows * cp->hd * sizeof(float)));
@@ -155,18 +194,20 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     cudaCheck(cudaMalloc((void**)&cp->sc.lse_p, rows * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&cp->sc.D, rows * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&cp->sc.dq_sem, flash_bwd5_sem_ints(cp->B, cp->Tl, cp->H) * sizeof(int)));
-    m->activation_bytes += kvn * (sizeof(floatX) * (1 + n) + sizeof(float) * (n + 1)) + cp_attn_scratch_bytes(cp->B, cp->Tl, cp->H, cp->hd);
+    m->activation_bytes += kvn * (sizeof(floatX) * (1 + n) + sizeof(float) * (n + 2)) + cp_attn_scratch_bytes(cp->B, cp->Tl, cp->H, cp->hd);
     m->attn = AttentionHooksGPU{cpg_forward, cpg_backward, lbl ? cpg_lbl : NULL, lbl ? cpg_lbl_counts : NULL, cp};
 }
 
 static inline void cpg_free(ContextParallelGPU* cp, const Comm* comm) {
     if (cp->n <= 1) return;
-    printf("cp: rank %d: context-parallel rank %d of %d (GPU, all-gather), sent %llu bytes in %llu forward and %llu backward attentions, "
-           "%llu bytes for the load-balancing loss\n", comm->rank, cp->rank, cp->n, (unsigned long long)comm_bytes_sent(&cp->group),
+    printf("cp: rank %d: context-parallel rank %d of %d (GPU, %s), sent %llu bytes in %llu forward and %llu backward attentions, "
+           "%llu bytes for the load-balancing loss\n", comm->rank, cp->rank, cp->n,
+           g_debug_hooks.plant == PLANT_CP_ALL_GATHER ? "all-gather" : "ring", (unsigned long long)comm_bytes_sent(&cp->group),
            (unsigned long long)cp->fwd_calls, (unsigned long long)cp->bwd_calls, (unsigned long long)cp->lbl_bytes);
     fflush(stdout);
     if (cp->counts_dev) cudaCheck(cudaFree(cp->counts_dev));
     cudaCheck(cudaEventDestroy(cp->packed)); cudaCheck(cudaEventDestroy(cp->arrived[0])); cudaCheck(cudaEventDestroy(cp->arrived[1]));
+    cudaCheck(cudaEventDestroy(cp->summed[0])); cudaCheck(cudaEventDestroy(cp->summed[1]));
     cudaCheck(cudaFree(cp->kv)); cudaCheck(cudaFree(cp->kv_all)); cudaCheck(cudaFree(cp->dkv_all)); cudaCheck(cudaFree(cp->dkv));
     for (void* p : {(void*)cp->sc.out_p, (void*)cp->sc.o32, (void*)cp->sc.dq_acc, (void*)cp->sc.lse_p, (void*)cp->sc.D, (void*)cp->sc.dq_sem})
         cudaCheck(cudaFree(p));

@@ -30,10 +30,11 @@ test/simt/counters.h), for test/test_comm_streams.sh.
       (through stream order and event waits) and not for the second (they run beside it), and the step's forward
       gathered none of those items again before its first kernel (the previous step's optimizer had). Fails
       naming what is missing (with --zero-prefetch 0: the optimizer in one launch).
-  cp_ring LOG             context parallelism's forward ring on the GPU (parallel/context_parallel_cuda.cuh): every K|V hop
-      (a grouped send/recv on the "context" communicator) runs concurrently with a chunk pair's flash kernel on another
-      stream and a later pair's kernel waits for it (an event). Fails with the counts (the all-gather form,
-      DBRX_DEBUG_PLANT=cp_all_gather: no hop).
+  cp_ring LOG             context parallelism's ring on the GPU (parallel/context_parallel_cuda.cuh): every K|V hop (a
+      grouped send/recv on the "context" communicator) runs concurrently with a chunk pair's flash kernel on another
+      stream and a later pair's kernel waits for it (an event), in the forward and the backward; the backward's dK|dV
+      hops are waited for by an add and all but each layer's last run beside a pair. Fails with the counts (the
+      all-gather form, DBRX_DEBUG_PLANT=cp_all_gather: no hop).
   rc_prefetch LOG         the recompute's block gathered ahead (--recompute moe/block under ZeRO-3,
       parallel/zero_gpu_comm.cuh's zero_gpu_rc_prefetch): in the --profile'd step's backward, for every layer l
       below the last that recomputes ("layer l recompute"), the all-gather of its block (unit 2l+1) is issued
@@ -194,9 +195,12 @@ def check_ep_overlap(path):
 
 
 def check_cp_ring(path):
-    """context parallelism's forward ring on the GPU (parallel/context_parallel_cuda.cuh): every K|V hop (a grouped send/recv
-    on the "context" communicator) runs concurrently with a chunk pair's flash kernel on another stream (neither ordered
-    before the other by stream order and event waits) and a later pair's kernel waits for it (an event)"""
+    """context parallelism's ring on the GPU (parallel/context_parallel_cuda.cuh): every forward K|V hop (a grouped
+    send/recv on the "context" communicator) runs concurrently with a forward chunk pair's flash kernel on another stream
+    (neither ordered before the other by stream order and event waits) and a later pair's kernel waits for it (an event);
+    in the backward likewise every K|V hop with the backward's pair kernels, and every dK|dV hop (twice a K|V hop's
+    bytes) is waited for by an add (cp_add_f32_kernel) and runs beside a backward pair except the last of each layer's
+    (n - 2 of its n - 1: nothing is left to compute beside it)"""
     ops = stream_clocks(load(path))
     hops, last_group = [], None
     for o in ops:
@@ -207,17 +211,33 @@ def check_cp_ring(path):
                 continue   # (one NCCL group call: one hop)
             last_group = g
             hops.append(o)
-    pairs = [o for o in ops if o[0]["t"] == "kernel" and o[0]["name"].startswith("flash_attention_forward_cp_kernel")]
+    kern = lambda o, pre: o[0]["t"] == "kernel" and o[0]["name"].startswith(pre)
+    fpairs = [o for o in ops if kern(o, "flash_attention_forward_cp_kernel")]
+    bpairs = [o for o in ops if kern(o, "flash_attention_backward5_cp_kernel")]
+    adds = [o for o in ops if kern(o, "cp_add_f32_kernel")]
     before = lambda x, y: y[3].get(x[1], 0) >= x[2]   # x is done before y starts
-    beside = [c for c in hops if any(p[1] != c[1] and not before(c, p) and not before(p, c) for p in pairs)]
-    waited = [c for c in hops if any(before(c, p) for p in pairs)]
-    what = "%d of %d K|V hops run beside a chunk pair's flash kernel on another stream, %d waited for by a later pair" % (
-        len(beside), len(hops), len(waited))
-    if not hops or len(beside) < len(hops) or len(waited) < len(hops):
-        print("fail " + what)
-        return 1
-    print("pass " + what)
-    return 0
+    beside = lambda c, ks: any(p[1] != c[1] and not before(c, p) and not before(p, c) for p in ks)
+    waited = lambda c, ks: any(before(c, p) for p in ks)
+    # a hop's phase: that of the next chunk-pair kernel issued after it (the ops are in issue order)
+    idx = {id(o): i for i, o in enumerate(ops)}
+    def phase(c):
+        nxt = [o for o in ops[idx[id(c)] + 1:] if kern(o, "flash_attention_forward_cp_kernel") or kern(o, "flash_attention_backward5_cp_kernel")
+               or kern(o, "cp_add_f32_kernel")]
+        return "fwd" if nxt and kern(nxt[0], "flash_attention_forward_cp_kernel") else "bwd"
+    fh = [c for c in hops if phase(c) == "fwd"]
+    bh = [c for c in hops if phase(c) == "bwd"]
+    small = min((c[0]["count"] * c[0]["elem_bytes"] for c in hops), default=0)
+    bkv = [c for c in bh if c[0]["count"] * c[0]["elem_bytes"] == small]
+    bg = [c for c in bh if c[0]["count"] * c[0]["elem_bytes"] == 2 * small]
+    n = hops[0][0]["nranks"] if hops else 0
+    res = [("forward K|V hops", fh, sum(beside(c, fpairs) for c in fh), len(fh), sum(waited(c, fpairs) for c in fh)),
+           ("backward K|V hops", bkv, sum(beside(c, bpairs) for c in bkv), len(bkv), sum(waited(c, bpairs) for c in bkv)),
+           ("backward dK|dV hops", bg, sum(beside(c, bpairs) for c in bg), len(bg) * (n - 2) // max(n - 1, 1), sum(waited(c, adds) for c in bg))]
+    what = "; ".join("%s: %d of %d beside a chunk pair (want %d), %d waited for" % (w, b, len(hs), want, wt) for w, hs, b, want, wt in res)
+    ok = bool(fh) and bool(bkv) and bool(bg) and len(bkv) + len(bg) == len(bh) and len(bg) == len(bkv)
+    ok = ok and all(b >= want and wt == len(hs) for _, hs, b, want, wt in res)
+    print(("pass " if ok else "fail ") + what)
+    return 0 if ok else 1
 
 
 def check_syncs(path):

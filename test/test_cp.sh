@@ -121,10 +121,10 @@ for name in ("g2", "g4"):
 PY
 verdicts "$tmp/grads" 2
 
-# the CUDA backend (train_dbrx_emu: the SIMT emulator, NCCL on the twin; K|V all-gathered, the chunk pairs on the flash
-# kernels, parallel/context_parallel_cuda.cuh): CP 2 (ZeRO-3; EP 2) and CP 4 (ZeRO-3; EP 2) against one emulated GPU
-# process (BF16: within 2e-3, as the store's ranks are) and one CPU process (1e-2); CP 2 twice, under two thread
-# schedules, bit for bit. The load-balancing loss (dbrx-tiny's weight 0.05) is the CP group's on both backends: the
+# the CUDA backend (train_dbrx_emu: the SIMT emulator, NCCL on the twin; K|V and the backward's dK|dV sums on a ring, the
+# chunk pairs on the flash kernels, parallel/context_parallel_cuda.cuh): CP 2 (ZeRO-3; EP 2) and CP 4 (ZeRO-3; EP 2)
+# against one emulated GPU process (BF16: within 2e-3, as the store's ranks are) and one CPU process (1e-2); CP 2 and
+# CP 4 twice, under two thread schedules, bit for bit. The load-balancing loss (dbrx-tiny's weight 0.05) is the CP group's on both backends: the
 # lbl column of every GPU run against one GPU process's and CP 2's against the CPU CP 2 run's (2e-3 relative).
 EMU=${EMU:-./train_dbrx_emu}
 if [ -x "$EMU" ]; then
@@ -142,10 +142,13 @@ if [ -x "$EMU" ]; then
     SIMT_SCHEDULE=random:7 runx x2b 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
     runx x2ep 2 "${X[@]}" --context-parallel 2 --expert-parallel 2
     runx x4 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
+    SIMT_SCHEDULE=random:7 runx x4b 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
     runx x4ep 4 "${X[@]}" --context-parallel 4 --expert-parallel 2
-    # the forward's ring (grouped send/recv hops beside the chunk pairs) against the former all-gather of K|V: the same bits
+    # the ring (forward: K|V hops; backward: K|V and dK|dV hops, grouped send/recv beside the chunk pairs) against the former
+    # all-gather of K|V + reduce-scatter of dK|dV: the same bits (the dK|dV sums' order differs, the BF16 gradients agree)
     DBRX_DEBUG_PLANT=cp_all_gather runx x2g 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
     DBRX_DEBUG_PLANT=cp_all_gather runx x4g 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
+    DBRX_DEBUG_PLANT=cp_all_gather runx x4epg 4 "${X[@]}" --context-parallel 4 --expert-parallel 2
     $PY - "$tmp" > "$tmp/gpu" <<'PY'
 import json, os, sys
 tmp = sys.argv[1]
@@ -172,22 +175,26 @@ for name, what in (("x2ep", "CP 2 with EP 2"), ("x4", "CP 4 with ZeRO-3"), ("x4e
     print(("pass" if len(ge) == 3 and re_ <= 2e-3 else "fail") + f" --device cuda (emulated) {what}: max rel. diff {re_:.1e} vs one GPU process (<= 2e-3)")
 print(("pass" if ok and rc < 1e-2 else "fail") + f" --device cuda (emulated) CP 2: max rel. diff {rc:.1e} vs one CPU process (< 1e-2)")
 print(("pass" if ok and g2 == g2b else "fail") + " --device cuda (emulated) CP 2, two thread schedules: bit-identical losses")
-for ring, gath, what in (("x2", "x2g", "CP 2"), ("x4", "x4g", "CP 4")):
+same4 = all(len(losses("x4", key)) == 3 and losses("x4", key) == losses("x4b", key) for key in ("loss", "grad_norm"))
+print(("pass" if same4 else "fail") + " --device cuda (emulated) CP 4 (the ring backward), two thread schedules: bit-identical losses and gradient norms")
+for ring, gath, what in (("x2", "x2g", "CP 2"), ("x4", "x4g", "CP 4"), ("x4ep", "x4epg", "CP 4 with EP 2")):
     same = all(len(losses(ring, key)) == 3 and losses(ring, key) == losses(gath, key) for key in ("loss", "lbl", "grad_norm"))
     print(("pass" if same else "fail") + f" --device cuda (emulated) {what}: the ring's losses, lbl and gradient norms bit-identical to the all-gather form's")
-# bytes per rank (NCCL's ring formulas), KVB = 1 x 32 x 2 x 2 x 32 elements: per layer, forward the all-gather (N-1) 2 KVB,
+# bytes per rank (NCCL's ring formulas), KVB = 1 x (64/N) x 2 x 2 x 32 elements: per layer, forward the all-gather (N-1) 2 KVB,
 # backward the all-gather again and the reduce-scatter of dK|dV (N-1) 4 KVB; 2 layers, 3 steps
 import re
-# (the ring: N-1 hops of 2 KVB bytes, the all-gather's volume)
-for name, what in (("x2", "CP 2, the ring"), ("x2g", "CP 2, the all-gather form")):
+# (the ring: forward N-1 K|V hops of 2 KVB bytes, backward N-1 K|V hops and N-1 dK|dV hops of 4 KVB: the collectives' volumes)
+for name, N, what in (("x2", 2, "CP 2, the ring"), ("x2g", 2, "CP 2, the all-gather form"), ("x4", 4, "CP 4, the ring"),
+                      ("x4g", 4, "CP 4, the all-gather form")):
     got = re.findall(r"^cp: rank \d+: .* sent (\d+) bytes", open(os.path.join(tmp, name + ".out")).read(), re.M)
-    kvb = 1 * 32 * 2 * 2 * 32
-    want = 2 * 3 * (1 * 2 * kvb + 1 * 2 * kvb + 1 * 4 * kvb)
-    print(("pass" if len(got) == 2 and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) {what}: bytes per rank {sorted(set(got))} = the formula {want}")
+    kvb = 1 * (64 // N) * 2 * 2 * 32
+    want = 2 * 3 * ((N - 1) * 2 * kvb + (N - 1) * 2 * kvb + (N - 1) * 4 * kvb)
+    print(("pass" if len(got) == N and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) {what}: bytes per rank {sorted(set(got))} = the formula {want}")
 PY
-    verdicts "$tmp/gpu" 15
-    # the ring's stream structure (the emulator's work log, test/check_comm_order.py cp_ring): CP 4, every K|V hop runs beside
-    # a chunk pair's flash kernel on the group's stream and a later pair waits for it; the all-gather form has no hop
+    verdicts "$tmp/gpu" 19
+    # the ring's stream structure (the emulator's work log, test/check_comm_order.py cp_ring): CP 4, every K|V hop (forward
+    # and backward) runs beside a chunk pair's flash kernel on the group's stream and a later pair waits for it, the
+    # backward's dK|dV hops are waited for by the adds and beside a pair but each layer's last; the all-gather form has no hop
     W=(--model dbrx-tiny --n-layers 1 --seq 32 --steps 1 --val-every 0 --batch 1 --context-parallel 4)
     for plant in none cp_all_gather; do
         if [ $plant = none ]; then env_=(); else env_=(DBRX_DEBUG_PLANT=$plant); fi

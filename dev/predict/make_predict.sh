@@ -51,7 +51,9 @@ total=$(grep -m1 "^  total " <<<"$plan" | sed -E 's/^  total ([0-9.]+ GiB of [0-
 verdict=$(grep -m1 "^verdict: " <<<"$plan" | sed -E 's/^verdict: ([^(]*).*/\1/; s/ *$//')
 [ -n "$total" ] && echo "memory (--dry-run's plan per GPU): $total: $verdict"
 accum=$(sed -nE 's/.*--grad-accum[ =]([0-9]+).*/\1/p' <<<"$FLAGS"); accum=${accum:-1}
-args=(--device "$DEVICE" --flops-per-token "$fpt" --tokens $((BATCH * SEQ * NP * accum)) --ranks "$NP")
+# one sequence is split over a context-parallel group: NP ranks train NP / CP sequences
+cp=$(sed -nE 's/.*--context-parallel[ =]([0-9]+).*/\1/p' <<<"$FLAGS"); cp=${cp:-1}
+args=(--device "$DEVICE" --flops-per-token "$fpt" --tokens $((BATCH * SEQ * NP * accum / cp)) --ranks "$NP")
 [ -n "${TRACE:-}" ] && args+=(--trace "$TRACE")
 [ -n "${JSON:-}" ] && args+=(--json)
 if [ "${#logs[@]}" = 2 ]; then
