@@ -196,6 +196,7 @@ KERNELS = {
     "cp_unpack_dkv_kernel": lambda a, g, x: (8 * a[2] * a[4] * a[5], 4 * a[2] * a[4] * a[5]),  # FP32 dK|dV -> BF16
     "cp_out_to_f32_kernel": lambda a, g, x: (2 * a[2], 4 * a[2]),                             # (o32, out, n)
     "cp_out_from_f32_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),                           # (out, o32, n)
+    "cp_add_f32_kernel": lambda a, g, x: (8 * a[2], 4 * a[2]),                                 # (dst, in, n): dst += in, FP32
     "cp_merge_kernel": lambda a, g, x: (a[4] * a[6] * a[9] * (6 * a[7] + 8), a[4] * a[6] * a[9] * (4 * a[7] + 4)),  # (o32, lse, out_p, lse_p, B, Tl, H, hd, qrow0, nq)
     "cp_dq_store_kernel": lambda a, g, x: (4 * a[2] * a[3] * a[4] * a[6], 2 * a[2] * a[3] * a[4] * a[6]),  # (dqkv, dq_acc, B, Tl, H, KV, hd)
     # embedding, layer norm, residual, loss
