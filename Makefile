@@ -11,6 +11,12 @@
 #   make test-gpu  every check that needs a real GPU, then a go/no-go report (dev/test_gpu.sh; SANITIZER=1:
 #                  the device test programs under compute-sanitizer memcheck)
 
+# build in parallel on every core unless the command line says -j (the test build is ~30 binaries: on CI's 2
+# cores this halves its time)
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc)
+endif
+
 CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
 GPU_ARCH ?= sm_90a
