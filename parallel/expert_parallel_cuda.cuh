@@ -199,6 +199,7 @@ static inline void ep_fp8_scratch_unswap(EpDispatchGpu* D) {
 // maps a padded row to a received row, inv a received row (expert-major) to its padded row.
 static inline void ep_gpu_forward_chunked(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
 static inline void ep_gpu_forward_zc(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
+static inline void ep_zc_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int K, int Ec, EpChunks* ch);
 static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const int* offsets_host, const floatX* xe, floatX* ye, bool f8,
                                                bool recompute = false, bool chunked = false) {
     DbrxGPU* m = D->model;
@@ -217,7 +218,8 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     if (chunked) {   // --ep-overlap-chunks > 1: the layout and its indices (one copy), kept for the recomputation and the backward
         if (!recompute) {
             EpChunks* ch = &a->ch;
-            ep_chunk_layout(&D->ep, pl, offsets_host, E, D->chunks, ch);
+            if (D->zc_K > 1) ep_zc_chunk_layout(&D->ep, pl, offsets_host, E, D->zc_K, D->zc_Ec, ch);   // (the weight chunks')
+            else ep_chunk_layout(&D->ep, pl, offsets_host, E, D->chunks, ch);
             std::vector<int> idx(ch->perm);
             idx.insert(idx.end(), ch->inv.begin(), ch->inv.end());
             idx.insert(idx.end(), ch->stage.begin(), ch->stage.end());
@@ -396,128 +398,7 @@ static inline void ep_gpu_backward_chunked(EpDispatchGpu* D, int l, const floatX
     if (S) moe_gather_gpu(dxe, run.home, ix + 2 * R + S, (int)S, d);   // dye's layout
 }
 
-// --ep-overlap-chunks C > 1 with --zero-chunk-mib's chunks of my experts (zc_K > 1): the weight chunks outer,
-// the row chunks inner. Every dispatch is issued first (the EP stream runs them beside weight chunk 0's experts);
-// weight chunk k gathered (the store prefetches k + 1 meanwhile), then its experts over row chunk c = 0..C-1 as
-// soon as c has arrived; with the last weight chunk each row chunk is complete, and goes home (combine c - 1
-// beside chunk c's experts). The experts' stream D->sx waits for each weight chunk's gather (ev_start), the
-// compute stream for its experts before the store releases it (ev_end). The same GEMMs, row for row, as
-// ep_gpu_forward_chunked: only the order in which (expert, row chunk) pieces are issued differs.
-static inline void ep_gpu_zc_sync(EpDispatchGpu* D, bool to_sx) {
-    cudaEvent_t e = to_sx ? D->ev_start : D->ev_end;
-    cudaCheck(cudaEventRecord(e, to_sx ? 0 : D->sx));
-    cudaCheck(cudaStreamWaitEvent(to_sx ? D->sx : 0, e, 0));
-}
-static inline void ep_gpu_forward_zc(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye) {
-    DbrxGPU* m = D->model;
-    EpLayerGpu* a = &D->layers[l];
-    const EpChunks* ch = &a->ch;
-    int d = m->cfg.d_model, F = m->cfg.ffn_hidden, C = ch->C, K = D->zc_K, Ec = D->zc_Ec;
-    size_t R = a->plan.R, S = ch->send_start[C];
-    const int* ix = a->cidx.p;   // perm (R), inv (R), stage (S), unstage (S)
-    floatX* yl = D->y.get(R * d, "the experts' outputs");
-    floatX* xl = a->xl.get(R * d, "the received rows (kept for the backward)");
-    floatX *g = m->acts[l].g, *u = m->acts[l].u, *act = m->acts[l].act;
-    EpChunkRun run{D, ch, D->dxr.get(S * d, "the routed rows' results"), ye, D->x.get(R * d, "the received rows"), xe, ix + 2 * R};
-    for (int c = 0; c < C; c++) run.dispatch(c);
-    for (int k = 0; k < K; k++) {
-        floatX* w[3];
-        D->zc_begin(D->zc_ctx, l, k, 0, D->train, w, nullptr);
-        ep_gpu_zc_sync(D, true);
-        for (int c = 0; c < C; c++) {
-            cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_in[c], 0));
-            for (int j = k * Ec; j < (k + 1) * Ec; j++) {
-                int rows, r0 = run.rows_of(j, c, &rows);
-                if (!rows) continue;
-                int off[2] = {0, rows};
-                size_t wo = (size_t)(j - k * Ec) * F * d;
-                moe_gather_gpu(xl + (size_t)r0 * d, run.recv, ix + r0, rows, d, D->sx);
-                experts_forward_gpu(yl + (size_t)r0 * d, g + (size_t)r0 * F, u + (size_t)r0 * F, act + (size_t)r0 * F, xl + (size_t)r0 * d,
-                                    w[0] + wo, w[1] + wo, w[2] + wo, off, 1, d, F, D->sx);
-            }
-            if (k < K - 1) continue;
-            size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
-            if (pr) moe_gather_gpu(run.recv + p0 * d, yl, ix + R + p0, (int)pr, d, D->sx);
-            cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
-            if (c >= 1) run.combine(c - 1);
-        }
-        ep_gpu_zc_sync(D, false);
-        D->zc_end(D->zc_ctx, l, k, 0, D->train);
-    }
-    run.combine(C - 1);
-    if (S) moe_gather_gpu(ye, run.home, ix + 2 * R + S, (int)S, d);   // xe's layout
-}
-
-// Its backward: weight chunks in reverse, each: gathered, its gradient slot zeroed (the store), --recompute
-// swiglu's g, u, act of its experts' rows, its experts' input gradients over row chunk c = 0..C-1 (with chunk 0,
-// the last, each row chunk complete: home), its experts' weight gradients, reduce-scattered by the store at once.
-// The GEMMs of ep_gpu_backward_chunked, expert by expert.
-static inline void ep_gpu_backward_zc(EpDispatchGpu* D, int l, const floatX* dye, floatX* dxe) {
-    DbrxGPU* m = D->model;
-    EpLayerGpu* a = &D->layers[l];
-    const EpChunks* ch = &a->ch;
-    const BlockActsGPU* ma = &m->acts[l];
-    int d = m->cfg.d_model, F = m->cfg.ffn_hidden, C = ch->C, K = D->zc_K, Ec = D->zc_Ec;
-    size_t R = a->plan.R, S = ch->send_start[C];
-    const int* ix = a->cidx.p;
-    const int* lo = a->plan.loffsets.data();
-    floatX* dyl = D->y.get(R * d, "the experts' output gradients");
-    floatX* dxl = D->dx.get(R * d, "the experts' input gradients");
-    floatX *da = m->da, *dg = m->dg, *du = m->du, *xl = a->xl.p;
-    bool rc = (m->rc_mode[l] & RC_SWIGLU) && !(m->rc_mode[l] & RC_MOE);
-    EpChunkRun run{D, ch, D->dxr.get(S * d, "the routed rows' input gradients"), dxe, D->x.get(R * d, "the received rows"), dye, ix + 2 * R};
-    ep_gpu_zc_sync(D, true);
-    if (m->rc_mode[l] & RC_CSWIGLU) gpu_decompress_rows(m, l, (int)R, D->sx);   // --compress-acts: rebuilt from the codes
-    for (int c = 0; c < C; c++) run.dispatch(c);
-    std::vector<int> rel;
-    for (int k = K - 1; k >= 0; k--) {
-        floatX* w[3];
-        float* gw[3];
-        D->zc_begin(D->zc_ctx, l, k, 1, 1, w, gw);
-        ep_gpu_zc_sync(D, true);
-        size_t k0 = ep_zc_rows(D, lo, k, &rel);
-        if (rc && rel[Ec] > 0)
-            experts_forward_gpu(nullptr, ma->g + k0 * F, ma->u + k0 * F, ma->act + k0 * F, xl + k0 * d, w[0], w[1], w[2], rel.data(), Ec, d, F, D->sx);
-        for (int c = 0; c < C; c++) {
-            cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_in[c], 0));
-            for (int j = k * Ec; j < (k + 1) * Ec; j++) {
-                int rows, r0 = run.rows_of(j, c, &rows);
-                if (!rows) continue;
-                size_t wo = (size_t)(j - k * Ec) * F * d, rF = (size_t)r0 * F;
-                floatX* dy = dyl + (size_t)r0 * d;
-                moe_gather_gpu(dy, run.recv, ix + r0, rows, d, D->sx);
-                gemm_gpu(false, true, rows, F, d, 1.0f, dy, d, w[2] + wo, d, 0.0f, da + rF, F, D->sx);
-                swiglu_backward_gpu(dg + rF, du + rF, da + rF, ma->g + rF, ma->u + rF, (size_t)rows * F, D->sx);
-                matmul_backward_gpu(dxl + (size_t)r0 * d, (float*)nullptr, dg + rF, nullptr, w[0] + wo, rows, d, F, 0.0f, D->sx);
-                matmul_backward_gpu(dxl + (size_t)r0 * d, (float*)nullptr, du + rF, nullptr, w[1] + wo, rows, d, F, 1.0f, D->sx);
-            }
-            if (k > 0) continue;
-            size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
-            if (pr) moe_gather_gpu(run.recv + p0 * d, dxl, ix + R + p0, (int)pr, d, D->sx);
-            cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
-            if (c >= 1) run.combine(c - 1);
-        }
-        long long sd, sg;   // the weight gradients of the chunk's experts (ep_gpu_backward_chunked's GEMMs)
-        bool swap, pair = pair_strides(dg, du, sizeof(floatX), gw[0], gw[1], sizeof(float), &sd, &sg, &swap);
-        for (int j = k * Ec; j < (k + 1) * Ec; j++) {
-            int r0 = lo[j], n = lo[j + 1] - lo[j];
-            if (n == 0) continue;
-            size_t wo = (size_t)(j - k * Ec) * F * d, rF = (size_t)r0 * F;
-            gemm_gpu(true, false, F, d, n, 1.0f, ma->act + rF, F, dyl + (size_t)r0 * d, d, 1.0f, gw[2] + wo, d, D->sx);
-            if (pair) {
-                gemm_gpu_batched(true, false, F, d, n, 1.0f, (swap ? du : dg) + rF, F, sd, xl + (size_t)r0 * d, d, 0, 1.0f,
-                                 (swap ? gw[1] : gw[0]) + wo, d, sg, 2, D->sx);
-                continue;
-            }
-            matmul_backward_gpu((floatX*)nullptr, gw[0] + wo, dg + rF, xl + (size_t)r0 * d, w[0] + wo, n, d, F, 0.0f, D->sx);
-            matmul_backward_gpu((floatX*)nullptr, gw[1] + wo, du + rF, xl + (size_t)r0 * d, w[1] + wo, n, d, F, 0.0f, D->sx);
-        }
-        ep_gpu_zc_sync(D, false);
-        D->zc_end(D->zc_ctx, l, k, 1, 1);
-    }
-    run.combine(C - 1);
-    if (S) moe_gather_gpu(dxe, run.home, ix + 2 * R + S, (int)S, d);   // dye's layout
-}
+#include "expert_parallel_zc.cuh"   // (--ep-overlap-chunks with --zero-chunk-mib: the exchange in the weight chunks)
 
 // DBRX_DEBUG_PLANT=ep_regrow, the allocation budget's negative control (test/test_cuda_train.sh): the scratch x
 // freed and allocated again in every training forward, as the buffers that grew with the routing once were
@@ -638,8 +519,9 @@ static inline void ep_gpu_set_chunks(EpDispatchGpu* D, int chunks) {
         take(&D->dxr, Nk * d);
     }
     cudaCheck(cudaStreamCreateWithFlags(&D->sx, cudaStreamNonBlocking));
-    D->ev_in.resize(chunks); D->ev_out.resize(chunks);
-    for (int c = 0; c < chunks; c++) {
+    int ne = std::max(chunks, D->zc_K);   // (with --zero-chunk-mib the exchange runs in the K weight chunks: expert_parallel_zc.cuh)
+    D->ev_in.resize(ne); D->ev_out.resize(ne);
+    for (int c = 0; c < ne; c++) {
         cudaCheck(cudaEventCreateWithFlags(&D->ev_in[c], cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&D->ev_out[c], cudaEventDisableTiming));
     }

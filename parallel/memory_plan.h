@@ -12,8 +12,8 @@
  *                    one chunk of a block's experts where it is larger (--zero-chunk-mib: zero_chunk_experts), and
  *                    with the vocabulary's gradients in chunks (zero_vocab_rows) one BF16 vocabulary slot of
  *                    V d + d + S (parallel/zero_gpu_vocab.cuh), the ring then sized by the other units;
- *                    under --recompute moe/block one more BF16 slot of a block unit (zero_rc_slot_numel; not with
- *                    the experts in chunks)
+ *                    under --recompute moe/block one more BF16 slot of a block unit (zero_rc_slot_numel; with the
+ *                    experts in chunks too)
  *   activations      model/dbrx_cuda.cuh's dbrx_gpu_buffers, by class: saved per layer (x L), the head,
  *                    the backward scratch the blocks share, and the FP8 scratch and state (--fp8)
  *   routing          the per-layer routing indices, and under expert parallelism the exchange's buffers
@@ -186,7 +186,7 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     p.slot_params = work;
     p.vocab_slot = bf * vocab;
     // the recompute slot: a block unit's BF16 slot, gathered ahead in the backward for --recompute moe/block (RC_MOE)
-    p.rc_slot = S > 1 && c->n_layers >= 2 && !p.chunk_experts && (recompute_union(&g_recompute, c->n_layers) & RC_MOE) ? bf * block : 0;
+    p.rc_slot = S > 1 && c->n_layers >= 2 && (recompute_union(&g_recompute, c->n_layers) & RC_MOE) ? bf * block : 0;
     p.gathered_slots = 2 * bf * work + p.vocab_slot + p.rc_slot;
     p.rs_scratch = rs_bf16 ? bf * run : 0;   // --grad-reduce-dtype bf16: one run's gradient in BF16 (zero_gpu_comm.cuh)
     p.grad_slots = 2 * f4 * work + p.rs_scratch;

@@ -128,10 +128,10 @@ static inline cudaStream_t zero_comm_stream(ZeroGpu* zg) { return zg->z.shard.st
 
 // the recompute slot's elements (zero_gpu_rc_prefetch, zero_gpu_comm.cuh): a block unit's (unit 1: every block's
 // the same), where S > 1 and some layer's backward recomputes its block's forward (--recompute moe/block: RC_MOE);
-// not with the experts in chunks (--zero-chunk-mib: their hook gathers chunk by chunk on the same stream)
+// with the experts in chunks too (--zero-chunk-mib: gathered by the first chunk of their recompute or backward)
 static inline size_t zero_rc_slot_numel(const Zero* z) {
     int L = (z->n_units - 2) / 2;
-    return z->S > 1 && L >= 2 && z->unit_nchunks[2] <= 1 && (recompute_union(&g_recompute, L) & RC_MOE) ? z->slot_numel[1] : 0;
+    return z->S > 1 && L >= 2 && (recompute_union(&g_recompute, L) & RC_MOE) ? z->slot_numel[1] : 0;
 }
 
 // device memory of the store for a layout: 4 fp32 shards + the BF16 shard, and for S > 1 the slots

@@ -10,7 +10,9 @@
  * the hook and runs a rank's own experts' chunks through zero_gpu_chunk_begin / _end (expert_parallel_cuda.cuh):
  *   forward    gather chunk j (prefetched while chunk j-1 computed), prefetch chunk j+1 (after the last
  *              chunk: the next unit), the experts of chunk j over their rows, release the slot
- *   backward   chunks in reverse: gather, prefetch j-1 (after chunk 0: the block unit before), zero the
+ *   backward   chunks in reverse: gather, prefetch j-1 (after chunk 0: the block unit before; with the first
+ *              chunk, or the recomputation's first, --recompute moe/block: the block below into the recompute
+ *              slot), zero the
  *              chunk's gradient slot (the chunk's length only), recompute g, u, act of its rows (--recompute
  *              swiglu), the experts' backward of its rows, reduce-scatter the chunk's gradient at once on the
  *              reduce-scatter stream, release
@@ -42,7 +44,9 @@ template <typename T> static inline void zero_chunk_tensors(const Zero* z, int u
 
 // Item (u, j) ready on the compute stream: chunk j gathered (prefetched while the previous chunk computed), the
 // next item's gather issued (forward: chunk j + 1, after the last the next unit, not in train 2's recomputation;
-// backward: chunk j - 1, after chunk 0 the unit before); backward: the chunk's gradient slot zeroed (its length
+// backward: chunk j - 1, after chunk 0 the unit before; with the first chunk of the unit's backward or of its
+// recomputation before it, the block below two units ahead, zero_gpu_rc_prefetch, as the unit whole does when its
+// backward begins); backward: the chunk's gradient slot zeroed (its length
 // only, once the previous reduce-scatter out of it has finished). w (and gw) its w1, v1, w2 in the slot.
 static inline void zero_gpu_chunk_begin(ZeroGpu* zg, int u, int j, bool backward, int train, floatX** w, float** gw) {
     Zero* z = &zg->z;
@@ -53,6 +57,7 @@ static inline void zero_gpu_chunk_begin(ZeroGpu* zg, int u, int j, bool backward
     else if (!backward && train != 2) zero_gpu_prefetch_next(zg, u, UNIT_FORWARD);
     else if (backward && j > 0) zero_gpu_gather_async(zg, u, j - 1);
     else if (backward) zero_gpu_prefetch_next(zg, u, UNIT_BACKWARD);
+    if ((backward && j == K - 1) || (train == 2 && j == 0)) zero_gpu_rc_prefetch(zg, u);   // (the block below: the first of them)
     zero_chunk_tensors(z, u, j, zg->work[slot], w);
     if (!backward) return;
     cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));

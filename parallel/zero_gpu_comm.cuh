@@ -26,7 +26,8 @@
  *                    construction: one host thread issues every NCCL operation of the step (the unit hooks,
  *                    the EP dispatcher's exchange, the step's reductions), in the program order of the step,
  *                    and that order does not depend on data (the EP counts change sizes, never the sequence
- *                    of calls). The events below order the streams; none of them reorders an issue.
+ *                    of calls; an exchange chunk with no row to or from a rank is an empty NCCL group there,
+ *                    nothing its peers match). The events below order the streams; none of them reorders an issue.
  *                    test/test_comm_streams.sh checks it on the emulator's per-rank work logs
  *                    (test/check_comm_order.py: the global issue order projected onto every pair of
  *                    communicators two ranks share agrees), with a planted reordering as its control.
@@ -138,12 +139,14 @@ static inline void zero_gpu_prefetch_next(ZeroGpu* zg, int u, int phase) {
 // In the backward under --recompute moe/block, layer l's block unit is needed by its recompute right after
 // layer l+1's block unit (the same slot parity: its gather would wait for that unit's backward, exposed). When
 // layer l+1's experts unit begins its backward, layer l's block is gathered into work_rc, behind that unit's compute.
+// Chunked (--zero-chunk-mib, zero_gpu_chunks.cuh): when the first chunk of its recomputation or its backward begins.
 static inline void zero_gpu_rc_prefetch(ZeroGpu* zg, int u) {
     Zero* z = &zg->z;
     const DbrxConfig* c = &zg->model->cfg;
     if (!zg->work_rc || u % 2 || u < 4 || u > 2 * c->n_layers) return;   // (u: the experts unit of layer l+1 >= 1)
     if (g_debug_hooks.plant == PLANT_NO_RC_PREFETCH) return;   // (the stream test's negative control: gathered when it begins)
     int l = u / 2 - 2, b = dbrx_block_unit(l);
+    if (zg->rc_unit == b) return;   // (gathered already: a chunked unit's recomputation began)
     if (!(zg->model->rc_mode[l] & (RC_MOE | RC_BLOCK)) || zero_vocab_unit(z, b) || z->unit_nchunks[b] > 1) return;
     if (zg->fp8.on && !zg->fp8.unit_mats[b].empty()) return;   // (--fp8-gather: its codes go through the slots)
     cudaStream_t comm = zero_comm_stream(zg);

@@ -38,7 +38,8 @@ test/simt/counters.h), for test/test_comm_streams.sh.
   rc_prefetch LOG         the recompute's block gathered ahead (--recompute moe/block under ZeRO-3,
       parallel/zero_gpu_comm.cuh's zero_gpu_rc_prefetch): in the --profile'd step's backward, for every layer l
       below the last that recomputes ("layer l recompute"), the all-gather of its block (unit 2l+1) is issued
-      before layer l+1's experts begin (two units ahead of its use), and its collectives do not wait for any
+      before layer l+1's experts' first GEMM (two units ahead of its use: when their unit begins, or with the
+      experts in chunks, --zero-chunk-mib, when their first chunk does), and its collectives do not wait for any
       kernel or GEMM of layer l+1's backward proper (its experts, router and attention; its
       recompute, which read the slot before, may be waited for) (stream order and event waits). Fails naming the layer
       (DBRX_DEBUG_PLANT=no_rc_prefetch: gathered when the recompute begins, after layer l+1's attention).
@@ -54,19 +55,28 @@ def load(path):
 
 
 def comm_sequence(items):
-    """[(comm id, k, kind)] in issue order; one entry per NCCL group call per communicator"""
-    seq, count, last_group = [], {}, {}
+    """[(comm id, k, kind)] in issue order; one entry per NCCL group call per communicator. A group of sends and
+    receives of a rank to itself only (an exchange chunk whose rows all stay on this rank: no peer has rows for it,
+    and a peer with no rows in that chunk at all issues nothing) is left out: it waits for no other rank, so it
+    cannot take part in a cross-communicator hang, and its peers have no operation to match it with."""
+    seq, count, last_group, last_call, calls = [], {}, {}, {}, []
     for it in items:
         if it.get("t") != "coll":
             continue
         cid = (it["comm"], tuple(it["world_ranks"]))
         g = it.get("group", 0)
+        own = it["kind"] in ("send", "recv") and it.get("peer") == it.get("rank")
         if g and last_group.get(cid) == g:
-            continue   # (the rest of one group call: one operation)
-        last_group[cid] = g
+            calls[last_call[cid]][2] = calls[last_call[cid]][2] and own   # (the rest of one group call: one operation)
+            continue
+        last_group[cid], last_call[cid] = g, len(calls)
+        calls.append([cid, "group" if g else it["kind"], own])
+    for cid, kind, own in calls:
+        if own:
+            continue
         k = count.get(cid, 0)
         count[cid] = k + 1
-        seq.append((cid, k, "group" if g else it["kind"]))
+        seq.append((cid, k, kind))
     return seq
 
 
@@ -312,13 +322,14 @@ def check_rc_prefetch(path):
         return 1
     ops = ops[bw:]
     layer_begin, gathers, compute = {}, {}, {}   # range name -> index; unit -> [(index, clock)]; layer -> [(stream, pos)]
-    cur, open_gather = None, {}
+    cur, open_gather, cur_range, first_gemm = None, {}, None, {}   # first_gemm: layer -> index of its experts' first GEMM
     for i, (it, s, p, c) in enumerate(ops):
         if s is None:
             n = it["name"]
             if n.startswith("layer ") and it["ph"] == "B":
                 layer_begin.setdefault(n, i)
                 cur = None if n.endswith(" recompute") else int(n.split()[1])   # (its recompute is before, and may be waited for)
+                cur_range = n
             elif n.startswith("all-gather unit "):
                 open_gather[it["stream"]] = int(n.split()[2]) if it["ph"] == "B" else None
             continue
@@ -326,14 +337,16 @@ def check_rc_prefetch(path):
             gathers.setdefault(open_gather[s], []).append((i, c))
         elif it["t"] in ("kernel", "gemm") and cur is not None:
             compute.setdefault(cur, []).append((s, p))
+            if it["t"] == "gemm" and cur_range == "layer %d experts" % cur:
+                first_gemm.setdefault(cur, i)
     rec = sorted(int(n.split()[1]) for n in layer_begin if n.endswith(" recompute"))
     L = 1 + max((int(n.split()[1]) for n in layer_begin), default=-1)
     checked, bad = [], []
     for l in (x for x in rec if x + 1 < L):
         u, e = 2 * l + 1, layer_begin.get("layer %d experts" % (l + 1))
-        first = gathers.get(u, [])
-        if e is None or not first or first[0][0] > e:
-            bad.append("layer %d's block (unit %d) is not gathered before layer %d's experts begin" % (l, u, l + 1))
+        first = gathers.get(u, [])   # (experts in chunks, --zero-chunk-mib: issued by their first chunk, before its GEMMs)
+        if e is None or not first or first[0][0] > first_gemm.get(l + 1, e):
+            bad.append("layer %d's block (unit %d) is not gathered before layer %d's experts compute" % (l, u, l + 1))
             continue
         g = first[0][1]
         if any(g.get(s, 0) >= p for s, p in compute.get(l + 1, [])):
@@ -347,7 +360,7 @@ def check_rc_prefetch(path):
         print("fail " + x)
     if bad:
         return 1
-    print("pass the blocks of layers %s gathered before the experts of the layer above begin, beside its backward" % checked)
+    print("pass the blocks of layers %s gathered before the experts of the layer above compute, beside its backward" % checked)
     return 0
 
 

@@ -17,8 +17,10 @@
 #     launches, beside the second, and not gathered again by the next forward; ZeRO-3 np 2, and 1 item; negative
 #     control: --zero-prefetch 0 (the optimizer in one launch) fails it;
 #   * the recompute's block gathered two units ahead (--recompute moe under ZeRO-3, zero_gpu_rc_prefetch): in the
-#     backward, layer l's block is gathered before layer l+1's experts begin and beside layer l+1's backward;
-#     ZeRO-3 np 2, HSDP 2x2, EP 2 + ZeRO-3 np 4; negative control: DBRX_DEBUG_PLANT=no_rc_prefetch fails it;
+#     backward, layer l's block is gathered before layer l+1's experts compute and beside layer l+1's backward;
+#     ZeRO-3 np 2, HSDP 2x2, EP 2 + ZeRO-3 np 4, and EP 2 with a rank's experts in chunks (--zero-chunk-mib: the gather
+#     issued by their first chunk; its exchanges beside the experts, one issue order); negative control:
+#     DBRX_DEBUG_PLANT=no_rc_prefetch fails it (unit whole and chunks);
 #   * the schedule changes no number: the losses of the planted schedules (serialised; reordered) and of
 #     --zero-prefetch 0 and 1 are bit-identical to the overlapped one's; with --recompute moe, with and without
 #     the recompute slot's gather ahead and without recomputation, on ZeRO-3 np 2, HSDP 2x2 and EP 2.
@@ -60,6 +62,8 @@ runp rch 4 --shard-group-size 2 --recompute moe
 runp rce 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 1 --recompute moe
 DBRX_DEBUG_PLANT=no_rc_prefetch runp rcoff 2 --shard-group-size 2 --recompute moe
 DBRX_DEBUG_PLANT=no_rc_prefetch runp rceoff 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 1 --recompute moe
+runp rcz 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.2 --recompute moe   # (a rank's 8 experts in 8 chunks)
+DBRX_DEBUG_PLANT=no_rc_prefetch runp rczoff 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.2 --recompute moe
 DBRX_DEBUG_PLANT=serial_streams runp serial 2 --shard-group-size 2
 DBRX_DEBUG_PLANT=reorder_issue runp reorder 2 --shard-group-size 2
 
@@ -84,6 +88,10 @@ check pass "ZeRO-3 np 2, --recompute moe: the recompute's block gathered ahead" 
 check pass "HSDP 2x2, --recompute moe: the recompute's block gathered ahead" rc_prefetch "$tmp/rch.wl.2"
 check pass "EP 2 + ZeRO-3 np 4, --recompute moe: the recompute's block gathered ahead" rc_prefetch "$tmp/rce.wl.3"
 check fail "the recompute's block gathered when it begins (DBRX_DEBUG_PLANT=no_rc_prefetch)" rc_prefetch "$tmp/rcoff.wl.0"
+check pass "EP 2 + ZeRO-3 np 2, experts in chunks (--zero-chunk-mib), --recompute moe: the recompute's block gathered ahead" rc_prefetch "$tmp/rcz.wl.1"
+check fail "... with the experts in chunks, gathered when it begins (DBRX_DEBUG_PLANT=no_rc_prefetch)" rc_prefetch "$tmp/rczoff.wl.0"
+check pass "EP 2 + ZeRO-3 np 2, experts in chunks, --recompute moe: one issue order of the communicators" order "$tmp/rcz.wl.0" "$tmp/rcz.wl.1"
+check pass "EP 2 + ZeRO-3 np 2, experts in chunks, --recompute moe: the exchanges beside the experts" ep_overlap "$tmp/rcz.wl.0"
 check pass "ZeRO-3 np 2, --recompute moe: one issue order of the communicators" order "$tmp/rc.wl.0" "$tmp/rc.wl.1"
 check pass "EP 2 + ZeRO-3 np 4, --recompute moe: one issue order of the communicators" order "$tmp"/rce.wl.{0,1,2,3}
 check pass "ZeRO-3 np 2: the step's synchronisations" syncs "$tmp/zero2.wl.0"
@@ -102,3 +110,6 @@ r=$(losses rc); r0=$(losses rcoff); rh=$(losses rch); h=$(losses hsdp); re=$(los
 [ -n "$r" ] && [ "$r" = "$r0" ] && [ "$r" = "$a" ] && [ "$rh" = "$h" ] && [ -n "$re" ] && [ "$re" = "$re0" ] && [ "$re" = "$e" ] \
     && pass "losses bit-identical with --recompute moe, its block gathered ahead or not, and without recomputation (ZeRO-3 $r; HSDP 2x2 $rh; EP 2 $re)" \
     || fail "--recompute moe: losses differ: ZeRO-3 '$r' / not ahead '$r0' / none '$a'; HSDP '$rh' / none '$h'; EP 2 '$re' / not ahead '$re0' / none '$e'"
+z=$(losses rcz); z0=$(losses rczoff)
+[ -n "$z" ] && [ "$z" = "$z0" ] && pass "EP 2, experts in chunks, --recompute moe: losses bit-identical with the block gathered ahead or not ($z)" \
+    || fail "EP 2, experts in chunks, --recompute moe: losses differ: ahead '$z' / not '$z0'"

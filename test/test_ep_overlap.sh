@@ -10,6 +10,8 @@
 #   * the stream structure (test/check_comm_order.py ep_overlap on the work log): with 4 chunks most EP exchanges run
 #     concurrently with an expert GEMM on another stream; with 1 chunk none does (the negative control);
 #   * every rank issues its communicators in one order with chunks (check_comm_order.py order);
+#   * with a rank's experts in chunks too (--zero-chunk-mib): the same losses as the unit whole, most exchanges beside
+#     an expert GEMM (the exchange in the weight chunks, parallel/expert_parallel_zc.cuh), one issue order;
 #   * no device allocation or free after step 1 on either rank with 4 chunks (SIMT_STEP_COUNTERS);
 #   * bad values (0, 65, a word) exit 2 with one line naming the flag.
 # About 40 s on 2 shared cores.
@@ -79,6 +81,15 @@ PY
     [ $rc = 1 ] && grep -q "^fail only 0 of" <<<"$out" && pass "negative control, 1 chunk: $out" \
         || fail "1 chunk: the overlap check did not fail (rc $rc): $out"
     out=$($PY test/check_comm_order.py order "$tmp/c4.wl.0" "$tmp/c4.wl.1" 2>&1) && pass "4 chunks: $out" || fail "4 chunks: $out"
+
+    # a rank's experts in chunks too (--zero-chunk-mib 0.03: its 2 experts in 2 chunks of 1, 3 x 64 x 64 x 2 B = 0.023 MiB
+    # each): the exchange runs in the weight chunks (parallel/expert_parallel_zc.cuh), each chunk's combine beside the next
+    # chunk's experts. Session 32's order (every combine after the last weight chunk) had 12 of 48 exchanges beside a GEMM
+    run zc "$EMU" SIMT_WORKLOG="$tmp/zc.wl" -- "${G[@]}" --ep-overlap-chunks 2 --zero-chunk-mib 0.03
+    grep -q "in 2 chunks of 1 expert(s) of a rank's own" "$tmp/zc.out" && same "emulated GPU, EP 2, experts in 2 chunks: as the unit whole" c2 zc \
+        || fail "--zero-chunk-mib 0.03: no chunking line: $(grep -m1 'zero: a block' "$tmp/zc.out")"
+    out=$($PY test/check_comm_order.py ep_overlap "$tmp/zc.wl.0" 2>&1) && pass "experts in chunks: $out" || fail "experts in chunks: $out"
+    out=$($PY test/check_comm_order.py order "$tmp/zc.wl.0" "$tmp/zc.wl.1" 2>&1) && pass "experts in chunks: $out" || fail "experts in chunks: $out"
 
     # no device allocation or free after step 1 on either rank (SIMT_STEP_COUNTERS: test/test_cuda_train.sh's no_alloc)
     out=$($PY - "$tmp/c4.out" <<'PY'

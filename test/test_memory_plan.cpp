@@ -153,10 +153,13 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
                 CHECK(r.rc_slot == (S > 1 && strcmp(spec, "swiglu") ? 2.0L * z.slot_numel[1] : 0.0L));
                 CHECK(zero_rc_slot_numel(&z) * 2 == (size_t)r.rc_slot);
             }
-    g_recompute = recompute_parse("moe");   // (the experts in chunks: none)
+    g_recompute = recompute_parse("moe");   // (the experts in chunks: the slot too, gathered by their first chunk)
     MemoryPlan rq = memory_plan(&c, 2, 16, 2, 1, 4, FP8_OFF, EP_CAPACITY_DEFAULT, mib);
     CHECK(rq.chunk_experts > 0);
-    CHECK(rq.rc_slot == 0);
+    Zero zq;
+    zero_unit_layout(&zq, &c, dbrx_param_table(&c), 2, 1, rq.chunk_experts, rq.vocab_rows);
+    CHECK((rq.rc_slot > 0 && rq.rc_slot == 2.0L * zq.slot_numel[1]));
+    CHECK(zero_rc_slot_numel(&zq) * 2 == (size_t)rq.rc_slot);
     CHECK(plan_param_state(&rq) + rq.gathered_slots + rq.grad_slots
           == (long double)zero_gpu_estimate_bytes(&c, 2, 1, rq.chunk_experts, 0, rq.vocab_rows));
     g_recompute = recompute_parse("");

@@ -15,7 +15,8 @@
 #     exchange in 2 chunks (the default) and in 1, --recompute moe and swiglu, --compress-acts swiglu, with evaluation and
 #     generation, and np 4 EP 2 spread and packed (the expert
 #     shard group of 2): losses and bytes per step bit-identical to the unit whole; checkpoints EP chunked -> whole ->
-#     chunked, each resumed step bit-identical; every rank's emulated peak = the plan (0.1%); the negative control
+#     chunked, each resumed step bit-identical; every rank's emulated peak = the plan (0.1%: np 4 spread, and np 2 with
+#     --recompute moe, the recompute slot planned with the chunks); the negative control
 #     chunk_early_rs on an EP chunk changes the losses;
 #   * the vocabulary (parallel/zero_gpu_vocab.cuh): at --zero-chunk-mib 0.02 the embedding and the head gathered whole
 #     into one vocabulary slot, their gradients in 5 chunks of 80 rows: the np 2 run above (with --recompute attn, evaluation,
@@ -80,7 +81,7 @@ runp ep2ca 2 "${X[@]}" --zero-chunk-mib 0.2 --compress-acts swiglu
 runp epw1 2 "${X[@]}" --zero-chunk-mib 0 --ep-overlap-chunks 1 --recompute moe
 runp ep2 2 "${X[@]}" --zero-chunk-mib 0.2 --val-every 1 --sample-every 2   # (the vocabulary whole: 819 rows fit 0.2 MiB)
 runp ep2o1 2 "${X[@]}" --zero-chunk-mib 0.2 --ep-overlap-chunks 1 --recompute moe
-runp ep2rm 2 "${X[@]}" --zero-chunk-mib 0.2 --recompute moe
+SIMT_STEP_COUNTERS=1 runp ep2rm 2 "${X[@]}" --zero-chunk-mib 0.2 --recompute moe   # (+ the peak: the recompute slot too)
 runp ep2rs 2 "${X[@]}" --zero-chunk-mib 0.2 --recompute swiglu --ep-overlap-chunks 1
 runp ep2v 2 "${X[@]}" --zero-chunk-mib 0.02
 DBRX_DEBUG_PLANT=chunk_early_rs runp planted_v 2 "${X[@]}" --zero-chunk-mib 0.02
@@ -95,6 +96,7 @@ runp eck1 4 "${Y[@]}" --zero-chunk-mib 0.2 --ckpt-dir "$tmp/eck" --stop-after 1
 runp eck2 4 "${Y[@]}" --zero-chunk-mib 0 --ckpt-dir "$tmp/eck" --resume auto --stop-after 1
 runp eck3 4 "${Y[@]}" --zero-chunk-mib 0.2 --ckpt-dir "$tmp/eck" --resume auto
 ./train_dbrx_cpu --model dbrx-tiny --n-layers 2 --seq 32 --batch 1 "${Y[@]}" --zero-chunk-mib 0.2 --recompute swiglu --dry-run --plan-gpus 4 > "$tmp/plan_ep4" 2>&1
+./train_dbrx_cpu --model dbrx-tiny --n-layers 2 --seq 32 --batch 1 "${X[@]}" --zero-chunk-mib 0.2 --recompute moe --dry-run --plan-gpus 2 > "$tmp/plan_ep2rm" 2>&1
 grep -q "in 8 chunks of 1 expert(s) of a rank's own" "$tmp/ep2.out" && grep -q "in 5 chunks of 80 vocabulary rows" "$tmp/ep2v.out" \
     && ! grep -q "chunks of 1 expert" "$tmp/epw.out" \
     && pass "under --expert-parallel 2 the store says it chunks a rank's own 8 experts (8 chunks of 1); the vocabulary in 5 chunks" \
@@ -159,6 +161,10 @@ v(losses("planted_v") != ew, "negative control: the same with the vocabulary chu
 pe, ape = peak("ep4"), allocs("plan_ep4")
 v(len(pe) >= 4 and abs(max(pe) / ape - 1) <= 0.001, "np 4 EP 2 spread with chunks: every rank's emulated peak (max %d) is the plan's allocations %d (%+.4f%%)" % (
     max(pe) if pe else 0, ape, 100 * (max(pe) / ape - 1) if pe else 0))
+pr, apr = peak("ep2rm"), allocs("plan_ep2rm")
+v(len(pr) >= 2 and abs(max(pr) / apr - 1) <= 0.001 and "the recompute slot" in out("plan_ep2rm"),
+  "np 2 EP 2 with chunks and --recompute moe: every rank's emulated peak (max %d) is the plan's allocations %d (%+.4f%%), "
+  "the recompute slot planned" % (max(pr) if pr else 0, apr, 100 * (max(pr) / apr - 1) if pr else 0))
 plan, pc = allocs("plan_c1"), peak("h4")   # (both at --zero-chunk-mib 0.02)
 v(len(pc) >= 4 and abs(max(pc) / plan - 1) <= 0.001, "np 4 HSDP with chunks: every rank's emulated peak (max %d) is the --dry-run plan's allocations %d (%+.4f%%)" % (
     max(pc) if pc else 0, plan, 100 * (max(pc) / plan - 1) if pc else 0))
@@ -191,4 +197,4 @@ v(ws("plan_ep8") == 3 * Fm * dm and ve and int(ve.group(1)) == Vm * dm + dm + 64
   "DBRX-132B S 64 EP 8: a rank's 2 experts in chunks of 1, the ring's slots one expert (%d params), the working set %s GiB "
   "(2 x 6 B x 3 F d + 2 B x (V d + d + 64) = 3.36; the unit whole: 5.58)" % (ws("plan_ep8"), we.group(1) if we else None))
 PY
-verdicts "$tmp/verdicts" 25
+verdicts "$tmp/verdicts" 26
