@@ -802,8 +802,14 @@ static Replay replay_block0(Fp8Recipe gpu_recipe, Fp8Recipe cpu_recipe, int step
     std::vector<float> w1 = get_bf16(w.w1, (size_t)E * F * d), v1 = get_bf16(w.v1, (size_t)E * F * d), w2 = get_bf16(w.w2, (size_t)E * F * d);
     std::vector<float> xe = unpad(get_bf16(a.xe, (size_t)Rp * d), d), act = unpad(get_bf16(a.act, (size_t)Rp * F), F);
     std::vector<float> dqkv = get_bf16(g.dqkv, (size_t)N * qd), dres = get_bf16(g.dresid_bf16, (size_t)N * d);
-    std::vector<float> dye = unpad(get_bf16(g.dye, (size_t)Rp * d), d), dg = unpad(get_bf16(g.dg, (size_t)Rp * F), F);
-    std::vector<float> du = unpad(get_bf16(g.du, (size_t)Rp * F), F);
+    // dg, du: under FP8 the step's SwiGLU backward writes only their codes (model/fp8_fused.cuh), so their BF16
+    // values come from the unfused kernel on block 0's da, g, u (the fused codes are those of these values: the
+    // fused kernel's test case above)
+    floatX* dgu = deviceAlloc(floatX, 2 * (size_t)Rp * F);
+    swiglu_backward_gpu(dgu, dgu + (size_t)Rp * F, g.da, a.g, a.u, (size_t)Rp * F);
+    std::vector<float> dye = unpad(get_bf16(g.dye, (size_t)Rp * d), d), dg = unpad(get_bf16(dgu, (size_t)Rp * F), F);
+    std::vector<float> du = unpad(get_bf16(dgu + (size_t)Rp * F, (size_t)Rp * F), F);
+    cudaCheck(cudaFree(dgu));
     // the GPU's outputs
     std::map<std::string, std::vector<float>> gpu;
     gpu["qkv forward"] = get_bf16(a.qkv_pre, (size_t)N * qd);

@@ -73,8 +73,10 @@ int main() {
             std::vector<float> got[4] = {codes_of(o[i].q, n), codes_of(o[i].qt, n), from_device_f32(o[i].sinv, nq), from_device_f32(o[i].sinv_t, nt)};
             for (int k = 0; k < 4; k++) {
                 if (v == 0) rb[i][k] = got[k];
-                const char* what[4] = {"  codes", "  transposed codes", "  factors", "  transposed factors"};
-                validate(k == 0 && i == 0 ? bwn[v] : what[k], got[k], rb[i][k], 0, 0);
+                const char* what[2][4] = {{"  dg codes", "  dg transposed codes", "  dg factors", "  dg transposed factors"},
+                                          {"  du codes", "  du transposed codes", "  du factors", "  du transposed factors"}};
+                if (k == 0 && i == 0) printf("  %s\n", bwn[v]);
+                validate(what[i][k], got[k], rb[i][k], 0, 0);
             }
         }
         double bytes = v == 0 ? n * (6.0 + 4 + 2 * (2 + 2)) : n * (6.0 + 4);
