@@ -9,7 +9,8 @@
  * quantisation kernel writes the transposed copy where the reduction runs over rows (dgrad's W,
  * wgrad's dy and x). Operands are quantised from the BF16 tensors at their point of use, into
  * scratch buffers shared by the blocks (as the CPU's fake quantisation does); the weights, where they
- * stay in place for the step, once per step into copies of their own (fp8_weight_gpu).
+ * stay in place for the step, once per step into copies of their own (fp8_weight_gpu); the experts' SwiGLU
+ * output (act) and gradients (dg, du) by SwiGLU itself (fp8_quantize_produced, model/fp8_fused.cuh).
  *
  * Per-tensor bookkeeping: every operand (layer, linear, x | w | dy) has a slot with its Fp8Meta on
  * the host (the CPU's struct and fp8_meta_step) and, on the device, the delayed recipe's scale, the
@@ -32,6 +33,7 @@
 #include <string>
 #include <vector>
 #include "fp8.cuh"
+#include "fp8_fused.cuh"
 #include "moe.cuh"
 
 // one scratch FP8 operand: the row-wise codes, the transposed codes, and (block scaling) their factors
@@ -61,7 +63,7 @@ typedef struct {
     std::vector<Fp8Meta> metas;                 // host bookkeeping (delayed: the amax history)
     std::vector<std::array<int, 15>> slot;      // per layer: [linear * 3 + op] -> slot (v1's x: w1's)
     float *scale, *scale_inv;                   // device (nslots; scale_inv every FP8_SINV_STRIDE): delayed scales; 1 / scale of the last cast
-    unsigned int *amax, *tmp_amax;              // device (nslots) float bits; (1) current scaling's pass
+    unsigned int *amax, *tmp_amax;              // device (nslots) float bits; (2) current scaling's first pass
     unsigned long long* sat;                    // device (nslots)
     std::vector<float> last_scale;              // host (nslots): per-tensor scale of the last cast (log)
     Fp8Buf act, grad, w, w2;                    // scratch: activations, gradients, weights (w2: v1's)
@@ -165,7 +167,7 @@ static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T,
     take((void**)&f->scale, n * sizeof(float));
     take((void**)&f->scale_inv, n * FP8_SINV_STRIDE * sizeof(float));
     take((void**)&f->amax, n * sizeof(unsigned int));
-    take((void**)&f->tmp_amax, sizeof(unsigned int));
+    take((void**)&f->tmp_amax, 2 * sizeof(unsigned int));
     take((void**)&f->sat, n * sizeof(unsigned long long));
     f->routing.resize(c->n_layers);
     for (Fp8Routing& r : f->routing) {
@@ -272,6 +274,24 @@ static inline Fp8Segments fp8_expert_segments(const Fp8Routing& rt) {
     return {rt.seg, rt.seg + E + 1, E, 0, rt.row_tiles};
 }
 
+// An Fp8Buf for an activation / gradient of rows (padded expert layout rt) x cols laid into two BF16 buffers of
+// at least rows x cols each that are otherwise unused: the codes q, qt (1 byte each) in `codes`, the block factors
+// (exact counts, fp8_block_scale_count; at most rows (cols / 128 + 1) + rows cols / 16 floats <= 2 rows cols bytes
+// for cols >= 16) in `factors`
+static inline Fp8Buf fp8_buf_in(const Fp8GPU* f, floatX* codes, floatX* factors, const Fp8Routing& rt, int rows, int cols) {
+    Fp8Buf b;
+    b.q = (__nv_fp8_storage_t*)codes;
+    b.qt = b.q + (size_t)rows * cols;
+    b.sinv = b.sinv_t = nullptr;
+    if (f->cfg.recipe != FP8_BLOCK) return b;
+    size_t nq = fp8_block_scale_count(FP8Q_ACT, false, rt.len, cols), nt = fp8_block_scale_count(FP8Q_ACT, true, rt.len, cols);
+    if ((nq + nt) * sizeof(float) > (size_t)rows * cols * sizeof(floatX))
+        fail(EXIT_FAILURE, "fp8_buf_in: %zu factors do not fit a %d x %d BF16 buffer", nq + nt, rows, cols);
+    b.sinv = (float*)factors;
+    b.sinv_t = b.sinv + (nq + 3) / 4 * 4;
+    return b;
+}
+
 // ---------------------------------------------------------------------------------------------
 // quantisation of one operand under the recipe, and the GEMM operands it yields
 
@@ -305,6 +325,44 @@ static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const 
     } else {
         fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
     }
+}
+
+// The recipe's quantisation of a producer's output(s) into bufs (one per output, slots[i]), fused into the
+// producer (model/fp8_fused.cuh): the codes, factors, amaxes and saturation counts fp8_quantize_operand gives on
+// the BF16 output. Block: one pass. Per tensor with a known scale (delayed): one pass. Current scaling (and
+// delayed before its first history entry): a first pass takes the amax (and writes p.y); then the codes come from
+// p.y (fp8_quantize_kernel) where the producer writes it, else from a second fused pass.
+static inline void fp8_quantize_produced(Fp8GPU* f, Fp8Producer prod, Fp8ProducerArgs p, const int* slots, int rows, int cols,
+                                         const Fp8Segments& seg, Fp8Buf* const* bufs, bool want_q, bool want_qt, cudaStream_t stream) {
+    const int nout = prod == FP8P_SWIGLU_BWD ? 2 : 1;
+    const Fp8Format fmt = f->fmts[slots[0]];
+    Fp8FusedOut o[2] = {};
+    bool first = false;
+    for (int i = 0; i < nout; i++) {
+        int sl = slots[i];
+        o[i].out = {want_q ? bufs[i]->q : nullptr, want_qt ? bufs[i]->qt : nullptr, nullptr, nullptr,
+                    f->frozen ? nullptr : f->amax + sl, f->frozen ? nullptr : f->sat + sl};
+        if (f->cfg.recipe == FP8_BLOCK) {
+            o[i].out.sinv = want_q ? bufs[i]->sinv : nullptr;
+            o[i].out.sinv_t = want_qt ? bufs[i]->sinv_t : nullptr;
+            continue;
+        }
+        o[i].out.sinv = f->scale_inv + FP8_SINV_STRIDE * sl;
+        if (f->cfg.recipe == FP8_CURRENT || f->metas[sl].filled == 0) { o[i].amax_in = f->tmp_amax + i; first = true; }
+        else o[i].scale = f->scale + sl;
+    }
+    if (f->cfg.recipe == FP8_BLOCK) { fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_ACT, 0, o[0], o[1], stream); return; }
+    if (first) {
+        Fp8FusedOut a[2] = {};
+        for (int i = 0; i < nout; i++) a[i].out.amax = f->tmp_amax + i;
+        cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, 2 * sizeof(unsigned int), stream));
+        fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_AMAX, 0, a[0], a[1], stream);
+        if (p.y) {   // (one output) the codes from the BF16 output just written
+            fp8_quantize_gpu(o[0].out, p.y, rows, cols, seg, fmt, FP8Q_TENSOR, o[0].scale, o[0].amax_in, f->cfg.margin, stream);
+            return;
+        }
+    }
+    fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_TENSOR, f->cfg.margin, o[0], o[1], stream);
 }
 
 // The scale-factor offset of segment `e` of a quantised tensor (segment starts `start`, E + 1, host;
@@ -425,10 +483,16 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
         gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_v1, qv1, true, false, (size_t)e * F, C, wo), 0.0f,
                      u + (size_t)p[e] * F, F, 1, stream);
     }
-    swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
-    if (!ye) return;   // (--recompute swiglu: g, u, act only)
+    if (!ye) { swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream); return; }   // (--recompute swiglu: g, u, act only)
+    // act = silu(g) * u, with w2's operand quantised in the same kernel (act stays: the backward's w2 wgrad reads it)
+    Fp8Buf* ab[1] = {&f->act};
+    if (fp8_fused_ok(Rp, F, rt.len, {a, g, u}))
+        fp8_quantize_produced(f, FP8P_SWIGLU_FWD, {g, u, nullptr, a}, &s_x2, Rp, F, sx, ab, true, false, stream);
+    else {
+        swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
+        fp8_quantize_operand(f, s_x2, false, a, Rp, F, sx, &f->act, true, false, stream);
+    }
     // down: ye_e (n, C) = a_e (n, F) @ w2_e (F, C): reduces over F, so w2_e is read transposed (C, F)
-    fp8_quantize_operand(f, s_x2, false, a, Rp, F, sx, &f->act, true, false, stream);
     const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, false, true, stream);
     for (int e = 0; e < E; e++) {
         if (rt.len[e] == 0) continue;
@@ -464,7 +528,15 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
                      fp8_operand_of(f, sg, f->grad, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
                      dw2 + (size_t)e * F * C, C, 0, stream);
     }
-    swiglu_backward_gpu(dg, du, da, g, u, (size_t)Rp * F, stream);
+    // SwiGLU backward fused with the quantisation of dg and du (fp8_fused.cuh): only their codes and factors are
+    // written, dg's into f->grad, du's into the BF16 dg / du scratch, which the fused path leaves unused
+    // (2 Rp F bytes of codes in dg's 2 Rx F, the factors in du's)
+    const int sdy[2] = {slot(FP8_LIN_W1, FP8_OP_DY), slot(FP8_LIN_V1, FP8_OP_DY)};
+    Fp8Buf dub = fp8_buf_in(f, dg, du, rt, Rp, F);
+    Fp8Buf* gb[2] = {&f->grad, &dub};
+    const bool fused = fp8_fused_ok(Rp, F, rt.len, {da, g, u, dg, du});
+    if (fused) fp8_quantize_produced(f, FP8P_SWIGLU_BWD, {da, g, u, nullptr}, sdy, Rp, F, sx, gb, true, true, stream);
+    else swiglu_backward_gpu(dg, du, da, g, u, (size_t)Rp * F, stream);
     // up: dxe_e = dg_e @ w1_e + du_e @ v1_e (reduces over F: the weights transposed (C, F)),
     //     dw1_e += dg_e^T @ xe_e, dv1_e += du_e^T @ xe_e (over the tokens: all transposed)
     fp8_quantize_operand(f, slot(FP8_LIN_W1, FP8_OP_X), false, xe, Rp, C, sx, &f->act, false, true, stream);
@@ -473,14 +545,15 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
     float* dws[2] = {dw1, dv1};
     for (int i = 0; i < 2; i++) {
         int lin = i ? FP8_LIN_V1 : FP8_LIN_W1, sg = slot(lin, FP8_OP_DY), swt = slot(lin, FP8_OP_W), sxe = slot(FP8_LIN_W1, FP8_OP_X);
-        fp8_quantize_operand(f, sg, false, dys[i], Rp, F, sx, &f->grad, true, true, stream);
+        const Fp8Buf& qd = fused ? *gb[i] : f->grad;
+        if (!fused) fp8_quantize_operand(f, sg, false, dys[i], Rp, F, sx, &f->grad, true, true, stream);
         const Fp8Buf& qw = fp8_weight_gpu(f, layer, lin, wts[i], EF, C, sw, &f->w, false, true, stream);
         for (int e = 0; e < E; e++) {
             if (rt.len[e] == 0) continue;
-            gemm_fp8_gpu(rt.len[e], C, F, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, p[e], F, fp8_scale_offset(p, e, F, false, false)),
+            gemm_fp8_gpu(rt.len[e], C, F, 1.0f, fp8_operand_of(f, sg, qd, false, false, p[e], F, fp8_scale_offset(p, e, F, false, false)),
                          fp8_operand_of(f, swt, qw, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)),
                          i ? 1.0f : 0.0f, dxe + (size_t)p[e] * C, C, 0, stream);
-            gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sg, f->grad, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
+            gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sg, qd, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
                          fp8_operand_of(f, sxe, f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
                          dws[i] + (size_t)e * F * C, C, 0, stream);
         }

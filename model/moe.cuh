@@ -240,6 +240,14 @@ __global__ void moe_gather_backward_kernel(float* dx, const floatX* dxe, const i
     for (int q = 0; q < W; q++) dx[i + q] = acc[q];
 }
 
+// one element of SwiGLU forward / backward: the float operations every SwiGLU kernel shares (the FP8 fused
+// producers of model/fp8_fused.cuh included), so that their BF16 results are the same bits
+__device__ __forceinline__ float swiglu_value(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ void swiglu_grads(float d, float g, float u, float* dg, float* du) {
+    float s = 1.0f / (1.0f + expf(-g));
+    *dg = d * u * s * (1.0f + g * (1.0f - s));
+    *du = d * g * s;
+}
 // a = silu(g) * u; W elements per thread (8: 16-byte accesses, when n and the pointers allow it)
 template <int W>
 __global__ void swiglu_forward_kernel(floatX* a, const floatX* g, const floatX* u, size_t n) {
@@ -248,7 +256,7 @@ __global__ void swiglu_forward_kernel(floatX* a, const floatX* g, const floatX* 
     float gv[W], uv[W];
     load_bf16<W>(gv, g + i);
     load_bf16<W>(uv, u + i);
-    for (int j = 0; j < W; j++) gv[j] = gv[j] / (1.0f + expf(-gv[j])) * uv[j];
+    for (int j = 0; j < W; j++) gv[j] = swiglu_value(gv[j], uv[j]);
     store_bf16<W>(a + i, gv);
 }
 // dg = da * u * s (1 + g (1 - s)), du = da * g * s, s = sigmoid(g)
@@ -260,11 +268,7 @@ __global__ void swiglu_backward_kernel(floatX* dg, floatX* du, const floatX* da,
     load_bf16<W>(gv, g + i);
     load_bf16<W>(uv, u + i);
     load_bf16<W>(d, da + i);
-    for (int j = 0; j < W; j++) {
-        float s = 1.0f / (1.0f + expf(-gv[j]));
-        og[j] = d[j] * uv[j] * s * (1.0f + gv[j] * (1.0f - s));
-        ou[j] = d[j] * gv[j] * s;
-    }
+    for (int j = 0; j < W; j++) swiglu_grads(d[j], gv[j], uv[j], &og[j], &ou[j]);
     store_bf16<W>(dg + i, og);
     store_bf16<W>(du + i, ou);
 }

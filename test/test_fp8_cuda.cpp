@@ -14,6 +14,8 @@
  *     dequantised operands: per tensor and block scales, E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3;
  *     and the calls cuBLASLt refuses fail with one line naming the operand: non-TN, E5M2 x E5M2,
  *     leading dimensions and alignment, 128x128 x 128x128, an outer size not a multiple of 8;
+ *   - the quantisation fused into SwiGLU forward / backward (model/fp8_fused.cuh) against the unfused
+ *     kernels, bit for bit (codes, factors, amax, saturations, act), 16 uneven experts, a slice of F;
  *   - the padded expert layout (slot and row maps);
  *   - a training step of dbrx-tiny (2 layers, 2 x 32 tokens, router zeroed so that routing agrees
  *     exactly) with each recipe against the CPU's FP8 emulation of the same recipe; see the last
@@ -528,6 +530,111 @@ TEST_CASE("the padded expert layout: slot and row maps") {
 }
 
 // ---------------------------------------------------------------------------------------------
+// the quantisation fused into SwiGLU (model/fp8_fused.cuh) against the unfused kernels: swiglu_*_gpu, then
+// fp8_quantize_kernel on their BF16 output (itself checked against the CPU above). 16 experts with uneven padded
+// segments (empty ones too; valid rows < padded), a 272-column slice of DBRX's F = 10752 (two full column tiles and
+// a 16-wide one), inputs spanning many binades with outliers. Every code (padding rows included), factor, amax,
+// saturation count and the forward's BF16 act: equal bit for bit.
+
+struct FusedOuts { Quantized r[2]; };
+
+// runs the fused kernel of `prod` in `mode` (FP8Q_TENSOR: scale[i] given, or < 0: current scaling with margin 1,
+// a first FP8Q_AMAX pass); y: SWIGLU_FWD's BF16 output (or NULL)
+static FusedOuts run_fused(Fp8Producer prod, Fp8ProducerArgs p, int rows, int cols, const Segs& segs, Fp8Format fmt, Fp8QuantMode mode,
+                           const float* scale, size_t nq, size_t nt) {
+    const int nout = prod == FP8P_SWIGLU_BWD ? 2 : 1;
+    std::vector<int*> keep;
+    Fp8Segments seg = device_segments(segs, &keep);
+    size_t n = (size_t)rows * cols;
+    Fp8FusedOut o[2] = {}, a[2] = {};
+    unsigned* tmp = deviceAlloc(unsigned int, 2);
+    cudaCheck(cudaMemset(tmp, 0, 8));
+    std::vector<void*> bufs = {tmp};
+    for (int i = 0; i < nout; i++) {
+        bool per_tensor = mode == FP8Q_TENSOR;
+        o[i].out = {dev_poisoned<__nv_fp8_storage_t>(n), dev_poisoned<__nv_fp8_storage_t>(n), dev_poisoned<float>(per_tensor ? 1 : nq),
+                    per_tensor ? nullptr : dev_poisoned<float>(nt), deviceAlloc(unsigned int, 1), deviceAlloc(unsigned long long, 1)};
+        cudaCheck(cudaMemset(o[i].out.amax, 0, 4));
+        cudaCheck(cudaMemset(o[i].out.saturated, 0, 8));
+        if (per_tensor && scale[i] >= 0) o[i].scale = dev_copy(std::vector<float>{scale[i]});
+        if (per_tensor && scale[i] < 0) o[i].amax_in = tmp + i;
+        a[i].out.amax = tmp + i;
+        for (const void* b : {(const void*)o[i].out.q, (const void*)o[i].out.qt, (const void*)o[i].out.sinv, (const void*)o[i].out.sinv_t,
+                              (const void*)o[i].out.amax, (const void*)o[i].out.saturated, (const void*)o[i].scale})
+            bufs.push_back((void*)b);
+    }
+    if (mode == FP8Q_TENSOR && scale[0] < 0) fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_AMAX, 0, a[0], a[1]);
+    fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, mode, 1, o[0], o[1]);
+    FusedOuts r;
+    for (int i = 0; i < nout; i++) {
+        std::vector<__nv_fp8_storage_t> q = get(o[i].out.q, n), qt = get(o[i].out.qt, n);
+        r.r[i].q.assign(q.begin(), q.end());
+        r.r[i].qt.assign(qt.begin(), qt.end());
+        r.r[i].sinv = get(o[i].out.sinv, mode == FP8Q_TENSOR ? 1 : nq);
+        if (mode != FP8Q_TENSOR) r.r[i].sinv_t = get(o[i].out.sinv_t, nt);
+        r.r[i].amax = bits_float(get(o[i].out.amax, 1)[0]);
+        r.r[i].sat = get(o[i].out.saturated, 1)[0];
+    }
+    for (void* b : bufs) if (b) cudaCheck(cudaFree(b));
+    for (int* k : keep) cudaCheck(cudaFree(k));
+    return r;
+}
+
+TEST_CASE("quantize kernel, fused into SwiGLU forward and backward: bit-identical with the unfused kernels, 16 experts") {
+    Segs segs{{16, 0, 144, 32, 0, 160, 16, 48, 0, 128, 16, 32, 0, 16, 64, 16}, {5, 0, 137, 32, 0, 129, 1, 40, 0, 128, 16, 17, 0, 3, 64, 9}};
+    int rows = starts_of(segs).back(), cols = 272;
+    size_t n = (size_t)rows * cols, nq = 0, nt = 0;
+    for (int l : segs.len) { nq += vec128_count(l, cols); nt += vec128_count(cols, l); }
+    std::vector<float> g = test_tensor(rows, cols, 901, 40), u = test_tensor(rows, cols, 902, 40), da = test_tensor(rows, cols, 903, 40);
+    floatX *dg_in = deviceAlloc(floatX, n), *du_in = deviceAlloc(floatX, n), *dda = deviceAlloc(floatX, n);
+    to_device_bf16(dg_in, g.data(), n);
+    to_device_bf16(du_in, u.data(), n);
+    to_device_bf16(dda, da.data(), n);
+    // the unfused path's BF16 outputs: act (forward), dg, du (backward)
+    floatX *act = dev_poisoned<floatX>(n), *gr = dev_poisoned<floatX>(2 * n), *act_fused = dev_poisoned<floatX>(n);
+    swiglu_forward_gpu(act, dg_in, du_in, n);
+    swiglu_backward_gpu(gr, gr + n, dda, dg_in, du_in, n);
+    std::vector<float> ref[3] = {get_bf16(act, n), get_bf16(gr, n), get_bf16(gr + n, n)};
+    std::vector<int> lens(segs.len);
+    CHECK(fp8_fused_ok(rows, cols, lens, {act, dg_in}));
+    CHECK(!fp8_fused_ok(rows, cols + 8, lens, {act}));            // 8 columns: no 16-byte code stores
+    CHECK(!fp8_fused_ok(rows, cols, {8, 8}, {act}));              // a segment of 8 rows
+    CHECK(!fp8_fused_ok(rows, cols, lens, {(const char*)act + 2}));   // unaligned
+    for (Fp8QuantMode mode : {FP8Q_ACT, FP8Q_TENSOR})
+        for (int current = 0; current < (mode == FP8Q_TENSOR ? 2 : 1); current++)
+            for (int bwd = 0; bwd < 2; bwd++) {
+                Fp8Format fmt = bwd ? FP8_E5M2 : FP8_E4M3;   // the model's: x E4M3, dy E5M2
+                float scale[2];
+                for (int i = 0; i < 2; i++) {   // a given scale 16x too large saturates the outliers
+                    float amax = 0;
+                    for (int r = 0; r < rows; r++)
+                        if (valid_row(segs, r))
+                            for (int c = 0; c < cols; c++) amax = std::fmax(amax, std::fabs(ref[bwd + i][(size_t)r * cols + c]));
+                    scale[i] = current ? -1.0f : fp8_scale_for(amax, fmt, 0) * 16.0f;
+                }
+                Fp8ProducerArgs p = bwd ? Fp8ProducerArgs{dda, dg_in, du_in, nullptr} : Fp8ProducerArgs{dg_in, du_in, nullptr, act_fused};
+                FusedOuts got = run_fused(bwd ? FP8P_SWIGLU_BWD : FP8P_SWIGLU_FWD, p, rows, cols, segs, fmt, mode, scale, nq, nt);
+                for (int i = 0; i < 1 + bwd; i++) {
+                    INFO((bwd ? "backward, " : "forward, ") << (i ? "du" : "dg/act") << ", mode " << (int)mode << (current ? ", current" : ""));
+                    Quantized want = quantize(ref[bwd + i], rows, cols, segs, fmt, mode, scale[i], 1, mode == FP8Q_TENSOR ? 1 : nq,
+                                              mode == FP8Q_TENSOR ? 1 : nt);
+                    CHECK(got.r[i].q == want.q);
+                    CHECK(got.r[i].qt == want.qt);
+                    CHECK(got.r[i].sinv == want.sinv);
+                    if (mode != FP8Q_TENSOR) CHECK(got.r[i].sinv_t == want.sinv_t);
+                    CHECK(got.r[i].amax == want.amax);
+                    CHECK(got.r[i].sat == want.sat);
+                    if (mode == FP8Q_TENSOR && !current) CHECK(want.sat > 0);   // the given scale did saturate something
+                }
+                if (!bwd) {   // the forward's BF16 act, padding rows included
+                    std::vector<float> a = get_bf16(act_fused, n);
+                    CHECK(memcmp(a.data(), ref[0].data(), n * sizeof(float)) == 0);
+                }
+            }
+    for (void* q : {(void*)dg_in, (void*)du_in, (void*)dda, (void*)act, (void*)gr, (void*)act_fused}) cudaCheck(cudaFree(q));
+}
+
+// ---------------------------------------------------------------------------------------------
 // training steps against the CPU's FP8 emulation
 
 static const int SB = 2, ST = 32;
@@ -695,8 +802,14 @@ static Replay replay_block0(Fp8Recipe gpu_recipe, Fp8Recipe cpu_recipe, int step
     std::vector<float> w1 = get_bf16(w.w1, (size_t)E * F * d), v1 = get_bf16(w.v1, (size_t)E * F * d), w2 = get_bf16(w.w2, (size_t)E * F * d);
     std::vector<float> xe = unpad(get_bf16(a.xe, (size_t)Rp * d), d), act = unpad(get_bf16(a.act, (size_t)Rp * F), F);
     std::vector<float> dqkv = get_bf16(g.dqkv, (size_t)N * qd), dres = get_bf16(g.dresid_bf16, (size_t)N * d);
-    std::vector<float> dye = unpad(get_bf16(g.dye, (size_t)Rp * d), d), dg = unpad(get_bf16(g.dg, (size_t)Rp * F), F);
-    std::vector<float> du = unpad(get_bf16(g.du, (size_t)Rp * F), F);
+    // dg, du: under FP8 the step's SwiGLU backward writes only their codes (model/fp8_fused.cuh), so their BF16
+    // values come from the unfused kernel on block 0's da, g, u (the fused codes are those of these values: the
+    // fused kernel's test case above)
+    floatX* dgu = deviceAlloc(floatX, 2 * (size_t)Rp * F);
+    swiglu_backward_gpu(dgu, dgu + (size_t)Rp * F, g.da, a.g, a.u, (size_t)Rp * F);
+    std::vector<float> dye = unpad(get_bf16(g.dye, (size_t)Rp * d), d), dg = unpad(get_bf16(dgu, (size_t)Rp * F), F);
+    std::vector<float> du = unpad(get_bf16(dgu + (size_t)Rp * F, (size_t)Rp * F), F);
+    cudaCheck(cudaFree(dgu));
     // the GPU's outputs
     std::map<std::string, std::vector<float>> gpu;
     gpu["qkv forward"] = get_bf16(a.qkv_pre, (size_t)N * qd);

@@ -248,6 +248,34 @@ KERNELS = {
 BOUND = {"gather_rows_kernel", "fp8_pad_rows_kernel"}
 
 
+def _fp8_fused(item, a):
+    # fp8_swiglu_quantize_kernel<MODE> / fp8_swiglu_bwd_quantize_kernel<MODE>(p, rows, cols, seg, fmt, margin, o0, o1)
+    # (model/fp8_fused.cuh): the producer's inputs over every row (padding rows too: g, u; da, g, u; BF16), its
+    # BF16 output y if written (act), and per output (forward one, backward two: dg, du; both blocks of a tile read
+    # the inputs, counted once) what fp8_quantize_kernel writes: codes q / qt (1 byte, padding rows as zeros), the
+    # factors, the amax (max-accumulated), the scale or amax it is made from
+    p, rows, cols, seg = a[0], a[1], a[2], a[3]
+    mode = re.search(r"<(\w+)>", item["name"])
+    mode = mode.group(1) if mode else ""
+    n = rows * cols
+    outs = [a[6], a[7]] if item["name"].startswith("fp8_swiglu_bwd_") else [a[6]]
+    rd = 2 * n * sum(1 for x in p[:3] if x) + (4 * (seg[2] + 1) if seg[0] else 0) + (4 * seg[2] if seg[1] else 0)
+    wr = 2 * n if p[3] else 0
+    for scale, amax_in, out in outs:
+        q, qt, sinv, sinv_t, amax = out[0], out[1], out[2], out[3], out[4]
+        rd += 4 if amax else 0
+        wr += 4 if amax else 0
+        if mode == "FP8Q_AMAX":
+            continue
+        wr += n * ((1 if q else 0) + (1 if qt else 0))
+        if mode == "FP8Q_TENSOR":
+            rd += 4
+            wr += 4 if sinv else 0
+        else:   # FP8Q_ACT: a factor per (row, 128 columns) of q, per (column, 128 rows of a segment) of qt
+            wr += 4 * (rows * _cdiv(cols, 128) if sinv else 0) + 4 * (cols * seg[4] if sinv_t else 0)
+    return rd, wr
+
+
 def data_dependent(item, ctx):
     base = re.sub(r"<.*", "", item["name"]).strip()
     if base == "fp8_quantize_kernel":
@@ -300,6 +328,9 @@ def kernel_rw(item, ctx=None):
             return 4 * U * C + 4 * N * C + 4 * U + 4 * (U + 1) + 4 * N, 4 * U * C, 0
         if base == "fp8_quantize_kernel":
             rd, wr = _fp8_quantize(item, a, ctx)
+            return rd, wr, 0
+        if base in ("fp8_swiglu_quantize_kernel", "fp8_swiglu_bwd_quantize_kernel"):
+            rd, wr = _fp8_fused(item, a)
             return rd, wr, 0
         if base in ("fp8g_piece_amax_kernel", "fp8g_piece_encode_kernel"):   # (x, piece [a, b, ...], ...)
             es = 2   # <T>: the store gathers from its BF16 copy of the shard (zero_gpu.cuh; FP32 only in tests)

@@ -1,0 +1,226 @@
+/*
+ * fp8_fused.cuh — FP8 quantisation fused into the kernel that produces the activation (issue 25, "FP8 that
+ * pays"). fp8_quantize_kernel (model/fp8.cuh) reads a BF16 tensor its producer wrote; here the producer itself
+ * computes a 128 x 128 tile, rounds it to BF16 (the values the unfused path would have read back) and
+ * quantises it from shared memory:
+ *   FP8P_SWIGLU_FWD  act = silu(g) * u: act in BF16 (the backward's w2 wgrad still quantises it, transposed)
+ *                    and w2's forward operand, the row-wise E4M3 codes
+ *   FP8P_SWIGLU_BWD  dg, du from da, g, u: only their FP8 codes (row-wise for dgrad, transposed for wgrad) and
+ *                    factors; the BF16 dg, du are not written at all (the FP8 GEMMs were their only readers)
+ * The codes, the factors (the layouts of model/matmul.cuh), the amax and the saturation count are those of
+ * fp8_quantize_kernel on the BF16 output, bit for bit: the same BF16 values, the same scale functions, amax by
+ * max (exact in any order). test/test_fp8_cuda.cpp checks it against the unfused kernels; the losses of
+ * test/test_fp8_cuda.sh and test/golden/unchanged.txt do not move.
+ * Stores are 16 bytes (16 codes, 8 BF16 values): the tile's rows and the segments' starts must be multiples of
+ * 16 rows and the columns a multiple of 16 — the padded expert layout guarantees both (fp8_fused_ok checks).
+ * The two outputs of the backward are two blocks per tile, adjacent in the grid, so that the second block's
+ * read of da, g, u hits L2.
+ */
+#pragma once
+#include <string>
+#include "fp8.cuh"
+#include "moe.cuh"
+
+#if DBRX_HAVE_CUDA
+typedef enum { FP8P_SWIGLU_FWD = 0, FP8P_SWIGLU_BWD = 1 } Fp8Producer;
+
+// the producer's inputs (rows, cols) and its optional BF16 output
+typedef struct {
+    const floatX *a, *b, *c;   // SWIGLU_FWD: g, u; SWIGLU_BWD: da, g, u
+    floatX* y;                 // SWIGLU_FWD: act, written in BF16 too (NULL: not written)
+} Fp8ProducerArgs;
+
+// one quantised output: FP8Q_TENSOR's scale is *scale, or fp8_scale_for(*amax_in, margin) (current scaling)
+typedef struct {
+    const float* scale;
+    const unsigned int* amax_in;
+    Fp8QuantOut out;
+} Fp8FusedOut;
+
+#if defined(SIMT_EMULATION)
+// the work log's fields (dev/predict/kernel_cost.py): [a?, b?, c?, y?] and [scale?, amax_in?, out's fields]
+static inline std::string worklog_fields(const Fp8ProducerArgs& p) {
+    std::string r = "[";
+    for (const void* q : {(const void*)p.a, (const void*)p.b, (const void*)p.c, (const void*)p.y})
+        r += std::string(r.size() > 1 ? "," : "") + (q ? "true" : "false");
+    return r + "]";
+}
+static inline std::string worklog_fields(const Fp8FusedOut& o) {
+    return std::string("[") + (o.scale ? "true," : "false,") + (o.amax_in ? "true," : "false,") + worklog_fields(o.out) + "]";
+}
+#endif
+
+// the fused path's shape rule: 16-row tiles and segment starts, 16-column tiles, 16-byte aligned pointers
+static inline bool fp8_fused_ok(int rows, int cols, const std::vector<int>& seg_len, std::initializer_list<const void*> ptrs) {
+    if (rows % 16 || cols % 16 || !aligned16(ptrs)) return false;
+    for (int l : seg_len) if (l % 16) return false;
+    return true;
+}
+
+// 8 consecutive values of the producer's output z at element i (16-byte loads)
+template <int PROD>
+__device__ __forceinline__ void fp8_produce8(float* v, const Fp8ProducerArgs& p, size_t i, int z) {
+    if (PROD == FP8P_SWIGLU_FWD) {
+        float g[8], u[8];
+        load_bf16<8>(g, p.a + i);
+        load_bf16<8>(u, p.b + i);
+        for (int j = 0; j < 8; j++) v[j] = swiglu_value(g[j], u[j]);
+    } else {
+        float d[8], g[8], u[8], dg, du;
+        load_bf16<8>(d, p.a + i);
+        load_bf16<8>(g, p.b + i);
+        load_bf16<8>(u, p.c + i);
+        for (int j = 0; j < 8; j++) {
+            swiglu_grads(d[j], g[j], u[j], &dg, &du);
+            v[j] = z ? du : dg;
+        }
+    }
+}
+
+// 16 codes of tile values x[0], x[step], ... scaled by s, packed for one 16-byte store; counts saturations
+__device__ __forceinline__ uint4 fp8_pack16(const floatX* x, int step, float s, int fmt, int* sat) {
+    uint32_t w[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 16; j++) {
+        float v = __bfloat162float(x[j * step]) * s;
+        *sat += fp8_saturates_dev(v, fmt);
+        w[j / 4] |= (uint32_t)fp8_cvt_dev(v, fmt) << (8 * (j % 4));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+#define FP8F_THREADS 256
+#define FP8F_LD 136   // the tile's row stride in BF16 values (272 bytes: rows 16-byte aligned)
+
+// The kernels: one block per (128-row tile of a segment, 128 columns[, output z]): as fp8_quantize_kernel's FP8Q_AMAX,
+// FP8Q_TENSOR and FP8Q_ACT modes, on the producer's output. Padding rows (past a segment's valid count) are
+// quantised as zeros; their BF16 output (SWIGLU_FWD's act) is the producer's value, as the unfused kernel's.
+// (The body of the kernels below, one per producer.)
+template <int MODE, int PROD>
+__device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int rows, int cols, const Fp8Segments& seg, int fmt, int margin,
+                                               const Fp8FusedOut& o0, const Fp8FusedOut& o1) {
+    __shared__ uint4 tile_raw[128 * FP8F_LD / 8];   // (uint4: 16-byte aligned for the 16-byte accesses)
+    floatX* tile = (floatX*)tile_raw;
+    __shared__ float row_s[128], col_s[128], colm[2][128];
+    __shared__ float scratch[32];
+    const int tid = threadIdx.x, nout = PROD == FP8P_SWIGLU_BWD ? 2 : 1;
+    const int z = blockIdx.x % nout;   // the output (dg 0, du 1): the two blocks of a tile adjacent
+    const Fp8QuantOut& out = z ? o1.out : o0.out;
+    int t = blockIdx.x / nout, s = 0, tiles_before = 0, seg0 = 0, len = 0;
+    for (s = 0; s < seg.nseg; s++) {
+        seg0 = seg.start ? seg.start[s] : s * seg.seg_len;
+        len = (seg.start ? seg.start[s + 1] : (s + 1) * seg.seg_len) - seg0;
+        int nt = (len + 127) / 128;
+        if (t < tiles_before + nt) break;
+        tiles_before += nt;
+    }
+    if (s == seg.nseg) return;   // cannot happen with row_tiles from the same segments
+    const int lt = t - tiles_before, row0 = seg0 + lt * 128, h = min(128, len - lt * 128);
+    const int valid = seg.valid ? seg.valid[s] : len, vh = max(0, min(h, valid - lt * 128));
+    const int c0 = blockIdx.y * 128, w = min(128, cols - c0), nct = (cols + 127) / 128;
+
+    // produce the tile: 16 threads x 8 columns per row, 16 rows per pass (h a multiple of 16); each row's
+    // amax over the tile's columns (its 16 threads: a half warp) gives the row's block scale
+    float amax = 0.0f;
+    for (int r0 = 0; r0 < h; r0 += 16) {
+        const int r = r0 + tid / 16, c = (tid % 16) * 8;
+        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, m = 0.0f;
+        if (c < w) {
+            size_t i = (size_t)(row0 + r) * cols + c0 + c;
+            fp8_produce8<PROD>(v, p, i, z);
+            if (p.y) store_bf16<8>(p.y + i, v);
+            Bf16Vec<8> b;
+            for (int j = 0; j < 8; j++) {
+                b.v[j] = __float2bfloat16(r < vh ? v[j] : 0.0f);   // the BF16 value the consumer would read
+                m = fmaxf(m, fabsf(__bfloat162float(b.v[j])));
+            }
+            *(Bf16Vec<8>*)&tile[r * FP8F_LD + c] = b;
+        }
+        for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (MODE == FP8Q_ACT && tid % 16 == 0) row_s[r] = fp8_scale_for_dev(m, fmt, 0);
+        amax = fmaxf(amax, m);
+    }
+    amax = block_max(amax, scratch);   // (its barriers also publish the tile and row_s)
+    if (tid == 0 && out.amax) atomicMax(out.amax, __float_as_uint(amax));
+    if (MODE == FP8Q_AMAX) return;
+
+    if (MODE == FP8Q_ACT) {   // every column's scale: two halves of the rows, then their max
+        const int c = tid % 128, half = tid / 128;
+        float m = 0.0f;
+        if (c < w)
+            for (int r = half; r < h; r += 2) m = fmaxf(m, fabsf(__bfloat162float(tile[r * FP8F_LD + c])));
+        colm[half][c] = m;
+        __syncthreads();
+        if (tid < 128) col_s[tid] = fp8_scale_for_dev(fmaxf(colm[0][tid], colm[1][tid]), fmt, 0);
+    } else {                  // FP8Q_TENSOR: one scale
+        const Fp8FusedOut& o = z ? o1 : o0;
+        float st = o.amax_in ? fp8_scale_for_dev(__uint_as_float(*o.amax_in), fmt, margin) : *o.scale;
+        if (tid < 128) { row_s[tid] = st; col_s[tid] = st; }
+    }
+    __syncthreads();
+
+    // q, row-wise: 8 threads x 16 codes per row, 32 rows per pass
+    int sat = 0;
+    if (out.q)
+        for (int r0 = 0; r0 < h; r0 += 32) {
+            const int r = r0 + tid / 8, c = (tid % 8) * 16;
+            if (r < h && c < w)
+                *(uint4*)(out.q + (size_t)(row0 + r) * cols + c0 + c) = fp8_pack16(&tile[r * FP8F_LD + c], 1, row_s[r], fmt, &sat);
+        }
+    // qt (cols, rows): a thread per (column, 16 rows); one tensor scale counts its saturations once
+    if (out.qt) {
+        int sat_t = 0;
+        for (int i = tid; i < 128 * (h / 16); i += FP8F_THREADS) {
+            const int c = i % 128, r = (i / 128) * 16;
+            if (c < w)
+                *(uint4*)(out.qt + (size_t)(c0 + c) * rows + row0 + r) = fp8_pack16(&tile[r * FP8F_LD + c], FP8F_LD, col_s[c], fmt, &sat_t);
+        }
+        if (MODE == FP8Q_ACT || !out.q) sat += sat_t;
+    }
+    float sat_block = block_sum((float)sat, scratch);   // < 2^24 per block: exact
+    if (tid == 0 && out.saturated && sat_block > 0) atomicAdd(out.saturated, (unsigned long long)sat_block);
+
+    // the dequantisation factors, in fp8_quantize_kernel's layouts
+    if (MODE == FP8Q_TENSOR) {
+        if (tid == 0 && t == 0 && blockIdx.y == 0 && out.sinv) out.sinv[0] = 1.0f / row_s[0];
+    } else {
+        if (out.sinv)
+            for (int r = tid; r < h; r += FP8F_THREADS)
+                out.sinv[(size_t)nct * seg0 + matmul_scale_vec128_index(lt * 128 + r, c0, len)] = 1.0f / row_s[r];
+        if (out.sinv_t)
+            for (int c = tid; c < w; c += FP8F_THREADS)
+                out.sinv_t[(size_t)tiles_before * cols + matmul_scale_vec128_index(c0 + c, lt * 128, cols)] = 1.0f / col_s[c];
+    }
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(FP8F_THREADS) fp8_swiglu_quantize_kernel(Fp8ProducerArgs p, int rows, int cols, Fp8Segments seg, int fmt,
+                                                                           int margin, Fp8FusedOut o0, Fp8FusedOut o1) {
+    fp8_fused_tile<MODE, FP8P_SWIGLU_FWD>(p, rows, cols, seg, fmt, margin, o0, o1);
+}
+template <int MODE>
+__global__ void __launch_bounds__(FP8F_THREADS) fp8_swiglu_bwd_quantize_kernel(Fp8ProducerArgs p, int rows, int cols, Fp8Segments seg,
+                                                                               int fmt, int margin, Fp8FusedOut o0, Fp8FusedOut o1) {
+    fp8_fused_tile<MODE, FP8P_SWIGLU_BWD>(p, rows, cols, seg, fmt, margin, o0, o1);
+}
+
+// Launches the producer `prod` with its output(s) quantised in `mode` (FP8Q_AMAX, FP8Q_TENSOR or FP8Q_ACT); o1 is
+// the second output's (SWIGLU_BWD's du). The caller checked fp8_fused_ok.
+static inline void fp8_fused_quantize_gpu(Fp8Producer prod, const Fp8ProducerArgs& p, int rows, int cols, const Fp8Segments& seg,
+                                          Fp8Format fmt, Fp8QuantMode mode, int margin, const Fp8FusedOut& o0, const Fp8FusedOut& o1,
+                                          cudaStream_t stream = 0) {
+    if (rows == 0 || cols == 0 || seg.row_tiles == 0) return;
+    if (mode == FP8Q_WEIGHT) fail(EXIT_FAILURE, "fp8_fused_quantize_gpu: weights are not produced by a fused producer");
+    dim3 grid(seg.row_tiles * (prod == FP8P_SWIGLU_BWD ? 2 : 1), ceil_div(cols, 128));
+#define FP8F_LAUNCH(K) LAUNCH(K, grid, FP8F_THREADS, 0, stream, p, rows, cols, seg, (int)fmt, margin, o0, o1)
+    if (prod == FP8P_SWIGLU_FWD) {
+        if (mode == FP8Q_AMAX) FP8F_LAUNCH(fp8_swiglu_quantize_kernel<FP8Q_AMAX>);
+        else if (mode == FP8Q_TENSOR) FP8F_LAUNCH(fp8_swiglu_quantize_kernel<FP8Q_TENSOR>);
+        else FP8F_LAUNCH(fp8_swiglu_quantize_kernel<FP8Q_ACT>);
+    } else {
+        if (mode == FP8Q_AMAX) FP8F_LAUNCH(fp8_swiglu_bwd_quantize_kernel<FP8Q_AMAX>);
+        else if (mode == FP8Q_TENSOR) FP8F_LAUNCH(fp8_swiglu_bwd_quantize_kernel<FP8Q_TENSOR>);
+        else FP8F_LAUNCH(fp8_swiglu_bwd_quantize_kernel<FP8Q_ACT>);
+    }
+#undef FP8F_LAUNCH
+}
+#endif  // DBRX_HAVE_CUDA
