@@ -1,6 +1,6 @@
 /*
  * context_parallel.h — context (sequence) parallelism, --context-parallel N, on the CPU backend (MPI); the GPU's
- * form (an all-gather of K/V over NCCL) is context_parallel_cuda.cuh.
+ * form (the same ring over NCCL, two K|V slots) is context_parallel_cuda.cuh.
  *
  * The CP group is N consecutive ranks; they hold the same parameters (CP lives inside the data-parallel
  * ranks: the store, ZeRO-3/HSDP and EP see them as data-parallel ranks with T / N tokens per sequence, and
@@ -33,6 +33,10 @@ typedef struct {
     std::vector<int> counts_g;      // (L, E) the group's expert counts of the last forward (the load-balancing loss)
     uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent (the rest is the ring's)
 } ContextParallel;
+
+// the GPU ring's FP32 dK|dV slots (context_parallel_cuda.cuh): this rank's block's, the two sums on the ring, and for
+// N > 2 the contribution of the pair at hand (the planner counts them: parallel/memory_plan.h)
+static inline int cp_ring_dkv_slots(int n) { return n > 2 ? 4 : 3; }
 
 static inline void cp_chunks_of(const ContextParallel* cp, int r, int g[2]) { g[0] = cp_chunk(r, 0, cp->n, 1); g[1] = cp_chunk(r, 1, cp->n, 1); }
 
@@ -139,15 +143,15 @@ static inline void cp_report(const ContextParallel* cp, const Comm* comm) {
     fflush(stdout);
 }
 
-// --dry-run: what CP changes in the plan printed above it (which is already at T/N tokens per rank): the CPU ring's
-// buffers (two K|V blocks and their two gradients, fp32) and bytes, and the GPU's all-gather form's buffers (this rank's
-// K|V and the group's in BF16, the group's dK|dV and this rank's in FP32) and bytes (predicted: not in the plan's total)
+// --dry-run: what CP changes, beside the GPU plan printed above it (which is for T/N tokens per rank and holds the GPU ring's
+// buffers: memory_plan_cp): the CPU ring's buffers (two K|V blocks and their two gradients, fp32) and bytes, and the GPU
+// ring's bytes (BF16 K|V, FP32 dK|dV sums: per layer (N-1) 2 KVB forward, (N-1) (2 + 4) KVB backward)
 static inline void cp_plan_print(const DbrxConfig* c, int B, int T, int n) {
     if (n <= 1) return;
     double kvb = (double)B * (T / n) * 2 * c->kv_heads * c->head_dim, gib = 1024.0 * 1024 * 1024;
-    double ring = (double)c->n_layers * ((n - 1) + (2 * n - 1)) * kvb * 4, gather = (double)c->n_layers * (n - 1) * 8 * kvb;
+    double ring = (double)c->n_layers * ((n - 1) + (2 * n - 1)) * kvb * 4, gpu = (double)c->n_layers * (n - 1) * 8 * kvb;
     printf("  context parallel %d: each rank holds %d of every sequence's %d tokens (2 chunks of %d; the activations above are "
            "for them); K|V per rank %.0f elements; CPU ring: buffers %.3f GiB, bytes sent per micro-batch %.3f GiB (fp32); GPU "
-           "all-gather: buffers %.3f GiB (not in the total above), bytes sent per micro-batch %.3f GiB\n", n, T / n, T, T / (2 * n),
-           kvb, 4 * kvb * 4 / gib, ring / gib, kvb * ((1 + n) * 2 + (n + 1) * 4) / gib, gather / gib);
+           "ring: buffers in the plan above, bytes sent per micro-batch %.3f GiB\n", n, T / n, T, T / (2 * n),
+           kvb, 4 * kvb * 4 / gib, ring / gib, gpu / gib);
 }
