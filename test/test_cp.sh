@@ -123,6 +123,21 @@ for name in ("g2", "g4"):
 PY
 verdicts "$tmp/grads" 2
 
+# the CPU ring's K|V hops beside the arithmetic (MPI_Isend/Irecv started before a block's arithmetic, waited for after it:
+# cp_hop_start) against the former blocking form (DBRX_DEBUG_PLANT=cp_all_gather: each hop waited for before the
+# arithmetic): CP 4 with ZeRO-3, the same losses and gradient norms bit for bit
+DBRX_DEBUG_PLANT=cp_all_gather run cp4_blocking 4 "${U[@]}" --batch 1 --context-parallel 4
+$PY - "$tmp" > "$tmp/overlap" <<'PY'
+import json, os, sys
+tmp = sys.argv[1]
+def log(name):
+    p = os.path.join(tmp, name + ".jsonl")
+    return [(o["loss"], o["grad_norm"]) for o in map(json.loads, open(p)) if "loss" in o] if os.path.exists(p) else []
+a, b = log("cp4_zero"), log("cp4_blocking")
+print(("pass" if len(a) == 6 and a == b else "fail") + f" CPU CP 4: the overlapped K|V hops' {len(a)} losses and gradient norms bit-identical to the blocking form's")
+PY
+verdicts "$tmp/overlap" 1
+
 # the CUDA backend (train_dbrx_emu: the SIMT emulator, NCCL on the twin; K|V and the backward's dK|dV sums on a ring, the
 # chunk pairs on the flash kernels, parallel/context_parallel_cuda.cuh): CP 2 (ZeRO-3; EP 2) and CP 4 (ZeRO-3; EP 2)
 # against one emulated GPU process (BF16: within 2e-3, as the store's ranks are) and one CPU process (1e-2); CP 2 and
