@@ -59,6 +59,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
         int Sp = S > 0 && comm.world % S == 0 ? S : 1, np = args.parallel.expert_parallel > 1 ? args.parallel.expert_parallel : 1;
         MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity,
                                       args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16");
+        memory_plan_cp(&plan, &cfg, args.parallel.context_parallel);   // (CP: the GPU ring's buffers)
         if (plan.allocations > (long double)prop.totalGlobalMem)
             dbrx_gpu_out_of_memory(&cfg, args.run.batch, Tr, (size_t)plan.allocations, (size_t)plan_param_state(&plan));
     }

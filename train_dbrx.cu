@@ -576,8 +576,8 @@ static void sampling_setup(TrainArgs* a, const DbrxConfig* c) {
 // (parallel/memory_plan.h: every term, the total against the device, the verdict). Every number is bounded
 // by shape_validate and computed without walking the layers. Bad --plan-* values: one line, exit 2.
 static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
-    int n = args.parallel.expert_parallel, sgs = args.parallel.shard_group_size, Tr = args.run.seq / args.parallel.context_parallel;
-    int gpus = args.run.plan_gpus > 0 ? args.run.plan_gpus : std::max(std::max(sgs, n), 1);
+    int n = args.parallel.expert_parallel, sgs = args.parallel.shard_group_size, cp = args.parallel.context_parallel, Tr = args.run.seq / cp;
+    int gpus = args.run.plan_gpus > 0 ? args.run.plan_gpus : std::max({sgs, n, 1, cp});
     int S = sgs > 0 ? sgs : gpus;   // (0: ZeRO-3 over all the GPUs)
     if (gpus % S)
         fail(EXIT_BAD_INPUT, "--plan-gpus %d must be a multiple of --shard-group-size %d", gpus, S);
@@ -618,6 +618,7 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     double p = (double)params_total(&cfg);
     MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()),
                                   args.parallel.ep_capacity, args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16");
+    memory_plan_cp(&plan, &cfg, cp);   // (the GPU ring's buffers and its communicator; cp must divide the GPUs)
     double shard = (double)plan.shard_params;   // this rank's shard under S ranks and EP n, from the store's own layout
     printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
            sgs > 0 ? "" : " (--shard-group-size S to see S ranks)",

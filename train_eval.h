@@ -266,8 +266,10 @@ static int generate_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm
 // --eval-only: load the weights (load_weights), then the validation loss of --val-steps batches of
 // --val-data (unless it is '') and --eval-mc (when given), each printed and logged (--log) as training
 // logs them at the step the weights were saved at (0: an export), exit 0. Both backends, any ranks,
-// ZeRO-3/HSDP and EP: the same evaluate and evaluate_mc as training's, so at the same --batch, --seq and
-// number of ranks the loss is the one the training run logged at that step.
+// ZeRO-3/HSDP, EP and context parallelism (each CP rank its two chunks of its group's sequences, the ring
+// attention over the group; evaluate's mean over the world is the mean over every token, each rank holding as
+// many): the same evaluate and evaluate_mc as training's, so at the same --batch, --seq, number of ranks and CP
+// degree the loss is the one the training run logged at that step.
 template <typename Model, typename Store>
 static int eval_only_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model* model, Store* store) {
     int step = load_weights(args, cfg, comm, model, store, "--eval-only");
@@ -281,6 +283,7 @@ static int eval_only_run(const TrainArgs& args, const DbrxConfig& cfg, Comm& com
     if (!args.data.val.empty()) {
         DataLoader val;
         dataloader_init(&val, args.data.val.c_str(), "--val-data", args.run.batch, args.run.seq, comm.rank, comm.world, cfg.vocab_size, NULL);
+        dataloader_context_parallel(&val, args.parallel.context_parallel);   // (CP: each rank its two chunks, as training's validation)
         if (comm.rank == 0) printf("%s", dataloader_describe(&val, "--val-data").c_str());
         comm_phase("validation");
         double vl = evaluate(model, &val, args.eval.val_steps, &comm);

@@ -170,7 +170,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                   "(--val-data, --val-steps) and --eval-mc; print, log (--log), exit"},
         {"--dump-logits", "", F_STR, &a->eval.dump_logits, "at the end, write inputs and logits of the first validation batch (safetensors)"},
         {"", "", F_SECTION, NULL, "parallelism (parallel/README.md)"},
-        {"--context-parallel", "", F_INT, &a->parallel.context_parallel, "CP: each sequence split over groups of N consecutive ranks (2N chunks, rank r holds r and 2N-1-r), ring attention on the CPU, K/V all-gathered on the GPU (N divides the ranks, 2N divides --seq)"},
+        {"--context-parallel", "", F_INT, &a->parallel.context_parallel, "CP: each sequence split over groups of N consecutive ranks (2N chunks, rank r holds r and 2N-1-r), ring attention (CPU: MPI; GPU: NCCL, two K|V slots) (N divides the ranks, 2N divides --seq)"},
         {"--expert-parallel", "", F_INT, &a->parallel.expert_parallel, "EP: the experts of every layer split over groups of N ranks (N divides the experts, "
                                                               "and the shard group size, or the ranks with --shard-group-size 1), tokens exchanged all-to-all"},
         {"--ep-layout", "", F_STR, &a->parallel.ep_layout, "EP: packed (default: EP groups of N consecutive ranks; the ranks sharding the same experts strided) | spread (those S/N consecutive, in a node; EP groups strided by S/N; S > N)"},
@@ -344,10 +344,11 @@ static void context_parallel_check(const TrainArgs* a) {
     if (cp > 1 && a->run.seq % (2 * cp) != 0)
         fail(EXIT_BAD_INPUT, "--context-parallel %d needs --seq divisible by 2 x %d = %d (2N chunks per sequence); --seq is %d", cp, cp, 2 * cp, a->run.seq);
     const char* cp_no = a->sample.generate ? "--generate" : a->sample.every > 0 ? "--sample-every" : !a->eval.mc.empty() ? "--eval-mc"
-                      : !a->eval.dump_logits.empty() ? "--dump-logits" : a->eval.only ? "--eval-only"
+                      : !a->eval.dump_logits.empty() ? "--dump-logits"
                       : a->health.check || a->health.check_only ? "--health-check" : NULL;
     if (cp > 1 && cp_no)
-        fail(EXIT_BAD_INPUT, "--context-parallel %d does not support %s yet (CP runs training and validation)", cp, cp_no);
+        fail(EXIT_BAD_INPUT, "--context-parallel %d does not support %s yet (CP runs training, validation and --eval-only's "
+             "validation loss; checkpoints do not depend on the CP degree: run it without --context-parallel)", cp, cp_no);
 }
 
 // the parallelism flags' values (parallel/README.md): one line naming the flag, exit 2

@@ -1,14 +1,16 @@
 /*
  * attention_cp_cuda.cuh — context parallelism's attention on the GPU (--context-parallel N): this rank's queries (its two
- * balanced chunks, model/attention_ring.h) against every CP rank's K|V block (kv_all (N, B, Tl, 2*kv*hd), BF16, rank
- * order; parallel/context_parallel_cuda.cuh gathers it), as N chunk pairs on the flash kernels (attention_flash.cuh's
+ * balanced chunks, model/attention_ring.h) against every CP rank's K|V block (B, Tl, 2*kv*hd), BF16, pair k on rank
+ * rank - k's, wherever the caller keeps it (kv_at[k]: one of the ring's two slots, or the all-gather form's rank-order
+ * slot, parallel/context_parallel_cuda.cuh), as N chunk pairs on the flash kernels (attention_flash.cuh's
  * FlashBlock: the causal diagonal for the rank's own block, a full block with a query range or a key prefix for the
  * others), in the ring's order, each pair's (out, lse) merged by the online softmax in FP32. The backward runs the
  * same pairs with the merged lse and D = rowsum(dout out): dq summed over the pairs in FP32, this rank's dK|dV of every
- * block in FP32 (dkv_all, kv_all's layout), which the group sums at the rows' owners (a ring or a reduce-scatter,
+ * block in FP32 (dkv_at[k]), which the group sums at the rows' owners (a ring or a reduce-scatter,
  * parallel/context_parallel_cuda.cuh). No communication here.
  */
 #pragma once
+#include <vector>
 #include "attention.cuh"
 
 // the model's hooks (DbrxGPU.attn; NULL: the local attention): the same contract as the CPU's AttentionHooks
@@ -93,18 +95,17 @@ __global__ void cp_dq_store_kernel(floatX* dqkv, const float* dq_acc, int B, int
     dqkv[((size_t)b * Tl + t) * (H + 2 * KV) * hd + (size_t)h * hd + d] = __float2bfloat16(dq_acc[i] * rsqrtf((float)hd));
 }
 
-// the rank's attention over the group's K|V, kv_all (n, B, Tl, 2 kv hd) in rank order: out, lse of its Tl rows; the
-// n chunk pairs in the ring's order, the partial results merged into FP32 (a fixed order: the same bits every run).
-// before_pair (NULL: kv_all complete already) is called before pair k's launches: the ring's transport issues the next
-// block's hop there and makes `stream` wait for block k's arrival (parallel/context_parallel_cuda.cuh)
-static inline void cp_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc,
-                                            int B, int Tl, int H, int KV, int hd, int n, int rank, cudaStream_t stream = 0,
-                                            void (*before_pair)(void* ctx, int k) = nullptr, void* ctx = nullptr) {
-    size_t blk = (size_t)B * Tl * 2 * KV * hd, on = (size_t)B * Tl * H * hd;
+// the rank's attention over the group's K|V: out, lse of its Tl rows; the n chunk pairs in the ring's order, pair k on the
+// block kv_at[k] (B, Tl, 2 kv hd) of rank rank - k, the partial results merged into FP32 (a fixed order: the same bits every
+// run). before_pair (NULL: every block in place already) is called before pair k's launches: the ring's transport issues
+// the next block's hop there and makes `stream` wait for block k's arrival (parallel/context_parallel_cuda.cuh)
+static inline void cp_attention_forward_at_gpu(floatX* out, float* lse, const floatX* qkv, const floatX* const* kv_at, const CpAttnScratch* sc,
+                                               int B, int Tl, int H, int KV, int hd, int n, int rank, cudaStream_t stream,
+                                               void (*before_pair)(void* ctx, int k), void* ctx) {
+    size_t on = (size_t)B * Tl * H * hd;
     for (int k = 0; k < n; k++) {
         if (before_pair) before_pair(ctx, k);
-        int s = ((rank - k) % n + n) % n;
-        FlashBlock p = cp_chunk_pair(kv_all + s * blk, nullptr, k, n, rank, Tl, KV, hd);
+        FlashBlock p = cp_chunk_pair(kv_at[k], nullptr, k, n, rank, Tl, KV, hd);
         if (k == 0) {
             flash_attention_forward_block_gpu(out, lse, qkv, B, Tl, H, KV, hd, p, stream);
             if (n > 1) LAUNCH(cp_out_to_f32_kernel, ceil_div((long long)on, 256), 256, 0, stream, sc->o32, out, on);
@@ -116,6 +117,18 @@ static inline void cp_attention_forward_gpu(floatX* out, float* lse, const float
     }
     if (n > 1) LAUNCH(cp_out_from_f32_kernel, ceil_div((long long)on, 256), 256, 0, stream, out, sc->o32, on);
 }
+// pair k's block of kv_all (n, B, Tl, 2 kv hd), every rank's in rank order: rank - k's slot
+template <typename T> static inline std::vector<T*> cp_rank_order_at(T* all, size_t blk, int n, int rank) {
+    std::vector<T*> at(n);
+    for (int k = 0; k < n; k++) at[k] = all + (size_t)(((rank - k) % n + n) % n) * blk;
+    return at;
+}
+// the same over kv_all (n, B, Tl, 2 kv hd) in rank order (the all-gather form, the kernels' tests)
+static inline void cp_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc,
+                                            int B, int Tl, int H, int KV, int hd, int n, int rank, cudaStream_t stream = 0) {
+    std::vector<const floatX*> at = cp_rank_order_at(kv_all, (size_t)B * Tl * 2 * KV * hd, n, rank);
+    cp_attention_forward_at_gpu(out, lse, qkv, at.data(), sc, B, Tl, H, KV, hd, n, rank, stream, nullptr, nullptr);
+}
 
 // dst += in (FP32, n elements): the backward ring's accumulator, this rank's contribution plus the one that arrived
 __global__ void cp_add_f32_kernel(float* dst, const float* in, size_t n) {
@@ -123,28 +136,36 @@ __global__ void cp_add_f32_kernel(float* dst, const float* in, size_t n) {
     if (i < n) dst[i] = dst[i] + in[i];
 }
 
-// the backward: dq into the Q columns of dqkv, and this rank's dK|dV contribution to every block into dkv_all (n, B, Tl,
-// 2 kv hd) FP32, each slot zeroed first (the caller sums them over the group); the pairs in the same order, each adding
-// to FP32 sums. before_pair as the forward's; after_pair (NULL: none) is called after pair k's launches (the ring's
-// transport passes block k's gradient on there)
-static inline void cp_attention_backward_gpu(floatX* dqkv, float* dkv_all, const floatX* dout, const floatX* out, const float* lse,
-                                             const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc, int B, int Tl, int H, int KV,
-                                             int hd, int n, int rank, cudaStream_t stream = 0,
-                                             void (*before_pair)(void* ctx, int k) = nullptr,
-                                             void (*after_pair)(void* ctx, int k) = nullptr, void* ctx = nullptr) {
+// the backward: dq into the Q columns of dqkv, and this rank's dK|dV contribution to the block of pair k into dkv_at[k]
+// (B, Tl, 2 kv hd) FP32, zeroed just before the pair (the caller sums them over the group); the pairs in the forward's
+// order, kv_at as its, each adding to FP32 sums. before_pair as the forward's; after_pair (NULL: none) is called after pair
+// k's launches (the ring's transport passes block k's gradient on there; dkv_at[k] may be a slot the pair before used)
+static inline void cp_attention_backward_at_gpu(floatX* dqkv, float* const* dkv_at, const floatX* dout, const floatX* out, const float* lse,
+                                                const floatX* qkv, const floatX* const* kv_at, const CpAttnScratch* sc, int B, int Tl, int H,
+                                                int KV, int hd, int n, int rank, cudaStream_t stream, void (*before_pair)(void* ctx, int k),
+                                                void (*after_pair)(void* ctx, int k), void* ctx) {
     size_t blk = (size_t)B * Tl * 2 * KV * hd, rows = (size_t)B * Tl * H;
     LAUNCH(flash_attention_backward_D_kernel, ceil_div((long long)rows * 32, 128), 128, 0, stream, sc->D, (int*)nullptr, dout, out, B, Tl, H,
            hd, 0);
     cudaCheck(cudaMemsetAsync(sc->dq_acc, 0, rows * hd * sizeof(float), stream));
-    cudaCheck(cudaMemsetAsync(dkv_all, 0, n * blk * sizeof(float), stream));
     for (int k = 0; k < n; k++) {
         if (before_pair) before_pair(ctx, k);
-        int s = ((rank - k) % n + n) % n;
-        FlashBlock p = cp_chunk_pair(kv_all + s * blk, dkv_all + s * blk, k, n, rank, Tl, KV, hd);
+        cudaCheck(cudaMemsetAsync(dkv_at[k], 0, blk * sizeof(float), stream));
+        FlashBlock p = cp_chunk_pair(kv_at[k], dkv_at[k], k, n, rank, Tl, KV, hd);
         flash_attention_backward_block_gpu(sc->dq_acc, sc->dq_sem, sc->D, dout, lse, qkv, B, Tl, H, KV, hd, p, stream);
         if (after_pair) after_pair(ctx, k);
     }
     LAUNCH(cp_dq_store_kernel, ceil_div((long long)rows * hd, 256), 256, 0, stream, dqkv, sc->dq_acc, B, Tl, H, KV, hd);
+}
+// the same over kv_all and dkv_all (n, B, Tl, 2 kv hd) in rank order (the all-gather form, the kernels' tests)
+static inline void cp_attention_backward_gpu(floatX* dqkv, float* dkv_all, const floatX* dout, const floatX* out, const float* lse,
+                                             const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc, int B, int Tl, int H, int KV,
+                                             int hd, int n, int rank, cudaStream_t stream = 0) {
+    size_t blk = (size_t)B * Tl * 2 * KV * hd;
+    std::vector<const floatX*> kv_at = cp_rank_order_at(kv_all, blk, n, rank);
+    std::vector<float*> dkv_at = cp_rank_order_at(dkv_all, blk, n, rank);
+    cp_attention_backward_at_gpu(dqkv, dkv_at.data(), dout, out, lse, qkv, kv_at.data(), sc, B, Tl, H, KV, hd, n, rank, stream, nullptr,
+                                 nullptr, nullptr);
 }
 
 // the model's attention: the local one (flash or warp-per-row kernels), or the CP group's (hk->forward set)

@@ -51,8 +51,8 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
                                  "reorder_issue (world rank 1 issues its communicators in another order) (ZeRO-3 on the GPU), ep_regrow (one EP "
                                  "buffer freed and allocated again in every step: no-allocation test), recompute_routing (--recompute "
                                  "moe/block: the recomputation swaps two routed rows), chunk_early_rs (--zero-chunk-mib: an experts chunk's gradient "
-                                 "reduce-scattered before its backward), cp_all_gather (--context-parallel on the GPU: the forward's K|V "
-                                 "all-gathered instead of passed around the ring: the same numbers), no_rc_prefetch (--recompute moe/block under ZeRO-3: the recompute's "
+                                 "reduce-scattered before its backward), cp_all_gather (--context-parallel: the former forms, "
+                                 "the same numbers: on the GPU K|V all-gathered, on the CPU the ring's K|V hops blocking), no_rc_prefetch (--recompute moe/block under ZeRO-3: the recompute's "
                                  "block gathered when it begins, not ahead)"},
 };
 

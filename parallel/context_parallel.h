@@ -1,6 +1,6 @@
 /*
  * context_parallel.h — context (sequence) parallelism, --context-parallel N, on the CPU backend (MPI); the GPU's
- * form (an all-gather of K/V over NCCL) is context_parallel_cuda.cuh.
+ * form (the same ring over NCCL, two K|V slots) is context_parallel_cuda.cuh.
  *
  * The CP group is N consecutive ranks; they hold the same parameters (CP lives inside the data-parallel
  * ranks: the store, ZeRO-3/HSDP and EP see them as data-parallel ranks with T / N tokens per sequence, and
@@ -15,7 +15,9 @@
  *             (N-1 sends of K|V, N of dK|dV)
  * Bytes per rank per layer, KVB = B * (T/N) * 2 * kv_heads * head_dim * 4: forward (N-1) KVB,
  * backward (2N-1) KVB (counted in the group's bytes_sent; test/test_cp.sh checks the formula).
- * The exchange is a blocking sendrecv before each block's arithmetic: on the CPU it is not overlapped.
+ * The K|V hops are started (MPI_Isend/Irecv) before the arithmetic of the block at hand and waited for after it
+ * (cp_hop_start / cp_hop_wait); the dK|dV hop follows the arithmetic that adds to it (blocking: the next step adds to
+ * what it brings). The same arithmetic in the same order as the blocking form: the same bits.
  */
 #pragma once
 #include <vector>
@@ -34,20 +36,48 @@ typedef struct {
     uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent (the rest is the ring's)
 } ContextParallel;
 
+// the GPU ring's FP32 dK|dV slots (context_parallel_cuda.cuh): this rank's block's, the two sums on the ring, and for
+// N > 2 the contribution of the pair at hand (the planner counts them: parallel/memory_plan.h)
+static inline int cp_ring_dkv_slots(int n) { return n > 2 ? 4 : 3; }
+
 static inline void cp_chunks_of(const ContextParallel* cp, int r, int g[2]) { g[0] = cp_chunk(r, 0, cp->n, 1); g[1] = cp_chunk(r, 1, cp->n, 1); }
+
+// one K|V hop of the ring, started before the arithmetic of the block at hand and finished after it (MPI_Isend of the
+// block at hand, which the arithmetic only reads, and MPI_Irecv of the next block into the other buffer): the transfer
+// runs beside the arithmetic as far as the MPI library progresses it without being called (a small block goes eagerly at
+// the start; a large one may wait for the rendezvous in MPI_Wait unless the library has a progress thread or offload).
+// Not timed here. Tag 12: no other operation of the group is in flight meanwhile. Counted: bytes.
+// DBRX_DEBUG_PLANT=cp_all_gather: the former blocking form (waited for before the arithmetic), the tests' reference.
+typedef struct { MPI_Request r[2]; int peers[2]; size_t bytes; const char* op; bool done; } CpHop;
+static inline void cp_hop_wait(ContextParallel* cp, CpHop* h) {
+    if (h->done) return;
+    comm_wait(&cp->group, h->r, 2, h->peers, h->op);
+    cp->group.bytes_sent += h->bytes;
+    h->done = true;
+}
+static inline void cp_hop_start(ContextParallel* cp, CpHop* h, const void* send, void* recv, size_t bytes, const char* op) {
+    ENSURE(bytes < ((size_t)1 << 31), "ring attention: a K|V block of %zu bytes (MPI counts are int: at most 2 GiB)", bytes);
+    int right = (cp->rank + 1) % cp->n, left = (cp->rank + cp->n - 1) % cp->n;
+    h->peers[0] = left; h->peers[1] = right; h->bytes = bytes;
+    MPI_CHECK(MPI_Irecv(recv, (int)bytes, MPI_BYTE, left, 12, cp->group.mpi, &h->r[0]));
+    MPI_CHECK(MPI_Isend(send, (int)bytes, MPI_BYTE, right, 12, cp->group.mpi, &h->r[1]));
+    h->op = op; h->done = false;
+    if (g_debug_hooks.plant == PLANT_CP_ALL_GATHER) cp_hop_wait(cp, h);
+}
 
 static inline void cp_forward(void* ctx, real* out, real* lse, const real* qkv) {
     ContextParallel* cp = (ContextParallel*)ctx;
     size_t rows = (size_t)cp->B * cp->Tl, bytes = rows * 2 * cp->KV * cp->hd * sizeof(real);
-    int right = (cp->rank + 1) % cp->n, left = (cp->rank + cp->n - 1) % cp->n, gq[2], gk[2];
+    int gq[2], gk[2];
     cp_chunks_of(cp, cp->rank, gq);
     ring_pack_kv(cp->kv[0].data(), qkv, rows, cp->H, cp->KV, cp->hd);
     attention_ring_begin(out, lse, cp->B, cp->Tl, cp->H, cp->hd);
-    for (int s = 0; s < cp->n; s++) {   // step s: the block of rank rank - s
-        if (s < cp->n - 1)
-            comm_sendrecv(&cp->group, cp->kv[0].data(), bytes, right, cp->kv[1].data(), bytes, left, "ring attention K/V (forward)");
+    for (int s = 0; s < cp->n; s++) {   // step s: the block of rank rank - s; the next one arrives meanwhile
+        CpHop h;
+        if (s < cp->n - 1) cp_hop_start(cp, &h, cp->kv[0].data(), cp->kv[1].data(), bytes, "ring attention K/V (forward)");
         cp_chunks_of(cp, (cp->rank - s + cp->n) % cp->n, gk);
         attention_ring_forward(out, lse, qkv, cp->kv[0].data(), cp->B, cp->Tl, cp->H, cp->KV, cp->hd, gq, gk);
+        if (s < cp->n - 1) cp_hop_wait(cp, &h);
         std::swap(cp->kv[0], cp->kv[1]);
     }
     cp->fwd_calls++;
@@ -63,12 +93,13 @@ static inline void cp_backward(void* ctx, real* dqkv, const real* dout, const re
     memset(dqkv, 0, rows * (cp->H + 2 * cp->KV) * cp->hd * sizeof(real));
     attention_ring_rowdot(cp->D.data(), dout, out, cp->B, cp->Tl, cp->H, cp->hd);
     for (int s = 0; s < cp->n; s++) {
-        if (s < cp->n - 1)
-            comm_sendrecv(&cp->group, cp->kv[0].data(), bytes, right, cp->kv[1].data(), bytes, left, "ring attention K/V (backward)");
+        CpHop h;   // (the next K|V block arrives beside this step's arithmetic)
+        if (s < cp->n - 1) cp_hop_start(cp, &h, cp->kv[0].data(), cp->kv[1].data(), bytes, "ring attention K/V (backward)");
         cp_chunks_of(cp, (cp->rank - s + cp->n) % cp->n, gk);
         attention_ring_backward(dqkv, cp->dkv[0].data(), dout, qkv, cp->kv[0].data(), lse, cp->D.data(), cp->B, cp->Tl, cp->H, cp->KV,
                                 cp->hd, gq, gk);
-        // the block's gradient follows it; after the N-th hop each rank holds its own block's dK|dV
+        if (s < cp->n - 1) cp_hop_wait(cp, &h);
+        // the block's gradient follows it (the next step adds to it: not overlapped); after the N-th hop each rank holds its own block's dK|dV
         comm_sendrecv(&cp->group, cp->dkv[0].data(), bytes, right, cp->dkv[1].data(), bytes, left, "ring attention dK/dV");
         std::swap(cp->kv[0], cp->kv[1]);
         std::swap(cp->dkv[0], cp->dkv[1]);
@@ -139,15 +170,15 @@ static inline void cp_report(const ContextParallel* cp, const Comm* comm) {
     fflush(stdout);
 }
 
-// --dry-run: what CP changes in the plan printed above it (which is already at T/N tokens per rank): the CPU ring's
-// buffers (two K|V blocks and their two gradients, fp32) and bytes, and the GPU's all-gather form's buffers (this rank's
-// K|V and the group's in BF16, the group's dK|dV and this rank's in FP32) and bytes (predicted: not in the plan's total)
+// --dry-run: what CP changes, beside the GPU plan printed above it (which is for T/N tokens per rank and holds the GPU ring's
+// buffers: memory_plan_cp): the CPU ring's buffers (two K|V blocks and their two gradients, fp32) and bytes, and the GPU
+// ring's bytes (BF16 K|V, FP32 dK|dV sums: per layer (N-1) 2 KVB forward, (N-1) (2 + 4) KVB backward)
 static inline void cp_plan_print(const DbrxConfig* c, int B, int T, int n) {
     if (n <= 1) return;
     double kvb = (double)B * (T / n) * 2 * c->kv_heads * c->head_dim, gib = 1024.0 * 1024 * 1024;
-    double ring = (double)c->n_layers * ((n - 1) + (2 * n - 1)) * kvb * 4, gather = (double)c->n_layers * (n - 1) * 8 * kvb;
+    double ring = (double)c->n_layers * ((n - 1) + (2 * n - 1)) * kvb * 4, gpu = (double)c->n_layers * (n - 1) * 8 * kvb;
     printf("  context parallel %d: each rank holds %d of every sequence's %d tokens (2 chunks of %d; the activations above are "
            "for them); K|V per rank %.0f elements; CPU ring: buffers %.3f GiB, bytes sent per micro-batch %.3f GiB (fp32); GPU "
-           "all-gather: buffers %.3f GiB (not in the total above), bytes sent per micro-batch %.3f GiB\n", n, T / n, T, T / (2 * n),
-           kvb, 4 * kvb * 4 / gib, ring / gib, kvb * ((1 + n) * 2 + (n + 1) * 4) / gib, gather / gib);
+           "ring: buffers in the plan above, bytes sent per micro-batch %.3f GiB\n", n, T / n, T, T / (2 * n),
+           kvb, 4 * kvb * 4 / gib, ring / gib, gpu / gib);
 }

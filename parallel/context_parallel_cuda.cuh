@@ -1,13 +1,17 @@
 /*
  * context_parallel_cuda.cuh — --context-parallel N on the CUDA backend. Forward: a ring; each rank attends its two
  * balanced chunks' queries over the whole sequence as N chunk pairs on the flash kernels (model/attention_cp_cuda.cuh),
- * and before each pair the K|V block at hand hops to the next rank (grouped ncclSend/ncclRecv on the group's stream,
- * waited for with an event when a pair needs it: the transfer runs beside the pair at hand; cpg_ring_hop). Backward:
- * the same ring for K|V, and the blocks' FP32 dK|dV sums travel it too (cpg_grad_hop): after pair k a rank adds the
- * sum that arrived for block k to its own contribution and passes it on, beside pair k + 1; the owner adds its own last
- * (a fixed order, every run the same bits). No host sync. DBRX_DEBUG_PLANT=cp_all_gather: the former all-gather form
- * (all-gather of K|V, reduce-scatter of dK|dV, host-synchronised), the tests' reference. Bytes per rank per layer,
- * KVB = B (T/N) 2 kv hd: forward (N-1) 2 KVB (N-1 hops), backward (N-1) 2 KVB + (N-1) 4 KVB (either form). The data loader, RoPE at the global positions, the store
+ * and before each pair the K|V block at hand hops to the next rank while the next block arrives (grouped
+ * ncclSend/ncclRecv on the group's stream, waited for with an event when a pair needs it: the transfer runs beside the
+ * pair at hand; cpg_ring_hop). Two K|V slots, whatever N: the block at hand (read by the pair, sent on) and the one
+ * arriving (into the slot the pair before read). Backward: the same ring for K|V, and the blocks' FP32 dK|dV sums travel
+ * it too (cpg_grad_hop): after pair k a rank adds its contribution to the sum that arrived for block k and passes it on,
+ * beside pair k + 1; the owner adds its own last (a fixed order, every run the same bits). FP32 slots: the rank's own
+ * block's gradient, the two sums on the ring (one sent, one arriving) and, N > 2, the contribution of the pair at hand:
+ * 3 or 4 whatever N (parallel/memory_plan.h's memory_plan_cp counts them). No host sync. DBRX_DEBUG_PLANT=cp_all_gather:
+ * the former all-gather form (all-gather of K|V into N slots, reduce-scatter of dK|dV, host-synchronised), the tests'
+ * reference. Bytes per rank per layer, KVB = B (T/N) 2 kv hd: forward (N-1) 2 KVB (N-1 hops), backward (N-1) 2 KVB +
+ * (N-1) 4 KVB (either form). The data loader, RoPE at the global positions, the store
  * (ZeRO-3/HSDP/EP over the ranks as data-parallel ranks) are the CPU path's (parallel/context_parallel.h). The
  * load-balancing loss is the group's tokens', as on the CPU: every layer's counts and probability sums come to the host
  * with the forward's last copy and are all-reduced (doubles, one call for all layers) over an MPI twin of the group.
@@ -19,18 +23,24 @@
 typedef struct {
     CommGroup group;                // "context": N consecutive ranks, NCCL
     int n, rank, B, Tl, H, KV, hd;
-    floatX *kv, *kv_all;            // (B, Tl, 2 kv hd) this rank's K|V; (N, B, Tl, 2 kv hd) the group's
-    float *dkv_all, *dkv;           // their gradients, FP32: this rank's contribution to every block; (2, B, Tl, 2 kv hd): the
-                                    // ring's sums arriving (alternately; the all-gather form: this rank's rows, summed, in the first)
+    floatX* ring_kv;                // (2, B, Tl, 2 kv hd): the ring's K|V slots; pair k reads slot k % 2 (cpg_ring_hop)
+    float* ring_dkv;                // (3 or 4, B, Tl, 2 kv hd) FP32: this rank's block's gradient; the two sums on the ring
+                                    // (pair k's sum is sent from slot 1 + k % 2); N > 2: the contribution of pair k >= 2
+    std::vector<const floatX*> kv_at;   // (N) pair k's K|V block: a ring slot, or the all-gather form's rank-order one
+    std::vector<float*> dkv_at;         // (N) pair k's dK|dV target (the ring's, or the all-gather form's)
+    floatX *kv, *kv_all;            // the all-gather form only: (B, Tl, 2 kv hd) this rank's K|V; (N, B, Tl, 2 kv hd) the group's
+    float *dkv_all, *dkv;           // ... their FP32 gradients: this rank's contribution to every block; its rows, summed
     CpAttnScratch sc;               // the chunk pairs' scratch (model/attention_cp_cuda.cuh)
     uint64_t fwd_calls, bwd_calls;
     CommGroup host_group;           // the same ranks, MPI (the load-balancing loss's statistics are on the host)
     std::vector<int> counts_g;      // (L, E) the group's expert counts of the last forward; counts_dev their device copy
     int* counts_dev, E;
-    cudaEvent_t packed, arrived[2]; // the ring: this rank's block packed / a gradient summed (compute stream); a hop done (the group's stream)
+    cudaEvent_t packed, arrived[2]; // the ring: the compute stream so far (the group's stream waits for it); a hop done (the group's stream)
     cudaEvent_t summed[2];          // the backward's gradient hop done (the group's stream)
     uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent
 } ContextParallelGPU;
+
+static inline bool cpg_all_gather_form() { return g_debug_hooks.plant == PLANT_CP_ALL_GATHER; }
 
 static inline void cpg_gather(ContextParallelGPU* cp, const floatX* qkv) {
     size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
@@ -40,23 +50,21 @@ static inline void cpg_gather(ContextParallelGPU* cp, const floatX* qkv) {
     comm_sync(&cp->group);
 }
 
-// the forward's ring, called before chunk pair k (model/attention_cp_cuda.cuh's before_pair): block k (rank r - k's, in its
-// slot of kv_all) hops to the right while rank r - k - 1's arrives from the left into its slot, on the group's stream, issued
-// before pair k's kernels so that it runs beside them; the compute stream waits (an event, no host sync) for the hop that
-// brought block k, issued before pair k - 1. Every block keeps its own slot: no hop overwrites a block a pair still reads,
-// and the next layer's pack follows the last wait. Two events suffice: arrived[k % 2] is recorded again only after the
-// compute stream's wait on it was enqueued.
+// the forward's ring, called before chunk pair k (model/attention_cp_cuda.cuh's before_pair): block k (rank r - k's, in slot
+// k % 2) hops to the right while rank r - k - 1's arrives from the left into slot (k + 1) % 2, on the group's stream, issued
+// before pair k's kernels so that it runs beside them; the group's stream first waits for the compute stream so far
+// (`packed`: the pack of this rank's block for k = 0, and pair k - 1, which read the slot the hop overwrites); the compute
+// stream waits (an event, no host sync) for the hop that brought block k, issued before pair k - 1. The next layer's pack
+// into slot 0 follows the last wait. Two events suffice: arrived[k % 2] is recorded again only after the compute stream's
+// wait on it was enqueued.
 static inline void cpg_ring_hop(void* ctx, int k) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
     int n = cp->n, r = cp->rank;
     size_t blk = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
     if (k < n - 1) {
-        if (k == 0) {   // (the packed block before the group's stream sends it)
-            cudaCheck(cudaEventRecord(cp->packed, 0));
-            cudaCheck(cudaStreamWaitEvent(cp->group.stream, cp->packed, 0));
-        }
-        int s = ((r - k) % n + n) % n, s1 = ((r - k - 1) % n + n) % n;
-        comm_send_recv(&cp->group, cp->kv_all + s * blk, blk * sizeof(floatX), (r + 1) % n, cp->kv_all + s1 * blk, (r + n - 1) % n);
+        cudaCheck(cudaEventRecord(cp->packed, 0));
+        cudaCheck(cudaStreamWaitEvent(cp->group.stream, cp->packed, 0));
+        comm_send_recv(&cp->group, cp->ring_kv + (k % 2) * blk, blk * sizeof(floatX), (r + 1) % n, cp->ring_kv + ((k + 1) % 2) * blk, (r + n - 1) % n);
         cudaCheck(cudaEventRecord(cp->arrived[k % 2], cp->group.stream));
     }
     if (k >= 1) cudaCheck(cudaStreamWaitEvent(0, cp->arrived[(k - 1) % 2], 0));
@@ -66,52 +74,57 @@ static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX*
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
     if (!attention_use_flash(cp->B, cp->H, cp->KV, cp->hd, {out, qkv}))   // (16-byte aligned: the model's buffers are)
         fail(EXIT_RUNTIME, "context parallelism: the attention's buffers are not 16-byte aligned");
-    if (g_debug_hooks.plant == PLANT_CP_ALL_GATHER) {   // (the former all-gather form: the tests' reference, the same bits)
+    if (cpg_all_gather_form()) {   // (the former all-gather form: the tests' reference, the same bits)
         cpg_gather(cp, qkv);
         cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
     } else {
         size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
-        LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->kv_all + cp->rank * kvn, qkv, rows, cp->H, cp->KV, cp->hd);
-        cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank, 0, cpg_ring_hop, cp);
+        LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->ring_kv, qkv, rows, cp->H, cp->KV, cp->hd);
+        cp_attention_forward_at_gpu(out, lse, qkv, cp->kv_at.data(), &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank, 0,
+                                    cpg_ring_hop, cp);
     }
     cp->fwd_calls++;
 }
 
-// the backward's gradient ring, called after chunk pair k (model/attention_cp_cuda.cuh's after_pair): dkv_all's slot s
-// (block s = r - k) holds this rank's contribution; for k >= 1 it becomes the sum passed on: for k >= 2 the sum of ranks
-// s + 1 .. r - 1 arrived from the left (the hop issued after pair k - 1, run beside pair k) is added to it; then it hops
-// to the right (beside pair k + 1) while the sum for block r - k - 1 arrives into dkv[k % 2]. The owner's contribution
-// (pair 0) is not sent: after the last pair the sum of all other ranks arrives and is added to it. Block s's gradient is
-// so c_s + (c_{s-1} + (.. + (c_{s+2} + c_{s+1}))) (c_j: rank j's contribution), the same order every run. dkv[k % 2] is
-// written again by hop k + 2, issued after the add that read it (the `packed` event: the compute stream so far).
+// the backward's gradient ring, called after chunk pair k (model/attention_cp_cuda.cuh's after_pair). Pair k wrote this
+// rank's contribution c_r to block s = r - k into dkv_at[k]: for k = 0 the own slot, k = 1 the ring's slot 1 + 1, k >= 2 the
+// contribution slot. For k >= 2 the sum of ranks s + 1 .. r - 1 for block s arrived into ring slot 1 + k % 2 (the hop
+// issued after pair k - 1, run beside pair k) and the contribution is added to it (arrived + c, the same bits as c +
+// arrived); then that slot hops to the right (beside pair k + 1) while the sum for block r - k - 1 arrives into the other
+// ring slot, which the hop before sent from (the same stream). The owner's contribution (pair 0) is not sent: after the
+// last pair the sum of all other ranks arrives and is added to it. Block s's gradient is so c_s + (c_{s-1} + (.. +
+// (c_{s+2} + c_{s+1}))) (c_j: rank j's contribution), the same order every run. A ring slot is written again by the hop
+// two on, issued after the add that read it (the `packed` event: the compute stream so far); the contribution slot is
+// zeroed for pair k + 1 after the add read it (stream order).
 static inline void cpg_grad_hop(void* ctx, int k) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
-    int n = cp->n, r = cp->rank, s = ((r - k) % n + n) % n;
+    int n = cp->n, r = cp->rank;
     size_t blk = (size_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd;
+    float *own = cp->ring_dkv, *ring = cp->ring_dkv + blk;   // (ring: the two slots)
     if (k >= 2) {
         cudaCheck(cudaStreamWaitEvent(0, cp->summed[(k - 1) % 2], 0));
-        LAUNCH(cp_add_f32_kernel, ceil_div((long long)blk, 256), 256, 0, 0, cp->dkv_all + s * blk, cp->dkv + ((k - 1) % 2) * blk, blk);
+        LAUNCH(cp_add_f32_kernel, ceil_div((long long)blk, 256), 256, 0, 0, ring + (k % 2) * blk, cp->dkv_at[k], blk);
     }
     if (k >= 1) {
         cudaCheck(cudaEventRecord(cp->packed, 0));
         cudaCheck(cudaStreamWaitEvent(cp->group.stream, cp->packed, 0));
-        comm_send_recv(&cp->group, cp->dkv_all + s * blk, blk * sizeof(float), (r + 1) % n, cp->dkv + (k % 2) * blk, (r + n - 1) % n);
+        comm_send_recv(&cp->group, ring + (k % 2) * blk, blk * sizeof(float), (r + 1) % n, ring + ((k + 1) % 2) * blk, (r + n - 1) % n);
         cudaCheck(cudaEventRecord(cp->summed[k % 2], cp->group.stream));
     }
     if (k == n - 1) {   // (the sum of the other ranks' contributions to this rank's block)
         cudaCheck(cudaStreamWaitEvent(0, cp->summed[k % 2], 0));
-        LAUNCH(cp_add_f32_kernel, ceil_div((long long)blk, 256), 256, 0, 0, cp->dkv_all + r * blk, cp->dkv + (k % 2) * blk, blk);
+        LAUNCH(cp_add_f32_kernel, ceil_div((long long)blk, 256), 256, 0, 0, own, ring + ((k + 1) % 2) * blk, blk);
     }
 }
 
 static inline void cpg_backward(void* ctx, floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
     size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
-    if (g_debug_hooks.plant != PLANT_CP_ALL_GATHER) {
-        LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->kv_all + cp->rank * kvn, qkv, rows, cp->H, cp->KV, cp->hd);
-        cp_attention_backward_gpu(dqkv, cp->dkv_all, dout, out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n,
-                                  cp->rank, 0, cpg_ring_hop, cpg_grad_hop, cp);
-        LAUNCH(cp_unpack_dkv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, dqkv, cp->dkv_all + cp->rank * kvn, rows, cp->H, cp->KV, cp->hd);
+    if (!cpg_all_gather_form()) {
+        LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->ring_kv, qkv, rows, cp->H, cp->KV, cp->hd);
+        cp_attention_backward_at_gpu(dqkv, cp->dkv_at.data(), dout, out, lse, qkv, cp->kv_at.data(), &cp->sc, cp->B, cp->Tl, cp->H, cp->KV,
+                                     cp->hd, cp->n, cp->rank, 0, cpg_ring_hop, cpg_grad_hop, cp);
+        LAUNCH(cp_unpack_dkv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, dqkv, cp->ring_dkv, rows, cp->H, cp->KV, cp->hd);
         cp->bwd_calls++;
         return;
     }
@@ -153,7 +166,7 @@ static inline float cpg_lbl_counts(void* ctx, int l, float weight, const int** c
 
 // collective over the world; n = 1: nothing. RoPE's device tables rewritten for this rank's global positions.
 static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* m, int T_full) {
-    cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0; cp->kv = cp->kv_all = nullptr; cp->dkv = cp->dkv_all = nullptr;
+    cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0; cp->kv = cp->kv_all = cp->ring_kv = nullptr; cp->dkv = cp->dkv_all = cp->ring_dkv = nullptr;
     cp->counts_dev = nullptr; cp->lbl_bytes = 0;
     if (n <= 1) return;
     if (comm->world % n != 0)
@@ -183,10 +196,23 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     cudaCheck(cudaEventCreateWithFlags(&cp->packed, cudaEventDisableTiming));
     for (cudaEvent_t& e : cp->arrived) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     for (cudaEvent_t& e : cp->summed) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    cudaCheck(cudaMalloc((void**)&cp->kv, kvn * sizeof(floatX)));
-    cudaCheck(cudaMalloc((void**)&cp->kv_all, n * kvn * sizeof(floatX)));
-    cudaCheck(cudaMalloc((void**)&cp->dkv_all, n * kvn * sizeof(float)));
-    cudaCheck(cudaMalloc((void**)&cp->dkv, 2 * kvn * sizeof(float)));
+    if (cpg_all_gather_form()) {   // (the tests' reference form: N slots)
+        cudaCheck(cudaMalloc((void**)&cp->kv, kvn * sizeof(floatX)));
+        cudaCheck(cudaMalloc((void**)&cp->kv_all, n * kvn * sizeof(floatX)));
+        cudaCheck(cudaMalloc((void**)&cp->dkv_all, n * kvn * sizeof(float)));
+        cudaCheck(cudaMalloc((void**)&cp->dkv, kvn * sizeof(float)));
+        m->activation_bytes += kvn * (sizeof(floatX) * (1 + n) + sizeof(float) * (n + 1));
+    } else {   // the ring: pair k's K|V in slot k % 2; its dK|dV in the own slot (k 0), the ring's second (k 1), the contribution slot
+        int dslots = cp_ring_dkv_slots(n);
+        cudaCheck(cudaMalloc((void**)&cp->ring_kv, 2 * kvn * sizeof(floatX)));
+        cudaCheck(cudaMalloc((void**)&cp->ring_dkv, dslots * kvn * sizeof(float)));
+        cp->kv_at.resize(n); cp->dkv_at.resize(n);
+        for (int k = 0; k < n; k++) {
+            cp->kv_at[k] = cp->ring_kv + (k % 2) * kvn;
+            cp->dkv_at[k] = cp->ring_dkv + (k == 0 ? 0 : k == 1 ? 2 : 3) * kvn;
+        }
+        m->activation_bytes += kvn * (2 * sizeof(floatX) + dslots * sizeof(float));
+    }
     size_t rows = (size_t)cp->B * cp->Tl * cp->H;
     cudaCheck(cudaMalloc((void**)&cp->sc.out_p, rows * cp->hd * sizeof(floatX)));
     cudaCheck(cudaMalloc((void**)&cp->sc.o32, rows * cp->hd * sizeof(float)));
@@ -194,7 +220,7 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     cudaCheck(cudaMalloc((void**)&cp->sc.lse_p, rows * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&cp->sc.D, rows * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&cp->sc.dq_sem, flash_bwd5_sem_ints(cp->B, cp->Tl, cp->H) * sizeof(int)));
-    m->activation_bytes += kvn * (sizeof(floatX) * (1 + n) + sizeof(float) * (n + 2)) + cp_attn_scratch_bytes(cp->B, cp->Tl, cp->H, cp->hd);
+    m->activation_bytes += cp_attn_scratch_bytes(cp->B, cp->Tl, cp->H, cp->hd);
     m->attn = AttentionHooksGPU{cpg_forward, cpg_backward, lbl ? cpg_lbl : NULL, lbl ? cpg_lbl_counts : NULL, cp};
 }
 
@@ -202,13 +228,14 @@ static inline void cpg_free(ContextParallelGPU* cp, const Comm* comm) {
     if (cp->n <= 1) return;
     printf("cp: rank %d: context-parallel rank %d of %d (GPU, %s), sent %llu bytes in %llu forward and %llu backward attentions, "
            "%llu bytes for the load-balancing loss\n", comm->rank, cp->rank, cp->n,
-           g_debug_hooks.plant == PLANT_CP_ALL_GATHER ? "all-gather" : "ring", (unsigned long long)comm_bytes_sent(&cp->group),
+           cpg_all_gather_form() ? "all-gather" : "ring", (unsigned long long)comm_bytes_sent(&cp->group),
            (unsigned long long)cp->fwd_calls, (unsigned long long)cp->bwd_calls, (unsigned long long)cp->lbl_bytes);
     fflush(stdout);
     if (cp->counts_dev) cudaCheck(cudaFree(cp->counts_dev));
     cudaCheck(cudaEventDestroy(cp->packed)); cudaCheck(cudaEventDestroy(cp->arrived[0])); cudaCheck(cudaEventDestroy(cp->arrived[1]));
     cudaCheck(cudaEventDestroy(cp->summed[0])); cudaCheck(cudaEventDestroy(cp->summed[1]));
-    cudaCheck(cudaFree(cp->kv)); cudaCheck(cudaFree(cp->kv_all)); cudaCheck(cudaFree(cp->dkv_all)); cudaCheck(cudaFree(cp->dkv));
+    for (void* p : {(void*)cp->kv, (void*)cp->kv_all, (void*)cp->dkv_all, (void*)cp->dkv, (void*)cp->ring_kv, (void*)cp->ring_dkv})
+        if (p) cudaCheck(cudaFree(p));
     for (void* p : {(void*)cp->sc.out_p, (void*)cp->sc.o32, (void*)cp->sc.dq_acc, (void*)cp->sc.lse_p, (void*)cp->sc.D, (void*)cp->sc.dq_sem})
         cudaCheck(cudaFree(p));
 }

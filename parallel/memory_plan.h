@@ -19,6 +19,8 @@
  *   routing          the per-layer routing indices, and under expert parallelism the exchange's buffers
  *                    (parallel/expert_parallel_cuda.cuh), planned at start-up for --ep-capacity-factor's rows
  *                    (ep_plan_rows; the model's experts' g, u, act and da, dg, du are sized for them too)
+ *   context parallel --context-parallel N (memory_plan_cp; the terms above at T / N tokens): the GPU ring's two K|V
+ *                    slots, its dK|dV slots, the chunk pairs' scratch, the group's expert counts
  * Their sum is `allocations`, what the run cudaMallocs (and what the emulator's allocator peaks at:
  * test/test_memory_plan.cpp checks the classes against the walk itself, and the sum against the peak).
  * On a real GPU the run needs more than it allocates; these margins are predicted, not measured here:
@@ -48,6 +50,7 @@
 #include <string>
 #include "zero.h"
 #include "expert_parallel.h"
+#include "context_parallel.h"
 #include "../model/fp8.cuh"
 #include "../model/recompute.h"
 #include "../model/act_compress.cuh"
@@ -89,6 +92,10 @@ typedef struct {
     // routing buffers: L x the routing indices, and the EP exchange's
     long double routing_index, ep_exchange;
     long double ep_rows;             // EP: the rows received per layer the buffers are planned for (0 without EP)
+    // context parallelism (memory_plan_cp; the plan's B x T are then this rank's T / cp tokens per sequence): the GPU ring's
+    // two BF16 K|V slots, its FP32 dK|dV slots, the chunk pairs' scratch, the group's expert counts; their sum
+    int cp;
+    long double cp_kv, cp_dkv, cp_scratch, cp_counts, cp_bytes;
     long double allocations;         // the sum of everything above: what the run allocates
     // margins on a real GPU
     long double cublaslt, cuda_context, nccl;
@@ -172,6 +179,8 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     long double Rc = n > 1 ? (long double)ep_plan_rows(c, (size_t)N, n, ep_capacity) + (on8 ? 15 * (E / n) : 0) : 0;
     long double Rx = n > 1 ? Rc : R;
     p.ep_rows = Rc;
+    p.cp = 1;
+    p.cp_kv = p.cp_dkv = p.cp_scratch = p.cp_counts = p.cp_bytes = 0;
 
     // parameter state and working set: zero_gpu_bytes
     long double shard, work;
@@ -277,6 +286,33 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     return p;
 }
 
+// --context-parallel n on the GPU (parallel/context_parallel_cuda.cuh's cpg_init) added to the plan p, which memory_plan made
+// for this rank's tokens (T / n per sequence: every per-token buffer is already there): the ring's two BF16 K|V slots and
+// its 3 or 4 FP32 dK|dV slots (cp_ring_dkv_slots), whatever n; the chunk pairs' scratch (model/attention_cp_cuda.cuh's
+// cp_attn_scratch_bytes: a pair's BF16 output, the FP32 merged output and dQ, the pair's lse and D, a semaphore per 32
+// queries and a ticket); with the load-balancing loss the group's expert counts (L E ints). One more NCCL communicator
+// ("context"). The all-gather form (DBRX_DEBUG_PLANT=cp_all_gather, the tests' reference) is not planned. n must divide
+// the plan's GPUs (exit 2, one line).
+static inline void memory_plan_cp(MemoryPlan* p, const DbrxConfig* c, int n) {
+    if (n <= 1) return;
+    if (p->gpus % n)
+        fail(EXIT_BAD_INPUT, "--context-parallel %d must divide the GPUs planned, %d (--plan-gpus, or a run's ranks: CP groups are %d "
+             "consecutive ranks)", n, p->gpus, n);
+    const long double f4 = 4, bf = 2;
+    long double B = p->B, Tl = p->T, kvn = B * Tl * 2 * c->kv_heads * c->head_dim, rows = B * Tl * c->n_heads;
+    p->cp = n;
+    p->cp_kv = 2 * bf * kvn;
+    p->cp_dkv = cp_ring_dkv_slots(n) * f4 * kvn;
+    p->cp_scratch = rows * c->head_dim * (bf + 2 * f4) + rows * 2 * f4 + 4 * (B * c->n_heads * std::ceil(Tl / 32) + 1);
+    p->cp_counts = c->moe_loss_weight != 0 ? 4.0L * c->n_layers * c->n_experts : 0;
+    p->cp_bytes = p->cp_kv + p->cp_dkv + p->cp_scratch + p->cp_counts;
+    p->allocations += p->cp_bytes;
+    p->communicators++;
+    p->comm_names += (p->comm_names.empty() ? "" : ", ") + std::string("context ") + std::to_string(n);
+    p->nccl += PLAN_NCCL_COMM_BYTES;
+    p->total = p->allocations + p->cublaslt + p->cuda_context + p->nccl;
+}
+
 // --plan-device: h100 | h200 | a number of GiB (> 0); false on anything else
 static inline bool plan_device_parse(const std::string& s, long double* bytes, std::string* name) {
     if (s == "h100") { *bytes = PLAN_H100_BYTES; *name = "H100 80GB (81559 MiB)"; return true; }
@@ -330,6 +366,10 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
     printf("  routing buffers                                                        %9.2f GiB\n", G(p->routing_index + p->ep_exchange));
     printf("    routing indices %.1f MiB per layer, x %d = %.2f GiB; expert-parallel exchange %.2f GiB (planned for %.0Lf rows "
            "received per layer: --ep-capacity-factor)\n", M(p->layer_routing), c->n_layers, G(p->routing_index), G(p->ep_exchange), p->ep_rows);
+    if (p->cp > 1)
+        printf("%-73s%9.2f GiB\n    K|V slots (2, BF16) %.1f MiB, dK|dV slots (%d, FP32) %.1f MiB, chunk-pair scratch %.1f MiB, "
+               "the group's expert counts %.0Lf B\n", ("  context parallel " + std::to_string(p->cp) + " (the GPU ring's buffers)").c_str(), G(p->cp_bytes),
+               M(p->cp_kv), cp_ring_dkv_slots(p->cp), M(p->cp_dkv), M(p->cp_scratch), p->cp_counts);
     printf("  allocations (what the run allocates; the emulator's peak)              %9.2f GiB\n", G(p->allocations));
     printf("  margins on a GPU (predicted): cuBLASLt workspace %.0f MiB, CUDA context %.0f MiB, NCCL %.2f GiB\n", M(p->cublaslt),
            M(p->cuda_context), G(p->nccl));

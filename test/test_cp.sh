@@ -7,6 +7,8 @@
 #   * the same topology twice: the same losses and gradient norms bit for bit;
 #   * the ring's bytes per rank (the CP group's counter) equal the formula computed here by hand;
 #   * checkpoints do not depend on the CP degree: CP 4 -> CP 2 -> one process and one process -> CP 2 resume;
+#   * the emulated GPU's ring (two K|V slots) against the all-gather form bit for bit, and its peak device memory per rank
+#     against --dry-run's plan (parallel/memory_plan.h's memory_plan_cp) within 0.1%;
 #   * bad degrees and unsupported combinations: exit 2, one line naming the flag.
 # (the ring's arithmetic against the full-sequence attention, and its negative controls: test/test_ring_attention)
 cd "$(dirname "$0")/.." || exit 1
@@ -121,6 +123,21 @@ for name in ("g2", "g4"):
 PY
 verdicts "$tmp/grads" 2
 
+# the CPU ring's K|V hops beside the arithmetic (MPI_Isend/Irecv started before a block's arithmetic, waited for after it:
+# cp_hop_start) against the former blocking form (DBRX_DEBUG_PLANT=cp_all_gather: each hop waited for before the
+# arithmetic): CP 4 with ZeRO-3, the same losses and gradient norms bit for bit
+DBRX_DEBUG_PLANT=cp_all_gather run cp4_blocking 4 "${U[@]}" --batch 1 --context-parallel 4
+$PY - "$tmp" > "$tmp/overlap" <<'PY'
+import json, os, sys
+tmp = sys.argv[1]
+def log(name):
+    p = os.path.join(tmp, name + ".jsonl")
+    return [(o["loss"], o["grad_norm"]) for o in map(json.loads, open(p)) if "loss" in o] if os.path.exists(p) else []
+a, b = log("cp4_zero"), log("cp4_blocking")
+print(("pass" if len(a) == 6 and a == b else "fail") + f" CPU CP 4: the overlapped K|V hops' {len(a)} losses and gradient norms bit-identical to the blocking form's")
+PY
+verdicts "$tmp/overlap" 1
+
 # the CUDA backend (train_dbrx_emu: the SIMT emulator, NCCL on the twin; K|V and the backward's dK|dV sums on a ring, the
 # chunk pairs on the flash kernels, parallel/context_parallel_cuda.cuh): CP 2 (ZeRO-3; EP 2) and CP 4 (ZeRO-3; EP 2)
 # against one emulated GPU process (BF16: within 2e-3, as the store's ranks are) and one CPU process (1e-2); CP 2 and
@@ -138,12 +155,12 @@ if [ -x "$EMU" ]; then
     run xcpu 0 "${X[@]}"
     run xcpu2 2 "${X[@]}" --context-parallel 2
     runx x1 0 "${X[@]}"
-    runx x2 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
+    SIMT_STEP_COUNTERS=1 runx x2 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
     SIMT_SCHEDULE=random:7 runx x2b 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
     runx x2ep 2 "${X[@]}" --context-parallel 2 --expert-parallel 2
-    runx x4 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
+    SIMT_STEP_COUNTERS=1 runx x4 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
     SIMT_SCHEDULE=random:7 runx x4b 4 "${X[@]}" --context-parallel 4 --shard-group-size 4
-    runx x4ep 4 "${X[@]}" --context-parallel 4 --expert-parallel 2
+    SIMT_STEP_COUNTERS=1 runx x4ep 4 "${X[@]}" --context-parallel 4 --expert-parallel 2
     # the ring (forward: K|V hops; backward: K|V and dK|dV hops, grouped send/recv beside the chunk pairs) against the former
     # all-gather of K|V + reduce-scatter of dK|dV: the same bits (the dK|dV sums' order differs, the BF16 gradients agree)
     DBRX_DEBUG_PLANT=cp_all_gather runx x2g 2 "${X[@]}" --context-parallel 2 --shard-group-size 2
@@ -192,6 +209,19 @@ for name, N, what in (("x2", 2, "CP 2, the ring"), ("x2g", 2, "CP 2, the all-gat
     print(("pass" if len(got) == N and all(int(g) == want for g in got) else "fail") + f" --device cuda (emulated) {what}: bytes per rank {sorted(set(got))} = the formula {want}")
 PY
     verdicts "$tmp/gpu" 19
+    # the memory plan (parallel/memory_plan.h's memory_plan_cp: the ring's two K|V slots, its dK|dV slots, the chunk pairs'
+    # scratch, at T/N tokens per rank): the emulated peak per rank is the --dry-run plan's allocations within 0.1%; the plan
+    # of the rank's tokens without the CP term (--seq 64/N, no CP) is not
+    for spec in "x2 2 2 --shard-group-size 2" "x4 4 4 --shard-group-size 4" "x4ep 4 4 --expert-parallel 2"; do
+        set -- $spec; name=$1 np=$2 N=$3; shift 3
+        plan=$($EMU "${X[@]}" --context-parallel $N "$@" --dry-run --plan-gpus $np | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
+        other=$($EMU "${X[@]}" --seq $((64 / N)) "$@" --dry-run --plan-gpus $np | sed -nE 's/^plan bytes: allocations ([0-9]+),.*/\1/p')
+        peak=$(sed -nE 's/^simt peak device memory: ([0-9]+) bytes.*/\1/p' "$tmp/$name.out" | sort -n | tail -1)
+        $PY -c "import sys; p, q, t = map(int, sys.argv[1:]); sys.exit(0 if abs(t / p - 1) <= 1e-3 and abs(t / q - 1) > 1e-3 else 1)" \
+            "${plan:-1}" "${other:-1}" "${peak:-0}" \
+            && pass "--device cuda (emulated) CP $N ($name): the peak per rank $peak bytes is the --dry-run plan's $plan within 0.1% (without the CP term: $other)" \
+            || fail "CP $N ($name): the emulated peak per rank '$peak' vs the plan '$plan' (0.1%), without the CP term '$other'"
+    done
     # the ring's stream structure (the emulator's work log, test/check_comm_order.py cp_ring): CP 4, every K|V hop (forward
     # and backward) runs beside a chunk pair's flash kernel on the group's stream and a later pair waits for it, the
     # backward's dK|dV hops are waited for by the adds and beside a pair but each layer's last; the all-gather form has no hop
@@ -221,6 +251,8 @@ grep -q -- "--context-parallel 0 must be >= 1" <<<"$LAST_ERR" || fail "--context
 expect_exit 2 "--context-parallel 3 with --seq 64 (not divisible by 6)" $BIN "${B[@]}" --context-parallel 3
 expect_exit 2 "--context-parallel 2 with --sample-every" $BIN "${B[@]}" --context-parallel 2 --sample-every 1
 expect_exit 2 "--context-parallel 2 on 1 rank" $BIN "${B[@]}" --context-parallel 2
+expect_exit 2 "--dry-run --context-parallel 4 --plan-gpus 6" $BIN "${B[@]}" --dry-run --context-parallel 4 --plan-gpus 6
+grep -q -- "--context-parallel 4 must divide the GPUs planned, 6" <<<"$LAST_ERR" || fail "--dry-run --context-parallel 4 --plan-gpus 6: the message names both"
 out=$($MPI -np 3 $BIN "${B[@]}" --context-parallel 2 2>&1); rc=$?
 if [ "$rc" = 2 ] && grep -q -- "--context-parallel 2 must divide the number of ranks 3" <<<"$out"; then pass "--context-parallel 2 on 3 ranks: exit 2, named"
 else fail "--context-parallel 2 on 3 ranks: exit $rc: $(grep -i error <<<"$out" | head -2)"; fi

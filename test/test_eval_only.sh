@@ -8,6 +8,7 @@
 #   * an fp32 Hugging Face export of that run (export -> import is exact): --eval-only --init-hf gives the
 #     training run's final validation loss, logged at step 0;
 #   * --eval-mc: acc and acc_norm logged once; --eval-mc-dump written;
+#   * --context-parallel 2: bit-identical to a CP 2 training run's validation, within tolerance of one process's;
 #   * bad use: no weights, both sources, nothing to evaluate, with --generate: one line, exit 2.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -39,6 +40,24 @@ case_resume "cpu EP 2 (2 ranks)" $MPI -np 2 $BIN --device cpu --expert-parallel 
 if [ -x "$EMU" ]; then case_resume "emulated GPU" $EMU --device cuda
 else echo "skipped: --eval-only on the emulated GPU ($EMU not built)"; fi
 
+# context parallelism (--context-parallel 2, 2 ranks: each its two chunks of every sequence, the ring attention): --eval-only
+# of a CP 2 run's checkpoint logs that run's validation loss bit for bit (CPU; the emulated GPU when built), and one process's
+# checkpoint evaluated at CP 2 gives one process's validation loss within 1e-5 (CPU) / 2e-3 relative (the emulated GPU, BF16)
+case_resume "cpu CP 2 (2 ranks)" $MPI -np 2 $BIN --device cpu --context-parallel 2
+cp_cross() {  # name, the 1-process case's dir, tolerance (relative), launcher...
+    local name=$1 ref=$2 tol=$3; shift 3
+    "$@" "${M[@]}" --context-parallel 2 --eval-only --resume "$tmp/$ref/ck/step_00000006" --log "$tmp/$ref/cp2.jsonl" > "$tmp/$ref/cp2.out" 2>&1
+    local rc=$? want got; want=$(val_at "$tmp/$ref/train.jsonl" 6); got=$(val_at "$tmp/$ref/cp2.jsonl" 6)
+    [ "$rc" = 0 ] && $PY -c "import sys; a, b, t = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= t * abs(b) else 1)" "${got:-nan}" "${want:-0}" "$tol" \
+        && pass "$name: one process's checkpoint, --eval-only at CP 2: val_loss $got, one process's $want (within $tol relative)" \
+        || fail "$name: --eval-only at CP 2: exit $rc, val_loss '$got', one process's '$want': $(tail -2 "$tmp/$ref/cp2.out")"
+}
+cp_cross "cpu" cpu 1e-5 $MPI -np 2 $BIN --device cpu
+if [ -x "$EMU" ]; then
+    case_resume "emulated GPU CP 2 (2 ranks)" $MPI -np 2 $EMU --device cuda --context-parallel 2
+    cp_cross "emulated GPU" "emulated GPU" 2e-3 $MPI -np 2 $EMU --device cuda
+fi
+
 # a Hugging Face export (fp32: exact), evaluated with --init-hf; and --eval-mc once, with its dump
 d="$tmp/hf"; mkdir -p "$d"
 $PY test/gen_mc_eval.py data/sotu/sotu_val_000000.bin "$d/mc.bin" --n 12 > /dev/null || fail "gen_mc_eval.py"
@@ -58,4 +77,6 @@ expect_exit 2 "--eval-only without weights" $BIN "${M[@]}" --eval-only
 expect_exit 2 "--eval-only with both --resume and --init-hf" $BIN "${M[@]}" --eval-only --resume "$tmp/cpu/ck" --init-hf "$d/export"
 expect_exit 2 "--eval-only with nothing to evaluate" $BIN "${M[@]}" --eval-only --init-hf "$d/export" --val-data ''
 expect_exit 2 "--eval-only with --generate" $BIN "${M[@]}" --eval-only --init-hf "$d/export" --generate
+expect_exit 2 "--generate with --context-parallel 2 (CP generation: not yet)" $BIN "${M[@]}" --generate --init-hf "$d/export" --context-parallel 2
+grep -q -- "--context-parallel 2 does not support --generate yet" <<<"$LAST_ERR" || fail "--generate with --context-parallel: the message names both"
 expect_exit 2 "--eval-only --resume auto, no checkpoint" $BIN "${M[@]}" --eval-only --resume auto --ckpt-dir "$tmp/empty"

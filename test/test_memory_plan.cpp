@@ -14,6 +14,9 @@
  *   - the vocabulary slot (--zero-chunk-mib, parallel/zero_gpu_vocab.cuh): the layout's vocabulary runs (rows, norm_f in
  *     the head's chunk 0, every chunk within the ring), and DBRX-132B's working set at S 64 to the byte against its
  *     formula, without EP (3.36 GiB) and with EP 8, the ring the same at 4x the vocabulary;
+ *   - --context-parallel (memory_plan_cp): the GPU ring's two K|V slots, its dK|dV slots, the chunk pairs' scratch (against
+ *     model/attention_cp_cuda.cuh's count) by hand at CP 2, 4, 8 (the emulator's peak per rank against the --dry-run plan
+ *     within 0.1%: test/test_cp.sh);
  *   - DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state is 18 B x the shard test_ep.sh ties to
  *     the allocation, and the NCCL margin is five communicators (the reduce-scatters' two among them) and seven
  *     all-to-all peers.
@@ -312,6 +315,37 @@ TEST_CASE("DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state and t
     CHECK(p.communicators == 5);
     CHECK(p.a2a_peers == 7);
     CHECK(p.total == p.allocations + p.cublaslt + p.cuda_context + 5 * 512 * PLAN_MIB + 7 * 448 * PLAN_MIB);
+}
+
+TEST_CASE("--context-parallel: the GPU ring's terms by hand, two K|V slots whatever N (memory_plan_cp)") {
+    DbrxConfig c = small();   // kv 2, hd 16, 4 heads, 2 layers, 4 experts, the load-balancing loss on (0.05)
+    // this rank's B 2 x Tl 16 tokens: K|V (B, Tl, 2 kv hd) = 2048 elements
+    for (int n : {2, 4, 8}) {
+        MemoryPlan p = memory_plan(&c, 2, 16, 1, 1, n, FP8_OFF), q = p;
+        memory_plan_cp(&q, &c, n);
+        CHECK(q.cp == n);
+        CHECK(q.cp_kv == 2 * 2 * 2048);                         // two BF16 slots, not N
+        CHECK(q.cp_dkv == (n > 2 ? 4 : 3) * 4 * 2048);          // own, two on the ring, (N > 2) the pair at hand's
+        // a pair's BF16 out, FP32 merged out and dQ (128 rows x hd 16), lse and D (128 x 2 x 4), 2 x 4 x 1 semaphores + a ticket
+        CHECK(q.cp_scratch == 128 * 16 * (2 + 8) + 128 * 8 + 4 * 9);
+        CHECK(q.cp_scratch == (long double)cp_attn_scratch_bytes(2, 16, 4, 16));   // (the CUDA side's own count)
+        CHECK(q.cp_counts == 4 * 2 * 4);
+        CHECK(q.allocations == p.allocations + q.cp_kv + q.cp_dkv + q.cp_scratch + q.cp_counts);
+        CHECK(q.communicators == p.communicators + 1);             // "context"
+        CHECK(q.total == q.allocations + q.cublaslt + q.cuda_context + q.nccl);
+        CHECK(q.nccl == p.nccl + 512 * PLAN_MIB);
+    }
+    MemoryPlan one = memory_plan(&c, 2, 16, 1, 1, 1, FP8_OFF), same = one;
+    memory_plan_cp(&same, &c, 1);   // (no CP: nothing added)
+    CHECK(same.allocations == one.allocations); CHECK(same.cp == 1); CHECK(same.communicators == one.communicators);
+    // DBRX-132B at seq 32768, CP 8 (4096 tokens per rank): the ring's slots 32 + 128 MiB, the scratch 241.5 MiB
+    DbrxConfig d;
+    REQUIRE(model_preset_lookup("dbrx-132b", &d));
+    MemoryPlan big = memory_plan(&d, 1, 4096, 64, 8, 64, FP8_OFF);
+    memory_plan_cp(&big, &d, 8);
+    CHECK(big.cp_kv == 32 * PLAN_MIB);
+    CHECK(big.cp_dkv == 128 * PLAN_MIB);
+    CHECK(big.cp_scratch == (long double)cp_attn_scratch_bytes(1, 4096, 48, 128));
 }
 
 TEST_CASE("the vocabulary slot: chunked vocabulary gradients, the parameters whole (--zero-chunk-mib)") {
