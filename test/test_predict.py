@@ -94,6 +94,13 @@ def model_cases():
     check(close(r["step"], 5 * US + d + 5 * US), "all-reduce 1 GiB over 8 H100 SXM (NVLink): %.3f ms = 2(n-1)/n x 1 GiB / 450 GB/s "
           "+ 10 us latency + 5 us issue + 5 us sync" % (r["step"] * 1e3))
     check(close(r["exposed_comm"], d), "with no compute beside it, all of it is exposed (%.3f ms)" % (r["exposed_comm"] * 1e3))
+    # two such collectives at once on two streams (a gather beside a reduce-scatter), nothing else: the step's exposed
+    # communication is the time some collective runs with no compute, counted once (not d + d)
+    r = step([c, dict(c, stream=2), SYNC])
+    check(close(r["exposed_comm"], d + 5 * US), "two collectives side by side with no compute: exposed %.3f ms = the union of their "
+          "intervals (%.3f ms + 5 us issue), not their sum" % (r["exposed_comm"] * 1e3, d * 1e3))
+    check(close(sum(o["exposed"] for o in r["ops"] if o["item"]["t"] == "coll"), 2 * d), "negative control: the per-collective "
+          "figures (the sinks table's) sum to 2 x %.3f ms" % (d * 1e3))
     c2 = dict(c, world_ranks=[0, 1, 2, 3, 8, 9, 10, 11])
     r = step([c2, SYNC])
     d2 = (1 << 30) * 2 * 7 / 8 / 45e9 + 25 * US

@@ -228,6 +228,32 @@ def label(it):
     return t
 
 
+
+def _union(iv):
+    """sorted intervals [(s, e)] merged into disjoint ones"""
+    out = []
+    for s, e in iv:
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _overlap(a, b):
+    """the length of the intersection of two lists of disjoint sorted intervals"""
+    i = j = 0
+    tot = 0.0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if e > s:
+            tot += e - s
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tot
+
 def simulate(items, dev="h100-sxm", gpus_per_node=8):
     """the predicted timeline: returns dict(step, ops=[(item, start, end, bound, flops, bytes)], host_busy, ...)"""
     host = 0.0
@@ -306,6 +332,11 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
         if cur_e is not None:
             covered += cur_e - cur_s
         o["exposed"] = (b - a) - covered
+    # the step's exposed communication: the time some collective runs and no kernel or GEMM does (the union of the
+    # collectives' intervals less the compute's). Not the sum of the per-collective figures above: two collectives in
+    # the same gap (a gather beside a reduce-scatter, both beside an exchange the experts wait for) would count it twice.
+    coll = _union(sorted((o["start"], o["end"]) for o in ops if o["item"]["t"] == "coll"))
+    exposed_comm = sum(e - s for s, e in coll) - _overlap(coll, _union(comp))
     busy = []   # the time any stream is busy (union), and the GPU idle time it leaves
     for s, e in sorted((o["start"], o["end"]) for o in ops):
         if busy and s <= busy[-1][1]:
@@ -324,7 +355,7 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
         crit[ops[j]["label"]] = crit.get(ops[j]["label"], 0.0) + ops[j]["end"] - ops[j]["start"]
     return {"critical": sorted(crit.items(), key=lambda kv: -kv[1]), "critical_device": sum(crit.values()),
             "step": step, "ops": ops, "ranges": ranges, "device": dev, "host_issue_end": host, "host_sync_wait": host_sync_wait,
-            "gpu_idle": step - gpu_busy, "exposed_comm": sum(o.get("exposed", 0.0) for o in ops),
+            "gpu_idle": step - gpu_busy, "exposed_comm": exposed_comm,
             "gemm_flops": sum(o["flops"] for o in ops if o["item"]["t"] == "gemm")}
 
 
