@@ -24,7 +24,9 @@
  *   1. the smallest --context-parallel degree: CP adds an exchange of K|V in every layer, forward and backward
  *      (N-1 and 2N-1 blocks per rank), and beyond 8 its consecutive ranks cross nodes; a CP degree is taken only
  *      where the one below it fits nothing (or only what rule 0 ranks after), not to save recomputation;
- *   2. the fewest recomputed FLOPs (model/recompute.h: what HFU adds over MFU), then the fewest compressed classes;
+ *   2. the fewest recomputed FLOPs (model/recompute.h: what HFU adds over MFU), then the fewest compressed classes.
+ *      Predicted (make predict, DBRX-132B seq 4096 on 256 H100s, session 33): the pick, S 256 EP 8 --compress-acts
+ *      swiglu, 2847.7 ms per step; HSDP 64 x 4 spread, which needs --recompute moe to fit, 3173.2 ms;
  *   3. a shard group inside a node (S <= 8) before one that crosses the network;
  *   4. the higher EP degree inside a node (each rank gathers 1/n of the experts' weights);
  *   5. the larger --ep-capacity-factor (more room for uneven routing before a step is refused);

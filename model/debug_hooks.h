@@ -18,7 +18,8 @@
 
 typedef enum { PLANT_NONE = 0, PLANT_STEP_SYNC, PLANT_REDUCE_SCATTER_CHUNK, PLANT_SKIP_GATHER_WAIT, PLANT_FP8_GATHER_SCALE,
                PLANT_EP_REGROW, PLANT_COMM_SERIAL, PLANT_COMM_REORDER, PLANT_RECOMPUTE_ROUTING,
-               PLANT_CHUNK_EARLY_RS, PLANT_CP_ALL_GATHER, PLANT_NO_RC_PREFETCH } DebugPlant;
+               PLANT_CHUNK_EARLY_RS, PLANT_CP_ALL_GATHER, PLANT_NO_RC_PREFETCH,
+               PLANT_NO_HEAD_AHEAD } DebugPlant;
 
 typedef struct {
     int kill_rank = -1, kill_step = -1, kill_signal = SIGKILL;
@@ -53,7 +54,9 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
                                  "moe/block: the recomputation swaps two routed rows), chunk_early_rs (--zero-chunk-mib: an experts chunk's gradient "
                                  "reduce-scattered before its backward), cp_all_gather (--context-parallel: the former forms, "
                                  "the same numbers: on the GPU K|V all-gathered, on the CPU the ring's K|V hops blocking), no_rc_prefetch (--recompute moe/block under ZeRO-3: the recompute's "
-                                 "block gathered when it begins, not ahead)"},
+                                 "block gathered when it begins, not ahead), "
+                                 "no_head_ahead (the vocabulary slot under ZeRO-3 on the GPU: the head gathered by the last block's prefetch, not "
+                                 "after the embedding's forward)"},
 };
 
 // getenv of a switch the table lists (any other name is a programming error: exit 1 at start-up)
@@ -111,10 +114,12 @@ static inline void debug_hooks_read() {
                 : !strcmp(p, "ep_regrow") ? PLANT_EP_REGROW
                 : !strcmp(p, "serial_streams") ? PLANT_COMM_SERIAL : !strcmp(p, "reorder_issue") ? PLANT_COMM_REORDER
                 : !strcmp(p, "recompute_routing") ? PLANT_RECOMPUTE_ROUTING : !strcmp(p, "chunk_early_rs") ? PLANT_CHUNK_EARLY_RS
-                : !strcmp(p, "cp_all_gather") ? PLANT_CP_ALL_GATHER : !strcmp(p, "no_rc_prefetch") ? PLANT_NO_RC_PREFETCH : PLANT_NONE;
+                : !strcmp(p, "cp_all_gather") ? PLANT_CP_ALL_GATHER : !strcmp(p, "no_rc_prefetch") ? PLANT_NO_RC_PREFETCH
+                : !strcmp(p, "no_head_ahead") ? PLANT_NO_HEAD_AHEAD : PLANT_NONE;
         if (h.plant == PLANT_NONE)
             fail(EXIT_BAD_INPUT, "DBRX_DEBUG_PLANT '%s' is not step_sync, reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, "
-                 "ep_regrow, serial_streams, reorder_issue, recompute_routing, chunk_early_rs, cp_all_gather or no_rc_prefetch", p);
+                 "ep_regrow, serial_streams, reorder_issue, recompute_routing, chunk_early_rs, cp_all_gather, no_rc_prefetch "
+                 "or no_head_ahead", p);
     }
     g_debug_hooks = h;
 }

@@ -3,7 +3,8 @@
  * which every rank issues its NCCL operations. Part of parallel/zero_gpu.cuh (included after ZeroGpu).
  *
  *   gathers          the shard group's communicator `shard` on its stream (the gather stream); a block's
- *                    experts under EP: `expert_shard`, on the same stream (comm_share_stream)
+ *                    experts under EP: `expert_shard`, on the same stream (comm_share_stream); the head's in
+ *                    the forward, with the vocabulary slot, on the reduce-scatter stream (zero_gpu_vocab_head_ahead)
  *   reduce-scatters  a second communicator over the same ranks, `shard_rs`, on its own stream (the
  *                    reduce-scatter stream); the experts': `expert_shard_rs`, on that stream too
  *   precision        FP32, or BF16 under --grad-reduce-dtype bf16: each run rounded into rs_scratch (2 B x the

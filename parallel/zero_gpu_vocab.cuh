@@ -19,26 +19,40 @@
 #pragma once
 #include <algorithm>
 
-// unit u gathered whole into the vocabulary slot on the gather stream: its runs in flat order, each at its
-// flat place. A run's padding (under S elements) lands on the next run's first elements, which that run's
+// unit u gathered whole into the vocabulary slot on stream `comm` over communicator `g` (the gather stream's
+// `shard`; the head ahead, below: the reduce-scatters' `shard_rs`, the same ranks): its runs in flat order, each at
+// its flat place. A run's padding (under S elements) lands on the next run's first elements, which that run's
 // gather, later on the same stream, overwrites; the last run's in the slot's S elements of slack.
-static inline void zero_gpu_vocab_gather(ZeroGpu* zg, int u) {
+static inline void zero_gpu_vocab_gather_on(ZeroGpu* zg, int u, CommGroup* g, cudaStream_t comm) {
     Zero* z = &zg->z;
     if (zg->vocab_unit == u) return;
-    cudaStream_t comm = zero_comm_stream(zg);
     cudaCheck(cudaStreamWaitEvent(comm, zg->vocab_free, 0));   // the compute stream is done reading the other unit
     cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));
-    if (g_debug_hooks.plant == PLANT_COMM_SERIAL && zg->rs_on) {   // (test_comm_streams.sh's control, as every gather)
+    if (g_debug_hooks.plant == PLANT_COMM_SERIAL && zg->rs_on && comm == zero_comm_stream(zg)) {   // (test_comm_streams.sh's control)
         cudaCheck(cudaEventRecord(zg->comm_done, zero_gpu_rs_stream(zg)));
         cudaCheck(cudaStreamWaitEvent(comm, zg->comm_done, 0));
     }
-    prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d", u);
+    const char* track = comm == zero_comm_stream(zg) ? "communication (shard group)" : "communication (shard group, reduce-scatter)";
+    prof_begin(prof_stream(comm, track), "comm", "all-gather unit %d", u);
     for (const ShardRun& r : z->runs[u])
-        comm_all_gather(&z->shard, zg->master_bf16 + z->shard_off[u] + r.shard_rel, zg->vocab + (r.flat_off - z->unit_off[u]), r.chunk,
-                        COMM_BF16);
-    prof_end(prof_stream(comm, "communication (shard group)"));
+        comm_all_gather(g, zg->master_bf16 + z->shard_off[u] + r.shard_rel, zg->vocab + (r.flat_off - z->unit_off[u]), r.chunk, COMM_BF16);
+    prof_end(prof_stream(comm, track));
     cudaCheck(cudaEventRecord(zg->vocab_gathered, comm));
     zg->vocab_unit = u;
+}
+static inline void zero_gpu_vocab_gather(ZeroGpu* zg, int u) { zero_gpu_vocab_gather_on(zg, u, &zg->z.shard, zero_comm_stream(zg)); }
+
+// The head ahead: the slot is free once the embedding's forward is done, and the head is needed only after every
+// block's forward, so the head is gathered then, on the reduce-scatter stream over its communicator `shard_rs`
+// (idle in the forward: the backward's reduce-scatters begin after the head's forward), beside the blocks'
+// prefetch on the gather stream: neither waits for the other. On the gather stream it would sit in the blocks'
+// FIFO (V d = 617 M parameters at DBRX-132B: 26 ms across nodes at 64 ranks, predicted) or be exposed where the
+// last block's prefetch issued it. The issue order stays one, in program order, on every rank (the two
+// communicators' order: zero_gpu_comm.cuh); each element gathered is the same, so nothing but the schedule changes.
+// DBRX_DEBUG_PLANT=no_head_ahead: gathered as before, by the last block's prefetch (test_comm_streams.sh's control).
+static inline void zero_gpu_vocab_head_ahead(ZeroGpu* zg) {
+    if (!zg->rs_on || zg->in_backward || g_debug_hooks.plant == PLANT_NO_HEAD_AHEAD) return;
+    zero_gpu_vocab_gather_on(zg, zg->z.n_units - 1, &zg->rs_shard, zero_gpu_rs_stream(zg));
 }
 
 // the unit hooks' part for a vocabulary unit: the parameters (forward, and the head's backward: kept from its
@@ -56,6 +70,7 @@ static inline void zero_gpu_vocab_end(ZeroGpu* zg, int u, int phase) {
     // next gather waits for this event)
     if (phase == UNIT_FORWARD && u == zg->z.n_units - 1) cudaCheck(cudaEventRecord(zg->vocab_free, zg->compute));
     else zero_gpu_release(zg, u, 0);
+    if (phase == UNIT_FORWARD && u == 0) zero_gpu_vocab_head_ahead(zg);   // (the embedding's forward released the slot)
 }
 
 // VocabHooksGPU::backward (model/embedding.cuh): the embedding's or the head's backward, its weight gradients

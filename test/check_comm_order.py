@@ -43,6 +43,11 @@ test/simt/counters.h), for test/test_comm_streams.sh.
       kernel or GEMM of layer l+1's backward proper (its experts, router and attention; its
       recompute, which read the slot before, may be waited for) (stream order and event waits). Fails naming the layer
       (DBRX_DEBUG_PLANT=no_rc_prefetch: gathered when the recompute begins, after layer l+1's attention).
+  head_ahead LOG           the head gathered ahead (the vocabulary slot under ZeRO-3, parallel/zero_gpu_vocab.cuh): in the
+      --profile'd step's forward, the all-gathers of the head unit (2L + 1) are issued after the embedding's forward and
+      before layer 0 begins, run on another stream than the blocks' gathers, wait for no kernel or GEMM of the layers
+      (stream order and event waits), and no kernel or GEMM of the layers waits for them (the head's forward does).
+      Fails naming what is missing (DBRX_DEBUG_PLANT=no_head_ahead: gathered by the last block's prefetch).
 Exit 0 with "pass ..." lines, 1 with "fail ..." lines.
 """
 import json
@@ -364,11 +369,57 @@ def check_rc_prefetch(path):
     return 0
 
 
+def check_head_ahead(path):
+    ops = stream_clocks(load(path), with_ranges=True)
+    fw = next((i for i, o in enumerate(ops) if o[1] is None and o[0]["name"] == "forward" and o[0]["ph"] == "B"), None)
+    if fw is None:
+        print("fail no --profile'd forward in %s" % path)
+        return 1
+    ops = ops[fw:]
+    def at(name):
+        return next((i for i, o in enumerate(ops) if o[1] is None and o[0]["name"] == name and o[0]["ph"] == "B"), None)
+    l0, head = at("layer 0 attention"), at("lm_head + loss")
+    L = len({o[0]["name"].split()[1] for o in ops[:head or 0] if o[1] is None and o[0]["name"].startswith("layer ")})
+    if l0 is None or head is None or not L:
+        print("fail no layer or no head in %s's profiled forward" % path)
+        return 1
+    H, open_gather, colls, gstreams, layers = 2 * L + 1, {}, [], set(), []
+    for i, (it, s, p, c) in enumerate(ops[:head]):
+        if s is None:
+            if it["name"].startswith("all-gather unit "):
+                open_gather[it["stream"]] = int(it["name"].split()[2]) if it["ph"] == "B" else None
+            continue
+        if it["t"] == "coll" and open_gather.get(s) is not None:
+            if open_gather[s] == H:
+                colls.append((i, s, p, c))
+            else:
+                gstreams.add(s)
+        elif it["t"] in ("kernel", "gemm") and i > l0:
+            layers.append((s, p, c))
+    bad = []
+    if not colls:
+        bad.append("the head (unit %d) is not gathered in the forward before its own forward" % H)
+    bad += ["the head's all-gather is issued after layer 0 begins" for i, s, p, c in colls[:1] if i > l0]
+    bad += ["the head's all-gather runs on the blocks' gather stream %d" % s for i, s, p, c in colls[:1] if s in gstreams]
+    bad += ["the head's all-gather waits for a layer's compute" for i, s, p, c in colls
+            if any(c.get(ks, 0) >= kp for ks, kp, kc in layers)][:1]
+    bad += ["a layer's compute waits for the head's all-gather" for ks, kp, kc in layers
+            if any(kc.get(s, 0) >= p for i, s, p, c in colls)][:1]
+    if bad:
+        for x in bad:
+            print("fail " + x)
+        return 1
+    print("pass the head's %d all-gather(s) issued after the embedding's forward, before layer 0, on their own stream, beside "
+          "the %d layers' forward (neither waits for the other)" % (len(colls), L))
+    return 0
+
+
 if __name__ == "__main__":
     modes = {"order": lambda a: check_order(a), "streams": lambda a: check_streams(a[0]), "syncs": lambda a: check_syncs(a[0]),
              "ep_overlap": lambda a: check_ep_overlap(a[0]), "prefetch": lambda a: check_prefetch(a[0]),
-             "cp_ring": lambda a: check_cp_ring(a[0]), "rc_prefetch": lambda a: check_rc_prefetch(a[0])}
+             "cp_ring": lambda a: check_cp_ring(a[0]), "rc_prefetch": lambda a: check_rc_prefetch(a[0]),
+             "head_ahead": lambda a: check_head_ahead(a[0])}
     if len(sys.argv) < 3 or sys.argv[1] not in modes:
-        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG | prefetch LOG | cp_ring LOG | rc_prefetch LOG", file=sys.stderr)
+        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG | prefetch LOG | cp_ring LOG | rc_prefetch LOG | head_ahead LOG", file=sys.stderr)
         sys.exit(2)
     sys.exit(modes[sys.argv[1]](sys.argv[2:]))

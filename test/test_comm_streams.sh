@@ -21,10 +21,15 @@
 #     ZeRO-3 np 2, HSDP 2x2, EP 2 + ZeRO-3 np 4, and EP 2 with a rank's experts in chunks (--zero-chunk-mib: the gather
 #     issued by their first chunk; its exchanges beside the experts, one issue order); negative control:
 #     DBRX_DEBUG_PLANT=no_rc_prefetch fails it (unit whole and chunks);
+#   * the head gathered ahead (the vocabulary slot, --zero-chunk-mib 0.02: parallel/zero_gpu_vocab.cuh): in the forward the
+#     head's all-gathers are issued after the embedding's forward and before layer 0, on the reduce-scatter stream, and
+#     neither they nor the layers' compute wait for the other; ZeRO-3 np 2, HSDP 2x2, EP 2 + ZeRO-3 np 4, each with one
+#     issue order of the communicators; negative control: DBRX_DEBUG_PLANT=no_head_ahead fails it; the losses
+#     bit-identical with and without it and to the units whole (the runs above);
 #   * the schedule changes no number: the losses of the planted schedules (serialised; reordered) and of
 #     --zero-prefetch 0 and 1 are bit-identical to the overlapped one's; with --recompute moe, with and without
 #     the recompute slot's gather ahead and without recomputation, on ZeRO-3 np 2, HSDP 2x2 and EP 2.
-# About 30 s on 2 shared cores.
+# About 45 s on 2 shared cores (2 min under load).
 set -u
 cd "$(dirname "$0")/.."
 source test/lib.sh
@@ -113,3 +118,21 @@ r=$(losses rc); r0=$(losses rcoff); rh=$(losses rch); h=$(losses hsdp); re=$(los
 z=$(losses rcz); z0=$(losses rczoff)
 [ -n "$z" ] && [ "$z" = "$z0" ] && pass "EP 2, experts in chunks, --recompute moe: losses bit-identical with the block gathered ahead or not ($z)" \
     || fail "EP 2, experts in chunks, --recompute moe: losses differ: ahead '$z' / not '$z0'"
+
+# the head gathered ahead into the vocabulary slot (--zero-chunk-mib 0.02: dbrx-tiny's vocabulary in 5 chunks of 80 rows)
+runp head 2 --shard-group-size 2 --zero-chunk-mib 0.02
+runp headh 4 --shard-group-size 2 --zero-chunk-mib 0.02
+runp heade 4 --shard-group-size 4 --expert-parallel 2 --ep-overlap-chunks 1 --zero-chunk-mib 0.02
+DBRX_DEBUG_PLANT=no_head_ahead runp headoff 2 --shard-group-size 2 --zero-chunk-mib 0.02
+grep -q "vocabulary slot of" "$tmp/head.out" || fail "--zero-chunk-mib 0.02: the run has no vocabulary slot (the test's premise)"
+check pass "ZeRO-3 np 2: the head gathered ahead" head_ahead "$tmp/head.wl.1"
+check pass "HSDP 2x2: the head gathered ahead" head_ahead "$tmp/headh.wl.2"
+check pass "EP 2 + ZeRO-3 np 4: the head gathered ahead" head_ahead "$tmp/heade.wl.3"
+check fail "the head gathered by the last block's prefetch (DBRX_DEBUG_PLANT=no_head_ahead)" head_ahead "$tmp/headoff.wl.0"
+check pass "ZeRO-3 np 2, the head ahead: one issue order of the communicators" order "$tmp"/head.wl.{0,1}
+check pass "HSDP 2x2, the head ahead: one issue order of the communicators" order "$tmp"/headh.wl.{0,1,2,3}
+check pass "EP 2 + ZeRO-3 np 4, the head ahead: one issue order of the communicators" order "$tmp"/heade.wl.{0,1,2,3}
+v=$(losses head); v0=$(losses headoff); vh=$(losses headh); ve=$(losses heade)
+[ -n "$v" ] && [ "$v" = "$v0" ] && [ "$v" = "$(losses zero2)" ] && [ "$vh" = "$(losses hsdp)" ] && [ "$ve" = "$(losses ep2)" ] \
+    && pass "losses bit-identical with the head gathered ahead or not, and to the units whole (ZeRO-3 $v; HSDP 2x2 $vh; EP 2 $ve)" \
+    || fail "the head ahead: losses differ: ZeRO-3 '$v' / not ahead '$v0' / whole '$(losses zero2)'; HSDP '$vh' / '$(losses hsdp)'; EP 2 '$ve' / '$(losses ep2)'"
