@@ -18,150 +18,188 @@ doctest_run() {
     for _ in $(seq 1 "${f:-0}"); do echo fail >> "$RESULTS"; done
     [ "$rc" = 0 ] && [ -n "$p" ] || { [ "${f:-0}" != 0 ] || fail "$1 exited $rc"; }
 }
+# Sections run two at a time (TEST_JOBS, default 2: CI's cores), each one's output collected and printed whole,
+# in the order below, with its time; the checks that time a failure (hangs, kills, signals, watchdogs, time limits)
+# run alone at the end, as does anything that must come first.
+JOBS=${TEST_JOBS:-2}
+secdir=$(mktemp -d); nsec=0; nprinted=0
+# idle OpenMP threads wait passively: two sections share the cores, and spinning threads would steal them
+export OMP_WAIT_POLICY=passive
+flush() {   # the finished sections, in order
+    while [ "$nprinted" -lt "$nsec" ] && [ -e "$secdir/$nprinted.done" ]; do cat "$secdir/$nprinted"; nprinted=$((nprinted + 1)); done
+}
+lanes_below() {   # wait until fewer than $1 sections run
+    while [ "$(jobs -rp | wc -l)" -ge "$1" ]; do wait -n; flush; done
+    flush
+}
+section() {   # TITLE CMD...: in the background (at most JOBS at once)
+    local title=$1; shift
+    lanes_below "$JOBS"
+    local f="$secdir/$nsec"
+    ( { echo "== $title"; t0=$SECONDS; "$@"; echo "   ($((SECONDS - t0)) s)"; } > "$f" 2>&1 < /dev/null; touch "$f.done" ) &
+    nsec=$((nsec + 1))
+}
+alone() {   # TITLE CMD...: once every section before it is done, nothing beside it
+    local title=$1; shift
+    lanes_below 1
+    echo "== $title"; local t0=$SECONDS; "$@"; echo "   ($((SECONDS - t0)) s)"
+}
+
 echo "== dataset (the default one: several tests train on it)"
 [ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
-echo "== the house rules (test/check_layout.py): includes, model/ free of parallelism, no getenv in the step, sizes"
-layout=$(mktemp); { $PY test/check_layout.py; $PY test/check_layout.py --planted; } > "$layout" 2>&1; verdicts "$layout" 7; rm -f "$layout"
-echo "== set-up: make deps / make deps-test package lists against the build's and scripts' messages"; bash test/test_deps.sh
-echo "== unit tests (CPU reference ops)"; doctest_run ./test/test_ops
-echo "== finite-difference gradient check (double precision)"; doctest_run ./test/test_gradcheck
-echo "== checkpoint building blocks"; doctest_run ./test/test_checkpoint
-echo "== the GPU a rank takes under each launcher, the GPU peak per exact device"; doctest_run ./test/test_gpu_select
-
-echo "== FP8 numerics (conversions against cuda_fp8.h, recipes)"
-if [ -x ./test/test_fp8 ]; then doctest_run ./test/test_fp8; else echo "skipped: test_fp8 (no CUDA headers, the conversion oracle)"; fi
-bash test/test_fp8.sh
+layout() { local f; f=$(mktemp); { $PY test/check_layout.py; $PY test/check_layout.py --planted; } > "$f" 2>&1; verdicts "$f" 7; rm -f "$f"; }
+section "the house rules (test/check_layout.py): includes, model/ free of parallelism, no getenv in the step, sizes" layout
+section "set-up: make deps / make deps-test package lists against the build's and scripts' messages" bash test/test_deps.sh
+section "unit tests (CPU reference ops)" doctest_run ./test/test_ops
+section "finite-difference gradient check (double precision)" doctest_run ./test/test_gradcheck
+section "checkpoint building blocks" doctest_run ./test/test_checkpoint
+section "the GPU a rank takes under each launcher, the GPU peak per exact device" doctest_run ./test/test_gpu_select
+fp8_numerics() {
+    if [ -x ./test/test_fp8 ]; then doctest_run ./test/test_fp8; else echo "skipped: test_fp8 (no CUDA headers, the conversion oracle)"; fi
+    bash test/test_fp8.sh
+}
+section "FP8 numerics (conversions against cuda_fp8.h, recipes)" fp8_numerics
 
 # CUDA backend under the SIMT emulator (g++ -DSIMT_EMULATION): the kernels run on the CPU
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
-    # passive OpenMP waits: spinning idle OpenMP threads would compete with the emulator's thread
-    export OMP_WAIT_POLICY=passive
-    echo "== SIMT emulator"; SIMT_THREADS=2 doctest_run ./test/test_simt
-    echo "== CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)"; doctest_run ./test/test_kernels
-    echo "== race detection: the kernels' shared/global accesses checked between barriers, negative controls (SIMT emulator)"
+    SIMT_THREADS=2 section "SIMT emulator" doctest_run ./test/test_simt
+    section "CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)" doctest_run ./test/test_kernels
     # (not under the detector: the flash attention at DBRX's shape, 60 s there, and the embedding backward past gridDim.y's
     # limit, the same kernel as the small embedding case, and CP's chunk pairs at head_dim 128 up to T 1024, the kernels of
     # the small CP case: test_kernels runs them all)
-    doctest_run ./test/test_race "-tce=flash attention at DBRX*,embedding backward with more distinct*,context parallelism: flash chunk pairs at DBRX*"
-    # the FP8 kernels and a whole training step per recipe (the step's kernels) under the detector
-    doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
-    doctest_run ./test/test_race_zero_fp8   # ZeRO-3's FP8 all-gather kernels
-    echo "== cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)"
-    doctest_run ./test/test_cublaslt_twin
-    echo "== CUDA training step vs the CPU reference step (SIMT emulator)"; doctest_run ./test/test_step_cuda
-    echo "== generation: the KV-cache step vs the full forward on both backends, the sampler, decoding (SIMT emulator)"
-    doctest_run ./test/test_decode
-    echo "== FP8 on the CUDA backend: quantize kernels, FP8 GEMMs, training steps vs the CPU FP8 emulation (SIMT emulator)"
-    doctest_run ./test/test_fp8_cuda
-    echo "== ZeRO-3's FP8 all-gather on the GPU: piece amax/codes vs the CPU path, gathered operands vs the quantize kernel (SIMT emulator)"
-    doctest_run ./test/test_zero_fp8_cuda
-    echo "== the --dry-run planner: its terms by hand, against the model's walk and the store, the emulator's peak (SIMT emulator)"
-    doctest_run ./test/test_memory_plan
-    echo "== the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)"
-    for np in 1 2 3 4; do   # every rank runs every case; one check per run
-        out=$(timeout 120 bash dev/mpirun.sh -np "$np" ./test/test_nccl_twin 2>&1); rc=$?
-        ok=$(grep -cE '^rank [0-9]+: \[doctest\] test cases: .*\| +0 failed' <<<"$out")
-        if [ "$rc" = 0 ] && [ "$ok" = "$np" ]; then pass "test_nccl_twin -np $np: $(grep -m1 -oE 'test cases: +[0-9]+' <<<"$out" | grep -oE '[0-9]+') test cases passed on each of $np rank(s)"
-        else fail "test_nccl_twin -np $np (exit $rc, $ok of $np ranks passed): $(grep -E 'ERROR|error' <<<"$out" | head -3)"; fi
-    done
-    # negative control: the twin's planted bug (its reduce-scatter ring run backwards) must fail the order check
-    out=$(NCCL_TWIN_DEBUG_PLANT=reduce_order timeout 120 bash dev/mpirun.sh -np 4 ./test/test_nccl_twin -tc='summation order*' 2>&1); rc=$?
-    if [ "$rc" != 0 ] && grep -q "first element off the ring order" <<<"$out"; then pass "test_nccl_twin: a planted change of the summation order fails the order check (exit $rc)"
-    else fail "test_nccl_twin: the planted change of the summation order went unnoticed (exit $rc)"; fi
-    # a hung rank (SIGSTOP) under the NCCL path: rank 0's watchdog aborts and exits, naming it
-    pidf=$(mktemp); t0=$(date +%s)
-    NCCL_TWIN_TEST_HANG=1 NCCL_TWIN_TEST_PIDFILE=$pidf timeout 60 bash dev/mpirun.sh -np 2 ./test/test_nccl_twin > "$pidf.out" 2>&1; rc=$?
-    dt=$(( $(date +%s) - t0 ))
-    for f in "$pidf".[0-9]*; do   # nothing left stopped behind
-        p=$(cat "$f" 2>/dev/null)
-        if [ -n "$p" ] && grep -q test_nccl_twin "/proc/$p/cmdline" 2>/dev/null; then kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; fi
-    done
-    if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$dt" -lt 20 ] && grep -q "error: rank 0: NCCL AllReduce in group world made no progress for .* waiting for rank 1" "$pidf.out"; then
-        pass "NCCL path, a hung rank (SIGSTOP): exit $rc after ${dt} s, the watchdog names rank 1"
-    else fail "NCCL path, a hung rank: exit $rc after ${dt} s: $(grep -i error "$pidf.out" | head -3)"; fi
-    rm -f "$pidf" "$pidf".*
-    echo "== dev/cuda microbenchmarks, validation only (SIMT emulator)"
-    for b in dev/cuda/*_emu; do
-        out=$("$b" 2>&1); rc=$?
-        [ "$rc" = 0 ] && pass "$b: every version validated against the CPU reference" || fail "$b (exit $rc): $(grep FAIL <<<"$out" | head -3)"
-    done
-    # make bench-gpu's commands and flags, at a tiny shape on the emulated builds (no timings): the
-    # benchmark a lent GPU runs must not have rotted
-    out=$(bash dev/bench/bench_gpu.sh --emulated 2>&1); rc=$?
-    [ "$rc" = 0 ] && pass "make bench-gpu's commands run on the emulated builds (attention, expert GEMMs, memory-bound kernels, end to end BF16 and FP8)" \
-        || fail "bench_gpu.sh --emulated (exit $rc): $(grep -E 'FAILED|bench-gpu:' <<<"$out" | head -3)"
-    unset OMP_WAIT_POLICY
+    section "race detection: the kernels' shared/global accesses checked between barriers, negative controls (SIMT emulator)" \
+        doctest_run ./test/test_race "-tce=flash attention at DBRX*,embedding backward with more distinct*,context parallelism: flash chunk pairs at DBRX*"
+    # the FP8 kernels and a whole training step per recipe (the step's kernels) under the detector; ZeRO-3's FP8 all-gather kernels
+    section "race detection: the FP8 kernels, a training step per recipe (SIMT emulator)" \
+        doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
+    section "race detection: ZeRO-3's FP8 all-gather kernels (SIMT emulator)" doctest_run ./test/test_race_zero_fp8
+    section "cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)" \
+        doctest_run ./test/test_cublaslt_twin
+    section "CUDA training step vs the CPU reference step (SIMT emulator)" doctest_run ./test/test_step_cuda
+    section "generation: the KV-cache step vs the full forward on both backends, the sampler, decoding (SIMT emulator)" doctest_run ./test/test_decode
+    section "FP8 on the CUDA backend: quantize kernels, FP8 GEMMs, training steps vs the CPU FP8 emulation (SIMT emulator)" \
+        doctest_run ./test/test_fp8_cuda
+    section "ZeRO-3's FP8 all-gather on the GPU: piece amax/codes vs the CPU path, gathered operands vs the quantize kernel (SIMT emulator)" \
+        doctest_run ./test/test_zero_fp8_cuda
+    section "the --dry-run planner: its terms by hand, against the model's walk and the store, the emulator's peak (SIMT emulator)" \
+        doctest_run ./test/test_memory_plan
+    dev_cuda() {
+        for b in dev/cuda/*_emu; do
+            out=$("$b" 2>&1); rc=$?
+            [ "$rc" = 0 ] && pass "$b: every version validated against the CPU reference" || fail "$b (exit $rc): $(grep FAIL <<<"$out" | head -3)"
+        done
+        # make bench-gpu's commands and flags, at a tiny shape on the emulated builds (no timings): the
+        # benchmark a lent GPU runs must not have rotted
+        out=$(bash dev/bench/bench_gpu.sh --emulated 2>&1); rc=$?
+        [ "$rc" = 0 ] && pass "make bench-gpu's commands run on the emulated builds (attention, expert GEMMs, memory-bound kernels, end to end BF16 and FP8)" \
+            || fail "bench_gpu.sh --emulated (exit $rc): $(grep -E 'FAILED|bench-gpu:' <<<"$out" | head -3)"
+    }
+    section "dev/cuda microbenchmarks, validation only (SIMT emulator)" dev_cuda
 else
     echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"
 fi
 
 # once for each renormalisation of the top-k router weights: DBRX's (the sum, p = 1), none (HF null), L2
-for norm in 1 off 2; do
-echo "== PyTorch parity (float64 autograd reference), moe_normalize_expert_weights $norm"
-./test/dump_reference /tmp/dbrx_parity_dump.$$.bin $norm || fail "dump_reference $norm"
-out=$($PY test/test_pytorch_parity.py /tmp/dbrx_parity_dump.$$.bin 2>&1); rc=$?
-echo "$out" | sed 's/^/   /'
-p=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1/p'); f=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\2/p')
-for _ in $(seq 1 "${p:-0}"); do echo pass >> "$RESULTS"; done
-for _ in $(seq 1 "${f:-0}"); do echo fail >> "$RESULTS"; done
-[ -n "$p" ] || fail "parity test did not run (moe_normalize_expert_weights $norm, exit $rc)"
-rm -f /tmp/dbrx_parity_dump.$$.bin
-done
+parity() {
+    local norm=$1
+    ./test/dump_reference /tmp/dbrx_parity_dump.$BASHPID.bin $norm || fail "dump_reference $norm"
+    out=$($PY test/test_pytorch_parity.py /tmp/dbrx_parity_dump.$BASHPID.bin 2>&1); rc=$?
+    echo "$out" | sed 's/^/   /'
+    p=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1/p'); f=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\2/p')
+    for _ in $(seq 1 "${p:-0}"); do echo pass >> "$RESULTS"; done
+    for _ in $(seq 1 "${f:-0}"); do echo fail >> "$RESULTS"; done
+    [ -n "$p" ] || fail "parity test did not run (moe_normalize_expert_weights $norm, exit $rc)"
+    rm -f /tmp/dbrx_parity_dump.$BASHPID.bin
+}
+for norm in 1 off 2; do section "PyTorch parity (float64 autograd reference), moe_normalize_expert_weights $norm" parity $norm; done
 
-echo "== command line and bad input"; bash test/test_cli.sh
-echo "== data loader: order, ranks, resume, mixtures (doctest)"; doctest_run ./test/test_data
-echo "== data tools: tokenizer parity with js-tiktoken, mixtures in training, bad input, fuzzing"; bash test/test_data.sh
-echo "== training"; bash test/test_train.sh
-echo "== behaviour unchanged: losses, gradient norms and checkpoints of fixed runs bit-identical to test/golden/unchanged.txt"
-bash test/test_unchanged.sh
-echo "== generation: samples during training, --generate (checkpoint, Hugging Face export; cpu, emulated cuda; ZeRO-3), bad flags"
-OMP_WAIT_POLICY=passive bash test/test_generate.sh
-echo "== multiple-choice evaluation (--eval-mc): known answers, scores from the logits, ranks, bad files"; bash test/test_mc_eval.sh
-echo "== --eval-only: a checkpoint's or an export's validation loss (bit-identical to training's; cpu, ZeRO-3, EP, emulated cuda) and --eval-mc"
-OMP_WAIT_POLICY=passive bash test/test_eval_only.sh
-echo "== run plots (dev/plot_run.py) and the expert counts they read (--log-every-experts)"; bash test/test_plot.sh
-echo "== --profile: trace-event JSON of the CPU backend and of emulated ZeRO-3 on 2 ranks, checked; losses and the step's work unchanged"
-OMP_WAIT_POLICY=passive bash test/test_profile.sh
+section "command line and bad input" bash test/test_cli.sh
+section "data loader: order, ranks, resume, mixtures (doctest)" doctest_run ./test/test_data
+section "data tools: tokenizer parity with js-tiktoken, mixtures in training, bad input, fuzzing" bash test/test_data.sh
+section "training" bash test/test_train.sh
+section "behaviour unchanged: losses, gradient norms and checkpoints of fixed runs bit-identical to test/golden/unchanged.txt" \
+    bash test/test_unchanged.sh
+section "generation: samples during training, --generate (checkpoint, Hugging Face export; cpu, emulated cuda; ZeRO-3), bad flags" \
+    bash test/test_generate.sh
+section "multiple-choice evaluation (--eval-mc): known answers, scores from the logits, ranks, bad files" bash test/test_mc_eval.sh
+section "--eval-only: a checkpoint's or an export's validation loss (bit-identical to training's; cpu, ZeRO-3, EP, emulated cuda) and --eval-mc" \
+    bash test/test_eval_only.sh
+section "run plots (dev/plot_run.py) and the expert counts they read (--log-every-experts)" bash test/test_plot.sh
+section "--profile: trace-event JSON of the CPU backend and of emulated ZeRO-3 on 2 ranks, checked; losses and the step's work unchanged" \
+    bash test/test_profile.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
-    echo "== training on the CUDA path (train_dbrx_emu: the SIMT emulator)"; NVCC=${NVCC:-} bash test/test_cuda_train.sh
-    echo "== --fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation"; bash test/test_fp8_cuda.sh
-    echo "== the step-time model (dev/predict/predict.py): hand-computed cases, negative controls, the emulator's work log of a step"
-    bash test/test_predict.sh
-    echo "== the step-time model's kernel formulas (bytes read/written, mma FLOPs) against the emulator's count (train_dbrx_emu_count)"
-    bash test/test_kernel_bytes.sh
-    echo "== the step-time model at full size: shapes-only emulation (SIMT_SHAPES_ONLY) against the real step, dbrx-1b 8 x 2048, make predict"
-    bash test/test_predict_shapes.sh
-    echo "== make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run"
-    bash test/test_gpu_report.sh
-    echo "== the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures"
-    bash test/test_zero_gpu.sh
-    echo "== the store's communication streams: reduce-scatters beside the gathers, one issue order of the communicators (work logs)"
-    bash test/test_comm_streams.sh
-    echo "== the store's chunked experts (--zero-chunk-mib): bit-identical to the units whole, the working set the plan's, a negative control"
-    bash test/test_zero_chunks.sh
-    echo "== the gradient reduce-scatter in BF16 (--grad-reduce-dtype): fp32 the default's bits, bf16 near, half the bytes, the plan's scratch"
-    bash test/test_grad_reduce_dtype.sh
-    echo "== GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)"; bash test/test_gemm_pins.sh
+    section "training on the CUDA path (train_dbrx_emu: the SIMT emulator)" env NVCC="${NVCC:-}" bash test/test_cuda_train.sh
+    section "--fp8 on the CUDA path (train_dbrx_emu) against the CPU's FP8 emulation" bash test/test_fp8_cuda.sh
+    section "the step-time model (dev/predict/predict.py): hand-computed cases, negative controls, the emulator's work log of a step" \
+        bash test/test_predict.sh
+    section "the step-time model's kernel formulas (bytes read/written, mma FLOPs) against the emulator's count (train_dbrx_emu_count)" \
+        bash test/test_kernel_bytes.sh
+    section "the step-time model at full size: shapes-only emulation (SIMT_SHAPES_ONLY) against the real step, dbrx-1b 8 x 2048, make predict" \
+        bash test/test_predict_shapes.sh
+    section "the store's communication streams: reduce-scatters beside the gathers, one issue order of the communicators (work logs)" \
+        bash test/test_comm_streams.sh
+    section "the store's chunked experts (--zero-chunk-mib): bit-identical to the units whole, the working set the plan's, a negative control" \
+        bash test/test_zero_chunks.sh
+    section "the gradient reduce-scatter in BF16 (--grad-reduce-dtype): fp32 the default's bits, bf16 near, half the bytes, the plan's scratch" \
+        bash test/test_grad_reduce_dtype.sh
+    section "GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)" bash test/test_gemm_pins.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
 fi
-echo "== ZeRO-3 / HSDP / data parallel over MPI"; bash test/test_zero.sh
-echo "== expert parallelism (all-to-all of routed tokens; CPU and emulated GPU; checkpoints across EP degrees)"; bash test/test_ep.sh
-echo "== context parallelism (--context-parallel): ring attention vs the full-sequence reference, negative controls; CP 2/4 vs one process, bytes, resume"
-doctest_run ./test/test_ring_attention
-bash test/test_cp.sh
-echo "== expert parallelism's exchange in chunks overlapped with the experts (--ep-overlap-chunks): bit-identical losses, streams"
-bash test/test_ep_overlap.sh
-echo "== --recompute: bit-identical losses and gradient norms with it (CPU, emulated GPU, ZeRO-3, EP, FP8); negative control"
-bash test/test_recompute.sh
-echo "== --compress-acts: compressed saved activations (CPU, emulated GPU: the same forward, gradients close, memory plan = peak)"
-bash test/test_compress_acts.sh
-echo "== checkpoints: resume, reshard, damage, crashes, signals, Hugging Face"; bash test/test_ckpt.sh
-echo "== Ctrl-C through mpirun (SIGINT to mpirun, 10 runs on 1 and on 2 ranks): saved, loadable, every rank exits 0"; bash test/test_ctrlc.sh
-echo "== the loss-spike and NaN guard, checkpoints known good"; bash test/test_guard.sh
-echo "== hangs (every survivor names the same rank and its phase) and stragglers"; bash test/test_hang.sh
-echo "== automatic restart (dev/supervise.sh): random kills, the same step failing, exit 2, signals"; bash test/test_supervise.sh
-echo "== the health check: GEMM, collectives, forward on every rank; a slow rank named, the job stopped"; bash test/test_health.sh
+section "expert parallelism (all-to-all of routed tokens; CPU and emulated GPU; checkpoints across EP degrees)" bash test/test_ep.sh
+cp_tests() { doctest_run ./test/test_ring_attention; bash test/test_cp.sh; }
+section "context parallelism (--context-parallel): ring attention vs the full-sequence reference, negative controls; CP 2/4 vs one process, bytes, resume" cp_tests
+section "expert parallelism's exchange in chunks overlapped with the experts (--ep-overlap-chunks): bit-identical losses, streams" \
+    bash test/test_ep_overlap.sh
+section "--recompute: bit-identical losses and gradient norms with it (CPU, emulated GPU, ZeRO-3, EP, FP8); negative control" \
+    bash test/test_recompute.sh
+section "--compress-acts: compressed saved activations (CPU, emulated GPU: the same forward, gradients close, memory plan = peak)" \
+    bash test/test_compress_acts.sh
+section "the loss-spike and NaN guard, checkpoints known good" bash test/test_guard.sh
+if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
+    # (their kill and hang checks allow a minute for what takes seconds: they hold beside another section)
+    section "the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures" \
+        bash test/test_zero_gpu.sh
+fi
+section "ZeRO-3 / HSDP / data parallel over MPI" bash test/test_zero.sh
+section "checkpoints: resume, reshard, damage, crashes, signals, Hugging Face" bash test/test_ckpt.sh
+
+# alone: checks that time a failure (a hung or killed rank named within seconds, Ctrl-C, watchdogs, time limits)
+if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
+    nccl_twin() {
+        for np in 1 2 3 4; do   # every rank runs every case; one check per run
+            out=$(timeout 120 bash dev/mpirun.sh -np "$np" ./test/test_nccl_twin 2>&1); rc=$?
+            ok=$(grep -cE '^rank [0-9]+: \[doctest\] test cases: .*\| +0 failed' <<<"$out")
+            if [ "$rc" = 0 ] && [ "$ok" = "$np" ]; then pass "test_nccl_twin -np $np: $(grep -m1 -oE 'test cases: +[0-9]+' <<<"$out" | grep -oE '[0-9]+') test cases passed on each of $np rank(s)"
+            else fail "test_nccl_twin -np $np (exit $rc, $ok of $np ranks passed): $(grep -E 'ERROR|error' <<<"$out" | head -3)"; fi
+        done
+        # negative control: the twin's planted bug (its reduce-scatter ring run backwards) must fail the order check
+        out=$(NCCL_TWIN_DEBUG_PLANT=reduce_order timeout 120 bash dev/mpirun.sh -np 4 ./test/test_nccl_twin -tc='summation order*' 2>&1); rc=$?
+        if [ "$rc" != 0 ] && grep -q "first element off the ring order" <<<"$out"; then pass "test_nccl_twin: a planted change of the summation order fails the order check (exit $rc)"
+        else fail "test_nccl_twin: the planted change of the summation order went unnoticed (exit $rc)"; fi
+        # a hung rank (SIGSTOP) under the NCCL path: rank 0's watchdog aborts and exits, naming it
+        pidf=$(mktemp); t0=$(date +%s)
+        NCCL_TWIN_TEST_HANG=1 NCCL_TWIN_TEST_PIDFILE=$pidf timeout 60 bash dev/mpirun.sh -np 2 ./test/test_nccl_twin > "$pidf.out" 2>&1; rc=$?
+        dt=$(( $(date +%s) - t0 ))
+        for f in "$pidf".[0-9]*; do   # nothing left stopped behind
+            p=$(cat "$f" 2>/dev/null)
+            if [ -n "$p" ] && grep -q test_nccl_twin "/proc/$p/cmdline" 2>/dev/null; then kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; fi
+        done
+        if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$dt" -lt 20 ] && grep -q "error: rank 0: NCCL AllReduce in group world made no progress for .* waiting for rank 1" "$pidf.out"; then
+            pass "NCCL path, a hung rank (SIGSTOP): exit $rc after ${dt} s, the watchdog names rank 1"
+        else fail "NCCL path, a hung rank: exit $rc after ${dt} s: $(grep -i error "$pidf.out" | head -3)"; fi
+        rm -f "$pidf" "$pidf".*
+    }
+    alone "the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)" nccl_twin
+    alone "make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run" \
+        bash test/test_gpu_report.sh
+fi
+alone "Ctrl-C through mpirun (SIGINT to mpirun, 10 runs on 1 and on 2 ranks): saved, loadable, every rank exits 0" bash test/test_ctrlc.sh
+alone "hangs (every survivor names the same rank and its phase) and stragglers" bash test/test_hang.sh
+alone "automatic restart (dev/supervise.sh): random kills, the same step failing, exit 2, signals" bash test/test_supervise.sh
+alone "the health check: GEMM, collectives, forward on every rank; a slow rank named, the job stopped" bash test/test_health.sh
+rm -rf "$secdir"
+unset OMP_WAIT_POLICY
 
 echo "== builds"
 if [ -n "${NVCC:-}" ]; then
