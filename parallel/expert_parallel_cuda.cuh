@@ -199,7 +199,8 @@ static inline void ep_fp8_scratch_unswap(EpDispatchGpu* D) {
 // maps a padded row to a received row, inv a received row (expert-major) to its padded row.
 static inline void ep_gpu_forward_chunked(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
 static inline void ep_gpu_forward_zc(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
-static inline void ep_zc_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int K, int Ec, EpChunks* ch);
+static inline void ep_zc_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int K, int Ec, int Rs,
+                                      EpChunks* ch);
 static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const int* offsets_host, const floatX* xe, floatX* ye, bool f8,
                                                bool recompute = false, bool chunked = false) {
     DbrxGPU* m = D->model;
@@ -218,7 +219,7 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     if (chunked) {   // --ep-overlap-chunks > 1: the layout and its indices (one copy), kept for the recomputation and the backward
         if (!recompute) {
             EpChunks* ch = &a->ch;
-            if (D->zc_K > 1) ep_zc_chunk_layout(&D->ep, pl, offsets_host, E, D->zc_K, D->zc_Ec, ch);   // (the weight chunks')
+            if (D->zc_K > 1) ep_zc_chunk_layout(&D->ep, pl, offsets_host, E, D->zc_K, D->zc_Ec, D->chunks, ch);   // (the weight chunks' slices)
             else ep_chunk_layout(&D->ep, pl, offsets_host, E, D->chunks, ch);
             std::vector<int> idx(ch->perm);
             idx.insert(idx.end(), ch->inv.begin(), ch->inv.end());
@@ -519,7 +520,7 @@ static inline void ep_gpu_set_chunks(EpDispatchGpu* D, int chunks) {
         take(&D->dxr, Nk * d);
     }
     cudaCheck(cudaStreamCreateWithFlags(&D->sx, cudaStreamNonBlocking));
-    int ne = std::max(chunks, D->zc_K);   // (with --zero-chunk-mib the exchange runs in the K weight chunks: expert_parallel_zc.cuh)
+    int ne = chunks * std::max(1, D->zc_K);   // (with --zero-chunk-mib: `chunks` slices of each of the K weight chunks, expert_parallel_zc.cuh)
     D->ev_in.resize(ne); D->ev_out.resize(ne);
     for (int c = 0; c < ne; c++) {
         cudaCheck(cudaEventCreateWithFlags(&D->ev_in[c], cudaEventDisableTiming));

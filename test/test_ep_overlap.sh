@@ -11,7 +11,9 @@
 #     concurrently with an expert GEMM on another stream; with 1 chunk none does (the negative control);
 #   * every rank issues its communicators in one order with chunks (check_comm_order.py order);
 #   * with a rank's experts in chunks too (--zero-chunk-mib): the same losses as the unit whole, most exchanges beside
-#     an expert GEMM (the exchange in the weight chunks, parallel/expert_parallel_zc.cuh), one issue order;
+#     an expert GEMM (the exchange in the weight chunks, parallel/expert_parallel_zc.cuh), one issue order; each weight
+#     chunk's exchange in 2 and 3 row slices: the same losses, the exchanges beside no GEMM (a layer's fill and drain)
+#     as many with 3 slices as with 2, and under 10% of the bytes (my own rows' slices);
 #   * no device allocation or free after step 1 on either rank with 4 chunks (SIMT_STEP_COUNTERS);
 #   * bad values (0, 65, a word) exit 2 with one line naming the flag.
 # About 40 s on 2 shared cores.
@@ -90,6 +92,41 @@ PY
         || fail "--zero-chunk-mib 0.03: no chunking line: $(grep -m1 'zero: a block' "$tmp/zc.out")"
     out=$($PY test/check_comm_order.py ep_overlap "$tmp/zc.wl.0" 2>&1) && pass "experts in chunks: $out" || fail "experts in chunks: $out"
     out=$($PY test/check_comm_order.py order "$tmp/zc.wl.0" "$tmp/zc.wl.1" 2>&1) && pass "experts in chunks: $out" || fail "experts in chunks: $out"
+
+    # ... each weight chunk's exchange in --ep-overlap-chunks row slices (2 above, 3 here): the same losses; every exchange
+    # the slices add runs beside an expert GEMM (as many alone with 2 slices as with 3: each layer's forward's first
+    # dispatch and last combine, the backward's first dispatch, the plan's counts), and those alone are my own rows'
+    # slices (chunk 0's first, the last chunk's last), under 10% of the bytes sent to the other rank (session 33's
+    # first version, the weight chunks unsliced: 37% and 44%, the layer's fill and drain)
+    run zc3 "$EMU" SIMT_WORKLOG="$tmp/zc3.wl" -- "${G[@]}" --ep-overlap-chunks 3 --zero-chunk-mib 0.03
+    same "emulated GPU, EP 2, experts in 2 chunks, 2 and 3 slices each" c2 zc zc3
+    out=$($PY - "$tmp/zc.wl.0" "$tmp/zc.wl.1" "$tmp/zc3.wl.0" <<'PY'
+import sys
+sys.path.insert(0, "test")
+import check_comm_order as cc
+res = []
+for path in sys.argv[1:]:   # per log: exchanges, those beside no GEMM, their bytes to the other rank, all bytes so
+    ops = cc.stream_clocks(cc.load(path))
+    gemms = [o for o in ops if o[0]["t"] == "gemm"]
+    ex, last = [], None
+    for o in ops:
+        it = o[0]
+        if it["t"] != "coll" or it.get("comm") != "expert_parallel":
+            continue
+        if not (it.get("group", 0) and it.get("group") == last):
+            ex.append([o, 0])
+        last = it.get("group", 0)
+        if it["kind"] == "send" and it.get("peer") != it.get("rank"):
+            ex[-1][1] += it["bytes"]
+    before = lambda x, y: y[3].get(x[1], 0) >= x[2]
+    alone = [b for o, b in ex if not any(g[1] != o[1] and not before(o, g) and not before(g, o) for g in gemms)]
+    res.append((len(ex), len(alone), sum(alone), sum(b for _, b in ex)))
+said = "; ".join("%d exchanges, %d beside no GEMM, %d of %d bytes" % r for r in res)
+ok = res[0][1] == res[2][1] and res[2][0] > res[0][0] and all(10 * r[2] < r[3] for r in res[:2])
+print(said)
+sys.exit(0 if ok else 1)
+PY
+) && pass "experts in chunks, sliced: the fill and drain are my own rows ($out)" || fail "experts in chunks, sliced: $out"
 
     # no device allocation or free after step 1 on either rank (SIMT_STEP_COUNTERS: test/test_cuda_train.sh's no_alloc)
     out=$($PY - "$tmp/c4.out" <<'PY'
