@@ -63,7 +63,7 @@ typedef struct {
     std::vector<Fp8Meta> metas;                 // host bookkeeping (delayed: the amax history)
     std::vector<std::array<int, 15>> slot;      // per layer: [linear * 3 + op] -> slot (v1's x: w1's)
     float *scale, *scale_inv;                   // device (nslots; scale_inv every FP8_SINV_STRIDE): delayed scales; 1 / scale of the last cast
-    unsigned int *amax, *tmp_amax;              // device (nslots) float bits; (2) current scaling's first pass
+    unsigned int *amax, *tmp_amax;              // device (nslots) float bits; (3) current scaling's first pass
     unsigned long long* sat;                    // device (nslots)
     std::vector<float> last_scale;              // host (nslots): per-tensor scale of the last cast (log)
     Fp8Buf act, grad, w, w2;                    // scratch: activations, gradients, weights (w2: v1's)
@@ -167,7 +167,7 @@ static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T,
     take((void**)&f->scale, n * sizeof(float));
     take((void**)&f->scale_inv, n * FP8_SINV_STRIDE * sizeof(float));
     take((void**)&f->amax, n * sizeof(unsigned int));
-    take((void**)&f->tmp_amax, 2 * sizeof(unsigned int));
+    take((void**)&f->tmp_amax, 3 * sizeof(unsigned int));
     take((void**)&f->sat, n * sizeof(unsigned long long));
     f->routing.resize(c->n_layers);
     for (Fp8Routing& r : f->routing) {
@@ -292,6 +292,24 @@ static inline Fp8Buf fp8_buf_in(const Fp8GPU* f, floatX* codes, floatX* factors,
     return b;
 }
 
+// The transposed codes of act (rows x cols, padded expert layout rt) for w2's weight gradient, laid into the BF16
+// scratch `factors` after the factors fp8_buf_in put there (fp8_buf_in(f, ., factors, ...) of the same shape): the
+// codes (rows cols bytes), then (block scaling) their factors. It fits: fp8_buf_in's factors are at most
+// rows (cols / 128 + 1) + rows cols / 16 floats, these at most rows cols / 16: with the codes <= 1.6 rows cols +
+// 4 rows <= 2 rows cols bytes for cols >= 16 (fp8_fused_ok)
+static inline Fp8Buf fp8_buf_after(const Fp8GPU* f, const Fp8Buf& before, floatX* factors, const Fp8Routing& rt, int rows, int cols) {
+    Fp8Buf b = {nullptr, (__nv_fp8_storage_t*)factors, nullptr, nullptr};
+    size_t nt = 0;
+    if (f->cfg.recipe == FP8_BLOCK) {   // (before's transposed factors: as many as these, the last of its factors)
+        nt = fp8_block_scale_count(FP8Q_ACT, true, rt.len, cols);
+        b.qt = (__nv_fp8_storage_t*)(before.sinv_t + (nt + 3) / 4 * 4);
+        b.sinv_t = (float*)(b.qt + (size_t)rows * cols);
+    }
+    if ((size_t)((char*)(b.qt + (size_t)rows * cols) - (char*)factors) + nt * sizeof(float) > (size_t)rows * cols * sizeof(floatX))
+        fail(EXIT_FAILURE, "fp8_buf_after: act's transposed codes do not fit a %d x %d BF16 buffer", rows, cols);
+    return b;
+}
+
 // ---------------------------------------------------------------------------------------------
 // quantisation of one operand under the recipe, and the GEMM operands it yields
 
@@ -327,16 +345,16 @@ static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const 
     }
 }
 
-// The recipe's quantisation of a producer's output(s) into bufs (one per output, slots[i]), fused into the
-// producer (model/fp8_fused.cuh): the codes, factors, amaxes and saturation counts fp8_quantize_operand gives on
-// the BF16 output. Block: one pass. Per tensor with a known scale (delayed): one pass. Current scaling (and
+// The recipe's quantisation of a producer's output(s) into bufs (one per output, slots[i]; SWIGLU_BWD: dg, du and,
+// where bufs[2] is not NULL, act), fused into the producer (model/fp8_fused.cuh): the codes, factors, amaxes and
+// saturation counts fp8_quantize_operand gives on the BF16 output (bufs[i]->q NULL: no row-wise codes). Block: one pass. Per tensor with a known scale (delayed): one pass. Current scaling (and
 // delayed before its first history entry): a first pass takes the amax (and writes p.y); then the codes come from
 // p.y (fp8_quantize_kernel) where the producer writes it, else from a second fused pass.
 static inline void fp8_quantize_produced(Fp8GPU* f, Fp8Producer prod, Fp8ProducerArgs p, const int* slots, int rows, int cols,
                                          const Fp8Segments& seg, Fp8Buf* const* bufs, bool want_q, bool want_qt, cudaStream_t stream) {
-    const int nout = prod == FP8P_SWIGLU_BWD ? 2 : 1;
-    const Fp8Format fmt = f->fmts[slots[0]];
-    Fp8FusedOut o[2] = {};
+    const int nout = prod == FP8P_SWIGLU_BWD ? (bufs[2] ? 3 : 2) : 1;
+    const Fp8Format fmt = f->fmts[slots[0]], fmt2 = nout == 3 ? f->fmts[slots[2]] : FP8_E4M3;
+    Fp8FusedOut o[3] = {};
     bool first = false;
     for (int i = 0; i < nout; i++) {
         int sl = slots[i];
@@ -351,18 +369,19 @@ static inline void fp8_quantize_produced(Fp8GPU* f, Fp8Producer prod, Fp8Produce
         if (f->cfg.recipe == FP8_CURRENT || f->metas[sl].filled == 0) { o[i].amax_in = f->tmp_amax + i; first = true; }
         else o[i].scale = f->scale + sl;
     }
-    if (f->cfg.recipe == FP8_BLOCK) { fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_ACT, 0, o[0], o[1], stream); return; }
+    const Fp8FusedOut* o2 = nout == 3 ? &o[2] : nullptr;
+    if (f->cfg.recipe == FP8_BLOCK) { fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_ACT, 0, o[0], o[1], stream, o2, fmt2); return; }
     if (first) {
-        Fp8FusedOut a[2] = {};
+        Fp8FusedOut a[3] = {};
         for (int i = 0; i < nout; i++) a[i].out.amax = f->tmp_amax + i;
-        cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, 2 * sizeof(unsigned int), stream));
-        fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_AMAX, 0, a[0], a[1], stream);
+        cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, 3 * sizeof(unsigned int), stream));
+        fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_AMAX, 0, a[0], a[1], stream, nout == 3 ? &a[2] : nullptr, fmt2);
         if (p.y) {   // (one output) the codes from the BF16 output just written
             fp8_quantize_gpu(o[0].out, p.y, rows, cols, seg, fmt, FP8Q_TENSOR, o[0].scale, o[0].amax_in, f->cfg.margin, stream);
             return;
         }
     }
-    fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_TENSOR, f->cfg.margin, o[0], o[1], stream);
+    fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_TENSOR, f->cfg.margin, o[0], o[1], stream, o2, fmt2);
 }
 
 // The scale-factor offset of segment `e` of a quantised tensor (segment starts `start`, E + 1, host;
@@ -514,29 +533,37 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
     int Rp = p[E], EF = E * F;
     Fp8Segments sx = fp8_expert_segments(rt), sw = fp8_uniform_segments(E, F);
     auto slot = [&](int lin, int op) { return fp8_slot(f, layer, lin, op); };
-    // down: da_e = dye_e @ w2_e^T (reduces over C: dye row-wise, w2 row-wise), dw2_e += a_e^T @ dye_e
-    fp8_quantize_operand(f, slot(FP8_LIN_W2, FP8_OP_DY), false, dye, Rp, C, sx, &f->grad, true, true, stream);
-    const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, true, false, stream);
-    fp8_quantize_operand(f, slot(FP8_LIN_W2, FP8_OP_X), false, a, Rp, F, sx, &f->act, false, true, stream);
-    for (int e = 0; e < E; e++) {
-        if (rt.len[e] == 0) continue;
-        int sg = slot(FP8_LIN_W2, FP8_OP_DY);
-        gemm_fp8_gpu(rt.len[e], F, C, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, p[e], C, fp8_scale_offset(p, e, C, false, false)),
-                     fp8_operand_of(f, slot(FP8_LIN_W2, FP8_OP_W), qw2, true, false, (size_t)e * F, C, fp8_scale_offset(ws, e, C, true, false)),
-                     0.0f, da + (size_t)p[e] * F, F, 0, stream);
-        gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, slot(FP8_LIN_W2, FP8_OP_X), f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
-                     fp8_operand_of(f, sg, f->grad, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
-                     dw2 + (size_t)e * F * C, C, 0, stream);
-    }
-    // SwiGLU backward fused with the quantisation of dg and du (fp8_fused.cuh): only their codes and factors are
-    // written, dg's into f->grad, du's into the BF16 dg / du scratch, which the fused path leaves unused
-    // (2 Rp F bytes of codes in dg's 2 Rx F, the factors in du's)
-    const int sdy[2] = {slot(FP8_LIN_W1, FP8_OP_DY), slot(FP8_LIN_V1, FP8_OP_DY)};
-    Fp8Buf dub = fp8_buf_in(f, dg, du, rt, Rp, F);
-    Fp8Buf* gb[2] = {&f->grad, &dub};
+    const int sdy[3] = {slot(FP8_LIN_W1, FP8_OP_DY), slot(FP8_LIN_V1, FP8_OP_DY), slot(FP8_LIN_W2, FP8_OP_X)};
+    const int sg2 = slot(FP8_LIN_W2, FP8_OP_DY), sw2 = slot(FP8_LIN_W2, FP8_OP_W), sx2 = slot(FP8_LIN_W2, FP8_OP_X);
     const bool fused = fp8_fused_ok(Rp, F, rt.len, {da, g, u, dg, du});
-    if (fused) fp8_quantize_produced(f, FP8P_SWIGLU_BWD, {da, g, u, nullptr}, sdy, Rp, F, sx, gb, true, true, stream);
-    else swiglu_backward_gpu(dg, du, da, g, u, (size_t)Rp * F, stream);
+    // The fused path: SwiGLU backward writes the codes of dg (into f->grad), du (into the BF16 dg / du scratch,
+    // which it leaves unused: 2 Rp F bytes of codes in dg's 2 Rp F, the factors in du's: fp8_buf_in) and act's
+    // transposed codes (recomputed from g, u; in du's scratch after du's factors: fp8_buf_after); so dye's codes
+    // go to f->act (free until xe's) and w2's weight gradient waits for the SwiGLU backward.
+    // The unfused path (shapes off the 16-row rule): dye and act quantised from BF16, SwiGLU backward in BF16.
+    Fp8Buf* qdy = fused ? &f->act : &f->grad;
+    Fp8Buf dub = fp8_buf_in(f, dg, du, rt, Rp, F), actb = fused ? fp8_buf_after(f, dub, du, rt, Rp, F) : f->act;
+    Fp8Buf* gb[3] = {&f->grad, &dub, &actb};
+    // down: da_e = dye_e @ w2_e^T (reduces over C: dye row-wise, w2 row-wise), dw2_e += a_e^T @ dye_e
+    fp8_quantize_operand(f, sg2, false, dye, Rp, C, sx, qdy, true, true, stream);
+    const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, true, false, stream);
+    if (!fused) fp8_quantize_operand(f, sx2, false, a, Rp, F, sx, &f->act, false, true, stream);
+    for (int pass = 0; pass < 2; pass++) {   // 0: da, and (unfused) dw2; 1 (fused, after the SwiGLU backward): dw2
+        if (pass == 1 && !fused) break;
+        if (pass == 1) fp8_quantize_produced(f, FP8P_SWIGLU_BWD, {da, g, u, nullptr}, sdy, Rp, F, sx, gb, true, true, stream);
+        for (int e = 0; e < E; e++) {
+            if (rt.len[e] == 0) continue;
+            if (pass == 0)
+                gemm_fp8_gpu(rt.len[e], F, C, 1.0f, fp8_operand_of(f, sg2, *qdy, false, false, p[e], C, fp8_scale_offset(p, e, C, false, false)),
+                             fp8_operand_of(f, sw2, qw2, true, false, (size_t)e * F, C, fp8_scale_offset(ws, e, C, true, false)), 0.0f,
+                             da + (size_t)p[e] * F, F, 0, stream);
+            if (pass == 1 || !fused)
+                gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sx2, actb, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
+                             fp8_operand_of(f, sg2, *qdy, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
+                             dw2 + (size_t)e * F * C, C, 0, stream);
+        }
+    }
+    if (!fused) swiglu_backward_gpu(dg, du, da, g, u, (size_t)Rp * F, stream);
     // up: dxe_e = dg_e @ w1_e + du_e @ v1_e (reduces over F: the weights transposed (C, F)),
     //     dw1_e += dg_e^T @ xe_e, dv1_e += du_e^T @ xe_e (over the tokens: all transposed)
     fp8_quantize_operand(f, slot(FP8_LIN_W1, FP8_OP_X), false, xe, Rp, C, sx, &f->act, false, true, stream);

@@ -3,18 +3,21 @@
  * pays"). fp8_quantize_kernel (model/fp8.cuh) reads a BF16 tensor its producer wrote; here the producer itself
  * computes a 128 x 128 tile, rounds it to BF16 (the values the unfused path would have read back) and
  * quantises it from shared memory:
- *   FP8P_SWIGLU_FWD  act = silu(g) * u: act in BF16 (the backward's w2 wgrad still quantises it, transposed)
+ *   FP8P_SWIGLU_FWD  act = silu(g) * u: act in BF16 (kept for the backward: --recompute, the BF16 path)
  *                    and w2's forward operand, the row-wise E4M3 codes
  *   FP8P_SWIGLU_BWD  dg, du from da, g, u: only their FP8 codes (row-wise for dgrad, transposed for wgrad) and
- *                    factors; the BF16 dg, du are not written at all (the FP8 GEMMs were their only readers)
+ *                    factors; the BF16 dg, du are not written at all (the FP8 GEMMs were their only readers).
+ *                    Optionally a third output: act = silu(g) * u recomputed (the forward's BF16 act, bit for bit:
+ *                    the same g, u, the same arithmetic), quantised for w2's weight gradient (its transposed
+ *                    codes), so the backward does not read act back to quantise it
  * The codes, the factors (the layouts of model/matmul.cuh), the amax and the saturation count are those of
  * fp8_quantize_kernel on the BF16 output, bit for bit: the same BF16 values, the same scale functions, amax by
  * max (exact in any order). test/test_fp8_cuda.cpp checks it against the unfused kernels; the losses of
  * test/test_fp8_cuda.sh and test/golden/unchanged.txt do not move.
  * Stores are 16 bytes (16 codes, 8 BF16 values): the tile's rows and the segments' starts must be multiples of
  * 16 rows and the columns a multiple of 16 — the padded expert layout guarantees both (fp8_fused_ok checks).
- * The two outputs of the backward are two blocks per tile, adjacent in the grid, so that the second block's
- * read of da, g, u hits L2.
+ * The outputs of the backward are two (three) blocks per tile, adjacent in the grid, so that the later blocks'
+ * reads of da, g, u hit L2.
  */
 #pragma once
 #include <string>
@@ -50,6 +53,12 @@ static inline std::string worklog_fields(const Fp8FusedOut& o) {
 }
 #endif
 
+// SWIGLU_BWD's third output (act) is there when it has anything to write
+__host__ __device__ __forceinline__ bool fp8_fused_has(const Fp8FusedOut& o) { return o.out.q || o.out.qt || o.out.amax; }
+__host__ __device__ __forceinline__ int fp8_fused_nout(int prod, const Fp8FusedOut& o2) {
+    return prod == FP8P_SWIGLU_BWD ? (fp8_fused_has(o2) ? 3 : 2) : 1;
+}
+
 // the fused path's shape rule: 16-row tiles and segment starts, 16-column tiles, 16-byte aligned pointers
 static inline bool fp8_fused_ok(int rows, int cols, const std::vector<int>& seg_len, std::initializer_list<const void*> ptrs) {
     if (rows % 16 || cols % 16 || !aligned16(ptrs)) return false;
@@ -64,6 +73,11 @@ __device__ __forceinline__ void fp8_produce8(float* v, const Fp8ProducerArgs& p,
         float g[8], u[8];
         load_bf16<8>(g, p.a + i);
         load_bf16<8>(u, p.b + i);
+        for (int j = 0; j < 8; j++) v[j] = swiglu_value(g[j], u[j]);
+    } else if (z == 2) {   // SWIGLU_BWD's act
+        float g[8], u[8];
+        load_bf16<8>(g, p.b + i);
+        load_bf16<8>(u, p.c + i);
         for (int j = 0; j < 8; j++) v[j] = swiglu_value(g[j], u[j]);
     } else {
         float d[8], g[8], u[8], dg, du;
@@ -95,16 +109,19 @@ __device__ __forceinline__ uint4 fp8_pack16(const floatX* x, int step, float s, 
 // FP8Q_TENSOR and FP8Q_ACT modes, on the producer's output. Padding rows (past a segment's valid count) are
 // quantised as zeros; their BF16 output (SWIGLU_FWD's act) is the producer's value, as the unfused kernel's.
 // (The body of the kernels below, one per producer.)
+// o2, fmt2: SWIGLU_BWD's optional third output (act) and its format.
 template <int MODE, int PROD>
-__device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int rows, int cols, const Fp8Segments& seg, int fmt, int margin,
-                                               const Fp8FusedOut& o0, const Fp8FusedOut& o1) {
+__device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int rows, int cols, const Fp8Segments& seg, int fmt0, int margin,
+                                               const Fp8FusedOut& o0, const Fp8FusedOut& o1, const Fp8FusedOut& o2, int fmt2) {
     __shared__ uint4 tile_raw[128 * FP8F_LD / 8];   // (uint4: 16-byte aligned for the 16-byte accesses)
     floatX* tile = (floatX*)tile_raw;
     __shared__ float row_s[128], col_s[128], colm[2][128];
     __shared__ float scratch[32];
-    const int tid = threadIdx.x, nout = PROD == FP8P_SWIGLU_BWD ? 2 : 1;
-    const int z = blockIdx.x % nout;   // the output (dg 0, du 1): the two blocks of a tile adjacent
-    const Fp8QuantOut& out = z ? o1.out : o0.out;
+    const int tid = threadIdx.x, nout = fp8_fused_nout(PROD, o2);
+    const int z = blockIdx.x % nout;   // the output (dg 0, du 1, act 2): the blocks of a tile adjacent
+    const Fp8FusedOut& oz = z == 2 ? o2 : z ? o1 : o0;
+    const Fp8QuantOut& out = oz.out;
+    const int fmt = z == 2 ? fmt2 : fmt0;
     int t = blockIdx.x / nout, s = 0, tiles_before = 0, seg0 = 0, len = 0;
     for (s = 0; s < seg.nseg; s++) {
         seg0 = seg.start ? seg.start[s] : s * seg.seg_len;
@@ -152,8 +169,7 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
         __syncthreads();
         if (tid < 128) col_s[tid] = fp8_scale_for_dev(fmaxf(colm[0][tid], colm[1][tid]), fmt, 0);
     } else {                  // FP8Q_TENSOR: one scale
-        const Fp8FusedOut& o = z ? o1 : o0;
-        float st = o.amax_in ? fp8_scale_for_dev(__uint_as_float(*o.amax_in), fmt, margin) : *o.scale;
+        float st = oz.amax_in ? fp8_scale_for_dev(__uint_as_float(*oz.amax_in), fmt, margin) : *oz.scale;
         if (tid < 128) { row_s[tid] = st; col_s[tid] = st; }
     }
     __syncthreads();
@@ -194,24 +210,28 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
 
 template <int MODE>
 __global__ void __launch_bounds__(FP8F_THREADS) fp8_swiglu_quantize_kernel(Fp8ProducerArgs p, int rows, int cols, Fp8Segments seg, int fmt,
-                                                                           int margin, Fp8FusedOut o0, Fp8FusedOut o1) {
-    fp8_fused_tile<MODE, FP8P_SWIGLU_FWD>(p, rows, cols, seg, fmt, margin, o0, o1);
+                                                                           int margin, Fp8FusedOut o0, Fp8FusedOut o1, Fp8FusedOut o2,
+                                                                           int fmt2) {
+    fp8_fused_tile<MODE, FP8P_SWIGLU_FWD>(p, rows, cols, seg, fmt, margin, o0, o1, o2, fmt2);
 }
 template <int MODE>
 __global__ void __launch_bounds__(FP8F_THREADS) fp8_swiglu_bwd_quantize_kernel(Fp8ProducerArgs p, int rows, int cols, Fp8Segments seg,
-                                                                               int fmt, int margin, Fp8FusedOut o0, Fp8FusedOut o1) {
-    fp8_fused_tile<MODE, FP8P_SWIGLU_BWD>(p, rows, cols, seg, fmt, margin, o0, o1);
+                                                                               int fmt, int margin, Fp8FusedOut o0, Fp8FusedOut o1,
+                                                                               Fp8FusedOut o2, int fmt2) {
+    fp8_fused_tile<MODE, FP8P_SWIGLU_BWD>(p, rows, cols, seg, fmt, margin, o0, o1, o2, fmt2);
 }
 
 // Launches the producer `prod` with its output(s) quantised in `mode` (FP8Q_AMAX, FP8Q_TENSOR or FP8Q_ACT); o1 is
-// the second output's (SWIGLU_BWD's du). The caller checked fp8_fused_ok.
+// the second output's (SWIGLU_BWD's du); o2 (or NULL) SWIGLU_BWD's third (act, in format fmt2). The caller checked
+// fp8_fused_ok.
 static inline void fp8_fused_quantize_gpu(Fp8Producer prod, const Fp8ProducerArgs& p, int rows, int cols, const Fp8Segments& seg,
                                           Fp8Format fmt, Fp8QuantMode mode, int margin, const Fp8FusedOut& o0, const Fp8FusedOut& o1,
-                                          cudaStream_t stream = 0) {
+                                          cudaStream_t stream = 0, const Fp8FusedOut* o2 = nullptr, Fp8Format fmt2 = FP8_E4M3) {
     if (rows == 0 || cols == 0 || seg.row_tiles == 0) return;
     if (mode == FP8Q_WEIGHT) fail(EXIT_FAILURE, "fp8_fused_quantize_gpu: weights are not produced by a fused producer");
-    dim3 grid(seg.row_tiles * (prod == FP8P_SWIGLU_BWD ? 2 : 1), ceil_div(cols, 128));
-#define FP8F_LAUNCH(K) LAUNCH(K, grid, FP8F_THREADS, 0, stream, p, rows, cols, seg, (int)fmt, margin, o0, o1)
+    const Fp8FusedOut none = {}, &o2v = o2 && prod == FP8P_SWIGLU_BWD ? *o2 : none;
+    dim3 grid(seg.row_tiles * fp8_fused_nout(prod, o2v), ceil_div(cols, 128));
+#define FP8F_LAUNCH(K) LAUNCH(K, grid, FP8F_THREADS, 0, stream, p, rows, cols, seg, (int)fmt, margin, o0, o1, o2v, (int)fmt2)
     if (prod == FP8P_SWIGLU_FWD) {
         if (mode == FP8Q_AMAX) FP8F_LAUNCH(fp8_swiglu_quantize_kernel<FP8Q_AMAX>);
         else if (mode == FP8Q_TENSOR) FP8F_LAUNCH(fp8_swiglu_quantize_kernel<FP8Q_TENSOR>);

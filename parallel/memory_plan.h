@@ -157,7 +157,7 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
     long double b = buf({{N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false) + buf({{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false)
                   + buf({{qd, d, 1}, {d, d, 1}, {E * F, d, E}}, true) + buf({{E * F, d, E}}, true);
     long double slots = 14 * L;   // fp8_operand_table: 5 linears x (x, w, dy) per layer, v1's x shared with w1's
-    b += slots * (4 + 16 + 4 + 8) + 8;                // scale, scale_inv (16 B apart), amax, sat; tmp_amax (2)
+    b += slots * (4 + 16 + 4 + 8) + 12;               // scale, scale_inv (16 B apart), amax, sat; tmp_amax (3)
     b += L * ((2 * E + 1) * 4 + Rp * 4);              // per layer: segments, padded row_token
     if (weight_cache)                                 // per layer: Wqkv, out_proj, w1, v1, w2 (fp8_weight_shape)
         b += L * (buf({{qd, d, 1}}, true) + buf({{d, d, 1}}, true) + 3 * buf({{E * F, d, E}}, true));

@@ -534,21 +534,22 @@ TEST_CASE("the padded expert layout: slot and row maps") {
 // fp8_quantize_kernel on their BF16 output (itself checked against the CPU above). 16 experts with uneven padded
 // segments (empty ones too; valid rows < padded), a 272-column slice of DBRX's F = 10752 (two full column tiles and
 // a 16-wide one), inputs spanning many binades with outliers. Every code (padding rows included), factor, amax,
-// saturation count and the forward's BF16 act: equal bit for bit.
+// saturation count and the forward's BF16 act: equal bit for bit. The backward with and without its third output
+// (act recomputed, E4M3, as the model's w2 wgrad operand).
 
-struct FusedOuts { Quantized r[2]; };
+struct FusedOuts { Quantized r[3]; };
 
 // runs the fused kernel of `prod` in `mode` (FP8Q_TENSOR: scale[i] given, or < 0: current scaling with margin 1,
-// a first FP8Q_AMAX pass); y: SWIGLU_FWD's BF16 output (or NULL)
+// a first FP8Q_AMAX pass); y: SWIGLU_FWD's BF16 output (or NULL); act3: SWIGLU_BWD's third output (E4M3)
 static FusedOuts run_fused(Fp8Producer prod, Fp8ProducerArgs p, int rows, int cols, const Segs& segs, Fp8Format fmt, Fp8QuantMode mode,
-                           const float* scale, size_t nq, size_t nt) {
-    const int nout = prod == FP8P_SWIGLU_BWD ? 2 : 1;
+                           const float* scale, size_t nq, size_t nt, bool act3) {
+    const int nout = prod == FP8P_SWIGLU_BWD ? (act3 ? 3 : 2) : 1;
     std::vector<int*> keep;
     Fp8Segments seg = device_segments(segs, &keep);
     size_t n = (size_t)rows * cols;
-    Fp8FusedOut o[2] = {}, a[2] = {};
-    unsigned* tmp = deviceAlloc(unsigned int, 2);
-    cudaCheck(cudaMemset(tmp, 0, 8));
+    Fp8FusedOut o[3] = {}, a[3] = {};
+    unsigned* tmp = deviceAlloc(unsigned int, 3);
+    cudaCheck(cudaMemset(tmp, 0, 12));
     std::vector<void*> bufs = {tmp};
     for (int i = 0; i < nout; i++) {
         bool per_tensor = mode == FP8Q_TENSOR;
@@ -563,8 +564,9 @@ static FusedOuts run_fused(Fp8Producer prod, Fp8ProducerArgs p, int rows, int co
                               (const void*)o[i].out.amax, (const void*)o[i].out.saturated, (const void*)o[i].scale})
             bufs.push_back((void*)b);
     }
-    if (mode == FP8Q_TENSOR && scale[0] < 0) fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_AMAX, 0, a[0], a[1]);
-    fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, mode, 1, o[0], o[1]);
+    if (mode == FP8Q_TENSOR && scale[0] < 0)
+        fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_AMAX, 0, a[0], a[1], 0, act3 ? &a[2] : nullptr, FP8_E4M3);
+    fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, mode, 1, o[0], o[1], 0, act3 ? &o[2] : nullptr, FP8_E4M3);
     FusedOuts r;
     for (int i = 0; i < nout; i++) {
         std::vector<__nv_fp8_storage_t> q = get(o[i].out.q, n), qt = get(o[i].out.qt, n);
@@ -602,21 +604,23 @@ TEST_CASE("quantize kernel, fused into SwiGLU forward and backward: bit-identica
     CHECK(!fp8_fused_ok(rows, cols, lens, {(const char*)act + 2}));   // unaligned
     for (Fp8QuantMode mode : {FP8Q_ACT, FP8Q_TENSOR})
         for (int current = 0; current < (mode == FP8Q_TENSOR ? 2 : 1); current++)
-            for (int bwd = 0; bwd < 2; bwd++) {
-                Fp8Format fmt = bwd ? FP8_E5M2 : FP8_E4M3;   // the model's: x E4M3, dy E5M2
-                float scale[2];
-                for (int i = 0; i < 2; i++) {   // a given scale 16x too large saturates the outliers
+            for (int variant = 0; variant < 3; variant++) {   // forward; backward; backward with act
+                const int bwd = variant > 0, nout = variant + 1;
+                Fp8Format fmts[3] = {bwd ? FP8_E5M2 : FP8_E4M3, FP8_E5M2, FP8_E4M3};   // the model's: x E4M3, dy E5M2
+                const std::vector<float>* refs[3] = {&ref[bwd], &ref[2], &ref[0]};   // act / dg, du, act
+                float scale[3];
+                for (int i = 0; i < nout; i++) {   // a given scale 16x too large saturates the outliers
                     float amax = 0;
                     for (int r = 0; r < rows; r++)
                         if (valid_row(segs, r))
-                            for (int c = 0; c < cols; c++) amax = std::fmax(amax, std::fabs(ref[bwd + i][(size_t)r * cols + c]));
-                    scale[i] = current ? -1.0f : fp8_scale_for(amax, fmt, 0) * 16.0f;
+                            for (int c = 0; c < cols; c++) amax = std::fmax(amax, std::fabs((*refs[i])[(size_t)r * cols + c]));
+                    scale[i] = current ? -1.0f : fp8_scale_for(amax, fmts[i], 0) * 16.0f;
                 }
                 Fp8ProducerArgs p = bwd ? Fp8ProducerArgs{dda, dg_in, du_in, nullptr} : Fp8ProducerArgs{dg_in, du_in, nullptr, act_fused};
-                FusedOuts got = run_fused(bwd ? FP8P_SWIGLU_BWD : FP8P_SWIGLU_FWD, p, rows, cols, segs, fmt, mode, scale, nq, nt);
-                for (int i = 0; i < 1 + bwd; i++) {
-                    INFO((bwd ? "backward, " : "forward, ") << (i ? "du" : "dg/act") << ", mode " << (int)mode << (current ? ", current" : ""));
-                    Quantized want = quantize(ref[bwd + i], rows, cols, segs, fmt, mode, scale[i], 1, mode == FP8Q_TENSOR ? 1 : nq,
+                FusedOuts got = run_fused(bwd ? FP8P_SWIGLU_BWD : FP8P_SWIGLU_FWD, p, rows, cols, segs, fmts[0], mode, scale, nq, nt, variant == 2);
+                for (int i = 0; i < nout; i++) {
+                    INFO("variant " << variant << ", output " << i << ", mode " << (int)mode << (current ? ", current" : ""));
+                    Quantized want = quantize(*refs[i], rows, cols, segs, fmts[i], mode, scale[i], 1, mode == FP8Q_TENSOR ? 1 : nq,
                                               mode == FP8Q_TENSOR ? 1 : nt);
                     CHECK(got.r[i].q == want.q);
                     CHECK(got.r[i].qt == want.qt);

@@ -4,9 +4,13 @@
  * experts (E segments of R / E rows, F columns; E4M3 forward, E5M2 backward):
  *   forward   v1: swiglu_forward_gpu + fp8_quantize_kernel<FP8Q_ACT> (act's row-wise codes)
  *             v2: fp8_swiglu_quantize_kernel<FP8Q_ACT> (model): act in BF16 and its codes in one pass
- *   backward  v1: swiglu_backward_gpu + fp8_quantize_kernel<FP8Q_ACT> twice (dg, du: codes and transposed codes)
- *             v2: fp8_swiglu_bwd_quantize_kernel<FP8Q_ACT> (model): the codes of dg and du, no BF16 dg / du
- * v2 is validated against v1 bit for bit (codes, factors, act). GB/s are for the bytes each version must move.
+ *   backward  v1: swiglu_backward_gpu + fp8_quantize_kernel<FP8Q_ACT> twice (dg, du: codes and transposed codes),
+ *                 and once on the forward's act (its transposed codes: w2's weight gradient)
+ *             v2: fp8_swiglu_bwd_quantize_kernel<FP8Q_ACT> with two outputs: the codes of dg and du, no BF16 dg / du
+ *                 (act still quantised by fp8_quantize_kernel, as v1)
+ *             v3: fp8_swiglu_bwd_quantize_kernel<FP8Q_ACT> with three outputs (model): act recomputed from g, u, its
+ *                 transposed codes a third output
+ * v2, v3 are validated against v1 bit for bit (codes, factors, act). GB/s are for the bytes each version must move.
  *   make dev/cuda/fp8_fused && ./dev/cuda/fp8_fused        (R 65536 = 16384 tokens x top-4, E 16, F 1792: dbrx-1b)
  */
 #include "common.h"
@@ -28,10 +32,12 @@ int main() {
     const size_t nq = nct * R, nt = (size_t)seg.row_tiles * F;   // the factors of q (1x128) and qt (128x1)
     floatX *g = to_device_bf16v(make_random(n, 1, 2.0)), *u = to_device_bf16v(make_random(n, 2)), *da = to_device_bf16v(make_random(n, 3, 0.01));
     floatX *act = deviceAlloc(floatX, n), *dgu = deviceAlloc(floatX, 2 * n);
-    Fp8QuantOut o[2];
+    Fp8QuantOut o[3];
     for (Fp8QuantOut& x : o)
         x = {deviceAlloc(__nv_fp8_storage_t, n), deviceAlloc(__nv_fp8_storage_t, n), deviceAlloc(float, nq), deviceAlloc(float, nt), nullptr, nullptr};
-    Fp8FusedOut fo[2] = {{nullptr, nullptr, o[0]}, {nullptr, nullptr, o[1]}};
+    o[2].q = nullptr;   // act: the transposed codes only
+    o[2].sinv = nullptr;
+    Fp8FusedOut fo[3] = {{nullptr, nullptr, o[0]}, {nullptr, nullptr, o[1]}, {nullptr, nullptr, o[2]}};
     Fp8QuantOut fwd_out = o[0];
     fwd_out.qt = nullptr;
     fwd_out.sinv_t = nullptr;
@@ -57,30 +63,36 @@ int main() {
         report_bandwidth(fwn[v], bytes, time_ms(20, fwd[v]));
     }
     // backward
-    std::function<void()> bwd[2] = {
+    auto quantize_act = [&] { fp8_quantize_gpu(o[2], act, R, F, seg, FP8_E4M3, FP8Q_ACT, nullptr, nullptr, 0); };
+    std::function<void()> bwd[3] = {
         [&] {
             swiglu_backward_gpu(dgu, dgu + n, da, g, u, n);
             for (int i = 0; i < 2; i++) fp8_quantize_gpu(o[i], dgu + i * n, R, F, seg, FP8_E5M2, FP8Q_ACT, nullptr, nullptr, 0);
+            quantize_act();
         },
-        [&] { fp8_fused_quantize_gpu(FP8P_SWIGLU_BWD, {da, g, u, nullptr}, R, F, seg, FP8_E5M2, FP8Q_ACT, 0, fo[0], fo[1]); },
+        [&] { fp8_fused_quantize_gpu(FP8P_SWIGLU_BWD, {da, g, u, nullptr}, R, F, seg, FP8_E5M2, FP8Q_ACT, 0, fo[0], fo[1]); quantize_act(); },
+        [&] { fp8_fused_quantize_gpu(FP8P_SWIGLU_BWD, {da, g, u, nullptr}, R, F, seg, FP8_E5M2, FP8Q_ACT, 0, fo[0], fo[1], 0, &fo[2], FP8_E4M3); },
     };
-    const char* bwn[2] = {"swiglu bwd + quantize v1 (unfused)", "swiglu bwd + quantize v2 (fused, model)"};
-    std::vector<float> rb[2][4];
-    for (int v = 0; v < 2; v++) {
-        for (int i = 0; i < 2; i++) { cudaCheck(cudaMemset(o[i].q, 0xFF, n)); cudaCheck(cudaMemset(o[i].qt, 0xFF, n)); }
+    const char* bwn[3] = {"swiglu bwd + quantize v1 (unfused)", "swiglu bwd + quantize v2 (fused dg, du)", "swiglu bwd + quantize v3 (fused dg, du, act; model)"};
+    std::vector<float> rb[3][4];
+    for (int v = 0; v < 3; v++) {
+        for (int i = 0; i < 3; i++) { if (o[i].q) cudaCheck(cudaMemset(o[i].q, 0xFF, n)); cudaCheck(cudaMemset(o[i].qt, 0xFF, n)); }
         bwd[v]();
-        for (int i = 0; i < 2; i++) {
-            std::vector<float> got[4] = {codes_of(o[i].q, n), codes_of(o[i].qt, n), from_device_f32(o[i].sinv, nq), from_device_f32(o[i].sinv_t, nt)};
+        printf("  %s\n", bwn[v]);
+        for (int i = 0; i < 3; i++) {
+            std::vector<float> got[4] = {i < 2 ? codes_of(o[i].q, n) : std::vector<float>(), codes_of(o[i].qt, n),
+                                         i < 2 ? from_device_f32(o[i].sinv, nq) : std::vector<float>(), from_device_f32(o[i].sinv_t, nt)};
             for (int k = 0; k < 4; k++) {
                 if (v == 0) rb[i][k] = got[k];
-                const char* what[2][4] = {{"  dg codes", "  dg transposed codes", "  dg factors", "  dg transposed factors"},
-                                          {"  du codes", "  du transposed codes", "  du factors", "  du transposed factors"}};
-                if (k == 0 && i == 0) printf("  %s\n", bwn[v]);
-                validate(what[i][k], got[k], rb[i][k], 0, 0);
+                const char* what[3][4] = {{"  dg codes", "  dg transposed codes", "  dg factors", "  dg transposed factors"},
+                                          {"  du codes", "  du transposed codes", "  du factors", "  du transposed factors"},
+                                          {"", "  act transposed codes", "", "  act transposed factors"}};
+                if (i < 2 || k % 2) validate(what[i][k], got[k], rb[i][k], 0, 0);
             }
         }
-        double bytes = v == 0 ? n * (6.0 + 4 + 2 * (2 + 2)) : n * (6.0 + 4);
-        report_bandwidth(bwn[v], bytes + 2 * 4.0 * (nq + nt), time_ms(20, bwd[v]));
+        // bytes: da, g, u read; dg, du written and read back (v1); the codes; act read back (v1, v2)
+        double bytes = v == 0 ? n * (6.0 + 4 + 2 * (2 + 2) + 2 + 1) : v == 1 ? n * (6.0 + 4 + 2 + 1) : n * (6.0 + 4 + 1);
+        report_bandwidth(bwn[v], bytes + 2 * 4.0 * (nq + nt) + 4.0 * nt, time_ms(20, bwd[v]));
     }
     return finish();
 }

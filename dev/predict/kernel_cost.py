@@ -249,16 +249,18 @@ BOUND = {"gather_rows_kernel", "fp8_pad_rows_kernel"}
 
 
 def _fp8_fused(item, a):
-    # fp8_swiglu_quantize_kernel<MODE> / fp8_swiglu_bwd_quantize_kernel<MODE>(p, rows, cols, seg, fmt, margin, o0, o1)
-    # (model/fp8_fused.cuh): the producer's inputs over every row (padding rows too: g, u; da, g, u; BF16), its
-    # BF16 output y if written (act), and per output (forward one, backward two: dg, du; both blocks of a tile read
-    # the inputs, counted once) what fp8_quantize_kernel writes: codes q / qt (1 byte, padding rows as zeros), the
-    # factors, the amax (max-accumulated), the scale or amax it is made from
+    # fp8_swiglu_quantize_kernel<MODE> / fp8_swiglu_bwd_quantize_kernel<MODE>(p, rows, cols, seg, fmt, margin, o0, o1,
+    # o2, fmt2) (model/fp8_fused.cuh): the producer's inputs over every row (padding rows too: g, u; da, g, u; BF16),
+    # its BF16 output y if written (act), and per output (forward one, backward two: dg, du, or three with o2, act
+    # recomputed; the blocks of a tile read the inputs, counted once) what fp8_quantize_kernel writes: codes q / qt
+    # (1 byte, padding rows as zeros), the factors, the amax (max-accumulated), the scale or amax it is made from
     p, rows, cols, seg = a[0], a[1], a[2], a[3]
     mode = re.search(r"<(\w+)>", item["name"])
     mode = mode.group(1) if mode else ""
     n = rows * cols
     outs = [a[6], a[7]] if item["name"].startswith("fp8_swiglu_bwd_") else [a[6]]
+    if item["name"].startswith("fp8_swiglu_bwd_") and len(a) > 8 and (a[8][2][0] or a[8][2][1] or a[8][2][4]):
+        outs.append(a[8])   # act (fp8_fused_has: codes or an amax to write)
     rd = 2 * n * sum(1 for x in p[:3] if x) + (4 * (seg[2] + 1) if seg[0] else 0) + (4 * seg[2] if seg[1] else 0)
     wr = 2 * n if p[3] else 0
     for scale, amax_in, out in outs:
