@@ -354,6 +354,7 @@ static inline void fp8_quantize_produced(Fp8GPU* f, Fp8Producer prod, Fp8Produce
                                          const Fp8Segments& seg, Fp8Buf* const* bufs, bool want_q, bool want_qt, cudaStream_t stream) {
     const int nout = prod == FP8P_SWIGLU_BWD ? (bufs[2] ? 3 : 2) : 1;
     const Fp8Format fmt = f->fmts[slots[0]], fmt2 = nout == 3 ? f->fmts[slots[2]] : FP8_E4M3;
+    ENSURE(nout == 1 || f->fmts[slots[1]] == fmt, "fused FP8 quantisation: dg and du in one format (slots %d, %d)", slots[0], slots[1]);
     Fp8FusedOut o[3] = {};
     bool first = false;
     for (int i = 0; i < nout; i++) {
@@ -542,8 +543,8 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
     // go to f->act (free until xe's) and w2's weight gradient waits for the SwiGLU backward.
     // The unfused path (shapes off the 16-row rule): dye and act quantised from BF16, SwiGLU backward in BF16.
     Fp8Buf* qdy = fused ? &f->act : &f->grad;
-    Fp8Buf dub = fp8_buf_in(f, dg, du, rt, Rp, F), actb = fused ? fp8_buf_after(f, dub, du, rt, Rp, F) : f->act;
-    Fp8Buf* gb[3] = {&f->grad, &dub, &actb};
+    Fp8Buf dub = fused ? fp8_buf_in(f, dg, du, rt, Rp, F) : f->act, actb = fused ? fp8_buf_after(f, dub, du, rt, Rp, F) : f->act;
+    Fp8Buf* gb[3] = {&f->grad, &dub, &actb};   // (read only on the fused path)
     // down: da_e = dye_e @ w2_e^T (reduces over C: dye row-wise, w2 row-wise), dw2_e += a_e^T @ dye_e
     fp8_quantize_operand(f, sg2, false, dye, Rp, C, sx, qdy, true, true, stream);
     const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, true, false, stream);

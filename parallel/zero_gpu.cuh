@@ -312,9 +312,13 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
 // the BF16 copy of the master shard, after the master changed other than by AdamW (a load)
 static inline void zero_gpu_refresh_bf16(ZeroGpu* zg) {
     size_t n = zg->z.shard_total;
-    if (zg->z.S > 1) {   // (a gather still reading the copy, the optimizer's prefetch, finishes first)
-        cudaCheck(cudaEventRecord(zg->comm_done, zero_comm_stream(zg)));
+    if (zg->z.S > 1) {   // (a gather still reading the copy finishes first: the optimizer's prefetch on the gather
+        cudaCheck(cudaEventRecord(zg->comm_done, zero_comm_stream(zg)));   // stream, the head's on the reduce-scatter one)
         cudaCheck(cudaStreamWaitEvent(zg->compute, zg->comm_done, 0));
+        if (zg->rs_on) {
+            cudaCheck(cudaEventRecord(zg->comm_done, zero_gpu_rs_stream(zg)));
+            cudaCheck(cudaStreamWaitEvent(zg->compute, zg->comm_done, 0));
+        }
     }
     LAUNCH(zero_f32_to_bf16_kernel, zero_grid(n), 256, 0, zg->compute, zg->master_bf16, zg->master, n);
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));

@@ -39,9 +39,22 @@ section() {   # TITLE CMD...: in the background (at most JOBS at once)
     ( { echo "== $title"; t0=$SECONDS; "$@"; echo "   ($((SECONDS - t0)) s)"; } > "$f" 2>&1 < /dev/null; touch "$f.done" ) &
     nsec=$((nsec + 1))
 }
+finish_sections() {   # after the last: a section whose shell died (killed, out of memory) printed as far as it got, and failed
+    local i title
+    lanes_below 1
+    for ((i = nprinted; i < nsec; i++)); do
+        cat "$secdir/$i" 2>/dev/null
+        if [ ! -e "$secdir/$i.done" ]; then
+            title=$(head -1 "$secdir/$i" 2>/dev/null); fail "section ${title#== } did not finish (its shell was killed)"
+        fi
+    done
+    nprinted=$nsec
+}
+# Ctrl-C or a kill of the suite: the running sections with it, and what they printed so far
+trap 'trap - INT TERM; kill $(jobs -p) 2>/dev/null; wait; for ((i = nprinted; i < nsec; i++)); do cat "$secdir/$i" 2>/dev/null; done; rm -rf "$secdir"; exit 130' INT TERM
 alone() {   # TITLE CMD...: once every section before it is done, nothing beside it
     local title=$1; shift
-    lanes_below 1
+    finish_sections
     echo "== $title"; local t0=$SECONDS; "$@"; echo "   ($((SECONDS - t0)) s)"
 }
 
@@ -157,7 +170,8 @@ section "--compress-acts: compressed saved activations (CPU, emulated GPU: the s
     bash test/test_compress_acts.sh
 section "the loss-spike and NaN guard, checkpoints known good" bash test/test_guard.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
-    # (their kill and hang checks allow a minute for what takes seconds: they hold beside another section)
+    # (their kill and hang checks, and test_zero.sh's and test_ckpt.sh's, allow a minute for what takes seconds:
+    # they hold beside another section (test_zero_gpu.sh's passed at a load average of ~500))
     section "the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures" \
         bash test/test_zero_gpu.sh
 fi
@@ -198,6 +212,7 @@ alone "Ctrl-C through mpirun (SIGINT to mpirun, 10 runs on 1 and on 2 ranks): sa
 alone "hangs (every survivor names the same rank and its phase) and stragglers" bash test/test_hang.sh
 alone "automatic restart (dev/supervise.sh): random kills, the same step failing, exit 2, signals" bash test/test_supervise.sh
 alone "the health check: GEMM, collectives, forward on every rank; a slow rank named, the job stopped" bash test/test_health.sh
+finish_sections
 rm -rf "$secdir"
 unset OMP_WAIT_POLICY
 

@@ -228,7 +228,6 @@ def label(it):
     return t
 
 
-
 def _union(iv):
     """sorted intervals [(s, e)] merged into disjoint ones"""
     out = []

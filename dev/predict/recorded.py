@@ -124,11 +124,13 @@ def main():
             continue
         now, was = predict(c), rec[c[0]]
         ch = now["step_ms"] / was["step_ms"] - 1.0
-        if cmd == "current":
-            ok = abs(ch) <= CURRENT
-            print("%s the recorded prediction of %s is current: %.3f ms recorded, %.3f ms today (%+.2f%%)%s"
-                  % ("pass" if ok else "fail", c[0], was["step_ms"], now["step_ms"], 100 * ch,
-                     "" if ok else ": re-record it (make predict-record) with the change that moved it"))
+        if cmd == "current":   # the step and its exposed communication (within 0.1% of the step)
+            dx = now["exposed_comm_ms"] - was.get("exposed_comm_ms", float("nan"))
+            ok = abs(ch) <= CURRENT and abs(dx) <= CURRENT * was["step_ms"]
+            print("%s the recorded prediction of %s is current: %.3f ms recorded, %.3f ms today (%+.2f%%); exposed "
+                  "communication %.3f ms recorded, %.3f ms today%s"
+                  % ("pass" if ok else "fail", c[0], was["step_ms"], now["step_ms"], 100 * ch, was.get("exposed_comm_ms", float("nan")),
+                     now["exposed_comm_ms"], "" if ok else ": re-record it (make predict-record) with the change that moved it"))
         else:
             ok = ch <= REGRESSION
             print("%s %s: %.3f ms recorded, %.3f ms predicted now (%+.1f%%)%s" % (
