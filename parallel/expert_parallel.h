@@ -141,6 +141,35 @@ typedef struct {
     std::vector<int> perm, inv;                   // (R): expert-major row i = received row perm[i]; received row i = expert-major inv[i]
 } EpChunks;
 
+// ch's send and receive lists (stage, perm, inv, unstage, the row counts and starts) of its C chunks: chunk c carries,
+// for each rank r's experts j in [j0(c), j1(c)), piece(q, r, j, c, &s0, &s1) of peer q's rows (expert-major rows
+// [s0, s1) of rank r; base(q, r, j): the first of peer q's rows for that expert). I send to rank r my pieces for its
+// experts (xe grouped by expert: offsets), and receive from peer q its pieces for mine, in expert order.
+template <typename Piece, typename Base, typename First, typename End>
+static inline void ep_chunk_lists(EpChunks* ch, const int* offsets, int n, int me, int El, int R, Piece piece, Base base, First j0, End j1) {
+    ch->stage.clear(); ch->perm.assign(R, 0); ch->inv.clear();
+    for (int c = 0; c < ch->C; c++) {
+        for (int r = 0; r < n; r++)   // what I send: to rank r, its experts' pieces of my rows
+            for (int j = j0(c); j < j1(c); j++) {
+                int s0, s1, e = r * El + j;
+                piece(me, r, j, c, &s0, &s1);
+                for (int s = s0; s < s1; s++) ch->stage.push_back(offsets[e] + s - base(me, r, j));
+                ch->send_rows[(size_t)c * n + r] += s1 - s0;
+            }
+        for (int q = 0; q < n; q++)   // what I receive: from peer q, its pieces for my experts, in expert order
+            for (int j = j0(c); j < j1(c); j++) {
+                int s0, s1;
+                piece(q, me, j, c, &s0, &s1);
+                for (int s = s0; s < s1; s++) { ch->perm[s] = (int)ch->inv.size(); ch->inv.push_back(s); }
+                ch->recv_rows[(size_t)c * n + q] += s1 - s0;
+            }
+        ch->send_start[c + 1] = ch->stage.size();
+        ch->recv_start[c + 1] = ch->inv.size();
+    }
+    ch->unstage.assign(ch->stage.size(), 0);
+    for (size_t s = 0; s < ch->stage.size(); s++) ch->unstage[ch->stage[s]] = (int)s;
+}
+
 // layer pl's exchange in C chunks; offsets (E + 1): xe's rows per expert (this rank's routing)
 static inline void ep_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int C, EpChunks* ch) {
     int n = ep->n, El = E / n, me = ep->rank;
@@ -166,27 +195,7 @@ static inline void ep_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, c
             ch->first[(size_t)j * C + c] = bound(me, j, slice(me, c));
             ch->last[(size_t)j * C + c] = bound(me, j, slice(me, c) + 1);
         }
-    ch->stage.clear(); ch->perm.assign(pl->R, 0); ch->inv.clear();
-    for (int c = 0; c < C; c++) {
-        for (int r = 0; r < n; r++)   // what I send: to rank r, its experts' pieces of my rows (xe: grouped by expert)
-            for (int j = 0; j < El; j++) {
-                int s0, s1, e = r * El + j;
-                piece(me, r, j, c, &s0, &s1);
-                for (int s = s0; s < s1; s++) ch->stage.push_back(offsets[e] + s - base(me, r, j));
-                ch->send_rows[(size_t)c * n + r] += s1 - s0;
-            }
-        for (int q = 0; q < n; q++)   // what I receive: from peer q, its pieces for my experts, in expert order
-            for (int j = 0; j < El; j++) {
-                int s0, s1;
-                piece(q, me, j, c, &s0, &s1);
-                for (int s = s0; s < s1; s++) { ch->perm[s] = (int)ch->inv.size(); ch->inv.push_back(s); }
-                ch->recv_rows[(size_t)c * n + q] += s1 - s0;
-            }
-        ch->send_start[c + 1] = ch->stage.size();
-        ch->recv_start[c + 1] = ch->inv.size();
-    }
-    ch->unstage.assign(ch->stage.size(), 0);
-    for (size_t s = 0; s < ch->stage.size(); s++) ch->unstage[ch->stage[s]] = (int)s;
+    ep_chunk_lists(ch, offsets, n, me, El, pl->R, piece, base, [](int) { return 0; }, [&](int) { return El; });
 }
 
 // chunk c's rows of `row_bytes` (ch: ep_chunk_layout): there (send: the staged rows, recv: the received

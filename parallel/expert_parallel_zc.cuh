@@ -68,28 +68,9 @@ static inline void ep_zc_chunk_layout(const ExpertParallel* ep, const EpPlan* pl
             ch->first[(size_t)j * C + c] = in ? bound(me, j, slice(me, c)) : pl->loffsets[j];
             ch->last[(size_t)j * C + c] = in ? bound(me, j, slice(me, c) + 1) : pl->loffsets[j];
         }
-    ch->stage.clear(); ch->perm.assign(pl->R, 0); ch->inv.clear();
-    for (int c = 0; c < C; c++) {
-        int k = c / Rs;
-        for (int r = 0; r < n; r++)   // what I send: to rank r, my rows of slice s for its experts of chunk k
-            for (int j = k * Ec; j < (k + 1) * Ec; j++) {
-                int s0, s1, e = r * El + j, b = base[((size_t)me * n + r) * El + j];
-                piece(me, r, j, c, &s0, &s1);
-                for (int i = s0; i < s1; i++) ch->stage.push_back(offsets[e] + i - b);
-                ch->send_rows[(size_t)c * n + r] += s1 - s0;
-            }
-        for (int q = 0; q < n; q++)   // what I receive: from peer q, its rows of my slice for my experts of chunk k
-            for (int j = k * Ec; j < (k + 1) * Ec; j++) {
-                int s0, s1;
-                piece(q, me, j, c, &s0, &s1);
-                for (int i = s0; i < s1; i++) { ch->perm[i] = (int)ch->inv.size(); ch->inv.push_back(i); }
-                ch->recv_rows[(size_t)c * n + q] += s1 - s0;
-            }
-        ch->send_start[c + 1] = ch->stage.size();
-        ch->recv_start[c + 1] = ch->inv.size();
-    }
-    ch->unstage.assign(ch->stage.size(), 0);
-    for (size_t s = 0; s < ch->stage.size(); s++) ch->unstage[ch->stage[s]] = (int)s;
+    // chunk c = k Rs + s: slice s of the rows of every rank's experts of weight chunk k
+    ep_chunk_lists(ch, offsets, n, me, El, pl->R, piece, [&](int q, int r, int j) { return base[((size_t)q * n + r) * El + j]; },
+                   [&](int c) { return c / Rs * Ec; }, [&](int c) { return (c / Rs + 1) * Ec; });
 }
 
 // The experts' stream D->sx after the compute stream's work so far (to_sx: weight chunk k's gather, the dispatches'

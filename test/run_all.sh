@@ -35,8 +35,8 @@ lanes_below() {   # wait until fewer than $1 sections run
 section() {   # TITLE CMD...: in the background (at most JOBS at once)
     local title=$1; shift
     lanes_below "$JOBS"
-    local f="$secdir/$nsec"
-    ( { echo "== $title"; t0=$SECONDS; "$@"; echo "   ($((SECONDS - t0)) s)"; } > "$f" 2>&1 < /dev/null; touch "$f.done" ) &
+    local sec_out="$secdir/$nsec"   # (a name no section's function sets: they run in this shell's scope)
+    ( { echo "== $title"; sec_t0=$SECONDS; "$@"; echo "   ($((SECONDS - sec_t0)) s)"; } > "$sec_out" 2>&1 < /dev/null; touch "$sec_out.done" ) &
     nsec=$((nsec + 1))
 }
 finish_sections() {   # after the last: a section whose shell died (killed, out of memory) printed as far as it got, and failed
@@ -114,15 +114,16 @@ fi
 
 # once for each renormalisation of the top-k router weights: DBRX's (the sum, p = 1), none (HF null), L2
 parity() {
-    local norm=$1
-    ./test/dump_reference /tmp/dbrx_parity_dump.$BASHPID.bin $norm || fail "dump_reference $norm"
-    out=$($PY test/test_pytorch_parity.py /tmp/dbrx_parity_dump.$BASHPID.bin 2>&1); rc=$?
+    local norm=$1 dump out rc p f
+    dump=$(mktemp)
+    ./test/dump_reference "$dump" $norm || fail "dump_reference $norm"
+    out=$($PY test/test_pytorch_parity.py "$dump" 2>&1); rc=$?
     echo "$out" | sed 's/^/   /'
     p=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1/p'); f=$(echo "$out" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\2/p')
     for _ in $(seq 1 "${p:-0}"); do echo pass >> "$RESULTS"; done
     for _ in $(seq 1 "${f:-0}"); do echo fail >> "$RESULTS"; done
     [ -n "$p" ] || fail "parity test did not run (moe_normalize_expert_weights $norm, exit $rc)"
-    rm -f /tmp/dbrx_parity_dump.$BASHPID.bin
+    rm -f "$dump"
 }
 for norm in 1 off 2; do section "PyTorch parity (float64 autograd reference), moe_normalize_expert_weights $norm" parity $norm; done
 
