@@ -434,6 +434,22 @@ __device__ __forceinline__ __nv_fp8_storage_t fp8_cvt_dev(float v, int fmt) {
     return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
+// row tile t of the segments (128 rows each, a segment's last tile short): its segment (seg.nseg: past the last), the
+// segment's first row and length, the tiles of the segments before it, and (base_t) the scale offset of those
+// segments' transposed factors, nct column tiles of them per 4 row tiles (weights: fp8_quantize_kernel)
+__device__ inline int fp8_tile_segment(const Fp8Segments& seg, int t, int nct, int* seg0, int* len, int* tiles_before, long long* base_t) {
+    int s = 0;
+    for (s = 0; s < seg.nseg; s++) {
+        *seg0 = seg.start ? seg.start[s] : s * seg.seg_len;
+        *len = (seg.start ? seg.start[s + 1] : (s + 1) * seg.seg_len) - *seg0;
+        int nt = (*len + 127) / 128;
+        if (t < *tiles_before + nt) break;
+        *tiles_before += nt;
+        *base_t += (long long)nct * ((nt + 3) / 4 * 4);
+    }
+    return s;
+}
+
 #define FP8Q_THREADS 256
 template <int MODE>
 __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX* __restrict__ x, int rows, int cols,
@@ -444,17 +460,10 @@ __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX
     __shared__ float scratch[32];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = FP8Q_THREADS / 32;
     // the segment and the tile within it; base_t: the scale offset of the segment's qt factors (weights)
-    int t = blockIdx.x, s = 0, tiles_before = 0, seg0 = 0, len = 0;   // (row tiles on x: y stops at 65,535 tiles, 8.4 M rows)
+    int t = blockIdx.x, tiles_before = 0, seg0 = 0, len = 0;   // (row tiles on x: y stops at 65,535 tiles, 8.4 M rows)
     long long base_t = 0;
     const int nct = (cols + 127) / 128;
-    for (s = 0; s < seg.nseg; s++) {
-        seg0 = seg.start ? seg.start[s] : s * seg.seg_len;
-        len = (seg.start ? seg.start[s + 1] : (s + 1) * seg.seg_len) - seg0;
-        int nt = (len + 127) / 128;
-        if (t < tiles_before + nt) break;
-        tiles_before += nt;
-        base_t += (long long)nct * ((nt + 3) / 4 * 4);
-    }
+    const int s = fp8_tile_segment(seg, t, nct, &seg0, &len, &tiles_before, &base_t);
     if (s == seg.nseg) return;   // cannot happen with row_tiles from the same segments
     const int lt = t - tiles_before, row0 = seg0 + lt * 128, h = min(128, len - lt * 128);
     const int valid = seg.valid ? seg.valid[s] : len, vh = max(0, min(h, valid - lt * 128));

@@ -122,14 +122,9 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
     const Fp8FusedOut& oz = z == 2 ? o2 : z ? o1 : o0;
     const Fp8QuantOut& out = oz.out;
     const int fmt = z == 2 ? fmt2 : fmt0;
-    int t = blockIdx.x / nout, s = 0, tiles_before = 0, seg0 = 0, len = 0;
-    for (s = 0; s < seg.nseg; s++) {
-        seg0 = seg.start ? seg.start[s] : s * seg.seg_len;
-        len = (seg.start ? seg.start[s + 1] : (s + 1) * seg.seg_len) - seg0;
-        int nt = (len + 127) / 128;
-        if (t < tiles_before + nt) break;
-        tiles_before += nt;
-    }
+    int t = blockIdx.x / nout, tiles_before = 0, seg0 = 0, len = 0;
+    long long base_t = 0;   // (unused: activations have no per-segment factor offset)
+    const int s = fp8_tile_segment(seg, t, 0, &seg0, &len, &tiles_before, &base_t);
     if (s == seg.nseg) return;   // cannot happen with row_tiles from the same segments
     const int lt = t - tiles_before, row0 = seg0 + lt * 128, h = min(128, len - lt * 128);
     const int valid = seg.valid ? seg.valid[s] : len, vh = max(0, min(h, valid - lt * 128));

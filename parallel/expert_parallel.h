@@ -147,8 +147,11 @@ typedef struct {
 // experts (xe grouped by expert: offsets), and receive from peer q its pieces for mine, in expert order.
 template <typename Piece, typename Base, typename First, typename End>
 static inline void ep_chunk_lists(EpChunks* ch, const int* offsets, int n, int me, int El, int R, Piece piece, Base base, First j0, End j1) {
+    const int C = ch->C;
+    ch->send_rows.assign((size_t)C * n, 0); ch->recv_rows.assign((size_t)C * n, 0);
+    ch->send_start.assign(C + 1, 0); ch->recv_start.assign(C + 1, 0);
     ch->stage.clear(); ch->perm.assign(R, 0); ch->inv.clear();
-    for (int c = 0; c < ch->C; c++) {
+    for (int c = 0; c < C; c++) {
         for (int r = 0; r < n; r++)   // what I send: to rank r, its experts' pieces of my rows
             for (int j = j0(c); j < j1(c); j++) {
                 int s0, s1, e = r * El + j;
@@ -186,9 +189,7 @@ static inline void ep_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, c
         *s0 = std::max(b, bound(r, j, s)); *s1 = std::min(e, bound(r, j, s + 1));
         if (*s1 < *s0) *s1 = *s0;
     };
-    ch->C = C;
-    ch->send_rows.assign((size_t)C * n, 0); ch->recv_rows.assign((size_t)C * n, 0);
-    ch->send_start.assign(C + 1, 0); ch->recv_start.assign(C + 1, 0);
+    ch->C = C;   // (the row counts and lists: ep_chunk_lists)
     ch->first.assign((size_t)El * C, 0); ch->last.assign((size_t)El * C, 0);
     for (int j = 0; j < El; j++)
         for (int c = 0; c < C; c++) {

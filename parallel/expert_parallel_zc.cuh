@@ -58,9 +58,7 @@ static inline void ep_zc_chunk_layout(const ExpertParallel* ep, const EpPlan* pl
         int b = base[((size_t)q * n + r) * El + j], e = b + all[(size_t)q * E + r * El + j], t = slice(r, c);
         *s0 = std::max(b, bound(r, j, t)); *s1 = std::max(*s0, std::min(e, bound(r, j, t + 1)));
     };
-    ch->C = C;
-    ch->send_rows.assign((size_t)C * n, 0); ch->recv_rows.assign((size_t)C * n, 0);
-    ch->send_start.assign(C + 1, 0); ch->recv_start.assign(C + 1, 0);
+    ch->C = C;   // (the row counts and lists: ep_chunk_lists)
     ch->first.assign((size_t)El * C, 0); ch->last.assign((size_t)El * C, 0);
     for (int j = 0; j < El; j++)
         for (int c = 0; c < C; c++) {
