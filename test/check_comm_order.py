@@ -319,13 +319,20 @@ def check_prefetch(path):
     return 0
 
 
-def check_rc_prefetch(path):
+def profiled_from(path, phase):
+    """the log's items with their stream clocks from the --profile'd step's `phase` range on (None, said: no such range)"""
     ops = stream_clocks(load(path), with_ranges=True)
-    bw = next((i for i, o in enumerate(ops) if o[1] is None and o[0]["name"] == "backward" and o[0]["ph"] == "B"), None)
-    if bw is None:
-        print("fail no --profile'd backward in %s" % path)
+    i = next((i for i, o in enumerate(ops) if o[1] is None and o[0]["name"] == phase and o[0]["ph"] == "B"), None)
+    if i is None:
+        print("fail no --profile'd %s in %s" % (phase, path))
+        return None
+    return ops[i:]
+
+
+def check_rc_prefetch(path):
+    ops = profiled_from(path, "backward")
+    if ops is None:
         return 1
-    ops = ops[bw:]
     layer_begin, gathers, compute = {}, {}, {}   # range name -> index; unit -> [(index, clock)]; layer -> [(stream, pos)]
     cur, open_gather, cur_range, first_gemm = None, {}, None, {}   # first_gemm: layer -> index of its experts' first GEMM
     for i, (it, s, p, c) in enumerate(ops):
@@ -370,12 +377,9 @@ def check_rc_prefetch(path):
 
 
 def check_head_ahead(path):
-    ops = stream_clocks(load(path), with_ranges=True)
-    fw = next((i for i, o in enumerate(ops) if o[1] is None and o[0]["name"] == "forward" and o[0]["ph"] == "B"), None)
-    if fw is None:
-        print("fail no --profile'd forward in %s" % path)
+    ops = profiled_from(path, "forward")
+    if ops is None:
         return 1
-    ops = ops[fw:]
     def at(name):
         return next((i for i, o in enumerate(ops) if o[1] is None and o[0]["name"] == name and o[0]["ph"] == "B"), None)
     l0, head = at("layer 0 attention"), at("lm_head + loss")
