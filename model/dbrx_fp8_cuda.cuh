@@ -313,43 +313,11 @@ static inline Fp8Buf fp8_buf_after(const Fp8GPU* f, const Fp8Buf& before, floatX
 // ---------------------------------------------------------------------------------------------
 // quantisation of one operand under the recipe, and the GEMM operands it yields
 
-// Quantises x (rows, cols) into `buf`: the row-wise codes (want_q) and/or the transposed copy
-// (want_qt). The slot's amax and saturation count accumulate. weight: 128x128 blocks under the
-// block recipe. Per tensor: delayed uses the slot's scale, except before the first history entry
-// (then, as current scaling, this tensor's own amax, as the CPU's fp8_operand); a weight under
-// --fp8-gather (cfg.weights_quantized) the slot's scale, which the store set to the whole tensor's agreed
-// one (the GPU store, under parallel/): under expert parallelism this rank's weights are only its experts.
-static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const floatX* x, int rows, int cols,
-                                        const Fp8Segments& seg, Fp8Buf* buf, bool want_q, bool want_qt, cudaStream_t stream = 0) {
-    Fp8Format fmt = f->fmts[slot];
-    Fp8QuantOut out = {want_q ? buf->q : nullptr, want_qt ? buf->qt : nullptr, nullptr, nullptr, f->frozen ? nullptr : f->amax + slot,
-                       f->frozen ? nullptr : f->sat + slot};
-    if (f->cfg.recipe == FP8_BLOCK) {
-        out.sinv = want_q ? buf->sinv : nullptr;
-        out.sinv_t = want_qt ? buf->sinv_t : nullptr;
-        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, weight ? FP8Q_WEIGHT : FP8Q_ACT, nullptr, nullptr, 0, stream);
-        return;
-    }
-    out.sinv = f->scale_inv + FP8_SINV_STRIDE * slot;
-    if (weight && f->cfg.weights_quantized) {   // --fp8-gather: the slot holds the whole tensor's agreed scale (set by the GPU store)
-        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
-        return;
-    }
-    if (f->cfg.recipe == FP8_CURRENT || f->metas[slot].filled == 0) {
-        Fp8QuantOut first = {nullptr, nullptr, nullptr, nullptr, f->tmp_amax, nullptr};
-        cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, sizeof(unsigned int), stream));
-        fp8_quantize_gpu(first, x, rows, cols, seg, fmt, FP8Q_AMAX, nullptr, nullptr, 0, stream);
-        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, nullptr, f->tmp_amax, f->cfg.margin, stream);
-    } else {
-        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
-    }
-}
-
 // The recipe's quantisation of a producer's output(s) into bufs (one per output, slots[i]; SWIGLU_BWD: dg, du and,
 // where bufs[2] is not NULL, act), fused into the producer (model/fp8_fused.cuh): the codes, factors, amaxes and
 // saturation counts fp8_quantize_operand gives on the BF16 output (bufs[i]->q NULL: no row-wise codes). Block: one pass. Per tensor with a known scale (delayed): one pass. Current scaling (and
-// delayed before its first history entry): a first pass takes the amax (and writes p.y); then the codes come from
-// p.y (fp8_quantize_kernel) where the producer writes it, else from a second fused pass.
+// delayed before its first history entry): a first pass takes the amax (and writes p.y); then a second pass makes the
+// codes: from p.y (FP8P_GATHER of p.y itself) where the producer writes it, else from the producer again.
 static inline void fp8_quantize_produced(Fp8GPU* f, Fp8Producer prod, Fp8ProducerArgs p, const int* slots, int rows, int cols,
                                          const Fp8Segments& seg, Fp8Buf* const* bufs, bool want_q, bool want_qt, cudaStream_t stream) {
     const int nout = prod == FP8P_SWIGLU_BWD ? (bufs[2] ? 3 : 2) : 1;
@@ -377,12 +345,57 @@ static inline void fp8_quantize_produced(Fp8GPU* f, Fp8Producer prod, Fp8Produce
         for (int i = 0; i < nout; i++) a[i].out.amax = f->tmp_amax + i;
         cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, 3 * sizeof(unsigned int), stream));
         fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_AMAX, 0, a[0], a[1], stream, nout == 3 ? &a[2] : nullptr, fmt2);
-        if (p.y) {   // (one output) the codes from the BF16 output just written
-            fp8_quantize_gpu(o[0].out, p.y, rows, cols, seg, fmt, FP8Q_TENSOR, o[0].scale, o[0].amax_in, f->cfg.margin, stream);
-            return;
-        }
+        if (p.y) { p = {p.y, nullptr, nullptr, nullptr, nullptr}; prod = FP8P_GATHER; }   // (one output) the codes from p.y
     }
     fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_TENSOR, f->cfg.margin, o[0], o[1], stream, o2, fmt2);
+}
+
+// The 16-row rule of the fused kernels (fp8_fused_ok) for the segments of a tensor: uniform segments of a multiple of
+// 16 rows, or a layer's padded expert layout (every expert's rows rounded up to 16: fp8_routing_layout)
+static inline bool fp8_segments_ok16(const Fp8GPU* f, const Fp8Segments& seg) {
+    if (!seg.start) return seg.seg_len % 16 == 0;
+    for (const Fp8Routing& rt : f->routing)
+        if (rt.seg == seg.start) return true;
+    return false;
+}
+
+// Quantises x (rows, cols) into `buf`: the row-wise codes (want_q) and/or the transposed copy
+// (want_qt); an activation or gradient on the shapes of the fused kernels by fp8_gather_quantize_kernel (x itself:
+// fp8_quantize_produced, FP8P_GATHER), the same codes, factors, amax and count as fp8_quantize_kernel's with 16-byte
+// stores. The slot's amax and saturation count accumulate. weight: 128x128 blocks under the
+// block recipe. Per tensor: delayed uses the slot's scale, except before the first history entry
+// (then, as current scaling, this tensor's own amax, as the CPU's fp8_operand); a weight under
+// --fp8-gather (cfg.weights_quantized) the slot's scale, which the store set to the whole tensor's agreed
+// one (the GPU store, under parallel/): under expert parallelism this rank's weights are only its experts.
+static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const floatX* x, int rows, int cols,
+                                        const Fp8Segments& seg, Fp8Buf* buf, bool want_q, bool want_qt, cudaStream_t stream = 0) {
+    if (!weight && fp8_segments_ok16(f, seg) && fp8_fused_ok(rows, cols, {}, {x, buf->q, buf->qt})) {   // 16-byte stores
+        Fp8Buf* bufs[3] = {buf, nullptr, nullptr};
+        fp8_quantize_produced(f, FP8P_GATHER, {x, nullptr, nullptr, nullptr, nullptr}, &slot, rows, cols, seg, bufs, want_q, want_qt, stream);
+        return;
+    }
+    Fp8Format fmt = f->fmts[slot];
+    Fp8QuantOut out = {want_q ? buf->q : nullptr, want_qt ? buf->qt : nullptr, nullptr, nullptr, f->frozen ? nullptr : f->amax + slot,
+                       f->frozen ? nullptr : f->sat + slot};
+    if (f->cfg.recipe == FP8_BLOCK) {
+        out.sinv = want_q ? buf->sinv : nullptr;
+        out.sinv_t = want_qt ? buf->sinv_t : nullptr;
+        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, weight ? FP8Q_WEIGHT : FP8Q_ACT, nullptr, nullptr, 0, stream);
+        return;
+    }
+    out.sinv = f->scale_inv + FP8_SINV_STRIDE * slot;
+    if (weight && f->cfg.weights_quantized) {   // --fp8-gather: the slot holds the whole tensor's agreed scale (set by the GPU store)
+        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
+        return;
+    }
+    if (f->cfg.recipe == FP8_CURRENT || f->metas[slot].filled == 0) {
+        Fp8QuantOut first = {nullptr, nullptr, nullptr, nullptr, f->tmp_amax, nullptr};
+        cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, sizeof(unsigned int), stream));
+        fp8_quantize_gpu(first, x, rows, cols, seg, fmt, FP8Q_AMAX, nullptr, nullptr, 0, stream);
+        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, nullptr, f->tmp_amax, f->cfg.margin, stream);
+    } else {
+        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
+    }
 }
 
 // The scale-factor offset of segment `e` of a quantised tensor (segment starts `start`, E + 1, host;
@@ -479,9 +492,11 @@ static inline std::vector<int> fp8_weight_starts(int E, int F) {
     return s;
 }
 
-static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, floatX* g, floatX* u, floatX* a, const floatX* xe,
+// xe_src, row_token (or NULL: xe is given): xe (Rp, C) = xe_src[row_token] gathered here, by w1's quantisation itself
+// (fp8_gather_quantize_kernel: xe in BF16 and its codes in one pass)
+static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, floatX* g, floatX* u, floatX* a, floatX* xe,
                                            const floatX* w1, const floatX* v1, const floatX* w2, int E, int C, int F,
-                                           cudaStream_t stream = 0) {
+                                           cudaStream_t stream = 0, const floatX* xe_src = nullptr, const int* row_token = nullptr) {
     const Fp8Routing& rt = f->routing[layer];
     const std::vector<int>& p = rt.poff;
     std::vector<int> ws = fp8_weight_starts(E, F);
@@ -491,7 +506,13 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
     int s_v1 = fp8_slot(f, layer, FP8_LIN_V1, FP8_OP_W), s_x2 = fp8_slot(f, layer, FP8_LIN_W2, FP8_OP_X);
     int s_w2 = fp8_slot(f, layer, FP8_LIN_W2, FP8_OP_W);
     // up: g_e, u_e (n, F) = xe_e (n, C) @ w1_e, v1_e (F, C)^T
-    fp8_quantize_operand(f, s_x1, false, xe, Rp, C, sx, &f->act, true, false, stream);
+    Fp8Buf* xb[1] = {&f->act};
+    if (xe_src && fp8_fused_ok(Rp, C, rt.len, {xe, xe_src, f->act.q}))
+        fp8_quantize_produced(f, FP8P_GATHER, {xe_src, nullptr, nullptr, xe, row_token}, &s_x1, Rp, C, sx, xb, true, false, stream);
+    else {
+        if (xe_src) moe_gather_gpu(xe, xe_src, row_token, Rp, C, stream);
+        fp8_quantize_operand(f, s_x1, false, xe, Rp, C, sx, &f->act, true, false, stream);
+    }
     const Fp8Buf& qw1 = fp8_weight_gpu(f, layer, FP8_LIN_W1, w1, EF, C, sw, &f->w, true, false, stream);
     const Fp8Buf& qv1 = fp8_weight_gpu(f, layer, FP8_LIN_V1, v1, EF, C, sw, &f->w2, true, false, stream);
     for (int e = 0; e < E; e++) {
@@ -507,7 +528,7 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
     // act = silu(g) * u, with w2's operand quantised in the same kernel (act stays: the backward's w2 wgrad reads it)
     Fp8Buf* ab[1] = {&f->act};
     if (fp8_fused_ok(Rp, F, rt.len, {a, g, u}))
-        fp8_quantize_produced(f, FP8P_SWIGLU_FWD, {g, u, nullptr, a}, &s_x2, Rp, F, sx, ab, true, false, stream);
+        fp8_quantize_produced(f, FP8P_SWIGLU_FWD, {g, u, nullptr, a, nullptr}, &s_x2, Rp, F, sx, ab, true, false, stream);
     else {
         swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
         fp8_quantize_operand(f, s_x2, false, a, Rp, F, sx, &f->act, true, false, stream);
@@ -551,7 +572,7 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
     if (!fused) fp8_quantize_operand(f, sx2, false, a, Rp, F, sx, &f->act, false, true, stream);
     for (int pass = 0; pass < 2; pass++) {   // 0: da, and (unfused) dw2; 1 (fused, after the SwiGLU backward): dw2
         if (pass == 1 && !fused) break;
-        if (pass == 1) fp8_quantize_produced(f, FP8P_SWIGLU_BWD, {da, g, u, nullptr}, sdy, Rp, F, sx, gb, true, true, stream);
+        if (pass == 1) fp8_quantize_produced(f, FP8P_SWIGLU_BWD, {da, g, u, nullptr, nullptr}, sdy, Rp, F, sx, gb, true, true, stream);
         for (int e = 0; e < E; e++) {
             if (rt.len[e] == 0) continue;
             if (pass == 0)
@@ -588,63 +609,4 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// the end of a step
-
-// Brings this step's amaxes, saturation counts and last dequantisation factors to the host metas
-// (one copy each). Then the caller may reduce the amaxes across ranks (fp8_gpu_amaxes) and log.
-static inline void fp8_gpu_collect(Fp8GPU* f) {
-    if (!fp8_on(f) || f->collected) return;
-    int n = f->nslots;
-    std::vector<unsigned int> amax(n);
-    std::vector<unsigned long long> sat(n);
-    std::vector<float> sinv((size_t)n * FP8_SINV_STRIDE);
-    cudaCheck(cudaMemcpy(amax.data(), f->amax, n * sizeof(unsigned int), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(sat.data(), f->sat, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(sinv.data(), f->scale_inv, sinv.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    for (int i = 0; i < n; i++) {
-        float a;
-        memcpy(&a, &amax[i], sizeof a);
-        f->metas[i].amax = a;
-        f->metas[i].saturated = (long long)sat[i];
-        f->last_scale[i] = f->cfg.recipe == FP8_BLOCK ? 1.0f : 1.0f / sinv[(size_t)FP8_SINV_STRIDE * i];
-    }
-    f->collected = true;
-}
-
-// End of step: this step's (rank-reduced) amaxes roll into the histories (fp8_meta_step, the CPU's),
-// the next step's scales go to the device, the step's amax and saturation counters restart.
-static inline void fp8_gpu_step(Fp8GPU* f) {
-    if (!fp8_on(f)) return;
-    fp8_gpu_collect(f);
-    fp8_gpu_weights_changed(f);   // (the optimizer has just updated them)
-    std::vector<float> scale(f->nslots);
-    for (int i = 0; i < f->nslots; i++) {
-        fp8_meta_step(&f->metas[i], &f->cfg, f->fmts[i]);
-        scale[i] = f->metas[i].scale;
-    }
-    cudaCheck(cudaMemcpy(f->scale, scale.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemset(f->amax, 0, f->nslots * sizeof(unsigned int)));
-    cudaCheck(cudaMemset(f->sat, 0, f->nslots * sizeof(unsigned long long)));
-    f->collected = false;
-}
-
-// A step the spike guard skipped: its amaxes and saturation counts are dropped, the histories and scales
-// stay as they were
-static inline void fp8_gpu_discard_step(Fp8GPU* f) {
-    if (!fp8_on(f)) return;
-    fp8_gpu_weights_changed(f);   // (unchanged, but the step's amaxes are dropped: the next step records them again)
-    for (int i = 0; i < f->nslots; i++) { f->metas[i].amax = 0; f->metas[i].saturated = 0; }
-    cudaCheck(cudaMemset(f->amax, 0, f->nslots * sizeof(unsigned int)));
-    cudaCheck(cudaMemset(f->sat, 0, f->nslots * sizeof(unsigned long long)));
-    f->collected = false;
-}
-
-// The host metas' scales -> the device (after a checkpoint restored them: checkpoint/fp8_state.h)
-static inline void fp8_gpu_upload_scales(Fp8GPU* f) {
-    if (!fp8_on(f)) return;
-    fp8_gpu_weights_changed(f);   // (restored with new weights)
-    std::vector<float> scale(f->nslots);
-    for (int i = 0; i < f->nslots; i++) scale[i] = f->metas[i].scale;
-    cudaCheck(cudaMemcpy(f->scale, scale.data(), f->nslots * sizeof(float), cudaMemcpyHostToDevice));
-}
+#include "fp8_step_cuda.cuh"   // the end of a step: amaxes to the host, the histories, the next scales

@@ -450,6 +450,22 @@ __device__ inline int fp8_tile_segment(const Fp8Segments& seg, int t, int nct, i
     return s;
 }
 
+// The dequantisation factors 1 / s of one activation tile (FP8Q_ACT: h rows x w columns at row tile lt of its segment,
+// columns from c0) in the layouts the GEMMs read (model/matmul.cuh): q's per segment an operand of `len` rows of
+// k = cols in 1x128 tiles, [kb * len + row], after the segments before it (cols-tiles x their rows); qt's `cols` rows
+// of k = len, after the row tiles before it. row_s / col_s: the scales of the tile's rows / columns. (Shared by
+// fp8_quantize_kernel and the fused producers of model/fp8_fused.cuh: the same factors, bit for bit.)
+__device__ inline void fp8_act_factors_store(const Fp8QuantOut& out, const float* row_s, const float* col_s, int h, int w, int cols,
+                                             int seg0, int len, int lt, int tiles_before, int c0, int tid, int nthreads) {
+    const int nct = (cols + 127) / 128;
+    if (out.sinv)
+        for (int r = tid; r < h; r += nthreads)
+            out.sinv[(size_t)nct * seg0 + matmul_scale_vec128_index(lt * 128 + r, c0, len)] = 1.0f / row_s[r];
+    if (out.sinv_t)
+        for (int c = tid; c < w; c += nthreads)
+            out.sinv_t[(size_t)tiles_before * cols + matmul_scale_vec128_index(c0 + c, lt * 128, cols)] = 1.0f / col_s[c];
+}
+
 #define FP8Q_THREADS 256
 template <int MODE>
 __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX* __restrict__ x, int rows, int cols,
@@ -528,14 +544,7 @@ __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX
     if (MODE == FP8Q_TENSOR) {
         if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && out.sinv) out.sinv[0] = 1.0f / s_tensor;
     } else if (MODE == FP8Q_ACT) {
-        // q: per segment an operand of `len` rows of k = cols in 1x128 tiles: [kb * len + row], after
-        // the segments before it (cols-tiles x their rows); qt: `cols` rows of k = len
-        if (out.sinv)
-            for (int r = tid; r < h; r += FP8Q_THREADS)
-                out.sinv[(size_t)nct * seg0 + matmul_scale_vec128_index(lt * 128 + r, c0, len)] = 1.0f / row_s[r];
-        if (out.sinv_t)
-            for (int c = tid; c < w; c += FP8Q_THREADS)
-                out.sinv_t[(size_t)tiles_before * cols + matmul_scale_vec128_index(c0 + c, lt * 128, cols)] = 1.0f / col_s[c];
+        fp8_act_factors_store(out, row_s, col_s, h, w, cols, seg0, len, lt, tiles_before, c0, tid, FP8Q_THREADS);
     } else if (tid == 0) {   // FP8Q_WEIGHT: q's blocks are (row tile, col tile); qt's the transpose
         int kb_pad = (nct + 3) / 4 * 4, nt = (len + 127) / 128;
         if (out.sinv) out.sinv[(size_t)tiles_before * kb_pad + matmul_scale_blk128_index(lt * 128, c0, cols)] = 1.0f / row_s[0];

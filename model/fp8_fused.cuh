@@ -10,6 +10,12 @@
  *                    Optionally a third output: act = silu(g) * u recomputed (the forward's BF16 act, bit for bit:
  *                    the same g, u, the same arithmetic), quantised for w2's weight gradient (its transposed
  *                    codes), so the backward does not read act back to quantise it
+ *   FP8P_GATHER      y = x[idx[row]]: the experts' gathered input xe (moe_gather_gpu's rows, model/moe.cuh) in BF16
+ *                    (kept: the backward's w1 / v1 weight gradients and the recomputation read it) and w1's / v1's
+ *                    forward operand, its row-wise E4M3 codes, so xe is not read back to quantise it. With idx NULL
+ *                    and no y, the quantisation of x itself (a BF16 tensor some kernel produced that this file does not
+ *                    fuse: dye, LayerNorm's output, dqkv ...) with the 16-byte stores and transposes of these kernels,
+ *                    in place of fp8_quantize_kernel's 1-byte ones (fp8_quantize_operand, model/dbrx_fp8_cuda.cuh)
  * The codes, the factors (the layouts of model/matmul.cuh), the amax and the saturation count are those of
  * fp8_quantize_kernel on the BF16 output, bit for bit: the same BF16 values, the same scale functions, amax by
  * max (exact in any order). test/test_fp8_cuda.cpp checks it against the unfused kernels; the losses of
@@ -25,12 +31,13 @@
 #include "moe.cuh"
 
 #if DBRX_HAVE_CUDA
-typedef enum { FP8P_SWIGLU_FWD = 0, FP8P_SWIGLU_BWD = 1 } Fp8Producer;
+typedef enum { FP8P_SWIGLU_FWD = 0, FP8P_SWIGLU_BWD = 1, FP8P_GATHER = 2 } Fp8Producer;
 
 // the producer's inputs (rows, cols) and its optional BF16 output
 typedef struct {
-    const floatX *a, *b, *c;   // SWIGLU_FWD: g, u; SWIGLU_BWD: da, g, u
-    floatX* y;                 // SWIGLU_FWD: act, written in BF16 too (NULL: not written)
+    const floatX *a, *b, *c;   // SWIGLU_FWD: g, u; SWIGLU_BWD: da, g, u; GATHER: x
+    floatX* y;                 // SWIGLU_FWD: act; GATHER: the gathered rows; written in BF16 too (NULL: not written)
+    const int* idx;            // GATHER: output row -> row of x (NULL: the same row)
 } Fp8ProducerArgs;
 
 // one quantised output: FP8Q_TENSOR's scale is *scale, or fp8_scale_for(*amax_in, margin) (current scaling)
@@ -41,10 +48,10 @@ typedef struct {
 } Fp8FusedOut;
 
 #if defined(SIMT_EMULATION)
-// the work log's fields (dev/predict/kernel_cost.py): [a?, b?, c?, y?] and [scale?, amax_in?, out's fields]
+// the work log's fields (dev/predict/kernel_cost.py): [a?, b?, c?, y?, idx?] and [scale?, amax_in?, out's fields]
 static inline std::string worklog_fields(const Fp8ProducerArgs& p) {
     std::string r = "[";
-    for (const void* q : {(const void*)p.a, (const void*)p.b, (const void*)p.c, (const void*)p.y})
+    for (const void* q : {(const void*)p.a, (const void*)p.b, (const void*)p.c, (const void*)p.y, (const void*)p.idx})
         r += std::string(r.size() > 1 ? "," : "") + (q ? "true" : "false");
     return r + "]";
 }
@@ -66,10 +73,12 @@ static inline bool fp8_fused_ok(int rows, int cols, const std::vector<int>& seg_
     return true;
 }
 
-// 8 consecutive values of the producer's output z at element i (16-byte loads)
+// 8 consecutive values of the producer's output z at (row, col) of its (rows, cols) output, element i (16-byte loads)
 template <int PROD>
-__device__ __forceinline__ void fp8_produce8(float* v, const Fp8ProducerArgs& p, size_t i, int z) {
-    if (PROD == FP8P_SWIGLU_FWD) {
+__device__ __forceinline__ void fp8_produce8(float* v, const Fp8ProducerArgs& p, size_t i, int row, int cols, int col, int z) {
+    if (PROD == FP8P_GATHER) {
+        load_bf16<8>(v, p.a + (size_t)(p.idx ? p.idx[row] : row) * cols + col);
+    } else if (PROD == FP8P_SWIGLU_FWD) {
         float g[8], u[8];
         load_bf16<8>(g, p.a + i);
         load_bf16<8>(u, p.b + i);
@@ -128,7 +137,7 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
     if (s == seg.nseg) return;   // cannot happen with row_tiles from the same segments
     const int lt = t - tiles_before, row0 = seg0 + lt * 128, h = min(128, len - lt * 128);
     const int valid = seg.valid ? seg.valid[s] : len, vh = max(0, min(h, valid - lt * 128));
-    const int c0 = blockIdx.y * 128, w = min(128, cols - c0), nct = (cols + 127) / 128;
+    const int c0 = blockIdx.y * 128, w = min(128, cols - c0);
 
     // produce the tile: 16 threads x 8 columns per row, 16 rows per pass (h a multiple of 16); each row's
     // amax over the tile's columns (its 16 threads: a half warp) gives the row's block scale
@@ -138,7 +147,9 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
         float v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, m = 0.0f;
         if (c < w) {
             size_t i = (size_t)(row0 + r) * cols + c0 + c;
-            fp8_produce8<PROD>(v, p, i, z);
+            // (GATHER: a padding row is read only to write y, as the unfused gather writes it: x's own padding rows
+            // may never have been written)
+            if (PROD != FP8P_GATHER || r < vh || p.y) fp8_produce8<PROD>(v, p, i, row0 + r, cols, c0 + c, z);
             if (p.y) store_bf16<8>(p.y + i, v);
             Bf16Vec<8> b;
             for (int j = 0; j < 8; j++) {
@@ -194,12 +205,7 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
     if (MODE == FP8Q_TENSOR) {
         if (tid == 0 && t == 0 && blockIdx.y == 0 && out.sinv) out.sinv[0] = 1.0f / row_s[0];
     } else {
-        if (out.sinv)
-            for (int r = tid; r < h; r += FP8F_THREADS)
-                out.sinv[(size_t)nct * seg0 + matmul_scale_vec128_index(lt * 128 + r, c0, len)] = 1.0f / row_s[r];
-        if (out.sinv_t)
-            for (int c = tid; c < w; c += FP8F_THREADS)
-                out.sinv_t[(size_t)tiles_before * cols + matmul_scale_vec128_index(c0 + c, lt * 128, cols)] = 1.0f / col_s[c];
+        fp8_act_factors_store(out, row_s, col_s, h, w, cols, seg0, len, lt, tiles_before, c0, tid, FP8F_THREADS);
     }
 }
 
@@ -214,6 +220,12 @@ __global__ void __launch_bounds__(FP8F_THREADS) fp8_swiglu_bwd_quantize_kernel(F
                                                                                int fmt, int margin, Fp8FusedOut o0, Fp8FusedOut o1,
                                                                                Fp8FusedOut o2, int fmt2) {
     fp8_fused_tile<MODE, FP8P_SWIGLU_BWD>(p, rows, cols, seg, fmt, margin, o0, o1, o2, fmt2);
+}
+template <int MODE>
+__global__ void __launch_bounds__(FP8F_THREADS) fp8_gather_quantize_kernel(Fp8ProducerArgs p, int rows, int cols, Fp8Segments seg, int fmt,
+                                                                           int margin, Fp8FusedOut o0, Fp8FusedOut o1, Fp8FusedOut o2,
+                                                                           int fmt2) {
+    fp8_fused_tile<MODE, FP8P_GATHER>(p, rows, cols, seg, fmt, margin, o0, o1, o2, fmt2);
 }
 
 // Launches the producer `prod` with its output(s) quantised in `mode` (FP8Q_AMAX, FP8Q_TENSOR or FP8Q_ACT); o1 is
@@ -231,6 +243,10 @@ static inline void fp8_fused_quantize_gpu(Fp8Producer prod, const Fp8ProducerArg
         if (mode == FP8Q_AMAX) FP8F_LAUNCH(fp8_swiglu_quantize_kernel<FP8Q_AMAX>);
         else if (mode == FP8Q_TENSOR) FP8F_LAUNCH(fp8_swiglu_quantize_kernel<FP8Q_TENSOR>);
         else FP8F_LAUNCH(fp8_swiglu_quantize_kernel<FP8Q_ACT>);
+    } else if (prod == FP8P_GATHER) {
+        if (mode == FP8Q_AMAX) FP8F_LAUNCH(fp8_gather_quantize_kernel<FP8Q_AMAX>);
+        else if (mode == FP8Q_TENSOR) FP8F_LAUNCH(fp8_gather_quantize_kernel<FP8Q_TENSOR>);
+        else FP8F_LAUNCH(fp8_gather_quantize_kernel<FP8Q_ACT>);
     } else {
         if (mode == FP8Q_AMAX) FP8F_LAUNCH(fp8_swiglu_bwd_quantize_kernel<FP8Q_AMAX>);
         else if (mode == FP8Q_TENSOR) FP8F_LAUNCH(fp8_swiglu_bwd_quantize_kernel<FP8Q_TENSOR>);

@@ -248,7 +248,7 @@ KERNELS = {
 BOUND = {"gather_rows_kernel", "fp8_pad_rows_kernel"}
 
 
-def _fp8_fused(item, a):
+def _fp8_fused(item, a, ctx=None):
     # fp8_swiglu_quantize_kernel<MODE> / fp8_swiglu_bwd_quantize_kernel<MODE>(p, rows, cols, seg, fmt, margin, o0, o1,
     # o2, fmt2) (model/fp8_fused.cuh): the producer's inputs over every row (padding rows too: g, u; da, g, u; BF16),
     # its BF16 output y if written (act), and per output (forward one, backward two: dg, du, or three with o2, act
@@ -262,6 +262,14 @@ def _fp8_fused(item, a):
     if item["name"].startswith("fp8_swiglu_bwd_") and len(a) > 8 and (a[8][2][0] or a[8][2][1] or a[8][2][4]):
         outs.append(a[8])   # act (fp8_fused_has: codes or an amax to write)
     rd = 2 * n * sum(1 for x in p[:3] if x) + (4 * (seg[2] + 1) if seg[0] else 0) + (4 * seg[2] if seg[1] else 0)
+    if item["name"].startswith("fp8_gather_"):
+        # fp8_gather_quantize_kernel: y = x[idx] (p [x, -, -, y, idx]): x's rows for every output row where y is
+        # written (the padding rows too: token 0, as the unfused gather), else only the valid rows (padding: zeros,
+        # not read; with valid counts the routed rows: ctx "routed"; under EP the received rows are data); idx
+        # (4 bytes a row) where given
+        ctx = ctx or {}
+        valid = ctx.get("routed", rows) if seg[1] and not ctx.get("ep") else rows
+        rd += 2 * cols * (rows if p[3] else valid) - 2 * n + (4 * rows if len(p) > 4 and p[4] else 0)
     wr = 2 * n if p[3] else 0
     for scale, amax_in, out in outs:
         q, qt, sinv, sinv_t, amax = out[0], out[1], out[2], out[3], out[4]
@@ -280,9 +288,11 @@ def _fp8_fused(item, a):
 
 def data_dependent(item, ctx):
     base = re.sub(r"<.*", "", item["name"]).strip()
-    if base == "fp8_quantize_kernel":
-        seg = (item.get("args") or [None] * 4)[3]
-        return bool(ctx.get("ep") and isinstance(seg, list) and seg[1])
+    if base in ("fp8_quantize_kernel", "fp8_gather_quantize_kernel"):
+        a = item.get("args") or [None] * 4
+        if base == "fp8_gather_quantize_kernel" and isinstance(a[0], list) and len(a[0]) > 4 and a[0][4]:
+            return True   # a gather by token id (as gather_rows_kernel): repeated rows hit the cache
+        return bool(ctx.get("ep") and isinstance(a[3], list) and a[3][1])
     return base in BOUND
 
 
@@ -331,8 +341,8 @@ def kernel_rw(item, ctx=None):
         if base == "fp8_quantize_kernel":
             rd, wr = _fp8_quantize(item, a, ctx)
             return rd, wr, 0
-        if base in ("fp8_swiglu_quantize_kernel", "fp8_swiglu_bwd_quantize_kernel"):
-            rd, wr = _fp8_fused(item, a)
+        if base in ("fp8_swiglu_quantize_kernel", "fp8_swiglu_bwd_quantize_kernel", "fp8_gather_quantize_kernel"):
+            rd, wr = _fp8_fused(item, a, ctx)
             return rd, wr, 0
         if base in ("fp8g_piece_amax_kernel", "fp8g_piece_encode_kernel"):   # (x, piece [a, b, ...], ...)
             es = 2   # <T>: the store gathers from its BF16 copy of the shard (zero_gpu.cuh; FP32 only in tests)
