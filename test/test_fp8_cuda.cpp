@@ -616,7 +616,7 @@ TEST_CASE("quantize kernel, fused into SwiGLU forward and backward: bit-identica
                             for (int c = 0; c < cols; c++) amax = std::fmax(amax, std::fabs((*refs[i])[(size_t)r * cols + c]));
                     scale[i] = current ? -1.0f : fp8_scale_for(amax, fmts[i], 0) * 16.0f;
                 }
-                Fp8ProducerArgs p = bwd ? Fp8ProducerArgs{dda, dg_in, du_in, nullptr} : Fp8ProducerArgs{dg_in, du_in, nullptr, act_fused};
+                Fp8ProducerArgs p = bwd ? Fp8ProducerArgs{dda, dg_in, du_in, nullptr, nullptr} : Fp8ProducerArgs{dg_in, du_in, nullptr, act_fused, nullptr};
                 FusedOuts got = run_fused(bwd ? FP8P_SWIGLU_BWD : FP8P_SWIGLU_FWD, p, rows, cols, segs, fmts[0], mode, scale, nq, nt, variant == 2);
                 for (int i = 0; i < nout; i++) {
                     INFO("variant " << variant << ", output " << i << ", mode " << (int)mode << (current ? ", current" : ""));
@@ -636,6 +636,67 @@ TEST_CASE("quantize kernel, fused into SwiGLU forward and backward: bit-identica
                 }
             }
     for (void* q : {(void*)dg_in, (void*)du_in, (void*)dda, (void*)act, (void*)gr, (void*)act_fused}) cudaCheck(cudaFree(q));
+}
+
+// The experts' gather fused with w1's quantisation (FP8P_GATHER: xe = x[row_token] in BF16 and its codes), and the
+// same kernel quantising a BF16 tensor as it is (idx NULL, no y: fp8_quantize_operand's path for dye, LayerNorm's
+// output, dqkv ...), against moe_gather_gpu + fp8_quantize_kernel: 16 experts with uneven padded segments (empty
+// ones too), padding rows mapped to token 0 (as fp8_pad_routing), a 272-column slice of DBRX's d = 6144; and one
+// segment of 208 rows (the attention's operands). Every code, factor, amax, saturation count and xe's BF16 bits
+// equal; the quantisation of x itself does not read its padding rows (NaN there changes nothing).
+TEST_CASE("quantize kernel, fused into the experts' gather, and of a BF16 tensor as it is: bit-identical with the unfused kernels") {
+    const int cols = 272, N = 150;
+    Segs experts{{16, 0, 144, 32, 0, 160, 16, 48, 0, 128, 16, 32, 0, 16, 64, 16}, {5, 0, 137, 32, 0, 129, 1, 40, 0, 128, 16, 17, 0, 3, 64, 9}};
+    Segs one{{208}, {208}};
+    std::vector<float> x = test_tensor(N, cols, 911, 30);
+    floatX* dx = deviceAlloc(floatX, x.size());
+    to_device_bf16(dx, x.data(), x.size());
+    for (const Segs* segs : {&experts, &one}) {
+        int rows = starts_of(*segs).back();
+        size_t n = (size_t)rows * cols, nq = 0, nt = 0;
+        for (int l : segs->len) { nq += vec128_count(l, cols); nt += vec128_count(cols, l); }
+        std::vector<int> row_token(rows, 0);   // valid rows: tokens in a scrambled order (repeats too); padding: token 0
+        for (int r = 0; r < rows; r++)
+            if (valid_row(*segs, r)) row_token[r] = (r * 37 + 11) % N;
+        int* d_rt = dev_copy(row_token);
+        floatX *xe = dev_poisoned<floatX>(n), *xe_fused = dev_poisoned<floatX>(n), *xe_nan = dev_poisoned<floatX>(n);
+        moe_gather_gpu(xe, dx, d_rt, rows, cols);
+        std::vector<float> ref = get_bf16(xe, n), with_nan = ref;
+        for (int r = 0; r < rows; r++)
+            if (!valid_row(*segs, r))
+                for (int c = 0; c < cols; c++) with_nan[(size_t)r * cols + c] = NAN;
+        to_device_bf16(xe_nan, with_nan.data(), n);
+        float amax = 0;
+        for (int r = 0; r < rows; r++)
+            if (valid_row(*segs, r))
+                for (int c = 0; c < cols; c++) amax = std::fmax(amax, std::fabs(ref[(size_t)r * cols + c]));
+        for (Fp8Format fmt : {FP8_E4M3, FP8_E5M2})
+            for (Fp8QuantMode mode : {FP8Q_ACT, FP8Q_TENSOR})
+                for (int current = 0; current < (mode == FP8Q_TENSOR ? 2 : 1); current++)
+                    for (int gather = 0; gather < 2; gather++) {
+                        INFO((segs == &one ? "one segment" : "16 experts") << ", fmt " << (int)fmt << ", mode " << (int)mode
+                             << (current ? ", current" : "") << (gather ? ", gather" : ", as it is"));
+                        float scale[3] = {current ? -1.0f : fp8_scale_for(amax, fmt, 0) * 16.0f, 0, 0};   // 16x: saturates
+                        Fp8ProducerArgs p = gather ? Fp8ProducerArgs{dx, nullptr, nullptr, xe_fused, d_rt}
+                                                   : Fp8ProducerArgs{xe_nan, nullptr, nullptr, nullptr, nullptr};
+                        FusedOuts got = run_fused(FP8P_GATHER, p, rows, cols, *segs, fmt, mode, scale, nq, nt, false);
+                        Quantized want = quantize(ref, rows, cols, *segs, fmt, mode, scale[0], 1, mode == FP8Q_TENSOR ? 1 : nq,
+                                                  mode == FP8Q_TENSOR ? 1 : nt);
+                        CHECK(got.r[0].q == want.q);
+                        CHECK(got.r[0].qt == want.qt);
+                        CHECK(got.r[0].sinv == want.sinv);
+                        if (mode != FP8Q_TENSOR) CHECK(got.r[0].sinv_t == want.sinv_t);
+                        CHECK(got.r[0].amax == want.amax);
+                        CHECK(got.r[0].sat == want.sat);
+                        if (mode == FP8Q_TENSOR && !current) CHECK(want.sat > 0);
+                        if (gather) {   // xe in BF16, padding rows included (token 0's row, as moe_gather_gpu)
+                            std::vector<float> a = get_bf16(xe_fused, n);
+                            CHECK(memcmp(a.data(), ref.data(), n * sizeof(float)) == 0);
+                        }
+                    }
+        for (void* q : {(void*)d_rt, (void*)xe, (void*)xe_fused, (void*)xe_nan}) cudaCheck(cudaFree(q));
+    }
+    cudaCheck(cudaFree(dx));
 }
 
 // ---------------------------------------------------------------------------------------------

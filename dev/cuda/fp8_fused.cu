@@ -10,8 +10,13 @@
  *                 (act still quantised by fp8_quantize_kernel, as v1)
  *             v3: fp8_swiglu_bwd_quantize_kernel<FP8Q_ACT> with three outputs (model): act recomputed from g, u, its
  *                 transposed codes a third output
- * v2, v3 are validated against v1 bit for bit (codes, factors, act). GB/s are for the bytes each version must move.
- *   make dev/cuda/fp8_fused && ./dev/cuda/fp8_fused        (R 65536 = 16384 tokens x top-4, E 16, F 1792: dbrx-1b)
+ *   gather    v1: moe_gather_gpu + fp8_quantize_kernel<FP8Q_ACT> (xe's row-wise codes, w1's forward operand)
+ *             v2: fp8_gather_quantize_kernel<FP8Q_ACT> (model): xe in BF16 and its codes in one pass
+ *   as it is  v1: fp8_quantize_kernel<FP8Q_ACT> on a BF16 tensor (R x d, E5M2: dye's codes and transposed codes)
+ *             v2: fp8_gather_quantize_kernel<FP8Q_ACT> without idx and y (model): 16-byte stores
+ * v2, v3 are validated against v1 bit for bit (codes, factors, act, xe). GB/s are for the bytes each version must move.
+ *   make dev/cuda/fp8_fused && ./dev/cuda/fp8_fused        (R 65536 = 16384 tokens x top-4, E 16, F 1792, d 1024:
+ *                                                           dbrx-1b)
  */
 #include "common.h"
 #include "../../model/fp8_fused.cuh"
@@ -20,6 +25,46 @@ static std::vector<float> codes_of(const __nv_fp8_storage_t* p, size_t n) {
     std::vector<__nv_fp8_storage_t> c(n);
     cudaCheck(cudaMemcpy(c.data(), p, n, cudaMemcpyDeviceToHost));
     return std::vector<float>(c.begin(), c.end());
+}
+
+// the gather and the quantisation of a BF16 tensor as it is, on R routed rows of d columns (E segments of R / E rows)
+static void gather_versions(const Fp8Segments& seg, int R, int E) {
+    const int d = EMULATED ? 144 : 1024, N = R / 4;   // (top-4: every token in 4 rows)
+    const size_t n = (size_t)R * d, nq = (size_t)((d + 127) / 128) * R, nt = (size_t)seg.row_tiles * d;
+    std::vector<int> rt(R);
+    for (int r = 0; r < R; r++) rt[r] = (int)(((long long)r * 7919 + E) % N);
+    int* row_token = deviceAlloc(int, R);
+    cudaCheck(cudaMemcpy(row_token, rt.data(), R * sizeof(int), cudaMemcpyHostToDevice));
+    floatX *x = to_device_bf16v(make_random((size_t)N * d, 4)), *xe = deviceAlloc(floatX, n), *dye = to_device_bf16v(make_random(n, 5, 1e-3));
+    Fp8QuantOut o = {deviceAlloc(__nv_fp8_storage_t, n), deviceAlloc(__nv_fp8_storage_t, n), deviceAlloc(float, nq), deviceAlloc(float, nt), nullptr, nullptr};
+    Fp8QuantOut oq = o;
+    oq.qt = nullptr;
+    oq.sinv_t = nullptr;
+    const Fp8FusedOut fq = {nullptr, nullptr, oq}, fo = {nullptr, nullptr, o};
+    std::function<void()> run[4] = {
+        [&] { moe_gather_gpu(xe, x, row_token, R, d); fp8_quantize_gpu(oq, xe, R, d, seg, FP8_E4M3, FP8Q_ACT, nullptr, nullptr, 0); },
+        [&] { fp8_fused_quantize_gpu(FP8P_GATHER, {x, nullptr, nullptr, xe, row_token}, R, d, seg, FP8_E4M3, FP8Q_ACT, 0, fq, fq); },
+        [&] { fp8_quantize_gpu(o, dye, R, d, seg, FP8_E5M2, FP8Q_ACT, nullptr, nullptr, 0); },
+        [&] { fp8_fused_quantize_gpu(FP8P_GATHER, {dye, nullptr, nullptr, nullptr, nullptr}, R, d, seg, FP8_E5M2, FP8Q_ACT, 0, fo, fo); },
+    };
+    const char* name[4] = {"gather + quantize v1 (unfused)", "gather + quantize v2 (fused, model)", "quantize as it is v1 (fp8_quantize_kernel)",
+                           "quantize as it is v2 (16-byte stores, model)"};
+    // bytes: x's rows (R of them, gathered), row_token, xe written (and read back: v1), the codes, the factors
+    const double bytes[4] = {n * (2.0 + 2 + 2 + 1) + 4.0 * R + 4.0 * nq, n * (2.0 + 2 + 1) + 4.0 * R + 4.0 * nq, n * (2.0 + 2) + 4.0 * (nq + nt),
+                             n * (2.0 + 2) + 4.0 * (nq + nt)};
+    std::vector<float> ref[3];
+    for (int v = 0; v < 4; v++) {
+        cudaCheck(cudaMemset(o.q, 0xFF, n));
+        cudaCheck(cudaMemset(o.qt, 0xFF, n));
+        cudaCheck(cudaMemset(xe, 0xFF, n * sizeof(floatX)));
+        run[v]();
+        std::vector<float> got[3] = {codes_of(o.q, n), v < 2 ? from_device_bf16v(xe, n) : codes_of(o.qt, n), from_device_f32(o.sinv, nq)};
+        if (v % 2 == 0) for (int k = 0; k < 3; k++) ref[k] = got[k];
+        validate(name[v], got[0], ref[0], 0, 0);
+        validate(v < 2 ? "  its xe (BF16)" : "  its transposed codes", got[1], ref[1], 0, 0);
+        validate("  its factors", got[2], ref[2], 0, 0);
+        report_bandwidth(name[v], bytes[v], time_ms(20, run[v]));
+    }
 }
 
 int main() {
@@ -46,7 +91,7 @@ int main() {
     // forward
     std::function<void()> fwd[2] = {
         [&] { swiglu_forward_gpu(act, g, u, n); fp8_quantize_gpu(fwd_out, act, R, F, seg, FP8_E4M3, FP8Q_ACT, nullptr, nullptr, 0); },
-        [&] { fp8_fused_quantize_gpu(FP8P_SWIGLU_FWD, {g, u, nullptr, act}, R, F, seg, FP8_E4M3, FP8Q_ACT, 0, ffo, ffo); },
+        [&] { fp8_fused_quantize_gpu(FP8P_SWIGLU_FWD, {g, u, nullptr, act, nullptr}, R, F, seg, FP8_E4M3, FP8Q_ACT, 0, ffo, ffo); },
     };
     const char* fwn[2] = {"swiglu fwd + quantize v1 (unfused)", "swiglu fwd + quantize v2 (fused, model)"};
     std::vector<float> ref_q, ref_s, ref_a;
@@ -70,8 +115,8 @@ int main() {
             for (int i = 0; i < 2; i++) fp8_quantize_gpu(o[i], dgu + i * n, R, F, seg, FP8_E5M2, FP8Q_ACT, nullptr, nullptr, 0);
             quantize_act();
         },
-        [&] { fp8_fused_quantize_gpu(FP8P_SWIGLU_BWD, {da, g, u, nullptr}, R, F, seg, FP8_E5M2, FP8Q_ACT, 0, fo[0], fo[1]); quantize_act(); },
-        [&] { fp8_fused_quantize_gpu(FP8P_SWIGLU_BWD, {da, g, u, nullptr}, R, F, seg, FP8_E5M2, FP8Q_ACT, 0, fo[0], fo[1], 0, &fo[2], FP8_E4M3); },
+        [&] { fp8_fused_quantize_gpu(FP8P_SWIGLU_BWD, {da, g, u, nullptr, nullptr}, R, F, seg, FP8_E5M2, FP8Q_ACT, 0, fo[0], fo[1]); quantize_act(); },
+        [&] { fp8_fused_quantize_gpu(FP8P_SWIGLU_BWD, {da, g, u, nullptr, nullptr}, R, F, seg, FP8_E5M2, FP8Q_ACT, 0, fo[0], fo[1], 0, &fo[2], FP8_E4M3); },
     };
     const char* bwn[3] = {"swiglu bwd + quantize v1 (unfused)", "swiglu bwd + quantize v2 (fused dg, du)", "swiglu bwd + quantize v3 (fused dg, du, act; model)"};
     std::vector<float> rb[3][4];
@@ -94,5 +139,6 @@ int main() {
         double bytes = v == 0 ? n * (6.0 + 4 + 2 * (2 + 2) + 2 + 1) : v == 1 ? n * (6.0 + 4 + 2 + 1) : n * (6.0 + 4 + 1);
         report_bandwidth(bwn[v], bytes + 2 * 4.0 * (nq + nt) + 4.0 * nt, time_ms(20, bwd[v]));
     }
+    gather_versions(seg, R, E);
     return finish();
 }
