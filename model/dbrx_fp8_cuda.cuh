@@ -318,8 +318,10 @@ static inline Fp8Buf fp8_buf_after(const Fp8GPU* f, const Fp8Buf& before, floatX
 // saturation counts fp8_quantize_operand gives on the BF16 output (bufs[i]->q NULL: no row-wise codes). Block: one pass. Per tensor with a known scale (delayed): one pass. Current scaling (and
 // delayed before its first history entry): a first pass takes the amax (and writes p.y); then a second pass makes the
 // codes: from p.y (FP8P_GATHER of p.y itself) where the producer writes it, else from the producer again.
+// weight: x itself (FP8P_GATHER, no idx or y) is a block weight (fp8_quantize_operand's weight rules).
 static inline void fp8_quantize_produced(Fp8GPU* f, Fp8Producer prod, Fp8ProducerArgs p, const int* slots, int rows, int cols,
-                                         const Fp8Segments& seg, Fp8Buf* const* bufs, bool want_q, bool want_qt, cudaStream_t stream) {
+                                         const Fp8Segments& seg, Fp8Buf* const* bufs, bool want_q, bool want_qt, cudaStream_t stream,
+                                         bool weight = false) {
     const int nout = prod == FP8P_SWIGLU_BWD ? (bufs[2] ? 3 : 2) : 1;
     const Fp8Format fmt = f->fmts[slots[0]], fmt2 = nout == 3 ? f->fmts[slots[2]] : FP8_E4M3;
     ENSURE(nout == 1 || f->fmts[slots[1]] == fmt, "fused FP8 quantisation: dg and du in one format (slots %d, %d)", slots[0], slots[1]);
@@ -335,11 +337,15 @@ static inline void fp8_quantize_produced(Fp8GPU* f, Fp8Producer prod, Fp8Produce
             continue;
         }
         o[i].out.sinv = f->scale_inv + FP8_SINV_STRIDE * sl;
-        if (f->cfg.recipe == FP8_CURRENT || f->metas[sl].filled == 0) { o[i].amax_in = f->tmp_amax + i; first = true; }
+        bool given = weight && f->cfg.weights_quantized;   // (--fp8-gather: the slot holds the whole tensor's agreed scale)
+        if (!given && (f->cfg.recipe == FP8_CURRENT || f->metas[sl].filled == 0)) { o[i].amax_in = f->tmp_amax + i; first = true; }
         else o[i].scale = f->scale + sl;
     }
     const Fp8FusedOut* o2 = nout == 3 ? &o[2] : nullptr;
-    if (f->cfg.recipe == FP8_BLOCK) { fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, FP8Q_ACT, 0, o[0], o[1], stream, o2, fmt2); return; }
+    if (f->cfg.recipe == FP8_BLOCK) {
+        fp8_fused_quantize_gpu(prod, p, rows, cols, seg, fmt, weight ? FP8Q_WEIGHT : FP8Q_ACT, 0, o[0], o[1], stream, o2, fmt2);
+        return;
+    }
     if (first) {
         Fp8FusedOut a[3] = {};
         for (int i = 0; i < nout; i++) a[i].out.amax = f->tmp_amax + i;
@@ -360,7 +366,7 @@ static inline bool fp8_segments_ok16(const Fp8GPU* f, const Fp8Segments& seg) {
 }
 
 // Quantises x (rows, cols) into `buf`: the row-wise codes (want_q) and/or the transposed copy
-// (want_qt); an activation or gradient on the shapes of the fused kernels by fp8_gather_quantize_kernel (x itself:
+// (want_qt); a tensor on the shapes of the fused kernels by fp8_gather_quantize_kernel (x itself:
 // fp8_quantize_produced, FP8P_GATHER), the same codes, factors, amax and count as fp8_quantize_kernel's with 16-byte
 // stores. The slot's amax and saturation count accumulate. weight: 128x128 blocks under the
 // block recipe. Per tensor: delayed uses the slot's scale, except before the first history entry
@@ -369,9 +375,10 @@ static inline bool fp8_segments_ok16(const Fp8GPU* f, const Fp8Segments& seg) {
 // one (the GPU store, under parallel/): under expert parallelism this rank's weights are only its experts.
 static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const floatX* x, int rows, int cols,
                                         const Fp8Segments& seg, Fp8Buf* buf, bool want_q, bool want_qt, cudaStream_t stream = 0) {
-    if (!weight && fp8_segments_ok16(f, seg) && fp8_fused_ok(rows, cols, {}, {x, buf->q, buf->qt})) {   // 16-byte stores
+    if (fp8_segments_ok16(f, seg) && fp8_fused_ok(rows, cols, {}, {x, buf->q, buf->qt})) {   // 16-byte stores
         Fp8Buf* bufs[3] = {buf, nullptr, nullptr};
-        fp8_quantize_produced(f, FP8P_GATHER, {x, nullptr, nullptr, nullptr, nullptr}, &slot, rows, cols, seg, bufs, want_q, want_qt, stream);
+        fp8_quantize_produced(f, FP8P_GATHER, {x, nullptr, nullptr, nullptr, nullptr}, &slot, rows, cols, seg, bufs, want_q, want_qt, stream,
+                              weight);
         return;
     }
     Fp8Format fmt = f->fmts[slot];

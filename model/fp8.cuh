@@ -466,6 +466,16 @@ __device__ inline void fp8_act_factors_store(const Fp8QuantOut& out, const float
             out.sinv_t[(size_t)tiles_before * cols + matmul_scale_vec128_index(c0 + c, lt * 128, cols)] = 1.0f / col_s[c];
 }
 
+// The dequantisation factor inv = 1 / s of one 128 x 128 weight block (FP8Q_WEIGHT: row tile lt of its segment, columns
+// from c0) in both layouts: q's blocks are (row tile, col tile), after the row tiles before it; qt's the transpose,
+// from base_t (fp8_tile_segment). (Shared by fp8_quantize_kernel and the 16-byte kernels of model/fp8_fused.cuh.)
+__device__ inline void fp8_weight_factors_store(const Fp8QuantOut& out, float inv, int cols, int len, int lt, int tiles_before,
+                                                long long base_t, int c0) {
+    const int kb_pad = ((cols + 127) / 128 + 3) / 4 * 4;
+    if (out.sinv) out.sinv[(size_t)tiles_before * kb_pad + matmul_scale_blk128_index(lt * 128, c0, cols)] = inv;
+    if (out.sinv_t) out.sinv_t[base_t + matmul_scale_blk128_index(c0, lt * 128, len)] = inv;
+}
+
 #define FP8Q_THREADS 256
 template <int MODE>
 __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX* __restrict__ x, int rows, int cols,
@@ -545,11 +555,8 @@ __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX
         if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && out.sinv) out.sinv[0] = 1.0f / s_tensor;
     } else if (MODE == FP8Q_ACT) {
         fp8_act_factors_store(out, row_s, col_s, h, w, cols, seg0, len, lt, tiles_before, c0, tid, FP8Q_THREADS);
-    } else if (tid == 0) {   // FP8Q_WEIGHT: q's blocks are (row tile, col tile); qt's the transpose
-        int kb_pad = (nct + 3) / 4 * 4, nt = (len + 127) / 128;
-        if (out.sinv) out.sinv[(size_t)tiles_before * kb_pad + matmul_scale_blk128_index(lt * 128, c0, cols)] = 1.0f / row_s[0];
-        if (out.sinv_t) out.sinv_t[base_t + matmul_scale_blk128_index(c0, lt * 128, len)] = 1.0f / row_s[0];
-        (void)nt;
+    } else if (tid == 0) {   // FP8Q_WEIGHT
+        fp8_weight_factors_store(out, 1.0f / row_s[0], cols, len, lt, tiles_before, base_t, c0);
     }
 }
 

@@ -115,7 +115,8 @@ __device__ __forceinline__ uint4 fp8_pack16(const floatX* x, int step, float s, 
 #define FP8F_LD 136   // the tile's row stride in BF16 values (272 bytes: rows 16-byte aligned)
 
 // The kernels: one block per (128-row tile of a segment, 128 columns[, output z]): as fp8_quantize_kernel's FP8Q_AMAX,
-// FP8Q_TENSOR and FP8Q_ACT modes, on the producer's output. Padding rows (past a segment's valid count) are
+// FP8Q_TENSOR and FP8Q_ACT modes, on the producer's output (and its FP8Q_WEIGHT mode for FP8P_GATHER of a weight as
+// it is: one scale per 128 x 128 block, from the block's amax). Padding rows (past a segment's valid count) are
 // quantised as zeros; their BF16 output (SWIGLU_FWD's act) is the producer's value, as the unfused kernel's.
 // (The body of the kernels below, one per producer.)
 // o2, fmt2: SWIGLU_BWD's optional third output (act) and its format.
@@ -132,8 +133,8 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
     const Fp8QuantOut& out = oz.out;
     const int fmt = z == 2 ? fmt2 : fmt0;
     int t = blockIdx.x / nout, tiles_before = 0, seg0 = 0, len = 0;
-    long long base_t = 0;   // (unused: activations have no per-segment factor offset)
-    const int s = fp8_tile_segment(seg, t, 0, &seg0, &len, &tiles_before, &base_t);
+    long long base_t = 0;   // (weights: the offset of the segment's transposed factors)
+    const int s = fp8_tile_segment(seg, t, MODE == FP8Q_WEIGHT ? (cols + 127) / 128 : 0, &seg0, &len, &tiles_before, &base_t);
     if (s == seg.nseg) return;   // cannot happen with row_tiles from the same segments
     const int lt = t - tiles_before, row0 = seg0 + lt * 128, h = min(128, len - lt * 128);
     const int valid = seg.valid ? seg.valid[s] : len, vh = max(0, min(h, valid - lt * 128));
@@ -174,8 +175,9 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
         colm[half][c] = m;
         __syncthreads();
         if (tid < 128) col_s[tid] = fp8_scale_for_dev(fmaxf(colm[0][tid], colm[1][tid]), fmt, 0);
-    } else {                  // FP8Q_TENSOR: one scale
-        float st = oz.amax_in ? fp8_scale_for_dev(__uint_as_float(*oz.amax_in), fmt, margin) : *oz.scale;
+    } else {                  // FP8Q_TENSOR: one scale; FP8Q_WEIGHT: the block's own
+        float st = MODE == FP8Q_WEIGHT ? fp8_scale_for_dev(amax, fmt, 0)
+                   : oz.amax_in        ? fp8_scale_for_dev(__uint_as_float(*oz.amax_in), fmt, margin) : *oz.scale;
         if (tid < 128) { row_s[tid] = st; col_s[tid] = st; }
     }
     __syncthreads();
@@ -188,7 +190,7 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
             if (r < h && c < w)
                 *(uint4*)(out.q + (size_t)(row0 + r) * cols + c0 + c) = fp8_pack16(&tile[r * FP8F_LD + c], 1, row_s[r], fmt, &sat);
         }
-    // qt (cols, rows): a thread per (column, 16 rows); one tensor scale counts its saturations once
+    // qt (cols, rows): a thread per (column, 16 rows); one tensor (or block) scale counts its saturations once
     if (out.qt) {
         int sat_t = 0;
         for (int i = tid; i < 128 * (h / 16); i += FP8F_THREADS) {
@@ -204,8 +206,10 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
     // the dequantisation factors, in fp8_quantize_kernel's layouts
     if (MODE == FP8Q_TENSOR) {
         if (tid == 0 && t == 0 && blockIdx.y == 0 && out.sinv) out.sinv[0] = 1.0f / row_s[0];
-    } else {
+    } else if (MODE == FP8Q_ACT) {
         fp8_act_factors_store(out, row_s, col_s, h, w, cols, seg0, len, lt, tiles_before, c0, tid, FP8F_THREADS);
+    } else if (tid == 0) {
+        fp8_weight_factors_store(out, 1.0f / row_s[0], cols, len, lt, tiles_before, base_t, c0);
     }
 }
 
@@ -228,14 +232,16 @@ __global__ void __launch_bounds__(FP8F_THREADS) fp8_gather_quantize_kernel(Fp8Pr
     fp8_fused_tile<MODE, FP8P_GATHER>(p, rows, cols, seg, fmt, margin, o0, o1, o2, fmt2);
 }
 
-// Launches the producer `prod` with its output(s) quantised in `mode` (FP8Q_AMAX, FP8Q_TENSOR or FP8Q_ACT); o1 is
+// Launches the producer `prod` with its output(s) quantised in `mode` (FP8Q_AMAX, FP8Q_TENSOR, FP8Q_ACT; FP8Q_WEIGHT:
+// FP8P_GATHER without idx and y); o1 is
 // the second output's (SWIGLU_BWD's du); o2 (or NULL) SWIGLU_BWD's third (act, in format fmt2). The caller checked
 // fp8_fused_ok.
 static inline void fp8_fused_quantize_gpu(Fp8Producer prod, const Fp8ProducerArgs& p, int rows, int cols, const Fp8Segments& seg,
                                           Fp8Format fmt, Fp8QuantMode mode, int margin, const Fp8FusedOut& o0, const Fp8FusedOut& o1,
                                           cudaStream_t stream = 0, const Fp8FusedOut* o2 = nullptr, Fp8Format fmt2 = FP8_E4M3) {
     if (rows == 0 || cols == 0 || seg.row_tiles == 0) return;
-    if (mode == FP8Q_WEIGHT) fail(EXIT_FAILURE, "fp8_fused_quantize_gpu: weights are not produced by a fused producer");
+    if (mode == FP8Q_WEIGHT && (prod != FP8P_GATHER || p.idx || p.y))
+        fail(EXIT_FAILURE, "fp8_fused_quantize_gpu: weights are quantised as they are (FP8P_GATHER without idx and y) only");
     const Fp8FusedOut none = {}, &o2v = o2 && prod == FP8P_SWIGLU_BWD ? *o2 : none;
     dim3 grid(seg.row_tiles * fp8_fused_nout(prod, o2v), ceil_div(cols, 128));
 #define FP8F_LAUNCH(K) LAUNCH(K, grid, FP8F_THREADS, 0, stream, p, rows, cols, seg, (int)fmt, margin, o0, o1, o2v, (int)fmt2)
@@ -246,6 +252,7 @@ static inline void fp8_fused_quantize_gpu(Fp8Producer prod, const Fp8ProducerArg
     } else if (prod == FP8P_GATHER) {
         if (mode == FP8Q_AMAX) FP8F_LAUNCH(fp8_gather_quantize_kernel<FP8Q_AMAX>);
         else if (mode == FP8Q_TENSOR) FP8F_LAUNCH(fp8_gather_quantize_kernel<FP8Q_TENSOR>);
+        else if (mode == FP8Q_WEIGHT) FP8F_LAUNCH(fp8_gather_quantize_kernel<FP8Q_WEIGHT>);
         else FP8F_LAUNCH(fp8_gather_quantize_kernel<FP8Q_ACT>);
     } else {
         if (mode == FP8Q_AMAX) FP8F_LAUNCH(fp8_swiglu_bwd_quantize_kernel<FP8Q_AMAX>);

@@ -643,7 +643,8 @@ TEST_CASE("quantize kernel, fused into SwiGLU forward and backward: bit-identica
 // output, dqkv ...), against moe_gather_gpu + fp8_quantize_kernel: 16 experts with uneven padded segments (empty
 // ones too), padding rows mapped to token 0 (as fp8_pad_routing), a 272-column slice of DBRX's d = 6144; and one
 // segment of 208 rows (the attention's operands). Every code, factor, amax, saturation count and xe's BF16 bits
-// equal; the quantisation of x itself does not read its padding rows (NaN there changes nothing).
+// equal; the quantisation of x itself does not read its padding rows (NaN there changes nothing). And a stacked
+// weight as it is in 128 x 128 blocks (FP8Q_WEIGHT) against fp8_quantize_kernel's.
 TEST_CASE("quantize kernel, fused into the experts' gather, and of a BF16 tensor as it is: bit-identical with the unfused kernels") {
     const int cols = 272, N = 150;
     Segs experts{{16, 0, 144, 32, 0, 160, 16, 48, 0, 128, 16, 32, 0, 16, 64, 16}, {5, 0, 137, 32, 0, 129, 1, 40, 0, 128, 16, 17, 0, 3, 64, 9}};
@@ -697,6 +698,24 @@ TEST_CASE("quantize kernel, fused into the experts' gather, and of a BF16 tensor
         for (void* q : {(void*)d_rt, (void*)xe, (void*)xe_fused, (void*)xe_nan}) cudaCheck(cudaFree(q));
     }
     cudaCheck(cudaFree(dx));
+    // a stacked expert weight as it is (FP8Q_WEIGHT: 128 x 128 blocks, the segments' tails short): 3 experts of 160 rows
+    Segs wsegs{{160, 160, 160}, {160, 160, 160}};
+    int wrows = 480;
+    size_t nq = 0, nt = 0;
+    for (int l : wsegs.len) { nq += blk128_count(l, cols); nt += blk128_count(cols, l); }
+    std::vector<float> w = test_tensor(wrows, cols, 912, 20);
+    floatX* dw = deviceAlloc(floatX, w.size());
+    to_device_bf16(dw, w.data(), w.size());
+    FusedOuts got = run_fused(FP8P_GATHER, {dw, nullptr, nullptr, nullptr, nullptr}, wrows, cols, wsegs, FP8_E4M3, FP8Q_WEIGHT, nullptr, nq, nt, false);
+    Quantized want = quantize(w, wrows, cols, wsegs, FP8_E4M3, FP8Q_WEIGHT, 0, 0, nq, nt);
+    CHECK(got.r[0].q == want.q);
+    CHECK(got.r[0].qt == want.qt);
+    // (bitwise: the layouts' padding entries are never written, both poisoned NaN)
+    CHECK(memcmp(got.r[0].sinv.data(), want.sinv.data(), nq * sizeof(float)) == 0);
+    CHECK(memcmp(got.r[0].sinv_t.data(), want.sinv_t.data(), nt * sizeof(float)) == 0);
+    CHECK(got.r[0].amax == want.amax);
+    CHECK(got.r[0].sat == want.sat);
+    cudaCheck(cudaFree(dw));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -281,6 +281,8 @@ def _fp8_fused(item, a, ctx=None):
         if mode == "FP8Q_TENSOR":
             rd += 4
             wr += 4 if sinv else 0
+        elif mode == "FP8Q_WEIGHT":   # (fp8_gather_quantize_kernel of a weight) one factor per 128 x 128 block
+            wr += 4 * seg[4] * _cdiv(cols, 128) * ((1 if sinv else 0) + (1 if sinv_t else 0))
         else:   # FP8Q_ACT: a factor per (row, 128 columns) of q, per (column, 128 rows of a segment) of qt
             wr += 4 * (rows * _cdiv(cols, 128) if sinv else 0) + 4 * (cols * seg[4] if sinv_t else 0)
     return rd, wr
