@@ -16,6 +16,8 @@
  *     leading dimensions and alignment, 128x128 x 128x128, an outer size not a multiple of 8;
  *   - the quantisation fused into SwiGLU forward / backward (model/fp8_fused.cuh) against the unfused
  *     kernels, bit for bit (codes, factors, amax, saturations, act), 16 uneven experts, a slice of F;
+ *   - the quantisation fused into the experts' gather, of a BF16 tensor as it is and of a weight in blocks
+ *     (fp8_gather_quantize_kernel) against moe_gather_gpu + fp8_quantize_kernel, bit for bit, a slice of d;
  *   - the padded expert layout (slot and row maps);
  *   - a training step of dbrx-tiny (2 layers, 2 x 32 tokens, router zeroed so that routing agrees
  *     exactly) with each recipe against the CPU's FP8 emulation of the same recipe; see the last
@@ -643,7 +645,8 @@ TEST_CASE("quantize kernel, fused into SwiGLU forward and backward: bit-identica
 // output, dqkv ...), against moe_gather_gpu + fp8_quantize_kernel: 16 experts with uneven padded segments (empty
 // ones too), padding rows mapped to token 0 (as fp8_pad_routing), a 272-column slice of DBRX's d = 6144; and one
 // segment of 208 rows (the attention's operands). Every code, factor, amax, saturation count and xe's BF16 bits
-// equal; the quantisation of x itself does not read its padding rows (NaN there changes nothing). And a stacked
+// equal; NaN in the padding rows of x as it is changes nothing (that they are not read at all: test_kernel_bytes.sh,
+// whose count equals the formula of valid rows only). And a stacked
 // weight as it is in 128 x 128 blocks (FP8Q_WEIGHT) against fp8_quantize_kernel's.
 TEST_CASE("quantize kernel, fused into the experts' gather, and of a BF16 tensor as it is: bit-identical with the unfused kernels") {
     const int cols = 272, N = 150;
@@ -671,30 +674,30 @@ TEST_CASE("quantize kernel, fused into the experts' gather, and of a BF16 tensor
         for (int r = 0; r < rows; r++)
             if (valid_row(*segs, r))
                 for (int c = 0; c < cols; c++) amax = std::fmax(amax, std::fabs(ref[(size_t)r * cols + c]));
-        for (Fp8Format fmt : {FP8_E4M3, FP8_E5M2})
-            for (Fp8QuantMode mode : {FP8Q_ACT, FP8Q_TENSOR})
-                for (int current = 0; current < (mode == FP8Q_TENSOR ? 2 : 1); current++)
-                    for (int gather = 0; gather < 2; gather++) {
-                        INFO((segs == &one ? "one segment" : "16 experts") << ", fmt " << (int)fmt << ", mode " << (int)mode
-                             << (current ? ", current" : "") << (gather ? ", gather" : ", as it is"));
-                        float scale[3] = {current ? -1.0f : fp8_scale_for(amax, fmt, 0) * 16.0f, 0, 0};   // 16x: saturates
-                        Fp8ProducerArgs p = gather ? Fp8ProducerArgs{dx, nullptr, nullptr, xe_fused, d_rt}
-                                                   : Fp8ProducerArgs{xe_nan, nullptr, nullptr, nullptr, nullptr};
-                        FusedOuts got = run_fused(FP8P_GATHER, p, rows, cols, *segs, fmt, mode, scale, nq, nt, false);
-                        Quantized want = quantize(ref, rows, cols, *segs, fmt, mode, scale[0], 1, mode == FP8Q_TENSOR ? 1 : nq,
-                                                  mode == FP8Q_TENSOR ? 1 : nt);
-                        CHECK(got.r[0].q == want.q);
-                        CHECK(got.r[0].qt == want.qt);
-                        CHECK(got.r[0].sinv == want.sinv);
-                        if (mode != FP8Q_TENSOR) CHECK(got.r[0].sinv_t == want.sinv_t);
-                        CHECK(got.r[0].amax == want.amax);
-                        CHECK(got.r[0].sat == want.sat);
-                        if (mode == FP8Q_TENSOR && !current) CHECK(want.sat > 0);
-                        if (gather) {   // xe in BF16, padding rows included (token 0's row, as moe_gather_gpu)
-                            std::vector<float> a = get_bf16(xe_fused, n);
-                            CHECK(memcmp(a.data(), ref.data(), n * sizeof(float)) == 0);
-                        }
+        for (Fp8QuantMode mode : {FP8Q_ACT, FP8Q_TENSOR})
+            for (int current = 0; current < (mode == FP8Q_TENSOR ? 2 : 1); current++)
+                for (int gather = 0; gather < 2; gather++) {
+                    const Fp8Format fmt = gather ? FP8_E4M3 : FP8_E5M2;   // (the model's: xe E4M3; as it is, gradients too)
+                    INFO((segs == &one ? "one segment" : "16 experts") << ", fmt " << (int)fmt << ", mode " << (int)mode
+                         << (current ? ", current" : "") << (gather ? ", gather" : ", as it is"));
+                    float scale[3] = {current ? -1.0f : fp8_scale_for(amax, fmt, 0) * 16.0f, 0, 0};   // 16x: saturates
+                    Fp8ProducerArgs p = gather ? Fp8ProducerArgs{dx, nullptr, nullptr, xe_fused, d_rt}
+                                               : Fp8ProducerArgs{xe_nan, nullptr, nullptr, nullptr, nullptr};
+                    FusedOuts got = run_fused(FP8P_GATHER, p, rows, cols, *segs, fmt, mode, scale, nq, nt, false);
+                    Quantized want = quantize(ref, rows, cols, *segs, fmt, mode, scale[0], 1, mode == FP8Q_TENSOR ? 1 : nq,
+                                              mode == FP8Q_TENSOR ? 1 : nt);
+                    CHECK(got.r[0].q == want.q);
+                    CHECK(got.r[0].qt == want.qt);
+                    CHECK(got.r[0].sinv == want.sinv);
+                    if (mode != FP8Q_TENSOR) CHECK(got.r[0].sinv_t == want.sinv_t);
+                    CHECK(got.r[0].amax == want.amax);
+                    CHECK(got.r[0].sat == want.sat);
+                    if (mode == FP8Q_TENSOR && !current) CHECK(want.sat > 0);
+                    if (gather) {   // xe in BF16, padding rows included (token 0's row, as moe_gather_gpu)
+                        std::vector<float> a = get_bf16(xe_fused, n);
+                        CHECK(memcmp(a.data(), ref.data(), n * sizeof(float)) == 0);
                     }
+                }
         for (void* q : {(void*)d_rt, (void*)xe, (void*)xe_fused, (void*)xe_nan}) cudaCheck(cudaFree(q));
     }
     cudaCheck(cudaFree(dx));
