@@ -252,10 +252,10 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     floatX *g = m->acts[l].g, *u = m->acts[l].u, *act = m->acts[l].act;   // (Rc, F) each: the model's, planned
     floatX* yl = D->y.get(Rc * d, "the experts' outputs");
     ep_exchange(&D->ep, pl, xe, xr, d * sizeof(floatX), 0);             // (R, d) in peer order
-    if (R) moe_gather_gpu(xl, xr, perm_d, (int)Rc, d);                   // expert-major (FP8: padded)
-    if (f8 && Rc) {
+    if (R && !f8) moe_gather_gpu(xl, xr, perm_d, (int)Rc, d);            // expert-major
+    if (f8 && Rc) {   // (FP8: the padded expert-major rows gathered by w1's quantisation itself, model/fp8_fused.cuh)
         ep_fp8_scratch_swap(D, Rc, El);
-        fp8_experts_forward_gpu(&m->fp8, l, yl, g, u, act, xl, w.w1, w.v1, w.w2, El, d, F);
+        fp8_experts_forward_gpu(&m->fp8, l, yl, g, u, act, xl, w.w1, w.v1, w.w2, El, d, F, 0, xr, perm_d);
         ep_fp8_scratch_unswap(D);
     } else if (!f8)
         ep_gpu_local_forward(D, l, yl, g, u, act, xl, pl->loffsets.data());
