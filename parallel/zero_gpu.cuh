@@ -265,6 +265,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         if (z->S > 1) {
             take((void**)&zg->work[i], z->work_numel * sizeof(floatX));
             take((void**)&zg->gwork[i], z->work_numel * sizeof(float));
+            cudaCheck(cudaMemset(zg->gwork[i], 0, z->work_numel * sizeof(float)));   // (zero whenever free: zero_gpu_reduce_scatter)
         }
         cudaCheck(cudaEventCreateWithFlags(&zg->gathered[i], cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&zg->slot_free[i], cudaEventDisableTiming));
@@ -379,9 +380,8 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
         else zero_gpu_prefetch_next(zg, u, phase);   // overlaps this unit's compute
         if (phase != UNIT_FORWARD) zero_gpu_rc_prefetch(zg, u);
     }
-    if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it has finished
-        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
-        cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), zg->compute));
+    if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it (and its zeroing
+        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));   // after it, zero_gpu_comm.cuh) has finished
         model_unit_views(&model->g, zg->gwork[slot], u, &model->cfg, model->table, z->ep_n);
     }
 }
@@ -503,13 +503,13 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
     zg->fp8.ready = 0;                          // and so are the FP8 codes
     // one launch over the shard, or two with the next step's first items gathered between them (zero_gpu_comm.cuh);
     // the gradient zeroed only where the next step accumulates into it (S = 1; S > 1: overwritten, zero_zero_grad)
-    int zero_grad = zg->z.S == 1;
+    int clear_grad = zg->z.S == 1;
     zero_gpu_adamw_prefetch(zg, [&](int s0, int s1, size_t max_n, size_t elems) {
         adamw_fused_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off + s0, zg->seg_n + s0, zg->seg_mode + s0,
                                s1 - s0, max_n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, zg->grad_pre, scale, t, zg->compute, elems,
-                               zero_grad);
+                               clear_grad);
     });
-    zg->grad_clean = zero_grad;
+    zg->grad_clean = clear_grad;
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     fp8_gpu_step(&zg->model->fp8);              // FP8 delayed scaling: the amaxes join the histories
     return norm;

@@ -258,6 +258,9 @@ static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
         else LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, rs, shard, full + (size_t)mine * r.chunk, r.chunk);
     }
     prof_end(prof_stream(rs, "communication (shard group, reduce-scatter)"));
+    // the slot zeroed for its next unit (the unit's length: a slot is all zeros whenever it is free, zero_init zeroes
+    // it first), here on the reduce-scatter stream beside the compute stream's next backward, not in front of it
+    cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), rs));
     cudaCheck(cudaEventRecord(zg->grads_reduced[slot], rs));
 }
 
