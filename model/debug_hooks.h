@@ -56,8 +56,8 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
                                  "the same numbers: on the GPU K|V all-gathered, on the CPU the ring's K|V hops blocking), no_rc_prefetch (--recompute moe/block under ZeRO-3: the recompute's "
                                  "block gathered when it begins, not ahead), "
                                  "no_head_ahead (the vocabulary slot under ZeRO-3 on the GPU: the head gathered by the last block's prefetch, not "
-                                 "after the embedding's forward), stale_grad (ZeRO-3 on the GPU: unit 1's first reduce-scatter of a step "
-                                 "adds to the previous step's gradient instead of overwriting it)"},
+                                 "after the embedding's forward), stale_grad (the GPU's gradient overwritten, not zeroed: under ZeRO-3 unit 1's "
+                                 "first reduce-scatter of a step, on one GPU lm_head's first weight gradient, adds to the previous step's instead)"},
 };
 
 // getenv of a switch the table lists (any other name is a programming error: exit 1 at start-up)

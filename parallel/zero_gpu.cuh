@@ -416,9 +416,12 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
 // the step
 
 // S > 1: every item's first reduce-scatter of the step overwrites its part of the shard (the parts tile the shard,
-// its padding included): nothing to zero. S = 1: the model accumulates into the shard (after an update: zeroed by it).
+// its padding included): nothing to zero. S = 1: the model's first backward overwrites the shard where it can
+// (dbrx_grads_overwrite); else it accumulates into it (after an update: zeroed by it).
+static inline bool zero_grad_overwritten(ZeroGpu* zg) { return zg->z.S > 1 || dbrx_grads_overwrite(zg->model); }
 static inline void zero_zero_grad(ZeroGpu* zg) {
     if (zg->z.S > 1) std::fill(zg->grad_fresh.begin(), zg->grad_fresh.end(), 1);
+    else if (zero_grad_overwritten(zg)) zg->model->grad_first = 1;
     else if (!zg->grad_clean) cudaCheck(cudaMemsetAsync(zg->grad, 0, zg->z.shard_total * sizeof(float), zg->compute));
     zg->grad_clean = 0;
     zg->grad_pre = 1.0f;
@@ -502,8 +505,8 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
     zg->slot_unit[0] = zg->slot_unit[1] = zg->vocab_unit = zg->rc_unit = -1;   // the gathered copies are stale
     zg->fp8.ready = 0;                          // and so are the FP8 codes
     // one launch over the shard, or two with the next step's first items gathered between them (zero_gpu_comm.cuh);
-    // the gradient zeroed only where the next step accumulates into it (S = 1; S > 1: overwritten, zero_zero_grad)
-    int clear_grad = zg->z.S == 1;
+    // the gradient zeroed only where the next step accumulates into it (zero_zero_grad)
+    int clear_grad = !zero_grad_overwritten(zg);
     zero_gpu_adamw_prefetch(zg, [&](int s0, int s1, size_t max_n, size_t elems) {
         adamw_fused_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off + s0, zg->seg_n + s0, zg->seg_mode + s0,
                                s1 - s0, max_n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, zg->grad_pre, scale, t, zg->compute, elems,

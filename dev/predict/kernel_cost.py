@@ -205,7 +205,7 @@ KERNELS = {
     "layernorm_forward_kernel": _ln_fwd,
     "layernorm_backward_kernel": _ln_bwd,
     "column_sum_groups_kernel": lambda a, g, x: (4 * a[1] * a[2], 4 * g[0] * a[2]),  # (partial, rows, C, group): a sum per group, in place
-    "column_sum_kernel": lambda a, g, x: (4 * _cdiv(a[2], a[4]) * a[3] + 4 * a[3], 4 * a[3]),  # (out, partial, rows, C, stride): out += every stride-th row
+    "column_sum_kernel": lambda a, g, x: (4 * _cdiv(a[2], a[4]) * a[3] + (4 * a[3] if len(a) < 6 or a[5] else 0), 4 * a[3]),  # (out, partial, rows, C, stride, accumulate): out (+)= every stride-th row
     "classifier_fused_kernel": lambda a, g, x: (2 * g[0] * a[3] + 4 * g[0], (2 * g[0] * a[3] if a[5] else 0) + 4 * g[0]),  # N = grid.x rows of V logits
     "loss_mean_kernel": lambda a, g, x: (4 * a[2], 8),                          # (mean, losses, N)
     # attention
@@ -323,8 +323,8 @@ def kernel_rw(item, ctx=None):
             n = a[18] if len(a) > 18 and a[18] else ctx.get("shard_n")   # whole shard) gives their sum, padding included,
             # unless the launch says (argument 18: the device store's optimizer in two launches, the first
             # units of the next step gathered after the first, parallel/zero_gpu_comm.cuh). Per element g, m, v, master
-            # read (16 B); m, v, master (12), the BF16 copy (2) and, where clear_grad (argument 19: one GPU, S = 1; ZeRO-3's
-            # first reduce-scatter overwrites the gradient instead), g = 0 (4) written; 20 B of table per segment (the
+            # read (16 B); m, v, master (12), the BF16 copy (2) and, where clear_grad (argument 19: FP8 or DDP + EP; ZeRO-3's
+            # first reduce-scatter or one GPU's first backward overwrites the gradient instead), g = 0 (4) written; 20 B of table per segment (the
             # padding's elements: only the zero written, or nothing, counted as a parameter's here: a few per unit)
             clear = a[19] if len(a) > 19 else 1
             return (16 * n + 20 * g[1], (18 if clear else 14) * n, 0) if n else None
