@@ -405,8 +405,8 @@ static inline void experts_forward_gpu(floatX* ye, floatX* g, floatX* u, floatX*
     }
 }
 
-// dxe (rows, C) BF16 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated (wbeta 0: overwritten, an expert without
-// rows zeroed); da, dg, du (rows, F) scratch.
+// dxe (rows, C) BF16 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated (wbeta 0: overwritten; an expert without
+// rows is not written); da, dg, du (rows, F) scratch.
 // dxe = dg w1_e + du v1_e is two GEMMs, each accumulating in fp32: the first writes BF16, the second adds
 // its product to that BF16 C and rounds again. Two roundings of a BF16 output, no fp32 scratch: measured
 // as close to the CPU's fp32 gradients as one rounding, and as the fp32 dxe before (model/CUDA.md, "The
@@ -417,10 +417,8 @@ static inline void experts_backward_gpu(floatX* dxe, float* dw1, float* dv1, flo
                                         int E, int C, int F, cudaStream_t stream = 0, float wbeta = 1.0f) {
     for (int e = 0; e < E; e++) {
         int r0 = offsets_host[e], n = offsets_host[e + 1] - offsets_host[e];
-        size_t wo = (size_t)e * F * C;
-        if (n == 0 && wbeta == 0.0f)   // (overwriting: the expert's gradients are zero)
-            for (float* dw : {dw1, dv1, dw2}) cudaCheck(cudaMemsetAsync(dw + wo, 0, (size_t)F * C * sizeof(float), stream));
         if (n == 0) continue;
+        size_t wo = (size_t)e * F * C;
         const floatX* dy = dye + (size_t)r0 * C;
         // ye = a @ w2_e:  da = dye @ w2_e^T,  dw2_e += a^T @ dye
         gemm_gpu(false, true, n, F, C, 1.0f, dy, C, w2 + wo, C, 0.0f, da + (size_t)r0 * F, F, stream);
