@@ -48,11 +48,15 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
 //
 // The parameter store's step (parallel/) makes two passes over its shard, all accesses 16 bytes wide:
 //   grad_norm_partials_kernel  reads g                                                     4 B / param
-//   adamw_fused_kernel         reads g, m, v, master; writes m, v, master, BF16 copy, g = 0  16 + 18 B / param
-// = 38 B per parameter per step. The gradient's zeroing (a memset before: 4 B written) is the fused
-// pass's store of zeros over the g it has just read, and the data-parallel 1/W scale of the gradient
-// (a pass before: 8 B) is the factor `pre` both passes apply as they read g, so the values are the
-// same products as before, bit for bit: 38 B against 38 B (one rank) or 46 B (W > 1) before.
+//   adamw_fused_kernel         reads g, m, v, master; writes m, v, master, BF16 copy       16 + 14 B / param
+//                              and g = 0 where the next step's gradient accumulates into it     + 4 B
+// = 34 B per parameter per step where the step's first writes overwrite the gradient, so nothing has to zero it:
+// ZeRO-3/HSDP (S > 1: each item's first reduce-scatter of a step, parallel/) and one GPU or DDP in BF16 (the first
+// backward's weight-gradient GEMMs with beta 0: dbrx_grads_overwrite, model/dbrx_cuda.cuh). 38 B where the model's
+// backward accumulates into a zeroed shard (FP8, DDP + EP): there the gradient's zeroing (a memset before: 4 B
+// written) is the fused pass's store of zeros over the g it has just read. The
+// data-parallel 1/W scale of the gradient (a pass before: 8 B) is the factor `pre` both passes apply as they
+// read g, so the values are the same products as before, bit for bit.
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -107,7 +111,8 @@ static inline void adamw_update_gpu(float* param, floatX* param_bf16, const floa
 // ---------------------------------------------------------------------------------------------
 // The fused update over a shard: a table of segments (off, n, mode) in shard order, mode ADAMW_DECAY (a
 // matrix: weight decay), ADAMW_NO_DECAY (a norm) or ADAMW_ZERO_ONLY (the padding between the tensors'
-// pieces: only its gradient is zeroed, as the memset did; master, m, v and the BF16 copy are not touched).
+// pieces: only its gradient is zeroed, as the memset did, and only where the gradient is zeroed at all;
+// master, m, v and the BF16 copy are not touched).
 enum { ADAMW_NO_DECAY = 0, ADAMW_DECAY = 1, ADAMW_ZERO_ONLY = 2 };
 typedef struct { std::vector<size_t> off, n; std::vector<int> mode; size_t max_n; } AdamwSegments;
 
@@ -135,15 +140,17 @@ static inline AdamwSegments adamw_segments(std::vector<std::array<size_t, 3>> pi
 // a time, 16-byte loads and stores of g, m, v, master (two each) and of the BF16 copy (one), the segment's
 // first elements up to an 8-element boundary (head) and its last n % 8 (tail) one at a time; vec 0: all one
 // at a time. Each element: g = (grad pre) scale (pre: the data-parallel 1/W, scale: the clipping), AdamW as
-// adamw_element, then grad = 0. elems: the segments' elements (the table is on the device; the step-time model,
+// adamw_element, then grad = 0 if clear_grad (else the gradient is left as it is: the next step's first writes
+// overwrite it). elems: the segments' elements (the table is on the device; the step-time model,
 // dev/predict/kernel_cost.py, reads the launch's arguments: a store that updates its shard in two launches says how
-// much each covers); the kernel does not need it.
+// much each covers, and clear_grad); the kernel does not need elems.
 __global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
                                    const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2, float eps,
-                                   float weight_decay, float pre, float grad_scale, float bc1, float bc2, size_t elems) {
+                                   float weight_decay, float pre, float grad_scale, float bc1, float bc2, size_t elems, int clear_grad) {
     (void)elems;
     size_t off = seg_off[blockIdx.y], n = seg_n[blockIdx.y];
     int mode = seg_mode[blockIdx.y];
+    if (mode == ADAMW_ZERO_ONLY && !clear_grad) return;   // (padding: nothing to do)
     float wd = mode == ADAMW_DECAY ? weight_decay : 0.0f;
     size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
     size_t head = vec ? (8 - off % 8) % 8 : n;
@@ -156,7 +163,7 @@ __global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad
             param[i] = p;
             param_bf16[i] = __float2bfloat16(p);
         }
-        grad[i] = 0.0f;
+        if (clear_grad) grad[i] = 0.0f;
     }
     const float zero[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t q = tid; q < n8; q += stride) {   // 8 elements at i (a multiple of 8: every access 16-byte aligned)
@@ -169,22 +176,23 @@ __global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad
             store_f32x8(m + i, mv); store_f32x8(v + i, vv); store_f32x8(param + i, pv);
             store_bf16<8>(param_bf16 + i, pv);
         }
-        store_f32x8(grad + i, zero);
+        if (clear_grad) store_f32x8(grad + i, zero);
     }
 }
 
 // One step t (1-based) over a shard: the table (device: seg_off, seg_n, seg_mode, nseg entries, the longest
-// max_n), the data-parallel factor pre (1: none) and the clipping scale grad_scale; the gradient ends zero.
+// max_n), the data-parallel factor pre (1: none) and the clipping scale grad_scale; the gradient ends zero if
+// clear_grad (0: left as it is, for a store whose next gradient overwrites it).
 static inline void adamw_fused_update_gpu(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
                                           const size_t* seg_n, const int* seg_mode, int nseg, size_t max_n, float lr, float beta1,
                                           float beta2, float eps, float weight_decay, float pre, float grad_scale, int t,
-                                          cudaStream_t stream = 0, size_t elems = 0) {
+                                          cudaStream_t stream = 0, size_t elems = 0, int clear_grad = 1) {
     if (nseg == 0) return;
     float bc1 = (float)(1.0 - pow((double)beta1, t)), bc2 = (float)(1.0 - pow((double)beta2, t));
     int vec = aligned16({param, param_bf16, grad, m, v});
     int bx = (int)std::max<size_t>(1, std::min<size_t>((max_n + 2047) / 2048, 512));   // 256 threads x 8 elements
     LAUNCH(adamw_fused_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr,
-           beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2, elems);
+           beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2, elems, clear_grad);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -139,6 +139,7 @@ typedef struct {
     std::vector<void*> allocations;
     size_t param_bytes, activation_bytes;
     float last_dloss;                  // dloss of the last forward (0: evaluation, no dlogits)
+    int grad_first;                    // the next backward is the step's first: it overwrites g (dbrx_grads_overwrite)
     Fp8GPU fp8;                        // --fp8: the FP8 state (recipe FP8_OFF: unused)
     ExpertHooksGPU experts; AttentionHooksGPU attn; VocabHooksGPU vocab;   // the experts' dispatcher, CP's attention, the store's vocabulary gradients (NULL: here)
     DbrxDecodeGPU dec;                 // generation's KV cache and scratch (dbrx_decode_alloc)
@@ -291,6 +292,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     cudaCheck(cudaMemcpy(m->rope_cos, cf.data(), cf.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(m->rope_sin, sf.data(), sf.size() * sizeof(float), cudaMemcpyHostToDevice));
     m->last_dloss = 0;
+    m->grad_first = 0;
     m->ce_loss = m->lbl_loss = m->z_loss = m->imbalance = 0;
     m->dec.T_max = 0;
 }
@@ -364,9 +366,9 @@ static inline void block_linear_forward(DbrxGPU* m, int l, int lin, TO* out, con
 // dinp (N, C) = dout @ weight, dweight += dout^T @ inp
 template <typename TI>
 static inline void block_linear_backward(DbrxGPU* m, int l, int lin, TI* dinp, float* dweight, const floatX* dout, const floatX* inp,
-                                         const floatX* weight, int N, int C, int OC) {
-    if (fp8_on(&m->fp8)) fp8_matmul_backward_gpu(&m->fp8, l, lin, dinp, dweight, dout, inp, weight, N, C, OC, 0.0f);
-    else matmul_backward_gpu(dinp, dweight, dout, inp, weight, N, C, OC, 0.0f);
+                                         const floatX* weight, int N, int C, int OC, float wbeta) {
+    if (fp8_on(&m->fp8)) fp8_matmul_backward_gpu(&m->fp8, l, lin, dinp, dweight, dout, inp, weight, N, C, OC, 0.0f);   // (wbeta 1)
+    else matmul_backward_gpu(dinp, dweight, dout, inp, weight, N, C, OC, 0.0f, 0, wbeta);
 }
 
 // The routed rows of block l gathered from ln2 (xe), and the SwiGLU experts over them (ye). Under FP8
@@ -388,15 +390,28 @@ static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, con
         experts_forward_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets_host.data(), E, d, F);
     }
 }
-// Backward of block_experts_forward from dye (m->dye): the weight gradients into gw, dxe (m->dxe).
-static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w, const BlockViews<float>& gw) {
+// the weight gradients (3 x E x n: w1, v1, w2) of the experts without rows zeroed, block (x, e) on expert e: one launch
+// whatever the routing (offsets on the device), so that the step's work list does not depend on it
+__global__ void experts_zero_empty_kernel(float* dw1, float* dv1, float* dw2, const int* offsets, int E, size_t n) {
+    int e = blockIdx.y;
+    if (e >= E || offsets[e + 1] > offsets[e]) return;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t j = (size_t)e * n + i;
+        dw1[j] = 0.0f; dv1[j] = 0.0f; dw2[j] = 0.0f;
+    }
+}
+// Backward of block_experts_forward from dye (m->dye): the weight gradients into gw (wbeta 0: overwritten), dxe (m->dxe).
+static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w, const BlockViews<float>& gw,
+                                          float wbeta) {
     if (m->experts.backward) { m->experts.backward(m->experts.ctx, l, m->dye, m->dxe); return; }
     const DbrxConfig* c = &m->cfg;
     int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
     if (fp8_on(&m->fp8)) fp8_experts_backward_gpu(&m->fp8, l, m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g,
                                                   a->u, a->act, w.w1, w.v1, w.w2, E, d, F);
     else experts_backward_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1, w.w2,
-                              a->offsets_host.data(), E, d, F);
+                              a->offsets_host.data(), E, d, F, 0, wbeta);
+    if (wbeta == 0.0f)   // (overwriting: an expert without rows wrote nothing)
+        LAUNCH(experts_zero_empty_kernel, dim3(64, E), 256, 0, 0, gw.w1, gw.v1, gw.w2, a->offsets, E, (size_t)F * d);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -504,23 +519,30 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
 }
 
 // backward of dloss * (ce + lbl + z) of the last forward (which must have been given the same
-// dloss); gradients are ACCUMULATED into the views g, as on the CPU. inputs and targets are the
-// forward's (already on the device: unused here, the signature is the CPU's).
+// dloss); gradients are ACCUMULATED into the views g, as on the CPU, but in the step's first backward
+// (m->grad_first, set by the store where dbrx_grads_overwrite) every weight gradient is written, not added
+// (GEMM beta 0, the norms' column sums =, an expert without rows and the embedding zeroed first), so that
+// nothing has to zero g between steps. inputs and targets are the forward's (already on the device: unused
+// here, the signature is the CPU's).
 static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targets, float dloss) {
     (void)inputs; (void)targets;
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
     int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
     ENSURE(m->last_dloss == dloss && dloss > 0, "dbrx_backward(dloss %g) after a forward with dloss %g", dloss, m->last_dloss);
+    float wb = m->grad_first ? 0.0f : 1.0f;   // the weight gradients' beta (0: overwritten)
+    int wacc = !m->grad_first;
+    m->grad_first = 0;
     // m->logits holds dlogits (the fused classifier wrote them)
     ProfTrack pt = dbrx_prof_track(m);
     unit_begin(m, dbrx_head_unit(c), UNIT_BACKWARD);
     prof_begin(pt, "layer", "lm_head + loss");
     if (m->vocab.backward) m->vocab.backward(m->vocab.ctx, dbrx_head_unit(c));   // (the same, its weight gradients in chunks)
-    else { matmul_backward_gpu(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f);
+    else { float hb = g_debug_hooks.plant == PLANT_STALE_GRAD ? 1.0f : wb;   // (the plant: lm_head's stale gradient left in)
+    matmul_backward_gpu(m->dln, m->g.lm_head, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f, 0, hb);
     cudaCheck(cudaMemset(m->dresid, 0, (size_t)N * d * sizeof(float)));
     layernorm_backward_gpu(m->dresid, (floatX*)nullptr, m->g.norm_f, m->ln_scratch, m->dln, m->resid[L], m->p.norm_f,
-                           m->lnf_mean, m->lnf_rstd, N, d); }
+                           m->lnf_mean, m->lnf_rstd, N, d, 0, wacc); }
     prof_end(pt);
     unit_end(m, dbrx_head_unit(c), UNIT_BACKWARD);
     for (int l = L - 1; l >= 0; l--) {
@@ -535,7 +557,7 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         prof_begin(pt, "layer", "layer %d experts", l);
         if (rc & (RC_SWIGLU | RC_CSWIGLU)) gpu_recompute_experts(m, l, rc);
         moe_combine_backward_gpu(m->dye, m->dtopk_w, m->dresid, a->ye, a->topk_w, a->slot_row, N, k, d);
-        block_experts_backward(m, l, a, w, gw);
+        block_experts_backward(m, l, a, w, gw, wb);
         prof_end(pt);
         unit_end(m, dbrx_experts_unit(l), UNIT_BACKWARD);
         unit_begin(m, dbrx_block_unit(l), UNIT_BACKWARD);
@@ -545,26 +567,29 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         float lw = m->attn.lbl ? m->attn.lbl_counts(m->attn.ctx, l, c->moe_loss_weight, &lc) : c->moe_loss_weight;
         router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, lc, N, E, k, L, lw,
                             c->z_loss_weight, dloss, c->moe_norm_p);
-        matmul_backward_gpu(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E, 1.0f);
+        matmul_backward_gpu(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E, 1.0f, 0, wb);
         layernorm_backward_gpu(m->dresid, m->dresid_bf16, gw.norm2, m->ln_scratch, m->dln, a->resid_mid, w.norm2, a->ln2_mean,
-                               a->ln2_rstd, N, d);
+                               a->ln2_rstd, N, d, 0, wacc);
         // attention half: dresid is now d loss / d resid_mid
         prof_next(pt, "layer", "layer %d attention", l);
         if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
-        block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d);
+        block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d, wb);
         attention_hooked_backward_gpu(&m->attn, m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         clip_rope_backward_gpu(m->dqkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         if (rc & RC_CATTN) gpu_decompress_attn(m, l);   // (--compress-acts attn: ln1 rebuilt)
-        block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd);
+        block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, wb);
         layernorm_backward_gpu(m->dresid, (floatX*)nullptr, gw.norm1, m->ln_scratch, m->dln, m->resid[l], w.norm1, a->ln1_mean,
-                               a->ln1_rstd, N, d);
+                               a->ln1_rstd, N, d, 0, wacc);
         prof_end(pt);
         unit_end(m, dbrx_block_unit(l), UNIT_BACKWARD);
     }
     unit_begin(m, 0, UNIT_BACKWARD_GRADS_ONLY);
     prof_begin(pt, "layer", "embedding");
     if (m->vocab.backward) m->vocab.backward(m->vocab.ctx, 0);
-    else embedding_backward_gpu(m->g.wte, m->dresid, m->emb_unique, m->emb_offsets, m->emb_positions, m->emb_U, d);
+    else {   // (the rows of tokens not in the batch get nothing: zeroed first when overwriting)
+        if (!wacc) cudaCheck(cudaMemsetAsync(m->g.wte, 0, (size_t)V * d * sizeof(float), 0));
+        embedding_backward_gpu(m->g.wte, m->dresid, m->emb_unique, m->emb_offsets, m->emb_positions, m->emb_U, d);
+    }
     prof_end(pt);
     unit_end(m, 0, UNIT_BACKWARD_GRADS_ONLY);
 }
@@ -572,6 +597,9 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
 // dbrx_build's model (one GPU, no store): zero the gradients, and one optimizer step t (1-based) with
 // global-norm clipping, returning the norm before clipping. A store does both on its shard.
 static inline void dbrx_zero_grad(DbrxGPU* m) { cudaCheck(cudaMemset(m->grads, 0, m->num_params * sizeof(float))); }
+// the step's first backward can overwrite every weight gradient (m->grad_first; the store with S = 1 sets it): BF16, the
+// experts and the vocabulary here (FP8's GEMMs, a dispatcher's experts and the store's chunks accumulate, into zeros)
+static inline bool dbrx_grads_overwrite(const DbrxGPU* m) { return !fp8_on(&m->fp8) && !m->experts.backward && !m->vocab.backward; }
 
 static inline double dbrx_update(DbrxGPU* m, const AdamWConfig* o, float lr, int t) {
     double norm = sqrt(grad_sumsq_gpu(m->grads, m->num_params, m->norm_partial));

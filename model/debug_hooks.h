@@ -19,7 +19,7 @@
 typedef enum { PLANT_NONE = 0, PLANT_STEP_SYNC, PLANT_REDUCE_SCATTER_CHUNK, PLANT_SKIP_GATHER_WAIT, PLANT_FP8_GATHER_SCALE,
                PLANT_EP_REGROW, PLANT_COMM_SERIAL, PLANT_COMM_REORDER, PLANT_RECOMPUTE_ROUTING,
                PLANT_CHUNK_EARLY_RS, PLANT_CP_ALL_GATHER, PLANT_NO_RC_PREFETCH,
-               PLANT_NO_HEAD_AHEAD } DebugPlant;
+               PLANT_NO_HEAD_AHEAD, PLANT_STALE_GRAD } DebugPlant;
 
 typedef struct {
     int kill_rank = -1, kill_step = -1, kill_signal = SIGKILL;
@@ -56,7 +56,8 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
                                  "the same numbers: on the GPU K|V all-gathered, on the CPU the ring's K|V hops blocking), no_rc_prefetch (--recompute moe/block under ZeRO-3: the recompute's "
                                  "block gathered when it begins, not ahead), "
                                  "no_head_ahead (the vocabulary slot under ZeRO-3 on the GPU: the head gathered by the last block's prefetch, not "
-                                 "after the embedding's forward)"},
+                                 "after the embedding's forward), stale_grad (the GPU's gradient overwritten, not zeroed: under ZeRO-3 unit 1's "
+                                 "first reduce-scatter of a step, on one GPU lm_head's first weight gradient, adds to the previous step's instead)"},
 };
 
 // getenv of a switch the table lists (any other name is a programming error: exit 1 at start-up)
@@ -115,11 +116,11 @@ static inline void debug_hooks_read() {
                 : !strcmp(p, "serial_streams") ? PLANT_COMM_SERIAL : !strcmp(p, "reorder_issue") ? PLANT_COMM_REORDER
                 : !strcmp(p, "recompute_routing") ? PLANT_RECOMPUTE_ROUTING : !strcmp(p, "chunk_early_rs") ? PLANT_CHUNK_EARLY_RS
                 : !strcmp(p, "cp_all_gather") ? PLANT_CP_ALL_GATHER : !strcmp(p, "no_rc_prefetch") ? PLANT_NO_RC_PREFETCH
-                : !strcmp(p, "no_head_ahead") ? PLANT_NO_HEAD_AHEAD : PLANT_NONE;
+                : !strcmp(p, "no_head_ahead") ? PLANT_NO_HEAD_AHEAD : !strcmp(p, "stale_grad") ? PLANT_STALE_GRAD : PLANT_NONE;
         if (h.plant == PLANT_NONE)
             fail(EXIT_BAD_INPUT, "DBRX_DEBUG_PLANT '%s' is not step_sync, reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, "
                  "ep_regrow, serial_streams, reorder_issue, recompute_routing, chunk_early_rs, cp_all_gather, no_rc_prefetch "
-                 "or no_head_ahead", p);
+                 "no_head_ahead or stale_grad", p);
     }
     g_debug_hooks = h;
 }

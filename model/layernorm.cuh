@@ -232,24 +232,24 @@ __global__ void column_sum_groups_kernel(float* partial, int rows, int C, int gr
     partial[(size_t)r0 * C + c] = acc;
 }
 
-// out (C) += sum over rows 0, stride, 2 stride, ... (< rows) of partial (rows, C), in row order
-__global__ void column_sum_kernel(float* out, const float* partial, int rows, int C, int stride) {
+// out (C) += (accumulate; else =) sum over rows 0, stride, 2 stride, ... (< rows) of partial (rows, C), in row order
+__global__ void column_sum_kernel(float* out, const float* partial, int rows, int C, int stride, int accumulate) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float acc = 0.0f;
     for (int r = 0; r < rows; r += stride) acc += partial[(size_t)r * C + c];
-    out[c] += acc;
+    out[c] = accumulate ? out[c] + acc : acc;
 }
 
 // floats of scratch layernorm_backward_gpu needs
 static inline size_t layernorm_backward_scratch(int N, int C) { return (size_t)ceil_div(N, LN_ROWS_PER_CHUNK) * C; }
 
-// dinp (fp32) += ..., dinp_bf16 (optional) = bf16(dinp), dweight (fp32) += ... from dout (fp32). The weight gradient:
+// dinp (fp32) += ..., dinp_bf16 (optional) = bf16(dinp), dweight (fp32) += ... (dweight_acc 0: =) from dout (fp32). The weight gradient:
 // 32-row chunk partials (the fused kernel), summed in groups of LN_CHUNKS_PER_GROUP chunks, then the groups in order:
 // deterministic; with one group (N <= 256 rows) the very sum of the chunks in order that a single pass gives.
 static inline void layernorm_backward_gpu(float* dinp, floatX* dinp_bf16, float* dweight, float* scratch, const float* dout,
                                           const floatX* inp, const floatX* weight, const float* mean, const float* rstd,
-                                          int N, int C, cudaStream_t stream = 0) {
+                                          int N, int C, cudaStream_t stream = 0, int dweight_acc = 1) {
     if (N == 0) return;
     int chunks = ceil_div(N, LN_ROWS_PER_CHUNK), groups = ceil_div(chunks, LN_CHUNKS_PER_GROUP);
     if (bf16_rows_vec8(C, {dinp, dinp_bf16, scratch, dout, inp, weight}))
@@ -257,6 +257,6 @@ static inline void layernorm_backward_gpu(float* dinp, floatX* dinp_bf16, float*
     else
         LAUNCH(layernorm_backward_kernel<1>, chunks, 256, 0, stream, dinp, dinp_bf16, scratch, dout, inp, weight, mean, rstd, N, C);
     LAUNCH(column_sum_groups_kernel, dim3(groups, ceil_div(C, 128)), 128, 0, stream, scratch, chunks, C, LN_CHUNKS_PER_GROUP);
-    LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, stream, dweight, scratch, chunks, C, LN_CHUNKS_PER_GROUP);
+    LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, stream, dweight, scratch, chunks, C, LN_CHUNKS_PER_GROUP, dweight_acc);
 }
 #endif  // DBRX_HAVE_CUDA

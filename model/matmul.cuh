@@ -308,12 +308,12 @@ static inline void matmul_forward_gpu(TO* out, const floatX* inp, const floatX* 
                                       cudaStream_t stream = 0) {
     gemm_gpu(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, stream);
 }
-// dinp (N, C) = dinp_beta * dinp + dout (N, OC) @ weight (OC, C);  dweight (OC, C) += dout^T @ inp
-// (fp32 weight gradients). Either output may be NULL.
+// dinp (N, C) = dinp_beta * dinp + dout (N, OC) @ weight (OC, C);  dweight (OC, C) = dweight_beta * dweight + dout^T @ inp
+// (fp32 weight gradients: accumulated, or with dweight_beta 0 overwritten). Either output may be NULL.
 template <typename TI>
 static inline void matmul_backward_gpu(TI* dinp, float* dweight, const floatX* dout, const floatX* inp, const floatX* weight,
-                                       int N, int C, int OC, float dinp_beta, cudaStream_t stream = 0) {
+                                       int N, int C, int OC, float dinp_beta, cudaStream_t stream = 0, float dweight_beta = 1.0f) {
     if (dinp) gemm_gpu(false, false, N, C, OC, 1.0f, dout, OC, weight, C, dinp_beta, dinp, C, stream);
-    if (dweight && N > 0) gemm_gpu(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, stream);
+    if (dweight && N > 0) gemm_gpu(true, false, OC, C, N, 1.0f, dout, OC, inp, C, dweight_beta, dweight, C, stream);
 }
 #endif  // DBRX_HAVE_CUDA

@@ -78,7 +78,9 @@ typedef struct {
     size_t *seg_off, *seg_n;          // device (nseg): the shard's segments and padding, for AdamW's one launch
     int* seg_mode;                    // (adamw_segments, model/adamw.cuh)
     float grad_pre;                   // the factor the gradient awaits: 1 / W after the reduction (the optimizer applies it)
-    int grad_clean;                   // the gradient shard is all zeros (the fused AdamW zeroes it)
+    int grad_clean;                   // the gradient shard is all zeros (S = 1: the fused AdamW zeroes it)
+    std::vector<char> grad_fresh;     // S > 1, per item (z.item_base[u] + j): its shard part not yet written this step,
+                                      // so its next reduce-scatter overwrites it (zero_gpu_comm.cuh); nothing is zeroed
     int nseg;
     size_t seg_max;
     std::vector<size_t> seg_off_host, seg_n_host;   // the same table on the host (the optimizer's split: zero_gpu_comm.cuh)
@@ -263,6 +265,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
         if (z->S > 1) {
             take((void**)&zg->work[i], z->work_numel * sizeof(floatX));
             take((void**)&zg->gwork[i], z->work_numel * sizeof(float));
+            cudaCheck(cudaMemset(zg->gwork[i], 0, z->work_numel * sizeof(float)));   // (zero whenever free: zero_gpu_reduce_scatter)
         }
         cudaCheck(cudaEventCreateWithFlags(&zg->gathered[i], cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&zg->slot_free[i], cudaEventDisableTiming));
@@ -283,6 +286,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     z->state_rss = 0;
     cudaCheck(cudaMemset(zg->grad, 0, bytes));
     zg->grad_clean = 1;
+    zg->grad_fresh.assign(z->n_units ? z->item_base.back() + z->unit_nchunks.back() : 0, 0);   // (zero: accumulating into it is right)
     zg->grad_pre = 1.0f;
     if (z->P == 1) {   // the shard is the whole model: the model reads and writes the store's buffers directly
         model->p = model_views(zg->master_bf16, c, t);
@@ -376,9 +380,8 @@ static inline void zero_gpu_unit_begin(void* ctx, int u, int phase) {
         else zero_gpu_prefetch_next(zg, u, phase);   // overlaps this unit's compute
         if (phase != UNIT_FORWARD) zero_gpu_rc_prefetch(zg, u);
     }
-    if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it has finished
-        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
-        cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), zg->compute));
+    if (phase != UNIT_FORWARD) {   // a zeroed gradient slot, once the previous reduce-scatter out of it (and its zeroing
+        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));   // after it, zero_gpu_comm.cuh) has finished
         model_unit_views(&model->g, zg->gwork[slot], u, &model->cfg, model->table, z->ep_n);
     }
 }
@@ -412,8 +415,14 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
 // ---------------------------------------------------------------------------------------------
 // the step
 
-static inline void zero_zero_grad(ZeroGpu* zg) {   // (after an update: zeroed by it already)
-    if (!zg->grad_clean) cudaCheck(cudaMemsetAsync(zg->grad, 0, zg->z.shard_total * sizeof(float), zg->compute));
+// S > 1: every item's first reduce-scatter of the step overwrites its part of the shard (the parts tile the shard,
+// its padding included): nothing to zero. S = 1: the model's first backward overwrites the shard where it can
+// (dbrx_grads_overwrite); else it accumulates into it (after an update: zeroed by it).
+static inline bool zero_grad_overwritten(ZeroGpu* zg) { return zg->z.S > 1 || dbrx_grads_overwrite(zg->model); }
+static inline void zero_zero_grad(ZeroGpu* zg) {
+    if (zg->z.S > 1) std::fill(zg->grad_fresh.begin(), zg->grad_fresh.end(), 1);
+    else if (zero_grad_overwritten(zg)) zg->model->grad_first = 1;
+    else if (!zg->grad_clean) cudaCheck(cudaMemsetAsync(zg->grad, 0, zg->z.shard_total * sizeof(float), zg->compute));
     zg->grad_clean = 0;
     zg->grad_pre = 1.0f;
 }
@@ -426,6 +435,7 @@ static inline void zero_reduce_grads(ZeroGpu* zg) {
     Zero* z = &zg->z;
     cudaStream_t last = zg->compute;
     if (z->S > 1) last = zero_gpu_rs_stream(zg);   // the gradient shard's last writer
+    if (z->S > 1) zero_gpu_zero_unwritten(zg);      // (an item no backward reduce-scattered this step: zeroed)
     if (z->P != z->S) {   // data parallel with EP: non-expert units over the world, then experts over their replicas
         for (int ex = 0; ex < 2; ex++) {
             CommGroup* g = ex ? zero_expert_replica(z) : &z->replica;
@@ -494,12 +504,15 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     zg->slot_unit[0] = zg->slot_unit[1] = zg->vocab_unit = zg->rc_unit = -1;   // the gathered copies are stale
     zg->fp8.ready = 0;                          // and so are the FP8 codes
-    // one launch over the shard, or two with the next step's first items gathered between them (zero_gpu_comm.cuh)
+    // one launch over the shard, or two with the next step's first items gathered between them (zero_gpu_comm.cuh);
+    // the gradient zeroed only where the next step accumulates into it (zero_zero_grad)
+    int clear_grad = !zero_grad_overwritten(zg);
     zero_gpu_adamw_prefetch(zg, [&](int s0, int s1, size_t max_n, size_t elems) {
         adamw_fused_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off + s0, zg->seg_n + s0, zg->seg_mode + s0,
-                               s1 - s0, max_n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, zg->grad_pre, scale, t, zg->compute, elems);
+                               s1 - s0, max_n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, zg->grad_pre, scale, t, zg->compute, elems,
+                               clear_grad);
     });
-    zg->grad_clean = 1;   // (it zeroed the gradient)
+    zg->grad_clean = clear_grad;
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));
     fp8_gpu_step(&zg->model->fp8);              // FP8 delayed scaling: the amaxes join the histories
     return norm;

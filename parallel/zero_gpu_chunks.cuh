@@ -46,8 +46,8 @@ template <typename T> static inline void zero_chunk_tensors(const Zero* z, int u
 // next item's gather issued (forward: chunk j + 1, after the last the next unit, not in train 2's recomputation;
 // backward: chunk j - 1, after chunk 0 the unit before; with the first chunk of the unit's backward or of its
 // recomputation before it, the block below two units ahead, zero_gpu_rc_prefetch, as the unit whole does when its
-// backward begins); backward: the chunk's gradient slot zeroed (its length
-// only, once the previous reduce-scatter out of it has finished). w (and gw) its w1, v1, w2 in the slot.
+// backward begins); backward: the chunk's gradient slot, zero once the previous reduce-scatter out of it (and the
+// slot's zeroing after it, zero_gpu_reduce_scatter) has finished. w (and gw) its w1, v1, w2 in the slot.
 static inline void zero_gpu_chunk_begin(ZeroGpu* zg, int u, int j, bool backward, int train, floatX** w, float** gw) {
     Zero* z = &zg->z;
     int K = z->unit_nchunks[u], slot = zero_item_slot(z, u, j);
@@ -61,7 +61,6 @@ static inline void zero_gpu_chunk_begin(ZeroGpu* zg, int u, int j, bool backward
     zero_chunk_tensors(z, u, j, zg->work[slot], w);
     if (!backward) return;
     cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
-    cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), zg->compute));
     zero_chunk_tensors(z, u, j, zg->gwork[slot], gw);
     if (g_debug_hooks.plant == PLANT_CHUNK_EARLY_RS) {   // the negative control: reduced before it is complete, and at
         zero_gpu_reduce_scatter(zg, u, j);                // once (the earliest a GPU may run it; the emulator would defer it)

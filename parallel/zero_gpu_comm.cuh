@@ -207,16 +207,26 @@ __global__ void zero_round_bf16_kernel(floatX* out, const float* in, size_t n) {
             for (size_t k = i; k < i + 8 && k < n; k++) out[k] = __float2bfloat16(in[k]);
     }
 }
-// this rank's reduced BF16 chunk added to its FP32 gradient shard
+// this rank's reduced BF16 chunk added to its FP32 gradient shard (the step's first: written into it)
 __global__ void zero_accumulate_bf16_kernel(float* acc, const floatX* x, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         acc[i] += __bfloat162float(x[i]);
 }
+__global__ void zero_bf16_to_f32_kernel(float* out, const floatX* x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __bfloat162float(x[i]);
+}
 // item (u, j)'s gradient (its gradient slot: the unit's, or chunk j's of a chunked experts unit)
-// reduce-scattered into the gradient shard on the reduce-scatter stream, after the compute stream has written it
+// reduce-scattered into the gradient shard on the reduce-scatter stream, after the compute stream has written it.
+// The step's first reduce-scatter of the item (zg->grad_fresh: the first micro-batch's) overwrites the shard's part:
+// FP32 reduce-scattered straight into it, BF16 converted into it; the later ones add to it (0 + x = x: the same
+// values as accumulating into zeros, so AdamW no longer zeroes the gradient, model/adamw.cuh)
 static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
     Zero* z = &zg->z;
-    int slot = zero_item_slot(z, u, j);
+    int slot = zero_item_slot(z, u, j), item = z->item_base[u] + j;
+    // (DBRX_DEBUG_PLANT=stale_grad: unit 1's first adds to the previous step's gradient, test/test_zero_gpu.sh's control)
+    bool first = zg->grad_fresh[item] && !(g_debug_hooks.plant == PLANT_STALE_GRAD && u == 1);
+    zg->grad_fresh[item] = 0;
     cudaStream_t rs = zero_gpu_rs_stream(zg);
     cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
     cudaCheck(cudaStreamWaitEvent(rs, zg->grads_ready[slot], 0));
@@ -228,22 +238,50 @@ static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
     for (size_t i = 0; i < z->runs[u].size(); i++) {   // run by run, out of the full gradient of the unit (chunk)
         const ShardRun& r = z->runs[u][i];
         if (!zero_run_mine(z, r) || z->run_chunk[u][i] != j) continue;
-        float* full = zg->gwork[slot] + r.slot_off;
+        float *full = zg->gwork[slot] + r.slot_off, *shard = zg->grad + z->shard_off[u] + r.shard_rel;
         if (zg->rs_bf16 && grp->size > 1) {   // --grad-reduce-dtype bf16: rounded into the scratch, reduced there (the
                                               // stream orders its reuse; a group of one, EP's experts at S = EP, sums nothing)
             size_t n = r.chunk * (size_t)grp->size;
+            const floatX* own = zg->rs_scratch + (size_t)mine * r.chunk;
             LAUNCH(zero_round_bf16_kernel, zero_grid((n + 7) / 8), 256, 0, rs, zg->rs_scratch, full, n);
             comm_reduce_scatter_inplace(grp, zg->rs_scratch, r.chunk, COMM_BF16);
-            LAUNCH(zero_accumulate_bf16_kernel, zero_grid(r.chunk), 256, 0, rs, zg->grad + z->shard_off[u] + r.shard_rel,
-                   zg->rs_scratch + (size_t)mine * r.chunk, r.chunk);
+            if (first) LAUNCH(zero_bf16_to_f32_kernel, zero_grid(r.chunk), 256, 0, rs, shard, own, r.chunk);
+            else LAUNCH(zero_accumulate_bf16_kernel, zero_grid(r.chunk), 256, 0, rs, shard, own, r.chunk);
+            continue;
+        }
+        if (first && mine == grp->rank) {   // the sums written where they belong: no accumulate pass
+            comm_reduce_scatter(grp, full, shard, r.chunk, COMM_F32);
             continue;
         }
         comm_reduce_scatter_inplace(grp, full, r.chunk, COMM_F32);
-        LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, rs, zg->grad + z->shard_off[u] + r.shard_rel,
-               full + (size_t)mine * r.chunk, r.chunk);
+        if (first) cudaCheck(cudaMemcpyAsync(shard, full + (size_t)mine * r.chunk, r.chunk * sizeof(float), cudaMemcpyDeviceToDevice, rs));
+        else LAUNCH(zero_accumulate_kernel, zero_grid(r.chunk), 256, 0, rs, shard, full + (size_t)mine * r.chunk, r.chunk);
     }
     prof_end(prof_stream(rs, "communication (shard group, reduce-scatter)"));
+    // the slot zeroed for its next unit (the unit's length: a slot is all zeros whenever it is free, zero_init zeroes
+    // it first), here on the reduce-scatter stream beside the compute stream's next backward, not in front of it
+    cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), rs));
     cudaCheck(cudaEventRecord(zg->grads_reduced[slot], rs));
+}
+
+// S > 1, after the micro-batches: the shard's parts of items that no backward reduce-scattered this step (none in a
+// training step: every unit's backward runs) zeroed on the reduce-scatter stream, so that no stale gradient is left
+static inline void zero_gpu_zero_unwritten(ZeroGpu* zg) {
+    Zero* z = &zg->z;
+    cudaStream_t rs = zero_gpu_rs_stream(zg);
+    bool waited = false;
+    for (int u = 0; u < z->n_units; u++)
+        for (size_t i = 0; i < z->runs[u].size(); i++) {
+            const ShardRun& r = z->runs[u][i];
+            if (!zero_run_mine(z, r) || !zg->grad_fresh[z->item_base[u] + z->run_chunk[u][i]]) continue;
+            if (!waited) {   // (after the compute stream's last read of the gradient: the previous step's optimizer)
+                cudaCheck(cudaEventRecord(zg->comm_done, zg->compute));
+                cudaCheck(cudaStreamWaitEvent(rs, zg->comm_done, 0));
+                waited = true;
+            }
+            cudaCheck(cudaMemsetAsync(zg->grad + z->shard_off[u] + r.shard_rel, 0, r.chunk * sizeof(float), rs));
+        }
+    std::fill(zg->grad_fresh.begin(), zg->grad_fresh.end(), 0);
 }
 
 // expert parallelism's row exchange for the dispatcher (ExpertParallel): the counts over MPI on the host; the

@@ -88,9 +88,8 @@ static inline void zero_gpu_vocab_backward(void* ctx, int u) {
     for (int j = K - 1; j >= 0; j--) {
         int slot = zero_item_slot(z, u, j), v0 = j * rows, v1 = std::min(V, v0 + rows);
         float* gs = zg->gwork[slot];
-        // a zeroed gradient slot (the longest chunk's length), once the previous reduce-scatter out of it has finished
+        // a zero gradient slot, once the previous reduce-scatter out of it (and its zeroing after it) has finished
         cudaCheck(cudaStreamWaitEvent(zg->compute, zg->grads_reduced[slot], 0));
-        cudaCheck(cudaMemsetAsync(gs, 0, z->slot_numel[u] * sizeof(float), zg->compute));
         bool early = g_debug_hooks.plant == PLANT_CHUNK_EARLY_RS;   // (the negative control, as for the experts' chunks)
         if (early) {
             zero_gpu_reduce_scatter(zg, u, j);

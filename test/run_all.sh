@@ -156,6 +156,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         bash test/test_zero_chunks.sh
     section "the gradient reduce-scatter in BF16 (--grad-reduce-dtype): fp32 the default's bits, bf16 near, half the bytes, the plan's scratch" \
         bash test/test_grad_reduce_dtype.sh
+    section "the store's gradient shard overwritten by the first reduce-scatter, not zeroed: near the CPU, a stale-gradient control" \
+        bash test/test_grad_overwrite.sh
     section "GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)" bash test/test_gemm_pins.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"

@@ -145,7 +145,7 @@ int main() {
             LAUNCH(layernorm_backward_dinp_v1, ceil_div(N, 8), 256, 0, 0, ddinp, ddinp16, ddy, dx, dw, dmean, drstd, N, C);
             LAUNCH(layernorm_backward_dweight_partial_v1, dim3(chunks, ceil_div(C, 128)), 128, 0, 0, scratch, ddy, dx, dmean, drstd,
                    N, C, LN_ROWS_PER_CHUNK);
-            LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, 0, ddw, scratch, chunks, C, 1);
+            LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, 0, ddw, scratch, chunks, C, 1, 1);
         },
         [&] {
             zero();

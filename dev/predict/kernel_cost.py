@@ -191,6 +191,9 @@ KERNELS = {
     "zero_f32_to_bf16_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),           # (out, in, n)
     "zero_round_bf16_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),            # (out, in, n): --grad-reduce-dtype bf16
     "zero_accumulate_bf16_kernel": lambda a, g, x: (6 * a[2], 4 * a[2]),       # (acc, x, n): acc += x, x BF16
+    "experts_zero_empty_kernel": lambda a, g, x: (4 * (a[4] + 1), 0),  # (dw1, dv1, dw2, offsets, E, n): the offsets; 12 n
+                                                                        # written per expert without rows (none when balanced)
+    "zero_bf16_to_f32_kernel": lambda a, g, x: (2 * a[2], 4 * a[2]),           # (out, x, n): out = x (the step's first)
     # context parallelism on the GPU (model/attention_cp_cuda.cuh; the chunk pairs: _flash_cp)
     "cp_pack_kv_kernel": lambda a, g, x: (4 * a[2] * a[4] * a[5], 4 * a[2] * a[4] * a[5]),     # (kv, qkv, rows, H, KV, hd): BF16 K|V
     "cp_unpack_dkv_kernel": lambda a, g, x: (8 * a[2] * a[4] * a[5], 4 * a[2] * a[4] * a[5]),  # FP32 dK|dV -> BF16
@@ -204,7 +207,7 @@ KERNELS = {
     "layernorm_forward_kernel": _ln_fwd,
     "layernorm_backward_kernel": _ln_bwd,
     "column_sum_groups_kernel": lambda a, g, x: (4 * a[1] * a[2], 4 * g[0] * a[2]),  # (partial, rows, C, group): a sum per group, in place
-    "column_sum_kernel": lambda a, g, x: (4 * _cdiv(a[2], a[4]) * a[3] + 4 * a[3], 4 * a[3]),  # (out, partial, rows, C, stride): out += every stride-th row
+    "column_sum_kernel": lambda a, g, x: (4 * _cdiv(a[2], a[4]) * a[3] + (4 * a[3] if len(a) < 6 or a[5] else 0), 4 * a[3]),  # (out, partial, rows, C, stride, accumulate): out (+)= every stride-th row
     "classifier_fused_kernel": lambda a, g, x: (2 * g[0] * a[3] + 4 * g[0], (2 * g[0] * a[3] if a[5] else 0) + 4 * g[0]),  # N = grid.x rows of V logits
     "loss_mean_kernel": lambda a, g, x: (4 * a[2], 8),                          # (mean, losses, N)
     # attention
@@ -332,11 +335,13 @@ def kernel_rw(item, ctx=None):
             return rd, wr, mma
         if base == "adamw_fused_kernel":   # its segments' sizes are on the device: the step's gradient-norm pass (over the
             n = a[18] if len(a) > 18 and a[18] else ctx.get("shard_n")   # whole shard) gives their sum, padding included,
-            # unless the launch says (its last argument: the device store's optimizer in two launches, the first
+            # unless the launch says (argument 18: the device store's optimizer in two launches, the first
             # units of the next step gathered after the first, parallel/zero_gpu_comm.cuh). Per element g, m, v, master
-            # read (16 B); m, v, master (12), the BF16 copy (2) and g = 0 (4) written; 20 B of table per segment (the
-            # padding's elements: only the zero written, 4 B, counted as 16 + 18 here: a few elements per unit)
-            return (16 * n + 20 * g[1], 18 * n, 0) if n else None
+            # read (16 B); m, v, master (12), the BF16 copy (2) and, where clear_grad (argument 19: FP8 or DDP + EP; ZeRO-3's
+            # first reduce-scatter or one GPU's first backward overwrites the gradient instead), g = 0 (4) written; 20 B of table per segment (the
+            # padding's elements: only the zero written, or nothing, counted as a parameter's here: a few per unit)
+            clear = a[19] if len(a) > 19 else 1
+            return (16 * n + 20 * g[1], (18 if clear else 14) * n, 0) if n else None
         if base == "embedding_backward_kernel":   # (dwte, dout, unique, offsets, positions, C), grid.x = U distinct
             U, C, N = g[0], a[5], ctx.get("tokens", g[0])   # tokens: dwte rows += the sum of their positions' dout rows
             return 4 * U * C + 4 * N * C + 4 * U + 4 * (U + 1) + 4 * N, 4 * U * C, 0
