@@ -367,7 +367,7 @@ static inline void block_linear_forward(DbrxGPU* m, int l, int lin, TO* out, con
 template <typename TI>
 static inline void block_linear_backward(DbrxGPU* m, int l, int lin, TI* dinp, float* dweight, const floatX* dout, const floatX* inp,
                                          const floatX* weight, int N, int C, int OC, float wbeta) {
-    if (fp8_on(&m->fp8)) fp8_matmul_backward_gpu(&m->fp8, l, lin, dinp, dweight, dout, inp, weight, N, C, OC, 0.0f);   // (wbeta 1)
+    if (fp8_on(&m->fp8)) fp8_matmul_backward_gpu(&m->fp8, l, lin, dinp, dweight, dout, inp, weight, N, C, OC, 0.0f, 0, wbeta);
     else matmul_backward_gpu(dinp, dweight, dout, inp, weight, N, C, OC, 0.0f, 0, wbeta);
 }
 
@@ -407,7 +407,7 @@ static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, co
     const DbrxConfig* c = &m->cfg;
     int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
     if (fp8_on(&m->fp8)) fp8_experts_backward_gpu(&m->fp8, l, m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g,
-                                                  a->u, a->act, w.w1, w.v1, w.w2, E, d, F);
+                                                  a->u, a->act, w.w1, w.v1, w.w2, E, d, F, 0, wbeta);
     else experts_backward_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1, w.w2,
                               a->offsets_host.data(), E, d, F, 0, wbeta);
     if (wbeta == 0.0f)   // (overwriting: an expert without rows wrote nothing)
@@ -597,9 +597,9 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
 // dbrx_build's model (one GPU, no store): zero the gradients, and one optimizer step t (1-based) with
 // global-norm clipping, returning the norm before clipping. A store does both on its shard.
 static inline void dbrx_zero_grad(DbrxGPU* m) { cudaCheck(cudaMemset(m->grads, 0, m->num_params * sizeof(float))); }
-// the step's first backward can overwrite every weight gradient (m->grad_first; the store with S = 1 sets it): BF16, the
-// experts and the vocabulary here (FP8's GEMMs, a dispatcher's experts and the store's chunks accumulate, into zeros)
-static inline bool dbrx_grads_overwrite(const DbrxGPU* m) { return !fp8_on(&m->fp8) && !m->experts.backward && !m->vocab.backward; }
+// the step's first backward can overwrite every weight gradient (m->grad_first; the store with S = 1 sets it): BF16 or
+// FP8, the experts and the vocabulary here (a dispatcher's experts and the store's chunks accumulate, into zeros)
+static inline bool dbrx_grads_overwrite(const DbrxGPU* m) { return !m->experts.backward && !m->vocab.backward; }
 
 static inline double dbrx_update(DbrxGPU* m, const AdamWConfig* o, float lr, int t) {
     double norm = sqrt(grad_sumsq_gpu(m->grads, m->num_params, m->norm_partial));

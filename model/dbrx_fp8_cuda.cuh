@@ -476,7 +476,7 @@ static inline void fp8_matmul_forward_gpu(Fp8GPU* f, int layer, int lin, TO* out
 template <typename TI>
 static inline void fp8_matmul_backward_gpu(Fp8GPU* f, int layer, int lin, TI* dinp, float* dweight, const floatX* dout,
                                            const floatX* inp, const floatX* weight, int N, int C, int OC, float dinp_beta,
-                                           cudaStream_t stream = 0) {
+                                           cudaStream_t stream = 0, float wbeta = 1.0f) {
     int sx = fp8_slot(f, layer, lin, FP8_OP_X), sw = fp8_slot(f, layer, lin, FP8_OP_W), sg = fp8_slot(f, layer, lin, FP8_OP_DY);
     fp8_quantize_operand(f, sg, false, dout, N, OC, fp8_uniform_segments(1, N), &f->grad, true, true, stream);
     const Fp8Buf& wb = fp8_weight_gpu(f, layer, lin, weight, OC, C, fp8_uniform_segments(1, OC), &f->w, false, true, stream);
@@ -486,7 +486,7 @@ static inline void fp8_matmul_backward_gpu(Fp8GPU* f, int layer, int lin, TI* di
     // wgrad reduces over the N tokens: both transposed, dout^T (OC, N) and inp^T (C, N)
     fp8_quantize_operand(f, sx, false, inp, N, C, fp8_uniform_segments(1, N), &f->act, false, true, stream);
     gemm_fp8_gpu(OC, C, N, 1.0f, fp8_operand_of(f, sg, f->grad, false, true, 0, N, 0), fp8_operand_of(f, sx, f->act, false, true, 0, N, 0),
-                 1.0f, dweight, C, 0, stream);
+                 wbeta, dweight, C, 0, stream);   // (wbeta 0: the step's first backward overwrites, dbrx_grads_overwrite)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -555,7 +555,7 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
 static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, float* dw1, float* dv1, float* dw2, floatX* da,
                                             floatX* dg, floatX* du, const floatX* dye, const floatX* xe, const floatX* g,
                                             const floatX* u, const floatX* a, const floatX* w1, const floatX* v1, const floatX* w2,
-                                            int E, int C, int F, cudaStream_t stream = 0) {
+                                            int E, int C, int F, cudaStream_t stream = 0, float wbeta = 1.0f) {
     const Fp8Routing& rt = f->routing[layer];
     const std::vector<int>& p = rt.poff;
     std::vector<int> ws = fp8_weight_starts(E, F);
@@ -588,7 +588,7 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
                              da + (size_t)p[e] * F, F, 0, stream);
             if (pass == 1 || !fused)
                 gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sx2, actb, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
-                             fp8_operand_of(f, sg2, *qdy, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
+                             fp8_operand_of(f, sg2, *qdy, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), wbeta,
                              dw2 + (size_t)e * F * C, C, 0, stream);
         }
     }
@@ -610,7 +610,7 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
                          fp8_operand_of(f, swt, qw, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)),
                          i ? 1.0f : 0.0f, dxe + (size_t)p[e] * C, C, 0, stream);
             gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sg, qd, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
-                         fp8_operand_of(f, sxe, f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), 1.0f,
+                         fp8_operand_of(f, sxe, f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), wbeta,
                          dws[i] + (size_t)e * F * C, C, 0, stream);
         }
     }

@@ -5,7 +5,8 @@
 # stores zeros over it (model/adamw.cuh). On the emulated GPU (under mpirun: the NCCL twin), 3 steps:
 #   * one GPU, --grad-accum 4: every step's loss and gradient norm within 1e-2 of one CPU process; the same with every
 #     token routed to experts 0..k-1 (DBRX_DEBUG_ROUTE_FIRST: the other experts have no rows, their gradients zeroed by
-#     experts_zero_empty_kernel, not by a GEMM);
+#     experts_zero_empty_kernel, not by a GEMM); and one GPU --fp8 block --grad-accum 2 against the CPU's FP8 emulation (the
+#     FP8 weight-gradient GEMMs with beta 0 too), with the stale_grad plant as its control;
 #   * ZeRO-3 np 2 (FP32 and --grad-reduce-dtype bf16 reduce-scatters) and HSDP 2x2 (--grad-accum 1, the first reduce-
 #     scatter the only one; the replicas' all-reduce after it): every step's loss and gradient norm
 #     within 1e-2 (relative) of one CPU process on the same global batch (the CPU zeroes its gradient every step);
@@ -32,6 +33,11 @@ DBRX_DEBUG_ROUTE_FIRST=1 ./train_dbrx_emu --device cuda "${G[@]}" --grad-accum 4
 ./train_dbrx_emu --device cuda "${G[@]}" --grad-accum 4 --log "$tmp/one.jsonl" > "$tmp/one.out" 2>&1 || fail "one: $(tail -2 "$tmp/one.out")"
 DBRX_DEBUG_PLANT=stale_grad ./train_dbrx_emu --device cuda "${G[@]}" --grad-accum 4 --log "$tmp/one_planted.jsonl" > "$tmp/one_planted.out" 2>&1 ||
     fail "one_planted: $(tail -2 "$tmp/one_planted.out")"
+F8=(--fp8 block --grad-accum 2)
+./train_dbrx_cpu "${G[@]}" --device cpu "${F8[@]}" --log "$tmp/cpu_f8.jsonl" > "$tmp/cpu_f8.out" 2>&1 || fail "cpu_f8: $(tail -2 "$tmp/cpu_f8.out")"
+./train_dbrx_emu --device cuda "${G[@]}" "${F8[@]}" --log "$tmp/one_f8.jsonl" > "$tmp/one_f8.out" 2>&1 || fail "one_f8: $(tail -2 "$tmp/one_f8.out")"
+DBRX_DEBUG_PLANT=stale_grad ./train_dbrx_emu --device cuda "${G[@]}" "${F8[@]}" --log "$tmp/one_f8_planted.jsonl" > "$tmp/one_f8_planted.out" 2>&1 ||
+    fail "one_f8_planted: $(tail -2 "$tmp/one_f8_planted.out")"
 runp zero 2 --shard-group-size 2 --grad-accum 2
 runp zero_bf16 2 --shard-group-size 2 --grad-accum 2 --grad-reduce-dtype bf16
 runp hsdp 4 --shard-group-size 2
@@ -54,9 +60,13 @@ for name, what in [("one", "one GPU --grad-accum 4 (the first backward's weight 
 w = worst("one_rf", "cpu_rf")
 print("%s one GPU --grad-accum 4, every token routed to experts 0..k-1 (the others' gradients zeroed, not written by a GEMM): "
       "within %.1e of the CPU's (< 1e-2)" % ("pass" if w < 1e-2 else "fail", w))
-for name, what in [("planted", "ZeRO-3 np 2: unit 1's"), ("one_planted", "one GPU: lm_head's")]:
-    w = worst(name)
+w = worst("one_f8", "cpu_f8")
+print("%s one GPU --fp8 block --grad-accum 2 (the FP8 weight-gradient GEMMs overwrite too): within %.1e of the CPU's FP8 "
+      "emulation (< 1e-2)" % ("pass" if w < 1e-2 else "fail", w))
+for name, what, ref in [("planted", "ZeRO-3 np 2: unit 1's", "cpu"), ("one_planted", "one GPU: lm_head's", "cpu"),
+                        ("one_f8_planted", "one GPU --fp8 block: lm_head's", "cpu_f8")]:
+    w = worst(name, ref)
     print("%s negative control DBRX_DEBUG_PLANT=stale_grad (%s previous gradient left in): max rel. diff %.1e vs the CPU "
           "(>= 1e-2: caught)" % ("pass" if 1e-2 <= w < 9 else "fail", what, w))
 PY
-verdicts "$tmp/v" 7
+verdicts "$tmp/v" 9

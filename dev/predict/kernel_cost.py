@@ -337,7 +337,7 @@ def kernel_rw(item, ctx=None):
             n = a[18] if len(a) > 18 and a[18] else ctx.get("shard_n")   # whole shard) gives their sum, padding included,
             # unless the launch says (argument 18: the device store's optimizer in two launches, the first
             # units of the next step gathered after the first, parallel/zero_gpu_comm.cuh). Per element g, m, v, master
-            # read (16 B); m, v, master (12), the BF16 copy (2) and, where clear_grad (argument 19: FP8 or DDP + EP; ZeRO-3's
+            # read (16 B); m, v, master (12), the BF16 copy (2) and, where clear_grad (argument 19: DDP + EP; ZeRO-3's
             # first reduce-scatter or one GPU's first backward overwrites the gradient instead), g = 0 (4) written; 20 B of table per segment (the
             # padding's elements: only the zero written, or nothing, counted as a parameter's here: a few per unit)
             clear = a[19] if len(a) > 19 else 1
