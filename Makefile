@@ -137,7 +137,8 @@ SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
-             test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin
+             test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin \
+             test/test_wgmma test/test_race_wgmma
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -165,6 +166,13 @@ RACE_FLAGS := $(SIMT_FLAGS) -g -DSIMT_RACE_DETECT -fsanitize=thread --param=tsan
 test/test_race: test/test_race.cpp test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_race.cpp
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	rm -f $@.o
+# Hopper's warpgroup MMA (model/wgmma.cuh, test/simt/wgmma.h) against a double-precision product, and under the race detector
+test/test_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_wgmma.cpp
+test/test_race_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_wgmma.cpp
+	$(CXX) -fopenmp -o $@ $@.o
 	rm -f $@.o
 # the FP8 kernels (quantize, padding, factors) under the race detector: test_fp8_cuda's source, instrumented
 test/test_race_fp8: test/test_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps

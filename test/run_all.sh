@@ -86,6 +86,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     section "race detection: the FP8 kernels, a training step per recipe (SIMT emulator)" \
         doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
     section "race detection: ZeRO-3's FP8 all-gather kernels (SIMT emulator)" doctest_run ./test/test_race_zero_fp8
+    # Hopper's warpgroup MMA (model/wgmma.cuh): the emulator's wgmma against a double-precision product, then under the detector
+    wgmma_tests() { doctest_run ./test/test_wgmma; doctest_run ./test/test_race_wgmma; }
+    section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
+        wgmma_tests
     section "cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)" \
         doctest_run ./test/test_cublaslt_twin
     section "CUDA training step vs the CPU reference step (SIMT emulator)" doctest_run ./test/test_step_cuda
