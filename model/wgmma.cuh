@@ -59,12 +59,22 @@ __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t 
 
 #else
 
+// wgmma exists on sm_90a only: nvcc -arch=sm_90a also embeds compute_90 PTX (for later GPUs, JIT), where
+// these instructions do not assemble; there they trap (a kernel using them needs an sm_90a GPU)
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WGMMA_SM90A(...) __VA_ARGS__
+#else
+#define WGMMA_SM90A(...) __trap()
+#endif
+
 __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t lbo, uint32_t sbo, int swizzle) {
     return wgmma_desc_encode(smem_u32(smem), lbo, sbo, swizzle);
 }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void wgmma_fence() { WGMMA_SM90A(asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory")); }
+__device__ __forceinline__ void wgmma_commit() { WGMMA_SM90A(asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory")); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    WGMMA_SM90A(asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"));
+}
 __device__ __forceinline__ void wgmma_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 template <int M> __device__ __forceinline__ void wgmma_fence_operand(float (&r)[M]) {
 #pragma unroll
@@ -96,16 +106,16 @@ template <int M> __device__ __forceinline__ void wgmma_fence_operand(float (&r)[
 template <int N, int TA, int TB>
 __device__ __forceinline__ void wgmma_bf16_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     static_assert(N == 64 || N == 128 || N == 256, "the nvcc wrappers cover N = 64, 128, 256");
-    if constexpr (N == 64) WGMMA_SS(64, WG_REGS32, 32, 33, 34, 35, 36, WG_D32(0));
-    else if constexpr (N == 128) WGMMA_SS(128, WG_REGS64, 64, 65, 66, 67, 68, WG_D32(0), WG_D32(32));
-    else WGMMA_SS(256, WG_REGS128, 128, 129, 130, 131, 132, WG_D32(0), WG_D32(32), WG_D32(64), WG_D32(96));
+    if constexpr (N == 64) WGMMA_SM90A(WGMMA_SS(64, WG_REGS32, 32, 33, 34, 35, 36, WG_D32(0)));
+    else if constexpr (N == 128) WGMMA_SM90A(WGMMA_SS(128, WG_REGS64, 64, 65, 66, 67, 68, WG_D32(0), WG_D32(32)));
+    else WGMMA_SM90A(WGMMA_SS(256, WG_REGS128, 128, 129, 130, 131, 132, WG_D32(0), WG_D32(32), WG_D32(64), WG_D32(96)));
 }
 template <int N, int TB>
 __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t a[4], uint64_t desc_b, int scale_d) {
     static_assert(N == 64 || N == 128 || N == 256, "the nvcc wrappers cover N = 64, 128, 256");
-    if constexpr (N == 64) WGMMA_RS(64, WG_REGS32, 32, 33, 34, 35, 36, 37, 38, WG_D32(0));
-    else if constexpr (N == 128) WGMMA_RS(128, WG_REGS64, 64, 65, 66, 67, 68, 69, 70, WG_D32(0), WG_D32(32));
-    else WGMMA_RS(256, WG_REGS128, 128, 129, 130, 131, 132, 133, 134, WG_D32(0), WG_D32(32), WG_D32(64), WG_D32(96));
+    if constexpr (N == 64) WGMMA_SM90A(WGMMA_RS(64, WG_REGS32, 32, 33, 34, 35, 36, 37, 38, WG_D32(0)));
+    else if constexpr (N == 128) WGMMA_SM90A(WGMMA_RS(128, WG_REGS64, 64, 65, 66, 67, 68, 69, 70, WG_D32(0), WG_D32(32)));
+    else WGMMA_SM90A(WGMMA_RS(256, WG_REGS128, 128, 129, 130, 131, 132, 133, 134, WG_D32(0), WG_D32(32), WG_D32(64), WG_D32(96)));
 }
 #undef WGMMA_SS
 #undef WGMMA_RS
@@ -115,5 +125,6 @@ __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t 
 #undef WG_REGS64
 #undef WG_REGS32
 #undef WG_R10
+#undef WGMMA_SM90A
 
 #endif
