@@ -2,9 +2,9 @@
  * test_wgmma.cpp — Hopper's warpgroup MMA (model/wgmma.cuh) under the SIMT emulator (test/simt/wgmma.h),
  * against a double-precision CPU product. Each warpgroup kernel places random BF16 A (64 x K) and B (K x N,
  * given as Bt, N x K) in dynamic shared memory in one of the PTX ISA's layouts, written here from the
- * layouts' own descriptions (core matrices of 8 rows x 16 bytes; the 32/64/128-byte swizzles as "the
- * 16-byte chunk index of row r XOR (r / (8 / w)) % w within each 8-row atom", the TMA's wording) rather than
- * from the emulator's address formula, builds the matrix descriptors, and runs the k-steps of 16 as a chain
+ * layouts' own descriptions (core matrices of 8 rows x 16 bytes; the 32/64/128-byte swizzles row by row: row
+ * r's 16-byte chunk c stored at chunk c ^ (r / (8 / w)) % w of the row, w = 2/4/8 chunks per row, 8-row atoms)
+ * rather than from the emulator's address-bit formula, builds the matrix descriptors, and runs the k-steps of 16 as a chain
  * of wgmma.mma_async accumulating in registers:
  *   - every N in {64, 128, 256} x K-major / MN-major A and B (transpose flags) x no swizzle (two LBO/SBO
  *     arrangements), 32B, 64B, 128B swizzles, K 128 (attention's head_dim);
@@ -14,7 +14,8 @@
  *   - negative controls that must fail: the accumulators read before wait_group (NaN), a wrong leading or
  *     stride byte offset, a wrong swizzle mode (mismatches); a missing wgmma.fence, a block of 96
  *     threads, the operands' shared memory overwritten between the issue and the wait (a mismatch here, a
- *     race under the detector: make test/test_race_wgmma builds this file with -DSIMT_RACE_DETECT).
+ *     race under the detector: make test/test_race_wgmma builds this file with -DSIMT_RACE_DETECT, and there
+ *     checks the FLOPs the byte count (bytecount.h) records).
  * Built with g++ -DSIMT_EMULATION only.
  */
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -251,3 +252,14 @@ TEST_CASE("wgmma negative controls: early accumulator reads, wrong LBO / SBO / s
     CHECK(run_wgmma<64, 0, 0, false>(sw128, sw128, F_CLOBBER).bad > 1000);
 #endif
 }
+
+#if defined(SIMT_RACE_DETECT)
+TEST_CASE("wgmma: the tensor-core FLOPs of the byte count (bytecount.h), 2 x 64 x N x 16 per completed mma_async") {
+    simt::bytes_launch_begin();
+    REQUIRE(run_wgmma<128, 0, 0, false>(LAYOUTS[4], LAYOUTS[4], 0).bad == 0);   // K 128: 8 k-steps
+    CHECK(simt::bytes_launch_end().mma == 2LL * 64 * 128 * 16 * 8);
+    simt::bytes_launch_begin();
+    REQUIRE(run_wgmma<64, 0, 0, true>(LAYOUTS[0], LAYOUTS[0], F_GROUP_PER_STEP, 2, 64).bad == 0);   // 2 warpgroups x 4 k-steps
+    CHECK(simt::bytes_launch_end().mma == 2LL * 64 * 64 * 16 * 4 * 2);
+}
+#endif

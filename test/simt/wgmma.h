@@ -357,7 +357,7 @@ inline void wgmma_wait_collective(int first, void* const lanes[128]) {
 // every committed group of the warpgroup but the newest n completes now
 inline void wgmma_wait(int n, const char* file, int line) {
     SIMT_RACE_QUIET;
-    if (n < 0 || n > 7) wgmma_error("wgmma.wait_group N needs N in 0..7", file, line);
+    if (n < 0) wgmma_error("wgmma.wait_group N needs N >= 0", file, line);
     warpgroup_op("wgmma.wait_group", &n, wgmma_wait_collective, false, file, line);
     tls_wg->lanes[tls_sched->current].fenced = false;
 }
