@@ -12,8 +12,9 @@
  *   v4  v2 with A's fragments read from the swizzled tile into registers (wgmma's A-in-registers form, as
  *       attention's P V takes P)
  *   v5  v2 with BN 64
+ *   v6  v3 with two warpgroups (256 threads) on a 128 x 256 tile, sharing each B tile
  * 2 M N K FLOPs against the dense BF16 peak (cuBLASLt on the model's shapes: dev/cuda/matmul).
- *   make dev/cuda/wgmma_gemm && ./dev/cuda/wgmma_gemm [-v N (1-5)] [-m M] [-n N] [-k K]   (default 4096 each)
+ *   make dev/cuda/wgmma_gemm && ./dev/cuda/wgmma_gemm [-v N (1-6)] [-m M] [-n N] [-k K]   (default 4096 each)
  * Every version is first validated at M 128, N 256, K 192 against the CPU GEMM in double precision (the
  * emulated build, make test, does only that).
  */
@@ -23,55 +24,56 @@
 // dynamic shared memory, declared at file scope (see model/attention_flash.cuh)
 extern __shared__ __align__(16) char dynamic_smem[];
 
-#define WG_BM 64
 #define WG_BK 64   // k per tile: one 128-byte swizzle row
 
 // one k-tile of `rows` rows (k0 .. k0 + 63 of each) of src (row stride K) into the 128B-swizzled tile dst
 __device__ __forceinline__ void load_tile_sw128(char* dst, const floatX* src, int rows, int K, int k0) {
-    for (int i = threadIdx.x; i < rows * 8; i += 128) {
+    for (int i = threadIdx.x; i < rows * 8; i += blockDim.x) {
         int r = i / 8, c = i % 8;
         cp_async_16(dst + r * 128 + ((c ^ (r % 8)) * 16), src + (size_t)r * K + k0 + 8 * c);
     }
 }
 
-// A's fragment of k-step s (k 16 s .. 16 s + 15) from the 128B-swizzled 64 x 64 tile: each register two bf16 of
-// one row (the m64nNk16 A layout: rows 16 warp + g (+ 8), k 2 (lane % 4) (+ 8)), at chunk (k / 8) ^ row % 8
+// A's fragment of k-step s (k 16 s .. 16 s + 15) from the warpgroup's 128B-swizzled 64 x 64 tile: each register
+// two bf16 of one row (the m64nNk16 A layout: rows 16 warp + g (+ 8), k 2 (lane % 4) (+ 8)), at chunk (k / 8) ^ row % 8
 __device__ __forceinline__ void frag_a_sw128(uint32_t a[4], const char* tile, int s) {
-    const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
     for (int j = 0; j < 4; j++) {
         int r = 16 * warp + g + 8 * (j % 2), k = 16 * s + 2 * c + 8 * (j / 2);
         a[j] = *(const uint32_t*)(tile + r * 128 + ((k / 8) ^ (r % 8)) * 16 + (k % 8) * 2);
     }
 }
 
-// grid (N / BN, M / 64), 128 threads: out (M x N); M % 64 == 0, N % BN == 0, K % 64 == 0. AREG: A's fragments
+// grid (N / BN, M / (64 WG)), 128 WG threads: out (M x N); M % (64 WG) == 0, N % BN == 0, K % 64 == 0. Warpgroup
+// q computes rows 64 q .. 64 q + 63 of the block's tile, all of them with the same B tile. AREG: A's fragments
 // from shared memory into registers (as attention's P V takes P), else A by descriptor
-template <int BN, int STAGES, bool AREG>
-__global__ void __launch_bounds__(128) wgmma_gemm_kernel(float* out, const floatX* A, const floatX* B, int N, int K) {
-    const int m0 = blockIdx.y * WG_BM, n0 = blockIdx.x * BN;
+template <int BN, int STAGES, bool AREG, int WG>
+__global__ void __launch_bounds__(128 * WG) wgmma_gemm_kernel(float* out, const floatX* A, const floatX* B, int N, int K) {
+    const int BM = 64 * WG, q = threadIdx.x / 128;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     // the swizzle repeats every 1024 bytes of shared address: the tiles start on such a boundary
     char* smem = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);
-    const int a_bytes = WG_BM * 128, stage_bytes = (WG_BM + BN) * 128;
+    const int a_bytes = BM * 128, stage_bytes = (BM + BN) * 128;
     const floatX* a_src = A + (size_t)m0 * K;
     const floatX* b_src = B + (size_t)n0 * K;
     float d[BN / 2];
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
     const int tiles = K / WG_BK;
     if (STAGES == 2) {
-        load_tile_sw128(smem, a_src, WG_BM, K, 0);
+        load_tile_sw128(smem, a_src, BM, K, 0);
         load_tile_sw128(smem + a_bytes, b_src, BN, K, 0);
         cp_async_commit();
     }
     for (int kt = 0; kt < tiles; kt++) {
         char* st = smem + (STAGES == 2 ? kt % 2 : 0) * stage_bytes;
         if (STAGES == 1) {
-            load_tile_sw128(st, a_src, WG_BM, K, kt * WG_BK);
+            load_tile_sw128(st, a_src, BM, K, kt * WG_BK);
             load_tile_sw128(st + a_bytes, b_src, BN, K, kt * WG_BK);
             cp_async_commit();
             cp_async_wait<0>();
         } else if (kt + 1 < tiles) {   // the next k-tile into the other stage, while this one multiplies
             char* nx = smem + (kt + 1) % 2 * stage_bytes;
-            load_tile_sw128(nx, a_src, WG_BM, K, (kt + 1) * WG_BK);
+            load_tile_sw128(nx, a_src, BM, K, (kt + 1) * WG_BK);
             load_tile_sw128(nx + a_bytes, b_src, BN, K, (kt + 1) * WG_BK);
             cp_async_commit();
             cp_async_wait<1>();
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(float* out, const float
         wgmma_fence_proxy();   // the copies (generic proxy) before the MMAs' reads (async proxy)
         uint32_t a[WG_BK / 16][4];   // (AREG) written before the fence: the ISA orders register writes before wgmma by it
         if (AREG)
-            for (int s = 0; s < WG_BK / 16; s++) frag_a_sw128(a[s], st, s);
+            for (int s = 0; s < WG_BK / 16; s++) frag_a_sw128(a[s], st + q * 64 * 128, s);
         wgmma_fence_operand(d);
         wgmma_fence();
         for (int s = 0; s < WG_BK / 16; s++) {
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(float* out, const float
             if (AREG) {
                 wgmma_bf16_rs<BN, 0>(d, a[s], db, 1);
             } else {
-                wgmma_bf16_ss<BN, 0, 0>(d, wgmma_desc(st + 32 * s, 16, 1024, WGMMA_SWIZZLE_128B), db, 1);
+                wgmma_bf16_ss<BN, 0, 0>(d, wgmma_desc(st + q * 64 * 128 + 32 * s, 16, 1024, WGMMA_SWIZZLE_128B), db, 1);
             }
         }
         wgmma_commit();
@@ -99,28 +101,29 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(float* out, const float
         __syncthreads();   // every warp's MMAs are done before the stage is loaded again
     }
     // the accumulator fragment: d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 (lane%4) + i%2]
-    const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
     for (int i = 0; i < BN / 2; i += 2) {
-        int r = m0 + 16 * warp + g + 8 * (i / 2 % 2), col = n0 + 8 * (i / 4) + 2 * c;
+        int r = m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = n0 + 8 * (i / 4) + 2 * c;
         *(float2*)(out + (size_t)r * N + col) = make_float2(d[i], d[i + 1]);
     }
 }
 
-template <int BN, int STAGES, bool AREG> static void gemm(float* out, const floatX* A, const floatX* B, int M, int N, int K) {
-    size_t smem = (size_t)STAGES * (WG_BM + BN) * 128 + 1024;
-    cudaCheck(cudaFuncSetAttribute(wgmma_gemm_kernel<BN, STAGES, AREG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    LAUNCH((wgmma_gemm_kernel<BN, STAGES, AREG>), dim3(N / BN, M / WG_BM), 128, smem, 0, out, A, B, N, K);
+template <int BN, int STAGES, bool AREG, int WG = 1> static void gemm(float* out, const floatX* A, const floatX* B, int M, int N, int K) {
+    size_t smem = (size_t)STAGES * (64 * WG + BN) * 128 + 1024;
+    cudaCheck(cudaFuncSetAttribute(wgmma_gemm_kernel<BN, STAGES, AREG, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    LAUNCH((wgmma_gemm_kernel<BN, STAGES, AREG, WG>), dim3(N / BN, M / (64 * WG)), 128 * WG, smem, 0, out, A, B, N, K);
 }
 
-#define NVERSIONS 5
+#define NVERSIONS 6
 static const char* const NAMES[NVERSIONS] = {"v1 one stage, BN 128", "v2 two stages, BN 128", "v3 two stages, BN 256",
-                                             "v4 v2, A from registers", "v5 two stages, BN 64"};
+                                             "v4 v2, A from registers", "v5 two stages, BN 64", "v6 2 warpgroups, 128 x 256"};
 static void run_version(int v, float* out, const floatX* A, const floatX* B, int M, int N, int K) {
     if (v == 1) gemm<128, 1, false>(out, A, B, M, N, K);
     else if (v == 2) gemm<128, 2, false>(out, A, B, M, N, K);
     else if (v == 3) gemm<256, 2, false>(out, A, B, M, N, K);
     else if (v == 4) gemm<128, 2, true>(out, A, B, M, N, K);
-    else gemm<64, 2, false>(out, A, B, M, N, K);
+    else if (v == 5) gemm<64, 2, false>(out, A, B, M, N, K);
+    else gemm<256, 2, false, 2>(out, A, B, M, N, K);
 }
 
 #if !defined(SIMT_EMULATION)
@@ -147,10 +150,10 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
         int x = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "-v") && x >= 1 && x <= NVERSIONS) only = x;
-        else if (!strcmp(argv[i], "-m") && x > 0 && x % WG_BM == 0) M = x;
+        else if (!strcmp(argv[i], "-m") && x > 0 && x % 128 == 0) M = x;
         else if (!strcmp(argv[i], "-n") && x > 0 && x % 256 == 0) N = x;
         else if (!strcmp(argv[i], "-k") && x > 0 && x % WG_BK == 0) K = x;
-        else { fprintf(stderr, "usage: %s [-v N (1-5)] [-m M (a multiple of 64)] [-n N (of 256)] [-k K (of 64)]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [-v N (1-6)] [-m M (a multiple of 128)] [-n N (of 256)] [-k K (of 64)]\n", argv[0]); return 2; }
     }
     char shape[96];
     if (EMULATED) snprintf(shape, sizeof shape, "M 128, N 256, K 192");
