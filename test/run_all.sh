@@ -87,7 +87,13 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
     section "race detection: ZeRO-3's FP8 all-gather kernels (SIMT emulator)" doctest_run ./test/test_race_zero_fp8
     # Hopper's warpgroup MMA (model/wgmma.cuh): the emulator's wgmma against a double-precision product, then under the detector
-    wgmma_tests() { doctest_run ./test/test_wgmma; doctest_run ./test/test_race_wgmma; }
+    wgmma_tests() {
+        doctest_run ./test/test_wgmma
+        doctest_run ./test/test_race_wgmma
+        local out rc; out=$(./dev/cuda/wgmma_gemm_race 2>&1); rc=$?
+        [ "$rc" = 0 ] && pass "dev/cuda/wgmma_gemm's versions under the race detector: validated, no race" \
+            || fail "dev/cuda/wgmma_gemm_race (exit $rc): $(grep -E 'FAIL|race' <<<"$out" | head -3)"
+    }
     section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
         wgmma_tests
     section "cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)" \
