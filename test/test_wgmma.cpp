@@ -13,7 +13,8 @@
  *     and 200, two warpgroups in one block;
  *   - negative controls that must fail: the accumulators read before wait_group (NaN), a wrong leading or
  *     stride byte offset, a wrong swizzle mode (mismatches); a missing wgmma.fence, a block of 96
- *     threads, the operands' shared memory overwritten between the issue and the wait (a mismatch here, a
+ *     threads, one thread's descriptor differing, a base offset, a stride past the shared memory, a static
+ *     __shared__ operand (errors), the operands' shared memory overwritten between the issue and the wait (a mismatch here, a
  *     race under the detector: make test/test_race_wgmma builds this file with -DSIMT_RACE_DETECT, and there
  *     checks the FLOPs the byte count (bytecount.h) records).
  * Built with g++ -DSIMT_EMULATION only.
@@ -70,7 +71,8 @@ __device__ __forceinline__ uint64_t step_desc(const char* tile, const Layout& L,
     return wgmma_desc(tile + start, lbo + L.lbo_delta, sbo + L.sbo_delta, code);
 }
 
-enum { F_C = 1, F_ZERO_FIRST = 2, F_GROUP_PER_STEP = 4, F_EARLY_READ = 8, F_NO_FENCE = 16, F_CLOBBER = 32 };
+enum { F_C = 1, F_ZERO_FIRST = 2, F_GROUP_PER_STEP = 4, F_EARLY_READ = 8, F_NO_FENCE = 16, F_CLOBBER = 32, F_DIVERGE = 64,
+       F_BASE_OFFSET = 128 };
 
 // block: 128 threads per warpgroup; warpgroup q computes rows 64 q .. of out (rows x N) = A Bt^T (+ C).
 // A: (rows, K) row-major; Bt: (N, K) row-major; both bf16. AREG: A fragments from global memory into registers.
@@ -97,6 +99,8 @@ __global__ void wgmma_kernel(float* out, const floatX* A, const floatX* Bt, cons
     for (int s = 0; s < steps; s++) {
         if (s > 0 && (flags & F_GROUP_PER_STEP)) wgmma_fence();
         uint64_t db = step_desc(smem_b, lb, N, K, s);
+        if ((flags & F_DIVERGE) && t == 37) db += 1;          // one thread's B starts 16 bytes further
+        if (flags & F_BASE_OFFSET) db |= (uint64_t)1 << 49;   // a matrix base offset of 1
         int scale_d = s == 0 && (flags & F_ZERO_FIRST) ? 0 : 1;
         if (AREG) {
             auto e = [&](int r, int k) { return (uint32_t)__bfloat16_as_ushort(A[(size_t)(64 * q + 16 * warp + r) * K + 16 * s + k]); };
@@ -120,6 +124,18 @@ __global__ void wgmma_kernel(float* out, const floatX* A, const floatX* Bt, cons
     wgmma_wait<0>();
     wgmma_fence_operand(d);
     if (!(flags & F_EARLY_READ)) store();
+}
+
+// a descriptor of a static __shared__ array: the emulator has no window address for it (an error)
+__global__ void wgmma_static_smem_kernel(float* out) {
+    __shared__ __align__(1024) floatX tile[64 * 16];
+    float d[4] = {};
+    uint64_t desc = wgmma_desc(tile, 128, 256, WGMMA_SWIZZLE_NONE);
+    wgmma_fence();
+    wgmma_bf16_ss<8, 0, 0>(d, desc, desc, 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    out[threadIdx.x] = d[0];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -215,7 +231,8 @@ TEST_CASE("wgmma: A from registers, an accumulator input, scale-d 0, a group per
     CHECK(run_wgmma<64, 1, 0, true>(none, sw128, F_GROUP_PER_STEP, 2, 256).bad == 0);
 }
 
-TEST_CASE("wgmma negative controls: early accumulator reads, wrong LBO / SBO / swizzle, no fence, 96 threads, operands overwritten") {
+TEST_CASE("wgmma negative controls: early accumulator reads, wrong LBO / SBO / swizzle, no fence, 96 threads, divergent "
+          "descriptors, a base offset, addresses past the shared memory or in static shared memory, operands overwritten") {
     const Layout sw128 = LAYOUTS[4], kadj = LAYOUTS[0], mnadj = LAYOUTS[1];
     // the layouts as they are pass (the controls below differ in one thing each)
     REQUIRE(run_wgmma<128, 0, 0, false>(kadj, mnadj, 0).bad == 0);
@@ -243,6 +260,16 @@ TEST_CASE("wgmma negative controls: early accumulator reads, wrong LBO / SBO / s
                (const float*)nullptr, 0, sw128, sw128, 0);
     });
     CHECK(e.find("needs the 128 threads of warpgroup 0") != std::string::npos);
+    e = simt::error_of([&] { run_wgmma<64, 0, 0, false>(sw128, sw128, F_DIVERGE); });
+    CHECK(e.find("thread 37 issues another wgmma.mma_async") != std::string::npos);
+    e = simt::error_of([&] { run_wgmma<64, 0, 0, false>(sw128, sw128, F_BASE_OFFSET); });
+    CHECK(e.find("non-zero base offset") != std::string::npos);
+    wrong = mnadj;
+    wrong.sbo_delta = 200000;   // (the field holds up to 256 KiB)
+    e = simt::error_of([&] { run_wgmma<128, 0, 0, false>(kadj, wrong, 0); });
+    CHECK(e.find("beyond the shared memory") != std::string::npos);
+    e = simt::error_of([&] { LAUNCH(wgmma_static_smem_kernel, 1, 128, 0, 0, (float*)nullptr); });
+    CHECK(e.find("must be in the dynamic shared memory") != std::string::npos);
 #if defined(SIMT_RACE_DETECT)
     e = simt::error_of([&] { run_wgmma<64, 0, 0, false>(sw128, sw128, F_CLOBBER); });
     MESSAGE(e);
