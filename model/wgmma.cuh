@@ -6,6 +6,8 @@
  *   wgmma_bf16_ss<N, TA, TB>(d, desc_a, desc_b, scale_d)   D (64xN fp32) = A B + (scale_d ? D : 0), A and B
  *                                                 from shared memory; TA / TB: 0 K-major, 1 MN-major
  *   wgmma_bf16_rs<N, TB>(d, a, desc_b, scale_d)  the same with A from registers (4 .b32 per thread)
+ *   wgmma_fp8_ss<N, AT, BT>, wgmma_fp8_rs<N, AT, BT>   the FP8 forms (m64nNk32, AT / BT WGMMA_E4M3 or WGMMA_E5M2,
+ *                                                 K-major operands only; A's 4 registers hold 4 codes each)
  *   wgmma_fence_operand(regs)                    keeps the compiler from moving register accesses across
  *                                                 the asynchronous MMA (nvcc; nothing under the emulator)
  * A warpgroup is 128 threads (4 consecutive warps, the first a multiple of 4); all of them execute each call.
@@ -27,6 +29,8 @@
 #define WGMMA_SWIZZLE_128B 1
 #define WGMMA_SWIZZLE_64B 2
 #define WGMMA_SWIZZLE_32B 3
+#define WGMMA_E4M3 1
+#define WGMMA_E5M2 2
 
 // the descriptor's bits: [13:0] address >> 4, [29:16] LBO >> 4, [45:32] SBO >> 4, [51:49] base offset 0,
 // [63:62] swizzle mode
@@ -55,6 +59,16 @@ template <int N, int TB>
 __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t a[4], uint64_t desc_b, int scale_d) {
     static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N a multiple of 8 in [8, 256]");
     simt::wgmma_mma(d, N, a, 0, desc_b, scale_d, 0, TB, __FILE__, __LINE__);
+}
+template <int N, int AT, int BT>
+__device__ __forceinline__ void wgmma_fp8_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk32: N a multiple of 8 in [8, 256]");
+    simt::wgmma_mma(d, N, nullptr, desc_a, desc_b, scale_d, 0, 0, __FILE__, __LINE__, AT, BT);
+}
+template <int N, int AT, int BT>
+__device__ __forceinline__ void wgmma_fp8_rs(float (&d)[N / 2], const uint32_t a[4], uint64_t desc_b, int scale_d) {
+    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk32: N a multiple of 8 in [8, 256]");
+    simt::wgmma_mma(d, N, a, 0, desc_b, scale_d, 0, 0, __FILE__, __LINE__, AT, BT);
 }
 
 #else
@@ -117,6 +131,47 @@ __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t 
     else if constexpr (N == 128) WGMMA_SM90A(WGMMA_RS(128, WG_REGS64, 64, 65, 66, 67, 68, 69, 70, WG_D32(0), WG_D32(32)));
     else WGMMA_SM90A(WGMMA_RS(256, WG_REGS128, 128, 129, 130, 131, 132, 133, 134, WG_D32(0), WG_D32(32), WG_D32(64), WG_D32(96)));
 }
+// FP8: TYPES ".e4m3.e4m3" etc.; no transposes
+#define WGMMA_SS8(NS, TYPES, REGS, IA, IB, IS, ...)                                                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\nwgmma.mma_async.sync.aligned.m64n" #NS "k32.f32" TYPES " {" REGS \
+                 "}, %" #IA ", %" #IB ", p, 1, 1;\n}\n"                                                                    \
+                 : __VA_ARGS__                                                                                               \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define WGMMA_RS8(NS, TYPES, REGS, IA0, IA1, IA2, IA3, IB, IS, ...)                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\nwgmma.mma_async.sync.aligned.m64n" #NS "k32.f32" TYPES " {" REGS \
+                 "}, {%" #IA0 ", %" #IA1 ", %" #IA2 ", %" #IA3 "}, %" #IB ", p, 1, 1;\n}\n"                               \
+                 : __VA_ARGS__                                                                                               \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+#define WGMMA_SS8_N(TYPES)                                                                                                  \
+    if constexpr (N == 64) WGMMA_SM90A(WGMMA_SS8(64, TYPES, WG_REGS32, 32, 33, 34, WG_D32(0)));                             \
+    else if constexpr (N == 128) WGMMA_SM90A(WGMMA_SS8(128, TYPES, WG_REGS64, 64, 65, 66, WG_D32(0), WG_D32(32)));          \
+    else WGMMA_SM90A(WGMMA_SS8(256, TYPES, WG_REGS128, 128, 129, 130, WG_D32(0), WG_D32(32), WG_D32(64), WG_D32(96)))
+#define WGMMA_RS8_N(TYPES)                                                                                                  \
+    if constexpr (N == 64) WGMMA_SM90A(WGMMA_RS8(64, TYPES, WG_REGS32, 32, 33, 34, 35, 36, 37, WG_D32(0)));                 \
+    else if constexpr (N == 128) WGMMA_SM90A(WGMMA_RS8(128, TYPES, WG_REGS64, 64, 65, 66, 67, 68, 69, WG_D32(0), WG_D32(32))); \
+    else WGMMA_SM90A(WGMMA_RS8(256, TYPES, WG_REGS128, 128, 129, 130, 131, 132, 133, WG_D32(0), WG_D32(32), WG_D32(64), WG_D32(96)))
+template <int N, int AT, int BT>
+__device__ __forceinline__ void wgmma_fp8_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    static_assert(N == 64 || N == 128 || N == 256, "the nvcc wrappers cover N = 64, 128, 256");
+    static_assert((AT == WGMMA_E4M3 || AT == WGMMA_E5M2) && (BT == WGMMA_E4M3 || BT == WGMMA_E5M2), "FP8: E4M3 or E5M2");
+    if constexpr (AT == WGMMA_E4M3 && BT == WGMMA_E4M3) { WGMMA_SS8_N(".e4m3.e4m3"); }
+    else if constexpr (AT == WGMMA_E4M3) { WGMMA_SS8_N(".e4m3.e5m2"); }
+    else if constexpr (BT == WGMMA_E4M3) { WGMMA_SS8_N(".e5m2.e4m3"); }
+    else { WGMMA_SS8_N(".e5m2.e5m2"); }
+}
+template <int N, int AT, int BT>
+__device__ __forceinline__ void wgmma_fp8_rs(float (&d)[N / 2], const uint32_t a[4], uint64_t desc_b, int scale_d) {
+    static_assert(N == 64 || N == 128 || N == 256, "the nvcc wrappers cover N = 64, 128, 256");
+    static_assert((AT == WGMMA_E4M3 || AT == WGMMA_E5M2) && (BT == WGMMA_E4M3 || BT == WGMMA_E5M2), "FP8: E4M3 or E5M2");
+    if constexpr (AT == WGMMA_E4M3 && BT == WGMMA_E4M3) { WGMMA_RS8_N(".e4m3.e4m3"); }
+    else if constexpr (AT == WGMMA_E4M3) { WGMMA_RS8_N(".e4m3.e5m2"); }
+    else if constexpr (BT == WGMMA_E4M3) { WGMMA_RS8_N(".e5m2.e4m3"); }
+    else { WGMMA_RS8_N(".e5m2.e5m2"); }
+}
+#undef WGMMA_SS8_N
+#undef WGMMA_RS8_N
+#undef WGMMA_SS8
+#undef WGMMA_RS8
 #undef WGMMA_SS
 #undef WGMMA_RS
 #undef WG_D32

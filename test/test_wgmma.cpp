@@ -8,6 +8,8 @@
  * of wgmma.mma_async accumulating in registers:
  *   - every N in {64, 128, 256} x K-major / MN-major A and B (transpose flags) x no swizzle (two LBO/SBO
  *     arrangements), 32B, 64B, 128B swizzles, K 128 (attention's head_dim);
+ *   - FP8 (m64nNk32, e4m3 / e5m2 in each pairing): every K-major layout at N 64/128/256 and 200, A from
+ *     registers; controls: E4M3 codes read as E5M2, a wrong SBO, a transpose refused;
  *   - A from registers (the m64nNk16 A fragment), an accumulator input C, scale-d 0 on the first step
  *     over garbage registers, one commit group per k-step with wait_group 1 (a chain across groups), N 8
  *     and 200, two warpgroups in one block;
@@ -126,6 +128,49 @@ __global__ void wgmma_kernel(float* out, const floatX* A, const floatX* Bt, cons
     if (!(flags & F_EARLY_READ)) store();
 }
 
+// FP8 (m64nNk32, K-major only): A (rows, K) and Bt (N, K) of 1-byte codes, AT / BT their formats. A K-major FP8
+// row is the same bytes as a bf16 row of half the elements: code (mn, k) sits where bf16 element (mn, k / 2) would,
+// byte k % 2, and a k-step of 32 codes is the bf16 k-step of 16 (32 bytes)
+template <int N, int AT, int BT, bool AREG>
+__global__ void wgmma_fp8_kernel(float* out, const uint8_t* A, const uint8_t* Bt, const float* C, int K, Layout la, Layout lb, int flags) {
+    const int tid = threadIdx.x, t = tid % 128, warp = t / 32, g = t % 32 / 4, c4 = t % 4;
+    char* smem_b = dynamic_smem;
+    char* smem_a = dynamic_smem + ((size_t)N * K + 1023) / 1024 * 1024;   // (the 128B swizzle's atoms start on 1024 bytes)
+    for (int i = tid; i < N * K; i += blockDim.x) smem_b[place(lb, N, K / 2, i / K, i % K / 2) + i % 2] = (char)Bt[i];
+    for (int i = tid; i < 64 * K; i += blockDim.x) smem_a[place(la, 64, K / 2, i / K, i % K / 2) + i % 2] = (char)A[i];
+    __syncthreads();
+    wgmma_fence_proxy();
+    float d[N / 2];
+    for (int i = 0; i < N / 2; i++)
+        d[i] = flags & F_C ? C[(size_t)(16 * warp + g + 8 * (i / 2 % 2)) * N + 8 * (i / 4) + 2 * c4 + i % 2] : 0.0f;
+    wgmma_fence();
+    for (int s = 0; s < K / 32; s++) {
+        if (s > 0 && (flags & F_GROUP_PER_STEP)) wgmma_fence();
+        uint64_t db = step_desc(smem_b, lb, N, K / 2, s);
+        if (AREG) {   // a[j] = A[16 warp + g + 8 (j % 2)][32 s + 4 c4 + 16 (j / 2) + 0..3], the lowest byte first
+            uint32_t a[4];
+            for (int j = 0; j < 4; j++) memcpy(&a[j], A + (size_t)(16 * warp + g + 8 * (j % 2)) * K + 32 * s + 4 * c4 + 16 * (j / 2), 4);
+            wgmma_fp8_rs<N, AT, BT>(d, a, db, 1);
+        } else {
+            wgmma_fp8_ss<N, AT, BT>(d, step_desc(smem_a, la, 64, K / 2, s), db, 1);
+        }
+        if (flags & F_GROUP_PER_STEP) { wgmma_commit(); wgmma_wait<1>(); }
+    }
+    if (!(flags & F_GROUP_PER_STEP)) wgmma_commit();
+    wgmma_wait<0>();
+    for (int i = 0; i < N / 2; i++) out[(size_t)(16 * warp + g + 8 * (i / 2 % 2)) * N + 8 * (i / 4) + 2 * c4 + i % 2] = d[i];
+}
+// FP8 with a transpose flag: refused (the emulator's own call: model/wgmma.cuh's FP8 forms have no transposes)
+__global__ void wgmma_fp8_trans_kernel(float* out) {
+    float d[4] = {};
+    uint64_t desc = wgmma_desc(dynamic_smem, 128, 256, WGMMA_SWIZZLE_NONE);
+    wgmma_fence();
+    simt::wgmma_mma(d, 8, nullptr, desc, desc, 1, 0, 1, __FILE__, __LINE__, WGMMA_E4M3, WGMMA_E4M3);
+    wgmma_commit();
+    wgmma_wait<0>();
+    out[threadIdx.x] = d[0];
+}
+
 // a descriptor of a static __shared__ array: the emulator has no window address for it (an error)
 __global__ void wgmma_static_smem_kernel(float* out) {
     __shared__ __align__(1024) floatX tile[64 * 16];
@@ -183,6 +228,49 @@ static Run run_wgmma(Layout la, Layout lb, int flags, int warpgroups = 1, int K 
             if ((flags & F_C) && !(flags & F_ZERO_FIRST)) { ref = c[(size_t)i * N + j]; mag = std::fabs(ref); }
             for (int k = 0; k < K; k++) {
                 double p = (double)a[(size_t)i * K + k] * bt[(size_t)j * K + k];
+                ref += p;
+                mag += std::fabs(p);
+            }
+            double tol = (K + 1) * 1.2e-7 * mag + 1e-30, err = std::fabs(out[(size_t)i * N + j] - ref);
+            if (!(err <= tol)) r.bad++;
+            r.worst = std::isnan(err) ? 1e30 : std::max(r.worst, err / tol);
+        }
+    cudaCheck(cudaFree(da)); cudaCheck(cudaFree(dbt)); cudaCheck(cudaFree(dc)); cudaCheck(cudaFree(dout));
+    return r;
+}
+
+static float fp8_value(int type, uint8_t code) {
+    if (type == WGMMA_E4M3) { __nv_fp8_e4m3 v; v.__x = code; return (float)v; }
+    __nv_fp8_e5m2 v; v.__x = code; return (float)v;
+}
+// random FP8 codes of `type` (the normal distribution's values, saturated to the format)
+static std::vector<uint8_t> random_fp8(size_t n, int type, uint64_t seed) {
+    Rng r = {seed * 0x9E3779B97F4A7C15ull + 5};
+    std::vector<uint8_t> v(n);
+    for (uint8_t& x : v) {
+        float f = (float)rng_normal(&r);
+        x = type == WGMMA_E4M3 ? __nv_fp8_e4m3(f).__x : __nv_fp8_e5m2(f).__x;
+    }
+    return v;
+}
+// one launch of wgmma_fp8_kernel on random codes; DT: the format the data really is in for A (AT when right)
+template <int N, int AT, int BT, bool AREG>
+static Run run_fp8(Layout la, Layout lb, int flags, int K = 128, int data_at = AT) {
+    std::vector<uint8_t> a = random_fp8((size_t)64 * K, data_at, 3), bt = random_fp8((size_t)N * K, BT, 4);
+    std::vector<float> c = random_bf16((size_t)64 * N, 5);
+    uint8_t *da = upload(a), *dbt = upload(bt);
+    float *dc = upload(c), *dout = deviceAlloc(float, (size_t)64 * N);
+    size_t smem = ((size_t)N * K + 1023) / 1024 * 1024 + (size_t)64 * K;
+    cudaCheck(cudaFuncSetAttribute(wgmma_fp8_kernel<N, AT, BT, AREG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    LAUNCH((wgmma_fp8_kernel<N, AT, BT, AREG>), 1, 128, smem, 0, dout, da, dbt, dc, K, la, lb, flags);
+    std::vector<float> out((size_t)64 * N);
+    cudaCheck(cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    Run r = {0, 0};
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < N; j++) {
+            double ref = flags & F_C ? c[(size_t)i * N + j] : 0.0, mag = std::fabs(ref);
+            for (int k = 0; k < K; k++) {
+                double p = (double)fp8_value(data_at, a[(size_t)i * K + k]) * fp8_value(BT, bt[(size_t)j * K + k]);
                 ref += p;
                 mag += std::fabs(p);
             }
@@ -280,13 +368,42 @@ TEST_CASE("wgmma negative controls: early accumulator reads, wrong LBO / SBO / s
 #endif
 }
 
+template <int N, int AT, int BT, bool AREG> static void fp8_layouts() {
+    for (int i = 0; i < 5; i++) {
+        int j = (i + 1 + N / 128) % 5;
+        Run r = run_fp8<N, AT, BT, AREG>(LAYOUTS[i], LAYOUTS[j], i % 2 ? F_C : F_GROUP_PER_STEP);
+        INFO("FP8 N " << N << " types " << AT << "." << BT << (AREG ? " A from registers" : "") << ", A " << LAYOUT_NAMES[i] << ", B "
+                      << LAYOUT_NAMES[j] << ": worst error " << r.worst << " of the tolerance");
+        CHECK(r.bad == 0);
+    }
+}
+
+TEST_CASE("wgmma m64nNk32 FP8 (e4m3 / e5m2): every K-major layout, N 64/128/256, K 128, A from registers; controls") {
+    simt::set_schedule(true, 9);
+    fp8_layouts<64, WGMMA_E4M3, WGMMA_E4M3, false>(); fp8_layouts<128, WGMMA_E4M3, WGMMA_E5M2, false>();
+    fp8_layouts<256, WGMMA_E5M2, WGMMA_E4M3, false>(); fp8_layouts<128, WGMMA_E5M2, WGMMA_E5M2, false>();
+    fp8_layouts<64, WGMMA_E5M2, WGMMA_E4M3, true>(); fp8_layouts<256, WGMMA_E4M3, WGMMA_E4M3, true>();
+    CHECK(run_fp8<200, WGMMA_E4M3, WGMMA_E4M3, false>(LAYOUTS[4], LAYOUTS[0], F_C, 64).bad == 0);
+    // controls: E4M3 data read as E5M2; a wrong SBO
+    CHECK(run_fp8<128, WGMMA_E5M2, WGMMA_E4M3, false>(LAYOUTS[4], LAYOUTS[4], 0, 128, WGMMA_E4M3).bad > 1000);
+    Layout wrong = LAYOUTS[4];
+    wrong.sbo_delta = 512;
+    CHECK(run_fp8<128, WGMMA_E4M3, WGMMA_E4M3, false>(LAYOUTS[4], wrong, 0).bad > 1000);
+    std::string e = simt::error_of([&] { LAUNCH(wgmma_fp8_trans_kernel, 1, 128, 1024, 0, (float*)nullptr); });
+    CHECK(e.find("FP8 wgmma (m64nNk32) takes K-major operands only") != std::string::npos);
+    simt::set_schedule(false, 0);
+}
+
 #if defined(SIMT_RACE_DETECT)
-TEST_CASE("wgmma: the tensor-core FLOPs of the byte count (bytecount.h), 2 x 64 x N x 16 per completed mma_async") {
+TEST_CASE("wgmma: the tensor-core FLOPs of the byte count (bytecount.h), 2 x 64 x N x k per completed mma_async") {
     simt::bytes_launch_begin();
     REQUIRE(run_wgmma<128, 0, 0, false>(LAYOUTS[4], LAYOUTS[4], 0).bad == 0);   // K 128: 8 k-steps
     CHECK(simt::bytes_launch_end().mma == 2LL * 64 * 128 * 16 * 8);
     simt::bytes_launch_begin();
     REQUIRE(run_wgmma<64, 0, 0, true>(LAYOUTS[0], LAYOUTS[0], F_GROUP_PER_STEP, 2, 64).bad == 0);   // 2 warpgroups x 4 k-steps
     CHECK(simt::bytes_launch_end().mma == 2LL * 64 * 64 * 16 * 4 * 2);
+    simt::bytes_launch_begin();
+    REQUIRE(run_fp8<64, WGMMA_E4M3, WGMMA_E4M3, false>(LAYOUTS[4], LAYOUTS[4], 0).bad == 0);   // K 128: 4 k-steps of 32
+    CHECK(simt::bytes_launch_end().mma == 2LL * 64 * 64 * 32 * 4);
 }
 #endif

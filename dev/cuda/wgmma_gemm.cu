@@ -137,6 +137,10 @@ __global__ void wgmma_assemble_all(float* out, uint64_t da, uint64_t db, const u
     wgmma_bf16_ss<256, 0, 1>(d256, da, db, 0); wgmma_bf16_ss<256, 1, 0>(d256, da, db, 1); wgmma_bf16_ss<256, 1, 1>(d256, da, db, 1);
     wgmma_bf16_rs<64, 1>(d64, a, db, 1); wgmma_bf16_rs<128, 1>(d128, a, db, 1); wgmma_bf16_rs<256, 1>(d256, a, db, 1);
     wgmma_bf16_rs<256, 0>(d256, a, db, 1);
+    wgmma_fp8_ss<64, WGMMA_E4M3, WGMMA_E4M3>(d64, da, db, 1); wgmma_fp8_ss<128, WGMMA_E4M3, WGMMA_E5M2>(d128, da, db, 1);
+    wgmma_fp8_ss<256, WGMMA_E5M2, WGMMA_E4M3>(d256, da, db, 1); wgmma_fp8_ss<128, WGMMA_E5M2, WGMMA_E5M2>(d128, da, db, 1);
+    wgmma_fp8_rs<64, WGMMA_E4M3, WGMMA_E4M3>(d64, a, db, 1); wgmma_fp8_rs<128, WGMMA_E5M2, WGMMA_E4M3>(d128, a, db, 1);
+    wgmma_fp8_rs<256, WGMMA_E4M3, WGMMA_E5M2>(d256, a, db, 1); wgmma_fp8_rs<256, WGMMA_E5M2, WGMMA_E5M2>(d256, a, db, 0);
     wgmma_commit();
     wgmma_wait<1>();
     wgmma_wait<0>();

@@ -6,6 +6,8 @@
  *   wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16   D (64xN fp32) = A (64x16) B (16xN) + (scale-d ? D : 0)
  *       N a multiple of 8 in [8, 256]; A from registers or from a shared-memory matrix descriptor, B from a
  *       descriptor; imm-trans-a / imm-trans-b (0: K-major, 1: MN-major); imm-scale-a = imm-scale-b = 1
+ *   wgmma.mma_async.sync.aligned.m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2}   the same with k 32 of FP8 codes, K-major
+ *       operands only (the ISA has the transposes for .f16 / .bf16 only)
  *   wgmma.commit_group.sync.aligned, wgmma.wait_group.sync.aligned N
  *
  * Source of every rule below: NVIDIA, PTX ISA (8.x/9.x), section "Asynchronous Warpgroup Level Matrix
@@ -23,14 +25,18 @@
  *   A (64x16), 4 regs:   a[0] = A[16q+g][2t, 2t+1]    a[1] = A[16q+g+8][2t, 2t+1]
  *                        a[2] = A[16q+g][2t+8, 2t+9]  a[3] = A[16q+g+8][2t+8, 2t+9]
  *   D (64xN fp32), N/2 floats:  d[i] = D[16q + g + 8 ((i / 2) % 2)][8 (i / 4) + 2t + i % 2]
+ *   A (64x32 FP8, m64nNk32), 4 regs of 4 codes, the lowest byte first:
+ *                        a[j] = A[16q + g + 8 (j % 2)][4t + 16 (j / 2) .. + 3]
+ *   (The same layouts as CUTLASS's CLayout_64xN / ALayout_64x16 / ALayout_64x32, cute/atom/mma_traits_sm90_gmma.hpp.)
  *
- * Shared-memory operands (16-bit elements, T = 8 elements = 16 bytes; a core matrix is 8 rows of 16 bytes).
+ * Shared-memory operands (T elements = 16 bytes: 8 bf16 or 16 FP8 codes; a core matrix is 8 rows of 16 bytes).
  * An operand is an (MN x K) matrix: A is 64 x 16 (mn = m), B is N x 16 (mn = n). K-major (trans 0): k is
  * contiguous; MN-major (trans 1): mn is contiguous. The byte offset of element (mn, k) from the descriptor's
  * start address, per the ISA's canonical layouts (CuTe notation: shape:stride in elements) with w = 1, 2, 4, 8
  * 16-byte units per swizzle row (no swizzle, 32B, 64B, 128B), LBO / SBO the descriptor's byte offsets:
- *   K-major,  none:     ((8,m),(T,2k)):((1T,SBO),(1,LBO))  (mn%8) 16 + (mn/8) SBO + (k%8) 2 + (k/8) LBO
- *   K-major,  swizzled: ((8,m),(T,2k)):((wT,SBO),(1,T))    (mn%8) 16w + (mn/8) SBO + (k%8) 2 + (k/8) 16
+ *   K-major,  none:     ((8,m),(T,2k)):((1T,SBO),(1,LBO))  (mn%8) 16 + (mn/8) SBO + (k%T) e + (k/T) LBO
+ *   K-major,  swizzled: ((8,m),(T,2k)):((wT,SBO),(1,T))    (mn%8) 16w + (mn/8) SBO + (k%T) e + (k/T) 16
+ *                        (e the element's bytes; the MN-major forms below are bf16's, e = 2, T = 8)
  *                        (LBO unused: "assumed 1")
  *   MN-major, none:     ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))  (mn%8) 2 + (mn/8) SBO + (k%8) 16 + (k/8) LBO
  *   MN-major, swizzled: ((T,w,m),(8,k)):((1,T,LBO),(wT,SBO))  (mn%8w) 2 + (mn/8w) LBO + (k%8) 16w + (k/8) SBO
@@ -55,24 +61,39 @@
  * and the wait, gives a wrong result. A from registers is taken at the issue. A thread must execute
  * wgmma.fence before its first mma_async after each wait_group (the ISA's rule for register accesses
  * before an mma_async; kernels fence once per batch of mma_async). Accumulation: as mma.sync
- * (tensor_core.h): D's input plus the 16 exact bf16 products in k order, rounding in fp32 after each add.
+ * (tensor_core.h): D's input plus the 16 exact bf16 products (32 exact FP8 products) in k order, rounding in fp32
+ * after each add. (Hopper's FP8 MMA is known to keep fewer accumulator bits than fp32 — DeepSeek-V3's report
+ * measures ~14 — which this does not model: emulated FP8 results are as exact as BF16's, a GPU's less so.)
  * Race detection (race.h): the operands' shared-memory reads are recorded at the issue (after the
  * rendezvous: a later write by any thread before the wait is a race) and again at the wait (before it),
  * each 16-byte chunk attributed to thread (chunk address / 16) % 128 of the warpgroup; the rendezvous
  * orders the lanes of each warp as a warp synchronisation does. Other warps, of the warpgroup included,
  * are ordered only by barriers (the detector's model): a write after wait_group by another warp needs a
- * __syncthreads() first. FLOPs: 2 * 64 * N * 16 per completed mma_async (bytecount.h).
+ * __syncthreads() first. FLOPs: 2 * 64 * N * k per completed mma_async (k 16 or 32; bytecount.h).
  */
 #pragma once
 
 namespace simt {
 
 enum { WGMMA_SWIZZLE_NONE = 0, WGMMA_SWIZZLE_128B = 1, WGMMA_SWIZZLE_64B = 2, WGMMA_SWIZZLE_32B = 3 };
+enum { WGMMA_BF16 = 0, WGMMA_E4M3 = 1, WGMMA_E5M2 = 2 };   // the operands' element types
+inline int wgmma_k(int type) { return type == WGMMA_BF16 ? 16 : 32; }   // k of one instruction: 32 bytes of a row
+inline float wgmma_decode_fp8(int type, unsigned char code) {
+    if (type == WGMMA_E4M3) { __nv_fp8_e4m3 v; v.__x = code; return (float)v; }
+    __nv_fp8_e5m2 v; v.__x = code; return (float)v;
+}
+inline float wgmma_decode_elem(int type, const unsigned char* p) {
+    if (type != WGMMA_BF16) return wgmma_decode_fp8(type, *p);
+    uint16_t bits;
+    memcpy(&bits, p, 2);
+    return bf16_bits_to_float(bits);
+}
 
 // one issued wgmma.mma_async of one thread
 struct WgmmaOp {
     float* d;              // the thread's accumulator registers (n / 2 floats)
     int n, scale_d, trans_a, trans_b;
+    int atype, btype;      // WGMMA_BF16 (k 16), WGMMA_E4M3 / WGMMA_E5M2 (k 32)
     bool a_regs;           // A from registers (a), else from desc_a
     uint32_t a[4];
     uint64_t desc_a, desc_b;
@@ -131,38 +152,39 @@ inline WgDesc wgmma_decode(uint64_t d) {
     w.swz = (int)(d >> 62 & 3);
     return w;
 }
-// the shared-window byte address of element (mn, k) of an operand (see the top comment)
-inline uint32_t wgmma_elem_addr(const WgDesc& d, bool mn_major, int mn, int k) {
+// the shared-window byte address of element (mn, k) of an operand of esize-byte elements (see the top comment)
+inline uint32_t wgmma_elem_addr(const WgDesc& d, bool mn_major, int mn, int k, int esize = 2) {
     const uint32_t w = d.swz == WGMMA_SWIZZLE_NONE ? 1 : d.swz == WGMMA_SWIZZLE_128B ? 8 : d.swz == WGMMA_SWIZZLE_64B ? 4 : 2;
+    const int T = 16 / esize;   // elements per 16 bytes
     uint32_t off;
-    if (!mn_major) off = (mn % 8) * 16 * w + (mn / 8) * d.sbo + (k % 8) * 2 + (k / 8) * (d.swz ? 16 : d.lbo);
+    if (!mn_major) off = (mn % 8) * 16 * w + (mn / 8) * d.sbo + (k % T) * esize + (k / T) * (d.swz ? 16 : d.lbo);
     else if (!d.swz) off = (mn % 8) * 2 + (mn / 8) * d.sbo + (k % 8) * 16 + (k / 8) * d.lbo;
     else off = (mn % (8 * w)) * 2 + (mn / (8 * w)) * d.lbo + (k % 8) * 16 * w + (k / 8) * d.sbo;
     uint32_t a = d.start + off;
     return a ^ ((a >> 7) & (w - 1)) << 4;
 }
-// an operand's (rows x 16) elements as floats; every address checked against the window
-inline void wgmma_load(float* out, int rows, uint64_t desc, bool mn_major, const char* file, int line) {
+// an operand's (rows x k) elements of `type` as floats; every address checked against the window
+inline void wgmma_load(float* out, int rows, uint64_t desc, bool mn_major, int type, const char* file, int line) {
     WgDesc d = wgmma_decode(desc);
     if (d.base) wgmma_error("a matrix descriptor with a non-zero base offset (not emulated: align the swizzle atoms)", file, line);
+    const int kk = wgmma_k(type), esize = type == WGMMA_BF16 ? 2 : 1;
     for (int r = 0; r < rows; r++)
-        for (int k = 0; k < 16; k++) {
-            uint32_t a = wgmma_elem_addr(d, mn_major, r, k);
-            if (a + 2 > SIMT_MAX_DYNAMIC_SMEM) wgmma_error("a matrix descriptor addresses beyond the shared memory", file, line);
-            uint16_t bits;
-            memcpy(&bits, dynamic_smem + a, 2);
-            out[r * 16 + k] = bf16_bits_to_float(bits);
+        for (int k = 0; k < kk; k++) {
+            uint32_t a = wgmma_elem_addr(d, mn_major, r, k, esize);
+            if (a + esize > SIMT_MAX_DYNAMIC_SMEM) wgmma_error("a matrix descriptor addresses beyond the shared memory", file, line);
+            out[r * kk + k] = wgmma_decode_elem(type, (const unsigned char*)dynamic_smem + a);
         }
 }
 #if defined(SIMT_RACE_DETECT)
 // the operand's reads, each 16-byte chunk attributed to one thread of the warpgroup (first ..)
-inline void wgmma_race_reads(const WgmmaOp* const* ops, int first, int rows, uint64_t desc, bool mn_major, const char* what) {
+inline void wgmma_race_reads(const WgmmaOp* const* ops, int first, int rows, uint64_t desc, bool mn_major, int type, const char* what) {
     WgDesc d = wgmma_decode(desc);
+    const int esize = type == WGMMA_BF16 ? 2 : 1;
     for (int r = 0; r < rows; r++)
-        for (int k = 0; k < 16; k++) {
-            uint32_t a = wgmma_elem_addr(d, mn_major, r, k);
+        for (int k = 0; k < wgmma_k(type); k++) {
+            uint32_t a = wgmma_elem_addr(d, mn_major, r, k, esize);
             int t = (int)(a / 16 % 128);
-            race_collective_access(dynamic_smem + a, 2, false, first + t, ops[t]->pc, what);
+            race_collective_access(dynamic_smem + a, esize, false, first + t, ops[t]->pc, what);
         }
 }
 #endif
@@ -218,33 +240,38 @@ inline void wgmma_issue_collective(int first, void* const lanes[128]) {
     for (int t = 1; t < 128; t++) {
         const WgmmaOp& p = *ops[t];
         if (p.n != o.n || p.a_regs != o.a_regs || p.desc_b != o.desc_b || (!o.a_regs && p.desc_a != o.desc_a) || p.scale_d != o.scale_d ||
-            p.trans_a != o.trans_a || p.trans_b != o.trans_b)
+            p.trans_a != o.trans_a || p.trans_b != o.trans_b || p.atype != o.atype || p.btype != o.btype)
             wgmma_error("thread " + std::to_string(first + t) + " issues another wgmma.mma_async (shape, descriptors, scale-d or transpose) "
                         "than thread " + std::to_string(first) + ": .aligned needs the same instruction", o.file, o.line);
     }
-    static thread_local float buf[256 * 16];   // the addresses are checked now, where the instruction is issued
-    if (!o.a_regs) wgmma_load(buf, 64, o.desc_a, o.trans_a, o.file, o.line);
-    wgmma_load(buf, o.n, o.desc_b, o.trans_b, o.file, o.line);
+    static thread_local float buf[256 * 32];   // the addresses are checked now, where the instruction is issued
+    if (!o.a_regs) wgmma_load(buf, 64, o.desc_a, o.trans_a, o.atype, o.file, o.line);
+    wgmma_load(buf, o.n, o.desc_b, o.trans_b, o.btype, o.file, o.line);
 #if defined(SIMT_RACE_DETECT)
-    if (!o.a_regs) wgmma_race_reads(ops, first, 64, o.desc_a, o.trans_a, "wgmma.mma_async A");
-    wgmma_race_reads(ops, first, o.n, o.desc_b, o.trans_b, "wgmma.mma_async B");
+    if (!o.a_regs) wgmma_race_reads(ops, first, 64, o.desc_a, o.trans_a, o.atype, "wgmma.mma_async A");
+    wgmma_race_reads(ops, first, o.n, o.desc_b, o.trans_b, o.btype, "wgmma.mma_async B");
 #endif
 }
 
-// d (n / 2 floats) = A B + (scale_d ? d : 0), A from a (4 regs) or, if a is NULL, from desc_a
+// d (n / 2 floats) = A B + (scale_d ? d : 0), A from a (4 regs) or, if a is NULL, from desc_a; atype / btype:
+// WGMMA_BF16 (both: m64nNk16) or WGMMA_E4M3 / WGMMA_E5M2 (m64nNk32, K-major only)
 SIMT_RACE_SITE inline void wgmma_mma(float* d, int n, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, int scale_d, int trans_a,
-                                     int trans_b, const char* file, int line) {
+                                     int trans_b, const char* file, int line, int atype = WGMMA_BF16, int btype = WGMMA_BF16) {
     SIMT_RACE_QUIET;
     Sched* s = tls_sched;
     WgLane& me = wg_block(s)->lanes[s->current];
     if (n < 8 || n > 256 || n % 8) wgmma_error("wgmma.mma_async.m64nNk16: N = " + std::to_string(n) + " is not a multiple of 8 in [8, 256]", file, line);
     if ((trans_a | trans_b) & ~1) wgmma_error("imm-trans-a / imm-trans-b must be 0 or 1", file, line);
+    if ((atype == WGMMA_BF16) != (btype == WGMMA_BF16)) wgmma_error("A and B are both bf16 or both FP8", file, line);
+    if (atype != WGMMA_BF16 && ((a ? 0 : trans_a) | trans_b))
+        wgmma_error("FP8 wgmma (m64nNk32) takes K-major operands only: the transposes are for .f16 / .bf16", file, line);
     if (!me.fenced)
         wgmma_error("wgmma.mma_async without a wgmma.fence since the thread's last wgmma.wait_group (the fence orders the "
                     "accumulator and A registers' accesses before the asynchronous MMA)", file, line);
     WgmmaOp op;
     op.d = d; op.n = n; op.scale_d = scale_d != 0; op.trans_a = a ? 0 : trans_a; op.trans_b = trans_b;
     op.a_regs = a != nullptr;
+    op.atype = atype; op.btype = btype;
     for (int i = 0; i < 4; i++) op.a[i] = a ? a[i] : 0;
     op.desc_a = a ? 0 : desc_a; op.desc_b = desc_b;
     op.file = file; op.line = line;
@@ -279,13 +306,22 @@ inline void wgmma_complete_group(int first) {
     const size_t nops = lanes[0].groups.front().size();
     struct Acc { float* d; int n; float v[128]; };
     std::vector<Acc> acc[128];   // per thread: the results so far, by accumulator registers
-    static thread_local float A[64 * 16], B[256 * 16], D[64 * 256];
+    static thread_local float A[64 * 32], B[256 * 32], D[64 * 256];
     const WgmmaOp* ops[128];
     for (size_t j = 0; j < nops; j++) {
         for (int t = 0; t < 128; t++) ops[t] = &lanes[t].groups.front()[j];
         const WgmmaOp& o = *ops[0];
-        const int n = o.n;
-        if (o.a_regs)
+        const int n = o.n, kk = wgmma_k(o.atype);
+        if (o.a_regs && o.atype != WGMMA_BF16)   // m64nNk32: a[j] = A[16q+g+8 (j%2)][4c + 16 (j/2) + 0..3], the lowest byte first
+            for (int t = 0; t < 128; t++) {
+                int q = t / 32, g = t % 32 / 4, c = t % 4;
+                for (int j = 0; j < 4; j++)
+                    for (int b = 0; b < 4; b++) {
+                        A[(16 * q + g + 8 * (j % 2)) * 32 + 4 * c + 16 * (j / 2) + b] =
+                            wgmma_decode_fp8(o.atype, (unsigned char)(ops[t]->a[j] >> (8 * b)));
+                    }
+            }
+        else if (o.a_regs)
             for (int t = 0; t < 128; t++) {
                 int q = t / 32, g = t % 32 / 4, c = t % 4;
                 for (int h = 0; h < 2; h++) {
@@ -295,12 +331,12 @@ inline void wgmma_complete_group(int first) {
                     A[(16 * q + g + 8) * 16 + 2 * c + 8 + h] = bf16_bits_to_float(ops[t]->a[3] >> (16 * h) & 0xFFFF);
                 }
             }
-        else wgmma_load(A, 64, o.desc_a, o.trans_a, o.file, o.line);
-        wgmma_load(B, n, o.desc_b, o.trans_b, o.file, o.line);   // B[n][k]
+        else wgmma_load(A, 64, o.desc_a, o.trans_a, o.atype, o.file, o.line);
+        wgmma_load(B, n, o.desc_b, o.trans_b, o.btype, o.file, o.line);   // B[n][k]
 #if defined(SIMT_RACE_DETECT)
-        if (!o.a_regs) wgmma_race_reads(ops, first, 64, o.desc_a, o.trans_a, "wgmma.mma_async A (at wait_group)");
-        wgmma_race_reads(ops, first, n, o.desc_b, o.trans_b, "wgmma.mma_async B (at wait_group)");
-        bytes_mma(2LL * 64 * n * 16);   // the launch's tensor-core FLOPs (bytecount.h)
+        if (!o.a_regs) wgmma_race_reads(ops, first, 64, o.desc_a, o.trans_a, o.atype, "wgmma.mma_async A (at wait_group)");
+        wgmma_race_reads(ops, first, n, o.desc_b, o.trans_b, o.btype, "wgmma.mma_async B (at wait_group)");
+        bytes_mma(2LL * 64 * n * kk);   // the launch's tensor-core FLOPs (bytecount.h)
 #endif
         for (int t = 0; t < 128; t++) {   // the input D, fragment by fragment
             const float* in = ops[t]->d_in;
@@ -315,7 +351,7 @@ inline void wgmma_complete_group(int first) {
         for (int m = 0; m < 64; m++)
             for (int col = 0; col < n; col++) {
                 float s = o.scale_d ? D[m * 256 + col] : 0.0f;
-                for (int k = 0; k < 16; k++) s += A[m * 16 + k] * B[col * 16 + k];   // exact products, one rounding per add
+                for (int k = 0; k < kk; k++) s += A[m * kk + k] * B[col * kk + k];   // exact products, one rounding per add
                 D[m * 256 + col] = s;
             }
         for (int t = 0; t < 128; t++) {
