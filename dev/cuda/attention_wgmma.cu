@@ -1,0 +1,225 @@
+/*
+ * attention_wgmma.cu — a causal GQA flash attention forward on Hopper's warpgroup MMA (model/wgmma.cuh), the first
+ * step of issue 25's Hopper attention (FlashAttention-3's approach; not in the product: no GPU has run it yet).
+ * Same contract as the product's forward (model/attention_flash.cuh, dev/cuda/attention.cu's forward v4): from qkv
+ * (B, T, (H + 2 KV) hd) after clip + RoPE, out (B, T, H hd) and lse (B, H, T) (natural log of the scaled scores).
+ *   forward wgmma v1  grid (T/128 query tiles, H, B), 2 warpgroups (256 threads); warpgroup w owns query rows
+ *        64 w .. 64 w + 63 of the tile. Q (128 x hd) and double-buffered K, V tiles of 64 keys are copied by
+ *        16-byte cp.async into the 128B-swizzled layout: panels of 64 head dims (128 bytes a row), 8-row atoms
+ *        of 1024 bytes, the 16-byte chunk c of row r at c ^ r % 8. Per key tile:
+ *          S (64 x 64) = Q K^T   hd/16 wgmma m64n64k16, A = Q and B = K by descriptor, both K-major
+ *                                (keys x head_dim row-major is B's K-major layout: SBO 1024, k-step + 32 bytes,
+ *                                the next panel + rows 128 bytes)
+ *          online softmax on the accumulators (thread rows g and g + 8 of its warp's 16: a row in the 4 lanes of
+ *                                a quad, two shuffles), log2 domain, causal mask on the diagonal tiles
+ *          O (64 x hd) += P V    4 wgmma m64n(hd)k16, A = P from registers (the S accumulators rounded to bf16:
+ *                                the D layout of two 8-column groups is the A fragment), B = V MN-major
+ *                                (transpose flag 1: head_dim contiguous; SBO 1024 between 8-key groups, LBO
+ *                                = the panel size between 64-dim panels, the next k-step + 2048 bytes)
+ *        A warpgroup skips a key tile wholly past its last row (causal). The copy of tile j + 1 overlaps tile j's
+ *        math; each wgmma group is waited for at once (no MMA/softmax overlap yet: FA-3's ping-pong is left).
+ *        O / l stored as bf16 pairs straight from the accumulators.
+ *   forward v4  the product's (mma.sync, model/attention_flash.cuh), timed alongside
+ * Validation: against the CPU reference (out 1e-2, lse 1e-4), and at the timing shape against forward v4.
+ *   make dev/cuda/attention_wgmma && ./dev/cuda/attention_wgmma [-b B] [-t T] [-h H] [-k KV] [-d hd (64, 128)]
+ *     default dbrx-132b's attention shape B 8, T 4096, H 48, KV 8, hd 128; under the emulator small shapes.
+ */
+#include "common.h"
+#include "../../model/attention.cuh"
+#include "../../model/wgmma.cuh"
+
+#define WGA_BR 128    // query rows of a block: 2 warpgroups x 64
+#define WGA_BC 64     // keys per tile
+#define WGA_THREADS 256
+
+// rows [row0, row0 + rows) (HD columns) of a row-major src (row stride ld, T rows) into the swizzled panels of dst:
+// panel p (head dims 64 p ..) at dst + p rows 128, row r 128 bytes, 16-byte chunk c at c ^ r % 8; rows >= T zero
+template <int HD>
+__device__ __forceinline__ void wga_load_tile(char* dst, const floatX* src, size_t ld, int row0, int rows, int T) {
+    constexpr int CH = HD / 8;
+    for (int i = threadIdx.x; i < rows * CH; i += WGA_THREADS) {
+        int r = i / CH, c = i % CH;
+        char* d = dst + (c / 8) * rows * 128 + r * 128 + ((c % 8) ^ (r % 8)) * 16;
+        if (row0 + r < T) cp_async_16(d, src + (size_t)(row0 + r) * ld + 8 * c);
+        else cp_async_16_zfill(d, src, 0);
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV) {
+    constexpr int QB = WGA_BR * HD * 2, KB = WGA_BC * HD * 2;   // bytes of the Q tile, of one K or V tile
+    constexpr int OC = HD / 8;                                   // 8-column groups of O
+    // the swizzle repeats every 1024 bytes of shared address: the tiles start on such a boundary
+    char* Qs = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);
+    char* Ks = Qs + QB;          // (2 buffers) x KB
+    char* Vs = Ks + 2 * KB;      // (2 buffers) x KB
+    const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * WGA_BR;   // the last (longest) query tiles first
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV), C = H * HD;
+    const size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
+    const floatX* Qg = qkv + (size_t)b * T * qkv_dim + (size_t)h * HD;
+    const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
+    const floatX* Vg = Kg + (size_t)KV * HD;
+    const float sl2 = rsqrtf((float)HD) * FLASH_LOG2E;        // scores in log2 units, for exp2f
+    const int ntiles = (min(q0 + WGA_BR, T) - 1) / WGA_BC + 1;  // causal: keys up to the block's last query row
+    const int wrow0 = q0 + 64 * wg;                             // the warpgroup's first query row
+    const int qa = wrow0 + 16 * warp + g, qb = qa + 8;          // this thread's two rows
+
+    wga_load_tile<HD>(Qs, Qg, qkv_dim, q0, WGA_BR, T);
+    wga_load_tile<HD>(Ks, Kg, qkv_dim, 0, WGA_BC, T);
+    wga_load_tile<HD>(Vs, Vg, qkv_dim, 0, WGA_BC, T);
+    cp_async_commit();
+
+    float o[HD / 2];                                            // O (64 x HD) of the warpgroup, unnormalised (D layout)
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running max (log2 units), this lane's part of the sum
+    for (int j = 0; j < ntiles; j++) {
+        if (j + 1 < ntiles) {   // tile j + 1 into the other buffer while tile j is used
+            wga_load_tile<HD>(Ks + (j + 1) % 2 * KB, Kg, qkv_dim, (j + 1) * WGA_BC, WGA_BC, T);
+            wga_load_tile<HD>(Vs + (j + 1) % 2 * KB, Vg, qkv_dim, (j + 1) * WGA_BC, WGA_BC, T);
+        }
+        cp_async_commit();      // (an empty group on the last tile keeps the count uniform)
+        cp_async_wait<1>();     // tile j (and Q) landed for this thread...
+        wgmma_fence_proxy();    // ...made visible to the asynchronous proxy (wgmma's operand reads)...
+        __syncthreads();        // ...for every thread
+        const char* Kt = Ks + j % 2 * KB;
+        const char* Vt = Vs + j % 2 * KB;
+        const int k0 = j * WGA_BC;
+        if (k0 <= wrow0 + 63) {   // (warpgroup-uniform) a key of this tile at or before the warpgroup's last row
+            // S = Q K^T: k-step s reads head dims 16 s ..: panel s / 4, + 32 bytes per step within it
+            float s[WGA_BC / 2] = {};
+            wgmma_fence();
+            for (int ks = 0; ks < HD / 16; ks++) {
+                uint64_t da = wgmma_desc(Qs + (ks / 4) * WGA_BR * 128 + wg * 64 * 128 + 32 * (ks % 4), 16, 1024, WGMMA_SWIZZLE_128B);
+                uint64_t db = wgmma_desc(Kt + (ks / 4) * WGA_BC * 128 + 32 * (ks % 4), 16, 1024, WGMMA_SWIZZLE_128B);
+                wgmma_bf16_ss<WGA_BC, 0, 0>(s, da, db, ks > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_operand(s);
+            // s[i] = S[16 warp + g + 8 ((i / 2) % 2)][8 (i / 4) + 2 t4 + i % 2]: causal mask where the tile reaches
+            // past the warpgroup's first row
+            if (k0 + WGA_BC - 1 > wrow0)
+                for (int i = 0; i < WGA_BC / 2; i++)
+                    if (k0 + 8 * (i / 4) + 2 * t4 + i % 2 > ((i / 2) % 2 ? qb : qa)) s[i] = -INFINITY;
+            // online softmax of row qa (r 0) and qb (r 1): elements 4 c + 2 r + e
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+                for (int c = 0; c < WGA_BC / 8; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float m_new = fmaxf(m[r], mx * sl2);
+                float m_use = m_new == -INFINITY ? 0.0f : m_new;   // nothing unmasked yet: exp2f(-inf) = 0, not NaN
+                float corr = exp2f(m[r] - m_use);
+                l[r] *= corr;
+                for (int c = 0; c < OC; c++) { o[4 * c + 2 * r] *= corr; o[4 * c + 2 * r + 1] *= corr; }
+                for (int c = 0; c < WGA_BC / 8; c++)
+                    for (int e = 0; e < 2; e++) {
+                        // (P is rounded to bf16 as the A operand of P V; the sum, hence lse, keeps fp32)
+                        float p = exp2f(s[4 * c + 2 * r + e] * sl2 - m_use);
+                        s[4 * c + 2 * r + e] = p;
+                        l[r] += p;
+                    }
+                m[r] = m_new;
+            }
+            // O += P V: the A fragment of keys 16 kk ..: a[q] = pack(s[8 kk + 2 q], s[8 kk + 2 q + 1]) (rows g, g + 8;
+            // columns 2 t4 and 2 t4 + 8); V's k-step kk starts 16 keys (2048 bytes) on
+            uint32_t pf[WGA_BC / 16][4];
+            for (int kk = 0; kk < WGA_BC / 16; kk++)
+                for (int q = 0; q < 4; q++) pf[kk][q] = pack_bf16x2(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+            wgmma_fence_operand(o);
+            wgmma_fence();
+            for (int kk = 0; kk < WGA_BC / 16; kk++)
+                wgmma_bf16_rs<HD, 1>(o, pf[kk], wgmma_desc(Vt + kk * 16 * 128, WGA_BC * 128, 1024, WGMMA_SWIZZLE_128B), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_operand(o);
+        }
+        __syncthreads();   // every warpgroup's MMAs are done with buffer j % 2 before iteration j + 1 refills it
+    }
+    // the row sums of the quads; O / l as bf16 pairs, rows < T
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    floatX* Og = out + (size_t)b * T * C + (size_t)h * HD;
+    for (int c = 0; c < OC; c++)
+        for (int r = 0; r < 2; r++) {
+            int row = r ? qb : qa;
+            if (row < T)
+                *(uint32_t*)(Og + (size_t)row * C + 8 * c + 2 * t4) = pack_bf16x2(o[4 * c + 2 * r] / l[r], o[4 * c + 2 * r + 1] / l[r]);
+        }
+    if (t4 == 0) {   // natural-log units, of the scaled scores
+        if (qa < T) lse[((size_t)b * H + h) * T + qa] = (m[0] + log2f(l[0])) / FLASH_LOG2E;
+        if (qb < T) lse[((size_t)b * H + h) * T + qb] = (m[1] + log2f(l[1])) / FLASH_LOG2E;
+    }
+}
+
+template <int HD> static void attention_forward_wgmma_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV) {
+    size_t smem = (size_t)(WGA_BR + 4 * WGA_BC) * HD * 2 + 1024;
+    cudaCheck(cudaFuncSetAttribute(attention_forward_wgmma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    LAUNCH(attention_forward_wgmma<HD>, dim3(ceil_div(T, WGA_BR), H, B), WGA_THREADS, smem, 0, out, lse, qkv, T, H, KV);
+}
+static void attention_forward_wgmma_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    if (hd == 64) attention_forward_wgmma_hd<64>(out, lse, qkv, B, T, H, KV);
+    else attention_forward_wgmma_hd<128>(out, lse, qkv, B, T, H, KV);
+}
+
+// validates the wgmma forward (and the product's v4 alongside) against the CPU reference at a shape; with `time_too`
+// (a GPU) times both
+static void run_shape(int B, int T, int H, int KV, int hd, bool time_too) {
+    int qd = (H + 2 * KV) * hd, C = H * hd;
+    printf("B %d, T %d, H %d, KV %d, hd %d\n", B, T, H, KV, hd);
+    std::vector<float> qkv = round_bf16(make_random((size_t)B * T * qd, 1, 1.5));
+    size_t no = (size_t)B * T * C, nl = (size_t)B * H * T;
+    floatX *dq = to_device_bf16v(qkv), *dy = deviceAlloc(floatX, no);
+    float* dlse = deviceAlloc(float, nl);
+    double flops = 4.0 * B * H * hd * (double)T * (T + 1) / 2;
+    const char* names[2] = {"forward v4 (product, mma.sync)", "forward wgmma v1"};
+    std::function<void()> fwd[2] = {
+        [&] { flash_attention_forward_gpu(dy, dlse, dq, B, T, H, KV, hd); },
+        [&] { attention_forward_wgmma_gpu(dy, dlse, dq, B, T, H, KV, hd); },
+    };
+    // the CPU reference where it is cheap (emulated shapes, or B * T * T * H small); else v4's result
+    bool cpu = EMULATED || (double)B * T * T * H <= 1e9;
+    std::vector<float> want_o(no), want_l(nl);
+    if (cpu) attention_forward(want_o.data(), want_l.data(), qkv.data(), B, T, H, KV, hd);
+    for (int v = 0; v < 2; v++) {
+        cudaCheck(cudaMemset(dy, 0xFF, no * sizeof(floatX)));
+        cudaCheck(cudaMemset(dlse, 0xFF, nl * sizeof(float)));
+        fwd[v]();
+        std::vector<float> got_o = from_device_bf16v(dy, no), got_l = from_device_f32(dlse, nl);
+        if (!cpu && v == 0) { want_o = got_o; want_l = got_l; }
+        char what[96];
+        snprintf(what, sizeof what, "%s%s", names[v], cpu ? "" : " vs v4");
+        validate(what, got_o, want_o, 1e-2, 1e-2);
+        validate("  lse", got_l, want_l, 1e-4, 1e-5);
+        if (time_too) report_flops(names[v], flops, time_ms(5, fwd[v]));
+    }
+    for (void* p : {(void*)dq, (void*)dy, (void*)dlse}) cudaCheck(cudaFree(p));
+}
+
+int main(int argc, char** argv) {
+    int B = 8, T = 4096, H = 48, KV = 8, hd = 128;
+    bool shape_given = false;
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
+        int x = atoi(argv[i + 1]);
+        int* dst = !strcmp(argv[i], "-b") ? &B : !strcmp(argv[i], "-t") ? &T : !strcmp(argv[i], "-h") ? &H : !strcmp(argv[i], "-k") ? &KV
+                 : !strcmp(argv[i], "-d") ? &hd : nullptr;
+        if (!dst || x <= 0) { fprintf(stderr, "usage: %s [-b B] [-t T] [-h H] [-k KV] [-d hd (64 or 128)]\n", argv[0]); return 2; }
+        *dst = x;
+        shape_given = true;
+    }
+    if ((hd != 64 && hd != 128) || H % KV) { fprintf(stderr, "%s: hd %d must be 64 or 128 and H %d a multiple of KV %d\n", argv[0], hd, H, KV); return 2; }
+    print_header("attention, wgmma forward", "causal GQA");
+    if (EMULATED && !shape_given) {
+        // DBRX's head_dim 128 and GQA 6:1 (48 / 8 scaled down), T cut short of a tile, B 2's offsets; head_dim 64
+        const int shapes[][5] = {{1, 192, 6, 1, 128}, {2, 77, 4, 2, 128}, {1, 130, 4, 1, 64}};
+        for (const auto& s : shapes) run_shape(s[0], s[1], s[2], s[3], s[4], false);
+    } else {
+        if (!EMULATED) run_shape(1, 1024, H, KV, hd, false);   // against the CPU first
+        run_shape(B, T, H, KV, hd, !EMULATED);
+    }
+    return finish();
+}
