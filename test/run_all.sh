@@ -93,6 +93,9 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         local out rc; out=$(./dev/cuda/wgmma_gemm_race 2>&1); rc=$?
         [ "$rc" = 0 ] && pass "dev/cuda/wgmma_gemm's versions under the race detector: validated, no race" \
             || fail "dev/cuda/wgmma_gemm_race (exit $rc): $(grep -E 'FAIL|race' <<<"$out" | head -3)"
+        out=$(./dev/cuda/attention_wgmma_race 2>&1); rc=$?
+        [ "$rc" = 0 ] && pass "dev/cuda/attention_wgmma's forward under the race detector: validated against the CPU and v4, no race" \
+            || fail "dev/cuda/attention_wgmma_race (exit $rc): $(grep -E 'FAIL|race' <<<"$out" | head -3)"
     }
     section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
         wgmma_tests

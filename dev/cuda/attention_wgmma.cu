@@ -143,12 +143,13 @@ __global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma(floatX* o
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
     floatX* Og = out + (size_t)b * T * C + (size_t)h * HD;
-    for (int c = 0; c < OC; c++)
-        for (int r = 0; r < 2; r++) {
-            int row = r ? qb : qa;
-            if (row < T)
-                *(uint32_t*)(Og + (size_t)row * C + 8 * c + 2 * t4) = pack_bf16x2(o[4 * c + 2 * r] / l[r], o[4 * c + 2 * r + 1] / l[r]);
-        }
+    for (int r = 0; r < 2; r++) {
+        const int row = r ? qb : qa;
+        const float inv = 1.0f / l[r];   // (times 1 / l as the product's kernel: the same bits under the emulator)
+        if (row < T)
+            for (int c = 0; c < OC; c++)
+                *(uint32_t*)(Og + (size_t)row * C + 8 * c + 2 * t4) = pack_bf16x2(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+    }
     if (t4 == 0) {   // natural-log units, of the scaled scores
         if (qa < T) lse[((size_t)b * H + h) * T + qa] = (m[0] + log2f(l[0])) / FLASH_LOG2E;
         if (qb < T) lse[((size_t)b * H + h) * T + qb] = (m[1] + log2f(l[1])) / FLASH_LOG2E;
@@ -182,7 +183,7 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too) {
     };
     // the CPU reference where it is cheap (emulated shapes, or B * T * T * H small); else v4's result
     bool cpu = EMULATED || (double)B * T * T * H <= 1e9;
-    std::vector<float> want_o(no), want_l(nl);
+    std::vector<float> want_o(no), want_l(nl), v4_o, v4_l;
     if (cpu) attention_forward(want_o.data(), want_l.data(), qkv.data(), B, T, H, KV, hd);
     for (int v = 0; v < 2; v++) {
         cudaCheck(cudaMemset(dy, 0xFF, no * sizeof(floatX)));
@@ -190,10 +191,18 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too) {
         fwd[v]();
         std::vector<float> got_o = from_device_bf16v(dy, no), got_l = from_device_f32(dlse, nl);
         if (!cpu && v == 0) { want_o = got_o; want_l = got_l; }
+        if (v == 0) { v4_o = got_o; v4_l = got_l; }
         char what[96];
         snprintf(what, sizeof what, "%s%s", names[v], cpu ? "" : " vs v4");
         validate(what, got_o, want_o, 1e-2, 1e-2);
         validate("  lse", got_l, want_l, 1e-4, 1e-5);
+        // emulated, both kernels sum every product in the same order (the emulator's mma.sync and wgmma: k order,
+        // fp32 after each add) and do the same softmax arithmetic: the same bits (a GPU's wgmma may order the sums
+        // otherwise)
+        if (EMULATED && v == 1) {
+            bool same = !memcmp(got_o.data(), v4_o.data(), no * sizeof(float)) && !memcmp(got_l.data(), v4_l.data(), nl * sizeof(float));
+            validate("  wgmma = v4 bit for bit", {same ? 0.0f : 1.0f}, {0.0f}, 0.0, 0.0);
+        }
         if (time_too) report_flops(names[v], flops, time_ms(5, fwd[v]));
     }
     for (void* p : {(void*)dq, (void*)dy, (void*)dlse}) cudaCheck(cudaFree(p));
