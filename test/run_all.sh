@@ -96,6 +96,11 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         out=$(./dev/cuda/attention_wgmma_race 2>&1); rc=$?
         [ "$rc" = 0 ] && pass "dev/cuda/attention_wgmma's forward under the race detector: validated against the CPU and v4, no race" \
             || fail "dev/cuda/attention_wgmma_race (exit $rc): $(grep -E 'FAIL|race' <<<"$out" | head -3)"
+        # its negative control: v2 with 2 K/V buffers (tile j + 2 copied over V(j) while P(j) V(j) may still read it)
+        out=$(./dev/cuda/attention_wgmma_race -p 1 2>&1); rc=$?
+        [ "$rc" != 0 ] && grep -q "race in kernel.*cp.async.*wgmma.mma_async B\|race in kernel.*wgmma.mma_async B.*cp.async" <<<"$out" \
+            && pass "negative control: attention_wgmma v2 with 2 K/V buffers races (cp.async over a tile wgmma still reads)" \
+            || fail "negative control: attention_wgmma v2 with 2 buffers, no race reported (exit $rc): $(head -2 <<<"$out")"
     }
     section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
         wgmma_tests

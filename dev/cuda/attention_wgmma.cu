@@ -199,9 +199,10 @@ __global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma(floatX* o
 // cannot prove warpgroup-uniform): the last iteration issues S of its own tile again, its softmax wholly masked (key
 // offset past the block's rows), and a warpgroup also runs a key tile past its rows (the causal tile of warpgroup 0
 // in the block's last tile), wholly masked: P = 0, the factors 1, O, l and m unchanged bit for bit.
-template <int HD>
+// NBUF 3; 2 only as the race detector's negative control (-p 1: tile j + 2 over tile j's V, still read by P(j) V(j))
+template <int HD, int NBUF>
 __global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma_v2(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV) {
-    WGA_SETUP(3);
+    WGA_SETUP(NBUF);
     wga_load_tile<HD>(Qs, Qg, qkv_dim, q0, WGA_BR, T);
     wga_load_tile<HD>(Ks, Kg, qkv_dim, 0, WGA_BC, T);
     wga_load_tile<HD>(Vs, Vg, qkv_dim, 0, WGA_BC, T);
@@ -226,13 +227,13 @@ __global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma_v2(floatX
         wgmma_fence_proxy();
         __syncthreads();
         if (j + 2 < ntiles) {
-            wga_load_tile<HD>(Ks + (j + 2) % 3 * KB, Kg, qkv_dim, (j + 2) * WGA_BC, WGA_BC, T);
-            wga_load_tile<HD>(Vs + (j + 2) % 3 * KB, Vg, qkv_dim, (j + 2) * WGA_BC, WGA_BC, T);
+            wga_load_tile<HD>(Ks + (j + 2) % NBUF * KB, Kg, qkv_dim, (j + 2) * WGA_BC, WGA_BC, T);
+            wga_load_tile<HD>(Vs + (j + 2) % NBUF * KB, Vg, qkv_dim, (j + 2) * WGA_BC, WGA_BC, T);
         }
         cp_async_commit();
-        wga_issue_s<HD>(s, Qw, Ks + min(j + 1, ntiles - 1) % 3 * KB);
+        wga_issue_s<HD>(s, Qw, Ks + min(j + 1, ntiles - 1) % NBUF * KB);
         wgmma_commit();
-        wga_issue_pv<HD>(o, corr, pf, Vs + j % 3 * KB);
+        wga_issue_pv<HD>(o, corr, pf, Vs + j % NBUF * KB);
         wgmma_wait<1>();   // S(j + 1) complete (P(j) V(j) may not be)
         wgmma_fence_operand(s);
         wga_softmax(s, m, l, corr, (j + 1 < ntiles ? j + 1 : ntiles + 2) * WGA_BC, wrow0, qa, qb, sl2);
@@ -244,8 +245,9 @@ __global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma_v2(floatX
 }
 
 template <int HD, int V> static void attention_forward_wgmma_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV) {
-    auto kernel = V == 1 ? attention_forward_wgmma<HD> : attention_forward_wgmma_v2<HD>;
-    size_t smem = (size_t)(WGA_BR + (V == 1 ? 4 : 6) * WGA_BC) * HD * 2 + 1024;   // Q, 2 or 3 K/V buffers, the alignment
+    // V 3: v2 with 2 buffers, planted (a race)
+    auto kernel = V == 1 ? attention_forward_wgmma<HD> : V == 2 ? attention_forward_wgmma_v2<HD, 3> : attention_forward_wgmma_v2<HD, 2>;
+    size_t smem = (size_t)(WGA_BR + (V == 2 ? 6 : 4) * WGA_BC) * HD * 2 + 1024;   // Q, 2 or 3 K/V buffers, the alignment
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     LAUNCH(kernel, dim3(ceil_div(T, WGA_BR), H, B), WGA_THREADS, smem, 0, out, lse, qkv, T, H, KV);
 }
@@ -256,7 +258,7 @@ template <int V> static void attention_forward_wgmma_gpu(floatX* out, float* lse
 
 // validates the wgmma forwards (and the product's v4 alongside) against the CPU reference at a shape; with `time_too`
 // (a GPU) times them
-static void run_shape(int B, int T, int H, int KV, int hd, bool time_too) {
+static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, bool plant = false) {
     int qd = (H + 2 * KV) * hd, C = H * hd;
     printf("B %d, T %d, H %d, KV %d, hd %d\n", B, T, H, KV, hd);
     std::vector<float> qkv = round_bf16(make_random((size_t)B * T * qd, 1, 1.5));
@@ -268,18 +270,21 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too) {
     std::function<void()> fwd[3] = {
         [&] { flash_attention_forward_gpu(dy, dlse, dq, B, T, H, KV, hd); },
         [&] { attention_forward_wgmma_gpu<1>(dy, dlse, dq, B, T, H, KV, hd); },
-        [&] { attention_forward_wgmma_gpu<2>(dy, dlse, dq, B, T, H, KV, hd); },
+        [&] { if (plant) attention_forward_wgmma_gpu<3>(dy, dlse, dq, B, T, H, KV, hd);
+              else attention_forward_wgmma_gpu<2>(dy, dlse, dq, B, T, H, KV, hd); },
     };
     // the CPU reference where it is cheap (emulated shapes, or B * T * T * H small); else v4's result
     bool cpu = EMULATED || (double)B * T * T * H <= 1e9;
     std::vector<float> want_o(no), want_l(nl), v4_o, v4_l;
     if (cpu) attention_forward(want_o.data(), want_l.data(), qkv.data(), B, T, H, KV, hd);
     for (int v = 0; v < 3; v++) {
+        if (plant && v != 2) continue;
         cudaCheck(cudaMemset(dy, 0xFF, no * sizeof(floatX)));
         cudaCheck(cudaMemset(dlse, 0xFF, nl * sizeof(float)));
         fwd[v]();
         std::vector<float> got_o = from_device_bf16v(dy, no), got_l = from_device_f32(dlse, nl);
         if (!cpu && v == 0) { want_o = got_o; want_l = got_l; }
+        if (plant) continue;
         if (v == 0) { v4_o = got_o; v4_l = got_l; }
         char what[96];
         snprintf(what, sizeof what, "%s%s", names[v], cpu ? "" : " vs v4");
@@ -298,20 +303,26 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too) {
 }
 
 int main(int argc, char** argv) {
-    int B = 8, T = 4096, H = 48, KV = 8, hd = 128;
+    int B = 8, T = 4096, H = 48, KV = 8, hd = 128, plant = 0;
     bool shape_given = false;
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
         int x = atoi(argv[i + 1]);
         int* dst = !strcmp(argv[i], "-b") ? &B : !strcmp(argv[i], "-t") ? &T : !strcmp(argv[i], "-h") ? &H : !strcmp(argv[i], "-k") ? &KV
-                 : !strcmp(argv[i], "-d") ? &hd : nullptr;
-        if (!dst || x <= 0) { fprintf(stderr, "usage: %s [-b B] [-t T] [-h H] [-k KV] [-d hd (64 or 128)]\n", argv[0]); return 2; }
+                 : !strcmp(argv[i], "-d") ? &hd : !strcmp(argv[i], "-p") ? &plant : nullptr;
+        if (!dst || x <= 0 || (dst == &plant && x != 1)) {
+            fprintf(stderr, "usage: %s [-b B] [-t T] [-h H] [-k KV] [-d hd (64 or 128)] [-p 1 (emulated: v2's planted race)]\n", argv[0]);
+            return 2;
+        }
         *dst = x;
-        shape_given = true;
+        shape_given |= dst != &plant;
     }
     if ((hd != 64 && hd != 128) || H % KV) { fprintf(stderr, "%s: hd %d must be 64 or 128 and H %d a multiple of KV %d\n", argv[0], hd, H, KV); return 2; }
     print_header("attention, wgmma forward", "causal GQA");
-    if (EMULATED && !shape_given) {
+    if (plant) {   // the race detector's negative control: v2 with 2 K/V buffers at 5 key tiles
+        if (!EMULATED) { fprintf(stderr, "%s: -p 1 is for the emulated builds\n", argv[0]); return 2; }
+        run_shape(1, 320, 6, 1, 128, false, true);
+    } else if (EMULATED && !shape_given) {
         // DBRX's head_dim 128 and GQA 6:1 (48 / 8 scaled down; T 320: 5 key tiles, v2's 4 buffers wrap), T cut short
         // of a tile, B 2's offsets; head_dim 64
         const int shapes[][5] = {{1, 320, 6, 1, 128}, {2, 77, 4, 2, 128}, {1, 130, 4, 1, 64}};
