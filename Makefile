@@ -137,7 +137,8 @@ SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
-             test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin
+             test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin \
+             test/test_wgmma test/test_race_wgmma
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -164,6 +165,23 @@ test/test_zero_fp8_cuda: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) | check-dep
 RACE_FLAGS := $(SIMT_FLAGS) -g -DSIMT_RACE_DETECT -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
 test/test_race: test/test_race.cpp test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_race.cpp
+	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	rm -f $@.o
+# Hopper's warpgroup MMA (model/wgmma.cuh, test/simt/wgmma.h) against a double-precision product, and under the race detector
+test/test_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_wgmma.cpp
+test/test_race_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_wgmma.cpp
+	$(CXX) -fopenmp -o $@ $@.o
+	rm -f $@.o
+# dev/cuda/wgmma_gemm's kernels (cp.async stages, wgmma, barriers) under the race detector, validated as the _emu build is
+dev/cuda/wgmma_gemm_race: dev/cuda/wgmma_gemm.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/wgmma_gemm.cu
+	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	rm -f $@.o
+# dev/cuda/attention_wgmma's kernel (two warpgroups, cp.async double buffering, wgmma) under the race detector
+dev/cuda/attention_wgmma_race: dev/cuda/attention_wgmma.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma.cu
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
 # the FP8 kernels (quantize, padding, factors) under the race detector: test_fp8_cuda's source, instrumented
@@ -193,7 +211,7 @@ train_dbrx_emu_count: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(COUNT_FLAGS) $(MPI_CFLAGS) -x c++ -c -o $@.o train_dbrx.cu
 	$(CXX) -fopenmp -o $@ $@.o $(LDLIBS)
 	rm -f $@.o
-emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_count $(DEV_CUDA_EMU))
+emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_count $(DEV_CUDA_EMU) dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race)
 
 # the real CUDA builds of the tests (make test compiles them; make test-gpu runs them on a device,
 # under compute-sanitizer with SANITIZER=1)
@@ -215,6 +233,8 @@ test/test_zero_fp8_cuda_gpu: test/test_zero_fp8_cuda.cpp $(HEADERS)
 # emulator at a small size (make test runs those)
 $(DEV_CUDA): dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS)
 	$(NVCC) $(filter-out -O2,$(NVCC_TEST_FLAGS)) -O3 -o $@ $< -lopenblas $(CUDA_LIBS)
+# the wgmma attention (a candidate for the product): no register spills, as train_dbrx
+dev/cuda/attention_wgmma: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 $(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ $< -lopenblas -lm
 gpu-build: $(if $(NVCC),$(GPU_TESTS) $(DEV_CUDA))
@@ -264,4 +284,4 @@ test: test-build
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
 	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
-	      dev/comm_bench test/test_checkpoint test/test_gpu_select
+	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race

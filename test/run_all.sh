@@ -86,6 +86,24 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     section "race detection: the FP8 kernels, a training step per recipe (SIMT emulator)" \
         doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
     section "race detection: ZeRO-3's FP8 all-gather kernels (SIMT emulator)" doctest_run ./test/test_race_zero_fp8
+    # Hopper's warpgroup MMA (model/wgmma.cuh): the emulator's wgmma against a double-precision product, then under the detector
+    wgmma_tests() {
+        doctest_run ./test/test_wgmma
+        doctest_run ./test/test_race_wgmma
+        local out rc; out=$(./dev/cuda/wgmma_gemm_race 2>&1); rc=$?
+        [ "$rc" = 0 ] && pass "dev/cuda/wgmma_gemm's versions under the race detector: validated, no race" \
+            || fail "dev/cuda/wgmma_gemm_race (exit $rc): $(grep -E 'FAIL|race' <<<"$out" | head -3)"
+        out=$(./dev/cuda/attention_wgmma_race 2>&1); rc=$?
+        [ "$rc" = 0 ] && pass "dev/cuda/attention_wgmma's forward under the race detector: validated against the CPU and v4, no race" \
+            || fail "dev/cuda/attention_wgmma_race (exit $rc): $(grep -E 'FAIL|race' <<<"$out" | head -3)"
+        # its negative control: v2 with 2 K/V buffers (tile j + 2 copied over V(j) while P(j) V(j) may still read it)
+        out=$(./dev/cuda/attention_wgmma_race -p 1 2>&1); rc=$?
+        [ "$rc" != 0 ] && grep -q "race in kernel.*cp.async.*wgmma.mma_async B\|race in kernel.*wgmma.mma_async B.*cp.async" <<<"$out" \
+            && pass "negative control: attention_wgmma v2 with 2 K/V buffers races (cp.async over a tile wgmma still reads)" \
+            || fail "negative control: attention_wgmma v2 with 2 buffers, no race reported (exit $rc): $(head -2 <<<"$out")"
+    }
+    section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
+        wgmma_tests
     section "cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)" \
         doctest_run ./test/test_cublaslt_twin
     section "CUDA training step vs the CPU reference step (SIMT emulator)" doctest_run ./test/test_step_cuda

@@ -15,7 +15,9 @@
  *     threads, each block on one).
  *   - The tensor-core instructions of model/tensor_core.cuh (test/simt/tensor_core.h): mma.sync
  *     m16n8k16 BF16 and ldmatrix are warp collectives computing the PTX ISA's per-lane fragment
- *     layouts; cp.async copies land when their thread's cp.async.wait_group covers them.
+ *     layouts; cp.async copies land when their thread's cp.async.wait_group covers them. Hopper's
+ *     wgmma (model/wgmma.cuh, test/simt/wgmma.h) is a 128-thread warpgroup rendezvous; its shared-memory
+ *     operands are read and its accumulators written when wgmma.wait_group completes its group.
  *   - Static __shared__ variables are thread_local statics: one instance per OS thread, hence per
  *     running block. Dynamic shared memory is declared, as in the real build,
  *         extern __shared__ __align__(16) char dynamic_smem[];
@@ -106,7 +108,8 @@ constexpr int warpSize = 32;
 
 // the largest dynamic shared memory of a block on Hopper (227 KiB)
 #define SIMT_MAX_DYNAMIC_SMEM (227 * 1024)
-inline thread_local __attribute__((aligned(16))) char dynamic_smem[SIMT_MAX_DYNAMIC_SMEM];
+// (aligned to 1024 bytes: the 128-byte swizzle of wgmma operands repeats every 1024 bytes of address, wgmma.h)
+inline thread_local __attribute__((aligned(1024))) char dynamic_smem[SIMT_MAX_DYNAMIC_SMEM];
 
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
@@ -361,6 +364,7 @@ struct Sched {
     const char* kernel = "";
     const char* launch_file = "";
     int launch_line = 0;
+    uint64_t block_serial = 0;     // counts the blocks run: per-block state kept elsewhere (wgmma.h) knows it is stale
 
     ~Sched() { if (stacks) munmap(stacks, (size_t)capacity * stack_stride); }
 };
@@ -475,6 +479,7 @@ inline void ensure_capacity(Sched* s, int n) {
 // Runs block `blockIdx` of the current launch to its end. Returns false (with s->error) on an error.
 inline bool run_block(Sched* s, int nthreads) {
     s->nthreads = nthreads;
+    s->block_serial++;
     s->nexited = 0;
     s->nbarrier = 0;
     s->error.clear();
@@ -1125,3 +1130,5 @@ inline cudaError_t cudaDriverGetVersion(int* v) { *v = CUDART_VERSION; return cu
 
 // the warp-level matrix instructions (mma.sync, ldmatrix) and cp.async: model/tensor_core.cuh's emulated half
 #include "tensor_core.h"
+// the warpgroup-level matrix instructions (wgmma.mma_async, fence, commit_group, wait_group): model/wgmma.cuh's emulated half
+#include "wgmma.h"
