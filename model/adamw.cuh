@@ -52,7 +52,8 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
 //                              and g = 0 where the next step's gradient accumulates into it     + 4 B
 // = 34 B per parameter per step where the step's first writes overwrite the gradient, so nothing has to zero it:
 // ZeRO-3/HSDP (S > 1: each item's first reduce-scatter of a step, parallel/) and one GPU or DDP, BF16 or FP8 (the first
-// backward's weight-gradient GEMMs with beta 0: dbrx_grads_overwrite, model/dbrx_cuda.cuh). 38 B where the model's
+// backward's weight-gradient GEMMs with beta 0: dbrx_grads_overwrite, model/dbrx_cuda.cuh; there the embedding's
+// gradient is still memset before its scatter-add of the batch's rows: + 4 B per embedding element). 38 B where the model's
 // backward accumulates into a zeroed shard (DDP + EP: the dispatcher's experts): there the gradient's zeroing (a memset before: 4 B
 // written) is the fused pass's store of zeros over the g it has just read. The
 // data-parallel 1/W scale of the gradient (a pass before: 8 B) is the factor `pre` both passes apply as they

@@ -224,7 +224,7 @@ __global__ void zero_bf16_to_f32_kernel(float* out, const floatX* x, size_t n) {
 static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
     Zero* z = &zg->z;
     int slot = zero_item_slot(z, u, j), item = z->item_base[u] + j;
-    // (DBRX_DEBUG_PLANT=stale_grad: unit 1's first adds to the previous step's gradient, test/test_zero_gpu.sh's control)
+    // (DBRX_DEBUG_PLANT=stale_grad: unit 1's first adds to the previous step's gradient, test/test_grad_overwrite.sh's control)
     bool first = zg->grad_fresh[item] && !(g_debug_hooks.plant == PLANT_STALE_GRAD && u == 1);
     zg->grad_fresh[item] = 0;
     cudaStream_t rs = zero_gpu_rs_stream(zg);
