@@ -204,6 +204,24 @@ static floatX* upload_bf16(const std::vector<float>& v) {
 }
 
 struct Run { int bad; double worst; };   // elements out of tolerance, the worst error / tolerance
+// out (rows, N) against the double-precision c0(i, j) + sum over k of ab(i, j, k), within fp32 summation's tolerance
+template <typename AB, typename C0>
+static Run check_product(const std::vector<float>& out, int rows, int N, int K, AB ab, C0 c0) {
+    Run r = {0, 0};
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < N; j++) {
+            double ref = c0(i, j), mag = std::fabs(ref);
+            for (int k = 0; k < K; k++) {
+                double p = ab(i, j, k);
+                ref += p;
+                mag += std::fabs(p);
+            }
+            double tol = (K + 1) * 1.2e-7 * mag + 1e-30, err = std::fabs(out[(size_t)i * N + j] - ref);
+            if (!(err <= tol)) r.bad++;
+            r.worst = std::isnan(err) ? 1e30 : std::max(r.worst, err / tol);
+        }
+    return r;
+}
 
 // one launch of wgmma_kernel<N, TA, TB, AREG> on random data, checked against the double-precision product
 template <int N, int TA, int TB, bool AREG>
@@ -221,20 +239,8 @@ static Run run_wgmma(Layout la, Layout lb, int flags, int warpgroups = 1, int K 
     cudaCheck(cudaGetLastError());
     std::vector<float> out((size_t)rows * N);
     cudaCheck(cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    Run r = {0, 0};
-    for (int i = 0; i < rows; i++)
-        for (int j = 0; j < N; j++) {
-            double ref = 0, mag = 0;
-            if ((flags & F_C) && !(flags & F_ZERO_FIRST)) { ref = c[(size_t)i * N + j]; mag = std::fabs(ref); }
-            for (int k = 0; k < K; k++) {
-                double p = (double)a[(size_t)i * K + k] * bt[(size_t)j * K + k];
-                ref += p;
-                mag += std::fabs(p);
-            }
-            double tol = (K + 1) * 1.2e-7 * mag + 1e-30, err = std::fabs(out[(size_t)i * N + j] - ref);
-            if (!(err <= tol)) r.bad++;
-            r.worst = std::isnan(err) ? 1e30 : std::max(r.worst, err / tol);
-        }
+    Run r = check_product(out, rows, N, K, [&](int i, int j, int k) { return (double)a[(size_t)i * K + k] * bt[(size_t)j * K + k]; },
+                          [&](int i, int j) { return (flags & F_C) && !(flags & F_ZERO_FIRST) ? (double)c[(size_t)i * N + j] : 0.0; });
     cudaCheck(cudaFree(da)); cudaCheck(cudaFree(dbt)); cudaCheck(cudaFree(dc)); cudaCheck(cudaFree(dout));
     return r;
 }
@@ -265,19 +271,9 @@ static Run run_fp8(Layout la, Layout lb, int flags, int K = 128, int data_at = A
     LAUNCH((wgmma_fp8_kernel<N, AT, BT, AREG>), 1, 128, smem, 0, dout, da, dbt, dc, K, la, lb, flags);
     std::vector<float> out((size_t)64 * N);
     cudaCheck(cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    Run r = {0, 0};
-    for (int i = 0; i < 64; i++)
-        for (int j = 0; j < N; j++) {
-            double ref = flags & F_C ? c[(size_t)i * N + j] : 0.0, mag = std::fabs(ref);
-            for (int k = 0; k < K; k++) {
-                double p = (double)fp8_value(data_at, a[(size_t)i * K + k]) * fp8_value(BT, bt[(size_t)j * K + k]);
-                ref += p;
-                mag += std::fabs(p);
-            }
-            double tol = (K + 1) * 1.2e-7 * mag + 1e-30, err = std::fabs(out[(size_t)i * N + j] - ref);
-            if (!(err <= tol)) r.bad++;
-            r.worst = std::isnan(err) ? 1e30 : std::max(r.worst, err / tol);
-        }
+    Run r = check_product(out, 64, N, K,
+                          [&](int i, int j, int k) { return (double)fp8_value(data_at, a[(size_t)i * K + k]) * fp8_value(BT, bt[(size_t)j * K + k]); },
+                          [&](int i, int j) { return flags & F_C ? (double)c[(size_t)i * N + j] : 0.0; });
     cudaCheck(cudaFree(da)); cudaCheck(cudaFree(dbt)); cudaCheck(cudaFree(dc)); cudaCheck(cudaFree(dout));
     return r;
 }
