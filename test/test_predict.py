@@ -6,6 +6,8 @@
                                       with and without an event (overlap / serialisation), a host sync that empties
                                       the pipeline; negative controls: a reduce-scatter moved onto the compute stream,
                                       a sync per layer, a kernel reading twice the bytes
+                                      measured GEMMs: --gemm-shapes's list, calibrate.py --gemms's table, a GEMM of
+                                      the table at its measured time, any other by the rate table
   test_predict.py --e2e LOG COUNTERS L d H KV E k F V TOKENS SEQ
                                       a dbrx-tiny-shaped step's log: it parses, its GEMM FLOPs = the MFU formula's
                                       matmul count (model/config.h: 6 N_matmul per token; the attention term is the
@@ -207,6 +209,59 @@ def e2e(log, counters, L, d, H, KV, E, k, F, V, tokens, seq):
     check(r["step"] > 0 and len(r["ops"]) >= nk + ng, "the step simulates: %.3f ms predicted on an H100 SXM" % (r["step"] * 1e3))
 
 
+def measured_gemms():
+    import contextlib
+    import io
+    import tempfile
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev", "predict"))
+    import calibrate as C
+    g = lambda m, beta=0: {"t": "gemm", "m": m, "n": 4096, "k": 1024, "batch": 1, "a": "bf16", "b": "bf16", "d": "fp32",
+                           "trans_a": True, "trans_b": False, "beta": beta, "stream": 0, "flops": 2 * m * 4096 * 1024}
+    tmp = tempfile.mkdtemp()
+    shapes, sweep, table = (os.path.join(tmp, n) for n in ("shapes.txt", "sweep.txt", "gemm_measured.json"))
+    P.write_gemm_shapes(shapes, [[g(2048), g(2048), g(8192), K("x", 10)], [g(2048), g(8192), g(8192), g(8192)]])
+    lines = [l for l in open(shapes).read().splitlines() if not l.startswith("#")]
+    check(lines == ["8192 4096 1024 1 bf16 bf16 fp32 1 0 0 0 0 0 3", "2048 4096 1024 1 bf16 bf16 fp32 1 0 0 0 0 0 2"],
+          "--gemm-shapes: the distinct GEMMs with their largest count per step over the logs, most FLOPs first: %s" % lines)
+    with open(sweep, "w") as f:   # what dev/cuda/matmul -s prints for them (times made up here)
+        f.write("matmul header line\n  %s ok\n%s ms=0.250000 tflops=275.0\n%s ms=0.050000 tflops=343.6\n" % (lines[0], lines[0], lines[1]))
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        C.main(["--gemms", sweep, "--device", "h100-sxm", "--out", table, "--source", "test"])
+    t = json.load(open(table))
+    check(t["device"] == "h100-sxm" and t["gemms_ms"] == {lines[0][:-2]: 0.25, lines[1][:-2]: 0.05},
+          "calibrate.py --gemms writes the measured table (device, ms per call by shape): %s" % t["gemms_ms"])
+    want_table = 3 * 2.0 * 8192 * 4096 * 1024 / (989.4e12 * 0.58) + 2 * 2.0 * 2048 * 4096 * 1024 / (989.4e12 * 0.58)
+    check("measured 0.850 ms" in out.getvalue() and ("rate table %.3f ms" % (want_table * 1e3)) in out.getvalue(),
+          "calibrate.py --gemms: the step's GEMMs measured 3 x 0.25 + 2 x 0.05 = 0.850 ms against the rate table's %.3f ms "
+          "(the >= 1024 class, 58%%)" % (want_table * 1e3))
+    P.load_measured_gemms("h100-sxm", table)
+    try:
+        d, bound = P.cost(g(8192), "h100-sxm", 8)[:2]
+        check(close(d, 0.25e-3) and bound == "measured", "a GEMM of the measured table costs its measured time: %.4f ms (%s)" % (d * 1e3, bound))
+        d = P.cost(g(8192, beta=1), "h100-sxm", 8)[0]
+        want = 2.0 * 8192 * 4096 * 1024 / (989.4e12 * 0.58)
+        check(close(d, want), "the same GEMM reading C (beta 1) is another shape: the rate table's %.4f ms, got %.4f" % (want * 1e3, d * 1e3))
+        d = P.cost(g(8192), "h200", 8)[0]
+        check(close(d, want), "an H100's measured table does not price an H200's GEMM: %.4f ms, the table's %.4f" % (d * 1e3, want * 1e3))
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                P.load_measured_gemms("h200", table)
+            check(False, "a table measured on h100-sxm refused for h200")
+        except SystemExit as e:
+            check(e.code == 2, "a table measured on h100-sxm is refused for h200 (exit %s)" % e.code)
+    finally:
+        P.MEASURED_GEMMS.clear()
+        P.MEASURED_GEMMS_SOURCE.clear()
+    with open(sweep, "w") as f:
+        f.write("%s ms=0.000000 tflops=0.00\n" % lines[0])
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            C.main(["--gemms", sweep, "--device", "h100-sxm"])
+        check(False, "negative control: an emulated sweep (no times) is refused as a measurement")
+    except SystemExit as e:
+        check(e.code == 2, "negative control: an emulated sweep (ms=0) is refused as a measurement (exit %s)" % e.code)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--e2e":
         a = sys.argv[2:]
@@ -215,3 +270,4 @@ if __name__ == "__main__":
         model_cases()
         negative_controls()
         chrome_trace()
+        measured_gemms()

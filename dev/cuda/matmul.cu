@@ -10,6 +10,11 @@
  * projection), against one dense GEMM of the same total size (E*2048 rows); make bench-gpu's target is
  * >= 70% of the dense rate. Under the emulator (E 4, ragged rows, d 64, F 96) validated against the
  * CPU experts (experts_up_forward, ..., model/moe.cuh).
+ * With -s FILE: every GEMM of a training step, as `predict.py LOG --gemm-shapes FILE` lists them (cuBLASLt's
+ * column-major m n k, batch, types, transposes, beta, FP8 scale modes), timed one by one through the wrapper
+ * (matmul_cublaslt, as the model calls it); one output line per shape, the input line with "ms=" appended:
+ * `calibrate.py --gemms` turns them into the step-time model's measured GEMM table (dev/predict/README.md).
+ * Under the emulator each BF16 shape is validated against the CPU's GEMM instead (FP8: run, not validated).
  */
 #include "common.h"
 #include "../../model/matmul.cuh"
@@ -80,9 +85,87 @@ static int expert_gemms() {
     return finish();
 }
 
+// -s FILE: one line per GEMM "m n k batch a b d trans_a trans_b beta fast_accum a_scale_mode b_scale_mode count"
+// (predict.py --gemm-shapes), column-major as cuBLASLt takes it: D (m, n) = op(A) (m, k) op(B) (k, n) + beta D.
+static cudaDataType_t sweep_type(const char* name, const char* path, int line) {
+    if (!strcmp(name, "bf16")) return CUDA_R_16BF;
+    if (!strcmp(name, "fp32")) return CUDA_R_32F;
+    if (!strcmp(name, "e4m3")) return CUDA_R_8F_E4M3;
+    if (!strcmp(name, "e5m2")) return CUDA_R_8F_E5M2;
+    fprintf(stderr, "error: %s:%d: unknown type '%s' (bf16, fp32, e4m3, e5m2)\n", path, line, name);
+    exit(2);
+}
+// an operand of n elements of type t on the device: BF16 / FP32 from normal values, FP8 finite codes of either format
+static void* sweep_operand(cudaDataType_t t, size_t n, uint64_t seed, std::vector<float>* host) {
+    std::vector<float> v = round_bf16(make_random(n, seed, 0.5));
+    if (host) *host = v;
+    if (t == CUDA_R_16BF) return to_device_bf16v(v);
+    if (t == CUDA_R_32F) return to_device(v);
+    std::vector<uint8_t> q(n);   // (codes below 0x70 with either sign: finite in E4M3 and E5M2)
+    for (size_t i = 0; i < n; i++) q[i] = (uint8_t)((uint32_t)(std::fabs(v[i]) * 1000.0f) % 0x70 | (v[i] < 0 ? 0x80 : 0));
+    return to_device(q);
+}
+static int gemm_sweep(const char* path) {
+    FILE* f = fopen(path, "r");
+    if (!f) { fprintf(stderr, "error: %s: cannot open the GEMM list (%s)\n", path, strerror(errno)); return 2; }
+    print_header("matmul (cuBLASLt)", "the GEMMs of a step (-s)");
+    char buf[512];
+    for (int line = 1; fgets(buf, sizeof buf, f); line++) {
+        if (buf[0] == '#' || buf[0] == '\n') continue;
+        int m, n, k, batch, ta, tb, fast, sa, sb, count;
+        char an[8], bn[8], dn[8];
+        float beta;
+        if (sscanf(buf, "%d %d %d %d %7s %7s %7s %d %d %f %d %d %d %d", &m, &n, &k, &batch, an, bn, dn, &ta, &tb, &beta, &fast, &sa, &sb,
+                   &count) != 14 || m <= 0 || n <= 0 || k <= 0 || batch <= 0) {
+            fprintf(stderr, "error: %s:%d: not a GEMM line (m n k batch a b d trans_a trans_b beta fast_accum a_scale_mode b_scale_mode count)\n",
+                    path, line);
+            fclose(f);
+            return 2;
+        }
+        cudaDataType_t at = sweep_type(an, path, line), bt = sweep_type(bn, path, line), dt = sweep_type(dn, path, line);
+        int lda = ta ? k : m, ldb = tb ? n : k;
+        long long sza = (long long)m * k, szb = (long long)k * n, szd = (long long)m * n;
+        std::vector<float> ha, hb;
+        void* A = sweep_operand(at, (size_t)sza * batch, 11 + line, &ha);
+        void* B = sweep_operand(bt, (size_t)szb * batch, 13 + line, &hb);
+        void* D = sweep_operand(dt, (size_t)szd * batch, 17 + line, nullptr);
+        bool fp8 = is_fp8_type(at);
+        MatmulOptions opt = {};
+        float *scale_a = nullptr, *scale_b = nullptr;
+        if (fp8) {   // unit dequantisation factors in the operands' layouts
+            scale_a = to_device(std::vector<float>(matmul_scale_count(sa, m, k), 1.0f));
+            scale_b = to_device(std::vector<float>(matmul_scale_count(sb, n, k), 1.0f));
+            opt = {scale_a, scale_b, nullptr, nullptr, fast, sa, sb, "A", "B"};
+        }
+        auto run = [&] {
+            matmul_cublaslt(ta, tb, m, n, k, 1.0f, A, at, lda, sza, B, bt, ldb, szb, beta, D, dt, m, szd, batch, fp8 ? &opt : nullptr, 0,
+                            __FILE__, __LINE__);
+        };
+        buf[strcspn(buf, "\n")] = 0;
+        if (EMULATED && !fp8 && beta == 0.0f) {   // against the CPU: row-major D^T (n, m) = op(B)^T op(A)^T, per batch
+            std::vector<float> want((size_t)szd * batch);
+            for (int b = 0; b < batch; b++)
+                gemm_cpu(tb, ta, n, m, k, 1.0f, hb.data() + b * szb, ldb, ha.data() + b * sza, lda, 0.0f, want.data() + b * szd, m);
+            run();
+            std::vector<float> got = dt == CUDA_R_32F ? from_device_f32((float*)D, want.size()) : from_device_bf16v((floatX*)D, want.size());
+            validate(buf, got, want, 1e-2, 1e-2);
+        } else if (EMULATED) run();   // (FP8, or D read: run, not validated)
+        float ms = time_ms(5, run);
+        printf("%s ms=%.6f tflops=%.2f\n", buf, ms, ms > 0 ? 2.0 * m * n * k * batch / (ms * 1e-3) / 1e12 : 0.0);
+        for (void* p : {A, B, D, (void*)scale_a, (void*)scale_b}) if (p) cudaCheck(cudaFree(p));
+    }
+    fclose(f);
+    return finish();
+}
+
 int main(int argc, char** argv) {
     if (argc == 2 && !strcmp(argv[1], "-x")) return expert_gemms();
-    if (argc > 1) { fprintf(stderr, "usage: %s [-x]   (-x: the experts at DBRX-132B's shapes against a dense GEMM)\n", argv[0]); return 2; }
+    if (argc == 3 && !strcmp(argv[1], "-s")) return gemm_sweep(argv[2]);
+    if (argc > 1) {
+        fprintf(stderr, "usage: %s [-x | -s FILE]   (-x: the experts at DBRX-132B's shapes against a dense GEMM; -s: the GEMMs "
+                "listed in FILE, predict.py --gemm-shapes)\n", argv[0]);
+        return 2;
+    }
     print_header("matmul (cuBLASLt)", "dbrx-1b GEMMs");
     struct { const char* name; int N, C, OC; } shapes[] = {
         {"Wqkv (16384 x 1024 -> 1536)", 16384, 1024, 1536},

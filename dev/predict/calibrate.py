@@ -15,6 +15,13 @@ prediction's step (the trace's otherData.predicted_step_ms).
 Prints, per class: count per step, predicted ms, measured ms, measured / predicted; then the step. The ratios are
 what the rate table (predict.py's RATES, GEMM_EFFICIENCY, HBM_FRACTION, ...) is to be corrected by: make bench-gpu
 records this table in dev/bench/results_gpu.md; the published starting values stay documented beside any change.
+
+  calibrate.py --gemms SWEEP.txt --device DEV [--out FILE] [--source TEXT] [--markdown]
+
+SWEEP: what dev/cuda/matmul -s printed for the GEMMs predict.py --gemm-shapes listed (one line per shape, ms=
+appended). Prints each shape's measured time against the rate table's (predict.py's cost(): its efficiency class),
+weighted by its count per step, and with --out writes the measured table predict.py reads for that device
+(gemm_measured_<device>.json: {"device", "source", "gemms_ms": {shape key: ms per call}}).
 """
 import json
 import re
@@ -81,8 +88,63 @@ def predicted_classes(t):
     return {k: tuple(v) for k, v in out.items()}, (step * 1e-3 if step else None)
 
 
+def read_sweep(path):
+    """[(key, count, ms)] from dev/cuda/matmul -s's output lines ("KEY COUNT ms=X tflops=Y")"""
+    out = []
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        die("%s: %s" % (path, e))
+    for no, line in enumerate(lines, 1):
+        m = re.match(r"^((?:\d+ ){4}(?:\w+ ){3}(?:\d+ ){6})(\d+) ms=([0-9.eE+-]+)", line)
+        if m:
+            out.append((m.group(1).strip(), int(m.group(2)), float(m.group(3))))
+        elif re.match(r"^\d+ \d+ \d+ ", line):
+            die("%s:%d: a GEMM line without its time: %s" % (path, no, line[:80]))
+    if not out:
+        die("%s: no timed GEMM lines (dev/cuda/matmul -s's output)" % path)
+    return out
+
+
+def gemms_main(args):
+    sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+    import predict
+    opt = lambda name: args[args.index(name) + 1] if name in args and args.index(name) + 1 < len(args) else None
+    path, dev, out, source = opt("--gemms"), opt("--device"), opt("--out"), opt("--source") or "dev/cuda/matmul -s"
+    if not path or dev not in predict.RATES:
+        die("usage: calibrate.py --gemms SWEEP.txt --device {%s} [--out FILE] [--source TEXT] [--markdown]" % "|".join(sorted(predict.RATES)))
+    rows = []
+    for key, count, ms in read_sweep(path):
+        f = key.split()
+        it = {"t": "gemm", "m": int(f[0]), "n": int(f[1]), "k": int(f[2]), "batch": int(f[3]), "a": f[4], "b": f[5], "d": f[6],
+              "trans_a": f[7] == "1", "trans_b": f[8] == "1", "beta": int(f[9]), "fast_accum": int(f[10]),
+              "a_scale_mode": int(f[11]), "b_scale_mode": int(f[12])}
+        if ms <= 0:
+            die("%s: %s: no time (an emulated sweep is not a measurement)" % (path, key))
+        table_s = predict.cost(it, dev, 8)[0]
+        rows.append((key, count, ms, table_s * 1e3, 2.0 * it["m"] * it["n"] * it["k"] * it["batch"]))
+    tm, tt = sum(c * ms for _, c, ms, _, _ in rows), sum(c * t for _, c, _, t, _ in rows)
+    if out:
+        with open(out, "w") as fo:
+            json.dump({"device": dev, "source": source, "gemms_ms": {k: ms for k, _, ms, _, _ in rows}}, fo, indent=0, sort_keys=True)
+            fo.write("\n")
+    md = "--markdown" in args
+    peak = predict.RATES[dev]["bf16"]
+    if md:
+        print("| GEMM (m n k batch a b d ta tb beta fast modes) | per step | measured ms | TFLOP/s | rate table ms | measured / table |")
+        print("|---|---|---|---|---|---|")
+    for key, count, ms, t, fl in sorted(rows, key=lambda r: -r[1] * r[2]):
+        cells = (key, count, ms, fl / (ms * 1e-3) / 1e12, t, ms / t)
+        print(("| %s | %d | %.4f | %.1f | %.4f | %.2f |" if md else "%-44s %4d %10.4f %8.1f %10.4f %6.2f") % cells)
+    print(("| **the step's GEMMs** | %d | %.3f | (%.1f%% of the BF16 peak) | %.3f | %.2f |" if md else
+           "the step's GEMMs: %d calls, measured %.3f ms (%.1f%% of the BF16 peak), rate table %.3f ms, measured / table %.2f")
+          % (sum(c for _, c, _, _, _ in rows), tm, 100 * sum(c * fl for _, c, _, _, fl in rows) / (tm * 1e-3) / peak, tt, tm / tt))
+
+
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--gemms" in args:
+        return gemms_main(args)
     md, as_json = "--markdown" in args, "--json" in args
     files = [a for a in args if not a.startswith("--")]
     if len(files) != 2:

@@ -2,7 +2,8 @@
 # make_predict.sh — make predict: the predicted GPU step of one configuration (dev/predict/README.md).
 #   MODEL (dbrx-1b)  BATCH (8)  SEQ (2048)  NP (1)  DEVICE (h100-sxm | h100-pcie | h200)  FLAGS (more trainer flags,
 #   e.g. '--fp8 block' or '--shard-group-size 64 --expert-parallel 8')  TRACE=FILE (the predicted timeline as a Chrome
-#   trace)  JSON=1 (the summary as one JSON object)  EMU (./train_dbrx_emu)
+#   trace)  JSON=1 (the summary as one JSON object)  EMU (./train_dbrx_emu)  GEMM_SHAPES=FILE (the step's distinct GEMMs
+#   for dev/cuda/matmul -s: make bench-gpu's measured GEMM table)
 #   RUN_LAYERS: empty (default): one run at the model's own layer count. "L1 L2": two runs, every number extrapolated
 #   linearly in the layers to the model's count (for hundreds of ranks, whose emulated step is slow on a small machine).
 # The run: 2 training steps of the emulated binary with SIMT_SHAPES_ONLY=1 (test/simt/simt.h: every launch, GEMM, copy
@@ -56,6 +57,7 @@ cp=$(sed -nE 's/.*--context-parallel[ =]([0-9]+).*/\1/p' <<<"$FLAGS"); cp=${cp:-
 args=(--device "$DEVICE" --flops-per-token "$fpt" --tokens $((BATCH * SEQ * NP * accum / cp)) --ranks "$NP")
 [ -n "${TRACE:-}" ] && args+=(--trace "$TRACE")
 [ -n "${JSON:-}" ] && args+=(--json)
+[ -n "${GEMM_SHAPES:-}" ] && args+=(--gemm-shapes "$GEMM_SHAPES")
 if [ "${#logs[@]}" = 2 ]; then
     echo "make predict: $MODEL ($layers layers) extrapolated from ${runs[0]} and ${runs[1]} layers; FLOPs/token $fpt (--dry-run)" >&2
     $PY dev/predict/predict.py "${logs[@]}" --layers "${runs[0]},${runs[1]}" --target-layers "$layers" "${args[@]}"

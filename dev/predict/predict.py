@@ -87,6 +87,38 @@ RING_FACTOR = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n
                "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "send": lambda n: 1.0, "recv": lambda n: 1.0}
 
 
+# Measured GEMMs (make bench-gpu section 7): dev/cuda/matmul -s timed the step's own GEMM shapes on a GPU and
+# calibrate.py --gemms wrote gemm_measured_<device>.json beside this file; a GEMM of the same key costs its measured
+# time there instead of the rate table's (only on that device: an H200's times are not an H100's). {device: {key: s}}
+MEASURED_GEMMS = {}
+MEASURED_GEMMS_SOURCE = {}
+
+
+def gemm_key(it):
+    """one GEMM's shape as dev/cuda/matmul -s reads it: m n k batch a b d trans_a trans_b beta(0/1) fast_accum modes"""
+    return "%d %d %d %d %s %s %s %d %d %d %d %d %d" % (
+        it["m"], it["n"], it["k"], it["batch"], it["a"], it["b"], it["d"], bool(it["trans_a"]), bool(it["trans_b"]),
+        it["beta"] != 0, it.get("fast_accum", 0), it.get("a_scale_mode", 0), it.get("b_scale_mode", 0))
+
+
+def load_measured_gemms(dev, path=None):
+    """the device's measured GEMM table: PATH, else gemm_measured_<dev>.json here when it exists; {} if none"""
+    path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_measured_%s.json" % dev)
+    if not os.path.exists(path):
+        MEASURED_GEMMS[dev] = {}
+        return {}
+    try:
+        with open(path) as f:
+            t = json.load(f)
+        table = {k: float(v) * 1e-3 for k, v in t["gemms_ms"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        die("%s: not a measured GEMM table (%s)" % (path, e))
+    if t.get("device") != dev:
+        die("%s: measured on %s, not %s" % (path, t.get("device"), dev))
+    MEASURED_GEMMS[dev], MEASURED_GEMMS_SOURCE[dev] = table, "%s (%s)" % (path, t.get("source", "?"))
+    return table
+
+
 def gemm_efficiency(m, n, k):
     small = min(m, n, k)
     for lim, eff in GEMM_EFFICIENCY:
@@ -110,6 +142,10 @@ def cost(item, dev, gpus_per_node, ctx=None):
         peak = r["bf16"] * FP8_BLOCK_GEMM_VS_BF16 if block else r["fp8"] if fp8 else r["bf16"]
         tc = flops / (peak * gemm_efficiency(m, n, k))
         nbytes = b * (m * k * SIZE[item["a"]] + k * n * SIZE[item["b"]] + m * n * SIZE[item["d"]] * (2 if item["beta"] else 1))
+        table = MEASURED_GEMMS.get(dev)
+        measured = table.get(gemm_key(item)) if table else None
+        if measured is not None:   # (timed on this device: nothing else applies)
+            return measured, "measured", flops, nbytes
         tm = nbytes / (r["hbm"] * HBM_FRACTION)
         d = max(tc, tm, GEMM_MIN_US * 1e-6)
         return d, ("FLOPs" if d == tc else "bytes" if d == tm else "latency"), flops, nbytes
@@ -416,10 +452,41 @@ def report(res, rows, args, out=sys.stdout):
         print("critical path: %.3f ms of device work (%s), %.3f ms host issue and sync latency" %
               (res["critical_device"] * 1e3, ", ".join("%s %.3f ms" % (n, t * 1e3) for n, t in res["critical"][:4]),
                (step - res["critical_device"]) * 1e3), file=out)
+    if MEASURED_GEMMS_SOURCE.get(res["device"]) and res.get("ops"):
+        n, tot, share = measured_share(res)
+        print("GEMMs at their measured times: %d of %d calls (%.1f%% of the GEMM FLOPs), from %s; the others by the rate table"
+              % (n, tot, 100 * share, MEASURED_GEMMS_SOURCE[res["device"]]), file=out)
     print("%-52s %7s %10s %7s  %s" % ("time sink", "count", "ms", "% step", "bound by"), file=out)
     for r in rows[:args.top]:
         print("%-52s %7d %10.3f %6.1f%%  %s" % (r["name"][:52], r["count"], r["time"] * 1e3, 100 * r["time"] / step, r["bound"]), file=out)
     print("(device time per row, summed over streams: rows may overlap one another; a step is not their sum)", file=out)
+
+
+def write_gemm_shapes(path, steps):
+    """the distinct GEMMs of the steps (each rank's, each run's), the largest count per step of each, most FLOPs first"""
+    count, flops = {}, {}
+    for items in steps:
+        here = {}
+        for it in items:
+            if it["t"] == "gemm":
+                k = gemm_key(it)
+                here[k] = here.get(k, 0) + 1
+                flops[k] = it["flops"]
+        for k, c in here.items():
+            count[k] = max(count.get(k, 0), c)
+    with open(path, "w") as f:
+        f.write("# m n k batch a b d trans_a trans_b beta fast_accum a_scale_mode b_scale_mode count  (predict.py --gemm-shapes:\n"
+                "# cuBLASLt's column-major shapes, the GEMMs of one step; dev/cuda/matmul -s times them)\n")
+        for k in sorted(count, key=lambda k: -flops[k] * count[k]):
+            f.write("%s %d\n" % (k, count[k]))
+
+
+def measured_share(res):
+    """(GEMM calls at measured times, all GEMM calls, their FLOP share) of a simulated step"""
+    g = [o for o in res.get("ops", []) if o["item"]["t"] == "gemm"]
+    m = [o for o in g if o["bound"] == "measured"]
+    tot = sum(o["flops"] for o in g)
+    return len(m), len(g), (sum(o["flops"] for o in m) / tot if tot else 0.0)
 
 
 RANGE_TID = 1000   # the trace's tracks of --profile's ranges: 999 the host, 1000 + s stream s
@@ -461,9 +528,16 @@ def main(argv=None):
     ap.add_argument("--trace", default=None, help="write the predicted timeline as Chrome trace JSON")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON object instead")
+    ap.add_argument("--gemm-shapes", default=None, metavar="OUT",
+                    help="write the step's distinct GEMMs (per-step counts) for dev/cuda/matmul -s, and predict as usual")
+    ap.add_argument("--measured-gemms", default=None, metavar="FILE",
+                    help="the measured GEMM table (default: gemm_measured_<device>.json here, when it exists)")
     args = ap.parse_args(argv)
+    load_measured_gemms(args.device, args.measured_gemms)
     if len(args.logs) > 2 or (len(args.logs) == 2) != (args.layers is not None and args.target_layers is not None):
         ap.error("one log, or two logs with --layers L1,L2 and --target-layers L")
+    if args.gemm_shapes:
+        write_gemm_shapes(args.gemm_shapes, [one_step(read_log(f), args.step) for p in args.logs for f in rank_logs(p)])
     res = []
     for p in args.logs:   # each run: every rank's log, the slowest rank's prediction (the collectives wait for it)
         per_rank = [simulate(one_step(read_log(f), args.step), args.device, args.gpus_per_node) for f in rank_logs(p)]
