@@ -17,7 +17,7 @@
 #      and dbrx-1b with ZeRO-3 over every GPU, expert parallelism over all of them (at most 16) against none.
 #   6. the step-time model's calibration: the BF16 step of 4. as --profile measured it against make predict's
 #      timeline of the same configuration, per range class (dev/predict/calibrate.py).
-#   7. the step's own GEMMs (4.'s configuration, BF16 and --fp8 block: every distinct cuBLASLt shape of the step,
+#   7. the step's own GEMMs (4.'s configuration, BF16, --fp8 delayed and block: every distinct cuBLASLt shape,
 #      predict.py --gemm-shapes) timed one by one (dev/cuda/matmul -s) against the rate table; writes the measured
 #      table dev/predict/gemm_measured_<device>.json, which make predict then uses for this device (commit it).
 # The tables are appended to dev/bench/results_gpu.md with the GPU's name, the date and the commit;
@@ -132,16 +132,21 @@ if bench predict env MODEL="${E2E[1]}" BATCH="${E2E[3]}" SEQ="${E2E[5]}" NP=1 DE
 fi
 # 7. the step's GEMMs measured one by one (the step-time model's measured GEMM table for this device)
 shapes="$raw/gemm_list.txt"; : > "$shapes"
-for fl in "" "--fp8 block"; do
-    bench "gemm_shapes${fl:+_fp8}" env MODEL="${E2E[1]}" BATCH="${E2E[3]}" SEQ="${E2E[5]}" NP=1 DEVICE="$dev_kind" FLAGS="$fl"         GEMM_SHAPES="$raw/gemm_shapes${fl:+_fp8}.part" bash dev/predict/make_predict.sh && grep -v "^#" "$raw/gemm_shapes${fl:+_fp8}.part" >> "$shapes"
+for fl in "" "--fp8 delayed" "--fp8 block"; do   # (BF16; per-tensor FP8, as current scaling's; block-scaled FP8)
+    tag=gemm_shapes_${fl##* }; tag=${tag%_}
+    bench "$tag" env MODEL="${E2E[1]}" BATCH="${E2E[3]}" SEQ="${E2E[5]}" NP=1 DEVICE="$dev_kind" FLAGS="$fl" \
+        GEMM_SHAPES="$raw/$tag.part" bash dev/predict/make_predict.sh && grep -v "^#" "$raw/$tag.part" >> "$shapes"
 done
+# (a GEMM the steps share, once, at its largest count per step)
+awk '{ k = $1; for (i = 2; i <= 13; i++) k = k " " $i; if (!(k in c) || $14 > c[k]) c[k] = $14 } END { for (k in c) print k, c[k] }' \
+    "$shapes" > "$shapes.u" && mv "$shapes.u" "$shapes"
 if [ -s "$shapes" ] && bench gemm_sweep "dev/cuda/matmul$sfx" -s "$shapes"; then
     if [ "$EMU" = 1 ]; then   # (no times: every listed shape ran and the BF16 ones validated)
         [ "$(grep -c " ms=" "$raw/gemm_sweep.txt")" = "$(wc -l < "$shapes")" ] && ! grep -q FAIL "$raw/gemm_sweep.txt" \
             || echo "| gemm_sweep | FAILED: not every GEMM of $shapes ran and validated | | |"
     elif bench gemm_fit /usr/bin/python3 dev/predict/calibrate.py --gemms "$raw/gemm_sweep.txt" --device "$dev_kind" --markdown \
             --out "dev/predict/gemm_measured_$dev_kind.json" --source "$gpu, $(date -u +%Y-%m-%d), commit $rev"; then
-        echo; echo "The step's GEMMs (${E2E[1]}, batch ${E2E[3]} x ${E2E[5]}, BF16 and --fp8 block) timed one by one by dev/cuda/matmul -s,"
+        echo; echo "The step's GEMMs (${E2E[1]}, batch ${E2E[3]} x ${E2E[5]}; BF16, --fp8 delayed and block) timed one by one by dev/cuda/matmul -s,"
         echo "against the rate table (written to dev/predict/gemm_measured_$dev_kind.json: make predict now uses them on $dev_kind):"; echo
         cat "$raw/gemm_fit.txt"; echo
     fi

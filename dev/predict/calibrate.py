@@ -136,8 +136,9 @@ def gemms_main(args):
     for key, count, ms, t, fl in sorted(rows, key=lambda r: -r[1] * r[2]):
         cells = (key, count, ms, fl / (ms * 1e-3) / 1e12, t, ms / t)
         print(("| %s | %d | %.4f | %.1f | %.4f | %.2f |" if md else "%-44s %4d %10.4f %8.1f %10.4f %6.2f") % cells)
-    print(("| **the step's GEMMs** | %d | %.3f | (%.1f%% of the BF16 peak) | %.3f | %.2f |" if md else
-           "the step's GEMMs: %d calls, measured %.3f ms (%.1f%% of the BF16 peak), rate table %.3f ms, measured / table %.2f")
+    print(("| **all listed, each x its count per step** | %d | %.3f | (%.1f%% of the BF16 peak) | %.3f | %.2f |" if md else
+           "all listed GEMMs, each x its count per step: %d calls, measured %.3f ms (%.1f%% of the BF16 peak), rate table %.3f ms, "
+           "measured / table %.2f")
           % (sum(c for _, c, _, _, _ in rows), tm, 100 * sum(c * fl for _, c, _, _, fl in rows) / (tm * 1e-3) / peak, tt, tm / tt))
 
 
