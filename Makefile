@@ -138,7 +138,7 @@ SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
              test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin \
-             test/test_wgmma test/test_race_wgmma
+             test/test_wgmma test/test_race_wgmma test/test_moe_grouped test/test_race_moe_grouped
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -173,6 +173,13 @@ test/test_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
 test/test_race_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_wgmma.cpp
 	$(CXX) -fopenmp -o $@ $@.o
+	rm -f $@.o
+# the grouped expert GEMMs on wgmma (model/moe_grouped.cuh) against the CPU and today's path, and under the race detector
+test/test_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_grouped.cpp -lopenblas -lm
+test/test_race_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_grouped.cpp
+	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
 # dev/cuda/wgmma_gemm's kernels (cp.async stages, wgmma, barriers) under the race detector, validated as the _emu build is
 dev/cuda/wgmma_gemm_race: dev/cuda/wgmma_gemm.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
@@ -235,6 +242,8 @@ $(DEV_CUDA): dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS)
 	$(NVCC) $(filter-out -O2,$(NVCC_TEST_FLAGS)) -O3 -o $@ $< -lopenblas $(CUDA_LIBS)
 # the wgmma attention (a candidate for the product): no register spills, as train_dbrx
 dev/cuda/attention_wgmma: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
+# the grouped expert GEMMs (model/moe_grouped.cuh, a candidate for the product): no register spills either
+dev/cuda/moe_grouped: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 $(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ $< -lopenblas -lm
 gpu-build: $(if $(NVCC),$(GPU_TESTS) $(DEV_CUDA))

@@ -104,6 +104,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     }
     section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
         wgmma_tests
+    section "grouped expert GEMMs on wgmma (model/moe_grouped.cuh): CPU and today's path bit for bit, planted bugs (SIMT emulator)" \
+        doctest_run ./test/test_moe_grouped
+    section "grouped expert GEMMs under the race detector (SIMT emulator)" \
+        doctest_run ./test/test_race_moe_grouped "-tc=grouped up*"
     section "cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)" \
         doctest_run ./test/test_cublaslt_twin
     section "CUDA training step vs the CPU reference step (SIMT emulator)" doctest_run ./test/test_step_cuda

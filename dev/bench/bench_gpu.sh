@@ -46,7 +46,7 @@ else
     sfx=_emu; train=./train_dbrx_emu; out=$(mktemp); raw=$(mktemp -d)
 fi
 mkdir -p "$raw"
-for b in attention attention_wgmma layernorm moe embedding classifier adamw matmul; do
+for b in attention attention_wgmma moe_grouped layernorm moe embedding classifier adamw matmul; do
     [ -x "dev/cuda/$b$sfx" ] || fail "dev/cuda/$b$sfx is not built (make dev/cuda/$b$sfx)"
 done
 [ -x "$train" ] || fail "$train is not built"
@@ -102,6 +102,13 @@ if bench expert_gemm "dev/cuda/matmul$sfx" -x; then
     awk '/of the dense GEMM/ { for (i = 1; i <= NF; i++) if ($i ~ /%$/) p = $i; sub("%", "", p);
          printf "| expert GEMMs / dense | %s%% | >= 70%% | %s |\n", p, (p + 0 >= 70 ? "yes" : "no") }' "$raw/expert_gemm.txt"
 fi
+# the grouped expert GEMMs on wgmma (model/moe_grouped.cuh) against today's per-expert path, at dbrx-1b and at a
+# DBRX-132B slice (never run on a GPU before: a time limit; a wrong result fails it before any timing)
+for s in 1b 132b; do
+    if bench moe_grouped_$s timeout 600 "dev/cuda/moe_grouped$sfx" -s $s; then
+        rows "$raw/moe_grouped_$s.txt" TFLOP/s 0 "today|warpgroup"
+    fi
+done
 # 3. memory-bound kernels
 MEMBOUND=(layernorm moe embedding classifier adamw)
 [ "$EMU" = 1 ] && MEMBOUND=(layernorm)   # (make test validates every dev/cuda program anyway: one checks the path here)

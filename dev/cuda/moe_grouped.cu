@@ -1,0 +1,155 @@
+/*
+ * moe_grouped.cu — the experts' grouped GEMMs on Hopper's wgmma (model/moe_grouped.cuh: one launch per projection
+ * for all experts, the offsets read on the device, SwiGLU fused into the up-projection) against today's path
+ * (model/moe.cuh's experts_forward_gpu: one cuBLASLt GEMM per expert, w1 + v1 batched, after a synchronising copy
+ * of the offsets, then swiglu_forward_kernel):
+ *   v1  one warpgroup, 64 rows x 64 columns of g and u (wgmma N 128) / 64 x 128 of ye, 2 stages
+ *   v2  two warpgroups, 128 rows, the same columns, 3 stages (the launchers' defaults)
+ *   v3  two warpgroups, 128 rows x 128 columns of g and u (N 256) / 128 x 256 of ye, 3 stages
+ * Validated at a small shape (rows N k = 1024 over E 16 uneven experts, one empty; d 256, F 384) against the CPU
+ * reference (experts_up_forward / experts_down_forward, fp32) and against today's GPU path: emulated, bit for bit
+ * (the same k-order fp32 sums as cuBLASLt's twin); on a GPU within BF16 rounding. Then timed (not emulated):
+ * the up-projection (g, u, a), the down-projection and the layer, today's path with and without the offsets'
+ * copy + sync, in TFLOP/s, and checked against today's path at the timing shape.
+ *   make dev/cuda/moe_grouped && ./dev/cuda/moe_grouped [-v N (1-3)] [-s 1b | 132b]
+ *   1b:   N 16384 tokens, k 4, E 16, d 1024, F 1792 (dbrx-1b);  132b: N 4096, k 4, E 16, d 6144, F 10752 (DBRX-132B)
+ */
+#include "common.h"
+#include "../../model/moe_grouped.cuh"
+
+// the rows of E experts: R rows drawn with weights 1 + e % 4, expert 3 empty (offsets E + 1)
+static std::vector<int> make_offsets(int R, int E, uint64_t seed) {
+    std::vector<float> r = make_random(R, seed);
+    std::vector<int> counts(E, 0), off(E + 1, 0);
+    int wsum = 0;
+    for (int e = 0; e < E; e++) wsum += e == 3 ? 0 : 1 + e % 4;
+    for (int i = 0; i < R; i++) {
+        double x = 0.5 * (1.0 + std::erf(r[i] / std::sqrt(2.0))) * wsum;   // uniform in [0, wsum)
+        int e = 0;
+        for (double acc = 0; e < E - 1; e++) { acc += e == 3 ? 0 : 1 + e % 4; if (x < acc) break; }
+        counts[e]++;
+    }
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + counts[e];
+    return off;
+}
+
+struct Problem {
+    int R, E, d, F;
+    std::vector<int> off;
+    floatX *xe, *w1, *v1, *w2, *g, *u, *a, *ye;
+    int *off_dev, *off_host;
+};
+static Problem make_problem(int N, int k, int E, int d, int F, std::vector<float>* host) {
+    Problem p = {N * k, E, d, F, make_offsets(N * k, E, 7), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+    std::vector<float> xe = round_bf16(make_random((size_t)p.R * d, 1)), w1 = round_bf16(make_random((size_t)E * F * d, 2, 0.05));
+    std::vector<float> v1 = round_bf16(make_random((size_t)E * F * d, 3, 0.05)), w2 = round_bf16(make_random((size_t)E * F * d, 4, 0.05));
+    p.xe = to_device_bf16v(xe); p.w1 = to_device_bf16v(w1); p.v1 = to_device_bf16v(v1); p.w2 = to_device_bf16v(w2);
+    p.g = deviceAlloc(floatX, (size_t)p.R * F); p.u = deviceAlloc(floatX, (size_t)p.R * F); p.a = deviceAlloc(floatX, (size_t)p.R * F);
+    p.ye = deviceAlloc(floatX, (size_t)p.R * d);
+    p.off_dev = to_device(p.off);
+    cudaCheck(cudaMallocHost((void**)&p.off_host, (E + 1) * sizeof(int)));
+    if (host) { host[0] = xe; host[1] = w1; host[2] = v1; host[3] = w2; }
+    return p;
+}
+static void free_problem(Problem& p) {
+    for (void* x : {(void*)p.xe, (void*)p.w1, (void*)p.v1, (void*)p.w2, (void*)p.g, (void*)p.u, (void*)p.a, (void*)p.ye, (void*)p.off_dev})
+        cudaCheck(cudaFree(x));
+    cudaCheck(cudaFreeHost(p.off_host));
+}
+
+#define NVERSIONS 3
+static const char* const NAMES[NVERSIONS] = {"v1 1 warpgroup, 2 stages", "v2 2 warpgroups, 3 stages", "v3 2 warpgroups, N 256"};
+static void run_up(int v, Problem& p, floatX* g, floatX* u, floatX* a) {
+    if (v == 1) experts_up_grouped_gpu<1, 64, 2>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
+    else if (v == 2) experts_up_grouped_gpu<2, 64, 3>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
+    else experts_up_grouped_gpu<2, 128, 3>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
+}
+static void run_down(int v, Problem& p, floatX* ye, const floatX* a) {
+    if (v == 1) experts_down_grouped_gpu<1, 128, 2>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
+    else if (v == 2) experts_down_grouped_gpu<2, 128, 3>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
+    else experts_down_grouped_gpu<2, 256, 3>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
+}
+// today's path: the offsets to the host (the dispatch's synchronising copy), then experts_forward_gpu
+static void run_today(Problem& p, bool sync, bool down) {
+    if (sync) {
+        cudaCheck(cudaMemcpyAsync(p.off_host, p.off_dev, (p.E + 1) * sizeof(int), cudaMemcpyDeviceToHost, 0));
+        cudaCheck(cudaStreamSynchronize(0));
+    }
+    experts_forward_gpu(down ? p.ye : nullptr, p.g, p.u, p.a, p.xe, p.w1, p.v1, p.w2, p.off.data(), p.E, p.d, p.F);
+}
+
+// every version at the validation shape against the CPU and today's path (emulated: bit for bit)
+static void validate_versions(int only) {
+    const int N = 256, k = 4, E = 16, d = 256, F = 384;
+    std::vector<float> host[4];
+    Problem p = make_problem(N, k, E, d, F, host);
+    size_t nf = (size_t)p.R * F, nd = (size_t)p.R * d;
+    std::vector<float> g(nf), u(nf), a(nf), ye(nd);
+    experts_up_forward(g.data(), u.data(), a.data(), host[0].data(), host[1].data(), host[2].data(), p.off.data(), E, d, F);
+    experts_down_forward(ye.data(), a.data(), host[3].data(), p.off.data(), E, d, F);
+    run_today(p, true, true);
+    std::vector<float> tg = from_device_bf16v(p.g, nf), tu = from_device_bf16v(p.u, nf), ta = from_device_bf16v(p.a, nf),
+                       tye = from_device_bf16v(p.ye, nd);
+    // ye against the CPU: from BF16 a (the CPU's a is fp32), sums of F products that cancel: 1e-2 of max |ye|
+    validate("today's path: a vs the CPU", ta, a, 2e-2, 2e-3);
+    validate("today's path: ye vs the CPU", tye, ye, 2e-2, 1e-2);
+    const double rt = EMULATED ? 0 : 1e-2, at = EMULATED ? 0 : 1e-3;   // emulated: the same bits
+    char what[96];
+    for (int v = 1; v <= NVERSIONS; v++) {
+        if (only && v != only) continue;
+        for (floatX* x : {p.g, p.u, p.a, p.ye}) cudaCheck(cudaMemset(x, 0xFF, (x == p.ye ? nd : nf) * sizeof(floatX)));
+        run_up(v, p, p.g, p.u, p.a);
+        run_down(v, p, p.ye, p.a);
+        std::vector<float> ga = from_device_bf16v(p.a, nf), gye = from_device_bf16v(p.ye, nd);
+        snprintf(what, sizeof what, "v%d a vs the CPU", v); validate(what, ga, a, 2e-2, 2e-3);
+        snprintf(what, sizeof what, "v%d ye vs the CPU", v); validate(what, gye, ye, 2e-2, 1e-2);
+        snprintf(what, sizeof what, "v%d g vs today's", v); validate(what, from_device_bf16v(p.g, nf), tg, rt, at);
+        snprintf(what, sizeof what, "v%d u vs today's", v); validate(what, from_device_bf16v(p.u, nf), tu, rt, at);
+        snprintf(what, sizeof what, "v%d a vs today's", v); validate(what, ga, ta, rt, at);
+        // (ye from today's a: the grouped a may differ from it on a GPU by a rounding)
+        snprintf(what, sizeof what, "v%d ye vs today's", v); validate(what, gye, tye, EMULATED ? 0 : 2e-2, EMULATED ? 0 : 2e-3);
+    }
+    free_problem(p);
+}
+
+int main(int argc, char** argv) {
+    int only = 0, big = 0;
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
+        if (!strcmp(argv[i], "-v") && atoi(argv[i + 1]) >= 1 && atoi(argv[i + 1]) <= NVERSIONS) only = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-s") && (!strcmp(argv[i + 1], "1b") || !strcmp(argv[i + 1], "132b"))) big = !strcmp(argv[i + 1], "132b");
+        else { fprintf(stderr, "usage: %s [-v N (1-%d)] [-s 1b | 132b]\n", argv[0], NVERSIONS); return 2; }
+    }
+    const int N = big ? 4096 : 16384, k = 4, E = 16, d = big ? 6144 : 1024, F = big ? 10752 : 1792;
+    char shape[128];
+    if (EMULATED) snprintf(shape, sizeof shape, "rows 1024, E 16 (one empty), d 256, F 384");
+    else snprintf(shape, sizeof shape, "N %d, k %d, E %d, d %d, F %d (validated at rows 1024, d 256, F 384)", N, k, E, d, F);
+    print_header("moe grouped GEMM (wgmma)", shape);
+    validate_versions(only);
+    if (!EMULATED) {
+        Problem p = make_problem(N, k, E, d, F, nullptr);
+        double up = 2.0 * p.R * d * 2.0 * F, down = 2.0 * p.R * F * d;
+        report_flops("today: up (w1+v1 GEMMs, SwiGLU)", up, time_ms(10, [&] { run_today(p, false, false); }));
+        report_flops("today: layer, offsets on the host", up + down, time_ms(10, [&] { run_today(p, false, true); }));
+        report_flops("today: layer, sync + copy first", up + down, time_ms(10, [&] { run_today(p, true, true); }));
+        std::vector<float> ta = from_device_bf16v(p.a, (size_t)p.R * F), tye = from_device_bf16v(p.ye, (size_t)p.R * d);
+        char what[96];
+        for (int v = 1; v <= NVERSIONS; v++) {
+            if (only && v != only) continue;
+            snprintf(what, sizeof what, "%s: up", NAMES[v - 1]);
+            report_flops(what, up, time_ms(10, [&] { run_up(v, p, p.g, p.u, p.a); }));
+            snprintf(what, sizeof what, "%s: up, a only", NAMES[v - 1]);
+            report_flops(what, up, time_ms(10, [&] { run_up(v, p, nullptr, nullptr, p.a); }));
+            snprintf(what, sizeof what, "%s: down", NAMES[v - 1]);
+            report_flops(what, down, time_ms(10, [&] { run_down(v, p, p.ye, p.a); }));
+            snprintf(what, sizeof what, "%s: layer", NAMES[v - 1]);
+            report_flops(what, up + down, time_ms(10, [&] { run_up(v, p, p.g, p.u, p.a); run_down(v, p, p.ye, p.a); }));
+            snprintf(what, sizeof what, "v%d at the timing shape: a vs today's", v);
+            validate(what, from_device_bf16v(p.a, (size_t)p.R * F), ta, 1e-2, 1e-3);
+            snprintf(what, sizeof what, "v%d at the timing shape: ye vs today's", v);
+            validate(what, from_device_bf16v(p.ye, (size_t)p.R * d), tye, 2e-2, 2e-3);
+        }
+        free_problem(p);
+    }
+    return finish();
+}

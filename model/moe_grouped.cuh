@@ -1,0 +1,205 @@
+/*
+ * moe_grouped.cuh — the experts' GEMMs as Hopper grouped GEMMs (issue 25; not wired into the training step yet):
+ * one launch per projection for all experts, the expert offsets read ON THE DEVICE (no host sync), on
+ * warpgroup MMA (model/wgmma.cuh), with the SwiGLU fused into the up-projection's epilogue:
+ *   experts_up_grouped_gpu    g = xe_e w1_e^T, u = xe_e v1_e^T, a = silu(g) u   (rows, F), per expert e
+ *   experts_down_grouped_gpu  ye_e = a_e w2_e                                    (rows, d)
+ * Rows are grouped by expert (offsets (E + 1) on the device, as moe_dispatch_gpu leaves them); w1, v1 (E F, d)
+ * K-major, w2 (E F, d) is w2_e (F, d) row-major: the down-projection's B is MN-major (wgmma's transpose flag).
+ * Persistent tile scheduler: a fixed grid (the SM count) of blocks; each block loads the offsets into shared
+ * memory, prefix-sums the experts' m-tile counts (ceil(n_e / BM); an empty expert has none) and walks the tiles
+ * (m-tile over all experts, n-tile) t = blockIdx.x, + gridDim.x, ...: a tile never straddles two experts; its rows
+ * past the expert's end are zero-filled on load (cp.async zfill: never read past the rows) and not stored.
+ * Per tile: k-tiles of 64 (one 128-byte swizzle row) cp.async'd into the 128B-swizzled layouts (A and the
+ * up-projection's B K-major; w2 MN-major in 64-column panels, SBO 1024, LBO the panel), STAGES deep, then 4
+ * wgmma k-steps of 16 per warpgroup (WG warpgroups: 64 WG rows, sharing the B tile). The up-projection's B
+ * tile is BN rows of w1_e over the same BN rows of v1_e (wgmma N = 2 BN): each thread holds g and u of the
+ * same columns (accumulators i and i + BN / 2), so the epilogue rounds both to BF16 and computes a from the
+ * rounded values with moe.cuh's swiglu_value, as swiglu_forward_kernel does: a has the product's bits whenever
+ * g and u do (the same k-order fp32 sums as cuBLASLt's twin; on a GPU the summation orders differ).
+ * PLANT (tests only): 1 the scheduler's m-tile count floor(n_e / BM) (tails dropped), 2 the store mask one row
+ * too far (a row of the next expert / past the end overwritten).
+ */
+#pragma once
+#include "cuda_common.h"
+#include "moe.cuh"
+#include "wgmma.cuh"
+
+#define MOE_GROUPED_MAX_E 128
+#define MOE_GROUPED_BK 64   // k per k-tile: one 128-byte swizzle row of bf16
+
+// dynamic shared memory, declared at file scope (see model/attention_flash.cuh)
+extern __shared__ __align__(16) char dynamic_smem[];
+
+// the block's tile t: expert e (rows [row0, row_end) of it from m0 on), output columns n0..
+struct GroupedTile { int e, m0, row_end, n0; };
+
+// s_mt (E + 1): the prefix sum of the experts' m-tile counts; s_off (E + 1) the offsets. Thread 0 fills them
+// (E <= 128 additions: nothing next to a tile's GEMM)
+template <int BM, int PLANT>
+__device__ __forceinline__ void grouped_schedule(int* s_mt, int* s_off, const int* offsets, int E) {
+    if (threadIdx.x == 0) {
+        s_mt[0] = 0;
+        s_off[0] = offsets[0];
+        for (int e = 0; e < E; e++) {
+            s_off[e + 1] = offsets[e + 1];
+            int n = s_off[e + 1] - s_off[e];
+            s_mt[e + 1] = s_mt[e] + (PLANT == 1 ? n / BM : (n + BM - 1) / BM);
+        }
+    }
+    __syncthreads();
+}
+// tile t of NT n-tiles per m-tile: the expert is the last e with s_mt[e] <= m-tile (empty experts before it
+// share its s_mt value and are passed over)
+template <int BM, int BN>
+__device__ __forceinline__ GroupedTile grouped_tile(const int* s_mt, const int* s_off, int E, int NT, int t) {
+    int mt = t / NT, lo = 0, hi = E;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (s_mt[mid] <= mt) lo = mid;
+        else hi = mid;
+    }
+    GroupedTile tile = {lo, s_off[lo] + (mt - s_mt[lo]) * BM, s_off[lo + 1], (t % NT) * BN};
+    return tile;
+}
+
+// rows m0 .. m0 + rows - 1 (those at or past row_end zero-filled), k0 .. k0 + 63 of src (row stride K) into the
+// K-major 128B-swizzled tile dst: row r's 16-byte chunk c at chunk c ^ r % 8, rows 128 bytes apart
+template <int NTHREADS>
+__device__ __forceinline__ void grouped_load_a(char* dst, const floatX* src, int rows, int m0, int row_end, int K, int k0) {
+    for (int i = threadIdx.x; i < rows * 8; i += NTHREADS) {
+        int r = i / 8, c = i % 8;
+        bool in = m0 + r < row_end;
+        // (a zero-filled chunk reads nothing: its address is the tile's first row, which exists)
+        cp_async_16_zfill(dst + r * 128 + ((c ^ (r % 8)) * 16), src + (size_t)(in ? m0 + r : m0) * K + k0 + 8 * c, in ? 16 : 0);
+    }
+}
+// the up-projection's B: rows n0 .. n0 + BN - 1 of w1_e, then the same of v1_e, K-major swizzled (2 BN rows)
+template <int NTHREADS, int BN>
+__device__ __forceinline__ void grouped_load_b_up(char* dst, const floatX* w1e, const floatX* v1e, int n0, int K, int k0) {
+    for (int i = threadIdx.x; i < 2 * BN * 8; i += NTHREADS) {
+        int r = i / 8, c = i % 8;
+        const floatX* src = r < BN ? w1e + (size_t)(n0 + r) * K : v1e + (size_t)(n0 + r - BN) * K;
+        cp_async_16(dst + r * 128 + ((c ^ (r % 8)) * 16), src + k0 + 8 * c);
+    }
+}
+// the down-projection's B: rows k0 .. k0 + 63 of w2_e (F, Nout), columns n0 .. n0 + BN - 1, MN-major swizzled:
+// BN / 64 panels of 64 k-rows x 128 bytes (64 columns), row k's chunk c at chunk c ^ k % 8
+template <int NTHREADS, int BN>
+__device__ __forceinline__ void grouped_load_b_down(char* dst, const floatX* w2e, int n0, int Nout, int k0) {
+    for (int i = threadIdx.x; i < BN * 8; i += NTHREADS) {
+        int p = i / 512, k = i / 8 % 64, c = i % 8;
+        cp_async_16(dst + p * 8192 + k * 128 + ((c ^ (k % 8)) * 16), w2e + (size_t)(k0 + k) * Nout + n0 + 64 * p + 8 * c);
+    }
+}
+
+// UP: out0 g, out1 u (both may be null), out2 a (rows, Nout = F) from A = xe (rows, K = d), B0 = w1, B1 = v1.
+// else: out0 ye (rows, Nout = d) from A = a (rows, K = F), B0 = w2. 128 WG threads; tiles of 64 WG rows x BN
+// columns; K % 64 == 0, Nout % BN == 0
+template <bool UP, int WG, int BN, int STAGES, int PLANT>
+__global__ void __launch_bounds__(128 * WG) experts_grouped_kernel(floatX* out0, floatX* out1, floatX* out2, const floatX* A,
+                                                                  const floatX* B0, const floatX* B1, const int* offsets, int E,
+                                                                  int K, int Nout) {
+    constexpr int BM = 64 * WG, NB = UP ? 2 * BN : BN, NT = 128 * WG;   // NB: wgmma's N
+    __shared__ int s_mt[MOE_GROUPED_MAX_E + 1], s_off[MOE_GROUPED_MAX_E + 1];
+    // the swizzle repeats every 1024 bytes of shared address: the tiles start on such a boundary
+    char* smem = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);
+    constexpr int a_bytes = BM * 128, stage_bytes = (BM + NB) * 128;
+    const int q = threadIdx.x / 128, ntiles_n = Nout / BN, ktiles = K / MOE_GROUPED_BK;
+    grouped_schedule<BM, PLANT>(s_mt, s_off, offsets, E);
+    const int total = s_mt[E] * ntiles_n;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        const GroupedTile tile = grouped_tile<BM, BN>(s_mt, s_off, E, ntiles_n, t);
+        const floatX* b0 = B0 + (size_t)tile.e * Nout * K;   // the expert's (F, d) blocks
+        const floatX* b1 = UP ? B1 + (size_t)tile.e * Nout * K : nullptr;
+        auto load = [&](int kt) {
+            char* st = smem + kt % STAGES * stage_bytes;
+            grouped_load_a<NT>(st, A, BM, tile.m0, tile.row_end, K, kt * MOE_GROUPED_BK);
+            if constexpr (UP) grouped_load_b_up<NT, BN>(st + a_bytes, b0, b1, tile.n0, K, kt * MOE_GROUPED_BK);
+            else grouped_load_b_down<NT, BN>(st + a_bytes, b0, tile.n0, Nout, kt * MOE_GROUPED_BK);
+        };
+        for (int s = 0; s < STAGES - 1; s++) {   // the pipeline's first k-tiles (an empty group past the end)
+            if (s < ktiles) load(s);
+            cp_async_commit();
+        }
+        float d[NB / 2];
+        for (int i = 0; i < NB / 2; i++) d[i] = 0.0f;
+        for (int kt = 0; kt < ktiles; kt++) {
+            // k-tile kt + STAGES - 1 into the stage k-tile kt - 1 used (its MMAs done: the barrier below)
+            if (kt + STAGES - 1 < ktiles) load(kt + STAGES - 1);
+            cp_async_commit();
+            cp_async_wait<STAGES - 1>();
+            __syncthreads();
+            wgmma_fence_proxy();   // the copies (generic proxy) before the MMAs' reads (async proxy)
+            const char* st = smem + kt % STAGES * stage_bytes;
+            wgmma_fence_operand(d);
+            wgmma_fence();
+            for (int s = 0; s < MOE_GROUPED_BK / 16; s++) {
+                uint64_t da = wgmma_desc(st + q * 64 * 128 + 32 * s, 16, 1024, WGMMA_SWIZZLE_128B);
+                if constexpr (UP) wgmma_bf16_ss<NB, 0, 0>(d, da, wgmma_desc(st + a_bytes + 32 * s, 16, 1024, WGMMA_SWIZZLE_128B), 1);
+                else wgmma_bf16_ss<NB, 0, 1>(d, da, wgmma_desc(st + a_bytes + s * 16 * 128, 8192, 1024, WGMMA_SWIZZLE_128B), 1);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_operand(d);
+            __syncthreads();   // every warpgroup's MMAs are done before the stage is loaded again
+        }
+        // the accumulators: d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 (lane%4) + i%2]; UP: u's at i + BN / 2
+        const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+        constexpr int COLS = UP ? BN / 2 : NB / 2;
+        for (int i = 0; i < COLS; i += 2) {
+            int r = tile.m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * c;
+            if (PLANT == 2 ? r > tile.row_end : r >= tile.row_end) continue;
+            size_t o = (size_t)r * Nout + col;
+            __nv_bfloat162 gv = __floats2bfloat162_rn(d[i], d[i + 1]);
+            if constexpr (UP) {
+                __nv_bfloat162 uv = __floats2bfloat162_rn(d[i + BN / 2], d[i + BN / 2 + 1]);
+                float2 gf = __bfloat1622float2(gv), uf = __bfloat1622float2(uv);
+                *(__nv_bfloat162*)(out2 + o) = __floats2bfloat162_rn(swiglu_value(gf.x, uf.x), swiglu_value(gf.y, uf.y));
+                if (out1) *(__nv_bfloat162*)(out1 + o) = uv;
+            }
+            if (out0) *(__nv_bfloat162*)(out0 + o) = gv;
+        }
+    }
+}
+
+// the number of persistent blocks: one per SM (a few under the emulator, so that each walks several tiles)
+static inline int grouped_blocks() {
+#if defined(SIMT_EMULATION)
+    return 3;
+#else
+    int dev = 0, sms = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+#endif
+}
+
+template <bool UP, int WG, int BN, int STAGES, int PLANT>
+static void experts_grouped_launch(floatX* out0, floatX* out1, floatX* out2, const floatX* A, const floatX* B0, const floatX* B1,
+                                   const int* offsets_dev, int E, int K, int Nout, cudaStream_t stream) {
+    if (E < 1 || E > MOE_GROUPED_MAX_E || K % MOE_GROUPED_BK != 0 || Nout % BN != 0 || !aligned16({out0, out1, out2, A, B0, B1})) {
+        fprintf(stderr, "experts grouped GEMM: E %d (1..%d), K %d (a multiple of %d), N %d (of %d), 16-byte aligned pointers\n", E,
+                MOE_GROUPED_MAX_E, K, MOE_GROUPED_BK, Nout, BN);
+        exit(EXIT_FAILURE);
+    }
+    constexpr int NB = UP ? 2 * BN : BN;
+    size_t smem = (size_t)STAGES * (64 * WG + NB) * 128 + 1024;
+    auto kernel = experts_grouped_kernel<UP, WG, BN, STAGES, PLANT>;
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    LAUNCH(kernel, grouped_blocks(), 128 * WG, smem, stream, out0, out1, out2, A, B0, B1, offsets_dev, E, K, Nout);
+}
+
+// g, u (rows, F; both null: only a), a (rows, F) from xe (rows, d), w1, v1 (E F, d); offsets_dev (E + 1) on the
+// device. Two warpgroups on 128 rows x 64 columns of g and of u (wgmma N 128), 3 stages
+template <int WG = 2, int BN = 64, int STAGES = 3, int PLANT = 0>
+static void experts_up_grouped_gpu(floatX* g, floatX* u, floatX* a, const floatX* xe, const floatX* w1, const floatX* v1,
+                                   const int* offsets_dev, int E, int d, int F, cudaStream_t stream = 0) {
+    experts_grouped_launch<true, WG, BN, STAGES, PLANT>(g, u, a, xe, w1, v1, offsets_dev, E, d, F, stream);
+}
+// ye (rows, d) from a (rows, F), w2 (E F, d); two warpgroups on 128 rows x 128 columns, 3 stages
+template <int WG = 2, int BN = 128, int STAGES = 3, int PLANT = 0>
+static void experts_down_grouped_gpu(floatX* ye, const floatX* a, const floatX* w2, const int* offsets_dev, int E, int d, int F,
+                                     cudaStream_t stream = 0) {
+    experts_grouped_launch<false, WG, BN, STAGES, PLANT>(ye, nullptr, nullptr, a, w2, nullptr, offsets_dev, E, F, d, stream);
+}

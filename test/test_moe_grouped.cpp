@@ -1,0 +1,123 @@
+/*
+ * test_moe_grouped.cpp — the experts' grouped wgmma GEMMs (model/moe_grouped.cuh) under the SIMT emulator:
+ * experts_up_grouped_gpu (g, u, a = silu(g) u fused) and experts_down_grouped_gpu (ye) against
+ *   - the CPU reference (experts_up_forward / experts_down_forward, fp32 throughout: BF16 tolerances), and
+ *   - today's GPU path (experts_forward_gpu: per-expert cuBLASLt GEMMs + swiglu_forward_kernel) BIT FOR BIT:
+ *     the emulated wgmma and cuBLASLt's twin both sum the k products in order in fp32 from 0, and the epilogue
+ *     rounds g and u to BF16 before the SwiGLU as swiglu_forward_kernel does (on a GPU the orders differ);
+ * at DBRX-like slices (d 256, F 384; E 16 with counts 0, 1, 63, 64, 65, 200, ... : empty experts, partial tiles,
+ * an empty last expert) in each kernel configuration, a-only (g = u = null), and E 128 (the scheduler's limit,
+ * most experts empty). Outputs are allocated poisoned (NaN) with guard rows past the end: an unwritten row, or
+ * a row written past an expert's end, fails. Negative controls (they must fail): PLANT 1, the scheduler's m-tile
+ * count rounded down (the tails never computed); PLANT 2, the store mask one row too far.
+ * make test/test_race_moe_grouped builds it under the race detector (the cp.async stages, wgmma, barriers).
+ */
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest.h>
+#include <cstring>
+#include "cuda_test_helpers.h"
+#include "../model/moe_grouped.cuh"
+
+static const int GUARD = 64;   // poisoned rows after each output
+
+struct Case {
+    int E, d, F, R;
+    std::vector<int> off;
+    std::vector<float> xe, w1, v1, w2;
+    floatX *dxe, *dw1, *dv1, *dw2;
+    int* doff;
+};
+static Case make_case(const std::vector<int>& counts, int d, int F) {
+    Case c;
+    c.E = (int)counts.size(); c.d = d; c.F = F;
+    c.off.assign(c.E + 1, 0);
+    for (int e = 0; e < c.E; e++) c.off[e + 1] = c.off[e] + counts[e];
+    c.R = c.off[c.E];
+    size_t nw = (size_t)c.E * F * d;
+    c.xe = randn((size_t)c.R * d, 1); c.w1 = randn(nw, 2, 0.06); c.v1 = randn(nw, 3, 0.06); c.w2 = randn(nw, 4, 0.06);
+    for (auto* v : {&c.xe, &c.w1, &c.v1, &c.w2})
+        for (float& x : *v) x = __bfloat162float(__float2bfloat16(x));
+    auto up = [](const std::vector<float>& v) { floatX* p = dev_poisoned<floatX>(v.size()); to_device_bf16(p, v.data(), v.size()); return p; };
+    c.dxe = up(c.xe); c.dw1 = up(c.w1); c.dv1 = up(c.v1); c.dw2 = up(c.w2);
+    c.doff = dev_copy(c.off);
+    return c;
+}
+static void free_case(Case& c) { for (void* p : {(void*)c.dxe, (void*)c.dw1, (void*)c.dv1, (void*)c.dw2, (void*)c.doff}) cudaCheck(cudaFree(p)); }
+
+// the outputs of one path: g, u, a (R + GUARD rows of F), ye (R + GUARD rows of d), poisoned
+struct Out { floatX *g, *u, *a, *ye; };
+static Out make_out(const Case& c) {
+    size_t nf = (size_t)(c.R + GUARD) * c.F, nd = (size_t)(c.R + GUARD) * c.d;
+    return {dev_poisoned<floatX>(nf), dev_poisoned<floatX>(nf), dev_poisoned<floatX>(nf), dev_poisoned<floatX>(nd)};
+}
+static void free_out(Out& o) { for (void* p : {(void*)o.g, (void*)o.u, (void*)o.a, (void*)o.ye}) cudaCheck(cudaFree(p)); }
+static std::vector<uint16_t> bits(const floatX* p, size_t n) { return get((const uint16_t*)p, n); }
+
+// elements of `got` (rows R, then GUARD poisoned rows) differing in bits from `want` (R rows), plus guard elements
+// no longer 0xFFFF
+static size_t bit_mismatches(const floatX* got, const floatX* want, int R, int cols) {
+    std::vector<uint16_t> g = bits(got, (size_t)(R + GUARD) * cols), w = bits(want, (size_t)R * cols);
+    size_t bad = 0;
+    for (size_t i = 0; i < g.size(); i++) bad += i < w.size() ? g[i] != w[i] : g[i] != 0xFFFF;
+    return bad;
+}
+static size_t close_mismatches(const floatX* got, const std::vector<float>& want, double rtol, double atol) {
+    std::vector<float> g = get_bf16(got, want.size());
+    double maxw = 0;
+    for (float w : want) maxw = std::max(maxw, (double)std::fabs(w));
+    size_t bad = 0;
+    for (size_t i = 0; i < want.size(); i++) bad += !(std::fabs((double)g[i] - want[i]) <= rtol * std::fabs(want[i]) + atol * maxw);
+    return bad;
+}
+
+// one configuration of the grouped kernels; returns the mismatches against today's path (g, u, a, ye; a only: a)
+template <int WG, int BNU, int BND, int STAGES, int PLANT = 0>
+static size_t grouped_vs_today(Case& c, bool a_only, bool check_cpu) {
+    Out t = make_out(c), o = make_out(c);
+    experts_forward_gpu(t.ye, t.g, t.u, t.a, c.dxe, c.dw1, c.dv1, c.dw2, c.off.data(), c.E, c.d, c.F);
+    experts_up_grouped_gpu<WG, BNU, STAGES, PLANT>(a_only ? nullptr : o.g, a_only ? nullptr : o.u, o.a, c.dxe, c.dw1, c.dv1, c.doff, c.E, c.d,
+                                                   c.F);
+    experts_down_grouped_gpu<WG, BND, STAGES, PLANT>(o.ye, o.a, c.dw2, c.doff, c.E, c.d, c.F);
+    size_t bad = bit_mismatches(o.a, t.a, c.R, c.F) + bit_mismatches(o.ye, t.ye, c.R, c.d);
+    if (!a_only) bad += bit_mismatches(o.g, t.g, c.R, c.F) + bit_mismatches(o.u, t.u, c.R, c.F);
+    if (check_cpu) {   // fp32 CPU: a within BF16 rounding of g, u, a; ye from BF16 a, cancelling sums: 1e-2 of max |ye|
+        std::vector<float> g((size_t)c.R * c.F), u(g.size()), a(g.size()), ye((size_t)c.R * c.d);
+        experts_up_forward(g.data(), u.data(), a.data(), c.xe.data(), c.w1.data(), c.v1.data(), c.off.data(), c.E, c.d, c.F);
+        experts_down_forward(ye.data(), a.data(), c.w2.data(), c.off.data(), c.E, c.d, c.F);
+        CHECK(close_mismatches(o.a, a, 2e-2, 2e-3) == 0);
+        CHECK(close_mismatches(o.ye, ye, 2e-2, 1e-2) == 0);
+        if (!a_only) CHECK(close_mismatches(o.g, g, 1e-2, 1e-3) == 0);
+    }
+    free_out(t); free_out(o);
+    return bad;
+}
+
+static const std::vector<int> COUNTS = {0, 1, 63, 64, 65, 200, 0, 129, 7, 128, 0, 31, 96, 2, 190, 65};   // 1035 rows
+
+TEST_CASE("grouped up (fused SwiGLU) and down: CPU reference, today's path bit for bit, each configuration") {
+    Case c = make_case(COUNTS, 256, 384);
+    CHECK(grouped_vs_today<2, 64, 128, 3>(c, false, true) == 0);    // the launchers' defaults (v2)
+    CHECK(grouped_vs_today<1, 64, 128, 2>(c, false, false) == 0);   // v1
+    CHECK(grouped_vs_today<2, 128, 256, 3>(c, true, false) == 0);   // v3, a only
+    free_case(c);
+}
+
+TEST_CASE("grouped GEMMs: E 128, most experts empty, the last ones too") {
+    std::vector<int> counts(128, 0);
+    for (int e = 0; e < 100; e += 3) counts[e] = 1 + e % 70;
+    Case c = make_case(counts, 128, 128);
+    CHECK(grouped_vs_today<2, 64, 128, 3>(c, false, true) == 0);
+    free_case(c);
+}
+
+TEST_CASE("negative controls: a planted scheduler off-by-one and store mask are caught") {
+    Case c = make_case(COUNTS, 128, 128);
+    size_t floor_tiles = grouped_vs_today<1, 64, 128, 2, 1>(c, false, false);
+    size_t past_end = grouped_vs_today<1, 64, 128, 2, 2>(c, false, false);
+    MESSAGE("m-tiles rounded down: " << floor_tiles << " mismatches; store mask one row too far: " << past_end);
+    CHECK(floor_tiles > 0);
+    CHECK(past_end > 0);
+    free_case(c);
+}
+
+int main(int argc, char** argv) { return cuda_test_main(argc, argv, "grouped expert GEMMs", 20261126); }
