@@ -18,7 +18,7 @@
  * rounded values with moe.cuh's swiglu_value, as swiglu_forward_kernel does: a has the product's bits whenever
  * g and u do (the same k-order fp32 sums as cuBLASLt's twin; on a GPU the summation orders differ).
  * PLANT (tests only): 1 the scheduler's m-tile count floor(n_e / BM) (tails dropped), 2 the store mask one row
- * too far (a row of the next expert / past the end overwritten).
+ * too far (a row of the next expert / past the end overwritten), 3 the end-of-k-tile barrier dropped (a race).
  */
 #pragma once
 #include "cuda_common.h"
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(128 * WG) experts_grouped_kernel(floatX* out0,
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_fence_operand(d);
-            __syncthreads();   // every warpgroup's MMAs are done before the stage is loaded again
+            if (PLANT != 3) __syncthreads();   // every warpgroup's MMAs are done before the stage is loaded again
         }
         // the accumulators: d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 (lane%4) + i%2]; UP: u's at i + BN / 2
         const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;

@@ -10,7 +10,9 @@
  * most experts empty). Outputs are allocated poisoned (NaN) with guard rows past the end: an unwritten row, or
  * a row written past an expert's end, fails. Negative controls (they must fail): PLANT 1, the scheduler's m-tile
  * count rounded down (the tails never computed); PLANT 2, the store mask one row too far.
- * make test/test_race_moe_grouped builds it under the race detector (the cp.async stages, wgmma, barriers).
+ * make test/test_race_moe_grouped builds it under the race detector (the cp.async stages, wgmma, barriers),
+ * where PLANT 3 (the end-of-k-tile barrier dropped: a stage refilled while the other warpgroup's wgmma reads it)
+ * must be reported as a race.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
@@ -119,5 +121,15 @@ TEST_CASE("negative controls: a planted scheduler off-by-one and store mask are 
     CHECK(past_end > 0);
     free_case(c);
 }
+
+#if defined(SIMT_RACE_DETECT)
+TEST_CASE("grouped up: negative control for the detector, the end-of-k-tile barrier dropped") {
+    Case c = make_case({65, 0, 130}, 128, 128);
+    std::string e = simt::error_of([&] { grouped_vs_today<2, 64, 128, 3, 3>(c, false, false); });
+    MESSAGE(e);
+    CHECK(e.find("race in kernel") != std::string::npos);
+    free_case(c);
+}
+#endif
 
 int main(int argc, char** argv) { return cuda_test_main(argc, argv, "grouped expert GEMMs", 20261126); }
