@@ -11,8 +11,9 @@
  * (m-tile over all experts, n-tile) t = blockIdx.x, + gridDim.x, ...: a tile never straddles two experts; its rows
  * past the expert's end are zero-filled on load (cp.async zfill: never read past the rows) and not stored.
  * Per tile: k-tiles of 64 (one 128-byte swizzle row) cp.async'd into the 128B-swizzled layouts (A and the
- * up-projection's B K-major; w2 MN-major in 64-column panels, SBO 1024, LBO the panel), STAGES deep, then 4
- * wgmma k-steps of 16 per warpgroup (WG warpgroups: 64 WG rows, sharing the B tile). The up-projection's B
+ * up-projection's B K-major; w2 MN-major in 64-column panels, SBO 1024, LBO the panel), STAGES deep (the pipeline
+ * runs on across the block's tiles), then 4 wgmma k-steps of 16 per warpgroup (WG warpgroups: 64 WG rows, sharing
+ * the B tile). The up-projection's B
  * tile is BN rows of w1_e over the same BN rows of v1_e (wgmma N = 2 BN): each thread holds g and u of the
  * same columns (accumulators i and i + BN / 2), so the epilogue rounds both to BF16 and computes a from the
  * rounded values with moe.cuh's swiglu_value, as swiglu_forward_kernel does: a has the product's bits whenever
@@ -93,6 +94,16 @@ __device__ __forceinline__ void grouped_load_b_down(char* dst, const floatX* w2e
     }
 }
 
+// k-tile kt of `tile` into the stage st: A (BM rows) then B (the expert's (F, d) blocks of B0 and B1)
+template <bool UP, int NT, int BM, int BN>
+__device__ __forceinline__ void grouped_load_stage(char* st, const GroupedTile& tile, const floatX* A, const floatX* B0, const floatX* B1,
+                                                   int K, int Nout, int kt) {
+    const size_t wo = (size_t)tile.e * Nout * K;
+    grouped_load_a<NT>(st, A, BM, tile.m0, tile.row_end, K, kt * MOE_GROUPED_BK);
+    if constexpr (UP) grouped_load_b_up<NT, BN>(st + BM * 128, B0 + wo, B1 + wo, tile.n0, K, kt * MOE_GROUPED_BK);
+    else grouped_load_b_down<NT, BN>(st + BM * 128, B0 + wo, tile.n0, Nout, kt * MOE_GROUPED_BK);
+}
+
 // UP: out0 g, out1 u (both may be null), out2 a (rows, Nout = F) from A = xe (rows, K = d), B0 = w1, B1 = v1.
 // else: out0 ye (rows, Nout = d) from A = a (rows, K = F), B0 = w2. 128 WG threads; tiles of 64 WG rows x BN
 // columns; K % 64 == 0, Nout % BN == 0
@@ -108,30 +119,33 @@ __global__ void __launch_bounds__(128 * WG) experts_grouped_kernel(floatX* out0,
     const int q = threadIdx.x / 128, ntiles_n = Nout / BN, ktiles = K / MOE_GROUPED_BK;
     grouped_schedule<BM, PLANT>(s_mt, s_off, offsets, E);
     const int total = s_mt[E] * ntiles_n;
+    // the producer runs STAGES - 1 k-tiles ahead through the block's stream of (tile, k-tile) pairs, across tiles:
+    // the next tile's first k-tiles load during this tile's last MMAs and its epilogue. Each consumer step commits
+    // one group (empty past the stream's end), so cp.async.wait_group STAGES - 1 always completes the step's own
+    int pt = blockIdx.x, pk = 0, produced = 0, consumed = 0;
+    GroupedTile ptile = grouped_tile<BM, BN>(s_mt, s_off, E, ntiles_n, pt);
+    auto produce = [&]() {
+        if (pt < total) {
+            grouped_load_stage<UP, NT, BM, BN>(smem + produced++ % STAGES * stage_bytes, ptile, A, B0, B1, K, Nout, pk);
+            if (++pk == ktiles) {
+                pk = 0;
+                pt += gridDim.x;
+                ptile = grouped_tile<BM, BN>(s_mt, s_off, E, ntiles_n, pt);
+            }
+        }
+        cp_async_commit();
+    };
+    for (int s = 0; s < STAGES - 1; s++) produce();
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tile = grouped_tile<BM, BN>(s_mt, s_off, E, ntiles_n, t);
-        const floatX* b0 = B0 + (size_t)tile.e * Nout * K;   // the expert's (F, d) blocks
-        const floatX* b1 = UP ? B1 + (size_t)tile.e * Nout * K : nullptr;
-        auto load = [&](int kt) {
-            char* st = smem + kt % STAGES * stage_bytes;
-            grouped_load_a<NT>(st, A, BM, tile.m0, tile.row_end, K, kt * MOE_GROUPED_BK);
-            if constexpr (UP) grouped_load_b_up<NT, BN>(st + a_bytes, b0, b1, tile.n0, K, kt * MOE_GROUPED_BK);
-            else grouped_load_b_down<NT, BN>(st + a_bytes, b0, tile.n0, Nout, kt * MOE_GROUPED_BK);
-        };
-        for (int s = 0; s < STAGES - 1; s++) {   // the pipeline's first k-tiles (an empty group past the end)
-            if (s < ktiles) load(s);
-            cp_async_commit();
-        }
         float d[NB / 2];
         for (int i = 0; i < NB / 2; i++) d[i] = 0.0f;
         for (int kt = 0; kt < ktiles; kt++) {
-            // k-tile kt + STAGES - 1 into the stage k-tile kt - 1 used (its MMAs done: the barrier below)
-            if (kt + STAGES - 1 < ktiles) load(kt + STAGES - 1);
-            cp_async_commit();
+            produce();   // into the stage the previous step used (its MMAs done: the barrier below)
             cp_async_wait<STAGES - 1>();
             __syncthreads();
             wgmma_fence_proxy();   // the copies (generic proxy) before the MMAs' reads (async proxy)
-            const char* st = smem + kt % STAGES * stage_bytes;
+            const char* st = smem + consumed++ % STAGES * stage_bytes;
             wgmma_fence_operand(d);
             wgmma_fence();
             for (int s = 0; s < MOE_GROUPED_BK / 16; s++) {
