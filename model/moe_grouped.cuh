@@ -19,7 +19,7 @@
  * rounded values with moe.cuh's swiglu_value, as swiglu_forward_kernel does: a has the product's bits whenever
  * g and u do (the same k-order fp32 sums as cuBLASLt's twin; on a GPU the summation orders differ).
  * PLANT (tests only): 1 the scheduler's m-tile count floor(n_e / BM) (tails dropped), 2 the store mask one row
- * too far (a row of the next expert / past the end overwritten), 3 the end-of-k-tile barrier dropped (a race).
+ * too far (a row of the next expert / past the end overwritten), 3 the k-tile's barrier dropped (a race).
  */
 #pragma once
 #include "cuda_common.h"
@@ -119,9 +119,12 @@ __global__ void __launch_bounds__(128 * WG) experts_grouped_kernel(floatX* out0,
     const int q = threadIdx.x / 128, ntiles_n = Nout / BN, ktiles = K / MOE_GROUPED_BK;
     grouped_schedule<BM, PLANT>(s_mt, s_off, offsets, E);
     const int total = s_mt[E] * ntiles_n;
-    // the producer runs STAGES - 1 k-tiles ahead through the block's stream of (tile, k-tile) pairs, across tiles:
-    // the next tile's first k-tiles load during this tile's last MMAs and its epilogue. Each consumer step commits
-    // one group (empty past the stream's end), so cp.async.wait_group STAGES - 1 always completes the step's own
+    // INFLIGHT: one k-tile's MMAs left in flight while the next k-tile's are issued (3 stages or more). The producer
+    // runs L = STAGES - 1 - INFLIGHT k-tiles ahead through the block's stream of (tile, k-tile) pairs, across tiles
+    // (the next tile's first k-tiles load during this tile's last MMAs and its epilogue), refilling after the step's
+    // barrier the stage of k-tile c - 1 - INFLIGHT, whose MMAs every warpgroup has waited for before that barrier.
+    // Each step commits one copy group (empty past the stream's end): wait_group L - 1 completes the step's own
+    constexpr int INFLIGHT = STAGES >= 3 ? 1 : 0, L = STAGES - 1 - INFLIGHT;
     int pt = blockIdx.x, pk = 0, produced = 0, consumed = 0;
     GroupedTile ptile = grouped_tile<BM, BN>(s_mt, s_off, E, ntiles_n, pt);
     auto produce = [&]() {
@@ -135,18 +138,18 @@ __global__ void __launch_bounds__(128 * WG) experts_grouped_kernel(floatX* out0,
         }
         cp_async_commit();
     };
-    for (int s = 0; s < STAGES - 1; s++) produce();
+    for (int s = 0; s < L; s++) produce();
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tile = grouped_tile<BM, BN>(s_mt, s_off, E, ntiles_n, t);
         float d[NB / 2];
         for (int i = 0; i < NB / 2; i++) d[i] = 0.0f;
+        wgmma_fence_operand(d);
         for (int kt = 0; kt < ktiles; kt++) {
-            produce();   // into the stage the previous step used (its MMAs done: the barrier below)
-            cp_async_wait<STAGES - 1>();
-            __syncthreads();
+            cp_async_wait<L - 1>();
+            if (PLANT != 3) __syncthreads();   // the stage's copies landed; the refilled stage's MMAs are done
+            produce();
             wgmma_fence_proxy();   // the copies (generic proxy) before the MMAs' reads (async proxy)
             const char* st = smem + consumed++ % STAGES * stage_bytes;
-            wgmma_fence_operand(d);
             wgmma_fence();
             for (int s = 0; s < MOE_GROUPED_BK / 16; s++) {
                 uint64_t da = wgmma_desc(st + q * 64 * 128 + 32 * s, 16, 1024, WGMMA_SWIZZLE_128B);
@@ -154,10 +157,10 @@ __global__ void __launch_bounds__(128 * WG) experts_grouped_kernel(floatX* out0,
                 else wgmma_bf16_ss<NB, 0, 1>(d, da, wgmma_desc(st + a_bytes + s * 16 * 128, 8192, 1024, WGMMA_SWIZZLE_128B), 1);
             }
             wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_fence_operand(d);
-            if (PLANT != 3) __syncthreads();   // every warpgroup's MMAs are done before the stage is loaded again
+            wgmma_wait<INFLIGHT>();
         }
+        wgmma_wait<0>();
+        wgmma_fence_operand(d);
         // the accumulators: d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 (lane%4) + i%2]; UP: u's at i + BN / 2
         const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
         constexpr int COLS = UP ? BN / 2 : NB / 2;
@@ -205,14 +208,14 @@ static void experts_grouped_launch(floatX* out0, floatX* out1, floatX* out2, con
 }
 
 // g, u (rows, F; both null: only a), a (rows, F) from xe (rows, d), w1, v1 (E F, d); offsets_dev (E + 1) on the
-// device. Two warpgroups on 128 rows x 64 columns of g and of u (wgmma N 128), 3 stages
-template <int WG = 2, int BN = 64, int STAGES = 3, int PLANT = 0>
+// device. Two warpgroups on 128 rows x 64 columns of g and of u (wgmma N 128), 4 stages
+template <int WG = 2, int BN = 64, int STAGES = 4, int PLANT = 0>
 static void experts_up_grouped_gpu(floatX* g, floatX* u, floatX* a, const floatX* xe, const floatX* w1, const floatX* v1,
                                    const int* offsets_dev, int E, int d, int F, cudaStream_t stream = 0) {
     experts_grouped_launch<true, WG, BN, STAGES, PLANT>(g, u, a, xe, w1, v1, offsets_dev, E, d, F, stream);
 }
-// ye (rows, d) from a (rows, F), w2 (E F, d); two warpgroups on 128 rows x 128 columns, 3 stages
-template <int WG = 2, int BN = 128, int STAGES = 3, int PLANT = 0>
+// ye (rows, d) from a (rows, F), w2 (E F, d); two warpgroups on 128 rows x 128 columns, 4 stages
+template <int WG = 2, int BN = 128, int STAGES = 4, int PLANT = 0>
 static void experts_down_grouped_gpu(floatX* ye, const floatX* a, const floatX* w2, const int* offsets_dev, int E, int d, int F,
                                      cudaStream_t stream = 0) {
     experts_grouped_launch<false, WG, BN, STAGES, PLANT>(ye, nullptr, nullptr, a, w2, nullptr, offsets_dev, E, F, d, stream);

@@ -3,9 +3,11 @@
  * for all experts, the offsets read on the device, SwiGLU fused into the up-projection) against today's path
  * (model/moe.cuh's experts_forward_gpu: one cuBLASLt GEMM per expert, w1 + v1 batched, after a synchronising copy
  * of the offsets, then swiglu_forward_kernel):
- *   v1  one warpgroup, 64 rows x 64 columns of g and u (wgmma N 128) / 64 x 128 of ye, 2 stages
- *   v2  two warpgroups, 128 rows, the same columns, 3 stages (the launchers' defaults)
- *   v3  two warpgroups, 128 rows x 128 columns of g and u (N 256) / 128 x 256 of ye, 3 stages
+ *   v1  one warpgroup, 64 rows x 64 columns of g and u (wgmma N 128) / 64 x 128 of ye, 2 stages (each k-tile's MMAs
+ *       waited for before the next are issued)
+ *   v2  two warpgroups, 128 rows, the same columns, 4 stages, one k-tile's MMAs in flight while the
+ *       next are issued, copies 2 k-tiles ahead (the launchers' defaults)
+ *   v3  two warpgroups, 128 rows x 128 columns of g and u (N 256) / 128 x 256 of ye, 4 stages
  * Validated at a small shape (rows N k = 1024 over E 16 uneven experts, one empty; d 256, F 384) against the CPU
  * reference (experts_up_forward / experts_down_forward, fp32) and against today's GPU path: emulated, bit for bit
  * (the same k-order fp32 sums as cuBLASLt's twin); on a GPU within BF16 rounding. Then timed (not emulated):
@@ -68,16 +70,16 @@ static void free_problem(Problem& p) {
 }
 
 #define NVERSIONS 3
-static const char* const NAMES[NVERSIONS] = {"v1 1 warpgroup, 2 stages", "v2 2 warpgroups, 3 stages", "v3 2 warpgroups, N 256"};
+static const char* const NAMES[NVERSIONS] = {"v1 1 warpgroup, 2 stages", "v2 2 warpgroups, 4 stages", "v3 2 warpgroups, N 256"};
 static void run_up(int v, Problem& p, floatX* g, floatX* u, floatX* a) {
     if (v == 1) experts_up_grouped_gpu<1, 64, 2>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
-    else if (v == 2) experts_up_grouped_gpu<2, 64, 3>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
-    else experts_up_grouped_gpu<2, 128, 3>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
+    else if (v == 2) experts_up_grouped_gpu<2, 64, 4>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
+    else experts_up_grouped_gpu<2, 128, 4>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
 }
 static void run_down(int v, Problem& p, floatX* ye, const floatX* a) {
     if (v == 1) experts_down_grouped_gpu<1, 128, 2>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
-    else if (v == 2) experts_down_grouped_gpu<2, 128, 3>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
-    else experts_down_grouped_gpu<2, 256, 3>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
+    else if (v == 2) experts_down_grouped_gpu<2, 128, 4>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
+    else experts_down_grouped_gpu<2, 256, 4>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
 }
 // today's path: the offsets to the host (the dispatch's synchronising copy), then experts_forward_gpu
 static void run_today(Problem& p, bool sync, bool down) {
