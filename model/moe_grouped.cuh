@@ -13,9 +13,9 @@
  * Per tile: k-tiles of 64 (one 128-byte swizzle row) cp.async'd into the 128B-swizzled layouts (A and the
  * up-projection's B K-major; w2 MN-major in 64-column panels, SBO 1024, LBO the panel), STAGES deep (the pipeline
  * runs on across the block's tiles), then 4 wgmma k-steps of 16 per warpgroup (WG warpgroups: 64 WG rows, sharing
- * the B tile). The up-projection's B
- * tile is BN rows of w1_e over the same BN rows of v1_e (wgmma N = 2 BN): each thread holds g and u of the
- * same columns (accumulators i and i + BN / 2), so the epilogue rounds both to BF16 and computes a from the
+ * the B tile; from 3 stages one k-tile's MMAs stay in flight while the next are issued). The up-projection's B
+ * tile is BN rows of w1_e over the same BN rows of v1_e (wgmma N = 2 BN): each thread holds g and u of the same
+ * columns (accumulators i and i + BN / 2), so the epilogue rounds both to BF16 and computes a from the
  * rounded values with moe.cuh's swiglu_value, as swiglu_forward_kernel does: a has the product's bits whenever
  * g and u do (the same k-order fp32 sums as cuBLASLt's twin; on a GPU the summation orders differ).
  * PLANT (tests only): 1 the scheduler's m-tile count floor(n_e / BM) (tails dropped), 2 the store mask one row
