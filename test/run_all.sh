@@ -101,6 +101,14 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         [ "$rc" != 0 ] && grep -q "race in kernel.*cp.async.*wgmma.mma_async B\|race in kernel.*wgmma.mma_async B.*cp.async" <<<"$out" \
             && pass "negative control: attention_wgmma v2 with 2 K/V buffers races (cp.async over a tile wgmma still reads)" \
             || fail "negative control: attention_wgmma v2 with 2 buffers, no race reported (exit $rc): $(head -2 <<<"$out")"
+        # the wgmma backward under the detector, then its negative control (-p 1: no barrier between the dS stores and
+        # dQ's wgmma reading them), which must exit 1 with that race named
+        local bwd=./dev/cuda/attention_wgmma_bwd_race
+        if out=$($bwd 2>&1); then pass "$bwd: the wgmma backward validated against the CPU and bwd5 (bit for bit), no race"
+        else fail "$bwd (exit $?): $(grep -E 'FAIL|race' <<<"$out" | head -3)"; fi
+        if ! out=$($bwd -p 1 2>&1) && grep -q "race in kernel.*wgb_softmax_grad.*wgmma.mma_async A" <<<"$out"; then
+            pass "negative control: $bwd -p 1 (no barrier after the dS stores) races: dS store / dQ's wgmma A"
+        else fail "negative control: $bwd -p 1, the dS race not reported: $(head -2 <<<"$out")"; fi
     }
     section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
         wgmma_tests
