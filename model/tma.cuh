@@ -6,6 +6,7 @@
  *   mbarrier_arrive_expect_tx(bar, bytes)     mbarrier.arrive.expect_tx: the phase also waits for `bytes` of copies
  *   mbarrier_wait_parity(bar, parity)         loops on mbarrier.try_wait.parity until the phase of that parity completed
  *   tma_load_2d(dst, map, x, y, bar)          cp.async.bulk.tensor.2d global -> shared, completing its bytes on bar
+ *   tma_load_3d(dst, map, x, y, z, bar)       the same in 3 dimensions
  *   tma_map_2d_bf16(map, base, cols, rows, ld, box_cols, box_rows, swizzle)   the host's tensor map of a row-major bf16
  *                                             matrix (x: the column, y: the row), through cuTensorMapEncodeTiled
  * Under nvcc: inline PTX; the encoder is the driver's, taken with cudaGetDriverEntryPointByVersion (no -lcuda).
@@ -44,6 +45,10 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
     const int32_t c[2] = {x, y};
     simt::tma_load(dst, map, c, 2, bar, __FILE__, __LINE__);
 }
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int x, int y, int z, uint64_t* bar) {
+    const int32_t c[3] = {x, y, z};
+    simt::tma_load(dst, map, c, 3, bar, __FILE__, __LINE__);
+}
 
 #else
 
@@ -74,6 +79,10 @@ __device__ __forceinline__ bool mbarrier_test_wait_parity(uint64_t* bar, uint32_
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(x), "r"(y), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int x, int y, int z, uint64_t* bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(x), "r"(y), "r"(z), "r"(smem_u32(bar)) : "memory");
 }
 
 #endif

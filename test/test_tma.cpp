@@ -5,6 +5,7 @@
  *     128B-swizzled shared memory, boxes hanging off every edge (zero fill), read back by 128 threads with the
  *     swizzle written from the layout's description (row r's 16-byte chunk c at chunk c ^ r % 8); with try_wait and
  *     with test_wait;
+ *   - 3D boxes (element strides 1, 1, 2) hanging off every dimension; one thread waiting and a __syncthreads();
  *   - a 3-stage ring over 9 k-tiles: a producer thread, 128 consumers, full (count 1 + tx) and empty (count 128)
  *     barriers, the producer's first wait on each empty barrier of parity 1;
  *   - a TMA-fed wgmma GEMM (model/wgmma.cuh; 64 x 64 tiles of out = A B^T, M 100, K 200: zero-filled edges);
@@ -12,7 +13,7 @@
  *     wgmma issued before the wait (NaN; a race), an expect_tx larger than the copies and an arrival count never
  *     reached (a reported deadlock, not a hang), the tile read unswizzled or a map without swizzle (mismatches),
  *     the encoder twin's refusals (a misaligned address or stride, a box over 256, an inner box over the swizzle
- *     span), an ordinary store to the barrier.
+ *     span), an ordinary store to the barrier, and (detector only: the values are right) a second barrier not waited for.
  * test/test_race_tma is this file under the race detector (-DSIMT_RACE_DETECT), which also checks that the copies'
  * global reads are the launch's bytes (bytecount.h). Built with g++ -DSIMT_EMULATION only.
  */
@@ -24,7 +25,8 @@
 
 extern __shared__ __align__(16) char dynamic_smem[];
 
-enum { F_EARLY = 1, F_EXTRA_TX = 2, F_READ_LINEAR = 4, F_TWO_ARRIVALS = 8, F_LATE_WAIT = 16, F_TEST_WAIT = 32, F_CLOBBER_BAR = 64 };
+enum { F_EARLY = 1, F_EXTRA_TX = 2, F_READ_LINEAR = 4, F_TWO_ARRIVALS = 8, F_LATE_WAIT = 16, F_TEST_WAIT = 32, F_CLOBBER_BAR = 64,
+       F_ONE_WAITS = 128, F_SKIP_SECOND = 256 };
 
 // element (r, c) of a tile of 128-byte rows of bf16 (1024-byte aligned); swizzled: 128B, chunk c / 8 of row r at (c / 8) ^ r % 8
 __device__ __forceinline__ float tile_at(const char* tile, int r, int c, bool swizzled) {
@@ -33,8 +35,8 @@ __device__ __forceinline__ float tile_at(const char* tile, int r, int c, bool sw
 }
 
 // grid 1, 128 threads: the 64 x 32 boxes at (x0 + 64 i, y0 + 32 j), i < nx, j < ny, one after another through one
-// mbarrier, each copied out as floats to out[t][32][64]
-__global__ void tma_tiles_kernel(const __grid_constant__ CUtensorMap map, float* out, int x0, int y0, int nx, int ny, int flags) {
+// mbarrier, each copied out as floats to out[t][32][64]; z >= 0: 3D boxes at (.., .., z) of 32 rows in all
+__global__ void tma_tiles_kernel(const __grid_constant__ CUtensorMap map, float* out, int x0, int y0, int z, int nx, int ny, int flags) {
     __shared__ uint64_t bar;
     char* tile = dynamic_smem;
     if (threadIdx.x == 0) mbarrier_init(&bar, flags & F_TWO_ARRIVALS ? 2 : 1);
@@ -43,10 +45,14 @@ __global__ void tma_tiles_kernel(const __grid_constant__ CUtensorMap map, float*
     for (int t = 0; t < nx * ny; t++) {
         if (threadIdx.x == 0) {
             mbarrier_arrive_expect_tx(&bar, 64 * 32 * 2 + (flags & F_EXTRA_TX ? 16 : 0));
-            tma_load_2d(tile, &map, x0 + 64 * (t % nx), y0 + 32 * (t / nx), &bar);
+            if (z < 0) tma_load_2d(tile, &map, x0 + 64 * (t % nx), y0 + 32 * (t / nx), &bar);
+            else tma_load_3d(tile, &map, x0 + 64 * (t % nx), y0 + 32 * (t / nx), z, &bar);
         }
         if (flags & F_TEST_WAIT) {
             while (!mbarrier_test_wait_parity(&bar, t & 1)) {}
+        } else if (flags & F_ONE_WAITS) {   // one thread waits, the barrier passes what it observed on to all
+            if (threadIdx.x == 0) mbarrier_wait_parity(&bar, t & 1);
+            __syncthreads();
         } else if (!(flags & F_EARLY)) {
             mbarrier_wait_parity(&bar, t & 1);
         }
@@ -54,6 +60,21 @@ __global__ void tma_tiles_kernel(const __grid_constant__ CUtensorMap map, float*
         if (flags & F_EARLY) mbarrier_wait_parity(&bar, t & 1);
         __syncthreads();   // every thread has read the tile before the next copy overwrites it
     }
+}
+
+// grid 1, 128 threads: boxes (0, 0) and (64, 0) through two mbarriers, both waited for (F_SKIP_SECOND: only the first)
+__global__ void tma_two_bars_kernel(const __grid_constant__ CUtensorMap map, float* out, int flags) {
+    __shared__ uint64_t bar[2];
+    if (threadIdx.x == 0) { mbarrier_init(&bar[0], 1); mbarrier_init(&bar[1], 1); }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int j = 0; j < 2; j++) {
+            mbarrier_arrive_expect_tx(&bar[j], 4096);
+            tma_load_2d(dynamic_smem + 4096 * j, &map, 64 * j, 0, &bar[j]);
+        }
+    mbarrier_wait_parity(&bar[0], 0);
+    if (!(flags & F_SKIP_SECOND)) mbarrier_wait_parity(&bar[1], 0);
+    for (int i = threadIdx.x; i < 2 * 2048; i += blockDim.x) out[i] = tile_at(dynamic_smem + 4096 * (i / 2048), i % 2048 / 64, i % 64, true);
 }
 
 // grid (rows / 32), 160 threads: thread 0 copies the nk k-tiles (64 x 32) of rows 32 b .. into a ring of STAGES
@@ -131,21 +152,37 @@ struct Matrix {   // a random bf16 matrix on the host and the device
     float at(long r, long c) const { return r >= 0 && r < rows && c >= 0 && c < cols ? __bfloat162float(h[(size_t)r * cols + c]) : 0.0f; }
 };
 
-// the tiles kernel on A's boxes; returns the number of elements unlike A's (zeros outside it)
-static int run_tiles(const Matrix& A, CUtensorMapSwizzle swz, int x0, int y0, int nx, int ny, int flags) {
+// the tiles kernel on A's boxes; returns the number of elements unlike A's (zeros outside it). z >= 0: A seen as 10
+// planes of 10 rows, boxes of 8 rows x 4 planes (every second plane from z: element strides 1, 1, 2)
+static int run_tiles(const Matrix& A, CUtensorMapSwizzle swz, int x0, int y0, int nx, int ny, int flags, int z = -1) {
     alignas(64) CUtensorMap map;
-    tma_map_2d_bf16(&map, A.d, A.cols, A.rows, A.cols, 64, 32, swz);
+    if (z < 0) {
+        tma_map_2d_bf16(&map, A.d, A.cols, A.rows, A.cols, 64, 32, swz);
+    } else {
+        const cuuint64_t dim[3] = {(cuuint64_t)A.cols, 10, 10}, stride[2] = {(cuuint64_t)A.cols * 2, (cuuint64_t)A.cols * 20};
+        const cuuint32_t box[3] = {64, 8, 8}, estride[3] = {1, 1, 2};
+        cuCheck(tma_encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, A.d, dim, stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                   swz, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+    }
     float* out;
     const size_t n = (size_t)nx * ny * 2048;
     cudaCheck(cudaMalloc((void**)&out, n * 4));
-    LAUNCH(tma_tiles_kernel, 1, 128, 4096, 0, map, out, x0, y0, nx, ny, flags);
+    LAUNCH(tma_tiles_kernel, 1, 128, 4096, 0, map, out, x0, y0, z, nx, ny, flags);
     cudaCheck(cudaGetLastError());
     std::vector<float> h(n);
     cudaCheck(cudaMemcpy(h.data(), out, n * 4, cudaMemcpyDeviceToHost));
     cudaCheck(cudaFree(out));
     int bad = 0;
     for (int t = 0; t < nx * ny; t++)
-        for (int i = 0; i < 2048; i++) bad += !(h[(size_t)t * 2048 + i] == A.at(y0 + 32 * (t / nx) + i / 64, x0 + 64 * (t % nx) + i % 64));
+        for (int i = 0; i < 2048; i++) {
+            const int r = i / 64, x = x0 + 64 * (t % nx) + i % 64, y = y0 + 32 * (t / nx);
+            float want = A.at(y + r, x);
+            if (z >= 0) {   // row r: row y + r % 8 of plane z + 2 (r / 8)
+                const int yy = y + r % 8, zz = z + 2 * (r / 8);
+                want = yy >= 0 && yy < 10 && zz >= 0 && zz < 10 ? A.at(10 * zz + yy, x) : 0.0f;
+            }
+            bad += !(h[(size_t)t * 2048 + i] == want);
+        }
     return bad;
 }
 
@@ -160,8 +197,32 @@ TEST_CASE("TMA 2D boxes into 128B-swizzled shared memory through one mbarrier: e
     simt::set_schedule_warp_ahead(0);
     CHECK(run_tiles(A, CU_TENSOR_MAP_SWIZZLE_128B, -32, -8, 4, 4, 0) == 0);
     simt::set_schedule(false, 0);
-    // the unswizzled map read as unswizzled rows
+    // the unswizzled map read as unswizzled rows; one thread waits and a __syncthreads() releases the others
     CHECK(run_tiles(A, CU_TENSOR_MAP_SWIZZLE_NONE, 8, 4, 2, 2, F_READ_LINEAR) == 0);
+    CHECK(run_tiles(A, CU_TENSOR_MAP_SWIZZLE_128B, -32, 68, 4, 2, F_ONE_WAITS) == 0);
+}
+
+TEST_CASE("TMA 3D boxes (element strides 1, 1, 2) off the edges of every dimension, and two mbarriers") {
+    Matrix A(100, 200, 1);
+    CHECK(run_tiles(A, CU_TENSOR_MAP_SWIZZLE_128B, -32, -3, 4, 1, 0, 5) == 0);   // planes 5, 7, 9, 11 (out), rows -3 .. 4
+    CHECK(run_tiles(A, CU_TENSOR_MAP_SWIZZLE_128B, 136, 6, 1, 1, 0, -2) == 0);   // planes -2 (out), 0, 2, 4, rows 6 .. 13
+    float* out;
+    cudaCheck(cudaMalloc((void**)&out, 4096 * 4));
+    alignas(64) CUtensorMap map;
+    tma_map_2d_bf16(&map, A.d, A.cols, A.rows, A.cols, 64, 32, CU_TENSOR_MAP_SWIZZLE_128B);
+    LAUNCH(tma_two_bars_kernel, 1, 128, 8192, 0, map, out, 0);
+    std::vector<float> h(4096);
+    cudaCheck(cudaMemcpy(h.data(), out, 4096 * 4, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < 4096; i++) bad += !(h[i] == A.at(i % 2048 / 64, 64 * (i / 2048) + i % 64));
+    CHECK(bad == 0);
+#if defined(SIMT_RACE_DETECT)
+    // the second barrier not waited for: its copy landed with the first (both at the same idle point), the reads race
+    std::string e = simt::error_of([&] { LAUNCH(tma_two_bars_kernel, 1, 128, 8192, 0, map, out, F_SKIP_SECOND); });
+    CHECK(e.find("race in kernel tma_two_bars_kernel") != std::string::npos);
+    CHECK(e.find("without having waited for the mbarrier phase the copy completes") != std::string::npos);
+#endif
+    cudaCheck(cudaFree(out));
 }
 
 TEST_CASE("TMA ring: 3 stages, 9 k-tiles, full / empty mbarriers with parity flipping, a producer thread and 128 consumers") {

@@ -17,7 +17,9 @@
  *     m16n8k16 BF16 and ldmatrix are warp collectives computing the PTX ISA's per-lane fragment
  *     layouts; cp.async copies land when their thread's cp.async.wait_group covers them. Hopper's
  *     wgmma (model/wgmma.cuh, test/simt/wgmma.h) is a 128-thread warpgroup rendezvous; its shared-memory
- *     operands are read and its accumulators written when wgmma.wait_group completes its group.
+ *     operands are read and its accumulators written when wgmma.wait_group completes its group. Hopper's mbarriers
+ *     and TMA loads (model/tma.cuh, test/simt/tma.h): a waiting thread is suspended until the phase completes, and
+ *     the bulk tensor copies land when no thread can run (run_block's idle point), never earlier.
  *   - Static __shared__ variables are thread_local statics: one instance per OS thread, hence per
  *     running block. Dynamic shared memory is declared, as in the real build,
  *         extern __shared__ __align__(16) char dynamic_smem[];
