@@ -1,7 +1,8 @@
 /*
  * tma.cuh — Hopper's mbarriers and tensor memory accelerator (sm_90a), one small device function each, for a
  * producer warp that feeds wgmma consumers through a ring of shared-memory stages (issue 25):
- *   mbarrier_init(bar, count)                 mbarrier.init (one thread; a __syncthreads() before others use it)
+ *   mbarrier_init(bar, count)                 mbarrier.init + fence.mbarrier_init (one thread; a __syncthreads() before
+ *                                             the others use it)
  *   mbarrier_arrive(bar)                      mbarrier.arrive, returns the state
  *   mbarrier_arrive_expect_tx(bar, bytes)     mbarrier.arrive.expect_tx: the phase also waits for `bytes` of copies
  *   mbarrier_wait_parity(bar, parity)         loops on mbarrier.try_wait.parity until the phase of that parity completed
@@ -55,6 +56,8 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
 // (the mbarrier instructions exist from sm_80, the bulk tensor copies from sm_90)
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+    // the initialised barrier visible to the asynchronous proxy (the copies' complete_tx), as CUTLASS's pipelines do
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 __device__ __forceinline__ uint64_t mbarrier_arrive(uint64_t* bar) {
     uint64_t state;
