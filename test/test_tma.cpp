@@ -11,9 +11,10 @@
  *   - a TMA-fed wgmma GEMM (model/wgmma.cuh; 64 x 64 tiles of out = A B^T, M 100, K 200: zero-filled edges);
  *   - negative controls that must fail: the tile read before the wait (NaN here, a race under the detector), a
  *     wgmma issued before the wait (NaN; a race), an expect_tx larger than the copies and an arrival count never
- *     reached (a reported deadlock, not a hang), the tile read unswizzled or a map without swizzle (mismatches),
- *     the encoder twin's refusals (a misaligned address or stride, a box over 256, an inner box over the swizzle
- *     span), an ordinary store to the barrier, and (detector only: the values are right) a second barrier not waited for.
+ *     reached (a reported deadlock, not a hang, waited for or polled), the tile read unswizzled or a map without
+ *     swizzle (mismatches), the encoder twin's refusals (a misaligned address or stride, a box over 256, an inner
+ *     box over the swizzle span), an ordinary store to the barrier, and (detector only: the values are right) a
+ *     second barrier not waited for.
  * test/test_race_tma is this file under the race detector (-DSIMT_RACE_DETECT), which also checks that the copies'
  * global reads are the launch's bytes (bytecount.h). Built with g++ -DSIMT_EMULATION only.
  */
@@ -302,6 +303,8 @@ TEST_CASE("TMA / mbarrier negative controls: early reads, a wrong expect_tx, arr
     d = simt::error_of([&] { run_tiles(A, CU_TENSOR_MAP_SWIZZLE_128B, 0, 0, 1, 1, F_TWO_ARRIVALS); });
     CHECK(d.find("deadlock in kernel tma_tiles_kernel") != std::string::npos);
     CHECK(d.find("1 of 2 arrival(s) pending") != std::string::npos);
+    d = simt::error_of([&] { run_tiles(A, CU_TENSOR_MAP_SWIZZLE_128B, 0, 0, 1, 1, F_TWO_ARRIVALS | F_TEST_WAIT); });   // polled: no idle point
+    CHECK(d.find("mbarrier.test_wait spins on a barrier that does not change (a deadlock): 1 arrival(s) pending") != std::string::npos);
     d = simt::error_of([&] { run_tiles(A, CU_TENSOR_MAP_SWIZZLE_128B, 0, 0, 1, 1, F_CLOBBER_BAR); });
     CHECK(d.find("changed by an ordinary store") != std::string::npos);
     // the swizzle: read unswizzled, or a map without it read swizzled
