@@ -138,7 +138,7 @@ SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
              test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin \
-             test/test_wgmma test/test_race_wgmma
+             test/test_wgmma test/test_race_wgmma test/test_tma test/test_race_tma
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -172,6 +172,13 @@ test/test_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_wgmma.cpp
 test/test_race_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_wgmma.cpp
+	$(CXX) -fopenmp -o $@ $@.o
+	rm -f $@.o
+# Hopper's mbarriers and TMA (model/tma.cuh, test/simt/tma.h) against the host's data and a double product, and under the race detector
+test/test_tma: test/test_tma.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_tma.cpp
+test/test_race_tma: test/test_tma.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_tma.cpp
 	$(CXX) -fopenmp -o $@ $@.o
 	rm -f $@.o
 # dev/cuda/wgmma_gemm's kernels (cp.async stages, wgmma, barriers) under the race detector, validated as the _emu build is

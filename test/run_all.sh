@@ -112,6 +112,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     }
     section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
         wgmma_tests
+    # Hopper's mbarriers and TMA (model/tma.cuh): boxes, a stage ring, a TMA-fed wgmma GEMM, negative controls; then under the detector
+    tma_tests() { doctest_run ./test/test_tma; doctest_run ./test/test_race_tma; }
+    section "TMA and mbarriers (Hopper): swizzled boxes with zero fill, a full/empty ring, TMA-fed wgmma, deadlocks and races reported (SIMT emulator)" \
+        tma_tests
     section "cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)" \
         doctest_run ./test/test_cublaslt_twin
     section "CUDA training step vs the CPU reference step (SIMT emulator)" doctest_run ./test/test_step_cuda
