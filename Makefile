@@ -138,7 +138,7 @@ SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
              test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin \
-             test/test_wgmma test/test_race_wgmma test/test_moe_grouped test/test_race_moe_grouped
+             test/test_wgmma test/test_race_wgmma test/test_tma test/test_race_tma test/test_moe_grouped test/test_race_moe_grouped
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -174,6 +174,13 @@ test/test_race_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_wgmma.cpp
 	$(CXX) -fopenmp -o $@ $@.o
 	rm -f $@.o
+# Hopper's mbarriers and TMA (model/tma.cuh, test/simt/tma.h) against the host's data and a double product, and under the race detector
+test/test_tma: test/test_tma.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_tma.cpp
+test/test_race_tma: test/test_tma.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_tma.cpp
+	$(CXX) -fopenmp -o $@ $@.o
+	rm -f $@.o
 # the grouped expert GEMMs on wgmma (model/moe_grouped.cuh) against the CPU and today's path, and under the race detector
 test/test_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_grouped.cpp -lopenblas -lm
@@ -189,6 +196,11 @@ dev/cuda/wgmma_gemm_race: dev/cuda/wgmma_gemm.cu dev/cuda/common.h $(SIMT_HEADER
 # dev/cuda/attention_wgmma's kernel (two warpgroups, cp.async double buffering, wgmma) under the race detector
 dev/cuda/attention_wgmma_race: dev/cuda/attention_wgmma.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
 	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma.cu
+	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	rm -f $@.o
+# dev/cuda/attention_wgmma_bwd's kernel (wgmma backward, a semaphore per query tile) under the race detector
+dev/cuda/attention_wgmma_bwd_race: dev/cuda/attention_wgmma_bwd.cu dev/cuda/attention_wgmma_common.h dev/cuda/common.h $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma_bwd.cu
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
 # the FP8 kernels (quantize, padding, factors) under the race detector: test_fp8_cuda's source, instrumented
@@ -218,7 +230,7 @@ train_dbrx_emu_count: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(COUNT_FLAGS) $(MPI_CFLAGS) -x c++ -c -o $@.o train_dbrx.cu
 	$(CXX) -fopenmp -o $@ $@.o $(LDLIBS)
 	rm -f $@.o
-emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_count $(DEV_CUDA_EMU) dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race)
+emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_count $(DEV_CUDA_EMU) dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race)
 
 # the real CUDA builds of the tests (make test compiles them; make test-gpu runs them on a device,
 # under compute-sanitizer with SANITIZER=1)
@@ -242,6 +254,8 @@ $(DEV_CUDA): dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS)
 	$(NVCC) $(filter-out -O2,$(NVCC_TEST_FLAGS)) -O3 -o $@ $< -lopenblas $(CUDA_LIBS)
 # the wgmma attention (a candidate for the product): no register spills, as train_dbrx
 dev/cuda/attention_wgmma: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
+dev/cuda/attention_wgmma_bwd: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
+dev/cuda/attention_wgmma dev/cuda/attention_wgmma_emu dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd dev/cuda/attention_wgmma_bwd_emu: dev/cuda/attention_wgmma_common.h
 # the grouped expert GEMMs (model/moe_grouped.cuh, a candidate for the product): no register spills either
 dev/cuda/moe_grouped: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 $(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
@@ -293,4 +307,4 @@ test: test-build
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
 	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
-	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race
+	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race

@@ -101,9 +101,21 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         [ "$rc" != 0 ] && grep -q "race in kernel.*cp.async.*wgmma.mma_async B\|race in kernel.*wgmma.mma_async B.*cp.async" <<<"$out" \
             && pass "negative control: attention_wgmma v2 with 2 K/V buffers races (cp.async over a tile wgmma still reads)" \
             || fail "negative control: attention_wgmma v2 with 2 buffers, no race reported (exit $rc): $(head -2 <<<"$out")"
+        # the wgmma backward under the detector, then its negative control (-p 1: no barrier between the dS stores and
+        # dQ's wgmma reading them), which must exit 1 with that race named
+        local bwd=./dev/cuda/attention_wgmma_bwd_race
+        if out=$($bwd 2>&1); then pass "$bwd: the wgmma backward validated against the CPU and bwd5 (bit for bit), no race"
+        else fail "$bwd (exit $?): $(grep -E 'FAIL|race' <<<"$out" | head -3)"; fi
+        if ! out=$($bwd -p 1 2>&1) && grep -q "race in kernel.*wgb_softmax_grad.*wgmma.mma_async A" <<<"$out"; then
+            pass "negative control: $bwd -p 1 (no barrier after the dS stores) races: dS store / dQ's wgmma A"
+        else fail "negative control: $bwd -p 1, the dS race not reported: $(head -2 <<<"$out")"; fi
     }
     section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
         wgmma_tests
+    # Hopper's mbarriers and TMA (model/tma.cuh): boxes, a stage ring, a TMA-fed wgmma GEMM, negative controls; then under the detector
+    tma_tests() { doctest_run ./test/test_tma; doctest_run ./test/test_race_tma; }
+    section "TMA and mbarriers (Hopper): swizzled boxes with zero fill, a full/empty ring, TMA-fed wgmma, deadlocks and races reported (SIMT emulator)" \
+        tma_tests
     section "grouped expert GEMMs on wgmma (model/moe_grouped.cuh): CPU and today's path bit for bit, planted bugs (SIMT emulator)" \
         doctest_run ./test/test_moe_grouped
     section "grouped expert GEMMs under the race detector, a dropped barrier reported (SIMT emulator)" \

@@ -5,7 +5,8 @@
 #      (dev/cuda/attention -f 4 -g 3: the model's, issue 25). FlashAttention-2 publishes ~330-350 TFLOP/s forward on an H100;
 #      targets >= 300 forward, >= 220 backward (FLOPs: 4 B H hd T(T+1)/2 forward, 2.5x that backward).
 #      Beside them the wgmma forward (dev/cuda/attention_wgmma: Hopper's warpgroup MMA, not in the product yet)
-#      and the model's forward timed again in the same program, at the same shape.
+#      and the model's forward timed again in the same program, at the same shape; the same for the wgmma
+#      backward (dev/cuda/attention_wgmma_bwd, beside the model's bwd5).
 #   2. expert GEMMs at DBRX-132B's shapes (2048 tokens per expert, d 6144, F 10752) through the model's
 #      expert path, against one dense cuBLASLt GEMM of the same total size: target >= 70%.
 #   3. memory-bound kernels (LayerNorm, the MoE data movement, embedding, classifier, AdamW): GB/s
@@ -46,7 +47,7 @@ else
     sfx=_emu; train=./train_dbrx_emu; out=$(mktemp); raw=$(mktemp -d)
 fi
 mkdir -p "$raw"
-for b in attention attention_wgmma moe_grouped layernorm moe embedding classifier adamw matmul; do
+for b in attention attention_wgmma attention_wgmma_bwd moe_grouped layernorm moe embedding classifier adamw matmul; do
     [ -x "dev/cuda/$b$sfx" ] || fail "dev/cuda/$b$sfx is not built (make dev/cuda/$b$sfx)"
 done
 [ -x "$train" ] || fail "$train is not built"
@@ -95,6 +96,9 @@ fi
 # (never run on a GPU before: a time limit in case it hangs; a wrong result fails it before any timing)
 if bench attention_wgmma timeout 600 "dev/cuda/attention_wgmma$sfx" "${WGA[@]}"; then
     rows "$raw/attention_wgmma.txt" TFLOP/s abs:300 "forward"
+fi
+if bench attention_wgmma_bwd timeout 600 "dev/cuda/attention_wgmma_bwd$sfx" "${WGA[@]}"; then
+    rows "$raw/attention_wgmma_bwd.txt" TFLOP/s abs:220 "backward"
 fi
 # 2. expert GEMMs against the dense GEMM of the same total size
 if bench expert_gemm "dev/cuda/matmul$sfx" -x; then

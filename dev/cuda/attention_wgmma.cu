@@ -30,23 +30,16 @@
  */
 #include "common.h"
 #include "../../model/attention.cuh"
-#include "../../model/wgmma.cuh"
+#include "attention_wgmma_common.h"
 
 #define WGA_BR 128    // query rows of a block: 2 warpgroups x 64
 #define WGA_BC 64     // keys per tile
 #define WGA_THREADS 256
 
-// rows [row0, row0 + rows) (HD columns) of a row-major src (row stride ld, T rows) into the swizzled panels of dst:
-// panel p (head dims 64 p ..) at dst + p rows 128, row r 128 bytes, 16-byte chunk c at c ^ r % 8; rows >= T zero
+// (the tile copy: attention_wgmma_common.h, shared with the backward)
 template <int HD>
 __device__ __forceinline__ void wga_load_tile(char* dst, const floatX* src, size_t ld, int row0, int rows, int T) {
-    constexpr int CH = HD / 8;
-    for (int i = threadIdx.x; i < rows * CH; i += WGA_THREADS) {
-        int r = i / CH, c = i % CH;
-        char* d = dst + (c / 8) * rows * 128 + r * 128 + ((c % 8) ^ (r % 8)) * 16;
-        if (row0 + r < T) cp_async_16(d, src + (size_t)(row0 + r) * ld + 8 * c);
-        else cp_async_16_zfill(d, src, 0);
-    }
+    wgmma_load_rows<HD, WGA_THREADS>(dst, src, ld, row0, rows, T);
 }
 
 // S (64 x 64, the warpgroup's D fragment) = Q K^T, issued (not committed): k-step ks reads head dims

@@ -13,13 +13,16 @@
  *       attention's P V takes P)
  *   v5  v2 with BN 64
  *   v6  v3 with two warpgroups (256 threads) on a 128 x 256 tile, sharing each B tile
+ *   v7  TMA (model/tma.cuh): a producer thread copies the k-tiles (128B swizzle) into a ring of 4 stages with
+ *       mbarriers (full: its arrival + the bytes; empty: the 128 consumers'), the warpgroup waits and multiplies  BN 128
  * 2 M N K FLOPs against the dense BF16 peak (cuBLASLt on the model's shapes: dev/cuda/matmul).
- *   make dev/cuda/wgmma_gemm && ./dev/cuda/wgmma_gemm [-v N (1-6)] [-m M] [-n N] [-k K]   (default 4096 each)
+ *   make dev/cuda/wgmma_gemm && ./dev/cuda/wgmma_gemm [-v N (1-7)] [-m M] [-n N] [-k K]   (default 4096 each)
  * Every version is first validated at M 128, N 256, K 192 against the CPU GEMM in double precision (the
  * emulated build, make test, does only that).
  */
 #include "common.h"
 #include "../../model/wgmma.cuh"
+#include "../../model/tma.cuh"
 
 // dynamic shared memory, declared at file scope (see model/attention_flash.cuh)
 extern __shared__ __align__(16) char dynamic_smem[];
@@ -108,22 +111,77 @@ __global__ void __launch_bounds__(128 * WG) wgmma_gemm_kernel(float* out, const 
     }
 }
 
+// v7: grid (N / BN, M / 64), 160 threads: warpgroup 0 multiplies, thread 128 (the fifth warp) produces. Stage s
+// holds A's 64 x 64 and B's BN x 64 k-tile as TMA lands them (128B swizzle: the K-major wgmma layout)
+template <int BN, int STAGES>
+__global__ void __launch_bounds__(160) wgmma_gemm_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                                                             float* out, int N, int K) {
+    __shared__ uint64_t full[STAGES], empty[STAGES];
+    const int m0 = blockIdx.y * 64, n0 = blockIdx.x * BN, tiles = K / WG_BK, stage_bytes = (64 + BN) * 128;
+    char* smem = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);
+    if (threadIdx.x == 0)
+        for (int s = 0; s < STAGES; s++) { mbarrier_init(&full[s], 1); mbarrier_init(&empty[s], 128); }
+    __syncthreads();
+    if (threadIdx.x == 128) {
+        for (int kt = 0; kt < tiles; kt++) {
+            const int s = kt % STAGES;
+            char* st = smem + s * stage_bytes;
+            mbarrier_wait_parity(&empty[s], ((kt / STAGES) & 1) ^ 1);   // (the first round passes: parity 1)
+            mbarrier_arrive_expect_tx(&full[s], stage_bytes);
+            tma_load_2d(st, &map_a, kt * WG_BK, m0, &full[s]);
+            tma_load_2d(st + 64 * 128, &map_b, kt * WG_BK, n0, &full[s]);
+        }
+    } else if (threadIdx.x < 128) {
+        float d[BN / 2];
+        for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+        for (int kt = 0; kt < tiles; kt++) {
+            const int s = kt % STAGES;
+            char* st = smem + s * stage_bytes;
+            mbarrier_wait_parity(&full[s], (kt / STAGES) & 1);
+            wgmma_fence_operand(d);
+            wgmma_fence();
+            for (int k = 0; k < WG_BK / 16; k++)
+                wgmma_bf16_ss<BN, 0, 0>(d, wgmma_desc(st + 32 * k, 16, 1024, WGMMA_SWIZZLE_128B),
+                                        wgmma_desc(st + 64 * 128 + 32 * k, 16, 1024, WGMMA_SWIZZLE_128B), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_operand(d);
+            mbarrier_arrive(&empty[s]);   // the MMAs have read the stage
+        }
+        const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+        for (int i = 0; i < BN / 2; i += 2) {
+            int r = m0 + 16 * warp + g + 8 * (i / 2 % 2), col = n0 + 8 * (i / 4) + 2 * c;
+            *(float2*)(out + (size_t)r * N + col) = make_float2(d[i], d[i + 1]);
+        }
+    }
+}
+template <int BN, int STAGES> static void gemm_tma(float* out, const floatX* A, const floatX* B, int M, int N, int K) {
+    alignas(64) CUtensorMap ma, mb;
+    tma_map_2d_bf16(&ma, A, K, M, K, WG_BK, 64, CU_TENSOR_MAP_SWIZZLE_128B);
+    tma_map_2d_bf16(&mb, B, K, N, K, WG_BK, BN, CU_TENSOR_MAP_SWIZZLE_128B);
+    size_t smem = (size_t)STAGES * (64 + BN) * 128 + 1024;
+    cudaCheck(cudaFuncSetAttribute(wgmma_gemm_tma_kernel<BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    LAUNCH((wgmma_gemm_tma_kernel<BN, STAGES>), dim3(N / BN, M / 64), 160, smem, 0, ma, mb, out, N, K);
+}
+
 template <int BN, int STAGES, bool AREG, int WG = 1> static void gemm(float* out, const floatX* A, const floatX* B, int M, int N, int K) {
     size_t smem = (size_t)STAGES * (64 * WG + BN) * 128 + 1024;
     cudaCheck(cudaFuncSetAttribute(wgmma_gemm_kernel<BN, STAGES, AREG, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     LAUNCH((wgmma_gemm_kernel<BN, STAGES, AREG, WG>), dim3(N / BN, M / (64 * WG)), 128 * WG, smem, 0, out, A, B, N, K);
 }
 
-#define NVERSIONS 6
+#define NVERSIONS 7
 static const char* const NAMES[NVERSIONS] = {"v1 one stage, BN 128", "v2 two stages, BN 128", "v3 two stages, BN 256",
-                                             "v4 v2, A from registers", "v5 two stages, BN 64", "v6 2 warpgroups, 128 x 256"};
+                                             "v4 v2, A from registers", "v5 two stages, BN 64", "v6 2 warpgroups, 128 x 256",
+                                             "v7 TMA ring of 4, producer thread"};
 static void run_version(int v, float* out, const floatX* A, const floatX* B, int M, int N, int K) {
     if (v == 1) gemm<128, 1, false>(out, A, B, M, N, K);
     else if (v == 2) gemm<128, 2, false>(out, A, B, M, N, K);
     else if (v == 3) gemm<256, 2, false>(out, A, B, M, N, K);
     else if (v == 4) gemm<128, 2, true>(out, A, B, M, N, K);
     else if (v == 5) gemm<64, 2, false>(out, A, B, M, N, K);
-    else gemm<256, 2, false, 2>(out, A, B, M, N, K);
+    else if (v == 6) gemm<256, 2, false, 2>(out, A, B, M, N, K);
+    else gemm_tma<128, 4>(out, A, B, M, N, K);
 }
 
 #if !defined(SIMT_EMULATION)
@@ -157,7 +215,7 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "-m") && x > 0 && x % 128 == 0) M = x;
         else if (!strcmp(argv[i], "-n") && x > 0 && x % 256 == 0) N = x;
         else if (!strcmp(argv[i], "-k") && x > 0 && x % WG_BK == 0) K = x;
-        else { fprintf(stderr, "usage: %s [-v N (1-6)] [-m M (a multiple of 128)] [-n N (of 256)] [-k K (of 64)]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [-v N (1-7)] [-m M (a multiple of 128)] [-n N (of 256)] [-k K (of 64)]\n", argv[0]); return 2; }
     }
     char shape[96];
     if (EMULATED) snprintf(shape, sizeof shape, "M 128, N 256, K 192");

@@ -313,12 +313,16 @@ SIMT_NOTSAN inline void race_granule(RaceState* r, Sched* s, uintptr_t key, unsi
     else { slots[1] = acc; slots[1].mask = (uint8_t)mask; }   // keep the first (distinct) thread and the newest
 }
 
+// a TMA destination accessed before its mbarrier phase completed (tma.h)
+__attribute__((no_sanitize_thread)) inline void tma_race_check(uintptr_t a, int size, bool write, int tid, const void* pc, const char* op);
 // records an access of `size` bytes at p by thread tid (a collective records for its lanes)
 SIMT_NOTSAN inline void race_record(const void* p, int size, bool write, int tid, const void* pc, const char* op) {
     RaceState* r = tls_race;
     Sched* s = tls_sched;
     uintptr_t a = (uintptr_t)p;
     if (a - r->stack_lo < r->stack_hi - r->stack_lo) return;   // a fiber's stack: locals
+    r->in_hook = true;
+    tma_race_check(a, size, write, tid, pc, op);
     RaceAccess acc;
     acc.pc = pc; acc.op = op; acc.tid = (uint16_t)tid; acc.write = write;
     acc.clock = r->vc[(size_t)tid * 32 + tid % 32];

@@ -17,7 +17,9 @@
  *     m16n8k16 BF16 and ldmatrix are warp collectives computing the PTX ISA's per-lane fragment
  *     layouts; cp.async copies land when their thread's cp.async.wait_group covers them. Hopper's
  *     wgmma (model/wgmma.cuh, test/simt/wgmma.h) is a 128-thread warpgroup rendezvous; its shared-memory
- *     operands are read and its accumulators written when wgmma.wait_group completes its group.
+ *     operands are read and its accumulators written when wgmma.wait_group completes its group. Hopper's mbarriers
+ *     and TMA loads (model/tma.cuh, test/simt/tma.h): a waiting thread is suspended until the phase completes, and
+ *     the bulk tensor copies land when no thread can run (run_block's idle point), never earlier.
  *   - Static __shared__ variables are thread_local statics: one instance per OS thread, hence per
  *     running block. Dynamic shared memory is declared, as in the real build,
  *         extern __shared__ __align__(16) char dynamic_smem[];
@@ -416,6 +418,11 @@ namespace simt {
 #define SIMT_RACE_SITE
 #endif
 
+// the mbarriers' and bulk tensor copies' hooks (tma.h)
+inline bool tma_idle(Sched* s);
+inline std::string tma_deadlock_note(Sched* s);
+inline void tma_barrier_join(Sched* s);
+
 inline void make_ready(Sched* s, int i) {
     s->fibers[i].state = READY;
     s->ready.push_back(i);
@@ -520,7 +527,7 @@ inline bool run_block(Sched* s, int nthreads) {
 #if defined(SIMT_RACE_DETECT)
     race_block_start(s, nthreads);
 #endif
-    while (s->ready_head < s->ready.size()) {
+    while (s->ready_head < s->ready.size() || tma_idle(s)) {   // (idle: bulk copies in flight land, tma.h)
         int i;
         if (s->warp_ahead >= 0) {
             // the adversary: warp `warp_ahead` first whenever it can run, then the others in reverse index
@@ -564,6 +571,7 @@ inline bool run_block(Sched* s, int nthreads) {
 #endif
         if (!s->error.empty()) return false;
     }
+    if (!s->error.empty()) return false;
     if (s->nexited == nthreads) return true;
     // nothing can run, yet not every thread has finished: describe who waits where
     int at_barrier = 0, at_warp = 0;
@@ -576,7 +584,7 @@ inline bool run_block(Sched* s, int nthreads) {
     if (at_barrier) msg += std::string(" at ") + s->barrier_file + ":" + std::to_string(s->barrier_line);
     msg += ", " + std::to_string(at_warp) + " at a warp operation";
     if (w) msg += std::string(" (") + op_name(*w) + " at " + w->file + ":" + std::to_string(w->line) + ")";
-    msg += ", " + std::to_string(s->nexited) + " exited";
+    msg += ", " + std::to_string(s->nexited) + " exited" + tma_deadlock_note(s);
     s->error = msg;
     return false;
 }
@@ -602,6 +610,7 @@ inline void syncthreads(const char* file, int line) {
         s->nbarrier = 0;
 #if defined(SIMT_RACE_DETECT)
         race_barrier();   // everything before the barrier is ordered before everything after it
+        tma_barrier_join(s);   // and what one thread observed of an mbarrier, all have (tma.h)
 #endif
         for (int i = 0; i < s->nthreads; i++) make_ready(s, i);
     }
@@ -1132,3 +1141,5 @@ inline cudaError_t cudaDriverGetVersion(int* v) { *v = CUDART_VERSION; return cu
 #include "tensor_core.h"
 // the warpgroup-level matrix instructions (wgmma.mma_async, fence, commit_group, wait_group): model/wgmma.cuh's emulated half
 #include "wgmma.h"
+// the mbarriers and the tensor memory accelerator (cp.async.bulk.tensor, cuTensorMapEncodeTiled): model/tma.cuh's emulated half
+#include "tma.h"

@@ -1,0 +1,331 @@
+/*
+ * attention_wgmma_bwd.cu — a causal GQA flash attention backward on Hopper's warpgroup MMA (model/wgmma.cuh), issue
+ * 25's Hopper attention after the forward (attention_wgmma.cu; not in the product: no GPU has run it yet).
+ * Same contract as the product's backward (model/attention_flash_bwd5.cuh): from qkv (B, T, (H + 2 KV) hd) after RoPE,
+ * out, dout (B, T, H hd), lse (B, H, T) and D (B, H, T) = rowsum(dout * out) (the product's D kernel, which also zeroes
+ * the semaphores), dqkv (B, T, (H + 2 KV) hd) overwritten; scratch dq_acc FP32 (B, H, T, hd) and one int per (b, h,
+ * 64-query tile) + a ticket.
+ *   backward wgmma v1  grid (T/64 key tiles, KV, B), one warpgroup (128 threads) owning 64 keys: K, V of the tile and
+ *        double-buffered 64-query tiles of Q, dO (every query head of the kv group, from the diagonal on) copied by
+ *        cp.async into the 128B-swizzled layout (attention_wgmma_common.h). Per query tile, bwd5's 5 products:
+ *          S^T, dP^T (64 x 64) = K Q^T, V dO^T   wgmma m64n64k16, both operands K-major from shared memory
+ *          P^T = exp(S^T scale - lse) (causal mask), dS^T = P^T (dP^T - D) on the accumulators
+ *          dV (64 x hd) += P^T dO, dK += dS^T Q   m64n(hd)k16, A from registers (the accumulators rounded to bf16),
+ *                                                  B = dO, Q MN-major (head dims contiguous)
+ *          dQ (64 x hd) = dS K                    dS^T stored transposed into a swizzled shared tile (queries x
+ *                                                  64 keys: A K-major), K MN-major; m64n64k16 per 64 head dims
+ *        dQ summed in FP32 over the key tiles in their order (a semaphore per query tile, as bwd5: deterministic);
+ *        dK (times scale), dV stored as bf16 pairs from the accumulators. dK, dV's wgmma overlap the barrier before dQ's;
+ *        each group waited for before the next is issued; no branch around a wgmma. Registers at hd 128: dK, dV 2 x 64
+ *        floats, S^T, dP^T 2 x 32.
+ *   backward wgmma v2  (hd 128) FlashAttention-3's shape: 2 warpgroups (256 threads) on 128 keys, the Q, dO tiles shared;
+ *        warpgroup w owns keys 64 w .. (S^T .. dK as v1) and dQ's head dims 64 w .., summed over the two 64-key chunks
+ *        one after the other (bwd5's order of key tiles: the same bits). Half the Q, dO copies and dQ sums per key.
+ *   the product's backward (bwd5, mma.sync) timed alongside
+ * Validation: dqkv against the CPU reference (model/attention.cuh; 1e-2) and, emulated, against bwd5 bit for bit (the
+ * same k-order sums: S^T, dP^T over head dims, dK, dV over queries in 16-query steps in bwd5's order, dQ per key tile
+ * over its 64 keys then added in key-tile order); on a GPU at the timing shape against bwd5 (1e-2).
+ *   make dev/cuda/attention_wgmma_bwd && ./dev/cuda/attention_wgmma_bwd [-v 1|2] [-b B] [-t T] [-h H] [-k KV] [-d hd]
+ *     default dbrx-132b's attention shape B 8, T 4096, H 48, KV 8, hd 128; under the emulator small shapes.
+ *     -p 1 (emulated): v1 without the barrier between the dS stores and dQ's wgmma (the race detector must name it).
+ */
+#include "common.h"
+#include "../../model/attention.cuh"
+#include "attention_wgmma_common.h"
+
+#define WGB_BQ 64   // queries per tile
+#define WGB_BC 64   // keys of a block (one warpgroup)
+#define WGB_THREADS 128
+
+// D (64 x 64, the D fragment) = A B^T over HD, A and B (64 rows x HD) both K-major swizzled tiles (panels of 64 head
+// dims, rows of 128 bytes; A's panels APS bytes apart, B's 64 rows), issued and committed
+template <int HD, int APS> __device__ __forceinline__ void wgb_issue_kk(float (&d)[32], const char* A, const char* B) {
+    wgmma_fence();
+    for (int ks = 0; ks < HD / 16; ks++) {
+        const int k = 32 * (ks % 4);
+        wgmma_bf16_ss<64, 0, 0>(d, wgmma_desc(A + (ks / 4) * APS + k, 16, 1024, WGMMA_SWIZZLE_128B),
+                                wgmma_desc(B + (ks / 4) * 64 * 128 + k, 16, 1024, WGMMA_SWIZZLE_128B), ks > 0);
+    }
+    wgmma_commit();
+}
+
+// acc (64 x HD) += A (64 x 64 queries, from registers) Bt (64 queries x HD, MN-major): k-step kk 16 queries (2048
+// bytes) on, LBO the panel size between 64-dim panels, SBO 1024 between 8-row groups. Not committed
+template <int HD> __device__ __forceinline__ void wgb_issue_rs(float (&acc)[HD / 2], const uint32_t (&a)[4][4], const char* Bt) {
+    for (int kk = 0; kk < 4; kk++)
+        wgmma_bf16_rs<HD, 1>(acc, a[kk], wgmma_desc(Bt + kk * 16 * 128, 64 * 128, 1024, WGMMA_SWIZZLE_128B), 1);
+}
+
+// P^T and dS^T of a completed S^T (s) and dP^T (dp): s[i] = S^T[key 16 warp + g + 8 ((i / 2) % 2)][query 8 (i / 4) +
+// 2 t4 + i % 2]; bwd5's arithmetic. P^T, dS^T rounded to bf16 as A fragments (pf, df: rows g, g + 8; queries 16 kk +
+// 2 t4 (+ 8)), dS to dSs transposed (query rows of 64 keys, 128B-swizzled)
+__device__ __forceinline__ void wgb_softmax_grad(float (&s)[32], float (&dp)[32], uint32_t (&pf)[4][4], uint32_t (&df)[4][4], char* dSs,
+                                                 const float* lt, const float* Dt, int k0, int q0, float sl2) {
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
+    for (int i = 0; i < 32; i++) {
+        const int kr = 16 * warp + g + 8 * ((i / 2) % 2), qi = 8 * (i / 4) + 2 * t4 + i % 2;
+        float p = q0 + qi < k0 + kr ? 0.0f : exp2f(s[i] * sl2 - lt[qi]);
+        s[i] = p;
+        dp[i] = p * (dp[i] - Dt[qi]);
+        *(floatX*)(dSs + qi * 128 + (((kr / 8) ^ (qi % 8)) * 16) + (kr % 8) * 2) = __float2bfloat16(dp[i]);
+    }
+    for (int kk = 0; kk < 4; kk++)
+        for (int q = 0; q < 4; q++) {
+            pf[kk][q] = pack_bf16x2(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+            df[kk][q] = pack_bf16x2(dp[8 * kk + 2 * q], dp[8 * kk + 2 * q + 1]);
+        }
+}
+
+// Q, dO rows q0 .. q0 + 63 of head h (cp.async, not committed), lse (log2 units; +inf past T: P = 0) and D; THREADS
+// the block's
+template <int HD, int THREADS>
+__device__ __forceinline__ void wgb_load_queries(char* Qt, char* dOt, float* lt, float* Dt, const floatX* qkv, const floatX* dout,
+                                                 const float* lse, const float* Dbuf, int b, int h, int q0, int T, int H, int KV) {
+    const size_t qkv_dim = (size_t)(H + 2 * KV) * HD, C = (size_t)H * HD;
+    wgmma_load_rows<HD, THREADS>(Qt, qkv + (size_t)b * T * qkv_dim + (size_t)h * HD, qkv_dim, q0, WGB_BQ, T);
+    wgmma_load_rows<HD, THREADS>(dOt, dout + (size_t)b * T * C + (size_t)h * HD, C, q0, WGB_BQ, T);
+    if (threadIdx.x < WGB_BQ) {
+        const int q = q0 + threadIdx.x;
+        const size_t row = ((size_t)b * H + h) * T + q;
+        lt[threadIdx.x] = q < T ? lse[row] * FLASH_LOG2E : INFINITY;
+        Dt[threadIdx.x] = q < T ? Dbuf[row] : 0.0f;
+    }
+}
+
+// dQ columns 64 c .. of the query tile (the completed fragment dq; v2: then dq2, the next 64 keys') onto the key tiles
+// before (dq_acc, FP32) in their order; the last key tile writes bf16 dQ scale into dqkv (rows < T)
+__device__ __forceinline__ void wgb_store_dq(floatX* dQg, size_t qkv_dim, float* acc, int HD, const float (&dq)[32], const float* dq2, int c,
+                                             int q0, int T, bool first, bool last, float scale) {
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
+    for (int n = 0; n < 8; n++)
+        for (int r = 0; r < 2; r++) {
+            const int q = q0 + 16 * warp + g + 8 * r, col = 64 * c + 8 * n + 2 * t4;
+            if (q >= T) continue;
+            float2 v = make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]);
+            if (!first) {   // L2 (.cg): the previous key tile's block wrote it, maybe on another SM
+                float2 prev = __ldcg((const float2*)(acc + (size_t)q * HD + col));
+                v = make_float2(prev.x + v.x, prev.y + v.y);
+            }
+            if (dq2) v = make_float2(v.x + dq2[4 * n + 2 * r], v.y + dq2[4 * n + 2 * r + 1]);   // (bwd5's next key tile)
+            if (last) *(uint32_t*)(dQg + (size_t)q * qkv_dim + col) = pack_bf16x2(v.x * scale, v.y * scale);
+            else __stcg((float2*)(acc + (size_t)q * HD + col), v);
+        }
+}
+
+// dQ's product of key chunk j (64 keys): dq (64 x 64) = dS[:, j] (dSj: queries x 64 keys, K-major) K[j, 64 c ..] (Kj: the
+// chunk's first key in the panel of head dims 64 c .., MN-major: 16 keys a k-step, 2048 bytes), issued and committed
+__device__ __forceinline__ void wgb_issue_dq(float (&dq)[32], const char* dSj, const char* Kj) {
+    wgmma_fence();
+    for (int ks = 0; ks < 4; ks++)
+        wgmma_bf16_ss<64, 0, 1>(dq, wgmma_desc(dSj + 32 * ks, 16, 1024, WGMMA_SWIZZLE_128B),
+                                wgmma_desc(Kj + ks * 16 * 128, 64 * 128, 1024, WGMMA_SWIZZLE_128B), ks > 0);
+    wgmma_commit();
+}
+
+// v1 (NWG 1) and v2 (NWG 2, hd 128): NWG warpgroups, warpgroup w owning keys 64 w .. of the block's 64 NWG. v2's dQ: warpgroup
+// w the head dims 64 w .. over both key chunks, summed chunk by chunk (bwd5's order). PLANT 1 (v1): without the barrier that
+// orders the dS stores before dQ's wgmma reads them, the negative control
+template <int HD, int NWG, int PLANT>
+__global__ void __launch_bounds__(128 * NWG)
+attention_backward_wgmma(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX* dout, const float* lse, const float* Dbuf,
+                         const floatX* qkv, int T, int H, int KV) {
+    static_assert(NWG == 1 || HD == 128, "v2 splits dQ's 128 head dims between its 2 warpgroups");
+    constexpr int TB = 64 * HD * 2, KR = 64 * NWG, KPS = KR * 128, THREADS = 128 * NWG;   // (KPS: a K/V panel's bytes)
+    // the swizzle repeats every 1024 bytes of shared address: the tiles start on such a boundary
+    char* Ks = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);   // (KR keys, HD) swizzled panels
+    char* Vs = Ks + NWG * TB;
+    char* Qs = Vs + NWG * TB;                    // (2 buffers) x TB
+    char* dOs = Qs + 2 * TB;                     // (2 buffers) x TB
+    char* dSs = dOs + 2 * TB;                    // NWG x (64 queries, 64 keys) bf16, swizzled
+    float* ls = (float*)(dSs + NWG * 64 * 128);  // (2, 64)
+    float* Ds = ls + 2 * WGB_BQ;                 // (2, 64)
+    __shared__ int ticket;
+    const int nqt = (T - 1) / WGB_BQ + 1, group = H / KV, wg = NWG == 1 ? 0 : threadIdx.x / 128;
+    // the key tile from a ticket (bwd5's reason: key tile j waits for j - 1, which started earlier, so is running or done)
+    if (threadIdx.x == 0) ticket = atomicAdd(dq_sem + (size_t)gridDim.z * H * nqt, 1);
+    __syncthreads();
+    const int kt = ticket % gridDim.x, kvh = ticket / gridDim.x % gridDim.y, b = ticket / (gridDim.x * gridDim.y), k0 = kt * KR;
+    const size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
+    const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
+    const float scale = rsqrtf((float)HD), sl2 = scale * FLASH_LOG2E;
+    const int nqi = nqt - kt * NWG, n_it = group * nqi;   // (query head of the group, query tile from the diagonal on)
+    wgmma_load_rows<HD, THREADS>(Ks, Kg, qkv_dim, k0, KR, T);
+    wgmma_load_rows<HD, THREADS>(Vs, Kg + (size_t)KV * HD, qkv_dim, k0, KR, T);
+    wgb_load_queries<HD, THREADS>(Qs, dOs, ls, Ds, qkv, dout, lse, Dbuf, b, kvh * group, k0, T, H, KV);
+    cp_async_commit();
+    float dk[HD / 2], dv[HD / 2];
+    for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.0f;
+    for (int it = 0; it < n_it; it++) {
+        if (it + 1 < n_it) {   // the next query tile into the other buffer (its last reader finished before the last barrier)
+            const int nb = (it + 1) % 2;
+            wgb_load_queries<HD, THREADS>(Qs + nb * TB, dOs + nb * TB, ls + nb * WGB_BQ, Ds + nb * WGB_BQ, qkv, dout, lse, Dbuf, b,
+                                          kvh * group + (it + 1) / nqi, (kt * NWG + (it + 1) % nqi) * WGB_BQ, T, H, KV);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();    // this tile landed for this thread...
+        wgmma_fence_proxy();   // ...visible to the asynchronous proxy...
+        __syncthreads();       // ...for every thread (and lt, Dt)
+        const char *Qt = Qs + it % 2 * TB, *dOt = dOs + it % 2 * TB;
+        const float *lt = ls + it % 2 * WGB_BQ, *Dt = Ds + it % 2 * WGB_BQ;
+        const int h = kvh * group + it / nqi, qt = kt * NWG + it % nqi, q0 = qt * WGB_BQ;
+        float s[32] = {}, dp[32] = {};
+        wgb_issue_kk<HD, KPS>(s, Ks + wg * 64 * 128, Qt);
+        wgb_issue_kk<HD, KPS>(dp, Vs + wg * 64 * 128, dOt);
+        wgmma_wait<0>();
+        wgmma_fence_operand(s);
+        wgmma_fence_operand(dp);
+        uint32_t pf[4][4], df[4][4];
+        wgb_softmax_grad(s, dp, pf, df, dSs + wg * 64 * 128, lt, Dt, k0 + 64 * wg, q0, sl2);
+        wgmma_fence_operand(dv);
+        wgmma_fence_operand(dk);
+        wgmma_fence();
+        wgb_issue_rs<HD>(dv, pf, dOt);
+        wgb_issue_rs<HD>(dk, df, Qt);
+        wgmma_commit();
+        wgmma_fence_proxy();                     // dS's stores visible to the asynchronous proxy...
+        if constexpr (!PLANT) __syncthreads();   // ...of every warp's keys, before dQ's wgmma reads them
+        wgmma_wait<0>();   // dV, dK complete (P^T, dS^T's registers free for dQ's: no spill at hd 128)
+        wgmma_fence_operand(dv);
+        wgmma_fence_operand(dk);
+        // dQ (64 x HD) = dS K, 64 head dims at a time; this key tile's turn on the query tile (key tiles 0 .. qt / NWG)
+        const bool first = kt == 0, last = kt == qt / NWG;
+        int* sem = dq_sem + ((size_t)b * H + h) * nqt + qt;
+        float* acc = dq_acc + ((size_t)b * H + h) * T * HD;
+        floatX* dQg = dqkv + (size_t)b * T * qkv_dim + (size_t)h * HD;
+        for (int c = 0; c < (NWG == 1 ? HD / 64 : 1); c++) {
+            float dq[32] = {}, dq2[32] = {};
+            wgb_issue_dq(dq, dSs, Ks + (c + wg) * KPS);
+            if constexpr (NWG == 2) wgb_issue_dq(dq2, dSs + 64 * 128, Ks + wg * KPS + 64 * 128);
+            wgmma_wait<0>();
+            wgmma_fence_operand(dq);
+            if constexpr (NWG == 2) wgmma_fence_operand(dq2);   // (v1: no registers held for it)
+            if (c == 0) {
+                if (threadIdx.x == 0 && !first)
+                    while (*(volatile int*)sem != kt) {}
+                __threadfence();
+                __syncthreads();
+            }
+            wgb_store_dq(dQg, qkv_dim, acc, HD, dq, NWG == 2 ? dq2 : nullptr, c + wg, q0, T, first, last, scale);
+        }
+        __threadfence();   // the sums reach L2 before the next key tile is let in
+        __syncthreads();   // (also: every warp done with this iteration's buffers, dS)
+        if (threadIdx.x == 0 && !(first && last)) *(volatile int*)sem = last ? 0 : kt + 1;
+    }
+    // dK scale, dV as bf16 pairs, keys < T
+    const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
+    floatX* dK = dqkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
+    for (int r = 0; r < 2; r++) {
+        const int k = k0 + 16 * warp + g + 8 * r;
+        if (k < T)
+            for (int n = 0; n < HD / 8; n++) {
+                const int col = 8 * n + 2 * t4;
+                *(uint32_t*)(dK + (size_t)k * qkv_dim + col) = pack_bf16x2(dk[4 * n + 2 * r] * scale, dk[4 * n + 2 * r + 1] * scale);
+                *(uint32_t*)(dK + (size_t)KV * HD + (size_t)k * qkv_dim + col) = pack_bf16x2(dv[4 * n + 2 * r], dv[4 * n + 2 * r + 1]);
+            }
+    }
+}
+
+static size_t wgb_sem_ints(int B, int T, int H) { return (size_t)B * H * ceil_div(T, WGB_BQ) + 1; }   // (+ the ticket)
+
+template <int HD, int NWG, int PLANT>
+static void attention_backward_wgmma_hd(floatX* dqkv, float* Dbuf, float* dq_acc, int* dq_sem, const floatX* dout, const floatX* out,
+                                        const float* lse, const floatX* qkv, int B, int T, int H, int KV) {
+    auto kernel = attention_backward_wgmma<HD, NWG, PLANT>;
+    // K, V (NWG tiles each), 2 x Q, dO, dS (NWG tiles of 64 x 64), lse, D, the alignment
+    size_t smem = (size_t)(2 * NWG + 4) * 64 * HD * 2 + NWG * 64 * 128 + 4 * WGB_BQ * sizeof(float) + 1024;
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int nsem = (int)wgb_sem_ints(B, T, H);
+    LAUNCH(flash_attention_backward_D_kernel, ceil_div(std::max((long long)B * T * H * 32, (long long)nsem), 128), 128, 0, 0, Dbuf, dq_sem,
+           dout, out, B, T, H, HD, nsem);
+    LAUNCH(kernel, dim3(ceil_div(T, 64 * NWG), KV, B), 128 * NWG, smem, 0, dqkv, dq_acc, dq_sem, dout, lse, Dbuf, qkv, T, H, KV);
+}
+// V 1, 2: v1, v2 (hd 128 only); 3: v1 planted (the race)
+template <int V>
+static void attention_backward_wgmma_gpu(floatX* dqkv, float* Dbuf, float* dq_acc, int* dq_sem, const floatX* dout, const floatX* out,
+                                         const float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    constexpr int NWG = V == 2 ? 2 : 1, PLANT = V == 3;
+    if (hd == 128) attention_backward_wgmma_hd<128, NWG, PLANT>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV);
+    else if constexpr (V != 2) attention_backward_wgmma_hd<64, NWG, PLANT>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV);
+}
+
+// validates the wgmma backward (and the product's bwd5 alongside) against the CPU reference at a shape; with `time_too`
+// (a GPU) times them. only: the wgmma version to run (0: all)
+static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, int only, bool plant = false) {
+    int qd = (H + 2 * KV) * hd, C = H * hd;
+    printf("B %d, T %d, H %d, KV %d, hd %d\n", B, T, H, KV, hd);
+    std::vector<float> qkv = round_bf16(make_random((size_t)B * T * qd, 1, 1.5));
+    std::vector<float> dout = round_bf16(make_random((size_t)B * T * C, 2));
+    size_t no = (size_t)B * T * C, nl = (size_t)B * H * T, nq = qkv.size();
+    floatX *dq = to_device_bf16v(qkv), *dy = deviceAlloc(floatX, no), *ddout = to_device_bf16v(dout), *ddq = deviceAlloc(floatX, nq);
+    float *dlse = deviceAlloc(float, nl), *dD = deviceAlloc(float, nl), *d_acc = deviceAlloc(float, flash_bwd5_acc_floats(B, T, H, hd));
+    int* d_sem = deviceAlloc(int, std::max(flash_bwd5_sem_ints(B, T, H), wgb_sem_ints(B, T, H)));
+    double flops = 2.5 * 4.0 * B * H * hd * (double)T * (T + 1) / 2;   // (FlashAttention's count: 2.5x the forward)
+    const char* names[3] = {"backward bwd5 (product, mma.sync)", "backward wgmma v1", "backward wgmma v2 (2 warpgroups)"};
+    std::function<void()> bwd[3] = {
+        [&] { flash_attention_backward5_gpu(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
+        [&] { if (plant) attention_backward_wgmma_gpu<3>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd);
+              else attention_backward_wgmma_gpu<1>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
+        [&] { attention_backward_wgmma_gpu<2>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
+    };
+    flash_attention_forward_gpu(dy, dlse, dq, B, T, H, KV, hd);   // out and lse: the product's forward
+    // the CPU reference where it is cheap (emulated shapes, or B * T * T * H small); else bwd5's result
+    bool cpu = EMULATED || (double)B * T * T * H <= 1e9;
+    std::vector<float> want(nq), bwd5;
+    if (cpu) {
+        std::vector<float> out(no), lse(nl);
+        attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd);
+        attention_backward(want.data(), dout.data(), qkv.data(), lse.data(), B, T, H, KV, hd);
+    }
+    for (int v = 0; v < 3; v++) {
+        if ((only && v != 0 && v != only) || (plant && v == 2) || (v == 2 && hd != 128)) continue;   // (v2: hd 128)
+        cudaCheck(cudaMemset(ddq, 0xFF, nq * sizeof(floatX)));
+        bwd[v]();
+        std::vector<float> got = from_device_bf16v(ddq, nq);
+        if (v == 0) bwd5 = got;
+        if (!cpu && v == 0) want = got;
+        char what[96];
+        snprintf(what, sizeof what, "%s%s", names[v], cpu || v == 0 ? "" : " vs bwd5");
+        if (v > 0 || cpu) validate(what, got, want, 1e-2, 1e-2);
+        // emulated, the same k-order sums as bwd5's (the emulator's mma.sync and wgmma: k order, fp32 after each add) and
+        // the same elementwise arithmetic: the same bits (a GPU's wgmma may order the sums otherwise)
+        if (EMULATED && v >= 1) {
+            bool same = !memcmp(got.data(), bwd5.data(), nq * sizeof(float));
+            validate("  wgmma = bwd5 bit for bit", {same ? 0.0f : 1.0f}, {0.0f}, 0.0, 0.0);
+        }
+        if (time_too) report_flops(names[v], flops, time_ms(3, bwd[v]));
+    }
+    for (void* p : {(void*)dq, (void*)dy, (void*)ddout, (void*)ddq, (void*)dlse, (void*)dD, (void*)d_acc, (void*)d_sem}) cudaCheck(cudaFree(p));
+}
+
+int main(int argc, char** argv) {
+    int B = 8, T = 4096, H = 48, KV = 8, hd = 128, plant = 0, only = 0;
+    bool shape_given = false;
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
+        int x = atoi(argv[i + 1]);
+        int* dst = !strcmp(argv[i], "-b") ? &B : !strcmp(argv[i], "-t") ? &T : !strcmp(argv[i], "-h") ? &H : !strcmp(argv[i], "-k") ? &KV
+                 : !strcmp(argv[i], "-d") ? &hd : !strcmp(argv[i], "-p") ? &plant : !strcmp(argv[i], "-v") ? &only : nullptr;
+        if (!dst || x <= 0 || (dst == &plant && x != 1) || (dst == &only && x > 2)) {
+            fprintf(stderr, "usage: %s [-v 1|2] [-b B] [-t T] [-h H] [-k KV] [-d hd (64 or 128)] [-p 1 (emulated: the planted race)]\n",
+                    argv[0]);
+            return 2;
+        }
+        *dst = x;
+        shape_given |= dst != &plant && dst != &only;
+    }
+    if ((hd != 64 && hd != 128) || H % KV) { fprintf(stderr, "%s: hd %d must be 64 or 128 and H %d a multiple of KV %d\n", argv[0], hd, H, KV); return 2; }
+    print_header("attention, wgmma backward", "causal GQA");
+    if (plant) {   // the race detector's negative control: dQ's wgmma reads dS without the barrier after its stores
+        if (!EMULATED) { fprintf(stderr, "%s: -p 1 is for the emulated builds\n", argv[0]); return 2; }
+        run_shape(1, 130, 6, 1, 128, false, 0, true);
+    } else if (EMULATED && !shape_given) {
+        // DBRX's head_dim 128 and GQA 6:1 (48 / 8 scaled down); T short of a tile (77, 130), B 2's offsets, 5 key tiles
+        // (320); head_dim 64
+        const int shapes[][5] = {{2, 77, 6, 1, 128}, {1, 320, 6, 1, 128}, {1, 130, 6, 1, 64}};
+        for (const auto& s : shapes) run_shape(s[0], s[1], s[2], s[3], s[4], false, only);
+    } else {
+        if (!EMULATED) run_shape(1, 1024, H, KV, hd, false, only);   // against the CPU first
+        run_shape(B, T, H, KV, hd, !EMULATED, only);
+    }
+    return finish();
+}
