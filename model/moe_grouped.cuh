@@ -146,9 +146,9 @@ __global__ void __launch_bounds__(128 * WG) experts_grouped_kernel(floatX* out0,
         wgmma_fence_operand(d);
         for (int kt = 0; kt < ktiles; kt++) {
             cp_async_wait<L - 1>();
-            if (PLANT != 3) __syncthreads();   // the stage's copies landed; the refilled stage's MMAs are done
+            wgmma_fence_proxy();   // this thread's copies (generic proxy) visible to the MMAs' reads (async proxy), then
+            if (PLANT != 3) __syncthreads();   // every thread's: the stage's copies landed; the refilled stage's MMAs are done
             produce();
-            wgmma_fence_proxy();   // the copies (generic proxy) before the MMAs' reads (async proxy)
             const char* st = smem + consumed++ % STAGES * stage_bytes;
             wgmma_fence();
             for (int s = 0; s < MOE_GROUPED_BK / 16; s++) {

@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(128 * WG) wgmma_gemm_kernel(float* out, const 
         } else {
             cp_async_wait<0>();
         }
-        __syncthreads();
-        wgmma_fence_proxy();   // the copies (generic proxy) before the MMAs' reads (async proxy)
+        wgmma_fence_proxy();   // this thread's copies (generic proxy) visible to the MMAs' reads (async proxy)...
+        __syncthreads();       // ...before the barrier that orders every thread's copies before any MMA
         uint32_t a[WG_BK / 16][4];   // (AREG) written before the fence: the ISA orders register writes before wgmma by it
         if (AREG)
             for (int s = 0; s < WG_BK / 16; s++) frag_a_sw128(a[s], st + q * 64 * 128, s);
