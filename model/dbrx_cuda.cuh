@@ -391,15 +391,13 @@ static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, con
     }
 }
 // the weight gradients (3 x E x n: w1, v1, w2) of the experts without rows zeroed, block (x, e) on expert e: one launch
-// whatever the routing (offsets on the device), so that the step's work list does not depend on it. 16-byte stores
-// (n = F d is a multiple of 4 and each matrix's base is 16-byte aligned: expert e's slice starts at e n floats)
+// whatever the routing (offsets on the device), so that the step's work list does not depend on it
 __global__ void experts_zero_empty_kernel(float* dw1, float* dv1, float* dw2, const int* offsets, int E, size_t n) {
     int e = blockIdx.y;
     if (e >= E || offsets[e + 1] > offsets[e]) return;
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float4* w1 = (float4*)(dw1 + (size_t)e * n); float4* v1 = (float4*)(dv1 + (size_t)e * n); float4* w2 = (float4*)(dw2 + (size_t)e * n);
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
-        w1[i] = zero; v1[i] = zero; w2[i] = zero;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t j = (size_t)e * n + i;
+        dw1[j] = 0.0f; dv1[j] = 0.0f; dw2[j] = 0.0f;
     }
 }
 // Backward of block_experts_forward from dye (m->dye): the weight gradients into gw (wbeta 0: overwritten), dxe (m->dxe).
@@ -412,10 +410,8 @@ static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, co
                                                   a->u, a->act, w.w1, w.v1, w.w2, E, d, F, 0, wbeta);
     else experts_backward_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1, w.w2,
                               a->offsets_host.data(), E, d, F, 0, wbeta);
-    if (wbeta == 0.0f) {   // (overwriting: an expert without rows wrote nothing)
-        if ((size_t)F * d % 4 != 0) { fprintf(stderr, "error: %s:%d: F d = %zu is not a multiple of 4\n", __FILE__, __LINE__, (size_t)F * d); exit(2); }
+    if (wbeta == 0.0f)   // (overwriting: an expert without rows wrote nothing)
         LAUNCH(experts_zero_empty_kernel, dim3(64, E), 256, 0, 0, gw.w1, gw.v1, gw.w2, a->offsets, E, (size_t)F * d);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

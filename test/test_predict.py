@@ -252,6 +252,15 @@ def measured_gemms():
     finally:
         P.MEASURED_GEMMS.clear()
         P.MEASURED_GEMMS_SOURCE.clear()
+    for what, call in (("an explicit --measured-gemms FILE that does not exist", lambda: P.load_measured_gemms("h100-sxm", table + ".x")),
+                       ("calibrate.py --gemms with an unknown option (--output)", lambda: C.main(["--gemms", sweep, "--device", "h100-sxm", "--output", table]))):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                call()
+            check(False, "bad input refused: %s" % what)
+        except SystemExit as e:
+            check(e.code == 2, "bad input refused, one line and exit 2: %s (exit %s)" % (what, e.code))
+    P.MEASURED_GEMMS.clear()
     with open(sweep, "w") as f:
         f.write("%s ms=0.000000 tflops=0.00\n" % lines[0])
     try:

@@ -98,7 +98,11 @@ def read_sweep(path):
     for no, line in enumerate(lines, 1):
         m = re.match(r"^((?:\d+ ){4}(?:\w+ ){3}(?:\d+ ){6})(\d+) ms=([0-9.eE+-]+)", line)
         if m:
-            out.append((m.group(1).strip(), int(m.group(2)), float(m.group(3))))
+            try:
+                ms = float(m.group(3))
+            except ValueError:
+                die("%s:%d: ms=%s is not a number" % (path, no, m.group(3)))
+            out.append((m.group(1).strip(), int(m.group(2)), ms))
         elif re.match(r"^\d+ \d+ \d+ ", line):
             die("%s:%d: a GEMM line without its time: %s" % (path, no, line[:80]))
     if not out:
@@ -110,6 +114,12 @@ def gemms_main(args):
     sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
     import predict
     opt = lambda name: args[args.index(name) + 1] if name in args and args.index(name) + 1 < len(args) else None
+    known = {"--gemms", "--device", "--out", "--source", "--markdown"}
+    for i, a in enumerate(args):
+        if a.startswith("--") and a not in known:
+            die("calibrate.py --gemms: unknown option %s" % a)
+        if a in known - {"--markdown"} and (i + 1 >= len(args) or args[i + 1].startswith("--")):
+            die("calibrate.py --gemms: %s needs a value" % a)
     path, dev, out, source = opt("--gemms"), opt("--device"), opt("--out"), opt("--source") or "dev/cuda/matmul -s"
     if not path or dev not in predict.RATES:
         die("usage: calibrate.py --gemms SWEEP.txt --device {%s} [--out FILE] [--source TEXT] [--markdown]" % "|".join(sorted(predict.RATES)))
@@ -119,8 +129,8 @@ def gemms_main(args):
         it = {"t": "gemm", "m": int(f[0]), "n": int(f[1]), "k": int(f[2]), "batch": int(f[3]), "a": f[4], "b": f[5], "d": f[6],
               "trans_a": f[7] == "1", "trans_b": f[8] == "1", "beta": int(f[9]), "fast_accum": int(f[10]),
               "a_scale_mode": int(f[11]), "b_scale_mode": int(f[12])}
-        if ms <= 0:
-            die("%s: %s: no time (an emulated sweep is not a measurement)" % (path, key))
+        if not 0 < ms < float("inf"):
+            die("%s: %s: ms=%g is no time (an emulated sweep is not a measurement)" % (path, key, ms))
         table_s = predict.cost(it, dev, 8)[0]
         rows.append((key, count, ms, table_s * 1e3, 2.0 * it["m"] * it["n"] * it["k"] * it["batch"]))
     tm, tt = sum(c * ms for _, c, ms, _, _ in rows), sum(c * t for _, c, _, t, _ in rows)

@@ -103,8 +103,10 @@ def gemm_key(it):
 
 def load_measured_gemms(dev, path=None):
     """the device's measured GEMM table: PATH, else gemm_measured_<dev>.json here when it exists; {} if none"""
+    if path and not os.path.exists(path):
+        die("--measured-gemms %s: no such file" % path)
     path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_measured_%s.json" % dev)
-    if not os.path.exists(path):
+    if not os.path.exists(path):   # (the default table may be absent: the rate table then)
         MEASURED_GEMMS[dev] = {}
         return {}
     try:
@@ -113,6 +115,9 @@ def load_measured_gemms(dev, path=None):
         table = {k: float(v) * 1e-3 for k, v in t["gemms_ms"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         die("%s: not a measured GEMM table (%s)" % (path, e))
+    bad = [k for k, v in table.items() if not 0 < v < float("inf")]
+    if bad:
+        die("%s: %s: a measured time must be a positive finite number of ms" % (path, bad[0]))
     if t.get("device") != dev:
         die("%s: measured on %s, not %s" % (path, t.get("device"), dev))
     MEASURED_GEMMS[dev], MEASURED_GEMMS_SOURCE[dev] = table, "%s (%s)" % (path, t.get("source", "?"))
