@@ -32,11 +32,15 @@ lanes_below() {   # wait until fewer than $1 sections run
     while [ "$(jobs -rp | wc -l)" -ge "$1" ]; do wait -n; flush; done
     flush
 }
+children_cpu() {   # FILE: the CPU seconds (user + system) of this shell's finished children so far, from the builtin
+    times > "$1"      # (run here, not in a $(...) subshell, whose children would be its own)
+}
+cpu_of() { awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] } printf "%.0f", t }' "$1"; }
 section() {   # TITLE CMD...: in the background (at most JOBS at once)
     local title=$1; shift
     lanes_below "$JOBS"
     local sec_out="$secdir/$nsec"   # (a name no section's function sets: they run in this shell's scope)
-    ( { echo "== $title"; sec_t0=$SECONDS; "$@"; echo "   ($((SECONDS - sec_t0)) s)"; } > "$sec_out" 2>&1 < /dev/null; touch "$sec_out.done" ) &
+    ( { echo "== $title"; sec_t0=$SECONDS; "$@"; children_cpu "$sec_out.cpu"; echo "   ($((SECONDS - sec_t0)) s, $(cpu_of "$sec_out.cpu") s of CPU)"; } > "$sec_out" 2>&1 < /dev/null; touch "$sec_out.done" ) &
     nsec=$((nsec + 1))
 }
 finish_sections() {   # after the last: a section whose shell died (killed, out of memory) printed as far as it got, and failed
@@ -55,7 +59,9 @@ trap 'trap - INT TERM; kill $(jobs -p) 2>/dev/null; wait; for ((i = nprinted; i 
 alone() {   # TITLE CMD...: once every section before it is done, nothing beside it
     local title=$1; shift
     finish_sections
-    echo "== $title"; local t0=$SECONDS; "$@"; echo "   ($((SECONDS - t0)) s)"
+    echo "== $title"; local alone_t0=$SECONDS; children_cpu "$secdir/alone0"   # (names no check sets: they run in this scope)
+    "$@"; children_cpu "$secdir/alone1"
+    echo "   ($((SECONDS - alone_t0)) s, $(( $(cpu_of "$secdir/alone1") - $(cpu_of "$secdir/alone0") )) s of CPU)"
 }
 
 echo "== dataset (the default one: several tests train on it)"

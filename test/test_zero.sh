@@ -57,7 +57,7 @@ import json, os, re, sys
 tmp = sys.argv[1]
 def losses(name):
     p = os.path.join(tmp, name + ".jsonl")
-    return [json.loads(l)["loss"] for l in open(p)] if os.path.exists(p) else []
+    return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l] if os.path.exists(p) else []
 checks = [("np1", "ref4", "np 1 (mpirun, S = 1) vs one process", 0.0),
           ("np2_zero", "ref4", "np 2 ZeRO-3 (S = 2, grad-accum 2) vs one process", 1e-5),
           ("np2_ddp", "ref4", "np 2 DDP (S = 1, grad-accum 2) vs one process", 1e-5),
