@@ -78,6 +78,24 @@ static inline float twin_fast_accum_round(float x) {
 }
 static const int TWIN_FAST_ACCUM_STEP = 32;
 
+// acc[r] += A(r, p) B(p) for p in [0, k), r < TWIN_ROWS: the panel holds TWIN_ROWS rows of op(A) interleaved, (k, TWIN_ROWS).
+// Each row's sum is the scalar loop's (in k order, a rounded product then a rounded add: no FMA contraction, as GCC
+// compiles that loop), the rows side by side in vector lanes: independent chains instead of one latency-bound chain.
+static const int TWIN_ROWS = 16;
+typedef float twin_v8 __attribute__((vector_size(32)));   // 8 rows' partial sums (GCC's vector extension: one AVX register)
+__attribute__((optimize("fp-contract=off"))) static void twin_dot_rows(float* acc, const float* panel, const float* y, int k) {
+    twin_v8 s0 = {}, s1 = {};
+    for (int p = 0; p < k; p++) {
+        twin_v8 a0, a1;
+        memcpy(&a0, panel + (size_t)p * TWIN_ROWS, sizeof a0);
+        memcpy(&a1, panel + (size_t)p * TWIN_ROWS + 8, sizeof a1);
+        s0 = s0 + a0 * y[p];
+        s1 = s1 + a1 * y[p];
+    }
+    memcpy(acc, &s0, sizeof s0);
+    memcpy(acc + 8, &s1, sizeof s1);
+}
+
 static inline void twin_matmul_compute(const TwinGemm& g) {
     const int m = g.m, n = g.n, k = g.k;
     const bool blocks = g.a_mode != 0;
@@ -89,6 +107,7 @@ static inline void twin_matmul_compute(const TwinGemm& g) {
     float amax = 0.0f;
     const int nchunks = (k + 127) / 128;
     std::vector<float> a_rows((size_t)m * k), b_cols((size_t)n * k);   // op(A) row i, op(B) column j, contiguous in k
+    std::vector<float> a_panels;
     std::vector<float> sa, sb;   // block scaling: the factor of op(A) row i / op(B) column j for every chunk of k
     if (blocks) {
         sa.resize((size_t)m * nchunks);
@@ -106,13 +125,29 @@ static inline void twin_matmul_compute(const TwinGemm& g) {
         for (int j = 0; j < n; j++)
             for (int p = 0; p < k; p++)
                 b_cols[(size_t)j * k + p] = twin_load(g.B, g.b_type, ob + (g.trans_b ? (size_t)p * g.ldb + j : (size_t)j * g.ldb + p));
+        // the plain FP32 accumulation (BF16 and per-tensor FP8 without FAST_ACCUM): op(A) in panels of TWIN_ROWS rows
+        // (the last padded with zeros), every output's sum in k order as the scalar loop below would give it
+        const bool panels = !blocks && !fast;
+        const int npanels = (m + TWIN_ROWS - 1) / TWIN_ROWS;
+        if (panels) {
+            a_panels.assign((size_t)npanels * k * TWIN_ROWS, 0.0f);
+            for (int i = 0; i < m; i++)
+                for (int p = 0; p < k; p++)
+                    a_panels[((size_t)(i / TWIN_ROWS) * k + p) * TWIN_ROWS + i % TWIN_ROWS] = a_rows[(size_t)i * k + p];
+        }
         #pragma omp parallel for reduction(max : amax) if ((double)m * n * k > 1e7)
-        for (int j = 0; j < n; j++)
+        for (int j = 0; j < n; j++) {
+            float panel_acc[TWIN_ROWS];
             for (int i = 0; i < m; i++) {
                 const float* x = &a_rows[(size_t)i * k];
                 const float* y = &b_cols[(size_t)j * k];
                 float acc = 0.0f;
-                if (blocks) {
+                if (panels) {
+                    if (i % TWIN_ROWS == 0) {
+                        twin_dot_rows(panel_acc, &a_panels[(size_t)(i / TWIN_ROWS) * k * TWIN_ROWS], y, k);
+                    }
+                    acc = panel_acc[i % TWIN_ROWS];
+                } else if (blocks) {
                     for (int c = 0; c < nchunks; c++) {
                         float part = 0.0f;
                         for (int p = c * 128; p < k && p < c * 128 + 128; p++) part += x[p] * y[p];
@@ -124,8 +159,6 @@ static inline void twin_matmul_compute(const TwinGemm& g) {
                         for (int p = p0; p < k && p < p0 + TWIN_FAST_ACCUM_STEP; p++) part += x[p] * y[p];
                         acc = twin_fast_accum_round(acc + part);
                     }
-                } else {
-                    for (int p = 0; p < k; p++) acc += x[p] * y[p];
                 }
                 float r = scale * acc;
                 if (g.beta != 0.0f) r += g.beta * twin_load(g.C, g.d_type, oc + (size_t)j * g.ldc + i);   // beta == 0: C is not read (may hold NaN)
@@ -135,6 +168,7 @@ static inline void twin_matmul_compute(const TwinGemm& g) {
                 if (g.d_type == CUDA_R_32F) ((float*)g.D)[di] = r;
                 else ((__nv_bfloat16*)g.D)[di] = __float2bfloat16(r);
             }
+        }
     }
     if (g.amax_d) *g.amax_d = amax;
 }
