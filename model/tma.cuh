@@ -28,6 +28,11 @@ inline void cu_check(CUresult err, const char* file, int line) {
 }
 #define cuCheck(call) cu_check((call), __FILE__, __LINE__)
 
+// the encoder's lookup below (cudaGetDriverEntryPointByVersion) came with CUDA 12.5; an older toolkit stops here, named
+#if !defined(SIMT_EMULATION) && defined(CUDART_VERSION) && CUDART_VERSION < 12050
+#error "model/tma.cuh needs CUDA 12.5 or newer (cudaGetDriverEntryPointByVersion); this toolkit is older"
+#endif
+
 #if defined(SIMT_EMULATION)
 
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) { simt::mbar_init(bar, count, __FILE__, __LINE__); }
