@@ -645,7 +645,6 @@ static int run_main(int argc, char** argv) {
     shape_validate(&cfg, args.run.batch, args.run.seq);
 
     if (args.run.dry_run) return dry_run_report(args, cfg);
-
     // --- device: --device auto picks CUDA when the build has it and a GPU is visible, and says so
     int gpus = 0;
 #if HAVE_CUDA_BACKEND
@@ -675,6 +674,7 @@ static int run_main(int argc, char** argv) {
     }
     comm_set_timeout(args.parallel.comm_timeout > 0 ? args.parallel.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)
     const char* why = args.run.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
+    if (!use_cuda && args.run.moe_gemm != "cublaslt") fail(EXIT_BAD_INPUT, "--moe-gemm %s is the CUDA step's: this run is on the CPU%s", args.run.moe_gemm.c_str(), why);
     int rc;
 #if HAVE_CUDA_BACKEND
     if (use_cuda) rc = train_cuda(args, cfg, comm, why);

@@ -33,6 +33,7 @@ typedef struct {
     int plan_gpus = 0;              // ... and the run's GPUs (0: the shard group, or the EP degree)
     std::string recompute = "";     // --recompute SPEC (model/recompute.h); "": nothing recomputed
     std::string compress_acts = "", compress_format = "e4m3";   // --compress-acts SPEC, --compress-format (model/act_compress.cuh)
+    std::string moe_gemm = "cublaslt";   // --moe-gemm: the GPU step's expert forward, per-expert cuBLASLt | grouped (model/moe_grouped.cuh)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -140,6 +141,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--recompute", "", F_STR, &a->run.recompute, "selective activation recomputation: GRAN[:RANGE][,...], GRAN attn | swiglu | "
                                                       "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
+        {"--moe-gemm", "", F_STR, &a->run.moe_gemm, "the GPU step's expert forward: cublaslt (a GEMM per expert) | grouped (Hopper grouped GEMMs, SwiGLU fused, device offsets; BF16, no EP or chunked experts)"},
         {"--compress-acts", "", F_STR, &a->run.compress_acts, "CLASS[:RANGE][,...], CLASS swiglu (the experts' g, u) | attn (LN1's "
                                                               "output), kept compressed until the backward (not bit-identical; README)"},
         {"--compress-format", "", F_STR, &a->run.compress_format, "--compress-acts' format: e4m3 (1x128 scales) | bf16 (CPU only)"},
@@ -436,6 +438,11 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     fp8_recipe_parse(a->fp8.recipe.c_str());
     g_recompute = recompute_parse(a->run.recompute);   // (its layers are checked against the model's when it is sized)
     g_compress = recompute_parse(a->run.compress_acts, "--compress-acts", RC_COMPRESS_GRANS);
+    if (a->run.moe_gemm != "cublaslt" && a->run.moe_gemm != "grouped")
+        fail(EXIT_BAD_INPUT, "--moe-gemm '%s' must be cublaslt or grouped", a->run.moe_gemm.c_str());
+    if (a->run.moe_gemm == "grouped" && (fp8_recipe_parse(a->fp8.recipe.c_str()) != FP8_OFF || a->parallel.expert_parallel > 1))
+        fail(EXIT_BAD_INPUT, "--moe-gemm grouped: BF16 without expert parallelism for now (--fp8 %s, --expert-parallel %d)",
+             a->fp8.recipe.c_str(), a->parallel.expert_parallel);
     g_compress_format = a->run.compress_format == "bf16" ? 1 : a->run.compress_format == "e4m3" ? 0 :
                         (fail(EXIT_BAD_INPUT, "--compress-format '%s' must be e4m3 or bf16", a->run.compress_format.c_str()), 0);
     if (a->fp8.history < 1 || a->fp8.history > FP8_MAX_HISTORY)

@@ -24,6 +24,7 @@
 #include "cuda_common.h"
 #include "dbrx_fp8_cuda.cuh"
 #include "attention_cp_cuda.cuh"
+#include "moe_grouped.cuh"   // (--moe-gemm grouped: before the recomputation, which calls it too)
 #include "dbrx_recompute_cuda.cuh"
 
 template <typename T> struct BlockViews { T *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; };
@@ -378,6 +379,7 @@ static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, con
     const DbrxConfig* c = &m->cfg;
     int N = m->B * m->T, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->ffn_hidden;
     if (m->experts.forward) {
+        if (g_moe_grouped) fail(EXIT_BAD_INPUT, "--moe-gemm grouped: not with the store's chunked experts (--zero-chunk-mib) or expert parallelism");
         moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
         m->experts.forward(m->experts.ctx, l, a->offsets_host.data(), a->xe, a->ye, 1);
         return;
@@ -387,7 +389,7 @@ static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, con
         fp8_experts_forward_gpu(&m->fp8, l, a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, E, d, F, 0, a->ln2, row_token);   // (gathers xe)
     } else {
         moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
-        experts_forward_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets_host.data(), E, d, F);
+        experts_forward_step_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets, a->offsets_host.data(), E, d, F);
     }
 }
 // the weight gradients (3 x E x n: w1, v1, w2) of the experts without rows zeroed, block (x, e) on expert e: one launch
