@@ -47,8 +47,9 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t lbo, u
 __device__ __forceinline__ void wgmma_fence() { simt::wgmma_fence(__FILE__, __LINE__); }
 __device__ __forceinline__ void wgmma_commit() { simt::wgmma_commit(__FILE__, __LINE__); }
 template <int N> __device__ __forceinline__ void wgmma_wait() { simt::wgmma_wait(N, __FILE__, __LINE__); }
-// (the emulator's shared memory has one proxy: the stores are visible to wgmma at once)
-__device__ __forceinline__ void wgmma_fence_proxy() {}
+// (the emulator's shared memory has one proxy: the stores are visible to wgmma at once; the race detector
+// checks the fence's place, test/simt/race.h)
+__device__ __forceinline__ void wgmma_fence_proxy() { simt::wgmma_fence_proxy(); }
 template <int M> __device__ __forceinline__ void wgmma_fence_operand(float (&)[M]) {}
 template <int N, int TA, int TB>
 __device__ __forceinline__ void wgmma_bf16_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {

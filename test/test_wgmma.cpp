@@ -18,7 +18,10 @@
  *     threads, one thread's descriptor differing, a base offset, a stride past the shared memory, a static
  *     __shared__ operand (errors), the operands' shared memory overwritten between the issue and the wait (a mismatch here, a
  *     race under the detector: make test/test_race_wgmma builds this file with -DSIMT_RACE_DETECT, and there
- *     checks the FLOPs the byte count (bytecount.h) records).
+ *     checks the FLOPs the byte count (bytecount.h) records);
+ *   - fence.proxy.async (wgmma_fence_proxy) after the operands' stores or cp.async waits and before the barrier, two
+ *     warpgroups; controls the detector reports (race.h): no fence (one warpgroup, two), the fence after the
+ *     barrier, the fence before the cp.async wait.
  * Built with g++ -DSIMT_EMULATION only.
  */
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -74,7 +77,7 @@ __device__ __forceinline__ uint64_t step_desc(const char* tile, const Layout& L,
 }
 
 enum { F_C = 1, F_ZERO_FIRST = 2, F_GROUP_PER_STEP = 4, F_EARLY_READ = 8, F_NO_FENCE = 16, F_CLOBBER = 32, F_DIVERGE = 64,
-       F_BASE_OFFSET = 128 };
+       F_BASE_OFFSET = 128, F_PROXY_NONE = 256, F_PROXY_LATE = 512, F_CP_ASYNC = 1024, F_CP_EARLY = 2048 };
 
 // block: 128 threads per warpgroup; warpgroup q computes rows 64 q .. of out (rows x N) = A Bt^T (+ C).
 // A: (rows, K) row-major; Bt: (N, K) row-major; both bf16. AREG: A fragments from global memory into registers.
@@ -84,12 +87,22 @@ __global__ void wgmma_kernel(float* out, const floatX* A, const floatX* Bt, cons
     const int rows = blockDim.x / 128 * 64;
     char* smem_b = dynamic_smem;                                    // N x K, then one 64 x K tile per warpgroup
     char* smem_a = dynamic_smem + (size_t)N * K * 2;                // (N K 2 is a multiple of 1024)
-    for (int i = tid; i < N * K; i += blockDim.x)
-        *(floatX*)(smem_b + place(lb, N, K, i / K, i % K)) = Bt[i];
+    const bool cp = flags & (F_CP_ASYNC | F_CP_EARLY);
+    if (cp) {   // B by cp.async (K-major B: 8 k of a row are 16 contiguous bytes in every layout)
+        for (int i = tid * 8; i < N * K; i += blockDim.x * 8) cp_async_16(smem_b + place(lb, N, K, i / K, i % K), Bt + i);
+        cp_async_commit();
+    } else {
+        for (int i = tid; i < N * K; i += blockDim.x)
+            *(floatX*)(smem_b + place(lb, N, K, i / K, i % K)) = Bt[i];
+    }
     for (int i = tid; i < rows * K; i += blockDim.x)
         *(floatX*)(smem_a + (size_t)(i / K / 64) * 64 * K * 2 + place(la, 64, K, i / K % 64, i % K)) = A[i];
+    if (flags & F_CP_EARLY) wgmma_fence_proxy();   // (control: the copies have not landed, it covers A's stores only)
+    if (cp) cp_async_wait<0>();
+    // this thread's writes (generic proxy) visible to the async proxy's wgmma reads, by any warpgroup: before the barrier
+    if (!(flags & (F_PROXY_NONE | F_PROXY_LATE | F_CP_EARLY))) wgmma_fence_proxy();
     __syncthreads();
-    wgmma_fence_proxy();
+    if (flags & F_PROXY_LATE) wgmma_fence_proxy();   // (control: too late for the other warpgroup's wgmma)
     const char* my_a = smem_a + (size_t)q * 64 * K * 2;
     float d[N / 2];
     for (int i = 0; i < N / 2; i++) {   // the fragment layout: d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 c4 + i%2]
@@ -138,8 +151,8 @@ __global__ void wgmma_fp8_kernel(float* out, const uint8_t* A, const uint8_t* Bt
     char* smem_a = dynamic_smem + ((size_t)N * K + 1023) / 1024 * 1024;   // (the 128B swizzle's atoms start on 1024 bytes)
     for (int i = tid; i < N * K; i += blockDim.x) smem_b[place(lb, N, K / 2, i / K, i % K / 2) + i % 2] = (char)Bt[i];
     for (int i = tid; i < 64 * K; i += blockDim.x) smem_a[place(la, 64, K / 2, i / K, i % K / 2) + i % 2] = (char)A[i];
+    wgmma_fence_proxy();   // (before the barrier: see wgmma_kernel)
     __syncthreads();
-    wgmma_fence_proxy();
     float d[N / 2];
     for (int i = 0; i < N / 2; i++)
         d[i] = flags & F_C ? C[(size_t)(16 * warp + g + 8 * (i / 2 % 2)) * N + 8 * (i / 4) + 2 * c4 + i % 2] : 0.0f;
@@ -362,6 +375,28 @@ TEST_CASE("wgmma negative controls: early accumulator reads, wrong LBO / SBO / s
 #else
     CHECK(run_wgmma<64, 0, 0, false>(sw128, sw128, F_CLOBBER).bad > 1000);
 #endif
+}
+
+TEST_CASE("wgmma: fence.proxy.async after the operands' writes, before the barrier; controls: none, after the barrier, "
+          "before cp.async landed") {
+    const Layout kadj = LAYOUTS[0], sw128 = LAYOUTS[4];
+    // the right order, the operands stored or B copied by cp.async, two warpgroups (each reads the other's writes)
+    CHECK(run_wgmma<64, 0, 0, false>(kadj, sw128, 0, 2).bad == 0);
+    CHECK(run_wgmma<64, 0, 0, false>(sw128, kadj, F_CP_ASYNC, 2).bad == 0);
+    const int controls[4][2] = {{F_PROXY_NONE, 1}, {F_PROXY_NONE, 2}, {F_PROXY_LATE, 2}, {F_CP_EARLY, 2}};
+    for (const auto& c : controls) {
+#if defined(SIMT_RACE_DETECT)
+        std::string e = simt::error_of([&] { run_wgmma<64, 0, 0, false>(kadj, sw128, c[0], c[1]); });
+        MESSAGE(e);
+        CHECK(e.find("async-proxy race in kernel") != std::string::npos);
+        CHECK(e.find("through the generic proxy without a fence.proxy.async ordered before the read") != std::string::npos);
+        if (c[0] == F_PROXY_NONE) CHECK(e.find("the writer has not fenced since the write") != std::string::npos);
+        if (c[0] == F_PROXY_LATE) CHECK(e.find("in another warpgroup: fence before the barrier") != std::string::npos);
+        if (c[0] == F_CP_EARLY) CHECK(e.find("(cp.async landing) at model/tensor_core.cuh") != std::string::npos);
+#else
+        CHECK(run_wgmma<64, 0, 0, false>(kadj, sw128, c[0], c[1]).bad == 0);   // (one proxy under emulation: no error)
+#endif
+    }
 }
 
 template <int N, int AT, int BT, bool AREG> static void fp8_layouts() {

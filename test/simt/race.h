@@ -32,6 +32,9 @@
  * Negative controls may drop named barriers at run time: DROPPABLE_SYNCTHREADS(name) in the kernels
  * (model/cuda_common.h) is a plain __syncthreads() unless simt::race_drop_barrier(name) is set.
  *
+ * The async proxy: a wgmma operand byte last written through the generic proxy (a store, a landed cp.async)
+ * needs its writer's fence.proxy.async after the write and ordered before the wgmma's issue (race_proxy_check:
+ * "async-proxy race in kernel K ...", model/CUDA.md); TMA's writes are the async proxy's own.
  * Not checked: races between blocks (each block has its own shadow, reset when it starts), an atomic
  * against a plain access, memory fences as ordering (only barriers and warp rendezvous order threads).
  * Compiler-generated guards of thread_local statics are not kernel memory (race_is_tls_guard).
@@ -64,6 +67,16 @@ struct RaceEntry {
     RaceAccess w[2], r[2];
 };
 
+// fence.proxy.async: the last write of one byte of the dynamic shared memory through the generic proxy
+struct ProxyByte {
+    const void* pc;       // the write site (NULL: none this block, or its last write was TMA's: the async proxy)
+    const char* op;       // NULL: a store; else the emulated instruction (cp.async landing)
+    uint32_t epoch;       // the barrier epoch of the write (older than the block's first: stale)
+    uint32_t gen;         // the writer's fence count at the write: its first fence after it is fence number gen
+    uint16_t tid;
+};
+enum { PROXY_RING = 8 };  // the barrier epochs of each thread's newest fences
+
 struct RaceState {
     bool active = false;            // a fiber of a block runs (set by the scheduler around each switch)
     bool in_hook = false;
@@ -74,6 +87,10 @@ struct RaceState {
     uint8_t quiet[1024];            // the thread runs emulator code
     int vc_threads = 0;
     uintptr_t stack_lo = 0, stack_hi = 0;   // all fiber stacks of this OS thread
+    ProxyByte* proxy = nullptr;     // (SIMT_MAX_DYNAMIC_SMEM): allocated at the first write of a race build's kernel
+    uint32_t block_epoch = 0;       // the epoch the running block started in
+    uint32_t fences[1024];          // per thread: its fence.proxy.async count this block
+    uint32_t fence_epoch[1024][PROXY_RING];   // ... and the epochs of its newest PROXY_RING fences (fence i at i % RING)
 };
 inline thread_local RaceState* tls_race = nullptr;
 
@@ -122,6 +139,8 @@ SIMT_NOTSAN inline void race_block_start(Sched* s, int nthreads) {
     r->in_hook = false;
     r->epoch++;
     r->used = 0;
+    r->block_epoch = r->epoch;
+    memset(r->fences, 0, sizeof(uint32_t) * (size_t)std::min(nthreads, 1024));
     r->stack_lo = (uintptr_t)s->stacks;
     r->stack_hi = (uintptr_t)s->stacks + (size_t)s->capacity * s->stack_stride;
 }
@@ -227,6 +246,19 @@ inline std::string race_site(const RaceAccess& a) {
     fiber_error(s, msg);
 }
 
+[[noreturn]] inline void race_proxy_report(Sched* s, uintptr_t off, const ProxyByte& b, int reader, const void* pc, const char* what, bool fenced) {
+    tls_race->active = false;
+    RaceAccess w = {b.pc, b.op, 0, b.tid, 0, 1}, rd = {pc, nullptr, 0, (uint16_t)reader, 0, 0};
+    std::string msg = "async-proxy race in " + where(s) + ": " + what + " issued at " + race_site(rd) + " by warpgroup " +
+                      std::to_string(reader / 128) + " reads shared memory written by " + thread_name(s->fibers[b.tid]) +
+                      (b.op ? std::string(" (") + b.op + ")" : std::string()) + " at " + race_site(w) +
+                      " through the generic proxy without a fence.proxy.async ordered before the read (" +
+                      (fenced ? "the writer's fence after the write is in the read's barrier epoch, in another warpgroup: "
+                                "fence before the barrier" : "the writer has not fenced since the write") +
+                      "; shared memory (dynamic) at +" + std::to_string((unsigned long long)off) + ")";
+    fiber_error(s, msg);
+}
+
 // Compiler-generated guards of thread_local statics (a __shared__ array of a class type such as
 // __nv_bfloat16 gets one) are written once per OS thread, by the first fiber that reaches the declaration,
 // and read by the others: not the kernel's memory, and no race. They are found by name (_ZGV*, __tls_guard)
@@ -313,6 +345,50 @@ SIMT_NOTSAN inline void race_granule(RaceState* r, Sched* s, uintptr_t key, unsi
     else { slots[1] = acc; slots[1].mask = (uint8_t)mask; }   // keep the first (distinct) thread and the newest
 }
 
+// --- the async proxy (fence.proxy.async) -------------------------------------------------------------------
+// wgmma reads its shared-memory operands through the async proxy: a byte whose last write was a thread's
+// (generic proxy: a store, or a cp.async once its wait returned) must have been followed by that thread's
+// fence.proxy.async, and that fence ordered before the wgmma's issue: in an earlier barrier epoch, or by a
+// thread of the reading warpgroup itself (its fence precedes its own arrival at the issue's rendezvous).
+// TMA's writes are the async proxy's own (race_proxy_async_write): they need no fence.
+SIMT_NOTSAN inline void race_proxy_write(RaceState* r, uintptr_t off, int size, int tid, const void* pc, const char* op) {
+    if (!r->proxy) r->proxy = (ProxyByte*)calloc(SIMT_MAX_DYNAMIC_SMEM, sizeof(ProxyByte));
+    ProxyByte b = {pc, op, r->epoch, r->fences[tid], (uint16_t)tid};
+    for (int i = 0; i < size && off + i < SIMT_MAX_DYNAMIC_SMEM; i++) r->proxy[off + i] = b;
+}
+// bytes a TMA copy landed in (tma.h): their last write is the async proxy's
+SIMT_NOTSAN inline void race_proxy_async_write(const char* p, int size) {
+    RaceState* r = tls_race;
+    uintptr_t off = (uintptr_t)p - (uintptr_t)dynamic_smem;
+    if (!r || !r->proxy || !race_detect_enabled()) return;
+    for (int i = 0; i < size && off + i < SIMT_MAX_DYNAMIC_SMEM; i++) r->proxy[off + i].pc = nullptr;
+}
+// fence.proxy.async.shared::cta by the running thread (model/wgmma.cuh's wgmma_fence_proxy)
+SIMT_NOTSAN inline void race_proxy_fence() {
+    RaceState* r = tls_race;
+    if (!r || !r->active || !race_detect_enabled()) return;
+    int tid = tls_sched->current;
+    uint32_t n = r->fences[tid];
+    r->fence_epoch[tid][n % PROXY_RING] = r->epoch;
+    r->fences[tid] = n + 1;
+}
+[[noreturn]] inline void race_proxy_report(Sched* s, uintptr_t off, const ProxyByte& b, int reader, const void* pc, const char* what, bool fenced);
+// a wgmma's operand read of `size` bytes at dynamic_smem + off, issued by the warpgroup of thread `first` at pc
+SIMT_NOTSAN inline void race_proxy_check(uintptr_t off, int size, int first, const void* pc, const char* what) {
+    RaceState* r = tls_race;
+    if (!r || !r->active || !r->proxy || !race_detect_enabled()) return;
+    for (int i = 0; i < size; i++) {
+        const ProxyByte& b = r->proxy[off + i];
+        if (!b.pc || b.epoch < r->block_epoch) continue;   // no generic write in this block
+        uint32_t n = r->fences[b.tid];
+        if (n == b.gen) race_proxy_report(tls_sched, off + i, b, first, pc, what, false);
+        // the first fence after the write (if the ring has moved past it, its oldest: no earlier than it)
+        uint32_t k = n - b.gen > PROXY_RING ? n - PROXY_RING : b.gen;
+        if (r->fence_epoch[b.tid][k % PROXY_RING] >= r->epoch && b.tid / 128 != first / 128)
+            race_proxy_report(tls_sched, off + i, b, first, pc, what, true);
+    }
+}
+
 // a TMA destination accessed before its mbarrier phase completed (tma.h)
 __attribute__((no_sanitize_thread)) inline void tma_race_check(uintptr_t a, int size, bool write, int tid, const void* pc, const char* op);
 // records an access of `size` bytes at p by thread tid (a collective records for its lanes)
@@ -323,6 +399,7 @@ SIMT_NOTSAN inline void race_record(const void* p, int size, bool write, int tid
     if (a - r->stack_lo < r->stack_hi - r->stack_lo) return;   // a fiber's stack: locals
     r->in_hook = true;
     tma_race_check(a, size, write, tid, pc, op);
+    if (write && a - (uintptr_t)dynamic_smem < SIMT_MAX_DYNAMIC_SMEM) race_proxy_write(r, a - (uintptr_t)dynamic_smem, size, tid, pc, op);
     RaceAccess acc;
     acc.pc = pc; acc.op = op; acc.tid = (uint16_t)tid; acc.write = write;
     acc.clock = r->vc[(size_t)tid * 32 + tid % 32];

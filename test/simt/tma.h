@@ -270,6 +270,9 @@ inline void tma_copy_land(const TmaCopy& c) {
             } else {
                 memset(dst, t.oob == CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE ? 0 : 0xFF, e);
             }
+#if defined(SIMT_RACE_DETECT)
+            race_proxy_async_write(dst, e);   // the async proxy's write: wgmma reads it without a fence (race.h)
+#endif
         }
     }
 }

@@ -177,7 +177,8 @@ inline void wgmma_load(float* out, int rows, uint64_t desc, bool mn_major, int t
 }
 #if defined(SIMT_RACE_DETECT)
 // the operand's reads, each 16-byte chunk attributed to one thread of the warpgroup (first ..)
-inline void wgmma_race_reads(const WgmmaOp* const* ops, int first, int rows, uint64_t desc, bool mn_major, int type, const char* what) {
+inline void wgmma_race_reads(const WgmmaOp* const* ops, int first, int rows, uint64_t desc, bool mn_major, int type, const char* what,
+                             bool issue = false) {
     WgDesc d = wgmma_decode(desc);
     const int esize = type == WGMMA_BF16 ? 2 : 1;
     for (int r = 0; r < rows; r++)
@@ -185,9 +186,17 @@ inline void wgmma_race_reads(const WgmmaOp* const* ops, int first, int rows, uin
             uint32_t a = wgmma_elem_addr(d, mn_major, r, k, esize);
             int t = (int)(a / 16 % 128);
             race_collective_access(dynamic_smem + a, esize, false, first + t, ops[t]->pc, what);
+            if (issue) race_proxy_check(a, esize, first, ops[0]->pc, what);   // (race.h: fence.proxy.async)
         }
 }
 #endif
+
+// fence.proxy.async.shared::cta: the detector's record of it (race.h); otherwise nothing (one proxy here)
+inline void wgmma_fence_proxy() {
+#if defined(SIMT_RACE_DETECT)
+    race_proxy_fence();
+#endif
+}
 
 // the 128 threads of the caller's warpgroup meet; the last to arrive runs fn(first thread, their pointers).
 // sync_first: the warps' clocks join before fn's recorded accesses (they are not ordered before later
@@ -248,8 +257,8 @@ inline void wgmma_issue_collective(int first, void* const lanes[128]) {
     if (!o.a_regs) wgmma_load(buf, 64, o.desc_a, o.trans_a, o.atype, o.file, o.line);
     wgmma_load(buf, o.n, o.desc_b, o.trans_b, o.btype, o.file, o.line);
 #if defined(SIMT_RACE_DETECT)
-    if (!o.a_regs) wgmma_race_reads(ops, first, 64, o.desc_a, o.trans_a, o.atype, "wgmma.mma_async A");
-    wgmma_race_reads(ops, first, o.n, o.desc_b, o.trans_b, o.btype, "wgmma.mma_async B");
+    if (!o.a_regs) wgmma_race_reads(ops, first, 64, o.desc_a, o.trans_a, o.atype, "wgmma.mma_async A", true);
+    wgmma_race_reads(ops, first, o.n, o.desc_b, o.trans_b, o.btype, "wgmma.mma_async B", true);
 #endif
 }
 
