@@ -235,7 +235,8 @@ static inline void attention_decode_forward(real* out, real* att, const real* q,
 //             atomics, deterministic.
 #include "cuda_common.h"
 #include <initializer_list>
-#include "attention_flash_bwd5.cuh"   // (and attention_flash.cuh)
+#include "attention_flash_bwd.cuh"    // the model's flash backward (and attention_flash.cuh)
+#include "attention_flash_bwd5.cuh"   // context parallelism's chunk pairs
 
 // qkv (B, T, qkv_dim) = rope(clamp(qkv_pre)); cos_t, sin_t (T, hd/2). One thread per rotated pair.
 __global__ void clip_rope_forward_kernel(floatX* qkv, const floatX* qkv_pre, const float* cos_t, const float* sin_t,
@@ -467,11 +468,8 @@ static inline void attention_forward_gpu(floatX* out, float* lse, const floatX* 
     if (attention_use_flash(B, H, KV, hd, {out, qkv})) flash_attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
     else attention_forward_rows_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
 }
-// the floats of attention_backward_gpu's Dbuf: D (B, H, T), and with the flash kernels their dQ accumulator and
-// semaphores as well (attention_flash_bwd5.cuh; parallel/memory_plan.h plans the same)
-static inline size_t attention_backward_scratch_floats(int B, int T, int H, int hd) {
-    return flash_attention_supported(hd) ? flash_attention_backward_scratch_floats(B, T, H, hd) : (size_t)B * H * T;
-}
+// the floats of attention_backward_gpu's Dbuf: D (B, H, T) (parallel/memory_plan.h plans the same)
+static inline size_t attention_backward_scratch_floats(int B, int T, int H, int hd) { (void)hd; return (size_t)B * H * T; }
 // Dbuf: attention_backward_scratch_floats(B, T, H, hd) floats
 static inline void attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
                                           const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {

@@ -1,11 +1,11 @@
 /*
  * attention_flash_bwd5.cuh — the flash attention backward in FlashAttention-2's 5 tile products per
  * (query tile, key tile) pair, with dQ accumulated in a fixed order (deterministic, no float atomics).
- * Same contract as flash_attention_backward_gpu (attention_flash.cuh): dqkv (B, T, (H + 2 KV) hd) from
- * dout, out, lse and qkv; D (B, H, T) = rowsum(dout * out) into Dbuf. It needs more scratch than the old
- * pair of kernels: dq_acc, FP32 (B, H, T, hd), and dq_sem, one int per (b, h, 32-query tile). The model's
- * entry point (flash_attention_backward_gpu, same signature as before) takes them from Dbuf, which must
- * hold flash_attention_backward_scratch_floats(B, T, H, hd) floats (the model sizes att_D so).
+ * Same contract as flash_attention_backward_gpu (attention_flash_bwd.cuh, the model's pair of kernels): dqkv
+ * (B, T, (H + 2 KV) hd) from dout, out, lse and qkv; D (B, H, T) = rowsum(dout * out) into Dbuf; more scratch:
+ * dq_acc, FP32 (B, H, T, hd), and dq_sem, one int per (b, h, 32-query tile). Context parallelism's chunk pairs
+ * (flash_attention_backward_block_gpu) use it; the plain backward does not: on an H100 the dQ handoffs between
+ * key tiles made it 4x slower than the pair (attention_flash_bwd.cuh's comment).
  *   D kernel    a warp per (b, t, h) row: D = rowsum(dout * out), the dq kernel's arithmetic (same bits);
  *               it also zeroes dq_sem (so nothing has to be zero before the call).
  *   main kernel grid (T/64 key tiles, KV, B), 4 warps, each owning 16 keys (dK, dV in registers), over
@@ -13,17 +13,21 @@
  *               kernel does: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q; then the 5th
  *               product, dQ (32 x hd) = dS K over the tile's 64 keys: dS^T goes to shared memory, and
  *               the 4 warps split dQ (two 16-query slices x two halves of hd).
- * dQ of a query tile is the sum over the key tiles j = 0 .. (its last query) / 64 of their products. Key
- * tile j adds its product to dq_acc only when dq_sem of that query tile says j (key tile 0 writes
- * instead of adding, the last one writes the BF16 result, scaled, into dqkv, and sets the semaphore back
- * to 0, which the next D kernel does anyway; the others set it to j + 1): every element is summed in the order of j on any schedule, so the
- * result is the same bits on every run. The block of key tile j waits only for key tile j - 1 of the
- * same (kv head, batch), the block one ticket earlier: each block takes its tile from an atomic ticket
- * when it starts (CUDA promises no order of blocks), so the awaited one is running or done, and key
- * tile 0 waits for no one.
+ * dQ of a query tile is the sum over the key tiles j = hi, hi - 1, .. 0 (hi = its last query / 64) of their
+ * products, in that order. Key tile j adds its product to dq_acc only when dq_sem of that query tile says
+ * hi - j (key tile hi writes instead of adding, key tile 0 writes the BF16 result, scaled, into dqkv, and
+ * sets the semaphore back to 0, which the next D kernel does anyway; the others set it to hi - j + 1):
+ * every element is summed in the same order on any schedule, so the result is the same bits on every run.
+ * The block of key tile j waits only for key tile j + 1 of the same (kv head, batch), the block one ticket
+ * earlier: each block takes its tile from an atomic ticket when it starts (CUDA promises no order of
+ * blocks), the last key tile first, so the awaited one is running or done. Why downwards: key tile j + 1
+ * starts two query tiles later on the diagonal, so it reaches a query tile before key tile j does (2 + 2h
+ * iterations earlier on the group's h-th head) and the wait is rarely a wait. Upwards (session 36 and
+ * before), key tile j waited on j - 1, which reached each query tile that much later: a chain through
+ * every key tile of a kv head, and on an H100 the kernel ran at 4% of the peak (results_gpu.md).
  */
 #pragma once
-#include "attention_flash.cuh"
+#include "attention_flash_bwd.cuh"   // (the dk/dv products it shares with the pair; attention_flash.cuh)
 
 #define FLASH_DQ_WARP_COLS(HD) ((HD) / 2)   // dQ columns of a warp in the 5th product (two warps per 16-query slice)
 
@@ -45,9 +49,9 @@ __global__ void flash_attention_backward_D_kernel(float* Dbuf, int* dq_sem, cons
 }
 
 // The block's (key tile, kv head, batch) comes from a ticket taken when it starts, not from blockIdx: a key
-// tile waits for the one before it, and a GPU runs blocks in no promised order. By the ticket, that block
-// started earlier, so it is running or done: the wait always ends. (The ticket is dq_sem's last int, zeroed
-// by the D kernel.) The first key tiles have the most queries: they go first.
+// tile waits for the one after it, and a GPU runs blocks in no promised order. The ticket counts down (the last
+// key tiles first), so that block started earlier, and is running or done: the wait always ends. (The ticket is
+// dq_sem's last int, zeroed by the D kernel.)
 // context parallelism: a warp's dK (times scale) and dV accumulators (C layout: keys ka and ka + 8) added to a block's
 // FP32 dK|dV (row stride ld, V at + vcol); keys >= Tk are not the block's. Every element is one thread's in a call and the
 // calls run in stream order: a fixed order of the adds.
@@ -76,7 +80,7 @@ __device__ __forceinline__ void flash_add_dkv(float* dK, size_t ld, size_t vcol,
 template <int HD, bool CP>
 __device__ __forceinline__ void flash_bwd5_body(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX* dout, const float* lse,
                                                 const float* Dbuf, const floatX* qkv, int T, int H, int KV, const FlashBlock& blk) {
-    constexpr int LD = HD + 8, KT = HD / 16, NT = FLASH_BQ / 8, OT = HD / 8, LDS = FLASH_BC + 8;
+    constexpr int LD = HD + 8, NT = FLASH_BQ / 8, OT = HD / 8, LDS = FLASH_BC + 8;
     constexpr int QC = FLASH_DQ_WARP_COLS(HD), QN = QC / 8;   // the warp's dQ columns, in 8-column tiles
     floatX* Ks = (floatX*)dynamic_smem;            // (BC, LD)
     floatX* Vs = Ks + FLASH_BC * LD;               // (BC, LD)
@@ -88,10 +92,9 @@ __device__ __forceinline__ void flash_bwd5_body(floatX* dqkv, float* dq_acc, int
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     __shared__ int ticket;
     const int nq = blk.nq, Tk = blk.Tk, nqt = (nq - 1) / FLASH_BQ + 1, off = CP && blk.full ? Tk : 0;   // (the model's: T, T, 0)
-    if (threadIdx.x == 0) ticket = atomicAdd(dq_sem + (size_t)gridDim.z * H * nqt, 1);
+    if (threadIdx.x == 0) ticket = (int)(gridDim.x * gridDim.y * gridDim.z) - 1 - atomicAdd(dq_sem + (size_t)gridDim.z * H * nqt, 1);
     __syncthreads();
-    int kt = ticket % gridDim.x, k0 = kt * FLASH_BC;
-    int kvh = ticket / gridDim.x % gridDim.y, b = ticket / (gridDim.x * gridDim.y), group = H / KV;
+    int kt = ticket % gridDim.x, k0 = kt * FLASH_BC, kvh = ticket / gridDim.x % gridDim.y, b = ticket / (gridDim.x * gridDim.y), group = H / KV;
     size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
     const size_t kv_ld = CP ? blk.ld : qkv_dim;   // the K|V block's row stride
     const floatX* Kg = CP ? blk.kv + (size_t)b * blk.bstride + (size_t)kvh * HD : qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
@@ -126,22 +129,7 @@ __device__ __forceinline__ void flash_bwd5_body(floatX* dqkv, float* dq_acc, int
 
         // S^T = K Q^T and dP^T = V dO^T: (16 keys, BQ queries) per warp
         float s[NT][4] = {}, dp[NT][4] = {};
-        UNROLL
-        for (int kk = 0; kk < KT; kk++) {
-            uint32_t kf[4], vf[4];
-            frag_a(kf, Ks, LD, row0, kk * 16);
-            frag_a(vf, Vs, LD, row0, kk * 16);
-            UNROLL
-            for (int n = 0; n < NT; n += 2) {
-                uint32_t qf[4], of[4];
-                frag_b_nmajor(qf, Qt, LD, n * 8, kk * 16);
-                frag_b_nmajor(of, dOt, LD, n * 8, kk * 16);
-                mma_m16n8k16_bf16_f32(s[n], kf, qf, s[n]);
-                mma_m16n8k16_bf16_f32(s[n + 1], kf, qf + 2, s[n + 1]);
-                mma_m16n8k16_bf16_f32(dp[n], vf, of, dp[n]);
-                mma_m16n8k16_bf16_f32(dp[n + 1], vf, of + 2, dp[n + 1]);
-            }
-        }
+        flash_bwd_st_dpt<HD>(s, dp, Ks, Vs, Qt, dOt, row0);
         // P^T = exp(S^T scale - lse), 0 where the query is before the key; dS^T = P^T (dP^T - D), also to shared memory (BF16)
         const int qp0 = q0 + off, diag = qp0 < k0 + row0 + 15;   // (qp0: the tile's first query's position)
         UNROLL
@@ -155,23 +143,7 @@ __device__ __forceinline__ void flash_bwd5_body(floatX* dqkv, float* dq_acc, int
                 dp[n][e] = p * (dp[n][e] - Dt[qi]);
                 dSs[qi * LDS + row0 + g + (e < 2 ? 0 : 8)] = __float2bfloat16(dp[n][e]);
             }
-        // dV += P^T dO and dK += dS^T Q, over the tile's queries
-        UNROLL
-        for (int kk = 0; kk < FLASH_BQ / 16; kk++) {
-            uint32_t pf[4], df[4];
-            frag_a_from_acc(pf, s[2 * kk], s[2 * kk + 1]);
-            frag_a_from_acc(df, dp[2 * kk], dp[2 * kk + 1]);
-            UNROLL
-            for (int n = 0; n < OT; n += 2) {
-                uint32_t of[4], qf[4];
-                frag_b_kmajor(of, dOt, LD, kk * 16, n * 8);
-                frag_b_kmajor(qf, Qt, LD, kk * 16, n * 8);
-                mma_m16n8k16_bf16_f32(dv[n], pf, of, dv[n]);
-                mma_m16n8k16_bf16_f32(dv[n + 1], pf, of + 2, dv[n + 1]);
-                mma_m16n8k16_bf16_f32(dk[n], df, qf, dk[n]);
-                mma_m16n8k16_bf16_f32(dk[n + 1], df, qf + 2, dk[n + 1]);
-            }
-        }
+        flash_bwd_dv_dk<HD>(dv, dk, s, dp, Qt, dOt);   // dV += P^T dO, dK += dS^T Q
         DROPPABLE_SYNCTHREADS("flash_bwd5_ds");   // dS complete: every warp's keys, before any warp's dQ reads them
         // dQ part (16 queries of slice qsl, columns qcol..) = dS (16, BC) K (BC, QC)
         float dq[QN][4] = {};
@@ -187,11 +159,12 @@ __device__ __forceinline__ void flash_bwd5_body(floatX* dqkv, float* dq_acc, int
                 mma_m16n8k16_bf16_f32(dq[n + 1], af, kf + 2, dq[n + 1]);
             }
         }
-        // this key tile's turn on the query tile: key tiles 0 .. (qp0 + 31) / 64 contribute, in order (CP: onto earlier sums, FP32)
-        const bool acc32 = CP, first = kt == 0, last = CP ? kt == min((int)gridDim.x - 1, (qp0 + FLASH_BQ - 1) / FLASH_BC) : kt == qt / 2;
+        // this key tile's turn (how many add before it) on the query tile: key tiles hi, hi - 1, .. 0 add in that order (CP: onto earlier sums)
+        const int turn = (CP ? min((int)gridDim.x - 1, (qp0 + FLASH_BQ - 1) / FLASH_BC) : qt / 2) - k0 / FLASH_BC;
+        const bool acc32 = CP, first = turn == 0, last = k0 == 0;
         int* sem = dq_sem + ((size_t)b * H + h) * nqt + qt;
         if (threadIdx.x == 0 && !first)
-            while (*(volatile int*)sem != kt) {}
+            while (*(volatile int*)sem != turn) {}
         __threadfence();
         __syncthreads();
         float* acc = dq_acc + (((size_t)b * H + h) * T) * HD;   // (a chunk pair's launcher offsets it, qkv, dout, lse, D by qrow0)
@@ -212,7 +185,7 @@ __device__ __forceinline__ void flash_bwd5_body(floatX* dqkv, float* dq_acc, int
             }
         __threadfence();   // the sums reach L2 before the next key tile is let in
         __syncthreads();
-        if (threadIdx.x == 0 && !(first && last)) *(volatile int*)sem = last ? 0 : kt + 1;
+        if (threadIdx.x == 0 && !(first && last)) *(volatile int*)sem = last ? 0 : turn + 1;
     }
     if (CP) return flash_add_dkv<OT>(blk.dkv + (size_t)b * blk.bstride + (size_t)kvh * HD, blk.ld, (size_t)KV * HD, ka, Tk, dk, dv, scale);
     // dK scale, dV, through the warp's own K and V rows to 16-byte stores
@@ -287,17 +260,4 @@ static inline void flash_attention_backward5_gpu(floatX* dqkv, float* Dbuf, floa
     else if (hd == 64) flash_attention_backward5_hd<64>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV, stream);
     else if (hd == 128) flash_attention_backward5_hd<128>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV, stream);
     else fail(EXIT_BAD_INPUT, "flash attention: head_dim %d is not 32, 64 or 128", hd);
-}
-
-// The model's flash backward (attention.cuh's attention_backward_gpu), the signature of the pair of kernels
-// before it: D, dq_acc and dq_sem carved out of Dbuf, which holds flash_attention_backward_scratch_floats floats
-static inline size_t flash_bwd5_acc_offset(int B, int T, int H) { return ((size_t)B * H * T + 3) / 4 * 4; }   // 16-byte aligned
-static inline size_t flash_attention_backward_scratch_floats(int B, int T, int H, int hd) {
-    return flash_bwd5_acc_offset(B, T, H) + flash_bwd5_acc_floats(B, T, H, hd) + flash_bwd5_sem_ints(B, T, H);
-}
-static inline void flash_attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                                const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
-    float* dq_acc = Dbuf + flash_bwd5_acc_offset(B, T, H);
-    int* dq_sem = (int*)(dq_acc + flash_bwd5_acc_floats(B, T, H, hd));
-    flash_attention_backward5_gpu(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV, hd, stream);
 }

@@ -217,7 +217,7 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     TAKE(mm->dresid_bf16, floatX, N * d); TAKE(mm->datty, floatX, N * d);
     TAKE(mm->dqkv, floatX, N * qd); TAKE(mm->drouter, floatX, N * E);
     TAKE(mm->dtopk_w, float, N * k); TAKE(mm->dxe, floatX, R * d);
-    TAKE(mm->att_D, float, attention_backward_scratch_floats(B, T, c->n_heads, c->head_dim));   // D (+ flash's dQ sums)
+    TAKE(mm->att_D, float, attention_backward_scratch_floats(B, T, c->n_heads, c->head_dim));   // D (B, H, T)
     TAKE(mm->ln_scratch, float, layernorm_backward_scratch((int)N, (int)d));
     TAKE(mm->norm_partial, float, GRAD_NORM_SCRATCH);
     TAKE(mm->dye, floatX, R * d); TAKE(mm->da, floatX, Rx * F); TAKE(mm->dg, floatX, 2 * Rx * F);

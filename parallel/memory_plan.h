@@ -239,10 +239,8 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     // RoPE tables, the token ids and the embedding plan
     p.head = 2 * f4 + bf * N * d + bf * N * d + 2 * f4 * N + bf * N * V + f4 * N + 2 * f4 * std::floor(T * hd / 2) + i4 * (5 * N + 1);
     // the backward's scratch, shared by the blocks: attproj, dresid, dln, dresid_bf16, datty, dqkv, drouter,
-    // dtopk_w, dxe, att_D, the LayerNorm partials, the grad-norm partials, dye, da, dg and du. att_D: D (B, H, T), and at
-    // the flash kernels' head_dims their dQ sums (B, H, T, hd) after it (16-byte aligned), a semaphore per 32 queries and the blocks' ticket
-    long double att_D = (hd == 32 || hd == 64 || hd == 128)
-                      ? std::ceil(B * H * T / 4) * 4 + B * H * T * hd + B * H * std::ceil(T / 32) + 1 : B * H * T;
+    // dtopk_w, dxe, att_D, the LayerNorm partials, the grad-norm partials, dye, da, dg and du. att_D: D (B, H, T)
+    long double att_D = B * H * T;
     p.scratch = bf * N * d + 2 * f4 * N * d + 2 * bf * N * d + bf * N * qd + bf * N * E + f4 * N * k + bf * R * d + f4 * att_D
               + f4 * std::ceil(N / PLAN_LN_ROWS_PER_CHUNK) * d + f4 * (PLAN_GRAD_NORM_BLOCKS + 2) + bf * R * d + 3 * bf * Rx * F;
     p.fp8_scratch = on8 ? plan_fp8_bytes(c, N, fp8 == FP8_BLOCK, S == 1) : 0;

@@ -34,6 +34,13 @@
 #include "../model/dbrx_cuda.cuh"
 #include "cuda_test_helpers.h"
 
+// the emulated build (make test) or the device build (make test-gpu): a device's FP8 accumulation is not the twin's
+#if defined(SIMT_EMULATION)
+static const bool EMULATED_TEST = true;
+#else
+static const bool EMULATED_TEST = false;
+#endif
+
 static float bits_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 
 // A BF16 test tensor (rows, cols) whose rows span many binades (so that block scales differ from
@@ -320,7 +327,9 @@ struct GemmCase { Fp8Format fa, fb; int mode_a, mode_b; };
 // running sum over all of k; per-tensor scaling without it promotes the sum to FP32 every 128, so the
 // running sum restarts at every chunk. Block scales are bounded as one running sum too: on an H200
 // (cuBLASLt 13.0, 2026-11-26, dev/bench/results_gpu.md) VEC128 x BLK128 and VEC128 x VEC128 GEMMs of
-// 136 x 40 x 272 erred up to 1.22 x the promoted bound (about 0.6 x this one), the per-tensor ones within it.
+// 136 x 40 x 272 erred up to 1.22 x the promoted bound (about 0.6 x this one), the per-tensor ones within it; on an
+// H100 (2026-11-27) a BLK128 x VEC128 GEMM of that shape erred 1.21 x this one: on a device the per-step term is
+// taken twice as large (2^-11; the emulator keeps the twin's model, 2^-12).
 // prod: the K dequantised products of one output; unpromoted: no restart every 128.
 static double accumulation_bound(const std::vector<double>& prod, bool unpromoted) {
     double mag = 0, steps = 0, run = 0;
@@ -330,7 +339,7 @@ static double accumulation_bound(const std::vector<double>& prod, bool unpromote
         run += std::fabs(prod[p]);
         if ((p + 1) % 32 == 0 || p + 1 == prod.size()) steps += run;   // the running sum after each step
     }
-    return mag * 4e-5 + steps * std::ldexp(1.0, -12);
+    return mag * 4e-5 + steps * std::ldexp(1.0, EMULATED_TEST ? -12 : -11);
 }
 
 // C (M, N) = A (M, K) @ B (N, K)^T, row-major, through gemm_fp8_gpu (the wrapper), against FP64 on
@@ -990,7 +999,11 @@ static Replay replay_block0(Fp8Recipe gpu_recipe, Fp8Recipe cpu_recipe, int step
     for (auto& kv : cpu) {
         const std::string& name = kv.first;
         bool bf16_out = name.find("forward") != std::string::npos || name == "proj dgrad" || name == "w2 dgrad" || name == "w1+v1 dgrad";
-        r.ratios.push_back({name, bf16_out ? close_ratio(gpu[name], kv.second, 8e-3, 1e-3) : close_ratio(gpu[name], kv.second, 1e-4, 1e-5)});
+        // FP32 outputs (the wgrads): 1e-4 where the twin accumulates as the CPU does; on a device the tensor core's
+        // 14-bit running sums (accumulation_bound's model) differ from the emulation's: an H100 (2026-11-27) erred up
+        // to 6.2 x (1e-4, 1e-5) on the per-tensor recipes' wgrads, about 2.5 x 2^-12 of sum |x y| as the model says
+        const double rt = EMULATED_TEST ? 1e-4 : 1e-3, at = EMULATED_TEST ? 1e-5 : 1e-4;
+        r.ratios.push_back({name, bf16_out ? close_ratio(gpu[name], kv.second, 8e-3, 1e-3) : close_ratio(gpu[name], kv.second, rt, at)});
     }
     return r;
 }

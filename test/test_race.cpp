@@ -205,11 +205,15 @@ TEST_CASE("race detector: flash attention backward without its dS barrier (a war
     floatX *d_qkv = dev_bf16(qkv), *d_out = dev_poisoned<floatX>((size_t)B * T * H * hd), *d_dout = dev_bf16(dout);
     floatX* d_dqkv = dev_poisoned<floatX>(qkv.size());
     float *d_lse = dev_poisoned<float>((size_t)B * H * T), *d_D = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
+    float* d_acc = dev_poisoned<float>(flash_bwd5_acc_floats(B, T, H, hd));   // (the 5-product kernel's dQ sums, semaphores)
+    int* d_sem = dev_poisoned<int>(flash_bwd5_sem_ints(B, T, H));
     REQUIRE(flash_attention_supported(hd));
     attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd);
-    auto run = [&] { attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd); };
     OneOsThread one;
     simt::set_schedule(false, 0);
+    // the model's pair of kernels (dq, dk/dv), then the 5-product kernel of context parallelism: no race
+    CHECK(error_of([&] { attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd); }) == "");
+    auto run = [&] { flash_attention_backward5_gpu(d_dqkv, d_D, d_acc, d_sem, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd); };
     CHECK(error_of(run) == "");
     simt::race_drop_barrier_set("flash_bwd5_ds", true);
     std::string msg = error_of(run);
@@ -219,7 +223,8 @@ TEST_CASE("race detector: flash attention backward without its dS barrier (a war
     CHECK(contains(msg, "(ldmatrix"));
     CHECK(contains(msg, "in flash_attention_backward5_kernel<64>"));
     CHECK(contains(msg, "shared memory (dynamic)"));
-    for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_dout, (void*)d_dqkv, (void*)d_lse, (void*)d_D}) cudaCheck(cudaFree(p));
+    for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_dout, (void*)d_dqkv, (void*)d_lse, (void*)d_D, (void*)d_acc, (void*)d_sem})
+        cudaCheck(cudaFree(p));
 }
 
 TEST_CASE("race detector: flash attention forward without its end-of-tile barrier (cp.async over a buffer ldmatrix reads)") {

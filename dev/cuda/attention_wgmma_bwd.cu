@@ -1,8 +1,8 @@
 /*
  * attention_wgmma_bwd.cu — a causal GQA flash attention backward on Hopper's warpgroup MMA (model/wgmma.cuh), issue
- * 25's Hopper attention after the forward (attention_wgmma.cu; not in the product: no GPU has run it yet).
- * Same contract as the product's backward (model/attention_flash_bwd5.cuh): from qkv (B, T, (H + 2 KV) hd) after RoPE,
- * out, dout (B, T, H hd), lse (B, H, T) and D (B, H, T) = rowsum(dout * out) (the product's D kernel, which also zeroes
+ * 25's Hopper attention after the forward (attention_wgmma.cu; not in the product; first run on an H100 2026-11-27).
+ * Same contract as the 5-product backward (model/attention_flash_bwd5.cuh, context parallelism's): from qkv
+ * (B, T, (H + 2 KV) hd) after RoPE, out, dout (B, T, H hd), lse (B, H, T) and D (B, H, T) = rowsum(dout * out) (the product's D kernel, which also zeroes
  * the semaphores), dqkv (B, T, (H + 2 KV) hd) overwritten; scratch dq_acc FP32 (B, H, T, hd) and one int per (b, h,
  * 64-query tile) + a ticket.
  *   backward wgmma v1  grid (T/64 key tiles, KV, B), one warpgroup (128 threads) owning 64 keys: K, V of the tile and
@@ -21,7 +21,7 @@
  *   backward wgmma v2  (hd 128) FlashAttention-3's shape: 2 warpgroups (256 threads) on 128 keys, the Q, dO tiles shared;
  *        warpgroup w owns keys 64 w .. (S^T .. dK as v1) and dQ's head dims 64 w .., summed over the two 64-key chunks
  *        one after the other (bwd5's order of key tiles: the same bits). Half the Q, dO copies and dQ sums per key.
- *   the product's backward (bwd5, mma.sync) timed alongside
+ *   bwd5 (mma.sync) and the model's backward (the dq + dk/dv pair, model/attention_flash_bwd.cuh) timed alongside
  * Validation: dqkv against the CPU reference (model/attention.cuh; 1e-2) and, emulated, against bwd5 bit for bit (the
  * same k-order sums: S^T, dP^T over head dims, dK, dV over queries in 16-query steps in bwd5's order, dQ per key tile
  * over its 64 keys then added in key-tile order); on a GPU at the timing shape against bwd5 (1e-2).
@@ -101,12 +101,13 @@ __device__ __forceinline__ void wgb_store_dq(floatX* dQg, size_t qkv_dim, float*
         for (int r = 0; r < 2; r++) {
             const int q = q0 + 16 * warp + g + 8 * r, col = 64 * c + 8 * n + 2 * t4;
             if (q >= T) continue;
-            float2 v = make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]);
+            // v2: the block's second 64 keys first, then its first (bwd5's order of 64-key tiles: downwards)
+            float2 v = dq2 ? make_float2(dq2[4 * n + 2 * r], dq2[4 * n + 2 * r + 1]) : make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]);
             if (!first) {   // L2 (.cg): the previous key tile's block wrote it, maybe on another SM
                 float2 prev = __ldcg((const float2*)(acc + (size_t)q * HD + col));
                 v = make_float2(prev.x + v.x, prev.y + v.y);
             }
-            if (dq2) v = make_float2(v.x + dq2[4 * n + 2 * r], v.y + dq2[4 * n + 2 * r + 1]);   // (bwd5's next key tile)
+            if (dq2) v = make_float2(v.x + dq[4 * n + 2 * r], v.y + dq[4 * n + 2 * r + 1]);
             if (last) *(uint32_t*)(dQg + (size_t)q * qkv_dim + col) = pack_bf16x2(v.x * scale, v.y * scale);
             else __stcg((float2*)(acc + (size_t)q * HD + col), v);
         }
@@ -141,8 +142,9 @@ attention_backward_wgmma(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX*
     float* Ds = ls + 2 * WGB_BQ;                 // (2, 64)
     __shared__ int ticket;
     const int nqt = (T - 1) / WGB_BQ + 1, group = H / KV, wg = NWG == 1 ? 0 : threadIdx.x / 128;
-    // the key tile from a ticket (bwd5's reason: key tile j waits for j - 1, which started earlier, so is running or done)
-    if (threadIdx.x == 0) ticket = atomicAdd(dq_sem + (size_t)gridDim.z * H * nqt, 1);
+    // the key tile from a ticket, counted down: the last first (bwd5's reason: key tile j waits for j + 1, which started
+    // earlier, so is running or done)
+    if (threadIdx.x == 0) ticket = (int)(gridDim.x * gridDim.y * gridDim.z) - 1 - atomicAdd(dq_sem + (size_t)gridDim.z * H * nqt, 1);
     __syncthreads();
     const int kt = ticket % gridDim.x, kvh = ticket / gridDim.x % gridDim.y, b = ticket / (gridDim.x * gridDim.y), k0 = kt * KR;
     const size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
@@ -188,7 +190,9 @@ attention_backward_wgmma(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX*
         wgmma_fence_operand(dv);
         wgmma_fence_operand(dk);
         // dQ (64 x HD) = dS K, 64 head dims at a time; this key tile's turn on the query tile (key tiles 0 .. qt / NWG)
-        const bool first = kt == 0, last = kt == qt / NWG;
+        // bwd5's order: the query tile's last key tile (qt / NWG) first, key tile 0 last; turn: the key tiles before this one
+        const int turn = it % nqi / NWG;   // (= qt / NWG - kt)
+        const bool first = turn == 0, last = kt == 0;
         int* sem = dq_sem + ((size_t)b * H + h) * nqt + qt;
         float* acc = dq_acc + ((size_t)b * H + h) * T * HD;
         floatX* dQg = dqkv + (size_t)b * T * qkv_dim + (size_t)h * HD;
@@ -201,7 +205,7 @@ attention_backward_wgmma(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX*
             if constexpr (NWG == 2) wgmma_fence_operand(dq2);   // (v1: no registers held for it)
             if (c == 0) {
                 if (threadIdx.x == 0 && !first)
-                    while (*(volatile int*)sem != kt) {}
+                    while (*(volatile int*)sem != turn) {}
                 __threadfence();
                 __syncthreads();
             }
@@ -209,7 +213,7 @@ attention_backward_wgmma(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX*
         }
         __threadfence();   // the sums reach L2 before the next key tile is let in
         __syncthreads();   // (also: every warp done with this iteration's buffers, dS)
-        if (threadIdx.x == 0 && !(first && last)) *(volatile int*)sem = last ? 0 : kt + 1;
+        if (threadIdx.x == 0 && !(first && last)) *(volatile int*)sem = last ? 0 : turn + 1;
     }
     // dK scale, dV as bf16 pairs, keys < T
     const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
@@ -248,8 +252,8 @@ static void attention_backward_wgmma_gpu(floatX* dqkv, float* Dbuf, float* dq_ac
     else if constexpr (V != 2) attention_backward_wgmma_hd<64, NWG, PLANT>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV);
 }
 
-// validates the wgmma backward (and the product's bwd5 alongside) against the CPU reference at a shape; with `time_too`
-// (a GPU) times them. only: the wgmma version to run (0: all)
+// validates the wgmma backward (and bwd5, and the model's dq + dk/dv pair alongside) against the CPU reference at a shape;
+// with `time_too` (a GPU) times them. only: the wgmma version to run (0: all)
 static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, int only, bool plant = false) {
     int qd = (H + 2 * KV) * hd, C = H * hd;
     printf("B %d, T %d, H %d, KV %d, hd %d\n", B, T, H, KV, hd);
@@ -260,12 +264,14 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, int on
     float *dlse = deviceAlloc(float, nl), *dD = deviceAlloc(float, nl), *d_acc = deviceAlloc(float, flash_bwd5_acc_floats(B, T, H, hd));
     int* d_sem = deviceAlloc(int, std::max(flash_bwd5_sem_ints(B, T, H), wgb_sem_ints(B, T, H)));
     double flops = 2.5 * 4.0 * B * H * hd * (double)T * (T + 1) / 2;   // (FlashAttention's count: 2.5x the forward)
-    const char* names[3] = {"backward bwd5 (product, mma.sync)", "backward wgmma v1", "backward wgmma v2 (2 warpgroups)"};
-    std::function<void()> bwd[3] = {
+    const char* names[4] = {"backward bwd5 (CP's, mma.sync)", "backward wgmma v1", "backward wgmma v2 (2 warpgroups)",
+                            "backward dq + dk/dv (model's, mma.sync)"};
+    std::function<void()> bwd[4] = {
         [&] { flash_attention_backward5_gpu(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
         [&] { if (plant) attention_backward_wgmma_gpu<3>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd);
               else attention_backward_wgmma_gpu<1>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
         [&] { attention_backward_wgmma_gpu<2>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
+        [&] { flash_attention_backward_gpu(ddq, dD, ddout, dy, dlse, dq, B, T, H, KV, hd); },   // (timed beside them)
     };
     flash_attention_forward_gpu(dy, dlse, dq, B, T, H, KV, hd);   // out and lse: the product's forward
     // the CPU reference where it is cheap (emulated shapes, or B * T * T * H small); else bwd5's result
@@ -276,8 +282,8 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, int on
         attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd);
         attention_backward(want.data(), dout.data(), qkv.data(), lse.data(), B, T, H, KV, hd);
     }
-    for (int v = 0; v < 3; v++) {
-        if ((only && v != 0 && v != only) || (plant && v == 2) || (v == 2 && hd != 128)) continue;   // (v2: hd 128)
+    for (int v = 0; v < 4; v++) {
+        if ((only && v != 0 && v != 3 && v != only) || (plant && v >= 2) || (v == 2 && hd != 128)) continue;   // (v2: hd 128)
         cudaCheck(cudaMemset(ddq, 0xFF, nq * sizeof(floatX)));
         bwd[v]();
         std::vector<float> got = from_device_bf16v(ddq, nq);
@@ -288,7 +294,7 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, int on
         if (v > 0 || cpu) validate(what, got, want, 1e-2, 1e-2);
         // emulated, the same k-order sums as bwd5's (the emulator's mma.sync and wgmma: k order, fp32 after each add) and
         // the same elementwise arithmetic: the same bits (a GPU's wgmma may order the sums otherwise)
-        if (EMULATED && v >= 1) {
+        if (EMULATED && (v == 1 || v == 2)) {   // (the pair sums dQ in one accumulator: other bits)
             bool same = !memcmp(got.data(), bwd5.data(), nq * sizeof(float));
             validate("  wgmma = bwd5 bit for bit", {same ? 0.0f : 1.0f}, {0.0f}, 0.0, 0.0);
         }
