@@ -61,7 +61,7 @@ static inline void matmul_backward(real* dinp, real* dweight, const real* dout, 
 // their CPU twins above. BF16 operands, FP32 accumulation (CUBLAS_COMPUTE_32F), output BF16 or FP32.
 // The emulated build runs the same code on cuBLASLt's API twin (test/simt/cublaslt_api_twin.h, included
 // by model/platform.h), which implements the same semantics (layouts, transposes, leading dimensions,
-// strided batches, alpha/beta, FP8 scales and amax) and the library's rules.
+// strided batches, alpha/beta, FP8 scales) and the library's rules (an amax of D: refused, as here).
 #include <library_types.h>
 #include <string>
 #include "cuda_common.h"
@@ -84,7 +84,8 @@ typedef struct {
     const float* a_scale;   // device, dequantisation factor(s) of A (layout: a_scale_mode); NULL = 1
     const float* b_scale;   // device, same for B
     const float* d_scale;   // device, quantisation scale of an FP8 D; NULL = 1
-    float* amax_d;          // device, if set receives max |alpha op(A) op(B) + beta C| (before d_scale)
+    float* amax_d;          // device, max |alpha op(A) op(B) + beta C| (before d_scale): refused, D is never FP8 here
+                            // (cuBLASLt computes it for an FP8 D only; an H100 refused it with FP32 D, INVALID_VALUE)
     int fast_accum;         // FP8 forward GEMMs only (Hopper FAST_ACCUM); dgrad/wgrad accumulate promoted
     int a_scale_mode, b_scale_mode;   // MatmulScaleMode
     const char* a_name;     // names of the operands for error messages (NULL: "A", "B")
@@ -122,13 +123,16 @@ static inline bool is_fp8_type(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 ||
 // Shapes and types the wrapper accepts, in both builds: one failure message, naming the caller.
 static inline void matmul_validate(bool trans_a, bool trans_b, int m, int n, int k, cudaDataType_t a_type, int lda,
                                    cudaDataType_t b_type, int ldb, cudaDataType_t d_type, int ldd, int batch,
-                                   const char* file, int line) {
+                                   const MatmulOptions* opt, const char* file, int line) {
     bool a8 = is_fp8_type(a_type), b8 = is_fp8_type(b_type);
     bool ok_types = (a_type == CUDA_R_16BF && b_type == CUDA_R_16BF) || (a8 && b8);
     ok_types = ok_types && (d_type == CUDA_R_16BF || d_type == CUDA_R_32F);
     if (!ok_types)
         fail_at(file, line, "matmul: unsupported types A %s B %s D %s (trans %c%c)", dtype_name(a_type), dtype_name(b_type),
                 dtype_name(d_type), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N');
+    if (opt && opt->amax_d && !is_fp8_type(d_type))   // (the twin refuses it the same way: cublaslt_api_twin.h, R8)
+        fail_at(file, line, "matmul: an amax of D (MatmulOptions.amax_d) with D %s: cuBLASLt computes amax for an FP8 D only "
+                "(an H100 refused it with an FP32 D, INVALID_VALUE at the heuristic)", dtype_name(d_type));
     if (m < 0 || n < 0 || k < 0 || batch < 1 || lda < (trans_a ? k : m) || lda < 1 || ldb < (trans_b ? n : k) || ldb < 1 ||
         ldd < m || ldd < 1)
         fail_at(file, line, "matmul: bad shape m %d n %d k %d lda %d ldb %d ldd %d batch %d (trans %c%c)", m, n, k, lda, ldb,

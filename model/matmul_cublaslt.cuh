@@ -149,7 +149,7 @@ static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const Ma
 // the FP8 scale and amax pointers of this call on the descriptor. At a plan's creation too, before the heuristic
 // is asked: it chooses among the algorithms that take the scales the call has (found on an H200: without them it
 // refuses block scaling, INVALID_VALUE "requires a custom pointer for A scale", and may pick a per-tensor algorithm
-// that the call with its scales then refuses, NOT_SUPPORTED)
+// that the call with its scales then refuses, NOT_SUPPORTED). (amax_d reaches here only with an FP8 D: matmul_validate)
 static inline void matmul_desc_set_pointers(cublasLtMatmulDesc_t desc, const MatmulOptions* opt) {
     if (!opt) return;
     const void* ptrs[4] = {opt->a_scale, opt->b_scale, opt->d_scale, opt->amax_d};
@@ -217,7 +217,7 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
                                    int ldb, long long stride_b, float beta, void* D, cudaDataType_t d_type, int ldd,
                                    long long stride_d, int batch, const MatmulOptions* opt, cudaStream_t stream,
                                    const char* file, int line) {
-    matmul_validate(trans_a, trans_b, m, n, k, a_type, lda, b_type, ldb, d_type, ldd, batch, file, line);
+    matmul_validate(trans_a, trans_b, m, n, k, a_type, lda, b_type, ldb, d_type, ldd, batch, opt, file, line);
     if (m == 0 || n == 0) return;
     bool fp8 = is_fp8_type(a_type);
     if (fp8) matmul_validate_fp8(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, batch, opt, file, line);

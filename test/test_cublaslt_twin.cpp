@@ -191,6 +191,27 @@ TEST_CASE("R6 and R7: FAST_ACCUM only with per-tensor FP8; AlgoCheck refuses ano
     cudaFree(s);
 }
 
+TEST_CASE("R8: an AMAX_D pointer with a D that is not FP8 is refused INVALID_VALUE, at the heuristic and at the matmul") {
+    uint8_t* a = deviceAlloc(uint8_t, 64 * 64);
+    uint8_t* b = deviceAlloc(uint8_t, 64 * 64);
+    float* s = dev_copy(std::vector<float>(4, 1.0f));
+    for (cudaDataType_t dt : {CUDA_R_32F, CUDA_R_16BF}) {
+        float* d = deviceAlloc(float, 64 * 64);
+        Plan p(CUDA_R_8F_E4M3, dt, true, false, 32, 16, 64, 64, 64, 32);
+        p.set_ptr(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, s);
+        p.set_ptr(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, s + 1);
+        REQUIRE(p.query(0) == CUBLAS_STATUS_SUCCESS);   // the control: the same call without amax
+        CHECK(p.run(a, b, d, nullptr, 0) == CUBLAS_STATUS_SUCCESS);
+        p.set_ptr(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, s + 2);
+        CHECK(p.run(a, b, d, nullptr, 0) == CUBLAS_STATUS_INVALID_VALUE);
+        CHECK(cublaslt_twin_last_error().find("an AMAX_D pointer with D ") != std::string::npos);
+        CHECK(p.query(0) == CUBLAS_STATUS_INVALID_VALUE);   // what the H100 answered
+        CHECK(cublaslt_twin_last_error().find("[cublasLtMatmulAlgoGetHeuristic] an AMAX_D pointer") == 0);
+        cudaFree(d);
+    }
+    cudaFree(a); cudaFree(b); cudaFree(s);
+}
+
 // matmul_forward_gpu's GEMM through matmul_cublaslt: out (n tokens, m) = inp (n, k) @ W (m, k)^T, row-major,
 // against a double-precision reference of the same BF16 inputs
 static double forward_error(int n, int m, int k, uint64_t seed) {

@@ -13,7 +13,7 @@
  *   - the FP8 GEMM through the wrapper (the twin under emulation) against an FP64 GEMM of the
  *     dequantised operands: per tensor and block scales, E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3;
  *     and the calls cuBLASLt refuses fail with one line naming the operand: non-TN, E5M2 x E5M2,
- *     leading dimensions and alignment, 128x128 x 128x128, an outer size not a multiple of 8;
+ *     leading dimensions and alignment, 128x128 x 128x128, an outer size not a multiple of 8, an amax of a D not FP8;
  *   - the quantisation fused into SwiGLU forward / backward (model/fp8_fused.cuh) against the unfused
  *     kernels, bit for bit (codes, factors, amax, saturations, act), 16 uneven experts, a slice of F;
  *   - the quantisation fused into the experts' gather, of a BF16 tensor as it is and of a weight in blocks
@@ -498,6 +498,11 @@ TEST_CASE("FP8 GEMM: the calls cuBLASLt refuses fail in emulation too, with one 
          "both per tensor, or both block-scaled"},
         {"1x128 tiles with an outer size not a multiple of 8", [&] { gemm_fp8_gpu(M - 4, N, K, 1.0f, op(da, CUDA_R_8F_E4M3, K, V, "tokens_x"), op(db, CUDA_R_8F_E4M3, K, Bk, "w"), 0.0f, dc, N, 0); },
          "'tokens_x' (e4m3, 28 x 64"},
+        {"an amax of a D that is not FP8", [&] {   // (an H100's cuBLASLt refused it at the heuristic: INVALID_VALUE)
+             MatmulOptions o = {ds, ds, nullptr, ds + 16, 0, T, T, "x", "w"};
+             matmul_cublaslt(true, false, N, M, K, 1.0f, db, CUDA_R_8F_E4M3, K, 0, da, CUDA_R_8F_E4M3, K, 0, 0.0f, dc, CUDA_R_32F, N, 0, 1,
+                             &o, 0, __FILE__, __LINE__);
+         }, "cuBLASLt computes amax for an FP8 D only"},
     };
     for (const Bad& b : bad) {
         int code = 0;

@@ -153,7 +153,9 @@ TEST_CASE("matmul wrapper on a created stream: the twin's GEMM runs when the str
     matmul_cublaslt(false, false, m, n, k, 1.0f, dA, CUDA_R_16BF, m, 0, dB, CUDA_R_16BF, k, 0, 0.0f, dD, CUDA_R_32F, m, 0, 1, nullptr, s,
                     __FILE__, __LINE__);
     cudaCheck(cudaEventRecord(e, s));
+#if defined(SIMT_EMULATION)   // (the emulator's queue; a GPU's non-blocking stream may have run the GEMM already)
     expect_equal("D before the stream is waited for (queued: untouched)", get(dD, D0.size()), D0);
+#endif
     cudaCheck(cudaStreamWaitEvent(0, e, 0));   // the null stream waits: the queued GEMM runs now
     std::vector<float> wantf(want.begin(), want.end());
     expect_close("D after the wait", get(dD, D0.size()), wantf, TOL_F32);
@@ -161,26 +163,23 @@ TEST_CASE("matmul wrapper on a created stream: the twin's GEMM runs when the str
     cudaCheck(cudaFree(dA)); cudaCheck(cudaFree(dB)); cudaCheck(cudaFree(dD));
 }
 
-TEST_CASE("matmul wrapper: FP8 E4M3 operands with scale pointers and amax (the TN layout)") {
+TEST_CASE("matmul wrapper: FP8 E4M3 operands with scale pointers (the TN layout)") {
+    // (no amax: cuBLASLt computes one for an FP8 D only, and the wrapper refuses it otherwise: test/test_fp8_cuda.cpp)
     const int m = 32, n = 48, k = 64;
     std::vector<float> A = randn((size_t)k * m, 301, 2.0), B = randn((size_t)k * n, 302, 2.0);
     std::vector<__nv_fp8_e4m3> A8(A.size()), B8(B.size());
     for (size_t i = 0; i < A.size(); i++) { A8[i] = __nv_fp8_e4m3(A[i]); A[i] = (float)A8[i]; }
     for (size_t i = 0; i < B.size(); i++) { B8[i] = __nv_fp8_e4m3(B[i]); B[i] = (float)B8[i]; }
-    float scales[3] = {0.5f, 0.25f, 1.0f};   // a_scale, b_scale, (amax out)
-    float* dscales = dev_copy(std::vector<float>(scales, scales + 3));
+    float* dscales = dev_copy(std::vector<float>{0.5f, 0.25f});   // a_scale, b_scale
     __nv_fp8_e4m3* dA = dev_copy(A8);
     __nv_fp8_e4m3* dB = dev_copy(B8);
     float* dD = dev_poisoned<float>((size_t)m * n);
-    MatmulOptions opt = {dscales, dscales + 1, nullptr, dscales + 2, 0, MATMUL_SCALE_TENSOR, MATMUL_SCALE_TENSOR, nullptr, nullptr};
+    MatmulOptions opt = {dscales, dscales + 1, nullptr, nullptr, 0, MATMUL_SCALE_TENSOR, MATMUL_SCALE_TENSOR, nullptr, nullptr};
     matmul_cublaslt(true, false, m, n, k, 1.0f, dA, CUDA_R_8F_E4M3, k, 0, dB, CUDA_R_8F_E4M3, k, 0, 0.0f, dD, CUDA_R_32F, m, 0, 1,
                     &opt, 0, __FILE__, __LINE__);
     std::vector<double> want = naive_gemm(true, false, m, n, k, 0.125, A, k, 0, B, k, 0, 0.0, std::vector<float>((size_t)m * n, 0.0f), m, 0, 1);
     std::vector<float> wantf(want.begin(), want.end());
     expect_close("fp8 D", get(dD, (size_t)m * n), wantf, TOL_F32);
-    double amax = 0;
-    for (double w : want) amax = std::max(amax, std::fabs(w));
-    CHECK(get(dscales + 2, 1)[0] == doctest::Approx(amax).epsilon(1e-5));
     cudaCheck(cudaFree(dscales)); cudaCheck(cudaFree(dA)); cudaCheck(cudaFree(dB)); cudaCheck(cudaFree(dD));
 }
 

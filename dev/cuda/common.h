@@ -144,6 +144,7 @@ static inline void report_flops(const char* what, double flops, float ms) {
 }
 
 static inline void print_header(const char* name, const char* shape) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);   // line by line into a file too: a run killed by its time limit keeps its lines
 #if defined(SIMT_EMULATION)
     if (!getenv("SIMT_SCHEDULE")) simt::set_schedule(true, 7);
     printf("%s, %s: SIMT emulator (validation only)\n", name, shape);

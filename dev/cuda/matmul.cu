@@ -14,7 +14,8 @@
  * column-major m n k, batch, types, transposes, beta, FP8 scale modes), timed one by one through the wrapper
  * (matmul_cublaslt, as the model calls it); one output line per shape, the input line with "ms=" appended:
  * `calibrate.py --gemms` turns them into the step-time model's measured GEMM table (dev/predict/README.md).
- * Under the emulator each BF16 shape is validated against the CPU's GEMM instead (FP8: run, not validated).
+ * The operands are filled on the device; under the emulator each BF16 shape of beta 0 is validated against the
+ * CPU's GEMM of the operands read back (FP8, or beta != 0: run, not validated).
  */
 #include "common.h"
 #include "../../model/matmul.cuh"
@@ -95,15 +96,34 @@ static cudaDataType_t sweep_type(const char* name, const char* path, int line) {
     fprintf(stderr, "error: %s:%d: unknown type '%s' (bf16, fp32, e4m3, e5m2)\n", path, line, name);
     exit(2);
 }
-// an operand of n elements of type t on the device: BF16 / FP32 from normal values, FP8 finite codes of either format
-static void* sweep_operand(cudaDataType_t t, size_t n, uint64_t seed, std::vector<float>* host) {
-    std::vector<float> v = round_bf16(make_random(n, seed, 0.5));
-    if (host) *host = v;
-    if (t == CUDA_R_16BF) return to_device_bf16v(v);
-    if (t == CUDA_R_32F) return to_device(v);
-    std::vector<uint8_t> q(n);   // (codes below 0x70 with either sign: finite in E4M3 and E5M2)
-    for (size_t i = 0; i < n; i++) q[i] = (uint8_t)((uint32_t)(std::fabs(v[i]) * 1000.0f) % 0x70 | (v[i] < 0 ? 0x80 : 0));
-    return to_device(q);
+// The sweep's operands are filled on the device from a hash of their index (MurmurHash3's 64-bit finaliser):
+// no host copies (the lm_head's D is 16384 x 100352 floats) but those the emulated validation reads back.
+// BF16 / FP32: a normal-like spread (4 uniforms summed and centred, sd 0.5) rounded to BF16; FP8 (bytes 1):
+// finite codes below 0x70 with either sign (finite in E4M3 and E5M2).
+__device__ __forceinline__ uint64_t sweep_hash(uint64_t x) {
+    x = (x ^ (x >> 33)) * 0xFF51AFD7ED558CCDull;
+    x = (x ^ (x >> 33)) * 0xC4CEB9FE1A85EC53ull;
+    return x ^ (x >> 33);
+}
+__global__ void sweep_fill_kernel(void* p, int bytes, size_t n, uint64_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = sweep_hash(seed * 0x9E3779B97F4A7C15ull + i);
+        if (bytes == 1) { ((uint8_t*)p)[i] = (uint8_t)(h % 0x70 | (h >> 63) << 7); continue; }
+        float u = 0.0f;   // (the sum of 4 uniforms: mean 2, variance 1/3)
+        for (int j = 0; j < 4; j++) u += (float)((h >> (16 * j)) & 0xFFFF) * (1.0f / 65536.0f);
+        floatX x = __float2bfloat16(0.5f * 1.7320508f * (u - 2.0f));
+        if (bytes == 4) ((float*)p)[i] = __bfloat162float(x);
+        else ((floatX*)p)[i] = x;
+    }
+}
+// an operand of n elements of type t (D of a beta-0 GEMM: NaN, which it must not read); *host: its values, read back
+static void* sweep_operand(cudaDataType_t t, size_t n, uint64_t seed, bool fill, std::vector<float>* host) {
+    int bytes = t == CUDA_R_32F ? 4 : t == CUDA_R_16BF ? 2 : 1;
+    void* p = deviceAlloc(uint8_t, n * bytes);
+    if (!fill) cudaCheck(cudaMemset(p, 0xFF, n * bytes));
+    else LAUNCH(sweep_fill_kernel, (int)std::min<size_t>((n + 255) / 256, 4096), 256, 0, 0, p, bytes, n, seed);
+    if (host) *host = t == CUDA_R_32F ? from_device_f32((float*)p, n) : from_device_bf16v((floatX*)p, n);
+    return p;
 }
 static int gemm_sweep(const char* path) {
     FILE* f = fopen(path, "r");
@@ -125,11 +145,11 @@ static int gemm_sweep(const char* path) {
         cudaDataType_t at = sweep_type(an, path, line), bt = sweep_type(bn, path, line), dt = sweep_type(dn, path, line);
         int lda = ta ? k : m, ldb = tb ? n : k;
         long long sza = (long long)m * k, szb = (long long)k * n, szd = (long long)m * n;
+        bool fp8 = is_fp8_type(at), check = EMULATED && !fp8 && beta == 0.0f;   // (check: validated against the CPU)
         std::vector<float> ha, hb;
-        void* A = sweep_operand(at, (size_t)sza * batch, 11 + line, &ha);
-        void* B = sweep_operand(bt, (size_t)szb * batch, 13 + line, &hb);
-        void* D = sweep_operand(dt, (size_t)szd * batch, 17 + line, nullptr);
-        bool fp8 = is_fp8_type(at);
+        void* A = sweep_operand(at, (size_t)sza * batch, 11 + line, true, check ? &ha : nullptr);
+        void* B = sweep_operand(bt, (size_t)szb * batch, 13 + line, true, check ? &hb : nullptr);
+        void* D = sweep_operand(dt, (size_t)szd * batch, 17 + line, beta != 0.0f, nullptr);
         MatmulOptions opt = {};
         float *scale_a = nullptr, *scale_b = nullptr;
         if (fp8) {   // unit dequantisation factors in the operands' layouts
@@ -142,7 +162,7 @@ static int gemm_sweep(const char* path) {
                             __FILE__, __LINE__);
         };
         buf[strcspn(buf, "\n")] = 0;
-        if (EMULATED && !fp8 && beta == 0.0f) {   // against the CPU: row-major D^T (n, m) = op(B)^T op(A)^T, per batch
+        if (check) {   // against the CPU on the operands' values: row-major D^T (n, m) = op(B)^T op(A)^T, per batch
             std::vector<float> want((size_t)szd * batch);
             for (int b = 0; b < batch; b++)
                 gemm_cpu(tb, ta, n, m, k, 1.0f, hb.data() + b * szb, ldb, ha.data() + b * sza, lda, 0.0f, want.data() + b * szd, m);

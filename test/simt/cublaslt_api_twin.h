@@ -37,6 +37,9 @@
  *      "fp8 fast accumulation mode", intermediate results not promoted; block scaling promotes per block).
  *   R7 AlgoCheck refuses an algorithm whose word 7 is not 0: NOT_SUPPORTED (the twin's stand-in for an
  *      algorithm of another GPU; test/test_gemm_pins.sh).
+ *   R8 an AMAX_D pointer with a D that is not FP8 (the twin's D is BF16 or FP32: always): INVALID_VALUE, the
+ *      heuristic included (cublasLt.h, AMAX_D_POINTER: INVALID_VALUE "if set for an unsupported matrix data, scale,
+ *      and compute type combination"; an H100 refused E4M3 x E4M3 -> FP32 with it at the heuristic).
  * The fake algorithm: word 0 an FNV-1a hash of the problem the heuristic saw, word 1 the process id (a
  * restarted process that asked again records other algorithms than the run it resumes: the resume tests),
  * word 2 the pointer set (bits 0-3: A, B, D scale, amax) and log2 of the alignments it needs (4 bits each
@@ -133,7 +136,7 @@ static inline uint32_t alignment(const void* p, int64_t stride, int32_t batch, c
     return (uint32_t)(a & (~a + 1));
 }
 
-// the problem of a call: R1, R2, R3, R6 (see the top); m, n, k out
+// the problem of a call: R1, R2, R3, R6, R8 (see the top); m, n, k out
 static inline cublasStatus_t check_problem(cublasLtHandle_t h, cublasLtMatmulDesc_t dd, cublasLtMatrixLayout_t la,
                                            cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, cublasLtMatrixLayout_t ld,
                                            const char* fn, int* m, int* n, int* k) {
@@ -166,6 +169,8 @@ static inline cublasStatus_t check_problem(cublasLtHandle_t h, cublasLtMatmulDes
     if (fp8 && !(ta && !tb))   // R2
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, fn, "FP8 operands need the TN layout (A transposed, B not), got %c%c", ta ? 'T' : 'N',
                       tb ? 'T' : 'N');
+    if (d->ptr[3] && !is_fp8(D->type))   // R8
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "an AMAX_D pointer with D %s: amax is computed for an FP8 D only", type_name(D->type));
     bool blocks = block_mode(d->mode[0]) || block_mode(d->mode[1]);
     if (blocks) {   // R3, R6
         if (!fp8) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, fn, "block scale modes need FP8 operands");
@@ -403,7 +408,6 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dd
     g.lda = L[0]->ld; g.ldb = L[1]->ld; g.ldc = L[2]->ld; g.ldd = L[3]->ld;
     g.stride_a = L[0]->stride; g.stride_b = L[1]->stride; g.stride_c = L[2]->stride; g.stride_d = L[3]->stride;
     g.a_scale = (const float*)d->ptr[0]; g.b_scale = (const float*)d->ptr[1]; g.d_scale = (const float*)d->ptr[2];
-    g.amax_d = (float*)d->ptr[3];
     g.a_mode = mode[0]; g.b_mode = mode[1];
     g.fast_accum = d->fast_accum != 0;
     // the arithmetic runs on `stream` as a kernel does: now on the null stream, when it is waited for on a

@@ -4,7 +4,7 @@
  * the rules the library enforces) calls twin_matmul_compute once a call is accepted.
  *   D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * C   (column-major; C is read only when beta != 0)
  *   op(X) = X^T when trans; A stored (k, m) with lda >= k when trans_a, else (m, k) with lda >= m;
- *   `batch` matrices, each operand advancing by its stride; amax_d = max |result| before d_scale;
+ *   `batch` matrices, each operand advancing by its stride (no amax: the API twin refuses it, R8, as D is never FP8);
  *   an FP32 accumulator per output element, summed in k order; the output rounded to nearest even.
  * FP8 operands (E4M3 / E5M2) are dequantised by their scales:
  *   per tensor   D = alpha * a_scale * b_scale * sum_p A8 B8
@@ -46,7 +46,6 @@ typedef struct {
     cudaDataType_t a_type, b_type, d_type;   // C has D's type
     long long lda, ldb, ldc, ldd, stride_a, stride_b, stride_c, stride_d;
     const float *a_scale, *b_scale, *d_scale;   // NULL = 1; block modes: the factors (layouts above)
-    float* amax_d;                               // NULL: not asked for
     int a_mode, b_mode;                          // 0 per tensor, 1 1x128 tiles, 2 128x128 blocks
     bool fast_accum;
 } TwinGemm;
@@ -104,7 +103,6 @@ static inline void twin_matmul_compute(const TwinGemm& g) {
     if (!blocks && g.a_scale) scale *= *g.a_scale;
     if (!blocks && g.b_scale) scale *= *g.b_scale;
     float d_scale = g.d_scale ? *g.d_scale : 1.0f;
-    float amax = 0.0f;
     const int nchunks = (k + 127) / 128;
     std::vector<float> a_rows((size_t)m * k), b_cols((size_t)n * k);   // op(A) row i, op(B) column j, contiguous in k
     std::vector<float> a_panels;
@@ -135,7 +133,7 @@ static inline void twin_matmul_compute(const TwinGemm& g) {
                 for (int p = 0; p < k; p++)
                     a_panels[((size_t)(i / TWIN_ROWS) * k + p) * TWIN_ROWS + i % TWIN_ROWS] = a_rows[(size_t)i * k + p];
         }
-        #pragma omp parallel for reduction(max : amax) if ((double)m * n * k > 1e7)
+        #pragma omp parallel for if ((double)m * n * k > 1e7)
         for (int j = 0; j < n; j++) {
             float panel_acc[TWIN_ROWS];
             for (int i = 0; i < m; i++) {
@@ -162,7 +160,6 @@ static inline void twin_matmul_compute(const TwinGemm& g) {
                 }
                 float r = scale * acc;
                 if (g.beta != 0.0f) r += g.beta * twin_load(g.C, g.d_type, oc + (size_t)j * g.ldc + i);   // beta == 0: C is not read (may hold NaN)
-                amax = fmaxf(amax, fabsf(r));
                 r *= d_scale;
                 size_t di = od + (size_t)j * g.ldd + i;
                 if (g.d_type == CUDA_R_32F) ((float*)g.D)[di] = r;
@@ -170,5 +167,4 @@ static inline void twin_matmul_compute(const TwinGemm& g) {
             }
         }
     }
-    if (g.amax_d) *g.amax_d = amax;
 }
