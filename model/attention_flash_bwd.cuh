@@ -10,8 +10,9 @@
  * 7 tile products per (query tile, key tile) pair where the 5-product kernel (attention_flash_bwd5.cuh, which
  * context parallelism's chunk pairs use) does 5: that one sums dQ over key tiles in order through a semaphore
  * per query tile, and on an H100 it ran at 41 TFLOP/s (4% of the BF16 peak) at DBRX-132B's attention shape,
- * where this pair ran at 157 TFLOP/s on an H200 (dev/bench/results_gpu.md): a key tile's blocks wait on each
- * other's dQ sums and the L2 round trips of every handoff, and that costs more than the 2 products saved.
+ * where this pair ran at 157 TFLOP/s on an H200 (dev/bench/results_gpu.md): its key tiles then waited on each
+ * other's dQ sums in a chain, with an L2 round trip at every handoff, which cost far more than the 2 products saved
+ * (it sums downwards since, which removes the chain but not the handoffs; not timed yet).
  * dqkv (B, T, (H + 2 KV) hd) overwritten; Dbuf (B, H, T) FP32 scratch.
  */
 #pragma once
