@@ -105,6 +105,41 @@ __device__ __forceinline__ void grouped_load_stage(char* st, const GroupedTile& 
     else grouped_load_b_down<NT, BN>(st + BM * 128, B0 + wo, tile.n0, Nout, kt * MOE_GROUPED_BK);
 }
 
+// one k-tile's 4 wgmma k-steps of 16 for warpgroup q (rows 64 q ..) of the stage's A (K-major) and B (UP: K-major;
+// DOWN: MN-major panels of 64 columns, 8192 bytes apart), committed as one group
+template <bool UP, int NB>
+__device__ __forceinline__ void grouped_mma_ktile(float (&d)[NB / 2], const char* sa, const char* sb, int q) {
+    wgmma_fence();
+    for (int s = 0; s < MOE_GROUPED_BK / 16; s++) {
+        uint64_t da = wgmma_desc(sa + q * 64 * 128 + 32 * s, 16, 1024, WGMMA_SWIZZLE_128B);
+        if constexpr (UP) wgmma_bf16_ss<NB, 0, 0>(d, da, wgmma_desc(sb + 32 * s, 16, 1024, WGMMA_SWIZZLE_128B), 1);
+        else wgmma_bf16_ss<NB, 0, 1>(d, da, wgmma_desc(sb + s * 16 * 128, 8192, 1024, WGMMA_SWIZZLE_128B), 1);
+    }
+    wgmma_commit();
+}
+
+// warpgroup q's accumulators of `tile` to global memory, rows past the expert's end skipped. d[i] = D[16 warp + g +
+// 8 ((i/2)%2)][8 (i/4) + 2 (lane%4) + i%2]; UP: g's columns, u's at i + BN / 2 (a from the BF16-rounded g and u)
+template <bool UP, int BN, int PLANT, int M>
+__device__ __forceinline__ void grouped_epilogue(const float (&d)[M], const GroupedTile& tile, int q, floatX* out0, floatX* out1, floatX* out2,
+                                                 int Nout) {
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+    constexpr int COLS = UP ? BN / 2 : M;
+    for (int i = 0; i < COLS; i += 2) {
+        int r = tile.m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * c;
+        if (PLANT == 2 ? r > tile.row_end : r >= tile.row_end) continue;
+        size_t o = (size_t)r * Nout + col;
+        __nv_bfloat162 gv = __floats2bfloat162_rn(d[i], d[i + 1]);
+        if constexpr (UP) {
+            __nv_bfloat162 uv = __floats2bfloat162_rn(d[i + BN / 2], d[i + BN / 2 + 1]);
+            float2 gf = __bfloat1622float2(gv), uf = __bfloat1622float2(uv);
+            *(__nv_bfloat162*)(out2 + o) = __floats2bfloat162_rn(swiglu_value(gf.x, uf.x), swiglu_value(gf.y, uf.y));
+            if (out1) *(__nv_bfloat162*)(out1 + o) = uv;
+        }
+        if (out0) *(__nv_bfloat162*)(out0 + o) = gv;
+    }
+}
+
 // UP: out0 g, out1 u (both may be null), out2 a (rows, Nout = F) from A = xe (rows, K = d), B0 = w1, B1 = v1.
 // else: out0 ye (rows, Nout = d) from A = a (rows, K = F), B0 = w2. 128 WG threads; tiles of 64 WG rows x BN
 // columns; K % 64 == 0, Nout % BN == 0
@@ -151,33 +186,12 @@ __global__ void __launch_bounds__(128 * WG) experts_grouped_kernel(floatX* out0,
             if (PLANT != 3) __syncthreads();   // every thread's: the stage's copies landed; the refilled stage's MMAs are done
             produce();
             const char* st = smem + consumed++ % STAGES * stage_bytes;
-            wgmma_fence();
-            for (int s = 0; s < MOE_GROUPED_BK / 16; s++) {
-                uint64_t da = wgmma_desc(st + q * 64 * 128 + 32 * s, 16, 1024, WGMMA_SWIZZLE_128B);
-                if constexpr (UP) wgmma_bf16_ss<NB, 0, 0>(d, da, wgmma_desc(st + a_bytes + 32 * s, 16, 1024, WGMMA_SWIZZLE_128B), 1);
-                else wgmma_bf16_ss<NB, 0, 1>(d, da, wgmma_desc(st + a_bytes + s * 16 * 128, 8192, 1024, WGMMA_SWIZZLE_128B), 1);
-            }
-            wgmma_commit();
+            grouped_mma_ktile<UP, NB>(d, st, st + a_bytes, q);
             wgmma_wait<INFLIGHT>();
         }
         wgmma_wait<0>();
         wgmma_fence_operand(d);
-        // the accumulators: d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 (lane%4) + i%2]; UP: u's at i + BN / 2
-        const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
-        constexpr int COLS = UP ? BN / 2 : NB / 2;
-        for (int i = 0; i < COLS; i += 2) {
-            int r = tile.m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * c;
-            if (PLANT == 2 ? r > tile.row_end : r >= tile.row_end) continue;
-            size_t o = (size_t)r * Nout + col;
-            __nv_bfloat162 gv = __floats2bfloat162_rn(d[i], d[i + 1]);
-            if constexpr (UP) {
-                __nv_bfloat162 uv = __floats2bfloat162_rn(d[i + BN / 2], d[i + BN / 2 + 1]);
-                float2 gf = __bfloat1622float2(gv), uf = __bfloat1622float2(uv);
-                *(__nv_bfloat162*)(out2 + o) = __floats2bfloat162_rn(swiglu_value(gf.x, uf.x), swiglu_value(gf.y, uf.y));
-                if (out1) *(__nv_bfloat162*)(out1 + o) = uv;
-            }
-            if (out0) *(__nv_bfloat162*)(out0 + o) = gv;
-        }
+        grouped_epilogue<UP, BN, PLANT>(d, tile, q, out0, out1, out2, Nout);
     }
 }
 

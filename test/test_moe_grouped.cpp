@@ -10,6 +10,12 @@
  * most experts empty). Outputs are allocated poisoned (NaN) with guard rows past the end: an unwritten row, or
  * a row written past an expert's end, fails. Negative controls (they must fail): PLANT 1, the scheduler's m-tile
  * count rounded down (the tails never computed); PLANT 2, the store mask one row too far.
+ * v4 (model/moe_grouped_tma.cuh: TMA-fed stages, a producer warpgroup, full/empty mbarriers) the same way, with
+ * A's tensor maps ending at the R rows (the last tile's rows past them TMA's zero fill), through 4 and 2 stages, at
+ * E 128 and at DBRX-132B's d 6144 (96 k-tiles) and F 10752 (84 n-tiles, 168 k-tiles) one at a time; its negative
+ * controls: PLANT 1, 2 as above, 4 the producer's empty wait skipped (a second arrival on a "full" barrier in its
+ * phase, reported), 5 an expect_tx 16 bytes high (a reported deadlock), 6 a stage released before its MMAs
+ * completed (NaN poison read; a race under the detector).
  * make test/test_race_moe_grouped builds it under the race detector (the cp.async stages, wgmma, barriers),
  * where PLANT 3 (the end-of-k-tile barrier dropped: a stage refilled while the other warpgroup's wgmma reads it)
  * must be reported as a race.
@@ -18,7 +24,7 @@
 #include <doctest.h>
 #include <cstring>
 #include "cuda_test_helpers.h"
-#include "../model/moe_grouped.cuh"
+#include "../model/moe_grouped_tma.cuh"
 
 static const int GUARD = 64;   // poisoned rows after each output
 
@@ -72,14 +78,13 @@ static size_t close_mismatches(const floatX* got, const std::vector<float>& want
     return bad;
 }
 
-// one configuration of the grouped kernels; returns the mismatches against today's path (g, u, a, ye; a only: a)
-template <int WG, int BNU, int BND, int STAGES, int PLANT = 0>
-static size_t grouped_vs_today(Case& c, bool a_only, bool check_cpu) {
+// one run of a grouped path (run(o): o.g, o.u (null when a_only), o.a, o.ye) against today's; returns the mismatches
+// against today's path (g, u, a, ye; a only: a)
+template <typename Run>
+static size_t path_vs_today(Case& c, bool a_only, bool check_cpu, Run run) {
     Out t = make_out(c), o = make_out(c);
     experts_forward_gpu(t.ye, t.g, t.u, t.a, c.dxe, c.dw1, c.dv1, c.dw2, c.off.data(), c.E, c.d, c.F);
-    experts_up_grouped_gpu<WG, BNU, STAGES, PLANT>(a_only ? nullptr : o.g, a_only ? nullptr : o.u, o.a, c.dxe, c.dw1, c.dv1, c.doff, c.E, c.d,
-                                                   c.F);
-    experts_down_grouped_gpu<WG, BND, STAGES, PLANT>(o.ye, o.a, c.dw2, c.doff, c.E, c.d, c.F);
+    run(Out{a_only ? nullptr : o.g, a_only ? nullptr : o.u, o.a, o.ye});
     size_t bad = bit_mismatches(o.a, t.a, c.R, c.F) + bit_mismatches(o.ye, t.ye, c.R, c.d);
     if (!a_only) bad += bit_mismatches(o.g, t.g, c.R, c.F) + bit_mismatches(o.u, t.u, c.R, c.F);
     if (check_cpu) {   // fp32 CPU: a within BF16 rounding of g, u, a; ye from BF16 a, cancelling sums: 1e-2 of max |ye|
@@ -92,6 +97,23 @@ static size_t grouped_vs_today(Case& c, bool a_only, bool check_cpu) {
     }
     free_out(t); free_out(o);
     return bad;
+}
+// one configuration of the cp.async kernels (v1-v3)
+template <int WG, int BNU, int BND, int STAGES, int PLANT = 0>
+static size_t grouped_vs_today(Case& c, bool a_only, bool check_cpu) {
+    return path_vs_today(c, a_only, check_cpu, [&](Out o) {
+        experts_up_grouped_gpu<WG, BNU, STAGES, PLANT>(o.g, o.u, o.a, c.dxe, c.dw1, c.dv1, c.doff, c.E, c.d, c.F);
+        experts_down_grouped_gpu<WG, BND, STAGES, PLANT>(o.ye, o.a, c.dw2, c.doff, c.E, c.d, c.F);
+    });
+}
+// one configuration of the TMA-fed kernels (v4): A's tensor maps end at the R rows (the last tile's rows past them
+// are TMA's zero fill; the outputs' guard rows are never read)
+template <int BNU, int BND, int STAGES, int PLANT = 0>
+static size_t tma_vs_today(Case& c, bool a_only, bool check_cpu) {
+    return path_vs_today(c, a_only, check_cpu, [&](Out o) {
+        experts_up_grouped_tma_gpu<BNU, STAGES, PLANT>(o.g, o.u, o.a, c.dxe, c.dw1, c.dv1, c.doff, c.R, c.E, c.d, c.F);
+        experts_down_grouped_tma_gpu<BND, STAGES, PLANT>(o.ye, o.a, c.dw2, c.doff, c.R, c.E, c.d, c.F);
+    });
 }
 
 static const std::vector<int> COUNTS = {0, 1, 63, 64, 65, 200, 0, 129, 7, 128, 0, 31, 96, 2, 190, 65};   // 1035 rows
@@ -119,6 +141,7 @@ TEST_CASE("grouped GEMMs: E 128, most experts empty, the last ones too") {
     for (int e = 0; e < 100; e += 3) counts[e] = 1 + e % 70;
     Case c = make_case(counts, 128, 128);
     CHECK(grouped_vs_today<2, 64, 128, 3>(c, false, true) == 0);
+    CHECK(tma_vs_today<128, 128, 3>(c, false, false) == 0);   // v4 (d 128: down tiles of 128 columns)
     free_case(c);
 }
 
@@ -130,6 +153,57 @@ TEST_CASE("negative controls: a planted scheduler off-by-one and store mask are 
     CHECK(floor_tiles > 0);
     CHECK(past_end > 0);
     free_case(c);
+}
+
+TEST_CASE("v4 (TMA-fed, warp-specialised): CPU reference, today's path bit for bit, each configuration") {
+    Case c = make_case(COUNTS_RUN, D_RUN, F_RUN);
+    CHECK(tma_vs_today<128, 256, 4>(c, false, true) == 0);    // the launchers' defaults
+    CHECK(tma_vs_today<128, 256, 4>(c, true, false) == 0);    // a only
+    CHECK(tma_vs_today<64, 128, 2>(c, false, false) == 0);    // N 128, 2 stages: every k-tile waits for its stage
+    free_case(c);
+}
+
+#if !defined(SIMT_RACE_DETECT)
+// DBRX-132B's d and F, one at a time (the other small): 96 k-tiles (24 passes around the ring) of the up-projection
+// and 24 n-tiles of 256 of the down-projection; then 84 n-tiles of the up-projection and 168 k-tiles of the down's
+TEST_CASE("v4 at DBRX-132B's d 6144 and F 10752 (one at a time): many passes around the stage ring") {
+    Case c = make_case({70, 0, 130}, 6144, 128);
+    CHECK(tma_vs_today<128, 256, 4>(c, false, true) == 0);
+    free_case(c);
+    Case f = make_case({70, 0, 130}, 128, 10752);
+    CHECK(tma_vs_today<128, 128, 4>(f, false, true) == 0);
+    free_case(f);
+}
+#endif
+
+TEST_CASE("v4 negative controls: the scheduler, the store mask, the empty barrier, expect_tx, an early release") {
+    Case c = make_case({65, 0, 130}, 128, 128);
+    size_t floor_tiles = tma_vs_today<128, 128, 4, 1>(c, false, false), past_end = tma_vs_today<128, 128, 4, 2>(c, false, false);
+    MESSAGE("v4: m-tiles rounded down: " << floor_tiles << " mismatches; store mask one row too far: " << past_end);
+    CHECK(floor_tiles > 0);
+    CHECK(past_end > 0);
+    // a wrong expect_tx: the phase never completes, reported as a deadlock with the bytes missing
+    std::string e = simt::error_of([&] { tma_vs_today<128, 128, 4, 5>(c, false, false); });
+    CHECK(e.find("deadlock in kernel experts_up_grouped_tma") != std::string::npos);
+    CHECK(e.find("tx-count 16 byte(s) not arrived") != std::string::npos);
+    free_case(c);
+    // the producer's empty wait skipped, a stage released before its MMAs completed: stages overwritten while read
+    // (8 k-tiles of the up-projection through 2 stages)
+    Case k = make_case({65, 0, 130}, 512, 128);
+    // (skipped: the producer runs ahead and arrives on a stage's "full" barrier again within its phase)
+    size_t bad = 0;
+    e = simt::error_of([&] { bad = tma_vs_today<128, 128, 2, 4>(k, false, false); });
+    MESSAGE("v4 empty wait skipped: " << e);
+    CHECK(e.find("mbarrier.arrive with 0 arrival(s) pending in the current phase") != std::string::npos);
+    // (released early: the refill's copy is issued over the stage the MMAs read at their wait: NaN poison, or a race)
+    e = simt::error_of([&] { bad = tma_vs_today<128, 128, 2, 6>(k, false, false); });
+    MESSAGE("v4 stage released before its MMAs completed: " << bad << " mismatches; " << e);
+#if defined(SIMT_RACE_DETECT)
+    CHECK(e.find("race in kernel experts_up_grouped_tma") != std::string::npos);
+#else
+    CHECK(bad > 0);
+#endif
+    free_case(k);
 }
 
 #if defined(SIMT_RACE_DETECT)

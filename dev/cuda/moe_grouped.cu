@@ -8,16 +8,19 @@
  *   v2  two warpgroups, 128 rows, the same columns, 4 stages, one k-tile's MMAs in flight while the
  *       next are issued, copies 2 k-tiles ahead (the launchers' defaults)
  *   v3  two warpgroups, 128 rows x 128 columns of g and u (N 256) / 128 x 256 of ye, 4 stages
+ *   v4  v3's tiles fed by TMA (model/moe_grouped_tma.cuh): a producer warpgroup whose one thread issues the
+ *       stages' bulk tensor copies, 2 consumer warpgroups that only wait on the stage's "full" mbarrier, issue
+ *       wgmma and release it on "empty"; 4 stages of 48 KiB, 384 threads (not yet timed on a GPU)
  * Validated at a small shape (rows N k = 1024 over E 16 uneven experts, one empty; d 256, F 384) against the CPU
  * reference (experts_up_forward / experts_down_forward, fp32) and against today's GPU path: emulated, bit for bit
  * (the same k-order fp32 sums as cuBLASLt's twin); on a GPU within BF16 rounding. Then timed (not emulated):
  * the up-projection (g, u, a), the down-projection and the layer, today's path with and without the offsets'
  * copy + sync, in TFLOP/s, and checked against today's path at the timing shape.
- *   make dev/cuda/moe_grouped && ./dev/cuda/moe_grouped [-v N (1-3)] [-s 1b | 132b]
+ *   make dev/cuda/moe_grouped && ./dev/cuda/moe_grouped [-v N (1-4)] [-s 1b | 132b]
  *   1b:   N 16384 tokens, k 4, E 16, d 1024, F 1792 (dbrx-1b);  132b: N 4096, k 4, E 16, d 6144, F 10752 (DBRX-132B)
  */
 #include "common.h"
-#include "../../model/moe_grouped.cuh"
+#include "../../model/moe_grouped_tma.cuh"
 
 // the rows of E experts: R rows drawn with weights 1 + e % 4, expert 3 empty (offsets E + 1)
 static std::vector<int> make_offsets(int R, int E, uint64_t seed) {
@@ -69,17 +72,20 @@ static void free_problem(Problem& p) {
     cudaCheck(cudaFreeHost(p.off_host));
 }
 
-#define NVERSIONS 3
-static const char* const NAMES[NVERSIONS] = {"v1 1 warpgroup, 2 stages", "v2 2 warpgroups, 4 stages", "v3 2 warpgroups, N 256"};
+#define NVERSIONS 4
+static const char* const NAMES[NVERSIONS] = {"v1 1 warpgroup, 2 stages", "v2 2 warpgroups, 4 stages", "v3 2 warpgroups, N 256",
+                                             "v4 TMA producer + 2 warpgroups, N 256"};
 static void run_up(int v, Problem& p, floatX* g, floatX* u, floatX* a) {
     if (v == 1) experts_up_grouped_gpu<1, 64, 2>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
     else if (v == 2) experts_up_grouped_gpu<2, 64, 4>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
-    else experts_up_grouped_gpu<2, 128, 4>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
+    else if (v == 3) experts_up_grouped_gpu<2, 128, 4>(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.E, p.d, p.F);
+    else experts_up_grouped_tma_gpu(g, u, a, p.xe, p.w1, p.v1, p.off_dev, p.R, p.E, p.d, p.F);
 }
 static void run_down(int v, Problem& p, floatX* ye, const floatX* a) {
     if (v == 1) experts_down_grouped_gpu<1, 128, 2>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
     else if (v == 2) experts_down_grouped_gpu<2, 128, 4>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
-    else experts_down_grouped_gpu<2, 256, 4>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
+    else if (v == 3) experts_down_grouped_gpu<2, 256, 4>(ye, a, p.w2, p.off_dev, p.E, p.d, p.F);
+    else experts_down_grouped_tma_gpu(ye, a, p.w2, p.off_dev, p.R, p.E, p.d, p.F);
 }
 // today's path: the offsets to the host (the dispatch's synchronising copy), then experts_forward_gpu
 static void run_today(Problem& p, bool sync, bool down) {
