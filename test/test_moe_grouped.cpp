@@ -160,6 +160,15 @@ TEST_CASE("v4 (TMA-fed, warp-specialised): CPU reference, today's path bit for b
     CHECK(tma_vs_today<128, 256, 4>(c, false, true) == 0);    // the launchers' defaults
     CHECK(tma_vs_today<128, 256, 4>(c, true, false) == 0);    // a only
     CHECK(tma_vs_today<64, 128, 2>(c, false, false) == 0);    // N 128, 2 stages: every k-tile waits for its stage
+    // the producer's warp run ahead of the consumers, then a consumer warp ahead of the producer
+    const bool random = simt::options().random;
+    const uint64_t seed = simt::options().seed;
+    for (int w : {0, 4}) {
+        simt::set_schedule_warp_ahead(w);
+        INFO("warp " << w << " ahead");
+        CHECK(tma_vs_today<128, 256, 2>(c, false, false) == 0);
+    }
+    simt::set_schedule(random, seed);
     free_case(c);
 }
 
