@@ -176,10 +176,10 @@ TEST_CASE("v4 (TMA-fed, warp-specialised): CPU reference, today's path bit for b
 // DBRX-132B's d and F, one at a time (the other small): 96 k-tiles (24 passes around the ring) of the up-projection
 // and 24 n-tiles of 256 of the down-projection; then 84 n-tiles of the up-projection and 168 k-tiles of the down's
 TEST_CASE("v4 at DBRX-132B's d 6144 and F 10752 (one at a time): many passes around the stage ring") {
-    Case c = make_case({70, 0, 130}, 6144, 128);
+    Case c = make_case({70, 0, 130, 257}, 6144, 128);   // 6 m-tiles: 2 per block, each 96 k-tiles
     CHECK(tma_vs_today<128, 256, 4>(c, false, true) == 0);
     free_case(c);
-    Case f = make_case({70, 0, 130}, 128, 10752);
+    Case f = make_case({70, 0, 130, 257}, 128, 10752);
     CHECK(tma_vs_today<128, 128, 4>(f, false, true) == 0);
     free_case(f);
 }
