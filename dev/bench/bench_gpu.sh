@@ -109,8 +109,13 @@ fi
 # the grouped expert GEMMs on wgmma (model/moe_grouped.cuh) against today's per-expert path, at dbrx-1b and at a
 # DBRX-132B slice (never run on a GPU before: a time limit; a wrong result fails it before any timing)
 for s in 1b 132b; do
-    if bench moe_grouped_$s timeout 600 "dev/cuda/moe_grouped$sfx" -s $s; then
+    if bench moe_grouped_$s timeout 600 "dev/cuda/moe_grouped$sfx" -s $s -v 1-3; then
         rows "$raw/moe_grouped_$s.txt" TFLOP/s 0 "today|warpgroup"
+    fi
+    # v4 (TMA, mbarriers, a producer warpgroup: model/moe_grouped_tma.cuh) in a run of its own: a hang or a wrong
+    # result there costs only its own rows
+    if bench moe_grouped_v4_$s timeout 300 "dev/cuda/moe_grouped$sfx" -s $s -v 4; then
+        rows "$raw/moe_grouped_v4_$s.txt" TFLOP/s 0 "^ *v4"
     fi
 done
 # 3. memory-bound kernels

@@ -16,7 +16,7 @@
  * (the same k-order fp32 sums as cuBLASLt's twin); on a GPU within BF16 rounding. Then timed (not emulated):
  * the up-projection (g, u, a), the down-projection and the layer, today's path with and without the offsets'
  * copy + sync, in TFLOP/s, and checked against today's path at the timing shape.
- *   make dev/cuda/moe_grouped && ./dev/cuda/moe_grouped [-v N (1-4)] [-s 1b | 132b]
+ *   make dev/cuda/moe_grouped && ./dev/cuda/moe_grouped [-v N | N-M (of 1-4)] [-s 1b | 132b]
  *   1b:   N 16384 tokens, k 4, E 16, d 1024, F 1792 (dbrx-1b);  132b: N 4096, k 4, E 16, d 6144, F 10752 (DBRX-132B)
  */
 #include "common.h"
@@ -97,7 +97,7 @@ static void run_today(Problem& p, bool sync, bool down) {
 }
 
 // every version at the validation shape against the CPU and today's path (emulated: bit for bit)
-static void validate_versions(int only) {
+static void validate_versions(int lo, int hi) {
     const int N = 256, k = 4, E = 16, d = 256, F = 384;
     std::vector<float> host[4];
     Problem p = make_problem(N, k, E, d, F, host);
@@ -114,7 +114,7 @@ static void validate_versions(int only) {
     const double rt = EMULATED ? 0 : 1e-2, at = EMULATED ? 0 : 1e-3;   // emulated: the same bits
     char what[96];
     for (int v = 1; v <= NVERSIONS; v++) {
-        if (only && v != only) continue;
+        if (v < lo || v > hi) continue;
         for (floatX* x : {p.g, p.u, p.a, p.ye}) cudaCheck(cudaMemset(x, 0xFF, (x == p.ye ? nd : nf) * sizeof(floatX)));
         run_up(v, p, p.g, p.u, p.a);
         run_down(v, p, p.ye, p.a);
@@ -131,19 +131,26 @@ static void validate_versions(int only) {
 }
 
 int main(int argc, char** argv) {
-    int only = 0, big = 0;
+    int lo = 1, hi = NVERSIONS, big = 0;
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
-        if (!strcmp(argv[i], "-v") && atoi(argv[i + 1]) >= 1 && atoi(argv[i + 1]) <= NVERSIONS) only = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-s") && (!strcmp(argv[i + 1], "1b") || !strcmp(argv[i + 1], "132b"))) big = !strcmp(argv[i + 1], "132b");
-        else { fprintf(stderr, "usage: %s [-v N (1-%d)] [-s 1b | 132b]\n", argv[0], NVERSIONS); return 2; }
+        if (!strcmp(argv[i], "-v")) {   // -v N: version N; -v N-M: N to M (bench_gpu.sh times an untried version on its own)
+            int n = sscanf(argv[i + 1], "%d-%d", &lo, &hi);
+            if (n == 1) hi = lo;
+            if (n >= 1 && lo >= 1 && lo <= hi && hi <= NVERSIONS) continue;
+        } else if (!strcmp(argv[i], "-s") && (!strcmp(argv[i + 1], "1b") || !strcmp(argv[i + 1], "132b"))) {
+            big = !strcmp(argv[i + 1], "132b");
+            continue;
+        }
+        fprintf(stderr, "usage: %s [-v N or N-M (versions 1-%d)] [-s 1b | 132b]\n", argv[0], NVERSIONS);
+        return 2;
     }
     const int N = big ? 4096 : 16384, k = 4, E = 16, d = big ? 6144 : 1024, F = big ? 10752 : 1792;
     char shape[128];
     if (EMULATED) snprintf(shape, sizeof shape, "rows 1024, E 16 (one empty), d 256, F 384");
     else snprintf(shape, sizeof shape, "N %d, k %d, E %d, d %d, F %d (validated at rows 1024, d 256, F 384)", N, k, E, d, F);
     print_header("moe grouped GEMM (wgmma)", shape);
-    validate_versions(only);
+    validate_versions(lo, hi);
     if (!EMULATED) {
         Problem p = make_problem(N, k, E, d, F, nullptr);
         double up = 2.0 * p.R * d * 2.0 * F, down = 2.0 * p.R * F * d;
@@ -153,7 +160,7 @@ int main(int argc, char** argv) {
         std::vector<float> ta = from_device_bf16v(p.a, (size_t)p.R * F), tye = from_device_bf16v(p.ye, (size_t)p.R * d);
         char what[96];
         for (int v = 1; v <= NVERSIONS; v++) {
-            if (only && v != only) continue;
+            if (v < lo || v > hi) continue;
             snprintf(what, sizeof what, "%s: up", NAMES[v - 1]);
             report_flops(what, up, time_ms(10, [&] { run_up(v, p, p.g, p.u, p.a); }));
             snprintf(what, sizeof what, "%s: up, a only", NAMES[v - 1]);
