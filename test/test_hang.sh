@@ -54,14 +54,17 @@ hang_test() {
         pass "$name: rank $victim stopped in step 3: all $named survivors name it and its phase ('$(grep -m1 -o 'its last phase.*' "$tmp/$name.out" | cut -c1-80)'), each only ranks true for it, exit $rc after ${dt} s"
     else fail "$name: exit $rc after ${dt} s, $named of $((np - 1)) survivors name rank $victim;$bad $(grep '^error' "$tmp/$name.out" | cut -c1-200 | head -4)"; fi
 }
-hang_test "np 3 ZeRO-3 (CPU)" 3 0 "$BIN" "${U[@]}"
+# the three runs at once (each mostly waits on its watchdog; the verdicts printed in order after)
+hang_test "np 3 ZeRO-3 (CPU)" 3 0 "$BIN" "${U[@]}" > "$tmp/v1" &
+hang_test "np 4 HSDP 2x2 (CPU)" 4 2 "$BIN" "${U[@]}" --shard-group-size 2 > "$tmp/v2" &
+[ -x "$EMU" ] && hang_test "np 3 ZeRO-3 (emulated GPU, NCCL twin)" 3 1 "$EMU" "${E[@]}" > "$tmp/v3" &
+wait
+cat "$tmp/v1" "$tmp/v2" "$tmp/v3" 2>/dev/null
 # rank 0 stopped: rank 1 receives from it in every ring, so it waits for rank 0 (never for itself)
 grep -q "^error: rank 1: .* waiting for rank 0: rank 0 does not respond" "$tmp/np 3 ZeRO-3 (CPU).out" \
     && pass "np 3, rank 0 stopped: rank 1 says it waits for rank 0" \
     || fail "np 3, rank 0 stopped: rank 1's line: $(grep -m1 '^error: rank 1' "$tmp/np 3 ZeRO-3 (CPU).out" | cut -c1-200)"
-hang_test "np 4 HSDP 2x2 (CPU)" 4 2 "$BIN" "${U[@]}" --shard-group-size 2
 if [ -x "$EMU" ]; then
-    hang_test "np 3 ZeRO-3 (emulated GPU, NCCL twin)" 3 1 "$EMU" "${E[@]}"
     grep -q "^error: rank [02]: [0-9]* NCCL communicator(s) aborted in [0-9.]* s; exiting" "$tmp/np 3 ZeRO-3 (emulated GPU, NCCL twin).out" \
         && pass "emulated GPU: after the verdict the survivors abort their NCCL communicators and exit" \
         || fail "emulated GPU: no 'communicators aborted' line: $(grep '^error' "$tmp/np 3 ZeRO-3 (emulated GPU, NCCL twin).out" | head -3)"
