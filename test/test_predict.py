@@ -16,6 +16,8 @@
 Expected values are computed here from the rate table's documented constants (the formulas in predict.py's top
 comment), never from the model's own output. Prints one "pass ..." / "fail ..." line per check (lib.sh verdicts).
 """
+import contextlib
+import io
 import json
 import os
 import re
@@ -173,6 +175,19 @@ def negative_controls():
     check(close(r["critical_device"], 2 * dk), "critical path of A -> event -> B: both kernels (%.2f us)" % (r["critical_device"] / US))
 
 
+def grouped_refused():
+    # the grouped expert GEMMs (every version's launch name) have no cost formula: the step is not predicted, said why
+    for name in ("experts_up_grouped", "experts_down_grouped", "experts_up_grouped_tma", "experts_down_grouped_tma"):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):   # (its one-line error: not the test's output)
+                step([SW(1 << 20), K(name, 1 << 20), SYNC])
+            check(False, "a step with %s: predicted, where no formula prices it" % name)
+        except SystemExit as e:
+            check(e.code != 0, "a step with %s is refused (no cost formula): exit %s" % (name, e.code))
+    check(P.is_grouped_expert_kernel("experts_up_grouped_tma") and not P.is_grouped_expert_kernel("moe_gather_backward_kernel")
+          and not P.is_grouped_expert_kernel("swiglu_forward_kernel<8>"), "only the experts' grouped launches are refused")
+
+
 def chrome_trace():
     import tempfile
     r = step([SW(1 << 20, 0), SW(1 << 20, 1), SYNC])
@@ -278,5 +293,6 @@ if __name__ == "__main__":
     else:
         model_cases()
         negative_controls()
+        grouped_refused()
         chrome_trace()
         measured_gemms()

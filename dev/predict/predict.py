@@ -182,6 +182,10 @@ def cost(item, dev, gpus_per_node, ctx=None):
 
 
 # ---------------------------------------------------------------------------------------------------------
+def is_grouped_expert_kernel(name):
+    return name.startswith("experts_") and "grouped" in name
+
+
 def die(msg):
     """bad input: one line, exit 2"""
     print("error: " + msg, file=sys.stderr)
@@ -306,11 +310,13 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
     spred, epred, host_pred = {}, {}, None
     ranges, open_ranges = [], {}   # --profile's ranges on the predicted timeline (stream -1: the host)
     ctx = kernel_context(items)   # what some kernel formulas need from the rest of the step (kernel_cost.py)
-    # --moe-gemm grouped's kernels (model/moe_grouped.cuh) have no cost formula or measured rate yet: priced at the launch
-    # minimum they would make the step look faster than anything measured, so no prediction is made
-    if any(it["t"] == "kernel" and it["name"] in ("experts_up_grouped", "experts_down_grouped") for it in items):
-        die("the step runs --moe-gemm grouped's kernels (experts_up_grouped, experts_down_grouped), which have no cost "
-            "formula yet (dev/predict/kernel_cost.py): no prediction; time them with make bench-gpu (dev/cuda/moe_grouped)")
+    # --moe-gemm grouped's kernels (model/moe_grouped.cuh, moe_grouped_tma.cuh: every launch named experts_*grouped*) have
+    # no cost formula or measured rate yet: priced at the launch minimum they would make the step look faster than
+    # anything measured, so no prediction is made
+    grouped = sorted({it["name"] for it in items if it["t"] == "kernel" and is_grouped_expert_kernel(it["name"])})
+    if grouped:
+        die("the step runs --moe-gemm grouped's kernels (%s), which have no cost formula yet (dev/predict/kernel_cost.py): "
+            "no prediction; time them with make bench-gpu (dev/cuda/moe_grouped)" % ", ".join(grouped))
     for it in merge_groups(items):
         t = it["t"]
         if t in ("kernel", "gemm", "coll", "copy"):
