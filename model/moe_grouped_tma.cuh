@@ -108,28 +108,32 @@ __device__ __forceinline__ void grouped_tma_consume(float (&d)[NB / 2], char* sm
 }
 
 // the backward's epilogues (grouped_epilogue's fragment layout; rows past the expert's end skipped):
-//   DA  da rounded to BF16 as today's GEMM stores it, then dg, du from it and the tile's g, u (in0, in1) with moe.cuh's
-//       swiglu_grads as swiglu_backward_kernel does: out0 dg, out1 du, out2 da (null: not stored)
+//   DA  c = da rounded to BF16 as today's GEMM stores it, then dg, du from it and the tile's g, u (in0, in1) with
+//       moe.cuh's swiglu_grads as swiglu_backward_kernel does: out0 dg, out1 du, out2 da (null: not stored)
 //   DX  dxe = BF16(the du v1_e sum + c), c the dg w1_e sum rounded to BF16: today's second GEMM (beta 1 on the first's
 //       BF16 output)
 template <int MODE, int PLANT, int M>
 __device__ __forceinline__ void grouped_bwd_epilogue(const float (&d)[M], const __nv_bfloat162* c, const GroupedTile& tile, int q, floatX* out0,
                                                      floatX* out1, floatX* out2, const floatX* in0, const floatX* in1, int Nout) {
     const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, cl = threadIdx.x % 4;
+    // (DX unrolled: d indexed at run time would live in local memory, serialising the wgmmas that write it: C7514.
+    // DA reads c, not d: its loop is long (the g, u loads, two expf a pair), and unrolled whole it spills; 4 at a time)
+#if defined(__CUDACC__)
+#pragma unroll(MODE == MOE_DA ? 4 : M / 2)
+#endif
     for (int i = 0; i < M; i += 2) {
         int r = tile.m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * cl;
         if (PLANT == 2 ? r > tile.row_end : r >= tile.row_end) continue;
         size_t o = (size_t)r * Nout + col;
         if constexpr (MODE == MOE_DA) {
-            __nv_bfloat162 dav = __floats2bfloat162_rn(d[i], d[i + 1]);
-            float2 df = PLANT == 8 ? make_float2(d[i], d[i + 1]) : __bfloat1622float2(dav), gf = __bfloat1622float2(*(const __nv_bfloat162*)(in0 + o)),
+            float2 df = PLANT == 8 ? make_float2(d[i], d[i + 1]) : __bfloat1622float2(c[i / 2]), gf = __bfloat1622float2(*(const __nv_bfloat162*)(in0 + o)),
                    uf = __bfloat1622float2(*(const __nv_bfloat162*)(in1 + o));
             float dg0, du0, dg1, du1;
             swiglu_grads(df.x, gf.x, uf.x, &dg0, &du0);
             swiglu_grads(df.y, gf.y, uf.y, &dg1, &du1);
             *(__nv_bfloat162*)(out0 + o) = __floats2bfloat162_rn(dg0, dg1);
             *(__nv_bfloat162*)(out1 + o) = __floats2bfloat162_rn(du0, du1);
-            if (out2) *(__nv_bfloat162*)(out2 + o) = dav;
+            if (out2) *(__nv_bfloat162*)(out2 + o) = c[i / 2];
         } else {
             float2 cf = __bfloat1622float2(c[i / 2]);
             *(__nv_bfloat162*)(out0 + o) = __floats2bfloat162_rn(d[i] + cf.x, d[i + 1] + cf.y);
@@ -170,7 +174,7 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tile = grouped_tile<MOE_TMA_BM, BN>(s_mt, s_off, E, ntiles_n, t);
         float d[NB / 2];
-        __nv_bfloat162 c[MODE == MOE_DX ? NB / 4 : 1];   // DX: the dg w1_e sum, rounded
+        __nv_bfloat162 c[MODE == MOE_DX || MODE == MOE_DA ? NB / 4 : 1];   // DX: the dg w1_e sum, rounded; DA: da, rounded
         for (int i = 0; i < NB / 2; i++) d[i] = 0.0f;
         wgmma_fence_operand(d);
         grouped_tma_consume<KMAJOR, NB, STAGES, PLANT>(d, smem, full, empty, q, it, K / MOE_GROUPED_BK, STAGE);
@@ -184,6 +188,8 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
             grouped_tma_consume<KMAJOR, NB, STAGES, PLANT>(d, smem, full, empty, q, it, K / MOE_GROUPED_BK, STAGE);
         }
         wgmma_fence_operand(d);
+        if constexpr (MODE == MOE_DA)
+            for (int i = 0; i < NB / 2; i += 2) c[i / 2] = __floats2bfloat162_rn(d[i], d[i + 1]);
         if constexpr (MODE == MOE_UP || MODE == MOE_DOWN) grouped_epilogue<MODE == MOE_UP, BN, PLANT>(d, tile, q, out0, out1, out2, Nout);
         else grouped_bwd_epilogue<MODE, PLANT>(d, c, tile, q, out0, out1, out2, in0, in1, Nout);
     }
