@@ -201,7 +201,7 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     section "the store's gradient shard overwritten by the first reduce-scatter, not zeroed: near the CPU, a stale-gradient control" \
         bash test/test_grad_overwrite.sh
     section "GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)" bash test/test_gemm_pins.sh
-    section "--moe-gemm grouped: the step's expert forward on the grouped GEMMs, bit-identical to cublaslt (1 GPU, routing to 4 experts, recompute, ZeRO-3), refusals" \
+    section "--moe-gemm grouped: the step's expert forward and data gradients on the grouped GEMMs, bit-identical to cublaslt (1 GPU, routing to 4 experts, recompute, ZeRO-3), refusals" \
         bash test/test_moe_gemm.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
