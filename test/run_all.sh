@@ -128,6 +128,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         doctest_run ./test/test_moe_grouped
     section "grouped expert GEMMs under the race detector, a dropped barrier reported (SIMT emulator)" \
         doctest_run ./test/test_race_moe_grouped "-tc=grouped up*,v4*,grouped backward*"
+    section "grouped expert weight gradients (model/moe_grouped_wgrad.cuh): CPU and today's path bit for bit, planted bugs (SIMT emulator)" \
+        doctest_run ./test/test_moe_wgrad
+    section "grouped expert weight gradients under the race detector, a stage read before it landed reported (SIMT emulator)" \
+        doctest_run ./test/test_race_moe_wgrad
     section "cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)" \
         doctest_run ./test/test_cublaslt_twin
     section "CUDA training step vs the CPU reference step (SIMT emulator)" doctest_run ./test/test_step_cuda

@@ -47,7 +47,7 @@ else
     sfx=_emu; train=./train_dbrx_emu; out=$(mktemp); raw=$(mktemp -d)
 fi
 mkdir -p "$raw"
-for b in attention attention_wgmma attention_wgmma_bwd moe_grouped layernorm moe embedding classifier adamw matmul; do
+for b in attention attention_wgmma attention_wgmma_bwd moe_grouped moe_wgrad layernorm moe embedding classifier adamw matmul; do
     [ -x "dev/cuda/$b$sfx" ] || fail "dev/cuda/$b$sfx is not built (make dev/cuda/$b$sfx)"
 done
 [ -x "$train" ] || fail "$train is not built"
@@ -116,6 +116,13 @@ for s in 1b 132b; do
     # result there costs only its own rows; with the backward's data gradients against today's backward
     if bench moe_grouped_v4_$s timeout 300 "dev/cuda/moe_grouped$sfx" -s $s -v 4; then
         rows "$raw/moe_grouped_v4_$s.txt" TFLOP/s 0 "^ *v4|today: backward"
+    fi
+done
+# the experts' weight gradients as grouped GEMMs (model/moe_grouped_wgrad.cuh: TMA, mbarriers, wgmma) against today's
+# per-expert cuBLASLt GEMMs; never run on a GPU before: a time limit, a wrong result fails it before any timing
+for s in 1b 132b; do
+    if bench moe_wgrad_$s timeout 300 "dev/cuda/moe_wgrad$sfx" -s $s; then
+        rows "$raw/moe_wgrad_$s.txt" TFLOP/s 0 "today|grouped"
     fi
 done
 # 3. memory-bound kernels

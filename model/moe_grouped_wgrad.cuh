@@ -1,0 +1,205 @@
+/*
+ * moe_grouped_wgrad.cuh — the experts' weight-gradient GEMMs as one grouped launch per projection (issue 25; a dev
+ * kernel, not yet in the product, whose backward runs model/moe.cuh's experts_backward_gpu: cuBLASLt per expert):
+ *   experts_wgrad_grouped_gpu   dW_e (M, N) fp32 = beta dW_e + X_e^T Y_e   for every expert e
+ * X (rows, M) and Y (rows, N) BF16 row-major, grouped by expert (offsets (E + 1) on the device): the reduction runs
+ * over expert e's rows, K = n_e (any count, 0 included). The product's three:
+ *   dw1_e (F, d) += dg_e^T xe_e,  dv1_e += du_e^T xe_e   (X = dg / du (rows, F), Y = xe (rows, d))
+ *   dw2_e (F, d) += a_e^T dye_e                          (X = a (rows, F),       Y = dye (rows, d))
+ * dw1, dv1, dw2 are (E F, d): dW_e at e M N. The structure is model/moe_grouped_tma.cuh's (v4): 384 threads, one
+ * producer thread issuing TMA boxes into a ring of STAGES stages (full / empty mbarriers), 2 consumer warpgroups
+ * (64 rows of dW each) on wgmma; a persistent schedule over the tiles (expert, m-tile, n-tile) of dW, every expert's
+ * (the output is dense), the K loop over the expert's rows in k-tiles of 64. Both operands are MN-major (k is the
+ * row): each TMA box is 64 columns x 64 rows with the 128B swizzle, the MN-major panel of v4's DOWN B (row k's chunk
+ * c at c ^ k % 8; LBO the panel stride 8192, SBO 1024, transpose flag 1): A = 2 panels of X (dW's 128 rows), B =
+ * BN / 64 panels of Y. Stage = 16 KiB + BN / 64 x 8 KiB (48 KiB at BN 256; 4 stages).
+ * The expert's last k-tile runs into the next expert's rows (or past the tensor: TMA's zeros), which must add
+ * nothing. No thread writes the stage (a generic write would need fence.proxy.async and a barrier across both
+ * consumer warpgroups, which the producer's exit rules out): the k-steps of 16 wholly past the end are not issued,
+ * and the one straddling it takes A from registers (wgmma's register form), loaded from the stage with the rows past
+ * the end set to 0. Those zeros meet the next rows of Y: a finite value gives +-0, which leaves the fp32 sum's bits
+ * unchanged (a sum of products that is zero is +0, never -0); a non-finite one (a NaN in the next expert's rows of
+ * the allocation) would leak in.
+ * Numerics: the emulated wgmma sums the k products in order in fp32 from 0, as cuBLASLt's twin does; the epilogue
+ * adds beta C as the twin (D = acc + beta C; beta 0: C not read): under the emulator dW is bit for bit
+ * experts_backward_gpu's. An empty expert: beta 0 writes zeros (today: the GEMM is skipped and block_experts_backward
+ * zeroes the expert, experts_zero_empty_kernel), beta != 0 leaves dW_e untouched (today: skipped).
+ * PLANT (tests only): 1 the tail's k-steps issued from the stage as they are (the next expert's rows added);
+ * 2 the producer skips the "empty" wait (a stage overwritten while read); 3 the consumers read a tail k-tile's
+ * stage without waiting for its "full" barrier (a TMA destination read before it landed).
+ */
+#pragma once
+#include "moe_grouped_tma.cuh"
+
+#define WGRAD_BM 128   // rows of dW per tile: 64 per consumer warpgroup
+
+// the stage's bytes: A (2 panels of 64 k-rows x 128 bytes) then B (BN / 64 panels)
+template <int BN> __host__ __device__ constexpr int wgrad_stage_bytes() { return (WGRAD_BM + BN) * 128; }
+
+// the tile t of dW: expert e (its rows r0 .. r0 + n - 1), dW rows m0 .., columns n0 ..
+struct WgradTile { int e, m0, n0, r0, n; };
+template <int BN>
+__device__ __forceinline__ WgradTile wgrad_tile(const int* s_off, int M, int N, int t) {
+    const int nt = N / BN, per = M / WGRAD_BM * nt, e = t / per, rem = t % per;
+    WgradTile tile = {e, rem / nt * WGRAD_BM, rem % nt * BN, s_off[e], s_off[e + 1] - s_off[e]};
+    return tile;
+}
+__device__ __forceinline__ int wgrad_ktiles(int n) { return (n + MOE_GROUPED_BK - 1) / MOE_GROUPED_BK; }
+
+// the producer (one thread): every (tile, k-tile) of the block into the ring, each stage once its consumers released it
+template <int BN, int STAGES, int PLANT>
+__device__ __forceinline__ void wgrad_produce(char* smem, uint64_t* full, uint64_t* empty, const CUtensorMap* mx, const CUtensorMap* my,
+                                              const int* s_off, int E, int M, int N) {
+    constexpr int STAGE = wgrad_stage_bytes<BN>(), A_BYTES = WGRAD_BM * 128;
+    const int total = E * (M / WGRAD_BM) * (N / BN);
+    int it = 0;   // the block's k-tile count: stage it % STAGES, its use it / STAGES
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        const WgradTile tile = wgrad_tile<BN>(s_off, M, N, t);
+        for (int kt = 0; kt < wgrad_ktiles(tile.n); kt++, it++) {
+            const int s = it % STAGES, k0 = tile.r0 + kt * MOE_GROUPED_BK;
+            if (PLANT != 2) mbarrier_wait_parity(&empty[s], ((it / STAGES) & 1) ^ 1);
+            char* st = smem + s * STAGE;
+            mbarrier_arrive_expect_tx(&full[s], STAGE);
+            for (int p = 0; p < 2; p++) tma_load_2d(st + p * 8192, mx, tile.m0 + 64 * p, k0, &full[s]);
+            for (int p = 0; p < BN / 64; p++) tma_load_2d(st + A_BYTES + p * 8192, my, tile.n0 + 64 * p, k0, &full[s]);
+        }
+    }
+}
+
+// the register form's A (64 x 16: dW rows of the warpgroup's panel sa, k-rows k0 .. k0 + 15 of the stage) with the
+// k-rows at or past `valid` zero; a[j] = A[16 warp + g + 8 (j % 2)][2 t + 8 (j / 2) + {0, 1}] (model/wgmma.cuh)
+__device__ __forceinline__ void wgrad_tail_fragment(uint32_t (&a)[4], const char* sa, int k0, int valid) {
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    for (int j = 0; j < 4; j++) {
+        const int m = 16 * warp + g + 8 * (j % 2);
+        uint32_t v[2];
+        for (int h = 0; h < 2; h++) {
+            const int k = k0 + 2 * t + 8 * (j / 2) + h;   // element (k, m) of the MN-major 128B-swizzled panel
+            v[h] = k < valid ? *(const uint16_t*)(sa + k * 128 + ((m / 8) ^ (k % 8)) * 16 + (m % 8) * 2) : 0u;
+        }
+        a[j] = v[0] | v[1] << 16;
+    }
+}
+
+// one k-tile (valid k-rows of 64) for the warpgroup whose A panel is sa, B's BN / 64 panels at sb; committed as one
+// group. Full k-steps from shared memory; the step across `valid` from registers; the steps past it not issued
+template <int BN, int PLANT>
+__device__ __forceinline__ void wgrad_mma_ktile(float (&d)[BN / 2], const char* sa, const char* sb, int valid) {
+    wgmma_fence();
+    for (int s = 0; s < MOE_GROUPED_BK / 16; s++) {
+        if (PLANT != 1 && 16 * s >= valid) break;
+        const uint64_t db = wgmma_desc(sb + s * 16 * 128, 8192, 1024, WGMMA_SWIZZLE_128B);
+        if (PLANT == 1 || 16 * s + 16 <= valid) {
+            wgmma_bf16_ss<BN, 1, 1>(d, wgmma_desc(sa + s * 16 * 128, 8192, 1024, WGMMA_SWIZZLE_128B), db, 1);
+        } else {
+            uint32_t a[4];
+            wgrad_tail_fragment(a, sa, 16 * s, valid);
+            wgmma_fence();   // (the ISA's rule: registers written before an mma_async reads them are fenced)
+            wgmma_bf16_rs<BN, 1>(d, a, db, 1);
+        }
+    }
+    wgmma_commit();
+}
+
+// warpgroup q's accumulators of `tile` into dW_e: D = acc + beta C (beta 0: C not read), as cuBLASLt's twin; an empty
+// expert with beta != 0 is left as it is. d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 t + i%2]
+template <int BN>
+__device__ __forceinline__ void wgrad_epilogue(const float (&d)[BN / 2], const WgradTile& tile, int q, float* dw, int M, int N, float beta) {
+    if (tile.n == 0 && beta != 0.0f) return;
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+    float* dwe = dw + (size_t)tile.e * M * N;
+    for (int i = 0; i < BN / 2; i += 2) {
+        const int r = tile.m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * c;
+        float2* p = (float2*)(dwe + (size_t)r * N + col);
+        float2 v = make_float2(d[i], d[i + 1]);
+        if (beta != 0.0f) {
+            const float2 old = *p;
+            v.x += beta * old.x;
+            v.y += beta * old.y;
+        }
+        *p = v;
+    }
+}
+
+// dW (E M, N) from X (rows, M) (map_x: boxes of 64 columns x 64 rows) and Y (rows, N) (map_y); M % 128 == 0, N % BN == 0
+template <int BN, int STAGES, int PLANT>
+__global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
+    experts_wgrad_grouped_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_y, float* dw,
+                                 const int* offsets, int E, int M, int N, float beta) {
+    constexpr int STAGE = wgrad_stage_bytes<BN>(), A_BYTES = WGRAD_BM * 128;
+    static_assert(BN <= 256 && BN % 64 == 0, "wgmma's N is at most 256; B panels of 64 columns");
+    __shared__ int s_off[MOE_GROUPED_MAX_E + 1];
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+    // the swizzle repeats every 1024 bytes of shared address: the stages start on such a boundary
+    char* smem = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbarrier_init(&full[s], 1);   // the producer's arrive.expect_tx, then the copies' bytes
+            mbarrier_init(&empty[s], 8);  // one arrival per consumer warp
+        }
+        for (int e = 0; e <= E; e++) s_off[e] = offsets[e];
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        if (threadIdx.x == 0) wgrad_produce<BN, STAGES, PLANT>(smem, full, empty, &map_x, &map_y, s_off, E, M, N);
+        return;
+    }
+    const int q = threadIdx.x / 128 - 1, total = E * (M / WGRAD_BM) * (N / BN);
+    int it = 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        WgradTile tile = wgrad_tile<BN>(s_off, M, N, t);
+        // (the row count through a shuffle: ptxas then knows it warp-uniform, and the k-steps' branches on it do not
+        // serialise the MMAs, as CUTLASS's canonical_warp_idx_sync does for the warp index)
+        tile.n = __shfl_sync(0xFFFFFFFFu, tile.n, 0);
+        const int ktiles = wgrad_ktiles(tile.n);
+        float d[BN / 2];
+        for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+        wgmma_fence_operand(d);
+        for (int kt = 0; kt < ktiles; kt++, it++) {
+            const int s = it % STAGES, rest = tile.n - kt * MOE_GROUPED_BK,
+                      valid = rest < MOE_GROUPED_BK ? rest : MOE_GROUPED_BK;
+            if (PLANT != 3 || valid == MOE_GROUPED_BK) mbarrier_wait_parity(&full[s], (it / STAGES) & 1);
+            wgrad_mma_ktile<BN, PLANT>(d, smem + s * STAGE + q * 8192, smem + s * STAGE + A_BYTES, valid);
+            wgmma_wait<1>();   // the previous k-tile's MMAs completed: its stage goes back to the producer
+            if (kt > 0) grouped_tma_release(&empty[(it - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
+        if (ktiles > 0) grouped_tma_release(&empty[(it - 1) % STAGES]);
+        wgmma_fence_operand(d);
+        wgrad_epilogue<BN>(d, tile, q, dw, M, N, beta);
+    }
+}
+
+// dW (E M, N) fp32 = beta dW + X_e^T Y_e per expert e, from X (rows, M), Y (rows, N) BF16; offsets_dev (E + 1) on the
+// device, offsets[E] <= rows (the tensor maps end at `rows`: TMA's zeros past them). Tiles of 128 x BN of dW,
+// STAGES stages of (128 + BN) x 128 bytes
+template <int BN = 256, int STAGES = 4, int PLANT = 0>
+static void experts_wgrad_grouped_gpu(float* dw, const floatX* X, const floatX* Y, const int* offsets_dev, int rows, int E, int M, int N,
+                                      float beta, cudaStream_t stream = 0) {
+    constexpr size_t smem = (size_t)STAGES * wgrad_stage_bytes<BN>() + 1024;
+    constexpr size_t smem_all = smem + 4 * (MOE_GROUPED_MAX_E + 1) + 16 * STAGES;   // (+ the static arrays)
+    if (rows < 1 || E < 1 || E > MOE_GROUPED_MAX_E || M % WGRAD_BM != 0 || N % BN != 0 || !aligned16({dw, X, Y}) ||
+        smem_all > MOE_SMEM_LIMIT) {
+        fprintf(stderr, "experts grouped weight gradient: rows %d (>= 1), E %d (1..%d), M %d (of %d), N %d (of %d), 16-byte aligned "
+                "pointers, shared memory %zu bytes for %d stages (at most %d)\n", rows, E, MOE_GROUPED_MAX_E, M, WGRAD_BM, N, BN,
+                smem_all, STAGES, MOE_SMEM_LIMIT);
+        exit(EXIT_FAILURE);
+    }
+    alignas(64) CUtensorMap mx, my;
+    tma_map_2d_bf16(&mx, X, M, rows, M, 64, 64, CU_TENSOR_MAP_SWIZZLE_128B);
+    tma_map_2d_bf16(&my, Y, N, rows, N, 64, 64, CU_TENSOR_MAP_SWIZZLE_128B);
+    // (the local's name is the launch's in work logs and traces)
+    auto experts_wgrad_grouped = experts_wgrad_grouped_kernel<BN, STAGES, PLANT>;
+    cudaCheck(cudaFuncSetAttribute(experts_wgrad_grouped, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    LAUNCH(experts_wgrad_grouped, grouped_blocks(), MOE_TMA_THREADS, smem, stream, mx, my, dw, offsets_dev, E, M, N, beta);
+}
+
+// the experts' three weight gradients as experts_backward_gpu computes them (dw1, dv1, dw2 (E F, d); wbeta 0: overwritten,
+// empty experts zeroed), from dg, du, a (rows, F), xe, dye (rows, d)
+static inline void experts_wgrad_grouped_all_gpu(float* dw1, float* dv1, float* dw2, const floatX* dg, const floatX* du, const floatX* a,
+                                                 const floatX* xe, const floatX* dye, const int* offsets_dev, int rows, int E, int d,
+                                                 int F, float wbeta, cudaStream_t stream = 0) {
+    experts_wgrad_grouped_gpu(dw1, dg, xe, offsets_dev, rows, E, F, d, wbeta, stream);
+    experts_wgrad_grouped_gpu(dv1, du, xe, offsets_dev, rows, E, F, d, wbeta, stream);
+    experts_wgrad_grouped_gpu(dw2, a, dye, offsets_dev, rows, E, F, d, wbeta, stream);
+}
