@@ -22,12 +22,14 @@
  * DBRX-132B's d 6144 and F 10752; planted bugs: the scheduler's floor and store mask in A and in B, B's products in
  * one fp32 sum, A's SwiGLU backward from the unrounded da (today's rounding points), B's early release (under the
  * detector, which runs the pipeline's cases only: a race).
+ * The step's functions (experts_forward_step_gpu, experts_backward_step_gpu) grouped vs per expert at d 256, bit for bit.
  * make test/test_race_moe_grouped builds it under the race detector (the cp.async stages, wgmma, barriers),
  * where PLANT 3 (the end-of-k-tile barrier dropped: a stage refilled while the other warpgroup's wgmma reads it)
  * must be reported as a race.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
+#include <algorithm>
 #include <cstring>
 #include "cuda_test_helpers.h"
 #include "../model/moe_grouped_tma.cuh"
@@ -302,6 +304,42 @@ TEST_CASE("grouped backward at DBRX-132B's d 6144 and F 10752 (one at a time)") 
     free_case(f);
 }
 #endif
+
+// the step's two functions (experts_forward_step_gpu, experts_backward_step_gpu) with g_moe_grouped 0 and 1 at d 256
+// (the down-projection's 256-column tiles; test_moe_gemm.sh's model has d 128): the same bits, forward (g, u, a, ye)
+// and backward (dxe, dg, du, the weight gradients); the grouped path leaves da unwritten (fused), today's writes it
+TEST_CASE("the step's expert functions: --moe-gemm grouped bit for bit the per-expert path at d 256") {
+    Case c = make_case({65, 0, 130, 1}, 256, 256);
+    const size_t nw = (size_t)c.E * c.F * c.d;
+    std::vector<float> dye = randn((size_t)c.R * c.d, 5);
+    floatX* ddye = dev_poisoned<floatX>(dye.size());
+    to_device_bf16(ddye, dye.data(), dye.size());
+    Out f[2], b[2];   // b: ye dxe, g dg, u du, a da
+    float* dw[2];
+    for (int grouped = 0; grouped < 2; grouped++) {
+        g_moe_grouped = grouped;
+        Out x = f[grouped] = make_out(c), y = b[grouped] = make_out(c);
+        float* w = dw[grouped] = dev_poisoned<float>(3 * nw);
+        experts_forward_step_gpu(x.ye, x.g, x.u, x.a, c.dxe, c.dw1, c.dv1, c.dw2, c.doff, c.off.data(), c.R, c.E, c.d, c.F);
+        experts_backward_step_gpu(y.ye, w, w + nw, w + 2 * nw, y.a, y.g, y.u, ddye, c.dxe, x.g, x.u, x.a, c.dw1, c.dv1, c.dw2, c.doff,
+                                  c.off.data(), c.R, c.E, c.d, c.F, 0.0f);
+    }
+    g_moe_grouped = 0;
+    CHECK(bit_mismatches(f[1].ye, f[0].ye, c.R, c.d) + bit_mismatches(f[1].a, f[0].a, c.R, c.F) == 0);
+    CHECK(bit_mismatches(f[1].g, f[0].g, c.R, c.F) + bit_mismatches(f[1].u, f[0].u, c.R, c.F) == 0);
+    CHECK(bit_mismatches(b[1].ye, b[0].ye, c.R, c.d) == 0);
+    CHECK(bit_mismatches(b[1].g, b[0].g, c.R, c.F) + bit_mismatches(b[1].u, b[0].u, c.R, c.F) == 0);
+    CHECK(get((const uint32_t*)dw[1], 3 * nw) == get((const uint32_t*)dw[0], 3 * nw));
+    std::vector<uint16_t> da1 = bits(b[1].a, (size_t)c.R * c.F), da0 = bits(b[0].a, (size_t)c.R * c.F);
+    CHECK(std::count(da1.begin(), da1.end(), 0xFFFF) == (long)da1.size());   // (grouped: da never stored)
+    CHECK(std::count(da0.begin(), da0.end(), 0xFFFF) == 0);
+    for (int i = 0; i < 2; i++) {
+        free_out(f[i]); free_out(b[i]);
+        cudaCheck(cudaFree(dw[i]));
+    }
+    cudaCheck(cudaFree(ddye));
+    free_case(c);
+}
 
 TEST_CASE("grouped backward negative controls: the scheduler, the store mask, the rounding points, an early release") {
     Case c = make_case({65, 0, 130, 1}, 128, 256);
