@@ -24,7 +24,7 @@
 #include "cuda_common.h"
 #include "dbrx_fp8_cuda.cuh"
 #include "attention_cp_cuda.cuh"
-#include "moe_grouped_tma.cuh"   // (--moe-gemm grouped: before the recomputation, which calls it too)
+#include "moe_experts_step.cuh"   // (--moe-gemm grouped: before the recomputation, which calls it too)
 #include "dbrx_recompute_cuda.cuh"
 
 template <typename T> struct BlockViews { T *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; };
@@ -412,7 +412,8 @@ static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, co
                                                   a->u, a->act, w.w1, w.v1, w.w2, E, d, F, 0, wbeta);
     else experts_backward_step_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1,
                                    w.w2, a->offsets, a->offsets_host.data(), m->B * m->T * c->top_k, E, d, F, wbeta);
-    if (wbeta == 0.0f)   // (overwriting: an expert without rows wrote nothing)
+    if (wbeta == 0.0f && (fp8_on(&m->fp8) || !g_moe_grouped))   // (overwriting: an expert without rows wrote nothing; the
+                                                                 // grouped weight gradients write its zeros themselves)
         LAUNCH(experts_zero_empty_kernel, dim3(64, E), 256, 0, 0, gw.w1, gw.v1, gw.w2, a->offsets, E, (size_t)F * d);
 }
 

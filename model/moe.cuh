@@ -407,7 +407,7 @@ static inline void experts_forward_gpu(floatX* ye, floatX* g, floatX* u, floatX*
 
 // dxe (rows, C) BF16 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated (wbeta 0: overwritten; an expert without
 // rows is not written); da, dg, du (rows, F) scratch. dxe null: the weight gradients only, from dg, du as given (the
-// grouped data gradients computed them: model/moe_grouped_tma.cuh's experts_backward_step_gpu).
+// grouped data gradients computed them: model/moe_experts_step.cuh's experts_backward_step_gpu).
 // dxe = dg w1_e + du v1_e is two GEMMs, each accumulating in fp32: the first writes BF16, the second adds
 // its product to that BF16 C and rounds again. Two roundings of a BF16 output, no fp32 scratch: measured
 // as close to the CPU's fp32 gradients as one rounding, and as the fp32 dxe before (model/CUDA.md, "The

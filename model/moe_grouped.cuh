@@ -239,7 +239,7 @@ static void experts_down_grouped_gpu(floatX* ye, const floatX* a, const floatX* 
 }
 
 // --moe-gemm grouped (train_cuda.cuh sets it): the step's expert forward and data gradients on the TMA-fed kernels
-// (model/moe_grouped_tma.cuh: experts_forward_step_gpu, experts_backward_step_gpu); v1-v3 above are the dev program's
+// (model/moe_experts_step.cuh: experts_forward_step_gpu, experts_backward_step_gpu); v1-v3 above are the dev program's
 inline int g_moe_grouped = 0;
 
 // "" when the model's experts fit the product's kernels (d and F multiples of their 128-column tiles, E <= 128), else

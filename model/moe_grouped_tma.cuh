@@ -5,11 +5,11 @@
  * (model/tma.cuh), as CUTLASS's "TMA warp-specialized" kernels, FlashAttention-3 and DeepGEMM do:
  *   experts_up_grouped_tma_gpu    g = xe_e w1_e^T, u = xe_e v1_e^T, a = silu(g) u   (rows, F), per expert e
  *   experts_down_grouped_tma_gpu  ye_e = a_e w2_e                                    (rows, d)
- * and the backward's data gradients (issue 25's dgrad; the weight gradients stay per expert on cuBLASLt):
+ * and the backward's data gradients (issue 25's dgrad; the weight gradients: moe_grouped_wgrad.cuh):
  *   experts_down_backward_grouped_tma_gpu  da = dye_e w2_e^T, then dg, du = SwiGLU's backward (da, g, u) in the
  *       epilogue (g, u read there; da not stored)                                    (rows, F)
  *   experts_up_backward_grouped_tma_gpu    dxe_e = dg_e w1_e + du_e v1_e             (rows, d)
- * The step runs them under --moe-gemm grouped (experts_forward_step_gpu, experts_backward_step_gpu at the end).
+ * The step runs them under --moe-gemm grouped (model/moe_experts_step.cuh).
  * Block: 384 threads = a producer warpgroup (one thread issues every copy; its other threads exit) + 2 consumer
  * warpgroups sharing each stage (cooperative: 128 rows of a tile, 64 each). The producer walks the block's stream of
  * (tile, k-tile) pairs: waits the stage's "empty" mbarrier, arms its "full" one with the stage's bytes
@@ -266,32 +266,4 @@ static void experts_up_backward_grouped_tma_gpu(floatX* dxe, const floatX* dg, c
                                                 const int* offsets_dev, int rows, int E, int d, int F, cudaStream_t stream = 0) {
     experts_grouped_tma_launch<MOE_DX, BN, STAGES, PLANT>(dxe, nullptr, nullptr, dg, du, w1, v1, nullptr, nullptr, offsets_dev, rows, E, F, d,
                                                           stream);
-}
-
-// the experts' forward as the training step runs it: ye (null: g, u and a only) from xe grouped by expert. Under
-// --moe-gemm grouped the kernels above (offsets_dev; rows: xe's and a's allocated rows), else experts_forward_gpu expert
-// by expert (offsets_host). Under the emulator both give the same bits (test_moe_grouped); on a GPU their summation
-// orders differ, so the recomputation (--recompute) calls this too. The down-projection's tiles: 256 columns when d allows
-static inline void experts_forward_step_gpu(floatX* ye, floatX* g, floatX* u, floatX* a, const floatX* xe, const floatX* w1,
-                                            const floatX* v1, const floatX* w2, const int* offsets_dev, const int* offsets_host,
-                                            int rows, int E, int d, int F) {
-    if (!g_moe_grouped) { experts_forward_gpu(ye, g, u, a, xe, w1, v1, w2, offsets_host, E, d, F); return; }
-    experts_up_grouped_tma_gpu(g, u, a, xe, w1, v1, offsets_dev, rows, E, d, F);
-    if (ye && d % 256 == 0) experts_down_grouped_tma_gpu<256>(ye, a, w2, offsets_dev, rows, E, d, F);
-    else if (ye) experts_down_grouped_tma_gpu<128>(ye, a, w2, offsets_dev, rows, E, d, F);
-}
-// the experts' backward as the training step runs it (experts_backward_gpu's arguments; rows: dye's, dg's, du's, dxe's
-// allocated rows). Under --moe-gemm grouped the data gradients on the kernels above (dg, du with the SwiGLU backward
-// fused: da is not written; then dxe), the weight gradients per expert on cuBLASLt (they need the host offsets)
-static inline void experts_backward_step_gpu(floatX* dxe, float* dw1, float* dv1, float* dw2, floatX* da, floatX* dg, floatX* du,
-                                             const floatX* dye, const floatX* xe, const floatX* g, const floatX* u, const floatX* a,
-                                             const floatX* w1, const floatX* v1, const floatX* w2, const int* offsets_dev,
-                                             const int* offsets_host, int rows, int E, int d, int F, float wbeta) {
-    if (!g_moe_grouped) {
-        experts_backward_gpu(dxe, dw1, dv1, dw2, da, dg, du, dye, xe, g, u, a, w1, v1, w2, offsets_host, E, d, F, 0, wbeta);
-        return;
-    }
-    experts_down_backward_grouped_tma_gpu(dg, du, nullptr, dye, w2, g, u, offsets_dev, rows, E, d, F);
-    experts_up_backward_grouped_tma_gpu(dxe, dg, du, w1, v1, offsets_dev, rows, E, d, F);
-    experts_backward_gpu(nullptr, dw1, dv1, dw2, nullptr, dg, du, dye, xe, g, u, a, w1, v1, w2, offsets_host, E, d, F, 0, wbeta);
 }

@@ -1,6 +1,6 @@
 /*
- * moe_grouped_wgrad.cuh — the experts' weight-gradient GEMMs as one grouped launch per projection (issue 25; a dev
- * kernel, not yet in the product, whose backward runs model/moe.cuh's experts_backward_gpu: cuBLASLt per expert):
+ * moe_grouped_wgrad.cuh — the experts' weight-gradient GEMMs as one grouped launch per projection (issue 25; the
+ * step's under --moe-gemm grouped, model/moe_experts_step.cuh; the default runs moe.cuh's cuBLASLt GEMMs per expert):
  *   experts_wgrad_grouped_gpu   dW_e (M, N) fp32 = beta dW_e + X_e^T Y_e   for every expert e
  * X (rows, M) and Y (rows, N) BF16 row-major, grouped by expert (offsets (E + 1) on the device): the reduction runs
  * over expert e's rows, K = n_e (any count, 0 included). The product's three:
@@ -199,7 +199,13 @@ static void experts_wgrad_grouped_gpu(float* dw, const floatX* X, const floatX* 
 static inline void experts_wgrad_grouped_all_gpu(float* dw1, float* dv1, float* dw2, const floatX* dg, const floatX* du, const floatX* a,
                                                  const floatX* xe, const floatX* dye, const int* offsets_dev, int rows, int E, int d,
                                                  int F, float wbeta, cudaStream_t stream = 0) {
-    experts_wgrad_grouped_gpu(dw1, dg, xe, offsets_dev, rows, E, F, d, wbeta, stream);
-    experts_wgrad_grouped_gpu(dv1, du, xe, offsets_dev, rows, E, F, d, wbeta, stream);
-    experts_wgrad_grouped_gpu(dw2, a, dye, offsets_dev, rows, E, F, d, wbeta, stream);
+    if (d % 256 == 0) {   // tiles of 128 x 256 of dW where d allows, else 128 x 128
+        experts_wgrad_grouped_gpu<256>(dw1, dg, xe, offsets_dev, rows, E, F, d, wbeta, stream);
+        experts_wgrad_grouped_gpu<256>(dv1, du, xe, offsets_dev, rows, E, F, d, wbeta, stream);
+        experts_wgrad_grouped_gpu<256>(dw2, a, dye, offsets_dev, rows, E, F, d, wbeta, stream);
+    } else {
+        experts_wgrad_grouped_gpu<128>(dw1, dg, xe, offsets_dev, rows, E, F, d, wbeta, stream);
+        experts_wgrad_grouped_gpu<128>(dv1, du, xe, offsets_dev, rows, E, F, d, wbeta, stream);
+        experts_wgrad_grouped_gpu<128>(dw2, a, dye, offsets_dev, rows, E, F, d, wbeta, stream);
+    }
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# test_moe_gemm.sh — --moe-gemm grouped: the GPU step's expert forward and data gradients on model/moe_grouped_tma.cuh's
-# grouped GEMMs (one launch per projection per layer, SwiGLU fused into the forward's up-projection and into the
-# backward's da GEMM, the offsets read on the device) instead of cuBLASLt GEMMs per expert (the weight gradients stay
-# per expert). On the emulated GPU the grouped kernels sum in the twin's k order and round where today's path does,
+# test_moe_gemm.sh — --moe-gemm grouped: the GPU step's expert GEMMs on grouped kernels (model/moe_experts_step.cuh: the
+# forward and the data gradients on moe_grouped_tma.cuh's, the weight gradients on moe_grouped_wgrad.cuh's; one launch
+# per projection per layer, SwiGLU fused into the forward's up-projection and into the backward's da GEMM, the offsets
+# read on the device) instead of cuBLASLt GEMMs per expert. On the emulated GPU the grouped kernels sum in the twin's k order and round where today's path does,
 # so the step (forward and backward) must not change by a bit:
 #   * one GPU, 3 steps (validation every step): losses, validation losses and gradient norms bit-identical to
 #     --moe-gemm cublaslt; the same with every token routed to experts 0..k-1 (DBRX_DEBUG_ROUTE_FIRST: most experts
@@ -10,8 +10,8 @@
 #     ZeRO-3 np 2 (the gathered units' weights);
 #   * the control that the comparison is not vacuous: the grouped run's work log (SIMT_WORKLOG) has 2 grouped launches
 #     per layer per forward (experts_up_grouped_tma, experts_down_grouped_tma; the recomputations: up, and down for
-#     moe) and 2 per layer per backward (experts_down_backward_grouped_tma, experts_up_backward_grouped_tma), the
-#     cublaslt run none;
+#     moe), 2 per layer per backward (experts_down_backward_grouped_tma, experts_up_backward_grouped_tma) and 3 weight
+#     gradients per layer per backward (experts_wgrad_grouped: dw1, dv1, dw2), the cublaslt run none;
 #   * refused in one line, exit 2: an unknown value, the CPU backend, --fp8, --expert-parallel, shapes the kernels do not
 #     take (dbrx-tiny's ffn 224: the tiles are 128 columns), the store's chunked experts (--zero-chunk-mib).
 # (the kernels themselves against the CPU and today's path, with planted bugs, under the race detector: test_moe_grouped)
@@ -61,17 +61,20 @@ def count(name, pat): return sum(1 for l in open(os.path.join(tmp, name + ".wl")
 L, S = 2, 3   # layers, training steps; the validations (one forward each, --val-steps 1) from the log
 V = sum(1 for l in open(os.path.join(tmp, "g1.jsonl")) if '"val_loss"' in l)
 FWD, BWD = r'"name":"experts_(up|down)_grouped_tma"', r'"name":"experts_(up|down)_backward_grouped_tma"'
+WG = r'"name":"experts_wgrad_grouped"'
 g1, c1 = count("g1", FWD), count("c1", r"grouped")
 want = 2 * L * (S + V)
 print(("pass" if g1 == want and c1 == 0 and V >= 3 else "fail") + " work logs: %d grouped forward launches in the grouped run (2 per layer per forward, %d steps and %d validations: %d), %d grouped launches in cublaslt's" % (g1, S, V, want, c1))
 for name in ("g1", "gr"):
     b = count(name, BWD)
     print(("pass" if b == 2 * L * S else "fail") + " %s: %d grouped backward launches (da and dxe per layer per step: %d)" % (name, b, 2 * L * S))
+    w = count(name, WG)
+    print(("pass" if w == 3 * L * S else "fail") + " %s: %d grouped weight-gradient launches (dw1, dv1, dw2 per layer per step: %d)" % (name, w, 3 * L * S))
 gr = count("gr", FWD)
 want_r = want + S * (2 + 1)   # the backward's recomputations: layer 0 moe (up + down), layer 1 swiglu (up)
 print(("pass" if gr == want_r else "fail") + " --recompute moe:0,swiglu:1: %d grouped launches (the forwards' %d + per step 2 for moe and 1 for swiglu: %d)" % (gr, want, want_r))
 PY
-verdicts "$tmp/verdicts" 4
+verdicts "$tmp/verdicts" 6
 
 # refused
 expect_exit 2 "--moe-gemm foo" $EMU --device cuda "${G[@]}" --moe-gemm foo
