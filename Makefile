@@ -278,6 +278,7 @@ dev/cuda/attention_wgmma dev/cuda/attention_wgmma_emu dev/cuda/attention_wgmma_r
 # the grouped expert GEMMs (model/moe_grouped.cuh, a candidate for the product): no register spills either
 dev/cuda/moe_grouped: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/moe_wgrad: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
+dev/cuda/moe_fp8_grouped: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 $(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ $< -lopenblas -lm
 gpu-build: $(if $(NVCC),$(GPU_TESTS) $(DEV_CUDA))
