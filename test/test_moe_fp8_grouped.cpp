@@ -188,14 +188,14 @@ static const std::vector<int> COUNTS = {0, 1, 63, 64, 65, 200, 0, 129, 7, 128, 0
 constexpr int D_RUN = 384, F_RUN = 256;
 #endif
 
-TEST_CASE("FP8 grouped up: the CPU product, cuBLASLt's twin bit for bit; uneven experts, tails, several tiles a block") {
+TEST_CASE("FP8 grouped up and down: the CPU product, cuBLASLt's twin bit for bit; uneven experts, tails, several tiles a block") {
     Fp8Case c = make_case(COUNTS, D_RUN, F_RUN);
     CHECK(fp8_vs_twin(c, true) == 0);
     CHECK(fp8_down_vs_twin(c, true) == 0);
     free_case(c);
 }
 
-TEST_CASE("FP8 grouped up: d 1024 (8 k-tiles through 6 stages), the last expert empty") {
+TEST_CASE("FP8 grouped up and down: d 1024 (8 k-tiles through 6 stages), the last expert empty") {
     Fp8Case c = make_case({70, 0, 130, 257, 1, 0}, 1024, 128);
     CHECK(fp8_vs_twin(c, true) == 0);
     CHECK(fp8_down_vs_twin(c, true) == 0);   // (N 1024: 8 n-tiles of 128)
@@ -203,11 +203,13 @@ TEST_CASE("FP8 grouped up: d 1024 (8 k-tiles through 6 stages), the last expert 
 }
 
 #if !defined(SIMT_RACE_DETECT)
-TEST_CASE("FP8 grouped up at DBRX-132B's d 6144 and F 10752 (one at a time)") {
+TEST_CASE("FP8 grouped up and down at DBRX-132B's d 6144") {
     Fp8Case c = make_case({70, 0, 130}, 6144, 128);   // 48 k-tiles: 8 passes around the ring per tile
     CHECK(fp8_vs_twin(c, true) == 0);
     CHECK(fp8_down_vs_twin(c, false) == 0);   // (N 6144: 48 n-tiles)
     free_case(c);
+}
+TEST_CASE("FP8 grouped up and down at DBRX-132B's F 10752") {
     Fp8Case f = make_case({70, 0, 130}, 128, 10752);   // 168 n-tiles x 2 m-tiles over 3 blocks
     CHECK(fp8_vs_twin(f, false) == 0);
     CHECK(fp8_down_vs_twin(f, true) == 0);    // (K 10752: 84 k-tiles, 14 passes around the ring)
@@ -215,7 +217,7 @@ TEST_CASE("FP8 grouped up at DBRX-132B's d 6144 and F 10752 (one at a time)") {
 }
 #endif
 
-TEST_CASE("FP8 grouped up negative controls: a wrong k block's factor, a skipped promotion, expect_tx") {
+TEST_CASE("FP8 grouped negative controls: a wrong k block's factor, a skipped promotion, expect_tx") {
     Fp8Case c = make_case({65, 0, 130}, 384, 128);
     size_t wrong_block = fp8_vs_twin<1>(c, false), skipped = fp8_vs_twin<2>(c, false);
     MESSAGE("next k block's activation factor: " << wrong_block << " mismatches; promotion of k block 1 skipped: " << skipped);
