@@ -24,7 +24,8 @@
  * Stage 32 KiB, 6 stages. Each k-tile's MMAs are waited for before the promotion (wait_group 0, as DeepGEMM): the
  * other consumer warpgroup's MMAs and the producer's copies overlap it. Untimed on a GPU until the next lease.
  * PLANT (tests only): 1 the activation scale of the next k block (k blocks wrapped), 2 the promotion skipped for
- * k block 1, 3 expect_tx 16 bytes above the stage's (the phase never completes: a reported deadlock).
+ * k block 1, 3 expect_tx 16 bytes above the stage's (the phase never completes: a reported deadlock), 4 the stage
+ * released before its MMAs completed (the refill's copy over a stage being read: a race).
  */
 #pragma once
 #include "moe_grouped_tma.cuh"
@@ -125,9 +126,10 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
             // the factors' loads overlap the MMAs (the accumulators untouched until the wait)
             const int kx = PLANT == 1 ? (kt + 1) % ktiles : kt;
             const float x0 = sx[(size_t)kx * rows + r0], x1 = sx[(size_t)kx * rows + r1], b1 = s1[wb + kt], b2 = s2[wb + kt];
+            if (PLANT == 4) grouped_tma_release(&empty[s]);
             wgmma_wait<0>();
             wgmma_fence_operand(tmp);
-            grouped_tma_release(&empty[s]);
+            if (PLANT != 4) grouped_tma_release(&empty[s]);
             if (PLANT == 2 && kt == 1) continue;
             const float f[4] = {x0 * b1, x1 * b1, x0 * b2, x1 * b2};   // (row half, g / u; DOWN: b2 = b1)
             for (int i = 0; i < MOE_FP8_BN; i++) acc[i] = fp8_promote(acc[i], tmp[i], f[(i / 2) % 2 + 2 * (i >= MOE_FP8_BN / 2)]);

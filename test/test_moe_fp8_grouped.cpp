@@ -14,7 +14,8 @@
  * fill), 3 emulated persistent blocks walking several tiles, d 1024 (8 k-tiles: the 6-stage ring wraps within a
  * tile), DBRX-132B's d 6144 and F 10752 one at a time. Outputs poisoned (NaN) with guard rows: an unwritten row or one
  * written past the end fails. Negative controls (must fail): PLANT 1 the next k block's activation factor, 2 the
- * promotion skipped for k block 1 (both projections), 3 expect_tx 16 bytes high (a reported deadlock). The down
+ * promotion skipped for k block 1 (both projections), 3 expect_tx 16 bytes high (a reported deadlock), 4 a stage
+ * released before its MMAs completed (wrong bits; under the race detector, test_race_moe_fp8_grouped, a race). The down
  * input a8 is independent random codes (not the up-projection's a): each GEMM is checked on its own.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -233,6 +234,23 @@ TEST_CASE("FP8 grouped negative controls: a wrong k block's factor, a skipped pr
     MESSAGE(e.substr(0, 300));
     CHECK(e.find("deadlock in kernel experts_up_grouped_fp8") != std::string::npos);
     CHECK(e.find("tx-count 16 byte(s) not arrived") != std::string::npos);
+    // a stage released before its MMAs completed: the producer's refill lands while they read it (a race; without the
+    // detector the emulated MMAs read the refilled stage at their wait: wrong bits)
+    // (d 1024: 8 k-tiles, the 6-stage ring wraps within a tile; the producer's warp scheduled ahead)
+    Fp8Case k = make_case({65, 0, 130}, 1024, 128);
+    const bool random = simt::options().random;
+    const uint64_t seed = simt::options().seed;
+    simt::set_schedule_warp_ahead(0);
+    size_t early = 0;
+    e = simt::error_of([&] { early = fp8_vs_twin<4>(k, false); });
+    simt::set_schedule(random, seed);
+    free_case(k);
+    MESSAGE("stage released before its MMAs completed: " << early << " mismatches; " << e.substr(0, 200));
+#if defined(SIMT_RACE_DETECT)
+    CHECK(e.find("race in kernel experts_up_grouped_fp8") != std::string::npos);
+#else
+    CHECK(early > 0);
+#endif
     free_case(c);
 }
 
