@@ -49,14 +49,15 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
                    : fp8.recipe == FP8_CURRENT ? (", margin " + std::to_string(fp8.margin)).c_str() : ", 1x128 activation / gradient tiles, 128x128 weight blocks");
     }
 
-    // --moe-gemm grouped: the experts' forward on model/moe_grouped.cuh's kernels (sm_90a: wgmma), if the shapes fit them
+    // --moe-gemm grouped: the experts' forward and data gradients on model/moe_grouped_tma.cuh's kernels (sm_90a: TMA,
+    // wgmma), if the shapes fit them
     g_moe_grouped = args.run.moe_gemm == "grouped";
     if (g_moe_grouped) {
         std::string unfit = moe_grouped_unfit(cfg.n_experts, cfg.d_model, cfg.ffn_hidden);
         if (!unfit.empty()) fail(EXIT_BAD_INPUT, "--moe-gemm grouped %s", unfit.c_str());
         if (prop.major * 10 + prop.minor != 90)   // (the emulator reports sm_90)
             fail(EXIT_BAD_INPUT, "--moe-gemm grouped: its kernels are Hopper's (sm_90a); this GPU is sm_%d%d", prop.major, prop.minor);
-        if (comm.rank == 0) printf("experts: forward on grouped GEMMs (one launch per projection per layer, SwiGLU fused); backward per expert\n");
+        if (comm.rank == 0) printf("experts: forward and data gradients on grouped GEMMs (TMA, SwiGLU fused each way); weight gradients per expert\n");
     }
 
     DbrxGPU model;

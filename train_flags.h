@@ -33,7 +33,7 @@ typedef struct {
     int plan_gpus = 0;              // ... and the run's GPUs (0: the shard group, or the EP degree)
     std::string recompute = "";     // --recompute SPEC (model/recompute.h); "": nothing recomputed
     std::string compress_acts = "", compress_format = "e4m3";   // --compress-acts SPEC, --compress-format (model/act_compress.cuh)
-    std::string moe_gemm = "cublaslt";   // --moe-gemm: the GPU step's expert forward, per-expert cuBLASLt | grouped (model/moe_grouped.cuh)
+    std::string moe_gemm = "cublaslt";   // --moe-gemm: the GPU step's expert GEMMs, per-expert cuBLASLt | grouped (model/moe_grouped_tma.cuh)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -141,7 +141,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--recompute", "", F_STR, &a->run.recompute, "selective activation recomputation: GRAN[:RANGE][,...], GRAN attn | swiglu | "
                                                       "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
-        {"--moe-gemm", "", F_STR, &a->run.moe_gemm, "the GPU step's expert forward: cublaslt (a GEMM per expert) | grouped (Hopper grouped GEMMs, SwiGLU fused, device offsets; BF16, no EP or chunked experts)"},
+        {"--moe-gemm", "", F_STR, &a->run.moe_gemm, "the GPU step's expert GEMMs: cublaslt (a GEMM per expert) | grouped (forward and data gradients as Hopper grouped GEMMs, SwiGLU fused, device offsets; BF16, no EP or chunked experts)"},
         {"--compress-acts", "", F_STR, &a->run.compress_acts, "CLASS[:RANGE][,...], CLASS swiglu (the experts' g, u) | attn (LN1's "
                                                               "output), kept compressed until the backward (not bit-identical; README)"},
         {"--compress-format", "", F_STR, &a->run.compress_format, "--compress-acts' format: e4m3 (1x128 scales) | bf16 (CPU only)"},

@@ -24,7 +24,7 @@
 #include "cuda_common.h"
 #include "dbrx_fp8_cuda.cuh"
 #include "attention_cp_cuda.cuh"
-#include "moe_grouped.cuh"   // (--moe-gemm grouped: before the recomputation, which calls it too)
+#include "moe_grouped_tma.cuh"   // (--moe-gemm grouped: before the recomputation, which calls it too)
 #include "dbrx_recompute_cuda.cuh"
 
 template <typename T> struct BlockViews { T *norm1, *wqkv, *wo, *norm2, *router, *w1, *v1, *w2; };
@@ -389,7 +389,7 @@ static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, con
         fp8_experts_forward_gpu(&m->fp8, l, a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, E, d, F, 0, a->ln2, row_token);   // (gathers xe)
     } else {
         moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
-        experts_forward_step_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets, a->offsets_host.data(), E, d, F);
+        experts_forward_step_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets, a->offsets_host.data(), N * k, E, d, F);
     }
 }
 // the weight gradients (3 x E x n: w1, v1, w2) of the experts without rows zeroed, block (x, e) on expert e: one launch
@@ -410,8 +410,8 @@ static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, co
     int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
     if (fp8_on(&m->fp8)) fp8_experts_backward_gpu(&m->fp8, l, m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g,
                                                   a->u, a->act, w.w1, w.v1, w.w2, E, d, F, 0, wbeta);
-    else experts_backward_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1, w.w2,
-                              a->offsets_host.data(), E, d, F, 0, wbeta);
+    else experts_backward_step_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1,
+                                   w.w2, a->offsets, a->offsets_host.data(), m->B * m->T * c->top_k, E, d, F, wbeta);
     if (wbeta == 0.0f)   // (overwriting: an expert without rows wrote nothing)
         LAUNCH(experts_zero_empty_kernel, dim3(64, E), 256, 0, 0, gw.w1, gw.v1, gw.w2, a->offsets, E, (size_t)F * d);
 }

@@ -124,6 +124,7 @@ template <typename M> static inline void gpu_recompute_experts(M* m, int l, int 
     floatX* ye = (rc & RC_MOE) ? a->ye : nullptr;   // (nullptr: the up GEMMs and SwiGLU only)
     m->fp8.frozen = true;
     if (fp8_on(&m->fp8)) fp8_experts_forward_gpu(&m->fp8, l, ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, E, d, F);
-    else experts_forward_step_gpu(ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets, a->offsets_host.data(), E, d, F);
+    else experts_forward_step_gpu(ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets, a->offsets_host.data(),
+                                  m->B * m->T * c->top_k, E, d, F);
     m->fp8.frozen = false;
 }

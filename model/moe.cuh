@@ -406,7 +406,8 @@ static inline void experts_forward_gpu(floatX* ye, floatX* g, floatX* u, floatX*
 }
 
 // dxe (rows, C) BF16 overwritten; dw1, dv1, dw2 (E*F, C) fp32 accumulated (wbeta 0: overwritten; an expert without
-// rows is not written); da, dg, du (rows, F) scratch.
+// rows is not written); da, dg, du (rows, F) scratch. dxe null: the weight gradients only, from dg, du as given (the
+// grouped data gradients computed them: model/moe_grouped_tma.cuh's experts_backward_step_gpu).
 // dxe = dg w1_e + du v1_e is two GEMMs, each accumulating in fp32: the first writes BF16, the second adds
 // its product to that BF16 C and rounds again. Two roundings of a BF16 output, no fp32 scratch: measured
 // as close to the CPU's fp32 gradients as one rounding, and as the fp32 dxe before (model/CUDA.md, "The
@@ -421,10 +422,10 @@ static inline void experts_backward_gpu(floatX* dxe, float* dw1, float* dv1, flo
         size_t wo = (size_t)e * F * C;
         const floatX* dy = dye + (size_t)r0 * C;
         // ye = a @ w2_e:  da = dye @ w2_e^T,  dw2_e += a^T @ dye
-        gemm_gpu(false, true, n, F, C, 1.0f, dy, C, w2 + wo, C, 0.0f, da + (size_t)r0 * F, F, stream);
+        if (dxe) gemm_gpu(false, true, n, F, C, 1.0f, dy, C, w2 + wo, C, 0.0f, da + (size_t)r0 * F, F, stream);
         gemm_gpu(true, false, F, C, n, 1.0f, a + (size_t)r0 * F, F, dy, C, wbeta, dw2 + wo, C, stream);
     }
-    swiglu_backward_gpu(dg, du, da, g, u, (size_t)offsets_host[E] * F, stream);
+    if (dxe) swiglu_backward_gpu(dg, du, da, g, u, (size_t)offsets_host[E] * F, stream);
     long long sd, sg;
     bool swap;
     bool pair = pair_strides(dg, du, sizeof(floatX), dw1, dv1, sizeof(float), &sd, &sg, &swap);
@@ -434,14 +435,17 @@ static inline void experts_backward_gpu(floatX* dxe, float* dw1, float* dv1, flo
         int r0 = offsets_host[e], n = offsets_host[e + 1] - offsets_host[e];
         if (n == 0) continue;
         size_t wo = (size_t)e * F * C;
+        floatX* dxe_e = dxe ? dxe + (size_t)r0 * C : nullptr;
         if (!pair) {
-            matmul_backward_gpu(dxe + (size_t)r0 * C, dw1 + wo, dg + (size_t)r0 * F, xe + (size_t)r0 * C, w1 + wo, n, C, F, 0.0f, stream, wbeta);
-            matmul_backward_gpu(dxe + (size_t)r0 * C, dv1 + wo, du + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F, 1.0f, stream, wbeta);
+            matmul_backward_gpu(dxe_e, dw1 + wo, dg + (size_t)r0 * F, xe + (size_t)r0 * C, w1 + wo, n, C, F, 0.0f, stream, wbeta);
+            matmul_backward_gpu(dxe_e, dv1 + wo, du + (size_t)r0 * F, xe + (size_t)r0 * C, v1 + wo, n, C, F, 1.0f, stream, wbeta);
             continue;
         }
         // dxe_e = dg_e @ w1_e + du_e @ v1_e (two GEMMs, see above); [dw1_e | dv1_e] += [dg_e | du_e]^T @ xe_e (one)
-        matmul_backward_gpu(dxe + (size_t)r0 * C, (float*)nullptr, dg + (size_t)r0 * F, nullptr, w1 + wo, n, C, F, 0.0f, stream);
-        matmul_backward_gpu(dxe + (size_t)r0 * C, (float*)nullptr, du + (size_t)r0 * F, nullptr, v1 + wo, n, C, F, 1.0f, stream);
+        if (dxe) {
+            matmul_backward_gpu(dxe_e, (float*)nullptr, dg + (size_t)r0 * F, nullptr, w1 + wo, n, C, F, 0.0f, stream);
+            matmul_backward_gpu(dxe_e, (float*)nullptr, du + (size_t)r0 * F, nullptr, v1 + wo, n, C, F, 1.0f, stream);
+        }
         gemm_gpu_batched(true, false, F, C, n, 1.0f, db + (size_t)r0 * F, F, sd, xe + (size_t)r0 * C, C, 0, wbeta, gb + wo, C, sg, 2,
                          stream);
     }

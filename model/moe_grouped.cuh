@@ -1,6 +1,6 @@
 /*
- * moe_grouped.cuh — the experts' GEMMs as Hopper grouped GEMMs (issue 25; the training step's expert forward under
- * --moe-gemm grouped, experts_forward_step_gpu below; its backward stays on cuBLASLt):
+ * moe_grouped.cuh — the experts' GEMMs as Hopper grouped GEMMs (issue 25; versions 1-3, cp.async-fed: the dev program's;
+ * the product's --moe-gemm grouped runs version 4, model/moe_grouped_tma.cuh):
  * one launch per projection for all experts, the expert offsets read ON THE DEVICE (no host sync), on
  * warpgroup MMA (model/wgmma.cuh), with the SwiGLU fused into the up-projection's epilogue:
  *   experts_up_grouped_gpu    g = xe_e w1_e^T, u = xe_e v1_e^T, a = silu(g) u   (rows, F), per expert e
@@ -238,28 +238,16 @@ static void experts_down_grouped_gpu(floatX* ye, const floatX* a, const floatX* 
     experts_grouped_launch<false, WG, BN, STAGES, PLANT>(ye, nullptr, nullptr, a, w2, nullptr, offsets_dev, E, F, d, stream);
 }
 
-// --moe-gemm grouped (train_cuda.cuh sets it): the step's expert forward (block_experts_forward and its recomputation)
-// on the kernels above, reading the offsets on the device; the backward keeps cuBLASLt's per-expert GEMMs
+// --moe-gemm grouped (train_cuda.cuh sets it): the step's expert forward and data gradients on the TMA-fed kernels
+// (model/moe_grouped_tma.cuh: experts_forward_step_gpu, experts_backward_step_gpu); v1-v3 above are the dev program's
 inline int g_moe_grouped = 0;
 
-// "" when the model's experts fit the kernels (d and F multiples of the k-tile, d of the down-projection's 128 columns,
-// F of the up-projection's 64, E <= 128), else why not: the run is refused at start-up with it
+// "" when the model's experts fit the product's kernels (d and F multiples of their 128-column tiles, E <= 128), else
+// why not: the run is refused at start-up with it
 static inline std::string moe_grouped_unfit(int E, int d, int F) {
     char buf[200] = "";
-    if (E > MOE_GROUPED_MAX_E || d % 128 != 0 || F % 64 != 0)
-        snprintf(buf, sizeof buf, "needs at most %d experts (%d), d_model a multiple of 128 (%d) and ffn_hidden of 64 (%d)",
+    if (E > MOE_GROUPED_MAX_E || d % 128 != 0 || F % 128 != 0)
+        snprintf(buf, sizeof buf, "needs at most %d experts (%d), d_model a multiple of 128 (%d) and ffn_hidden of 128 (%d)",
                  MOE_GROUPED_MAX_E, E, d, F);
     return buf;
-}
-
-// the experts' forward as the training step runs it: ye (null: g, u and a only) from xe grouped by expert. Grouped
-// (offsets_dev) under --moe-gemm grouped, else experts_forward_gpu expert by expert (offsets_host). Under the emulator
-// both give the same bits (test_moe_grouped); on a GPU their summation orders differ, so the recomputation (--recompute)
-// calls this too
-static inline void experts_forward_step_gpu(floatX* ye, floatX* g, floatX* u, floatX* a, const floatX* xe, const floatX* w1,
-                                            const floatX* v1, const floatX* w2, const int* offsets_dev, const int* offsets_host,
-                                            int E, int d, int F) {
-    if (!g_moe_grouped) { experts_forward_gpu(ye, g, u, a, xe, w1, v1, w2, offsets_host, E, d, F); return; }
-    experts_up_grouped_gpu(g, u, a, xe, w1, v1, offsets_dev, E, d, F);
-    if (ye) experts_down_grouped_gpu(ye, a, w2, offsets_dev, E, d, F);
 }

@@ -5,6 +5,11 @@
  * (model/tma.cuh), as CUTLASS's "TMA warp-specialized" kernels, FlashAttention-3 and DeepGEMM do:
  *   experts_up_grouped_tma_gpu    g = xe_e w1_e^T, u = xe_e v1_e^T, a = silu(g) u   (rows, F), per expert e
  *   experts_down_grouped_tma_gpu  ye_e = a_e w2_e                                    (rows, d)
+ * and the backward's data gradients (issue 25's dgrad; the weight gradients stay per expert on cuBLASLt):
+ *   experts_down_backward_grouped_tma_gpu  da = dye_e w2_e^T, then dg, du = SwiGLU's backward (da, g, u) in the
+ *       epilogue (g, u read there; da not stored)                                    (rows, F)
+ *   experts_up_backward_grouped_tma_gpu    dxe_e = dg_e w1_e + du_e v1_e             (rows, d)
+ * The step runs them under --moe-gemm grouped (experts_forward_step_gpu, experts_backward_step_gpu at the end).
  * Block: 384 threads = a producer warpgroup (one thread issues every copy; its other threads exit) + 2 consumer
  * warpgroups sharing each stage (cooperative: 128 rows of a tile, 64 each). The producer walks the block's stream of
  * (tile, k-tile) pairs: waits the stage's "empty" mbarrier, arms its "full" one with the stage's bytes
@@ -14,15 +19,23 @@
  *   UP  B = 128 rows of w1_e then the same 128 rows of v1_e (boxes of 64 k x 128 rows; wgmma N 256)
  *   DOWN B = w2_e (F, d) row-major, MN-major: 4 boxes of 64 columns x 64 k-rows, each exactly grouped_load_b_down's
  *       128B-swizzled panel (row k's chunk c at c ^ k % 8, panels 8192 bytes apart = LBO, SBO 1024; transpose flag 1)
+ *   DA  (down-backward) A = dye, B = w2_e's rows n0.. K-major (as UP's w1_e; wgmma N BN)
+ *   DX  (up-backward) A = dg then du (two maps), B = w1_e then v1_e MN-major (as DOWN's w2_e): K runs over F twice.
+ *       Today's path is two GEMMs, the second adding its product to the first's BF16 output (beta 1): the consumers
+ *       wait the first sum's MMAs, round it to BF16 (kept packed), and sum the second from 0; the epilogue stores
+ *       BF16(second + first), the twin's D = acc + beta C. DA rounds da to BF16 (the GEMM's output) before
+ *       moe.cuh's swiglu_grads, as swiglu_backward_kernel reads it. Both: today's bits under the emulator.
  * The consumers wait on "full", issue the k-tile's 4 wgmma k-steps, commit, keep one k-tile's MMAs in flight
  * (wait_group 1) and then release the PREVIOUS k-tile's stage: lane 0 of each consumer warp arrives on its "empty"
  * barrier (count 8) after the warp's wait_group, so a stage is refilled only once every MMA reading it completed.
  * No __syncthreads() after the schedule. Stage = 16 KiB of A + 32 KiB of B = 48 KiB, 4 stages (192 KiB + 1 KiB of
- * alignment; 5 would pass the 227 KiB limit). The MMAs and their k order are v3's: under the emulator the results
+ * alignment; 5 would pass the 227 KiB limit); DA and DX: 128 x 128 tiles (DX also holds the first sum: 32 registers),
+ * 6 stages of 32 KiB. The MMAs and their k order are v3's: under the emulator the results
  * are bit for bit moe_grouped.cuh's (and today's path's). Untimed on a GPU until the next lease.
  * PLANT (tests only): 1, 2 as moe_grouped.cuh's (the scheduler's floor, the store mask one row too far); 4 the
  * producer skips the "empty" wait (a stage overwritten while read); 5 expect_tx 16 bytes above the stage's
- * (the phase never completes); 6 a consumer releases the stage it has just issued MMAs on, before they completed.
+ * (the phase never completes); 6 a consumer releases the stage it has just issued MMAs on, before they completed;
+ * 7 DX's two products summed in one fp32 sum (not today's rounding points); 8 DA's SwiGLU backward from the unrounded da.
  */
 #pragma once
 #include "moe_grouped.cuh"
@@ -32,31 +45,40 @@
 #define MOE_TMA_THREADS 384   // the producer warpgroup and 2 consumer warpgroups
 #define MOE_SMEM_LIMIT (227 * 1024)
 
+// the four GEMMs: the forward's projections and the backward's data gradients (d: dye's and dxe's width)
+enum { MOE_UP = 0, MOE_DOWN = 1, MOE_DA = 2, MOE_DX = 3 };
+// B K-major (UP: w1_e, v1_e; DA: w2_e, rows F = N), else MN-major (DOWN: w2_e; DX: w1_e, v1_e, rows F = K)
+template <int MODE> __host__ __device__ constexpr bool grouped_b_kmajor() { return MODE == MOE_UP || MODE == MOE_DA; }
 // the stage's bytes: A (128 rows of 128 bytes) then B (NB rows / k-rows of 128 bytes)
-template <bool UP, int BN> __host__ __device__ constexpr int grouped_tma_stage_bytes() { return (MOE_TMA_BM + (UP ? 2 * BN : BN)) * 128; }
-template <bool UP, int BN, int STAGES> constexpr size_t grouped_tma_smem() { return (size_t)STAGES * grouped_tma_stage_bytes<UP, BN>() + 1024; }
+template <int MODE, int BN> __host__ __device__ constexpr int grouped_tma_stage_bytes() { return (MOE_TMA_BM + (MODE == MOE_UP ? 2 * BN : BN)) * 128; }
+template <int MODE, int BN, int STAGES> constexpr size_t grouped_tma_smem() { return (size_t)STAGES * grouped_tma_stage_bytes<MODE, BN>() + 1024; }
+// k-tiles per tile: DX runs K (= F) twice, dg against w1_e then du against v1_e
+template <int MODE> __device__ __forceinline__ int grouped_tma_ktiles(int K) { return (MODE == MOE_DX ? 2 : 1) * (K / MOE_GROUPED_BK); }
 
 // the producer (one thread): every (tile, k-tile) of the block into the ring, each stage once its consumers released it
-template <bool UP, int BN, int STAGES, int PLANT>
-__device__ __forceinline__ void grouped_tma_produce(char* smem, uint64_t* full, uint64_t* empty, const CUtensorMap* ma, const CUtensorMap* mb0,
-                                                    const CUtensorMap* mb1, const int* s_mt, const int* s_off, int E, int K, int Nout) {
-    constexpr int STAGE = grouped_tma_stage_bytes<UP, BN>(), A_BYTES = MOE_TMA_BM * 128;
-    const int ntiles_n = Nout / BN, ktiles = K / MOE_GROUPED_BK, total = s_mt[E] * ntiles_n;
+template <int MODE, int BN, int STAGES, int PLANT>
+__device__ __forceinline__ void grouped_tma_produce(char* smem, uint64_t* full, uint64_t* empty, const CUtensorMap* ma, const CUtensorMap* ma1,
+                                                    const CUtensorMap* mb0, const CUtensorMap* mb1, const int* s_mt, const int* s_off, int E,
+                                                    int K, int Nout) {
+    constexpr int STAGE = grouped_tma_stage_bytes<MODE, BN>(), A_BYTES = MOE_TMA_BM * 128;
+    const int ntiles_n = Nout / BN, ktiles = grouped_tma_ktiles<MODE>(K), total = s_mt[E] * ntiles_n;
     int it = 0;   // the block's k-tile count: stage it % STAGES, its use it / STAGES
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tile = grouped_tile<MOE_TMA_BM, BN>(s_mt, s_off, E, ntiles_n, t);
         for (int kt = 0; kt < ktiles; kt++, it++) {
-            const int s = it % STAGES, k0 = kt * MOE_GROUPED_BK;
+            const int s = it % STAGES, second = MODE == MOE_DX && kt * MOE_GROUPED_BK >= K, k0 = kt * MOE_GROUPED_BK - (second ? K : 0);
             // the stage's previous use released by both consumers (its first use: parity 1 passes at once)
             if (PLANT != 4) mbarrier_wait_parity(&empty[s], ((it / STAGES) & 1) ^ 1);
             char* st = smem + s * STAGE;
             mbarrier_arrive_expect_tx(&full[s], STAGE + (PLANT == 5 ? 16 : 0));
-            tma_load_2d(st, ma, k0, tile.m0, &full[s]);
-            if constexpr (UP) {   // w1, v1 seen as (E F, d): expert e's rows n0 .. at e F + n0
+            tma_load_2d(st, second ? ma1 : ma, k0, tile.m0, &full[s]);
+            if constexpr (MODE == MOE_UP) {   // w1, v1 seen as (E F, d): expert e's rows n0 .. at e F + n0
                 tma_load_2d(st + A_BYTES, mb0, k0, tile.e * Nout + tile.n0, &full[s]);
                 tma_load_2d(st + A_BYTES + BN * 128, mb1, k0, tile.e * Nout + tile.n0, &full[s]);
-            } else {   // w2 seen as (E F, d): k-rows e F + k0 .., 64 columns per panel
-                for (int p = 0; p < BN / 64; p++) tma_load_2d(st + A_BYTES + p * 8192, mb0, tile.n0 + 64 * p, tile.e * K + k0, &full[s]);
+            } else if constexpr (MODE == MOE_DA) {   // w2 seen as (E F, d): rows e F + n0 .., k = d's columns
+                tma_load_2d(st + A_BYTES, mb0, k0, tile.e * Nout + tile.n0, &full[s]);
+            } else {   // w2 (DOWN), w1 then v1 (DX) seen as (E F, d): k-rows e F + k0 .., 64 columns per panel
+                for (int p = 0; p < BN / 64; p++) tma_load_2d(st + A_BYTES + p * 8192, second ? mb1 : mb0, tile.n0 + 64 * p, tile.e * K + k0, &full[s]);
             }
         }
     }
@@ -68,15 +90,69 @@ __device__ __forceinline__ void grouped_tma_release(uint64_t* empty) {
     if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
 }
 
+// k-tiles it .. it + n - 1 of the block's stream (each stage waited full, MMAs issued, the previous released once
+// complete); the last one's stage is the caller's to release
+template <bool KMAJOR, int NB, int STAGES, int PLANT>
+__device__ __forceinline__ void grouped_tma_consume(float (&d)[NB / 2], char* smem, uint64_t* full, uint64_t* empty, int q, int& it, int n,
+                                                    int stage_bytes) {
+    for (int kt = 0; kt < n; kt++, it++) {
+        const int s = it % STAGES;
+        mbarrier_wait_parity(&full[s], (it / STAGES) & 1);
+        grouped_mma_ktile<KMAJOR, NB>(d, smem + s * stage_bytes, smem + s * stage_bytes + MOE_TMA_BM * 128, q);
+        if (PLANT == 6) grouped_tma_release(&empty[s]);
+        wgmma_wait<1>();   // the previous k-tile's MMAs completed: its stage goes back to the producer
+        if (kt > 0 && PLANT != 6) grouped_tma_release(&empty[(it - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    if (PLANT != 6) grouped_tma_release(&empty[(it - 1) % STAGES]);
+}
+
+// the backward's epilogues (grouped_epilogue's fragment layout; rows past the expert's end skipped):
+//   DA  c = da rounded to BF16 as today's GEMM stores it, then dg, du from it and the tile's g, u (in0, in1) with
+//       moe.cuh's swiglu_grads as swiglu_backward_kernel does: out0 dg, out1 du, out2 da (null: not stored)
+//   DX  dxe = BF16(the du v1_e sum + c), c the dg w1_e sum rounded to BF16: today's second GEMM (beta 1 on the first's
+//       BF16 output)
+template <int MODE, int PLANT, int M>
+__device__ __forceinline__ void grouped_bwd_epilogue(const float (&d)[M], const __nv_bfloat162* c, const GroupedTile& tile, int q, floatX* out0,
+                                                     floatX* out1, floatX* out2, const floatX* in0, const floatX* in1, int Nout) {
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, cl = threadIdx.x % 4;
+    // (DX unrolled: d indexed at run time would live in local memory, serialising the wgmmas that write it: C7514.
+    // DA reads c, not d: its loop is long (the g, u loads, two expf a pair), and unrolled whole it spills; 4 at a time)
+#if defined(__CUDACC__)
+#pragma unroll(MODE == MOE_DA ? 4 : M / 2)
+#endif
+    for (int i = 0; i < M; i += 2) {
+        int r = tile.m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * cl;
+        if (PLANT == 2 ? r > tile.row_end : r >= tile.row_end) continue;
+        size_t o = (size_t)r * Nout + col;
+        if constexpr (MODE == MOE_DA) {
+            float2 df = PLANT == 8 ? make_float2(d[i], d[i + 1]) : __bfloat1622float2(c[i / 2]), gf = __bfloat1622float2(*(const __nv_bfloat162*)(in0 + o)),
+                   uf = __bfloat1622float2(*(const __nv_bfloat162*)(in1 + o));
+            float dg0, du0, dg1, du1;
+            swiglu_grads(df.x, gf.x, uf.x, &dg0, &du0);
+            swiglu_grads(df.y, gf.y, uf.y, &dg1, &du1);
+            *(__nv_bfloat162*)(out0 + o) = __floats2bfloat162_rn(dg0, dg1);
+            *(__nv_bfloat162*)(out1 + o) = __floats2bfloat162_rn(du0, du1);
+            if (out2) *(__nv_bfloat162*)(out2 + o) = c[i / 2];
+        } else {
+            float2 cf = __bfloat1622float2(c[i / 2]);
+            *(__nv_bfloat162*)(out0 + o) = __floats2bfloat162_rn(d[i] + cf.x, d[i + 1] + cf.y);
+        }
+    }
+}
+
 // UP: out0 g, out1 u (both may be null), out2 a (rows, Nout = F) from A = xe (rows, K = d) (map_a), w1, v1 (map_b0,
-// map_b1). DOWN: out0 ye (rows, Nout = d) from A = a (rows, K = F) (map_a), w2 (map_b0). Tiles of 128 rows x BN
-// columns (UP: of g and of u, wgmma N 2 BN); K % 64 == 0, Nout % BN == 0
-template <bool UP, int BN, int STAGES, int PLANT>
+// map_b1). DOWN: out0 ye (rows, Nout = d) from A = a (rows, K = F) (map_a), w2 (map_b0). DA: out0 dg, out1 du, out2 da
+// (rows, Nout = F) from A = dye (rows, K = d), w2 (map_b0) and in0 g, in1 u. DX: out0 dxe (rows, Nout = d) from A = dg
+// then du (map_a, map_a1; rows, K = F), w1 then v1 (map_b0, map_b1). Tiles of 128 rows x BN columns (UP: of g and of
+// u, wgmma N 2 BN); K % 64 == 0, Nout % BN == 0
+template <int MODE, int BN, int STAGES, int PLANT>
 __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
-    experts_grouped_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b0,
-                               const __grid_constant__ CUtensorMap map_b1, floatX* out0, floatX* out1, floatX* out2, const int* offsets, int E,
-                               int K, int Nout) {
-    constexpr int NB = UP ? 2 * BN : BN, STAGE = grouped_tma_stage_bytes<UP, BN>(), A_BYTES = MOE_TMA_BM * 128;
+    experts_grouped_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_a1,
+                               const __grid_constant__ CUtensorMap map_b0, const __grid_constant__ CUtensorMap map_b1, floatX* out0,
+                               floatX* out1, floatX* out2, const floatX* in0, const floatX* in1, const int* offsets, int E, int K, int Nout) {
+    constexpr int NB = MODE == MOE_UP ? 2 * BN : BN, STAGE = grouped_tma_stage_bytes<MODE, BN>();
+    constexpr bool KMAJOR = grouped_b_kmajor<MODE>();
     static_assert(NB <= 256 && BN % 64 == 0, "wgmma's N is at most 256; B panels of 64 columns");
     __shared__ int s_mt[MOE_GROUPED_MAX_E + 1], s_off[MOE_GROUPED_MAX_E + 1];
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
@@ -89,60 +165,76 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         }
     grouped_schedule<MOE_TMA_BM, PLANT>(s_mt, s_off, offsets, E);   // (its __syncthreads() publishes the barriers too)
     if (threadIdx.x < 128) {
-        if (threadIdx.x == 0) grouped_tma_produce<UP, BN, STAGES, PLANT>(smem, full, empty, &map_a, &map_b0, &map_b1, s_mt, s_off, E, K, Nout);
+        if (threadIdx.x == 0)
+            grouped_tma_produce<MODE, BN, STAGES, PLANT>(smem, full, empty, &map_a, &map_a1, &map_b0, &map_b1, s_mt, s_off, E, K, Nout);
         return;
     }
-    const int q = threadIdx.x / 128 - 1, ntiles_n = Nout / BN, ktiles = K / MOE_GROUPED_BK, total = s_mt[E] * ntiles_n;
+    const int q = threadIdx.x / 128 - 1, ntiles_n = Nout / BN, total = s_mt[E] * ntiles_n;
     int it = 0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tile = grouped_tile<MOE_TMA_BM, BN>(s_mt, s_off, E, ntiles_n, t);
         float d[NB / 2];
+        __nv_bfloat162 c[MODE == MOE_DX || MODE == MOE_DA ? NB / 4 : 1];   // DX: the dg w1_e sum, rounded; DA: da, rounded
         for (int i = 0; i < NB / 2; i++) d[i] = 0.0f;
         wgmma_fence_operand(d);
-        for (int kt = 0; kt < ktiles; kt++, it++) {
-            const int s = it % STAGES;
-            mbarrier_wait_parity(&full[s], (it / STAGES) & 1);
-            grouped_mma_ktile<UP, NB>(d, smem + s * STAGE, smem + s * STAGE + A_BYTES, q);
-            if (PLANT == 6) grouped_tma_release(&empty[s]);
-            wgmma_wait<1>();   // the previous k-tile's MMAs completed: its stage goes back to the producer
-            if (kt > 0 && PLANT != 6) grouped_tma_release(&empty[(it - 1) % STAGES]);
+        grouped_tma_consume<KMAJOR, NB, STAGES, PLANT>(d, smem, full, empty, q, it, K / MOE_GROUPED_BK, STAGE);
+        if constexpr (MODE == MOE_DX) {   // rounded to BF16 as today's first GEMM stores it; the du v1_e sum from 0
+            wgmma_fence_operand(d);
+            for (int i = 0; i < NB / 2; i += 2) {
+                c[i / 2] = PLANT == 7 ? __floats2bfloat162_rn(0.0f, 0.0f) : __floats2bfloat162_rn(d[i], d[i + 1]);
+                if (PLANT != 7) d[i] = d[i + 1] = 0.0f;
+            }
+            wgmma_fence_operand(d);
+            grouped_tma_consume<KMAJOR, NB, STAGES, PLANT>(d, smem, full, empty, q, it, K / MOE_GROUPED_BK, STAGE);
         }
-        wgmma_wait<0>();
-        if (PLANT != 6) grouped_tma_release(&empty[(it - 1) % STAGES]);
         wgmma_fence_operand(d);
-        grouped_epilogue<UP, BN, PLANT>(d, tile, q, out0, out1, out2, Nout);
+        if constexpr (MODE == MOE_DA)
+            for (int i = 0; i < NB / 2; i += 2) c[i / 2] = __floats2bfloat162_rn(d[i], d[i + 1]);
+        if constexpr (MODE == MOE_UP || MODE == MOE_DOWN) grouped_epilogue<MODE == MOE_UP, BN, PLANT>(d, tile, q, out0, out1, out2, Nout);
+        else grouped_bwd_epilogue<MODE, PLANT>(d, c, tile, q, out0, out1, out2, in0, in1, Nout);
     }
 }
 
 // the tensor maps (built per call: a host-side encoding, no device work) and the launch. rows: the rows of A and of
 // the outputs as allocated (offsets[E] <= rows: the rows past it are read, never stored; past rows TMA reads zeros)
-template <bool UP, int BN, int STAGES, int PLANT>
-static void experts_grouped_tma_launch(floatX* out0, floatX* out1, floatX* out2, const floatX* A, const floatX* B0, const floatX* B1,
-                                       const int* offsets_dev, int rows, int E, int K, int Nout, cudaStream_t stream) {
-    constexpr size_t smem = grouped_tma_smem<UP, BN, STAGES>();
+template <int MODE, int BN, int STAGES, int PLANT>
+static void experts_grouped_tma_launch(floatX* out0, floatX* out1, floatX* out2, const floatX* A, const floatX* A1, const floatX* B0,
+                                       const floatX* B1, const floatX* in0, const floatX* in1, const int* offsets_dev, int rows, int E,
+                                       int K, int Nout, cudaStream_t stream) {
+    constexpr size_t smem = grouped_tma_smem<MODE, BN, STAGES>();
     // (the static arrays: the schedule's 2 (E + 1) ints and the 2 STAGES barriers)
     constexpr size_t smem_all = smem + 8 * (MOE_GROUPED_MAX_E + 1) + 16 * STAGES;
     if (rows < 1 || E < 1 || E > MOE_GROUPED_MAX_E || K < MOE_GROUPED_BK || K % MOE_GROUPED_BK != 0 || Nout % BN != 0 ||
-        !aligned16({out0, out1, out2, A, B0, B1}) || smem_all > MOE_SMEM_LIMIT) {
+        !aligned16({out0, out1, out2, A, A1, B0, B1, in0, in1}) || smem_all > MOE_SMEM_LIMIT) {
         fprintf(stderr, "experts grouped GEMM (TMA): rows %d (>= 1), E %d (1..%d), K %d (a positive multiple of %d), N %d (of %d), "
                 "16-byte aligned pointers, shared memory %zu bytes for %d stages (at most %d)\n", rows, E, MOE_GROUPED_MAX_E, K,
                 MOE_GROUPED_BK, Nout, BN, smem_all, STAGES, MOE_SMEM_LIMIT);
         exit(EXIT_FAILURE);
     }
-    alignas(64) CUtensorMap ma, mb0, mb1;
+    alignas(64) CUtensorMap ma, ma1, mb0, mb1;
     tma_map_2d_bf16(&ma, A, K, rows, K, 64, MOE_TMA_BM, CU_TENSOR_MAP_SWIZZLE_128B);
-    if (UP) {   // w1, v1 (E F, d): boxes of BN rows
+    ma1 = ma;
+    if (MODE == MOE_DX) tma_map_2d_bf16(&ma1, A1, K, rows, K, 64, MOE_TMA_BM, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (grouped_b_kmajor<MODE>()) {   // w1, v1 (UP), w2 (DA) (E F, d) = (E Nout, K): boxes of 64 k x BN rows
         tma_map_2d_bf16(&mb0, B0, K, (uint64_t)E * Nout, K, 64, BN, CU_TENSOR_MAP_SWIZZLE_128B);
-        tma_map_2d_bf16(&mb1, B1, K, (uint64_t)E * Nout, K, 64, BN, CU_TENSOR_MAP_SWIZZLE_128B);
-    } else {    // w2 (E F, d) = (E K, Nout): boxes of 64 columns x 64 k-rows
+        mb1 = mb0;
+        if (MODE == MOE_UP) tma_map_2d_bf16(&mb1, B1, K, (uint64_t)E * Nout, K, 64, BN, CU_TENSOR_MAP_SWIZZLE_128B);
+    } else {   // w2 (DOWN), w1, v1 (DX) (E F, d) = (E K, Nout): boxes of 64 columns x 64 k-rows
         tma_map_2d_bf16(&mb0, B0, Nout, (uint64_t)E * K, Nout, 64, 64, CU_TENSOR_MAP_SWIZZLE_128B);
         mb1 = mb0;
+        if (MODE == MOE_DX) tma_map_2d_bf16(&mb1, B1, Nout, (uint64_t)E * K, Nout, 64, 64, CU_TENSOR_MAP_SWIZZLE_128B);
     }
     // (the locals' names are the launches' in work logs and traces)
-    auto experts_up_grouped_tma = experts_grouped_tma_kernel<UP, BN, STAGES, PLANT>, experts_down_grouped_tma = experts_up_grouped_tma;
+    auto experts_up_grouped_tma = experts_grouped_tma_kernel<MODE, BN, STAGES, PLANT>, experts_down_grouped_tma = experts_up_grouped_tma,
+         experts_down_backward_grouped_tma = experts_up_grouped_tma, experts_up_backward_grouped_tma = experts_up_grouped_tma;
     cudaCheck(cudaFuncSetAttribute(experts_up_grouped_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    if (UP) LAUNCH(experts_up_grouped_tma, grouped_blocks(), MOE_TMA_THREADS, smem, stream, ma, mb0, mb1, out0, out1, out2, offsets_dev, E, K, Nout);
-    else LAUNCH(experts_down_grouped_tma, grouped_blocks(), MOE_TMA_THREADS, smem, stream, ma, mb0, mb1, out0, out1, out2, offsets_dev, E, K, Nout);
+#define MOE_TMA_LAUNCH(kernel) \
+    LAUNCH(kernel, grouped_blocks(), MOE_TMA_THREADS, smem, stream, ma, ma1, mb0, mb1, out0, out1, out2, in0, in1, offsets_dev, E, K, Nout)
+    if (MODE == MOE_UP) MOE_TMA_LAUNCH(experts_up_grouped_tma);
+    else if (MODE == MOE_DOWN) MOE_TMA_LAUNCH(experts_down_grouped_tma);
+    else if (MODE == MOE_DA) MOE_TMA_LAUNCH(experts_down_backward_grouped_tma);
+    else MOE_TMA_LAUNCH(experts_up_backward_grouped_tma);
+#undef MOE_TMA_LAUNCH
 }
 
 // g, u (rows, F; both null: only a), a (rows, F) from xe (rows, d), w1, v1 (E F, d); offsets_dev (E + 1) on the
@@ -150,11 +242,56 @@ static void experts_grouped_tma_launch(floatX* out0, floatX* out1, floatX* out2,
 template <int BN = 128, int STAGES = 4, int PLANT = 0>
 static void experts_up_grouped_tma_gpu(floatX* g, floatX* u, floatX* a, const floatX* xe, const floatX* w1, const floatX* v1,
                                        const int* offsets_dev, int rows, int E, int d, int F, cudaStream_t stream = 0) {
-    experts_grouped_tma_launch<true, BN, STAGES, PLANT>(g, u, a, xe, w1, v1, offsets_dev, rows, E, d, F, stream);
+    experts_grouped_tma_launch<MOE_UP, BN, STAGES, PLANT>(g, u, a, xe, nullptr, w1, v1, nullptr, nullptr, offsets_dev, rows, E, d, F, stream);
 }
 // ye (rows, d) from a (rows, F), w2 (E F, d); 128 rows x 256 columns per tile, 4 stages of 48 KiB
 template <int BN = 256, int STAGES = 4, int PLANT = 0>
 static void experts_down_grouped_tma_gpu(floatX* ye, const floatX* a, const floatX* w2, const int* offsets_dev, int rows, int E, int d, int F,
                                          cudaStream_t stream = 0) {
-    experts_grouped_tma_launch<false, BN, STAGES, PLANT>(ye, nullptr, nullptr, a, w2, nullptr, offsets_dev, rows, E, F, d, stream);
+    experts_grouped_tma_launch<MOE_DOWN, BN, STAGES, PLANT>(ye, nullptr, nullptr, a, nullptr, w2, nullptr, nullptr, nullptr, offsets_dev, rows,
+                                                            E, F, d, stream);
+}
+// the down-projection's data gradient with the SwiGLU backward fused: da = dye_e w2_e^T (rows, F), then dg, du (rows, F)
+// from da, g, u as swiglu_backward_kernel (da stored only when non-null). 128 x 128 tiles, 6 stages of 32 KiB
+template <int BN = 128, int STAGES = 6, int PLANT = 0>
+static void experts_down_backward_grouped_tma_gpu(floatX* dg, floatX* du, floatX* da, const floatX* dye, const floatX* w2, const floatX* g,
+                                                  const floatX* u, const int* offsets_dev, int rows, int E, int d, int F,
+                                                  cudaStream_t stream = 0) {
+    experts_grouped_tma_launch<MOE_DA, BN, STAGES, PLANT>(dg, du, da, dye, nullptr, w2, nullptr, g, u, offsets_dev, rows, E, d, F, stream);
+}
+// the up-projection's data gradient: dxe_e = dg_e w1_e + du_e v1_e (rows, d), rounded as today's two GEMMs (the first
+// product to BF16, then the second's sum plus it). K runs over F twice; 128 x 128 tiles, 6 stages of 32 KiB
+template <int BN = 128, int STAGES = 6, int PLANT = 0>
+static void experts_up_backward_grouped_tma_gpu(floatX* dxe, const floatX* dg, const floatX* du, const floatX* w1, const floatX* v1,
+                                                const int* offsets_dev, int rows, int E, int d, int F, cudaStream_t stream = 0) {
+    experts_grouped_tma_launch<MOE_DX, BN, STAGES, PLANT>(dxe, nullptr, nullptr, dg, du, w1, v1, nullptr, nullptr, offsets_dev, rows, E, F, d,
+                                                          stream);
+}
+
+// the experts' forward as the training step runs it: ye (null: g, u and a only) from xe grouped by expert. Under
+// --moe-gemm grouped the kernels above (offsets_dev; rows: xe's and a's allocated rows), else experts_forward_gpu expert
+// by expert (offsets_host). Under the emulator both give the same bits (test_moe_grouped); on a GPU their summation
+// orders differ, so the recomputation (--recompute) calls this too. The down-projection's tiles: 256 columns when d allows
+static inline void experts_forward_step_gpu(floatX* ye, floatX* g, floatX* u, floatX* a, const floatX* xe, const floatX* w1,
+                                            const floatX* v1, const floatX* w2, const int* offsets_dev, const int* offsets_host,
+                                            int rows, int E, int d, int F) {
+    if (!g_moe_grouped) { experts_forward_gpu(ye, g, u, a, xe, w1, v1, w2, offsets_host, E, d, F); return; }
+    experts_up_grouped_tma_gpu(g, u, a, xe, w1, v1, offsets_dev, rows, E, d, F);
+    if (ye && d % 256 == 0) experts_down_grouped_tma_gpu<256>(ye, a, w2, offsets_dev, rows, E, d, F);
+    else if (ye) experts_down_grouped_tma_gpu<128>(ye, a, w2, offsets_dev, rows, E, d, F);
+}
+// the experts' backward as the training step runs it (experts_backward_gpu's arguments; rows: dye's, dg's, du's, dxe's
+// allocated rows). Under --moe-gemm grouped the data gradients on the kernels above (dg, du with the SwiGLU backward
+// fused: da is not written; then dxe), the weight gradients per expert on cuBLASLt (they need the host offsets)
+static inline void experts_backward_step_gpu(floatX* dxe, float* dw1, float* dv1, float* dw2, floatX* da, floatX* dg, floatX* du,
+                                             const floatX* dye, const floatX* xe, const floatX* g, const floatX* u, const floatX* a,
+                                             const floatX* w1, const floatX* v1, const floatX* w2, const int* offsets_dev,
+                                             const int* offsets_host, int rows, int E, int d, int F, float wbeta) {
+    if (!g_moe_grouped) {
+        experts_backward_gpu(dxe, dw1, dv1, dw2, da, dg, du, dye, xe, g, u, a, w1, v1, w2, offsets_host, E, d, F, 0, wbeta);
+        return;
+    }
+    experts_down_backward_grouped_tma_gpu(dg, du, nullptr, dye, w2, g, u, offsets_dev, rows, E, d, F);
+    experts_up_backward_grouped_tma_gpu(dxe, dg, du, w1, v1, offsets_dev, rows, E, d, F);
+    experts_backward_gpu(nullptr, dw1, dv1, dw2, nullptr, dg, du, dye, xe, g, u, a, w1, v1, w2, offsets_host, E, d, F, 0, wbeta);
 }

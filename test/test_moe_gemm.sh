@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# test_moe_gemm.sh — --moe-gemm grouped: the GPU step's expert forward on model/moe_grouped.cuh's grouped GEMMs (one
-# launch per projection per layer, SwiGLU fused, the offsets read on the device) instead of a cuBLASLt GEMM per expert.
-# On the emulated GPU the grouped kernels sum in the twin's k order, so the step must not change by a bit:
+# test_moe_gemm.sh — --moe-gemm grouped: the GPU step's expert forward and data gradients on model/moe_grouped_tma.cuh's
+# grouped GEMMs (one launch per projection per layer, SwiGLU fused into the forward's up-projection and into the
+# backward's da GEMM, the offsets read on the device) instead of cuBLASLt GEMMs per expert (the weight gradients stay
+# per expert). On the emulated GPU the grouped kernels sum in the twin's k order and round where today's path does,
+# so the step (forward and backward) must not change by a bit:
 #   * one GPU, 3 steps (validation every step): losses, validation losses and gradient norms bit-identical to
 #     --moe-gemm cublaslt; the same with every token routed to experts 0..k-1 (DBRX_DEBUG_ROUTE_FIRST: most experts
 #     empty), with --recompute moe in layer 0 and swiglu in layer 1 (the recomputation runs the same kernels), and
 #     ZeRO-3 np 2 (the gathered units' weights);
 #   * the control that the comparison is not vacuous: the grouped run's work log (SIMT_WORKLOG) has 2 grouped launches
-#     per layer per forward (experts_up_grouped, experts_down_grouped; the recomputations: up, and down for moe), the
+#     per layer per forward (experts_up_grouped_tma, experts_down_grouped_tma; the recomputations: up, and down for
+#     moe) and 2 per layer per backward (experts_down_backward_grouped_tma, experts_up_backward_grouped_tma), the
 #     cublaslt run none;
 #   * refused in one line, exit 2: an unknown value, the CPU backend, --fp8, --expert-parallel, shapes the kernels do not
-#     take (dbrx-tiny's ffn 224), the store's chunked experts (--zero-chunk-mib).
+#     take (dbrx-tiny's ffn 224: the tiles are 128 columns), the store's chunked experts (--zero-chunk-mib).
 # (the kernels themselves against the CPU and today's path, with planted bugs, under the race detector: test_moe_grouped)
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -39,7 +42,7 @@ PY
 SIMT_WORKLOG="$tmp/c1.wl" run c1 1 --moe-gemm cublaslt
 SIMT_WORKLOG="$tmp/g1.wl" run g1 1 --moe-gemm grouped
 same "one GPU, 3 steps: --moe-gemm grouped's losses, validation losses and gradient norms bit-identical to cublaslt's" c1 g1
-grep -q "^experts: forward on grouped GEMMs" "$tmp/g1.out" && pass "--moe-gemm grouped says so at start-up" || fail "no experts: line"
+grep -q "^experts: forward and data gradients on grouped GEMMs" "$tmp/g1.out" && pass "--moe-gemm grouped says so at start-up" || fail "no experts: line"
 DBRX_DEBUG_ROUTE_FIRST=1 run cf 1 --moe-gemm cublaslt
 DBRX_DEBUG_ROUTE_FIRST=1 run gf 1 --moe-gemm grouped
 same "every token on experts 0..3 (12 of 16 experts empty): grouped bit-identical to cublaslt" cf gf
@@ -57,14 +60,18 @@ tmp = sys.argv[1]
 def count(name, pat): return sum(1 for l in open(os.path.join(tmp, name + ".wl")) if re.search(pat, l))
 L, S = 2, 3   # layers, training steps; the validations (one forward each, --val-steps 1) from the log
 V = sum(1 for l in open(os.path.join(tmp, "g1.jsonl")) if '"val_loss"' in l)
-g1, c1 = count("g1", r'"name":"experts_(up|down)_grouped"'), count("c1", r"grouped")
+FWD, BWD = r'"name":"experts_(up|down)_grouped_tma"', r'"name":"experts_(up|down)_backward_grouped_tma"'
+g1, c1 = count("g1", FWD), count("c1", r"grouped")
 want = 2 * L * (S + V)
-print(("pass" if g1 == want and c1 == 0 and V >= 3 else "fail") + " work logs: %d grouped launches in the grouped run (2 per layer per forward, %d steps and %d validations: %d), %d in cublaslt's" % (g1, S, V, want, c1))
-gr = count("gr", r'"name":"experts_(up|down)_grouped"')
+print(("pass" if g1 == want and c1 == 0 and V >= 3 else "fail") + " work logs: %d grouped forward launches in the grouped run (2 per layer per forward, %d steps and %d validations: %d), %d grouped launches in cublaslt's" % (g1, S, V, want, c1))
+for name in ("g1", "gr"):
+    b = count(name, BWD)
+    print(("pass" if b == 2 * L * S else "fail") + " %s: %d grouped backward launches (da and dxe per layer per step: %d)" % (name, b, 2 * L * S))
+gr = count("gr", FWD)
 want_r = want + S * (2 + 1)   # the backward's recomputations: layer 0 moe (up + down), layer 1 swiglu (up)
 print(("pass" if gr == want_r else "fail") + " --recompute moe:0,swiglu:1: %d grouped launches (the forwards' %d + per step 2 for moe and 1 for swiglu: %d)" % (gr, want, want_r))
 PY
-verdicts "$tmp/verdicts" 2
+verdicts "$tmp/verdicts" 4
 
 # refused
 expect_exit 2 "--moe-gemm foo" $EMU --device cuda "${G[@]}" --moe-gemm foo
@@ -72,8 +79,8 @@ grep -q -- "--moe-gemm 'foo' must be cublaslt or grouped" <<<"$LAST_ERR" || fail
 expect_exit 2 "--moe-gemm grouped on the CPU backend" $BIN --device cpu "${G[@]}" --moe-gemm grouped
 expect_exit 2 "--moe-gemm grouped --fp8 delayed" $EMU --device cuda "${G[@]}" --moe-gemm grouped --fp8 delayed
 expect_exit 2 "--moe-gemm grouped --expert-parallel 2" $EMU --device cuda "${G[@]}" --moe-gemm grouped --expert-parallel 2
-expect_exit 2 "--moe-gemm grouped with ffn 224 (not a multiple of 64)" $EMU --device cuda --model dbrx-tiny --n-layers 2 --steps 1 --moe-gemm grouped
-grep -q "ffn_hidden of 64 (224)" <<<"$LAST_ERR" || fail "the ffn 224 refusal does not name it: $LAST_ERR"
+expect_exit 2 "--moe-gemm grouped with ffn 224 (not a multiple of 128)" $EMU --device cuda --model dbrx-tiny --n-layers 2 --steps 1 --moe-gemm grouped
+grep -q "ffn_hidden of 128 (224)" <<<"$LAST_ERR" || fail "the ffn 224 refusal does not name it: $LAST_ERR"
 out=$(bash dev/mpirun.sh -np 2 $EMU --device cuda "${G[@]}" --moe-gemm grouped --shard-group-size 2 --zero-chunk-mib 0.2 2>&1); rc=$?
 [ "$rc" = 2 ] && grep -q "^error: --moe-gemm grouped: not with the store's chunked experts" <<<"$out" \
     && pass "--moe-gemm grouped with the store's chunked experts (np 2 --zero-chunk-mib 0.2): exit 2, named" \
@@ -82,6 +89,6 @@ out=$(bash dev/mpirun.sh -np 2 $EMU --device cuda "${G[@]}" --moe-gemm grouped -
 # the step-time model has no formula for the grouped kernels yet: it refuses the grouped step (one line, exit 2), not
 # a step priced as if they were free; the cublaslt step of the same run it predicts
 expect_exit 2 "predict.py on the grouped step's work log: refused (no cost formula for its kernels yet)" $PY dev/predict/predict.py --step 2 "$tmp/g1.wl"
-grep -q "experts_up_grouped, experts_down_grouped" <<<"$LAST_ERR" || fail "predict.py's refusal does not name the kernels: $LAST_ERR"
+grep -q "experts_down_backward_grouped_tma, .*experts_up_grouped_tma" <<<"$LAST_ERR" || fail "predict.py's refusal does not name the kernels: $LAST_ERR"
 $PY dev/predict/predict.py --step 2 "$tmp/c1.wl" > "$tmp/pc1.out" 2>&1 && pass "predict.py on the cublaslt step's work log: predicted" \
     || fail "predict.py on c1: $(tail -2 "$tmp/pc1.out")"

@@ -16,12 +16,20 @@
  * controls: PLANT 1, 2 as above, 4 the producer's empty wait skipped (a second arrival on a "full" barrier in its
  * phase, reported), 5 an expect_tx 16 bytes high (a reported deadlock), 6 a stage released before its MMAs
  * completed (NaN poison read; a race under the detector).
+ * The backward's data gradients on v4 (A: da = dye w2_e^T with SwiGLU's backward fused, dg and du stored; B: dxe =
+ * dg w1_e + du v1_e) against the CPU and today's path (experts_backward_gpu) bit for bit, from today's forward's g, u
+ * (guard rows poisoned): the forward's counts, both directions of N (64/256), 2-6 stages, a warp run ahead, E 128, and
+ * DBRX-132B's d 6144 and F 10752; planted bugs: the scheduler's floor and store mask in A and in B, B's products in
+ * one fp32 sum, A's SwiGLU backward from the unrounded da (today's rounding points), B's early release (under the
+ * detector, which runs the pipeline's cases only: a race).
+ * The step's functions (experts_forward_step_gpu, experts_backward_step_gpu) grouped vs per expert at d 256, bit for bit.
  * make test/test_race_moe_grouped builds it under the race detector (the cp.async stages, wgmma, barriers),
  * where PLANT 3 (the end-of-k-tile barrier dropped: a stage refilled while the other warpgroup's wgmma reads it)
  * must be reported as a race.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
+#include <algorithm>
 #include <cstring>
 #include "cuda_test_helpers.h"
 #include "../model/moe_grouped_tma.cuh"
@@ -185,6 +193,20 @@ TEST_CASE("v4 at DBRX-132B's d 6144 and F 10752 (one at a time): many passes aro
 }
 #endif
 
+// PLANT 6, a stage released before its MMAs completed: the refill's copy is issued over the stage the MMAs read at
+// their wait (NaN poison read: mismatches), a race under the detector; run() returns the mismatches
+template <typename Run>
+static void check_early_release(const char* kernel, Run run) {
+    size_t bad = 0;
+    std::string e = simt::error_of([&] { bad = run(); });
+    MESSAGE(std::string(kernel) << ": a stage released before its MMAs completed: " << bad << " mismatches; " << e);
+#if defined(SIMT_RACE_DETECT)
+    CHECK(e.find(std::string("race in kernel ") + kernel) != std::string::npos);
+#else
+    CHECK(bad > 0);
+#endif
+}
+
 TEST_CASE("v4 negative controls: the scheduler, the store mask, the empty barrier, expect_tx, an early release") {
     Case c = make_case({65, 0, 130}, 128, 128);
     size_t floor_tiles = tma_vs_today<128, 128, 4, 1>(c, false, false), past_end = tma_vs_today<128, 128, 4, 2>(c, false, false);
@@ -200,19 +222,141 @@ TEST_CASE("v4 negative controls: the scheduler, the store mask, the empty barrie
     // (8 k-tiles of the up-projection through 2 stages)
     Case k = make_case({65, 0, 130}, 512, 128);
     // (skipped: the producer runs ahead and arrives on a stage's "full" barrier again within its phase)
-    size_t bad = 0;
-    e = simt::error_of([&] { bad = tma_vs_today<128, 128, 2, 4>(k, false, false); });
+    e = simt::error_of([&] { tma_vs_today<128, 128, 2, 4>(k, false, false); });
     MESSAGE("v4 empty wait skipped: " << e);
     CHECK(e.find("mbarrier.arrive with 0 arrival(s) pending in the current phase") != std::string::npos);
-    // (released early: the refill's copy is issued over the stage the MMAs read at their wait: NaN poison, or a race)
-    e = simt::error_of([&] { bad = tma_vs_today<128, 128, 2, 6>(k, false, false); });
-    MESSAGE("v4 stage released before its MMAs completed: " << bad << " mismatches; " << e);
-#if defined(SIMT_RACE_DETECT)
-    CHECK(e.find("race in kernel experts_up_grouped_tma") != std::string::npos);
-#else
-    CHECK(bad > 0);
-#endif
+    check_early_release("experts_up_grouped_tma", [&] { return tma_vs_today<128, 128, 2, 6>(k, false, false); });
     free_case(k);
+}
+
+// the backward's data gradients: today's (experts_backward_gpu: per expert a cuBLASLt da GEMM, swiglu_backward_kernel,
+// the two dxe GEMMs, the second adding to the first's BF16 output) against kernels A (da, dg, du: SwiGLU's backward
+// fused) and B (dxe), from today's forward's g, u, a (poisoned guard rows past R: PLANT 2 reads them) and a random dye.
+// Returns the bit mismatches (dg, du, da, dxe, guard rows included); check_cpu: also the fp32 CPU reference
+template <int BNA, int BNX, int STAGES, int PLANT_A = 0, int PLANT_X = 0>
+static size_t bwd_vs_today(Case& c, bool check_cpu) {
+    const int R = c.R, d = c.d, F = c.F;
+    const size_t nw = (size_t)c.E * F * d;
+    Out f = make_out(c), t = make_out(c), o = make_out(c);   // t, o: g dg, u du, a da, ye dxe
+    experts_forward_gpu(f.ye, f.g, f.u, f.a, c.dxe, c.dw1, c.dv1, c.dw2, c.off.data(), c.E, d, F);
+    std::vector<float> dye = randn((size_t)R * d, 5);
+    for (float& x : dye) x = __bfloat162float(__float2bfloat16(x));
+    floatX* ddye = dev_poisoned<floatX>(dye.size());
+    to_device_bf16(ddye, dye.data(), dye.size());
+    float* dw = dev_poisoned<float>(3 * nw);
+    experts_backward_gpu(t.ye, dw, dw + nw, dw + 2 * nw, t.a, t.g, t.u, ddye, c.dxe, f.g, f.u, f.a, c.dw1, c.dv1, c.dw2, c.off.data(), c.E, d,
+                         F, 0, 0.0f);
+    experts_down_backward_grouped_tma_gpu<BNA, STAGES, PLANT_A>(o.g, o.u, o.a, ddye, c.dw2, f.g, f.u, c.doff, R, c.E, d, F);
+    experts_up_backward_grouped_tma_gpu<BNX, STAGES, PLANT_X>(o.ye, o.g, o.u, c.dw1, c.dv1, c.doff, R, c.E, d, F);
+    size_t bad = bit_mismatches(o.g, t.g, R, F) + bit_mismatches(o.u, t.u, R, F) + bit_mismatches(o.a, t.a, R, F) +
+                 bit_mismatches(o.ye, t.ye, R, d);
+    if (check_cpu) {   // fp32 throughout: BF16 roundings of g, u, da, dg, du apart; dxe sums 2F cancelling products
+        std::vector<float> g((size_t)R * F), u(g.size()), a(g.size()), da(g.size()), dg(g.size()), du(g.size()), dxe((size_t)R * d);
+        std::vector<float> dw2(nw, 0.0f), dw1(nw, 0.0f), dv1(nw, 0.0f);
+        experts_up_forward(g.data(), u.data(), a.data(), c.xe.data(), c.w1.data(), c.v1.data(), c.off.data(), c.E, d, F);
+        experts_down_backward(da.data(), dw2.data(), dye.data(), c.w2.data(), a.data(), dye.data(), c.off.data(), c.E, d, F);
+        swiglu_backward(dg.data(), du.data(), da.data(), g.data(), u.data(), g.size());
+        experts_up_backward(dxe.data(), dw1.data(), dv1.data(), dg.data(), du.data(), c.w1.data(), c.v1.data(), dg.data(), du.data(),
+                            c.xe.data(), c.off.data(), c.E, d, F);
+        CHECK(close_mismatches(o.a, da, 1e-2, 1e-3) == 0);
+        CHECK(close_mismatches(o.g, dg, 3e-2, 3e-3) == 0);
+        CHECK(close_mismatches(o.u, du, 3e-2, 3e-3) == 0);
+        CHECK(close_mismatches(o.ye, dxe, 2e-2, 1e-2) == 0);
+    }
+    for (void* p : {(void*)ddye, (void*)dw}) cudaCheck(cudaFree(p));
+    free_out(f); free_out(t); free_out(o);
+    return bad;
+}
+
+TEST_CASE("grouped backward (A: da then SwiGLU's backward fused; B: dxe): CPU reference, today's path bit for bit") {
+    Case c = make_case(COUNTS_RUN, D_RUN, F_RUN);
+    CHECK(bwd_vs_today<128, 128, 6>(c, true) == 0);   // the launchers' defaults
+    CHECK(bwd_vs_today<64, 256, 2>(c, false) == 0);   // wgmma N 64 and 256; 2 stages: every k-tile waits for its stage
+    // the producer's warp run ahead of the consumers, then a consumer warp ahead of the producer
+    const bool random = simt::options().random;
+    const uint64_t seed = simt::options().seed;
+    for (int w : {0, 4}) {
+        simt::set_schedule_warp_ahead(w);
+        INFO("warp " << w << " ahead");
+        CHECK(bwd_vs_today<128, 128, 3>(c, false) == 0);
+    }
+    simt::set_schedule(random, seed);
+    free_case(c);
+}
+
+#if !defined(SIMT_RACE_DETECT)   // (the scheduler's, not the pipeline's: not under the detector)
+TEST_CASE("grouped backward: E 128, most experts empty, the last ones too") {
+    std::vector<int> counts(128, 0);
+    for (int e = 0; e < 100; e += 3) counts[e] = 1 + e % 70;
+    Case c = make_case(counts, 128, 128);
+    CHECK(bwd_vs_today<128, 128, 4>(c, false) == 0);
+    free_case(c);
+}
+
+// DBRX-132B's d and F, one at a time: A's K 6144 (96 k-tiles) and B's 48 n-tiles; then A's 84 n-tiles and B's K over
+// F 10752 twice (336 k-tiles per tile, 56 passes around the ring)
+TEST_CASE("grouped backward at DBRX-132B's d 6144 and F 10752 (one at a time)") {
+    Case c = make_case({70, 0, 130, 257}, 6144, 128);
+    CHECK(bwd_vs_today<128, 128, 6>(c, true) == 0);
+    free_case(c);
+    Case f = make_case({70, 0, 130, 257}, 128, 10752);
+    CHECK(bwd_vs_today<128, 128, 6>(f, true) == 0);
+    free_case(f);
+}
+#endif
+
+// the step's two functions (experts_forward_step_gpu, experts_backward_step_gpu) with g_moe_grouped 0 and 1 at d 256
+// (the down-projection's 256-column tiles; test_moe_gemm.sh's model has d 128): the same bits, forward (g, u, a, ye)
+// and backward (dxe, dg, du, the weight gradients); the grouped path leaves da unwritten (fused), today's writes it
+TEST_CASE("the step's expert functions: --moe-gemm grouped bit for bit the per-expert path at d 256") {
+    Case c = make_case({65, 0, 130, 1}, 256, 256);
+    const size_t nw = (size_t)c.E * c.F * c.d;
+    std::vector<float> dye = randn((size_t)c.R * c.d, 5);
+    floatX* ddye = dev_poisoned<floatX>(dye.size());
+    to_device_bf16(ddye, dye.data(), dye.size());
+    Out f[2], b[2];   // b: ye dxe, g dg, u du, a da
+    float* dw[2];
+    for (int grouped = 0; grouped < 2; grouped++) {
+        g_moe_grouped = grouped;
+        Out x = f[grouped] = make_out(c), y = b[grouped] = make_out(c);
+        float* w = dw[grouped] = dev_poisoned<float>(3 * nw);
+        experts_forward_step_gpu(x.ye, x.g, x.u, x.a, c.dxe, c.dw1, c.dv1, c.dw2, c.doff, c.off.data(), c.R, c.E, c.d, c.F);
+        experts_backward_step_gpu(y.ye, w, w + nw, w + 2 * nw, y.a, y.g, y.u, ddye, c.dxe, x.g, x.u, x.a, c.dw1, c.dv1, c.dw2, c.doff,
+                                  c.off.data(), c.R, c.E, c.d, c.F, 0.0f);
+    }
+    g_moe_grouped = 0;
+    CHECK(bit_mismatches(f[1].ye, f[0].ye, c.R, c.d) + bit_mismatches(f[1].a, f[0].a, c.R, c.F) == 0);
+    CHECK(bit_mismatches(f[1].g, f[0].g, c.R, c.F) + bit_mismatches(f[1].u, f[0].u, c.R, c.F) == 0);
+    CHECK(bit_mismatches(b[1].ye, b[0].ye, c.R, c.d) == 0);
+    CHECK(bit_mismatches(b[1].g, b[0].g, c.R, c.F) + bit_mismatches(b[1].u, b[0].u, c.R, c.F) == 0);
+    CHECK(get((const uint32_t*)dw[1], 3 * nw) == get((const uint32_t*)dw[0], 3 * nw));
+    std::vector<uint16_t> da1 = bits(b[1].a, (size_t)c.R * c.F), da0 = bits(b[0].a, (size_t)c.R * c.F);
+    CHECK(std::count(da1.begin(), da1.end(), 0xFFFF) == (long)da1.size());   // (grouped: da never stored)
+    CHECK(std::count(da0.begin(), da0.end(), 0xFFFF) == 0);
+    for (int i = 0; i < 2; i++) {
+        free_out(f[i]); free_out(b[i]);
+        cudaCheck(cudaFree(dw[i]));
+    }
+    cudaCheck(cudaFree(ddye));
+    free_case(c);
+}
+
+TEST_CASE("grouped backward negative controls: the scheduler, the store mask, the rounding points, an early release") {
+    Case c = make_case({65, 0, 130, 1}, 128, 256);
+#if !defined(SIMT_RACE_DETECT)   // (under the detector the early release alone)
+    size_t a_floor = bwd_vs_today<128, 128, 4, 1, 0>(c, false), a_past = bwd_vs_today<128, 128, 4, 2, 0>(c, false);
+    size_t x_floor = bwd_vs_today<128, 128, 4, 0, 1>(c, false), x_past = bwd_vs_today<128, 128, 4, 0, 2>(c, false);
+    MESSAGE("A: m-tiles rounded down " << a_floor << ", store mask one row too far " << a_past << "; B: " << x_floor << ", " << x_past);
+    CHECK(a_floor > 0); CHECK(a_past > 0); CHECK(x_floor > 0); CHECK(x_past > 0);
+    // today's rounding points: B's two products in one fp32 sum, A's SwiGLU backward from the unrounded da (both close to
+    // the CPU, not today's bits)
+    size_t one_sum = bwd_vs_today<128, 128, 4, 0, 7>(c, false), unrounded = bwd_vs_today<128, 128, 4, 8, 0>(c, false);
+    MESSAGE("B's products in one sum: " << one_sum << " mismatches; A's SwiGLU backward from fp32 da: " << unrounded);
+    CHECK(one_sum > 0); CHECK(unrounded > 0);
+#endif
+    // B releasing a stage before its MMAs completed (K over F twice: 8 k-tiles through 2 stages)
+    check_early_release("experts_up_backward_grouped_tma", [&] { return bwd_vs_today<128, 128, 2, 0, 6>(c, false); });
+    free_case(c);
 }
 
 #if defined(SIMT_RACE_DETECT)

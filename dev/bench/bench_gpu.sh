@@ -113,9 +113,9 @@ for s in 1b 132b; do
         rows "$raw/moe_grouped_$s.txt" TFLOP/s 0 "today|warpgroup"
     fi
     # v4 (TMA, mbarriers, a producer warpgroup: model/moe_grouped_tma.cuh) in a run of its own: a hang or a wrong
-    # result there costs only its own rows
+    # result there costs only its own rows; with the backward's data gradients against today's backward
     if bench moe_grouped_v4_$s timeout 300 "dev/cuda/moe_grouped$sfx" -s $s -v 4; then
-        rows "$raw/moe_grouped_v4_$s.txt" TFLOP/s 0 "^ *v4"
+        rows "$raw/moe_grouped_v4_$s.txt" TFLOP/s 0 "^ *v4|today: backward"
     fi
 done
 # the experts' weight gradients as grouped GEMMs (model/moe_grouped_wgrad.cuh: TMA, mbarriers, wgmma) against today's

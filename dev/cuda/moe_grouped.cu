@@ -11,6 +11,10 @@
  *   v4  v3's tiles fed by TMA (model/moe_grouped_tma.cuh): a producer warpgroup whose one thread issues the
  *       stages' bulk tensor copies, 2 consumer warpgroups that only wait on the stage's "full" mbarrier, issue
  *       wgmma and release it on "empty"; 4 stages of 48 KiB, 384 threads (not yet timed on a GPU)
+ * and, with v4 (-v 4 or a range holding it), the backward's data gradients: today's (experts_backward_gpu: per expert
+ * a cuBLASLt da GEMM, swiglu_backward_kernel, two dxe GEMMs; its weight gradients timed alone too) against v4's
+ * grouped A (da = dye w2_e^T with SwiGLU's backward fused: dg, du) and B (dxe = dg w1_e + du v1_e), validated the same
+ * way (emulated: today's bits) and timed alone and with today's weight gradients (the product's --moe-gemm grouped).
  * Validated at a small shape (rows N k = 1024 over E 16 uneven experts, one empty; d 256, F 384) against the CPU
  * reference (experts_up_forward / experts_down_forward, fp32) and against today's GPU path: emulated, bit for bit
  * (the same k-order fp32 sums as cuBLASLt's twin); on a GPU within BF16 rounding. Then timed (not emulated):
@@ -130,6 +134,73 @@ static void validate_versions(int lo, int hi) {
     free_problem(p);
 }
 
+// the backward's buffers: dye (R, d), da, dg, du (R, F), dxe (R, d), the weight gradients dw1, dv1, dw2 (3 E F d, fp32)
+struct Grads { floatX *dye, *da, *dg, *du, *dxe; float* dw; };
+static Grads make_grads(const Problem& p, std::vector<float>* dye_host) {
+    size_t nf = (size_t)p.R * p.F, nd = (size_t)p.R * p.d;
+    std::vector<float> dye = bench_random(nd, 5, 1.0);
+    Grads q = {to_device_bf16v(dye), deviceAlloc(floatX, nf), deviceAlloc(floatX, nf), deviceAlloc(floatX, nf), deviceAlloc(floatX, nd),
+               deviceAlloc(float, 3 * (size_t)p.E * p.F * p.d)};
+    if (dye_host) *dye_host = dye;
+    return q;
+}
+static void free_grads(Grads& q) { for (void* x : {(void*)q.dye, (void*)q.da, (void*)q.dg, (void*)q.du, (void*)q.dxe, (void*)q.dw}) cudaCheck(cudaFree(x)); }
+// today's backward from the forward's g, u, a in p: dgrad 0 the weight gradients only (dxe null: no da, SwiGLU, dxe)
+static void run_bwd_today(Problem& p, Grads& q, bool dgrad) {
+    size_t nw = (size_t)p.E * p.F * p.d;
+    experts_backward_gpu(dgrad ? q.dxe : nullptr, q.dw, q.dw + nw, q.dw + 2 * nw, q.da, q.dg, q.du, q.dye, p.xe, p.g, p.u, p.a, p.w1, p.v1,
+                         p.w2, p.off.data(), p.E, p.d, p.F, 0, 0.0f);
+}
+static void run_bwd_a(Problem& p, Grads& q) { experts_down_backward_grouped_tma_gpu(q.dg, q.du, nullptr, q.dye, p.w2, p.g, p.u, p.off_dev, p.R, p.E, p.d, p.F); }
+static void run_bwd_b(Problem& p, Grads& q) { experts_up_backward_grouped_tma_gpu(q.dxe, q.dg, q.du, p.w1, p.v1, p.off_dev, p.R, p.E, p.d, p.F); }
+
+// v4's backward data gradients at the validation shape against the CPU and today's path (emulated: bit for bit)
+static void validate_backward() {
+    const int N = 256, k = 4, E = 16, d = 256, F = 384;
+    std::vector<float> host[4], dye;
+    Problem p = make_problem(N, k, E, d, F, host);
+    Grads q = make_grads(p, &dye);
+    size_t nf = (size_t)p.R * F, nd = (size_t)p.R * d, nw = (size_t)E * F * d;
+    std::vector<float> g(nf), u(nf), a(nf), da(nf), dg(nf), du(nf), dxe(nd), dw(3 * nw, 0.0f);
+    experts_up_forward(g.data(), u.data(), a.data(), host[0].data(), host[1].data(), host[2].data(), p.off.data(), E, d, F);
+    experts_down_backward(da.data(), dw.data(), dye.data(), host[3].data(), a.data(), dye.data(), p.off.data(), E, d, F);
+    swiglu_backward(dg.data(), du.data(), da.data(), g.data(), u.data(), nf);
+    experts_up_backward(dxe.data(), dw.data() + nw, dw.data() + 2 * nw, dg.data(), du.data(), host[1].data(), host[2].data(), dg.data(),
+                        du.data(), host[0].data(), p.off.data(), E, d, F);
+    run_today(p, true, false);
+    run_bwd_today(p, q, true);
+    std::vector<float> tdg = from_device_bf16v(q.dg, nf), tdu = from_device_bf16v(q.du, nf), tdxe = from_device_bf16v(q.dxe, nd);
+    validate("today's backward: dg vs the CPU", tdg, dg, 3e-2, 3e-3);
+    validate("today's backward: dxe vs the CPU", tdxe, dxe, 2e-2, 1e-2);
+    for (floatX* x : {q.dg, q.du, q.dxe}) cudaCheck(cudaMemset(x, 0xFF, (x == q.dxe ? nd : nf) * sizeof(floatX)));
+    run_bwd_a(p, q);
+    run_bwd_b(p, q);
+    const double rt = EMULATED ? 0 : 1e-2, at = EMULATED ? 0 : 1e-3;   // emulated: the same bits
+    std::vector<float> gdg = from_device_bf16v(q.dg, nf), gdu = from_device_bf16v(q.du, nf), gdxe = from_device_bf16v(q.dxe, nd);
+    validate("v4 backward A: dg vs the CPU", gdg, dg, 3e-2, 3e-3);
+    validate("v4 backward A: du vs the CPU", gdu, du, 3e-2, 3e-3);
+    validate("v4 backward B: dxe vs the CPU", gdxe, dxe, 2e-2, 1e-2);
+    validate("v4 backward A: dg vs today's", gdg, tdg, rt, at);
+    validate("v4 backward A: du vs today's", gdu, tdu, rt, at);
+    validate("v4 backward B: dxe vs today's", gdxe, tdxe, EMULATED ? 0 : 2e-2, EMULATED ? 0 : 2e-3);
+    free_grads(q);
+    free_problem(p);
+}
+// the backward timed at the timing shape (p holds today's forward): today's, its weight gradients alone, v4's A, B
+static void time_backward(Problem& p) {
+    Grads q = make_grads(p, nullptr);
+    double dgrad = 6.0 * p.R * p.d * p.F, wgrad = 6.0 * p.R * p.d * p.F;
+    report_flops("today: backward (dgrad + wgrad)", dgrad + wgrad, time_ms(5, [&] { run_bwd_today(p, q, true); }));
+    report_flops("today: backward, wgrad only", wgrad, time_ms(5, [&] { run_bwd_today(p, q, false); }));
+    std::vector<float> tdxe = from_device_bf16v(q.dxe, (size_t)p.R * p.d);
+    report_flops("v4 backward A: da, SwiGLU bwd", dgrad / 3, time_ms(10, [&] { run_bwd_a(p, q); }));
+    report_flops("v4 backward B: dxe", dgrad * 2 / 3, time_ms(10, [&] { run_bwd_b(p, q); }));
+    report_flops("v4 backward: dgrad (A + B)", dgrad, time_ms(10, [&] { run_bwd_a(p, q); run_bwd_b(p, q); }));
+    report_flops("v4 backward + today's wgrad", dgrad + wgrad, time_ms(5, [&] { run_bwd_a(p, q); run_bwd_b(p, q); run_bwd_today(p, q, false); }));
+    validate("v4 backward at the timing shape: dxe vs today's", from_device_bf16v(q.dxe, (size_t)p.R * p.d), tdxe, 2e-2, 2e-3);
+    free_grads(q);
+}
+
 int main(int argc, char** argv) {
     int lo = 1, hi = NVERSIONS, big = 0;
     for (int i = 1; i < argc; i += 2) {
@@ -151,6 +222,7 @@ int main(int argc, char** argv) {
     else snprintf(shape, sizeof shape, "N %d, k %d, E %d, d %d, F %d (validated at rows 1024, d 256, F 384)", N, k, E, d, F);
     print_header("moe grouped GEMM (wgmma)", shape);
     validate_versions(lo, hi);
+    if (hi >= 4) validate_backward();
     if (!EMULATED) {
         Problem p = make_problem(N, k, E, d, F, nullptr);
         double up = 2.0 * p.R * d * 2.0 * F, down = 2.0 * p.R * F * d;
@@ -173,6 +245,10 @@ int main(int argc, char** argv) {
             validate(what, from_device_bf16v(p.a, (size_t)p.R * F), ta, 1e-2, 1e-3);
             snprintf(what, sizeof what, "v%d at the timing shape: ye vs today's", v);
             validate(what, from_device_bf16v(p.ye, (size_t)p.R * d), tye, 2e-2, 2e-3);
+        }
+        if (hi >= 4) {
+            run_today(p, false, true);
+            time_backward(p);
         }
         free_problem(p);
     }
