@@ -139,7 +139,8 @@ SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
              test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin \
              test/test_wgmma test/test_race_wgmma test/test_tma test/test_race_tma test/test_moe_grouped test/test_race_moe_grouped \
-             test/test_moe_wgrad test/test_race_moe_wgrad
+             test/test_moe_wgrad test/test_race_moe_wgrad \
+             test/test_moe_fp8_grouped test/test_race_moe_fp8_grouped
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
@@ -195,6 +196,13 @@ test/test_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_wgrad.cpp -lopenblas -lm
 test/test_race_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_wgrad.cpp
+	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	rm -f $@.o
+# the experts' FP8 block-scaled grouped up-projection (model/moe_grouped_fp8.cuh) against the CPU and cuBLASLt's twin, and under the race detector
+test/test_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_fp8_grouped.cpp -lopenblas -lm
+test/test_race_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_fp8_grouped.cpp
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
 # dev/cuda/wgmma_gemm's kernels (cp.async stages, wgmma, barriers) under the race detector, validated as the _emu build is
@@ -270,6 +278,7 @@ dev/cuda/attention_wgmma dev/cuda/attention_wgmma_emu dev/cuda/attention_wgmma_r
 # the grouped expert GEMMs (model/moe_grouped.cuh, a candidate for the product): no register spills either
 dev/cuda/moe_grouped: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/moe_wgrad: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
+dev/cuda/moe_fp8_grouped: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 $(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ $< -lopenblas -lm
 gpu-build: $(if $(NVCC),$(GPU_TESTS) $(DEV_CUDA))

@@ -132,6 +132,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         doctest_run ./test/test_moe_wgrad
     section "grouped expert weight gradients under the race detector, a stage read before it landed reported (SIMT emulator)" \
         doctest_run ./test/test_race_moe_wgrad
+    section "FP8 block-scaled grouped expert up-projection (model/moe_grouped_fp8.cuh): CPU and cuBLASLt's twin bit for bit, planted bugs (SIMT emulator)" \
+        doctest_run ./test/test_moe_fp8_grouped
+    section "FP8 block-scaled grouped expert up-projection under the race detector (SIMT emulator)" \
+        doctest_run ./test/test_race_moe_fp8_grouped
     section "cuBLASLt's API twin: the library's rules as model/matmul_cublaslt.cuh meets them, the bucket fallback (SIMT emulator)" \
         doctest_run ./test/test_cublaslt_twin
     section "CUDA training step vs the CPU reference step (SIMT emulator)" doctest_run ./test/test_step_cuda

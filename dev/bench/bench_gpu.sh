@@ -47,7 +47,7 @@ else
     sfx=_emu; train=./train_dbrx_emu; out=$(mktemp); raw=$(mktemp -d)
 fi
 mkdir -p "$raw"
-for b in attention attention_wgmma attention_wgmma_bwd moe_grouped moe_wgrad layernorm moe embedding classifier adamw matmul; do
+for b in attention attention_wgmma attention_wgmma_bwd moe_grouped moe_wgrad moe_fp8_grouped layernorm moe embedding classifier adamw matmul; do
     [ -x "dev/cuda/$b$sfx" ] || fail "dev/cuda/$b$sfx is not built (make dev/cuda/$b$sfx)"
 done
 [ -x "$train" ] || fail "$train is not built"
@@ -123,6 +123,13 @@ done
 for s in 1b 132b; do
     if bench moe_wgrad_$s timeout 300 "dev/cuda/moe_wgrad$sfx" -s $s; then
         rows "$raw/moe_wgrad_$s.txt" TFLOP/s 0 "today|grouped"
+    fi
+done
+# the experts' FP8 block-scaled up-projection as one grouped launch (model/moe_grouped_fp8.cuh) against today's
+# per-expert cuBLASLt block-scaled GEMMs; never run on a GPU before: a time limit, a wrong result fails it first
+for s in 1b 132b; do
+    if bench moe_fp8_grouped_$s timeout 300 "dev/cuda/moe_fp8_grouped$sfx" -s $s; then
+        rows "$raw/moe_fp8_grouped_$s.txt" TFLOP/s 0 "today|grouped"
     fi
 done
 # 3. memory-bound kernels

@@ -163,3 +163,20 @@ static inline int finish() {
 struct alignas(16) Pack8 { floatX v[8]; };
 __device__ __forceinline__ Pack8 load8(const floatX* p) { return *(const Pack8*)p; }
 __device__ __forceinline__ void store8(floatX* p, const Pack8& x) { *(Pack8*)p = x; }
+
+// the expert benchmarks' shape option, -s 1b | 132b: dbrx-1b's experts (N 16384 tokens, k 4, E 16, d 1024, F 1792; the
+// default) or DBRX-132B's (N 4096, k 4, E 16, d 6144, F 10752); false (usage printed) on anything else
+struct MoeShape { int N, k, E, d, F; };
+static inline bool moe_shape_args(int argc, char** argv, MoeShape* s) {
+    bool big = false;
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 < argc && !strcmp(argv[i], "-s") && (!strcmp(argv[i + 1], "1b") || !strcmp(argv[i + 1], "132b"))) {
+            big = !strcmp(argv[i + 1], "132b");
+            continue;
+        }
+        fprintf(stderr, "usage: %s [-s 1b | 132b]\n", argv[0]);
+        return false;
+    }
+    *s = big ? MoeShape{4096, 4, 16, 6144, 10752} : MoeShape{16384, 4, 16, 1024, 1792};
+    return true;
+}
