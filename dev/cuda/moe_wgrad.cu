@@ -129,19 +129,11 @@ static void validate_small() {
 }
 
 int main(int argc, char** argv) {
-    int big = 0;
-    for (int i = 1; i < argc; i += 2) {
-        if (i + 1 < argc && !strcmp(argv[i], "-s") && (!strcmp(argv[i + 1], "1b") || !strcmp(argv[i + 1], "132b"))) {
-            big = !strcmp(argv[i + 1], "132b");
-            continue;
-        }
-        fprintf(stderr, "usage: %s [-s 1b | 132b]\n", argv[0]);
-        return 2;
-    }
-    const int N = big ? 4096 : 16384, k = 4, E = 16, d = big ? 6144 : 1024, F = big ? 10752 : 1792;
-    char shape[128];
-    if (EMULATED) snprintf(shape, sizeof shape, "rows 1024, E 16 (one empty), d 256, F 256");
-    else snprintf(shape, sizeof shape, "N %d, k %d, E %d, d %d, F %d (validated at rows 1024, d 256, F 256)", N, k, E, d, F);
+    MoeShape sh;
+    if (!moe_shape_args(argc, argv, &sh)) return 2;
+    const int N = sh.N, k = sh.k, E = sh.E, d = sh.d, F = sh.F;
+    char shape[128] = "rows 1024, E 16 (one empty), d 256, F 256";
+    if (!EMULATED) snprintf(shape, sizeof shape, "N %d, k %d, E %d, d %d, F %d (validated at rows 1024, d 256, F 256)", N, k, E, d, F);
     print_header("moe grouped weight gradients (wgmma, TMA)", shape);
     validate_small();
     if (!EMULATED) {
