@@ -180,3 +180,13 @@ static inline bool moe_shape_args(int argc, char** argv, MoeShape* s) {
     *s = big ? MoeShape{4096, 4, 16, 6144, 10752} : MoeShape{16384, 4, 16, 1024, 1792};
     return true;
 }
+// the expert benchmarks' start: the -s option (moe_shape_args), then the header naming the shape timed and the small
+// one validated (small: e.g. "d 256, F 384"; emulated runs validate only); false: usage printed
+static inline bool moe_bench_start(int argc, char** argv, const char* title, const char* small, MoeShape* s) {
+    if (!moe_shape_args(argc, argv, s)) return false;
+    char shape[160];
+    if (EMULATED) snprintf(shape, sizeof shape, "rows 1024, E 16 (one empty), %s", small);
+    else snprintf(shape, sizeof shape, "N %d, k %d, E %d, d %d, F %d (validated at rows 1024, %s)", s->N, s->k, s->E, s->d, s->F, small);
+    print_header(title, shape);
+    return true;
+}

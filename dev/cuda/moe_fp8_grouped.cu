@@ -160,11 +160,8 @@ static void validate_small() {
 
 int main(int argc, char** argv) {
     MoeShape sh;
-    if (!moe_shape_args(argc, argv, &sh)) return 2;
+    if (!moe_bench_start(argc, argv, "moe grouped FP8 block-scaled GEMMs", "d 256, F 384", &sh)) return 2;
     const int N = sh.N, k = sh.k, E = sh.E, d = sh.d, F = sh.F;
-    char shape[128] = "rows 1024, E 16 (one empty), d 256, F 384";
-    if (!EMULATED) snprintf(shape, sizeof shape, "N %d, k %d, E %d, d %d, F %d (validated at rows 1024, d 256, F 384)", N, k, E, d, F);
-    print_header("moe grouped FP8 block-scaled GEMMs", shape);
     std::string why;
     if (!EMULATED && !matmul_fp8_block_supported(&why)) { printf("  skipped: %s\n", why.c_str()); return 0; }
     validate_small();

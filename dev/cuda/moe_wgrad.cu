@@ -130,11 +130,8 @@ static void validate_small() {
 
 int main(int argc, char** argv) {
     MoeShape sh;
-    if (!moe_shape_args(argc, argv, &sh)) return 2;
+    if (!moe_bench_start(argc, argv, "moe grouped weight gradients (wgmma, TMA)", "d 256, F 256", &sh)) return 2;
     const int N = sh.N, k = sh.k, E = sh.E, d = sh.d, F = sh.F;
-    char shape[128] = "rows 1024, E 16 (one empty), d 256, F 256";
-    if (!EMULATED) snprintf(shape, sizeof shape, "N %d, k %d, E %d, d %d, F %d (validated at rows 1024, d 256, F 256)", N, k, E, d, F);
-    print_header("moe grouped weight gradients (wgmma, TMA)", shape);
     validate_small();
     if (!EMULATED) {
         Problem p = make_problem(N * k, E, d, F, nullptr);
