@@ -412,8 +412,8 @@ static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, co
                                                   a->u, a->act, w.w1, w.v1, w.w2, E, d, F, 0, wbeta);
     else experts_backward_step_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1,
                                    w.w2, a->offsets, a->offsets_host.data(), m->B * m->T * c->top_k, E, d, F, wbeta);
-    if (wbeta == 0.0f && (fp8_on(&m->fp8) || !g_moe_grouped))   // (overwriting: an expert without rows wrote nothing; the
-                                                                 // grouped weight gradients write its zeros themselves)
+    if (wbeta == 0.0f && !g_moe_grouped)   // (overwriting: an expert without rows wrote nothing; the grouped weight
+                                           // gradients write its zeros themselves; --fp8 refuses grouped)
         LAUNCH(experts_zero_empty_kernel, dim3(64, E), 256, 0, 0, gw.w1, gw.v1, gw.w2, a->offsets, E, (size_t)F * d);
 }
 

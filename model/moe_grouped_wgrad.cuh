@@ -199,13 +199,9 @@ static void experts_wgrad_grouped_gpu(float* dw, const floatX* X, const floatX* 
 static inline void experts_wgrad_grouped_all_gpu(float* dw1, float* dv1, float* dw2, const floatX* dg, const floatX* du, const floatX* a,
                                                  const floatX* xe, const floatX* dye, const int* offsets_dev, int rows, int E, int d,
                                                  int F, float wbeta, cudaStream_t stream = 0) {
-    if (d % 256 == 0) {   // tiles of 128 x 256 of dW where d allows, else 128 x 128
-        experts_wgrad_grouped_gpu<256>(dw1, dg, xe, offsets_dev, rows, E, F, d, wbeta, stream);
-        experts_wgrad_grouped_gpu<256>(dv1, du, xe, offsets_dev, rows, E, F, d, wbeta, stream);
-        experts_wgrad_grouped_gpu<256>(dw2, a, dye, offsets_dev, rows, E, F, d, wbeta, stream);
-    } else {
-        experts_wgrad_grouped_gpu<128>(dw1, dg, xe, offsets_dev, rows, E, F, d, wbeta, stream);
-        experts_wgrad_grouped_gpu<128>(dv1, du, xe, offsets_dev, rows, E, F, d, wbeta, stream);
-        experts_wgrad_grouped_gpu<128>(dw2, a, dye, offsets_dev, rows, E, F, d, wbeta, stream);
-    }
+    // tiles of 128 x 256 of dW where d allows, else 128 x 128
+    auto launch = d % 256 == 0 ? experts_wgrad_grouped_gpu<256> : experts_wgrad_grouped_gpu<128>;
+    launch(dw1, dg, xe, offsets_dev, rows, E, F, d, wbeta, stream);
+    launch(dv1, du, xe, offsets_dev, rows, E, F, d, wbeta, stream);
+    launch(dw2, a, dye, offsets_dev, rows, E, F, d, wbeta, stream);
 }
