@@ -9,8 +9,9 @@
  * K-major, w2 (E F, d) is w2_e (F, d) row-major: the down-projection's B is MN-major (wgmma's transpose flag).
  * Persistent tile scheduler: a fixed grid (the SM count) of blocks; each block loads the offsets into shared
  * memory, prefix-sums the experts' m-tile counts (ceil(n_e / BM); an empty expert has none) and walks the tiles
- * (m-tile over all experts, n-tile) t = blockIdx.x, + gridDim.x, ...: a tile never straddles two experts; its rows
- * past the expert's end are zero-filled on load (cp.async zfill: never read past the rows) and not stored.
+ * t = blockIdx.x, + gridDim.x, ... (expert by expert; inside one, groups of 16 m-tiles, m fastest: grouped_tile,
+ * for L2 reuse): a tile never straddles two experts; its rows past the expert's end are zero-filled on load
+ * (cp.async zfill: never read past the rows) and not stored.
  * Per tile: k-tiles of 64 (one 128-byte swizzle row) cp.async'd into the 128B-swizzled layouts (A and the
  * up-projection's B K-major; w2 MN-major in 64-column panels, SBO 1024, LBO the panel), STAGES deep (the pipeline
  * runs on across the block's tiles), then 4 wgmma k-steps of 16 per warpgroup (WG warpgroups: 64 WG rows, sharing
@@ -51,17 +52,28 @@ __device__ __forceinline__ void grouped_schedule(int* s_mt, int* s_off, const in
     }
     __syncthreads();
 }
-// tile t of NT n-tiles per m-tile: the expert is the last e with s_mt[e] <= m-tile (empty experts before it
-// share its s_mt value and are passed over)
+// tile t of NT n-tiles per m-tile. Expert e owns tiles [s_mt[e] NT, s_mt[e + 1] NT): the expert is the last e with
+// s_mt[e] <= t / NT (empty experts before it share its s_mt value and are passed over). Inside the expert the
+// tiles go in groups of MOE_GROUPED_GM m-tiles, n-tile by n-tile, m fastest: the blocks running at once then share
+// each B tile (a weight slice: 2 x 128 x 6144 BF16 = 3 MiB at DBRX-132B's up-projection) among up to 16 m-tiles and
+// each A tile among the n-tiles in flight, so the step's weights stream from HBM about once per group. With n fastest
+// (until session 39) the 132 tiles in flight spanned ~1.6 m-tiles and every n-tile: ~260 MB of w1/v1 per wave from
+// HBM, which capped the 132B up-projection at 35% of the peak on an H100.
+#define MOE_GROUPED_GM 16
 template <int BM, int BN>
 __device__ __forceinline__ GroupedTile grouped_tile(const int* s_mt, const int* s_off, int E, int NT, int t) {
-    int mt = t / NT, lo = 0, hi = E;
+    int lo = 0, hi = E;
     while (hi - lo > 1) {
         int mid = (lo + hi) / 2;
-        if (s_mt[mid] <= mt) lo = mid;
+        if (s_mt[mid] * NT <= t) lo = mid;
         else hi = mid;
     }
-    GroupedTile tile = {lo, s_off[lo] + (mt - s_mt[lo]) * BM, s_off[lo + 1], (t % NT) * BN};
+    const int local = t - s_mt[lo] * NT, mts = s_mt[lo + 1] - s_mt[lo];   // the expert's tile and its m-tile count
+    const int g0 = local / (MOE_GROUPED_GM * NT) * MOE_GROUPED_GM;          // the group's first m-tile
+    // the group's m-tiles (the last group is short; at least 1: the cp.async versions look one tile past the end)
+    const int gm = max(1, min(MOE_GROUPED_GM, mts - g0)), r = local - g0 * NT;
+    const int mt = g0 + r % gm, nt = r / gm;
+    GroupedTile tile = {lo, s_off[lo] + mt * BM, s_off[lo + 1], nt * BN};
     return tile;
 }
 

@@ -1008,7 +1008,10 @@ static Replay replay_block0(Fp8Recipe gpu_recipe, Fp8Recipe cpu_recipe, int step
         // 14-bit running sums (accumulation_bound's model) differ from the emulation's: an H100 (2026-11-27) erred up
         // to 6.2 x (1e-4, 1e-5) on the per-tensor recipes' wgrads, about 2.5 x 2^-12 of sum |x y| as the model says
         const double rt = EMULATED_TEST ? 1e-4 : 1e-3, at = EMULATED_TEST ? 1e-5 : 1e-4;
-        r.ratios.push_back({name, bf16_out ? close_ratio(gpu[name], kv.second, 8e-3, 1e-3) : close_ratio(gpu[name], kv.second, rt, at)});
+        // the dgrad of w1 + v1 rounds twice to BF16 (above): on an H100 (2026-11-27, session 39) the device's own
+        // accumulation moved it across those roundings by up to 1.6 x (8e-3, 1e-3) in every recipe; 2 x there
+        const double bt = !EMULATED_TEST && name == "w1+v1 dgrad" ? 2.0 : 1.0;
+        r.ratios.push_back({name, bf16_out ? close_ratio(gpu[name], kv.second, bt * 8e-3, bt * 1e-3) : close_ratio(gpu[name], kv.second, rt, at)});
     }
     return r;
 }

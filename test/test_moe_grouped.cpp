@@ -135,6 +135,38 @@ static const std::vector<int>& COUNTS_RUN = COUNTS;
 constexpr int D_RUN = 256, F_RUN = 384;
 #endif
 
+// the persistent schedule's tile order (grouped_tile, host-side): every (expert, m-tile, n-tile) exactly once, and the
+// tiles in flight together (132 blocks) inside a big expert share few n-tiles (the weights' L2 reuse)
+TEST_CASE("grouped tile schedule: each tile once; groups of 16 m-tiles, m fastest") {
+    const std::vector<int> counts = {0, 2053, 1, 0, 4100, 300, 0, 128};   // 17, 1, 33, 3, 1 m-tiles of 128
+    const int E = (int)counts.size();
+    std::vector<int> s_off(E + 1, 0), s_mt(E + 1, 0);
+    for (int e = 0; e < E; e++) {
+        s_off[e + 1] = s_off[e] + counts[e];
+        s_mt[e + 1] = s_mt[e] + (counts[e] + 127) / 128;
+    }
+    for (int NT : {1, 3, 14, 84}) {
+        std::vector<int> seen((size_t)s_mt[E] * NT, 0);
+        for (int t = 0; t < s_mt[E] * NT; t++) {
+            GroupedTile tile = grouped_tile<128, 128>(s_mt.data(), s_off.data(), E, NT, t);
+            REQUIRE(counts[tile.e] > 0);
+            REQUIRE(tile.row_end == s_off[tile.e + 1]);
+            const int mt = (tile.m0 - s_off[tile.e]) / 128, nt = tile.n0 / 128;
+            REQUIRE(tile.m0 == s_off[tile.e] + 128 * mt);
+            REQUIRE((mt >= 0 && mt < s_mt[tile.e + 1] - s_mt[tile.e] && nt >= 0 && nt < NT));
+            seen[(size_t)(s_mt[tile.e] + mt) * NT + nt]++;
+        }
+        CHECK(std::count(seen.begin(), seen.end(), 1) == (long)seen.size());
+        // expert 4 (33 m-tiles): its first 132 tiles touch ceil(132 / 16) n-tiles, not all NT (n fastest did)
+        std::vector<int> ns;
+        const int first = s_mt[4] * NT, tiles4 = (s_mt[5] - s_mt[4]) * NT;
+        for (int t = first; t < first + std::min(132, tiles4); t++)
+            ns.push_back(grouped_tile<128, 128>(s_mt.data(), s_off.data(), E, NT, t).n0);
+        std::sort(ns.begin(), ns.end());
+        CHECK(std::unique(ns.begin(), ns.end()) - ns.begin() <= std::min(NT, (132 + 15) / 16));
+    }
+}
+
 TEST_CASE("grouped up (fused SwiGLU) and down: CPU reference, today's path bit for bit, each configuration") {
     Case c = make_case(COUNTS_RUN, D_RUN, F_RUN);
     CHECK(grouped_vs_today<2, 64, 128, 4>(c, false, true) == 0);    // the launchers' defaults (v2)
