@@ -26,7 +26,8 @@
  * zeroes the expert, experts_zero_empty_kernel), beta != 0 leaves dW_e untouched (today: skipped).
  * PLANT (tests only): 1 the tail's k-steps issued from the stage as they are (the next expert's rows added);
  * 2 the producer skips the "empty" wait (a stage overwritten while read); 3 the consumers read a tail k-tile's
- * stage without waiting for its "full" barrier (a TMA destination read before it landed).
+ * stage without waiting for its "full" barrier (a TMA destination read before it landed); 4 beta != 0: every batch of
+ * the epilogue's loads reads the first batch's old dW.
  */
 #pragma once
 #include "moe_grouped_tma.cuh"
@@ -101,23 +102,58 @@ __device__ __forceinline__ void wgrad_mma_ktile(float (&d)[BN / 2], const char* 
     wgmma_commit();
 }
 
-// warpgroup q's accumulators of `tile` into dW_e: D = acc + beta C (beta 0: C not read), as cuBLASLt's twin; an empty
-// expert with beta != 0 is left as it is. d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 t + i%2]
+// the k-tiles before a tile's end at which its old dW is prefetched into L2 (beta != 0): ~0.56 us each at the
+// wgmma peak (2 128 BN 64 flops at 7.5 Tflop/s per SM, BN 256), ~4.5 us, several HBM latencies, so that the
+// epilogue's loads hit L2 while the tile's 128 KiB stay there no longer than needed (132 SMs: 16.5 MB of 50)
+#define WGRAD_PREFETCH_KTILES 8
+// the old dW's rows of a tile into L2 ahead of the epilogue (beta != 0): a hint, as cp.async.bulk.prefetch.L2 (sm_90;
+// bytes a multiple of 16 from a 16-byte aligned address); nothing under the emulator (no value changes)
+__device__ __forceinline__ void wgrad_prefetch_l2(const float* p, int bytes) {
+#if defined(SIMT_EMULATION)
+    (void)p; (void)bytes;
+#else
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// the first float of the two rows that thread (warp, g, c) of warpgroup q writes: rows r and r + 8, columns n0 + 2 c ..
+__device__ __forceinline__ float* wgrad_rows(const WgradTile& tile, int q, float* dw, int M, int N) {
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+    return dw + ((size_t)tile.e * M + tile.m0 + 64 * q + 16 * warp + g) * N + tile.n0 + 2 * c;
+}
+// the quad (c 0..3) of rows r, r + 8 of the epilogue prefetches them: c % 2 the row, c / 2 its half of BN columns
 template <int BN>
+__device__ __forceinline__ void wgrad_prefetch_tile(const WgradTile& tile, int q, const float* dw, int M, int N) {
+    const int c = threadIdx.x % 4;
+    const float* row = wgrad_rows(tile, q, (float*)dw, M, N) - 2 * c + (size_t)8 * N * (c % 2);
+    wgrad_prefetch_l2(row + BN / 2 * (c / 2), BN / 2 * 4);
+}
+
+// pair i of the thread's fragment (d[i], d[i + 1], i even): row r + 8 ((i/2) % 2), columns 8 (i/4) + 2 c, + 1
+__device__ __forceinline__ float2* wgrad_pair(float* p, int i, int N) { return (float2*)(p + (size_t)8 * N * (i / 2 % 2) + 8 * (i / 4)); }
+
+// warpgroup q's accumulators of `tile` into dW_e: D = acc + beta C (beta 0: C not read), as cuBLASLt's twin; an empty
+// expert with beta != 0 is left as it is. d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 t + i%2]. beta != 0: the old
+// values in batches of LB pairs, every load of a batch before its stores (a load cannot pass an earlier store to what
+// may be the same address: one at a time, each waited for, the loop ran at a quarter of HBM's rate). LB 8 at BN 256
+// (16 registers over the 128 accumulators: ptxas's 168 hold it, 16 spill), 16 at BN 128
+template <int BN, int PLANT>
 __device__ __forceinline__ void wgrad_epilogue(const float (&d)[BN / 2], const WgradTile& tile, int q, float* dw, int M, int N, float beta) {
     if (tile.n == 0 && beta != 0.0f) return;
-    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
-    float* dwe = dw + (size_t)tile.e * M * N;
-    for (int i = 0; i < BN / 2; i += 2) {
-        const int r = tile.m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * c;
-        float2* p = (float2*)(dwe + (size_t)r * N + col);
-        float2 v = make_float2(d[i], d[i + 1]);
-        if (beta != 0.0f) {
-            const float2 old = *p;
-            v.x += beta * old.x;
-            v.y += beta * old.y;
+    float* p = wgrad_rows(tile, q, dw, M, N);
+    if (beta == 0.0f) {
+        for (int i = 0; i < BN / 2; i += 2) *wgrad_pair(p, i, N) = make_float2(d[i], d[i + 1]);
+        return;
+    }
+    constexpr int LB = BN == 256 ? 8 : 16;
+    static_assert(BN / 4 % LB == 0, "whole batches of pairs");
+    for (int b = 0; b < BN / 2; b += 2 * LB) {
+        float2 old[LB];
+        for (int j = 0; j < LB; j++) old[j] = *wgrad_pair(p, PLANT == 4 ? 2 * j : b + 2 * j, N);
+        for (int j = 0; j < LB; j++) {
+            const int i = b + 2 * j;
+            *wgrad_pair(p, i, N) = make_float2(d[i] + beta * old[j].x, d[i + 1] + beta * old[j].y);
         }
-        *p = v;
     }
 }
 
@@ -158,6 +194,8 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES, rest = tile.n - kt * MOE_GROUPED_BK,
                       valid = rest < MOE_GROUPED_BK ? rest : MOE_GROUPED_BK;
+            if (beta != 0.0f && kt == (ktiles > WGRAD_PREFETCH_KTILES ? ktiles - WGRAD_PREFETCH_KTILES : 0))
+                wgrad_prefetch_tile<BN>(tile, q, dw, M, N);
             if (PLANT != 3 || valid == MOE_GROUPED_BK) mbarrier_wait_parity(&full[s], (it / STAGES) & 1);
             wgrad_mma_ktile<BN, PLANT>(d, smem + s * STAGE + q * 8192, smem + s * STAGE + A_BYTES, valid);
             wgmma_wait<1>();   // the previous k-tile's MMAs completed: its stage goes back to the producer
@@ -166,7 +204,7 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         wgmma_wait<0>();
         if (ktiles > 0) grouped_tma_release(&empty[(it - 1) % STAGES]);
         wgmma_fence_operand(d);
-        wgrad_epilogue<BN>(d, tile, q, dw, M, N, beta);
+        wgrad_epilogue<BN, PLANT>(d, tile, q, dw, M, N, beta);
     }
 }
 
