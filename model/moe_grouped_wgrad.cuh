@@ -133,7 +133,7 @@ __device__ __forceinline__ void wgrad_prefetch_l2(const float* p, int bytes) {
 #if defined(SIMT_EMULATION)
     (void)p; (void)bytes;
 #else
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((uint64_t)__cvta_generic_to_global(p)), "r"(bytes) : "memory");
 #endif
 }
 
