@@ -9,10 +9,11 @@
  * dw1, dv1, dw2 are (E F, d): dW_e at e M N. The structure is model/moe_grouped_tma.cuh's (v4): 384 threads, one
  * producer thread issuing TMA boxes into a ring of STAGES stages (full / empty mbarriers), 2 consumer warpgroups
  * (64 rows of dW each) on wgmma; a persistent schedule over the tiles (expert, m-tile, n-tile) of dW, every expert's
- * (the output is dense), the K loop over the expert's rows in k-tiles of 64. Both operands are MN-major (k is the
- * row): each TMA box is 64 columns x 64 rows with the 128B swizzle, the MN-major panel of v4's DOWN B (row k's chunk
- * c at c ^ k % 8; LBO the panel stride 8192, SBO 1024, transpose flag 1): A = 2 panels of X (dW's 128 rows), B =
- * BN / 64 panels of Y. Stage = 16 KiB + BN / 64 x 8 KiB (48 KiB at BN 256; 4 stages).
+ * (the output is dense; the experts by rows, most first, the blocks' turns a snake: wgrad_position), the K loop
+ * over the expert's rows in k-tiles of 64. Both operands are MN-major (k is the row): each TMA box is 64 columns x
+ * 64 rows with the 128B swizzle, the MN-major panel of v4's DOWN B (row k's chunk c at c ^ k % 8; LBO the panel
+ * stride 8192, SBO 1024, transpose flag 1): A = 2 panels of X (dW's 128 rows), B = BN / 64 panels of Y.
+ * Stage = 16 KiB + BN / 64 x 8 KiB (48 KiB at BN 256; 4 stages).
  * The expert's last k-tile runs into the next expert's rows (or past the tensor: TMA's zeros), which must add
  * nothing. No thread writes the stage (a generic write would need fence.proxy.async and a barrier across both
  * consumer warpgroups, which the producer's exit rules out): the k-steps of 16 wholly past the end are not issued,
@@ -26,7 +27,9 @@
  * zeroes the expert, experts_zero_empty_kernel), beta != 0 leaves dW_e untouched (today: skipped).
  * PLANT (tests only): 1 the tail's k-steps issued from the stage as they are (the next expert's rows added);
  * 2 the producer skips the "empty" wait (a stage overwritten while read); 3 the consumers read a tail k-tile's
- * stage without waiting for its "full" barrier (a TMA destination read before it landed).
+ * stage without waiting for its "full" barrier (a TMA destination read before it landed); 4 beta != 0: every batch of
+ * the epilogue's loads reads the first batch's old dW; 5 the snake's odd rounds shifted by one (blocks 0 and 1 take
+ * the same position: a tile computed twice, another never).
  */
 #pragma once
 #include "moe_grouped_tma.cuh"
@@ -36,25 +39,44 @@
 // the stage's bytes: A (2 panels of 64 k-rows x 128 bytes) then B (BN / 64 panels)
 template <int BN> __host__ __device__ constexpr int wgrad_stage_bytes() { return (WGRAD_BM + BN) * 128; }
 
-// the tile t of dW: expert e (its rows r0 .. r0 + n - 1), dW rows m0 .., columns n0 ..
+// The schedule (persistent blocks): position j of the order runs the tile of expert s_order[j / per] (the experts by
+// rows, most first), its m-tile, its n-tile (n fastest: the blocks running together share X's panel and all of Y_e);
+// block b takes positions b, 2G - 1 - b, 2G + b, ... (G blocks; a snake over rounds of G). A tile's time grows with
+// its expert's rows: round robin in expert order left dbrx-1b's blocks (6.8 tiles each, 4 sizes of expert) at
+// 1.16x the mean work, sorted + snake at 1.05x (the rounds' sums pair a block's large tile with a small one).
 struct WgradTile { int e, m0, n0, r0, n; };
 template <int BN>
-__device__ __forceinline__ WgradTile wgrad_tile(const int* s_off, int M, int N, int t) {
-    const int nt = N / BN, per = M / WGRAD_BM * nt, e = t / per, rem = t % per;
+__device__ __forceinline__ WgradTile wgrad_tile(const int* s_off, const int* s_order, int M, int N, int j) {
+    const int nt = N / BN, per = M / WGRAD_BM * nt, e = s_order[j / per], rem = j % per;
     WgradTile tile = {e, rem / nt * WGRAD_BM, rem % nt * BN, s_off[e], s_off[e + 1] - s_off[e]};
     return tile;
+}
+// block blockIdx.x's position in round r
+template <int PLANT>
+__device__ __forceinline__ int wgrad_position(int r) {
+    const int G = gridDim.x, b = blockIdx.x;
+    return r * G + (r % 2 == 0 ? b : PLANT == 5 ? G - b - (b == 0) : G - 1 - b);
+}
+// s_order (E): the experts by row count, most first (ties: lower index first); one thread
+__device__ __forceinline__ void wgrad_sort_experts(int* s_order, const int* s_off, int E) {
+    for (int e = 0; e < E; e++) {
+        const int n = s_off[e + 1] - s_off[e];
+        int i = e;
+        for (; i > 0 && s_off[s_order[i - 1] + 1] - s_off[s_order[i - 1]] < n; i--) s_order[i] = s_order[i - 1];
+        s_order[i] = e;
+    }
 }
 __device__ __forceinline__ int wgrad_ktiles(int n) { return (n + MOE_GROUPED_BK - 1) / MOE_GROUPED_BK; }
 
 // the producer (one thread): every (tile, k-tile) of the block into the ring, each stage once its consumers released it
 template <int BN, int STAGES, int PLANT>
 __device__ __forceinline__ void wgrad_produce(char* smem, uint64_t* full, uint64_t* empty, const CUtensorMap* mx, const CUtensorMap* my,
-                                              const int* s_off, int E, int M, int N) {
+                                              const int* s_off, const int* s_order, int E, int M, int N) {
     constexpr int STAGE = wgrad_stage_bytes<BN>(), A_BYTES = WGRAD_BM * 128;
     const int total = E * (M / WGRAD_BM) * (N / BN);
     int it = 0;   // the block's k-tile count: stage it % STAGES, its use it / STAGES
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        const WgradTile tile = wgrad_tile<BN>(s_off, M, N, t);
+    for (int r = 0, j; (j = wgrad_position<PLANT>(r)) < total; r++) {
+        const WgradTile tile = wgrad_tile<BN>(s_off, s_order, M, N, j);
         for (int kt = 0; kt < wgrad_ktiles(tile.n); kt++, it++) {
             const int s = it % STAGES, k0 = tile.r0 + kt * MOE_GROUPED_BK;
             if (PLANT != 2) mbarrier_wait_parity(&empty[s], ((it / STAGES) & 1) ^ 1);
@@ -101,23 +123,58 @@ __device__ __forceinline__ void wgrad_mma_ktile(float (&d)[BN / 2], const char* 
     wgmma_commit();
 }
 
-// warpgroup q's accumulators of `tile` into dW_e: D = acc + beta C (beta 0: C not read), as cuBLASLt's twin; an empty
-// expert with beta != 0 is left as it is. d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 t + i%2]
+// the k-tiles before a tile's end at which its old dW is prefetched into L2 (beta != 0): ~0.56 us each at the
+// wgmma peak (2 128 BN 64 flops at 7.5 Tflop/s per SM, BN 256), ~4.5 us, several HBM latencies, so that the
+// epilogue's loads hit L2 while the tile's 128 KiB stay there no longer than needed (132 SMs: 16.5 MB of 50)
+#define WGRAD_PREFETCH_KTILES 8
+// the old dW's rows of a tile into L2 ahead of the epilogue (beta != 0): a hint, as cp.async.bulk.prefetch.L2 (sm_90;
+// bytes a multiple of 16 from a 16-byte aligned address); nothing under the emulator (no value changes)
+__device__ __forceinline__ void wgrad_prefetch_l2(const float* p, int bytes) {
+#if defined(SIMT_EMULATION)
+    (void)p; (void)bytes;
+#else
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((uint64_t)__cvta_generic_to_global(p)), "r"(bytes) : "memory");
+#endif
+}
+
+// the first float of the two rows that thread (warp, g, c) of warpgroup q writes: rows r and r + 8, columns n0 + 2 c ..
+__device__ __forceinline__ float* wgrad_rows(const WgradTile& tile, int q, float* dw, int M, int N) {
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+    return dw + ((size_t)tile.e * M + tile.m0 + 64 * q + 16 * warp + g) * N + tile.n0 + 2 * c;
+}
+// the quad (c 0..3) of rows r, r + 8 of the epilogue prefetches them: c % 2 the row, c / 2 its half of BN columns
 template <int BN>
+__device__ __forceinline__ void wgrad_prefetch_tile(const WgradTile& tile, int q, const float* dw, int M, int N) {
+    const int c = threadIdx.x % 4;
+    const float* row = wgrad_rows(tile, q, (float*)dw, M, N) - 2 * c + (size_t)8 * N * (c % 2);
+    wgrad_prefetch_l2(row + BN / 2 * (c / 2), BN / 2 * 4);
+}
+
+// pair i of the thread's fragment (d[i], d[i + 1], i even): row r + 8 ((i/2) % 2), columns 8 (i/4) + 2 c, + 1
+__device__ __forceinline__ float2* wgrad_pair(float* p, int i, int N) { return (float2*)(p + (size_t)8 * N * (i / 2 % 2) + 8 * (i / 4)); }
+
+// warpgroup q's accumulators of `tile` into dW_e: D = acc + beta C (beta 0: C not read), as cuBLASLt's twin; an empty
+// expert with beta != 0 is left as it is. d[i] = D[16 warp + g + 8 ((i/2)%2)][8 (i/4) + 2 t + i%2]. beta != 0: the old
+// values in batches of LB pairs, every load of a batch before its stores (a load cannot pass an earlier store to what
+// may be the same address: one at a time, each waited for, the loop ran at a quarter of HBM's rate). LB 8 at BN 256
+// (16 registers over the 128 accumulators: ptxas's 168 hold it, 16 spill), 16 at BN 128
+template <int BN, int PLANT>
 __device__ __forceinline__ void wgrad_epilogue(const float (&d)[BN / 2], const WgradTile& tile, int q, float* dw, int M, int N, float beta) {
     if (tile.n == 0 && beta != 0.0f) return;
-    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
-    float* dwe = dw + (size_t)tile.e * M * N;
-    for (int i = 0; i < BN / 2; i += 2) {
-        const int r = tile.m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * c;
-        float2* p = (float2*)(dwe + (size_t)r * N + col);
-        float2 v = make_float2(d[i], d[i + 1]);
-        if (beta != 0.0f) {
-            const float2 old = *p;
-            v.x += beta * old.x;
-            v.y += beta * old.y;
+    float* p = wgrad_rows(tile, q, dw, M, N);
+    if (beta == 0.0f) {
+        for (int i = 0; i < BN / 2; i += 2) *wgrad_pair(p, i, N) = make_float2(d[i], d[i + 1]);
+        return;
+    }
+    constexpr int LB = BN == 256 ? 8 : 16;
+    static_assert(BN / 4 % LB == 0, "whole batches of pairs");
+    for (int b = 0; b < BN / 2; b += 2 * LB) {
+        float2 old[LB];
+        for (int j = 0; j < LB; j++) old[j] = *wgrad_pair(p, PLANT == 4 ? 2 * j : b + 2 * j, N);
+        for (int j = 0; j < LB; j++) {
+            const int i = b + 2 * j;
+            *wgrad_pair(p, i, N) = make_float2(d[i] + beta * old[j].x, d[i + 1] + beta * old[j].y);
         }
-        *p = v;
     }
 }
 
@@ -128,7 +185,7 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
                                  const int* offsets, int E, int M, int N, float beta) {
     constexpr int STAGE = wgrad_stage_bytes<BN>(), A_BYTES = WGRAD_BM * 128;
     static_assert(BN <= 256 && BN % 64 == 0, "wgmma's N is at most 256; B panels of 64 columns");
-    __shared__ int s_off[MOE_GROUPED_MAX_E + 1];
+    __shared__ int s_off[MOE_GROUPED_MAX_E + 1], s_order[MOE_GROUPED_MAX_E];
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
     // the swizzle repeats every 1024 bytes of shared address: the stages start on such a boundary
     char* smem = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);
@@ -138,16 +195,17 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
             mbarrier_init(&empty[s], 8);  // one arrival per consumer warp
         }
         for (int e = 0; e <= E; e++) s_off[e] = offsets[e];
+        wgrad_sort_experts(s_order, s_off, E);
     }
     __syncthreads();
     if (threadIdx.x < 128) {
-        if (threadIdx.x == 0) wgrad_produce<BN, STAGES, PLANT>(smem, full, empty, &map_x, &map_y, s_off, E, M, N);
+        if (threadIdx.x == 0) wgrad_produce<BN, STAGES, PLANT>(smem, full, empty, &map_x, &map_y, s_off, s_order, E, M, N);
         return;
     }
     const int q = threadIdx.x / 128 - 1, total = E * (M / WGRAD_BM) * (N / BN);
     int it = 0;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        WgradTile tile = wgrad_tile<BN>(s_off, M, N, t);
+    for (int r = 0, j; (j = wgrad_position<PLANT>(r)) < total; r++) {
+        WgradTile tile = wgrad_tile<BN>(s_off, s_order, M, N, j);
         // (the row count through a shuffle: ptxas then knows it warp-uniform, and the k-steps' branches on it do not
         // serialise the MMAs, as CUTLASS's canonical_warp_idx_sync does for the warp index)
         tile.n = __shfl_sync(0xFFFFFFFFu, tile.n, 0);
@@ -158,6 +216,8 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES, rest = tile.n - kt * MOE_GROUPED_BK,
                       valid = rest < MOE_GROUPED_BK ? rest : MOE_GROUPED_BK;
+            if (beta != 0.0f && kt == (ktiles > WGRAD_PREFETCH_KTILES ? ktiles - WGRAD_PREFETCH_KTILES : 0))
+                wgrad_prefetch_tile<BN>(tile, q, dw, M, N);
             if (PLANT != 3 || valid == MOE_GROUPED_BK) mbarrier_wait_parity(&full[s], (it / STAGES) & 1);
             wgrad_mma_ktile<BN, PLANT>(d, smem + s * STAGE + q * 8192, smem + s * STAGE + A_BYTES, valid);
             wgmma_wait<1>();   // the previous k-tile's MMAs completed: its stage goes back to the producer
@@ -166,7 +226,7 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         wgmma_wait<0>();
         if (ktiles > 0) grouped_tma_release(&empty[(it - 1) % STAGES]);
         wgmma_fence_operand(d);
-        wgrad_epilogue<BN>(d, tile, q, dw, M, N, beta);
+        wgrad_epilogue<BN, PLANT>(d, tile, q, dw, M, N, beta);
     }
 }
 
@@ -177,7 +237,7 @@ template <int BN = 256, int STAGES = 4, int PLANT = 0>
 static void experts_wgrad_grouped_gpu(float* dw, const floatX* X, const floatX* Y, const int* offsets_dev, int rows, int E, int M, int N,
                                       float beta, cudaStream_t stream = 0) {
     constexpr size_t smem = (size_t)STAGES * wgrad_stage_bytes<BN>() + 1024;
-    constexpr size_t smem_all = smem + 4 * (MOE_GROUPED_MAX_E + 1) + 16 * STAGES;   // (+ the static arrays)
+    constexpr size_t smem_all = smem + 4 * (2 * MOE_GROUPED_MAX_E + 1) + 16 * STAGES;   // (+ the static arrays)
     if (rows < 1 || E < 1 || E > MOE_GROUPED_MAX_E || M % WGRAD_BM != 0 || N % BN != 0 || !aligned16({dw, X, Y}) ||
         smem_all > MOE_SMEM_LIMIT) {
         fprintf(stderr, "experts grouped weight gradient: rows %d (>= 1), E %d (1..%d), M %d (of %d), N %d (of %d), 16-byte aligned "

@@ -12,7 +12,9 @@
  * (84 m-tiles) and d 6144 (24 n-tiles). A guard of NaN floats after dW must stay NaN.
  * Negative controls (they must fail): PLANT 1 the tail k-steps read from the stage as they are (wrong sums);
  * 2 the producer's empty wait skipped (reported by the emulator); 3 a tail k-tile's stage read without waiting for
- * its "full" barrier (NaN poison; a race under the detector, make test/test_race_moe_wgrad).
+ * its "full" barrier (NaN poison; a race under the detector, make test/test_race_moe_wgrad); 4 the beta != 0
+ * epilogue's batches of loads all reading the first batch's old dW (wrong sums); 5 the schedule's snake shifted in
+ * odd rounds (a tile never written: NaN).
  */
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
@@ -186,7 +188,7 @@ TEST_CASE("grouped wgrad at DBRX-132B's F 10752 and d 6144 (one at a time)") {
 }
 #endif
 
-TEST_CASE("grouped wgrad negative controls: tails not zeroed, the empty wait skipped, a stage read before it landed") {
+TEST_CASE("grouped wgrad negative controls: tails not zeroed, the empty wait skipped, a stage read before it landed, the epilogue's batches, the snake") {
     Wcase c = make_wcase({65, 0, 130, 200}, 128, 128);
     size_t tails = wgrad_vs_today<128, 4, 1>(c, 1.0f, c.R, false);
     MESSAGE("tail k-steps from the stage as they are: " << tails << " mismatches");
@@ -203,6 +205,15 @@ TEST_CASE("grouped wgrad negative controls: tails not zeroed, the empty wait ski
 #else
     CHECK((bad > 0 || !e.empty()));
 #endif
+    // the epilogue's batches (beta != 0): every batch adding the first batch's old values
+    size_t batches = wgrad_vs_today<128, 4, 4>(c, 1.0f, c.R, false);
+    MESSAGE("beta 1, every batch of the epilogue with the first one's old dW: " << batches << " mismatches");
+    CHECK(batches > 0);
+    // the snake's odd rounds shifted (4 tiles over 3 blocks: round 1 holds one, the empty expert's): left NaN (beta 0)
+    bad = 0;
+    e = simt::error_of([&] { bad = wgrad_vs_today<128, 2, 5>(c, 0.0f, c.R, false); });
+    MESSAGE("snake shifted: " << bad << " mismatches; " << e);
+    CHECK((bad > 0 || !e.empty()));
     free_wcase(c);
 }
 
