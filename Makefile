@@ -273,6 +273,7 @@ $(DEV_CUDA): dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS)
 	$(NVCC) $(filter-out -O2,$(NVCC_TEST_FLAGS)) -O3 -o $@ $< -lopenblas $(CUDA_LIBS)
 # the wgmma attention (a candidate for the product): no register spills, as train_dbrx
 dev/cuda/attention_wgmma: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
+dev/cuda/attention: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/attention_wgmma_bwd: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/attention_wgmma dev/cuda/attention_wgmma_emu dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd dev/cuda/attention_wgmma_bwd_emu: dev/cuda/attention_wgmma_common.h
 # the grouped expert GEMMs (model/moe_grouped.cuh, a candidate for the product): no register spills either
