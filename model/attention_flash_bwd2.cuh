@@ -28,6 +28,7 @@ __device__ __forceinline__ void flash_bwd2_rows_D(float* Dsm, float* Drow, const
                                                   int T) {
     constexpr int CH = HD / 8, RP = 32 / CH;   // lanes per row, rows per pass
     int lane = threadIdx.x % 32;
+    UNROLL   // (every row's loads issued before the first reduction)
     for (int p = 0; p < 32 / RP; p++) {
         int r = r0 + p * RP + lane / CH, q = q0 + r, c = lane % CH * 8;
         float d = 0.0f;
@@ -89,13 +90,15 @@ flash_attention_backward2_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dou
 
     float dq[MS][OT][4] = {};
     for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) {   // tile j + 1 into the other buffer while tile j is used
+        // one barrier a tile (the pair has two): tile j has landed for every thread, and every warp is done with
+        // tile j - 1, whose buffer the copy of tile j + 1, issued after it, overwrites while tile j is used
+        cp_async_wait<0>();
+        DROPPABLE_SYNCTHREADS("flash_bwd2_dq_tile");
+        if (j + 1 < ntiles) {
             flash_load_tile<HD>(Ks + (j + 1) % 2 * BC * LD, Kg, qkv_dim, (j + 1) * BC, BC, T);
             flash_load_tile<HD>(Vs + (j + 1) % 2 * BC * LD, Vg, qkv_dim, (j + 1) * BC, BC, T);
+            cp_async_commit();
         }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
         const floatX* Kt = Ks + j % 2 * BC * LD;
         const floatX* Vt = Vs + j % 2 * BC * LD;
         const int k0 = j * BC;
@@ -169,7 +172,6 @@ flash_attention_backward2_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dou
                 }
             }
         }
-        DROPPABLE_SYNCTHREADS("flash_bwd2_dq_tile");   // every warp is done with buffer j % 2 before iteration j + 1 refills it
     }
     // dQ scale, through the warp's own Q rows (read by no other warp) to 16-byte stores
     UNROLL
@@ -213,14 +215,14 @@ flash_attention_backward2_dkv_kernel(float* part, const floatX* dout, const floa
     float dk[OT][4] = {}, dv[OT][4] = {};
     for (int it = it0; it < it1; it++) {
         const int cur = (it - it0) % 2;
+        cp_async_wait<0>();   // one barrier an iteration, as in the dq kernel
+        DROPPABLE_SYNCTHREADS("flash_bwd2_dkv_tile");
         if (it + 1 < it1) {
             int nb = 1 - cur;
             flash_load_queries<HD>(Qs + nb * FLASH_BQ * LD, dOs + nb * FLASH_BQ * LD, ls + nb * FLASH_BQ, Ds + nb * FLASH_BQ, qkv,
                                    dout, lse, Dbuf, b, kvh * group + (it + 1) / nq, (qt0 + (it + 1) % nq) * FLASH_BQ, T, H, KV);
+            cp_async_commit();
         }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
         const floatX* Qt = Qs + cur * FLASH_BQ * LD;
         const floatX* dOt = dOs + cur * FLASH_BQ * LD;
         const float* lt = ls + cur * FLASH_BQ;
@@ -246,7 +248,6 @@ flash_attention_backward2_dkv_kernel(float* part, const floatX* dout, const floa
             }
         }
         flash_bwd_dv_dk<HD>(dv, dk, s, dp, Qt, dOt);   // dV += P^T dO, dK += dS^T Q
-        DROPPABLE_SYNCTHREADS("flash_bwd2_dkv_tile");   // every warp is done with this buffer before it is refilled
     }
     // this half's dK (scaled) and dV, FP32, straight from the accumulators: a quad's 8 floats of a row are contiguous
     float* P = part + (size_t)half * B * T * 2 * KV * HD;
