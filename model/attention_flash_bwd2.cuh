@@ -21,42 +21,77 @@
 
 #define FLASH_BWD2_BC 32   // keys per tile of the v4 dq kernel
 
-// D of rows r0 .. r0 + 31 of the query tile into Dsm[r0 ..] and Dbuf (rows < T): one warp, HD / 8 lanes per row
-// (a 16-byte load of dout and out each), the row's partial sums reduced by shuffles within its lanes
+// the dot product of two bf16 pairs packed in 32-bit words (a bf16 is the top half of a float's bits)
+__device__ __forceinline__ float flash_bwd2_dot2(uint32_t x, uint32_t y) {
+    return __uint_as_float(x << 16) * __uint_as_float(y << 16) + __uint_as_float(x & 0xffff0000u) * __uint_as_float(y & 0xffff0000u);
+}
+
+// D of rows r0 .. r0 + 31 of the query tile into Dsm[r0 ..] and Dbuf (rows < T), their lse (log2 units; 0 past T)
+// into Lsm[r0 ..]: one warp, HD / 8 lanes per row (a 16-byte load of dout and out each), the row's partial sums
+// reduced by shuffles within its lanes
 template <int HD>
-__device__ __forceinline__ void flash_bwd2_rows_D(float* Dsm, float* Drow, const floatX* dOg, const floatX* Og, int C, int q0, int r0,
-                                                  int T) {
+__device__ __forceinline__ void flash_bwd2_rows_D(float* Dsm, float* Lsm, float* Drow, const float* lrow, const floatX* dOg,
+                                                  const floatX* Og, int C, int q0, int r0, int T) {
     constexpr int CH = HD / 8, RP = 32 / CH;   // lanes per row, rows per pass
     int lane = threadIdx.x % 32;
-    UNROLL   // (every row's loads issued before the first reduction)
     for (int p = 0; p < 32 / RP; p++) {
         int r = r0 + p * RP + lane / CH, q = q0 + r, c = lane % CH * 8;
         float d = 0.0f;
         if (q < T) {
             uint4 a = *(const uint4*)(dOg + (size_t)q * C + c), o = *(const uint4*)(Og + (size_t)q * C + c);
-            const floatX* x = (const floatX*)&a;
-            const floatX* y = (const floatX*)&o;
-            for (int i = 0; i < 8; i++) d += __bfloat162float(x[i]) * __bfloat162float(y[i]);
+            d = flash_bwd2_dot2(a.x, o.x) + flash_bwd2_dot2(a.y, o.y) + flash_bwd2_dot2(a.z, o.z) + flash_bwd2_dot2(a.w, o.w);
         }
         for (int off = CH / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
         if (lane % CH == 0) {
             Dsm[r] = d;
+            Lsm[r] = q < T ? lrow[q] * FLASH_LOG2E : 0.0f;   // rows past T: dO is 0, so is their dS; never stored
             if (q < T) Drow[q] = d;
         }
     }
     __syncwarp();
 }
 
+// one 16-deep step k0 of acc[sl] += A_sl B for the slices sl >= s0: (16, NT 8) per slice, af the slices' A
+// fragments; B from a shared tile (row stride ld) n-major (K, V: row n holds k) or k-major (K in dS K); each B
+// fragment serves every active slice
+template <bool KMAJOR, int MS, int NT>
+__device__ __forceinline__ void flash_bwd2_slices_step(float (&acc)[MS][NT][4], const uint32_t (&af)[MS][4], const floatX* Bt, int ld,
+                                                       int k0, int s0) {
+    UNROLL
+    for (int n = 0; n < NT; n += 2) {
+        uint32_t bf[4];
+        if (KMAJOR) frag_b_kmajor(bf, Bt, ld, k0, n * 8);
+        else frag_b_nmajor(bf, Bt, ld, n * 8, k0);
+        UNROLL
+        for (int sl = 0; sl < MS; sl++) if (sl >= s0) {
+            mma_m16n8k16_bf16_f32(acc[sl][n], af[sl], bf, acc[sl][n]);
+            mma_m16n8k16_bf16_f32(acc[sl][n + 1], af[sl], bf + 2, acc[sl][n + 1]);
+        }
+    }
+}
+// acc[sl] += (rows wrow0 + 16 sl .. + 15 of As) Bt^T over HD (S = Q K^T, dP = dO V^T)
+template <int HD, int MS, int NT>
+__device__ __forceinline__ void flash_bwd2_slices_abt(float (&acc)[MS][NT][4], const floatX* As, const floatX* Bt, int wrow0, int s0) {
+    UNROLL
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t af[MS][4];
+        UNROLL
+        for (int sl = 0; sl < MS; sl++) if (sl >= s0) frag_a(af[sl], As, HD + 8, wrow0 + 16 * sl, kk * 16);
+        flash_bwd2_slices_step<false>(acc, af, Bt, HD + 8, kk * 16, s0);
+    }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(FLASH_THREADS)
 flash_attention_backward2_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
                                     const floatX* qkv, int T, int H, int KV) {
-    constexpr int LD = HD + 8, KT = HD / 16, BC = FLASH_BWD2_BC, NT = BC / 8, OT = HD / 8, BR = FLASH_FWD_BR, MS = BR / 64;
+    constexpr int LD = HD + 8, BC = FLASH_BWD2_BC, NT = BC / 8, OT = HD / 8, BR = FLASH_FWD_BR, MS = BR / 64;
     floatX* Qs = (floatX*)dynamic_smem;            // (BR, LD)
     floatX* dOs = Qs + BR * LD;                    // (BR, LD)
     floatX* Ks = dOs + BR * LD;                    // (2, BC, LD): double-buffered
     floatX* Vs = Ks + 2 * BC * LD;                 // (2, BC, LD)
     float* Dsm = (float*)(Vs + 2 * BC * LD);       // (BR)
+    float* Lsm = Dsm + BR;                         // (BR)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     int q0 = (gridDim.x - 1 - blockIdx.x) * BR;    // the last (longest) query tiles first
     int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV), C = H * HD;
@@ -75,18 +110,9 @@ flash_attention_backward2_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dou
     flash_load_tile<HD>(Vs, Vg, qkv_dim, 0, BC, T);
     cp_async_commit();
 
-    // while the copies fly: D and lse (log2 units) of the lane's rows qa, qb of each slice
-    const float* lrow = lse + ((size_t)b * H + h) * T;
-    flash_bwd2_rows_D<HD>(Dsm, Dbuf + ((size_t)b * H + h) * T, dOg, out + (size_t)b * T * C + (size_t)h * HD, C, q0, wrow0, T);
-    float Da[MS], Db[MS], la[MS], lb[MS];
-    UNROLL
-    for (int sl = 0; sl < MS; sl++) {
-        int ra = wrow0 + 16 * sl + g, qa = q0 + ra;
-        Da[sl] = Dsm[ra];
-        Db[sl] = Dsm[ra + 8];
-        la[sl] = qa < T ? lrow[qa] * FLASH_LOG2E : 0.0f;   // rows past T: dO is 0, so is their dS; never stored
-        lb[sl] = qa + 8 < T ? lrow[qa + 8] * FLASH_LOG2E : 0.0f;
-    }
+    // while the copies fly: D and lse of the warp's rows, into shared memory (read back per tile: registers are short)
+    flash_bwd2_rows_D<HD>(Dsm, Lsm, Dbuf + ((size_t)b * H + h) * T, lse + ((size_t)b * H + h) * T, dOg,
+                          out + (size_t)b * T * C + (size_t)h * HD, C, q0, wrow0, T);
 
     float dq[MS][OT][4] = {};
     for (int j = 0; j < ntiles; j++) {
@@ -103,55 +129,25 @@ flash_attention_backward2_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dou
         const floatX* Vt = Vs + j % 2 * BC * LD;
         const int k0 = j * BC;
         // the warp's first slice with a key of this tile at or before its last row; MS: none (warp-uniform)
-        int s0 = 0;
-        while (s0 < MS && k0 > q0 + wrow0 + 16 * s0 + 15) s0++;
+        const int s0 = k0 > q0 + wrow0 ? min(MS, (k0 - q0 - wrow0) / 16) : 0;
         if (s0 < MS) {
             // S = Q K^T, then dP = dO V^T: (16, BC) per slice; each K (V) fragment serves every active slice
             float s[MS][NT][4] = {}, dp[MS][NT][4] = {};
-            UNROLL
-            for (int kk = 0; kk < KT; kk++) {
-                uint32_t af[MS][4];
-                UNROLL
-                for (int sl = 0; sl < MS; sl++) if (sl >= s0) frag_a(af[sl], Qs, LD, wrow0 + 16 * sl, kk * 16);
-                UNROLL
-                for (int n = 0; n < NT; n += 2) {
-                    uint32_t bf[4];
-                    frag_b_nmajor(bf, Kt, LD, n * 8, kk * 16);
-                    UNROLL
-                    for (int sl = 0; sl < MS; sl++) if (sl >= s0) {
-                        mma_m16n8k16_bf16_f32(s[sl][n], af[sl], bf, s[sl][n]);
-                        mma_m16n8k16_bf16_f32(s[sl][n + 1], af[sl], bf + 2, s[sl][n + 1]);
-                    }
-                }
-            }
-            UNROLL
-            for (int kk = 0; kk < KT; kk++) {
-                uint32_t af[MS][4];
-                UNROLL
-                for (int sl = 0; sl < MS; sl++) if (sl >= s0) frag_a(af[sl], dOs, LD, wrow0 + 16 * sl, kk * 16);
-                UNROLL
-                for (int n = 0; n < NT; n += 2) {
-                    uint32_t bf[4];
-                    frag_b_nmajor(bf, Vt, LD, n * 8, kk * 16);
-                    UNROLL
-                    for (int sl = 0; sl < MS; sl++) if (sl >= s0) {
-                        mma_m16n8k16_bf16_f32(dp[sl][n], af[sl], bf, dp[sl][n]);
-                        mma_m16n8k16_bf16_f32(dp[sl][n + 1], af[sl], bf + 2, dp[sl][n + 1]);
-                    }
-                }
-            }
+            flash_bwd2_slices_abt<HD>(s, Qs, Kt, wrow0, s0);
+            flash_bwd2_slices_abt<HD>(dp, dOs, Vt, wrow0, s0);
             // P = exp(S scale - lse), 0 where the key is after the query; dS = P (dP - D), into s
             UNROLL
             for (int sl = 0; sl < MS; sl++) if (sl >= s0) {
-                const int qa = q0 + wrow0 + 16 * sl + g, qb = qa + 8;
+                const int ra = wrow0 + 16 * sl + g, qa = q0 + ra, qb = qa + 8;
+                const float la = Lsm[ra], lb = Lsm[ra + 8], Da = Dsm[ra], Db = Dsm[ra + 8];
                 const bool diag = k0 + BC - 1 > qa - g;
                 UNROLL
                 for (int n = 0; n < NT; n++)
                     UNROLL
                     for (int e = 0; e < 4; e++) {
                         bool masked = diag && k0 + n * 8 + 2 * t4 + e % 2 > (e < 2 ? qa : qb);
-                        float p = masked ? 0.0f : exp2f(s[sl][n][e] * sl2 - (e < 2 ? la[sl] : lb[sl]));
-                        s[sl][n][e] = p * (dp[sl][n][e] - (e < 2 ? Da[sl] : Db[sl]));
+                        float p = masked ? 0.0f : exp2f(s[sl][n][e] * sl2 - (e < 2 ? la : lb));
+                        s[sl][n][e] = p * (dp[sl][n][e] - (e < 2 ? Da : Db));
                     }
             }
             // dQ += dS K; each K fragment serves every active slice
@@ -160,16 +156,7 @@ flash_attention_backward2_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dou
                 uint32_t df[MS][4];
                 UNROLL
                 for (int sl = 0; sl < MS; sl++) if (sl >= s0) frag_a_from_acc(df[sl], s[sl][2 * kk], s[sl][2 * kk + 1]);
-                UNROLL
-                for (int n = 0; n < OT; n += 2) {
-                    uint32_t kf[4];
-                    frag_b_kmajor(kf, Kt, LD, kk * 16, n * 8);
-                    UNROLL
-                    for (int sl = 0; sl < MS; sl++) if (sl >= s0) {
-                        mma_m16n8k16_bf16_f32(dq[sl][n], df[sl], kf, dq[sl][n]);
-                        mma_m16n8k16_bf16_f32(dq[sl][n + 1], df[sl], kf + 2, dq[sl][n + 1]);
-                    }
-                }
+                flash_bwd2_slices_step<true>(dq, df, Kt, LD, kk * 16, s0);
             }
         }
     }
@@ -278,7 +265,7 @@ __global__ void flash_attention_backward2_sum_kernel(floatX* dqkv, const float* 
 // the FP32 scratch of the two halves' dK, dV
 static inline size_t flash_bwd2_part_floats(int B, int T, int KV, int hd) { return 2 * (size_t)B * T * 2 * KV * hd; }
 template <int HD> static inline size_t flash_bwd2_dq_smem() {
-    return (size_t)(2 * FLASH_FWD_BR + 4 * FLASH_BWD2_BC) * (HD + 8) * sizeof(floatX) + FLASH_FWD_BR * sizeof(float);
+    return (size_t)(2 * FLASH_FWD_BR + 4 * FLASH_BWD2_BC) * (HD + 8) * sizeof(floatX) + 2 * FLASH_FWD_BR * sizeof(float);
 }
 
 template <int HD>

@@ -36,6 +36,13 @@ static const bool RACE_BUILD = true;   // (attention_race: the detector's build)
 #else
 static const bool RACE_BUILD = false;
 #endif
+// the race detector's negative control (-p 1): backward v4's dq kernel without its one barrier a tile (the copy of
+// tile j + 1's keys lands over the buffer of tile j - 1 while other warps may still read it)
+static void plant_race() {
+#if defined(SIMT_RACE_DETECT)
+    simt::race_drop_barrier_set("flash_bwd2_dq_tile", true);
+#endif
+}
 
 // (FLASH_BR, 64 query rows, from model/attention_flash_bwd.cuh: the old forward v3 has the dq kernel's rows)
 
@@ -283,7 +290,7 @@ static void run_shape(int only_f, int only_g, int B, int T, int H, int KV, int h
 }
 
 int main(int argc, char** argv) {
-    int only_f = 0, only_g = 0, B = 8, T = 2048, H = 8, KV = 2, hd = 128, plant = 0;
+    int only_f = 0, only_g = 0, B = 8, T = 2048, H = 8, KV = 2, hd = 128;
     bool shape_given = false;
     for (int i = 1; i < argc; i += 2) {
         int x = i + 1 < argc ? atoi(argv[i + 1]) : 0;
@@ -295,20 +302,13 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "-h")) { H = x; shape_given = true; }
         else if (!strcmp(argv[i], "-k")) { KV = x; shape_given = true; }
         else if (!strcmp(argv[i], "-d")) { hd = x; shape_given = true; }
-        else if (!strcmp(argv[i], "-p") && x == 1 && RACE_BUILD) plant = x;
+        else if (!strcmp(argv[i], "-p") && x == 1 && RACE_BUILD) plant_race();
         else {
             fprintf(stderr, "usage: %s [-f N] [-g N] [-b B] [-t T] [-h H] [-k KV] [-d hd] [-p 1 (race build: the planted race)]\n", argv[0]);
             return 2;
         }
     }
     print_header("attention", "causal GQA");
-#if defined(SIMT_RACE_DETECT)
-    // the race detector's negative control: backward v4's dq kernel without its end-of-tile barrier (the copy of
-    // tile j + 2's keys lands over the buffer other warps still read for tile j)
-    if (plant) simt::race_drop_barrier_set("flash_bwd2_dq_tile", true);
-#else
-    (void)plant;
-#endif
     if (EMULATED && !shape_given) {
         // small shapes: odd T (tiles cut short, a single token), GQA 4:2, 8:1 and dbrx-1b's 4:1 (T 200: no
         // tile size divides it), head_dim 32/64/128 (flash) and 40 (v1, v2 only); B 2 where the batch offsets matter
