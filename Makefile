@@ -215,6 +215,11 @@ dev/cuda/attention_wgmma_race: dev/cuda/attention_wgmma.cu dev/cuda/common.h $(S
 	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma.cu
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
+# dev/cuda/attention's backward v4 (model/attention_flash_bwd2.cuh) under the race detector
+dev/cuda/attention_race: dev/cuda/attention.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention.cu
+	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	rm -f $@.o
 # dev/cuda/attention_wgmma_bwd's kernel (wgmma backward, a semaphore per query tile) under the race detector
 dev/cuda/attention_wgmma_bwd_race: dev/cuda/attention_wgmma_bwd.cu dev/cuda/attention_wgmma_common.h dev/cuda/common.h $(SIMT_HEADERS) | check-deps
 	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma_bwd.cu
@@ -247,7 +252,7 @@ train_dbrx_emu_count: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(COUNT_FLAGS) $(MPI_CFLAGS) -x c++ -c -o $@.o train_dbrx.cu
 	$(CXX) -fopenmp -o $@ $@.o $(LDLIBS)
 	rm -f $@.o
-emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_count $(DEV_CUDA_EMU) dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race)
+emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_count $(DEV_CUDA_EMU) dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/attention_race)
 
 # the real CUDA builds of the tests (make test compiles them; make test-gpu runs them on a device,
 # under compute-sanitizer with SANITIZER=1)
@@ -273,6 +278,7 @@ $(DEV_CUDA): dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS)
 	$(NVCC) $(filter-out -O2,$(NVCC_TEST_FLAGS)) -O3 -o $@ $< -lopenblas $(CUDA_LIBS)
 # the wgmma attention (a candidate for the product): no register spills, as train_dbrx
 dev/cuda/attention_wgmma: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
+dev/cuda/attention: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/attention_wgmma_bwd: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/attention_wgmma dev/cuda/attention_wgmma_emu dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd dev/cuda/attention_wgmma_bwd_emu: dev/cuda/attention_wgmma_common.h
 # the grouped expert GEMMs (model/moe_grouped.cuh, a candidate for the product): no register spills either
@@ -328,4 +334,4 @@ test: test-build
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
 	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
-	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race
+	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/attention_race

@@ -151,6 +151,15 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
             out=$("$b" 2>&1); rc=$?
             [ "$rc" = 0 ] && pass "$b: every version validated against the CPU reference" || fail "$b (exit $rc): $(grep FAIL <<<"$out" | head -3)"
         done
+        # attention backward v4 (model/attention_flash_bwd2.cuh) under the race detector: dbrx-1b's GQA 4:1 at T 200 (no
+        # tile divides it), head_dim 128 and 64; its negative control (-p 1: the dq kernel's one barrier a tile dropped)
+        local r=./dev/cuda/attention_race
+        if out=$($r -f -1 -g 4 -b 1 -t 200 -h 8 -k 2 -d 128 2>&1) && out=$($r -f -1 -g 4 -b 2 -t 77 -h 4 -k 2 -d 64 2>&1); then
+            pass "$r: backward v4 validated against the CPU, no race"
+        else fail "$r (exit $?): $(grep -E 'FAIL|race' <<<"$out" | head -3)"; fi
+        if ! out=$($r -f -1 -g 4 -b 1 -t 200 -h 8 -k 2 -d 128 -p 1 2>&1) && grep -q "race in kernel flash_attention_backward2_dq_kernel" <<<"$out"; then
+            pass "negative control: $r -p 1 (the dq kernel's tile barrier dropped) races"
+        else fail "negative control: $r -p 1, no race reported: $(head -2 <<<"$out")"; fi
         # make bench-gpu's commands and flags, at a tiny shape on the emulated builds (no timings): the
         # benchmark a lent GPU runs must not have rotted
         out=$(bash dev/bench/bench_gpu.sh --emulated 2>&1); rc=$?

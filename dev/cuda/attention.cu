@@ -14,6 +14,9 @@
  *               per pair (model/attention_flash_bwd.cuh: the model's)
  *   backward v3 flash, one kernel over key tiles, 5 tile products, dQ summed in key-tile order
  *               (model/attention_flash_bwd5.cuh: context parallelism's chunk pairs; 4x slower than v2 on a GPU)
+ *   backward v4 v2 reshaped (issue 25): dq kernel of 128-row query tiles, each warp two 16-row slices sharing
+ *               every K/V fragment; dk/dv kernel's iterations split over two blocks (FP32 halves, a sum kernel)
+ *               for the tail (model/attention_flash_bwd2.cuh; a candidate for the model's)
  * Every version is validated against the CPU reference (out, lse; dqkv), which at the full size runs
  * on the first batch row only.
  * FLOPs counted: causal forward 4 B H hd T(T+1)/2 (S and P V); backward 2.5x that (FlashAttention's
@@ -22,10 +25,24 @@
  *     -f N / -g N: only forward / backward version N (0: all, the default; -1: none); default shape
  *     B 8, T 2048, H 8, KV 2, hd 128 (dbrx-1b). The model's flash kernels at dbrx-132b's attention shape:
  *     ./dev/cuda/attention -f 4 -g 3 -b 8 -t 4096 -h 48 -k 8 -d 128
- *   Under the emulator (attention_emu) a list of small shapes, validation only.
+ *   Under the emulator (attention_emu) a list of small shapes, validation only. attention_race (the race
+ *   detector's build) runs backward v4 at a given shape; -p 1 there drops its dq kernel's end-of-tile barrier.
  */
 #include "common.h"
 #include "../../model/attention.cuh"
+#include "../../model/attention_flash_bwd2.cuh"
+#if defined(SIMT_RACE_DETECT)
+static const bool RACE_BUILD = true;   // (attention_race: the detector's build)
+#else
+static const bool RACE_BUILD = false;
+#endif
+// the race detector's negative control (-p 1): backward v4's dq kernel without its one barrier a tile (the copy of
+// tile j + 1's keys lands over the buffer of tile j - 1 while other warps may still read it)
+static void plant_race() {
+#if defined(SIMT_RACE_DETECT)
+    simt::race_drop_barrier_set("flash_bwd2_dq_tile", true);
+#endif
+}
 
 // (FLASH_BR, 64 query rows, from model/attention_flash_bwd.cuh: the old forward v3 has the dq kernel's rows)
 
@@ -210,9 +227,10 @@ static void run_shape(int only_f, int only_g, int B, int T, int H, int KV, int h
     float *dlse = deviceAlloc(float, (size_t)B * H * T), *dD = deviceAlloc(float, (size_t)B * H * T);
     double flops = 4.0 * B * H * hd * (double)T * (T + 1) / 2;
     bool flash = flash_attention_supported(hd);
-    const int NF = 4, NB = 3;
+    const int NF = 4, NB = 4;
     float* d_acc = deviceAlloc(float, flash_bwd5_acc_floats(B, T, H, hd));
     int* d_sem = deviceAlloc(int, flash_bwd5_sem_ints(B, T, H));
+    float* d_part = deviceAlloc(float, flash_bwd2_part_floats(B, T, KV, hd));
     std::function<void()> fwd[NF] = {
         [&] { attention_forward_rows_gpu(dy, dlse, dq, B, T, H, KV, hd); },
         [&] { LAUNCH(attention_forward_v2, ceil_div((long long)B * H * T, 4), 128, 0, 0, dy, dlse, dq, B, T, H, KV, hd); },
@@ -225,9 +243,10 @@ static void run_shape(int only_f, int only_g, int B, int T, int H, int KV, int h
         [&] { attention_backward_rows_gpu(ddq, dD, ddout, dy, dlse, dq, B, T, H, KV, hd); },
         [&] { flash_attention_backward_gpu(ddq, dD, ddout, dy, dlse, dq, B, T, H, KV, hd); },
         [&] { flash_attention_backward5_gpu(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
+        [&] { flash_attention_backward2_gpu(ddq, dD, d_part, ddout, dy, dlse, dq, B, T, H, KV, hd); },
     };
     const char* bnames[NB] = {"backward v1 (warp per row)", "backward v2 (flash, dq + dk/dv, 7 products)",
-                              "backward v3 (flash, 5 products)"};
+                              "backward v3 (flash, 5 products)", "backward v4 (flash, 2-slice dq, split dk/dv)"};
     std::vector<float> v2_dqkv;
     std::vector<float> v3_out, v3_lse;
     for (int v = 0; v < NF; v++) {
@@ -260,9 +279,14 @@ static void run_shape(int only_f, int only_g, int B, int T, int H, int KV, int h
                 validate_bits("  v3 run twice", from_device_bf16v(ddq, nqv), a, {}, {});
             }
         }
+        if (v == 3 && EMULATED) {   // deterministic: every sum in a fixed order, so a second run gives the same bits
+            std::vector<float> a = from_device_bf16v(ddq, nqv);
+            bwd[v]();
+            validate_bits("  v4 run twice", from_device_bf16v(ddq, nqv), a, {}, {});
+        }
         report_flops(bnames[v], 2.5 * flops, time_ms(EMULATED ? 1 : 3, bwd[v]));
     }
-    for (void* p : {(void*)dq, (void*)dy, (void*)ddout, (void*)ddq, (void*)dlse, (void*)dD, (void*)d_acc, (void*)d_sem}) cudaCheck(cudaFree(p));
+    for (void* p : {(void*)dq, (void*)dy, (void*)ddout, (void*)ddq, (void*)dlse, (void*)dD, (void*)d_acc, (void*)d_sem, (void*)d_part}) cudaCheck(cudaFree(p));
 }
 
 int main(int argc, char** argv) {
@@ -278,14 +302,18 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "-h")) { H = x; shape_given = true; }
         else if (!strcmp(argv[i], "-k")) { KV = x; shape_given = true; }
         else if (!strcmp(argv[i], "-d")) { hd = x; shape_given = true; }
-        else { fprintf(stderr, "usage: %s [-f N] [-g N] [-b B] [-t T] [-h H] [-k KV] [-d hd]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "-p") && x == 1 && RACE_BUILD) plant_race();
+        else {
+            fprintf(stderr, "usage: %s [-f N] [-g N] [-b B] [-t T] [-h H] [-k KV] [-d hd] [-p 1 (race build: the planted race)]\n", argv[0]);
+            return 2;
+        }
     }
     print_header("attention", "causal GQA");
     if (EMULATED && !shape_given) {
-        // small shapes: odd T (tiles cut short, a single token), GQA 4:2 and 8:1, head_dim 32/64/128
-        // (flash) and 40 (v1, v2 only); B 2 where the batch offsets matter
+        // small shapes: odd T (tiles cut short, a single token), GQA 4:2, 8:1 and dbrx-1b's 4:1 (T 200: no
+        // tile size divides it), head_dim 32/64/128 (flash) and 40 (v1, v2 only); B 2 where the batch offsets matter
         const int shapes[][5] = {{1, 70, 4, 2, 64}, {1, 1, 4, 2, 64}, {2, 17, 4, 2, 128}, {1, 129, 8, 1, 128},
-                                 {1, 256, 4, 2, 128}, {2, 45, 4, 2, 32}, {1, 45, 4, 2, 40}};
+                                 {1, 256, 4, 2, 128}, {1, 200, 8, 2, 128}, {2, 45, 4, 2, 32}, {1, 45, 4, 2, 40}};
         for (const auto& s : shapes) run_shape(only_f, only_g, s[0], s[1], s[2], s[3], s[4]);
     } else {
         run_shape(only_f, only_g, B, T, H, KV, hd);
