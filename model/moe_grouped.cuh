@@ -152,6 +152,92 @@ __device__ __forceinline__ void grouped_epilogue(const float (&d)[M], const Grou
     }
 }
 
+// v4's and the FP8 kernel's epilogue staging: each consumer warp owns two buffers of 16 rows (its rows of the tile)
+// x 64 columns of BF16 (MOE_STAGE_BUF bytes each) in shared memory. The accumulator fragments go in as 4-byte writes,
+// row r's 16-byte chunk j at chunk j ^ r % 8: a warp instruction's 8 rows x 16 bytes land on 8 distinct chunks of
+// the 32 banks (no conflict), and come out as 16-byte coalesced stores, each warp instruction writing 4 whole
+// 128-byte row segments (rather than 8 rows x 16 bytes of 4-byte stores straight from the fragments)
+#define MOE_STAGE_BUF 2048
+__device__ __forceinline__ int grouped_stage_off(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
+// the thread's fragment pair at columns 8 j + 2 (lane % 4) of row lane / 4 + 8 h (d[i]: j = i / 4 % 8, h = i / 2 % 2)
+__device__ __forceinline__ __nv_bfloat162* grouped_stage_at(char* buf, int j, int h) {
+    const int lane = threadIdx.x % 32;
+    return (__nv_bfloat162*)(buf + grouped_stage_off(lane / 4 + 8 * h, j) + 4 * (lane % 4));
+}
+// buffer -> rows r0 .. r0 + 15 (those at or past row_end skipped: the next expert's), columns col0 .. col0 + 63 of out
+template <int PLANT>
+__device__ __forceinline__ void grouped_stage_store(const char* buf, floatX* out, int r0, int row_end, int col0, int Nout) {
+    const int lane = threadIdx.x % 32, ch = lane % 8;
+    for (int k = 0; k < 4; k++) {
+        const int row = lane / 8 + 4 * k;
+        if (PLANT == 2 ? r0 + row > row_end : r0 + row >= row_end) continue;
+        *(uint4*)(out + (size_t)(r0 + row) * Nout + col0 + 8 * ch) = *(const uint4*)(buf + grouped_stage_off(row, ch));
+    }
+}
+// the same block of in0 and of in1 -> buf0, buf1 (rows past row_end zero): the 8 global loads issued before any store
+__device__ __forceinline__ void grouped_stage_load2(char* buf0, char* buf1, const floatX* __restrict__ in0, const floatX* __restrict__ in1,
+                                                    int r0, int row_end, int col0, int Nout) {
+    const int lane = threadIdx.x % 32, ch = lane % 8;
+    uint4 v0[4], v1[4];
+    for (int k = 0; k < 4; k++) {
+        const int row = lane / 8 + 4 * k;
+        const size_t o = (size_t)(r0 + row) * Nout + col0 + 8 * ch;
+        const bool in = r0 + row < row_end;
+        v0[k] = in ? __ldg((const uint4*)(in0 + o)) : make_uint4(0, 0, 0, 0);
+        v1[k] = in ? __ldg((const uint4*)(in1 + o)) : make_uint4(0, 0, 0, 0);
+    }
+    for (int k = 0; k < 4; k++) {
+        *(uint4*)(buf0 + grouped_stage_off(lane / 8 + 4 * k, ch)) = v0[k];
+        *(uint4*)(buf1 + grouped_stage_off(lane / 8 + 4 * k, ch)) = v1[k];
+    }
+}
+// the fragments' __syncwarp: the lanes' buffer writes before the other lanes' reads (PLANT 9 drops it: a race). (A
+// buffer is written either by fragments or by 16-byte rows, never both: the race detector merges a thread's accesses
+// to an 8-byte granule, and a lane's fragment write after its row write would then look unordered with its neighbours')
+template <int PLANT> __device__ __forceinline__ void grouped_stage_sync() {
+    if (PLANT != 9) __syncwarp();
+}
+
+// grouped_epilogue through the warp's staging buffers b0, b1 (stage: 2 MOE_STAGE_BUF bytes). M accumulators (UP: g's
+// then u's, M columns; else 2 M columns), 64 columns at a time. UP: a into b0 and g into b1, stored; then u into b0;
+// else chunk h into b[h % 2]. A __syncwarp between a buffer's fragment writes and its stores' reads, and between
+// those reads and the buffer's next writes (each chunk opens with one)
+template <bool UP, int PLANT, int M>
+__device__ __forceinline__ void grouped_epilogue_staged(const float (&d)[M], const GroupedTile& tile, int q, floatX* out0, floatX* out1,
+                                                        floatX* out2, int Nout, char* stage) {
+    const int r0 = tile.m0 + 64 * q + 16 * (threadIdx.x % 128 / 32);
+    char *b0 = stage, *b1 = stage + MOE_STAGE_BUF;
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+    for (int h = 0; h < (UP ? M : 2 * M) / 64; h++) {
+        const int col0 = tile.n0 + 64 * h;
+        if (UP || h < 2) __syncwarp();   // (else the previous chunk's __syncwarp orders chunk h - 2's reads of this buffer)
+        char* b = UP || h % 2 == 0 ? b0 : b1;
+        for (int i = 32 * h; i < 32 * h + 32; i += 2) {   // a (UP), the output
+            __nv_bfloat162 gv = __floats2bfloat162_rn(d[i], d[i + 1]);
+            if constexpr (UP) {
+                if (out0) *grouped_stage_at(b1, i / 4 % 8, i / 2 % 2) = gv;
+                float2 gf = __bfloat1622float2(gv), uf = __bfloat1622float2(__floats2bfloat162_rn(d[i + M / 2], d[i + M / 2 + 1]));
+                gv = __floats2bfloat162_rn(swiglu_value(gf.x, uf.x), swiglu_value(gf.y, uf.y));
+            }
+            *grouped_stage_at(b, i / 4 % 8, i / 2 % 2) = gv;
+        }
+        grouped_stage_sync<PLANT>();
+        grouped_stage_store<PLANT>(b, UP ? out2 : out0, r0, tile.row_end, col0, Nout);
+        if constexpr (UP) {
+            if (out0) grouped_stage_store<PLANT>(b1, out0, r0, tile.row_end, col0, Nout);
+            if (out1) {
+                __syncwarp();
+                for (int i = 32 * h; i < 32 * h + 32; i += 2)
+                    *grouped_stage_at(b0, i / 4 % 8, i / 2 % 2) = __floats2bfloat162_rn(d[i + M / 2], d[i + M / 2 + 1]);
+                grouped_stage_sync<PLANT>();
+                grouped_stage_store<PLANT>(b0, out1, r0, tile.row_end, col0, Nout);
+            }
+        }
+    }
+}
+
 // UP: out0 g, out1 u (both may be null), out2 a (rows, Nout = F) from A = xe (rows, K = d), B0 = w1, B1 = v1.
 // else: out0 ye (rows, Nout = d) from A = a (rows, K = F), B0 = w2. 128 WG threads; tiles of 64 WG rows x BN
 // columns; K % 64 == 0, Nout % BN == 0

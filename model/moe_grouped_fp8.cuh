@@ -20,9 +20,10 @@
  * for more than 4 k-steps. The order is cuBLASLt's twin's for block-scaled GEMMs (each 128-chunk summed from 0 in k
  * order, then added times the product of the two factors, chunk after chunk): under the emulator the results are
  * its bits (test/test_moe_fp8_grouped.cpp). N 128 (UP: g's and u's 64 columns; tmp and acc 64 floats each): a thread
- * holds 128 accumulators within the 168 registers of a 384-thread block (ptxas: 163, no spills; no setmaxnreg yet).
- * Stage 32 KiB, 6 stages. Each k-tile's MMAs are waited for before the promotion (wait_group 0, as DeepGEMM): the
- * other consumer warpgroup's MMAs and the producer's copies overlap it. Untimed on a GPU until the next lease.
+ * holds 128 accumulators within the 168 registers of a 384-thread block (ptxas: 164, no spills; no setmaxnreg yet).
+ * Stage 32 KiB, 6 stages, then v4's epilogue staging (32 KiB). Each k-tile's MMAs are waited for before the
+ * promotion (wait_group 0, as DeepGEMM): the other consumer warpgroup's MMAs and the producer's copies overlap it.
+ * Untimed on a GPU until the next lease.
  * PLANT (tests only): 1 the activation scale of the next k block (k blocks wrapped), 2 the promotion skipped for
  * k block 1, 3 expect_tx 16 bytes above the stage's (the phase never completes: a reported deadlock), 4 the stage
  * released before its MMAs completed (the refill's copy over a stage being read: a race).
@@ -134,7 +135,8 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
             const float f[4] = {x0 * b1, x1 * b1, x0 * b2, x1 * b2};   // (row half, g / u; DOWN: b2 = b1)
             for (int i = 0; i < MOE_FP8_BN; i++) acc[i] = fp8_promote(acc[i], tmp[i], f[(i / 2) % 2 + 2 * (i >= MOE_FP8_BN / 2)]);
         }
-        grouped_epilogue<UP, BN, 0>(acc, tile, q, out0, out1, out2, F);
+        char* epi = smem + STAGES * MOE_FP8_STAGE_BYTES + (threadIdx.x / 32 - 4) * 2 * MOE_STAGE_BUF;   // the warp's staging buffers
+        grouped_epilogue_staged<UP, 0>(acc, tile, q, out0, out1, out2, F, epi);
     }
 }
 
@@ -143,7 +145,7 @@ template <bool UP, int PLANT>
 static void experts_grouped_fp8_launch(floatX* out0, floatX* out1, floatX* out2, const uint8_t* A, const float* sx, const uint8_t* B1,
                                        const float* s1, const uint8_t* B2, const float* s2, const int* offsets_dev, int rows, int E, int K,
                                        int Nout, cudaStream_t stream) {
-    constexpr size_t smem = (size_t)MOE_FP8_STAGES * MOE_FP8_STAGE_BYTES + 1024;
+    constexpr size_t smem = (size_t)MOE_FP8_STAGES * MOE_FP8_STAGE_BYTES + MOE_EPI_SMEM + 1024;   // (the epilogue's staging after the stages)
     constexpr size_t smem_all = smem + 8 * (MOE_GROUPED_MAX_E + 1) + 16 * MOE_FP8_STAGES;
     static_assert(smem_all <= MOE_SMEM_LIMIT, "the stages fit Hopper's 227 KiB");
     if (rows < 1 || E < 1 || E > MOE_GROUPED_MAX_E || K < MOE_FP8_BK || K % MOE_FP8_BK != 0 || Nout % 128 != 0 ||

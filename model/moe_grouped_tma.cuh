@@ -29,13 +29,20 @@
  * (wait_group 1) and then release the PREVIOUS k-tile's stage: lane 0 of each consumer warp arrives on its "empty"
  * barrier (count 8) after the warp's wait_group, so a stage is refilled only once every MMA reading it completed.
  * No __syncthreads() after the schedule. Stage = 16 KiB of A + 32 KiB of B = 48 KiB, 4 stages (192 KiB + 1 KiB of
- * alignment; 5 would pass the 227 KiB limit); DA and DX: 128 x 128 tiles (DX also holds the first sum: 32 registers),
- * 6 stages of 32 KiB. The MMAs and their k order are v3's: under the emulator the results
- * are bit for bit moe_grouped.cuh's (and today's path's). Untimed on a GPU until the next lease.
+ * alignment + the epilogue's 32 KiB = 225 KiB of the 227 KiB limit); DA and DX: 128 x 128 tiles (DX also holds the
+ * first sum: 32 registers), 6 stages of 32 KiB (DA 5: its staging is 64 KiB). Epilogues (moe_grouped.cuh's
+ * grouped_stage_*): each consumer warp stages its 16 rows x 64 columns of an output through one of its two 2 KiB
+ * swizzled buffers and writes them with 16-byte stores, whole 128-byte row segments (DA reads g and u the same way
+ * through two more buffers, all 8 loads in flight, where they waited one by one behind the stores). The MMAs and their
+ * k order are v3's: under the emulator
+ * the results are bit for bit moe_grouped.cuh's (and today's path's). On an H100 at dbrx-1b the staging changed no time
+ * by more than 1% (up 1.469 -> 1.464 ms, A 1.440 -> 1.427): the epilogues' cost is not their instructions or coalescing
+ * (likely their memory traffic, not overlapped with the MMAs: both warpgroups store while the tensor cores idle).
  * PLANT (tests only): 1, 2 as moe_grouped.cuh's (the scheduler's floor, the store mask one row too far); 4 the
  * producer skips the "empty" wait (a stage overwritten while read); 5 expect_tx 16 bytes above the stage's
  * (the phase never completes); 6 a consumer releases the stage it has just issued MMAs on, before they completed;
- * 7 DX's two products summed in one fp32 sum (not today's rounding points); 8 DA's SwiGLU backward from the unrounded da.
+ * 7 DX's two products summed in one fp32 sum (not today's rounding points); 8 DA's SwiGLU backward from the unrounded da;
+ * 9 the epilogue staging's __syncwarp between the fragment writes and the other lanes' reads (the stores) dropped.
  */
 #pragma once
 #include "moe_grouped.cuh"
@@ -51,7 +58,12 @@ enum { MOE_UP = 0, MOE_DOWN = 1, MOE_DA = 2, MOE_DX = 3 };
 template <int MODE> __host__ __device__ constexpr bool grouped_b_kmajor() { return MODE == MOE_UP || MODE == MOE_DA; }
 // the stage's bytes: A (128 rows of 128 bytes) then B (NB rows / k-rows of 128 bytes)
 template <int MODE, int BN> __host__ __device__ constexpr int grouped_tma_stage_bytes() { return (MOE_TMA_BM + (MODE == MOE_UP ? 2 * BN : BN)) * 128; }
-template <int MODE, int BN, int STAGES> constexpr size_t grouped_tma_smem() { return (size_t)STAGES * grouped_tma_stage_bytes<MODE, BN>() + 1024; }
+// the epilogue's staging after the stages: 2 buffers per consumer warp, DA 4 (model/moe_grouped.cuh's grouped_stage_*)
+#define MOE_EPI_SMEM (8 * 2 * MOE_STAGE_BUF)
+template <int MODE> __host__ __device__ constexpr int grouped_epi_bufs() { return MODE == MOE_DA ? 4 : 2; }
+template <int MODE, int BN, int STAGES> constexpr size_t grouped_tma_smem() {
+    return (size_t)STAGES * grouped_tma_stage_bytes<MODE, BN>() + 8 * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF + 1024;
+}
 // k-tiles per tile: DX runs K (= F) twice, dg against w1_e then du against v1_e
 template <int MODE> __device__ __forceinline__ int grouped_tma_ktiles(int K) { return (MODE == MOE_DX ? 2 : 1) * (K / MOE_GROUPED_BK); }
 
@@ -107,36 +119,56 @@ __device__ __forceinline__ void grouped_tma_consume(float (&d)[NB / 2], char* sm
     if (PLANT != 6) grouped_tma_release(&empty[(it - 1) % STAGES]);
 }
 
-// the backward's epilogues (grouped_epilogue's fragment layout; rows past the expert's end skipped):
+// the backward's epilogues (grouped_epilogue_staged's fragment layout, staging and row mask), 64 columns at a time:
 //   DA  c = da rounded to BF16 as today's GEMM stores it, then dg, du from it and the tile's g, u (in0, in1) with
-//       moe.cuh's swiglu_grads as swiglu_backward_kernel does: out0 dg, out1 du, out2 da (null: not stored)
+//       moe.cuh's swiglu_grads as swiglu_backward_kernel does: out0 dg, out1 du, out2 da (null: not stored). g, u are
+//       loaded as 16-byte rows into the warp's buffers b2, b3 (the 8 loads issued before any store: they no longer
+//       wait behind the previous stores), read back as fragments; dg into b0, du into b1 (DA: 4 buffers per warp)
 //   DX  dxe = BF16(the du v1_e sum + c), c the dg w1_e sum rounded to BF16: today's second GEMM (beta 1 on the first's
 //       BF16 output)
 template <int MODE, int PLANT, int M>
 __device__ __forceinline__ void grouped_bwd_epilogue(const float (&d)[M], const __nv_bfloat162* c, const GroupedTile& tile, int q, floatX* out0,
-                                                     floatX* out1, floatX* out2, const floatX* in0, const floatX* in1, int Nout) {
-    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, cl = threadIdx.x % 4;
-    // (DX unrolled: d indexed at run time would live in local memory, serialising the wgmmas that write it: C7514.
-    // DA reads c, not d: its loop is long (the g, u loads, two expf a pair), and unrolled whole it spills; 4 at a time)
+                                                     floatX* out1, floatX* out2, const floatX* in0, const floatX* in1, int Nout,
+                                                     char* stage) {
+    const int r0 = tile.m0 + 64 * q + 16 * (threadIdx.x % 128 / 32);
+    // (DA: g and u in through b2, b3, dg and du out through b0, b1)
+    char *b0 = stage, *b1 = stage + MOE_STAGE_BUF, *b2 = stage + 2 * MOE_STAGE_BUF, *b3 = stage + 3 * MOE_STAGE_BUF;
 #if defined(__CUDACC__)
-#pragma unroll(MODE == MOE_DA ? 4 : M / 2)
+#pragma unroll
 #endif
-    for (int i = 0; i < M; i += 2) {
-        int r = tile.m0 + 64 * q + 16 * warp + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * cl;
-        if (PLANT == 2 ? r > tile.row_end : r >= tile.row_end) continue;
-        size_t o = (size_t)r * Nout + col;
+    for (int h = 0; h < 2 * M / 64; h++) {
+        const int col0 = tile.n0 + 64 * h;
+        __syncwarp();   // the previous stores' buffer reads before these writes
         if constexpr (MODE == MOE_DA) {
-            float2 df = PLANT == 8 ? make_float2(d[i], d[i + 1]) : __bfloat1622float2(c[i / 2]), gf = __bfloat1622float2(*(const __nv_bfloat162*)(in0 + o)),
-                   uf = __bfloat1622float2(*(const __nv_bfloat162*)(in1 + o));
-            float dg0, du0, dg1, du1;
-            swiglu_grads(df.x, gf.x, uf.x, &dg0, &du0);
-            swiglu_grads(df.y, gf.y, uf.y, &dg1, &du1);
-            *(__nv_bfloat162*)(out0 + o) = __floats2bfloat162_rn(dg0, dg1);
-            *(__nv_bfloat162*)(out1 + o) = __floats2bfloat162_rn(du0, du1);
-            if (out2) *(__nv_bfloat162*)(out2 + o) = c[i / 2];
+            grouped_stage_load2(b2, b3, in0, in1, r0, tile.row_end, col0, Nout);   // g, u: 16-byte loads
+            grouped_stage_sync<PLANT>();
+            for (int i = 32 * h; i < 32 * h + 32; i += 2) {
+                float2 df = PLANT == 8 ? make_float2(d[i], d[i + 1]) : __bfloat1622float2(c[i / 2]),
+                       gf = __bfloat1622float2(*grouped_stage_at(b2, i / 4 % 8, i / 2 % 2)),
+                       uf = __bfloat1622float2(*grouped_stage_at(b3, i / 4 % 8, i / 2 % 2));
+                float dg0, du0, dg1, du1;
+                swiglu_grads(df.x, gf.x, uf.x, &dg0, &du0);
+                swiglu_grads(df.y, gf.y, uf.y, &dg1, &du1);
+                *grouped_stage_at(b0, i / 4 % 8, i / 2 % 2) = __floats2bfloat162_rn(dg0, dg1);
+                *grouped_stage_at(b1, i / 4 % 8, i / 2 % 2) = __floats2bfloat162_rn(du0, du1);
+            }
+            grouped_stage_sync<PLANT>();
+            grouped_stage_store<PLANT>(b0, out0, r0, tile.row_end, col0, Nout);
+            grouped_stage_store<PLANT>(b1, out1, r0, tile.row_end, col0, Nout);
+            if (out2) {   // da (the product leaves it unstored)
+                __syncwarp();
+                for (int i = 32 * h; i < 32 * h + 32; i += 2) *grouped_stage_at(b0, i / 4 % 8, i / 2 % 2) = c[i / 2];
+                grouped_stage_sync<PLANT>();
+                grouped_stage_store<PLANT>(b0, out2, r0, tile.row_end, col0, Nout);
+            }
         } else {
-            float2 cf = __bfloat1622float2(c[i / 2]);
-            *(__nv_bfloat162*)(out0 + o) = __floats2bfloat162_rn(d[i] + cf.x, d[i + 1] + cf.y);
+            char* b = h % 2 ? b1 : b0;
+            for (int i = 32 * h; i < 32 * h + 32; i += 2) {
+                float2 cf = __bfloat1622float2(c[i / 2]);
+                *grouped_stage_at(b, i / 4 % 8, i / 2 % 2) = __floats2bfloat162_rn(d[i] + cf.x, d[i + 1] + cf.y);
+            }
+            grouped_stage_sync<PLANT>();
+            grouped_stage_store<PLANT>(b, out0, r0, tile.row_end, col0, Nout);
         }
     }
 }
@@ -170,6 +202,7 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         return;
     }
     const int q = threadIdx.x / 128 - 1, ntiles_n = Nout / BN, total = s_mt[E] * ntiles_n;
+    char* epi = smem + STAGES * STAGE + (threadIdx.x / 32 - 4) * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF;   // the warp's staging buffers
     int it = 0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tile = grouped_tile<MOE_TMA_BM, BN>(s_mt, s_off, E, ntiles_n, t);
@@ -190,8 +223,8 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         wgmma_fence_operand(d);
         if constexpr (MODE == MOE_DA)
             for (int i = 0; i < NB / 2; i += 2) c[i / 2] = __floats2bfloat162_rn(d[i], d[i + 1]);
-        if constexpr (MODE == MOE_UP || MODE == MOE_DOWN) grouped_epilogue<MODE == MOE_UP, BN, PLANT>(d, tile, q, out0, out1, out2, Nout);
-        else grouped_bwd_epilogue<MODE, PLANT>(d, c, tile, q, out0, out1, out2, in0, in1, Nout);
+        if constexpr (MODE == MOE_UP || MODE == MOE_DOWN) grouped_epilogue_staged<MODE == MOE_UP, PLANT>(d, tile, q, out0, out1, out2, Nout, epi);
+        else grouped_bwd_epilogue<MODE, PLANT>(d, c, tile, q, out0, out1, out2, in0, in1, Nout, epi);
     }
 }
 
@@ -252,8 +285,9 @@ static void experts_down_grouped_tma_gpu(floatX* ye, const floatX* a, const floa
                                                             E, F, d, stream);
 }
 // the down-projection's data gradient with the SwiGLU backward fused: da = dye_e w2_e^T (rows, F), then dg, du (rows, F)
-// from da, g, u as swiglu_backward_kernel (da stored only when non-null). 128 x 128 tiles, 6 stages of 32 KiB
-template <int BN = 128, int STAGES = 6, int PLANT = 0>
+// from da, g, u as swiglu_backward_kernel (da stored only when non-null). 128 x 128 tiles, 5 stages of 32 KiB (the
+// epilogue's 4 staging buffers per warp take the sixth's room)
+template <int BN = 128, int STAGES = 5, int PLANT = 0>
 static void experts_down_backward_grouped_tma_gpu(floatX* dg, floatX* du, floatX* da, const floatX* dye, const floatX* w2, const floatX* g,
                                                   const floatX* u, const int* offsets_dev, int rows, int E, int d, int F,
                                                   cudaStream_t stream = 0) {

@@ -25,7 +25,7 @@
  * The step's functions (experts_forward_step_gpu, experts_backward_step_gpu) grouped vs per expert at d 256, bit for bit.
  * make test/test_race_moe_grouped builds it under the race detector (the cp.async stages, wgmma, barriers),
  * where PLANT 3 (the end-of-k-tile barrier dropped: a stage refilled while the other warpgroup's wgmma reads it)
- * must be reported as a race.
+ * must be reported as a race, and v4's PLANT 9 (the epilogue staging's __syncwarp dropped) in the up-projection, A and B.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
@@ -265,7 +265,7 @@ TEST_CASE("v4 negative controls: the scheduler, the store mask, the empty barrie
 // the two dxe GEMMs, the second adding to the first's BF16 output) against kernels A (da, dg, du: SwiGLU's backward
 // fused) and B (dxe), from today's forward's g, u, a (poisoned guard rows past R: PLANT 2 reads them) and a random dye.
 // Returns the bit mismatches (dg, du, da, dxe, guard rows included); check_cpu: also the fp32 CPU reference
-template <int BNA, int BNX, int STAGES, int PLANT_A = 0, int PLANT_X = 0>
+template <int BNA, int BNX, int STAGES, int PLANT_A = 0, int PLANT_X = 0, int STAGES_X = STAGES>
 static size_t bwd_vs_today(Case& c, bool check_cpu) {
     const int R = c.R, d = c.d, F = c.F;
     const size_t nw = (size_t)c.E * F * d;
@@ -279,7 +279,7 @@ static size_t bwd_vs_today(Case& c, bool check_cpu) {
     experts_backward_gpu(t.ye, dw, dw + nw, dw + 2 * nw, t.a, t.g, t.u, ddye, c.dxe, f.g, f.u, f.a, c.dw1, c.dv1, c.dw2, c.off.data(), c.E, d,
                          F, 0, 0.0f);
     experts_down_backward_grouped_tma_gpu<BNA, STAGES, PLANT_A>(o.g, o.u, o.a, ddye, c.dw2, f.g, f.u, c.doff, R, c.E, d, F);
-    experts_up_backward_grouped_tma_gpu<BNX, STAGES, PLANT_X>(o.ye, o.g, o.u, c.dw1, c.dv1, c.doff, R, c.E, d, F);
+    experts_up_backward_grouped_tma_gpu<BNX, STAGES_X, PLANT_X>(o.ye, o.g, o.u, c.dw1, c.dv1, c.doff, R, c.E, d, F);
     size_t bad = bit_mismatches(o.g, t.g, R, F) + bit_mismatches(o.u, t.u, R, F) + bit_mismatches(o.a, t.a, R, F) +
                  bit_mismatches(o.ye, t.ye, R, d);
     if (check_cpu) {   // fp32 throughout: BF16 roundings of g, u, da, dg, du apart; dxe sums 2F cancelling products
@@ -302,7 +302,7 @@ static size_t bwd_vs_today(Case& c, bool check_cpu) {
 
 TEST_CASE("grouped backward (A: da then SwiGLU's backward fused; B: dxe): CPU reference, today's path bit for bit") {
     Case c = make_case(COUNTS_RUN, D_RUN, F_RUN);
-    CHECK(bwd_vs_today<128, 128, 6>(c, true) == 0);   // the launchers' defaults
+    CHECK(bwd_vs_today<128, 128, 5, 0, 0, 6>(c, true) == 0);   // the launchers' defaults
     CHECK(bwd_vs_today<64, 256, 2>(c, false) == 0);   // wgmma N 64 and 256; 2 stages: every k-tile waits for its stage
     // the producer's warp run ahead of the consumers, then a consumer warp ahead of the producer
     const bool random = simt::options().random;
@@ -329,10 +329,10 @@ TEST_CASE("grouped backward: E 128, most experts empty, the last ones too") {
 // F 10752 twice (336 k-tiles per tile, 56 passes around the ring)
 TEST_CASE("grouped backward at DBRX-132B's d 6144 and F 10752 (one at a time)") {
     Case c = make_case({70, 0, 130, 257}, 6144, 128);
-    CHECK(bwd_vs_today<128, 128, 6>(c, true) == 0);
+    CHECK(bwd_vs_today<128, 128, 5, 0, 0, 6>(c, true) == 0);
     free_case(c);
     Case f = make_case({70, 0, 130, 257}, 128, 10752);
-    CHECK(bwd_vs_today<128, 128, 6>(f, true) == 0);
+    CHECK(bwd_vs_today<128, 128, 5, 0, 0, 6>(f, true) == 0);
     free_case(f);
 }
 #endif
@@ -408,6 +408,20 @@ TEST_CASE("grouped up: negative control for the detector, the end-of-k-tile barr
     std::string e = simt::error_of([&] { grouped_vs_today<2, 64, 128, 3, 3>(c, false, false); });
     MESSAGE(e);
     CHECK(e.find("race in kernel") != std::string::npos);
+    free_case(c);
+}
+
+// v4's epilogue staging (moe_grouped.cuh's grouped_stage_*): PLANT 9 drops the __syncwarp between the lanes' fragment
+// writes and the other lanes' reads of the warp's buffer (the coalesced stores), in each kernel
+TEST_CASE("v4 epilogues: negative control for the detector, the staging's __syncwarp dropped") {
+    Case c = make_case({65, 0, 130}, 128, 128);
+    const std::string up = simt::error_of([&] { tma_vs_today<128, 128, 4, 9>(c, false, false); });
+    const std::string da = simt::error_of([&] { bwd_vs_today<128, 128, 4, 9, 0>(c, false); });
+    const std::string dx = simt::error_of([&] { bwd_vs_today<128, 128, 4, 0, 9>(c, false); });
+    MESSAGE(up << "\n" << da << "\n" << dx);
+    CHECK(up.find("race in kernel experts_up_grouped_tma") != std::string::npos);
+    CHECK(da.find("race in kernel experts_down_backward_grouped_tma") != std::string::npos);
+    CHECK(dx.find("race in kernel experts_up_backward_grouped_tma") != std::string::npos);
     free_case(c);
 }
 #endif
