@@ -35,9 +35,9 @@
  * swizzled buffers and writes them with 16-byte stores, whole 128-byte row segments (DA reads g and u the same way
  * through two more buffers, all 8 loads in flight, where they waited one by one behind the stores). The MMAs and their
  * k order are v3's: under the emulator
- * the results are bit for bit moe_grouped.cuh's (and today's path's). On an H100 at dbrx-1b the staging changed no time
- * by more than 1% (up 1.469 -> 1.464 ms, A 1.440 -> 1.427): the epilogues' cost is not their instructions or coalescing
- * (likely their memory traffic, not overlapped with the MMAs: both warpgroups store while the tensor cores idle).
+ * the results are bit for bit moe_grouped.cuh's (and today's path's). Timed on an H100 before the staging only (up
+ * 1.469 ms with g, u, a stored against 0.853 with a only; A 1.440 ms at dbrx-1b: dev/bench/results_gpu.md); whether
+ * the staging pays, or the stores must overlap the next tile's MMAs, is for the next GPU run.
  * PLANT (tests only): 1, 2 as moe_grouped.cuh's (the scheduler's floor, the store mask one row too far); 4 the
  * producer skips the "empty" wait (a stage overwritten while read); 5 expect_tx 16 bytes above the stage's
  * (the phase never completes); 6 a consumer releases the stage it has just issued MMAs on, before they completed;
