@@ -1,10 +1,10 @@
 /*
  * attention_flash_bwd.cuh — the model's flash attention backward at head_dim 32, 64, 128: FlashAttention-2's
  * pair of kernels, no atomics and no semaphores (deterministic: every sum in a fixed order in one block).
- *   dq kernel    grid (T/64 query tiles, H, B), 4 warps x 16 query rows: D = rowsum(dout * out) of its rows
+ *   dq kernel    grid (H, B, T/64 query tiles), 4 warps x 16 query rows: D = rowsum(dout * out) of its rows
  *                (written to Dbuf), then over the key tiles up to its last row: S = Q K^T, dP = dO V^T,
  *                dS = P (dP - D), dQ += dS K (3 tile products); the last (longest) query tiles go first
- *   dk/dv kernel grid (T/64 key tiles, KV, B), 4 warps x 16 keys: over the 32-query tiles from the diagonal
+ *   dk/dv kernel grid (KV, B, T/64 key tiles), 4 warps x 16 keys: over the 32-query tiles from the diagonal
  *                on, of every query head of the kv group (K, V loaded once per group): S^T = K Q^T,
  *                dP^T = V dO^T, dV += P^T dO, dK += dS^T Q (4 tile products); reads the dq kernel's D
  * 7 tile products per (query tile, key tile) pair where the 5-product kernel (attention_flash_bwd5.cuh, which
@@ -30,8 +30,8 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
     floatX* Ks = dOs + FLASH_BR * LD;              // (2, BC, LD): double-buffered
     floatX* Vs = Ks + 2 * FLASH_BC * LD;           // (2, BC, LD)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_BR;
-    int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV), C = H * HD;
+    int q0 = (gridDim.z - 1 - blockIdx.z) * FLASH_BR;   // (the query tile is the grid's slowest index: see the launcher)
+    int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV), C = H * HD;
     size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
     const floatX* Qg = qkv + (size_t)b * T * qkv_dim + (size_t)h * HD;
     const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
@@ -178,8 +178,8 @@ flash_attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const floa
     float* ls = (float*)(dOs + 2 * FLASH_BQ * LD); // (2, BQ)
     float* Ds = ls + 2 * FLASH_BQ;                 // (2, BQ)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    int k0 = blockIdx.x * FLASH_BC;   // the first key tiles have the most queries: they go first
-    int kvh = blockIdx.y, b = blockIdx.z, group = H / KV;
+    int k0 = blockIdx.z * FLASH_BC;   // (the key tile is the grid's slowest index: see the launcher)
+    int kvh = blockIdx.x, b = blockIdx.y, group = H / KV;
     size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
     const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
     const floatX* Vg = Kg + (size_t)KV * HD;
@@ -245,10 +245,14 @@ static inline void flash_attention_backward_hd(floatX* dqkv, float* Dbuf, const 
     size_t smem_dq = flash_dq_smem<HD>(), smem_dkv = flash_dkv_smem<HD>();
     cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
     cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dkv));
-    // the dq kernel writes D, which the dk/dv kernel reads
-    LAUNCH(flash_attention_backward_dq_kernel<HD>, dim3(ceil_div(T, FLASH_BR), H, B), FLASH_THREADS, smem_dq, stream, dqkv, Dbuf,
+    // the dq kernel writes D, which the dk/dv kernel reads. Both grids put the tile in z, the slowest index, in order of
+    // decreasing work (the last query tiles see the most keys, the first key tiles the most queries): blocks start in
+    // linear order, so every head's longest tiles start first and the short ones fill the tail (longest processing
+    // time first). With the tile in x (until session 39) every head's long-to-short run started in turn, and a
+    // dbrx-1b dk/dv launch (512 blocks from 32 down to 1 unit of work, 2 per SM) left SMs idle in its tail.
+    LAUNCH(flash_attention_backward_dq_kernel<HD>, dim3(H, B, ceil_div(T, FLASH_BR)), FLASH_THREADS, smem_dq, stream, dqkv, Dbuf,
            dout, out, lse, qkv, T, H, KV);
-    LAUNCH(flash_attention_backward_dkv_kernel<HD>, dim3(ceil_div(T, FLASH_BC), KV, B), FLASH_THREADS, smem_dkv, stream, dqkv,
+    LAUNCH(flash_attention_backward_dkv_kernel<HD>, dim3(KV, B, ceil_div(T, FLASH_BC)), FLASH_THREADS, smem_dkv, stream, dqkv,
            dout, lse, Dbuf, qkv, T, H, KV);
 }
 

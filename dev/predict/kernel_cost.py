@@ -88,9 +88,10 @@ def _flash_hd(smem, kind):   # head_dim from the launch's dynamic shared memory 
     return (smem - 4 * FLASH_BQ * 4) // ((2 * FLASH_BC + 4 * FLASH_BQ) * 2) - 8
 
 
-def _flash(item, a, kind):   # flash_attention_*_kernel<HD>: causal; grid (tiles, heads, B); args ..., T, H, KV
-    T, H, KV = a[-3], a[-2], a[-1]
-    B = item["grid"][2]
+def _flash(item, a, kind):   # flash_attention_*_kernel<HD>: causal; grid (tiles, heads, B), the backward pair's (heads, B,
+    T, H, KV = a[-3], a[-2], a[-1]   # tiles); args ..., T, H, KV
+    pair = item["name"].startswith(("flash_attention_backward_dq_kernel", "flash_attention_backward_dkv_kernel"))
+    B = item["grid"][1] if pair else item["grid"][2]
     hd = _flash_hd(item["smem"], kind)
     qkv = 2 * B * T * (H + 2 * KV) * hd     # q, k and v: every row of every head is needed
     o = 2 * B * T * H * hd                   # out / dout (BF16)
