@@ -60,7 +60,7 @@ template <int MODE> __host__ __device__ constexpr bool grouped_b_kmajor() { retu
 template <int MODE, int BN> __host__ __device__ constexpr int grouped_tma_stage_bytes() { return (MOE_TMA_BM + (MODE == MOE_UP ? 2 * BN : BN)) * 128; }
 // the epilogue's staging after the stages: 2 buffers per consumer warp, DA 4 (model/moe_grouped.cuh's grouped_stage_*)
 #define MOE_EPI_SMEM (8 * 2 * MOE_STAGE_BUF)
-template <int MODE> __host__ __device__ constexpr int grouped_epi_bufs() { return MODE == MOE_DA ? 4 : 2; }
+template <int MODE> __host__ __device__ constexpr int grouped_epi_bufs() { return MODE == MOE_DA ? 4 : MODE == MOE_DX ? 0 : 2; }
 template <int MODE, int BN, int STAGES> constexpr size_t grouped_tma_smem() {
     return (size_t)STAGES * grouped_tma_stage_bytes<MODE, BN>() + 8 * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF + 1024;
 }
@@ -161,14 +161,14 @@ __device__ __forceinline__ void grouped_bwd_epilogue(const float (&d)[M], const 
                 grouped_stage_sync<PLANT>();
                 grouped_stage_store<PLANT>(b0, out2, r0, tile.row_end, col0, Nout);
             }
-        } else {
-            char* b = h % 2 ? b1 : b0;
+        } else {   // DX: straight from the fragments (staged, the kernel spilled at its 168 registers: c holds 32 more)
+            const int g = threadIdx.x % 32 / 4, cl = threadIdx.x % 4;
             for (int i = 32 * h; i < 32 * h + 32; i += 2) {
+                const int r = r0 + g + 8 * (i / 2 % 2), col = tile.n0 + 8 * (i / 4) + 2 * cl;
+                if (PLANT == 2 ? r > tile.row_end : r >= tile.row_end) continue;
                 float2 cf = __bfloat1622float2(c[i / 2]);
-                *grouped_stage_at(b, i / 4 % 8, i / 2 % 2) = __floats2bfloat162_rn(d[i] + cf.x, d[i + 1] + cf.y);
+                *(__nv_bfloat162*)(out0 + (size_t)r * Nout + col) = __floats2bfloat162_rn(d[i] + cf.x, d[i + 1] + cf.y);
             }
-            grouped_stage_sync<PLANT>();
-            grouped_stage_store<PLANT>(b, out0, r0, tile.row_end, col0, Nout);
         }
     }
 }
@@ -202,10 +202,8 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         return;
     }
     const int q = threadIdx.x / 128 - 1, ntiles_n = Nout / BN, total = s_mt[E] * ntiles_n;
-    char* epi = smem + STAGES * STAGE + (threadIdx.x / 32 - 4) * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF;   // the warp's staging buffers
     int it = 0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        const GroupedTile tile = grouped_tile<MOE_TMA_BM, BN>(s_mt, s_off, E, ntiles_n, t);
         float d[NB / 2];
         __nv_bfloat162 c[MODE == MOE_DX || MODE == MOE_DA ? NB / 4 : 1];   // DX: the dg w1_e sum, rounded; DA: da, rounded
         for (int i = 0; i < NB / 2; i++) d[i] = 0.0f;
@@ -223,6 +221,10 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         wgmma_fence_operand(d);
         if constexpr (MODE == MOE_DA)
             for (int i = 0; i < NB / 2; i += 2) c[i / 2] = __floats2bfloat162_rn(d[i], d[i + 1]);
+        // (the tile and the staging buffers are only the epilogue's business: computed here, they hold no registers
+        // through the main loop, which at 168 for DX has none to spare)
+        const GroupedTile tile = grouped_tile<MOE_TMA_BM, BN>(s_mt, s_off, E, ntiles_n, t);
+        char* epi = smem + STAGES * STAGE + (threadIdx.x / 32 - 4) * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF;   // the warp's staging buffers
         if constexpr (MODE == MOE_UP || MODE == MOE_DOWN) grouped_epilogue_staged<MODE == MOE_UP, PLANT>(d, tile, q, out0, out1, out2, Nout, epi);
         else grouped_bwd_epilogue<MODE, PLANT>(d, c, tile, q, out0, out1, out2, in0, in1, Nout, epi);
     }

@@ -25,7 +25,7 @@
  * The step's functions (experts_forward_step_gpu, experts_backward_step_gpu) grouped vs per expert at d 256, bit for bit.
  * make test/test_race_moe_grouped builds it under the race detector (the cp.async stages, wgmma, barriers),
  * where PLANT 3 (the end-of-k-tile barrier dropped: a stage refilled while the other warpgroup's wgmma reads it)
- * must be reported as a race, and v4's PLANT 9 (the epilogue staging's __syncwarp dropped) in the up-projection, A and B.
+ * must be reported as a race, and v4's PLANT 9 (the epilogue staging's __syncwarp dropped) in the up-projection and A.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
@@ -417,11 +417,9 @@ TEST_CASE("v4 epilogues: negative control for the detector, the staging's __sync
     Case c = make_case({65, 0, 130}, 128, 128);
     const std::string up = simt::error_of([&] { tma_vs_today<128, 128, 4, 9>(c, false, false); });
     const std::string da = simt::error_of([&] { bwd_vs_today<128, 128, 4, 9, 0>(c, false); });
-    const std::string dx = simt::error_of([&] { bwd_vs_today<128, 128, 4, 0, 9>(c, false); });
-    MESSAGE(up << "\n" << da << "\n" << dx);
+    MESSAGE(up << "\n" << da);   // (B, experts_up_backward_grouped_tma, stores from its fragments: no staging)
     CHECK(up.find("race in kernel experts_up_grouped_tma") != std::string::npos);
     CHECK(da.find("race in kernel experts_down_backward_grouped_tma") != std::string::npos);
-    CHECK(dx.find("race in kernel experts_up_backward_grouped_tma") != std::string::npos);
     free_case(c);
 }
 #endif
