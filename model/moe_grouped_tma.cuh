@@ -33,7 +33,8 @@
  * first sum: 32 registers), 6 stages of 32 KiB (DA 5: its staging is 64 KiB). Epilogues (moe_grouped.cuh's
  * grouped_stage_*): each consumer warp stages its 16 rows x 64 columns of an output through one of its two 2 KiB
  * swizzled buffers and writes them with 16-byte stores, whole 128-byte row segments (DA reads g and u the same way
- * through two more buffers, all 8 loads in flight, where they waited one by one behind the stores). The MMAs and their
+ * through two more buffers, all 8 loads in flight, where they waited one by one behind the stores; DX stores straight
+ * from its fragments: staged, it spilled at 168 registers). The MMAs and their
  * k order are v3's: under the emulator
  * the results are bit for bit moe_grouped.cuh's (and today's path's). Timed on an H100 before the staging only (up
  * 1.469 ms with g, u, a stored against 0.853 with a only; A 1.440 ms at dbrx-1b: dev/bench/results_gpu.md); whether
