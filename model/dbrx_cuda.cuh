@@ -124,7 +124,7 @@ typedef struct {
     float *rope_cos, *rope_sin;        // (T, hd/2)
     int *inputs, *targets;             // (N) on the device
     int *emb_unique, *emb_offsets, *emb_positions;   // the embedding-backward plan (N, N + 1, N)
-    int emb_U;                         // (the five are one device buffer of 5 N + 1 ints, filled by one copy)
+    int emb_U;                         // (the five are one device buffer of 5 N + 1 ints: two copies, dbrx_forward's)
     int* host_in;                      // its pinned host staging copy (the copy does not wait for the device)
     float* step_out;                   // (2 + L (E + 1)) device: the mean loss (a double) and every layer's router
                                        // statistics, brought to the host by one copy per forward
@@ -422,28 +422,35 @@ static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, co
 // ce/lbl/z/imbalance. dloss > 0 (training: 1 / grad_accum) makes the fused classifier leave the
 // gradient of dloss * mean cross-entropy in m->logits for dbrx_backward; 0 = evaluation.
 
+// The embedding backward's plan for the batch's tokens (inputs, N): a counting sort over the vocabulary, built on the
+// host, which has the tokens, into the staging buffer after the tokens and targets, and its asynchronous copy into
+// emb_unique, emb_offsets, emb_positions (one device buffer with m->inputs). dbrx_forward calls it once layer 0's
+// attention is queued: built before the embedding, its ~0.7 ms left the GPU idle at the start of every micro-batch
+// (the H100 profile of 2026-11-27, dev/bench/results_gpu.md: 0.68 ms between "forward" and "embedding").
+static inline void dbrx_upload_embedding_plan(DbrxGPU* m, const int* inputs) {
+    int N = m->B * m->T, V = m->cfg.vocab_size;
+    int* hplan = m->host_in + 2 * (size_t)N;   // (B, T) x 3 + 1: unique, offsets, positions, as the device buffer
+    EmbeddingPlan plan;
+    embedding_plan_build(&plan, inputs, N, V);
+    m->emb_U = (int)plan.unique.size();
+    memcpy(hplan, plan.unique.data(), plan.unique.size() * sizeof(int));
+    memcpy(hplan + N, plan.offsets.data(), plan.offsets.size() * sizeof(int));
+    memcpy(hplan + 2 * N + 1, plan.positions.data(), plan.positions.size() * sizeof(int));
+    cudaCheck(cudaMemcpyAsync(m->emb_unique, hplan, (3 * (size_t)N + 1) * sizeof(int), cudaMemcpyHostToDevice, 0));
+}
+
 static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targets, float dloss) {
     const DbrxConfig* c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim;
     int E = c->n_experts, k = c->top_k, qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size;
-    // The tokens and, in training, the embedding backward's plan (built on the host, which has the tokens:
-    // a counting sort over the vocabulary) travel in one asynchronous copy from the pinned staging buffer.
-    // Reusing that buffer in the next forward is safe: this forward's first synchronisation (the expert
-    // offsets of layer 0) comes after the copy on the same stream.
+    // The tokens and the targets travel in one asynchronous copy from the pinned staging buffer (the embedding
+    // backward's plan follows in a second one, dbrx_upload_embedding_plan, once layer 0's attention is queued).
+    // Reusing that buffer in the next forward is safe: this forward's first synchronisation (the expert offsets of
+    // layer 0) comes after both copies on the same stream.
     int* hin = m->host_in;
     memcpy(hin, inputs, N * sizeof(int));
     memcpy(hin + N, targets, N * sizeof(int));
-    size_t in_ints = 2 * (size_t)N;
-    if (dloss > 0) {
-        EmbeddingPlan plan;
-        embedding_plan_build(&plan, inputs, N, V);
-        m->emb_U = (int)plan.unique.size();
-        memcpy(hin + 2 * N, plan.unique.data(), plan.unique.size() * sizeof(int));
-        memcpy(hin + 3 * N, plan.offsets.data(), plan.offsets.size() * sizeof(int));
-        memcpy(hin + 4 * N + 1, plan.positions.data(), plan.positions.size() * sizeof(int));
-        in_ints = 5 * (size_t)N + 1;
-    }
-    cudaCheck(cudaMemcpyAsync(m->inputs, hin, in_ints * sizeof(int), cudaMemcpyHostToDevice, 0));
+    cudaCheck(cudaMemcpyAsync(m->inputs, hin, 2 * (size_t)N * sizeof(int), cudaMemcpyHostToDevice, 0));
     ProfTrack pt = dbrx_prof_track(m);   // (--profile: the ranges begin after the unit hooks' waits for the gathers)
     unit_begin(m, 0, UNIT_FORWARD);
     prof_begin(pt, "layer", "embedding");
@@ -466,6 +473,7 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
         block_linear_forward(m, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
+        if (l == 0 && dloss > 0) dbrx_upload_embedding_plan(m, inputs);   // (the host's work while the GPU runs layer 0)
         // MoE half: resid_mid = x + attproj and its LayerNorm, in one kernel
         prof_next(pt, "layer", "layer %d router", l);
         residual_layernorm_forward_gpu(a->ln2, a->resid_mid, a->ln2_mean, a->ln2_rstd, x, m->attproj, w.norm2, N, d, c->ln_eps);

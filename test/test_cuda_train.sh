@@ -76,7 +76,7 @@ else fail "mpirun -np 3, 2 GPUs: exit $rc: $(head -3 <<<"$out")"; fi
 # The step budget in the training loop (model/CUDA.md, "Host round trips in one step"): SIMT_STEP_COUNTERS=1
 # prints the emulator's counters at every dbrx_sync (before and after each step). Per step of G micro-batches,
 # L layers, E experts, N tokens, BF16, one rank: syncs G (L + 1) + 2 (the offsets per layer and the forward's
-# one read; the norm's read; the step's closing sync), kernels G (8 + 25 L) + 3 + L (the first backward's experts_zero_empty_kernel), H2D 4 G (5 N + 1) bytes,
+# one read; the norm's read; the step's closing sync), kernels G (8 + 25 L) + 3 + L (the first backward's experts_zero_empty_kernel), H2D 4 G (5 N + 1) bytes in 2 G copies,
 # D2H G (4 L (E + 1) + 4 (2 + L (E + 1))) + 8 bytes, no heuristic query after the first step, no device (or
 # pinned host) allocation or free after the first step. Negative controls: DBRX_DEBUG_PLANT=step_sync (one more
 # sync per layer) must break it; the counters before step 1 must have seen the model's allocations.
@@ -90,7 +90,7 @@ f, name, E, L, G = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 N = 64
 rows = [list(map(int, re.findall(r"(?<![a-z])\d+", l))) for l in open(f)]   # (not the 2 of h2d, d2h)
 steps = rows[1::2]   # every second line closes a step
-want = [G * (L + 1) + 2, G * (8 + 25 * L) + 3 + L, None, 4 * G * (5 * N + 1), G, G * (4 * L * (E + 1) + 4 * (2 + L * (E + 1))) + 8,
+want = [G * (L + 1) + 2, G * (8 + 25 * L) + 3 + L, None, 4 * G * (5 * N + 1), 2 * G, G * (4 * L * (E + 1) + 4 * (2 + L * (E + 1))) + 8,
         G * (L + 1) + 1, 0, 0, 0]
 names = ["syncs", "kernels", "gemms", "h2d bytes", "h2d copies", "d2h bytes", "d2h copies", "heuristic queries", "allocations", "frees"]
 bad = []

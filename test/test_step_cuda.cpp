@@ -287,7 +287,8 @@ static std::vector<StepCount> count_steps(int E, int L, int steps) {
 // The documented budget of one BF16 step with one micro-batch of N tokens (model/CUDA.md):
 //   syncs      L + 2: the expert offsets of each MoE layer, the forward's one read (mean loss and every
 //              layer's router statistics), the gradient norm's read
-//   H2D        one copy: the tokens, the targets and the embedding-backward plan, 4 (5 N + 1) bytes
+//   H2D        two copies, 4 (5 N + 1) bytes: the tokens and the targets; the embedding-backward plan (built while
+//              layer 0's attention runs)
 //   D2H        L + 2 copies: offsets 4 (E + 1) per layer, 4 (2 + L (E + 1)) for the loss and statistics, 8 for the norm
 //   kernels    STEP_KERNELS + LAYER_KERNELS L: not a function of E
 //   GEMMs      STEP_GEMMS + LAYER_GEMMS L + 7 per expert with rows (w1+v1 and w2 forward; w2 dgrad and wgrad, the
@@ -303,7 +304,7 @@ static std::vector<std::string> over_budget(const StepCount& s, int E, int L) {
     };
     want("syncs", s.c.syncs, L + 2);
     want("H2D bytes", s.c.h2d_bytes, 4 * (5 * N + 1));
-    want("H2D copies", s.c.h2d_copies, 1);
+    want("H2D copies", s.c.h2d_copies, 2);
     want("D2H bytes", s.c.d2h_bytes, 4LL * L * (E + 1) + 4 * (2 + (long long)L * (E + 1)) + 8);
     want("D2H copies", s.c.d2h_copies, L + 2);
     want("kernels", s.c.launches, STEP_KERNELS + LAYER_KERNELS * L);
