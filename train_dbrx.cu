@@ -233,9 +233,7 @@ static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Co
 typedef struct { double peak; std::string peak_how; std::string memory_line; HealthBackend health; } BackendInfo;
 
 // the FLOPs per token --recompute adds (model/recompute.h), for HFU
-static double recompute_fpt(const DbrxConfig* c, int seq) {
-    return recompute_flops_per_token(&g_recompute, c->n_layers, c->d_model, qkv_dim(c), c->ffn_hidden, c->top_k, seq);
-}
+static double recompute_fpt(const DbrxConfig* c, int seq) { return recompute_flops_per_token(&g_recompute, c->n_layers, c->d_model, qkv_dim(c), c->ffn_hidden, c->top_k, seq); }
 
 // rank 0's lines before the first step: the batch, the MFU convention, memory, the communication timeout
 static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero* zl, const BackendInfo& info, int64_t tokens_per_step,
@@ -674,7 +672,8 @@ static int run_main(int argc, char** argv) {
     }
     comm_set_timeout(args.parallel.comm_timeout > 0 ? args.parallel.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)
     const char* why = args.run.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
-    if (!use_cuda && args.run.moe_gemm != "cublaslt") fail(EXIT_BAD_INPUT, "--moe-gemm %s is the CUDA step's: this run is on the CPU%s", args.run.moe_gemm.c_str(), why);
+    std::string cuda_only = args.run.profile_kernels ? "--profile-kernels" : args.run.moe_gemm != "cublaslt" ? "--moe-gemm " + args.run.moe_gemm : "";
+    if (!use_cuda && !cuda_only.empty()) fail(EXIT_BAD_INPUT, "%s is the CUDA step's: this run is on the CPU%s", cuda_only.c_str(), why);
     int rc;
 #if HAVE_CUDA_BACKEND
     if (use_cuda) rc = train_cuda(args, cfg, comm, why);

@@ -25,6 +25,7 @@ typedef struct {
     int log_every_experts = 0;      // each layer's tokens per expert in the log
     std::string profile = "", profile_steps = "";   // --profile FILE, --profile-steps A:B (model/profile.h)
     int profile_first = 0, profile_last = 0;       // the steps traced (1-based, inclusive), from --profile-steps
+    bool profile_kernels = false;                  // --profile-kernels: every launch and GEMM a range of its own
     float peak_tflops = 0.0f;
     bool dry_run = false, help = false, help_debug = false;
     bool fit = false;               // --dry-run --fit: the cheapest setting that fits (train_fit.h)
@@ -236,6 +237,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                   "for nsys. Several ranks: one file per rank, .rank<r> before the extension"},
         {"--profile-steps", "", F_STR, &a->run.profile_steps, "the steps --profile traces: A:B (1-based, inclusive) or A (default 2:3: "
                                                               "step 1 warms up; within --steps)"},
+        {"--profile-kernels", "", F_BOOL, &a->run.profile_kernels, "with --profile, CUDA: every kernel launch and GEMM of the traced steps "
+                                                                  "a range of its own (its device time by a pair of events: the step's "
+                                                                  "time may grow by the events' host time; dev/predict/calibrate.py "
+                                                                  "--kernels compares them with the step-time model)"},
         {"", "", F_SECTION, NULL, "sampling and --generate"},
         {"--sample-every", "", F_INT, &a->sample.every, "every N steps rank 0 prints a sample continuing --prompt (and logs it) (0: never)"},
         {"--sample-len", "", F_INT, &a->sample.len, "tokens a sample (or --generate) writes at most (it ends early at the end-of-text token)"},
@@ -315,6 +320,7 @@ static void profile_steps_parse(TrainArgs* a) {
     RunArgs* r = &a->run;
     if (r->profile.empty()) {
         if (!r->profile_steps.empty()) fail(EXIT_BAD_INPUT, "--profile-steps needs --profile");
+        if (r->profile_kernels) fail(EXIT_BAD_INPUT, "--profile-kernels needs --profile");
         return;
     }
     const char* other = a->run.dry_run ? "--dry-run" : a->eval.only ? "--eval-only" : a->sample.generate ? "--generate"

@@ -53,7 +53,7 @@ static void observers_init(StepObservers* o, const TrainArgs& args, const DbrxCo
     o->step_bytes = o->bytes_total = 0;
     o->steps_done = 0;
     o->time_steps = o->first_dt = o->eta = 0;
-    if (!args.run.profile.empty()) prof_init(args.run.profile_first, args.run.profile_last);   // --profile (model/profile.h)
+    if (!args.run.profile.empty()) prof_init(args.run.profile_first, args.run.profile_last, args.run.profile_kernels);   // --profile (model/profile.h)
 }
 
 // at the start of step (0-based) `step`: which observers log this one

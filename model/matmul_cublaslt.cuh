@@ -245,6 +245,13 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     layout_resize(p->ld, m, n);
     matmul_desc_set_pointers(p->desc, opt);
     size_t wsb = cublaslt_workspace_bytes;
+    char gname[128];   // --profile-kernels: the GEMM's range, named by its shape as dev/cuda/matmul -s keys it (predict.py's gemm_key)
+    if (g_launch_hook) {
+        snprintf(gname, sizeof gname, "gemm %d %d %d %d %s %s %s %d %d %d %d %d %d", m, n, k, batch, dtype_name(a_type), dtype_name(b_type),
+                 dtype_name(d_type), trans_a, trans_b, beta != 0.0f, opt ? opt->fast_accum : 0, opt ? opt->a_scale_mode : 0,
+                 opt ? opt->b_scale_mode : 0);
+        g_launch_hook(gname, stream, false);
+    }
     cublasStatus_t st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo, ws, wsb, stream);
     if ((st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) && (qn != n || qk != k)) {
         // the bucket's algorithm does not take this exact shape: an algorithm for the exact shape, pinned or
@@ -261,6 +268,7 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
         }
         if (have) st = cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &algo, ws, wsb, stream);
     }
+    if (g_launch_hook) g_launch_hook(gname, stream, true);
     if (st != CUBLAS_STATUS_SUCCESS)
         fail_at(file, line, "cuBLASLt matmul m %d n %d k %d (trans %c%c) failed: %s: %s", m, n, k, trans_a ? 'T' : 'N',
                 trans_b ? 'T' : 'N', cublasLtGetStatusName(st), cublasLtGetStatusString(st));

@@ -55,14 +55,23 @@ constexpr bool platform_emulated() { return false; }
 // build launches with <<<>>> and checks the launch; the emulated build runs the same kernel under
 // the SIMT emulator (a launch-configuration error sets cudaGetLastError there too). (cudaCheck:
 // model/cuda_common.h.)
+// --profile-kernels (model/profile.h) sets g_launch_hook while a profiled step runs: every launch (and every GEMM,
+// model/matmul_cublaslt.cuh) is then a range of its own, the hook called before (end false) and after it (end true);
+// otherwise the hook is NULL and a launch pays one test for it.
+typedef void (*PlatformLaunchHook)(const char* name, cudaStream_t stream, bool end);
+inline PlatformLaunchHook g_launch_hook = nullptr;
 #if defined(SIMT_EMULATION)
 #define LAUNCH(kernel, grid, block, smem, stream, ...) do { \
+    if (g_launch_hook) g_launch_hook(#kernel, stream, false); \
     simt::launch(#kernel, __FILE__, __LINE__, kernel, dim3(grid), dim3(block), smem, stream, __VA_ARGS__); \
-    cudaCheck(cudaGetLastError()); } while (0)
+    cudaCheck(cudaGetLastError()); \
+    if (g_launch_hook) g_launch_hook(#kernel, stream, true); } while (0)
 #else
 #define LAUNCH(kernel, grid, block, smem, stream, ...) do { \
+    if (g_launch_hook) g_launch_hook(#kernel, stream, false); \
     kernel<<<grid, block, smem, stream>>>(__VA_ARGS__); \
-    cudaCheck(cudaGetLastError()); } while (0)
+    cudaCheck(cudaGetLastError()); \
+    if (g_launch_hook) g_launch_hook(#kernel, stream, true); } while (0)
 #endif
 
 // cuBLASLt's workspace (model/matmul_cublaslt.cuh). On a GPU device memory; the twin uses none, and its bytes are

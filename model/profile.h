@@ -59,20 +59,29 @@ typedef struct {
     std::vector<double> refs_t;              // recorded at these host times
     int ref_step;                            // the step of the last reference
     bool read;                               // the device ranges have their times
+    bool kernels;                            // --profile-kernels: every launch and GEMM a range (cat "kernel")
 } Profiler;
 
 inline Profiler g_prof;
 
-static inline void prof_init(int first, int last) {
+static inline void prof_init(int first, int last, bool kernels = false) {
     g_prof = Profiler();
     g_prof.first = first;
     g_prof.last = last;
+    g_prof.kernels = kernels;
     g_prof.tracks = {PROF_HOST};
     g_prof.open.resize(1);
 }
-// the training loop's iteration for step (1-based) begins: record it if it is one of --profile-steps
+#if DBRX_HAVE_CUDA
+static inline void prof_kernel_hook(const char* name, cudaStream_t stream, bool end);
+#endif
+// the training loop's iteration for step (1-based) begins: record it if it is one of --profile-steps (and with
+// --profile-kernels, its launches: the hook on for exactly the profiled steps)
 static inline void prof_step_begin(int step) {
     g_prof.step = g_prof.first > 0 && step >= g_prof.first && step <= g_prof.last ? step : 0;
+#if DBRX_HAVE_CUDA
+    g_launch_hook = g_prof.step && g_prof.kernels ? prof_kernel_hook : nullptr;
+#endif
 }
 static inline bool prof_on() { return g_prof.step > 0; }
 
@@ -147,6 +156,19 @@ static inline void prof_next(ProfTrack t, const char* cat, const char* fmt, ...)
     prof_begin_v(t, cat, fmt, ap);
     va_end(ap);
 }
+
+#if DBRX_HAVE_CUDA
+// --profile-kernels (model/platform.h's launch hook): each launch and GEMM of a profiled step as a range of category
+// "kernel" on its stream's track, named as launched ("swiglu_forward_kernel<8>") or by the GEMM's shape key ("gemm m n
+// k batch a b d ta tb beta fast modes", dev/cuda/matmul -s's); its device time is its pair of events. The events add a
+// few microseconds of host time per launch: the kernels' times are what to read, not the step's (which may grow where
+// the host issues short kernels one after another).
+static inline void prof_kernel_hook(const char* name, cudaStream_t stream, bool end) {
+    ProfTrack t = prof_stream(stream, "CUDA stream: kernels");
+    if (end) prof_end(t);
+    else prof_begin(t, "kernel", "%s", name);
+}
+#endif
 
 // a host range already timed (t0, t1: now_seconds): the step's own range, exactly the time the log prints
 static inline void prof_host_range(const char* cat, double t0, double t1, const char* fmt, ...) __attribute__((format(printf, 4, 5)));

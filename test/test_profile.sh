@@ -9,6 +9,10 @@
 #   * profiling changes nothing: the losses and gradient norms of both runs bit-identical without
 #     --profile, and (emulator) the launches, GEMMs, synchronisations and copies of every step the same
 #     (SIMT_STEP_COUNTERS, the counters of the step budget: model/CUDA.md);
+#   * --profile-kernels (emulator, one rank): one "kernel" range per launch and GEMM of each traced step (the
+#     emulator's counters), the losses unchanged, and calibrate.py --kernels finding the same kernels, launch for
+#     launch, in `make predict`'s trace of the same configuration (negative control: the model's trace of 3 layers);
+#     refused without --profile and on the CPU backend;
 #   * bad input: an unwritable --profile path (before step 1, exit 2, one line naming the flag, nothing
 #     left behind, also on 2 ranks), bad --profile-steps, --profile-steps without --profile, --profile
 #     with a mode that trains nothing.
@@ -121,6 +125,42 @@ if [ -x "$EMU" ]; then
     a=$(counters "$tmp/emu0.out" 0 | sed -n 4p); b=$(counters "$tmp/emu2.out" 0 | sed -n 4p)
     [ -n "$b" ] && [ "$a" != "$b" ] && pass "negative control: a planted sync per layer changes step 2's counters ($b)" \
         || fail "negative control: the planted sync did not show in the counters: '$a' vs '$b'"
+    # --profile-kernels: every launch and GEMM of the traced steps a range of its own (cat "kernel"), as many per step as
+    # the emulator's counters count; the losses unchanged; the kernels, launch for launch, the ones the step-time
+    # model's trace of the same configuration has (calibrate.py --kernels; negative control: a model of 3 layers)
+    K=("${G[@]}" --device cuda)
+    SIMT_STEP_COUNTERS=1 $EMU "${K[@]}" --log "$tmp/k1.jsonl" --profile "$tmp/k.json" --profile-steps 2:3 --profile-kernels \
+        > "$tmp/k1.out" 2>&1 || fail "emulated run with --profile-kernels: $(grep -v step "$tmp/k1.out" | tail -2)"
+    $EMU "${K[@]}" --log "$tmp/k0.jsonl" > /dev/null 2>&1
+    same_losses "--profile-kernels" "$tmp/k0.jsonl" "$tmp/k1.jsonl"
+    $PY test/check_trace.py "$tmp/k.json" --rank 0 --steps 2:3 --log "$tmp/k1.jsonl" "${PHASES[@]}" "${LAYERS[@]}" \
+        --need "compute:layernorm_forward_kernel*" --need "compute:adamw_fused_kernel" --need "compute:gemm *" > "$tmp/v_k" 2>&1
+    verdicts "$tmp/v_k" 6
+    $PY - "$tmp/k.json" "$tmp/k1.out" <<'PY' && pass "--profile-kernels: one kernel range per launch and per GEMM of steps 2 and 3 (the emulator's counters)" || fail "--profile-kernels: the kernel ranges are not the step's launches"
+import json, re, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+rows = [l for l in open(sys.argv[2]) if l.startswith("simt counters")]
+for s in (2, 3):   # every second counter line closes a step (test_cuda_train.sh)
+    c = dict((k, int(v)) for k, v in re.findall(r"\b(kernels|gemms) (\d+)", rows[2 * s - 1]))
+    got = sum(1 for e in ev if e.get("cat") == "kernel" and e["args"]["step"] == s)
+    assert c and got == c["kernels"] + c["gemms"]
+PY
+    make -s predict MODEL=dbrx-tiny BATCH=1 SEQ=32 FLAGS="--n-layers 2" TRACE="$tmp/kp2.json" EMU=$EMU > /dev/null 2>&1
+    make -s predict MODEL=dbrx-tiny BATCH=1 SEQ=32 FLAGS="--n-layers 3" TRACE="$tmp/kp3.json" EMU=$EMU > /dev/null 2>&1
+    same_kernels() {   # same_kernels PREDICTED: every kernel but the GEMMs (whose shapes follow the routing) as often in both
+        $PY dev/predict/calibrate.py --kernels "$tmp/k.json" "$1" --json | $PY -c '
+import json, sys
+d = json.load(sys.stdin)
+bad = [k for k, v in d.items() if not k.startswith("gemm") and not k.startswith("copy") and v["measured_launches"] != v["predicted_launches"]]
+print(" ".join(bad)); sys.exit(1 if bad or len(d) < 20 else 0)'
+    }
+    out=$(same_kernels "$tmp/kp2.json") && pass "calibrate.py --kernels: the GPU run's kernels are the step-time model's, launch for launch" \
+        || fail "calibrate.py --kernels: the kernels differ from the model's: $out"
+    out=$(same_kernels "$tmp/kp3.json") && fail "negative control: a 3-layer model's kernels matched a 2-layer run's" \
+        || pass "negative control: a 3-layer model's kernels differ from the 2-layer run's ($(wc -w <<<"$out") kernels)"
+    expect_exit 2 "--profile-kernels without --profile" $EMU "${K[@]}" --profile-kernels
+    expect_exit 2 "--profile-kernels on the CPU backend" $BIN "${G[@]}" --profile "$tmp/bad.json" --profile-kernels
+    grep -q -- "^error: --profile-kernels is the CUDA step's: this run is on the CPU" <<<"$LAST_ERR" || fail "--profile-kernels on the CPU: $LAST_ERR"
 else
     echo "skipped: the emulated CUDA backend ($EMU not built)"
 fi

@@ -16,6 +16,15 @@ Prints, per class: count per step, predicted ms, measured ms, measured / predict
 what the rate table (predict.py's RATES, GEMM_EFFICIENCY, HBM_FRACTION, ...) is to be corrected by: make bench-gpu
 records this table in dev/bench/results_gpu.md; the published starting values stay documented beside any change.
 
+  calibrate.py --kernels MEASURED.json PREDICTED.json [--markdown | --json] [--top N] [--gemm-shapes]
+
+Per kernel, where the GPU run had --profile-kernels (every launch and GEMM a range of category "kernel", model/profile.h):
+each kernel's device time per step (its name without template arguments; a GEMM by its shape key, "gemm m n k batch a
+b d ta tb beta fast modes", as dev/cuda/matmul -s keys it; grouped by predict.py's GEMM classes unless --gemm-shapes, as
+the experts' shapes follow the routing) against the same kernels' predicted time on the predicted
+trace (its device rows; a GEMM's key in its args), largest measured first: where the model's rates are wrong, kernel
+by kernel, and how much of the step each kernel takes in the step (a GEMM in the step against its isolated time).
+
   calibrate.py --gemms SWEEP.txt --device DEV [--out FILE] [--source TEXT] [--markdown]
 
 SWEEP: what dev/cuda/matmul -s printed for the GEMMs predict.py --gemm-shapes listed (one line per shape, ms=
@@ -59,6 +68,8 @@ def measured_classes(t):
         if e.get("ph") != "X":
             continue
         st = (e.get("args") or {}).get("step")
+        if e.get("cat") == "kernel":
+            continue   # (--profile-kernels: --kernels compares them)
         if e.get("cat") == "step":
             step_time.append(e["dur"] * 1e-6)
             continue
@@ -125,10 +136,7 @@ def gemms_main(args):
         die("usage: calibrate.py --gemms SWEEP.txt --device {%s} [--out FILE] [--source TEXT] [--markdown]" % "|".join(sorted(predict.RATES)))
     rows = []
     for key, count, ms in read_sweep(path):
-        f = key.split()
-        it = {"t": "gemm", "m": int(f[0]), "n": int(f[1]), "k": int(f[2]), "batch": int(f[3]), "a": f[4], "b": f[5], "d": f[6],
-              "trans_a": f[7] == "1", "trans_b": f[8] == "1", "beta": int(f[9]), "fast_accum": int(f[10]),
-              "a_scale_mode": int(f[11]), "b_scale_mode": int(f[12])}
+        it = gemm_item(key)
         if not 0 < ms < float("inf"):
             die("%s: %s: ms=%g is no time (an emulated sweep is not a measurement)" % (path, key, ms))
         table_s = predict.cost(it, dev, 8)[0]
@@ -152,10 +160,95 @@ def gemms_main(args):
           % (sum(c for _, c, _, _, _ in rows), tm, 100 * sum(c * fl for _, c, _, _, fl in rows) / (tm * 1e-3) / peak, tt, tm / tt))
 
 
+def gemm_item(key):
+    f = key.split()
+    return {"t": "gemm", "m": int(f[0]), "n": int(f[1]), "k": int(f[2]), "batch": int(f[3]), "a": f[4], "b": f[5], "d": f[6],
+            "trans_a": f[7] == "1", "trans_b": f[8] == "1", "beta": int(f[9]), "fast_accum": int(f[10]),
+            "a_scale_mode": int(f[11]), "b_scale_mode": int(f[12])}
+
+
+GEMM_SHAPES = False   # --gemm-shapes: a GEMM per shape key; else by predict.py's classes (the experts' shapes follow the routing)
+
+
+def kernel_name(name):
+    if not name.startswith("gemm "):
+        return re.sub(r"<.*", "", name)
+    if GEMM_SHAPES:
+        return name
+    sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+    import predict
+    return predict.label(gemm_item(name[5:]))
+
+
+def measured_kernels(t):
+    """{kernel: (launches per step, seconds per step)} over the "kernel" ranges of a --profile-kernels trace"""
+    per = {}
+    for e in t["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            c = per.setdefault(kernel_name(e["name"]), {}).setdefault((e.get("args") or {}).get("step"), [0, 0.0])
+            c[0] += 1
+            c[1] += e["dur"] * 1e-6
+    return {k: (sum(v[0] for v in b.values()) / len(b), sum(v[1] for v in b.values()) / len(b)) for k, b in per.items()}
+
+
+def predicted_kernels(t):
+    """the same from the predicted trace's device rows (GEMMs by their args' key)"""
+    out = {}
+    for e in t["traceEvents"]:
+        a = e.get("args") or {}
+        if e.get("ph") == "X" and not a.get("predicted") and "bound" in a:
+            c = out.setdefault(kernel_name("gemm " + a["gemm"] if "gemm" in a else e["name"]), [0, 0.0])
+            c[0] += 1
+            c[1] += e["dur"] * 1e-6
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def kernels_main(args):
+    global GEMM_SHAPES
+    GEMM_SHAPES = "--gemm-shapes" in args
+    files = [a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--top")]
+    if len(files) != 2:
+        die("usage: calibrate.py --kernels MEASURED.json PREDICTED.json [--markdown | --json] [--top N] [--gemm-shapes]")
+    top = int(args[args.index("--top") + 1]) if "--top" in args and args.index("--top") + 1 < len(args) else 40
+    meas, pred = measured_kernels(load(files[0])), predicted_kernels(load(files[1]))
+    if not meas:
+        die("%s: no kernel ranges (the GPU run needs --profile --profile-kernels)" % files[0])
+    if not pred:
+        die("%s: no predicted device rows (make predict TRACE=FILE)" % files[1])
+    keys = sorted(set(meas) | set(pred), key=lambda k: -max(meas.get(k, (0, 0.0))[1], pred.get(k, (0, 0.0))[1]))
+    if "--json" in args:
+        print(json.dumps({k: {"measured_launches": meas.get(k, (0, None))[0], "predicted_launches": pred.get(k, (0, None))[0],
+                              "measured_ms": meas[k][1] * 1e3 if k in meas else None,
+                              "predicted_ms": pred[k][1] * 1e3 if k in pred else None} for k in keys}))
+        return
+    md = "--markdown" in args
+    f = lambda x, p="%.3f": p % x if x is not None else "—"
+    if md:
+        print("| kernel | launches / step (measured, predicted) | predicted ms | measured ms | measured / predicted |")
+        print("|---|---|---|---|---|")
+    else:
+        print("%-58s %9s %12s %12s %9s" % ("kernel", "launches", "predicted ms", "measured ms", "meas/pred"))
+    tm = tp = 0.0
+    for i, k in enumerate(keys):
+        mc, mt = meas.get(k, (0, None))
+        pc, pt = pred.get(k, (0, None))
+        tm += mt or 0.0
+        tp += pt or 0.0
+        if i >= top:
+            continue
+        cells = (k, "%g, %g" % (mc, pc), f(pt * 1e3 if pt is not None else None), f(mt * 1e3 if mt is not None else None),
+                 f(mt / pt if mt is not None and pt else None, "%.2f"))
+        print(("| %s | %s | %s | %s | %s |" if md else "%-58s %9s %12s %12s %9s") % cells)
+    print(("| **all %d kernels** | | %.3f | %.3f | %.2f |" if md else "all %d kernels: predicted %.3f ms, measured %.3f ms, %.2f")
+          % (len(keys), tp * 1e3, tm * 1e3, tm / tp if tp else float("nan")))
+
+
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     if "--gemms" in args:
         return gemms_main(args)
+    if "--kernels" in args:
+        return kernels_main([a for a in args if a != "--kernels"])
     md, as_json = "--markdown" in args, "--json" in args
     files = [a for a in args if not a.startswith("--")]
     if len(files) != 2:

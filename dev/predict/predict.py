@@ -514,7 +514,8 @@ def trace(res, path):
         it = o["item"]
         ev.append({"name": o["label"] if it["t"] != "kernel" else it["name"], "ph": "X", "ts": o["start"] * 1e6,
                    "dur": (o["end"] - o["start"]) * 1e6, "pid": 0, "tid": o["stream"],
-                   "args": {"bound": o["bound"], "flops": o["flops"], "bytes": o["bytes"]}})
+                   "args": dict({"bound": o["bound"], "flops": o["flops"], "bytes": o["bytes"]},
+                                **({"gemm": gemm_key(it)} if it["t"] == "gemm" else {}))})   # (calibrate.py --kernels)
     for s in sorted({o["stream"] for o in res["ops"]}):
         ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": "stream %d (predicted)" % s}})
     # --profile's ranges (when the emulated run had --profile): the same names as on a GPU, at their predicted times
