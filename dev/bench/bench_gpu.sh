@@ -17,7 +17,9 @@
 #   5. with more than one GPU: the all-to-all(v) bus bandwidth of dev/comm_bench (nccl-tests' convention),
 #      and dbrx-1b with ZeRO-3 over every GPU, expert parallelism over all of them (at most 16) against none.
 #   6. the step-time model's calibration: the BF16 step of 4. as --profile measured it against make predict's
-#      timeline of the same configuration, per range class (dev/predict/calibrate.py).
+#      timeline of the same configuration, per range class (dev/predict/calibrate.py); then kernel by kernel: a
+#      short run with --profile-kernels (every launch and GEMM its own pair of events) against the same timeline
+#      (calibrate.py --kernels, the 40 largest).
 #   7. the step's own GEMMs (4.'s configuration, BF16, --fp8 delayed and block: every distinct cuBLASLt shape,
 #      predict.py --gemm-shapes) timed one by one (dev/cuda/matmul -s) against the rate table; writes the measured
 #      table dev/predict/gemm_measured_<device>.json, which make predict then uses for this device (commit it).
@@ -159,6 +161,14 @@ if bench predict env MODEL="${E2E[1]}" BATCH="${E2E[3]}" SEQ="${E2E[5]}" NP=1 DE
     echo; echo "The step-time model against this GPU (${E2E[1]}, batch ${E2E[3]} x ${E2E[5]}, BF16; predicted as $dev_kind by make predict;"
     echo "measured by --profile, steps $PSTEPS; dev/predict/calibrate.py; the ratios correct predict.py's rate table):"; echo
     cat "$raw/calibrate.txt"; echo
+    # kernel by kernel: its own short run (the events' host time may slow the traced step; its kernels are what counts)
+    kstep=$(( ${E2E[7]} < 6 ? ${E2E[7]} : 6 ))
+    if bench e2e_kernels "$train" --device cuda "${E2E[@]:0:6}" --steps "$kstep" --warmup 1 --val-every 0 \
+            --profile "$raw/e2e_kernels.json" --profile-steps "$kstep" --profile-kernels \
+       && bench calibrate_kernels /usr/bin/python3 dev/predict/calibrate.py --kernels "$raw/e2e_kernels.json" "$raw/e2e_predicted.json" --markdown; then
+        echo; echo "The same step kernel by kernel (--profile-kernels, step $kstep; calibrate.py --kernels; GEMMs by predict.py's classes):"; echo
+        cat "$raw/calibrate_kernels.txt"; echo
+    fi
 fi
 # 7. the step's GEMMs measured one by one (the step-time model's measured GEMM table for this device)
 shapes="$raw/gemm_list.txt"; : > "$shapes"
@@ -206,7 +216,7 @@ fi
 if [ "$EMU" = 1 ]; then
     # every command ran: no FAILED row, and the end-to-end logs have their steps
     ! grep -q "FAILED" "$out" && [ -s "$raw/e2e_fp8_off.jsonl" ] && [ -s "$raw/e2e_fp8_delayed.jsonl" ] && [ -s "$raw/ep_2.jsonl" ] \
-        && grep -q "^| layer N attention | 8 |" "$raw/calibrate.txt"; rc=$?
+        && grep -q "^| layer N attention | 8 |" "$raw/calibrate.txt" && grep -q "^| adamw_fused_kernel | 1, 1 |" "$raw/calibrate_kernels.txt"; rc=$?
     rm -rf "$out" "$raw"; exit $rc
 fi
 echo "bench-gpu: appended to $out; raw outputs in $raw/"
