@@ -168,10 +168,24 @@ __global__ void router_forward_kernel(float* probs, float* lse, int* topk_idx, f
     }
 }
 
-// counts (E), zeroed by the caller, += the number of assignments to each expert
-__global__ void expert_histogram_kernel(int* counts, const int* topk_idx, int n) {
+// counts (E), zeroed by the caller, += the number of assignments to each expert. A block counts its blockDim.x (<= 256)
+// assignments in shared memory and adds its E counts with one global atomic each: one global atomic per assignment
+// queued N k / E deep on the E counters (65,536 onto 16 at dbrx-1b). Integers: the same counts in any order. More
+// experts than the block's 256 counters: one global atomic per assignment, as they come.
+#define HIST_MAX_E 256
+__global__ void expert_histogram_kernel(int* counts, const int* topk_idx, int n, int E) {
+    __shared__ int hist[HIST_MAX_E];
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) atomicAdd(&counts[topk_idx[i]], 1);
+    if (E > HIST_MAX_E) {
+        if (i < n) atomicAdd(&counts[topk_idx[i]], 1);
+        return;
+    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    if (i < n) atomicAdd(&hist[topk_idx[i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (hist[e]) atomicAdd(&counts[e], hist[e]);
 }
 
 // stats (E + 1): stats[e] = sum_t probs[t, e] for block e < E; stats[E] = sum_t lse[t]^2
@@ -232,7 +246,7 @@ static inline void router_forward_gpu(float* probs, float* lse, int* topk_idx, f
                                       const float* logits, int N, int E, int k, float norm_p, cudaStream_t stream = 0) {
     LAUNCH(router_forward_kernel, ceil_div(N, 128), 128, 0, stream, probs, lse, topk_idx, topk_w, logits, N, E, k, norm_p);
     cudaCheck(cudaMemsetAsync(counts, 0, E * sizeof(int), stream));
-    LAUNCH(expert_histogram_kernel, ceil_div((long long)N * k, 256), 256, 0, stream, counts, topk_idx, N * k);
+    LAUNCH(expert_histogram_kernel, ceil_div((long long)N * k, 256), 256, 0, stream, counts, topk_idx, N * k, E);
     LAUNCH(router_stats_kernel, E + 1, 256, 0, stream, stats, probs, lse, N, E);
 }
 
