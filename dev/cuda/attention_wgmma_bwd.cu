@@ -28,18 +28,23 @@
  *                     dQ (64 x hd) += dS K (A = dS from registers, K MN-major); dQ scale stored as bf16 (plain stores)
  *        dk/dv kernel v2 without dQ: grid (T/128 key tiles, KV, B), key tile 0 (the most queries) of every head first;
  *                     2 warpgroups x 64 keys sharing the Q, dO tiles; S^T, dP^T, dV += P^T dO, dK += dS^T Q
- *        Registers (nvcc 13, sm_90a): dq 176 / 141 (hd 128 / 64), dk/dv 254 / 188; no spill, no wgmma serialization.
+ *   backward wgmma v4  v3 with the dq kernel on FlashAttention-3's intra-warpgroup overlap (the wgmma forward v2's order):
+ *        S, dP of tile j + 1 issued with dQ += dS K of tile j, their dS computed while that runs; 3 K/V buffers, one
+ *        barrier a tile. The same dk/dv kernel.
+ *   Registers (nvcc 13, sm_90a; hd 128 / 64): v3's dq 177 / 145, v4's 191 / 159, dk/dv 254 / 188; v1 244 / 205, v2 248;
+ *        no spill, no wgmma serialization. On a GPU, -v 3 also times each of v3, v4's kernels alone.
  *   bwd5 (mma.sync) and the model's backward (the dq + dk/dv pair, model/attention_flash_bwd.cuh) timed alongside
  * Validation: dqkv against the CPU reference (model/attention.cuh; 1e-2) and, emulated, bit for bit: v1, v2 against bwd5
  * (the same k-order sums: S^T, dP^T over head dims, dK, dV over queries in 16-query steps in bwd5's order, dQ per key tile
- * over its 64 keys then added in key-tile order), v3 against the pair (its order: dQ over all keys in one accumulator,
+ * over its 64 keys then added in key-tile order), v3, v4 against the pair (its order: dQ over all keys in one accumulator,
  * key tiles in order, dK, dV over the group's heads and queries; the extra wholly masked tile adds zeros). On a GPU at the
- * timing shape against bwd5 (-v 3: the pair; 1e-2).
- *   make dev/cuda/attention_wgmma_bwd && ./dev/cuda/attention_wgmma_bwd [-v 1|2|3] [-b B] [-t T] [-h H] [-k KV] [-d hd]
+ * timing shape against bwd5 (-v 3, 4: the pair; 1e-2).
+ *   make dev/cuda/attention_wgmma_bwd && ./dev/cuda/attention_wgmma_bwd [-v 1|2|3|4] [-b B] [-t T] [-h H] [-k KV] [-d hd]
  *     default dbrx-132b's attention shape B 8, T 4096, H 48, KV 8, hd 128; under the emulator small shapes. dbrx-1b's:
- *     -v 3 -b 8 -t 2048 -h 8 -k 2 -d 128 (v3 beside the pair).
+ *     -v 3 -b 8 -t 2048 -h 8 -k 2 -d 128 (v3 and v4 beside the pair).
  *     -p 1 (emulated): v1 without the barrier between the dS stores and dQ's wgmma (the race detector must name it);
- *     -p 2: v3's dq kernel without the barrier after a tile's wgmma, before K, V tile j + 2 is copied over tile j.
+ *     -p 2: v3's dq kernel without the barrier after a tile's wgmma, before K, V tile j + 2 is copied over tile j;
+ *     -p 3: v4's dq kernel with 2 K/V buffers (tile j + 2 copied over K(j) while dQ's wgmma reads it).
  */
 #include "common.h"   // (and the emulator, before the pragma: its own code as built everywhere)
 #if defined(SIMT_EMULATION) && defined(__GNUC__) && !defined(__clang__)
@@ -76,11 +81,11 @@ template <int HD> __device__ __forceinline__ void wgb_issue_rs(float (&acc)[HD /
 
 // P and dS of a completed S (s) and dP (dp) of 64 x 64, bwd5's arithmetic: s[i] = S[row 16 warp + g + 8 ((i / 2) % 2)]
 // [column 8 (i / 4) + 2 t4 + i % 2], rows keys and columns queries (S^T: QROWS false) or rows queries (S: QROWS true); lt,
-// Dt the queries' lse (log2 units) and D from q0, k0 the first key. P, dS rounded to bf16 as A fragments (pf, df: rows g,
-// g + 8; columns 16 kk + 2 t4 (+ 8)); dSs (not null): dS^T stored transposed (query rows of 64 keys, 128B-swizzled)
+// Dt the queries' lse (log2 units) and D from q0, k0 the first key. P into s, dS into dp; dSs (not null): dS^T stored
+// transposed as bf16 (query rows of 64 keys, 128B-swizzled)
 template <bool QROWS>
-__device__ __forceinline__ void wgb_softmax_grad(float (&s)[32], float (&dp)[32], uint32_t (&pf)[4][4], uint32_t (&df)[4][4], char* dSs,
-                                                 const float* lt, const float* Dt, int k0, int q0, float sl2) {
+__device__ __forceinline__ void wgb_softmax_grad(float (&s)[32], float (&dp)[32], char* dSs, const float* lt, const float* Dt, int k0, int q0,
+                                                 float sl2) {
     const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
     for (int i = 0; i < 32; i++) {
         const int r = 16 * warp + g + 8 * ((i / 2) % 2), c = 8 * (i / 4) + 2 * t4 + i % 2, kr = QROWS ? c : r, qi = QROWS ? r : c;
@@ -89,11 +94,11 @@ __device__ __forceinline__ void wgb_softmax_grad(float (&s)[32], float (&dp)[32]
         dp[i] = p * (dp[i] - Dt[qi]);
         if (dSs) *(floatX*)(dSs + qi * 128 + (((kr / 8) ^ (qi % 8)) * 16) + (kr % 8) * 2) = __float2bfloat16(dp[i]);
     }
+}
+// a 64 x 64 accumulator x rounded to bf16 as the A fragments of its 4 k-steps (f[kk]: rows g, g + 8; columns 16 kk + 2 t4 (+ 8))
+__device__ __forceinline__ void wgb_pack(uint32_t (&f)[4][4], const float (&x)[32]) {
     for (int kk = 0; kk < 4; kk++)
-        for (int q = 0; q < 4; q++) {
-            pf[kk][q] = pack_bf16x2(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
-            df[kk][q] = pack_bf16x2(dp[8 * kk + 2 * q], dp[8 * kk + 2 * q + 1]);
-        }
+        for (int q = 0; q < 4; q++) f[kk][q] = pack_bf16x2(x[8 * kk + 2 * q], x[8 * kk + 2 * q + 1]);
 }
 
 // a warpgroup's completed (64 x HD) accumulators acc times scale as bf16 pairs into rows row0 .. (< T) of dst (stride ld)
@@ -250,7 +255,9 @@ attention_backward_wgmma(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX*
         wgmma_fence_operand(s);
         wgmma_fence_operand(dp);
         uint32_t pf[4][4], df[4][4];
-        wgb_softmax_grad<false>(s, dp, pf, df, DQ ? dSs + wg * 64 * 128 : nullptr, lt, Dt, k0 + 64 * wg, q0, sl2);
+        wgb_softmax_grad<false>(s, dp, DQ ? dSs + wg * 64 * 128 : nullptr, lt, Dt, k0 + 64 * wg, q0, sl2);
+        wgb_pack(pf, s);
+        wgb_pack(df, dp);
         wgmma_fence_operand(dv);
         wgmma_fence_operand(dk);
         wgmma_fence();
@@ -273,21 +280,42 @@ attention_backward_wgmma(floatX* dqkv, float* dq_acc, int* dq_sem, const floatX*
     wgb_store_acc<HD>(dK + (size_t)KV * HD, qkv_dim, dv, 1.0f, k0 + 64 * wg, T);
 }
 
+// the dq kernel's S, dP (64 x 64) = Q K^T, dO V^T of the warpgroup's rows (Qw, dOw: 64-row tiles) and a key tile (Kt, Vt)
+// issued and waited for; dS = P (dP - D) (lw, Dw: the rows' lse, D; k0, wq0 the first key, row) rounded into df
+template <int HD>
+__device__ __forceinline__ void wgb_dq_ds(float (&s)[32], float (&dp)[32], uint32_t (&df)[4][4], const char* Qw, const char* dOw, const char* Kt,
+                                          const char* Vt, const float* lw, const float* Dw, int k0, int wq0, float sl2) {
+    wgb_issue_kk<HD, 64 * 128>(s, Qw, Kt);
+    wgb_issue_kk<HD, 64 * 128>(dp, dOw, Vt);
+    wgmma_wait<0>();
+    wgmma_fence_operand(s);
+    wgmma_fence_operand(dp);
+    wgb_softmax_grad<true>(s, dp, nullptr, lw, Dw, k0, wq0, sl2);
+    wgb_pack(df, dp);
+}
+
 // v3's dq kernel, the wgmma forward's shape: grid (H, B, 128-query tiles, the last (longest) first: the tile slowest, as the
-// pair's), 2 warpgroups x 64 query rows; over the key tiles up to the block's last row in order (K, V double-buffered by
+// pair's), 2 warpgroups x 64 query rows; over the key tiles up to the block's last row in order (K, V tiles copied by
 // cp.async): S = Q K^T, dP = dO V^T (K-major ss), dS = P (dP - D), dQ += dS K (dS from registers, K MN-major); dQ scale
 // stored as bf16 from the accumulators. No branch around a wgmma: warpgroup 0 also runs the block's last key tile when
-// that is past its rows, wholly masked (dS = 0, dQ unchanged). PLANT 1: without the barrier that keeps the copy of tile
-// j + 2 off tile j, which the other warpgroup's wgmma may still read (the race detector's negative control)
-template <int HD, int PLANT>
+// that is past its rows, wholly masked (dS = 0, dQ unchanged).
+//   OVL false (v3): per tile S, dP issued and waited for, dS, dQ += dS K issued and waited for; 2 K/V buffers, a barrier
+//     at the end of the tile. PLANT 1: without it (tile j + 2 copied over tile j, which the other warpgroup's wgmma may
+//     still read: the race detector's negative control)
+//   OVL true (v4): FlashAttention-3's intra-warpgroup overlap (the wgmma forward v2's order): iteration j issues S(j + 1),
+//     dP(j + 1) and dQ += dS(j) K(j), waits for S, dP only, runs their dS while dS(j) K(j) computes, then waits for that
+//     and packs dS(j + 1). 3 K/V buffers (tile j + 2 into tile j - 1's: every warpgroup completed its reads before the
+//     barrier at the top of iteration j); one barrier per tile. The last iteration issues S, dP of its own tile again,
+//     wholly masked (unused). PLANT 1: 2 buffers (tile j + 2 copied over K(j), which dQ(j) reads)
+template <int HD, bool OVL, int PLANT>
 __global__ void __launch_bounds__(256)
 attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, const float* Dbuf, const floatX* qkv, int T, int H, int KV) {
-    constexpr int TB = 64 * HD * 2;
+    constexpr int TB = 64 * HD * 2, NB = OVL && !PLANT ? 3 : 2;
     char* Qs = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);   // (2 warpgroups) x TB, swizzled
     char* dOs = Qs + 2 * TB;                // (2 warpgroups) x TB
-    char* Ks = dOs + 2 * TB;                // (2 buffers) x TB
-    char* Vs = Ks + 2 * TB;                 // (2 buffers) x TB
-    float* ls = (float*)(Vs + 2 * TB);      // (128) lse, log2 units
+    char* Ks = dOs + 2 * TB;                // (NB buffers) x TB
+    char* Vs = Ks + NB * TB;                // (NB buffers) x TB
+    float* ls = (float*)(Vs + NB * TB);     // (128) lse, log2 units
     float* Ds = ls + 2 * WGB_BQ;            // (128)
     const int wg = threadIdx.x / 128, h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
     const int q0 = (gridDim.z - 1 - blockIdx.z) * 2 * WGB_BQ, wq0 = q0 + 64 * wg;   // (the warpgroup's first row)
@@ -296,38 +324,70 @@ attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, 
     const floatX* Vg = Kg + (size_t)KV * HD;
     const float scale = rsqrtf((float)HD), sl2 = scale * FLASH_LOG2E;
     const int ntiles = (min(q0 + 2 * WGB_BQ, T) - 1) / WGB_BC + 1;   // causal: keys up to the block's last row
+    const char *Qw = Qs + wg * TB, *dOw = dOs + wg * TB;
+    const float *lw = ls + wg * WGB_BQ, *Dw = Ds + wg * WGB_BQ;
     for (int w = 0; w < 2; w++)
         wgb_load_queries<HD, 256>(Qs + w * TB, dOs + w * TB, ls + w * WGB_BQ, Ds + w * WGB_BQ, qkv, dout, lse, Dbuf, b, h, q0 + 64 * w, T, H, KV);
     wgmma_load_rows<HD, 256>(Ks, Kg, qkv_dim, 0, WGB_BC, T);
     wgmma_load_rows<HD, 256>(Vs, Vg, qkv_dim, 0, WGB_BC, T);
     cp_async_commit();
-    float dq[HD / 2];
+    float dq[HD / 2], s[32] = {}, dp[32] = {};
     for (int i = 0; i < HD / 2; i++) dq[i] = 0.0f;
-    for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) {   // tile j + 1 into the other buffer (its last readers finished before the last barrier)
-            wgmma_load_rows<HD, 256>(Ks + (j + 1) % 2 * TB, Kg, qkv_dim, (j + 1) * WGB_BC, WGB_BC, T);
-            wgmma_load_rows<HD, 256>(Vs + (j + 1) % 2 * TB, Vg, qkv_dim, (j + 1) * WGB_BC, WGB_BC, T);
+    uint32_t df[4][4];
+    if constexpr (!OVL) {
+        for (int j = 0; j < ntiles; j++) {
+            if (j + 1 < ntiles) {   // tile j + 1 into the other buffer (its last readers finished before the last barrier)
+                wgmma_load_rows<HD, 256>(Ks + (j + 1) % 2 * TB, Kg, qkv_dim, (j + 1) * WGB_BC, WGB_BC, T);
+                wgmma_load_rows<HD, 256>(Vs + (j + 1) % 2 * TB, Vg, qkv_dim, (j + 1) * WGB_BC, WGB_BC, T);
+            }
+            cp_async_commit();
+            cp_async_wait<1>();    // tile j (and Q, dO) landed for this thread...
+            wgmma_fence_proxy();   // ...visible to the asynchronous proxy...
+            __syncthreads();       // ...for every thread (and lse, D)
+            const char* Kt = Ks + j % 2 * TB;
+            wgb_dq_ds<HD>(s, dp, df, Qw, dOw, Kt, Vs + j % 2 * TB, lw, Dw, j * WGB_BC, wq0, sl2);
+            wgmma_fence_operand(dq);
+            wgmma_fence();
+            wgb_issue_rs<HD>(dq, df, Kt);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_operand(dq);
+            if constexpr (!PLANT) __syncthreads();   // both warpgroups done with buffer j % 2 before tile j + 2 is copied over it
+        }
+    } else {
+        if (ntiles > 1) {
+            wgmma_load_rows<HD, 256>(Ks + TB, Kg, qkv_dim, WGB_BC, WGB_BC, T);
+            wgmma_load_rows<HD, 256>(Vs + TB, Vg, qkv_dim, WGB_BC, WGB_BC, T);
         }
         cp_async_commit();
-        cp_async_wait<1>();    // tile j (and Q, dO) landed for this thread...
-        wgmma_fence_proxy();   // ...visible to the asynchronous proxy...
-        __syncthreads();       // ...for every thread (and lse, D)
-        const char *Kt = Ks + j % 2 * TB, *Vt = Vs + j % 2 * TB;
-        float s[32] = {}, dp[32] = {};
-        wgb_issue_kk<HD, 64 * 128>(s, Qs + wg * TB, Kt);
-        wgb_issue_kk<HD, 64 * 128>(dp, dOs + wg * TB, Vt);
-        wgmma_wait<0>();
-        wgmma_fence_operand(s);
-        wgmma_fence_operand(dp);
-        uint32_t pf[4][4], df[4][4];   // (pf unused here)
-        wgb_softmax_grad<true>(s, dp, pf, df, nullptr, ls + wg * WGB_BQ, Ds + wg * WGB_BQ, j * WGB_BC, wq0, sl2);
-        wgmma_fence_operand(dq);
-        wgmma_fence();
-        wgb_issue_rs<HD>(dq, df, Kt);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_operand(dq);
-        if constexpr (!PLANT) __syncthreads();   // both warpgroups done with buffer j % 2 before tile j + 2 is copied over it
+        cp_async_wait<1>();   // Q, dO and tile 0
+        wgmma_fence_proxy();
+        __syncthreads();
+        wgb_dq_ds<HD>(s, dp, df, Qw, dOw, Ks, Vs, lw, Dw, 0, wq0, sl2);
+        for (int j = 0; j < ntiles; j++) {
+            cp_async_wait<0>();   // tile j + 1 landed for this thread, for every thread after the barrier
+            wgmma_fence_proxy();
+            __syncthreads();
+            if (j + 2 < ntiles) {
+                wgmma_load_rows<HD, 256>(Ks + (j + 2) % NB * TB, Kg, qkv_dim, (j + 2) * WGB_BC, WGB_BC, T);
+                wgmma_load_rows<HD, 256>(Vs + (j + 2) % NB * TB, Vg, qkv_dim, (j + 2) * WGB_BC, WGB_BC, T);
+            }
+            cp_async_commit();
+            const int jn = min(j + 1, ntiles - 1) % NB;
+            wgb_issue_kk<HD, 64 * 128>(s, Qw, Ks + jn * TB);
+            wgb_issue_kk<HD, 64 * 128>(dp, dOw, Vs + jn * TB);
+            wgmma_fence_operand(dq);
+            wgmma_fence();
+            wgb_issue_rs<HD>(dq, df, Ks + j % NB * TB);
+            wgmma_commit();
+            wgmma_wait<1>();   // S(j + 1), dP(j + 1) complete (dS(j) K(j) may not be)
+            wgmma_fence_operand(s);
+            wgmma_fence_operand(dp);
+            wgb_softmax_grad<true>(s, dp, nullptr, lw, Dw, (j + 1 < ntiles ? j + 1 : ntiles + 2) * WGB_BC, wq0, sl2);
+            wgmma_wait<0>();   // dS(j) K(j) complete: its A registers may be rewritten
+            wgmma_fence_operand(dq);
+            wgb_pack(df, dp);
+        }
     }
     wgb_store_acc<HD>(dqkv + (size_t)b * T * qkv_dim + (size_t)h * HD, qkv_dim, dq, scale, wq0, T);
 }
@@ -350,28 +410,33 @@ static void attention_backward_wgmma_hd(floatX* dqkv, float* Dbuf, float* dq_acc
     auto kernel = attention_backward_wgmma<HD, NWG, PLANT, true>;
     LAUNCH(kernel, dim3(ceil_div(T, 64 * NWG), KV, B), 128 * NWG, smem, 0, dqkv, dq_acc, dq_sem, dout, lse, Dbuf, qkv, T, H, KV);
 }
-// v3: the D kernel, then the dq kernel and the dk/dv kernel (2 warpgroups on 128 keys), no scratch but D
-template <int HD, int PLANT>
+// v3 (OVL false), v4 (OVL true): the D kernel, then the dq kernel and the dk/dv kernel (2 warpgroups on 128 keys), no
+// scratch but D. parts: which of them (1 D, 2 dq, 4 dk/dv; the timing of each)
+template <int HD, bool OVL, int PLANT>
 static void attention_backward_wgmma_pair(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                          const floatX* qkv, int B, int T, int H, int KV) {
-    auto dq_kernel = attention_backward_wgmma_dq<HD, PLANT>;
+                                          const floatX* qkv, int B, int T, int H, int KV, int parts) {
+    auto dq_kernel = attention_backward_wgmma_dq<HD, OVL, PLANT>;
     auto dkv_kernel = attention_backward_wgmma<HD, 2, 0, false>;
     size_t smem_kv = wgb_smem_set<HD, 2, 0, false>();
-    size_t smem_q = (size_t)8 * 64 * HD * 2 + 4 * WGB_BQ * sizeof(float) + 1024;   // Q, dO (128 rows), 2 x K, V, lse, D, the alignment
+    // Q, dO (128 rows), K, V (2 or 3 buffers), lse, D, the alignment
+    size_t smem_q = (size_t)(4 + 2 * (OVL && !PLANT ? 3 : 2)) * 64 * HD * 2 + 4 * WGB_BQ * sizeof(float) + 1024;
     cudaCheck(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-    LAUNCH(flash_attention_backward_D_kernel, ceil_div((long long)B * T * H * 32, 128), 128, 0, 0, Dbuf, (int*)nullptr, dout, out, B, T, H,
-           HD, 0);
-    LAUNCH(dq_kernel, dim3(H, B, ceil_div(T, 2 * WGB_BQ)), 256, smem_q, 0, dqkv, dout, lse, Dbuf, qkv, T, H, KV);
-    LAUNCH(dkv_kernel, dim3(ceil_div(T, 128), KV, B), 256, smem_kv, 0, dqkv, (float*)nullptr, (int*)nullptr, dout, lse, Dbuf, qkv, T, H, KV);
+    if (parts & 1)
+        LAUNCH(flash_attention_backward_D_kernel, ceil_div((long long)B * T * H * 32, 128), 128, 0, 0, Dbuf, (int*)nullptr, dout, out, B, T,
+               H, HD, 0);
+    if (parts & 2) LAUNCH(dq_kernel, dim3(H, B, ceil_div(T, 2 * WGB_BQ)), 256, smem_q, 0, dqkv, dout, lse, Dbuf, qkv, T, H, KV);
+    if (parts & 4)
+        LAUNCH(dkv_kernel, dim3(ceil_div(T, 128), KV, B), 256, smem_kv, 0, dqkv, (float*)nullptr, (int*)nullptr, dout, lse, Dbuf, qkv, T, H,
+               KV);
 }
-// V 1, 2, 3: v1, v2 (hd 128 only), v3; 4: v1 planted (the dS race), 5: v3 planted (the dq kernel's K/V race)
-template <int V>
+// V 1, 2, 3, 4: v1, v2 (hd 128 only), v3, v4; PLANT 1: v1's dS race, v3's and v4's K/V races
+template <int V, int PLANT>
 static void attention_backward_wgmma_gpu(floatX* dqkv, float* Dbuf, float* dq_acc, int* dq_sem, const floatX* dout, const floatX* out,
-                                         const float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
-    constexpr int NWG = V == 2 ? 2 : 1, PLANT = V >= 4;
-    if constexpr (V == 3 || V == 5) {
-        if (hd == 128) attention_backward_wgmma_pair<128, PLANT>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV);
-        else attention_backward_wgmma_pair<64, PLANT>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV);
+                                         const float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd, int parts = 7) {
+    constexpr int NWG = V == 2 ? 2 : 1;
+    if constexpr (V >= 3) {
+        if (hd == 128) attention_backward_wgmma_pair<128, V == 4, PLANT>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, parts);
+        else attention_backward_wgmma_pair<64, V == 4, PLANT>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, parts);
     } else if (hd == 128) attention_backward_wgmma_hd<128, NWG, PLANT>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV);
     else if constexpr (V != 2) attention_backward_wgmma_hd<64, NWG, PLANT>(dqkv, Dbuf, dq_acc, dq_sem, dout, out, lse, qkv, B, T, H, KV);
 }
@@ -388,34 +453,37 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, int on
     float *dlse = deviceAlloc(float, nl), *dD = deviceAlloc(float, nl), *d_acc = deviceAlloc(float, flash_bwd5_acc_floats(B, T, H, hd));
     int* d_sem = deviceAlloc(int, std::max(flash_bwd5_sem_ints(B, T, H), wgb_sem_ints(B, T, H)));
     double flops = 2.5 * 4.0 * B * H * hd * (double)T * (T + 1) / 2;   // (FlashAttention's count: 2.5x the forward)
-    const char* names[5] = {"backward bwd5 (CP's, mma.sync)", "backward wgmma v1", "backward wgmma v2 (2 warpgroups)",
-                            "backward dq + dk/dv (model's, mma.sync)", "backward wgmma v3 (dq + dk/dv)"};
-    std::function<void()> bwd[5] = {
-        [&] { flash_attention_backward5_gpu(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
-        [&] { if (plant) attention_backward_wgmma_gpu<4>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd);
-              else attention_backward_wgmma_gpu<1>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
-        [&] { attention_backward_wgmma_gpu<2>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
-        [&] { flash_attention_backward_gpu(ddq, dD, ddout, dy, dlse, dq, B, T, H, KV, hd); },   // (timed beside them)
-        [&] { if (plant) attention_backward_wgmma_gpu<5>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd);
-              else attention_backward_wgmma_gpu<3>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
+    const char* names[6] = {"backward bwd5 (CP's, mma.sync)", "backward wgmma v1", "backward wgmma v2 (2 warpgroups)",
+                            "backward dq + dk/dv (model's, mma.sync)", "backward wgmma v3 (dq + dk/dv)", "backward wgmma v4 (v3, dq overlap)"};
+    // (index: 0 bwd5, 1 .. 2 v1 .. v2, 3 the pair, 4 .. 5 v3 .. v4; parts: v3, v4's kernels to run)
+#define WGB_RUN(V) [&](int parts) { if (plant) attention_backward_wgmma_gpu<V, 1>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd, parts); \
+                                    else attention_backward_wgmma_gpu<V, 0>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd, parts); }
+    std::function<void(int)> bwd[6] = {
+        [&](int) { flash_attention_backward5_gpu(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
+        WGB_RUN(1),
+        [&](int) { attention_backward_wgmma_gpu<2, 0>(ddq, dD, d_acc, d_sem, ddout, dy, dlse, dq, B, T, H, KV, hd); },
+        [&](int) { flash_attention_backward_gpu(ddq, dD, ddout, dy, dlse, dq, B, T, H, KV, hd); },   // (timed beside them)
+        WGB_RUN(3), WGB_RUN(4),
     };
+#undef WGB_RUN
     flash_attention_forward_gpu(dy, dlse, dq, B, T, H, KV, hd);   // out and lse: the product's forward
     // the CPU reference where it is cheap (emulated shapes, or B * T * T * H small); else the first version run's result
     // (bwd5's; -v 3: the pair's)
     bool cpu = EMULATED || (double)B * T * T * H <= 1e9;
-    std::vector<float> want(nq), runs[5];
+    std::vector<float> want(nq), runs[6];
     if (cpu) {
         std::vector<float> out(no), lse(nl);
         attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd);
         attention_backward(want.data(), dout.data(), qkv.data(), lse.data(), B, T, H, KV, hd);
     }
-    std::vector<int> order = only == 3 ? std::vector<int>{3, 4} : only ? std::vector<int>{0, only, 3} : std::vector<int>{0, 1, 2, 3, 4};
-    if (plant) order = plant == 1 ? std::vector<int>{0, 1} : std::vector<int>{3, 4};
+    std::vector<int> order = only == 3 ? std::vector<int>{3, 4, 5} : only == 4 ? std::vector<int>{3, 5} : only ? std::vector<int>{0, only, 3}
+                           : std::vector<int>{0, 1, 2, 3, 4, 5};
+    if (plant) order = plant == 1 ? std::vector<int>{0, 1} : std::vector<int>{3, plant + 2};
     const char* ref = nullptr;
     for (int v : order) {
         if (v == 2 && hd != 128) continue;   // (v2: hd 128)
         cudaCheck(cudaMemset(ddq, 0xFF, nq * sizeof(floatX)));
-        bwd[v]();
+        bwd[v](7);
         runs[v] = from_device_bf16v(ddq, nq);
         if (!cpu && !ref) { want = runs[v]; ref = v == 0 ? " vs bwd5" : " vs the pair"; }
         else {
@@ -425,11 +493,15 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, int on
         }
         // emulated, v1 and v2 sum in bwd5's k order, v3 in the pair's (the emulator's mma.sync and wgmma: k order, fp32 after
         // each add), with the same elementwise arithmetic: the same bits (a GPU's wgmma may order the sums otherwise)
-        if (EMULATED && (v == 1 || v == 2 || v == 4)) {
-            bool same = !memcmp(runs[v].data(), runs[v == 4 ? 3 : 0].data(), nq * sizeof(float));
-            validate(v == 4 ? "  wgmma v3 = the pair bit for bit" : "  wgmma = bwd5 bit for bit", {same ? 0.0f : 1.0f}, {0.0f}, 0.0, 0.0);
+        if (EMULATED && v != 0 && v != 3) {
+            bool same = !memcmp(runs[v].data(), runs[v >= 4 ? 3 : 0].data(), nq * sizeof(float));
+            validate(v >= 4 ? "  wgmma = the pair bit for bit" : "  wgmma = bwd5 bit for bit", {same ? 0.0f : 1.0f}, {0.0f}, 0.0, 0.0);
         }
-        if (time_too) report_flops(names[v], flops, time_ms(3, bwd[v]));
+        if (time_too) report_flops(names[v], flops, time_ms(3, [&] { bwd[v](7); }));
+        if (time_too && v >= 4) {   // v3, v4's kernels one by one (their own products' FLOPs: 3 and 4 of the 5 counted)
+            report_flops(v == 4 ? "  its dq kernel (3 products)" : "  its dq kernel (overlapped)", 0.6 * flops, time_ms(3, [&] { bwd[v](2); }));
+            if (v == 4) report_flops("  its dk/dv kernel (4 products)", 0.8 * flops, time_ms(3, [&] { bwd[v](4); }));
+        }
     }
     for (void* p : {(void*)dq, (void*)dy, (void*)ddout, (void*)ddq, (void*)dlse, (void*)dD, (void*)d_acc, (void*)d_sem}) cudaCheck(cudaFree(p));
 }
@@ -442,8 +514,8 @@ int main(int argc, char** argv) {
         int x = atoi(argv[i + 1]);
         int* dst = !strcmp(argv[i], "-b") ? &B : !strcmp(argv[i], "-t") ? &T : !strcmp(argv[i], "-h") ? &H : !strcmp(argv[i], "-k") ? &KV
                  : !strcmp(argv[i], "-d") ? &hd : !strcmp(argv[i], "-p") ? &plant : !strcmp(argv[i], "-v") ? &only : nullptr;
-        if (!dst || x <= 0 || (dst == &plant && x > 2) || (dst == &only && x > 3)) {
-            fprintf(stderr, "usage: %s [-v 1|2|3] [-b B] [-t T] [-h H] [-k KV] [-d hd (64 or 128)] [-p 1|2 (emulated: v1's, v3's planted race)]\n",
+        if (!dst || x <= 0 || (dst == &plant && x > 3) || (dst == &only && x > 4)) {
+            fprintf(stderr, "usage: %s [-v 1|2|3|4] [-b B] [-t T] [-h H] [-k KV] [-d hd (64 or 128)] [-p 1|2|3 (emulated: v1's, v3's, v4's race)]\n",
                     argv[0]);
             return 2;
         }
@@ -453,7 +525,8 @@ int main(int argc, char** argv) {
     if ((hd != 64 && hd != 128) || H % KV) { fprintf(stderr, "%s: hd %d must be 64 or 128 and H %d a multiple of KV %d\n", argv[0], hd, H, KV); return 2; }
     print_header("attention, wgmma backward", "causal GQA");
     if (plant) {   // the race detector's negative controls: v1's dQ wgmma reads dS without the barrier after its stores; v3's
-                   // dq kernel copies K, V tile j + 2 over tile j without the barrier after the wgmma reading it (3 key tiles)
+                   // dq kernel copies K, V tile j + 2 over tile j without the barrier after the wgmma reading it (3 key tiles);
+                   // v4's with 2 buffers copies it over K(j) while dQ(j) reads it
         if (!EMULATED) { fprintf(stderr, "%s: -p is for the emulated builds\n", argv[0]); return 2; }
         run_shape(1, 130, 6, 1, 128, false, 0, plant);
     } else if (EMULATED && !shape_given) {
