@@ -117,6 +117,14 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         if ! out=$($bwd -p 1 2>&1) && grep -q "race in kernel.*wgb_softmax_grad.*wgmma.mma_async A" <<<"$out"; then
             pass "negative control: $bwd -p 1 (no barrier after the dS stores) races: dS store / dQ's wgmma A"
         else fail "negative control: $bwd -p 1, the dS race not reported: $(head -2 <<<"$out")"; fi
+        # v3's: its dq kernel without the barrier that keeps the copy of K, V tile j + 2 off tile j, still read by wgmma;
+        # v4's: its dq kernel with 2 K/V buffers (tile j + 2 copied over K(j) while dQ(j)'s wgmma reads it)
+        if ! out=$($bwd -p 2 2>&1) && grep -q "race in kernel dq_kernel.*\(cp.async.*wgmma.mma_async B\|wgmma.mma_async B.*cp.async\)" <<<"$out"; then
+            pass "negative control: $bwd -p 2 (v3's dq kernel, no barrier before K, V are copied over a tile) races: cp.async / wgmma B"
+        else fail "negative control: $bwd -p 2, the K/V race not reported: $(head -2 <<<"$out")"; fi
+        if ! out=$($bwd -p 3 2>&1) && grep -q "race in kernel dq_kernel.*\(cp.async.*wgmma.mma_async B\|wgmma.mma_async B.*cp.async\)" <<<"$out"; then
+            pass "negative control: $bwd -p 3 (v4's dq kernel with 2 K/V buffers) races: cp.async / wgmma B"
+        else fail "negative control: $bwd -p 3, the K/V race not reported: $(head -2 <<<"$out")"; fi
     }
     section "wgmma (Hopper warpgroup MMA): every documented shared-memory layout, N 64/128/256, negative controls, race detector (SIMT emulator)" \
         wgmma_tests

@@ -102,6 +102,11 @@ fi
 if bench attention_wgmma_bwd timeout 600 "dev/cuda/attention_wgmma_bwd$sfx" "${WGA[@]}"; then
     rows "$raw/attention_wgmma_bwd.txt" TFLOP/s abs:220 "backward"
 fi
+# v3 (the pair on wgmma) beside the model's pair at dbrx-1b's attention shape (the emulator: WGA's)
+W1=(-v 3 -b 8 -t 2048 -h 8 -k 2 -d 128); [ "$EMU" = 0 ] || W1=(-v 3 "${WGA[@]}")
+if bench attention_wgmma_bwd_1b timeout 600 "dev/cuda/attention_wgmma_bwd$sfx" "${W1[@]}"; then
+    rows "$raw/attention_wgmma_bwd_1b.txt" TFLOP/s abs:220 "backward" | sed 's/^| \([^|]*[^ |]\) *|/| \1, dbrx-1b |/'
+fi
 # 2. expert GEMMs against the dense GEMM of the same total size
 if bench expert_gemm "dev/cuda/matmul$sfx" -x; then
     rows "$raw/expert_gemm.txt" TFLOP/s 0 "experts|dense"
