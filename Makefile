@@ -221,7 +221,7 @@ dev/cuda/attention_race: dev/cuda/attention.cu dev/cuda/common.h $(SIMT_HEADERS)
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
 # dev/cuda/attention_wgmma_bwd's kernel (wgmma backward, a semaphore per query tile) under the race detector
-dev/cuda/attention_wgmma_bwd_race: dev/cuda/attention_wgmma_bwd.cu dev/cuda/attention_wgmma_common.h dev/cuda/common.h $(SIMT_HEADERS) | check-deps
+dev/cuda/attention_wgmma_bwd_race: dev/cuda/attention_wgmma_bwd.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
 	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma_bwd.cu
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
@@ -280,7 +280,6 @@ $(DEV_CUDA): dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h $(HEADERS)
 dev/cuda/attention_wgmma: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/attention: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/attention_wgmma_bwd: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
-dev/cuda/attention_wgmma dev/cuda/attention_wgmma_emu dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd dev/cuda/attention_wgmma_bwd_emu: dev/cuda/attention_wgmma_common.h
 # the grouped expert GEMMs (model/moe_grouped.cuh, a candidate for the product): no register spills either
 dev/cuda/moe_grouped: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/moe_wgrad: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)

@@ -237,6 +237,7 @@ static inline void attention_decode_forward(real* out, real* att, const real* q,
 #include <initializer_list>
 #include "attention_flash_bwd.cuh"    // the model's flash backward (and attention_flash.cuh)
 #include "attention_flash_bwd5.cuh"   // context parallelism's chunk pairs
+#include "attention_wgmma_fwd.cuh"    // the model's forward at head_dim 64 and 128 (Hopper's wgmma)
 
 // qkv (B, T, qkv_dim) = rope(clamp(qkv_pre)); cos_t, sin_t (T, hd/2). One thread per rotated pair.
 __global__ void clip_rope_forward_kernel(floatX* qkv, const floatX* qkv_pre, const float* cos_t, const float* sin_t,
@@ -454,8 +455,8 @@ static inline void attention_backward_rows_gpu(floatX* dqkv, float* Dbuf, const 
     LAUNCH(attention_backward_dkv_kernel, ceil_div((long long)B * KV * T, warps), block, 0, stream, dqkv, dout, lse, Dbuf,
            qkv, B, T, H, KV, hd);
 }
-// The model's attention: the flash kernels (tensor cores, attention_flash.cuh) for head_dim 32, 64 and
-// 128, the warp-per-row kernels otherwise (and for a micro-batch of more than 65,535 sequences: the
+// The model's attention: the flash kernels (tensor cores, attention_flash.cuh; the forward at head_dim 64 and 128 on
+// Hopper's wgmma, attention_wgmma_fwd.cuh) for head_dim 32, 64 and 128, the warp-per-row kernels otherwise (and for a micro-batch of more than 65,535 sequences: the
 // flash grids put the batch on gridDim.z, whose limit that is; the row kernels' grid is one-dimensional).
 // Same contract either way.
 static inline bool attention_use_flash(int B, int H, int KV, int hd, std::initializer_list<const void*> ptrs) {
@@ -465,8 +466,9 @@ static inline bool attention_use_flash(int B, int H, int KV, int hd, std::initia
 }
 static inline void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
                                          cudaStream_t stream = 0) {
-    if (attention_use_flash(B, H, KV, hd, {out, qkv})) flash_attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
-    else attention_forward_rows_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
+    if (!attention_use_flash(B, H, KV, hd, {out, qkv})) attention_forward_rows_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
+    else if (attention_wgmma_forward_supported(hd)) attention_forward_wgmma_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
+    else flash_attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
 }
 // the floats of attention_backward_gpu's Dbuf: D (B, H, T) (parallel/memory_plan.h plans the same)
 static inline size_t attention_backward_scratch_floats(int B, int T, int H, int hd) { (void)hd; return (size_t)B * H * T; }

@@ -99,8 +99,8 @@ def control(path):
     twice = dict(sw, rd=2 * sw["rd"])
     why = check_launch(twice, ctx)
     print(("pass" if why else "fail") + " negative control: swiglu_forward reading twice the bytes it should is caught (%s)" % why)
-    # the flash kernel's mma FLOPs one tile pair off
-    fl = next(it for it in ks if it["name"].startswith("flash_attention_forward_kernel"))
+    # the flash forward's (wgmma at head_dim 128) mma FLOPs one tile pair off
+    fl = next(it for it in ks if it["name"].startswith("flash_attention_forward_wgmma"))
     frd, fwr, fmma = K.kernel_rw(fl, ctx)
     why = check_launch(fl, ctx, (frd, fwr, fmma + 2 * 2 * K.FLASH_BR * K.FLASH_BC * 128))
     print(("pass" if why else "fail") + " negative control: flash attention's mma FLOPs with a tile pair more are caught (%s)" % why)

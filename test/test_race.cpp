@@ -233,7 +233,9 @@ TEST_CASE("race detector: flash attention forward without its end-of-tile barrie
     floatX *d_qkv = dev_bf16(qkv), *d_out = dev_poisoned<floatX>((size_t)B * T * H * hd);
     float* d_lse = dev_poisoned<float>((size_t)B * H * T);
     REQUIRE(flash_attention_supported(hd));
-    auto run = [&] { attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd); };
+    // (the mma.sync forward: the model's at head_dim 32 and for context parallelism; at 64 and 128 it runs the wgmma
+    // forward, whose negative control is dev/cuda/attention_wgmma_race -p 1)
+    auto run = [&] { flash_attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd); };
     OneOsThread one;
     simt::set_schedule(false, 0);
     CHECK(error_of(run) == "");

@@ -1,7 +1,8 @@
 /*
- * attention_wgmma.cu — a causal GQA flash attention forward on Hopper's warpgroup MMA (model/wgmma.cuh), the first
- * step of issue 25's Hopper attention (FlashAttention-3's approach; not in the product: no GPU has run it yet).
- * Same contract as the product's forward (model/attention_flash.cuh, dev/cuda/attention.cu's forward v4): from qkv
+ * attention_wgmma.cu — the causal GQA flash attention forward on Hopper's warpgroup MMA (model/wgmma.cuh), issue 25's
+ * Hopper attention (FlashAttention-3's approach): v2 is the model's forward at head_dim 64 and 128 since session 40
+ * (model/attention_wgmma_fwd.cuh), v1 stays here. Same contract as the mma.sync forward (model/attention_flash.cuh,
+ * dev/cuda/attention.cu's forward v4, which the model keeps for head_dim 32 and context parallelism): from qkv
  * (B, T, (H + 2 KV) hd) after clip + RoPE, out (B, T, H hd) and lse (B, H, T) (natural log of the scaled scores).
  *   forward wgmma v1  grid (T/128 query tiles, H, B), 2 warpgroups (256 threads); warpgroup w owns query rows
  *        64 w .. 64 w + 63 of the tile. Q (128 x hd) and double-buffered K, V tiles of 64 keys are copied by
@@ -18,136 +19,20 @@
  *                                = the panel size between 64-dim panels, the next k-step + 2048 bytes)
  *        A warpgroup skips a key tile wholly past its last row (causal). The copy of tile j + 1 overlaps tile j's
  *        math; each wgmma group is waited for at once. O / l stored as bf16 pairs straight from the accumulators.
- *   forward wgmma v2  v1 with FlashAttention-3's intra-warpgroup overlap, in its order: iteration j issues
+ *   forward wgmma v2  (the model's: model/attention_wgmma_fwd.cuh) v1 with FlashAttention-3's intra-warpgroup overlap, in its order: iteration j issues
  *        S(j + 1) = Q K(j + 1)^T and O += P(j) V(j), waits for S(j + 1) only and runs its softmax while P(j) V(j)
  *        computes; 3 K/V buffers (tile j + 2 copied during tile j). No branch around a wgmma (ptxas serializes
  *        them all otherwise): a warpgroup also runs the tile past its rows, wholly masked (a no-op bit for bit).
  *        (Not there: the ping-pong of two warpgroups' softmax and MMAs, a producer warpgroup with TMA, setmaxnreg.)
- *   forward v4  the product's (mma.sync, model/attention_flash.cuh), timed alongside
+ *   forward v4  the mma.sync forward (model/attention_flash.cuh, the model's before session 40), timed alongside
  * Validation: against the CPU reference (out 1e-2, lse 1e-4), and at the timing shape against forward v4.
  *   make dev/cuda/attention_wgmma && ./dev/cuda/attention_wgmma [-b B] [-t T] [-h H] [-k KV] [-d hd (64, 128)]
  *     default dbrx-132b's attention shape B 8, T 4096, H 48, KV 8, hd 128; under the emulator small shapes.
  */
 #include "common.h"
 #include "../../model/attention.cuh"
-#include "attention_wgmma_common.h"
 
-#define WGA_BR 128    // query rows of a block: 2 warpgroups x 64
-#define WGA_BC 64     // keys per tile
-#define WGA_THREADS 256
-
-// (the tile copy: attention_wgmma_common.h, shared with the backward)
-template <int HD>
-__device__ __forceinline__ void wga_load_tile(char* dst, const floatX* src, size_t ld, int row0, int rows, int T) {
-    wgmma_load_rows<HD, WGA_THREADS>(dst, src, ld, row0, rows, T);
-}
-
-// S (64 x 64, the warpgroup's D fragment) = Q K^T, issued (not committed): k-step ks reads head dims
-// 16 ks ..: panel ks / 4, + 32 bytes per step within it. Qw: the warpgroup's first Q row in panel 0
-template <int HD> __device__ __forceinline__ void wga_issue_s(float (&s)[WGA_BC / 2], const char* Qw, const char* Kt) {
-    wgmma_fence();
-    for (int ks = 0; ks < HD / 16; ks++) {
-        uint64_t da = wgmma_desc(Qw + (ks / 4) * WGA_BR * 128 + 32 * (ks % 4), 16, 1024, WGMMA_SWIZZLE_128B);
-        uint64_t db = wgmma_desc(Kt + (ks / 4) * WGA_BC * 128 + 32 * (ks % 4), 16, 1024, WGMMA_SWIZZLE_128B);
-        wgmma_bf16_ss<WGA_BC, 0, 0>(s, da, db, ks > 0);
-    }
-}
-
-// the causal mask and the online softmax of a completed S of the key tile at k0: s[i] = S[16 warp + g + 8 ((i / 2) % 2)]
-// [8 (i / 4) + 2 t4 + i % 2], this thread's rows qa (r 0) and qb (r 1), elements 4 c + 2 r + e. Updates m and l,
-// returns O's factors in corr, P (fp32) in s
-__device__ __forceinline__ void wga_softmax(float (&s)[WGA_BC / 2], float m[2], float l[2], float corr[2], int k0, int wrow0, int qa, int qb,
-                                            float sl2) {
-    const int t4 = threadIdx.x % 4;
-    if (k0 + WGA_BC - 1 > wrow0)   // a tile that reaches past the warpgroup's first row
-        for (int i = 0; i < WGA_BC / 2; i++)
-            if (k0 + 8 * (i / 4) + 2 * t4 + i % 2 > ((i / 2) % 2 ? qb : qa)) s[i] = -INFINITY;
-    for (int r = 0; r < 2; r++) {
-        float mx = -INFINITY;
-        for (int c = 0; c < WGA_BC / 8; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float m_new = fmaxf(m[r], mx * sl2);
-        float m_use = m_new == -INFINITY ? 0.0f : m_new;   // nothing unmasked yet: exp2f(-inf) = 0, not NaN
-        corr[r] = exp2f(m[r] - m_use);
-        l[r] *= corr[r];
-        for (int c = 0; c < WGA_BC / 8; c++)
-            for (int e = 0; e < 2; e++) {
-                // (P is rounded to bf16 as the A operand of P V; the sum, hence lse, keeps fp32)
-                float p = exp2f(s[4 * c + 2 * r + e] * sl2 - m_use);
-                s[4 * c + 2 * r + e] = p;
-                l[r] += p;
-            }
-        m[r] = m_new;
-    }
-}
-// P rounded to bf16 as the A fragments of P V: pf[kk][q] = pack(s[8 kk + 2 q], s[8 kk + 2 q + 1]) (rows g, g + 8; keys
-// 16 kk + 2 t4 (+ 8))
-__device__ __forceinline__ void wga_pack_p(uint32_t (&pf)[WGA_BC / 16][4], const float (&s)[WGA_BC / 2]) {
-    for (int kk = 0; kk < WGA_BC / 16; kk++)
-        for (int q = 0; q < 4; q++) pf[kk][q] = pack_bf16x2(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
-}
-
-// O (completed) *= corr per row, then O += P V issued and committed: V's k-step kk starts 16 keys (2048 bytes) on;
-// MN-major, SBO 1024 between 8-key groups, LBO the panel size between 64-dim panels
-template <int HD>
-__device__ __forceinline__ void wga_issue_pv(float (&o)[HD / 2], const float corr[2], const uint32_t (&pf)[WGA_BC / 16][4], const char* Vt) {
-    for (int c = 0; c < HD / 8; c++)
-        for (int i = 0; i < 4; i++) o[4 * c + i] *= corr[i / 2];
-    wgmma_fence_operand(o);
-    wgmma_fence();
-    for (int kk = 0; kk < WGA_BC / 16; kk++)
-        wgmma_bf16_rs<HD, 1>(o, pf[kk], wgmma_desc(Vt + kk * 16 * 128, WGA_BC * 128, 1024, WGMMA_SWIZZLE_128B), 1);
-    wgmma_commit();
-}
-
-// O / l as bf16 pairs (rows < T) and lse, from the completed O, m, l of this thread's rows qa, qb
-template <int HD>
-__device__ __forceinline__ void wga_store(floatX* out, float* lse, const float (&o)[HD / 2], const float m[2], float l[2], int b, int h,
-                                          int T, int H, int qa, int qb) {
-    const int t4 = threadIdx.x % 4, C = H * HD;
-    for (int r = 0; r < 2; r++) {   // the row sums of the quads
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-    floatX* Og = out + (size_t)b * T * C + (size_t)h * HD;
-    for (int r = 0; r < 2; r++) {
-        const int row = r ? qb : qa;
-        const float inv = 1.0f / l[r];   // (times 1 / l as the product's kernel: the same bits under the emulator)
-        if (row < T)
-            for (int c = 0; c < HD / 8; c++)
-                *(uint32_t*)(Og + (size_t)row * C + 8 * c + 2 * t4) = pack_bf16x2(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
-    }
-    if (t4 == 0) {   // natural-log units, of the scaled scores
-        if (qa < T) lse[((size_t)b * H + h) * T + qa] = (m[0] + log2f(l[0])) / FLASH_LOG2E;
-        if (qb < T) lse[((size_t)b * H + h) * T + qb] = (m[1] + log2f(l[1])) / FLASH_LOG2E;
-    }
-}
-
-// the block's common values: the tile's rows, the heads, the global tiles, the warpgroup's rows
-#define WGA_SETUP(STAGES)                                                                                                          \
-    constexpr int KB = WGA_BC * HD * 2; /* bytes of one K or V tile */                                                           \
-    /* the swizzle repeats every 1024 bytes of shared address: the tiles start on such a boundary */                             \
-    char* Qs = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);                                                \
-    char* Ks = Qs + WGA_BR * HD * 2; /* (STAGES buffers) x KB */                                                                 \
-    char* Vs = Ks + (STAGES) * KB;   /* (STAGES buffers) x KB */                                                                 \
-    const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4;                                  \
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * WGA_BR; /* the last (longest) query tiles first */                            \
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);                                                                \
-    const size_t qkv_dim = (size_t)(H + 2 * KV) * HD;                                                                            \
-    const floatX* Qg = qkv + (size_t)b * T * qkv_dim + (size_t)h * HD;                                                           \
-    const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;                                                   \
-    const floatX* Vg = Kg + (size_t)KV * HD;                                                                                     \
-    const float sl2 = rsqrtf((float)HD) * FLASH_LOG2E;        /* scores in log2 units, for exp2f */                             \
-    const int ntiles = (min(q0 + WGA_BR, T) - 1) / WGA_BC + 1; /* causal: keys up to the block's last query row */              \
-    const int wrow0 = q0 + 64 * wg;                            /* the warpgroup's first query row */                            \
-    const int qa = wrow0 + 16 * warp + g, qb = qa + 8;         /* this thread's two rows */                                     \
-    const char* Qw = Qs + wg * 64 * 128;                                                                                         \
-    float o[HD / 2];                                           /* O (64 x HD) of the warpgroup, unnormalised (D layout) */      \
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;                                                                                \
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* running max (log2 units), this lane's part of the sum */       \
-    float corr[2];                                                                                                               \
-    uint32_t pf[WGA_BC / 16][4]
+// (the tile copy, S, the softmax, P V, the store and the block's setup: model/attention_wgmma_fwd.cuh, with v2)
 
 // v1: per key tile, S = Q K^T issued and waited for, the softmax, O += P V issued and waited for
 template <int HD>
@@ -184,69 +69,14 @@ __global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma(floatX* o
     wga_store<HD>(out, lse, o, m, l, b, h, T, H, qa, qb);
 }
 
-// v2: FlashAttention-3's intra-warpgroup overlap (its order): iteration j issues S(j + 1) = Q K(j + 1)^T, rescales O and
-// issues O += P(j) V(j), waits for S(j + 1) only (wait_group 1) and runs its softmax while P(j) V(j) computes, then
-// waits for that (wait_group 0) and packs P(j + 1). Three K/V buffers: at the top of iteration j (after a barrier)
-// every warpgroup has completed P(j - 1) V(j - 1), tile j + 1 has landed, V(j) is still to be read: tile j + 2 goes to
-// tile j - 1's buffer. No branch around a wgmma (ptxas serializes every wgmma of a kernel where one is in a path it
-// cannot prove warpgroup-uniform): the last iteration issues S of its own tile again, its softmax wholly masked (key
-// offset past the block's rows), and a warpgroup also runs a key tile past its rows (the causal tile of warpgroup 0
-// in the block's last tile), wholly masked: P = 0, the factors 1, O, l and m unchanged bit for bit.
-// NBUF 3; 2 only as the race detector's negative control (-p 1: tile j + 2 over tile j's V, still read by P(j) V(j))
-template <int HD, int NBUF>
-__global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma_v2(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV) {
-    WGA_SETUP(NBUF);
-    wga_load_tile<HD>(Qs, Qg, qkv_dim, q0, WGA_BR, T);
-    wga_load_tile<HD>(Ks, Kg, qkv_dim, 0, WGA_BC, T);
-    wga_load_tile<HD>(Vs, Vg, qkv_dim, 0, WGA_BC, T);
-    cp_async_commit();
-    if (ntiles > 1) {
-        wga_load_tile<HD>(Ks + KB, Kg, qkv_dim, WGA_BC, WGA_BC, T);
-        wga_load_tile<HD>(Vs + KB, Vg, qkv_dim, WGA_BC, WGA_BC, T);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();   // Q and tile 0
-    wgmma_fence_proxy();
-    __syncthreads();
-    float s[WGA_BC / 2] = {};
-    wga_issue_s<HD>(s, Qw, Ks);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operand(s);
-    wga_softmax(s, m, l, corr, 0, wrow0, qa, qb, sl2);
-    wga_pack_p(pf, s);
-    for (int j = 0; j < ntiles; j++) {
-        cp_async_wait<0>();   // tile j + 1 landed for this thread, for every thread after the barrier
-        wgmma_fence_proxy();
-        __syncthreads();
-        if (j + 2 < ntiles) {
-            wga_load_tile<HD>(Ks + (j + 2) % NBUF * KB, Kg, qkv_dim, (j + 2) * WGA_BC, WGA_BC, T);
-            wga_load_tile<HD>(Vs + (j + 2) % NBUF * KB, Vg, qkv_dim, (j + 2) * WGA_BC, WGA_BC, T);
-        }
-        cp_async_commit();
-        wga_issue_s<HD>(s, Qw, Ks + min(j + 1, ntiles - 1) % NBUF * KB);
-        wgmma_commit();
-        wga_issue_pv<HD>(o, corr, pf, Vs + j % NBUF * KB);
-        wgmma_wait<1>();   // S(j + 1) complete (P(j) V(j) may not be)
-        wgmma_fence_operand(s);
-        wga_softmax(s, m, l, corr, (j + 1 < ntiles ? j + 1 : ntiles + 2) * WGA_BC, wrow0, qa, qb, sl2);
-        wgmma_wait<0>();   // P(j) V(j) complete: its A registers may be rewritten
-        wgmma_fence_operand(o);
-        wga_pack_p(pf, s);
-    }
-    wga_store<HD>(out, lse, o, m, l, b, h, T, H, qa, qb);
-}
-
-template <int HD, int V> static void attention_forward_wgmma_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV) {
-    // V 3: v2 with 2 buffers, planted (a race)
-    auto kernel = V == 1 ? attention_forward_wgmma<HD> : V == 2 ? attention_forward_wgmma_v2<HD, 3> : attention_forward_wgmma_v2<HD, 2>;
-    size_t smem = (size_t)(WGA_BR + (V == 2 ? 6 : 4) * WGA_BC) * HD * 2 + 1024;   // Q, 2 or 3 K/V buffers, the alignment
+// V 1: v1 here; 2: the model's (v2); 3: v2 with 2 buffers, planted (a race)
+template <int V> static void wgmma_forward_version(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    if (V == 2) return attention_forward_wgmma_gpu<3>(out, lse, qkv, B, T, H, KV, hd);
+    if (V == 3) return attention_forward_wgmma_gpu<2>(out, lse, qkv, B, T, H, KV, hd);
+    size_t smem = (size_t)(WGA_BR + 4 * WGA_BC) * hd * 2 + 1024;   // Q, 2 K/V buffers, the alignment
+    auto kernel = hd == 64 ? attention_forward_wgmma<64> : attention_forward_wgmma<128>;
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     LAUNCH(kernel, dim3(ceil_div(T, WGA_BR), H, B), WGA_THREADS, smem, 0, out, lse, qkv, T, H, KV);
-}
-template <int V> static void attention_forward_wgmma_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
-    if (hd == 64) attention_forward_wgmma_hd<64, V>(out, lse, qkv, B, T, H, KV);
-    else attention_forward_wgmma_hd<128, V>(out, lse, qkv, B, T, H, KV);
 }
 
 // validates the wgmma forwards (and the product's v4 alongside) against the CPU reference at a shape; with `time_too`
@@ -259,12 +89,12 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, bool p
     floatX *dq = to_device_bf16v(qkv), *dy = deviceAlloc(floatX, no);
     float* dlse = deviceAlloc(float, nl);
     double flops = 4.0 * B * H * hd * (double)T * (T + 1) / 2;
-    const char* names[3] = {"forward v4 (product, mma.sync)", "forward wgmma v1", "forward wgmma v2 (overlap)"};
+    const char* names[3] = {"forward v4 (mma.sync)", "forward wgmma v1", "forward wgmma v2 (overlap; the model's)"};
     std::function<void()> fwd[3] = {
-        [&] { flash_attention_forward_gpu(dy, dlse, dq, B, T, H, KV, hd); },
-        [&] { attention_forward_wgmma_gpu<1>(dy, dlse, dq, B, T, H, KV, hd); },
-        [&] { if (plant) attention_forward_wgmma_gpu<3>(dy, dlse, dq, B, T, H, KV, hd);
-              else attention_forward_wgmma_gpu<2>(dy, dlse, dq, B, T, H, KV, hd); },
+        [&] { flash_attention_forward_gpu(dy, dlse, dq, B, T, H, KV, hd); },   // (the mma.sync kernel, not attention_forward_gpu)
+        [&] { wgmma_forward_version<1>(dy, dlse, dq, B, T, H, KV, hd); },
+        [&] { if (plant) wgmma_forward_version<3>(dy, dlse, dq, B, T, H, KV, hd);
+              else wgmma_forward_version<2>(dy, dlse, dq, B, T, H, KV, hd); },
     };
     // the CPU reference where it is cheap (emulated shapes, or B * T * T * H small); else v4's result
     bool cpu = EMULATED || (double)B * T * T * H <= 1e9;

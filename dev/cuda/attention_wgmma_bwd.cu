@@ -7,7 +7,7 @@
  * 64-query tile) + a ticket.
  *   backward wgmma v1  grid (T/64 key tiles, KV, B), one warpgroup (128 threads) owning 64 keys: K, V of the tile and
  *        double-buffered 64-query tiles of Q, dO (every query head of the kv group, from the diagonal on) copied by
- *        cp.async into the 128B-swizzled layout (attention_wgmma_common.h). Per query tile, bwd5's 5 products:
+ *        cp.async into the 128B-swizzled layout (model/attention_wgmma_fwd.cuh's wgmma_load_rows). Per query tile, bwd5's 5 products:
  *          S^T, dP^T (64 x 64) = K Q^T, V dO^T   wgmma m64n64k16, both operands K-major from shared memory
  *          P^T = exp(S^T scale - lse) (causal mask), dS^T = P^T (dP^T - D) on the accumulators
  *          dV (64 x hd) += P^T dO, dK += dS^T Q   m64n(hd)k16, A from registers (the accumulators rounded to bf16),
@@ -54,7 +54,6 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 #include "../../model/attention.cuh"
-#include "attention_wgmma_common.h"
 
 #define WGB_BQ 64   // queries per tile
 #define WGB_BC 64   // keys of a block (one warpgroup)

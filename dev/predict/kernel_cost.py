@@ -45,6 +45,14 @@ FLASH_FIXED = (sum(w for _, w in _OLD_SHARES) / MMA_SYNC_FRACTION
                - sum(w / (SMEM_BW_PER_PEAK * FLASH_FLOP_PER_SMEM_BYTE[k]) for k, w in _OLD_SHARES)) / sum(w for _, w in _OLD_SHARES)
 
 
+# The wgmma forward (model/attention_wgmma_fwd.cuh) MEASURED: 271 TFLOP/s of causal FLOPs on an H100 SXM at DBRX-132B's
+# attention shape (B 8, T 4096, H 48, KV 8, hd 128; dev/bench/results_gpu.md, 2026-11-27, dev/cuda/attention_wgmma v2),
+# the mma.sync forward 221.5 in the same run. Its issued wgmma FLOPs there are 1.0467 x the causal ones (whole 64-key
+# tiles for both warpgroups, one S product a block more: _flash_wgmma_fwd), so its tensor-core FLOPs run at
+# 271 x 1.0467 / 989.4 of the peak. One shape measured: other shapes are predicted at the same share.
+WGMMA_FWD_FRACTION = 271.0 * 1.0467 / 989.4
+
+
 def flash_mma_fraction(kind):
     """the predicted share of the BF16 peak of a flash kernel's mma FLOPs (kind: fwd, fwd64, dq, dkv, bwd5)"""
     return 1.0 / (FLASH_FIXED + 1.0 / (SMEM_BW_PER_PEAK * FLASH_FLOP_PER_SMEM_BYTE[kind]))
@@ -86,6 +94,14 @@ def _flash_hd(smem, kind):   # head_dim from the launch's dynamic shared memory 
     if kind == "dq":
         return smem // ((2 * FLASH_BR + 4 * FLASH_BC) * 2) - 8
     return (smem - 4 * FLASH_BQ * 4) // ((2 * FLASH_BC + 4 * FLASH_BQ) * 2) - 8
+
+
+def _flash_wgmma_fwd(item, a):   # flash_attention_forward_wgmma (out, lse, qkv, T, H, KV), grid (T / 128, H, B), 3 K/V
+    T, H, KV = a[3], a[4], a[5]   # buffers: smem (128 + 6 64) hd 2 + 1024. Reads every row of q, k, v; writes out and lse.
+    B = item["grid"][2]           # Per block each warpgroup issues S for its ntiles + 1 key tiles (the last again, masked)
+    hd = (item["smem"] - 1024) // ((128 + 6 * 64) * 2)   # and P V for ntiles: 2 64 64 hd FLOPs each
+    units = sum(2 * (2 * ((min((qt + 1) * 128, T) - 1) // 64 + 1) + 1) for qt in range(_cdiv(T, 128)))
+    return (2 * B * T * (H + 2 * KV) * hd, 2 * B * T * H * hd + 4 * B * H * T), 2 * 64 * 64 * hd * units * B * H
 
 
 def _flash(item, a, kind):   # flash_attention_*_kernel<HD>: causal; grid (tiles, heads, B), the backward pair's (heads, B,
@@ -330,6 +346,9 @@ def kernel_rw(item, ctx=None):
         if base == "flash_attention_backward_D_kernel":   # (D, dq_sem, dout, out, B, T, H, hd, nsem): dout, out -> D
             B, T, H, hd, nsem = a[4:9]                      # (B, H, T) FP32; the semaphores zeroed
             return 2 * 2 * B * T * H * hd, 4 * B * H * T + 4 * nsem, 0
+        if base == "flash_attention_forward_wgmma":
+            (rd, wr), mma = _flash_wgmma_fwd(item, a)
+            return rd, wr, mma
         if base.startswith("flash_attention_"):
             kind = _flash_kind(base)
             (rd, wr), mma = (_flash_cp if base.endswith("_cp_kernel") else _flash)(item, a, kind)
@@ -386,6 +405,8 @@ def _flash_kind(base):
 def kernel_mma_fraction(item):
     """the share of the BF16 peak at which a kernel line's mma.sync FLOPs run (predicted: flash_mma_fraction)"""
     base = re.sub(r"<.*", "", item["name"]).strip()
+    if base == "flash_attention_forward_wgmma":
+        return WGMMA_FWD_FRACTION
     if base.startswith("flash_attention_"):
         return flash_mma_fraction(_flash_kind(base)) if base != "flash_attention_backward_D_kernel" else MMA_SYNC_FRACTION
     return MMA_SYNC_FRACTION
