@@ -10,7 +10,9 @@
 #   2. the grouped expert kernels as session 39 left them (staged epilogues, m-fastest tile groups, batched wgrad
 #      beta-1 loads, snake order): still behind cuBLASLt, or ahead (then: the BF16 default)
 #   3. the attention backward: the model's pair (-g 2), bwd2 (-g 4: branch s39-awire wires it if it wins), and the
-#      wgmma versions of dev/cuda/attention_wgmma_bwd (v1, v2, and v3 the pair on wgmma when merged)
+#      wgmma versions of dev/cuda/attention_wgmma_bwd (-v 3 times the pair, v3 = the pair on wgmma and v4 = v3 with
+#      FlashAttention-3's overlap in dq, each kernel alone too; -v 2, -v 1 the 5-product ones); the forward: the wgmma
+#      v2 (the model's since session 40, timed only at DBRX-132B's shape so far) against the mma.sync forward
 #   4. end to end: default and --moe-gemm grouped, FP8 current and block (start-up is seconds since session 39)
 #   5. the device test programs
 . "$(dirname "$0")/lease_setup.sh"
@@ -26,7 +28,7 @@ step moe_fp8_grouped_132b 50 dev/cuda/moe_fp8_grouped -s 132b
 # 3. attention backward at dbrx-1b's shape (B 8, T 2048, H 8, KV 2, hd 128)
 step attention_bwd_pair 40 dev/cuda/attention -f -1 -g 2 -b 8 -t 2048 -h 8 -k 2 -d 128
 step attention_bwd_v4 40 dev/cuda/attention -f -1 -g 4 -b 8 -t 2048 -h 8 -k 2 -d 128
-for v in 3 2 1; do   # (v3: when dev/cuda/attention_wgmma_bwd has it; it fails at once otherwise)
+for v in 3 2 1; do
     step attention_wgmma_bwd_v$v 45 dev/cuda/attention_wgmma_bwd -v $v -b 8 -t 2048 -h 8 -k 2 -d 128
 done
 step attention_wgmma_fwd 30 dev/cuda/attention_wgmma -b 8 -t 2048 -h 8 -k 2 -d 128
