@@ -103,24 +103,34 @@ dev/data/bench_loader: dev/data/bench_loader.cpp data/dataloader.h data/shard.h 
 # ---------------------------------------------------------------------------------------------
 # tests (doctest); built with g++ whatever builds the binary, for speed
 
-TEST_FLAGS := -std=c++17 -O2 -march=native -fopenmp -Wall -Wextra -Werror -I/usr/include/doctest
-test/test_ops: test/test_ops.cpp $(HEADERS) | check-test-deps
-	$(CXX) $(TEST_FLAGS) -o $@ test/test_ops.cpp -lopenblas -lm
+# doctest's implementation is compiled once (test/libdoctest.a, below): every doctest program's own copy is
+# skipped with doctest's guard of it, and the program links DOCTEST_LIB (~8 CPU-seconds of g++ saved each)
+DOCTEST_SKIP := -DDOCTEST_LIBRARY_IMPLEMENTATION
+DOCTEST_LIB  := test/libdoctest.a
+DOCTEST_LINK := -Ltest -ldoctest
+TEST_FLAGS := -std=c++17 -O2 -march=native -fopenmp -Wall -Wextra -Werror -I/usr/include/doctest $(DOCTEST_SKIP)
+# no -march=native: the archive also links into the nvcc builds (test/*_gpu), which the GPU machine runs
+$(DOCTEST_LIB): test/doctest_impl.cpp test/doctest_main.cpp
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -I/usr/include/doctest -c -o test/doctest_impl.o test/doctest_impl.cpp
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -I/usr/include/doctest -c -o test/doctest_main.o test/doctest_main.cpp
+	rm -f $@ && $(AR) rcs $@ test/doctest_impl.o test/doctest_main.o && rm -f test/doctest_impl.o test/doctest_main.o
+test/test_ops: test/test_ops.cpp $(HEADERS) $(DOCTEST_LIB) | check-test-deps
+	$(CXX) $(TEST_FLAGS) -o $@ test/test_ops.cpp $(DOCTEST_LINK) -lopenblas -lm
 # ring attention (--context-parallel) against the full-sequence reference, the ring simulated in one process
-test/test_ring_attention: test/test_ring_attention.cpp $(HEADERS) | check-test-deps
-	$(CXX) $(TEST_FLAGS) -o $@ test/test_ring_attention.cpp -lopenblas -lm
+test/test_ring_attention: test/test_ring_attention.cpp $(HEADERS) $(DOCTEST_LIB) | check-test-deps
+	$(CXX) $(TEST_FLAGS) -o $@ test/test_ring_attention.cpp $(DOCTEST_LINK) -lopenblas -lm
 # the gradient check compiles the CPU reference in double precision
-test/test_gradcheck: test/test_gradcheck.cpp $(HEADERS) | check-test-deps
-	$(CXX) $(TEST_FLAGS) -DCPU_REAL=double -o $@ test/test_gradcheck.cpp -lopenblas -lm
+test/test_gradcheck: test/test_gradcheck.cpp $(HEADERS) $(DOCTEST_LIB) | check-test-deps
+	$(CXX) $(TEST_FLAGS) -DCPU_REAL=double -o $@ test/test_gradcheck.cpp $(DOCTEST_LINK) -lopenblas -lm
 test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-test-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/dump_reference.cpp -lopenblas -lm
 
 # the FP8 test checks our conversions against cuda_fp8.h's host code: built only where the CUDA headers are
 CUDA_INC := $(firstword $(wildcard /usr/local/cuda/include/cuda_fp8.h))
-test/test_fp8: test/test_fp8.cpp $(HEADERS) | check-test-deps
-	$(CXX) $(TEST_FLAGS) -isystem $(dir $(CUDA_INC)) -o $@ test/test_fp8.cpp -lopenblas -lm
-test/test_data: test/test_data.cpp $(HEADERS) | check-deps
-	$(CXX) $(TEST_FLAGS) -o $@ test/test_data.cpp
+test/test_fp8: test/test_fp8.cpp $(HEADERS) $(DOCTEST_LIB) | check-test-deps
+	$(CXX) $(TEST_FLAGS) -isystem $(dir $(CUDA_INC)) -o $@ test/test_fp8.cpp $(DOCTEST_LINK) -lopenblas -lm
+test/test_data: test/test_data.cpp $(HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(TEST_FLAGS) -o $@ test/test_data.cpp $(DOCTEST_LINK)
 # libFuzzer target of the shard, state and --data parsers (clang, Debian package clang)
 test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h model/platform.h data/tokenizer.h data/unicode_classes.h
 	@command -v clang++ >/dev/null || { echo "error: clang++ not found: apt-get install clang libclang-rt-14-dev"; exit 1; }
@@ -134,7 +144,7 @@ test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h
 CUDA_HOME ?= /usr/local/cuda
 HAVE_CUDA_HEADERS := $(wildcard $(CUDA_HOME)/include/cuda_bf16.h)
 SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -Wextra -Werror -DSIMT_EMULATION \
-              -isystem $(CUDA_HOME)/include -I/usr/include/doctest
+              -isystem $(CUDA_HOME)/include -I/usr/include/doctest $(DOCTEST_SKIP)
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \
              test/test_decode test/test_race test/test_race_fp8 test/test_race_zero_fp8 test/test_memory_plan test/test_cublaslt_twin \
@@ -144,66 +154,66 @@ EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_
 DEV_CUDA_SRC := $(wildcard dev/cuda/*.cu)
 DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
-test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp
-test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_kernels.cpp -lopenblas -lm
+test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp $(DOCTEST_LINK)
+test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_kernels.cpp $(DOCTEST_LINK) -lopenblas -lm
 # cuBLASLt's API twin (test/simt/cublaslt_api_twin.h): its rules, and model/matmul_cublaslt.cuh's bucket fallback
-test/test_cublaslt_twin: test/test_cublaslt_twin.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_cublaslt_twin.cpp -lopenblas -lm
-test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_step_cuda.cpp -lopenblas -lm
+test/test_cublaslt_twin: test/test_cublaslt_twin.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_cublaslt_twin.cpp $(DOCTEST_LINK) -lopenblas -lm
+test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_step_cuda.cpp $(DOCTEST_LINK) -lopenblas -lm
 # generation: the KV-cache step on both backends against the full forward, the sampler, the tokenizer's decoding
-test/test_decode: test/test_decode.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_decode.cpp -lopenblas -lm
-test/test_fp8_cuda: test/test_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_fp8_cuda.cpp -lopenblas -lm
+test/test_decode: test/test_decode.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_decode.cpp $(DOCTEST_LINK) -lopenblas -lm
+test/test_fp8_cuda: test/test_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas -lm
 # parallel/zero_fp8.h's kernels (ZeRO-3's FP8 all-gather): MPI headers for parallel/comm.h
-test/test_zero_fp8_cuda: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_zero_fp8_cuda.cpp -lopenblas $(MPI_LIBS) -lm
+test/test_zero_fp8_cuda: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_zero_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
 # the race detector (test/simt/race.h): ThreadSanitizer's instrumentation calls (-fsanitize=thread at compile
 # time) go to the emulator's own __tsan_* functions; linked without -fsanitize=thread, so without libtsan.
 # -g1: a race names its source lines and inlined callers (addr2line; line tables are all it needs, a quarter
 # faster to compile than -g)
 RACE_FLAGS := $(SIMT_FLAGS) -g1 -DSIMT_RACE_DETECT -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
-test/test_race: test/test_race.cpp test/test_kernels.cpp $(SIMT_HEADERS) | check-deps
+test/test_race: test/test_race.cpp test/test_kernels.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_race.cpp
-	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
 	rm -f $@.o
 # Hopper's warpgroup MMA (model/wgmma.cuh, test/simt/wgmma.h) against a double-precision product, and under the race detector
-test/test_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_wgmma.cpp
-test/test_race_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) | check-deps
+test/test_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_wgmma.cpp $(DOCTEST_LINK)
+test/test_race_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_wgmma.cpp
-	$(CXX) -fopenmp -o $@ $@.o
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK)
 	rm -f $@.o
 # Hopper's mbarriers and TMA (model/tma.cuh, test/simt/tma.h) against the host's data and a double product, and under the race detector
-test/test_tma: test/test_tma.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_tma.cpp
-test/test_race_tma: test/test_tma.cpp $(SIMT_HEADERS) | check-deps
+test/test_tma: test/test_tma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_tma.cpp $(DOCTEST_LINK)
+test/test_race_tma: test/test_tma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_tma.cpp
-	$(CXX) -fopenmp -o $@ $@.o
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK)
 	rm -f $@.o
 # the grouped expert GEMMs on wgmma (model/moe_grouped.cuh) against the CPU and today's path, and under the race detector
-test/test_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_grouped.cpp -lopenblas -lm
-test/test_race_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) | check-deps
+test/test_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_grouped.cpp $(DOCTEST_LINK) -lopenblas -lm
+test/test_race_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_grouped.cpp
-	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
 	rm -f $@.o
 # the experts' grouped weight-gradient GEMM (model/moe_grouped_wgrad.cuh) against the CPU and today's path, and under the race detector
-test/test_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_wgrad.cpp -lopenblas -lm
-test/test_race_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) | check-deps
+test/test_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_wgrad.cpp $(DOCTEST_LINK) -lopenblas -lm
+test/test_race_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_wgrad.cpp
-	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
 	rm -f $@.o
 # the experts' FP8 block-scaled grouped up-projection (model/moe_grouped_fp8.cuh) against the CPU and cuBLASLt's twin, and under the race detector
-test/test_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_fp8_grouped.cpp -lopenblas -lm
-test/test_race_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) | check-deps
+test/test_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_fp8_grouped.cpp $(DOCTEST_LINK) -lopenblas -lm
+test/test_race_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_fp8_grouped.cpp
-	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
 	rm -f $@.o
 # dev/cuda/wgmma_gemm's kernels (cp.async stages, wgmma, barriers) under the race detector, validated as the _emu build is
 dev/cuda/wgmma_gemm_race: dev/cuda/wgmma_gemm.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
@@ -226,21 +236,21 @@ dev/cuda/attention_wgmma_bwd_race: dev/cuda/attention_wgmma_bwd.cu dev/cuda/comm
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
 # the FP8 kernels (quantize, padding, factors) under the race detector: test_fp8_cuda's source, instrumented
-test/test_race_fp8: test/test_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
+test/test_race_fp8: test/test_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_fp8_cuda.cpp
-	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
 	rm -f $@.o
 # ZeRO-3's FP8 all-gather kernels (parallel/zero_fp8.h) under the race detector
-test/test_race_zero_fp8: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) | check-deps
+test/test_race_zero_fp8: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) $(MPI_CFLAGS) -c -o $@.o test/test_zero_fp8_cuda.cpp
-	$(CXX) -fopenmp -o $@ $@.o -lopenblas $(MPI_LIBS) -lm
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
 	rm -f $@.o
 # the --dry-run planner (parallel/memory_plan.h) against the model's walk, the store and the emulator's peak
-test/test_memory_plan: test/test_memory_plan.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_memory_plan.cpp -lopenblas $(MPI_LIBS) -lm
+test/test_memory_plan: test/test_memory_plan.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_memory_plan.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
 # the NCCL twin (test/simt/nccl_twin.h) and parallel/comm.h's NCCL path over it, under mpirun
-test/test_nccl_twin: test/test_nccl_twin.cpp $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_nccl_twin.cpp $(MPI_LIBS) -lm
+test/test_nccl_twin: test/test_nccl_twin.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_nccl_twin.cpp $(DOCTEST_LINK) $(MPI_LIBS) -lm
 # the training binary on the emulated CUDA backend (--device cuda runs the CUDA path on the CPU)
 train_dbrx_emu: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -x c++ -o $@ train_dbrx.cu $(LDLIBS)
@@ -259,18 +269,18 @@ emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_
 # the test programs and dev/cuda benchmarks: machine code for GPU_ARCH only (-arch=sm_90a also embeds compute_90 PTX
 # for later GPUs, a second device compile of every file: a third of each build's time; train_dbrx keeps it)
 NVCC_TEST_FLAGS := -std=c++17 -O2 -gencode arch=$(subst sm_,compute_,$(GPU_ARCH)),code=$(GPU_ARCH) -Werror all-warnings -Xcompiler -fopenmp,-Wall,-Wextra,-Werror \
-                   -isystem /usr/include/doctest
+                   -isystem /usr/include/doctest $(DOCTEST_SKIP)
 GPU_TESTS := test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu test/test_decode_gpu
-test/test_kernels_gpu: test/test_kernels.cpp $(HEADERS)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_kernels.cpp -lopenblas $(CUDA_LIBS)
-test/test_step_cuda_gpu: test/test_step_cuda.cpp $(HEADERS)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_step_cuda.cpp -lopenblas $(CUDA_LIBS)
-test/test_decode_gpu: test/test_decode.cpp $(HEADERS)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_decode.cpp -lopenblas $(CUDA_LIBS)
-test/test_fp8_cuda_gpu: test/test_fp8_cuda.cpp $(HEADERS)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_fp8_cuda.cpp -lopenblas $(CUDA_LIBS)
-test/test_zero_fp8_cuda_gpu: test/test_zero_fp8_cuda.cpp $(HEADERS)
-	$(NVCC) $(NVCC_TEST_FLAGS) $(MPI_CFLAGS) -x cu -o $@ test/test_zero_fp8_cuda.cpp -lopenblas $(MPI_LIBS) $(CUDA_LIBS)
+test/test_kernels_gpu: test/test_kernels.cpp $(HEADERS) $(DOCTEST_LIB)
+	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_kernels.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
+test/test_step_cuda_gpu: test/test_step_cuda.cpp $(HEADERS) $(DOCTEST_LIB)
+	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_step_cuda.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
+test/test_decode_gpu: test/test_decode.cpp $(HEADERS) $(DOCTEST_LIB)
+	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_decode.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
+test/test_fp8_cuda_gpu: test/test_fp8_cuda.cpp $(HEADERS) $(DOCTEST_LIB)
+	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
+test/test_zero_fp8_cuda_gpu: test/test_zero_fp8_cuda.cpp $(HEADERS) $(DOCTEST_LIB)
+	$(NVCC) $(NVCC_TEST_FLAGS) $(MPI_CFLAGS) -x cu -o $@ test/test_zero_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) $(CUDA_LIBS)
 
 # dev/cuda microbenchmarks: nvcc builds time them on a GPU; the _emu builds validate them under the
 # emulator at a small size (make test runs those)
@@ -316,12 +326,12 @@ bench-predict: train_dbrx_emu
 	$(PYTHON) dev/predict/recorded.py check
 
 # checkpoint building blocks (CRC-32C, JSON, conversions, layouts); MPI headers for parallel/zero.h
-test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) | check-deps
-	$(CXX) $(TEST_FLAGS) $(MPI_CFLAGS) -o $@ test/test_checkpoint.cpp -lopenblas $(MPI_LIBS) -lm
+test/test_checkpoint: test/test_checkpoint.cpp $(HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(TEST_FLAGS) $(MPI_CFLAGS) -o $@ test/test_checkpoint.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
 
 # the GPU choice per launcher and the GPU peak table (parallel/gpu_select.h, model/gpu_peak.h): pure logic, on the CPU
-test/test_gpu_select: test/test_gpu_select.cpp parallel/gpu_select.h model/gpu_peak.h | check-test-deps
-	$(CXX) $(TEST_FLAGS) -o $@ test/test_gpu_select.cpp
+test/test_gpu_select: test/test_gpu_select.cpp parallel/gpu_select.h model/gpu_peak.h $(DOCTEST_LIB) | check-test-deps
+	$(CXX) $(TEST_FLAGS) -o $@ test/test_gpu_select.cpp $(DOCTEST_LINK)
 
 test-build: train_dbrx train_dbrx_cpu test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
             dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) dev/comm_bench test/test_checkpoint test/test_gpu_select emu-build gpu-build
@@ -333,4 +343,5 @@ test: test-build
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
 	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
-	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/attention_race
+	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/attention_race \
+	      $(DOCTEST_LIB)
