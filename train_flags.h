@@ -235,12 +235,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                   "ui.perfetto.dev or chrome://tracing): the step's phases, each layer's attention, router and "
                                                   "experts, the collectives; CPU: wall clock; CUDA: events on every stream, and NVTX ranges "
                                                   "for nsys. Several ranks: one file per rank, .rank<r> before the extension"},
-        {"--profile-steps", "", F_STR, &a->run.profile_steps, "the steps --profile traces: A:B (1-based, inclusive) or A (default 2:3: "
-                                                              "step 1 warms up; within --steps)"},
-        {"--profile-kernels", "", F_BOOL, &a->run.profile_kernels, "with --profile, CUDA: every kernel launch and GEMM of the traced steps "
-                                                                  "a range of its own (its device time by a pair of events: the step's "
-                                                                  "time may grow by the events' host time; dev/predict/calibrate.py "
-                                                                  "--kernels compares them with the step-time model)"},
+        {"--profile-steps", "", F_STR, &a->run.profile_steps, "the steps --profile traces: A:B (1-based, inclusive) or A (default 2:3: step 1 warms up; within --steps)"},
+        {"--profile-kernels", "", F_BOOL, &a->run.profile_kernels, "with --profile, CUDA: each launch and GEMM of the traced steps a range (calibrate.py --kernels)"},
         {"", "", F_SECTION, NULL, "sampling and --generate"},
         {"--sample-every", "", F_INT, &a->sample.every, "every N steps rank 0 prints a sample continuing --prompt (and logs it) (0: never)"},
         {"--sample-len", "", F_INT, &a->sample.len, "tokens a sample (or --generate) writes at most (it ends early at the end-of-text token)"},
