@@ -169,8 +169,8 @@ __global__ void router_forward_kernel(float* probs, float* lse, int* topk_idx, f
 }
 
 // counts (E), zeroed by the caller, += the number of assignments to each expert. A block counts its blockDim.x (<= 256)
-// assignments in shared memory and adds its E counts with one global atomic each: one global atomic per assignment
-// queued N k / E deep on the E counters (65,536 onto 16 at dbrx-1b). Integers: the same counts in any order. More
+// assignments in shared memory and adds its E counts with one global atomic each (one global atomic per assignment
+// queued N k / E deep on the E counters: 65,536 onto 16 at dbrx-1b). Integers: the same counts in any order. More
 // experts than the block's 256 counters: one global atomic per assignment, as they come.
 #define HIST_MAX_E 256
 __global__ void expert_histogram_kernel(int* counts, const int* topk_idx, int n, int E) {
