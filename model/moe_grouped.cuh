@@ -174,23 +174,6 @@ __device__ __forceinline__ void grouped_stage_store(const char* buf, floatX* out
         *(uint4*)(out + (size_t)(r0 + row) * Nout + col0 + 8 * ch) = *(const uint4*)(buf + grouped_stage_off(row, ch));
     }
 }
-// the same block of in0 and of in1 -> buf0, buf1 (rows past row_end zero): the 8 global loads issued before any store
-__device__ __forceinline__ void grouped_stage_load2(char* buf0, char* buf1, const floatX* __restrict__ in0, const floatX* __restrict__ in1,
-                                                    int r0, int row_end, int col0, int Nout) {
-    const int lane = threadIdx.x % 32, ch = lane % 8;
-    uint4 v0[4], v1[4];
-    for (int k = 0; k < 4; k++) {
-        const int row = lane / 8 + 4 * k;
-        const size_t o = (size_t)(r0 + row) * Nout + col0 + 8 * ch;
-        const bool in = r0 + row < row_end;
-        v0[k] = in ? __ldg((const uint4*)(in0 + o)) : make_uint4(0, 0, 0, 0);
-        v1[k] = in ? __ldg((const uint4*)(in1 + o)) : make_uint4(0, 0, 0, 0);
-    }
-    for (int k = 0; k < 4; k++) {
-        *(uint4*)(buf0 + grouped_stage_off(lane / 8 + 4 * k, ch)) = v0[k];
-        *(uint4*)(buf1 + grouped_stage_off(lane / 8 + 4 * k, ch)) = v1[k];
-    }
-}
 // the fragments' __syncwarp: the lanes' buffer writes before the other lanes' reads (PLANT 9 drops it: a race). (A
 // buffer is written either by fragments or by 16-byte rows, never both: the race detector merges a thread's accesses
 // to an 8-byte granule, and a lane's fragment write after its row write would then look unordered with its neighbours')

@@ -7,7 +7,7 @@
  *   experts_down_grouped_tma_gpu  ye_e = a_e w2_e                                    (rows, d)
  * and the backward's data gradients (issue 25's dgrad; the weight gradients: moe_grouped_wgrad.cuh):
  *   experts_down_backward_grouped_tma_gpu  da = dye_e w2_e^T, then dg, du = SwiGLU's backward (da, g, u) in the
- *       epilogue (g, u read there; da not stored)                                    (rows, F)
+ *       epilogue (g, u TMA-loaded during the tile's main loop; da not stored)        (rows, F)
  *   experts_up_backward_grouped_tma_gpu    dxe_e = dg_e w1_e + du_e v1_e             (rows, d)
  * The step runs them under --moe-gemm grouped (model/moe_experts_step.cuh).
  * Block: 384 threads = a producer warpgroup (one thread issues every copy; its other threads exit) + 2 consumer
@@ -30,12 +30,17 @@
  * barrier (count 8) after the warp's wait_group, so a stage is refilled only once every MMA reading it completed.
  * No __syncthreads() after the schedule. Stage = 16 KiB of A + 32 KiB of B = 48 KiB, 4 stages (192 KiB + 1 KiB of
  * alignment + the epilogue's 32 KiB = 225 KiB of the 227 KiB limit); DA and DX: 128 x 128 tiles (DX also holds the
- * first sum: 32 registers), 6 stages of 32 KiB (DA 5: its staging is 64 KiB). Epilogues (moe_grouped.cuh's
+ * first sum: 32 registers), 6 stages of 32 KiB (DA 5: the tile's g and u take 64 KiB). Epilogues (moe_grouped.cuh's
  * grouped_stage_*): each consumer warp stages its 16 rows x 64 columns of an output through one of its two 2 KiB
- * swizzled buffers and writes them with 16-byte stores, whole 128-byte row segments (DA reads g and u the same way
- * through two more buffers, all 8 loads in flight, where they waited one by one behind the stores; DX stores straight
- * from its fragments: staged, it spilled at 168 registers). The MMAs and their
- * k order are v3's: under the emulator
+ * swizzled buffers and writes them with 16-byte stores, whole 128-byte row segments; DX stores straight from its
+ * fragments (staged, it spilled at 168 registers).
+ * DA's g and u: the producer loads the tile's 128 x BN of each with TMA (boxes of 64 columns x 128 rows, 128B swizzle:
+ * a warp's 16 rows of a box are laid out exactly as a staging buffer) into the epilogue's region, arming "epi_full",
+ * once it has filled the ring with the tile's first k-tiles and the consumers have released the previous tile's g and
+ * u ("epi_free", count 8: one arrival per consumer warp after its stores read the region, behind fence.proxy.async).
+ * So the loads run during the main loop, and the epilogue waits for no global load: it overwrites its g, u fragments
+ * with dg, du in place and stores them (Session 39's H100 run had A at 167 TFLOP/s, its epilogue's loads waiting
+ * behind its stores; this version is untimed.) The MMAs and their k order are v3's: under the emulator
  * the results are bit for bit moe_grouped.cuh's (and today's path's). Timed on an H100 before the staging only (up
  * 1.469 ms with g, u, a stored against 0.853 with a only; A 1.440 ms at dbrx-1b: dev/bench/results_gpu.md); whether
  * the staging pays, or the stores must overlap the next tile's MMAs, is for the next GPU run.
@@ -43,7 +48,9 @@
  * producer skips the "empty" wait (a stage overwritten while read); 5 expect_tx 16 bytes above the stage's
  * (the phase never completes); 6 a consumer releases the stage it has just issued MMAs on, before they completed;
  * 7 DX's two products summed in one fp32 sum (not today's rounding points); 8 DA's SwiGLU backward from the unrounded da;
- * 9 the epilogue staging's __syncwarp between the fragment writes and the other lanes' reads (the stores) dropped.
+ * 9 the epilogue staging's __syncwarp between the fragment writes and the other lanes' reads (the stores) dropped;
+ * 10 DA's producer skips the "epi_free" wait (the next tile's g, u loaded over the region the epilogue still reads);
+ * 11 DA's consumer warps release the region before their epilogue reads it.
  */
 #pragma once
 #include "moe_grouped.cuh"
@@ -59,24 +66,30 @@ enum { MOE_UP = 0, MOE_DOWN = 1, MOE_DA = 2, MOE_DX = 3 };
 template <int MODE> __host__ __device__ constexpr bool grouped_b_kmajor() { return MODE == MOE_UP || MODE == MOE_DA; }
 // the stage's bytes: A (128 rows of 128 bytes) then B (NB rows / k-rows of 128 bytes)
 template <int MODE, int BN> __host__ __device__ constexpr int grouped_tma_stage_bytes() { return (MOE_TMA_BM + (MODE == MOE_UP ? 2 * BN : BN)) * 128; }
-// the epilogue's staging after the stages: 2 buffers per consumer warp, DA 4 (model/moe_grouped.cuh's grouped_stage_*)
-#define MOE_EPI_SMEM (8 * 2 * MOE_STAGE_BUF)
-template <int MODE> __host__ __device__ constexpr int grouped_epi_bufs() { return MODE == MOE_DA ? 4 : MODE == MOE_DX ? 0 : 2; }
+// the epilogue's shared memory after the stages: UP, DOWN 2 staging buffers per consumer warp (model/moe_grouped.cuh's
+// grouped_stage_*); DA the tile's g and u as the producer's TMA loads them (each 128 rows x BN columns: BN / 64 panels
+// of 128 rows x 128 bytes, 128B-swizzled: a warp's 16 rows of a panel are exactly a staging buffer); DX none
+template <int MODE> __host__ __device__ constexpr int grouped_epi_bufs() { return MODE == MOE_DX ? 0 : 2; }
+template <int MODE, int BN> __host__ __device__ constexpr int grouped_epi_bytes() {
+    return MODE == MOE_DA ? 2 * MOE_TMA_BM * BN * 2 : 8 * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF;
+}
 template <int MODE, int BN, int STAGES> constexpr size_t grouped_tma_smem() {
-    return (size_t)STAGES * grouped_tma_stage_bytes<MODE, BN>() + 8 * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF + 1024;
+    return (size_t)STAGES * grouped_tma_stage_bytes<MODE, BN>() + grouped_epi_bytes<MODE, BN>() + 1024;
 }
 // k-tiles per tile: DX runs K (= F) twice, dg against w1_e then du against v1_e
 template <int MODE> __device__ __forceinline__ int grouped_tma_ktiles(int K) { return (MODE == MOE_DX ? 2 : 1) * (K / MOE_GROUPED_BK); }
 
 // the producer (one thread): every (tile, k-tile) of the block into the ring, each stage once its consumers released it
+// (DA: ma1, mb1 are g's and u's maps, and after the tile's first min(STAGES, k-tiles) k-tiles, by then in flight, it
+// loads the tile's g and u into the epilogue's region once the consumers have released the previous tile's: epi_free)
 template <int MODE, int BN, int STAGES, int PLANT>
-__device__ __forceinline__ void grouped_tma_produce(char* smem, uint64_t* full, uint64_t* empty, const CUtensorMap* ma, const CUtensorMap* ma1,
-                                                    const CUtensorMap* mb0, const CUtensorMap* mb1, const int* s_mt, const int* s_off, int E,
-                                                    int K, int Nout) {
+__device__ __forceinline__ void grouped_tma_produce(char* smem, uint64_t* full, uint64_t* empty, uint64_t* epi_full, uint64_t* epi_free,
+                                                    const CUtensorMap* ma, const CUtensorMap* ma1, const CUtensorMap* mb0,
+                                                    const CUtensorMap* mb1, const int* s_mt, const int* s_off, int E, int K, int Nout) {
     constexpr int STAGE = grouped_tma_stage_bytes<MODE, BN>(), A_BYTES = MOE_TMA_BM * 128;
     const int ntiles_n = Nout / BN, ktiles = grouped_tma_ktiles<MODE>(K), total = s_mt[E] * ntiles_n;
     int it = 0;   // the block's k-tile count: stage it % STAGES, its use it / STAGES
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    for (int t = blockIdx.x, ti = 0; t < total; t += gridDim.x, ti++) {
         const GroupedTile tile = grouped_tile<MOE_TMA_BM, BN>(s_mt, s_off, E, ntiles_n, t);
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES, second = MODE == MOE_DX && kt * MOE_GROUPED_BK >= K, k0 = kt * MOE_GROUPED_BK - (second ? K : 0);
@@ -92,6 +105,17 @@ __device__ __forceinline__ void grouped_tma_produce(char* smem, uint64_t* full, 
                 tma_load_2d(st + A_BYTES, mb0, k0, tile.e * Nout + tile.n0, &full[s]);
             } else {   // w2 (DOWN), w1 then v1 (DX) seen as (E F, d): k-rows e F + k0 .., 64 columns per panel
                 for (int p = 0; p < BN / 64; p++) tma_load_2d(st + A_BYTES + p * 8192, second ? mb1 : mb0, tile.n0 + 64 * p, tile.e * K + k0, &full[s]);
+            }
+            // DA: the tile's g and u once the ring is full with its first k-tiles, i.e. no sooner than the consumers' last
+            // k-tile of the previous tile, whose epilogue then still reads the region (PLANT 10: not waited for)
+            if (MODE == MOE_DA && kt == (ktiles < STAGES ? ktiles : STAGES) - 1) {
+                if (PLANT != 10) mbarrier_wait_parity(epi_free, (ti & 1) ^ 1);
+                char* gu = smem + STAGES * STAGE;
+                mbarrier_arrive_expect_tx(epi_full, grouped_epi_bytes<MODE, BN>());
+                for (int p = 0; p < BN / 64; p++) {   // panels of 64 columns: g's, then u's
+                    tma_load_2d(gu + p * MOE_TMA_BM * 128, ma1, tile.n0 + 64 * p, tile.m0, epi_full);
+                    tma_load_2d(gu + (BN / 64 + p) * MOE_TMA_BM * 128, mb1, tile.n0 + 64 * p, tile.m0, epi_full);
+                }
             }
         }
     }
@@ -120,47 +144,51 @@ __device__ __forceinline__ void grouped_tma_consume(float (&d)[NB / 2], char* sm
     if (PLANT != 6) grouped_tma_release(&empty[(it - 1) % STAGES]);
 }
 
-// the backward's epilogues (grouped_epilogue_staged's fragment layout, staging and row mask), 64 columns at a time:
-//   DA  c = da rounded to BF16 as today's GEMM stores it, then dg, du from it and the tile's g, u (in0, in1) with
-//       moe.cuh's swiglu_grads as swiglu_backward_kernel does: out0 dg, out1 du, out2 da (null: not stored). g, u are
-//       loaded as 16-byte rows into the warp's buffers b2, b3 (the 8 loads issued before any store: they no longer
-//       wait behind the previous stores), read back as fragments; dg into b0, du into b1 (DA: 4 buffers per warp)
+// the backward's epilogues (grouped_epilogue_staged's fragment layout and row mask), 64 columns at a time:
+//   DA  c = da rounded to BF16 as today's GEMM stores it, then dg, du from it and the tile's g, u with moe.cuh's
+//       swiglu_grads as swiglu_backward_kernel does: out0 dg, out1 du, out2 da (null: not stored). g and u are in
+//       shared memory already (the producer's TMA loads, waited for by the caller): `stage` is the warp's 16 rows of
+//       g's first panel, a panel is MOE_TMA_BM * 128 bytes, u's panels follow g's. Each thread overwrites its g and u
+//       fragments with dg and du, and the warp stores them as 16-byte rows (da after them, through g's panel)
 //   DX  dxe = BF16(the du v1_e sum + c), c the dg w1_e sum rounded to BF16: today's second GEMM (beta 1 on the first's
 //       BF16 output)
 template <int MODE, int PLANT, int M>
 __device__ __forceinline__ void grouped_bwd_epilogue(const float (&d)[M], const __nv_bfloat162* c, const GroupedTile& tile, int q, floatX* out0,
-                                                     floatX* out1, floatX* out2, const floatX* in0, const floatX* in1, int Nout,
-                                                     char* stage) {
+                                                     floatX* out1, floatX* out2, int Nout, char* stage) {
     const int r0 = tile.m0 + 64 * q + 16 * (threadIdx.x % 128 / 32);
-    // (DA: g and u in through b2, b3, dg and du out through b0, b1)
-    char *b0 = stage, *b1 = stage + MOE_STAGE_BUF, *b2 = stage + 2 * MOE_STAGE_BUF, *b3 = stage + 3 * MOE_STAGE_BUF;
 #if defined(__CUDACC__)
 #pragma unroll
 #endif
     for (int h = 0; h < 2 * M / 64; h++) {
         const int col0 = tile.n0 + 64 * h;
-        __syncwarp();   // the previous stores' buffer reads before these writes
         if constexpr (MODE == MOE_DA) {
-            grouped_stage_load2(b2, b3, in0, in1, r0, tile.row_end, col0, Nout);   // g, u: 16-byte loads
-            grouped_stage_sync<PLANT>();
+            char *bg = stage + h * MOE_TMA_BM * 128, *bu = stage + (2 * M / 64 + h) * MOE_TMA_BM * 128;
+            __nv_bfloat162 og[16], ou[16];   // dg, du: the warp's reads of g and u all done before any write over them
             for (int i = 32 * h; i < 32 * h + 32; i += 2) {
                 float2 df = PLANT == 8 ? make_float2(d[i], d[i + 1]) : __bfloat1622float2(c[i / 2]),
-                       gf = __bfloat1622float2(*grouped_stage_at(b2, i / 4 % 8, i / 2 % 2)),
-                       uf = __bfloat1622float2(*grouped_stage_at(b3, i / 4 % 8, i / 2 % 2));
+                       gf = __bfloat1622float2(*grouped_stage_at(bg, i / 4 % 8, i / 2 % 2)),
+                       uf = __bfloat1622float2(*grouped_stage_at(bu, i / 4 % 8, i / 2 % 2));
                 float dg0, du0, dg1, du1;
                 swiglu_grads(df.x, gf.x, uf.x, &dg0, &du0);
                 swiglu_grads(df.y, gf.y, uf.y, &dg1, &du1);
-                *grouped_stage_at(b0, i / 4 % 8, i / 2 % 2) = __floats2bfloat162_rn(dg0, dg1);
-                *grouped_stage_at(b1, i / 4 % 8, i / 2 % 2) = __floats2bfloat162_rn(du0, du1);
+                og[i / 2 % 16] = __floats2bfloat162_rn(dg0, dg1);
+                ou[i / 2 % 16] = __floats2bfloat162_rn(du0, du1);
+            }
+            // (a lane writes only where it read, but its 4 bytes share 8-byte granules with its neighbours' reads, which
+            // the race detector tracks as one; the __syncwarp costs nothing here)
+            __syncwarp();
+            for (int i = 32 * h; i < 32 * h + 32; i += 2) {
+                *grouped_stage_at(bg, i / 4 % 8, i / 2 % 2) = og[i / 2 % 16];
+                *grouped_stage_at(bu, i / 4 % 8, i / 2 % 2) = ou[i / 2 % 16];
             }
             grouped_stage_sync<PLANT>();
-            grouped_stage_store<PLANT>(b0, out0, r0, tile.row_end, col0, Nout);
-            grouped_stage_store<PLANT>(b1, out1, r0, tile.row_end, col0, Nout);
+            grouped_stage_store<PLANT>(bg, out0, r0, tile.row_end, col0, Nout);
+            grouped_stage_store<PLANT>(bu, out1, r0, tile.row_end, col0, Nout);
             if (out2) {   // da (the product leaves it unstored)
                 __syncwarp();
-                for (int i = 32 * h; i < 32 * h + 32; i += 2) *grouped_stage_at(b0, i / 4 % 8, i / 2 % 2) = c[i / 2];
+                for (int i = 32 * h; i < 32 * h + 32; i += 2) *grouped_stage_at(bg, i / 4 % 8, i / 2 % 2) = c[i / 2];
                 grouped_stage_sync<PLANT>();
-                grouped_stage_store<PLANT>(b0, out2, r0, tile.row_end, col0, Nout);
+                grouped_stage_store<PLANT>(bg, out2, r0, tile.row_end, col0, Nout);
             }
         } else {   // DX: straight from the fragments (staged, the kernel spilled at its 168 registers: c holds 32 more)
             const int g = threadIdx.x % 32 / 4, cl = threadIdx.x % 4;
@@ -176,19 +204,19 @@ __device__ __forceinline__ void grouped_bwd_epilogue(const float (&d)[M], const 
 
 // UP: out0 g, out1 u (both may be null), out2 a (rows, Nout = F) from A = xe (rows, K = d) (map_a), w1, v1 (map_b0,
 // map_b1). DOWN: out0 ye (rows, Nout = d) from A = a (rows, K = F) (map_a), w2 (map_b0). DA: out0 dg, out1 du, out2 da
-// (rows, Nout = F) from A = dye (rows, K = d), w2 (map_b0) and in0 g, in1 u. DX: out0 dxe (rows, Nout = d) from A = dg
+// (rows, Nout = F) from A = dye (rows, K = d), w2 (map_b0) and g, u (map_a1, map_b1: boxes of 64 columns x 128 rows). DX: out0 dxe (rows, Nout = d) from A = dg
 // then du (map_a, map_a1; rows, K = F), w1 then v1 (map_b0, map_b1). Tiles of 128 rows x BN columns (UP: of g and of
 // u, wgmma N 2 BN); K % 64 == 0, Nout % BN == 0
 template <int MODE, int BN, int STAGES, int PLANT>
 __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
     experts_grouped_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_a1,
                                const __grid_constant__ CUtensorMap map_b0, const __grid_constant__ CUtensorMap map_b1, floatX* out0,
-                               floatX* out1, floatX* out2, const floatX* in0, const floatX* in1, const int* offsets, int E, int K, int Nout) {
+                               floatX* out1, floatX* out2, const int* offsets, int E, int K, int Nout) {
     constexpr int NB = MODE == MOE_UP ? 2 * BN : BN, STAGE = grouped_tma_stage_bytes<MODE, BN>();
     constexpr bool KMAJOR = grouped_b_kmajor<MODE>();
     static_assert(NB <= 256 && BN % 64 == 0, "wgmma's N is at most 256; B panels of 64 columns");
     __shared__ int s_mt[MOE_GROUPED_MAX_E + 1], s_off[MOE_GROUPED_MAX_E + 1];
-    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES], epi_full, epi_free;   // (epi_*: DA's g, u tile)
     // the swizzle repeats every 1024 bytes of shared address: the stages start on such a boundary
     char* smem = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);
     if (threadIdx.x == 0)
@@ -196,15 +224,20 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
             mbarrier_init(&full[s], 1);   // the producer's arrive.expect_tx, then the copies' bytes
             mbarrier_init(&empty[s], 8);  // one arrival per consumer warp
         }
+    if (threadIdx.x == 0 && MODE == MOE_DA) {
+        mbarrier_init(&epi_full, 1);
+        mbarrier_init(&epi_free, 8);
+    }
     grouped_schedule<MOE_TMA_BM, PLANT>(s_mt, s_off, offsets, E);   // (its __syncthreads() publishes the barriers too)
     if (threadIdx.x < 128) {
         if (threadIdx.x == 0)
-            grouped_tma_produce<MODE, BN, STAGES, PLANT>(smem, full, empty, &map_a, &map_a1, &map_b0, &map_b1, s_mt, s_off, E, K, Nout);
+            grouped_tma_produce<MODE, BN, STAGES, PLANT>(smem, full, empty, &epi_full, &epi_free, &map_a, &map_a1, &map_b0, &map_b1, s_mt,
+                                                         s_off, E, K, Nout);
         return;
     }
     const int q = threadIdx.x / 128 - 1, ntiles_n = Nout / BN, total = s_mt[E] * ntiles_n;
     int it = 0;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    for (int t = blockIdx.x, ti = 0; t < total; t += gridDim.x, ti++) {
         float d[NB / 2];
         __nv_bfloat162 c[MODE == MOE_DX || MODE == MOE_DA ? NB / 4 : 1];   // DX: the dg w1_e sum, rounded; DA: da, rounded
         for (int i = 0; i < NB / 2; i++) d[i] = 0.0f;
@@ -225,9 +258,21 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         // (the tile and the staging buffers are only the epilogue's business: computed here, they hold no registers
         // through the main loop, which at 168 for DX has none to spare)
         const GroupedTile tile = grouped_tile<MOE_TMA_BM, BN>(s_mt, s_off, E, ntiles_n, t);
-        char* epi = smem + STAGES * STAGE + (threadIdx.x / 32 - 4) * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF;   // the warp's staging buffers
-        if constexpr (MODE == MOE_UP || MODE == MOE_DOWN) grouped_epilogue_staged<MODE == MOE_UP, PLANT>(d, tile, q, out0, out1, out2, Nout, epi);
-        else grouped_bwd_epilogue<MODE, PLANT>(d, c, tile, q, out0, out1, out2, in0, in1, Nout, epi);
+        if constexpr (MODE == MOE_UP || MODE == MOE_DOWN) {   // the warp's staging buffers
+            char* epi = smem + STAGES * STAGE + (threadIdx.x / 32 - 4) * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF;
+            grouped_epilogue_staged<MODE == MOE_UP, PLANT>(d, tile, q, out0, out1, out2, Nout, epi);
+        } else if constexpr (MODE == MOE_DA) {   // the warp's 16 rows of the tile's g and u, once landed
+            mbarrier_wait_parity(&epi_full, ti & 1);
+            if (PLANT == 11 && threadIdx.x % 32 == 0) mbarrier_arrive(&epi_free);
+            grouped_bwd_epilogue<MODE, PLANT>(d, c, tile, q, out0, out1, out2, Nout, smem + STAGES * STAGE + (threadIdx.x / 32 - 4) * 16 * 128);
+            // the region back to the producer: this warp's reads (its stores') and writes done, the writes ordered
+            // before the next tile's TMA writes over them (the async proxy)
+            wgmma_fence_proxy();
+            __syncwarp();
+            if (PLANT != 11 && threadIdx.x % 32 == 0) mbarrier_arrive(&epi_free);
+        } else {
+            grouped_bwd_epilogue<MODE, PLANT>(d, c, tile, q, out0, out1, out2, Nout, nullptr);
+        }
     }
 }
 
@@ -238,8 +283,8 @@ static void experts_grouped_tma_launch(floatX* out0, floatX* out1, floatX* out2,
                                        const floatX* B1, const floatX* in0, const floatX* in1, const int* offsets_dev, int rows, int E,
                                        int K, int Nout, cudaStream_t stream) {
     constexpr size_t smem = grouped_tma_smem<MODE, BN, STAGES>();
-    // (the static arrays: the schedule's 2 (E + 1) ints and the 2 STAGES barriers)
-    constexpr size_t smem_all = smem + 8 * (MOE_GROUPED_MAX_E + 1) + 16 * STAGES;
+    // (the static arrays: the schedule's 2 (E + 1) ints and the 2 STAGES + 2 barriers)
+    constexpr size_t smem_all = smem + 8 * (MOE_GROUPED_MAX_E + 1) + 16 * STAGES + 16;
     if (rows < 1 || E < 1 || E > MOE_GROUPED_MAX_E || K < MOE_GROUPED_BK || K % MOE_GROUPED_BK != 0 || Nout % BN != 0 ||
         !aligned16({out0, out1, out2, A, A1, B0, B1, in0, in1}) || smem_all > MOE_SMEM_LIMIT) {
         fprintf(stderr, "experts grouped GEMM (TMA): rows %d (>= 1), E %d (1..%d), K %d (a positive multiple of %d), N %d (of %d), "
@@ -260,12 +305,16 @@ static void experts_grouped_tma_launch(floatX* out0, floatX* out1, floatX* out2,
         mb1 = mb0;
         if (MODE == MOE_DX) tma_map_2d_bf16(&mb1, B1, Nout, (uint64_t)E * K, Nout, 64, 64, CU_TENSOR_MAP_SWIZZLE_128B);
     }
+    if (MODE == MOE_DA) {   // g, u (rows, Nout = F): boxes of 64 columns x 128 rows, the epilogue's panels
+        tma_map_2d_bf16(&ma1, in0, Nout, rows, Nout, 64, MOE_TMA_BM, CU_TENSOR_MAP_SWIZZLE_128B);
+        tma_map_2d_bf16(&mb1, in1, Nout, rows, Nout, 64, MOE_TMA_BM, CU_TENSOR_MAP_SWIZZLE_128B);
+    }
     // (the locals' names are the launches' in work logs and traces)
     auto experts_up_grouped_tma = experts_grouped_tma_kernel<MODE, BN, STAGES, PLANT>, experts_down_grouped_tma = experts_up_grouped_tma,
          experts_down_backward_grouped_tma = experts_up_grouped_tma, experts_up_backward_grouped_tma = experts_up_grouped_tma;
     cudaCheck(cudaFuncSetAttribute(experts_up_grouped_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 #define MOE_TMA_LAUNCH(kernel) \
-    LAUNCH(kernel, grouped_blocks(), MOE_TMA_THREADS, smem, stream, ma, ma1, mb0, mb1, out0, out1, out2, in0, in1, offsets_dev, E, K, Nout)
+    LAUNCH(kernel, grouped_blocks(), MOE_TMA_THREADS, smem, stream, ma, ma1, mb0, mb1, out0, out1, out2, offsets_dev, E, K, Nout)
     if (MODE == MOE_UP) MOE_TMA_LAUNCH(experts_up_grouped_tma);
     else if (MODE == MOE_DOWN) MOE_TMA_LAUNCH(experts_down_grouped_tma);
     else if (MODE == MOE_DA) MOE_TMA_LAUNCH(experts_down_backward_grouped_tma);
@@ -289,7 +338,7 @@ static void experts_down_grouped_tma_gpu(floatX* ye, const floatX* a, const floa
 }
 // the down-projection's data gradient with the SwiGLU backward fused: da = dye_e w2_e^T (rows, F), then dg, du (rows, F)
 // from da, g, u as swiglu_backward_kernel (da stored only when non-null). 128 x 128 tiles, 5 stages of 32 KiB (the
-// epilogue's 4 staging buffers per warp take the sixth's room)
+// tile's g and u, 64 KiB, take the sixth's room)
 template <int BN = 128, int STAGES = 5, int PLANT = 0>
 static void experts_down_backward_grouped_tma_gpu(floatX* dg, floatX* du, floatX* da, const floatX* dye, const floatX* w2, const floatX* g,
                                                   const floatX* u, const int* offsets_dev, int rows, int E, int d, int F,

@@ -20,8 +20,10 @@
  * dg w1_e + du v1_e) against the CPU and today's path (experts_backward_gpu) bit for bit, from today's forward's g, u
  * (guard rows poisoned): the forward's counts, both directions of N (64/256), 2-6 stages, a warp run ahead, E 128, and
  * DBRX-132B's d 6144 and F 10752; planted bugs: the scheduler's floor and store mask in A and in B, B's products in
- * one fp32 sum, A's SwiGLU backward from the unrounded da (today's rounding points), B's early release (under the
- * detector, which runs the pipeline's cases only: a race).
+ * one fp32 sum, A's SwiGLU backward from the unrounded da (today's rounding points), B's early release and A's
+ * producer loading the next tile's g, u without waiting for the epilogue's release (PLANT 10) or released before the
+ * epilogue read them (PLANT 11) (under the detector,
+ * which runs the pipeline's cases only: races).
  * The step's functions (experts_forward_step_gpu, experts_backward_step_gpu) grouped vs per expert at d 256, bit for bit.
  * make test/test_race_moe_grouped builds it under the race detector (the cp.async stages, wgmma, barriers),
  * where PLANT 3 (the end-of-k-tile barrier dropped: a stage refilled while the other warpgroup's wgmma reads it)
@@ -226,12 +228,13 @@ TEST_CASE("v4 at DBRX-132B's d 6144 and F 10752 (one at a time): many passes aro
 #endif
 
 // PLANT 6, a stage released before its MMAs completed: the refill's copy is issued over the stage the MMAs read at
-// their wait (NaN poison read: mismatches), a race under the detector; run() returns the mismatches
+// their wait (NaN poison read: mismatches), a race under the detector; run() returns the mismatches. (Also PLANT 11,
+// A's g and u released before the epilogue read them: `what`)
 template <typename Run>
-static void check_early_release(const char* kernel, Run run) {
+static void check_early_release(const char* kernel, Run run, const char* what = "a stage released before its MMAs completed") {
     size_t bad = 0;
     std::string e = simt::error_of([&] { bad = run(); });
-    MESSAGE(std::string(kernel) << ": a stage released before its MMAs completed: " << bad << " mismatches; " << e);
+    MESSAGE(std::string(kernel) << ": " << what << ": " << bad << " mismatches; " << e);
 #if defined(SIMT_RACE_DETECT)
     CHECK(e.find(std::string("race in kernel ") + kernel) != std::string::npos);
 #else
@@ -399,6 +402,20 @@ TEST_CASE("grouped backward negative controls: the scheduler, the store mask, th
 #endif
     // B releasing a stage before its MMAs completed (K over F twice: 8 k-tiles through 2 stages)
     check_early_release("experts_up_backward_grouped_tma", [&] { return bwd_vs_today<128, 128, 2, 0, 6>(c, false); });
+    // A's producer not waiting for the epilogue to release the tile's g and u: the next tile's loaded over them while
+    // read (the copy's poison read: mismatches; under the detector a read of a TMA destination not landed)
+    // (or, with the producer's next arrival inside epi_full's phase, an mbarrier error)
+    {
+        size_t bad = 0;
+        const std::string e = simt::error_of([&] { bad = bwd_vs_today<128, 128, 4, 10, 0>(c, false); });
+        MESSAGE("A's g, u loaded over the epilogue's: " << bad << " mismatches; " << e);
+        CHECK((bad > 0 || e.find("race in kernel experts_down_backward_grouped_tma") != std::string::npos ||
+               e.find("mbarrier error in kernel experts_down_backward_grouped_tma") != std::string::npos));
+    }
+    // A's consumers releasing g and u before their epilogue reads them (PLANT 11): the producer, waiting as it should,
+    // loads the next tile's over them
+    check_early_release("experts_down_backward_grouped_tma", [&] { return bwd_vs_today<128, 128, 4, 11, 0>(c, false); },
+                        "g and u released before the epilogue read them");
     free_case(c);
 }
 
