@@ -7,8 +7,10 @@
 #   1. the kernel-by-kernel step: --profile-kernels at dbrx-1b (every launch and GEMM timed in the step), against
 #      make predict's timeline (calibrate.py --kernels, run afterwards on the development machine): which kernels the
 #      model misprices (the router range measured 1.47 x its prediction; the embedding 2.27 x)
-#   2. the grouped expert kernels as session 39 left them (staged epilogues, m-fastest tile groups, batched wgrad
-#      beta-1 loads, snake order): still behind cuBLASLt, or ahead (then: the BF16 default)
+#   2. the grouped expert kernels as sessions 39-41 left them (staged epilogues, m-fastest tile groups, batched wgrad
+#      beta-1 loads, snake order; backward A's g, u TMA-loaded during the main loop): still behind cuBLASLt, or ahead
+#      (then: the BF16 default); and the "v4 probe" lines: N 128 tiles at ~0.75 x the N 256 rate means the operands'
+#      path through L2 limits the main loop (next: 2-block clusters with TMA multicast), about equal means it does not
 #   3. the attention backward: the model's pair (-g 2), bwd2 (-g 4: branch s39-awire wires it if it wins), and the
 #      wgmma versions of dev/cuda/attention_wgmma_bwd (-v 3 times the pair, v3 = the pair on wgmma and v4 = v3 with
 #      FlashAttention-3's overlap in dq, each kernel alone too; -v 2, -v 1 the 5-product ones); the forward: the wgmma

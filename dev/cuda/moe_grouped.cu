@@ -19,7 +19,8 @@
  * reference (experts_up_forward / experts_down_forward, fp32) and against today's GPU path: emulated, bit for bit
  * (the same k-order fp32 sums as cuBLASLt's twin); on a GPU within BF16 rounding. Then timed (not emulated):
  * the up-projection (g, u, a), the down-projection and the layer, today's path with and without the offsets'
- * copy + sync, in TFLOP/s, and checked against today's path at the timing shape.
+ * copy + sync, in TFLOP/s, and checked against today's path at the timing shape; with v4 also a probe of what limits its
+ * main loop (time_tile_probe: the same kernels at N 256 and N 128 tiles).
  *   make dev/cuda/moe_grouped && ./dev/cuda/moe_grouped [-v N | N-M (of 1-4)] [-s 1b | 132b]
  *   1b:   N 16384 tokens, k 4, E 16, d 1024, F 1792 (dbrx-1b);  132b: N 4096, k 4, E 16, d 6144, F 10752 (DBRX-132B)
  */
@@ -201,6 +202,24 @@ static void time_backward(Problem& p) {
     free_grads(q);
 }
 
+// What limits v4's main loop? Each k-tile brings A (128 rows) and B (N columns) into shared memory through L2 for
+// 2 x 128 x N x 64 FLOPs: 85 FLOPs per byte at N 256 (the launchers'), 64 at N 128. If the operands' path (L2 to the
+// SMs) is the limit, the N 128 tiles run at ~64 / 85 = 0.75 of the N 256 ones' rate, and the cure is a cluster of two
+// blocks sharing one operand (TMA multicast, as cuBLASLt's and CUTLASS's Hopper kernels do); if the rates are about
+// equal, it is not, and the epilogue's time (the up-projection with and without g, u) is the lever. (At DBRX-132B's
+// shape, -s 132b, each tile's K loop is long and the tiles are many: the epilogue and the last wave weigh little.)
+static void time_tile_probe(Problem& p, const std::vector<float>& ta, const std::vector<float>& tye) {
+    const double up = 2.0 * p.R * p.d * 2.0 * p.F, down = 2.0 * p.R * p.F * p.d;
+    auto up_a = [&](auto launch) { return time_ms(10, [&] { launch(nullptr, nullptr, p.a, p.xe, p.w1, p.v1, p.off_dev, p.R, p.E, p.d, p.F, 0); }); };
+    auto dn = [&](auto launch) { return time_ms(10, [&] { launch(p.ye, p.a, p.w2, p.off_dev, p.R, p.E, p.d, p.F, 0); }); };
+    report_flops("v4 probe: up, a only, N 256 (85 FLOP/B)", up, up_a(experts_up_grouped_tma_gpu<128, 4, 0>));
+    report_flops("v4 probe: up, a only, N 128 (64 FLOP/B)", up, up_a(experts_up_grouped_tma_gpu<64, 4, 0>));
+    validate("v4 probe at N 128: a vs today's", from_device_bf16v(p.a, (size_t)p.R * p.F), ta, 1e-2, 1e-3);
+    report_flops("v4 probe: down, N 256 (85 FLOP/B)", down, dn(experts_down_grouped_tma_gpu<256, 4, 0>));
+    report_flops("v4 probe: down, N 128 (64 FLOP/B)", down, dn(experts_down_grouped_tma_gpu<128, 4, 0>));
+    validate("v4 probe at N 128: ye vs today's", from_device_bf16v(p.ye, (size_t)p.R * p.d), tye, 2e-2, 2e-3);
+}
+
 int main(int argc, char** argv) {
     int lo = 1, hi = NVERSIONS, big = 0;
     for (int i = 1; i < argc; i += 2) {
@@ -247,6 +266,7 @@ int main(int argc, char** argv) {
             validate(what, from_device_bf16v(p.ye, (size_t)p.R * d), tye, 2e-2, 2e-3);
         }
         if (hi >= 4) {
+            time_tile_probe(p, ta, tye);
             run_today(p, false, true);
             time_backward(p);
         }
