@@ -54,7 +54,7 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
         int q = q0 + row0 + r;
         float d = 0.0f;
         if (q < T)
-            for (int i = lane; i < HD; i += 32) d += __bfloat162float(dOg[(size_t)q * C + i]) * __bfloat162float(Og[(size_t)q * C + i]);
+            for (int i = lane; i < HD; i += 32) d = fmaf(__bfloat162float(dOg[(size_t)q * C + i]), __bfloat162float(Og[(size_t)q * C + i]), d);
         d = warp_sum(d);
         if (r == g) Da = d;
         if (r == g + 8) Db = d;
@@ -97,7 +97,7 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
         for (int n = 0; n < NT; n++)
             for (int e = 0; e < 4; e++) {
                 bool masked = diag && k0 + n * 8 + 2 * t4 + e % 2 > (e < 2 ? qa : qb);
-                float p = masked ? 0.0f : exp2f(s[n][e] * sl2 - (e < 2 ? la : lb));
+                float p = masked ? 0.0f : exp2f(fmaf(s[n][e], sl2, -(e < 2 ? la : lb)));
                 s[n][e] = p * (dp[n][e] - (e < 2 ? Da : Db));
             }
         // dQ += dS K
@@ -218,7 +218,7 @@ flash_attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const floa
             for (int e = 0; e < 4; e++) {
                 int qi = n * 8 + 2 * t4 + e % 2;
                 bool masked = diag && q0 + qi < (e < 2 ? ka : kb);
-                float p = masked ? 0.0f : exp2f(s[n][e] * sl2 - lt[qi]);
+                float p = masked ? 0.0f : exp2f(fmaf(s[n][e], sl2, -lt[qi]));
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - Dt[qi]);
             }
