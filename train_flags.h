@@ -144,7 +144,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                       "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
         {"--moe-gemm", "", F_STR, &a->run.moe_gemm, "the GPU step's expert GEMMs: cublaslt (a GEMM per expert) | grouped (forward, data and weight gradients as Hopper grouped GEMMs, SwiGLU fused, device offsets; BF16, no EP or chunked experts)"},
-        {"--attention-bwd", "", F_STR, &a->run.attention_bwd, "the GPU step's attention backward at head_dim 64 and 128 without context parallelism: mma (mma.sync dq + dk/dv kernels) | wgmma (the same on Hopper's wgmma) | wgmma-overlap (wgmma, dq's products overlapped); the same bits; elsewhere mma"},
+        {"--attention-bwd", "", F_STR, &a->run.attention_bwd, "the GPU step's attention backward at head_dim 64 and 128 without context parallelism: mma (mma.sync dq + dk/dv kernels) | wgmma (the same on Hopper's wgmma) | wgmma-overlap (wgmma, dq's products overlapped); emulated, the same bits; elsewhere mma"},
         {"--compress-acts", "", F_STR, &a->run.compress_acts, "CLASS[:RANGE][,...], CLASS swiglu (the experts' g, u) | attn (LN1's output), kept compressed until the backward (not bit-identical; README)"},
         {"--compress-format", "", F_STR, &a->run.compress_format, "--compress-acts' format: e4m3 (1x128 scales) | bf16 (CPU only)"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},

@@ -48,7 +48,9 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
     flash_load_tile<HD>(Vs, Vg, qkv_dim, 0, FLASH_BC, T);
     cp_async_commit();
 
-    // while the copies fly: D of the warp's 16 rows (lanes split HD, a row at a time), and lse, in log2 units
+    // while the copies fly: D of the warp's 16 rows (lanes split HD, a row at a time), and lse, in log2 units. (D's sums and
+    // S scale - lse below are explicit FMAs, as nvcc contracts them anyway: g++ contracts where its optimizer sees fit,
+    // differently in other kernels and units, and the emulated wgmma backward must give these bits: attention_wgmma_bwd.cuh)
     float Da = 0.0f, Db = 0.0f;
     for (int r = 0; r < 16; r++) {
         int q = q0 + row0 + r;

@@ -43,6 +43,7 @@ __global__ void flash_attention_backward_D_kernel(float* Dbuf, int* dq_sem, cons
     const floatX* dO = dout + (size_t)row * hd;   // row-major (B, T, H hd): row (b, t, h) at row hd
     const floatX* O = out + (size_t)row * hd;
     float d = 0.0f;
+    // (explicit FMAs here and in the kernel's P below, as in the pair: the same bits under g++, which contracts at will, and nvcc)
     for (int k = lane; k < hd; k += 32) d = fmaf(__bfloat162float(dO[k]), __bfloat162float(O[k]), d);
     d = warp_sum(d);
     if (lane == 0) Dbuf[((size_t)b * H + h) * T + t] = d;
