@@ -87,9 +87,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     section "CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)" doctest_run ./test/test_kernels
     # (not under the detector: the flash attention at DBRX's shape, 60 s there, and the embedding backward past gridDim.y's
     # limit, the same kernel as the small embedding case, and CP's chunk pairs at head_dim 128 up to T 1024, the kernels of
-    # the small CP case: test_kernels runs them all)
+    # the small CP case, and the wgmma backward, 30 s there, whose kernels dev/cuda/attention_wgmma_bwd_race checks: test_kernels
+    # runs them all)
     section "race detection: the kernels' shared/global accesses checked between barriers, negative controls (SIMT emulator)" \
-        doctest_run ./test/test_race "-tce=flash attention at DBRX*,embedding backward with more distinct*,context parallelism: flash chunk pairs at DBRX*"
+        doctest_run ./test/test_race "-tce=flash attention at DBRX*,embedding backward with more distinct*,context parallelism: flash chunk pairs at DBRX*,wgmma attention backward*"
     # the FP8 kernels and a whole training step per recipe (the step's kernels) under the detector; ZeRO-3's FP8 all-gather kernels
     section "race detection: the FP8 kernels, a training step per recipe (SIMT emulator)" \
         doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
