@@ -238,6 +238,7 @@ static inline void attention_decode_forward(real* out, real* att, const real* q,
 #include "attention_flash_bwd.cuh"    // the model's flash backward (and attention_flash.cuh)
 #include "attention_flash_bwd5.cuh"   // context parallelism's chunk pairs
 #include "attention_wgmma_fwd.cuh"    // the model's forward at head_dim 64 and 128 (Hopper's wgmma)
+#include "attention_wgmma_bwd.cuh"    // the backward at head_dim 64 and 128 on wgmma, under --attention-bwd wgmma*
 
 // qkv (B, T, qkv_dim) = rope(clamp(qkv_pre)); cos_t, sin_t (T, hd/2). One thread per rotated pair.
 __global__ void clip_rope_forward_kernel(floatX* qkv, const floatX* qkv_pre, const float* cos_t, const float* sin_t,
@@ -475,9 +476,11 @@ static inline size_t attention_backward_scratch_floats(int B, int T, int H, int 
 // Dbuf: attention_backward_scratch_floats(B, T, H, hd) floats
 static inline void attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
                                           const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
-    if (attention_use_flash(B, H, KV, hd, {dqkv, dout, out, qkv}))
-        flash_attention_backward_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
-    else attention_backward_rows_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
+    if (!attention_use_flash(B, H, KV, hd, {dqkv, dout, out, qkv}))
+        attention_backward_rows_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
+    else if (g_attention_bwd && attention_wgmma_backward_supported(hd))   // --attention-bwd wgmma | wgmma-overlap (the same bits)
+        attention_backward_wgmma_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, g_attention_bwd == 2, stream);
+    else flash_attention_backward_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
 }
 // Decoding: out (H*hd) of the query q (H*hd) of position pos over the cache (T_max, 2*KV*hd), rows
 // 0..pos (see attention_decode_forward). One warp per query head, lanes split head_dim, an online

@@ -48,13 +48,15 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
     flash_load_tile<HD>(Vs, Vg, qkv_dim, 0, FLASH_BC, T);
     cp_async_commit();
 
-    // while the copies fly: D of the warp's 16 rows (lanes split HD, a row at a time), and lse, in log2 units
+    // while the copies fly: D of the warp's 16 rows (lanes split HD, a row at a time), and lse, in log2 units. (D's sums and
+    // S scale - lse below are explicit FMAs, as nvcc contracts them anyway: g++ contracts where its optimizer sees fit,
+    // differently in other kernels and units, and the emulated wgmma backward must give these bits: attention_wgmma_bwd.cuh)
     float Da = 0.0f, Db = 0.0f;
     for (int r = 0; r < 16; r++) {
         int q = q0 + row0 + r;
         float d = 0.0f;
         if (q < T)
-            for (int i = lane; i < HD; i += 32) d += __bfloat162float(dOg[(size_t)q * C + i]) * __bfloat162float(Og[(size_t)q * C + i]);
+            for (int i = lane; i < HD; i += 32) d = fmaf(__bfloat162float(dOg[(size_t)q * C + i]), __bfloat162float(Og[(size_t)q * C + i]), d);
         d = warp_sum(d);
         if (r == g) Da = d;
         if (r == g + 8) Db = d;
@@ -97,7 +99,7 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
         for (int n = 0; n < NT; n++)
             for (int e = 0; e < 4; e++) {
                 bool masked = diag && k0 + n * 8 + 2 * t4 + e % 2 > (e < 2 ? qa : qb);
-                float p = masked ? 0.0f : exp2f(s[n][e] * sl2 - (e < 2 ? la : lb));
+                float p = masked ? 0.0f : exp2f(fmaf(s[n][e], sl2, -(e < 2 ? la : lb)));
                 s[n][e] = p * (dp[n][e] - (e < 2 ? Da : Db));
             }
         // dQ += dS K
@@ -218,7 +220,7 @@ flash_attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const floa
             for (int e = 0; e < 4; e++) {
                 int qi = n * 8 + 2 * t4 + e % 2;
                 bool masked = diag && q0 + qi < (e < 2 ? ka : kb);
-                float p = masked ? 0.0f : exp2f(s[n][e] * sl2 - lt[qi]);
+                float p = masked ? 0.0f : exp2f(fmaf(s[n][e], sl2, -lt[qi]));
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - Dt[qi]);
             }

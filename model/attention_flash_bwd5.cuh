@@ -43,7 +43,8 @@ __global__ void flash_attention_backward_D_kernel(float* Dbuf, int* dq_sem, cons
     const floatX* dO = dout + (size_t)row * hd;   // row-major (B, T, H hd): row (b, t, h) at row hd
     const floatX* O = out + (size_t)row * hd;
     float d = 0.0f;
-    for (int k = lane; k < hd; k += 32) d += __bfloat162float(dO[k]) * __bfloat162float(O[k]);
+    // (explicit FMAs here and in the kernel's P below, as in the pair: the same bits under g++, which contracts at will, and nvcc)
+    for (int k = lane; k < hd; k += 32) d = fmaf(__bfloat162float(dO[k]), __bfloat162float(O[k]), d);
     d = warp_sum(d);
     if (lane == 0) Dbuf[((size_t)b * H + h) * T + t] = d;
 }
@@ -138,7 +139,7 @@ __device__ __forceinline__ void flash_bwd5_body(floatX* dqkv, float* dq_acc, int
             for (int e = 0; e < 4; e++) {
                 int qi = n * 8 + 2 * t4 + e % 2;
                 bool masked = diag && qp0 + qi < (e < 2 ? ka : kb);
-                float p = masked ? 0.0f : exp2f(CP ? fminf(s[n][e] * sl2 - lt[qi], 0.0f) : s[n][e] * sl2 - lt[qi]);
+                float p = masked ? 0.0f : exp2f(CP ? fminf(fmaf(s[n][e], sl2, -lt[qi]), 0.0f) : fmaf(s[n][e], sl2, -lt[qi]));
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - Dt[qi]);
                 dSs[qi * LDS + row0 + g + (e < 2 ? 0 : 8)] = __float2bfloat16(dp[n][e]);

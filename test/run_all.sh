@@ -87,9 +87,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     section "CUDA kernels vs their CPU reference ops (SIMT emulator, random schedule)" doctest_run ./test/test_kernels
     # (not under the detector: the flash attention at DBRX's shape, 60 s there, and the embedding backward past gridDim.y's
     # limit, the same kernel as the small embedding case, and CP's chunk pairs at head_dim 128 up to T 1024, the kernels of
-    # the small CP case: test_kernels runs them all)
+    # the small CP case, and the wgmma backward, 30 s there, whose kernels dev/cuda/attention_wgmma_bwd_race checks: test_kernels
+    # runs them all)
     section "race detection: the kernels' shared/global accesses checked between barriers, negative controls (SIMT emulator)" \
-        doctest_run ./test/test_race "-tce=flash attention at DBRX*,embedding backward with more distinct*,context parallelism: flash chunk pairs at DBRX*"
+        doctest_run ./test/test_race "-tce=flash attention at DBRX*,embedding backward with more distinct*,context parallelism: flash chunk pairs at DBRX*,wgmma attention backward*"
     # the FP8 kernels and a whole training step per recipe (the step's kernels) under the detector; ZeRO-3's FP8 all-gather kernels
     section "race detection: the FP8 kernels, a training step per recipe (SIMT emulator)" \
         doctest_run ./test/test_race_fp8 "-tc=quantize kernel*,FP8 GEMM*,the padded*,a training step with each recipe*"
@@ -119,10 +120,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         else fail "negative control: $bwd -p 1, the dS race not reported: $(head -2 <<<"$out")"; fi
         # v3's: its dq kernel without the barrier that keeps the copy of K, V tile j + 2 off tile j, still read by wgmma;
         # v4's: its dq kernel with 2 K/V buffers (tile j + 2 copied over K(j) while dQ(j)'s wgmma reads it)
-        if ! out=$($bwd -p 2 2>&1) && grep -q "race in kernel dq_kernel.*\(cp.async.*wgmma.mma_async B\|wgmma.mma_async B.*cp.async\)" <<<"$out"; then
+        if ! out=$($bwd -p 2 2>&1) && grep -q "race in kernel flash_attention_backward_dq_wgmma.*\(cp.async.*wgmma.mma_async B\|wgmma.mma_async B.*cp.async\)" <<<"$out"; then
             pass "negative control: $bwd -p 2 (v3's dq kernel, no barrier before K, V are copied over a tile) races: cp.async / wgmma B"
         else fail "negative control: $bwd -p 2, the K/V race not reported: $(head -2 <<<"$out")"; fi
-        if ! out=$($bwd -p 3 2>&1) && grep -q "race in kernel dq_kernel.*\(cp.async.*wgmma.mma_async B\|wgmma.mma_async B.*cp.async\)" <<<"$out"; then
+        if ! out=$($bwd -p 3 2>&1) && grep -q "race in kernel flash_attention_backward_dq_wgmma.*\(cp.async.*wgmma.mma_async B\|wgmma.mma_async B.*cp.async\)" <<<"$out"; then
             pass "negative control: $bwd -p 3 (v4's dq kernel with 2 K/V buffers) races: cp.async / wgmma B"
         else fail "negative control: $bwd -p 3, the K/V race not reported: $(head -2 <<<"$out")"; fi
     }
@@ -228,6 +229,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     section "GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)" bash test/test_gemm_pins.sh
     section "--moe-gemm grouped: the step's expert forward and data gradients on the grouped GEMMs, bit-identical to cublaslt (1 GPU, routing to 4 experts, recompute, ZeRO-3), refusals" \
         bash test/test_moe_gemm.sh
+    section "--attention-bwd wgmma, wgmma-overlap: the step's attention backward on wgmma, bit-identical to mma (head_dim 128, 64; 32 keeps mma), refusals" \
+        bash test/test_attention_bwd.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
 fi

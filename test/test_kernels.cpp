@@ -352,6 +352,39 @@ TEST_CASE("causal GQA attention forward (output, logsumexp) and backward") {
     }
 }
 
+// --attention-bwd wgmma, wgmma-overlap (model/attention_wgmma_bwd.cuh) through the model's dispatch: against the CPU reference
+// and, emulated, the mma.sync pair's bits (the same k-order sums and elementwise arithmetic); head_dim 128 (B 2, T short of
+// a tile, GQA 6:1; T 192: three key tiles, v4's buffer rotation) and 64 (T 130, 2 kv heads)
+TEST_CASE("wgmma attention backward (--attention-bwd wgmma, wgmma-overlap): the CPU reference, the pair's bits") {
+    for (auto s : {std::vector<int>{2, 77, 6, 1, 128}, {1, 192, 2, 1, 128}, {1, 130, 4, 2, 64}}) {
+        int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd, C = H * hd;
+        INFO("B " << B << " T " << T << " H " << H << " KV " << KV << " hd " << hd);
+        std::vector<float> qkv = bf16_round(randn((size_t)B * T * qd, T + hd, 1.5)), dout = bf16_round(randn((size_t)B * T * C, 31));
+        std::vector<float> out((size_t)B * T * C), lse((size_t)B * H * T), dqkv(qkv.size());
+        attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd);
+        attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, H, KV, hd);
+        floatX *d_qkv = dev_bf16(qkv), *d_out = dev_poisoned<floatX>(out.size()), *d_dout = dev_bf16(dout);
+        float* d_lse = dev_poisoned<float>(lse.size());
+        attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd);
+        std::vector<float> got[3];
+        for (int v = 0; v < 3; v++) {   // mma (the pair), wgmma, wgmma-overlap
+            floatX* d_dqkv = dev_poisoned<floatX>(qkv.size());
+            float* d_D = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
+            g_attention_bwd = v;
+            attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd);
+            g_attention_bwd = 0;
+            got[v] = get_bf16(d_dqkv, qkv.size());
+            INFO("--attention-bwd " << (v == 0 ? "mma" : v == 1 ? "wgmma" : "wgmma-overlap"));
+            expect_close("dqkv", got[v], dqkv, TOL_BF16);
+#if defined(SIMT_EMULATION)
+            if (v) CHECK_MESSAGE(memcmp(got[v].data(), got[0].data(), got[0].size() * sizeof(float)) == 0, "dqkv differs from the pair's");
+#endif
+            for (void* p : {(void*)d_dqkv, (void*)d_D}) cudaCheck(cudaFree(p));
+        }
+        for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_lse, (void*)d_dout}) cudaCheck(cudaFree(p));
+    }
+}
+
 // DBRX's attention shapes (head_dim 128): T 512, its 48:8 query/KV grouping (6 queries per KV head,
 // not a power of two) at an odd T, the first and last query rows of T 2048 against the reference, and
 // bit-identical results under two different thread schedules (and blocks on 1 and on 3 OS threads)

@@ -58,6 +58,14 @@ def flash_mma_fraction(kind):
     return 1.0 / (FLASH_FIXED + 1.0 / (SMEM_BW_PER_PEAK * FLASH_FLOP_PER_SMEM_BYTE[kind]))
 
 
+# The wgmma backward (--attention-bwd wgmma | wgmma-overlap, model/attention_wgmma_bwd.cuh) UNMEASURED: never timed on a
+# GPU yet. Its kernels are given the mma.sync pair's rates (the dq kernel the pair's dq's, the dk/dv kernel its dk/dv's),
+# so a predicted step with it differs from the default only by the FLOPs it issues: no performance claim
+WGMMA_BWD = {"flash_attention_backward_dq_wgmma": flash_mma_fraction("dq"),
+             "flash_attention_backward_dq_wgmma_overlap": flash_mma_fraction("dq"),
+             "flash_attention_backward_dkv_wgmma": flash_mma_fraction("dkv")}
+
+
 FLASH_FWD_BR = 128         # model/attention_flash.cuh: query rows of a forward block (4 warps x two 16-row slices)
 FLASH_BR = FLASH_BC = 64   # query rows of a dq block / keys per tile (forward, dq)
 FLASH_BQ = 32              # queries per tile of the dk/dv kernel
@@ -102,6 +110,24 @@ def _flash_wgmma_fwd(item, a):   # flash_attention_forward_wgmma (out, lse, qkv,
     hd = (item["smem"] - 1024) // ((128 + 6 * 64) * 2)   # and P V for ntiles: 2 64 64 hd FLOPs each
     units = sum(2 * (2 * ((min((qt + 1) * 128, T) - 1) // 64 + 1) + 1) for qt in range(_cdiv(T, 128)))
     return (2 * B * T * (H + 2 * KV) * hd, 2 * B * T * H * hd + 4 * B * H * T), 2 * 64 * 64 * hd * units * B * H
+
+
+def _flash_wgmma_bwd(item, a, base):   # --attention-bwd wgmma | wgmma-overlap (model/attention_wgmma_bwd.cuh), after the D kernel
+    T, H, KV = a[-3], a[-2], a[-1]       # args ..., T, H, KV; smem 1024 hd + 2048 (dq: Q, dO 128 rows, 2 K/V buffers; dk/dv:
+    hd = (item["smem"] - 2048) // (1280 if base.endswith("_overlap") else 1024)   # K, V 128 keys, 2 Q, dO) or 1280 hd + 2048
+    qkv, o, rows = 2 * T * (H + 2 * KV) * hd, 2 * T * H * hd, 4 * H * T    # (the overlapped dq's 3 K/V buffers), per sequence
+    unit = 2 * 64 * 64 * hd   # one 64 x 64 x hd wgmma product of a warpgroup
+    if base == "flash_attention_backward_dkv_wgmma":   # grid (T / 128 key tiles, KV, B): reads q, k, v, dout, lse, D; writes
+        B = item["grid"][2]                            # dk, dv. Per block, its 2 warpgroups over every 64-query tile of the
+        nqt = _cdiv(T, 64)                             # group's heads from the block's first key on: S^T, dP^T, dV, dK
+        units = sum(2 * 4 * (H // KV) * (nqt - 2 * kt) for kt in range(_cdiv(T, 128)))
+        return (B * (qkv + o + 2 * rows), B * 2 * T * 2 * KV * hd), unit * units * B * KV
+    # dq, grid (H, B, T / 128 query tiles): reads q, k, v, dout, lse, D; writes dq. Per block both warpgroups over the key
+    # tiles up to its last row: S, dP, dQ each; overlapped: S, dP once more (the last tile's again, masked)
+    B = item["grid"][1]
+    extra = 1 if base.endswith("_overlap") else 0
+    units = sum(2 * (3 * nt + 2 * extra) for nt in ((min((qt + 1) * 128, T) - 1) // 64 + 1 for qt in range(_cdiv(T, 128))))
+    return (B * (qkv + o + 2 * rows), B * o), unit * units * B * H
 
 
 def _flash(item, a, kind):   # flash_attention_*_kernel<HD>: causal; grid (tiles, heads, B), the backward pair's (heads, B,
@@ -349,6 +375,9 @@ def kernel_rw(item, ctx=None):
         if base == "flash_attention_forward_wgmma":
             (rd, wr), mma = _flash_wgmma_fwd(item, a)
             return rd, wr, mma
+        if base in WGMMA_BWD:
+            (rd, wr), mma = _flash_wgmma_bwd(item, a, base)
+            return rd, wr, mma
         if base.startswith("flash_attention_"):
             kind = _flash_kind(base)
             (rd, wr), mma = (_flash_cp if base.endswith("_cp_kernel") else _flash)(item, a, kind)
@@ -407,6 +436,8 @@ def kernel_mma_fraction(item):
     base = re.sub(r"<.*", "", item["name"]).strip()
     if base == "flash_attention_forward_wgmma":
         return WGMMA_FWD_FRACTION
+    if base in WGMMA_BWD:
+        return WGMMA_BWD[base]
     if base.startswith("flash_attention_"):
         return flash_mma_fraction(_flash_kind(base)) if base != "flash_attention_backward_D_kernel" else MMA_SYNC_FRACTION
     return MMA_SYNC_FRACTION
