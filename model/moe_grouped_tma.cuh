@@ -69,9 +69,10 @@ template <int MODE, int BN> __host__ __device__ constexpr int grouped_tma_stage_
 // the epilogue's shared memory after the stages: UP, DOWN 2 staging buffers per consumer warp (model/moe_grouped.cuh's
 // grouped_stage_*); DA the tile's g and u as the producer's TMA loads them (each 128 rows x BN columns: BN / 64 panels
 // of 128 rows x 128 bytes, 128B-swizzled: a warp's 16 rows of a panel are exactly a staging buffer); DX none
+#define MOE_EPI_SMEM (8 * 2 * MOE_STAGE_BUF)   // 2 staging buffers per consumer warp (UP, DOWN; the FP8 kernels too)
 template <int MODE> __host__ __device__ constexpr int grouped_epi_bufs() { return MODE == MOE_DX ? 0 : 2; }
 template <int MODE, int BN> __host__ __device__ constexpr int grouped_epi_bytes() {
-    return MODE == MOE_DA ? 2 * MOE_TMA_BM * BN * 2 : 8 * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF;
+    return MODE == MOE_DA ? 2 * MOE_TMA_BM * BN * 2 : MODE == MOE_DX ? 0 : MOE_EPI_SMEM;
 }
 template <int MODE, int BN, int STAGES> constexpr size_t grouped_tma_smem() {
     return (size_t)STAGES * grouped_tma_stage_bytes<MODE, BN>() + grouped_epi_bytes<MODE, BN>() + 1024;
