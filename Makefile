@@ -276,16 +276,13 @@ emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_
 NVCC_TEST_FLAGS := -std=c++17 -O2 -gencode arch=$(subst sm_,compute_,$(GPU_ARCH)),code=$(GPU_ARCH) -Werror all-warnings -Xcompiler -fopenmp,-Wall,-Wextra,-Werror \
                    -isystem /usr/include/doctest $(DOCTEST_SKIP)
 GPU_TESTS := test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu test/test_decode_gpu
-test/test_kernels_gpu: test/test_kernels.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_kernels.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
-test/test_step_cuda_gpu: test/test_step_cuda.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_step_cuda.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
-test/test_decode_gpu: test/test_decode.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_decode.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
-test/test_fp8_cuda_gpu: test/test_fp8_cuda.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
-test/test_zero_fp8_cuda_gpu: test/test_zero_fp8_cuda.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) $(MPI_CFLAGS) -x cu -o $@ test/test_zero_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) $(CUDA_LIBS)
+# the five compiled as one translation unit (test/gpu_tests.cu: their headers and kernels once, about a third of the
+# CPU time of five builds), the binary linked under each name; run as test/NAME_gpu, it runs test/NAME.cpp's cases
+test/gpu_tests: test/gpu_tests.cu test/test_kernels.cpp test/test_step_cuda.cpp test/test_fp8_cuda.cpp test/test_zero_fp8_cuda.cpp \
+                test/test_decode.cpp $(HEADERS) test/cuda_test_helpers.h $(DOCTEST_LIB)
+	$(NVCC) $(NVCC_TEST_FLAGS) $(MPI_CFLAGS) -o $@ test/gpu_tests.cu $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) $(CUDA_LIBS)
+$(GPU_TESTS): test/gpu_tests
+	ln -f $< $@
 
 # dev/cuda microbenchmarks: nvcc builds time them on a GPU; the _emu builds validate them under the
 # emulator at a small size (make test runs those)
@@ -352,6 +349,6 @@ test: test-build
 
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
-	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
+	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) test/gpu_tests $(DEV_CUDA) $(DEV_CUDA_EMU) \
 	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/attention_race \
 	      $(DOCTEST_LIB)
