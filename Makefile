@@ -161,30 +161,34 @@ DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
 test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp $(DOCTEST_LINK)
-test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_kernels.cpp $(DOCTEST_LINK) -lopenblas -lm
 # cuBLASLt's API twin (test/simt/cublaslt_api_twin.h): its rules, and model/matmul_cublaslt.cuh's bucket fallback
 test/test_cublaslt_twin: test/test_cublaslt_twin.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_cublaslt_twin.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_step_cuda.cpp $(DOCTEST_LINK) -lopenblas -lm
-# generation: the KV-cache step on both backends against the full forward, the sampler, the tokenizer's decoding
-test/test_decode: test/test_decode.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_decode.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_fp8_cuda: test/test_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas -lm
-# parallel/zero_fp8.h's kernels (ZeRO-3's FP8 all-gather): MPI headers for parallel/comm.h
-test/test_zero_fp8_cuda: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_zero_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
+# the CUDA test programs test_kernels, test_step_cuda (the step), test_fp8_cuda, test_zero_fp8_cuda (ZeRO-3's FP8
+# all-gather; MPI headers for parallel/comm.h) and test_decode (generation: the KV-cache step on both backends, the
+# sampler, the tokenizer's decoding), compiled as one translation unit (test/cuda_tests.cpp: the model's headers and
+# kernels once, a third of the CPU time of five builds), the binary linked under each name, which runs that program
+CUDA_TEST_SRC := test/cuda_tests.cpp test/test_kernels.cpp test/test_step_cuda.cpp test/test_fp8_cuda.cpp test/test_zero_fp8_cuda.cpp \
+                 test/test_decode.cpp test/cuda_test_helpers.h
+CUDA_TEST_NAMES := test_kernels test_step_cuda test_fp8_cuda test_zero_fp8_cuda test_decode
+test/cuda_tests: $(CUDA_TEST_SRC) $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/cuda_tests.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
+$(CUDA_TEST_NAMES:%=test/%): test/cuda_tests
+	ln -f $< $@
 # the race detector (test/simt/race.h): ThreadSanitizer's instrumentation calls (-fsanitize=thread at compile
 # time) go to the emulator's own __tsan_* functions; linked without -fsanitize=thread, so without libtsan.
 # -g1: a race names its source lines and inlined callers (addr2line; line tables are all it needs, a quarter
 # faster to compile than -g)
 RACE_FLAGS := $(SIMT_FLAGS) -g1 -DSIMT_RACE_DETECT -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
-test/test_race: test/test_race.cpp test/test_kernels.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_race.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
+# test_race (test/test_race.cpp: test_kernels.cpp's cases and the detector's own), test_race_fp8 (the FP8 kernels:
+# quantize, padding, factors) and test_race_zero_fp8 (ZeRO-3's FP8 all-gather kernels): one translation unit, as above
+RACE_TEST_NAMES := test_race test_race_fp8 test_race_zero_fp8
+test/cuda_tests_race: $(CUDA_TEST_SRC) test/test_race.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(RACE_FLAGS) $(MPI_CFLAGS) -c -o $@.o test/cuda_tests.cpp
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
 	rm -f $@.o
+$(RACE_TEST_NAMES:%=test/%): test/cuda_tests_race
+	ln -f $< $@
 # Hopper's warpgroup MMA (model/wgmma.cuh, test/simt/wgmma.h) against a double-precision product, and under the race detector
 test/test_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_wgmma.cpp $(DOCTEST_LINK)
@@ -240,16 +244,6 @@ dev/cuda/attention_wgmma_bwd_race: dev/cuda/attention_wgmma_bwd.cu dev/cuda/comm
 	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma_bwd.cu
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
-# the FP8 kernels (quantize, padding, factors) under the race detector: test_fp8_cuda's source, instrumented
-test/test_race_fp8: test/test_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_fp8_cuda.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
-	rm -f $@.o
-# ZeRO-3's FP8 all-gather kernels (parallel/zero_fp8.h) under the race detector
-test/test_race_zero_fp8: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) $(MPI_CFLAGS) -c -o $@.o test/test_zero_fp8_cuda.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
-	rm -f $@.o
 # the --dry-run planner (parallel/memory_plan.h) against the model's walk, the store and the emulator's peak
 test/test_memory_plan: test/test_memory_plan.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_memory_plan.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
@@ -276,13 +270,10 @@ emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_
 # for later GPUs, a second device compile of every file: a third of each build's time; train_dbrx keeps it)
 NVCC_TEST_FLAGS := -std=c++17 -O2 -gencode arch=$(subst sm_,compute_,$(GPU_ARCH)),code=$(GPU_ARCH) -Werror all-warnings -Xcompiler -fopenmp,-Wall,-Wextra,-Werror \
                    -isystem /usr/include/doctest $(DOCTEST_SKIP)
-GPU_TESTS := test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu test/test_decode_gpu
-# the five compiled as one translation unit (test/gpu_tests.cu: their headers and kernels once, about a third of the
-# CPU time of five builds), the binary linked under each name; run as test/NAME_gpu, it runs test/NAME.cpp's cases
-test/gpu_tests: test/gpu_tests.cu test/test_kernels.cpp test/test_step_cuda.cpp test/test_fp8_cuda.cpp test/test_zero_fp8_cuda.cpp \
-                test/test_decode.cpp $(HEADERS) test/cuda_test_helpers.h $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) $(MPI_CFLAGS) -o $@ test/gpu_tests.cu $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) $(CUDA_LIBS)
-$(GPU_TESTS): test/gpu_tests
+GPU_TESTS := $(CUDA_TEST_NAMES:%=test/%_gpu)
+test/cuda_tests_gpu: $(CUDA_TEST_SRC) $(HEADERS) $(DOCTEST_LIB)
+	$(NVCC) $(NVCC_TEST_FLAGS) $(MPI_CFLAGS) -x cu -o $@ test/cuda_tests.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) $(CUDA_LIBS)
+$(GPU_TESTS): test/cuda_tests_gpu
 	ln -f $< $@
 
 # dev/cuda microbenchmarks: nvcc builds time them on a GPU; the _emu builds validate them under the
@@ -341,7 +332,10 @@ test/test_gpu_select: test/test_gpu_select.cpp parallel/gpu_select.h model/gpu_p
 # build, one core idle for its last minute
 test-build: check-test-deps
 	@$(MAKE) --no-print-directory DEPS_CHECKED=1 test-build-all
-test-build-all: train_dbrx train_dbrx_cpu test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
+# (the longest compiles first: with -j the build then ends on short ones, both cores busy to the end)
+LONGEST_FIRST := $(if $(HAVE_CUDA_HEADERS),train_dbrx_emu_count train_dbrx_emu test/cuda_tests_race test/cuda_tests) \
+                 $(if $(NVCC),test/cuda_tests_gpu)
+test-build-all: train_dbrx $(LONGEST_FIRST) train_dbrx_cpu test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
             dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) dev/comm_bench test/test_checkpoint test/test_gpu_select emu-build gpu-build
 
 test: test-build
@@ -350,6 +344,6 @@ test: test-build
 
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
-	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) test/gpu_tests $(DEV_CUDA) $(DEV_CUDA_EMU) \
+	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) test/cuda_tests test/cuda_tests_gpu test/cuda_tests_race $(DEV_CUDA) $(DEV_CUDA_EMU) \
 	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/attention_race \
 	      $(DOCTEST_LIB)
