@@ -161,9 +161,6 @@ DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
 test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp $(DOCTEST_LINK)
-# cuBLASLt's API twin (test/simt/cublaslt_api_twin.h): its rules, and model/matmul_cublaslt.cuh's bucket fallback
-test/test_cublaslt_twin: test/test_cublaslt_twin.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_cublaslt_twin.cpp $(DOCTEST_LINK) -lopenblas -lm
 # the CUDA test programs test_kernels, test_step_cuda (the step), test_fp8_cuda, test_zero_fp8_cuda (ZeRO-3's FP8
 # all-gather; MPI headers for parallel/comm.h) and test_decode (generation: the KV-cache step on both backends, the
 # sampler, the tokenizer's decoding), compiled as one translation unit (test/cuda_tests.cpp: the model's headers and
@@ -171,9 +168,16 @@ test/test_cublaslt_twin: test/test_cublaslt_twin.cpp $(SIMT_HEADERS) $(DOCTEST_L
 CUDA_TEST_SRC := test/cuda_tests.cpp test/test_kernels.cpp test/test_step_cuda.cpp test/test_fp8_cuda.cpp test/test_zero_fp8_cuda.cpp \
                  test/test_decode.cpp test/cuda_test_helpers.h
 CUDA_TEST_NAMES := test_kernels test_step_cuda test_fp8_cuda test_zero_fp8_cuda test_decode
-test/cuda_tests: $(CUDA_TEST_SRC) $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+# emulated only, in the same unit: the grouped expert GEMMs on wgmma (model/moe_grouped.cuh), the experts' grouped
+# weight-gradient GEMM (moe_grouped_wgrad.cuh), the FP8 block-scaled grouped up-projection (moe_grouped_fp8.cuh),
+# each against the CPU and today's path, the three also under the race detector (below); the --dry-run planner
+# (parallel/memory_plan.h) against the model's walk, the store and the emulator's peak; cuBLASLt's API twin
+# (test/simt/cublaslt_api_twin.h): its rules, and model/matmul_cublaslt.cuh's bucket fallback
+MOE_TEST_NAMES := test_moe_grouped test_moe_wgrad test_moe_fp8_grouped
+EMU_TEST_SRC := $(MOE_TEST_NAMES:%=test/%.cpp) test/test_memory_plan.cpp test/test_cublaslt_twin.cpp
+test/cuda_tests: $(CUDA_TEST_SRC) $(EMU_TEST_SRC) $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/cuda_tests.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
-$(CUDA_TEST_NAMES:%=test/%): test/cuda_tests
+$(CUDA_TEST_NAMES:%=test/%) $(MOE_TEST_NAMES:%=test/%) test/test_memory_plan test/test_cublaslt_twin: test/cuda_tests
 	ln -f $< $@
 # the race detector (test/simt/race.h): ThreadSanitizer's instrumentation calls (-fsanitize=thread at compile
 # time) go to the emulator's own __tsan_* functions; linked without -fsanitize=thread, so without libtsan.
@@ -181,9 +185,10 @@ $(CUDA_TEST_NAMES:%=test/%): test/cuda_tests
 # faster to compile than -g)
 RACE_FLAGS := $(SIMT_FLAGS) -g1 -DSIMT_RACE_DETECT -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
 # test_race (test/test_race.cpp: test_kernels.cpp's cases and the detector's own), test_race_fp8 (the FP8 kernels:
-# quantize, padding, factors) and test_race_zero_fp8 (ZeRO-3's FP8 all-gather kernels): one translation unit, as above
-RACE_TEST_NAMES := test_race test_race_fp8 test_race_zero_fp8
-test/cuda_tests_race: $(CUDA_TEST_SRC) test/test_race.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+# quantize, padding, factors), test_race_zero_fp8 (ZeRO-3's FP8 all-gather kernels) and test_race_moe_grouped,
+# test_race_moe_wgrad, test_race_moe_fp8_grouped: one translation unit, as above
+RACE_TEST_NAMES := test_race test_race_fp8 test_race_zero_fp8 $(MOE_TEST_NAMES:test_%=test_race_%)
+test/cuda_tests_race: $(CUDA_TEST_SRC) $(EMU_TEST_SRC) test/test_race.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) $(MPI_CFLAGS) -c -o $@.o test/cuda_tests.cpp
 	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
 	rm -f $@.o
@@ -202,27 +207,6 @@ test/test_tma: test/test_tma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 test/test_race_tma: test/test_tma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_tma.cpp
 	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK)
-	rm -f $@.o
-# the grouped expert GEMMs on wgmma (model/moe_grouped.cuh) against the CPU and today's path, and under the race detector
-test/test_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_grouped.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_race_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_grouped.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
-	rm -f $@.o
-# the experts' grouped weight-gradient GEMM (model/moe_grouped_wgrad.cuh) against the CPU and today's path, and under the race detector
-test/test_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_wgrad.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_race_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_wgrad.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
-	rm -f $@.o
-# the experts' FP8 block-scaled grouped up-projection (model/moe_grouped_fp8.cuh) against the CPU and cuBLASLt's twin, and under the race detector
-test/test_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_fp8_grouped.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_race_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_fp8_grouped.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
 	rm -f $@.o
 # dev/cuda/wgmma_gemm's kernels (cp.async stages, wgmma, barriers) under the race detector, validated as the _emu build is
 dev/cuda/wgmma_gemm_race: dev/cuda/wgmma_gemm.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
@@ -244,9 +228,6 @@ dev/cuda/attention_wgmma_bwd_race: dev/cuda/attention_wgmma_bwd.cu dev/cuda/comm
 	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma_bwd.cu
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
-# the --dry-run planner (parallel/memory_plan.h) against the model's walk, the store and the emulator's peak
-test/test_memory_plan: test/test_memory_plan.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_memory_plan.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
 # the NCCL twin (test/simt/nccl_twin.h) and parallel/comm.h's NCCL path over it, under mpirun
 test/test_nccl_twin: test/test_nccl_twin.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_nccl_twin.cpp $(DOCTEST_LINK) $(MPI_LIBS) -lm

@@ -1,14 +1,17 @@
 /*
  * cuda_tests.cpp — the CUDA test programs compiled as one translation unit per build:
  *   g++ -DSIMT_EMULATION (test/cuda_tests): test_kernels, test_step_cuda, test_fp8_cuda, test_zero_fp8_cuda,
- *       test_decode (test/NAME.cpp each), under the emulator;
- *   nvcc (test/cuda_tests_gpu): the same five on a device (make test-gpu runs them);
+ *       test_decode, test_moe_grouped, test_moe_wgrad, test_moe_fp8_grouped, test_memory_plan, test_cublaslt_twin
+ *       (test/NAME.cpp each), under the emulator;
+ *   nvcc (test/cuda_tests_gpu): the first five on a device (make test-gpu runs them);
  *   the race detector's build (test/cuda_tests_race): test_race (test/test_race.cpp, which includes
- *       test_kernels.cpp), test_race_fp8 and test_race_zero_fp8 (test_fp8_cuda.cpp, test_zero_fp8_cuda.cpp).
- * Each program compiled alone repeated the same model headers and kernels, host and device: the five builds took
- * about three times the CPU of one. The Makefile links each binary under its programs' names (test/test_kernels,
- * test/test_kernels_gpu, test/test_race_fp8, ...), and main() runs the program its name says: that source's main(),
- * with doctest's --source-file filter restricting the run to that source's test cases.
+ *       test_kernels.cpp), test_race_fp8, test_race_zero_fp8 and test_race_moe_grouped, _moe_wgrad,
+ *       _moe_fp8_grouped (test_fp8_cuda.cpp, test_zero_fp8_cuda.cpp, test_moe_*.cpp).
+ * Each program compiled alone repeated the same model headers and kernels, host and device: one unit takes a
+ * third to two thirds of the CPU of its programs compiled apart. The Makefile links each binary under its
+ * programs' names (test/test_kernels, test/test_kernels_gpu, test/test_race_fp8, ...), and main() runs the
+ * program its name says: that source's main(), with doctest's --source-file filter restricting the run to
+ * that source's test cases.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
@@ -29,6 +32,14 @@
 #include "../model/sample.h"
 #include "../data/tokenizer.h"
 #include "../parallel/zero_fp8.h"
+#if defined(SIMT_EMULATION)
+#include "../model/matmul.cuh"
+#include "../model/moe_experts_step.cuh"
+#include "../model/moe_grouped_wgrad.cuh"
+#include "../model/moe_grouped_fp8.cuh"
+#include "../parallel/zero_gpu.cuh"
+#include "../parallel/memory_plan.h"
+#endif
 #include "cuda_test_helpers.h"
 
 // Each source in its own namespace (their file-scope helpers share names: batch, SEED, OPT), its main() renamed;
@@ -49,6 +60,25 @@ namespace test_decode {
 #include "test_decode.cpp"
 }
 #endif
+#if defined(SIMT_EMULATION)   // (emulated builds only, plain and race)
+namespace test_moe_grouped {
+#include "test_moe_grouped.cpp"
+}
+namespace test_moe_wgrad {
+#include "test_moe_wgrad.cpp"
+}
+namespace test_moe_fp8_grouped {
+#include "test_moe_fp8_grouped.cpp"
+}
+#if !defined(SIMT_RACE_DETECT)
+namespace test_memory_plan {
+#include "test_memory_plan.cpp"
+}
+namespace test_cublaslt_twin {
+#include "test_cublaslt_twin.cpp"
+}
+#endif
+#endif
 namespace test_fp8_cuda {
 #include "test_fp8_cuda.cpp"
 }
@@ -64,12 +94,22 @@ static const CudaProgram PROGRAMS[] = {
     {"test_race", "*/test_race.cpp,*/test_kernels.cpp", test_race::program_main},
     {"test_race_fp8", "*/test_fp8_cuda.cpp", test_fp8_cuda::program_main},
     {"test_race_zero_fp8", "*/test_zero_fp8_cuda.cpp", test_zero_fp8_cuda::program_main},
+    {"test_race_moe_grouped", "*/test_moe_grouped.cpp", test_moe_grouped::program_main},
+    {"test_race_moe_wgrad", "*/test_moe_wgrad.cpp", test_moe_wgrad::program_main},
+    {"test_race_moe_fp8_grouped", "*/test_moe_fp8_grouped.cpp", test_moe_fp8_grouped::program_main},
 #else
     {"test_kernels", "*/test_kernels.cpp", test_kernels::program_main},
     {"test_step_cuda", "*/test_step_cuda.cpp", test_step_cuda::program_main},
     {"test_fp8_cuda", "*/test_fp8_cuda.cpp", test_fp8_cuda::program_main},
     {"test_zero_fp8_cuda", "*/test_zero_fp8_cuda.cpp", test_zero_fp8_cuda::program_main},
     {"test_decode", "*/test_decode.cpp", test_decode::program_main},
+#if defined(SIMT_EMULATION)
+    {"test_moe_grouped", "*/test_moe_grouped.cpp", test_moe_grouped::program_main},
+    {"test_moe_wgrad", "*/test_moe_wgrad.cpp", test_moe_wgrad::program_main},
+    {"test_moe_fp8_grouped", "*/test_moe_fp8_grouped.cpp", test_moe_fp8_grouped::program_main},
+    {"test_memory_plan", "*/test_memory_plan.cpp", test_memory_plan::program_main},
+    {"test_cublaslt_twin", "*/test_cublaslt_twin.cpp", test_cublaslt_twin::program_main},
+#endif
 #endif
 };
 
