@@ -127,7 +127,12 @@ int main(int argc, char** argv) {
         return p.main(argc + 1, args.data());
     }
     fprintf(stderr, "%s: run as one of the test programs (the Makefile's links to this binary):", argv[0]);
-    for (const CudaProgram& p : PROGRAMS) fprintf(stderr, " test/%s[_gpu]", p.name);
+#if defined(SIMT_EMULATION)
+    const char* suffix = "";
+#else
+    const char* suffix = "_gpu";
+#endif
+    for (const CudaProgram& p : PROGRAMS) fprintf(stderr, " test/%s%s", p.name, suffix);
     fprintf(stderr, "\n");
     return 2;
 }
