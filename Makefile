@@ -161,30 +161,39 @@ DEV_CUDA := $(DEV_CUDA_SRC:.cu=)
 DEV_CUDA_EMU := $(DEV_CUDA_SRC:.cu=_emu)
 test/test_simt: test/test_simt.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_simt.cpp $(DOCTEST_LINK)
-test/test_kernels: test/test_kernels.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_kernels.cpp $(DOCTEST_LINK) -lopenblas -lm
-# cuBLASLt's API twin (test/simt/cublaslt_api_twin.h): its rules, and model/matmul_cublaslt.cuh's bucket fallback
-test/test_cublaslt_twin: test/test_cublaslt_twin.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_cublaslt_twin.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_step_cuda: test/test_step_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_step_cuda.cpp $(DOCTEST_LINK) -lopenblas -lm
-# generation: the KV-cache step on both backends against the full forward, the sampler, the tokenizer's decoding
-test/test_decode: test/test_decode.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_decode.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_fp8_cuda: test/test_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas -lm
-# parallel/zero_fp8.h's kernels (ZeRO-3's FP8 all-gather): MPI headers for parallel/comm.h
-test/test_zero_fp8_cuda: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_zero_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
+# the CUDA test programs test_kernels, test_step_cuda (the step), test_fp8_cuda, test_zero_fp8_cuda (ZeRO-3's FP8
+# all-gather; MPI headers for parallel/comm.h) and test_decode (generation: the KV-cache step on both backends, the
+# sampler, the tokenizer's decoding), compiled as one translation unit (test/cuda_tests.cpp: the model's headers and
+# kernels once, a third of the CPU time of five builds), the binary linked under each name, which runs that program
+CUDA_TEST_SRC := test/cuda_tests.cpp test/test_kernels.cpp test/test_step_cuda.cpp test/test_fp8_cuda.cpp test/test_zero_fp8_cuda.cpp \
+                 test/test_decode.cpp test/cuda_test_helpers.h
+CUDA_TEST_NAMES := test_kernels test_step_cuda test_fp8_cuda test_zero_fp8_cuda test_decode
+# emulated only, in the same unit: the grouped expert GEMMs on wgmma (model/moe_grouped.cuh), the experts' grouped
+# weight-gradient GEMM (moe_grouped_wgrad.cuh), the FP8 block-scaled grouped up-projection (moe_grouped_fp8.cuh),
+# each against the CPU and today's path, the three also under the race detector (below); the --dry-run planner
+# (parallel/memory_plan.h) against the model's walk, the store and the emulator's peak; cuBLASLt's API twin
+# (test/simt/cublaslt_api_twin.h): its rules, and model/matmul_cublaslt.cuh's bucket fallback
+MOE_TEST_NAMES := test_moe_grouped test_moe_wgrad test_moe_fp8_grouped
+EMU_TEST_SRC := $(MOE_TEST_NAMES:%=test/%.cpp) test/test_memory_plan.cpp test/test_cublaslt_twin.cpp
+test/cuda_tests: $(CUDA_TEST_SRC) $(EMU_TEST_SRC) $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/cuda_tests.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
+$(CUDA_TEST_NAMES:%=test/%) $(MOE_TEST_NAMES:%=test/%) test/test_memory_plan test/test_cublaslt_twin: test/cuda_tests
+	ln -f $< $@
 # the race detector (test/simt/race.h): ThreadSanitizer's instrumentation calls (-fsanitize=thread at compile
 # time) go to the emulator's own __tsan_* functions; linked without -fsanitize=thread, so without libtsan.
 # -g1: a race names its source lines and inlined callers (addr2line; line tables are all it needs, a quarter
 # faster to compile than -g)
 RACE_FLAGS := $(SIMT_FLAGS) -g1 -DSIMT_RACE_DETECT -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
-test/test_race: test/test_race.cpp test/test_kernels.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_race.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
+# test_race (test/test_race.cpp: test_kernels.cpp's cases and the detector's own), test_race_fp8 (the FP8 kernels:
+# quantize, padding, factors), test_race_zero_fp8 (ZeRO-3's FP8 all-gather kernels) and test_race_moe_grouped,
+# test_race_moe_wgrad, test_race_moe_fp8_grouped: one translation unit, as above
+RACE_TEST_NAMES := test_race test_race_fp8 test_race_zero_fp8 $(MOE_TEST_NAMES:test_%=test_race_%)
+test/cuda_tests_race: $(CUDA_TEST_SRC) $(EMU_TEST_SRC) test/test_race.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
+	$(CXX) $(RACE_FLAGS) $(MPI_CFLAGS) -c -o $@.o test/cuda_tests.cpp
+	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
 	rm -f $@.o
+$(RACE_TEST_NAMES:%=test/%): test/cuda_tests_race
+	ln -f $< $@
 # Hopper's warpgroup MMA (model/wgmma.cuh, test/simt/wgmma.h) against a double-precision product, and under the race detector
 test/test_wgmma: test/test_wgmma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) -o $@ test/test_wgmma.cpp $(DOCTEST_LINK)
@@ -198,27 +207,6 @@ test/test_tma: test/test_tma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 test/test_race_tma: test/test_tma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_tma.cpp
 	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK)
-	rm -f $@.o
-# the grouped expert GEMMs on wgmma (model/moe_grouped.cuh) against the CPU and today's path, and under the race detector
-test/test_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_grouped.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_race_moe_grouped: test/test_moe_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_grouped.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
-	rm -f $@.o
-# the experts' grouped weight-gradient GEMM (model/moe_grouped_wgrad.cuh) against the CPU and today's path, and under the race detector
-test/test_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_wgrad.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_race_moe_wgrad: test/test_moe_wgrad.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_wgrad.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
-	rm -f $@.o
-# the experts' FP8 block-scaled grouped up-projection (model/moe_grouped_fp8.cuh) against the CPU and cuBLASLt's twin, and under the race detector
-test/test_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) -o $@ test/test_moe_fp8_grouped.cpp $(DOCTEST_LINK) -lopenblas -lm
-test/test_race_moe_fp8_grouped: test/test_moe_fp8_grouped.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_moe_fp8_grouped.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
 	rm -f $@.o
 # dev/cuda/wgmma_gemm's kernels (cp.async stages, wgmma, barriers) under the race detector, validated as the _emu build is
 dev/cuda/wgmma_gemm_race: dev/cuda/wgmma_gemm.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
@@ -240,19 +228,6 @@ dev/cuda/attention_wgmma_bwd_race: dev/cuda/attention_wgmma_bwd.cu dev/cuda/comm
 	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma_bwd.cu
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
-# the FP8 kernels (quantize, padding, factors) under the race detector: test_fp8_cuda's source, instrumented
-test/test_race_fp8: test/test_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_fp8_cuda.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas -lm
-	rm -f $@.o
-# ZeRO-3's FP8 all-gather kernels (parallel/zero_fp8.h) under the race detector
-test/test_race_zero_fp8: test/test_zero_fp8_cuda.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(RACE_FLAGS) $(MPI_CFLAGS) -c -o $@.o test/test_zero_fp8_cuda.cpp
-	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
-	rm -f $@.o
-# the --dry-run planner (parallel/memory_plan.h) against the model's walk, the store and the emulator's peak
-test/test_memory_plan: test/test_memory_plan.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
-	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_memory_plan.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) -lm
 # the NCCL twin (test/simt/nccl_twin.h) and parallel/comm.h's NCCL path over it, under mpirun
 test/test_nccl_twin: test/test_nccl_twin.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_nccl_twin.cpp $(DOCTEST_LINK) $(MPI_LIBS) -lm
@@ -261,8 +236,9 @@ train_dbrx_emu: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -x c++ -o $@ train_dbrx.cu $(LDLIBS)
 # the same, instrumented as the race detector is (test/simt/race.h) but counting instead of checking: with
 # SIMT_WORKLOG=FILE each kernel's line carries the global-memory bytes it read and wrote and its tensor-core
-# FLOPs (test/simt/bytecount.h; test/test_kernel_bytes.sh checks dev/predict/kernel_cost.py's formulas with it)
-COUNT_FLAGS := $(SIMT_FLAGS) -DSIMT_RACE_DETECT -DSIMT_RACE_DETECT_DEFAULT=0 -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
+# FLOPs (test/simt/bytecount.h; test/test_kernel_bytes.sh checks dev/predict/kernel_cost.py's formulas with it).
+# -O1: 79 CPU-seconds to compile instead of 120, and test_kernel_bytes.sh, its only user, 39 instead of 31
+COUNT_FLAGS := $(filter-out -O2,$(SIMT_FLAGS)) -O1 -DSIMT_RACE_DETECT -DSIMT_RACE_DETECT_DEFAULT=0 -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
 train_dbrx_emu_count: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(COUNT_FLAGS) $(MPI_CFLAGS) -x c++ -c -o $@.o train_dbrx.cu
 	$(CXX) -fopenmp -o $@ $@.o $(LDLIBS)
@@ -275,17 +251,11 @@ emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_
 # for later GPUs, a second device compile of every file: a third of each build's time; train_dbrx keeps it)
 NVCC_TEST_FLAGS := -std=c++17 -O2 -gencode arch=$(subst sm_,compute_,$(GPU_ARCH)),code=$(GPU_ARCH) -Werror all-warnings -Xcompiler -fopenmp,-Wall,-Wextra,-Werror \
                    -isystem /usr/include/doctest $(DOCTEST_SKIP)
-GPU_TESTS := test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu test/test_decode_gpu
-test/test_kernels_gpu: test/test_kernels.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_kernels.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
-test/test_step_cuda_gpu: test/test_step_cuda.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_step_cuda.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
-test/test_decode_gpu: test/test_decode.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_decode.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
-test/test_fp8_cuda_gpu: test/test_fp8_cuda.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) -x cu -o $@ test/test_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas $(CUDA_LIBS)
-test/test_zero_fp8_cuda_gpu: test/test_zero_fp8_cuda.cpp $(HEADERS) $(DOCTEST_LIB)
-	$(NVCC) $(NVCC_TEST_FLAGS) $(MPI_CFLAGS) -x cu -o $@ test/test_zero_fp8_cuda.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) $(CUDA_LIBS)
+GPU_TESTS := $(CUDA_TEST_NAMES:%=test/%_gpu)
+test/cuda_tests_gpu: $(CUDA_TEST_SRC) $(HEADERS) $(DOCTEST_LIB)
+	$(NVCC) $(NVCC_TEST_FLAGS) $(MPI_CFLAGS) -x cu -o $@ test/cuda_tests.cpp $(DOCTEST_LINK) -lopenblas $(MPI_LIBS) $(CUDA_LIBS)
+$(GPU_TESTS): test/cuda_tests_gpu
+	ln -f $< $@
 
 # dev/cuda microbenchmarks: nvcc builds time them on a GPU; the _emu builds validate them under the
 # emulator at a small size (make test runs those)
@@ -343,7 +313,10 @@ test/test_gpu_select: test/test_gpu_select.cpp parallel/gpu_select.h model/gpu_p
 # build, one core idle for its last minute
 test-build: check-test-deps
 	@$(MAKE) --no-print-directory DEPS_CHECKED=1 test-build-all
-test-build-all: train_dbrx train_dbrx_cpu test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
+# (the longest compiles first: with -j the build then ends on short ones, both cores busy to the end)
+LONGEST_FIRST := $(if $(HAVE_CUDA_HEADERS),train_dbrx_emu_count train_dbrx_emu test/cuda_tests_race test/cuda_tests) \
+                 $(if $(NVCC),test/cuda_tests_gpu)
+test-build-all: train_dbrx $(LONGEST_FIRST) train_dbrx_cpu test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
             dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) dev/comm_bench test/test_checkpoint test/test_gpu_select emu-build gpu-build
 
 test: test-build
@@ -352,6 +325,6 @@ test: test-build
 
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
-	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) $(DEV_CUDA) $(DEV_CUDA_EMU) \
+	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) test/cuda_tests test/cuda_tests_gpu test/cuda_tests_race $(DEV_CUDA) $(DEV_CUDA_EMU) \
 	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/attention_race \
 	      $(DOCTEST_LIB)
