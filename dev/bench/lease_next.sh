@@ -15,7 +15,8 @@
 #      wgmma versions of dev/cuda/attention_wgmma_bwd (-v 3 times the pair, v3 = the pair on wgmma and v4 = v3 with
 #      FlashAttention-3's overlap in dq, each kernel alone too; -v 2, -v 1 the 5-product ones); the forward: the wgmma
 #      v2 (the model's since session 40, timed only at DBRX-132B's shape so far) against the mma.sync forward
-#   4. end to end: default and --moe-gemm grouped, FP8 current and block (start-up is seconds since session 39)
+#   4. end to end: default, --attention-bwd wgmma and wgmma-overlap (the pair on wgmma: if one wins, the default),
+#      --moe-gemm grouped, FP8 current and block (start-up is seconds since session 39)
 #   5. the device test programs
 . "$(dirname "$0")/lease_setup.sh"
 hung() { grep -q "== $1: rc 12[4-9]\|== $1: rc 137" "$O/log.txt"; }
@@ -36,6 +37,11 @@ done
 step attention_wgmma_fwd 30 dev/cuda/attention_wgmma -b 8 -t 2048 -h 8 -k 2 -d 128
 # 4. end to end
 step e2e_bf16 60 ./train_dbrx "${E2E[@]}" --steps 30 --log "$R/e2e_bf16.jsonl" --profile "$R/e2e_bf16_profile.json" --profile-steps 21:22
+# (the wgmma backward pair in the step, session 41's --attention-bwd: unless its kernels hung alone above)
+for a in wgmma wgmma-overlap; do
+    hung attention_wgmma_bwd_v3 || step e2e_attn_$a 60 ./train_dbrx "${E2E[@]}" --steps 30 --attention-bwd $a --log "$R/e2e_attn_$a.jsonl" \
+        --profile "$R/e2e_attn_${a}_profile.json" --profile-steps 21:22
+done
 { hung moe_grouped_v4_1b || hung moe_wgrad_1b; } || step e2e_grouped 60 ./train_dbrx "${E2E[@]}" --steps 30 --moe-gemm grouped \
     --log "$R/e2e_grouped.jsonl" --profile "$R/e2e_grouped_profile.json" --profile-steps 21:22
 for p in current block; do
