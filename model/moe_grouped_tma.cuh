@@ -70,7 +70,6 @@ template <int MODE, int BN> __host__ __device__ constexpr int grouped_tma_stage_
 // grouped_stage_*); DA the tile's g and u as the producer's TMA loads them (each 128 rows x BN columns: BN / 64 panels
 // of 128 rows x 128 bytes, 128B-swizzled: a warp's 16 rows of a panel are exactly a staging buffer); DX none
 #define MOE_EPI_SMEM (8 * 2 * MOE_STAGE_BUF)   // 2 staging buffers per consumer warp (UP, DOWN; the FP8 kernels too)
-template <int MODE> __host__ __device__ constexpr int grouped_epi_bufs() { return MODE == MOE_DX ? 0 : 2; }
 template <int MODE, int BN> __host__ __device__ constexpr int grouped_epi_bytes() {
     return MODE == MOE_DA ? 2 * MOE_TMA_BM * BN * 2 : MODE == MOE_DX ? 0 : MOE_EPI_SMEM;
 }
@@ -260,7 +259,7 @@ __global__ void __launch_bounds__(MOE_TMA_THREADS, 1)
         // through the main loop, which at 168 for DX has none to spare)
         const GroupedTile tile = grouped_tile<MOE_TMA_BM, BN>(s_mt, s_off, E, ntiles_n, t);
         if constexpr (MODE == MOE_UP || MODE == MOE_DOWN) {   // the warp's staging buffers
-            char* epi = smem + STAGES * STAGE + (threadIdx.x / 32 - 4) * grouped_epi_bufs<MODE>() * MOE_STAGE_BUF;
+            char* epi = smem + STAGES * STAGE + (threadIdx.x / 32 - 4) * 2 * MOE_STAGE_BUF;
             grouped_epilogue_staged<MODE == MOE_UP, PLANT>(d, tile, q, out0, out1, out2, Nout, epi);
         } else if constexpr (MODE == MOE_DA) {   // the warp's 16 rows of the tile's g and u, once landed
             mbarrier_wait_parity(&epi_full, ti & 1);
