@@ -208,26 +208,21 @@ test/test_race_tma: test/test_tma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-dep
 	$(CXX) $(RACE_FLAGS) -c -o $@.o test/test_tma.cpp
 	$(CXX) -fopenmp -o $@ $@.o $(DOCTEST_LINK)
 	rm -f $@.o
-# dev/cuda/wgmma_gemm's kernels (cp.async stages, wgmma, barriers) under the race detector, validated as the _emu build is
-dev/cuda/wgmma_gemm_race: dev/cuda/wgmma_gemm.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
-	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/wgmma_gemm.cu
+# dev/cuda's programs compiled as one unit (dev/cuda/programs.cpp: the emulator's and the model's headers once,
+# ~70 CPU-seconds instead of ~300 apart), each program's binary a link to it, which runs that program; the race
+# detector's build: the kernels of attention (backward v4), attention_wgmma (two warpgroups, cp.async double
+# buffering), attention_wgmma_bwd (a semaphore per query tile) and wgmma_gemm (cp.async stages, wgmma, barriers)
+DEV_CUDA_RACE := dev/cuda/attention_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/wgmma_gemm_race
+dev/cuda/programs_emu: dev/cuda/programs.cpp $(DEV_CUDA_SRC) dev/cuda/common.h $(SIMT_HEADERS) | check-deps
+	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ dev/cuda/programs.cpp -lopenblas -lm
+$(DEV_CUDA_EMU): dev/cuda/programs_emu
+	ln -f $< $@
+dev/cuda/programs_race: dev/cuda/programs.cpp $(DEV_CUDA_SRC) dev/cuda/common.h $(SIMT_HEADERS) | check-deps
+	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/programs.cpp
 	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
 	rm -f $@.o
-# dev/cuda/attention_wgmma's kernel (two warpgroups, cp.async double buffering, wgmma) under the race detector
-dev/cuda/attention_wgmma_race: dev/cuda/attention_wgmma.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
-	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma.cu
-	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
-	rm -f $@.o
-# dev/cuda/attention's backward v4 (model/attention_flash_bwd2.cuh) under the race detector
-dev/cuda/attention_race: dev/cuda/attention.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
-	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention.cu
-	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
-	rm -f $@.o
-# dev/cuda/attention_wgmma_bwd's kernel (wgmma backward, a semaphore per query tile) under the race detector
-dev/cuda/attention_wgmma_bwd_race: dev/cuda/attention_wgmma_bwd.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
-	$(CXX) $(RACE_FLAGS) -x c++ -c -o $@.o dev/cuda/attention_wgmma_bwd.cu
-	$(CXX) -fopenmp -o $@ $@.o -lopenblas -lm
-	rm -f $@.o
+$(DEV_CUDA_RACE): dev/cuda/programs_race
+	ln -f $< $@
 # the NCCL twin (test/simt/nccl_twin.h) and parallel/comm.h's NCCL path over it, under mpirun
 test/test_nccl_twin: test/test_nccl_twin.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(SIMT_FLAGS) $(MPI_CFLAGS) -o $@ test/test_nccl_twin.cpp $(DOCTEST_LINK) $(MPI_LIBS) -lm
@@ -243,7 +238,7 @@ train_dbrx_emu_count: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(COUNT_FLAGS) $(MPI_CFLAGS) -x c++ -c -o $@.o train_dbrx.cu
 	$(CXX) -fopenmp -o $@ $@.o $(LDLIBS)
 	rm -f $@.o
-emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_count $(DEV_CUDA_EMU) dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/attention_race)
+emu-build: $(if $(HAVE_CUDA_HEADERS),$(EMU_TESTS) train_dbrx_emu train_dbrx_emu_count $(DEV_CUDA_EMU) $(DEV_CUDA_RACE))
 
 # the real CUDA builds of the tests (make test compiles them; make test-gpu runs them on a device,
 # under compute-sanitizer with SANITIZER=1)
@@ -269,9 +264,10 @@ dev/cuda/attention_wgmma_bwd: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/moe_grouped: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/moe_wgrad: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
 dev/cuda/moe_fp8_grouped: NVCC_TEST_FLAGS += $(NVCC_NOSPILL)
-$(DEV_CUDA_EMU): dev/cuda/%_emu: dev/cuda/%.cu dev/cuda/common.h $(SIMT_HEADERS) | check-deps
-	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ $< -lopenblas -lm
-gpu-build: $(if $(NVCC),$(GPU_TESTS) $(DEV_CUDA))
+# make test compiles them all with nvcc as one unit (dev/cuda/programs.cpp), no register spills in any
+dev/cuda/programs_gpu: dev/cuda/programs.cpp $(DEV_CUDA_SRC) dev/cuda/common.h $(HEADERS)
+	$(NVCC) $(filter-out -O2,$(NVCC_TEST_FLAGS)) -O3 $(NVCC_NOSPILL) -x cu -o $@ dev/cuda/programs.cpp -lopenblas $(CUDA_LIBS)
+gpu-build: $(if $(NVCC),$(GPU_TESTS) dev/cuda/programs_gpu)
 
 # the device test programs, the one-process shell suites on ./train_dbrx, a smoke run and the benchmarks'
 # sanity pass, each under a time limit, past failures; the report goes to dev/bench/test_gpu_report.md
@@ -315,7 +311,7 @@ test-build: check-test-deps
 	@$(MAKE) --no-print-directory DEPS_CHECKED=1 test-build-all
 # (the longest compiles first: with -j the build then ends on short ones, both cores busy to the end)
 LONGEST_FIRST := $(if $(HAVE_CUDA_HEADERS),train_dbrx_emu_count train_dbrx_emu test/cuda_tests_race test/cuda_tests) \
-                 $(if $(NVCC),test/cuda_tests_gpu)
+                 $(if $(NVCC),test/cuda_tests_gpu dev/cuda/programs_gpu) $(if $(HAVE_CUDA_HEADERS),dev/cuda/programs_emu dev/cuda/programs_race)
 test-build-all: train_dbrx $(LONGEST_FIRST) train_dbrx_cpu test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
             dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) dev/comm_bench test/test_checkpoint test/test_gpu_select emu-build gpu-build
 
@@ -325,6 +321,6 @@ test: test-build
 
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
-	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) test/cuda_tests test/cuda_tests_gpu test/cuda_tests_race $(DEV_CUDA) $(DEV_CUDA_EMU) \
-	      dev/comm_bench test/test_checkpoint test/test_gpu_select dev/cuda/wgmma_gemm_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/attention_race \
+	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) test/cuda_tests test/cuda_tests_gpu test/cuda_tests_race $(DEV_CUDA) $(DEV_CUDA_EMU) dev/cuda/programs_emu dev/cuda/programs_race dev/cuda/programs_gpu \
+	      dev/comm_bench test/test_checkpoint test/test_gpu_select $(DEV_CUDA_RACE) \
 	      $(DOCTEST_LIB)

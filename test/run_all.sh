@@ -68,6 +68,21 @@ alone() {   # TITLE CMD...: once every section before it is done, nothing beside
 
 echo "== dataset (the default one: several tests train on it)"
 [ -f data/sotu/sotu_val_000000.bin ] || bash dev/data/prepare_sotu.sh || fail "make data"
+# the longest sections first (about 100-250 CPU-seconds each): started last, they ran on alone at the end, the
+# second core idle
+if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
+    # (their kill and hang checks, and test_zero.sh's and test_ckpt.sh's, allow a minute for what takes seconds:
+    # they hold beside another section (test_zero_gpu.sh's passed at a load average of ~500))
+    section "the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures" \
+        bash test/test_zero_gpu.sh
+fi
+section "expert parallelism (all-to-all of routed tokens; CPU and emulated GPU; checkpoints across EP degrees)" bash test/test_ep.sh
+section "checkpoints: resume, reshard, damage, crashes, signals, Hugging Face" bash test/test_ckpt.sh
+if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
+    section "the store's chunked experts (--zero-chunk-mib): bit-identical to the units whole, the working set the plan's, a negative control" \
+        bash test/test_zero_chunks.sh
+fi
+section "ZeRO-3 / HSDP / data parallel over MPI" bash test/test_zero.sh
 layout() { local f; f=$(mktemp); { $PY test/check_layout.py; $PY test/check_layout.py --planted; } > "$f" 2>&1; verdicts "$f" 7; rm -f "$f"; }
 section "the house rules (test/check_layout.py): includes, model/ free of parallelism, no getenv in the step, sizes" layout
 section "set-up: make deps / make deps-test package lists against the build's and scripts' messages" bash test/test_deps.sh
@@ -156,8 +171,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     section "the --dry-run planner: its terms by hand, against the model's walk and the store, the emulator's peak (SIMT emulator)" \
         doctest_run ./test/test_memory_plan
     dev_cuda() {
-        for b in dev/cuda/*_emu; do
-            out=$("$b" 2>&1); rc=$?
+        for src in dev/cuda/*.cu; do   # (a .cu that dev/cuda/programs.cpp leaves out fails here: its link runs nothing)
+            b=${src%.cu}_emu; out=$("$b" 2>&1); rc=$?
             [ "$rc" = 0 ] && pass "$b: every version validated against the CPU reference" || fail "$b (exit $rc): $(grep FAIL <<<"$out" | head -3)"
         done
         # attention backward v4 (model/attention_flash_bwd2.cuh) under the race detector: dbrx-1b's GQA 4:1 at T 200 (no
@@ -176,6 +191,19 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
             || fail "bench_gpu.sh --emulated (exit $rc): $(grep -E 'FAILED|bench-gpu:' <<<"$out" | head -3)"
     }
     section "dev/cuda microbenchmarks, validation only (SIMT emulator)" dev_cuda
+    nccl_twin() {
+        for np in 1 2 3 4; do   # every rank runs every case; one check per run
+            out=$(timeout 120 bash dev/mpirun.sh -np "$np" ./test/test_nccl_twin 2>&1); rc=$?
+            ok=$(grep -cE '^rank [0-9]+: \[doctest\] test cases: .*\| +0 failed' <<<"$out")
+            if [ "$rc" = 0 ] && [ "$ok" = "$np" ]; then pass "test_nccl_twin -np $np: $(grep -m1 -oE 'test cases: +[0-9]+' <<<"$out" | grep -oE '[0-9]+') test cases passed on each of $np rank(s)"
+            else fail "test_nccl_twin -np $np (exit $rc, $ok of $np ranks passed): $(grep -E 'ERROR|error' <<<"$out" | head -3)"; fi
+        done
+        # negative control: the twin's planted bug (its reduce-scatter ring run backwards) must fail the order check
+        out=$(NCCL_TWIN_DEBUG_PLANT=reduce_order timeout 120 bash dev/mpirun.sh -np 4 ./test/test_nccl_twin -tc='summation order*' 2>&1); rc=$?
+        if [ "$rc" != 0 ] && grep -q "first element off the ring order" <<<"$out"; then pass "test_nccl_twin: a planted change of the summation order fails the order check (exit $rc)"
+        else fail "test_nccl_twin: the planted change of the summation order went unnoticed (exit $rc)"; fi
+    }
+    section "the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)" nccl_twin
 else
     echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"
 fi
@@ -220,8 +248,6 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         bash test/test_predict_shapes.sh
     section "the store's communication streams: reduce-scatters beside the gathers, one issue order of the communicators (work logs)" \
         bash test/test_comm_streams.sh
-    section "the store's chunked experts (--zero-chunk-mib): bit-identical to the units whole, the working set the plan's, a negative control" \
-        bash test/test_zero_chunks.sh
     section "the gradient reduce-scatter in BF16 (--grad-reduce-dtype): fp32 the default's bits, bf16 near, half the bytes, the plan's scratch" \
         bash test/test_grad_reduce_dtype.sh
     section "the store's gradient shard overwritten by the first reduce-scatter, not zeroed: near the CPU, a stale-gradient control" \
@@ -234,7 +260,6 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
 fi
-section "expert parallelism (all-to-all of routed tokens; CPU and emulated GPU; checkpoints across EP degrees)" bash test/test_ep.sh
 cp_tests() { doctest_run ./test/test_ring_attention; bash test/test_cp.sh; }
 section "context parallelism (--context-parallel): ring attention vs the full-sequence reference, negative controls; CP 2/4 vs one process, bytes, resume" cp_tests
 section "expert parallelism's exchange in chunks overlapped with the experts (--ep-overlap-chunks): bit-identical losses, streams" \
@@ -244,28 +269,10 @@ section "--recompute: bit-identical losses and gradient norms with it (CPU, emul
 section "--compress-acts: compressed saved activations (CPU, emulated GPU: the same forward, gradients close, memory plan = peak)" \
     bash test/test_compress_acts.sh
 section "the loss-spike and NaN guard, checkpoints known good" bash test/test_guard.sh
-if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
-    # (their kill and hang checks, and test_zero.sh's and test_ckpt.sh's, allow a minute for what takes seconds:
-    # they hold beside another section (test_zero_gpu.sh's passed at a load average of ~500))
-    section "the CUDA path on several ranks: ZeRO-3/HSDP/DDP on the device over NCCL (the NCCL twin), checkpoints, interop, failures" \
-        bash test/test_zero_gpu.sh
-fi
-section "ZeRO-3 / HSDP / data parallel over MPI" bash test/test_zero.sh
-section "checkpoints: resume, reshard, damage, crashes, signals, Hugging Face" bash test/test_ckpt.sh
 
 # alone: checks that time a failure (a hung or killed rank named within seconds, Ctrl-C, watchdogs, time limits)
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
-    nccl_twin() {
-        for np in 1 2 3 4; do   # every rank runs every case; one check per run
-            out=$(timeout 120 bash dev/mpirun.sh -np "$np" ./test/test_nccl_twin 2>&1); rc=$?
-            ok=$(grep -cE '^rank [0-9]+: \[doctest\] test cases: .*\| +0 failed' <<<"$out")
-            if [ "$rc" = 0 ] && [ "$ok" = "$np" ]; then pass "test_nccl_twin -np $np: $(grep -m1 -oE 'test cases: +[0-9]+' <<<"$out" | grep -oE '[0-9]+') test cases passed on each of $np rank(s)"
-            else fail "test_nccl_twin -np $np (exit $rc, $ok of $np ranks passed): $(grep -E 'ERROR|error' <<<"$out" | head -3)"; fi
-        done
-        # negative control: the twin's planted bug (its reduce-scatter ring run backwards) must fail the order check
-        out=$(NCCL_TWIN_DEBUG_PLANT=reduce_order timeout 120 bash dev/mpirun.sh -np 4 ./test/test_nccl_twin -tc='summation order*' 2>&1); rc=$?
-        if [ "$rc" != 0 ] && grep -q "first element off the ring order" <<<"$out"; then pass "test_nccl_twin: a planted change of the summation order fails the order check (exit $rc)"
-        else fail "test_nccl_twin: the planted change of the summation order went unnoticed (exit $rc)"; fi
+    nccl_twin_hang() {   # alone: a hung rank (SIGSTOP) under the NCCL path, named within 20 s
         # a hung rank (SIGSTOP) under the NCCL path: rank 0's watchdog aborts and exits, naming it
         pidf=$(mktemp); t0=$(date +%s)
         NCCL_TWIN_TEST_HANG=1 NCCL_TWIN_TEST_PIDFILE=$pidf timeout 60 bash dev/mpirun.sh -np 2 ./test/test_nccl_twin > "$pidf.out" 2>&1; rc=$?
@@ -279,7 +286,7 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         else fail "NCCL path, a hung rank: exit $rc after ${dt} s: $(grep -i error "$pidf.out" | head -3)"; fi
         rm -f "$pidf" "$pidf".*
     }
-    alone "the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)" nccl_twin
+    alone "the NCCL twin: a hung rank (SIGSTOP) under comm.h's NCCL path, the watchdog names it (SIMT emulator)" nccl_twin_hang
     alone "make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run" \
         bash test/test_gpu_report.sh
 fi
@@ -301,10 +308,15 @@ if [ -n "${NVCC:-}" ]; then
         pass "no-spill rule: train_dbrx's kernels spill no registers (ptxas -warn-spills as an error); a spilling kernel fails the build ($(grep -m1 -o '[0-9]* bytes spill stores' <<<"$out"))"
     else fail "no-spill rule: the spilling probe compiled (exit $rc): $(head -2 <<<"$out")"; fi
     # make test-build compiled these with nvcc for sm_90a, warnings as errors, linked against cuBLASLt
-    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu test/test_decode_gpu $(ls dev/cuda/*.cu 2>/dev/null | sed 's/\.cu$//'); do
+    for b in train_dbrx test/test_kernels_gpu test/test_step_cuda_gpu test/test_fp8_cuda_gpu test/test_zero_fp8_cuda_gpu test/test_decode_gpu; do
         if [ -x "$b" ]; then pass "CUDA build: $b compiled by nvcc for sm_90a, warnings as errors"
         else fail "CUDA build: $b missing or stale"; fi
     done
+    # dev/cuda's programs, compiled as one unit (dev/cuda/programs.cpp); every .cu must be in it
+    missing=$(for src in dev/cuda/*.cu; do grep -q "^#include \"$(basename "$src")\"" dev/cuda/programs.cpp || echo "$src"; done)
+    if [ -x dev/cuda/programs_gpu ] && [ -z "$missing" ]; then
+        pass "CUDA build: dev/cuda's $(ls dev/cuda/*.cu | wc -l) programs compiled by nvcc for sm_90a as one unit (dev/cuda/programs_gpu), warnings as errors, no spills"
+    else fail "CUDA build: dev/cuda/programs_gpu missing, or dev/cuda/programs.cpp leaves out: $missing"; fi
 else
     echo "skipped: CUDA build with nvcc (nvcc not found): train_dbrx was built by g++ (CPU only), the GPU tests and dev/cuda programs were not compiled"
 fi

@@ -24,8 +24,7 @@
 #include "../../model/wgmma.cuh"
 #include "../../model/tma.cuh"
 
-// dynamic shared memory, declared at file scope (see model/attention_flash.cuh)
-extern __shared__ __align__(16) char dynamic_smem[];
+// (dynamic_smem: declared by model/wgmma.cuh)
 
 #define WG_BK 64   // k per tile: one 128-byte swizzle row
 
