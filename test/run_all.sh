@@ -191,19 +191,6 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
             || fail "bench_gpu.sh --emulated (exit $rc): $(grep -E 'FAILED|bench-gpu:' <<<"$out" | head -3)"
     }
     section "dev/cuda microbenchmarks, validation only (SIMT emulator)" dev_cuda
-    nccl_twin() {
-        for np in 1 2 3 4; do   # every rank runs every case; one check per run
-            out=$(timeout 120 bash dev/mpirun.sh -np "$np" ./test/test_nccl_twin 2>&1); rc=$?
-            ok=$(grep -cE '^rank [0-9]+: \[doctest\] test cases: .*\| +0 failed' <<<"$out")
-            if [ "$rc" = 0 ] && [ "$ok" = "$np" ]; then pass "test_nccl_twin -np $np: $(grep -m1 -oE 'test cases: +[0-9]+' <<<"$out" | grep -oE '[0-9]+') test cases passed on each of $np rank(s)"
-            else fail "test_nccl_twin -np $np (exit $rc, $ok of $np ranks passed): $(grep -E 'ERROR|error' <<<"$out" | head -3)"; fi
-        done
-        # negative control: the twin's planted bug (its reduce-scatter ring run backwards) must fail the order check
-        out=$(NCCL_TWIN_DEBUG_PLANT=reduce_order timeout 120 bash dev/mpirun.sh -np 4 ./test/test_nccl_twin -tc='summation order*' 2>&1); rc=$?
-        if [ "$rc" != 0 ] && grep -q "first element off the ring order" <<<"$out"; then pass "test_nccl_twin: a planted change of the summation order fails the order check (exit $rc)"
-        else fail "test_nccl_twin: the planted change of the summation order went unnoticed (exit $rc)"; fi
-    }
-    section "the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)" nccl_twin
 else
     echo "skipped: CUDA kernels under the SIMT emulator (no CUDA headers in \$CUDA_HOME/include)"
 fi
@@ -272,7 +259,17 @@ section "the loss-spike and NaN guard, checkpoints known good" bash test/test_gu
 
 # alone: checks that time a failure (a hung or killed rank named within seconds, Ctrl-C, watchdogs, time limits)
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
-    nccl_twin_hang() {   # alone: a hung rank (SIGSTOP) under the NCCL path, named within 20 s
+    nccl_twin() {   # alone: its abort and watchdog cases time a blocked call, and so does the hung rank
+        for np in 1 2 3 4; do   # every rank runs every case; one check per run
+            out=$(timeout 120 bash dev/mpirun.sh -np "$np" ./test/test_nccl_twin 2>&1); rc=$?
+            ok=$(grep -cE '^rank [0-9]+: \[doctest\] test cases: .*\| +0 failed' <<<"$out")
+            if [ "$rc" = 0 ] && [ "$ok" = "$np" ]; then pass "test_nccl_twin -np $np: $(grep -m1 -oE 'test cases: +[0-9]+' <<<"$out" | grep -oE '[0-9]+') test cases passed on each of $np rank(s)"
+            else fail "test_nccl_twin -np $np (exit $rc, $ok of $np ranks passed): $(grep -E 'ERROR|error' <<<"$out" | head -3)"; fi
+        done
+        # negative control: the twin's planted bug (its reduce-scatter ring run backwards) must fail the order check
+        out=$(NCCL_TWIN_DEBUG_PLANT=reduce_order timeout 120 bash dev/mpirun.sh -np 4 ./test/test_nccl_twin -tc='summation order*' 2>&1); rc=$?
+        if [ "$rc" != 0 ] && grep -q "first element off the ring order" <<<"$out"; then pass "test_nccl_twin: a planted change of the summation order fails the order check (exit $rc)"
+        else fail "test_nccl_twin: the planted change of the summation order went unnoticed (exit $rc)"; fi
         # a hung rank (SIGSTOP) under the NCCL path: rank 0's watchdog aborts and exits, naming it
         pidf=$(mktemp); t0=$(date +%s)
         NCCL_TWIN_TEST_HANG=1 NCCL_TWIN_TEST_PIDFILE=$pidf timeout 60 bash dev/mpirun.sh -np 2 ./test/test_nccl_twin > "$pidf.out" 2>&1; rc=$?
@@ -286,7 +283,7 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         else fail "NCCL path, a hung rank: exit $rc after ${dt} s: $(grep -i error "$pidf.out" | head -3)"; fi
         rm -f "$pidf" "$pidf".*
     }
-    alone "the NCCL twin: a hung rank (SIGSTOP) under comm.h's NCCL path, the watchdog names it (SIMT emulator)" nccl_twin_hang
+    alone "the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)" nccl_twin
     alone "make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run" \
         bash test/test_gpu_report.sh
 fi
