@@ -240,19 +240,20 @@ typedef void (*WarpCollective)(void* const lanes[32]);
 // detection)
 struct AsyncCopy { void* dst; const void* src; int bytes, src_bytes; const void* pc; };
 
+// (the fields that a switch and a warp operation read come first, together: the scheduler visits the fibers of a
+// 1024-thread block in turn, and their cache lines do not all stay in L1)
 struct Fiber {
     void* sp;                      // saved stack pointer (x86-64)
-#if !defined(__x86_64__)
-    ucontext_t ctx;
-#endif
-    char* stack;                   // lowest usable byte; NULL until the fiber first runs (start_fiber)
-    int stack_k;                   // ... of stack number stack_k
     uint3 tid;
     int state;
+    int stack_k;                   // its stack (Sched::stacks' number stack_k); -1 until it first runs (start_fiber)
     // the warp operation this lane waits at
     int op, arg, width;
     unsigned mask;
     uint64_t value, result;
+#if !defined(__x86_64__)
+    ucontext_t ctx;
+#endif
     const char* file;
     int line;
     WarpCollective collective;     // op == OP_COLLECTIVE: the instruction, and its name for messages
@@ -509,18 +510,18 @@ inline void start_fiber(Sched* s, Fiber& f) {
         k = s->stacks_used++;
     }
     f.stack_k = k;
-    f.stack = s->stacks + (size_t)k * s->stack_stride + (s->stack_stride - s->stack_bytes);   // (above its guard page)
+    char* stack = s->stacks + (size_t)k * s->stack_stride + (s->stack_stride - s->stack_bytes);   // (above its guard page)
 #if defined(__x86_64__)
     // the stack tops are staggered by 64 bytes per stack (mod 4 KiB): with equal page offsets every
     // fiber's top frame would fall into the same L1 cache set
-    uint64_t* sp = (uint64_t*)(((uintptr_t)(f.stack + s->stack_bytes - (k % 64) * 64)) & ~(uintptr_t)15);
+    uint64_t* sp = (uint64_t*)(((uintptr_t)(stack + s->stack_bytes - (k % 64) * 64)) & ~(uintptr_t)15);
     *--sp = 0;                                   // fiber_entry's (never used) return address
     *--sp = (uint64_t)(uintptr_t)&fiber_entry;   // where simt_switch's `ret` goes
     for (int r = 0; r < 6; r++) *--sp = 0;       // rbp rbx r12 r13 r14 r15
     f.sp = sp;
 #else
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_sp = stack;
     f.ctx.uc_stack.ss_size = s->stack_bytes;
     f.ctx.uc_link = NULL;
     makecontext(&f.ctx, fiber_entry_uc, 0);
@@ -561,7 +562,7 @@ __attribute__((always_inline)) inline int pick_next(Sched* s) {
     Fiber& f = s->fibers[i];
     f.state = RUNNING;
     threadIdx = f.tid;
-    if (!f.stack) start_fiber(s, f);
+    if (f.stack_k < 0) start_fiber(s, f);
     return i;
 }
 
@@ -611,7 +612,7 @@ inline bool run_block(Sched* s, int nthreads) {
         f.state = READY;
         f.async_open.clear();   // copies a thread of the previous block left unwaited never land here
         if (!f.async_groups.empty()) f.async_groups.clear();   // (its clear() is a call even when empty)
-        f.stack = nullptr;      // (a stack when it first runs: start_fiber)
+        f.stack_k = -1;         // (a stack when it first runs: start_fiber)
         s->ready[i] = i;
     }
     s->free_stacks.clear();     // (the previous block's: every stack is unused now)
