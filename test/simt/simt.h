@@ -8,7 +8,8 @@
  *     BF16/FP8 types and conversions are the CUDA headers' own host paths (cuda_bf16.h, cuda_fp8.h).
  *   - The threads of a block run as cooperative fibers on one OS thread (a 30-instruction context
  *     switch on x86-64, ucontext elsewhere). A fiber runs until it reaches __syncthreads() or a warp
- *     operation, then the next one runs. __syncthreads() releases the block when every thread has
+ *     operation, then the next one runs (switched to from the fiber that stops; a fiber's stack is taken
+ *     when it first runs, and an exited fiber's stack is reused). __syncthreads() releases the block when every thread has
  *     arrived; warp shuffles (__shfl_sync, __shfl_xor_sync, __shfl_down_sync, __shfl_up_sync),
  *     votes (__ballot_sync, __any_sync, __all_sync) and __syncwarp() are a rendezvous of the lanes
  *     named in the mask, in 32-lane warps. Blocks run one after another (or on SIMT_THREADS OS
@@ -239,18 +240,20 @@ typedef void (*WarpCollective)(void* const lanes[32]);
 // detection)
 struct AsyncCopy { void* dst; const void* src; int bytes, src_bytes; const void* pc; };
 
+// (the fields that a switch and a warp operation read come first, together: the scheduler visits the fibers of a
+// 1024-thread block in turn, and their cache lines do not all stay in L1)
 struct Fiber {
     void* sp;                      // saved stack pointer (x86-64)
-#if !defined(__x86_64__)
-    ucontext_t ctx;
-#endif
-    char* stack;                   // lowest usable byte
     uint3 tid;
     int state;
+    int stack_k;                   // its stack (Sched::stacks' number stack_k); -1 until it first runs (start_fiber)
     // the warp operation this lane waits at
     int op, arg, width;
     unsigned mask;
     uint64_t value, result;
+#if !defined(__x86_64__)
+    ucontext_t ctx;
+#endif
     const char* file;
     int line;
     WarpCollective collective;     // op == OP_COLLECTIVE: the instruction, and its name for messages
@@ -343,6 +346,12 @@ struct Sched {
     std::vector<Fiber> fibers;
     char* stacks = nullptr;
     size_t stack_bytes = 0, stack_stride = 0;
+    // The stacks are handed out when a fiber first runs, and an exited fiber's stack is reused: in a block
+    // without barriers or warp operations every thread runs to its end on one of two stacks that stay in the
+    // cache, instead of touching a stack per thread. (A block whose threads all wait somewhere holds one each.)
+    std::vector<int> free_stacks;     // given back by exited fibers, the latest last
+    int stacks_used = 0;              // stacks [0, stacks_used) have been handed out in this block
+    int dead_stack = -1;              // the stack of the fiber that just exited: free once another context runs
     int capacity = 0;
     void* main_sp = nullptr;
 #if !defined(__x86_64__)
@@ -422,6 +431,7 @@ namespace simt {
 inline bool tma_idle(Sched* s);
 inline std::string tma_deadlock_note(Sched* s);
 inline void tma_barrier_join(Sched* s);
+inline void suspend(Sched* s);   // (with run_block's loop, below)
 
 inline void make_ready(Sched* s, int i) {
     s->fibers[i].state = READY;
@@ -449,12 +459,23 @@ inline void make_ready(Sched* s, int i) {
                            op_name(s->fibers[j]) + " at " + s->fibers[j].file + ":" +
                            std::to_string(s->fibers[j].line));
     }
-    to_main(s);
+    s->dead_stack = f.stack_k;   // (reused once this fiber is off it)
+    suspend(s);
     __builtin_unreachable();
+}
+
+// the exited fiber's stack goes back to the pool: called by whichever context runs after it (run_block's loop,
+// a fiber resumed in suspend(), a fiber starting in fiber_entry), on its own stack
+inline void free_dead_stack(Sched* s) {
+    if (s->dead_stack >= 0) { s->free_stacks.push_back(s->dead_stack); s->dead_stack = -1; }
 }
 
 inline void fiber_entry() {
     Sched* s = tls_sched;
+    {
+        SIMT_RACE_QUIET;   // (the emulator's bookkeeping, not the kernel's accesses)
+        free_dead_stack(s);
+    }
     s->body(s->body_arg);
     fiber_exit(s);
 }
@@ -476,11 +497,95 @@ inline void ensure_capacity(Sched* s, int n) {
                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (s->stacks == MAP_FAILED) { fprintf(stderr, "error: simt: cannot map fiber stacks\n"); exit(1); }
     s->fibers.assign(s->capacity, Fiber());
-    for (int i = 0; i < s->capacity; i++) {
-        char* base = s->stacks + (size_t)i * s->stack_stride;
-        mprotect(base, page, PROT_NONE);
-        s->fibers[i].stack = base + page;
+    for (int i = 0; i < s->capacity; i++) mprotect(s->stacks + (size_t)i * s->stack_stride, page, PROT_NONE);
+}
+
+// the fiber's first run: a stack (an exited fiber's, else the next unused one) and the context that enters fiber_entry
+inline void start_fiber(Sched* s, Fiber& f) {
+    int k;
+    if (!s->free_stacks.empty()) {
+        k = s->free_stacks.back();
+        s->free_stacks.pop_back();
+    } else {
+        k = s->stacks_used++;
     }
+    f.stack_k = k;
+    char* stack = s->stacks + (size_t)k * s->stack_stride + (s->stack_stride - s->stack_bytes);   // (above its guard page)
+#if defined(__x86_64__)
+    // the stack tops are staggered by 64 bytes per stack (mod 4 KiB): with equal page offsets every
+    // fiber's top frame would fall into the same L1 cache set
+    uint64_t* sp = (uint64_t*)(((uintptr_t)(stack + s->stack_bytes - (k % 64) * 64)) & ~(uintptr_t)15);
+    *--sp = 0;                                   // fiber_entry's (never used) return address
+    *--sp = (uint64_t)(uintptr_t)&fiber_entry;   // where simt_switch's `ret` goes
+    for (int r = 0; r < 6; r++) *--sp = 0;       // rbp rbx r12 r13 r14 r15
+    f.sp = sp;
+#else
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stack;
+    f.ctx.uc_stack.ss_size = s->stack_bytes;
+    f.ctx.uc_link = NULL;
+    makecontext(&f.ctx, fiber_entry_uc, 0);
+#endif
+}
+
+// takes the next fiber off the ready queue as the schedule says, and makes it the running one (run_block's
+// loop, and suspend() on a fiber's way out: the same choice either way)
+__attribute__((always_inline)) inline int pick_next(Sched* s) {
+    int i;
+    if (s->warp_ahead >= 0) {
+        // the adversary: warp `warp_ahead` first whenever it can run, then the others in reverse index
+        // order, so that one warp runs ahead to its next barrier (or warp operation) and the last
+        // threads of the block overtake the first ones
+        size_t pick = s->ready_head;
+        for (size_t k = s->ready_head; k < s->ready.size(); k++) {
+            int c = s->ready[k], p = s->ready[pick];
+            bool ca = c / 32 == s->warp_ahead, pa = p / 32 == s->warp_ahead;
+            if (ca != pa ? ca : ca ? c < p : c > p) pick = k;
+        }
+        i = s->ready[pick];
+        s->ready[pick] = s->ready[s->ready_head];
+    } else if (s->random) {
+        size_t n = s->ready.size() - s->ready_head;
+        s->rng = mix64(s->rng);
+        size_t pick = s->ready_head + (size_t)(s->rng % n);
+        i = s->ready[pick];
+        s->ready[pick] = s->ready[s->ready_head];
+    } else {
+        i = s->ready[s->ready_head];
+    }
+    s->ready_head++;
+    if (s->ready_head > 4096 && s->ready_head * 2 > s->ready.size()) {   // compact the queue
+        s->ready.erase(s->ready.begin(), s->ready.begin() + s->ready_head);
+        s->ready_head = 0;
+    }
+    s->current = i;
+    Fiber& f = s->fibers[i];
+    f.state = RUNNING;
+    threadIdx = f.tid;
+    if (f.stack_k < 0) start_fiber(s, f);
+    return i;
+}
+
+// The running fiber stops (it waits, or it has exited; its state says which) and the next ready one runs, switched
+// to from here: one context switch instead of two through run_block's loop, which picks the same fiber. The loop
+// itself runs when no fiber is ready (its idle point: deadlock or landing bulk copies, tma.h) or an error is pending.
+inline void suspend(Sched* s) {
+    if (!s->error.empty() || s->ready_head == s->ready.size()) { to_main(s); return; }
+    int me = s->current;
+#if defined(SIMT_RACE_DETECT)
+    race_set_active(false);   // as in run_block's loop: the choice is the emulator's, not a fiber's
+#endif
+    int i = pick_next(s);
+#if defined(SIMT_RACE_DETECT)
+    race_set_active(true);
+#endif
+    if (i == me) return;      // (it was ready again itself: a random schedule's yield, mbarrier.test_wait)
+#if defined(__x86_64__)
+    simt_switch(&s->fibers[me].sp, s->fibers[i].sp);
+#else
+    swapcontext(&s->fibers[me].ctx, &s->fibers[i].ctx);
+#endif
+    free_dead_stack(s);   // (back in this fiber, which may have been switched to from one that exited)
 }
 
 // Runs block `blockIdx` of the current launch to its end. Returns false (with s->error) on an error.
@@ -506,58 +611,18 @@ inline bool run_block(Sched* s, int nthreads) {
         }
         f.state = READY;
         f.async_open.clear();   // copies a thread of the previous block left unwaited never land here
-        f.async_groups.clear();
-#if defined(__x86_64__)
-        // the stack tops are staggered by 64 bytes per fiber (mod 4 KiB): with equal page offsets
-        // every fiber's top frame would fall into the same L1 cache set
-        uint64_t* sp = (uint64_t*)(((uintptr_t)(f.stack + s->stack_bytes - (i % 64) * 64)) & ~(uintptr_t)15);
-        *--sp = 0;                                   // fiber_entry's (never used) return address
-        *--sp = (uint64_t)(uintptr_t)&fiber_entry;   // where simt_switch's `ret` goes
-        for (int r = 0; r < 6; r++) *--sp = 0;       // rbp rbx r12 r13 r14 r15
-        f.sp = sp;
-#else
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack;
-        f.ctx.uc_stack.ss_size = s->stack_bytes;
-        f.ctx.uc_link = NULL;
-        makecontext(&f.ctx, fiber_entry_uc, 0);
-#endif
+        if (!f.async_groups.empty()) f.async_groups.clear();   // (its clear() is a call even when empty)
+        f.stack_k = -1;         // (a stack when it first runs: start_fiber)
         s->ready[i] = i;
     }
+    s->free_stacks.clear();     // (the previous block's: every stack is unused now)
+    s->stacks_used = 0;
+    s->dead_stack = -1;
 #if defined(SIMT_RACE_DETECT)
     race_block_start(s, nthreads);
 #endif
     while (s->ready_head < s->ready.size() || tma_idle(s)) {   // (idle: bulk copies in flight land, tma.h)
-        int i;
-        if (s->warp_ahead >= 0) {
-            // the adversary: warp `warp_ahead` first whenever it can run, then the others in reverse index
-            // order, so that one warp runs ahead to its next barrier (or warp operation) and the last
-            // threads of the block overtake the first ones
-            size_t pick = s->ready_head;
-            for (size_t k = s->ready_head; k < s->ready.size(); k++) {
-                int c = s->ready[k], p = s->ready[pick];
-                bool ca = c / 32 == s->warp_ahead, pa = p / 32 == s->warp_ahead;
-                if (ca != pa ? ca : ca ? c < p : c > p) pick = k;
-            }
-            i = s->ready[pick];
-            s->ready[pick] = s->ready[s->ready_head];
-        } else if (s->random) {
-            size_t n = s->ready.size() - s->ready_head;
-            s->rng = mix64(s->rng);
-            size_t pick = s->ready_head + (size_t)(s->rng % n);
-            i = s->ready[pick];
-            s->ready[pick] = s->ready[s->ready_head];
-        } else {
-            i = s->ready[s->ready_head];
-        }
-        s->ready_head++;
-        if (s->ready_head > 4096 && s->ready_head * 2 > s->ready.size()) {   // compact the queue
-            s->ready.erase(s->ready.begin(), s->ready.begin() + s->ready_head);
-            s->ready_head = 0;
-        }
-        s->current = i;
-        s->fibers[i].state = RUNNING;
-        threadIdx = s->fibers[i].tid;
+        int i = pick_next(s);
 #if defined(SIMT_RACE_DETECT)
         race_set_active(true);
 #endif
@@ -569,6 +634,7 @@ inline bool run_block(Sched* s, int nthreads) {
 #if defined(SIMT_RACE_DETECT)
         race_set_active(false);
 #endif
+        free_dead_stack(s);
         if (!s->error.empty()) return false;
     }
     if (!s->error.empty()) return false;
@@ -614,11 +680,23 @@ inline void syncthreads(const char* file, int line) {
 #endif
         for (int i = 0; i < s->nthreads; i++) make_ready(s, i);
     }
-    to_main(s);
+    suspend(s);
 }
 
-// the value lane `l` gets from a warp operation, all lanes of the mask having arrived
-inline uint64_t warp_result(Sched* s, int w, int l) {
+// a warp operation's error (out of line: the common path builds no strings)
+[[noreturn]] __attribute__((noinline, cold)) inline void warp_error(Sched* s, const std::string& msg) {
+    fiber_error(s, "warp error in " + where(s) + msg);
+}
+[[noreturn]] __attribute__((noinline, cold)) inline void warp_op_error(Sched* s, int op, const char* collective_name, const char* file,
+                                                                      int line, int lane, int w, const std::string& what) {
+    const char* name = op == OP_COLLECTIVE ? collective_name : warp_op_names[op];
+    warp_error(s, std::string(": ") + name + " at " + file + ":" + std::to_string(line) + ", lane " + std::to_string(lane) +
+                  " of warp " + std::to_string(w) + ": " + what);
+}
+
+// the value lane `l` gets from a shuffle, all lanes of the mask having arrived (a ballot's and the others' are
+// the same for every lane: warp_op computes them once)
+__attribute__((always_inline)) inline uint64_t warp_result(Sched* s, int w, int l) {
     const Fiber& f = s->fibers[w * 32 + l];
     int width = f.width, src = l;
     switch (f.op) {
@@ -626,18 +704,10 @@ inline uint64_t warp_result(Sched* s, int w, int l) {
     case OP_SHFL_XOR: src = l ^ f.arg; if (src >= (l / width + 1) * width || src > 31) src = l; break;
     case OP_SHFL_DOWN: src = (l % width) + f.arg >= width ? l : l + f.arg; break;
     case OP_SHFL_UP: src = (l % width) < f.arg ? l : l - f.arg; break;
-    case OP_BALLOT: {
-        uint64_t bits = 0;
-        for (int j = 0; j < 32; j++)
-            if ((f.mask >> j & 1) && s->fibers[w * 32 + j].value) bits |= 1ull << j;
-        return bits;
     }
-    case OP_SYNCWARP: case OP_COLLECTIVE: return 0;
-    }
-    if (!(f.mask >> src & 1))
-        fiber_error(s, std::string("warp error in ") + where(s) + ": lane " + std::to_string(l) + " of warp " +
-                       std::to_string(w) + " reads lane " + std::to_string(src) + " which is not in the mask in " +
-                       op_name(f) + " at " + f.file + ":" + std::to_string(f.line));
+    if (__builtin_expect(!(f.mask >> src & 1), 0))
+        warp_error(s, ": lane " + std::to_string(l) + " of warp " + std::to_string(w) + " reads lane " + std::to_string(src) +
+                      " which is not in the mask in " + op_name(f) + " at " + f.file + ":" + std::to_string(f.line));
     return s->fibers[w * 32 + src].value;
 }
 
@@ -649,23 +719,18 @@ inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int widt
     Fiber& f = s->fibers[me];
     int lanes = std::min(32, s->nthreads - w * 32);
     unsigned present = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1);
-    const char* name = op == OP_COLLECTIVE ? collective_name : warp_op_names[op];
-    auto err = [&](const std::string& what) {
-        fiber_error(s, std::string("warp error in ") + where(s) + ": " + name + " at " + file + ":" +
-                       std::to_string(line) + ", lane " + std::to_string(lane) + " of warp " + std::to_string(w) +
-                       ": " + what);
-    };
-    if (width < 1 || width > 32 || (width & (width - 1))) err("width " + std::to_string(width) + " is not a power of 2 <= 32");
-    if (!(mask >> lane & 1)) err("the calling lane is not in the mask");
+#define SIMT_WARP_ERR(what) warp_op_error(s, op, collective_name, file, line, lane, w, what)
+    if (width < 1 || width > 32 || (width & (width - 1))) SIMT_WARP_ERR("width " + std::to_string(width) + " is not a power of 2 <= 32");
+    if (!(mask >> lane & 1)) SIMT_WARP_ERR("the calling lane is not in the mask");
     if (mask & ~present) {
         char b[128];
         snprintf(b, sizeof b, "mask 0x%08x names lanes that do not exist (this warp has %d lanes)", mask, lanes);
-        err(b);
+        SIMT_WARP_ERR(b);
     }
     if (mask & s->warp_exited[w]) {
         char b[128];
         snprintf(b, sizeof b, "mask 0x%08x names lanes that have exited (0x%08x): warp divergence", mask, mask & s->warp_exited[w]);
-        err(b);
+        SIMT_WARP_ERR(b);
     }
     if (unsigned waiting = s->warp_arrived[w] & mask) {   // lanes already waiting in this mask: the same operation
         int j = __builtin_ctz(waiting);
@@ -674,32 +739,38 @@ inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int widt
             char b[256];
             snprintf(b, sizeof b, "lane %d waits in %s (mask 0x%08x) at %s:%d with mask 0x%08x: divergent warp operations",
                      j, op_name(o), o.mask, o.file, o.line, mask);
-            err(b);
+            SIMT_WARP_ERR(b);
         }
     }
+#undef SIMT_WARP_ERR
     f.op = op; f.mask = mask; f.value = value; f.arg = arg; f.width = width; f.file = file; f.line = line;
     f.collective = collective; f.collective_name = collective_name;
     f.state = AT_WARP;
     s->warp_arrived[w] |= 1u << lane;
     if ((s->warp_arrived[w] & mask) == mask) {   // the last lane of the mask: everybody's result, then go on
+        Fiber* warp = &s->fibers[w * 32];
         if (op == OP_COLLECTIVE) {
             void* ptrs[32];
-            for (int j = 0; j < 32; j++) ptrs[j] = mask >> j & 1 ? (void*)(uintptr_t)s->fibers[w * 32 + j].value : nullptr;
+            for (int j = 0; j < 32; j++) ptrs[j] = mask >> j & 1 ? (void*)(uintptr_t)warp[j].value : nullptr;
             collective(ptrs);
+        } else if (op == OP_BALLOT || op == OP_SYNCWARP) {   // one result for all
+            uint64_t bits = 0;
+            if (op == OP_BALLOT)
+                for (unsigned m = mask; m; m &= m - 1)
+                    if (warp[__builtin_ctz(m)].value) bits |= 1ull << __builtin_ctz(m);
+            for (unsigned m = mask; m; m &= m - 1) warp[__builtin_ctz(m)].result = bits;
         } else {
-            for (int j = 0; j < 32; j++)
-                if (mask >> j & 1) s->fibers[w * 32 + j].result = warp_result(s, w, j);
+            for (unsigned m = mask; m; m &= m - 1) warp[__builtin_ctz(m)].result = warp_result(s, w, __builtin_ctz(m));
         }
 #if defined(SIMT_RACE_DETECT)
         race_warp_sync(w, mask);   // (after a collective's own accesses, which are the lanes' before the meeting)
 #endif
         s->warp_arrived[w] &= ~mask;
-        for (int j = 0; j < 32; j++)
-            if ((mask >> j & 1) && j != lane) make_ready(s, w * 32 + j);
+        for (unsigned m = mask & ~(1u << lane); m; m &= m - 1) make_ready(s, w * 32 + __builtin_ctz(m));
         f.state = RUNNING;
-        if (s->random) { make_ready(s, me); to_main(s); }   // let the others overtake this lane too
+        if (s->random) { make_ready(s, me); suspend(s); }   // let the others overtake this lane too
     } else {
-        to_main(s);
+        suspend(s);
     }
     return f.result;
 }

@@ -215,7 +215,7 @@ inline bool mbar_try_wait_parity(uint64_t* bar, int parity, const char* file, in
         Fiber& f = s->fibers[me];
         f.op = OP_COLLECTIVE; f.mask = 0; f.collective = nullptr; f.collective_name = "mbarrier.try_wait"; f.file = file; f.line = line;
         f.state = AT_WARP;
-        to_main(s);
+        suspend(s);
     }
 }
 
@@ -236,7 +236,7 @@ inline bool mbar_test_wait_parity(uint64_t* bar, int parity, const char* file, i
                   std::to_string(mbar_unpack(m.word).pending) + " arrival(s) pending, tx-count " + std::to_string(mbar_unpack(m.word).tx), file, line);
     if (m.spin_word != m.word) { m.spin_word = m.word; m.spins = 0; }
     make_ready(s, s->current);
-    to_main(s);
+    suspend(s);
     return false;
 }
 

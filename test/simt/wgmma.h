@@ -219,7 +219,7 @@ inline void warpgroup_op(const char* name, void* mine, WgCollective fn, bool syn
     st->ptr[me] = mine;
     f.op = OP_COLLECTIVE; f.mask = 0; f.collective = nullptr; f.collective_name = name; f.file = file; f.line = line;
     f.state = AT_WARP;
-    if (++st->arrived[wg] < 128) { to_main(s); return; }
+    if (++st->arrived[wg] < 128) { suspend(s); return; }
     st->arrived[wg] = 0;
 #if defined(SIMT_RACE_DETECT)
     if (sync_first) for (int w = first / 32; w < first / 32 + 4; w++) race_warp_sync(w, 0xffffffffu);
@@ -232,7 +232,7 @@ inline void warpgroup_op(const char* name, void* mine, WgCollective fn, bool syn
 #endif
     for (int j = first; j < first + 128; j++) if (j != me) make_ready(s, j);
     f.state = RUNNING;
-    if (s->random) { make_ready(s, me); to_main(s); }   // let the others overtake this thread too
+    if (s->random) { make_ready(s, me); suspend(s); }   // let the others overtake this thread too
 }
 
 // --- the instructions -------------------------------------------------------------------------
