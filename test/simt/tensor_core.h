@@ -65,16 +65,18 @@ inline void mma_m16n8k16_bf16_collective(void* const lanes[32]) {
             C[g + 8][2 * t + h] = x->c[2 + h];
         }
     }
+    // D = C + A B, each output's sum in k order (the product is exact in fp32, so a contracted fma rounds the
+    // same: one rounding per addition); a row's 8 outputs advance together, one k at a time (independent sums,
+    // which the compiler vectorises; an output at a time was a chain of 16 dependent additions)
+    for (int row = 0; row < 16; row++)
+        for (int k = 0; k < 16; k++) {
+            float a = A[row][k];
+            for (int col = 0; col < 8; col++) C[row][col] += a * B[k][col];
+        }
     for (int l = 0; l < 32; l++) {
         MmaLane* x = (MmaLane*)lanes[l];
         int g = l / 4, t = l % 4;
-        for (int i = 0; i < 4; i++) {
-            int row = g + 8 * (i / 2), col = 2 * t + i % 2;
-            // the product is exact in fp32, so a contracted fma rounds the same: one rounding per addition
-            float acc = C[row][col];
-            for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
-            x->d[i] = acc;
-        }
+        for (int i = 0; i < 4; i++) x->d[i] = C[g + 8 * (i / 2)][2 * t + i % 2];
     }
 }
 
