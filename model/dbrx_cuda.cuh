@@ -573,12 +573,13 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
         unit_end(m, dbrx_experts_unit(l), UNIT_BACKWARD);
         unit_begin(m, dbrx_block_unit(l), UNIT_BACKWARD);
         prof_begin(pt, "layer", "layer %d router", l);
-        moe_gather_backward_gpu(m->dln, m->dxe, a->slot_row, N, k, d);
         const int* lc = a->counts;   // (CP: the group's counts and the weight / n: lbl_counts)
         float lw = m->attn.lbl ? m->attn.lbl_counts(m->attn.ctx, l, c->moe_loss_weight, &lc) : c->moe_loss_weight;
         router_backward_gpu(m->drouter, m->dtopk_w, a->probs, a->lse, a->topk_idx, a->topk_w, lc, N, E, k, L, lw,
                             c->z_loss_weight, dloss, c->moe_norm_p);
-        matmul_backward_gpu(m->dln, gw.router, m->drouter, a->ln2, w.router, N, d, E, 1.0f, 0, wb);
+        // dln = the routed rows' gradients summed per token + drouter w.router (one pass: moe.cuh), then d w.router
+        moe_gather_router_backward_gpu(m->dln, m->dxe, a->slot_row, m->drouter, w.router, N, k, d, E);
+        matmul_backward_gpu((float*)nullptr, gw.router, m->drouter, a->ln2, w.router, N, d, E, 0.0f, 0, wb);
         layernorm_backward_gpu(m->dresid, m->dresid_bf16, gw.norm2, m->ln_scratch, m->dln, a->resid_mid, w.norm2, a->ln2_mean,
                                a->ln2_rstd, N, d, 0, wacc);
         // attention half: dresid is now d loss / d resid_mid

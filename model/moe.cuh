@@ -225,9 +225,17 @@ static inline void moe_dispatch_gpu(int* offsets, int* row_token, int* slot_row,
 
 // dx (N, C) fp32 = sum over the token's slots j (in order) of the BF16 rows dxe[slot_row[t, j]], summed in
 // fp32 (overwrites dx): the rows are BF16 (model/CUDA.md, "The routed input gradient in BF16"), the sum joins
-// the fp32 residual-stream gradient. W channels per thread (8: 16-byte reads when C and dxe allow it).
+// the fp32 residual-stream gradient. W channels per thread (8: 16-byte reads when C, dxe and wr allow it).
+// With dr (N, E) and wr (E, C) (BF16; the training step's router), the router's input gradient dr wr joins dx in the
+// same pass: dx = (sum_e dr[t, e] wr[e, :]) + the slots' sum. On the CPU that is moe_gather_backward, then
+// matmul_backward's dinp += dout weight; on the GPU it was a cuBLASLt GEMM after this kernel, k = E = 16, which an
+// H100 ran at 7 TFLOP/s (77 us a layer at dbrx-1b for 0.5 GFLOP: dev/bench/results_gpu.md's GEMM table), where
+// here it adds E FMAs per element to a pass that reads k rows anyway (wr, E C elements, stays in L1/L2). The sum over
+// e runs in e order from 0 as cuBLASLt's twin sums k, then adds the slots' sum as the twin's beta = 1 adds C: under
+// the emulator the bits of the GEMM it replaces (test_kernels checks them against the pair).
 template <int W>
-__global__ void moe_gather_backward_kernel(float* dx, const floatX* dxe, const int* slot_row, int N, int k, int C) {
+__global__ void moe_gather_backward_kernel(float* dx, const floatX* dxe, const int* slot_row, int N, int k, int C,
+                                           const floatX* dr, const floatX* wr, int E) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * W;
     if (i >= (size_t)N * C) return;
     size_t t = i / C, c = i % C;
@@ -236,6 +244,16 @@ __global__ void moe_gather_backward_kernel(float* dx, const floatX* dxe, const i
     for (int j = 0; j < k; j++) {
         load_bf16<W>(row, dxe + (size_t)slot_row[t * k + j] * C + c);
         for (int q = 0; q < W; q++) acc[q] += row[q];
+    }
+    if (dr) {
+        float racc[W];
+        for (int q = 0; q < W; q++) racc[q] = 0.0f;
+        for (int e = 0; e < E; e++) {
+            float g = __bfloat162float(dr[t * E + e]);
+            load_bf16<W>(row, wr + (size_t)e * C + c);
+            for (int q = 0; q < W; q++) racc[q] = racc[q] + g * row[q];
+        }
+        for (int q = 0; q < W; q++) acc[q] = racc[q] + acc[q];
     }
     for (int q = 0; q < W; q++) dx[i + q] = acc[q];
 }
@@ -312,12 +330,19 @@ template <typename T>
 static inline void moe_gather_gpu(T* xe, const T* x, const int* row_token, int rows, int C, cudaStream_t stream = 0) {
     gather_rows_gpu(xe, x, row_token, rows, C, stream);
 }
+// dx (N, C) = the slots' sum of dxe + dr (N, E) wr (E, C) (the kernel's comment); dr, wr null: the slots' sum alone
+static inline void moe_gather_router_backward_gpu(float* dx, const floatX* dxe, const int* slot_row, const floatX* dr,
+                                                  const floatX* wr, int N, int k, int C, int E, cudaStream_t stream = 0) {
+    if (bf16_rows_vec8(C, {dxe, wr}))
+        LAUNCH(moe_gather_backward_kernel<8>, ceil_div((long long)N * C / 8, 256), 256, 0, stream, dx, dxe, slot_row, N, k, C,
+               dr, wr, E);
+    else
+        LAUNCH(moe_gather_backward_kernel<1>, ceil_div((long long)N * C, 256), 256, 0, stream, dx, dxe, slot_row, N, k, C,
+               dr, wr, E);
+}
 static inline void moe_gather_backward_gpu(float* dx, const floatX* dxe, const int* slot_row, int N, int k, int C,
                                            cudaStream_t stream = 0) {
-    if (bf16_rows_vec8(C, {dxe}))
-        LAUNCH(moe_gather_backward_kernel<8>, ceil_div((long long)N * C / 8, 256), 256, 0, stream, dx, dxe, slot_row, N, k, C);
-    else
-        LAUNCH(moe_gather_backward_kernel<1>, ceil_div((long long)N * C, 256), 256, 0, stream, dx, dxe, slot_row, N, k, C);
+    moe_gather_router_backward_gpu(dx, dxe, slot_row, (const floatX*)nullptr, (const floatX*)nullptr, N, k, C, 0, stream);
 }
 static inline void swiglu_forward_gpu(floatX* a, const floatX* g, const floatX* u, size_t n, cudaStream_t stream = 0) {
     if (n == 0) return;

@@ -615,7 +615,8 @@ TEST_CASE("router: softmax, top-k, renormalisation (L1, L2, none), histogram, LB
 
 TEST_CASE("MoE dispatch (histogram, offsets, permutation), gather and its backward") {
     // 3000 x top-4 of 16: DBRX's experts, the permutation over 12 slices, experts 3 and 11 empty
-    for (auto s : {std::vector<int>{1, 4, 1, 8}, {37, 16, 4, 24}, {300, 16, 4, 40}, {129, 5, 2, 33}, {3000, 16, 4, 8}}) {
+    // (40 x 16 x top-4 at DBRX's d 6144: the fused router gradient's wr rows at their production length)
+    for (auto s : {std::vector<int>{1, 4, 1, 8}, {37, 16, 4, 24}, {300, 16, 4, 40}, {129, 5, 2, 33}, {3000, 16, 4, 8}, {40, 16, 4, 6144}}) {
         int N = s[0], E = s[1], k = s[2], C = s[3];
         // top-k indices: k distinct experts per token, skewed so that some experts get nothing
         std::vector<int> idx((size_t)N * k), counts(E, 0);
@@ -656,8 +657,20 @@ TEST_CASE("MoE dispatch (histogram, offsets, permutation), gather and its backwa
         float* d_dx = dev_poisoned<float>(dx.size());
         moe_gather_backward_gpu(d_dx, d_dxe, d_sr, N, k, C);
         expect_close("dx", get(d_dx, dx.size()), dx, TOL_F32);
+        // the training step's form: the router's input gradient dr wr in the same pass. Against the CPU's pair
+        // (moe_gather_backward, then matmul_backward's dinp += dout weight) and, bit for bit, the GPU pair it replaced
+        // (the gather, then cuBLASLt's dinp GEMM with beta 1)
+        std::vector<float> dr = bf16_round(randn((size_t)N * E, 11)), wr = bf16_round(randn((size_t)E * C, 12, 0.1)), dxr = dx;
+        matmul_backward(dxr.data(), nullptr, dr.data(), nullptr, wr.data(), N, C, E);
+        floatX *d_dr = dev_bf16(dr), *d_wr = dev_bf16(wr);
+        float* d_dxr = dev_poisoned<float>(dx.size());
+        moe_gather_router_backward_gpu(d_dxr, d_dxe, d_sr, d_dr, d_wr, N, k, C, E);
+        std::vector<float> fused = get(d_dxr, dx.size());
+        expect_close("dx + dr wr", fused, dxr, TOL_F32);
+        matmul_backward_gpu(d_dx, (float*)nullptr, d_dr, (const floatX*)nullptr, d_wr, N, C, E, 1.0f);
+        CHECK(memcmp(fused.data(), get(d_dx, dx.size()).data(), fused.size() * sizeof(float)) == 0);
         for (void* p : {(void*)d_idx, (void*)d_counts, (void*)d_off, (void*)d_rt, (void*)d_sr, (void*)d_x, (void*)d_xe, (void*)d_dxe,
-                        (void*)d_dx})
+                        (void*)d_dx, (void*)d_dr, (void*)d_wr, (void*)d_dxr})
             cudaCheck(cudaFree(p));
     }
 }

@@ -218,8 +218,14 @@ def e2e(log, counters, L, d, H, KV, E, k, F, V, tokens, seq):
     n_matmul = L * (d * (H + 2 * KV) * hd + d * d + d * E + k * 3 * F * d) + V * d
     want = 6.0 * n_matmul * tokens
     got = sum(it["flops"] for it in st if it["t"] == "gemm")
-    check(got == want, "the step's GEMM FLOPs %d = 6 N_matmul x tokens = %d (model/config.h's MFU count less its attention "
-          "term 6 L d (S+1), which the flash kernels do; no recomputed GEMM)" % (got, want))
+    # the router's input gradient dr (N, E) wr (E, d) is done by the gather backward (model/moe.cuh), not a GEMM
+    fused = [it["args"] for it in st if it["t"] == "kernel" and re.sub(r"<.*", "", it["name"]) == "moe_gather_backward_kernel"
+             and it["args"][6]]
+    check(len(fused) == L, "the router's input gradient is fused into the gather backward in every layer: %d of %d" % (len(fused), L))
+    got += sum(2 * a[3] * a[8] * a[5] for a in fused)
+    check(got == want, "the step's GEMM FLOPs, with the router input gradient's in the gather backward, %d = 6 N_matmul x "
+          "tokens = %d (model/config.h's MFU count less its attention term 6 L d (S+1), which the flash kernels do; no "
+          "recomputed GEMM)" % (got, want))
     r = P.simulate(st)
     check(r["step"] > 0 and len(r["ops"]) >= nk + ng, "the step simulates: %.3f ms predicted on an H100 SXM" % (r["step"] * 1e3))
 

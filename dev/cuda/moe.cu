@@ -4,7 +4,8 @@
  *   router forward (softmax, top-k, renormalise; histogram; LBL/z-loss column sums)
  *   dispatch: offsets + the stable permutation, v1 one block per expert walking all N k assignments in sequence
  *   (E = 16 blocks: latency-bound, before the host sync; the model's before session 30), v2 (slices x experts
- *   blocks, each counting the assignments before its slice: the model's), both the CPU's rows exactly; gather, gather backward,
+ *   blocks, each counting the assignments before its slice: the model's), both the CPU's rows exactly; gather, gather backward
+ *   (alone; with the router's input gradient fused, the model's; the gather then cuBLASLt's k = E GEMM, before session 43),
  *   SwiGLU forward v1 (scalar) and v2 (16-byte accesses, the model's), combine forward (+ residual) and backward.
  * Memory-bound: each line gives GB/s for the bytes the kernel must move.
  * The expert layer's GEMMs (model/CUDA.md, "The expert GEMMs: one sync per MoE layer"): experts_forward_gpu
@@ -99,6 +100,23 @@ int main() {
     gather_bwd();
     validate("gather backward", from_device_f32(ddx, dxh.size()), dxh, 1e-5, 1e-6);
     report_bandwidth("gather backward", (double)R * C * 2 + (double)N * C * 4, time_ms(20, gather_bwd));
+    // the training step's form: + the router's input gradient dr (N, E) wr (E, C) in the same pass (the model's), and
+    // the pair it replaced: the gather, then cuBLASLt's dinp += dr wr (k = E)
+    std::vector<float> drh = round_bf16(make_random((size_t)N * E, 12)), wrh = round_bf16(make_random((size_t)E * C, 13, 0.1));
+    std::vector<float> dxr = dxh;
+    matmul_backward(dxr.data(), nullptr, drh.data(), nullptr, wrh.data(), N, C, E);
+    floatX *ddr = to_device_bf16v(drh), *dwr = to_device_bf16v(wrh);
+    std::function<void()> gr[2] = {
+        [&] { moe_gather_backward_gpu(ddx, ddxe, dsr, N, k, C); matmul_backward_gpu(ddx, (float*)nullptr, ddr, (const floatX*)nullptr, dwr, N, C, E, 1.0f); },
+        [&] { moe_gather_router_backward_gpu(ddx, ddxe, dsr, ddr, dwr, N, k, C, E); },
+    };
+    const char* grn[2] = {"gather bwd, then router dinp GEMM", "gather bwd + router dinp (model)"};
+    for (int v = 0; v < 2; v++) {
+        cudaCheck(cudaMemset(ddx, 0xFF, dxh.size() * sizeof(float)));
+        gr[v]();
+        validate(grn[v], from_device_f32(ddx, dxh.size()), dxr, 1e-4, 1e-5);
+        report_bandwidth(grn[v], (double)R * C * 2 + (double)N * C * 4 + (double)N * E * 2, time_ms(20, gr[v]));
+    }
     // SwiGLU
     size_t n = (size_t)R * F;
     std::vector<float> g = round_bf16(make_random(n, 4, 2.0)), u = round_bf16(make_random(n, 5)), a(n);

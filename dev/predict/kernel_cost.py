@@ -271,7 +271,9 @@ KERNELS = {
     "moe_combine_forward_kernel": lambda a, g, x: (2 * a[5] * a[7] * (1 + a[6]) + 8 * a[5] * a[6], 2 * a[5] * a[7]),  # resid + k rows of ye
     "moe_combine_backward_kernel": lambda a, g, x: (4 * a[6] * a[8] + 2 * a[6] * a[7] * a[8] + 8 * a[6] * a[7],
                                                     2 * a[6] * a[7] * a[8] + 4 * a[6] * a[7]),  # dout, ye, w, slot -> dye, dw
-    "moe_gather_backward_kernel": lambda a, g, x: (2 * a[3] * a[4] * a[5] + 4 * a[3] * a[4], 4 * a[3] * a[5]),  # dxe rows -> dx (FP32)
+    # dxe rows -> dx (FP32); with the router's dr (N, E) and wr (E, C) (a[6], a[7]) the router's input gradient too
+    "moe_gather_backward_kernel": lambda a, g, x: (2 * a[3] * a[4] * a[5] + 4 * a[3] * a[4] + (2 * a[3] * a[8] + 2 * a[8] * a[5] if a[6] else 0),
+                                                   4 * a[3] * a[5]),
     "swiglu_forward_kernel": lambda a, g, x: (4 * a[3], 2 * a[3]),             # (a, g, u, n): g, u read, a written, BF16
     "swiglu_backward_kernel": lambda a, g, x: (6 * a[5], 4 * a[5]),            # (dg, du, da, g, u, n): 3 read, 2 written
     # --compress-acts' rebuild (g, u, act, qg, qu, sg, su, rows, F): 1-byte codes of g, u and a factor per row tile read;
