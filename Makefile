@@ -32,13 +32,17 @@ MPICXX := $(shell command -v mpicxx 2>/dev/null)
 MPI_CFLAGS := -DOMPI_SKIP_MPICXX=1 $(patsubst -I%,-isystem %,$(if $(MPICXX),$(shell $(MPICXX) --showme:compile)))
 MPI_LIBS := $(if $(MPICXX),$(shell $(MPICXX) --showme:link))
 
-CXXFLAGS := -std=c++17 -O3 -march=native -fopenmp -Wall -Wextra -Werror $(MPI_CFLAGS)
+# -ffp-contract=off: no a*b+c fused into an FMA behind the source's back. Whether GCC fuses depends on -march=native's
+# tuning (its znver tunings avoid FMA chains, haswell's do not), so the CPU's results did too; with it off (and the CPU
+# reductions in fixed lanes, model/common.h's dot_lanes8) every x86 machine computes the same bits (test_unchanged.sh)
+FP_EXACT := -ffp-contract=off
+CXXFLAGS := -std=c++17 -O3 -march=native $(FP_EXACT) -fopenmp -Wall -Wextra -Werror $(MPI_CFLAGS)
 LDLIBS   := -lopenblas $(MPI_LIBS) -lm
 # the kernels of the training step may not spill registers: ptxas reports a spill as a warning, made an error
 # (test/spill_probe.cu is the negative control, compiled by test/run_all.sh with these flags)
 NVCC_NOSPILL := -Xptxas -warn-spills,-Werror
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
-             -Xcompiler -fopenmp,-march=native,-Wall,-Wextra,-Werror $(MPI_CFLAGS)
+             -Xcompiler -fopenmp,-march=native,$(FP_EXACT),-Wall,-Wextra,-Werror $(MPI_CFLAGS)
 HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh $(wildcard train_*.h)
 CUDA_LIBS := -lcublasLt -lnccl -lgomp
 
@@ -113,7 +117,7 @@ dev/data/bench_loader: dev/data/bench_loader.cpp data/dataloader.h data/shard.h 
 DOCTEST_SKIP := -DDOCTEST_LIBRARY_IMPLEMENTATION
 DOCTEST_LIB  := test/libdoctest.a
 DOCTEST_LINK := -Ltest -ldoctest
-TEST_FLAGS := -std=c++17 -O2 -march=native -fopenmp -Wall -Wextra -Werror -I/usr/include/doctest $(DOCTEST_SKIP)
+TEST_FLAGS := -std=c++17 -O2 -march=native $(FP_EXACT) -fopenmp -Wall -Wextra -Werror -I/usr/include/doctest $(DOCTEST_SKIP)
 # no -march=native: the archive also links into the nvcc builds (test/*_gpu), which the GPU machine runs
 $(DOCTEST_LIB): test/doctest_impl.cpp test/doctest_main.cpp
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -I/usr/include/doctest -c -o test/doctest_impl.o test/doctest_impl.cpp
@@ -148,7 +152,7 @@ test/fuzz_data: test/fuzz_data.cpp data/shard.h data/dataloader.h model/common.h
 # headers (cuda_bf16.h, ...), not a GPU, and link no CUDA library.
 CUDA_HOME ?= /usr/local/cuda
 HAVE_CUDA_HEADERS := $(wildcard $(CUDA_HOME)/include/cuda_bf16.h)
-SIMT_FLAGS := -std=c++17 -O2 -march=native -fopenmp -fno-strict-aliasing -Wall -Wextra -Werror -DSIMT_EMULATION \
+SIMT_FLAGS := -std=c++17 -O2 -march=native $(FP_EXACT) -fopenmp -fno-strict-aliasing -Wall -Wextra -Werror -DSIMT_EMULATION \
               -isystem $(CUDA_HOME)/include -I/usr/include/doctest $(DOCTEST_SKIP)
 SIMT_HEADERS := $(HEADERS) $(wildcard test/simt/*.h)
 EMU_TESTS := test/test_simt test/test_kernels test/test_step_cuda test/test_fp8_cuda test/test_zero_fp8_cuda test/test_nccl_twin \

@@ -9,10 +9,7 @@
 // sum of squares of grad (n), accumulated in double (the caller fixes the chunking, so the norm
 // does not depend on the thread count)
 static inline double grad_sumsq(const real* grad, size_t n) {
-    double acc = 0;
-    #pragma omp simd reduction(+ : acc)
-    for (size_t i = 0; i < n; i++) acc += (double)grad[i] * grad[i];
-    return acc;
+    return dot_lanes8<double>(grad, grad, n);
 }
 
 // lr at 0-based step s of `total` steps

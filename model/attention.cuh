@@ -109,9 +109,7 @@ static inline real attention_row(real* o, real* p, const real* q, const real* k0
     real maxv = -INFINITY;
     for (int t2 = 0; t2 < n; t2++) {
         const real* k = k0 + (size_t)t2 * stride;
-        real s = 0;
-        #pragma omp simd reduction(+ : s)
-        for (int i = 0; i < hd; i++) s += q[i] * k[i];
+        real s = dot_lanes8<real>(q, k, hd);
         s *= scale;
         p[t2] = s;
         if (s > maxv) maxv = s;
@@ -176,13 +174,10 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
                             const real* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
                             const real* v = k + KV * hd;
                             real* dv = dqkv + ((size_t)b * T + t2) * qkv_dim + C + KV * hd + kvh * hd;
-                            real s = 0;
-                            #pragma omp simd reduction(+ : s)
-                            for (int i = 0; i < hd; i++) s += q[i] * k[i];
+                            real s = dot_lanes8<real>(q, k, hd);
                             p[t2] = std::exp(s * scale - row_lse);
-                            real d = 0;
-                            #pragma omp simd reduction(+ : d)
-                            for (int i = 0; i < hd; i++) { d += dy[i] * v[i]; dv[i] += p[t2] * dy[i]; }
+                            real d = dot_lanes8<real>(dy, v, hd);
+                            for (int i = 0; i < hd; i++) dv[i] += p[t2] * dy[i];
                             dp[t2] = d;
                             pdp += p[t2] * d;
                         }

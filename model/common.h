@@ -24,6 +24,20 @@
 #endif
 typedef CPU_REAL real;
 
+// sum over i < n of x[i] y[i] in A, as 8 interleaved partial sums (lane i % 8) added pairwise at the end. The CPU
+// results are then the same bits on every x86 machine: an `omp simd` reduction's order followed the vector width GCC
+// picked for the machine (-march=native: 8 floats with AVX2, 16 with AVX-512), and AVX2 and AVX-512 machines
+// trained to different losses. Eight independent lanes vectorise as well, and their order is fixed.
+template <typename A, typename T>
+static inline A dot_lanes8(const T* x, const T* y, size_t n) {
+    A lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t n8 = n - n % 8;
+    for (size_t i = 0; i < n8; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += (A)x[i + l] * (A)y[i + l];
+    for (size_t i = n8; i < n; i++) lane[i - n8] += (A)x[i] * (A)y[i];
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 // ----------------------------------------------------------------------------------------------
 // errors. Exit codes: 1 = runtime failure (I/O, MPI, CUDA), 2 = bad input (flags, data, config).
 

@@ -5,13 +5,17 @@
 # norms (the log's 6 decimals) and checkpoint shards (sha256 of every shard file of the last step) to
 # those recorded in test/golden/unchanged.txt.
 #
-# The golden file was recorded before the move (builds of main at 6e2595f, issue 20) on the project's machine:
-# floating-point results depend on the CPU's vector ISA (-march=native) and on OpenBLAS's kernels, so
-# a machine of another kind re-records it there from a build of that commit:
+# The golden file was recorded before the move (builds of main at 6e2595f, issue 20) on the project's machine.
+# A change that alters the numerics on purpose re-records it and says so in its commit:
 #   bash test/test_unchanged.sh --record BIN_CPU BIN_EMU     (writes test/golden/unchanged.txt)
-# A change that alters the numerics on purpose re-records it the same way and says so in its commit.
 # Re-recorded since: issue 21, emu_ep_2 only (--fp8 current's forward GEMMs use FAST_ACCUM, which the
-# cuBLASLt twin now models as a 14-bit running sum: test/simt/cublaslt_twin.h); the other 11 runs unchanged.
+# cuBLASLt twin now models as a 14-bit running sum: test/simt/cublaslt_twin.h); session 43, all 12 runs: the
+# results had depended on the machine (a fresh AMD EPYC with AVX-512 failed the 8 CPU runs that an AVX2 EPYC had
+# recorded), and now do not. The builds fuse no FMA behind the source's back (the Makefile's FP_EXACT: GCC had fused
+# or not by -march=native's tuning), the CPU's dot products sum in 8 fixed lanes (model/common.h's dot_lanes8: an
+# `omp simd` reduction's order had followed the vector width), and the CPU runs below take OpenBLAS's Haswell kernels,
+# the ones it picks on AVX2 machines (its AVX-512 kernels sum in another order). Checked on one AVX-512 machine:
+# train_dbrx_cpu and train_dbrx_emu built for -march=native, haswell and skylake-avx512 give these same bits.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 CPU=${CPU:-./train_dbrx_cpu}
@@ -22,6 +26,8 @@ if [ "${1:-}" = --record ]; then record=1; CPU=$2; EMU=$3; fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 MPI="bash dev/mpirun.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive   # the same threads whatever the machine's cores
+# OpenBLAS's AVX2 kernels on every machine that has AVX2 and FMA (the GEMMs' summation order is the kernel's)
+grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && export OPENBLAS_CORETYPE=Haswell
 base=(--model dbrx-tiny --n-layers 2 --batch 2 --seq 64 --val-every 0 --steps 4)
 
 # summary RUN DIR: the run's losses and gradient norms from DIR/log.jsonl, and the hashes of its last
