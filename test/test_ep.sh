@@ -226,10 +226,12 @@ done
 
 # --- FP8 with EP (the CPU path): the operands over the local experts and the received rows, the per-tensor
 # amaxes max-reduced over the world. Block scaling's forward tiles (1x128 rows, 128x128 per expert) do not
-# depend on where a row is computed: step 1's loss and every operand's amax are those of FP8 without EP
-# (FP8 against FP32 differs by ~3e-3 at step 1); later steps differ within FP8's rounding (the 128x1 wgrad
-# tiles group other rows). Delayed scaling: each weight's amax (a rank sees only its experts) is the
-# whole tensor's, as without EP.
+# depend on where a row is computed: step 1's loss and every forward operand's amax (x, w) are those of FP8
+# without EP (FP8 against FP32 differs by ~3e-3 at step 1); later steps differ within FP8's rounding (the 128x1
+# wgrad tiles group other rows). The backward's gradient amaxes (dy) within 1e-2: EP's fp32 sums are not the
+# same bits as one process's (the step-1 loss differs by ~1e-8 in FP32 too), and one E5M2 code rounded the other
+# way upstream moves a dy's amax by ~1e-3 (session 43: qkv.dy 2.0e-3 after the builds stopped fusing FMAs).
+# Delayed scaling: each weight's amax (a rank sees only its experts) is the whole tensor's, as without EP.
 F8=(--model dbrx-tiny --n-layers 2 --seq 64 --val-every 0 --batch 1 --steps 4 --fp8-log-every 1)
 for run in "block 1 4" "block 2 4" "block 4 1" "delayed 1 4" "delayed 2 1" "delayed 2 4"; do
     set -- $run
@@ -250,10 +252,12 @@ b0, fb0 = L("block_1_4")
 for name, what in (("block_2_4", "EP 2 (ZeRO-3)"), ("block_4_1", "data parallel EP 4")):
     b, fb = L(name)
     d1 = abs(b[0] - b0[0]); dn = max(abs(x - y) for x, y in zip(b, b0)) if len(b) == len(b0) == 4 else 1
-    am = max(abs(fb[1][k] - fb0[1][k]) / fb0[1][k] for k in fb0[1]) if fb0.get(1) and fb.get(1) and len(fb[1]) == len(fb0[1]) else 1
-    ok = d1 <= 1e-6 and am <= 1e-5 and dn <= 2e-3
-    print("%s --fp8 block np 4 %s vs without EP: step 1 loss |diff| %.1e <= 1e-6, its %d amaxes within %.1e <= 1e-5 (relative), 4 steps within %.1e <= 2e-3" % (
-        "pass" if ok else "fail", what, d1, len(fb0.get(1, {})), am, dn))
+    same = fb0.get(1) and fb.get(1) and sorted(fb[1]) == sorted(fb0[1])
+    rel = lambda grads: max([abs(fb[1][k] - fb0[1][k]) / fb0[1][k] for k in fb0[1] if k.endswith(".dy") == grads] or [1]) if same else 1
+    am, ag = rel(False), rel(True)
+    ok = d1 <= 1e-6 and am <= 1e-5 and ag <= 1e-2 and dn <= 2e-3
+    print("%s --fp8 block np 4 %s vs without EP: step 1 loss |diff| %.1e <= 1e-6, its %d amaxes: forward within %.1e <= 1e-5, gradients %.1e <= 1e-2 (relative), 4 steps within %.1e <= 2e-3" % (
+        "pass" if ok else "fail", what, d1, len(fb0.get(1, {})), am, ag, dn))
 _, fd0 = L("delayed_1_4"); _, fd = L("delayed_2_1")
 w = [k for k in fd0.get(1, {}) if k.endswith(".w")]
 ok = len(w) == 10 and all(fd[1][k] == fd0[1][k] for k in w)
