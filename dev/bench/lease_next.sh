@@ -11,7 +11,7 @@
 #      beta-1 loads, snake order; backward A's g, u TMA-loaded during the main loop): still behind cuBLASLt, or ahead
 #      (then: the BF16 default); and the "v4 probe" lines: N 128 tiles at ~0.75 x the N 256 rate means the operands'
 #      path through L2 limits the main loop (next: 2-block clusters with TMA multicast), about equal means it does not
-#   3. the attention backward: the model's pair (-g 2), bwd2 (-g 4: branch s39-awire wires it if it wins), and the
+#   3. the attention backward: the model's pair (-g 2), bwd2 (-g 4: if it wins, wire it into the step; branch s39-awire, which did, was lost in session 43's move), and the
 #      wgmma versions of dev/cuda/attention_wgmma_bwd (-v 3 times the pair, v3 = the pair on wgmma and v4 = v3 with
 #      FlashAttention-3's overlap in dq, each kernel alone too; -v 2, -v 1 the 5-product ones); the forward: the wgmma
 #      v2 (the model's since session 40, timed only at DBRX-132B's shape so far) against the mma.sync forward
