@@ -44,7 +44,8 @@ NVCC_NOSPILL := -Xptxas -warn-spills,-Werror
 NVCCFLAGS := -std=c++17 -O3 -arch=$(GPU_ARCH) -Werror all-warnings \
              -Xcompiler -fopenmp,-march=native,$(FP_EXACT),-Wall,-Wextra,-Werror $(MPI_CFLAGS)
 HEADERS  := $(wildcard model/*.h model/*.cuh data/*.h parallel/*.h parallel/*.cuh checkpoint/*.h) train_cuda.cuh $(wildcard train_*.h)
-CUDA_LIBS := -lcublasLt -lnccl -lgomp
+# (not -lcublasLt: the library opens on first use, model/cublaslt_dlopen.h: linked, it cost every process ~0.45 s of CPU)
+CUDA_LIBS := -lnccl -lgomp
 
 .PHONY: all deps deps-test check-deps check-test-deps data train test test-build test-build-all emu-build gpu-build test-gpu bench-gpu predict predict-record bench-predict clean
 all: train_dbrx
@@ -138,6 +139,10 @@ test/dump_reference: test/dump_reference.cpp $(HEADERS) | check-test-deps
 CUDA_INC := $(firstword $(wildcard /usr/local/cuda/include/cuda_fp8.h))
 test/test_fp8: test/test_fp8.cpp $(HEADERS) $(DOCTEST_LIB) | check-test-deps
 	$(CXX) $(TEST_FLAGS) -isystem $(dir $(CUDA_INC)) -o $@ test/test_fp8.cpp $(DOCTEST_LINK) -lopenblas -lm
+# the nvcc build's cuBLASLt opened on first use (model/cublaslt_dlopen.h), on the CPU: g++ against CUDA's headers, not
+# linked with the library (as train_dbrx is not)
+test/test_cublaslt_dlopen: test/test_cublaslt_dlopen.cpp model/cublaslt_dlopen.h $(DOCTEST_LIB) | check-test-deps
+	$(CXX) $(TEST_FLAGS) -isystem $(dir $(CUDA_INC)) -o $@ test/test_cublaslt_dlopen.cpp $(DOCTEST_LINK)
 test/test_data: test/test_data.cpp $(HEADERS) $(DOCTEST_LIB) | check-deps
 	$(CXX) $(TEST_FLAGS) -o $@ test/test_data.cpp $(DOCTEST_LINK)
 # libFuzzer target of the shard, state and --data parsers (clang, Debian package clang)
@@ -317,7 +322,7 @@ test-build: check-test-deps
 LONGEST_FIRST := $(if $(HAVE_CUDA_HEADERS),train_dbrx_emu_count train_dbrx_emu test/cuda_tests_race test/cuda_tests) \
                  $(if $(NVCC),test/cuda_tests_gpu dev/cuda/programs_gpu) $(if $(HAVE_CUDA_HEADERS),dev/cuda/programs_emu dev/cuda/programs_race)
 test-build-all: train_dbrx $(LONGEST_FIRST) train_dbrx_cpu test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data test/fuzz_data \
-            dev/data/tokenize $(if $(CUDA_INC),test/test_fp8) dev/comm_bench test/test_checkpoint test/test_gpu_select emu-build gpu-build
+            dev/data/tokenize $(if $(CUDA_INC),test/test_fp8 test/test_cublaslt_dlopen) dev/comm_bench test/test_checkpoint test/test_gpu_select emu-build gpu-build
 
 test: test-build
 	@PYTHON=$(PYTHON) NVCC=$(NVCC) NVCC_NOSPILL_FLAGS="-arch=$(GPU_ARCH) -Werror all-warnings $(NVCC_NOSPILL)" \
@@ -325,6 +330,6 @@ test: test-build
 
 clean:
 	rm -f train_dbrx train_dbrx_cpu train_dbrx_emu train_dbrx_emu_count test/test_ops test/test_ring_attention test/test_gradcheck test/dump_reference test/test_data \
-	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 $(EMU_TESTS) $(GPU_TESTS) test/cuda_tests test/cuda_tests_gpu test/cuda_tests_race $(DEV_CUDA) $(DEV_CUDA_EMU) dev/cuda/programs_emu dev/cuda/programs_race dev/cuda/programs_gpu \
+	      test/fuzz_data dev/data/tokenize dev/data/bench_loader test/test_fp8 test/test_cublaslt_dlopen $(EMU_TESTS) $(GPU_TESTS) test/cuda_tests test/cuda_tests_gpu test/cuda_tests_race $(DEV_CUDA) $(DEV_CUDA_EMU) dev/cuda/programs_emu dev/cuda/programs_race dev/cuda/programs_gpu \
 	      dev/comm_bench test/test_checkpoint test/test_gpu_select $(DEV_CUDA_RACE) \
 	      $(DOCTEST_LIB)

@@ -25,6 +25,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     std::string dev_how;
     int dev = comm_select_gpu(&comm, &dev_how);
     matmul_pins().device_run = true;   // this run's GEMMs go through cuBLASLt: its checkpoints carry their algorithms
+    matmul_pins_name_library();        // (which cuBLASLt: a resumed checkpoint's table is checked against it)
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, dev));
     if (comm.rank == 0) {

@@ -16,12 +16,21 @@ inline void cublas_check(cublasStatus_t st, const char* file, int line) {
 }
 #define cublasCheck(call) cublas_check((call), __FILE__, __LINE__)
 
+// the library that chooses the algorithms, named in the saved tables (model/matmul_pins.h): a table saved
+// under another cuBLASLt version is not used. Named by the CUDA set-up (train_cuda.cuh) and by the first
+// handle, not at start-up: on the GPU the library opens on first use (model/cublaslt_dlopen.h)
+static inline void matmul_pins_name_library() {
+    if (matmul_pins().library.empty())
+        matmul_pins().library = std::string(platform_cublaslt_name()) + " " + std::to_string((unsigned long long)cublasLtGetVersion());
+}
+
 // one handle and a 32 MiB workspace (what Hopper's kernels want) for the process
 static const size_t cublaslt_workspace_bytes = 32ull << 20;
 static inline cublasLtHandle_t cublaslt_handle(void** workspace) {
     static cublasLtHandle_t handle = nullptr;
     static void* ws = nullptr;
     if (!handle) {
+        matmul_pins_name_library();
         cublasCheck(cublasLtCreate(&handle));
         cudaCheck(platform_cublaslt_workspace_alloc(&ws, cublaslt_workspace_bytes));
     }
@@ -97,13 +106,6 @@ static inline void matmul_plan_destroy(MatmulPlan* p) {
     cublasCheck(cublasLtMatrixLayoutDestroy(p->ld));
     cublasCheck(cublasLtMatmulDescDestroy(p->desc));
 }
-
-// the library that chooses the algorithms, named in the saved tables (model/matmul_pins.h): a table saved
-// under another cuBLASLt version is not used
-static const bool matmul_pins_library_named = [] {
-    matmul_pins().library = std::string(platform_cublaslt_name()) + " " + std::to_string((unsigned long long)cublasLtGetVersion());
-    return true;
-}();
 
 static inline MatmulAlgoWords matmul_algo_words(const cublasLtMatmulAlgo_t& a) {
     static_assert(sizeof(a.data) == sizeof(MatmulAlgoWords), "cublasLtMatmulAlgo_t is 8 uint64");
@@ -227,7 +229,6 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     MatmulKey key = matmul_key(trans_a, trans_b, m, n, k, a_type, lda, stride_a, A, b_type, ldb, stride_b, B, d_type, ldd, stride_d, D,
                                batch, opt, &qn, &qk);
     bool cached = matmul_plan_cache_enabled();
-    (void)matmul_pins_library_named;
     MatmulPlan local, *p = &local;
     if (cached) {
         auto it = matmul_plans().find(key);

@@ -38,6 +38,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cublasLt.h>
+#include "cublaslt_dlopen.h"    // not linked: opened by the first cuBLASLt call (a run without a GPU never pays for it)
 #include <nvtx3/nvToolsExt.h>   // header-only in CUDA 12+: NVTX ranges for nsys (model/profile.h)
 #endif
 

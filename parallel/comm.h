@@ -109,6 +109,11 @@ static inline void comm_group_init_world(CommGroup* g) {
 
 static inline Comm comm_init(int* argc, char*** argv) {
     Comm c;
+    // One process started without a launcher (./train_dbrx): Open MPI forks a daemon (orted) for a singleton, in case it
+    // spawns processes later, which this program never does. Isolated it does not: start-up ~0.2 s shorter and
+    // ~0.15 s of CPU less (measured 2026-11-28, 2 cores). A launcher's ranks (mpirun, srun: OMPI_COMM_WORLD_SIZE or
+    // PMIX_RANK set) are not singletons; a user's own setting wins; other MPIs ignore the variable.
+    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK")) setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
     MPI_CHECK(MPI_Init(argc, argv));
     // errors come back as return codes, so that every message names our file and line
     MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

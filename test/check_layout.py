@@ -39,6 +39,7 @@ GETENV_READERS = {
     "model/debug_hooks.h": "every DBRX_DEBUG_* switch, once, from main (debug_hooks_read)",
     "model/matmul.cuh": "MATMUL_PLAN_CACHE, once per process (a function-local static)",
     "model/platform.h": "SIMT_STEP_COUNTERS (emulated build only), once per process",
+    "parallel/comm.h": "OMPI_COMM_WORLD_SIZE and PMIX_RANK once before MPI_Init (a singleton is started isolated)",
     "parallel/gpu_select.h": "the launcher's CUDA_VISIBLE_DEVICES, OMPI_COMM_WORLD_LOCAL_*, SLURM_LOCALID/STEP_TASKS_PER_NODE/NODEID, "
                              "once per process when the GPU is picked (comm_select_gpu)",
     "train_dbrx.cu": "OMP_NUM_THREADS at the CPU backend's set-up (ranks share the node's cores unless it is set); OMPI_MCA_odls_base_sigkill_timeout once before MPI_Init (mpirun's grace after Ctrl-C)",
