@@ -37,7 +37,8 @@ typedef struct {
 // the soname of the headers' major version: a library of another major is another ABI
 #define CUBLASLT_SONAME "libcublasLt.so." CUBLASLT_STR(CUBLAS_VER_MAJOR)
 
-// opens the library and fills *api; exits with one line naming what is missing
+// opens the library and fills *api; exits with one line naming what is missing (fail_at's format, written out: this
+// header comes before model/common.h, which includes platform.h, and test_cublaslt_dlopen includes it alone)
 static inline const CublasLtApi* cublaslt_open(CublasLtApi* api, const char* soname) {
     void* lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
