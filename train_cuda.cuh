@@ -61,17 +61,21 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
         if (comm.rank == 0) printf("experts: forward and data gradients on grouped GEMMs (TMA, SwiGLU fused each way); weight gradients per expert\n");
     }
 
-    // --attention-bwd wgmma | wgmma-overlap: the attention backward at head_dim 64 and 128 on model/attention_wgmma_bwd.cuh's
-    // kernels (sm_90a: wgmma); other head_dims and context parallelism's chunk pairs keep theirs
-    g_attention_bwd = args.run.attention_bwd == "wgmma" ? 1 : args.run.attention_bwd == "wgmma-overlap" ? 2 : 0;
+    // --attention-bwd: the attention backward at head_dim 64 and 128 on model/attention_wgmma_bwd.cuh's kernels (sm_90a:
+    // wgmma), the same bits as the mma.sync pair; other head_dims and context parallelism's chunk pairs keep theirs.
+    // auto (the default): wgmma-overlap on Hopper, the fastest on an H100 SXM at dbrx-1b (2026-11-28, dev/bench/results_gpu.md:
+    // the step 94.4 -> 92.2 ms; the layer's backward 1.16 -> 0.88 ms), mma elsewhere
+    const std::string& ab = args.run.attention_bwd;
+    bool hopper = prop.major * 10 + prop.minor == 90;   // (the emulator reports sm_90)
+    g_attention_bwd = ab == "wgmma" ? 1 : ab == "wgmma-overlap" || (ab == "auto" && hopper) ? 2 : 0;
     if (g_attention_bwd) {
-        if (prop.major * 10 + prop.minor != 90)   // (the emulator reports sm_90)
-            fail(EXIT_BAD_INPUT, "--attention-bwd %s: its kernels are Hopper's (sm_90a); this GPU is sm_%d%d", args.run.attention_bwd.c_str(),
-                 prop.major, prop.minor);
+        if (!hopper)
+            fail(EXIT_BAD_INPUT, "--attention-bwd %s: its kernels are Hopper's (sm_90a); this GPU is sm_%d%d", ab.c_str(), prop.major, prop.minor);
         bool applies = attention_wgmma_backward_supported(cfg.head_dim) && args.parallel.context_parallel == 1;
-        if (comm.rank == 0)
-            printf("attention: backward on wgmma%s%s\n", g_attention_bwd == 2 ? " (dq's products overlapped)" : "",
-                   applies ? "" : " only at head_dim 64 and 128 without context parallelism: this run keeps the mma.sync kernels");
+        if (comm.rank == 0 && (ab != "auto" || applies))
+            printf("attention: backward on wgmma%s%s%s\n", g_attention_bwd == 2 ? " (dq's products overlapped)" : "",
+                   applies ? "" : " only at head_dim 64 and 128 without context parallelism: this run keeps the mma.sync kernels",
+                   ab == "auto" ? " (--attention-bwd auto)" : "");
     }
 
     DbrxGPU model;

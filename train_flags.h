@@ -35,7 +35,7 @@ typedef struct {
     std::string recompute = "";     // --recompute SPEC (model/recompute.h); "": nothing recomputed
     std::string compress_acts = "", compress_format = "e4m3";   // --compress-acts SPEC, --compress-format (model/act_compress.cuh)
     std::string moe_gemm = "cublaslt";   // --moe-gemm: the GPU step's expert GEMMs, per-expert cuBLASLt | grouped (model/moe_experts_step.cuh)
-    std::string attention_bwd = "mma";   // --attention-bwd: the GPU attention backward, mma (the pair) | wgmma | wgmma-overlap (model/attention_wgmma_bwd.cuh)
+    std::string attention_bwd = "auto";   // --attention-bwd: the GPU attention backward, auto | mma (the pair) | wgmma | wgmma-overlap (model/attention_wgmma_bwd.cuh)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -144,7 +144,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                       "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
         {"--moe-gemm", "", F_STR, &a->run.moe_gemm, "the GPU step's expert GEMMs: cublaslt (a GEMM per expert) | grouped (forward, data and weight gradients as Hopper grouped GEMMs, SwiGLU fused, device offsets; BF16, no EP or chunked experts)"},
-        {"--attention-bwd", "", F_STR, &a->run.attention_bwd, "the GPU step's attention backward at head_dim 64 and 128 without context parallelism: mma (mma.sync dq + dk/dv kernels) | wgmma (the same on Hopper's wgmma) | wgmma-overlap (wgmma, dq's products overlapped); emulated, the same bits; elsewhere mma"},
+        {"--attention-bwd", "", F_STR, &a->run.attention_bwd, "the GPU step's attention backward at head_dim 64 and 128 without context parallelism: auto (wgmma-overlap on Hopper, else mma) | mma (mma.sync dq + dk/dv kernels) | wgmma (the same on Hopper's wgmma) | wgmma-overlap (wgmma, dq's products overlapped); all the same bits; other head_dims mma"},
         {"--compress-acts", "", F_STR, &a->run.compress_acts, "CLASS[:RANGE][,...], CLASS swiglu (the experts' g, u) | attn (LN1's output), kept compressed until the backward (not bit-identical; README)"},
         {"--compress-format", "", F_STR, &a->run.compress_format, "--compress-acts' format: e4m3 (1x128 scales) | bf16 (CPU only)"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
@@ -443,8 +443,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     g_compress = recompute_parse(a->run.compress_acts, "--compress-acts", RC_COMPRESS_GRANS);
     if (a->run.moe_gemm != "cublaslt" && a->run.moe_gemm != "grouped")
         fail(EXIT_BAD_INPUT, "--moe-gemm '%s' must be cublaslt or grouped", a->run.moe_gemm.c_str());
-    if (a->run.attention_bwd != "mma" && a->run.attention_bwd != "wgmma" && a->run.attention_bwd != "wgmma-overlap")
-        fail(EXIT_BAD_INPUT, "--attention-bwd '%s' must be mma, wgmma or wgmma-overlap", a->run.attention_bwd.c_str());
+    if (a->run.attention_bwd != "auto" && a->run.attention_bwd != "mma" && a->run.attention_bwd != "wgmma" && a->run.attention_bwd != "wgmma-overlap")
+        fail(EXIT_BAD_INPUT, "--attention-bwd '%s' must be auto, mma, wgmma or wgmma-overlap", a->run.attention_bwd.c_str());
     if (a->run.moe_gemm == "grouped" && (fp8_recipe_parse(a->fp8.recipe.c_str()) != FP8_OFF || a->parallel.expert_parallel > 1))
         fail(EXIT_BAD_INPUT, "--moe-gemm grouped: BF16 without expert parallelism for now (--fp8 %s, --expert-parallel %d)",
              a->fp8.recipe.c_str(), a->parallel.expert_parallel);

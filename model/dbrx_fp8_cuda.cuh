@@ -50,9 +50,9 @@ typedef struct {
 
 // each slot's per-tensor 1/scale 16 bytes from the next: the GEMMs take it as their scale pointer. On an H200
 // (cuBLASLt 13.0) a per-tensor FP8 GEMM failed NOT_SUPPORTED in the model, where these pointers were 4 bytes apart,
-// and ran in the tests, where each had its own allocation; a plan reused across layers meets every slot's
-// alignment. That the alignment is the cause is a hypothesis, not yet run on a device (dbrx_fp8 in
-// dev/bench/results_gpu.md)
+// and ran in the tests, where each had its own allocation. The alignment is the cause: an H100 (cuBLASLt 13, 2026-11-28,
+// dev/bench/results_gpu.md) refused a scale pointer 4 bytes off 16-byte alignment and took one 16 bytes off; the
+// wrapper refuses such a pointer in one line (matmul_validate_fp8)
 #define FP8_SINV_STRIDE 4
 
 typedef struct {

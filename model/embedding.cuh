@@ -60,8 +60,17 @@ __global__ void embedding_backward_kernel(float* dwte, const float* dout, const 
     int u = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
+    // eight rows loaded before they are added, in position order as one at a time would: the same sum, with eight
+    // loads in flight (a token that fills a tenth of the batch is a long chain: one at a time, the H100 of 2026-11-28
+    // took 0.30 ms for this kernel at dbrx-1b, where its bytes take ~0.03)
     float acc = 0.0f;
-    for (int p = offsets[u]; p < offsets[u + 1]; p++) acc += dout[(size_t)positions[p] * C + c];
+    int p = offsets[u], end = offsets[u + 1];
+    for (; p + 8 <= end; p += 8) {
+        float r[8];
+        for (int j = 0; j < 8; j++) r[j] = dout[(size_t)positions[p + j] * C + c];
+        for (int j = 0; j < 8; j++) acc += r[j];
+    }
+    for (; p < end; p++) acc += dout[(size_t)positions[p] * C + c];
     dwte[(size_t)(unique[u] - row0) * C + c] += acc;
 }
 

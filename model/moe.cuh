@@ -173,22 +173,32 @@ __global__ void moe_offsets_kernel(int* offsets, const int* counts, int E) {
 // ... : the CPU's stable counting sort, the same rows. The count before the slice is a block sum over the earlier
 // assignments (integers: exact in any order); the slice is then placed in chunks of blockDim.x (a multiple of 32)
 // with ballots and a block prefix sum. Slices x experts blocks: the GPU filled, where one block per expert walked
-// all N k assignments in sequence.
+// all N k assignments in sequence. Both loops keep loads in flight (an H100 ran this kernel in 57 us a dbrx-1b layer
+// when each thread loaded one int, then waited on it): the count reads the earlier assignments 4 at a time (int4s where
+// topk_idx is 16-byte aligned) and the placement loads the next chunk's assignment before it places this one.
 __global__ void moe_permute_kernel(int* row_token, int* slot_row, const int* topk_idx, const int* offsets, int N, int k, int slice) {
     __shared__ int warp_counts[32];
     int e = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
     int total = N * k, begin = blockIdx.x * slice, end = min(begin + slice, total);
-    int before = 0;
-    for (int i = threadIdx.x; i < begin; i += blockDim.x) before += topk_idx[i] == e;
+    int before = 0, whole = (uintptr_t)topk_idx % 16 == 0 ? begin / 4 : 0;   // int4s before the slice; the rest one by one
+    const int4* earlier = (const int4*)topk_idx;
+    for (int i = threadIdx.x; i < whole; i += blockDim.x) {
+        int4 q = earlier[i];
+        before += (q.x == e) + (q.y == e) + (q.z == e) + (q.w == e);
+    }
+    for (int i = 4 * whole + threadIdx.x; i < begin; i += blockDim.x) before += topk_idx[i] == e;
     for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
     if (lane == 0) warp_counts[warp] = before;
     __syncthreads();
     int running = offsets[e];
     for (int w = 0; w < nwarps; w++) running += warp_counts[w];
     __syncthreads();   // warp_counts is rewritten below
+    int next = begin + (int)threadIdx.x < end ? topk_idx[begin + threadIdx.x] : -1;
     for (int start = begin; start < end; start += blockDim.x) {
-        int i = start + threadIdx.x;
-        bool mine = i < end && topk_idx[i] == e;
+        int i = start + threadIdx.x, cur = next;
+        int ahead = i + (int)blockDim.x;
+        next = ahead < end ? topk_idx[ahead] : -1;
+        bool mine = i < end && cur == e;
         unsigned ballot = __ballot_sync(0xffffffffu, mine);
         int before_in_warp = __popc(ballot & ((1u << lane) - 1u));
         if (lane == 0) warp_counts[warp] = __popc(ballot);

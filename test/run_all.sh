@@ -247,7 +247,7 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     section "GEMM algorithms saved with checkpoints and pinned on resume (train_dbrx_emu: the cuBLASLt twin)" bash test/test_gemm_pins.sh
     section "--moe-gemm grouped: the step's expert forward and data gradients on the grouped GEMMs, bit-identical to cublaslt (1 GPU, routing to 4 experts, recompute, ZeRO-3), refusals" \
         bash test/test_moe_gemm.sh
-    section "--attention-bwd wgmma, wgmma-overlap: the step's attention backward on wgmma, bit-identical to mma (head_dim 128, 64; 32 keeps mma), refusals" \
+    section "--attention-bwd auto (the default), wgmma, wgmma-overlap: the step's attention backward on wgmma, bit-identical to mma (head_dim 128, 64; 32 keeps mma), refusals" \
         bash test/test_attention_bwd.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"

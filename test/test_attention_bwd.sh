@@ -8,6 +8,8 @@
 #   * the control that the comparison is not vacuous: the work logs (SIMT_WORKLOG) hold one dq and one dk/dv wgmma launch
 #     per layer per step (the overlapped dq kernel under its own name), the mma run none and the pair's instead;
 #   * head_dim 32 (dbrx-tiny's own) keeps the pair, and says so at start-up;
+#   * the default, auto: wgmma-overlap on Hopper (the emulator reports sm_90) at head_dim 128, bit-identical, saying so;
+#     the pair at head_dim 32, silently;
 #   * refused in one line, exit 2: an unknown value (naming the flag), the CPU backend.
 # (the kernels themselves against the CPU and the pair: test_kernels; under the race detector with planted races:
 # dev/cuda/attention_wgmma_bwd_race -p 2, -p 3)
@@ -36,11 +38,19 @@ run w128 "${H128[@]}" --attention-bwd wgmma
 run o128 "${H128[@]}" --attention-bwd wgmma-overlap
 same "head_dim 128, 2 steps: --attention-bwd wgmma's losses and gradient norms bit-identical to mma's" m128 w128
 same "head_dim 128, 2 steps: --attention-bwd wgmma-overlap's bit-identical to mma's" m128 o128
-run m64 "${H64[@]}"
+run m64 "${H64[@]}" --attention-bwd mma
 run w64 "${H64[@]}" --attention-bwd wgmma
 run o64 "${H64[@]}" --attention-bwd wgmma-overlap
-same "head_dim 64 (GQA 2:1), 2 steps: --attention-bwd wgmma bit-identical to the default (mma)" m64 w64
-same "head_dim 64 (GQA 2:1), 2 steps: --attention-bwd wgmma-overlap bit-identical to the default (mma)" m64 o64
+same "head_dim 64 (GQA 2:1), 2 steps: --attention-bwd wgmma bit-identical to mma" m64 w64
+same "head_dim 64 (GQA 2:1), 2 steps: --attention-bwd wgmma-overlap bit-identical to mma" m64 o64
+# the default, auto: wgmma-overlap on Hopper (the emulator reports sm_90) at head_dim 128; the pair at 32, silently
+run a128 "${H128[@]}"
+same "head_dim 128, 2 steps: the default (auto) bit-identical to mma" m128 a128
+grep -q "^attention: backward on wgmma (dq's products overlapped) (--attention-bwd auto)$" "$tmp/a128.out" \
+    && pass "the default (auto) says wgmma-overlap at head_dim 128 on sm_90" || fail "a128: $(grep -m1 attention "$tmp/a128.out")"
+run a32
+grep -q "^attention:" "$tmp/a32.out" && fail "head_dim 32, the default: an attention: line: $(grep -m1 attention "$tmp/a32.out")" \
+    || pass "head_dim 32 (dbrx-tiny's), the default: no attention: line (the pair runs)"
 grep -q "^attention: backward on wgmma$" "$tmp/w128.out" && grep -q "^attention: backward on wgmma (dq's products overlapped)$" "$tmp/o128.out" \
     && pass "--attention-bwd wgmma, wgmma-overlap say so at start-up" || fail "no attention: line: $(grep -m1 attention "$tmp/w128.out")"
 run w32 --attention-bwd wgmma
@@ -56,17 +66,18 @@ L, S = 2, 2   # layers, training steps: one backward per layer per step
 DQ, DQO, DKV = "flash_attention_backward_dq_wgmma", "flash_attention_backward_dq_wgmma_overlap", "flash_attention_backward_dkv_wgmma"
 PAIR = "flash_attention_backward_dq_kernel"
 for name, want in (("w128", (L * S, 0, L * S)), ("o128", (0, L * S, L * S)), ("w64", (L * S, 0, L * S)), ("o64", (0, L * S, L * S)),
-                   ("m128", (0, 0, 0)), ("m64", (0, 0, 0)), ("w32", (0, 0, 0))):
+                   ("m128", (0, 0, 0)), ("m64", (0, 0, 0)), ("w32", (0, 0, 0)),
+                   ("a128", (0, L * S, L * S)), ("a32", (0, 0, 0))):
     got = (count(name, DQ), count(name, DQO), count(name, DKV))
     pair = count(name, PAIR)
     ok = got == want and (pair == 0) == (want != (0, 0, 0))
     print(("pass" if ok else "fail") + " %s: %d dq, %d overlapped dq, %d dk/dv wgmma launches (want %d, %d, %d), %d of the pair's dq kernel"
           % ((name,) + got + want + (pair,)))
 PY
-verdicts "$tmp/verdicts" 7
+verdicts "$tmp/verdicts" 9
 
 # refused
 expect_exit 2 "--attention-bwd foo" $EMU --device cuda "${G[@]}" --attention-bwd foo
-grep -q -- "--attention-bwd 'foo' must be mma, wgmma or wgmma-overlap" <<<"$LAST_ERR" || fail "--attention-bwd foo: $LAST_ERR"
+grep -q -- "--attention-bwd 'foo' must be auto, mma, wgmma or wgmma-overlap" <<<"$LAST_ERR" || fail "--attention-bwd foo: $LAST_ERR"
 expect_exit 2 "--attention-bwd wgmma on the CPU backend" $EMU --device cpu "${G[@]}" --attention-bwd wgmma
 grep -q -- "--attention-bwd wgmma is the CUDA step's" <<<"$LAST_ERR" || fail "the CPU refusal does not name the flag: $LAST_ERR"

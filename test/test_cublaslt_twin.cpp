@@ -194,15 +194,15 @@ TEST_CASE("R6 and R7: FAST_ACCUM only with per-tensor FP8; AlgoCheck refuses ano
 TEST_CASE("R8: an AMAX_D pointer with a D that is not FP8 is refused INVALID_VALUE, at the heuristic and at the matmul") {
     uint8_t* a = deviceAlloc(uint8_t, 64 * 64);
     uint8_t* b = deviceAlloc(uint8_t, 64 * 64);
-    float* s = dev_copy(std::vector<float>(4, 1.0f));
+    float* s = dev_copy(std::vector<float>(12, 1.0f));
     for (cudaDataType_t dt : {CUDA_R_32F, CUDA_R_16BF}) {
         float* d = deviceAlloc(float, 64 * 64);
         Plan p(CUDA_R_8F_E4M3, dt, true, false, 32, 16, 64, 64, 64, 32);
         p.set_ptr(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, s);
-        p.set_ptr(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, s + 1);
+        p.set_ptr(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, s + 4);
         REQUIRE(p.query(0) == CUBLAS_STATUS_SUCCESS);   // the control: the same call without amax
         CHECK(p.run(a, b, d, nullptr, 0) == CUBLAS_STATUS_SUCCESS);
-        p.set_ptr(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, s + 2);
+        p.set_ptr(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, s + 8);
         CHECK(p.run(a, b, d, nullptr, 0) == CUBLAS_STATUS_INVALID_VALUE);
         CHECK(cublaslt_twin_last_error().find("an AMAX_D pointer with D ") != std::string::npos);
         CHECK(p.query(0) == CUBLAS_STATUS_INVALID_VALUE);   // what the H100 answered
@@ -210,6 +210,24 @@ TEST_CASE("R8: an AMAX_D pointer with a D that is not FP8 is refused INVALID_VAL
         cudaFree(d);
     }
     cudaFree(a); cudaFree(b); cudaFree(s);
+}
+
+TEST_CASE("R9: a scale pointer not 16-byte aligned is refused NOT_SUPPORTED by the matmul, not by the heuristic (an H100's answer)") {
+    uint8_t* a = deviceAlloc(uint8_t, 64 * 64);
+    uint8_t* b = deviceAlloc(uint8_t, 64 * 64);
+    float* s = dev_copy(std::vector<float>(12, 1.0f));
+    float* d = deviceAlloc(float, 64 * 64);
+    for (int which = 0; which < 2; which++)
+        for (int off : {4, 1}) {   // 16 bytes off: taken; 4 bytes off: refused
+            INFO((which ? "B" : "A") << " scale " << 4 * off << " bytes off");
+            Plan p(CUDA_R_8F_E4M3, CUDA_R_32F, true, false, 32, 16, 64, 64, 64, 32);
+            p.set_ptr(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, which ? s : s + off);
+            p.set_ptr(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, which ? s + off : s + 8);
+            REQUIRE(p.query(0) == CUBLAS_STATUS_SUCCESS);
+            CHECK(p.run(a, b, d, nullptr, 0) == (off == 4 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED));
+            if (off == 1) CHECK(cublaslt_twin_last_error().find(which ? "the B scale pointer" : "the A scale pointer") != std::string::npos);
+        }
+    cudaFree(a); cudaFree(b); cudaFree(s); cudaFree(d);
 }
 
 // matmul_forward_gpu's GEMM through matmul_cublaslt: out (n tokens, m) = inp (n, k) @ W (m, k)^T, row-major,

@@ -498,6 +498,10 @@ TEST_CASE("FP8 GEMM: the calls cuBLASLt refuses fail in emulation too, with one 
          "both per tensor, or both block-scaled"},
         {"1x128 tiles with an outer size not a multiple of 8", [&] { gemm_fp8_gpu(M - 4, N, K, 1.0f, op(da, CUDA_R_8F_E4M3, K, V, "tokens_x"), op(db, CUDA_R_8F_E4M3, K, Bk, "w"), 0.0f, dc, N, 0); },
          "'tokens_x' (e4m3, 28 x 64"},
+        {"a scale pointer not 16-byte aligned", [&] {   // (an H100's cuBLASLt refused one 4 bytes off: NOT_SUPPORTED)
+             gemm_fp8_gpu(M, N, K, 1.0f, op(da, CUDA_R_8F_E4M3, K, T, "x"), Fp8GemmOperand{db, CUDA_R_8F_E4M3, K, ds + 1, T, "w_scale_off"},
+                          0.0f, dc, N, 0);
+         }, "scale pointer of 'w_scale_off' (e4m3, 48 x 64"},
         {"an amax of a D that is not FP8", [&] {   // (an H100's cuBLASLt refused it at the heuristic: INVALID_VALUE)
              MatmulOptions o = {ds, ds, nullptr, ds + 16, 0, T, T, "x", "w"};
              matmul_cublaslt(true, false, N, M, K, 1.0f, db, CUDA_R_8F_E4M3, K, 0, da, CUDA_R_8F_E4M3, K, 0, 0.0f, dc, CUDA_R_32F, N, 0, 1,

@@ -58,12 +58,14 @@ def flash_mma_fraction(kind):
     return 1.0 / (FLASH_FIXED + 1.0 / (SMEM_BW_PER_PEAK * FLASH_FLOP_PER_SMEM_BYTE[kind]))
 
 
-# The wgmma backward (--attention-bwd wgmma | wgmma-overlap, model/attention_wgmma_bwd.cuh) UNMEASURED: never timed on a
-# GPU yet. Its kernels are given the mma.sync pair's rates (the dq kernel the pair's dq's, the dk/dv kernel its dk/dv's),
-# so a predicted step with it differs from the default only by the FLOPs it issues: no performance claim
-WGMMA_BWD = {"flash_attention_backward_dq_wgmma": flash_mma_fraction("dq"),
-             "flash_attention_backward_dq_wgmma_overlap": flash_mma_fraction("dq"),
-             "flash_attention_backward_dkv_wgmma": flash_mma_fraction("dkv")}
+# The wgmma backward (model/attention_wgmma_bwd.cuh: --attention-bwd auto's on Hopper, wgmma, wgmma-overlap) MEASURED: on
+# an H100 SXM at dbrx-1b's attention shape (B 8, T 2048, H 8, KV 2, hd 128; dev/bench/results_gpu.md, 2026-11-28,
+# dev/cuda/attention_wgmma_bwd -v 3 and -v 4, each kernel alone) the dk/dv kernel took 0.5008 ms, the dq kernel 0.3729, the
+# overlapped dq 0.3521: 291.6, 293.7 and 323.3 TFLOP/s of the wgmma FLOPs they issue (_flash_wgmma_bwd's count), these
+# shares of the peak. One shape measured: other shapes are predicted at the same share.
+WGMMA_BWD = {"flash_attention_backward_dq_wgmma": 293.7 / 989.4,
+             "flash_attention_backward_dq_wgmma_overlap": 323.3 / 989.4,
+             "flash_attention_backward_dkv_wgmma": 291.6 / 989.4}
 
 
 FLASH_FWD_BR = 128         # model/attention_flash.cuh: query rows of a forward block (4 warps x two 16-row slices)

@@ -40,6 +40,9 @@
  *   R8 an AMAX_D pointer with a D that is not FP8 (the twin's D is BF16 or FP32: always): INVALID_VALUE, the
  *      heuristic included (cublasLt.h, AMAX_D_POINTER: INVALID_VALUE "if set for an unsupported matrix data, scale,
  *      and compute type combination"; an H100 refused E4M3 x E4M3 -> FP32 with it at the heuristic).
+ *   R9 a scale pointer (A, B, D) not 16-byte aligned: cublasLtMatmul NOT_SUPPORTED, whatever the algorithm (an H100's
+ *      cuBLASLt 13 refused a per-tensor B scale 4 bytes off for each of its heuristic's three candidates and took one 16
+ *      bytes off, 2026-11-28, results_gpu.md; the heuristic itself answered).
  * The fake algorithm: word 0 an FNV-1a hash of the problem the heuristic saw, word 1 the process id (a
  * restarted process that asked again records other algorithms than the run it resumes: the resume tests),
  * word 2 the pointer set (bits 0-3: A, B, D scale, amax) and log2 of the alignments it needs (4 bits each
@@ -374,6 +377,9 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dd
     if (!algo || !alpha || !beta) return lt_twin::refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "algo, alpha or beta is NULL (the twin needs an algorithm)");
     const lt_twin::Desc* d = lt_twin::desc(dd);
     if ((st = lt_twin::check_algo(d, algo, n, k, fn)) != CUBLAS_STATUS_SUCCESS) return st;
+    for (int i = 0; i < 3; i++)   // R9
+        if ((uintptr_t)d->ptr[i] % 16)
+            return lt_twin::refuse(CUBLAS_STATUS_NOT_SUPPORTED, fn, "the %c scale pointer %p is not 16-byte aligned", "ABD"[i], d->ptr[i]);
     const lt_twin::Layout* L[4] = {lt_twin::layout(la), lt_twin::layout(lb), lt_twin::layout(lc), lt_twin::layout(ld)};
     const void* P[4] = {A, B, C, D};
     for (int i = 0; i < 4; i++) {   // R5: the alignment the algorithm was chosen for
