@@ -64,7 +64,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     // --attention-bwd: the attention backward at head_dim 64 and 128 on model/attention_wgmma_bwd.cuh's kernels (sm_90a:
     // wgmma), the same bits as the mma.sync pair; other head_dims and context parallelism's chunk pairs keep theirs.
     // auto (the default): wgmma-overlap on Hopper, the fastest on an H100 SXM at dbrx-1b (2026-11-28, dev/bench/results_gpu.md:
-    // the step 94.4 -> 92.2 ms; the layer's backward 1.16 -> 0.88 ms), mma elsewhere
+    // the layer's backward 1.175 -> 0.884 ms, the step 92.6 -> 89.4 ms against mma), mma elsewhere
     const std::string& ab = args.run.attention_bwd;
     bool hopper = prop.major * 10 + prop.minor == 90;   // (the emulator reports sm_90)
     g_attention_bwd = ab == "wgmma" ? 1 : ab == "wgmma-overlap" || (ab == "auto" && hopper) ? 2 : 0;

@@ -233,7 +233,7 @@ static inline void attention_decode_forward(real* out, real* att, const real* q,
 #include "attention_flash_bwd.cuh"    // the model's flash backward (and attention_flash.cuh)
 #include "attention_flash_bwd5.cuh"   // context parallelism's chunk pairs
 #include "attention_wgmma_fwd.cuh"    // the model's forward at head_dim 64 and 128 (Hopper's wgmma)
-#include "attention_wgmma_bwd.cuh"    // the backward at head_dim 64 and 128 on wgmma, under --attention-bwd wgmma*
+#include "attention_wgmma_bwd.cuh"    // the backward at head_dim 64 and 128 on wgmma (--attention-bwd auto on Hopper, wgmma*)
 
 // qkv (B, T, qkv_dim) = rope(clamp(qkv_pre)); cos_t, sin_t (T, hd/2). One thread per W rotated pairs (i, i + hd/2):
 // W = 8 moves 16 bytes per access (a warp: 512 contiguous bytes of each half) where hd/2 is a multiple of 8 and the
