@@ -33,9 +33,6 @@
 #define FLASH_THREADS 128
 #define FLASH_LOG2E 1.4426950408889634f
 
-// dynamic shared memory, declared at file scope: the emulator's g++ build does not resolve a
-// block-scope extern thread_local array inside a template kernel
-extern __shared__ __align__(16) char dynamic_smem[];
 
 static inline bool flash_attention_supported(int hd) { return hd == 32 || hd == 64 || hd == 128; }
 

@@ -24,6 +24,10 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 
+// dynamic shared memory, declared once at file scope: the emulator's g++ build does not resolve a block-scope extern
+// thread_local array inside a template kernel (the flash attention, wgmma and grouped-GEMM kernels use it)
+extern __shared__ __align__(16) char dynamic_smem[];
+
 // ---------------------------------------------------------------------------------------------
 // W consecutive BF16 values moved in one access, converted to / from fp32 registers. W = 8 is one
 // 16-byte load or store (128-bit: a quarter of the instructions of 4-byte ones, full sectors per

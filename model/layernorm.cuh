@@ -152,21 +152,25 @@ static const int LN_CHUNKS_PER_GROUP = 8;  // partials per block of the column s
 //   dinp (N, C) += rstd * (dn - mean(dn) - n * mean(dn * n)),  n = (x - mean) * rstd, dn = dout * w;
 //   dinp_bf16 (optional): a BF16 copy of the updated dinp, for the GEMMs that read it next;
 //   partial (chunks, C): row j = sum over the chunk's rows, in row order, of dout * (x - mean) * rstd.
-// The chunk goes by in slices of one row per warp, each read from HBM once and then re-read while it is in L1/L2:
-//   the row sums, warp per row: mean(dn), mean(dn n), each lane summing the channels lane, lane + 32, ... (the
-//   order of the warp-per-row kernel this replaces, so the bits are the same);
-//   the input gradient, each warp over column segments of 32 W channels, W per lane (8: 16-byte accesses);
-//   the partial, each lane over the channels lane, lane + 32, ... of the same segment (coalesced), the slice's rows
-//   added to the running sum in partial's row: the weight-gradient kernel's expression and loop, so that the
-//   compiler forms the same FMAs (g++ leaves a loop-carried sum unfused when it is its loop's one multiply-add: the
+// The chunk goes by in slices of one row per warp, each read from HBM once and then re-read while it is in L1/L2.
+// Three phases per slice, each spread over every warp of the block:
+//   the row sums, warp per row: mean(dn), mean(dn n), each lane summing the channels lane, lane + 32, ... in that
+//   order (the order of the warp-per-row kernel before, so the bits are the same), four channels' loads in flight;
+//   the input gradient: (row, column segment of 32 W channels) pairs over the warps, W channels per lane (8: 16-byte
+//   accesses);
+//   the partial: 32-channel column groups over the warps, a lane per channel (coalesced), the slice's rows added
+//   to the running sum in partial's row: the weight-gradient kernel's expression and loop, so that the compiler
+//   forms the same FMAs (g++ leaves a loop-carried sum unfused when it is its loop's one multiply-add: the
 //   emulator's bits depend on it), and the sum is the same sequence of roundings as that kernel's.
-// dout and inp read once, where the input-gradient and weight-gradient kernels before read them twice.
+// Which warp does which piece moves no value: dev/cuda/layernorm's bwd v2 (one segment per warp, so at d = 1024 half
+// the warps idle in the last two phases) gives these very bits. dout and inp are read once from HBM.
 template <int W>
 __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_bf16, float* partial, const float* dout, const floatX* inp,
                                           const floatX* weight, const float* mean, const float* rstd, int N, int C) {
     __shared__ float dn_means[32], dn_n_means[32];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
     int r0 = blockIdx.x * LN_ROWS_PER_CHUNK, rows = min(LN_ROWS_PER_CHUNK, N - r0);
+    int segs = (C + 32 * W - 1) / (32 * W), groups = (C + 31) / 32;
     float* part = partial + (size_t)blockIdx.x * C;
     for (int rb = 0; rb < rows; rb += nwarps) {
         int nb = min(nwarps, rows - rb);
@@ -176,7 +180,21 @@ __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_bf16, float*
             const float* dy = dout + (size_t)row * C;
             float m = mean[row], s = rstd[row];
             float dn_sum = 0.0f, dn_n_sum = 0.0f;
-            for (int c = lane; c < C; c += 32) {
+            int c = lane;
+            for (; c + 96 < C; c += 128) {   // channels c, c + 32, c + 64, c + 96: loaded together, added in order
+                float xv[4], dv[4], wv[4];
+                UNROLL for (int k = 0; k < 4; k++) {
+                    xv[k] = __bfloat162float(x[c + 32 * k]);
+                    dv[k] = dy[c + 32 * k];
+                    wv[k] = __bfloat162float(weight[c + 32 * k]);
+                }
+                UNROLL for (int k = 0; k < 4; k++) {
+                    float n = (xv[k] - m) * s, dn = dv[k] * wv[k];
+                    dn_sum += dn;
+                    dn_n_sum += dn * n;
+                }
+            }
+            for (; c < C; c += 32) {
                 float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
                 dn_sum += dn;
                 dn_n_sum += dn * n;
@@ -185,35 +203,31 @@ __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_bf16, float*
             if (lane == 0) { dn_means[warp] = dn_mean; dn_n_means[warp] = dn_n_mean; }
         }
         __syncthreads();
-        for (int seg = warp * 32 * W; seg < C; seg += blockDim.x * W) {
-            int c = seg + lane * W;
-            if (c < C) {
-                float wv[W];
-                load_bf16<W>(wv, weight + c);
-                for (int i = 0; i < nb; i++) {
-                    int row = r0 + rb + i;
-                    size_t at = (size_t)row * C + c;
-                    float m = mean[row], s = rstd[row], dn_mean = dn_means[i], dn_n_mean = dn_n_means[i];
-                    float xv[W], dy[W], dx[W];
-                    load_bf16<W>(xv, inp + at);
-                    load_f32<W>(dy, dout + at);
-                    load_f32<W>(dx, dinp + at);
-                    for (int j = 0; j < W; j++) {
-                        float n = (xv[j] - m) * s, dn = dy[j] * wv[j];
-                        dx[j] = dx[j] + s * (dn - dn_mean - n * dn_n_mean);
-                    }
-                    store_f32<W>(dinp + at, dx);
-                    if (dinp_bf16) store_bf16<W>(dinp_bf16 + at, dx);
-                }
-            }
+        for (int item = warp; item < nb * segs; item += nwarps) {   // (row i of the slice, segment)
+            int i = item / segs, c = (item % segs) * 32 * W + lane * W;
+            if (c >= C) continue;
+            int row = r0 + rb + i;
+            size_t at = (size_t)row * C + c;
+            float m = mean[row], s = rstd[row], dn_mean = dn_means[i], dn_n_mean = dn_n_means[i];
+            float wv[W], xv[W], dy[W], dx[W];
+            load_bf16<W>(wv, weight + c);
+            load_bf16<W>(xv, inp + at);
+            load_f32<W>(dy, dout + at);
+            load_f32<W>(dx, dinp + at);
             for (int j = 0; j < W; j++) {
-                int cj = seg + lane + 32 * j;
-                if (cj >= C) break;
-                float acc = rb == 0 ? 0.0f : part[cj];
-                for (int t = r0 + rb; t < r0 + rb + nb; t++)
-                    acc += dout[(size_t)t * C + cj] * (__bfloat162float(inp[(size_t)t * C + cj]) - mean[t]) * rstd[t];
-                part[cj] = acc;
+                float n = (xv[j] - m) * s, dn = dy[j] * wv[j];
+                dx[j] = dx[j] + s * (dn - dn_mean - n * dn_n_mean);
             }
+            store_f32<W>(dinp + at, dx);
+            if (dinp_bf16) store_bf16<W>(dinp_bf16 + at, dx);
+        }
+        for (int g = warp; g < groups; g += nwarps) {   // channel cj of the slice's partial row
+            int cj = g * 32 + lane;
+            if (cj >= C) continue;
+            float acc = rb == 0 ? 0.0f : part[cj];
+            for (int t = r0 + rb; t < r0 + rb + nb; t++)
+                acc += dout[(size_t)t * C + cj] * (__bfloat162float(inp[(size_t)t * C + cj]) - mean[t]) * rstd[t];
+            part[cj] = acc;
         }
         __syncthreads();   // dn_means is rewritten by the next slice
     }

@@ -318,21 +318,56 @@ __global__ void moe_combine_forward_kernel(floatX* out, const floatX* resid, con
     }
     store_bf16<W>(out + i, acc);
 }
-// dye (N*k, C) = w * dout[t];  dtopk_w (N, k) = dout[t] . ye[row]: one warp per (t, j)
+// dye (N*k, C) = w * dout[t];  dtopk_w (N, k) = dout[t] . ye[row]. One warp per token, its k slots in groups of up
+// to 4, so that dout's row is read once per group (once at DBRX's k = 4, where a warp per slot read it k times); four
+// channels' loads in flight per lane. Each lane sums the channels lane, lane + 32, ... in that order for each slot,
+// the order of the warp-per-slot kernel before (dev/cuda/moe's combine backward v1): the same bits.
 __global__ void moe_combine_backward_kernel(floatX* dye, float* dtopk_w, const float* dout, const floatX* ye,
                                             const float* topk_w, const int* slot_row, int N, int k, int C) {
     int lane = threadIdx.x % 32;
-    size_t slot = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (slot >= (size_t)N * k) return;
-    size_t t = slot / k, r = slot_row[slot];
-    float w = topk_w[slot], dot = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float dy = dout[t * C + c];
-        dye[r * C + c] = __float2bfloat16(w * dy);
-        dot += dy * __bfloat162float(ye[r * C + c]);
+    size_t t = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t >= (size_t)N) return;   // a whole warp leaves
+    const float* dy = dout + t * C;
+    for (int j0 = 0; j0 < k; j0 += 4) {
+        int nj = min(4, k - j0);   // the same for the whole warp
+        float w[4], dot[4];
+        size_t r[4];
+        UNROLL for (int j = 0; j < 4; j++) {
+            w[j] = j < nj ? topk_w[t * k + j0 + j] : 0.0f;
+            r[j] = j < nj ? (size_t)slot_row[t * k + j0 + j] * C : 0;
+            dot[j] = 0.0f;
+        }
+        int c = lane;
+        for (; c + 96 < C; c += 128) {   // channels c, c + 32, c + 64, c + 96
+            float d[4];
+            UNROLL for (int q = 0; q < 4; q++) d[q] = dy[c + 32 * q];
+            UNROLL for (int j = 0; j < 4; j++) {
+                if (j < nj) {
+                    float y[4];
+                    UNROLL for (int q = 0; q < 4; q++) y[q] = __bfloat162float(ye[r[j] + c + 32 * q]);
+                    UNROLL for (int q = 0; q < 4; q++) {
+                        dye[r[j] + c + 32 * q] = __float2bfloat16(w[j] * d[q]);
+                        dot[j] += d[q] * y[q];
+                    }
+                }
+            }
+        }
+        for (; c < C; c += 32) {
+            float d = dy[c];
+            UNROLL for (int j = 0; j < 4; j++) {
+                if (j < nj) {
+                    dye[r[j] + c] = __float2bfloat16(w[j] * d);
+                    dot[j] += d * __bfloat162float(ye[r[j] + c]);
+                }
+            }
+        }
+        UNROLL for (int j = 0; j < 4; j++) {
+            if (j < nj) {
+                float sum = warp_sum(dot[j]);
+                if (lane == 0) dtopk_w[t * k + j0 + j] = sum;
+            }
+        }
     }
-    dot = warp_sum(dot);
-    if (lane == 0) dtopk_w[slot] = dot;
 }
 
 // xe (rows, C) = x[row_token]   (BF16 activations, and expert parallelism's BF16 input gradients)
@@ -379,8 +414,7 @@ static inline void moe_combine_forward_gpu(floatX* out, const floatX* resid, con
 static inline void moe_combine_backward_gpu(floatX* dye, float* dtopk_w, const float* dout, const floatX* ye,
                                             const float* topk_w, const int* slot_row, int N, int k, int C,
                                             cudaStream_t stream = 0) {
-    LAUNCH(moe_combine_backward_kernel, ceil_div((long long)N * k, 4), 128, 0, stream, dye, dtopk_w, dout, ye, topk_w,
-           slot_row, N, k, C);
+    LAUNCH(moe_combine_backward_kernel, ceil_div(N, 4), 128, 0, stream, dye, dtopk_w, dout, ye, topk_w, slot_row, N, k, C);
 }
 
 // w1 and v1 as one GEMM: they are two tensors (the checkpoint's and HF's layout, kept), so expert e's

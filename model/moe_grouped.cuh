@@ -31,8 +31,6 @@
 #define MOE_GROUPED_MAX_E 128
 #define MOE_GROUPED_BK 64   // k per k-tile: one 128-byte swizzle row of bf16
 
-// dynamic shared memory, declared at file scope (see model/attention_flash.cuh)
-extern __shared__ __align__(16) char dynamic_smem[];
 
 // the block's tile t: expert e (rows [row0, row_end) of it from m0 on), output columns n0..
 struct GroupedTile { int e, m0, row_end, n0; };

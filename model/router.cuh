@@ -168,6 +168,50 @@ __global__ void router_forward_kernel(float* probs, float* lse, int* topk_idx, f
     }
 }
 
+// The same for E <= 32 with a warp per token, lane e holding expert e (the thread per token above leaves 128 blocks
+// at 16,384 tokens, one per SM, each thread walking its row in global memory k E times). The same bits: the sum
+// of the exponentials and the renormalisation run in the same order, every lane adding the values it is passed;
+// the max does not depend on order; the top-k's argmax breaks ties to the lower expert as the loop's strict > does.
+__global__ void router_forward_warp_kernel(float* probs, float* lse, int* topk_idx, float* topk_w, const float* logits,
+                                           int N, int E, int k, float norm_p) {
+    const unsigned all = 0xffffffffu;
+    int lane = threadIdx.x % 32;
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t >= N) return;   // a whole warp leaves
+    bool expert = lane < E;
+    float z = expert ? logits[(size_t)t * E + lane] : -INFINITY;
+    float maxv = warp_max(z);
+    float ex = expert ? expf(z - maxv) : 0.0f, sum = 0.0f;
+    for (int e = 0; e < E; e++) sum += __shfl_sync(all, ex, e);
+    float p = ex / sum;
+    if (expert) probs[(size_t)t * E + lane] = p;
+    if (lane == 0) lse[t] = maxv + logf(sum);
+    bool taken = !expert;
+    float w = 0.0f;   // lane j < k: slot j's weight
+    int idx = 0;      // lane j < k: slot j's expert
+    for (int j = 0; j < k; j++) {
+        float v = taken ? -1.0f : p;   // (probabilities are >= 0)
+        int best = lane;
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(all, v, o);
+            int b2 = __shfl_xor_sync(all, best, o);
+            if (v2 > v || (v2 == v && b2 < best)) { v = v2; best = b2; }
+        }
+        if (lane == best) taken = true;
+        if (lane == j) { w = v; idx = best; }
+    }
+    if (norm_p >= 0.0f) {   // topk_norm_dev's sum, in slot order
+        float S = 0.0f;
+        for (int j = 0; j < k; j++) {
+            float wj = __shfl_sync(all, w, j);
+            S += norm_p == 1.0f ? wj : powf(wj, norm_p);
+        }
+        if (norm_p != 1.0f) S = powf(S, 1.0f / norm_p);
+        w /= S;
+    }
+    if (lane < k) { topk_idx[(size_t)t * k + lane] = idx; topk_w[(size_t)t * k + lane] = w; }
+}
+
 // counts (E), zeroed by the caller, += the number of assignments to each expert. A block counts its blockDim.x (<= 256)
 // assignments in shared memory and adds its E counts with one global atomic each (one global atomic per assignment
 // queued N k / E deep on the E counters: 65,536 onto 16 at dbrx-1b). Integers: the same counts in any order. More
@@ -232,6 +276,32 @@ __global__ void router_backward_kernel(floatX* dlogits, const float* dtopk_w, co
     }
 }
 
+// The same for E <= 32 with a warp per token, lane e computing expert e's dp and dlogit. The same bits: every lane
+// forms S, dw . w and p . dp from the values it is passed, in the thread kernel's order and expressions.
+__global__ void router_backward_warp_kernel(floatX* dlogits, const float* dtopk_w, const float* probs, const float* lse,
+                                            const int* topk_idx, const float* topk_w, const int* counts, int N, int E, int k,
+                                            float lbl_coef, float z_coef, float norm_p) {
+    const unsigned all = 0xffffffffu;
+    int lane = threadIdx.x % 32;
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t >= N) return;   // a whole warp leaves
+    const float* p = probs + (size_t)t * E;
+    const int* idx = topk_idx + (size_t)t * k;
+    const float* w = topk_w + (size_t)t * k;
+    const float* dw = dtopk_w + (size_t)t * k;
+    float S = topk_norm_dev(p, idx, k, norm_p), dw_w = 0.0f;
+    for (int j = 0; j < k; j++) dw_w += dw[j] * w[j];
+    bool expert = lane < E;
+    float pe = expert ? p[lane] : 0.0f, dp = expert ? lbl_coef * counts[lane] : 0.0f;
+    for (int j = 0; j < k; j++) if (idx[j] == lane) dp += renorm_dp(dw, w, j, dw_w, S, norm_p);
+    float pdp = 0.0f;
+    for (int e = 0; e < E; e++) {
+        float pv = __shfl_sync(all, pe, e), dv = __shfl_sync(all, dp, e);
+        pdp += pv * dv;
+    }
+    if (expert) dlogits[(size_t)t * E + lane] = __float2bfloat16(pe * (dp - pdp) + z_coef * lse[t] * pe);
+}
+
 // DBRX_DEBUG_ROUTE_FIRST (the tests' forced imbalance, as on the CPU, model/dbrx.h): logits (N, E) of experts 0..k-1 + 30
 __global__ void route_first_kernel(float* logits, int N, int E, int k) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -244,7 +314,10 @@ static inline void route_first_gpu(float* logits, int N, int E, int k, cudaStrea
 // forward: probs, lse, topk_idx, topk_w, counts (device, E) and stats (device, E + 1); norm_p as on the CPU
 static inline void router_forward_gpu(float* probs, float* lse, int* topk_idx, float* topk_w, int* counts, float* stats,
                                       const float* logits, int N, int E, int k, float norm_p, cudaStream_t stream = 0) {
-    LAUNCH(router_forward_kernel, ceil_div(N, 128), 128, 0, stream, probs, lse, topk_idx, topk_w, logits, N, E, k, norm_p);
+    if (E <= 32)
+        LAUNCH(router_forward_warp_kernel, ceil_div(N, 4), 128, 0, stream, probs, lse, topk_idx, topk_w, logits, N, E, k, norm_p);
+    else
+        LAUNCH(router_forward_kernel, ceil_div(N, 128), 128, 0, stream, probs, lse, topk_idx, topk_w, logits, N, E, k, norm_p);
     cudaCheck(cudaMemsetAsync(counts, 0, E * sizeof(int), stream));
     LAUNCH(expert_histogram_kernel, ceil_div((long long)N * k, 256), 256, 0, stream, counts, topk_idx, N * k, E);
     LAUNCH(router_stats_kernel, E + 1, 256, 0, stream, stats, probs, lse, N, E);
@@ -267,7 +340,11 @@ static inline void router_backward_gpu(floatX* dlogits, const float* dtopk_w, co
                                        cudaStream_t stream = 0) {
     float lbl_coef = (float)((double)lbl_weight * E / ((double)L * N * k) / N * dloss);
     float z_coef = (float)((double)z_weight / L * 2.0 / N * dloss);
-    LAUNCH(router_backward_kernel, ceil_div(N, 128), 128, 0, stream, dlogits, dtopk_w, probs, lse, topk_idx, topk_w, counts,
-           N, E, k, lbl_coef, z_coef, norm_p);
+    if (E <= 32)
+        LAUNCH(router_backward_warp_kernel, ceil_div(N, 4), 128, 0, stream, dlogits, dtopk_w, probs, lse, topk_idx, topk_w,
+               counts, N, E, k, lbl_coef, z_coef, norm_p);
+    else
+        LAUNCH(router_backward_kernel, ceil_div(N, 128), 128, 0, stream, dlogits, dtopk_w, probs, lse, topk_idx, topk_w, counts,
+               N, E, k, lbl_coef, z_coef, norm_p);
 }
 #endif  // DBRX_HAVE_CUDA

@@ -25,8 +25,6 @@
 #pragma once
 #include "tensor_core.cuh"
 
-// dynamic shared memory, declared at file scope (see model/attention_flash.cuh): a wgmma kernel stages its operands there
-extern __shared__ __align__(16) char dynamic_smem[];
 
 #define WGMMA_SWIZZLE_NONE 0
 #define WGMMA_SWIZZLE_128B 1

@@ -13,6 +13,10 @@
  *             attention probabilities); gradients that cancel get the atol part.
  *   TOL_F32   rtol 1e-4, atol 1e-5: FP32 outputs from the same BF16 inputs (summation order, and
  *             on a GPU the last-bit differences of expf/rsqrtf).
+ *   TOL_FP8_ACC rtol 1e-4, atol 2^-12: FP32 outputs of an FP8 GEMM on a Hopper GPU, whose tensor cores keep about
+ *             14 bits of the running sum between cuBLASLt's promotions to FP32 (DeepSeek-V3's report, section 3.3.2;
+ *             seen on an H200 2026-11-28: 701 of 3,072 outputs off by up to 7.8e-5 x max|want| at k 384, which
+ *             TOL_F32 refuses). A wrong scale or operand is off by a factor, far past it; the emulator sums in FP32.
  *   exact     integer outputs (top-k indices, counts, offsets, permutations) and copies.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -27,6 +31,7 @@
 struct Tol { double rtol, atol; };
 static const Tol TOL_BF16 = {1e-2, 1e-2};
 static const Tol TOL_F32 = {1e-4, 1e-5};
+static const Tol TOL_FP8_ACC = {1e-4, 1.0 / 4096};
 
 static std::vector<float> bf16_round(std::vector<float> v) {
     for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
@@ -183,7 +188,7 @@ TEST_CASE("matmul wrapper: FP8 operands (E5M2 x E4M3, the weight gradients' pair
                     &opt, 0, __FILE__, __LINE__);
     std::vector<double> want = naive_gemm(true, false, m, n, k, 0.125, A, k, 0, B, k, 0, 0.0, std::vector<float>((size_t)m * n, 0.0f), m, 0, 1);
     std::vector<float> wantf(want.begin(), want.end());
-    expect_close("fp8 D", get(dD, (size_t)m * n), wantf, TOL_F32);
+    expect_close("fp8 D", get(dD, (size_t)m * n), wantf, TOL_FP8_ACC);
     cudaCheck(cudaFree(dsa)); cudaCheck(cudaFree(dsb)); cudaCheck(cudaFree(dA)); cudaCheck(cudaFree(dB)); cudaCheck(cudaFree(dD));
 }
 
@@ -806,7 +811,9 @@ static Routing make_routing(int N, int E, int k, uint64_t seed) {
 }
 
 TEST_CASE("weighted combine (with the residual add) forward and backward") {
-    for (auto s : {std::vector<int>{1, 4, 2, 8}, {37, 16, 4, 33}, {100, 8, 2, 64}}) {
+    // the backward's warp per token: four channels per lane in flight (C > 128) and the remainder (C 200: two more
+    // per lane, 8 of them one more); k 6: slot groups of 4 and 2
+    for (auto s : {std::vector<int>{1, 4, 2, 8}, {37, 16, 4, 33}, {100, 8, 2, 64}, {37, 16, 4, 1024}, {50, 16, 6, 200}}) {
         int N = s[0], E = s[1], k = s[2], C = s[3];
         Routing r = make_routing(N, E, k, N + C);
         std::vector<float> resid = bf16_round(randn((size_t)N * C, 1)), ye = bf16_round(randn((size_t)N * k * C, 2));

@@ -9,12 +9,15 @@
  *   bwd v1  input gradient warp per row (scalar), weight gradient: 32-row chunk partials (a second pass over dout
  *           and x), then one column sum on C / 128 blocks (8 at d 1024): the model's before session 30
  *   bwd v2  one pass per 32-row chunk: the input gradient (16-byte accesses) and the chunk's partial together, then
- *           the partials summed in groups of 8 over (groups x C / 128) blocks and the groups in order (the model's)
- * v2 gives v1's bits for the input gradient always and for the weight gradient while the chunks fit one group
+ *           the partials summed in groups of 8 over (groups x C / 128) blocks and the groups in order: one column
+ *           segment per warp (half the warps idle at d 1024), row-sum loads one at a time (the model's until session 46)
+ *   bwd v3  v2 with its phases spread over every warp and four row-sum loads in flight: v2's bits (the model's);
+ *           also at 512 threads a block (16-row slices): on an H200 (2026-11-28) 0.137 ms, v3 0.135, v2 0.157, v1 0.187
+ * v2 and v3 give v1's bits for the input gradient always and for the weight gradient while the chunks fit one group
  * (N <= 256 rows: the emulated size); above that the weight gradient's summation order differs (checked to 1e-5).
  * Bytes moved per forward: read x (2 B) + write y (2 B) per element (+ weight, stats: negligible);
  * fused: read x, y, write resid, out (8 B); unfused: the add's 6 B and the norm's 4 B. Backward per element:
- * v1 reads dout (4 B) and x (2 B) twice, dinp 4 B, writes dinp 4 B and its BF16 copy 2 B: 22 B; v2: 16 B.
+ * v1 reads dout (4 B) and x (2 B) twice, dinp 4 B, writes dinp 4 B and its BF16 copy 2 B: 22 B; v2, v3: 16 B.
  *   make dev/cuda/layernorm && ./dev/cuda/layernorm        (N = 16384 rows, C = 1024: dbrx-1b)
  */
 #include "common.h"
@@ -75,6 +78,68 @@ __global__ void layernorm_backward_dweight_partial_v1(float* partial, const floa
     for (int t = r0; t < r1; t++)
         acc += dout[(size_t)t * C + c] * (__bfloat162float(inp[(size_t)t * C + c]) - mean[t]) * rstd[t];
     partial[(size_t)blockIdx.x * C + c] = acc;
+}
+
+// bwd v2 (the model's from session 30 to 46): the one-pass kernel with one column segment of 32 W channels per warp in
+// the input gradient and the partial, so at d = 1024 (W = 8: 4 segments) half of a 256-thread block's warps wait in
+// those phases, and the row sums' lane-strided loads one at a time. bwd v3 (the model's) spreads both phases over all
+// the warps and keeps four row-sum loads in flight, in the same arithmetic order: the same bits.
+template <int W>
+__global__ void layernorm_backward_v2(float* dinp, floatX* dinp_bf16, float* partial, const float* dout, const floatX* inp,
+                                          const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    __shared__ float dn_means[32], dn_n_means[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    int r0 = blockIdx.x * LN_ROWS_PER_CHUNK, rows = min(LN_ROWS_PER_CHUNK, N - r0);
+    float* part = partial + (size_t)blockIdx.x * C;
+    for (int rb = 0; rb < rows; rb += nwarps) {
+        int nb = min(nwarps, rows - rb);
+        if (warp < nb) {
+            int row = r0 + rb + warp;
+            const floatX* x = inp + (size_t)row * C;
+            const float* dy = dout + (size_t)row * C;
+            float m = mean[row], s = rstd[row];
+            float dn_sum = 0.0f, dn_n_sum = 0.0f;
+            for (int c = lane; c < C; c += 32) {
+                float n = (__bfloat162float(x[c]) - m) * s, dn = dy[c] * __bfloat162float(weight[c]);
+                dn_sum += dn;
+                dn_n_sum += dn * n;
+            }
+            float dn_mean = warp_sum(dn_sum) / C, dn_n_mean = warp_sum(dn_n_sum) / C;
+            if (lane == 0) { dn_means[warp] = dn_mean; dn_n_means[warp] = dn_n_mean; }
+        }
+        __syncthreads();
+        for (int seg = warp * 32 * W; seg < C; seg += blockDim.x * W) {
+            int c = seg + lane * W;
+            if (c < C) {
+                float wv[W];
+                load_bf16<W>(wv, weight + c);
+                for (int i = 0; i < nb; i++) {
+                    int row = r0 + rb + i;
+                    size_t at = (size_t)row * C + c;
+                    float m = mean[row], s = rstd[row], dn_mean = dn_means[i], dn_n_mean = dn_n_means[i];
+                    float xv[W], dy[W], dx[W];
+                    load_bf16<W>(xv, inp + at);
+                    load_f32<W>(dy, dout + at);
+                    load_f32<W>(dx, dinp + at);
+                    for (int j = 0; j < W; j++) {
+                        float n = (xv[j] - m) * s, dn = dy[j] * wv[j];
+                        dx[j] = dx[j] + s * (dn - dn_mean - n * dn_n_mean);
+                    }
+                    store_f32<W>(dinp + at, dx);
+                    if (dinp_bf16) store_bf16<W>(dinp_bf16 + at, dx);
+                }
+            }
+            for (int j = 0; j < W; j++) {
+                int cj = seg + lane + 32 * j;
+                if (cj >= C) break;
+                float acc = rb == 0 ? 0.0f : part[cj];
+                for (int t = r0 + rb; t < r0 + rb + nb; t++)
+                    acc += dout[(size_t)t * C + cj] * (__bfloat162float(inp[(size_t)t * C + cj]) - mean[t]) * rstd[t];
+                part[cj] = acc;
+            }
+        }
+        __syncthreads();   // dn_means is rewritten by the next slice
+    }
 }
 
 int main() {
@@ -139,7 +204,7 @@ int main() {
         cudaCheck(cudaMemset(ddinp, 0, dinp.size() * sizeof(float)));
         cudaCheck(cudaMemset(ddw, 0, C * sizeof(float)));
     };
-    std::function<void()> bv[2] = {
+    std::function<void()> bv[4] = {
         [&] {
             zero();
             LAUNCH(layernorm_backward_dinp_v1, ceil_div(N, 8), 256, 0, 0, ddinp, ddinp16, ddy, dx, dw, dmean, drstd, N, C);
@@ -149,19 +214,40 @@ int main() {
         },
         [&] {
             zero();
+            int groups = ceil_div(chunks, LN_CHUNKS_PER_GROUP);
+            LAUNCH(layernorm_backward_v2<8>, chunks, 256, 0, 0, ddinp, ddinp16, scratch, ddy, dx, dw, dmean, drstd, N, C);
+            LAUNCH(column_sum_groups_kernel, dim3(groups, ceil_div(C, 128)), 128, 0, 0, scratch, chunks, C, LN_CHUNKS_PER_GROUP);
+            LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, 0, ddw, scratch, chunks, C, LN_CHUNKS_PER_GROUP, 1);
+        },
+        [&] {
+            zero();
             layernorm_backward_gpu(ddinp, ddinp16, ddw, scratch, ddy, dx, dw, dmean, drstd, N, C);
         },
+        [&] {   // v3 with 512 threads a block: slices of 16 rows, two per chunk (the same bits: a slice only splits the sum)
+            zero();
+            int groups = ceil_div(chunks, LN_CHUNKS_PER_GROUP);
+            LAUNCH(layernorm_backward_kernel<8>, chunks, 512, 0, 0, ddinp, ddinp16, scratch, ddy, dx, dw, dmean, drstd, N, C);
+            LAUNCH(column_sum_groups_kernel, dim3(groups, ceil_div(C, 128)), 128, 0, 0, scratch, chunks, C, LN_CHUNKS_PER_GROUP);
+            LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, 0, ddw, scratch, chunks, C, LN_CHUNKS_PER_GROUP, 1);
+        },
     };
-    const char* bnames[2] = {"bwd v1 (3 kernels, 8-block sum)", "bwd v2 (one pass, model)"};
-    double bbytes[2] = {22.0 * N * C, 16.0 * N * C};
-    std::vector<float> v1_dinp, v1_dw;
-    for (int v = 0; v < 2; v++) {
+    const char* bnames[4] = {"bwd v1 (3 kernels, 8-block sum)", "bwd v2 (one pass, a segment per warp)", "bwd v3 (one pass, all warps, model)",
+                             "bwd v3 at 512 threads"};
+    double bbytes[4] = {22.0 * N * C, 16.0 * N * C, 16.0 * N * C, 16.0 * N * C};
+    std::vector<float> v1_dinp, v1_dw, v2_dw;
+    for (int v = 0; v < 4; v++) {
         bv[v]();
         std::vector<float> got_dinp = from_device_f32(ddinp, dinp.size()), got_dw = from_device_f32(ddw, C);
         validate(bnames[v], got_dinp, dinp, 1e-4, 1e-5);
         validate("  dweight", got_dw, dweight, 1e-4, 1e-5);
         if (v == 0) { v1_dinp = got_dinp; v1_dw = got_dw; continue; }
         validate("  dinp: v1's bits", got_dinp, v1_dinp, 0, 0);
+        if (v >= 2) {
+            validate("  dweight: v2's bits", got_dw, v2_dw, 0, 0);
+            report_bandwidth(bnames[v], bbytes[v], time_ms(20, bv[v]));
+            continue;
+        }
+        v2_dw = got_dw;
         bool one_group = chunks <= LN_CHUNKS_PER_GROUP;
         validate(one_group ? "  dweight: v1's bits (one group)" : "  dweight vs v1 (groups)", got_dw, v1_dw, one_group ? 0 : 1e-5, one_group ? 0 : 1e-6);
         report_bandwidth(bnames[v], bbytes[v], time_ms(20, bv[v]));

@@ -1,12 +1,14 @@
 /*
  * moe.cu — the router and the dropless MoE data movement (N tokens, E experts, top-k, width C,
  * expert hidden F), the model's kernels (model/router.cuh, model/moe.cuh) unless numbered:
- *   router forward (softmax, top-k, renormalise; histogram; LBL/z-loss column sums)
+ *   router forward (softmax, top-k, renormalise; histogram; LBL/z-loss column sums) and backward: v1 a thread per token
+ *   (the model's for E > 32, and for every E until session 46), the model's a warp per token for E <= 32 (v1's bits)
  *   dispatch: offsets + the stable permutation, v1 one block per expert walking all N k assignments in sequence
  *   (E = 16 blocks: latency-bound, before the host sync; the model's before session 30), v2 (slices x experts
  *   blocks, each counting the assignments before its slice: the model's), both the CPU's rows exactly; gather, gather backward
  *   (alone; with the router's input gradient fused, the model's; the gather then cuBLASLt's k = E GEMM, before session 43),
- *   SwiGLU forward v1 (scalar) and v2 (16-byte accesses, the model's), combine forward (+ residual) and backward.
+ *   SwiGLU forward v1 (scalar) and v2 (16-byte accesses, the model's), combine forward (+ residual) and backward
+ *   (v1 a warp per slot, the model's until session 46; v2 a warp per token, dout read once: the model's, v1's bits).
  * Memory-bound: each line gives GB/s for the bytes the kernel must move.
  * The expert layer's GEMMs (model/CUDA.md, "The expert GEMMs: one sync per MoE layer"): experts_forward_gpu
  * (w1+v1 as one batched GEMM per expert, SwiGLU, w2) with the dispatch's synchronising offsets copy
@@ -18,6 +20,24 @@
 #include "common.h"
 #include "../../model/router.cuh"
 #include "../../model/moe.cuh"
+
+// combine backward v1 (the model's until session 46): one warp per (token, slot), so dout's row is read k times, and
+// one load at a time per lane; the model's (v2) reads it once per four slots with four loads in flight, in v1's order
+__global__ void moe_combine_backward_v1(floatX* dye, float* dtopk_w, const float* dout, const floatX* ye,
+                                        const float* topk_w, const int* slot_row, int N, int k, int C) {
+    int lane = threadIdx.x % 32;
+    size_t slot = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (slot >= (size_t)N * k) return;
+    size_t t = slot / k, r = slot_row[slot];
+    float w = topk_w[slot], dot = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float dy = dout[t * C + c];
+        dye[r * C + c] = __float2bfloat16(w * dy);
+        dot += dy * __bfloat162float(ye[r * C + c]);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) dtopk_w[slot] = dot;
+}
 
 // the permutation before session 30: block e places expert e's assignments, walking all N k of them in chunks
 __global__ void moe_permute_v1(int* row_token, int* slot_row, const int* topk_idx, const int* offsets, int N, int k) {
@@ -55,11 +75,53 @@ int main() {
     float *dlogits = to_device(logits), *dprobs = deviceAlloc(float, probs.size()), *dlse = deviceAlloc(float, N);
     float *dw = deviceAlloc(float, w.size()), *dstats = deviceAlloc(float, E + 1);
     int *didx = deviceAlloc(int, idx.size()), *dcounts = deviceAlloc(int, E);
-    auto router = [&] { router_forward_gpu(dprobs, dlse, didx, dw, dcounts, dstats, dlogits, N, E, k, 1.0f); };
+    auto router_v1 = [&] {   // a thread per token (the model's for E > 32; until session 46 for all E)
+        LAUNCH(router_forward_kernel, ceil_div(N, 128), 128, 0, 0, dprobs, dlse, didx, dw, dlogits, N, E, k, 1.0f);
+    };
+    auto router = [&] {   // a warp per token (the model's for E <= 32), with the histogram and the LBL/z-loss sums
+        router_forward_gpu(dprobs, dlse, didx, dw, dcounts, dstats, dlogits, N, E, k, 1.0f);
+    };
+    router_v1();
+    std::vector<float> probs_v1 = from_device_f32(dprobs, probs.size()), w_v1 = from_device_f32(dw, w.size());
+    std::vector<float> lse_v1 = from_device_f32(dlse, N);
+    std::vector<int> idx_v1(idx.size()), idx_got(idx.size());
+    cudaCheck(cudaMemcpy(idx_v1.data(), didx, idx.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    report_bandwidth("router forward v1 (thread per token)", (double)N * E * 4 * 2 + (double)N * k * 8, time_ms(20, router_v1));
     router();
     validate("router forward: probs", from_device_f32(dprobs, probs.size()), probs, 1e-4, 1e-5);
     validate("router forward: top-k weights", from_device_f32(dw, w.size()), w, 1e-4, 1e-5);
-    report_bandwidth("router forward", (double)N * E * 4 * 3 + (double)N * k * 8, time_ms(20, router));
+    cudaCheck(cudaMemcpy(idx_got.data(), didx, idx.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    validate("  probs: v1's bits", from_device_f32(dprobs, probs.size()), probs_v1, 0, 0);
+    validate("  top-k experts: v1's", std::vector<float>(idx_got.begin(), idx_got.end()), std::vector<float>(idx_v1.begin(), idx_v1.end()), 0, 0);
+    validate("  lse: v1's bits", from_device_f32(dlse, N), lse_v1, 0, 0);
+    validate("  top-k weights: v1's bits", from_device_f32(dw, w.size()), w_v1, 0, 0);
+    report_bandwidth("router forward (warp per token + histogram + stats, model)", (double)N * E * 4 * 3 + (double)N * k * 8,
+                     time_ms(20, router));
+    {   // the router's backward: v1 a thread per token, the model's a warp per token (E <= 32)
+        std::vector<float> dtw = make_random(w.size(), 21), dlg((size_t)N * E);
+        std::vector<int> cnt_h(E);
+        cudaCheck(cudaMemcpy(cnt_h.data(), dcounts, E * sizeof(int), cudaMemcpyDeviceToHost));
+        router_backward(dlg.data(), dtw.data(), probs.data(), lse.data(), idx.data(), w.data(), cnt_h.data(), N, E, k, 4,
+                        0.05f, 0.01f, 1.0f, 1.0f);
+        float* ddtw = to_device(dtw);
+        floatX* ddlg = deviceAlloc(floatX, dlg.size());
+        // (router_backward_gpu's coefficients for L 4, weights 0.05 and 0.01, dloss 1)
+        float lbl_coef = (float)((double)0.05f * E / (4.0 * N * k) / N * 1.0f), z_coef = (float)((double)0.01f / 4 * 2.0 / N * 1.0f);
+        auto rb_v1 = [&] {
+            LAUNCH(router_backward_kernel, ceil_div(N, 128), 128, 0, 0, ddlg, ddtw, dprobs, dlse, didx, dw, dcounts, N, E, k,
+                   lbl_coef, z_coef, 1.0f);
+        };
+        auto rb = [&] { router_backward_gpu(ddlg, ddtw, dprobs, dlse, didx, dw, dcounts, N, E, k, 4, 0.05f, 0.01f, 1.0f, 1.0f); };
+        rb_v1();
+        std::vector<float> dlg_v1 = from_device_bf16v(ddlg, dlg.size());
+        validate("router backward v1 (thread per token)", dlg_v1, dlg, 1e-2, 1e-2);
+        report_bandwidth("router backward v1 (thread per token)", (double)N * E * (4 + 2) + (double)N * k * 12, time_ms(20, rb_v1));
+        rb();
+        validate("router backward (warp per token, model)", from_device_bf16v(ddlg, dlg.size()), dlg, 1e-2, 1e-2);
+        validate("  v1's bits", from_device_bf16v(ddlg, dlg.size()), dlg_v1, 0, 0);
+        report_bandwidth("router backward (warp per token, model)", (double)N * E * (4 + 2) + (double)N * k * 12, time_ms(20, rb));
+        cudaCheck(cudaFree(ddtw)); cudaCheck(cudaFree(ddlg));
+    }
     // dispatch
     std::vector<int> offsets(E + 1), row_token(R), slot_row(R), off_host(E + 1);
     moe_dispatch(offsets.data(), row_token.data(), slot_row.data(), idx.data(), counts.data(), N, E, k);
@@ -146,11 +208,20 @@ int main() {
     moe_combine_backward(dyeh.data(), dwh.data(), dy.data(), ye.data(), w.data(), slot_row.data(), N, k, C);
     float *ddy = to_device(dy), *ddw = deviceAlloc(float, dwh.size());
     floatX* ddye = deviceAlloc(floatX, dyeh.size());
+    auto comb_bwd1 = [&] {
+        LAUNCH(moe_combine_backward_v1, ceil_div((long long)N * k, 4), 128, 0, 0, ddye, ddw, ddy, dye, dw, dsr, N, k, C);
+    };
     auto comb_bwd = [&] { moe_combine_backward_gpu(ddye, ddw, ddy, dye, dw, dsr, N, k, C); };
+    comb_bwd1();
+    validate("combine backward v1 (warp per slot): dye", from_device_bf16v(ddye, dyeh.size()), dyeh, 1e-2, 1e-2);
+    std::vector<float> dw_v1 = from_device_f32(ddw, dwh.size());
+    validate("  dtopk_w", dw_v1, dwh, 1e-4, 1e-5);
+    report_bandwidth("combine backward v1 (warp per slot)", (double)R * C * (2 + 2) + (double)N * C * 4, time_ms(20, comb_bwd1));
     comb_bwd();
-    validate("combine backward: dye", from_device_bf16v(ddye, dyeh.size()), dyeh, 1e-2, 1e-2);
-    validate("combine backward: dtopk_w", from_device_f32(ddw, dwh.size()), dwh, 1e-4, 1e-5);
-    report_bandwidth("combine backward", (double)R * C * (4 + 2 + 2), time_ms(20, comb_bwd));
+    validate("combine backward v2 (warp per token, model): dye", from_device_bf16v(ddye, dyeh.size()), dyeh, 1e-2, 1e-2);
+    validate("  dtopk_w", from_device_f32(ddw, dwh.size()), dwh, 1e-4, 1e-5);
+    validate("  dtopk_w: v1's bits", from_device_f32(ddw, dwh.size()), dw_v1, 0, 0);
+    report_bandwidth("combine backward v2 (warp per token, model)", (double)R * C * (2 + 2) + (double)N * C * 4, time_ms(20, comb_bwd));
 
     // the expert layer: w1 and v1 adjacent tensors (the model's layout), g and u (R, F), ye (R, C)
     size_t wn = (size_t)E * F * C;

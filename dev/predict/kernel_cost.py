@@ -265,9 +265,11 @@ KERNELS = {
     "attention_decode_kernel": lambda a, g, x: (2 * a[4] * a[6] + 2 * (a[3] + 1) * 2 * a[5] * a[6], 2 * a[4] * a[6]),
     # router and MoE (N tokens, E experts, top-k, C = d, n = rows x F)
     "router_forward_kernel": lambda a, g, x: (4 * a[5] * a[6], 4 * a[5] * a[6] + 4 * a[5] + 8 * a[5] * a[7]),  # logits -> probs, lse, idx, w
+    "router_forward_warp_kernel": lambda a, g, x: (4 * a[5] * a[6], 4 * a[5] * a[6] + 4 * a[5] + 8 * a[5] * a[7]),  # (E <= 32: the same)
     "expert_histogram_kernel": lambda a, g, x: (4 * a[2], 0),                   # (counts, topk_idx, n, E): + E counters a block (SLACK)
     "router_stats_kernel": lambda a, g, x: (4 * a[3] * a[4] + 4 * a[3], 4 * (a[4] + 1)),  # (stats, probs, lse, N, E)
     "router_backward_kernel": lambda a, g, x: (4 * a[7] * (a[8] + 1 + 3 * a[9]) + 4 * a[8], 2 * a[7] * a[8]),  # probs, lse, dw, idx, w, counts
+    "router_backward_warp_kernel": lambda a, g, x: (4 * a[7] * (a[8] + 1 + 3 * a[9]) + 4 * a[8], 2 * a[7] * a[8]),  # (E <= 32: the same)
     "moe_offsets_kernel": lambda a, g, x: (4 * a[2], 4 * (a[2] + 1)),          # (offsets, counts, E)
     "moe_permute_kernel": lambda a, g, x: (4 * a[4] * a[5] + 4 * g[1], 8 * a[4] * a[5]),  # grid (slices, E): idx, offsets -> row_token, slot_row
     "moe_combine_forward_kernel": lambda a, g, x: (2 * a[5] * a[7] * (1 + a[6]) + 8 * a[5] * a[6], 2 * a[5] * a[7]),  # resid + k rows of ye

@@ -1,0 +1,31 @@
+#!/bin/bash
+# (session 46, call 1 on an H200: dev/bench/lease_next.sh at commit 12af6c6 less its --attention-bwd mma run and dev/cuda/embedding)
+# lease_next.sh — the checks the next lent GPU runs first (issue 25), in order of value, each under a limit, all before
+# a deadline: `bash dev/bench/lease_pack.sh dev/bench/lease_next.sh` packs it with lease_setup.sh, the binaries, the
+# libraries and the data into .lease/; run `BUDGET=360 bash .lease/lease_next.sh` in one call of timeout 420 (carry
+# [".lease"]), give the machine back, then record the results in dev/bench/results_gpu.md and a
+# dev/bench/gpu_<kind>_<date>/ folder (this script, the log, the traces).
+# What each answers (dev/bench/results_gpu.md, session 45's section, says where things stood):
+#   0. make test-gpu's device checks (dev/test_gpu.sh with a plan): test_kernels_gpu whole (its FP8 check at a shape
+#      cuBLASLt takes: the first call of 2026-11-28 stopped there), the step, FP8, the smoke run against PyTorch
+#   1. the step kernel by kernel with session 45's changes (--attention-bwd auto = wgmma-overlap on Hopper; RoPE 16-byte
+#      accesses; the permutation's loads in flight; the embedding backward's eight rows in flight): calibrate.py --kernels
+#   2. end to end: the default, the same with --attention-bwd mma (the A/B of auto on one machine), --grad-accum 4, FP8 block
+#   3. dev/cuda/embedding: RoPE and the embedding backward alone
+. "$(dirname "$0")/lease_setup.sh"
+hung() { grep -q "== $1: rc 12[4-9]\|== $1: rc 137" "$O/log.txt"; }
+# 0. the device test programs and the smoke run (report: $O/test_gpu_report.md)
+for t in test_kernels test_step_cuda test_fp8_cuda test_zero_fp8_cuda test_decode; do echo "${t}_gpu|40|doctest|./test/${t}_gpu"; done \
+    > "$O/plan.txt"
+echo "smoke: dbrx-tiny 20 steps|60|cmd|smoke" >> "$O/plan.txt"
+step test_gpu 150 env TEST_GPU_PLAN="$O/plan.txt" TEST_GPU_REPORT="$O/test_gpu_report.md" TEST_GPU_RAW="$R/test_gpu" \
+    TEST_GPU_DEADLINE=$DEADLINE PYTHON=python3 bash dev/test_gpu.sh
+# 1. the step kernel by kernel
+step e2e_kernels 45 ./train_dbrx "${E2E[@]}" --steps 8 --log "$R/e2e_kernels.jsonl" --profile "$R/e2e_kernels.json" \
+    --profile-steps 7:8 --profile-kernels
+# 2. end to end
+step e2e_bf16 45 ./train_dbrx "${E2E[@]}" --steps 30 --log "$R/e2e_bf16.jsonl" --profile "$R/e2e_bf16_profile.json" --profile-steps 21:22
+step e2e_accum4 45 ./train_dbrx "${E2E[@]}" --steps 8 --grad-accum 4 --log "$R/e2e_accum4.jsonl"
+step e2e_fp8_block 40 ./train_dbrx "${E2E[@]}" --steps 20 --fp8 block --log "$R/e2e_fp8_block.jsonl"
+# 3. the small kernels alone
+echo "== done, t+$(( $(date +%s) - T0 ))"
