@@ -32,15 +32,16 @@ def shape_of(it):
 
 
 def sections(items):
-    """the routed section of each layer: from its router_forward_kernel to its moe_combine_forward_kernel (forward),
-    and from moe_combine_backward_kernel to router_backward_kernel (backward): the expert GEMMs live there"""
+    """the routed section of each layer: from its router forward kernel to its moe_combine_forward_kernel (forward),
+    and from moe_combine_backward_kernel to its router backward kernel (backward): the expert GEMMs live there
+    (router_forward_kernel / router_backward_kernel, or their _warp_kernel forms for E <= 32)"""
     inside, out = False, []
     for it in items:
         nm = it.get("name", "")
-        if nm.startswith(("router_forward_kernel", "moe_combine_backward_kernel")):
+        if nm.startswith(("router_forward_kernel", "router_forward_warp_kernel", "moe_combine_backward_kernel")):
             inside = True
         out.append(inside)
-        if nm.startswith(("moe_combine_forward_kernel", "router_backward_kernel")):
+        if nm.startswith(("moe_combine_forward_kernel", "router_backward_kernel", "router_backward_warp_kernel")):
             inside = False
     return out
 
