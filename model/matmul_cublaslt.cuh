@@ -24,9 +24,29 @@ static inline void matmul_pins_name_library() {
         matmul_pins().library = std::string(platform_cublaslt_name()) + " " + std::to_string((unsigned long long)cublasLtGetVersion());
 }
 
-// one handle and a 32 MiB workspace (what Hopper's kernels want) for the process
+// one handle and a 32 MiB workspace (what Hopper's kernels want) for the process; a stream given its own with
+// cublaslt_stream_workspace_add uses that one instead: GEMMs that run at the same time on two streams must not share a
+// workspace (a split-K algorithm keeps its partial sums there). Every other stream shares the process's: its GEMMs are
+// ordered with the default stream's (dev/cuda/matmul -b runs the experts' GEMMs on side streams)
 static const size_t cublaslt_workspace_bytes = 32ull << 20;
-static inline cublasLtHandle_t cublaslt_handle(void** workspace) {
+#define CUBLASLT_MAX_STREAM_WORKSPACES 8
+typedef struct {
+    cudaStream_t stream[CUBLASLT_MAX_STREAM_WORKSPACES];
+    void* ws[CUBLASLT_MAX_STREAM_WORKSPACES];
+    int n;
+} CublasltStreamWorkspaces;
+static inline CublasltStreamWorkspaces& cublaslt_stream_workspaces() {
+    static CublasltStreamWorkspaces w = {};
+    return w;
+}
+static inline void cublaslt_stream_workspace_add(cudaStream_t stream) {
+    CublasltStreamWorkspaces& w = cublaslt_stream_workspaces();
+    for (int i = 0; i < w.n; i++) if (w.stream[i] == stream) return;
+    if (w.n == CUBLASLT_MAX_STREAM_WORKSPACES) fail(EXIT_FAILURE, "cublaslt_stream_workspace_add: more than %d streams", CUBLASLT_MAX_STREAM_WORKSPACES);
+    cudaCheck(platform_cublaslt_workspace_alloc(&w.ws[w.n], cublaslt_workspace_bytes));
+    w.stream[w.n++] = stream;
+}
+static inline cublasLtHandle_t cublaslt_handle(void** workspace, cudaStream_t stream = 0) {
     static cublasLtHandle_t handle = nullptr;
     static void* ws = nullptr;
     if (!handle) {
@@ -35,6 +55,8 @@ static inline cublasLtHandle_t cublaslt_handle(void** workspace) {
         cudaCheck(platform_cublaslt_workspace_alloc(&ws, cublaslt_workspace_bytes));
     }
     *workspace = ws;
+    const CublasltStreamWorkspaces& w = cublaslt_stream_workspaces();
+    for (int i = 0; i < w.n; i++) if (w.stream[i] == stream) *workspace = w.ws[i];
     return handle;
 }
 
@@ -224,7 +246,7 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     bool fp8 = is_fp8_type(a_type);
     if (fp8) matmul_validate_fp8(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, batch, opt, file, line);
     void* ws;
-    cublasLtHandle_t h = cublaslt_handle(&ws);
+    cublasLtHandle_t h = cublaslt_handle(&ws, stream);
     long long qn, qk;
     MatmulKey key = matmul_key(trans_a, trans_b, m, n, k, a_type, lda, stride_a, A, b_type, ldb, stride_b, B, d_type, ldd, stride_d, D,
                                batch, opt, &qn, &qk);

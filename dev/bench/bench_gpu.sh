@@ -113,6 +113,11 @@ if bench expert_gemm "dev/cuda/matmul$sfx" -x; then
     awk '/of the dense GEMM/ { for (i = 1; i <= NF; i++) if ($i ~ /%$/) p = $i; sub("%", "", p);
          printf "| expert GEMMs / dense | %s%% | >= 70%% | %s |\n", p, (p + 0 >= 70 ? "yes" : "no") }' "$raw/expert_gemm.txt"
 fi
+# dbrx-1b's expert GEMMs as the model runs them (a GEMM per expert, one stream), on 2 and 4 streams, and batched (the
+# bound of a grouped GEMM of cuBLASLt's quality): what the per-expert launches leave of the GPU
+if bench expert_streams "dev/cuda/matmul$sfx" -b; then
+    rows "$raw/expert_streams.txt" TFLOP/s 0 "per expert|batched"
+fi
 # the grouped expert GEMMs on wgmma (model/moe_grouped.cuh) against today's per-expert path, at dbrx-1b and at a
 # DBRX-132B slice (never run on a GPU before: a time limit; a wrong result fails it before any timing)
 for s in 1b 132b; do
@@ -189,7 +194,12 @@ if [ -s "$shapes" ] && bench gemm_sweep "dev/cuda/matmul$sfx" -s "$shapes"; then
     if [ "$EMU" = 1 ]; then   # (no times: every listed shape ran and the BF16 ones validated)
         [ "$(grep -c " ms=" "$raw/gemm_sweep.txt")" = "$(wc -l < "$shapes")" ] && ! grep -q FAIL "$raw/gemm_sweep.txt" \
             || echo "| gemm_sweep | FAILED: not every GEMM of $shapes ran and validated | | |"
-    elif bench gemm_fit /usr/bin/python3 dev/predict/calibrate.py --gemms "$raw/gemm_sweep.txt" --device "$dev_kind" --markdown \
+    else
+        # the same GEMMs with L2 not flushed between calls (operands warm, as in the step): the table's cold times were
+        # 1.15 x the step's GEMMs (session 45's H100); raw output only, the table stays the cold one
+        bench gemm_sweep_warm "dev/cuda/matmul$sfx" -s "$shapes" -w || true
+    fi
+    if [ "$EMU" = 0 ] && bench gemm_fit /usr/bin/python3 dev/predict/calibrate.py --gemms "$raw/gemm_sweep.txt" --device "$dev_kind" --markdown \
             --out "dev/predict/gemm_measured_$dev_kind.json" --source "$gpu, $(date -u +%Y-%m-%d), commit $rev"; then
         echo; echo "The step's GEMMs (${E2E[1]}, batch ${E2E[3]} x ${E2E[5]}; BF16, --fp8 delayed and block) timed one by one by dev/cuda/matmul -s,"
         echo "against the rate table (written to dev/predict/gemm_measured_$dev_kind.json: make predict now uses them on $dev_kind):"; echo

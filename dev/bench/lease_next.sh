@@ -10,6 +10,10 @@
 #   1. the kernels changed without a device: dev/cuda/moe (the router's forward and backward a warp per token against
 #      v1, a thread per token: v1's bits, and the times), dev/cuda/classifier (v2 the model's; v3 and v4 probes: the
 #      row in shared memory and less arithmetic, and the arithmetic alone), dev/cuda/layernorm (the backward's v3)
+#   1b. the expert GEMMs (dev/cuda/matmul -b): dbrx-1b's per-expert GEMMs on 1, 2 and 4 streams and batched: do the
+#      per-expert launches leave the GPU part idle (44 ms of the step are GEMMs)? And the step's GEMMs one by one, L2
+#      flushed (the table make predict reads) and warm (-w): is the table's 1.15 x the step's GEMM time the flush?
+#      On an H200 the cold sweep is the first H200 GEMM table (calibrate.py --gemms, after the call)
 #   2. the step kernel by kernel (calibrate.py --kernels against make predict's trace of the same commit and device)
 #   3. end to end: the default (bit-identical losses to session 46's: 2.6692058229236864 at step 30), --grad-accum 4,
 #      FP8 block
@@ -24,6 +28,9 @@ step test_gpu 150 env TEST_GPU_PLAN="$O/plan.txt" TEST_GPU_REPORT="$O/test_gpu_r
 step moe 60 dev/cuda/moe
 step classifier 40 dev/cuda/classifier
 step layernorm 30 dev/cuda/layernorm
+step matmul_b 20 dev/cuda/matmul -b
+step gemm_sweep 25 dev/cuda/matmul -s .lease/gemm_shapes.txt
+step gemm_sweep_warm 25 dev/cuda/matmul -s .lease/gemm_shapes.txt -w
 # 2. the step kernel by kernel
 step e2e_kernels 45 ./train_dbrx "${E2E[@]}" --steps 8 --log "$R/e2e_kernels.jsonl" --profile "$R/e2e_kernels.json" \
     --profile-steps 7:8 --profile-kernels

@@ -10,7 +10,8 @@
 #   libs.tgz  lib/: OpenBLAS, gfortran, Open MPI and its helpers (always on the library path there);
 #             lib2/: base libraries copied to lib/ only where the device's ldconfig lacks them;
 #   ompi.tgz  Open MPI's plugins, help texts and configuration, unpacked into / where the device has none;
-#   data/     the first training shard and the validation shard of data/sotu.
+#   data/     the first training shard and the validation shard of data/sotu;
+#   gemm_shapes.txt  dbrx-1b's GEMMs (8 x 2048, BF16), as make predict lists them for dev/cuda/matmul -s.
 set -e
 cd "$(dirname "$0")/../.."
 run=${1:?usage: bash dev/bench/lease_pack.sh RUN.sh}
@@ -37,4 +38,5 @@ tar -C / -czf .lease/ompi.tgz --exclude=usr/lib/x86_64-linux-gnu/openmpi/include
     usr/lib/x86_64-linux-gnu/pmix2 usr/share/openmpi etc/openmpi $(cd / && ls -d usr/share/pmix 2>/dev/null)
 make data >/dev/null
 cp data/sotu/sotu_train_000000.bin data/sotu/sotu_val_000000.bin .lease/data/
+make train_dbrx_emu >/dev/null && MODEL=dbrx-1b BATCH=8 SEQ=2048 GEMM_SHAPES=.lease/gemm_shapes.txt bash dev/predict/make_predict.sh > /dev/null
 du -sh .lease

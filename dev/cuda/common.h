@@ -71,6 +71,8 @@ static inline std::vector<float> from_device_bf16v(const floatX* p, size_t n) {
     return v;
 }
 
+// time_ms flushes L2 before each timed run (the operands cold) unless a program clears this (dev/cuda/matmul -s -w)
+static inline bool g_time_flush_l2 = true;
 // Mean milliseconds of `run` over `repeats` launches, each after an L2 flush (a write of twice the
 // L2 size), timed with CUDA events. Under the emulator: not timed (returns 0).
 static inline float time_ms(int repeats, const std::function<void()>& run) {
@@ -89,7 +91,7 @@ static inline float time_ms(int repeats, const std::function<void()>& run) {
     cudaCheck(cudaEventCreate(&b));
     float total = 0;
     for (int i = 0; i < repeats; i++) {
-        cudaCheck(cudaMemset(flush, i & 0xFF, flush_bytes));
+        if (g_time_flush_l2) cudaCheck(cudaMemset(flush, i & 0xFF, flush_bytes));
         cudaCheck(cudaEventRecord(a, 0));
         run();
         cudaCheck(cudaEventRecord(b, 0));

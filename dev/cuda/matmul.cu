@@ -15,7 +15,12 @@
  * (matmul_cublaslt, as the model calls it); one output line per shape, the input line with "ms=" appended:
  * `calibrate.py --gemms` turns them into the step-time model's measured GEMM table (dev/predict/README.md).
  * The operands are filled on the device; under the emulator each BF16 shape of beta 0 is validated against the
- * CPU's GEMM of the operands read back (FP8, or beta != 0: run, not validated).
+ * CPU's GEMM of the operands read back (FP8, or beta != 0: run, not validated). -s FILE -w: the same, L2 not flushed
+ * between the timed calls (the operands warm, as a GEMM right after the kernel that wrote them finds them in the step).
+ * With -b: dbrx-1b's expert GEMMs (E 16, 4096 rows per expert, d 1024, F 1792), the six of a layer's forward and backward,
+ * each as the model runs it (a GEMM per expert on one stream), round-robin over 2 and 4 streams (cuBLASLt's workspace per
+ * stream), and as one strided batched call over the experts (equal rows: the bound a grouped GEMM of cuBLASLt's quality
+ * would reach); the streams' results are the one-stream results bit for bit, the batched one's within BF16 rounding.
  */
 #include "common.h"
 #include "../../model/matmul.cuh"
@@ -83,6 +88,97 @@ static int expert_gemms() {
     for (void* p : {(void*)d_xe, (void*)d_dye, (void*)d_w1, (void*)d_v1, (void*)d_w2, (void*)d_ye, (void*)g, (void*)u, (void*)a, (void*)da,
                     (void*)dg, (void*)du, (void*)dxe, (void*)dw1, (void*)dv1, (void*)dw2, (void*)dense_out, (void*)dense_dw})
         cudaCheck(cudaFree(p));
+    return finish();
+}
+
+// -b: the experts' six GEMMs of one dbrx-1b layer (balanced routing: every expert n rows), per expert on 1, 2 and 4
+// streams, and as one batched call. Row-major shapes as gemm_gpu takes them; the weights (E, F, C) as model/moe.cuh's.
+static int expert_streams() {
+    const int E = EMULATED ? 4 : 16, n = EMULATED ? 48 : 4096, C = EMULATED ? 64 : 1024, F = EMULATED ? 96 : 1792;
+    char shape[96];
+    snprintf(shape, sizeof shape, "E %d, %d rows per expert, d %d, F %d", E, n, C, F);
+    print_header("expert GEMMs per expert on 1 / 2 / 4 streams, and batched (cuBLASLt)", shape);
+    const size_t R = (size_t)E * n, W = (size_t)E * F * C;
+    floatX *x = to_device_bf16v(round_bf16(make_random(R * C, 1))), *dy = to_device_bf16v(round_bf16(make_random(R * C, 2)));
+    floatX *a = to_device_bf16v(round_bf16(make_random(R * F, 3))), *w = to_device_bf16v(round_bf16(make_random(W, 4, 0.02)));
+    floatX *out_f = deviceAlloc(floatX, R * F), *out_c = deviceAlloc(floatX, R * C);
+    float* dw = deviceAlloc(float, W);
+    cudaStream_t side[4];
+    cudaEvent_t fork, join[4];
+    cudaCheck(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    for (int i = 0; i < 4; i++) {
+        cudaCheck(cudaStreamCreateWithFlags(&side[i], cudaStreamNonBlocking));
+        cudaCheck(cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming));
+        cublaslt_stream_workspace_add(side[i]);
+    }
+    // kind k for expert e on stream s; the wgrads overwrite (beta 0), so that every variant writes the same values
+    auto one = [&](int k, int e, cudaStream_t s) {
+        const size_t xo = (size_t)e * n, wo = (size_t)e * F * C;
+        if (k == 0) gemm_gpu(false, true, n, F, C, 1.0f, x + xo * C, C, w + wo, C, 0.0f, out_f + xo * F, F, s);         // up: g = x w1^T
+        else if (k == 1) gemm_gpu(false, false, n, C, F, 1.0f, a + xo * F, F, w + wo, C, 0.0f, out_c + xo * C, C, s);   // down: y = a w2
+        else if (k == 2) gemm_gpu(false, true, n, F, C, 1.0f, dy + xo * C, C, w + wo, C, 0.0f, out_f + xo * F, F, s);   // da = dy w2^T
+        else if (k == 3) gemm_gpu(true, false, F, C, n, 1.0f, a + xo * F, F, dy + xo * C, C, 0.0f, dw + wo, C, s);      // dw2 = a^T dy
+        else if (k == 4) gemm_gpu(false, false, n, C, F, 1.0f, a + xo * F, F, w + wo, C, 0.0f, out_c + xo * C, C, s);   // dx = dg w1
+        else gemm_gpu(true, false, F, C, n, 1.0f, a + xo * F, F, x + xo * C, C, 0.0f, dw + wo, C, s);                    // dw1 = dg^T x
+    };
+    auto batched = [&](int k) {
+        const long long sx = (long long)n * C, sf = (long long)n * F, sw = (long long)F * C;
+        if (k == 0) gemm_gpu_batched(false, true, n, F, C, 1.0f, x, C, sx, w, C, sw, 0.0f, out_f, F, sf, E);
+        else if (k == 1 || k == 4) gemm_gpu_batched(false, false, n, C, F, 1.0f, a, F, sf, w, C, sw, 0.0f, out_c, C, sx, E);
+        else if (k == 2) gemm_gpu_batched(false, true, n, F, C, 1.0f, dy, C, sx, w, C, sw, 0.0f, out_f, F, sf, E);
+        else if (k == 3) gemm_gpu_batched(true, false, F, C, n, 1.0f, a, F, sf, dy, C, sx, 0.0f, dw, C, sw, E);
+        else gemm_gpu_batched(true, false, F, C, n, 1.0f, a, F, sf, x, C, sx, 0.0f, dw, C, sw, E);
+    };
+    auto streams = [&](int k, int ns) {
+        if (ns == 1) { for (int e = 0; e < E; e++) one(k, e, 0); return; }
+        cudaCheck(cudaEventRecord(fork, 0));
+        for (int i = 0; i < ns; i++) cudaCheck(cudaStreamWaitEvent(side[i], fork, 0));
+        for (int e = 0; e < E; e++) one(k, e, side[e % ns]);
+        for (int i = 0; i < ns; i++) {
+            cudaCheck(cudaEventRecord(join[i], side[i]));
+            cudaCheck(cudaStreamWaitEvent(0, join[i], 0));
+        }
+    };
+    const char* names[6] = {"up (x w1^T)", "down (a w2)", "down dgrad (dy w2^T)", "down wgrad (a^T dy)", "up dgrad (dg w1)", "up wgrad (dg^T x)"};
+    double flops = 2.0 * R * C * F;
+    for (int k = 0; k < 6; k++) {
+        bool wgrad = k == 3 || k == 5;
+        auto result = [&] {
+            cudaCheck(cudaDeviceSynchronize());
+            return wgrad ? from_device_f32(dw, W) : k == 1 || k == 4 ? from_device_bf16v(out_c, R * C) : from_device_bf16v(out_f, R * F);
+        };
+        auto clear = [&] {   // NaN everywhere before each variant: a GEMM that writes nothing fails the comparison
+            if (wgrad) cudaCheck(cudaMemset(dw, 0xFF, W * sizeof(float)));
+            else if (k == 1 || k == 4) cudaCheck(cudaMemset(out_c, 0xFF, R * C * sizeof(floatX)));
+            else cudaCheck(cudaMemset(out_f, 0xFF, R * F * sizeof(floatX)));
+        };
+        clear();
+        streams(k, 1);
+        std::vector<float> want = result();
+        char what[160];
+        for (int ns : {2, 4}) {   // the same GEMMs, the same algorithms: the same bits
+            clear();
+            streams(k, ns);
+            snprintf(what, sizeof what, "%s on %d streams against 1", names[k], ns);
+            validate(what, result(), want, 0.0, 0.0);
+        }
+        clear();
+        batched(k);   // (another algorithm may sum in another order)
+        snprintf(what, sizeof what, "%s batched against per expert", names[k]);
+        validate(what, result(), want, wgrad ? 1e-4 : 1e-2, wgrad ? 1e-4 : 1e-2);
+        for (int ns : {1, 2, 4}) {
+            snprintf(what, sizeof what, "%-22s per expert, %d stream(s)", names[k], ns);
+            report_flops(what, flops, time_ms(5, [&] { streams(k, ns); }));
+        }
+        snprintf(what, sizeof what, "%-22s batched (1 call)", names[k]);
+        report_flops(what, flops, time_ms(5, [&] { batched(k); }));
+    }
+    for (int i = 0; i < 4; i++) {
+        cudaCheck(cudaStreamDestroy(side[i]));
+        cudaCheck(cudaEventDestroy(join[i]));
+    }
+    cudaCheck(cudaEventDestroy(fork));
+    for (void* p : {(void*)x, (void*)dy, (void*)a, (void*)w, (void*)out_f, (void*)out_c, (void*)dw}) cudaCheck(cudaFree(p));
     return finish();
 }
 
@@ -180,10 +276,13 @@ static int gemm_sweep(const char* path) {
 
 int main(int argc, char** argv) {
     if (argc == 2 && !strcmp(argv[1], "-x")) return expert_gemms();
+    if (argc == 2 && !strcmp(argv[1], "-b")) return expert_streams();
     if (argc == 3 && !strcmp(argv[1], "-s")) return gemm_sweep(argv[2]);
+    if (argc == 4 && !strcmp(argv[1], "-s") && !strcmp(argv[3], "-w")) { g_time_flush_l2 = false; return gemm_sweep(argv[2]); }
     if (argc > 1) {
-        fprintf(stderr, "usage: %s [-x | -s FILE]   (-x: the experts at DBRX-132B's shapes against a dense GEMM; -s: the GEMMs "
-                "listed in FILE, predict.py --gemm-shapes)\n", argv[0]);
+        fprintf(stderr, "usage: %s [-x | -b | -s FILE [-w]]   (-x: the experts at DBRX-132B's shapes against a dense GEMM; -b: dbrx-1b's "
+                "expert GEMMs on 1, 2, 4 streams and batched; -s: the GEMMs listed in FILE, predict.py --gemm-shapes; -w: L2 not flushed)\n",
+                argv[0]);
         return 2;
     }
     print_header("matmul (cuBLASLt)", "dbrx-1b GEMMs");
