@@ -392,16 +392,6 @@ static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, con
         experts_forward_step_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets, a->offsets_host.data(), N * k, E, d, F);
     }
 }
-// the weight gradients (3 x E x n: w1, v1, w2) of the experts without rows zeroed, block (x, e) on expert e: one launch
-// whatever the routing (offsets on the device), so that the step's work list does not depend on it
-__global__ void experts_zero_empty_kernel(float* dw1, float* dv1, float* dw2, const int* offsets, int E, size_t n) {
-    int e = blockIdx.y;
-    if (e >= E || offsets[e + 1] > offsets[e]) return;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        size_t j = (size_t)e * n + i;
-        dw1[j] = 0.0f; dv1[j] = 0.0f; dw2[j] = 0.0f;
-    }
-}
 // Backward of block_experts_forward from dye (m->dye): the weight gradients into gw (wbeta 0: overwritten), dxe (m->dxe).
 static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, const BlockViews<floatX>& w, const BlockViews<float>& gw,
                                           float wbeta) {
@@ -414,7 +404,7 @@ static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, co
                                    w.w2, a->offsets, a->offsets_host.data(), m->B * m->T * c->top_k, E, d, F, wbeta);
     if (wbeta == 0.0f && !g_moe_grouped)   // (overwriting: an expert without rows wrote nothing; the grouped weight
                                            // gradients write its zeros themselves; --fp8 refuses grouped)
-        LAUNCH(experts_zero_empty_kernel, dim3(64, E), 256, 0, 0, gw.w1, gw.v1, gw.w2, a->offsets, E, (size_t)F * d);
+        experts_zero_empty_gpu(gw.w1, gw.v1, gw.w2, a->offsets, E, (size_t)F * d);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -519,4 +519,30 @@ static inline void experts_backward_gpu(floatX* dxe, float* dw1, float* dv1, flo
                          stream);
     }
 }
+// the weight gradients (3 x E x n: w1, v1, w2) of the experts without rows zeroed, block (x, e) on expert e: one launch
+// whatever the routing (offsets on the device), so that the step's work list does not depend on it. vec (n a multiple
+// of 4, the three 16-byte aligned): 16-byte stores, 3 x 4 floats a thread per pass (a collapsed routing leaves half the
+// experts empty: 176 MB a layer at dbrx-1b, 0.83 ms a step on an H100 with 4-byte stores)
+__global__ void experts_zero_empty_kernel(float* dw1, float* dv1, float* dw2, const int* offsets, int E, size_t n, int vec) {
+    int e = blockIdx.y;
+    if (e >= E || offsets[e + 1] > offsets[e]) return;
+    size_t first = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    if (vec) {
+        const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (size_t i = first; i < n / 4; i += stride) {
+            size_t j = (size_t)e * (n / 4) + i;
+            ((float4*)dw1)[j] = z; ((float4*)dv1)[j] = z; ((float4*)dw2)[j] = z;
+        }
+        return;
+    }
+    for (size_t i = first; i < n; i += stride) {
+        size_t j = (size_t)e * n + i;
+        dw1[j] = 0.0f; dv1[j] = 0.0f; dw2[j] = 0.0f;
+    }
+}
+// dw1, dv1, dw2 (E, n) of the experts without rows (offsets (E + 1) on the device) = 0; the others untouched
+static inline void experts_zero_empty_gpu(float* dw1, float* dv1, float* dw2, const int* offsets, int E, size_t n, cudaStream_t stream = 0) {
+    LAUNCH(experts_zero_empty_kernel, dim3(64, E), 256, 0, stream, dw1, dv1, dw2, offsets, E, n,
+           (int)(n % 4 == 0 && aligned16({dw1, dv1, dw2})));
+}
 #endif  // DBRX_HAVE_CUDA

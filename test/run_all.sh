@@ -27,10 +27,6 @@ JOBS=${TEST_JOBS:-3}
 secdir=$(mktemp -d); nsec=0; nprinted=0
 # idle OpenMP threads wait passively: two sections share the cores, and spinning threads would steal them
 export OMP_WAIT_POLICY=passive
-# a process started without mpirun (most of the suite's runs) is an MPI singleton: Open MPI then starts a helper daemon
-# for it unless told not to, 0.15 s of every such start (measured 2026-11-28: 10 dbrx-tiny runs 8.4 -> 6.8 s). Without
-# it the singleton cannot spawn processes, which nothing here does. (mpirun's ranks do not read it.)
-export OMPI_MCA_ess_singleton_isolated=1
 flush() {   # the finished sections, in order
     while [ "$nprinted" -lt "$nsec" ] && [ -e "$secdir/$nprinted.done" ]; do cat "$secdir/$nprinted"; nprinted=$((nprinted + 1)); done
 }

@@ -878,6 +878,36 @@ TEST_CASE("expert GEMMs + SwiGLU, forward and backward, with empty experts") {
     }
 }
 
+TEST_CASE("the weight gradients of experts without rows zeroed, 16-byte and 4-byte stores, the others untouched") {
+    // n a multiple of 4 with aligned pointers: the 16-byte path; the same pointers + 1 float: the 4-byte path
+    for (int misaligned : {0, 1}) {
+        const int E = 8, F = 12, C = 20, N = 3, k = 2;   // (6 slots: at least 2 experts without rows)
+        const size_t n = (size_t)F * C;
+        Routing r = make_routing(N, E, k, 3);
+        int empty = 0;
+        for (int e = 0; e < E; e++) empty += r.counts[e] == 0;
+        REQUIRE(empty > 0);
+        REQUIRE(empty < E);
+        std::vector<float> w[3];
+        float* d[3];
+        for (int i = 0; i < 3; i++) {
+            w[i] = randn(E * n + 1, 11 + i);
+            d[i] = dev_copy(w[i]);
+        }
+        int* d_off = dev_copy(r.offsets);
+        experts_zero_empty_gpu(d[0] + misaligned, d[1] + misaligned, d[2] + misaligned, d_off, E, n);
+        INFO((misaligned ? "4-byte stores" : "16-byte stores") << ", " << empty << " of " << E << " experts without rows");
+        for (int i = 0; i < 3; i++) {
+            std::vector<float> got = get(d[i], w[i].size()), want = w[i];
+            for (int e = 0; e < E; e++)
+                if (r.counts[e] == 0) std::fill(want.begin() + misaligned + e * n, want.begin() + misaligned + (e + 1) * n, 0.0f);
+            CHECK(got == want);
+            cudaCheck(cudaFree(d[i]));
+        }
+        cudaCheck(cudaFree(d_off));
+    }
+}
+
 TEST_CASE("fused classifier: softmax, cross-entropy and dlogits in one kernel") {
     for (auto s : {std::vector<int>{1, 5}, {7, 384}, {33, 1000}, {3, 100352}}) {
         int N = s[0], V = s[1];

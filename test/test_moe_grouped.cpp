@@ -366,7 +366,7 @@ TEST_CASE("the step's expert functions: --moe-gemm grouped bit for bit the per-e
     CHECK(bit_mismatches(b[1].ye, b[0].ye, c.R, c.d) == 0);
     CHECK(bit_mismatches(b[1].g, b[0].g, c.R, c.F) + bit_mismatches(b[1].u, b[0].u, c.R, c.F) == 0);
     // the weight gradients (wbeta 0): equal but for the empty expert 1, which the grouped kernels overwrite with zeros and
-    // the per-expert path leaves (the step's experts_zero_empty_kernel zeroes it there, model/dbrx_cuda.cuh)
+    // the per-expert path leaves (the step's experts_zero_empty_kernel zeroes it there, model/moe.cuh)
     std::vector<uint32_t> w1 = get((const uint32_t*)dw[1], 3 * nw), w0 = get((const uint32_t*)dw[0], 3 * nw);
     const size_t ne = (size_t)c.F * c.d;   // one expert's slice of dw1, dv1 or dw2
     long differ = 0, zeros = 0;

@@ -236,7 +236,7 @@ KERNELS = {
     "zero_f32_to_bf16_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),           # (out, in, n)
     "zero_round_bf16_kernel": lambda a, g, x: (4 * a[2], 2 * a[2]),            # (out, in, n): --grad-reduce-dtype bf16
     "zero_accumulate_bf16_kernel": lambda a, g, x: (6 * a[2], 4 * a[2]),       # (acc, x, n): acc += x, x BF16
-    "experts_zero_empty_kernel": lambda a, g, x: (4 * (a[4] + 1), 0),  # (dw1, dv1, dw2, offsets, E, n): the offsets; 12 n
+    "experts_zero_empty_kernel": lambda a, g, x: (4 * (a[4] + 1), 0),  # (dw1, dv1, dw2, offsets, E, n, vec): the offsets; 12 n
                                                                         # written per expert without rows (none when balanced)
     "zero_bf16_to_f32_kernel": lambda a, g, x: (2 * a[2], 4 * a[2]),           # (out, x, n): out = x (the step's first)
     # context parallelism on the GPU (model/attention_cp_cuda.cuh; the chunk pairs: _flash_cp)
