@@ -11,7 +11,7 @@
 #             lib2/: base libraries copied to lib/ only where the device's ldconfig lacks them;
 #   ompi.tgz  Open MPI's plugins, help texts and configuration, unpacked into / where the device has none;
 #   data/     the first training shard and the validation shard of data/sotu;
-#   gemm_shapes.txt  dbrx-1b's GEMMs (8 x 2048, BF16), as make predict lists them for dev/cuda/matmul -s.
+#   gemm_shapes.txt  dbrx-1b's GEMMs (8 x 2048, BF16 and --fp8 block), as make predict lists them for dev/cuda/matmul -s.
 set -e
 cd "$(dirname "$0")/../.."
 run=${1:?usage: bash dev/bench/lease_pack.sh RUN.sh}
@@ -38,5 +38,12 @@ tar -C / -czf .lease/ompi.tgz --exclude=usr/lib/x86_64-linux-gnu/openmpi/include
     usr/lib/x86_64-linux-gnu/pmix2 usr/share/openmpi etc/openmpi $(cd / && ls -d usr/share/pmix 2>/dev/null)
 make data >/dev/null
 cp data/sotu/sotu_train_000000.bin data/sotu/sotu_val_000000.bin .lease/data/
-make train_dbrx_emu >/dev/null && MODEL=dbrx-1b BATCH=8 SEQ=2048 GEMM_SHAPES=.lease/gemm_shapes.txt bash dev/predict/make_predict.sh > /dev/null
+# (BF16 and --fp8 block, a GEMM both steps run once, at its larger count: as make bench-gpu lists them)
+make train_dbrx_emu >/dev/null
+for fl in "" "--fp8 block"; do
+    MODEL=dbrx-1b BATCH=8 SEQ=2048 FLAGS="$fl" GEMM_SHAPES=.lease/gemm.part bash dev/predict/make_predict.sh > /dev/null
+    grep -v "^#" .lease/gemm.part >> .lease/gemm_all.txt
+done
+awk '{ k = $1; for (i = 2; i <= 13; i++) k = k " " $i; if (!(k in c) || $14 > c[k]) c[k] = $14 } END { for (k in c) print k, c[k] }' \
+    .lease/gemm_all.txt > .lease/gemm_shapes.txt && rm -f .lease/gemm.part .lease/gemm_all.txt
 du -sh .lease
