@@ -9,6 +9,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <vector>
 #include "matmul_pins.h"
 
 inline void cublas_check(cublasStatus_t st, const char* file, int line) {
@@ -151,7 +152,13 @@ static inline bool matmul_plan_pinned(MatmulPlan* p, cublasLtHandle_t h, const M
     return false;
 }
 
-// the heuristic's best algorithm for the plan's layouts as they are now; false if it has none
+// Which of the heuristic's answers a new plan takes. The product takes its first (pick 0, one asked for);
+// dev/cuda/matmul -s FILE -a N times a shape's first N one by one (is the first the fastest? what an autotuner would
+// gain), asking for `request` and reading how many came back (`found`, at the last query)
+typedef struct { int pick, request, found; } MatmulHeuristicChoice;
+static inline MatmulHeuristicChoice& matmul_heuristic_choice() { static MatmulHeuristicChoice c = {0, 1, 0}; return c; }
+
+// the heuristic's best algorithm (its answer number `pick`, above) for the plan's layouts as they are now; false if it has none
 static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, cublasLtMatmulAlgo_t* algo) {
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
@@ -162,12 +169,15 @@ static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const Ma
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
-    cublasLtMatmulHeuristicResult_t heur;
+    MatmulHeuristicChoice& c = matmul_heuristic_choice();
+    const int want = c.request > c.pick + 1 ? c.request : c.pick + 1;
+    std::vector<cublasLtMatmulHeuristicResult_t> heur(want);
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heur, &found));
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref, want, heur.data(), &found));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    if (found) *algo = heur.algo;
-    return found != 0;
+    c.found = found;
+    if (found > c.pick) *algo = heur[c.pick].algo;
+    return found > c.pick;
 }
 
 // the FP8 scale and amax pointers of this call on the descriptor. At a plan's creation too, before the heuristic
@@ -230,6 +240,12 @@ static inline std::map<MatmulKey, MatmulPlan>& matmul_plans() { static std::map<
 // the fallback's algorithms, per exact shape (key with the exact n and k, marked in key[22]): the
 // bucket's own algorithm stays what it was
 static inline std::map<MatmulKey, cublasLtMatmulAlgo_t>& matmul_exact_algos() { static std::map<MatmulKey, cublasLtMatmulAlgo_t> a; return a; }
+// every cached plan destroyed (the next call of a shape makes its plan again: dev/cuda/matmul -a, between candidates)
+static inline void matmul_plans_clear() {
+    for (auto& kv : matmul_plans()) matmul_plan_destroy(&kv.second);
+    matmul_plans().clear();
+    matmul_exact_algos().clear();
+}
 
 // D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * D — COLUMN-major, cuBLAS conventions:
 // A is stored (k, m) with lda >= k when trans_a, else (m, k) with lda >= m (likewise B); C is D.

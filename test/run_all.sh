@@ -22,7 +22,7 @@ doctest_run() {
 # yielding MPI ranks leaves a core idle that a third one takes; two at a time left ~15% of the CPU idle), each one's
 # output collected and printed whole,
 # in the order below, with its time; the checks that time a failure (hangs, kills, signals, watchdogs, time limits)
-# run alone at the end, as does anything that must come first.
+# run at the end, two at a time (tail_section: each has a core of its own), as does anything that must come first.
 JOBS=${TEST_JOBS:-3}
 secdir=$(mktemp -d); nsec=0; nprinted=0
 # idle OpenMP threads wait passively: two sections share the cores, and spinning threads would steal them
@@ -58,12 +58,11 @@ finish_sections() {   # after the last: a section whose shell died (killed, out 
 }
 # Ctrl-C or a kill of the suite: the running sections with it, and what they printed so far
 trap 'trap - INT TERM; kill $(jobs -p) 2>/dev/null; wait; for ((i = nprinted; i < nsec; i++)); do cat "$secdir/$i" 2>/dev/null; done; rm -rf "$secdir"; exit 130' INT TERM
-alone() {   # TITLE CMD...: once every section before it is done, nothing beside it
-    local title=$1; shift
-    finish_sections
-    echo "== $title"; local alone_t0=$SECONDS; children_cpu "$secdir/alone0"   # (names no check sets: they run in this scope)
-    "$@"; children_cpu "$secdir/alone1"
-    echo "   ($((SECONDS - alone_t0)) s, $(( $(cpu_of "$secdir/alone1") - $(cpu_of "$secdir/alone0") )) s of CPU)"
+tail_section() {   # TITLE CMD...: once every section before the tail is done, two at a time (a core each: the checks
+    # that time a failure ran alone until session 48, the other core idle ~2 minutes; beside one another they
+    # passed as alone)
+    if [ "$JOBS" != 2 ]; then finish_sections; JOBS=2; fi
+    section "$@"
 }
 
 echo "== dataset (the default one: several tests train on it)"
@@ -262,9 +261,12 @@ section "--compress-acts: compressed saved activations (CPU, emulated GPU: the s
     bash test/test_compress_acts.sh
 section "the loss-spike and NaN guard, checkpoints known good" bash test/test_guard.sh
 
-# alone: checks that time a failure (a hung or killed rank named within seconds, Ctrl-C, watchdogs, time limits)
+# the tail: checks that time a failure (a hung or killed rank named within seconds, Ctrl-C, watchdogs, time limits); Ctrl-C
+# (the longest) first
+tail_section "Ctrl-C through mpirun (SIGINT to mpirun, 10 runs on 1 and on 2 ranks): saved, loadable, every rank exits 0" bash test/test_ctrlc.sh
+tail_section "hangs (every survivor names the same rank and its phase) and stragglers" bash test/test_hang.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
-    nccl_twin() {   # alone: its abort and watchdog cases time a blocked call, and so does the hung rank
+    nccl_twin() {   # in the tail: its abort and watchdog cases time a blocked call, and so does the hung rank
         for np in 1 2 3 4; do   # every rank runs every case; one check per run
             out=$(timeout 120 bash dev/mpirun.sh -np "$np" ./test/test_nccl_twin 2>&1); rc=$?
             ok=$(grep -cE '^rank [0-9]+: \[doctest\] test cases: .*\| +0 failed' <<<"$out")
@@ -288,14 +290,12 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         else fail "NCCL path, a hung rank: exit $rc after ${dt} s: $(grep -i error "$pidf.out" | head -3)"; fi
         rm -f "$pidf" "$pidf".*
     }
-    alone "the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)" nccl_twin
-    alone "make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run" \
+    tail_section "the NCCL twin (test/simt/nccl_twin.h) and comm.h's NCCL path over it, under mpirun (SIMT emulator)" nccl_twin
+    tail_section "make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run" \
         bash test/test_gpu_report.sh
 fi
-alone "Ctrl-C through mpirun (SIGINT to mpirun, 10 runs on 1 and on 2 ranks): saved, loadable, every rank exits 0" bash test/test_ctrlc.sh
-alone "hangs (every survivor names the same rank and its phase) and stragglers" bash test/test_hang.sh
-alone "automatic restart (dev/supervise.sh): random kills, the same step failing, exit 2, signals" bash test/test_supervise.sh
-alone "the health check: GEMM, collectives, forward on every rank; a slow rank named, the job stopped" bash test/test_health.sh
+tail_section "automatic restart (dev/supervise.sh): random kills, the same step failing, exit 2, signals" bash test/test_supervise.sh
+tail_section "the health check: GEMM, collectives, forward on every rank; a slow rank named, the job stopped" bash test/test_health.sh
 finish_sections
 rm -rf "$secdir"
 unset OMP_WAIT_POLICY

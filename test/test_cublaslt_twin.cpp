@@ -282,6 +282,38 @@ TEST_CASE("the bucket fallback: the bucket's algorithm refused for the exact sha
     cublaslt_twin_strict_shapes(false);
 }
 
+TEST_CASE("the heuristic's later answers (dev/cuda/matmul -a): the plan takes answer `pick`, a new plan after matmul_plans_clear") {
+    const int m = 48, k = 32, n = 64;
+    MatmulHeuristicChoice& c = matmul_heuristic_choice();
+    REQUIRE(c.pick == 0);
+    REQUIRE(c.request == 1);   // the product asks for one
+    matmul_plans_clear();
+    simt::counters_reset();
+    CHECK(forward_error(n, m, k, 5) < 1e-4);
+    CHECK(c.found == 1);
+    c.request = 8;   // the twin has 4
+    for (int r = 0; r < 4; r++) {
+        c.pick = r;
+        matmul_plans_clear();
+        matmul_pins().used.clear();
+        CHECK(forward_error(n, m, k, 6 + r) < 1e-4);   // (every answer the same GEMM in the twin)
+        CHECK(c.found == 4);
+        REQUIRE(matmul_pins().used.size() == 1);
+        CHECK(matmul_pins().used.begin()->second[5] == (uint64_t)r);   // the algorithm the plan took: answer r
+    }
+    CHECK(simt::counters().plan_creations == 5);   // one per clear: the cache kept none across them
+    // without the clear the cached plan stays: answer 3's, not asked again
+    c.pick = 0;
+    simt::counters_reset();
+    CHECK(forward_error(n, m, k, 11) < 1e-4);
+    CHECK(simt::counters().heuristic_queries == 0);
+    c.request = 1;
+    matmul_plans_clear();
+    matmul_pins().used.clear();
+    CHECK(forward_error(n, m, k, 12) < 1e-4);
+    CHECK(matmul_pins().used.begin()->second[5] == 0);
+}
+
 // an FP8 TN GEMM through matmul_cublaslt (D (m, n) = A (k, m)^T B (k, n), E4M3 small integers, exact in FP32),
 // per tensor or with A in 1x128 tiles and B in 128x128 blocks: the result against the dequantised reference
 static void fp8_through_matmul_cublaslt(bool blocks) {

@@ -199,6 +199,13 @@ if [ -s "$shapes" ] && bench gemm_sweep "dev/cuda/matmul$sfx" -s "$shapes"; then
         # 1.15 x the step's GEMMs (session 45's H100); raw output only, the table stays the cold one
         bench gemm_sweep_warm "dev/cuda/matmul$sfx" -s "$shapes" -w || true
     fi
+    # each GEMM with the heuristic's first answers (8; the emulator's twin has 4): would timing them at the first step pay?
+    # (its last line: the list's sum at the first answer and at the fastest). Emulated: every candidate ran and validated
+    na=8; [ "$EMU" = 1 ] && na=4
+    if bench gemm_algos "dev/cuda/matmul$sfx" -s "$shapes" -a "$na" && [ "$EMU" = 1 ]; then
+        [ "$(grep -cE " ms=.* candidates=([0-9.]+,){3}[0-9.]+$" "$raw/gemm_algos.txt")" = "$(wc -l < "$shapes")" ] \
+            && ! grep -q FAIL "$raw/gemm_algos.txt" || echo "| gemm_algos | FAILED: not every GEMM of $shapes ran its 4 candidates and validated | | |"
+    fi
     if [ "$EMU" = 0 ] && bench gemm_fit /usr/bin/python3 dev/predict/calibrate.py --gemms "$raw/gemm_sweep.txt" --device "$dev_kind" --markdown \
             --out "dev/predict/gemm_measured_$dev_kind.json" --source "$gpu, $(date -u +%Y-%m-%d), commit $rev"; then
         echo; echo "The step's GEMMs (${E2E[1]}, batch ${E2E[3]} x ${E2E[5]}; BF16, --fp8 delayed and block) timed one by one by dev/cuda/matmul -s,"

@@ -13,7 +13,11 @@
 #   1b. the expert GEMMs (dev/cuda/matmul -b): dbrx-1b's per-expert GEMMs on 1, 2 and 4 streams and batched: do the
 #      per-expert launches leave the GPU part idle (44 ms of the step are GEMMs)? And the step's GEMMs one by one, L2
 #      flushed (the table make predict reads) and warm (-w): is the table's 1.15 x the step's GEMM time the flush?
-#      On an H200 the cold sweep is the first H200 GEMM table (calibrate.py --gemms, after the call)
+#      On an H200 the cold sweep is the first H200 GEMM table (calibrate.py --gemms, after the call). The cold sweep
+#      times each GEMM with the heuristic's first 8 answers too (-a 8; ms= stays the first's, the product's choice): its
+#      last line says what an autotuner timing them at the first step would save over the step's GEMMs. The list holds
+#      the DBRX-132B slice's GEMMs as well (8 GPUs, EP 8: BF16 and FP8 block), never timed: the model's rate table
+#      prices them today, FP8 block at 1.0 x BF16 (an assumption; session 39 measured the forward's at 1.5 x)
 #   2. the step kernel by kernel (calibrate.py --kernels against make predict's trace of the same commit and device);
 #      experts_zero_empty_kernel now with 16-byte stores (0.83 ms a step on session 45's H100 with the collapsed routing)
 #   3. end to end: the default (bit-identical losses to session 46's: 2.6692058229236864 at step 30), --grad-accum 4,
@@ -30,7 +34,7 @@ step moe 60 dev/cuda/moe
 step classifier 40 dev/cuda/classifier
 step layernorm 30 dev/cuda/layernorm
 step matmul_b 20 dev/cuda/matmul -b
-step gemm_sweep 25 dev/cuda/matmul -s .lease/gemm_shapes.txt
+step gemm_sweep 50 dev/cuda/matmul -s .lease/gemm_shapes.txt -a 8
 step gemm_sweep_warm 25 dev/cuda/matmul -s .lease/gemm_shapes.txt -w
 # 2. the step kernel by kernel
 step e2e_kernels 45 ./train_dbrx "${E2E[@]}" --steps 8 --log "$R/e2e_kernels.jsonl" --profile "$R/e2e_kernels.json" \

@@ -11,7 +11,8 @@
 #             lib2/: base libraries copied to lib/ only where the device's ldconfig lacks them;
 #   ompi.tgz  Open MPI's plugins, help texts and configuration, unpacked into / where the device has none;
 #   data/     the first training shard and the validation shard of data/sotu;
-#   gemm_shapes.txt  dbrx-1b's GEMMs (8 x 2048, BF16 and --fp8 block), as make predict lists them for dev/cuda/matmul -s.
+#   gemm_shapes.txt  dbrx-1b's GEMMs (8 x 2048, BF16 and --fp8 block) and the DBRX-132B slice's (4 layers on 8 GPUs, EP 8,
+#                    1 x 4096 a GPU; BF16 and --fp8 block), as make predict lists them for dev/cuda/matmul -s.
 set -e
 cd "$(dirname "$0")/../.."
 run=${1:?usage: bash dev/bench/lease_pack.sh RUN.sh}
@@ -40,8 +41,12 @@ make data >/dev/null
 cp data/sotu/sotu_train_000000.bin data/sotu/sotu_val_000000.bin .lease/data/
 # (BF16 and --fp8 block, a GEMM both steps run once, at its larger count: as make bench-gpu lists them)
 make train_dbrx_emu >/dev/null
+rm -f .lease/gemm_all.txt
 for fl in "" "--fp8 block"; do
     MODEL=dbrx-1b BATCH=8 SEQ=2048 FLAGS="$fl" GEMM_SHAPES=.lease/gemm.part bash dev/predict/make_predict.sh > /dev/null
+    grep -v "^#" .lease/gemm.part >> .lease/gemm_all.txt
+    MODEL=dbrx-132b BATCH=1 SEQ=4096 NP=8 FLAGS="--n-layers 4 --shard-group-size 8 --expert-parallel 8 $fl" GEMM_SHAPES=.lease/gemm.part \
+        bash dev/predict/make_predict.sh > /dev/null
     grep -v "^#" .lease/gemm.part >> .lease/gemm_all.txt
 done
 awk '{ k = $1; for (i = 2; i <= 13; i++) k = k " " $i; if (!(k in c) || $14 > c[k]) c[k] = $14 } END { for (k in c) print k, c[k] }' \

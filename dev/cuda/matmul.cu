@@ -17,6 +17,9 @@
  * The operands are filled on the device; under the emulator each BF16 shape of beta 0 is validated against the
  * CPU's GEMM of the operands read back (FP8, or beta != 0: run, not validated). -s FILE -w: the same, L2 not flushed
  * between the timed calls (the operands warm, as a GEMM right after the kernel that wrote them finds them in the step).
+ * -s FILE -a N: each GEMM with each of cuBLASLt's first N answers for its shape (a plan per candidate, through the
+ * wrapper's matmul_heuristic_choice; every candidate validated under the emulator as above): is the heuristic's first
+ * the fastest, and how much would an autotuner that times them at the first step save over the step's list (the last line).
  * With -b: dbrx-1b's expert GEMMs (E 16, 4096 rows per expert, d 1024, F 1792), the six of a layer's forward and backward,
  * each as the model runs it (a GEMM per expert on one stream), round-robin over 2 and 4 streams (cuBLASLt's workspace per
  * stream), and as one strided batched call over the experts (equal rows: the bound a grouped GEMM of cuBLASLt's quality
@@ -221,11 +224,14 @@ static void* sweep_operand(cudaDataType_t t, size_t n, uint64_t seed, bool fill,
     if (host) *host = t == CUDA_R_32F ? from_device_f32((float*)p, n) : from_device_bf16v((floatX*)p, n);
     return p;
 }
-static int gemm_sweep(const char* path) {
+// algos > 1 (-a N): each shape timed with each of the heuristic's first N answers (a new plan per candidate); ms= is the
+// first's (the product's choice), then the fastest and every candidate's time, and at the end the step's sum both ways
+static int gemm_sweep(const char* path, int algos) {
     FILE* f = fopen(path, "r");
     if (!f) { fprintf(stderr, "error: %s: cannot open the GEMM list (%s)\n", path, strerror(errno)); return 2; }
-    print_header("matmul (cuBLASLt)", "the GEMMs of a step (-s)");
+    print_header("matmul (cuBLASLt)", algos > 1 ? "the GEMMs of a step (-s), the heuristic's first answers (-a)" : "the GEMMs of a step (-s)");
     char buf[512];
+    double sum_first = 0, sum_best = 0;   // (-a) count x ms over the list
     for (int line = 1; fgets(buf, sizeof buf, f); line++) {
         if (buf[0] == '#' || buf[0] == '\n') continue;
         int m, n, k, batch, ta, tb, fast, sa, sb, count;
@@ -258,30 +264,84 @@ static int gemm_sweep(const char* path) {
                             __FILE__, __LINE__);
         };
         buf[strcspn(buf, "\n")] = 0;
+        std::vector<float> want;
         if (check) {   // against the CPU on the operands' values: row-major D^T (n, m) = op(B)^T op(A)^T, per batch
-            std::vector<float> want((size_t)szd * batch);
+            want.resize((size_t)szd * batch);
             for (int b = 0; b < batch; b++)
                 gemm_cpu(tb, ta, n, m, k, 1.0f, hb.data() + b * szb, ldb, ha.data() + b * sza, lda, 0.0f, want.data() + b * szd, m);
+        }
+        auto run_checked = [&](const char* what) {
+            if (check) {
+                cudaCheck(cudaMemset(D, 0xFF, (size_t)szd * batch * (dt == CUDA_R_32F ? 4 : 2)));   // (NaN: each candidate writes D)
+                run();
+                std::vector<float> got = dt == CUDA_R_32F ? from_device_f32((float*)D, want.size()) : from_device_bf16v((floatX*)D, want.size());
+                validate(what, got, want, 1e-2, 1e-2);
+            } else if (EMULATED) run();   // (FP8, or D read: run, not validated)
+        };
+        MatmulHeuristicChoice& choice = matmul_heuristic_choice();
+        std::vector<float> cand_ms;
+        if (algos > 1) {   // how many answers the heuristic has for this shape (at most algos), then each in turn
+            choice.request = algos;
+            choice.pick = 0;
+            matmul_plans_clear();
             run();
-            std::vector<float> got = dt == CUDA_R_32F ? from_device_f32((float*)D, want.size()) : from_device_bf16v((floatX*)D, want.size());
-            validate(buf, got, want, 1e-2, 1e-2);
-        } else if (EMULATED) run();   // (FP8, or D read: run, not validated)
-        float ms = time_ms(5, run);
-        printf("%s ms=%.6f tflops=%.2f\n", buf, ms, ms > 0 ? 2.0 * m * n * k * batch / (ms * 1e-3) / 1e12 : 0.0);
+            const int found = choice.found;
+            for (int r = 0; r < found && r < algos; r++) {
+                choice.pick = r;
+                matmul_plans_clear();
+                char what[600];
+                snprintf(what, sizeof what, "%s (the heuristic's answer %d)", buf, r);
+                run_checked(what);
+                cand_ms.push_back(time_ms(5, run));
+            }
+            choice.pick = 0;
+            choice.request = 1;
+            matmul_plans_clear();
+        } else {
+            run_checked(buf);
+            cand_ms.push_back(time_ms(5, run));
+        }
+        float ms = cand_ms[0];
+        printf("%s ms=%.6f tflops=%.2f", buf, ms, ms > 0 ? 2.0 * m * n * k * batch / (ms * 1e-3) / 1e12 : 0.0);
+        if (algos > 1) {
+            int best = 0;
+            for (int r = 1; r < (int)cand_ms.size(); r++) if (cand_ms[r] < cand_ms[best]) best = r;
+            printf(" best=%d:%.6f candidates=", best, cand_ms[best]);
+            for (size_t r = 0; r < cand_ms.size(); r++) printf("%s%.6f", r ? "," : "", cand_ms[r]);
+            sum_first += count * (double)cand_ms[0];
+            sum_best += count * (double)cand_ms[best];
+        }
+        printf("\n");
         for (void* p : {A, B, D, (void*)scale_a, (void*)scale_b}) if (p) cudaCheck(cudaFree(p));
     }
     fclose(f);
+    if (algos > 1)
+        printf("# -a %d: the list's GEMMs, count x ms: %.3f ms at the heuristic's first answer, %.3f ms at the fastest of its first %d "
+               "(%.1f%% less)\n", algos, sum_first, sum_best, algos, sum_first > 0 ? 100.0 * (1.0 - sum_best / sum_first) : 0.0);
     return finish();
 }
 
 int main(int argc, char** argv) {
     if (argc == 2 && !strcmp(argv[1], "-x")) return expert_gemms();
     if (argc == 2 && !strcmp(argv[1], "-b")) return expert_streams();
-    if (argc == 3 && !strcmp(argv[1], "-s")) return gemm_sweep(argv[2]);
-    if (argc == 4 && !strcmp(argv[1], "-s") && !strcmp(argv[3], "-w")) { g_time_flush_l2 = false; return gemm_sweep(argv[2]); }
+    if (argc >= 3 && !strcmp(argv[1], "-s")) {
+        int algos = 1;
+        bool ok = true;
+        for (int i = 3; i < argc && ok; i++) {
+            if (!strcmp(argv[i], "-w")) g_time_flush_l2 = false;
+            else if (!strcmp(argv[i], "-a") && i + 1 < argc) {
+                char* end;
+                long v = strtol(argv[++i], &end, 10);
+                if (*end || v < 1 || v > 64) { fprintf(stderr, "error: -a %s: the number of the heuristic's answers to time, 1 to 64\n", argv[i]); return 2; }
+                algos = (int)v;
+            } else ok = false;
+        }
+        if (ok) return gemm_sweep(argv[2], algos);
+    }
     if (argc > 1) {
-        fprintf(stderr, "usage: %s [-x | -b | -s FILE [-w]]   (-x: the experts at DBRX-132B's shapes against a dense GEMM; -b: dbrx-1b's "
-                "expert GEMMs on 1, 2, 4 streams and batched; -s: the GEMMs listed in FILE, predict.py --gemm-shapes; -w: L2 not flushed)\n",
+        fprintf(stderr, "usage: %s [-x | -b | -s FILE [-w] [-a N]]   (-x: the experts at DBRX-132B's shapes against a dense GEMM; -b: dbrx-1b's "
+                "expert GEMMs on 1, 2, 4 streams and batched; -s: the GEMMs listed in FILE, predict.py --gemm-shapes; -w: L2 not flushed; "
+                "-a: each with the heuristic's first N algorithms)\n",
                 argv[0]);
         return 2;
     }

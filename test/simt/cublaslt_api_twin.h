@@ -46,7 +46,8 @@
  * The fake algorithm: word 0 an FNV-1a hash of the problem the heuristic saw, word 1 the process id (a
  * restarted process that asked again records other algorithms than the run it resumes: the resume tests),
  * word 2 the pointer set (bits 0-3: A, B, D scale, amax) and log2 of the alignments it needs (4 bits each
- * from bit 8: A, B, C, D), word 3 its workspace, word 4 the heuristic's n << 32 | k.
+ * from bit 8: A, B, C, D), word 3 its workspace, word 4 the heuristic's n << 32 | k, word 5 its rank among the
+ * heuristic's answers (up to 4, as many as asked for: the same GEMM each).
  * Counters (simt::counters()): a matmul descriptor made counts a plan (plan_creations), a heuristic call a
  * query (heuristic_queries), an accepted cublasLtMatmul a GEMM, with its line in the work log (SIMT_WORKLOG:
  * test/simt/counters.h; dev/predict reads it). CUBLASLT_LOG_LEVEL >= 1 prints each refusal on stderr, as
@@ -339,15 +340,20 @@ inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasL
     uint64_t ws = want <= p->max_workspace ? want : 0;
     uint64_t req = lt_twin::pointer_set(d);
     for (int i = 0; i < 4; i++) req |= (uint64_t)lt_twin::log2u(p->align[i]) << (8 + 4 * i);
-    cublasLtMatmulHeuristicResult_t r;
-    memset(&r, 0, sizeof r);
-    uint64_t words[8] = {hsh, (uint64_t)getpid(), req, ws, (uint64_t)n << 32 | (uint32_t)k, 0, 0, 0};
-    memcpy(r.algo.data, words, sizeof words);
-    r.workspaceSize = ws;
-    r.state = CUBLAS_STATUS_SUCCESS;
-    r.wavesCount = 1.0f;
-    results[0] = r;
-    *returned = 1;
+    // up to TWIN_HEURISTIC_ANSWERS candidates, best first as cuBLASLt orders them: word 5 the candidate's rank (the
+    // same arithmetic in each: the twin has one GEMM; dev/cuda/matmul -a validates every candidate it times)
+    const int TWIN_HEURISTIC_ANSWERS = 4;
+    for (int i = 0; i < requested && i < TWIN_HEURISTIC_ANSWERS; i++) {
+        cublasLtMatmulHeuristicResult_t r;
+        memset(&r, 0, sizeof r);
+        uint64_t words[8] = {hsh, (uint64_t)getpid(), req, ws, (uint64_t)n << 32 | (uint32_t)k, (uint64_t)i, 0, 0};
+        memcpy(r.algo.data, words, sizeof words);
+        r.workspaceSize = ws;
+        r.state = CUBLAS_STATUS_SUCCESS;
+        r.wavesCount = 1.0f;
+        results[i] = r;
+        *returned = i + 1;
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 
