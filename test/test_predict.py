@@ -281,6 +281,18 @@ def measured_gemms():
             check(False, "bad input refused: %s" % what)
         except SystemExit as e:
             check(e.code == 2, "bad input refused, one line and exit 2: %s (exit %s)" % (what, e.code))
+    # -a N's lines: the table keeps the first answer's time; the summary adds the fastest answers' sum and the shapes they win
+    with open(sweep, "w") as f:
+        f.write("%s ms=0.250000 tflops=275.0 best=3:0.200000 candidates=0.25,0.24,0.26,0.2\n" % lines[0])
+        f.write("%s ms=0.050000 tflops=343.6 best=0:0.050000 candidates=0.05,0.06\n" % lines[1])
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        C.main(["--gemms", sweep, "--device", "h100-sxm", "--out", table, "--source", "test"])
+    t = json.load(open(table))
+    o = out.getvalue()
+    check(t["gemms_ms"] == {lines[0][:-2]: 0.25, lines[1][:-2]: 0.05} and "0.700 ms against the first answer's 0.850 (17.6% less)" in o
+          and "1 of 2 shapes" in o and "answer 3 0.2000 ms against the first's 0.2500" in o,
+          "calibrate.py --gemms on an -a sweep: the table keeps the first answers' times, the summary 3 x 0.2 + 2 x 0.05 = 0.700 ms "
+          "against 0.850, the one shape another answer wins: %s" % o.strip().splitlines()[-2:])
     P.MEASURED_GEMMS.clear()
     with open(sweep, "w") as f:
         f.write("%s ms=0.000000 tflops=0.00\n" % lines[0])

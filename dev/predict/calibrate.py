@@ -121,6 +121,16 @@ def read_sweep(path):
     return out
 
 
+def read_best(path):
+    """{key: (rank, ms)} from the lines of dev/cuda/matmul -s FILE -a N ("KEY COUNT ms=X tflops=Y best=R:MS candidates=...")"""
+    out = {}
+    for line in open(path).read().splitlines():
+        m = re.match(r"^((?:\d+ ){4}(?:\w+ ){3}(?:\d+ ){6})\d+ ms=\S+ tflops=\S+ best=(\d+):([0-9.eE+-]+)", line)
+        if m:
+            out[m.group(1).strip()] = (int(m.group(2)), float(m.group(3)))
+    return out
+
+
 def gemms_main(args):
     sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
     import predict
@@ -158,6 +168,15 @@ def gemms_main(args):
            "all listed GEMMs, each x its count per step: %d calls, measured %.3f ms (%.1f%% of the BF16 peak), rate table %.3f ms, "
            "measured / table %.2f")
           % (sum(c for _, c, _, _, _ in rows), tm, 100 * sum(c * fl for _, c, _, _, fl in rows) / (tm * 1e-3) / peak, tt, tm / tt))
+    best = read_best(path)
+    if best:   # (-a N: each shape's fastest of cuBLASLt's first answers; the table above keeps the first, the product's)
+        tb = sum(c * min(ms, best[k][1]) for k, c, ms, _, _ in rows if k in best) + sum(c * ms for k, c, ms, _, _ in rows if k not in best)
+        faster = [(k, c, ms, best[k]) for k, c, ms, _, _ in rows if k in best and best[k][1] < 0.97 * ms]
+        print(("%sthe fastest of cuBLASLt's first answers (-a), each x its count per step: %.3f ms against the first answer's %.3f "
+               "(%.1f%% less); %d of %d shapes 3%% or more faster with another answer%s")
+              % ("\n" if md else "", tb, tm, 100 * (1 - tb / tm), len(faster), len(best), ":" if faster else ""))
+        for k, c, ms, (r, bms) in sorted(faster, key=lambda f: -f[1] * (f[2] - f[3][1])):
+            print("%s%s x %d: answer %d %.4f ms against the first's %.4f" % ("- " if md else "  ", k, c, r, bms, ms))
 
 
 def gemm_item(key):
