@@ -78,6 +78,13 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
                    ab == "auto" ? " (--attention-bwd auto)" : "");
     }
 
+    // --gemm-autotune N: each new GEMM plan of the heuristic's timed with its first N answers at its first call
+    // (model/matmul_cublaslt.cuh, matmul_plan_autotune); a resumed run takes the checkpoint's choices
+    matmul_heuristic_choice().autotune = args.run.gemm_autotune;
+    if (comm.rank == 0 && args.run.gemm_autotune > 1)
+        printf("gemm: --gemm-autotune %d: each GEMM shape's first call times cuBLASLt's first %d algorithms and keeps the fastest "
+               "(a fresh run's choices follow the device's timings)\n", args.run.gemm_autotune, args.run.gemm_autotune);
+
     DbrxGPU model;
     int Tr = args.run.seq / args.parallel.context_parallel;   // this rank's tokens per sequence (--context-parallel)
     int S = args.parallel.shard_group_size > 0 ? args.parallel.shard_group_size : comm.world;

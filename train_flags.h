@@ -36,6 +36,7 @@ typedef struct {
     std::string compress_acts = "", compress_format = "e4m3";   // --compress-acts SPEC, --compress-format (model/act_compress.cuh)
     std::string moe_gemm = "cublaslt";   // --moe-gemm: the GPU step's expert GEMMs, per-expert cuBLASLt | grouped (model/moe_experts_step.cuh)
     std::string attention_bwd = "auto";   // --attention-bwd: the GPU attention backward, auto | mma (the pair) | wgmma | wgmma-overlap (model/attention_wgmma_bwd.cuh)
+    int gemm_autotune = 0;                // --gemm-autotune N: cuBLASLt's first N answers timed at a GEMM shape's first call (model/matmul_cublaslt.cuh)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; } OptimArgs;
@@ -145,6 +146,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
         {"--moe-gemm", "", F_STR, &a->run.moe_gemm, "the GPU step's expert GEMMs: cublaslt (a GEMM per expert) | grouped (forward, data and weight gradients as Hopper grouped GEMMs, SwiGLU fused, device offsets; BF16, no EP or chunked experts)"},
         {"--attention-bwd", "", F_STR, &a->run.attention_bwd, "the GPU step's attention backward at head_dim 64 and 128 without context parallelism: auto (wgmma-overlap on Hopper, else mma) | mma (mma.sync dq + dk/dv kernels) | wgmma (the same on Hopper's wgmma) | wgmma-overlap (wgmma, dq's products overlapped); all the same bits; other head_dims mma"},
+        {"--gemm-autotune", "", F_INT, &a->run.gemm_autotune, "the GPU step's GEMMs: at a shape's first call, time cuBLASLt's first N algorithms on it and keep the fastest (beta-0 calls; saved with checkpoints, taken again on resume); 0 (default) or 1: the heuristic's first. Two fresh runs may then choose differently, and differ in the last bits (README)"},
         {"--compress-acts", "", F_STR, &a->run.compress_acts, "CLASS[:RANGE][,...], CLASS swiglu (the experts' g, u) | attn (LN1's output), kept compressed until the backward (not bit-identical; README)"},
         {"--compress-format", "", F_STR, &a->run.compress_format, "--compress-acts' format: e4m3 (1x128 scales) | bf16 (CPU only)"},
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
@@ -445,6 +447,8 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--moe-gemm '%s' must be cublaslt or grouped", a->run.moe_gemm.c_str());
     if (a->run.attention_bwd != "auto" && a->run.attention_bwd != "mma" && a->run.attention_bwd != "wgmma" && a->run.attention_bwd != "wgmma-overlap")
         fail(EXIT_BAD_INPUT, "--attention-bwd '%s' must be auto, mma, wgmma or wgmma-overlap", a->run.attention_bwd.c_str());
+    if (a->run.gemm_autotune < 0 || a->run.gemm_autotune > 16)
+        fail(EXIT_BAD_INPUT, "--gemm-autotune %d must be 0 (off) to 16 (the heuristic's answers to time)", a->run.gemm_autotune);
     if (a->run.moe_gemm == "grouped" && (fp8_recipe_parse(a->fp8.recipe.c_str()) != FP8_OFF || a->parallel.expert_parallel > 1))
         fail(EXIT_BAD_INPUT, "--moe-gemm grouped: BF16 without expert parallelism for now (--fp8 %s, --expert-parallel %d)",
              a->fp8.recipe.c_str(), a->parallel.expert_parallel);

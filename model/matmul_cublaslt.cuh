@@ -152,14 +152,17 @@ static inline bool matmul_plan_pinned(MatmulPlan* p, cublasLtHandle_t h, const M
     return false;
 }
 
-// Which of the heuristic's answers a new plan takes. The product takes its first (pick 0, one asked for);
-// dev/cuda/matmul -s FILE -a N times a shape's first N one by one (is the first the fastest? what an autotuner would
-// gain), asking for `request` and reading how many came back (`found`, at the last query)
-typedef struct { int pick, request, found; } MatmulHeuristicChoice;
-static inline MatmulHeuristicChoice& matmul_heuristic_choice() { static MatmulHeuristicChoice c = {0, 1, 0}; return c; }
+// Which of the heuristic's answers a new plan takes. The product takes its first (pick 0, one asked for), unless
+// --gemm-autotune N (autotune > 1): then a plan the heuristic chose is timed with each of its first N answers at its
+// first call and keeps the fastest (matmul_plan_autotune). dev/cuda/matmul -s FILE -a N times a shape's first N one by
+// one, asking for `request` and reading how many came back (`found`, at the last query). tuned, trials: counts
+typedef struct { int pick, request, found, autotune; long long tuned, trials; } MatmulHeuristicChoice;
+static inline MatmulHeuristicChoice& matmul_heuristic_choice() { static MatmulHeuristicChoice c = {0, 1, 0, 0, 0, 0}; return c; }
 
-// the heuristic's best algorithm (its answer number `pick`, above) for the plan's layouts as they are now; false if it has none
-static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, cublasLtMatmulAlgo_t* algo) {
+// the heuristic's first n answers for the plan's layouts as they are now (the workspace and the alignments the key
+// records as the preference); returns how many came back
+static inline int matmul_heuristic_answers(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, int n,
+                                           std::vector<cublasLtMatmulHeuristicResult_t>* out) {
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     size_t wsb = cublaslt_workspace_bytes;
@@ -169,15 +172,20 @@ static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const Ma
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
-    MatmulHeuristicChoice& c = matmul_heuristic_choice();
-    const int want = c.request > c.pick + 1 ? c.request : c.pick + 1;
-    std::vector<cublasLtMatmulHeuristicResult_t> heur(want);
+    out->resize(n);
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref, want, heur.data(), &found));
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref, n, out->data(), &found));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    c.found = found;
-    if (found > c.pick) *algo = heur[c.pick].algo;
-    return found > c.pick;
+    return found;
+}
+
+// the heuristic's best algorithm (its answer number `pick`, above) for the plan's layouts as they are now; false if it has none
+static inline bool matmul_plan_query(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, cublasLtMatmulAlgo_t* algo) {
+    MatmulHeuristicChoice& c = matmul_heuristic_choice();
+    std::vector<cublasLtMatmulHeuristicResult_t> heur;
+    c.found = matmul_heuristic_answers(p, h, key, c.request > c.pick + 1 ? c.request : c.pick + 1, &heur);
+    if (c.found > c.pick) *algo = heur[c.pick].algo;
+    return c.found > c.pick;
 }
 
 // the FP8 scale and amax pointers of this call on the descriptor. At a plan's creation too, before the heuristic
@@ -196,7 +204,8 @@ static inline void matmul_desc_set_pointers(cublasLtMatmulDesc_t desc, const Mat
 // a new plan: descriptor (transposes, FP8 modes; the pointers are set per call), layouts at the
 // bucketed n and k, and the algorithm for them: the one pinned by the checkpoint resumed from, else the
 // heuristic's; recorded for the next checkpoint
-static inline void matmul_plan_create(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, long long qn, long long qk,
+// (returns true when the heuristic chose the algorithm, false when a pin did)
+static inline bool matmul_plan_create(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, long long qn, long long qk,
                                       const MatmulOptions* opt, const char* file, int line) {
     bool trans_a = key[0], trans_b = key[1];
     long long m = key[2];
@@ -227,9 +236,13 @@ static inline void matmul_plan_create(MatmulPlan* p, cublasLtHandle_t h, const M
     layout_create(&p->la, a_type, trans_a ? qk : m, trans_a ? m : qk, lda, batch, key[12]);
     layout_create(&p->lb, b_type, trans_b ? qn : qk, trans_b ? qk : qn, ldb, batch, key[13]);
     layout_create(&p->ld, d_type, m, qn, ldd, batch, key[14]);
-    if (matmul_plan_pinned(p, h, key, &p->algo) || matmul_plan_query(p, h, key, &p->algo)) {
+    if (matmul_plan_pinned(p, h, key, &p->algo)) {
         matmul_pin_record(key, matmul_algo_words(p->algo));
-        return;
+        return false;
+    }
+    if (matmul_plan_query(p, h, key, &p->algo)) {
+        matmul_pin_record(key, matmul_algo_words(p->algo));
+        return true;
     }
     fail_at(file, line, "cuBLASLt has no algorithm for m %lld n %lld k %lld (trans %c%c, A %s B %s D %s, lda %d ldb %d ldd %d, batch %d)",
                 m, qn, qk, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', dtype_name(a_type), dtype_name(b_type), dtype_name(d_type),
@@ -240,6 +253,45 @@ static inline std::map<MatmulKey, MatmulPlan>& matmul_plans() { static std::map<
 // the fallback's algorithms, per exact shape (key with the exact n and k, marked in key[22]): the
 // bucket's own algorithm stays what it was
 static inline std::map<MatmulKey, cublasLtMatmulAlgo_t>& matmul_exact_algos() { static std::map<MatmulKey, cublasLtMatmulAlgo_t> a; return a; }
+// --gemm-autotune N: the plan's algorithm (the heuristic's first) against its next answers, each timed on this very call
+// (its layouts, operands and stream: one warm-up, then 3 runs between two events; the host waits for them), the fastest
+// kept (a tie: the earlier answer) and recorded for the checkpoint, so a resumed run takes it again. Only a call that
+// overwrites D (beta 0) and writes no FP8 amax: the trial runs write D as the call itself does next. An answer the call
+// refuses is skipped. Once per plan, at its first call (the first step); a run's choices follow the device's timings, so
+// two fresh runs may choose differently (their last bits differ) where the heuristic alone would not.
+static inline void matmul_plan_autotune(MatmulPlan* p, cublasLtHandle_t h, const MatmulKey& key, const float* alpha, const void* A,
+                                        const void* B, const float* beta, void* D, void* ws, size_t wsb, cudaStream_t stream) {
+    MatmulHeuristicChoice& c = matmul_heuristic_choice();
+    std::vector<cublasLtMatmulHeuristicResult_t> heur;
+    const int found = matmul_heuristic_answers(p, h, key, c.autotune, &heur);
+    if (found < 2) return;
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    float best_ms = 0.0f;
+    int best = -1;
+    for (int r = 0; r < found; r++) {
+        if (heur[r].state != CUBLAS_STATUS_SUCCESS || heur[r].workspaceSize > wsb) continue;
+        const cublasLtMatmulAlgo_t* algo = &heur[r].algo;
+        if (cublasLtMatmul(h, p->desc, alpha, A, p->la, B, p->lb, beta, D, p->ld, D, p->ld, algo, ws, wsb, stream) != CUBLAS_STATUS_SUCCESS)
+            continue;   // (refused for this call: not a candidate)
+        cudaCheck(cudaEventRecord(e0, stream));
+        for (int i = 0; i < 3; i++) cublasCheck(cublasLtMatmul(h, p->desc, alpha, A, p->la, B, p->lb, beta, D, p->ld, D, p->ld, algo, ws, wsb, stream));
+        cudaCheck(cudaEventRecord(e1, stream));
+        cudaCheck(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        c.trials++;
+        if (best < 0 || ms < best_ms) { best_ms = ms; best = r; }
+    }
+    cudaCheck(cudaEventDestroy(e0));
+    cudaCheck(cudaEventDestroy(e1));
+    if (best < 0) return;   // (none ran: the heuristic's first stays)
+    p->algo = heur[best].algo;
+    matmul_pin_record(key, matmul_algo_words(p->algo));
+    c.tuned++;
+}
+
 // every cached plan destroyed (the next call of a shape makes its plan again: dev/cuda/matmul -a, between candidates)
 static inline void matmul_plans_clear() {
     for (auto& kv : matmul_plans()) matmul_plan_destroy(&kv.second);
@@ -266,12 +318,13 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     long long qn, qk;
     MatmulKey key = matmul_key(trans_a, trans_b, m, n, k, a_type, lda, stride_a, A, b_type, ldb, stride_b, B, d_type, ldd, stride_d, D,
                                batch, opt, &qn, &qk);
-    bool cached = matmul_plan_cache_enabled();
+    bool cached = matmul_plan_cache_enabled(), tune = false;
     MatmulPlan local, *p = &local;
     if (cached) {
         auto it = matmul_plans().find(key);
         if (it == matmul_plans().end()) {
-            matmul_plan_create(&local, h, key, qn, qk, opt, file, line);
+            tune = matmul_plan_create(&local, h, key, qn, qk, opt, file, line) && matmul_heuristic_choice().autotune > 1 &&
+                   beta == 0.0f && !(opt && opt->amax_d);   // (--gemm-autotune: a new plan of the heuristic's, below)
             it = matmul_plans().emplace(key, local).first;
         }
         p = &it->second;
@@ -284,6 +337,7 @@ static inline void matmul_cublaslt(bool trans_a, bool trans_b, int m, int n, int
     layout_resize(p->ld, m, n);
     matmul_desc_set_pointers(p->desc, opt);
     size_t wsb = cublaslt_workspace_bytes;
+    if (tune) matmul_plan_autotune(p, h, key, &alpha, A, B, &beta, D, ws, wsb, stream);
     char gname[128];   // --profile-kernels: the GEMM's range, named by its shape as dev/cuda/matmul -s keys it (predict.py's gemm_key)
     if (g_launch_hook) {
         snprintf(gname, sizeof gname, "gemm %d %d %d %d %s %s %s %d %d %d %d %d %d", m, n, k, batch, dtype_name(a_type), dtype_name(b_type),

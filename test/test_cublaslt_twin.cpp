@@ -314,6 +314,58 @@ TEST_CASE("the heuristic's later answers (dev/cuda/matmul -a): the plan takes an
     CHECK(matmul_pins().used.begin()->second[5] == 0);
 }
 
+TEST_CASE("--gemm-autotune: a new plan of the heuristic's keeps the fastest of its first N answers, timed at its first call; "
+          "beta 1 and pinned plans untouched") {
+    const int m = 48, k = 32, n = 64;
+    MatmulHeuristicChoice& c = matmul_heuristic_choice();
+    c.autotune = 4;
+    cublaslt_twin_answer_delay_us(3000);   // answer r runs (3 - r) x 3 ms longer: the last is the fastest
+    matmul_plans_clear();
+    matmul_pins().used.clear();
+    simt::counters_reset();
+    long long tuned = c.tuned, trials = c.trials;
+    CHECK(forward_error(n, m, k, 21) < 1e-4);   // (the trials wrote D; the call itself then did)
+    CHECK(c.tuned == tuned + 1);
+    CHECK(c.trials == trials + 4);
+    CHECK(simt::counters().gemms == 1 + 4 * 4);   // each answer: a warm-up and 3 timed runs; then the call
+    REQUIRE(matmul_pins().used.size() == 1);
+    const MatmulKey key = matmul_pins().used.begin()->first;
+    CHECK(matmul_pins().used.begin()->second[5] == 3);   // the fastest answer, recorded for the checkpoint
+    simt::counters_reset();
+    CHECK(forward_error(n, m, k, 22) < 1e-4);   // the plan's second call: no trials
+    CHECK(simt::counters().gemms == 1);
+    CHECK(c.tuned == tuned + 1);
+    // a pinned key (a resumed run) takes its pin: answer 1 here, not timed again
+    MatmulAlgoWords pin = matmul_pins().used[key];
+    pin[5] = 1;
+    matmul_pins().pinned[key] = pin;
+    matmul_plans_clear();
+    matmul_pins().used.clear();
+    simt::counters_reset();
+    CHECK(forward_error(n, m, k, 23) < 1e-4);
+    CHECK(simt::counters().gemms == 1);
+    CHECK(matmul_pins().used[key][5] == 1);
+    matmul_pins().pinned.clear();
+    // beta 1 (D read: the trials would change it): the heuristic's first, untimed
+    matmul_plans_clear();
+    matmul_pins().used.clear();
+    std::vector<floatX> ab((size_t)k * m, __float2bfloat16(0.5f)), bb((size_t)k * n, __float2bfloat16(0.25f));
+    floatX *da = dev_copy(ab), *db = dev_copy(bb);
+    float* dd = dev_copy(std::vector<float>((size_t)m * n, 1.0f));
+    simt::counters_reset();
+    matmul_cublaslt(true, false, m, n, k, 1.0f, da, CUDA_R_16BF, k, 0, db, CUDA_R_16BF, k, 0, 1.0f, dd, CUDA_R_32F, m, 0, 1, nullptr, 0,
+                    __FILE__, __LINE__);
+    CHECK(simt::counters().gemms == 1);
+    CHECK(matmul_pins().used.begin()->second[5] == 0);
+    std::vector<float> d = get(dd, (size_t)m * n);
+    CHECK(d[0] == doctest::Approx(1.0f + k * 0.125f));   // D + A B: the call's own sum, once
+    cudaFree(da); cudaFree(db); cudaFree(dd);
+    c.autotune = 0;
+    cublaslt_twin_answer_delay_us(0);
+    matmul_plans_clear();
+    matmul_pins().used.clear();
+}
+
 // an FP8 TN GEMM through matmul_cublaslt (D (m, n) = A (k, m)^T B (k, n), E4M3 small integers, exact in FP32),
 // per tensor or with A in 1x128 tiles and B in 128x128 blocks: the result against the dequantised reference
 static void fp8_through_matmul_cublaslt(bool blocks) {

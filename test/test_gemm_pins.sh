@@ -85,3 +85,34 @@ for c in flip refused; do
         && pass "a $c table: one line ($(grep -E '^(warning: a GEMM algorithm|note: resume: rank)' "$tmp/$c.out" | cut -c1-100)...), the heuristic chooses: $r" \
         || fail "a $c table: $r; $n lines: $(grep -E 'GEMM|gemm' "$tmp/$c.out" | head -3)"
 done
+
+# --gemm-autotune 4 (model/matmul_cublaslt.cuh, matmul_plan_autotune): each new plan of the heuristic's that overwrites D
+# timed with the twin's 4 answers (the same GEMM each here: the losses are the plain run's bit for bit), its choice in
+# the table; resumed from step 2, the run takes the saved choices (pinned, not timed again) and its losses are the same
+$EMU "${C[@]}" --gemm-autotune 4 --ckpt-dir "$tmp/t" --ckpt-every 2 --log "$tmp/t.jsonl" > "$tmp/t.out" 2>&1 || fail "--gemm-autotune 4 run: $(tail -2 "$tmp/t.out")"
+mkdir -p "$tmp/tr" && cp -r "$tmp/t/step_00000002" "$tmp/tr/"
+$EMU "${C[@]}" --gemm-autotune 4 --ckpt-dir "$tmp/tr" --resume auto --log "$tmp/tr.jsonl" > "$tmp/tr.out" 2>&1 || fail "--gemm-autotune resume: $(tail -2 "$tmp/tr.out")"
+r=$($PY - "$tmp" <<'PY'
+import json, os, sys
+tmp = sys.argv[1]
+def table(p):
+    return dict(l.split(" : ") for l in open(p).read().splitlines()[2:])
+L = lambda n: [json.loads(l)["loss"] for l in open(os.path.join(tmp, n + ".jsonl")) if '"loss"' in l]
+saved, resumed = table(os.path.join(tmp, "t", "step_00000002", "gemm_plans_00000.txt")), table(os.path.join(tmp, "tr", "step_00000004", "gemm_plans_00000.txt"))
+ranks = sorted({int(v.split()[5], 16) for v in saved.values()})   # (word 5: the twin's answer rank)
+print("losses", "same" if L("t") == L("a") and L("tr") == L("a")[2:] else "differ", "answers", ",".join(map(str, ranks)),
+      "pinned %d/%d" % (sum(resumed.get(k) == v for k, v in saved.items()), len(saved)))
+PY
+)
+[[ "$r" =~ ^losses\ same\ answers\ [0-3,]+\ pinned\ ([0-9]+)/([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] \
+    && [ "${BASH_REMATCH[1]}" -gt 10 ] && grep -q "^gemm: --gemm-autotune 4:" "$tmp/t.out" \
+    && pass "--gemm-autotune 4: the losses of the plain run bit for bit (the twin's answers are one GEMM), the choices saved and pinned on resume: $r" \
+    || fail "--gemm-autotune 4: $r; $(grep -iE 'gemm|error' "$tmp/t.out" | head -2)"
+for bad in "--gemm-autotune 17" "--gemm-autotune -1"; do
+    out=$($EMU "${C[@]}" $bad 2>&1); rc=$?
+    [ "$rc" = 2 ] && [ "$(grep -c . <<<"$out")" = 1 ] && grep -q "^error: --gemm-autotune" <<<"$out" \
+        && pass "$bad: exit 2, one line ($out)" || fail "$bad: exit $rc: $(head -2 <<<"$out")"
+done
+out=$($EMU --device cpu --model dbrx-tiny --n-layers 2 --seq 32 --steps 1 --gemm-autotune 4 2>&1); rc=$?
+[ "$rc" = 2 ] && grep -q "^error: --gemm-autotune 4 is the CUDA step's" <<<"$out" \
+    && pass "--gemm-autotune on the CPU backend: exit 2 ($(grep -m1 '^error' <<<"$out"))" || fail "--gemm-autotune on the CPU: exit $rc: $(head -2 <<<"$out")"

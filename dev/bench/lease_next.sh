@@ -21,7 +21,9 @@
 #   2. the step kernel by kernel (calibrate.py --kernels against make predict's trace of the same commit and device);
 #      experts_zero_empty_kernel now with 16-byte stores (0.83 ms a step on session 45's H100 with the collapsed routing)
 #   3. end to end: the default (bit-identical losses to session 46's: 2.6692058229236864 at step 30), --grad-accum 4,
-#      FP8 block, and --moe-gemm grouped (session 45's H100: 100.9 ms against the default's 89.4; unchanged since)
+#      FP8 block, --gemm-autotune 8 (each GEMM shape's fastest of cuBLASLt's first 8 answers, timed in step 1: against the
+#      default's median; -a 8's last line above says what the GEMMs alone would save), and --moe-gemm grouped (session
+#      45's H100: 100.9 ms against the default's 89.4; unchanged since)
 . "$(dirname "$0")/lease_setup.sh"
 # 0. the device test programs and the smoke run (report: $O/test_gpu_report.md)
 for t in test_kernels test_step_cuda test_fp8_cuda test_zero_fp8_cuda test_decode; do echo "${t}_gpu|40|doctest|./test/${t}_gpu"; done \
@@ -43,5 +45,6 @@ step e2e_kernels 45 ./train_dbrx "${E2E[@]}" --steps 8 --log "$R/e2e_kernels.jso
 step e2e_bf16 45 ./train_dbrx "${E2E[@]}" --steps 30 --log "$R/e2e_bf16.jsonl" --profile "$R/e2e_bf16_profile.json" --profile-steps 21:22
 step e2e_accum4 45 ./train_dbrx "${E2E[@]}" --steps 8 --grad-accum 4 --log "$R/e2e_accum4.jsonl"
 step e2e_fp8_block 40 ./train_dbrx "${E2E[@]}" --steps 20 --fp8 block --log "$R/e2e_fp8_block.jsonl"
+step e2e_autotune 45 ./train_dbrx "${E2E[@]}" --steps 30 --gemm-autotune 8 --log "$R/e2e_autotune.jsonl"
 step e2e_grouped 40 ./train_dbrx "${E2E[@]}" --steps 20 --moe-gemm grouped --log "$R/e2e_grouped.jsonl"
 echo "== done, t+$(( $(date +%s) - T0 ))"

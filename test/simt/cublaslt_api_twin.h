@@ -54,7 +54,9 @@
  * cuBLASLt's own log does; cublaslt_twin_last_error() gives the last one to the tests.
  * cublaslt_twin_strict_shapes(true) (tests only): an algorithm takes no shape but the one the heuristic
  * was asked for (NOT_SUPPORTED otherwise), the stand-in for a bucket's algorithm that the exact shape does
- * not fit, to exercise model/matmul_cublaslt.cuh's fallback.
+ * not fit, to exercise model/matmul_cublaslt.cuh's fallback. cublaslt_twin_answer_delay_us(us) (tests only): a GEMM run
+ * with the heuristic's answer r takes (3 - r) x us microseconds longer (wall clock, which the emulator's events time),
+ * so that the last answer is the fastest: --gemm-autotune's choice (model/matmul_cublaslt.cuh) under test.
  */
 #pragma once
 #include <cublasLt.h>
@@ -93,7 +95,7 @@ static inline Desc* desc(cublasLtMatmulDesc_t d) { return reinterpret_cast<Desc*
 static inline Layout* layout(cublasLtMatrixLayout_t l) { return reinterpret_cast<Layout*>(l); }
 static inline Pref* pref(cublasLtMatmulPreference_t p) { return reinterpret_cast<Pref*>(p); }
 
-struct State { std::string last_error; bool strict_shapes = false; };
+struct State { std::string last_error; bool strict_shapes = false; int answer_delay_us = 0; };
 static inline State& state() { static State s; return s; }
 
 // a refusal: remembered, and logged as cuBLASLt's CUBLASLT_LOG_LEVEL >= 1 does
@@ -210,6 +212,7 @@ static inline cublasStatus_t check_algo(const Desc* d, const cublasLtMatmulAlgo_
 // tests only: the last refusal's message, and the strict-shapes knob (above)
 static inline const std::string& cublaslt_twin_last_error() { return lt_twin::state().last_error; }
 static inline void cublaslt_twin_strict_shapes(bool on) { lt_twin::state().strict_shapes = on; }
+static inline void cublaslt_twin_answer_delay_us(int us) { lt_twin::state().answer_delay_us = us; }
 
 // ---- the functions of cublasLt.h the product calls ----
 inline size_t cublasLtGetVersion() { return CUBLAS_VERSION; }   // the header's: the twin stands for that library
@@ -400,6 +403,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dd
     for (int i = 0; i < 2; i++)   // the scale modes as model/matmul.cuh numbers them (0 per tensor, 1 1x128, 2 128x128)
         mode[i] = d->mode[i] == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? 1 : d->mode[i] == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F ? 2 : 0;
     float al = *(const float*)alpha, be = *(const float*)beta;
+    if (lt_twin::state().answer_delay_us && algo->data[5] < 3) usleep((useconds_t)((3 - algo->data[5]) * lt_twin::state().answer_delay_us));
     simt::count(&simt::counters().gemms);
     if (simt::worklog_file()) {   // the work log's line (SIMT_WORKLOG: test/simt/counters.h)
         std::lock_guard<std::mutex> lock(simt::worklog().mu);
