@@ -672,9 +672,7 @@ static int run_main(int argc, char** argv) {
     }
     comm_set_timeout(args.parallel.comm_timeout > 0 ? args.parallel.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)
     const char* why = args.run.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
-    std::string cuda_only = args.run.profile_kernels ? "--profile-kernels" : args.run.moe_gemm != "cublaslt" ? "--moe-gemm " + args.run.moe_gemm
-                          : args.run.attention_bwd != "auto" && args.run.attention_bwd != "mma" ? "--attention-bwd " + args.run.attention_bwd
-                          : args.run.gemm_autotune > 1 ? "--gemm-autotune " + std::to_string(args.run.gemm_autotune) : "";
+    std::string cuda_only = cuda_only_flag(args);
     if (!use_cuda && !cuda_only.empty()) fail(EXIT_BAD_INPUT, "%s is the CUDA step's: this run is on the CPU%s", cuda_only.c_str(), why);
     int rc;
 #if HAVE_CUDA_BACKEND

@@ -108,8 +108,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--model", "", F_STR, &a->run.model, "preset: dbrx-132b dbrx-73b dbrx-35b dbrx-18b dbrx-9b dbrx-1b dbrx-tiny"},
         {"--d-model", "", F_INT, &c->d_model, "model width d (head_dim follows as d / n_heads)"},
         {"--n-heads", "", F_INT, &c->n_heads, "query heads"}, {"--kv-heads", "", F_INT, &c->kv_heads, "key/value heads (GQA)"},
-        {"--n-layers", "", F_INT, &c->n_layers, "transformer blocks"},
-        {"--ffn-hidden", "", F_INT, &c->ffn_hidden, "hidden size F of one expert"},
+        {"--n-layers", "", F_INT, &c->n_layers, "transformer blocks"}, {"--ffn-hidden", "", F_INT, &c->ffn_hidden, "hidden size F of one expert"},
         {"--experts", "", F_INT, &c->n_experts, "experts per MoE layer"}, {"--top-k", "", F_INT, &c->top_k, "experts per token"},
         {"--vocab", "", F_INT, &c->vocab_size, "vocabulary size (padded)"},
         {"--max-seq", "", F_INT, &c->max_seq_len, "max sequence length of the model"},
@@ -590,4 +589,11 @@ static std::string output_paths_problem(const TrainArgs& a) {
         if (!why.empty()) return std::string(o.flag) + " " + o.path + ": " + why;
     }
     return "";
+}
+
+// the first flag given that only the CUDA step takes ("" if none): a CPU run refuses it in one line (train_dbrx.cu)
+static inline std::string cuda_only_flag(const TrainArgs& a) {
+    return a.run.profile_kernels ? "--profile-kernels" : a.run.moe_gemm != "cublaslt" ? "--moe-gemm " + a.run.moe_gemm
+         : a.run.attention_bwd != "auto" && a.run.attention_bwd != "mma" ? "--attention-bwd " + a.run.attention_bwd
+         : a.run.gemm_autotune > 1 ? "--gemm-autotune " + std::to_string(a.run.gemm_autotune) : "";
 }
