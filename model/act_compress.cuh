@@ -136,7 +136,7 @@ __global__ void swiglu_decompress_kernel(floatX* g, floatX* u, floatX* act, cons
     }
     store_bf16<W>(g + i, gv);
     store_bf16<W>(u + i, uv);
-    store_bf16<W>(act + i, av);
+    if (act) store_bf16<W>(act + i, av);   // (NULL: the model keeps no act, model/dbrx_recompute_cuda.cuh)
 }
 
 // blockIdx.y: 0 g, 1 u (its codes after R F, its factors after R ceil(F/128)); W = 4 needs F % 4 == 0
@@ -179,7 +179,7 @@ static inline void swiglu_compress_gpu(uint8_t* q, float* sinv, const floatX* g,
     else
         LAUNCH(swiglu_compress_kernel<1>, grid, 256, 0, stream, qq, sinv, g, u, rows, R, F);
 }
-// the rebuild of g, u and act (rows, F) from the codes, before the layer's experts backward
+// the rebuild of g, u and act (rows, F) from the codes, before the layer's experts backward (act NULL: g, u only)
 static inline void swiglu_decompress_gpu(floatX* g, floatX* u, floatX* act, const uint8_t* q, const float* sinv, int rows, int R, int F,
                                          cudaStream_t stream = 0) {
     size_t n = (size_t)rows * F, ft = (size_t)R * ((F + 127) / 128);

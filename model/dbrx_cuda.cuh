@@ -189,14 +189,18 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     // (under expert parallelism, expert_rows > 0, every layer's xe is the shared one: RC_XE, model/recompute.h)
     int ep_xe = expert_rows ? RC_XE : 0;
     int U = (recompute_check(&g_recompute, c->n_layers), recompute_union(&g_recompute, c->n_layers)) | ep_xe;
-    if (U) gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) { if (recompute_buffer_place(U, bit) == 1) ok = take((void**)&(mm->rc_scratch.*f), n) && ok; });
+    bool act_kept = gpu_act_kept(c->ffn_hidden, with_fp8);   // (0 bytes: no buffer, the pointer NULL)
+    if (U) gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, act_kept, [&](auto f, size_t n, int bit) {
+        if (recompute_buffer_place(U, bit) == 1 && n) ok = take((void**)&(mm->rc_scratch.*f), n) && ok;
+    });
     mm->rc_mode.assign(c->n_layers, 0);
     for (int l = 0; l < c->n_layers; l++) {
         BlockActsGPU& a = mm->acts[l];
         int mode = mm->rc_mode[l] = (unsigned char)recompute_mode(&g_recompute, l);
-        gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, [&](auto f, size_t n, int bit) {
+        gpu_block_acts_fields<BlockActsGPU>(c, N, R, Rx, act_kept, [&](auto f, size_t n, int bit) {
             int place = recompute_buffer_place(mode | ep_xe, bit);   // (0: its own, 1: the shared scratch, 2: none)
-            if (place) a.*f = place == 1 ? mm->rc_scratch.*f : nullptr;
+            if (n == 0) a.*f = nullptr;
+            else if (place) a.*f = place == 1 ? mm->rc_scratch.*f : nullptr;
             else ok = take((void**)&(a.*f), n) && ok;
         });
         if (m) a.u = a.g + Rx * F;   // (g and u one buffer: w1 and v1 as one batched GEMM, model/moe.cuh)

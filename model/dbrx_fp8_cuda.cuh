@@ -46,6 +46,7 @@ typedef struct {
     int* seg;                // device (2E + 1): poff, then the valid (routed) rows of every expert
     int* row_token;          // device (R + 15 E): padded row -> token (padding: token 0, never used)
     int row_tiles;
+    bool act_bf16;           // the experts' forward wrote act in BF16 (else only w2's codes: the fused backward's case)
 } Fp8Routing;
 
 // each slot's per-tensor 1/scale 16 bytes from the next: the GEMMs take it as their scale pointer. On an H200
@@ -504,7 +505,7 @@ static inline std::vector<int> fp8_weight_starts(int E, int F) {
 static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, floatX* g, floatX* u, floatX* a, floatX* xe,
                                            const floatX* w1, const floatX* v1, const floatX* w2, int E, int C, int F,
                                            cudaStream_t stream = 0, const floatX* xe_src = nullptr, const int* row_token = nullptr) {
-    const Fp8Routing& rt = f->routing[layer];
+    Fp8Routing& rt = f->routing[layer];
     const std::vector<int>& p = rt.poff;
     std::vector<int> ws = fp8_weight_starts(E, F);
     int Rp = p[E], EF = E * F;
@@ -531,12 +532,20 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
         gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_v1, qv1, true, false, (size_t)e * F, C, wo), 0.0f,
                      u + (size_t)p[e] * F, F, 1, stream);
     }
-    if (!ye) { swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream); return; }   // (--recompute swiglu: g, u, act only)
-    // act = silu(g) * u, with w2's operand quantised in the same kernel (act stays: the backward's w2 wgrad reads it)
+    rt.act_bf16 = a != nullptr;   // (NULL: the model keeps no act, gpu_act_kept)
+    if (!ye) {   // (--recompute swiglu: g, u, and act where the model keeps it)
+        if (a) swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
+        return;
+    }
+    // act = silu(g) * u, with w2's operand quantised in the same kernel. The BF16 act is not written (Rp F x 2
+    // bytes a layer): its one reader would be w2's weight gradient, and the fused backward recomputes act's
+    // codes for it from g, u (fp8_experts_backward_gpu, which takes its fused path whenever this one did)
     Fp8Buf* ab[1] = {&f->act};
-    if (fp8_fused_ok(Rp, F, rt.len, {a, g, u}))
-        fp8_quantize_produced(f, FP8P_SWIGLU_FWD, {g, u, nullptr, a, nullptr}, &s_x2, Rp, F, sx, ab, true, false, stream);
-    else {
+    if (fp8_fused_ok(Rp, F, rt.len, {g, u})) {
+        fp8_quantize_produced(f, FP8P_SWIGLU_FWD, {g, u, nullptr, nullptr, nullptr}, &s_x2, Rp, F, sx, ab, true, false, stream);
+        rt.act_bf16 = false;
+    } else {
+        ENSURE(a, "layer %d: the FP8 experts' unfused SwiGLU needs an act buffer (F %d)", layer, F);
         swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
         fp8_quantize_operand(f, s_x2, false, a, Rp, F, sx, &f->act, true, false, stream);
     }
@@ -565,6 +574,7 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
     const int sdy[3] = {slot(FP8_LIN_W1, FP8_OP_DY), slot(FP8_LIN_V1, FP8_OP_DY), slot(FP8_LIN_W2, FP8_OP_X)};
     const int sg2 = slot(FP8_LIN_W2, FP8_OP_DY), sw2 = slot(FP8_LIN_W2, FP8_OP_W), sx2 = slot(FP8_LIN_W2, FP8_OP_X);
     const bool fused = fp8_fused_ok(Rp, F, rt.len, {da, g, u, dg, du});
+    ENSURE(fused || rt.act_bf16, "layer %d: the FP8 experts' backward needs act in BF16, which the forward did not write", layer);
     // The fused path: SwiGLU backward writes the codes of dg (into f->grad), du (into the BF16 dg / du scratch,
     // which it leaves unused: 2 Rp F bytes of codes in dg's 2 Rp F, the factors in du's: fp8_buf_in) and act's
     // transposed codes (recomputed from g, u; in du's scratch after du's factors: fp8_buf_after); so dye's codes

@@ -19,8 +19,8 @@
 
 // every buffer of the GPU's BlockActsGPU with its bytes and the recompute bit that drops it (R routed rows;
 // Rx the experts' rows: R, or under expert parallelism the planned received rows; g holds g and u: one
-// buffer of 2 Rx F); v(member, bytes, bit)
-template <typename A, typename V> static inline void gpu_block_acts_fields(const DbrxConfig* c, size_t N, size_t R, size_t Rx, V v) {
+// buffer of 2 Rx F); v(member, bytes, bit). act_kept false (FP8, gpu_act_kept): act has 0 bytes, no buffer
+template <typename A, typename V> static inline void gpu_block_acts_fields(const DbrxConfig* c, size_t N, size_t R, size_t Rx, bool act_kept, V v) {
     size_t d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden, qd = qkv_dim(c), NH = N * c->n_heads;
     size_t X = sizeof(floatX), f = sizeof(float), i = sizeof(int);
     v(&A::ln1, N * d * X, RC_LN1); v(&A::ln1_mean, N * f, RC_BLOCK); v(&A::ln1_rstd, N * f, RC_BLOCK);
@@ -30,7 +30,7 @@ template <typename A, typename V> static inline void gpu_block_acts_fields(const
     v(&A::router_logits, N * E * f, RC_MOE); v(&A::probs, N * E * f, 0); v(&A::lse, N * f, 0); v(&A::topk_w, N * k * f, 0);
     v(&A::topk_idx, N * k * i, 0); v(&A::counts, E * i, 0); v(&A::offsets, (E + 1) * i, 0);
     v(&A::row_token, R * i, 0); v(&A::slot_row, R * i, 0);
-    v(&A::xe, R * d * X, RC_XE); v(&A::g, 2 * Rx * F * X, RC_SWIGLU); v(&A::act, Rx * F * X, RC_SWIGLU); v(&A::ye, R * d * X, RC_MOE);
+    v(&A::xe, R * d * X, RC_XE); v(&A::g, 2 * Rx * F * X, RC_SWIGLU); v(&A::act, act_kept ? Rx * F * X : 0, RC_SWIGLU); v(&A::ye, R * d * X, RC_MOE);
     // --compress-acts swiglu (RC_CSWIGLU: only the layers it names keep these): g and u as E4M3 codes and factors
     v(&A::gu_codes, compress_code_bytes(COMPRESS_E4M3, Rx, F), RC_CSWIGLU); v(&A::gu_sinv, compress_factor_bytes(COMPRESS_E4M3, Rx, F), RC_CSWIGLU);
     // --compress-acts attn (RC_CATTN): ln1 as E4M3 codes and factors

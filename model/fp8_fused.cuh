@@ -3,8 +3,8 @@
  * pays"). fp8_quantize_kernel (model/fp8.cuh) reads a BF16 tensor its producer wrote; here the producer itself
  * computes a 128 x 128 tile, rounds it to BF16 (the values the unfused path would have read back) and
  * quantises it from shared memory:
- *   FP8P_SWIGLU_FWD  act = silu(g) * u: act in BF16 (kept for the backward: --recompute, the BF16 path)
- *                    and w2's forward operand, the row-wise E4M3 codes
+ *   FP8P_SWIGLU_FWD  act = silu(g) * u: w2's forward operand, the row-wise E4M3 codes, and optionally act in
+ *                    BF16 (the model's step leaves it out: its fused backward recomputes act from g, u)
  *   FP8P_SWIGLU_BWD  dg, du from da, g, u: only their FP8 codes (row-wise for dgrad, transposed for wgrad) and
  *                    factors; the BF16 dg, du are not written at all (the FP8 GEMMs were their only readers).
  *                    Optionally a third output: act = silu(g) * u recomputed (the forward's BF16 act, bit for bit:

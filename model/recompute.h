@@ -126,6 +126,13 @@ static inline int recompute_buffer_place(int mode, int bit) {
     if (bit == RC_CSWIGLU || bit == RC_CATTN) return (mode & bit) ? 0 : 2;
     return (recompute_dropped_bits(mode) & bit) ? 1 : 0;
 }
+// Whether the GPU model keeps the experts' act = silu(g) * u in BF16 (ffn_hidden: F). Under FP8 it does not where F
+// is a multiple of 16: every layer's FP8 experts then take the fused path (model/fp8_fused.cuh: the padded layout's
+// 16-row segments, 16-byte aligned g and u), whose forward quantises act for w2 without writing it and whose
+// backward recomputes act's codes from g and u. Nothing else reads it (under FP8 --recompute swiglu and
+// --compress-acts then rebuild g and u only). Its buffer is Rx F BF16 values a layer: a third of the experts'.
+static inline bool gpu_act_kept(int ffn_hidden, bool fp8) { return !(fp8 && ffn_hidden % 16 == 0); }
+
 static inline int recompute_items_mode(const RecomputeSpec* s, int l) {
     int mode = 0;
     for (const RecomputeItem& it : s->items) {

@@ -204,13 +204,15 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     p.layer_attention = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // ln1, stats, qkv_pre, qkv, lse, atty
     p.layer_norms = bf * N * d + bf * N * d + 2 * f4 * N + bf * N * d;   // resid_mid, ln2 and its stats, the block's input (resid)
     p.layer_router = 2 * f4 * N * E + f4 * N + f4 * N * k + f4 * (E + 1);   // logits, probs, lse, top-k weights, statistics
-    // xe, g and u, act, ye; under EP the layers share one xe (the dispatcher keeps the rows the weight gradients read)
-    p.layer_experts = (n > 1 ? 0 : bf * R * d) + 3 * bf * Rx * F + bf * R * d;
+    // xe, g and u, act (not under FP8: gpu_act_kept), ye; under EP the layers share one xe (the dispatcher keeps the
+    // rows the weight gradients read)
+    const long double gua = gpu_act_kept(c->ffn_hidden, on8) ? 3 : 2;
+    p.layer_experts = (n > 1 ? 0 : bf * R * d) + gua * bf * Rx * F + bf * R * d;
     p.layer_routing = i4 * N * k + i4 * E + i4 * (E + 1) + 2 * i4 * R;    // topk_idx, counts, offsets, row_token, slot_row
     p.saved = L * (p.layer_attention + p.layer_norms + p.layer_router + p.layer_experts) + (n > 1 ? bf * R * d : 0);
     // --recompute: a dropped buffer is not kept per layer; the layers that drop it share one (dbrx_gpu_buffers)
     p.rc_bit_bytes[0] = bf * N * d;                                                       // attn: atty
-    p.rc_bit_bytes[1] = 3 * bf * Rx * F;                                                  // swiglu: g and u, act (EP: the planned rows)
+    p.rc_bit_bytes[1] = gua * bf * Rx * F;                                                // swiglu: g and u, act (EP: the planned rows)
     p.rc_bit_bytes[2] = bf * N * d + 2 * f4 * N + f4 * N * E + (n > 1 ? 1 : 2) * bf * R * d;   // moe: ln2, stats, logits, xe (not EP), ye
     p.rc_bit_bytes[3] = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // block: ln1, stats, qkv x2, lse, resid_mid
     p.recompute = g_recompute.text;

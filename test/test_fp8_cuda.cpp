@@ -905,7 +905,14 @@ static Replay replay_block0(Fp8Recipe gpu_recipe, Fp8Recipe cpu_recipe, int step
     std::vector<float> ln1 = get_bf16(a.ln1, (size_t)N * d), atty = get_bf16(a.atty, (size_t)N * d);
     std::vector<float> wqkv = get_bf16(w.wqkv, (size_t)qd * d), wo = get_bf16(w.wo, (size_t)d * d);
     std::vector<float> w1 = get_bf16(w.w1, (size_t)E * F * d), v1 = get_bf16(w.v1, (size_t)E * F * d), w2 = get_bf16(w.w2, (size_t)E * F * d);
-    std::vector<float> xe = unpad(get_bf16(a.xe, (size_t)Rp * d), d), act = unpad(get_bf16(a.act, (size_t)Rp * F), F);
+    // act: under FP8 the step's forward writes only its codes (model/dbrx_fp8_cuda.cuh), so its BF16 values come
+    // from the unfused kernel on block 0's g, u, as dg, du below
+    CHECK((a.act == nullptr) == fp8_on(&g.fp8));   // (gpu_act_kept: no act buffer under FP8)
+    floatX* act_d = deviceAlloc(floatX, (size_t)Rp * F);
+    if (fp8_on(&g.fp8)) swiglu_forward_gpu(act_d, a.g, a.u, (size_t)Rp * F);
+    else cudaCheck(cudaMemcpy(act_d, a.act, (size_t)Rp * F * sizeof(floatX), cudaMemcpyDeviceToDevice));
+    std::vector<float> xe = unpad(get_bf16(a.xe, (size_t)Rp * d), d), act = unpad(get_bf16(act_d, (size_t)Rp * F), F);
+    cudaCheck(cudaFree(act_d));
     std::vector<float> dqkv = get_bf16(g.dqkv, (size_t)N * qd), dres = get_bf16(g.dresid_bf16, (size_t)N * d);
     // dg, du: under FP8 the step's SwiGLU backward writes only their codes (model/fp8_fused.cuh), so their BF16
     // values come from the unfused kernel on block 0's da, g, u (the fused codes are those of these values: the

@@ -68,6 +68,13 @@ TEST_CASE("the plan's terms of a small model, by hand (B 2 x T 16: N = 32 tokens
     CHECK(p.fp8_scratch == 0); CHECK(p.ep_exchange == 0);
     CHECK(p.communicators == 0); CHECK(p.nccl == 0);
     CHECK(p.total == p.allocations + 32 * PLAN_MIB + 600 * PLAN_MIB);
+    // FP8 (F 96, a multiple of 16): the routed rows padded by 15 E = 60 to 124, and no act (gpu_act_kept: the
+    // fused FP8 experts never read it): xe 2*124*64 + g, u 2*2*124*96 + ye 2*124*64; --recompute swiglu drops g, u
+    for (Fp8Recipe r : {FP8_DELAYED, FP8_BLOCK}) {
+        MemoryPlan f = memory_plan(&c, 2, 16, 1, 1, 1, r);
+        CHECK(f.layer_experts == 2 * 124 * 64 + 2 * 2 * 124 * 96 + 2 * 124 * 64);
+        CHECK(f.rc_bit_bytes[1] == 2 * 2 * 124 * 96);
+    }
 
     // 4 GPUs, shard group 2, EP 2: every tensor halves; a rank gathers only its 2 experts, 2 x 3 F d = 36864
     // parameters, the biggest unit (the embedding 16384, the head 16448, a block's attention 12672)
