@@ -390,7 +390,9 @@ static inline void block_experts_forward(DbrxGPU* m, int l, BlockActsGPU* a, con
     }
     if (fp8_on(&m->fp8)) {
         const int* row_token = fp8_pad_routing(&m->fp8, l, a->slot_row, a->row_token, a->offsets, a->offsets_host.data(), N * k, E);
-        fp8_experts_forward_gpu(&m->fp8, l, a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, E, d, F, 0, a->ln2, row_token);   // (gathers xe)
+        // (gathers xe; its transposed codes for the backward in its place, unless --recompute swiglu reads xe again)
+        bool xe_codes = !(m->rc_mode[l] & (RC_SWIGLU | RC_XE));
+        fp8_experts_forward_gpu(&m->fp8, l, a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, E, d, F, 0, a->ln2, row_token, xe_codes);
     } else {
         moe_gather_gpu(a->xe, a->ln2, a->row_token, N * k, d);
         experts_forward_step_gpu(a->ye, a->g, a->u, a->act, a->xe, w.w1, w.v1, w.w2, a->offsets, a->offsets_host.data(), N * k, E, d, F);

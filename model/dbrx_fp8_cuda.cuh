@@ -47,6 +47,7 @@ typedef struct {
     int* row_token;          // device (R + 15 E): padded row -> token (padding: token 0, never used)
     int row_tiles;
     bool act_bf16;           // the experts' forward wrote act in BF16 (else only w2's codes: the fused backward's case)
+    bool xe_codes;           // the experts' forward left xe's transposed codes in xe's buffer, not BF16 xe (fp8_xe_codes)
 } Fp8Routing;
 
 // each slot's per-tensor 1/scale 16 bytes from the next: the GEMMs take it as their scale pointer. On an H200
@@ -311,6 +312,23 @@ static inline Fp8Buf fp8_buf_after(const Fp8GPU* f, const Fp8Buf& before, floatX
     return b;
 }
 
+// xe's transposed codes (rows x cols, padded expert layout rt: the w1 / v1 weight gradients' operand) and, under
+// block scaling, their factors, laid into xe's own BF16 buffer in place of xe (fp8_experts_forward_gpu's xe_codes):
+// the codes (rows cols bytes, rounded up to 16), then the factors. They fit: at most rows cols / 4 floats (a factor
+// per column and 128-row tile of a non-empty expert, whose padded rows are at least 16), 1.25 rows cols + 16 bytes
+// of the buffer's 2 rows cols.
+static inline Fp8Buf fp8_xe_codes(const Fp8GPU* f, const floatX* xe, const Fp8Routing& rt, int rows, int cols) {
+    Fp8Buf b = {nullptr, (__nv_fp8_storage_t*)const_cast<floatX*>(xe), nullptr, nullptr};
+    size_t codes = ((size_t)rows * cols + 15) / 16 * 16, nt = 0;
+    if (f->cfg.recipe == FP8_BLOCK) {
+        nt = fp8_block_scale_count(FP8Q_ACT, true, rt.len, cols);
+        b.sinv_t = (float*)(b.qt + codes);
+    }
+    if (codes + nt * sizeof(float) > (size_t)rows * cols * sizeof(floatX))
+        fail(EXIT_FAILURE, "fp8_xe_codes: xe's transposed codes do not fit its %d x %d BF16 buffer", rows, cols);
+    return b;
+}
+
 // ---------------------------------------------------------------------------------------------
 // quantisation of one operand under the recipe, and the GEMM operands it yields
 
@@ -501,10 +519,14 @@ static inline std::vector<int> fp8_weight_starts(int E, int F) {
 }
 
 // xe_src, row_token (or NULL: xe is given): xe (Rp, C) = xe_src[row_token] gathered here, by w1's quantisation itself
-// (fp8_gather_quantize_kernel: xe in BF16 and its codes in one pass)
+// (fp8_gather_quantize_kernel: xe in BF16 and its codes in one pass). xe_codes (with xe_src): in the same pass the
+// transposed codes the backward's w1 / v1 weight gradients read go into xe's buffer in place of BF16 xe
+// (fp8_xe_codes), so the backward neither reads xe back nor quantises it again; for a layer whose xe nothing else
+// reads (not recomputed from it: --recompute swiglu)
 static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, floatX* g, floatX* u, floatX* a, floatX* xe,
                                            const floatX* w1, const floatX* v1, const floatX* w2, int E, int C, int F,
-                                           cudaStream_t stream = 0, const floatX* xe_src = nullptr, const int* row_token = nullptr) {
+                                           cudaStream_t stream = 0, const floatX* xe_src = nullptr, const int* row_token = nullptr,
+                                           bool xe_codes = false) {
     Fp8Routing& rt = f->routing[layer];
     const std::vector<int>& p = rt.poff;
     std::vector<int> ws = fp8_weight_starts(E, F);
@@ -514,10 +536,19 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
     int s_v1 = fp8_slot(f, layer, FP8_LIN_V1, FP8_OP_W), s_x2 = fp8_slot(f, layer, FP8_LIN_W2, FP8_OP_X);
     int s_w2 = fp8_slot(f, layer, FP8_LIN_W2, FP8_OP_W);
     // up: g_e, u_e (n, F) = xe_e (n, C) @ w1_e, v1_e (F, C)^T
-    Fp8Buf* xb[1] = {&f->act};
-    if (xe_src && fp8_fused_ok(Rp, C, rt.len, {xe, xe_src, f->act.q}))
-        fp8_quantize_produced(f, FP8P_GATHER, {xe_src, nullptr, nullptr, xe, row_token}, &s_x1, Rp, C, sx, xb, true, false, stream);
-    else {
+    Fp8Buf xq = f->act;   // (xe_codes: the row-wise codes in the scratch, the transposed ones in xe's buffer)
+    Fp8Buf* xb[1] = {&xq};
+    rt.xe_codes = false;
+    if (xe_src && fp8_fused_ok(Rp, C, rt.len, {xe, xe_src, f->act.q})) {
+        if (xe_codes) {
+            Fp8Buf t = fp8_xe_codes(f, xe, rt, Rp, C);
+            xq.qt = t.qt;
+            xq.sinv_t = t.sinv_t;
+        }
+        fp8_quantize_produced(f, FP8P_GATHER, {xe_src, nullptr, nullptr, xe_codes ? nullptr : xe, row_token}, &s_x1, Rp, C, sx, xb, true,
+                              xe_codes, stream);
+        rt.xe_codes = xe_codes;
+    } else {
         if (xe_src) moe_gather_gpu(xe, xe_src, row_token, Rp, C, stream);
         fp8_quantize_operand(f, s_x1, false, xe, Rp, C, sx, &f->act, true, false, stream);
     }
@@ -605,7 +636,9 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
     if (!fused) swiglu_backward_gpu(dg, du, da, g, u, (size_t)Rp * F, stream);
     // up: dxe_e = dg_e @ w1_e + du_e @ v1_e (reduces over F: the weights transposed (C, F)),
     //     dw1_e += dg_e^T @ xe_e, dv1_e += du_e^T @ xe_e (over the tokens: all transposed)
-    fp8_quantize_operand(f, slot(FP8_LIN_W1, FP8_OP_X), false, xe, Rp, C, sx, &f->act, false, true, stream);
+    // (xe's transposed codes: from the forward where it left them in xe's buffer, else quantised here)
+    const Fp8Buf xeb = rt.xe_codes ? fp8_xe_codes(f, xe, rt, Rp, C) : f->act;
+    if (!rt.xe_codes) fp8_quantize_operand(f, slot(FP8_LIN_W1, FP8_OP_X), false, xe, Rp, C, sx, &f->act, false, true, stream);
     const floatX* dys[2] = {dg, du};
     const floatX* wts[2] = {w1, v1};
     float* dws[2] = {dw1, dv1};
@@ -620,7 +653,7 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
                          fp8_operand_of(f, swt, qw, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)),
                          i ? 1.0f : 0.0f, dxe + (size_t)p[e] * C, C, 0, stream);
             gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sg, qd, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
-                         fp8_operand_of(f, sxe, f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), wbeta,
+                         fp8_operand_of(f, sxe, xeb, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), wbeta,
                          dws[i] + (size_t)e * F * C, C, 0, stream);
         }
     }

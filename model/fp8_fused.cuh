@@ -10,9 +10,10 @@
  *                    Optionally a third output: act = silu(g) * u recomputed (the forward's BF16 act, bit for bit:
  *                    the same g, u, the same arithmetic), quantised for w2's weight gradient (its transposed
  *                    codes), so the backward does not read act back to quantise it
- *   FP8P_GATHER      y = x[idx[row]]: the experts' gathered input xe (moe_gather_gpu's rows, model/moe.cuh) in BF16
- *                    (kept: the backward's w1 / v1 weight gradients and the recomputation read it) and w1's / v1's
- *                    forward operand, its row-wise E4M3 codes, so xe is not read back to quantise it. With idx NULL
+ *   FP8P_GATHER      y = x[idx[row]]: the experts' gathered input xe (moe_gather_gpu's rows, model/moe.cuh): w1's /
+ *                    v1's forward operand, its row-wise E4M3 codes, so xe is not read back to quantise it; and either
+ *                    xe in BF16 (where --recompute swiglu reads it again) or, in the same pass, its transposed codes
+ *                    for the backward's w1 / v1 weight gradients (the model's step: fp8_xe_codes). With idx NULL
  *                    and no y, the quantisation of x itself (a BF16 tensor some kernel produced that this file does not
  *                    fuse: dye, LayerNorm's output, dqkv ...) with the 16-byte stores and transposes of these kernels,
  *                    in place of fp8_quantize_kernel's 1-byte ones (fp8_quantize_operand, model/dbrx_fp8_cuda.cuh)
@@ -198,7 +199,10 @@ __device__ __forceinline__ void fp8_fused_tile(const Fp8ProducerArgs& p, int row
             if (c < w)
                 *(uint4*)(out.qt + (size_t)(c0 + c) * rows + row0 + r) = fp8_pack16(&tile[r * FP8F_LD + c], FP8F_LD, col_s[c], fmt, &sat_t);
         }
-        if (MODE == FP8Q_ACT || !out.q) sat += sat_t;
+        // (counted apart where they are two uses: block scaling's two scales; the transposed copy alone; a gathered
+        // xe's transposed codes for the backward beside its forward's, fp8_experts_forward_gpu's xe_codes, as the
+        // CPU counts its forward and backward quantisations. A weight's one scale: once per step.)
+        if (MODE == FP8Q_ACT || !out.q || p.idx) sat += sat_t;
     }
     float sat_block = block_sum((float)sat, scratch);   // < 2^24 per block: exact
     if (tid == 0 && out.saturated && sat_block > 0) atomicAdd(out.saturated, (unsigned long long)sat_block);
