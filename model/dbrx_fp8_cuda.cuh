@@ -522,7 +522,7 @@ static inline std::vector<int> fp8_weight_starts(int E, int F) {
 // (fp8_gather_quantize_kernel: xe in BF16 and its codes in one pass). xe_codes (with xe_src): in the same pass the
 // transposed codes the backward's w1 / v1 weight gradients read go into xe's buffer in place of BF16 xe
 // (fp8_xe_codes), so the backward neither reads xe back nor quantises it again; for a layer whose xe nothing else
-// reads (not recomputed from it: --recompute swiglu)
+// reads (not recomputed from it: --recompute swiglu; under expert parallelism xe is the dispatcher's kept rows xl)
 static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, floatX* g, floatX* u, floatX* a, floatX* xe,
                                            const floatX* w1, const floatX* v1, const floatX* w2, int E, int C, int F,
                                            cudaStream_t stream = 0, const floatX* xe_src = nullptr, const int* row_token = nullptr,

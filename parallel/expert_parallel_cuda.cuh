@@ -255,7 +255,9 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
     if (R && !f8) moe_gather_gpu(xl, xr, perm_d, (int)Rc, d);            // expert-major
     if (f8 && Rc) {   // (FP8: the padded expert-major rows gathered by w1's quantisation itself, model/fp8_fused.cuh)
         ep_fp8_scratch_swap(D, Rc, El);
-        fp8_experts_forward_gpu(&m->fp8, l, yl, g, u, act, xl, w.w1, w.v1, w.w2, El, d, F, 0, xr, perm_d);
+        // (xl's transposed codes for the backward in its place, unless --recompute swiglu reads xl again)
+        bool xe_codes = !((m->rc_mode[l] & RC_SWIGLU) && !(m->rc_mode[l] & RC_MOE));
+        fp8_experts_forward_gpu(&m->fp8, l, yl, g, u, act, xl, w.w1, w.v1, w.w2, El, d, F, 0, xr, perm_d, xe_codes);
         ep_fp8_scratch_unswap(D);
     } else if (!f8)
         ep_gpu_local_forward(D, l, yl, g, u, act, xl, pl->loffsets.data());

@@ -265,7 +265,7 @@ section "the loss-spike and NaN guard, checkpoints known good" bash test/test_gu
 # (the longest) beside only the two that mostly wait (hangs: ~40% of a core; the test-gpu runner): its 2-rank runs lose
 # a race when a rank finds no core at the SIGINT (test_ctrlc.sh allows 2 of 10; session 48's CI, with heavier checks
 # beside it, lost 1). Then the other three, two at a time
-tail_section "Ctrl-C through mpirun (SIGINT to mpirun, 10 runs on 1 and on 2 ranks): saved, loadable, every rank exits 0" bash test/test_ctrlc.sh
+tail_section "Ctrl-C through mpirun (SIGINT to mpirun, 5 runs on 1 rank and 10 on 2 ranks): saved, loadable, every rank exits 0" bash test/test_ctrlc.sh
 tail_section "hangs (every survivor names the same rank and its phase) and stragglers" bash test/test_hang.sh
 if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
     tail_section "make test-gpu's runner (dev/test_gpu.sh) without a GPU: the no-GPU line, verdicts, time limits, the report, a smoke run" \

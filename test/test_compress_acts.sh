@@ -22,7 +22,8 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 base=(--model dbrx-tiny --n-layers 3 --seq 64 --val-every 0 --ckpt-every 0)
 
-# run NAME LAUNCH...: the run's "step loss grad_norm" lines (JSONL log, %.17g) into $tmp/NAME
+# run NAME LAUNCH...: the run's "step loss grad_norm" lines (JSONL log, %.17g) into $tmp/NAME. One step: every check
+# reads step 1 (its loss is the forward's, its gradient norm the backward's; the peak is reached in it)
 run() {
     local name=$1; shift
     if ! "$@" --log "$tmp/$name.jsonl" > "$tmp/$name.out" 2>&1; then echo "FAILED" > "$tmp/$name"; tail -3 "$tmp/$name.out"; return; fi
@@ -56,7 +57,7 @@ peak_check() {
 }
 
 echo "-- CPU"
-cpu=("$BIN" "${base[@]}" --batch 2 --steps 2)
+cpu=("$BIN" "${base[@]}" --batch 2 --steps 1)
 run c_off "${cpu[@]}"
 run c_e4m3 "${cpu[@]}" --compress-acts swiglu
 run c_bf16 "${cpu[@]}" --compress-acts swiglu --compress-format bf16
@@ -77,7 +78,7 @@ compare c_off c_both "CPU swiglu,attn:1-2" "$close and g1 != float(open('$tmp/c_
 run c_rb "${cpu[@]}" --recompute block; run c_rb_ca "${cpu[@]}" --recompute block --compress-acts attn
 cmp -s "$tmp/c_rb" "$tmp/c_rb_ca" && ! grep -q FAILED "$tmp/c_rb" && pass "CPU: a recomputed block's ln1 is not compressed (bit-identical to --recompute block)" \
     || fail "CPU: --recompute block with --compress-acts attn differs from --recompute block"
-ep=($MPI -np 2 "$BIN" "${base[@]}" --batch 1 --steps 2 --shard-group-size 2 --expert-parallel 2)
+ep=($MPI -np 2 "$BIN" "${base[@]}" --batch 1 --steps 1 --shard-group-size 2 --expert-parallel 2)
 run ce_off "${ep[@]}"; run ce_ca "${ep[@]}" --compress-acts swiglu
 compare ce_off ce_ca "CPU EP 2 (the dispatcher's received rows)" "$close"
 run ce_attn "${ep[@]}" --compress-acts attn
@@ -91,7 +92,7 @@ off=$(sed -nE 's/^activations ([0-9.]+) MiB.*/\1/p' "$tmp/c_off.out" | head -1)
 
 if [ -x "$EMU" ]; then
     echo "-- emulated GPU"
-    gpu=("$EMU" --device cuda "${base[@]}" --batch 2 --steps 2)
+    gpu=("$EMU" --device cuda "${base[@]}" --batch 2 --steps 1)
     SIMT_STEP_COUNTERS=1 run g_off "${gpu[@]}"
     SIMT_STEP_COUNTERS=1 run g_e4m3 "${gpu[@]}" --compress-acts swiglu
     compare g_off g_e4m3 "GPU e4m3: the same forward, gradients within 0.2%" "$close"
@@ -108,7 +109,7 @@ if [ -x "$EMU" ]; then
     compare g8_off g8_ca "GPU --fp8 block, head_dim 128 (the padded layout's rows)" "$close"
     run g8_attn "${gpu[@]}" "${hd[@]}" --fp8 block --compress-acts attn
     compare g8_off g8_attn "GPU --fp8 block, head_dim 128, attn" "$close"
-    gz=($MPI -np 2 "$EMU" --device cuda "${base[@]}" --batch 1 --steps 2 --shard-group-size 2)
+    gz=($MPI -np 2 "$EMU" --device cuda "${base[@]}" --batch 1 --steps 1 --shard-group-size 2)
     run gz_off "${gz[@]}"; run gz_ca "${gz[@]}" --compress-acts swiglu:1-2
     compare gz_off gz_ca "GPU ZeRO-3 np 2, swiglu:1-2" "$close"
     run gz_attn "${gz[@]}" --compress-acts attn:0-1
