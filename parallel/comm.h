@@ -112,8 +112,18 @@ static inline Comm comm_init(int* argc, char*** argv) {
     // One process started without a launcher (./train_dbrx): Open MPI forks a daemon (orted) for a singleton, in case it
     // spawns processes later, which this program never does. Isolated it does not: start-up ~0.2 s shorter and
     // ~0.15 s of CPU less (measured 2026-11-28, 2 cores). A launcher's ranks (mpirun, srun: OMPI_COMM_WORLD_SIZE or
-    // PMIX_RANK set) are not singletons; a user's own setting wins; other MPIs ignore the variable.
-    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK")) setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+    // PMIX_RANK set) are not singletons; a user's own setting wins; other MPIs ignore the variables.
+    // Isolated singletons all take job id [0,1], so they share one session directory (<tmp>/ompi.<host>.<uid>/jf.0/1):
+    // one that exits removes it while another creates it, and that one fails in MPI_Init ("mkdir ... jf.0/1: No such
+    // file or directory"; 1 start in ~330 with three at a time, 2026-11-28). So each gets a top session directory of
+    // its own, named by its pid, which Open MPI removes at MPI_Finalize.
+    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK")) {
+        setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+        const char* tmp = getenv("TMPDIR");
+        std::string top = std::string(tmp && *tmp ? tmp : "/tmp") + "/ompi.singleton." + std::to_string((long long)getuid()) +
+                          "." + std::to_string((long long)getpid());
+        setenv("OMPI_MCA_orte_top_session_dir", top.c_str(), 0);
+    }
     MPI_CHECK(MPI_Init(argc, argv));
     // errors come back as return codes, so that every message names our file and line
     MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

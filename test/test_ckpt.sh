@@ -279,7 +279,7 @@ sigtest() {  # name, launcher..., then: how to signal (a function of $P)
     local name=$1 how=$2; shift 2
     rm -rf "$tmp/s" "$tmp/s.jsonl"
     "$@" "${T[@]}" --steps 400 --batch 1 --ckpt-dir "$tmp/s" --log "$tmp/s.jsonl" > "$tmp/s.out" 2>&1 & P=$!
-    waitlog "$tmp/s.jsonl" 3 || fail "$name: no progress"
+    waitlog "$tmp/s.jsonl" 3 || fail "$name: no progress: $(tail -2 "$tmp/s.out")"
     eval "$how"
     wait $P; local rc=$?
     local n; n=$(grep -c '"loss"' "$tmp/s.jsonl")

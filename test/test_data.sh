@@ -200,7 +200,7 @@ live() {
     rm -f "$tmp/live.jsonl"
     $BIN --model dbrx-tiny --n-layers 1 --d-model 64 --n-heads 2 --kv-heads 1 --ffn-hidden 64 --batch 2 --seq 64 --steps 100000 \
          --val-every 0 --data "$shard" --log "$tmp/live.jsonl" > /dev/null 2> "$tmp/live.err" & local P=$!
-    waitlog "$tmp/live.jsonl" 2 || fail "$name: no progress"
+    waitlog "$tmp/live.jsonl" 2 || fail "$name: no progress: $(tail -2 "$tmp/live.err")"
     eval "$action"
     local i; for i in $(seq 1 300); do kill -0 $P 2>/dev/null || break; sleep 0.1; done
     if kill -0 $P 2>/dev/null; then kill -9 $P; wait $P 2>/dev/null; fail "$name: still running 30 s later"; return; fi

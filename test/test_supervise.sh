@@ -132,7 +132,7 @@ else fail "run exit 2: exit $rc: $(cut -c1-200 "$tmp/b.sup")"; fi
 # --- SIGTERM to the supervisor: passed on (SIGUSR1 to mpirun), the ranks save and exit 0, no restart
 $SUP --backoff 0 --log "$tmp/t.sup" -- $MPI -np 2 $BIN "${T[@]}" --steps 400 --batch 1 --ckpt-dir "$tmp/t" --log "$tmp/t.jsonl" > "$tmp/t.out" 2>&1 &
 sup=$!
-waitstep "$tmp/t.jsonl" 3 || fail "SIGTERM: no progress"
+waitstep "$tmp/t.jsonl" 3 || fail "SIGTERM: no progress: $(tail -2 "$tmp/t.out")"
 kill -TERM $sup; wait $sup; rc=$?
 n=$(grep -c '"loss"' "$tmp/t.jsonl")
 if [ "$rc" = 0 ] && [ "$(cat "$tmp/t/latest" 2>/dev/null)" = "$(printf 'step_%08d' "$n")" ] && [ "$n" -lt 400 ] \

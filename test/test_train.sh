@@ -58,3 +58,20 @@ a, b = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.a
 print("   np1", a, "\n   np2", b)
 assert len(a) == len(b) == 3 and abs(a[0] - b[0]) < 1e-6 and all(abs(x - y) < 1e-3 for x, y in zip(a, b))
 PY
+
+# two runs at once without a launcher (Open MPI singletons, started isolated: parallel/comm.h): each has an MPI
+# session directory of its own under TMPDIR, named by its pid, gone after it exits. Isolated singletons share one
+# job id, and in the directory they shared one run's exit removed what another was creating (its MPI_Init failed:
+# 1 start in ~330 with three at a time). A session directory the user names wins.
+mkdir -p "$tmp/td"
+sing=(--model dbrx-tiny --n-layers 2 --steps 100000 --val-every 0 --seq 32 --batch 1)
+TMPDIR=$tmp/td $BIN "${sing[@]}" --log "$tmp/s1.jsonl" > "$tmp/s1.out" 2>&1 & s1=$!
+TMPDIR=$tmp/td $BIN "${sing[@]}" --log "$tmp/s2.jsonl" > "$tmp/s2.out" 2>&1 & s2=$!
+TMPDIR=$tmp/td OMPI_MCA_orte_top_session_dir=$tmp/td/mine $BIN "${sing[@]}" --log "$tmp/s3.jsonl" > "$tmp/s3.out" 2>&1 & s3=$!
+waitlog "$tmp/s1.jsonl" 1; waitlog "$tmp/s2.jsonl" 1; waitlog "$tmp/s3.jsonl" 1
+during=$(cd "$tmp/td" && ls -d */jf.0/1 2>/dev/null | sort | tr '\n' ' ')
+kill -INT $s1 $s2 $s3; wait $s1; r1=$?; wait $s2; r2=$?; wait $s3; r3=$?
+want=$(printf 'mine/jf.0/1 ompi.singleton.%s.%s/jf.0/1 ompi.singleton.%s.%s/jf.0/1 ' "$(id -u)" $s1 "$(id -u)" $s2 | tr ' ' '\n' | sort | tr '\n' ' ')
+[ "$during" = "$want" ] && [ "$r1$r2$r3" = 000 ] && [ -z "$(ls "$tmp/td")" ] \
+    && pass "three runs at once without a launcher: their own MPI session directories ($during), none left after exit 0" \
+    || fail "singleton session directories: during '$during' (want '$want'), exits $r1 $r2 $r3, left '$(ls "$tmp/td" | tr '\n' ' ')': $(tail -2 "$tmp/s1.out")"

@@ -253,7 +253,7 @@ verdicts "$tmp/fg" 6
 
 # SIGINT to the rank (as Ctrl-C in a terminal reaches it): the GPU path saves where it is and exits 0
 ./train_dbrx_emu "${C[@]}" --device cuda --steps 400 --ckpt-dir "$tmp/sig" --log "$tmp/sig.jsonl" > "$tmp/sig.out" 2>&1 & P=$!
-waitlog "$tmp/sig.jsonl" 2 || fail "SIGINT test: no progress"
+waitlog "$tmp/sig.jsonl" 2 || fail "SIGINT test: no progress: $(tail -2 "$tmp/sig.out")"
 kill -INT $P; wait $P; rc=$?
 n=$(grep -c '"loss"' "$tmp/sig.jsonl")
 [ "$rc" = 0 ] && [ "$n" -lt 400 ] && [ "$(cat "$tmp/sig/latest" 2>/dev/null)" = "$(printf 'step_%08d' "$n")" ] \
