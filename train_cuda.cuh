@@ -136,7 +136,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     }
     printf("zero: rank %d (cuda:%d): rank %d of %d in shard group %d, replica %d of %d; master+grads+moments+bf16 shard %lld bytes "
            "allocated, %lld bytes measured (device free memory); gathered slots %lld bytes\n", comm.rank, dev, z->shard.rank, z->S,
-           comm.rank / z->S, z->replica.rank, z->R, (long long)(z->shard_total * (4 * sizeof(float) + sizeof(floatX))),
+           comm.rank / z->S, z->replica.rank, z->R, (long long)(z->shard_total * (2 * sizeof(float) + (g_adam_moments_bf16 ? 3 : 5) * sizeof(floatX))),   // (moments: BF16 or FP32)
            store.shard_bytes_measured, (long long)z->work_bytes);
     fflush(stdout);
 

@@ -39,7 +39,7 @@ typedef struct {
     int gemm_autotune = 0;                // --gemm-autotune N: cuBLASLt's first N answers timed at a GEMM shape's first call (model/matmul_cublaslt.cuh)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
-                 int warmup = 10; } OptimArgs;
+                 int warmup = 10; std::string adam_moments = "fp32"; } OptimArgs;   // --adam-moments: fp32 | bf16 (model/adamw.cuh)
 typedef struct { std::string train = "data/sotu/sotu_train_*.bin", val = "data/sotu/sotu_val_*.bin", schedule = ""; int seed = -1; } DataArgs;
 typedef struct {
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
@@ -157,8 +157,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--lr-floor", "-q", F_FLOAT, &a->optim.lr_floor, "final LR as a fraction of the peak (cosine floor)"},
         {"--weight-decay", "-c", F_FLOAT, &a->optim.weight_decay, "AdamW decoupled weight decay (matrices only)"},
         {"--beta1", "", F_FLOAT, &a->optim.beta1, "AdamW beta1"}, {"--beta2", "", F_FLOAT, &a->optim.beta2, "AdamW beta2"},
-        {"--adam-eps", "", F_FLOAT, &a->optim.adam_eps, "AdamW epsilon"},
-        {"--grad-clip", "", F_FLOAT, &a->optim.grad_clip, "global gradient-norm clip (<= 0: off)"},
+        {"--adam-eps", "", F_FLOAT, &a->optim.adam_eps, "AdamW epsilon"}, {"--grad-clip", "", F_FLOAT, &a->optim.grad_clip, "global gradient-norm clip (<= 0: off)"},
+        {"--adam-moments", "", F_STR, &a->optim.adam_moments, "AdamW's moments m, v kept in fp32 | bf16 (rounded as stored: 4 bytes a parameter less, a different loss curve)"},
         {"", "", F_SECTION, NULL, "data (data/README.md)"},
         {"--data", "-i", F_STR, &a->data.train, "training shards: a glob, or a mixture NAME=GLOB:WEIGHT,... (data/README.md)"},
         {"--data-schedule", "", F_STR, &a->data.schedule, "mixture weights from a step on: STEP:NAME=W,...[;STEP:...]"},
@@ -357,6 +357,20 @@ static void context_parallel_check(const TrainArgs* a) {
              "validation loss; checkpoints do not depend on the CP degree: run it without --context-parallel)", cp, cp_no);
 }
 
+// the optimizer's flags (model/adamw.cuh): one line naming the flag, exit 2; sets --adam-moments' g_adam_moments_bf16
+static void optim_args_check(const OptimArgs* o) {
+    if (!(o->lr > 0)) fail(EXIT_BAD_INPUT, "--lr %g must be positive", o->lr);
+    if (o->warmup < 0) fail(EXIT_BAD_INPUT, "--warmup %d must be >= 0", o->warmup);
+    if (!(o->lr_floor >= 0 && o->lr_floor <= 1)) fail(EXIT_BAD_INPUT, "--lr-floor %g must be in [0, 1]", o->lr_floor);
+    if (!(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1))
+        fail(EXIT_BAD_INPUT, "--beta1 %g and --beta2 %g must be in [0, 1)", o->beta1, o->beta2);
+    if (!(o->adam_eps > 0)) fail(EXIT_BAD_INPUT, "--adam-eps %g must be positive", o->adam_eps);
+    if (o->adam_moments != "fp32" && o->adam_moments != "bf16")
+        fail(EXIT_BAD_INPUT, "--adam-moments '%s' must be fp32 or bf16", o->adam_moments.c_str());
+    g_adam_moments_bf16 = o->adam_moments == "bf16";
+    if (!(o->weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", o->weight_decay);
+}
+
 // the parallelism flags' values (parallel/README.md): one line naming the flag, exit 2
 static void parallel_args_check(const TrainArgs* a) {
     if (a->parallel.shard_group_size < 0) fail(EXIT_BAD_INPUT, "--shard-group-size %d must be >= 0", a->parallel.shard_group_size);
@@ -429,13 +443,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->run.batch <= 0) fail(EXIT_BAD_INPUT, "--batch %d must be positive", a->run.batch);
     if (a->run.seq <= 0) fail(EXIT_BAD_INPUT, "--seq %d must be positive", a->run.seq);
     if (a->run.grad_accum <= 0) fail(EXIT_BAD_INPUT, "--grad-accum %d must be positive", a->run.grad_accum);
-    if (!(a->optim.lr > 0)) fail(EXIT_BAD_INPUT, "--lr %g must be positive", a->optim.lr);
-    if (a->optim.warmup < 0) fail(EXIT_BAD_INPUT, "--warmup %d must be >= 0", a->optim.warmup);
-    if (!(a->optim.lr_floor >= 0 && a->optim.lr_floor <= 1)) fail(EXIT_BAD_INPUT, "--lr-floor %g must be in [0, 1]", a->optim.lr_floor);
-    if (!(a->optim.beta1 >= 0 && a->optim.beta1 < 1) || !(a->optim.beta2 >= 0 && a->optim.beta2 < 1))
-        fail(EXIT_BAD_INPUT, "--beta1 %g and --beta2 %g must be in [0, 1)", a->optim.beta1, a->optim.beta2);
-    if (!(a->optim.adam_eps > 0)) fail(EXIT_BAD_INPUT, "--adam-eps %g must be positive", a->optim.adam_eps);
-    if (!(a->optim.weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", a->optim.weight_decay);
+    optim_args_check(&a->optim);
     if (a->eval.val_every < 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0", a->eval.val_every);
     if (a->eval.val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-steps %d must be positive", a->eval.val_steps);
     if (a->run.peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->run.peak_tflops);

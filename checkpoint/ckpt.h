@@ -316,12 +316,12 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
              "  \"lr_schedule\": {\"kind\": \"linear_warmup_cosine\", \"position\": %d, \"total_steps\": %d, \"warmup_steps\": %d, "
              "\"lr\": %s, \"lr_floor\": %s},\n"
              "  \"optimizer\": {\"kind\": \"adamw\", \"t\": %d, \"beta1\": %s, \"beta2\": %s, \"eps\": %s, "
-             "\"weight_decay\": %s, \"grad_clip\": %s},\n"
+             "\"weight_decay\": %s, \"grad_clip\": %s, \"moments\": \"%s\"},\n"
              "  \"rng\": {\"kind\": \"splitmix64\", \"seed\": %d, \"state\": %llu},\n",
              CKPT_FORMAT_VERSION, prog->step, (long long)prog->tokens, prog->step, run->total_steps, run->warmup,
              json_float(run->lr).c_str(), json_float(run->lr_floor).c_str(), prog->step, json_float(run->opt.beta1).c_str(),
              json_float(run->opt.beta2).c_str(), json_float(run->opt.eps).c_str(), json_float(run->opt.weight_decay).c_str(),
-             json_float(run->opt.grad_clip).c_str(), run->seed, (unsigned long long)prog->rng.state);
+             json_float(run->opt.grad_clip).c_str(), g_adam_moments_bf16 ? "bf16" : "fp32", run->seed, (unsigned long long)prog->rng.state);
     std::string m = b;
     m += "  \"data_loader\": " + prog->loader + ",\n";
     if (!prog->guard.empty()) m += "  \"spike_guard\": " + prog->guard + ",\n";

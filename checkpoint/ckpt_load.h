@@ -428,6 +428,13 @@ static inline void ckpt_warn_changes(const JsonValue* man, const RunInfo* run, i
             printf("warning: resume: %s is %g, the checkpoint was saved with %g: the run will not continue it exactly\n", x.what,
                    x.run, v);
     }
+    // the moments' dtype (--adam-moments; a checkpoint from before session 50 has none: FP32). The checkpoint's moments
+    // are FP32 either way (a BF16 run's exactly its BF16 values): fp32 -> bf16 rounds them, bf16 -> fp32 keeps them
+    const JsonValue* mo = json_get(op, "moments");
+    std::string saved = mo && mo->kind == JsonValue::STR ? mo->text : "fp32", now = g_adam_moments_bf16 ? "bf16" : "fp32";
+    if (saved != now)
+        printf("warning: resume: --adam-moments is %s, the checkpoint was saved with %s: the run will not continue it exactly\n",
+               now.c_str(), saved.c_str());
     if ((long long)b * a * w != (long long)run->batch * run->grad_accum * world || seq != run->seq)
         printf("warning: resume: the global batch is %d x %d x %d ranks of %d tokens, the checkpoint's was %d x %d x %d of %d\n",
                run->batch, run->grad_accum, world, run->seq, b, a, w, seq);

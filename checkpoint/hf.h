@@ -161,14 +161,7 @@ static inline std::string st_read_dir(const std::string& dir, std::map<std::stri
     return "";
 }
 
-static inline uint16_t f32_to_bf16(float f) {   // round to nearest even
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return (uint16_t)((u >> 16) | 0x40);   // NaN stays NaN
-    u += 0x7FFFu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+// (BF16 <-> float: f32_to_bf16, bf16_to_f32 in model/common.h)
 static inline float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
     if (exp == 0) {

@@ -42,20 +42,6 @@ static inline size_t compress_tensor_factor_bytes(CompressFormat f, size_t R, si
 static inline size_t compress_code_bytes(CompressFormat f, size_t R, size_t F) { return 2 * compress_tensor_code_bytes(f, R, F); }
 static inline size_t compress_factor_bytes(CompressFormat f, size_t R, size_t F) { return 2 * compress_tensor_factor_bytes(f, R, F); }
 
-// float -> BF16 bits, round to nearest even (NaN kept a NaN)
-static inline uint16_t compress_bf16_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-static inline float compress_bf16_value(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 // one (rows, F) tensor x -> codes q (rows, F) and, for e4m3, factors sinv ((F/128), rows)
 static inline void compress_rows(uint8_t* q, float* sinv, const real* x, int rows, int F, CompressFormat fmt) {
     const int nct = (F + 127) / 128;
@@ -64,7 +50,7 @@ static inline void compress_rows(uint8_t* q, float* sinv, const real* x, int row
         const real* xr = x + (size_t)r * F;
         if (fmt == COMPRESS_BF16) {
             for (int c = 0; c < F; c++) {
-                uint16_t b = compress_bf16_bits(xr[c]);
+                uint16_t b = f32_to_bf16(xr[c]);
                 memcpy(q + ((size_t)r * F + c) * 2, &b, 2);
             }
             continue;
@@ -88,7 +74,7 @@ static inline void decompress_rows(real* x, const uint8_t* q, const float* sinv,
             if (fmt == COMPRESS_BF16) {
                 uint16_t b;
                 memcpy(&b, q + i * 2, 2);
-                x[i] = compress_bf16_value(b);
+                x[i] = bf16_to_f32(b);
             } else {
                 x[i] = fp8_to_float(q[i], FP8_E4M3) * sinv[(size_t)(c / 128) * rows + r];
             }

@@ -21,17 +21,27 @@ static inline float lr_schedule(int s, int total, float lr_max, int warmup, floa
     return (float)(lr_min + 0.5 * (1.0 + cos(M_PI * decay)) * ((double)lr_max - lr_min));
 }
 
-// t is the 1-based step count; grad_scale multiplies the gradient (global-norm clipping)
+// --adam-moments (set once at start-up, as --recompute's g_recompute): 0 keeps AdamW's moments m and v in FP32, 1 in
+// BF16 (rounded to nearest even as they are stored; the step's update uses the FP32 values it has just computed, as
+// TransformerEngine's FusedAdam with BF16 moment dtypes and Megatron-Core's --exp-avg-dtype bf16 do). BF16 halves the
+// moments' memory (8 -> 4 bytes a parameter) and the optimizer pass's traffic (30 -> 22 bytes a parameter); the loss
+// curve is not the FP32 one's bit for bit. The CPU keeps the rounded values in its FP32 arrays: the same numbers.
+inline int g_adam_moments_bf16 = 0;
+
+// t is the 1-based step count; grad_scale multiplies the gradient (global-norm clipping); moments_bf16: m and v
+// stored rounded to BF16 (--adam-moments bf16)
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr (m^ / (sqrt(v^) + eps) + wd p)
 static inline void adamw_update(real* param, const real* grad, real* m, real* v, size_t n, float lr, float beta1,
-                                float beta2, float eps, float weight_decay, float grad_scale, int t) {
+                                float beta2, float eps, float weight_decay, float grad_scale, int t, int moments_bf16 = 0) {
     real bc1 = (real)(1.0 - std::pow((double)beta1, t)), bc2 = (real)(1.0 - std::pow((double)beta2, t));
     #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) {
         real g = grad[i] * grad_scale;
-        m[i] = beta1 * m[i] + (1 - beta1) * g;
-        v[i] = beta2 * v[i] + (1 - beta2) * g * g;
-        real mhat = m[i] / bc1, vhat = v[i] / bc2;
+        real mi = beta1 * m[i] + (1 - beta1) * g;
+        real vi = beta2 * v[i] + (1 - beta2) * g * g;
+        m[i] = moments_bf16 ? (real)bf16_round((float)mi) : mi;
+        v[i] = moments_bf16 ? (real)bf16_round((float)vi) : vi;
+        real mhat = mi / bc1, vhat = vi / bc2;
         param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
     }
 }
@@ -46,6 +56,7 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
 // The parameter store's step (parallel/) makes two passes over its shard, all accesses 16 bytes wide:
 //   grad_norm_partials_kernel  reads g                                                     4 B / param
 //   adamw_fused_kernel         reads g, m, v, master; writes m, v, master, BF16 copy       16 + 14 B / param
+//                              (--adam-moments bf16: adamw_fused_bf16_moments_kernel, m and v 2 B each: 12 + 10 B)
 //                              and g = 0 where the next step's gradient accumulates into it     + 4 B
 // = 34 B per parameter per step where the step's first writes overwrite the gradient, so nothing has to zero it:
 // ZeRO-3/HSDP (S > 1: each item's first reduce-scatter of a step, parallel/) and one GPU or DDP, BF16 or FP8 (the first
@@ -54,7 +65,7 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
 // backward accumulates into a zeroed shard (DDP + EP: the dispatcher's experts): there the gradient's zeroing (a memset before: 4 B
 // written) is the fused pass's store of zeros over the g it has just read. The
 // data-parallel 1/W scale of the gradient (a pass before: 8 B) is the factor `pre` both passes apply as they
-// read g, so the values are the same products as before, bit for bit.
+// read g, so the values are the same products as before, bit for bit. BF16 moments take 8 B off each sum (26, 30).
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -134,6 +145,16 @@ static inline AdamwSegments adamw_segments(std::vector<std::array<size_t, 3>> pi
     return t;
 }
 
+// the moments as stored (--adam-moments): FP32, or BF16 (16-byte accesses of 8 either way)
+__device__ __forceinline__ float moment_load(const float* p) { return *p; }
+__device__ __forceinline__ float moment_load(const floatX* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void moment_store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void moment_store(floatX* p, float x) { *p = __float2bfloat16(x); }
+__device__ __forceinline__ void moments_load8(float* f, const float* p) { load_f32x8(f, p); }
+__device__ __forceinline__ void moments_load8(float* f, const floatX* p) { load_bf16<8>(f, p); }
+__device__ __forceinline__ void moments_store8(float* p, const float* f) { store_f32x8(p, f); }
+__device__ __forceinline__ void moments_store8(floatX* p, const float* f) { store_bf16<8>(p, f); }
+
 // Block (x, y) strides over segment y. vec (every array's base 16-byte aligned): a thread takes 8 elements at
 // a time, 16-byte loads and stores of g, m, v, master (two each) and of the BF16 copy (one), the segment's
 // first elements up to an 8-element boundary (head) and its last n % 8 (tail) one at a time; vec 0: all one
@@ -142,10 +163,11 @@ static inline AdamwSegments adamw_segments(std::vector<std::array<size_t, 3>> pi
 // overwrite it). elems: the segments' elements (the table is on the device; the step-time model,
 // dev/predict/kernel_cost.py, reads the launch's arguments: a store that updates its shard in two launches says how
 // much each covers, and clear_grad); the kernel does not need elems.
-__global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
-                                   const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2, float eps,
-                                   float weight_decay, float pre, float grad_scale, float bc1, float bc2, size_t elems, int clear_grad) {
-    (void)elems;
+template <typename M>   // the moments' type: float, or floatX (--adam-moments bf16)
+__device__ __forceinline__ void adamw_fused_body(float* param, floatX* param_bf16, float* grad, M* m, M* v, const size_t* seg_off,
+                                                 const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2,
+                                                 float eps, float weight_decay, float pre, float grad_scale, float bc1, float bc2,
+                                                 int clear_grad) {
     size_t off = seg_off[blockIdx.y], n = seg_n[blockIdx.y];
     int mode = seg_mode[blockIdx.y];
     if (mode == ADAMW_ZERO_ONLY && !clear_grad) return;   // (padding: nothing to do)
@@ -157,7 +179,9 @@ __global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad
     for (size_t j = tid; j < head + rest; j += stride) {   // the scalar elements: the head, then the tail
         size_t i = off + (j < head ? j : head + 8 * n8 + (j - head));
         if (mode != ADAMW_ZERO_ONLY) {
-            float p = adamw_math((grad[i] * pre) * grad_scale, &m[i], &v[i], param[i], lr, beta1, beta2, eps, wd, bc1, bc2);
+            float mi = moment_load(m + i), vi = moment_load(v + i);
+            float p = adamw_math((grad[i] * pre) * grad_scale, &mi, &vi, param[i], lr, beta1, beta2, eps, wd, bc1, bc2);
+            moment_store(m + i, mi); moment_store(v + i, vi);
             param[i] = p;
             param_bf16[i] = __float2bfloat16(p);
         }
@@ -168,29 +192,53 @@ __global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad
         size_t i = off + head + 8 * q;
         if (mode != ADAMW_ZERO_ONLY) {
             float gv[8], mv[8], vv[8], pv[8];
-            load_f32x8(gv, grad + i); load_f32x8(mv, m + i); load_f32x8(vv, v + i); load_f32x8(pv, param + i);
+            load_f32x8(gv, grad + i); moments_load8(mv, m + i); moments_load8(vv, v + i); load_f32x8(pv, param + i);
             for (int j = 0; j < 8; j++)
                 pv[j] = adamw_math((gv[j] * pre) * grad_scale, &mv[j], &vv[j], pv[j], lr, beta1, beta2, eps, wd, bc1, bc2);
-            store_f32x8(m + i, mv); store_f32x8(v + i, vv); store_f32x8(param + i, pv);
+            moments_store8(m + i, mv); moments_store8(v + i, vv); store_f32x8(param + i, pv);
             store_bf16<8>(param_bf16 + i, pv);
         }
         if (clear_grad) store_f32x8(grad + i, zero);
     }
 }
+// FP32 moments (the default) and BF16 ones (--adam-moments bf16): two names, so that a profile and the step-time model
+// (dev/predict/kernel_cost.py: 8 bytes less read and written per element) tell them apart
+__global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
+                                   const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2, float eps,
+                                   float weight_decay, float pre, float grad_scale, float bc1, float bc2, size_t elems, int clear_grad) {
+    (void)elems;
+    adamw_fused_body(param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr, beta1, beta2, eps, weight_decay, pre, grad_scale,
+                     bc1, bc2, clear_grad);
+}
+__global__ void adamw_fused_bf16_moments_kernel(float* param, floatX* param_bf16, float* grad, floatX* m, floatX* v, const size_t* seg_off,
+                                                const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2,
+                                                float eps, float weight_decay, float pre, float grad_scale, float bc1, float bc2, size_t elems,
+                                                int clear_grad) {
+    (void)elems;
+    adamw_fused_body(param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr, beta1, beta2, eps, weight_decay, pre, grad_scale,
+                     bc1, bc2, clear_grad);
+}
 
 // One step t (1-based) over a shard: the table (device: seg_off, seg_n, seg_mode, nseg entries, the longest
 // max_n), the data-parallel factor pre (1: none) and the clipping scale grad_scale; the gradient ends zero if
-// clear_grad (0: left as it is, for a store whose next gradient overwrites it).
+// clear_grad (0: left as it is, for a store whose next gradient overwrites it). The moments: m, v in FP32, or (m, v
+// NULL) m16, v16 in BF16 (--adam-moments bf16).
 static inline void adamw_fused_update_gpu(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
                                           const size_t* seg_n, const int* seg_mode, int nseg, size_t max_n, float lr, float beta1,
                                           float beta2, float eps, float weight_decay, float pre, float grad_scale, int t,
-                                          cudaStream_t stream = 0, size_t elems = 0, int clear_grad = 1) {
+                                          cudaStream_t stream = 0, size_t elems = 0, int clear_grad = 1, floatX* m16 = NULL,
+                                          floatX* v16 = NULL) {
     if (nseg == 0) return;
     float bc1 = (float)(1.0 - pow((double)beta1, t)), bc2 = (float)(1.0 - pow((double)beta2, t));
-    int vec = aligned16({param, param_bf16, grad, m, v});
+    int vec = aligned16({param, param_bf16, grad, m, v, m16, v16});
     int bx = (int)std::max<size_t>(1, std::min<size_t>((max_n + 2047) / 2048, 512));   // 256 threads x 8 elements
-    LAUNCH(adamw_fused_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr,
-           beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2, elems, clear_grad);
+    ENSURE((m && v && !m16 && !v16) || (!m && !v && m16 && v16), "adamw_fused_update_gpu: the moments in FP32 (m, v) or BF16 (m16, v16)");
+    if (m16)
+        LAUNCH(adamw_fused_bf16_moments_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m16, v16, seg_off, seg_n, seg_mode,
+               vec, lr, beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2, elems, clear_grad);
+    else
+        LAUNCH(adamw_fused_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr,
+               beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2, elems, clear_grad);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -40,6 +40,19 @@ static inline A dot_lanes8(const T* x, const T* y, size_t n) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// BF16 on the host: float -> bits, round to nearest even as the CUDA conversion (__float2bfloat16) does, a NaN kept a
+// NaN; bits -> float exactly. (Checkpoints' BF16 tensors, compressed activations, BF16 AdamW moments on the CPU.)
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7FFFu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// ----------------------------------------------------------------------------------------------
 // errors. Exit codes: 1 = runtime failure (I/O, MPI, CUDA), 2 = bad input (flags, data, config).
 
 #define EXIT_RUNTIME 1

@@ -609,7 +609,9 @@ static inline void dbrx_zero_grad(DbrxGPU* m) { cudaCheck(cudaMemset(m->grads, 0
 // FP8, the experts and the vocabulary here (a dispatcher's experts and the store's chunks accumulate, into zeros)
 static inline bool dbrx_grads_overwrite(const DbrxGPU* m) { return !m->experts.backward && !m->vocab.backward; }
 
+// (the model's own update, FP32 moments: the tests' step; training updates through the parameter store in parallel/)
 static inline double dbrx_update(DbrxGPU* m, const AdamWConfig* o, float lr, int t) {
+    ENSURE(!g_adam_moments_bf16, "dbrx_update (model/dbrx_cuda.cuh) keeps FP32 moments: --adam-moments bf16 updates through the parameter store");
     double norm = sqrt(grad_sumsq_gpu(m->grads, m->num_params, m->norm_partial));
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     for (const ParamInfo& p : m->table)

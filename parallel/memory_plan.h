@@ -6,7 +6,7 @@
  *
  * The terms are the allocations the CUDA run makes, in closed form:
  *   parameter state  the store's shard (parallel/zero_gpu.cuh, zero_gpu_bytes): fp32 master, gradients,
- *                    AdamW m and v, the BF16 working copy, the grad-norm scratch; from the store's own
+ *                    AdamW m and v (fp32, or bf16 under --adam-moments bf16), the BF16 working copy, the grad-norm scratch; from the store's own
  *                    layout (zero_unit_layout: padding and expert placement included)
  *   working set      ZeRO-3/HSDP (S > 1): two gathered BF16 slots and two FP32 gradient slots of one unit, or of
  *                    one chunk of a block's experts where it is larger (--zero-chunk-mib: zero_chunk_experts), and
@@ -189,7 +189,8 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     long double run, vocab, block;
     plan_store_layout(c, S, n, p.chunk_experts, p.vocab_rows, &shard, &work, &run, &vocab, &block);
     p.shard_params = shard;
-    p.master = p.grads = p.adam_m = p.adam_v = f4 * shard;
+    p.master = p.grads = f4 * shard;
+    p.adam_m = p.adam_v = (g_adam_moments_bf16 ? bf : f4) * shard;   // (--adam-moments)
     p.bf16_copy = bf * shard;
     p.norm_scratch = PLAN_GRAD_NORM_BLOCKS * f4 + 8;
     p.slot_params = work;

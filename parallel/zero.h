@@ -674,7 +674,7 @@ static inline double zero_update(Zero* z, const AdamWConfig* o, float lr, int t,
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     for (const ShardSegment& g : z->segs)
         adamw_update(z->master + g.shard_off, z->grad + g.shard_off, z->m + g.shard_off, z->v + g.shard_off, g.numel,
-                     lr, o->beta1, o->beta2, o->eps, g.decay ? o->weight_decay : 0.0f, scale, t);
+                     lr, o->beta1, o->beta2, o->eps, g.decay ? o->weight_decay : 0.0f, scale, t, g_adam_moments_bf16);
     dbrx_fp8_end_step(z->model);
     return norm;
 }

@@ -61,7 +61,8 @@ typedef struct {
 typedef struct {
     Zero z;                           // layout, groups (NCCL), host shards for checkpoints and import/export
     DbrxGPU* model;
-    float *master, *grad, *m, *v;     // device, z.shard_total each
+    float *master, *grad, *m, *v;     // device, z.shard_total each (m, v: NULL under --adam-moments bf16)
+    floatX *m16, *v16;                // device, z.shard_total each: AdamW's moments in BF16 (--adam-moments bf16), else NULL
     floatX* master_bf16;              // device, z.shard_total: the all-gathers' input (S = 1: the model's weights)
     floatX* work[2];                  // device, z.work_numel each: gathered units (S > 1)
     float* gwork[2];                  // device, z.work_numel each: full gradients of units in backward (S > 1)
@@ -138,7 +139,8 @@ static inline size_t zero_rc_slot_numel(const Zero* z) {
 
 // device memory of the store for a layout: 4 fp32 shards + the BF16 shard, and for S > 1 the slots
 static inline size_t zero_gpu_bytes(const Zero* z, int rs_bf16 = 0) {
-    size_t b = z->shard_total * (4 * sizeof(float) + sizeof(floatX)) + GRAD_NORM_BLOCKS * sizeof(float) + sizeof(double);
+    size_t moment = g_adam_moments_bf16 ? sizeof(floatX) : sizeof(float);   // (--adam-moments)
+    size_t b = z->shard_total * (2 * sizeof(float) + 2 * moment + sizeof(floatX)) + GRAD_NORM_BLOCKS * sizeof(float) + sizeof(double);
     if (z->S > 1) b += 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) + (rs_bf16 ? zero_max_run_numel(z) * sizeof(floatX) : 0)
                      + (zero_vocab_slot_numel(z) + zero_rc_slot_numel(z)) * sizeof(floatX);
     return b;
@@ -218,7 +220,10 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     auto take = [&](void** p, size_t b) { *p = (void*)deviceAlloc(char, b); zg->allocations.push_back(*p); };
     size_t free0 = 0, free1 = 0, total = 0;
     cudaCheck(cudaMemGetInfo(&free0, &total));
-    take((void**)&zg->master, bytes); take((void**)&zg->grad, bytes); take((void**)&zg->m, bytes); take((void**)&zg->v, bytes);
+    take((void**)&zg->master, bytes); take((void**)&zg->grad, bytes);
+    zg->m = zg->v = NULL; zg->m16 = zg->v16 = NULL;
+    if (g_adam_moments_bf16) { take((void**)&zg->m16, n * sizeof(floatX)); take((void**)&zg->v16, n * sizeof(floatX)); }
+    else { take((void**)&zg->m, bytes); take((void**)&zg->v, bytes); }
     take((void**)&zg->master_bf16, n * sizeof(floatX));
     cudaCheck(cudaMemGetInfo(&free1, &total));
     zg->shard_bytes_measured = (long long)free0 - (long long)free1;
@@ -330,13 +335,28 @@ static inline void zero_gpu_refresh_bf16(ZeroGpu* zg) {
     fp8_gpu_weights_changed(&zg->model->fp8);   // (the model's cached FP8 weights are stale too)
 }
 
+// FP32 host moments <-> BF16 device moments (--adam-moments bf16), a million at a time (no shard-sized staging copy)
+static inline void zero_moments_to_bf16(floatX* dev, const float* host, size_t n) {
+    if (platform_shapes_only()) { cudaCheck(cudaMemcpy(dev, host, n * sizeof(floatX), cudaMemcpyHostToDevice)); return; }   // (no values)
+    for (size_t i = 0; i < n; i += (1u << 20)) to_device_bf16(dev + i, host + i, std::min<size_t>(n - i, 1u << 20));
+}
+static inline void zero_moments_from_bf16(float* host, const floatX* dev, size_t n) {
+    if (platform_shapes_only()) { cudaCheck(cudaMemcpy(host, dev, n * sizeof(floatX), cudaMemcpyDeviceToHost)); return; }
+    for (size_t i = 0; i < n; i += (1u << 20)) from_device_bf16(host + i, dev + i, std::min<size_t>(n - i, 1u << 20));
+}
+
 // host shards (master, m, v: a checkpoint's, an import's, or zero_init's) -> device
 static inline void zero_from_host(ZeroGpu* zg) {
     Zero* z = &zg->z;
     size_t bytes = z->shard_total * sizeof(float);
     cudaCheck(cudaMemcpy(zg->master, z->master, bytes, cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(zg->m, z->m, bytes, cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(zg->v, z->v, bytes, cudaMemcpyHostToDevice));
+    if (zg->m16) {   // (--adam-moments bf16: rounded; a BF16 run's checkpoint holds BF16 values, exact)
+        zero_moments_to_bf16(zg->m16, z->m, z->shard_total);
+        zero_moments_to_bf16(zg->v16, z->v, z->shard_total);
+    } else {
+        cudaCheck(cudaMemcpy(zg->m, z->m, bytes, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(zg->v, z->v, bytes, cudaMemcpyHostToDevice));
+    }
     zero_gpu_refresh_bf16(zg);
     // the FP8 scales may have been restored with them (checkpoint/fp8_state.h): up to the device
     fp8_gpu_upload_scales(&zg->model->fp8);
@@ -348,8 +368,13 @@ static inline void zero_to_host(ZeroGpu* zg) {
     size_t bytes = z->shard_total * sizeof(float);
     cudaCheck(cudaDeviceSynchronize());   // every stream: the communication streams are non-blocking
     cudaCheck(cudaMemcpy(z->master, zg->master, bytes, cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(z->m, zg->m, bytes, cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(z->v, zg->v, bytes, cudaMemcpyDeviceToHost));
+    if (zg->m16) {   // (--adam-moments bf16: widened exactly; checkpoints keep FP32 moments either way)
+        zero_moments_from_bf16(z->m, zg->m16, z->shard_total);
+        zero_moments_from_bf16(z->v, zg->v16, z->shard_total);
+    } else {
+        cudaCheck(cudaMemcpy(z->m, zg->m, bytes, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(z->v, zg->v, bytes, cudaMemcpyDeviceToHost));
+    }
 }
 
 #include "zero_gpu_fp8.cuh"
@@ -510,7 +535,7 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
     zero_gpu_adamw_prefetch(zg, [&](int s0, int s1, size_t max_n, size_t elems) {
         adamw_fused_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off + s0, zg->seg_n + s0, zg->seg_mode + s0,
                                s1 - s0, max_n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, zg->grad_pre, scale, t, zg->compute, elems,
-                               clear_grad);
+                               clear_grad, zg->m16, zg->v16);
     });
     zg->grad_clean = clear_grad;
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));

@@ -170,6 +170,7 @@ expect_exit 2 "unknown flag" $BIN --bogus
 expect_exit 2 "unknown preset" $BIN --model dbrx-999b
 expect_exit 2 "non-numeric value" $BIN --batch eight
 expect_exit 2 "missing value" $BIN --lr
+expect_exit 2 "--adam-moments fp16 (fp32 or bf16)" $BIN --adam-moments fp16 --dry-run
 expect_exit 2 "d_model % n_heads" $BIN --d-model 130 --n-heads 4 --dry-run
 expect_exit 2 "n_heads % kv_heads" $BIN --n-heads 4 --kv-heads 3 --dry-run
 expect_exit 2 "top_k > experts" $BIN --top-k 17 --dry-run

@@ -4,6 +4,7 @@
 #   * --device cuda trains dbrx-tiny (2 layers, 2 x 32 tokens) for 4 steps: every step's loss is
 #     within 1e-2 (relative) of the CPU backend's on the same data, and the loss falls;
 #   * two runs under different random thread schedules write bit-identical logs;
+#   * --adam-moments bf16 on both backends: a resume continues bit for bit, GPU near CPU, not the FP32 moments' run;
 #   * --device auto picks the (emulated) GPU and says so; the CPU-only build refuses --device cuda
 #     and the nvcc build without a GPU says no device is visible (exit 2, one line);
 #   * out of GPU memory: one line with the memory estimate and what to change (exit 1);
@@ -31,6 +32,30 @@ print("   gpu", [round(x, 5) for x in lg], "val", [round(x, 5) for x in vg])
 assert len(lc) == len(lg) == 4 and len(vc) == len(vg) == 3
 assert all(abs(a - b) / a < 1e-2 for a, b in zip(lc + vc, lg + vg))
 assert lg[-1] < lg[0] and vg[-1] < vg[0]
+PY
+
+# --adam-moments bf16 (model/adamw.cuh): on each backend 4 steps with the moments in BF16, and 2 + save + stop + resume + 2
+# (the checkpoint keeps FP32 moments, which hold the BF16 values exactly): bit-identical losses; the GPU's within 1e-2
+# of the CPU's as above; and not the FP32-moment run's losses (the flag takes effect), though within 1e-2 of them
+am=(--model dbrx-tiny --n-layers 2 --batch 2 --seq 32 --steps 4 --val-every 0 --adam-moments bf16)
+for b in cpu emu; do
+    dev=cpu; [ "$b" = emu ] && dev=cuda
+    ./train_dbrx_$b "${am[@]}" --device $dev --log "$tmp/am_$b.jsonl" > "$tmp/am_$b.out" 2>&1 || fail "$b --adam-moments bf16: $(tail -2 "$tmp/am_$b.out")"
+    ./train_dbrx_$b "${am[@]}" --device $dev --ckpt-dir "$tmp/amck_$b" --stop-after 2 --log "$tmp/amh_$b.jsonl" > /dev/null 2>&1
+    ./train_dbrx_$b "${am[@]}" --device $dev --ckpt-dir "$tmp/amck_$b" --resume auto --log "$tmp/amh_$b.jsonl" > "$tmp/amh_$b.out" 2>&1
+    ./train_dbrx_$b "${am[@]}" --device $dev --adam-moments fp32 --log "$tmp/am32_$b.jsonl" > /dev/null 2>&1
+done
+grep -q '"moments": "bf16"' "$tmp/amck_emu/step_00000002/manifest.json" 2>/dev/null || fail "--adam-moments bf16: the checkpoint's manifest does not say \"moments\": \"bf16\""
+$PY - "$tmp" <<'PY' && pass "--adam-moments bf16: 4 steps = 2 + save + resume + 2 bit for bit (CPU and GPU), GPU within 1e-2 of CPU, not the FP32 moments' losses" || fail "--adam-moments bf16 (see above)"
+import json, os, sys
+t = sys.argv[1]
+L = lambda n: [json.loads(l)["loss"] for l in open(os.path.join(t, n + ".jsonl")) if '"loss"' in l]
+for b in ("cpu", "emu"):
+    a, h, f = L("am_" + b), L("amh_" + b), L("am32_" + b)
+    print("   %s bf16 moments %s, resumed %s, fp32 moments %s" % (b, [round(x, 6) for x in a], [round(x, 6) for x in h], [round(x, 6) for x in f]))
+    assert len(a) == 4 and a == h, (b, a, h)
+    assert len(f) == 4 and f != a and all(abs(x - y) / x < 1e-2 for x, y in zip(f, a)), (b, f, a)
+assert all(abs(x - y) / x < 1e-2 for x, y in zip(L("am_cpu"), L("am_emu")))
 PY
 
 SIMT_SCHEDULE=random:1 ./train_dbrx_emu "${small[@]}" --steps 2 --device cuda --log "$tmp/r1.jsonl" >/dev/null 2>&1

@@ -12,7 +12,8 @@
 #   - 2 ranks: --context-parallel 2 at head_dim 128, 256 tokens (the chunk pairs on the flash kernels, full and causal,
 #     a key prefix and a query range; the merge, pack and unpack kernels);
 #   - --attention-bwd wgmma at head_dim 128 and wgmma-overlap at head_dim 64, 160 tokens (the wgmma backward's dq, overlapped
-#     dq and dk/dv kernels: a query block and a key block short of 128 rows);
+#     dq and dk/dv kernels: a query block and a key block short of 128 rows), the latter with --adam-moments bf16 (the
+#     optimizer's BF16-moment kernel);
 # a kernel without a formula fails. Negative controls (test/test_kernel_bytes.py --control): a formula with twice the
 # bytes, a kernel counted reading twice its bytes, flash attention's FLOPs one tile pair off, a kernel without a formula.
 # Alone: bash test/test_kernel_bytes.sh (COUNT= overrides ./train_dbrx_emu_count)
@@ -42,7 +43,7 @@ if run bf16-hd128 1 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 128 --co
     verdicts "$tmp/control.txt" 4
 fi
 run attn-bwd-wgmma-hd128 1 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 160 --attention-bwd wgmma
-run attn-bwd-wgmma-overlap-hd64 1 10 --d-model 128 --n-heads 2 --ffn-hidden 128 --seq 160 --attention-bwd wgmma-overlap
+run attn-bwd-wgmma-overlap-hd64 1 10 --d-model 128 --n-heads 2 --ffn-hidden 128 --seq 160 --attention-bwd wgmma-overlap --adam-moments bf16
 run fp8-delayed-hd48 1 10 --d-model 96 --n-heads 2 --ffn-hidden 64 --seq 64 --fp8 delayed
 run cp2-hd128 2 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 256 --context-parallel 2 --shard-group-size 2
 run zero3-ep2-fp8-block-gather 2 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 128 --expert-parallel 2 --fp8 block --fp8-gather

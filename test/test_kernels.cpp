@@ -1014,4 +1014,68 @@ TEST_CASE("fused AdamW over a shard's segments, the gradient zeroed, and the nor
     for (void* q : {(void*)d_off, (void*)d_n, (void*)d_mode}) cudaCheck(cudaFree(q));
 }
 
+// --adam-moments bf16: the fused update with its moments in BF16 (adamw_fused_bf16_moments_kernel), two steps over the
+// segments above, against the CPU reference AdamW with moments_bf16: the moments the same BF16 numbers (an element whose
+// FP32 value lies within an ulp of a rounding boundary may round the other way: at most 1%, and 1 BF16 ulp), the
+// master weights close as with FP32 moments; the padding's moments untouched; the 4-byte path the 16-byte one's bits.
+// Negative control: the CPU's FP32 moments are not those numbers (the BF16 rounding is there to be seen).
+TEST_CASE("fused AdamW with BF16 moments (--adam-moments bf16) against the CPU's, two steps") {
+    const float pre = 1.0f / 3, scale = 0.7f;
+    std::vector<std::array<size_t, 3>> pieces = {{3, 1000, 1}, {1003, 1024, 0}, {2027, 7, 1}, {2040, 20001, 1}, {22051, 4099, 1}};
+    const size_t total = 26200;
+    AdamwSegments t = adamw_segments(pieces, total);
+    size_t *d_off = dev_copy(t.off), *d_n = dev_copy(t.n);
+    int* d_mode = dev_copy(t.mode);
+    std::vector<float> g1 = randn(total, 21, 0.01), g2 = randn(total, 22, 0.01), p = randn(total, 23, 0.02);
+    std::vector<float> m = bf16_round(randn(total, 24, 1e-3)), v = randn(total, 25, 1e-3);
+    for (float& x : v) x = x * x;
+    v = bf16_round(v);
+    // the CPU: two steps, BF16 moments (wm, wv) and FP32 ones (fm, fv: the negative control)
+    std::vector<float> wp = p, wm = m, wv = v, fp = p, fm = m, fv = v;
+    for (int step = 0; step < 2; step++) {
+        std::vector<float> sc = step ? g2 : g1;
+        for (float& x : sc) x = x * pre;
+        for (const std::array<size_t, 3>& q : pieces) {
+            adamw_update(wp.data() + q[0], sc.data() + q[0], wm.data() + q[0], wv.data() + q[0], q[1], 1e-3f, 0.9f, 0.95f, 1e-8f,
+                         q[2] ? 0.1f : 0.0f, scale, 3 + step, 1);
+            adamw_update(fp.data() + q[0], sc.data() + q[0], fm.data() + q[0], fv.data() + q[0], q[1], 1e-3f, 0.9f, 0.95f, 1e-8f,
+                         q[2] ? 0.1f : 0.0f, scale, 3 + step, 0);
+        }
+    }
+    std::vector<float> got_m[2], got_v[2], got_p[2];
+    for (int shift : {0, 1}) {   // 0: 16-byte aligned bases; 1: one element off (every access scalar)
+        INFO("bases shifted by " << shift << " element(s)");
+        std::vector<float> pad(shift, 0.0f);
+        auto with = [&](const std::vector<float>& x) { std::vector<float> y = pad; y.insert(y.end(), x.begin(), x.end()); return y; };
+        float *d_p = dev_copy(with(p)), *d_g = dev_copy(with(g1));
+        floatX *d_m = dev_bf16(with(m)), *d_v = dev_bf16(with(v)), *d_p16 = dev_bf16(with(p));
+        for (int step = 0; step < 2; step++) {
+            if (step) cudaCheck(cudaMemcpy(d_g + shift, g2.data(), total * sizeof(float), cudaMemcpyHostToDevice));
+            adamw_fused_update_gpu(d_p + shift, d_p16 + shift, d_g + shift, NULL, NULL, d_off, d_n, d_mode, (int)t.off.size(), t.max_n,
+                                   1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, pre, scale, 3 + step, 0, 0, 1, d_m + shift, d_v + shift);
+        }
+        got_m[shift] = get_bf16(d_m + shift, total); got_v[shift] = get_bf16(d_v + shift, total); got_p[shift] = get(d_p + shift, total);
+        for (std::vector<float>* x : {&got_m[shift], &got_v[shift]}) {   // BF16 numbers: mostly the same bits, else 1 ulp
+            const std::vector<float>& want = x == &got_m[shift] ? wm : wv;
+            size_t same = 0;
+            for (size_t i = 0; i < total; i++) same += (*x)[i] == want[i];
+            INFO((x == &got_m[shift] ? "m" : "v") << ": " << same << " of " << total << " the CPU's BF16 number");
+            CHECK(same >= total * 99 / 100);
+            expect_close(x == &got_m[shift] ? "m within a BF16 ulp" : "v within a BF16 ulp", *x, want, {1.0 / 128, 0});
+        }
+        expect_close("master", got_p[shift], wp, TOL_F32);
+        for (size_t k = 0; k < t.off.size(); k++)   // the padding: its moments not written
+            if (t.mode[k] == ADAMW_ZERO_ONLY)
+                for (size_t i = t.off[k]; i < t.off[k] + t.n[k]; i++) { CHECK(got_m[shift][i] == m[i]); CHECK(got_v[shift][i] == v[i]); }
+        for (void* q : {(void*)d_g, (void*)d_p, (void*)d_m, (void*)d_v, (void*)d_p16}) cudaCheck(cudaFree(q));
+    }
+    expect_equal("m: scalar path = 16-byte path", got_m[1], got_m[0]);
+    expect_equal("v: scalar path = 16-byte path", got_v[1], got_v[0]);
+    expect_equal("master: scalar path = 16-byte path", got_p[1], got_p[0]);
+    size_t off_f32 = 0;   // the negative control
+    for (size_t i = 0; i < total; i++) off_f32 += std::fabs(got_m[0][i] - fm[i]) > 1e-4 * std::fabs(fm[i]) + 1e-12;
+    CHECK(off_f32 > total / 2);
+    for (void* q : {(void*)d_off, (void*)d_n, (void*)d_mode}) cudaCheck(cudaFree(q));
+}
+
 int main(int argc, char** argv) { return cuda_test_main(argc, argv, "kernels", 20240601); }

@@ -4,7 +4,8 @@
  *   - every term of a small model against values computed by hand from the shapes (below, in the comments);
  *   - the activation and routing-index classes sum to the model's own buffer walk (dbrx_gpu_memory_estimate,
  *     what dbrx_build_shape allocates), with FP8 off, delayed and block, at several micro-batches;
- *   - the parameter state and working set equal the store's (zero_gpu_estimate_bytes) for S 1, 2, 4 and EP 1, 2;
+ *   - the parameter state and working set equal the store's (zero_gpu_estimate_bytes) for S 1, 2, 4 and EP 1, 2 (and with
+ *     --adam-moments bf16: 4 bytes a shard element less, by hand);
  *   - the emulator's peak device memory over one training step of a one-GPU model (dbrx_build: the whole
  *     model's state, which is the store's at S = 1) is the planner's allocations within 2%, and its
  *     negative control: a plan for the wrong micro-batch is not;
@@ -132,6 +133,21 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
             CHECK(p.rs_scratch == (long double)(zero_gpu_estimate_bytes(&c, S, n, 0, 1) - zero_gpu_estimate_bytes(&c, S, n)));
             CHECK((p.rs_scratch > 0) == (S > 1));
         }
+    // --adam-moments bf16: m and v 2 bytes a shard element each (by hand), in the store's bytes as in the plan's
+    for (int S : {1, 2, 4}) {
+        MemoryPlan p32 = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
+        long double store32 = (long double)zero_gpu_estimate_bytes(&c, S, 1);
+        g_adam_moments_bf16 = 1;
+        MemoryPlan p16 = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
+        long double store16 = (long double)zero_gpu_estimate_bytes(&c, S, 1);
+        g_adam_moments_bf16 = 0;
+        CAPTURE(S);
+        CHECK(p16.adam_m == 2 * p16.shard_params);
+        CHECK(p16.adam_v == 2 * p16.shard_params);
+        CHECK(plan_param_state(&p32) - plan_param_state(&p16) == 4 * p16.shard_params);
+        CHECK(plan_param_state(&p16) + p16.gathered_slots + p16.grad_slots == store16);
+        CHECK(store32 - store16 == 4 * p16.shard_params);
+    }
     c.n_layers = 7;   // extrapolated in the layers from 1, 2, 3 (the store's layout is affine in them)
     MemoryPlan p = memory_plan(&c, 2, 16, 4, 2, 4, FP8_OFF);
     CHECK(plan_param_state(&p) + p.gathered_slots + p.grad_slots == (long double)zero_gpu_estimate_bytes(&c, 4, 2));

@@ -6,6 +6,7 @@
  *             issue 25: adamw_multi_kernel)
  *   AdamW v4  the fused pass (model: adamw_fused_kernel): the segment table, 8 elements a thread with 16-byte
  *             accesses, the 1/W factor and the clipping applied as g is read, the gradient zeroed in the same pass
+ *   AdamW v5  v4 with the moments in BF16 (--adam-moments bf16, model: adamw_fused_bf16_moments_kernel): 26 B
  *   norm  v1  scalar, 256 blocks of 512 threads (the model's before issue 25)
  *   norm  v2  256 blocks of 128 threads, 4 virtual threads each, 16-byte loads (model: grad_norm_partials_kernel):
  *             the same partial sums as v1, bit for bit (checked here)
@@ -61,9 +62,9 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
         long long x = atoll(argv[i + 1]);
-        if (!strcmp(argv[i], "-v") && x >= 0 && x <= 4) only = (int)x;
+        if (!strcmp(argv[i], "-v") && x >= 0 && x <= 5) only = (int)x;
         else if (!strcmp(argv[i], "-n") && x > 0) n = (size_t)x;
-        else { fprintf(stderr, "usage: %s [-v N (0-4)] [-n N (> 0)]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [-v N (0-5)] [-n N (> 0)]\n", argv[0]); return 2; }
     }
     char shape[64];
     snprintf(shape, sizeof shape, "n %zu", n);
@@ -128,6 +129,26 @@ int main(int argc, char** argv) {
             if (!master3.empty()) validate("  master = v3's (bits)", master, master3, 0, 0);
         }
         report_bandwidth(names[ver], bytes[ver] * n, time_ms(10, versions[ver]));
+    }
+    // AdamW v5: v4 with BF16 moments, against the CPU's update with moments_bf16 (the same BF16 numbers, but where an FP32
+    // value lies within an ulp of a rounding boundary: 1 BF16 ulp, 2^-7 relative at most)
+    if (!only || only == 5) {
+        std::vector<float> m16 = round_bf16(m0), v16 = round_bf16(v0), p5 = p0, m5 = m16, v5 = v16;
+        adamw_update(p5.data(), g.data(), m5.data(), v5.data(), n, lr, b1, b2, eps, wd, scale, t, 1);
+        floatX *dm16 = deviceAlloc(floatX, n), *dv16 = deviceAlloc(floatX, n);
+        auto v5run = [&] { adamw_fused_update_gpu(dp, dp16, dg, NULL, NULL, doff, dn, dmode, nseg, tab.max_n, lr, b1, b2, eps, wd, 1.0f,
+                                                  scale, t, 0, 0, 1, dm16, dv16); };
+        cudaCheck(cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(dp, p0.data(), n * 4, cudaMemcpyHostToDevice));
+        to_device_bf16(dm16, m16.data(), n);
+        to_device_bf16(dv16, v16.data(), n);
+        v5run();
+        validate("adamw v5 (model: fused, BF16 moments)", from_device_f32(dp, n), p5, 1e-5, 1e-7);
+        validate("  m (BF16, within an ulp)", from_device_bf16v(dm16, n), m5, 1.0 / 128, 0);
+        validate("  v (BF16, within an ulp)", from_device_bf16v(dv16, n), v5, 1.0 / 128, 0);
+        validate("  gradient zeroed", from_device_f32(dg, n), std::vector<float>(n, 0.0f), 0, 0);
+        report_bandwidth("adamw v5 (model: fused, BF16 moments)", 26.0 * n, time_ms(10, v5run));
+        cudaCheck(cudaFree(dm16)); cudaCheck(cudaFree(dv16));
     }
     // the whole optimizer step over the shard's gradient (38 B per parameter both ways)
     if (!only) {

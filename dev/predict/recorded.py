@@ -28,6 +28,8 @@ CURRENT = 0.001      # CI: the recorded predictions within this of today's
 CONFIGS = [
     ("dbrx-1b, 1 H100 SXM, BF16", "dbrx-1b", 8, 2048, 1, "h100-sxm", "", "", True),
     ("dbrx-1b, 1 H100 SXM, BF16, --grad-accum 4", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--grad-accum 4", "", True),
+    # BF16 AdamW moments (model/adamw.cuh: 8 bytes a parameter less of the optimizer's pass; opt-in, another loss curve)
+    ("dbrx-1b, 1 H100 SXM, BF16, --adam-moments bf16", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--adam-moments bf16", "", True),
     ("dbrx-1b, 1 H100 SXM, FP8 delayed", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--fp8 delayed", "", True),
     ("dbrx-1b, 1 H100 SXM, FP8 current", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--fp8 current", "", True),
     ("dbrx-1b, 1 H100 SXM, FP8 block", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--fp8 block", "", True),
@@ -57,6 +59,15 @@ CONFIGS = [
     ("DBRX-132B, 64 H100 (8 nodes): the --fit pick, --grad-reduce-dtype bf16", "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute attn,swiglu "
      "--compress-acts attn --grad-reduce-dtype bf16", "2 4", False),
+    # BF16 AdamW moments: 4 bytes a parameter of the shard less, so --fit recomputes only SwiGLU (at capacity 1.25); alone,
+    # and with BF16 reduce-scatters (their scratch fits beside it)
+    ("DBRX-132B, 64 H100 (8 nodes): --adam-moments bf16 and its --fit pick: spread, --ep-capacity-factor 1.25, --recompute swiglu",
+     "dbrx-132b", 1, 4096, 64, "h100-sxm",
+     "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute swiglu --adam-moments bf16",
+     "2 4", False),
+    ("DBRX-132B, 64 H100 (8 nodes): the same, --grad-reduce-dtype bf16 (the --fit pick with both)", "dbrx-132b", 1, 4096, 64, "h100-sxm",
+     "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute swiglu --adam-moments bf16 "
+     "--grad-reduce-dtype bf16", "2 4", False),
     ("DBRX-132B, 256 H100 (32 nodes): the --fit pick, ZeRO-3 over 256, EP 8 in a node, --ep-capacity-factor 1.25, "
      "--compress-acts swiglu", "dbrx-132b", 1, 4096, 256, "h100-sxm",
      "--shard-group-size 256 --expert-parallel 8 --ep-capacity-factor 1.25 --compress-acts swiglu", "2 4", False),
