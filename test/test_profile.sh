@@ -36,8 +36,10 @@ same_losses() {
         || fail "$1: losses differ with --profile: $(diff <(echo "$a") <(echo "$b") | head -4)"
 }
 
-# --- the CPU backend: steps 2:3 (the default), a validation (step 3) and a checkpoint save (step 2) in them
-C=("${G[@]}" --val-every 2 --val-steps 1 --ckpt-every 2)
+# --- the CPU backend: steps 2:3 (the default), a validation (step 3) and a checkpoint save (step 2) in them. Steps of
+# 4 x 256 tokens (~0.2 s, not 30 ms): a scheduler's time slice lost between two phases (the suite runs three sections on
+# two cores) is then a few percent of the step, not the 14% that once failed the phases' 10%
+C=("${G[@]}" --val-every 2 --val-steps 1 --ckpt-every 2 --seq 256 --batch 4)
 $BIN "${C[@]}" --ckpt-dir "$tmp/ck0" --log "$tmp/cpu0.jsonl" > "$tmp/cpu0.out" 2>&1 || fail "cpu run: $(tail -2 "$tmp/cpu0.out")"
 $BIN "${C[@]}" --ckpt-dir "$tmp/ck1" --log "$tmp/cpu1.jsonl" --profile "$tmp/cpu.json" > "$tmp/cpu1.out" 2>&1 \
     || fail "cpu run with --profile: $(tail -2 "$tmp/cpu1.out")"
