@@ -137,7 +137,8 @@ static inline size_t zero_rc_slot_numel(const Zero* z) {
     return z->S > 1 && L >= 2 && (recompute_union(&g_recompute, L) & RC_MOE) ? z->slot_numel[1] : 0;
 }
 
-// device memory of the store for a layout: 4 fp32 shards + the BF16 shard, and for S > 1 the slots
+// device memory of the store for a layout: the fp32 master and gradient shards, the moments (fp32, or BF16 under
+// --adam-moments bf16), the BF16 shard, and for S > 1 the slots
 static inline size_t zero_gpu_bytes(const Zero* z, int rs_bf16 = 0) {
     size_t moment = g_adam_moments_bf16 ? sizeof(floatX) : sizeof(float);   // (--adam-moments)
     size_t b = z->shard_total * (2 * sizeof(float) + 2 * moment + sizeof(floatX)) + GRAD_NORM_BLOCKS * sizeof(float) + sizeof(double);
