@@ -97,3 +97,12 @@ else fail "--profile / make predict TRACE= for the calibration check: $(tail -2 
 # emulate in seconds predict what is recorded (a change that moves one re-records it: make predict-record)
 $PY dev/predict/recorded.py current --cheap > "$tmp/rec.txt" 2>&1
 verdicts "$tmp/rec.txt" 7
+# record --only TEXT re-records the configurations whose names hold TEXT; a TEXT that names none is refused in one line,
+# exit non-zero, the record untouched
+sum0=$(cat dev/bench/predicted.json dev/bench/results_predicted.md | md5sum)
+if $PY dev/predict/recorded.py record --only "no such configuration" > "$tmp/only.txt" 2>&1; then
+    fail "recorded.py record --only with a text no configuration's name holds: exit 0"
+elif [ "$(wc -l < "$tmp/only.txt")" = 1 ] && grep -q "^error: --only 'no such configuration'" "$tmp/only.txt" \
+     && [ "$(cat dev/bench/predicted.json dev/bench/results_predicted.md | md5sum)" = "$sum0" ]; then
+    pass "bad input refused: recorded.py record --only naming no configuration: one line, non-zero exit, the record untouched"
+else fail "recorded.py record --only naming no configuration: $(head -2 "$tmp/only.txt")"; fi

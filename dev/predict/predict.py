@@ -67,13 +67,23 @@ HBM_FRACTION = 0.80        # memory-bound kernels and GEMMs reach this fraction 
 # Per-tensor FP8 GEMMs (one scale per operand) keep the datasheet's FP8 peak, 2 x BF16 (unmeasured: they failed
 # NOT_SUPPORTED on the device). Block-scaled ones (VEC128 / BLK128x128, cuBLASLt on Hopper) apply the scales in the
 # main loop with promoted accumulation and run at FP8_BLOCK_GEMM_VS_BF16 x the BF16 rate of the same shape.
-# Assumption 1.0: public measurements put block-scaled FP8 at or below 16-bit GEMMs at K ~ 1024 (CUTLASS issue
-# 2923: 0.6-1.0 x FP16 for 128 x 128 blockwise FP8 on B200; DeepGEMM's hand-written Hopper kernels reach 1.0-1.5
-# PFLOP/s only at K >= 2048 with large tiles). That leaves 12.1 ms of the 31 on the quantisation kernels:
+# FP8_BLOCK_GEMM_VS_BF16 by the GEMM's FLOPs (2 m n k per batch member), the first class it reaches:
+#   >= 1e11 FLOPs: 1.45, measured (session 45, H100 SXM, dev/bench/gpu_h100_2026-11-28/call1_log.txt): the step's own
+#     cuBLASLt per-expert GEMMs at the DBRX-132B slice's shapes (1024 rows an expert, d 6144, F 10752: 135 GFLOP each),
+#     FP8 block (1 x 128 activation tiles, 128 x 128 weight blocks) 955 TFLOP/s up and down, against BF16 669 up
+#     (its 630 less SwiGLU's 0.39 ms at 80% of HBM) and 643 down (the layer's 634 less the up): 1.43 and 1.49 x;
+#     forward E4M3 x E4M3 only: the backward's E4M3 x E5M2 and wgrad GEMMs at this size are not timed yet (assumed
+#     the same ratio)
+#   smaller: 1.0, an assumption from public measurements of block-scaled FP8 at K ~ 1024 (CUTLASS issue 2923:
+#     0.6-1.0 x FP16 for 128 x 128 blockwise FP8 on B200; DeepGEMM's hand-written Hopper kernels reach 1.0-1.5
+#     PFLOP/s only at K >= 2048 with large tiles); the dbrx-1b step's own shapes (15-30 GFLOP) are in the measured
+#     table instead (1.06-1.35 x BF16 there)
+# That leaves 12.1 ms of the 31 on the quantisation kernels:
 # fp8_quantize_kernel at KERNEL_HBM_FRACTION below instead of 0.80 (fitted to that residual: 1-byte stores, a warp
 # per column for the transposed copy, three block-wide reductions per 128 x 128 tile). `make bench-gpu` with an FP8
-# --profile is to replace both numbers.
-FP8_BLOCK_GEMM_VS_BF16 = 1.0
+# --profile is to replace both numbers; the lease's sweep of the 132B slice's GEMMs (dev/bench/lease_next.sh) the
+# first.
+FP8_BLOCK_GEMM_VS_BF16 = [(1e11, 1.45), (0, 1.0)]
 KERNEL_HBM_FRACTION = {"fp8_quantize_kernel": 0.31}
 KERNEL_MIN_US = 2.5        # the shortest kernel on the device, launch to completion (assumption)
 GEMM_MIN_US = 5.0          # the shortest cuBLASLt GEMM (assumption)
@@ -132,6 +142,11 @@ def gemm_efficiency(m, n, k):
     return GEMM_EFFICIENCY[-1][1]
 
 
+def fp8_block_vs_bf16(flops):
+    """a block-scaled FP8 GEMM's rate over the BF16 rate of its shape, by its FLOPs per batch member"""
+    return next(r for lim, r in FP8_BLOCK_GEMM_VS_BF16 if flops >= lim)
+
+
 SIZE = {"bf16": 2, "fp32": 4, "e4m3": 1, "e5m2": 1}
 
 
@@ -144,7 +159,7 @@ def cost(item, dev, gpus_per_node, ctx=None):
         flops = 2.0 * m * n * k * b
         fp8 = item["a"] in ("e4m3", "e5m2")
         block = fp8 and (item.get("a_scale_mode", 0) or item.get("b_scale_mode", 0))   # VEC128 / BLK128 (matmul.cuh)
-        peak = r["bf16"] * FP8_BLOCK_GEMM_VS_BF16 if block else r["fp8"] if fp8 else r["bf16"]
+        peak = r["bf16"] * fp8_block_vs_bf16(2.0 * m * n * k) if block else r["fp8"] if fp8 else r["bf16"]
         tc = flops / (peak * gemm_efficiency(m, n, k))
         nbytes = b * (m * k * SIZE[item["a"]] + k * n * SIZE[item["b"]] + m * n * SIZE[item["d"]] * (2 if item["beta"] else 1))
         table = MEASURED_GEMMS.get(dev)

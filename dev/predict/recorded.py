@@ -36,8 +36,8 @@ CONFIGS = [
     ("dbrx-1b, 1 H200, BF16", "dbrx-1b", 8, 2048, 1, "h200", "", "", True),
     ("DBRX-132B width, 4 layers, 8 H100 (1 node): ZeRO-3 over 8, EP 8", "dbrx-132b", 1, 4096, 8, "h100-sxm",
      "--n-layers 4 --shard-group-size 8 --expert-parallel 8", "", True),
-    # the same slice under FP8 block scaling (issue 25's >= 1.5x at DBRX-132B width; its block-scaled GEMMs priced at
-    # the BF16 rate until a lease measures them)
+    # the same slice under FP8 block scaling (issue 25's >= 1.5x at DBRX-132B width; its block-scaled GEMMs at 1.45 x
+    # the BF16 rate, predict.py's FP8_BLOCK_GEMM_VS_BF16 from the forward's per-expert GEMMs measured on an H100)
     ("DBRX-132B width, 4 layers, 8 H100 (1 node): ZeRO-3 over 8, EP 8, FP8 block", "dbrx-132b", 1, 4096, 8, "h100-sxm",
      "--n-layers 4 --shard-group-size 8 --expert-parallel 8 --fp8 block", "", False),
     # the layouts --dry-run --fit picks (train_fit.h: the fewest recomputed FLOPs that fit 80 GB at seq 4096)
@@ -68,6 +68,13 @@ CONFIGS = [
     ("DBRX-132B, 64 H100 (8 nodes): the same, --grad-reduce-dtype bf16 (the --fit pick with both)", "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute swiglu --adam-moments bf16 "
      "--grad-reduce-dtype bf16", "2 4", False),
+    # FP8 block at full scale (its --fit pick with BF16 moments: the BF16 pick's layout at capacity 1): the experts
+    # stay whole and the exchange unchunked under --fp8 (parallel/expert_parallel_cuda.cuh), so the exchange that the
+    # BF16 pick hides behind the weight chunks is exposed here
+    ("DBRX-132B, 64 H100 (8 nodes): --fp8 block --adam-moments bf16 and its --fit pick: spread, --ep-capacity-factor 1, "
+     "--recompute attn,swiglu, --compress-acts attn", "dbrx-132b", 1, 4096, 64, "h100-sxm",
+     "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute attn,swiglu "
+     "--compress-acts attn --adam-moments bf16 --fp8 block", "2 4", False),
     ("DBRX-132B, 256 H100 (32 nodes): the --fit pick, ZeRO-3 over 256, EP 8 in a node, --ep-capacity-factor 1.25, "
      "--compress-acts swiglu", "dbrx-132b", 1, 4096, 256, "h100-sxm",
      "--shard-group-size 256 --expert-parallel 8 --ep-capacity-factor 1.25 --compress-acts swiglu", "2 4", False),
@@ -108,13 +115,19 @@ def table(rec):
 
 
 def main():
+    usage = "usage: recorded.py record [--cheap | --only TEXT] | check [--cheap] | current --cheap"
     if len(sys.argv) < 2 or sys.argv[1] not in ("record", "check", "current"):
-        sys.exit("usage: recorded.py record | check [--cheap] | current --cheap")
+        sys.exit(usage)
     cmd, cheap = sys.argv[1], "--cheap" in sys.argv[2:]
-    configs = [c for c in CONFIGS if c[8] or not cheap]
-    if cmd == "record":   # (--cheap: only those, the others' records kept as they are)
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv[2:-1] else None   # record: the names holding TEXT
+    if "--only" in sys.argv[2:] and (only is None or cmd != "record"):
+        sys.exit("error: --only TEXT: record only, with the text a configuration's name holds\n" + usage)
+    configs = [c for c in CONFIGS if (c[8] or not cheap) and (only is None or only in c[0])]
+    if only is not None and not configs:
+        sys.exit("error: --only '%s': no recorded configuration's name holds it" % only)
+    if cmd == "record":   # (--cheap, --only: only those, the others' records kept as they are)
         try:
-            old = json.load(open(RECORD)) if cheap else {}
+            old = json.load(open(RECORD)) if cheap or only is not None else {}
         except (OSError, ValueError):
             old = {}
         rec = {c[0]: old[c[0]] for c in CONFIGS if c[0] in old}
