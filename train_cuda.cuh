@@ -122,6 +122,9 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     ContextParallelGPU cp;   // --context-parallel: the CP group, RoPE at the global positions, the attention over the group
     cpg_init(&cp, &comm, args.parallel.context_parallel, &model, args.run.seq);
     if (store.ep_dispatch) ep_gpu_set_chunks(store.ep_dispatch, args.parallel.ep_chunks);   // (--ep-overlap-chunks)
+    if (comm.rank == 0 && store.ep_dispatch && args.parallel.ep_chunks > 1 && fp8_on(&model.fp8))
+        printf("note: --ep-overlap-chunks %d has no effect with --fp8: the exchange runs in one piece (the padded FP8 layout "
+               "of a layer's received rows is quantised at once)\n", args.parallel.ep_chunks);
     zero_gpu_set_step_prefetch(&store, args.parallel.zero_prefetch);   // (--zero-prefetch)
     model.activation_bytes += ep_bytes;
     Zero* z = &store.z;

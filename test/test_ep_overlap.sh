@@ -15,6 +15,7 @@
 #     chunk's exchange in 2 and 3 row slices: the same losses, the exchanges beside no GEMM (a layer's fill and drain)
 #     as many with 3 slices as with 2, and under 10% of the bytes (my own rows' slices);
 #   * no device allocation or free after step 1 on either rank with 4 chunks (SIMT_STEP_COUNTERS);
+#   * under --fp8 block the exchange stays in one piece: 2 chunks give 1 chunk's losses, and one note says so;
 #   * bad values (0, 65, a word) exit 2 with one line naming the flag.
 # About 40 s on 2 shared cores.
 set -u
@@ -143,6 +144,17 @@ print("; ".join(bad) if bad else "; ".join(said))
 sys.exit(1 if bad else 0)
 PY
 ) && pass "4 chunks: no device allocation or free in steps 2 and 3 ($out)" || fail "4 chunks allocate in a step: $out"
+
+    # under --fp8 the exchange stays in one piece: the flag says so once (rank 0), and changes no number
+    F8=(--model dbrx-tiny --n-layers 2 --seq 64 --batch 1 --steps 2 --val-every 0 --device cuda --expert-parallel 2 --fp8 block)
+    for c in 1 2; do
+        timeout 300 $MPI -np 2 "$EMU" "${F8[@]}" --ep-overlap-chunks $c --log "$tmp/f8c$c.jsonl" > "$tmp/f8c$c.out" 2>&1 \
+            || fail "--fp8 block --ep-overlap-chunks $c: exit $?: $(grep -m2 -i error "$tmp/f8c$c.out")"
+    done
+    same "emulated GPU, EP 2 --fp8 block: 1 and 2 chunks (the exchange in one piece)" f8c1 f8c2
+    n1=$(grep -c "^note: --ep-overlap-chunks" "$tmp/f8c1.out") n2=$(grep -c "^note: --ep-overlap-chunks 2 has no effect with --fp8" "$tmp/f8c2.out")
+    [ "$n1" = 0 ] && [ "$n2" = 1 ] && pass "--fp8 block --ep-overlap-chunks 2: one note that the flag has no effect (none with 1)" \
+        || fail "--fp8 block --ep-overlap-chunks: notes $n1 with 1 chunk, $n2 with 2 (expected 0 and 1)"
 else
     echo "skip the emulated GPU ($EMU not built)"
 fi
