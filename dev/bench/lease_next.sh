@@ -17,11 +17,12 @@
 #      times each GEMM with the heuristic's first 8 answers too (-a 8; ms= stays the first's, the product's choice): its
 #      last line says what an autotuner timing them at the first step would save over the step's GEMMs. The list holds
 #      the DBRX-132B slice's GEMMs as well (8 GPUs, EP 8: BF16 and FP8 block), never timed: the model's rate table
-#      prices them today, FP8 block at 1.0 x BF16 (an assumption; session 39 measured the forward's at 1.5 x)
+#      prices them today, FP8 block at 1.45 x BF16 (predict.py's FP8_BLOCK_GEMM_VS_BF16: session 45's forward only)
 #   2. the step kernel by kernel (calibrate.py --kernels against make predict's trace of the same commit and device);
 #      experts_zero_empty_kernel now with 16-byte stores (0.83 ms a step on session 45's H100 with the collapsed routing)
 #   3. end to end: the default (bit-identical losses to session 46's: 2.6692058229236864 at step 30), --grad-accum 4,
-#      FP8 block, --gemm-autotune 8 (each GEMM shape's fastest of cuBLASLt's first 8 answers, timed in step 1: against the
+#      FP8 block (its steps 9-10 kernel by kernel: the FP8 step has never been profiled on a device; the model is 6.7 ms
+#      optimistic there, session 45's H100), --gemm-autotune 8 (each GEMM shape's fastest of cuBLASLt's first 8 answers, timed in step 1: against the
 #      default's median; -a 8's last line above says what the GEMMs alone would save), and --moe-gemm grouped (session
 #      45's H100: 100.9 ms against the default's 89.4; unchanged since)
 . "$(dirname "$0")/lease_setup.sh"
@@ -44,7 +45,8 @@ step e2e_kernels 45 ./train_dbrx "${E2E[@]}" --steps 8 --log "$R/e2e_kernels.jso
 # 3. end to end
 step e2e_bf16 45 ./train_dbrx "${E2E[@]}" --steps 30 --log "$R/e2e_bf16.jsonl" --profile "$R/e2e_bf16_profile.json" --profile-steps 21:22
 step e2e_accum4 45 ./train_dbrx "${E2E[@]}" --steps 8 --grad-accum 4 --log "$R/e2e_accum4.jsonl"
-step e2e_fp8_block 40 ./train_dbrx "${E2E[@]}" --steps 20 --fp8 block --log "$R/e2e_fp8_block.jsonl"
+step e2e_fp8_block 40 ./train_dbrx "${E2E[@]}" --steps 20 --fp8 block --log "$R/e2e_fp8_block.jsonl" \
+    --profile "$R/e2e_fp8_block_kernels.json" --profile-steps 9:10 --profile-kernels
 step e2e_autotune 45 ./train_dbrx "${E2E[@]}" --steps 30 --gemm-autotune 8 --log "$R/e2e_autotune.jsonl"
 step e2e_grouped 40 ./train_dbrx "${E2E[@]}" --steps 20 --moe-gemm grouped --log "$R/e2e_grouped.jsonl"
 echo "== done, t+$(( $(date +%s) - T0 ))"
