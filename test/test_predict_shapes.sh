@@ -106,3 +106,14 @@ elif [ "$(wc -l < "$tmp/only.txt")" = 1 ] && grep -q "^error: --only 'no such co
      && [ "$(cat dev/bench/predicted.json dev/bench/results_predicted.md | md5sum)" = "$sum0" ]; then
     pass "bad input refused: recorded.py record --only naming no configuration: one line, non-zero exit, the record untouched"
 else fail "recorded.py record --only naming no configuration: $(head -2 "$tmp/only.txt")"; fi
+# make predict's tolerance of Open MPI's "exiting improperly" at the end of an oversubscribed run (make_predict.sh's
+# finished_improperly): the run counts only when the message is there and every rank printed its last line
+source <(sed -n '/^finished_improperly()/,/^}/p' dev/predict/make_predict.sh)
+{ for r in 0 1 2; do echo "comm: rank $r sent 7856 bytes in 2 training steps (3928.0 bytes/step)"; done
+  echo "mpirun has exited due to process rank 1 with PID 0 on"; echo "node vm exiting improperly. There are three reasons this could occur:"; } > "$tmp/imp3.txt"
+grep -v "rank 2 sent" "$tmp/imp3.txt" > "$tmp/imp2.txt"; grep -v "improperly" "$tmp/imp3.txt" > "$tmp/fail3.txt"
+if NP=3 finished_improperly "$tmp/imp3.txt" 2> "$tmp/imp.err" && grep -q "^note: make predict: mpirun reported" "$tmp/imp.err" \
+   && ! NP=3 finished_improperly "$tmp/imp2.txt" 2>/dev/null && ! NP=3 finished_improperly "$tmp/fail3.txt" 2>/dev/null \
+   && ! NP=1 finished_improperly "$tmp/imp3.txt" 2>/dev/null; then
+    pass "make predict counts a run that mpirun calls 'exiting improperly' after every rank's last line (with a note), and no other: 2 of 3 ranks done, another failure, one rank"
+else fail "make_predict.sh's finished_improperly: a run it should (not) count"; fi

@@ -22,6 +22,17 @@ case "$DEVICE" in h100-sxm|h100-pcie|h200) ;;
 [[ "$NP" =~ ^[1-9][0-9]*$ ]] || { echo "error: make predict: NP='$NP' must be a positive integer" >&2; exit 2; }
 [ -x "$EMU" ] || { echo "error: make predict: $EMU is not built (make train_dbrx_emu)" >&2; exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# Open MPI 4.1 with hundreds of ranks on a few cores: mpirun may report a rank "exiting improperly" (PID 0) after every
+# rank has finished both steps and called MPI_Finalize (1 run in 5 of 256 ranks on 2 cores; its daemon, starved, sees
+# the exit before the rank's finalize): such a run counts, with a note, when every rank printed its last line ("comm:
+# rank R sent ... in 2 training steps", after the steps and before the finalize); predict.py then reads step 2 of
+# every rank's work log, whole
+finished_improperly() {
+    [ "$NP" -gt 1 ] && grep -q "exiting improperly" "$1" || return 1
+    local done; done=$(grep -cE "^comm: rank [0-9]+ sent [0-9]+ bytes in 2 training steps" "$1")
+    [ "$done" = "$NP" ] || return 1
+    echo "note: make predict: mpirun reported a rank exiting improperly after all $NP ranks had finished both steps (Open MPI's finalize under oversubscription): the run counts" >&2
+}
 runs=(${RUN_LAYERS:-""})
 logs=() fpt="" layers=""
 for l in "${runs[@]}"; do
@@ -31,6 +42,7 @@ for l in "${runs[@]}"; do
     SIMT_SHAPES_ONLY=1 SIMT_WORKLOG="$tmp/wl_$tag.jsonl" SIMT_DEVICES=$((NP > 8 ? NP : 8)) SIMT_DEVICE_MEMORY=$((1 << 50)) \
         OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive bash dev/mpirun.sh -np "$NP" "$EMU" --device cuda --model "$MODEL" \
         ${l:+--n-layers $l} --batch "$BATCH" --seq "$SEQ" --steps 2 --val-every 0 --comm-timeout 1e6 --profile "$tmp/prof_$tag.json" --profile-steps 2:2 $FLAGS > "$tmp/run_$tag.txt" 2>&1 \
+        || finished_improperly "$tmp/run_$tag.txt" \
         || { echo "error: make predict: the emulated run failed:" >&2; grep -v '^ *$' "$tmp/run_$tag.txt" | grep -iv "^step\|^-*$" | tail -6 >&2; exit 1; }
     [ -n "$fpt" ] || fpt=$(sed -nE 's/^mfu: ([0-9.e+]+) FLOPs\/token.*/\1/p' "$tmp/run_$tag.txt" | head -1)
     [ -z "$l" ] && layers=$(sed -nE 's/^model .*, layers ([0-9]+),.*/\1/p' "$tmp/run_$tag.txt" | head -1)
