@@ -7,7 +7,8 @@
 #   5 runs in a row on 1 rank, then 10 on 2 ranks (ZeRO-3, where the exit races: below): SIGINT at random
 #   moments; in some runs the moment a checkpoint is being written (--ckpt-every 1: mpirun is signalled
 #   when DIR/.tmp-step_* appears) or while validation runs (--val-every 2 --val-steps 32 on 1 rank, 8 on 2:
-#   most of the time goes to validation; the rank's stop line names the phase the signal came in).
+#   most of the time goes to validation; the rank's stop line names the phase the signal came in; up to 4 more 1-rank
+#   val runs when none of them was signalled during validation).
 # How a rank's end is seen: mpirun runs under a child subreaper (prctl PR_SET_CHILD_SUBREAPER, in Python),
 # which inherits the ranks when mpirun exits (mpirun does not reap them after its SIGKILL) and writes how
 # each ended: "exited 0", or "killed by 9" (what the ranks of the trainer before this change got: they
@@ -93,8 +94,15 @@ grep -v '^raced' "$tmp/verdicts.2" > "$tmp/v2"; verdicts "$tmp/v2" $((10 - raced
 [ "$raced" -le 2 ] && pass "2 ranks: every rank exited 0 in $((10 - raced)) of 10 runs (the rest: one exited 0, one SIGKILLed at that moment)" \
     || fail "2 ranks: every rank exited 0 in only $((10 - raced)) of 10 runs"
 cat "$tmp/verdicts.1" "$tmp/verdicts.2" > "$tmp/all"
+# the moment is random, and validation ~70% of a 1-rank val run's time (less on 2 ranks, and under the suite's load):
+# when none of the 4 val runs was signalled in it (session 51's CI: 3 in the optimizer, 1 in a backward), up to 4
+# more 1-rank val runs, each checked as the others, until one is
+for i in 5 6 7 8; do
+    grep -q "signal during: .*validation" "$tmp/all" && break
+    one_run 1 "$i" val > "$tmp/vx.$i"; cat "$tmp/vx.$i" >> "$tmp/all"; verdicts "$tmp/vx.$i" 1
+done
 grep -q "signal during: .*validation" "$tmp/all" && pass "a SIGINT came in during validation (and was saved from)" \
-    || fail "no run's SIGINT came in during validation"
+    || fail "no run's SIGINT came in during validation (in 4 val runs and 4 more on 1 rank)"
 [ "$(grep -c '(ckpt): stopped' "$tmp/all")" -ge 4 ] && pass "SIGINT while a checkpoint was being written (DIR/.tmp-step_*): $(grep -c '(ckpt): stopped' "$tmp/all") runs saved" \
     || fail "too few runs signalled during a checkpoint write"
 echo "   (15 Ctrl-C runs in $(( $(date +%s) - t0 )) s)"
