@@ -23,7 +23,7 @@ case "$DEVICE" in h100-sxm|h100-pcie|h200) ;;
 [ -x "$EMU" ] || { echo "error: make predict: $EMU is not built (make train_dbrx_emu)" >&2; exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # Open MPI 4.1 with hundreds of ranks on a few cores: mpirun may report a rank "exiting improperly" (PID 0) after every
-# rank has finished both steps and called MPI_Finalize (1 run in 5 of 256 ranks on 2 cores; its daemon, starved, sees
+# rank has finished both steps and called MPI_Finalize (2 of 5 runs of 256 ranks on 2 cores here, both at 4 layers; its daemon, starved, sees
 # the exit before the rank's finalize): such a run counts, with a note, when every rank printed its last line ("comm:
 # rank R sent ... in 2 training steps", after the steps and before the finalize); predict.py then reads step 2 of
 # every rank's work log, whole

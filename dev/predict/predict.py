@@ -70,13 +70,13 @@ HBM_FRACTION = 0.80        # memory-bound kernels and GEMMs reach this fraction 
 # FP8_BLOCK_GEMM_VS_BF16 by the GEMM's FLOPs (2 m n k per batch member), the first class it reaches:
 #   >= 1e11 FLOPs: 1.45, measured (session 45, H100 SXM, dev/bench/gpu_h100_2026-11-28/call1_log.txt): the step's own
 #     cuBLASLt per-expert GEMMs at the DBRX-132B slice's shapes (1024 rows an expert, d 6144, F 10752: 135 GFLOP each),
-#     FP8 block (1 x 128 activation tiles, 128 x 128 weight blocks) 955 TFLOP/s up and down, against BF16 669 up
+#     FP8 block (1 x 128 activation tiles, 128 x 128 weight blocks) 955 TFLOP/s up and down, against BF16 668 up
 #     (its 630 less SwiGLU's 0.39 ms at 80% of HBM) and 643 down (the layer's 634 less the up): 1.43 and 1.49 x;
 #     forward E4M3 x E4M3 only: the backward's E4M3 x E5M2 and wgrad GEMMs at this size are not timed yet (assumed
 #     the same ratio)
 #   smaller: 1.0, an assumption from public measurements of block-scaled FP8 at K ~ 1024 (CUTLASS issue 2923:
 #     0.6-1.0 x FP16 for 128 x 128 blockwise FP8 on B200; DeepGEMM's hand-written Hopper kernels reach 1.0-1.5
-#     PFLOP/s only at K >= 2048 with large tiles); the dbrx-1b step's own shapes (15-30 GFLOP) are in the measured
+#     PFLOP/s only at K >= 2048 with large tiles); the dbrx-1b step's own shapes (15-52 GFLOP) are in the measured
 #     table instead (1.06-1.35 x BF16 there)
 # That leaves 12.1 ms of the 31 on the quantisation kernels:
 # fp8_quantize_kernel at KERNEL_HBM_FRACTION below instead of 0.80 (fitted to that residual: 1-byte stores, a warp
