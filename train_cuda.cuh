@@ -94,7 +94,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     {
         int Sp = S > 0 && comm.world % S == 0 ? S : 1, np = args.parallel.expert_parallel > 1 ? args.parallel.expert_parallel : 1;
         MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity,
-                                      args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16");
+                                      args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks);
         memory_plan_cp(&plan, &cfg, args.parallel.context_parallel);   // (CP: the GPU ring's buffers)
         if (plan.allocations > (long double)prop.totalGlobalMem)
             dbrx_gpu_out_of_memory(&cfg, args.run.batch, Tr, (size_t)plan.allocations, (size_t)plan_param_state(&plan));
@@ -106,7 +106,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     if (ep_n > 1 && cfg.n_experts % ep_n == 0) {
         ep_rows = ep_gpu_planned_rows(&cfg, (size_t)args.run.batch * Tr, ep_n, args.parallel.ep_capacity, fp8.recipe != FP8_OFF);
         ep_bytes = ep_gpu_buffers(NULL, &cfg, ep_n, ep_rows, fp8.recipe)
-                   + (fp8.recipe == FP8_OFF ? ep_gpu_chunk_bytes(&cfg, ep_rows, (size_t)args.run.batch * Tr * cfg.top_k, args.parallel.ep_chunks) : 0);
+                   + ep_gpu_chunk_bytes(&cfg, ep_rows, (size_t)args.run.batch * Tr * cfg.top_k, ep_n, args.parallel.ep_chunks, fp8.recipe);
     }
     dbrx_build_shape(&model, &cfg, args.run.batch, Tr, &fp8,
                      zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, ep_n,
@@ -122,9 +122,9 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     ContextParallelGPU cp;   // --context-parallel: the CP group, RoPE at the global positions, the attention over the group
     cpg_init(&cp, &comm, args.parallel.context_parallel, &model, args.run.seq);
     if (store.ep_dispatch) ep_gpu_set_chunks(store.ep_dispatch, args.parallel.ep_chunks);   // (--ep-overlap-chunks)
-    if (comm.rank == 0 && store.ep_dispatch && args.parallel.ep_chunks > 1 && fp8_on(&model.fp8))
-        printf("note: --ep-overlap-chunks %d has no effect with --fp8: the exchange runs in one piece (the padded FP8 layout "
-               "of a layer's received rows is quantised at once)\n", args.parallel.ep_chunks);
+    if (comm.rank == 0 && store.ep_dispatch && args.parallel.ep_chunks > 1 && ep_gpu_chunks(args.parallel.ep_chunks, fp8.recipe) == 1)
+        printf("note: --ep-overlap-chunks %d has no effect with --fp8 %s: the exchange runs in one piece (per-tensor scaling "
+               "quantises a layer's received rows at once; --fp8 block chunks it)\n", args.parallel.ep_chunks, args.fp8.recipe.c_str());
     zero_gpu_set_step_prefetch(&store, args.parallel.zero_prefetch);   // (--zero-prefetch)
     model.activation_bytes += ep_bytes;
     Zero* z = &store.z;

@@ -615,7 +615,8 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     double act = (double)activation_bytes(&cfg, args.run.batch, Tr);   // (context parallel: this rank's T/N tokens)
     double p = (double)params_total(&cfg);
     MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()),
-                                  args.parallel.ep_capacity, args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16");
+                                  args.parallel.ep_capacity, args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16",
+                                  args.parallel.ep_chunks);
     memory_plan_cp(&plan, &cfg, cp);   // (the GPU ring's buffers and its communicator; cp must divide the GPUs)
     double shard = (double)plan.shard_params;   // this rank's shard under S ranks and EP n, from the store's own layout
     printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,

@@ -173,15 +173,22 @@ static inline void ep_chunk_lists(EpChunks* ch, const int* offsets, int n, int m
     for (size_t s = 0; s < ch->stage.size(); s++) ch->unstage[ch->stage[s]] = (int)s;
 }
 
-// layer pl's exchange in C chunks; offsets (E + 1): xe's rows per expert (this rank's routing)
-static inline void ep_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int C, EpChunks* ch) {
+// --ep-overlap-chunks C on the GPU under the FP8 recipe: C, but 1 (the exchange in one piece) under per-tensor scaling,
+// which needs the amax of a layer's received rows before it quantises any (block scaling chunks it:
+// parallel/expert_parallel_fp8.cuh)
+static inline int ep_gpu_chunks(int chunks, int recipe) { return recipe == FP8_OFF || recipe == FP8_BLOCK ? chunks : 1; }
+
+// layer pl's exchange in C chunks; offsets (E + 1): xe's rows per expert (this rank's routing). align: every slice
+// bound of an expert's rows but its last a multiple of align rows from the expert's first (FP8: 16, so that only the
+// slice with an expert's last rows needs padding in the padded layout: parallel/expert_parallel_fp8.cuh)
+static inline void ep_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int C, EpChunks* ch, int align = 1) {
     int n = ep->n, El = E / n, me = ep->rank;
     const std::vector<int>& all = pl->all;
     // rank r's expert j: its first expert-major row (lo), its rows (cnt), and peer q's first among them (base)
     auto cnt = [&](int r, int j) { int s = 0; for (int q = 0; q < n; q++) s += all[(size_t)q * E + r * El + j]; return s; };
     auto lo = [&](int r, int j) { int s = 0; for (int jj = 0; jj < j; jj++) s += cnt(r, jj); return s; };
     auto base = [&](int q, int r, int j) { int s = lo(r, j); for (int qq = 0; qq < q; qq++) s += all[(size_t)qq * E + r * El + j]; return s; };
-    auto bound = [&](int r, int j, int s) { return lo(r, j) + (int)((long long)cnt(r, j) * s / C); };
+    auto bound = [&](int r, int j, int s) { return lo(r, j) + (s == C ? cnt(r, j) : (int)((long long)cnt(r, j) * s / C) / align * align); };
     auto slice = [&](int r, int c) { return (int)((c + (long long)r * C / n) % C); };   // rank r's chunk c
     // the piece of peer q's rows for rank r's expert j in chunk c: expert-major rows [*s0, *s1) of rank r
     auto piece = [&](int q, int r, int j, int c, int* s0, int* s1) {

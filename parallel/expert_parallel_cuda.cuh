@@ -38,6 +38,9 @@ typedef struct {
     EpDev<int> perm, inv;            // (Rc): expert-major row i = received row perm[i]; inv its inverse
     EpChunks ch;                     // --ep-overlap-chunks > 1: the chunked exchange's layout (ep_chunk_layout)
     EpDev<int> cidx;                 // ... and its indices on the device: perm, inv (R each), stage, unstage (N k each)
+                                     // (--fp8 block: the padded row map, pinv, stage, unstage: expert_parallel_fp8.cuh)
+    std::vector<Fp8Routing> f8rt;    // --fp8 block, chunked: each chunk's padded layout (C), from padded row f8start[c] (C + 1)
+    std::vector<int> f8start;
 } EpLayerGpu;
 
 typedef struct {
@@ -153,12 +156,15 @@ static inline size_t ep_gpu_buffers(EpDispatchGpu* D, const DbrxConfig* c, int n
 }
 
 // --ep-overlap-chunks C > 1: the device memory the chunked exchange adds to ep_gpu_buffers' for Rc planned rows
-// and Nk routed rows (tokens x top-k) per micro-batch: per layer its indices (ep_chunk_layout's perm, inv,
-// stage, unstage: 2 Rc + 2 Nk ints), and room for Nk rows in the scratch dxr (the sender's results come back
-// there: Rc rows already, unless --ep-capacity-factor < 1)
-static inline size_t ep_gpu_chunk_bytes(const DbrxConfig* c, size_t Rc, size_t Nk, int chunks) {
+// and Nk routed rows (tokens x top-k) per micro-batch on an EP group of n: per layer its indices (ep_chunk_layout's
+// perm, inv, stage, unstage: 2 Rc + 2 Nk ints; --fp8 block: every chunk's segment table, 2 E/n + 1 ints), and room
+// for Nk rows in the scratch dxr (the sender's results come back there: Rc rows already, unless
+// --ep-capacity-factor < 1). recipe: the FP8 recipe; under a per-tensor one the exchange stays whole (ep_gpu_chunks).
+static inline size_t ep_gpu_chunk_bytes(const DbrxConfig* c, size_t Rc, size_t Nk, int n, int chunks, int recipe) {
+    chunks = ep_gpu_chunks(chunks, recipe);
     if (chunks <= 1) return 0;
-    return (size_t)c->n_layers * (2 * Rc + 2 * Nk) * sizeof(int) + (Nk > Rc ? (Nk - Rc) * c->d_model * sizeof(floatX) : 0);
+    size_t seg = recipe == FP8_BLOCK ? (size_t)chunks * (2 * (c->n_experts / n) + 1) : 0;
+    return (size_t)c->n_layers * (2 * Rc + 2 * Nk + seg) * sizeof(int) + (Nk > Rc ? (Nk - Rc) * c->d_model * sizeof(floatX) : 0);
 }
 
 // Under --fp8: the model's activation and gradient FP8 scratch swapped with buffers for Rp received
@@ -199,6 +205,8 @@ static inline void ep_fp8_scratch_unswap(EpDispatchGpu* D) {
 // maps a padded row to a received row, inv a received row (expert-major) to its padded row.
 static inline void ep_gpu_forward_chunked(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
 static inline void ep_gpu_forward_zc(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
+static inline void ep_gpu_forward_chunked_fp8(EpDispatchGpu* D, int l, const floatX* xe, floatX* ye);
+static inline void ep_fp8_chunk_layout(EpDispatchGpu* D, int l, std::vector<int>* map, std::vector<int>* pinv);
 static inline void ep_zc_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int K, int Ec, int Rs,
                                       EpChunks* ch);
 static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const int* offsets_host, const floatX* xe, floatX* ye, bool f8,
@@ -220,15 +228,18 @@ static inline void ep_gpu_experts_forward_rows(EpDispatchGpu* D, int l, const in
         if (!recompute) {
             EpChunks* ch = &a->ch;
             if (D->zc_K > 1) ep_zc_chunk_layout(&D->ep, pl, offsets_host, E, D->zc_K, D->zc_Ec, D->chunks, ch);   // (the weight chunks' slices)
-            else ep_chunk_layout(&D->ep, pl, offsets_host, E, D->chunks, ch);
-            std::vector<int> idx(ch->perm);
-            idx.insert(idx.end(), ch->inv.begin(), ch->inv.end());
+            else ep_chunk_layout(&D->ep, pl, offsets_host, E, D->chunks, ch, f8 ? 16 : 1);
+            std::vector<int> idx(ch->perm), pinv;
+            if (f8) ep_fp8_chunk_layout(D, l, &idx, &pinv);   // (FP8: the chunks' padded layouts; the padded row map, its inverse)
+            const std::vector<int>& back = f8 ? pinv : ch->inv;
+            idx.insert(idx.end(), back.begin(), back.end());
             idx.insert(idx.end(), ch->stage.begin(), ch->stage.end());
             idx.insert(idx.end(), ch->unstage.begin(), ch->unstage.end());
             int* ix = a->cidx.get(idx.size(), "the chunked exchange's row order");
             if (!idx.empty()) cudaCheck(cudaMemcpy(ix, idx.data(), idx.size() * sizeof(int), cudaMemcpyHostToDevice));
         }
-        if (D->zc_K > 1) ep_gpu_forward_zc(D, l, xe, ye);
+        if (f8) ep_gpu_forward_chunked_fp8(D, l, xe, ye);
+        else if (D->zc_K > 1) ep_gpu_forward_zc(D, l, xe, ye);
         else ep_gpu_forward_chunked(D, l, xe, ye);
         return;
     }
@@ -402,6 +413,7 @@ static inline void ep_gpu_backward_chunked(EpDispatchGpu* D, int l, const floatX
 }
 
 #include "expert_parallel_zc.cuh"   // (--ep-overlap-chunks with --zero-chunk-mib: the exchange in the weight chunks)
+#include "expert_parallel_fp8.cuh"  // (--ep-overlap-chunks with --fp8 block: every chunk a padded FP8 layout of its own)
 
 // DBRX_DEBUG_PLANT=ep_regrow, the allocation budget's negative control (test/test_cuda_train.sh): the scratch x
 // freed and allocated again in every training forward, as the buffers that grew with the routing once were
@@ -420,10 +432,11 @@ static inline void ep_gpu_experts_forward(void* ctx, int l, const int* offsets_h
     if (train == 1 && l == 0 && g_debug_hooks.plant == PLANT_EP_REGROW) ep_plant_regrow(D);
     bool f8 = train && fp8_on(&D->model->fp8);
     D->train = train;
-    ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, f8, train == 2, train && !f8 && D->chunks > 1);
+    bool chunked = train && D->chunks > 1;   // (decode: in one piece)
+    ep_gpu_experts_forward_rows(D, l, offsets_host, xe, ye, f8, train == 2, chunked);
     DbrxGPU* m = D->model;
-    if (train == 1 && (m->rc_mode[l] & RC_CSWIGLU))   // --compress-acts: the received rows' g, u (FP8: the padded layout's)
-        gpu_compress_rows(m, l, f8 ? m->fp8.routing[l].poff[m->cfg.n_experts / D->ep.n] : (int)D->layers[l].plan.R);
+    int Rp = !f8 ? (int)D->layers[l].plan.R : chunked ? D->layers[l].f8start.back() : m->fp8.routing[l].poff[m->cfg.n_experts / D->ep.n];
+    if (train == 1 && (m->rc_mode[l] & RC_CSWIGLU)) gpu_compress_rows(m, l, Rp);   // --compress-acts: the received rows' g, u (FP8: padded)
 }
 
 // Its backward (ExpertHooksGPU::backward): dye's rows to the experts' ranks, the experts' backward there
@@ -439,8 +452,9 @@ static inline void ep_gpu_experts_backward(void* ctx, int l, const floatX* dye, 
     EpPlan* pl = &a->plan;
     size_t R = pl->R;
     bool f8 = fp8_on(&m->fp8);
-    if (!f8 && D->chunks > 1) {
-        if (D->zc_K > 1) ep_gpu_backward_zc(D, l, dye, dxe);
+    if (D->chunks > 1) {
+        if (f8) ep_gpu_backward_chunked_fp8(D, l, dye, dxe);
+        else if (D->zc_K > 1) ep_gpu_backward_zc(D, l, dye, dxe);
         else ep_gpu_backward_chunked(D, l, dye, dxe);
         return;
     }
@@ -502,11 +516,11 @@ static inline void ep_gpu_install(EpDispatchGpu* D, DbrxGPU* m, int n, int rank,
     m->experts = ExpertHooksGPU{ep_gpu_experts_forward, ep_gpu_experts_backward, D};
 }
 // --ep-overlap-chunks C (1: the unchunked exchange): the chunked exchange's device memory (ep_gpu_chunk_bytes),
-// the experts' stream and its events, at start-up. Under --fp8 the exchange stays unchunked (the padded FP8
-// layout and its quantisation run over the layer's received rows at once): the flag has no effect there.
+// the experts' stream and its events, at start-up. Under --fp8 delayed / current the exchange stays unchunked
+// (ep_gpu_chunks: per-tensor scaling quantises a layer's received rows at once): the flag has no effect there.
 static inline void ep_gpu_set_chunks(EpDispatchGpu* D, int chunks) {
-    D->chunks = chunks;
-    if (chunks <= 1 || fp8_on(&D->model->fp8)) { D->chunks = 1; return; }
+    D->chunks = chunks = ep_gpu_chunks(chunks, D->model->fp8.cfg.recipe);
+    if (chunks <= 1) { D->chunks = 1; return; }
     const DbrxGPU* m = D->model;
     size_t d = m->cfg.d_model, Nk = (size_t)m->B * m->T * m->cfg.top_k, Rc = D->x.cap / d;
     auto take = [&](auto* b, size_t elems) {
@@ -515,7 +529,17 @@ static inline void ep_gpu_set_chunks(EpDispatchGpu* D, int chunks) {
         b->cap = elems;
         D->allocations.push_back(b->p);
     };
-    for (EpLayerGpu& a : D->layers) take(&a.cidx, 2 * Rc + 2 * Nk);
+    int El = m->cfg.n_experts / D->ep.n;
+    for (EpLayerGpu& a : D->layers) {
+        take(&a.cidx, 2 * Rc + 2 * Nk);
+        if (D->model->fp8.cfg.recipe != FP8_BLOCK) continue;
+        a.f8rt.assign(chunks, Fp8Routing{});   // (each chunk's segment table: expert_parallel_fp8.cuh)
+        for (Fp8Routing& rt : a.f8rt) {
+            EpDev<int> seg;
+            take(&seg, 2 * El + 1);
+            rt.seg = seg.p;
+        }
+    }
     if (D->dxr.cap < Nk * d) {   // (start-up: the scratch dxr again, for the sender's Nk rows)
         D->allocations.erase(std::find(D->allocations.begin(), D->allocations.end(), (void*)D->dxr.p));
         cudaCheck(cudaFree(D->dxr.p));

@@ -166,7 +166,8 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
 
 // The plan for micro-batches of B x T on `gpus` GPUs, shard groups of S, EP degree n (validated by the caller)
 static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, int n, int gpus, Fp8Recipe fp8,
-                                     double ep_capacity = EP_CAPACITY_DEFAULT, double chunk_mib = 0, bool rs_bf16 = false) {
+                                     double ep_capacity = EP_CAPACITY_DEFAULT, double chunk_mib = 0, bool rs_bf16 = false,
+                                     int ep_chunks = 1) {
     MemoryPlan p;
     p.B = B; p.T = T; p.S = S; p.n = n; p.gpus = gpus; p.fp8 = fp8;
     const long double f4 = 4, bf = 2, i4 = 4;
@@ -261,6 +262,11 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
             long double st = std::max(plan_fp8_scale_bound(rows, d, El, false, true), plan_fp8_scale_bound(rows, F, El, false, true));
             p.ep_exchange += 4 * rows * std::max(d, F) + (fp8 == FP8_BLOCK ? 4 * (2 * sq + 2 * st) : 0);
         }
+        // --ep-overlap-chunks C > 1 (ep_gpu_chunk_bytes): per layer the chunks' indices (2 Rc + 2 N k; --fp8 block: every
+        // chunk's segment table, 2 E/n + 1), and dxr grown to N k rows where fewer are planned
+        long double C = ep_gpu_chunks(ep_chunks, fp8), Nk = N * k;
+        if (C > 1)
+            p.ep_exchange += L * i4 * (2 * Rc + 2 * Nk + (fp8 == FP8_BLOCK ? C * (2 * El + 1) : 0)) + (Nk > Rc ? bf * (Nk - Rc) * d : 0);
     }
     p.allocations = plan_param_state(&p) + p.gathered_slots + p.grad_slots + p.saved + p.head + p.scratch + p.fp8_scratch
                   + p.routing_index + p.ep_exchange;
