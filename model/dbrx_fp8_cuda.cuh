@@ -68,7 +68,8 @@ typedef struct {
     unsigned int *amax, *tmp_amax;              // device (nslots) float bits; (3) current scaling's first pass
     unsigned long long* sat;                    // device (nslots)
     std::vector<float> last_scale;              // host (nslots): per-tensor scale of the last cast (log)
-    Fp8Buf act, grad, w, w2;                    // scratch: activations, gradients, weights (w2: v1's)
+    Fp8Buf act, grad, w, w2, w3;                // scratch: activations, gradients, weights (w2: v1's; w3: EP + block only, w2's
+                                                // held for a layer's exchange chunks: fp8_hold_expert_weights)
     std::vector<Fp8Routing> routing;            // per layer
     bool collected;                             // amaxes of this step already on the host
     bool frozen = false;                        // --recompute: quantisations record no amax or saturation
@@ -77,6 +78,9 @@ typedef struct {
     bool wcache = false;
     std::vector<Fp8Buf> wq;                     // per layer x linear ([layer * FP8_NLIN + lin]): q, qt, (block) factors
     std::vector<const floatX*> wq_src;          // the weight each copy was made from in this step (nullptr: stale)
+    // the experts' w1, v1, w2 of one layer quantised once into w, w2, w3 for the GEMMs of its exchange chunks
+    // (fp8_hold_expert_weights; src nullptr: none held), which read them as fp8_weight_gpu's
+    struct { const floatX* src; int layer; bool q, qt; } held[3] = {};
 } Fp8GPU;
 
 static inline bool fp8_on(const Fp8GPU* f) { return f->cfg.recipe != FP8_OFF; }
@@ -122,9 +126,10 @@ static inline void fp8_gpu_setup(Fp8GPU* f, const Fp8Config* cfg, const DbrxConf
     if (weight_cache) { f->wq.assign((size_t)c->n_layers * FP8_NLIN, Fp8Buf{}); f->wq_src.assign((size_t)c->n_layers * FP8_NLIN, nullptr); }
 }
 
-// the shape of block weight `lin` (rows, cols, segments: the experts' stacked F rows)
-static inline void fp8_weight_shape(const DbrxConfig* c, int lin, size_t* rows, size_t* cols, size_t* nseg) {
-    size_t d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
+// the shape of block weight `lin` (rows, cols, segments: the experts' stacked F rows) on a rank of an EP group of ep_n
+// (its E / ep_n experts)
+static inline void fp8_weight_shape(const DbrxConfig* c, int lin, size_t* rows, size_t* cols, size_t* nseg, int ep_n = 1) {
+    size_t d = c->d_model, E = c->n_experts / ep_n, F = c->ffn_hidden;
     *cols = d;
     *rows = lin == FP8_LIN_QKV ? (size_t)qkv_dim(c) : lin == FP8_LIN_PROJ ? d : E * F;
     *nseg = lin == FP8_LIN_QKV || lin == FP8_LIN_PROJ ? 1 : E;
@@ -138,10 +143,15 @@ static inline size_t fp8_scale_bound(size_t rows, size_t cols, size_t nseg, bool
     return transposed ? nct * (rows / 128 + 4 * nseg) : tiles * ((nct + 3) / 4 * 4);
 }
 
-// Walks the FP8 buffers of the model: `take(ptr, bytes)` allocates (or only counts) each one.
-static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T, const std::function<void(void**, size_t)>& take) {
+// Walks the FP8 buffers of the model: `take(ptr, bytes)` allocates (or only counts) each one. Under expert parallelism
+// (ep_n > 1) a rank quantises only its E / ep_n experts' weights, and the experts' activations and gradients go to the
+// dispatcher's own scratch (ep_fp8_scratch_swap): act and grad hold the attention's operands only, no layer has a
+// padded row -> token map, and w3 holds the third expert weight of a layer's exchange chunks (block scaling).
+static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T, const std::function<void(void**, size_t)>& take,
+                                   int ep_n = 1) {
     if (!fp8_on(f)) return;
-    size_t N = (size_t)B * T, d = c->d_model, F = c->ffn_hidden, E = c->n_experts, qd = qkv_dim(c);
+    size_t N = (size_t)B * T, d = c->d_model, F = c->ffn_hidden, E = c->n_experts, qd = qkv_dim(c), El = E / ep_n;
+    bool ep = ep_n > 1;
     size_t Rp = N * c->top_k + fp8_row_padding(c);
     struct Shape { size_t rows, cols, nseg; };
     auto buf = [&](Fp8Buf* b, std::vector<Shape> shapes, bool weight) {
@@ -156,13 +166,20 @@ static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T,
         b->sinv = b->sinv_t = nullptr;
         if (f->cfg.recipe == FP8_BLOCK) { take((void**)&b->sinv, sq * sizeof(float)); take((void**)&b->sinv_t, st * sizeof(float)); }
     };
-    buf(&f->act, {{N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
-    buf(&f->grad, {{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
-    buf(&f->w, {{qd, d, 1}, {d, d, 1}, {E * F, d, E}}, true);
-    buf(&f->w2, {{E * F, d, E}}, true);
+    if (ep) {
+        buf(&f->act, {{N, d, 1}}, false);
+        buf(&f->grad, {{N, qd, 1}, {N, d, 1}}, false);
+    } else {
+        buf(&f->act, {{N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
+        buf(&f->grad, {{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
+    }
+    buf(&f->w, {{qd, d, 1}, {d, d, 1}, {El * F, d, El}}, true);
+    buf(&f->w2, {{El * F, d, El}}, true);
+    f->w3 = Fp8Buf{};
+    if (ep && f->cfg.recipe == FP8_BLOCK) buf(&f->w3, {{El * F, d, El}}, true);
     for (size_t i = 0; i < f->wq.size(); i++) {   // the weight cache: every block weight's q and qt (and factors)
         size_t rows, cols, nseg;
-        fp8_weight_shape(c, (int)(i % FP8_NLIN), &rows, &cols, &nseg);
+        fp8_weight_shape(c, (int)(i % FP8_NLIN), &rows, &cols, &nseg, ep_n);
         buf(&f->wq[i], {{rows, cols, nseg}}, true);
     }
     size_t n = f->nslots;
@@ -174,7 +191,8 @@ static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T,
     f->routing.resize(c->n_layers);
     for (Fp8Routing& r : f->routing) {
         take((void**)&r.seg, (2 * E + 1) * sizeof(int));
-        take((void**)&r.row_token, Rp * sizeof(int));
+        r.row_token = nullptr;
+        if (!ep) take((void**)&r.row_token, Rp * sizeof(int));
     }
 }
 
@@ -466,6 +484,10 @@ static inline const Fp8Buf& fp8_weight_gpu(Fp8GPU* f, int layer, int lin, const 
                                            Fp8Buf* scratch, bool want_q, bool want_qt, cudaStream_t stream) {
     int slot = fp8_slot(f, layer, lin, FP8_OP_W);
     if (!f->wcache) {
+        if (lin >= FP8_LIN_W1) {   // (held for a layer's exchange chunks: fp8_hold_expert_weights)
+            const auto& h = f->held[lin - FP8_LIN_W1];
+            if (h.src == w && h.layer == layer && (h.q || !want_q) && (h.qt || !want_qt)) return lin == FP8_LIN_W1 ? f->w : lin == FP8_LIN_V1 ? f->w2 : f->w3;
+        }
         fp8_quantize_operand(f, slot, true, w, rows, cols, seg, scratch, want_q, want_qt, stream);
         return *scratch;
     }
@@ -475,6 +497,26 @@ static inline const Fp8Buf& fp8_weight_gpu(Fp8GPU* f, int layer, int lin, const 
         f->wq_src[i] = w;
     }
     return f->wq[i];
+}
+
+// Under expert parallelism's chunked exchange (parallel/expert_parallel_fp8.cuh): the experts' w1, v1, w2 of `layer`
+// (E experts of F rows, C columns) quantised once into w, w2, w3 (the codes each wants: row-wise q, transposed qt) for
+// every chunk's GEMMs, instead of once per chunk (fp8_weight_gpu returns them); the same codes and factors, as the
+// weight is the same for the layer. Nothing held with the weight cache (it holds them already) or without w3.
+// fp8_release_expert_weights: back to quantising at every use.
+static inline void fp8_hold_expert_weights(Fp8GPU* f, int layer, const floatX* w1, const floatX* v1, const floatX* w2, int E, int C, int F,
+                                           const bool q[3], const bool qt[3], cudaStream_t stream) {
+    if (f->wcache || !f->w3.q) return;
+    const floatX* ws[3] = {w1, v1, w2};
+    Fp8Buf* bufs[3] = {&f->w, &f->w2, &f->w3};
+    for (int i = 0; i < 3; i++) {
+        fp8_quantize_operand(f, fp8_slot(f, layer, FP8_LIN_W1 + i, FP8_OP_W), true, ws[i], E * F, C, fp8_uniform_segments(E, F), bufs[i], q[i],
+                             qt[i], stream);
+        f->held[i] = {ws[i], layer, q[i], qt[i]};
+    }
+}
+static inline void fp8_release_expert_weights(Fp8GPU* f) {
+    for (auto& h : f->held) h.src = nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------

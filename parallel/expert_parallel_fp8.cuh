@@ -9,7 +9,9 @@
  * each local expert j, its rows [first, last) (ep_chunk_layout with align 16: every slice of an expert's rows but the
  * one with its last rows is a multiple of 16 rows, so the chunks together pad no more than the unchunked layout,
  * 15 rows an expert), laid chunk after chunk: chunk c's padded rows start at f8start[c], its experts' segments in
- * f8rt[c] (an Fp8Routing of its own, swapped into the model's place for the call). On the experts' stream each chunk
+ * f8rt[c] (an Fp8Routing of its own, swapped into the model's place for the call). The experts' weights are quantised
+ * once per layer pass for all the chunks (fp8_hold_expert_weights: w1, v1, w2 into the weight scratch w, w2, w3). On
+ * the experts' stream each chunk
  * runs fp8_experts_forward_gpu (forward) or fp8_experts_backward_gpu (its input and weight gradients; the weight
  * gradients accumulate chunk after chunk) as it arrives, while the next is dispatched and the previous combined.
  *
@@ -77,6 +79,10 @@ static inline void ep_gpu_forward_chunked_fp8(EpDispatchGpu* D, int l, const flo
     // (xl's transposed codes for the backward in its place, unless --recompute swiglu reads xl again)
     bool xe_codes = !((m->rc_mode[l] & RC_SWIGLU) && !(m->rc_mode[l] & RC_MOE));
     EpChunkRun run{D, ch, D->dxr.get(S * d, "the routed rows' results"), ye, D->x.get(R * d, "the received rows"), xe, ix + Rp + R};
+    cudaCheck(cudaEventRecord(D->ev_start, 0));   // (the weight scratch: after the attention's GEMMs read it)
+    cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_start, 0));
+    const bool q[3] = {true, true, false}, qt[3] = {false, false, true};   // (w1, v1 row-wise; w2 transposed)
+    fp8_hold_expert_weights(&m->fp8, l, w.w1, w.v1, w.w2, El, d, F, q, qt, D->sx);   // once for the chunks, beside dispatch 0
     run.dispatch(0);
     for (int c = 0; c < C; c++) {
         if (c + 1 < C) run.dispatch(c + 1);
@@ -93,6 +99,7 @@ static inline void ep_gpu_forward_chunked_fp8(EpDispatchGpu* D, int l, const flo
         cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
         if (c >= 1) run.combine(c - 1);
     }
+    fp8_release_expert_weights(&m->fp8);
     run.combine(C - 1);   // (it waits for the last chunk's experts: everything on the experts' stream)
     if (S) moe_gather_gpu(ye, run.home, ix + Rp + R + S, (int)S, d);   // xe's layout
 }
@@ -119,6 +126,8 @@ static inline void ep_gpu_backward_chunked_fp8(EpDispatchGpu* D, int l, const fl
     cudaCheck(cudaEventRecord(D->ev_start, 0));
     cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_start, 0));
     if (m->rc_mode[l] & RC_CSWIGLU) gpu_decompress_rows(m, l, (int)Rp, D->sx);   // --compress-acts: rebuilt from the codes
+    const bool q[3] = {rc, rc, true}, qt[3] = {true, true, rc};   // (w2 row-wise, w1 and v1 transposed; --recompute swiglu all)
+    fp8_hold_expert_weights(&m->fp8, l, w.w1, w.v1, w.w2, El, d, F, q, qt, D->sx);
     run.dispatch(0);
     for (int c = 0; c < C; c++) {
         if (c + 1 < C) run.dispatch(c + 1);
@@ -142,6 +151,7 @@ static inline void ep_gpu_backward_chunked_fp8(EpDispatchGpu* D, int l, const fl
         cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
         if (c >= 1) run.combine(c - 1);
     }
+    fp8_release_expert_weights(&m->fp8);
     run.combine(C - 1);   // (after the last chunk's weight gradients: the unit's end reduces them)
     if (S) moe_gather_gpu(dxe, run.home, ix + Rp + R + S, (int)S, d);   // dye's layout
 }

@@ -3,7 +3,8 @@
  * backend (g++ -DSIMT_EMULATION; make test). Checks:
  *   - every term of a small model against values computed by hand from the shapes (below, in the comments);
  *   - the activation and routing-index classes sum to the model's own buffer walk (dbrx_gpu_memory_estimate,
- *     what dbrx_build_shape allocates), with FP8 off, delayed and block, at several micro-batches;
+ *     what dbrx_build_shape allocates), with FP8 off, delayed and block, at several micro-batches, without EP and with EP 2
+ *     (FP8's weight scratch for a rank's own experts);
  *   - the parameter state and working set equal the store's (zero_gpu_estimate_bytes) for S 1, 2, 4 and EP 1, 2 (and with
  *     --adam-moments bf16: 4 bytes a shard element less, by hand);
  *   - the emulator's peak device memory over one training step of a one-GPU model (dbrx_build: the whole
@@ -106,13 +107,16 @@ TEST_CASE("the activation classes sum to the model's own buffer walk (dbrx_gpu_m
         for (int BT : {16, 48, 64}) {
             Fp8Config f8 = {r, 16, 0, 0};
             int B = BT == 48 ? 3 : 1, T = BT / B;
-            // S = 1: the FP8 weights stay in place and are cached (fp8_weight_gpu); S = 2: gathered, not cached
-            for (int S : {1, 2}) {
-                MemoryPlan p = memory_plan(&c, B, T, S, 1, 2, r);
-                long double walk = (long double)dbrx_gpu_memory_estimate(&c, B, T, nullptr, &f8, false, 0, S == 1);
-                CAPTURE((int)r); CAPTURE(B); CAPTURE(T); CAPTURE(S);
-                CHECK(p.saved + p.head + p.scratch + p.fp8_scratch + p.routing_index == walk);
-            }
+            // S = 1: the FP8 weights stay in place and are cached (fp8_weight_gpu); S = 2: gathered, not cached. EP 2:
+            // the experts' buffers for the planned received rows, FP8's weight scratch for a rank's 2 experts
+            for (int S : {1, 2})
+                for (int n : {1, 2}) {
+                    MemoryPlan p = memory_plan(&c, B, T, S, n, 2, r);
+                    size_t rows = n > 1 ? (size_t)p.ep_rows : 0;
+                    long double walk = (long double)dbrx_gpu_memory_estimate(&c, B, T, nullptr, &f8, false, rows, S == 1, n);
+                    CAPTURE((int)r); CAPTURE(B); CAPTURE(T); CAPTURE(S); CAPTURE(n);
+                    CHECK(p.saved + p.head + p.scratch + p.fp8_scratch + p.routing_index == walk);
+                }
         }
 }
 

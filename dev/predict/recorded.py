@@ -72,9 +72,9 @@ CONFIGS = [
     # stay whole and the exchange unchunked under --fp8 (parallel/expert_parallel_cuda.cuh), so the exchange that the
     # BF16 pick hides behind the weight chunks is exposed here
     ("DBRX-132B, 64 H100 (8 nodes): --fp8 block --adam-moments bf16 and its --fit pick: spread, --ep-capacity-factor 1, "
-     "--recompute attn,swiglu, --compress-acts attn", "dbrx-132b", 1, 4096, 64, "h100-sxm",
-     "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute attn,swiglu "
-     "--compress-acts attn --adam-moments bf16 --fp8 block", "2 4", False),
+     "--recompute swiglu", "dbrx-132b", 1, 4096, 64, "h100-sxm",
+     "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute swiglu "
+     "--adam-moments bf16 --fp8 block", "2 4", False),
     ("DBRX-132B, 256 H100 (32 nodes): the --fit pick, ZeRO-3 over 256, EP 8 in a node, --ep-capacity-factor 1.25, "
      "--compress-acts swiglu", "dbrx-132b", 1, 4096, 256, "h100-sxm",
      "--shard-group-size 256 --expert-parallel 8 --ep-capacity-factor 1.25 --compress-acts swiglu", "2 4", False),
