@@ -305,6 +305,15 @@ struct EpChunkRun {
         cudaCheck(cudaStreamWaitEvent(0, D->ev_out[c], 0));
         ep_exchange_chunk(&D->ep, ch, c, recv + ch->recv_start[c] * d, home + ch->send_start[c] * d, d * sizeof(floatX), 1);
     }
+    // chunk c done on the experts' stream: its results (rows of `from`; back: the row of each received row there) to
+    // the received places, and (on the EP stream, beside the next chunk's experts) chunk c - 1 combined
+    void finish(int c, const floatX* from, const int* back) {
+        int d = D->model->cfg.d_model;
+        size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
+        if (pr) moe_gather_gpu(recv + p0 * d, from, back + p0, (int)pr, d, D->sx);
+        cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
+        if (c >= 1) combine(c - 1);
+    }
     // chunk c's rows of local expert j: its first expert-major row, *rows of them
     int rows_of(int j, int c, int* rows) const {
         size_t i = (size_t)j * ch->C + c;
@@ -338,10 +347,7 @@ static inline void ep_gpu_forward_chunked(EpDispatchGpu* D, int l, const floatX*
             experts_forward_gpu(yl + (size_t)r0 * d, g + (size_t)r0 * F, u + (size_t)r0 * F, act + (size_t)r0 * F, xl + (size_t)r0 * d,
                                 w.w1 + wo, w.v1 + wo, w.w2 + wo, off, 1, d, F, D->sx);
         }
-        size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
-        if (pr) moe_gather_gpu(run.recv + p0 * d, yl, ix + R + p0, (int)pr, d, D->sx);
-        cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
-        if (c >= 1) run.combine(c - 1);
+        run.finish(c, yl, ix + R);
     }
     run.combine(C - 1);
     if (S) moe_gather_gpu(ye, run.home, ix + 2 * R + S, (int)S, d);   // xe's layout
@@ -386,10 +392,7 @@ static inline void ep_gpu_backward_chunked(EpDispatchGpu* D, int l, const floatX
             matmul_backward_gpu(dxl + (size_t)r0 * d, (float*)nullptr, dg + rF, nullptr, w.w1 + wo, rows, d, F, 0.0f, D->sx);
             matmul_backward_gpu(dxl + (size_t)r0 * d, (float*)nullptr, du + rF, nullptr, w.v1 + wo, rows, d, F, 1.0f, D->sx);
         }
-        size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
-        if (pr) moe_gather_gpu(run.recv + p0 * d, dxl, ix + R + p0, (int)pr, d, D->sx);
-        cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
-        if (c >= 1) run.combine(c - 1);
+        run.finish(c, dxl, ix + R);
     }
     long long sd, sg;   // the weight gradients: experts_backward_gpu's GEMMs, over each expert's rows
     bool swap, pair = pair_strides(dg, du, sizeof(floatX), gw.w1, gw.v1, sizeof(float), &sd, &sg, &swap);

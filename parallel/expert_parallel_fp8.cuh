@@ -94,10 +94,7 @@ static inline void ep_gpu_forward_chunked_fp8(EpDispatchGpu* D, int l, const flo
                                     w.w2, El, d, F, D->sx, run.recv, ix + P0, xe_codes);
             ep_fp8_chunk_swap(D, l, c, false);
         }
-        size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
-        if (pr) moe_gather_gpu(run.recv + p0 * d, yl, ix + Rp + p0, (int)pr, d, D->sx);   // back to the received places
-        cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
-        if (c >= 1) run.combine(c - 1);
+        run.finish(c, yl, ix + Rp);   // (back to the received places; combine c - 1)
     }
     fp8_release_expert_weights(&m->fp8);
     run.combine(C - 1);   // (it waits for the last chunk's experts: everything on the experts' stream)
@@ -146,10 +143,7 @@ static inline void ep_gpu_backward_chunked_fp8(EpDispatchGpu* D, int l, const fl
                                      ma->u + rf, act, w.w1, w.v1, w.w2, El, d, F, D->sx);
             ep_fp8_chunk_swap(D, l, c, false);
         }
-        size_t p0 = ch->recv_start[c], pr = ch->recv_start[c + 1] - p0;
-        if (pr) moe_gather_gpu(run.recv + p0 * d, dxl, ix + Rp + p0, (int)pr, d, D->sx);   // back to the received places
-        cudaCheck(cudaEventRecord(D->ev_out[c], D->sx));
-        if (c >= 1) run.combine(c - 1);
+        run.finish(c, dxl, ix + Rp);   // (back to the received places; combine c - 1)
     }
     fp8_release_expert_weights(&m->fp8);
     run.combine(C - 1);   // (after the last chunk's weight gradients: the unit's end reduces them)
