@@ -113,7 +113,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
                                              zero_chunk_experts(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib),
                                              rs_bf16, zero_vocab_rows(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib)) + ep_bytes,
                      ep_rows, S == 1 || comm.world % S != 0,   // (FP8: with no shard group the weights stay in place: quantised once per step)
-                     ep_n > 1 && cfg.n_experts % ep_n == 0 ? ep_n : 1);
+                     ep_rows ? ep_n : 1, ep_rows && ep_fp8_hold(ep_n, args.parallel.ep_chunks, fp8.recipe, S == 1 || comm.world % S != 0));
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
     zero_init(&store, &model, &comm, args.parallel.shard_group_size, (uint64_t)args.run.seed, ep_n, args.parallel.ep_capacity,
               args.parallel.zero_chunk_mib, rs_bf16, args.parallel.ep_layout == "spread");

@@ -155,9 +155,11 @@ typedef struct {
 // and the FP8 scratch and state are included. expert_rows (0: R): the rows of the experts' activations and
 // gradients, under expert parallelism the planned received rows (parallel/expert_parallel_cuda.cuh). fp8_weight_cache: the
 // weights stay in place (no shard group gathers them): FP8 keeps their quantised copies (fp8_weight_gpu, once per step).
-// ep_n: the EP degree (FP8's weight scratch holds a rank's E / ep_n experts: fp8_gpu_buffers).
+// ep_n: the EP degree (FP8's weight scratch holds a rank's E / ep_n experts); fp8_hold: a third weight scratch for the
+// chunked exchange (fp8_gpu_buffers).
 static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, int T, size_t* param_bytes, const Fp8Config* fp8 = nullptr,
-                                      bool with_params = true, size_t expert_rows = 0, bool fp8_weight_cache = false, int ep_n = 1) {
+                                      bool with_params = true, size_t expert_rows = 0, bool fp8_weight_cache = false, int ep_n = 1,
+                                      bool fp8_hold = false) {
     bool with_fp8 = fp8 && fp8->recipe != FP8_OFF;
     size_t bytes = 0, N = (size_t)B * T, d = c->d_model, k = c->top_k, E = c->n_experts, F = c->ffn_hidden;
     size_t R = N * k + (with_fp8 ? fp8_row_padding(c) : 0), qd = qkv_dim(c), V = c->vocab_size, P = (size_t)params_total(c);
@@ -229,7 +231,7 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     if (m) { mm->du = mm->dg + Rx * F; mm->expert_rows = Rx; }
     if (with_fp8) {
         if (!m) fp8_gpu_setup(&mm->fp8, fp8, c, B, T, fp8_weight_cache);   // the sizing walk: the slots only
-        fp8_gpu_buffers(&mm->fp8, c, B, T, [&](void** p, size_t n) { ok = take(p, n) && ok; }, ep_n);
+        fp8_gpu_buffers(&mm->fp8, c, B, T, [&](void** p, size_t n) { ok = take(p, n) && ok; }, ep_n, fp8_hold);
     }
 #undef TAKE
     if (!ok) return 0;
@@ -239,8 +241,9 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
 // the device memory the model needs (parameters, optimizer state, activations, scratch), in bytes;
 // with_params false: activations and scratch only (a parameter store owns the rest)
 static inline size_t dbrx_gpu_memory_estimate(const DbrxConfig* c, int B, int T, size_t* param_bytes, const Fp8Config* fp8 = nullptr,
-                                              bool with_params = true, size_t expert_rows = 0, bool fp8_weight_cache = false, int ep_n = 1) {
-    return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes, fp8, with_params, expert_rows, fp8_weight_cache, ep_n);
+                                              bool with_params = true, size_t expert_rows = 0, bool fp8_weight_cache = false, int ep_n = 1,
+                                              bool fp8_hold = false) {
+    return dbrx_gpu_buffers(nullptr, c, B, T, param_bytes, fp8, with_params, expert_rows, fp8_weight_cache, ep_n, fp8_hold);
 }
 
 static inline std::string gib(double bytes) { char b[32]; snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0)); return b; }
@@ -261,9 +264,10 @@ static inline std::string gib(double bytes) { char b[32]; snprintf(b, sizeof b, 
 // Everything but the parameter state: the table, the activations and scratch for micro-batches of
 // (B, T), the FP8 state, the RoPE tables; on the current device. The views p and g are set by the
 // parameter store (the GPU store under parallel/) or by dbrx_build. store_bytes: what the store will
-// allocate, for the out-of-memory check; expert_rows, fp8_weight_cache, ep_n: dbrx_gpu_buffers'.
+// allocate, for the out-of-memory check; expert_rows, fp8_weight_cache, ep_n, fp8_hold: dbrx_gpu_buffers'.
 static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, int T, const Fp8Config* fp8 = nullptr,
-                                    size_t store_bytes = 0, size_t expert_rows = 0, bool fp8_weight_cache = false, int ep_n = 1) {
+                                    size_t store_bytes = 0, size_t expert_rows = 0, bool fp8_weight_cache = false, int ep_n = 1,
+                                    bool fp8_hold = false) {
     config_validate(cfg);
     if (T > cfg->max_seq_len) fail(EXIT_BAD_INPUT, "--seq %d is longer than the model's max_seq_len %d", T, cfg->max_seq_len);
     attention_check_shape(cfg->n_heads, cfg->kv_heads, cfg->head_dim);
@@ -281,11 +285,11 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->p.blocks.resize(cfg->n_layers);
     m->g.blocks.resize(cfg->n_layers);
     fp8_gpu_setup(&m->fp8, fp8, cfg, B, T, fp8_weight_cache);
-    size_t acts = dbrx_gpu_memory_estimate(cfg, B, T, nullptr, fp8, false, expert_rows, fp8_weight_cache, ep_n);
+    size_t acts = dbrx_gpu_memory_estimate(cfg, B, T, nullptr, fp8, false, expert_rows, fp8_weight_cache, ep_n, fp8_hold);
     size_t free_b = 0, total = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total));
     if (acts + store_bytes > free_b) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
-    if (dbrx_gpu_buffers(m, cfg, B, T, nullptr, fp8, false, expert_rows, fp8_weight_cache, ep_n) == 0) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
+    if (dbrx_gpu_buffers(m, cfg, B, T, nullptr, fp8, false, expert_rows, fp8_weight_cache, ep_n, fp8_hold) == 0) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
     fp8_gpu_reset(&m->fp8);
     cudaCheck(cudaMallocHost((void**)&m->host_in, (5 * (size_t)B * T + 1) * sizeof(int)));
     m->step_out_host.assign(2 + (size_t)cfg->n_layers * (cfg->n_experts + 1), 0.0f);

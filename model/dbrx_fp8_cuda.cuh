@@ -146,9 +146,10 @@ static inline size_t fp8_scale_bound(size_t rows, size_t cols, size_t nseg, bool
 // Walks the FP8 buffers of the model: `take(ptr, bytes)` allocates (or only counts) each one. Under expert parallelism
 // (ep_n > 1) a rank quantises only its E / ep_n experts' weights, and the experts' activations and gradients go to the
 // dispatcher's own scratch (ep_fp8_scratch_swap): act and grad hold the attention's operands only, no layer has a
-// padded row -> token map, and w3 holds the third expert weight of a layer's exchange chunks (block scaling).
+// padded row -> token map. hold: w3 for the third expert weight held for a layer's exchange chunks (EP, block scaling,
+// --ep-overlap-chunks > 1, no weight cache: fp8_hold_expert_weights).
 static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T, const std::function<void(void**, size_t)>& take,
-                                   int ep_n = 1) {
+                                   int ep_n = 1, bool hold = false) {
     if (!fp8_on(f)) return;
     size_t N = (size_t)B * T, d = c->d_model, F = c->ffn_hidden, E = c->n_experts, qd = qkv_dim(c), El = E / ep_n;
     bool ep = ep_n > 1;
@@ -176,7 +177,7 @@ static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T,
     buf(&f->w, {{qd, d, 1}, {d, d, 1}, {El * F, d, El}}, true);
     buf(&f->w2, {{El * F, d, El}}, true);
     f->w3 = Fp8Buf{};
-    if (ep && f->cfg.recipe == FP8_BLOCK) buf(&f->w3, {{El * F, d, El}}, true);
+    if (hold) buf(&f->w3, {{El * F, d, El}}, true);
     for (size_t i = 0; i < f->wq.size(); i++) {   // the weight cache: every block weight's q and qt (and factors)
         size_t rows, cols, nseg;
         fp8_weight_shape(c, (int)(i % FP8_NLIN), &rows, &cols, &nseg, ep_n);
@@ -486,7 +487,10 @@ static inline const Fp8Buf& fp8_weight_gpu(Fp8GPU* f, int layer, int lin, const 
     if (!f->wcache) {
         if (lin >= FP8_LIN_W1) {   // (held for a layer's exchange chunks: fp8_hold_expert_weights)
             const auto& h = f->held[lin - FP8_LIN_W1];
-            if (h.src == w && h.layer == layer && (h.q || !want_q) && (h.qt || !want_qt)) return lin == FP8_LIN_W1 ? f->w : lin == FP8_LIN_V1 ? f->w2 : f->w3;
+            if (h.src == w && h.layer == layer) {   // (quantising into the scratch now would overwrite held codes)
+                ENSURE((h.q || !want_q) && (h.qt || !want_qt), "layer %d: FP8 weight %d is held without the codes a GEMM wants", layer, lin);
+                return lin == FP8_LIN_W1 ? f->w : lin == FP8_LIN_V1 ? f->w2 : f->w3;
+            }
         }
         fp8_quantize_operand(f, slot, true, w, rows, cols, seg, scratch, want_q, want_qt, stream);
         return *scratch;
@@ -499,7 +503,8 @@ static inline const Fp8Buf& fp8_weight_gpu(Fp8GPU* f, int layer, int lin, const 
     return f->wq[i];
 }
 
-// Under expert parallelism's chunked exchange (parallel/expert_parallel_fp8.cuh): the experts' w1, v1, w2 of `layer`
+// Under expert parallelism's chunked exchange (parallel/expert_parallel_fp8.cuh; --ep-overlap-chunks > 1, block scaling,
+// the weights gathered: fp8_gpu_buffers' hold, ep_fp8_hold): the experts' w1, v1, w2 of `layer`
 // (E experts of F rows, C columns) quantised once into w, w2, w3 (the codes each wants: row-wise q, transposed qt) for
 // every chunk's GEMMs, instead of once per chunk (fp8_weight_gpu returns them); the same codes and factors, as the
 // weight is the same for the layer. Nothing held with the weight cache (it holds them already) or without w3.

@@ -177,6 +177,11 @@ static inline void ep_chunk_lists(EpChunks* ch, const int* offsets, int n, int m
 // which needs the amax of a layer's received rows before it quantises any (block scaling chunks it:
 // parallel/expert_parallel_fp8.cuh)
 static inline int ep_gpu_chunks(int chunks, int recipe) { return recipe == FP8_OFF || recipe == FP8_BLOCK ? chunks : 1; }
+// ... and whether FP8 holds a layer's expert weights for its chunks (a third weight scratch: fp8_hold_expert_weights): EP of
+// n > 1 ranks, block scaling, more than one chunk, and the weights gathered (weight_cache, no shard group: cached already)
+static inline bool ep_fp8_hold(int n, int chunks, int recipe, bool weight_cache) {
+    return n > 1 && recipe == FP8_BLOCK && ep_gpu_chunks(chunks, recipe) > 1 && !weight_cache;
+}
 
 // layer pl's exchange in C chunks; offsets (E + 1): xe's rows per expert (this rank's routing). align: every slice
 // bound of an expert's rows but its last a multiple of align rows from the expert's first (FP8: 16, so that only the

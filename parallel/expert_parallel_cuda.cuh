@@ -536,12 +536,10 @@ static inline void ep_gpu_set_chunks(EpDispatchGpu* D, int chunks) {
     for (EpLayerGpu& a : D->layers) {
         take(&a.cidx, 2 * Rc + 2 * Nk);
         if (D->model->fp8.cfg.recipe != FP8_BLOCK) continue;
-        a.f8rt.assign(chunks, Fp8Routing{});   // (each chunk's segment table: expert_parallel_fp8.cuh)
-        for (Fp8Routing& rt : a.f8rt) {
-            EpDev<int> seg;
-            take(&seg, 2 * El + 1);
-            rt.seg = seg.p;
-        }
+        a.f8rt.assign(chunks, Fp8Routing{});   // (each chunk's segment table, one allocation a layer: expert_parallel_fp8.cuh)
+        EpDev<int> seg;
+        take(&seg, (size_t)chunks * (2 * El + 1));
+        for (int c = 0; c < chunks; c++) a.f8rt[c].seg = seg.p + (size_t)c * (2 * El + 1);
     }
     if (D->dxr.cap < Nk * d) {   // (start-up: the scratch dxr again, for the sender's Nk rows)
         D->allocations.erase(std::find(D->allocations.begin(), D->allocations.end(), (void*)D->dxr.p));

@@ -82,7 +82,7 @@ static inline void ep_gpu_forward_chunked_fp8(EpDispatchGpu* D, int l, const flo
     cudaCheck(cudaEventRecord(D->ev_start, 0));   // (the weight scratch: after the attention's GEMMs read it)
     cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_start, 0));
     const bool q[3] = {true, true, false}, qt[3] = {false, false, true};   // (w1, v1 row-wise; w2 transposed)
-    fp8_hold_expert_weights(&m->fp8, l, w.w1, w.v1, w.w2, El, d, F, q, qt, D->sx);   // once for the chunks, beside dispatch 0
+    if (Rp) fp8_hold_expert_weights(&m->fp8, l, w.w1, w.v1, w.w2, El, d, F, q, qt, D->sx);   // once for the chunks, beside dispatch 0
     run.dispatch(0);
     for (int c = 0; c < C; c++) {
         if (c + 1 < C) run.dispatch(c + 1);
@@ -123,8 +123,9 @@ static inline void ep_gpu_backward_chunked_fp8(EpDispatchGpu* D, int l, const fl
     cudaCheck(cudaEventRecord(D->ev_start, 0));
     cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_start, 0));
     if (m->rc_mode[l] & RC_CSWIGLU) gpu_decompress_rows(m, l, (int)Rp, D->sx);   // --compress-acts: rebuilt from the codes
-    const bool q[3] = {rc, rc, true}, qt[3] = {true, true, rc};   // (w2 row-wise, w1 and v1 transposed; --recompute swiglu all)
-    fp8_hold_expert_weights(&m->fp8, l, w.w1, w.v1, w.w2, El, d, F, q, qt, D->sx);
+    // (w2 row-wise, w1 and v1 transposed; --recompute swiglu's forward also w1 and v1 row-wise: it stops before w2)
+    const bool q[3] = {rc, rc, true}, qt[3] = {true, true, false};
+    if (Rp) fp8_hold_expert_weights(&m->fp8, l, w.w1, w.v1, w.w2, El, d, F, q, qt, D->sx);
     run.dispatch(0);
     for (int c = 0; c < C; c++) {
         if (c + 1 < C) run.dispatch(c + 1);

@@ -141,7 +141,7 @@ static inline long double plan_fp8_scale_bound(long double rows, long double col
 
 // fp8_gpu_buffers' bytes: the quantised scratch of activations, gradients and weights, the scaling state,
 // every layer's padded routing, and with weight_cache (no shard group: S = 1) every block weight's quantised copy
-static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, bool block, bool weight_cache, int n = 1) {
+static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, bool block, bool weight_cache, int n = 1, bool hold = false) {
     long double d = c->d_model, F = c->ffn_hidden, E = c->n_experts, qd = qkv_dim(c), L = c->n_layers, El = E / n;
     long double Rp = N * c->top_k + 15 * E;
     struct Shape { long double rows, cols, nseg; };
@@ -155,10 +155,10 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
         return 2 * elems + (block ? 4 * (sq + st) : 0);
     };
     // (EP, n > 1: the weights of a rank's El experts; act and grad the attention's only, the experts' in the dispatcher's
-    // scratch, ep_exchange below; with block scaling a third expert weight, held for a layer's exchange chunks)
+    // scratch, ep_exchange below; hold: a third expert weight, held for a layer's exchange chunks, ep_fp8_hold)
     long double b = n > 1 ? buf({{N, d, 1}}, false) + buf({{N, qd, 1}, {N, d, 1}}, false)
                           : buf({{N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false) + buf({{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
-    b += buf({{qd, d, 1}, {d, d, 1}, {El * F, d, El}}, true) + buf({{El * F, d, El}}, true) + (n > 1 && block ? buf({{El * F, d, El}}, true) : 0);
+    b += buf({{qd, d, 1}, {d, d, 1}, {El * F, d, El}}, true) + buf({{El * F, d, El}}, true) + (hold ? buf({{El * F, d, El}}, true) : 0);
     long double slots = 14 * L;   // fp8_operand_table: 5 linears x (x, w, dy) per layer, v1's x shared with w1's
     b += slots * (4 + 16 + 4 + 8) + 12;               // scale, scale_inv (16 B apart), amax, sat; tmp_amax (3)
     b += L * ((2 * E + 1) * 4 + (n > 1 ? 0 : Rp * 4));   // per layer: segments, padded row_token (not under EP)
@@ -250,7 +250,7 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     long double att_D = B * H * T;
     p.scratch = bf * N * d + 2 * f4 * N * d + 2 * bf * N * d + bf * N * qd + bf * N * E + f4 * N * k + bf * R * d + f4 * att_D
               + f4 * std::ceil(N / PLAN_LN_ROWS_PER_CHUNK) * d + f4 * (PLAN_GRAD_NORM_BLOCKS + 2) + bf * R * d + 3 * bf * Rx * F;
-    p.fp8_scratch = on8 ? plan_fp8_bytes(c, N, fp8 == FP8_BLOCK, S == 1, n) : 0;
+    p.fp8_scratch = on8 ? plan_fp8_bytes(c, N, fp8 == FP8_BLOCK, S == 1, n, ep_fp8_hold(n, ep_chunks, fp8, S == 1)) : 0;
 
     // routing: the indices of every layer; EP's exchange (ep_gpu_buffers) for Rc planned rows: kept per layer xl
     // (Rc, d) and perm, inv (Rc); shared x, y, dx, dxr (Rc, d); under FP8 four code buffers (Rc, max(d, F)) and

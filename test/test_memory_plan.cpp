@@ -109,14 +109,18 @@ TEST_CASE("the activation classes sum to the model's own buffer walk (dbrx_gpu_m
             int B = BT == 48 ? 3 : 1, T = BT / B;
             // S = 1: the FP8 weights stay in place and are cached (fp8_weight_gpu); S = 2: gathered, not cached. EP 2:
             // the experts' buffers for the planned received rows, FP8's weight scratch for a rank's 2 experts
+            // (EP 2 with 2 exchange chunks: under block scaling with gathered weights a third weight scratch, ep_fp8_hold)
             for (int S : {1, 2})
-                for (int n : {1, 2}) {
-                    MemoryPlan p = memory_plan(&c, B, T, S, n, 2, r);
-                    size_t rows = n > 1 ? (size_t)p.ep_rows : 0;
-                    long double walk = (long double)dbrx_gpu_memory_estimate(&c, B, T, nullptr, &f8, false, rows, S == 1, n);
-                    CAPTURE((int)r); CAPTURE(B); CAPTURE(T); CAPTURE(S); CAPTURE(n);
-                    CHECK(p.saved + p.head + p.scratch + p.fp8_scratch + p.routing_index == walk);
-                }
+                for (int n : {1, 2})
+                    for (int chunks : {1, 2}) {
+                        MemoryPlan p = memory_plan(&c, B, T, S, n, 2, r, EP_CAPACITY_DEFAULT, 0, false, chunks);
+                        size_t rows = n > 1 ? (size_t)p.ep_rows : 0;
+                        bool hold = ep_fp8_hold(n, chunks, r, S == 1);
+                        long double walk = (long double)dbrx_gpu_memory_estimate(&c, B, T, nullptr, &f8, false, rows, S == 1, n, hold);
+                        CAPTURE((int)r); CAPTURE(B); CAPTURE(T); CAPTURE(S); CAPTURE(n); CAPTURE(chunks);
+                        CHECK(p.saved + p.head + p.scratch + p.fp8_scratch + p.routing_index == walk);
+                        if (hold) CHECK(p.fp8_scratch > memory_plan(&c, B, T, S, n, 2, r).fp8_scratch);   // (w3 counted)
+                    }
         }
 }
 
