@@ -69,7 +69,7 @@ typedef struct {
     unsigned long long* sat;                    // device (nslots)
     std::vector<float> last_scale;              // host (nslots): per-tensor scale of the last cast (log)
     Fp8Buf act, grad, w, w2, w3;                // scratch: activations, gradients, weights (w2: v1's; w3: EP + block only, w2's
-                                                // held for a layer's exchange chunks: fp8_hold_expert_weights)
+                                                // held for a layer's exchange chunks: fp8_hold_expert_weights, parallel/expert_parallel_fp8.cuh)
     std::vector<Fp8Routing> routing;            // per layer
     bool collected;                             // amaxes of this step already on the host
     bool frozen = false;                        // --recompute: quantisations record no amax or saturation
@@ -79,7 +79,7 @@ typedef struct {
     std::vector<Fp8Buf> wq;                     // per layer x linear ([layer * FP8_NLIN + lin]): q, qt, (block) factors
     std::vector<const floatX*> wq_src;          // the weight each copy was made from in this step (nullptr: stale)
     // the experts' w1, v1, w2 of one layer quantised once into w, w2, w3 for the GEMMs of its exchange chunks
-    // (fp8_hold_expert_weights; src nullptr: none held), which read them as fp8_weight_gpu's
+    // (fp8_hold_expert_weights, parallel/expert_parallel_fp8.cuh; src nullptr: none held), which read them as fp8_weight_gpu's
     struct { const floatX* src; int layer; bool q, qt; } held[3] = {};
 } Fp8GPU;
 
@@ -485,7 +485,7 @@ static inline const Fp8Buf& fp8_weight_gpu(Fp8GPU* f, int layer, int lin, const 
                                            Fp8Buf* scratch, bool want_q, bool want_qt, cudaStream_t stream) {
     int slot = fp8_slot(f, layer, lin, FP8_OP_W);
     if (!f->wcache) {
-        if (lin >= FP8_LIN_W1) {   // (held for a layer's exchange chunks: fp8_hold_expert_weights)
+        if (lin >= FP8_LIN_W1) {   // (held for a layer's exchange chunks: fp8_hold_expert_weights, parallel/expert_parallel_fp8.cuh)
             const auto& h = f->held[lin - FP8_LIN_W1];
             if (h.src == w && h.layer == layer) {   // (quantising into the scratch now would overwrite held codes)
                 ENSURE((h.q || !want_q) && (h.qt || !want_qt), "layer %d: FP8 weight %d is held without the codes a GEMM wants", layer, lin);
@@ -501,27 +501,6 @@ static inline const Fp8Buf& fp8_weight_gpu(Fp8GPU* f, int layer, int lin, const 
         f->wq_src[i] = w;
     }
     return f->wq[i];
-}
-
-// Under expert parallelism's chunked exchange (parallel/expert_parallel_fp8.cuh; --ep-overlap-chunks > 1, block scaling,
-// the weights gathered: fp8_gpu_buffers' hold, ep_fp8_hold): the experts' w1, v1, w2 of `layer`
-// (E experts of F rows, C columns) quantised once into w, w2, w3 (the codes each wants: row-wise q, transposed qt) for
-// every chunk's GEMMs, instead of once per chunk (fp8_weight_gpu returns them); the same codes and factors, as the
-// weight is the same for the layer. Nothing held with the weight cache (it holds them already) or without w3.
-// fp8_release_expert_weights: back to quantising at every use.
-static inline void fp8_hold_expert_weights(Fp8GPU* f, int layer, const floatX* w1, const floatX* v1, const floatX* w2, int E, int C, int F,
-                                           const bool q[3], const bool qt[3], cudaStream_t stream) {
-    if (f->wcache || !f->w3.q) return;
-    const floatX* ws[3] = {w1, v1, w2};
-    Fp8Buf* bufs[3] = {&f->w, &f->w2, &f->w3};
-    for (int i = 0; i < 3; i++) {
-        fp8_quantize_operand(f, fp8_slot(f, layer, FP8_LIN_W1 + i, FP8_OP_W), true, ws[i], E * F, C, fp8_uniform_segments(E, F), bufs[i], q[i],
-                             qt[i], stream);
-        f->held[i] = {ws[i], layer, q[i], qt[i]};
-    }
-}
-static inline void fp8_release_expert_weights(Fp8GPU* f) {
-    for (auto& h : f->held) h.src = nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -23,6 +23,27 @@
  */
 #pragma once
 
+// The chunked exchange's weights (--ep-overlap-chunks > 1, block scaling, the weights gathered: fp8_gpu_buffers' hold,
+// ep_fp8_hold): the experts' w1, v1, w2 of `layer`
+// (E experts of F rows, C columns) quantised once into w, w2, w3 (the codes each wants: row-wise q, transposed qt) for
+// every chunk's GEMMs, instead of once per chunk (fp8_weight_gpu returns them); the same codes and factors, as the
+// weight is the same for the layer. Nothing held with the weight cache (it holds them already) or without w3.
+// fp8_release_expert_weights: back to quantising at every use.
+static inline void fp8_hold_expert_weights(Fp8GPU* f, int layer, const floatX* w1, const floatX* v1, const floatX* w2, int E, int C, int F,
+                                           const bool q[3], const bool qt[3], cudaStream_t stream) {
+    if (f->wcache || !f->w3.q) return;
+    const floatX* ws[3] = {w1, v1, w2};
+    Fp8Buf* bufs[3] = {&f->w, &f->w2, &f->w3};
+    for (int i = 0; i < 3; i++) {
+        fp8_quantize_operand(f, fp8_slot(f, layer, FP8_LIN_W1 + i, FP8_OP_W), true, ws[i], E * F, C, fp8_uniform_segments(E, F), bufs[i], q[i],
+                             qt[i], stream);
+        f->held[i] = {ws[i], layer, q[i], qt[i]};
+    }
+}
+static inline void fp8_release_expert_weights(Fp8GPU* f) {
+    for (auto& h : f->held) h.src = nullptr;
+}
+
 // Chunk c's padded layout of layer l (ch: ep_chunk_layout's, align 16): its experts' rows, each padded to 16 (f8rt[c]),
 // from f8start[c]; the padded row -> received row map (f8map: padding rows read received row 0, and are quantised as
 // zeros) and the received row -> padded row map (f8inv), on the host for the device
