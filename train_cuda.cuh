@@ -91,11 +91,13 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     // before anything is built per layer (the parameter table alone grows with --n-layers): a run whose planned
     // allocations (--dry-run's plan, margins not counted: a lower bound) exceed the device's memory is refused in
     // one line, as the free-memory check in dbrx_build_shape refuses one that does not fit what is free
+    size_t emb_bytes = 0;   // (--zero-embedding rows: the store allocates them after zero_init)
     {
         int Sp = S > 0 && comm.world % S == 0 ? S : 1, np = args.parallel.expert_parallel > 1 ? args.parallel.expert_parallel : 1;
         MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity,
                                       args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks);
         memory_plan_cp(&plan, &cfg, args.parallel.context_parallel);   // (CP: the GPU ring's buffers)
+        emb_bytes = (size_t)plan.emb_exchange;
         if (plan.allocations > (long double)prop.totalGlobalMem)
             dbrx_gpu_out_of_memory(&cfg, args.run.batch, Tr, (size_t)plan.allocations, (size_t)plan_param_state(&plan));
     }
@@ -111,7 +113,8 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     dbrx_build_shape(&model, &cfg, args.run.batch, Tr, &fp8,
                      zero_gpu_estimate_bytes(&cfg, S > 0 && comm.world % S == 0 ? S : 1, ep_n,
                                              zero_chunk_experts(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib),
-                                             rs_bf16, zero_vocab_rows(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib)) + ep_bytes,
+                                             rs_bf16, zero_vocab_rows(&cfg, S, ep_n, fp8.recipe != FP8_OFF, args.parallel.zero_chunk_mib)) + ep_bytes
+                         + emb_bytes,
                      ep_rows, S == 1 || comm.world % S != 0,   // (FP8: with no shard group the weights stay in place: quantised once per step)
                      ep_rows ? ep_n : 1, ep_rows && ep_fp8_hold(ep_n, args.parallel.ep_chunks, fp8.recipe, S == 1 || comm.world % S != 0));
     ZeroGpu store;   // owns the parameters, gradients and moments on the device: this rank's shard
@@ -127,6 +130,9 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
         printf("note: --ep-overlap-chunks %d has no effect with --fp8 %s: the exchange runs in one piece (per-tensor scaling "
                "quantises a layer's received rows at once; --fp8 block chunks it)\n", args.parallel.ep_chunks, args.fp8.recipe.c_str());
     zero_gpu_set_step_prefetch(&store, args.parallel.zero_prefetch);   // (--zero-prefetch)
+    if (zero_gpu_emb_setup(&store, args.run.batch * Tr) && comm.rank == 0)   // (--zero-embedding rows: parallel/zero_gpu_embedding.cuh)
+        printf("zero: the embedding's rows exchanged per micro-batch (each rank's distinct tokens' rows from their owners, their "
+               "gradients back), not its table gathered (--zero-embedding gather)\n");
     model.activation_bytes += ep_bytes;
     Zero* z = &store.z;
     store.z.fp8_cfg = &model.fp8.cfg;   // the FP8 scaling state that checkpoints carry

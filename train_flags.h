@@ -52,6 +52,7 @@ typedef struct {
     float zero_chunk_mib = 512;      // the GPU store's experts chunks (parallel/zero_gpu_chunks.cuh): MiB of BF16 weights each; 0: whole
     std::string grad_reduce_dtype = "fp32";   // the GPU store's shard-group gradient reduce-scatter: fp32 | bf16 (zero_gpu_comm.cuh)
     int zero_prefetch = 2;         // the GPU store: items of step t+1 gathered during step t's optimizer (zero_gpu_comm.cuh; 0: none)
+    std::string zero_embedding = "rows";   // the GPU store's embedding: its batch's rows exchanged | its table gathered (zero_gpu_embedding.cuh)
 } ParallelArgs;
 typedef struct {                   // checkpoints and Hugging Face interop (checkpoint/)
     std::string dir = "", resume = "", init_hf = "", export_hf = "", export_dtype = "bf16";
@@ -184,6 +185,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
                                                               "more stops every rank with one line naming the numbers (no token is dropped)"},
         {"--grad-reduce-dtype", "", F_STR, &a->parallel.grad_reduce_dtype, "ZeRO-3/HSDP on the GPU: the gradient reduce-scatter in fp32 | bf16 (half the bytes)"},
+        {"--zero-embedding", "", F_STR, &a->parallel.zero_embedding, "ZeRO-3/HSDP on the GPU: the embedding's forward rows and weight-gradient rows exchanged with their owners per batch | gather (the table gathered, its gradient reduce-scattered)"},
         {"--zero-prefetch", "", F_INT, &a->parallel.zero_prefetch, "ZeRO-3/HSDP on the GPU: the next step's first N units gathered during the optimizer (0..2, default 2; 0: none)"},
         {"--zero-chunk-mib", "", F_FLOAT, &a->parallel.zero_chunk_mib, "ZeRO-3/HSDP on the GPU without EP or FP8: a block's experts gathered and reduce-scattered in chunks of "
                                                               "whole experts, the most whose BF16 weights fit M MiB (at least one; default 512: one expert of DBRX-132B); also (S > 1) the embedding and lm_head in one vocabulary slot, their gradients in chunks of vocabulary rows; 0: whole units"},
@@ -387,6 +389,9 @@ static void parallel_args_check(const TrainArgs* a) {
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);
     if (a->parallel.ep_chunks < 1 || a->parallel.ep_chunks > 64)
         fail(EXIT_BAD_INPUT, "--ep-overlap-chunks %d must be in [1, 64] (1: the exchange in one piece)", a->parallel.ep_chunks);
+    if (a->parallel.zero_embedding != "rows" && a->parallel.zero_embedding != "gather")
+        fail(EXIT_BAD_INPUT, "--zero-embedding '%s' must be rows or gather", a->parallel.zero_embedding.c_str());
+    g_zero_embedding_rows = a->parallel.zero_embedding == "rows";   // (parallel/zero.h: the memory plan reads it too)
     if (a->parallel.grad_reduce_dtype != "fp32" && a->parallel.grad_reduce_dtype != "bf16")
         fail(EXIT_BAD_INPUT, "--grad-reduce-dtype '%s' must be fp32 or bf16", a->parallel.grad_reduce_dtype.c_str());
     if (!(a->parallel.comm_timeout >= 0)) fail(EXIT_BAD_INPUT, "--comm-timeout %g must be >= 0 (0: auto)", a->parallel.comm_timeout);

@@ -126,6 +126,9 @@ typedef struct {
     int *emb_unique, *emb_offsets, *emb_positions;   // the embedding-backward plan (N, N + 1, N)
     int emb_U;                         // (the five are one device buffer of 5 N + 1 ints: two copies, dbrx_forward's)
     int* host_in;                      // its pinned host staging copy (the copy does not wait for the device)
+    const int* emb_index;              // (N) the embedding forward's row of each position in p.wte: inputs, or a store's own
+    int emb_exchange;                  // in dbrx_forward's unit 0 begin: 1 (2 training): a store may exchange the batch's
+                                       // rows instead of gathering the table (parallel/zero_gpu_embedding.cuh)
     float* step_out;                   // (2 + L (E + 1)) device: the mean loss (a double) and every layer's router
                                        // statistics, brought to the host by one copy per forward
     std::vector<float> step_out_host;
@@ -279,6 +282,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->params = nullptr;
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->host_in = nullptr;
+    m->emb_index = nullptr; m->emb_exchange = 0;
     m->experts = ExpertHooksGPU{NULL, NULL, NULL}; m->attn = AttentionHooksGPU{NULL, NULL, NULL, NULL, NULL}; m->vocab = VocabHooksGPU{NULL, NULL};
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
@@ -453,9 +457,12 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
     memcpy(hin + N, targets, N * sizeof(int));
     cudaCheck(cudaMemcpyAsync(m->inputs, hin, 2 * (size_t)N * sizeof(int), cudaMemcpyHostToDevice, 0));
     ProfTrack pt = dbrx_prof_track(m);   // (--profile: the ranges begin after the unit hooks' waits for the gathers)
+    m->emb_index = m->inputs;
+    m->emb_exchange = dloss > 0 ? 2 : 1;   // (a store may set p.wte to this batch's rows and emb_index to their order)
     unit_begin(m, 0, UNIT_FORWARD);
+    m->emb_exchange = 0;
     prof_begin(pt, "layer", "embedding");
-    embedding_forward_gpu(m->resid[0], m->inputs, m->p.wte, N, d);
+    embedding_forward_gpu(m->resid[0], m->emb_index, m->p.wte, N, d);
     prof_end(pt);
     unit_end(m, 0, UNIT_FORWARD);
     m->lbl_loss = 0; m->z_loss = 0; m->imbalance = 0;

@@ -203,12 +203,13 @@ static inline uint64_t comm_bytes_sent(const CommGroup* g) {
 // the collectives. MPI: host buffers, complete on return. NCCL: device buffers, enqueued on g->stream
 // (comm_sync waits). Counts are in elements of `t`.
 
-// recv (size * count) <- every rank's send (count), in group-rank order
-static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, size_t count, CommType t) {
+// recv (size * count) <- every rank's send (count), in group-rank order. host: the MPI path even for an NCCL group
+// (host buffers: the embedding's token lists, parallel/zero_gpu_embedding.cuh)
+static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, size_t count, CommType t, bool host = false) {
     size_t es = comm_type_size(t), bytes = count * es;
     g->calls++;
 #ifdef COMM_HAVE_NCCL
-    if (g->nccl) {
+    if (g->nccl && !host) {
         NCCL_CHECK_NB(g->nc, g->name.c_str(), ncclAllGather(send, recv, count * es, ncclInt8, g->nc, g->stream));
         comm_nccl_count(g, (uint64_t)(g->size - 1) * bytes);   // ring: S-1 chunks out
         return;

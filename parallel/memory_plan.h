@@ -77,6 +77,8 @@ typedef struct {
     int vocab_rows;                  // vocabulary rows per gradient chunk of the embedding and the head (0: the units whole)
     long double vocab_slot;          // their BF16 vocabulary slot (in gathered_slots; 0 without vocab_rows)
     long double rc_slot;             // the recompute slot (in gathered_slots; zero_gpu_comm.cuh's zero_gpu_rc_prefetch; 0: none)
+    long double emb_exchange;        // --zero-embedding rows: the batch's rows, their gradients, the plan's table (not in the
+                                     // slots: zero_gpu_embedding.cuh, zero_emb_exchange_bytes; 0: off)
     // activations: per layer (x L) by class, then the rest
     long double layer_attention, layer_norms, layer_router, layer_experts, layer_routing;
     long double saved;               // L x (attention + norms + router + experts), less what --recompute drops
@@ -204,6 +206,13 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     p.gathered_slots = 2 * bf * work + p.vocab_slot + p.rc_slot;
     p.rs_scratch = rs_bf16 ? bf * run : 0;   // --grad-reduce-dtype bf16: one run's gradient in BF16 (zero_gpu_comm.cuh)
     p.grad_slots = 2 * f4 * work + p.rs_scratch;
+    {   // the embedding's row exchange (the same for any layer count: unit 0's runs)
+        DbrxConfig one = *c;
+        one.n_layers = 1;
+        Zero z;
+        zero_unit_layout(&z, &one, dbrx_param_table(&one), S, n, p.chunk_experts, p.vocab_rows);
+        p.emb_exchange = (long double)zero_emb_exchange_bytes(&z, (size_t)N, (size_t)d);
+    }
 
     // activations saved per layer (dbrx_gpu_buffers' per-block buffers), by class
     p.layer_attention = bf * N * d + 2 * f4 * N + 2 * bf * N * qd + f4 * B * H * T + bf * N * d;   // ln1, stats, qkv_pre, qkv, lse, atty
@@ -271,7 +280,7 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
         if (C > 1)
             p.ep_exchange += L * i4 * (2 * Rc + 2 * Nk + (fp8 == FP8_BLOCK ? C * (2 * El + 1) : 0)) + (Nk > Rc ? bf * (Nk - Rc) * d : 0);
     }
-    p.allocations = plan_param_state(&p) + p.gathered_slots + p.grad_slots + p.saved + p.head + p.scratch + p.fp8_scratch
+    p.allocations = plan_param_state(&p) + p.gathered_slots + p.grad_slots + p.emb_exchange + p.saved + p.head + p.scratch + p.fp8_scratch
                   + p.routing_index + p.ep_exchange;
 
     // margins: the communicators parallel/zero.h creates with NCCL (those of one rank connect no peer)
@@ -351,13 +360,14 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
            G(p->master), G(p->grads), G(p->adam_m), G(p->adam_v), G(p->bf16_copy), p->norm_scratch);
     std::string ch = p->chunk_experts ? "experts in chunks of " + std::to_string(p->chunk_experts) : "experts whole";
     printf("  ZeRO working set (S > 1: two slots of %.0Lf params; %s)%*s%9.2f GiB\n", p->slot_params, ch.c_str(),
-           std::max(0, 22 - (int)ch.size()), "", G(p->gathered_slots + p->grad_slots));
+           std::max(0, 22 - (int)ch.size()), "", G(p->gathered_slots + p->grad_slots + p->emb_exchange));
     printf("    gathered bf16 slots %.2f GiB, fp32 gradient slots %.2f GiB", G(p->gathered_slots), G(p->grad_slots - p->rs_scratch));
     if (p->vocab_slot > 0)
         printf("; of the bf16, the vocabulary slot %.2f GiB (the embedding or the head whole: %.0Lf params; their gradients in chunks "
                "of %d rows through the two slots)", G(p->vocab_slot), p->vocab_slot / 2, p->vocab_rows);
     if (p->rc_slot > 0) printf("; the recompute slot %.2f GiB (a block gathered ahead for its recompute)", G(p->rc_slot));
     if (p->rs_scratch > 0) printf(", bf16 reduce-scatter scratch %.2f GiB (--grad-reduce-dtype bf16)", G(p->rs_scratch));
+    if (p->emb_exchange > 0) printf("; the embedding's row exchange %.1f MiB (--zero-embedding rows)", M(p->emb_exchange));
     printf("\n");
     printf("  activations (%d layers; FP8 scratch included)                           %9.2f GiB\n", c->n_layers,
            G(p->saved + p->head + p->scratch + p->fp8_scratch));

@@ -58,6 +58,38 @@ typedef struct {
     cudaEvent_t codes_ready;                    // compute -> comm: this step's codes and side pieces packed
 } ZeroGpuFp8;
 
+// --zero-embedding rows (zero_gpu_embedding.cuh: what each field is for)
+#include <climits>
+#define EMB_ABSENT LLONG_MIN
+
+// one run of the embedding unit (zero_unit_layout's runs of unit 0): this rank's piece [lo, hi) of the unit's flat
+// elements at shard position `at`, its rows [v_lo, v_hi), and this micro-batch's counts (elements)
+typedef struct {
+    size_t lo, hi, at, run_lo;
+    int v_lo, v_hi;
+    size_t table_off;                  // its rows' entries in `table`: (v_hi - v_lo) x S
+    std::vector<size_t> lo_of, hi_of;  // every group rank's piece of the run
+    std::vector<size_t> from, to;      // per group rank: elements of my rows in its piece; of its rows in mine
+    size_t my_start;                   // where the run's rows begin in `rows` / `grads` (elements)
+} EmbRun;
+
+typedef struct ZeroGpuEmb {
+    int on, N, d, S, me;
+    floatX* rows;                      // device (N, d): this micro-batch's distinct tokens' rows, increasing token
+    float* grads;                      // device (N, d): their weight gradients (the sums over each token's positions)
+    int *index, *iota;                 // device (N): each position's row in `rows`; 0, 1, ... (the compact backward)
+    long long* table;                  // device: every run's entries (EmbRun.table_off)
+    int* host_index;                   // pinned (N)
+    long long* host_table;             // pinned, as table
+    size_t table_numel;
+    std::vector<EmbRun> runs;
+    std::vector<int> mine;             // this micro-batch's distinct tokens, increasing
+    std::vector<std::vector<int>> lists;   // every group rank's
+    int active;                        // this forward's unit 0 was exchanged (its end releases the vocabulary slot)
+    int planned;                       // the last training forward exchanged (its backward sends the gradient rows)
+    cudaEvent_t sent;                  // reduce-scatter stream -> compute: `grads` sent (may be overwritten)
+} ZeroGpuEmb;
+
 typedef struct {
     Zero z;                           // layout, groups (NCCL), host shards for checkpoints and import/export
     DbrxGPU* model;
@@ -102,6 +134,7 @@ typedef struct {
     size_t device_bytes;              // what the store allocated on the device
     long long shard_bytes_measured;   // the five shard arrays, measured by the device's free memory
     ZeroGpuFp8 fp8;                   // --fp8-gather (off: fp8.on == 0)
+    ZeroGpuEmb emb;                   // --zero-embedding rows (off: emb.on == 0; zero_gpu_emb_setup)
     std::vector<void*> allocations;
     int plant_deferred;               // DBRX_DEBUG_PLANT=reorder_issue: a prefetch held back until the unit ends (-1: none)
 } ZeroGpu;
@@ -286,6 +319,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     cudaCheck(cudaEventCreateWithFlags(&zg->comm_done, cudaEventDisableTiming));
     zg->device_bytes = zero_gpu_bytes(z, rs_bf16);
     zg->fp8.on = 0;
+    zg->emb.on = zg->emb.active = zg->emb.planned = 0;
     z->state_bytes = zg->device_bytes;
     z->work_bytes = z->S > 1 ? 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) + (rs_bf16 ? zero_max_run_numel(z) * sizeof(floatX) : 0)
                                    + (zero_vocab_slot_numel(z) + zero_rc_slot_numel(z)) * sizeof(floatX) : 0;
@@ -436,6 +470,7 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
 }
 
 #include "zero_gpu_chunks.cuh"
+#include "zero_gpu_embedding.cuh"
 #include "zero_gpu_vocab.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -610,6 +645,7 @@ static inline void zero_free(ZeroGpu* zg) {
     free(z->master); free(z->m); free(z->v);
     z->master = z->m = z->v = NULL;
     zero_gpu_comm_free(zg);
+    zero_gpu_emb_free(zg);
     if (z->ep_n > 1) { comm_group_free(&z->ep); comm_group_free(&z->expert_shard); }
     if (z->P != z->S) comm_group_free(&z->expert_replica_own);
     comm_group_free(&z->shard);

@@ -175,6 +175,7 @@ template <typename Fn> static inline void zero_gpu_adamw_prefetch(ZeroGpu* zg, F
     size_t end = 0;                           // where their units' shards end
     for (int u = 0, j = 0; (int)items.size() < zg->step_prefetch && u < z->n_units;) {
         if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) break;   // (an FP8 block: its codes need the next step's scales)
+        if (u == 0 && zg->emb.on) { u++; continue; }   // (the embedding's rows are exchanged per batch: zero_gpu_embedding.cuh)
         items.push_back({u, j});
         end = std::max(end, z->shard_off[u] + z->shard_numel[u]);
         if (++j >= z->unit_nchunks[u] || zero_vocab_unit(z, u)) { u++; j = 0; }   // (a vocabulary unit: one gather, whole)

@@ -60,6 +60,11 @@ static inline void zero_gpu_vocab_head_ahead(ZeroGpu* zg) {
 static inline void zero_gpu_vocab_begin(ZeroGpu* zg, int u, int phase) {
     DbrxGPU* model = zg->model;
     if (phase == UNIT_BACKWARD_GRADS_ONLY) return;
+    if (u == 0 && phase == UNIT_FORWARD && zg->emb.on && model->emb_exchange) {   // the batch's rows, not the table
+        zero_gpu_emb_forward(zg);                                                  // (zero_gpu_embedding.cuh)
+        zero_gpu_prefetch_next(zg, u, phase);
+        return;
+    }
     zero_gpu_vocab_gather(zg, u);
     if (g_debug_hooks.plant != PLANT_SKIP_GATHER_WAIT) zero_gpu_wait(zg, u, 0);
     model_unit_views(&model->p, zg->vocab, u, &model->cfg, model->table, zg->z.ep_n);
@@ -69,7 +74,10 @@ static inline void zero_gpu_vocab_end(ZeroGpu* zg, int u, int phase) {
     // the head after its forward: kept for its backward, which follows at once (after an evaluation's forward the
     // next gather waits for this event)
     if (phase == UNIT_FORWARD && u == zg->z.n_units - 1) cudaCheck(cudaEventRecord(zg->vocab_free, zg->compute));
-    else zero_gpu_release(zg, u, 0);
+    else if (u == 0 && zg->emb.active) {   // (the exchanged rows read: the slot, the pack's, free for the head)
+        cudaCheck(cudaEventRecord(zg->vocab_free, zg->compute));
+        zg->emb.active = 0;
+    } else zero_gpu_release(zg, u, 0);
     if (phase == UNIT_FORWARD && u == 0) zero_gpu_vocab_head_ahead(zg);   // (the embedding's forward released the slot)
 }
 
@@ -82,6 +90,7 @@ static inline void zero_gpu_vocab_backward(void* ctx, int u) {
     const DbrxConfig* c = &m->cfg;
     int N = m->B * m->T, d = c->d_model, V = c->vocab_size, K = z->unit_nchunks[u], rows = z->vocab_rows;
     bool head = u != 0;
+    if (!head && zg->emb.planned) { zero_gpu_emb_backward(zg); return; }   // (the rows back to their owners)
     // the head: lm_head's input gradient over the whole vocabulary (dlogits (N, V) in m->logits) from the whole weights
     if (head) matmul_backward_gpu(m->dln, (float*)nullptr, m->logits, m->lnf, m->p.lm_head, N, d, V, 0.0f, zg->compute);
     const int* uniq = m->host_in + 2 * (size_t)N;   // the embedding plan's distinct tokens, increasing (dbrx_forward's staging)

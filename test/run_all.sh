@@ -239,6 +239,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         bash test/test_predict_shapes.sh
     section "the store's communication streams: reduce-scatters beside the gathers, one issue order of the communicators (work logs)" \
         bash test/test_comm_streams.sh
+    section "the embedding's rows exchanged with their owners (--zero-embedding rows): bit-identical to the table gathered, fewer bytes, plan = peak" \
+        bash test/test_zero_embedding.sh
     section "the gradient reduce-scatter in BF16 (--grad-reduce-dtype): fp32 the default's bits, bf16 near, half the bytes, the plan's scratch" \
         bash test/test_grad_reduce_dtype.sh
     section "the store's gradient shard overwritten by the first reduce-scatter, not zeroed: near the CPU, a stale-gradient control" \

@@ -9,6 +9,8 @@
 #   - --fp8 delayed at head_dim 48 (the warp-per-row attention kernels, per-tensor quantisation);
 #   - 2 ranks: ZeRO-3 with expert parallelism 2, --fp8 block --fp8-gather (the ZeRO kernels, the FP8 all-gather's
 #     amax/encode/decode, block quantisation of the padded expert layout, the all-to-all's row gathers);
+#   - 3 ranks: ZeRO-3 with the vocabulary slot (--zero-chunk-mib 0.02) and the embedding's rows exchanged (the default
+#     --zero-embedding rows: the pack and the owners' sums, pieces that cut rows);
 #   - 2 ranks: --context-parallel 2 at head_dim 128, 256 tokens (the chunk pairs on the flash kernels, full and causal,
 #     a key prefix and a query range; the merge, pack and unpack kernels);
 #   - --attention-bwd wgmma at head_dim 128 and wgmma-overlap at head_dim 64, 160 tokens (the wgmma backward's dq, overlapped
@@ -46,4 +48,5 @@ run attn-bwd-wgmma-hd128 1 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 1
 run attn-bwd-wgmma-overlap-hd64 1 10 --d-model 128 --n-heads 2 --ffn-hidden 128 --seq 160 --attention-bwd wgmma-overlap --adam-moments bf16
 run fp8-delayed-hd48 1 10 --d-model 96 --n-heads 2 --ffn-hidden 64 --seq 64 --fp8 delayed
 run cp2-hd128 2 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 256 --context-parallel 2 --shard-group-size 2
+run zero3-emb-rows-np3 3 10 --d-model 128 --n-heads 1 --ffn-hidden 128 --seq 64 --shard-group-size 3 --zero-chunk-mib 0.02
 run zero3-ep2-fp8-block-gather 2 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 128 --expert-parallel 2 --fp8 block --fp8-gather

@@ -239,6 +239,10 @@ KERNELS = {
     "experts_zero_empty_kernel": lambda a, g, x: (4 * (a[4] + 1), 0),  # (dw1, dv1, dw2, offsets, E, n, vec): the offsets; 12 n
                                                                         # written per expert without rows (none when balanced)
     "zero_bf16_to_f32_kernel": lambda a, g, x: (2 * a[2], 4 * a[2]),           # (out, x, n): out = x (the step's first)
+    # --zero-embedding rows (parallel/zero_gpu_embedding.cuh): one block per row of the piece, its table row of S entries
+    "zero_emb_pack_kernel": lambda a, g, x: (2 * (a[4] - a[3]) + 8 * g[0] * a[7], 2 * a[8]),  # (pack, shard, table, lo, hi, v_lo, d, S, n_out)
+    "zero_emb_accumulate_kernel": lambda a, g, x: (4 * a[11] + 8 * g[0] * a[7] + (0 if a[9] else 4 * (a[4] - a[3])),
+                                                   4 * (a[4] - a[3])),  # (shard, recv, table, lo, hi, v_lo, d, S, me, first, rs_order, n_in)
     # context parallelism on the GPU (model/attention_cp_cuda.cuh; the chunk pairs: _flash_cp)
     "cp_pack_kv_kernel": lambda a, g, x: (4 * a[2] * a[4] * a[5], 4 * a[2] * a[4] * a[5]),     # (kv, qkv, rows, H, KV, hd): BF16 K|V
     "cp_unpack_dkv_kernel": lambda a, g, x: (8 * a[2] * a[4] * a[5], 4 * a[2] * a[4] * a[5]),  # FP32 dK|dV -> BF16
