@@ -214,6 +214,8 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
         comm_nccl_count(g, (uint64_t)(g->size - 1) * bytes);   // ring: S-1 chunks out
         return;
     }
+#else
+    (void)host;
 #endif
     char* own = (char*)recv + (size_t)g->rank * bytes;
     if (own != send) memmove(own, send, bytes);

@@ -39,7 +39,7 @@ static inline size_t emb_elems_before(const std::vector<int>& list, size_t f, in
 // has token v. One block per row of the piece, threads over its columns; every element read once
 __global__ void zero_emb_pack_kernel(floatX* pack, const floatX* shard, const long long* table, size_t lo, size_t hi, int v_lo, int d,
                                      int S, size_t n_out) {
-    const size_t v = (size_t)v_lo + blockIdx.x, f0 = std::max(lo, v * d), f1 = std::min(hi, v * d + d);
+    const size_t v = (size_t)v_lo + blockIdx.x, f0 = lo > v * d ? lo : v * d, f1 = hi < v * d + d ? hi : v * d + d;
     const long long* t = table + (size_t)blockIdx.x * S;
     for (size_t f = f0 + threadIdx.x; f < f1; f += blockDim.x) {
         floatX x = shard[f - lo];
@@ -53,7 +53,7 @@ __global__ void zero_emb_pack_kernel(floatX* pack, const floatX* shard, const lo
 // (me+1, ..., me-1, me; from +0, so a row no rank sent is +0), then written to the gradient shard (first) or added
 __global__ void zero_emb_accumulate_kernel(float* shard, const float* recv, const long long* table, size_t lo, size_t hi, int v_lo, int d,
                                            int S, int me, int first, int rs_order, size_t n_in) {
-    const size_t v = (size_t)v_lo + blockIdx.x, f0 = std::max(lo, v * d), f1 = std::min(hi, v * d + d);
+    const size_t v = (size_t)v_lo + blockIdx.x, f0 = lo > v * d ? lo : v * d, f1 = hi < v * d + d ? hi : v * d + d;
     const long long* t = table + (size_t)blockIdx.x * S;
     for (size_t f = f0 + threadIdx.x; f < f1; f += blockDim.x) {
         float acc = 0.0f;
