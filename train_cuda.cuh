@@ -130,7 +130,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
         printf("note: --ep-overlap-chunks %d has no effect with --fp8 %s: the exchange runs in one piece (per-tensor scaling "
                "quantises a layer's received rows at once; --fp8 block chunks it)\n", args.parallel.ep_chunks, args.fp8.recipe.c_str());
     zero_gpu_set_step_prefetch(&store, args.parallel.zero_prefetch);   // (--zero-prefetch)
-    if (zero_gpu_emb_setup(&store, args.run.batch * Tr) && comm.rank == 0)   // (--zero-embedding rows: parallel/zero_gpu_embedding.cuh)
+    if (store.emb.on && comm.rank == 0)   // (--zero-embedding rows: parallel/zero_gpu_embedding.cuh)
         printf("zero: the embedding's rows exchanged per micro-batch (each rank's distinct tokens' rows from their owners, their "
                "gradients back), not its table gathered (--zero-embedding gather)\n");
     model.activation_bytes += ep_bytes;

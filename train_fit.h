@@ -11,6 +11,9 @@
  *   --compress-acts        the run's own (--compress-acts SPEC or off), else none, swiglu, attn, swiglu,attn (all layers,
  *                          never a class the --recompute setting recomputes everywhere; not
  *                          bit-identical, so an exact setting of the same recomputed FLOPs ranks first)
+ *   --zero-embedding       rows (the default), and gather where rows has a place (the GPU store's vocabulary slot: its
+ *                          buffers and its communicator's NCCL margin are rows' only, parallel/zero_gpu_embedding.cuh);
+ *                          the run's own where it gives one
  *   --context-parallel N   1, 2, 4, 8, 16 where N divides the GPUs and 2N divides --seq (train_flags.h's
  *                          context_parallel_check, parallel/context_parallel.h): the CP group is N consecutive ranks
  *                          inside the data-parallel ranks, so the plan is the one of T/N tokens per sequence
@@ -27,6 +30,9 @@
  *   2. the fewest recomputed FLOPs (model/recompute.h: what HFU adds over MFU), then the fewest compressed classes.
  *      Predicted (make predict, DBRX-132B seq 4096 on 256 H100s, session 33): the pick, S 256 EP 8 --compress-acts
  *      swiglu, 2847.7 ms per step; HSDP 64 x 4 spread, which needs --recompute moe to fit, 3173.2 ms;
+ *   2b. the embedding's rows exchanged before its table gathered (fewer bytes through the shard group: 1.7 -> 1.6 s
+ *      predicted at 64 GPUs, dev/bench/results_predicted.md), after the recomputation: gathering the table
+ *      rather than recomputing more is the cheaper trade;
  *   3. a shard group inside a node (S <= 8) before one that crosses the network;
  *   4. the higher EP degree inside a node (each rank gathers 1/n of the experts' weights);
  *   5. the larger --ep-capacity-factor (more room for uneven routing before a step is refused);
@@ -52,6 +58,7 @@ typedef struct {
     std::string ca;           // the --compress-acts spec ("" none)
     long double total;        // the plan's total per GPU
     double extra;             // recomputed FLOPs per token / the MFU count
+    int gather;               // --zero-embedding gather where rows has a place
 } FitCandidate;
 
 static inline bool fit_better(const FitCandidate& a, const FitCandidate& b) {
@@ -63,6 +70,7 @@ static inline bool fit_better(const FitCandidate& a, const FitCandidate& b) {
     if (a.extra != b.extra) return a.extra < b.extra;
     auto ncls = [](const std::string& ca) { return ca.empty() ? 0 : 1 + (int)std::count(ca.begin(), ca.end(), ','); };
     if (ncls(a.ca) != ncls(b.ca)) return ncls(a.ca) < ncls(b.ca);   // (exact before compressed, fewer classes first)
+    if (a.gather != b.gather) return a.gather < b.gather;            // (rule 2b: the embedding's rows exchanged)
     if ((a.S <= 8) != (b.S <= 8)) return a.S <= 8;
     if (a.n != b.n) return a.n > b.n;
     if (a.cap != b.cap) return a.cap > b.cap;
@@ -89,6 +97,7 @@ static inline std::string fit_flags(const FitCandidate& f) {
     if (!f.rc.empty()) s += " --recompute " + f.rc;
     if (!f.ca.empty()) s += " --compress-acts " + f.ca;
     if (f.cp > 1) s += " --context-parallel " + std::to_string(f.cp);
+    if (f.gather) s += " --zero-embedding gather";
     return s;
 }
 
@@ -124,12 +133,17 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
                                                        args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks);
                         memory_plan_cp(&p, &cfg, cp);   // (CP: the GPU ring's buffers and communicator, as dry_run_report's plan)
                         tried++;
-                        if (p.total + headroom > capacity) continue;
                         double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
                                                                  cfg.top_k, args.run.seq) / fpt;
-                        fits.push_back({S, n, 0, cp, n > 1 ? cap : 0.0, rc, g_compress.text, p.total, extra});
-                        if (n > 1 && S > 8 && S > n && S / n <= 8)   // the spread twin (the same plan): the expert shard group in a node
-                            fits.push_back({S, n, 1, cp, cap, rc, g_compress.text, p.total, extra});
+                        // --zero-embedding rows, and gather where rows has a place: the same plan less rows' own terms
+                        long double emb = p.emb_exchange + p.nccl_emb;
+                        for (int gather = 0; gather < (emb > 0 ? 2 : 1); gather++) {
+                            long double total = p.total - (gather ? emb : 0);
+                            if (total + headroom > capacity) continue;
+                            fits.push_back({S, n, 0, cp, n > 1 ? cap : 0.0, rc, g_compress.text, total, extra, gather});
+                            if (n > 1 && S > 8 && S > n && S / n <= 8)   // the spread twin (the same plan): the expert shard group in a node
+                                fits.push_back({S, n, 1, cp, cap, rc, g_compress.text, total, extra, gather});
+                        }
                     }
                 }
             }
@@ -138,7 +152,7 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
     g_recompute = saved; g_compress = saved_ca;
     std::sort(fits.begin(), fits.end(), fit_better);
     printf("fit (--fit: %d settings planned for %d GPU(s), micro-batch %d x %d, FP8 %s, %.2f GiB to spare (--fit-headroom); ranked by EP up to 8 where the shard group "
-           "crosses nodes, the smallest --context-parallel, recomputed FLOPs, a shard group inside a node, EP inside a node and higher, a larger --ep-capacity-factor, --ep-layout spread, a smaller shard group: train_fit.h):\n",
+           "crosses nodes, the smallest --context-parallel, recomputed FLOPs, the embedding's rows exchanged, a shard group inside a node, EP inside a node and higher, a larger --ep-capacity-factor, --ep-layout spread, a smaller shard group: train_fit.h):\n",
            tried, gpus, args.run.batch, args.run.seq, args.fp8.recipe.c_str(), (double)args.run.fit_headroom);
     if (fits.empty()) {
         printf("fit: NOTHING FITS in %.2f GiB per GPU with %.2f GiB to spare at %d GPU(s): lower --batch, --seq or --fit-headroom, "

@@ -128,7 +128,7 @@ typedef struct {
     int* host_in;                      // its pinned host staging copy (the copy does not wait for the device)
     const int* emb_index;              // (N) the embedding forward's row of each position in p.wte: inputs, or a store's own
     int emb_exchange;                  // in dbrx_forward's unit 0 begin: 1 (2 training): a store may exchange the batch's
-                                       // rows instead of gathering the table (parallel/zero_gpu_embedding.cuh)
+                                       // rows instead of gathering the table (parallel/README.md, "The embedding's rows")
     float* step_out;                   // (2 + L (E + 1)) device: the mean loss (a double) and every layer's router
                                        // statistics, brought to the host by one copy per forward
     std::vector<float> step_out_host;

@@ -438,7 +438,8 @@ static inline void comm_barrier(CommGroup* g) {
 // Splits `parent` into groups of the ranks with equal `color`, ordered by `key` (MPI_Comm_split).
 // use_nccl: also create the group's NCCL communicator (rank 0 of the group makes the ncclUniqueId and
 // broadcasts it over the group's MPI communicator) and its communication stream.
-static inline CommGroup comm_split(CommGroup* parent, int color, int key, const char* name, int use_nccl) {
+// max_ctas > 0: the NCCL communicator's channels capped (ncclConfig_t.minCTAs = maxCTAs = max_ctas; the twin ignores it)
+static inline CommGroup comm_split(CommGroup* parent, int color, int key, const char* name, int use_nccl, int max_ctas = 0) {
     CommGroup g;
     g.name = name;
     MPI_CHECK(MPI_Comm_split(parent->mpi, color, key, &g.mpi));
@@ -463,6 +464,7 @@ static inline CommGroup comm_split(CommGroup* parent, int color, int key, const 
         // and ncclCommAbort from the thread that finds a failure ends whatever the others are stuck in
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 0;
+        if (max_ctas > 0) config.minCTAs = config.maxCTAs = max_ctas;
         NCCL_CHECK_NB(g.nc, name, platform_nccl_comm_init(&g.nc, g.size, id, g.rank, &config, g.mpi, name));
         {
             std::lock_guard<std::mutex> lock(g_comm_nccl_mu);
@@ -476,6 +478,7 @@ static inline CommGroup comm_split(CommGroup* parent, int color, int key, const 
         g.owns_stream = 1;
         g.nccl = 1;
 #else
+        (void)max_ctas;
         fail(EXIT_BAD_INPUT, "this build has no NCCL (it was built without nvcc)");
 #endif
     }

@@ -60,6 +60,18 @@ static const long double PLAN_CUBLASLT_BYTES = 32 * PLAN_MIB;        // model/ma
 static const long double PLAN_CUDA_CONTEXT_BYTES = 600 * PLAN_MIB;
 static const long double PLAN_NCCL_COMM_BYTES = 4 * PLAN_MIB * 32 * 2 * 2;   // BUFFSIZE x channels x neighbours x graphs
 static const long double PLAN_NCCL_PEER_BYTES = 448 * PLAN_MIB;      // all-to-all, per peer
+static const int PLAN_GPUS_PER_NODE = 8;                              // an HGX H100/H200 node (the step-time model's too)
+// --zero-embedding rows' communicator (parallel/zero_gpu_embedding.cuh), point-to-point only and capped at
+// ZERO_EMB_NCCL_CTAS channels: NCCL's memory is linear in the channels (NVIDIA/nccl#986), so the per-communicator and
+// the per-peer figures above at ZERO_EMB_NCCL_CTAS / 32 for the peers inside a node, and for those across nodes one pool
+// per communicator, whatever their number (NCCL_NET_SHARED_BUFFERS, on by default: channels x 16 steps x the 512 KiB
+// NCCL_P2P_NET_CHUNKSIZE); NCCL's defaults as documented, not measured
+static inline long double plan_nccl_emb_bytes(int S) {
+    long double share = ZERO_EMB_NCCL_CTAS / 32.0L;
+    int near = std::min(S, PLAN_GPUS_PER_NODE) - 1;
+    return PLAN_NCCL_COMM_BYTES * share + near * PLAN_NCCL_PEER_BYTES * share
+         + (S > PLAN_GPUS_PER_NODE ? ZERO_EMB_NCCL_CTAS * 16 * 0.5L * PLAN_MIB : 0);
+}
 static const long double PLAN_H100_BYTES = 81559 * PLAN_MIB, PLAN_H200_BYTES = 143771 * PLAN_MIB;
 // the CUDA half's constants the closed forms use (model/adamw.cuh, model/layernorm.cuh; the test checks the sum)
 static const int PLAN_GRAD_NORM_BLOCKS = 256, PLAN_LN_ROWS_PER_CHUNK = 32;
@@ -102,6 +114,7 @@ typedef struct {
     // margins on a real GPU
     long double cublaslt, cuda_context, nccl;
     int communicators, a2a_peers;
+    long double nccl_emb;            // of nccl: --zero-embedding rows' communicator (plan_nccl_emb_bytes; 0: off)
     std::string comm_names;          // e.g. "shard 64, expert_parallel 8, expert_shard 8"
     long double total;
 } MemoryPlan;
@@ -299,6 +312,8 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     }
     p.a2a_peers = n > 1 ? n - 1 : 0;
     p.nccl = p.communicators * PLAN_NCCL_COMM_BYTES + p.a2a_peers * PLAN_NCCL_PEER_BYTES;
+    p.nccl_emb = p.emb_exchange > 0 ? plan_nccl_emb_bytes(S) : 0;   // (--zero-embedding rows: "embedding", every peer)
+    p.nccl += p.nccl_emb;
     p.cublaslt = PLAN_CUBLASLT_BYTES;
     p.cuda_context = PLAN_CUDA_CONTEXT_BYTES;
     p.total = p.allocations + p.cublaslt + p.cuda_context + p.nccl;
@@ -394,8 +409,13 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
     printf("  margins on a GPU (predicted): cuBLASLt workspace %.0f MiB, CUDA context %.0f MiB, NCCL %.2f GiB\n", M(p->cublaslt),
            M(p->cuda_context), G(p->nccl));
     printf("    NCCL: %d communicator(s) of more than one rank%s%s%s x 512 MiB (4 MiB NCCL_BUFFSIZE x 32 channels x 2 neighbours x 2 graphs)"
-           " + %d all-to-all peer(s) x 448 MiB\n", p->communicators, p->communicators ? " (" : "", p->comm_names.c_str(),
+           " + %d all-to-all peer(s) x 448 MiB", p->communicators, p->communicators ? " (" : "", p->comm_names.c_str(),
            p->communicators ? ")" : "", p->a2a_peers);
+    if (p->nccl_emb > 0)
+        printf(" + the embedding's row exchange %.0f MiB (its communicator of %d ranks at %d channels: %d peer(s) in the node at "
+               "%.0f MiB, those across nodes one shared pool)", M(p->nccl_emb), p->S, ZERO_EMB_NCCL_CTAS, std::min(p->S, PLAN_GPUS_PER_NODE) - 1,
+               M(PLAN_NCCL_PEER_BYTES * ZERO_EMB_NCCL_CTAS / 32));
+    printf("\n");
     printf("  total %.2f GiB of %.2f GiB (%s)\n", G(p->total), G(capacity), capacity_how);
     printf("plan bytes: allocations %.0Lf, total %.0Lf, capacity %.0Lf\n", p->allocations, p->total, capacity);
     if (p->total <= capacity)

@@ -278,27 +278,6 @@ static inline size_t zero_vocab_slot_numel(const Zero* z) {
     return z->vocab_rows > 0 ? std::max(z->unit_numel[0], z->unit_numel[z->n_units - 1]) + z->S : 0;
 }
 
-// --zero-embedding rows|gather (train_flags.h; the GPU store, parallel/zero_gpu_embedding.cuh): the embedding's rows
-// exchanged per micro-batch (1, the default) or its table gathered and its gradient reduce-scattered (0)
-inline int g_zero_embedding_rows = 1;
-// the exchange is on for a layout: S > 1, the vocabulary slot (its pack buffer), every layout rank a piece of the embedding
-static inline bool zero_emb_exchange_on(const Zero* z) { return g_zero_embedding_rows && z->S > 1 && z->vocab_rows > 0 && z->P == z->S; }
-// the exchange's table entries (a row of a run's piece x S) on layout rank p, and the most on any rank
-static inline size_t zero_emb_table_numel(const Zero* z, int p, size_t d) {
-    size_t n = 0;
-    shard_run_pieces(z->runs[0], p, [&](size_t lo, size_t hi, size_t) {
-        if (hi > lo) n += ((hi - z->unit_off[0] + d - 1) / d - (lo - z->unit_off[0]) / d) * (size_t)z->S;
-    });
-    return n;
-}
-// its device bytes for micro-batches of N tokens: rows (BF16) and their gradients (FP32), each position's row and
-// 0..N-1 (ints), the largest table (8-byte entries); 0 where it is off
-static inline size_t zero_emb_exchange_bytes(const Zero* z, size_t N, size_t d) {
-    if (!zero_emb_exchange_on(z)) return 0;
-    size_t t = 1;
-    for (int p = 0; p < z->S; p++) t = std::max(t, zero_emb_table_numel(z, p, d));
-    return N * d * (2 + 4) + 2 * N * 4 + t * 8;
-}
 
 // layout rank r's EP rank and its piece of its EP rank's experts runs (--ep-layout: shard_runs.h's one mapping)
 static inline int ep_rank_of(const Zero* z, int r) { return ep_layout_rank(r, z->ep_n, z->P / z->ep_n, z->ep_spread); }
@@ -713,3 +692,5 @@ static inline void zero_scale_grads(Zero* z, float f) {
 }
 
 DBRX_CHECK_STORE_CONTRACT(Zero, Dbrx);
+
+#include "zero_embedding.h"   // --zero-embedding: the row exchange's layout facts (the GPU store's, the plan's)

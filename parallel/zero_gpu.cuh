@@ -65,7 +65,7 @@ typedef struct {
 // one run of the embedding unit (zero_unit_layout's runs of unit 0): this rank's piece [lo, hi) of the unit's flat
 // elements at shard position `at`, its rows [v_lo, v_hi), and this micro-batch's counts (elements)
 typedef struct {
-    size_t lo, hi, at, run_lo;
+    size_t lo, hi, at, run_lo, chunk;  // (chunk: a rank's piece with its padding, ShardRun.chunk)
     int v_lo, v_hi;
     size_t table_off;                  // its rows' entries in `table`: (v_hi - v_lo) x S
     std::vector<size_t> lo_of, hi_of;  // every group rank's piece of the run
@@ -75,19 +75,24 @@ typedef struct {
 
 typedef struct ZeroGpuEmb {
     int on, N, d, S, me;
+    CommGroup comm;                    // "embedding": the shard group's ranks, at most ZERO_EMB_NCCL_CTAS channels; its stream
+                                       // runs the exchange (pack, both directions' send/recv, the owners' sums)
     floatX* rows;                      // device (N, d): this micro-batch's distinct tokens' rows, increasing token
     float* grads;                      // device (N, d): their weight gradients (the sums over each token's positions)
     int *index, *iota;                 // device (N): each position's row in `rows`; 0, 1, ... (the compact backward)
-    long long* table;                  // device: every run's entries (EmbRun.table_off)
+    long long* table[2];               // device: every run's entries (EmbRun.table_off), one per forward parity
     int* host_index;                   // pinned (N)
-    long long* host_table;             // pinned, as table
+    long long* host_table[2];          // pinned, as table
     size_t table_numel;
     std::vector<EmbRun> runs;
     std::vector<int> mine;             // this micro-batch's distinct tokens, increasing
     std::vector<std::vector<int>> lists;   // every group rank's
+    int forwards, cur;                 // exchanges so far; the last one's table (forwards - 1) % 2
     int active;                        // this forward's unit 0 was exchanged (its end releases the vocabulary slot)
     int planned;                       // the last training forward exchanged (its backward sends the gradient rows)
-    cudaEvent_t sent;                  // reduce-scatter stream -> compute: `grads` sent (may be overwritten)
+    cudaEvent_t ready, arrived;        // compute -> exchange: the plan uploaded (and all before it); exchange -> compute: rows in
+    cudaEvent_t grads_done, sent;      // compute -> exchange: `grads` written; exchange -> compute, reduce-scatter: summed
+    cudaEvent_t table_free[2];         // exchange -> compute: table[b] no longer read
 } ZeroGpuEmb;
 
 typedef struct {
@@ -198,6 +203,7 @@ static inline void zero_gpu_chunk_backward(void* ctx, int l, const floatX* dye, 
 static inline void zero_gpu_ep_chunk_begin(void* ctx, int l, int j, int backward, int train, floatX** w, float** gw);
 static inline void zero_gpu_ep_chunk_end(void* ctx, int l, int j, int backward, int train);
 static inline void zero_gpu_vocab_backward(void* ctx, int u);
+static inline int zero_gpu_emb_setup(ZeroGpu* zg, int N, int rank);
 static inline void zero_gpu_vocab_begin(ZeroGpu* zg, int u, int phase);
 static inline void zero_gpu_vocab_end(ZeroGpu* zg, int u, int phase);
 static inline void zero_gpu_vocab_gather(ZeroGpu* zg, int u);
@@ -345,6 +351,7 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
             ep_gpu_store_chunks(zg->ep_dispatch, z->unit_nchunks[dbrx_experts_unit(0)], z->chunk_experts, zg, zero_gpu_ep_chunk_begin, zero_gpu_ep_chunk_end);
         if (z->vocab_rows) model->vocab = VocabHooksGPU{zero_gpu_vocab_backward, zg};
     }
+    zero_gpu_emb_setup(zg, model->B * model->T, comm->rank);   // (--zero-embedding rows: zero_gpu_embedding.cuh)
     zero_from_host(zg);
     std::vector<CommGroup*> watched = {&z->shard, &z->replica};   // a host blocked behind a stuck collective still ends
     if (ep_n > 1) { watched.push_back(&z->ep); watched.push_back(&z->expert_shard); }
@@ -363,6 +370,10 @@ static inline void zero_gpu_refresh_bf16(ZeroGpu* zg) {
             cudaCheck(cudaEventRecord(zg->comm_done, zero_gpu_rs_stream(zg)));
             cudaCheck(cudaStreamWaitEvent(zg->compute, zg->comm_done, 0));
         }
+    }
+    if (zg->emb.on) {   // (and the embedding's pack, on its exchange's stream)
+        cudaCheck(cudaEventRecord(zg->comm_done, zg->emb.comm.stream));
+        cudaCheck(cudaStreamWaitEvent(zg->compute, zg->comm_done, 0));
     }
     LAUNCH(zero_f32_to_bf16_kernel, zero_grid(n), 256, 0, zg->compute, zg->master_bf16, zg->master, n);
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));

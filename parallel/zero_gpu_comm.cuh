@@ -67,6 +67,7 @@ static inline void zero_gpu_comm_init(ZeroGpu* zg, int rank) {
 }
 
 static inline void zero_gpu_comm_watched(ZeroGpu* zg, std::vector<CommGroup*>* watched) {
+    if (zg->emb.on) watched->push_back(&zg->emb.comm);   // (--zero-embedding rows' own communicator)
     if (!zg->rs_on) return;
     watched->push_back(&zg->rs_shard);
     if (zg->z.ep_n > 1) watched->push_back(&zg->rs_expert_shard);
@@ -74,7 +75,8 @@ static inline void zero_gpu_comm_watched(ZeroGpu* zg, std::vector<CommGroup*>* w
 
 static inline uint64_t zero_gpu_comm_bytes_sent(const ZeroGpu* zg) {
     if (!zg->rs_on) return 0;
-    return comm_bytes_sent(&zg->rs_shard) + (zg->z.ep_n > 1 ? comm_bytes_sent(&zg->rs_expert_shard) : 0);
+    return comm_bytes_sent(&zg->rs_shard) + (zg->z.ep_n > 1 ? comm_bytes_sent(&zg->rs_expert_shard) : 0)
+         + (zg->emb.on ? comm_bytes_sent(&zg->emb.comm) : 0);
 }
 
 static inline void zero_gpu_comm_free(ZeroGpu* zg) {

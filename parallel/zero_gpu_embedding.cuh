@@ -5,20 +5,25 @@
  * nonzero rows; gathered whole, the table costs every rank (S-1)/S V d BF16 in the forward and (S-1)/S V d FP32 in
  * the reduce-scatter: at DBRX-132B on 64 GPUs 1.2 + 2.4 GB per step across nodes, ~80 ms exposed at the step's ends
  * (the predicted trace, dev/bench/results_predicted.md). Here, per micro-batch:
+ * The exchange has its own NCCL communicator over the shard group's ranks, "embedding", capped at ZERO_EMB_NCCL_CTAS
+ * channels (its point-to-point connections reach every rank of the group, and NCCL's buffers per peer grow with the
+ * channels: parallel/memory_plan.h counts them), and its own stream. Per micro-batch:
  *   lists     every rank of the shard group learns every rank's distinct tokens (increasing): one all-gather of
  *             N + 1 ints on the host (MPI), so each rank plans both directions alone, the same plan everywhere
  *   forward   the owner of each piece of the table (a run's piece: shard_runs.h) packs, for every rank q in rank
  *             order, q's rows of its piece (a row cut by a piece boundary: its part) from its BF16 shard into the
  *             vocabulary slot (free then: the head is gathered after the embedding's forward); one grouped
- *             send/recv per run on the gather stream lands them in `rows` (N, d), q's distinct rows in order,
- *             which the embedding forward reads through `index` (each position's row): the gathered table's values
+ *             send/recv per run lands them in `rows` (N, d), q's distinct rows in order, which the embedding
+ *             forward reads through `index` (each position's row): the gathered table's values
  *   backward  the embedding backward sums each distinct token's positions into `grads` (N, d) FP32 (the sums the
- *             table-sized slot would hold), whose rows go back to their owners, one grouped send/recv per run on
- *             the reduce-scatter stream, into the run's gradient slot; the owner adds each element's contributions
- *             in the reduce-scatter's order (ranks r+1, ..., r-1, r: the NCCL twin's ring) and writes (first
- *             micro-batch) or adds the sum to its gradient shard, as the reduce-scatter would
+ *             table-sized slot would hold), whose rows go back to their owners, one grouped send/recv per run,
+ *             into the run's gradient slot once its last reduce-scatter is done; the owner adds each element's
+ *             contributions in the reduce-scatter's order (ranks r+1, ..., r-1, r: the NCCL twin's ring) and writes
+ *             (first micro-batch: the piece's padding too) or adds the sum to its gradient shard, as the
+ *             reduce-scatter would; the reduce-scatter stream then waits for it (the step's reductions follow it)
  * Both directions use one plan per run: for each row of this rank's piece and each rank q, where q's part of the row
- * starts in the packed (forward) or received (backward) buffer (`table`; EMB_ABSENT if q has no such token).
+ * starts in the packed (forward) or received (backward) buffer (`table`, one per forward parity, so the next forward's
+ * upload never waits for this one's backward; EMB_ABSENT if q has no such token).
  * Under the emulator the losses, gradient norms and weights are bit-identical to the gather (test/test_zero_embedding.sh);
  * on a GPU the reduce-scatter's order is NCCL's. The gradient rows travel in FP32 also under --grad-reduce-dtype bf16.
  * Bytes per rank and micro-batch: about U d (2 + 4) (S-1)/S against V d (2 + 4) (S-1)/S, U <= N its distinct tokens.
@@ -74,6 +79,7 @@ static inline void zero_gpu_emb_layout(ZeroGpuEmb* e, const Zero* z, int d) {
     for (const ShardRun& r : z->runs[0]) {
         EmbRun er;
         er.run_lo = r.flat_off - u0;
+        er.chunk = r.chunk;
         er.lo_of.assign(e->S, 0); er.hi_of.assign(e->S, 0);
         for (int p = 0; p < e->S; p++) {
             std::vector<ShardRun> one = {r};
@@ -92,35 +98,43 @@ static inline void zero_gpu_emb_layout(ZeroGpuEmb* e, const Zero* z, int d) {
     }
 }
 
-// --zero-embedding rows (train_cuda.cuh, after zero_init): on where zero_emb_exchange_on says (parallel/zero.h: S > 1,
-// the vocabulary slot for the forward's pack, every layout rank a piece of the embedding); N: the model's tokens per
-// micro-batch. Returns whether it is on
-static inline int zero_gpu_emb_setup(ZeroGpu* zg, int N) {
+// In zero_init, where zero_emb_exchange_on says (parallel/zero.h: --zero-embedding rows, S > 1, the vocabulary slot for
+// the forward's pack, every layout rank a piece of the embedding): the exchange's own communicator over the shard group's
+// ranks, "embedding", capped at ZERO_EMB_NCCL_CTAS channels (its point-to-point buffers per peer scale with them:
+// parallel/memory_plan.h), its stream, the buffers for the model's N tokens per micro-batch. Collective over the world
+// (comm_split): every rank calls it at the same point. Returns whether it is on
+static inline int zero_gpu_emb_setup(ZeroGpu* zg, int N, int rank) {
     ZeroGpuEmb* e = &zg->emb;
     Zero* z = &zg->z;
     e->on = zero_emb_exchange_on(z);
     if (!e->on) return 0;
     const DbrxConfig* c = &zg->model->cfg;
     e->N = N; e->d = c->d_model; e->S = z->S; e->me = z->lrank;
-    ENSURE(zero_unit_group(z, 0)->size == e->S && zero_gpu_rs_group(zg, 0)->size == e->S && zero_unit_group(z, 0)->rank == e->me
-               && zero_gpu_rs_group(zg, 0)->members == zero_unit_group(z, 0)->members,
-           "--zero-embedding rows: the embedding's gather and reduce-scatter groups are not the layout's ranks in its order");
+    e->comm = comm_split(z->world, rank / z->S, rank, "embedding", 1, ZERO_EMB_NCCL_CTAS);
+    ENSURE(e->comm.size == e->S && e->comm.rank == e->me && e->comm.members == zero_unit_group(z, 0)->members,
+           "--zero-embedding rows: the exchange's group is not the embedding's layout ranks in their order");
     zero_gpu_emb_layout(e, z, e->d);
-    size_t bytes = zero_emb_exchange_bytes(z, (size_t)N, e->d), table_max = (bytes - (size_t)N * e->d * 6 - 8 * (size_t)N) / 8;
+    size_t bytes = zero_emb_exchange_bytes(z, (size_t)N, e->d), table_max = (bytes - (size_t)N * e->d * 6 - 8 * (size_t)N) / 16;
     auto take = [&](void** p, size_t b) { *p = (void*)deviceAlloc(char, b); zg->allocations.push_back(*p); };
     take((void**)&e->rows, (size_t)N * e->d * sizeof(floatX));
     take((void**)&e->grads, (size_t)N * e->d * sizeof(float));
     take((void**)&e->index, (size_t)N * sizeof(int));
     take((void**)&e->iota, (size_t)N * sizeof(int));
-    take((void**)&e->table, table_max * sizeof(long long));   // (the most any rank needs: the plan's per-GPU bytes)
+    for (int b = 0; b < 2; b++) {   // (the most any rank needs: the plan's per-GPU bytes)
+        take((void**)&e->table[b], table_max * sizeof(long long));
+        cudaCheck(cudaMallocHost((void**)&e->host_table[b], std::max<size_t>(1, e->table_numel) * sizeof(long long)));
+        cudaCheck(cudaEventCreateWithFlags(&e->table_free[b], cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(e->table_free[b], zg->compute));
+    }
     std::vector<int> iota(N);
     for (int i = 0; i < N; i++) iota[i] = i;
     cudaCheck(cudaMemcpy(e->iota, iota.data(), (size_t)N * sizeof(int), cudaMemcpyHostToDevice));
     cudaCheck(cudaMallocHost((void**)&e->host_index, (size_t)N * sizeof(int)));
-    cudaCheck(cudaMallocHost((void**)&e->host_table, std::max<size_t>(1, e->table_numel) * sizeof(long long)));
-    cudaCheck(cudaEventCreateWithFlags(&e->sent, cudaEventDisableTiming));
-    cudaCheck(cudaEventRecord(e->sent, zg->compute));
-    e->active = e->planned = 0;
+    for (cudaEvent_t* ev : {&e->ready, &e->arrived, &e->grads_done, &e->sent}) {
+        cudaCheck(cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(*ev, zg->compute));
+    }
+    e->active = e->planned = e->forwards = e->cur = 0;
     zg->device_bytes += bytes;
     return 1;
 }
@@ -129,15 +143,15 @@ static inline void zero_gpu_emb_free(ZeroGpu* zg) {
     ZeroGpuEmb* e = &zg->emb;
     if (!e->on) return;
     cudaCheck(cudaFreeHost(e->host_index));
-    cudaCheck(cudaFreeHost(e->host_table));
-    cudaCheck(cudaEventDestroy(e->sent));
+    for (int b = 0; b < 2; b++) { cudaCheck(cudaFreeHost(e->host_table[b])); cudaCheck(cudaEventDestroy(e->table_free[b])); }
+    for (cudaEvent_t ev : {e->ready, e->arrived, e->grads_done, e->sent}) cudaCheck(cudaEventDestroy(ev));
+    comm_group_free(&e->comm);
     e->on = 0;   // (the device buffers are the store's allocations)
 }
 
-// The micro-batch's plan from its tokens (the model's host staging copy): the lists (one host all-gather in the shard
-// group), every run's counts in both directions, each position's row, and this rank's table
-static inline void zero_gpu_emb_plan(ZeroGpu* zg, const int* tokens) {
-    ZeroGpuEmb* e = &zg->emb;
+// The micro-batch's plan from its tokens (the model's host staging copy): the lists (one host all-gather in the
+// exchange's group), every run's counts in both directions, each position's row, and this rank's table (host_table[b])
+static inline void zero_gpu_emb_plan(ZeroGpuEmb* e, const int* tokens, int b) {
     const int N = e->N, S = e->S, d = e->d;
     e->mine.assign(tokens, tokens + N);
     std::sort(e->mine.begin(), e->mine.end());
@@ -146,12 +160,12 @@ static inline void zero_gpu_emb_plan(ZeroGpu* zg, const int* tokens) {
     std::vector<int> send(N + 1, 0), all((size_t)S * (N + 1));   // [U, tokens..., padding] from every rank
     send[0] = (int)e->mine.size();
     std::copy(e->mine.begin(), e->mine.end(), send.begin() + 1);
-    comm_all_gather(zero_unit_group(&zg->z, 0), send.data(), all.data(), (size_t)N + 1, COMM_I32, true);
+    comm_all_gather(&e->comm, send.data(), all.data(), (size_t)N + 1, COMM_I32, true);
     e->lists.assign(S, {});
     for (int q = 0; q < S; q++) {
-        const int* b = all.data() + (size_t)q * (N + 1);
-        ENSURE(b[0] >= 0 && b[0] <= N, "--zero-embedding rows: rank %d of the shard group sent %d distinct tokens (at most %d)", q, b[0], N);
-        e->lists[q].assign(b + 1, b + 1 + b[0]);
+        const int* l = all.data() + (size_t)q * (N + 1);
+        ENSURE(l[0] >= 0 && l[0] <= N, "--zero-embedding rows: rank %d of the shard group sent %d distinct tokens (at most %d)", q, l[0], N);
+        e->lists[q].assign(l + 1, l + 1 + l[0]);
     }
     for (EmbRun& r : e->runs) {
         r.from.assign(S, 0); r.to.assign(S, 0);
@@ -161,7 +175,7 @@ static inline void zero_gpu_emb_plan(ZeroGpu* zg, const int* tokens) {
             r.to[p] = r.hi > r.lo ? emb_elems_before(e->lists[p], r.hi, d) - emb_elems_before(e->lists[p], r.lo, d) : 0;
         }
         // the table: element (v, c) of rank q's part at table[(v - v_lo) S + q] + (c), in q's block of the pack
-        long long* t = e->host_table + r.table_off;
+        long long* t = e->host_table[b] + r.table_off;
         std::fill(t, t + (size_t)(r.v_hi - r.v_lo) * S, EMB_ABSENT);
         size_t base = 0;
         for (int q = 0; q < S; q++) {
@@ -172,79 +186,87 @@ static inline void zero_gpu_emb_plan(ZeroGpu* zg, const int* tokens) {
             base += r.to[q];
         }
     }
-    if (e->table_numel)
-        cudaCheck(cudaMemcpyAsync(e->table, e->host_table, e->table_numel * sizeof(long long), cudaMemcpyHostToDevice, zg->compute));
-    cudaCheck(cudaMemcpyAsync(e->index, e->host_index, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, zg->compute));
 }
 
-// unit 0's begin in dbrx_forward (model->emb_exchange): the plan, then per run the pack into the vocabulary slot and
-// one grouped send/recv over the gather communicator into `rows`; the model's views then read `rows` through `index`
+// unit 0's begin in dbrx_forward (model->emb_exchange): the plan and its upload on the compute stream (into the table
+// of this forward's parity: the other one may still be read by the last backward's sums), then on the exchange's
+// stream per run the pack into the vocabulary slot and one grouped send/recv into `rows`; the model's views then read
+// `rows` through `index`. The compute stream's `ready` orders everything the exchange's stream reads behind what
+// wrote it there: the plan, the BF16 shard (AdamW, a load), the slot's last reader (the head), `rows`' last reader
 static inline void zero_gpu_emb_forward(ZeroGpu* zg) {
     ZeroGpuEmb* e = &zg->emb;
     DbrxGPU* m = zg->model;
-    const int S = e->S;
-    cudaCheck(cudaStreamWaitEvent(zg->compute, e->sent, 0));   // the previous backward's sends done with table and grads
-    zero_gpu_emb_plan(zg, m->host_in);
-    cudaStream_t comm = zero_comm_stream(zg);
-    // the slot free (the head's last reader done) and the plan uploaded (both on the compute stream), the shard current
-    if (zg->vocab_unit >= 0) zg->vocab_unit = -1;
-    cudaCheck(cudaEventRecord(zg->vocab_free, zg->compute));
-    cudaCheck(cudaStreamWaitEvent(comm, zg->vocab_free, 0));
-    cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));
-    prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "embedding rows, unit 0");
-    CommGroup* g = zero_unit_group(&zg->z, 0);
+    const int S = e->S, b = e->forwards++ % 2;
+    cudaStream_t es = e->comm.stream;
+    zero_gpu_emb_plan(e, m->host_in, b);
+    cudaCheck(cudaStreamWaitEvent(zg->compute, e->table_free[b], 0));   // (its last reader: two exchanges ago)
+    if (e->table_numel)
+        cudaCheck(cudaMemcpyAsync(e->table[b], e->host_table[b], e->table_numel * sizeof(long long), cudaMemcpyHostToDevice, zg->compute));
+    cudaCheck(cudaMemcpyAsync(e->index, e->host_index, (size_t)e->N * sizeof(int), cudaMemcpyHostToDevice, zg->compute));
+    zg->vocab_unit = -1;   // (the slot becomes the pack; the head is gathered again after this forward)
+    cudaCheck(cudaEventRecord(e->ready, zg->compute));
+    cudaCheck(cudaStreamWaitEvent(es, e->ready, 0));
+    prof_begin(prof_stream(es, "communication (embedding rows)"), "comm", "embedding rows, unit 0");
     std::vector<size_t> sb(S), rb(S);
     for (const EmbRun& r : e->runs) {
         size_t n_out = 0;
         for (int p = 0; p < S; p++) { sb[p] = r.to[p] * sizeof(floatX); rb[p] = r.from[p] * sizeof(floatX); n_out += r.to[p]; }
         if (r.v_hi > r.v_lo && n_out)
-            LAUNCH(zero_emb_pack_kernel, r.v_hi - r.v_lo, 256, 0, comm, zg->vocab, zg->master_bf16 + r.at, e->table + r.table_off, r.lo, r.hi,
+            LAUNCH(zero_emb_pack_kernel, r.v_hi - r.v_lo, 256, 0, es, zg->vocab, zg->master_bf16 + r.at, e->table[b] + r.table_off, r.lo, r.hi,
                    r.v_lo, e->d, S, n_out);
-        comm_all_to_allv(g, zg->vocab, sb.data(), e->rows + r.my_start, rb.data());
+        comm_all_to_allv(&e->comm, zg->vocab, sb.data(), e->rows + r.my_start, rb.data());
     }
-    prof_end(prof_stream(comm, "communication (shard group)"));
-    cudaCheck(cudaEventRecord(zg->vocab_gathered, comm));
-    cudaCheck(cudaStreamWaitEvent(zg->compute, zg->vocab_gathered, 0));
+    prof_end(prof_stream(es, "communication (embedding rows)"));
+    cudaCheck(cudaEventRecord(e->table_free[b], es));
+    cudaCheck(cudaEventRecord(e->arrived, es));
+    cudaCheck(cudaStreamWaitEvent(zg->compute, e->arrived, 0));
     m->p.wte = e->rows;
     m->emb_index = e->index;
     e->active = 1;
+    e->cur = b;
     e->planned = m->emb_exchange == 2;   // (a training forward: its backward sends the gradient rows)
 }
 
-// unit 0's weight gradient (the vocabulary hook's embedding part): the distinct tokens' sums into `grads`, then per
-// run (chunk j: the run's item, its gradient slot, in the reduce-scatter's chunk order) the rows to their owners and
-// the owners' sums into the gradient shard, on the reduce-scatter stream
+// unit 0's weight gradient (the vocabulary hook's embedding part): the distinct tokens' sums into `grads` on the compute
+// stream, then on the exchange's stream per run (chunk j: the run's item, its gradient slot, in the reduce-scatter's
+// chunk order) the rows to their owners, into the slot once its last reduce-scatter is done, and the owners' sums into
+// the gradient shard (the first micro-batch writes the shard piece, padding included, as a reduce-scatter would). The
+// reduce-scatter stream then waits for it: the step's reductions, after that stream, see the whole shard
 static inline void zero_gpu_emb_backward(ZeroGpu* zg) {
     ZeroGpuEmb* e = &zg->emb;
     Zero* z = &zg->z;
     DbrxGPU* m = zg->model;
-    const int S = e->S, U = (int)e->mine.size();
+    const int S = e->S, U = (int)e->mine.size(), b = e->cur;
     ENSURE(e->planned && U == m->emb_U, "--zero-embedding rows: the embedding's backward without its training forward's plan");
+    cudaStream_t es = e->comm.stream;
+    cudaCheck(cudaStreamWaitEvent(zg->compute, e->sent, 0));   // (the last backward's rows sent out of `grads`)
     cudaCheck(cudaMemsetAsync(e->grads, 0, (size_t)U * e->d * sizeof(float), zg->compute));
     embedding_backward_gpu(e->grads, m->dresid, e->iota, m->emb_offsets, m->emb_positions, U, e->d, zg->compute);
-    cudaStream_t rs = zero_gpu_rs_stream(zg);
-    CommGroup* g = zero_gpu_rs_group(zg, 0);
+    cudaCheck(cudaEventRecord(e->grads_done, zg->compute));
+    cudaCheck(cudaStreamWaitEvent(es, e->grads_done, 0));
     std::vector<size_t> sb(S), rb(S);
     for (int j = (int)e->runs.size() - 1; j >= 0; j--) {
         const EmbRun& r = e->runs[j];
         int slot = zero_item_slot(z, 0, j), item = z->item_base[0] + j;
         bool first = zg->grad_fresh[item];
         zg->grad_fresh[item] = 0;
-        // (the slot's last user, a reduce-scatter, is on the same stream; the compute stream does not write it here)
-        cudaCheck(cudaEventRecord(zg->grads_ready[slot], zg->compute));
-        cudaCheck(cudaStreamWaitEvent(rs, zg->grads_ready[slot], 0));
-        prof_begin(prof_stream(rs, "communication (shard group, reduce-scatter)"), "comm", "embedding gradient rows, unit 0 chunk %d", j);
+        cudaCheck(cudaStreamWaitEvent(es, zg->grads_reduced[slot], 0));   // the slot's last reduce-scatter done (zeros)
+        prof_begin(prof_stream(es, "communication (embedding rows)"), "comm", "embedding gradient rows, unit 0 chunk %d", j);
         size_t n_in = 0;
         for (int p = 0; p < S; p++) { sb[p] = r.from[p] * sizeof(float); rb[p] = r.to[p] * sizeof(float); n_in += r.to[p]; }
         float* recv = zg->gwork[slot] + z->runs[0][j].slot_off;
-        comm_all_to_allv(g, e->grads + r.my_start, sb.data(), recv, rb.data());
+        comm_all_to_allv(&e->comm, e->grads + r.my_start, sb.data(), recv, rb.data());
         if (r.v_hi > r.v_lo)
-            LAUNCH(zero_emb_accumulate_kernel, r.v_hi - r.v_lo, 256, 0, rs, zg->grad + r.at, recv, e->table + r.table_off, r.lo, r.hi, r.v_lo,
+            LAUNCH(zero_emb_accumulate_kernel, r.v_hi - r.v_lo, 256, 0, es, zg->grad + r.at, recv, e->table[b] + r.table_off, r.lo, r.hi, r.v_lo,
                    e->d, S, e->me, first ? 1 : 0, g_debug_hooks.plant == PLANT_EMB_SUM_ORDER ? 0 : 1, n_in);
-        prof_end(prof_stream(rs, "communication (shard group, reduce-scatter)"));
-        if (n_in) cudaCheck(cudaMemsetAsync(recv, 0, n_in * sizeof(float), rs));   // (a slot is all zeros whenever it is free)
-        cudaCheck(cudaEventRecord(zg->grads_reduced[slot], rs));
+        if (first && r.chunk > r.hi - r.lo)   // (the piece's padding, as the reduce-scatter writes it: zeros)
+            cudaCheck(cudaMemsetAsync(zg->grad + r.at + (r.hi - r.lo), 0, (r.chunk - (r.hi - r.lo)) * sizeof(float), es));
+        prof_end(prof_stream(es, "communication (embedding rows)"));
+        if (n_in) cudaCheck(cudaMemsetAsync(recv, 0, n_in * sizeof(float), es));   // (a slot is all zeros whenever it is free)
+        cudaCheck(cudaEventRecord(zg->grads_reduced[slot], es));
     }
-    cudaCheck(cudaEventRecord(e->sent, rs));
+    cudaCheck(cudaEventRecord(e->table_free[b], es));
+    cudaCheck(cudaEventRecord(e->sent, es));
+    cudaCheck(cudaStreamWaitEvent(zero_gpu_rs_stream(zg), e->sent, 0));
     e->planned = 0;
 }

@@ -21,7 +21,9 @@
  *     within 0.1%: test/test_cp.sh);
  *   - DBRX-132B on 64 GPUs, shard group 64, EP 8: the parameter state is 18 B x the shard test_ep.sh ties to
  *     the allocation, and the NCCL margin is five communicators (the reduce-scatters' two among them) and seven
- *     all-to-all peers.
+ *     all-to-all peers;
+ *   - --zero-embedding rows at DBRX-132B, S 8 and 64: its buffers in the allocations (none without the vocabulary slot
+ *     or with one rank a shard group) and its communicator's NCCL margin at 2 of 32 channels, by hand.
  */
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest.h>
@@ -437,3 +439,32 @@ TEST_CASE("the vocabulary slot: chunked vocabulary gradients, the parameters who
 }
 
 int main(int argc, char** argv) { return cuda_test_main(argc, argv, "the memory planner", 20261126); }
+
+TEST_CASE("--zero-embedding rows: its buffers and its communicator's NCCL margin by hand (DBRX-132B, seq 4096)") {
+    DbrxConfig c;
+    REQUIRE(model_preset_lookup("dbrx-132b", &c));
+    const long double N = 4096, d = 6144, MiB = PLAN_MIB;
+    for (int S : {8, 64}) {
+        // --zero-chunk-mib 512 (the default): the vocabulary slot, hence the exchange
+        MemoryPlan on = memory_plan(&c, 1, 4096, S, 8, S, FP8_OFF, EP_CAPACITY_DEFAULT, 512);
+        g_zero_embedding_rows = 0;
+        MemoryPlan off = memory_plan(&c, 1, 4096, S, 8, S, FP8_OFF, EP_CAPACITY_DEFAULT, 512);
+        g_zero_embedding_rows = 1;
+        REQUIRE(on.vocab_rows > 0);
+        // rows BF16 + grads FP32 (N d), index and 0..N-1 (N ints), two tables of (rows of the largest piece) x S entries
+        long double rows_per_piece = std::ceil((long double)on.vocab_rows * d / S / d) + 1;
+        CHECK(on.emb_exchange >= N * d * 6 + 8 * N);
+        CHECK(on.emb_exchange <= N * d * 6 + 8 * N + 2 * 8 * S * rows_per_piece * std::ceil(c.vocab_size / (long double)on.vocab_rows));
+        CHECK(off.emb_exchange == 0);
+        CHECK(on.allocations == off.allocations + on.emb_exchange);
+        // the communicator at 2 of 32 channels: 512 / 16 MiB, 448 / 16 MiB per peer in the node (7), and past one node
+        // one shared pool of 2 channels x 16 steps x 512 KiB
+        long double want = 32 * MiB + 7 * 28 * MiB + (S > 8 ? 16 * MiB : 0);
+        CHECK(on.nccl_emb == want);
+        CHECK(on.nccl == off.nccl + want);
+        CHECK(on.total == off.total + on.emb_exchange + want);
+    }
+    // no vocabulary slot (--zero-chunk-mib 0), one rank a shard group (DDP): none of it
+    CHECK(memory_plan(&c, 1, 4096, 64, 8, 64, FP8_OFF, EP_CAPACITY_DEFAULT, 0).emb_exchange == 0);
+    CHECK(memory_plan(&c, 1, 4096, 1, 8, 8, FP8_OFF, EP_CAPACITY_DEFAULT, 512).nccl_emb == 0);
+}

@@ -49,7 +49,8 @@ done
 
 # --- bit-identity (one expert = 3 x 224 x 128 BF16 = 0.164 MiB: 0.2 -> 1 expert per chunk, 0.7 -> 4; 0.02 -> 1, and the
 # vocabulary's gradients in chunks of 80 rows of d 128 BF16 (the most, x 8, in 0.02 MiB: 81), 5 chunks of V 384)
-E=(--grad-accum 2 --shard-group-size 2 --val-every 2 --sample-every 2)
+# (the embedding's table gathered in both, --zero-embedding gather: the bytes compare the experts' chunks alone)
+E=(--grad-accum 2 --shard-group-size 2 --val-every 2 --sample-every 2 --zero-embedding gather)
 runp whole 2 "${E[@]}" --zero-chunk-mib 0 --export-hf "$tmp/hf_whole" --export-dtype fp32
 runp c1 2 "${E[@]}" --zero-chunk-mib 0.02 --recompute attn --export-hf "$tmp/hf_c1" --export-dtype fp32
 cmp -s "$tmp/hf_whole/model.safetensors" "$tmp/hf_c1/model.safetensors" \
@@ -62,7 +63,7 @@ runp ck3 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.
 # the CPU backend, one process, the same global batch (4 sequences a step): the usual BF16 tolerance (test_zero_gpu.sh's)
 ./train_dbrx_cpu --device cpu "${G[@]}" --grad-accum 4 --val-every 0 --log "$tmp/cpu.jsonl" > "$tmp/cpu.out" 2>&1 || fail "cpu: $(tail -2 "$tmp/cpu.out")"
 runp c4rc 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.7 --recompute moe:0,swiglu:1
-SIMT_STEP_COUNTERS=1 runp h4 4 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02   # (+ the emulated peak memory)
+SIMT_STEP_COUNTERS=1 runp h4 4 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.02 --zero-embedding gather   # (+ the emulated peak)
 DBRX_DEBUG_PLANT=chunk_early_rs runp planted 2 --grad-accum 2 --shard-group-size 2 --val-every 0 --zero-chunk-mib 0.2
 grep -q "in 16 chunks of 1 expert" "$tmp/c1.out" && grep -q "in 4 chunks of 4 expert" "$tmp/c4rc.out" \
     && grep -q "vocabulary slot of 49282 params, their gradients reduce-scattered in 5 chunks of 80 vocabulary rows" "$tmp/c1.out" \
@@ -101,10 +102,11 @@ grep -q "in 8 chunks of 1 expert(s) of a rank's own" "$tmp/ep2.out" && grep -q "
     && ! grep -q "chunks of 1 expert" "$tmp/epw.out" \
     && pass "under --expert-parallel 2 the store says it chunks a rank's own 8 experts (8 chunks of 1); the vocabulary in 5 chunks" \
     || fail "EP: $(grep -i 'chunk' "$tmp/ep2.out" | head -2)"
-./train_dbrx_cpu --dry-run --model dbrx-132b --batch 1 --seq 4096 --shard-group-size 64 --expert-parallel 8 --plan-device h100 > "$tmp/plan_ep8" 2>&1
+./train_dbrx_cpu --dry-run --model dbrx-132b --batch 1 --seq 4096 --shard-group-size 64 --expert-parallel 8 --plan-device h100 \
+    --zero-embedding gather > "$tmp/plan_ep8" 2>&1
 
 # the plans: allocations of the chunked run, the working set at two widths, DBRX-132B at S 64
-D=(--model dbrx-tiny --n-layers 2 --seq 32 --batch 1 --shard-group-size 2 --dry-run --plan-gpus 4)
+D=(--model dbrx-tiny --n-layers 2 --seq 32 --batch 1 --shard-group-size 2 --dry-run --plan-gpus 4 --zero-embedding gather)
 ./train_dbrx_cpu "${D[@]}" --zero-chunk-mib 0.02 > "$tmp/plan_c1" 2>&1
 ./train_dbrx_cpu "${D[@]}" --zero-chunk-mib 0 > "$tmp/plan_whole" 2>&1
 for f in 224 896; do

@@ -8,10 +8,14 @@
 #     --recompute block (the first micro-batch writes the shard, the second adds); HSDP 2x2; EP 2 within ZeRO-3 np 4;
 #     --fp8 block --fp8-gather np 2;
 #   * the exchange is what ran: its start-up line, and every rank sends fewer bytes a step than with the gather;
+#   * a NaN step skipped by the spike guard (np 3, --grad-accum 2): the next step's first micro-batch rewrites the
+#     embedding's pieces with their padding, as the reduce-scatter does (bit-identical to gather after it);
 #   * the negative control: the owners' sums in rank order 0, 1, 2 (DBRX_DEBUG_PLANT=emb_sum_order), not the
 #     reduce-scatter's, change np 3's checkpoint;
 #   * off where it has no place: one rank per shard group (DDP), the units whole (no vocabulary slot): no start-up line,
 #     the same losses as gather; a bad value is refused in one line, exit 2;
+#   * --dry-run --fit takes the table gathered where only that fits without more recomputation (DBRX-132B, 64 H100s,
+#     FP32 moments), the rows exchanged where they fit (BF16 moments);
 #   * the planner: --dry-run's allocations equal the emulated peak (SIMT_STEP_COUNTERS) to 0.1%, with and without it.
 # The step-time model's formulas for its two kernels: test_kernel_bytes.sh. ~3 minutes.
 cd "$(dirname "$0")/.." || exit 1
@@ -58,6 +62,14 @@ for spec in "${cases[@]}"; do
         || fail "$name: bytes sent: rows $(bytes "$name.rows"), gather $(bytes "$name.gather")"
 done
 
+# a NaN step (DBRX_DEBUG_SPIKE=2:nan: the spike guard skips step 2, its gradient shard NaN, padding included): step 3's
+# first micro-batch rewrites every element of the embedding's pieces, padding too (np 3: 2 elements of padding a run)
+for m in rows gather; do DBRX_DEBUG_SPIKE=2:nan runp "nan.$m" 3 --shard-group-size 3 --grad-accum 2 --zero-embedding $m; done
+a=$(numbers nan.rows); b=$(numbers nan.gather)
+[ -n "$a" ] && [ "$a" = "$b" ] && ! grep -qi "nan" <<<"$(grep -o '"grad_norm": [^,]*' "$tmp/nan.rows.jsonl" | tail -1)" \
+    && same_shards nan.rows nan.gather && pass "a NaN step 2, np 3 --grad-accum 2: step 3 on as with the gather, bit for bit ($a)" \
+    || fail "a NaN step 2, np 3: rows '$a' vs gather '$b'"
+
 # the negative control: the owners' sums in another order than the reduce-scatter's (np 3: three terms associate differently)
 DBRX_DEBUG_PLANT=emb_sum_order runp plant 3 --shard-group-size 3
 same_shards plant np3.gather && fail "DBRX_DEBUG_PLANT=emb_sum_order: the checkpoint is still the gather's (the comparison cannot fail)" \
@@ -73,6 +85,19 @@ done
     || fail "the units whole: '$(numbers whole)' vs '$(numbers np2.gather)'"
 expect_exit 2 "--zero-embedding all refused" ./train_dbrx_emu --model dbrx-tiny --zero-embedding all --dry-run
 grep -q -- "--zero-embedding 'all' must be rows or gather" <<<"$LAST_ERR" || fail "--zero-embedding all: the error does not name the flag: $LAST_ERR"
+
+# --dry-run --fit (train_fit.h) ranks the rows exchanged after the recomputation: DBRX-132B on 64 H100s with FP32 moments
+# needs its 0.4 GiB (buffers + NCCL margin) for --recompute attn,swiglu to fit, so it gathers the table there
+# (--zero-embedding gather) and the same flags with the rows exchanged leave under --fit's 4 GiB; with BF16 moments
+# the rows fit, and it keeps them
+F132=(--model dbrx-132b --batch 1 --seq 4096 --plan-gpus 64 --plan-device h100)
+f32=$(./train_dbrx_emu --dry-run --fit "${F132[@]}" 2>&1 | sed -n 's/^fit: \(--shard-group-size [^(]*\) (.*/\1/p')
+f16=$(./train_dbrx_emu --dry-run --fit "${F132[@]}" --adam-moments bf16 2>&1 | sed -n 's/^fit: \(--shard-group-size [^(]*\) (.*/\1/p')
+# shellcheck disable=SC2086
+h=$(./train_dbrx_emu --dry-run "${F132[@]}" ${f32/--zero-embedding gather/} 2>&1 | sed -n 's/^verdict: FITS, \([0-9.]*\) GiB of headroom.*/\1/p')
+[[ "$f32" == *"--zero-embedding gather"* ]] && [[ "$f16" != *"--zero-embedding"* ]] && [ -n "$h" ] && awk -v h="$h" 'BEGIN { exit !(h < 4) }' \
+    && pass "--fit, DBRX-132B on 64 H100s: FP32 moments $f32 (rows exchanged: ${h} GiB of headroom, under 4); BF16 moments keeps the rows: $f16" \
+    || fail "--fit with the exchange: FP32 moments '$f32' (its rows twin's headroom '$h'), BF16 moments '$f16'"
 
 # the planner: the emulated peak of every rank against --dry-run's allocations (rows and gather: the exchange's buffers
 # are exactly the difference); another batch's plan is not it (the negative control)

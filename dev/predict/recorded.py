@@ -47,18 +47,20 @@ CONFIGS = [
     ("DBRX-132B, 64 H100 (8 nodes): the same, --ep-layout spread (the expert shard group in a node, EP 8 across nodes)",
      "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute moe", "2 4", False),
+    # (FP32 moments: the embedding's row exchange, 0.4 GiB with its NCCL margin, would leave under --fit's 4 GiB to spare,
+    # so --fit gathers the table here: train_fit.h rule 2b)
     ("DBRX-132B, 64 H100 (8 nodes): the --fit pick with the experts in chunks under EP: spread, --ep-capacity-factor 1, "
-     "--recompute attn,swiglu, --compress-acts attn", "dbrx-132b", 1, 4096, 64, "h100-sxm",
+     "--recompute attn,swiglu, --compress-acts attn, --zero-embedding gather", "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute attn,swiglu "
-     "--compress-acts attn", "2 4", False),
+     "--compress-acts attn --zero-embedding gather", "2 4", False),
     # the same with the exchange in 4 row slices per weight chunk, and with BF16 reduce-scatters (issue 24's targets:
     # exposed communication <= 10% of the step, MFU >= 40%)
     ("DBRX-132B, 64 H100 (8 nodes): the --fit pick, --ep-overlap-chunks 4", "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute attn,swiglu "
-     "--compress-acts attn --ep-overlap-chunks 4", "2 4", False),
+     "--compress-acts attn --zero-embedding gather --ep-overlap-chunks 4", "2 4", False),
     ("DBRX-132B, 64 H100 (8 nodes): the --fit pick, --grad-reduce-dtype bf16", "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute attn,swiglu "
-     "--compress-acts attn --grad-reduce-dtype bf16", "2 4", False),
+     "--compress-acts attn --zero-embedding gather --grad-reduce-dtype bf16", "2 4", False),
     # BF16 AdamW moments: 4 bytes a parameter of the shard less, so --fit recomputes only SwiGLU (at capacity 1.25); alone,
     # and with BF16 reduce-scatters (their scratch fits beside it)
     ("DBRX-132B, 64 H100 (8 nodes): --adam-moments bf16 and its --fit pick: spread, --ep-capacity-factor 1.25, --recompute swiglu",
