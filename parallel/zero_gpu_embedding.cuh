@@ -114,7 +114,8 @@ static inline int zero_gpu_emb_setup(ZeroGpu* zg, int N, int rank) {
     ENSURE(e->comm.size == e->S && e->comm.rank == e->me && e->comm.members == zero_unit_group(z, 0)->members,
            "--zero-embedding rows: the exchange's group is not the embedding's layout ranks in their order");
     zero_gpu_emb_layout(e, z, e->d);
-    size_t bytes = zero_emb_exchange_bytes(z, (size_t)N, e->d), table_max = (bytes - (size_t)N * e->d * 6 - 8 * (size_t)N) / 16;
+    ENSURE(e->table_numel == zero_emb_table_numel(z, e->me, e->d), "--zero-embedding rows: the table's layout disagrees with the plan's");
+    size_t bytes = zero_emb_exchange_bytes(z, (size_t)N, e->d), table_max = zero_emb_table_max(z, e->d);
     auto take = [&](void** p, size_t b) { *p = (void*)deviceAlloc(char, b); zg->allocations.push_back(*p); };
     take((void**)&e->rows, (size_t)N * e->d * sizeof(floatX));
     take((void**)&e->grads, (size_t)N * e->d * sizeof(float));
