@@ -189,9 +189,9 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--zero-prefetch", "", F_INT, &a->parallel.zero_prefetch, "ZeRO-3/HSDP on the GPU: the next step's first N units gathered during the optimizer (0..2, default 2; 0: none)"},
         {"--zero-chunk-mib", "", F_FLOAT, &a->parallel.zero_chunk_mib, "ZeRO-3/HSDP on the GPU without EP or FP8: a block's experts gathered and reduce-scattered in chunks of "
                                                               "whole experts, the most whose BF16 weights fit M MiB (at least one; default 512: one expert of DBRX-132B); also (S > 1) the embedding and lm_head in one vocabulary slot, their gradients in chunks of vocabulary rows; 0: whole units"},
-        {"--ep-overlap-chunks", "", F_INT, &a->parallel.ep_chunks, "EP on the GPU: each MoE layer's exchange in N chunks of every expert's "
-                                                              "rows, chunk c's experts computed while chunk c+1 is dispatched and c-1 combined (1..64, default "
-                                                              EP_OVERLAP_CHUNKS_DEFAULT_S "; 1: one exchange; BF16 the same losses; --fp8 delayed|current one piece)"},
+        {"--ep-overlap-chunks", "", F_INT, &a->parallel.ep_chunks, "EP on the GPU: each MoE layer's exchange in N slices of every local "
+                                                              "expert's rows, a chunk each, computed while the next is dispatched and the previous combined (1..64, "
+                                                              "default " EP_OVERLAP_CHUNKS_DEFAULT_S "; 1: one exchange; BF16 the same losses; --fp8 delayed|current one piece)"},
         {"--shard-group-size", "", F_INT, &a->parallel.shard_group_size, "S: shard parameters, gradients and AdamW state over groups of S "
                                                                  "consecutive ranks, replicate across ranks/S groups (0 = all ranks: "
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},

@@ -117,21 +117,21 @@ static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* coun
         }
 }
 
-// The exchange of one layer in C chunks (--ep-overlap-chunks: the GPU overlaps chunk c's experts with the
-// exchange of chunks c - 1 and c + 1, expert_parallel_cuda.cuh). Rank r's local expert j has C slices of its
-// expert-major rows (every peer's, in peer order: the unchunked order), slice s = [b(s), b(s + 1)),
-// b(s) = lo_j + cnt_j s / C. Slicing so keeps every row's place in the expert-major order: the experts'
-// forward and input gradients are row by row, and the weight gradients can run over each expert's rows in
-// one piece, in the unchunked order, after the last chunk (the same sums, bit for bit). Slice s holds the rows
-// of peers about [s n / C, (s + 1) n / C): were chunk c slice c on every rank, in chunk c those peers would send
-// all their rows and the others none, each chunk's exchange as long as the whole one on a link-bound fabric.
-// So rank r takes its slices in a rotated order, chunk c = slice (c + r C / n) mod C: in each chunk every
-// rank sends to about n / C ranks, 1/C of its rows (balanced routing), and chunk 0 is the slice of rank r's
-// own rows (C >= n: only those, which never leave the GPU). The sender's rows of a chunk for a peer are one
-// contiguous piece of xe per expert of that peer (xe keeps a peer's rows in the order they take there), so
-// they are staged chunk-major first (stage) and the chunk travels as one all-to-all(v); from peer q come, per
-// chunk, its pieces for my experts in expert order. C = 1 is the unchunked exchange: stage the identity,
-// perm ep_plan's.
+// The exchange of one layer in chunks (--ep-overlap-chunks N: the GPU overlaps chunk c's experts with the
+// exchange of chunks c - 1 and c + 1, expert_parallel_cuda.cuh). Rank r's local expert j has N slices of its
+// expert-major rows (every peer's, in peer order: the unchunked order), slice t = [b(t), b(t + 1)),
+// b(t) = lo_j + cnt_j t / N, and each (expert, slice) is a chunk of its own (ep_chunk_layout: C = El N). Slicing
+// so keeps every row's place in the expert-major order: the experts' forward and input gradients are row by row,
+// and the weight gradients can run over each expert's rows in one piece, in the unchunked order, after the last
+// chunk (the same sums, bit for bit). Slice t holds the rows of peers about [t n / N, (t + 1) n / N): were it
+// every rank's t-th chunk of the expert, those peers would send all their rows for it and the others none, each
+// chunk's exchange as long as the whole one on a link-bound fabric. So rank r takes an expert's slices in a
+// rotated order, slice (t + r N / n) mod N: in each chunk every rank sends to about n / N ranks, 1 / (El N) of
+// its rows (balanced routing), and each expert's first chunk is the slice of rank r's own rows (N >= n: only
+// those, which never leave the GPU). The sender's rows of a chunk for a peer are one contiguous piece of xe per
+// expert of that peer (xe keeps a peer's rows in the order they take there), so they are staged chunk-major
+// first (stage) and the chunk travels as one all-to-all(v); from peer q come, per chunk, its pieces for my
+// experts in expert order. One chunk (C = 1) is the unchunked exchange: stage the identity, perm ep_plan's.
 typedef struct {
     int C = 1;
     std::vector<size_t> send_rows, recv_rows;     // (C, n): rows to / from peer p in chunk c
@@ -183,32 +183,40 @@ static inline bool ep_fp8_hold(int n, int chunks, int recipe, bool weight_cache)
     return n > 1 && recipe == FP8_BLOCK && ep_gpu_chunks(chunks, recipe) > 1 && !weight_cache;
 }
 
-// layer pl's exchange in C chunks; offsets (E + 1): xe's rows per expert (this rank's routing). align: every slice
-// bound of an expert's rows but its last a multiple of align rows from the expert's first (FP8: 16, so that only the
-// slice with an expert's last rows needs padding in the padded layout: parallel/expert_parallel_fp8.cuh)
-static inline void ep_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int C, EpChunks* ch, int align = 1) {
-    int n = ep->n, El = E / n, me = ep->rank;
+// layer pl's exchange in N slices of every local expert's rows, one chunk per (expert, slice): C = El N chunks, chunk
+// c = j N + t carrying slice (t + r N / n) mod N of rank r's expert j (rotated as above) and nothing of its other
+// experts. offsets (E + 1): xe's rows per expert (this rank's routing). align: every slice bound of an expert's rows
+// but its last a multiple of align rows from the expert's first (FP8: 16, so that only the slice with an expert's
+// last rows needs padding in the padded layout: parallel/expert_parallel_fp8.cuh). By expert, because the experts'
+// GEMMs are per expert anyway: a chunk's GEMMs are an N-th of one expert's rows, while the first dispatch and the
+// last combine (the layer's fill and drain, which nothing covers) carry an El N-th of the rows. (Until session 54
+// chunk c was slice c of every expert: at N = 2, El = 2 the fill and drain carried half the rows, and 4 chunks
+// halved the GEMMs.) Each expert's rows keep their expert-major places: the same sums, bit for bit.
+static inline void ep_chunk_layout(const ExpertParallel* ep, const EpPlan* pl, const int* offsets, int E, int N, EpChunks* ch, int align = 1) {
+    int n = ep->n, El = E / n, me = ep->rank, C = N == 1 ? 1 : El * N;   // (N = 1: one chunk, every expert whole)
     const std::vector<int>& all = pl->all;
     // rank r's expert j: its first expert-major row (lo), its rows (cnt), and peer q's first among them (base)
     auto cnt = [&](int r, int j) { int s = 0; for (int q = 0; q < n; q++) s += all[(size_t)q * E + r * El + j]; return s; };
     auto lo = [&](int r, int j) { int s = 0; for (int jj = 0; jj < j; jj++) s += cnt(r, jj); return s; };
     auto base = [&](int q, int r, int j) { int s = lo(r, j); for (int qq = 0; qq < q; qq++) s += all[(size_t)qq * E + r * El + j]; return s; };
-    auto bound = [&](int r, int j, int s) { return lo(r, j) + (s == C ? cnt(r, j) : (int)((long long)cnt(r, j) * s / C) / align * align); };
-    auto slice = [&](int r, int c) { return (int)((c + (long long)r * C / n) % C); };   // rank r's chunk c
+    auto bound = [&](int r, int j, int t) { return lo(r, j) + (t == N ? cnt(r, j) : (int)((long long)cnt(r, j) * t / N) / align * align); };
+    auto slice = [&](int r, int c) { return (int)((c % N + (long long)r * N / n) % N); };   // rank r's chunk c: its expert c / N's slice
     // the piece of peer q's rows for rank r's expert j in chunk c: expert-major rows [*s0, *s1) of rank r
     auto piece = [&](int q, int r, int j, int c, int* s0, int* s1) {
-        int b = base(q, r, j), e = b + all[(size_t)q * E + r * El + j], s = slice(r, c);
-        *s0 = std::max(b, bound(r, j, s)); *s1 = std::min(e, bound(r, j, s + 1));
-        if (*s1 < *s0) *s1 = *s0;
+        int b = base(q, r, j), e = b + all[(size_t)q * E + r * El + j], t = slice(r, c);
+        *s0 = std::max(b, bound(r, j, t)); *s1 = std::max(*s0, std::min(e, bound(r, j, t + 1)));
     };
     ch->C = C;   // (the row counts and lists: ep_chunk_lists)
     ch->first.assign((size_t)El * C, 0); ch->last.assign((size_t)El * C, 0);
+    auto j0 = [&](int c) { return C == 1 ? 0 : c / N; };   // chunk c's experts: [j0, j1)
+    auto j1 = [&](int c) { return C == 1 ? El : c / N + 1; };
     for (int j = 0; j < El; j++)
         for (int c = 0; c < C; c++) {
-            ch->first[(size_t)j * C + c] = bound(me, j, slice(me, c));
-            ch->last[(size_t)j * C + c] = bound(me, j, slice(me, c) + 1);
+            bool in = j0(c) <= j && j < j1(c);
+            ch->first[(size_t)j * C + c] = in ? bound(me, j, slice(me, c)) : pl->loffsets[j];
+            ch->last[(size_t)j * C + c] = in ? bound(me, j, slice(me, c) + 1) : pl->loffsets[j];
         }
-    ep_chunk_lists(ch, offsets, n, me, El, pl->R, piece, base, [](int) { return 0; }, [&](int) { return El; });
+    ep_chunk_lists(ch, offsets, n, me, El, pl->R, piece, base, j0, j1);
 }
 
 // chunk c's rows of `row_bytes` (ch: ep_chunk_layout): there (send: the staged rows, recv: the received

@@ -155,15 +155,16 @@ static inline size_t ep_gpu_buffers(EpDispatchGpu* D, const DbrxConfig* c, int n
     return bytes;
 }
 
-// --ep-overlap-chunks C > 1: the device memory the chunked exchange adds to ep_gpu_buffers' for Rc planned rows
+// --ep-overlap-chunks N > 1: the device memory the chunked exchange adds to ep_gpu_buffers' for Rc planned rows
 // and Nk routed rows (tokens x top-k) per micro-batch on an EP group of n: per layer its indices (ep_chunk_layout's
-// perm, inv, stage, unstage: 2 Rc + 2 Nk ints; --fp8 block: every chunk's segment table, 2 E/n + 1 ints), and room
+// perm, inv, stage, unstage: 2 Rc + 2 Nk ints; --fp8 block: every chunk's segment table, E/n N chunks of 2 E/n + 1
+// ints), and room
 // for Nk rows in the scratch dxr (the sender's results come back there: Rc rows already, unless
 // --ep-capacity-factor < 1). recipe: the FP8 recipe; under a per-tensor one the exchange stays whole (ep_gpu_chunks).
 static inline size_t ep_gpu_chunk_bytes(const DbrxConfig* c, size_t Rc, size_t Nk, int n, int chunks, int recipe) {
     chunks = ep_gpu_chunks(chunks, recipe);
     if (chunks <= 1) return 0;
-    size_t seg = recipe == FP8_BLOCK ? (size_t)chunks * (2 * (c->n_experts / n) + 1) : 0;
+    size_t El = c->n_experts / n, seg = recipe == FP8_BLOCK ? (size_t)chunks * El * (2 * El + 1) : 0;
     return (size_t)c->n_layers * (2 * Rc + 2 * Nk + seg) * sizeof(int) + (Nk > Rc ? (Nk - Rc) * c->d_model * sizeof(floatX) : 0);
 }
 
@@ -536,10 +537,10 @@ static inline void ep_gpu_set_chunks(EpDispatchGpu* D, int chunks) {
     for (EpLayerGpu& a : D->layers) {
         take(&a.cidx, 2 * Rc + 2 * Nk);
         if (D->model->fp8.cfg.recipe != FP8_BLOCK) continue;
-        a.f8rt.assign(chunks, Fp8Routing{});   // (each chunk's segment table, one allocation a layer: expert_parallel_fp8.cuh)
+        a.f8rt.assign(chunks * El, Fp8Routing{});   // (each chunk's segment table, one allocation a layer: expert_parallel_fp8.cuh)
         EpDev<int> seg;
-        take(&seg, (size_t)chunks * (2 * El + 1));
-        for (int c = 0; c < chunks; c++) a.f8rt[c].seg = seg.p + (size_t)c * (2 * El + 1);
+        take(&seg, (size_t)chunks * El * (2 * El + 1));
+        for (int c = 0; c < chunks * El; c++) a.f8rt[c].seg = seg.p + (size_t)c * (2 * El + 1);
     }
     if (D->dxr.cap < Nk * d) {   // (start-up: the scratch dxr again, for the sender's Nk rows)
         D->allocations.erase(std::find(D->allocations.begin(), D->allocations.end(), (void*)D->dxr.p));
@@ -547,7 +548,9 @@ static inline void ep_gpu_set_chunks(EpDispatchGpu* D, int chunks) {
         take(&D->dxr, Nk * d);
     }
     cudaCheck(cudaStreamCreateWithFlags(&D->sx, cudaStreamNonBlocking));
-    int ne = chunks * std::max(1, D->zc_K);   // (with --zero-chunk-mib: `chunks` slices of each of the K weight chunks, expert_parallel_zc.cuh)
+    // the exchange's chunks: `chunks` slices of each local expert (ep_chunk_layout), or with --zero-chunk-mib of each
+    // of the K weight chunks (expert_parallel_zc.cuh)
+    int ne = chunks * (D->zc_K > 1 ? D->zc_K : El);
     D->ev_in.resize(ne); D->ev_out.resize(ne);
     for (int c = 0; c < ne; c++) {
         cudaCheck(cudaEventCreateWithFlags(&D->ev_in[c], cudaEventDisableTiming));

@@ -123,9 +123,10 @@ static inline void ep_gpu_forward_chunked_fp8(EpDispatchGpu* D, int l, const flo
 }
 
 // The backward: dye's rows chunk by chunk to the experts' ranks; on the experts' stream, as each chunk arrives, its
-// padded rows gathered, --recompute swiglu's g, u (act) of them, and fp8_experts_backward_gpu (the input gradients,
-// and the weight gradients added to the layer's), the input gradients back to the received places; the next chunk
-// dispatched and the previous combined beside it
+// padded rows gathered, --recompute swiglu's g, u (act) of them, fp8_experts_backward_gpu's input gradients, those
+// back to the received places, then its weight gradients (added to the layer's) while they are combined; the next
+// chunk dispatched and the previous combined beside it. So the last chunk's combine is hidden behind its weight
+// gradients, as ep_gpu_backward_chunked's behind the experts' weight gradients
 static inline void ep_gpu_backward_chunked_fp8(EpDispatchGpu* D, int l, const floatX* dye, floatX* dxe) {
     DbrxGPU* m = D->model;
     const BlockViews<floatX>& w = m->p.blocks[l];
@@ -152,22 +153,28 @@ static inline void ep_gpu_backward_chunked_fp8(EpDispatchGpu* D, int l, const fl
         if (c + 1 < C) run.dispatch(c + 1);
         cudaCheck(cudaStreamWaitEvent(D->sx, D->ev_in[c], 0));
         size_t P0 = a->f8start[c], Pc = a->f8start[c + 1] - P0, rd = P0 * d, rf = P0 * F;
+        floatX* act = ma->act ? ma->act + rf : nullptr;
         if (Pc) {
             moe_gather_gpu(dyl + rd, run.recv, ix + P0, (int)Pc, d, D->sx);   // the padded layout (padding: quantised as zeros)
             ep_fp8_chunk_swap(D, l, c, true);
-            floatX* act = ma->act ? ma->act + rf : nullptr;
             if (rc) {   // --recompute swiglu: g, u, act of the kept rows again (recording no amax)
                 m->fp8.frozen = true;
                 fp8_experts_forward_gpu(&m->fp8, l, nullptr, ma->g + rf, ma->u + rf, act, xl + rd, w.w1, w.v1, w.w2, El, d, F, D->sx);
                 m->fp8.frozen = false;
             }
             fp8_experts_backward_gpu(&m->fp8, l, dxl + rd, gw.w1, gw.v1, gw.w2, da + rf, dg + rf, du + rf, dyl + rd, xl + rd, ma->g + rf,
-                                     ma->u + rf, act, w.w1, w.v1, w.w2, El, d, F, D->sx);
-            ep_fp8_chunk_swap(D, l, c, false);
+                                     ma->u + rf, act, w.w1, w.v1, w.w2, El, d, F, D->sx, 1.0f, FP8_BWD_DATA);
         }
         run.finish(c, dxl, ix + Rp);   // (back to the received places; combine c - 1)
+        if (Pc) {   // the weight gradients after the input gradients left: the combine of chunk c runs beside them
+            fp8_experts_backward_gpu(&m->fp8, l, dxl + rd, gw.w1, gw.v1, gw.w2, da + rf, dg + rf, du + rf, dyl + rd, xl + rd, ma->g + rf,
+                                     ma->u + rf, act, w.w1, w.v1, w.w2, El, d, F, D->sx, 1.0f, FP8_BWD_WEIGHTS);
+            ep_fp8_chunk_swap(D, l, c, false);
+        }
     }
     fp8_release_expert_weights(&m->fp8);
-    run.combine(C - 1);   // (after the last chunk's weight gradients: the unit's end reduces them)
+    cudaCheck(cudaEventRecord(D->ev_end, D->sx));
+    run.combine(C - 1);   // (beside the last chunk's weight gradients)
+    cudaCheck(cudaStreamWaitEvent(0, D->ev_end, 0));   // (the weight gradients: the unit's end reduces them)
     if (S) moe_gather_gpu(dxe, run.home, ix + Rp + R + S, (int)S, d);   // dye's layout
 }

@@ -362,13 +362,14 @@ static void ep_counts_exchange(void* ctx, const void*, const size_t*, void* recv
     (void)ctx;
     memcpy(recv, g_ep_counts.data(), g_ep_counts.size() * sizeof(int));
 }
-TEST_CASE("ep_chunk_layout: permutations, the unchunked plan at C = 1, ranks agree chunk by chunk, every row once, balanced chunks") {
+TEST_CASE("ep_chunk_layout: permutations, the unchunked plan at N = 1, ranks agree chunk by chunk, every row once, balanced chunks, "
+          "one expert a chunk") {
     int n = 8, E = 16, El = E / n;
     for (int uneven = 0; uneven < 2; uneven++) {
         g_ep_counts.assign((size_t)n * E, 6);   // balanced: every rank routes 6 rows to every expert
         if (uneven)
             for (int q = 0; q < n; q++) for (int e = 0; e < E; e++) g_ep_counts[(size_t)q * E + e] = (q * 7 + e * 3) % 11 * (e != 5);   // expert 5: none
-        for (int C : {1, 2, 3, 4, 8, 16}) {
+        for (int N : {1, 2, 3, 4, 8, 16}) {   // (slices of an expert: C = El N chunks)
             std::vector<EpPlan> pl(n);
             std::vector<EpChunks> ch(n);
             for (int r = 0; r < n; r++) {
@@ -377,9 +378,11 @@ TEST_CASE("ep_chunk_layout: permutations, the unchunked plan at C = 1, ranks agr
                 std::vector<int> off(E + 1, 0);
                 for (int e = 0; e < E; e++) off[e + 1] = off[e] + g_ep_counts[(size_t)r * E + e];
                 ep_plan(&ep, &pl[r], &g_ep_counts[(size_t)r * E], off.data(), E, 0);
-                ep_chunk_layout(&ep, &pl[r], off.data(), E, C, &ch[r]);
-                INFO("uneven " << uneven << " C " << C << " rank " << r);
+                ep_chunk_layout(&ep, &pl[r], off.data(), E, N, &ch[r]);
+                INFO("uneven " << uneven << " N " << N << " rank " << r);
                 const EpChunks& k = ch[r];
+                const int C = k.C;
+                REQUIRE(C == (N == 1 ? 1 : El * N));
                 size_t S = off[E], R = pl[r].R;
                 REQUIRE(k.stage.size() == S); REQUIRE(k.perm.size() == R); REQUIRE(k.inv.size() == R);
                 for (size_t i = 0; i < S; i++) CHECK(k.stage[k.unstage[i]] == (int)i);
@@ -395,11 +398,15 @@ TEST_CASE("ep_chunk_layout: permutations, the unchunked plan at C = 1, ranks agr
                     for (int c = 0; c < C; c++) for (int i = k.first[(size_t)j * C + c]; i < k.last[(size_t)j * C + c]; i++) seen[i]++;
                     for (int i = pl[r].loffsets[j]; i < pl[r].loffsets[j + 1]; i++) CHECK(seen[i] == 1);
                 }
+                for (int j = 0; j < El && C > 1; j++)   // chunk c holds rows of local expert c / N only
+                    for (int c = 0; c < C; c++)
+                        if (j != c / N) CHECK(k.first[(size_t)j * C + c] == k.last[(size_t)j * C + c]);
             }
+            const int C = ch[0].C;
             for (int c = 0; c < C; c++)   // what q sends r in chunk c is what r expects from q
                 for (int q = 0; q < n; q++)
                     for (int r = 0; r < n; r++) CHECK(ch[q].send_rows[(size_t)c * n + r] == ch[r].recv_rows[(size_t)c * n + q]);
-            if (!uneven && C <= n && n % C == 0)   // balanced routing: every rank sends 1/C of its rows in every chunk
+            if (!uneven && N <= n && n % N == 0)   // balanced routing: every rank sends 1/C of its rows in every chunk
                 for (int r = 0; r < n; r++)
                     for (int c = 0; c < C; c++) {
                         size_t out = 0;

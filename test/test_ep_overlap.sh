@@ -2,7 +2,8 @@
 # test_ep_overlap.sh — the expert all-to-all overlapped with the experts (--ep-overlap-chunks N; parallel/expert_parallel.h's
 # ep_chunk_layout, parallel/expert_parallel_cuda.cuh's chunked forward and backward), on the emulated GPU under mpirun
 # (train_dbrx_emu --device cuda, the NCCL and cuBLASLt twins) and on the CPU:
-#   * the same losses and gradient norms bit for bit with 1, 2 and 4 chunks (and 3 chunks of 8 experts' rows): EP 2 under
+#   * the same losses and gradient norms bit for bit with 1, 2 and 4 slices of each expert's rows (a chunk per expert and
+#     slice; and 3 slices of 8 experts' rows): EP 2 under
 #     ZeRO-3 on 2 ranks with the model's own uneven routing; every token to EP rank 0's experts (DBRX_DEBUG_ROUTE_FIRST at
 #     the dropless bound: rank 1's experts receive no row, empty chunks still exchanged); --recompute moe and swiglu;
 #     data parallel EP 2; the CPU (whose MPI exchange stays in one piece) with and without the flag;
@@ -18,6 +19,8 @@
 #   * under --fp8 block every chunk a padded FP8 layout of its own (parallel/expert_parallel_fp8.cuh): where every slice
 #     of an expert's rows is whole 128-row tiles, 1 and 2 chunks bit-identical; with the model's routing step 1 and its
 #     amaxes exactly, later steps within 2e-3; recomputation bit for bit; the overlap, the issue order, no allocation;
+#     at 4 experts (every chunk with rows) as many exchanges hidden as BF16's, 3 exposed a layer pass: the backward's
+#     last combine beside the last chunk's weight gradients;
 #     under --fp8 delayed the exchange stays in one piece: the same numbers, and one note says so;
 #   * bad values (0, 65, a word) exit 2 with one line naming the flag.
 # About 40 s on 2 shared cores.
@@ -155,7 +158,8 @@ PY
     # the unchunked one's: 1 and 2 chunks bit-identical. The model's routing (slices of any length): step 1's loss and
     # every operand's amax as in one piece (the forward and the input gradients are row by row), steps 2-3 within 2e-3
     # of it (the weight gradients' tiles end at the chunks'), with 2 and 4 chunks; --recompute swiglu and moe give 2
-    # chunks' numbers bit for bit; most exchanges run beside an expert GEMM, one issue order, no allocation in a step.
+    # chunks' numbers bit for bit; most exchanges run beside an expert GEMM (as many as BF16's), one issue order, no
+    # allocation in a step.
     # --fp8 delayed (per-tensor scaling) keeps the exchange in one piece: the same numbers, one note.
     F8=(--model dbrx-tiny --n-layers 2 --batch 1 --steps 3 --val-every 0 --device cuda --expert-parallel 2 --fp8-log-every 1)
     f8run() {   # name, env..., --, flags...
@@ -195,6 +199,17 @@ sys.exit(0 if ok else 1)
 PY
 ) && pass "${out#pass }" || fail "${out#fail }"
     out=$($PY test/check_comm_order.py ep_overlap "$tmp/f8c4.wl.0" 2>&1) && pass "--fp8 block, 4 chunks: $out" || fail "--fp8 block, 4 chunks: $out"
+    # the same exchanges hidden as BF16's, at 4 experts (every chunk holds rows: 128 an expert, 4 slices of 32): all but
+    # each layer pass's first dispatch and last combine in the forward and its first dispatch in the backward, i.e. the
+    # backward's last combine beside the last chunk's weight gradients too (fp8_experts_backward_gpu's FP8_BWD_DATA,
+    # then FP8_BWD_WEIGHTS; the weight gradients first: 3 more exposed a layer pass)
+    f8run f8e4 SIMT_WORKLOG="$tmp/f8e4.wl" -- --seq 64 --experts 4 --fp8 block --ep-overlap-chunks 4
+    f8run bfe4 SIMT_WORKLOG="$tmp/bfe4.wl" -- --seq 64 --experts 4 --ep-overlap-chunks 4
+    f8n=$($PY test/check_comm_order.py ep_overlap "$tmp/f8e4.wl.0" 2>&1 | grep -o '[0-9]* of [0-9]*')
+    bfn=$($PY test/check_comm_order.py ep_overlap "$tmp/bfe4.wl.0" 2>&1 | grep -o '[0-9]* of [0-9]*')
+    [ -n "$f8n" ] && [ "$f8n" = "$bfn" ] && [ $(( ${bfn#* of } - ${bfn% of*} )) = 18 ] \
+        && pass "--fp8 block, 4 experts, 4 slices: $f8n exchanges hidden, as BF16's: 3 exposed a layer pass (2 layers, 3 steps)" \
+        || fail "--fp8 block, 4 experts, 4 slices: $f8n exchanges hidden, BF16's $bfn (18 exposed expected)"
     out=$($PY test/check_comm_order.py order "$tmp/f8c4.wl.0" "$tmp/f8c4.wl.1" 2>&1) && pass "--fp8 block, 4 chunks: $out" || fail "--fp8 block, 4 chunks: $out"
     out=$(no_step_allocs "$tmp/f8c4.out") && pass "--fp8 block, 4 chunks: no device allocation or free in steps 2 and 3 ($out)" \
         || fail "--fp8 block, 4 chunks allocate in a step: $out"
