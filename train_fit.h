@@ -132,17 +132,18 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
                         MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq / cp, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
                                                        args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks);
                         memory_plan_cp(&p, &cfg, cp);   // (CP: the GPU ring's buffers and communicator, as dry_run_report's plan)
-                        tried++;
                         double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
                                                                  cfg.top_k, args.run.seq) / fpt;
                         // --zero-embedding rows, and gather where rows has a place: the same plan less rows' own terms
                         long double emb = p.emb_exchange + p.nccl_emb;
+                        // the spread twin (the same plan): the expert shard group in a node
+                        const bool twin = n > 1 && S > 8 && S > n && S / n <= 8;
                         for (int gather = 0; gather < (emb > 0 ? 2 : 1); gather++) {
+                            tried += twin ? 2 : 1;   // (every setting, fitting or not: the report's "N of M settings fit")
                             long double total = p.total - (gather ? emb : 0);
                             if (total + headroom > capacity) continue;
                             fits.push_back({S, n, 0, cp, n > 1 ? cap : 0.0, rc, g_compress.text, total, extra, gather});
-                            if (n > 1 && S > 8 && S > n && S / n <= 8)   // the spread twin (the same plan): the expert shard group in a node
-                                fits.push_back({S, n, 1, cp, cap, rc, g_compress.text, total, extra, gather});
+                            if (twin) fits.push_back({S, n, 1, cp, cap, rc, g_compress.text, total, extra, gather});
                         }
                     }
                 }

@@ -100,6 +100,13 @@ else fail "--fit for DBRX-132B at seq 32768 on 64 H100s chose no --context-paral
 $BIN --dry-run --fit --model dbrx-132b --batch 1 --seq 262144 --max-seq 262144 --plan-gpus 8 --plan-device h100 > "$tmp/fit256k.out" 2>&1 \
     && grep -q "^fit: NOTHING FITS in 79.65 GiB per GPU with 4.00 GiB to spare at 8 GPU(s)" "$tmp/fit256k.out" \
     && pass "--fit at seq 262144 on 8 H100s: nothing fits at any CP degree (exit 0, one verdict line)" || fail "--fit at seq 262144 on 8 GPUs: $(tail -2 "$tmp/fit256k.out")"
+# its count: "N of M settings fit" has N <= M, M the settings the header planned (every gather variant and spread twin
+# counted: before session 54 they were fits, not settings, and 256 H100s with BF16 moments said 9156 of 7395)
+fcount=$($BIN --dry-run --fit --model dbrx-132b --batch 1 --seq 4096 --plan-gpus 256 --plan-device h100 --adam-moments bf16 2>&1)
+fn=$(sed -n 's/^fit: .* (\([0-9]*\) of \([0-9]*\) settings fit.*/\1 \2/p' <<<"$fcount")
+fp=$(sed -n 's/^fit (--fit: \([0-9]*\) settings planned.*/\1/p' <<<"$fcount")
+[ -n "$fn" ] && [ "${fn% *}" -le "${fn#* }" ] && [ "${fn#* }" = "$fp" ] && pass "--fit's count at 256 H100s: ${fn% *} of ${fn#* } settings fit, of $fp planned" \
+    || fail "--fit's count at 256 H100s: '$fn' (fit of settings), header '$fp'"
 expect_exit 2 "--fit without --dry-run" $BIN --fit --steps 1
 expect_exit 2 "--fit-headroom -1" $BIN --dry-run --fit --fit-headroom -1
 expect_exit 2 "--fit-headroom without --fit" $BIN --dry-run --fit-headroom 2
