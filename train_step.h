@@ -56,6 +56,7 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
         debug_after_forward(comm.rank, step + 1);   // (the tests' killed, stopped or slow rank: model/debug_hooks.h)
         comm_phase("backward, micro-batch %d", micro);
         prof_next(pt, "phase", "backward");
+        zero_last_micro(store, micro == args.run.grad_accum - 1);   // (HSDP on the GPU: the replicas' sums during its backward)
         dbrx_backward(model, data->inputs.data(), data->targets.data(), dloss);
         prof_end(pt);
         r.metrics[0] += model->ce_loss / args.run.grad_accum;

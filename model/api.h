@@ -52,6 +52,8 @@
  *          initialised as the unsharded model would be; points the model's views (or installs its unit
  *          hooks, S > 1, and its experts' dispatcher, ep_n > 1)
  *   void   zero_zero_grad(store)                  the gradient shard to zero, before the micro-batches
+ *   void   zero_last_micro(store, bool last)      before a micro-batch: whether it is the step's last (HSDP on the GPU:
+ *          each unit's shard part is summed over the replicas right after its last reduce-scatter; the CPU: nothing)
  *   void   zero_reduce_grads(store)               after them: the gradients summed over the replicas
  *   double zero_grad_norm(store)                  the global gradient norm (collective)
  *   void   zero_scale_grads(store, float f)       gradients *= f (the spike injection of the tests)
@@ -107,6 +109,7 @@
 #define DBRX_CHECK_STORE_CONTRACT(Store, Model)                                                                                   \
     DBRX_API_IS(zero_init(std::declval<Store*>(), std::declval<Model*>(), std::declval<Comm*>(), 1, (uint64_t)0, 1), void);      \
     DBRX_API_IS(zero_zero_grad(std::declval<Store*>()), void);                                                                    \
+    DBRX_API_IS(zero_last_micro(std::declval<Store*>(), true), void);                                                            \
     DBRX_API_IS(zero_reduce_grads(std::declval<Store*>()), void);                                                                 \
     DBRX_API_IS(zero_grad_norm(std::declval<Store*>()), double);                                                                  \
     DBRX_API_IS(zero_scale_grads(std::declval<Store*>(), 1.0f), void);                                                            \

@@ -19,7 +19,7 @@
 typedef enum { PLANT_NONE = 0, PLANT_STEP_SYNC, PLANT_REDUCE_SCATTER_CHUNK, PLANT_SKIP_GATHER_WAIT, PLANT_FP8_GATHER_SCALE,
                PLANT_EP_REGROW, PLANT_COMM_SERIAL, PLANT_COMM_REORDER, PLANT_RECOMPUTE_ROUTING,
                PLANT_CHUNK_EARLY_RS, PLANT_CP_ALL_GATHER, PLANT_NO_RC_PREFETCH,
-               PLANT_NO_HEAD_AHEAD, PLANT_STALE_GRAD, PLANT_EMB_SUM_ORDER } DebugPlant;
+               PLANT_NO_HEAD_AHEAD, PLANT_STALE_GRAD, PLANT_EMB_SUM_ORDER, PLANT_REPLICA_AT_END } DebugPlant;
 
 typedef struct {
     int kill_rank = -1, kill_step = -1, kill_signal = SIGKILL;
@@ -59,7 +59,8 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
                                  "after the embedding's forward), stale_grad (the GPU's gradient overwritten, not zeroed: under ZeRO-3 unit 1's "
                                  "first reduce-scatter of a step, on one GPU lm_head's first weight gradient, adds to the previous step's instead), "
                                  "emb_sum_order (--zero-embedding rows: an owner sums the gradient rows in rank order 0, 1, ..., not the "
-                                 "reduce-scatter's)"},
+                                 "reduce-scatter's), replica_at_end (HSDP on the GPU: the gradient shard summed over the replicas "
+                                 "at once after the backward, not unit by unit beside it)"},
 };
 
 // getenv of a switch the table lists (any other name is a programming error: exit 1 at start-up)
@@ -119,11 +120,11 @@ static inline void debug_hooks_read() {
                 : !strcmp(p, "recompute_routing") ? PLANT_RECOMPUTE_ROUTING : !strcmp(p, "chunk_early_rs") ? PLANT_CHUNK_EARLY_RS
                 : !strcmp(p, "cp_all_gather") ? PLANT_CP_ALL_GATHER : !strcmp(p, "no_rc_prefetch") ? PLANT_NO_RC_PREFETCH
                 : !strcmp(p, "no_head_ahead") ? PLANT_NO_HEAD_AHEAD : !strcmp(p, "stale_grad") ? PLANT_STALE_GRAD
-                : !strcmp(p, "emb_sum_order") ? PLANT_EMB_SUM_ORDER : PLANT_NONE;
+                : !strcmp(p, "emb_sum_order") ? PLANT_EMB_SUM_ORDER : !strcmp(p, "replica_at_end") ? PLANT_REPLICA_AT_END : PLANT_NONE;
         if (h.plant == PLANT_NONE)
             fail(EXIT_BAD_INPUT, "DBRX_DEBUG_PLANT '%s' is not step_sync, reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, "
                  "ep_regrow, serial_streams, reorder_issue, recompute_routing, chunk_early_rs, cp_all_gather, no_rc_prefetch "
-                 "no_head_ahead, stale_grad or emb_sum_order", p);
+                 "no_head_ahead, stale_grad, emb_sum_order or replica_at_end", p);
     }
     g_debug_hooks = h;
 }

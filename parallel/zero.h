@@ -629,6 +629,9 @@ static inline void zero_unit_end(void* ctx, int u, int phase) {
 // the step
 
 static inline void zero_zero_grad(Zero* z) { memset(z->grad, 0, z->shard_total * sizeof(real)); }
+// (the GPU store's replica reduction during the last micro-batch's backward; the CPU's MPI all-reduce waits for the
+// backward anyway: nothing to do)
+static inline void zero_last_micro(Zero*, bool) {}
 
 // After the micro-batches: sum the gradient shards across the replicas, and average over the world
 // (each rank's gradient is the mean over its own tokens).

@@ -119,6 +119,8 @@ typedef struct {
     int grad_clean;                   // the gradient shard is all zeros (S = 1: the fused AdamW zeroes it)
     std::vector<char> grad_fresh;     // S > 1, per item (z.item_base[u] + j): its shard part not yet written this step,
                                       // so its next reduce-scatter overwrites it (zero_gpu_comm.cuh); nothing is zeroed
+    int last_micro;                   // the backward running is the step's last micro-batch's (zero_last_micro)
+    std::vector<char> replica_done;   // HSDP, per item: its shard part summed over the replicas this step (zero_gpu_comm.cuh)
     int nseg;
     size_t seg_max;
     std::vector<size_t> seg_off_host, seg_n_host;   // the same table on the host (the optimizer's split: zero_gpu_comm.cuh)
@@ -333,6 +335,8 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     cudaCheck(cudaMemset(zg->grad, 0, bytes));
     zg->grad_clean = 1;
     zg->grad_fresh.assign(z->n_units ? z->item_base.back() + z->unit_nchunks.back() : 0, 0);   // (zero: accumulating into it is right)
+    zg->replica_done.assign(zg->grad_fresh.size(), 0);
+    zg->last_micro = 1;
     zg->grad_pre = 1.0f;
     if (z->P == 1) {   // the shard is the whole model: the model reads and writes the store's buffers directly
         model->p = model_views(zg->master_bf16, c, t);
@@ -491,6 +495,7 @@ static inline void zero_gpu_unit_end(void* ctx, int u, int phase) {
 // its padding included): nothing to zero. S = 1: the model's first backward overwrites the shard where it can
 // (dbrx_grads_overwrite); else it accumulates into it (after an update: zeroed by it).
 static inline bool zero_grad_overwritten(ZeroGpu* zg) { return zg->z.S > 1 || dbrx_grads_overwrite(zg->model); }
+static inline void zero_last_micro(ZeroGpu* zg, bool last) { zg->last_micro = last ? 1 : 0; }
 static inline void zero_zero_grad(ZeroGpu* zg) {
     if (zg->z.S > 1) std::fill(zg->grad_fresh.begin(), zg->grad_fresh.end(), 1);
     else if (zero_grad_overwritten(zg)) zg->model->grad_first = 1;
@@ -521,9 +526,17 @@ static inline void zero_reduce_grads(ZeroGpu* zg) {
     } else if (z->R > 1) {
         cudaCheck(cudaEventRecord(zg->comm_done, last));
         cudaCheck(cudaStreamWaitEvent(z->replica.stream, zg->comm_done, 0));
-        prof_begin(prof_stream(z->replica.stream, "communication (replica group)"), "comm", "all-reduce gradients");
-        comm_all_reduce(&z->replica, zg->grad, z->shard_total, COMM_F32);
-        prof_end(prof_stream(z->replica.stream, "communication (replica group)"));
+        bool some = std::find(zg->replica_done.begin(), zg->replica_done.end(), 1) != zg->replica_done.end();
+        if (!some) {   // (S = 1, or no reduce-scatter in the last micro-batch: the shard at once)
+            prof_begin(prof_stream(z->replica.stream, "communication (replica group)"), "comm", "all-reduce gradients");
+            comm_all_reduce(&z->replica, zg->grad, z->shard_total, COMM_F32);
+            prof_end(prof_stream(z->replica.stream, "communication (replica group)"));
+        } else {   // the items the last backward summed already (zero_gpu_replica_reduce): the others' parts only
+            for (int u = 0; u < z->n_units; u++)
+                for (int j = 0; j < z->unit_nchunks[u]; j++)
+                    if (!zg->replica_done[z->item_base[u] + j]) zero_gpu_replica_reduce(zg, u, j, false);
+        }
+        std::fill(zg->replica_done.begin(), zg->replica_done.end(), 0);
         last = z->replica.stream;
     }
     if (z->W > 1) zg->grad_pre = 1.0f / z->W;

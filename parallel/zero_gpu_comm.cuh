@@ -219,6 +219,27 @@ __global__ void zero_bf16_to_f32_kernel(float* out, const floatX* x, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = __bfloat162float(x[i]);
 }
+// HSDP (R > 1, P = S): item (u, j)'s shard part summed over the replica group on its stream, after the reduce-scatter
+// stream's work so far (after_rs; else after what the replica stream was ordered behind). During the step's last
+// micro-batch each item goes right after its reduce-scatter, so the replicas' sums run beside the rest of the backward
+// instead of all at once after it (DBRX-132B on 256 H100s, HSDP 64 x 4: 274 ms predicted, all exposed). Run by run:
+// the shard's padding stays zero on every rank. The same sums as the shard at once for 2 replicas (a + b); for more
+// the ring's order of an element follows its place in the call, so they may differ in the last bits (deterministic).
+static inline void zero_gpu_replica_reduce(ZeroGpu* zg, int u, int j, bool after_rs) {
+    Zero* z = &zg->z;
+    if (after_rs) {
+        cudaCheck(cudaEventRecord(zg->comm_done, zero_gpu_rs_stream(zg)));
+        cudaCheck(cudaStreamWaitEvent(z->replica.stream, zg->comm_done, 0));
+    }
+    prof_begin(prof_stream(z->replica.stream, "communication (replica group)"), "comm", "all-reduce unit %d chunk %d", u, j);
+    for (size_t i = 0; i < z->runs[u].size(); i++) {
+        const ShardRun& r = z->runs[u][i];
+        if (zero_run_mine(z, r) && z->run_chunk[u][i] == j) comm_all_reduce(&z->replica, zg->grad + z->shard_off[u] + r.shard_rel, r.chunk, COMM_F32);
+    }
+    prof_end(prof_stream(z->replica.stream, "communication (replica group)"));
+    zg->replica_done[z->item_base[u] + j] = 1;
+}
+
 // item (u, j)'s gradient (its gradient slot: the unit's, or chunk j's of a chunked experts unit)
 // reduce-scattered into the gradient shard on the reduce-scatter stream, after the compute stream has written it.
 // The step's first reduce-scatter of the item (zg->grad_fresh: the first micro-batch's) overwrites the shard's part:
@@ -265,6 +286,8 @@ static inline void zero_gpu_reduce_scatter(ZeroGpu* zg, int u, int j) {
     // it first), here on the reduce-scatter stream beside the compute stream's next backward, not in front of it
     cudaCheck(cudaMemsetAsync(zg->gwork[slot], 0, z->slot_numel[u] * sizeof(float), rs));
     cudaCheck(cudaEventRecord(zg->grads_reduced[slot], rs));
+    // (HSDP: beside the backward; DBRX_DEBUG_PLANT=replica_at_end: after it, test/test_comm_streams.sh's control)
+    if (zg->last_micro && z->R > 1 && z->P == z->S && g_debug_hooks.plant != PLANT_REPLICA_AT_END) zero_gpu_replica_reduce(zg, u, j, true);
 }
 
 // S > 1, after the micro-batches: the shard's parts of items that no backward reduce-scattered this step (none in a

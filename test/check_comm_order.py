@@ -48,6 +48,9 @@ test/simt/counters.h), for test/test_comm_streams.sh.
       before layer 0 begins, run on another stream than the blocks' gathers, wait for no kernel or GEMM of the layers
       (stream order and event waits), and no kernel or GEMM of the layers waits for them (the head's forward does).
       Fails naming what is missing (DBRX_DEBUG_PLANT=no_head_ahead: gathered by the last block's prefetch).
+  replica_overlap LOG      HSDP on the GPU: at least half of the replica group's all-reduces of the gradient shard run
+      concurrently with a GEMM on another stream (each unit's part as its last reduce-scatter ends,
+      parallel/zero_gpu_comm.cuh); DBRX_DEBUG_PLANT=replica_at_end (the shard at once after the backward) fails it.
 Exit 0 with "pass ..." lines, 1 with "fail ..." lines.
 """
 import json
@@ -202,6 +205,28 @@ def check_ep_overlap(path):
     before = lambda x, y: y[3].get(x[1], 0) >= x[2]   # x is done before y starts
     overlapped = sum(1 for c in colls if any(g[1] != c[1] and not before(c, g) and not before(g, c) for g in gemms))
     what = "%d of %d expert-parallel exchanges run concurrently with an expert GEMM on another stream" % (overlapped, len(colls))
+    if 2 * overlapped < len(colls):
+        print("fail only " + what)
+        return 1
+    print("pass " + what)
+    return 0
+
+
+def check_replica_overlap(path):
+    """HSDP on the GPU (parallel/zero_gpu_comm.cuh, zero_gpu_replica_reduce): of the replica group's all-reduces of the
+    gradient shard (communicator "replica"), at least half run concurrently with a GEMM on another stream (neither
+    ordered before the other by stream order and event waits): each unit's part summed as its last reduce-scatter
+    ends, beside the rest of the backward; the shard at once after the backward (DBRX_DEBUG_PLANT=replica_at_end)
+    runs beside none"""
+    ops = stream_clocks(load(path))
+    colls = [o for o in ops if o[0]["t"] == "coll" and o[0].get("comm") == "replica" and o[0]["kind"] == "all_reduce"]
+    gemms = [o for o in ops if o[0]["t"] == "gemm"]
+    if not colls:
+        print("fail no all-reduce in the replica group in %s (run HSDP, --shard-group-size < ranks, on the emulated GPU)" % path)
+        return 1
+    before = lambda x, y: y[3].get(x[1], 0) >= x[2]   # x is done before y starts
+    overlapped = sum(1 for c in colls if any(g[1] != c[1] and not before(c, g) and not before(g, c) for g in gemms))
+    what = "%d of %d all-reduces in the replica group run concurrently with a GEMM on another stream" % (overlapped, len(colls))
     if 2 * overlapped < len(colls):
         print("fail only " + what)
         return 1
@@ -422,8 +447,8 @@ if __name__ == "__main__":
     modes = {"order": lambda a: check_order(a), "streams": lambda a: check_streams(a[0]), "syncs": lambda a: check_syncs(a[0]),
              "ep_overlap": lambda a: check_ep_overlap(a[0]), "prefetch": lambda a: check_prefetch(a[0]),
              "cp_ring": lambda a: check_cp_ring(a[0]), "rc_prefetch": lambda a: check_rc_prefetch(a[0]),
-             "head_ahead": lambda a: check_head_ahead(a[0])}
+             "head_ahead": lambda a: check_head_ahead(a[0]), "replica_overlap": lambda a: check_replica_overlap(a[0])}
     if len(sys.argv) < 3 or sys.argv[1] not in modes:
-        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG | prefetch LOG | cp_ring LOG | rc_prefetch LOG | head_ahead LOG", file=sys.stderr)
+        print("usage: check_comm_order.py order LOG.0 LOG.1 ... | streams LOG | syncs LOG | ep_overlap LOG | prefetch LOG | cp_ring LOG | rc_prefetch LOG | head_ahead LOG | replica_overlap LOG", file=sys.stderr)
         sys.exit(2)
     sys.exit(modes[sys.argv[1]](sys.argv[2:]))

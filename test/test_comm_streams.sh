@@ -11,6 +11,10 @@
 #     expert_shard_rs); negative control: DBRX_DEBUG_PLANT=reorder_issue (world rank 1 issues its backward
 #     prefetch after the unit's reduce-scatter) fails it; also with EP's exchange in 2 chunks (--ep-overlap-chunks 2,
 #     whose exchanges run beside the experts: check_comm_order.py ep_overlap);
+#   * HSDP 2x2: each unit's gradient shard summed over the replicas as its last reduce-scatter ends, beside the
+#     backward (check_comm_order.py replica_overlap), the same losses as at once (also with --grad-accum 2, where only
+#     the last micro-batch's backward sums them); negative control:
+#     DBRX_DEBUG_PLANT=replica_at_end (the shard at once after the backward) fails it;
 #   * no device-wide synchronisation inside a step (each step ends waiting for the model's stream); negative
 #     control: the same work log with a device synchronisation planted in step 2 fails it;
 #   * the next step's first units gathered during the optimizer (--zero-prefetch, default 2): between the optimizer's two
@@ -71,12 +75,26 @@ runp rcz 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.2 --recom
 DBRX_DEBUG_PLANT=no_rc_prefetch runp rczoff 2 --shard-group-size 2 --expert-parallel 2 --zero-chunk-mib 0.2 --recompute moe
 DBRX_DEBUG_PLANT=serial_streams runp serial 2 --shard-group-size 2
 DBRX_DEBUG_PLANT=reorder_issue runp reorder 2 --shard-group-size 2
+DBRX_DEBUG_PLANT=replica_at_end runp hsdp_end 4 --shard-group-size 2
+runp hsdp_acc 4 --shard-group-size 2 --grad-accum 2
+DBRX_DEBUG_PLANT=replica_at_end runp hsdp_acc_end 4 --shard-group-size 2 --grad-accum 2
 
 check pass "ZeRO-3 np 2: the backward's reduce-scatters beside the gathers" streams "$tmp/zero2.wl.0"
 check pass "EP 2 + ZeRO-3 np 4: the backward's reduce-scatters beside the gathers" streams "$tmp/ep2.wl.0"
 check fail "the planted serialisation (DBRX_DEBUG_PLANT=serial_streams)" streams "$tmp/serial.wl.0"
 check pass "ZeRO-3 np 2: one issue order of the communicators" order "$tmp/zero2.wl.0" "$tmp/zero2.wl.1"
 check pass "HSDP 2x2: one issue order of the communicators" order "$tmp"/hsdp.wl.{0,1,2,3}
+# HSDP: each unit's gradient shard summed over the replicas right after its last reduce-scatter, beside the backward
+# (parallel/zero_gpu_comm.cuh, zero_gpu_replica_reduce); at once after the backward (the planted control) beside nothing;
+# the same losses (2 replicas: a + b either way)
+check pass "HSDP 2x2: the replicas' sums beside the backward" replica_overlap "$tmp/hsdp.wl.0"
+check fail "the shard summed over the replicas after the backward (DBRX_DEBUG_PLANT=replica_at_end)" replica_overlap "$tmp/hsdp_end.wl.0"
+[ -n "$(losses hsdp)" ] && [ "$(losses hsdp)" = "$(losses hsdp_end)" ] && pass "HSDP 2x2: the same losses with the replicas' sums unit by unit or at once ($(losses hsdp))" \
+    || fail "HSDP 2x2: the losses differ unit by unit '$(losses hsdp)' and at once '$(losses hsdp_end)'"
+# with 2 micro-batches only the last one's backward sums them (the first's part would be counted R times)
+[ -n "$(losses hsdp_acc)" ] && [ "$(losses hsdp_acc)" = "$(losses hsdp_acc_end)" ] \
+    && pass "HSDP 2x2, --grad-accum 2: the same losses unit by unit in the last micro-batch or at once ($(losses hsdp_acc))" \
+    || fail "HSDP 2x2, --grad-accum 2: the losses differ unit by unit '$(losses hsdp_acc)' and at once '$(losses hsdp_acc_end)'"
 check pass "EP 2 + ZeRO-3 np 4: one issue order of the communicators" order "$tmp"/ep2.wl.{0,1,2,3}
 check pass "EP 2 + ZeRO-3 np 4, the exchange in 2 chunks (--ep-overlap-chunks): one issue order of the communicators" order "$tmp"/ep2c.wl.{0,1,2,3}
 check pass "EP 2 + ZeRO-3 np 4, 2 chunks: the exchanges beside the experts" ep_overlap "$tmp/ep2c.wl.2"
