@@ -24,6 +24,12 @@
  *      DBRX-132B seq 4096 on 64 H100s): shard group 64 without EP (it fits since the experts are gathered in
  *      chunks, --zero-chunk-mib) with --recompute swiglu 17.4 s per step, against 3.8 s with EP 8 and --recompute
  *      moe: the gathers across nodes, not the recomputation, set the step;
+ *   0b. the experts' shard group inside a node (S <= 8, or spread with S/n <= 8): where the GPUs are more than a
+ *      shard group of 8 nodes can keep so, HSDP (replicas of such a group) before a larger shard group. Predicted
+ *      (make predict, DBRX-132B seq 4096 on 256 H100s, BF16 moments, session 54): HSDP 64 x 4 spread with
+ *      --recompute swiglu 1955.9 ms (the replicas' gradient sums beside the backward), against 2228.7 with them after
+ *      it; the ZeRO-3 pick over 256 (EP 8 packed: its expert shard group of 32 ranks across nodes) 2768.2 (FP32
+ *      moments), its expert gathers and reduce-scatters 1.38 + 1.37 s;
  *   1. the smallest --context-parallel degree: CP adds an exchange of K|V in every layer, forward and backward
  *      (N-1 and 2N-1 blocks per rank), and beyond 8 its consecutive ranks cross nodes; a CP degree is taken only
  *      where the one below it fits nothing (or only what rule 0 ranks after), not to save recomputation;
@@ -66,6 +72,10 @@ static inline bool fit_better(const FitCandidate& a, const FitCandidate& b) {
     if (xnode(a) != xnode(b)) return xnode(a) > xnode(b);
     bool an = a.n <= 8, bn = b.n <= 8;   // (EP 16 has the gathers of EP 8 but an all-to-all across nodes)
     if (an != bn) return an;
+    // rule 0b: the experts' shard group inside a node (spread: S/n consecutive ranks; packed or no EP: S/n ranks a
+    // node apart unless S <= 8): their weights' gathers and gradients' reduce-scatters stay off the network
+    auto exin = [](const FitCandidate& f) { return f.S <= 8 || (f.spread && f.S / f.n <= 8); };
+    if (exin(a) != exin(b)) return exin(a);
     if (a.cp != b.cp) return a.cp < b.cp;   // (rule 1: the smallest CP)
     if (a.extra != b.extra) return a.extra < b.extra;
     auto ncls = [](const std::string& ca) { return ca.empty() ? 0 : 1 + (int)std::count(ca.begin(), ca.end(), ','); };

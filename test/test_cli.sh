@@ -107,6 +107,13 @@ fn=$(sed -n 's/^fit: .* (\([0-9]*\) of \([0-9]*\) settings fit.*/\1 \2/p' <<<"$f
 fp=$(sed -n 's/^fit (--fit: \([0-9]*\) settings planned.*/\1/p' <<<"$fcount")
 [ -n "$fn" ] && [ "${fn% *}" -le "${fn#* }" ] && [ "${fn#* }" = "$fp" ] && pass "--fit's count at 256 H100s: ${fn% *} of ${fn#* } settings fit, of $fp planned" \
     || fail "--fit's count at 256 H100s: '$fn' (fit of settings), header '$fp'"
+# rule 0b (train_fit.h): on 256 GPUs the pick keeps the experts' shard group in a node (HSDP of 64-GPU shard groups, EP 8
+# spread: S/n = 8), not ZeRO-3 over 256 whose expert shard group of 32 ranks crosses nodes (the pick before session 54)
+f256=$(sed -n 's/^fit: \(--shard-group-size [^(]*\) (.*/\1/p' <<<"$fcount")
+S256=$(sed -n 's/.*--shard-group-size \([0-9]*\).*/\1/p' <<<"$f256"); n256=$(sed -n 's/.*--expert-parallel \([0-9]*\).*/\1/p' <<<"$f256")
+[ -n "$S256" ] && [ -n "$n256" ] && [ "$S256" -lt 256 ] && [[ "$f256" == *"--ep-layout spread"* ]] && [ $((S256 / n256)) -le 8 ] \
+    && pass "--fit at 256 H100s, BF16 moments: $f256 (the experts' shard group of $((S256 / n256)) ranks in a node, $((256 / S256)) replicas)" \
+    || fail "--fit at 256 H100s chose '$f256': its experts' shard group crosses nodes"
 expect_exit 2 "--fit without --dry-run" $BIN --fit --steps 1
 expect_exit 2 "--fit-headroom -1" $BIN --dry-run --fit --fit-headroom -1
 expect_exit 2 "--fit-headroom without --fit" $BIN --dry-run --fit-headroom 2
