@@ -227,6 +227,8 @@ __global__ void zero_bf16_to_f32_kernel(float* out, const floatX* x, size_t n) {
 // the ring's order of an element follows its place in the call, so they may differ in the last bits (deterministic).
 static inline void zero_gpu_replica_reduce(ZeroGpu* zg, int u, int j, bool after_rs) {
     Zero* z = &zg->z;
+    ENSURE(!zg->replica_done[z->item_base[u] + j], "internal error: unit %d chunk %d summed over the replicas twice in one step "
+           "(reduce-scattered twice in its last micro-batch)", u, j);
     if (after_rs) {
         cudaCheck(cudaEventRecord(zg->comm_done, zero_gpu_rs_stream(zg)));
         cudaCheck(cudaStreamWaitEvent(z->replica.stream, zg->comm_done, 0));
