@@ -243,6 +243,14 @@ train_dbrx_emu: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 # FLOPs (test/simt/bytecount.h; test/test_kernel_bytes.sh checks dev/predict/kernel_cost.py's formulas with it).
 # -O1: 79 CPU-seconds to compile instead of 120, and test_kernel_bytes.sh, its only user, 39 instead of 31
 COUNT_FLAGS := $(filter-out -O2,$(SIMT_FLAGS)) -O1 -DSIMT_RACE_DETECT -DSIMT_RACE_DETECT_DEFAULT=0 -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
+# make COVERAGE=1 (dev/coverage/run.sh): the emulated builds and the CPU unit tests (test_gpu_select checks
+# model/gpu_peak.h) instrumented for gcov; the race-detector and byte-counting builds not (their instrumentation is the
+# emulator's own). -no-pie: with the counters, GCC 12's code for the emulator's thread-local shared memory
+# (dynamic_smem) took a TLS relocation the linker could not relax
+ifeq ($(COVERAGE),1)
+SIMT_FLAGS += --coverage -fno-pie -no-pie
+TEST_FLAGS += --coverage -fno-pie -no-pie
+endif
 train_dbrx_emu_count: train_dbrx.cu $(SIMT_HEADERS) | check-deps
 	$(CXX) $(COUNT_FLAGS) $(MPI_CFLAGS) -x c++ -c -o $@.o train_dbrx.cu
 	$(CXX) -fopenmp -o $@ $@.o $(LDLIBS)

@@ -56,7 +56,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     if (g_moe_grouped) {
         std::string unfit = moe_grouped_unfit(cfg.n_experts, cfg.d_model, cfg.ffn_hidden);
         if (!unfit.empty()) fail(EXIT_BAD_INPUT, "--moe-gemm grouped %s", unfit.c_str());
-        if (prop.major * 10 + prop.minor != 90)   // (the emulator reports sm_90)
+        if (prop.major * 10 + prop.minor != 90)   // (the emulator reports sm_90; SIMT_SM=89 another)
             fail(EXIT_BAD_INPUT, "--moe-gemm grouped: its kernels are Hopper's (sm_90a); this GPU is sm_%d%d", prop.major, prop.minor);
         if (comm.rank == 0) printf("experts: forward and data gradients on grouped GEMMs (TMA, SwiGLU fused each way); weight gradients per expert\n");
     }
@@ -66,7 +66,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     // auto (the default): wgmma-overlap on Hopper, the fastest on an H100 SXM at dbrx-1b (2026-11-28, dev/bench/results_gpu.md:
     // the layer's backward 1.175 -> 0.884 ms, the step 92.6 -> 89.4 ms against mma), mma elsewhere
     const std::string& ab = args.run.attention_bwd;
-    bool hopper = prop.major * 10 + prop.minor == 90;   // (the emulator reports sm_90)
+    bool hopper = prop.major * 10 + prop.minor == 90;   // (the emulator reports sm_90; SIMT_SM=89 another)
     g_attention_bwd = ab == "wgmma" ? 1 : ab == "wgmma-overlap" || (ab == "auto" && hopper) ? 2 : 0;
     if (g_attention_bwd) {
         if (!hopper)

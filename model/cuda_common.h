@@ -119,8 +119,8 @@ template <typename T> inline T* device_alloc(size_t n, const char* file, int lin
         size_t free_b = 0, total = 0;
         (void)cudaGetLastError();
         cudaMemGetInfo(&free_b, &total);
-        fail_at(file, line, "out of GPU memory allocating %.1f MiB (%.1f of %.1f MiB free): %s", n * sizeof(T) / 1048576.0,
-                free_b / 1048576.0, total / 1048576.0, cudaGetErrorString(err));
+        fail_at(file, line, "out of GPU memory allocating %zu bytes (%.1f MiB; %.1f of %.1f MiB free): %s", n * sizeof(T),
+                n * sizeof(T) / 1048576.0, free_b / 1048576.0, total / 1048576.0, cudaGetErrorString(err));
     }
     return (T*)p;
 }

@@ -252,16 +252,19 @@ static inline size_t dbrx_gpu_memory_estimate(const DbrxConfig* c, int B, int T,
 static inline std::string gib(double bytes) { char b[32]; snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0)); return b; }
 
 // Out of memory: one clear line with the estimate and what to change (exit 1). param_bytes: the
-// parameter state's share of `need` (a store's shard, or the whole model's).
+// parameter state's share of `need` (a store's shard, or the whole model's). Where the estimate fitted the free memory
+// and an allocation failed all the same, the line says so (memory taken meanwhile, or free only in pieces).
 [[noreturn]] static inline void dbrx_gpu_out_of_memory(const DbrxConfig* c, int B, int T, size_t need, size_t param_bytes) {
     size_t free_b = 0, total = 0;
+    (void)cudaGetLastError();   // (the failed allocation's error, if that is how we got here)
     cudaMemGetInfo(&free_b, &total);
     fail(EXIT_RUNTIME, "out of GPU memory: the run needs %s per GPU (parameter state %s: fp32 master, grads, AdamW moments "
          "and bf16 copy of this rank's shard plus the gathered slots; activations and scratch %s for micro-batch %d x %d of "
-         "a %.2f%s-parameter model); the GPU has %s free of %s. Lower --batch or --seq, shard over more GPUs (mpirun -np, "
+         "a %.2f%s-parameter model); the GPU has %s free of %s%s. Lower --batch or --seq, shard over more GPUs (mpirun -np, "
          "--shard-group-size), or use a smaller --model", gib((double)need).c_str(), gib((double)param_bytes).c_str(),
          gib((double)(need - param_bytes)).c_str(), B, T, (double)params_total(c) >= 1e9 ? params_total(c) / 1e9 : params_total(c) / 1e6,
-         (double)params_total(c) >= 1e9 ? "B" : "M", gib((double)free_b).c_str(), gib((double)total).c_str());
+         (double)params_total(c) >= 1e9 ? "B" : "M", gib((double)free_b).c_str(), gib((double)total).c_str(),
+         need <= free_b ? ", yet one of the model's allocations failed (another process took memory, or it is free only in pieces)" : "");
 }
 
 // Everything but the parameter state: the table, the activations and scratch for micro-batches of
@@ -414,7 +417,7 @@ static inline void block_experts_backward(DbrxGPU* m, int l, BlockActsGPU* a, co
     const DbrxConfig* c = &m->cfg;
     int d = c->d_model, E = c->n_experts, F = c->ffn_hidden;
     if (fp8_on(&m->fp8)) fp8_experts_backward_gpu(&m->fp8, l, m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g,
-                                                  a->u, a->act, w.w1, w.v1, w.w2, E, d, F, 0, wbeta);
+                                                  a->u, w.w1, w.v1, w.w2, E, d, F, 0, wbeta);
     else experts_backward_step_gpu(m->dxe, gw.w1, gw.v1, gw.w2, m->da, m->dg, m->du, m->dye, a->xe, a->g, a->u, a->act, w.w1, w.v1,
                                    w.w2, a->offsets, a->offsets_host.data(), m->B * m->T * c->top_k, E, d, F, wbeta);
     if (wbeta == 0.0f && !g_moe_grouped)   // (overwriting: an expert without rows wrote nothing; the grouped weight

@@ -46,7 +46,6 @@ typedef struct {
     int* seg;                // device (2E + 1): poff, then the valid (routed) rows of every expert
     int* row_token;          // device (R + 15 E): padded row -> token (padding: token 0, never used)
     int row_tiles;
-    bool act_bf16;           // the experts' forward wrote act in BF16 (else only w2's codes: the fused backward's case)
     bool xe_codes;           // the experts' forward left xe's transposed codes in xe's buffer, not BF16 xe (fp8_xe_codes)
 } Fp8Routing;
 
@@ -403,44 +402,31 @@ static inline bool fp8_segments_ok16(const Fp8GPU* f, const Fp8Segments& seg) {
     return false;
 }
 
-// Quantises x (rows, cols) into `buf`: the row-wise codes (want_q) and/or the transposed copy
-// (want_qt); a tensor on the shapes of the fused kernels by fp8_gather_quantize_kernel (x itself:
-// fp8_quantize_produced, FP8P_GATHER), the same codes, factors, amax and count as fp8_quantize_kernel's with 16-byte
-// stores. The slot's amax and saturation count accumulate. weight: 128x128 blocks under the
-// block recipe. Per tensor: delayed uses the slot's scale, except before the first history entry
-// (then, as current scaling, this tensor's own amax, as the CPU's fp8_operand); a weight under
-// --fp8-gather (cfg.weights_quantized) the slot's scale, which the store set to the whole tensor's agreed
-// one (the GPU store, under parallel/): under expert parallelism this rank's weights are only its experts.
+// The fused kernels' shapes (fp8_fused_ok) for `rows` x `cols` in segments of rt's padded expert layout: what
+// fp8_gpu_setup's checks (tokens, d_model, ffn_hidden and the qkv width multiples of 16) and the padded layout (every
+// expert's rows rounded up to 16) guarantee, so a failure is an internal error, not an input the product handles.
+// (Until session 55 each FP8 site kept an unfused fallback for other shapes: code no test could reach.)
+static inline void fp8_fused_shapes_check(int layer, int rows, int cols, const Fp8Routing& rt, std::initializer_list<const void*> ptrs) {
+    ENSURE(fp8_fused_ok(rows, cols, rt.len, ptrs), "internal error: layer %d: the FP8 experts' fused kernels want %d rows, %d "
+           "columns and every expert's padded rows in multiples of 16, and 16-byte aligned buffers", layer, rows, cols);
+}
+
+// Quantises x (rows, cols) into `buf`: the row-wise codes (want_q) and/or the transposed copy (want_qt), by
+// fp8_gather_quantize_kernel (x itself: fp8_quantize_produced, FP8P_GATHER; the same codes, factors, amax and count as
+// fp8_quantize_kernel's, with 16-byte stores), on the fused kernels' shapes (fp8_fused_ok: fp8_gpu_setup's checks make
+// every tensor the step quantises one). The slot's amax and saturation count accumulate. weight: 128x128 blocks under
+// the block recipe. Per tensor: delayed uses the slot's scale, except before the first history entry (then, as current
+// scaling, this tensor's own amax, as the CPU's fp8_operand); a weight under --fp8-gather (cfg.weights_quantized) the
+// slot's scale, which the store set to the whole tensor's agreed one (the GPU store, under parallel/): under expert
+// parallelism this rank's weights are only its experts.
 static inline void fp8_quantize_operand(Fp8GPU* f, int slot, bool weight, const floatX* x, int rows, int cols,
                                         const Fp8Segments& seg, Fp8Buf* buf, bool want_q, bool want_qt, cudaStream_t stream = 0) {
-    if (fp8_segments_ok16(f, seg) && fp8_fused_ok(rows, cols, {}, {x, buf->q, buf->qt})) {   // 16-byte stores
-        Fp8Buf* bufs[3] = {buf, nullptr, nullptr};
-        fp8_quantize_produced(f, FP8P_GATHER, {x, nullptr, nullptr, nullptr, nullptr}, &slot, rows, cols, seg, bufs, want_q, want_qt, stream,
-                              weight);
-        return;
-    }
-    Fp8Format fmt = f->fmts[slot];
-    Fp8QuantOut out = {want_q ? buf->q : nullptr, want_qt ? buf->qt : nullptr, nullptr, nullptr, f->frozen ? nullptr : f->amax + slot,
-                       f->frozen ? nullptr : f->sat + slot};
-    if (f->cfg.recipe == FP8_BLOCK) {
-        out.sinv = want_q ? buf->sinv : nullptr;
-        out.sinv_t = want_qt ? buf->sinv_t : nullptr;
-        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, weight ? FP8Q_WEIGHT : FP8Q_ACT, nullptr, nullptr, 0, stream);
-        return;
-    }
-    out.sinv = f->scale_inv + FP8_SINV_STRIDE * slot;
-    if (weight && f->cfg.weights_quantized) {   // --fp8-gather: the slot holds the whole tensor's agreed scale (set by the GPU store)
-        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
-        return;
-    }
-    if (f->cfg.recipe == FP8_CURRENT || f->metas[slot].filled == 0) {
-        Fp8QuantOut first = {nullptr, nullptr, nullptr, nullptr, f->tmp_amax, nullptr};
-        cudaCheck(cudaMemsetAsync(f->tmp_amax, 0, sizeof(unsigned int), stream));
-        fp8_quantize_gpu(first, x, rows, cols, seg, fmt, FP8Q_AMAX, nullptr, nullptr, 0, stream);
-        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, nullptr, f->tmp_amax, f->cfg.margin, stream);
-    } else {
-        fp8_quantize_gpu(out, x, rows, cols, seg, fmt, FP8Q_TENSOR, f->scale + slot, nullptr, 0, stream);
-    }
+    ENSURE(fp8_segments_ok16(f, seg) && fp8_fused_ok(rows, cols, {}, {x, buf->q, buf->qt}), "internal error: FP8 operand %s "
+           "(%d x %d) off the fused kernels' shapes: rows, columns and segments in multiples of 16, 16-byte aligned buffers",
+           f->names[slot].c_str(), rows, cols);
+    Fp8Buf* bufs[3] = {buf, nullptr, nullptr};
+    fp8_quantize_produced(f, FP8P_GATHER, {x, nullptr, nullptr, nullptr, nullptr}, &slot, rows, cols, seg, bufs, want_q, want_qt, stream,
+                          weight);
 }
 
 // The scale-factor offset of segment `e` of a quantised tensor (segment starts `start`, E + 1, host;

@@ -561,7 +561,9 @@ __global__ void __launch_bounds__(FP8Q_THREADS) fp8_quantize_kernel(const floatX
 }
 
 // Launches one quantisation of x (rows, cols) [BF16] in `mode` (see above). Per tensor, the scale
-// is *scale, or computed from *amax_in (current scaling: fp8_scale_for(amax, fmt, margin)).
+// is *scale, or computed from *amax_in (current scaling: fp8_scale_for(amax, fmt, margin)). The step quantises with
+// the fused kernels (model/fp8_fused.cuh: the same codes with 16-byte stores, on shapes of multiples of 16); this one,
+// any shape, is what they are held to (test/test_fp8_cuda.cpp, test/test_zero_fp8_cuda.cpp) and dev/cuda/fp8_fused's v1.
 static inline void fp8_quantize_gpu(const Fp8QuantOut& out, const floatX* x, int rows, int cols, const Fp8Segments& seg,
                                     Fp8Format fmt, Fp8QuantMode mode, const float* scale, const unsigned int* amax_in,
                                     int margin, cudaStream_t stream = 0) {

@@ -61,23 +61,16 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
         gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_v1, qv1, true, false, (size_t)e * F, C, wo), 0.0f,
                      u + (size_t)p[e] * F, F, 1, stream);
     }
-    rt.act_bf16 = a != nullptr;   // (NULL: the model keeps no act, gpu_act_kept)
     if (!ye) {   // (--recompute swiglu: g, u, and act where the model keeps it)
         if (a) swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
         return;
     }
     // act = silu(g) * u, with w2's operand quantised in the same kernel. The BF16 act is not written (Rp F x 2
-    // bytes a layer): its one reader would be w2's weight gradient, and the fused backward recomputes act's
-    // codes for it from g, u (fp8_experts_backward_gpu, which takes its fused path whenever this one did)
+    // bytes a layer): its one reader would be w2's weight gradient, and the backward recomputes act's codes for it
+    // from g, u (fp8_experts_backward_gpu)
+    fp8_fused_shapes_check(layer, Rp, F, rt, {g, u});
     Fp8Buf* ab[1] = {&f->act};
-    if (fp8_fused_ok(Rp, F, rt.len, {g, u})) {
-        fp8_quantize_produced(f, FP8P_SWIGLU_FWD, {g, u, nullptr, nullptr, nullptr}, &s_x2, Rp, F, sx, ab, true, false, stream);
-        rt.act_bf16 = false;
-    } else {
-        ENSURE(a, "layer %d: the FP8 experts' unfused SwiGLU needs an act buffer (F %d)", layer, F);
-        swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
-        fp8_quantize_operand(f, s_x2, false, a, Rp, F, sx, &f->act, true, false, stream);
-    }
+    fp8_quantize_produced(f, FP8P_SWIGLU_FWD, {g, u, nullptr, nullptr, nullptr}, &s_x2, Rp, F, sx, ab, true, false, stream);
     // down: ye_e (n, C) = a_e (n, F) @ w2_e (F, C): reduces over F, so w2_e is read transposed (C, F)
     const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, false, true, stream);
     for (int e = 0; e < E; e++) {
@@ -94,56 +87,6 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
 #define FP8_BWD_WEIGHTS 2
 #define FP8_BWD_BOTH 3
 
-// The unfused path (shapes off fp8_fused_ok's 16-row rule): dye and act quantised from BF16, SwiGLU backward in BF16,
-// each weight gradient right after the input gradient that shares its codes (dg's codes overwrite dye's in f->grad)
-static inline void fp8_experts_backward_unfused(Fp8GPU* f, int layer, floatX* dxe, float* dw1, float* dv1, float* dw2, floatX* da,
-                                                floatX* dg, floatX* du, const floatX* dye, const floatX* xe, const floatX* g,
-                                                const floatX* u, const floatX* a, const floatX* w1, const floatX* v1, const floatX* w2,
-                                                int E, int C, int F, cudaStream_t stream, float wbeta) {
-    const Fp8Routing& rt = f->routing[layer];
-    const std::vector<int>& p = rt.poff;
-    std::vector<int> ws = fp8_weight_starts(E, F);
-    int Rp = p[E], EF = E * F;
-    Fp8Segments sx = fp8_expert_segments(rt), sw = fp8_uniform_segments(E, F);
-    auto slot = [&](int lin, int op) { return fp8_slot(f, layer, lin, op); };
-    const int sg2 = slot(FP8_LIN_W2, FP8_OP_DY), sw2 = slot(FP8_LIN_W2, FP8_OP_W), sx2 = slot(FP8_LIN_W2, FP8_OP_X);
-    ENSURE(rt.act_bf16, "layer %d: the FP8 experts' backward needs act in BF16, which the forward did not write", layer);
-    // down: da_e = dye_e @ w2_e^T (reduces over C: dye row-wise, w2 row-wise), dw2_e += a_e^T @ dye_e
-    fp8_quantize_operand(f, sg2, false, dye, Rp, C, sx, &f->grad, true, true, stream);
-    const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, true, false, stream);
-    fp8_quantize_operand(f, sx2, false, a, Rp, F, sx, &f->act, false, true, stream);
-    for (int e = 0; e < E; e++) {
-        if (rt.len[e] == 0) continue;
-        gemm_fp8_gpu(rt.len[e], F, C, 1.0f, fp8_operand_of(f, sg2, f->grad, false, false, p[e], C, fp8_scale_offset(p, e, C, false, false)),
-                     fp8_operand_of(f, sw2, qw2, true, false, (size_t)e * F, C, fp8_scale_offset(ws, e, C, true, false)), 0.0f,
-                     da + (size_t)p[e] * F, F, 0, stream);
-        gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sx2, f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
-                     fp8_operand_of(f, sg2, f->grad, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), wbeta,
-                     dw2 + (size_t)e * F * C, C, 0, stream);
-    }
-    swiglu_backward_gpu(dg, du, da, g, u, (size_t)Rp * F, stream);
-    // up: dxe_e = dg_e @ w1_e + du_e @ v1_e, dw1_e += dg_e^T @ xe_e, dv1_e += du_e^T @ xe_e (fp8_experts_backward_gpu)
-    const Fp8Buf xeb = rt.xe_codes ? fp8_xe_codes(f, xe, rt, Rp, C) : f->act;
-    if (!rt.xe_codes) fp8_quantize_operand(f, slot(FP8_LIN_W1, FP8_OP_X), false, xe, Rp, C, sx, &f->act, false, true, stream);
-    const floatX* dys[2] = {dg, du};
-    const floatX* wts[2] = {w1, v1};
-    float* dws[2] = {dw1, dv1};
-    for (int i = 0; i < 2; i++) {
-        int lin = i ? FP8_LIN_V1 : FP8_LIN_W1, sg = slot(lin, FP8_OP_DY), swt = slot(lin, FP8_OP_W), sxe = slot(FP8_LIN_W1, FP8_OP_X);
-        fp8_quantize_operand(f, sg, false, dys[i], Rp, F, sx, &f->grad, true, true, stream);
-        const Fp8Buf& qw = fp8_weight_gpu(f, layer, lin, wts[i], EF, C, sw, &f->w, false, true, stream);
-        for (int e = 0; e < E; e++) {
-            if (rt.len[e] == 0) continue;
-            gemm_fp8_gpu(rt.len[e], C, F, 1.0f, fp8_operand_of(f, sg, f->grad, false, false, p[e], F, fp8_scale_offset(p, e, F, false, false)),
-                         fp8_operand_of(f, swt, qw, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)),
-                         i ? 1.0f : 0.0f, dxe + (size_t)p[e] * C, C, 0, stream);
-            gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sg, f->grad, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
-                         fp8_operand_of(f, sxe, xeb, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), wbeta,
-                         dws[i] + (size_t)e * F * C, C, 0, stream);
-        }
-    }
-}
-
 // dxe (rows, C) BF16 overwritten (the second GEMM adds to the first's BF16 output, as experts_backward_gpu);
 // dw1, dv1, dw2 (E*F, C) fp32 accumulated (wbeta 0: overwritten); da, dg, du (rows, F) scratch. part: FP8_BWD_BOTH,
 // or FP8_BWD_DATA then (the same arguments, nothing between them overwriting the codes it left) FP8_BWD_WEIGHTS.
@@ -151,18 +94,14 @@ static inline void fp8_experts_backward_unfused(Fp8GPU* f, int layer, floatX* dx
 // leaves unused: 2 Rp F bytes of codes in dg's 2 Rp F, the factors in du's: fp8_buf_in) and act's transposed codes
 // (recomputed from g, u; in du's scratch after du's factors: fp8_buf_after), and dye's codes go to f->act (free
 // until xe's): the weight gradients read only those codes and xe's, so they may come after every input gradient.
-// Off the 16-row rule the unfused path runs whole in the FP8_BWD_DATA call.
 static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, float* dw1, float* dv1, float* dw2, floatX* da,
                                             floatX* dg, floatX* du, const floatX* dye, const floatX* xe, const floatX* g,
-                                            const floatX* u, const floatX* a, const floatX* w1, const floatX* v1, const floatX* w2,
+                                            const floatX* u, const floatX* w1, const floatX* v1, const floatX* w2,
                                             int E, int C, int F, cudaStream_t stream = 0, float wbeta = 1.0f, int part = FP8_BWD_BOTH) {
     const Fp8Routing& rt = f->routing[layer];
     const std::vector<int>& p = rt.poff;
     int Rp = p[E], EF = E * F;
-    if (!fp8_fused_ok(Rp, F, rt.len, {da, g, u, dg, du})) {
-        if (part & FP8_BWD_DATA) fp8_experts_backward_unfused(f, layer, dxe, dw1, dv1, dw2, da, dg, du, dye, xe, g, u, a, w1, v1, w2, E, C, F, stream, wbeta);
-        return;
-    }
+    fp8_fused_shapes_check(layer, Rp, F, rt, {da, g, u, dg, du});
     std::vector<int> ws = fp8_weight_starts(E, F);
     Fp8Segments sx = fp8_expert_segments(rt), sw = fp8_uniform_segments(E, F);
     auto slot = [&](int lin, int op) { return fp8_slot(f, layer, lin, op); };

@@ -74,6 +74,14 @@ static inline int ep_zc_rows(const EpDispatchGpu* D, const int* lo, int j, std::
     return r0;
 }
 
+// The chunked exchange's w1 / v1 weight gradients as one batch of 2 (experts_backward_gpu's pair): [dg | du] is one
+// buffer of the model (dbrx_gpu_buffers) and dw1, dv1 are in the unit's order, so the two strides always share a sign
+static inline void ep_gpu_wgrad_pair(const floatX* dg, const floatX* du, const float* gw1, const float* gv1, long long* sd, long long* sg,
+                                     bool* swap) {
+    ENSURE(pair_strides(dg, du, sizeof(floatX), gw1, gv1, sizeof(float), sd, sg, swap), "internal error: the experts' dg, du "
+           "and their w1, v1 gradients are not two pairs of one direction (the batched weight-gradient GEMM)");
+}
+
 // my experts' BF16 forward over their received rows xl (expert-major, offsets lo): the unit whole, or chunk by
 // chunk through the store, each chunk's experts over their rows (the same GEMMs, expert by expert)
 static inline void ep_gpu_local_forward(EpDispatchGpu* D, int l, floatX* yl, floatX* g, floatX* u, floatX* act, const floatX* xl,
@@ -396,19 +404,15 @@ static inline void ep_gpu_backward_chunked(EpDispatchGpu* D, int l, const floatX
         run.finish(c, dxl, ix + R);
     }
     long long sd, sg;   // the weight gradients: experts_backward_gpu's GEMMs, over each expert's rows
-    bool swap, pair = pair_strides(dg, du, sizeof(floatX), gw.w1, gw.v1, sizeof(float), &sd, &sg, &swap);
+    bool swap;
+    ep_gpu_wgrad_pair(dg, du, gw.w1, gw.v1, &sd, &sg, &swap);
     for (int j = 0; j < El; j++) {
         int r0 = lo[j], n = lo[j + 1] - lo[j];
         if (n == 0) continue;
         size_t wo = (size_t)j * F * d, rF = (size_t)r0 * F;
         gemm_gpu(true, false, F, d, n, 1.0f, ma->act + rF, F, dyl + (size_t)r0 * d, d, 1.0f, gw.w2 + wo, d, D->sx);
-        if (pair) {
-            gemm_gpu_batched(true, false, F, d, n, 1.0f, (swap ? du : dg) + rF, F, sd, xl + (size_t)r0 * d, d, 0, 1.0f,
-                             (swap ? gw.v1 : gw.w1) + wo, d, sg, 2, D->sx);
-            continue;
-        }
-        matmul_backward_gpu((floatX*)nullptr, gw.w1 + wo, dg + rF, xl + (size_t)r0 * d, w.w1 + wo, n, d, F, 0.0f, D->sx);
-        matmul_backward_gpu((floatX*)nullptr, gw.v1 + wo, du + rF, xl + (size_t)r0 * d, w.v1 + wo, n, d, F, 0.0f, D->sx);
+        gemm_gpu_batched(true, false, F, d, n, 1.0f, (swap ? du : dg) + rF, F, sd, xl + (size_t)r0 * d, d, 0, 1.0f,
+                         (swap ? gw.v1 : gw.w1) + wo, d, sg, 2, D->sx);
     }
     cudaCheck(cudaEventRecord(D->ev_end, D->sx));
     run.combine(C - 1);
@@ -491,8 +495,8 @@ static inline void ep_gpu_experts_backward(void* ctx, int l, const floatX* dye, 
     if (m->rc_mode[l] & RC_CSWIGLU) gpu_decompress_rows(m, l, (int)Rc);   // --compress-acts: rebuilt from the codes
     if (f8 && Rc) {
         ep_fp8_scratch_swap(D, Rc, El);
-        fp8_experts_backward_gpu(&m->fp8, l, dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->xl.p, ma->g, ma->u, ma->act,
-                                 w.w1, w.v1, w.w2, El, d, F);
+        fp8_experts_backward_gpu(&m->fp8, l, dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->xl.p, ma->g, ma->u, w.w1,
+                                 w.v1, w.w2, El, d, F);
         ep_fp8_scratch_unswap(D);
     } else if (!f8)
         experts_backward_gpu(dxl, gw.w1, gw.v1, gw.w2, da, dg, du, dyl, a->xl.p, ma->g, ma->u, ma->act, w.w1, w.v1, w.w2,

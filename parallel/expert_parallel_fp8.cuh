@@ -163,12 +163,12 @@ static inline void ep_gpu_backward_chunked_fp8(EpDispatchGpu* D, int l, const fl
                 m->fp8.frozen = false;
             }
             fp8_experts_backward_gpu(&m->fp8, l, dxl + rd, gw.w1, gw.v1, gw.w2, da + rf, dg + rf, du + rf, dyl + rd, xl + rd, ma->g + rf,
-                                     ma->u + rf, act, w.w1, w.v1, w.w2, El, d, F, D->sx, 1.0f, FP8_BWD_DATA);
+                                     ma->u + rf, w.w1, w.v1, w.w2, El, d, F, D->sx, 1.0f, FP8_BWD_DATA);
         }
         run.finish(c, dxl, ix + Rp);   // (back to the received places; combine c - 1)
         if (Pc) {   // the weight gradients after the input gradients left: the combine of chunk c runs beside them
             fp8_experts_backward_gpu(&m->fp8, l, dxl + rd, gw.w1, gw.v1, gw.w2, da + rf, dg + rf, du + rf, dyl + rd, xl + rd, ma->g + rf,
-                                     ma->u + rf, act, w.w1, w.v1, w.w2, El, d, F, D->sx, 1.0f, FP8_BWD_WEIGHTS);
+                                     ma->u + rf, w.w1, w.v1, w.w2, El, d, F, D->sx, 1.0f, FP8_BWD_WEIGHTS);
             ep_fp8_chunk_swap(D, l, c, false);
         }
     }

@@ -186,19 +186,15 @@ static inline void ep_gpu_backward_zc(EpDispatchGpu* D, int l, const floatX* dye
         }
         run.combine(k * Rs);
         long long sd, sg;   // the weight gradients of the chunk's experts (ep_gpu_backward_chunked's GEMMs)
-        bool swap, pair = pair_strides(dg, du, sizeof(floatX), gw[0], gw[1], sizeof(float), &sd, &sg, &swap);
+        bool swap;
+        ep_gpu_wgrad_pair(dg, du, gw[0], gw[1], &sd, &sg, &swap);
         for (int j = k * Ec; j < (k + 1) * Ec; j++) {
             int r0 = lo[j], n = lo[j + 1] - lo[j];
             if (n == 0) continue;
             size_t wo = (size_t)(j - k * Ec) * F * d, rF = (size_t)r0 * F;
             gemm_gpu(true, false, F, d, n, 1.0f, ma->act + rF, F, dyl + (size_t)r0 * d, d, 1.0f, gw[2] + wo, d, D->sx);
-            if (pair) {
-                gemm_gpu_batched(true, false, F, d, n, 1.0f, (swap ? du : dg) + rF, F, sd, xl + (size_t)r0 * d, d, 0, 1.0f,
-                                 (swap ? gw[1] : gw[0]) + wo, d, sg, 2, D->sx);
-                continue;
-            }
-            matmul_backward_gpu((floatX*)nullptr, gw[0] + wo, dg + rF, xl + (size_t)r0 * d, w[0] + wo, n, d, F, 0.0f, D->sx);
-            matmul_backward_gpu((floatX*)nullptr, gw[1] + wo, du + rF, xl + (size_t)r0 * d, w[1] + wo, n, d, F, 0.0f, D->sx);
+            gemm_gpu_batched(true, false, F, d, n, 1.0f, (swap ? du : dg) + rF, F, sd, xl + (size_t)r0 * d, d, 0, 1.0f,
+                             (swap ? gw[1] : gw[0]) + wo, d, sg, 2, D->sx);
         }
         ep_gpu_zc_sync(D, false);
         D->zc_end(D->zc_ctx, l, k, 1, 1);

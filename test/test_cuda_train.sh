@@ -7,7 +7,10 @@
 #   * --adam-moments bf16 on both backends: a resume continues bit for bit, GPU near CPU, not the FP32 moments' run;
 #   * --device auto picks the (emulated) GPU and says so; the CPU-only build refuses --device cuda
 #     and the nvcc build without a GPU says no device is visible (exit 2, one line);
-#   * out of GPU memory: one line with the memory estimate and what to change (exit 1);
+#   * out of GPU memory: one line with the memory estimate and what to change (exit 1); a start-up cudaMalloc that fails
+#     although the estimate fitted (SIMT_MALLOC_FAIL: the first, a middle one, a late one): one line, exit 1;
+#   * other GPUs (SIMT_SM 80, 89): FP8, block scaling and the Hopper kernels refused in one line; --attention-bwd auto
+#     keeps the mma.sync backward off Hopper, with the wgmma pair's losses;
 #   * the GPU of each rank under mpirun: the node-local rank with every GPU visible, GPU 0 with one GPU
 #     per rank (CUDA_VISIBLE_DEVICES set); more ranks than GPUs, or the node's only GPU unbound: refused
 #     with one line naming the fix.
@@ -77,6 +80,38 @@ fi
 
 expect_exit 1 "out of GPU memory: one clear line" env SIMT_DEVICE_MEMORY=20000000 ./train_dbrx_emu --device cuda --model dbrx-tiny --steps 1
 grep -q "out of GPU memory: the run needs .* per GPU .*Lower --batch or --seq" <<<"$LAST_ERR" || fail "the OOM message gives the estimate and the fix: $LAST_ERR"
+# an allocation that fails although the estimate fitted (another process on the GPU, fragmentation): the emulator's
+# SIMT_MALLOC_FAIL=N fails the N-th cudaMalloc; the first, one in the middle and one late in start-up (A: the start-up
+# allocations, pinned host buffers among them) each give one "out of GPU memory" line and exit 1 (the model's buffers:
+# the estimate and why; any other: the file, line and size)
+A=$(SIMT_STEP_COUNTERS=1 ./train_dbrx_emu --device cuda --model dbrx-tiny --n-layers 2 --batch 1 --seq 32 --steps 1 --val-every 0 2>&1 \
+    | sed -nE 's/^simt counters: .* allocs ([0-9]+) frees.*/\1/p' | head -1)
+if [ -n "$A" ] && [ "$A" -ge 10 ]; then
+    for n in 1 $((A / 2)) $((A * 9 / 10)); do
+        expect_exit 1 "cudaMalloc $n of $A at start-up fails" env SIMT_MALLOC_FAIL=$n ./train_dbrx_emu --device cuda --model dbrx-tiny --n-layers 2 --batch 1 --seq 32 --steps 1 --val-every 0
+        [ "$(grep -c . <<<"$LAST_ERR")" = 1 ] && grep -Eq "out of GPU memory: the run needs .*, yet one of the model's allocations failed|^error at [a-z_/]+\.cuh?:[0-9]+: out of GPU memory allocating [0-9]+ bytes \([0-9.]+ MiB; " <<<"$LAST_ERR" \
+            || fail "cudaMalloc $n of $A: not one clear line: $LAST_ERR"
+    done
+else fail "SIMT_STEP_COUNTERS: no start-up allocation count ($A)"; fi
+
+# other GPUs (the emulator's SIMT_SM reports their compute capability): FP8 refused before Ada, block scaling and the
+# Hopper kernels (grouped experts, the wgmma attention backward) off Hopper, each in one line, exit 2; on an sm_89 GPU
+# --attention-bwd auto keeps the mma.sync backward (no "attention: backward on wgmma" line at head_dim 128), whose
+# losses are the wgmma pair's bit for bit (the sm_90 run's)
+one_step=(./train_dbrx_emu --device cuda --model dbrx-tiny --n-layers 2 --batch 1 --seq 32 --steps 1 --val-every 0)
+expect_exit 2 "--fp8 delayed on an sm_80 GPU" env SIMT_SM=80 "${one_step[@]}" --fp8 delayed
+grep -q "need an sm_89 or newer GPU .* this one is sm_80" <<<"$LAST_ERR" || fail "the refusal names the GPU: $LAST_ERR"
+expect_exit 2 "--fp8 block on an sm_89 GPU" env SIMT_SM=89 "${one_step[@]}" --fp8 block
+grep -q "runs on sm_90 (Hopper); this GPU is sm_89: use --fp8 current or --fp8 delayed" <<<"$LAST_ERR" || fail "the refusal says what to use: $LAST_ERR"
+expect_exit 2 "--moe-gemm grouped on an sm_89 GPU" env SIMT_SM=89 "${one_step[@]}" --ffn-hidden 128 --moe-gemm grouped
+expect_exit 2 "--attention-bwd wgmma on an sm_89 GPU" env SIMT_SM=89 "${one_step[@]}" --attention-bwd wgmma
+hd128=(--device cuda --model dbrx-tiny --n-layers 2 --n-heads 1 --kv-heads 1 --batch 1 --seq 32 --steps 2 --val-every 0)
+o89=$(SIMT_SM=89 ./train_dbrx_emu "${hd128[@]}" 2>&1); r89=$?
+o90=$(./train_dbrx_emu "${hd128[@]}" 2>&1); r90=$?
+l89=$(grep -o "loss [0-9.]*" <<<"$o89" | tr '\n' ' '); l90=$(grep -o "loss [0-9.]*" <<<"$o90" | tr '\n' ' ')
+[ "$r89" = 0 ] && [ "$r90" = 0 ] && ! grep -q "backward on wgmma" <<<"$o89" && grep -q "backward on wgmma" <<<"$o90" && [ -n "$l89" ] && [ "$l89" = "$l90" ] \
+    && pass "--attention-bwd auto: mma.sync on sm_89, wgmma on sm_90, the same losses ($l89)" \
+    || fail "--attention-bwd auto on sm_89 / sm_90: rc $r89 / $r90, losses '$l89' / '$l90'"
 
 # the GPU of each rank (parallel/gpu_select.h; every case of the rule: test/test_gpu_select.cpp). The emulated
 # node has SIMT_DEVICES GPUs (default 8); CUDA_VISIBLE_DEVICES is only read, as srun would have set it

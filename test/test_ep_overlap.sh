@@ -22,6 +22,8 @@
 #     at 4 experts (every chunk with rows) as many exchanges hidden as BF16's, 3 exposed a layer pass: the backward's
 #     last combine beside the last chunk's weight gradients;
 #     under --fp8 delayed the exchange stays in one piece: the same numbers, and one note says so;
+#   * --ep-capacity-factor 0.5 with 2 chunks: the scratch for the rows coming home regrown at start-up, and both ranks
+#     stop in step 1 with the planned-rows line (no routing fits a plan below a rank's own rows);
 #   * bad values (0, 65, a word) exit 2 with one line naming the flag.
 # About 40 s on 2 shared cores.
 set -u
@@ -78,6 +80,12 @@ if [ -x "$EMU" ]; then
     grep -q "ep: rank 1 sent .* 0 rows in" "$tmp/first4.out" \
         && same "emulated GPU, EP 2, every token to rank 0's experts (rank 1's receive no row): 1 and 4 chunks" first1 first4 \
         || fail "the forced imbalance: rank 1 received rows: $(grep -m1 'ep: rank 1' "$tmp/first4.out")"
+    # a capacity factor below 1 plans fewer rows than a rank sends, so the chunked exchange's scratch for the rows coming
+    # home grows at start-up (ep_gpu_set_chunks); no routing fits such a plan: both ranks stop in step 1, one line, exit 1
+    out=$(timeout 120 $MPI --tag-output -np 2 "$EMU" "${SMALL[@]}" "${G[@]}" --ep-capacity-factor 0.5 --ep-overlap-chunks 2 2>&1); rc=$?
+    [ $rc = 1 ] && [ "$(grep -c "error: expert parallelism: layer 0: EP rank 0's experts would receive [0-9]* rows, more than the 32 planned" <<<"$out")" = 2 ] \
+        && pass "--ep-capacity-factor 0.5 with 2 chunks (32 rows planned, 64 sent): start-up whole, both ranks stop in step 1 with one line, exit 1" \
+        || fail "--ep-capacity-factor 0.5 with 2 chunks: rc $rc: $(grep -m2 -i error <<<"$out")"
     for rc in moe swiglu; do
         for c in 1 2; do run "rc_${rc}_$c" "$EMU" -- "${G[@]}" --recompute $rc --ep-overlap-chunks $c; done
         same "emulated GPU, EP 2, --recompute $rc: 1 and 2 chunks (and as without recomputation)" rc_${rc}_1 rc_${rc}_2 c1

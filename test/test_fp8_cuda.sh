@@ -50,3 +50,10 @@ l1=$(grep -o '"loss": [0-9.e+-]*' "$tmp/ep_s1.jsonl" | tr '\n' ' '); l2=$(grep -
 expect_exit 2 "--fp8 on the GPU with a token count that is not a multiple of 16" ./train_dbrx_emu --device cuda --fp8 current --model dbrx-tiny --n-layers 2 --batch 3 --seq 5 --steps 1
 grep -q "multiple of 16" <<<"$LAST_ERR" || fail "the refusal names the rule: $LAST_ERR"
 expect_exit 2 "--fp8 delayed with --fp8-amax-history 0" ./train_dbrx_emu --device cuda --fp8 delayed --fp8-amax-history 0 --model dbrx-tiny --n-layers 2 --batch 2 --seq 32 --steps 1
+# the widths: every FP8 tensor of the step is then on the fused kernels' shapes (model/dbrx_fp8_cuda.cuh: no other path)
+expect_exit 2 "--fp8 on the GPU with an expert width (--ffn-hidden 200) that is not a multiple of 16" ./train_dbrx_emu --device cuda --fp8 block --model dbrx-tiny --n-layers 2 --ffn-hidden 200 --batch 2 --seq 32 --steps 1
+grep -q "ffn_hidden (200) .* multiples of 16" <<<"$LAST_ERR" || fail "the refusal names the width and the rule: $LAST_ERR"
+# --fp8-gather on one rank (nothing is gathered): it trains, and one note says the flag has no effect
+out=$(./train_dbrx_emu --device cuda --fp8 block --fp8-gather --model dbrx-tiny --n-layers 2 --batch 1 --seq 32 --steps 1 --val-every 0 2>&1); rc=$?
+[ "$rc" = 0 ] && [ "$(grep -c '^note: --fp8-gather has no effect with --shard-group-size 1' <<<"$out")" = 1 ] \
+    && pass "--fp8-gather on one rank: trains, one note that it has no effect" || fail "--fp8-gather on one rank: rc $rc: $(grep -m2 -i 'error\|note' <<<"$out")"

@@ -716,10 +716,11 @@ TEST_CASE("SwiGLU forward and backward") {
 // --compress-acts (model/act_compress.cuh): the GPU's codes and factors are the CPU reference's bit for bit
 // (the same quantisation of the same BF16 values), its rebuilt g and u the CPU's rebuilt values rounded to
 // BF16, act within BF16 of SwiGLU on them; and the rebuild within E4M3's rounding of the original. Rows
-// of R (> rows: the buffers' planned rows), F of DBRX (10752), of dbrx-1b (1792) and with a partial tile.
+// of R (> rows: the buffers' planned rows), F of DBRX (10752), of dbrx-1b (1792), with a partial tile, and odd (131: the
+// kernels' scalar paths, which a model whose F is not a multiple of 8 takes).
 TEST_CASE("compressed SwiGLU activations: E4M3 codes with 1x128 factors, and the rebuild of g, u, act") {
     struct Shape { int rows, R, F; };
-    for (Shape sh : {Shape{1, 3, 10752}, Shape{37, 40, 1792}, Shape{130, 130, 200}, Shape{0, 4, 200}}) {
+    for (Shape sh : {Shape{1, 3, 10752}, Shape{37, 40, 1792}, Shape{130, 130, 200}, Shape{0, 4, 200}, Shape{9, 11, 131}}) {
         int rows = sh.rows, R = sh.R, F = sh.F;
         size_t n = (size_t)R * F, nf = (size_t)R * ((F + 127) / 128);
         std::vector<float> gu = randn(2 * n, (uint64_t)F + rows, 2.0);

@@ -4,7 +4,8 @@
 # for every granularity (attn, swiglu, moe, block) and several ranges (all, firstN, M-K, everyN, one
 # layer, composed), on the CPU and the emulated GPU (train_dbrx_emu), under ZeRO-3 (np 2), expert
 # parallelism (EP 2: the dispatcher re-runs its saved plan, or recomputes its rows' SwiGLU) and FP8 (delayed on the CPU, whose scales come
-# from the amax history the recomputation must not touch; block on the GPU); head_dim 128 once on the GPU.
+# from the amax history the recomputation must not touch; block on the GPU, and delayed under EP 2, whose exchange
+# stays in one piece); head_dim 128 once on the GPU.
 # Negative control: DBRX_DEBUG_PLANT=recompute_routing (the recomputation swaps two routed rows) must
 # change them. Bad specs: one line naming the bad part, exit 2. HFU is printed only with --recompute.
 cd "$(dirname "$0")/.." || exit 1
@@ -89,6 +90,9 @@ if [ -x "$EMU" ]; then
     peak_check ge_off ge_rc --expert-parallel 2 --recompute swiglu:0-1,moe:2,block:0
     run ge8_off "${gz[@]}" --expert-parallel 2 --fp8 block; run ge8_rc "${gz[@]}" --expert-parallel 2 --fp8 block --recompute swiglu,block:1
     same ge8_off ge8_rc "GPU EP 2 --fp8 block, --recompute swiglu,block:1"
+    # the per-tensor recipes keep the exchange in one piece (ep_gpu_chunks): the unchunked dispatcher's FP8 recomputation
+    run ge8d_off "${gz[@]}" --expert-parallel 2 --fp8 delayed; run ge8d_rc "${gz[@]}" --expert-parallel 2 --fp8 delayed --recompute swiglu
+    same ge8d_off ge8d_rc "GPU EP 2 --fp8 delayed (the exchange in one piece), --recompute swiglu"
 fi
 
 echo "-- bad specs"

@@ -44,7 +44,10 @@
  *     program's, not the schedule's: a race is caught under any schedule, the sequential one included.
  *   - The CUDA runtime calls the project uses (cudaMalloc, cudaMemcpy, events, ...) are implemented
  *     on host memory; cudaMalloc poisons with 0xFF. SIMT_DEVICE_MEMORY=BYTES sets the emulated
- *     device size (default 80 GiB), so the out-of-memory path can be tested.
+ *     device size (default 80 GiB), so the out-of-memory path can be tested; SIMT_MALLOC_FAIL=N makes the
+ *     N-th cudaMalloc of the process fail (cudaErrorMemoryAllocation), so can an allocation that fails after
+ *     a memory estimate said it would fit (another process on the GPU, fragmentation). SIMT_SM=89 (say)
+ *     reports that compute capability instead of 9.0, for the product's refusals and defaults on other GPUs.
  *   - SIMT_SHAPES_ONLY=1: the step-time model's mode (dev/predict/README.md). Every call is checked and
  *     logged (SIMT_WORKLOG, the counters) as usual, but no kernel body runs, the cuBLASLt twin computes
  *     nothing, and copies, memsets and NCCL operations above SIMT_SHAPES_SMALL bytes (4096) move no
@@ -274,6 +277,8 @@ struct Options {
     int os_threads = 1;            // blocks run in parallel on this many OS threads
     size_t stack_bytes = 64 * 1024;
     size_t device_memory = (size_t)80 << 30;
+    unsigned long long malloc_fail = 0;   // SIMT_MALLOC_FAIL=N (> 0): the N-th cudaMalloc fails
+    int sm = 90;                          // SIMT_SM=MAJORMINOR: the compute capability reported (80: an A100, 89: an L40S)
     bool shapes_only = false;      // SIMT_SHAPES_ONLY=1 (above): record the work, do none of it
     bool loaded = false;
 };
@@ -295,6 +300,19 @@ inline Options& options() {
         if (k && atoi(k) >= 16) o.stack_bytes = (size_t)atoi(k) * 1024;
         const char* m = getenv("SIMT_DEVICE_MEMORY");
         if (m && strtoull(m, NULL, 10) > 0) o.device_memory = strtoull(m, NULL, 10);
+        const char* sm = getenv("SIMT_SM");
+        if (sm && *sm) {
+            char* end = nullptr;
+            long v = strtol(sm, &end, 10);
+            if (*end || v < 50 || v > 129) { fprintf(stderr, "error: SIMT_SM='%s' must be a compute capability such as 80, 89 or 90\n", sm); exit(2); }
+            o.sm = (int)v;
+        }
+        const char* mf = getenv("SIMT_MALLOC_FAIL");
+        if (mf && *mf) {
+            char* end = nullptr;
+            o.malloc_fail = strtoull(mf, &end, 10);
+            if (*end || o.malloc_fail == 0) { fprintf(stderr, "error: SIMT_MALLOC_FAIL='%s' must be a positive integer\n", mf); exit(2); }
+        }
         const char* so = getenv("SIMT_SHAPES_ONLY");
         if (so && *so && strcmp(so, "0") != 0) {
             if (strcmp(so, "1") != 0) { fprintf(stderr, "error: SIMT_SHAPES_ONLY='%s' must be 0 or 1\n", so); exit(2); }
@@ -828,6 +846,7 @@ struct Runtime {
     std::map<const void*, int> max_dynamic_smem;   // cudaFuncAttributeMaxDynamicSharedMemorySize
     std::map<void*, size_t> allocations;
     size_t allocated = 0;
+    unsigned long long mallocs = 0;   // cudaMalloc calls so far (SIMT_MALLOC_FAIL)
     std::map<std::string, std::pair<long long, double>> profile;   // kernel -> launches, seconds (SIMT_PROFILE=1)
     ~Runtime() {
         if (profile.empty()) return;
@@ -1034,7 +1053,12 @@ extern "C" {
 inline cudaError_t cudaMalloc(void** p, size_t n) {
     simt::Runtime& rt = simt::runtime();
     std::lock_guard<std::mutex> g(rt.mu);
-    if (rt.allocated + n > simt::options().device_memory) { *p = nullptr; rt.last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
+    bool planted = ++rt.mallocs == simt::options().malloc_fail;   // (SIMT_MALLOC_FAIL: this call fails)
+    if (planted || rt.allocated + n > simt::options().device_memory) {
+        *p = nullptr;
+        rt.last_error = cudaErrorMemoryAllocation;
+        return cudaErrorMemoryAllocation;
+    }
     void* q = nullptr;
     if (simt::options().shapes_only) {   // reserved address space: pages appear (zeros) only where written
         if (!(q = simt::shapes_alloc(n))) { *p = nullptr; rt.last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
@@ -1167,7 +1191,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
     p->warpSize = 32;
     p->maxThreadsPerBlock = 1024;
     p->multiProcessorCount = 132;
-    p->major = 9; p->minor = 0;
+    p->major = simt::options().sm / 10; p->minor = simt::options().sm % 10;
     p->l2CacheSize = 50 * 1024 * 1024;
     return cudaSuccess;
 }
@@ -1176,8 +1200,8 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
     case cudaDevAttrMultiProcessorCount: *v = 132; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = SIMT_MAX_DYNAMIC_SMEM; break;
     case cudaDevAttrL2CacheSize: *v = 50 * 1024 * 1024; break;
-    case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
-    case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = simt::options().sm / 10; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = simt::options().sm % 10; break;
     default: *v = 0;
     }
     return cudaSuccess;
