@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh — the guide's rule "every device line executes in some emulated test", measured: the working tree (a clone,
 # its tracked and untracked, not ignored, files copied over it) in a scratch directory, built there with `make COVERAGE=1` (the
-# emulated builds instrumented for gcov), the whole test suite run there (make test: about 30 minutes on 2 cores),
+# emulated builds instrumented for gcov), the whole test suite run there (make test: about 37 minutes on 2 cores),
 # then dev/coverage/report.py: the product's device lines and functions no test executed.
 #
 #   bash dev/coverage/run.sh [DIR]     # DIR: the scratch tree (default: a new mktemp -d), kept for gcov afterwards
