@@ -20,6 +20,19 @@ static double gpu_peak_flops(const cudaDeviceProp& prop, int dev, std::string* h
     return gpu_peak_bf16_dense(prop.name, prop.multiProcessorCount, khz, how);
 }
 
+// --fp8-gather: the store gathers the blocks' FP8 weights as E4M3 codes (parallel/zero_gpu_fp8.cuh), which the model's
+// GEMMs read as they are; the model was built without a weight scratch where the store turns it on (fp8.weights_quantized)
+static void fp8_gather_enable(ZeroGpu* store, const Fp8Config& fp8, const Comm& comm) {
+    int on = zero_enable_fp8_gather(store);
+    ENSURE(on == fp8.weights_quantized, "internal error: --fp8-gather is %s in the store, %s in the model", on ? "on" : "off",
+           fp8.weights_quantized ? "on" : "off");
+    if (on)
+        printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, the norms and router as BF16\n", comm.rank);
+    else if (comm.rank == 0)
+        printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds its units whole (with --expert-parallel, "
+               "its experts), nothing is gathered\n");
+}
+
 static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, const char* why) {
     // one process per GPU, picked by parallel/gpu_select.h's rule (the NCCL world uses the same)
     std::string dev_how;
@@ -88,6 +101,9 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     DbrxGPU model;
     int Tr = args.run.seq / args.parallel.context_parallel;   // this rank's tokens per sequence (--context-parallel)
     int S = args.parallel.shard_group_size > 0 ? args.parallel.shard_group_size : comm.world;
+    // --fp8-gather with a shard group: the block weights arrive as codes, which the GEMMs read as they are (the model keeps
+    // no scratch to quantise them into: fp8_gpu_buffers); the store turns it on below (zero_enable_fp8_gather)
+    fp8.weights_quantized = args.fp8.gather && fp8.recipe != FP8_OFF && S > 1 && comm.world % S == 0;
     // before anything is built per layer (the parameter table alone grows with --n-layers): a run whose planned
     // allocations (--dry-run's plan, margins not counted: a lower bound) exceed the device's memory is refused in
     // one line, as the free-memory check in dbrx_build_shape refuses one that does not fit what is free
@@ -95,7 +111,8 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     {
         int Sp = S > 0 && comm.world % S == 0 ? S : 1, np = args.parallel.expert_parallel > 1 ? args.parallel.expert_parallel : 1;
         MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, Sp, np, comm.world, fp8.recipe, args.parallel.ep_capacity,
-                                      args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks);
+                                      args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks,
+                                      args.fp8.gather);
         memory_plan_cp(&plan, &cfg, args.parallel.context_parallel);   // (CP: the GPU ring's buffers)
         emb_bytes = (size_t)plan.emb_exchange;
         if (plan.allocations > (long double)prop.totalGlobalMem)
@@ -137,13 +154,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     Zero* z = &store.z;
     store.z.fp8_cfg = &model.fp8.cfg;   // the FP8 scaling state that checkpoints carry
     store.z.fp8_metas = dbrx_fp8_metas(&model);
-    if (args.fp8.gather) {   // the blocks' FP8 weights gathered as E4M3 codes (parallel/zero_gpu.cuh)
-        if (zero_enable_fp8_gather(&store))
-            printf("zero: rank %d: --fp8-gather: block weights gathered as E4M3 codes, the norms and router as BF16\n", comm.rank);
-        else if (comm.rank == 0)
-            printf("note: --fp8-gather has no effect with --shard-group-size 1: every rank holds its units whole (with --expert-parallel, "
-                   "its experts), nothing is gathered\n");
-    }
+    if (args.fp8.gather) fp8_gather_enable(&store, fp8, comm);   // the blocks' FP8 weights gathered as E4M3 codes
     printf("zero: rank %d (cuda:%d): rank %d of %d in shard group %d, replica %d of %d; master+grads+moments+bf16 shard %lld bytes "
            "allocated, %lld bytes measured (device free memory); gathered slots %lld bytes\n", comm.rank, dev, z->shard.rank, z->S,
            comm.rank / z->S, z->replica.rank, z->R, (long long)(z->shard_total * (2 * sizeof(float) + (g_adam_moments_bf16 ? 3 : 5) * sizeof(floatX))),   // (moments: BF16 or FP32)

@@ -616,7 +616,7 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     double p = (double)params_total(&cfg);
     MemoryPlan plan = memory_plan(&cfg, args.run.batch, Tr, S, n, gpus, fp8_recipe_parse(args.fp8.recipe.c_str()),
                                   args.parallel.ep_capacity, args.parallel.zero_chunk_mib, args.parallel.grad_reduce_dtype == "bf16",
-                                  args.parallel.ep_chunks);
+                                  args.parallel.ep_chunks, args.fp8.gather);
     memory_plan_cp(&plan, &cfg, cp);   // (the GPU ring's buffers and its communicator; cp must divide the GPUs)
     double shard = (double)plan.shard_params;   // this rank's shard under S ranks and EP n, from the store's own layout
     printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
@@ -627,7 +627,6 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
            16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
     memory_plan_print(&plan, &cfg, capacity, device.c_str());
     cp_plan_print(&cfg, args.run.batch, args.run.seq, args.parallel.context_parallel);
-    if (args.fp8.gather) printf("  (not in the plan: --fp8-gather's code and scale buffers)\n");
     if (args.health.check) printf("  (not in the plan: --health-check's GEMM operands, freed before training)\n");
     if (args.run.fit) fit_report(args, cfg, gpus, capacity);
     return 0;

@@ -140,7 +140,7 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
                         g_recompute = recompute_parse(rc);   // (memory_plan reads the run's specs)
                         g_compress = recompute_parse(ca, "--compress-acts", RC_COMPRESS_GRANS);
                         MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq / cp, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
-                                                       args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks);
+                                                       args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks, args.fp8.gather);
                         memory_plan_cp(&p, &cfg, cp);   // (CP: the GPU ring's buffers and communicator, as dry_run_report's plan)
                         double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
                                                                  cfg.top_k, args.run.seq) / fpt;

@@ -59,6 +59,7 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
     int d = c->d_model, H = c->n_heads, KV = c->kv_heads, hd = c->head_dim, E = c->n_experts, k = c->top_k, F = c->ffn_hidden;
     int qd = qkv_dim(c), L = c->n_layers, V = c->vocab_size, half = hd / 2, kvw = 2 * KV * hd;
     cudaCheck(cudaMemcpy(s->token, &token, sizeof(int), cudaMemcpyHostToDevice));
+    m->fp8.bf16_weights = true;   // (--fp8-gather: the store decodes the block weights' codes for these BF16 GEMMs)
     unit_begin(m, 0, UNIT_FORWARD);
     embedding_forward_gpu(s->x, s->token, m->p.wte, 1, d);
     unit_end(m, 0, UNIT_FORWARD);
@@ -93,6 +94,7 @@ static inline const float* dbrx_decode_step(DbrxGPU* m, int token, int pos) {
     layernorm_forward_gpu(s->ln, s->ln_mean, s->ln_rstd, s->x, m->p.norm_f, 1, d, c->ln_eps);
     matmul_forward_gpu(s->logits, s->ln, m->p.lm_head, 1, d, V);
     unit_end(m, dbrx_head_unit(c), UNIT_FORWARD);
+    m->fp8.bf16_weights = false;
     cudaCheck(cudaMemcpy(s->logits_host.data(), s->logits, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost));
     return s->logits_host.data();
 }

@@ -39,6 +39,15 @@
 // one scratch FP8 operand: the row-wise codes, the transposed codes, and (block scaling) their factors
 typedef struct { __nv_fp8_storage_t *q, *qt; float *sinv, *sinv_t; } Fp8Buf;
 
+// a block weight that arrived as codes (--fp8-gather, the device store's slot): its row-wise codes q (rows, cols) and
+// factors as the GEMMs read them, and room for the transposed copy qt, made at the first GEMM that wants it (has_qt)
+typedef struct {
+    const floatX* w;   // the weight's place in the slot (the model's pointer to it)
+    Fp8Buf buf;
+    int rows, cols, seg_rows;
+    bool has_qt;
+} Fp8Given;
+
 // the padded expert layout of one layer's routed rows (FP8 only)
 typedef struct {
     std::vector<int> poff;   // host (E + 1): expert e owns padded rows poff[e] .. poff[e+1]-1
@@ -80,6 +89,10 @@ typedef struct {
     // the experts' w1, v1, w2 of one layer quantised once into w, w2, w3 for the GEMMs of its exchange chunks
     // (fp8_hold_expert_weights, parallel/expert_parallel_fp8.cuh; src nullptr: none held), which read them as fp8_weight_gpu's
     struct { const floatX* src; int layer; bool q, qt; } held[3] = {};
+    // --fp8-gather's codes used as they are (the device store, under parallel/): the block weights it placed in its
+    // working slots as their E4M3 codes and factors, by their BF16 pointer (fp8_given_add); fp8_weight_gpu returns them
+    std::vector<Fp8Given> given;
+    bool bf16_weights = false;                  // generation runs: the store gathers the block weights as BF16 (not codes)
 } Fp8GPU;
 
 static inline bool fp8_on(const Fp8GPU* f) { return f->cfg.recipe != FP8_OFF; }
@@ -142,7 +155,9 @@ static inline size_t fp8_scale_bound(size_t rows, size_t cols, size_t nseg, bool
     return transposed ? nct * (rows / 128 + 4 * nseg) : tiles * ((nct + 3) / 4 * 4);
 }
 
-// Walks the FP8 buffers of the model: `take(ptr, bytes)` allocates (or only counts) each one. Under expert parallelism
+// Walks the FP8 buffers of the model: `take(ptr, bytes)` allocates (or only counts) each one. The block weights' scratch
+// (w, w2, w3) only where the weights are quantised by the model: not under --fp8-gather (cfg.weights_quantized, set
+// before the model is built), whose codes the store places in its slots (fp8_given_operand). Under expert parallelism
 // (ep_n > 1) a rank quantises only its E / ep_n experts' weights, and the experts' activations and gradients go to the
 // dispatcher's own scratch (ep_fp8_scratch_swap): act and grad hold the attention's operands only, no layer has a
 // padded row -> token map. hold: w3 for the third expert weight held for a layer's exchange chunks (EP, block scaling,
@@ -173,10 +188,12 @@ static inline void fp8_gpu_buffers(Fp8GPU* f, const DbrxConfig* c, int B, int T,
         buf(&f->act, {{N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
         buf(&f->grad, {{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
     }
-    buf(&f->w, {{qd, d, 1}, {d, d, 1}, {El * F, d, El}}, true);
-    buf(&f->w2, {{El * F, d, El}}, true);
-    f->w3 = Fp8Buf{};
-    if (hold) buf(&f->w3, {{El * F, d, El}}, true);
+    f->w = f->w2 = f->w3 = Fp8Buf{};
+    if (!f->cfg.weights_quantized) {   // (--fp8-gather: the weights arrive as codes, which the GEMMs read as they are)
+        buf(&f->w, {{qd, d, 1}, {d, d, 1}, {El * F, d, El}}, true);
+        buf(&f->w2, {{El * F, d, El}}, true);
+        if (hold) buf(&f->w3, {{El * F, d, El}}, true);
+    }
     for (size_t i = 0; i < f->wq.size(); i++) {   // the weight cache: every block weight's q and qt (and factors)
         size_t rows, cols, nseg;
         fp8_weight_shape(c, (int)(i % FP8_NLIN), &rows, &cols, &nseg, ep_n);
@@ -461,15 +478,43 @@ static inline Fp8GemmOperand fp8_operand_of(const Fp8GPU* f, int slot, const Fp8
     return o;
 }
 
+// --fp8-gather's codes used as they are: the device store placed weight w's codes (buf.q, buf.sinv) where its BF16 values
+// would be (the device store's gather, under parallel/); fp8_given_forget drops the entries of a slot it regathers
+static inline void fp8_given_forget(Fp8GPU* f, const void* lo, const void* hi) {
+    f->given.erase(std::remove_if(f->given.begin(), f->given.end(), [&](const Fp8Given& g) {
+        return (const char*)g.w >= (const char*)lo && (const char*)g.w < (const char*)hi; }), f->given.end());
+}
+static inline void fp8_given_add(Fp8GPU* f, const floatX* w, Fp8Buf buf, int rows, int cols, int seg_rows) {
+    ENSURE(seg_rows > 0 && rows % seg_rows == 0, "internal error: FP8 weight codes of %d rows in experts of %d", rows, seg_rows);
+    f->given.push_back(Fp8Given{w, buf, rows, cols, seg_rows, false});
+}
+// The codes of weight w if the store gave them (else NULL): the transposed copy is made from q, once per gather, when
+// a GEMM first wants it (dgrad's W^T, Hopper's TN rule): the bytes and factors the model's own quantisation writes as
+// qt and sinv_t (test/test_zero_fp8_cuda.cpp)
+static inline const Fp8Buf* fp8_given_operand(Fp8GPU* f, const floatX* w, int rows, int cols, bool want_qt, cudaStream_t stream) {
+    for (Fp8Given& g : f->given) {
+        if (g.w != w) continue;
+        ENSURE(g.rows == rows && g.cols == cols, "internal error: FP8 weight codes of %d x %d read as %d x %d", g.rows, g.cols, rows, cols);
+        if (want_qt && !g.has_qt) {
+            fp8_transpose_gpu(g.buf.qt, g.buf.sinv_t, g.buf.q, g.buf.sinv, rows, cols, g.seg_rows, stream);
+            g.has_qt = true;
+        }
+        return &g.buf;
+    }
+    return nullptr;
+}
+
 // Block weight `lin` of `layer` (rows, cols in segments `seg`) as its GEMMs read it. With the cache (f->wcache)
 // it is quantised at its first use in a step, q and qt together, into its own copy, and every later GEMM of the
 // step reads that copy: the forward, the recomputation, the backward and the other micro-batches of
 // --grad-accum. The codes and factors are those each use would make (the weight and, per tensor, its scale are
 // fixed for the step); its amax is recorded once, which is the same maximum; its saturations are counted once per
-// step, where the CPU counts them at every use. Without the cache: quantised into `scratch` at every use.
+// step, where the CPU counts them at every use. Without the cache: quantised into `scratch` at every use. Gathered as
+// codes (--fp8-gather): those codes, as they arrived (fp8_given_operand), no quantisation at all.
 static inline const Fp8Buf& fp8_weight_gpu(Fp8GPU* f, int layer, int lin, const floatX* w, int rows, int cols, const Fp8Segments& seg,
                                            Fp8Buf* scratch, bool want_q, bool want_qt, cudaStream_t stream) {
     int slot = fp8_slot(f, layer, lin, FP8_OP_W);
+    if (const Fp8Buf* g = fp8_given_operand(f, w, rows, cols, want_qt, stream)) return *g;
     if (!f->wcache) {
         if (lin >= FP8_LIN_W1) {   // (held for a layer's exchange chunks: fp8_hold_expert_weights, parallel/expert_parallel_fp8.cuh)
             const auto& h = f->held[lin - FP8_LIN_W1];
@@ -478,6 +523,8 @@ static inline const Fp8Buf& fp8_weight_gpu(Fp8GPU* f, int layer, int lin, const 
                 return lin == FP8_LIN_W1 ? f->w : lin == FP8_LIN_V1 ? f->w2 : f->w3;
             }
         }
+        ENSURE(scratch->q, "internal error: layer %d: FP8 weight %s was not gathered as codes, and the model has no scratch to quantise "
+               "it into (--fp8-gather)", layer, f->names[slot].c_str());
         fp8_quantize_operand(f, slot, true, w, rows, cols, seg, scratch, want_q, want_qt, stream);
         return *scratch;
     }

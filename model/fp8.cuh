@@ -576,4 +576,85 @@ static inline void fp8_quantize_gpu(const Fp8QuantOut& out, const floatX* x, int
     case FP8Q_WEIGHT: LAUNCH(fp8_quantize_kernel<FP8Q_WEIGHT>, grid, FP8Q_THREADS, 0, stream, x, rows, cols, seg, (int)fmt, scale, amax_in, margin, out); break;
     }
 }
+// ---------------------------------------------------------------------------------------------
+// CUDA: the transposed copy of FP8 codes. Hopper's FP8 GEMMs are TN only, so dgrad reads a weight W (rows, cols) as W^T
+// (cols, rows), contiguous along the rows. A weight that arrived as codes (--fp8-gather: the device store, parallel/)
+// gets it from its codes, byte for byte what fp8_quantize_gpu writes as qt (one scale per 128x128 block or per tensor:
+// a code transposes to the same code), its block factors re-indexed to qt's layout.
+
+// qt (cols, rows) = q (rows, cols)^T, FP8 codes: one CUDA block per 64x64 tile, read along q's rows
+// into shared memory and written along qt's rows. Any shape, one byte per access (fp8_transpose16_kernel: 16)
+#define FP8T_TILE 64
+#define FP8T_THREADS 256
+__global__ void __launch_bounds__(FP8T_THREADS) fp8_transpose_kernel(__nv_fp8_storage_t* __restrict__ qt,
+                                                                      const __nv_fp8_storage_t* __restrict__ q, int rows, int cols) {
+    __shared__ __nv_fp8_storage_t tile[FP8T_TILE][FP8T_TILE + 1];
+    const int r0 = blockIdx.y * FP8T_TILE, c0 = blockIdx.x * FP8T_TILE;
+    const int h = min(FP8T_TILE, rows - r0), w = min(FP8T_TILE, cols - c0);
+    for (int i = threadIdx.x; i < FP8T_TILE * FP8T_TILE; i += FP8T_THREADS) {
+        int r = i / FP8T_TILE, c = i % FP8T_TILE;
+        if (r < h && c < w) tile[r][c] = q[(size_t)(r0 + r) * cols + c0 + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < FP8T_TILE * FP8T_TILE; i += FP8T_THREADS) {
+        int c = i / FP8T_TILE, r = i % FP8T_TILE;
+        if (r < h && c < w) qt[(size_t)(c0 + c) * rows + r0 + r] = tile[r][c];
+    }
+}
+
+// The same with 16-byte accesses, rows and cols multiples of 16, q and qt 16-byte aligned (fp8_gpu_setup's shapes): the
+// 64x64 tile is 256 loads of 16 codes along q's rows, one a thread, and 256 stores of 16 codes along qt's rows, each
+// a column of 16 codes of the tile in shared memory
+__global__ void __launch_bounds__(FP8T_THREADS) fp8_transpose16_kernel(__nv_fp8_storage_t* __restrict__ qt,
+                                                                        const __nv_fp8_storage_t* __restrict__ q, int rows, int cols) {
+    __shared__ __nv_fp8_storage_t tile[FP8T_TILE][FP8T_TILE + 1];
+    const int r0 = blockIdx.y * FP8T_TILE, c0 = blockIdx.x * FP8T_TILE;
+    const int h = min(FP8T_TILE, rows - r0), w = min(FP8T_TILE, cols - c0);   // (multiples of 16)
+    const int a = threadIdx.x / 4, b = threadIdx.x % 4 * 16;   // a row of the tile and 16 of its columns; below, a column and 16 rows
+    if (a < h && b < w) {
+        uint4 v = *(const uint4*)(q + (size_t)(r0 + a) * cols + c0 + b);
+        const __nv_fp8_storage_t* x = (const __nv_fp8_storage_t*)&v;
+        for (int i = 0; i < 16; i++) tile[a][b + i] = x[i];
+    }
+    __syncthreads();
+    if (a < w && b < h) {
+        uint4 v;
+        __nv_fp8_storage_t* x = (__nv_fp8_storage_t*)&v;
+        for (int i = 0; i < 16; i++) x[i] = tile[b + i][a];
+        *(uint4*)(qt + (size_t)(c0 + a) * rows + r0 + b) = v;
+    }
+}
+
+// qt's BLK128 factors from q's, segments of seg_rows rows: per segment, qt's operand has `cols` rows
+// of k = seg_rows, and its block (cb, rb) is q's block (rb, cb) (fp8_quantize_gpu's `sinv_t`)
+__global__ void fp8_transpose_factors_kernel(float* sinv_t, const float* sinv, int nseg, int seg_rows, int cols) {
+    const int row_blocks = (seg_rows + 127) / 128, col_blocks = (cols + 127) / 128;
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= nseg * row_blocks * col_blocks) return;
+    int e = g / (row_blocks * col_blocks), rb = g / col_blocks % row_blocks, cb = g % col_blocks;
+    size_t off = (size_t)e * row_blocks * ((col_blocks + 3) / 4 * 4), off_t = (size_t)e * col_blocks * ((row_blocks + 3) / 4 * 4);
+    sinv_t[off_t + matmul_scale_blk128_index(cb * 128, rb * 128, seg_rows)] = sinv[off + matmul_scale_blk128_index(rb * 128, cb * 128, cols)];
+}
+
+// dgrad's operand W^T from the gathered row-wise codes q (rows, cols), experts of seg_rows rows
+// stacked: qt (cols, rows) — the whole stack transposed, so expert e's W_e^T is columns e * seg_rows ..
+// of qt with ld = rows, exactly the model's transposed weight operand (fp8_operand_of(..., transposed,
+// e * F, ld E F, fp8_scale_offset(..., true, true))), which fp8_quantize_gpu writes as `qt`. Block
+// scaling: sinv_t (q's factors sinv re-indexed, its `sinv_t` layout; padding not written); per tensor
+// pass sinv = sinv_t = NULL: the transposed copy has the same one factor.
+static inline void fp8_transpose_gpu(__nv_fp8_storage_t* qt, float* sinv_t, const __nv_fp8_storage_t* q, const float* sinv, int rows,
+                                     int cols, int seg_rows, cudaStream_t stream = 0) {
+    if (rows == 0 || cols == 0) return;
+    ENSURE(seg_rows > 0 && rows % seg_rows == 0, "fp8_transpose_gpu: %d rows are not segments of %d", rows, seg_rows);
+    ENSURE(ceil_div(rows, FP8T_TILE) <= 65535, "fp8_transpose_gpu: %d rows exceed the grid", rows);
+    dim3 grid(ceil_div(cols, FP8T_TILE), ceil_div(rows, FP8T_TILE));
+    if (rows % 16 == 0 && cols % 16 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)qt % 16 == 0)   // (every weight under --fp8)
+        LAUNCH(fp8_transpose16_kernel, grid, FP8T_THREADS, 0, stream, qt, q, rows, cols);
+    else
+        LAUNCH(fp8_transpose_kernel, grid, FP8T_THREADS, 0, stream, qt, q, rows, cols);
+    if (sinv && sinv_t) {
+        int n = rows / seg_rows * ((seg_rows + 127) / 128) * ((cols + 127) / 128);
+        LAUNCH(fp8_transpose_factors_kernel, ceil_div(n, 256), 256, 0, stream, sinv_t, sinv, rows / seg_rows, seg_rows, cols);
+    }
+}
 #endif  // DBRX_HAVE_CUDA

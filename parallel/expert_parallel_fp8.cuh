@@ -27,12 +27,19 @@
 // ep_fp8_hold): the experts' w1, v1, w2 of `layer`
 // (E experts of F rows, C columns) quantised once into w, w2, w3 (the codes each wants: row-wise q, transposed qt) for
 // every chunk's GEMMs, instead of once per chunk (fp8_weight_gpu returns them); the same codes and factors, as the
-// weight is the same for the layer. Nothing held with the weight cache (it holds them already) or without w3.
+// weight is the same for the layer. Nothing held with the weight cache (it holds them already) or without w3. Under
+// --fp8-gather every chunk's GEMMs read the gathered codes as they are: only their transposed copies are made here.
 // fp8_release_expert_weights: back to quantising at every use.
 static inline void fp8_hold_expert_weights(Fp8GPU* f, int layer, const floatX* w1, const floatX* v1, const floatX* w2, int E, int C, int F,
                                            const bool q[3], const bool qt[3], cudaStream_t stream) {
-    if (f->wcache || !f->w3.q) return;
+    if (f->wcache) return;
     const floatX* ws[3] = {w1, v1, w2};
+    if (fp8_given_operand(f, w1, E * F, C, false, stream)) {   // (--fp8-gather: the gathered codes; the transposed copies the
+        for (int i = 0; i < 3; i++)                            // chunks want made here, beside dispatch 0, as the hold would)
+            ENSURE(fp8_given_operand(f, ws[i], E * F, C, qt[i], stream), "internal error: layer %d: expert weight %d gathered without codes", layer, i);
+        return;
+    }
+    if (!f->w3.q) return;
     Fp8Buf* bufs[3] = {&f->w, &f->w2, &f->w3};
     for (int i = 0; i < 3; i++) {
         fp8_quantize_operand(f, fp8_slot(f, layer, FP8_LIN_W1 + i, FP8_OP_W), true, ws[i], E * F, C, fp8_uniform_segments(E, F), bufs[i], q[i],

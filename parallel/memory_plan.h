@@ -54,6 +54,7 @@
 #include "../model/fp8.cuh"
 #include "../model/recompute.h"
 #include "../model/act_compress.cuh"
+#include "zero_fp8_layout.h"
 
 static const long double PLAN_MIB = 1048576.0L, PLAN_GIB = 1073741824.0L;
 static const long double PLAN_CUBLASLT_BYTES = 32 * PLAN_MIB;        // model/matmul_cublaslt.cuh's workspace
@@ -103,6 +104,7 @@ typedef struct {
     long double compressed_swiglu, compressed_attn;   // ... by class: the codes and factors of one layer
     std::string compress;            // its spec ("": none)
     long double head, scratch, fp8_scratch;
+    long double fp8_gather;          // --fp8-gather (S > 1): the store's codes, side pieces and scales (zero_fp8_layout.h)
     // routing buffers: L x the routing indices, and the EP exchange's
     long double routing_index, ep_exchange;
     long double ep_rows;             // EP: the rows received per layer the buffers are planned for (0 without EP)
@@ -155,8 +157,10 @@ static inline long double plan_fp8_scale_bound(long double rows, long double col
 }
 
 // fp8_gpu_buffers' bytes: the quantised scratch of activations, gradients and weights, the scaling state,
-// every layer's padded routing, and with weight_cache (no shard group: S = 1) every block weight's quantised copy
-static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, bool block, bool weight_cache, int n = 1, bool hold = false) {
+// every layer's padded routing, and with weight_cache (no shard group: S = 1) every block weight's quantised copy;
+// gathered (--fp8-gather): no weight scratch (the GEMMs read the gathered codes)
+static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, bool block, bool weight_cache, int n = 1, bool hold = false,
+                                         bool gathered = false) {
     long double d = c->d_model, F = c->ffn_hidden, E = c->n_experts, qd = qkv_dim(c), L = c->n_layers, El = E / n;
     long double Rp = N * c->top_k + 15 * E;
     struct Shape { long double rows, cols, nseg; };
@@ -173,7 +177,8 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
     // scratch, ep_exchange below; hold: a third expert weight, held for a layer's exchange chunks, ep_fp8_hold)
     long double b = n > 1 ? buf({{N, d, 1}}, false) + buf({{N, qd, 1}, {N, d, 1}}, false)
                           : buf({{N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false) + buf({{N, qd, 1}, {N, d, 1}, {Rp, d, E}, {Rp, F, E}}, false);
-    b += buf({{qd, d, 1}, {d, d, 1}, {El * F, d, El}}, true) + buf({{El * F, d, El}}, true) + (hold ? buf({{El * F, d, El}}, true) : 0);
+    if (!gathered)
+        b += buf({{qd, d, 1}, {d, d, 1}, {El * F, d, El}}, true) + buf({{El * F, d, El}}, true) + (hold ? buf({{El * F, d, El}}, true) : 0);
     long double slots = 14 * L;   // fp8_operand_table: 5 linears x (x, w, dy) per layer, v1's x shared with w1's
     b += slots * (4 + 16 + 4 + 8) + 12;               // scale, scale_inv (16 B apart), amax, sat; tmp_amax (3)
     b += L * ((2 * E + 1) * 4 + (n > 1 ? 0 : Rp * 4));   // per layer: segments, padded row_token (not under EP)
@@ -182,10 +187,26 @@ static inline long double plan_fp8_bytes(const DbrxConfig* c, long double N, boo
     return b;
 }
 
-// The plan for micro-batches of B x T on `gpus` GPUs, shard groups of S, EP degree n (validated by the caller)
+// --fp8-gather's buffers in the device store (fp8g_device_bytes of its layout), from one layer's layout: every unit is
+// sharded alone, so the code pieces, side pieces, scale groups and matrices grow with the layers, the byte slot, the
+// side pieces received and the slots' factors are one unit's
+static inline long double plan_fp8_gather_bytes(const DbrxConfig* c, int S, int n, bool block, int chunk_experts, int vocab_rows) {
+    DbrxConfig one = *c;
+    one.n_layers = 1;
+    std::vector<ParamInfo> table = dbrx_param_table(&one);
+    Zero z;
+    zero_unit_layout(&z, &one, table, S, n, chunk_experts, vocab_rows);
+    z.lrank = z.ep_rank = 0;   // (every rank's buffers are as long: rank 0's)
+    Fp8GatherLayout f;
+    fp8g_device_layout(&f, &z, table, &one, block);
+    return fp8g_device_bytes(&f, S, 2, c->n_layers);
+}
+
+// The plan for micro-batches of B x T on `gpus` GPUs, shard groups of S, EP degree n (validated by the caller);
+// fp8_gather: --fp8-gather (on with FP8 and S > 1: the store's code buffers, and no weight scratch in the model)
 static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, int n, int gpus, Fp8Recipe fp8,
                                      double ep_capacity = EP_CAPACITY_DEFAULT, double chunk_mib = 0, bool rs_bf16 = false,
-                                     int ep_chunks = 1) {
+                                     int ep_chunks = 1, bool fp8_gather = false) {
     MemoryPlan p;
     p.B = B; p.T = T; p.S = S; p.n = n; p.gpus = gpus; p.fp8 = fp8;
     const long double f4 = 4, bf = 2, i4 = 4;
@@ -272,7 +293,9 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     long double att_D = B * H * T;
     p.scratch = bf * N * d + 2 * f4 * N * d + 2 * bf * N * d + bf * N * qd + bf * N * E + f4 * N * k + bf * R * d + f4 * att_D
               + f4 * std::ceil(N / PLAN_LN_ROWS_PER_CHUNK) * d + f4 * (PLAN_GRAD_NORM_BLOCKS + 2) + bf * R * d + 3 * bf * Rx * F;
-    p.fp8_scratch = on8 ? plan_fp8_bytes(c, N, fp8 == FP8_BLOCK, S == 1, n, ep_fp8_hold(n, ep_chunks, fp8, S == 1)) : 0;
+    bool gathered = on8 && fp8_gather && S > 1;
+    p.fp8_scratch = on8 ? plan_fp8_bytes(c, N, fp8 == FP8_BLOCK, S == 1, n, ep_fp8_hold(n, ep_chunks, fp8, S == 1), gathered) : 0;
+    p.fp8_gather = gathered ? plan_fp8_gather_bytes(c, S, n, fp8 == FP8_BLOCK, p.chunk_experts, p.vocab_rows) : 0;
 
     // routing: the indices of every layer; EP's exchange (ep_gpu_buffers) for Rc planned rows: kept per layer xl
     // (Rc, d) and perm, inv (Rc); shared x, y, dx, dxr (Rc, d); under FP8 four code buffers (Rc, max(d, F)) and
@@ -293,8 +316,8 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
         if (C > 1)
             p.ep_exchange += L * i4 * (2 * Rc + 2 * Nk + (fp8 == FP8_BLOCK ? C * (2 * El + 1) : 0)) + (Nk > Rc ? bf * (Nk - Rc) * d : 0);
     }
-    p.allocations = plan_param_state(&p) + p.gathered_slots + p.grad_slots + p.emb_exchange + p.saved + p.head + p.scratch + p.fp8_scratch
-                  + p.routing_index + p.ep_exchange;
+    p.allocations = plan_param_state(&p) + p.gathered_slots + p.grad_slots + p.emb_exchange + p.fp8_gather + p.saved + p.head + p.scratch
+                  + p.fp8_scratch + p.routing_index + p.ep_exchange;
 
     // margins: the communicators parallel/zero.h creates with NCCL (those of one rank connect no peer)
     int P = S > n ? S : n;
@@ -375,7 +398,7 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
            G(p->master), G(p->grads), G(p->adam_m), G(p->adam_v), G(p->bf16_copy), p->norm_scratch);
     std::string ch = p->chunk_experts ? "experts in chunks of " + std::to_string(p->chunk_experts) : "experts whole";
     printf("  ZeRO working set (S > 1: two slots of %.0Lf params; %s)%*s%9.2f GiB\n", p->slot_params, ch.c_str(),
-           std::max(0, 22 - (int)ch.size()), "", G(p->gathered_slots + p->grad_slots + p->emb_exchange));
+           std::max(0, 22 - (int)ch.size()), "", G(p->gathered_slots + p->grad_slots + p->emb_exchange + p->fp8_gather));
     printf("    gathered bf16 slots %.2f GiB, fp32 gradient slots %.2f GiB", G(p->gathered_slots), G(p->grad_slots - p->rs_scratch));
     if (p->vocab_slot > 0)
         printf("; of the bf16, the vocabulary slot %.2f GiB (the embedding or the head whole: %.0Lf params; their gradients in chunks "
@@ -383,6 +406,7 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
     if (p->rc_slot > 0) printf("; the recompute slot %.2f GiB (a block gathered ahead for its recompute)", G(p->rc_slot));
     if (p->rs_scratch > 0) printf(", bf16 reduce-scatter scratch %.2f GiB (--grad-reduce-dtype bf16)", G(p->rs_scratch));
     if (p->emb_exchange > 0) printf("; the embedding's row exchange %.1f MiB (--zero-embedding rows)", M(p->emb_exchange));
+    if (p->fp8_gather > 0) printf("; --fp8-gather's codes and scales %.2f GiB (the block weights' scratch not needed)", G(p->fp8_gather));
     printf("\n");
     printf("  activations (%d layers; FP8 scratch included)                           %9.2f GiB\n", c->n_layers,
            G(p->saved + p->head + p->scratch + p->fp8_scratch));

@@ -303,16 +303,16 @@ static inline void zero_fp8_gather_unit(ZeroFp8* f, CommGroup* g, int u, real* w
 // CUDA: the GPU side's building blocks. On the GPU the gathered codes are not decoded: a block
 // matrix's codes, gathered into one buffer in the matrix's row-major order (rows, C), experts stacked,
 // are the very bytes fp8_quantize_gpu writes as `q` for the whole weight with the same scales
-// (FP8Q_TENSOR with the agreed scale, FP8Q_WEIGHT), so the model's GEMM operand (fp8_operand_of on
-// Fp8GPU's `w` buffer) changes only its pointer. Per step, as zero_fp8_prepare on the CPU:
+// (FP8Q_TENSOR with the agreed scale, FP8Q_WEIGHT), so the model's GEMMs read them as they are (the device
+// store's slot, parallel/zero_gpu_fp8.cuh; Fp8GPU.given). Per step, as zero_fp8_prepare on the CPU:
 //   fp8g_piece_amax_gpu    1. the amax of every scale group this rank's piece touches
 //                          2. (the all-reduce max of the amax array in the shard group: NCCL, float max)
 //   fp8g_scales_gpu        3. scale and 1/s of every group from its amax (current, block; delayed: the host's)
 //   fp8g_piece_encode_gpu  4. the piece's E4M3 codes and saturated count
 // and per gathered matrix:
 //   fp8g_factors_gpu       the agreed 1/s in the layout the GEMM reads (q's `sinv`; per tensor one float)
-//   fp8_transpose_gpu      dgrad's W^T: the codes transposed and the block factors re-indexed, the bytes
-//                          fp8_quantize_gpu writes as `qt` and `sinv_t`
+//   fp8_transpose_gpu      (model/fp8.cuh) dgrad's W^T: the codes transposed and the block factors re-indexed,
+//                          the bytes fp8_quantize_gpu writes as `qt` and `sinv_t`
 // The values may be FP32 (the master shard: the CPU path's codes) or BF16 (its bf16 copy: then the
 // codes are those of the GPU's --fp8 without the gather, which quantises the BF16 weights).
 // The weights' scale groups tile each expert's rows from its first row (Fp8Segments of E segments of
@@ -493,12 +493,17 @@ static inline void fp8g_decode_bf16_gpu(const Fp8GatherMatrix* M, size_t a, size
 }
 
 // --fp8-gather with a per-tensor recipe: each weight slot's scale in the model (Fp8GPU::scale) becomes the
-// scale the store agreed for the whole tensor (a block per matrix; mats as below), which the model then
-// quantises the gathered weights with (Fp8Config.weights_quantized): under expert parallelism a rank's own
-// amax would be its experts' only, and another scale would quantise the decoded codes a second time
-__global__ void fp8g_weight_scales_kernel(float* slot_scale, const size_t* mats, const float* scale) {
+// scale the store agreed for the whole tensor (a block per matrix; mats as below), and its dequantisation factor
+// (Fp8GPU::scale_inv, every inv_stride floats) the agreed 1 / s, which the GEMMs read with the gathered codes (under
+// expert parallelism a rank's own amax would be its experts' only; for generation's BF16 decoding the model's FP8 path
+// would quantise the decoded weights with that scale, Fp8Config.weights_quantized, and get the same codes)
+__global__ void fp8g_weight_scales_kernel(float* slot_scale, float* slot_inv, int inv_stride, const size_t* mats, const float* scale,
+                                          const float* inv) {
     const size_t* mt = mats + 3 * blockIdx.x;
-    if (threadIdx.x == 0) slot_scale[mt[0]] = scale[mt[1]];
+    if (threadIdx.x == 0) {
+        slot_scale[mt[0]] = scale[mt[1]];
+        slot_inv[(size_t)inv_stride * mt[0]] = inv[mt[1]];
+    }
 }
 
 // every matrix's tensor amax (the max of its groups' amaxes, non-negative) as float bits into its slot
@@ -512,51 +517,4 @@ __global__ void fp8g_tensor_amax_kernel(unsigned int* slot_amax, const size_t* m
     if (threadIdx.x == 0) slot_amax[mt[0]] = __float_as_uint(m);
 }
 
-// qt (cols, rows) = q (rows, cols)^T, FP8 codes: one CUDA block per 64x64 tile, read along q's rows
-// into shared memory and written along qt's rows
-#define FP8T_TILE 64
-__global__ void __launch_bounds__(FP8G_THREADS) fp8_transpose_kernel(__nv_fp8_storage_t* __restrict__ qt,
-                                                                      const __nv_fp8_storage_t* __restrict__ q, int rows, int cols) {
-    __shared__ __nv_fp8_storage_t tile[FP8T_TILE][FP8T_TILE + 1];
-    const int r0 = blockIdx.y * FP8T_TILE, c0 = blockIdx.x * FP8T_TILE;
-    const int h = min(FP8T_TILE, rows - r0), w = min(FP8T_TILE, cols - c0);
-    for (int i = threadIdx.x; i < FP8T_TILE * FP8T_TILE; i += FP8G_THREADS) {
-        int r = i / FP8T_TILE, c = i % FP8T_TILE;
-        if (r < h && c < w) tile[r][c] = q[(size_t)(r0 + r) * cols + c0 + c];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < FP8T_TILE * FP8T_TILE; i += FP8G_THREADS) {
-        int c = i / FP8T_TILE, r = i % FP8T_TILE;
-        if (r < h && c < w) qt[(size_t)(c0 + c) * rows + r0 + r] = tile[r][c];
-    }
-}
-
-// qt's BLK128 factors from q's, segments of seg_rows rows: per segment, qt's operand has `cols` rows
-// of k = seg_rows, and its block (cb, rb) is q's block (rb, cb) (fp8_quantize_gpu's `sinv_t`)
-__global__ void fp8_transpose_factors_kernel(float* sinv_t, const float* sinv, int nseg, int seg_rows, int cols) {
-    const int row_blocks = (seg_rows + 127) / 128, col_blocks = (cols + 127) / 128;
-    int g = blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= nseg * row_blocks * col_blocks) return;
-    int e = g / (row_blocks * col_blocks), rb = g / col_blocks % row_blocks, cb = g % col_blocks;
-    size_t off = (size_t)e * row_blocks * ((col_blocks + 3) / 4 * 4), off_t = (size_t)e * col_blocks * ((row_blocks + 3) / 4 * 4);
-    sinv_t[off_t + matmul_scale_blk128_index(cb * 128, rb * 128, seg_rows)] = sinv[off + matmul_scale_blk128_index(rb * 128, cb * 128, cols)];
-}
-
-// dgrad's operand W^T from the gathered row-wise codes q (rows, cols), experts of seg_rows rows
-// stacked: qt (cols, rows) — the whole stack transposed, so expert e's W_e^T is columns e * seg_rows ..
-// of qt with ld = rows, exactly the model's transposed weight operand (fp8_operand_of(..., transposed,
-// e * F, ld E F, fp8_scale_offset(..., true, true))), which fp8_quantize_gpu writes as `qt`. Block
-// scaling: sinv_t (q's factors sinv re-indexed, its `sinv_t` layout; padding not written); per tensor
-// pass sinv = sinv_t = NULL: the transposed copy has the same one factor.
-static inline void fp8_transpose_gpu(__nv_fp8_storage_t* qt, float* sinv_t, const __nv_fp8_storage_t* q, const float* sinv, int rows,
-                                     int cols, int seg_rows, cudaStream_t stream = 0) {
-    if (rows == 0 || cols == 0) return;
-    ENSURE(seg_rows > 0 && rows % seg_rows == 0, "fp8_transpose_gpu: %d rows are not segments of %d", rows, seg_rows);
-    ENSURE(ceil_div(rows, FP8T_TILE) <= 65535, "fp8_transpose_gpu: %d rows exceed the grid", rows);
-    LAUNCH(fp8_transpose_kernel, dim3(ceil_div(cols, FP8T_TILE), ceil_div(rows, FP8T_TILE)), FP8G_THREADS, 0, stream, qt, q, rows, cols);
-    if (sinv && sinv_t) {
-        int n = rows / seg_rows * ((seg_rows + 127) / 128) * ((cols + 127) / 128);
-        LAUNCH(fp8_transpose_factors_kernel, ceil_div(n, 256), 256, 0, stream, sinv_t, sinv, rows / seg_rows, seg_rows, cols);
-    }
-}
 #endif  // DBRX_HAVE_CUDA

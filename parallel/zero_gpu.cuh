@@ -33,29 +33,26 @@
 #pragma once
 #include "zero.h"
 #include "zero_fp8.h"
+#include "zero_fp8_layout.h"
 #include "../model/debug_hooks.h"
 #include "../model/dbrx_cuda.cuh"
 #include "expert_parallel_cuda.cuh"
 
 // --fp8-gather on the device: the blocks' five FP8 matrices travel as E4M3 codes (1 byte/param), the
-// rest of a block (norms, router) as BF16; the working slot is decoded back to BF16 (zero_fp8.h's GPU
-// kernels). A non-FP8 run: `n` elements between a rank's shard (or its packed side piece) and the unit's
-// slot; rank: the member of the unit's gather group whose side piece it is.
-typedef struct { int rank; size_t src, dst, n; } Fp8SideRun;
+// rest of a block (norms, router) as BF16; in the working slot the codes stay codes, which the model's FP8 GEMMs read
+// as they are (generation, whose GEMMs are BF16: decoded back to BF16; zero_gpu_fp8.cuh). Where things go: `lay`
+// (parallel/zero_fp8_layout.h, which --dry-run's plan counts too).
 typedef struct {
-    int on, ready, block;
-    std::vector<Fp8GatherMatrix> mats;          // the FP8 matrices (flat offsets; meta unused here)
-    std::vector<int> mat_unit, mat_slot;        // per matrix: its unit, the model's weight slot (Fp8GPU)
-    std::vector<std::vector<int>> unit_mats;    // per unit: its matrices
-    size_t groups;                              // scale groups of all matrices
+    int on, ready;
+    Fp8GatherLayout lay;
+    std::vector<int> mat_slot;                  // per matrix: the model's weight slot (Fp8GPU)
     float *amax, *scale, *inv;                  // device, per group
-    unsigned long long* sat;                    // device (1): the encode's saturation count (not used by the model)
     size_t* mat_table;                          // device (3 per matrix): its weight slot, first group, group count
     __nv_fp8_storage_t *codes_send, *codes_recv;   // device: per unit of a block this rank's codes by shard position; the largest slot
     floatX *side_send, *side_recv;              // device: per unit of a block this rank's non-FP8 elements; S * max side
-    std::vector<size_t> codes_off, side_off, side_len;   // per unit
-    std::vector<std::vector<Fp8SideRun>> pack, unpack;   // per unit: shard -> side piece (this rank); pieces -> unit (all)
     cudaEvent_t codes_ready;                    // compute -> comm: this step's codes and side pieces packed
+    float* factors[2];                          // device, per working slot (block): its matrices' factors, q's and qt's
+    int slot_codes[2];                          // per working slot: its block matrices hold codes (1), BF16 (0), nothing (-1)
 } ZeroGpuFp8;
 
 // --zero-embedding rows (zero_gpu_embedding.cuh: what each field is for)
@@ -624,7 +621,7 @@ static inline void zero_fp8_amax_reduce(ZeroGpu* zg, std::vector<Fp8MetaRef>& me
     Fp8GPU* f = &zg->model->fp8;
     Zero* z = &zg->z;
     if (zg->fp8.on && zg->fp8.ready)   // --fp8-gather: the weights' amax is the true one, agreed in the prepare
-        LAUNCH(fp8g_tensor_amax_kernel, (int)zg->fp8.mats.size(), 256, 0, zg->compute, f->amax, zg->fp8.mat_table, zg->fp8.amax);
+        LAUNCH(fp8g_tensor_amax_kernel, (int)zg->fp8.lay.mats.size(), 256, 0, zg->compute, f->amax, zg->fp8.mat_table, zg->fp8.amax);
     if (amax_local) {
         fp8_gpu_collect(f);
         amax_local->clear();

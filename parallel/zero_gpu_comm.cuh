@@ -94,7 +94,8 @@ static inline void zero_gpu_gather_async(ZeroGpu* zg, int u, int j) {
     Zero* z = &zg->z;
     if (zero_vocab_unit(z, u)) { zero_gpu_vocab_gather(zg, u); return; }   // (whole, into the vocabulary slot)
     int slot = zero_item_slot(z, u, j), item = zero_item(z, u, j);
-    if (zg->slot_unit[slot] == item) return;
+    bool fp8 = zg->fp8.on && !zg->fp8.lay.unit_mats[u].empty();   // a block under --fp8-gather (never chunked): codes or BF16
+    if (zg->slot_unit[slot] == item && (!fp8 || zg->fp8.slot_codes[slot] == (zg->model->fp8.bf16_weights ? 0 : 1))) return;
     cudaStream_t comm = zero_comm_stream(zg);
     cudaCheck(cudaStreamWaitEvent(comm, zg->slot_free[slot], 0));   // the compute stream is done reading it
     cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));        // the shard is up to date
@@ -105,7 +106,8 @@ static inline void zero_gpu_gather_async(ZeroGpu* zg, int u, int j) {
     if (z->unit_nchunks[u] > 1)   // (--profile: model/profile.h; test/check_comm_order.py reads "all-gather unit U")
         prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d chunk %d", u, j);
     else prof_begin(prof_stream(comm, "communication (shard group)"), "comm", "all-gather unit %d", u);
-    if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) zero_fp8_gather_unit(zg, u, slot);   // a block under --fp8-gather (never chunked)
+    if (zg->fp8.on && !fp8) fp8_given_forget(&zg->model->fp8, zg->work[slot], zg->work[slot] + z->work_numel);   // (codes it held)
+    if (fp8) zero_fp8_gather_unit(zg, u, slot);
     else
         for (size_t i = 0; i < z->runs[u].size(); i++) {   // each run of the chunk into its place in the slot
             const ShardRun& r = z->runs[u][i];
@@ -151,7 +153,7 @@ static inline void zero_gpu_rc_prefetch(ZeroGpu* zg, int u) {
     int l = u / 2 - 2, b = dbrx_block_unit(l);
     if (zg->rc_unit == b) return;   // (gathered already: a chunked unit's recomputation began)
     if (!(zg->model->rc_mode[l] & (RC_MOE | RC_BLOCK)) || zero_vocab_unit(z, b) || z->unit_nchunks[b] > 1) return;
-    if (zg->fp8.on && !zg->fp8.unit_mats[b].empty()) return;   // (--fp8-gather: its codes go through the slots)
+    if (zg->fp8.on && !zg->fp8.lay.unit_mats[b].empty()) return;   // (--fp8-gather: its codes go through the slots)
     cudaStream_t comm = zero_comm_stream(zg);
     cudaCheck(cudaStreamWaitEvent(comm, zg->rc_free, 0));
     cudaCheck(cudaStreamWaitEvent(comm, zg->bf16_ready, 0));
@@ -176,7 +178,7 @@ template <typename Fn> static inline void zero_gpu_adamw_prefetch(ZeroGpu* zg, F
     std::vector<std::pair<int, int>> items;   // (unit, chunk) of the forward's first items
     size_t end = 0;                           // where their units' shards end
     for (int u = 0, j = 0; (int)items.size() < zg->step_prefetch && u < z->n_units;) {
-        if (zg->fp8.on && !zg->fp8.unit_mats[u].empty()) break;   // (an FP8 block: its codes need the next step's scales)
+        if (zg->fp8.on && !zg->fp8.lay.unit_mats[u].empty()) break;   // (an FP8 block: its codes need the next step's scales)
         if (u == 0 && zg->emb.on) { u++; continue; }   // (the embedding's rows are exchanged per batch: zero_gpu_embedding.cuh)
         items.push_back({u, j});
         end = std::max(end, z->shard_off[u] + z->shard_numel[u]);

@@ -11,10 +11,17 @@
 // scales (current and block from it; delayed: the weight slot's history scale, the model's); the codes
 // of this rank's shard of each unit, at their shard positions in a byte piece as long as the shard, and
 // its non-FP8 elements (norms, router) packed as BF16. A gather of a block's unit is then a byte
-// all-gather of the codes per run (into the unit's flat order) and a small BF16 one, decoded into the
-// unit's BF16 slot on the communication stream. The model quantises that slot as
-// always, with the same scales, and gets the same codes: the losses are those of --fp8 without it. The
-// weight slots' amax is set to the true tensor amax at the end of the step (zero_fp8_amax_reduce).
+// all-gather of the codes per run and a small BF16 one, on the communication stream.
+// The codes are used as they are (zero_fp8_place_unit): each matrix's codes q (rows, cols) lie in the first half of
+// the bytes its BF16 values would take in the working slot, and the model's FP8 GEMMs read them there (Fp8GPU.given,
+// fp8_weight_gpu), with the agreed factors; the transposed copy dgrad reads is made from q into the second half at its
+// first use (fp8_given_operand). So no weight is quantised by the model: it was quantised once per step, by its owner.
+// The codes and factors are the very bytes the model's own quantisation of the BF16 weights writes (same scales:
+// test/test_zero_fp8_cuda.cpp), so the losses are those of --fp8 without the gather, bit for bit. Generation's GEMMs are
+// BF16 (Fp8GPU.bf16_weights): for them the codes are decoded into the slot's BF16 (fp8g_decode_bf16_gpu), and a slot
+// holding the other form is gathered again. A weight's saturation count is its owner's encode's, once per step (this
+// rank's piece; the CPU path sums the pieces over the shard group). The weight slots' amax is set to the true tensor
+// amax at the end of the step (zero_fp8_amax_reduce).
 
 // Calls fn(a, b, pos) for each part [a, b) of matrix M of unit u that this rank holds; pos: where a lies in
 // the rank's shard of the unit
@@ -32,64 +39,35 @@ static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
     DbrxGPU* m = zg->model;
     ZeroGpuFp8* f = &zg->fp8;
     if (z->S == 1 || !fp8_on(&m->fp8)) return 0;   // (S = 1, also under EP: every rank holds its units whole)
-    const DbrxConfig* c = &m->cfg;
-    f->block = m->fp8.cfg.recipe == FP8_BLOCK;
-    f->groups = 0;
-    f->mats.clear(); f->mat_unit.clear(); f->mat_slot.clear();
-    f->unit_mats.assign(z->n_units, {});
-    std::vector<std::vector<std::pair<size_t, size_t>>> plain(z->n_units);   // per unit: non-FP8 tensors (off, numel)
-    for (const ParamInfo& p : m->table) {
-        int l = dbrx_unit_layer(p.unit, c);
-        if (l < 0) continue;   // the embedding and the head: no FP8 GEMM, gathered in BF16
-        int lin = fp8g_linear_of(&p);
-        if (lin < 0) { plain[p.unit].push_back({p.offset, p.numel}); continue; }
-        int seg_rows = fp8g_seg_rows(&p, lin, c);
-        Fp8GatherMatrix M = fp8g_matrix(p.offset, p.rows, p.cols, seg_rows, f->groups, f->block, NULL);
-        f->groups += M.groups;
-        f->unit_mats[p.unit].push_back((int)f->mats.size());
-        f->mats.push_back(M);
-        f->mat_unit.push_back(p.unit);
-        f->mat_slot.push_back(fp8_slot(&m->fp8, l, lin, FP8_OP_W));
+    Fp8GatherLayout* L = &f->lay;
+    fp8g_device_layout(L, z, m->table, &m->cfg, m->fp8.cfg.recipe == FP8_BLOCK);
+    f->mat_slot.clear();
+    for (size_t k = 0; k < L->mats.size(); k++) {
+        f->mat_slot.push_back(fp8_slot(&m->fp8, L->mat_layer[k], L->mat_lin[k], FP8_OP_W));
+        if (!L->block) continue;
+        std::vector<int> segs(L->part_rows[k] / L->mats[k].seg_rows, L->mats[k].seg_rows);   // (the host count = the CUDA one)
+        ENSURE(L->part_ft[k] - L->part_fq[k] == fp8_block_scale_count(FP8Q_WEIGHT, false, segs, L->mats[k].cols),
+               "internal error: --fp8-gather: matrix %zu's factor count", k);
     }
-    // per unit of a block: the code piece (its shard's length in bytes) and the side runs of the norms and
-    // the router, of every member of the unit's gather group (the shard group; a block's experts under EP:
-    // the expert shard group, whose runs land in the compact slot of this rank's experts, ShardRun.slot_off)
-    f->codes_off.assign(z->n_units, 0); f->side_off.assign(z->n_units, 0); f->side_len.assign(z->n_units, 0);
-    f->pack.assign(z->n_units, {}); f->unpack.assign(z->n_units, {});
-    size_t codes_total = 0, side_total = 0, max_slot = 0, max_side = 0;
-    for (int u = 0; u < z->n_units; u++) {
-        if (f->unit_mats[u].empty()) continue;
-        std::vector<int> members = zero_unit_members(z, u);
-        for (int j = 0; j < (int)members.size(); j++) {
-            int r = members[j];
-            size_t count = 0;
-            for (const ShardRun& run : z->runs[u]) {
-                if (!shard_run_held(run, r)) continue;
-                size_t lo = run.flat_off + (size_t)shard_run_piece(run, r) * run.chunk, end = run.flat_off + run.numel;
-                size_t hi = lo + run.chunk < end ? lo + run.chunk : end;
-                for (auto& t : plain[u]) {
-                    size_t a = t.first > lo ? t.first : lo, b = t.first + t.second < hi ? t.first + t.second : hi;
-                    if (a >= b) continue;
-                    f->unpack[u].push_back(Fp8SideRun{j, count, run.slot_off + (a - run.flat_off), b - a});
-                    if (r == z->lrank) f->pack[u].push_back(Fp8SideRun{j, z->shard_off[u] + run.shard_rel + (a - lo), count, b - a});
-                    count += b - a;
-                }
-            }
-            f->side_len[u] = std::max(f->side_len[u], count);
-        }
-        f->codes_off[u] = codes_total; codes_total += z->shard_numel[u];
-        f->side_off[u] = side_total; side_total += f->side_len[u];
-        max_slot = std::max(max_slot, z->slot_numel[u]); max_side = std::max(max_side, f->side_len[u]);
-    }
+    // the buffers, in fp8g_device_bytes' order (--dry-run's plan counts them)
+    size_t before = zg->device_bytes;
     auto take = [&](void** p, size_t b) { *p = (void*)deviceAlloc(char, b); zg->allocations.push_back(*p); zg->device_bytes += b; };
-    take((void**)&f->amax, f->groups * sizeof(float)); take((void**)&f->scale, f->groups * sizeof(float));
-    take((void**)&f->inv, f->groups * sizeof(float)); take((void**)&f->sat, sizeof(unsigned long long));
-    take((void**)&f->codes_send, codes_total); take((void**)&f->codes_recv, max_slot);
-    take((void**)&f->side_send, side_total * sizeof(floatX)); take((void**)&f->side_recv, max_side * z->S * sizeof(floatX));
+    take((void**)&f->amax, L->groups * sizeof(float)); take((void**)&f->scale, L->groups * sizeof(float));
+    take((void**)&f->inv, L->groups * sizeof(float));
+    take((void**)&f->codes_send, L->codes_total); take((void**)&f->codes_recv, L->max_slot);
+    take((void**)&f->side_send, L->side_total * sizeof(floatX)); take((void**)&f->side_recv, L->max_side * z->S * sizeof(floatX));
     std::vector<size_t> table;
-    for (size_t k = 0; k < f->mats.size(); k++) table.insert(table.end(), {(size_t)f->mat_slot[k], f->mats[k].group0, f->mats[k].groups});
+    for (size_t k = 0; k < L->mats.size(); k++) table.insert(table.end(), {(size_t)f->mat_slot[k], L->mats[k].group0, L->mats[k].groups});
     take((void**)&f->mat_table, table.size() * sizeof(size_t));
     cudaCheck(cudaMemcpy(f->mat_table, table.data(), table.size() * sizeof(size_t), cudaMemcpyHostToDevice));
+    for (int i = 0; i < 2; i++) {
+        f->factors[i] = nullptr;
+        if (L->factors) take((void**)&f->factors[i], L->factors * sizeof(float));
+        f->slot_codes[i] = -1;
+    }
+    size_t planned = (size_t)fp8g_device_bytes(L, z->S, sizeof(floatX));
+    ENSURE(zg->device_bytes - before == planned, "internal error: --fp8-gather's buffers: %zu bytes allocated, %zu planned",
+           zg->device_bytes - before, planned);
     cudaCheck(cudaEventCreateWithFlags(&f->codes_ready, cudaEventDisableTiming));
     m->fp8.cfg.weights_quantized = 1;   // per tensor: the model quantises the weights with the agreed scales (zero_fp8_prepare)
     f->on = 1;
@@ -104,26 +82,26 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
     Fp8GPU* mf = &zg->model->fp8;
     cudaStream_t cs = zg->compute;
     // 1. the amax of our piece of every matrix (block: of every 128x128 block), from the BF16 shard
-    cudaCheck(cudaMemsetAsync(f->amax, 0, f->groups * sizeof(float), cs));
-    for (size_t k = 0; k < f->mats.size(); k++) {
-        int u = f->mat_unit[k];
-        fp8g_my_parts(z, &f->mats[k], u, [&](size_t a, size_t b, size_t pos) {
-            fp8g_piece_amax_gpu(&f->mats[k], a, b, zg->master_bf16 + z->shard_off[u] + pos, f->amax, f->block, cs);
+    cudaCheck(cudaMemsetAsync(f->amax, 0, f->lay.groups * sizeof(float), cs));
+    for (size_t k = 0; k < f->lay.mats.size(); k++) {
+        int u = f->lay.mat_unit[k];
+        fp8g_my_parts(z, &f->lay.mats[k], u, [&](size_t a, size_t b, size_t pos) {
+            fp8g_piece_amax_gpu(&f->lay.mats[k], a, b, zg->master_bf16 + z->shard_off[u] + pos, f->amax, f->lay.block, cs);
         });
     }
     // 2. the true amaxes on every rank of the shard group
     cudaStream_t comm = zero_comm_stream(zg);
     cudaCheck(cudaEventRecord(zg->comm_done, cs));
     cudaCheck(cudaStreamWaitEvent(comm, zg->comm_done, 0));
-    comm_all_reduce_max_bits_dev(&z->shard, (unsigned int*)f->amax, f->groups);
+    comm_all_reduce_max_bits_dev(&z->shard, (unsigned int*)f->amax, f->lay.groups);
     cudaCheck(cudaEventRecord(zg->comm_done, comm));
     cudaCheck(cudaStreamWaitEvent(cs, zg->comm_done, 0));
     // 3. the scales the model would use for the whole weight: from the amaxes (block: margin 0; current,
     // and delayed before its history has an entry: --fp8-margin), in one launch over every group; then,
     // delayed, each weight slot's history scale where it has one (per tensor: group k is matrix k)
-    fp8g_scales_gpu(f->amax, f->scale, f->inv, f->groups, f->block ? 0 : mf->cfg.margin, cs);
+    fp8g_scales_gpu(f->amax, f->scale, f->inv, f->lay.groups, f->lay.block ? 0 : mf->cfg.margin, cs);
     if (mf->cfg.recipe == FP8_DELAYED) {
-        size_t n = f->mats.size();
+        size_t n = f->lay.mats.size();
         std::vector<float> host(2 * n);
         bool all = true;
         for (size_t k = 0; k < n; k++) {
@@ -141,49 +119,96 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
     }
     // the model's weight slots get the agreed per-tensor scales: it quantises the gathered weights with them
     // (Fp8Config.weights_quantized; under EP its own amax would be its experts' only)
-    if (!f->block) LAUNCH(fp8g_weight_scales_kernel, (int)f->mats.size(), 32, 0, cs, mf->scale, f->mat_table, f->scale);
+    if (!f->lay.block)   // (and the factor its GEMMs read: the codes are not quantised by the model)
+        LAUNCH(fp8g_weight_scales_kernel, (int)f->lay.mats.size(), 32, 0, cs, mf->scale, mf->scale_inv, FP8_SINV_STRIDE, f->mat_table, f->scale, f->inv);
     // 4. our codes at their shard positions, and the norms and router as BF16
-    for (size_t k = 0; k < f->mats.size(); k++) {
-        int u = f->mat_unit[k];
-        fp8g_my_parts(z, &f->mats[k], u, [&](size_t a, size_t b, size_t pos) {
-            fp8g_piece_encode_gpu(&f->mats[k], a, b, zg->master_bf16 + z->shard_off[u] + pos, f->scale,
-                                  f->codes_send + f->codes_off[u] + pos, f->sat, f->block, cs);
+    for (size_t k = 0; k < f->lay.mats.size(); k++) {
+        int u = f->lay.mat_unit[k];
+        fp8g_my_parts(z, &f->lay.mats[k], u, [&](size_t a, size_t b, size_t pos) {
+            fp8g_piece_encode_gpu(&f->lay.mats[k], a, b, zg->master_bf16 + z->shard_off[u] + pos, f->scale,
+                                  f->codes_send + f->lay.codes_off[u] + pos, mf->sat + f->mat_slot[k], f->lay.block, cs);
         });
     }
     for (int u = 0; u < z->n_units; u++)
-        for (const Fp8SideRun& r : f->pack[u])
-            cudaCheck(cudaMemcpyAsync(f->side_send + f->side_off[u] + r.dst, zg->master_bf16 + r.src, r.n * sizeof(floatX),
+        for (const Fp8SideRun& r : f->lay.pack[u])
+            cudaCheck(cudaMemcpyAsync(f->side_send + f->lay.side_off[u] + r.dst, zg->master_bf16 + r.src, r.n * sizeof(floatX),
                                       cudaMemcpyDeviceToDevice, cs));
     cudaCheck(cudaEventRecord(f->codes_ready, cs));
     f->ready = 1;
 }
 
+// matrix k's part in `slot`: its codes where its BF16 values would be (q, then room for qt), its factors (block)
+static inline Fp8Buf zero_fp8_part_buf(ZeroGpu* zg, int k, int slot) {
+    ZeroGpuFp8* f = &zg->fp8;
+    Fp8Buf b;
+    b.q = (__nv_fp8_storage_t*)(zg->work[slot] + f->lay.part_at[k]);
+    b.qt = b.q + f->lay.part_rows[k] * f->lay.mats[k].cols;
+    b.sinv = f->lay.block ? f->factors[slot] + f->lay.part_fq[k] : nullptr;
+    b.sinv_t = f->lay.block ? f->factors[slot] + f->lay.part_ft[k] : nullptr;
+    return b;
+}
+// run r of unit u gathered straight into matrix k's codes: it lies within the matrix's part, and all the group's pieces
+// (padding included) land within the bytes of the part's BF16 values (what is past q is qt's room, written later)
+static inline __nv_fp8_storage_t* zero_fp8_direct(ZeroGpu* zg, int u, int slot, const ShardRun& r, const CommGroup* g) {
+    ZeroGpuFp8* f = &zg->fp8;
+    for (int k : f->lay.unit_mats[u]) {
+        const Fp8GatherMatrix& M = f->lay.mats[k];
+        size_t lo = M.off + f->lay.part_row0[k] * M.cols, n = f->lay.part_rows[k] * M.cols;
+        if (r.flat_off >= lo && r.flat_off + r.numel <= lo + n && r.slot_off - f->lay.part_at[k] + (size_t)g->size * r.chunk <= 2 * n)
+            return zero_fp8_part_buf(zg, k, slot).q + (r.slot_off - f->lay.part_at[k]);
+    }
+    return nullptr;
+}
+
 // unit u of a block into `slot` on the communication stream: the codes and the side pieces gathered in the
 // unit's group (a block's experts under EP: the expert shard group, into the compact slot of this rank's
-// experts), decoded
+// experts). The codes stay codes (the model's FP8 GEMMs read them: Fp8GPU.given), or, for generation
+// (Fp8GPU.bf16_weights), are decoded to BF16.
 static inline void zero_fp8_gather_unit(ZeroGpu* zg, int u, int slot) {
     Zero* z = &zg->z;
     ZeroGpuFp8* f = &zg->fp8;
+    Fp8GPU* mf = &zg->model->fp8;
     cudaStream_t comm = zero_comm_stream(zg);
     if (!f->ready) zero_fp8_prepare(zg);
     cudaCheck(cudaStreamWaitEvent(comm, f->codes_ready, 0));
     CommGroup* g = zero_unit_group(z, u);
-    size_t sl = f->side_len[u];
-    for (const ShardRun& r : z->runs[u])   // each run's codes into its place in the slot
-        if (zero_run_mine(z, r))
-            comm_all_gather(g, f->codes_send + f->codes_off[u] + r.shard_rel, f->codes_recv + r.slot_off, r.chunk, COMM_BYTE);
-    if (sl) comm_all_gather(g, f->side_send + f->side_off[u], f->side_recv, sl, COMM_BF16);
-    for (const ShardRun& r : z->runs[u]) {   // each run's part of each matrix, decoded at its place in the slot
-        if (!zero_run_mine(z, r)) continue;
-        for (int k : f->unit_mats[u]) {
-            const Fp8GatherMatrix& M = f->mats[k];
+    const bool codes = !mf->bf16_weights;
+    fp8_given_forget(mf, zg->work[slot], zg->work[slot] + z->work_numel);   // (what the slot held is gone)
+    size_t sl = f->lay.side_len[u];
+    for (const ShardRun& r : z->runs[u])   // each run's codes into its place: a matrix's codes, or the byte slot
+        if (zero_run_mine(z, r)) {
+            __nv_fp8_storage_t* direct = codes ? zero_fp8_direct(zg, u, slot, r, g) : nullptr;
+            comm_all_gather(g, f->codes_send + f->lay.codes_off[u] + r.shard_rel, direct ? direct : f->codes_recv + r.slot_off, r.chunk, COMM_BYTE);
+        }
+    if (sl) comm_all_gather(g, f->side_send + f->lay.side_off[u], f->side_recv, sl, COMM_BF16);
+    for (const ShardRun& r : z->runs[u]) {   // each run's part of each matrix from the byte slot: copied, or decoded
+        if (!zero_run_mine(z, r) || (codes && zero_fp8_direct(zg, u, slot, r, g))) continue;
+        for (int k : f->lay.unit_mats[u]) {
+            const Fp8GatherMatrix& M = f->lay.mats[k];
             size_t a = std::max(M.off, r.flat_off), b = std::min(M.off + (size_t)M.rows * M.cols, r.flat_off + r.numel);
             if (a >= b) continue;
             size_t at = r.slot_off + (a - r.flat_off);
-            fp8g_decode_bf16_gpu(&M, a, b, f->codes_recv + at, f->inv, zg->work[slot] + at, f->block, comm);
+            if (codes)
+                cudaCheck(cudaMemcpyAsync(zero_fp8_part_buf(zg, k, slot).q + (at - f->lay.part_at[k]), f->codes_recv + at, b - a,
+                                          cudaMemcpyDeviceToDevice, comm));
+            else
+                fp8g_decode_bf16_gpu(&M, a, b, f->codes_recv + at, f->inv, zg->work[slot] + at, f->lay.block, comm);
         }
     }
-    for (const Fp8SideRun& r : f->unpack[u])
+    if (codes)   // the factors of each matrix's part, and the model told where its codes are
+        for (int k : f->lay.unit_mats[u]) {
+            const Fp8GatherMatrix& M = f->lay.mats[k];
+            int rows = (int)f->lay.part_rows[k];
+            Fp8Buf b = zero_fp8_part_buf(zg, k, slot);
+            if (f->lay.block) {
+                size_t g0 = M.group0 + f->lay.part_row0[k] / M.seg_rows * M.row_blocks * M.col_blocks;
+                Fp8GatherMatrix P = fp8g_matrix(M.off + f->lay.part_row0[k] * M.cols, rows, M.cols, M.seg_rows, g0, 1, NULL);
+                fp8g_factors_gpu(&P, f->inv, b.sinv, 1, comm);
+            }
+            fp8_given_add(mf, zg->work[slot] + f->lay.part_at[k], b, rows, M.cols, M.seg_rows);
+        }
+    f->slot_codes[slot] = codes ? 1 : 0;
+    for (const Fp8SideRun& r : f->lay.unpack[u])
         cudaCheck(cudaMemcpyAsync(zg->work[slot] + r.dst, f->side_recv + (size_t)r.rank * sl + r.src, r.n * sizeof(floatX),
                                   cudaMemcpyDeviceToDevice, comm));
 }

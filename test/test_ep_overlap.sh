@@ -166,7 +166,7 @@ PY
     # the unchunked one's: 1 and 2 chunks bit-identical. The model's routing (slices of any length): step 1's loss and
     # every operand's amax as in one piece (the forward and the input gradients are row by row), steps 2-3 within 2e-3
     # of it (the weight gradients' tiles end at the chunks'), with 2 and 4 chunks; --recompute swiglu and moe give 2
-    # chunks' numbers bit for bit; most exchanges run beside an expert GEMM (as many as BF16's), one issue order, no
+    # chunks' numbers bit for bit, and so does --fp8-gather (the held weights are the gathered codes); most exchanges run beside an expert GEMM (as many as BF16's), one issue order, no
     # allocation in a step.
     # --fp8 delayed (per-tensor scaling) keeps the exchange in one piece: the same numbers, one note.
     F8=(--model dbrx-tiny --n-layers 2 --batch 1 --steps 3 --val-every 0 --device cuda --expert-parallel 2 --fp8-log-every 1)
@@ -184,7 +184,9 @@ PY
     f8run f8c2 -- --seq 64 --fp8 block --ep-overlap-chunks 2
     f8run f8c4 SIMT_STEP_COUNTERS=1 SIMT_WORKLOG="$tmp/f8c4.wl" -- --seq 64 --fp8 block --ep-overlap-chunks 4
     for rc in swiglu moe; do f8run "f8rc_$rc" -- --seq 64 --fp8 block --ep-overlap-chunks 2 --recompute $rc; done
-    same "emulated GPU, EP 2 --fp8 block, 2 chunks: --recompute swiglu and moe as without" f8c2 f8rc_swiglu f8rc_moe
+    f8run f8c2g -- --seq 64 --fp8 block --ep-overlap-chunks 2 --fp8-gather
+    same "emulated GPU, EP 2 --fp8 block, 2 chunks: --recompute swiglu and moe, and --fp8-gather (every chunk's GEMMs on the gathered codes as they are), as without" \
+        f8c2 f8rc_swiglu f8rc_moe f8c2g
     out=$($PY - "$tmp/f8c1.jsonl" "$tmp/f8c2.jsonl" "$tmp/f8c4.jsonl" <<'PY'
 import json, sys
 def L(p):

@@ -14,7 +14,9 @@
  *   - the whole GPU pipeline from BF16 values (what the GPU model quantises): every piece's amax into
  *     one array (as the all-reduce max leaves it), fp8g_scales_gpu, every piece's codes into one buffer
  *     and fp8g_factors_gpu equal, byte for byte, fp8_quantize_gpu's q and sinv for the whole weight
- *     (and its amax and saturated count); fp8_transpose_gpu of them its qt and sinv_t;
+ *     (and its amax and saturated count); fp8_transpose_gpu of them its qt and sinv_t (its 16-byte kernel on
+ *     shapes of multiples of 16, as the model's weights, which the device store's slot hands to the GEMMs
+ *     as they are; its one-byte kernel on experts 2 x (200, 136));
  *   - negative controls: one group's scale doubled, and the transposed factors copied without
  *     re-indexing, are caught by the same comparisons.
  */
@@ -32,7 +34,9 @@ static const char* recipe_name(Recipe r) { return r == R_DELAYED ? "delayed (giv
 static const int kMargin = 1;   // current scaling's --fp8-margin here
 
 struct Shape { const char* name; int E, F, C; };
-static const Shape kShapes[] = {{"experts 3 x (208, 144)", 3, 208, 144}, {"one segment (176, 144)", 1, 176, 144}};
+// (multiples of 16: the transpose's 16-byte kernel, as every weight of the model; the third: its one-byte kernel)
+static const Shape kShapes[] = {{"experts 3 x (208, 144)", 3, 208, 144}, {"one segment (176, 144)", 1, 176, 144},
+                                {"experts 2 x (200, 136)", 2, 200, 136}};
 
 // The matrix of a shape at flat offset 1000 of its unit, after 3 other groups (so that group0 and the
 // offset are not 0)

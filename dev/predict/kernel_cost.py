@@ -296,8 +296,9 @@ KERNELS = {
     "fp8g_scales_kernel": lambda a, g, x: (4 * a[3], 8 * a[3]),                 # (amax, scale, inv, n, margin)
     "fp8g_factors_kernel": lambda a, g, x: (4 * a[2], 4 * a[2]),               # (inv, sinv, groups, ...): one factor each
     "fp8_transpose_kernel": lambda a, g, x: (a[2] * a[3], a[2] * a[3]),        # (qt, q, rows, cols): 1-byte codes
+    "fp8_transpose16_kernel": lambda a, g, x: (a[2] * a[3], a[2] * a[3]),      # (the same, 16 codes an access)
     "fp8_transpose_factors_kernel": lambda a, g, x: (4 * a[2] * _cdiv(a[3], 128) * _cdiv(a[4], 128),) * 2,  # one per tile
-    "fp8g_weight_scales_kernel": lambda a, g, x: (20 * g[0], 4 * g[0]),      # per matrix: its slot and group (2 size_t), its scale
+    "fp8g_weight_scales_kernel": lambda a, g, x: (24 * g[0], 8 * g[0]),      # per matrix: its slot and group (2 size_t), its scale and 1/s
 }
 # data-dependent (CHECK "bound"): the formula is the traffic without cache hits on repeated rows, or (under expert
 # parallelism) with every padded row of the experts' segments valid
