@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(FP8G_THREADS) fp8g_piece_encode_kernel(const T
             codes[i - p.a] = fp8_cvt_dev(v, FP8_E4M3);
         }
     float n = block_sum((float)sat, scratch);   // <= 16384 per tile: exact
-    if (threadIdx.x == 0 && n > 0.0f) atomicAdd(saturated, (unsigned long long)n);
+    if (threadIdx.x == 0 && n > 0.0f && saturated) atomicAdd(saturated, (unsigned long long)n);
 }
 
 // Step 1 on the device: fp8g_piece_amax of the piece [a, b) (flat indices) of M, x its values (device,
@@ -418,7 +418,7 @@ static inline void fp8g_piece_amax_gpu(const Fp8GatherMatrix* M, size_t a, size_
 }
 
 // Step 4 on the device: fp8g_piece_encode, codes (device, b - a) from the groups' scales (device);
-// the saturated count is added to *saturated (device)
+// the saturated count is added to *saturated (device; NULL: not counted)
 template <typename T>
 static inline void fp8g_piece_encode_gpu(const Fp8GatherMatrix* M, size_t a, size_t b, const T* x, const float* scale,
                                          __nv_fp8_storage_t* codes, unsigned long long* saturated, int block, cudaStream_t stream = 0) {

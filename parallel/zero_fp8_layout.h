@@ -20,12 +20,13 @@ typedef struct {
     std::vector<int> mat_unit, mat_layer, mat_lin;   // per matrix: its unit, layer and linear (FP8_LIN_*)
     std::vector<std::vector<int>> unit_mats;    // per unit: its matrices
     size_t groups;                              // scale groups of all matrices
-    std::vector<size_t> codes_off, side_off, side_len;   // per unit: its code piece (shard length) and side piece
+    std::vector<size_t> side_len;               // per unit: its side piece (the longest member's norms and router elements)
     std::vector<std::vector<Fp8SideRun>> pack, unpack;   // per unit: shard -> side piece (this rank); pieces -> unit (all)
     // per matrix, this rank's part of it in a slot (the whole matrix, or under EP its experts' rows): its first
     // element's slot position, its first row and rows; block: its q and qt factors' offsets in the slot's factor buffer
     std::vector<size_t> part_at, part_row0, part_rows, part_fq, part_ft;
-    size_t codes_total, side_total, max_slot, max_side, factors;   // the buffers' elements (factors: per slot)
+    size_t max_shard, max_slot, max_side, factors;   // the buffers' elements: one unit's code piece (its shard), byte
+                                                     // slot and side piece; factors: per working slot
 } Fp8GatherLayout;
 
 // model/matmul.cuh's matmul_scale_count for BLK128 (host): an operand of `outer` rows of k, its 128x128 blocks' factors,
@@ -53,9 +54,9 @@ static inline void fp8g_device_layout(Fp8GatherLayout* f, const Zero* z, const s
     // per unit of a block: the code piece (its shard's length in bytes) and the side runs of the norms and
     // the router, of every member of the unit's gather group (the shard group; a block's experts under EP:
     // the expert shard group, whose runs land in the compact slot of this rank's experts, ShardRun.slot_off)
-    f->codes_off.assign(z->n_units, 0); f->side_off.assign(z->n_units, 0); f->side_len.assign(z->n_units, 0);
+    f->side_len.assign(z->n_units, 0);
     f->pack.assign(z->n_units, {}); f->unpack.assign(z->n_units, {});
-    f->codes_total = f->side_total = f->max_slot = f->max_side = 0;
+    f->max_shard = f->max_slot = f->max_side = 0;
     for (int u = 0; u < z->n_units; u++) {
         if (f->unit_mats[u].empty()) continue;
         std::vector<int> members = zero_unit_members(z, u);
@@ -76,8 +77,7 @@ static inline void fp8g_device_layout(Fp8GatherLayout* f, const Zero* z, const s
             }
             f->side_len[u] = std::max(f->side_len[u], count);
         }
-        f->codes_off[u] = f->codes_total; f->codes_total += z->shard_numel[u];
-        f->side_off[u] = f->side_total; f->side_total += f->side_len[u];
+        f->max_shard = std::max(f->max_shard, z->shard_numel[u]);
         f->max_slot = std::max(f->max_slot, z->slot_numel[u]); f->max_side = std::max(f->max_side, f->side_len[u]);
     }
     // this rank's part of every matrix in a slot (the runs its gathers fill), its rows contiguous there
@@ -114,12 +114,11 @@ static inline void fp8g_device_layout(Fp8GatherLayout* f, const Zero* z, const s
 }
 
 // the device bytes of the store's --fp8-gather buffers (zero_enable_fp8_gather allocates them, in this order): the
-// amax, scale and 1/s of every group, the code pieces of the whole shard, the byte slot, the side pieces (BF16) sent
-// and received (S ranks), the matrices' table (3 size_t each) and, block, the factors of the two working slots.
-// layers: the layout's per-unit sums (groups, code and side pieces, matrices) that many times (--dry-run's plan,
-// parallel/memory_plan.h, from one layer's layout)
+// amax, scale and 1/s of every group, one unit's code piece (encoded just before its gather), the byte slot, one unit's
+// side piece (BF16) and the S received, the matrices' table (3 size_t each) and, block, the factors of the two working
+// slots. layers: the groups and matrices that many times (--dry-run's plan, parallel/memory_plan.h, from one layer's
+// layout)
 static inline long double fp8g_device_bytes(const Fp8GatherLayout* f, int S, size_t floatx = 2, long double layers = 1) {
-    long double per = 3.0L * f->groups * sizeof(float) + f->codes_total + (long double)f->side_total * floatx +
-                      3.0L * f->mats.size() * sizeof(size_t);
-    return layers * per + f->max_slot + (long double)f->max_side * S * floatx + 2.0L * f->factors * sizeof(float);
+    long double per = 3.0L * f->groups * sizeof(float) + 3.0L * f->mats.size() * sizeof(size_t);
+    return layers * per + f->max_shard + f->max_slot + (long double)f->max_side * (1 + S) * floatx + 2.0L * f->factors * sizeof(float);
 }

@@ -48,9 +48,10 @@ typedef struct {
     std::vector<int> mat_slot;                  // per matrix: the model's weight slot (Fp8GPU)
     float *amax, *scale, *inv;                  // device, per group
     size_t* mat_table;                          // device (3 per matrix): its weight slot, first group, group count
-    __nv_fp8_storage_t *codes_send, *codes_recv;   // device: per unit of a block this rank's codes by shard position; the largest slot
-    floatX *side_send, *side_recv;              // device: per unit of a block this rank's non-FP8 elements; S * max side
-    cudaEvent_t codes_ready;                    // compute -> comm: this step's codes and side pieces packed
+    __nv_fp8_storage_t *codes_send, *codes_recv;   // device: a unit's codes of this rank by shard position; the largest slot
+    floatX *side_send, *side_recv;              // device: a unit's non-FP8 elements of this rank; S * max side
+    std::vector<char> encoded;                  // per unit: encoded this step (its saturations counted)
+    cudaEvent_t codes_ready;                    // compute -> comm: this step's scales agreed (the encodes may run)
     float* factors[2];                          // device, per working slot (block): its matrices' factors, q's and qt's
     int slot_codes[2];                          // per working slot: its block matrices hold codes (1), BF16 (0), nothing (-1)
 } ZeroGpuFp8;

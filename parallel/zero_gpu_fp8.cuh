@@ -1,7 +1,7 @@
 /*
- * zero_gpu_fp8.cuh — the device store's --fp8-gather: the blocks' FP8 matrices gathered as E4M3 codes and
- * decoded into the working slot (the section below). Part of parallel/zero_gpu.cuh (included after the store's
- * set-up), moved here whole.
+ * zero_gpu_fp8.cuh — the device store's --fp8-gather: the blocks' FP8 matrices gathered as E4M3 codes into the working
+ * slot, where the model's FP8 GEMMs read them as they are (the section below; where things go: zero_fp8_layout.h).
+ * Part of parallel/zero_gpu.cuh (included after the store's set-up).
  */
 #pragma once
 // ---------------------------------------------------------------------------------------------
@@ -9,13 +9,14 @@
 // per step, before the first gather: the amax of every scale group over this rank's piece of the five
 // matrices (from the BF16 shard the model would read), max-reduced in the shard group on the device; the
 // scales (current and block from it; delayed: the weight slot's history scale, the model's); the codes
-// of this rank's shard of each unit, at their shard positions in a byte piece as long as the shard, and
-// its non-FP8 elements (norms, router) packed as BF16. A gather of a block's unit is then a byte
-// all-gather of the codes per run and a small BF16 one, on the communication stream.
+// of this rank's shard of a unit, at their shard positions in a byte piece as long as the unit's shard, and
+// its non-FP8 elements (norms, router) packed as BF16, encoded on the communication stream just before each gather of
+// the unit (zero_fp8_encode_unit: one unit's piece in memory, not the whole shard's). A gather of a block's unit is
+// then a byte all-gather of the codes per run and a small BF16 one, on the communication stream.
 // The codes are used as they are (zero_fp8_place_unit): each matrix's codes q (rows, cols) lie in the first half of
 // the bytes its BF16 values would take in the working slot, and the model's FP8 GEMMs read them there (Fp8GPU.given,
 // fp8_weight_gpu), with the agreed factors; the transposed copy dgrad reads is made from q into the second half at its
-// first use (fp8_given_operand). So no weight is quantised by the model: it was quantised once per step, by its owner.
+// first use (fp8_given_operand). So no weight is quantised by the model: each rank encodes its 1/S piece (its shard).
 // The codes and factors are the very bytes the model's own quantisation of the BF16 weights writes (same scales:
 // test/test_zero_fp8_cuda.cpp), so the losses are those of --fp8 without the gather, bit for bit. Generation's GEMMs are
 // BF16 (Fp8GPU.bf16_weights): for them the codes are decoded into the slot's BF16 (fp8g_decode_bf16_gpu), and a slot
@@ -54,8 +55,8 @@ static inline int zero_enable_fp8_gather(ZeroGpu* zg) {
     auto take = [&](void** p, size_t b) { *p = (void*)deviceAlloc(char, b); zg->allocations.push_back(*p); zg->device_bytes += b; };
     take((void**)&f->amax, L->groups * sizeof(float)); take((void**)&f->scale, L->groups * sizeof(float));
     take((void**)&f->inv, L->groups * sizeof(float));
-    take((void**)&f->codes_send, L->codes_total); take((void**)&f->codes_recv, L->max_slot);
-    take((void**)&f->side_send, L->side_total * sizeof(floatX)); take((void**)&f->side_recv, L->max_side * z->S * sizeof(floatX));
+    take((void**)&f->codes_send, L->max_shard); take((void**)&f->codes_recv, L->max_slot);
+    take((void**)&f->side_send, L->max_side * sizeof(floatX)); take((void**)&f->side_recv, L->max_side * z->S * sizeof(floatX));
     std::vector<size_t> table;
     for (size_t k = 0; k < L->mats.size(); k++) table.insert(table.end(), {(size_t)f->mat_slot[k], L->mats[k].group0, L->mats[k].groups});
     take((void**)&f->mat_table, table.size() * sizeof(size_t));
@@ -121,18 +122,7 @@ static inline void zero_fp8_prepare(ZeroGpu* zg) {
     // (Fp8Config.weights_quantized; under EP its own amax would be its experts' only)
     if (!f->lay.block)   // (and the factor its GEMMs read: the codes are not quantised by the model)
         LAUNCH(fp8g_weight_scales_kernel, (int)f->lay.mats.size(), 32, 0, cs, mf->scale, mf->scale_inv, FP8_SINV_STRIDE, f->mat_table, f->scale, f->inv);
-    // 4. our codes at their shard positions, and the norms and router as BF16
-    for (size_t k = 0; k < f->lay.mats.size(); k++) {
-        int u = f->lay.mat_unit[k];
-        fp8g_my_parts(z, &f->lay.mats[k], u, [&](size_t a, size_t b, size_t pos) {
-            fp8g_piece_encode_gpu(&f->lay.mats[k], a, b, zg->master_bf16 + z->shard_off[u] + pos, f->scale,
-                                  f->codes_send + f->lay.codes_off[u] + pos, mf->sat + f->mat_slot[k], f->lay.block, cs);
-        });
-    }
-    for (int u = 0; u < z->n_units; u++)
-        for (const Fp8SideRun& r : f->lay.pack[u])
-            cudaCheck(cudaMemcpyAsync(f->side_send + f->lay.side_off[u] + r.dst, zg->master_bf16 + r.src, r.n * sizeof(floatX),
-                                      cudaMemcpyDeviceToDevice, cs));
+    f->encoded.assign(z->n_units, 0);   // (4. each unit's codes: zero_fp8_encode_unit, just before its gathers)
     cudaCheck(cudaEventRecord(f->codes_ready, cs));
     f->ready = 1;
 }
@@ -160,6 +150,25 @@ static inline __nv_fp8_storage_t* zero_fp8_direct(ZeroGpu* zg, int u, int slot, 
     return nullptr;
 }
 
+// 4. unit u's piece on this rank, on the communication stream right before its all-gathers: the codes at their shard
+// positions (one unit's piece: the stream's order keeps the next unit's encode from overwriting it before this unit's
+// all-gather has read it; every group of the store gathers on that one stream) and the norms and router as BF16. Its
+// saturations are counted at the step's first encode of the unit (its forward gather), into each weight's slot.
+static inline void zero_fp8_encode_unit(ZeroGpu* zg, int u, cudaStream_t comm) {
+    Zero* z = &zg->z;
+    ZeroGpuFp8* f = &zg->fp8;
+    Fp8GPU* mf = &zg->model->fp8;
+    bool first = !f->encoded[u];
+    f->encoded[u] = 1;
+    for (int k : f->lay.unit_mats[u])
+        fp8g_my_parts(z, &f->lay.mats[k], u, [&](size_t a, size_t b, size_t pos) {
+            fp8g_piece_encode_gpu(&f->lay.mats[k], a, b, zg->master_bf16 + z->shard_off[u] + pos, f->scale, f->codes_send + pos,
+                                  first ? mf->sat + f->mat_slot[k] : nullptr, f->lay.block, comm);
+        });
+    for (const Fp8SideRun& r : f->lay.pack[u])
+        cudaCheck(cudaMemcpyAsync(f->side_send + r.dst, zg->master_bf16 + r.src, r.n * sizeof(floatX), cudaMemcpyDeviceToDevice, comm));
+}
+
 // unit u of a block into `slot` on the communication stream: the codes and the side pieces gathered in the
 // unit's group (a block's experts under EP: the expert shard group, into the compact slot of this rank's
 // experts). The codes stay codes (the model's FP8 GEMMs read them: Fp8GPU.given), or, for generation
@@ -174,13 +183,14 @@ static inline void zero_fp8_gather_unit(ZeroGpu* zg, int u, int slot) {
     CommGroup* g = zero_unit_group(z, u);
     const bool codes = !mf->bf16_weights;
     fp8_given_forget(mf, zg->work[slot], zg->work[slot] + z->work_numel);   // (what the slot held is gone)
+    zero_fp8_encode_unit(zg, u, comm);
     size_t sl = f->lay.side_len[u];
     for (const ShardRun& r : z->runs[u])   // each run's codes into its place: a matrix's codes, or the byte slot
         if (zero_run_mine(z, r)) {
             __nv_fp8_storage_t* direct = codes ? zero_fp8_direct(zg, u, slot, r, g) : nullptr;
-            comm_all_gather(g, f->codes_send + f->lay.codes_off[u] + r.shard_rel, direct ? direct : f->codes_recv + r.slot_off, r.chunk, COMM_BYTE);
+            comm_all_gather(g, f->codes_send + r.shard_rel, direct ? direct : f->codes_recv + r.slot_off, r.chunk, COMM_BYTE);
         }
-    if (sl) comm_all_gather(g, f->side_send + f->lay.side_off[u], f->side_recv, sl, COMM_BF16);
+    if (sl) comm_all_gather(g, f->side_send, f->side_recv, sl, COMM_BF16);
     for (const ShardRun& r : z->runs[u]) {   // each run's part of each matrix from the byte slot: copied, or decoded
         if (!zero_run_mine(z, r) || (codes && zero_fp8_direct(zg, u, slot, r, g))) continue;
         for (int k : f->lay.unit_mats[u]) {

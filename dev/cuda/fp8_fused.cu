@@ -14,6 +14,12 @@
  *             v2: fp8_gather_quantize_kernel<FP8Q_ACT> (model): xe in BF16 and its codes in one pass
  *   as it is  v1: fp8_quantize_kernel<FP8Q_ACT> on a BF16 tensor (R x d, E5M2: dye's codes and transposed codes)
  *             v2: fp8_gather_quantize_kernel<FP8Q_ACT> without idx and y (model): 16-byte stores
+ *   weight^T  dgrad's operand W^T of a block weight (E experts of F rows, d columns, 128x128 blocks), its transposed codes
+ *             and factors
+ *             v1: fp8_gather_quantize_kernel<FP8Q_WEIGHT> of the BF16 weight (the model's per-use quantisation before
+ *                 session 56, and where the weights are not gathered as codes)
+ *             v2: fp8_transpose_kernel of the weight's codes, one byte an access, + fp8_transpose_factors_kernel
+ *             v3: fp8_transpose16_kernel, 16 bytes an access (model: --fp8-gather's codes used as they are)
  * v2, v3 are validated against v1 bit for bit (codes, factors, act, xe). GB/s are for the bytes each version must move.
  *   make dev/cuda/fp8_fused && ./dev/cuda/fp8_fused        (R 65536 = 16384 tokens x top-4, E 16, F 1792, d 1024:
  *                                                           dbrx-1b)
@@ -63,6 +69,41 @@ static void gather_versions(const Fp8Segments& seg, int R, int E) {
         validate(name[v], got[0], ref[0], 0, 0);
         validate(v < 2 ? "  its xe (BF16)" : "  its transposed codes", got[1], ref[1], 0, 0);
         validate("  its factors", got[2], ref[2], 0, 0);
+        report_bandwidth(name[v], bytes[v], time_ms(20, run[v]));
+    }
+}
+
+// dgrad's W^T of a block weight (E experts of F rows, d columns): from the BF16 weight, or from its codes
+static void weight_versions(int E, int F) {
+    const int d = EMULATED ? 144 : 1024, rows = E * F;
+    const size_t n = (size_t)rows * d;
+    Fp8Segments seg = fp8_uniform_segments(E, F);
+    const size_t nq = (size_t)E * ((F + 127) / 128) * (((d + 127) / 128 + 3) / 4 * 4), nt = (size_t)E * ((d + 127) / 128) * (((F + 127) / 128 + 3) / 4 * 4);
+    floatX* w = to_device_bf16v(make_random(n, 6, 0.02));
+    Fp8QuantOut q = {deviceAlloc(__nv_fp8_storage_t, n), nullptr, deviceAlloc(float, nq), nullptr, nullptr, nullptr};
+    Fp8QuantOut t = {nullptr, deviceAlloc(__nv_fp8_storage_t, n), nullptr, deviceAlloc(float, nt), nullptr, nullptr};
+    const Fp8FusedOut fq = {nullptr, nullptr, q}, ft = {nullptr, nullptr, t};
+    fp8_fused_quantize_gpu(FP8P_GATHER, {w, nullptr, nullptr, nullptr, nullptr}, rows, d, seg, FP8_E4M3, FP8Q_WEIGHT, 0, fq, fq);   // the codes
+    std::function<void()> run[3] = {
+        [&] { fp8_fused_quantize_gpu(FP8P_GATHER, {w, nullptr, nullptr, nullptr, nullptr}, rows, d, seg, FP8_E4M3, FP8Q_WEIGHT, 0, ft, ft); },
+        [&] {
+            LAUNCH(fp8_transpose_kernel, dim3(ceil_div(d, FP8T_TILE), ceil_div(rows, FP8T_TILE)), FP8T_THREADS, 0, 0, t.qt, q.q, rows, d);
+            LAUNCH(fp8_transpose_factors_kernel, ceil_div((int)(E * ((F + 127) / 128) * ((d + 127) / 128)), 256), 256, 0, 0, t.sinv_t, q.sinv, E, F, d);
+        },
+        [&] { fp8_transpose_gpu(t.qt, t.sinv_t, q.q, q.sinv, rows, d, F); },
+    };
+    const char* name[3] = {"weight^T v1 (quantise the BF16 weight)", "weight^T v2 (transpose its codes, 1 byte)",
+                           "weight^T v3 (transpose its codes, 16 bytes; model)"};
+    const double bytes[3] = {n * (2.0 + 1), n * 2.0, n * 2.0};   // (and the factors, 4 bytes a 128x128 block)
+    std::vector<float> ref[2];
+    for (int v = 0; v < 3; v++) {
+        cudaCheck(cudaMemset(t.qt, 0xFF, n));
+        cudaCheck(cudaMemset(t.sinv_t, 0, nt * sizeof(float)));   // (the padding columns: written by none)
+        run[v]();
+        std::vector<float> got[2] = {codes_of(t.qt, n), from_device_f32(t.sinv_t, nt)};
+        if (v == 0) { ref[0] = got[0]; ref[1] = got[1]; }
+        validate(name[v], got[0], ref[0], 0, 0);
+        validate("  its factors", got[1], ref[1], 0, 0);
         report_bandwidth(name[v], bytes[v], time_ms(20, run[v]));
     }
 }
@@ -140,5 +181,6 @@ int main() {
         report_bandwidth(bwn[v], bytes + 2 * 4.0 * (nq + nt) + 4.0 * nt, time_ms(20, bwd[v]));
     }
     gather_versions(seg, R, E);
+    weight_versions(EMULATED ? 2 : E, F);
     return finish();
 }

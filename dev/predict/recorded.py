@@ -41,7 +41,8 @@ CONFIGS = [
     ("DBRX-132B width, 4 layers, 8 H100 (1 node): ZeRO-3 over 8, EP 8, FP8 block", "dbrx-132b", 1, 4096, 8, "h100-sxm",
      "--n-layers 4 --shard-group-size 8 --expert-parallel 8 --fp8 block", "", False),
     # the same with the weights gathered as E4M3 codes, which the GEMMs read as they are (session 56: no weight quantised
-    # by the model; 168.2 ms when the codes were decoded to BF16 and quantised again at every use)
+    # by the model, each unit's piece encoded before its gathers; 168.2 ms when the codes were decoded to BF16 and quantised
+    # again at every use)
     ("DBRX-132B width, 4 layers, 8 H100 (1 node): ZeRO-3 over 8, EP 8, FP8 block, --fp8-gather", "dbrx-132b", 1, 4096, 8, "h100-sxm",
      "--n-layers 4 --shard-group-size 8 --expert-parallel 8 --fp8 block --fp8-gather", "", False),
     # the layouts --dry-run --fit picks (train_fit.h: the fewest recomputed FLOPs that fit 80 GB at seq 4096)
