@@ -671,6 +671,7 @@ static int run_main(int argc, char** argv) {
         }
     }
     comm_set_timeout(args.parallel.comm_timeout > 0 ? args.parallel.comm_timeout : COMM_TIMEOUT_LONG);   // (auto: generous until step 1 is done)
+    comm_set_ctas_internode(args.parallel.nccl_ctas_internode);   // (before any NCCL communicator is made)
     const char* why = args.run.device == "auto" ? (gpus ? " (auto: a GPU is visible)" : HAVE_CUDA_BACKEND ? " (auto: no GPU)" : " (auto: built without CUDA)") : "";
     std::string cuda_only = cuda_only_flag(args);
     if (!use_cuda && !cuda_only.empty()) fail(EXIT_BAD_INPUT, "%s is the CUDA step's: this run is on the CPU%s", cuda_only.c_str(), why);

@@ -49,6 +49,7 @@ typedef struct {
     std::string ep_layout = "packed";   // EP groups of N consecutive ranks (packed) or strided by S/N (spread): parallel/shard_runs.h
     int ep_chunks = EP_OVERLAP_CHUNKS_DEFAULT;  // EP on the GPU: the exchange in chunks overlapped with the experts (ep_chunk_layout)
     float comm_timeout = 0;        // 0: auto (parallel/comm.h: generous until the first step is done, then 60 s)
+    int nccl_ctas_internode = 0;   // the CTAs of each NCCL communicator across nodes (parallel/comm.h; 0: NCCL's choice)
     float zero_chunk_mib = 512;      // the GPU store's experts chunks (parallel/zero_gpu_chunks.cuh): MiB of BF16 weights each; 0: whole
     std::string grad_reduce_dtype = "fp32";   // the GPU store's shard-group gradient reduce-scatter: fp32 | bf16 (zero_gpu_comm.cuh)
     int zero_prefetch = 2;         // the GPU store: items of step t+1 gathered during step t's optimizer (zero_gpu_comm.cuh; 0: none)
@@ -139,8 +140,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                           "visible GPU's free memory, else h100)"},
         {"--fit", "", F_BOOL, &a->run.fit, "with --dry-run: plan every layout / recompute / compression setting for --plan-gpus GPUs of --plan-device; print the cheapest that fits (train_fit.h)"},
         {"--fit-headroom", "", F_FLOAT, &a->run.fit_headroom, "--fit: the GiB per GPU a setting must leave free beyond its plan [default 4]"},
-        {"--plan-gpus", "", F_INT, &a->run.plan_gpus, "--dry-run's GPU plan for a run on N GPUs (default: --shard-group-size, or "
-                                                      "--expert-parallel if more)"},
+        {"--plan-gpus", "", F_INT, &a->run.plan_gpus, "--dry-run's GPU plan for a run on N GPUs (default: --shard-group-size, or --expert-parallel if more)"},
         {"--recompute", "", F_STR, &a->run.recompute, "selective activation recomputation: GRAN[:RANGE][,...], GRAN attn | swiglu | "
                                                       "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
@@ -197,6 +197,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                                  "ZeRO-3; 1: data parallel; else HSDP)"},
         {"--comm-timeout", "", F_FLOAT, &a->parallel.comm_timeout, "seconds a collective may make no progress before the run stops, naming the rank "
                                                            "that does not respond (0: auto: 600 until step 1 is done and around checkpoints, then 60)"},
+        {"--nccl-ctas-internode", "", F_INT, &a->parallel.nccl_ctas_internode, "GPU: each NCCL communicator spanning nodes on N CTAs, so its collectives hold fewer SMs beside the compute (1..32; 0, default: NCCL's choice)"},
         {"", "", F_SECTION, NULL, "checkpoints and Hugging Face interop (checkpoint/README.md)"},
         {"--ckpt-dir", "", F_STR, &a->ckpt.dir, "checkpoint directory: saves every --ckpt-every steps, at the end, and on SIGTERM/SIGINT/SIGUSR1"},
         {"--ckpt-every", "", F_INT, &a->ckpt.every, "save a checkpoint every N steps (0: only on the way out)"},
@@ -388,6 +389,8 @@ static void parallel_args_check(const TrainArgs* a) {
         fail(EXIT_BAD_INPUT, "--ep-capacity-factor %g must be in [0, 1e6] (0: the dropless bound)", a->parallel.ep_capacity);
     if (a->parallel.ep_chunks < 1 || a->parallel.ep_chunks > 64)
         fail(EXIT_BAD_INPUT, "--ep-overlap-chunks %d must be in [1, 64] (1: the exchange in one piece)", a->parallel.ep_chunks);
+    if (a->parallel.nccl_ctas_internode < 0 || a->parallel.nccl_ctas_internode > 32)
+        fail(EXIT_BAD_INPUT, "--nccl-ctas-internode %d must be in [0, 32] (0: NCCL's choice)", a->parallel.nccl_ctas_internode);
     if (a->parallel.zero_embedding != "rows" && a->parallel.zero_embedding != "gather")
         fail(EXIT_BAD_INPUT, "--zero-embedding '%s' must be rows or gather", a->parallel.zero_embedding.c_str());
     g_zero_embedding_rows = a->parallel.zero_embedding == "rows";   // (parallel/zero.h: the memory plan reads it too)
@@ -607,5 +610,6 @@ static std::string output_paths_problem(const TrainArgs& a) {
 static inline std::string cuda_only_flag(const TrainArgs& a) {
     return a.run.profile_kernels ? "--profile-kernels" : a.run.moe_gemm != "cublaslt" ? "--moe-gemm " + a.run.moe_gemm
          : a.run.attention_bwd != "auto" && a.run.attention_bwd != "mma" ? "--attention-bwd " + a.run.attention_bwd
-         : a.run.gemm_autotune > 1 ? "--gemm-autotune " + std::to_string(a.run.gemm_autotune) : "";
+         : a.run.gemm_autotune > 1 ? "--gemm-autotune " + std::to_string(a.run.gemm_autotune)
+         : a.parallel.nccl_ctas_internode > 0 ? "--nccl-ctas-internode " + std::to_string(a.parallel.nccl_ctas_internode) : "";
 }

@@ -197,6 +197,20 @@ static inline ncclResult_t platform_nccl_comm_init(ncclComm_t* nc, int nranks, n
     if (r == ncclSuccess || r == ncclInProgress) nccl_twin_set_name(*nc, name);
     return r;
 }
+// the node world rank r is on, for the NCCL choices that depend on it (--nccl-ctas-internode): under the emulator every
+// rank shares one machine, so SIMT_GPUS_PER_NODE=n (when set) puts rank r on node r / n, as the step-time model counts
+// nodes (dev/predict/make_predict.sh sets 8); unset: `node`, MPI's shared-memory node, as on a cluster
+static inline int platform_node_of(int world_rank, int node) {
+    const char* e = getenv("SIMT_GPUS_PER_NODE");
+    if (!e) return node;
+    char* end = NULL;
+    long n = strtol(e, &end, 10);
+    if (end == e || *end || n < 1 || n > 1 << 20) {
+        fprintf(stderr, "error: SIMT_GPUS_PER_NODE='%s' must be a positive integer (the emulated ranks per node)\n", e);
+        exit(2);
+    }
+    return world_rank / (int)n;
+}
 // the function the twin's waits call while they make no progress (NULL: none, a stuck collective blocks)
 static inline void platform_nccl_set_watchdog(PlatformNcclWatchdog fn) { nccl_twin_set_watchdog(fn); }
 // inside that function: the communicator that is waiting, and the name given to it
@@ -212,6 +226,8 @@ static inline ncclResult_t platform_nccl_comm_init(ncclComm_t* nc, int nranks, n
     (void)mpi; (void)name;
     return ncclCommInitRankConfig(nc, nranks, id, rank, config);
 }
+// a rank's node: MPI's shared-memory node
+static inline int platform_node_of(int world_rank, int node) { (void)world_rank; return node; }
 // NCCL's waits have no such hook (a stuck collective hangs on the stream: the communicator's sync and the step watchdog
 // poll it instead), so the function is never called
 static inline void platform_nccl_set_watchdog(PlatformNcclWatchdog fn) { (void)fn; }

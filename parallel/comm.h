@@ -85,6 +85,7 @@ typedef struct {
     int rank, world, local_rank, local_size;
     CommGroup world_group;
 } Comm;
+static std::vector<int> g_comm_node_of;   // world rank -> its node (the world rank of the node's first rank): comm_init
 
 // the communicator's parts (the top comment says what each holds), after the types they use
 #include "comm_watchdog.h"
@@ -151,6 +152,10 @@ static inline Comm comm_init(int* argc, char*** argv) {
     if (g_comm_slots) { g_comm_slots[c.local_rank].exiting = 0; g_comm_slots[c.local_rank].since = now_seconds();
                         snprintf(g_comm_slots[c.local_rank].phase, sizeof g_comm_slots[0].phase, "start-up"); }
     g_comm_world_size = c.world;
+    // every world rank's node (the world rank of its node's first rank): comm_split asks whether a group spans nodes
+    int node_id = (int)all[0];
+    g_comm_node_of.assign(c.world, 0);
+    MPI_CHECK(MPI_Allgather(&node_id, 1, MPI_INT, g_comm_node_of.data(), 1, MPI_INT, MPI_COMM_WORLD));
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_comm_probe));
     MPI_CHECK(MPI_Comm_set_errhandler(g_comm_probe, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Barrier(node));
@@ -435,10 +440,21 @@ static inline void comm_barrier(CommGroup* g) {
 // ---------------------------------------------------------------------------------------------
 // sub-groups
 
+// --nccl-ctas-internode N (0: NCCL's choice): the CTAs (channels) of every NCCL communicator whose ranks span nodes.
+// Each collective's NCCL kernel holds its CTAs' SMs for as long as it runs, and at scale three run beside the compute
+// (the gathers, the reduce-scatters, EP's exchange: dev/predict/README.md, "Streams share the SMs"); a node's network
+// needs a few CTAs where NVLink needs many, so only the communicators across nodes are capped.
+static int g_comm_ctas_internode = 0;
+static inline void comm_set_ctas_internode(int n) {
+    g_comm_ctas_internode = n;
+    if (n > 0 && g_comm_rank == 0) printf("comm: --nccl-ctas-internode %d: the NCCL communicators across nodes on %d CTAs each\n", n, n);
+}
+
 // Splits `parent` into groups of the ranks with equal `color`, ordered by `key` (MPI_Comm_split).
 // use_nccl: also create the group's NCCL communicator (rank 0 of the group makes the ncclUniqueId and
 // broadcasts it over the group's MPI communicator) and its communication stream.
-// max_ctas > 0: the NCCL communicator's channels capped (ncclConfig_t.minCTAs = maxCTAs = max_ctas; the twin ignores it)
+// max_ctas > 0: the NCCL communicator's channels capped (ncclConfig_t.minCTAs = maxCTAs = max_ctas; the twin logs it);
+// 0: --nccl-ctas-internode's where the group spans nodes, else NCCL's choice
 static inline CommGroup comm_split(CommGroup* parent, int color, int key, const char* name, int use_nccl, int max_ctas = 0) {
     CommGroup g;
     g.name = name;
@@ -464,6 +480,9 @@ static inline CommGroup comm_split(CommGroup* parent, int color, int key, const 
         // and ncclCommAbort from the thread that finds a failure ends whatever the others are stuck in
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 0;
+        bool across = false;   // (a rank's node: MPI's, or under the emulator SIMT_GPUS_PER_NODE's: model/platform.h)
+        for (int m : g.members) across = across || platform_node_of(m, g_comm_node_of[m]) != platform_node_of(me, g_comm_node_of[me]);
+        if (max_ctas <= 0 && across) max_ctas = g_comm_ctas_internode;
         if (max_ctas > 0) config.minCTAs = config.maxCTAs = max_ctas;
         NCCL_CHECK_NB(g.nc, name, platform_nccl_comm_init(&g.nc, g.size, id, g.rank, &config, g.mpi, name));
         {

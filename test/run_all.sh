@@ -179,6 +179,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
             b=${src%.cu}_emu; out=$("$b" 2>&1); rc=$?
             [ "$rc" = 0 ] && pass "$b: every version validated against the CPU reference" || fail "$b (exit $rc): $(grep FAIL <<<"$out" | head -3)"
         done
+        # dev/cuda/matmul -c: GEMMs beside a kernel holding SMs (the step-time model's NCCL CTAs) give the bits they give alone
+        out=$(./dev/cuda/matmul_emu -c 2>&1); rc=$?
+        [ "$rc" = 0 ] && grep -q "all versions validated" <<<"$out" && pass "dev/cuda/matmul_emu -c: GEMMs beside 8-32 CTAs held on another stream: the bits alone" \
+            || fail "dev/cuda/matmul_emu -c (exit $rc): $(grep -E 'FAIL|error' <<<"$out" | head -3)"
         # attention backward v4 (model/attention_flash_bwd2.cuh) under the race detector: dbrx-1b's GQA 4:1 at T 200 (no
         # tile divides it), head_dim 128 and 64; its negative control (-p 1: the dq kernel's one barrier a tile dropped)
         local r=./dev/cuda/attention_race

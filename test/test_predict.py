@@ -106,9 +106,9 @@ def model_cases():
     check(close(r["exposed_comm"], d), "with no compute beside it, all of it is exposed (%.3f ms)" % (r["exposed_comm"] * 1e3))
     # two such collectives at once on two streams (a gather beside a reduce-scatter), nothing else: the step's exposed
     # communication is the time some collective runs with no compute, counted once (not d + d)
-    r = step([c, dict(c, stream=2), SYNC])
-    check(close(r["exposed_comm"], d + 5 * US), "two collectives side by side with no compute: exposed %.3f ms = the union of their "
-          "intervals (%.3f ms + 5 us issue), not their sum" % (r["exposed_comm"] * 1e3, d * 1e3))
+    r = P.simulate([c, dict(c, stream=2), SYNC], share_sms=False)
+    check(close(r["exposed_comm"], d + 5 * US), "two collectives side by side with no compute, streams independent: exposed %.3f ms "
+          "= the union of their intervals (%.3f ms + 5 us issue), not their sum" % (r["exposed_comm"] * 1e3, d * 1e3))
     check(close(sum(o["exposed"] for o in r["ops"] if o["item"]["t"] == "coll"), 2 * d), "negative control: the per-collective "
           "figures (the sinks table's) sum to 2 x %.3f ms" % (d * 1e3))
     c2 = dict(c, world_ranks=[0, 1, 2, 3, 8, 9, 10, 11])
@@ -132,6 +132,53 @@ def model_cases():
     check(close(base["step"], 4 * US + 20 * da + 5 * US), "20 GPU-bound kernels back to back: step = 4 us + 20 x kernel + 5 us")
     check(close(synced["step"] - base["step"], 5 * US + 4 * US), "a host sync between them drains the pipeline: +%.2f us = 5 us "
           "sync + 4 us issue of the next kernel" % ((synced["step"] - base["step"]) / US))
+
+
+def shared_sms_and_links():
+    """the collectives' CTAs take SMs from the compute beside them, and collectives on one link share it (share_stretch)"""
+    sms = 132.0
+    g = {"t": "gemm", "m": 8192, "n": 8192, "k": 8192, "batch": 1, "a": "bf16", "b": "bf16", "d": "bf16", "beta": 0, "stream": 0}
+    dg = 2.0 * 8192 ** 3 / (989.4e12 * 0.70)
+    # a reduce-scatter across 2 nodes, long enough to cover the GEMM: 8 GiB FP32 over 8 ranks at 45 GB/s
+    rs = {"t": "coll", "kind": "reduce_scatter", "comm": "shard", "nranks": 8, "count": 1 << 28, "elem_bytes": 4, "bytes": 8 << 30,
+          "rank": 0, "peer": 0, "group": 0, "stream": 1, "world_ranks": [0, 1, 2, 3, 8, 9, 10, 11]}
+    drs = (8 << 30) * 7 / 8 / 45e9 + 25 * US
+    r = step([rs, g, SYNC])
+    gemm = [o for o in r["ops"] if o["item"]["t"] == "gemm"][0]
+    check(close(gemm["end"] - gemm["start"], dg * sms / (sms - 24), 1e-9), "a GEMM beside a collective's 24 CTAs runs on the 108 SMs "
+          "left: %.4f ms = %.4f ms x 132 / 108" % ((gemm["end"] - gemm["start"]) * 1e3, dg * 1e3))
+    coll = [o for o in r["ops"] if o["item"]["t"] == "coll"][0]
+    check(close(coll["end"] - coll["start"], drs), "the collective alone on its link keeps its time (%.3f ms)" % (drs * 1e3))
+    r0 = P.simulate([rs, g, SYNC], share_sms=False)
+    g0 = [o for o in r0["ops"] if o["item"]["t"] == "gemm"][0]
+    check(close(g0["end"] - g0["start"], dg), "negative control: with the streams independent (share_sms=False) the GEMM keeps "
+          "%.4f ms" % (dg * 1e3))
+    # the communicator capped at 4 CTAs (ncclConfig_t.maxCTAs, logged as "ctas"): 4 SMs held, 4 x 450/24 GB/s >= 45 GB/s
+    r = step([dict(rs, ctas=4), g, SYNC])
+    gemm = [o for o in r["ops"] if o["item"]["t"] == "gemm"][0]
+    coll = [o for o in r["ops"] if o["item"]["t"] == "coll"][0]
+    check(close(gemm["end"] - gemm["start"], dg * sms / (sms - 4), 1e-9) and close(coll["end"] - coll["start"], drs),
+          "capped at 4 CTAs: the GEMM x 132 / 128, the collective still at the network's 45 GB/s (4 x 18.75 GB/s)")
+    r = step([dict(rs, ctas=2), SYNC])
+    check(close(r["ops"][0]["end"] - r["ops"][0]["start"], (8 << 30) * 7 / 8 / 37.5e9 + 25 * US),
+          "capped at 2 CTAs: the collective at 2 x 18.75 = 37.5 GB/s, below the network's 45")
+    # a bytes-bound kernel beside the collective is not slowed (fewer SMs still draw HBM's bandwidth: the assumption)
+    n = 1 << 26
+    r = step([rs, SW(n), SYNC])
+    k = [o for o in r["ops"] if o["item"]["t"] == "kernel"][0]
+    check(close(k["end"] - k["start"], 6.0 * n / HBM), "a bytes-bound kernel beside the collective keeps its time")
+    # two collectives on the network at once share it: each takes about twice as long; one on NVLink beside one on the
+    # network does not
+    r = step([rs, dict(rs, stream=2), SYNC])
+    t = [o["end"] - o["start"] for o in r["ops"] if o["item"]["t"] == "coll"]
+    check(all(abs(x / (2 * drs) - 1) < 0.01 for x in t), "two collectives on one GPU's network link at once: each %.1f and %.1f ms, "
+          "about twice its %.1f ms alone" % (t[0] * 1e3, t[1] * 1e3, drs * 1e3))
+    nv = dict(rs, world_ranks=list(range(8)), stream=2)
+    dnv = (8 << 30) * 7 / 8 / 450e9 + 10 * US
+    r = step([rs, nv, SYNC])
+    t = [o["end"] - o["start"] for o in r["ops"] if o["item"]["t"] == "coll"]
+    check(close(t[0], drs) and close(t[1], dnv), "one on NVLink beside one on the network: each alone on its link (%.2f, %.2f ms)"
+          % (t[0] * 1e3, t[1] * 1e3))
 
 
 def negative_controls():
@@ -316,6 +363,7 @@ if __name__ == "__main__":
         e2e(a[0], a[1], *map(int, a[2:]))
     else:
         model_cases()
+        shared_sms_and_links()
         negative_controls()
         grouped_refused()
         chrome_trace()

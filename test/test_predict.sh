@@ -21,7 +21,7 @@ EMU=${EMU:-./train_dbrx_emu}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_WAIT_POLICY=passive
 
-$PY test/test_predict.py > "$tmp/model.txt" 2>&1; verdicts "$tmp/model.txt" 40
+$PY test/test_predict.py > "$tmp/model.txt" 2>&1; verdicts "$tmp/model.txt" 49
 
 if [ ! -x "$EMU" ]; then fail "$EMU is not built (make train_dbrx_emu)"; exit 0; fi
 run() {   # run NAME [env...]: 2 steps of dbrx-tiny (4 layers) on the emulated GPU with the work log and the counters
@@ -79,5 +79,43 @@ print(("pass" if r["exposed_comm"] > 0 and any(x["bound"] in ("exposed-comm", "c
 PY
     verdicts "$tmp/z.txt" 2
 else fail "ZeRO-3 on 2 ranks with SIMT_WORKLOG: $(tail -2 "$tmp/z.out")"; fi
+# --nccl-ctas-internode: 4 ranks on 2 emulated nodes (SIMT_GPUS_PER_NODE=2), ZeRO-3 over 4 and EP 2 (an EP group in a node):
+# the communicators across nodes run on 3 CTAs (the twin logs ncclConfig_t.maxCTAs as "ctas"), those within a node on
+# NCCL's choice; the losses are those of the run without the flag, bit for bit; the model holds 3 SMs per collective
+ctas_run() {   # ctas_run NAME [flags...]
+    local name=$1; shift
+    env SIMT_GPUS_PER_NODE=2 SIMT_WORKLOG="$tmp/$name.jsonl" bash dev/mpirun.sh -np 4 "$EMU" --device cuda --model dbrx-tiny --batch 1 \
+        --seq 32 --steps 2 --val-every 0 --shard-group-size 4 --expert-parallel 2 --log "$tmp/$name.log.jsonl" "$@" > "$tmp/$name.out" 2>&1
+}
+if ctas_run c0 && ctas_run c3 --nccl-ctas-internode 3; then
+    $PY - "$tmp" <<'PY' > "$tmp/ctas.txt" 2>&1
+import json, sys
+sys.path.insert(0, "dev/predict")
+import predict as P
+tmp = sys.argv[1]
+for r in range(4):
+    cs = [it for it in P.read_log("%s/c3.jsonl.%d" % (tmp, r)) if it["t"] == "coll"]
+    across = lambda it: len({w // 2 for w in it["world_ranks"]}) > 1
+    bad = [it["comm"] for it in cs if it.get("ctas") != (3 if across(it) else None)]
+    comms = sorted({(it["comm"], it.get("ctas")) for it in cs}, key=str)
+    print(("pass" if cs and not bad and any(across(it) for it in cs) and any(not across(it) for it in cs) else "fail")
+          + " rank %d: %d collectives; those across the 2 nodes on 3 CTAs, those within one on NCCL's choice: %s%s"
+          % (r, len(cs), comms, " (wrong: %s)" % sorted(set(bad)) if bad else ""))
+    c0 = [it for it in P.read_log("%s/c0.jsonl.%d" % (tmp, r)) if it["t"] == "coll"]
+    print(("pass" if c0 and all("ctas" not in it for it in c0) else "fail") + " rank %d without the flag: no collective capped" % r)
+st = P.one_step(P.read_log("%s/c3.jsonl.0" % tmp), 2)
+print(("pass" if {P.coll_ctas(it) for it in st if it["t"] == "coll" and it["nranks"] > 1} == {3, P.NCCL_CTAS} else "fail")
+      + " the model: the capped collectives hold 3 SMs, the others %d" % P.NCCL_CTAS)
+loss = lambda f: [(x["step"], x["loss"]) for x in map(json.loads, open(f)) if "loss" in x]
+a, b = loss("%s/c0.log.jsonl" % tmp), loss("%s/c3.log.jsonl" % tmp)
+print(("pass" if a and a == b else "fail") + " the losses with and without --nccl-ctas-internode 3, bit for bit: %s" % b)
+PY
+    verdicts "$tmp/ctas.txt" 10
+else fail "--nccl-ctas-internode runs: $(tail -2 "$tmp/c0.out") $(tail -2 "$tmp/c3.out")"; fi
+expect_exit 2 "--nccl-ctas-internode 33 (above NCCL's 32)" "$EMU" --device cuda --model dbrx-tiny --nccl-ctas-internode 33 --steps 1
+expect_exit 2 "--nccl-ctas-internode -1" "$EMU" --device cuda --model dbrx-tiny --nccl-ctas-internode -1 --steps 1
+expect_exit 2 "--nccl-ctas-internode on the CPU backend" "$EMU" --device cpu --model dbrx-tiny --nccl-ctas-internode 3 --steps 1
+expect_exit 2 "SIMT_GPUS_PER_NODE=0 (the emulated ranks per node)" env SIMT_GPUS_PER_NODE=0 "$EMU" --device cuda --model dbrx-tiny \
+    --shard-group-size 1 --steps 1 --val-every 0
 expect_exit 2 "predict.py: a work log that is not JSON lines" $PY dev/predict/predict.py test/README.md
 expect_exit 2 "predict.py: an unknown device" $PY dev/predict/predict.py "$tmp/base.jsonl" --device a100

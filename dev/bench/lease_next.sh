@@ -20,6 +20,8 @@
 #      last line says what an autotuner timing them at the first step would save over the step's GEMMs. The list holds
 #      the DBRX-132B slice's GEMMs as well (8 GPUs, EP 8: BF16 and FP8 block), never timed: the model's rate table
 #      prices them today, FP8 block at 1.45 x BF16 (predict.py's FP8_BLOCK_GEMM_VS_BF16: session 45's forward only)
+#   1c. GEMMs beside a kernel holding C = 8..32 SMs (dev/cuda/matmul -c): the step-time model's price of a collective's
+#      NCCL CTAs beside the compute, SMs / (SMs - C) x (session 57, dev/predict/README.md); never measured
 #   2. the step kernel by kernel (calibrate.py --kernels against make predict's trace of the same commit and device);
 #      experts_zero_empty_kernel now with 16-byte stores (0.83 ms a step on session 45's H100 with the collapsed routing)
 #   3. end to end: the default (bit-identical losses to session 46's: 2.6692058229236864 at step 30), --grad-accum 4,
@@ -40,6 +42,7 @@ step classifier 40 dev/cuda/classifier
 step layernorm 30 dev/cuda/layernorm
 step fp8_fused 30 dev/cuda/fp8_fused
 step matmul_b 20 dev/cuda/matmul -b
+step matmul_c 30 dev/cuda/matmul -c
 step gemm_sweep 50 dev/cuda/matmul -s .lease/gemm_shapes.txt -a 8
 step gemm_sweep_warm 25 dev/cuda/matmul -s .lease/gemm_shapes.txt -w
 # 2. the step kernel by kernel

@@ -24,6 +24,11 @@
  * each as the model runs it (a GEMM per expert on one stream), round-robin over 2 and 4 streams (cuBLASLt's workspace per
  * stream), and as one strided batched call over the experts (equal rows: the bound a grouped GEMM of cuBLASLt's quality
  * would reach); the streams' results are the one-stream results bit for bit, the batched one's within BF16 rounding.
+ * With -c: the step-time model's assumption that a collective's CTAs take their SMs from the compute beside them
+ * (dev/predict/README.md, "Streams share the SMs and the links"): GEMMs timed alone, then beside a kernel of C CTAs on
+ * another stream, each CTA 512 threads and 64 KiB of shared memory (no cuBLASLt Hopper CTA fits beside it, as beside a
+ * NCCL CTA) spinning for longer than the GEMMs run, C = 8, 16, 24, 32; the model says SMs / (SMs - C) x the time alone.
+ * Under the emulator: the GEMMs beside the hold give the bits they give alone.
  */
 #include "common.h"
 #include "../../model/matmul.cuh"
@@ -185,6 +190,86 @@ static int expert_streams() {
     return finish();
 }
 
+// -c: C CTAs that hold their SMs for `spins` iterations (sink: one float per CTA, so the loop is not optimised away)
+#define SM_HOLD_THREADS 512
+#define SM_HOLD_SMEM (64 << 10)
+__global__ void sm_hold_kernel(float* sink, long long spins) {
+    float* held = (float*)dynamic_smem;   // (SM_HOLD_SMEM bytes: what keeps a GEMM CTA off the SM)
+    float x = (float)threadIdx.x;
+    for (long long i = 0; i < spins; i++) x = x * 0.999f + 1.0f;
+    held[threadIdx.x] = x;
+    __syncthreads();
+    if (threadIdx.x == 0) sink[blockIdx.x] = held[SM_HOLD_THREADS - 1];
+}
+
+static int sm_hold() {
+    struct Shape { const char* name; int m, n, k; };
+    const Shape shapes[2] = {{"cube", EMULATED ? 64 : 8192, EMULATED ? 64 : 8192, EMULATED ? 64 : 8192},
+                             {"DBRX-132B expert up", EMULATED ? 32 : 2048, EMULATED ? 96 : 10752, EMULATED ? 64 : 6144}};
+    int sms = 0;
+    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d SMs, BF16 GEMMs beside C CTAs held", sms);
+    print_header("GEMMs beside a kernel holding SMs (the model's NCCL CTAs)", shape);
+    cudaCheck(cudaFuncSetAttribute(sm_hold_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SM_HOLD_SMEM));
+    float* sink = deviceAlloc(float, 64);
+    cudaStream_t side;
+    cudaCheck(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    cudaEvent_t a, b;
+    cudaCheck(cudaEventCreate(&a));
+    cudaCheck(cudaEventCreate(&b));
+    const int reps = EMULATED ? 1 : 10;
+    for (const Shape& sh : shapes) {
+        floatX *x = to_device_bf16v(round_bf16(make_random((size_t)sh.m * sh.k, 1))), *w = to_device_bf16v(round_bf16(make_random((size_t)sh.n * sh.k, 2, 0.02)));
+        floatX* y = deviceAlloc(floatX, (size_t)sh.m * sh.n);
+        auto gemms = [&] { for (int r = 0; r < reps; r++) gemm_gpu(false, true, sh.m, sh.n, sh.k, 1.0f, x, sh.k, w, sh.k, 0.0f, y, sh.n, 0); };
+        auto timed = [&](const std::function<void()>& before) {   // the GEMMs' time on stream 0 (events around them only)
+            before();
+            cudaCheck(cudaEventRecord(a, 0));
+            gemms();
+            cudaCheck(cudaEventRecord(b, 0));
+            cudaCheck(cudaDeviceSynchronize());
+            float ms = 0;
+            if (!EMULATED) cudaCheck(cudaEventElapsedTime(&ms, a, b));
+            return ms / reps;
+        };
+        gemms();   // warm-up
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<float> alone_bits = from_device_bf16v(y, (size_t)sh.m * sh.n);
+        float alone = timed([] {});
+        // spins: the hold alone lasts at least 3 x the GEMMs (timed once with 2^20 spins, then scaled)
+        long long spins = EMULATED ? 64 : 1 << 20;
+        if (!EMULATED) {
+            LAUNCH(sm_hold_kernel, 1, SM_HOLD_THREADS, SM_HOLD_SMEM, side, sink, spins);
+            cudaCheck(cudaEventRecord(a, side));
+            LAUNCH(sm_hold_kernel, 1, SM_HOLD_THREADS, SM_HOLD_SMEM, side, sink, spins);
+            cudaCheck(cudaEventRecord(b, side));
+            cudaCheck(cudaDeviceSynchronize());
+            float hold = 0;
+            cudaCheck(cudaEventElapsedTime(&hold, a, b));
+            spins = (long long)((double)spins * 3.0 * alone * reps / std::max(hold, 1e-3f)) + 1;
+        }
+        char what[160], name[80];
+        snprintf(name, sizeof name, "%s %d x %d x %d", sh.name, sh.m, sh.n, sh.k);
+        printf("  %s: alone %.4f ms a GEMM\n", name, alone);
+        for (int c : {8, 16, 24, 32}) {
+            float beside = timed([&] { LAUNCH(sm_hold_kernel, c, SM_HOLD_THREADS, SM_HOLD_SMEM, side, sink, spins); });
+            cudaCheck(cudaDeviceSynchronize());
+            snprintf(what, sizeof what, "%s beside %d CTAs held: the bits alone", name, c);
+            validate(what, from_device_bf16v(y, (size_t)sh.m * sh.n), alone_bits, 0.0, 0.0);
+            if (!EMULATED)
+                printf("  %-44s %9.4f ms  %.3f x alone; the model: %d / %d = %.3f x\n", what, beside, beside / alone, sms, sms - c,
+                       (double)sms / (sms - c));
+        }
+        for (void* p : {(void*)x, (void*)w, (void*)y}) cudaCheck(cudaFree(p));
+    }
+    cudaCheck(cudaEventDestroy(a));
+    cudaCheck(cudaEventDestroy(b));
+    cudaCheck(cudaStreamDestroy(side));
+    cudaCheck(cudaFree(sink));
+    return finish();
+}
+
 // -s FILE: one line per GEMM "m n k batch a b d trans_a trans_b beta fast_accum a_scale_mode b_scale_mode count"
 // (predict.py --gemm-shapes), column-major as cuBLASLt takes it: D (m, n) = op(A) (m, k) op(B) (k, n) + beta D.
 static cudaDataType_t sweep_type(const char* name, const char* path, int line) {
@@ -324,6 +409,7 @@ static int gemm_sweep(const char* path, int algos) {
 int main(int argc, char** argv) {
     if (argc == 2 && !strcmp(argv[1], "-x")) return expert_gemms();
     if (argc == 2 && !strcmp(argv[1], "-b")) return expert_streams();
+    if (argc == 2 && !strcmp(argv[1], "-c")) return sm_hold();
     if (argc >= 3 && !strcmp(argv[1], "-s")) {
         int algos = 1;
         bool ok = true;
@@ -339,8 +425,8 @@ int main(int argc, char** argv) {
         if (ok) return gemm_sweep(argv[2], algos);
     }
     if (argc > 1) {
-        fprintf(stderr, "usage: %s [-x | -b | -s FILE [-w] [-a N]]   (-x: the experts at DBRX-132B's shapes against a dense GEMM; -b: dbrx-1b's "
-                "expert GEMMs on 1, 2, 4 streams and batched; -s: the GEMMs listed in FILE, predict.py --gemm-shapes; -w: L2 not flushed; "
+        fprintf(stderr, "usage: %s [-x | -b | -c | -s FILE [-w] [-a N]]   (-x: the experts at DBRX-132B's shapes against a dense GEMM; -b: dbrx-1b's "
+                "expert GEMMs on 1, 2, 4 streams and batched; -c: GEMMs beside C CTAs held; -s: the GEMMs listed in FILE, predict.py --gemm-shapes; -w: L2 not flushed; "
                 "-a: each with the heuristic's first N algorithms)\n",
                 argv[0]);
         return 2;

@@ -39,7 +39,7 @@ for l in "${runs[@]}"; do
     tag=${l:-all}
     echo "make predict: emulating 2 steps of $MODEL${l:+ with $l layer(s)}, batch $BATCH x $SEQ, $NP rank(s), shapes only" >&2
     # shellcheck disable=SC2086
-    SIMT_SHAPES_ONLY=1 SIMT_WORKLOG="$tmp/wl_$tag.jsonl" SIMT_DEVICES=$((NP > 8 ? NP : 8)) SIMT_DEVICE_MEMORY=$((1 << 50)) \
+    SIMT_SHAPES_ONLY=1 SIMT_GPUS_PER_NODE=8 SIMT_WORKLOG="$tmp/wl_$tag.jsonl" SIMT_DEVICES=$((NP > 8 ? NP : 8)) SIMT_DEVICE_MEMORY=$((1 << 50)) \
         OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive bash dev/mpirun.sh -np "$NP" "$EMU" --device cuda --model "$MODEL" \
         ${l:+--n-layers $l} --batch "$BATCH" --seq "$SEQ" --steps 2 --val-every 0 --comm-timeout 1e6 --profile "$tmp/prof_$tag.json" --profile-steps 2:2 $FLAGS > "$tmp/run_$tag.txt" 2>&1 \
         || finished_improperly "$tmp/run_$tag.txt" \

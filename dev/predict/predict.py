@@ -31,7 +31,9 @@ minimum time, L2 reuse, wave quantisation, SM sharing between streams, host work
 (Python-free C++ loop: the data loader, MPI all-reduces of the metrics on the host).
 """
 import argparse
+import bisect
 import json
+import multiprocessing
 import os
 import re
 import sys
@@ -89,6 +91,28 @@ KERNEL_MIN_US = 2.5        # the shortest kernel on the device, launch to comple
 GEMM_MIN_US = 5.0          # the shortest cuBLASLt GEMM (assumption)
 HOST_US = {"kernel": 4.0, "gemm": 6.0, "coll": 5.0, "record": 1.0, "wait": 1.0, "copy": 4.0}   # host time per call (assumption, "~4 us a launch")
 SYNC_US = 5.0              # host wake-up after the device reached a sync point (assumption)
+# Streams share the SMs and the links (session 57; until then a collective's SMs and link were free). NCCL runs each
+# collective as a kernel of one CTA per channel, resident for the collective's whole duration, and a Hopper GEMM's CTA
+# needs a whole SM (its registers and shared memory: cuBLASLt's sm90 kernels, like the project's wgmma kernels, leave
+# no room beside them). So while collectives are in flight the compute runs on the SMs they leave: a FLOP-bound kernel
+# or GEMM (measured ones too) takes SMS / (SMS - C) of its time, C the CTAs of the collectives in flight over its
+# interval (their sum, averaged over the interval; at most COMM_CTAS_MAX of the SMs). Bytes-bound kernels are not
+# stretched: fewer SMs still draw most of HBM's bandwidth (an assumption, the optimistic side). NCCL_CTAS: the CTAs of
+# one collective, an assumption from an H100 profile with NCCL's defaults (NVIDIA developer forum, "Compute-communication
+# overlap causes severe GEMM performance degradation because of tail effect": ncclAllGather launched 24 blocks beside a
+# 132-block GEMM; DeepSeek-V3's report gives its own all-to-all 20 of 132 SMs). Proportional is the many-wave case; a
+# GEMM of about one wave loses more (that profile: up to 2 x, its tail a wave of its own), not modelled.
+# `dev/cuda/matmul -c` times GEMMs beside a kernel holding C = 8..32 SMs on one GPU: a lease's check of the proportion.
+# Links: the collectives on one link (NVLink in a node, the network across nodes) share it (share_stretch).
+SMS = {"h100-sxm": 132, "h100-pcie": 114, "h200": 132}
+NCCL_CTAS = 24
+# What one CTA moves, where a communicator's CTAs are capped (ncclConfig_t.maxCTAs: --nccl-ctas-internode, the
+# embedding's 2): NVLink's bus bandwidth over NCCL's 24 (an assumption: the default CTAs reach the link's bandwidth, and
+# a CTA's share is even), so 3 CTAs are enough for the network's 45 GB/s a GPU
+NCCL_CTA_BW = 450e9 / NCCL_CTAS
+COMM_CTAS_MAX = 0.75       # (of the SMs: the compute keeps a quarter whatever is in flight; an assumption)
+SHARE_ITERATIONS = 12      # the fixed point: the stretched compute moves the collectives, which move the stretch; its
+SHARE_TOLERANCE = 1e-3     # iterations stop when no op's factor moves by more than this
 PCIE_BW = 25e9             # host <-> device copies of pageable memory (assumption; PCIe Gen5 x16 is 64 GB/s a direction)
 COPY_MIN_US = 2.0
 IB_BUSBW = 45e9            # per GPU across nodes: InfiniBand 8 x 400 Gb/s per node = 50 GB/s per GPU, 90% of it (assumption)
@@ -181,9 +205,8 @@ def cost(item, dev, gpus_per_node, ctx=None):
         n = item["nranks"]
         if n <= 1:
             return COLL_LATENCY_US["self"] * 1e-6, "latency", 0.0, 0
-        nodes = len({w // gpus_per_node for w in item.get("world_ranks", [])}) or 1
-        place = "intra" if nodes == 1 else "inter"
-        bw = r["nvlink_busbw"] if place == "intra" else IB_BUSBW
+        place = coll_place(item, gpus_per_node)
+        bw = coll_bandwidth(item, dev, gpus_per_node)
         moved = item["bytes"] * RING_FACTOR[item["kind"]](n)
         return moved / bw + COLL_LATENCY_US[place] * 1e-6, "comm", 0.0, item["bytes"]
     if t == "copy":
@@ -313,8 +336,103 @@ def _overlap(a, b):
             j += 1
     return tot
 
-def simulate(items, dev="h100-sxm", gpus_per_node=8):
-    """the predicted timeline: returns dict(step, ops=[(item, start, end, bound, flops, bytes)], host_busy, ...)"""
+
+def coll_ctas(it):
+    """the CTAs a collective's NCCL kernel holds while it runs: its communicator's cap (ncclConfig_t.maxCTAs, logged as
+    "ctas" by the NCCL twin: --comm-ctas, the embedding's 2), else NCCL_CTAS; 0 for a rank alone (a local copy)"""
+    if it["t"] != "coll" or it.get("nranks", 1) <= 1:
+        return 0
+    return it.get("ctas") or NCCL_CTAS
+
+
+def coll_place(it, gpus_per_node):
+    """where a collective's bytes go: "intra" (NVLink, one node), "inter" (the node's network) or "self" """
+    if it.get("nranks", 1) <= 1:
+        return "self"
+    return "intra" if len({w // gpus_per_node for w in it.get("world_ranks", [])}) <= 1 else "inter"
+
+
+def link_bandwidth(place, dev):
+    return RATES[dev]["nvlink_busbw"] if place == "intra" else IB_BUSBW
+
+
+def coll_bandwidth(it, dev, gpus_per_node):
+    """a collective's bus bandwidth alone on its link: the link's, or what its CTAs move (NCCL_CTA_BW each) if less"""
+    return min(link_bandwidth(coll_place(it, gpus_per_node), dev), coll_ctas(it) * NCCL_CTA_BW)
+
+
+class StepFunction:
+    """a piecewise-constant level over time from (t, +-delta) edges, and its mean over an interval"""
+    def __init__(self, edges):
+        self.ts, self.level, self.area = [0.0], [0.0], [0.0]
+        for t, dv in sorted(edges):
+            self.area.append(self.area[-1] + self.level[-1] * (t - self.ts[-1]))
+            self.ts.append(t)
+            self.level.append(self.level[-1] + dv)
+
+    def integral(self, t):
+        i = bisect.bisect_right(self.ts, t) - 1
+        return self.area[i] + self.level[i] * (t - self.ts[i])
+
+    def mean(self, a, b):
+        return (self.integral(b) - self.integral(a)) / (b - a)
+
+
+def share_stretch(ops, dev, gpus_per_node):
+    """each op's time factor for what it shares with the collectives in flight beside it:
+    - a FLOP-bound kernel or GEMM: the SMs their CTAs hold, SMS / (SMS - C), C averaged over its interval;
+    - a collective: its link (NVLink within a node, the network across nodes) with the others on it, processor-sharing:
+      the bandwidth all of them would draw alone (coll_bandwidth, itself included) over the link's, averaged over its
+      interval, when that is more than 1;
+    1 for copies and bytes-bound kernels"""
+    sms = SMS[dev]
+    ctas, links = [], {"intra": [], "inter": []}
+    for o in ops:
+        it = o["item"]
+        if it["t"] == "coll" and o["end"] > o["start"]:
+            if "place" not in o:
+                o["place"] = coll_place(it, gpus_per_node)
+            c, place = coll_ctas(it), o["place"]
+            if c:
+                ctas += [(o["start"], c), (o["end"], -c)]
+            if place in links:
+                b = coll_bandwidth(it, dev, gpus_per_node)
+                links[place] += [(o["start"], b), (o["end"], -b)]
+    held = StepFunction(ctas)
+    demand = {k: StepFunction(v) for k, v in links.items()}
+    out = []
+    for o in ops:
+        f, it = 1.0, o["item"]
+        if o["end"] > o["start"]:
+            if it["t"] in ("kernel", "gemm") and o["bound"] in ("FLOPs", "measured") and ctas:
+                f = sms / (sms - min(held.mean(o["start"], o["end"]), COMM_CTAS_MAX * sms))
+            elif it["t"] == "coll" and o["place"] in links:
+                f = max(1.0, demand[o["place"]].mean(o["start"], o["end"]) / link_bandwidth(o["place"], dev))
+        out.append(f)
+    return out
+
+
+def simulate(items, dev="h100-sxm", gpus_per_node=8, share_sms=True):
+    """the predicted timeline: returns dict(step, ops=[(item, start, end, bound, flops, bytes)], host_busy, ...); share_sms:
+    the collectives slow the compute beside them and share their links (share_stretch, iterated to its fixed point)"""
+    stretch, costs, merged = None, {}, merge_groups(items)
+    for _ in range(SHARE_ITERATIONS if share_sms else 1):
+        res = timeline(merged, dev, gpus_per_node, stretch, costs)
+        new = share_stretch(res["ops"], dev, gpus_per_node) if share_sms else None
+        if new is None or not any(f > 1 for f in new) or \
+                (stretch is not None and max(abs(a - b) for a, b in zip(new, stretch)) < SHARE_TOLERANCE):
+            break
+        # the next factors halfway between: undamped, a step that the stretch lengthened moves the collectives past the
+        # compute it slowed, and the iterations swing about the fixed point
+        stretch = new if stretch is None else [(a + b) / 2 for a, b in zip(new, stretch)]
+    return analyse(res)
+
+
+def timeline(items, dev, gpus_per_node, stretch=None, costs=None):
+    """the streams' and the host's timeline of the items (merge_groups's) : every op's start and end, the ranges, the host's
+    time; stretch: each op's time factor (share_stretch; None: 1); costs: each op's cost() and label by its index, kept
+    between calls over the same items"""
+    costs = {} if costs is None else costs
     host = 0.0
     free = {}           # stream -> time its issued work completes
     events = {}         # event -> the time its last record completes
@@ -332,16 +450,20 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
     if grouped:
         die("the step runs --moe-gemm grouped's kernels (%s), which have no cost formula yet (dev/predict/kernel_cost.py): "
             "no prediction; time them with make bench-gpu (dev/cuda/moe_grouped)" % ", ".join(grouped))
-    for it in merge_groups(items):
+    for it in items:
         t = it["t"]
         if t in ("kernel", "gemm", "coll", "copy"):
             host += HOST_US["copy" if t == "copy" else t] * 1e-6
-            d, bound, flops, nbytes = cost(it, dev, gpus_per_node, ctx)
+            if len(ops) not in costs:
+                costs[len(ops)] = cost(it, dev, gpus_per_node, ctx) + (label(it),)
+            d, bound, flops, nbytes, name = costs[len(ops)]
+            if stretch is not None:
+                d *= stretch[len(ops)]
             s = it.get("stream", 0)
             start = max(host, free.get(s, 0.0))
             end = start + d
             free[s] = end
-            ops.append({"item": it, "label": label(it), "stream": s, "start": start, "end": end, "bound": bound,
+            ops.append({"item": it, "label": name, "stream": s, "start": start, "end": end, "bound": bound,
                         "flops": flops, "bytes": nbytes, "pred": spred.get(s) if start > host else host_pred})
             spred[s] = len(ops) - 1
             if t == "copy" and it.get("blocking"):
@@ -378,31 +500,30 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
             pass
         else:
             die("unknown work-log line type %r" % t)
-    step = max([host] + list(free.values()))
-    comp = sorted((o["start"], o["end"]) for o in ops if o["item"]["t"] in ("kernel", "gemm"))
+    return {"step": max([host] + list(free.values())), "ops": ops, "ranges": ranges, "device": dev, "host_issue_end": host,
+            "host_sync_wait": host_sync_wait, "host_pred": host_pred}
+
+
+def analyse(res):
+    """the timeline's exposed communication, idle time and critical path"""
+    step, ops, host, host_pred = res["step"], res["ops"], res["host_issue_end"], res["host_pred"]
+    comp = _union(sorted((o["start"], o["end"]) for o in ops if o["item"]["t"] in ("kernel", "gemm")))
+    cs, upto = [s for s, _ in comp], [0.0]   # the compute's union: starts, and its length before each interval
+
+    for s, e in comp:
+        upto.append(upto[-1] + e - s)
+
+    def covered(t):   # the compute's time before t
+        i = bisect.bisect_right(cs, t) - 1
+        return 0.0 if i < 0 else upto[i] + min(t, comp[i][1]) - comp[i][0]
     for o in ops:   # exposed communication: collective time no kernel or GEMM overlaps
-        if o["item"]["t"] != "coll":
-            continue
-        covered, a, b = 0.0, o["start"], o["end"]
-        cur_s, cur_e = None, None
-        for s, e in comp:      # union of compute intervals clipped to [a, b]
-            if e <= a or s >= b:
-                continue
-            s, e = max(s, a), min(e, b)
-            if cur_e is None or s > cur_e:
-                if cur_e is not None:
-                    covered += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        if cur_e is not None:
-            covered += cur_e - cur_s
-        o["exposed"] = (b - a) - covered
+        if o["item"]["t"] == "coll":
+            o["exposed"] = (o["end"] - o["start"]) - (covered(o["end"]) - covered(o["start"]))
     # the step's exposed communication: the time some collective runs and no kernel or GEMM does (the union of the
     # collectives' intervals less the compute's). Not the sum of the per-collective figures above: two collectives in
     # the same gap (a gather beside a reduce-scatter, both beside an exchange the experts wait for) would count it twice.
     coll = _union(sorted((o["start"], o["end"]) for o in ops if o["item"]["t"] == "coll"))
-    exposed_comm = sum(e - s for s, e in coll) - _overlap(coll, _union(comp))
+    exposed_comm = sum(e - s for s, e in coll) - _overlap(coll, comp)
     busy = []   # the time any stream is busy (union), and the GPU idle time it leaves
     for s, e in sorted((o["start"], o["end"]) for o in ops):
         if busy and s <= busy[-1][1]:
@@ -420,8 +541,8 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8):
     for j in path:
         crit[ops[j]["label"]] = crit.get(ops[j]["label"], 0.0) + ops[j]["end"] - ops[j]["start"]
     return {"critical": sorted(crit.items(), key=lambda kv: -kv[1]), "critical_device": sum(crit.values()),
-            "step": step, "ops": ops, "ranges": ranges, "device": dev, "host_issue_end": host, "host_sync_wait": host_sync_wait,
-            "gpu_idle": step - gpu_busy, "exposed_comm": exposed_comm,
+            "step": step, "ops": ops, "ranges": res["ranges"], "device": res["device"], "host_issue_end": host,
+            "host_sync_wait": res["host_sync_wait"], "gpu_idle": step - gpu_busy, "exposed_comm": exposed_comm,
             "gemm_flops": sum(o["flops"] for o in ops if o["item"]["t"] == "gemm")}
 
 
@@ -476,6 +597,11 @@ def report(res, rows, args, out=sys.stdout):
     if res.get("ranks_logged", 1) > 1:
         print("ranks: %d logs; the slowest, rank %d, sets the step (the fastest rank's alone: %.3f ms): the collectives wait for it"
               % (res["ranks_logged"], res["rank"], res["fastest"] * 1e3), file=out)
+    if getattr(args, "streams_independent", False):
+        print("streams: independent (--streams-independent: the collectives' SMs and links cost the rest nothing)", file=out)
+    else:
+        print("streams: the collectives hold their CTAs' SMs (%d each unless their communicator is capped) and share their links"
+              % NCCL_CTAS, file=out)
     print("GEMM FLOPs %.4g = %.1f%% of this GPU's BF16 peak over the step" % (res["gemm_flops"], 100 * res["gemm_flops"] / (step * peak)), file=out)
     print("exposed communication %.3f ms (%.1f%% of the step); GPU idle %.3f ms; host blocked in syncs %.3f ms" %
           (res["exposed_comm"] * 1e3, 100 * res["exposed_comm"] / step if step else 0, res["gpu_idle"] * 1e3, res["host_sync_wait"] * 1e3), file=out)
@@ -545,6 +671,12 @@ def trace(res, path):
                                                     "note": "predicted by dev/predict/predict.py, not measured"}}, f)
 
 
+def predict_rank(job):
+    """one rank's log (path, step, device, gpus per node, share_sms) simulated"""
+    path, step, dev, gpus_per_node, share = job
+    return simulate(one_step(read_log(path), step), dev, gpus_per_node, share)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="predict a GPU training step from the emulator's work log (SIMT_WORKLOG)")
     ap.error = die   # one line, exit 2
@@ -562,6 +694,8 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON object instead")
     ap.add_argument("--gemm-shapes", default=None, metavar="OUT",
                     help="write the step's distinct GEMMs (per-step counts) for dev/cuda/matmul -s, and predict as usual")
+    ap.add_argument("--streams-independent", action="store_true",
+                    help="the model before session 57: a collective's SMs and link cost the rest nothing (share_stretch off)")
     ap.add_argument("--measured-gemms", default=None, metavar="FILE",
                     help="the measured GEMM table (default: gemm_measured_<device>.json here, when it exists)")
     args = ap.parse_args(argv)
@@ -572,7 +706,12 @@ def main(argv=None):
         write_gemm_shapes(args.gemm_shapes, [one_step(read_log(f), args.step) for p in args.logs for f in rank_logs(p)])
     res = []
     for p in args.logs:   # each run: every rank's log, the slowest rank's prediction (the collectives wait for it)
-        per_rank = [simulate(one_step(read_log(f), args.step), args.device, args.gpus_per_node) for f in rank_logs(p)]
+        jobs = [(f, args.step, args.device, args.gpus_per_node, not args.streams_independent) for f in rank_logs(p)]
+        if len(jobs) > 2 and (os.cpu_count() or 1) > 1:   # (hundreds of ranks: a second each)
+            with multiprocessing.Pool(min(os.cpu_count(), 16)) as pool:
+                per_rank = pool.map(predict_rank, jobs)
+        else:
+            per_rank = [predict_rank(j) for j in jobs]
         slow = max(range(len(per_rank)), key=lambda r: per_rank[r]["step"])
         res.append(dict(per_rank[slow], rank=slow, ranks_logged=len(per_rank), fastest=min(r["step"] for r in per_rank)))
     if len(res) == 2:

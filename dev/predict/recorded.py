@@ -77,6 +77,11 @@ CONFIGS = [
     ("DBRX-132B, 64 H100 (8 nodes): the same, --grad-reduce-dtype bf16 (the --fit pick with both)", "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute swiglu --adam-moments bf16 "
      "--grad-reduce-dtype bf16", "", False),
+    # (session 57: the collectives hold their CTAs' SMs and share their links, dev/predict/README.md; the communicators
+    # across nodes on 3 CTAs, the fewest that keep the network's 45 GB/s by the model)
+    ("DBRX-132B, 64 H100 (8 nodes): the same, --grad-reduce-dtype bf16, --nccl-ctas-internode 3", "dbrx-132b", 1, 4096, 64,
+     "h100-sxm", "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute swiglu "
+     "--adam-moments bf16 --grad-reduce-dtype bf16 --nccl-ctas-internode 3", "", False),
     # FP8 block at full scale (its --fit pick with BF16 moments: the BF16 pick's layout at capacity 1): the experts
     # stay whole and the exchange unchunked under --fp8 (parallel/expert_parallel_cuda.cuh), so the exchange that the
     # BF16 pick hides behind the weight chunks is exposed here
@@ -84,6 +89,14 @@ CONFIGS = [
      "--recompute swiglu", "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute swiglu "
      "--adam-moments bf16 --fp8 block", "", False),
+    ("DBRX-132B, 64 H100 (8 nodes): the FP8 pick, --nccl-ctas-internode 3", "dbrx-132b", 1, 4096, 64, "h100-sxm",
+     "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute swiglu "
+     "--adam-moments bf16 --fp8 block --nccl-ctas-internode 3", "", False),
+    # (with the links shared the network is what the step waits for: halving the gathers' bytes (--fp8-gather: E4M3 codes)
+    # and the reduce-scatters' (BF16) pays, where with the links unshared both were hidden already)
+    ("DBRX-132B, 64 H100 (8 nodes): the FP8 pick, --nccl-ctas-internode 3, --fp8-gather, --grad-reduce-dtype bf16", "dbrx-132b", 1,
+     4096, 64, "h100-sxm", "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1 --ep-layout spread --recompute swiglu "
+     "--adam-moments bf16 --fp8 block --nccl-ctas-internode 3 --fp8-gather --grad-reduce-dtype bf16", "", False),
     # (session 54: --fit keeps the experts' shard group in a node, train_fit.h rule 0b, so at 256 GPUs HSDP: 4 replicas
     # of the 64-GPU layout, the replicas' gradient sums beside the backward; until then ZeRO-3 over 256, EP 8 packed,
     # --ep-capacity-factor 1.25 --compress-acts swiglu, 2768.2 ms)

@@ -4,16 +4,16 @@
  * path runs under the SIMT emulator (g++ -DSIMT_EMULATION) and mpirun in CI.
  *   types      ncclResult_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId, ncclComm_t (NCCL's values)
  *   set-up     ncclGetUniqueId, ncclCommInitRank, ncclCommInitRankConfig (ncclConfig_t, NCCL_CONFIG_INITIALIZER:
- *              the blocking flag), ncclCommFinalize, ncclCommDestroy, ncclCommAbort, ncclCommGetAsyncError,
+ *              the blocking flag; minCTAs and maxCTAs checked, maxCTAs in the work log), ncclCommFinalize, ncclCommDestroy, ncclCommAbort, ncclCommGetAsyncError,
  *              ncclGetErrorString, ncclGetLastError, ncclCommCount, ncclCommUserRank, ncclCommCuDevice
  *   collectives ncclAllGather, ncclReduceScatter, ncclAllReduce, ncclBroadcast (ncclBcast), ncclSend,
  *              ncclRecv, ncclGroupStart, ncclGroupEnd
- *   work log   every operation's line when it is issued (SIMT_WORKLOG: kind, communicator, bytes, stream;
- *              test/simt/counters.h)
+ *   work log   every operation's line when it is issued (SIMT_WORKLOG: kind, communicator, bytes, stream, and
+ *              "ctas" where the communicator's CTAs were capped; test/simt/counters.h)
  *   twin only  nccl_twin_bootstrap, nccl_twin_set_name / nccl_twin_get_name, nccl_twin_bytes_sent,
  *              nccl_twin_set_watchdog, nccl_twin_waiting_comm, g_nccl_twin_quiet
  *   not here   ncclReduce, ncclCommSplit, FP8 data types, user reduction operators (ncclRedOpCreate*),
- *              the ncclConfig_t fields other than blocking: comm.h uses none of them
+ *              the ncclConfig_t fields other than blocking, minCTAs and maxCTAs: comm.h uses none of them
  * Non-blocking communicators and abort, the model (NCCL user guide, "Non-blocking communicators" and
  * "Fault tolerance"; NCCL 2.14+):
  *   - ncclCommInitRankConfig with config->blocking = 0 makes a non-blocking communicator. On it, init,
@@ -105,8 +105,9 @@ typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4,
 #define NCCL_UNIQUE_ID_BYTES 128
 typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
 
-// ncclConfig_t: NCCL's first fields, in NCCL's order; the twin reads `blocking` only
+// ncclConfig_t: NCCL's first fields, in NCCL's order; the twin reads `blocking`, `minCTAs` and `maxCTAs`
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
+#define NCCL_TWIN_MAX_CTAS 64   // the most CTAs a communicator's kernels may use: NCCL's MAXCHANNELS (older releases: 32)
 typedef struct {
     size_t size;
     unsigned int magic;
@@ -126,6 +127,7 @@ struct ncclComm {
     char name[64];                 // the caller's name for the group (nccl_twin_set_name)
     std::vector<char> scratch;     // the rings' receive buffers
     int blocking;                  // 0: a non-blocking communicator (ncclCommInitRankConfig)
+    int max_ctas;                  // ncclConfig_t.maxCTAs (0: unset, NCCL's own choice): the work log's "ctas"
     std::atomic<int> pending;      // > 0: the state is ncclInProgress; polls of ncclCommGetAsyncError to the final one
     int finalized;                 // ncclCommFinalize was called
     std::atomic<int> busy;         // operations in progress (on the thread `owner`)
@@ -753,7 +755,8 @@ static inline void nccl_twin_worklog(const NcclTwinOp& o) {
     simt::worklog_line(simt::worklog_fmt("\"t\":\"coll\",\"kind\":\"%s\",\"comm\":\"%s\",\"nranks\":%d,\"count\":%zu,\"elem_bytes\":%zu,"
                                          "\"bytes\":%zu,\"rank\":%d,\"peer\":%d,\"group\":%d,\"stream\":%d,\"world_ranks\":[", kinds[o.kind],
                                          o.comm->name, o.comm->nranks, o.count, es, bytes, o.comm->rank, o.peer, g_nccl_twin_group_depth > 0 ? g_nccl_twin_groups : 0,
-                                         simt::worklog_stream(o.stream)) + wr + "]");
+                                         simt::worklog_stream(o.stream)) + wr + "]" +
+                        (o.comm->max_ctas > 0 ? ",\"ctas\":" + std::to_string(o.comm->max_ctas) : std::string()));
 }
 
 // issues one operation: queued inside a group, else run on its stream
@@ -830,6 +833,12 @@ static inline ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, 
         NCCL_TWIN_FAIL(ncclInvalidArgument, NULL, "ncclCommInitRankConfig: config was not made by NCCL_CONFIG_INITIALIZER");
     if (config && config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 && config->blocking != 1)
         NCCL_TWIN_FAIL(ncclInvalidArgument, NULL, "ncclCommInitRankConfig: blocking %d (0 or 1)", config->blocking);
+    // the CTA bounds: each unset or in [1, NCCL_TWIN_MAX_CTAS] (MAXCHANNELS), min <= max (NCCL refuses the rest)
+    for (int v : {config ? config->minCTAs : NCCL_CONFIG_UNDEF_INT, config ? config->maxCTAs : NCCL_CONFIG_UNDEF_INT})
+        if (v != NCCL_CONFIG_UNDEF_INT && (v < 1 || v > NCCL_TWIN_MAX_CTAS))
+            NCCL_TWIN_FAIL(ncclInvalidArgument, NULL, "ncclCommInitRankConfig: minCTAs/maxCTAs %d (1..%d)", v, NCCL_TWIN_MAX_CTAS);
+    if (config && config->minCTAs != NCCL_CONFIG_UNDEF_INT && config->maxCTAs != NCCL_CONFIG_UNDEF_INT && config->minCTAs > config->maxCTAs)
+        NCCL_TWIN_FAIL(ncclInvalidArgument, NULL, "ncclCommInitRankConfig: minCTAs %d > maxCTAs %d", config->minCTAs, config->maxCTAs);
     *comm = NULL;
     if (g_nccl_twin_bootstrap == MPI_COMM_NULL)
         NCCL_TWIN_FAIL(ncclInvalidUsage, NULL, "ncclCommInitRank without nccl_twin_bootstrap: the twin connects the ranks over "
@@ -844,6 +853,7 @@ static inline ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, 
     c->aborted = 0;
     c->abort_waits = 0;
     c->blocking = !(config && config->blocking == 0);
+    c->max_ctas = config && config->maxCTAs != NCCL_CONFIG_UNDEF_INT ? config->maxCTAs : 0;
     c->pending = 0;
     c->finalized = 0;
     NCCL_TWIN_MPI(c, MPI_Comm_dup(boot, &c->mpi));
