@@ -20,8 +20,9 @@
 #      last line says what an autotuner timing them at the first step would save over the step's GEMMs. The list holds
 #      the DBRX-132B slice's GEMMs as well (8 GPUs, EP 8: BF16 and FP8 block), never timed: the model's rate table
 #      prices them today, FP8 block at 1.45 x BF16 (predict.py's FP8_BLOCK_GEMM_VS_BF16: session 45's forward only)
-#   1c. GEMMs beside a kernel holding C = 8..32 SMs (dev/cuda/matmul -c): the step-time model's price of a collective's
-#      NCCL CTAs beside the compute, SMs / (SMs - C) x (session 57, dev/predict/README.md); never measured
+#   1c. GEMMs and a bytes-bound kernel beside a kernel holding C = 8..32 SMs (dev/cuda/matmul -c): the step-time model's
+#      price of a collective's NCCL CTAs beside the compute, SMs / (SMs - C) x for the GEMMs, 1 x for the bytes-bound
+#      kernel (session 57, dev/predict/README.md); never measured
 #   2. the step kernel by kernel (calibrate.py --kernels against make predict's trace of the same commit and device);
 #      experts_zero_empty_kernel now with 16-byte stores (0.83 ms a step on session 45's H100 with the collapsed routing)
 #   3. end to end: the default (bit-identical losses to session 46's: 2.6692058229236864 at step 30), --grad-accum 4,

@@ -28,7 +28,8 @@
  * (dev/predict/README.md, "Streams share the SMs and the links"): GEMMs timed alone, then beside a kernel of C CTAs on
  * another stream, each CTA 512 threads and 64 KiB of shared memory (no cuBLASLt Hopper CTA fits beside it, as beside a
  * NCCL CTA) spinning for longer than the GEMMs run, C = 8, 16, 24, 32; the model says SMs / (SMs - C) x the time alone.
- * Under the emulator: the GEMMs beside the hold give the bits they give alone.
+ * Also a bytes-bound kernel (out = 2 in over 1 GiB of floats), which the model keeps at its time beside the hold.
+ * Under the emulator: the GEMMs and the kernel beside the hold give the bits they give alone.
  */
 #include "common.h"
 #include "../../model/matmul.cuh"
@@ -202,10 +203,19 @@ __global__ void sm_hold_kernel(float* sink, long long spins) {
     if (threadIdx.x == 0) sink[blockIdx.x] = held[SM_HOLD_THREADS - 1];
 }
 
+// ... and a bytes-bound kernel beside them: out = 2 in, 16 bytes an access (the model keeps such a kernel's time)
+__global__ void sm_hold_stream_kernel(float4* out, const float4* in, size_t n4) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = in[i];
+        out[i] = make_float4(2.0f * v.x, 2.0f * v.y, 2.0f * v.z, 2.0f * v.w);
+    }
+}
+
 static int sm_hold() {
-    struct Shape { const char* name; int m, n, k; };
-    const Shape shapes[2] = {{"cube", EMULATED ? 64 : 8192, EMULATED ? 64 : 8192, EMULATED ? 64 : 8192},
-                             {"DBRX-132B expert up", EMULATED ? 32 : 2048, EMULATED ? 96 : 10752, EMULATED ? 64 : 6144}};
+    struct Shape { const char* name; int m, n, k; };   // (m 0: the bytes-bound kernel over n x k floats)
+    const Shape shapes[3] = {{"cube", EMULATED ? 64 : 8192, EMULATED ? 64 : 8192, EMULATED ? 64 : 8192},
+                             {"DBRX-132B expert up", EMULATED ? 32 : 2048, EMULATED ? 96 : 10752, EMULATED ? 64 : 6144},
+                             {"bytes-bound out = 2 in, float rows", 0, EMULATED ? 64 : 16384, EMULATED ? 64 : 16384}};
     int sms = 0;
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     char shape[64];
@@ -220,9 +230,19 @@ static int sm_hold() {
     cudaCheck(cudaEventCreate(&b));
     const int reps = EMULATED ? 1 : 10;
     for (const Shape& sh : shapes) {
-        floatX *x = to_device_bf16v(round_bf16(make_random((size_t)sh.m * sh.k, 1))), *w = to_device_bf16v(round_bf16(make_random((size_t)sh.n * sh.k, 2, 0.02)));
-        floatX* y = deviceAlloc(floatX, (size_t)sh.m * sh.n);
-        auto gemms = [&] { for (int r = 0; r < reps; r++) gemm_gpu(false, true, sh.m, sh.n, sh.k, 1.0f, x, sh.k, w, sh.k, 0.0f, y, sh.n, 0); };
+        const bool bytes = sh.m == 0;
+        const size_t ny = bytes ? (size_t)sh.n * sh.k : (size_t)sh.m * sh.n;   // (the output's elements)
+        floatX *x = bytes ? nullptr : to_device_bf16v(round_bf16(make_random((size_t)sh.m * sh.k, 1)));
+        floatX *w = bytes ? nullptr : to_device_bf16v(round_bf16(make_random((size_t)sh.n * sh.k, 2, 0.02)));
+        floatX* y = bytes ? nullptr : deviceAlloc(floatX, ny);
+        float *fin = bytes ? to_device(make_random(ny, 3)) : nullptr, *fout = bytes ? deviceAlloc(float, ny) : nullptr;
+        auto gemms = [&] {
+            for (int r = 0; r < reps; r++) {
+                if (bytes) LAUNCH(sm_hold_stream_kernel, 4 * sms, 256, 0, (cudaStream_t)0, (float4*)fout, (const float4*)fin, ny / 4);
+                else gemm_gpu(false, true, sh.m, sh.n, sh.k, 1.0f, x, sh.k, w, sh.k, 0.0f, y, sh.n, 0);
+            }
+        };
+        auto result = [&] { return bytes ? from_device_f32(fout, ny) : from_device_bf16v(y, ny); };
         auto timed = [&](const std::function<void()>& before) {   // the GEMMs' time on stream 0 (events around them only)
             before();
             cudaCheck(cudaEventRecord(a, 0));
@@ -235,7 +255,7 @@ static int sm_hold() {
         };
         gemms();   // warm-up
         cudaCheck(cudaDeviceSynchronize());
-        std::vector<float> alone_bits = from_device_bf16v(y, (size_t)sh.m * sh.n);
+        std::vector<float> alone_bits = result();
         float alone = timed([] {});
         // spins: the hold alone lasts at least 3 x the GEMMs (timed once with 2^20 spins, then scaled)
         long long spins = EMULATED ? 64 : 1 << 20;
@@ -250,18 +270,19 @@ static int sm_hold() {
             spins = (long long)((double)spins * 3.0 * alone * reps / std::max(hold, 1e-3f)) + 1;
         }
         char what[160], name[80];
-        snprintf(name, sizeof name, "%s %d x %d x %d", sh.name, sh.m, sh.n, sh.k);
-        printf("  %s: alone %.4f ms a GEMM\n", name, alone);
+        if (bytes) snprintf(name, sizeof name, "%s %d x %d", sh.name, sh.n, sh.k);
+        else snprintf(name, sizeof name, "%s %d x %d x %d", sh.name, sh.m, sh.n, sh.k);
+        printf("  %s: alone %.4f ms a call\n", name, alone);
         for (int c : {8, 16, 24, 32}) {
             float beside = timed([&] { LAUNCH(sm_hold_kernel, c, SM_HOLD_THREADS, SM_HOLD_SMEM, side, sink, spins); });
             cudaCheck(cudaDeviceSynchronize());
             snprintf(what, sizeof what, "%s beside %d CTAs held: the bits alone", name, c);
-            validate(what, from_device_bf16v(y, (size_t)sh.m * sh.n), alone_bits, 0.0, 0.0);
+            validate(what, result(), alone_bits, 0.0, 0.0);
             if (!EMULATED)
-                printf("  %-44s %9.4f ms  %.3f x alone; the model: %d / %d = %.3f x\n", what, beside, beside / alone, sms, sms - c,
-                       (double)sms / (sms - c));
+                printf("  %-44s %9.4f ms  %.3f x alone; the model: %.3f x\n", what, beside, beside / alone,
+                       bytes ? 1.0 : (double)sms / (sms - c));
         }
-        for (void* p : {(void*)x, (void*)w, (void*)y}) cudaCheck(cudaFree(p));
+        for (void* p : {(void*)x, (void*)w, (void*)y, (void*)fin, (void*)fout}) if (p) cudaCheck(cudaFree(p));
     }
     cudaCheck(cudaEventDestroy(a));
     cudaCheck(cudaEventDestroy(b));

@@ -339,7 +339,7 @@ def _overlap(a, b):
 
 def coll_ctas(it):
     """the CTAs a collective's NCCL kernel holds while it runs: its communicator's cap (ncclConfig_t.maxCTAs, logged as
-    "ctas" by the NCCL twin: --comm-ctas, the embedding's 2), else NCCL_CTAS; 0 for a rank alone (a local copy)"""
+    "ctas" by the NCCL twin: --nccl-ctas-internode, the embedding's 2), else NCCL_CTAS; 0 for a rank alone (a local copy)"""
     if it["t"] != "coll" or it.get("nranks", 1) <= 1:
         return 0
     return it.get("ctas") or NCCL_CTAS
@@ -390,9 +390,8 @@ def share_stretch(ops, dev, gpus_per_node):
     for o in ops:
         it = o["item"]
         if it["t"] == "coll" and o["end"] > o["start"]:
-            if "place" not in o:
-                o["place"] = coll_place(it, gpus_per_node)
-            c, place = coll_ctas(it), o["place"]
+            o["place"] = place = coll_place(it, gpus_per_node)
+            c = coll_ctas(it)
             if c:
                 ctas += [(o["start"], c), (o["end"], -c)]
             if place in links:
@@ -429,7 +428,7 @@ def simulate(items, dev="h100-sxm", gpus_per_node=8, share_sms=True):
 
 
 def timeline(items, dev, gpus_per_node, stretch=None, costs=None):
-    """the streams' and the host's timeline of the items (merge_groups's) : every op's start and end, the ranges, the host's
+    """the streams' and the host's timeline of the items (merge_groups's): every op's start and end, the ranges, the host's
     time; stretch: each op's time factor (share_stretch; None: 1); costs: each op's cost() and label by its index, kept
     between calls over the same items"""
     costs = {} if costs is None else costs
@@ -509,7 +508,6 @@ def analyse(res):
     step, ops, host, host_pred = res["step"], res["ops"], res["host_issue_end"], res["host_pred"]
     comp = _union(sorted((o["start"], o["end"]) for o in ops if o["item"]["t"] in ("kernel", "gemm")))
     cs, upto = [s for s, _ in comp], [0.0]   # the compute's union: starts, and its length before each interval
-
     for s, e in comp:
         upto.append(upto[-1] + e - s)
 

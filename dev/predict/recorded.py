@@ -103,6 +103,10 @@ CONFIGS = [
     ("DBRX-132B, 256 H100 (32 nodes): the --fit pick, HSDP: shard groups of 64 (EP 8 spread) x 4 replicas, "
      "--ep-capacity-factor 1.25, --recompute moe", "dbrx-132b", 1, 4096, 256, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute moe", "", False),
+    # (session 57: the same with the communicators across nodes on 3 CTAs, and BF16 reduce-scatters, which fit beside it)
+    ("DBRX-132B, 256 H100 (32 nodes): the same, --nccl-ctas-internode 3, --grad-reduce-dtype bf16", "dbrx-132b", 1, 4096, 256,
+     "h100-sxm", "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute moe "
+     "--nccl-ctas-internode 3 --grad-reduce-dtype bf16", "", False),
 ]
 
 
