@@ -159,6 +159,12 @@ def shared_sms_and_links():
     coll = [o for o in r["ops"] if o["item"]["t"] == "coll"][0]
     check(close(gemm["end"] - gemm["start"], dg * sms / (sms - 4), 1e-9) and close(coll["end"] - coll["start"], drs),
           "capped at 4 CTAs: the GEMM x 132 / 128, the collective still at the network's 45 GB/s (4 x 18.75 GB/s)")
+    P.set_nccl_ctas(12)   # (predict.py --nccl-ctas 12: what if NCCL's default were 12)
+    r = step([rs, g, SYNC])
+    P.set_nccl_ctas(24)
+    gemm = [o for o in r["ops"] if o["item"]["t"] == "gemm"][0]
+    check(close(gemm["end"] - gemm["start"], dg * sms / (sms - 12), 1e-9), "--nccl-ctas 12: the GEMM beside the uncapped "
+          "collective x 132 / 120")
     r = step([dict(rs, ctas=2), SYNC])
     check(close(r["ops"][0]["end"] - r["ops"][0]["start"], (8 << 30) * 7 / 8 / 37.5e9 + 25 * US),
           "capped at 2 CTAs: the collective at 2 x 18.75 = 37.5 GB/s, below the network's 45")

@@ -21,7 +21,7 @@ EMU=${EMU:-./train_dbrx_emu}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_WAIT_POLICY=passive
 
-$PY test/test_predict.py > "$tmp/model.txt" 2>&1; verdicts "$tmp/model.txt" 49
+$PY test/test_predict.py > "$tmp/model.txt" 2>&1; verdicts "$tmp/model.txt" 50
 
 if [ ! -x "$EMU" ]; then fail "$EMU is not built (make train_dbrx_emu)"; exit 0; fi
 run() {   # run NAME [env...]: 2 steps of dbrx-tiny (4 layers) on the emulated GPU with the work log and the counters
@@ -118,4 +118,5 @@ expect_exit 2 "--nccl-ctas-internode on the CPU backend" "$EMU" --device cpu --m
 expect_exit 2 "SIMT_GPUS_PER_NODE=0 (the emulated ranks per node)" env SIMT_GPUS_PER_NODE=0 "$EMU" --device cuda --model dbrx-tiny \
     --shard-group-size 1 --steps 1 --val-every 0
 expect_exit 2 "predict.py: a work log that is not JSON lines" $PY dev/predict/predict.py test/README.md
+expect_exit 2 "predict.py --nccl-ctas 0 (1..64)" $PY dev/predict/predict.py "$tmp/base.jsonl" --nccl-ctas 0
 expect_exit 2 "predict.py: an unknown device" $PY dev/predict/predict.py "$tmp/base.jsonl" --device a100

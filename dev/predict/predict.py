@@ -337,6 +337,13 @@ def _overlap(a, b):
     return tot
 
 
+def set_nccl_ctas(n):
+    """predict.py --nccl-ctas: the CTAs of a collective whose communicator is not capped (NCCL_CTAS; each CTA still
+    moves NCCL_CTA_BW)"""
+    global NCCL_CTAS
+    NCCL_CTAS = n
+
+
 def coll_ctas(it):
     """the CTAs a collective's NCCL kernel holds while it runs: its communicator's cap (ncclConfig_t.maxCTAs, logged as
     "ctas" by the NCCL twin: --nccl-ctas-internode, the embedding's 2), else NCCL_CTAS; 0 for a rank alone (a local copy)"""
@@ -692,11 +699,17 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON object instead")
     ap.add_argument("--gemm-shapes", default=None, metavar="OUT",
                     help="write the step's distinct GEMMs (per-step counts) for dev/cuda/matmul -s, and predict as usual")
+    ap.add_argument("--nccl-ctas", type=int, default=NCCL_CTAS, metavar="N",
+                    help="what if NCCL's default were N CTAs a collective (default %d, an assumption; capped communicators "
+                    "keep their cap)" % NCCL_CTAS)
     ap.add_argument("--streams-independent", action="store_true",
                     help="the model before session 57: a collective's SMs and link cost the rest nothing (share_stretch off)")
     ap.add_argument("--measured-gemms", default=None, metavar="FILE",
                     help="the measured GEMM table (default: gemm_measured_<device>.json here, when it exists)")
     args = ap.parse_args(argv)
+    if not 1 <= args.nccl_ctas <= 64:
+        ap.error("--nccl-ctas %d: want 1..64" % args.nccl_ctas)
+    set_nccl_ctas(args.nccl_ctas)
     load_measured_gemms(args.device, args.measured_gemms)
     if len(args.logs) > 2 or (len(args.logs) == 2) != (args.layers is not None and args.target_layers is not None):
         ap.error("one log, or two logs with --layers L1,L2 and --target-layers L")
