@@ -220,8 +220,10 @@ test/test_race_tma: test/test_tma.cpp $(SIMT_HEADERS) $(DOCTEST_LIB) | check-dep
 # dev/cuda's programs compiled as one unit (dev/cuda/programs.cpp: the emulator's and the model's headers once,
 # ~70 CPU-seconds instead of ~300 apart), each program's binary a link to it, which runs that program; the race
 # detector's build: the kernels of attention (backward v4), attention_wgmma (two warpgroups, cp.async double
-# buffering), attention_wgmma_bwd (a semaphore per query tile) and wgmma_gemm (cp.async stages, wgmma, barriers)
-DEV_CUDA_RACE := dev/cuda/attention_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/wgmma_gemm_race
+# buffering), attention_wgmma_bwd (a semaphore per query tile), wgmma_gemm (cp.async stages, wgmma, barriers) and
+# layernorm (the backward v4's partials through shared memory)
+DEV_CUDA_RACE := dev/cuda/attention_race dev/cuda/attention_wgmma_race dev/cuda/attention_wgmma_bwd_race dev/cuda/wgmma_gemm_race \
+                 dev/cuda/layernorm_race
 dev/cuda/programs_emu: dev/cuda/programs.cpp $(DEV_CUDA_SRC) dev/cuda/common.h $(SIMT_HEADERS) | check-deps
 	$(CXX) $(SIMT_FLAGS) -x c++ -o $@ dev/cuda/programs.cpp -lopenblas -lm
 $(DEV_CUDA_EMU): dev/cuda/programs_emu

@@ -43,41 +43,43 @@ __device__ __forceinline__ void wgmma_load_rows(char* dst, const floatX* src, si
         else cp_async_16_zfill(d, src, 0);
     }
 }
-template <int HD>
+template <int HD, int THREADS = WGA_THREADS>
 __device__ __forceinline__ void wga_load_tile(char* dst, const floatX* src, size_t ld, int row0, int rows, int T) {
-    wgmma_load_rows<HD, WGA_THREADS>(dst, src, ld, row0, rows, T);
+    wgmma_load_rows<HD, THREADS>(dst, src, ld, row0, rows, T);
 }
 
-// S (64 x 64, the warpgroup's D fragment) = Q K^T, issued (not committed): k-step ks reads head dims
-// 16 ks ..: panel ks / 4, + 32 bytes per step within it. Qw: the warpgroup's first Q row in panel 0
-template <int HD> __device__ __forceinline__ void wga_issue_s(float (&s)[WGA_BC / 2], const char* Qw, const char* Kt) {
+// S (64 x BC, the warpgroup's D fragment; BC = 2 NS keys) = Q K^T, issued (not committed): k-step ks reads head dims
+// 16 ks ..: panel ks / 4, + 32 bytes per step within it. Qw: the warpgroup's first Q row in panel 0 of a Q tile of BR rows
+template <int HD, int BR = WGA_BR, int NS> __device__ __forceinline__ void wga_issue_s(float (&s)[NS], const char* Qw, const char* Kt) {
+    constexpr int BC = 2 * NS;
     wgmma_fence();
     for (int ks = 0; ks < HD / 16; ks++) {
-        uint64_t da = wgmma_desc(Qw + (ks / 4) * WGA_BR * 128 + 32 * (ks % 4), 16, 1024, WGMMA_SWIZZLE_128B);
-        uint64_t db = wgmma_desc(Kt + (ks / 4) * WGA_BC * 128 + 32 * (ks % 4), 16, 1024, WGMMA_SWIZZLE_128B);
-        wgmma_bf16_ss<WGA_BC, 0, 0>(s, da, db, ks > 0);
+        uint64_t da = wgmma_desc(Qw + (ks / 4) * BR * 128 + 32 * (ks % 4), 16, 1024, WGMMA_SWIZZLE_128B);
+        uint64_t db = wgmma_desc(Kt + (ks / 4) * BC * 128 + 32 * (ks % 4), 16, 1024, WGMMA_SWIZZLE_128B);
+        wgmma_bf16_ss<BC, 0, 0>(s, da, db, ks > 0);
     }
 }
 
-// the causal mask and the online softmax of a completed S of the key tile at k0: s[i] = S[16 warp + g + 8 ((i / 2) % 2)]
-// [8 (i / 4) + 2 t4 + i % 2], this thread's rows qa (r 0) and qb (r 1), elements 4 c + 2 r + e. Updates m and l,
-// returns O's factors in corr, P (fp32) in s
-__device__ __forceinline__ void wga_softmax(float (&s)[WGA_BC / 2], float m[2], float l[2], float corr[2], int k0, int wrow0, int qa, int qb,
+// the causal mask and the online softmax of a completed S of the key tile at k0 (BC = 2 NS keys): s[i] = S[16 warp + g
+// + 8 ((i / 2) % 2)][8 (i / 4) + 2 t4 + i % 2], this thread's rows qa (r 0) and qb (r 1), elements 4 c + 2 r + e. Updates
+// m and l, returns O's factors in corr, P (fp32) in s
+template <int NS>
+__device__ __forceinline__ void wga_softmax(float (&s)[NS], float m[2], float l[2], float corr[2], int k0, int wrow0, int qa, int qb,
                                             float sl2) {
     const int t4 = threadIdx.x % 4;
-    if (k0 + WGA_BC - 1 > wrow0)   // a tile that reaches past the warpgroup's first row
-        for (int i = 0; i < WGA_BC / 2; i++)
+    if (k0 + 2 * NS - 1 > wrow0)   // a tile that reaches past the warpgroup's first row
+        for (int i = 0; i < NS; i++)
             if (k0 + 8 * (i / 4) + 2 * t4 + i % 2 > ((i / 2) % 2 ? qb : qa)) s[i] = -INFINITY;
     for (int r = 0; r < 2; r++) {
         float mx = -INFINITY;
-        for (int c = 0; c < WGA_BC / 8; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+        for (int c = 0; c < NS / 4; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         float m_new = fmaxf(m[r], mx * sl2);
         float m_use = m_new == -INFINITY ? 0.0f : m_new;   // nothing unmasked yet: exp2f(-inf) = 0, not NaN
         corr[r] = exp2f(m[r] - m_use);
         l[r] *= corr[r];
-        for (int c = 0; c < WGA_BC / 8; c++)
+        for (int c = 0; c < NS / 4; c++)
             for (int e = 0; e < 2; e++) {
                 // (P is rounded to bf16 as the A operand of P V; the sum, hence lse, keeps fp32)
                 float p = exp2f(s[4 * c + 2 * r + e] * sl2 - m_use);
@@ -89,21 +91,22 @@ __device__ __forceinline__ void wga_softmax(float (&s)[WGA_BC / 2], float m[2], 
 }
 // P rounded to bf16 as the A fragments of P V: pf[kk][q] = pack(s[8 kk + 2 q], s[8 kk + 2 q + 1]) (rows g, g + 8; keys
 // 16 kk + 2 t4 (+ 8))
-__device__ __forceinline__ void wga_pack_p(uint32_t (&pf)[WGA_BC / 16][4], const float (&s)[WGA_BC / 2]) {
-    for (int kk = 0; kk < WGA_BC / 16; kk++)
+template <int NK>
+__device__ __forceinline__ void wga_pack_p(uint32_t (&pf)[NK][4], const float (&s)[8 * NK]) {
+    for (int kk = 0; kk < NK; kk++)
         for (int q = 0; q < 4; q++) pf[kk][q] = pack_bf16x2(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
 }
 
-// O (completed) *= corr per row, then O += P V issued and committed: V's k-step kk starts 16 keys (2048 bytes) on;
-// MN-major, SBO 1024 between 8-key groups, LBO the panel size between 64-dim panels
-template <int HD>
-__device__ __forceinline__ void wga_issue_pv(float (&o)[HD / 2], const float corr[2], const uint32_t (&pf)[WGA_BC / 16][4], const char* Vt) {
+// O (completed) *= corr per row, then O += P V issued and committed (BC = 16 NK keys): V's k-step kk starts 16 keys (2048
+// bytes) on; MN-major, SBO 1024 between 8-key groups, LBO the panel size (BC rows of 128 bytes) between 64-dim panels
+template <int HD, int NK>
+__device__ __forceinline__ void wga_issue_pv(float (&o)[HD / 2], const float corr[2], const uint32_t (&pf)[NK][4], const char* Vt) {
     for (int c = 0; c < HD / 8; c++)
         for (int i = 0; i < 4; i++) o[4 * c + i] *= corr[i / 2];
     wgmma_fence_operand(o);
     wgmma_fence();
-    for (int kk = 0; kk < WGA_BC / 16; kk++)
-        wgmma_bf16_rs<HD, 1>(o, pf[kk], wgmma_desc(Vt + kk * 16 * 128, WGA_BC * 128, 1024, WGMMA_SWIZZLE_128B), 1);
+    for (int kk = 0; kk < NK; kk++)
+        wgmma_bf16_rs<HD, 1>(o, pf[kk], wgmma_desc(Vt + kk * 16 * 128, 16 * NK * 128, 1024, WGMMA_SWIZZLE_128B), 1);
     wgmma_commit();
 }
 
@@ -130,30 +133,32 @@ __device__ __forceinline__ void wga_store(floatX* out, float* lse, const float (
     }
 }
 
-// the block's common values: the tile's rows, the heads, the global tiles, the warpgroup's rows
-#define WGA_SETUP(STAGES)                                                                                                          \
-    constexpr int KB = WGA_BC * HD * 2; /* bytes of one K or V tile */                                                           \
+// the block's common values: the tile's rows, the heads, the global tiles, the warpgroup's rows (BR query rows,
+// BR / 64 warpgroups; BC keys per K, V tile)
+#define WGA_SETUP_T(STAGES, BR, BC)                                                                                                \
+    constexpr int KB = (BC) * HD * 2; /* bytes of one K or V tile */                                                             \
     /* the swizzle repeats every 1024 bytes of shared address: the tiles start on such a boundary */                             \
     char* Qs = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);                                                \
-    char* Ks = Qs + WGA_BR * HD * 2; /* (STAGES buffers) x KB */                                                                 \
-    char* Vs = Ks + (STAGES) * KB;   /* (STAGES buffers) x KB */                                                                 \
+    char* Ks = Qs + (BR) * HD * 2; /* (STAGES buffers) x KB */                                                                   \
+    char* Vs = Ks + (STAGES) * KB; /* (STAGES buffers) x KB */                                                                   \
     const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4;                                  \
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * WGA_BR; /* the last (longest) query tiles first */                            \
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * (BR); /* the last (longest) query tiles first */                              \
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);                                                                \
     const size_t qkv_dim = (size_t)(H + 2 * KV) * HD;                                                                            \
     const floatX* Qg = qkv + (size_t)b * T * qkv_dim + (size_t)h * HD;                                                           \
     const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;                                                   \
     const floatX* Vg = Kg + (size_t)KV * HD;                                                                                     \
-    const float sl2 = rsqrtf((float)HD) * FLASH_LOG2E;        /* scores in log2 units, for exp2f */                             \
-    const int ntiles = (min(q0 + WGA_BR, T) - 1) / WGA_BC + 1; /* causal: keys up to the block's last query row */              \
-    const int wrow0 = q0 + 64 * wg;                            /* the warpgroup's first query row */                            \
-    const int qa = wrow0 + 16 * warp + g, qb = qa + 8;         /* this thread's two rows */                                     \
+    const float sl2 = rsqrtf((float)HD) * FLASH_LOG2E;         /* scores in log2 units, for exp2f */                            \
+    const int ntiles = (min(q0 + (BR), T) - 1) / (BC) + 1;      /* causal: keys up to the block's last query row */             \
+    const int wrow0 = q0 + 64 * wg;                             /* the warpgroup's first query row */                           \
+    const int qa = wrow0 + 16 * warp + g, qb = qa + 8;          /* this thread's two rows */                                    \
     const char* Qw = Qs + wg * 64 * 128;                                                                                         \
-    float o[HD / 2];                                           /* O (64 x HD) of the warpgroup, unnormalised (D layout) */      \
+    float o[HD / 2];                                            /* O (64 x HD) of the warpgroup, unnormalised (D layout) */     \
     for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;                                                                                \
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* running max (log2 units), this lane's part of the sum */       \
     float corr[2];                                                                                                               \
-    uint32_t pf[WGA_BC / 16][4]
+    uint32_t pf[(BC) / 16][4]
+#define WGA_SETUP(STAGES) WGA_SETUP_T(STAGES, WGA_BR, WGA_BC)
 
 // v2: FlashAttention-3's intra-warpgroup overlap (its order): iteration j issues S(j + 1) = Q K(j + 1)^T, rescales O and
 // issues O += P(j) V(j), waits for S(j + 1) only (wait_group 1) and runs its softmax while P(j) V(j) computes, then
@@ -163,24 +168,27 @@ __device__ __forceinline__ void wga_store(floatX* out, float* lse, const float (
 // cannot prove warpgroup-uniform): the last iteration issues S of its own tile again, its softmax wholly masked (key
 // offset past the block's rows), and a warpgroup also runs a key tile past its rows (the causal tile of warpgroup 0
 // in the block's last tile), wholly masked: P = 0, the factors 1, O, l and m unchanged bit for bit.
-// NBUF 3; 2 only as the race detector's negative control (-p 1: tile j + 2 over tile j's V, still read by P(j) V(j))
-template <int HD, int NBUF>
-__global__ void __launch_bounds__(WGA_THREADS) flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV) {
-    WGA_SETUP(NBUF);
-    wga_load_tile<HD>(Qs, Qg, qkv_dim, q0, WGA_BR, T);
-    wga_load_tile<HD>(Ks, Kg, qkv_dim, 0, WGA_BC, T);
-    wga_load_tile<HD>(Vs, Vg, qkv_dim, 0, WGA_BC, T);
+// NBUF 3; 2 only as the race detector's negative control (-p 1: tile j + 2 over tile j's V, still read by P(j) V(j)).
+// The model's shape is NWG 2 warpgroups (128 query rows) and BC 64 keys a tile; dev/cuda/attention_wgmma's v3 (BC 128)
+// and v4 (NWG 3: 192 rows, 384 threads) are the same kernel at other tiles, untimed so far
+template <int HD, int NBUF, int BC = WGA_BC, int NWG = 2>
+__global__ void __launch_bounds__(128 * NWG) flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV) {
+    constexpr int BR = 64 * NWG, THREADS = 128 * NWG;
+    WGA_SETUP_T(NBUF, BR, BC);
+    wga_load_tile<HD, THREADS>(Qs, Qg, qkv_dim, q0, BR, T);
+    wga_load_tile<HD, THREADS>(Ks, Kg, qkv_dim, 0, BC, T);
+    wga_load_tile<HD, THREADS>(Vs, Vg, qkv_dim, 0, BC, T);
     cp_async_commit();
     if (ntiles > 1) {
-        wga_load_tile<HD>(Ks + KB, Kg, qkv_dim, WGA_BC, WGA_BC, T);
-        wga_load_tile<HD>(Vs + KB, Vg, qkv_dim, WGA_BC, WGA_BC, T);
+        wga_load_tile<HD, THREADS>(Ks + KB, Kg, qkv_dim, BC, BC, T);
+        wga_load_tile<HD, THREADS>(Vs + KB, Vg, qkv_dim, BC, BC, T);
     }
     cp_async_commit();
     cp_async_wait<1>();   // Q and tile 0
     wgmma_fence_proxy();
     __syncthreads();
-    float s[WGA_BC / 2] = {};
-    wga_issue_s<HD>(s, Qw, Ks);
+    float s[BC / 2] = {};
+    wga_issue_s<HD, BR>(s, Qw, Ks);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(s);
@@ -191,16 +199,16 @@ __global__ void __launch_bounds__(WGA_THREADS) flash_attention_forward_wgmma_ker
         wgmma_fence_proxy();
         __syncthreads();
         if (j + 2 < ntiles) {
-            wga_load_tile<HD>(Ks + (j + 2) % NBUF * KB, Kg, qkv_dim, (j + 2) * WGA_BC, WGA_BC, T);
-            wga_load_tile<HD>(Vs + (j + 2) % NBUF * KB, Vg, qkv_dim, (j + 2) * WGA_BC, WGA_BC, T);
+            wga_load_tile<HD, THREADS>(Ks + (j + 2) % NBUF * KB, Kg, qkv_dim, (j + 2) * BC, BC, T);
+            wga_load_tile<HD, THREADS>(Vs + (j + 2) % NBUF * KB, Vg, qkv_dim, (j + 2) * BC, BC, T);
         }
         cp_async_commit();
-        wga_issue_s<HD>(s, Qw, Ks + min(j + 1, ntiles - 1) % NBUF * KB);
+        wga_issue_s<HD, BR>(s, Qw, Ks + min(j + 1, ntiles - 1) % NBUF * KB);
         wgmma_commit();
         wga_issue_pv<HD>(o, corr, pf, Vs + j % NBUF * KB);
         wgmma_wait<1>();   // S(j + 1) complete (P(j) V(j) may not be)
         wgmma_fence_operand(s);
-        wga_softmax(s, m, l, corr, (j + 1 < ntiles ? j + 1 : ntiles + 2) * WGA_BC, wrow0, qa, qb, sl2);
+        wga_softmax(s, m, l, corr, (j + 1 < ntiles ? j + 1 : ntiles + 2) * BC, wrow0, qa, qb, sl2);
         wgmma_wait<0>();   // P(j) V(j) complete: its A registers may be rewritten
         wgmma_fence_operand(o);
         wga_pack_p(pf, s);
@@ -208,24 +216,25 @@ __global__ void __launch_bounds__(WGA_THREADS) flash_attention_forward_wgmma_ker
     wga_store<HD>(out, lse, o, m, l, b, h, T, H, qa, qb);
 }
 
-template <int HD, int NBUF> static inline size_t attention_wgmma_forward_smem() {
-    return (size_t)(WGA_BR + 2 * NBUF * WGA_BC) * HD * 2 + 1024;   // Q, NBUF K and V buffers, the 1024-byte alignment
+template <int HD, int NBUF, int BC = WGA_BC, int NWG = 2> static inline size_t attention_wgmma_forward_smem() {
+    return (size_t)(64 * NWG + 2 * NBUF * BC) * HD * 2 + 1024;   // Q, NBUF K and V buffers, the 1024-byte alignment
 }
-template <int HD, int NBUF>
+template <int HD, int NBUF, int BC = WGA_BC, int NWG = 2>
 static inline void attention_forward_wgmma_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, cudaStream_t stream) {
-    size_t smem = attention_wgmma_forward_smem<HD, NBUF>();
-    auto flash_attention_forward_wgmma = flash_attention_forward_wgmma_kernel<HD, NBUF>;   // (the launch's name in logs and traces)
+    size_t smem = attention_wgmma_forward_smem<HD, NBUF, BC, NWG>();
+    auto flash_attention_forward_wgmma = flash_attention_forward_wgmma_kernel<HD, NBUF, BC, NWG>;   // (the launch's name in logs and traces)
     cudaCheck(cudaFuncSetAttribute(flash_attention_forward_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    LAUNCH(flash_attention_forward_wgmma, dim3(ceil_div(T, WGA_BR), H, B), WGA_THREADS, smem, stream, out, lse, qkv, T, H, KV);
+    LAUNCH(flash_attention_forward_wgmma, dim3(ceil_div(T, 64 * NWG), H, B), 128 * NWG, smem, stream, out, lse, qkv, T, H, KV);
 }
 static inline bool attention_wgmma_forward_supported(int hd) { return hd == 64 || hd == 128; }
 // the model's causal attention forward at head_dim 64 or 128 (the caller checks attention_wgmma_forward_supported and
 // the flash kernels' conditions: attention.cuh's attention_use_flash). NBUF 2: the race detector's negative control
 // only (tile j + 2 copied over tile j's V while P(j) V(j) may still read it)
-template <int NBUF = 3>
+// (BC, NWG: the key tile and the warpgroups of dev/cuda/attention_wgmma's v3 and v4; the model's 64 and 2)
+template <int NBUF = 3, int BC = WGA_BC, int NWG = 2>
 static inline void attention_forward_wgmma_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
                                                cudaStream_t stream = 0) {
-    if (hd == 64) attention_forward_wgmma_hd<64, NBUF>(out, lse, qkv, B, T, H, KV, stream);
-    else if (hd == 128) attention_forward_wgmma_hd<128, NBUF>(out, lse, qkv, B, T, H, KV, stream);
+    if (hd == 64) attention_forward_wgmma_hd<64, NBUF, BC, NWG>(out, lse, qkv, B, T, H, KV, stream);
+    else if (hd == 128) attention_forward_wgmma_hd<128, NBUF, BC, NWG>(out, lse, qkv, B, T, H, KV, stream);
     else fail(EXIT_BAD_INPUT, "wgmma attention forward: head_dim %d is not 64 or 128", hd);
 }

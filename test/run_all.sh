@@ -192,6 +192,9 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         if ! out=$($r -f -1 -g 4 -b 1 -t 200 -h 8 -k 2 -d 128 -p 1 2>&1) && grep -q "race in kernel flash_attention_backward2_dq_kernel" <<<"$out"; then
             pass "negative control: $r -p 1 (the dq kernel's tile barrier dropped) races"
         else fail "negative control: $r -p 1, no race reported: $(head -2 <<<"$out")"; fi
+        # dev/cuda/layernorm under the detector: every version, bwd v4's warps' partials through shared memory among them
+        if out=$(./dev/cuda/layernorm_race 2>&1); then pass "dev/cuda/layernorm_race: the forwards and backwards (v1-v4) validated, no race"
+        else fail "dev/cuda/layernorm_race (exit $?): $(grep -E 'FAIL|race' <<<"$out" | head -3)"; fi
         # make bench-gpu's commands and flags, at a tiny shape on the emulated builds (no timings): the
         # benchmark a lent GPU runs must not have rotted
         out=$(bash dev/bench/bench_gpu.sh --emulated 2>&1); rc=$?

@@ -9,9 +9,13 @@
 #      session 46, before the router's warp kernels), the step, FP8, the smoke run against PyTorch
 #   1. the kernels changed without a device: dev/cuda/moe (the router's forward and backward a warp per token against
 #      v1, a thread per token: v1's bits, and the times), dev/cuda/classifier (v2 the model's; v3 and v4 probes: the
-#      row in shared memory and less arithmetic, and the arithmetic alone), dev/cuda/layernorm (the backward's v3),
-#      dev/cuda/fp8_fused (session 56's weight^T: dgrad's transposed codes from the gathered codes, 1 and 16 bytes an
-#      access, against quantising the BF16 weight; never timed on a device)
+#      row in shared memory and less arithmetic, and the arithmetic alone), dev/cuda/layernorm (the backward's v3, 54%
+#      of the H100's HBM in session 45's step, and session 58's v4: the row in registers, its 16-byte loads all in
+#      flight; never timed), dev/cuda/fp8_fused (session 56's weight^T: dgrad's transposed codes from the gathered codes, 1 and 16 bytes an
+#      access, against quantising the BF16 weight; never timed on a device), dev/cuda/attention_wgmma at dbrx-1b's
+#      attention (B 8, T 2048, H 8, KV 2, hd 128; the model's v2 at 216 TFLOP/s on session 45's H100, issue 25's target
+#      300): session 58's v3 (key tiles of 128) and v4 (3 warpgroups, 192 query rows), never timed; the fastest becomes
+#      the model's
 #   1b. the expert GEMMs (dev/cuda/matmul -b): dbrx-1b's per-expert GEMMs on 1, 2 and 4 streams and batched: do the
 #      per-expert launches leave the GPU part idle (44 ms of the step are GEMMs)? And the step's GEMMs one by one, L2
 #      flushed (the table make predict reads) and warm (-w): is the table's 1.15 x the step's GEMM time the flush?
@@ -41,6 +45,7 @@ step test_gpu 150 env TEST_GPU_PLAN="$O/plan.txt" TEST_GPU_REPORT="$O/test_gpu_r
 step moe 60 dev/cuda/moe
 step classifier 40 dev/cuda/classifier
 step layernorm 30 dev/cuda/layernorm
+step attention_wgmma 30 dev/cuda/attention_wgmma -b 8 -t 2048 -h 8 -k 2 -d 128
 step fp8_fused 30 dev/cuda/fp8_fused
 step matmul_b 20 dev/cuda/matmul -b
 step matmul_c 30 dev/cuda/matmul -c

@@ -13,6 +13,8 @@
  *           segment per warp (half the warps idle at d 1024), row-sum loads one at a time (the model's until session 46)
  *   bwd v3  v2 with its phases spread over every warp and four row-sum loads in flight: v2's bits (the model's);
  *           also at 512 threads a block (16-row slices): on an H200 (2026-11-28) 0.137 ms, v3 0.135, v2 0.157, v1 0.187
+ *   bwd v4  a warp per row, the row in registers, all its loads 16-byte and in flight at once; the weight gradient's
+ *           chunk partial summed by warps (other bits than v1-v3, deterministic); C = 256 NV. Untimed (session 58)
  * v2 and v3 give v1's bits for the input gradient always and for the weight gradient while the chunks fit one group
  * (N <= 256 rows: the emulated size); above that the weight gradient's summation order differs (checked to 1e-5).
  * Bytes moved per forward: read x (2 B) + write y (2 B) per element (+ weight, stats: negligible);
@@ -142,8 +144,64 @@ __global__ void layernorm_backward_v2(float* dinp, floatX* dinp_bf16, float* par
     }
 }
 
+// bwd v4: a warp per row with the whole row in registers (llm.c's layout): lane l holds channels 8 l + 256 i (i < NV = C /
+// 256), every load of a row issued at once as 16-byte accesses (x, dout, the weight, and dinp for the add: 24 of them a
+// lane at d 1024, where v3 keeps four 4-byte ones in flight and reads each row three times from L1/L2); the warp's rows of
+// the chunk (warp, warp + 8, ...) add their dout * n to per-lane partials in registers, and the block sums its warps'
+// partials in warp order through shared memory into the chunk's partial row (v3's scratch layout and column sums follow).
+// Its sums go in another order than v1-v3 (the row sums by 16-byte vectors, the chunk by warps): not their bits;
+// deterministic. A dev probe (the model keeps v3 until a device times them). Dynamic shared memory: nwarps * C floats
+template <int NV>
+__global__ void __launch_bounds__(256) layernorm_backward_v4(float* dinp, floatX* dinp_bf16, float* partial, const float* dout,
+                                                             const floatX* inp, const floatX* weight, const float* mean,
+                                                             const float* rstd, int N) {
+    constexpr int C = 256 * NV;
+    float* red = (float*)dynamic_smem;   // (nwarps, C): each warp's partial row
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    int r0 = blockIdx.x * LN_ROWS_PER_CHUNK, rows = min(LN_ROWS_PER_CHUNK, N - r0);
+    float acc[NV][8] = {};
+    for (int r = warp; r < rows; r += nwarps) {
+        const size_t row = r0 + r;
+        float xv[NV][8], dy[NV][8];
+        UNROLL for (int i = 0; i < NV; i++) {
+            load_bf16<8>(xv[i], inp + row * C + 256 * i + 8 * lane);
+            load_f32<8>(dy[i], dout + row * C + 256 * i + 8 * lane);
+        }
+        const float m = mean[row], s = rstd[row];
+        float dn_sum = 0.0f, dn_n_sum = 0.0f;
+        UNROLL for (int i = 0; i < NV; i++) {
+            float wv[8];
+            load_bf16<8>(wv, weight + 256 * i + 8 * lane);
+            for (int j = 0; j < 8; j++) {
+                float n = (xv[i][j] - m) * s, dn = dy[i][j] * wv[j];
+                acc[i][j] += dy[i][j] * n;
+                xv[i][j] = n;        // (n, then dn, kept for the input gradient)
+                dy[i][j] = dn;
+                dn_sum += dn;
+                dn_n_sum += dn * n;
+            }
+        }
+        const float dn_mean = warp_sum(dn_sum) / C, dn_n_mean = warp_sum(dn_n_sum) / C;
+        UNROLL for (int i = 0; i < NV; i++) {
+            float dx[8];
+            const size_t at = row * C + 256 * i + 8 * lane;
+            load_f32<8>(dx, dinp + at);
+            for (int j = 0; j < 8; j++) dx[j] = dx[j] + s * (dy[i][j] - dn_mean - xv[i][j] * dn_n_mean);
+            store_f32<8>(dinp + at, dx);
+            if (dinp_bf16) store_bf16<8>(dinp_bf16 + at, dx);
+        }
+    }
+    UNROLL for (int i = 0; i < NV; i++) store_f32<8>(red + (size_t)warp * C + 256 * i + 8 * lane, acc[i]);
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {   // the chunk's partial: the warps' rows in warp order
+        float sum = 0.0f;
+        for (int w = 0; w < nwarps; w++) sum += red[(size_t)w * C + c];
+        partial[(size_t)blockIdx.x * C + c] = sum;
+    }
+}
+
 int main() {
-    int N = EMULATED ? 77 : 16384, C = EMULATED ? 256 : 1024;
+    int N = EMULATED ? 77 : 16384, C = EMULATED ? 512 : 1024;   // (emulated: bwd v4's two vectors a lane, a chunk cut short)
     char shape[64];
     snprintf(shape, sizeof shape, "N %d, C %d", N, C);
     print_header("layernorm", shape);
@@ -204,7 +262,7 @@ int main() {
         cudaCheck(cudaMemset(ddinp, 0, dinp.size() * sizeof(float)));
         cudaCheck(cudaMemset(ddw, 0, C * sizeof(float)));
     };
-    std::function<void()> bv[4] = {
+    std::function<void()> bv[5] = {
         [&] {
             zero();
             LAUNCH(layernorm_backward_dinp_v1, ceil_div(N, 8), 256, 0, 0, ddinp, ddinp16, ddy, dx, dw, dmean, drstd, N, C);
@@ -230,17 +288,32 @@ int main() {
             LAUNCH(column_sum_groups_kernel, dim3(groups, ceil_div(C, 128)), 128, 0, 0, scratch, chunks, C, LN_CHUNKS_PER_GROUP);
             LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, 0, ddw, scratch, chunks, C, LN_CHUNKS_PER_GROUP, 1);
         },
+        [&] {   // v4: the row in registers (C = 256 NV: 512 emulated, 1024 on a GPU; 32 KiB of shared memory at most)
+            zero();
+            int groups = ceil_div(chunks, LN_CHUNKS_PER_GROUP);
+            size_t smem = 8 * (size_t)C * sizeof(float);
+            if (C == 512) LAUNCH(layernorm_backward_v4<2>, chunks, 256, smem, 0, ddinp, ddinp16, scratch, ddy, dx, dw, dmean, drstd, N);
+            else LAUNCH(layernorm_backward_v4<4>, chunks, 256, smem, 0, ddinp, ddinp16, scratch, ddy, dx, dw, dmean, drstd, N);
+            LAUNCH(column_sum_groups_kernel, dim3(groups, ceil_div(C, 128)), 128, 0, 0, scratch, chunks, C, LN_CHUNKS_PER_GROUP);
+            LAUNCH(column_sum_kernel, ceil_div(C, 128), 128, 0, 0, ddw, scratch, chunks, C, LN_CHUNKS_PER_GROUP, 1);
+        },
     };
-    const char* bnames[4] = {"bwd v1 (3 kernels, 8-block sum)", "bwd v2 (one pass, a segment per warp)", "bwd v3 (one pass, all warps, model)",
-                             "bwd v3 at 512 threads"};
-    double bbytes[4] = {22.0 * N * C, 16.0 * N * C, 16.0 * N * C, 16.0 * N * C};
+    const char* bnames[5] = {"bwd v1 (3 kernels, 8-block sum)", "bwd v2 (one pass, a segment per warp)", "bwd v3 (one pass, all warps, model)",
+                             "bwd v3 at 512 threads", "bwd v4 (the row in registers)"};
+    double bbytes[5] = {22.0 * N * C, 16.0 * N * C, 16.0 * N * C, 16.0 * N * C, 16.0 * N * C};
     std::vector<float> v1_dinp, v1_dw, v2_dw;
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 5; v++) {
         bv[v]();
         std::vector<float> got_dinp = from_device_f32(ddinp, dinp.size()), got_dw = from_device_f32(ddw, C);
         validate(bnames[v], got_dinp, dinp, 1e-4, 1e-5);
         validate("  dweight", got_dw, dweight, 1e-4, 1e-5);
         if (v == 0) { v1_dinp = got_dinp; v1_dw = got_dw; continue; }
+        if (v == 4) {   // (its own summation order: against the CPU above, and v1 within the order's rounding)
+            validate("  dinp vs v1", got_dinp, v1_dinp, 1e-5, 1e-6);
+            validate("  dweight vs v1", got_dw, v1_dw, 1e-5, 1e-6);
+            report_bandwidth(bnames[v], bbytes[v], time_ms(20, bv[v]));
+            continue;
+        }
         validate("  dinp: v1's bits", got_dinp, v1_dinp, 0, 0);
         if (v >= 2) {
             validate("  dweight: v2's bits", got_dw, v2_dw, 0, 0);

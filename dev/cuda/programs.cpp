@@ -2,8 +2,8 @@
  * programs.cpp — the dev/cuda microbenchmarks compiled as one translation unit, for the test suite's builds:
  *   g++ -DSIMT_EMULATION (dev/cuda/programs_emu): every program, validated under the emulator (make test runs
  *       dev/cuda/NAME_emu, a link to this binary);
- *   the race detector's build (dev/cuda/programs_race): attention, attention_wgmma, attention_wgmma_bwd and
- *       wgmma_gemm (dev/cuda/NAME_race);
+ *   the race detector's build (dev/cuda/programs_race): attention, attention_wgmma, attention_wgmma_bwd,
+ *       wgmma_gemm and layernorm (dev/cuda/NAME_race);
  *   nvcc (dev/cuda/programs_gpu): every program, so that make test checks they all compile for sm_90a with
  *       warnings as errors and no register spills.
  * Compiled apart, each program repeated the emulator's and the model's headers: ~300 CPU-seconds for the
@@ -51,6 +51,10 @@ namespace wgmma_gemm {
 #include "wgmma_gemm.cu"
 }
 #undef NVERSIONS
+namespace layernorm {
+#include "layernorm.cu"
+}
+#undef NVERSIONS
 #if !defined(SIMT_RACE_DETECT)
 namespace adamw {
 #include "adamw.cu"
@@ -70,10 +74,6 @@ namespace fp8_fused {
 #undef NVERSIONS
 namespace fp8_matmul {
 #include "fp8_matmul.cu"
-}
-#undef NVERSIONS
-namespace layernorm {
-#include "layernorm.cu"
 }
 #undef NVERSIONS
 namespace matmul {
@@ -108,13 +108,13 @@ static const DevProgram PROGRAMS[] = {
     {"attention_wgmma", attention_wgmma::program_main},
     {"attention_wgmma_bwd", attention_wgmma_bwd::program_main},
     {"wgmma_gemm", wgmma_gemm::program_main},
+    {"layernorm", without_args<layernorm::program_main>},
 #if !defined(SIMT_RACE_DETECT)
     {"adamw", adamw::program_main},
     {"classifier", without_args<classifier::program_main>},
     {"embedding", without_args<embedding::program_main>},
     {"fp8_fused", without_args<fp8_fused::program_main>},
     {"fp8_matmul", without_args<fp8_matmul::program_main>},
-    {"layernorm", without_args<layernorm::program_main>},
     {"matmul", matmul::program_main},
     {"moe", without_args<moe::program_main>},
     {"moe_fp8_grouped", moe_fp8_grouped::program_main},
