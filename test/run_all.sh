@@ -183,6 +183,10 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         out=$(./dev/cuda/matmul_emu -c 2>&1); rc=$?
         [ "$rc" = 0 ] && grep -q "all versions validated" <<<"$out" && pass "dev/cuda/matmul_emu -c: GEMMs beside 8-32 CTAs held on another stream: the bits alone" \
             || fail "dev/cuda/matmul_emu -c (exit $rc): $(grep -E 'FAIL|error' <<<"$out" | head -3)"
+        # dev/cuda/adamw -o: the model's AdamW issued on a stream of the least priority beside GEMMs on one of the greatest
+        out=$(./dev/cuda/adamw_emu -o 2>&1); rc=$?
+        [ "$rc" = 0 ] && grep -q "all versions validated" <<<"$out" && pass "dev/cuda/adamw_emu -o: AdamW beside the expert GEMMs on prioritised streams: the CPU's update" \
+            || fail "dev/cuda/adamw_emu -o (exit $rc): $(grep -E 'FAIL|error' <<<"$out" | head -3)"
         # attention backward v4 (model/attention_flash_bwd2.cuh) under the race detector: dbrx-1b's GQA 4:1 at T 200 (no
         # tile divides it), head_dim 128 and 64; its negative control (-p 1: the dq kernel's one barrier a tile dropped)
         local r=./dev/cuda/attention_race

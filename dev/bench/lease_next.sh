@@ -27,6 +27,10 @@
 #   1c. GEMMs and a bytes-bound kernel beside a kernel holding C = 8..32 SMs (dev/cuda/matmul -c): the step-time model's
 #      price of a collective's NCCL CTAs beside the compute, SMs / (SMs - C) x for the GEMMs, 1 x for the bytes-bound
 #      kernel (session 57, dev/predict/README.md); never measured
+#   1d. AdamW beside one dbrx-1b layer's expert GEMMs (dev/cuda/adamw -o): the GEMMs on a stream of the greatest
+#      priority, the model's AdamW over a layer's parameters on one of the least, at the product's grid and capped at
+#      8-32 CTAs: how much of the optimizer (11 ms of the step) would hide under the next step's forward (session 58:
+#      not built until this says it pays; the model's stream 0 cannot be given a priority above another's)
 #   2. the step kernel by kernel (calibrate.py --kernels against make predict's trace of the same commit and device);
 #      experts_zero_empty_kernel now with 16-byte stores (0.83 ms a step on session 45's H100 with the collapsed routing)
 #   3. end to end: the default (bit-identical losses to session 46's: 2.6692058229236864 at step 30), --grad-accum 4,
@@ -49,6 +53,7 @@ step attention_wgmma 30 dev/cuda/attention_wgmma -b 8 -t 2048 -h 8 -k 2 -d 128
 step fp8_fused 30 dev/cuda/fp8_fused
 step matmul_b 20 dev/cuda/matmul -b
 step matmul_c 30 dev/cuda/matmul -c
+step adamw_o 30 dev/cuda/adamw -o
 step gemm_sweep 50 dev/cuda/matmul -s .lease/gemm_shapes.txt -a 8
 step gemm_sweep_warm 25 dev/cuda/matmul -s .lease/gemm_shapes.txt -w
 # 2. the step kernel by kernel

@@ -15,10 +15,13 @@
  * before v1 + v3 + memset, now v2 + v4.
  *   make dev/cuda/adamw && ./dev/cuda/adamw [-v N] [-n N]   (-v: only AdamW version N, 0 all; n = 2^28 by
  *   default: 1 GiB per fp32 array, far beyond L2)
+ *   ./dev/cuda/adamw -o   AdamW v4 beside a layer's expert GEMMs, at stream priorities and CTA caps (overlap_probe below)
  */
+#include <algorithm>
 #include <cstring>
 #include "common.h"
 #include "../../model/adamw.cuh"
+#include "../../model/matmul.cuh"
 
 __global__ void adamw_v2(float4* param, floatX* param_bf16, const float4* grad, float4* m, float4* v, size_t n4, float lr,
                          float beta1, float beta2, float eps, float wd, float grad_scale, float bc1, float bc2) {
@@ -56,7 +59,121 @@ __global__ void grad_norm_v1(float* partial, const float* grad, size_t n) {
     if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
+// -o: AdamW beside the forward's GEMMs. Issue 25: dbrx-1b's step spends 11 ms of its ~89 in AdamW (its 30 B a
+// parameter: at the floor), while its forward and backward alone run at ~45% MFU; the optimizer of step t could run
+// under step t + 1's forward, a unit ahead of it, if the GPU ran the two side by side. Not built, because whether it
+// does is unknown: cuBLASLt's Hopper GEMMs hold a whole SM each (registers, shared memory), so AdamW's blocks may only
+// get the SMs between GEMMs and in their last waves, and the model's stream 0 has CUDA's least priority, so the
+// optimizer could not be put below it. This measures it: one dbrx-1b layer's expert forward (E experts x rows: g and u
+// = x w1^T, x v1^T, then g w2, as cuBLASLt GEMMs) on a stream of the greatest priority, and the model's fused AdamW
+// over one layer's parameters (FP32 moments; its gradient kept) issued first on a stream of the least priority, at the
+// product's grid and at C = 8, 16, 32 CTAs (the kernel strides over its segment), then at the product's grid with both
+// streams of one priority. Each prints the GEMMs' time, AdamW's and both's against the two alone, and the share of
+// AdamW hidden: (GEMMs alone + AdamW alone - both) / AdamW alone. Emulated (2 experts of 64 rows, d 64, F 96; 100003
+// parameters): AdamW issued beside the GEMMs gives the CPU's update.
+static int overlap_probe() {
+    const int E = EMULATED ? 2 : 16, rows = EMULATED ? 64 : 4096, d = EMULATED ? 64 : 1024, F = EMULATED ? 96 : 1792;
+    const size_t n = EMULATED ? 100003 : (size_t)91 << 20, er = (size_t)E * rows;
+    char shape[112];
+    snprintf(shape, sizeof shape, "experts %d x %d rows, d %d, F %d; AdamW over %zu parameters", E, rows, d, F, n);
+    print_header("AdamW beside the expert GEMMs (the optimizer under the next forward)", shape);
+    floatX *x = to_device_bf16v(round_bf16(make_random(er * d, 1))), *w1 = to_device_bf16v(round_bf16(make_random((size_t)E * F * d, 2, 0.02)));
+    floatX *v1 = to_device_bf16v(round_bf16(make_random((size_t)E * F * d, 3, 0.02))), *w2 = to_device_bf16v(round_bf16(make_random((size_t)E * F * d, 4, 0.02)));
+    floatX *g = deviceAlloc(floatX, er * F), *u = deviceAlloc(floatX, er * F), *ye = deviceAlloc(floatX, er * d);
+    int least = 0, greatest = 0;
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t hi, lo, same;   // the GEMMs' (greatest priority), AdamW's (least), AdamW's at the GEMMs' priority
+    cudaCheck(cudaStreamCreateWithPriority(&hi, cudaStreamNonBlocking, greatest));
+    cudaCheck(cudaStreamCreateWithPriority(&lo, cudaStreamNonBlocking, least));
+    cudaCheck(cudaStreamCreateWithPriority(&same, cudaStreamNonBlocking, greatest));
+    auto gemms = [&](cudaStream_t s) {
+        for (int e = 0; e < E; e++) {
+            const size_t xo = (size_t)e * rows * d, ho = (size_t)e * rows * F, wo = (size_t)e * F * d;
+            gemm_gpu(false, true, rows, F, d, 1.0f, x + xo, d, w1 + wo, d, 0.0f, g + ho, F, s);
+            gemm_gpu(false, true, rows, F, d, 1.0f, x + xo, d, v1 + wo, d, 0.0f, u + ho, F, s);
+            gemm_gpu(false, false, rows, d, F, 1.0f, g + ho, F, w2 + wo, d, 0.0f, ye + xo, d, s);
+        }
+    };
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.5f;
+    const int t = 3;
+    const float bc1 = (float)(1.0 - pow(b1, t)), bc2 = (float)(1.0 - pow(b2, t));
+    std::vector<float> hg = make_random(n, 5, 0.01), hp = make_random(n, 6, 0.02), hm = make_random(n, 7, 1e-3), hv = make_random(n, 8, 1e-3);
+    for (float& a : hv) a = a * a;
+    float *dg = to_device(hg), *dp = to_device(hp), *dm = to_device(hm), *dv = to_device(hv);
+    floatX* dp16 = deviceAlloc(floatX, n);
+    AdamwSegments tab = adamw_segments({{0, n, 1}}, n);
+    size_t *doff = to_device(tab.off), *dn = to_device(tab.n);
+    int* dmode = to_device(tab.mode);
+    const int vec = aligned16({dp, dp16, dg, dm, dv});
+    auto adamw = [&](cudaStream_t s, int ctas) {   // ctas 0: the product's grid; the gradient kept (clear_grad 0)
+        if (!ctas) adamw_fused_update_gpu(dp, dp16, dg, dm, dv, doff, dn, dmode, 1, tab.max_n, lr, b1, b2, eps, wd, 1.0f, scale, t, s, 0, 0);
+        else LAUNCH(adamw_fused_kernel, dim3(ctas, 1), 256, 0, s, dp, dp16, dg, dm, dv, doff, dn, dmode, vec, lr, b1, b2, eps, wd, 1.0f,
+                    scale, bc1, bc2, (size_t)0, 0);
+    };
+    cudaEvent_t e0, eg, ea;
+    for (cudaEvent_t* e : {&e0, &eg, &ea}) cudaCheck(cudaEventCreate(e));
+    // one run: AdamW on sa (ctas; -1: none) issued first, then the GEMMs on hi (unless !with_gemms); ms of each and of both
+    auto run = [&](cudaStream_t sa, int ctas, bool with_gemms, float ms[3]) {
+        cudaCheck(cudaDeviceSynchronize());
+        cudaCheck(cudaEventRecord(e0, hi));
+        cudaCheck(cudaStreamWaitEvent(sa, e0, 0));
+        if (ctas >= 0) adamw(sa, ctas);
+        if (with_gemms) gemms(hi);
+        cudaCheck(cudaEventRecord(eg, hi));
+        cudaCheck(cudaEventRecord(ea, sa));
+        cudaCheck(cudaDeviceSynchronize());
+        ms[0] = ms[1] = ms[2] = 0;
+        if (!EMULATED) {
+            cudaCheck(cudaEventElapsedTime(&ms[0], e0, eg));
+            cudaCheck(cudaEventElapsedTime(&ms[1], e0, ea));
+            ms[2] = std::max(ms[0], ms[1]);
+        }
+    };
+    auto median = [&](cudaStream_t sa, int ctas, bool with_gemms, float out[3]) {   // of 5 runs, each column apart
+        std::vector<float> c[3];
+        for (int r = 0; r < (EMULATED ? 1 : 5); r++) {
+            float ms[3];
+            run(sa, ctas, with_gemms, ms);
+            for (int i = 0; i < 3; i++) c[i].push_back(ms[i]);
+        }
+        for (int i = 0; i < 3; i++) { std::sort(c[i].begin(), c[i].end()); out[i] = c[i][c[i].size() / 2]; }
+    };
+    // AdamW issued beside the GEMMs (capped at 16 CTAs, at the least priority) updates as the CPU does
+    std::vector<float> p = hp, m = hm, v = hv;
+    adamw_update(p.data(), hg.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, scale, t);
+    float ms[3];
+    run(lo, 16, true, ms);
+    validate("AdamW (16 CTAs) beside the GEMMs = the CPU's update", from_device_f32(dp, n), p, 1e-5, 1e-7);
+    validate("  m", from_device_f32(dm, n), m, 1e-5, 1e-7);
+    validate("  bf16 copy = round(master)", from_device_bf16v(dp16, n), round_bf16(from_device_f32(dp, n)), 0, 0);
+    float gem[3], alone[3];
+    median(lo, -1, true, gem);    // the GEMMs alone
+    median(lo, 0, false, alone);  // AdamW alone, the product's grid
+    if (!EMULATED) printf("  the GEMMs alone %.3f ms; AdamW alone (the product's grid) %.3f ms, %.0f GB/s\n", gem[0], alone[1],
+                          30.0 * n / (alone[1] * 1e-3) / 1e9);
+    struct Case { const char* name; cudaStream_t s; int ctas; };
+    const Case cases[5] = {{"least priority, the product's grid", lo, 0}, {"least priority, 8 CTAs", lo, 8},
+                           {"least priority, 16 CTAs", lo, 16}, {"least priority, 32 CTAs", lo, 32},
+                           {"the GEMMs' priority, the product's grid", same, 0}};
+    for (const Case& c : cases) {
+        float a[3], both[3];
+        median(c.s, c.ctas, false, a);   // this AdamW alone
+        median(c.s, c.ctas, true, both);
+        if (!EMULATED)
+            printf("  AdamW at %-40s alone %7.3f ms | beside: GEMMs %7.3f ms (%.2f x), AdamW ends %7.3f, both %7.3f ms: %5.1f%% of "
+                   "AdamW (the product's grid) hidden\n", c.name, a[1], both[0], both[0] / gem[0], both[1], both[2],
+                   100.0 * (gem[0] + alone[1] - both[2]) / alone[1]);
+    }
+    for (cudaEvent_t e : {e0, eg, ea}) cudaCheck(cudaEventDestroy(e));
+    for (cudaStream_t st : {hi, lo, same}) cudaCheck(cudaStreamDestroy(st));
+    for (void* q : {(void*)x, (void*)w1, (void*)v1, (void*)w2, (void*)g, (void*)u, (void*)ye, (void*)dg, (void*)dp, (void*)dm, (void*)dv,
+                    (void*)dp16, (void*)doff, (void*)dn, (void*)dmode})
+        cudaCheck(cudaFree(q));
+    return finish();
+}
+
 int main(int argc, char** argv) {
+    if (argc == 2 && !strcmp(argv[1], "-o")) return overlap_probe();
     size_t n = EMULATED ? 100003 : ((size_t)1 << 28);
     int only = 0;
     for (int i = 1; i < argc; i += 2) {
@@ -64,7 +181,7 @@ int main(int argc, char** argv) {
         long long x = atoll(argv[i + 1]);
         if (!strcmp(argv[i], "-v") && x >= 0 && x <= 5) only = (int)x;
         else if (!strcmp(argv[i], "-n") && x > 0) n = (size_t)x;
-        else { fprintf(stderr, "usage: %s [-v N (0-5)] [-n N (> 0)]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [-v N (0-5)] [-n N (> 0)] | -o (AdamW beside the expert GEMMs)\n", argv[0]); return 2; }
     }
     char shape[64];
     snprintf(shape, sizeof shape, "n %zu", n);

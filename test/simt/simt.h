@@ -1128,6 +1128,14 @@ inline cudaError_t cudaDeviceSynchronize(void) { simt::count_sync(); simt::strea
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { simt::count_sync("stream", s); if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = new CUstream_st(); simt::streams().push_back(*s); return cudaSuccess; }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
+// stream priorities: a GPU's block scheduler prefers the pending blocks of a higher-priority stream; here every created
+// stream defers as above whatever its priority (the range a Hopper GPU reports: 0 the least, -5 the greatest)
+inline cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int, int) { return cudaStreamCreate(s); }
 // the host asks whether s is done: it runs what s has queued (see Streams above), and then it is
 inline cudaError_t cudaStreamQuery(cudaStream_t s) { if (s) simt::stream_run(s, s->issued); return cudaSuccess; }
 // s waits for e: the null stream runs e's stream up to e now; a deferred stream when it gets there
