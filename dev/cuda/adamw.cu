@@ -67,8 +67,8 @@ __global__ void grad_norm_v1(float* partial, const float* grad, size_t n) {
 // optimizer could not be put below it. This measures it: one dbrx-1b layer's expert forward (E experts x rows: g and u
 // = x w1^T, x v1^T, then g w2, as cuBLASLt GEMMs) on a stream of the greatest priority, and the model's fused AdamW
 // over one layer's parameters (FP32 moments; its gradient kept) issued first on a stream of the least priority, at the
-// product's grid and at C = 8, 16, 32 CTAs (the kernel strides over its segment), then at the product's grid with both
-// streams of one priority. Each prints the GEMMs' time, AdamW's and both's against the two alone, and the share of
+// product's grid and at C = 8, 16, 32 CTAs (the kernel strides over its segment), then the same with both streams of
+// one priority (what the model's streams would be: stream 0 has the least). Each prints the GEMMs' time, AdamW's and both's against the two alone, and the share of
 // AdamW hidden: (GEMMs alone + AdamW alone - both) / AdamW alone. Emulated (2 experts of 64 rows, d 64, F 96; 100003
 // parameters): AdamW issued beside the GEMMs gives the CPU's update.
 static int overlap_probe() {
@@ -152,9 +152,10 @@ static int overlap_probe() {
     if (!EMULATED) printf("  the GEMMs alone %.3f ms; AdamW alone (the product's grid) %.3f ms, %.0f GB/s\n", gem[0], alone[1],
                           30.0 * n / (alone[1] * 1e-3) / 1e9);
     struct Case { const char* name; cudaStream_t s; int ctas; };
-    const Case cases[5] = {{"least priority, the product's grid", lo, 0}, {"least priority, 8 CTAs", lo, 8},
+    const Case cases[8] = {{"least priority, the product's grid", lo, 0}, {"least priority, 8 CTAs", lo, 8},
                            {"least priority, 16 CTAs", lo, 16}, {"least priority, 32 CTAs", lo, 32},
-                           {"the GEMMs' priority, the product's grid", same, 0}};
+                           {"the GEMMs' priority, the product's grid", same, 0}, {"the GEMMs' priority, 8 CTAs", same, 8},
+                           {"the GEMMs' priority, 16 CTAs", same, 16}, {"the GEMMs' priority, 32 CTAs", same, 32}};
     for (const Case& c : cases) {
         float a[3], both[3];
         median(c.s, c.ctas, false, a);   // this AdamW alone
