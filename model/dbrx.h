@@ -444,6 +444,8 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         matmul_forward(a->router_logits, a->ln2, w.router, N, d, E);
         if (g_debug_hooks.route_first)   // (the tests' forced imbalance: experts 0..k-1, one EP rank's, take every token)
             for (int t = 0; t < N; t++) for (int e = 0; e < k; e++) a->router_logits[(size_t)t * E + e] += 30;
+        if (g_debug_hooks.route_balanced)   // (benchmarks: token t to experts (k t + j) mod E, each N k / E rows)
+            for (int i = 0; i < N * k; i++) a->router_logits[(size_t)(i / k) * E + i % E] += 30;
         router_forward(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_logits, N, E, k, c->moe_norm_p);
         moe_dispatch(a->offsets, a->row_token, a->slot_row, a->topk_idx, a->counts, N, E, k);
         moe_gather(a->xe, a->ln2, a->row_token, N * k, d);

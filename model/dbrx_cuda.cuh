@@ -490,6 +490,7 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         residual_layernorm_forward_gpu(a->ln2, a->resid_mid, a->ln2_mean, a->ln2_rstd, x, m->attproj, w.norm2, N, d, c->ln_eps);
         matmul_forward_gpu(a->router_logits, a->ln2, w.router, N, d, E);
         if (g_debug_hooks.route_first) route_first_gpu(a->router_logits, N, E, k);   // (the tests' forced imbalance)
+        if (g_debug_hooks.route_balanced) route_balanced_gpu(a->router_logits, N, E, k);   // (benchmarks' balanced routing)
         router_forward_gpu(a->probs, a->lse, a->topk_idx, a->topk_w, a->counts, a->router_stats, a->router_logits, N, E, k,
                            c->moe_norm_p);
         moe_dispatch_gpu(a->offsets, a->row_token, a->slot_row, a->offsets_host.data(), a->topk_idx, a->counts, N, E, k);

@@ -29,6 +29,7 @@ typedef struct {
     int slow_rank = -1, slow_ms = 0;
     int slow_gemm_rank = -1, slow_gemm_factor = 8;
     bool route_first = false;
+    bool route_balanced = false;
     int ckpt_kill_step = -1;
     std::string ckpt_kill_point;
     bool twin_blocks = false;
@@ -45,6 +46,9 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
     {"DBRX_DEBUG_SLOW_RANK", "R:MS", "rank R sleeps MS ms in every step (a straggler)"},
     {"DBRX_DEBUG_SLOW_GEMM", "R[:F]", "the health check: rank R's GEMM does F (8) GEMMs for every one it counts (a slow GPU)"},
     {"DBRX_DEBUG_ROUTE_FIRST", "1", "every token routed to experts 0..k-1 (a forced expert imbalance)"},
+    {"DBRX_DEBUG_ROUTE_BALANCED", "1", "token t routed to experts (k t + j) mod E, j < k: every expert takes N k / E rows where E divides N k "
+                                       "(the step-time model's balanced routing, for benchmarks: a router collapsed at initialisation "
+                                       "gives the expert GEMMs other shapes)"},
     {"DBRX_DEBUG_CKPT_KILL", "S:POINT", "SIGKILL at POINT (shard | manifest | rename) of step S's checkpoint save"},
     {"DBRX_DEBUG_TWIN_BLOCKS", "1", "the NCCL twin's waits have no watchdog (a stuck collective blocks; emulated builds)"},
     {"DBRX_DEBUG_PLANT", "NAME", "a planted bug, the negative control of a test: step_sync (one more synchronisation per layer), "
@@ -105,6 +109,8 @@ static inline void debug_hooks_read() {
         h.slow_gemm_factor = (int)f;
     }
     h.route_first = debug_env("DBRX_DEBUG_ROUTE_FIRST") != NULL;
+    h.route_balanced = debug_env("DBRX_DEBUG_ROUTE_BALANCED") != NULL;
+    if (h.route_first && h.route_balanced) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_ROUTE_FIRST and DBRX_DEBUG_ROUTE_BALANCED are exclusive");
     if (const char* k = debug_env("DBRX_DEBUG_CKPT_KILL")) {
         char point[32] = "";
         if (sscanf(k, "%d:%31s", &h.ckpt_kill_step, point) != 2)

@@ -310,6 +310,15 @@ __global__ void route_first_kernel(float* logits, int N, int E, int k) {
 static inline void route_first_gpu(float* logits, int N, int E, int k, cudaStream_t stream = 0) {
     LAUNCH(route_first_kernel, ceil_div(N * k, 256), 256, 0, stream, logits, N, E, k);
 }
+// DBRX_DEBUG_ROUTE_BALANCED (benchmarks: the step-time model's balanced routing, as on the CPU, model/dbrx.h): logits (N, E)
+// of experts (k t + j) mod E, j < k, of token t + 30
+__global__ void route_balanced_kernel(float* logits, int N, int E, int k) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N * k) logits[(size_t)(i / k) * E + i % E] += 30.0f;
+}
+static inline void route_balanced_gpu(float* logits, int N, int E, int k, cudaStream_t stream = 0) {
+    LAUNCH(route_balanced_kernel, ceil_div(N * k, 256), 256, 0, stream, logits, N, E, k);
+}
 
 // forward: probs, lse, topk_idx, topk_w, counts (device, E) and stats (device, E + 1); norm_p as on the CPU
 static inline void router_forward_gpu(float* probs, float* lse, int* topk_idx, float* topk_w, int* counts, float* stats,

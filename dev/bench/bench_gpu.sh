@@ -13,7 +13,9 @@
 #      against the device's HBM peak: target >= 70%.
 #   4. end to end: dbrx-1b on one GPU, batch 8 x 2048, BF16 (and FP8 delayed scaling): the median MFU of
 #      the last 10 of 30 steps, by the convention train_dbrx prints (matmul FLOPs only, causal
-#      attention: 6 N_matmul + 6 L d (S+1) per token); target >= 35% BF16.
+#      attention: 6 N_matmul + 6 L d (S+1) per token); target >= 35% BF16. At the balanced routing the step-time model
+#      prices (DBRX_DEBUG_ROUTE_BALANCED=1: every expert N k / E rows): dbrx-1b's router on the default data collapses
+#      from step 1 (4 experts take every token), whose 16384-row expert GEMMs would flatter the step.
 #   5. with more than one GPU: the all-to-all(v) bus bandwidth of dev/comm_bench (nccl-tests' convention),
 #      and dbrx-1b with ZeRO-3 over every GPU, expert parallelism over all of them (at most 16) against none.
 #   6. the step-time model's calibration: the BF16 step of 4. as --profile measured it against make predict's
@@ -157,7 +159,7 @@ done
 for prec in off delayed; do
     log="$raw/e2e_fp8_$prec.jsonl"; rm -f "$log"
     prof=(); [ "$prec" = off ] && prof=(--profile "$raw/e2e_profile.json" --profile-steps "$PSTEPS")   # (6. calibration)
-    if bench "e2e_fp8_$prec" "$train" --device cuda "${E2E[@]}" --fp8 "$prec" --val-every 0 --log "$log" "${prof[@]}"; then
+    if bench "e2e_fp8_$prec" env DBRX_DEBUG_ROUTE_BALANCED=1 "$train" --device cuda "${E2E[@]}" --fp8 "$prec" --val-every 0 --log "$log" "${prof[@]}"; then
         if read -r mfu toks ms < <(median_mfu "$log"); then
             tgt=">= 35%"; ok=$(/usr/bin/python3 -c "print('yes' if $mfu >= 35 else 'no')"); [ "$prec" = off ] || { tgt="(BF16's target is the bar)"; ok="-"; }
             echo "| ${E2E[1]} end to end, --fp8 $prec | MFU $mfu%, $toks tok/s, $ms ms/step | $tgt | $ok |"
@@ -176,7 +178,7 @@ if bench predict env MODEL="${E2E[1]}" BATCH="${E2E[3]}" SEQ="${E2E[5]}" NP=1 DE
     cat "$raw/calibrate.txt"; echo
     # kernel by kernel: its own short run (the events' host time may slow the traced step; its kernels are what counts)
     kstep=$(( ${E2E[7]} < 6 ? ${E2E[7]} : 6 ))
-    if bench e2e_kernels "$train" --device cuda "${E2E[@]:0:6}" --steps "$kstep" --warmup 1 --val-every 0 \
+    if bench e2e_kernels env DBRX_DEBUG_ROUTE_BALANCED=1 "$train" --device cuda "${E2E[@]:0:6}" --steps "$kstep" --warmup 1 --val-every 0 \
             --profile "$raw/e2e_kernels.json" --profile-steps "$kstep" --profile-kernels \
        && bench calibrate_kernels /usr/bin/python3 dev/predict/calibrate.py --kernels "$raw/e2e_kernels.json" "$raw/e2e_predicted.json" --markdown; then
         echo; echo "The same step kernel by kernel (--profile-kernels, step $kstep; calibrate.py --kernels; GEMMs by predict.py's classes):"; echo

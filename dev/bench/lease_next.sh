@@ -31,9 +31,13 @@
 #      priority, the model's AdamW over a layer's parameters on one of the least, at the product's grid and capped at
 #      8-32 CTAs: how much of the optimizer (11 ms of the step) would hide under the next step's forward (session 58:
 #      not built until this says it pays; the model's stream 0 cannot be given a priority above another's)
-#   2. the step kernel by kernel (calibrate.py --kernels against make predict's trace of the same commit and device);
+#   2. the step kernel by kernel (calibrate.py --kernels against make predict's trace of the same commit and device), at
+#      the model's balanced routing (DBRX_DEBUG_ROUTE_BALANCED=1, session 58): sessions 45 and 46 profiled a router
+#      collapsed from step 1 (imb 3.99-4.00: 4 experts take all 16384 tokens), whose 16384-row expert GEMMs run ~1.2 x
+#      faster than the balanced 4096-row ones the model prices, so their 0.99 measured / predicted compared other shapes;
 #      experts_zero_empty_kernel now with 16-byte stores (0.83 ms a step on session 45's H100 with the collapsed routing)
-#   3. end to end: the default (bit-identical losses to session 46's: 2.6692058229236864 at step 30), --grad-accum 4,
+#   3. end to end: the default (bit-identical losses to session 46's: 2.6692058229236864 at step 30), the default at the
+#      balanced routing (the step the model predicts: 90.4 ms), --grad-accum 4,
 #      FP8 block (its steps 9-10 kernel by kernel: the FP8 step has never been profiled on a device; the model is 6.7 ms
 #      optimistic there, session 45's H100), --gemm-autotune 8 (each GEMM shape's fastest of cuBLASLt's first 8 answers, timed in step 1: against the
 #      default's median; -a 8's last line above says what the GEMMs alone would save), and --moe-gemm grouped (session
@@ -57,10 +61,11 @@ step adamw_o 30 dev/cuda/adamw -o
 step gemm_sweep 50 dev/cuda/matmul -s .lease/gemm_shapes.txt -a 8
 step gemm_sweep_warm 25 dev/cuda/matmul -s .lease/gemm_shapes.txt -w
 # 2. the step kernel by kernel
-step e2e_kernels 45 ./train_dbrx "${E2E[@]}" --steps 8 --log "$R/e2e_kernels.jsonl" --profile "$R/e2e_kernels.json" \
-    --profile-steps 7:8 --profile-kernels
+step e2e_kernels 45 env DBRX_DEBUG_ROUTE_BALANCED=1 ./train_dbrx "${E2E[@]}" --steps 8 --log "$R/e2e_kernels.jsonl" \
+    --profile "$R/e2e_kernels.json" --profile-steps 7:8 --profile-kernels
 # 3. end to end
 step e2e_bf16 45 ./train_dbrx "${E2E[@]}" --steps 30 --log "$R/e2e_bf16.jsonl" --profile "$R/e2e_bf16_profile.json" --profile-steps 21:22
+step e2e_balanced 45 env DBRX_DEBUG_ROUTE_BALANCED=1 ./train_dbrx "${E2E[@]}" --steps 30 --log "$R/e2e_balanced.jsonl"
 step e2e_accum4 45 ./train_dbrx "${E2E[@]}" --steps 8 --grad-accum 4 --log "$R/e2e_accum4.jsonl"
 step e2e_fp8_block 40 ./train_dbrx "${E2E[@]}" --steps 20 --fp8 block --log "$R/e2e_fp8_block.jsonl" \
     --profile "$R/e2e_fp8_block_kernels.json" --profile-steps 9:10 --profile-kernels
