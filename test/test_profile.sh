@@ -160,6 +160,18 @@ print(" ".join(bad)); sys.exit(1 if bad or len(d) < 20 else 0)'
         || fail "calibrate.py --kernels: the kernels differ from the model's: $out"
     out=$(same_kernels "$tmp/kp3.json") && fail "negative control: a 3-layer model's kernels matched a 2-layer run's" \
         || pass "negative control: a 3-layer model's kernels differ from the 2-layer run's ($(wc -w <<<"$out") kernels)"
+    # the routing: every token to experts 0..k-1 (DBRX_DEBUG_ROUTE_FIRST) launches fewer expert GEMMs than the model's
+    # balanced step, and calibrate.py --kernels says the two are not the same work; at the model's routing
+    # (DBRX_DEBUG_ROUTE_BALANCED) it has nothing to say
+    for r in FIRST BALANCED; do
+        env DBRX_DEBUG_ROUTE_$r=1 $EMU "${K[@]}" --profile "$tmp/kr_$r.json" --profile-steps 2:2 --profile-kernels > /dev/null 2>&1 \
+            || fail "emulated run with DBRX_DEBUG_ROUTE_$r=1 and --profile-kernels"
+        $PY dev/predict/calibrate.py --kernels "$tmp/kr_$r.json" "$tmp/kp2.json" > "$tmp/kr_$r.txt" 2>&1
+    done
+    if grep -q "^warning: the GEMM launches differ (measured [0-9]* a step, predicted [0-9]*)" "$tmp/kr_FIRST.txt" \
+            && ! grep -q "GEMM launches differ" "$tmp/kr_BALANCED.txt" && grep -q "^all [0-9]* kernels" "$tmp/kr_BALANCED.txt"; then
+        pass "calibrate.py --kernels: a run routing every token to experts 0..k-1 is flagged as other work ($(grep -o 'measured [0-9]* a step, predicted [0-9]*' "$tmp/kr_FIRST.txt")); at the balanced routing not"
+    else fail "calibrate.py --kernels' routing check: $(grep -h "warning\|error" "$tmp"/kr_*.txt | head -2)"; fi
     expect_exit 2 "--profile-kernels without --profile" $EMU "${K[@]}" --profile-kernels
     expect_exit 2 "--profile-kernels on the CPU backend" $BIN "${G[@]}" --profile "$tmp/bad.json" --profile-kernels
     grep -q -- "^error: --profile-kernels is the CUDA step's: this run is on the CPU" <<<"$LAST_ERR" || fail "--profile-kernels on the CPU: $LAST_ERR"

@@ -24,6 +24,9 @@ b d ta tb beta fast modes", as dev/cuda/matmul -s keys it; grouped by predict.py
 the experts' shapes follow the routing) against the same kernels' predicted time on the predicted
 trace (its device rows; a GEMM's key in its args), largest measured first: where the model's rates are wrong, kernel
 by kernel, and how much of the step each kernel takes in the step (a GEMM in the step against its isolated time).
+When the two steps launch different numbers of GEMMs it says so ("the GEMM launches differ"): the model routes every
+token evenly, and a GPU run whose router sends its tokens to fewer experts (dbrx-1b's collapses at init) ran fewer,
+larger expert GEMMs, faster than the balanced ones priced; DBRX_DEBUG_ROUTE_BALANCED=1 gives the run the model's routing.
 
   calibrate.py --gemms SWEEP.txt --device DEV [--out FILE] [--source TEXT] [--markdown]
 
@@ -235,10 +238,20 @@ def kernels_main(args):
     if not pred:
         die("%s: no predicted device rows (make predict TRACE=FILE)" % files[1])
     keys = sorted(set(meas) | set(pred), key=lambda k: -max(meas.get(k, (0, 0.0))[1], pred.get(k, (0, 0.0))[1]))
+    # the model routes every token evenly (make predict's shapes-only run); a GPU run whose router sends its tokens to
+    # fewer experts launches fewer, larger expert GEMMs (a collapsed router: 4 experts take every token), which run faster
+    # than the balanced ones the model prices: the two steps are then not the same work, and the table says so
+    gemms = [sum(v[0] for k, v in d.items() if k.startswith("gemm")) for d in (meas, pred)]
+    routing = None if abs(gemms[0] - gemms[1]) < 0.5 else (
+        "the GEMM launches differ (measured %g a step, predicted %g): the runs' expert GEMMs have other shapes, as when a "
+        "router sends its tokens to fewer experts than the model's balanced routing; measure with DBRX_DEBUG_ROUTE_BALANCED=1" % tuple(gemms))
     if "--json" in args:
-        print(json.dumps({k: {"measured_launches": meas.get(k, (0, None))[0], "predicted_launches": pred.get(k, (0, None))[0],
-                              "measured_ms": meas[k][1] * 1e3 if k in meas else None,
-                              "predicted_ms": pred[k][1] * 1e3 if k in pred else None} for k in keys}))
+        out = {k: {"measured_launches": meas.get(k, (0, None))[0], "predicted_launches": pred.get(k, (0, None))[0],
+                   "measured_ms": meas[k][1] * 1e3 if k in meas else None,
+                   "predicted_ms": pred[k][1] * 1e3 if k in pred else None} for k in keys}
+        if routing:
+            print("warning: " + routing, file=sys.stderr)
+        print(json.dumps(out))
         return
     md = "--markdown" in args
     f = lambda x, p="%.3f": p % x if x is not None else "—"
@@ -260,6 +273,8 @@ def kernels_main(args):
         print(("| %s | %s | %s | %s | %s |" if md else "%-58s %9s %12s %12s %9s") % cells)
     print(("| **all %d kernels** | | %.3f | %.3f | %.2f |" if md else "all %d kernels: predicted %.3f ms, measured %.3f ms, %.2f")
           % (len(keys), tp * 1e3, tm * 1e3, tm / tp if tp else float("nan")))
+    if routing:
+        print(("\n**Not the same work:** %s." if md else "warning: %s") % routing)
 
 
 def main(argv=None):
