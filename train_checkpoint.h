@@ -91,7 +91,7 @@ static bool run_ckpt_save(RunCheckpoints* rc, Store* store, const DbrxConfig& cf
     prog->guard = spike_guard_json(guard);
     zero_to_host(store);
     if (!zero_host_state_finite(zl)) {
-        if (comm.rank == 0) fprintf(stderr, "warning: step %d: the weights or AdamW moments are not finite: not saved\n", prog->step);
+        if (comm.rank == 0) fprintf(stderr, "warning: step %d: the weights or optimizer moments are not finite: not saved\n", prog->step);
         return false;
     }
     ckpt_start_save(&rc->ck, zl, &cfg, prog, &rc->run, &comm, prev);

@@ -157,7 +157,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     if (args.fp8.gather) fp8_gather_enable(&store, fp8, comm);   // the blocks' FP8 weights gathered as E4M3 codes
     printf("zero: rank %d (cuda:%d): rank %d of %d in shard group %d, replica %d of %d; master+grads+moments+bf16 shard %lld bytes "
            "allocated, %lld bytes measured (device free memory); gathered slots %lld bytes\n", comm.rank, dev, z->shard.rank, z->S,
-           comm.rank / z->S, z->replica.rank, z->R, (long long)(z->shard_total * (2 * sizeof(float) + (g_adam_moments_bf16 ? 3 : 5) * sizeof(floatX))),   // (moments: BF16 or FP32)
+           comm.rank / z->S, z->replica.rank, z->R, (long long)(z->shard_total * (2 * sizeof(float) + sizeof(floatX) + optimizer_moments() * (g_adam_moments_bf16 ? sizeof(floatX) : sizeof(float)))),
            store.shard_bytes_measured, (long long)z->work_bytes);
     fflush(stdout);
 

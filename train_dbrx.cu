@@ -14,7 +14,7 @@
  *   embedding (model/embedding.cuh) -> L x [ norm_1 (layernorm.cuh) -> Wqkv (matmul.cuh)
  *   -> clip_qkv, RoPE, causal GQA attention (attention.cuh) -> out_proj -> residual
  *   -> norm_2 -> router, top-k, LBL, z-loss (router.cuh) -> dropless SwiGLU experts (moe.cuh)
- *   -> residual ] -> norm_f -> lm_head -> cross-entropy (classifier.cuh); AdamW in adamw.cuh.
+ *   -> residual ] -> norm_f -> lm_head -> cross-entropy (classifier.cuh); AdamW (or LionW) in adamw.cuh.
  *
  *   make && mpirun -np 1 ./train_dbrx --model dbrx-tiny
  *   mpirun -np 4 ./train_dbrx --model dbrx-tiny --shard-group-size 2     (HSDP: 2 shard groups of 2)
@@ -149,7 +149,7 @@ static void shape_validate(const DbrxConfig* c, int B, int T) {
 // buffers and FP8 scratch not counted), so it refuses only what cannot run. Collective.
 static void host_memory_check(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm) {
     int S = args.parallel.shard_group_size > 0 && args.parallel.shard_group_size <= comm.world ? args.parallel.shard_group_size : comm.world;
-    long double act = activation_bytes(&cfg, args.run.batch, args.run.seq), state = 16.0L * params_total(&cfg) / S;
+    long double act = activation_bytes(&cfg, args.run.batch, args.run.seq), state = (long double)optimizer_state_bytes() * params_total(&cfg) / S;
     long double need = (act + state) * comm.local_size, have = -1;
     struct sysinfo si;
     if (sysinfo(&si) == 0) have = ((long double)si.totalram + (long double)si.totalswap) * si.mem_unit;
@@ -160,9 +160,9 @@ static void host_memory_check(const TrainArgs& args, const DbrxConfig& cfg, Comm
     comm_agreed_failure();   // every rank exits with the same verdict: none of them is a lost rank
     if (bad && comm.local_rank == 0)
         fail(EXIT_BAD_INPUT, "the run needs at least %.2Lf GiB of host memory per rank (activations %.2Lf GiB for --batch %d x --seq %d, "
-             "parameters+grads+AdamW moments 16 B/param / %d = %.2Lf GiB) x %d rank(s) on this node, more than its %.2Lf GiB "
+             "parameters+grads+moments %d B/param / %d = %.2Lf GiB) x %d rank(s) on this node, more than its %.2Lf GiB "
              "(RAM + swap): lower --batch or --seq, shard over more ranks, or use a smaller model", (act + state) / 1073741824.0L,
-             act / 1073741824.0L, args.run.batch, args.run.seq, S, state / 1073741824.0L, comm.local_size, have / 1073741824.0L);
+             act / 1073741824.0L, args.run.batch, args.run.seq, optimizer_state_bytes(), S, state / 1073741824.0L, comm.local_size, have / 1073741824.0L);
     exit(EXIT_BAD_INPUT);
 }
 
@@ -238,9 +238,9 @@ static double recompute_fpt(const DbrxConfig* c, int seq) { return recompute_flo
 // rank 0's lines before the first step: the batch, the MFU convention, memory, the communication timeout
 static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero* zl, const BackendInfo& info, int64_t tokens_per_step,
                              double fpt, double fpt_foundry, double fpt_rc) {
-    printf("batch: %d x %d tokens x %d accum x %d ranks%s = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x\n",
-           args.run.batch, args.run.seq, args.run.grad_accum, comm.world, args.parallel.context_parallel > 1 ? (" / " +
-           std::to_string(args.parallel.context_parallel) + " (context parallel)").c_str() : "", (long long)tokens_per_step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor);
+    printf("batch: %d x %d tokens x %d accum x %d ranks%s = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x; %s\n", args.run.batch,
+           args.run.seq, args.run.grad_accum, comm.world, args.parallel.context_parallel > 1 ? (" / " + std::to_string(args.parallel.context_parallel) +
+           " (context parallel)").c_str() : "", (long long)tokens_per_step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor, g_optimizer_lion ? "LionW" : "AdamW");
     printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
            "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, info.peak / 1e12, comm.world > 1 ? "all ranks: " : "",
            info.peak_how.c_str(), fpt_foundry);
@@ -622,9 +622,9 @@ static int dry_run_report(const TrainArgs& args, const DbrxConfig& cfg) {
     printf("memory per rank, shard group of %d rank(s)%s%s, micro-batch %d x %d:\n", S,
            sgs > 0 ? "" : " (--shard-group-size S to see S ranks)",
            n > 1 ? (", expert parallel " + std::to_string(n)).c_str() : "", args.run.batch, Tr);
-    printf("  cpu  fp32: weights+grads+AdamW moments 16 B/param of this rank's shard (%s of %s params) = %.2f GiB, "
-           "activations %.2f GiB, total %.2f GiB\n", with_commas((int64_t)shard).c_str(), with_commas((int64_t)p).c_str(),
-           16 * shard / (1 << 30), act / (1 << 30), (16 * shard + act) / (1 << 30));
+    printf("  cpu  fp32: weights+grads+%s moments %d B/param of this rank's shard (%s of %s params) = %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
+           g_optimizer_lion ? "LionW" : "AdamW", optimizer_state_bytes(), with_commas((int64_t)shard).c_str(), with_commas((int64_t)p).c_str(),
+           optimizer_state_bytes() * shard / (1 << 30), act / (1 << 30), (optimizer_state_bytes() * shard + act) / (1 << 30));
     memory_plan_print(&plan, &cfg, capacity, device.c_str());
     cp_plan_print(&cfg, args.run.batch, args.run.seq, args.parallel.context_parallel);
     if (args.health.check) printf("  (not in the plan: --health-check's GEMM operands, freed before training)\n");

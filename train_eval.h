@@ -220,6 +220,7 @@ static int load_weights(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm
     }
     Checkpointer ck;
     ckpt_init(&ck, args.ckpt.dir, 0, 1, 0);
+    ck.weights_only = true;   // (whatever optimizer saved them)
     TrainProgress prog;
     JsonValue man;
     std::string from;

@@ -39,7 +39,8 @@ typedef struct {
     int gemm_autotune = 0;                // --gemm-autotune N: cuBLASLt's first N answers timed at a GEMM shape's first call (model/matmul_cublaslt.cuh)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
-                 int warmup = 10; std::string adam_moments = "fp32"; } OptimArgs;   // --adam-moments: fp32 | bf16 (model/adamw.cuh)
+                 int warmup = 10; std::string adam_moments = "fp32", optimizer = "adamw"; } OptimArgs;   // --adam-moments: fp32 | bf16,
+                                                                                                // --optimizer: adamw | lion (model/adamw.cuh)
 typedef struct { std::string train = "data/sotu/sotu_train_*.bin", val = "data/sotu/sotu_val_*.bin", schedule = ""; int seed = -1; } DataArgs;
 typedef struct {
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
@@ -152,14 +153,14 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--help", "-h", F_BOOL, &a->run.help, "this text"},
         {"--help-debug", "", F_BOOL, &a->run.help_debug, "the tests' fault-injection switches (DBRX_DEBUG_* environment variables): "
                                                         "injected spikes and NaNs, killed, stopped or slow ranks, ..."},
-        {"", "", F_SECTION, NULL, "the optimizer (AdamW, the LR schedule)"},
-        {"--lr", "-l", F_FLOAT, &a->optim.lr, "peak learning rate"},
-        {"--warmup", "-u", F_INT, &a->optim.warmup, "linear warmup steps"},
+        {"", "", F_SECTION, NULL, "the optimizer (AdamW or LionW, the LR schedule)"},
+        {"--optimizer", "", F_STR, &a->optim.optimizer, "adamw | lion (LionW: one moment, the update's sign; wants a 3-10x smaller --lr, a larger --weight-decay)"},
+        {"--lr", "-l", F_FLOAT, &a->optim.lr, "peak learning rate"}, {"--warmup", "-u", F_INT, &a->optim.warmup, "linear warmup steps"},
         {"--lr-floor", "-q", F_FLOAT, &a->optim.lr_floor, "final LR as a fraction of the peak (cosine floor)"},
-        {"--weight-decay", "-c", F_FLOAT, &a->optim.weight_decay, "AdamW decoupled weight decay (matrices only)"},
-        {"--beta1", "", F_FLOAT, &a->optim.beta1, "AdamW beta1"}, {"--beta2", "", F_FLOAT, &a->optim.beta2, "AdamW beta2"},
-        {"--adam-eps", "", F_FLOAT, &a->optim.adam_eps, "AdamW epsilon"}, {"--grad-clip", "", F_FLOAT, &a->optim.grad_clip, "global gradient-norm clip (<= 0: off)"},
-        {"--adam-moments", "", F_STR, &a->optim.adam_moments, "AdamW's moments m, v kept in fp32 | bf16 (rounded as stored: 4 bytes a parameter less, a different loss curve)"},
+        {"--weight-decay", "-c", F_FLOAT, &a->optim.weight_decay, "decoupled weight decay, times the lr (matrices only)"},
+        {"--beta1", "", F_FLOAT, &a->optim.beta1, "beta1 (AdamW's m; LionW's interpolation)"}, {"--beta2", "", F_FLOAT, &a->optim.beta2, "beta2 (AdamW's v; LionW's m)"},
+        {"--adam-eps", "", F_FLOAT, &a->optim.adam_eps, "AdamW epsilon (LionW has none)"}, {"--grad-clip", "", F_FLOAT, &a->optim.grad_clip, "global gradient-norm clip (<= 0: off)"},
+        {"--adam-moments", "", F_STR, &a->optim.adam_moments, "the optimizer's moments (AdamW's m, v; LionW's m) kept in fp32 | bf16 (rounded as stored: 2 bytes a moment a parameter less, a different loss curve)"},
         {"", "", F_SECTION, NULL, "data (data/README.md)"},
         {"--data", "-i", F_STR, &a->data.train, "training shards: a glob, or a mixture NAME=GLOB:WEIGHT,... (data/README.md)"},
         {"--data-schedule", "", F_STR, &a->data.schedule, "mixture weights from a step on: STEP:NAME=W,...[;STEP:...]"},
@@ -359,7 +360,8 @@ static void context_parallel_check(const TrainArgs* a) {
              "validation loss; checkpoints do not depend on the CP degree: run it without --context-parallel)", cp, cp_no);
 }
 
-// the optimizer's flags (model/adamw.cuh): one line naming the flag, exit 2; sets --adam-moments' g_adam_moments_bf16
+// the optimizer's flags (model/adamw.cuh): one line naming the flag, exit 2; sets --optimizer's g_optimizer_lion and
+// --adam-moments' g_adam_moments_bf16
 static void optim_args_check(const OptimArgs* o) {
     if (!(o->lr > 0)) fail(EXIT_BAD_INPUT, "--lr %g must be positive", o->lr);
     if (o->warmup < 0) fail(EXIT_BAD_INPUT, "--warmup %d must be >= 0", o->warmup);
@@ -370,6 +372,9 @@ static void optim_args_check(const OptimArgs* o) {
     if (o->adam_moments != "fp32" && o->adam_moments != "bf16")
         fail(EXIT_BAD_INPUT, "--adam-moments '%s' must be fp32 or bf16", o->adam_moments.c_str());
     g_adam_moments_bf16 = o->adam_moments == "bf16";
+    if (o->optimizer != "adamw" && o->optimizer != "lion")
+        fail(EXIT_BAD_INPUT, "--optimizer '%s' must be adamw or lion", o->optimizer.c_str());
+    g_optimizer_lion = o->optimizer == "lion";
     if (!(o->weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", o->weight_decay);
 }
 

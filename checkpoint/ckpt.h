@@ -3,8 +3,9 @@
  *
  * A checkpoint is one directory per step, DIR/step_00000010/:
  *   shard_00000.bin ... shard_<S-1>.bin   one per shard rank of the first replica: a 64-byte header, then
- *                                         the rank's fp32 master weights, AdamW m and v (each the shard
- *                                         layout of parallel/zero.h, padding included)
+ *                                         the rank's fp32 master weights, AdamW m and v, or LionW's m
+ *                                         (--optimizer lion; each the shard layout of parallel/zero.h,
+ *                                         padding included)
  *   manifest.json                         format version, model config, step, tokens seen, LR schedule
  *                                         position, optimizer, data loader state, RNG state, FP8 scaling
  *                                         state (checkpoint/fp8_state.h), topology, size and CRC-32C of
@@ -75,6 +76,7 @@ typedef struct {
     // never deleted, so a divergence cannot remove the last good checkpoints.
     int confirmed_step = 0, confirm = 1;
     bool cleaned = false;
+    bool weights_only = false;   // a load for --generate / --eval-only: the weights alone (ckpt_try_load)
     // the save in flight
     bool pending = false, writer = false;
     int step = -1;
@@ -167,7 +169,7 @@ static inline void ckpt_check_dir(Checkpointer* ck, const Zero* z, bool resume_a
                   " (it must be a file naming the newest checkpoint)";
         if (err.empty()) err = ckpt_probe_write(d);
         if (err.empty()) {
-            uint64_t need = (uint64_t)z->P * (CKPT_HEADER_BYTES + 3ull * z->shard_total * sizeof(float));
+            uint64_t need = (uint64_t)z->P * (CKPT_HEADER_BYTES + (1ull + optimizer_moments()) * z->shard_total * sizeof(float));
             struct statvfs vf;
             if (statvfs(d.c_str(), &vf) != 0) fprintf(stderr, "warning: --ckpt-dir %s: %s: free space not checked\n", d.c_str(), strerror(errno));
             else if ((uint64_t)vf.f_bavail * vf.f_frsize < need)
@@ -197,6 +199,9 @@ static inline void ckpt_check_dir(Checkpointer* ck, const Zero* z, bool resume_a
 // the model config as JSON, and the comparison a resume makes
 
 // The optional settings (clip_qkv, moe_normalize_expert_weights) are a number or null (off).
+// the manifest's optimizer.kind: the state the shard files hold after the master weights (topology.arrays)
+static inline const char* ckpt_optimizer_kind() { return g_optimizer_lion ? "lion" : "adamw"; }
+
 static inline std::string ckpt_setting_json(float v) { return dbrx_is_off(v) ? "null" : json_float(v); }
 
 static inline std::string ckpt_config_json(const DbrxConfig* c) {
@@ -315,11 +320,11 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
              "{\n  \"format\": \"train_dbrx checkpoint\",\n  \"format_version\": %d,\n  \"step\": %d,\n  \"tokens_seen\": %lld,\n"
              "  \"lr_schedule\": {\"kind\": \"linear_warmup_cosine\", \"position\": %d, \"total_steps\": %d, \"warmup_steps\": %d, "
              "\"lr\": %s, \"lr_floor\": %s},\n"
-             "  \"optimizer\": {\"kind\": \"adamw\", \"t\": %d, \"beta1\": %s, \"beta2\": %s, \"eps\": %s, "
+             "  \"optimizer\": {\"kind\": \"%s\", \"t\": %d, \"beta1\": %s, \"beta2\": %s, \"eps\": %s, "
              "\"weight_decay\": %s, \"grad_clip\": %s, \"moments\": \"%s\"},\n"
              "  \"rng\": {\"kind\": \"splitmix64\", \"seed\": %d, \"state\": %llu},\n",
              CKPT_FORMAT_VERSION, prog->step, (long long)prog->tokens, prog->step, run->total_steps, run->warmup,
-             json_float(run->lr).c_str(), json_float(run->lr_floor).c_str(), prog->step, json_float(run->opt.beta1).c_str(),
+             json_float(run->lr).c_str(), json_float(run->lr_floor).c_str(), ckpt_optimizer_kind(), prog->step, json_float(run->opt.beta1).c_str(),
              json_float(run->opt.beta2).c_str(), json_float(run->opt.eps).c_str(), json_float(run->opt.weight_decay).c_str(),
              json_float(run->opt.grad_clip).c_str(), g_adam_moments_bf16 ? "bf16" : "fp32", run->seed, (unsigned long long)prog->rng.state);
     std::string m = b;
@@ -328,9 +333,9 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
     m += "  \"model\": " + ckpt_config_json(cfg) + ",\n";
     m += "  \"fp8\": " + ckpt_fp8_state_json(z->fp8_cfg, z->fp8_metas) + ",\n";
     snprintf(b, sizeof b, "  \"topology\": {\"world\": %d, \"shard_group_size\": %d, \"replicas\": %d, \"batch\": %d, "
-             "\"seq\": %d, \"grad_accum\": %d, \"dtype\": \"float32\", \"arrays\": [\"master\", \"adam_m\", \"adam_v\"], "
+             "\"seq\": %d, \"grad_accum\": %d, \"dtype\": \"float32\", \"arrays\": %s, "
              "\"header_bytes\": %d, \"expert_parallel\": %d, \"unit_numel\": [", z->W, z->P, z->W / z->P, run->batch, run->seq, run->grad_accum,
-             CKPT_HEADER_BYTES, z->ep_n);
+             g_optimizer_lion ? "[\"master\", \"lion_m\"]" : "[\"master\", \"adam_m\", \"adam_v\"]", CKPT_HEADER_BYTES, z->ep_n);
     m += b + units + "], \"unit_runs\": [" + runs + "]";
     if (z->ep_spread) m += ", \"ep_layout\": \"spread\"";   // (absent: packed) the owner runs' pieces by ep_layout_piece
     m += "},\n";
@@ -424,11 +429,12 @@ static inline void ckpt_start_save(Checkpointer* ck, Zero* z, const DbrxConfig* 
     if (!ck->writer) return;
     Zero file;
     if (z->P != z->S) zero_file_layout(z, &file);
-    size_t total = z->P != z->S ? file.shard_total : z->shard_total, n = 3 * total;
+    const int n_arrays = 1 + optimizer_moments();   // master, then the optimizer's moments
+    size_t total = z->P != z->S ? file.shard_total : z->shard_total, n = n_arrays * total;
     if (ck->staging_n != n) { free(ck->staging); ck->staging = (float*)mallocCheck(n * sizeof(float)); ck->staging_n = n; }
     double t0 = now_seconds();
     const float* arrays[3] = {z->master, z->m, z->v};
-    for (int a = 0; a < 3; a++)
+    for (int a = 0; a < n_arrays; a++)
         if (z->P != z->S) zero_copy_pieces(z, z->lrank, arrays[a], &file, z->lrank, ck->staging + a * total);
         else memcpy(ck->staging + a * total, arrays[a], total * sizeof(float));
     ck->blocked_s = now_seconds() - t0;

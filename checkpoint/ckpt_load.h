@@ -150,15 +150,16 @@ static inline std::vector<CkptPiece> ckpt_pieces_of(const Zero* L, int r) {
 }
 
 // The copies that take this rank's pieces (mine) out of an old file whose pieces are `theirs`: every
-// overlap, for each of the three arrays (master, m, v, total_old floats each in the file), in file order
+// overlap, for each of the n_arrays arrays (master, then the optimizer's m, v or m: total_old floats each in the file), in
+// file order
 static inline std::vector<CopySeg> ckpt_copy_segs(const std::vector<CkptPiece>& theirs, const std::vector<CkptPiece>& mine,
-                                                  float* const arrays[3], size_t total_old) {
+                                                  float* const arrays[3], int n_arrays, size_t total_old) {
     std::vector<CopySeg> segs;
     for (size_t i = 0, j = 0; i < theirs.size() && j < mine.size();) {   // the overlaps of two sorted, disjoint lists
         const CkptPiece &o = theirs[i], &n = mine[j];
         size_t lo = std::max(o.lo, n.lo), hi = std::min(o.hi, n.hi);
         if (lo < hi)
-            for (int a = 0; a < 3; a++)
+            for (int a = 0; a < n_arrays; a++)
                 segs.push_back(CopySeg{CKPT_HEADER_BYTES + 4ull * (a * total_old + o.at + (lo - o.lo)), 4ull * (hi - lo),
                                        arrays[a] + n.at + (lo - n.lo)});
         if (o.hi <= n.hi) i++; else j++;
@@ -244,8 +245,9 @@ static inline std::string ckpt_restore_place(const JsonValue* man, const std::st
 
 // Reads checkpoint `dir` into z (this rank's shard of master, m, v) and prog. Returns "" or what is
 // wrong with it (the same on every rank). cfg mismatch is an error exit (not a reason to fall back).
+// weights_only (--generate, --eval-only): the master weights alone, whatever optimizer saved them.
 static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const DbrxConfig* cfg, TrainProgress* prog,
-                                        JsonValue* man_out, Comm* comm) {
+                                        JsonValue* man_out, Comm* comm, bool weights_only = false) {
     std::string text, why = ckpt_read_manifest(dir, &text, man_out);
     const JsonValue* man = man_out;
     // every rank read the same manifest; agree anyway (a rank may see a different file system state)
@@ -257,6 +259,19 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
         if (comm->rank == 0) fail(EXIT_BAD_INPUT, "checkpoint %s does not match this run's model: %s", dir.c_str(), mism.c_str());
         exit(EXIT_BAD_INPUT);
     }
+    // the optimizer's state (absent before --optimizer: AdamW's): another optimizer's moments are not this one's
+    const JsonValue* kind = json_get(json_get(man, "optimizer"), "kind");
+    std::string kind_old = kind && kind->kind == JsonValue::STR ? kind->text : "adamw";
+    if (kind_old != "adamw" && kind_old != "lion") return "manifest.json: optimizer.kind '" + kind_old + "'";
+    if (kind_old != ckpt_optimizer_kind() && !weights_only) {
+        if (comm->rank == 0)
+            fail(EXIT_BAD_INPUT, "checkpoint %s holds %s's state: --optimizer %s cannot continue it (resume with --optimizer %s, or "
+                 "start from its weights: --export-hf, then --init-hf)", dir.c_str(), kind_old.c_str(), ckpt_optimizer_kind(),
+                 kind_old.c_str());
+        exit(EXIT_BAD_INPUT);
+    }
+    const int n_file = kind_old == "lion" ? 2 : 3;       // the arrays a file holds (topology.arrays)
+    const int n_arrays = weights_only ? 1 : n_file;       // the ones read: the same optimizer's, or the weights
     int S_old = 0, version = 0, ep_old = 1;
     std::vector<std::vector<RunSpec>> runs_old;
     std::string fmt_err = ckpt_old_layout(man, z, &S_old, &version, &ep_old, &runs_old);
@@ -269,7 +284,7 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     Zero old;
     zero_layout_from_runs(&old, runs_old, S_old, ep_old, spread_old);
     size_t total_old = old.shard_total;
-    uint64_t expect_bytes = CKPT_HEADER_BYTES + 3ull * total_old * sizeof(float);
+    uint64_t expect_bytes = CKPT_HEADER_BYTES + (uint64_t)n_file * total_old * sizeof(float);
     std::vector<int> file_bad(S_old + 1, 0);
     CkptFileTable table;
     std::string table_err = ckpt_read_file_table(man, S_old, expect_bytes, &table);
@@ -281,11 +296,11 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     // the first replica reads: for each old file, the pieces of this rank's new shard it holds
     memset(z->master, 0, z->shard_total * sizeof(float));
     memset(z->m, 0, z->shard_total * sizeof(float));
-    memset(z->v, 0, z->shard_total * sizeof(float));
+    if (z->v) memset(z->v, 0, z->shard_total * sizeof(float));
     bool reader = zero_expert_replica(z)->rank == 0;   // (the replica group, but under data parallelism with EP)
     float* arrays[3] = {z->master, z->m, z->v};
     for (int f = 0; reader && f < S_old && local_err.empty(); f++) {
-        std::vector<CopySeg> segs = ckpt_copy_segs(ckpt_pieces_of(&old, f), mine, arrays, total_old);
+        std::vector<CopySeg> segs = ckpt_copy_segs(ckpt_pieces_of(&old, f), mine, arrays, n_arrays, total_old);
         if (segs.empty()) continue;
         // stream the whole file once: checksum everything, keep the pieces
         std::string err = ckpt_read_old_shard(dir, f, &table, &old, S_old, segs, comm->rank, t_start, &t_said);
@@ -300,21 +315,22 @@ static inline std::string ckpt_try_load(const std::string& dir, Zero* z, const D
     // program never writes one: the training loop checks before it saves)
     int nonfinite = 0;
     if (reader)
-        for (float* a : arrays) {
+        for (int k = 0; k < n_arrays; k++) {
+            const float* a = arrays[k];
             size_t bad = 0;
             #pragma omp parallel for reduction(+ : bad)
             for (size_t i = 0; i < z->shard_total; i++) bad += !std::isfinite(a[i]);
             nonfinite += bad > 0;
         }
     comm_all_reduce(&comm->world_group, &nonfinite, 1, COMM_I32);
-    if (nonfinite) return "non-finite values in the weights or the AdamW moments";
+    if (nonfinite) return "non-finite values in the weights or the optimizer's moments";
     // the other replicas get the first replica's shards: host buffers, so over the group's MPI communicator
     // also on the GPU path (a NCCL group's collectives take device buffers, on its stream)
     if (zero_expert_replica(z)->size > 1) {
         CommGroup* g = zero_expert_replica(z);
         int nccl = g->nccl;
         g->nccl = 0;
-        for (float* a : arrays) comm_broadcast(g, a, z->shard_total * sizeof(float), 0);
+        for (int k = 0; k < n_arrays; k++) comm_broadcast(g, arrays[k], z->shard_total * sizeof(float), 0);
         g->nccl = nccl;
     }
     z->slot_unit[0] = z->slot_unit[1] = -1;
@@ -385,7 +401,7 @@ static inline int ckpt_resume(Checkpointer* ck, const std::string& resume, Zero*
         candidates.push_back(resume);
     }
     for (const std::string& dir : candidates) {
-        std::string why = ckpt_try_load(dir, z, cfg, prog, manifest, comm);
+        std::string why = ckpt_try_load(dir, z, cfg, prog, manifest, comm, ck->weights_only);
         if (why.empty()) {
             *loaded = dir;
             ckpt_plans_restore(dir, manifest, comm);

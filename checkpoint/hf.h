@@ -360,7 +360,7 @@ static inline void hf_import(const std::string& dir, Zero* z, const DbrxConfig* 
     }
     memset(z->master, 0, z->shard_total * sizeof(float));
     memset(z->m, 0, z->shard_total * sizeof(float));
-    memset(z->v, 0, z->shard_total * sizeof(float));
+    if (z->v) memset(z->v, 0, z->shard_total * sizeof(float));   // (LionW: none)
     std::map<std::string, int> fds;
     std::vector<char> buf;
     const size_t chunk_elems = (size_t)8 << 20;

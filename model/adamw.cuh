@@ -1,7 +1,7 @@
 /*
  * adamw.cuh — the optimizer: global gradient norm, the learning-rate schedule (linear warmup, then
- * cosine decay to a floor) and AdamW with decoupled weight decay (applied to matrices only; the
- * caller passes weight_decay = 0 for LayerNorm weights).
+ * cosine decay to a floor), AdamW with decoupled weight decay (applied to matrices only; the caller
+ * passes weight_decay = 0 for LayerNorm weights) and LionW (--optimizer lion: the same decay, one moment).
  */
 #pragma once
 #include "common.h"
@@ -46,6 +46,44 @@ static inline void adamw_update(real* param, const real* grad, real* m, real* v,
     }
 }
 
+// --optimizer (set once at start-up, as g_adam_moments_bf16): 0 AdamW (the default), 1 LionW (Chen et al. 2023,
+// "Symbolic Discovery of Optimization Algorithms"; the optimizer of DBRX's published fine-tuning recipe, betas 0.9 / 0.95).
+// LionW keeps one moment, m (in the store's m arrays; the v arrays are not allocated), and its update has the same size
+// lr in every element, the sign of an interpolation of m and g. Weight decay as AdamW's here: decoupled, times lr (the
+// paper's form; LLM Foundry's DecoupledLionW multiplies it by lr / lr_max instead: its weight_decay is ours times lr_max).
+// Lion's step wants a smaller lr than AdamW's (the paper: 3-10x) and a larger weight decay; the flags are the user's.
+// --adam-moments bf16 keeps Lion's m in BF16 too. Bytes a parameter a step: 22 (g, m, master read; m, master, BF16
+// copy written), BF16 m 18, against AdamW's 30 / 22.
+inline int g_optimizer_lion = 0;
+
+// sign(x) with sign(0) = 0 (torch.sign's): a zero interpolation moves nothing
+static inline real lion_sign(real x) { return (real)((x > 0) - (x < 0)); }
+
+// one LionW step over n elements (no bias correction, no epsilon):
+//   c = b1 m + (1-b1) g;  p -= lr (sign(c) + wd p);  m = b2 m + (1-b2) g
+static inline void lion_update(real* param, const real* grad, real* m, size_t n, float lr, float beta1, float beta2,
+                               float weight_decay, float grad_scale, int moments_bf16 = 0) {
+    #pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        real g = grad[i] * grad_scale;
+        real c = beta1 * m[i] + (1 - beta1) * g;
+        real mi = beta2 * m[i] + (1 - beta2) * g;
+        m[i] = moments_bf16 ? (real)bf16_round((float)mi) : mi;
+        param[i] -= lr * (lion_sign(c) + weight_decay * param[i]);
+    }
+}
+
+// the run's optimizer (--optimizer, --adam-moments) over n elements: AdamW from m and v, or LionW from m (v unused: NULL)
+static inline void optimizer_update(real* param, const real* grad, real* m, real* v, size_t n, float lr, float beta1, float beta2,
+                                    float eps, float weight_decay, float grad_scale, int t) {
+    if (g_optimizer_lion) lion_update(param, grad, m, n, lr, beta1, beta2, weight_decay, grad_scale, g_adam_moments_bf16);
+    else adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t, g_adam_moments_bf16);
+}
+// the moment arrays the run's optimizer keeps a parameter: AdamW's m and v, LionW's m; with the fp32 master weight and
+// gradient, the bytes of parameter state a parameter on the CPU
+static inline int optimizer_moments() { return g_optimizer_lion ? 1 : 2; }
+static inline int optimizer_state_bytes() { return 4 * (2 + optimizer_moments()); }
+
 #if DBRX_HAVE_CUDA
 // ---------------------------------------------------------------------------------------------
 // CUDA: fp32 master weights, fp32 moments and gradients; the update writes the master weight and
@@ -80,6 +118,12 @@ __device__ __forceinline__ float adamw_math(float g, float* m, float* v, float p
     *v = vi;
     float mhat = mi / bc1, vhat = vi / bc2;
     return p - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * p);
+}
+// LionW's, as lion_update's expressions
+__device__ __forceinline__ float lion_math(float g, float* m, float p, float lr, float beta1, float beta2, float weight_decay) {
+    float c = beta1 * *m + (1 - beta1) * g;
+    *m = beta2 * *m + (1 - beta2) * g;
+    return p - lr * ((float)((c > 0) - (c < 0)) + weight_decay * p);
 }
 
 // 8 floats at p (32-byte aligned) as two 16-byte accesses
@@ -163,7 +207,8 @@ __device__ __forceinline__ void moments_store8(floatX* p, const float* f) { stor
 // overwrite it). elems: the segments' elements (the table is on the device; the step-time model,
 // dev/predict/kernel_cost.py, reads the launch's arguments: a store that updates its shard in two launches says how
 // much each covers, and clear_grad); the kernel does not need elems.
-template <typename M>   // the moments' type: float, or floatX (--adam-moments bf16)
+// LION (--optimizer lion): LionW's update from m alone (v is not read or written: it may be NULL).
+template <typename M, int LION>   // the moments' type: float, or floatX (--adam-moments bf16)
 __device__ __forceinline__ void adamw_fused_body(float* param, floatX* param_bf16, float* grad, M* m, M* v, const size_t* seg_off,
                                                  const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2,
                                                  float eps, float weight_decay, float pre, float grad_scale, float bc1, float bc2,
@@ -179,9 +224,15 @@ __device__ __forceinline__ void adamw_fused_body(float* param, floatX* param_bf1
     for (size_t j = tid; j < head + rest; j += stride) {   // the scalar elements: the head, then the tail
         size_t i = off + (j < head ? j : head + 8 * n8 + (j - head));
         if (mode != ADAMW_ZERO_ONLY) {
-            float mi = moment_load(m + i), vi = moment_load(v + i);
-            float p = adamw_math((grad[i] * pre) * grad_scale, &mi, &vi, param[i], lr, beta1, beta2, eps, wd, bc1, bc2);
-            moment_store(m + i, mi); moment_store(v + i, vi);
+            float mi = moment_load(m + i), p;
+            if constexpr (LION) {
+                p = lion_math((grad[i] * pre) * grad_scale, &mi, param[i], lr, beta1, beta2, wd);
+            } else {
+                float vi = moment_load(v + i);
+                p = adamw_math((grad[i] * pre) * grad_scale, &mi, &vi, param[i], lr, beta1, beta2, eps, wd, bc1, bc2);
+                moment_store(v + i, vi);
+            }
+            moment_store(m + i, mi);
             param[i] = p;
             param_bf16[i] = __float2bfloat16(p);
         }
@@ -192,53 +243,64 @@ __device__ __forceinline__ void adamw_fused_body(float* param, floatX* param_bf1
         size_t i = off + head + 8 * q;
         if (mode != ADAMW_ZERO_ONLY) {
             float gv[8], mv[8], vv[8], pv[8];
-            load_f32x8(gv, grad + i); moments_load8(mv, m + i); moments_load8(vv, v + i); load_f32x8(pv, param + i);
-            for (int j = 0; j < 8; j++)
-                pv[j] = adamw_math((gv[j] * pre) * grad_scale, &mv[j], &vv[j], pv[j], lr, beta1, beta2, eps, wd, bc1, bc2);
-            moments_store8(m + i, mv); moments_store8(v + i, vv); store_f32x8(param + i, pv);
+            load_f32x8(gv, grad + i); moments_load8(mv, m + i); load_f32x8(pv, param + i);
+            if constexpr (LION) {
+                for (int j = 0; j < 8; j++) pv[j] = lion_math((gv[j] * pre) * grad_scale, &mv[j], pv[j], lr, beta1, beta2, wd);
+            } else {
+                moments_load8(vv, v + i);
+                for (int j = 0; j < 8; j++)
+                    pv[j] = adamw_math((gv[j] * pre) * grad_scale, &mv[j], &vv[j], pv[j], lr, beta1, beta2, eps, wd, bc1, bc2);
+                moments_store8(v + i, vv);
+            }
+            moments_store8(m + i, mv); store_f32x8(param + i, pv);
             store_bf16<8>(param_bf16 + i, pv);
         }
         if (clear_grad) store_f32x8(grad + i, zero);
     }
 }
-// FP32 moments (the default) and BF16 ones (--adam-moments bf16): two names, so that a profile and the step-time model
-// (dev/predict/kernel_cost.py: 8 bytes less read and written per element) tell them apart
-__global__ void adamw_fused_kernel(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
-                                   const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2, float eps,
-                                   float weight_decay, float pre, float grad_scale, float bc1, float bc2, size_t elems, int clear_grad) {
-    (void)elems;
-    adamw_fused_body(param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr, beta1, beta2, eps, weight_decay, pre, grad_scale,
-                     bc1, bc2, clear_grad);
-}
-__global__ void adamw_fused_bf16_moments_kernel(float* param, floatX* param_bf16, float* grad, floatX* m, floatX* v, const size_t* seg_off,
-                                                const size_t* seg_n, const int* seg_mode, int vec, float lr, float beta1, float beta2,
-                                                float eps, float weight_decay, float pre, float grad_scale, float bc1, float bc2, size_t elems,
-                                                int clear_grad) {
-    (void)elems;
-    adamw_fused_body(param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr, beta1, beta2, eps, weight_decay, pre, grad_scale,
-                     bc1, bc2, clear_grad);
-}
+// FP32 moments (the default) and BF16 ones (--adam-moments bf16), AdamW and LionW: four names, so that a profile and the
+// step-time model (dev/predict/kernel_cost.py: the bytes per element) tell them apart
+#define ADAMW_FUSED_KERNEL(name, M, LION)                                                                                      \
+    __global__ void name(float* param, floatX* param_bf16, float* grad, M* m, M* v, const size_t* seg_off, const size_t* seg_n,     \
+                         const int* seg_mode, int vec, float lr, float beta1, float beta2, float eps, float weight_decay, float pre, \
+                         float grad_scale, float bc1, float bc2, size_t elems, int clear_grad) {                                    \
+        (void)elems;                                                                                                                \
+        adamw_fused_body<M, LION>(param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr, beta1, beta2, eps,              \
+                                  weight_decay, pre, grad_scale, bc1, bc2, clear_grad);                                             \
+    }
+ADAMW_FUSED_KERNEL(adamw_fused_kernel, float, 0)
+ADAMW_FUSED_KERNEL(adamw_fused_bf16_moments_kernel, floatX, 0)
+ADAMW_FUSED_KERNEL(lion_fused_kernel, float, 1)              // (v: NULL)
+ADAMW_FUSED_KERNEL(lion_fused_bf16_moment_kernel, floatX, 1)
 
 // One step t (1-based) over a shard: the table (device: seg_off, seg_n, seg_mode, nseg entries, the longest
 // max_n), the data-parallel factor pre (1: none) and the clipping scale grad_scale; the gradient ends zero if
 // clear_grad (0: left as it is, for a store whose next gradient overwrites it). The moments: m, v in FP32, or (m, v
-// NULL) m16, v16 in BF16 (--adam-moments bf16).
+// NULL) m16, v16 in BF16 (--adam-moments bf16). lion (--optimizer lion): LionW from m (or m16) alone, v and v16 NULL.
 static inline void adamw_fused_update_gpu(float* param, floatX* param_bf16, float* grad, float* m, float* v, const size_t* seg_off,
                                           const size_t* seg_n, const int* seg_mode, int nseg, size_t max_n, float lr, float beta1,
                                           float beta2, float eps, float weight_decay, float pre, float grad_scale, int t,
                                           cudaStream_t stream = 0, size_t elems = 0, int clear_grad = 1, floatX* m16 = NULL,
-                                          floatX* v16 = NULL) {
+                                          floatX* v16 = NULL, int lion = 0) {
     if (nseg == 0) return;
     float bc1 = (float)(1.0 - pow((double)beta1, t)), bc2 = (float)(1.0 - pow((double)beta2, t));
     int vec = aligned16({param, param_bf16, grad, m, v, m16, v16});
     int bx = (int)std::max<size_t>(1, std::min<size_t>((max_n + 2047) / 2048, 512));   // 256 threads x 8 elements
-    ENSURE((m && v && !m16 && !v16) || (!m && !v && m16 && v16), "adamw_fused_update_gpu: the moments in FP32 (m, v) or BF16 (m16, v16)");
-    if (m16)
-        LAUNCH(adamw_fused_bf16_moments_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m16, v16, seg_off, seg_n, seg_mode,
+    ENSURE(lion ? ((m && !m16) || (!m && m16)) && !v && !v16 : (m && v && !m16 && !v16) || (!m && !v && m16 && v16),
+           "adamw_fused_update_gpu: the moments in FP32 (m, v) or BF16 (m16, v16); LionW's m alone");
+    dim3 grid(bx, nseg);
+    if (lion && m16)
+        LAUNCH(lion_fused_bf16_moment_kernel, grid, 256, 0, stream, param, param_bf16, grad, m16, (floatX*)NULL, seg_off, seg_n, seg_mode,
                vec, lr, beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2, elems, clear_grad);
-    else
-        LAUNCH(adamw_fused_kernel, dim3(bx, nseg), 256, 0, stream, param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr,
+    else if (lion)
+        LAUNCH(lion_fused_kernel, grid, 256, 0, stream, param, param_bf16, grad, m, (float*)NULL, seg_off, seg_n, seg_mode, vec, lr,
                beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2, elems, clear_grad);
+    else if (m16)
+        LAUNCH(adamw_fused_bf16_moments_kernel, grid, 256, 0, stream, param, param_bf16, grad, m16, v16, seg_off, seg_n, seg_mode, vec,
+               lr, beta1, beta2, eps, weight_decay, pre, grad_scale, bc1, bc2, elems, clear_grad);
+    else
+        LAUNCH(adamw_fused_kernel, grid, 256, 0, stream, param, param_bf16, grad, m, v, seg_off, seg_n, seg_mode, vec, lr, beta1, beta2,
+               eps, weight_decay, pre, grad_scale, bc1, bc2, elems, clear_grad);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@
  * per query tile, and on an H100 it ran at 41 TFLOP/s (4% of the BF16 peak) at DBRX-132B's attention shape,
  * where this pair ran at 157 TFLOP/s on an H200 (dev/bench/results_gpu.md): its key tiles then waited on each
  * other's dQ sums in a chain, with an L2 round trip at every handoff, which cost far more than the 2 products saved
- * (it sums downwards since, which removes the chain but not the handoffs; not timed yet).
+ * (it sums downwards since, which removes the chain but not the handoffs; on session 39's H100 at dbrx-1b's shape it
+ * ran at 46.9 TFLOP/s: dev/bench/results_gpu.md).
  * dqkv (B, T, (H + 2 KV) hd) overwritten; Dbuf (B, H, T) FP32 scratch.
  */
 #pragma once

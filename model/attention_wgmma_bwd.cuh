@@ -22,7 +22,8 @@
  * Under the emulator the results are the pair's bit for bit (the same k-order sums, and the same elementwise arithmetic:
  * dQ over all keys in one accumulator, key tiles in order; dK, dV over the group's heads and queries; a wholly masked
  * tile adds zeros; S scale - lse one FMA in both); test_kernels and test/test_attention_bwd.sh check it, the latter on a
- * training step. Never timed on a GPU yet (dev/cuda/attention_wgmma_bwd -v 3 times both beside the pair). No branch around
+ * training step. First timed on session 45's H100, 2026-11-28 (dev/cuda/attention_wgmma_bwd -v 3 times both beside the
+ * pair; dev/bench/results_gpu.md). No branch around
  * a wgmma (ptxas serializes every wgmma of a kernel where one is in a path it cannot prove warpgroup-uniform).
  * Registers (nvcc 13, sm_90a, the product build; hd 128 / 64): the dq kernel 177 / 145, overlapped 191 / 159, the dk/dv
  * kernel 254 / 188 (the pair's: dq 223 / 159, dk/dv 245 / 162); no spill, no wgmma serialization.

@@ -591,8 +591,8 @@ static inline double dbrx_update(Dbrx* m, const AdamWConfig* o, float lr, int t,
     #pragma omp parallel for schedule(dynamic, 4)
     for (size_t i = 0; i < chunks.size(); i++) {
         const ParamChunk& c = chunks[i];
-        adamw_update(m->params + c.offset, m->grads + c.offset, m->m + c.offset, m->v + c.offset, c.n, lr,
-                     o->beta1, o->beta2, o->eps, c.decay ? o->weight_decay : 0.0f, scale, t, g_adam_moments_bf16);
+        optimizer_update(m->params + c.offset, m->grads + c.offset, m->m + c.offset, m->v ? m->v + c.offset : NULL, c.n, lr,
+                         o->beta1, o->beta2, o->eps, c.decay ? o->weight_decay : 0.0f, scale, t);
     }
     dbrx_fp8_end_step(m);
     return norm;

@@ -258,7 +258,7 @@ static inline std::string gib(double bytes) { char b[32]; snprintf(b, sizeof b, 
     size_t free_b = 0, total = 0;
     (void)cudaGetLastError();   // (the failed allocation's error, if that is how we got here)
     cudaMemGetInfo(&free_b, &total);
-    fail(EXIT_RUNTIME, "out of GPU memory: the run needs %s per GPU (parameter state %s: fp32 master, grads, AdamW moments "
+    fail(EXIT_RUNTIME, "out of GPU memory: the run needs %s per GPU (parameter state %s: fp32 master, grads, optimizer moments "
          "and bf16 copy of this rank's shard plus the gathered slots; activations and scratch %s for micro-batch %d x %d of "
          "a %.2f%s-parameter model); the GPU has %s free of %s%s. Lower --batch or --seq, shard over more GPUs (mpirun -np, "
          "--shard-group-size), or use a smaller --model", gib((double)need).c_str(), gib((double)param_bytes).c_str(),
@@ -627,7 +627,8 @@ static inline bool dbrx_grads_overwrite(const DbrxGPU* m) { return !m->experts.b
 
 // (the model's own update, FP32 moments: the tests' step; training updates through the parameter store in parallel/)
 static inline double dbrx_update(DbrxGPU* m, const AdamWConfig* o, float lr, int t) {
-    ENSURE(!g_adam_moments_bf16, "dbrx_update (model/dbrx_cuda.cuh) keeps FP32 moments: --adam-moments bf16 updates through the parameter store");
+    ENSURE(!g_adam_moments_bf16 && !g_optimizer_lion, "dbrx_update (model/dbrx_cuda.cuh) is AdamW with FP32 moments: --adam-moments bf16 "
+           "and --optimizer lion update through the parameter store");
     double norm = sqrt(grad_sumsq_gpu(m->grads, m->num_params, m->norm_partial));
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     for (const ParamInfo& p : m->table)

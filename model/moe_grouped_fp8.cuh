@@ -23,7 +23,7 @@
  * holds 128 accumulators within the 168 registers of a 384-thread block (ptxas: 164, no spills; no setmaxnreg yet).
  * Stage 32 KiB, 6 stages, then v4's epilogue staging (32 KiB). Each k-tile's MMAs are waited for before the
  * promotion (wait_group 0, as DeepGEMM): the other consumer warpgroup's MMAs and the producer's copies overlap it.
- * Untimed on a GPU until the next lease.
+ * Timed on H100s in sessions 39 and 45 (2026-11-27, 2026-11-28: dev/bench/results_gpu.md).
  * PLANT (tests only): 1 the activation scale of the next k block (k blocks wrapped), 2 the promotion skipped for
  * k block 1, 3 expect_tx 16 bytes above the stage's (the phase never completes: a reported deadlock), 4 the stage
  * released before its MMAs completed (the refill's copy over a stage being read: a race).

@@ -40,10 +40,10 @@
  * u ("epi_free", count 8: one arrival per consumer warp after its stores read the region, behind fence.proxy.async).
  * So the loads run during the main loop, and the epilogue waits for no global load: it overwrites its g, u fragments
  * with dg, du in place and stores them (Session 39's H100 run had A at 167 TFLOP/s, its epilogue's loads waiting
- * behind its stores; this version is untimed.) The MMAs and their k order are v3's: under the emulator
- * the results are bit for bit moe_grouped.cuh's (and today's path's). Timed on an H100 before the staging only (up
- * 1.469 ms with g, u, a stored against 0.853 with a only; A 1.440 ms at dbrx-1b: dev/bench/results_gpu.md); whether
- * the staging pays, or the stores must overlap the next tile's MMAs, is for the next GPU run.
+ * behind its stores; this version ran at 277 on session 45's H100.) The MMAs and their k order are v3's: under the emulator
+ * the results are bit for bit moe_grouped.cuh's (and today's path's). Timed on an H100 before the staging (up
+ * 1.469 ms with g, u, a stored against 0.853 with a only; A 1.440 ms at dbrx-1b) and after it, session 45 (up 539
+ * TFLOP/s with g, u, a stored, 578 a only; A 277 against 167: dev/bench/results_gpu.md).
  * PLANT (tests only): 1, 2 as moe_grouped.cuh's (the scheduler's floor, the store mask one row too far); 4 the
  * producer skips the "empty" wait (a stage overwritten while read); 5 expect_tx 16 bytes above the stage's
  * (the phase never completes); 6 a consumer releases the stage it has just issued MMAs on, before they completed;

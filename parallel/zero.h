@@ -441,12 +441,12 @@ static inline void zero_init(Zero* z, Dbrx* model, Comm* comm, int S, uint64_t s
     long long rss0 = zero_rss_bytes();
     size_t bytes = z->shard_total * sizeof(real);
     z->master = (real*)mallocCheck(bytes); z->grad = (real*)mallocCheck(bytes);
-    z->m = (real*)mallocCheck(bytes); z->v = (real*)mallocCheck(bytes);
-    memset(z->master, 0, bytes); memset(z->grad, 0, bytes); memset(z->m, 0, bytes); memset(z->v, 0, bytes);
+    z->m = (real*)mallocCheck(bytes); z->v = optimizer_moments() == 2 ? (real*)mallocCheck(bytes) : NULL;   // (LionW: no v)
+    memset(z->master, 0, bytes); memset(z->grad, 0, bytes); memset(z->m, 0, bytes); if (z->v) memset(z->v, 0, bytes);
     for (const ShardSegment& g : z->segs)   // this rank's part of the initialisation, drawn alone
         dbrx_init_range(z->master + g.shard_off, g.flat_off, g.flat_off + g.numel, c, t, seed);
     z->state_rss = zero_rss_bytes() - rss0;
-    z->state_bytes = 4 * bytes;
+    z->state_bytes = (2 + optimizer_moments()) * bytes;
 
     model->g.blocks.resize(c->n_layers);
     model->p.blocks.resize(c->n_layers);
@@ -534,7 +534,7 @@ static inline void zero_from_host(Zero* z) { (void)z; }
 // Are the host shards (master, m, v: after zero_to_host) finite on every rank? Collective (world).
 static inline bool zero_host_state_finite(Zero* z) {
     int bad = 0;
-    for (const real* a : {z->master, z->m, z->v}) {
+    for (const real* a : {z->master, z->m, z->v}) if (a) {   // (LionW: no v)
         size_t n = 0;
         #pragma omp parallel for reduction(+ : n)
         for (size_t i = 0; i < z->shard_total; i++) n += !std::isfinite(a[i]);
@@ -669,7 +669,7 @@ static inline double zero_grad_norm(Zero* z) {
     return sqrt(sumsq);
 }
 
-// one AdamW step t (1-based) on this rank's shard, with global-norm clipping by `norm` (zero_grad_norm's,
+// one optimizer step t (1-based: AdamW, or LionW under --optimizer lion) on this rank's shard, with global-norm clipping by `norm` (zero_grad_norm's,
 // which the training loop's spike guard reads first); returns it
 static inline double zero_update(Zero* z, const AdamWConfig* o, float lr, int t, double norm) {
     z->slot_unit[0] = z->slot_unit[1] = -1;   // the gathered copies are stale after the update
@@ -677,8 +677,8 @@ static inline double zero_update(Zero* z, const AdamWConfig* o, float lr, int t,
     if (z->P == 1) return dbrx_update(z->model, o, lr, t, norm);
     float scale = (o->grad_clip > 0 && norm > o->grad_clip) ? (float)(o->grad_clip / norm) : 1.0f;
     for (const ShardSegment& g : z->segs)
-        adamw_update(z->master + g.shard_off, z->grad + g.shard_off, z->m + g.shard_off, z->v + g.shard_off, g.numel,
-                     lr, o->beta1, o->beta2, o->eps, g.decay ? o->weight_decay : 0.0f, scale, t, g_adam_moments_bf16);
+        optimizer_update(z->master + g.shard_off, z->grad + g.shard_off, z->m + g.shard_off, z->v ? z->v + g.shard_off : NULL, g.numel,
+                         lr, o->beta1, o->beta2, o->eps, g.decay ? o->weight_decay : 0.0f, scale, t);
     dbrx_fp8_end_step(z->model);
     return norm;
 }

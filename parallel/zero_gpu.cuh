@@ -96,8 +96,8 @@ typedef struct ZeroGpuEmb {
 typedef struct {
     Zero z;                           // layout, groups (NCCL), host shards for checkpoints and import/export
     DbrxGPU* model;
-    float *master, *grad, *m, *v;     // device, z.shard_total each (m, v: NULL under --adam-moments bf16)
-    floatX *m16, *v16;                // device, z.shard_total each: AdamW's moments in BF16 (--adam-moments bf16), else NULL
+    float *master, *grad, *m, *v;     // device, z.shard_total each (m, v: NULL under --adam-moments bf16; v under --optimizer lion)
+    floatX *m16, *v16;                // device, z.shard_total each: the moments in BF16 (--adam-moments bf16), else NULL
     floatX* master_bf16;              // device, z.shard_total: the all-gathers' input (S = 1: the model's weights)
     floatX* work[2];                  // device, z.work_numel each: gathered units (S > 1)
     float* gwork[2];                  // device, z.work_numel each: full gradients of units in backward (S > 1)
@@ -175,11 +175,11 @@ static inline size_t zero_rc_slot_numel(const Zero* z) {
     return z->S > 1 && L >= 2 && (recompute_union(&g_recompute, L) & RC_MOE) ? z->slot_numel[1] : 0;
 }
 
-// device memory of the store for a layout: the fp32 master and gradient shards, the moments (fp32, or BF16 under
-// --adam-moments bf16), the BF16 shard, and for S > 1 the slots
+// device memory of the store for a layout: the fp32 master and gradient shards, the moments (AdamW's two, LionW's one;
+// fp32, or BF16 under --adam-moments bf16), the BF16 shard, and for S > 1 the slots
 static inline size_t zero_gpu_bytes(const Zero* z, int rs_bf16 = 0) {
     size_t moment = g_adam_moments_bf16 ? sizeof(floatX) : sizeof(float);   // (--adam-moments)
-    size_t b = z->shard_total * (2 * sizeof(float) + 2 * moment + sizeof(floatX)) + GRAD_NORM_BLOCKS * sizeof(float) + sizeof(double);
+    size_t b = z->shard_total * (2 * sizeof(float) + optimizer_moments() * moment + sizeof(floatX)) + GRAD_NORM_BLOCKS * sizeof(float) + sizeof(double);
     if (z->S > 1) b += 2 * z->work_numel * (sizeof(floatX) + sizeof(float)) + (rs_bf16 ? zero_max_run_numel(z) * sizeof(floatX) : 0)
                      + (zero_vocab_slot_numel(z) + zero_rc_slot_numel(z)) * sizeof(floatX);
     return b;
@@ -245,12 +245,14 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     }
     zg->model = model;
     zg->compute = 0;
-    // host shards (checkpoints, import/export): master, m, v
+    // host shards (checkpoints, import/export): master, m, v (LionW: no v)
     size_t n = z->shard_total, bytes = n * sizeof(float);
-    z->master = (real*)mallocCheck(bytes); z->m = (real*)mallocCheck(bytes); z->v = (real*)mallocCheck(bytes);
+    const bool has_v = optimizer_moments() == 2;
+    z->master = (real*)mallocCheck(bytes); z->m = (real*)mallocCheck(bytes); z->v = has_v ? (real*)mallocCheck(bytes) : NULL;
     z->grad = NULL;
     if (!platform_shapes_only()) {   // (the step-time model's emulation needs no values: model/platform.h)
-        memset(z->master, 0, bytes); memset(z->m, 0, bytes); memset(z->v, 0, bytes);
+        memset(z->master, 0, bytes); memset(z->m, 0, bytes);
+        if (has_v) memset(z->v, 0, bytes);
         for (const ShardSegment& g : z->segs)   // this rank's part of the initialisation, drawn alone
             dbrx_init_range(z->master + g.shard_off, g.flat_off, g.flat_off + g.numel, c, t, seed);
     }
@@ -262,8 +264,8 @@ static inline void zero_init(ZeroGpu* zg, DbrxGPU* model, Comm* comm, int S, uin
     cudaCheck(cudaMemGetInfo(&free0, &total));
     take((void**)&zg->master, bytes); take((void**)&zg->grad, bytes);
     zg->m = zg->v = NULL; zg->m16 = zg->v16 = NULL;
-    if (g_adam_moments_bf16) { take((void**)&zg->m16, n * sizeof(floatX)); take((void**)&zg->v16, n * sizeof(floatX)); }
-    else { take((void**)&zg->m, bytes); take((void**)&zg->v, bytes); }
+    if (g_adam_moments_bf16) { take((void**)&zg->m16, n * sizeof(floatX)); if (has_v) take((void**)&zg->v16, n * sizeof(floatX)); }
+    else { take((void**)&zg->m, bytes); if (has_v) take((void**)&zg->v, bytes); }
     take((void**)&zg->master_bf16, n * sizeof(floatX));
     cudaCheck(cudaMemGetInfo(&free1, &total));
     zg->shard_bytes_measured = (long long)free0 - (long long)free1;
@@ -400,10 +402,10 @@ static inline void zero_from_host(ZeroGpu* zg) {
     cudaCheck(cudaMemcpy(zg->master, z->master, bytes, cudaMemcpyHostToDevice));
     if (zg->m16) {   // (--adam-moments bf16: rounded; a BF16 run's checkpoint holds BF16 values, exact)
         zero_moments_to_bf16(zg->m16, z->m, z->shard_total);
-        zero_moments_to_bf16(zg->v16, z->v, z->shard_total);
+        if (zg->v16) zero_moments_to_bf16(zg->v16, z->v, z->shard_total);
     } else {
         cudaCheck(cudaMemcpy(zg->m, z->m, bytes, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(zg->v, z->v, bytes, cudaMemcpyHostToDevice));
+        if (zg->v) cudaCheck(cudaMemcpy(zg->v, z->v, bytes, cudaMemcpyHostToDevice));
     }
     zero_gpu_refresh_bf16(zg);
     // the FP8 scales may have been restored with them (checkpoint/fp8_state.h): up to the device
@@ -418,10 +420,10 @@ static inline void zero_to_host(ZeroGpu* zg) {
     cudaCheck(cudaMemcpy(z->master, zg->master, bytes, cudaMemcpyDeviceToHost));
     if (zg->m16) {   // (--adam-moments bf16: widened exactly; checkpoints keep FP32 moments either way)
         zero_moments_from_bf16(z->m, zg->m16, z->shard_total);
-        zero_moments_from_bf16(z->v, zg->v16, z->shard_total);
+        if (zg->v16) zero_moments_from_bf16(z->v, zg->v16, z->shard_total);
     } else {
         cudaCheck(cudaMemcpy(z->m, zg->m, bytes, cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(z->v, zg->v, bytes, cudaMemcpyDeviceToHost));
+        if (zg->v) cudaCheck(cudaMemcpy(z->v, zg->v, bytes, cudaMemcpyDeviceToHost));
     }
 }
 
@@ -593,7 +595,7 @@ static inline double zero_update(ZeroGpu* zg, const AdamWConfig* o, float lr, in
     zero_gpu_adamw_prefetch(zg, [&](int s0, int s1, size_t max_n, size_t elems) {
         adamw_fused_update_gpu(zg->master, zg->master_bf16, zg->grad, zg->m, zg->v, zg->seg_off + s0, zg->seg_n + s0, zg->seg_mode + s0,
                                s1 - s0, max_n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, zg->grad_pre, scale, t, zg->compute, elems,
-                               clear_grad, zg->m16, zg->v16);
+                               clear_grad, zg->m16, zg->v16, g_optimizer_lion);
     });
     zg->grad_clean = clear_grad;
     cudaCheck(cudaEventRecord(zg->bf16_ready, zg->compute));

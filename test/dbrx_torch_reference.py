@@ -193,9 +193,11 @@ def lr_at(s, cfg):
     return lr_min + 0.5 * (1.0 + math.cos(math.pi * decay)) * (lr - lr_min)
 
 
-def train_steps(params, cfg, inputs, targets, steps=None):
-    """AdamW with global-norm clipping on the same batch each step (hand-written, see the brief).
-    Updates params in place; returns (ce per step, lbl per step), each measured before the update."""
+def train_steps(params, cfg, inputs, targets, steps=None, optimizer="adamw"):
+    """AdamW with global-norm clipping on the same batch each step (hand-written, see the brief), or LionW
+    (optimizer "lion": Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2 with decoupled
+    weight decay times lr, at cfg["lion_lr"]). Updates params in place; returns (ce per step, lbl per step), each
+    measured before the update."""
     steps = cfg["train_steps"] if steps is None else steps
     b1, b2, eps, wd = cfg["beta1"], cfg["beta2"], cfg["adam_eps"], cfg["weight_decay"]
     m = {n: torch.zeros_like(p) for n, p in params.items()}
@@ -209,6 +211,16 @@ def train_steps(params, cfg, inputs, targets, steps=None):
         if norm > cfg["grad_clip"]:
             grads = {n: g * (cfg["grad_clip"] / norm) for n, g in grads.items()}
         lr, t = lr_at(s, cfg), s + 1
+        if optimizer == "lion":
+            lr = lr_at(s, dict(cfg, lr=cfg["lion_lr"]))
+            with torch.no_grad():
+                for n, p in params.items():
+                    g = grads[n]
+                    update = torch.sign(b1 * m[n] + (1 - b1) * g)   # the interpolation's sign, then the moment
+                    m[n] = b2 * m[n] + (1 - b2) * g
+                    wd_p = wd if p.dim() == 2 else 0.0
+                    p -= lr * (update + wd_p * p)
+            continue
         with torch.no_grad():
             for n, p in params.items():
                 g = grads[n]

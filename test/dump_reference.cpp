@@ -2,7 +2,8 @@
  * dump_reference.cpp — runs the CPU reference on a small DBRX config with a fixed batch and writes
  * everything the PyTorch parity test compares (test/test_pytorch_parity.py): the config, the batch,
  * the initial weights (Hugging Face names), the logits, the three losses, every gradient of the
- * total loss, and the CE / LBL losses of `train_steps` AdamW steps on the same batch; and the RoPE
+ * total loss, and the CE / LBL losses of `train_steps` AdamW steps on the same batch (and of as many LionW
+ * steps, --optimizer lion, at lion_lr); and the RoPE
  * tables of DBRX's own shape (head_dim 128, theta 5e5) at positions up to 32767, which the test
  * compares with the original DBRX code's fp32 computation in torch.
  *   dump_reference OUT.bin [P|off]     P: moe_normalize_expert_weights (default 1, DBRX's; off: none)
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
     c.ln_eps = 1e-5f; c.moe_loss_weight = 0.05f; c.z_loss_weight = 0.001f; c.init_std = 0.1f;
     const int B = 2, T = 16, steps = 10, warmup = 2;
     AdamWConfig opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
-    const float lr_floor = 0.1f;
+    const float lr_floor = 0.1f, lion_lr = opt.lr / 3;   // (LionW's step wants a smaller lr: model/adamw.cuh)
 
     Dbrx m;
     dbrx_build(&m, &c, B, T, 42);
@@ -44,10 +45,10 @@ int main(int argc, char** argv) {
              "\"moe_normalize_expert_weights\": %s, \"ln_eps\": %.9g, "
              "\"moe_loss_weight\": %.9g, \"z_loss_weight\": %.9g, \"B\": %d, \"T\": %d, \"lr\": %.9g, \"warmup_steps\": %d, "
              "\"train_steps\": %d, \"lr_floor_frac\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"adam_eps\": %.9g, "
-             "\"weight_decay\": %.9g, \"grad_clip\": %.9g}",
+             "\"weight_decay\": %.9g, \"grad_clip\": %.9g, \"lion_lr\": %.9g}",
              c.d_model, c.n_heads, c.kv_heads, c.head_dim, c.n_layers, c.ffn_hidden, c.n_experts, c.top_k, c.vocab_size,
              c.rope_theta, c.clip_qkv, dbrx_is_off(c.moe_norm_p) ? "null" : std::to_string(c.moe_norm_p).c_str(), c.ln_eps, c.moe_loss_weight, c.z_loss_weight, B, T, opt.lr, warmup, steps,
-             lr_floor, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip);
+             lr_floor, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip, lion_lr);
     dump_text(f, "config", cfg);
     dump_record(f, "inputs", 1, {B, T}, inputs.data(), 4);
     dump_record(f, "targets", 1, {B, T}, targets.data(), 4);
@@ -64,20 +65,31 @@ int main(int argc, char** argv) {
     dbrx_backward(&m, inputs.data(), targets.data(), 1.0f);
     for (const ParamInfo& p : m.table) dump_real(f, std::string("grad/") + p.name, dims(p), m.grads + p.offset);
 
-    // steps of AdamW on the same batch, from the initial weights (the gradients above are step 0's)
-    std::vector<float> train_ce, train_lbl;
-    for (int s = 0; s < steps; s++) {
-        if (s > 0) {
-            dbrx_zero_grad(&m);
-            dbrx_forward(&m, inputs.data(), targets.data());
-            dbrx_backward(&m, inputs.data(), targets.data(), 1.0f);
+    // `steps` steps of the optimizer on the same batch from the initial weights (AdamW's model m: its first gradients
+    // are those above, computed again), their CE and LBL losses dumped as NAME_ce, NAME_lbl
+    auto train = [&](Dbrx* mm, const AdamWConfig* o, const char* name) {
+        std::vector<float> ce, lbl;
+        for (int s = 0; s < steps; s++) {
+            dbrx_zero_grad(mm);
+            dbrx_forward(mm, inputs.data(), targets.data());
+            dbrx_backward(mm, inputs.data(), targets.data(), 1.0f);
+            ce.push_back((float)mm->ce_loss);
+            lbl.push_back((float)mm->lbl_loss);
+            dbrx_update(mm, o, lr_schedule(s, steps, o->lr, warmup, lr_floor), s + 1);
         }
-        train_ce.push_back((float)m.ce_loss);
-        train_lbl.push_back((float)m.lbl_loss);
-        dbrx_update(&m, &opt, lr_schedule(s, steps, opt.lr, warmup, lr_floor), s + 1);
-    }
-    dump_record(f, "train_ce", 0, {steps}, train_ce.data(), 4);
-    dump_record(f, "train_lbl", 0, {steps}, train_lbl.data(), 4);
+        dump_record(f, std::string(name) + "_ce", 0, {steps}, ce.data(), 4);
+        dump_record(f, std::string(name) + "_lbl", 0, {steps}, lbl.data(), 4);
+    };
+    train(&m, &opt, "train");
+    // the same with LionW (--optimizer lion), from the initial weights again, at lion_lr
+    Dbrx ml;
+    dbrx_build(&ml, &c, B, T, 42);
+    AdamWConfig lion = opt;
+    lion.lr = lion_lr;
+    g_optimizer_lion = 1;
+    train(&ml, &lion, "lion");
+    g_optimizer_lion = 0;
+    dbrx_free(&ml);
 
     // RoPE at DBRX's shape: every frequency, and the tables (rope_tables, which both backends use) at
     // positions from 0 to 32767, where an ulp of a frequency has moved the angle the most

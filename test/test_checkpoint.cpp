@@ -508,7 +508,7 @@ TEST_CASE("--ep-layout: packed and spread hold every element once; spread's expe
 
 // Writes a checkpoint of master/m/v = pattern(flat index) under layout `runs` for S_old shard ranks, as
 // format `version` (2: the units' sizes, whole units; 3: the runs): what an older build (2) or another
-// topology (3) leaves on disk.
+// topology (3) leaves on disk. Under g_optimizer_lion (--optimizer lion) master and m alone.
 static size_t g_poison = (size_t)-1;   // an element written as NaN (in AdamW v)
 static float pattern(size_t i, int a) {
     if (i == g_poison && a == 2) return NAN;
@@ -523,11 +523,12 @@ static void write_layout_checkpoint(const std::string& dir, const DbrxConfig* c,
     REQUIRE(mkdir_p(dir).empty());
     std::string files;
     for (int f = 0; f < S_old; f++) {
-        std::vector<float> data(3 * old.shard_total, 0.0f);
+        const int arrays = 1 + optimizer_moments();
+        std::vector<float> data(arrays * old.shard_total, 0.0f);
         for (int u = 0; u < old.n_units; u++)
             shard_run_pieces(old.runs[u], f, [&](size_t lo, size_t hi, size_t at) {
                 for (size_t i = lo; i < hi; i++)
-                    for (int a = 0; a < 3; a++) data[a * old.shard_total + old.shard_off[u] + at + (i - lo)] = pattern(i, a);
+                    for (int a = 0; a < arrays; a++) data[a * old.shard_total + old.shard_off[u] + at + (i - lo)] = pattern(i, a);
             });
         char h[CKPT_HEADER_BYTES];
         ckpt_header(h, f, S_old, old.n_units, old.shard_total, 7);
@@ -627,7 +628,30 @@ TEST_CASE("checkpoints load under any layout: format 2 (whole units, before the 
     write_layout_checkpoint(root + "/nan", &c, zero_unit_runs(&c, t, 2), 2, 3);
     g_poison = (size_t)-1;
     err = ckpt_try_load(root + "/nan", &z, &c, &prog, &man, &comm);
-    CHECK(err == "non-finite values in the weights or the AdamW moments");
+    CHECK(err == "non-finite values in the weights or the optimizer's moments");
+    // --optimizer lion: its checkpoints hold master and m (topology.arrays, optimizer.kind "lion"), resharded as AdamW's
+    // (S 3 -> 1); an AdamW run's weights-only load (--generate, --eval-only) takes their master alone, m and v left zero
+    g_optimizer_lion = 1;
+    write_layout_checkpoint(root + "/lion", &c, zero_unit_runs(&c, t, 3), 3, 3);
+    std::string lman;
+    REQUIRE(read_file(root + "/lion/manifest.json", &lman).empty());
+    CHECK(lman.find("\"kind\": \"lion\"") != std::string::npos);
+    CHECK(lman.find("\"arrays\": [\"master\", \"lion_m\"]") != std::string::npos);
+    free(z.v);
+    z.v = NULL;   // (a Lion run has none)
+    err = ckpt_try_load(root + "/lion", &z, &c, &prog, &man, &comm);
+    CHECK(err == "");
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) wrong += z.master[i] != pattern(i, 0) || z.m[i] != pattern(i, 1);
+    CHECK(wrong == 0);
+    g_optimizer_lion = 0;
+    z.v = (real*)mallocCheck(z.shard_total * sizeof(real));
+    for (size_t i = 0; i < z.shard_total; i++) z.m[i] = z.v[i] = 1.0f;
+    err = ckpt_try_load(root + "/lion", &z, &c, &prog, &man, &comm, true);
+    CHECK(err == "");
+    wrong = 0;
+    for (size_t i = 0; i < n; i++) wrong += z.master[i] != pattern(i, 0) || z.m[i] != 0.0f || z.v[i] != 0.0f;
+    CHECK(wrong == 0);
     free(z.master); free(z.m); free(z.v);
     comm_group_free(&z.shard); comm_group_free(&z.replica);
     rm_rf(root);

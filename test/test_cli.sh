@@ -185,6 +185,11 @@ expect_exit 2 "unknown preset" $BIN --model dbrx-999b
 expect_exit 2 "non-numeric value" $BIN --batch eight
 expect_exit 2 "missing value" $BIN --lr
 expect_exit 2 "--adam-moments fp16 (fp32 or bf16)" $BIN --adam-moments fp16 --dry-run
+expect_exit 2 "--optimizer sgd (adamw or lion)" $BIN --optimizer sgd --dry-run
+grep -q "'sgd' must be adamw or lion" <<<"$LAST_ERR" || fail "--optimizer sgd: the error names the value and the choices: $LAST_ERR"
+out=$($BIN --dry-run --optimizer lion --model dbrx-1b 2>&1)
+grep -q "LionW m " <<<"$out" && ! grep -q "AdamW v" <<<"$out" && grep -q "weights+grads+LionW moments 12 B/param" <<<"$out" \
+    && pass "--dry-run --optimizer lion: the plan holds LionW's m and no v, 12 B/param on the CPU" || fail "--dry-run --optimizer lion: $(grep -E 'moments|AdamW|LionW' <<<"$out")"
 expect_exit 2 "d_model % n_heads" $BIN --d-model 130 --n-heads 4 --dry-run
 expect_exit 2 "n_heads % kv_heads" $BIN --n-heads 4 --kv-heads 3 --dry-run
 expect_exit 2 "top_k > experts" $BIN --top-k 17 --dry-run

@@ -5,6 +5,9 @@
 #     within 1e-2 (relative) of the CPU backend's on the same data, and the loss falls;
 #   * two runs under different random thread schedules write bit-identical logs;
 #   * --adam-moments bf16 on both backends: a resume continues bit for bit, GPU near CPU, not the FP32 moments' run;
+#   * --optimizer lion (LionW) on both backends, FP32 and BF16 m: a resume continues bit for bit, GPU near CPU, not
+#     AdamW's run; its checkpoint holds master and m; AdamW refuses to resume it (one line), --eval-only reads its weights;
+#     ZeRO-3 over 2 ranks matches one process and its checkpoint resumes on one;
 #   * --device auto picks the (emulated) GPU and says so; the CPU-only build refuses --device cuda
 #     and the nvcc build without a GPU says no device is visible (exit 2, one line);
 #   * out of GPU memory: one line with the memory estimate and what to change (exit 1); a start-up cudaMalloc that fails
@@ -59,6 +62,75 @@ for b in ("cpu", "emu"):
     assert len(a) == 4 and a == h, (b, a, h)
     assert len(f) == 4 and f != a and all(abs(x - y) / x < 1e-2 for x, y in zip(f, a)), (b, f, a)
 assert all(abs(x - y) / x < 1e-2 for x, y in zip(L("am_cpu"), L("am_emu")))
+PY
+
+# --optimizer lion (model/adamw.cuh): as --adam-moments bf16 above, on each backend, with m in FP32 and in BF16: 4 steps
+# = 2 + save + stop + resume + 2 bit for bit; the GPU's losses within 1e-2 of the CPU's; not AdamW's (the flag takes effect).
+# The checkpoint: optimizer.kind "lion", arrays master and lion_m, shard files of 2 arrays; resumed by an AdamW run:
+# refused in one line (exit 2); read by --eval-only without --optimizer (the weights alone): the validation loss of
+# the Lion run's step 2, to 1e-6.
+li=(--model dbrx-tiny --n-layers 2 --batch 2 --seq 32 --steps 4 --val-every 0 --optimizer lion --lr 6e-4)
+for b in cpu emu; do
+    dev=cpu; [ "$b" = emu ] && dev=cuda
+    for mo in fp32 bf16; do
+        ./train_dbrx_$b "${li[@]}" --adam-moments $mo --device $dev --log "$tmp/li_${b}_$mo.jsonl" > "$tmp/li_$b.out" 2>&1 \
+            || fail "$b --optimizer lion --adam-moments $mo: $(tail -2 "$tmp/li_$b.out")"
+        ./train_dbrx_$b "${li[@]}" --adam-moments $mo --device $dev --ckpt-dir "$tmp/lick_${b}_$mo" --stop-after 2 --val-every 2 \
+            --val-steps 1 --log "$tmp/lih_${b}_$mo.jsonl" > /dev/null 2>&1
+        ./train_dbrx_$b "${li[@]}" --adam-moments $mo --device $dev --ckpt-dir "$tmp/lick_${b}_$mo" --resume auto \
+            --log "$tmp/lih_${b}_$mo.jsonl" > /dev/null 2>&1
+    done
+    ./train_dbrx_$b "${li[@]}" --optimizer adamw --lr 2e-3 --device $dev --log "$tmp/liadam_$b.jsonl" > /dev/null 2>&1
+done
+ck=$tmp/lick_emu_fp32/step_00000002
+grep -q '"kind": "lion"' "$ck/manifest.json" 2>/dev/null && grep -q '"arrays": \["master", "lion_m"\]' "$ck/manifest.json" \
+    || fail "--optimizer lion: the checkpoint's manifest does not say kind lion, arrays master and lion_m"
+$PY - "$tmp" <<'PY' && pass "--optimizer lion: 4 steps = 2 + save + resume + 2 bit for bit (CPU and GPU, m in FP32 and BF16), GPU within 1e-2 of CPU, not AdamW's losses; shard files of 2 arrays" || fail "--optimizer lion (see above)"
+import json, os, sys
+t = sys.argv[1]
+L = lambda n: [json.loads(l)["loss"] for l in open(os.path.join(t, n + ".jsonl")) if '"loss"' in l]
+for b in ("cpu", "emu"):
+    for mo in ("fp32", "bf16"):
+        a, h = L("li_%s_%s" % (b, mo)), L("lih_%s_%s" % (b, mo))
+        print("   %s lion m %s %s, resumed %s" % (b, mo, [round(x, 6) for x in a], [round(x, 6) for x in h]))
+        assert len(a) == 4 and a == h, (b, mo, a, h)
+    f = L("liadam_" + b)
+    assert len(f) == 4 and f[1:] != L("li_%s_fp32" % b)[1:], (b, f)
+    assert L("li_%s_fp32" % b) != L("li_%s_bf16" % b), b
+for mo in ("fp32", "bf16"):
+    assert all(abs(x - y) / x < 1e-2 for x, y in zip(L("li_cpu_" + mo), L("li_emu_" + mo)))
+# the shard file: 2 arrays where AdamW's (the --adam-moments run above, the same model and one rank) holds 3
+h = json.load(open(os.path.join(t, "lick_emu_fp32", "step_00000002", "manifest.json")))["topology"]["header_bytes"]
+size = lambda d: os.path.getsize(os.path.join(t, d, "step_00000002", "shard_00000.bin")) - h
+print("   shard file payload: lion %d bytes, adamw %d" % (size("lick_emu_fp32"), size("amck_emu")))
+assert size("lick_emu_fp32") * 3 == size("amck_emu") * 2
+PY
+expect_exit 2 "an AdamW run refuses to resume LionW's checkpoint, in one line" ./train_dbrx_emu "${li[@]}" --optimizer adamw --device cuda \
+    --ckpt-dir "$tmp/lick_emu_fp32" --resume "$ck"
+grep -q "holds lion's state: --optimizer adamw cannot continue it" <<<"$LAST_ERR" || fail "the refusal names both optimizers: $LAST_ERR"
+out=$(./train_dbrx_emu --device cuda --model dbrx-tiny --n-layers 2 --batch 2 --seq 32 --eval-only --resume "$ck" --val-steps 1 2>&1)
+$PY - "$tmp/lih_emu_fp32.jsonl" "$out" <<'PY' && pass "--eval-only reads a LionW checkpoint's weights without --optimizer: step 2's validation loss" || fail "--eval-only of a LionW checkpoint: $(tail -2 <<<"$out")"
+import json, re, sys
+want = [json.loads(l)["val_loss"] for l in open(sys.argv[1]) if '"val_loss"' in l][0]
+got = [float(x) for x in re.findall(r"val_loss ([0-9.]+)", sys.argv[2])]
+print("   the run's step-2 val_loss %.6f, --eval-only's %s" % (want, got))
+assert got and abs(got[0] - want) < 1e-6, (got, want)
+PY
+# ZeRO-3 on the emulated GPUs: 2 ranks (--shard-group-size 2) match one process (each rank half the batch), and the
+# 2-rank checkpoint (each shard file half of master and m) resumes on one rank: its first loss the 2-rank run's step 3
+lz=(--model dbrx-tiny --n-layers 2 --seq 32 --steps 4 --val-every 0 --optimizer lion --lr 6e-4 --device cuda)
+OMP_NUM_THREADS=1 ./train_dbrx_emu "${lz[@]}" --batch 4 --log "$tmp/lz1.jsonl" > /dev/null 2>&1
+OMP_NUM_THREADS=1 bash dev/mpirun.sh -np 2 ./train_dbrx_emu "${lz[@]}" --batch 2 --shard-group-size 2 --log "$tmp/lz2.jsonl" > "$tmp/lz2.out" 2>&1
+OMP_NUM_THREADS=1 bash dev/mpirun.sh -np 2 ./train_dbrx_emu "${lz[@]}" --batch 2 --shard-group-size 2 --ckpt-dir "$tmp/lzck" --stop-after 2 > /dev/null 2>&1
+OMP_NUM_THREADS=1 ./train_dbrx_emu "${lz[@]}" --batch 4 --ckpt-dir "$tmp/lzck" --resume auto --log "$tmp/lzr.jsonl" > "$tmp/lzr.out" 2>&1
+$PY - "$tmp" <<'PY' && pass "--optimizer lion, ZeRO-3 over 2 emulated GPUs: one process's losses (1e-2), its checkpoint resumed on one GPU (step 3 to 1e-5)" || fail "--optimizer lion under ZeRO-3: $(tail -2 "$tmp/lz2.out" "$tmp/lzr.out")"
+import json, os, sys
+t = sys.argv[1]
+L = lambda n: [json.loads(l)["loss"] for l in open(os.path.join(t, n + ".jsonl")) if '"loss"' in l]
+a, b, r = L("lz1"), L("lz2"), L("lzr")
+print("   1 GPU %s\n   2 GPUs %s\n   resumed on 1 %s" % (a, b, r))
+assert len(a) == len(b) == 4 and all(abs(x - y) / x < 1e-2 for x, y in zip(a, b)), (a, b)
+assert len(r) == 2 and abs(r[0] - b[2]) < 1e-5 and abs(r[1] - b[3]) / b[3] < 1e-2, (r, b)
 PY
 
 SIMT_SCHEDULE=random:1 ./train_dbrx_emu "${small[@]}" --steps 2 --device cuda --log "$tmp/r1.jsonl" >/dev/null 2>&1

@@ -12,10 +12,11 @@
 #   - 3 ranks: ZeRO-3 with the vocabulary slot (--zero-chunk-mib 0.02) and the embedding's rows exchanged (the default
 #     --zero-embedding rows: the pack and the owners' sums, pieces that cut rows);
 #   - 2 ranks: --context-parallel 2 at head_dim 128, 256 tokens (the chunk pairs on the flash kernels, full and causal,
-#     a key prefix and a query range; the merge, pack and unpack kernels);
+#     a key prefix and a query range; the merge, pack and unpack kernels), with --optimizer lion --adam-moments bf16 (LionW's
+#     BF16-moment kernel on a shard);
 #   - --attention-bwd wgmma at head_dim 128 and wgmma-overlap at head_dim 64, 160 tokens (the wgmma backward's dq, overlapped
-#     dq and dk/dv kernels: a query block and a key block short of 128 rows), the latter with --adam-moments bf16 (the
-#     optimizer's BF16-moment kernel);
+#     dq and dk/dv kernels: a query block and a key block short of 128 rows), the former with --optimizer lion (LionW's
+#     kernel), the latter with --adam-moments bf16 (AdamW's BF16-moment kernel);
 # a kernel without a formula fails. Negative controls (test/test_kernel_bytes.py --control): a formula with twice the
 # bytes, a kernel counted reading twice its bytes, flash attention's FLOPs one tile pair off, a kernel without a formula.
 # Alone: bash test/test_kernel_bytes.sh (COUNT= overrides ./train_dbrx_emu_count)
@@ -44,9 +45,9 @@ if run bf16-hd128 1 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 128 --co
     $PY test/test_kernel_bytes.py --control "$tmp/bf16-hd128.jsonl" > "$tmp/control.txt" 2>&1
     verdicts "$tmp/control.txt" 4
 fi
-run attn-bwd-wgmma-hd128 1 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 160 --attention-bwd wgmma
+run attn-bwd-wgmma-hd128 1 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 160 --attention-bwd wgmma --optimizer lion
 run attn-bwd-wgmma-overlap-hd64 1 10 --d-model 128 --n-heads 2 --ffn-hidden 128 --seq 160 --attention-bwd wgmma-overlap --adam-moments bf16
 run fp8-delayed-hd48 1 10 --d-model 96 --n-heads 2 --ffn-hidden 64 --seq 64 --fp8 delayed
-run cp2-hd128 2 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 256 --context-parallel 2 --shard-group-size 2
+run cp2-hd128 2 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 256 --context-parallel 2 --shard-group-size 2 --optimizer lion --adam-moments bf16
 run zero3-emb-rows-np3 3 10 --d-model 128 --n-heads 1 --ffn-hidden 128 --seq 64 --shard-group-size 3 --zero-chunk-mib 0.02
 run zero3-ep2-fp8-block-gather 2 10 --d-model 256 --n-heads 2 --ffn-hidden 128 --seq 128 --expert-parallel 2 --fp8 block --fp8-gather

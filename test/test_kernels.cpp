@@ -1079,4 +1079,64 @@ TEST_CASE("fused AdamW with BF16 moments (--adam-moments bf16) against the CPU's
     for (void* q : {(void*)d_off, (void*)d_n, (void*)d_mode}) cudaCheck(cudaFree(q));
 }
 
+// --optimizer lion: the fused update's LionW (lion_fused_kernel; with --adam-moments bf16 lion_fused_bf16_moment_kernel), two
+// steps over the segments above, against the CPU reference lion_update: the same expressions in the same order, so the
+// master weights and m are its bits (BF16 m: the same rounding of the same FP32 value); the padding untouched, v never
+// passed (NULL); the 4-byte path the 16-byte one's bits. Controls: every updated element moved by lr (sign + wd p), and
+// the gradient's zeros (a quarter of the elements, m 0) gave sign 0: only the decay moved them.
+TEST_CASE("fused LionW (--optimizer lion) against the CPU's, FP32 and BF16 m, two steps") {
+    const float pre = 1.0f / 3, scale = 0.7f, lr = 3e-4f, wd = 0.1f;
+    std::vector<std::array<size_t, 3>> pieces = {{3, 1000, 1}, {1003, 1024, 0}, {2027, 7, 1}, {2040, 20001, 1}, {22051, 4099, 1}};
+    const size_t total = 26200;
+    AdamwSegments t = adamw_segments(pieces, total);
+    size_t *d_off = dev_copy(t.off), *d_n = dev_copy(t.n);
+    int* d_mode = dev_copy(t.mode);
+    std::vector<float> g1 = randn(total, 31, 0.01), g2 = randn(total, 32, 0.01), p = randn(total, 33, 0.02), m0 = randn(total, 34, 1e-3);
+    for (size_t i = 0; i < total; i += 4) { g1[i] = g2[i] = 0.0f; m0[i] = 0.0f; }   // sign(0) = 0
+    for (int bf16 : {0, 1}) {
+        INFO("m in " << (bf16 ? "BF16" : "FP32"));
+        std::vector<float> m = bf16 ? bf16_round(m0) : m0, wp = p, wm = m, p1;
+        for (int step = 0; step < 2; step++) {
+            std::vector<float> sc = step ? g2 : g1;
+            for (float& x : sc) x = x * pre;
+            for (const std::array<size_t, 3>& q : pieces)
+                lion_update(wp.data() + q[0], sc.data() + q[0], wm.data() + q[0], q[1], lr, 0.9f, 0.95f, q[2] ? wd : 0.0f, scale, bf16);
+            if (step == 0) p1 = wp;
+        }
+        for (const std::array<size_t, 3>& q : pieces)   // control: step 1 moved each element by lr (sign + wd p)
+            for (size_t i = q[0]; i < q[0] + q[1]; i++) {
+                float d = (p[i] - p1[i]) / lr - (q[2] ? wd : 0.0f) * p[i];
+                if (i % 4 == 0) CHECK(std::fabs(d) < 1e-3);
+                else CHECK(std::fabs(std::fabs(d) - 1.0f) < 1e-3);
+            }
+        std::vector<float> got_m[2], got_p[2];
+        for (int shift : {0, 1}) {   // 0: 16-byte aligned bases; 1: one element off (every access scalar)
+            INFO("bases shifted by " << shift << " element(s)");
+            std::vector<float> pad(shift, 0.0f);
+            auto with = [&](const std::vector<float>& x) { std::vector<float> y = pad; y.insert(y.end(), x.begin(), x.end()); return y; };
+            float *d_p = dev_copy(with(p)), *d_g = dev_copy(with(g1)), *d_m = bf16 ? NULL : dev_copy(with(m));
+            floatX *d_m16 = bf16 ? dev_bf16(with(m)) : NULL, *d_p16 = dev_bf16(with(p));
+            for (int step = 0; step < 2; step++) {
+                if (step) cudaCheck(cudaMemcpy(d_g + shift, g2.data(), total * sizeof(float), cudaMemcpyHostToDevice));
+                adamw_fused_update_gpu(d_p + shift, d_p16 + shift, d_g + shift, bf16 ? NULL : d_m + shift, NULL, d_off, d_n, d_mode,
+                                       (int)t.off.size(), t.max_n, lr, 0.9f, 0.95f, 1e-8f, wd, pre, scale, 3 + step, 0, 0, 0,
+                                       bf16 ? d_m16 + shift : NULL, NULL, 1);
+            }
+            got_m[shift] = bf16 ? get_bf16(d_m16 + shift, total) : get(d_m + shift, total);
+            got_p[shift] = get(d_p + shift, total);
+            expect_equal("master = the CPU's", got_p[shift], wp);   // (the padding: untouched, so equal)
+            expect_equal("m = the CPU's", got_m[shift], wm);
+            std::vector<float> p16_want = bf16_round(got_p[shift]);
+            for (size_t k = 0; k < t.off.size(); k++)   // the padding: its BF16 copy not written
+                if (t.mode[k] == ADAMW_ZERO_ONLY)
+                    for (size_t i = t.off[k]; i < t.off[k] + t.n[k]; i++) p16_want[i] = bf16_round(std::vector<float>{p[i]})[0];
+            expect_equal("bf16 weights = round(master)", get_bf16(d_p16 + shift, total), p16_want);
+            for (void* q : {(void*)d_g, (void*)d_p, (void*)d_m, (void*)d_m16, (void*)d_p16}) if (q) cudaCheck(cudaFree(q));
+        }
+        expect_equal("master: scalar path = 16-byte path", got_p[1], got_p[0]);
+        expect_equal("m: scalar path = 16-byte path", got_m[1], got_m[0]);
+    }
+    for (void* q : {(void*)d_off, (void*)d_n, (void*)d_mode}) cudaCheck(cudaFree(q));
+}
+
 int main(int argc, char** argv) { return cuda_test_main(argc, argv, "kernels", 20240601); }

@@ -158,6 +158,24 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
         CHECK(plan_param_state(&p16) + p16.gathered_slots + p16.grad_slots == store16);
         CHECK(store32 - store16 == 4 * p16.shard_params);
     }
+    // --optimizer lion: m alone (4 bytes a shard element, 2 with --adam-moments bf16), no v; the store's bytes as the plan's
+    for (int S : {1, 2, 4})
+        for (int bf16 : {0, 1}) {
+            g_adam_moments_bf16 = bf16;
+            MemoryPlan pa = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
+            long double storea = (long double)zero_gpu_estimate_bytes(&c, S, 1);
+            g_optimizer_lion = 1;
+            MemoryPlan pl = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
+            long double storel = (long double)zero_gpu_estimate_bytes(&c, S, 1);
+            g_optimizer_lion = 0;
+            g_adam_moments_bf16 = 0;
+            CAPTURE(S); CAPTURE(bf16);
+            CHECK(pl.adam_m == (bf16 ? 2 : 4) * pl.shard_params);
+            CHECK(pl.adam_v == 0);
+            CHECK(plan_param_state(&pa) - plan_param_state(&pl) == (bf16 ? 2 : 4) * pl.shard_params);
+            CHECK(plan_param_state(&pl) + pl.gathered_slots + pl.grad_slots == storel);
+            CHECK(storea - storel == (bf16 ? 2 : 4) * pl.shard_params);
+        }
     c.n_layers = 7;   // extrapolated in the layers from 1, 2, 3 (the store's layout is affine in them)
     MemoryPlan p = memory_plan(&c, 2, 16, 4, 2, 4, FP8_OFF);
     CHECK(plan_param_state(&p) + p.gathered_slots + p.grad_slots == (long double)zero_gpu_estimate_bytes(&c, 4, 2));

@@ -8,7 +8,8 @@
 #     (so every weight in the dump has a grad record), with the expected shapes;
 #   - logits, ce_loss, lbl_loss, z_loss and every grad/<name>: per-tensor relative error
 #         rel = max|ours - ref| / max(max|ref|, 1e-30)  <=  1e-4
-#   - train_ce, train_lbl: every step within 1e-5 absolute of the reference's AdamW run;
+#   - train_ce, train_lbl: every step within 1e-5 absolute of the reference's AdamW run; lion_ce, lion_lbl the same
+#     against its LionW run (--optimizer lion, at the config's lion_lr);
 #   - RoPE at DBRX's shape (head_dim 128, theta 5e5), against the original DBRX code's own computation in
 #     torch fp32 (inv_freq = 1 / (theta ** (arange(0, hd, 2).float() / hd)), angle = inv_freq @ position,
 #     cos/sin in fp32): every inv_freq bit-identical; cos and sin at positions 0..32767 within one fp32
@@ -67,6 +68,8 @@ def main(argv):
     expected.update({"logits": (B, T, V), "ce_loss": (1,), "lbl_loss": (1,), "z_loss": (1,)})
     expected.update({"grad/" + n: s for n, s in shapes})
     expected.update({"train_ce": (cfg["train_steps"],), "train_lbl": (cfg["train_steps"],)})
+    if "lion_lr" in cfg:
+        expected.update({"lion_ce": (cfg["train_steps"],), "lion_lbl": (cfg["train_steps"],)})
     n_pos = dump["rope/positions"].shape[0] if "rope/positions" in dump and not isinstance(dump["rope/positions"], str) else 0
     expected.update({"rope/inv_freq": (ROPE_HD // 2,), "rope/positions": (n_pos,), "rope/cos": (n_pos, ROPE_HD // 2),
                      "rope/sin": (n_pos, ROPE_HD // 2)})
@@ -120,11 +123,14 @@ def main(argv):
     for n in wnames:
         compare("grad/" + n, grads[n].numpy())
 
-    # --- AdamW steps on the same batch ---
-    if "train_ce" not in bad or "train_lbl" not in bad:
+    # --- AdamW steps on the same batch (and LionW's) ---
+    runs = [("adamw", "train_ce", "train_lbl")] + ([("lion", "lion_ce", "lion_lbl")] if "lion_lr" in cfg else [])
+    for opt, ce_name, lbl_name in runs:
+        if ce_name in bad and lbl_name in bad:
+            continue
         params = ref.params_from_dump(dump, cfg)
-        ces, lbls = ref.train_steps(params, cfg, dump["inputs"], dump["targets"])
-        for name, r in (("train_ce", ces), ("train_lbl", lbls)):
+        ces, lbls = ref.train_steps(params, cfg, dump["inputs"], dump["targets"], optimizer=opt)
+        for name, r in ((ce_name, ces), (lbl_name, lbls)):
             if name in bad:
                 continue
             ours = np.asarray(dump[name], dtype=np.float64)

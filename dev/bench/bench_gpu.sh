@@ -97,7 +97,7 @@ if bench attention "dev/cuda/attention$sfx" "${ATT[@]}"; then
     rows "$raw/attention.txt" TFLOP/s abs:300 "forward v4"
     rows "$raw/attention.txt" TFLOP/s abs:220 "backward v2"
 fi
-# (never run on a GPU before: a time limit in case it hangs; a wrong result fails it before any timing)
+# (a time limit in case it hangs; a wrong result fails it before any timing)
 if bench attention_wgmma timeout 600 "dev/cuda/attention_wgmma$sfx" "${WGA[@]}"; then
     rows "$raw/attention_wgmma.txt" TFLOP/s abs:300 "forward"
 fi
@@ -121,7 +121,7 @@ if bench expert_streams "dev/cuda/matmul$sfx" -b; then
     rows "$raw/expert_streams.txt" TFLOP/s 0 "per expert|batched"
 fi
 # the grouped expert GEMMs on wgmma (model/moe_grouped.cuh) against today's per-expert path, at dbrx-1b and at a
-# DBRX-132B slice (never run on a GPU before: a time limit; a wrong result fails it before any timing). Emulated,
+# DBRX-132B slice (a time limit; a wrong result fails it before any timing). Emulated,
 # both sizes validate the same small shape (moe_bench_start, dev/cuda/common.h): one checks the -s path
 MOE_SIZES=(1b 132b)
 [ "$EMU" = 1 ] && MOE_SIZES=(132b)
@@ -136,14 +136,14 @@ for s in "${MOE_SIZES[@]}"; do
     fi
 done
 # the experts' weight gradients as grouped GEMMs (model/moe_grouped_wgrad.cuh: TMA, mbarriers, wgmma) against today's
-# per-expert cuBLASLt GEMMs; never run on a GPU before: a time limit, a wrong result fails it before any timing
+# per-expert cuBLASLt GEMMs; a time limit, a wrong result fails it before any timing
 for s in "${MOE_SIZES[@]}"; do
     if bench moe_wgrad_$s timeout 300 "dev/cuda/moe_wgrad$sfx" -s $s; then
         rows "$raw/moe_wgrad_$s.txt" TFLOP/s 0 "today|grouped"
     fi
 done
 # the experts' FP8 block-scaled up-projection as one grouped launch (model/moe_grouped_fp8.cuh) against today's
-# per-expert cuBLASLt block-scaled GEMMs; never run on a GPU before: a time limit, a wrong result fails it first
+# per-expert cuBLASLt block-scaled GEMMs; a time limit, a wrong result fails it first
 for s in "${MOE_SIZES[@]}"; do
     if bench moe_fp8_grouped_$s timeout 300 "dev/cuda/moe_fp8_grouped$sfx" -s $s; then
         rows "$raw/moe_fp8_grouped_$s.txt" TFLOP/s 0 "today|grouped"

@@ -7,6 +7,7 @@
  *   AdamW v4  the fused pass (model: adamw_fused_kernel): the segment table, 8 elements a thread with 16-byte
  *             accesses, the 1/W factor and the clipping applied as g is read, the gradient zeroed in the same pass
  *   AdamW v5  v4 with the moments in BF16 (--adam-moments bf16, model: adamw_fused_bf16_moments_kernel): 26 B
+ *   LionW v6  v4's pass with LionW's update (--optimizer lion, model: lion_fused_kernel): m alone, 26 B with the zeroing
  *   norm  v1  scalar, 256 blocks of 512 threads (the model's before issue 25)
  *   norm  v2  256 blocks of 128 threads, 4 virtual threads each, 16-byte loads (model: grad_norm_partials_kernel):
  *             the same partial sums as v1, bit for bit (checked here)
@@ -180,9 +181,9 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) { fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]); return 2; }
         long long x = atoll(argv[i + 1]);
-        if (!strcmp(argv[i], "-v") && x >= 0 && x <= 5) only = (int)x;
+        if (!strcmp(argv[i], "-v") && x >= 0 && x <= 6) only = (int)x;
         else if (!strcmp(argv[i], "-n") && x > 0) n = (size_t)x;
-        else { fprintf(stderr, "usage: %s [-v N (0-5)] [-n N (> 0)] | -o (AdamW beside the expert GEMMs)\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [-v N (0-6)] [-n N (> 0)] | -o (AdamW beside the expert GEMMs)\n", argv[0]); return 2; }
     }
     char shape[64];
     snprintf(shape, sizeof shape, "n %zu", n);
@@ -267,6 +268,21 @@ int main(int argc, char** argv) {
         validate("  gradient zeroed", from_device_f32(dg, n), std::vector<float>(n, 0.0f), 0, 0);
         report_bandwidth("adamw v5 (model: fused, BF16 moments)", 26.0 * n, time_ms(10, v5run));
         cudaCheck(cudaFree(dm16)); cudaCheck(cudaFree(dv16));
+    }
+    // LionW v6: the fused pass with LionW's update, against the CPU's lion_update (the same expressions: bit for bit)
+    if (!only || only == 6) {
+        std::vector<float> p6 = p0, m6 = m0;
+        lion_update(p6.data(), g.data(), m6.data(), n, lr, b1, b2, wd, scale);
+        auto v6run = [&] { adamw_fused_update_gpu(dp, dp16, dg, dm, NULL, doff, dn, dmode, nseg, tab.max_n, lr, b1, b2, eps, wd, 1.0f,
+                                                  scale, t, 0, 0, 1, NULL, NULL, 1); };
+        cudaCheck(cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(dp, p0.data(), n * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(dm, m0.data(), n * 4, cudaMemcpyHostToDevice));
+        v6run();
+        validate("lionw v6 (model: fused, --optimizer lion)", from_device_f32(dp, n), p6, 0, 0);
+        validate("  m", from_device_f32(dm, n), m6, 0, 0);
+        validate("  gradient zeroed", from_device_f32(dg, n), std::vector<float>(n, 0.0f), 0, 0);
+        report_bandwidth("lionw v6 (model: fused, --optimizer lion)", 26.0 * n, time_ms(10, v6run));
     }
     // the whole optimizer step over the shard's gradient (38 B per parameter both ways)
     if (!only) {

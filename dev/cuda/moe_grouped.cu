@@ -10,7 +10,7 @@
  *   v3  two warpgroups, 128 rows x 128 columns of g and u (N 256) / 128 x 256 of ye, 4 stages
  *   v4  v3's tiles fed by TMA (model/moe_grouped_tma.cuh): a producer warpgroup whose one thread issues the
  *       stages' bulk tensor copies, 2 consumer warpgroups that only wait on the stage's "full" mbarrier, issue
- *       wgmma and release it on "empty"; 4 stages of 48 KiB, 384 threads (not yet timed on a GPU)
+ *       wgmma and release it on "empty"; 4 stages of 48 KiB, 384 threads (timed on H100s in sessions 39 and 45: dev/bench/results_gpu.md)
  * and, with v4 (-v 4 or a range holding it), the backward's data gradients: today's (experts_backward_gpu: per expert
  * a cuBLASLt da GEMM, swiglu_backward_kernel, two dxe GEMMs; its weight gradients timed alone too) against v4's
  * grouped A (da = dye w2_e^T with SwiGLU's backward fused: dg, du) and B (dxe = dg w1_e + du v1_e), validated the same

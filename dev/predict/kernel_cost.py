@@ -393,7 +393,7 @@ def kernel_rw(item, ctx=None):
             kind = _flash_kind(base)
             (rd, wr), mma = (_flash_cp if base.endswith("_cp_kernel") else _flash)(item, a, kind)
             return rd, wr, mma
-        if base in ("adamw_fused_kernel", "adamw_fused_bf16_moments_kernel"):   # its segments' sizes are on the device: the step's gradient-norm pass (over the
+        if base in ("adamw_fused_kernel", "adamw_fused_bf16_moments_kernel", "lion_fused_kernel", "lion_fused_bf16_moment_kernel"):   # its segments' sizes are on the device: the step's gradient-norm pass (over the
             n = a[18] if len(a) > 18 and a[18] else ctx.get("shard_n")   # whole shard) gives their sum, padding included,
             # unless the launch says (argument 18: the device store's optimizer in two launches, the first
             # units of the next step gathered after the first, parallel/zero_gpu_comm.cuh). Per element g, m, v, master
@@ -401,8 +401,11 @@ def kernel_rw(item, ctx=None):
             # first reduce-scatter or one GPU's first backward overwrites the gradient instead), g = 0 (4) written; 20 B of table per segment (the
             # padding's elements: only the zero written, or nothing, counted as a parameter's here: a few per unit)
             # (--adam-moments bf16: adamw_fused_bf16_moments_kernel, m and v 2 bytes each: 4 fewer read, 4 fewer written)
+            # (--optimizer lion: lion_fused_kernel, no v: 4 fewer read and written; lion_fused_bf16_moment_kernel, m in
+            # 2 bytes too: 2 fewer more each)
             clear = a[19] if len(a) > 19 else 1
-            less = 4 if base == "adamw_fused_bf16_moments_kernel" else 0
+            less = {"adamw_fused_kernel": 0, "adamw_fused_bf16_moments_kernel": 4, "lion_fused_kernel": 4,
+                    "lion_fused_bf16_moment_kernel": 6}[base]
             return (16 * n - less * n + 20 * g[1], (18 if clear else 14) * n - less * n, 0) if n else None
         if base == "embedding_backward_kernel":   # (dwte, dout, unique, offsets, positions, C), grid.x = U distinct
             U, C, N = g[0], a[5], ctx.get("tokens", g[0])   # tokens: dwte rows += the sum of their positions' dout rows

@@ -63,11 +63,11 @@ RATES = {
 GEMM_EFFICIENCY = [(4096, 0.70), (1024, 0.58), (256, 0.40), (64, 0.20), (0, 0.08)]
 HBM_FRACTION = 0.80        # memory-bound kernels and GEMMs reach this fraction of HBM bandwidth (assumption; the
                            # project's own target is >= 70%: README, Benchmarks)
-# FP8. The one measurement (dev/bench/results_gpu.md, H200, 2026-11-26): --fp8 block 114.8 ms against BF16 95.6,
+# FP8. The first measurement (dev/bench/results_gpu.md, H200, 2026-11-26; the later ones: the same file): --fp8 block 114.8 ms against BF16 95.6,
 # where the model had predicted 83.7 (BF16 95.3): 31 ms missed, all in what FP8 changes (the GEMMs of the blocks
 # and the quantisation kernels; no FP8 per-range profile was taken, so the split below is assumed, not measured).
 # Per-tensor FP8 GEMMs (one scale per operand) keep the datasheet's FP8 peak, 2 x BF16 (unmeasured: they failed
-# NOT_SUPPORTED on the device). Block-scaled ones (VEC128 / BLK128x128, cuBLASLt on Hopper) apply the scales in the
+# NOT_SUPPORTED on the first device; they run since 2026-11-27, but their rate is not measured). Block-scaled ones (VEC128 / BLK128x128, cuBLASLt on Hopper) apply the scales in the
 # main loop with promoted accumulation and run at FP8_BLOCK_GEMM_VS_BF16 x the BF16 rate of the same shape.
 # FP8_BLOCK_GEMM_VS_BF16 by the GEMM's FLOPs (2 m n k per batch member), the first class it reaches:
 #   >= 1e11 FLOPs: 1.45, measured (session 45, H100 SXM, dev/bench/gpu_h100_2026-11-28/call1_log.txt): the step's own

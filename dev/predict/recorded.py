@@ -32,6 +32,10 @@ CONFIGS = [
     ("dbrx-1b, 1 H100 SXM, BF16, --grad-accum 4", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--grad-accum 4", "", True),
     # BF16 AdamW moments (model/adamw.cuh: 8 bytes a parameter less of the optimizer's pass; opt-in, another loss curve)
     ("dbrx-1b, 1 H100 SXM, BF16, --adam-moments bf16", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--adam-moments bf16", "", True),
+    # LionW (--optimizer lion: one moment, 22 bytes a parameter of the optimizer's pass; 18 with its m in BF16)
+    ("dbrx-1b, 1 H100 SXM, BF16, --optimizer lion", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--optimizer lion", "", True),
+    ("dbrx-1b, 1 H100 SXM, BF16, --optimizer lion --adam-moments bf16", "dbrx-1b", 8, 2048, 1, "h100-sxm",
+     "--optimizer lion --adam-moments bf16", "", True),
     ("dbrx-1b, 1 H100 SXM, FP8 delayed", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--fp8 delayed", "", True),
     ("dbrx-1b, 1 H100 SXM, FP8 current", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--fp8 current", "", True),
     ("dbrx-1b, 1 H100 SXM, FP8 block", "dbrx-1b", 8, 2048, 1, "h100-sxm", "--fp8 block", "", True),
@@ -73,6 +77,11 @@ CONFIGS = [
     ("DBRX-132B, 64 H100 (8 nodes): --adam-moments bf16 and its --fit pick: spread, --ep-capacity-factor 1.25, --recompute swiglu",
      "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute swiglu --adam-moments bf16",
+     "", False),
+    # LionW: its one FP32 moment frees what BF16 AdamW moments free; the same --fit pick
+    ("DBRX-132B, 64 H100 (8 nodes): --optimizer lion and its --fit pick: spread, --ep-capacity-factor 1.25, --recompute swiglu",
+     "dbrx-132b", 1, 4096, 64, "h100-sxm",
+     "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute swiglu --optimizer lion",
      "", False),
     ("DBRX-132B, 64 H100 (8 nodes): the same, --grad-reduce-dtype bf16 (the --fit pick with both)", "dbrx-132b", 1, 4096, 64, "h100-sxm",
      "--shard-group-size 64 --expert-parallel 8 --ep-capacity-factor 1.25 --ep-layout spread --recompute swiglu --adam-moments bf16 "
