@@ -108,10 +108,11 @@ PY
 expect_exit 2 "an AdamW run refuses to resume LionW's checkpoint, in one line" ./train_dbrx_emu "${li[@]}" --optimizer adamw --device cuda \
     --ckpt-dir "$tmp/lick_emu_fp32" --resume "$ck"
 grep -q "holds lion's state: --optimizer adamw cannot continue it" <<<"$LAST_ERR" || fail "the refusal names both optimizers: $LAST_ERR"
+./train_dbrx_emu "${li[@]}" --device cuda --val-every 2 --val-steps 1 --log "$tmp/liv.jsonl" > /dev/null 2>&1   # (the run's step-2 val_loss)
 out=$(./train_dbrx_emu --device cuda --model dbrx-tiny --n-layers 2 --batch 2 --seq 32 --eval-only --resume "$ck" --val-steps 1 2>&1)
-$PY - "$tmp/lih_emu_fp32.jsonl" "$out" <<'PY' && pass "--eval-only reads a LionW checkpoint's weights without --optimizer: step 2's validation loss" || fail "--eval-only of a LionW checkpoint: $(tail -2 <<<"$out")"
+$PY - "$tmp/liv.jsonl" "$out" <<'PY' && pass "--eval-only reads a LionW checkpoint's weights without --optimizer: step 2's validation loss" || fail "--eval-only of a LionW checkpoint: $(tail -2 <<<"$out")"
 import json, re, sys
-want = [json.loads(l)["val_loss"] for l in open(sys.argv[1]) if '"val_loss"' in l][0]
+want = [json.loads(l)["val_loss"] for l in open(sys.argv[1]) if '"val_loss"' in l and json.loads(l)["step"] == 2][0]
 got = [float(x) for x in re.findall(r"val_loss ([0-9.]+)", sys.argv[2])]
 print("   the run's step-2 val_loss %.6f, --eval-only's %s" % (want, got))
 assert got and abs(got[0] - want) < 1e-6, (got, want)
