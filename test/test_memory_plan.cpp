@@ -143,38 +143,24 @@ TEST_CASE("the parameter state and working set are the store's (zero_gpu_estimat
             CHECK(p.rs_scratch == (long double)(zero_gpu_estimate_bytes(&c, S, n, 0, 1) - zero_gpu_estimate_bytes(&c, S, n)));
             CHECK((p.rs_scratch > 0) == (S > 1));
         }
-    // --adam-moments bf16: m and v 2 bytes a shard element each (by hand), in the store's bytes as in the plan's
-    for (int S : {1, 2, 4}) {
-        MemoryPlan p32 = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
-        long double store32 = (long double)zero_gpu_estimate_bytes(&c, S, 1);
-        g_adam_moments_bf16 = 1;
-        MemoryPlan p16 = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
-        long double store16 = (long double)zero_gpu_estimate_bytes(&c, S, 1);
-        g_adam_moments_bf16 = 0;
-        CAPTURE(S);
-        CHECK(p16.adam_m == 2 * p16.shard_params);
-        CHECK(p16.adam_v == 2 * p16.shard_params);
-        CHECK(plan_param_state(&p32) - plan_param_state(&p16) == 4 * p16.shard_params);
-        CHECK(plan_param_state(&p16) + p16.gathered_slots + p16.grad_slots == store16);
-        CHECK(store32 - store16 == 4 * p16.shard_params);
-    }
-    // --optimizer lion: m alone (4 bytes a shard element, 2 with --adam-moments bf16), no v; the store's bytes as the plan's
+    // the optimizer's state against AdamW's FP32 m and v (by hand), in the store's bytes as in the plan's:
+    // --adam-moments bf16 (m, v 2 bytes a shard element each), --optimizer lion (m alone, 4 bytes; with bf16 2, no v)
+    struct { int bf16, lion; long double m, v; } opts[] = {{1, 0, 2, 2}, {0, 1, 4, 0}, {1, 1, 2, 0}};
     for (int S : {1, 2, 4})
-        for (int bf16 : {0, 1}) {
-            g_adam_moments_bf16 = bf16;
-            MemoryPlan pa = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
-            long double storea = (long double)zero_gpu_estimate_bytes(&c, S, 1);
-            g_optimizer_lion = 1;
-            MemoryPlan pl = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
-            long double storel = (long double)zero_gpu_estimate_bytes(&c, S, 1);
-            g_optimizer_lion = 0;
-            g_adam_moments_bf16 = 0;
-            CAPTURE(S); CAPTURE(bf16);
-            CHECK(pl.adam_m == (bf16 ? 2 : 4) * pl.shard_params);
-            CHECK(pl.adam_v == 0);
-            CHECK(plan_param_state(&pa) - plan_param_state(&pl) == (bf16 ? 2 : 4) * pl.shard_params);
-            CHECK(plan_param_state(&pl) + pl.gathered_slots + pl.grad_slots == storel);
-            CHECK(storea - storel == (bf16 ? 2 : 4) * pl.shard_params);
+        for (const auto& o : opts) {
+            MemoryPlan p32 = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
+            long double store32 = (long double)zero_gpu_estimate_bytes(&c, S, 1);
+            g_adam_moments_bf16 = o.bf16;
+            g_optimizer_lion = o.lion;
+            MemoryPlan po = memory_plan(&c, 2, 16, S, 1, 4, FP8_OFF);
+            long double store = (long double)zero_gpu_estimate_bytes(&c, S, 1);
+            g_adam_moments_bf16 = g_optimizer_lion = 0;
+            CAPTURE(S); CAPTURE(o.bf16); CAPTURE(o.lion);
+            CHECK(po.adam_m == o.m * po.shard_params);
+            CHECK(po.adam_v == o.v * po.shard_params);
+            CHECK(plan_param_state(&p32) - plan_param_state(&po) == (8 - o.m - o.v) * po.shard_params);
+            CHECK(plan_param_state(&po) + po.gathered_slots + po.grad_slots == store);
+            CHECK(store32 - store == (8 - o.m - o.v) * po.shard_params);
         }
     c.n_layers = 7;   // extrapolated in the layers from 1, 2, 3 (the store's layout is affine in them)
     MemoryPlan p = memory_plan(&c, 2, 16, 4, 2, 4, FP8_OFF);
