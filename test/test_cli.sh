@@ -162,7 +162,7 @@ for f in --model --steps --batch --seq --grad-accum --lr --seed --device --data 
          --moe-normalize-expert-weights \
          --moe-loss-weight --z-loss-weight --warmup --weight-decay --grad-clip --val-every --log \
          --sample-every --sample-len --temperature --sample-top-k --sample-seed --prompt --tokenizer --generate --recompute \
-         --context-parallel; do
+         --context-parallel --optimizer --adam-moments; do
     grep -q -- "$f" <<<"$help" || missing="$missing $f"
 done
 [ -z "$missing" ] && pass "--help lists every flag" || fail "--help misses:$missing"
