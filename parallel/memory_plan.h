@@ -395,12 +395,11 @@ static inline void memory_plan_print(const MemoryPlan* p, const DbrxConfig* c, l
     printf("GPU plan per GPU (a CUDA run: %d GPU(s), shard group %d, expert parallel %d, micro-batch %d x %d, FP8 %s; "
            "parallel/memory_plan.h):\n", p->gpus, p->S, p->n, p->B, p->T, plan_fp8_name(p->fp8));
     printf("  parameter state, this GPU's shard of %.0Lf params (padding included)  %9.2f GiB\n", p->shard_params, G(plan_param_state(p)));
-    if (g_optimizer_lion)
-        printf("    fp32 master %.2f, fp32 gradients %.2f, LionW m %.2f, bf16 copy %.2f GiB; grad-norm scratch %.0Lf B\n",
-               G(p->master), G(p->grads), G(p->adam_m), G(p->bf16_copy), p->norm_scratch);
-    else
-        printf("    fp32 master %.2f, fp32 gradients %.2f, AdamW m %.2f, AdamW v %.2f, bf16 copy %.2f GiB; grad-norm scratch %.0Lf B\n",
-               G(p->master), G(p->grads), G(p->adam_m), G(p->adam_v), G(p->bf16_copy), p->norm_scratch);
+    char moments[64];   // (--optimizer: AdamW's m and v, or LionW's m alone)
+    if (g_optimizer_lion) snprintf(moments, sizeof moments, "LionW m %.2f", G(p->adam_m));
+    else snprintf(moments, sizeof moments, "AdamW m %.2f, AdamW v %.2f", G(p->adam_m), G(p->adam_v));
+    printf("    fp32 master %.2f, fp32 gradients %.2f, %s, bf16 copy %.2f GiB; grad-norm scratch %.0Lf B\n", G(p->master), G(p->grads),
+           moments, G(p->bf16_copy), p->norm_scratch);
     std::string ch = p->chunk_experts ? "experts in chunks of " + std::to_string(p->chunk_experts) : "experts whole";
     printf("  ZeRO working set (S > 1: two slots of %.0Lf params; %s)%*s%9.2f GiB\n", p->slot_params, ch.c_str(),
            std::max(0, 22 - (int)ch.size()), "", G(p->gathered_slots + p->grad_slots + p->emb_exchange + p->fp8_gather));
