@@ -238,9 +238,9 @@ static double recompute_fpt(const DbrxConfig* c, int seq) { return recompute_flo
 // rank 0's lines before the first step: the batch, the MFU convention, memory, the communication timeout
 static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero* zl, const BackendInfo& info, int64_t tokens_per_step,
                              double fpt, double fpt_foundry, double fpt_rc) {
-    printf("batch: %d x %d tokens x %d accum x %d ranks%s = %lld tokens/step; %d steps; lr %g warmup %d cosine to %g x; %s\n", args.run.batch,
-           args.run.seq, args.run.grad_accum, comm.world, args.parallel.context_parallel > 1 ? (" / " + std::to_string(args.parallel.context_parallel) +
-           " (context parallel)").c_str() : "", (long long)tokens_per_step, args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor, g_optimizer_lion ? "LionW" : "AdamW");
+    printf("batch: %d x %d tokens x %d accum x %d ranks%s = %lld tokens/step%s; %d steps; lr %g warmup %d cosine to %g x; %s\n",
+           args.run.batch, args.run.seq, args.run.grad_accum, comm.world, args.parallel.context_parallel > 1 ? (" / " + std::to_string(args.parallel.context_parallel) + " (context parallel)").c_str() : "",
+           (long long)tokens_per_step, g_doc_mask_eot >= 0 ? (", attention inside documents (--doc-mask " + std::to_string(g_doc_mask_eot) + ")").c_str() : "", args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor, g_optimizer_lion ? "LionW" : "AdamW");
     printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
            "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, info.peak / 1e12, comm.world > 1 ? "all ranks: " : "",
            info.peak_how.c_str(), fpt_foundry);

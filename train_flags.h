@@ -37,6 +37,7 @@ typedef struct {
     std::string moe_gemm = "cublaslt";   // --moe-gemm: the GPU step's expert GEMMs, per-expert cuBLASLt | grouped (model/moe_experts_step.cuh)
     std::string attention_bwd = "auto";   // --attention-bwd: the GPU attention backward, auto | mma (the pair) | wgmma | wgmma-overlap (model/attention_wgmma_bwd.cuh)
     int gemm_autotune = 0;                // --gemm-autotune N: cuBLASLt's first N answers timed at a GEMM shape's first call (model/matmul_cublaslt.cuh)
+    int doc_mask = -1;                    // --doc-mask EOT: attention inside each packed document (model/attention.cuh; -1: off)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; std::string adam_moments = "fp32", optimizer = "adamw"; } OptimArgs;   // --adam-moments: fp32 | bf16,
@@ -119,10 +120,10 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--clip-qkv", "", F_SETTING, &c->clip_qkv, "clamp of the fused qkv output to +-X, or off (HF clip_qkv null)"},
         {"--moe-normalize-expert-weights", "", F_SETTING, &c->moe_norm_p, "divide the top-k router weights by their p-norm, "
                                                                           "p = X >= 1 (DBRX: 1), or off (HF null: not renormalised)"},
-        {"--ln-eps", "", F_FLOAT, &c->ln_eps, "LayerNorm epsilon"},
-        {"--moe-loss-weight", "", F_FLOAT, &c->moe_loss_weight, "load-balancing loss weight"},
+        {"--ln-eps", "", F_FLOAT, &c->ln_eps, "LayerNorm epsilon"}, {"--moe-loss-weight", "", F_FLOAT, &c->moe_loss_weight, "load-balancing loss weight"},
         {"--z-loss-weight", "", F_FLOAT, &c->z_loss_weight, "router z-loss weight"},
         {"--init-std", "", F_FLOAT, &c->init_std, "std of the normal init of every matrix"},
+        {"--doc-mask", "", F_INT, &a->run.doc_mask, "attention stays inside each document of a packed sequence, an end-of-text token with this id opening one (LLM Foundry's attn_uses_sequence_id; this project's cl100k shards: 100257, byte shards: 256; -1: off, the default)"},
         {"", "", F_SECTION, NULL, "the run"},
         {"--steps", "-x", F_INT, &a->run.steps, "optimizer steps (the LR schedule spans them)"},
         {"--batch", "-b", F_INT, &a->run.batch, "micro-batch size in sequences, per rank"},
@@ -353,7 +354,7 @@ static void context_parallel_check(const TrainArgs* a) {
     if (cp > 1 && a->run.seq % (2 * cp) != 0)
         fail(EXIT_BAD_INPUT, "--context-parallel %d needs --seq divisible by 2 x %d = %d (2N chunks per sequence); --seq is %d", cp, cp, 2 * cp, a->run.seq);
     const char* cp_no = a->sample.generate ? "--generate" : a->sample.every > 0 ? "--sample-every" : !a->eval.mc.empty() ? "--eval-mc"
-                      : !a->eval.dump_logits.empty() ? "--dump-logits"
+                      : !a->eval.dump_logits.empty() ? "--dump-logits" : a->run.doc_mask >= 0 ? "--doc-mask"
                       : a->health.check || a->health.check_only ? "--health-check" : NULL;
     if (cp > 1 && cp_no)
         fail(EXIT_BAD_INPUT, "--context-parallel %d does not support %s yet (CP runs training, validation and --eval-only's "
@@ -466,6 +467,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--moe-gemm '%s' must be cublaslt or grouped", a->run.moe_gemm.c_str());
     if (a->run.attention_bwd != "auto" && a->run.attention_bwd != "mma" && a->run.attention_bwd != "wgmma" && a->run.attention_bwd != "wgmma-overlap")
         fail(EXIT_BAD_INPUT, "--attention-bwd '%s' must be auto, mma, wgmma or wgmma-overlap", a->run.attention_bwd.c_str());
+    if (a->run.doc_mask < -1 || a->run.doc_mask >= c->vocab_size)
+        fail(EXIT_BAD_INPUT, "--doc-mask %d must be an end-of-text token id in [0, %d) (--vocab), or -1 (off)", a->run.doc_mask, c->vocab_size);
+    g_doc_mask_eot = a->run.doc_mask;
     if (a->run.gemm_autotune < 0 || a->run.gemm_autotune > 16)
         fail(EXIT_BAD_INPUT, "--gemm-autotune %d must be 0 (off) to 16 (the heuristic's answers to time)", a->run.gemm_autotune);
     if (a->run.moe_gemm == "grouped" && (fp8_recipe_parse(a->fp8.recipe.c_str()) != FP8_OFF || a->parallel.expert_parallel > 1))

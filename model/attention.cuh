@@ -96,10 +96,50 @@ static inline void rope_backward(real* dqkv, const real* cos_t, const real* sin_
 }
 
 // ---------------------------------------------------------------------------------------------
+// Document masking (--doc-mask EOT; LLM Foundry's attn_uses_sequence_id, which its DBRX yamls set): a packed
+// sequence holds several documents, and a token attends to the earlier tokens of its own document only. This
+// project's shards put the end-of-text token before every document (data/README.md), so an end-of-text opens a
+// document: doc (B, T) holds, for each token, the position of its document's first token in the sequence (the
+// last t' <= t whose input is EOT; 0 where no EOT precedes it: a document that began before the sequence), and
+// query t sees the keys doc[t] <= t2 <= t. (LLM Foundry's EOS ends a document instead, its sequence_id shifted
+// by one: the separator sees the document before it. RoPE positions stay the sequence's, as there.) The kernels
+// that walk the keys of a query row read its start; those that walk the query rows of a key read where the key's
+// document ends (the next document's start, or T): query t sees key t2 <= t exactly when t < end[t2]. Every tile is
+// still computed (the masked ones add zeros): skipping the tiles wholly outside a document is later work.
+// start NULL: plain causal attention, bit for bit the same as before the option existed.
+inline int g_doc_mask_eot = -1;   // --doc-mask: the end-of-text token id (-1: off)
+typedef struct {
+    const int* start;   // (B, T): the position of the token's document's first token; NULL: no document mask
+    const int* end;     // (B, T): the position after its document's last token
+} DocMask;
+#if defined(SIMT_EMULATION)
+#include <string>
+// the emulator's work log (SIMT_WORKLOG) records a kernel's DocMask as ["doc_mask", 0 | 1]: the step-time model's formulas
+// (dev/predict/kernel_cost.py) take it off the arguments (the kernels run the same tiles with or without it)
+static inline std::string worklog_fields(const DocMask& doc) { return doc.start ? "[\"doc_mask\",1]" : "[\"doc_mask\",0]"; }
+#endif
+
+// start, end (B, T each) of the documents of inputs (B, T)
+static inline void doc_bounds(int* start, int* end, const int* inputs, int B, int T, int eot) {
+    for (int b = 0; b < B; b++) {
+        const int* in = inputs + (size_t)b * T;
+        for (int t = 0, s = 0; t < T; t++) {
+            if (in[t] == eot) s = t;
+            start[(size_t)b * T + t] = s;
+        }
+        for (int t = T - 1, e = T; t >= 0; t--) {
+            end[(size_t)b * T + t] = e;
+            if (in[t] == eot) e = t;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // causal GQA attention
 //   out (B, T, H*hd) and lse (B, H, T), the logsumexp of every row of scaled scores, from qkv
 //   (B, T, qkv_dim) after clip and RoPE. The (T, T) probabilities are never stored: the backward
 //   recomputes p[t][t2] = exp(scale q_t . k_t2 - lse[t]), the contract of the GPU kernels too.
+//   doc: the document mask above (row t over the keys doc.start[t] .. t; none where doc.start is NULL).
 
 // One query row: o (hd) = softmax(scale q . k[t2]) v[t2] over t2 < n, the keys and values `stride`
 // elements apart (k0, v0: the first); p (n) scratch. Returns the logsumexp of the scaled scores. The causal
@@ -125,7 +165,8 @@ static inline real attention_row(real* o, real* p, const real* q, const real* k0
     return maxv + std::log(sum);
 }
 
-static inline void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int H, int KV, int hd) {
+static inline void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int H, int KV, int hd,
+                                     DocMask doc = {}) {
     int qkv_dim = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
     real scale = (real)1 / std::sqrt((real)hd);
     #pragma omp parallel
@@ -135,11 +176,12 @@ static inline void attention_forward(real* out, real* lse, const real* qkv, int 
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++)
                 for (int t = 0; t < T; t++) {
-                    int kvh = h / group;
+                    int kvh = h / group, lo = doc.start ? doc.start[(size_t)b * T + t] : 0;   // (keys lo .. t)
                     const real* row0 = qkv + (size_t)b * T * qkv_dim;   // this sequence's first row
+                    const real* klo = row0 + (size_t)lo * qkv_dim + C + kvh * hd;
                     lse[((size_t)b * H + h) * T + t] =
                         attention_row(out + ((size_t)b * T + t) * C + h * hd, p, row0 + (size_t)t * qkv_dim + h * hd,
-                                      row0 + C + kvh * hd, row0 + C + KV * hd + kvh * hd, qkv_dim, t + 1, hd, scale);
+                                      klo, klo + KV * hd, qkv_dim, t + 1 - lo, hd, scale);
                 }
         free(p);
     }
@@ -152,7 +194,7 @@ static inline void attention_forward(real* out, real* lse, const real* qkv, int 
 // One thread per (batch, kv head) owns that kv head's dk, dv and its query heads' dq: race-free
 // and the summation order is fixed.
 static inline void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* lse,
-                                      int B, int T, int H, int KV, int hd) {
+                                      int B, int T, int H, int KV, int hd, DocMask doc = {}) {
     int qkv_dim = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
     real scale = (real)1 / std::sqrt((real)hd);
     memset(dqkv, 0, (size_t)B * T * qkv_dim * sizeof(real));
@@ -169,8 +211,9 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
                         const real* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
                         const real* dy = dout + ((size_t)b * T + t) * C + h * hd;
                         real* dq = dqkv + ((size_t)b * T + t) * qkv_dim + h * hd;
+                        const int lo = doc.start ? doc.start[(size_t)b * T + t] : 0;
                         real pdp = 0;
-                        for (int t2 = 0; t2 <= t; t2++) {
+                        for (int t2 = lo; t2 <= t; t2++) {
                             const real* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
                             const real* v = k + KV * hd;
                             real* dv = dqkv + ((size_t)b * T + t2) * qkv_dim + C + KV * hd + kvh * hd;
@@ -181,7 +224,7 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
                             dp[t2] = d;
                             pdp += p[t2] * d;
                         }
-                        for (int t2 = 0; t2 <= t; t2++) {
+                        for (int t2 = lo; t2 <= t; t2++) {
                             real ds = p[t2] * (dp[t2] - pdp) * scale;
                             const real* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
                             real* dk = dqkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
@@ -354,21 +397,23 @@ __device__ inline float attention_row_warp(floatX* y, const floatX* q, const flo
     return m + logf(l);
 }
 
-// out (B, T, H*hd), lse (B, H, T) from qkv (B, T, qkv_dim) after clip and RoPE
-__global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+// out (B, T, H*hd), lse (B, H, T) from qkv (B, T, qkv_dim) after clip and RoPE; doc: the document mask (its start)
+__global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
+                                         DocMask doc) {
     size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;   // (b, h, t)
     if (row >= (size_t)B * H * T) return;
     int t = row % T, h = (row / T) % H, b = row / ((size_t)T * H);
     int qkv_dim = (H + 2 * KV) * hd, C = H * hd, kvh = h / (H / KV);
     const floatX* seq = qkv + (size_t)b * T * qkv_dim;   // this sequence's first row
-    float row_lse = attention_row_warp(out + ((size_t)b * T + t) * C + h * hd, seq + (size_t)t * qkv_dim + h * hd, seq + C + kvh * hd,
-                                       qkv_dim, (size_t)KV * hd, t + 1, hd);
+    const int lo = doc.start ? doc.start[(size_t)b * T + t] : 0;     // (keys lo .. t)
+    float row_lse = attention_row_warp(out + ((size_t)b * T + t) * C + h * hd, seq + (size_t)t * qkv_dim + h * hd,
+                                       seq + (size_t)lo * qkv_dim + C + kvh * hd, qkv_dim, (size_t)KV * hd, t + 1 - lo, hd);
     if (threadIdx.x % 32 == 0) lse[row] = row_lse;
 }
 
 // dq rows of dqkv (overwritten) and D (B, H, T) = rowsum(dout * out), one warp per query row
 __global__ void attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                             const floatX* qkv, int B, int T, int H, int KV, int hd) {
+                                             const floatX* qkv, int B, int T, int H, int KV, int hd, DocMask doc) {
     int lane = threadIdx.x % 32;
     size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= (size_t)B * H * T) return;
@@ -389,7 +434,7 @@ __global__ void attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const fl
     }
     d = warp_sum(d);
     float L = lse[row];
-    for (int t2 = 0; t2 <= t; t2++) {
+    for (int t2 = doc.start ? doc.start[(size_t)b * T + t] : 0; t2 <= t; t2++) {
         const floatX* k = qkv + ((size_t)b * T + t2) * qkv_dim + C + kvh * hd;
         const floatX* v = k + KV * hd;
         float s = 0.0f, dp = 0.0f;
@@ -407,9 +452,9 @@ __global__ void attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const fl
     if (lane == 0) Dbuf[row] = d;
 }
 
-// dk, dv rows of dqkv (overwritten): one warp per (b, kv head, key row t2)
+// dk, dv rows of dqkv (overwritten): one warp per (b, kv head, key row t2), over the query rows t2 .. (its document's end)
 __global__ void attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const float* lse, const float* Dbuf,
-                                              const floatX* qkv, int B, int T, int H, int KV, int hd) {
+                                              const floatX* qkv, int B, int T, int H, int KV, int hd, DocMask doc) {
     int lane = threadIdx.x % 32;
     size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;   // (b, kvh, t2)
     if (row >= (size_t)B * KV * T) return;
@@ -427,7 +472,7 @@ __global__ void attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, 
         dv[j] = 0.0f;
     }
     for (int h = kvh * group; h < (kvh + 1) * group; h++)
-        for (int t = t2; t < T; t++) {
+        for (int t = t2; t < (doc.start ? doc.end[(size_t)b * T + t2] : T); t++) {
             const floatX* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
             const floatX* dy = dout + ((size_t)b * T + t) * C + h * hd;
             float s = 0.0f, dp = 0.0f;
@@ -458,22 +503,24 @@ static inline void attention_check_shape(int H, int KV, int hd) {
              "by the CUDA kernels", hd, 32 * ATT_MAX_PER_LANE, H, KV);
 }
 
-// the warp-per-row kernels (any head_dim up to 256): out (B, T, H*hd) bf16, lse (B, H, T) fp32 from qkv (B, T, qkv_dim)
+// the warp-per-row kernels (any head_dim up to 256): out (B, T, H*hd) bf16, lse (B, H, T) fp32 from qkv (B, T, qkv_dim);
+// doc: the document mask (device arrays)
 static inline void attention_forward_rows_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
-                                              cudaStream_t stream = 0) {
+                                              cudaStream_t stream = 0, DocMask doc = {}) {
     attention_check_shape(H, KV, hd);
     const int block = 128, warps = block / 32;
-    LAUNCH(attention_forward_kernel, ceil_div((long long)B * H * T, warps), block, 0, stream, out, lse, qkv, B, T, H, KV, hd);
+    LAUNCH(attention_forward_kernel, ceil_div((long long)B * H * T, warps), block, 0, stream, out, lse, qkv, B, T, H, KV, hd, doc);
 }
 // dqkv (B, T, qkv_dim) overwritten; Dbuf (B, H, T) fp32 scratch
 static inline void attention_backward_rows_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                               const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
+                                               const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0,
+                                               DocMask doc = {}) {
     attention_check_shape(H, KV, hd);
     const int block = 128, warps = block / 32;
     LAUNCH(attention_backward_dq_kernel, ceil_div((long long)B * H * T, warps), block, 0, stream, dqkv, Dbuf, dout, out, lse,
-           qkv, B, T, H, KV, hd);
+           qkv, B, T, H, KV, hd, doc);
     LAUNCH(attention_backward_dkv_kernel, ceil_div((long long)B * KV * T, warps), block, 0, stream, dqkv, dout, lse, Dbuf,
-           qkv, B, T, H, KV, hd);
+           qkv, B, T, H, KV, hd, doc);
 }
 // The model's attention: the flash kernels (tensor cores, attention_flash.cuh; the forward at head_dim 64 and 128 on
 // Hopper's wgmma, attention_wgmma_fwd.cuh) for head_dim 32, 64 and 128, the warp-per-row kernels otherwise (and for a micro-batch of more than 65,535 sequences: the
@@ -484,22 +531,24 @@ static inline bool attention_use_flash(int B, int H, int KV, int hd, std::initia
     for (const void* p : ptrs) if ((uintptr_t)p % 16) return false;   // 16-byte copies and stores
     return true;
 }
+// doc: the document mask (device arrays; every path)
 static inline void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
-                                         cudaStream_t stream = 0) {
-    if (!attention_use_flash(B, H, KV, hd, {out, qkv})) attention_forward_rows_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
-    else if (attention_wgmma_forward_supported(hd)) attention_forward_wgmma_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
-    else flash_attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd, stream);
+                                         cudaStream_t stream = 0, DocMask doc = {}) {
+    if (!attention_use_flash(B, H, KV, hd, {out, qkv})) attention_forward_rows_gpu(out, lse, qkv, B, T, H, KV, hd, stream, doc);
+    else if (attention_wgmma_forward_supported(hd)) attention_forward_wgmma_gpu(out, lse, qkv, B, T, H, KV, hd, stream, doc);
+    else flash_attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd, stream, doc);
 }
 // the floats of attention_backward_gpu's Dbuf: D (B, H, T) (parallel/memory_plan.h plans the same)
 static inline size_t attention_backward_scratch_floats(int B, int T, int H, int hd) { (void)hd; return (size_t)B * H * T; }
 // Dbuf: attention_backward_scratch_floats(B, T, H, hd) floats
 static inline void attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                          const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
+                                          const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0,
+                                          DocMask doc = {}) {
     if (!attention_use_flash(B, H, KV, hd, {dqkv, dout, out, qkv}))
-        attention_backward_rows_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
+        attention_backward_rows_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream, doc);
     else if (g_attention_bwd && attention_wgmma_backward_supported(hd))   // --attention-bwd wgmma | wgmma-overlap (the same bits)
-        attention_backward_wgmma_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, g_attention_bwd == 2, stream);
-    else flash_attention_backward_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream);
+        attention_backward_wgmma_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, g_attention_bwd == 2, stream, doc);
+    else flash_attention_backward_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, stream, doc);
 }
 // Decoding: out (H*hd) of the query q (H*hd) of position pos over the cache (T_max, 2*KV*hd), rows
 // 0..pos (see attention_decode_forward). One warp per query head, lanes split head_dim, an online

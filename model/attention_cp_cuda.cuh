@@ -168,14 +168,15 @@ static inline void cp_attention_backward_gpu(floatX* dqkv, float* dkv_all, const
                                  nullptr, nullptr);
 }
 
-// the model's attention: the local one (flash or warp-per-row kernels), or the CP group's (hk->forward set)
+// the model's attention: the local one (flash or warp-per-row kernels; doc: the document mask, attention.cuh), or the CP
+// group's (hk->forward set; no document mask: train_flags.h refuses --doc-mask with --context-parallel)
 static inline void attention_hooked_forward_gpu(const AttentionHooksGPU* hk, floatX* out, float* lse, const floatX* qkv, int B, int T, int H,
-                                                int KV, int hd) {
+                                                int KV, int hd, DocMask doc) {
     if (hk->forward) hk->forward(hk->ctx, out, lse, qkv);
-    else attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd);
+    else attention_forward_gpu(out, lse, qkv, B, T, H, KV, hd, 0, doc);
 }
 static inline void attention_hooked_backward_gpu(const AttentionHooksGPU* hk, floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out,
-                                                 const float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+                                                 const float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd, DocMask doc) {
     if (hk->backward) hk->backward(hk->ctx, dqkv, dout, qkv, out, lse);
-    else attention_backward_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd);
+    else attention_backward_gpu(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, hd, 0, doc);
 }

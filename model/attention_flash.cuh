@@ -110,9 +110,11 @@ __device__ __forceinline__ void flash_store_rows(floatX* dst, size_t ld_g, int r
 // fragments would not fit in the registers next to O). A slice skips a key tile that lies wholly past
 // its last row (causal), so the diagonal costs what the 64-row kernel's does.
 
-// CP false: the model's causal attention, kb = flash_block_local (constants: the compiler folds them); CP true: a chunk pair
+// CP false: the model's causal attention, kb = flash_block_local (constants: the compiler folds them), with doc's document
+// mask (attention.cuh; start NULL: none); CP true: a chunk pair
 template <int HD, bool CP>
-__device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV, const FlashBlock& kb) {
+__device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV, const FlashBlock& kb,
+                                                   DocMask doc = {}) {
     constexpr int LD = HD + 8, KT = HD / 16, NT = FLASH_BC / 8, OT = HD / 8, MS = FLASH_FWD_BR / 64;   // MS slices per warp
     floatX* Qs = (floatX*)dynamic_smem;            // (FWD_BR, LD)
     floatX* Ks = Qs + FLASH_FWD_BR * LD;           // (2, BC, LD): double-buffered
@@ -143,6 +145,14 @@ __device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, cons
     for (int sl = 0; sl < MS; sl++)
         UNROLL
         for (int r = 0; r < 2; r++) { m[sl][r] = -INFINITY; l[sl][r] = 0.0f; }
+    int lo[MS][2];   // the document mask: the first key of each of this lane's rows (0: none)
+    UNROLL
+    for (int sl = 0; sl < MS; sl++)
+        UNROLL
+        for (int r = 0; r < 2; r++) {
+            const int q = q0 + wrow0 + 16 * sl + g + 8 * r;
+            lo[sl][r] = !CP && doc.start && q < nq ? doc.start[(size_t)b * T + q] : 0;
+        }
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {   // tile j + 1 into the other buffer while tile j is used
             flash_load_tile<HD>(Ks + (j + 1) % 2 * FLASH_BC * LD, Kg, kv_ld, (j + 1) * FLASH_BC, FLASH_BC, Tk);
@@ -194,6 +204,12 @@ __device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, cons
                         UNROLL
                         for (int e = 0; e < 4; e++)
                             if (k0 + n * 8 + 2 * t4 + e % 2 > (e < 2 ? qa : qb)) s[sl][n][e] = -INFINITY;
+                if (k0 < max(lo[sl][0], lo[sl][1]))   // the document mask: keys before the row's document
+                    UNROLL
+                    for (int n = 0; n < NT; n++)
+                        UNROLL
+                        for (int e = 0; e < 4; e++)
+                            if (k0 + n * 8 + 2 * t4 + e % 2 < lo[sl][e / 2]) s[sl][n][e] = -INFINITY;
                 // online softmax of row qa (elements 0, 1) and qb (2, 3); a row's scores are in the 4 lanes of a quad
                 UNROLL
                 for (int r = 0; r < 2; r++) {
@@ -261,8 +277,9 @@ __device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, cons
     }
 }
 template <int HD>
-__global__ void __launch_bounds__(FLASH_THREADS) flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV) {
-    flash_forward_body<HD, false>(out, lse, qkv, T, H, KV, flash_block_local(qkv, T, H, KV, HD));
+__global__ void __launch_bounds__(FLASH_THREADS) flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV,
+                                                                                DocMask doc) {
+    flash_forward_body<HD, false>(out, lse, qkv, T, H, KV, flash_block_local(qkv, T, H, KV, HD), doc);
 }
 template <int HD>
 __global__ void __launch_bounds__(FLASH_THREADS)
@@ -297,15 +314,15 @@ __device__ __forceinline__ void flash_load_queries(floatX* Qt, floatX* dOt, floa
 
 template <int HD> static inline size_t flash_forward_smem() { return (size_t)(FLASH_FWD_BR + 4 * FLASH_BC) * (HD + 8) * sizeof(floatX); }
 
-// kb NULL: the model's causal attention; else a chunk pair
+// kb NULL: the model's causal attention (doc: its document mask); else a chunk pair
 template <int HD>
 static inline void flash_attention_forward_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
-                                              const FlashBlock* kb, cudaStream_t stream) {
+                                              const FlashBlock* kb, cudaStream_t stream, DocMask doc) {
     size_t smem = flash_forward_smem<HD>();
     if (!kb) {
         cudaCheck(cudaFuncSetAttribute(flash_attention_forward_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         LAUNCH(flash_attention_forward_kernel<HD>, dim3(ceil_div(T, FLASH_FWD_BR), H, B), FLASH_THREADS, smem, stream, out, lse, qkv, T,
-               H, KV);
+               H, KV, doc);
         return;
     }
     cudaCheck(cudaFuncSetAttribute(flash_attention_forward_cp_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -314,16 +331,17 @@ static inline void flash_attention_forward_hd(floatX* out, float* lse, const flo
            out + qr * H * HD, lse + qr, qkv + qr * (H + 2 * KV) * HD, T, H, KV, *kb);
 }
 static inline void flash_attention_forward_dispatch(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
-                                                    const FlashBlock* kb, cudaStream_t stream) {
-    if (hd == 32) flash_attention_forward_hd<32>(out, lse, qkv, B, T, H, KV, kb, stream);
-    else if (hd == 64) flash_attention_forward_hd<64>(out, lse, qkv, B, T, H, KV, kb, stream);
-    else if (hd == 128) flash_attention_forward_hd<128>(out, lse, qkv, B, T, H, KV, kb, stream);
+                                                    const FlashBlock* kb, cudaStream_t stream, DocMask doc = {}) {
+    if (hd == 32) flash_attention_forward_hd<32>(out, lse, qkv, B, T, H, KV, kb, stream, doc);
+    else if (hd == 64) flash_attention_forward_hd<64>(out, lse, qkv, B, T, H, KV, kb, stream, doc);
+    else if (hd == 128) flash_attention_forward_hd<128>(out, lse, qkv, B, T, H, KV, kb, stream, doc);
     else fail(EXIT_BAD_INPUT, "flash attention: head_dim %d is not 32, 64 or 128", hd);
 }
-// the model's causal attention: out (B, T, H hd) bf16, lse (B, H, T) fp32 from qkv (B, T, (H + 2 KV) hd)
+// the model's causal attention: out (B, T, H hd) bf16, lse (B, H, T) fp32 from qkv (B, T, (H + 2 KV) hd); doc: the document
+// mask (attention.cuh)
 static inline void flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
-                                               cudaStream_t stream = 0) {
-    flash_attention_forward_dispatch(out, lse, qkv, B, T, H, KV, hd, nullptr, stream);
+                                               cudaStream_t stream = 0, DocMask doc = {}) {
+    flash_attention_forward_dispatch(out, lse, qkv, B, T, H, KV, hd, nullptr, stream, doc);
 }
 // a chunk pair: the query rows kb.qrow0 .. + kb.nq of out (B, T, H hd) bf16 and lse (B, H, T) fp32 from those of qkv
 // (B, T, (H + 2 KV) hd) against kb's keys

@@ -24,7 +24,7 @@
 template <int HD>
 __global__ void __launch_bounds__(FLASH_THREADS)
 flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                   const floatX* qkv, int T, int H, int KV) {
+                                   const floatX* qkv, int T, int H, int KV, DocMask doc) {
     constexpr int LD = HD + 8, KT = HD / 16, NT = FLASH_BC / 8, OT = HD / 8;
     floatX* Qs = (floatX*)dynamic_smem;            // (BR, LD)
     floatX* dOs = Qs + FLASH_BR * LD;              // (BR, LD)
@@ -65,6 +65,8 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
     }
     float la = qa < T ? lse[((size_t)b * H + h) * T + qa] * FLASH_LOG2E : 0.0f;   // rows past T: never stored
     float lb = qb < T ? lse[((size_t)b * H + h) * T + qb] * FLASH_LOG2E : 0.0f;
+    // the document mask (attention.cuh): the first key of each row (0: none)
+    const int loa = doc.start && qa < T ? doc.start[(size_t)b * T + qa] : 0, lob = doc.start && qb < T ? doc.start[(size_t)b * T + qb] : 0;
 
     float dq[OT][4] = {};
     for (int j = 0; j < ntiles; j++) {
@@ -94,12 +96,13 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
                 mma_m16n8k16_bf16_f32(dp[n + 1], of, vf + 2, dp[n + 1]);
             }
         }
-        // P = exp(S scale - lse), 0 where the key is after the query; dS = P (dP - D), into s
+        // P = exp(S scale - lse), 0 where the key is after the query (or before its document); dS = P (dP - D), into s
         const int k0 = j * FLASH_BC;
         const bool diag = k0 + FLASH_BC - 1 > q0 + row0;
         for (int n = 0; n < NT; n++)
             for (int e = 0; e < 4; e++) {
-                bool masked = diag && k0 + n * 8 + 2 * t4 + e % 2 > (e < 2 ? qa : qb);
+                const int key = k0 + n * 8 + 2 * t4 + e % 2;
+                bool masked = (diag && key > (e < 2 ? qa : qb)) || key < (e < 2 ? loa : lob);
                 float p = masked ? 0.0f : exp2f(fmaf(s[n][e], sl2, -(e < 2 ? la : lb)));
                 s[n][e] = p * (dp[n][e] - (e < 2 ? Da : Db));
             }
@@ -172,7 +175,7 @@ __device__ __forceinline__ void flash_bwd_dv_dk(float (&dv)[HD / 8][4], float (&
 template <int HD>
 __global__ void __launch_bounds__(FLASH_THREADS)
 flash_attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const float* lse, const float* Dbuf, const floatX* qkv,
-                                    int T, int H, int KV) {
+                                    int T, int H, int KV, DocMask doc) {
     constexpr int LD = HD + 8, NT = FLASH_BQ / 8, OT = HD / 8;
     floatX* Ks = (floatX*)dynamic_smem;            // (BC, LD)
     floatX* Vs = Ks + FLASH_BC * LD;               // (BC, LD)
@@ -188,6 +191,8 @@ flash_attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const floa
     const floatX* Vg = Kg + (size_t)KV * HD;
     const float scale = rsqrtf((float)HD), sl2 = scale * FLASH_LOG2E;
     const int row0 = warp * 16, ka = k0 + row0 + g, kb = ka + 8;   // this lane's two keys
+    // the document mask (attention.cuh): the queries from where each key's document ends see it no more (T: none)
+    const int enda = doc.start && ka < T ? doc.end[(size_t)b * T + ka] : T, endb = doc.start && kb < T ? doc.end[(size_t)b * T + kb] : T;
     // iterations: (query head of the group, query tile from the one holding key k0 to the last)
     const int qt0 = k0 / FLASH_BQ, nq = (T - 1) / FLASH_BQ + 1 - qt0, n_it = group * nq;
 
@@ -220,7 +225,7 @@ flash_attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const floa
         for (int n = 0; n < NT; n++)
             for (int e = 0; e < 4; e++) {
                 int qi = n * 8 + 2 * t4 + e % 2;
-                bool masked = diag && q0 + qi < (e < 2 ? ka : kb);
+                bool masked = (diag && q0 + qi < (e < 2 ? ka : kb)) || q0 + qi >= (e < 2 ? enda : endb);
                 float p = masked ? 0.0f : exp2f(fmaf(s[n][e], sl2, -lt[qi]));
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - Dt[qi]);
@@ -244,7 +249,7 @@ template <int HD> static inline size_t flash_dkv_smem() {
 
 template <int HD>
 static inline void flash_attention_backward_hd(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                               const floatX* qkv, int B, int T, int H, int KV, cudaStream_t stream) {
+                                               const floatX* qkv, int B, int T, int H, int KV, cudaStream_t stream, DocMask doc) {
     size_t smem_dq = flash_dq_smem<HD>(), smem_dkv = flash_dkv_smem<HD>();
     cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
     cudaCheck(cudaFuncSetAttribute(flash_attention_backward_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dkv));
@@ -254,16 +259,18 @@ static inline void flash_attention_backward_hd(floatX* dqkv, float* Dbuf, const 
     // time first). With the tile in x (until session 39) every head's long-to-short run started in turn, and a
     // dbrx-1b dk/dv launch (512 blocks from 32 down to 1 unit of work, 2 per SM) left SMs idle in its tail.
     LAUNCH(flash_attention_backward_dq_kernel<HD>, dim3(H, B, ceil_div(T, FLASH_BR)), FLASH_THREADS, smem_dq, stream, dqkv, Dbuf,
-           dout, out, lse, qkv, T, H, KV);
+           dout, out, lse, qkv, T, H, KV, doc);
     LAUNCH(flash_attention_backward_dkv_kernel<HD>, dim3(KV, B, ceil_div(T, FLASH_BC)), FLASH_THREADS, smem_dkv, stream, dqkv,
-           dout, lse, Dbuf, qkv, T, H, KV);
+           dout, lse, Dbuf, qkv, T, H, KV, doc);
 }
 
-// the model's flash backward (attention.cuh's attention_backward_gpu): dqkv (B, T, (H + 2 KV) hd) overwritten
+// the model's flash backward (attention.cuh's attention_backward_gpu): dqkv (B, T, (H + 2 KV) hd) overwritten; doc: the
+// document mask
 static inline void flash_attention_backward_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                                const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0) {
-    if (hd == 32) flash_attention_backward_hd<32>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, stream);
-    else if (hd == 64) flash_attention_backward_hd<64>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, stream);
-    else if (hd == 128) flash_attention_backward_hd<128>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, stream);
+                                                const floatX* qkv, int B, int T, int H, int KV, int hd, cudaStream_t stream = 0,
+                                                DocMask doc = {}) {
+    if (hd == 32) flash_attention_backward_hd<32>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, stream, doc);
+    else if (hd == 64) flash_attention_backward_hd<64>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, stream, doc);
+    else if (hd == 128) flash_attention_backward_hd<128>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, stream, doc);
     else fail(EXIT_BAD_INPUT, "flash attention: head_dim %d is not 32, 64 or 128", hd);
 }

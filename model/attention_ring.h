@@ -35,16 +35,17 @@ typedef struct {
     void* ctx;
 } AttentionHooks;
 
-// the causal attention of qkv (after clip and RoPE): the local one, or the CP group's ring attention
+// the causal attention of qkv (after clip and RoPE): the local one (doc: the document mask, attention.cuh), or the CP
+// group's ring attention (no document mask: train_flags.h refuses --doc-mask with --context-parallel)
 static inline void attention_hooked_forward(const AttentionHooks* hk, real* out, real* lse, const real* qkv, int B, int T, int H, int KV,
-                                            int hd) {
+                                            int hd, DocMask doc) {
     if (hk->forward) hk->forward(hk->ctx, out, lse, qkv);
-    else attention_forward(out, lse, qkv, B, T, H, KV, hd);
+    else attention_forward(out, lse, qkv, B, T, H, KV, hd, doc);
 }
 static inline void attention_hooked_backward(const AttentionHooks* hk, real* dqkv, const real* dout, const real* qkv, const real* out,
-                                             const real* lse, int B, int T, int H, int KV, int hd) {
+                                             const real* lse, int B, int T, int H, int KV, int hd, DocMask doc) {
     if (hk->backward) hk->backward(hk->ctx, dqkv, dout, qkv, out, lse);
-    else attention_backward(dqkv, dout, qkv, lse, B, T, H, KV, hd);
+    else attention_backward(dqkv, dout, qkv, lse, B, T, H, KV, hd, doc);
 }
 
 // the global chunk (of 2n) that local chunk i (0 or 1) of CP rank r holds; balance 0: contiguous chunks

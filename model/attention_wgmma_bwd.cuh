@@ -25,8 +25,9 @@
  * training step. First timed on session 45's H100, 2026-11-28 (dev/cuda/attention_wgmma_bwd -v 3 times both beside the
  * pair; dev/bench/results_gpu.md). No branch around
  * a wgmma (ptxas serializes every wgmma of a kernel where one is in a path it cannot prove warpgroup-uniform).
- * Registers (nvcc 13, sm_90a, the product build; hd 128 / 64): the dq kernel 177 / 145, overlapped 191 / 159, the dk/dv
- * kernel 254 / 188 (the pair's: dq 223 / 159, dk/dv 245 / 162); no spill, no wgmma serialization.
+ * Registers (nvcc 13, sm_90a, the product build; hd 128 / 64): the dq kernel 180 / 149, overlapped 197 / 158, the dk/dv
+ * kernel 254 / 183 (the pair's: dq 228 / 162, dk/dv 247 / 165); no spill, no wgmma serialization; one block an SM, as
+ * before the document mask's few registers (177 / 145, 191 / 159, 254 / 188; the pair's 223 / 159, 245 / 162).
  */
 #pragma once
 #include "attention_flash_bwd5.cuh"   // (the D kernel)
@@ -59,16 +60,19 @@ template <int HD> __device__ __forceinline__ void wgb_issue_rs(float (&acc)[HD /
 
 // P and dS of a completed S (s) and dP (dp) of 64 x 64, bwd5's arithmetic: s[i] = S[row 16 warp + g + 8 ((i / 2) % 2)]
 // [column 8 (i / 4) + 2 t4 + i % 2], rows keys and columns queries (S^T: QROWS false) or rows queries (S: QROWS true); lt,
-// Dt the queries' lse (log2 units) and D from q0, k0 the first key. P into s, dS into dp; dSs (not null): dS^T stored
+// Dt the queries' lse (log2 units) and D from q0, k0 the first key; lim, the document mask (attention.cuh) of this thread's
+// two rows (r 0, 1: (i / 2) % 2): the first key a query row sees (QROWS), the first query that no longer sees a key row
+// (not QROWS; T: none). P into s, dS into dp; dSs (not null): dS^T stored
 // transposed as bf16 (query rows of 64 keys, 128B-swizzled). S scale - lse as one explicit FMA, as the pair and bwd5 compute
 // it: nvcc contracts it so anyway, g++ (the emulator) where its optimizer sees fit, which differed between the kernels
 template <bool QROWS>
 __device__ __forceinline__ void wgb_softmax_grad(float (&s)[32], float (&dp)[32], char* dSs, const float* lt, const float* Dt, int k0, int q0,
-                                                 float sl2) {
+                                                 float sl2, const int lim[2]) {
     const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
     for (int i = 0; i < 32; i++) {
         const int r = 16 * warp + g + 8 * ((i / 2) % 2), c = 8 * (i / 4) + 2 * t4 + i % 2, kr = QROWS ? c : r, qi = QROWS ? r : c;
-        float p = q0 + qi < k0 + kr ? 0.0f : exp2f(fmaf(s[i], sl2, -lt[qi]));
+        const bool doc_masked = QROWS ? k0 + kr < lim[(i / 2) % 2] : q0 + qi >= lim[(i / 2) % 2];
+        float p = q0 + qi < k0 + kr || doc_masked ? 0.0f : exp2f(fmaf(s[i], sl2, -lt[qi]));
         s[i] = p;
         dp[i] = p * (dp[i] - Dt[qi]);
         if (dSs) *(floatX*)(dSs + qi * 128 + (((kr / 8) ^ (qi % 8)) * 16) + (kr % 8) * 2) = __float2bfloat16(dp[i]);
@@ -131,7 +135,7 @@ struct WgbNoDq {
 template <int HD, int NWG, class DQ>
 __global__ void __launch_bounds__(128 * NWG)
 attention_backward_wgmma_keys(floatX* dqkv, DQ dq, const floatX* dout, const float* lse, const float* Dbuf,
-                         const floatX* qkv, int T, int H, int KV) {
+                         const floatX* qkv, int T, int H, int KV, DocMask doc) {
     static_assert(NWG == 1 || HD == 128 || !DQ::ON, "v2 splits dQ's 128 head dims between its 2 warpgroups");
     constexpr int TB = 64 * HD * 2, KR = 64 * NWG, KPS = KR * 128, THREADS = 128 * NWG;   // (KPS: a K/V panel's bytes)
     // the swizzle repeats every 1024 bytes of shared address: the tiles start on such a boundary
@@ -151,6 +155,11 @@ attention_backward_wgmma_keys(floatX* dqkv, DQ dq, const floatX* dout, const flo
     const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
     const float scale = rsqrtf((float)HD), sl2 = scale * FLASH_LOG2E;
     const int nqi = nqt - kt * NWG, n_it = group * nqi;   // (query head of the group, query tile from the diagonal on)
+    int lim[2];   // the document mask: where the documents of this thread's two keys end (T: none)
+    for (int r = 0; r < 2; r++) {
+        const int key = k0 + 64 * wg + 16 * (threadIdx.x % 128 / 32) + threadIdx.x % 32 / 4 + 8 * r;
+        lim[r] = doc.start && key < T ? doc.end[(size_t)b * T + key] : T;
+    }
     wgmma_load_rows<HD, THREADS>(Ks, Kg, qkv_dim, k0, KR, T);
     wgmma_load_rows<HD, THREADS>(Vs, Kg + (size_t)KV * HD, qkv_dim, k0, KR, T);
     wgb_load_queries<HD, THREADS>(Qs, dOs, ls, Ds, qkv, dout, lse, Dbuf, b, kvh * group, k0, T, H, KV);
@@ -177,7 +186,7 @@ attention_backward_wgmma_keys(floatX* dqkv, DQ dq, const floatX* dout, const flo
         wgmma_fence_operand(s);
         wgmma_fence_operand(dp);
         uint32_t pf[4][4], df[4][4];
-        wgb_softmax_grad<false>(s, dp, DQ::ON ? dSs + wg * 64 * 128 : nullptr, lt, Dt, k0 + 64 * wg, q0, sl2);
+        wgb_softmax_grad<false>(s, dp, DQ::ON ? dSs + wg * 64 * 128 : nullptr, lt, Dt, k0 + 64 * wg, q0, sl2, lim);
         wgb_pack(pf, s);
         wgb_pack(df, dp);
         wgmma_fence_operand(dv);
@@ -200,16 +209,16 @@ attention_backward_wgmma_keys(floatX* dqkv, DQ dq, const floatX* dout, const flo
 
 
 // the dq kernel's S, dP (64 x 64) = Q K^T, dO V^T of the warpgroup's rows (Qw, dOw: 64-row tiles) and a key tile (Kt, Vt)
-// issued and waited for; dS = P (dP - D) (lw, Dw: the rows' lse, D; k0, wq0 the first key, row) rounded into df
+// issued and waited for; dS = P (dP - D) (lw, Dw: the rows' lse, D; k0, wq0 the first key, row; lo: the document mask) rounded into df
 template <int HD>
 __device__ __forceinline__ void wgb_dq_ds(float (&s)[32], float (&dp)[32], uint32_t (&df)[4][4], const char* Qw, const char* dOw, const char* Kt,
-                                          const char* Vt, const float* lw, const float* Dw, int k0, int wq0, float sl2) {
+                                          const char* Vt, const float* lw, const float* Dw, int k0, int wq0, float sl2, const int lo[2]) {
     wgb_issue_kk<HD, 64 * 128>(s, Qw, Kt);
     wgb_issue_kk<HD, 64 * 128>(dp, dOw, Vt);
     wgmma_wait<0>();
     wgmma_fence_operand(s);
     wgmma_fence_operand(dp);
-    wgb_softmax_grad<true>(s, dp, nullptr, lw, Dw, k0, wq0, sl2);
+    wgb_softmax_grad<true>(s, dp, nullptr, lw, Dw, k0, wq0, sl2, lo);
     wgb_pack(df, dp);
 }
 
@@ -228,7 +237,8 @@ __device__ __forceinline__ void wgb_dq_ds(float (&s)[32], float (&dp)[32], uint3
 //     wholly masked (unused). PLANT 1: 2 buffers (tile j + 2 copied over K(j), which dQ(j) reads)
 template <int HD, bool OVL, int PLANT>
 __global__ void __launch_bounds__(256)
-attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, const float* Dbuf, const floatX* qkv, int T, int H, int KV) {
+attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, const float* Dbuf, const floatX* qkv, int T, int H, int KV,
+                            DocMask doc) {
     constexpr int TB = 64 * HD * 2, NB = OVL && !PLANT ? 3 : 2;
     char* Qs = dynamic_smem + ((1024 - ((uintptr_t)dynamic_smem & 1023)) & 1023);   // (2 warpgroups) x TB, swizzled
     char* dOs = Qs + 2 * TB;                // (2 warpgroups) x TB
@@ -245,6 +255,11 @@ attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, 
     const int ntiles = (min(q0 + 2 * WGB_BQ, T) - 1) / WGB_BC + 1;   // causal: keys up to the block's last row
     const char *Qw = Qs + wg * TB, *dOw = dOs + wg * TB;
     const float *lw = ls + wg * WGB_BQ, *Dw = Ds + wg * WGB_BQ;
+    int lo[2];   // the document mask: the first keys of this thread's two rows (0: none)
+    for (int r = 0; r < 2; r++) {
+        const int q = wq0 + 16 * (threadIdx.x % 128 / 32) + threadIdx.x % 32 / 4 + 8 * r;
+        lo[r] = doc.start && q < T ? doc.start[(size_t)b * T + q] : 0;
+    }
     for (int w = 0; w < 2; w++)
         wgb_load_queries<HD, 256>(Qs + w * TB, dOs + w * TB, ls + w * WGB_BQ, Ds + w * WGB_BQ, qkv, dout, lse, Dbuf, b, h, q0 + 64 * w, T, H, KV);
     wgmma_load_rows<HD, 256>(Ks, Kg, qkv_dim, 0, WGB_BC, T);
@@ -264,7 +279,7 @@ attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, 
             wgmma_fence_proxy();   // ...visible to the asynchronous proxy...
             __syncthreads();       // ...for every thread (and lse, D)
             const char* Kt = Ks + j % 2 * TB;
-            wgb_dq_ds<HD>(s, dp, df, Qw, dOw, Kt, Vs + j % 2 * TB, lw, Dw, j * WGB_BC, wq0, sl2);
+            wgb_dq_ds<HD>(s, dp, df, Qw, dOw, Kt, Vs + j % 2 * TB, lw, Dw, j * WGB_BC, wq0, sl2, lo);
             wgmma_fence_operand(dq);
             wgmma_fence();
             wgb_issue_rs<HD>(dq, df, Kt);
@@ -282,7 +297,7 @@ attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, 
         cp_async_wait<1>();   // Q, dO and tile 0
         wgmma_fence_proxy();
         __syncthreads();
-        wgb_dq_ds<HD>(s, dp, df, Qw, dOw, Ks, Vs, lw, Dw, 0, wq0, sl2);
+        wgb_dq_ds<HD>(s, dp, df, Qw, dOw, Ks, Vs, lw, Dw, 0, wq0, sl2, lo);
         for (int j = 0; j < ntiles; j++) {
             cp_async_wait<0>();   // tile j + 1 landed for this thread, for every thread after the barrier
             wgmma_fence_proxy();
@@ -302,7 +317,7 @@ attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, 
             wgmma_wait<1>();   // S(j + 1), dP(j + 1) complete (dS(j) K(j) may not be)
             wgmma_fence_operand(s);
             wgmma_fence_operand(dp);
-            wgb_softmax_grad<true>(s, dp, nullptr, lw, Dw, (j + 1 < ntiles ? j + 1 : ntiles + 2) * WGB_BC, wq0, sl2);
+            wgb_softmax_grad<true>(s, dp, nullptr, lw, Dw, (j + 1 < ntiles ? j + 1 : ntiles + 2) * WGB_BC, wq0, sl2, lo);
             wgmma_wait<0>();   // dS(j) K(j) complete: its A registers may be rewritten
             wgmma_fence_operand(dq);
             wgb_pack(df, dp);
@@ -318,10 +333,12 @@ template <int HD, int NWG, class DQ> static inline size_t wgb_keys_smem() {
     return smem;
 }
 // OVL false (wgmma), true (wgmma-overlap): the D kernel, then the dq kernel and the dk/dv kernel. parts: which of them (1 D,
-// 2 dq, 4 dk/dv: dev/cuda times each alone); PLANT: the dq kernel's race, the race detector's negative control
+// 2 dq, 4 dk/dv: dev/cuda times each alone); PLANT: the dq kernel's race, the race detector's negative control; doc: the
+// document mask
 template <int HD, bool OVL, int PLANT = 0>
 static inline void attention_backward_wgmma_pair(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                                 const floatX* qkv, int B, int T, int H, int KV, int parts, cudaStream_t stream) {
+                                                 const floatX* qkv, int B, int T, int H, int KV, int parts, cudaStream_t stream,
+                                                 DocMask doc = {}) {
     // (the launches' names in logs, traces and dev/predict/kernel_cost.py)
     auto flash_attention_backward_dq_wgmma = attention_backward_wgmma_dq<HD, false, PLANT>;
     auto flash_attention_backward_dq_wgmma_overlap = attention_backward_wgmma_dq<HD, true, PLANT>;
@@ -336,20 +353,21 @@ static inline void attention_backward_wgmma_pair(floatX* dqkv, float* Dbuf, cons
                B, T, H, HD, 0);
     const dim3 grid_q(H, B, ceil_div(T, 2 * WGB_BQ));
     if ((parts & 2) && OVL)
-        LAUNCH(flash_attention_backward_dq_wgmma_overlap, grid_q, 256, smem_q, stream, dqkv, dout, lse, Dbuf, qkv, T, H, KV);
-    else if (parts & 2) LAUNCH(flash_attention_backward_dq_wgmma, grid_q, 256, smem_q, stream, dqkv, dout, lse, Dbuf, qkv, T, H, KV);
+        LAUNCH(flash_attention_backward_dq_wgmma_overlap, grid_q, 256, smem_q, stream, dqkv, dout, lse, Dbuf, qkv, T, H, KV, doc);
+    else if (parts & 2) LAUNCH(flash_attention_backward_dq_wgmma, grid_q, 256, smem_q, stream, dqkv, dout, lse, Dbuf, qkv, T, H, KV, doc);
     if (parts & 4)
         LAUNCH(flash_attention_backward_dkv_wgmma, dim3(ceil_div(T, 128), KV, B), 256, smem_kv, stream, dqkv, WgbNoDq{}, dout, lse, Dbuf, qkv,
-               T, H, KV);
+               T, H, KV, doc);
 }
 static inline bool attention_wgmma_backward_supported(int hd) { return hd == 64 || hd == 128; }
 // the model's backward under --attention-bwd wgmma (overlap false) or wgmma-overlap (true), at head_dim 64 or 128 (the
-// caller checks attention_wgmma_backward_supported and attention.cuh's attention_use_flash)
+// caller checks attention_wgmma_backward_supported and attention.cuh's attention_use_flash); doc: the document mask
 static inline void attention_backward_wgmma_gpu(floatX* dqkv, float* Dbuf, const floatX* dout, const floatX* out, const float* lse,
-                                                const floatX* qkv, int B, int T, int H, int KV, int hd, bool overlap, cudaStream_t stream = 0) {
-    if (hd == 128 && overlap) attention_backward_wgmma_pair<128, true>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, 7, stream);
-    else if (hd == 128) attention_backward_wgmma_pair<128, false>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, 7, stream);
-    else if (hd == 64 && overlap) attention_backward_wgmma_pair<64, true>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, 7, stream);
-    else if (hd == 64) attention_backward_wgmma_pair<64, false>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, 7, stream);
+                                                const floatX* qkv, int B, int T, int H, int KV, int hd, bool overlap, cudaStream_t stream = 0,
+                                                DocMask doc = {}) {
+    if (hd == 128 && overlap) attention_backward_wgmma_pair<128, true>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, 7, stream, doc);
+    else if (hd == 128) attention_backward_wgmma_pair<128, false>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, 7, stream, doc);
+    else if (hd == 64 && overlap) attention_backward_wgmma_pair<64, true>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, 7, stream, doc);
+    else if (hd == 64) attention_backward_wgmma_pair<64, false>(dqkv, Dbuf, dout, out, lse, qkv, B, T, H, KV, 7, stream, doc);
     else fail(EXIT_BAD_INPUT, "wgmma attention backward: head_dim %d is not 64 or 128", hd);
 }

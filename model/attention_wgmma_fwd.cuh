@@ -60,16 +60,19 @@ template <int HD, int BR = WGA_BR, int NS> __device__ __forceinline__ void wga_i
     }
 }
 
-// the causal mask and the online softmax of a completed S of the key tile at k0 (BC = 2 NS keys): s[i] = S[16 warp + g
-// + 8 ((i / 2) % 2)][8 (i / 4) + 2 t4 + i % 2], this thread's rows qa (r 0) and qb (r 1), elements 4 c + 2 r + e. Updates
-// m and l, returns O's factors in corr, P (fp32) in s
+// the causal mask (and the document mask: lo, the rows' first keys, attention.cuh) and the online softmax of a completed S
+// of the key tile at k0 (BC = 2 NS keys): s[i] = S[16 warp + g + 8 ((i / 2) % 2)][8 (i / 4) + 2 t4 + i % 2], this thread's
+// rows qa (r 0) and qb (r 1), elements 4 c + 2 r + e. Updates m and l, returns O's factors in corr, P (fp32) in s
 template <int NS>
 __device__ __forceinline__ void wga_softmax(float (&s)[NS], float m[2], float l[2], float corr[2], int k0, int wrow0, int qa, int qb,
-                                            float sl2) {
+                                            float sl2, const int lo[2]) {
     const int t4 = threadIdx.x % 4;
     if (k0 + 2 * NS - 1 > wrow0)   // a tile that reaches past the warpgroup's first row
         for (int i = 0; i < NS; i++)
             if (k0 + 8 * (i / 4) + 2 * t4 + i % 2 > ((i / 2) % 2 ? qb : qa)) s[i] = -INFINITY;
+    if (k0 < max(lo[0], lo[1]))   // a tile that begins before a row's document
+        for (int i = 0; i < NS; i++)
+            if (k0 + 8 * (i / 4) + 2 * t4 + i % 2 < lo[(i / 2) % 2]) s[i] = -INFINITY;
     for (int r = 0; r < 2; r++) {
         float mx = -INFINITY;
         for (int c = 0; c < NS / 4; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
@@ -172,9 +175,12 @@ __device__ __forceinline__ void wga_store(floatX* out, float* lse, const float (
 // The model's shape is NWG 2 warpgroups (128 query rows) and BC 64 keys a tile; dev/cuda/attention_wgmma's v3 (BC 128)
 // and v4 (NWG 3: 192 rows, 384 threads) are the same kernel at other tiles, untimed so far
 template <int HD, int NBUF, int BC = WGA_BC, int NWG = 2>
-__global__ void __launch_bounds__(128 * NWG) flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV) {
+__global__ void __launch_bounds__(128 * NWG) flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV,
+                                                                                   DocMask doc) {
     constexpr int BR = 64 * NWG, THREADS = 128 * NWG;
     WGA_SETUP_T(NBUF, BR, BC);
+    const int lo[2] = {doc.start && qa < T ? doc.start[(size_t)b * T + qa] : 0,   // the document mask: the rows' first keys
+                       doc.start && qb < T ? doc.start[(size_t)b * T + qb] : 0};
     wga_load_tile<HD, THREADS>(Qs, Qg, qkv_dim, q0, BR, T);
     wga_load_tile<HD, THREADS>(Ks, Kg, qkv_dim, 0, BC, T);
     wga_load_tile<HD, THREADS>(Vs, Vg, qkv_dim, 0, BC, T);
@@ -192,7 +198,7 @@ __global__ void __launch_bounds__(128 * NWG) flash_attention_forward_wgmma_kerne
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(s);
-    wga_softmax(s, m, l, corr, 0, wrow0, qa, qb, sl2);
+    wga_softmax(s, m, l, corr, 0, wrow0, qa, qb, sl2, lo);
     wga_pack_p(pf, s);
     for (int j = 0; j < ntiles; j++) {
         cp_async_wait<0>();   // tile j + 1 landed for this thread, for every thread after the barrier
@@ -208,7 +214,7 @@ __global__ void __launch_bounds__(128 * NWG) flash_attention_forward_wgmma_kerne
         wga_issue_pv<HD>(o, corr, pf, Vs + j % NBUF * KB);
         wgmma_wait<1>();   // S(j + 1) complete (P(j) V(j) may not be)
         wgmma_fence_operand(s);
-        wga_softmax(s, m, l, corr, (j + 1 < ntiles ? j + 1 : ntiles + 2) * BC, wrow0, qa, qb, sl2);
+        wga_softmax(s, m, l, corr, (j + 1 < ntiles ? j + 1 : ntiles + 2) * BC, wrow0, qa, qb, sl2, lo);
         wgmma_wait<0>();   // P(j) V(j) complete: its A registers may be rewritten
         wgmma_fence_operand(o);
         wga_pack_p(pf, s);
@@ -220,21 +226,22 @@ template <int HD, int NBUF, int BC = WGA_BC, int NWG = 2> static inline size_t a
     return (size_t)(64 * NWG + 2 * NBUF * BC) * HD * 2 + 1024;   // Q, NBUF K and V buffers, the 1024-byte alignment
 }
 template <int HD, int NBUF, int BC = WGA_BC, int NWG = 2>
-static inline void attention_forward_wgmma_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, cudaStream_t stream) {
+static inline void attention_forward_wgmma_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, cudaStream_t stream,
+                                              DocMask doc) {
     size_t smem = attention_wgmma_forward_smem<HD, NBUF, BC, NWG>();
     auto flash_attention_forward_wgmma = flash_attention_forward_wgmma_kernel<HD, NBUF, BC, NWG>;   // (the launch's name in logs and traces)
     cudaCheck(cudaFuncSetAttribute(flash_attention_forward_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    LAUNCH(flash_attention_forward_wgmma, dim3(ceil_div(T, 64 * NWG), H, B), 128 * NWG, smem, stream, out, lse, qkv, T, H, KV);
+    LAUNCH(flash_attention_forward_wgmma, dim3(ceil_div(T, 64 * NWG), H, B), 128 * NWG, smem, stream, out, lse, qkv, T, H, KV, doc);
 }
 static inline bool attention_wgmma_forward_supported(int hd) { return hd == 64 || hd == 128; }
 // the model's causal attention forward at head_dim 64 or 128 (the caller checks attention_wgmma_forward_supported and
-// the flash kernels' conditions: attention.cuh's attention_use_flash). NBUF 2: the race detector's negative control
+// the flash kernels' conditions: attention.cuh's attention_use_flash); doc: the document mask. NBUF 2: the race detector's negative control
 // only (tile j + 2 copied over tile j's V while P(j) V(j) may still read it)
 // (BC, NWG: the key tile and the warpgroups of dev/cuda/attention_wgmma's v3 and v4; the model's 64 and 2)
 template <int NBUF = 3, int BC = WGA_BC, int NWG = 2>
 static inline void attention_forward_wgmma_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
-                                               cudaStream_t stream = 0) {
-    if (hd == 64) attention_forward_wgmma_hd<64, NBUF, BC, NWG>(out, lse, qkv, B, T, H, KV, stream);
-    else if (hd == 128) attention_forward_wgmma_hd<128, NBUF, BC, NWG>(out, lse, qkv, B, T, H, KV, stream);
+                                               cudaStream_t stream = 0, DocMask doc = {}) {
+    if (hd == 64) attention_forward_wgmma_hd<64, NBUF, BC, NWG>(out, lse, qkv, B, T, H, KV, stream, doc);
+    else if (hd == 128) attention_forward_wgmma_hd<128, NBUF, BC, NWG>(out, lse, qkv, B, T, H, KV, stream, doc);
     else fail(EXIT_BAD_INPUT, "wgmma attention forward: head_dim %d is not 64 or 128", hd);
 }

@@ -112,6 +112,8 @@ typedef struct {
     std::vector<real*> resid;       // L+1 of (N, d): the input of block l, and the final output
     real *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;   // (N, d), (N), (N), (N, V), (N)
     real *rope_cos, *rope_sin;      // (T, hd/2)
+    int* doc_bounds;                // (2, B, T): the micro-batch's document starts, then ends (--doc-mask: model/attention.cuh)
+    DocMask doc;                    // this micro-batch's document mask (start NULL: none), set by the forward
     // backward scratch, reused by every block
     real *dresid, *dln, *dqkv, *datty, *drouter, *dtopk_w, *dxe, *dye, *da, *dg, *du;
     // --recompute (model/recompute.h): each layer's RC_* bits, and the shared buffers its dropped ones point into
@@ -198,6 +200,8 @@ static inline size_t dbrx_activations(Dbrx* m, const DbrxConfig* c, int B, int T
     take_real(m ? &m->losses : &dummy_real, N);
     take_real(m ? &m->rope_cos : &dummy_real, (size_t)T * c->head_dim / 2);
     take_real(m ? &m->rope_sin : &dummy_real, (size_t)T * c->head_dim / 2);
+    int* dummy_int;
+    take(m ? &m->doc_bounds : &dummy_int, 2 * N);
     take_real(m ? &m->dresid : &dummy_real, N * d); take_real(m ? &m->dln : &dummy_real, N * d);
     take_real(m ? &m->dqkv : &dummy_real, N * qd); take_real(m ? &m->datty : &dummy_real, N * d);
     take_real(m ? &m->drouter : &dummy_real, N * E); take_real(m ? &m->dtopk_w : &dummy_real, N * k);
@@ -230,6 +234,7 @@ static inline void dbrx_build_shape(Dbrx* m, const DbrxConfig* cfg, int B, int T
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->experts = ExpertHooks{NULL, NULL, NULL};
     m->attn = AttentionHooks{NULL, NULL, NULL, NULL, NULL};
+    m->doc = DocMask{};
     m->B = B; m->T = T;
     m->dec.T_max = 0;
     m->fp8.recipe = FP8_OFF;
@@ -407,7 +412,7 @@ static inline void block_attention_forward(Dbrx* m, int l, const real* x) {
     block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
     clip_forward(a->qkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
     rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
-    attention_hooked_forward(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+    attention_hooked_forward(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd, m->doc);
     block_linear_forward(m, l, FP8_LIN_PROJ, a->resid_mid, a->atty, w.wo, N, d, d);
     for (size_t i = 0; i < (size_t)N * d; i++) a->resid_mid[i] += x[i];
 }
@@ -423,6 +428,11 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
     const DbrxConfig* c = &m->cfg;
     int N = m->B * m->T, d = c->d_model;
     int E = c->n_experts, k = c->top_k, L = c->n_layers;
+    m->doc = DocMask{};   // (--doc-mask: this batch's documents, which the backward's attention reads too)
+    if (g_doc_mask_eot >= 0) {
+        doc_bounds(m->doc_bounds, m->doc_bounds + N, inputs, m->B, m->T, g_doc_mask_eot);
+        m->doc = DocMask{m->doc_bounds, m->doc_bounds + N};
+    }
     unit_begin(m, 0, UNIT_FORWARD);
     prof_begin(PROF_HOST, "layer", "embedding");
     embedding_forward(m->resid[0], inputs, m->p.wte, N, d);
@@ -523,10 +533,10 @@ static inline void dbrx_backward(Dbrx* m, const int* inputs, const int* targets,
         layernorm_backward(m->dresid, gw.norm2, m->dln, a->resid_mid, w.norm2, a->ln2_mean, a->ln2_rstd, N, d);
         // attention half: dresid is now d loss / d resid_mid
         prof_next(PROF_HOST, "layer", "layer %d attention", l);
-        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_hooked_forward(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
+        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_hooked_forward(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd, m->doc);   // (the same lse)
         memset(m->datty, 0, Nd * sizeof(real));
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid, a->atty, w.wo, N, d, d);
-        attention_hooked_backward(&m->attn, m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, B, T, H, KV, hd);
+        attention_hooked_backward(&m->attn, m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, B, T, H, KV, hd, m->doc);
         rope_backward(m->dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, hd);
         clip_backward(m->dqkv, a->qkv_pre, (size_t)N * qd, c->clip_qkv);
         memset(m->dln, 0, Nd * sizeof(real));

@@ -125,6 +125,8 @@ typedef struct {
     int *inputs, *targets;             // (N) on the device
     int *emb_unique, *emb_offsets, *emb_positions;   // the embedding-backward plan (N, N + 1, N)
     int emb_U;                         // (the five are one device buffer of 5 N + 1 ints: two copies, dbrx_forward's)
+    DocMask doc;                       // --doc-mask: this micro-batch's document starts and ends ((N) each, after the five
+                                       // in that buffer; model/attention.cuh), start NULL: none; set by dbrx_forward
     int* host_in;                      // its pinned host staging copy (the copy does not wait for the device)
     const int* emb_index;              // (N) the embedding forward's row of each position in p.wte: inputs, or a store's own
     int emb_exchange;                  // in dbrx_forward's unit 0 begin: 1 (2 training): a store may exchange the batch's
@@ -217,7 +219,7 @@ static inline size_t dbrx_gpu_buffers(DbrxGPU* m, const DbrxConfig* c, int B, in
     TAKE(mm->lnf, floatX, N * d); TAKE(mm->lnf_mean, float, N); TAKE(mm->lnf_rstd, float, N);
     TAKE(mm->logits, floatX, N * V); TAKE(mm->losses, float, N);
     TAKE(mm->rope_cos, float, (size_t)T * c->head_dim / 2); TAKE(mm->rope_sin, float, (size_t)T * c->head_dim / 2);
-    TAKE(mm->inputs, int, 5 * N + 1);   // inputs, targets, the embedding plan's unique, offsets, positions
+    TAKE(mm->inputs, int, 7 * N + 1);   // inputs, targets, the embedding plan's unique, offsets, positions, the documents' starts, ends
     if (m) {
         mm->targets = mm->inputs + N;
         mm->emb_unique = mm->inputs + 2 * N; mm->emb_offsets = mm->inputs + 3 * N; mm->emb_positions = mm->inputs + 4 * N + 1;
@@ -286,6 +288,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->host_in = nullptr;
     m->emb_index = nullptr; m->emb_exchange = 0;
+    m->doc = DocMask{};
     m->experts = ExpertHooksGPU{NULL, NULL, NULL}; m->attn = AttentionHooksGPU{NULL, NULL, NULL, NULL, NULL}; m->vocab = VocabHooksGPU{NULL, NULL};
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
@@ -298,7 +301,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     if (acts + store_bytes > free_b) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
     if (dbrx_gpu_buffers(m, cfg, B, T, nullptr, fp8, false, expert_rows, fp8_weight_cache, ep_n, fp8_hold) == 0) dbrx_gpu_out_of_memory(cfg, B, T, acts + store_bytes, store_bytes);
     fp8_gpu_reset(&m->fp8);
-    cudaCheck(cudaMallocHost((void**)&m->host_in, (5 * (size_t)B * T + 1) * sizeof(int)));
+    cudaCheck(cudaMallocHost((void**)&m->host_in, (7 * (size_t)B * T + 1) * sizeof(int)));
     m->step_out_host.assign(2 + (size_t)cfg->n_layers * (cfg->n_experts + 1), 0.0f);
     m->param_bytes = 0;
     m->activation_bytes = acts;
@@ -459,6 +462,14 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
     memcpy(hin, inputs, N * sizeof(int));
     memcpy(hin + N, targets, N * sizeof(int));
     cudaCheck(cudaMemcpyAsync(m->inputs, hin, 2 * (size_t)N * sizeof(int), cudaMemcpyHostToDevice, 0));
+    m->doc = DocMask{};   // --doc-mask: this batch's documents (model/attention.cuh), which the backward reads too
+    if (g_doc_mask_eot >= 0) {
+        int* hdoc = hin + 5 * (size_t)N + 1;
+        doc_bounds(hdoc, hdoc + N, inputs, B, T, g_doc_mask_eot);
+        int* ddoc = m->inputs + 5 * (size_t)N + 1;
+        cudaCheck(cudaMemcpyAsync(ddoc, hdoc, 2 * (size_t)N * sizeof(int), cudaMemcpyHostToDevice, 0));
+        m->doc = DocMask{ddoc, ddoc + N};
+    }
     ProfTrack pt = dbrx_prof_track(m);   // (--profile: the ranges begin after the unit hooks' waits for the gathers)
     m->emb_index = m->inputs;
     m->emb_exchange = dloss > 0 ? 2 : 1;   // (a store may set p.wte to this batch's rows and emb_index to their order)
@@ -482,7 +493,7 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         gpu_compress_attn(m, l, dloss);   // (--compress-acts attn)
         clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
-        attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+        attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd, m->doc);
         block_linear_forward(m, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
         if (l == 0 && dloss > 0) dbrx_upload_embedding_plan(m, inputs);   // (the host's work while the GPU runs layer 0)
         // MoE half: resid_mid = x + attproj and its LayerNorm, in one kernel
@@ -596,9 +607,9 @@ static inline void dbrx_backward(DbrxGPU* m, const int* inputs, const int* targe
                                a->ln2_rstd, N, d, 0, wacc);
         // attention half: dresid is now d loss / d resid_mid
         prof_next(pt, "layer", "layer %d attention", l);
-        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);   // (the same lse)
+        if ((rc & RC_ATTN) && !(rc & RC_BLOCK)) attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd, m->doc);   // (the same lse)
         block_linear_backward(m, l, FP8_LIN_PROJ, m->datty, gw.wo, m->dresid_bf16, a->atty, w.wo, N, d, d, wb);
-        attention_hooked_backward_gpu(&m->attn, m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+        attention_hooked_backward_gpu(&m->attn, m->dqkv, m->att_D, m->datty, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd, m->doc);
         clip_rope_backward_gpu(m->dqkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
         if (rc & RC_CATTN) gpu_decompress_attn(m, l);   // (--compress-acts attn: ln1 rebuilt)
         block_linear_backward(m, l, FP8_LIN_QKV, m->dln, gw.wqkv, m->dqkv, a->ln1, w.wqkv, N, d, qd, wb);

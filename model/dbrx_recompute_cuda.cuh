@@ -55,7 +55,7 @@ template <typename M> static inline void gpu_recompute_block_half(M* m, int l, i
         layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.norm1, N, d, c->ln_eps);
         block_linear_forward(m, l, FP8_LIN_QKV, a->qkv_pre, a->ln1, w.wqkv, N, d, qd);
         clip_rope_forward_gpu(a->qkv, a->qkv_pre, m->rope_cos, m->rope_sin, B, T, H, KV, hd, c->clip_qkv);
-        attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd);
+        attention_hooked_forward_gpu(&m->attn, a->atty, a->att_lse, a->qkv, B, T, H, KV, hd, m->doc);
         block_linear_forward(m, l, FP8_LIN_PROJ, m->attproj, a->atty, w.wo, N, d, d);
         residual_layernorm_forward_gpu(a->ln2, a->resid_mid, a->ln2_mean, a->ln2_rstd, x, m->attproj, w.norm2, N, d, c->ln_eps);
     } else {   // the forward's fused kernel normalised the rounded sum it stored: the same arithmetic at the same width

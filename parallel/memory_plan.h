@@ -287,8 +287,8 @@ static inline MemoryPlan memory_plan(const DbrxConfig* c, int B, int T, int S, i
     p.recompute_scratch = dropped(rc_union);
     p.saved += p.recompute_scratch - p.recompute_dropped + p.compressed_kept;
     // the head and the step's inputs: step_out's loss, the final residual, lnf and its stats, logits, losses,
-    // RoPE tables, the token ids and the embedding plan
-    p.head = 2 * f4 + bf * N * d + bf * N * d + 2 * f4 * N + bf * N * V + f4 * N + 2 * f4 * std::floor(T * hd / 2) + i4 * (5 * N + 1);
+    // RoPE tables, the token ids, the embedding plan and the documents' bounds (--doc-mask)
+    p.head = 2 * f4 + bf * N * d + bf * N * d + 2 * f4 * N + bf * N * V + f4 * N + 2 * f4 * std::floor(T * hd / 2) + i4 * (7 * N + 1);
     // the backward's scratch, shared by the blocks: attproj, dresid, dln, dresid_bf16, datty, dqkv, drouter,
     // dtopk_w, dxe, att_D, the LayerNorm partials, the grad-norm partials, dye, da, dg and du. att_D: D (B, H, T)
     long double att_D = B * H * T;

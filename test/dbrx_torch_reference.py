@@ -111,7 +111,14 @@ def forward(params, cfg, inputs, targets, stats=None):
     B, T = inputs.shape
     N = B * T
     x = params["transformer.wte.weight"][inputs]  # [B, T, d]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]  # [1, 1, T, T]
+    eot = cfg.get("doc_mask_eot")
+    if eot is not None:
+        # --doc-mask: an end-of-text opens a document; query t sees the keys from its document's first token on
+        # (LLM Foundry's attn_uses_sequence_id with the separator opening a document rather than closing one)
+        pos = torch.arange(T).expand(B, T)
+        start = torch.cummax(torch.where(inputs == eot, pos, torch.zeros_like(pos)), dim=1).values  # [B, T]
+        causal = causal & (pos[:, None, :] >= start[:, :, None])[:, None]  # [B, 1, T, T]
     lbl_sum, z_sum, margin = 0.0, 0.0, math.inf
     for i in range(L):
         b = "transformer.blocks.%d." % i

@@ -6,21 +6,23 @@
  * steps, --optimizer lion, at lion_lr); and the RoPE
  * tables of DBRX's own shape (head_dim 128, theta 5e5) at positions up to 32767, which the test
  * compares with the original DBRX code's fp32 computation in torch.
- *   dump_reference OUT.bin [P|off]     P: moe_normalize_expert_weights (default 1, DBRX's; off: none)
+ *   dump_reference OUT.bin [P|off [doc]]   P: moe_normalize_expert_weights (default 1, DBRX's; off: none); doc: the
+ *                                          document mask (--doc-mask) on, end-of-text token 5 at set places of the batch
  */
 #include <string>
 #include "../model/dbrx.h"
 #include "tensor_dump.h"
 
 int main(int argc, char** argv) {
-    if (argc != 2 && argc != 3) fail(EXIT_BAD_INPUT, "usage: dump_reference OUT.bin [P|off]");
+    if (argc < 2 || argc > 4 || (argc == 4 && strcmp(argv[3], "doc"))) fail(EXIT_BAD_INPUT, "usage: dump_reference OUT.bin [P|off [doc]]");
+    if (argc == 4) g_doc_mask_eot = 5;
     DbrxConfig c;
     c.d_model = 32; c.n_heads = 4; c.kv_heads = 2; c.head_dim = 8; c.n_layers = 2; c.ffn_hidden = 24;
     c.n_experts = 8; c.top_k = 2; c.vocab_size = 64; c.max_seq_len = 16; c.rope_theta = 10000.0f;
     c.clip_qkv = 0.5f;   // small, with init_std 0.1, so a good share of the qkv values is clamped
     c.moe_norm_p = 1.0f;
-    if (argc == 3 && !strcmp(argv[2], "off")) c.moe_norm_p = DBRX_OFF;
-    else if (argc == 3) {
+    if (argc >= 3 && !strcmp(argv[2], "off")) c.moe_norm_p = DBRX_OFF;
+    else if (argc >= 3) {
         char* end = NULL;
         c.moe_norm_p = strtof(argv[2], &end);
         if (*end || !(c.moe_norm_p >= 1)) fail(EXIT_BAD_INPUT, "dump_reference: moe_normalize_expert_weights '%s' is not a p >= 1 or off", argv[2]);
@@ -35,6 +37,8 @@ int main(int argc, char** argv) {
     std::vector<int> inputs(B * T), targets(B * T);
     Rng rng = {7};
     for (int i = 0; i < B * T; i++) { inputs[i] = (int)(rng_u64(&rng) % c.vocab_size); targets[i] = (int)(rng_u64(&rng) % c.vocab_size); }
+    if (g_doc_mask_eot >= 0)   // documents of 3, 1, 5 and 7 tokens in sequence 0; sequence 1's first began before it
+        for (int t : {0, 3, 4, 9, T + 7, T + 15}) inputs[t] = g_doc_mask_eot;
 
     FILE* f = fopenCheck(argv[1], "wb");
     fwriteCheck("DBRXDUMP", 1, 8, f, "magic");
@@ -45,10 +49,11 @@ int main(int argc, char** argv) {
              "\"moe_normalize_expert_weights\": %s, \"ln_eps\": %.9g, "
              "\"moe_loss_weight\": %.9g, \"z_loss_weight\": %.9g, \"B\": %d, \"T\": %d, \"lr\": %.9g, \"warmup_steps\": %d, "
              "\"train_steps\": %d, \"lr_floor_frac\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"adam_eps\": %.9g, "
-             "\"weight_decay\": %.9g, \"grad_clip\": %.9g, \"lion_lr\": %.9g}",
+             "\"weight_decay\": %.9g, \"grad_clip\": %.9g, \"lion_lr\": %.9g, \"doc_mask_eot\": %s}",
              c.d_model, c.n_heads, c.kv_heads, c.head_dim, c.n_layers, c.ffn_hidden, c.n_experts, c.top_k, c.vocab_size,
              c.rope_theta, c.clip_qkv, dbrx_is_off(c.moe_norm_p) ? "null" : std::to_string(c.moe_norm_p).c_str(), c.ln_eps, c.moe_loss_weight, c.z_loss_weight, B, T, opt.lr, warmup, steps,
-             lr_floor, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip, lion_lr);
+             lr_floor, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip, lion_lr,
+             g_doc_mask_eot >= 0 ? std::to_string(g_doc_mask_eot).c_str() : "null");
     dump_text(f, "config", cfg);
     dump_record(f, "inputs", 1, {B, T}, inputs.data(), 4);
     dump_record(f, "targets", 1, {B, T}, targets.data(), 4);

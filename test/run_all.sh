@@ -224,6 +224,7 @@ parity() {
     rm -f "$dump"
 }
 for norm in 1 off 2; do section "PyTorch parity (float64 autograd reference), moe_normalize_expert_weights $norm" parity $norm; done
+section "PyTorch parity (float64 autograd reference), --doc-mask (documents of 1 to 7 tokens)" parity "1 doc"
 
 section "command line and bad input" bash test/test_cli.sh
 section "data loader: order, ranks, resume, mixtures (doctest)" doctest_run ./test/test_data
@@ -261,6 +262,8 @@ if [ -n "${HAVE_CUDA_HEADERS:-}" ]; then
         bash test/test_moe_gemm.sh
     section "--attention-bwd auto (the default), wgmma, wgmma-overlap: the step's attention backward on wgmma, bit-identical to mma (head_dim 128, 64; 32 keeps mma), refusals" \
         bash test/test_attention_bwd.sh
+    section "--doc-mask: attention inside each packed document on both backends (it acts, GPU near CPU at head_dim 32 and 128, recompute, no end-of-text changes nothing)" \
+        bash test/test_doc_mask.sh
 else
     echo "skipped: the CUDA training path under the SIMT emulator (no CUDA headers)"
 fi

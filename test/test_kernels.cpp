@@ -393,6 +393,87 @@ TEST_CASE("wgmma attention backward (--attention-bwd wgmma, wgmma-overlap): the 
     }
 }
 
+// --doc-mask (model/attention.cuh): attention inside each document of a packed sequence, on every GPU path (head_dim 16: the
+// warp-per-row kernels; 32: the mma.sync flash forward and pair; 64 and 128: the wgmma forward, and the backward's pair,
+// wgmma and wgmma-overlap, the latter two the pair's bits under the emulator) against the CPU reference. Documents open at an
+// end-of-text: at 0, one of a single token, runs across 64-key and 128-row tiles, a sequence whose first document began
+// before it. The CPU reference itself: each document's rows equal the causal attention of that document alone, bit for bit,
+// and differ from the unmasked attention (the mask is not a no-op). A micro-batch with no end-of-text gives the unmasked
+// kernels' bits.
+TEST_CASE("document-masked attention (--doc-mask): every GPU path, the CPU reference against each document alone") {
+    const int EOT = 7;
+    for (auto s : {std::vector<int>{2, 200, 6, 1, 128}, {1, 130, 4, 2, 64}, {2, 100, 4, 2, 32}, {2, 40, 2, 1, 16}}) {
+        int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd, C = H * hd;
+        INFO("B " << B << " T " << T << " H " << H << " KV " << KV << " hd " << hd);
+        std::vector<int> inputs((size_t)B * T, 1), bounds(2 * (size_t)B * T);
+        for (int t : {0, 5, 6, 64, 66, 129, T - 1}) if (t < T) inputs[t] = EOT;   // sequence 0
+        for (int t : {37, 128}) if (B > 1 && t < T) inputs[(size_t)T + t] = EOT;    // sequence 1: its first document began before it
+        doc_bounds(bounds.data(), bounds.data() + B * T, inputs.data(), B, T, EOT);
+        DocMask doc = {bounds.data(), bounds.data() + B * T};
+        std::vector<float> qkv = bf16_round(randn((size_t)B * T * qd, 3 * T + hd, 1.5)), dout = bf16_round(randn((size_t)B * T * C, 41));
+        std::vector<float> out((size_t)B * T * C), lse((size_t)B * H * T), dqkv(qkv.size()), causal((size_t)B * T * C), clse(lse.size());
+        attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd, doc);
+        attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, H, KV, hd, doc);
+        attention_forward(causal.data(), clse.data(), qkv.data(), B, T, H, KV, hd);
+        double moved = 0;
+        for (size_t i = 0; i < out.size(); i++) moved = std::max(moved, (double)std::fabs(out[i] - causal[i]));
+        CHECK_MESSAGE(moved > 0.1, "the document mask changed the output by only " << moved);
+        for (int b = 0; b < B; b++)   // every document alone: its rows' causal attention, the same bits
+            for (int t0 = 0; t0 < T;) {
+                const int t1 = bounds[(size_t)B * T + (size_t)b * T + t0], n = t1 - t0;
+                std::vector<float> part(qkv.begin() + ((size_t)b * T + t0) * qd, qkv.begin() + ((size_t)b * T + t1) * qd);
+                std::vector<float> po((size_t)n * C), pl((size_t)H * n);
+                attention_forward(po.data(), pl.data(), part.data(), 1, n, H, KV, hd);
+                CHECK_MESSAGE(memcmp(po.data(), out.data() + ((size_t)b * T + t0) * C, po.size() * sizeof(float)) == 0,
+                              "sequence " << b << ": the document at " << t0 << " differs from its attention alone");
+                t0 = t1;
+            }
+        floatX *d_qkv = dev_bf16(qkv), *d_out = dev_poisoned<floatX>(out.size()), *d_dout = dev_bf16(dout);
+        float* d_lse = dev_poisoned<float>(lse.size());
+        int* d_bounds = dev_copy(bounds);
+        DocMask d_doc = {d_bounds, d_bounds + B * T};
+        attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd, 0, d_doc);
+        expect_close("out", get_bf16(d_out, out.size()), out, TOL_BF16);
+        expect_close("lse", get(d_lse, lse.size()), lse, TOL_F32);
+        std::vector<float> got[3];
+        for (int v = 0; v < (hd >= 64 ? 3 : 1); v++) {   // mma (the pair), wgmma, wgmma-overlap
+            floatX* d_dqkv = dev_poisoned<floatX>(qkv.size());
+            float* d_D = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
+            g_attention_bwd = v;
+            attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd, 0, d_doc);
+            g_attention_bwd = 0;
+            got[v] = get_bf16(d_dqkv, qkv.size());
+            INFO("--attention-bwd " << (v == 0 ? "mma" : v == 1 ? "wgmma" : "wgmma-overlap"));
+            expect_close("dqkv", got[v], dqkv, TOL_BF16);
+#if defined(SIMT_EMULATION)
+            if (v) CHECK_MESSAGE(memcmp(got[v].data(), got[0].data(), got[0].size() * sizeof(float)) == 0, "dqkv differs from the pair's");
+#endif
+            for (void* p : {(void*)d_dqkv, (void*)d_D}) cudaCheck(cudaFree(p));
+        }
+        // no end-of-text in the micro-batch: every document the whole sequence, the unmasked kernels' bits
+        std::vector<int> none(2 * (size_t)B * T);
+        doc_bounds(none.data(), none.data() + B * T, std::vector<int>((size_t)B * T, 1).data(), B, T, EOT);
+        int* d_none = dev_copy(none);
+        std::vector<float> bits[2][2];
+        for (int masked = 0; masked < 2; masked++) {
+            DocMask dm = masked ? DocMask{d_none, d_none + B * T} : DocMask{};
+            floatX *o2 = dev_poisoned<floatX>(out.size()), *dq2 = dev_poisoned<floatX>(qkv.size());
+            float *l2 = dev_poisoned<float>(lse.size()), *D2 = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
+            g_attention_bwd = hd >= 64 ? 2 : 0;
+            attention_forward_gpu(o2, l2, d_qkv, B, T, H, KV, hd, 0, dm);
+            attention_backward_gpu(dq2, D2, d_dout, o2, l2, d_qkv, B, T, H, KV, hd, 0, dm);
+            g_attention_bwd = 0;
+            bits[masked][0] = get_bf16(o2, out.size());
+            bits[masked][1] = get_bf16(dq2, qkv.size());
+            for (void* p : {(void*)o2, (void*)dq2, (void*)l2, (void*)D2}) cudaCheck(cudaFree(p));
+        }
+        for (int i = 0; i < 2; i++)
+            CHECK_MESSAGE(memcmp(bits[0][i].data(), bits[1][i].data(), bits[0][i].size() * sizeof(float)) == 0,
+                          (i ? "dqkv" : "out") << ": one document per sequence differs from no mask");
+        for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_lse, (void*)d_dout, (void*)d_bounds, (void*)d_none}) cudaCheck(cudaFree(p));
+    }
+}
+
 // DBRX's attention shapes (head_dim 128): T 512, its 48:8 query/KV grouping (6 queries per KV head,
 // not a power of two) at an odd T, the first and last query rows of T 2048 against the reference, and
 // bit-identical results under two different thread schedules (and blocks on 1 and on 3 OS threads)

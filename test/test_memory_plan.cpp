@@ -64,8 +64,9 @@ TEST_CASE("the plan's terms of a small model, by hand (B 2 x T 16: N = 32 tokens
     CHECK(p.layer_routing == 804);
     CHECK(p.saved == 2 * (25344 + 12544 + 1428 + 53248));
     CHECK(p.routing_index == 2 * 804);
-    // loss 8 + final residual, lnf 2*2*32*64 + stats 256 + logits 2*32*256 + losses 128 + RoPE 2*4*16*8 + ids 4*161
-    CHECK(p.head == 8 + 8192 + 256 + 16384 + 128 + 1024 + 644);
+    // loss 8 + final residual, lnf 2*2*32*64 + stats 256 + logits 2*32*256 + losses 128 + RoPE 2*4*16*8 + ids and the
+    // embedding plan 4*161 + the documents' starts and ends (--doc-mask) 4*64
+    CHECK(p.head == 8 + 8192 + 256 + 16384 + 128 + 1024 + 644 + 256);
     // attproj 4096, dresid, dln 2*4*32*64, dresid_bf16, datty 2*2*32*64, dqkv 2*32*128, drouter 2*32*4, dtopk_w 4*32*2,
     // dxe 2*64*64, att_D 512, LayerNorm partials 4*1*64, grad-norm partials 4*258, dye 8192, da, dg, du 3*2*64*96
     CHECK(p.scratch == 4096 + 16384 + 8192 + 8192 + 256 + 256 + 8192 + 512 + 256 + 1032 + 8192 + 36864);

@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma(floatX* o
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_fence_operand(s);
-            wga_softmax(s, m, l, corr, k0, wrow0, qa, qb, sl2);
+            const int no_doc[2] = {0, 0};   // (no document mask)
+            wga_softmax(s, m, l, corr, k0, wrow0, qa, qb, sl2, no_doc);
             wga_pack_p(pf, s);
             wga_issue_pv<HD>(o, corr, pf, Vs + j % 2 * KB);
             wgmma_wait<0>();

@@ -153,7 +153,7 @@ static void attention_backward_wgmma_hd(floatX* dqkv, float* Dbuf, float* dq_acc
            dout, out, B, T, H, HD, nsem);
     auto kernel = attention_backward_wgmma_keys<HD, NWG, WgbSemDq<PLANT>>;
     LAUNCH(kernel, dim3(ceil_div(T, 64 * NWG), KV, B), 128 * NWG, smem, 0, dqkv, WgbSemDq<PLANT>{dq_acc, dq_sem}, dout, lse, Dbuf, qkv, T,
-           H, KV);
+           H, KV, DocMask{});
 }
 // (v3, v4: model/attention_wgmma_bwd.cuh's attention_backward_wgmma_pair, the model's --attention-bwd wgmma, wgmma-overlap)
 // V 1, 2, 3, 4: v1, v2 (hd 128 only), v3, v4; PLANT 1: v1's dS race, v3's and v4's K/V races

@@ -377,6 +377,8 @@ def kernel_rw(item, ctx=None):
     """(bytes read, bytes written, tensor-core FLOPs) of a kernel line, or None without a formula"""
     base = re.sub(r"<.*", "", item["name"]).strip()
     a = item.get("args") or []
+    if a and isinstance(a[-1], list) and a[-1][:1] == ["doc_mask"]:   # (the attention kernels' last argument, model/attention.cuh's
+        a = a[:-1]                                                    # DocMask: the same tiles with or without a document mask)
     g = item.get("grid") or [1, 1, 1]
     ctx = ctx or {}
     try:
