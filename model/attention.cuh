@@ -104,8 +104,9 @@ static inline void rope_backward(real* dqkv, const real* cos_t, const real* sin_
 // query t sees the keys doc[t] <= t2 <= t. (LLM Foundry's EOS ends a document instead, its sequence_id shifted
 // by one: the separator sees the document before it. RoPE positions stay the sequence's, as there.) The kernels
 // that walk the keys of a query row read its start; those that walk the query rows of a key read where the key's
-// document ends (the next document's start, or T): query t sees key t2 <= t exactly when t < end[t2]. Every tile is
-// still computed (the masked ones add zeros): skipping the tiles wholly outside a document is later work.
+// document ends (the next document's start, or T): query t sees key t2 <= t exactly when t < end[t2]. The flash kernels
+// skip the tiles no row of a block sees (the key tiles before its first row's document; the query tiles past its last
+// key's document): a masked tile adds exact zeros, so skipping changes no bit.
 // start NULL: plain causal attention, bit for bit the same as before the option existed.
 inline int g_doc_mask_eot = -1;   // --doc-mask: the end-of-text token id (-1: off)
 typedef struct {

@@ -133,10 +133,13 @@ __device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, cons
     // causal: keys up to the last query row; full: all
     const int ntiles = ((full ? Tk : min(q0 + FLASH_FWD_BR, nq)) - 1) / FLASH_BC + 1;
     const int wrow0 = warp * 16 * MS;                            // the warp's first row in the tile
+    // the document mask: the key tiles before the block's first row's document are skipped (every row of the block sees
+    // none of their keys: a masked tile adds exactly nothing)
+    const int j0 = !CP && doc.start ? doc.start[(size_t)b * T + q0] / FLASH_BC : 0;
 
     flash_load_tile<HD>(Qs, Qg, qkv_dim, q0, FLASH_FWD_BR, nq);
-    flash_load_tile<HD>(Ks, Kg, kv_ld, 0, FLASH_BC, Tk);
-    flash_load_tile<HD>(Vs, Vg, kv_ld, 0, FLASH_BC, Tk);
+    flash_load_tile<HD>(Ks + j0 % 2 * FLASH_BC * LD, Kg, kv_ld, j0 * FLASH_BC, FLASH_BC, Tk);
+    flash_load_tile<HD>(Vs + j0 % 2 * FLASH_BC * LD, Vg, kv_ld, j0 * FLASH_BC, FLASH_BC, Tk);
     cp_async_commit();
 
     float o[MS][OT][4] = {};                                       // O (16, HD) per slice, unnormalised
@@ -153,7 +156,7 @@ __device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, cons
             const int q = q0 + wrow0 + 16 * sl + g + 8 * r;
             lo[sl][r] = !CP && doc.start && q < nq ? doc.start[(size_t)b * T + q] : 0;
         }
-    for (int j = 0; j < ntiles; j++) {
+    for (int j = j0; j < ntiles; j++) {
         if (j + 1 < ntiles) {   // tile j + 1 into the other buffer while tile j is used
             flash_load_tile<HD>(Ks + (j + 1) % 2 * FLASH_BC * LD, Kg, kv_ld, (j + 1) * FLASH_BC, FLASH_BC, Tk);
             flash_load_tile<HD>(Vs + (j + 1) % 2 * FLASH_BC * LD, Vg, kv_ld, (j + 1) * FLASH_BC, FLASH_BC, Tk);

@@ -43,10 +43,13 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
     const int ntiles = (min(q0 + FLASH_BR, T) - 1) / FLASH_BC + 1;
     const int row0 = warp * 16, qa = q0 + row0 + g, qb = qa + 8;
 
+    // the document mask: the key tiles before the block's first row's document are skipped (they add exactly nothing)
+    const int j0 = doc.start ? doc.start[(size_t)b * T + q0] / FLASH_BC : 0;
+
     flash_load_tile<HD>(Qs, Qg, qkv_dim, q0, FLASH_BR, T);
     flash_load_tile<HD>(dOs, dOg, C, q0, FLASH_BR, T);
-    flash_load_tile<HD>(Ks, Kg, qkv_dim, 0, FLASH_BC, T);
-    flash_load_tile<HD>(Vs, Vg, qkv_dim, 0, FLASH_BC, T);
+    flash_load_tile<HD>(Ks + j0 % 2 * FLASH_BC * LD, Kg, qkv_dim, j0 * FLASH_BC, FLASH_BC, T);
+    flash_load_tile<HD>(Vs + j0 % 2 * FLASH_BC * LD, Vg, qkv_dim, j0 * FLASH_BC, FLASH_BC, T);
     cp_async_commit();
 
     // while the copies fly: D of the warp's 16 rows (lanes split HD, a row at a time), and lse, in log2 units. (D's sums and
@@ -69,7 +72,7 @@ flash_attention_backward_dq_kernel(floatX* dqkv, float* Dbuf, const floatX* dout
     const int loa = doc.start && qa < T ? doc.start[(size_t)b * T + qa] : 0, lob = doc.start && qb < T ? doc.start[(size_t)b * T + qb] : 0;
 
     float dq[OT][4] = {};
-    for (int j = 0; j < ntiles; j++) {
+    for (int j = j0; j < ntiles; j++) {
         if (j + 1 < ntiles) {
             flash_load_tile<HD>(Ks + (j + 1) % 2 * FLASH_BC * LD, Kg, qkv_dim, (j + 1) * FLASH_BC, FLASH_BC, T);
             flash_load_tile<HD>(Vs + (j + 1) % 2 * FLASH_BC * LD, Vg, qkv_dim, (j + 1) * FLASH_BC, FLASH_BC, T);
@@ -193,8 +196,10 @@ flash_attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const floa
     const int row0 = warp * 16, ka = k0 + row0 + g, kb = ka + 8;   // this lane's two keys
     // the document mask (attention.cuh): the queries from where each key's document ends see it no more (T: none)
     const int enda = doc.start && ka < T ? doc.end[(size_t)b * T + ka] : T, endb = doc.start && kb < T ? doc.end[(size_t)b * T + kb] : T;
-    // iterations: (query head of the group, query tile from the one holding key k0 to the last)
-    const int qt0 = k0 / FLASH_BQ, nq = (T - 1) / FLASH_BQ + 1 - qt0, n_it = group * nq;
+    // iterations: (query head of the group, query tile from the one holding key k0 to the last; under the document mask
+    // to the last holding a query of the block's last key's document: the later ones see none of the block's keys)
+    const int qend = doc.start ? doc.end[(size_t)b * T + min(k0 + FLASH_BC, T) - 1] : T;
+    const int qt0 = k0 / FLASH_BQ, nq = (qend - 1) / FLASH_BQ + 1 - qt0, n_it = group * nq;
 
     flash_load_tile<HD>(Ks, Kg, qkv_dim, k0, FLASH_BC, T);
     flash_load_tile<HD>(Vs, Vg, qkv_dim, k0, FLASH_BC, T);

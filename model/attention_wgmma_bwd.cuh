@@ -25,9 +25,10 @@
  * training step. First timed on session 45's H100, 2026-11-28 (dev/cuda/attention_wgmma_bwd -v 3 times both beside the
  * pair; dev/bench/results_gpu.md). No branch around
  * a wgmma (ptxas serializes every wgmma of a kernel where one is in a path it cannot prove warpgroup-uniform).
- * Registers (nvcc 13, sm_90a, the product build; hd 128 / 64): the dq kernel 180 / 149, overlapped 197 / 158, the dk/dv
- * kernel 254 / 183 (the pair's: dq 228 / 162, dk/dv 247 / 165); no spill, no wgmma serialization; one block an SM, as
- * before the document mask's few registers (177 / 145, 191 / 159, 254 / 188; the pair's 223 / 159, 245 / 162).
+ * Registers (nvcc 13, sm_90a, the product build; hd 128 / 64): the dq kernel 180 / 149, overlapped 199 / 159, the dk/dv
+ * kernel 249 / 183 (the pair's: dq 227 / 162, dk/dv 247 / 165); no spill, no wgmma serialization (the document mask's
+ * data-dependent first key tile and last query tile included); one block an SM, as before the mask (177 / 145, 191 / 159,
+ * 254 / 188; the pair's 223 / 159, 245 / 162).
  */
 #pragma once
 #include "attention_flash_bwd5.cuh"   // (the D kernel)
@@ -154,7 +155,10 @@ attention_backward_wgmma_keys(floatX* dqkv, DQ dq, const floatX* dout, const flo
     const size_t qkv_dim = (size_t)(H + 2 * KV) * HD;
     const floatX* Kg = qkv + (size_t)b * T * qkv_dim + (size_t)(H + kvh) * HD;
     const float scale = rsqrtf((float)HD), sl2 = scale * FLASH_LOG2E;
-    const int nqi = nqt - kt * NWG, n_it = group * nqi;   // (query head of the group, query tile from the diagonal on)
+    // (query head of the group, query tile from the diagonal on; under the document mask to the last holding a query of the
+    // block's last key's document: the later ones see none of the block's keys)
+    const int qend = doc.start ? doc.end[(size_t)b * T + min(k0 + KR, T) - 1] : T;
+    const int nqi = (qend - 1) / WGB_BQ + 1 - kt * NWG, n_it = group * nqi;
     int lim[2];   // the document mask: where the documents of this thread's two keys end (T: none)
     for (int r = 0; r < 2; r++) {
         const int key = k0 + 64 * wg + 16 * (threadIdx.x % 128 / 32) + threadIdx.x % 32 / 4 + 8 * r;
@@ -260,16 +264,19 @@ attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, 
         const int q = wq0 + 16 * (threadIdx.x % 128 / 32) + threadIdx.x % 32 / 4 + 8 * r;
         lo[r] = doc.start && q < T ? doc.start[(size_t)b * T + q] : 0;
     }
+    // the document mask: the key tiles before the block's first row's document are skipped (they add exactly nothing);
+    // buffers by the tile's index, as the loops'
+    const int j0 = doc.start ? doc.start[(size_t)b * T + q0] / WGB_BC : 0;
     for (int w = 0; w < 2; w++)
         wgb_load_queries<HD, 256>(Qs + w * TB, dOs + w * TB, ls + w * WGB_BQ, Ds + w * WGB_BQ, qkv, dout, lse, Dbuf, b, h, q0 + 64 * w, T, H, KV);
-    wgmma_load_rows<HD, 256>(Ks, Kg, qkv_dim, 0, WGB_BC, T);
-    wgmma_load_rows<HD, 256>(Vs, Vg, qkv_dim, 0, WGB_BC, T);
+    wgmma_load_rows<HD, 256>(Ks + j0 % NB * TB, Kg, qkv_dim, j0 * WGB_BC, WGB_BC, T);
+    wgmma_load_rows<HD, 256>(Vs + j0 % NB * TB, Vg, qkv_dim, j0 * WGB_BC, WGB_BC, T);
     cp_async_commit();
     float dq[HD / 2], s[32] = {}, dp[32] = {};
     for (int i = 0; i < HD / 2; i++) dq[i] = 0.0f;
     uint32_t df[4][4];
     if constexpr (!OVL) {
-        for (int j = 0; j < ntiles; j++) {
+        for (int j = j0; j < ntiles; j++) {
             if (j + 1 < ntiles) {   // tile j + 1 into the other buffer (its last readers finished before the last barrier)
                 wgmma_load_rows<HD, 256>(Ks + (j + 1) % 2 * TB, Kg, qkv_dim, (j + 1) * WGB_BC, WGB_BC, T);
                 wgmma_load_rows<HD, 256>(Vs + (j + 1) % 2 * TB, Vg, qkv_dim, (j + 1) * WGB_BC, WGB_BC, T);
@@ -289,16 +296,16 @@ attention_backward_wgmma_dq(floatX* dqkv, const floatX* dout, const float* lse, 
             if constexpr (!PLANT) __syncthreads();   // both warpgroups done with buffer j % 2 before tile j + 2 is copied over it
         }
     } else {
-        if (ntiles > 1) {
-            wgmma_load_rows<HD, 256>(Ks + TB, Kg, qkv_dim, WGB_BC, WGB_BC, T);
-            wgmma_load_rows<HD, 256>(Vs + TB, Vg, qkv_dim, WGB_BC, WGB_BC, T);
+        if (ntiles > j0 + 1) {
+            wgmma_load_rows<HD, 256>(Ks + (j0 + 1) % NB * TB, Kg, qkv_dim, (j0 + 1) * WGB_BC, WGB_BC, T);
+            wgmma_load_rows<HD, 256>(Vs + (j0 + 1) % NB * TB, Vg, qkv_dim, (j0 + 1) * WGB_BC, WGB_BC, T);
         }
         cp_async_commit();
-        cp_async_wait<1>();   // Q, dO and tile 0
+        cp_async_wait<1>();   // Q, dO and tile j0
         wgmma_fence_proxy();
         __syncthreads();
-        wgb_dq_ds<HD>(s, dp, df, Qw, dOw, Ks, Vs, lw, Dw, 0, wq0, sl2, lo);
-        for (int j = 0; j < ntiles; j++) {
+        wgb_dq_ds<HD>(s, dp, df, Qw, dOw, Ks + j0 % NB * TB, Vs + j0 % NB * TB, lw, Dw, j0 * WGB_BC, wq0, sl2, lo);
+        for (int j = j0; j < ntiles; j++) {
             cp_async_wait<0>();   // tile j + 1 landed for this thread, for every thread after the barrier
             wgmma_fence_proxy();
             __syncthreads();

@@ -181,26 +181,29 @@ __global__ void __launch_bounds__(128 * NWG) flash_attention_forward_wgmma_kerne
     WGA_SETUP_T(NBUF, BR, BC);
     const int lo[2] = {doc.start && qa < T ? doc.start[(size_t)b * T + qa] : 0,   // the document mask: the rows' first keys
                        doc.start && qb < T ? doc.start[(size_t)b * T + qb] : 0};
+    // the document mask: the key tiles before the block's first row's document are skipped (every row of the block sees
+    // none of their keys: a masked tile adds exactly nothing); buffers by the tile's index, as the loop's
+    const int j0 = doc.start ? doc.start[(size_t)b * T + q0] / BC : 0;
     wga_load_tile<HD, THREADS>(Qs, Qg, qkv_dim, q0, BR, T);
-    wga_load_tile<HD, THREADS>(Ks, Kg, qkv_dim, 0, BC, T);
-    wga_load_tile<HD, THREADS>(Vs, Vg, qkv_dim, 0, BC, T);
+    wga_load_tile<HD, THREADS>(Ks + j0 % NBUF * KB, Kg, qkv_dim, j0 * BC, BC, T);
+    wga_load_tile<HD, THREADS>(Vs + j0 % NBUF * KB, Vg, qkv_dim, j0 * BC, BC, T);
     cp_async_commit();
-    if (ntiles > 1) {
-        wga_load_tile<HD, THREADS>(Ks + KB, Kg, qkv_dim, BC, BC, T);
-        wga_load_tile<HD, THREADS>(Vs + KB, Vg, qkv_dim, BC, BC, T);
+    if (ntiles > j0 + 1) {
+        wga_load_tile<HD, THREADS>(Ks + (j0 + 1) % NBUF * KB, Kg, qkv_dim, (j0 + 1) * BC, BC, T);
+        wga_load_tile<HD, THREADS>(Vs + (j0 + 1) % NBUF * KB, Vg, qkv_dim, (j0 + 1) * BC, BC, T);
     }
     cp_async_commit();
     cp_async_wait<1>();   // Q and tile 0
     wgmma_fence_proxy();
     __syncthreads();
     float s[BC / 2] = {};
-    wga_issue_s<HD, BR>(s, Qw, Ks);
+    wga_issue_s<HD, BR>(s, Qw, Ks + j0 % NBUF * KB);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(s);
-    wga_softmax(s, m, l, corr, 0, wrow0, qa, qb, sl2, lo);
+    wga_softmax(s, m, l, corr, j0 * BC, wrow0, qa, qb, sl2, lo);
     wga_pack_p(pf, s);
-    for (int j = 0; j < ntiles; j++) {
+    for (int j = j0; j < ntiles; j++) {
         cp_async_wait<0>();   // tile j + 1 landed for this thread, for every thread after the barrier
         wgmma_fence_proxy();
         __syncthreads();

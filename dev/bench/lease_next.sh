@@ -15,7 +15,9 @@
 #      access, against quantising the BF16 weight; never timed on a device), dev/cuda/attention_wgmma at dbrx-1b's
 #      attention (B 8, T 2048, H 8, KV 2, hd 128; the model's v2 at 216 TFLOP/s on session 45's H100, issue 25's target
 #      300): session 58's v3 (key tiles of 128) and v4 (3 warpgroups, 192 query rows), never timed; the fastest becomes
-#      the model's
+#      the model's; dev/cuda/attention_doc (session 60's --doc-mask, never timed): the masked forward and backward with
+#      documents of 512 tokens against the causal ones (the kernels skip the tiles outside the documents: the attended
+#      FLOPs are 25.0% of the causal ones at T 2048)
 #   1b. the expert GEMMs (dev/cuda/matmul -b): dbrx-1b's per-expert GEMMs on 1, 2 and 4 streams and batched: do the
 #      per-expert launches leave the GPU part idle (44 ms of the step are GEMMs)? And the step's GEMMs one by one, L2
 #      flushed (the table make predict reads) and warm (-w): is the table's 1.15 x the step's GEMM time the flush?
@@ -55,6 +57,7 @@ step moe 60 dev/cuda/moe
 step classifier 40 dev/cuda/classifier
 step layernorm 30 dev/cuda/layernorm
 step attention_wgmma 30 dev/cuda/attention_wgmma -b 8 -t 2048 -h 8 -k 2 -d 128
+step attention_doc 25 dev/cuda/attention_doc -b 8 -t 2048 -h 8 -k 2 -d 128 -l 512
 step fp8_fused 30 dev/cuda/fp8_fused
 step matmul_b 20 dev/cuda/matmul -b
 step matmul_c 30 dev/cuda/matmul -c

@@ -56,6 +56,10 @@ namespace layernorm {
 }
 #undef NVERSIONS
 #if !defined(SIMT_RACE_DETECT)
+namespace attention_doc {
+#include "attention_doc.cu"
+}
+#undef NVERSIONS
 namespace adamw {
 #include "adamw.cu"
 }
@@ -110,6 +114,7 @@ static const DevProgram PROGRAMS[] = {
     {"wgmma_gemm", wgmma_gemm::program_main},
     {"layernorm", without_args<layernorm::program_main>},
 #if !defined(SIMT_RACE_DETECT)
+    {"attention_doc", attention_doc::program_main},
     {"adamw", adamw::program_main},
     {"classifier", without_args<classifier::program_main>},
     {"embedding", without_args<embedding::program_main>},
