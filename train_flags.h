@@ -354,7 +354,7 @@ static void context_parallel_check(const TrainArgs* a) {
     if (cp > 1 && a->run.seq % (2 * cp) != 0)
         fail(EXIT_BAD_INPUT, "--context-parallel %d needs --seq divisible by 2 x %d = %d (2N chunks per sequence); --seq is %d", cp, cp, 2 * cp, a->run.seq);
     const char* cp_no = a->sample.generate ? "--generate" : a->sample.every > 0 ? "--sample-every" : !a->eval.mc.empty() ? "--eval-mc"
-                      : !a->eval.dump_logits.empty() ? "--dump-logits" : a->run.doc_mask >= 0 ? "--doc-mask"
+                      : !a->eval.dump_logits.empty() ? "--dump-logits"
                       : a->health.check || a->health.check_only ? "--health-check" : NULL;
     if (cp > 1 && cp_no)
         fail(EXIT_BAD_INPUT, "--context-parallel %d does not support %s yet (CP runs training, validation and --eval-only's "

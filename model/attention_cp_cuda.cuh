@@ -23,6 +23,7 @@ typedef struct {
     // lbl_counts gives the router backward layer l's group counts (on the device) and the weight / n
     double (*lbl)(void* ctx, double* st, int N, int E, int k, int L, float weight);
     float (*lbl_counts)(void* ctx, int l, float weight, const int** counts_dev);
+    void (*batch)(void* ctx, const int* inputs);   // (NULL: none) a forward's tokens (host, B x Tl), before its first layer (the CPU's)
     void* ctx;
 } AttentionHooksGPU;
 
@@ -45,11 +46,16 @@ __global__ void cp_unpack_dkv_kernel(floatX* dqkv, const float* dkv, size_t rows
 // every query row sees the block's first chunk fully and its second not at all; s > rank, only the second query
 // chunk (2n-1-rank) sees the block, both chunks fully. kv and dkv: the block's K|V (B, Tl, 2 kv hd), BF16, and its
 // FP32 gradient, added to.
-static inline FlashBlock cp_chunk_pair(const floatX* kv, float* dkv, int k, int n, int rank, int Tl, int KV, int hd) {
+// qstart (B, Tl; NULL: none): --doc-mask's document starts of this rank's rows (global positions), against the block's keys'
+// global positions (rank s's chunks s and 2n-1-s)
+static inline FlashBlock cp_chunk_pair(const floatX* kv, float* dkv, int k, int n, int rank, int Tl, int KV, int hd, const int* qstart = nullptr) {
     int s = ((rank - k) % n + n) % n, c = Tl / 2;
-    if (s == rank) return flash_block_pair(kv, dkv, Tl, KV, hd, Tl, 0, Tl, 0);
-    if (s < rank) return flash_block_pair(kv, dkv, Tl, KV, hd, c, 0, Tl, 1);
-    return flash_block_pair(kv, dkv, Tl, KV, hd, Tl, c, c, 1);
+    FlashBlock p = s == rank ? flash_block_pair(kv, dkv, Tl, KV, hd, Tl, 0, Tl, 0)
+                 : s < rank  ? flash_block_pair(kv, dkv, Tl, KV, hd, c, 0, Tl, 1)
+                             : flash_block_pair(kv, dkv, Tl, KV, hd, Tl, c, c, 1);
+    p.qstart = qstart;
+    p.kpos0 = s * c; p.kpos1 = (2 * n - 1 - s) * c; p.kc = c;
+    return p;
 }
 
 // the scratch of the chunk pairs (B, Tl, H, hd this rank's): a pair's partial output and lse, the merged output in FP32;
@@ -81,6 +87,7 @@ __global__ void cp_merge_kernel(float* o32, float* lse, const floatX* out_p, con
     if (row >= (size_t)B * H * nq) return;   // (warp-uniform)
     int t = qrow0 + row % nq, h = (row / nq) % H, b = row / ((size_t)nq * H);
     size_t lrow = ((size_t)b * H + h) * Tl + t, orow = (((size_t)b * Tl + t) * H + h) * hd;
+    if (lse_p[lrow] == -INFINITY) return;   // (--doc-mask: the pair's keys all before the row's document; warp-uniform)
     float la = lse[lrow], lb = lse_p[lrow], mx = fmaxf(la, lb), ln = mx + logf(expf(la - mx) + expf(lb - mx));
     float fa = expf(la - ln), fb = expf(lb - ln);
     for (int i = lane; i < hd; i += 32) o32[orow + i] = o32[orow + i] * fa + __bfloat162float(out_p[orow + i]) * fb;
@@ -101,11 +108,11 @@ __global__ void cp_dq_store_kernel(floatX* dqkv, const float* dq_acc, int B, int
 // the next block's hop there and makes `stream` wait for block k's arrival (parallel/context_parallel_cuda.cuh)
 static inline void cp_attention_forward_at_gpu(floatX* out, float* lse, const floatX* qkv, const floatX* const* kv_at, const CpAttnScratch* sc,
                                                int B, int Tl, int H, int KV, int hd, int n, int rank, cudaStream_t stream,
-                                               void (*before_pair)(void* ctx, int k), void* ctx) {
+                                               void (*before_pair)(void* ctx, int k), void* ctx, const int* qstart = nullptr) {
     size_t on = (size_t)B * Tl * H * hd;
     for (int k = 0; k < n; k++) {
         if (before_pair) before_pair(ctx, k);
-        FlashBlock p = cp_chunk_pair(kv_at[k], nullptr, k, n, rank, Tl, KV, hd);
+        FlashBlock p = cp_chunk_pair(kv_at[k], nullptr, k, n, rank, Tl, KV, hd, qstart);
         if (k == 0) {
             flash_attention_forward_block_gpu(out, lse, qkv, B, Tl, H, KV, hd, p, stream);
             if (n > 1) LAUNCH(cp_out_to_f32_kernel, ceil_div((long long)on, 256), 256, 0, stream, sc->o32, out, on);
@@ -125,9 +132,10 @@ template <typename T> static inline std::vector<T*> cp_rank_order_at(T* all, siz
 }
 // the same over kv_all (n, B, Tl, 2 kv hd) in rank order (the all-gather form, the kernels' tests)
 static inline void cp_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc,
-                                            int B, int Tl, int H, int KV, int hd, int n, int rank, cudaStream_t stream = 0) {
+                                            int B, int Tl, int H, int KV, int hd, int n, int rank, cudaStream_t stream = 0,
+                                            const int* qstart = nullptr) {
     std::vector<const floatX*> at = cp_rank_order_at(kv_all, (size_t)B * Tl * 2 * KV * hd, n, rank);
-    cp_attention_forward_at_gpu(out, lse, qkv, at.data(), sc, B, Tl, H, KV, hd, n, rank, stream, nullptr, nullptr);
+    cp_attention_forward_at_gpu(out, lse, qkv, at.data(), sc, B, Tl, H, KV, hd, n, rank, stream, nullptr, nullptr, qstart);
 }
 
 // dst += in (FP32, n elements): the backward ring's accumulator, this rank's contribution plus the one that arrived
@@ -143,7 +151,7 @@ __global__ void cp_add_f32_kernel(float* dst, const float* in, size_t n) {
 static inline void cp_attention_backward_at_gpu(floatX* dqkv, float* const* dkv_at, const floatX* dout, const floatX* out, const float* lse,
                                                 const floatX* qkv, const floatX* const* kv_at, const CpAttnScratch* sc, int B, int Tl, int H,
                                                 int KV, int hd, int n, int rank, cudaStream_t stream, void (*before_pair)(void* ctx, int k),
-                                                void (*after_pair)(void* ctx, int k), void* ctx) {
+                                                void (*after_pair)(void* ctx, int k), void* ctx, const int* qstart = nullptr) {
     size_t blk = (size_t)B * Tl * 2 * KV * hd, rows = (size_t)B * Tl * H;
     LAUNCH(flash_attention_backward_D_kernel, ceil_div((long long)rows * 32, 128), 128, 0, stream, sc->D, (int*)nullptr, dout, out, B, Tl, H,
            hd, 0);
@@ -151,7 +159,7 @@ static inline void cp_attention_backward_at_gpu(floatX* dqkv, float* const* dkv_
     for (int k = 0; k < n; k++) {
         if (before_pair) before_pair(ctx, k);
         cudaCheck(cudaMemsetAsync(dkv_at[k], 0, blk * sizeof(float), stream));
-        FlashBlock p = cp_chunk_pair(kv_at[k], dkv_at[k], k, n, rank, Tl, KV, hd);
+        FlashBlock p = cp_chunk_pair(kv_at[k], dkv_at[k], k, n, rank, Tl, KV, hd, qstart);
         flash_attention_backward_block_gpu(sc->dq_acc, sc->dq_sem, sc->D, dout, lse, qkv, B, Tl, H, KV, hd, p, stream);
         if (after_pair) after_pair(ctx, k);
     }
@@ -160,16 +168,16 @@ static inline void cp_attention_backward_at_gpu(floatX* dqkv, float* const* dkv_
 // the same over kv_all and dkv_all (n, B, Tl, 2 kv hd) in rank order (the all-gather form, the kernels' tests)
 static inline void cp_attention_backward_gpu(floatX* dqkv, float* dkv_all, const floatX* dout, const floatX* out, const float* lse,
                                              const floatX* qkv, const floatX* kv_all, const CpAttnScratch* sc, int B, int Tl, int H, int KV,
-                                             int hd, int n, int rank, cudaStream_t stream = 0) {
+                                             int hd, int n, int rank, cudaStream_t stream = 0, const int* qstart = nullptr) {
     size_t blk = (size_t)B * Tl * 2 * KV * hd;
     std::vector<const floatX*> kv_at = cp_rank_order_at(kv_all, blk, n, rank);
     std::vector<float*> dkv_at = cp_rank_order_at(dkv_all, blk, n, rank);
     cp_attention_backward_at_gpu(dqkv, dkv_at.data(), dout, out, lse, qkv, kv_at.data(), sc, B, Tl, H, KV, hd, n, rank, stream, nullptr,
-                                 nullptr, nullptr);
+                                 nullptr, nullptr, qstart);
 }
 
 // the model's attention: the local one (flash or warp-per-row kernels; doc: the document mask, attention.cuh), or the CP
-// group's (hk->forward set; no document mask: train_flags.h refuses --doc-mask with --context-parallel)
+// group's (hk->forward set; the document mask from its batch hook: parallel/context_parallel_cuda.cuh)
 static inline void attention_hooked_forward_gpu(const AttentionHooksGPU* hk, floatX* out, float* lse, const floatX* qkv, int B, int T, int H,
                                                 int KV, int hd, DocMask doc) {
     if (hk->forward) hk->forward(hk->ctx, out, lse, qkv);

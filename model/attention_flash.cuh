@@ -47,7 +47,14 @@ typedef struct {
     size_t ld, bstride;  // = 2 KV hd, T ld: its row and batch strides (set by flash_block_pair)
     int Tk, qrow0, nq;   // key rows; the query rows [qrow0, qrow0 + nq) of qkv's T
     int full;            // 1: no causal mask (keys past Tk masked); 0: causal, query row i sees key rows <= i
+    // --doc-mask (model/attention.cuh) under context parallelism: qstart (B, T; NULL: no mask) each query row's document's
+    // first global position; key row j sits at global position kpos0 + j (j < kc), kpos1 + j - kc (j >= kc): the keys
+    // before a row's document are masked
+    const int* qstart;
+    int kpos0, kpos1, kc;
 } FlashBlock;
+// key row j's global position in a chunk pair (FlashBlock's kpos0, kpos1, kc)
+__host__ __device__ inline int flash_key_pos(const FlashBlock& kb, int j) { return j < kb.kc ? kb.kpos0 + j : kb.kpos1 + j - kb.kc; }
 
 #if defined(SIMT_EMULATION)
 // the emulator's work log (SIMT_WORKLOG) records a chunk pair as [Tk, qrow0, nq, full] for the step-time model's
@@ -58,11 +65,11 @@ static inline std::string worklog_fields(const FlashBlock& kb) {
 #endif
 __host__ __device__ inline FlashBlock flash_block_local(const floatX* qkv, int T, int H, int KV, int hd) {
     size_t qkv_dim = (size_t)(H + 2 * KV) * hd;
-    return FlashBlock{qkv + (size_t)H * hd, nullptr, qkv_dim, T * qkv_dim, T, 0, T, 0};
+    return FlashBlock{qkv + (size_t)H * hd, nullptr, qkv_dim, T * qkv_dim, T, 0, T, 0, nullptr, 0, 0, 0};
 }
 static inline FlashBlock flash_block_pair(const floatX* kv, float* dkv, int T, int KV, int hd, int Tk, int qrow0, int nq, int full) {
     size_t ld = 2 * (size_t)KV * hd;
-    return FlashBlock{kv, dkv, ld, T * ld, Tk, qrow0, nq, full};
+    return FlashBlock{kv, dkv, ld, T * ld, Tk, qrow0, nq, full, nullptr, 0, 0, 0};
 }
 
 // rows [row0, row0 + rows) of a row-major matrix src (row stride ld_g elements, T rows), HD columns,
@@ -148,14 +155,14 @@ __device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, cons
     for (int sl = 0; sl < MS; sl++)
         UNROLL
         for (int r = 0; r < 2; r++) { m[sl][r] = -INFINITY; l[sl][r] = 0.0f; }
-    int lo[MS][2];   // the document mask: the first key of each of this lane's rows (0: none)
-    UNROLL
-    for (int sl = 0; sl < MS; sl++)
-        UNROLL
-        for (int r = 0; r < 2; r++) {
-            const int q = q0 + wrow0 + 16 * sl + g + 8 * r;
-            lo[sl][r] = !CP && doc.start && q < nq ? doc.start[(size_t)b * T + q] : 0;
-        }
+    // the document mask: the first key of each row of the block (0: none; a chunk pair's: a global position), in shared
+    // memory (registers are at the limit at head_dim 128), visible after the first tile's barrier
+    __shared__ int row_lo[FLASH_FWD_BR];
+    for (int i = threadIdx.x; i < FLASH_FWD_BR; i += FLASH_THREADS) {
+        const int q = q0 + i;
+        const int* st = CP ? kb.qstart : doc.start;
+        row_lo[i] = st && q < nq ? st[(size_t)b * T + (CP ? kb.qrow0 : 0) + q] : 0;
+    }
     for (int j = j0; j < ntiles; j++) {
         if (j + 1 < ntiles) {   // tile j + 1 into the other buffer while tile j is used
             flash_load_tile<HD>(Ks + (j + 1) % 2 * FLASH_BC * LD, Kg, kv_ld, (j + 1) * FLASH_BC, FLASH_BC, Tk);
@@ -207,12 +214,15 @@ __device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, cons
                         UNROLL
                         for (int e = 0; e < 4; e++)
                             if (k0 + n * 8 + 2 * t4 + e % 2 > (e < 2 ? qa : qb)) s[sl][n][e] = -INFINITY;
-                if (k0 < max(lo[sl][0], lo[sl][1]))   // the document mask: keys before the row's document
+                const int* lo = row_lo + wrow0 + 16 * sl + g;   // (rows qa: lo[0], qb: lo[8])
+                if (CP ? kb.qstart != nullptr : k0 < max(lo[0], lo[8]))   // the document mask: keys before the row's document
                     UNROLL
                     for (int n = 0; n < NT; n++)
                         UNROLL
-                        for (int e = 0; e < 4; e++)
-                            if (k0 + n * 8 + 2 * t4 + e % 2 < lo[sl][e / 2]) s[sl][n][e] = -INFINITY;
+                        for (int e = 0; e < 4; e++) {
+                            const int key = k0 + n * 8 + 2 * t4 + e % 2;
+                            if ((CP ? flash_key_pos(kb, key) : key) < lo[e < 2 ? 0 : 8]) s[sl][n][e] = -INFINITY;
+                        }
                 // online softmax of row qa (elements 0, 1) and qb (2, 3); a row's scores are in the 4 lanes of a quad
                 UNROLL
                 for (int r = 0; r < 2; r++) {
@@ -269,7 +279,9 @@ __device__ __forceinline__ void flash_forward_body(floatX* out, float* lse, cons
             l[sl][r] += __shfl_xor_sync(0xffffffffu, l[sl][r], 1);
             l[sl][r] += __shfl_xor_sync(0xffffffffu, l[sl][r], 2);
         }
-        flash_acc_to_smem<OT>(Qs, LD, wrow0 + 16 * sl, o[sl], 1.0f / l[sl][0], 1.0f / l[sl][1]);
+        // (l 0: a chunk pair's row that sees none of the pair's keys, --doc-mask's: O 0, lse -inf, which the merge skips)
+        flash_acc_to_smem<OT>(Qs, LD, wrow0 + 16 * sl, o[sl], CP && !(l[sl][0] > 0.0f) ? 0.0f : 1.0f / l[sl][0],
+                              CP && !(l[sl][1] > 0.0f) ? 0.0f : 1.0f / l[sl][1]);
         __syncwarp();
         flash_store_rows<HD>(out + (size_t)b * T * C + (size_t)h * HD, C, q0 + wrow0 + 16 * sl, nq, Qs + (wrow0 + 16 * sl) * LD);
         if (t4 == 0) {   // natural-log units, of the scaled scores

@@ -102,6 +102,9 @@ __device__ __forceinline__ void flash_bwd5_body(floatX* dqkv, float* dq_acc, int
     const floatX* Vg = Kg + (size_t)KV * HD;
     const float scale = rsqrtf((float)HD), sl2 = scale * FLASH_LOG2E;
     const int row0 = warp * 16, ka = k0 + row0 + g, kb = ka + 8;   // this lane's two keys
+    // --doc-mask (a chunk pair's blk.qstart): the two keys' global positions, against each query's document start
+    const int kga = CP ? flash_key_pos(blk, ka) : 0, kgb = CP ? flash_key_pos(blk, kb) : 0;
+    const int* qst = CP && blk.qstart ? blk.qstart + (size_t)b * T + blk.qrow0 : nullptr;
     const int qsl = warp % 2, qcol = warp / 2 * QC;                  // the warp's part of dQ: 16-query slice, columns
     // iterations: (query head of the group, query tile from the one holding key k0 (position) to the last)
     const int qt0 = max(k0 - off, 0) / FLASH_BQ, nqi = nqt - qt0, n_it = group * nqi;
@@ -138,7 +141,7 @@ __device__ __forceinline__ void flash_bwd5_body(floatX* dqkv, float* dq_acc, int
             UNROLL
             for (int e = 0; e < 4; e++) {
                 int qi = n * 8 + 2 * t4 + e % 2;
-                bool masked = diag && qp0 + qi < (e < 2 ? ka : kb);
+                bool masked = (diag && qp0 + qi < (e < 2 ? ka : kb)) || (qst && q0 + qi < nq && (e < 2 ? kga : kgb) < qst[q0 + qi]);
                 float p = masked ? 0.0f : exp2f(CP ? fminf(fmaf(s[n][e], sl2, -lt[qi]), 0.0f) : fmaf(s[n][e], sl2, -lt[qi]));
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - Dt[qi]);

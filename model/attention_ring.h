@@ -17,6 +17,7 @@
  *   kv block (B, Tl, 2*KV*hd): row = [K: KV*hd | V: KV*hd] of one rank's tokens, in its local order
  */
 #pragma once
+#include <vector>
 #include "attention.cuh"
 
 // Context parallelism (--context-parallel n > 1: parallel/context_parallel.h): this rank holds T / n of each
@@ -32,11 +33,13 @@ typedef struct {
     void (*backward)(void* ctx, real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse);
     double (*lbl)(void* ctx, int l, const real* probs, const int* counts, int N, int E, int k, int L, float weight);
     float (*lbl_counts)(void* ctx, int l, float weight, const int** counts);
+    void (*batch)(void* ctx, const int* inputs);   // (NULL: none) a forward's tokens (B, Tl), before its first layer: --doc-mask's
+                                                   // documents span the group's chunks (cp_doc_starts)
     void* ctx;
 } AttentionHooks;
 
 // the causal attention of qkv (after clip and RoPE): the local one (doc: the document mask, attention.cuh), or the CP
-// group's ring attention (no document mask: train_flags.h refuses --doc-mask with --context-parallel)
+// group's ring attention (which takes the documents from its batch hook)
 static inline void attention_hooked_forward(const AttentionHooks* hk, real* out, real* lse, const real* qkv, int B, int T, int H, int KV,
                                             int hd, DocMask doc) {
     if (hk->forward) hk->forward(hk->ctx, out, lse, qkv);
@@ -72,6 +75,20 @@ static inline void rope_tables_at(real* cos_t, real* sin_t, const int* pos, int 
     }
 }
 
+// --doc-mask under context parallelism (model/attention.cuh's document mask): qstart (B, Tl) = the global position of the
+// first token of each local row's document, from every CP rank's local inputs all (n, B, Tl) (rank s's row i at global
+// position chunk(s, i / c) c + i % c): the ring's masks compare it with a key's global position
+static inline void cp_doc_starts(int* qstart, const int* all, int n, int rank, int B, int Tl, int eot) {
+    int T = n * Tl, c = Tl / 2;
+    std::vector<int> seq(T), start(T);
+    for (int b = 0; b < B; b++) {
+        for (int s = 0; s < n; s++)
+            for (int i = 0; i < Tl; i++) seq[cp_chunk(s, i / c, n, 1) * c + i % c] = all[((size_t)s * B + b) * Tl + i];
+        for (int t = 0, st = 0; t < T; t++) { if (seq[t] == eot) st = t; start[t] = st; }
+        for (int i = 0; i < Tl; i++) qstart[(size_t)b * Tl + i] = start[cp_chunk(rank, i / c, n, 1) * c + i % c];
+    }
+}
+
 // kv (B, Tl, 2*KV*hd) = the K|V columns of qkv (B, Tl, qkv_dim)
 static inline void ring_pack_kv(real* kv, const real* qkv, size_t rows, int H, int KV, int hd) {
     int qd = (H + 2 * KV) * hd, kvw = 2 * KV * hd;
@@ -96,9 +113,10 @@ static inline void ring_merge(real* o, real* lse, const real* o_p, real lse_p, i
 
 // One ring step's forward: this rank's queries (qkv, chunks gq[0], gq[1]) over the block kv of the rank
 // holding chunks gk[0], gk[1], merged into out/lse. Before the first step out = 0, lse = -inf (ring_begin).
-// The merge order (the ring's step order, then the key chunk) is fixed: deterministic.
+// The merge order (the ring's step order, then the key chunk) is fixed: deterministic. qstart (B, Tl; NULL: none): the
+// document mask, each row's document's first global position (cp_doc_starts): a key chunk's keys before it are not seen
 static inline void attention_ring_forward(real* out, real* lse, const real* qkv, const real* kv, int B, int Tl, int H, int KV, int hd,
-                                          const int gq[2], const int gk[2]) {
+                                          const int gq[2], const int gk[2], const int* qstart = nullptr) {
     int qd = (H + 2 * KV) * hd, kvw = 2 * KV * hd, group = H / KV, C = H * hd, c = Tl / 2;
     real scale = (real)1 / std::sqrt((real)hd);
     #pragma omp parallel
@@ -113,8 +131,10 @@ static inline void attention_ring_forward(real* out, real* lse, const real* qkv,
                     for (int ki = 0; ki < 2; ki++) {
                         if (gk[ki] > gq[qi]) continue;   // a later chunk: masked whole
                         int n = gk[ki] == gq[qi] ? tt + 1 : c;
-                        const real* k0 = kv + ((size_t)b * Tl + (size_t)ki * c) * kvw + kvh * hd;
-                        real lp = attention_row(o, p, qkv + ((size_t)b * Tl + t) * qd + h * hd, k0, k0 + KV * hd, kvw, n, hd, scale);
+                        int lo = qstart ? std::max(0, qstart[(size_t)b * Tl + t] - gk[ki] * c) : 0;   // (the document mask)
+                        if (lo >= n) continue;   // the chunk lies before the row's document
+                        const real* k0 = kv + ((size_t)b * Tl + (size_t)ki * c + lo) * kvw + kvh * hd;
+                        real lp = attention_row(o, p, qkv + ((size_t)b * Tl + t) * qd + h * hd, k0, k0 + KV * hd, kvw, n - lo, hd, scale);
                         ring_merge(out + ((size_t)b * Tl + t) * C + h * hd, lse + ((size_t)b * H + h) * Tl + t, o, lp, hd);
                     }
                 }
@@ -148,7 +168,8 @@ static inline void attention_ring_rowdot(real* D, const real* dout, const real* 
 // dq accumulates into the Q columns of dqkv (B, Tl, qkv_dim); dk, dv into dkv (B, Tl, 2*KV*hd), the block's
 // gradient that travels with it. One thread per (b, kv head): it owns those dk/dv rows and its heads' dq.
 static inline void attention_ring_backward(real* dqkv, real* dkv, const real* dout, const real* qkv, const real* kv, const real* lse,
-                                           const real* D, int B, int Tl, int H, int KV, int hd, const int gq[2], const int gk[2]) {
+                                           const real* D, int B, int Tl, int H, int KV, int hd, const int gq[2], const int gk[2],
+                                           const int* qstart = nullptr) {
     int qd = (H + 2 * KV) * hd, kvw = 2 * KV * hd, group = H / KV, C = H * hd, c = Tl / 2;
     real scale = (real)1 / std::sqrt((real)hd);
     #pragma omp parallel for collapse(2)
@@ -164,7 +185,8 @@ static inline void attention_ring_backward(real* dqkv, real* dkv, const real* do
                     for (int ki = 0; ki < 2; ki++) {
                         if (gk[ki] > gq[qi]) continue;
                         int n = gk[ki] == gq[qi] ? tt + 1 : c;
-                        for (int t2 = 0; t2 < n; t2++) {
+                        int lo = qstart ? std::max(0, qstart[(size_t)b * Tl + t] - gk[ki] * c) : 0;   // (the document mask)
+                        for (int t2 = lo; t2 < n; t2++) {
                             size_t krow = (size_t)b * Tl + (size_t)ki * c + t2;
                             const real* k = kv + krow * kvw + kvh * hd;
                             const real* v = k + KV * hd;

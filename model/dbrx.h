@@ -233,7 +233,7 @@ static inline void dbrx_build_shape(Dbrx* m, const DbrxConfig* cfg, int B, int T
     m->params = m->grads = m->m = m->v = NULL;
     m->hooks = UnitHooks{NULL, NULL, NULL};
     m->experts = ExpertHooks{NULL, NULL, NULL};
-    m->attn = AttentionHooks{NULL, NULL, NULL, NULL, NULL};
+    m->attn = AttentionHooks{NULL, NULL, NULL, NULL, NULL, NULL};
     m->doc = DocMask{};
     m->B = B; m->T = T;
     m->dec.T_max = 0;
@@ -433,6 +433,7 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         doc_bounds(m->doc_bounds, m->doc_bounds + N, inputs, m->B, m->T, g_doc_mask_eot);
         m->doc = DocMask{m->doc_bounds, m->doc_bounds + N};
     }
+    if (m->attn.batch) m->attn.batch(m->attn.ctx, inputs);   // (context parallelism: the documents span the group's chunks)
     unit_begin(m, 0, UNIT_FORWARD);
     prof_begin(PROF_HOST, "layer", "embedding");
     embedding_forward(m->resid[0], inputs, m->p.wte, N, d);

@@ -289,7 +289,7 @@ static inline void dbrx_build_shape(DbrxGPU* m, const DbrxConfig* cfg, int B, in
     m->host_in = nullptr;
     m->emb_index = nullptr; m->emb_exchange = 0;
     m->doc = DocMask{};
-    m->experts = ExpertHooksGPU{NULL, NULL, NULL}; m->attn = AttentionHooksGPU{NULL, NULL, NULL, NULL, NULL}; m->vocab = VocabHooksGPU{NULL, NULL};
+    m->experts = ExpertHooksGPU{NULL, NULL, NULL}; m->attn = AttentionHooksGPU{NULL, NULL, NULL, NULL, NULL, NULL}; m->vocab = VocabHooksGPU{NULL, NULL};
     m->acts.assign(cfg->n_layers, BlockActsGPU());
     m->resid.assign(cfg->n_layers + 1, nullptr);
     m->p.blocks.resize(cfg->n_layers);
@@ -470,6 +470,7 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         cudaCheck(cudaMemcpyAsync(ddoc, hdoc, 2 * (size_t)N * sizeof(int), cudaMemcpyHostToDevice, 0));
         m->doc = DocMask{ddoc, ddoc + N};
     }
+    if (m->attn.batch) m->attn.batch(m->attn.ctx, inputs);   // (context parallelism: the documents span the group's chunks)
     ProfTrack pt = dbrx_prof_track(m);   // (--profile: the ranges begin after the unit hooks' waits for the gathers)
     m->emb_index = m->inputs;
     m->emb_exchange = dloss > 0 ? 2 : 1;   // (a store may set p.wte to this batch's rows and emb_index to their order)

@@ -34,6 +34,9 @@ typedef struct {
     int L, E;
     std::vector<int> counts_g;      // (L, E) the group's expert counts of the last forward (the load-balancing loss)
     uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent (the rest is the ring's)
+    std::vector<int> qstart;        // --doc-mask: (B, Tl) each local row's document's first global position (cp_batch; empty: off)
+    std::vector<int> all_inputs;    // (N, B, Tl) the group's tokens (cp_batch)
+    uint64_t doc_bytes;             // what cp_batch's all-gathers sent
 } ContextParallel;
 
 // the GPU ring's FP32 dK|dV slots (context_parallel_cuda.cuh): this rank's block's, the two sums on the ring, and for
@@ -65,6 +68,18 @@ static inline void cp_hop_start(ContextParallel* cp, CpHop* h, const void* send,
     if (g_debug_hooks.plant == PLANT_CP_ALL_GATHER) cp_hop_wait(cp, h);
 }
 
+// --doc-mask: the forward's tokens of the whole group (an all-gather of B Tl ints, once a micro-batch) give every local row its
+// document's first global position (cp_doc_starts), which the ring's masks read
+static inline void cp_batch(void* ctx, const int* inputs) {
+    ContextParallel* cp = (ContextParallel*)ctx;
+    size_t rows = (size_t)cp->B * cp->Tl;
+    uint64_t b0 = comm_bytes_sent(&cp->group);
+    comm_all_gather(&cp->group, inputs, cp->all_inputs.data(), rows, COMM_I32);
+    cp->doc_bytes += comm_bytes_sent(&cp->group) - b0;
+    cp_doc_starts(cp->qstart.data(), cp->all_inputs.data(), cp->n, cp->rank, cp->B, cp->Tl, g_doc_mask_eot);
+}
+static inline const int* cp_qstart(const ContextParallel* cp) { return cp->qstart.empty() ? nullptr : cp->qstart.data(); }
+
 static inline void cp_forward(void* ctx, real* out, real* lse, const real* qkv) {
     ContextParallel* cp = (ContextParallel*)ctx;
     size_t rows = (size_t)cp->B * cp->Tl, bytes = rows * 2 * cp->KV * cp->hd * sizeof(real);
@@ -76,7 +91,7 @@ static inline void cp_forward(void* ctx, real* out, real* lse, const real* qkv) 
         CpHop h;
         if (s < cp->n - 1) cp_hop_start(cp, &h, cp->kv[0].data(), cp->kv[1].data(), bytes, "ring attention K/V (forward)");
         cp_chunks_of(cp, (cp->rank - s + cp->n) % cp->n, gk);
-        attention_ring_forward(out, lse, qkv, cp->kv[0].data(), cp->B, cp->Tl, cp->H, cp->KV, cp->hd, gq, gk);
+        attention_ring_forward(out, lse, qkv, cp->kv[0].data(), cp->B, cp->Tl, cp->H, cp->KV, cp->hd, gq, gk, cp_qstart(cp));
         if (s < cp->n - 1) cp_hop_wait(cp, &h);
         std::swap(cp->kv[0], cp->kv[1]);
     }
@@ -97,7 +112,7 @@ static inline void cp_backward(void* ctx, real* dqkv, const real* dout, const re
         if (s < cp->n - 1) cp_hop_start(cp, &h, cp->kv[0].data(), cp->kv[1].data(), bytes, "ring attention K/V (backward)");
         cp_chunks_of(cp, (cp->rank - s + cp->n) % cp->n, gk);
         attention_ring_backward(dqkv, cp->dkv[0].data(), dout, qkv, cp->kv[0].data(), lse, cp->D.data(), cp->B, cp->Tl, cp->H, cp->KV,
-                                cp->hd, gq, gk);
+                                cp->hd, gq, gk, cp_qstart(cp));
         if (s < cp->n - 1) cp_hop_wait(cp, &h);
         // the block's gradient follows it (the next step adds to it: not overlapped); after the N-th hop each rank holds its own block's dK|dV
         comm_sendrecv(&cp->group, cp->dkv[0].data(), bytes, right, cp->dkv[1].data(), bytes, left, "ring attention dK/dV");
@@ -138,7 +153,7 @@ static inline float cp_lbl_counts(void* ctx, int l, float weight, const int** co
 // the world must split into groups of n and the model's T (per rank) is T_full / n: RoPE's tables are
 // rewritten for this rank's global positions and the ring attention installed.
 static inline void cp_init(ContextParallel* cp, Comm* comm, int n, Dbrx* m, int T_full) {
-    cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0; cp->lbl_bytes = 0;
+    cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0; cp->lbl_bytes = 0; cp->doc_bytes = 0;
     if (n <= 1) return;
     if (comm->world % n != 0)
         fail(EXIT_BAD_INPUT, "--context-parallel %d must divide the number of ranks %d (CP groups are %d consecutive ranks)", n, comm->world, n);
@@ -155,7 +170,8 @@ static inline void cp_init(ContextParallel* cp, Comm* comm, int n, Dbrx* m, int 
     cp->L = c->n_layers; cp->E = c->n_experts;
     cp->counts_g.assign((size_t)cp->L * cp->E, 0);
     bool lbl = c->moe_loss_weight != 0;   // (weight 0: no loss, nothing to gather)
-    m->attn = AttentionHooks{cp_forward, cp_backward, lbl ? cp_lbl : NULL, lbl ? cp_lbl_counts : NULL, cp};
+    if (g_doc_mask_eot >= 0) { cp->qstart.assign((size_t)cp->B * cp->Tl, 0); cp->all_inputs.assign((size_t)n * cp->B * cp->Tl, 0); }
+    m->attn = AttentionHooks{cp_forward, cp_backward, lbl ? cp_lbl : NULL, lbl ? cp_lbl_counts : NULL, g_doc_mask_eot >= 0 ? cp_batch : NULL, cp};
 }
 
 // the line at the end of a run: this rank's ring bytes and the formula's
@@ -164,9 +180,10 @@ static inline void cp_report(const ContextParallel* cp, const Comm* comm) {
     uint64_t kvb = (uint64_t)cp->B * cp->Tl * 2 * cp->KV * cp->hd * sizeof(real);
     uint64_t formula = (cp->fwd_calls * (cp->n - 1) + cp->bwd_calls * (2 * cp->n - 1)) * kvb;
     printf("cp: rank %d: context-parallel rank %d of %d, sent %llu bytes in %llu forward and %llu backward ring attentions "
-           "(formula (F (N-1) + B (2N-1)) x %llu bytes of K|V: %llu), %llu bytes for the load-balancing loss\n", comm->rank, cp->rank,
-           cp->n, (unsigned long long)(comm_bytes_sent(&cp->group) - cp->lbl_bytes), (unsigned long long)cp->fwd_calls,
-           (unsigned long long)cp->bwd_calls, (unsigned long long)kvb, (unsigned long long)formula, (unsigned long long)cp->lbl_bytes);
+           "(formula (F (N-1) + B (2N-1)) x %llu bytes of K|V: %llu), %llu bytes for the load-balancing loss, %llu for --doc-mask's tokens\n",
+           comm->rank, cp->rank, cp->n, (unsigned long long)(comm_bytes_sent(&cp->group) - cp->lbl_bytes - cp->doc_bytes),
+           (unsigned long long)cp->fwd_calls, (unsigned long long)cp->bwd_calls, (unsigned long long)kvb, (unsigned long long)formula,
+           (unsigned long long)cp->lbl_bytes, (unsigned long long)cp->doc_bytes);
     fflush(stdout);
 }
 

@@ -38,6 +38,9 @@ typedef struct {
     cudaEvent_t packed, arrived[2]; // the ring: the compute stream so far (the group's stream waits for it); a hop done (the group's stream)
     cudaEvent_t summed[2];          // the backward's gradient hop done (the group's stream)
     uint64_t lbl_bytes;             // what the load-balancing loss's all-reduces sent
+    int* qstart;                    // --doc-mask: (B, Tl) device, each local row's document's first global position (NULL: off)
+    std::vector<int> qstart_host, all_inputs;   // ... its host copy; the group's tokens (N, B, Tl)
+    uint64_t doc_bytes;             // what cpg_batch's all-gathers sent
 } ContextParallelGPU;
 
 static inline bool cpg_all_gather_form() { return g_debug_hooks.plant == PLANT_CP_ALL_GATHER; }
@@ -70,18 +73,30 @@ static inline void cpg_ring_hop(void* ctx, int k) {
     if (k >= 1) cudaCheck(cudaStreamWaitEvent(0, cp->arrived[(k - 1) % 2], 0));
 }
 
+// --doc-mask: the forward's tokens of the whole group (all-gathered on the host, B Tl ints, once a micro-batch) give each local
+// row its document's first global position (model/attention_ring.h's cp_doc_starts), uploaded for the chunk pairs' masks
+static inline void cpg_batch(void* ctx, const int* inputs) {
+    ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
+    size_t rows = (size_t)cp->B * cp->Tl;
+    uint64_t b0 = comm_bytes_sent(&cp->host_group);
+    comm_all_gather(&cp->host_group, inputs, cp->all_inputs.data(), rows, COMM_I32);
+    cp->doc_bytes += comm_bytes_sent(&cp->host_group) - b0;
+    cp_doc_starts(cp->qstart_host.data(), cp->all_inputs.data(), cp->n, cp->rank, cp->B, cp->Tl, g_doc_mask_eot);
+    cudaCheck(cudaMemcpy(cp->qstart, cp->qstart_host.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
+}
+
 static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX* qkv) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
     if (!attention_use_flash(cp->B, cp->H, cp->KV, cp->hd, {out, qkv}))   // (16-byte aligned: the model's buffers are)
         fail(EXIT_RUNTIME, "context parallelism: the attention's buffers are not 16-byte aligned");
     if (cpg_all_gather_form()) {   // (the former all-gather form: the tests' reference, the same bits)
         cpg_gather(cp, qkv);
-        cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank);
+        cp_attention_forward_gpu(out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank, 0, cp->qstart);
     } else {
         size_t rows = (size_t)cp->B * cp->Tl, kvn = rows * 2 * cp->KV * cp->hd;
         LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->ring_kv, qkv, rows, cp->H, cp->KV, cp->hd);
         cp_attention_forward_at_gpu(out, lse, qkv, cp->kv_at.data(), &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n, cp->rank, 0,
-                                    cpg_ring_hop, cp);
+                                    cpg_ring_hop, cp, cp->qstart);
     }
     cp->fwd_calls++;
 }
@@ -123,14 +138,14 @@ static inline void cpg_backward(void* ctx, floatX* dqkv, const floatX* dout, con
     if (!cpg_all_gather_form()) {
         LAUNCH(cp_pack_kv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, cp->ring_kv, qkv, rows, cp->H, cp->KV, cp->hd);
         cp_attention_backward_at_gpu(dqkv, cp->dkv_at.data(), dout, out, lse, qkv, cp->kv_at.data(), &cp->sc, cp->B, cp->Tl, cp->H, cp->KV,
-                                     cp->hd, cp->n, cp->rank, 0, cpg_ring_hop, cpg_grad_hop, cp);
+                                     cp->hd, cp->n, cp->rank, 0, cpg_ring_hop, cpg_grad_hop, cp, cp->qstart);
         LAUNCH(cp_unpack_dkv_kernel, ceil_div((long long)kvn, 256), 256, 0, 0, dqkv, cp->ring_dkv, rows, cp->H, cp->KV, cp->hd);
         cp->bwd_calls++;
         return;
     }
     cpg_gather(cp, qkv);
     cp_attention_backward_gpu(dqkv, cp->dkv_all, dout, out, lse, qkv, cp->kv_all, &cp->sc, cp->B, cp->Tl, cp->H, cp->KV, cp->hd, cp->n,
-                              cp->rank);
+                              cp->rank, 0, cp->qstart);
     cudaCheck(cudaStreamSynchronize(0));
     comm_reduce_scatter(&cp->group, cp->dkv_all, cp->dkv, kvn, COMM_F32);
     comm_sync(&cp->group);
@@ -167,16 +182,21 @@ static inline float cpg_lbl_counts(void* ctx, int l, float weight, const int** c
 // collective over the world; n = 1: nothing. RoPE's device tables rewritten for this rank's global positions.
 static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* m, int T_full) {
     cp->n = n; cp->rank = 0; cp->fwd_calls = cp->bwd_calls = 0; cp->kv = cp->kv_all = cp->ring_kv = nullptr; cp->dkv = cp->dkv_all = cp->ring_dkv = nullptr;
-    cp->counts_dev = nullptr; cp->lbl_bytes = 0;
+    cp->counts_dev = nullptr; cp->lbl_bytes = 0; cp->qstart = nullptr; cp->doc_bytes = 0;
     if (n <= 1) return;
     if (comm->world % n != 0)
         fail(EXIT_BAD_INPUT, "--context-parallel %d must divide the number of ranks %d (CP groups are %d consecutive ranks)", n, comm->world, n);
     cp->group = comm_split(&comm->world_group, comm->rank / n, comm->rank % n, "context", 1);
     cp->rank = cp->group.rank;
     const DbrxConfig* c = &m->cfg;
-    bool lbl = c->moe_loss_weight != 0;   // (weight 0: no loss, nothing to all-reduce)
+    bool lbl = c->moe_loss_weight != 0, doc = g_doc_mask_eot >= 0;   // (weight 0: no loss, nothing to all-reduce)
+    if (lbl || doc) cp->host_group = comm_split(&comm->world_group, comm->rank / n, comm->rank % n, "context (host)", 0);
+    if (doc) {
+        cp->qstart_host.assign((size_t)m->B * m->T, 0);
+        cp->all_inputs.assign((size_t)n * m->B * m->T, 0);
+        cudaCheck(cudaMalloc((void**)&cp->qstart, cp->qstart_host.size() * sizeof(int)));
+    }
     if (lbl) {
-        cp->host_group = comm_split(&comm->world_group, comm->rank / n, comm->rank % n, "context (host)", 0);
         cp->E = c->n_experts;
         cp->counts_g.assign((size_t)c->n_layers * cp->E, 0);
         cudaCheck(cudaMalloc((void**)&cp->counts_dev, cp->counts_g.size() * sizeof(int)));
@@ -221,7 +241,7 @@ static inline void cpg_init(ContextParallelGPU* cp, Comm* comm, int n, DbrxGPU* 
     cudaCheck(cudaMalloc((void**)&cp->sc.D, rows * sizeof(float)));
     cudaCheck(cudaMalloc((void**)&cp->sc.dq_sem, flash_bwd5_sem_ints(cp->B, cp->Tl, cp->H) * sizeof(int)));
     m->activation_bytes += cp_attn_scratch_bytes(cp->B, cp->Tl, cp->H, cp->hd);
-    m->attn = AttentionHooksGPU{cpg_forward, cpg_backward, lbl ? cpg_lbl : NULL, lbl ? cpg_lbl_counts : NULL, cp};
+    m->attn = AttentionHooksGPU{cpg_forward, cpg_backward, lbl ? cpg_lbl : NULL, lbl ? cpg_lbl_counts : NULL, doc ? cpg_batch : NULL, cp};
 }
 
 static inline void cpg_free(ContextParallelGPU* cp, const Comm* comm) {
@@ -232,6 +252,7 @@ static inline void cpg_free(ContextParallelGPU* cp, const Comm* comm) {
            (unsigned long long)cp->fwd_calls, (unsigned long long)cp->bwd_calls, (unsigned long long)cp->lbl_bytes);
     fflush(stdout);
     if (cp->counts_dev) cudaCheck(cudaFree(cp->counts_dev));
+    if (cp->qstart) cudaCheck(cudaFree(cp->qstart));
     cudaCheck(cudaEventDestroy(cp->packed)); cudaCheck(cudaEventDestroy(cp->arrived[0])); cudaCheck(cudaEventDestroy(cp->arrived[1]));
     cudaCheck(cudaEventDestroy(cp->summed[0])); cudaCheck(cudaEventDestroy(cp->summed[1]));
     for (void* p : {(void*)cp->kv, (void*)cp->kv_all, (void*)cp->dkv_all, (void*)cp->dkv, (void*)cp->ring_kv, (void*)cp->ring_dkv})

@@ -193,8 +193,6 @@ grep -q "LionW m " <<<"$out" && ! grep -q "AdamW v" <<<"$out" && grep -q "weight
 expect_exit 2 "--doc-mask -2" $BIN --doc-mask -2 --dry-run
 expect_exit 2 "--doc-mask at the vocabulary's size (dbrx-tiny: 384)" $BIN --model dbrx-tiny --doc-mask 384 --dry-run
 grep -q -- "--doc-mask 384 must be an end-of-text token id in \[0, 384)" <<<"$LAST_ERR" || fail "--doc-mask 384: the error names the range: $LAST_ERR"
-expect_exit 2 "--doc-mask with --context-parallel 2 (not supported yet)" $BIN --doc-mask 256 --context-parallel 2 --seq 256 --dry-run
-grep -q -- "--context-parallel 2 does not support --doc-mask" <<<"$LAST_ERR" || fail "--doc-mask with CP: $LAST_ERR"
 expect_exit 2 "d_model % n_heads" $BIN --d-model 130 --n-heads 4 --dry-run
 expect_exit 2 "n_heads % kv_heads" $BIN --n-heads 4 --kv-heads 3 --dry-run
 expect_exit 2 "top_k > experts" $BIN --top-k 17 --dry-run

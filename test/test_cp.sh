@@ -9,6 +9,7 @@
 #   * checkpoints do not depend on the CP degree: CP 4 -> CP 2 -> one process and one process -> CP 2 resume;
 #   * the emulated GPU's ring (two K|V slots) against the all-gather form bit for bit, and its peak device memory per rank
 #     against --dry-run's plan (parallel/memory_plan.h's memory_plan_cp) within 0.1%;
+#   * --doc-mask under CP: CPU CP 2 and 4 against one process (1e-5), the emulated GPU's CP 2 and 4 against one GPU (2e-3);
 #   * bad degrees and unsupported combinations: exit 2, one line naming the flag.
 # (the ring's arithmetic against the full-sequence attention, and its negative controls: test/test_ring_attention)
 cd "$(dirname "$0")/.." || exit 1
@@ -243,6 +244,58 @@ PY
 else
     echo "skipped: --context-parallel on the emulated GPU (no $EMU)"
 fi
+
+# --doc-mask under CP (parallel/context_parallel.h's cp_batch: the group's tokens give each row its document's first global
+# position; the ring's masks compare the keys' global positions with it): byte shards of 3-40-token documents; CPU CP 2
+# and CP 4 against one process within 1e-5, and not the unmasked CP 2's losses; on the emulated GPU (hd 32 and 128) CP 2
+# and CP 4 against one GPU process within 2e-3, the ring's bits the all-gather form's
+$PY - "$tmp" <<'PY'
+import random, struct, sys
+for name, n, seed in (("doc_train", 20000, 1), ("doc_val", 4000, 2)):
+    r, toks = random.Random(seed), []
+    while len(toks) < n:
+        toks.append(256); toks += [r.randrange(256) for _ in range(r.randint(3, 40))]
+    with open("%s/%s_000000.bin" % (sys.argv[1], name), "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, 2, *([0] * 252)) + struct.pack("<%dH" % n, *toks[:n]))
+PY
+DM=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 3 --val-every 3 --val-steps 1 --batch 1 --data "$tmp/doc_train_*.bin"
+    --val-data "$tmp/doc_val_*.bin" --doc-mask 256)
+run dm1 0 "${DM[@]}" --device cpu
+run dm2 2 "${DM[@]}" --device cpu --context-parallel 2
+run dm4 4 "${DM[@]}" --device cpu --context-parallel 4 --shard-group-size 4
+run dm2_off 2 "${DM[@]:0:18}" --device cpu --context-parallel 2
+if [ -x "$EMU" ]; then
+    for hd in 32 128; do
+        H=(); [ $hd = 128 ] && H=(--d-model 128 --n-heads 1 --kv-heads 1)
+        runx "gdm1_$hd" 0 "${DM[@]}" "${H[@]}"
+        runx "gdm2_$hd" 2 "${DM[@]}" "${H[@]}" --context-parallel 2
+        DBRX_DEBUG_PLANT=cp_all_gather runx "gdm2g_$hd" 2 "${DM[@]}" "${H[@]}" --context-parallel 2
+        runx "gdm4_$hd" 4 "${DM[@]}" "${H[@]}" --context-parallel 4 --shard-group-size 4
+    done
+fi
+$PY - "$tmp" "$([ -x "$EMU" ] && echo gpu)" > "$tmp/docmask" <<'PY'
+import json, os, sys
+tmp, gpu = sys.argv[1], sys.argv[2] == "gpu"
+def L(name):
+    p = os.path.join(tmp, name + ".jsonl")
+    return [json.loads(l).get("loss", json.loads(l).get("val_loss")) for l in open(p) if "loss" in l] if os.path.exists(p) else []
+def rel(a, b):
+    return max((abs(x - y) / abs(y) for x, y in zip(a, b)), default=9) if len(a) == len(b) >= 4 else 9
+one = L("dm1")
+for cp in ("dm2", "dm4"):
+    r = rel(L(cp), one)
+    print(("pass" if r <= 1e-5 else "fail") + f" --doc-mask, CPU CP {cp[2:]}: losses and the validation loss max rel. diff {r:.1e} vs one process (<= 1e-5)")
+r = rel(L("dm2_off"), one)
+print(("pass" if r > 1e-3 else "fail") + f" --doc-mask, CPU CP 2: the unmasked run's losses {r:.1e} away (the mask acts under CP)")
+for hd in ((32, 128) if gpu else ()):
+    g1 = L(f"gdm1_{hd}")
+    for cp in ("gdm2", "gdm4"):
+        r = rel(L(f"{cp}_{hd}"), g1)
+        print(("pass" if r <= 2e-3 else "fail") + f" --doc-mask, emulated GPU head_dim {hd}, CP {cp[3:]}: max rel. diff {r:.1e} vs one GPU process (<= 2e-3)")
+    same = L(f"gdm2_{hd}") == L(f"gdm2g_{hd}") != []
+    print(("pass" if same else "fail") + f" --doc-mask, emulated GPU head_dim {hd}, CP 2: the ring's losses bit-identical to the all-gather form's")
+PY
+verdicts "$tmp/docmask" $([ -x "$EMU" ] && echo 9 || echo 3)
 
 # bad degrees and combinations not supported yet: exit 2, one line
 B=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 1 --device cpu)

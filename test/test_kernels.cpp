@@ -402,7 +402,12 @@ TEST_CASE("wgmma attention backward (--attention-bwd wgmma, wgmma-overlap): the 
 // kernels' bits.
 TEST_CASE("document-masked attention (--doc-mask): every GPU path, the CPU reference against each document alone") {
     const int EOT = 7;
-    for (auto s : {std::vector<int>{2, 200, 6, 1, 128}, {1, 130, 4, 2, 64}, {2, 100, 4, 2, 32}, {2, 40, 2, 1, 16}}) {
+#if defined(SIMT_RACE_DETECT)   // (the race detector's build: fewer heads and sequences, the same tiles and documents)
+    const std::vector<std::vector<int>> shapes = {{1, 200, 2, 1, 128}, {1, 130, 2, 1, 64}, {1, 100, 2, 1, 32}, {1, 40, 2, 1, 16}};
+#else
+    const std::vector<std::vector<int>> shapes = {{2, 200, 6, 1, 128}, {1, 130, 4, 2, 64}, {2, 100, 4, 2, 32}, {2, 40, 2, 1, 16}};
+#endif
+    for (const std::vector<int>& s : shapes) {
         int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd, C = H * hd;
         INFO("B " << B << " T " << T << " H " << H << " KV " << KV << " hd " << hd);
         std::vector<int> inputs((size_t)B * T, 1), bounds(2 * (size_t)B * T);
@@ -551,17 +556,30 @@ static double cp_worst_excess(const std::vector<float>& got, const std::vector<f
     }
     return worst;
 }
-// s = {B, T, H, KV, hd, n}; controls: the determinism check and the negative controls too
-static void cp_pairs_check(const std::vector<int>& s, bool controls) {
+// s = {B, T, H, KV, hd, n}; controls: the determinism check and the negative controls too; doc: --doc-mask's documents (an
+// end-of-text at 0, 5, 6, c + 3, T / 2 and T - 2 of sequence 0, at c + 1 of sequence 1: some pairs see none of a row's
+// document) against the full-sequence reference with the mask, each rank's rows given their documents' global starts
+static void cp_pairs_check(const std::vector<int>& s, bool controls, bool doc = false) {
     {
         int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], n = s[5], qd = (H + 2 * KV) * hd, C = H * hd, kvw = 2 * KV * hd;
         int Tl = T / n, c = Tl / 2;
-        INFO("B " << B << " T " << T << " H " << H << " KV " << KV << " hd " << hd << " CP " << n);
+        INFO("B " << B << " T " << T << " H " << H << " KV " << KV << " hd " << hd << " CP " << n << (doc ? " --doc-mask" : ""));
         std::vector<float> qkv = bf16_round(randn((size_t)B * T * qd, T + H + n, 1.5)), dout = bf16_round(randn((size_t)B * T * C, 29));
         std::vector<float> out((size_t)B * T * C), lse((size_t)B * H * T), dqkv(qkv.size());
-        attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd);
-        attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, H, KV, hd);
+        std::vector<int> inputs((size_t)B * T, 1), bounds(2 * (size_t)B * T);
+        for (int t : {0, 5, 6, c + 3, T / 2, T - 2}) inputs[t] = 9;
+        if (B > 1) inputs[(size_t)T + c + 1] = 9;
+        doc_bounds(bounds.data(), bounds.data() + (size_t)B * T, inputs.data(), B, T, 9);
+        DocMask dm = doc ? DocMask{bounds.data(), bounds.data() + (size_t)B * T} : DocMask{};
+        attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd, dm);
+        attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, H, KV, hd, dm);
         auto pos = [&](int r, int t) { return (t < c ? r : 2 * n - 1 - r) * c + t % c; };   // global position of rank r's row t
+        std::vector<int*> d_qstart(n, nullptr);   // (doc) each rank's rows' document starts
+        for (int r = 0; r < n && doc; r++) {
+            std::vector<int> qs((size_t)B * Tl);
+            for (int b = 0; b < B; b++) for (int t = 0; t < Tl; t++) qs[(size_t)b * Tl + t] = bounds[(size_t)b * T + pos(r, t)];
+            d_qstart[r] = dev_copy(qs);
+        }
         // every rank's rows of qkv and dout; kv_all (n, B, Tl, 2 kv hd)
         std::vector<std::vector<float>> lq(n), ld(n);
         std::vector<float> kv_all((size_t)n * B * Tl * kvw);
@@ -586,10 +604,10 @@ static void cp_pairs_check(const std::vector<int>& s, bool controls) {
             floatX *d_qkv = dev_bf16(lq[r]), *d_dout = dev_bf16(ld[r]), *d_out = dev_poisoned<floatX>((size_t)B * Tl * C);
             floatX* d_dqkv = dev_poisoned<floatX>(lq[r].size());
             float* d_lse = dev_poisoned<float>(rows);
-            cp_attention_forward_gpu(d_out, d_lse, d_qkv, d_kv, &sc, B, Tl, H, KV, hd, n, as);
+            cp_attention_forward_gpu(d_out, d_lse, d_qkv, d_kv, &sc, B, Tl, H, KV, hd, n, as, 0, d_qstart[as]);
             std::vector<float> o = get_bf16(d_out, (size_t)B * Tl * C), l = get(d_lse, rows);
             if (dl != 0) { std::vector<float> l2 = l; for (float& x : l2) x += dl; cudaCheck(cudaMemcpy(d_lse, l2.data(), rows * 4, cudaMemcpyHostToDevice)); }
-            cp_attention_backward_gpu(d_dqkv, d_dkv, d_dout, d_out, d_lse, d_qkv, d_kv, &sc, B, Tl, H, KV, hd, n, as);
+            cp_attention_backward_gpu(d_dqkv, d_dkv, d_dout, d_out, d_lse, d_qkv, d_kv, &sc, B, Tl, H, KV, hd, n, as, 0, d_qstart[as]);
             std::vector<float> dq = get_bf16(d_dqkv, lq[r].size()), dkv = get(d_dkv, kv_all.size());
             for (void* p : {(void*)d_qkv, (void*)d_dout, (void*)d_out, (void*)d_dqkv, (void*)d_lse}) cudaCheck(cudaFree(p));
             return std::vector<std::vector<float>>{o, l, dq, dkv};
@@ -650,12 +668,15 @@ static void cp_pairs_check(const std::vector<int>& s, bool controls) {
         }
         for (void* p : {(void*)d_kv, (void*)d_dkv, (void*)sc.out_p, (void*)sc.o32, (void*)sc.dq_acc, (void*)sc.lse_p, (void*)sc.D, (void*)sc.dq_sem})
             cudaCheck(cudaFree(p));
+        for (int* p : d_qstart) if (p) cudaCheck(cudaFree(p));
     }
 }
 // (the race detector runs this one, test_race: every kernel of the CP path at small sizes; the next one only here)
-TEST_CASE("context parallelism: flash chunk pairs small (head_dim 128 at CP 2; head_dim 32 at CP 4)") {
+TEST_CASE("context parallelism: flash chunk pairs small (head_dim 128 at CP 2; head_dim 32 at CP 4; both with --doc-mask)") {
     cp_pairs_check({1, 128, 4, 2, 128, 2}, false);
     cp_pairs_check({2, 96, 4, 2, 32, 4}, false);
+    cp_pairs_check({2, 128, 4, 2, 128, 2}, false, true);
+    cp_pairs_check({2, 96, 4, 2, 32, 4}, false, true);
 }
 TEST_CASE("context parallelism: flash chunk pairs at DBRX's head_dim (GQA 12:2 at CP 4; 4:2 at CP 2 and 4 up to T 1024; controls)") {
     cp_pairs_check({2, 256, 12, 2, 128, 4}, true);
