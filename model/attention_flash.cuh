@@ -17,7 +17,9 @@
  *            rounded to bf16 straight from the accumulator registers as the A operand of O += P V.
  *            Causal: key tiles past the query tile are never loaded, a slice skips the tiles wholly past
  *            its rows, the mask is applied only on tiles that reach past a slice's first row. Query
- *            tiles run longest first.
+ *            tiles run longest first. --doc-mask (attention.cuh's DocMask): the key tiles before the block's
+ *            first row's document are skipped, the keys before a row's document masked (a chunk pair's by
+ *            their global positions, FlashBlock's qstart, kpos0, kpos1, kc).
  *   backward attention_flash_bwd5.cuh (5 tile products per pair); this file has what it shares, the
  *            query tiles' loader. (The pair of kernels it replaced, a dq kernel and a dk/dv kernel with 7
  *            products per pair, is dev/cuda/attention.cu's backward v2.)

@@ -10,7 +10,9 @@
  *   S (64 x 64) = Q K^T   hd/16 wgmma m64n64k16, A = Q and B = K by descriptor, both K-major (keys x head_dim
  *                         row-major is B's K-major layout: SBO 1024, k-step + 32 bytes, the next panel + rows 128 B)
  *   online softmax on the accumulators (thread rows g and g + 8 of its warp's 16: a row in the 4 lanes of a quad,
- *                         two shuffles), log2 domain, causal mask on the diagonal tiles
+ *                         two shuffles), log2 domain, causal mask on the diagonal tiles (--doc-mask: the
+ *                         keys before a row's document masked too; the key tiles before the block's first
+ *                         row's document skipped)
  *   O (64 x hd) += P V    4 wgmma m64n(hd)k16, A = P from registers (the S accumulators rounded to bf16: the D layout
  *                         of two 8-column groups is the A fragment), B = V MN-major (transpose flag 1: head_dim
  *                         contiguous; SBO 1024 between 8-key groups, LBO the panel size, the next k-step + 2048 B)

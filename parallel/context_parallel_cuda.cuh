@@ -73,16 +73,12 @@ static inline void cpg_ring_hop(void* ctx, int k) {
     if (k >= 1) cudaCheck(cudaStreamWaitEvent(0, cp->arrived[(k - 1) % 2], 0));
 }
 
-// --doc-mask: the forward's tokens of the whole group (all-gathered on the host, B Tl ints, once a micro-batch) give each local
-// row its document's first global position (model/attention_ring.h's cp_doc_starts), uploaded for the chunk pairs' masks
+// --doc-mask: the rows' document starts (context_parallel.h's cp_doc_gather, over the host twin of the group), uploaded for
+// the chunk pairs' masks (the model's batch hook, before the forward's first layer)
 static inline void cpg_batch(void* ctx, const int* inputs) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
-    size_t rows = (size_t)cp->B * cp->Tl;
-    uint64_t b0 = comm_bytes_sent(&cp->host_group);
-    comm_all_gather(&cp->host_group, inputs, cp->all_inputs.data(), rows, COMM_I32);
-    cp->doc_bytes += comm_bytes_sent(&cp->host_group) - b0;
-    cp_doc_starts(cp->qstart_host.data(), cp->all_inputs.data(), cp->n, cp->rank, cp->B, cp->Tl, g_doc_mask_eot);
-    cudaCheck(cudaMemcpy(cp->qstart, cp->qstart_host.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
+    cp_doc_gather(&cp->host_group, inputs, cp->all_inputs.data(), cp->qstart_host.data(), cp->n, cp->rank, cp->B, cp->Tl, &cp->doc_bytes);
+    cudaCheck(cudaMemcpy(cp->qstart, cp->qstart_host.data(), cp->qstart_host.size() * sizeof(int), cudaMemcpyHostToDevice));
 }
 
 static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX* qkv) {

@@ -360,6 +360,27 @@ TEST_CASE("causal GQA attention forward (output, logsumexp) and backward") {
     }
 }
 
+// the attention backward through the model's dispatch under the first `variants` of --attention-bwd mma (the pair), wgmma,
+// wgmma-overlap (0, 1, 2), each against the CPU's dqkv and, emulated, the pair's bits (the same k-order sums)
+static void attention_backward_variants_check(const std::vector<float>& dqkv, const floatX* d_dout, const floatX* d_out, const float* d_lse,
+                                              const floatX* d_qkv, int B, int T, int H, int KV, int hd, int variants, DocMask doc = {}) {
+    std::vector<float> got[3];
+    for (int v = 0; v < variants; v++) {
+        floatX* d_dqkv = dev_poisoned<floatX>(dqkv.size());
+        float* d_D = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
+        g_attention_bwd = v;
+        attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd, 0, doc);
+        g_attention_bwd = 0;
+        got[v] = get_bf16(d_dqkv, dqkv.size());
+        INFO("--attention-bwd " << (v == 0 ? "mma" : v == 1 ? "wgmma" : "wgmma-overlap"));
+        expect_close("dqkv", got[v], dqkv, TOL_BF16);
+#if defined(SIMT_EMULATION)
+        if (v) CHECK_MESSAGE(memcmp(got[v].data(), got[0].data(), got[0].size() * sizeof(float)) == 0, "dqkv differs from the pair's");
+#endif
+        for (void* p : {(void*)d_dqkv, (void*)d_D}) cudaCheck(cudaFree(p));
+    }
+}
+
 // --attention-bwd wgmma, wgmma-overlap (model/attention_wgmma_bwd.cuh) through the model's dispatch: against the CPU reference
 // and, emulated, the mma.sync pair's bits (the same k-order sums and elementwise arithmetic); head_dim 128 (B 2, T short of
 // a tile, GQA 6:1; T 192: three key tiles, v4's buffer rotation) and 64 (T 130, 2 kv heads)
@@ -374,21 +395,7 @@ TEST_CASE("wgmma attention backward (--attention-bwd wgmma, wgmma-overlap): the 
         floatX *d_qkv = dev_bf16(qkv), *d_out = dev_poisoned<floatX>(out.size()), *d_dout = dev_bf16(dout);
         float* d_lse = dev_poisoned<float>(lse.size());
         attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd);
-        std::vector<float> got[3];
-        for (int v = 0; v < 3; v++) {   // mma (the pair), wgmma, wgmma-overlap
-            floatX* d_dqkv = dev_poisoned<floatX>(qkv.size());
-            float* d_D = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
-            g_attention_bwd = v;
-            attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd);
-            g_attention_bwd = 0;
-            got[v] = get_bf16(d_dqkv, qkv.size());
-            INFO("--attention-bwd " << (v == 0 ? "mma" : v == 1 ? "wgmma" : "wgmma-overlap"));
-            expect_close("dqkv", got[v], dqkv, TOL_BF16);
-#if defined(SIMT_EMULATION)
-            if (v) CHECK_MESSAGE(memcmp(got[v].data(), got[0].data(), got[0].size() * sizeof(float)) == 0, "dqkv differs from the pair's");
-#endif
-            for (void* p : {(void*)d_dqkv, (void*)d_D}) cudaCheck(cudaFree(p));
-        }
+        attention_backward_variants_check(dqkv, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd, 3);
         for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_lse, (void*)d_dout}) cudaCheck(cudaFree(p));
     }
 }
@@ -440,21 +447,7 @@ TEST_CASE("document-masked attention (--doc-mask): every GPU path, the CPU refer
         attention_forward_gpu(d_out, d_lse, d_qkv, B, T, H, KV, hd, 0, d_doc);
         expect_close("out", get_bf16(d_out, out.size()), out, TOL_BF16);
         expect_close("lse", get(d_lse, lse.size()), lse, TOL_F32);
-        std::vector<float> got[3];
-        for (int v = 0; v < (hd >= 64 ? 3 : 1); v++) {   // mma (the pair), wgmma, wgmma-overlap
-            floatX* d_dqkv = dev_poisoned<floatX>(qkv.size());
-            float* d_D = dev_poisoned<float>(attention_backward_scratch_floats(B, T, H, hd));
-            g_attention_bwd = v;
-            attention_backward_gpu(d_dqkv, d_D, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd, 0, d_doc);
-            g_attention_bwd = 0;
-            got[v] = get_bf16(d_dqkv, qkv.size());
-            INFO("--attention-bwd " << (v == 0 ? "mma" : v == 1 ? "wgmma" : "wgmma-overlap"));
-            expect_close("dqkv", got[v], dqkv, TOL_BF16);
-#if defined(SIMT_EMULATION)
-            if (v) CHECK_MESSAGE(memcmp(got[v].data(), got[0].data(), got[0].size() * sizeof(float)) == 0, "dqkv differs from the pair's");
-#endif
-            for (void* p : {(void*)d_dqkv, (void*)d_D}) cudaCheck(cudaFree(p));
-        }
+        attention_backward_variants_check(dqkv, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd, hd >= 64 ? 3 : 1, d_doc);
         // no end-of-text in the micro-batch: every document the whole sequence, the unmasked kernels' bits
         std::vector<int> none(2 * (size_t)B * T);
         doc_bounds(none.data(), none.data() + B * T, std::vector<int>((size_t)B * T, 1).data(), B, T, EOT);
