@@ -87,10 +87,10 @@ static void print_config(const char* preset, const DbrxConfig* c) {
         if (!changed.empty()) name = "custom (from " + name + ": " + changed + ")";
     }
     printf("model %s: d %d, heads %d (kv %d, head_dim %d), layers %d, experts %d top-%d (ffn %d), vocab %d, "
-           "max_seq %d, rope_theta %g, clip_qkv %s, moe_normalize_expert_weights %s, moe_loss_weight %g, z_loss_weight %g\n",
+           "max_seq %d, rope_theta %g, clip_qkv %s, moe_normalize_expert_weights %s, moe_loss_weight %g, z_loss_weight %g%s\n",
            name.c_str(), c->d_model, c->n_heads, c->kv_heads, c->head_dim, c->n_layers, c->n_experts, c->top_k,
            c->ffn_hidden, c->vocab_size, c->max_seq_len, c->rope_theta, dbrx_setting_str(c->clip_qkv).c_str(),
-           dbrx_setting_str(c->moe_norm_p).c_str(), c->moe_loss_weight, c->z_loss_weight);
+           dbrx_setting_str(c->moe_norm_p).c_str(), c->moe_loss_weight, c->z_loss_weight, g_init_foundry ? ", init foundry" : "");
     printf("parameters: total %s, active %s\n", with_commas(params_total(c)).c_str(), with_commas(params_active(c)).c_str());
 }
 

@@ -38,6 +38,7 @@ typedef struct {
     std::string attention_bwd = "auto";   // --attention-bwd: the GPU attention backward, auto | mma (the pair) | wgmma | wgmma-overlap (model/attention_wgmma_bwd.cuh)
     int gemm_autotune = 0;                // --gemm-autotune N: cuBLASLt's first N answers timed at a GEMM shape's first call (model/matmul_cublaslt.cuh)
     int doc_mask = -1;                    // --doc-mask EOT: attention inside each packed document (model/attention.cuh; -1: off)
+    std::string init = "hf";              // --init: hf | foundry (model/dbrx_params.h's dbrx_init_std)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
                  int warmup = 10; std::string adam_moments = "fp32", optimizer = "adamw"; } OptimArgs;   // --adam-moments: fp32 | bf16,
@@ -115,14 +116,14 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--n-layers", "", F_INT, &c->n_layers, "transformer blocks"}, {"--ffn-hidden", "", F_INT, &c->ffn_hidden, "hidden size F of one expert"},
         {"--experts", "", F_INT, &c->n_experts, "experts per MoE layer"}, {"--top-k", "", F_INT, &c->top_k, "experts per token"},
         {"--vocab", "", F_INT, &c->vocab_size, "vocabulary size (padded)"},
-        {"--max-seq", "", F_INT, &c->max_seq_len, "max sequence length of the model"},
-        {"--rope-theta", "", F_FLOAT, &c->rope_theta, "RoPE base"},
+        {"--max-seq", "", F_INT, &c->max_seq_len, "max sequence length of the model"}, {"--rope-theta", "", F_FLOAT, &c->rope_theta, "RoPE base"},
         {"--clip-qkv", "", F_SETTING, &c->clip_qkv, "clamp of the fused qkv output to +-X, or off (HF clip_qkv null)"},
         {"--moe-normalize-expert-weights", "", F_SETTING, &c->moe_norm_p, "divide the top-k router weights by their p-norm, "
                                                                           "p = X >= 1 (DBRX: 1), or off (HF null: not renormalised)"},
         {"--ln-eps", "", F_FLOAT, &c->ln_eps, "LayerNorm epsilon"}, {"--moe-loss-weight", "", F_FLOAT, &c->moe_loss_weight, "load-balancing loss weight"},
         {"--z-loss-weight", "", F_FLOAT, &c->z_loss_weight, "router z-loss weight"},
-        {"--init-std", "", F_FLOAT, &c->init_std, "std of the normal init of every matrix"},
+        {"--init-std", "", F_FLOAT, &c->init_std, "std of the normal init of every matrix (--init hf)"},
+        {"--init", "", F_STR, &a->run.init, "the initialisation: hf (Hugging Face's: normal(0, --init-std)) | foundry (LLM Foundry's DBRX yamls': kaiming normal, fan_in, relu gain: sqrt(2 / d), out_proj and w2 then / sqrt(2 L))"},
         {"--doc-mask", "", F_INT, &a->run.doc_mask, "attention stays inside each document of a packed sequence, an end-of-text token with this id opening one (LLM Foundry's attn_uses_sequence_id; this project's cl100k shards: 100257, byte shards: 256; -1: off, the default)"},
         {"", "", F_SECTION, NULL, "the run"},
         {"--steps", "-x", F_INT, &a->run.steps, "optimizer steps (the LR schedule spans them)"},
@@ -470,6 +471,9 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->run.doc_mask < -1 || a->run.doc_mask >= c->vocab_size)
         fail(EXIT_BAD_INPUT, "--doc-mask %d must be an end-of-text token id in [0, %d) (--vocab), or -1 (off)", a->run.doc_mask, c->vocab_size);
     g_doc_mask_eot = a->run.doc_mask;
+    if (a->run.init != "hf" && a->run.init != "foundry") fail(EXIT_BAD_INPUT, "--init '%s' must be hf or foundry", a->run.init.c_str());
+    if (a->run.init == "foundry" && flag_given(a, "--init-std")) fail(EXIT_BAD_INPUT, "--init-std is --init hf's: --init foundry takes sqrt(2 / d)");
+    g_init_foundry = a->run.init == "foundry";
     if (a->run.gemm_autotune < 0 || a->run.gemm_autotune > 16)
         fail(EXIT_BAD_INPUT, "--gemm-autotune %d must be 0 (off) to 16 (the heuristic's answers to time)", a->run.gemm_autotune);
     if (a->run.moe_gemm == "grouped" && (fp8_recipe_parse(a->fp8.recipe.c_str()) != FP8_OFF || a->parallel.expert_parallel > 1))

@@ -113,10 +113,21 @@ static inline ParamTensors param_views(real* base, const DbrxConfig* c, const st
     return p;
 }
 
-// Initialisation (HF DbrxForCausalLM's): every matrix normal(0, init_std), LayerNorm weights 1.
+// Initialisation. --init hf (the default, HF DbrxForCausalLM's): every matrix normal(0, init_std). --init foundry (LLM
+// Foundry's DBRX yamls' kaiming_normal, fan_in, relu gain; *unconfirmed for the released 132B run*, the reference says):
+// every matrix normal(0, sqrt(2 / fan_in)), fan_in its columns (d: every matrix here is stored (rows, d), and torch's
+// kaiming on a [rows, d] tensor takes d, the experts' w2 slices and the embedding too), the residual outputs (out_proj,
+// the experts' w2) then divided by sqrt(2 n_layers) (Foundry's init_div_is_residual). LayerNorm weights 1 either way.
 // Drawn in table order from one stream seeded by `seed`, so a seed fixes the model everywhere.
 // Fills dst (hi - lo) with the elements [lo, hi) of the flat parameter buffer: splitmix64's state is a
 // counter (two draws per matrix element), so a rank can initialise its shard alone.
+inline int g_init_foundry = 0;   // --init foundry (1) or hf (0)
+// the std of a matrix's normal init under the --init scheme
+static inline double dbrx_init_std(const ParamInfo& t, const DbrxConfig* c) {
+    if (!g_init_foundry) return c->init_std;
+    bool residual = strstr(t.name, "attn.out_proj.weight") || strstr(t.name, "experts.mlp.w2");
+    return std::sqrt(2.0 / t.cols) / (residual ? std::sqrt(2.0 * c->n_layers) : 1.0);
+}
 static inline void dbrx_init_range(real* dst, size_t lo, size_t hi, const DbrxConfig* c,
                                    const std::vector<ParamInfo>& table, uint64_t seed) {
     uint64_t draws = 0;   // draws taken by the matrices before the current tensor
@@ -130,11 +141,12 @@ static inline void dbrx_init_range(real* dst, size_t lo, size_t hi, const DbrxCo
                 // counter: a chunk seeded at its own first element continues the stream exactly, so the chunks run
                 // in parallel and give the serial loop's bits (dbrx-1b's 1.02 B draws took ~50 s on one core)
                 const size_t CH = (size_t)1 << 18, nch = (b - a + CH - 1) / CH;
+                const float std = (float)dbrx_init_std(t, c);   // (hf: init_std itself, the same bits as before)
                 #pragma omp parallel for schedule(static)
                 for (size_t ch = 0; ch < nch; ch++) {
                     const size_t i0 = ch * CH, i1 = i0 + CH < b - a ? i0 + CH : b - a;
                     Rng rng = {seed + (draws + 2 * (a - t.offset + i0)) * 0x9E3779B97F4A7C15ull};
-                    for (size_t i = i0; i < i1; i++) p[i] = (real)(c->init_std * rng_normal(&rng));
+                    for (size_t i = i0; i < i1; i++) p[i] = (real)(std * rng_normal(&rng));
                 }
             }
         }

@@ -190,6 +190,8 @@ grep -q "'sgd' must be adamw or lion" <<<"$LAST_ERR" || fail "--optimizer sgd: t
 out=$($BIN --dry-run --optimizer lion --model dbrx-1b 2>&1)
 grep -q "LionW m " <<<"$out" && ! grep -q "AdamW v" <<<"$out" && grep -q "weights+grads+LionW moments 12 B/param" <<<"$out" \
     && pass "--dry-run --optimizer lion: the plan holds LionW's m and no v, 12 B/param on the CPU" || fail "--dry-run --optimizer lion: $(grep -E 'moments|AdamW|LionW' <<<"$out")"
+expect_exit 2 "--init kaiming (hf or foundry)" $BIN --init kaiming --dry-run
+expect_exit 2 "--init foundry with --init-std (hf's)" $BIN --init foundry --init-std 0.01 --dry-run
 expect_exit 2 "--doc-mask -2" $BIN --doc-mask -2 --dry-run
 expect_exit 2 "--doc-mask at the vocabulary's size (dbrx-tiny: 384)" $BIN --model dbrx-tiny --doc-mask 384 --dry-run
 grep -q -- "--doc-mask 384 must be an end-of-text token id in \[0, 384)" <<<"$LAST_ERR" || fail "--doc-mask 384: the error names the range: $LAST_ERR"

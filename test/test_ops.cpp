@@ -2,7 +2,7 @@
  * test_ops.cpp — unit tests of single operations of the CPU reference against direct formulas:
  * the load-balancing loss, the clip_qkv gradient (and off), RoPE, top-k tie-breaking, the top-k
  * weights' renormalisation (moe_normalize_expert_weights p, or none), the MoE dispatch
- * permutation, causality of attention, the LR schedule and determinism of the training step.
+ * permutation, causality of attention, the LR schedule, the initialisation (--init) and determinism of the training step.
  */
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest.h>
@@ -172,6 +172,40 @@ TEST_CASE("LR schedule: linear warmup, cosine to the floor") {
     CHECK(lr_schedule(10, 100, 1.0f, 10, 0.1f) == doctest::Approx(1.0f));
     CHECK(lr_schedule(55, 100, 1.0f, 10, 0.1f) == doctest::Approx(0.55f));   // half way: (1 + 0.1) / 2
     CHECK(lr_schedule(100, 100, 1.0f, 10, 0.1f) == doctest::Approx(0.1f));
+}
+
+// --init (model/dbrx_params.h): every matrix's sample std against the formula written out here, LayerNorm weights 1; hf:
+// normal(0, init_std); foundry: sqrt(2 / d), out_proj and the experts' w2 / sqrt(2 L); a shard drawn alone (two ranges) gives
+// the whole buffer's bits
+TEST_CASE("initialisation: --init hf normal(0, init_std); foundry sqrt(2 / d), residual outputs / sqrt(2 L)") {
+    DbrxConfig c;
+    REQUIRE(model_preset_lookup("dbrx-tiny", &c));
+    c.n_layers = 3; c.d_model = 64; c.n_heads = 2; c.kv_heads = 1; c.head_dim = 32; c.ffn_hidden = 96; c.n_experts = 4;
+    c.vocab_size = 300; c.init_std = 0.03f;
+    std::vector<ParamInfo> t = dbrx_param_table(&c);
+    size_t n = t.back().offset + t.back().numel;
+    for (int foundry = 0; foundry < 2; foundry++) {
+        g_init_foundry = foundry;
+        std::vector<real> all(n), a(n / 3), b(n - n / 3);
+        dbrx_init_range(all.data(), 0, n, &c, t, 7);
+        dbrx_init_range(a.data(), 0, n / 3, &c, t, 7);
+        dbrx_init_range(b.data(), n / 3, n, &c, t, 7);
+        a.insert(a.end(), b.begin(), b.end());
+        CHECK_MESSAGE(memcmp(a.data(), all.data(), n * sizeof(real)) == 0, "two ranges drawn alone differ from the whole");
+        for (const ParamInfo& p : t) {
+            double s2 = 0, mean = 0;
+            for (size_t i = 0; i < p.numel; i++) { mean += all[p.offset + i]; s2 += (double)all[p.offset + i] * all[p.offset + i]; }
+            mean /= p.numel;
+            double sd = std::sqrt(s2 / p.numel - mean * mean);
+            std::string name = p.name;
+            bool residual = name.find("out_proj") != std::string::npos || name.find(".w2") != std::string::npos;
+            double want = p.cols == 0 ? 0 : !foundry ? 0.03 : std::sqrt(2.0 / 64) / (residual ? std::sqrt(6.0) : 1.0);
+            INFO(name << (foundry ? " (foundry)" : " (hf)"));
+            if (p.cols == 0) CHECK((mean == 1 && sd == 0));   // a LayerNorm weight
+            else CHECK(sd == doctest::Approx(want).epsilon(p.numel >= 10000 ? 0.03 : 0.08));
+        }
+    }
+    g_init_foundry = 0;
 }
 
 TEST_CASE("a training step is deterministic: same seed and batch give bit-identical losses") {
