@@ -44,7 +44,9 @@
 #      optimistic there, session 45's H100), --gemm-autotune 8 (each GEMM shape's fastest of cuBLASLt's first 8 answers, timed in step 1: against the
 #      default's median; -a 8's last line above says what the GEMMs alone would save), and --moe-gemm grouped (session
 #      45's H100: 100.9 ms against the default's 89.4; unchanged since), and last, the balanced step with --optimizer lion
-#      (session 59: predicted 87.4 ms against AdamW's 90.4, the optimizer's pass 22 B a parameter against 30)
+#      (session 59: predicted 87.4 ms against AdamW's 90.4, the optimizer's pass 22 B a parameter against 30), and the balanced
+#      step with --doc-mask 256 (session 60: the default data's documents are ~46K bytes, so few sequences hold a boundary:
+#      the mask's cost where it skips nothing, against e2e_balanced's time; the same losses up to those few sequences')
 . "$(dirname "$0")/lease_setup.sh"
 # 0. the device test programs and the smoke run (report: $O/test_gpu_report.md)
 for t in test_kernels test_step_cuda test_fp8_cuda test_zero_fp8_cuda test_decode; do echo "${t}_gpu|40|doctest|./test/${t}_gpu"; done \
@@ -76,4 +78,5 @@ step e2e_fp8_block 40 ./train_dbrx "${E2E[@]}" --steps 20 --fp8 block --log "$R/
 step e2e_autotune 45 ./train_dbrx "${E2E[@]}" --steps 30 --gemm-autotune 8 --log "$R/e2e_autotune.jsonl"
 step e2e_grouped 40 ./train_dbrx "${E2E[@]}" --steps 20 --moe-gemm grouped --log "$R/e2e_grouped.jsonl"
 step e2e_lion 30 env DBRX_DEBUG_ROUTE_BALANCED=1 ./train_dbrx "${E2E[@]}" --steps 20 --optimizer lion --lr 6e-4 --log "$R/e2e_lion.jsonl"
+step e2e_docmask 30 env DBRX_DEBUG_ROUTE_BALANCED=1 ./train_dbrx "${E2E[@]}" --steps 20 --doc-mask 256 --log "$R/e2e_docmask.jsonl"
 echo "== done, t+$(( $(date +%s) - T0 ))"
