@@ -123,7 +123,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--ln-eps", "", F_FLOAT, &c->ln_eps, "LayerNorm epsilon"}, {"--moe-loss-weight", "", F_FLOAT, &c->moe_loss_weight, "load-balancing loss weight"},
         {"--z-loss-weight", "", F_FLOAT, &c->z_loss_weight, "router z-loss weight"},
         {"--init-std", "", F_FLOAT, &c->init_std, "std of the normal init of every matrix (--init hf)"},
-        {"--init", "", F_STR, &a->run.init, "the initialisation: hf (Hugging Face's: normal(0, --init-std)) | foundry (LLM Foundry's DBRX yamls': kaiming normal, fan_in, relu gain: sqrt(2 / d), out_proj and w2 then / sqrt(2 L))"},
+        {"--init", "", F_STR, &a->run.init, "the initialisation: hf (Hugging Face's: normal(0, --init-std)) | foundry (LLM Foundry's DBRX yamls': kaiming normal, fan_in, relu gain: sqrt(2 / d), the experts' w2 sqrt(2 / F); out_proj and w2 then / sqrt(2 L))"},
         {"--doc-mask", "", F_INT, &a->run.doc_mask, "attention stays inside each document of a packed sequence, an end-of-text token with this id opening one (LLM Foundry's attn_uses_sequence_id; this project's cl100k shards: 100257, byte shards: 256; -1: off, the default)"},
         {"", "", F_SECTION, NULL, "the run"},
         {"--steps", "-x", F_INT, &a->run.steps, "optimizer steps (the LR schedule spans them)"},
@@ -472,7 +472,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
         fail(EXIT_BAD_INPUT, "--doc-mask %d must be an end-of-text token id in [0, %d) (--vocab), or -1 (off)", a->run.doc_mask, c->vocab_size);
     g_doc_mask_eot = a->run.doc_mask;
     if (a->run.init != "hf" && a->run.init != "foundry") fail(EXIT_BAD_INPUT, "--init '%s' must be hf or foundry", a->run.init.c_str());
-    if (a->run.init == "foundry" && flag_given(a, "--init-std")) fail(EXIT_BAD_INPUT, "--init-std is --init hf's: --init foundry takes sqrt(2 / d)");
+    if (a->run.init == "foundry" && flag_given(a, "--init-std")) fail(EXIT_BAD_INPUT, "--init-std is --init hf's: --init foundry takes sqrt(2 / fan_in)");
     g_init_foundry = a->run.init == "foundry";
     if (a->run.gemm_autotune < 0 || a->run.gemm_autotune > 16)
         fail(EXIT_BAD_INPUT, "--gemm-autotune %d must be 0 (off) to 16 (the heuristic's answers to time)", a->run.gemm_autotune);

@@ -119,7 +119,8 @@ __device__ __forceinline__ void wgb_load_queries(char* Qt, char* dOt, float* lt,
 // DQ, the policy of the dQ product: the model's WgbNoDq (none: the pair's dk/dv kernel, NWG 2, the key tile from blockIdx,
 // tile 0 of every head first: the most queries first); dev/cuda/attention_wgmma_bwd's v1, v2 add dQ = dS K per tile
 // through a semaphore per query tile (DQ::ON: dS^T stored to shared memory and a barrier before dQ's wgmma reads it).
-// dk, dv's registers at hd 128: 2 x 64 floats, S^T, dP^T 2 x 32.
+// dk, dv's registers at hd 128: 2 x 64 floats, S^T, dP^T 2 x 32. A DQ::ON policy takes no document mask (doc.start NULL):
+// its turn chain needs every key block to visit every query tile, which the mask's skipped query tiles would break.
 struct WgbNoDq {
     static constexpr bool ON = false;
     // blocks start in linear order (x fastest): the key tile slowest, every head's tile 0 (the most queries) first

@@ -114,10 +114,11 @@ static inline ParamTensors param_views(real* base, const DbrxConfig* c, const st
 }
 
 // Initialisation. --init hf (the default, HF DbrxForCausalLM's): every matrix normal(0, init_std). --init foundry (LLM
-// Foundry's DBRX yamls' kaiming_normal, fan_in, relu gain; *unconfirmed for the released 132B run*, the reference says):
-// every matrix normal(0, sqrt(2 / fan_in)), fan_in its columns (d: every matrix here is stored (rows, d), and torch's
-// kaiming on a [rows, d] tensor takes d, the experts' w2 slices and the embedding too), the residual outputs (out_proj,
-// the experts' w2) then divided by sqrt(2 n_layers) (Foundry's init_div_is_residual). LayerNorm weights 1 either way.
+// Foundry's DBRX yamls' kaiming_normal, fan_in, relu gain, on MegaBlocks' experts; *unconfirmed for the released 132B run*,
+// the reference says): every matrix normal(0, sqrt(2 / fan_in)). fan_in is d (every matrix here is stored (rows, d), and
+// torch's kaiming on such a tensor takes d: the embedding, the head, Wqkv, out_proj, the router, each expert's w1 and v1)
+// but F for each expert's w2 (Foundry flips its fan mode: MegaBlocks computes x w2); the residual outputs (out_proj, w2)
+// are then divided by sqrt(2 n_layers) (Foundry's init_div_is_residual). LayerNorm weights 1 either way.
 // Drawn in table order from one stream seeded by `seed`, so a seed fixes the model everywhere.
 // Fills dst (hi - lo) with the elements [lo, hi) of the flat parameter buffer: splitmix64's state is a
 // counter (two draws per matrix element), so a rank can initialise its shard alone.
@@ -125,8 +126,8 @@ inline int g_init_foundry = 0;   // --init foundry (1) or hf (0)
 // the std of a matrix's normal init under the --init scheme
 static inline double dbrx_init_std(const ParamInfo& t, const DbrxConfig* c) {
     if (!g_init_foundry) return c->init_std;
-    bool residual = strstr(t.name, "attn.out_proj.weight") || strstr(t.name, "experts.mlp.w2");
-    return std::sqrt(2.0 / t.cols) / (residual ? std::sqrt(2.0 * c->n_layers) : 1.0);
+    bool w2 = strstr(t.name, "experts.mlp.w2"), residual = w2 || strstr(t.name, "attn.out_proj.weight");
+    return std::sqrt(2.0 / (w2 ? c->ffn_hidden : t.cols)) / (residual ? std::sqrt(2.0 * c->n_layers) : 1.0);
 }
 static inline void dbrx_init_range(real* dst, size_t lo, size_t hi, const DbrxConfig* c,
                                    const std::vector<ParamInfo>& table, uint64_t seed) {

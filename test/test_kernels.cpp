@@ -412,13 +412,15 @@ TEST_CASE("document-masked attention (--doc-mask): every GPU path, the CPU refer
 #if defined(SIMT_RACE_DETECT)   // (the race detector's build: fewer heads and sequences, the same tiles and documents)
     const std::vector<std::vector<int>> shapes = {{1, 200, 2, 1, 128}, {1, 130, 2, 1, 64}, {1, 100, 2, 1, 32}, {1, 40, 2, 1, 16}};
 #else
-    const std::vector<std::vector<int>> shapes = {{2, 200, 6, 1, 128}, {1, 130, 4, 2, 64}, {2, 100, 4, 2, 32}, {2, 40, 2, 1, 16}};
+    // (T 520: blocks whose first key tile is 2, 4 and 8, the last of them its only tile: the 3-buffer kernels' every slot)
+    const std::vector<std::vector<int>> shapes = {{2, 200, 6, 1, 128}, {1, 520, 2, 1, 128}, {1, 130, 4, 2, 64}, {2, 100, 4, 2, 32},
+                                                  {2, 40, 2, 1, 16}};
 #endif
     for (const std::vector<int>& s : shapes) {
         int B = s[0], T = s[1], H = s[2], KV = s[3], hd = s[4], qd = (H + 2 * KV) * hd, C = H * hd;
         INFO("B " << B << " T " << T << " H " << H << " KV " << KV << " hd " << hd);
         std::vector<int> inputs((size_t)B * T, 1), bounds(2 * (size_t)B * T);
-        for (int t : {0, 5, 6, 64, 66, 129, T - 1}) if (t < T) inputs[t] = EOT;   // sequence 0
+        for (int t : {0, 5, 6, 64, 66, 129, 130, 300, 400, 512, T - 1}) if (t < T) inputs[t] = EOT;   // sequence 0
         for (int t : {37, 128}) if (B > 1 && t < T) inputs[(size_t)T + t] = EOT;    // sequence 1: its first document began before it
         doc_bounds(bounds.data(), bounds.data() + B * T, inputs.data(), B, T, EOT);
         DocMask doc = {bounds.data(), bounds.data() + B * T};

@@ -175,9 +175,10 @@ TEST_CASE("LR schedule: linear warmup, cosine to the floor") {
 }
 
 // --init (model/dbrx_params.h): every matrix's sample std against the formula written out here, LayerNorm weights 1; hf:
-// normal(0, init_std); foundry: sqrt(2 / d), out_proj and the experts' w2 / sqrt(2 L); a shard drawn alone (two ranges) gives
+// normal(0, init_std); foundry: sqrt(2 / d), the experts' w2 sqrt(2 / F) (its fan mode flipped), out_proj and w2 / sqrt(2 L);
+// a shard drawn alone (two ranges) gives
 // the whole buffer's bits
-TEST_CASE("initialisation: --init hf normal(0, init_std); foundry sqrt(2 / d), residual outputs / sqrt(2 L)") {
+TEST_CASE("initialisation: --init hf normal(0, init_std); foundry sqrt(2 / fan_in), residual outputs / sqrt(2 L)") {
     DbrxConfig c;
     REQUIRE(model_preset_lookup("dbrx-tiny", &c));
     c.n_layers = 3; c.d_model = 64; c.n_heads = 2; c.kv_heads = 1; c.head_dim = 32; c.ffn_hidden = 96; c.n_experts = 4;
@@ -199,7 +200,8 @@ TEST_CASE("initialisation: --init hf normal(0, init_std); foundry sqrt(2 / d), r
             double sd = std::sqrt(s2 / p.numel - mean * mean);
             std::string name = p.name;
             bool residual = name.find("out_proj") != std::string::npos || name.find(".w2") != std::string::npos;
-            double want = p.cols == 0 ? 0 : !foundry ? 0.03 : std::sqrt(2.0 / 64) / (residual ? std::sqrt(6.0) : 1.0);
+            bool w2 = name.find(".w2") != std::string::npos;
+            double want = p.cols == 0 ? 0 : !foundry ? 0.03 : std::sqrt(2.0 / (w2 ? 96 : 64)) / (residual ? std::sqrt(6.0) : 1.0);
             INFO(name << (foundry ? " (foundry)" : " (hf)"));
             if (p.cols == 0) CHECK((mean == 1 && sd == 0));   // a LayerNorm weight
             else CHECK(sd == doctest::Approx(want).epsilon(p.numel >= 10000 ? 0.03 : 0.08));
