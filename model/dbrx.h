@@ -428,8 +428,8 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
     const DbrxConfig* c = &m->cfg;
     int N = m->B * m->T, d = c->d_model;
     int E = c->n_experts, k = c->top_k, L = c->n_layers;
-    m->doc = DocMask{};   // (--doc-mask: this batch's documents, which the backward's attention reads too)
-    if (g_doc_mask_eot >= 0) {
+    m->doc = DocMask{};   // (--doc-mask: this batch's documents, which the backward's attention reads too; under context
+    if (g_doc_mask_eot >= 0 && !m->attn.batch) {   // parallelism the group's, its batch hook's below)
         doc_bounds(m->doc_bounds, m->doc_bounds + N, inputs, m->B, m->T, g_doc_mask_eot);
         m->doc = DocMask{m->doc_bounds, m->doc_bounds + N};
     }

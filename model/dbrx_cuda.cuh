@@ -462,8 +462,8 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
     memcpy(hin, inputs, N * sizeof(int));
     memcpy(hin + N, targets, N * sizeof(int));
     cudaCheck(cudaMemcpyAsync(m->inputs, hin, 2 * (size_t)N * sizeof(int), cudaMemcpyHostToDevice, 0));
-    m->doc = DocMask{};   // --doc-mask: this batch's documents (model/attention.cuh), which the backward reads too
-    if (g_doc_mask_eot >= 0) {
+    m->doc = DocMask{};   // --doc-mask: this batch's documents (model/attention.cuh), which the backward reads too (under
+    if (g_doc_mask_eot >= 0 && !m->attn.batch) {   // context parallelism the group's: its batch hook's below)
         int* hdoc = hin + 5 * (size_t)N + 1;
         doc_bounds(hdoc, hdoc + N, inputs, B, T, g_doc_mask_eot);
         int* ddoc = m->inputs + 5 * (size_t)N + 1;
