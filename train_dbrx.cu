@@ -241,13 +241,13 @@ static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero
     printf("batch: %d x %d tokens x %d accum x %d ranks%s = %lld tokens/step%s; %d steps; lr %g warmup %d cosine to %g x; %s\n",
            args.run.batch, args.run.seq, args.run.grad_accum, comm.world, args.parallel.context_parallel > 1 ? (" / " + std::to_string(args.parallel.context_parallel) + " (context parallel)").c_str() : "",
            (long long)tokens_per_step, g_doc_mask_eot >= 0 ? (", attention inside documents (--doc-mask " + std::to_string(g_doc_mask_eot) + ")").c_str() : "", args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor, g_optimizer_lion ? "LionW" : "AdamW");
-    printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA ", against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
-           "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, info.peak / 1e12, comm.world > 1 ? "all ranks: " : "",
-           info.peak_how.c_str(), fpt_foundry);
-    if (!g_recompute.text.empty()) {
+    printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA "%s, against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
+           "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, g_doc_mask_eot < 0 ? "" : args.parallel.context_parallel > 1
+           ? " (--doc-mask under --context-parallel: causal, an over-count)" : " (--doc-mask: each step's attention term x its share of the causal pairs inside documents)",
+           info.peak / 1e12, comm.world > 1 ? "all ranks: " : "", info.peak_how.c_str(), fpt_foundry);
+    if (!g_recompute.text.empty())
         printf("hfu: %.4g FLOPs/token = the mfu count + %.4g recomputed (--recompute %s: the forward's GEMMs and attention that run "
                "again, counted the same way), against the same peak\n", fpt + fpt_rc, fpt_rc, g_recompute.text.c_str());
-    }
     printf("%s (%s, shard group %d, %d replica(s))\n", info.memory_line.c_str(),
            zl->S == 1 ? (comm.world == 1 ? "one process" : "data parallel") : zl->R == 1 ? "ZeRO-3" : "HSDP", zl->S, zl->R);
     if (args.parallel.comm_timeout > 0) printf("comm: --comm-timeout %g s\n", args.parallel.comm_timeout);
@@ -331,11 +331,11 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         StepResult r = train_step(args, model, store, &train, &opt, &guard, fp8_metas, step, comm, &obs, &log);
         comm_watch(0);
         observers_after_step(&obs, store, r.bytes0, step + 1, r.dt, r.busy, r.ep_recv, args.run.steps - step - 1, comm, &log);
-        double tok_s = tokens_per_step / r.dt;
-        StepReport rep = {step + 1, args.run.steps, r.metrics, r.gnorm, r.lr, r.dt, tok_s, peak > 0 ? fpt * tok_s / peak : 0.0,
+        double tok_s = tokens_per_step / r.dt, fps = flops_per_token(&cfg, args.run.seq, r.metrics[5]);   // (--doc-mask: as executed)
+        StepReport rep = {step + 1, args.run.steps, r.metrics, r.gnorm, r.lr, r.dt, tok_s, peak > 0 ? fps * tok_s / peak : 0.0,
                           peak > 0 ? fpt_foundry * tok_s / peak : 0.0, (long long)obs.step_bytes,
                           comm.world > 1 ? &obs.stragglers.busy_all : NULL, prog.tokens + tokens_per_step, obs.eta, obs.ep_max, obs.ep_mean,
-                          g_recompute.text.empty() || !(peak > 0) ? -1.0 : (fpt + recompute_fpt(&cfg, args.run.seq)) * tok_s / peak};
+                          g_recompute.text.empty() || !(peak > 0) ? -1.0 : (fps + recompute_fpt(&cfg, args.run.seq)) * tok_s / peak};
         if (comm.rank == 0) report_step(&log, rep);
         bool skipped = !r.skip_why.empty();
         guard_stop = spike_guard_record(&guard, step + 1, skipped, r.metrics[0], r.gnorm);

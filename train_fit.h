@@ -4,7 +4,8 @@
  * the settings that trade memory for work or communication:
  *   --shard-group-size S   the powers of two that divide the GPUs (S > 8 gathers over the network)
  *   --expert-parallel n    1, 2, 4, 8, 16 where n divides the experts and S (n <= 8 stays in a node)
- *   --ep-capacity-factor   2 (the default), 1.25, 1 (with EP: the rows a rank's experts may receive)
+ *   --ep-capacity-factor   2 (the default), 1.25, 1 (with EP: the rows a rank's experts' buffers are planned for; a
+ *                          routing that needs more grows them at run time: the last line prices that growth)
  *   --ep-layout            packed, and spread where the shard group crosses nodes (S > 8) and the ranks sharding
  *                          the same experts, S/n of them, fit in a node (S/n <= 8): the same plan (memory_plan.h)
  *   --recompute            none, attn, swiglu, attn+swiglu, moe, moe+attn, block (all layers)
@@ -41,14 +42,15 @@
  *      rather than recomputing more is the cheaper trade;
  *   3. a shard group inside a node (S <= 8) before one that crosses the network;
  *   4. the higher EP degree inside a node (each rank gathers 1/n of the experts' weights);
- *   5. the larger --ep-capacity-factor (more room for uneven routing before a step is refused);
+ *   5. the larger --ep-capacity-factor (more room for uneven routing planned before a step must grow the buffers);
  *   6. --ep-layout spread before packed (the twins of one setting). Predicted (make predict, DBRX-132B seq 4096
  *      on 64 H100s, parallel/README.md "The EP layout"): spread moves the experts' gathers and reduce-scatters
  *      into a node and the exchange across nodes, where it overlaps the experts;
  *   7. the smaller shard group (fewer ranks in every gather), then the larger headroom.
  * A setting fits when its plan leaves --fit-headroom GiB (default 4) of the device free: the plan's NCCL and CUDA
  * margins are predicted, not measured.
- * It prints the ranked fitting settings (at most 8) and the flags of the first, or that nothing fits.
+ * It prints the ranked fitting settings (at most 8) and the flags of the first, or that nothing fits; with EP, what each
+ * +0.25 of the first's --ep-capacity-factor would cost (the memory a growth past the plan takes from the headroom).
  */
 #pragma once
 #include <algorithm>
@@ -124,6 +126,12 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
     long double headroom = (long double)args.run.fit_headroom * 1073741824.0L;   // (--fit-headroom GiB)
     std::vector<FitCandidate> fits;
     int tried = 0;
+    auto plan = [&](int S, int n, int cp, double cap) {   // (the specs: g_recompute, g_compress)
+        MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq / cp, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
+                                   args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks, args.fp8.gather);
+        memory_plan_cp(&p, &cfg, cp);   // (CP: the GPU ring's buffers and communicator, as dry_run_report's plan)
+        return p;
+    };
     bool own_cp = flag_given(&args, "--context-parallel");   // (given: that degree only, checked by context_parallel_check)
     for (int cp = 1; cp <= 16; cp *= 2) {
         if (gpus % cp || (cp > 1 && args.run.seq % (2 * cp))) continue;   // (context_parallel_check and cp_init's rules)
@@ -139,9 +147,7 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
                         if (!own_ca && fit_compresses_recomputed(rc, ca)) continue;   // (the same plan as without that class)
                         g_recompute = recompute_parse(rc);   // (memory_plan reads the run's specs)
                         g_compress = recompute_parse(ca, "--compress-acts", RC_COMPRESS_GRANS);
-                        MemoryPlan p = memory_plan(&cfg, args.run.batch, args.run.seq / cp, S, n, gpus, fp8, cap, args.parallel.zero_chunk_mib,
-                                                       args.parallel.grad_reduce_dtype == "bf16", args.parallel.ep_chunks, args.fp8.gather);
-                        memory_plan_cp(&p, &cfg, cp);   // (CP: the GPU ring's buffers and communicator, as dry_run_report's plan)
+                        MemoryPlan p = plan(S, n, cp, cap);
                         double extra = recompute_flops_per_token(&g_recompute, cfg.n_layers, cfg.d_model, qkv_dim(&cfg), cfg.ffn_hidden,
                                                                  cfg.top_k, args.run.seq) / fpt;
                         // --zero-embedding rows, and gather where rows has a place: the same plan less rows' own terms
@@ -176,4 +182,15 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
                (double)(fits[i].total / 1073741824.0L), (double)((capacity - fits[i].total) / 1073741824.0L), 100 * fits[i].extra);
     printf("fit: %s (%zu of %d settings fit; time the first few with make predict FLAGS='...')\n", fit_flags(fits[0]).c_str(),
            fits.size(), tried);
+    const FitCandidate& f = fits[0];
+    if (f.n > 1) {   // the EP buffers grow past the plan when a routing needs more (parallel/expert_parallel_grow.cuh): their price
+        g_recompute = recompute_parse(f.rc.c_str());
+        g_compress = recompute_parse(f.ca.c_str(), "--compress-acts", RC_COMPRESS_GRANS);
+        long double more = plan(f.S, f.n, f.cp, f.cap + 0.25).total - plan(f.S, f.n, f.cp, f.cap).total;
+        g_recompute = saved; g_compress = saved_ca;
+        printf("fit note: its expert-parallel buffers are planned for --ep-capacity-factor %g x the mean rows a rank receives; a routing that "
+               "sends a rank more grows them in that step, each +0.25 of the factor %.2f GiB per GPU of the %.2f to spare (the step "
+               "line's `ep recv` is the factor a run's routing needs)\n", f.cap, (double)(more / 1073741824.0L),
+               (double)((capacity - f.total) / 1073741824.0L));
+    }
 }

@@ -186,7 +186,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--ep-capacity-factor", "", F_FLOAT, &a->parallel.ep_capacity, "EP on the GPU: each rank's device buffers hold F x tokens per "
                                                               "micro-batch x top-k received rows per MoE layer, planned at start-up (default 2; "
                                                               "0: the dropless bound, EP x tokens x min(top-k, experts/EP)); a routing that needs "
-                                                              "more stops every rank with one line naming the numbers (no token is dropped)"},
+                                                              "more grows them on every EP rank in that step, with one line (no token dropped)"},
         {"--grad-reduce-dtype", "", F_STR, &a->parallel.grad_reduce_dtype, "ZeRO-3/HSDP on the GPU: the gradient reduce-scatter in fp32 | bf16 (half the bytes)"},
         {"--zero-embedding", "", F_STR, &a->parallel.zero_embedding, "ZeRO-3/HSDP on the GPU: the embedding's forward rows and weight-gradient rows exchanged with their owners per batch | gather (the table gathered, its gradient reduce-scattered)"},
         {"--zero-prefetch", "", F_INT, &a->parallel.zero_prefetch, "ZeRO-3/HSDP on the GPU: the next step's first N units gathered during the optimizer (0..2, default 2; 0: none)"},

@@ -19,7 +19,8 @@
 #include "train_observers.h"
 
 typedef struct {
-    double metrics[5];      // ce, lbl, z-loss, imbalance (means over micro-batches and ranks), a stop requested (any rank)
+    double metrics[6];      // ce, lbl, z-loss, imbalance (means over micro-batches and ranks), a stop requested (any rank),
+                            // the share of the causal attention pairs computed (--doc-mask; 1 without it, and under CP)
     double gnorm;           // the global gradient norm, before clipping
     float lr;
     std::string skip_why;   // why the spike guard skipped the update ("": updated)
@@ -63,6 +64,8 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
         r.metrics[1] += model->lbl_loss / args.run.grad_accum;
         r.metrics[2] += model->z_loss / args.run.grad_accum;
         r.metrics[3] += model->imbalance / args.run.grad_accum;
+        r.metrics[5] += (g_doc_mask_eot >= 0 && args.parallel.context_parallel == 1   // (CP: a rank's rows are chunks: counted causal)
+                         ? doc_attended_share(data->inputs.data(), args.run.batch, args.run.seq, g_doc_mask_eot) : 1.0) / args.run.grad_accum;
         r.ep_recv = std::max(r.ep_recv, (double)dbrx_ep_recv_rows(model));
     }
     // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W
@@ -71,8 +74,8 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
     zero_reduce_grads(store);
     r.metrics[4] = g_comm_stop_signal ? 1 : 0;
     if (comm.world > 1) {   // metrics averaged over the ranks; a stop request anywhere stops all
-        comm_all_reduce(&comm.world_group, r.metrics, 5, COMM_F64);
-        for (int i = 0; i < 4; i++) r.metrics[i] /= comm.world;
+        comm_all_reduce(&comm.world_group, r.metrics, 6, COMM_F64);
+        for (int i : {0, 1, 2, 3, 5}) r.metrics[i] /= comm.world;
     }
     // the amax of an FP8 tensor is the max over every rank that holds a piece of it (the store reduces
     // them: on the host over MPI, or on the device over NCCL)

@@ -120,6 +120,18 @@ typedef struct {
 static inline std::string worklog_fields(const DocMask& doc) { return doc.start ? "[\"doc_mask\",1]" : "[\"doc_mask\",0]"; }
 #endif
 
+// The share of the causal (query, key) pairs that --doc-mask keeps for inputs (B, T): each query t sees t - start + 1
+// keys instead of t + 1 (MFU counts attention as executed: model/config.h's flops_per_token)
+static inline double doc_attended_share(const int* inputs, int B, int T, int eot) {
+    double kept = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0, s = 0; t < T; t++) {
+            if (inputs[(size_t)b * T + t] == eot) s = t;
+            kept += t - s + 1;
+        }
+    return B > 0 && T > 0 ? kept / ((double)B * T * (T + 1) / 2) : 1.0;
+}
+
 // start, end (B, T each) of the documents of inputs (B, T)
 static inline void doc_bounds(int* start, int* end, const int* inputs, int B, int T, int eot) {
     for (int b = 0; b < B; b++) {

@@ -171,8 +171,9 @@ static inline int64_t params_matmul_active(const DbrxConfig* c) {
     return c->n_layers * (params_attention(c) + (int64_t)c->d_model * c->n_experts + c->top_k * params_one_expert(c))
          + (int64_t)c->vocab_size * c->d_model;
 }
-static inline double flops_per_token(const DbrxConfig* c, int seq_len) {
-    return 6.0 * (double)params_matmul_active(c) + 6.0 * c->n_layers * (double)c->d_model * (seq_len + 1.0);
+// attn_share: the share of the causal pairs attention computes (--doc-mask: model/attention.cuh's doc_attended_share)
+static inline double flops_per_token(const DbrxConfig* c, int seq_len, double attn_share = 1.0) {
+    return 6.0 * (double)params_matmul_active(c) + 6.0 * c->n_layers * (double)c->d_model * (seq_len + 1.0) * attn_share;
 }
 #define FLOPS_PER_TOKEN_FORMULA "6 N_matmul + 6 L d (S + 1): matmuls only, no embedding lookup, causal attention (Megatron/PaLM)"
 

@@ -33,6 +33,7 @@ typedef struct {
     int ckpt_kill_step = -1;
     std::string ckpt_kill_point;
     bool twin_blocks = false;
+    int ep_grow_fail = -1;           // the EP rank whose growth of its buffers fails (expert_parallel_grow.cuh)
     DebugPlant plant = PLANT_NONE;
 } DebugHooks;
 
@@ -50,6 +51,8 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
                                        "(the step-time model's balanced routing, for benchmarks: a router collapsed at initialisation "
                                        "gives the expert GEMMs other shapes)"},
     {"DBRX_DEBUG_CKPT_KILL", "S:POINT", "SIGKILL at POINT (shard | manifest | rename) of step S's checkpoint save"},
+    {"DBRX_DEBUG_EP_GROW_FAIL", "R", "expert parallelism on the GPU: EP rank R cannot allocate when a routing outgrows the buffers "
+                                    "(out of device memory: every rank stops with one message)"},
     {"DBRX_DEBUG_TWIN_BLOCKS", "1", "the NCCL twin's waits have no watchdog (a stuck collective blocks; emulated builds)"},
     {"DBRX_DEBUG_PLANT", "NAME", "a planted bug, the negative control of a test: step_sync (one more synchronisation per layer), "
                                  "reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, serial_streams (gathers wait for the reduce-scatters), "
@@ -118,6 +121,8 @@ static inline void debug_hooks_read() {
         h.ckpt_kill_point = point;
     }
     h.twin_blocks = debug_env("DBRX_DEBUG_TWIN_BLOCKS") != NULL;
+    if (const char* k = debug_env("DBRX_DEBUG_EP_GROW_FAIL"))
+        if (sscanf(k, "%d", &h.ep_grow_fail) != 1 || h.ep_grow_fail < 0) fail(EXIT_BAD_INPUT, "DBRX_DEBUG_EP_GROW_FAIL '%s' is not an EP rank", k);
     if (const char* p = debug_env("DBRX_DEBUG_PLANT")) {
         h.plant = !strcmp(p, "step_sync") ? PLANT_STEP_SYNC : !strcmp(p, "reduce_scatter_chunk") ? PLANT_REDUCE_SCATTER_CHUNK
                 : !strcmp(p, "skip_gather_wait") ? PLANT_SKIP_GATHER_WAIT : !strcmp(p, "fp8_gather_scale") ? PLANT_FP8_GATHER_SCALE

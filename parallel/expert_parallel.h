@@ -27,13 +27,19 @@
 // this rank's place in its EP group and the transport. host: the buffers are host memory (the counts),
 // even on the GPU path. cap: the rows any rank may receive in one layer (0: no bound, the CPU's host
 // vectors grow; the GPU's device buffers are planned at start-up for cap rows: ep_plan_rows), cap_how
-// says where it comes from, for the message that stops every rank when a routing needs more.
+// says where it comes from, for the messages. grow (the GPU's): when a routing needs more than cap, every
+// buffer planned for the received rows allocated again for more (ep_grow: MoE stays dropless); it returns the
+// bytes it added on this rank, or -1 when an allocation failed. cap_max: the dropless bound (ep_plan_rows); rows_mean: the
+// rows a rank receives on average (tokens x top-k), for the factor the messages name.
 typedef struct {
     int n = 1, rank = 0;
     void (*all_to_allv)(void* ctx, const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes, int host) = NULL;
     void* ctx = NULL;
-    size_t cap = 0;
+    size_t cap = 0, cap_max = 0, rows_mean = 0;
     std::string cap_how;
+    long long (*grow)(void* ctx, size_t rows) = NULL;
+    void* grow_ctx = NULL;
+    int grown = 0;   // times the buffers grew in this run
 } ExpertParallel;
 
 // --ep-capacity-factor's default: each EP rank plans device buffers for twice the average rows
@@ -73,26 +79,59 @@ typedef struct {
     int R;                                     // rows received (every peer's, for my experts)
 } EpPlan;
 
+// The rows the buffers grow to when a layer needs `need` rows, more than planned: an eighth more (so a routing that
+// drifts up grows them a few times, not every step), in whole 64-row tiles, at most the dropless bound
+static inline size_t ep_grow_rows(size_t need, size_t cap_max) {
+    size_t rows = (need + need / 8 + 63) / 64 * 64;
+    return cap_max ? std::min(std::max(rows, need), std::max(cap_max, need)) : rows;
+}
+
+// MoE is dropless (every routed row is computed): when layer l's routing sends EP rank `who` `need` rows, more than
+// the buffers hold (ep->cap), every rank of the group grows its buffers here to the same new capacity. Every rank has
+// the same counts and no row has moved yet; the allocations are then agreed (each rank's verdict to every rank), so
+// that either every rank goes on with the larger buffers, or every rank stops with the same message (no rank left
+// waiting in the exchange). Printed by EP rank 0: the rows and the bytes, and the factor that plans them at start-up.
+static inline void ep_grow(ExpertParallel* ep, size_t need, int who, int l) {
+    size_t rows = ep_grow_rows(need, ep->cap_max);
+    long long added = ep->grow ? ep->grow(ep->grow_ctx, rows) : -1;
+    std::vector<long long> mine(ep->n, added), all(ep->n);
+    std::vector<size_t> b(ep->n, sizeof(long long));
+    ep->all_to_allv(ep->ctx, mine.data(), b.data(), all.data(), b.data(), 1);
+    for (int q = 0; q < ep->n; q++)
+        if (all[q] < 0) {
+            comm_agreed_failure();   // every rank exits over the same verdicts: none of them is a lost rank
+            fail(EXIT_RUNTIME, "expert parallelism: layer %d: EP rank %d's experts would receive %zu rows, more than the %zu its buffers "
+                 "hold (at start-up: %s), and EP rank %d could not allocate them for %zu rows: out of device memory; lower --batch/--seq, or "
+                 "free memory (--recompute, --compress-acts: README, --ep-capacity-factor)", l, who, need, ep->cap, ep->cap_how.c_str(), q, rows);
+        }
+    if (ep->rank == 0) {
+        printf("expert parallelism: layer %d: EP rank %d's experts receive %zu rows, more than the %zu its buffers hold: every EP "
+               "rank's grown to %zu rows (+%.1f MiB on EP rank 0; --ep-capacity-factor %.3g plans them at start-up); MoE stays dropless\n",
+               l, who, need, ep->cap, rows, (double)added / 1048576.0, ep->rows_mean ? (double)rows / (double)ep->rows_mean : 0.0);
+        fflush(stdout);
+    }
+    ep->cap = rows;
+    ep->grown++;
+}
+
 // Plans the exchange of layer l from this rank's counts (E): every rank's counts go to every rank first
 // (one small all-to-all of E ints per peer), so that every rank knows what it will receive, and what
-// every other rank will: when a rank would receive more rows than planned (ep->cap), every rank stops
-// here, before any row moves, with the same message (no rank left waiting in the exchange).
-static inline void ep_plan(const ExpertParallel* ep, EpPlan* pl, const int* counts, const int* offsets, int E, int l) {
+// every other rank will: when a rank would receive more rows than planned (ep->cap), every rank grows its
+// buffers here, before any row moves (ep_grow; where it cannot, every rank stops with the same message).
+static inline void ep_plan(ExpertParallel* ep, EpPlan* pl, const int* counts, const int* offsets, int E, int l) {
     int n = ep->n, El = E / n;
     std::vector<int> mine((size_t)n * E), all((size_t)n * E);   // (n, E): my counts to every peer; every peer's counts
     for (int p = 0; p < n; p++) std::copy(counts, counts + E, mine.begin() + (size_t)p * E);
     std::vector<size_t> cb(n, E * sizeof(int));
     ep->all_to_allv(ep->ctx, mine.data(), cb.data(), all.data(), cb.data(), 1);
+    size_t need = 0;
+    int who = 0;
     for (int r = 0; ep->cap && r < n; r++) {   // (the same sums, in the same order, on every rank)
         size_t rows = 0;
         for (int q = 0; q < n; q++) for (int j = 0; j < El; j++) rows += all[(size_t)q * E + r * El + j];
-        if (rows > ep->cap) {
-            comm_agreed_failure();   // every rank exits over the same numbers: none of them is a lost rank
-            fail(EXIT_RUNTIME, "expert parallelism: layer %d: EP rank %d's experts would receive %zu rows, more than the %zu planned (%s): "
-                 "the routing is too imbalanced for the planned buffers; raise --ep-capacity-factor (its device memory: README, "
-                 "--ep-capacity-factor) or lower --batch/--seq", l, r, rows, ep->cap, ep->cap_how.c_str());
-        }
+        if (rows > need) { need = rows; who = r; }
     }
+    if (ep->cap && need > ep->cap) ep_grow(ep, need, who, l);
     pl->all = all;
     pl->recv_counts.assign((size_t)n * El, 0);
     for (int q = 0; q < n; q++) for (int j = 0; j < El; j++) pl->recv_counts[(size_t)q * El + j] = all[(size_t)q * E + ep->rank * El + j];

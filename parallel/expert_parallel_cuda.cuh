@@ -5,7 +5,8 @@
  * the counts on the host (the expert GEMMs are issued from the host anyway); the rows travel over the
  * store's transport (NCCL, parallel/zero_gpu.cuh). Every device buffer is planned at start-up for the rows
  * --ep-capacity-factor allows (ep_plan_rows): no step allocates or frees device memory (a cudaFree
- * synchronises the whole device, in-flight NCCL work included, at a moment that differs between ranks).
+ * synchronises the whole device, in-flight NCCL work included), except when a routing needs more rows than
+ * any before it: then every rank of the EP group grows them at the same point (expert_parallel_grow.cuh).
  * Defines
  *   EpDev            a device buffer planned at start-up (the received rows: their number changes every step)
  *   EpDispatchGpu    the dispatcher's state: the plans and device buffers kept for the backward, scratch
@@ -20,7 +21,7 @@
 #include "../model/dbrx_cuda.cuh"
 
 // A device buffer planned at start-up (ep_gpu_buffers) for the most elements a layer can need under the
-// planned rows: ep_plan has stopped every rank, with one message, before a routing could need more.
+// planned rows: ep_plan grows it (ep_gpu_grow) before a routing needs more.
 template <typename T> struct EpDev {
     T* p = nullptr;
     size_t cap = 0;
@@ -509,6 +510,8 @@ static inline void ep_gpu_experts_backward(void* ctx, int l, const floatX* dye, 
 // `all_to_allv(ctx, ...)` (the store's transport): the dispatcher hooked into the model's experts, its
 // buffers planned for `factor` (--ep-capacity-factor: ep_plan_rows) and allocated now, once. The model
 // was built with room for those rows in its experts' buffers (dbrx_build_shape's expert_rows).
+#include "expert_parallel_grow.cuh"   // (a routing past the planned rows: every buffer of them grown, ExpertParallel::grow)
+
 static inline void ep_gpu_install(EpDispatchGpu* D, DbrxGPU* m, int n, int rank, double factor,
                                   void (*all_to_allv)(void*, const void*, const size_t*, void*, const size_t*, int), void* ctx) {
     D->ep.n = n; D->ep.rank = rank; D->ep.all_to_allv = all_to_allv; D->ep.ctx = ctx;
@@ -517,6 +520,10 @@ static inline void ep_gpu_install(EpDispatchGpu* D, DbrxGPU* m, int n, int rank,
     D->stats = EpStats{0, 0, 0, 0};
     size_t N = (size_t)m->B * m->T;
     D->ep.cap = ep_plan_rows(&m->cfg, N, n, factor, &D->ep.cap_how);
+    D->ep.cap_max = ep_plan_rows(&m->cfg, N, n, 0);
+    D->ep.rows_mean = N * m->cfg.top_k;
+    D->ep.grow = ep_gpu_grow;
+    D->ep.grow_ctx = D;
     size_t Rc = ep_gpu_planned_rows(&m->cfg, N, n, factor, fp8_on(&m->fp8));
     if (Rc > m->expert_rows)
         fail(EXIT_RUNTIME, "internal error: expert parallelism plans %zu rows per layer, the model was built for %zu", Rc, m->expert_rows);

@@ -271,6 +271,10 @@ cp_tests() { doctest_run ./test/test_ring_attention; bash test/test_cp.sh; }
 section "context parallelism (--context-parallel): ring attention vs the full-sequence reference, negative controls; CP 2/4 vs one process, bytes, resume" cp_tests
 section "expert parallelism's exchange in chunks overlapped with the experts (--ep-overlap-chunks): bit-identical losses, streams" \
     bash test/test_ep_overlap.sh
+if [ -x ./train_dbrx_emu ]; then
+    section "expert parallelism past the planned rows (--ep-capacity-factor): the buffers grown on every rank, the dropless plan's losses bit for bit, an agreed stop" \
+        bash test/test_ep_grow.sh
+fi
 section "--recompute: bit-identical losses and gradient norms with it (CPU, emulated GPU, ZeRO-3, EP, FP8); negative control" \
     bash test/test_recompute.sh
 section "--compress-acts: compressed saved activations (CPU, emulated GPU: the same forward, gradients close, memory plan = peak)" \

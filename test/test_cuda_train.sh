@@ -246,8 +246,8 @@ budget planted 4 2 2 DBRX_DEBUG_PLANT=step_sync && fail "a planted sync per laye
 
 # No device allocation or free in a step after the first, on every rank of ZeRO-3 np 2 and of expert parallel 2
 # (parallel/expert_parallel_cuda.cuh: every buffer planned at start-up for --ep-capacity-factor's rows), also under a
-# forced extreme imbalance (DBRX_DEBUG_ROUTE_FIRST: every token to EP rank 0's experts) at the dropless bound; a
-# planned bound too small for that routing stops both ranks with the same line naming the numbers, exit 1, no hang.
+# forced extreme imbalance (DBRX_DEBUG_ROUTE_FIRST: every token to EP rank 0's experts) at the dropless bound (a planned
+# bound too small for the routing grows the buffers in the step that needs it: test_ep_grow.sh).
 SMALL=(--device cuda --model dbrx-tiny --n-layers 2 --d-model 64 --n-heads 2 --kv-heads 1 --experts 4 --top-k 2 --ffn-hidden 64
        --seq 32 --batch 1 --val-every 0 --steps 3)
 no_alloc() {   # no_alloc NAME [env...] -- [flags...]: exit 0 iff neither rank allocates or frees after step 1 (steps 2, 3)
@@ -284,12 +284,6 @@ if no_alloc ep2_imbalance DBRX_DEBUG_ROUTE_FIRST=1 -- --expert-parallel 2 --ep-c
         && grep -q "ep recv 2.00x" "$tmp/alloc_ep2_imbalance.txt" && grep -q "ep: rank 0 sent .* 0 rows out, 384 rows in" "$tmp/alloc_ep2_imbalance.txt"; then
     pass "EP 2, every token to rank 0's experts, --ep-capacity-factor 0 (the dropless bound, 128 rows): 3 steps, rank 0 took all 384 rows, no allocation after step 1"
 else fail "EP 2 forced imbalance at the dropless bound: $(grep -m1 error "$tmp/alloc_ep2_imbalance.txt")"; fi
-out=$(DBRX_DEBUG_ROUTE_FIRST=1 timeout 120 bash dev/mpirun.sh --tag-output -np 2 ./train_dbrx_emu "${SMALL[@]}" --expert-parallel 2 --ep-capacity-factor 1.5 2>&1); rc=$?
-lines=$(grep -o "error: .*" <<<"$out" | sort | uniq -c)
-if [ "$rc" = 1 ] && [ "$(grep -c . <<<"$lines")" = 1 ] && grep -q "^ *2 error: expert parallelism: layer 0: EP rank 0's experts would receive 128 rows, more than the 96 planned (--ep-capacity-factor 1.5 x 32 tokens x top-2 = 96 rows planned per layer; the dropless bound is 128 rows" <<<"$lines" \
-        && ! grep -q "^\[1,[01]\]<stdout>:step " <<<"$out"; then
-    pass "negative control: a planned bound too small for the routing (--ep-capacity-factor 1.5, 96 rows < 128): both ranks stop in step 1 with the same line, exit 1"
-else fail "EP 2 with too small a planned bound: exit $rc: $(grep -m2 -i "error" <<<"$out")"; fi
 
 # DBRX_DEBUG_ROUTE_BALANCED (benchmarks: the step-time model's balanced routing; a router collapsed at initialisation, as
 # dbrx-1b's on the default data, gives the expert GEMMs other shapes): token t to experts (k t + j) mod E on both

@@ -8,7 +8,9 @@
 #     forward; the backward's wgmma-overlap, the default, and the mma.sync pair, the same bits);
 #   * the recomputed attention (--recompute attn, block) reads the same documents: the same losses bit for bit;
 #   * shards with no end-of-text: the mask changes nothing, bit for bit, on both backends;
-#   * the banner says so; a validation pass is masked too (the validation loss moves with it).
+#   * the banner says so; a validation pass is masked too (the validation loss moves with it);
+#   * MFU counts attention as executed (model/config.h): without end-of-text the causal count, with documents each
+#     step's share of the causal pairs (about a third here), on both backends.
 # (The kernels against the CPU reference: test_kernels' "document-masked attention"; the CPU model against PyTorch:
 # test_pytorch_parity.py's --doc-mask run; bad values: test_cli.sh.)
 cd "$(dirname "$0")/.." || exit 1
@@ -31,7 +33,7 @@ for name, n, seed, docs in (("doc_train", 20000, 1, True), ("doc_val", 4000, 2, 
         toks += [r.randrange(256) for _ in range(r.randint(3, 40))]
     shard("%s/%s_000000.bin" % (sys.argv[1], name), toks[:n])
 PY
-base=(--model dbrx-tiny --n-layers 2 --batch 2 --seq 64 --steps 4 --val-every 2 --val-steps 1)
+base=(--model dbrx-tiny --n-layers 2 --batch 2 --seq 64 --steps 4 --val-every 2 --val-steps 1 --peak-tflops 1e-6)
 doc=(--data "$tmp/doc_train_*.bin" --val-data "$tmp/doc_val_*.bin")
 flat=(--data "$tmp/flat_train_*.bin" --val-data "$tmp/flat_val_*.bin")
 hd128=(--d-model 128 --n-heads 1 --kv-heads 1)
@@ -78,5 +80,19 @@ v(close(L("on_emu") + L("on_emu", "val_loss"), L("on_cpu") + L("on_cpu", "val_lo
 v(close(L("h128_emu") + L("h128_emu", "val_loss"), L("h128_cpu") + L("h128_cpu", "val_loss"), L("h128_off_cpu")),
   "the emulated GPU within 1e-2 of the CPU with the mask, head_dim 128 (wgmma): %s" % [round(x, 5) for x in L("h128_emu")])
 v(L("h128_mma_emu") == L("h128_emu") != [], "head_dim 128: --attention-bwd mma gives wgmma-overlap's losses bit for bit")
+# MFU counts attention as executed: the FLOPs per token a step's mfu implies (mfu x the 1e6 FLOP/s peak / tok/s) are the
+# banner's causal count without end-of-text, and below it by the attention term 6 L d (S + 1) x (1 - the step's share)
+# with it, the share that of documents of 4-41 tokens in 64 (about a third; each step its own batch's)
+import re
+banner = lambda n: float(re.search(r"^mfu: ([0-9.e+]+) FLOPs/token", open(os.path.join(t, n + ".out")).read(), re.M).group(1))
+implied = lambda n: [m * 1e6 / s for m, s in zip(L(n, "mfu"), L(n, "tok_per_s"))]
+attn = 6 * 2 * 128 * 65
+for b in ("cpu", "emu"):
+    flat, on, causal = implied("flat_on_" + b), implied("on_" + b), banner("on_" + b)
+    share = [1 - (causal - f) / attn for f in on]
+    v(len(flat) == 4 and all(abs(f / causal - 1) < 1e-3 for f in flat) and len(share) == 4 and all(0.1 < x < 0.7 for x in share)
+      and len(set(round(x, 3) for x in share)) > 1 and "(--doc-mask: each step's attention term" in open(os.path.join(t, "on_%s.out" % b)).read(),
+      "%s: mfu counts attention as executed: no end-of-text the causal %.0f FLOPs/token, documents %s of the causal pairs"
+      % (b, causal, [round(x, 3) for x in share]))
 PY
-verdicts "$tmp/verdicts" 9
+verdicts "$tmp/verdicts" 11

@@ -424,6 +424,9 @@ TEST_CASE("document-masked attention (--doc-mask): every GPU path, the CPU refer
         for (int t : {37, 128}) if (B > 1 && t < T) inputs[(size_t)T + t] = EOT;    // sequence 1: its first document began before it
         doc_bounds(bounds.data(), bounds.data() + B * T, inputs.data(), B, T, EOT);
         DocMask doc = {bounds.data(), bounds.data() + B * T};
+        long long seen = 0;   // (MFU's share, doc_attended_share: the pairs the mask keeps, counted one by one from the ends)
+        for (int b = 0; b < B; b++) for (int t = 0; t < T; t++) for (int t2 = 0; t2 <= t; t2++) seen += t < bounds[(size_t)B * T + (size_t)b * T + t2];
+        CHECK(doc_attended_share(inputs.data(), B, T, EOT) == doctest::Approx(seen / ((double)B * T * (T + 1) / 2)).epsilon(1e-12));
         std::vector<float> qkv = bf16_round(randn((size_t)B * T * qd, 3 * T + hd, 1.5)), dout = bf16_round(randn((size_t)B * T * C, 41));
         std::vector<float> out((size_t)B * T * C), lse((size_t)B * H * T), dqkv(qkv.size()), causal((size_t)B * T * C), clse(lse.size());
         attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd, doc);
