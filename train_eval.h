@@ -70,7 +70,10 @@ static McResult evaluate_mc(Model* model, Store* store, const McSet* set, int B,
             int* tg = &targets[(size_t)b * T];
             count[b] = 0;
             if (k < mine.size()) mc_row(set, set->ex[mine[k].first], mine[k].second, T, in, tg, &first[b], &count[b]);
-            else { std::fill(in, in + T, 0); std::fill(tg, tg + T, 0); }
+            else {   // (a dummy row: text, so that it routes as text does: mc_filler)
+                for (int t = 0; t < T; t++) in[t] = mc_filler(set, k, t);
+                std::fill(tg, tg + T, 0);
+            }
         }
         comm_heartbeat();
         dbrx_forward(model, inputs.data(), targets.data(), 0.0f);

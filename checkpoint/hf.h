@@ -207,6 +207,12 @@ static inline std::string hf_config_json(const DbrxConfig* c, const char* dtype)
 //   ffn_config.uniform_expert_assignment: true (MegaBlocks' benchmarking mode: experts assigned round
 //     robin, the router ignored) is not implemented.
 static inline std::string hf_config_check(const JsonValue* j) {
+    const JsonValue* type = json_get(j, "model_type");
+    if (type && !(type->kind == JsonValue::STR && type->text == "dbrx"))
+        return "model_type " + json_show(type) + ": a DBRX checkpoint (\"dbrx\", DbrxForCausalLM) expected";
+    const JsonValue* tie = json_get(j, "tie_word_embeddings");
+    if (tie && !(tie->kind == JsonValue::NUL || (tie->kind == JsonValue::BOOL && !tie->b)))
+        return "tie_word_embeddings " + json_show(tie) + ": DBRX's lm_head is a matrix of its own, not the embedding's (false or absent expected)";
     const JsonValue* attn = json_get(j, "attn_config");
     const JsonValue* ffn = json_get(j, "ffn_config");
     const JsonValue* clip = json_get(attn, "clip_qkv");

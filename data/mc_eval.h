@@ -143,8 +143,18 @@ static inline void mc_load(McSet* s, const char* path, const char* flag, int voc
     if (!mc_parse(bytes.data(), bytes.size(), vocab, s, &err)) fail(EXIT_BAD_INPUT, "%s %s: %s", flag, path, err.c_str());
 }
 
-// Row of completion c of example e: T inputs and targets (padding 0); *first, *count: the positions
-// whose targets are the completion's tokens. Returns whether the row had to be truncated.
+// The input at position i of a row no score reads (a row's tail past its completion, a rank's dummy rows): the set's own
+// text, from a place that differs from row to row (`row`: any number naming the row; cyclic). Not a constant: under
+// expert parallelism thousands of identical padding tokens route to the same experts, and the EP buffers would grow
+// toward the dropless bound for them (parallel/expert_parallel_grow.cuh); nor the same text in every row of an example,
+// which routes alike too. Causal attention and per-token routing leave the scored positions' losses what they are
+// whatever follows them.
+static inline int mc_filler(const McSet* s, size_t row, int i) {
+    return s->tok.empty() ? 0 : s->tok[(row * 2654435761ull + (size_t)i) % s->tok.size()];
+}
+
+// Row of completion c of example e: T inputs and targets (past the completion: mc_filler's text, targets 0); *first,
+// *count: the positions whose targets are the completion's tokens. Returns whether the row had to be truncated.
 static inline bool mc_row(const McSet* s, const McExample& e, int c, int T, int* inputs, int* targets, int* first, int* count) {
     const McSpan& end = e.endings[c];
     int n_end = end.len < T ? end.len : T;                  // a completion longer than the row: its first T tokens
@@ -154,7 +164,7 @@ static inline bool mc_row(const McSet* s, const McExample& e, int c, int T, int*
     int len = n_ctx + n_end;                                // <= T + 1
     auto at = [&](int i) { return i < n_ctx ? ctx[i] : ending[i - n_ctx]; };
     for (int i = 0; i < T; i++) {
-        inputs[i] = i < len - 1 ? at(i) : 0;
+        inputs[i] = i < len - 1 ? at(i) : mc_filler(s, (size_t)end.off * 4 + c, i);
         targets[i] = i < len - 1 ? at(i + 1) : 0;
     }
     *first = n_ctx - 1;

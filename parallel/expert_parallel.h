@@ -106,8 +106,9 @@ static inline void ep_grow(ExpertParallel* ep, size_t need, int who, int l) {
         }
     if (ep->rank == 0) {
         printf("expert parallelism: layer %d: EP rank %d's experts receive %zu rows, more than the %zu its buffers hold: every EP "
-               "rank's grown to %zu rows (+%.1f MiB on EP rank 0; --ep-capacity-factor %.3g plans them at start-up); MoE stays dropless\n",
-               l, who, need, ep->cap, rows, (double)added / 1048576.0, ep->rows_mean ? (double)rows / (double)ep->rows_mean : 0.0);
+               "rank's grown to %zu rows (+%.1f MiB on EP rank 0, world rank %d; --ep-capacity-factor %.3g plans them at start-up); "
+               "MoE stays dropless\n", l, who, need, ep->cap, rows, (double)added / 1048576.0, g_comm_rank,
+               ep->rows_mean ? (double)rows / (double)ep->rows_mean : 0.0);
         fflush(stdout);
     }
     ep->cap = rows;

@@ -22,7 +22,8 @@
 #     exports; dev/hf_logits.py (PyTorch) reproduces train_dbrx's logits from the export; an export of
 #     another model -> exit 2 listing the fields; clip_qkv and moe_normalize_expert_weights off -> null
 #     in config.json, round trip, PyTorch logits (also p = 2); null vs a run with them on, clip_qkv 0,
-#     p 0.5, uniform_expert_assignment true -> exit 2 naming the field; p absent -> 1; a split export
+#     p 0.5, uniform_expert_assignment true, tie_word_embeddings true, model_type llama -> exit 2 naming the
+#     field; p absent -> 1; a split export
 #     without its index -> the shards found by name (one missing, or none at all -> exit 2).
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -340,15 +341,17 @@ grep -q '"moe_normalize_expert_weights": 2,' "$tmp/hfP/config.json" && out=$($PY
 out=$($BIN "${T[@]}" --init-hf "$tmp/hfN" --stop-after 0 2>&1); rc=$?
 [ "$rc" = 2 ] && grep -q "attn_config.clip_qkv null (config.json) vs 8 (this run), ffn_config.moe_normalize_expert_weights null (config.json) vs 1 (this run)" <<<"$out" \
     && pass "null settings imported by a run with the clamp and the renormalisation: exit 2 naming both" || fail "null vs on: exit $rc: $(grep error <<<"$out")"
-# config.json edited: clip_qkv 0 (the original would clamp to 0), p < 1, uniform_expert_assignment true
+# config.json edited: clip_qkv 0 (the original would clamp to 0), p < 1, uniform_expert_assignment true, tied embeddings,
+# another model_type
 hfedit() {  # hfedit SRC DST SECTION KEY VALUE(JSON, or "delete"): a copy of SRC's export with one field changed
     rm -rf "$2"; cp -r "$1" "$2"
     $PY - "$2/config.json" "$3" "$4" "$5" <<'PY'
 import json, sys
 path, section, key, value = sys.argv[1:]
 c = json.load(open(path))
-if value == "delete": c[section].pop(key, None)
-else: c[section][key] = json.loads(value)
+d = c if section == "." else c[section]   # (".": a top-level field)
+if value == "delete": d.pop(key, None)
+else: d[key] = json.loads(value)
 json.dump(c, open(path, "w"), indent=2)
 PY
 }
@@ -361,6 +364,12 @@ grep -q "config.json: ffn_config.moe_normalize_expert_weights 0.5 must be a numb
 hfedit "$tmp/hfN" "$tmp/hfX" ffn_config uniform_expert_assignment true
 expect_exit 2 "config.json uniform_expert_assignment true: refused" $BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfX" --stop-after 0
 grep -q "config.json: ffn_config.uniform_expert_assignment true: " <<<"$LAST_ERR" || fail "uniform_expert_assignment: the error names the field: $LAST_ERR"
+hfedit "$tmp/hfN" "$tmp/hfX" . tie_word_embeddings true
+expect_exit 2 "config.json tie_word_embeddings true: refused" $BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfX" --stop-after 0
+grep -q "config.json: tie_word_embeddings true: DBRX's lm_head is a matrix of its own" <<<"$LAST_ERR" || fail "tie_word_embeddings: the error names the field: $LAST_ERR"
+hfedit "$tmp/hfN" "$tmp/hfX" . model_type '"llama"'
+expect_exit 2 "config.json model_type llama: refused" $BIN "${T[@]}" "${OFF[@]}" --init-hf "$tmp/hfX" --stop-after 0
+grep -q "config.json: model_type \"llama\": a DBRX checkpoint" <<<"$LAST_ERR" || fail "model_type: the error names the field: $LAST_ERR"
 hfedit "$tmp/hfN" "$tmp/hfX" ffn_config moe_normalize_expert_weights delete
 out=$($BIN "${T[@]}" --clip-qkv off --init-hf "$tmp/hfX" --stop-after 0 2>&1) \
     && pass "config.json without moe_normalize_expert_weights: DbrxConfig's default 1 (a run with p 1 imports it)" || fail "absent p: $(grep error <<<"$out")"

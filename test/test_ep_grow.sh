@@ -2,16 +2,19 @@
 # test_ep_grow.sh — dropless expert parallelism on the GPU past the start-up plan (parallel/expert_parallel_grow.cuh):
 # a routing that sends an EP rank more rows than --ep-capacity-factor planned grows every buffer of the received rows on
 # every rank of the EP group, at the same point, and the run goes on. Emulated GPU, np 2, EP 2 (ZeRO-3 over both):
-#   * the model's own routing at --ep-capacity-factor 1 (dbrx-tiny at initialisation: a rank receives up to 1.65x the
+#   * the model's own routing at --ep-capacity-factor 1 (dbrx-tiny's first 8 steps: a rank receives up to 1.65x the
 #     mean) grows the buffers, once of them in layer 2 of a forward (the layers before it keep their rows), and gives the
-#     losses and gradient norms of the dropless bound's plan (--ep-capacity-factor 0, nothing grown) bit for bit: BF16,
-#     --compress-acts swiglu (each layer's codes), --recompute swiglu (the shared set), --fp8 block with the exchange in
-#     chunks (the received rows' codes kept in their buffer), --fp8 delayed;
+#     losses and gradient norms of the dropless bound's plan (--ep-capacity-factor 0, nothing grown) bit for bit: BF16
+#     with the exchange in 2 chunks (the default), in one piece, and with a rank's experts gathered in chunks
+#     (--zero-chunk-mib), --compress-acts swiglu (each layer's codes), --recompute swiglu (the shared set), --fp8 block
+#     with the exchange in chunks (the received rows' codes kept in their buffer), --fp8 delayed (one piece);
 #   * every token to EP rank 0's experts (DBRX_DEBUG_ROUTE_FIRST) at --ep-capacity-factor 1.5: grown once, in step 1,
 #     to the dropless bound (128 rows), one line from EP rank 0; no allocation or free after step 1 on either rank
 #     (the emulator's counters, as test_cuda_train.sh's budget);
 #   * an allocation that fails on one rank (DBRX_DEBUG_EP_GROW_FAIL=1) stops both ranks in step 1 with the same line,
 #     exit 1, no hang and no step printed.
+#   * --eval-mc's padding routes as text: at a factor above this training's routing, the evaluations at steps 0 and 3
+#     grow nothing (with token 0 as padding the first grew the buffers).
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -27,9 +30,11 @@ run() {   # run NAME [env...] -- FLAGS...: the output $tmp/NAME.out and the log 
     while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
     env "${envs[@]}" timeout 300 "${MPI[@]}" "$EMU" "$@" --log "$tmp/$name.jsonl" > "$tmp/$name.out" 2>&1
 }
-for v in bf16 compress recompute fp8block fp8delayed; do
+for v in bf16 whole zc compress recompute fp8block fp8delayed; do
     case $v in
         bf16) extra=() ;;
+        whole) extra=(--ep-overlap-chunks 1) ;;
+        zc) extra=(--zero-chunk-mib 0.03) ;;
         compress) extra=(--compress-acts swiglu) ;;
         recompute) extra=(--recompute swiglu) ;;
         fp8block) extra=(--fp8 block --ep-overlap-chunks 2) ;;
@@ -78,3 +83,17 @@ if [ $rc = 1 ] && [ "$(grep -c . <<<"$lines")" = 1 ] \
         && ! grep -q "^\[1,[01]\]<stdout>:step " "$tmp/fail.out"; then
     pass "an allocation failing on EP rank 1 (DBRX_DEBUG_EP_GROW_FAIL=1): both ranks stop in step 1 with the same line, exit 1"
 else fail "the failed growth: exit $rc: $lines"; fi
+
+# --eval-mc under EP: the rows' tails past the completion and a rank's dummy rows are the set's text (data/mc_eval.h's
+# mc_filler), so the evaluation routes as text does. With token 0 there (before session 61) every padding token took
+# the same experts: at --ep-capacity-factor 1.75 (above this training's 1.65 in its first 8 steps) the step-0 evaluation grew the buffers
+# to 480 rows of a 256 mean in layer 0. Now neither the step-0 nor the step-3 evaluation grows anything, and the
+# training losses are those without them. (Later, this set's own text, half of it random letters, routes as unevenly
+# as that: the padding no longer adds to it.)
+$PY test/gen_mc_eval.py data/sotu/sotu_val_000000.bin "$tmp/mc.bin" --n 8 --ctx 6 --end 3 > /dev/null || fail "gen_mc_eval.py"
+run mc -- "${NAT[@]}" --steps 3 --ep-capacity-factor 1.75 --eval-mc "$tmp/mc.bin" --eval-every 3; rc=$?
+run nomc -- "${NAT[@]}" --steps 3 --ep-capacity-factor 1.75; rc0=$?
+if [ $rc = 0 ] && [ $rc0 = 0 ] && [ "$(grep -c "^\[1,0\]<stdout>:mc  *[03] | acc" "$tmp/mc.out")" = 2 ] && ! grep -q "grown to" "$tmp/mc.out" \
+        && cmp -s <(jsonl_steps "$tmp/mc.jsonl") <(jsonl_steps "$tmp/nomc.jsonl"); then
+    pass "--eval-mc under EP 2 at --ep-capacity-factor 1.75: the evaluations at steps 0 and 3 grow nothing (the padding is text), the training losses unchanged"
+else fail "--eval-mc under EP: exits $rc $rc0: $(grep -m2 "grown to\|error" "$tmp/mc.out" | cut -c1-160)"; fi
