@@ -233,14 +233,14 @@ static bool open_datasets(const TrainArgs& args, const DbrxConfig& cfg, const Co
 typedef struct { double peak; std::string peak_how; std::string memory_line; HealthBackend health; } BackendInfo;
 
 // the FLOPs per token --recompute adds (model/recompute.h), for HFU
-static double recompute_fpt(const DbrxConfig* c, int seq) { return recompute_flops_per_token(&g_recompute, c->n_layers, c->d_model, qkv_dim(c), c->ffn_hidden, c->top_k, seq); }
+static double recompute_fpt(const DbrxConfig* c, int seq, double attn_share = 1.0) { return recompute_flops_per_token(&g_recompute, c->n_layers, c->d_model, qkv_dim(c), c->ffn_hidden, c->top_k, seq, attn_share); }
 
 // rank 0's lines before the first step: the batch, the MFU convention, memory, the communication timeout
 static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero* zl, const BackendInfo& info, int64_t tokens_per_step,
                              double fpt, double fpt_foundry, double fpt_rc) {
-    printf("batch: %d x %d tokens x %d accum x %d ranks%s = %lld tokens/step%s; %d steps; lr %g warmup %d cosine to %g x; %s\n",
+    printf("batch: %d x %d tokens x %d accum x %d ranks%s = %lld tokens/step%s; %d steps; lr %g warmup %d %s to %g x; %s\n",
            args.run.batch, args.run.seq, args.run.grad_accum, comm.world, args.parallel.context_parallel > 1 ? (" / " + std::to_string(args.parallel.context_parallel) + " (context parallel)").c_str() : "",
-           (long long)tokens_per_step, g_doc_mask_eot >= 0 ? (", attention inside documents (--doc-mask " + std::to_string(g_doc_mask_eot) + ")").c_str() : "", args.run.steps, args.optim.lr, args.optim.warmup, args.optim.lr_floor, g_optimizer_lion ? "LionW" : "AdamW");
+           (long long)tokens_per_step, g_doc_mask_eot >= 0 ? (", attention inside documents (--doc-mask " + std::to_string(g_doc_mask_eot) + ")").c_str() : "", args.run.steps, args.optim.lr, args.optim.warmup, (args.optim.lr_schedule + (g_lr_schedule >= LR_WSD ? " (the last " + std::to_string((int)std::lround(100 * g_lr_decay_frac)) + "% decaying)" : std::string())).c_str(), args.optim.lr_floor, g_optimizer_lion ? "LionW" : "AdamW");
     printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA "%s, against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
            "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, g_doc_mask_eot < 0 ? "" : args.parallel.context_parallel > 1
            ? " (--doc-mask under --context-parallel: causal, an over-count)" : " (--doc-mask: each step's attention term x its share of the causal pairs inside documents)",
@@ -335,7 +335,7 @@ static int train(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, Model
         StepReport rep = {step + 1, args.run.steps, r.metrics, r.gnorm, r.lr, r.dt, tok_s, peak > 0 ? fps * tok_s / peak : 0.0,
                           peak > 0 ? fpt_foundry * tok_s / peak : 0.0, (long long)obs.step_bytes,
                           comm.world > 1 ? &obs.stragglers.busy_all : NULL, prog.tokens + tokens_per_step, obs.eta, obs.ep_max, obs.ep_mean,
-                          g_recompute.text.empty() || !(peak > 0) ? -1.0 : (fps + recompute_fpt(&cfg, args.run.seq)) * tok_s / peak};
+                          g_recompute.text.empty() || !(peak > 0) ? -1.0 : (fps + recompute_fpt(&cfg, args.run.seq, r.metrics[5])) * tok_s / peak};
         if (comm.rank == 0) report_step(&log, rep);
         bool skipped = !r.skip_why.empty();
         guard_stop = spike_guard_record(&guard, step + 1, skipped, r.metrics[0], r.gnorm);

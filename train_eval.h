@@ -40,7 +40,7 @@ static double evaluate(Model* model, DataLoader* val, int steps, Comm* comm) {
 // (context + completion; mc_row), scored by the sum of the per-token losses over the completion's tokens.
 // acc: the completion with the lowest total loss is the right one; acc_norm: the lowest mean loss per
 // token (mc_decide). Example i is rank i mod W's; a rank packs its examples' rows into batches, and
-// every rank runs as many forward passes as the busiest one (dummy rows of token 0 fill the rest:
+// every rank runs as many forward passes as the busiest one (dummy rows of the set's text fill the rest:
 // under ZeRO-3 the forward is collective). The rows' sums are all-reduced (each row is one rank's, the
 // others add 0: exact), so every rank decides every example the same. The evaluation's FP8 amaxes are
 // dropped: it leaves no trace in training. dump (rank 0, or NULL): one JSON line per example.

@@ -189,7 +189,8 @@ static inline void fit_report(const TrainArgs& args, const DbrxConfig& cfg, int 
         long double more = plan(f.S, f.n, f.cp, f.cap + 0.25).total - plan(f.S, f.n, f.cp, f.cap).total;
         g_recompute = saved; g_compress = saved_ca;
         printf("fit note: its expert-parallel buffers are planned for --ep-capacity-factor %g x the mean rows a rank receives; a routing that "
-               "sends a rank more grows them in that step, each +0.25 of the factor %.2f GiB per GPU of the %.2f to spare (the factor "
+               "sends a rank more grows them in that step, each +0.25 of the factor %.2f GiB per GPU of the %.2f the plan leaves free, "
+               "--fit-headroom's included (the factor "
                "a run's routing needs: its log's ep_recv_max over tokens x top-k)\n", f.cap, (double)(more / 1073741824.0L),
                (double)((capacity - f.total) / 1073741824.0L));
     }

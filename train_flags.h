@@ -41,8 +41,10 @@ typedef struct {
     std::string init = "hf";              // --init: hf | foundry (model/dbrx_params.h's dbrx_init_std)
 } RunArgs;
 typedef struct { float lr = 2e-3f, lr_floor = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, grad_clip = 1.0f;
-                 int warmup = 10; std::string adam_moments = "fp32", optimizer = "adamw"; } OptimArgs;   // --adam-moments: fp32 | bf16,
-                                                                                                // --optimizer: adamw | lion (model/adamw.cuh)
+                 float lr_decay_frac = 0.2f; int warmup = 10;
+                 std::string adam_moments = "fp32", optimizer = "adamw", lr_schedule = "cosine"; } OptimArgs;
+                 // --adam-moments: fp32 | bf16, --optimizer: adamw | lion, --lr-schedule: cosine | linear | constant | wsd | wsd-sqrt
+                 // (model/adamw.cuh)
 typedef struct { std::string train = "data/sotu/sotu_train_*.bin", val = "data/sotu/sotu_val_*.bin", schedule = ""; int seed = -1; } DataArgs;
 typedef struct {
     int shard_group_size = 0;      // ZeRO-3 / HSDP (parallel/zero.h): 0 = all ranks
@@ -129,8 +131,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"--steps", "-x", F_INT, &a->run.steps, "optimizer steps (the LR schedule spans them)"},
         {"--batch", "-b", F_INT, &a->run.batch, "micro-batch size in sequences, per rank"},
         {"--seq", "-t", F_INT, &a->run.seq, "sequence length (default: min(model max_seq, 2048))"},
-        {"--grad-accum", "", F_INT, &a->run.grad_accum, "micro-batches per optimizer step"},
-        {"--seed", "", F_INT, &a->run.seed, "seed of the initialisation"},
+        {"--grad-accum", "", F_INT, &a->run.grad_accum, "micro-batches per optimizer step"}, {"--seed", "", F_INT, &a->run.seed, "seed of the initialisation"},
         {"--log", "-o", F_STR, &a->run.log, "JSONL log file (one object per step and per validation)"},
         {"--log-every-experts", "", F_INT, &a->run.log_every_experts, "log each layer's tokens per expert (summed over micro-batches and "
                                                                   "ranks) to the JSONL log every N steps (0: never)"},
@@ -158,7 +159,8 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
         {"", "", F_SECTION, NULL, "the optimizer (AdamW or LionW, the LR schedule)"},
         {"--optimizer", "", F_STR, &a->optim.optimizer, "adamw | lion (LionW: one moment, the update's sign; wants a 3-10x smaller --lr, a larger --weight-decay)"},
         {"--lr", "-l", F_FLOAT, &a->optim.lr, "peak learning rate"}, {"--warmup", "-u", F_INT, &a->optim.warmup, "linear warmup steps"},
-        {"--lr-floor", "-q", F_FLOAT, &a->optim.lr_floor, "final LR as a fraction of the peak (cosine floor)"},
+        {"--lr-floor", "-q", F_FLOAT, &a->optim.lr_floor, "final LR as a fraction of the peak (the decay's floor)"}, {"--lr-schedule", "", F_STR, &a->optim.lr_schedule, "after the warmup: cosine | linear | constant | wsd | wsd-sqrt (warmup-stable-decay: the peak, then the last --lr-decay-frac of the steps linearly / 1 - sqrt to the floor)"},
+        {"--lr-decay-frac", "", F_FLOAT, &a->optim.lr_decay_frac, "wsd, wsd-sqrt: the share of the steps after the warmup that decay (0, 1]"},
         {"--weight-decay", "-c", F_FLOAT, &a->optim.weight_decay, "decoupled weight decay, times the lr (matrices only)"},
         {"--beta1", "", F_FLOAT, &a->optim.beta1, "beta1 (AdamW's m; LionW's interpolation)"}, {"--beta2", "", F_FLOAT, &a->optim.beta2, "beta2 (AdamW's v; LionW's m)"},
         {"--adam-eps", "", F_FLOAT, &a->optim.adam_eps, "AdamW epsilon (LionW has none)"}, {"--grad-clip", "", F_FLOAT, &a->optim.grad_clip, "global gradient-norm clip (<= 0: off)"},
@@ -362,9 +364,9 @@ static void context_parallel_check(const TrainArgs* a) {
              "validation loss; checkpoints do not depend on the CP degree: run it without --context-parallel)", cp, cp_no);
 }
 
-// the optimizer's flags (model/adamw.cuh): one line naming the flag, exit 2; sets --optimizer's g_optimizer_lion and
-// --adam-moments' g_adam_moments_bf16
-static void optim_args_check(const OptimArgs* o) {
+// the optimizer's flags (model/adamw.cuh): one line naming the flag, exit 2; sets --optimizer's g_optimizer_lion,
+// --adam-moments' g_adam_moments_bf16 and --lr-schedule's g_lr_schedule, g_lr_decay_frac
+static void optim_args_check(const OptimArgs* o, bool decay_frac_given) {
     if (!(o->lr > 0)) fail(EXIT_BAD_INPUT, "--lr %g must be positive", o->lr);
     if (o->warmup < 0) fail(EXIT_BAD_INPUT, "--warmup %d must be >= 0", o->warmup);
     if (!(o->lr_floor >= 0 && o->lr_floor <= 1)) fail(EXIT_BAD_INPUT, "--lr-floor %g must be in [0, 1]", o->lr_floor);
@@ -378,6 +380,15 @@ static void optim_args_check(const OptimArgs* o) {
         fail(EXIT_BAD_INPUT, "--optimizer '%s' must be adamw or lion", o->optimizer.c_str());
     g_optimizer_lion = o->optimizer == "lion";
     if (!(o->weight_decay >= 0)) fail(EXIT_BAD_INPUT, "--weight-decay %g must be >= 0", o->weight_decay);
+    g_lr_schedule = -1;
+    for (int k = 0; k < (int)(sizeof LR_SCHEDULE_NAMES / sizeof *LR_SCHEDULE_NAMES); k++)
+        if (o->lr_schedule == LR_SCHEDULE_NAMES[k]) g_lr_schedule = k;
+    if (g_lr_schedule < 0) fail(EXIT_BAD_INPUT, "--lr-schedule '%s' must be cosine, linear, constant, wsd or wsd-sqrt", o->lr_schedule.c_str());
+    if (!(o->lr_decay_frac > 0 && o->lr_decay_frac <= 1)) fail(EXIT_BAD_INPUT, "--lr-decay-frac %g must be in (0, 1]", o->lr_decay_frac);
+    g_lr_decay_frac = o->lr_decay_frac;
+    if (decay_frac_given && g_lr_schedule != LR_WSD && g_lr_schedule != LR_WSD_SQRT)
+        fail(EXIT_BAD_INPUT, "--lr-decay-frac needs --lr-schedule wsd or wsd-sqrt (the '%s' schedule has no decay phase of its own)",
+             o->lr_schedule.c_str());
 }
 
 // the parallelism flags' values (parallel/README.md): one line naming the flag, exit 2
@@ -457,7 +468,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     if (a->run.batch <= 0) fail(EXIT_BAD_INPUT, "--batch %d must be positive", a->run.batch);
     if (a->run.seq <= 0) fail(EXIT_BAD_INPUT, "--seq %d must be positive", a->run.seq);
     if (a->run.grad_accum <= 0) fail(EXIT_BAD_INPUT, "--grad-accum %d must be positive", a->run.grad_accum);
-    optim_args_check(&a->optim);
+    optim_args_check(&a->optim, flag_given(a, "--lr-decay-frac"));
     if (a->eval.val_every < 0) fail(EXIT_BAD_INPUT, "--val-every %d must be >= 0", a->eval.val_every);
     if (a->eval.val_steps <= 0) fail(EXIT_BAD_INPUT, "--val-steps %d must be positive", a->eval.val_steps);
     if (a->run.peak_tflops < 0) fail(EXIT_BAD_INPUT, "--peak-tflops %g must be >= 0", a->run.peak_tflops);

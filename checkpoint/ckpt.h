@@ -318,13 +318,14 @@ static inline std::string ckpt_manifest_head(const Zero* z, const DbrxConfig* cf
     char b[2048];
     snprintf(b, sizeof b,
              "{\n  \"format\": \"train_dbrx checkpoint\",\n  \"format_version\": %d,\n  \"step\": %d,\n  \"tokens_seen\": %lld,\n"
-             "  \"lr_schedule\": {\"kind\": \"linear_warmup_cosine\", \"position\": %d, \"total_steps\": %d, \"warmup_steps\": %d, "
-             "\"lr\": %s, \"lr_floor\": %s},\n"
+             "  \"lr_schedule\": {\"kind\": \"linear_warmup_%s\", \"position\": %d, \"total_steps\": %d, \"warmup_steps\": %d, "
+             "\"lr\": %s, \"lr_floor\": %s, \"decay_frac\": %s},\n"
              "  \"optimizer\": {\"kind\": \"%s\", \"t\": %d, \"beta1\": %s, \"beta2\": %s, \"eps\": %s, "
              "\"weight_decay\": %s, \"grad_clip\": %s, \"moments\": \"%s\"},\n"
              "  \"rng\": {\"kind\": \"splitmix64\", \"seed\": %d, \"state\": %llu},\n",
-             CKPT_FORMAT_VERSION, prog->step, (long long)prog->tokens, prog->step, run->total_steps, run->warmup,
-             json_float(run->lr).c_str(), json_float(run->lr_floor).c_str(), ckpt_optimizer_kind(), prog->step, json_float(run->opt.beta1).c_str(),
+             CKPT_FORMAT_VERSION, prog->step, (long long)prog->tokens, LR_SCHEDULE_NAMES[g_lr_schedule], prog->step, run->total_steps,
+             run->warmup, json_float(run->lr).c_str(), json_float(run->lr_floor).c_str(),
+             g_lr_schedule >= LR_WSD ? json_float((float)g_lr_decay_frac).c_str() : "null", ckpt_optimizer_kind(), prog->step, json_float(run->opt.beta1).c_str(),
              json_float(run->opt.beta2).c_str(), json_float(run->opt.eps).c_str(), json_float(run->opt.weight_decay).c_str(),
              json_float(run->opt.grad_clip).c_str(), g_adam_moments_bf16 ? "bf16" : "fp32", run->seed, (unsigned long long)prog->rng.state);
     std::string m = b;

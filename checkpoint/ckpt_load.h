@@ -437,13 +437,19 @@ static inline void ckpt_warn_changes(const JsonValue* man, const RunInfo* run, i
         {json_get(lr, "lr"), (double)run->lr, "--lr"}, {json_get(lr, "lr_floor"), (double)run->lr_floor, "--lr-floor"},
         {json_get(op, "beta1"), (double)run->opt.beta1, "--beta1"}, {json_get(op, "beta2"), (double)run->opt.beta2, "--beta2"},
         {json_get(op, "eps"), (double)run->opt.eps, "--adam-eps"}, {json_get(op, "weight_decay"), (double)run->opt.weight_decay, "--weight-decay"},
-        {json_get(op, "grad_clip"), (double)run->opt.grad_clip, "--grad-clip"}};
+        {json_get(op, "grad_clip"), (double)run->opt.grad_clip, "--grad-clip"}, {g_lr_schedule >= LR_WSD ? json_get(lr, "decay_frac") : nullptr, g_lr_decay_frac, "--lr-decay-frac"}};
     for (auto& x : f) {
         double v;
         if (json_double(x.v, &v) && (float)v != (float)x.run)
             printf("warning: resume: %s is %g, the checkpoint was saved with %g: the run will not continue it exactly\n", x.what,
                    x.run, v);
     }
+    // the schedule (--lr-schedule; a checkpoint from before session 61 names linear_warmup_cosine)
+    const JsonValue* kind = json_get(lr, "kind");
+    std::string was = kind && kind->kind == JsonValue::STR ? kind->text : "linear_warmup_cosine";
+    if (was != std::string("linear_warmup_") + LR_SCHEDULE_NAMES[g_lr_schedule])
+        printf("warning: resume: --lr-schedule is %s, the checkpoint was saved with %s: the run will not continue it exactly\n",
+               LR_SCHEDULE_NAMES[g_lr_schedule], was.c_str());
     // the moments' dtype (--adam-moments; a checkpoint from before session 50 has none: FP32). The checkpoint's moments
     // are FP32 either way (a BF16 run's exactly its BF16 values): fp32 -> bf16 rounds them, bf16 -> fp32 keeps them
     const JsonValue* mo = json_get(op, "moments");

@@ -17,7 +17,8 @@
  * n_ctx - 1 .. len - 2 (the last context token predicts the first completion token). A row holds T
  * inputs, so len may be at most T + 1: a longer one loses context tokens from the left (the most
  * recent context kept, at least one token); a completion longer than T keeps its first T tokens.
- * The rest of the row is padding (token 0), which the causal model never lets the scored positions see.
+ * The rest of the row is padding (the set's own text: mc_filler), which the causal model never lets the scored
+ * positions see.
  */
 #pragma once
 #include <sys/stat.h>
@@ -148,7 +149,8 @@ static inline void mc_load(McSet* s, const char* path, const char* flag, int voc
 // expert parallelism thousands of identical padding tokens route to the same experts, and the EP buffers would grow
 // toward the dropless bound for them (parallel/expert_parallel_grow.cuh); nor the same text in every row of an example,
 // which routes alike too. Causal attention and per-token routing leave the scored positions' losses what they are
-// whatever follows them.
+// whatever follows them; except under FP8 per-tensor scaling (--fp8 current, and delayed's first step), whose amax takes
+// in the whole batch, padding included (as it did with token 0).
 static inline int mc_filler(const McSet* s, size_t row, int i) {
     return s->tok.empty() ? 0 : s->tok[(row * 2654435761ull + (size_t)i) % s->tok.size()];
 }

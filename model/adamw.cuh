@@ -1,9 +1,10 @@
 /*
  * adamw.cuh — the optimizer: global gradient norm, the learning-rate schedule (linear warmup, then
- * cosine decay to a floor), AdamW with decoupled weight decay (applied to matrices only; the caller
+ * cosine decay to a floor, or linear, constant, warmup-stable-decay: --lr-schedule), AdamW with decoupled weight decay (applied to matrices only; the caller
  * passes weight_decay = 0 for LayerNorm weights) and LionW (--optimizer lion: the same decay, one moment).
  */
 #pragma once
+#include <algorithm>
 #include "common.h"
 
 // sum of squares of grad (n), accumulated in double (the caller fixes the chunking, so the norm
@@ -12,13 +13,34 @@ static inline double grad_sumsq(const real* grad, size_t n) {
     return dot_lanes8<double>(grad, grad, n);
 }
 
+// --lr-schedule (set once at start-up, as --optimizer's g_optimizer_lion): after the linear warmup, over the n = total -
+// warmup steps left, p = (s - warmup) / n going 0 -> 1, to the floor lr_min = floor_frac x lr_max:
+//   cosine    lr_min + (lr_max - lr_min) (1 + cos(pi p)) / 2   (the default: LLM Foundry's DBRX recipe, llm.c, Megatron's)
+//   linear    lr_max - (lr_max - lr_min) p
+//   constant  lr_max (the floor unused)
+//   wsd       warmup-stable-decay (MiniCPM; torchtitan's default decay): lr_max until the last D = --lr-decay-frac x n
+//             steps (at least 1), then linearly to the floor over them, q = (s - (total - D)) / D going 0 -> 1:
+//             lr_max - (lr_max - lr_min) q
+//   wsd-sqrt  the same with the 1 - sqrt cooldown Hägele et al. (2024) found best: lr_min + (lr_max - lr_min) (1 - sqrt(q))
+// A stable phase that ends in a short decay lets a run be extended from a checkpoint taken before the decay.
+typedef enum { LR_COSINE = 0, LR_LINEAR, LR_CONSTANT, LR_WSD, LR_WSD_SQRT } LrScheduleKind;
+inline int g_lr_schedule = LR_COSINE;
+inline double g_lr_decay_frac = 0.2;   // --lr-decay-frac (wsd, wsd-sqrt)
+static const char* const LR_SCHEDULE_NAMES[] = {"cosine", "linear", "constant", "wsd", "wsd-sqrt"};
+
 // lr at 0-based step s of `total` steps
 static inline float lr_schedule(int s, int total, float lr_max, int warmup, float floor_frac) {
     if (s < warmup) return lr_max * (float)(s + 1) / (float)warmup;
-    double decay = (double)(s - warmup) / (double)(total - warmup > 1 ? total - warmup : 1);
-    if (decay > 1) decay = 1;
-    double lr_min = (double)lr_max * floor_frac;
-    return (float)(lr_min + 0.5 * (1.0 + cos(M_PI * decay)) * ((double)lr_max - lr_min));
+    int n = total - warmup > 1 ? total - warmup : 1;
+    double p = std::min(1.0, (double)(s - warmup) / (double)n), lr_min = (double)lr_max * floor_frac, span = (double)lr_max - lr_min;
+    if (g_lr_schedule == LR_LINEAR) return (float)(lr_max - span * p);
+    if (g_lr_schedule == LR_CONSTANT) return lr_max;
+    if (g_lr_schedule == LR_WSD || g_lr_schedule == LR_WSD_SQRT) {
+        int D = std::max(1, (int)std::lround(g_lr_decay_frac * n));
+        double q = std::min(1.0, std::max(0.0, (double)(s - (total - D)) / (double)D));
+        return (float)(g_lr_schedule == LR_WSD ? lr_max - span * q : lr_min + span * (1.0 - std::sqrt(q)));
+    }
+    return (float)(lr_min + 0.5 * (1.0 + cos(M_PI * p)) * span);
 }
 
 // --adam-moments (set once at start-up, as --recompute's g_recompute): 0 keeps AdamW's moments m and v in FP32, 1 in

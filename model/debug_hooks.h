@@ -52,7 +52,7 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
                                        "gives the expert GEMMs other shapes)"},
     {"DBRX_DEBUG_CKPT_KILL", "S:POINT", "SIGKILL at POINT (shard | manifest | rename) of step S's checkpoint save"},
     {"DBRX_DEBUG_EP_GROW_FAIL", "R", "expert parallelism on the GPU: EP rank R cannot allocate when a routing outgrows the buffers "
-                                    "(out of device memory: every rank stops with one message)"},
+                                    "(out of device memory: every rank of its EP group stops with one message)"},
     {"DBRX_DEBUG_TWIN_BLOCKS", "1", "the NCCL twin's waits have no watchdog (a stuck collective blocks; emulated builds)"},
     {"DBRX_DEBUG_PLANT", "NAME", "a planted bug, the negative control of a test: step_sync (one more synchronisation per layer), "
                                  "reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, serial_streams (gathers wait for the reduce-scatters), "

@@ -156,12 +156,13 @@ static inline int recompute_union(const RecomputeSpec* s, int L) {
 // multiply-add; attention under the causal mask), averaged over the layers: the forward parts run
 // again. attn: the attention core (QK^T and PV); swiglu: w1, v1 of k experts; moe: + w2 (the router's
 // GEMM is not re-run: the routing is reused); block: + Wqkv, out_proj.
-static inline double recompute_flops_per_token(const RecomputeSpec* s, int L, double d, double qd, double F, double k, double S) {
+static inline double recompute_flops_per_token(const RecomputeSpec* s, int L, double d, double qd, double F, double k, double S,
+                                               double attn_share = 1.0) {   // (--doc-mask: the share of the causal pairs computed)
     double total = 0;
     if (s->items.empty()) return 0;
     for (int l = 0; l < L; l++) {
         int mode = recompute_mode(s, l);
-        if (mode & RC_ATTN) total += 2.0 * d * (S + 1);   // 2 (QK^T, PV) x 2 FLOPs x d x (S+1)/2 keys
+        if (mode & RC_ATTN) total += 2.0 * d * (S + 1) * attn_share;   // 2 (QK^T, PV) x 2 FLOPs x d x (S+1)/2 keys
         if (mode & RC_SWIGLU) total += 2.0 * k * 2 * d * F;
         if (mode & RC_MOE) total += 2.0 * k * d * F;
         if (mode & RC_BLOCK) total += 2.0 * (d * qd + d * d);

@@ -506,11 +506,13 @@ static inline void ep_gpu_experts_backward(void* ctx, int l, const floatX* dye, 
     ep_exchange(&D->ep, pl, dxr, dxe, d * sizeof(floatX), 1);   // BF16 rows: half the bytes of fp32
 }
 
+#include "expert_parallel_grow.cuh"   // (a routing past the planned rows: every buffer of them grown, ExpertParallel::grow)
+
 // Expert parallelism of degree n on the GPU model `m`, this rank EP rank `rank`, the rows over
 // `all_to_allv(ctx, ...)` (the store's transport): the dispatcher hooked into the model's experts, its
-// buffers planned for `factor` (--ep-capacity-factor: ep_plan_rows) and allocated now, once. The model
-// was built with room for those rows in its experts' buffers (dbrx_build_shape's expert_rows).
-#include "expert_parallel_grow.cuh"   // (a routing past the planned rows: every buffer of them grown, ExpertParallel::grow)
+// buffers planned for `factor` (--ep-capacity-factor: ep_plan_rows) and allocated now (grown later only where a
+// routing needs more: ep_gpu_grow). The model was built with room for those rows in its experts' buffers
+// (dbrx_build_shape's expert_rows).
 
 static inline void ep_gpu_install(EpDispatchGpu* D, DbrxGPU* m, int n, int rank, double factor,
                                   void (*all_to_allv)(void*, const void*, const size_t*, void*, const size_t*, int), void* ctx) {

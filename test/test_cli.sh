@@ -187,6 +187,33 @@ expect_exit 2 "missing value" $BIN --lr
 expect_exit 2 "--adam-moments fp16 (fp32 or bf16)" $BIN --adam-moments fp16 --dry-run
 expect_exit 2 "--optimizer sgd (adamw or lion)" $BIN --optimizer sgd --dry-run
 grep -q "'sgd' must be adamw or lion" <<<"$LAST_ERR" || fail "--optimizer sgd: the error names the value and the choices: $LAST_ERR"
+# --lr-schedule (model/adamw.cuh): bad values; a wsd-sqrt run's logged lr at every step against the formula written out here
+# (peak 1e-3, warmup 4, 20 steps: n = 16, the last 0.25 n = 4 decaying from step 16, q = (s - 16) / 4), and its checkpoint
+# manifest naming the schedule
+expect_exit 2 "--lr-schedule step (cosine, linear, constant, wsd, wsd-sqrt)" $BIN --lr-schedule step --dry-run
+expect_exit 2 "--lr-decay-frac 0 (in (0, 1])" $BIN --lr-schedule wsd --lr-decay-frac 0 --dry-run
+expect_exit 2 "--lr-decay-frac with the cosine schedule" $BIN --lr-decay-frac 0.1 --dry-run
+grep -q "needs --lr-schedule wsd or wsd-sqrt" <<<"$LAST_ERR" || fail "--lr-decay-frac with cosine: the error says what it needs: $LAST_ERR"
+rm -rf "$tmp/wsd_ck"
+$BIN --model dbrx-tiny --n-layers 1 --batch 1 --seq 32 --steps 20 --warmup 4 --lr 1e-3 --lr-floor 0.1 --lr-schedule wsd-sqrt \
+    --lr-decay-frac 0.25 --val-every 0 --log "$tmp/wsd.jsonl" --ckpt-dir "$tmp/wsd_ck" > "$tmp/wsd.out" 2>&1 || fail "the wsd-sqrt run: $(tail -2 "$tmp/wsd.out")"
+$PY - "$tmp/wsd.jsonl" "$tmp/wsd_ck" <<'PY' && pass "--lr-schedule wsd-sqrt: every step's lr is the formula's (warmup, stable, 1 - sqrt decay), the manifest names it" \
+    || fail "--lr-schedule wsd-sqrt: the logged lr or the manifest"
+import glob, json, math, sys
+lr = [json.loads(l)["lr"] for l in open(sys.argv[1]) if '"loss"' in l]
+want = [1e-3 * (s + 1) / 4 if s < 4 else 1e-3 if s < 16 else 1e-4 + 9e-4 * (1 - math.sqrt((s - 16) / 4)) for s in range(20)]
+print("   lr: " + " ".join("%.3g" % x for x in lr))
+assert len(lr) == 20 and all(abs(a - b) <= 1e-6 * b for a, b in zip(lr, want)), list(zip(lr, want))
+m = json.load(open(sorted(glob.glob(sys.argv[2] + "/step_*/manifest.json"))[-1]))["lr_schedule"]
+assert m["kind"] == "linear_warmup_wsd-sqrt" and m["decay_frac"] == 0.25, m
+PY
+# resumed with another schedule and more steps: training goes on, and rank 0 says what no longer continues the saved run
+out=$($BIN --model dbrx-tiny --n-layers 1 --batch 1 --seq 32 --steps 22 --warmup 4 --lr 1e-3 --lr-floor 0.1 --val-every 0 \
+      --ckpt-dir "$tmp/wsd_ck" --resume auto 2>&1); rc=$?
+[ $rc = 0 ] && grep -q "^warning: resume: --lr-schedule is cosine, the checkpoint was saved with linear_warmup_wsd-sqrt" <<<"$out" \
+    && grep -q "^warning: resume: --steps is 22, the checkpoint was saved with 20" <<<"$out" && grep -q "^step *22/22" <<<"$out" \
+    && pass "resumed with --lr-schedule cosine and --steps 22: it trains on, warning of both changes" \
+    || fail "resume with another schedule: exit $rc: $(grep -E '^warning|error' <<<"$out" | head -3)"
 out=$($BIN --dry-run --optimizer lion --model dbrx-1b 2>&1)
 grep -q "LionW m " <<<"$out" && ! grep -q "AdamW v" <<<"$out" && grep -q "weights+grads+LionW moments 12 B/param" <<<"$out" \
     && pass "--dry-run --optimizer lion: the plan holds LionW's m and no v, 12 B/param on the CPU" || fail "--dry-run --optimizer lion: $(grep -E 'moments|AdamW|LionW' <<<"$out")"

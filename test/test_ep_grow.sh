@@ -7,7 +7,9 @@
 #     losses and gradient norms of the dropless bound's plan (--ep-capacity-factor 0, nothing grown) bit for bit: BF16
 #     with the exchange in 2 chunks (the default), in one piece, and with a rank's experts gathered in chunks
 #     (--zero-chunk-mib), --compress-acts swiglu (each layer's codes), --recompute swiglu (the shared set), --fp8 block
-#     with the exchange in chunks (the received rows' codes kept in their buffer), --fp8 delayed (one piece);
+#     with the exchange in chunks and in one piece (the received rows' codes kept in their buffer), --recompute moe,
+#     --fp8 delayed (one piece); a growth inside a forward (layer > 0) in BF16, --compress-acts and --fp8 block;
+#   * np 4, EP 2: two EP groups growing at their own steps, the dropless plan's losses;
 #   * every token to EP rank 0's experts (DBRX_DEBUG_ROUTE_FIRST) at --ep-capacity-factor 1.5: grown once, in step 1,
 #     to the dropless bound (128 rows), one line from EP rank 0; no allocation or free after step 1 on either rank
 #     (the emulator's counters, as test_cuda_train.sh's budget);
@@ -30,14 +32,17 @@ run() {   # run NAME [env...] -- FLAGS...: the output $tmp/NAME.out and the log 
     while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
     env "${envs[@]}" timeout 300 "${MPI[@]}" "$EMU" "$@" --log "$tmp/$name.jsonl" > "$tmp/$name.out" 2>&1
 }
-for v in bf16 whole zc compress recompute fp8block fp8delayed; do
+late=""
+for v in bf16 whole zc compress recompute rcmoe fp8block fp8whole fp8delayed; do
     case $v in
         bf16) extra=() ;;
         whole) extra=(--ep-overlap-chunks 1) ;;
         zc) extra=(--zero-chunk-mib 0.03) ;;
         compress) extra=(--compress-acts swiglu) ;;
         recompute) extra=(--recompute swiglu) ;;
+        rcmoe) extra=(--recompute moe) ;;
         fp8block) extra=(--fp8 block --ep-overlap-chunks 2) ;;
+        fp8whole) extra=(--fp8 block --ep-overlap-chunks 1) ;;
         fp8delayed) extra=(--fp8 delayed) ;;
     esac
     run "${v}_plan" -- "${NAT[@]}" "${extra[@]}" --ep-capacity-factor 0; rc0=$?
@@ -47,10 +52,21 @@ for v in bf16 whole zc compress recompute fp8block fp8delayed; do
             && [ "$(jsonl_steps "$tmp/${v}_plan.jsonl" | wc -l)" = 8 ] && cmp -s <(jsonl_steps "$tmp/${v}_plan.jsonl") <(jsonl_steps "$tmp/${v}_grow.jsonl"); then
         pass "EP 2, $v ${extra[*]}: --ep-capacity-factor 1 grew the buffers $grown time(s) and gave the dropless plan's 8 losses and norms bit for bit"
     else fail "EP 2, $v: exits $rc0 $rc1, grown $grown: $(grep -m1 -i error "$tmp/${v}_grow.out" "$tmp/${v}_plan.out")"; fi
-    [ $v = bf16 ] && { grep -q "expert parallelism: layer [1-9]" "$tmp/bf16_grow.out" \
-        && pass "a growth inside a forward (layer > 0: the earlier layers' kept rows moved with their buffers)" \
-        || fail "no growth after layer 0 (the test's routing changed?): $(grep 'grown to' "$tmp/bf16_grow.out" | cut -c1-100)"; }
+    # a growth inside a forward (layer > 0): the earlier layers' kept rows, codes and FP8 codes moved with their buffers
+    grep -q "expert parallelism: layer [1-9]" "$tmp/${v}_grow.out" && late="$late $v"
 done
+[[ "$late" == *" bf16"*" compress"*" fp8block"* ]] && pass "a growth inside a forward (layer > 0) in:$late" \
+    || fail "no growth after layer 0 in bf16, compress or fp8block (the test's routing changed?): only in '$late'"
+
+# np 4, EP 2: two EP groups, each growing at its own steps (the other group's ranks go on), the dropless plan's numbers
+MPI=(bash dev/mpirun.sh --tag-output -np 4)
+run np4_plan -- "${NAT[@]}" --steps 6 --ep-capacity-factor 0; rc0=$?
+run np4_grow -- "${NAT[@]}" --steps 6 --ep-capacity-factor 1; rc1=$?
+MPI=(bash dev/mpirun.sh --tag-output -np 2)
+groups=$(grep -o "^\[1,[0-3]\]<stdout>:expert parallelism: layer" "$tmp/np4_grow.out" | cut -c1-5 | sort -u | tr -d '\n')
+if [ $rc0 = 0 ] && [ $rc1 = 0 ] && [ "$groups" = "[1,0][1,2]" ] && cmp -s <(jsonl_steps "$tmp/np4_plan.jsonl") <(jsonl_steps "$tmp/np4_grow.jsonl"); then
+    pass "np 4, EP 2 (two EP groups): both groups grew (EP rank 0 of each printed), the dropless plan's 6 losses bit for bit"
+else fail "np 4, EP 2: exits $rc0 $rc1, growth printed by '$groups': $(grep -m1 -i error "$tmp/np4_grow.out")"; fi
 
 # every token to rank 0's experts: grown once in step 1, then no allocation (the emulator's counters, line 0 start-up,
 # 1 step 1, 2 between steps 1 and 2, 3 step 2, 4, 5 step 3)

@@ -174,6 +174,38 @@ TEST_CASE("LR schedule: linear warmup, cosine to the floor") {
     CHECK(lr_schedule(100, 100, 1.0f, 10, 0.1f) == doctest::Approx(0.1f));
 }
 
+// --lr-schedule's other kinds (model/adamw.cuh), against their closed forms written out here: 100 steps, warmup 10 (n = 90
+// steps after it), peak 1, floor 0.1; wsd's decay the last 0.2 n = 18 steps, from step 82 (q = (s - 82) / 18)
+TEST_CASE("LR schedule: linear, constant, wsd, wsd-sqrt") {
+    const int saved = g_lr_schedule;
+    const double saved_frac = g_lr_decay_frac;
+    g_lr_decay_frac = 0.2;
+    for (int k : {LR_LINEAR, LR_CONSTANT, LR_WSD, LR_WSD_SQRT}) {
+        g_lr_schedule = k;
+        INFO(LR_SCHEDULE_NAMES[k]);
+        CHECK(lr_schedule(4, 100, 1.0f, 10, 0.1f) == doctest::Approx(0.5f));   // the warmup: every kind's
+        for (int s : {10, 40, 55, 81, 82, 86, 91, 95, 99, 100}) {
+            double p = (s - 10) / 90.0, q = std::max(0.0, (s - 82) / 18.0), want = 0;
+            if (k == LR_LINEAR) want = 1 - 0.9 * p;
+            if (k == LR_CONSTANT) want = 1;
+            if (k == LR_WSD) want = 1 - 0.9 * q;
+            if (k == LR_WSD_SQRT) want = 0.1 + 0.9 * (1 - std::sqrt(q));
+            INFO("step " << s);
+            CHECK(lr_schedule(s, 100, 1.0f, 10, 0.1f) == doctest::Approx(want).epsilon(1e-6));
+        }
+    }
+    g_lr_schedule = LR_WSD;   // (the midpoints by hand: q 0.5 at step 91, 0.25 at 86.5: between 86 and 87)
+    CHECK(lr_schedule(91, 100, 1.0f, 10, 0.1f) == doctest::Approx(0.55f));
+    g_lr_schedule = LR_WSD_SQRT;
+    CHECK(lr_schedule(91, 100, 1.0f, 10, 0.1f) == doctest::Approx(0.1 + 0.9 * (1 - std::sqrt(0.5))));
+    g_lr_decay_frac = 1e-9;   // (at least one decaying step: the last)
+    CHECK(lr_schedule(98, 100, 1.0f, 10, 0.1f) == doctest::Approx(1.0f));
+    CHECK(lr_schedule(99, 100, 1.0f, 10, 0.1f) == doctest::Approx(1.0f));   // q = 0 at the decay's first step
+    CHECK(lr_schedule(100, 100, 1.0f, 10, 0.1f) == doctest::Approx(0.1f));
+    g_lr_schedule = saved;
+    g_lr_decay_frac = saved_frac;
+}
+
 // --init (model/dbrx_params.h): every matrix's sample std against the formula written out here, LayerNorm weights 1; hf:
 // normal(0, init_std); foundry: sqrt(2 / d), the experts' w2 sqrt(2 / F) (its fan mode flipped), out_proj and w2 / sqrt(2 L);
 // a shard drawn alone (two ranges) gives
