@@ -242,8 +242,8 @@ static void print_run_banner(const TrainArgs& args, const Comm& comm, const Zero
            args.run.batch, args.run.seq, args.run.grad_accum, comm.world, args.parallel.context_parallel > 1 ? (" / " + std::to_string(args.parallel.context_parallel) + " (context parallel)").c_str() : "",
            (long long)tokens_per_step, g_doc_mask_eot >= 0 ? (", attention inside documents (--doc-mask " + std::to_string(g_doc_mask_eot) + ")").c_str() : "", args.run.steps, args.optim.lr, args.optim.warmup, (args.optim.lr_schedule + (g_lr_schedule >= LR_WSD ? " (the last " + std::to_string((int)std::lround(100 * g_lr_decay_frac)) + "% decaying)" : std::string())).c_str(), args.optim.lr_floor, g_optimizer_lion ? "LionW" : "AdamW");
     printf("mfu: %.4g FLOPs/token = " FLOPS_PER_TOKEN_FORMULA "%s, against a peak of %.3f TFLOP/s (%s%s); the log's mfu_foundry: "
-           "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt, g_doc_mask_eot < 0 ? "" : args.parallel.context_parallel > 1
-           ? " (--doc-mask under --context-parallel: causal, an over-count)" : " (--doc-mask: each step's attention term x its share of the causal pairs inside documents)",
+           "%.4g FLOPs/token = " FLOPS_PER_TOKEN_FOUNDRY_FORMULA "\n", fpt,
+           g_doc_mask_eot < 0 ? "" : " (--doc-mask: each step's attention term x its share of the causal pairs inside documents)",
            info.peak / 1e12, comm.world > 1 ? "all ranks: " : "", info.peak_how.c_str(), fpt_foundry);
     if (!g_recompute.text.empty())
         printf("hfu: %.4g FLOPs/token = the mfu count + %.4g recomputed (--recompute %s: the forward's GEMMs and attention that run "

@@ -20,7 +20,7 @@
 
 typedef struct {
     double metrics[6];      // ce, lbl, z-loss, imbalance (means over micro-batches and ranks), a stop requested (any rank),
-                            // the share of the causal attention pairs computed (--doc-mask; 1 without it, and under CP)
+                            // the share of the causal attention pairs computed (--doc-mask; 1 without it)
     double gnorm;           // the global gradient norm, before clipping
     float lr;
     std::string skip_why;   // why the spike guard skipped the update ("": updated)
@@ -64,8 +64,7 @@ static StepResult train_step(const TrainArgs& args, Model* model, Store* store, 
         r.metrics[1] += model->lbl_loss / args.run.grad_accum;
         r.metrics[2] += model->z_loss / args.run.grad_accum;
         r.metrics[3] += model->imbalance / args.run.grad_accum;
-        r.metrics[5] += (g_doc_mask_eot >= 0 && args.parallel.context_parallel == 1   // (CP: a rank's rows are chunks: counted causal)
-                         ? doc_attended_share(data->inputs.data(), args.run.batch, args.run.seq, g_doc_mask_eot) : 1.0) / args.run.grad_accum;
+        r.metrics[5] += model->attn_share / args.run.grad_accum;   // (--doc-mask: the share of the causal pairs its forward computed)
         r.ep_recv = std::max(r.ep_recv, (double)dbrx_ep_recv_rows(model));
     }
     // gradients: reduce-scattered per unit during backward (S > 1); now summed across replicas, / W

@@ -23,7 +23,7 @@ typedef struct {
     // lbl_counts gives the router backward layer l's group counts (on the device) and the weight / n
     double (*lbl)(void* ctx, double* st, int N, int E, int k, int L, float weight);
     float (*lbl_counts)(void* ctx, int l, float weight, const int** counts_dev);
-    void (*batch)(void* ctx, const int* inputs);   // (NULL: none) a forward's tokens (host, B x Tl), before its first layer (the CPU's)
+    double (*batch)(void* ctx, const int* inputs);   // (NULL: none) a forward's tokens (host, B x Tl), before its first layer (the CPU's)
     void* ctx;
 } AttentionHooksGPU;
 

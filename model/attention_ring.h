@@ -33,7 +33,7 @@ typedef struct {
     void (*backward)(void* ctx, real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse);
     double (*lbl)(void* ctx, int l, const real* probs, const int* counts, int N, int E, int k, int L, float weight);
     float (*lbl_counts)(void* ctx, int l, float weight, const int** counts);
-    void (*batch)(void* ctx, const int* inputs);   // (NULL: none) a forward's tokens (B, Tl), before its first layer: --doc-mask's
+    double (*batch)(void* ctx, const int* inputs);   // (NULL: none) a forward's tokens (B, Tl), before its first layer: --doc-mask's
                                                    // documents span the group's chunks (cp_doc_starts)
     void* ctx;
 } AttentionHooks;
@@ -77,16 +77,25 @@ static inline void rope_tables_at(real* cos_t, real* sin_t, const int* pos, int 
 
 // --doc-mask under context parallelism (model/attention.cuh's document mask): qstart (B, Tl) = the global position of the
 // first token of each local row's document, from every CP rank's local inputs all (n, B, Tl) (rank s's row i at global
-// position chunk(s, i / c) c + i % c): the ring's masks compare it with a key's global position
-static inline void cp_doc_starts(int* qstart, const int* all, int n, int rank, int B, int Tl, int eot) {
+// position chunk(s, i / c) c + i % c): the ring's masks compare it with a key's global position. Returns the share of the
+// causal (query, key) pairs of this rank's rows that the mask keeps (MFU: model/config.h; every rank's rows hold the same
+// causal pairs, chunks r and 2N-1-r, so the group's share is the mean of its ranks')
+static inline double cp_doc_starts(int* qstart, const int* all, int n, int rank, int B, int Tl, int eot) {
     int T = n * Tl, c = Tl / 2;
     std::vector<int> seq(T), start(T);
+    double kept = 0, causal = 0;
     for (int b = 0; b < B; b++) {
         for (int s = 0; s < n; s++)
             for (int i = 0; i < Tl; i++) seq[cp_chunk(s, i / c, n, 1) * c + i % c] = all[((size_t)s * B + b) * Tl + i];
         for (int t = 0, st = 0; t < T; t++) { if (seq[t] == eot) st = t; start[t] = st; }
-        for (int i = 0; i < Tl; i++) qstart[(size_t)b * Tl + i] = start[cp_chunk(rank, i / c, n, 1) * c + i % c];
+        for (int i = 0; i < Tl; i++) {
+            int t = cp_chunk(rank, i / c, n, 1) * c + i % c;
+            qstart[(size_t)b * Tl + i] = start[t];
+            kept += t - start[t] + 1;
+            causal += t + 1;
+        }
     }
+    return causal > 0 ? kept / causal : 1.0;
 }
 
 // kv (B, Tl, 2*KV*hd) = the K|V columns of qkv (B, Tl, qkv_dim)

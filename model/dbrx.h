@@ -114,6 +114,7 @@ typedef struct {
     real *rope_cos, *rope_sin;      // (T, hd/2)
     int* doc_bounds;                // (2, B, T): the micro-batch's document starts, then ends (--doc-mask: model/attention.cuh)
     DocMask doc;                    // this micro-batch's document mask (start NULL: none), set by the forward
+    double attn_share;              // ... and the share of the causal attention pairs it keeps (1 without; MFU: model/config.h)
     // backward scratch, reused by every block
     real *dresid, *dln, *dqkv, *datty, *drouter, *dtopk_w, *dxe, *dye, *da, *dg, *du;
     // --recompute (model/recompute.h): each layer's RC_* bits, and the shared buffers its dropped ones point into
@@ -433,7 +434,8 @@ static inline double dbrx_forward(Dbrx* m, const int* inputs, const int* targets
         doc_bounds(m->doc_bounds, m->doc_bounds + N, inputs, m->B, m->T, g_doc_mask_eot);
         m->doc = DocMask{m->doc_bounds, m->doc_bounds + N};
     }
-    if (m->attn.batch) m->attn.batch(m->attn.ctx, inputs);   // (context parallelism: the documents span the group's chunks)
+    m->attn_share = g_doc_mask_eot < 0 ? 1.0 : m->attn.batch ? m->attn.batch(m->attn.ctx, inputs)   // (context parallelism: the
+                                       : doc_attended_share(inputs, m->B, m->T, g_doc_mask_eot);    // documents span the group's chunks)
     unit_begin(m, 0, UNIT_FORWARD);
     prof_begin(PROF_HOST, "layer", "embedding");
     embedding_forward(m->resid[0], inputs, m->p.wte, N, d);

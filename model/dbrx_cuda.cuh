@@ -125,6 +125,7 @@ typedef struct {
     int *inputs, *targets;             // (N) on the device
     int *emb_unique, *emb_offsets, *emb_positions;   // the embedding-backward plan (N, N + 1, N)
     int emb_U;                         // (the five are one device buffer of 5 N + 1 ints: two copies, dbrx_forward's)
+    double attn_share;                 // --doc-mask: the share of the causal attention pairs the mask keeps (1 without; MFU)
     DocMask doc;                       // --doc-mask: this micro-batch's document starts and ends ((N) each, after the five
                                        // in that buffer; model/attention.cuh), start NULL: none; set by dbrx_forward
     int* host_in;                      // its pinned host staging copy (the copy does not wait for the device)
@@ -470,7 +471,8 @@ static inline double dbrx_forward(DbrxGPU* m, const int* inputs, const int* targ
         cudaCheck(cudaMemcpyAsync(ddoc, hdoc, 2 * (size_t)N * sizeof(int), cudaMemcpyHostToDevice, 0));
         m->doc = DocMask{ddoc, ddoc + N};
     }
-    if (m->attn.batch) m->attn.batch(m->attn.ctx, inputs);   // (context parallelism: the documents span the group's chunks)
+    m->attn_share = g_doc_mask_eot < 0 ? 1.0 : m->attn.batch ? m->attn.batch(m->attn.ctx, inputs)   // (context parallelism: the
+                                       : doc_attended_share(inputs, B, T, g_doc_mask_eot);          // documents span the group's chunks)
     ProfTrack pt = dbrx_prof_track(m);   // (--profile: the ranges begin after the unit hooks' waits for the gathers)
     m->emb_index = m->inputs;
     m->emb_exchange = dloss > 0 ? 2 : 1;   // (a store may set p.wte to this batch's rows and emb_index to their order)

@@ -69,17 +69,18 @@ static inline void cp_hop_start(ContextParallel* cp, CpHop* h, const void* send,
 }
 
 // --doc-mask: a forward's tokens (B, Tl) of every rank of the group g (all (n, B, Tl): an all-gather on the host, once a
-// micro-batch; *bytes counts it) give each local row its document's first global position, qstart (B, Tl; cp_doc_starts)
-static inline void cp_doc_gather(CommGroup* g, const int* inputs, int* all, int* qstart, int n, int rank, int B, int Tl, uint64_t* bytes) {
+// micro-batch; *bytes counts it) give each local row its document's first global position, qstart (B, Tl; cp_doc_starts,
+// whose share of the causal pairs it returns)
+static inline double cp_doc_gather(CommGroup* g, const int* inputs, int* all, int* qstart, int n, int rank, int B, int Tl, uint64_t* bytes) {
     uint64_t b0 = comm_bytes_sent(g);
     comm_all_gather(g, inputs, all, (size_t)B * Tl, COMM_I32, true);
     *bytes += comm_bytes_sent(g) - b0;
-    cp_doc_starts(qstart, all, n, rank, B, Tl, g_doc_mask_eot);
+    return cp_doc_starts(qstart, all, n, rank, B, Tl, g_doc_mask_eot);
 }
 // the ring's masks read the rows' document starts (the model's batch hook, before the forward's first layer)
-static inline void cp_batch(void* ctx, const int* inputs) {
+static inline double cp_batch(void* ctx, const int* inputs) {
     ContextParallel* cp = (ContextParallel*)ctx;
-    cp_doc_gather(&cp->group, inputs, cp->all_inputs.data(), cp->qstart.data(), cp->n, cp->rank, cp->B, cp->Tl, &cp->doc_bytes);
+    return cp_doc_gather(&cp->group, inputs, cp->all_inputs.data(), cp->qstart.data(), cp->n, cp->rank, cp->B, cp->Tl, &cp->doc_bytes);
 }
 static inline const int* cp_qstart(const ContextParallel* cp) { return cp->qstart.empty() ? nullptr : cp->qstart.data(); }
 

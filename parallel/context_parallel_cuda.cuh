@@ -75,10 +75,12 @@ static inline void cpg_ring_hop(void* ctx, int k) {
 
 // --doc-mask: the rows' document starts (context_parallel.h's cp_doc_gather, over the host twin of the group), uploaded for
 // the chunk pairs' masks (the model's batch hook, before the forward's first layer)
-static inline void cpg_batch(void* ctx, const int* inputs) {
+static inline double cpg_batch(void* ctx, const int* inputs) {
     ContextParallelGPU* cp = (ContextParallelGPU*)ctx;
-    cp_doc_gather(&cp->host_group, inputs, cp->all_inputs.data(), cp->qstart_host.data(), cp->n, cp->rank, cp->B, cp->Tl, &cp->doc_bytes);
+    double share = cp_doc_gather(&cp->host_group, inputs, cp->all_inputs.data(), cp->qstart_host.data(), cp->n, cp->rank, cp->B, cp->Tl,
+                                 &cp->doc_bytes);
     cudaCheck(cudaMemcpy(cp->qstart, cp->qstart_host.data(), cp->qstart_host.size() * sizeof(int), cudaMemcpyHostToDevice));
+    return share;
 }
 
 static inline void cpg_forward(void* ctx, floatX* out, float* lse, const floatX* qkv) {

@@ -10,6 +10,7 @@
 #   * the emulated GPU's ring (two K|V slots) against the all-gather form bit for bit, and its peak device memory per rank
 #     against --dry-run's plan (parallel/memory_plan.h's memory_plan_cp) within 0.1%;
 #   * --doc-mask under CP: CPU CP 2 and 4 against one process (1e-5), the emulated GPU's CP 2 and 4 against one GPU (2e-3);
+#     MFU's FLOPs per token (attention as executed) one process's under CP 2 and 4;
 #   * bad degrees and unsupported combinations: exit 2, one line naming the flag.
 # (the ring's arithmetic against the full-sequence attention, and its negative controls: test/test_ring_attention)
 cd "$(dirname "$0")/.." || exit 1
@@ -259,7 +260,7 @@ for name, n, seed in (("doc_train", 20000, 1), ("doc_val", 4000, 2)):
         f.write(struct.pack("<256i", 20240520, 1, n, 2, *([0] * 252)) + struct.pack("<%dH" % n, *toks[:n]))
 PY
 DM=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 3 --val-every 3 --val-steps 1 --batch 1 --data "$tmp/doc_train_*.bin"
-    --val-data "$tmp/doc_val_*.bin" --doc-mask 256)
+    --val-data "$tmp/doc_val_*.bin" --doc-mask 256 --peak-tflops 1e-6)
 run dm1 0 "${DM[@]}" --device cpu
 run dm2 2 "${DM[@]}" --device cpu --context-parallel 2
 run dm4 4 "${DM[@]}" --device cpu --context-parallel 4 --shard-group-size 4
@@ -294,8 +295,23 @@ for hd in ((32, 128) if gpu else ()):
         print(("pass" if r <= 2e-3 else "fail") + f" --doc-mask, emulated GPU head_dim {hd}, CP {cp[3:]}: max rel. diff {r:.1e} vs one GPU process (<= 2e-3)")
     same = L(f"gdm2_{hd}") == L(f"gdm2g_{hd}") != []
     print(("pass" if same else "fail") + f" --doc-mask, emulated GPU head_dim {hd}, CP 2: the ring's losses bit-identical to the all-gather form's")
+# MFU counts attention as executed under CP too (each rank's share of its rows' causal pairs, averaged): the FLOPs per token
+# each step's mfu implies, as mfu / mfu_foundry x the banner's Foundry count (their tok/s and peak cancel), are one
+# process's, and below the banner's causal count
+import re
+def fps(name):
+    out = open(os.path.join(tmp, name + ".out")).read()
+    m = re.search(r"^(?:\[1,0\]<stdout>:)?mfu: ([0-9.e+]+) FLOPs/token.*mfu_foundry: ([0-9.e+]+) FLOPs/token", out, re.M)
+    rows = [json.loads(l) for l in open(os.path.join(tmp, name + ".jsonl")) if '"mfu"' in l]
+    return float(m.group(1)), [r["mfu"] / r["mfu_foundry"] * float(m.group(2)) for r in rows]
+for names in (("dm1", "dm2", "dm4"),) + ((("gdm1_32", "gdm2_32", "gdm4_32"),) if gpu else ()):
+    (causal, one), others = fps(names[0]), [fps(n)[1] for n in names[1:]]
+    ok = len(one) == 3 and all(x < causal * (1 - 1e-3) for x in one) and all(
+        len(o) == 3 and all(abs(a - b) <= 1e-6 * b for a, b in zip(o, one)) for o in others)
+    print(("pass" if ok else "fail") + f" --doc-mask, {names[0]} vs CP 2 and 4: the FLOPs per token mfu counts are one process's "
+          f"({[round(x) for x in one]} vs {[[round(x) for x in o] for o in others]}), below the causal {causal:.0f}")
 PY
-verdicts "$tmp/docmask" $([ -x "$EMU" ] && echo 9 || echo 3)
+verdicts "$tmp/docmask" $([ -x "$EMU" ] && echo 11 || echo 4)
 
 # bad degrees and combinations not supported yet: exit 2, one line
 B=(--model dbrx-tiny --n-layers 2 --seq 64 --steps 1 --device cpu)
