@@ -39,7 +39,6 @@ typedef struct {
     std::string cap_how;
     long long (*grow)(void* ctx, size_t rows) = NULL;
     void* grow_ctx = NULL;
-    int grown = 0;   // times the buffers grew in this run
 } ExpertParallel;
 
 // --ep-capacity-factor's default: each EP rank plans device buffers for twice the average rows
@@ -112,7 +111,6 @@ static inline void ep_grow(ExpertParallel* ep, size_t need, int who, int l) {
         fflush(stdout);
     }
     ep->cap = rows;
-    ep->grown++;
 }
 
 // Plans the exchange of layer l from this rank's counts (E): every rank's counts go to every rank first
