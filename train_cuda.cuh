@@ -66,6 +66,7 @@ static int train_cuda(const TrainArgs& args, const DbrxConfig& cfg, Comm& comm, 
     // --moe-gemm grouped: the experts' forward and data gradients on model/moe_grouped_tma.cuh's kernels (sm_90a: TMA,
     // wgmma), if the shapes fit them
     g_moe_grouped = args.run.moe_gemm == "grouped";
+    g_moe_streams = args.run.moe_streams;   // (model/moe.cuh: the per-expert GEMMs on 2 streams, the same bits)
     if (g_moe_grouped) {
         std::string unfit = moe_grouped_unfit(cfg.n_experts, cfg.d_model, cfg.ffn_hidden);
         if (!unfit.empty()) fail(EXIT_BAD_INPUT, "--moe-gemm grouped %s", unfit.c_str());

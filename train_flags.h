@@ -36,6 +36,7 @@ typedef struct {
     std::string compress_acts = "", compress_format = "e4m3";   // --compress-acts SPEC, --compress-format (model/act_compress.cuh)
     std::string moe_gemm = "cublaslt";   // --moe-gemm: the GPU step's expert GEMMs, per-expert cuBLASLt | grouped (model/moe_experts_step.cuh)
     std::string attention_bwd = "auto";   // --attention-bwd: the GPU attention backward, auto | mma (the pair) | wgmma | wgmma-overlap (model/attention_wgmma_bwd.cuh)
+    int moe_streams = 2;                  // --moe-streams: the per-expert GEMMs on 1 or 2 streams (model/moe.cuh)
     int gemm_autotune = 0;                // --gemm-autotune N: cuBLASLt's first N answers timed at a GEMM shape's first call (model/matmul_cublaslt.cuh)
     int doc_mask = -1;                    // --doc-mask EOT: attention inside each packed document (model/attention.cuh; -1: off)
     std::string init = "hf";              // --init: hf | foundry (model/dbrx_params.h's dbrx_init_std)
@@ -149,7 +150,7 @@ static std::vector<Flag> make_flags(TrainArgs* a, DbrxConfig* c) {
                                                       "moe | block, RANGE all (default) | firstN | M-K | everyN | L (e.g. attn,block:0-7); "
                                                       "losses and gradients bit-identical to without it (README, Memory)"},
         {"--moe-gemm", "", F_STR, &a->run.moe_gemm, "the GPU step's expert GEMMs: cublaslt (a GEMM per expert) | grouped (forward, data and weight gradients as Hopper grouped GEMMs, SwiGLU fused, device offsets; BF16, no EP or chunked experts)"},
-        {"--attention-bwd", "", F_STR, &a->run.attention_bwd, "the GPU step's attention backward at head_dim 64 and 128 without context parallelism: auto (wgmma-overlap on Hopper, else mma) | mma (mma.sync dq + dk/dv kernels) | wgmma (the same on Hopper's wgmma) | wgmma-overlap (wgmma, dq's products overlapped); all the same bits; other head_dims mma"},
+        {"--moe-streams", "", F_INT, &a->run.moe_streams, "--moe-gemm cublaslt's GEMMs of the experts with rows on 2 streams, alternating (default; the same bits) or 1"}, {"--attention-bwd", "", F_STR, &a->run.attention_bwd, "the GPU step's attention backward at head_dim 64 and 128 without context parallelism: auto (wgmma-overlap on Hopper, else mma) | mma (mma.sync dq + dk/dv kernels) | wgmma (the same on Hopper's wgmma) | wgmma-overlap (wgmma, dq's products overlapped); all the same bits; other head_dims mma"},
         {"--gemm-autotune", "", F_INT, &a->run.gemm_autotune, "the GPU step's GEMMs: at a shape's first call, time cuBLASLt's first N algorithms on it and keep the fastest (beta-0 calls; saved with checkpoints, taken again on resume); 0 (default) or 1: the heuristic's first. Two fresh runs may then choose differently, and differ in the last bits (README)"},
         {"--compress-acts", "", F_STR, &a->run.compress_acts, "CLASS[:RANGE][,...], CLASS swiglu (the experts' g, u) | attn (LN1's output), kept compressed until the backward (not bit-identical; README)"},
         {"--compress-format", "", F_STR, &a->run.compress_format, "--compress-acts' format: e4m3 (1x128 scales) | bf16 (CPU only)"},
@@ -418,6 +419,14 @@ static void parallel_args_check(const TrainArgs* a) {
     context_parallel_check(a);
 }
 
+// the GPU step's kernel choices: --moe-gemm, --moe-streams, --attention-bwd
+static void gpu_step_args_check(const RunArgs* r) {
+    if (r->moe_gemm != "cublaslt" && r->moe_gemm != "grouped") fail(EXIT_BAD_INPUT, "--moe-gemm '%s' must be cublaslt or grouped", r->moe_gemm.c_str());
+    if (r->moe_streams != 1 && r->moe_streams != 2) fail(EXIT_BAD_INPUT, "--moe-streams %d must be 1 or 2", r->moe_streams);
+    if (r->attention_bwd != "auto" && r->attention_bwd != "mma" && r->attention_bwd != "wgmma" && r->attention_bwd != "wgmma-overlap")
+        fail(EXIT_BAD_INPUT, "--attention-bwd '%s' must be auto, mma, wgmma or wgmma-overlap", r->attention_bwd.c_str());
+}
+
 // Two passes: the preset first (so it can be named anywhere), then every flag over it.
 // base: the model to start from instead of --model's preset (--generate: the checkpoint's), NULL: the preset
 static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const DbrxConfig* base = NULL) {
@@ -475,10 +484,7 @@ static void parse_args(int argc, char** argv, TrainArgs* a, DbrxConfig* c, const
     fp8_recipe_parse(a->fp8.recipe.c_str());
     g_recompute = recompute_parse(a->run.recompute);   // (its layers are checked against the model's when it is sized)
     g_compress = recompute_parse(a->run.compress_acts, "--compress-acts", RC_COMPRESS_GRANS);
-    if (a->run.moe_gemm != "cublaslt" && a->run.moe_gemm != "grouped")
-        fail(EXIT_BAD_INPUT, "--moe-gemm '%s' must be cublaslt or grouped", a->run.moe_gemm.c_str());
-    if (a->run.attention_bwd != "auto" && a->run.attention_bwd != "mma" && a->run.attention_bwd != "wgmma" && a->run.attention_bwd != "wgmma-overlap")
-        fail(EXIT_BAD_INPUT, "--attention-bwd '%s' must be auto, mma, wgmma or wgmma-overlap", a->run.attention_bwd.c_str());
+    gpu_step_args_check(&a->run);
     if (a->run.doc_mask < -1 || a->run.doc_mask >= c->vocab_size)
         fail(EXIT_BAD_INPUT, "--doc-mask %d must be an end-of-text token id in [0, %d) (--vocab), or -1 (off)", a->run.doc_mask, c->vocab_size);
     g_doc_mask_eot = a->run.doc_mask;
@@ -634,6 +640,7 @@ static std::string output_paths_problem(const TrainArgs& a) {
 static inline std::string cuda_only_flag(const TrainArgs& a) {
     return a.run.profile_kernels ? "--profile-kernels" : a.run.moe_gemm != "cublaslt" ? "--moe-gemm " + a.run.moe_gemm
          : a.run.attention_bwd != "auto" && a.run.attention_bwd != "mma" ? "--attention-bwd " + a.run.attention_bwd
+         : a.run.moe_streams != 2 ? "--moe-streams " + std::to_string(a.run.moe_streams)
          : a.run.gemm_autotune > 1 ? "--gemm-autotune " + std::to_string(a.run.gemm_autotune)
          : a.parallel.nccl_ctas_internode > 0 ? "--nccl-ctas-internode " + std::to_string(a.parallel.nccl_ctas_internode) : "";
 }

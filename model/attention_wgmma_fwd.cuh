@@ -3,8 +3,8 @@
  * warpgroup MMA (model/wgmma.cuh; issue 25, FlashAttention-3's approach). Same contract as the mma.sync forward
  * (attention_flash.cuh, which keeps head_dim 32 and context parallelism's chunk pairs): from qkv (B, T, (H + 2 KV)
  * hd) after clip + RoPE, out (B, T, H hd) and lse (B, H, T) (natural log of the scaled scores).
- * Grid (T/128 query tiles, H, B), longest tiles first; 2 warpgroups (256 threads), warpgroup w owning query rows
- * 64 w .. 64 w + 63 of the tile. Q (128 x hd) and three K, V buffers of 64 keys are copied by 16-byte cp.async into
+ * Grid (T/192 query tiles, H, B), longest tiles first; 3 warpgroups (384 threads), warpgroup w owning query rows
+ * 64 w .. 64 w + 63 of the tile (2 warpgroups and 128 rows until session 62). Q (192 x hd) and three K, V buffers of 64 keys are copied by 16-byte cp.async into
  * the 128B-swizzled layout: panels of 64 head dims (128 bytes a row), 8-row atoms of 1024 bytes, the 16-byte chunk c
  * of row r at c ^ r % 8. Per key tile:
  *   S (64 x 64) = Q K^T   hd/16 wgmma m64n64k16, A = Q and B = K by descriptor, both K-major (keys x head_dim
@@ -174,8 +174,10 @@ __device__ __forceinline__ void wga_store(floatX* out, float* lse, const float (
 // offset past the block's rows), and a warpgroup also runs a key tile past its rows (the causal tile of warpgroup 0
 // in the block's last tile), wholly masked: P = 0, the factors 1, O, l and m unchanged bit for bit.
 // NBUF 3; 2 only as the race detector's negative control (-p 1: tile j + 2 over tile j's V, still read by P(j) V(j)).
-// The model's shape is NWG 2 warpgroups (128 query rows) and BC 64 keys a tile; dev/cuda/attention_wgmma's v3 (BC 128)
-// and v4 (NWG 3: 192 rows, 384 threads) are the same kernel at other tiles, untimed so far
+// The model's shape is NWG 3 warpgroups (192 query rows, 384 threads; dev/cuda/attention_wgmma's v4) and BC 64 keys a
+// tile since session 62: on an H200 at dbrx-1b's attention (B 8, T 2048, H 8, KV 2, hd 128) 242.6 TFLOP/s against NWG 2's
+// 211.9 (v2) and BC 128's 233.1 (v3): three warpgroups issue MMAs beside each other's softmax where two leave gaps. The
+// same bits as NWG 2 (every row sees the same key tiles in the same order; a warpgroup's extra tiles are wholly masked)
 template <int HD, int NBUF, int BC = WGA_BC, int NWG = 2>
 __global__ void __launch_bounds__(128 * NWG) flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv, int T, int H, int KV,
                                                                                    DocMask doc) {
@@ -242,8 +244,8 @@ static inline bool attention_wgmma_forward_supported(int hd) { return hd == 64 |
 // the model's causal attention forward at head_dim 64 or 128 (the caller checks attention_wgmma_forward_supported and
 // the flash kernels' conditions: attention.cuh's attention_use_flash); doc: the document mask. NBUF 2: the race detector's negative control
 // only (tile j + 2 copied over tile j's V while P(j) V(j) may still read it)
-// (BC, NWG: the key tile and the warpgroups of dev/cuda/attention_wgmma's v3 and v4; the model's 64 and 2)
-template <int NBUF = 3, int BC = WGA_BC, int NWG = 2>
+// (BC, NWG: the key tile and the warpgroups; the model's 64 and 3 (dev/cuda/attention_wgmma's v4), v2's 2, v3's BC 128)
+template <int NBUF = 3, int BC = WGA_BC, int NWG = 3>
 static inline void attention_forward_wgmma_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
                                                cudaStream_t stream = 0, DocMask doc = {}) {
     if (hd == 64) attention_forward_wgmma_hd<64, NBUF, BC, NWG>(out, lse, qkv, B, T, H, KV, stream, doc);

@@ -19,7 +19,8 @@
 typedef enum { PLANT_NONE = 0, PLANT_STEP_SYNC, PLANT_REDUCE_SCATTER_CHUNK, PLANT_SKIP_GATHER_WAIT, PLANT_FP8_GATHER_SCALE,
                PLANT_EP_REGROW, PLANT_COMM_SERIAL, PLANT_COMM_REORDER, PLANT_RECOMPUTE_ROUTING,
                PLANT_CHUNK_EARLY_RS, PLANT_CP_ALL_GATHER, PLANT_NO_RC_PREFETCH,
-               PLANT_NO_HEAD_AHEAD, PLANT_STALE_GRAD, PLANT_EMB_SUM_ORDER, PLANT_REPLICA_AT_END } DebugPlant;
+               PLANT_NO_HEAD_AHEAD, PLANT_STALE_GRAD, PLANT_EMB_SUM_ORDER, PLANT_REPLICA_AT_END,
+               PLANT_EXPERTS_NO_JOIN } DebugPlant;
 
 typedef struct {
     int kill_rank = -1, kill_step = -1, kill_signal = SIGKILL;
@@ -67,7 +68,8 @@ static const DebugHookDoc DEBUG_HOOK_DOCS[] = {
                                  "first reduce-scatter of a step, on one GPU lm_head's first weight gradient, adds to the previous step's instead), "
                                  "emb_sum_order (--zero-embedding rows: an owner sums the gradient rows in rank order 0, 1, ..., not the "
                                  "reduce-scatter's), replica_at_end (HSDP on the GPU: the gradient shard summed over the replicas "
-                                 "at once after the backward, not unit by unit beside it)"},
+                                 "at once after the backward, not unit by unit beside it), experts_no_join (--moe-streams 2: the model's stream does not wait "
+                                 "for the side stream's expert GEMMs)"},
 };
 
 // getenv of a switch the table lists (any other name is a programming error: exit 1 at start-up)
@@ -131,11 +133,12 @@ static inline void debug_hooks_read() {
                 : !strcmp(p, "recompute_routing") ? PLANT_RECOMPUTE_ROUTING : !strcmp(p, "chunk_early_rs") ? PLANT_CHUNK_EARLY_RS
                 : !strcmp(p, "cp_all_gather") ? PLANT_CP_ALL_GATHER : !strcmp(p, "no_rc_prefetch") ? PLANT_NO_RC_PREFETCH
                 : !strcmp(p, "no_head_ahead") ? PLANT_NO_HEAD_AHEAD : !strcmp(p, "stale_grad") ? PLANT_STALE_GRAD
-                : !strcmp(p, "emb_sum_order") ? PLANT_EMB_SUM_ORDER : !strcmp(p, "replica_at_end") ? PLANT_REPLICA_AT_END : PLANT_NONE;
+                : !strcmp(p, "emb_sum_order") ? PLANT_EMB_SUM_ORDER : !strcmp(p, "replica_at_end") ? PLANT_REPLICA_AT_END
+                : !strcmp(p, "experts_no_join") ? PLANT_EXPERTS_NO_JOIN : PLANT_NONE;
         if (h.plant == PLANT_NONE)
             fail(EXIT_BAD_INPUT, "DBRX_DEBUG_PLANT '%s' is not step_sync, reduce_scatter_chunk, skip_gather_wait, fp8_gather_scale, "
                  "ep_regrow, serial_streams, reorder_issue, recompute_routing, chunk_early_rs, cp_all_gather, no_rc_prefetch "
-                 "no_head_ahead, stale_grad, emb_sum_order or replica_at_end", p);
+                 "no_head_ahead, stale_grad, emb_sum_order, replica_at_end or experts_no_join", p);
     }
     g_debug_hooks = h;
 }

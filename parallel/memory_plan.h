@@ -24,7 +24,8 @@
  * Their sum is `allocations`, what the run cudaMallocs (and what the emulator's allocator peaks at:
  * test/test_memory_plan.cpp checks the classes against the walk itself, and the sum against the peak).
  * On a real GPU the run needs more than it allocates; these margins are predicted, not measured here:
- *   cuBLASLt workspace  32 MiB (model/matmul_cublaslt.cuh; the emulator's twin has none)
+ *   cuBLASLt workspaces 2 x 32 MiB: the process's and the experts' side stream's (--moe-streams 2, the default;
+ *                       model/matmul_cublaslt.cuh, model/moe.cuh; the emulator's twin has none)
  *   CUDA context        600 MiB: PyTorch measured 667 MB eager and 287 MB lazy (pytorch/pytorch#86509);
  *                       lazy loading is the default from CUDA 12.2 (CUDA Programming Guide, "Lazy
  *                       Loading"), and NCCL's and cuBLASLt's kernels load into it too
@@ -57,7 +58,7 @@
 #include "zero_fp8_layout.h"
 
 static const long double PLAN_MIB = 1048576.0L, PLAN_GIB = 1073741824.0L;
-static const long double PLAN_CUBLASLT_BYTES = 32 * PLAN_MIB;        // model/matmul_cublaslt.cuh's workspace
+static const long double PLAN_CUBLASLT_BYTES = 2 * 32 * PLAN_MIB;    // model/matmul_cublaslt.cuh's workspaces (two streams)
 static const long double PLAN_CUDA_CONTEXT_BYTES = 600 * PLAN_MIB;
 static const long double PLAN_NCCL_COMM_BYTES = 4 * PLAN_MIB * 32 * 2 * 2;   // BUFFSIZE x channels x neighbours x graphs
 static const long double PLAN_NCCL_PEER_BYTES = 448 * PLAN_MIB;      // all-to-all, per peer

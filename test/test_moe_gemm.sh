@@ -14,6 +14,9 @@
 #     gradients per layer per backward (experts_wgrad_grouped: dw1, dv1, dw2), the cublaslt run none;
 #   * refused in one line, exit 2: an unknown value, the CPU backend, --fp8, --expert-parallel, shapes the kernels do not
 #     take (dbrx-tiny's ffn 224: the tiles are 128 columns), the store's chunked experts (--zero-chunk-mib).
+#   * --moe-streams 2 (the default): cublaslt's per-expert GEMMs on two streams give the bits of one stream (every expert
+#     busy, and 4 of 16), the same GEMMs with a third to a half on the side stream (the work logs); negative control:
+#     DBRX_DEBUG_PLANT=experts_no_join (no join before the SwiGLU) changes the losses; refused: 3, the CPU backend.
 # (the kernels themselves against the CPU and today's path, with planted bugs, under the race detector: test_moe_grouped)
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -53,6 +56,28 @@ run cz 2 --moe-gemm cublaslt --shard-group-size 2 --zero-chunk-mib 0
 run gz 2 --moe-gemm grouped --shard-group-size 2 --zero-chunk-mib 0
 same "ZeRO-3 np 2: grouped bit-identical to cublaslt" cz gz
 
+# --moe-streams 2 (the default, c1 above): cublaslt's GEMMs of the experts with rows alternate between the model's stream
+# and a side stream; the same GEMMs, so the same bits as on one stream, with every expert busy and with 4 of 16
+SIMT_WORKLOG="$tmp/s1.wl" run s1 1 --moe-streams 1
+same "--moe-streams 2 (the default) bit-identical to --moe-streams 1" s1 c1
+DBRX_DEBUG_ROUTE_FIRST=1 run sf 1 --moe-streams 1
+same "--moe-streams 2 bit-identical to 1 with 12 of 16 experts empty (the busy ones alternate)" sf cf
+DBRX_DEBUG_PLANT=experts_no_join $EMU --device cuda "${G[@]}" --log "$tmp/nj.jsonl" > "$tmp/nj.out" 2>&1   # (its NaNs stop it)
+$PY - "$tmp/s1.jsonl" "$tmp/nj.jsonl" <<'PY' && pass "negative control: the model's stream not waiting for the side stream's GEMMs (DBRX_DEBUG_PLANT=experts_no_join) changes the losses: the emulator runs the side stream late" || fail "experts_no_join went unnoticed"
+import json, sys
+def rows(p): return [(r["step"], r.get("loss"), r.get("grad_norm")) for r in map(json.loads, open(p)) if "loss" in r]
+sys.exit(0 if rows(sys.argv[1]) != rows(sys.argv[2]) else 1)
+PY
+$PY - "$tmp/c1.wl" "$tmp/s1.wl" <<'PY' && pass "work logs: the same GEMMs on 1 and 2 streams, a third to a half of them on the side stream on 2, none on 1" || fail "work logs: --moe-streams"
+import json, sys
+def gemms(p): return [json.loads(l) for l in open(p) if '"t":"gemm"' in l]
+two, one = gemms(sys.argv[1]), gemms(sys.argv[2])
+key = lambda g: tuple(sorted((k, v) for k, v in g.items() if k != "stream"))
+side2, side1 = sum(g["stream"] != 0 for g in two), sum(g["stream"] != 0 for g in one)
+print("    GEMMs %d and %d; on the side stream %d and %d" % (len(two), len(one), side2, side1))
+sys.exit(0 if sorted(map(key, two)) == sorted(map(key, one)) and side1 == 0 and 0.25 * len(two) < side2 < 0.5 * len(two) else 1)
+PY
+
 # the work logs: which kernels ran (a launch line names its kernel)
 $PY - "$tmp" <<'PY' > "$tmp/verdicts"
 import os, re, sys
@@ -79,6 +104,9 @@ verdicts "$tmp/verdicts" 6
 # refused
 expect_exit 2 "--moe-gemm foo" $EMU --device cuda "${G[@]}" --moe-gemm foo
 grep -q -- "--moe-gemm 'foo' must be cublaslt or grouped" <<<"$LAST_ERR" || fail "--moe-gemm foo: $LAST_ERR"
+expect_exit 2 "--moe-streams 3" $EMU --device cuda "${G[@]}" --moe-streams 3
+grep -q -- "--moe-streams 3 must be 1 or 2" <<<"$LAST_ERR" || fail "--moe-streams 3: $LAST_ERR"
+expect_exit 2 "--moe-streams 1 on the CPU backend" $BIN --device cpu "${G[@]}" --moe-streams 1
 expect_exit 2 "--moe-gemm grouped on the CPU backend" $BIN --device cpu "${G[@]}" --moe-gemm grouped
 expect_exit 2 "--moe-gemm grouped --fp8 delayed" $EMU --device cuda "${G[@]}" --moe-gemm grouped --fp8 delayed
 expect_exit 2 "--moe-gemm grouped --expert-parallel 2" $EMU --device cuda "${G[@]}" --moe-gemm grouped --expert-parallel 2

@@ -1,7 +1,7 @@
 /*
  * attention_wgmma.cu — the causal GQA flash attention forward on Hopper's warpgroup MMA (model/wgmma.cuh), issue 25's
- * Hopper attention (FlashAttention-3's approach): v2 is the model's forward at head_dim 64 and 128 since session 40
- * (model/attention_wgmma_fwd.cuh), v1 stays here. Same contract as the mma.sync forward (model/attention_flash.cuh,
+ * Hopper attention (FlashAttention-3's approach): the model's forward at head_dim 64 and 128 (model/attention_wgmma_fwd.cuh)
+ * was v2 from session 40 and is v4 since session 62; v1 stays here. Same contract as the mma.sync forward (model/attention_flash.cuh,
  * dev/cuda/attention.cu's forward v4, which the model keeps for head_dim 32 and context parallelism): from qkv
  * (B, T, (H + 2 KV) hd) after clip + RoPE, out (B, T, H hd) and lse (B, H, T) (natural log of the scaled scores).
  *   forward wgmma v1  grid (T/128 query tiles, H, B), 2 warpgroups (256 threads); warpgroup w owns query rows
@@ -19,7 +19,7 @@
  *                                = the panel size between 64-dim panels, the next k-step + 2048 bytes)
  *        A warpgroup skips a key tile wholly past its last row (causal). The copy of tile j + 1 overlaps tile j's
  *        math; each wgmma group is waited for at once. O / l stored as bf16 pairs straight from the accumulators.
- *   forward wgmma v2  (the model's: model/attention_wgmma_fwd.cuh) v1 with FlashAttention-3's intra-warpgroup overlap, in its order: iteration j issues
+ *   forward wgmma v2  (the model's until session 62: model/attention_wgmma_fwd.cuh) v1 with FlashAttention-3's intra-warpgroup overlap, in its order: iteration j issues
  *        S(j + 1) = Q K(j + 1)^T and O += P(j) V(j), waits for S(j + 1) only and runs its softmax while P(j) V(j)
  *        computes; 3 K/V buffers (tile j + 2 copied during tile j). No branch around a wgmma (ptxas serializes
  *        them all otherwise): a warpgroup also runs the tile past its rows, wholly masked (a no-op bit for bit).
@@ -28,8 +28,8 @@
  *        softmax reductions per key; 225 KiB of shared memory at hd 128). Its softmax goes by 128 keys: not v4's bits.
  *   forward wgmma v4  v2 with 3 consumer warpgroups, 192 query rows a block (384 threads: three warpgroups issue
  *        MMAs beside each other's softmax where v2 has two; 145 KiB; warpgroup 0 runs up to two masked tiles, 1 one).
- *        v3 and v4 are v2's kernel at other template arguments (model/attention_wgmma_fwd.cuh); untimed so far: if one
- *        beats v2 on the device it becomes the model's.
+ *        v3 and v4 are v2's kernel at other template arguments (model/attention_wgmma_fwd.cuh). On an H200 (session 62)
+ *        at dbrx-1b's attention: v2 211.9 TFLOP/s, v3 233.1, v4 242.6: v4 is the model's since (v2 was until then).
  *   forward v4  the mma.sync forward (model/attention_flash.cuh, the model's before session 40), timed alongside
  * Validation: against the CPU reference (out 1e-2, lse 1e-4), and at the timing shape against forward v4.
  *   make dev/cuda/attention_wgmma && ./dev/cuda/attention_wgmma [-b B] [-t T] [-h H] [-k KV] [-d hd (64, 128)]
@@ -76,12 +76,12 @@ __global__ void __launch_bounds__(WGA_THREADS) attention_forward_wgmma(floatX* o
     wga_store<HD>(out, lse, o, m, l, b, h, T, H, qa, qb);
 }
 
-// V 1: v1 here; 2: the model's (v2); 3: v2 at key tiles of 128; 4: v2 with 3 warpgroups (192 query rows); 5: v2 with
-// 2 buffers, planted (a race)
+// V 1: v1 here; 2: v2 (2 warpgroups); 3: v2 at key tiles of 128; 4: v2 with 3 warpgroups (192 query rows: the model's);
+// 5: the model's with 2 buffers, planted (a race)
 template <int V> static void wgmma_forward_version(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
-    if (V == 2) return attention_forward_wgmma_gpu<3>(out, lse, qkv, B, T, H, KV, hd);
+    if (V == 2) return attention_forward_wgmma_gpu<3, 64, 2>(out, lse, qkv, B, T, H, KV, hd);
     if (V == 3) return attention_forward_wgmma_gpu<3, 128, 2>(out, lse, qkv, B, T, H, KV, hd);
-    if (V == 4) return attention_forward_wgmma_gpu<3, 64, 3>(out, lse, qkv, B, T, H, KV, hd);
+    if (V == 4) return attention_forward_wgmma_gpu<3>(out, lse, qkv, B, T, H, KV, hd);   // (the model's: NWG 3)
     if (V == 5) return attention_forward_wgmma_gpu<2>(out, lse, qkv, B, T, H, KV, hd);
     size_t smem = (size_t)(WGA_BR + 4 * WGA_BC) * hd * 2 + 1024;   // Q, 2 K/V buffers, the alignment
     auto kernel = hd == 64 ? attention_forward_wgmma<64> : attention_forward_wgmma<128>;
@@ -99,8 +99,8 @@ static void run_shape(int B, int T, int H, int KV, int hd, bool time_too, bool p
     floatX *dq = to_device_bf16v(qkv), *dy = deviceAlloc(floatX, no);
     float* dlse = deviceAlloc(float, nl);
     double flops = 4.0 * B * H * hd * (double)T * (T + 1) / 2;
-    const char* names[5] = {"forward v4 (mma.sync)", "forward wgmma v1", "forward wgmma v2 (overlap; the model's)",
-                            "forward wgmma v3 (v2, key tiles of 128)", "forward wgmma v4 (v2, 3 warpgroups: 192 rows)"};
+    const char* names[5] = {"forward v4 (mma.sync)", "forward wgmma v1", "forward wgmma v2 (overlap)",
+                            "forward wgmma v3 (v2, key tiles of 128)", "forward wgmma v4 (v2, 3 warpgroups: 192 rows; the model's)"};
     std::function<void()> fwd[5] = {
         [&] { flash_attention_forward_gpu(dy, dlse, dq, B, T, H, KV, hd); },   // (the mma.sync kernel, not attention_forward_gpu)
         [&] { wgmma_forward_version<1>(dy, dlse, dq, B, T, H, KV, hd); },

@@ -51,6 +51,12 @@ FLASH_FIXED = (sum(w for _, w in _OLD_SHARES) / MMA_SYNC_FRACTION
 # tiles for both warpgroups, one S product a block more: _flash_wgmma_fwd), so its tensor-core FLOPs run at
 # 271 x 1.0467 / 989.4 of the peak. One shape measured: other shapes are predicted at the same share.
 WGMMA_FWD_FRACTION = 271.0 * 1.0467 / 989.4
+# Three warpgroups (192 query rows a block: the model's since session 62, dev/cuda/attention_wgmma v4) MEASURED against
+# two on an H200 at dbrx-1b's attention (B 8, T 2048, H 8, KV 2, hd 128; dev/bench/results_gpu.md, 2026-11-30): 242.6
+# against 211.9 TFLOP/s of causal FLOPs. Their issued FLOPs differ (_flash_wgmma_fwd's units: 1.1859 and 1.0932 x the
+# causal ones there: 192-row blocks run more wholly masked tiles), so three warpgroups' issued FLOPs run
+# 242.6 x 1.1859 / (211.9 x 1.0932) = 1.242 x faster than two's; one shape measured, applied to every shape
+WGMMA_FWD_FRACTION_BY_NWG = {2: WGMMA_FWD_FRACTION, 3: WGMMA_FWD_FRACTION * 242.6 * 1.1859 / (211.9 * 1.0932)}
 
 
 def flash_mma_fraction(kind):
@@ -106,11 +112,13 @@ def _flash_hd(smem, kind):   # head_dim from the launch's dynamic shared memory 
     return (smem - 4 * FLASH_BQ * 4) // ((2 * FLASH_BC + 4 * FLASH_BQ) * 2) - 8
 
 
-def _flash_wgmma_fwd(item, a):   # flash_attention_forward_wgmma (out, lse, qkv, T, H, KV), grid (T / 128, H, B), 3 K/V
-    T, H, KV = a[3], a[4], a[5]   # buffers: smem (128 + 6 64) hd 2 + 1024. Reads every row of q, k, v; writes out and lse.
-    B = item["grid"][2]           # Per block each warpgroup issues S for its ntiles + 1 key tiles (the last again, masked)
-    hd = (item["smem"] - 1024) // ((128 + 6 * 64) * 2)   # and P V for ntiles: 2 64 64 hd FLOPs each
-    units = sum(2 * (2 * ((min((qt + 1) * 128, T) - 1) // 64 + 1) + 1) for qt in range(_cdiv(T, 128)))
+def _flash_wgmma_fwd(item, a):   # flash_attention_forward_wgmma (out, lse, qkv, T, H, KV), grid (T / BR, H, B), NWG
+    T, H, KV = a[3], a[4], a[5]   # warpgroups of 128 threads, BR = 64 NWG query rows; 3 K/V buffers: smem (BR + 6 64) hd 2
+    B = item["grid"][2]           # + 1024. Reads every row of q, k, v; writes out and lse. Per block each warpgroup issues S
+    nwg = item["block"][0] // 128   # for its ntiles + 1 key tiles (the last again, masked) and P V for ntiles: 2 64 64 hd each
+    br = 64 * nwg
+    hd = (item["smem"] - 1024) // ((br + 6 * 64) * 2)
+    units = sum(nwg * (2 * ((min((qt + 1) * br, T) - 1) // 64 + 1) + 1) for qt in range(_cdiv(T, br)))
     return (2 * B * T * (H + 2 * KV) * hd, 2 * B * T * H * hd + 4 * B * H * T), 2 * 64 * 64 * hd * units * B * H
 
 
@@ -453,7 +461,7 @@ def kernel_mma_fraction(item):
     """the share of the BF16 peak at which a kernel line's mma.sync FLOPs run (predicted: flash_mma_fraction)"""
     base = re.sub(r"<.*", "", item["name"]).strip()
     if base == "flash_attention_forward_wgmma":
-        return WGMMA_FWD_FRACTION
+        return WGMMA_FWD_FRACTION_BY_NWG[item["block"][0] // 128]
     if base in WGMMA_BWD:
         return WGMMA_BWD[base]
     if base.startswith("flash_attention_"):

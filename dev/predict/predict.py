@@ -22,12 +22,13 @@ The model, item by item (every rate in RATES below, with its source or marked as
 The simulation: the host issues items in log order, paying HOST_US per call; each stream runs its items in order,
 an item starting when it is issued and its stream is free; an event records the point its stream has reached,
 a wait makes the stream wait for that point; a sync (stream, device, event, blocking copy) stops the host until
-that point, plus SYNC_US. Streams run concurrently without slowing each other (optimistic: a collective's SMs
-and HBM traffic are not taken from the compute). Exposed communication: collective time not overlapped by a
+that point, plus SYNC_US. Streams run concurrently; share_stretch then slows what shares the SMs or links (a
+collective's CTAs, compute beside compute) and iterates to a fixed point. Exposed communication: collective time not overlapped by a
 kernel or GEMM on any stream. MFU as the project counts it (model/README.md: FLOPs per token x tokens / (time x
 peak x ranks), matmul FLOPs only) when --flops-per-token is given; else the GEMM FLOPs' share of the peak.
 Not modelled yet (dev/predict/README.md): attention and the other kernels without a byte formula beyond their
-minimum time, L2 reuse, wave quantisation, SM sharing between streams, host work other than the API calls
+minimum time, L2 reuse, wave quantisation, bytes-bound kernels beside compute on another stream (compute beside
+compute shares the GPU: PAIR_EFFICIENCY), host work other than the API calls
 (Python-free C++ loop: the data loader, MPI all-reduces of the metrics on the host).
 """
 import argparse
@@ -110,7 +111,21 @@ NCCL_CTAS = 24
 # embedding's 2): NVLink's bus bandwidth over NCCL's 24 (an assumption: the default CTAs reach the link's bandwidth, and
 # a CTA's share is even), so 3 CTAs are enough for the network's 45 GB/s a GPU
 NCCL_CTA_BW = 450e9 / NCCL_CTAS
+# Measured on an H200 (session 62, dev/cuda/matmul -c: GEMMs and a bytes-bound kernel beside a kernel whose C = 8..32
+# CTAs hold their SMs): a bytes-bound kernel took 1.074-1.076 x its time alone at every C, and the GEMMs took more than
+# SMs / (SMs - C) by 0.003-0.177 (a cube 8192^3: +0.057, +0.092, +0.005, +0.003; DBRX-132B's one-wave expert up-projection:
+# +0.135, +0.177, +0.090, +0.078; mean 0.080). The model adds HELD_CTAS_EXTRA to both while any collective is in flight.
+HELD_CTAS_EXTRA = 0.075
 COMM_CTAS_MAX = 0.75       # (of the SMs: the compute keeps a quarter whatever is in flight; an assumption)
+# Compute beside compute (--moe-streams 2: the experts' GEMMs on two streams, model/moe.cuh): a FLOP-bound kernel or
+# GEMM that runs beside n others (averaged over its interval) takes 1 + n (2 PAIR_EFFICIENCY - 1) times its time alone:
+# two at once finish together in 2 PAIR_EFFICIENCY of one's time (processor sharing, less what the pair's tails fill).
+# Calibrated on an H200 at dbrx-1b (session 62, dev/bench/results_gpu.md): the balanced step, medians of steps 21-30, took
+# 85.09 ms on 1 stream and 83.98 on 2 in the same binary; 0.967 predicts that -1.11 ms (make predict MODEL=dbrx-1b with
+# and without --moe-streams 1). dev/cuda/matmul -b's per-expert GEMMs alone gained more on 2 streams (0.81-0.91 x one
+# stream's time, ~0.89 over the six projections): in the step the pairs are fewer and shorter. An H200's number applied
+# to every device.
+PAIR_EFFICIENCY = 0.967
 SHARE_ITERATIONS = 12      # the fixed point: the stretched compute moves the collectives, which move the stretch; its
 SHARE_TOLERANCE = 1e-3     # iterations stop when no op's factor moves by more than this
 PCIE_BW = 25e9             # host <-> device copies of pageable memory (assumption; PCIe Gen5 x16 is 64 GB/s a direction)
@@ -385,33 +400,60 @@ class StepFunction:
         return (self.integral(b) - self.integral(a)) / (b - a)
 
 
+def union_edges(intervals):
+    """(t, +-1) edges of the union of the (start, end) intervals: a StepFunction of 1 where any of them is"""
+    edges, cur = [], None
+    for a, b in sorted(intervals):
+        if cur and a <= cur[1]:
+            cur[1] = max(cur[1], b)
+            continue
+        if cur:
+            edges += [(cur[0], 1), (cur[1], -1)]
+        cur = [a, b]
+    return edges + ([(cur[0], 1), (cur[1], -1)] if cur else [])
+
+
 def share_stretch(ops, dev, gpus_per_node):
     """each op's time factor for what it shares with the collectives in flight beside it:
-    - a FLOP-bound kernel or GEMM: the SMs their CTAs hold, SMS / (SMS - C), C averaged over its interval;
+    - a FLOP-bound kernel or GEMM: the SMs their CTAs hold, SMS / (SMS - C), C averaged over its interval, plus
+      HELD_CTAS_EXTRA times the share of its interval with any collective's CTAs in flight;
+    - a bytes-bound kernel: 1 + HELD_CTAS_EXTRA times that share;
     - a collective: its link (NVLink within a node, the network across nodes) with the others on it, processor-sharing:
       the bandwidth all of them would draw alone (coll_bandwidth, itself included) over the link's, averaged over its
       interval, when that is more than 1;
-    1 for copies and bytes-bound kernels"""
+    - a FLOP-bound kernel or GEMM beside others on other streams: 1 + n (2 PAIR_EFFICIENCY - 1), n the others in flight
+      averaged over its interval;
+    1 for copies"""
     sms = SMS[dev]
-    ctas, links = [], {"intra": [], "inter": []}
+    ctas, links, busy, held_spans = [], {"intra": [], "inter": []}, [], []
     for o in ops:
         it = o["item"]
+        if it["t"] in ("kernel", "gemm") and o["bound"] in ("FLOPs", "measured") and o["end"] > o["start"]:
+            busy += [(o["start"], 1), (o["end"], -1)]
         if it["t"] == "coll" and o["end"] > o["start"]:
             o["place"] = place = coll_place(it, gpus_per_node)
             c = coll_ctas(it)
             if c:
                 ctas += [(o["start"], c), (o["end"], -c)]
+                held_spans.append((o["start"], o["end"]))
             if place in links:
                 b = coll_bandwidth(it, dev, gpus_per_node)
                 links[place] += [(o["start"], b), (o["end"], -b)]
-    held = StepFunction(ctas)
+    held, computing, any_held = StepFunction(ctas), StepFunction(busy), StepFunction(union_edges(held_spans))
     demand = {k: StepFunction(v) for k, v in links.items()}
     out = []
     for o in ops:
         f, it = 1.0, o["item"]
         if o["end"] > o["start"]:
-            if it["t"] in ("kernel", "gemm") and o["bound"] in ("FLOPs", "measured") and ctas:
-                f = sms / (sms - min(held.mean(o["start"], o["end"]), COMM_CTAS_MAX * sms))
+            if it["t"] in ("kernel", "gemm") and o["bound"] in ("FLOPs", "measured"):
+                if ctas:
+                    f = sms / (sms - min(held.mean(o["start"], o["end"]), COMM_CTAS_MAX * sms)) \
+                        + HELD_CTAS_EXTRA * any_held.mean(o["start"], o["end"])
+                others = computing.mean(o["start"], o["end"]) - 1   # (itself: 1 over all of its interval)
+                if others > 1e-9:
+                    f *= 1 + others * (2 * PAIR_EFFICIENCY - 1)
+            elif it["t"] == "kernel" and o["bound"] == "bytes" and ctas:
+                f = 1 + HELD_CTAS_EXTRA * any_held.mean(o["start"], o["end"])
             elif it["t"] == "coll" and o["place"] in links:
                 f = max(1.0, demand[o["place"]].mean(o["start"], o["end"]) / link_bandwidth(o["place"], dev))
         out.append(f)
