@@ -52,15 +52,18 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
     }
     const Fp8Buf& qw1 = fp8_weight_gpu(f, layer, FP8_LIN_W1, w1, EF, C, sw, &f->w, true, false, stream);
     const Fp8Buf& qv1 = fp8_weight_gpu(f, layer, FP8_LIN_V1, v1, EF, C, sw, &f->w2, true, false, stream);
-    for (int e = 0; e < E; e++) {
+    cudaStream_t side = experts_fork(stream);   // (--moe-streams 2: busy experts alternate, joined after each loop; moe.cuh)
+    for (int e = 0, busy = 0; e < E; e++) {
         if (rt.len[e] == 0) continue;
+        cudaStream_t s = busy++ % 2 ? side : stream;
         Fp8GemmOperand x = fp8_operand_of(f, s_x1, f->act, false, false, p[e], C, fp8_scale_offset(p, e, C, false, false));
         size_t wo = fp8_scale_offset(ws, e, C, true, false);
         gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_w1, qw1, true, false, (size_t)e * F, C, wo), 0.0f,
-                     g + (size_t)p[e] * F, F, 1, stream);
+                     g + (size_t)p[e] * F, F, 1, s);
         gemm_fp8_gpu(rt.len[e], F, C, 1.0f, x, fp8_operand_of(f, s_v1, qv1, true, false, (size_t)e * F, C, wo), 0.0f,
-                     u + (size_t)p[e] * F, F, 1, stream);
+                     u + (size_t)p[e] * F, F, 1, s);
     }
+    experts_join(stream, side);
     if (!ye) {   // (--recompute swiglu: g, u, and act where the model keeps it)
         if (a) swiglu_forward_gpu(a, g, u, (size_t)Rp * F, stream);
         return;
@@ -73,12 +76,14 @@ static inline void fp8_experts_forward_gpu(Fp8GPU* f, int layer, floatX* ye, flo
     fp8_quantize_produced(f, FP8P_SWIGLU_FWD, {g, u, nullptr, nullptr, nullptr}, &s_x2, Rp, F, sx, ab, true, false, stream);
     // down: ye_e (n, C) = a_e (n, F) @ w2_e (F, C): reduces over F, so w2_e is read transposed (C, F)
     const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, false, true, stream);
-    for (int e = 0; e < E; e++) {
+    side = experts_fork(stream);
+    for (int e = 0, busy = 0; e < E; e++) {
         if (rt.len[e] == 0) continue;
         gemm_fp8_gpu(rt.len[e], C, F, 1.0f, fp8_operand_of(f, s_x2, f->act, false, false, p[e], F, fp8_scale_offset(p, e, F, false, false)),
                      fp8_operand_of(f, s_w2, qw2, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)), 0.0f,
-                     ye + (size_t)p[e] * C, C, 1, stream);
+                     ye + (size_t)p[e] * C, C, 1, busy++ % 2 ? side : stream);
     }
+    experts_join(stream, side);
 }
 
 // fp8_experts_backward_gpu's parts: the input gradients (dxe) and the weight gradients (dw1, dv1, dw2). Apart, a
@@ -115,44 +120,52 @@ static inline void fp8_experts_backward_gpu(Fp8GPU* f, int layer, floatX* dxe, f
         // down: da_e = dye_e @ w2_e^T (reduces over C: dye row-wise, w2 row-wise); then dg, du and their codes
         fp8_quantize_operand(f, sg2, false, dye, Rp, C, sx, &f->act, true, true, stream);
         const Fp8Buf& qw2 = fp8_weight_gpu(f, layer, FP8_LIN_W2, w2, EF, C, sw, &f->w, true, false, stream);
-        for (int e = 0; e < E; e++) {
+        cudaStream_t side = experts_fork(stream);
+        for (int e = 0, busy = 0; e < E; e++) {
             if (rt.len[e] == 0) continue;
             gemm_fp8_gpu(rt.len[e], F, C, 1.0f, fp8_operand_of(f, sg2, f->act, false, false, p[e], C, fp8_scale_offset(p, e, C, false, false)),
                          fp8_operand_of(f, sw2, qw2, true, false, (size_t)e * F, C, fp8_scale_offset(ws, e, C, true, false)), 0.0f,
-                         da + (size_t)p[e] * F, F, 0, stream);
+                         da + (size_t)p[e] * F, F, 0, busy++ % 2 ? side : stream);
         }
+        experts_join(stream, side);
         fp8_quantize_produced(f, FP8P_SWIGLU_BWD, {da, g, u, nullptr, nullptr}, sdy, Rp, F, sx, gb, true, true, stream);
         // up: dxe_e = dg_e @ w1_e + du_e @ v1_e (reduces over F: the weights transposed (C, F))
         for (int i = 0; i < 2; i++) {
             int lin = i ? FP8_LIN_V1 : FP8_LIN_W1, sg = slot(lin, FP8_OP_DY), swt = slot(lin, FP8_OP_W);
             const Fp8Buf& qw = fp8_weight_gpu(f, layer, lin, wts[i], EF, C, sw, &f->w, false, true, stream);
-            for (int e = 0; e < E; e++) {
+            cudaStream_t side = experts_fork(stream);   // (joined before the next weight overwrites f->w)
+            for (int e = 0, busy = 0; e < E; e++) {
                 if (rt.len[e] == 0) continue;
                 gemm_fp8_gpu(rt.len[e], C, F, 1.0f, fp8_operand_of(f, sg, *gb[i], false, false, p[e], F, fp8_scale_offset(p, e, F, false, false)),
                              fp8_operand_of(f, swt, qw, true, true, (size_t)e * F, EF, fp8_scale_offset(ws, e, C, true, true)),
-                             i ? 1.0f : 0.0f, dxe + (size_t)p[e] * C, C, 0, stream);
+                             i ? 1.0f : 0.0f, dxe + (size_t)p[e] * C, C, 0, busy++ % 2 ? side : stream);
             }
+            experts_join(stream, side);
         }
     }
     if (!(part & FP8_BWD_WEIGHTS)) return;
     // dw2_e += a_e^T @ dye_e, then dw1_e += dg_e^T @ xe_e, dv1_e += du_e^T @ xe_e (over the tokens: all transposed);
     // xe's transposed codes from the forward where it left them in xe's buffer, else quantised here into f->act,
     // after dw2 has read dye's codes there
-    for (int e = 0; e < E; e++) {
+    cudaStream_t side = experts_fork(stream);
+    for (int e = 0, busy = 0; e < E; e++) {
         if (rt.len[e] == 0) continue;
         gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sx2, actb, false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
                      fp8_operand_of(f, sg2, f->act, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), wbeta,
-                     dw2 + (size_t)e * F * C, C, 0, stream);
+                     dw2 + (size_t)e * F * C, C, 0, busy++ % 2 ? side : stream);
     }
+    experts_join(stream, side);   // (before xe's codes overwrite f->act, which these GEMMs read)
     const Fp8Buf xeb = rt.xe_codes ? fp8_xe_codes(f, xe, rt, Rp, C) : f->act;
     if (!rt.xe_codes) fp8_quantize_operand(f, slot(FP8_LIN_W1, FP8_OP_X), false, xe, Rp, C, sx, &f->act, false, true, stream);
     for (int i = 0; i < 2; i++) {
         int sg = slot(i ? FP8_LIN_V1 : FP8_LIN_W1, FP8_OP_DY), sxe = slot(FP8_LIN_W1, FP8_OP_X);
-        for (int e = 0; e < E; e++) {
+        side = experts_fork(stream);
+        for (int e = 0, busy = 0; e < E; e++) {
             if (rt.len[e] == 0) continue;
             gemm_fp8_gpu(F, C, rt.len[e], 1.0f, fp8_operand_of(f, sg, *gb[i], false, true, p[e], Rp, fp8_scale_offset(p, e, F, false, true)),
                          fp8_operand_of(f, sxe, xeb, false, true, p[e], Rp, fp8_scale_offset(p, e, C, false, true)), wbeta,
-                         dws[i] + (size_t)e * F * C, C, 0, stream);
+                         dws[i] + (size_t)e * F * C, C, 0, busy++ % 2 ? side : stream);
         }
+        experts_join(stream, side);
     }
 }

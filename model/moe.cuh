@@ -447,8 +447,8 @@ static inline bool pair_strides(const void* p0, const void* p1, size_t pe, const
 // and one side stream (non-blocking, its own cuBLASLt workspace), forked from and joined back to the caller's stream by
 // events around each loop. A GEMM of one expert's 4,096 rows does not fill an H200 (132 SMs): two at a time do. On an
 // H200 at dbrx-1b (dev/cuda/matmul -b, session 62) the up-projection went 564 -> 698 TFLOP/s, the down 658 -> 721. The
-// same GEMMs with the same algorithms on either stream: the same bits. One stream under --profile-kernels (each GEMM's
-// range its own time) and under --moe-streams 1.
+// same GEMMs with the same algorithms on either stream: the same bits. FP8's experts (fp8_experts_cuda.cuh) do the same.
+// One stream under --profile-kernels (each GEMM's range its own time) and under --moe-streams 1.
 inline int g_moe_streams = 2;
 typedef struct { cudaStream_t side; cudaEvent_t fork, join; } ExpertStreams;
 static inline ExpertStreams& expert_streams() {

@@ -16,7 +16,8 @@
 #     take (dbrx-tiny's ffn 224: the tiles are 128 columns), the store's chunked experts (--zero-chunk-mib).
 #   * --moe-streams 2 (the default): cublaslt's per-expert GEMMs on two streams give the bits of one stream (every expert
 #     busy, and 4 of 16), the same GEMMs with a third to a half on the side stream (the work logs); negative control:
-#     DBRX_DEBUG_PLANT=experts_no_join (no join before the SwiGLU) changes the losses; refused: 3, the CPU backend.
+#     DBRX_DEBUG_PLANT=experts_no_join (no join before the SwiGLU) changes the losses; refused: 3, the CPU backend;
+#     the same bits under --fp8 block and delayed (FP8's experts on two streams too).
 # (the kernels themselves against the CPU and today's path, with planted bugs, under the race detector: test_moe_grouped)
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -62,6 +63,11 @@ SIMT_WORKLOG="$tmp/s1.wl" run s1 1 --moe-streams 1
 same "--moe-streams 2 (the default) bit-identical to --moe-streams 1" s1 c1
 DBRX_DEBUG_ROUTE_FIRST=1 run sf 1 --moe-streams 1
 same "--moe-streams 2 bit-identical to 1 with 12 of 16 experts empty (the busy ones alternate)" sf cf
+for r in block delayed; do   # FP8's experts (model/fp8_experts_cuda.cuh) alternate the same way, their loops joined apart
+    run f2$r 1 --fp8 $r
+    run f1$r 1 --fp8 $r --moe-streams 1
+    same "--fp8 $r: --moe-streams 2 bit-identical to 1" f1$r f2$r
+done
 DBRX_DEBUG_PLANT=experts_no_join $EMU --device cuda "${G[@]}" --log "$tmp/nj.jsonl" > "$tmp/nj.out" 2>&1   # (its NaNs stop it)
 $PY - "$tmp/s1.jsonl" "$tmp/nj.jsonl" <<'PY' && pass "negative control: the model's stream not waiting for the side stream's GEMMs (DBRX_DEBUG_PLANT=experts_no_join) changes the losses: the emulator runs the side stream late" || fail "experts_no_join went unnoticed"
 import json, sys

@@ -87,7 +87,30 @@ HBM_FRACTION = 0.80        # memory-bound kernels and GEMMs reach this fraction 
 # --profile is to replace both numbers; the lease's sweep of the 132B slice's GEMMs (dev/bench/lease_next.sh) the
 # first.
 FP8_BLOCK_GEMM_VS_BF16 = [(1e11, 1.45), (0, 1.0)]
-KERNEL_HBM_FRACTION = {"fp8_quantize_kernel": 0.31}
+# The bytes-bound kernels of the BF16 step MEASURED (session 62, one H200, the balanced dbrx-1b step 8 kernel by kernel:
+# dev/bench/results_gpu.md, 2026-11-30; calibrate.py --kernels): each kernel's share of the H200's HBM bandwidth, 0.80 x
+# predicted / measured ms (in the comments) with the predicted at HBM_FRACTION. One shape (d 1024, 16,384 tokens), one
+# device: other shapes and the H100 are priced at the same shares. Kernels the profile did not time keep HBM_FRACTION
+KERNEL_HBM_FRACTION = {"fp8_quantize_kernel": 0.31,
+                       "classifier_fused_kernel": 0.546,             # 1.713 / 2.512 ms
+                       "layernorm_backward_kernel": 0.504,           # 1.252 / 1.988 (19 launches)
+                       "moe_combine_backward_kernel": 0.455,         # 0.788 / 1.386
+                       "moe_gather_backward_kernel": 0.493,          # 0.474 / 0.768 (the router's input gradient fused)
+                       "flash_attention_backward_D_kernel": 0.371,   # 0.159 / 0.341
+                       "clip_rope_backward_kernel": 0.670,           # 0.356 / 0.425
+                       "clip_rope_forward_kernel": 0.644,            # 0.238 / 0.296
+                       "layernorm_forward_kernel": 0.699,            # 0.490 / 0.561
+                       "moe_combine_forward_kernel": 0.767,          # 0.473 / 0.493
+                       "adamw_fused_kernel": 0.773,                  # 7.984 / 8.261
+                       "swiglu_backward_kernel": 0.897,              # 2.753 / 2.454
+                       "swiglu_forward_kernel": 0.891,               # 1.652 / 1.483
+                       "gather_rows_kernel": 0.913,                  # 0.647 / 0.567
+                       "grad_norm_partials_kernel": 0.865,           # 1.065 / 0.985
+                       # --fp8 block's fused quantisation (model/fp8_fused.cuh), the same lease's FP8 step 10 (a collapsed
+                       # routing: its GEMMs had other shapes, these kernels the same rows in all)
+                       "fp8_swiglu_bwd_quantize_kernel": 0.223,      # 3.071 / 11.004 (9 launches)
+                       "fp8_gather_quantize_kernel": 0.360,          # 3.026 / 6.731 (117)
+                       "fp8_swiglu_quantize_kernel": 0.468}          # 1.385 / 2.365 (9)
 KERNEL_MIN_US = 2.5        # the shortest kernel on the device, launch to completion (assumption)
 GEMM_MIN_US = 5.0          # the shortest cuBLASLt GEMM (assumption)
 HOST_US = {"kernel": 4.0, "gemm": 6.0, "coll": 5.0, "record": 1.0, "wait": 1.0, "copy": 4.0}   # host time per call (assumption, "~4 us a launch")
