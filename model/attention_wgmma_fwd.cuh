@@ -4,9 +4,9 @@
  * (attention_flash.cuh, which keeps head_dim 32 and context parallelism's chunk pairs): from qkv (B, T, (H + 2 KV)
  * hd) after clip + RoPE, out (B, T, H hd) and lse (B, H, T) (natural log of the scaled scores).
  * Grid (T/192 query tiles, H, B), longest tiles first; 3 warpgroups (384 threads), warpgroup w owning query rows
- * 64 w .. 64 w + 63 of the tile (2 warpgroups and 128 rows until session 62). Q (192 x hd) and three K, V buffers of 64 keys are copied by 16-byte cp.async into
- * the 128B-swizzled layout: panels of 64 head dims (128 bytes a row), 8-row atoms of 1024 bytes, the 16-byte chunk c
- * of row r at c ^ r % 8. Per key tile:
+ * 64 w .. 64 w + 63 of the tile (2 warpgroups and 128 rows until session 62). Q (192 x hd) and three K, V buffers of
+ * 64 keys are copied by 16-byte cp.async into the 128B-swizzled layout: panels of 64 head dims (128 bytes a row),
+ * 8-row atoms of 1024 bytes, the 16-byte chunk c of row r at c ^ r % 8. Per key tile:
  *   S (64 x 64) = Q K^T   hd/16 wgmma m64n64k16, A = Q and B = K by descriptor, both K-major (keys x head_dim
  *                         row-major is B's K-major layout: SBO 1024, k-step + 32 bytes, the next panel + rows 128 B)
  *   online softmax on the accumulators (thread rows g and g + 8 of its warp's 16: a row in the 4 lanes of a quad,
