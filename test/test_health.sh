@@ -10,8 +10,9 @@
 #   * an unreachable --health-min-busbw: exit 1, the collective named;
 #   * the emulated GPU path (train_dbrx_emu --device cuda, NCCL twin), np 2: passes standalone; the planted
 #     slow GEMM names rank 1;
-#   (the checks run with --health-gemm-ratio 0.2 and a 40x plant: ranks sharing 2 busy cores measure
-#   within 2.5x of each other at worst, which 0.5, the default, would flag);
+#   (the checks run with --health-gemm-ratio 0.1 and a 40x plant: ranks sharing 2 busy cores measured within 2.5x of
+#   each other until session 62's CI saw 5.5x (0.18 x the median: its 0.2 then failed a healthy run), which 0.5, the
+#   default, would flag);
 #   * bad values: exit 2 with one line.
 cd "$(dirname "$0")/.." || exit 1
 source test/lib.sh
@@ -37,14 +38,14 @@ named() {
 }
 
 # --- standalone, np 2, CPU; it opens no data
-$MPI -np 2 $BIN "${U[@]}" --health-check-only --health-gemm-ratio 0.2 --data "$tmp/none_*.bin" > "$tmp/ok.out" 2>&1; rc=$?
+$MPI -np 2 $BIN "${U[@]}" --health-check-only --health-gemm-ratio 0.1 --data "$tmp/none_*.bin" > "$tmp/ok.out" 2>&1; rc=$?
 if [ "$rc" = 0 ] && passed "$tmp/ok.out" 2; then
     pass "CPU np 2 --health-check-only (no data): exit 0; $(grep '^health: gemm' "$tmp/ok.out" | grep -oE 'TFLOP/s median [0-9.e-]+') TFLOP/s, $(grep '^health: all_reduce' "$tmp/ok.out" | grep -oE 'busbw [0-9.]+ GB/s'), $(grep '^health: forward' "$tmp/ok.out" | grep -oE 'loss [0-9.]+')"
 else fail "CPU np 2 --health-check-only: exit $rc: $(grep -E '^health|^error' "$tmp/ok.out" | head -5)"; fi
 
 # --- a planted slow GEMM on rank 1, before training: named, and the job stops
 for np in 2 3; do
-    DBRX_DEBUG_SLOW_GEMM=1:40 $MPI -np "$np" $BIN "${U[@]}" --steps 3 --health-check --health-gemm-ratio 0.2 > "$tmp/slow$np.out" 2>&1; rc=$?
+    DBRX_DEBUG_SLOW_GEMM=1:40 $MPI -np "$np" $BIN "${U[@]}" --steps 3 --health-check --health-gemm-ratio 0.1 > "$tmp/slow$np.out" 2>&1; rc=$?
     if [ "$rc" = 1 ] && named "$tmp/slow$np.out" 1 gemm && grep -q "^health: FAILED: not training" "$tmp/slow$np.out"; then
         pass "CPU np $np, slow GEMM planted on rank 1: exit 1 before step 1, $(grep '^error' "$tmp/slow$np.out" | cut -c1-100)..."
     else fail "CPU np $np, slow GEMM on rank 1: exit $rc: $(grep -E '^error|^step|^health: gemm' "$tmp/slow$np.out" | head -4)"; fi
@@ -52,14 +53,14 @@ done
 
 # --- the check, then training: the same losses as without it (also with FP8 delayed scaling)
 $MPI -np 2 $BIN "${U[@]}" --steps 3 --fp8 delayed --log "$tmp/plain.jsonl" > "$tmp/plain.out" 2>&1
-$MPI -np 2 $BIN "${U[@]}" --steps 3 --fp8 delayed --health-check --health-gemm-ratio 0.2 --log "$tmp/hc.jsonl" > "$tmp/hc.out" 2>&1; rc=$?
+$MPI -np 2 $BIN "${U[@]}" --steps 3 --fp8 delayed --health-check --health-gemm-ratio 0.1 --log "$tmp/hc.jsonl" > "$tmp/hc.out" 2>&1; rc=$?
 a=$(losses "$tmp/plain.jsonl"); b=$(losses "$tmp/hc.jsonl")
 if [ "$rc" = 0 ] && passed "$tmp/hc.out" 2 && [ "$(grep -c '^step ' "$tmp/hc.out")" = 3 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
     pass "CPU np 2 --health-check --fp8 delayed, then 3 steps: the losses bit-identical to a run without the check ($b)"
 else fail "--health-check then training: exit $rc, losses '$b' vs '$a': $(grep -E '^error|^health' "$tmp/hc.out" | head -3)"; fi
 
 # --- a bandwidth bound no link meets: the collective is named for the whole world
-$MPI -np 2 $BIN "${U[@]}" --health-check-only --health-gemm-ratio 0.2 --health-min-busbw 1000000 > "$tmp/bw.out" 2>&1; rc=$?
+$MPI -np 2 $BIN "${U[@]}" --health-check-only --health-gemm-ratio 0.1 --health-min-busbw 1000000 > "$tmp/bw.out" 2>&1; rc=$?
 if [ "$rc" = 1 ] && grep -q "^error: health check: all 2 ranks: all_reduce busbw .* (vs >= 1000000.000 GB/s: --health-min-busbw)" "$tmp/bw.out" \
     && grep -q "^error: health check: all 2 ranks: all_gather busbw" "$tmp/bw.out"; then
     pass "--health-min-busbw 1e6: exit 1, $(grep -m1 '^error' "$tmp/bw.out" | cut -c1-90)..."
@@ -68,7 +69,7 @@ else fail "--health-min-busbw 1e6: exit $rc: $(grep -E '^error' "$tmp/bw.out" | 
 # --- the emulated GPU path: BF16 cuBLASLt GEMM (the twin), the collectives on NCCL (the twin) on device buffers
 if [ -x "$EMU" ]; then
     G=(--device cuda --model dbrx-tiny --n-layers 2 --d-model 64 --n-heads 2 --kv-heads 1 --experts 4 --top-k 2 --ffn-hidden 64
-       --seq 32 --batch 1 --val-every 0 --health-check-only --health-comm-mib 4 --health-gemm-ratio 0.2)
+       --seq 32 --batch 1 --val-every 0 --health-check-only --health-comm-mib 4 --health-gemm-ratio 0.1)
     $MPI -np 2 "$EMU" "${G[@]}" > "$tmp/gpu.out" 2>&1; rc=$?
     if [ "$rc" = 0 ] && passed "$tmp/gpu.out" 2 && grep -q "^health: all_reduce .*(NCCL, device buffers)" "$tmp/gpu.out"; then
         pass "emulated GPU np 2 --health-check-only: exit 0, GEMM exact (bf16 cuBLASLt), collectives on NCCL device buffers exact, forward finite"
